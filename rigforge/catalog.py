@@ -1,0 +1,214 @@
+"""The variant catalog: rigforge/data/variants.yaml loaded into frozen, validated dataclasses.
+
+Nothing here knows about hosts. A bad catalog raises CatalogError naming the variant and the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CATALOG_PATH = Path(__file__).parent / "data" / "variants.yaml"
+MOUNT_ROOTS = ("{models}", "{cache}", "{src}")
+
+
+class CatalogError(ValueError):
+    """The catalog file, or a lookup in it, is invalid."""
+
+
+@dataclass(frozen=True)
+class Asset:
+    name: str
+    dir: str
+    approx_gb: float
+    hf_repo: str
+
+
+@dataclass(frozen=True)
+class Mount:
+    host: str  # with a {models}/{cache}/{src} root, resolved by rigforge.render
+    container: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    summary: str
+    pick_when: str
+    port: int
+    service: str
+    container_name: str
+    gpus: int
+    min_card_mib: int
+    fits_20gb_cards: bool
+    assets: tuple[str, ...]
+    sources: tuple[str, ...]
+    environment: tuple[tuple[str, str], ...]
+    mounts: tuple[Mount, ...]
+    args: tuple[tuple[str, ...], ...]  # (flag,) or (flag, value), compose order
+    entrypoint: tuple[str, ...] | None
+    measured: tuple[tuple[str, Any], ...]
+    image: str
+    container_port: int
+    restart: str
+    shm_size: str
+    ipc: str
+    gpu_reservation: tuple[tuple[str, Any], ...]
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(self.environment)
+
+    @property
+    def figures(self) -> dict[str, Any]:
+        return dict(self.measured)
+
+    def arg(self, flag: str) -> str | None:
+        """Value of a vLLM flag (None if absent or bare)."""
+        for item in self.args:
+            if item[0] == flag:
+                return item[1] if len(item) > 1 else None
+        return None
+
+    @property
+    def uses_dflash(self) -> bool:
+        return '"dflash"' in (self.arg("--speculative-config") or "")
+
+
+@dataclass(frozen=True)
+class Catalog:
+    variants: dict[str, Variant]
+    assets: dict[str, Asset]
+
+    def variant(self, name: str) -> Variant:
+        try:
+            return self.variants[name]
+        except KeyError:
+            raise CatalogError(
+                f"unknown variant {name!r}; choose one of: {', '.join(self.variants)}"
+            ) from None
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.variants)
+
+
+def _need(d: dict, key: str, kind: type | tuple, where: str):
+    if key not in d:
+        raise CatalogError(f"{where}: missing key {key!r}")
+    value = d[key]
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
+        raise CatalogError(f"{where}: {key!r} must be {getattr(kind, '__name__', kind)}, got {value!r}")
+    return value
+
+
+def _variant(name: str, raw: dict, defaults: dict, assets: dict[str, Asset]) -> Variant:
+    where = f"variant {name!r}"
+    if not isinstance(raw, dict):
+        raise CatalogError(f"{where}: must be a mapping")
+    known = {
+        "summary", "pick_when", "port", "service", "container_name", "gpus", "min_card_mib", "fits_20gb_cards",
+        "assets", "sources", "environment", "mounts", "args", "entrypoint", "measured",
+    }  # fmt: skip
+    unknown = set(raw) - known
+    if unknown:
+        raise CatalogError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
+    port = _need(raw, "port", int, where)
+    if not 1 <= port <= 65535:
+        raise CatalogError(f"{where}: port {port} out of range 1..65535")
+    gpus = _need(raw, "gpus", int, where)
+    if gpus < 1:
+        raise CatalogError(f"{where}: gpus must be >= 1")
+    for a in _need(raw, "assets", list, where):
+        if a not in assets:
+            raise CatalogError(f"{where}: unknown asset {a!r}; known: {', '.join(assets)}")
+    env = _need(raw, "environment", dict, where)
+    for k, v in env.items():
+        if not isinstance(v, str):
+            raise CatalogError(f"{where}: environment {k} must be a string, got {v!r}")
+    mounts = []
+    for m in _need(raw, "mounts", list, where):
+        if not isinstance(m, dict) or not {"host", "container"} <= set(m):
+            raise CatalogError(f"{where}: each mount needs host and container, got {m!r}")
+        if not m["host"].startswith(MOUNT_ROOTS):
+            raise CatalogError(f"{where}: mount host {m['host']!r} must start with one of {MOUNT_ROOTS}")
+        mounts.append(Mount(m["host"], m["container"], bool(m.get("read_only", False))))
+    args = []
+    for a in _need(raw, "args", list, where):
+        if not (isinstance(a, list) and 1 <= len(a) <= 2 and all(isinstance(x, str) for x in a)):
+            raise CatalogError(f"{where}: each arg is [flag] or [flag, value] of strings, got {a!r}")
+        if not a[0].startswith("--"):
+            raise CatalogError(f"{where}: arg {a[0]!r} is not a --flag")
+        args.append(tuple(a))
+    flags = [a[0] for a in args]
+    if "--tensor-parallel-size" not in flags or dict(a for a in args if len(a) == 2).get(
+        "--tensor-parallel-size"
+    ) != str(gpus):
+        raise CatalogError(f"{where}: --tensor-parallel-size must equal gpus ({gpus})")
+    entrypoint = raw.get("entrypoint")
+    if entrypoint is not None and not all(isinstance(s, str) for s in entrypoint):
+        raise CatalogError(f"{where}: entrypoint must be a list of shell lines")
+    return Variant(
+        name=name,
+        summary=_need(raw, "summary", str, where),
+        pick_when=_need(raw, "pick_when", str, where),
+        port=port,
+        service=_need(raw, "service", str, where),
+        container_name=_need(raw, "container_name", str, where),
+        gpus=gpus,
+        min_card_mib=_need(raw, "min_card_mib", int, where),
+        fits_20gb_cards=_need(raw, "fits_20gb_cards", bool, where),
+        assets=tuple(raw["assets"]),
+        sources=tuple(_need(raw, "sources", list, where)),
+        environment=tuple(env.items()),
+        mounts=tuple(mounts),
+        args=tuple(args),
+        entrypoint=tuple(entrypoint) if entrypoint else None,
+        measured=tuple(_need(raw, "measured", dict, where).items()),
+        image=defaults["image"],
+        container_port=defaults["container_port"],
+        restart=defaults["restart"],
+        shm_size=defaults["shm_size"],
+        ipc=defaults["ipc"],
+        gpu_reservation=tuple(defaults["gpu_reservation"].items()),
+    )
+
+
+def parse_catalog(data: Any) -> Catalog:
+    if not isinstance(data, dict):
+        raise CatalogError("catalog: top level must be a mapping")
+    if data.get("version") != 1:
+        raise CatalogError(f"catalog: unsupported version {data.get('version')!r} (expected 1)")
+    defaults = _need(data, "defaults", dict, "catalog")
+    for key in ("image", "container_port", "restart", "shm_size", "ipc", "gpu_reservation"):
+        _need(defaults, key, object, "catalog defaults")
+    assets = {}
+    for name, a in _need(data, "assets", dict, "catalog").items():
+        where = f"asset {name!r}"
+        assets[name] = Asset(
+            name,
+            _need(a, "dir", str, where),
+            float(_need(a, "approx_gb", (int, float), where)),
+            _need(a, "hf_repo", str, where),
+        )
+    variants = {
+        name: _variant(name, raw, defaults, assets)
+        for name, raw in _need(data, "variants", dict, "catalog").items()
+    }
+    if not variants:
+        raise CatalogError("catalog: no variants")
+    return Catalog(variants=variants, assets=assets)
+
+
+@cache
+def load_catalog(path: Path | str = CATALOG_PATH) -> Catalog:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise CatalogError(f"catalog {path}: {exc}") from exc
+    return parse_catalog(data)

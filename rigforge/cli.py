@@ -1,0 +1,85 @@
+"""The `rigforge` command. Each subcommand lives in its own module exposing add_arguments() and run()."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from rigforge.catalog import CatalogError, load_catalog
+from rigforge.render import Settings, SettingsError, apply_overrides, parse_set, render_variant
+
+# subcommand -> (module, help). Modules expose add_arguments(parser) and run(args) -> int.
+SUBCOMMANDS = {
+    # wired as the modules land:
+    # "testbed": ("rigforge.testbed.cli", "simulated rigs over real SSH (no GPU needed)"),
+    # "lock": ("rigforge.lock", "resolve or check the pins in rigforge.lock.yaml"),
+    # "status": ("rigforge.status", "what each rig of an inventory runs"),
+    # "verify": ("rigforge.verify", "health checks for each rig of an inventory"),
+    # "bench": ("rigforge.bench", "the recipes' TPS benchmark against a running server"),
+}
+
+
+def _render_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("variant", help="variant name (see `rigforge render --list`)", nargs="?")
+    p.add_argument("--out", type=Path, help="directory to write the files into")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a setting (repeatable), e.g. --set port=8111")  # fmt: skip
+    p.add_argument("--gpus", type=int, default=None, help="GPU count for the power unit (default: variant's)")
+    p.add_argument("--list", action="store_true", help="list the variants and exit")
+
+
+def _write_atomically(out: Path, files: dict[str, str]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.")
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o600 if name == ".env" else 0o644)
+        os.replace(tmp, out / name)
+
+
+def _render(args: argparse.Namespace) -> int:
+    catalog = load_catalog()
+    if args.list:
+        for v in catalog.variants.values():
+            print(f"{v.name:<20} port {v.port}  {v.pick_when}")
+        return 0
+    if not args.variant or not args.out:
+        raise SettingsError("render needs VARIANT and --out DIR (variants: " + ", ".join(catalog.names) + ")")
+    variant = catalog.variant(args.variant)
+    settings = apply_overrides(Settings(), parse_set(args.sets))
+    files = render_variant(variant, settings, gpu_count=args.gpus)
+    _write_atomically(args.out, files)
+    for name in files:
+        print(f"wrote {args.out / name}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rigforge", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _render_arguments(sub.add_parser("render", help="render a variant's files locally, no host needed"))
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        sp = sub.add_parser(name, help=help_text)
+        sp.set_defaults(module=module)
+        importlib.import_module(module).add_arguments(sp)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "render":
+            return _render(args)
+        return importlib.import_module(args.module).run(args)
+    except (CatalogError, SettingsError) as exc:
+        print(f"rigforge {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
