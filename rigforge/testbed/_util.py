@@ -1,0 +1,159 @@
+"""Small helpers shared by the testbed modules: commands, logging, safe directories, ports, pidfiles."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+class TestbedError(RuntimeError):
+    """A testbed step failed; the message says which and what to do."""
+
+
+def log(msg: str) -> None:
+    print(f"[testbed] {msg}", file=sys.stderr, flush=True)
+
+
+def sh(cmd: list[str], *, check: bool = True, capture: bool = False, **kw) -> subprocess.CompletedProcess:
+    """Run a command; on failure raise TestbedError with its output."""
+    kw.setdefault("text", True)
+    if capture:
+        kw.setdefault("stdout", subprocess.PIPE)
+        kw.setdefault("stderr", subprocess.PIPE)
+    proc = subprocess.run(cmd, **kw)
+    if check and proc.returncode != 0:
+        out = "" if not capture else f"\n{proc.stdout or ''}{proc.stderr or ''}"
+        raise TestbedError(f"command failed (rc={proc.returncode}): {' '.join(map(str, cmd))}{out[-4000:]}")
+    return proc
+
+
+def chroot_env() -> dict[str, str]:
+    return {
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "LANG": "C.UTF-8",
+        "DEBIAN_FRONTEND": "noninteractive",
+        "HOME": "/root",
+    }
+
+
+def in_chroot(root: Path, script: str, *, capture: bool = False, check: bool = True):
+    return sh(["chroot", str(root), "/bin/sh", "-ec", script], env=chroot_env(), capture=capture, check=check)
+
+
+def ensure_safe_dir(path: Path) -> Path:
+    """Create `path` (0755, root) and check every component is root-owned and not group/world writable.
+
+    sshd refuses a ChrootDirectory otherwise, so a testbed under /tmp or a user's home cannot work.
+    """
+    path = path.absolute()
+    path.mkdir(parents=True, exist_ok=True, mode=0o755)
+    for comp in [path, *path.parents]:
+        st = comp.stat()
+        if st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise TestbedError(
+                f"testbed directory {path}: component {comp} must be owned by root and not group/world "
+                f"writable (sshd ChrootDirectory rule); use a path like /var/lib/rigforge-testbed"
+            )
+    return path
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def hash_tree(*paths: Path, extra: str = "") -> str:
+    """Stable short hash of files (by relative name and content) under the given paths."""
+    h = hashlib.sha256(extra.encode())
+    for base in paths:
+        files = sorted(p for p in base.rglob("*") if p.is_file()) if base.is_dir() else [base]
+        for p in files:
+            if "__pycache__" in p.parts:
+                continue
+            h.update(str(p.relative_to(base.parent)).encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(start: int, end: int, taken: set[int] = frozenset()) -> int:
+    for port in range(start, end):
+        if port not in taken and port_free(port):
+            return port
+    raise TestbedError(f"no free TCP port on 127.0.0.1 in {start}..{end - 1}")
+
+
+def wait_port(port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            s.settimeout(0.2)
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise TestbedError(f"nothing listens on 127.0.0.1:{port} after {timeout:.0f}s")
+
+
+def pid_alive(pidfile: Path) -> int | None:
+    """Return the pid in `pidfile` if that process is alive, else None."""
+    try:
+        pid = int(pidfile.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return None
+    try:  # a zombie is not alive
+        if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
+            return None
+    except OSError:
+        return None
+    return pid
+
+
+def stop_pidfile(pidfile: Path, timeout: float = 5.0) -> None:
+    pid = pid_alive(pidfile)
+    if pid:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while pid_alive(pidfile) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if pid_alive(pidfile):
+            os.kill(pid, signal.SIGKILL)
+    pidfile.unlink(missing_ok=True)
+
+
+def spawn(cmd: list[str], pidfile: Path, logfile: Path, env: dict | None = None) -> int:
+    """Start a detached background process (own session), record its pid."""
+    with open(logfile, "ab") as log_f:
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=log_f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+            close_fds=True,
+        )
+    pidfile.write_text(f"{proc.pid}\n")
+    return proc.pid

@@ -1,0 +1,83 @@
+"""`rigforge testbed up|down`: simulated rigs for trying rigforge without a rig (and for CI)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from ._util import TestbedError
+from .core import DEFAULT_DIR, RigSpec, down, up
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="testbed_command", required=True, metavar="{up,down}")
+    p_up = sub.add_parser("up", help="build or reuse simulated rigs; prints the pyinfra inventory path")
+    p_up.add_argument("--rigs", type=int, default=1, help="number of rigs (rig1..rigN, default 1)")
+    p_up.add_argument("--gpus", type=int, default=2, help="simulated GPUs per rig (default 2)")
+    p_up.add_argument("--gpu-name", default=RigSpec.gpu_name, help=f"GPU name (default {RigSpec.gpu_name!r})")
+    p_up.add_argument("--vram-mib", type=int, default=24576, help="VRAM per GPU in MiB (default 24576)")
+    p_up.add_argument("--power-min", type=int, default=100, help="minimum power limit in W (default 100)")
+    p_up.add_argument("--power-default", type=int, default=None, help="default power limit in W (default: max)")
+    p_up.add_argument("--power-max", type=int, default=350, help="maximum power limit in W (default 350)")
+    p_up.add_argument("--fresh", action="store_true", help="recreate the rigs' root file systems")
+    p_up.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"testbed directory (default {DEFAULT_DIR})")
+    p_down = sub.add_parser("down", help="stop the rigs' sshds and the local services, remove the rigs")
+    p_down.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"testbed directory (default {DEFAULT_DIR})")
+    p_down.add_argument("--purge", action="store_true", help="also delete the cache (rootfs tarball, repos)")
+
+
+def _check(args: argparse.Namespace) -> str | None:
+    if args.rigs < 1 or args.rigs > 50:
+        return f"--rigs must be between 1 and 50, got {args.rigs}"
+    if args.gpus < 0 or args.gpus > 16:
+        return f"--gpus must be between 0 and 16, got {args.gpus}"
+    if args.vram_mib < 1024:
+        return f"--vram-mib must be at least 1024, got {args.vram_mib}"
+    default = args.power_default if args.power_default is not None else args.power_max
+    if not 0 < args.power_min <= default <= args.power_max:
+        return (
+            f"power limits must satisfy 0 < min <= default <= max, got min {args.power_min} W, "
+            f"default {default} W, max {args.power_max} W"
+        )
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.testbed_command == "down":
+            down(args.dir, purge=args.purge)
+            return 0
+        error = _check(args)
+        if error:
+            print(f"rigforge testbed up: {error}", file=sys.stderr)
+            return 2
+        spec = RigSpec(
+            gpus=args.gpus,
+            gpu_name=args.gpu_name,
+            vram_mib=args.vram_mib,
+            power_min=args.power_min,
+            power_default=args.power_default if args.power_default is not None else args.power_max,
+            power_max=args.power_max,
+        )
+        t0 = time.monotonic()
+        tb = up(args.dir, [spec] * args.rigs, fresh=args.fresh)
+        print(f"testbed up: {len(tb.rigs)} rig(s) in {time.monotonic() - t0:.1f}s", file=sys.stderr)
+        for rig in tb.rigs:
+            print(f"  {rig.name}: ssh -F {tb.ssh_config} {rig.name}   (127.0.0.1:{rig.ssh_port})", file=sys.stderr)
+        print(tb.inventory)
+        return 0
+    except TestbedError as exc:
+        print(f"rigforge testbed {args.testbed_command}: {exc}", file=sys.stderr)
+        return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rigforge testbed", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,586 @@
+"""Testbed rigs and services: `up` builds (or reuses) simulated rigs reachable over real SSH, `down` removes them.
+
+Layout of a testbed directory (default /var/lib/rigforge-testbed; must be root-owned all the way up):
+    cache/                 rootfs tarball, tools rootfs, apt repos, git remotes, HF repos (kept by `down`)
+    run/                   services.json + pidfiles/logs of the shared apt / git / HF services
+    rigs/<name>/           rootfs/, sshd_config, host + client keys, sshd.pid, rig.json
+    inventory.py, testbed.lock.yaml, ssh_config, known_hosts
+    fleets/<name>/         further independent sets of rigs sharing the services (pytest factory)
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+from . import aptrepo, content, rootfs
+from ._util import (
+    TestbedError,
+    chroot_env,
+    ensure_safe_dir,
+    free_port,
+    in_chroot,
+    log,
+    pid_alive,
+    sh,
+    spawn,
+    stop_pidfile,
+    wait_port,
+)
+
+DEFAULT_DIR = Path("/var/lib/rigforge-testbed")
+USER = "rigadmin"
+IMAGE_REF = "vllm/vllm-openai:nightly-7a1eb8ac2ec4ea69338c51dc7afd4b15010abfa8"
+SSHD = "/usr/sbin/sshd"
+PORTS = {"apt": 18721, "hf": 18722, "git": 18723, "ssh": 2201}
+
+
+@dataclass(frozen=True)
+class RigSpec:
+    """Simulated hardware of one rig (what the stub nvidia-smi reports)."""
+
+    gpus: int = 2
+    gpu_name: str = "NVIDIA GeForce RTX 3090"
+    vram_mib: int = 24576
+    power_min: int = 100
+    power_default: int = 350
+    power_max: int = 350
+
+    def gpus_json(self, seed: str) -> dict:
+        gpus = []
+        for i in range(self.gpus):
+            h = hashlib.sha256(f"{seed}/{i}".encode()).hexdigest()
+            uuid = f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+            gpus.append(
+                {
+                    "name": self.gpu_name,
+                    "uuid": uuid,
+                    "pci_bus_id": f"00000000:{i + 1:02X}:00.0",
+                    "memory_total_mib": self.vram_mib,
+                    "power_min_w": self.power_min,
+                    "power_default_w": self.power_default,
+                    "power_max_w": self.power_max,
+                    "compute_cap": "8.6",
+                }
+            )
+        return {"gpus": gpus}
+
+
+@dataclass
+class Rig:
+    name: str
+    ssh_port: int
+    rootfs: Path
+    user: str
+    key: Path
+    dir: Path
+    spec: RigSpec = field(default_factory=RigSpec)
+
+    def run(self, cmd: str, check: bool = False) -> subprocess.CompletedProcess:
+        """Run a shell command inside the rig's root file system (chroot on the controller, as root)."""
+        return subprocess.run(
+            ["chroot", str(self.rootfs), "/bin/sh", "-c", cmd],
+            env=chroot_env(),
+            capture_output=True,
+            text=True,
+            check=check,
+        )
+
+
+@dataclass
+class Testbed:
+    dir: Path
+    shared: Path
+    rigs: list[Rig]
+    services: dict
+
+    @property
+    def inventory(self) -> Path:
+        return self.dir / "inventory.py"
+
+    @property
+    def lock(self) -> Path:
+        return self.dir / "testbed.lock.yaml"
+
+    @property
+    def ssh_config(self) -> Path:
+        return self.dir / "ssh_config"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.dir / "known_hosts"
+
+    @property
+    def apt_url(self) -> str:
+        return f"http://127.0.0.1:{self.services['apt_port']}"
+
+    @property
+    def driver_repo_url(self) -> str:
+        return f"{self.apt_url}/{aptrepo.DRIVER_REPO}/"
+
+    @property
+    def driver_repo_key_url(self) -> str:
+        return f"{self.apt_url}/{aptrepo.DRIVER_KEY}"
+
+    @property
+    def toolkit_repo_url(self) -> str:
+        return f"{self.apt_url}/{aptrepo.TOOLKIT_REPO}/"
+
+    @property
+    def toolkit_repo_key_url(self) -> str:
+        return f"{self.apt_url}/{aptrepo.TOOLKIT_KEY}"
+
+    @property
+    def hf_endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.services['hf_port']}"
+
+    @property
+    def hf_token(self) -> str:
+        """Token the HF stand-in accepts for its gated repos (a fixed test value, not a secret)."""
+        return content.HF_TOKEN
+
+    @property
+    def hf_repos(self) -> dict:
+        """{lock key: {repo, revision, gated, files: [{path, size, sha256, lfs, ...}]}}"""
+        return self.services["hf"]
+
+    @property
+    def git_commits(self) -> dict[str, list[str]]:
+        """{remote name: [commit SHAs, oldest first]}; the lock pins the last one."""
+        return {name: m["commits"] for name, m in self.services["git"].items()}
+
+    def git_url(self, name: str) -> str:
+        if name not in self.services["git"]:
+            raise KeyError(f"no local git remote {name!r}; have {sorted(self.services['git'])}")
+        return f"git://127.0.0.1:{self.services['git_port']}/{name}.git"
+
+    def rig(self, name: str) -> Rig:
+        for rig in self.rigs:
+            if rig.name == name:
+                return rig
+        raise KeyError(f"no rig {name!r} in {self.dir}; have {[r.name for r in self.rigs]}")
+
+    def testinfra_host(self, name: str, sudo: bool = True):
+        """A testinfra host for a rig, over SSH (paramiko backend) as the sudo user."""
+        import testinfra
+
+        self.rig(name)
+        return testinfra.get_host(f"paramiko://{name}", ssh_config=str(self.ssh_config), sudo=sudo)
+
+    def hf_control(self, throttle_bps: int | None = None, drop_after_bytes: int | None = None) -> dict:
+        """Throttle the HF stand-in (bytes/s, None = full speed) and/or cut the next file GET after N bytes."""
+        body = json.dumps({"throttle_bps": throttle_bps, "drop_after_bytes": drop_after_bytes}).encode()
+        req = urllib.request.Request(f"{self.hf_endpoint}/_testbed/control", data=body, method="POST")
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return json.load(resp)
+
+    def hf_log(self) -> list[dict]:
+        """The HF stand-in's recent requests: [{method, path, range, status, auth}]."""
+        with urllib.request.urlopen(f"{self.hf_endpoint}/_testbed/log", timeout=5) as resp:
+            return json.load(resp)
+
+
+# --- shared services -------------------------------------------------------------------------------------
+
+
+def _service(run: Path, name: str, root: str, want_port: int, taken: set[int], cmd_for_port) -> int:
+    """Reuse the running service `name` if it serves `root`, else (re)start it; return its port."""
+    pidfile, statefile = run / f"{name}.pid", run / f"{name}.json"
+    state = json.loads(statefile.read_text()) if statefile.exists() else {}
+    if pid_alive(pidfile) and state.get("root") == root:
+        return state["port"]
+    stop_pidfile(pidfile)
+    port = state.get("port") or want_port
+    port = free_port(port, port + 200, taken)
+    spawn(cmd_for_port(port), pidfile, run / f"{name}.log")
+    wait_port(port)
+    statefile.write_text(json.dumps({"root": root, "port": port}))
+    return port
+
+
+def start_services(shared: Path) -> dict:
+    """Build (cached) and start the apt / git / HF stand-ins of a testbed dir; return their description."""
+    cache = ensure_safe_dir(shared / "cache")
+    run = ensure_safe_dir(shared / "run")
+    apt_root = aptrepo.build(shared)
+    key = content.content_key()
+    git_root, hf_root = cache / f"git-{key}", cache / f"hf-{key}"
+    for old in [*cache.glob("git-*"), *cache.glob("hf-*")]:
+        if old not in (git_root, hf_root):
+            shutil.rmtree(old)
+    git_meta = content.build_git(git_root)
+    hf_meta = content.build_hf(hf_root)
+    py = sys.executable
+    taken: set[int] = set()
+    apt_port = _service(
+        run,
+        "apt",
+        str(apt_root),
+        PORTS["apt"],
+        taken,
+        lambda p: [py, "-m", "http.server", str(p), "--bind", "127.0.0.1", "--directory", str(apt_root)],
+    )
+    taken.add(apt_port)
+    hf_port = _service(
+        run,
+        "hf",
+        str(hf_root),
+        PORTS["hf"],
+        taken,
+        lambda p: [py, str(Path(__file__).with_name("hfserver.py")), "--root", str(hf_root), "--port", str(p)],
+    )
+    taken.add(hf_port)
+    git_port = _service(
+        run,
+        "git",
+        str(git_root),
+        PORTS["git"],
+        taken,
+        lambda p: [
+            "git",
+            "daemon",
+            "--reuseaddr",
+            "--export-all",
+            f"--base-path={git_root}",
+            "--listen=127.0.0.1",
+            f"--port={p}",
+            str(git_root),
+        ],
+    )
+    services = {"apt_port": apt_port, "hf_port": hf_port, "git_port": git_port, "git": git_meta, "hf": hf_meta}
+    (run / "services.json").write_text(json.dumps(services, indent=1))
+    return services
+
+
+def stop_services(shared: Path) -> None:
+    run = shared / "run"
+    for name in ("apt", "hf", "git"):
+        stop_pidfile(run / f"{name}.pid")
+        (run / f"{name}.json").unlink(missing_ok=True)
+    (run / "services.json").unlink(missing_ok=True)
+
+
+# --- rigs --------------------------------------------------------------------------------------------------
+
+
+def ensure_host_user() -> int:
+    """The sudo user exists on the controller too (sshd authenticates before it chroots); return its uid."""
+    try:
+        uid = pwd.getpwnam(USER).pw_uid
+    except KeyError:
+        uid = next(u for u in range(2901, 3900) if not _uid_used(u))
+        sh(
+            [
+                "useradd",
+                "--uid",
+                str(uid),
+                "--user-group",
+                "--no-create-home",
+                "--home-dir",
+                f"/home/{USER}",
+                "--shell",
+                "/bin/bash",
+                "--comment",
+                "rigforge testbed rig user",
+                USER,
+            ],
+            capture=True,
+        )
+    sh(["usermod", "-p", "*", USER], capture=True)  # not locked: sshd refuses locked accounts
+    return uid
+
+
+def _uid_used(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+        return True
+    except KeyError:
+        return False
+
+
+def _prepare_rootfs(root: Path, uid: int) -> None:
+    rootfs.copy_host_resolv(root)
+    hostname = os.uname().nodename
+    (root / "etc/hosts").write_text(f"127.0.0.1\tlocalhost\n127.0.1.1\t{hostname}\n::1\tlocalhost ip6-localhost\n")
+    in_chroot(
+        root,
+        f"groupadd --gid {uid} {USER} 2>/dev/null || true; "
+        f"useradd --uid {uid} --gid {uid} --create-home --shell /bin/bash {USER}; "
+        f"echo '{USER} ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/{USER}; chmod 0440 /etc/sudoers.d/{USER}",
+        capture=True,
+    )
+
+
+def _sshd_config(rig_dir: Path, port: int) -> str:
+    return f"""# rigforge testbed rig {rig_dir.name}
+Port {port}
+ListenAddress 127.0.0.1
+HostKey {rig_dir}/ssh_host_ed25519_key
+PidFile {rig_dir}/sshd.pid
+AuthorizedKeysFile {rig_dir}/authorized_keys
+ChrootDirectory {rig_dir}/rootfs
+PermitRootLogin yes
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+AllowUsers root {USER}
+StrictModes yes
+MaxStartups 100:30:200
+MaxSessions 100
+PrintMotd no
+X11Forwarding no
+AllowTcpForwarding no
+Subsystem sftp internal-sftp
+"""
+
+
+def _make_rig(rig_dir: Path, port: int, spec: RigSpec, tarball: Path, uid: int, fresh: bool) -> Rig:
+    root = rig_dir / "rootfs"
+    info_file = rig_dir / "rig.json"
+    info = json.loads(info_file.read_text()) if info_file.exists() else {}
+    stop_pidfile(rig_dir / "sshd.pid")
+    if fresh or not (root / ".rigforge-rig").exists() or info.get("tarball") != tarball.name:
+        rootfs.extract(tarball, root)
+        _prepare_rootfs(root, uid)
+        (root / ".rigforge-rig").write_text("ok\n")
+        info = {}
+    if info.get("spec") != asdict(spec):
+        sim = root / "etc/rigforge-sim"
+        sim.mkdir(parents=True, exist_ok=True)
+        (sim / "gpus.json").write_text(json.dumps(spec.gpus_json(str(rig_dir)), indent=1) + "\n")
+        (root / "var/lib/rigforge-sim/state.json").unlink(missing_ok=True)
+    for key in ("ssh_host_ed25519_key", "id_ed25519"):
+        if not (rig_dir / key).exists():
+            sh(
+                [
+                    "ssh-keygen",
+                    "-q",
+                    "-t",
+                    "ed25519",
+                    "-N",
+                    "",
+                    "-C",
+                    f"rigforge-testbed-{rig_dir.name}",
+                    "-f",
+                    str(rig_dir / key),
+                ]
+            )
+    (rig_dir / "authorized_keys").write_text((rig_dir / "id_ed25519.pub").read_text())
+    (rig_dir / "authorized_keys").chmod(0o644)
+    (rig_dir / "sshd_config").write_text(_sshd_config(rig_dir, port))
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+    sh([SSHD, "-f", str(rig_dir / "sshd_config"), "-E", str(rig_dir / "sshd.log")], capture=True)
+    wait_port(port)
+    info_file.write_text(json.dumps({"port": port, "spec": asdict(spec), "tarball": tarball.name}))
+    return Rig(rig_dir.name, port, root, USER, rig_dir / "id_ed25519", rig_dir, spec)
+
+
+def _remove_rig(rig_dir: Path) -> None:
+    stop_pidfile(rig_dir / "sshd.pid")
+    sh(["rm", "-rf", "--one-file-system", str(rig_dir)])
+
+
+def _all_rig_ports(shared: Path) -> set[int]:
+    ports = set()
+    for info in shared.glob("**/rigs/*/rig.json"):
+        try:
+            ports.add(json.loads(info.read_text())["port"])
+        except (ValueError, KeyError):
+            pass
+    return ports
+
+
+# --- generated files ---------------------------------------------------------------------------------------
+
+
+def _write_lock(tb: Testbed) -> None:
+    git = {}
+    for name, m in tb.services["git"].items():
+        pin = m["pin"]
+        ref = m["branch"] if name == "vllm-src" else pin[:8] if name == "club-3090" else pin[:7]
+        git[name] = {"url": tb.git_url(name), "ref": ref, "commit": pin, "sparse": m["sparse"], "files": m["files"]}
+    hf = {
+        key: {
+            "repo": m["repo"],
+            "revision": m["revision"],
+            "gated": m["gated"],
+            "files": [{"path": f["path"], "size": f["size"], "sha256": f["sha256"]} for f in m["files"]],
+        }
+        for key, m in tb.services["hf"].items()
+    }
+    lock = {"version": 1, "image": {"ref": IMAGE_REF, "digest": None}, "git": git, "hf": hf}
+    header = "# rigforge testbed lock: local stand-ins on 127.0.0.1 (generated by `rigforge testbed up`)\n"
+    tb.lock.write_text(header + yaml.safe_dump(lock, sort_keys=False, width=200))
+
+
+def host_data(tb: Testbed, rig: Rig) -> dict:
+    return {
+        "ssh_hostname": "127.0.0.1",
+        "ssh_port": rig.ssh_port,
+        "ssh_user": rig.user,
+        "ssh_key": str(rig.key),
+        "ssh_known_hosts_file": str(tb.known_hosts),
+        "ssh_strict_host_key_checking": "yes",
+        "ssh_look_for_keys": False,
+        "ssh_allow_agent": False,
+        "_sudo": True,
+        "rigforge_testbed": True,
+        "rigforge_lock": str(tb.lock),
+        "rigforge_manage_services": False,
+        "docker_source": "distro",
+        "nvidia_driver_repo_url": tb.driver_repo_url,
+        "nvidia_driver_repo_key_url": tb.driver_repo_key_url,
+        "nvidia_toolkit_repo_url": tb.toolkit_repo_url,
+        "nvidia_toolkit_repo_key_url": tb.toolkit_repo_key_url,
+        "hf_endpoint": tb.hf_endpoint,
+    }
+
+
+def _write_files(tb: Testbed) -> None:
+    _write_lock(tb)
+    known, config = [], []
+    for rig in tb.rigs:
+        pub = (rig.dir / "ssh_host_ed25519_key.pub").read_text().split()
+        known.append(f"[127.0.0.1]:{rig.ssh_port} {pub[0]} {pub[1]}\n")
+        config.append(
+            f"Host {rig.name}\n  HostName 127.0.0.1\n  Port {rig.ssh_port}\n  User {rig.user}\n"
+            f"  IdentityFile {rig.key}\n  IdentitiesOnly yes\n  UserKnownHostsFile {tb.known_hosts}\n"
+            f"  StrictHostKeyChecking yes\n\n"
+        )
+    tb.known_hosts.write_text("".join(known))
+    tb.ssh_config.write_text("".join(config))
+    lines = [
+        '"""pyinfra inventory of rigforge testbed rigs (generated by `rigforge testbed up`).',
+        "",
+        "Simulated rigs: Debian 13 chroots behind their own sshd on 127.0.0.1; GPUs are simulated by stub",
+        "packages from a local signed apt repo; no systemd runs, so services are installed but not started.",
+        '"""',
+        "",
+        "rigs = [",
+    ]
+    for rig in tb.rigs:
+        lines.append(f"    ({rig.name!r}, {host_data(tb, rig)!r}),")
+    lines.append("]")
+    tb.inventory.write_text("\n".join(lines) + "\n")
+
+
+# --- public API --------------------------------------------------------------------------------------------
+
+
+def up(
+    dir: Path = DEFAULT_DIR,
+    specs: list[RigSpec] | None = None,
+    fresh: bool = False,
+    shared: Path | None = None,
+) -> Testbed:
+    """Build or reuse rigs rig1..rigN (one per spec) in `dir`; start the shared services of `shared` (default:
+    `dir`). Idempotent: running rigs with the same spec are kept unless `fresh`."""
+    t0 = time.monotonic()
+    specs = list(specs) if specs else [RigSpec()]
+    dir = ensure_safe_dir(Path(dir))
+    shared = ensure_safe_dir(Path(shared) if shared else dir)
+    run = ensure_safe_dir(shared / "run")
+    for tool in ("debootstrap", "chroot", "ssh-keygen", "dpkg-deb", "apt-ftparchive", "gpg", "git", SSHD):
+        if not shutil.which(tool):
+            raise TestbedError(
+                f"{tool} not found; install: apt-get install debootstrap openssh-server apt-utils gnupg git"
+            )
+    with open(run / "up.lock", "w") as lock_f:
+        fcntl.flock(lock_f, fcntl.LOCK_EX)
+        tarball = rootfs.build_tarball(shared)
+        services = start_services(shared)
+        uid = ensure_host_user()
+        rigs_dir = ensure_safe_dir(dir / "rigs")
+        names = [f"rig{i + 1}" for i in range(len(specs))]
+        for extra in sorted(p for p in rigs_dir.iterdir() if p.is_dir() and p.name not in names):
+            _remove_rig(extra)
+        taken = _all_rig_ports(shared)
+        plan = []
+        for name, spec in zip(names, specs, strict=True):
+            rig_dir = ensure_safe_dir(rigs_dir / name)
+            info = json.loads((rig_dir / "rig.json").read_text()) if (rig_dir / "rig.json").exists() else {}
+            reuse = (
+                not fresh
+                and info.get("spec") == asdict(spec)
+                and info.get("tarball") == tarball.name
+                and pid_alive(rig_dir / "sshd.pid")
+            )
+            if reuse:
+                plan.append((rig_dir, info["port"], spec, None))
+                continue
+            port = info.get("port") if info.get("port") and not pid_alive(rig_dir / "sshd.pid") else None
+            stop_pidfile(rig_dir / "sshd.pid")
+            port = free_port(port or PORTS["ssh"], 2300 if not port else port + 100, taken - {port})
+            taken.add(port)
+            plan.append((rig_dir, port, spec, True))
+
+        def build(item):
+            rig_dir, port, spec, todo = item
+            if todo is None:
+                return Rig(rig_dir.name, port, rig_dir / "rootfs", USER, rig_dir / "id_ed25519", rig_dir, spec)
+            return _make_rig(rig_dir, port, spec, tarball, uid, fresh)
+
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            rigs = list(pool.map(build, plan))
+        tb = Testbed(dir=dir, shared=shared, rigs=rigs, services=services)
+        _write_files(tb)
+    log(f"testbed up: {len(rigs)} rig(s) in {dir} ready in {time.monotonic() - t0:.1f}s")
+    return tb
+
+
+def load(dir: Path = DEFAULT_DIR, shared: Path | None = None) -> Testbed:
+    """The Testbed of a directory brought up earlier (no changes made)."""
+    dir = Path(dir)
+    shared = Path(shared) if shared else dir
+    services = json.loads((shared / "run/services.json").read_text())
+    rigs = []
+    for info_file in sorted((dir / "rigs").glob("*/rig.json")):
+        info = json.loads(info_file.read_text())
+        rig_dir = info_file.parent
+        rigs.append(
+            Rig(
+                rig_dir.name,
+                info["port"],
+                rig_dir / "rootfs",
+                USER,
+                rig_dir / "id_ed25519",
+                rig_dir,
+                RigSpec(**info["spec"]),
+            )
+        )
+    return Testbed(dir=dir, shared=shared, rigs=rigs, services=services)
+
+
+def down(dir: Path = DEFAULT_DIR, purge: bool = False) -> None:
+    """Stop the rigs' sshds and remove the rigs (and fleets) of `dir`, stop its services; keep the cache
+    unless `purge`."""
+    dir = Path(dir)
+    if not dir.exists():
+        return
+    for fleet in sorted((dir / "fleets").glob("*")) if (dir / "fleets").exists() else []:
+        down(fleet)
+        sh(["rm", "-rf", "--one-file-system", str(fleet)])
+    if (dir / "rigs").exists():
+        for rig_dir in sorted(p for p in (dir / "rigs").iterdir() if p.is_dir()):
+            _remove_rig(rig_dir)
+        (dir / "rigs").rmdir()
+    stop_services(dir)
+    for name in ("inventory.py", "testbed.lock.yaml", "ssh_config", "known_hosts"):
+        (dir / name).unlink(missing_ok=True)
+    if purge:
+        sh(["rm", "-rf", "--one-file-system", str(dir / "cache")])
+    log(f"testbed down: {dir}")

@@ -1,0 +1,124 @@
+"""Debian 13 (trixie) root file systems for testbed rigs: built once with debootstrap, cached as a tarball.
+
+The tarball also holds the .debs the roles will install (docker.io, docker-compose, containerd, runc) in
+/var/cache/apt/archives, so a converge does not download them again, and a policy-rc.d that keeps package
+postinsts from starting services (there is no init in a chroot).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import time
+from pathlib import Path
+
+from ._util import TestbedError, ensure_safe_dir, in_chroot, log, sh
+
+MIRROR = "http://deb.debian.org/debian"
+SUITE = "trixie"
+BASE_PACKAGES = ["sudo", "python3", "python3-venv", "ca-certificates", "curl", "gnupg", "systemd", "git"]
+PREFETCH_PACKAGES = ["docker.io", "docker-compose", "containerd", "runc"]
+TOOLS_PACKAGES = ["docker.io", "docker-compose", "systemd"]
+RECIPE_VERSION = "2"
+
+POLICY_RC_D = (
+    "#!/bin/sh\n# rigforge testbed: no init in a chroot, never start services from maintainer scripts\nexit 101\n"
+)
+SOURCES = f"""Types: deb
+URIs: {MIRROR}
+Suites: {SUITE} {SUITE}-updates
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb
+URIs: http://deb.debian.org/debian-security
+Suites: {SUITE}-security
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+"""
+
+
+def _recipe_key() -> str:
+    recipe = ",".join([RECIPE_VERSION, SUITE, MIRROR, *BASE_PACKAGES, *PREFETCH_PACKAGES])
+    return hashlib.sha256(recipe.encode()).hexdigest()[:12]
+
+
+def tarball_path(testbed_dir: Path) -> Path:
+    return Path(testbed_dir) / "cache" / f"rootfs-{SUITE}-{_recipe_key()}.tar"
+
+
+def copy_host_resolv(root: Path) -> None:
+    resolv = root / "etc/resolv.conf"
+    if resolv.is_symlink() or resolv.exists():
+        resolv.unlink()
+    resolv.write_text(Path("/etc/resolv.conf").read_text())
+
+
+def build_tarball(testbed_dir: Path) -> Path:
+    """Return the cached rootfs tarball, building it with debootstrap if missing."""
+    tarball = tarball_path(testbed_dir)
+    if tarball.exists():
+        return tarball
+    cache = ensure_safe_dir(Path(testbed_dir) / "cache")
+    if not shutil.which("debootstrap"):
+        raise TestbedError("debootstrap is not installed on this machine: apt-get install debootstrap")
+    build = cache / "rootfs.build"
+    if build.exists():
+        sh(["rm", "-rf", "--one-file-system", str(build)])
+    t0 = time.monotonic()
+    log(f"debootstrap {SUITE} (minbase) from {MIRROR} into {build} ...")
+    sh(
+        [
+            "debootstrap",
+            "--variant=minbase",
+            f"--include={','.join(BASE_PACKAGES)}",
+            SUITE,
+            str(build),
+            MIRROR,
+        ],
+        capture=True,
+    )
+    log(f"debootstrap done in {time.monotonic() - t0:.0f}s; pre-downloading {' '.join(PREFETCH_PACKAGES)}")
+    (build / "usr/sbin/policy-rc.d").write_text(POLICY_RC_D)
+    (build / "usr/sbin/policy-rc.d").chmod(0o755)
+    (build / "etc/apt/sources.list").unlink(missing_ok=True)
+    (build / "etc/apt/sources.list.d/debian.sources").write_text(SOURCES)
+    copy_host_resolv(build)
+    in_chroot(
+        build,
+        "apt-get update -qq && apt-get install -y -qq --download-only " + " ".join(PREFETCH_PACKAGES),
+        capture=True,
+    )
+    (build / "etc/resolv.conf").write_text("")
+    # no leftover processes or mounts may stay in the tree (debootstrap unmounts /proc itself)
+    tmp = tarball.with_suffix(".tar.part")
+    sh(["tar", "-C", str(build), "--numeric-owner", "--xattrs", "-cf", str(tmp), "."])
+    tmp.rename(tarball)
+    sh(["rm", "-rf", "--one-file-system", str(build)])
+    log(f"rootfs tarball {tarball} ({tarball.stat().st_size >> 20} MiB) built in {time.monotonic() - t0:.0f}s")
+    return tarball
+
+
+def extract(tarball: Path, dest: Path) -> None:
+    """Unpack the rootfs tarball into `dest` (removed first if present)."""
+    if dest.exists():
+        sh(["rm", "-rf", "--one-file-system", str(dest)])
+    dest.mkdir(parents=True, mode=0o755)
+    sh(["tar", "-C", str(dest), "--numeric-owner", "--xattrs", "-xf", str(tarball)])
+
+
+def tools_rootfs(testbed_dir: Path = Path("/var/lib/rigforge-testbed")) -> Path:
+    """A rootfs with docker.io, docker-compose and systemd installed, for `chroot ROOT docker compose config`
+    and `chroot ROOT systemd-analyze verify` on rendered files. Built once per recipe, then cached."""
+    testbed_dir = ensure_safe_dir(Path(testbed_dir))
+    root = testbed_dir / "cache" / f"tools-{_recipe_key()}"
+    if (root / ".rigforge-tools-ready").exists():
+        return root
+    tarball = build_tarball(testbed_dir)
+    t0 = time.monotonic()
+    extract(tarball, root)
+    copy_host_resolv(root)
+    in_chroot(root, "apt-get install -y -qq --no-install-recommends " + " ".join(TOOLS_PACKAGES), capture=True)
+    (root / ".rigforge-tools-ready").write_text("ok\n")
+    log(f"tools rootfs {root} ready in {time.monotonic() - t0:.0f}s")
+    return root
