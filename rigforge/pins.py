@@ -1,0 +1,304 @@
+"""The lock file (rigforge.lock.yaml): every external input of a rig, pinned.
+
+`load_lock(path)` reads and validates it into frozen dataclasses; a malformed entry raises `LockError`
+naming the file and the key. `Lock.check()` lists semantic problems (unresolved entries included) for
+`rigforge lock --check`; `Lock.require(...)` is what roles call before touching a host. No host, no network.
+Schema: docs/contracts.md; policy for unresolved entries: docs/pins.md.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+SHA40 = re.compile(r"^[0-9a-f]{40}$")
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+SHORT = re.compile(r"^[0-9a-f]{4,39}$")
+DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+HF_REPO = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+REFUSE_HINT = "run `rigforge lock` on a networked controller"
+HEADER = (
+    "# rigforge lock: every external input of a rig, pinned. Schema: docs/contracts.md, policy: docs/pins.md.\n"
+    "# Validate offline: `rigforge lock --check`. Resolve null entries on a networked controller: `rigforge lock`.\n"
+    "# `commit: null` / `revision: null` / `digest: null` = unresolved: a deploy that needs such an entry\n"
+    "# refuses before changing the host.\n"
+)
+
+
+class LockError(ValueError):
+    """The lock file is missing, malformed, or lacks what a deploy needs; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class ImagePin:
+    ref: str
+    digest: str | None = None
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class GitPin:
+    name: str
+    url: str
+    ref: str
+    commit: str | None
+    sparse: tuple[str, ...] = ()
+    files: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    short: str | None = None
+    note: str | None = None
+
+    @property
+    def resolved(self) -> bool:
+        return self.commit is not None
+
+
+@dataclass(frozen=True)
+class HfFile:
+    path: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class HfPin:
+    name: str
+    repo: str
+    revision: str | None
+    gated: bool = False
+    files: tuple[HfFile, ...] = ()
+    ref: str = "main"
+    note: str | None = None
+
+    @property
+    def resolved(self) -> bool:
+        return self.revision is not None and bool(self.files)
+
+    @property
+    def total_size(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+@dataclass(frozen=True)
+class Lock:
+    path: str
+    image: ImagePin
+    git: Mapping[str, GitPin]
+    hf: Mapping[str, HfPin]
+    version: int = 1
+
+    def unresolved(self) -> list[str]:
+        """Entries still to be resolved by `rigforge lock`, as 'git.NAME', 'hf.NAME', 'image'."""
+        out = [] if self.image.digest else ["image (digest: null)"]
+        out += [f"git.{n} (commit: null)" for n, p in self.git.items() if not p.resolved]
+        for n, p in self.hf.items():
+            if p.revision is None:
+                out.append(f"hf.{n} (revision: null)")
+            elif not p.files:
+                out.append(f"hf.{n} (files: [])")
+        return out
+
+    def check(self) -> list[str]:
+        """Every problem an offline check can find: unresolved entries and inconsistent ones."""
+        problems = [f"{u}: unresolved, {REFUSE_HINT}" for u in self.unresolved()]
+        for n, p in self.git.items():
+            for path in p.files:
+                if p.sparse and not _covered(path, p.sparse):
+                    problems.append(f"git.{n}: file {path} is outside the sparse paths {list(p.sparse)}")
+            if p.commit and p.short and not p.commit.startswith(p.short):
+                problems.append(f"git.{n}: commit {p.commit} does not start with short {p.short}")
+            if p.commit and SHORT.match(p.ref) and not p.commit.startswith(p.ref):
+                problems.append(f"git.{n}: commit {p.commit} does not start with ref {p.ref}")
+        return problems
+
+    def require(self, *, git: Iterable[str] = (), hf: Iterable[str] = ()) -> None:
+        """Raise LockError unless every named entry exists and is resolved (a deploy's precondition)."""
+        bad = []
+        for kind, names, table in (("git", git, self.git), ("hf", hf, self.hf)):
+            for name in names:
+                pin = table.get(name)
+                if pin is None:
+                    raise LockError(f"lock {self.path}: no {kind} entry '{name}' (known: {', '.join(table)})")
+                if not pin.resolved:
+                    bad.append(f"{kind}.{name}")
+        if bad:
+            raise LockError(
+                f"lock {self.path}: unresolved entr{'y' if len(bad) == 1 else 'ies'} {', '.join(bad)}; "
+                f"refusing to deploy: {REFUSE_HINT} and commit the updated lock"
+            )
+
+    def to_data(self) -> dict[str, Any]:
+        """Plain data in the file's own shape (for rewriting the lock)."""
+
+        def opt(d: dict, note: str | None) -> dict:
+            return {**d, "note": note} if note else d
+
+        return {
+            "version": self.version,
+            "image": opt({"ref": self.image.ref, "digest": self.image.digest}, self.image.note),
+            "git": {
+                n: opt(
+                    {
+                        "url": p.url,
+                        "ref": p.ref,
+                        **({"short": p.short} if p.short else {}),
+                        "commit": p.commit,
+                        "sparse": list(p.sparse),
+                        "files": dict(p.files),
+                    },
+                    p.note,
+                )
+                for n, p in self.git.items()
+            },
+            "hf": {
+                n: opt(
+                    {
+                        "repo": p.repo,
+                        "ref": p.ref,
+                        "revision": p.revision,
+                        "gated": p.gated,
+                        "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in p.files],
+                    },
+                    p.note,
+                )
+                for n, p in self.hf.items()
+            },
+        }
+
+
+def _covered(path: str, sparse: Iterable[str]) -> bool:
+    return any(path == s or (s.endswith("/") and path.startswith(s)) for s in sparse)
+
+
+class _Reader:
+    """Typed access to one mapping of the lock with error messages naming file and key."""
+
+    def __init__(self, path: str, where: str, data: Any):
+        self.path, self.where = path, where
+        if not isinstance(data, dict):
+            self.fail(f"expected a mapping, got {type(data).__name__}")
+        self.data = data
+
+    def fail(self, msg: str, key: str | None = None):
+        where = f"{self.where}.{key}" if key else self.where
+        raise LockError(f"lock {self.path}: {where}: {msg}")
+
+    def get(self, key: str, kind, *, required: bool = True, default=None, pattern=None, what: str = ""):
+        if key not in self.data:
+            if required:
+                self.fail("missing", key)
+            return default
+        value = self.data[key]
+        if value is None and not required:
+            return default
+        if value is None and pattern is not None and what.endswith("or null"):
+            return None
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            self.fail(f"expected {what or kind.__name__}, got {value!r}", key)
+        if pattern is not None and not pattern.match(value):
+            self.fail(f"expected {what}, got {value!r}", key)
+        return value
+
+    def unknown(self, allowed: set[str]) -> None:
+        extra = set(self.data) - allowed
+        if extra:
+            self.fail(f"unknown key(s) {sorted(extra)} (allowed: {sorted(allowed)})")
+
+
+def _relpath(r: _Reader, key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value or value.startswith("/") or ".." in value.split("/"):
+        r.fail(f"expected a relative path inside the repo, got {value!r}", key)
+    return value
+
+
+def _git(path: str, name: str, data: Any) -> GitPin:
+    r = _Reader(path, f"git.{name}", data)
+    r.unknown({"url", "ref", "short", "commit", "sparse", "files", "note"})
+    sparse = r.get("sparse", list, required=False, default=[])
+    files = r.get("files", dict, required=False, default={})
+    for f, sha in files.items():
+        _relpath(r, "files", f)
+        if not isinstance(sha, str) or not SHA256.match(sha):
+            r.fail(f"{f}: expected a 64-hex sha256, got {sha!r}", "files")
+    short = r.get("short", str, required=False)
+    if short is not None and not SHORT.match(short):
+        r.fail(f"expected 4-39 hex digits, got {short!r}", "short")
+    return GitPin(
+        name=name,
+        url=r.get("url", str),
+        ref=str(r.get("ref", (str, int))),
+        commit=r.get("commit", str, pattern=SHA40, what="a 40-hex commit SHA or null"),
+        sparse=tuple(_relpath(r, "sparse", s) for s in sparse),
+        files=MappingProxyType(dict(files)),
+        short=short,
+        note=r.get("note", str, required=False),
+    )
+
+
+def _hf(path: str, name: str, data: Any) -> HfPin:
+    r = _Reader(path, f"hf.{name}", data)
+    r.unknown({"repo", "ref", "revision", "gated", "files", "note"})
+    files, seen = [], set()
+    for i, item in enumerate(r.get("files", list, required=False, default=[])):
+        fr = _Reader(path, f"hf.{name}.files[{i}]", item)
+        fr.unknown({"path", "size", "sha256"})
+        f = HfFile(
+            path=_relpath(fr, "path", fr.get("path", str)),
+            size=fr.get("size", int),
+            sha256=fr.get("sha256", str, pattern=SHA256, what="a 64-hex sha256"),
+        )
+        if f.size < 0 or f.path in seen:
+            fr.fail("negative size" if f.size < 0 else f"duplicate path {f.path}")
+        seen.add(f.path)
+        files.append(f)
+    return HfPin(
+        name=name,
+        repo=r.get("repo", str, pattern=HF_REPO, what="an 'owner/name' repo id"),
+        revision=r.get("revision", str, pattern=SHA40, what="a 40-hex revision SHA or null"),
+        gated=r.get("gated", bool, required=False, default=False),
+        files=tuple(files),
+        ref=r.get("ref", str, required=False, default="main"),
+        note=r.get("note", str, required=False),
+    )
+
+
+def parse_lock(data: Any, path: str = "<lock>") -> Lock:
+    r = _Reader(path, "top level", data)
+    r.unknown({"version", "image", "git", "hf"})
+    if r.get("version", int) != 1:
+        r.fail(f"unsupported version {data['version']!r} (this rigforge reads version 1)", "version")
+    ir = _Reader(path, "image", r.get("image", dict))
+    ir.unknown({"ref", "digest", "note"})
+    image = ImagePin(
+        ref=ir.get("ref", str),
+        digest=ir.get("digest", str, pattern=DIGEST, what="'sha256:<64 hex>' or null"),
+        note=ir.get("note", str, required=False),
+    )
+    git = {str(n): _git(path, str(n), d) for n, d in (r.get("git", dict, required=False) or {}).items()}
+    hf = {str(n): _hf(path, str(n), d) for n, d in (r.get("hf", dict, required=False) or {}).items()}
+    return Lock(path=path, image=image, git=MappingProxyType(git), hf=MappingProxyType(hf))
+
+
+def load_lock(path: str | Path) -> Lock:
+    path = str(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise LockError(f"lock {path}: file not found (set host data rigforge_lock or pass --lock)") from None
+    except yaml.YAMLError as e:
+        raise LockError(f"lock {path}: not valid YAML: {e}") from None
+    return parse_lock(data, path)
+
+
+def dump_lock(lock: Lock) -> str:
+    return HEADER + yaml.safe_dump(lock.to_data(), sort_keys=False, width=200, default_flow_style=False)
+
+
+def default_lock_path() -> Path:
+    return Path(__file__).resolve().parent.parent / "rigforge.lock.yaml"

@@ -1,0 +1,282 @@
+#!/usr/bin/env python3
+"""Fetch one locked Hugging Face asset into a model directory, verified. Shipped to rigs by roles/weights.py.
+
+Runs on the rig (venv python with huggingface_hub) or on the controller (`weights_source: controller` cache).
+Input: a JSON manifest (--manifest FILE, or stdin) with
+  {"name", "repo", "revision", "endpoint", "dest", "staging", "files": [{"path", "size", "sha256"}]}
+and the token in a root-only file (--token-file), never on the command line.
+
+Per file: a file at <dest> whose stamp entry matches its size+mtime and the lock's sha256 is kept without
+reading it (--deep re-hashes everything). Anything else is (re)fetched into <staging>/<path>.part with HTTP
+Range resume (huggingface_hub resolves URL, auth and the pinned commit; bytes already fetched are kept across
+interruptions), verified against the lock's size + sha256 (one re-fetch on mismatch, then exit 4 naming the
+file), and only then moved into place with os.replace. A bad file never sits at the final path. The stamp
+<dest>/.rigforge-stamp.json records size, mtime_ns and sha256 per file.
+--staged-only: the files were pushed into <staging>/<path> by the controller: verify and move, no hub access.
+Exit codes: 0 ok, 2 bad input, 3 not enough disk space, 4 verification failed, 5 download failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import http.client
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+STAMP = ".rigforge-stamp.json"
+HEADROOM = 1.05
+CHUNK = 1 << 20
+RETRIES = 3
+
+
+class Interrupted(Exception):
+    """The transfer stopped early; the bytes so far stay in the .part file for the next attempt."""
+
+
+class Fail(Exception):
+    def __init__(self, code: int, msg: str):
+        super().__init__(msg)
+        self.code = code
+
+
+def say(msg: str) -> None:
+    print(f"rigforge-weights: {msg}", flush=True)
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def sha256_of(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def load_stamp(dest: str) -> dict:
+    try:
+        with open(os.path.join(dest, STAMP)) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) and isinstance(data.get("files"), dict) else {"files": {}}
+    except (OSError, ValueError):
+        return {"files": {}}
+
+
+def write_stamp(m: dict, entries: dict) -> None:
+    data = {"version": 1, "repo": m["repo"], "revision": m["revision"], "files": entries}
+    tmp = os.path.join(m["dest"], f".{STAMP}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(m["dest"], STAMP))
+
+
+def free_bytes(path: str) -> int:
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def part_path(m: dict, f: dict) -> str:
+    """Partial download of this exact file version (a new lock sha256 never resumes an old part)."""
+    return os.path.join(m["staging"], f"{f['path']}.{f['sha256'][:16]}.part")
+
+
+def current(m: dict, f: dict, stamp: dict, deep: bool) -> dict | None:
+    """The stamp entry for a good file at its final path, or None (and the bad file removed)."""
+    final = os.path.join(m["dest"], f["path"])
+    try:
+        st = os.stat(final)
+    except FileNotFoundError:
+        return None
+    entry = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": f["sha256"]}
+    if not deep and stamp.get(f["path"]) == entry and st.st_size == f["size"]:
+        return entry
+    if st.st_size == f["size"]:
+        say(
+            f"{f['path']}: hashing {human(st.st_size)} (not stamped or changed since)"
+            if not deep
+            else f"{f['path']}: deep verify, hashing {human(st.st_size)}"
+        )
+        if sha256_of(final) == f["sha256"]:
+            return entry
+    say(f"{f['path']}: does not match the lock (size or sha256): removed, will fetch it again")
+    os.unlink(final)
+    return None
+
+
+def download(m: dict, f: dict, part: str, token: str | None) -> None:
+    """GET the pinned file into `part`, resuming from its current length with an HTTP Range request."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.utils import build_hf_headers
+
+    url = hf_hub_url(m["repo"], f["path"], revision=m["revision"], endpoint=m.get("endpoint") or None)
+    try:
+        meta = get_hf_file_metadata(url, token=token or False)
+    except Exception as e:  # noqa: BLE001 - report hub errors (gated, 404, network) by name
+        raise Fail(5, f"{f['path']}: cannot resolve {m['repo']}@{m['revision']}: {type(e).__name__}: {e}") from None
+    if meta.commit_hash and meta.commit_hash != m["revision"]:
+        raise Fail(5, f"{f['path']}: hub served commit {meta.commit_hash}, lock pins {m['revision']}")
+    headers = build_hf_headers(token=token or False)
+    if urllib.parse.urlsplit(meta.location).netloc != urllib.parse.urlsplit(url).netloc:
+        headers.pop("authorization", None)  # presigned CDN URL: keep the token on the hub
+        headers.pop("Authorization", None)
+    have = os.path.getsize(part) if os.path.exists(part) else 0
+    if have > f["size"]:
+        os.unlink(part)
+        have = 0
+    if have == f["size"]:
+        return
+    if have:
+        headers["Range"] = f"bytes={have}-"
+        say(f"{f['path']}: resuming at {human(have)} of {human(f['size'])}")
+    req = urllib.request.Request(meta.location, headers=headers)
+    try:
+        resp = urllib.request.urlopen(req, timeout=60)
+    except urllib.error.HTTPError as e:
+        if e.code == 416 and have:
+            os.unlink(part)
+            return download(m, f, part, token)
+        raise Fail(5, f"{f['path']}: download failed: HTTP {e.code}") from None
+    except OSError as e:
+        raise Fail(5, f"{f['path']}: download failed: {e}") from None
+    with resp:
+        mode = "ab"
+        if have and resp.status != 206:
+            say(f"{f['path']}: server ignored the Range request, starting over")
+            mode, have = "wb", 0
+        done, t0, last = have, time.monotonic(), 0.0
+        with open(part, mode) as out:
+            try:
+                while chunk := resp.read(CHUNK):
+                    out.write(chunk)
+                    done += len(chunk)
+                    now = time.monotonic()
+                    if now - last >= 2 or done == f["size"]:
+                        rate = (done - have) / max(now - t0, 1e-6)
+                        pct = 100 * done / f["size"] if f["size"] else 100
+                        say(f"{f['path']}: {human(done)} / {human(f['size'])} ({pct:.0f}%) {human(rate)}/s")
+                        last = now
+            except (OSError, http.client.HTTPException) as e:
+                raise Interrupted(f"{f['path']}: transfer interrupted at {human(done)}: {e}") from None
+            finally:
+                out.flush()
+                os.fsync(out.fileno())
+    if done < f["size"]:
+        raise Interrupted(f"{f['path']}: transfer ended early at {human(done)} of {human(f['size'])}")
+
+
+def fetch_one(m: dict, f: dict, token: str | None, staged_only: bool) -> None:
+    staged = os.path.join(m["staging"], f["path"]) if staged_only else part_path(m, f)
+    os.makedirs(os.path.dirname(staged), exist_ok=True)
+    for attempt in (1, 2):
+        for retry in range(RETRIES + 1) if not staged_only else ():
+            try:
+                download(m, f, staged, token)
+                break
+            except Interrupted as e:
+                if retry == RETRIES:
+                    raise Fail(5, f"{e}; re-run to resume") from None
+                say(f"{e}; retrying (resumes where it stopped)")
+                time.sleep(1)
+        if not os.path.exists(staged):
+            raise Fail(4, f"{f['path']}: not found in staging {m['staging']}")
+        size, digest = os.path.getsize(staged), sha256_of(staged)
+        if size == f["size"] and digest == f["sha256"]:
+            final = os.path.join(m["dest"], f["path"])
+            os.makedirs(os.path.dirname(final), exist_ok=True)
+            os.replace(staged, final)
+            say(f"{f['path']}: sha256 verified, in place")
+            return
+        os.unlink(staged)
+        what = f"size {size} / sha256 {digest}, lock says size {f['size']} / sha256 {f['sha256']}"
+        if staged_only or attempt == 2:
+            raise Fail(4, f"{f['path']}: verification failed ({what}); the file was removed, not used")
+        say(f"{f['path']}: verification failed ({what}); fetching it again")
+
+
+def run(m: dict, token: str | None, deep: bool, staged_only: bool) -> int:
+    for key in ("repo", "revision", "dest", "staging", "files"):
+        if not m.get(key):
+            raise Fail(2, f"manifest lacks '{key}'")
+    os.makedirs(m["dest"], exist_ok=True)
+    if m.get("gated") and not token and not staged_only:
+        raise Fail(2, f"{m['repo']} is gated: set host data hf_token (or RIGFORGE_HF_TOKEN / HF_TOKEN)")
+    stamp_data = load_stamp(m["dest"])
+    stamp = stamp_data["files"] if stamp_data.get("revision") == m["revision"] else {}
+    entries, missing = {}, []
+    for f in m["files"]:
+        entry = current(m, f, stamp, deep)
+        if entry:
+            entries[f["path"]] = entry
+        else:
+            missing.append(f)
+    write_stamp(m, entries)
+    if not missing:
+        say(f"{m['name']}: all {len(entries)} files verified ({'deep' if deep else 'stamp'})")
+        return 0
+    if not staged_only:
+        partial = sum(min(os.path.getsize(p), f["size"]) for f in missing if os.path.exists(p := part_path(m, f)))
+        need = int((sum(f["size"] for f in missing) - partial) * HEADROOM)
+        free = free_bytes(m["dest"])
+        if need > free:
+            raise Fail(
+                3,
+                f"not enough disk space at {m['dest']}: {len(missing)} files to fetch need {human(need)} "
+                f"(missing bytes + 5%), {human(free)} free; free space or set weights_model_dir",
+            )
+    say(f"{m['name']}: fetching {len(missing)} of {len(m['files'])} files from {m['repo']}@{m['revision'][:12]}")
+    for f in missing:
+        fetch_one(m, f, token, staged_only)
+        st = os.stat(os.path.join(m["dest"], f["path"]))
+        entries[f["path"]] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": f["sha256"]}
+        write_stamp(m, entries)
+    say(f"{m['name']}: all {len(entries)} files verified")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--manifest", help="manifest JSON file (default: stdin)")
+    p.add_argument("--token-file", help="file holding the HF token (mode 0600)")
+    p.add_argument("--deep", action="store_true", help="re-hash every file instead of trusting the stamp")
+    p.add_argument("--staged-only", action="store_true", help="verify files pushed into staging; no hub access")
+    a = p.parse_args(argv)
+    os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    try:
+        if a.manifest:
+            with open(a.manifest) as fh:
+                m = json.load(fh)
+        else:
+            m = json.load(sys.stdin)
+        token = None
+        if a.token_file and os.path.exists(a.token_file):
+            with open(a.token_file) as fh:
+                token = fh.read().strip() or None
+        m.setdefault("name", m.get("repo", "?"))
+        return run(m, token, a.deep, a.staged_only)
+    except Fail as e:
+        print(f"rigforge-weights: ERROR: {e}", file=sys.stderr, flush=True)
+        return e.code
+    except (OSError, ValueError) as e:
+        print(f"rigforge-weights: ERROR: {e}", file=sys.stderr, flush=True)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""Fact: the state of a pinned git checkout on the host (HEAD, origin, dirtiness, sparse patterns, file hashes)."""
+
+from __future__ import annotations
+
+import shlex
+
+from pyinfra.api import FactBase
+
+
+class GitCheckout(FactBase):
+    """
+    Returns ``None`` when ``path`` holds no git checkout, else::
+
+        {"head": "<40-hex or ''>", "url": "...", "sparse": bool, "patterns": [...], "dirty": [...],
+         "files": {path: sha256}}
+
+    ``files`` are the sha256s of the given paths (missing files are left out); ``dirty`` lists
+    ``git status --porcelain`` lines (modified or untracked files; ignored ones do not count).
+    """
+
+    def command(self, path: str, files: tuple[str, ...] | list[str] = ()) -> str:
+        hashes = " ".join(shlex.quote(f) for f in files)
+        return (
+            f"cd {shlex.quote(path)} 2>/dev/null && [ -d .git ] || {{ echo absent; exit 0; }}; "
+            'echo "head=$(git rev-parse -q --verify HEAD 2>/dev/null)"; '
+            'echo "url=$(git config --get remote.origin.url)"; '
+            'echo "sparse=$(git config --bool core.sparseCheckout)"; '
+            "sed 's/^/pattern=/' .git/info/sparse-checkout 2>/dev/null; "
+            "git status --porcelain --untracked-files=all 2>/dev/null | sed 's/^/dirty=/'; "
+            + (f"sha256sum -- {hashes} 2>/dev/null | sed 's/^/file=/'; " if files else "")
+            + "true"
+        )
+
+    def process(self, output: list[str]):
+        if not output or output[0].strip() == "absent":
+            return None
+        state = {"head": "", "url": "", "sparse": False, "patterns": [], "dirty": [], "files": {}}
+        for line in output:
+            key, _, value = line.partition("=")
+            if key in ("head", "url"):
+                state[key] = value.strip()
+            elif key == "sparse":
+                state["sparse"] = value.strip() == "true"
+            elif key == "pattern" and value.strip():
+                state["patterns"].append(value.strip())
+            elif key == "dirty":
+                state["dirty"].append(value)
+            elif key == "file":
+                digest, _, name = value.partition("  ")
+                state["files"][name.strip()] = digest.strip()
+        return state

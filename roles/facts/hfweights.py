@@ -1,0 +1,67 @@
+"""Facts for verified weights: the stamp and the stat of every file in a model dir, and free disk space."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from pyinfra.api import FactBase
+
+STAMP = ".rigforge-stamp.json"
+
+
+def _ns(text: str) -> int:
+    """GNU find's %T@ ('1732912345.1234567890') as integer nanoseconds, exactly."""
+    sec, _, frac = text.partition(".")
+    return int(sec) * 1_000_000_000 + int((frac + "000000000")[:9])
+
+
+class WeightsState(FactBase):
+    """
+    The stamp written by fetch_weights.py and a stat (size, mtime_ns) of every file under ``dest``
+    and ``staging``; never reads file contents, so it costs the same for 64 MiB and 64 GiB::
+
+        {"stamp": {...} or None, "files": {relpath: [size, mtime_ns]}, "staging": {relpath: size}}
+    """
+
+    def command(self, dest: str, staging: str) -> str:
+        d, s = shlex.quote(dest), shlex.quote(staging)
+        return (
+            f"cat {d}/{STAMP} 2>/dev/null | tr -d '\\n'; echo; echo '--files--'; "
+            f"[ -d {d} ] && find {d} -type f ! -name '{STAMP}' -printf '%s %T@ %P\\n'; "
+            f"echo '--staging--'; [ -d {s} ] && find {s} -type f -printf '%s %P\\n'; true"
+        )
+
+    def process(self, output: list[str]):
+        state = {"stamp": None, "files": {}, "staging": {}}
+        section = "stamp"
+        for line in output:
+            if line in ("--files--", "--staging--"):
+                section = line.strip("-")
+                continue
+            if section == "stamp" and line.strip():
+                try:
+                    stamp = json.loads(line)
+                    state["stamp"] = stamp if isinstance(stamp, dict) else None
+                except ValueError:
+                    state["stamp"] = None
+            elif section == "files" and line.strip():
+                size, mtime, path = line.split(" ", 2)
+                state["files"][path] = [int(size), _ns(mtime)]
+            elif section == "staging" and line.strip():
+                size, path = line.split(" ", 1)
+                state["staging"][path] = int(size)
+        return state
+
+
+class FreeBytes(FactBase):
+    """Bytes available to unprivileged writers on the filesystem holding ``path`` (or its nearest parent)."""
+
+    def command(self, path: str) -> str:
+        return (
+            f'p={shlex.quote(path)}; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; '
+            "df -P -B1 \"$p\" | awk 'NR==2 {print $4}'"
+        )
+
+    def process(self, output: list[str]) -> int:
+        return int(output[-1].strip())

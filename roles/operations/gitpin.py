@@ -1,0 +1,118 @@
+"""Operation: a git checkout at exactly one pinned commit (shallow, partial, optionally sparse), verified.
+
+State comes from the GitCheckout fact at execution time. No-op when HEAD is the pinned commit, the tree is
+clean, origin and sparse patterns match and the locked files hash right. Otherwise one shell step:
+init + remote, `git fetch --depth 1 --filter=blob:none origin <sha>` (servers that refuse a fetch by SHA get
+a full blobless fetch instead), sparse patterns (cone mode off, one anchored path per line), a dirty tree is
+repaired (`git reset --hard` + `git clean -ffdx`, reported), `git checkout --detach <sha>`, then every
+locked file is checked with sha256sum. A pinned commit the remote does not have is an error naming the repo.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+
+from pyinfra import host
+from pyinfra.api import StringCommand, operation
+
+from roles.facts.gitpin import GitCheckout
+from roles.operations.checks import fail_command
+
+
+def patterns(sparse: Sequence[str]) -> list[str]:
+    """Non-cone sparse-checkout patterns: each path anchored at the top of the tree."""
+    return ["/" + p.lstrip("/") for p in sparse]
+
+
+def is_current(state, url: str, commit: str, sparse: Sequence[str]) -> bool:
+    return bool(
+        state
+        and state["head"] == commit
+        and not state["dirty"]
+        and state["url"] == url
+        and state["sparse"] == bool(sparse)
+        and (not sparse or state["patterns"] == patterns(sparse))
+    )
+
+
+def bad_files(state, files: Mapping[str, str]) -> list[str]:
+    return [p for p, sha in files.items() if (state or {}).get("files", {}).get(p) != sha]
+
+
+def checkout_script(
+    name: str, url: str, commit: str, dest: str, sparse: Sequence[str], files: Mapping[str, str]
+) -> str:
+    """The shell step that brings `dest` to `commit` (idempotent itself; also repairs a dirty tree)."""
+    q = shlex.quote
+    c, who = q(commit), f"{name} ({url})"
+    refuse = q(f"rigforge: pinned commit {commit} of {who} is not on the remote; fix the lock (rigforge lock)")
+    lines = [
+        "set -e",
+        f"mkdir -p {q(dest)}",
+        f"cd {q(dest)}",
+        "[ -d .git ] || git init -q",
+        f"git remote get-url origin >/dev/null 2>&1 && git remote set-url origin {q(url)}"
+        f" || git remote add origin {q(url)}",
+        f"if ! git cat-file -e {c}^{{commit}} 2>/dev/null; then",
+        f"  echo {q(f'rigforge: fetching {who} at {commit}')}",
+        f"  git fetch --progress --depth 1 --filter=blob:none origin {c} || {{",
+        f"    echo {q(f'rigforge: {name}: fetch by SHA refused, fetching all branches and tags')} >&2",
+        "    git fetch --progress --filter=blob:none origin"
+        " '+refs/heads/*:refs/remotes/origin/*' '+refs/tags/*:refs/tags/*' || true; }",
+        f"  git cat-file -e {c}^{{commit}} 2>/dev/null || {{ echo {refuse} >&2; exit 1; }}",
+        "fi",
+    ]
+    if sparse:
+        body = "".join(p + "\\n" for p in patterns(sparse))
+        lines += [
+            "git config core.sparseCheckout true",
+            "git config core.sparseCheckoutCone false",
+            f"printf {q(body)} > .git/info/sparse-checkout",
+        ]
+    else:
+        lines += ["git config core.sparseCheckout false", "rm -f .git/info/sparse-checkout"]
+    lines += [
+        "if git rev-parse -q --verify HEAD >/dev/null &&"
+        ' [ -n "$(git status --porcelain --untracked-files=all)" ]; then',
+        f"  echo {q(f'rigforge: {name}: dirty tree at {dest}, repairing (git reset --hard, git clean -ffdx):')}",
+        "  git status --porcelain --untracked-files=all | head -20",
+        "  git reset -q --hard",
+        "  git clean -ffdxq",
+        "fi",
+        f"git -c advice.detachedHead=false checkout --progress --force --detach {c}",
+        "git sparse-checkout reapply 2>/dev/null || true" if sparse else "true",
+    ]
+    for path, sha in files.items():
+        msg = q(f"rigforge: {name}: {path} does not match the lock's sha256 {sha}")
+        lines.append(f'[ "$(sha256sum < {q(path)} | cut -c1-64)" = {sha} ] || {{ echo {msg} >&2; exit 1; }}')
+    lines.append(f"echo {q(f'rigforge: {name} checked out at {commit}')}")
+    return "\n".join(lines)
+
+
+@operation()
+def checkout(
+    source: str,
+    url: str,
+    commit: str,
+    dest: str,
+    sparse: Sequence[str] = (),
+    files: Mapping[str, str] | None = None,
+):
+    """
+    Check out ``commit`` of ``url`` at ``dest`` (detached), sparse to ``sparse`` paths if given, and verify
+    the sha256 of every path in ``files``.
+    """
+    name, files = source, dict(files or {})
+    state = host.get_fact(GitCheckout, path=dest, files=tuple(files))
+    if is_current(state, url, commit, sparse):
+        bad = bad_files(state, files)
+        if bad:
+            yield fail_command(
+                f"{host.name}: {name}: {bad[0]} at {commit} does not match the lock's sha256 "
+                f"{files[bad[0]]}; the lock's files do not belong to this commit: fix the lock"
+            )
+            return
+        host.noop(f"{name} is at {commit[:12]}, clean, files verified")
+        return
+    yield StringCommand(checkout_script(name, url, commit, dest, sparse, files))

@@ -1,0 +1,161 @@
+"""Operation: one locked Hugging Face asset present and verified in a model dir.
+
+Decided from the WeightsState fact (stamp + stat, no hashing): every locked file is at its final path with
+the stamp's size and mtime and the lock's sha256 -> no-op. Otherwise (or with ``deep``) the shipped
+fetch_weights.py runs on the host: hub mode downloads there (resumable, verified, moved into place, stamped);
+controller mode uploads the controller's verified copies into staging and the script verifies and moves
+them. A disk-space shortfall (missing bytes + 5% vs free) stops the operation before anything is written.
+The HF token travels as a 0600 file that is removed right after the run; it is never on a command line.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.api import FileUploadCommand, OperationError, StringCommand, operation
+
+from rigforge.pins import HfFile, HfPin
+from roles.facts.hfweights import FreeBytes, WeightsState
+from roles.operations.checks import fail_command
+
+HEADROOM = 1.05
+SCRIPT = Path(__file__).resolve().parents[2] / "rigforge" / "remote" / "fetch_weights.py"
+_CACHE_LOCK = threading.Lock()
+
+
+def stale_files(pin: HfPin, state: dict) -> list[HfFile]:
+    """Locked files whose stamp entry does not match the lock and the current stat (size, mtime_ns)."""
+    stamp = state.get("stamp") or {}
+    entries = stamp.get("files", {}) if stamp.get("revision") == pin.revision else {}
+    out = []
+    for f in pin.files:
+        stat = state["files"].get(f.path)
+        entry = entries.get(f.path) or {}
+        ok = (
+            stat is not None
+            and stat[0] == f.size
+            and entry.get("size") == f.size
+            and entry.get("mtime_ns") == stat[1]
+            and entry.get("sha256") == f.sha256
+        )
+        if not ok:
+            out.append(f)
+    return out
+
+
+def missing_bytes(files: Sequence[HfFile], state: dict) -> int:
+    """Bytes still to be written for `files` (a right-sized file in place may only need hashing)."""
+    total = 0
+    for f in files:
+        stat = state["files"].get(f.path)
+        if stat and stat[0] == f.size:
+            continue
+        part = state["staging"].get(f"{f.path}.{f.sha256[:16]}.part", 0)
+        total += max(f.size - min(part, f.size), 0)
+    return total
+
+
+def human(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def manifest(pin: HfPin, dest: str, staging: str, endpoint: str | None) -> dict:
+    return {
+        "name": pin.name,
+        "repo": pin.repo,
+        "revision": pin.revision,
+        "gated": pin.gated,
+        "endpoint": endpoint,
+        "dest": dest,
+        "staging": staging,
+        "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in pin.files],
+    }
+
+
+def controller_cache(pin: HfPin, cache_dir: str, endpoint: str | None, token: str | None) -> Path:
+    """Fetch the asset once into the controller's cache (same script, same verification); return its dir."""
+    dest = Path(cache_dir).expanduser() / pin.repo / pin.revision
+    m = manifest(pin, str(dest), str(Path(cache_dir).expanduser() / ".staging" / pin.name), endpoint)
+    with _CACHE_LOCK, tempfile.TemporaryDirectory(prefix="rigforge-") as tmp:
+        args = [sys.executable, str(SCRIPT)]
+        if token:
+            token_file = Path(tmp) / "token"
+            token_file.touch(mode=0o600)
+            token_file.write_text(token)
+            args += ["--token-file", str(token_file)]
+        proc = subprocess.run(args, input=json.dumps(m), text=True, capture_output=True)
+    if proc.returncode != 0:
+        raise OperationError(f"controller cache for {pin.name}: {proc.stderr.strip() or proc.stdout.strip()}")
+    return dest
+
+
+@operation()
+def fetched(
+    pin: HfPin,
+    dest: str,
+    staging: str,
+    python: str,
+    script: str,
+    work_dir: str,
+    endpoint: str | None = None,
+    token=None,
+    deep: bool = False,
+    source: str = "hub",
+    cache_dir: str = "~/.cache/rigforge/weights",
+):
+    """
+    Make ``dest`` hold exactly ``pin``'s files, verified against the lock's sha256.
+
+    + python/script: the venv python and fetch_weights.py on the host
+    + work_dir: root-only directory for the manifest and the transient token file
+    + token: HF token (pyinfra HiddenValue or str), uploaded as a 0600 file only while fetching
+    + deep: re-hash every file (always runs the script, so always reports a change)
+    + source: ``hub`` (the host downloads) or ``controller`` (fetch once into ``cache_dir``, push)
+    """
+    state = host.get_fact(WeightsState, dest=dest, staging=staging)
+    stale = stale_files(pin, state)
+    if not stale and not deep:
+        host.noop(f"{pin.name}: {len(pin.files)} files verified by stamp ({human(pin.total_size)})")
+        return
+    need = int(missing_bytes(stale, state) * HEADROOM)
+    free = host.get_fact(FreeBytes, path=dest)
+    if need > free:
+        yield fail_command(
+            f"{host.name}: not enough disk space for {pin.name} at {dest}: need {human(need)} "
+            f"(missing bytes + 5%), {human(free)} free; free space or set serving_model_dir elsewhere"
+        )
+        return
+    q = shlex.quote
+    man = f"{work_dir}/{pin.name}.json"
+    yield StringCommand(f"mkdir -p {q(staging)} {q(dest)} && install -d -m 0700 {q(work_dir)}")
+    yield FileUploadCommand(io.StringIO(json.dumps(manifest(pin, dest, staging, endpoint), indent=1)), man)
+    args = [q(python), q(script), "--manifest", q(man)] + (["--deep"] if deep else [])
+    raw_token = token.unmask() if hasattr(token, "unmask") else token
+    if source == "controller":
+        try:
+            local = controller_cache(pin, cache_dir, endpoint, raw_token)
+        except OperationError as exc:
+            yield fail_command(f"{host.name}: {exc}")
+            return
+        for f in stale:
+            yield StringCommand(f"mkdir -p {q(os.path.dirname(f'{staging}/{f.path}'))}")
+            yield FileUploadCommand(str(local / f.path), f"{staging}/{f.path}")
+        yield StringCommand(" ".join(args + ["--staged-only"]))
+        return
+    if not raw_token:
+        yield StringCommand(" ".join(args))
+        return
+    token_file = f"{work_dir}/{pin.name}.token"
+    yield StringCommand(f"install -m 0600 /dev/null {q(token_file)}")
+    yield FileUploadCommand(io.StringIO(raw_token), token_file)
+    yield StringCommand(f"{' '.join(args)} --token-file {q(token_file)}; rc=$?; rm -f {q(token_file)}; exit $rc")
