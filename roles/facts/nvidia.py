@@ -1,0 +1,189 @@
+"""NVIDIA facts: GPUs as nvidia-smi reports them, loaded kernel module vs installed driver package.
+
+The parsers are pure functions (tested on real `nvidia-smi` output in /work/shared/fixtures/nvidia-smi/);
+the fact classes only add the command. Every fact here returns its "nothing there" value (an empty list,
+None) instead of failing when the driver is absent, broken or not loaded, so the facts can be read on a
+fresh rig and during a "Driver/library version mismatch".
+"""
+
+from __future__ import annotations
+
+import re
+
+from pyinfra.api import FactBase, QuoteString, StringCommand
+
+# Fields read by NvidiaGpus, in order; keys of each GPU dict are these with "." replaced by "_".
+QUERY_FIELDS = (
+    "index",
+    "uuid",
+    "name",
+    "pci.bus_id",
+    "memory.total",
+    "memory.used",
+    "power.limit",
+    "power.default_limit",
+    "power.min_limit",
+    "power.max_limit",
+    "persistence_mode",
+    "driver_version",
+    "compute_cap",
+)
+
+_INT_FIELDS = {"index", "memory.total", "memory.used", "memory.free", "temperature.gpu", "clocks.max.sm"}
+_FLOAT_FIELDS = {
+    "power.limit",
+    "power.default_limit",
+    "power.min_limit",
+    "power.max_limit",
+    "enforced.power.limit",
+    "power.draw",
+}
+_BOOL_FIELDS = {"persistence_mode"}
+_NA = {"[N/A]", "N/A", "[Not Supported]", "Not Supported", "[Unknown Error]", ""}
+_UNIT = re.compile(r"\s*(MiB|W|MHz|%|C)$")
+_HEADER_UNIT = re.compile(r"\s*\[[^\]]*\]$")
+
+
+def _value(field: str, raw: str):
+    raw = _UNIT.sub("", raw.strip())
+    if raw in _NA:
+        return None
+    if field in _INT_FIELDS:
+        return int(float(raw))
+    if field in _FLOAT_FIELDS:
+        return float(raw)
+    if field in _BOOL_FIELDS:
+        return {"enabled": True, "disabled": False}.get(raw.lower())
+    return raw
+
+
+def parse_query_gpu(lines: list[str] | str, fields: tuple[str, ...] | list[str] = QUERY_FIELDS) -> list[dict]:
+    """Parse `nvidia-smi --query-gpu=<fields> --format=csv[,noheader][,nounits]` output.
+
+    Returns one dict per GPU (keys: field names with "." -> "_"), values typed: ints for index/MiB,
+    floats for watts, bool for persistence mode, None for "[N/A]"/"N/A". A header line (from
+    `--format=csv`) is recognised and its field names are used. Lines that are not GPU rows (error
+    texts such as "No devices were found" or "Failed to initialize NVML: ...") are ignored.
+    """
+    if isinstance(lines, str):
+        lines = lines.splitlines()
+    fields = list(fields)
+    gpus = []
+    for line in lines:
+        cells = [cell.strip() for cell in line.split(",")]
+        if not line.strip():
+            continue
+        if cells[0] == "index" or cells[0].startswith("index "):
+            fields = [_HEADER_UNIT.sub("", cell) for cell in cells]
+            continue
+        if len(cells) != len(fields) or not cells[0].isdigit():
+            continue
+        gpus.append({field.replace(".", "_"): _value(field, cell) for field, cell in zip(fields, cells, strict=True)})
+    return gpus
+
+
+def parse_q_power(text: str) -> list[dict]:
+    """Parse the "GPU Power Readings" blocks of `nvidia-smi -q -d POWER` (one dict per GPU, watts as floats)."""
+    keys = {
+        "Current Power Limit": "power_limit",
+        "Default Power Limit": "power_default_limit",
+        "Min Power Limit": "power_min_limit",
+        "Max Power Limit": "power_max_limit",
+        "Instantaneous Power Draw": "power_draw",
+    }
+    gpus: list[dict] = []
+    section = None
+    for line in text.splitlines():
+        stripped = line.strip()
+        if line.startswith("GPU "):
+            gpus.append({"pci_bus_id": line[4:].strip()})
+            section = None
+        elif stripped and ":" not in stripped:
+            section = stripped
+        elif gpus and section == "GPU Power Readings":
+            key, _, raw = (part.strip() for part in stripped.partition(":"))
+            if key in keys:
+                raw = _UNIT.sub("", raw)
+                gpus[-1][keys[key]] = None if raw in _NA else float(raw)
+    return gpus
+
+
+def upstream_version(package_version: str | None) -> str | None:
+    """'1:580.95.05-0ubuntu1' -> '580.95.05' (drop epoch and Debian revision), None stays None."""
+    if not package_version:
+        return None
+    version = package_version.split(":", 1)[-1]
+    return version.rsplit("-", 1)[0] if "-" in version else version
+
+
+class NvidiaGpus(FactBase):
+    """GPUs visible to nvidia-smi, as a list of dicts (see `parse_query_gpu`); [] without a working driver."""
+
+    def requires_command(self) -> str:
+        return "nvidia-smi"
+
+    def command(self) -> StringCommand:
+        query = "--query-gpu=" + ",".join(QUERY_FIELDS)
+        # nvidia-smi exits non-zero without a loaded driver or on a version mismatch; that means "no GPUs".
+        return StringCommand("nvidia-smi", QuoteString(query), "--format=csv,noheader,nounits", "2>&1 || true")
+
+    @staticmethod
+    def default() -> list:
+        return []
+
+    def process(self, output: list[str]) -> list[dict]:
+        return parse_query_gpu(output)
+
+
+class NvidiaSmiStatus(FactBase):
+    """Whether nvidia-smi talks to the driver: {"installed": bool, "ok": bool, "message": str}."""
+
+    def command(self) -> str:
+        return (
+            "if ! command -v nvidia-smi >/dev/null 2>&1; then echo 'rc=missing'; "
+            'else out=$(nvidia-smi -L 2>&1); rc=$?; echo "rc=$rc"; printf \'%s\\n\' "$out" | head -n 3; fi'
+        )
+
+    @staticmethod
+    def default() -> dict:
+        return {"installed": False, "ok": False, "message": ""}
+
+    def process(self, output: list[str]) -> dict:
+        rc = output[0].partition("=")[2] if output else "missing"
+        message = " ".join(line.strip() for line in output[1:] if line.strip())
+        return {"installed": rc != "missing", "ok": rc == "0", "message": message if rc != "0" else ""}
+
+
+class NvidiaModuleVersion(FactBase):
+    """Version of the loaded nvidia kernel module (/sys/module/nvidia/version), None when not loaded."""
+
+    def command(self) -> str:
+        return "cat /sys/module/nvidia/version 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> str | None:
+        text = "\n".join(output).strip()
+        return text or None
+
+
+class NvidiaPackageVersion(FactBase):
+    """Installed version of a driver package (dpkg-query), None when not installed."""
+
+    def requires_command(self, package: str) -> str:
+        return "dpkg-query"
+
+    def command(self, package: str) -> StringCommand:
+        return StringCommand(
+            "dpkg-query",
+            "-W",
+            "-f",
+            QuoteString("${db:Status-Status} ${Version}\\n"),
+            QuoteString(package),
+            "2>/dev/null || true",
+        )
+
+    def process(self, output: list[str]) -> str | None:
+        for line in output:
+            status, _, version = line.strip().partition(" ")
+            if status == "installed" and version:
+                return version
+        return None

@@ -1,0 +1,120 @@
+"""System facts used by the host roles: OS release, Secure Boot, free disk, held apt packages.
+
+Each fact returns a plain value and never fails the host for a missing tool or file: preflight decides
+what a missing value means.
+"""
+
+from __future__ import annotations
+
+from pyinfra.api import FactBase, QuoteString, StringCommand
+
+
+def parse_os_release(lines: list[str]) -> dict:
+    """/etc/os-release lines -> {"id", "version_id", "codename"} (missing keys are "")."""
+    items = {}
+    for line in lines:
+        key, sep, value = line.strip().partition("=")
+        if sep:
+            items[key] = value.strip().strip("\"'")
+    codename = items.get("VERSION_CODENAME") or items.get("UBUNTU_CODENAME", "")
+    return {"id": items.get("ID", ""), "version_id": items.get("VERSION_ID", ""), "codename": codename}
+
+
+class OsRelease(FactBase):
+    """ID, VERSION_ID and VERSION_CODENAME from /etc/os-release as {"id", "version_id", "codename"}."""
+
+    def command(self) -> str:
+        return "cat /etc/os-release 2>/dev/null || cat /usr/lib/os-release 2>/dev/null || true"
+
+    @staticmethod
+    def default() -> dict:
+        return {"id": "", "version_id": "", "codename": ""}
+
+    def process(self, output: list[str]) -> dict:
+        return parse_os_release(output)
+
+
+def parse_secure_boot(lines: list[str]) -> str:
+    """Output of the SecureBoot command -> "enabled", "disabled" or "unknown"."""
+    text = " ".join(lines).lower()
+    if "secureboot enabled" in text or text.strip() == "efivar=1":
+        return "enabled"
+    if "secureboot disabled" in text or text.strip() in ("efivar=0", "noefi"):
+        return "disabled"
+    return "unknown"
+
+
+class SecureBoot(FactBase):
+    """Secure Boot state: "enabled", "disabled" or "unknown" (mokutil, else the EFI variable, else BIOS)."""
+
+    def command(self) -> str:
+        efivar = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-e39a1e3a5c0b"
+        return (
+            "if command -v mokutil >/dev/null 2>&1 && mokutil --sb-state 2>/dev/null; then :; "
+            f"elif [ -r {efivar} ]; then echo efivar=$(od -An -t u1 -j 4 -N 1 {efivar} | tr -d ' '); "
+            "elif [ -d /sys/kernel ] && [ ! -d /sys/firmware/efi ]; then echo noefi; "
+            "else echo unknown; fi"
+        )
+
+    @staticmethod
+    def default() -> str:
+        return "unknown"
+
+    def process(self, output: list[str]) -> str:
+        return parse_secure_boot(output)
+
+
+class FreeDiskBytes(FactBase):
+    """Bytes available to unprivileged users on the filesystem holding `path` (or its nearest existing parent)."""
+
+    def command(self, path: str) -> StringCommand:
+        # `stat -f` asks statfs directly, so it works without /proc (chroots) unlike df.
+        return StringCommand(
+            "p=",
+            QuoteString(path),
+            '; while [ ! -e "$p" ]; do p=$(dirname "$p"); done;',
+            "stat -f -c '%a %S' \"$p\"",
+            _separator="",
+        )
+
+    def process(self, output: list[str]) -> int | None:
+        try:
+            blocks, size = output[-1].split()
+            return int(blocks) * int(size)
+        except (IndexError, ValueError):
+            return None
+
+
+class AptHeldPackages(FactBase):
+    """Names of packages on hold (`apt-mark showhold`), as a sorted list."""
+
+    def requires_command(self) -> str:
+        return "apt-mark"
+
+    def command(self) -> str:
+        return "apt-mark showhold"
+
+    @staticmethod
+    def default() -> list:
+        return []
+
+    def process(self, output: list[str]) -> list[str]:
+        return sorted(line.strip() for line in output if line.strip())
+
+
+class SystemdUnitEnabled(FactBase):
+    """Whether a unit is enabled (`systemctl is-enabled`, which also works offline in a chroot)."""
+
+    def requires_command(self, unit: str) -> str:
+        return "systemctl"
+
+    def command(self, unit: str) -> StringCommand:
+        return StringCommand("systemctl", "is-enabled", QuoteString(unit), "2>/dev/null || true")
+
+    @staticmethod
+    def default() -> bool:
+        return False
+
+    def process(self, output: list[str]) -> bool:
+        state = output[0].strip() if output else ""
+        return state in ("enabled", "enabled-runtime", "static", "alias")

@@ -1,0 +1,150 @@
+"""Tier 1: NVIDIA facts parse real nvidia-smi output (tests/fixtures/nvidia-smi, captured on 2x H200, driver 580)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from roles.facts.nvidia import (
+    QUERY_FIELDS,
+    NvidiaGpus,
+    NvidiaModuleVersion,
+    NvidiaPackageVersion,
+    NvidiaSmiStatus,
+    parse_q_power,
+    parse_query_gpu,
+    upstream_version,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures" / "nvidia-smi" / "h200x2-driver580"
+# The field list the fixture was captured with (see its README).
+FIXTURE_FIELDS = (
+    "index,uuid,name,pci.bus_id,memory.total,memory.used,memory.free,power.limit,power.default_limit,"
+    "power.min_limit,power.max_limit,enforced.power.limit,power.draw,persistence_mode,driver_version,"
+    "compute_cap,temperature.gpu,clocks.max.sm"
+).split(",")
+
+
+def read(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+def test_query_gpu_noheader_nounits_is_typed():
+    gpus = parse_query_gpu(read("query-gpu.csv"), FIXTURE_FIELDS)
+    assert [gpu["index"] for gpu in gpus] == [0, 1]
+    first = gpus[0]
+    assert first["uuid"] == "GPU-53ff009b-e4c5-51d5-6e89-fcfc88582c2d"
+    assert first["name"] == "NVIDIA H200"
+    assert first["pci_bus_id"] == "00000000:00:06.0"
+    assert first["memory_total"] == 143771 and isinstance(first["memory_total"], int)
+    assert first["memory_used"] == 0
+    assert (first["power_limit"], first["power_default_limit"]) == (700.0, 700.0)
+    assert (first["power_min_limit"], first["power_max_limit"]) == (200.0, 700.0)
+    assert first["persistence_mode"] is True
+    assert first["driver_version"] == "580.159.04"
+    assert first["compute_cap"] == "9.0"
+    assert gpus[1]["pci_bus_id"] == "00000000:00:07.0"
+
+
+def test_query_gpu_header_with_units_gives_same_values():
+    plain = parse_query_gpu(read("query-gpu.csv"), FIXTURE_FIELDS)
+    # The header names the fields; the field list passed in is ignored for it.
+    with_units = parse_query_gpu(read("query-gpu-header.csv"), ["wrong"])
+    assert len(with_units) == 2
+    for a, b in zip(plain, with_units, strict=True):
+        assert set(a) == set(b)
+        for key in a:
+            if key != "power_draw":  # sampled at a different moment
+                assert a[key] == b[key], key
+    assert with_units[0]["clocks_max_sm"] == 1980
+
+
+def test_na_values_become_none():
+    line = "0, GPU-x, NVIDIA GeForce RTX 3090, 00000000:01:00.0, 24576, [N/A], [N/A], N/A, 100.00, 350.00, Disabled, 580, 8.6"
+    (gpu,) = parse_query_gpu([line])
+    assert gpu["memory_used"] is None and gpu["power_limit"] is None and gpu["power_default_limit"] is None
+    assert gpu["power_min_limit"] == 100.0 and gpu["persistence_mode"] is False
+    assert gpu["memory_total"] == 24576
+
+
+@pytest.mark.parametrize("name", ["query-bad-index.txt", "query-bad-field.txt"])
+def test_error_output_means_no_gpus(name):
+    assert parse_query_gpu(read(name)) == []
+
+
+def test_driver_mismatch_and_no_driver_texts_mean_no_gpus():
+    assert (
+        parse_query_gpu(["Failed to initialize NVML: Driver/library version mismatch", "NVML library version: 580.95"])
+        == []
+    )
+    assert parse_query_gpu(["NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."]) == []
+    assert parse_query_gpu([]) == []
+
+
+def test_nvidia_gpus_fact_queries_the_fields_it_parses():
+    fact = NvidiaGpus()
+    command = str(fact.command())
+    assert "--query-gpu=" + ",".join(QUERY_FIELDS) in command
+    assert "--format=csv,noheader,nounits" in command
+    assert fact.requires_command() == "nvidia-smi"
+    assert NvidiaGpus.default() == []
+    # The real fixture has extra columns: with our field list those rows do not parse as GPUs.
+    assert fact.process(read("query-gpu.csv").splitlines()) == []
+    rows = [
+        "0, GPU-a, RTX 3090, 00000000:01:00.0, 24576, 1, 230.00, 350.00, 100.00, 350.00, Enabled, 580.95.05, 8.6",
+        "1, GPU-b, RTX 3090, 00000000:02:00.0, 24576, 1, 350.00, 350.00, 100.00, 390.00, Disabled, 580.95.05, 8.6",
+    ]
+    gpus = fact.process(rows)
+    assert [(g["index"], g["power_limit"], g["power_max_limit"], g["persistence_mode"]) for g in gpus] == [
+        (0, 230.0, 350.0, True),
+        (1, 350.0, 390.0, False),
+    ]
+
+
+def test_q_power_parses_gpu_power_readings_only():
+    gpus = parse_q_power(read("q-power.txt"))
+    assert [gpu["pci_bus_id"] for gpu in gpus] == ["00000000:00:06.0", "00000000:00:07.0"]
+    assert gpus[0]["power_limit"] == 700.0
+    assert (gpus[0]["power_min_limit"], gpus[0]["power_max_limit"]) == (200.0, 700.0)
+    assert gpus[0]["power_draw"] == 80.74  # not the "Module Power Readings" N/A values
+    assert parse_q_power(read("q-full.txt"))[1]["power_default_limit"] == 700.0
+
+
+def test_q_power_agrees_with_query_gpu():
+    by_bus = {gpu["pci_bus_id"]: gpu for gpu in parse_query_gpu(read("query-gpu.csv"), FIXTURE_FIELDS)}
+    for gpu in parse_q_power(read("q-power.txt")):
+        for key in ("power_limit", "power_min_limit", "power_max_limit", "power_default_limit"):
+            assert gpu[key] == by_bus[gpu["pci_bus_id"]][key]
+
+
+def test_module_version_from_sysfs_text():
+    misc = read("misc.txt").splitlines()
+    sysfs = misc[misc.index("+ cat /sys/module/nvidia/version") + 1]
+    assert NvidiaModuleVersion().process([sysfs]) == "580.159.04"
+    assert NvidiaModuleVersion().process([]) is None
+    assert NvidiaModuleVersion().process([""]) is None
+
+
+def test_package_version_and_upstream():
+    fact = NvidiaPackageVersion()
+    assert "dpkg-query" in str(fact.command(package="nvidia-driver-580-open"))
+    assert fact.process(["installed 580.159.04-0ubuntu0.24.04.1"]) == "580.159.04-0ubuntu0.24.04.1"
+    assert fact.process(["not-installed "]) is None
+    assert fact.process(["config-files 580.95.05-1"]) is None
+    assert fact.process([]) is None
+    assert upstream_version("580.159.04-0ubuntu0.24.04.1") == "580.159.04"
+    assert upstream_version("1:580.95.05-1") == "580.95.05"
+    assert upstream_version("580.95.05") == "580.95.05"
+    assert upstream_version(None) is None
+
+
+def test_smi_status():
+    fact = NvidiaSmiStatus()
+    ok = fact.process(["rc=0"] + read("nvidia-smi-L.txt").splitlines())
+    assert ok == {"installed": True, "ok": True, "message": ""}
+    mismatch = fact.process(
+        ["rc=18", "Failed to initialize NVML: Driver/library version mismatch", "NVML library version: 580.95"]
+    )
+    assert mismatch["installed"] and not mismatch["ok"] and "version mismatch" in mismatch["message"]
+    assert fact.process(["rc=missing"]) == {"installed": False, "ok": False, "message": ""}
