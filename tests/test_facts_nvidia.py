@@ -61,7 +61,7 @@ def test_query_gpu_header_with_units_gives_same_values():
 
 
 def test_na_values_become_none():
-    line = "0, GPU-x, NVIDIA GeForce RTX 3090, 00000000:01:00.0, 24576, [N/A], [N/A], N/A, 100.00, 350.00, Disabled, 580, 8.6"
+    line = "0, GPU-x, RTX 3090, 00000000:01:00.0, 24576, [N/A], [N/A], N/A, 100.00, 350.00, Disabled, 580, 8.6"
     (gpu,) = parse_query_gpu([line])
     assert gpu["memory_used"] is None and gpu["power_limit"] is None and gpu["power_default_limit"] is None
     assert gpu["power_min_limit"] == 100.0 and gpu["persistence_mode"] is False
