@@ -7,7 +7,9 @@ postinsts from starting services (there is no init in a chroot).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import os
 import shutil
 import time
 from pathlib import Path
@@ -17,8 +19,8 @@ from ._util import TestbedError, ensure_safe_dir, in_chroot, log, sh
 MIRROR = "http://deb.debian.org/debian"
 SUITE = "trixie"
 BASE_PACKAGES = ["sudo", "python3", "python3-venv", "ca-certificates", "curl", "gnupg", "systemd", "git"]
-PREFETCH_PACKAGES = ["docker.io", "docker-compose", "containerd", "runc"]
-TOOLS_PACKAGES = ["docker.io", "docker-compose", "systemd"]
+PREFETCH_PACKAGES = ["docker.io", "docker-cli", "docker-compose", "containerd", "runc"]  # trixie: CLI is docker-cli
+TOOLS_PACKAGES = ["docker.io", "docker-cli", "docker-compose", "systemd"]
 RECIPE_VERSION = "2"
 
 POLICY_RC_D = (
@@ -54,15 +56,29 @@ def copy_host_resolv(root: Path) -> None:
     resolv.write_text(Path("/etc/resolv.conf").read_text())
 
 
+def _locked(cache: Path, name: str):
+    """An exclusive lock on a build step of this cache (several processes may start a testbed at once)."""
+    lock_f = open(cache / f".{name}.lock", "w")  # noqa: SIM115 - released by closing
+    fcntl.flock(lock_f, fcntl.LOCK_EX)
+    return lock_f
+
+
 def build_tarball(testbed_dir: Path) -> Path:
     """Return the cached rootfs tarball, building it with debootstrap if missing."""
     tarball = tarball_path(testbed_dir)
     if tarball.exists():
         return tarball
     cache = ensure_safe_dir(Path(testbed_dir) / "cache")
+    with _locked(cache, "rootfs"):
+        if not tarball.exists():
+            _debootstrap(cache, tarball)
+    return tarball
+
+
+def _debootstrap(cache: Path, tarball: Path) -> None:
     if not shutil.which("debootstrap"):
         raise TestbedError("debootstrap is not installed on this machine: apt-get install debootstrap")
-    build = cache / "rootfs.build"
+    build = cache / f"rootfs.build.{os.getpid()}"
     if build.exists():
         sh(["rm", "-rf", "--one-file-system", str(build)])
     t0 = time.monotonic()
@@ -90,13 +106,14 @@ def build_tarball(testbed_dir: Path) -> Path:
         capture=True,
     )
     (build / "etc/resolv.conf").write_text("")
-    # no leftover processes or mounts may stay in the tree (debootstrap unmounts /proc itself)
-    tmp = tarball.with_suffix(".tar.part")
+    tmp = tarball.with_suffix(f".part.{os.getpid()}")
     sh(["tar", "-C", str(build), "--numeric-owner", "--xattrs", "-cf", str(tmp), "."])
     tmp.rename(tarball)
     sh(["rm", "-rf", "--one-file-system", str(build)])
+    for old in cache.glob("rootfs-*.tar"):
+        if old != tarball:
+            old.unlink()
     log(f"rootfs tarball {tarball} ({tarball.stat().st_size >> 20} MiB) built in {time.monotonic() - t0:.0f}s")
-    return tarball
 
 
 def extract(tarball: Path, dest: Path) -> None:
@@ -115,10 +132,16 @@ def tools_rootfs(testbed_dir: Path = Path("/var/lib/rigforge-testbed")) -> Path:
     if (root / ".rigforge-tools-ready").exists():
         return root
     tarball = build_tarball(testbed_dir)
-    t0 = time.monotonic()
-    extract(tarball, root)
-    copy_host_resolv(root)
-    in_chroot(root, "apt-get install -y -qq --no-install-recommends " + " ".join(TOOLS_PACKAGES), capture=True)
-    (root / ".rigforge-tools-ready").write_text("ok\n")
-    log(f"tools rootfs {root} ready in {time.monotonic() - t0:.0f}s")
+    with _locked(testbed_dir / "cache", "tools"):
+        if (root / ".rigforge-tools-ready").exists():
+            return root
+        t0 = time.monotonic()
+        extract(tarball, root)
+        copy_host_resolv(root)
+        in_chroot(root, "apt-get install -y -qq --no-install-recommends " + " ".join(TOOLS_PACKAGES), capture=True)
+        (root / ".rigforge-tools-ready").write_text("ok\n")
+        for old in (testbed_dir / "cache").glob("tools-*"):
+            if old != root:
+                sh(["rm", "-rf", "--one-file-system", str(old)])
+        log(f"tools rootfs {root} ready in {time.monotonic() - t0:.0f}s")
     return root
