@@ -1,0 +1,60 @@
+"""The one writer of /etc/docker/daemon.json: merge keys into the existing JSON, keep everything else."""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from io import StringIO
+
+from pyinfra import host
+from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
+from pyinfra.facts.files import FileContents
+
+from roles.operations.checks import fail_command
+
+NVIDIA_RUNTIME = {"runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}}
+
+
+def deep_merge(base: dict, patch: dict) -> dict:
+    """A copy of `base` with `patch` merged in: nested dicts merge, other values from `patch` win."""
+    merged = dict(base)
+    for key, value in patch.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def merged_text(current: str | None, patch: dict) -> str | None:
+    """New daemon.json text, or None when `current` already holds everything in `patch`.
+
+    Raises ValueError when `current` is not a JSON object (a user's broken file is never overwritten).
+    """
+    existing = json.loads(current) if current and current.strip() else {}
+    if not isinstance(existing, dict):
+        raise ValueError("top level is not a JSON object")
+    merged = deep_merge(existing, patch)
+    if merged == existing and current and current.strip():
+        return None
+    return json.dumps(merged, indent=2) + "\n"
+
+
+@operation()
+def merge_json(path: str, patch: dict, mode: str = "644"):
+    """Merge `patch` into the JSON file at `path` (created if missing), written atomically; no-op when equal."""
+    lines = host.get_fact(FileContents, path=path)
+    current = None if lines is None else "\n".join(lines)
+    try:
+        text = merged_text(current, patch)
+    except ValueError as error:
+        yield fail_command(f"{path} on {host.name} is not valid JSON ({error}); fix or remove it, then re-run.")
+        return
+    if text is None:
+        host.noop(f"{path} already has {sorted(patch)}")
+        return
+    temp = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.rigforge-new")
+    yield StringCommand("mkdir", "-p", QuoteString(posixpath.dirname(path)))
+    yield FileUploadCommand(StringIO(text), temp, remote_temp_filename=host.get_temp_filename(temp))
+    yield StringCommand("chmod", mode, QuoteString(temp))
+    yield StringCommand("mv", "-f", QuoteString(temp), QuoteString(path))

@@ -1,0 +1,90 @@
+"""NVIDIA operations: persistence mode, power caps applied only where they differ, reboot when the driver needs it."""
+
+from __future__ import annotations
+
+from pyinfra import host
+from pyinfra.api import StringCommand, operation
+from pyinfra.operations import server
+
+from roles.facts.nvidia import NvidiaGpus, NvidiaModuleVersion, NvidiaPackageVersion, NvidiaSmiStatus, upstream_version
+from roles.operations.checks import cap_problems, fail_command, resolve_caps
+
+# Connectors that run on the controller itself: never reboot through them.
+CONTROLLER_CONNECTORS = ("@local", "@chroot", "@docker", "@podman")
+
+
+def on_controller() -> bool:
+    module = type(host.connector).__module__.rsplit(".", 1)[-1]
+    return host.name.startswith(CONTROLLER_CONNECTORS) or module in ("local", "chroot", "docker", "podman")
+
+
+@operation()
+def persistence_mode():
+    """`nvidia-smi -i N -pm 1` for each GPU whose persistence mode is off."""
+    gpus = host.get_fact(NvidiaGpus)
+    off = [gpu["index"] for gpu in gpus if gpu.get("persistence_mode") is False]
+    if not off:
+        host.noop(f"persistence mode already on for {len(gpus)} GPU(s)")
+        return
+    for index in off:
+        yield StringCommand("nvidia-smi", "-i", str(index), "-pm", "1")
+
+
+@operation()
+def power_caps(default_w, overrides: dict | None = None):
+    """`nvidia-smi -i N -pl W` only for GPUs whose current limit differs; a cap outside a card's range fails."""
+    gpus = host.get_fact(NvidiaGpus)
+    try:
+        problems = cap_problems(gpus, default_w, overrides or {})
+    except (TypeError, ValueError, AttributeError):
+        problems = [f"gpu_power_limit_w={default_w!r} / gpu_power_limits={overrides!r} are not whole watts."]
+    if problems:
+        yield fail_command(f"power caps refused on {host.name}: " + " ".join(problems))
+        return
+    caps = resolve_caps([gpu["index"] for gpu in gpus], default_w, overrides or {})
+    changed = False
+    for gpu in gpus:
+        current = gpu.get("power_limit")
+        if current is None or round(current) != caps[gpu["index"]]:
+            changed = True
+            yield StringCommand("nvidia-smi", "-i", str(gpu["index"]), "-pl", str(caps[gpu["index"]]))
+    if not changed:
+        host.noop(f"power caps already set: {caps}")
+
+
+def reboot_reason(package_version: str | None, module_version: str | None, smi: dict) -> str | None:
+    """Why the driver needs a reboot to take effect, or None (also None when no driver is installed)."""
+    installed = upstream_version(package_version)
+    if not installed:
+        return None
+    if module_version and module_version != installed:
+        return f"Driver/library version mismatch: loaded kernel module {module_version}, installed {installed}"
+    if not module_version and not smi.get("ok"):
+        detail = f" ({smi['message']})" if smi.get("message") else ""
+        return f"driver {installed} is installed but not loaded{detail}"
+    return None
+
+
+@operation(is_idempotent=False)
+def reboot_if_needed(package: str, allow_reboot: bool):
+    """Reboot when the installed driver is not the one running; without `allow_reboot` fail with what to do.
+
+    Never reboots a controller-side connection (@local, @chroot, ...): that would reboot the controller.
+    """
+    reason = reboot_reason(
+        host.get_fact(NvidiaPackageVersion, package=package),
+        host.get_fact(NvidiaModuleVersion),
+        host.get_fact(NvidiaSmiStatus),
+    )
+    if reason is None:
+        host.noop("the running NVIDIA driver matches the installed one")
+        return
+    if on_controller():
+        yield fail_command(f"reboot needed on {host.name}: {reason}. It is the controller: reboot it yourself.")
+    elif not allow_reboot:
+        yield fail_command(
+            f"reboot needed on {host.name}: {reason}. Reboot the rig and re-run, "
+            "or set nvidia_allow_reboot: true to let rigforge reboot it."
+        )
+    else:
+        yield from server.reboot._inner(delay=30, reboot_timeout=900)

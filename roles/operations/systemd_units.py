@@ -1,0 +1,18 @@
+"""systemd unit operations that also work where systemd is not running (a chroot on the testbed)."""
+
+from __future__ import annotations
+
+from pyinfra import host
+from pyinfra.api import QuoteString, StringCommand, operation
+
+from roles.facts.system import SystemdUnitEnabled
+
+
+@operation()
+def enabled(unit: str):
+    """`systemctl enable UNIT` unless `systemctl is-enabled` already says so (pyinfra's systemd.service
+    asks `systemctl show`, which a chroot ignores, so it would re-enable on every run)."""
+    if host.get_fact(SystemdUnitEnabled, unit=unit):
+        host.noop(f"{unit} is enabled")
+        return
+    yield StringCommand("systemctl", "enable", QuoteString(unit))

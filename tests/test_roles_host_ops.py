@@ -1,0 +1,486 @@
+"""Tier 2: the host roles' operations against faked facts.
+
+Hosts use pyinfra's own `@fake` connector: every fact command gets a canned answer (matched by
+substring), nothing runs anywhere, and the connector records each command it was asked to execute.
+Deploys go through pyinfra's real prepare/execute machinery (State, add_deploy, run_ops), so a host that
+fails in preflight is dropped by pyinfra itself and its later operations never execute.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api.connect import connect_all
+from pyinfra.api.deploy import add_deploy
+from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.operations import run_ops
+from pyinfra.api.state import StateStage
+from pyinfra.context import ctx_host, ctx_state
+from pyinfra.operations import server
+
+from roles import docker_engine, gpu_power, nvidia_driver, preflight
+from roles.operations import apt_repo, checks, docker_daemon, nvidia
+
+OS = {
+    "ubuntu2204": 'ID=ubuntu\nVERSION_ID="22.04"\nVERSION_CODENAME=jammy',
+    "ubuntu2404": 'ID=ubuntu\nVERSION_ID="24.04"\nVERSION_CODENAME=noble',
+    "debian12": 'ID=debian\nVERSION_ID="12"\nVERSION_CODENAME=bookworm',
+    "debian13": 'ID=debian\nVERSION_ID="13"\nVERSION_CODENAME=trixie',
+    "debian11": 'ID=debian\nVERSION_ID="11"\nVERSION_CODENAME=bullseye',
+}
+UNIT = """[Unit]
+Description=rigforge GPU power caps
+After=nvidia-persistenced.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/bin/nvidia-smi -pm 1
+ExecStart=/usr/bin/nvidia-smi -pl 230
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def gpu_row(index, limit=350.0, min_w=100.0, max_w=350.0, mib=24576, pm="Enabled", name="NVIDIA GeForce RTX 3090"):
+    return (
+        f"{index}, GPU-{index:08d}, {name}, 00000000:0{index + 1}:00.0, {mib}, 1, {limit:.2f}, 350.00, "
+        f"{min_w:.2f}, {max_w:.2f}, {pm}, 580.95.05, 8.6"
+    )
+
+
+def rig(os="ubuntu2404", gpus=None, free_bytes=500e9, packages=(), held=(), extra=None, **data):
+    """Host data for a fake rig: canned fact answers plus host data keys."""
+    gpus = [gpu_row(0), gpu_row(1)] if gpus is None else gpus
+    dpkg = [f"ii  {name}  {version}  amd64  stub" for name, version in packages]
+    responses = {
+        "cat /etc/os-release": OS[os],
+        "dpkg --print-architecture": "amd64",
+        "--query-gpu=": gpus,
+        "stat -f": f"{int(free_bytes // 4096)} 4096",
+        "mokutil": "SecureBoot disabled",
+        "apt-mark showhold": list(held),
+        "dpkg -l": dpkg,
+    }
+    responses.update(extra or {})
+    return {"fake_responses": responses, "fake_delay": 0, "fake_delay_jitter": 0, **data}
+
+
+def make_state(hosts: dict[str, dict], check_for_changes=True) -> State:
+    inventory = Inventory(([(f"@fake/{name}", data) for name, data in hosts.items()], {}))
+    state = State(inventory, Config(), check_for_changes=check_for_changes)
+    connect_all(state)
+    state.set_stage(StateStage.Prepare)
+    return state
+
+
+def converge(hosts, deploy, *args, execute=True, check_for_changes=True, **kwargs):
+    state = make_state(hosts, check_for_changes)
+    add_deploy(state, deploy, *args, **kwargs)
+    if execute:
+        state.set_stage(StateStage.Execute)
+        run_ops(state)
+    return state
+
+
+def host_of(state, name):
+    return state.inventory.get_host(f"@fake/{name}")
+
+
+def executed(state, name) -> list[str]:
+    """Commands that the operations (not the facts) executed: those after the facts of prepare."""
+    return host_of(state, name).connector.executed_commands
+
+
+def op_commands(state, name, op, *args, **kwargs) -> list[str]:
+    """The commands an operation would run on a connected fake host (its generator, evaluated now)."""
+    host = host_of(state, name)
+    with ctx_state.use(state), ctx_host.use(host):
+        return [describe(command) for command in op._inner(*args, **kwargs)]
+
+
+def describe(command) -> str:
+    """A command as text; a preflight-style failure as "FAIL: <message>"."""
+    function = getattr(command, "function", None)
+    if function is checks._fail:
+        return "FAIL: " + command.args[0]
+    return f"call {function.__name__}" if function else str(command)
+
+
+PREFLIGHT = dict(
+    variant_gpus=2,
+    variant_vram_mib=23000,
+    variant_name="dual-turbo",
+    dflash=False,
+    disk_path="/opt/rigforge/models",
+    disk_needed_bytes=25_000_000_000,
+)
+
+
+def site(**preflight_args):
+    """A deploy shaped like roles/site.py: preflight first, then something that changes the host."""
+    from pyinfra.api import deploy
+
+    @deploy("test site")
+    def _site():
+        preflight.check(**{**PREFLIGHT, **preflight_args})
+        server.shell(name="Change something", commands=["touch /rigforge-was-here"])
+
+    return _site
+
+
+# --- preflight ---------------------------------------------------------------------------------------
+
+
+def test_preflight_fails_only_the_bad_host_before_any_change(caplog):
+    caplog.set_level(logging.INFO)
+    state = converge({"good": rig(), "onegpu": rig(gpus=[gpu_row(0)])}, site())
+    assert {h.name for h in state.failed_hosts} == {"@fake/onegpu"}
+    assert "touch /rigforge-was-here" in executed(state, "good")
+    assert "touch /rigforge-was-here" not in executed(state, "onegpu")
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    (message,) = [m for m in errors if "preflight failed" in m]
+    assert "preflight failed on @fake/onegpu" in message
+    assert "needs 2 GPUs, nvidia-smi shows 1" in message and "rigforge_variant" in message
+
+
+@pytest.mark.parametrize("cap,word", [(90, "90 W"), (400, "400 W")])
+def test_preflight_refuses_caps_outside_the_card_range(cap, word):
+    state = converge({"a": rig(gpu_power_limit_w=cap), "b": rig()}, site())
+    assert {h.name for h in state.failed_hosts} == {"@fake/a"}
+    assert "touch /rigforge-was-here" not in executed(state, "a")
+    problems = checks.find_problems(
+        {"id": "ubuntu", "version_id": "24.04"},
+        [{"index": 0, "name": "RTX 3090", "memory_total": 24576, "power_min_limit": 100.0, "power_max_limit": 350.0}],
+        None,
+        **{**PREFLIGHT, "variant_gpus": 1},
+        data={"gpu_power_limit_w": cap, "docker_source": "docker", "nvidia_driver_flavor": "open"},
+    )
+    assert len(problems) == 1 and word in problems[0] and "range 100..350 W" in problems[0]
+    assert "gpu_power_limit_w" in problems[0]
+
+
+def test_dry_run_reports_and_fails_nothing(caplog):
+    caplog.set_level(logging.INFO)
+    state = converge({"onegpu": rig(gpus=[gpu_row(0)]), "good": rig()}, site(), execute=False)
+    assert not state.failed_hosts
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("preflight failed on @fake/onegpu" in m for m in warnings)
+    assert not any("touch" in c for c in executed(state, "onegpu") + executed(state, "good"))
+
+
+def test_all_hosts_bad_stops_the_run():
+    with pytest.raises(PyinfraError, match="No hosts remaining"):
+        converge({"old": rig(os="debian11")}, site())
+
+
+def _problems(os="ubuntu2404", gpus=None, free=500e9, data=None, **variant):
+    gpus = (
+        [
+            dict(index=i, name="RTX 3090", memory_total=24576, power_min_limit=100.0, power_max_limit=350.0)
+            for i in range(2)
+        ]
+        if gpus is None
+        else gpus
+    )
+    release = dict(
+        zip(
+            ("id", "version_id"),
+            {
+                "ubuntu2204": ("ubuntu", "22.04"),
+                "ubuntu2404": ("ubuntu", "24.04"),
+                "debian12": ("debian", "12"),
+                "debian13": ("debian", "13"),
+                "debian11": ("debian", "11"),
+            }[os],
+            strict=True,
+        )
+    )
+    base = {"gpu_power_limit_w": 230, "gpu_power_limits": {}, "docker_source": "docker", "nvidia_driver_flavor": "open"}
+    return checks.find_problems(release, gpus, free, **{**PREFLIGHT, **variant}, data={**base, **(data or {})})
+
+
+def card20(i):
+    return dict(index=i, name="RTX 4000 Ada", memory_total=20475, power_min_limit=70.0, power_max_limit=130.0)
+
+
+def test_problem_matrix():
+    assert _problems() == []
+    for os in ("ubuntu2204", "ubuntu2404", "debian12", "debian13"):
+        assert _problems(os) == [], os
+    (old,) = _problems("debian11")
+    assert "unsupported OS debian 11" in old and "Ubuntu 22.04" in old
+    (disk,) = _problems(free=12e9)
+    assert "free disk at /opt/rigforge/models is 12.0 GB" in disk and "needs 25.0 GB" in disk
+    (small,) = _problems(gpus=[card20(0), card20(1)], data={"gpu_power_limit_w": 120})
+    assert "serving_kv_cache_dtype: fp8_e5m2" in small and "serving_gpu_memory_utilization: 0.82" in small
+    override = {"gpu_power_limit_w": 120, "serving_kv_cache_dtype": "fp8_e5m2", "serving_gpu_memory_utilization": 0.82}
+    assert _problems(gpus=[card20(0), card20(1)], data=override) == []
+    dflash = _problems(gpus=[card20(0), card20(1)], data=override, dflash=True, variant_name="dual-dflash")
+    assert len(dflash) == 1 and "GPU 0, 1 (RTX 4000 Ada) have 20475 MiB" in dflash[0] and "DFlash" in dflash[0]
+    (both,) = _problems(data={"gpu_power_limit_w": 90})
+    assert "outside GPU 0, 1 (RTX 3090) range 100..350 W" in both
+    (bad_source,) = _problems(data={"docker_source": "snap"})
+    assert "docker_source='snap'" in bad_source and "docker, distro" in bad_source
+    (bookworm,) = _problems("debian12", data={"docker_source": "distro"})
+    assert "Debian 12" in bookworm and "docker_source: docker" in bookworm
+    (flavor,) = _problems(data={"nvidia_driver_flavor": "closed"})
+    assert "open, proprietary" in flavor
+    (override_idx,) = _problems(data={"gpu_power_limits": {5: 200}})
+    assert "gpu_power_limits names GPU(s) [5]" in override_idx
+    (per_gpu,) = _problems(data={"gpu_power_limits": {"1": 380}})
+    assert "GPU 1" in per_gpu and "gpu_power_limits" in per_gpu and "100..350" in per_gpu
+    (words,) = _problems(data={"gpu_power_limit_w": "lots"})
+    assert "whole watts" in words
+    assert _problems(gpus=[]) == []  # no driver yet: GPU checks wait for the GPUs to be visible
+
+
+def test_message_names_host_and_every_problem():
+    message = checks.format_problems("rig7", ["a", "b"])
+    assert message.splitlines() == ["preflight failed on rig7:", "  - a", "  - b", "Nothing was changed on this host."]
+
+
+# --- nvidia_driver -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "os,repo",
+    [
+        ("ubuntu2204", "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2204/x86_64/"),
+        ("ubuntu2404", "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64/"),
+        ("debian12", "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/"),
+        ("debian13", "https://developer.download.nvidia.com/compute/cuda/repos/debian13/x86_64/"),
+    ],
+)
+def test_driver_fresh_install_per_os(os, repo):
+    state = converge(
+        {"r": rig(os, gpus=[], extra={"dpkg-query": "installed 580.95.05-0ubuntu1", "nvidia-smi -L": "rc=0"})},
+        nvidia_driver.install,
+    )
+    assert not state.failed_hosts
+    commands = executed(state, "r")
+    assert any(f"curl -sSLf {repo}3bf863cc.pub -o" in c for c in commands)
+    assert any(c.endswith("apt-get update") or "apt-get update" in c for c in commands)
+    install = [c for c in commands if " install " in c and "nvidia-driver" in c]
+    assert len(install) == 1 and "nvidia-driver-580-open" in install[0]
+    assert not any("apt-key" in c for c in commands)
+    assert any("update-initramfs" in c for c in commands)
+    assert (
+        nvidia_driver.cuda_repo_url(
+            dict(
+                zip(
+                    ("id", "version_id"),
+                    (os[:-4], os[-4:-2] + "." + os[-2:]) if os.startswith("ubuntu") else (os[:-2], os[-2:]),
+                    strict=True,
+                )
+            ),
+            "amd64",
+        )
+        == repo
+    )
+
+
+def test_driver_sources_file_is_deb822_flat_with_signed_by():
+    text = apt_repo.deb822_source(
+        "https://example/cuda/ubuntu2404/x86_64/", "/", "/etc/apt/keyrings/rigforge-nvidia-cuda.asc"
+    )
+    assert text.splitlines() == [
+        "Types: deb",
+        "URIs: https://example/cuda/ubuntu2404/x86_64/",
+        "Suites: /",
+        "Signed-By: /etc/apt/keyrings/rigforge-nvidia-cuda.asc",
+    ]
+    docker = apt_repo.deb822_source("https://download.docker.com/linux/ubuntu", "noble", "/k.asc", "stable", "amd64")
+    assert "Components: stable" in docker and "Architectures: amd64" in docker and "Suites: noble" in docker
+
+
+def test_driver_flavors_and_overrides():
+    assert nvidia_driver.driver_packages(580, "open") == ["nvidia-driver-580-open"]
+    assert nvidia_driver.driver_packages(580, "proprietary") == ["nvidia-driver-580"]
+    assert nvidia_driver.driver_packages(570, "open", ["cuda-drivers-570"]) == ["cuda-drivers-570"]
+    state = converge({"r": rig(gpus=[], nvidia_driver_flavor="proprietary")}, nvidia_driver.install, execute=False)
+    cmds = op_commands(state, "r", apt_repo.install_missing, packages=["nvidia-driver-580"])
+    assert cmds[0] == "apt-get update" and "nvidia-driver-580" in cmds[1] and "-open" not in cmds[1]
+
+
+def test_driver_already_installed_and_held_is_a_no_op():
+    installed = [
+        ("nvidia-driver-580-open", "580.95.05-0ubuntu1"),
+        ("libnvidia-compute-580", "580.95.05-0ubuntu1"),
+        ("ca-certificates", "1"),
+        ("curl", "1"),
+    ]
+    r = rig(packages=installed, held=["libnvidia-compute-580", "nvidia-driver-580-open"])
+    state = converge({"r": r}, nvidia_driver.install, execute=False)
+    assert op_commands(state, "r", apt_repo.install_missing, packages=["nvidia-driver-580-open"]) == []
+    hold = dict(packages=["nvidia-driver-580-open"], installed_pattern=r"^(lib)?nvidia-[a-z0-9-]*-580(-open)?$")
+    assert op_commands(state, "r", apt_repo.hold, **hold) == []
+    partly = converge(
+        {"r": rig(packages=installed, held=["nvidia-driver-580-open"])}, nvidia_driver.install, execute=False
+    )
+    assert op_commands(partly, "r", apt_repo.hold, **hold) == ["apt-mark hold libnvidia-compute-580"]
+
+
+def test_reboot_decisions():
+    ok = {"installed": True, "ok": True, "message": ""}
+    broken = {"installed": True, "ok": False, "message": "couldn't communicate with the NVIDIA driver"}
+    assert nvidia.reboot_reason(None, None, broken) is None  # nothing installed yet
+    assert nvidia.reboot_reason("580.95.05-1", "580.95.05", ok) is None
+    assert "mismatch" in nvidia.reboot_reason("580.95.05-1", "575.57.08", broken)
+    assert "not loaded" in nvidia.reboot_reason("580.95.05-1", None, broken)
+    assert nvidia.reboot_reason("580.95.05-1", None, ok) is None  # testbed: stub driver works, no module
+
+
+def test_reboot_needed_without_permission_stops_the_host_with_a_message():
+    r = rig(
+        gpus=[],
+        extra={
+            "dpkg-query": "installed 580.95.05-1",
+            "/sys/module/nvidia/version": "575.57.08",
+            "nvidia-smi -L": ["rc=18", "Failed to initialize NVML: Driver/library version mismatch"],
+        },
+    )
+    state = converge({"r": r}, nvidia_driver.install, execute=False)
+    (cmd,) = op_commands(state, "r", nvidia.reboot_if_needed, package="nvidia-driver-580-open", allow_reboot=False)
+    assert cmd.startswith("FAIL: reboot needed on @fake/r: Driver/library version mismatch")
+    assert "nvidia_allow_reboot: true" in cmd
+    allowed = op_commands(state, "r", nvidia.reboot_if_needed, package="nvidia-driver-580-open", allow_reboot=True)
+    assert any("reboot" in c for c in allowed) and not any(c.startswith("FAIL") for c in allowed)
+
+
+def test_never_reboots_the_controller():
+    inventory = Inventory((["@local"], {}))
+    state = State(inventory, Config())
+    with ctx_state.use(state), ctx_host.use(inventory.get_host("@local")):
+        assert nvidia.on_controller()
+    fake = make_state({"r": rig()})
+    with ctx_state.use(fake), ctx_host.use(host_of(fake, "r")):
+        assert not nvidia.on_controller()
+
+
+# --- docker_engine -------------------------------------------------------------------------------------
+
+
+def test_docker_distro_on_ubuntu_and_debian13():
+    assert docker_engine.docker_packages("distro", "ubuntu") == ["docker.io", "docker-compose-v2"]
+    assert docker_engine.docker_packages("distro", "debian") == ["docker.io", "docker-compose"]
+    state = converge({"u": rig("ubuntu2204", docker_source="distro")}, docker_engine.install)
+    commands = executed(state, "u")
+    assert any(" install " in c and "docker.io" in c and "docker-compose-v2" in c for c in commands)
+    assert not any("download.docker.com" in c for c in commands)
+    assert any("https://nvidia.github.io/libnvidia-container/gpgkey" in c for c in commands)
+    assert any(" install " in c and "nvidia-container-toolkit" in c for c in commands)
+    assert not any("nvidia-ctk" in c for c in commands)
+
+
+@pytest.mark.parametrize("os,distro", [("ubuntu2404", "ubuntu"), ("debian12", "debian")])
+def test_docker_from_dockers_repo_with_pins(os, distro):
+    pins = {"docker-ce": "5:28.5.1-1~ubuntu.24.04~noble", "docker-ce-cli": "5:28.5.1-1~ubuntu.24.04~noble"}
+    assert docker_engine.docker_packages("docker", distro, pins) == [
+        "docker-ce=5:28.5.1-1~ubuntu.24.04~noble",
+        "docker-ce-cli=5:28.5.1-1~ubuntu.24.04~noble",
+        "containerd.io",
+        "docker-buildx-plugin",
+        "docker-compose-plugin",
+    ]
+    state = converge({"d": rig(os, docker_package_versions=pins)}, docker_engine.install)
+    commands = executed(state, "d")
+    assert any(f"https://download.docker.com/linux/{distro}/gpg" in c for c in commands)
+    (install,) = [c for c in commands if " install " in c and "docker-ce" in c]
+    assert "docker-ce=5:28.5.1-1~ubuntu.24.04~noble" in install and "docker-compose-plugin" in install
+
+
+def test_daemon_json_merge_keeps_user_keys_and_is_stable():
+    user = {"log-driver": "journald", "runtimes": {"runsc": {"path": "/usr/bin/runsc"}}}
+    text = docker_daemon.merged_text(json.dumps(user), docker_daemon.NVIDIA_RUNTIME)
+    merged = json.loads(text)
+    assert merged["log-driver"] == "journald"
+    assert merged["runtimes"] == {
+        "runsc": {"path": "/usr/bin/runsc"},
+        "nvidia": {"args": [], "path": "nvidia-container-runtime"},
+    }
+    assert docker_daemon.merged_text(text, docker_daemon.NVIDIA_RUNTIME) is None  # equal: no write
+    # Same data, different formatting: still equal.
+    assert docker_daemon.merged_text(json.dumps(merged, separators=(",", ":")), docker_daemon.NVIDIA_RUNTIME) is None
+    assert json.loads(docker_daemon.merged_text(None, docker_daemon.NVIDIA_RUNTIME)) == docker_daemon.NVIDIA_RUNTIME
+    with pytest.raises(ValueError):
+        docker_daemon.merged_text("{not json", docker_daemon.NVIDIA_RUNTIME)
+    with pytest.raises(ValueError):
+        docker_daemon.merged_text("[1]", docker_daemon.NVIDIA_RUNTIME)
+
+
+def test_daemon_json_operation_writes_atomically_and_restarts_docker_only_on_change():
+    existing = {"runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}, "data-root": "/srv/docker"}
+    same = rig(
+        rigforge_manage_services=True,
+        extra={
+            "daemon.json": json.dumps(existing, indent=2).splitlines(),
+            "SubState": ["Id=docker.service", "SubState=running"],
+        },
+    )
+    state = converge({"s": same}, docker_engine.install)
+    assert not any("restart" in c or "daemon.json" in c and "mv" in c for c in executed(state, "s"))
+    fresh = rig(rigforge_manage_services=True, extra={"SubState": ["Id=docker.service", "SubState=running"]})
+    state = converge({"f": fresh}, docker_engine.install)
+    commands = executed(state, "f")
+    (move,) = [c for c in commands if "mv -f" in c and "daemon.json" in c]
+    assert "/etc/docker/.daemon.json.rigforge-new" in move and move.rstrip().endswith("/etc/docker/daemon.json")
+    assert any("systemctl restart docker.service" in c for c in commands)
+    offline = converge({"o": rig(rigforge_manage_services=False)}, docker_engine.install)
+    assert not any("systemctl" in c and "docker" in c for c in executed(offline, "o"))
+
+
+def test_broken_daemon_json_stops_the_host_unchanged():
+    state = converge({"b": rig(extra={"daemon.json": "{broken"}), "ok": rig()}, docker_engine.install)
+    assert {h.name for h in state.failed_hosts} == {"@fake/b"}
+    assert not any(".rigforge-new" in c for c in executed(state, "b"))
+
+
+# --- gpu_power ---------------------------------------------------------------------------------------
+
+
+def test_caps_applied_only_where_they_differ():
+    state = converge(
+        {"r": rig(gpus=[gpu_row(0, limit=230.0), gpu_row(1, limit=350.0, pm="Disabled")])}, gpu_power.apply, UNIT
+    )
+    commands = executed(state, "r")
+    assert [c for c in commands if "-pl" in c] == ["nvidia-smi -i 1 -pl 230"]
+    assert [c for c in commands if "-pm" in c] == ["nvidia-smi -i 1 -pm 1"]
+    assert any("systemctl enable rigforge-gpu-power.service" in c for c in commands)
+    assert any("systemctl daemon-reload" in c for c in commands)
+
+
+def test_caps_no_op_when_set_and_per_gpu_overrides():
+    state = converge(
+        {"r": rig(gpus=[gpu_row(0, limit=230.0), gpu_row(1, limit=250.0)])}, gpu_power.apply, UNIT, execute=False
+    )
+    assert op_commands(state, "r", nvidia.power_caps, default_w=230, overrides={1: 250}) == []
+    assert op_commands(state, "r", nvidia.power_caps, default_w=230, overrides={"1": 260}) == [
+        "nvidia-smi -i 1 -pl 260"
+    ]
+    assert op_commands(state, "r", nvidia.persistence_mode) == []
+    enabled = rig(extra={"is-enabled": "enabled"})
+    state = converge({"e": enabled}, gpu_power.apply, UNIT, execute=False)
+    from roles.operations import systemd_units
+
+    assert op_commands(state, "e", systemd_units.enabled, unit="rigforge-gpu-power.service") == []
+
+
+@pytest.mark.parametrize("cap", [90, 400])
+def test_cap_outside_range_refused_in_gpu_power_too(cap):
+    state = converge(
+        {"r": rig(gpus=[gpu_row(0), gpu_row(1, max_w=390.0)], gpu_power_limit_w=cap), "ok": rig()},
+        gpu_power.apply,
+        UNIT,
+    )
+    assert {h.name for h in state.failed_hosts} == {"@fake/r"}
+    assert not any("-pl" in c for c in executed(state, "r"))
+    state = converge({"r": rig(gpus=[gpu_row(0), gpu_row(1, max_w=390.0)])}, gpu_power.apply, UNIT, execute=False)
+    (fail,) = op_commands(state, "r", nvidia.power_caps, default_w=cap)
+    assert f"power cap {cap} W" in fail and "range 100..350 W" in fail
+    if cap == 400:
+        assert "GPU 1" in fail and "range 100..390 W" in fail
