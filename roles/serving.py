@@ -1,0 +1,109 @@
+"""Serving: the variant's compose file + .env, the vLLM systemd unit, one enabled instance, the health gate and
+the rig manifest.
+
+Files land atomically after `docker compose config -q` / `systemd-analyze verify` accept them on the rig, so a
+compose the engine rejects never replaces a working one. The service restarts only when its compose, .env or
+unit changed; switching variants disables the previous instance, and a failed health gate rolls back to it.
+With rigforge_manage_services false (the testbed: no systemd in a chroot) units are installed, verified and
+enabled, but nothing is started, pulled or health-checked.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.operations import files, server, systemd
+from pyinfra.operations.util import any_changed
+
+from rigforge.catalog import Variant
+from rigforge.render import COMPOSE_FILE, ENV_FILE, VLLM_UNIT, Settings, render_variant
+from roles.operations.serving import (
+    enabled_instances,
+    health_gate_script,
+    image_present,
+    manifest,
+    sole_instance,
+    staged_files,
+)
+
+DEFAULTS = {
+    "rigforge_root": "/opt/rigforge",  # root of the host layout (models, src, serve, cache)
+    "rigforge_manage_services": True,  # start/restart units, pull the image, health gate (False on the testbed)
+    "serving_health_timeout": 600,  # seconds to wait for /v1/models after a (re)start, as the recipes do
+    "serving_health_host": "127.0.0.1",  # where the health gate reaches the API on the rig
+}
+
+UNIT_DIR = "/etc/systemd/system"
+
+
+def _verify_unit(variant: str) -> str:
+    """systemd-analyze verify on an instance of the staged template; any output counts as a failure."""
+    instance = f"rigforge-vllm@{variant}.service"
+    return (
+        f"cp {VLLM_UNIT} {instance} && out=$(systemd-analyze verify ./{instance} 2>&1); rm -f {instance}; "
+        '[ -z "$out" ] || { echo "$out" >&2; exit 1; }'
+    )
+
+
+@deploy("Serve the variant with vLLM", data_defaults=DEFAULTS)
+def apply(variant: Variant, settings: Settings, pins: dict):
+    manage = host.data.get("rigforge_manage_services")
+    serve_dir = f"{settings.root}/serve/{variant.name}"
+    unit = f"rigforge-vllm@{variant.name}.service"
+    rendered = render_variant(variant, settings)
+    image = settings.image or variant.image
+
+    for cache_dir in ("torch_compile", "triton"):
+        files.directory(name=f"Compile cache {cache_dir}", path=f"{settings.root}/cache/{cache_dir}", mode="755")
+
+    compose = staged_files(
+        name=f"Install {variant.name} compose file and .env (validated by docker compose config)",
+        dest=serve_dir,
+        files={COMPOSE_FILE: (rendered[COMPOSE_FILE], "644"), ENV_FILE: (rendered[ENV_FILE], "600")},
+        validate="docker compose config -q",
+    )
+    unit_file = staged_files(
+        name=f"Install {VLLM_UNIT} (validated by systemd-analyze verify)",
+        dest=UNIT_DIR,
+        files={VLLM_UNIT: (rendered[VLLM_UNIT], "644")},
+        validate=_verify_unit(variant.name),
+        keep_previous=False,
+    )
+
+    previous = [u for u in enabled_instances() if u != unit]
+    if manage:
+        image_present(name=f"Pull {image} ahead of the restart", image=image)
+        systemd.daemon_reload(name="Reload systemd units", _if=unit_file.did_change)
+    switched = sole_instance(name=f"Enable {unit} as the only vLLM instance", unit=unit, stop_others=bool(manage))
+    if manage:
+        started = systemd.service(
+            name=f"Start {unit}",
+            service=unit,
+            running=True,
+            restarted=True,
+            _if=any_changed(compose, unit_file, switched),
+        )
+        server.shell(
+            name=f"Health gate: /v1/models and one chat completion on port {settings.port or variant.port}",
+            commands=[
+                health_gate_script(
+                    url=f"http://{host.data.get('serving_health_host')}:{settings.port or variant.port}",
+                    model=variant.arg("--served-model-name") or variant.name,
+                    timeout=int(host.data.get("serving_health_timeout")),
+                    unit=unit,
+                    rollback_unit=previous[0] if previous else None,
+                )
+            ],
+            _if=started.did_change,
+        )
+    else:
+        host.noop(f"services not managed on this host: {unit} enabled but not started, no health gate")
+
+    manifest(
+        name="Record /etc/rigforge/rig.json",
+        path="/etc/rigforge/rig.json",
+        content={"variant": variant.name, "unit": unit, "port": settings.port or variant.port, **pins},
+        now=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
