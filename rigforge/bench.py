@@ -1,0 +1,434 @@
+"""`rigforge bench URL`: the recipes' bench protocol against an OpenAI-compatible server.
+
+For each prompt (narrative first, then code): WARMUPS unmeasured runs, then RUNS measured runs,
+streamed, temperature 0.6, top_p 0.95, thinking off. Per run:
+  TTFT       = time from sending the request to the first content or reasoning delta
+  wall_TPS   = completion tokens / wall seconds (request sent -> end of stream)
+  decode_TPS = completion tokens / (wall - TTFT)
+Completion tokens come from the final usage chunk (stream_options.include_usage); a server
+that sends none is counted by deltas (said in the output). Summary per prompt: mean, std
+(sample), CV%, min, max -- printed beside the design document's published figures for the
+variant. With --streams N every run is N concurrent requests: aggregate TPS (all tokens /
+first start -> last end) and per-stream wall TPS, as the dual-turbo figures are given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from urllib.parse import urlsplit
+
+import requests
+
+PROMPTS = {
+    "narr": ("Write a detailed 800-word essay explaining transformer attention.", 1000),
+    "code": ("Write a Python implementation of quicksort with comments explaining each step.", 800),
+}
+SAMPLING = {"temperature": 0.6, "top_p": 0.95}
+
+# Fallback when rigforge.catalog is unavailable: the design document's figures
+# (reference/variants.yaml variants.<v>.measured.design_doc) and the variants' default ports.
+_PUBLISHED = {
+    "dual": {"port": 8010, "narr_tps": 69, "code_tps": 89, "ttft_ms": 145},
+    "dual-turbo": {
+        "port": 8011,
+        "narr_tps": 58,
+        "code_tps": 76,
+        "ttft_ms": 110,
+        "aggregate_code_tps_4_streams": 269,
+        "per_stream_tps_4_streams": 74,
+    },
+    "dual-dflash": {"port": 8012, "narr_tps": 82, "code_tps": 125, "ttft_ms": 140},
+    "dual-dflash-noviz": {"port": 8013, "narr_tps": 78, "code_tps": 127, "ttft_ms": 145},
+    "dual-nvlink": {"port": 8014},
+    "dual4": {"port": 8015},
+    "dual4-dflash": {"port": 8016},
+    "carnice-bf16mtp": {"port": 8070, "narr_tps": 72, "code_tps": 80, "model": "carnice-bf16mtp"},
+}
+
+
+class BenchError(Exception):
+    """The bench could not run (exit 2)."""
+
+
+@dataclass
+class Sample:
+    ttft_s: float
+    wall_s: float
+    tokens: int
+    tokens_from: str  # "usage" or "deltas"
+    start: float  # perf_counter at send (for concurrent spans)
+    end: float
+
+    @property
+    def wall_tps(self) -> float:
+        return self.tokens / self.wall_s
+
+    @property
+    def decode_tps(self) -> float:
+        return self.tokens / (self.wall_s - self.ttft_s)
+
+    def as_dict(self, round_start: float) -> dict:
+        d = asdict(self)
+        del d["start"], d["end"]
+        d["start_offset_ms"] = (self.start - round_start) * 1000  # > 0: sent after the round's first
+        d["ttft_ms"] = self.ttft_s * 1000
+        d["wall_tps"] = self.wall_tps
+        d["decode_tps"] = self.decode_tps
+        return d
+
+
+# ---------------------------------------------------------------- measuring
+
+
+def _sse_data(resp: requests.Response):
+    """Yield the `data:` payloads of an SSE stream as soon as their bytes arrive."""
+    raw = resp.raw
+    read = getattr(raw, "read1", None)
+    chunks = iter(lambda: read(65536), b"") if read else resp.iter_content(chunk_size=None)
+    buf = b""
+    for chunk in chunks:
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            line = line.strip()
+            if line.startswith(b"data:"):
+                yield line[5:].strip().decode()
+
+
+def stream_once(session, base: str, model: str, prompt: str, max_tokens: int, timeout: float, headers=None):
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        **SAMPLING,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    ttft = None
+    deltas = 0
+    usage_tokens = None
+    start = time.perf_counter()
+    with session.post(f"{base}/v1/chat/completions", json=body, stream=True, timeout=timeout, headers=headers) as resp:
+        if resp.status_code != 200:
+            raise BenchError(f"{base}/v1/chat/completions answered HTTP {resp.status_code}: {resp.text[:300]}")
+        for data in _sse_data(resp):
+            if data == "[DONE]":
+                break
+            obj = json.loads(data)
+            if obj.get("usage"):
+                usage_tokens = obj["usage"].get("completion_tokens", usage_tokens)
+            for choice in obj.get("choices") or []:
+                delta = choice.get("delta") or {}
+                if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
+                    if ttft is None:
+                        ttft = time.perf_counter() - start
+                    deltas += 1
+    end = time.perf_counter()
+    if ttft is None:
+        raise BenchError(f"{base}: the stream ended without any content or reasoning delta")
+    tokens, source = (usage_tokens, "usage") if usage_tokens else (deltas, "deltas")
+    return Sample(ttft, end - start, tokens, source, start, end)
+
+
+def stream_many(base, model, prompt, max_tokens, timeout, streams, headers=None) -> list[Sample]:
+    """`streams` concurrent requests released together; returns their samples in stream order."""
+    if streams == 1:
+        return [stream_once(_session(), base, model, prompt, max_tokens, timeout, headers)]
+    results: list = [None] * streams
+    barrier = threading.Barrier(streams)
+
+    def worker(i: int) -> None:
+        session = _session()
+        try:
+            barrier.wait()
+            results[i] = stream_once(session, base, model, prompt, max_tokens, timeout, headers)
+        except Exception as exc:  # reported below, in the caller's thread
+            results[i] = exc
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(streams)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r in results:
+        if isinstance(r, Exception):
+            raise r
+    return results
+
+
+def _session() -> requests.Session:
+    s = requests.Session()
+    s.trust_env = False  # a bench targets one server directly; never through a proxy
+    return s
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def stats(values: list[float]) -> dict:
+    mean = statistics.fmean(values)
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return {
+        "mean": mean,
+        "std": std,
+        "cv_pct": 100 * std / mean if mean else 0.0,
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }
+
+
+def summarize(rounds: list[list[Sample]]) -> dict:
+    """rounds: one list of concurrent samples per measured run."""
+    flat = [s for r in rounds for s in r]
+    out = {
+        "ttft_ms": stats([s.ttft_s * 1000 for s in flat]),
+        "wall_tps": stats([s.wall_tps for s in flat]),
+        "decode_tps": stats([s.decode_tps for s in flat]),
+        "tokens": stats([float(s.tokens) for s in flat]),
+        "tokens_from": sorted({s.tokens_from for s in flat}),
+    }
+    if len(rounds[0]) > 1:
+        out["aggregate_tps"] = stats([aggregate_tps(r) for r in rounds])
+        out["per_stream_wall_tps"] = [statistics.fmean(r[i].wall_tps for r in rounds) for i in range(len(rounds[0]))]
+    return out
+
+
+def aggregate_tps(samples: list[Sample]) -> float:
+    return sum(s.tokens for s in samples) / (max(s.end for s in samples) - min(s.start for s in samples))
+
+
+# ---------------------------------------------------------------- variant and published figures
+
+
+def _catalog_variants() -> dict:
+    """{name: {"port": int|None, "measured": dict}} from rigforge.catalog, or {} if unavailable."""
+    try:
+        from rigforge.catalog import load_catalog  # noqa: PLC0415 - optional while the catalog lands
+
+        cat = load_catalog()
+        names = getattr(cat, "names", None) or list(getattr(cat, "variants", {}) or {})
+        names = names() if callable(names) else names
+        out = {}
+        for name in names:
+            v = cat.variant(name)
+            port = getattr(v, "port", None)
+            out[name] = {"port": port, "measured": dict(getattr(v, "measured", None) or {})}
+        return out
+    except Exception:
+        return {}
+
+
+def variants_info() -> dict:
+    info = {name: {"port": d.get("port"), "measured": dict(d)} for name, d in _PUBLISHED.items()}
+    for name, d in _catalog_variants().items():
+        merged = info.setdefault(name, {"port": None, "measured": {}})
+        merged["port"] = d["port"] or merged["port"]
+        merged["measured"] = {**merged["measured"], **d["measured"]}
+    return info
+
+
+def infer_variant(model: str, port: int | None, info: dict) -> str | None:
+    by_model = [n for n, d in info.items() if d["measured"].get("model") == model]
+    if len(by_model) == 1:
+        return by_model[0]
+    by_port = [n for n, d in info.items() if port is not None and d["port"] == port]
+    return by_port[0] if len(by_port) == 1 else None
+
+
+def _num(value):
+    """'~145' -> 145.0; 69 -> 69.0; anything else -> None."""
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip().lstrip("~"))
+        except ValueError:
+            return None
+    return None
+
+
+def published(measured: dict, prompt: str, streams: int) -> dict:
+    m = measured
+    out = {
+        "tps": _num(m.get(f"{prompt}_tps", m.get(f"{prompt}_tps_per_stream"))),
+        "ttft_ms": _num(m.get("ttft_ms")),
+    }
+    if streams > 1:
+        out["aggregate_tps"] = _num(m.get(f"aggregate_{prompt}_tps_{streams}_streams"))
+        out["per_stream_tps"] = _num(m.get(f"per_stream_tps_{streams}_streams"))
+    return {k: v for k, v in out.items() if v is not None}
+
+
+# ---------------------------------------------------------------- the command
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", metavar="URL", help="server base URL, e.g. http://rig1:8011")
+    p.add_argument("--model", help="model name (default: the first one /v1/models lists)")
+    p.add_argument("--variant", help="variant whose published figures to compare (default: inferred)")
+    p.add_argument("--warmups", type=int, default=3, help="unmeasured runs per prompt (default 3)")
+    p.add_argument("--runs", type=int, default=5, help="measured runs per prompt (default 5)")
+    p.add_argument("--streams", type=int, default=1, help="concurrent requests per run (default 1)")
+    p.add_argument("--only", choices=sorted(PROMPTS), help="bench one prompt only")
+    p.add_argument("--timeout", type=float, default=600, help="seconds per request (default 600)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+class _Progress:
+    def __init__(self, total: int, enabled: bool = True):
+        self.total, self.done, self.tty = total, 0, sys.stderr.isatty()
+        self.enabled = enabled
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        width = 30
+        fill = width * self.done // self.total
+        line = f"[{'#' * fill}{'-' * (width - fill)}] {self.done}/{self.total} {label}"
+        if self.tty:
+            end = "\n" if self.done == self.total else ""
+            sys.stderr.write(f"\r\x1b[2K{line}{end}")
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
+def _base_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise BenchError(f"{url!r} is not an http(s) URL; give the server's base URL, e.g. http://rig1:8011")
+    base = url.rstrip("/")
+    return base[: -len("/v1")] if base.endswith("/v1") else base
+
+
+def run(args) -> int:
+    try:
+        return _run(args)
+    except BenchError as exc:
+        print(f"rigforge bench: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args) -> int:
+    for name in ("warmups", "runs", "streams"):
+        if getattr(args, name) < (0 if name == "warmups" else 1):
+            raise BenchError(f"--{name} must be {'>= 0' if name == 'warmups' else '>= 1'}")
+    base = _base_url(args.url)
+    key = os.environ.get("RIGFORGE_API_KEY")
+    headers = {"Authorization": f"Bearer {key}"} if key else None
+    try:
+        r = _session().get(f"{base}/v1/models", timeout=10, headers=headers)
+        r.raise_for_status()
+        served = [m["id"] for m in r.json().get("data", [])]
+    except requests.RequestException as exc:
+        raise BenchError(
+            f"cannot reach {base}/v1/models ({type(exc).__name__}: {exc}); "
+            "check the URL and that the server is up (`rigforge status INVENTORY`)"
+        ) from None
+    except (ValueError, KeyError, TypeError):
+        raise BenchError(f"{base}/v1/models did not answer an OpenAI model list") from None
+    model = args.model or (served[0] if served else None)
+    if not model:
+        raise BenchError(f"{base}/v1/models lists no model; pass --model")
+
+    info = variants_info()
+    variant, variant_from = args.variant, "--variant"
+    if variant and variant not in info:
+        raise BenchError(f"unknown variant {variant!r}; known: {', '.join(sorted(info))}")
+    if not variant:
+        port = urlsplit(base).port or (443 if base.startswith("https") else 80)
+        variant, variant_from = infer_variant(model, port, info), f"model {model} + port {port}"
+    measured = info[variant]["measured"] if variant else {}
+
+    prompts = [args.only] if args.only else list(PROMPTS)
+    progress = _Progress(len(prompts) * (args.warmups + args.runs))
+    report = {
+        "url": base,
+        "model": model,
+        "variant": variant,
+        "variant_from": variant_from if variant else None,
+        "warmups": args.warmups,
+        "runs": args.runs,
+        "streams": args.streams,
+        "sampling": {**SAMPLING, "enable_thinking": False},
+        "prompts": {},
+    }
+    for name in prompts:
+        text, max_tokens = PROMPTS[name]
+        rounds = []
+        for i in range(args.warmups + args.runs):
+            samples = stream_many(base, model, text, max_tokens, args.timeout, args.streams, headers)
+            warm = i < args.warmups
+            if not warm:
+                rounds.append(samples)
+            n, of = (i + 1, args.warmups) if warm else (i + 1 - args.warmups, args.runs)
+            tps = statistics.fmean(s.wall_tps for s in samples)
+            progress.step(f"{name} {'warm-up' if warm else 'run'} {n}/{of}  {tps:.1f} tok/s")
+        report["prompts"][name] = {
+            "max_tokens": max_tokens,
+            "runs": [[s.as_dict(min(x.start for x in r)) for s in r] for r in rounds],
+            "summary": summarize(rounds),
+            "published": published(measured, name, args.streams),
+        }
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0
+
+
+def _ms(s: dict) -> str:
+    return f"{s['mean']:.0f} ± {s['std']:.0f}"
+
+
+def _tps(s: dict) -> str:
+    return f"{s['mean']:.1f} ± {s['std']:.1f} (CV {s['cv_pct']:.1f}%)"
+
+
+def format_report(rep: dict) -> str:
+    v = rep["variant"]
+    lines = [
+        f"bench {rep['url']}  model {rep['model']}  "
+        + (f"variant {v} (from {rep['variant_from']})" if v else "variant unknown (pass --variant)"),
+        f"{rep['warmups']} warm-up + {rep['runs']} measured runs per prompt, {rep['streams']} stream(s), "
+        "temperature 0.6, top_p 0.95, thinking off",
+        "",
+        f"{'prompt':<7}{'tokens':>7}  {'TTFT ms':<11}{'wall TPS':<24}{'decode TPS':<24}published",
+    ]
+    for name, p in rep["prompts"].items():
+        s, pub = p["summary"], p["published"]
+        shown = [f"{pub['tps']:g} TPS"] if "tps" in pub else []
+        shown += [f"TTFT ~{pub['ttft_ms']:g} ms"] if "ttft_ms" in pub else []
+        tokens = f"{s['tokens']['mean']:.0f}" + ("*" if "deltas" in s["tokens_from"] else "")
+        lines.append(
+            f"{name:<7}{tokens:>7}  {_ms(s['ttft_ms']):<11}{_tps(s['wall_tps']):<24}"
+            f"{_tps(s['decode_tps']):<24}{', '.join(shown) or '-'}"
+        )
+        if "aggregate_tps" in s:
+            per = ", ".join(f"{x:.1f}" for x in s["per_stream_wall_tps"])
+            agg = f"{pub['aggregate_tps']:g}" if "aggregate_tps" in pub else "-"
+            each = f"{pub['per_stream_tps']:g}" if "per_stream_tps" in pub else "-"
+            lines.append(
+                f"{'':<7}aggregate {_tps(s['aggregate_tps'])} over {rep['streams']} streams "
+                f"(published {agg}); per stream {per} (published {each})"
+            )
+    if any("deltas" in p["summary"]["tokens_from"] for p in rep["prompts"].values()):
+        lines.append("* the server sent no usage chunk: tokens counted as streamed deltas")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="rigforge bench", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
