@@ -16,6 +16,8 @@ from pathlib import Path
 class TestbedError(RuntimeError):
     """A testbed step failed; the message says which and what to do."""
 
+    __test__ = False  # not a pytest test class
+
 
 def log(msg: str) -> None:
     print(f"[testbed] {msg}", file=sys.stderr, flush=True)

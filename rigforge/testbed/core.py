@@ -32,9 +32,11 @@ from ._util import (
     chroot_env,
     ensure_safe_dir,
     free_port,
+    hash_tree,
     in_chroot,
     log,
     pid_alive,
+    port_free,
     sh,
     spawn,
     stop_pidfile,
@@ -175,10 +177,19 @@ class Testbed:
 
     def testinfra_host(self, name: str, sudo: bool = True):
         """A testinfra host for a rig, over SSH (paramiko backend) as the sudo user."""
+        import paramiko
         import testinfra
 
-        self.rig(name)
-        return testinfra.get_host(f"paramiko://{name}", ssh_config=str(self.ssh_config), sudo=sudo)
+        rig = self.rig(name)
+        host = testinfra.get_host(f"paramiko://{name}", ssh_config=str(self.ssh_config), sudo=sudo)
+        client = paramiko.SSHClient()  # testinfra ignores UserKnownHostsFile: verify the host key ourselves
+        client.load_host_keys(str(self.known_hosts))
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        client.connect(
+            "127.0.0.1", rig.ssh_port, rig.user, key_filename=str(rig.key), look_for_keys=False, allow_agent=False
+        )
+        host.backend.__dict__["client"] = client  # the backend's cached_property
+        return host
 
     def hf_control(self, throttle_bps: int | None = None, drop_after_bytes: int | None = None) -> dict:
         """Throttle the HF stand-in (bytes/s, None = full speed) and/or cut the next file GET after N bytes."""
@@ -204,6 +215,10 @@ def _service(run: Path, name: str, root: str, want_port: int, taken: set[int], c
         return state["port"]
     stop_pidfile(pidfile)
     port = state.get("port") or want_port
+    for _ in range(30):  # a just-stopped service may hold its port a moment longer
+        if port_free(port):
+            break
+        time.sleep(0.1)
     port = free_port(port, port + 200, taken)
     spawn(cmd_for_port(port), pidfile, run / f"{name}.log")
     wait_port(port)
@@ -234,13 +249,14 @@ def start_services(shared: Path) -> dict:
         lambda p: [py, "-m", "http.server", str(p), "--bind", "127.0.0.1", "--directory", str(apt_root)],
     )
     taken.add(apt_port)
+    hf_script = Path(__file__).with_name("hfserver.py")
     hf_port = _service(
         run,
         "hf",
-        str(hf_root),
+        f"{hf_root}#{hash_tree(hf_script)}",
         PORTS["hf"],
         taken,
-        lambda p: [py, str(Path(__file__).with_name("hfserver.py")), "--root", str(hf_root), "--port", str(p)],
+        lambda p: [py, str(hf_script), "--root", str(hf_root), "--port", str(p)],
     )
     taken.add(hf_port)
     git_port = _service(

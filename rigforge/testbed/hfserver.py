@@ -9,7 +9,7 @@ Routes (what huggingface_hub 2.x asks):
   GET  /api/models/{repo}/tree/{rev}[/{path}]?recursive=  [{type, path, size, oid, lfs: {oid, size, pointerSize}}]
   HEAD|GET /{repo}/resolve/{rev}/{file}                   X-Repo-Commit, ETag, X-Linked-Etag, X-Linked-Size,
                                                           Content-Length, Accept-Ranges; Range -> 206
-  POST /_testbed/control  {"throttle_bps": N|null, "drop_after_bytes": N|null}   (drop: one-shot, next GET)
+  POST /_testbed/control  {"throttle_bps": N|null, "drop_after_bytes": N|null}   (drop: one-shot, next longer GET)
   GET  /_testbed/log      the last requests: [{method, path, range, status, auth}]
 Gated repos answer 401 (no token) / 403 (other token) with X-Error-Code: GatedRepo, like the Hub.
 """
@@ -108,7 +108,8 @@ class Handler(BaseHTTPRequestHandler):
         path = unquote(urlsplit(self.path).path)
         if path == "/_testbed/log":
             with LOCK:
-                return self._json(list(LOG))
+                log = list(LOG)
+            return self._json(log)
         if path.startswith("/api/models/"):
             return self._api(path[len("/api/models/") :])
         parts = path.strip("/").split("/")
@@ -220,7 +221,10 @@ class Handler(BaseHTTPRequestHandler):
         with LOCK:
             bps = CONTROL["throttle_bps"]
             drop = CONTROL["drop_after_bytes"]
-            CONTROL["drop_after_bytes"] = None  # one-shot
+            if drop is not None and length > drop:
+                CONTROL["drop_after_bytes"] = None  # one-shot: the next GET longer than `drop`
+            else:
+                drop = None
         sent = 0
         chunk = 16384 if not bps else max(1024, min(16384, int(bps) // 10))
         with open(data_path, "rb") as f:

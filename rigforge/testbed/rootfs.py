@@ -49,11 +49,20 @@ def tarball_path(testbed_dir: Path) -> Path:
     return Path(testbed_dir) / "cache" / f"rootfs-{SUITE}-{_recipe_key()}.tar"
 
 
+HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+
+
 def copy_host_resolv(root: Path) -> None:
+    """The rig shares the controller's network: same resolver, and pip trusts the same CAs (a registry
+    proxy on this network may present its own CA, which the controller host already trusts)."""
     resolv = root / "etc/resolv.conf"
     if resolv.is_symlink() or resolv.exists():
         resolv.unlink()
     resolv.write_text(Path("/etc/resolv.conf").read_text())
+    if HOST_CA_BUNDLE.exists():
+        (root / "etc/ssl").mkdir(parents=True, exist_ok=True)
+        (root / "etc/ssl/rigforge-host-ca.crt").write_bytes(HOST_CA_BUNDLE.read_bytes())
+        (root / "etc/pip.conf").write_text("[global]\ncert = /etc/ssl/rigforge-host-ca.crt\n")
 
 
 def _locked(cache: Path, name: str):

@@ -1,0 +1,74 @@
+"""Shared pytest fixtures: the testbed (simulated rigs over real SSH, see rigforge/testbed).
+
+- `testbed_dir`: the shared testbed directory (env RIGFORGE_TESTBED_DIR, default /var/lib/rigforge-testbed);
+  it holds the cached rootfs tarball and runs the local apt / git / HF stand-ins.
+- `testbed_factory`: `make(specs, name=...)` -> Testbed of fresh rigs in their own fleet directory (own ports,
+  own inventory), sharing the cache and services. Everything made is torn down at the end of the session,
+  and the services too unless they were already running before the session.
+- `testbed`: one 2-rig testbed (2x simulated RTX 3090 each) for tests that only need to read.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _testbed_problem() -> str | None:
+    if os.geteuid() != 0:
+        return "the testbed needs root (chroot, sshd, useradd)"
+    for tool in ("debootstrap", "chroot", "ssh-keygen", "dpkg-deb", "apt-ftparchive", "gpg", "git", "/usr/sbin/sshd"):
+        if not shutil.which(tool):
+            return f"{tool} not found (apt-get install debootstrap openssh-server apt-utils gnupg git)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def testbed_dir() -> Path:
+    problem = _testbed_problem()
+    if problem:
+        pytest.skip(f"testbed unavailable: {problem}")
+    from rigforge.testbed import DEFAULT_DIR
+
+    return Path(os.environ.get("RIGFORGE_TESTBED_DIR", DEFAULT_DIR))
+
+
+@pytest.fixture(scope="session")
+def testbed_factory(testbed_dir: Path):
+    from rigforge.testbed import RigSpec, core, down, up
+    from rigforge.testbed._util import pid_alive
+
+    services_were_running = pid_alive(testbed_dir / "run" / "hf.pid") is not None
+    made: list[Path] = []
+
+    def make(specs: list | None = None, name: str = "t", fresh: bool = True):
+        fleet = testbed_dir / "fleets" / f"pytest-{name}"
+        n = 1
+        while fleet in made:
+            n += 1
+            fleet = testbed_dir / "fleets" / f"pytest-{name}-{n}"
+        made.append(fleet)
+        t0 = time.monotonic()
+        tb = up(fleet, specs or [RigSpec()], fresh=fresh, shared=testbed_dir)
+        print(f"\n[testbed] {name}: {len(tb.rigs)} rig(s) up in {time.monotonic() - t0:.1f}s")
+        return tb
+
+    yield make
+    for fleet in made:
+        down(fleet)
+        shutil.rmtree(fleet, ignore_errors=True)
+    if not services_were_running:
+        core.stop_services(testbed_dir)
+
+
+@pytest.fixture(scope="session")
+def testbed(testbed_factory):
+    from rigforge.testbed import RigSpec
+
+    return testbed_factory([RigSpec(), RigSpec()], name="main")
