@@ -4,7 +4,7 @@
   it holds the cached rootfs tarball and runs the local apt / git / HF stand-ins.
 - `testbed_factory`: `make(specs, name=...)` -> Testbed of fresh rigs in their own fleet directory (own ports,
   own inventory), sharing the cache and services. Everything made is torn down at the end of the session,
-  and the services too unless they were already running before the session.
+  and the services too unless they were running before the session or other rigs in the dir still use them.
 - `testbed`: one 2-rig testbed (2x simulated RTX 3090 each) for tests that only need to read.
 """
 
@@ -63,7 +63,8 @@ def testbed_factory(testbed_dir: Path):
     for fleet in made:
         down(fleet)
         shutil.rmtree(fleet, ignore_errors=True)
-    if not services_were_running:
+    others = [*(testbed_dir / "fleets").glob("*/rigs/*"), *(testbed_dir / "rigs").glob("*")]
+    if not services_were_running and not others:  # leave them to testbeds still in use
         core.stop_services(testbed_dir)
 
 
