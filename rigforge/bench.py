@@ -220,8 +220,11 @@ def _catalog_variants() -> dict:
         out = {}
         for name in names:
             v = cat.variant(name)
-            port = getattr(v, "port", None)
-            out[name] = {"port": port, "measured": dict(getattr(v, "measured", None) or {})}
+            measured = dict(getattr(v, "measured", None) or {})
+            served = v.arg("--served-model-name") if hasattr(v, "arg") else None
+            if served:
+                measured["model"] = served
+            out[name] = {"port": getattr(v, "port", None), "measured": measured}
         return out
     except Exception:
         return {}

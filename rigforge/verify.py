@@ -1,0 +1,384 @@
+"""`rigforge verify INVENTORY`: DeepOps-style health checks for every rig of a pyinfra inventory.
+
+One line per check per rig (or --json), read in parallel over SSH, nothing changed on a rig:
+  manifest present          /etc/rigforge/rig.json names a known variant
+  driver module = package   /sys/module/nvidia/version equals the installed nvidia-driver-* version
+  GPUs visible              nvidia-smi lists at least the variant's GPU count
+  power caps hold           every GPU's power limit equals its target (gpu_power_limit_w / gpu_power_limits)
+  persistence mode on       on every GPU
+  nvidia runtime            /etc/docker/daemon.json registers the nvidia runtime
+  sources at locked SHAs    <root>/src/<name> HEAD is the lock's commit, no local changes
+  weights stamp valid       <model dir>/<asset>/.rigforge-stamp.json matches the lock; files present, sizes match
+  unit enabled / active     rigforge-vllm@<variant>.service
+  /v1/models answers        from the rig, as the recipes' verify.sh
+  chat returns text         "capital of France", thinking off: the reply names Paris
+  tool call returned        a get_weather tool, tool_choice auto: the reply carries tool_calls
+With rigforge_manage_services False (the testbed: no systemd in a chroot) the service and API checks
+are reported "skipped (services not managed on this host)", not failed.
+
+Exit: 0 every check passed (skips allowed), 1 a check failed, 2 could not run (inventory unreadable, or a
+rig unreachable while no check failed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+
+from rigforge.status import (
+    SKIPPED,
+    InventoryError,
+    RigContext,
+    api_models,
+    ctx_host,
+    for_each_host,
+    gpus_with_targets,
+    http_on_rig,
+    open_inventory,
+    rig_context,
+    sh,
+    unit_state,
+)
+
+PASS, FAIL, SKIP = "pass", "fail", "skip"
+
+
+@dataclass
+class Check:
+    name: str
+    status: str
+    detail: str = ""
+
+
+def _variant_needed(ctx: RigContext) -> str:
+    if ctx.variant_name and not ctx.variant:
+        return f"unknown variant {ctx.variant_name!r}"
+    return f"variant unknown: no {MANIFEST_NAME} and no rigforge_variant in host data"
+
+
+MANIFEST_NAME = "/etc/rigforge/rig.json"
+
+
+def check_host(host) -> list[Check]:
+    ctx = rig_context(host)
+    out: list[Check] = []
+
+    def add(name: str, ok: bool | None, detail: str) -> None:
+        out.append(Check(name, SKIP if ok is None else PASS if ok else FAIL, detail))
+
+    for problem in ctx.problems:
+        add("host data", False, problem)
+    if ctx.manifest is None:
+        add("manifest present", False, f"no readable {MANIFEST_NAME}: not provisioned by rigforge (run the deploy)")
+    else:
+        add("manifest present", ctx.variant is not None, f"variant {ctx.variant_name}" if ctx.variant else
+            _variant_needed(ctx))  # fmt: skip
+    out.append(check_driver(host))
+    out.extend(check_gpus(host, ctx))
+    out.append(check_runtime(host))
+    if ctx.lock is None:
+        add("sources at locked SHAs", False, f"lock unreadable: {ctx.lock_error}")
+        add("weights stamp valid", False, f"lock unreadable: {ctx.lock_error}")
+    elif ctx.variant is None:
+        add("sources at locked SHAs", False, _variant_needed(ctx))
+        add("weights stamp valid", False, _variant_needed(ctx))
+    else:
+        out.append(check_sources(host, ctx))
+        out.append(check_weights(host, ctx))
+    out.extend(check_service_and_api(host, ctx))
+    return out
+
+
+def check_driver(host) -> Check:
+    from roles.facts.nvidia import NvidiaModuleVersion, upstream_version
+
+    name = "driver module = package"
+    module = host.get_fact(NvidiaModuleVersion)
+    rows = sh(host, "dpkg-query -W -f '${db:Status-Status} ${Package} ${Version}\\n' 'nvidia-driver-*'")
+    installed = [line.split()[1:] for line in rows.splitlines() if line.startswith("installed ")]
+    if not installed:
+        return Check(name, FAIL, "no nvidia-driver-* package installed (run the deploy: nvidia_driver role)")
+    pkg, version = installed[0][0], installed[0][1]
+    if not module:
+        return Check(name, FAIL, f"{pkg} {version} installed but the nvidia module is not loaded: reboot the rig "
+                     "(with Secure Boot on, the module must be signed/enrolled)")  # fmt: skip
+    if upstream_version(version) != module:
+        return Check(name, FAIL, f"module {module} loaded, package {pkg} {version} installed: driver/library "
+                     "mismatch, reboot the rig to load the installed driver")  # fmt: skip
+    return Check(name, PASS, f"module {module} = {pkg} {version}")
+
+
+def check_gpus(host, ctx: RigContext) -> list[Check]:
+    gpus = gpus_with_targets(host, ctx)
+    need = ctx.variant.gpus if ctx.variant else None
+    names = sorted({g.get("name") or "?" for g in gpus})
+    seen = f"{len(gpus)} GPU(s){': ' + ', '.join(names) if gpus else ''}"
+    if not gpus:
+        visible = Check("GPUs visible", FAIL, "nvidia-smi lists no GPU (driver not installed or not loaded)")
+    elif need and len(gpus) < need:
+        visible = Check("GPUs visible", FAIL, f"{seen}; {ctx.variant_name} needs {need}")
+    else:
+        visible = Check("GPUs visible", PASS, seen)
+    off = [g for g in gpus if g.get("power_limit") != g["target_w"]]
+    caps = ", ".join(f"GPU{g['index']} {_w(g.get('power_limit'))} W" for g in gpus)
+    if not gpus:
+        cap = Check("power caps hold", FAIL, "no GPU to read")
+    elif off:
+        bad = "; ".join(f"GPU{g['index']} at {_w(g.get('power_limit'))} W, target {g['target_w']} W" for g in off)
+        cap = Check("power caps hold", FAIL, f"{bad} (re-run the deploy or restart rigforge-gpu-power.service)")
+    else:
+        cap = Check(
+            "power caps hold", PASS, f"{caps} (target {', '.join(sorted({str(g['target_w']) for g in gpus}))} W)"
+        )
+    not_persistent = [str(g["index"]) for g in gpus if g.get("persistence_mode") is not True]
+    if not gpus:
+        persist = Check("persistence mode on", FAIL, "no GPU to read")
+    elif not_persistent:
+        persist = Check("persistence mode on", FAIL, f"off on GPU {', '.join(not_persistent)}")
+    else:
+        persist = Check("persistence mode on", PASS, f"on for {len(gpus)} GPU(s)")
+    return [visible, cap, persist]
+
+
+def _w(v) -> str:
+    return "?" if v is None else f"{v:g}"
+
+
+def check_runtime(host) -> Check:
+    name = "nvidia runtime"
+    raw = sh(host, "cat /etc/docker/daemon.json")
+    if not raw.strip():
+        return Check(name, FAIL, "no /etc/docker/daemon.json (run the deploy: docker_engine role)")
+    try:
+        runtimes = json.loads(raw).get("runtimes") or {}
+    except (ValueError, AttributeError):
+        return Check(name, FAIL, "/etc/docker/daemon.json is not a JSON object")
+    if "nvidia" not in runtimes:
+        return Check(name, FAIL, "/etc/docker/daemon.json registers no nvidia runtime (run the deploy)")
+    return Check(name, PASS, f"nvidia -> {runtimes['nvidia'].get('path', '?')} in /etc/docker/daemon.json")
+
+
+def check_sources(host, ctx: RigContext) -> Check:
+    from roles.facts.gitpin import GitCheckout
+
+    name = "sources at locked SHAs"
+    bad, good = [], []
+    for src in ctx.variant.sources:
+        want = ctx.lock.git[src].commit if src in ctx.lock.git else None
+        path = f"{ctx.settings.root}/src/{src}"
+        state = host.get_fact(GitCheckout, path=path)
+        if state is None:
+            bad.append(f"{src}: no checkout at {path}")
+        elif not want:
+            bad.append(f"{src}: the lock has no resolved commit")
+        elif state["head"] != want:
+            bad.append(f"{src}: HEAD {state['head'][:12] or '?'}, lock {want[:12]}")
+        elif state["dirty"]:
+            bad.append(f"{src}: local changes ({len(state['dirty'])} file(s), e.g. {state['dirty'][0].strip()})")
+        else:
+            good.append(f"{src}@{want[:12]}")
+    if bad:
+        return Check(name, FAIL, "; ".join(bad))
+    return Check(name, PASS, ", ".join(good) or "no sources for this variant")
+
+
+def check_weights(host, ctx: RigContext) -> Check:
+    from rigforge.catalog import load_catalog
+    from roles.facts.hfweights import STAMP, WeightsState
+
+    name = "weights stamp valid"
+    catalog = load_catalog()
+    bad, good = [], []
+    for asset in ctx.variant.assets:
+        pin = ctx.lock.hf.get(asset)
+        dest = f"{ctx.settings.models}/{catalog.assets[asset].dir}"
+        if pin is None:
+            bad.append(f"{asset}: not in the lock")
+            continue
+        state = host.get_fact(WeightsState, dest=dest, staging=f"{ctx.settings.models}/.rigforge-staging/{asset}")
+        stamp = state["stamp"]
+        if not stamp:
+            bad.append(f"{asset}: no {dest}/{STAMP}")
+            continue
+        if stamp.get("revision") != pin.revision:
+            bad.append(f"{asset}: stamp revision {str(stamp.get('revision'))[:12]}, lock {str(pin.revision)[:12]}")
+            continue
+        entries = stamp.get("files") or {}
+        problems = []
+        for f in pin.files:
+            entry, on_disk = entries.get(f.path), state["files"].get(f.path)
+            if not entry or entry.get("sha256") != f.sha256:
+                problems.append(f"{f.path} not stamped with the lock's sha256")
+            elif on_disk is None:
+                problems.append(f"{f.path} missing")
+            elif on_disk[0] != f.size:
+                problems.append(f"{f.path} is {on_disk[0]} bytes, lock {f.size}")
+        if problems:
+            bad.append(f"{asset}: {'; '.join(problems[:3])}{' ...' if len(problems) > 3 else ''}")
+        else:
+            good.append(f"{asset} ({len(pin.files)} files @ {pin.revision[:12]})")
+    if bad:
+        return Check(name, FAIL, "; ".join(bad) + " (re-run the deploy: weights role)")
+    return Check(name, PASS, ", ".join(good) or "no weights for this variant")
+
+
+CHAT = {
+    "messages": [{"role": "user", "content": "What is the capital of France? Answer in one word."}],
+    "max_tokens": 30,
+    "temperature": 0.6,
+    "chat_template_kwargs": {"enable_thinking": False},
+}
+TOOL = {
+    "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+    "tools": [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Get the current weather for a city",
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "city": {"type": "string"},
+                        "units": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                    },
+                    "required": ["city"],
+                },
+            },
+        }
+    ],
+    "tool_choice": "auto",
+    "max_tokens": 200,
+    "temperature": 0.3,
+    "chat_template_kwargs": {"enable_thinking": False},
+}
+
+
+def check_service_and_api(host, ctx: RigContext) -> list[Check]:
+    unit = unit_state(host, ctx)
+    if not unit["unit"]:
+        reason = _variant_needed(ctx)
+        return [Check(n, FAIL, reason) for n in ("unit enabled", "unit active")] + [
+            Check(n, FAIL if ctx.manage else SKIP, reason if ctx.manage else SKIPPED)
+            for n in ("/v1/models answers", "chat returns text", "tool call returned")
+        ]
+    out = [
+        Check("unit enabled", PASS if unit["enabled"] else FAIL,
+              f"{unit['unit']} {'enabled' if unit['enabled'] else 'not enabled (run the deploy)'}"),
+    ]  # fmt: skip
+    if not ctx.manage:
+        return out + [
+            Check(n, SKIP, SKIPPED)
+            for n in ("unit active", "/v1/models answers", "chat returns text", "tool call returned")
+        ]
+    active = unit["active"] == "active"
+    out.append(Check("unit active", PASS if active else FAIL, f"{unit['unit']} is {unit['active']}"
+                     + ("" if active else f" (journalctl -u {unit['unit']})")))  # fmt: skip
+    api = api_models(host, ctx)
+    model = (ctx.variant.arg("--served-model-name") if ctx.variant else None) or (api["models"] or [None])[0]
+    if api["http_code"] != 200:
+        why = f"HTTP {api['http_code']}" if api["http_code"] else "no answer"
+        out.append(Check("/v1/models answers", FAIL, f"{api['url']}: {why}"))
+        return out + [Check(n, FAIL, "the API does not answer") for n in ("chat returns text", "tool call returned")]
+    listed = model in (api["models"] or [])
+    out.append(Check("/v1/models answers", PASS if listed else FAIL,
+                     f"{api['url']} lists {', '.join(api['models'] or []) or 'nothing'}"
+                     + ("" if listed else f"; expected {model}")))  # fmt: skip
+    base = f"http://{ctx_host(host)}:{ctx.port}/v1/chat/completions"
+    out.append(_chat_check(host, ctx, base, model))
+    out.append(_tool_check(host, ctx, base, model))
+    return out
+
+
+def _post(host, ctx, url, body) -> tuple[int, dict | None, str]:
+    code, text = http_on_rig(host, ctx, url, timeout=120, body=body)
+    try:
+        return code, json.loads(text), text
+    except ValueError:
+        return code, None, text
+
+
+def _message(reply: dict | None) -> dict:
+    try:
+        return reply["choices"][0]["message"] or {}
+    except (KeyError, IndexError, TypeError):
+        return {}
+
+
+def _chat_check(host, ctx, url, model) -> Check:
+    code, reply, text = _post(host, ctx, url, {"model": model, **CHAT})
+    if code != 200:
+        return Check("chat returns text", FAIL, f"HTTP {code or 'no answer'}: {text[:120]}")
+    content = (_message(reply).get("content") or "").strip()
+    if "paris" not in content.lower():
+        return Check("chat returns text", FAIL, f"reply does not name Paris: {content[:80]!r}")
+    return Check("chat returns text", PASS, f"{content[:60]!r}")
+
+
+def _tool_check(host, ctx, url, model) -> Check:
+    code, reply, text = _post(host, ctx, url, {"model": model, **TOOL})
+    if code != 200:
+        return Check("tool call returned", FAIL, f"HTTP {code or 'no answer'}: {text[:120]}")
+    msg = _message(reply)
+    names = [(c.get("function") or {}).get("name") for c in msg.get("tool_calls") or []]
+    if "get_weather" in names:
+        return Check("tool call returned", PASS, f"tool_calls: {', '.join(n for n in names if n)}")
+    if "<tool_call>" in (msg.get("content") or ""):
+        return Check("tool call returned", FAIL, "the tool call came back as text (tool-call parser not active)")
+    return Check("tool call returned", FAIL, f"no get_weather tool call in the reply: {str(msg)[:100]}")
+
+
+# ---------------------------------------------------------------- the command
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("inventory", metavar="INVENTORY", help="pyinfra inventory file, e.g. inventories/fleet.py")
+    p.add_argument("--json", action="store_true", help="print JSON instead of one line per check")
+
+
+def run(args) -> int:
+    try:
+        state = open_inventory(args.inventory)
+    except InventoryError as exc:
+        print(f"rigforge verify: {exc}", file=sys.stderr)
+        return 2
+    results = for_each_host(state, check_host)
+    failed = {h: [c.name for c in r if c.status == FAIL] for h, r in results.items() if not isinstance(r, Exception)}
+    unreachable = {h: str(r) for h, r in results.items() if isinstance(r, Exception)}
+    code = 1 if any(failed.values()) else 2 if unreachable else 0
+    if args.json:
+        hosts = {
+            h: {"error": str(r), "checks": []} if isinstance(r, Exception) else
+            {"error": None, "checks": [asdict(c) for c in r]}
+            for h, r in results.items()
+        }  # fmt: skip
+        print(json.dumps({"exit_code": code, "hosts": hosts}, indent=2))
+        return code
+    width = max(len(h) for h in results)
+    name_w = max([len(c.name) for r in results.values() if not isinstance(r, Exception) for c in r] or [10])
+    for h, r in results.items():
+        if isinstance(r, Exception):
+            print(f"{h.ljust(width)}  ERROR  {r}")
+            continue
+        for c in r:
+            print(f"{h.ljust(width)}  {c.status.upper():<5}  {c.name.ljust(name_w)}  {c.detail}")
+    bad = [f"{h}: {', '.join(names)}" for h, names in failed.items() if names]
+    summary = f"{len(results)} rig(s): " + (f"FAILED {'; '.join(bad)}" if bad else "all checks passed")
+    if unreachable:
+        summary += f"; could not check {', '.join(unreachable)}"
+    if any(c.status == SKIP for r in results.values() if not isinstance(r, Exception) for c in r):
+        summary += f"; service/API checks {SKIPPED} where noted"
+    print(summary)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="rigforge verify", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
