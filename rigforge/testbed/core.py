@@ -91,6 +91,11 @@ class Rig:
     dir: Path
     spec: RigSpec = field(default_factory=RigSpec)
 
+    def simulate_reboot(self) -> None:
+        """Forget the GPUs' runtime state, as a reboot does: power limits back to default, persistence off.
+        (Nothing runs at boot in a chroot: a test runs the boot unit's command itself afterwards.)"""
+        (self.rootfs / "var/lib/rigforge-sim/state.json").unlink(missing_ok=True)
+
     def run(self, cmd: str, check: bool = False) -> subprocess.CompletedProcess:
         """Run a shell command inside the rig's root file system (chroot on the controller, as root)."""
         return subprocess.run(
@@ -506,6 +511,8 @@ def up(
     """Build or reuse rigs rig1..rigN (one per spec) in `dir`; start the shared services of `shared` (default:
     `dir`). Idempotent: running rigs with the same spec are kept unless `fresh`."""
     t0 = time.monotonic()
+    if os.geteuid() != 0:
+        raise TestbedError("the testbed needs root (chroot, sshd per rig, useradd): run it with sudo")
     specs = list(specs) if specs else [RigSpec()]
     dir = ensure_safe_dir(Path(dir))
     shared = ensure_safe_dir(Path(shared) if shared else dir)

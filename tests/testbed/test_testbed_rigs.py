@@ -100,6 +100,9 @@ def test_signed_local_repo_installs_the_stub_driver(testbed):
     assert "Power limit for GPU 00000000:02:00.0 was set to 230.00 W from 350.00 W." in res.stdout
     res = ssh(testbed, "rig1", "nvidia-smi --query-gpu=index,power.limit,persistence_mode --format=csv,noheader")
     assert res.stdout.splitlines() == ["0, 350.00 W, Enabled", "1, 230.00 W, Enabled"]
+    testbed.rig("rig1").simulate_reboot()  # caps do not survive a reboot by themselves
+    res = testbed.rig("rig1").run("nvidia-smi --query-gpu=power.limit,persistence_mode --format=csv,noheader")
+    assert res.stdout.splitlines() == ["350.00 W, Disabled", "350.00 W, Disabled"]
 
     # the two driver flavours conflict: installing the proprietary one replaces the open one
     res = ssh(testbed, "rig1", "sudo DEBIAN_FRONTEND=noninteractive apt-get install -y nvidia-driver-580")
