@@ -148,3 +148,15 @@ def test_smi_status():
     )
     assert mismatch["installed"] and not mismatch["ok"] and "version mismatch" in mismatch["message"]
     assert fact.process(["rc=missing"]) == {"installed": False, "ok": False, "message": ""}
+
+
+def test_pci_gpu_count():
+    import subprocess
+
+    from roles.facts.nvidia import NvidiaPciGpus
+
+    fact = NvidiaPciGpus()
+    assert fact.process(["2"]) == 2 and fact.process(["0"]) == 0
+    assert fact.process(["none"]) is None and fact.process([]) is None
+    out = subprocess.run(["sh", "-c", fact.command()], capture_output=True, text=True, check=True).stdout
+    assert fact.process(out.splitlines()) == (0 if Path("/sys/bus/pci/devices").is_dir() else None)  # no GPU here

@@ -173,12 +173,18 @@ def test_dry_run_reports_and_fails_nothing(caplog):
     assert not any("touch" in c for c in executed(state, "onegpu") + executed(state, "good"))
 
 
+def test_fresh_rig_without_driver_counts_gpus_on_the_pci_bus():
+    state = converge({"fresh": rig(gpus=[], extra={"/sys/bus/pci/devices": "1"}), "ok": rig(gpus=[])}, site())
+    assert {h.name for h in state.failed_hosts} == {"@fake/fresh"}
+    assert "touch /rigforge-was-here" not in executed(state, "fresh")
+
+
 def test_all_hosts_bad_stops_the_run():
     with pytest.raises(PyinfraError, match="No hosts remaining"):
         converge({"old": rig(os="debian11")}, site())
 
 
-def _problems(os="ubuntu2404", gpus=None, free=500e9, data=None, **variant):
+def _problems(os="ubuntu2404", gpus=None, free=500e9, data=None, pci_gpus=None, **variant):
     gpus = (
         [
             dict(index=i, name="RTX 3090", memory_total=24576, power_min_limit=100.0, power_max_limit=350.0)
@@ -201,7 +207,8 @@ def _problems(os="ubuntu2404", gpus=None, free=500e9, data=None, **variant):
         )
     )
     base = {"gpu_power_limit_w": 230, "gpu_power_limits": {}, "docker_source": "docker", "nvidia_driver_flavor": "open"}
-    return checks.find_problems(release, gpus, free, **{**PREFLIGHT, **variant}, data={**base, **(data or {})})
+    variant = {**PREFLIGHT, **variant}
+    return checks.find_problems(release, gpus, free, pci_gpus=pci_gpus, **variant, data={**base, **(data or {})})
 
 
 def card20(i):
@@ -237,6 +244,9 @@ def test_problem_matrix():
     (words,) = _problems(data={"gpu_power_limit_w": "lots"})
     assert "whole watts" in words
     assert _problems(gpus=[]) == []  # no driver yet: GPU checks wait for the GPUs to be visible
+    (pci,) = _problems(gpus=[], pci_gpus=1)
+    assert "the PCI bus shows 1 NVIDIA GPU(s)" in pci
+    assert _problems(gpus=[], pci_gpus=2) == []
 
 
 def test_message_names_host_and_every_problem():

@@ -187,3 +187,22 @@ class NvidiaPackageVersion(FactBase):
             if status == "installed" and version:
                 return version
         return None
+
+
+class NvidiaPciGpus(FactBase):
+    """Number of NVIDIA display/3D controllers on the PCI bus (sysfs; works before any driver is installed).
+
+    None when sysfs shows no PCI bus at all (a container or chroot), so "unknown" is not mistaken for 0.
+    """
+
+    def command(self) -> str:
+        return (
+            "if [ -d /sys/bus/pci/devices ]; then n=0; for d in /sys/bus/pci/devices/*; do "
+            '[ "$(cat "$d/vendor" 2>/dev/null)" = 0x10de ] || continue; '
+            'case "$(cat "$d/class" 2>/dev/null)" in 0x0300*|0x0302*) n=$((n+1));; esac; done; echo "$n"; '
+            "else echo none; fi"
+        )
+
+    def process(self, output: list[str]) -> int | None:
+        value = output[-1].strip() if output else ""
+        return int(value) if value.isdigit() else None

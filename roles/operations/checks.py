@@ -12,7 +12,7 @@ from __future__ import annotations
 from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, operation
 
-from roles.facts.nvidia import NvidiaGpus
+from roles.facts.nvidia import NvidiaGpus, NvidiaPciGpus
 from roles.facts.system import FreeDiskBytes, OsRelease, SecureBoot
 
 SUPPORTED_OS = {("ubuntu", "22.04"), ("ubuntu", "24.04"), ("debian", "12"), ("debian", "13")}
@@ -68,6 +68,7 @@ def find_problems(
     gpus: list[dict],
     free_bytes: int | None,
     *,
+    pci_gpus: int | None = None,
     variant_name: str,
     variant_gpus: int,
     variant_vram_mib: int,
@@ -77,6 +78,9 @@ def find_problems(
     data: dict,
 ) -> list[str]:
     """Every reason this host cannot run `variant_name` (empty list when it can).
+
+    Before a driver is installed nvidia-smi shows no GPUs; the GPU count is then taken from the PCI bus
+    (`pci_gpus`, None when unknown) and the VRAM and power-cap checks wait for the driver.
 
     `data` holds the host-data keys the checks read: gpu_power_limit_w, gpu_power_limits,
     serving_kv_cache_dtype, serving_gpu_memory_utilization, docker_source, nvidia_driver_flavor.
@@ -106,6 +110,11 @@ def find_problems(
         )
         default_w, overrides = None, {}
 
+    if not gpus and pci_gpus is not None and pci_gpus < variant_gpus:
+        problems.append(
+            f"variant {variant_name} needs {variant_gpus} GPUs, the PCI bus shows {pci_gpus} NVIDIA GPU(s); "
+            "choose a variant for this GPU count (rigforge_variant) or add GPUs."
+        )
     if gpus:
         if len(gpus) < variant_gpus:
             problems.append(
@@ -173,6 +182,7 @@ def host_checks(
         host.get_fact(OsRelease),
         host.get_fact(NvidiaGpus),
         host.get_fact(FreeDiskBytes, path=disk_path),
+        pci_gpus=host.get_fact(NvidiaPciGpus),
         variant_name=variant_name,
         variant_gpus=variant_gpus,
         variant_vram_mib=variant_vram_mib,

@@ -1,0 +1,156 @@
+"""Tier 4: the host roles converge a testbed rig over real SSH as a sudo user (simulated GPUs, no systemd).
+
+A fresh rig converges; a second run changes nothing; testinfra then checks what a rig owner relies on.
+Bad input (a 1-GPU rig, caps of 90 W / 400 W on 100..350 W cards) stops in preflight with the rig untouched.
+Services are installed and enabled, not started: no systemd runs in the chroot (rigforge_manage_services=False).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DEPLOY = REPO / "tests" / "deploys" / "host_roles.py"
+PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
+
+pytestmark = pytest.mark.testbed
+
+
+def pyinfra_run(inventory: Path, *extra: str) -> tuple[dict, str]:
+    """`pyinfra -y --json INVENTORY tests/deploys/host_roles.py`; returns (results JSON, stderr).
+
+    When every host failed pyinfra stops with "No hosts remaining!" and prints no JSON; the results are then
+    {"failed_hosts": "all", "operations": []} and the exit code must be non-zero.
+    """
+    cmd = [PYINFRA, "-y", "--json", str(inventory), str(DEPLOY), *extra]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
+    if not proc.stdout.strip() and "No hosts remaining" in proc.stderr:
+        assert proc.returncode != 0
+        return {"failed_hosts": "all", "operations": []}, proc.stderr
+    try:
+        payload = json.loads(proc.stdout)
+    except json.JSONDecodeError as error:
+        raise AssertionError(
+            f"pyinfra rc={proc.returncode}\nstdout:{proc.stdout[-3000:]}\nstderr:{proc.stderr[-6000:]}"
+        ) from error
+    return payload["results"] or {}, proc.stderr
+
+
+def changed_ops(results: dict) -> list[str]:
+    return [op["name"] for op in results.get("operations", []) if op["success"]]
+
+
+def rig_snapshot(rig) -> str:
+    """Everything the host roles could touch, as text (paths + checksums + package states + GPU caps)."""
+    script = (
+        "find /etc/apt /etc/docker /etc/modprobe.d /etc/systemd/system -xdev -printf '%p %s %m\\n' 2>/dev/null | sort;"
+        "dpkg-query -W -f '${Package} ${db:Status-Abbrev}\\n' | sort; apt-mark showhold;"
+        "nvidia-smi --query-gpu=index,power.limit,persistence_mode --format=csv,noheader 2>&1 || true"
+    )
+    return rig.run(script).stdout
+
+
+@pytest.fixture(scope="module")
+def converged(testbed_factory):
+    from rigforge.testbed import RigSpec
+
+    tb = testbed_factory([RigSpec()], name="hostroles")
+    first, first_err = pyinfra_run(tb.inventory)
+    assert first.get("failed_hosts") == [], first_err[-6000:]
+    second, second_err = pyinfra_run(tb.inventory)
+    return tb, first, second, second_err
+
+
+def test_fresh_rig_converges(converged):
+    tb, first, _, _ = converged
+    assert first["totals"]["error"] == 0
+    names = changed_ops(first)
+    assert any("Install NVIDIA 580 driver packages" in n for n in names)
+    assert any("nvidia runtime" in n for n in names)
+
+
+def test_second_run_changes_nothing(converged):
+    _, _, second, err = converged
+    assert second.get("failed_hosts") == [], err[-4000:]
+    assert second["totals"]["error"] == 0
+    assert changed_ops(second) == [], f"second run changed: {changed_ops(second)}"
+    assert second["totals"]["no_change"] > 20
+
+
+def test_rig_state_with_testinfra(converged):
+    tb = converged[0]
+    h = tb.testinfra_host("rig1")
+    key = h.file("/etc/apt/keyrings/rigforge-nvidia-cuda.asc")
+    assert (
+        key.exists and key.user == "root" and key.mode == 0o644 and "BEGIN PGP PUBLIC KEY BLOCK" in key.content_string
+    )
+    sources = h.file("/etc/apt/sources.list.d/rigforge-nvidia-cuda.sources").content_string
+    assert "Suites: /" in sources and "Signed-By: /etc/apt/keyrings/rigforge-nvidia-cuda.asc" in sources
+    assert f"URIs: {tb.driver_repo_url}" in sources
+    toolkit = h.file("/etc/apt/sources.list.d/rigforge-nvidia-container-toolkit.sources").content_string
+    assert "Signed-By: /etc/apt/keyrings/rigforge-nvidia-container-toolkit.asc" in toolkit
+    assert not h.file("/etc/apt/trusted.gpg").exists  # no apt-key
+    assert h.package("nvidia-driver-580-open").is_installed
+    assert "nvidia-driver-580-open" in h.check_output("apt-mark showhold").split()
+    assert h.package("nvidia-container-toolkit").is_installed
+    assert h.package("docker.io").is_installed
+    daemon = json.loads(h.file("/etc/docker/daemon.json").content_string)
+    assert daemon["runtimes"]["nvidia"] == {"args": [], "path": "nvidia-container-runtime"}
+    assert "blacklist nouveau" in h.file("/etc/modprobe.d/rigforge-blacklist-nouveau.conf").content_string
+    assert '"^nvidia-";' in h.file("/etc/apt/apt.conf.d/51rigforge-nvidia-unattended-upgrades").content_string
+    caps = h.check_output("nvidia-smi --query-gpu=index,power.limit,persistence_mode --format=csv,noheader,nounits")
+    assert [line.split(", ") for line in caps.splitlines()] == [["0", "230.00", "Enabled"], ["1", "230.00", "Enabled"]]
+    unit = h.file("/etc/systemd/system/rigforge-gpu-power.service")
+    assert unit.mode == 0o644 and "-i 1 -pl 230" in unit.content_string
+    assert h.check_output("systemctl is-enabled rigforge-gpu-power.service") == "enabled"
+
+
+def test_user_daemon_json_keys_survive(converged):
+    """A user rewrote daemon.json without the nvidia runtime: it comes back, the user's keys stay."""
+    tb = converged[0]
+    path = tb.rig("rig1").rootfs / "etc/docker/daemon.json"
+    path.write_text(json.dumps({"log-driver": "journald", "runtimes": {"runsc": {"path": "/usr/bin/runsc"}}}))
+    results, err = pyinfra_run(tb.inventory)
+    assert changed_ops(results) == [
+        "Docker engine and NVIDIA Container Toolkit | Add the nvidia runtime to /etc/docker/daemon.json"
+    ], err[-1500:]
+    merged = json.loads(path.read_text())
+    assert merged["log-driver"] == "journald"
+    assert sorted(merged["runtimes"]) == ["nvidia", "runsc"]
+    again, _ = pyinfra_run(tb.inventory)
+    assert changed_ops(again) == []
+
+
+def assert_stopped_in_preflight(tb, data: list[str], expect: str):
+    rig = tb.rig("rig1")
+    before = rig_snapshot(rig)
+    results, err = pyinfra_run(tb.inventory, *data)
+    assert results["failed_hosts"] == "all", err[-4000:]  # the only host failed: pyinfra stops
+    assert changed_ops(results) == []
+    assert "preflight failed on rig1" in err and expect in err, err[-4000:]
+    assert rig_snapshot(rig) == before
+
+
+@pytest.mark.parametrize("cap", [90, 400])
+def test_cap_outside_card_range_stops_in_preflight_with_nothing_changed(converged, cap):
+    assert_stopped_in_preflight(
+        converged[0],
+        ["--data", f"gpu_power_limit_w={cap}"],
+        f"power cap {cap} W (gpu_power_limit_w) is outside GPU 0, 1 (NVIDIA GeForce RTX 3090) range 100..350 W",
+    )
+
+
+def test_one_gpu_rig_stops_in_preflight_with_nothing_changed(testbed_factory):
+    """nvidia-smi only counts GPUs once a driver is there (a chroot has no PCI bus in sysfs): converge the
+    1-GPU rig for a 1-GPU variant first, then ask it for a 2-GPU variant."""
+    from rigforge.testbed import RigSpec
+
+    tb = testbed_factory([RigSpec(gpus=1)], name="hostroles-1gpu")
+    first, err = pyinfra_run(tb.inventory, "--data", "test_variant_gpus=1")
+    assert first.get("failed_hosts") == [], err[-4000:]
+    assert_stopped_in_preflight(tb, [], "variant dual-turbo needs 2 GPUs, nvidia-smi shows 1")
