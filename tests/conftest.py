@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -60,8 +61,9 @@ def testbed_factory(testbed_dir: Path):
         return tb
 
     yield make
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(down, made))
     for fleet in made:
-        down(fleet)
         shutil.rmtree(fleet, ignore_errors=True)
     others = [*(testbed_dir / "fleets").glob("*/rigs/*"), *(testbed_dir / "rigs").glob("*")]
     if not services_were_running and not others:  # leave them to testbeds still in use

@@ -208,6 +208,11 @@ def _safetensors(seed: str, size: int) -> bytes:
     return bytes(out[: 8 + len(header) + n])
 
 
+def shard_size() -> int:
+    """Bytes per safetensors shard: RIGFORGE_TESTBED_SHARD_KIB (default 256 KiB)."""
+    return int(os.environ.get("RIGFORGE_TESTBED_SHARD_KIB", SHARD_SIZE // 1024)) * 1024
+
+
 def build_hf(dest: Path, shard_size: int = SHARD_SIZE) -> dict:
     """Write HF repos under `dest/<org>/<name>/`; return {lock key: meta} (meta as the server reads it)."""
     meta_file = dest / "meta.json"
@@ -247,4 +252,4 @@ def build_hf(dest: Path, shard_size: int = SHARD_SIZE) -> dict:
 
 
 def content_key() -> str:
-    return hash_tree(Path(__file__))
+    return hash_tree(Path(__file__), extra=str(shard_size()))

@@ -242,7 +242,7 @@ def start_services(shared: Path) -> dict:
         if old not in (git_root, hf_root):
             shutil.rmtree(old)
     git_meta = content.build_git(git_root)
-    hf_meta = content.build_hf(hf_root)
+    hf_meta = content.build_hf(hf_root, content.shard_size())
     py = sys.executable
     taken: set[int] = set()
     apt_port = _service(
@@ -598,8 +598,8 @@ def down(dir: Path = DEFAULT_DIR, purge: bool = False) -> None:
         down(fleet)
         sh(["rm", "-rf", "--one-file-system", str(fleet)])
     if (dir / "rigs").exists():
-        for rig_dir in sorted(p for p in (dir / "rigs").iterdir() if p.is_dir()):
-            _remove_rig(rig_dir)
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            list(pool.map(_remove_rig, [p for p in (dir / "rigs").iterdir() if p.is_dir()]))
         (dir / "rigs").rmdir()
     stop_services(dir)
     for name in ("inventory.py", "testbed.lock.yaml", "ssh_config", "known_hosts"):
