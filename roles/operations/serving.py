@@ -44,15 +44,14 @@ def staged_files(dest: str, files: dict[str, tuple[str, str]], validate: str | N
     No-op when every file already has that content and mode. Otherwise the files are uploaded to
     `dest/.staging` (0700), `validate` runs there (e.g. `docker compose config -q`), and only if it passes
     are the current files kept as `<name>.prev` (with keep_previous, for rollback) and the new ones renamed
-    into place. On a
-    failed validation the staging dir is removed and the current files stay untouched.
+    into place. On a failed validation the staging dir is removed and the current files stay untouched.
     """
     current = {}
     for name, (text, mode) in files.items():
         info = host.get_fact(File, path=f"{dest}/{name}")
         same = (
             info
-            and f"{info['mode']:o}" == mode.lstrip("0")
+            and str(info["mode"]) == mode.lstrip("0")  # pyinfra reports mode as octal digits
             and (host.get_fact(Sha256File, path=f"{dest}/{name}") == _sha256(text))
         )
         current[name] = (bool(info), bool(same))

@@ -1,0 +1,49 @@
+"""Helpers shared by the converge tests: run pyinfra for real (a subprocess, as a user would) and read its
+--json results."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
+
+
+def pyinfra_run(inventory: Path | str, deploy: Path | str, *extra: str, env: dict | None = None) -> tuple[dict, str]:
+    """`pyinfra -y --json INVENTORY DEPLOY [extra]` from the repo; returns (results, stderr)."""
+    cmd = [PYINFRA, "-y", "--json", str(inventory), str(deploy), *extra]
+    proc = subprocess.run(
+        cmd, cwd=REPO, capture_output=True, text=True, timeout=1200, env={**os.environ, **(env or {})}
+    )
+    if proc.returncode and "No hosts remaining!" in proc.stderr:  # pyinfra prints no JSON when every host failed
+        return {"all_failed": True, "failed_hosts": None, "operations": []}, proc.stderr
+    try:
+        payload = json.loads(proc.stdout)
+    except json.JSONDecodeError as error:
+        raise AssertionError(
+            f"pyinfra rc={proc.returncode}\nstdout:{proc.stdout[-3000:]}\nstderr:{proc.stderr[-6000:]}"
+        ) from error
+    return payload["results"] or {}, proc.stderr
+
+
+def changed(results: dict, host: str | None = None) -> list[str]:
+    """Names of the operations that changed something (on `host`, or on any host)."""
+    return [op["name"] for op in results.get("operations", []) if (host in op["success"] if host else op["success"])]
+
+
+def errored(results: dict, host: str) -> list[str]:
+    return [op["name"] for op in results.get("operations", []) if host in op["error"]]
+
+
+def inventory_with(tb, path: Path, per_host: dict[str, dict]) -> Path:
+    """A copy of the testbed's inventory with extra host data per rig (e.g. rigforge_variant)."""
+    path.write_text(
+        f"exec(open({str(tb.inventory)!r}).read())\n"
+        f"_extra = {per_host!r}\n"
+        "rigs = [(name, {**data, **_extra.get(name, {})}) for name, data in rigs]\n"
+    )
+    return path
