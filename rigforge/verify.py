@@ -260,9 +260,9 @@ def check_service_and_api(host, ctx: RigContext) -> list[Check]:
     unit = unit_state(host, ctx)
     if not unit["unit"]:
         reason = _variant_needed(ctx)
-        return [Check(n, FAIL, reason) for n in ("unit enabled", "unit active")] + [
+        return [Check("unit enabled", FAIL, reason)] + [
             Check(n, FAIL if ctx.manage else SKIP, reason if ctx.manage else SKIPPED)
-            for n in ("/v1/models answers", "chat returns text", "tool call returned")
+            for n in ("unit active", "/v1/models answers", "chat returns text", "tool call returned")
         ]
     out = [
         Check("unit enabled", PASS if unit["enabled"] else FAIL,

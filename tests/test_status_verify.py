@@ -276,6 +276,24 @@ def test_api_checks_fail_when_nothing_answers(rigs, tmp_path):
     assert checks["chat returns text"]["detail"] == "the API does not answer"
 
 
+@pytest.mark.testbed
+def test_unprovisioned_rig_fails_verify_and_shows_in_status(testbed_factory):
+    """A fresh rig (no driver, no rig.json): every hardware/layout check fails with what to do."""
+    from rigforge.testbed import RigSpec
+
+    tb = testbed_factory([RigSpec(gpus=1)], name="opsfresh")
+    code, report = verify_json(tb.inventory)
+    assert code == 1
+    checks = checks_of(report, "rig1")
+    assert "not provisioned by rigforge (run the deploy)" in checks["manifest present"]["detail"]
+    assert "no nvidia-driver-* package installed" in checks["driver module = package"]["detail"]
+    assert [n for n, c in checks.items() if c["status"] == "skip"] == SERVICE_CHECKS
+    assert all(c["status"] == "fail" for n, c in checks.items() if n not in SERVICE_CHECKS), checks
+    code, rows = status_json(tb.inventory)
+    assert code == 0
+    assert (rows["rig1"]["variant"], rows["rig1"]["manifest"], rows["rig1"]["gpus"]) == (None, False, [])
+
+
 # ---------------------------------------------------------------- bad input
 
 
