@@ -154,3 +154,14 @@ def test_one_gpu_rig_stops_in_preflight_with_nothing_changed(testbed_factory):
     first, err = pyinfra_run(tb.inventory, "--data", "test_variant_gpus=1")
     assert first.get("failed_hosts") == [], err[-4000:]
     assert_stopped_in_preflight(tb, [], "variant dual-turbo needs 2 GPUs, nvidia-smi shows 1")
+
+
+def test_dry_run_reports_bad_input_and_changes_nothing(converged):
+    tb = converged[0]
+    rig = tb.rig("rig1")
+    before = rig_snapshot(rig)
+    cmd = [PYINFRA, "--dry", str(tb.inventory), str(DEPLOY), "--data", "gpu_power_limit_w=400"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "preflight failed on rig1" in proc.stderr and "power cap 400 W" in proc.stderr
+    assert rig_snapshot(rig) == before
