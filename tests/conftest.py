@@ -47,14 +47,22 @@ def testbed_factory(testbed_dir: Path):
 
     services_were_running = pid_alive(testbed_dir / "run" / "hf.pid") is not None
     made: list[Path] = []
+    for pidfile in (testbed_dir / "fleets").glob("pytest-*/pytest.pid"):  # left by sessions that died
+        stale = pidfile.parent
+        if not Path(f"/proc/{pidfile.read_text().strip()}").exists():
+            down(stale)
+            shutil.rmtree(stale, ignore_errors=True)
 
     def make(specs: list | None = None, name: str = "t", fresh: bool = True):
-        fleet = testbed_dir / "fleets" / f"pytest-{name}"
+        # unique per session and call: concurrent pytest sessions may share the testbed dir
+        fleet = testbed_dir / "fleets" / f"pytest-{os.getpid()}-{name}"
         n = 1
         while fleet in made:
             n += 1
-            fleet = testbed_dir / "fleets" / f"pytest-{name}-{n}"
+            fleet = testbed_dir / "fleets" / f"pytest-{os.getpid()}-{name}-{n}"
         made.append(fleet)
+        fleet.mkdir(parents=True, exist_ok=True, mode=0o755)
+        (fleet / "pytest.pid").write_text(str(os.getpid()))
         t0 = time.monotonic()
         tb = up(fleet, specs or [RigSpec()], fresh=fresh, shared=testbed_dir)
         print(f"\n[testbed] {name}: {len(tb.rigs)} rig(s) up in {time.monotonic() - t0:.1f}s")
