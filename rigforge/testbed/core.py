@@ -417,7 +417,7 @@ def _remove_rig(rig_dir: Path) -> None:
 
 def _all_rig_ports(shared: Path) -> set[int]:
     ports = set()
-    for info in shared.glob("**/rigs/*/rig.json"):
+    for info in [*shared.glob("rigs/*/rig.json"), *shared.glob("fleets/*/rigs/*/rig.json")]:
         try:
             ports.add(json.loads(info.read_text())["port"])
         except (ValueError, KeyError):
