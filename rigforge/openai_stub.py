@@ -163,11 +163,17 @@ def _completion(model: str, message: dict, tokens: int, finish: str = "stop") ->
     }
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client hanging up is not an error
+            super().handle_error(request, client_address)
+
+
 def make_server(schedule: Schedule, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
     handler = type("Handler", (_Handler,), {"schedule": schedule})
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
-    return server
+    return _Server((host, port), handler)
 
 
 def main(argv: list[str] | None = None) -> int:
