@@ -159,10 +159,11 @@ def download(m: dict, f: dict, part: str, token: str | None) -> None:
         if have and resp.status != 206:
             say(f"{f['path']}: server ignored the Range request, starting over")
             mode, have = "wb", 0
-        done, t0, last = have, time.monotonic(), 0.0
-        with open(part, mode) as out:
+        done, t0 = have, time.monotonic()
+        last = t0
+        with open(part, mode, buffering=0) as out:  # unbuffered: a kill loses at most one chunk
             try:
-                while chunk := resp.read(CHUNK):
+                while chunk := resp.read1(CHUNK):  # what has arrived, not a blocking full CHUNK
                     out.write(chunk)
                     done += len(chunk)
                     now = time.monotonic()
@@ -174,7 +175,6 @@ def download(m: dict, f: dict, part: str, token: str | None) -> None:
             except (OSError, http.client.HTTPException) as e:
                 raise Interrupted(f"{f['path']}: transfer interrupted at {human(done)}: {e}") from None
             finally:
-                out.flush()
                 os.fsync(out.fileno())
     if done < f["size"]:
         raise Interrupted(f"{f['path']}: transfer ended early at {human(done)} of {human(f['size'])}")
@@ -245,6 +245,11 @@ def run(m: dict, token: str | None, deep: bool, staged_only: bool) -> int:
         st = os.stat(os.path.join(m["dest"], f["path"]))
         entries[f["path"]] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": f["sha256"]}
         write_stamp(m, entries)
+    for root, _dirs, _files in os.walk(m["staging"], topdown=False):  # leave no empty staging dirs behind
+        try:
+            os.rmdir(root)
+        except OSError:
+            pass
     say(f"{m['name']}: all {len(entries)} files verified")
     return 0
 
