@@ -19,6 +19,20 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+TESTBED_TIMES: list[str] = []  # shown in the terminal summary (set-up times of the testbed)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if TESTBED_TIMES:
+        terminalreporter.section("testbed set-up times")
+        for line in TESTBED_TIMES:
+            terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def testbed_report() -> list[str]:
+    """Append a line to show it in the terminal summary."""
+    return TESTBED_TIMES
 
 
 def _testbed_problem() -> str | None:
@@ -65,7 +79,7 @@ def testbed_factory(testbed_dir: Path):
         (fleet / "pytest.pid").write_text(str(os.getpid()))
         t0 = time.monotonic()
         tb = up(fleet, specs or [RigSpec()], fresh=fresh, shared=testbed_dir)
-        print(f"\n[testbed] {name}: {len(tb.rigs)} rig(s) up in {time.monotonic() - t0:.1f}s")
+        TESTBED_TIMES.append(f"{name}: {len(tb.rigs)} rig(s) up in {time.monotonic() - t0:.1f}s")
         return tb
 
     yield make

@@ -287,7 +287,7 @@ def test_rigs_of_other_sizes_do_not_clash(testbed, testbed_factory):
     assert rig.run("cat /etc/rigforge-sim/gpus.json").returncode == 0
 
 
-def test_up_is_idempotent_and_warm_up_is_timed(testbed_factory):
+def test_up_is_idempotent_and_warm_up_is_timed(testbed_factory, testbed_report):
     t0 = time.monotonic()
     tb = testbed_factory([RigSpec(), RigSpec()], name="timing")
     fresh = time.monotonic() - t0
@@ -297,9 +297,9 @@ def test_up_is_idempotent_and_warm_up_is_timed(testbed_factory):
     reuse = time.monotonic() - t0
     assert [r.ssh_port for r in again.rigs] == [r.ssh_port for r in tb.rigs]
     assert [(r.dir / "sshd.pid").read_text() for r in again.rigs] == pids  # nothing restarted
-    print(
-        f"\n[testbed] warm `testbed up` of 2 rigs: {fresh:.1f}s fresh from the cached tarball, "
-        f"{reuse:.1f}s when already up (target < 20 s)"
+    testbed_report.append(
+        f"warm `testbed up` of 2 rigs: {fresh:.1f}s fresh from the cached tarball, "
+        f"{reuse:.2f}s when already up (target < 20 s)"
     )
     res = ssh(again, "rig2", "true")
     assert res.returncode == 0, res.stderr
