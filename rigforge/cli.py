@@ -14,12 +14,11 @@ from rigforge.render import Settings, SettingsError, apply_overrides, parse_set,
 
 # subcommand -> (module, help). Modules expose add_arguments(parser) and run(args) -> int.
 SUBCOMMANDS = {
-    # wired as the modules land:
-    # "testbed": ("rigforge.testbed.cli", "simulated rigs over real SSH (no GPU needed)"),
+    "testbed": ("rigforge.testbed.cli", "simulated rigs over real SSH (no GPU needed)"),
     # "lock": ("rigforge.lock", "resolve or check the pins in rigforge.lock.yaml"),
-    # "status": ("rigforge.status", "what each rig of an inventory runs"),
-    # "verify": ("rigforge.verify", "health checks for each rig of an inventory"),
-    # "bench": ("rigforge.bench", "the recipes' TPS benchmark against a running server"),
+    "status": ("rigforge.status", "what each rig of an inventory runs"),
+    "verify": ("rigforge.verify", "health checks for each rig of an inventory"),
+    "bench": ("rigforge.bench", "the recipes' TPS benchmark against a running server"),
 }
 
 
@@ -60,7 +59,11 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rigforge", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="rigforge",
+        description="Provision dual RTX 3090 vLLM rigs. Converge rigs with `pyinfra INVENTORY deploy/<variant>.py`; "
+        "these commands render, pin, simulate, inspect and benchmark.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     _render_arguments(sub.add_parser("render", help="render a variant's files locally, no host needed"))
     for name, (module, help_text) in SUBCOMMANDS.items():
