@@ -1,0 +1,150 @@
+"""`rigforge lock [--check] [--lock PATH] [--refresh NAME ...]`: resolve or check the pins in rigforge.lock.yaml.
+
+Without --check (on a networked controller): every unresolved git entry gets its full commit SHA (gitpython:
+`git ls-remote` for a branch or tag; a short SHA is expanded in a temporary bare repo after a commits-only
+fetch of its branch, or of all branches and tags), every unresolved HF entry gets its revision SHA and each
+file's size and sha256 (huggingface_hub `model_info(files_metadata=True)`: the LFS sha256 from the hub, a
+download + sha256 for small non-LFS files) and the hub's gated flag. `--refresh NAME` re-resolves entries from
+their `ref` even when resolved (a deliberate bump). The lock is rewritten atomically.
+With --check: offline validation; exit 1 listing every offending entry (unresolved ones included).
+Endpoints: HF_ENDPOINT (default https://huggingface.co); token: RIGFORGE_HF_TOKEN or HF_TOKEN.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from rigforge.pins import SHA40, SHORT, GitPin, HfFile, HfPin, Lock, LockError, default_lock_path, dump_lock, load_lock
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--check", action="store_true", help="validate offline; exit 1 listing problems")
+    parser.add_argument("--lock", type=Path, default=None, help="lock file (default: rigforge.lock.yaml)")
+    parser.add_argument("--refresh", nargs="+", default=[], metavar="NAME",
+                        help="re-resolve these git/hf entries from their ref even if resolved")  # fmt: skip
+
+
+def resolve_git(pin: GitPin) -> str:
+    """Full commit SHA for the pin's ref (and `short`, if given)."""
+    import git
+
+    want = pin.short or (pin.ref if SHORT.match(pin.ref) or SHA40.match(pin.ref) else None)
+    if want and SHA40.match(want):
+        return want
+    try:
+        if not want:
+            lines = git.cmd.Git().ls_remote(pin.url, pin.ref).splitlines()
+            refs = dict(reversed(line.split("\t", 1)) for line in lines if "\t" in line)
+            for name in (f"refs/tags/{pin.ref}^{{}}", f"refs/tags/{pin.ref}", f"refs/heads/{pin.ref}", pin.ref):
+                if name in refs:
+                    return refs[name]
+            raise LockError(f"git.{pin.name}: ref {pin.ref!r} not found on {pin.url}")
+        with tempfile.TemporaryDirectory(prefix="rigforge-lock-") as tmp:
+            repo = git.Repo.init(tmp, bare=True)
+            branch = None if SHORT.match(pin.ref) else pin.ref
+            specs = (
+                [f"+refs/heads/{branch}:refs/heads/{branch}"]
+                if branch
+                else ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"]
+            )
+            repo.git.fetch("--filter=tree:0", "--no-tags", pin.url, *specs)  # commits only: small even for vllm
+            return repo.git.rev_parse("--verify", "--end-of-options", f"{want}^{{commit}}").strip()
+    except git.GitCommandError as e:
+        detail = (e.stderr or str(e)).strip().splitlines()[-1] if (e.stderr or str(e)).strip() else str(e)
+        raise LockError(f"git.{pin.name}: cannot resolve {want or pin.ref} on {pin.url}: {detail}") from None
+
+
+def resolve_hf(pin: HfPin, endpoint: str | None, token: str | None) -> HfPin:
+    """The pin with revision, gated flag and every file's size and sha256 from the hub."""
+    from huggingface_hub import HfApi, hf_hub_download
+
+    api = HfApi(endpoint=endpoint, token=token or False)
+    try:
+        info = api.model_info(pin.repo, revision=pin.ref, files_metadata=True)
+    except Exception as e:  # noqa: BLE001 - report hub errors (gated, missing, network) by entry
+        raise LockError(f"hf.{pin.name}: cannot read {pin.repo}@{pin.ref}: {type(e).__name__}: {e}") from None
+    files = []
+    with tempfile.TemporaryDirectory(prefix="rigforge-lock-") as tmp:
+        for s in sorted(info.siblings or [], key=lambda s: s.rfilename):
+            if s.lfs is not None:
+                files.append(HfFile(s.rfilename, int(s.lfs.size), s.lfs.sha256))
+                continue
+            local = hf_hub_download(
+                pin.repo, s.rfilename, revision=info.sha, local_dir=tmp, endpoint=endpoint, token=token or False
+            )
+            data = Path(local).read_bytes()
+            files.append(HfFile(s.rfilename, len(data), hashlib.sha256(data).hexdigest()))
+    return dataclasses.replace(pin, revision=info.sha, gated=bool(info.gated), files=tuple(files))
+
+
+def resolve(lock: Lock, refresh: list[str], endpoint: str | None, token: str | None) -> tuple[Lock, list[str]]:
+    """Resolve unresolved (and `refresh`ed) entries; return the new lock and a report line per change."""
+    unknown = set(refresh) - set(lock.git) - set(lock.hf)
+    if unknown:
+        raise LockError(f"--refresh: no git or hf entry {sorted(unknown)} (known: {', '.join([*lock.git, *lock.hf])})")
+    report, git, hf = [], dict(lock.git), dict(lock.hf)
+    for name, pin in lock.git.items():
+        if pin.commit and name not in refresh:
+            continue
+        commit = resolve_git(dataclasses.replace(pin, short=None) if name in refresh else pin)
+        if commit != pin.commit:
+            git[name] = dataclasses.replace(pin, commit=commit)
+            report.append(f"git.{name}: {pin.ref} -> {commit}")
+    for name, pin in lock.hf.items():
+        if pin.resolved and name not in refresh:
+            continue
+        new = resolve_hf(pin, endpoint, token)
+        if new != pin:
+            hf[name] = new
+            report.append(f"hf.{name}: {pin.repo}@{pin.ref} -> {new.revision} ({len(new.files)} files)")
+    return dataclasses.replace(lock, git=git, hf=hf), report
+
+
+def write_atomically(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def run(args: argparse.Namespace) -> int:
+    path = Path(args.lock or default_lock_path())
+    try:
+        lock = load_lock(path)
+        if args.check:
+            problems = lock.check()
+            for p in problems:
+                print(f"{path}: {p}", file=sys.stderr)
+            if not problems:
+                print(f"{path}: ok ({len(lock.git)} git, {len(lock.hf)} hf entries, all resolved)")
+            return 1 if problems else 0
+        token = os.environ.get("RIGFORGE_HF_TOKEN") or os.environ.get("HF_TOKEN")
+        new, report = resolve(lock, list(args.refresh), os.environ.get("HF_ENDPOINT"), token)
+    except LockError as e:
+        print(f"rigforge lock: {e}", file=sys.stderr)
+        return 1
+    if report:
+        write_atomically(path, dump_lock(new))
+    for line in report or ["nothing to resolve"]:
+        print(line)
+    if not new.image.digest:
+        print("image: digest not resolved by rigforge lock; set image.digest by hand (e.g. from "
+              "`docker buildx imagetools inspect <ref>`)", file=sys.stderr)  # fmt: skip
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rigforge lock", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

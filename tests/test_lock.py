@@ -1,0 +1,209 @@
+"""`rigforge lock` against local stand-ins (a git daemon over bare repos, the testbed's HF server on 127.0.0.1),
+never the internet: resolution of branches, short SHAs and HF revisions with per-file sha256, `--check`, and
+clear, non-destructive failures."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rigforge.pins import load_lock
+from rigforge.testbed import content
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(port: int) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port}")
+
+
+@pytest.fixture(scope="module")
+def stand_ins(tmp_path_factory):
+    """A git daemon and an HF stand-in on loopback, serving the testbed's generated content."""
+    base = tmp_path_factory.mktemp("stand-ins")
+    git_meta = content.build_git(base / "git")
+    hf_meta = content.build_hf(base / "hf", shard_size=512 * 1024)
+    git_port, hf_port = _free_port(), _free_port()
+    procs = [
+        subprocess.Popen(
+            ["git", "daemon", "--reuseaddr", f"--base-path={base / 'git'}", "--export-all",
+             "--listen=127.0.0.1", f"--port={git_port}", str(base / "git")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        ),
+        subprocess.Popen(
+            [sys.executable, str(REPO / "rigforge/testbed/hfserver.py"), "--root", str(base / "hf"),
+             "--port", str(hf_port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        ),
+    ]  # fmt: skip
+    try:
+        _wait(git_port)
+        _wait(hf_port)
+        yield {
+            "git_url": lambda name: f"git://127.0.0.1:{git_port}/{name}.git",
+            "git": git_meta,
+            "hf": hf_meta,
+            "endpoint": f"http://127.0.0.1:{hf_port}",
+            "token": content.HF_TOKEN,
+            "dir": base,
+        }
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=10)
+
+
+def unresolved_lock(si) -> dict:
+    """A lock for the stand-ins with every entry unresolved, refs as in the real lock's shapes."""
+    vllm_base = si["git"]["vllm-src"]["commits"][0]  # not the branch tip: a short SHA inside its history
+    return {
+        "version": 1,
+        "image": {"ref": "vllm/vllm-openai:nightly-x", "digest": None},
+        "git": {
+            "genesis": {"url": si["git_url"]("genesis"), "ref": "main", "commit": None},
+            "vllm-src": {
+                "url": si["git_url"]("vllm-src"),
+                "ref": "marlin-pad-sub-tile-n",
+                "short": vllm_base[:7],
+                "commit": None,
+                "sparse": si["git"]["vllm-src"]["sparse"],
+            },
+            "club-3090": {"url": si["git_url"]("club-3090"), "ref": si["git"]["club-3090"]["pin"][:8], "commit": None},
+        },
+        "hf": {key: {"repo": m["repo"], "revision": None, "gated": False, "files": []} for key, m in si["hf"].items()},
+    }
+
+
+def rigforge_lock(*args: str, token: str | None = None, endpoint: str | None = None):
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "RIGFORGE_HF_TOKEN", "HF_ENDPOINT")}
+    env.update({"HF_HUB_DISABLE_TELEMETRY": "1", "HF_HOME": str(Path(args[-1]).parent / "hf-home")})
+    if token:
+        env["RIGFORGE_HF_TOKEN"] = token
+    if endpoint:
+        env["HF_ENDPOINT"] = endpoint
+    return subprocess.run(
+        [sys.executable, "-m", "rigforge.lock", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_lock_resolves_branches_short_shas_and_hf_revisions(stand_ins, tmp_path):
+    si = stand_ins
+    path = tmp_path / "lock.yaml"
+    path.write_text(yaml.safe_dump(unresolved_lock(si)))
+    proc = rigforge_lock("--lock", str(path), token=si["token"], endpoint=si["endpoint"])
+    assert proc.returncode == 0, proc.stderr
+    lock = load_lock(path)
+    assert lock.git["genesis"].commit == si["git"]["genesis"]["pin"]  # branch tip via ls-remote
+    assert lock.git["vllm-src"].commit == si["git"]["vllm-src"]["commits"][0]  # short SHA expanded, not the tip
+    assert lock.git["club-3090"].commit == si["git"]["club-3090"]["pin"]
+    for key, meta in si["hf"].items():
+        pin = lock.hf[key]
+        assert pin.revision == meta["revision"]
+        assert pin.gated == meta["gated"]
+        want = sorted((f["path"], f["size"], f["sha256"]) for f in meta["files"])
+        assert sorted((f.path, f.size, f.sha256) for f in pin.files) == want  # LFS and small files alike
+    assert lock.unresolved() == ["image (digest: null)"]
+    assert "git.vllm-src: marlin-pad-sub-tile-n -> " + si["git"]["vllm-src"]["commits"][0] in proc.stdout
+
+    # nothing left to resolve: the file is not rewritten
+    mtime = path.stat().st_mtime_ns
+    again = rigforge_lock("--lock", str(path), token=si["token"], endpoint=si["endpoint"])
+    assert again.returncode == 0 and "nothing to resolve" in again.stdout
+    assert path.stat().st_mtime_ns == mtime
+
+
+def test_refresh_moves_an_entry_to_its_ref(stand_ins, tmp_path):
+    si = stand_ins
+    data = unresolved_lock(si)
+    old = si["git"]["genesis"]["commits"][0]
+    data["git"]["genesis"]["commit"] = old
+    data["git"] = {"genesis": data["git"]["genesis"]}
+    data["hf"] = {}
+    path = tmp_path / "lock.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert rigforge_lock("--lock", str(path)).stdout.strip() == "nothing to resolve"
+    assert load_lock(path).git["genesis"].commit == old
+    proc = rigforge_lock("--lock", str(path), "--refresh", "genesis")
+    assert proc.returncode == 0, proc.stderr
+    assert load_lock(path).git["genesis"].commit == si["git"]["genesis"]["pin"]
+    assert rigforge_lock("--lock", str(path), "--refresh", "nope").returncode == 1
+
+
+@pytest.mark.parametrize(
+    "change, needs",
+    [
+        (lambda d: d["git"]["genesis"].update(ref="no-such-branch"), "git.genesis: ref 'no-such-branch' not found"),
+        (lambda d: d["git"]["vllm-src"].update(short="abcdef1"), "git.vllm-src: cannot resolve abcdef1"),
+        (lambda d: d["hf"]["autoround-int4"].update(repo="nobody/none"), "hf.autoround-int4: cannot read nobody/none"),
+    ],
+)
+def test_resolution_failures_name_the_entry_and_leave_the_lock_alone(stand_ins, tmp_path, change, needs):
+    data = unresolved_lock(stand_ins)
+    change(data)
+    path = tmp_path / "lock.yaml"
+    path.write_text(yaml.safe_dump(data))
+    before = path.read_text()
+    proc = rigforge_lock("--lock", str(path), token=stand_ins["token"], endpoint=stand_ins["endpoint"])
+    assert proc.returncode == 1
+    assert needs in proc.stderr
+    assert path.read_text() == before
+
+
+def test_gated_repo_without_token_is_named(stand_ins, tmp_path):
+    data = unresolved_lock(stand_ins)
+    data["git"] = {}
+    path = tmp_path / "lock.yaml"
+    path.write_text(yaml.safe_dump(data))
+    proc = rigforge_lock("--lock", str(path), endpoint=stand_ins["endpoint"])
+    assert proc.returncode == 1
+    assert "hf.dflash-draft: cannot read z-lab/Qwen3.6-27B-DFlash@main" in proc.stderr
+    assert "Gated" in proc.stderr
+
+
+def test_check_is_offline_and_lists_offending_entries(tmp_path):
+    proc = rigforge_lock("--check", "--lock", str(REPO / "rigforge.lock.yaml"))
+    assert proc.returncode == 1
+    for entry in ("git.vllm-src", "hf.autoround-int4", "hf.dflash-draft", "hf.carnice", "image"):
+        assert entry in proc.stderr
+    assert "git.genesis" not in proc.stderr and "git.club-3090" not in proc.stderr
+
+    data = yaml.safe_load((REPO / "rigforge.lock.yaml").read_text())
+    data["image"]["digest"] = "sha256:" + "1" * 64
+    data["git"]["vllm-src"]["commit"] = "67f8c2b" + "0" * 33
+    for entry in data["hf"].values():
+        entry["revision"] = "2" * 40
+        entry["files"] = [{"path": "config.json", "size": 3, "sha256": "3" * 64}]
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(data))
+    proc = rigforge_lock("--check", "--lock", str(good))
+    assert proc.returncode == 0, proc.stderr
+    assert "all resolved" in proc.stdout
+
+    data["git"]["vllm-src"]["commit"] = "1234567" + "0" * 33
+    good.write_text(yaml.safe_dump(data))
+    proc = rigforge_lock("--check", "--lock", str(good))
+    assert proc.returncode == 1 and "does not start with short 67f8c2b" in proc.stderr
+
+    data["git"]["vllm-src"]["commit"] = "short"
+    good.write_text(yaml.safe_dump(data))
+    proc = rigforge_lock("--check", "--lock", str(good))
+    assert proc.returncode == 1 and "git.vllm-src.commit: expected a 40-hex commit SHA or null" in proc.stderr
