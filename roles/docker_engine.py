@@ -67,7 +67,7 @@ def install():
     )
     apt_repo.add_repo(
         repo="rigforge-nvidia-container-toolkit",
-        uris=data.nvidia_toolkit_repo_url.format(arch=arch),
+        uris=data.nvidia_toolkit_repo_url.replace("{arch}", arch),
         suites="/",
         key_url=data.nvidia_toolkit_repo_key_url,
         key_sha256=data.nvidia_toolkit_repo_key_sha256,

@@ -9,6 +9,7 @@ host stops with a message saying a reboot is needed. The controller itself (@loc
 
 from __future__ import annotations
 
+import re
 from io import StringIO
 
 from pyinfra import host
@@ -94,7 +95,7 @@ def install():
     apt_repo.hold(
         name="Hold the NVIDIA driver packages",
         packages=[spec.partition("=")[0] for spec in packages],
-        installed_pattern=rf"^(lib)?nvidia-[a-z0-9-]*-{data.nvidia_driver_branch}(-open|-server|-server-open)?$",
+        installed_pattern=rf"^(lib)?nvidia-[a-z0-9-]*-{re.escape(str(data.nvidia_driver_branch))}(-open|-server|-server-open)?$",
     )
     nvidia.reboot_if_needed(
         name="Reboot if the installed driver is not the running one",

@@ -12,7 +12,7 @@ import json
 import logging
 
 import pytest
-from pyinfra.api import Config, Inventory, State
+from pyinfra.api import Config, FileUploadCommand, Inventory, State
 from pyinfra.api.connect import connect_all
 from pyinfra.api.deploy import add_deploy
 from pyinfra.api.exceptions import PyinfraError
@@ -101,6 +101,19 @@ def op_commands(state, name, op, *args, **kwargs) -> list[str]:
     host = host_of(state, name)
     with ctx_state.use(state), ctx_host.use(host):
         return [describe(command) for command in op._inner(*args, **kwargs)]
+
+
+def uploads(state, name) -> dict[str, str]:
+    """{remote path: text} of every file the host's operations would upload (evaluated against the facts)."""
+    host = host_of(state, name)
+    found = {}
+    with ctx_state.use(state), ctx_host.use(host):
+        for op_hash in state.get_op_order():
+            op_data = state.ops[host].get(op_hash)
+            for command in op_data.command_generator() if op_data else ():
+                if isinstance(command, FileUploadCommand):
+                    found[command.dest] = command.src.getvalue()
+    return found
 
 
 def describe(command) -> str:
@@ -306,6 +319,30 @@ def test_driver_sources_file_is_deb822_flat_with_signed_by():
     ]
     docker = apt_repo.deb822_source("https://download.docker.com/linux/ubuntu", "noble", "/k.asc", "stable", "amd64")
     assert "Components: stable" in docker and "Architectures: amd64" in docker and "Suites: noble" in docker
+
+
+@pytest.mark.parametrize("os,codename", [("ubuntu2204", "jammy"), ("ubuntu2404", "noble")])
+def test_ubuntu_sources_files(os, codename):
+    state = converge({"u": rig(os)}, docker_engine.install, execute=False)
+    files = uploads(state, "u")
+    assert files["/etc/apt/sources.list.d/rigforge-docker.sources"].splitlines()[1:] == [
+        "Types: deb",
+        "URIs: https://download.docker.com/linux/ubuntu",
+        f"Suites: {codename}",
+        "Components: stable",
+        "Architectures: amd64",
+        "Signed-By: /etc/apt/keyrings/rigforge-docker.asc",
+    ]
+    toolkit = files["/etc/apt/sources.list.d/rigforge-nvidia-container-toolkit.sources"]
+    assert "URIs: https://nvidia.github.io/libnvidia-container/stable/deb/amd64/" in toolkit and "Suites: /" in toolkit
+    daemon = json.loads(files["/etc/docker/.daemon.json.rigforge-new"])
+    assert daemon == {"runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}}
+    state = converge({"u": rig(os)}, nvidia_driver.install, execute=False)
+    cuda = uploads(state, "u")["/etc/apt/sources.list.d/rigforge-nvidia-cuda.sources"]
+    assert f"URIs: https://developer.download.nvidia.com/compute/cuda/repos/{os}/x86_64/" in cuda
+    assert "Signed-By: /etc/apt/keyrings/rigforge-nvidia-cuda.asc" in cuda and "Suites: /" in cuda
+    state = converge({"u": rig(os)}, gpu_power.apply, UNIT, execute=False)
+    assert uploads(state, "u")["/etc/systemd/system/rigforge-gpu-power.service"] == UNIT
 
 
 def test_driver_flavors_and_overrides():

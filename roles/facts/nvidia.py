@@ -125,7 +125,10 @@ class NvidiaGpus(FactBase):
     def command(self) -> StringCommand:
         query = "--query-gpu=" + ",".join(QUERY_FIELDS)
         # nvidia-smi exits non-zero without a loaded driver or on a version mismatch; that means "no GPUs".
-        return StringCommand("nvidia-smi", QuoteString(query), "--format=csv,noheader,nounits", "2>&1 || true")
+        # `timeout`: a GPU that fell off the bus can hang nvidia-smi.
+        return StringCommand(
+            "timeout", "60", "nvidia-smi", QuoteString(query), "--format=csv,noheader,nounits", "2>&1 || true"
+        )
 
     @staticmethod
     def default() -> list:
@@ -141,7 +144,7 @@ class NvidiaSmiStatus(FactBase):
     def command(self) -> str:
         return (
             "if ! command -v nvidia-smi >/dev/null 2>&1; then echo 'rc=missing'; "
-            'else out=$(nvidia-smi -L 2>&1); rc=$?; echo "rc=$rc"; printf \'%s\\n\' "$out" | head -n 3; fi'
+            'else out=$(timeout 60 nvidia-smi -L 2>&1); rc=$?; echo "rc=$rc"; printf \'%s\\n\' "$out" | head -n 3; fi'
         )
 
     @staticmethod
