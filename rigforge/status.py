@@ -71,6 +71,10 @@ def for_each_host(state, fn) -> dict[str, Any]:
             host.connect(show_errors=False, raise_exceptions=True)
         except Exception as exc:
             return Unreachable(f"cannot connect: {_one_line(exc)}")
+        state.activate_host(host)
+        problem = _command_problem(host)
+        if problem:
+            return Unreachable(problem)
         try:
             return fn(host)
         except Exception as exc:
@@ -89,6 +93,24 @@ def for_each_host(state, fn) -> dict[str, Any]:
 
 class Unreachable(Exception):
     pass
+
+
+def _command_problem(host) -> str | None:
+    """Why commands cannot run on a connected host (e.g. sudo wants a password); None when they can."""
+    from pyinfra.api import StringCommand
+
+    kwargs = {"_sudo": bool(host.data.get("_sudo"))}
+    if host.data.get("_sudo_user"):
+        kwargs["_sudo_user"] = host.data.get("_sudo_user")
+    ok, output = host.run_shell_command(StringCommand("true"), **kwargs)
+    if ok:
+        return None
+    how = "with sudo " if kwargs["_sudo"] else ""
+    why = " ".join(line.strip() for line in output.stderr_lines[:2]) or "no error output"
+    return (
+        f"connected, but cannot run commands {how}({why}); "
+        "the SSH user needs passwordless sudo (check _sudo / _sudo_user in host data)"
+    )
 
 
 def _one_line(exc: BaseException) -> str:

@@ -365,7 +365,8 @@ def run(args) -> int:
         for c in r:
             print(f"{h.ljust(width)}  {c.status.upper():<5}  {c.name.ljust(name_w)}  {c.detail}")
     bad = [f"{h}: {', '.join(names)}" for h, names in failed.items() if names]
-    summary = f"{len(results)} rig(s): " + (f"FAILED {'; '.join(bad)}" if bad else "all checks passed")
+    ok = "no check failed on the rigs checked" if unreachable else "all checks passed"
+    summary = f"{len(results)} rig(s): " + (f"FAILED {'; '.join(bad)}" if bad else ok)
     if unreachable:
         summary += f"; could not check {', '.join(unreachable)}"
     if any(c.status == SKIP for r in results.values() if not isinstance(r, Exception) for c in r):

@@ -216,10 +216,12 @@ def test_lock_moved_ahead_of_the_rigs_shows_pin_drift(rigs, tmp_path):
 def test_unreachable_rig_is_a_row_with_the_error(rigs, tmp_path):
     hosts = inventory_rigs(rigs.inventory)
     gone = ("rig-gone", {**hosts[0][1], "ssh_port": free_port()})  # nothing listens there
-    inv = write_inventory(tmp_path / "with_gone.py", [*hosts, gone])
+    nosudo = ("rig-nosudo", {**hosts[1][1], "_sudo_user": "nosuchuser"})  # reachable, but sudo fails
+    inv = write_inventory(tmp_path / "with_gone.py", [*hosts, gone, nosudo])
     code, rows = status_json(inv)
     assert code == 1
     assert "cannot connect" in rows["rig-gone"]["error"]
+    assert "cannot run commands with sudo (sudo: unknown user nosuchuser" in rows["rig-nosudo"]["error"]
     assert rows["rig1"]["error"] is None and rows["rig2"]["error"] is None
     table = rigforge("status", inv).stdout.splitlines()
     assert any(line.startswith("rig-gone") and "ERROR: cannot connect" in line for line in table)
@@ -229,8 +231,8 @@ def test_unreachable_rig_is_a_row_with_the_error(rigs, tmp_path):
     assert code == 2  # nothing failed, but one rig could not be checked
     assert "cannot connect" in report["hosts"]["rig-gone"]["error"]
     text = rigforge("verify", inv).stdout.splitlines()
-    assert any(line.startswith("rig-gone  ERROR  cannot connect") for line in text)
-    assert "could not check rig-gone" in text[-1]
+    assert any(line.split()[:4] == ["rig-gone", "ERROR", "cannot", "connect:"] for line in text)
+    assert "no check failed on the rigs checked; could not check rig-gone, rig-nosudo" in text[-1]
 
 
 @pytest.mark.testbed
