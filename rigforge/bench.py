@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from urllib.parse import urlsplit
 
 import requests
+import urllib3
 
 PROMPTS = {
     "narr": ("Write a detailed 800-word essay explaining transformer attention.", 1000),
@@ -231,7 +232,10 @@ def _catalog_variants() -> dict:
 
 
 def variants_info() -> dict:
-    info = {name: {"port": d.get("port"), "measured": dict(d)} for name, d in _PUBLISHED.items()}
+    info = {
+        name: {"port": d.get("port"), "measured": {k: v for k, v in d.items() if k != "port"}}
+        for name, d in _PUBLISHED.items()
+    }
     for name, d in _catalog_variants().items():
         merged = info.setdefault(name, {"port": None, "measured": {}})
         merged["port"] = d["port"] or merged["port"]
@@ -318,8 +322,15 @@ def run(args) -> int:
     try:
         return _run(args)
     except BenchError as exc:
-        print(f"rigforge bench: {exc}", file=sys.stderr)
-        return 2
+        message = str(exc)
+    except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
+        message = f"request to {args.url} failed mid-run ({type(exc).__name__}: {exc})"
+    except ValueError as exc:
+        message = f"{args.url} sent a stream that is not OpenAI chat chunks ({exc})"
+    if sys.stderr.isatty():
+        sys.stderr.write("\n")  # end a half-drawn progress bar before the message
+    print(f"rigforge bench: {message}", file=sys.stderr)
+    return 2
 
 
 def _run(args) -> int:
@@ -333,7 +344,7 @@ def _run(args) -> int:
         r = _session().get(f"{base}/v1/models", timeout=10, headers=headers)
         r.raise_for_status()
         served = [m["id"] for m in r.json().get("data", [])]
-    except requests.RequestException as exc:
+    except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
         raise BenchError(
             f"cannot reach {base}/v1/models ({type(exc).__name__}: {exc}); "
             "check the URL and that the server is up (`rigforge status INVENTORY`)"

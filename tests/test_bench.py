@@ -259,3 +259,22 @@ def test_module_runs_standalone(stub):
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[-1].startswith("code")
+
+
+def test_server_dying_mid_run_exits_2(tmp_path):
+    stub = subprocess.Popen(
+        [sys.executable, "-m", "rigforge.openai_stub", "--port", "0", "--ttft-ms", "50", "--dt-ms", "50",
+         "--tokens", "40"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    url = stub.stdout.readline().strip()
+    bench_proc = subprocess.Popen(
+        [sys.executable, "-m", "rigforge.bench", url, "--warmups", "0", "--runs", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(1.0)  # mid-way through the first 2-second stream
+    stub.kill()
+    stub.wait(timeout=10)
+    out, err = bench_proc.communicate(timeout=60)
+    assert bench_proc.returncode == 2, err
+    assert "rigforge bench: " in err and "Traceback" not in err
