@@ -100,5 +100,5 @@ def install():
     nvidia.reboot_if_needed(
         name="Reboot if the installed driver is not the running one",
         package=packages[0].partition("=")[0],
-        allow_reboot=bool(data.nvidia_allow_reboot),
+        allow_reboot=data.nvidia_allow_reboot,
     )

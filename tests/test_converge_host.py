@@ -165,3 +165,24 @@ def test_dry_run_reports_bad_input_and_changes_nothing(converged):
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "preflight failed on rig1" in proc.stderr and "power cap 400 W" in proc.stderr
     assert rig_snapshot(rig) == before
+
+
+@pytest.mark.parametrize("allow", ["false", "true"])
+def test_driver_library_mismatch_stops_with_reboot_needed(converged, allow):
+    """A loaded kernel module older than the installed driver: reboot needed. The rig is a chroot on the
+    controller (SSH to 127.0.0.1), so even with nvidia_allow_reboot it is never rebooted, only stopped."""
+    tb = converged[0]
+    rig = tb.rig("rig1")
+    module = rig.rootfs / "sys/module/nvidia/version"
+    module.parent.mkdir(parents=True, exist_ok=True)
+    module.write_text("575.57.08\n")
+    try:
+        results, err = pyinfra_run(tb.inventory, "--data", f"nvidia_allow_reboot={allow}")
+    finally:
+        module.unlink()
+    assert results["failed_hosts"] == "all", err[-3000:]
+    assert "reboot needed on rig1: Driver/library version mismatch: loaded kernel module 575.57.08" in err
+    expected = "never reboots the machine it runs on" if allow == "true" else "set nvidia_allow_reboot: true"
+    assert expected in err
+    again, _ = pyinfra_run(tb.inventory)
+    assert changed_ops(again) == []

@@ -248,6 +248,8 @@ def test_problem_matrix():
     assert "docker_source='snap'" in bad_source and "docker, distro" in bad_source
     (bookworm,) = _problems("debian12", data={"docker_source": "distro"})
     assert "Debian 12" in bookworm and "docker_source: docker" in bookworm
+    (reboot,) = _problems(data={"nvidia_allow_reboot": "yes"})
+    assert "nvidia_allow_reboot='yes' must be true or false" in reboot
     (flavor,) = _problems(data={"nvidia_driver_flavor": "closed"})
     assert "open, proprietary" in flavor
     (override_idx,) = _problems(data={"gpu_power_limits": {5: 200}})
@@ -404,9 +406,10 @@ def test_never_reboots_the_controller():
     state = State(inventory, Config())
     with ctx_state.use(state), ctx_host.use(inventory.get_host("@local")):
         assert nvidia.on_controller()
-    fake = make_state({"r": rig()})
-    with ctx_state.use(fake), ctx_host.use(host_of(fake, "r")):
-        assert not nvidia.on_controller()
+    fake = make_state({"r": rig(), "loop": rig(ssh_hostname="127.0.0.1"), "lan": rig(ssh_hostname="192.0.2.7")})
+    for name, expected in (("r", False), ("loop", True), ("lan", False)):
+        with ctx_state.use(fake), ctx_host.use(host_of(fake, name)):
+            assert nvidia.on_controller() is expected, name
 
 
 # --- docker_engine -------------------------------------------------------------------------------------

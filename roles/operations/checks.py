@@ -97,6 +97,8 @@ def find_problems(
         problems.append(f"docker_source={docker_source!r} is not one of: {', '.join(DOCKER_SOURCES)}.")
     elif docker_source == "distro" and os_key == ("debian", "12"):
         problems.append("docker_source='distro' has no compose v2 package on Debian 12; set docker_source: docker.")
+    if data.get("nvidia_allow_reboot", False) not in (True, False):
+        problems.append(f"nvidia_allow_reboot={data.get('nvidia_allow_reboot')!r} must be true or false.")
     flavor = data.get("nvidia_driver_flavor")
     if flavor not in DRIVER_FLAVORS:
         problems.append(f"nvidia_driver_flavor={flavor!r} is not one of: {', '.join(DRIVER_FLAVORS)}.")

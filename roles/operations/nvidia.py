@@ -14,8 +14,12 @@ CONTROLLER_CONNECTORS = ("@local", "@chroot", "@docker", "@podman")
 
 
 def on_controller() -> bool:
+    """True when rebooting this host would reboot the controller: a local/chroot/container connector, or SSH
+    to a loopback address (a testbed rig is a chroot on the controller)."""
     module = type(host.connector).__module__.rsplit(".", 1)[-1]
-    return host.name.startswith(CONTROLLER_CONNECTORS) or module in ("local", "chroot", "docker", "podman")
+    address = str(host.data.get("ssh_hostname") or host.name)
+    loopback = address in ("localhost", "::1") or address.startswith("127.")
+    return host.name.startswith(CONTROLLER_CONNECTORS) or module in ("local", "chroot", "docker", "podman") or loopback
 
 
 @operation()
@@ -79,12 +83,15 @@ def reboot_if_needed(package: str, allow_reboot: bool):
     if reason is None:
         host.noop("the running NVIDIA driver matches the installed one")
         return
-    if on_controller():
-        yield fail_command(f"reboot needed on {host.name}: {reason}. It is the controller: reboot it yourself.")
-    elif not allow_reboot:
+    if allow_reboot is not True:
         yield fail_command(
             f"reboot needed on {host.name}: {reason}. Reboot the rig and re-run, "
             "or set nvidia_allow_reboot: true to let rigforge reboot it."
+        )
+    elif on_controller():
+        yield fail_command(
+            f"reboot needed on {host.name}: {reason}. rigforge never reboots the machine it runs on "
+            "(local, chroot or loopback host): reboot it yourself and re-run."
         )
     else:
         yield from server.reboot._inner(delay=30, reboot_timeout=900)
