@@ -40,7 +40,14 @@ def open_inventory(path: str):
     """A pyinfra State over the inventory file (group_data/ beside it is applied, as pyinfra does)."""
     if not Path(path).is_file():
         raise InventoryError(f"{path}: no such inventory file (give a pyinfra inventory, e.g. inventories/home.py)")
-    # pyinfra_cli patches sockets for gevent on import: import it here, only in commands that use SSH.
+    # pyinfra_cli patches sockets for gevent on import (that is what makes the SSH sessions parallel): import
+    # it here, only in commands that use SSH. Under `rigforge`, ssl was already imported (requests, for bench);
+    # gevent then warns that ssl is not patched: nothing here uses ssl (SSH is paramiko over patched sockets).
+    import warnings
+
+    from gevent.monkey import MonkeyPatchWarning
+
+    warnings.filterwarnings("ignore", category=MonkeyPatchWarning)
     from pyinfra.api import Config, State
     from pyinfra.context import ctx_config, ctx_inventory, ctx_state
     from pyinfra_cli.inventory import make_inventory
