@@ -186,3 +186,24 @@ def test_driver_library_mismatch_stops_with_reboot_needed(converged, allow):
     assert expected in err
     again, _ = pyinfra_run(tb.inventory)
     assert changed_ops(again) == []
+
+
+def test_fleet_one_rig_refused_the_other_converges(testbed_factory):
+    """Two fresh rigs in one run; rig2 asks for more disk than it has. pyinfra drops rig2 at preflight, before
+    any of its operations changed it, and converges rig1 in the same run."""
+    from rigforge.testbed import RigSpec
+    from rigforge.testbed.core import host_data
+
+    tb = testbed_factory([RigSpec(), RigSpec()], name="hostroles-fleet")
+    rigs = [(rig.name, {**host_data(tb, rig)}) for rig in tb.rigs]
+    rigs[1][1]["test_disk_needed_bytes"] = 10**16
+    inventory = tb.dir / "inventory_mixed.py"
+    inventory.write_text(f"rigs = {rigs!r}\n")
+    before = rig_snapshot(tb.rig("rig2"))
+    results, err = pyinfra_run(inventory)
+    assert results["failed_hosts"] == ["rig2"], err[-3000:]
+    assert "preflight failed on rig2" in err and "free disk at /opt/rigforge/models" in err
+    changed = [op for op in results["operations"] if op["success"]]
+    assert changed and all(op["success"] == ["rig1"] for op in changed)
+    assert rig_snapshot(tb.rig("rig2")) == before
+    assert "230.00" in tb.rig("rig1").run("nvidia-smi --query-gpu=power.limit --format=csv,noheader").stdout

@@ -3,7 +3,8 @@
     pyinfra -y <testbed inventory> tests/deploys/host_roles.py [--data gpu_power_limit_w=90]
 
 The variant's needs are fixed to dual-turbo's shape (2 GPUs, 24 GB cards, no DFlash); the disk need is small
-so the testbed's disk passes. The power unit is rendered by rigforge.render from the caps in host data.
+so the testbed's disk passes (host data `test_variant_gpus` / `test_disk_needed_bytes` change them).
+The power unit is rendered by rigforge.render from the caps in host data.
 """
 
 from pyinfra import host
@@ -25,7 +26,7 @@ preflight.check(
     variant_name="dual-turbo",
     dflash=False,
     disk_path="/opt/rigforge/models",
-    disk_needed_bytes=1_000_000,
+    disk_needed_bytes=int(host.data.get("test_disk_needed_bytes", 1_000_000)),
 )
 nvidia_driver.install()
 docker_engine.install()
