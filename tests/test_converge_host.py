@@ -207,3 +207,20 @@ def test_fleet_one_rig_refused_the_other_converges(testbed_factory):
     assert changed and all(op["success"] == ["rig1"] for op in changed)
     assert rig_snapshot(tb.rig("rig2")) == before
     assert "230.00" in tb.rig("rig1").run("nvidia-smi --query-gpu=power.limit --format=csv,noheader").stdout
+
+
+def test_roles_also_work_as_root_through_chroot(testbed_factory):
+    """The same roles as root (no sudo): pyinfra's @chroot connector on a fresh rig's root file system."""
+    from rigforge.testbed import RigSpec
+    from rigforge.testbed.core import host_data
+
+    tb = testbed_factory([RigSpec()], name="hostroles-root")
+    rig = tb.rig("rig1")
+    data = {k: v for k, v in host_data(tb, rig).items() if not k.startswith(("ssh_", "_sudo"))}
+    inventory = tb.dir / "inventory_chroot.py"
+    inventory.write_text(f"rigs = [({'@chroot/' + str(rig.rootfs)!r}, {data!r})]\n")
+    first, err = pyinfra_run(inventory)
+    assert first["failed_hosts"] == [] and changed_ops(first), err[-3000:]
+    second, err = pyinfra_run(inventory)
+    assert changed_ops(second) == [], err[-3000:]
+    assert "nvidia-driver-580-open" in rig.run("apt-mark showhold").stdout.split()
