@@ -119,8 +119,9 @@ def current(m: dict, f: dict, stamp: dict, deep: bool) -> dict | None:
     return None
 
 
-def download(m: dict, f: dict, part: str, token: str | None) -> None:
-    """GET the pinned file into `part`, resuming from its current length with an HTTP Range request."""
+def download(m: dict, f: dict, part: str, token: str | None) -> str:
+    """GET the pinned file into `part`, resuming from its current length with an HTTP Range request;
+    return the sha256 of the whole part file (hashed while it streams: the file is not read twice)."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
     from huggingface_hub.utils import build_hf_headers
 
@@ -140,7 +141,7 @@ def download(m: dict, f: dict, part: str, token: str | None) -> None:
         os.unlink(part)
         have = 0
     if have == f["size"]:
-        return
+        return sha256_of(part)
     if have:
         headers["Range"] = f"bytes={have}-"
         say(f"{f['path']}: resuming at {human(have)} of {human(f['size'])}")
@@ -159,12 +160,18 @@ def download(m: dict, f: dict, part: str, token: str | None) -> None:
         if have and resp.status != 206:
             say(f"{f['path']}: server ignored the Range request, starting over")
             mode, have = "wb", 0
+        digest = hashlib.sha256()
+        if have:
+            with open(part, "rb") as prefix:
+                while block := prefix.read(CHUNK):
+                    digest.update(block)
         done, t0 = have, time.monotonic()
         last = t0
         with open(part, mode, buffering=0) as out:  # unbuffered: a kill loses at most one chunk
             try:
                 while chunk := resp.read1(CHUNK):  # what has arrived, not a blocking full CHUNK
                     out.write(chunk)
+                    digest.update(chunk)
                     done += len(chunk)
                     now = time.monotonic()
                     if now - last >= 2 or done == f["size"]:
@@ -178,15 +185,17 @@ def download(m: dict, f: dict, part: str, token: str | None) -> None:
                 os.fsync(out.fileno())
     if done < f["size"]:
         raise Interrupted(f"{f['path']}: transfer ended early at {human(done)} of {human(f['size'])}")
+    return digest.hexdigest()
 
 
 def fetch_one(m: dict, f: dict, token: str | None, staged_only: bool) -> None:
     staged = os.path.join(m["staging"], f["path"]) if staged_only else part_path(m, f)
     os.makedirs(os.path.dirname(staged), exist_ok=True)
     for attempt in (1, 2):
+        digest = None
         for retry in range(RETRIES + 1) if not staged_only else ():
             try:
-                download(m, f, staged, token)
+                digest = download(m, f, staged, token)
                 break
             except Interrupted as e:
                 if retry == RETRIES:
@@ -195,7 +204,7 @@ def fetch_one(m: dict, f: dict, token: str | None, staged_only: bool) -> None:
                 time.sleep(1)
         if not os.path.exists(staged):
             raise Fail(4, f"{f['path']}: not found in staging {m['staging']}")
-        size, digest = os.path.getsize(staged), sha256_of(staged)
+        size, digest = os.path.getsize(staged), digest or sha256_of(staged)
         if size == f["size"] and digest == f["sha256"]:
             final = os.path.join(m["dest"], f["path"])
             os.makedirs(os.path.dirname(final), exist_ok=True)
