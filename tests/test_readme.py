@@ -1,0 +1,40 @@
+"""The README's knob and variant tables stay in step with the code: every role default and every serving
+setting is documented, and every documented key exists."""
+
+import re
+from pathlib import Path
+
+from rigforge.catalog import load_catalog
+from rigforge.render import SETTINGS
+from roles import docker_engine, gpu_power, nvidia_driver, serving, site, sources, weights
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+ROLES = (docker_engine, gpu_power, nvidia_driver, serving, site, sources, weights)
+NOT_HOST_DATA = {"root", "power_limit_w", "power_limits", "hf_token"}  # documented under their role keys
+
+
+def documented_keys() -> set[str]:
+    section = README.split("## Knobs", 1)[1].split("\n## ", 1)[0]
+    keys = set()
+    for row in section.splitlines():
+        if row.startswith("| `"):
+            keys |= set(re.findall(r"`([a-z0-9_]+)`", row.split("|")[1]))
+    return keys
+
+
+def test_every_role_default_and_setting_is_in_the_knob_table():
+    code_keys = {k for role in ROLES for k in role.DEFAULTS}
+    code_keys |= {f"serving_{name}" for name in SETTINGS if name not in NOT_HOST_DATA}
+    assert code_keys - documented_keys() == set()
+
+
+def test_every_documented_knob_exists():
+    code_keys = {k for role in ROLES for k in role.DEFAULTS} | {f"serving_{n}" for n in SETTINGS}
+    assert documented_keys() - code_keys == set()
+
+
+def test_variant_table_matches_the_catalog():
+    for v in load_catalog().variants.values():
+        row = next(line for line in README.splitlines() if line.startswith(f"| `{v.name}` "))
+        fig = v.figures
+        assert f"| {v.port} |" in row and f"{fig['narr_tps']} / {fig['code_tps']}" in row
