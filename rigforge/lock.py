@@ -7,7 +7,9 @@ file's size and sha256 (huggingface_hub `model_info(files_metadata=True)`: the L
 download + sha256 for small non-LFS files) and the hub's gated flag. `--refresh NAME` re-resolves entries from
 their `ref` even when resolved (a deliberate bump). The lock is rewritten atomically.
 With --check: offline validation; exit 1 listing every offending entry (unresolved ones included).
-Endpoints: HF_ENDPOINT (default https://huggingface.co); token: RIGFORGE_HF_TOKEN or HF_TOKEN.
+The image's digest comes from its registry (Docker Hub unless the name starts with a registry host).
+Endpoints: HF_ENDPOINT (default https://huggingface.co), RIGFORGE_REGISTRY (a registry base URL);
+HF token: RIGFORGE_HF_TOKEN or HF_TOKEN.
 """
 
 from __future__ import annotations
@@ -20,14 +22,26 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rigforge.pins import SHA40, SHORT, GitPin, HfFile, HfPin, Lock, LockError, default_lock_path, dump_lock, load_lock
+from rigforge.pins import (
+    DIGEST,
+    SHA40,
+    SHORT,
+    GitPin,
+    HfFile,
+    HfPin,
+    Lock,
+    LockError,
+    default_lock_path,
+    dump_lock,
+    load_lock,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check", action="store_true", help="validate offline; exit 1 listing problems")
     parser.add_argument("--lock", type=Path, default=None, help="lock file (default: rigforge.lock.yaml)")
     parser.add_argument("--refresh", nargs="+", default=[], metavar="NAME",
-                        help="re-resolve these git/hf entries from their ref even if resolved")  # fmt: skip
+                        help="re-resolve these entries (git/hf names, or 'image') even if resolved")  # fmt: skip
 
 
 def resolve_git(pin: GitPin) -> str:
@@ -83,12 +97,69 @@ def resolve_hf(pin: HfPin, endpoint: str | None, token: str | None) -> HfPin:
     return dataclasses.replace(pin, revision=info.sha, gated=bool(info.gated), files=tuple(files))
 
 
-def resolve(lock: Lock, refresh: list[str], endpoint: str | None, token: str | None) -> tuple[Lock, list[str]]:
+MANIFEST_TYPES = ", ".join(
+    [
+        "application/vnd.oci.image.index.v1+json",
+        "application/vnd.docker.distribution.manifest.list.v2+json",
+        "application/vnd.oci.image.manifest.v1+json",
+        "application/vnd.docker.distribution.manifest.v2+json",
+    ]
+)
+
+
+def manifest_url(ref: str, registry: str | None = None) -> str:
+    """The Distribution API manifest URL of an image reference `[host/]name[:tag]`."""
+    name, _, tag = ref.rpartition(":") if ":" in ref.rsplit("/", 1)[-1] else (ref, "", "latest")
+    first = name.split("/", 1)[0]
+    if registry is None and ("." in first or ":" in first or first == "localhost") and "/" in name:
+        registry, name = f"https://{first}", name.split("/", 1)[1]
+    registry = (registry or "https://registry-1.docker.io").rstrip("/")
+    if "/" not in name and registry.endswith("registry-1.docker.io"):
+        name = f"library/{name}"
+    return f"{registry}/v2/{name}/manifests/{tag}"
+
+
+def resolve_image(ref: str, registry: str | None = None) -> str:
+    """The registry's digest (sha256:...) for an image `name:tag`, as `docker pull` would get it.
+
+    Docker Hub unless the name starts with a registry host, or `registry` (a base URL) is given. Anonymous
+    bearer tokens are fetched when the registry asks for one (the Distribution API's 401 challenge).
+    """
+    import requests
+
+    url = manifest_url(ref, registry)
+    headers = {"Accept": MANIFEST_TYPES}
+    try:
+        resp = requests.head(url, headers=headers, timeout=30)
+        if resp.status_code == 401 and resp.headers.get("WWW-Authenticate", "").lower().startswith("bearer "):
+            params = dict(
+                part.split("=", 1) for part in resp.headers["WWW-Authenticate"][7:].replace('"', "").split(",")
+            )
+            realm = params.pop("realm")
+            token = requests.get(realm, params=params, timeout=30).json()
+            headers["Authorization"] = f"Bearer {token.get('token') or token.get('access_token')}"
+            resp = requests.head(url, headers=headers, timeout=30)
+    except (requests.RequestException, ValueError, KeyError) as e:
+        raise LockError(f"image: cannot reach the registry for {ref}: {e}") from None
+    digest = resp.headers.get("Docker-Content-Digest", "")
+    if resp.status_code != 200 or not DIGEST.match(digest):
+        raise LockError(f"image: {ref}: registry answered HTTP {resp.status_code} without a sha256 digest")
+    return digest
+
+
+def resolve(
+    lock: Lock, refresh: list[str], endpoint: str | None, token: str | None, registry: str | None = None
+) -> tuple[Lock, list[str]]:
     """Resolve unresolved (and `refresh`ed) entries; return the new lock and a report line per change."""
-    unknown = set(refresh) - set(lock.git) - set(lock.hf)
+    unknown = set(refresh) - set(lock.git) - set(lock.hf) - {"image"}
     if unknown:
         raise LockError(f"--refresh: no git or hf entry {sorted(unknown)} (known: {', '.join([*lock.git, *lock.hf])})")
-    report, git, hf = [], dict(lock.git), dict(lock.hf)
+    report, git, hf, image = [], dict(lock.git), dict(lock.hf), lock.image
+    if not image.digest or "image" in refresh:
+        digest = resolve_image(image.ref, registry)
+        if digest != image.digest:
+            image = dataclasses.replace(image, digest=digest)
+            report.append(f"image: {image.ref} -> {digest}")
     for name, pin in lock.git.items():
         if pin.commit and name not in refresh:
             continue
@@ -103,7 +174,7 @@ def resolve(lock: Lock, refresh: list[str], endpoint: str | None, token: str | N
         if new != pin:
             hf[name] = new
             report.append(f"hf.{name}: {pin.repo}@{pin.ref} -> {new.revision} ({len(new.files)} files)")
-    return dataclasses.replace(lock, git=git, hf=hf), report
+    return dataclasses.replace(lock, image=image, git=git, hf=hf), report
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -126,7 +197,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{path}: ok ({len(lock.git)} git, {len(lock.hf)} hf entries, all resolved)")
             return 1 if problems else 0
         token = os.environ.get("RIGFORGE_HF_TOKEN") or os.environ.get("HF_TOKEN")
-        new, report = resolve(lock, list(args.refresh), os.environ.get("HF_ENDPOINT"), token)
+        registry = os.environ.get("RIGFORGE_REGISTRY")
+        new, report = resolve(lock, list(args.refresh), os.environ.get("HF_ENDPOINT"), token, registry)
     except LockError as e:
         print(f"rigforge lock: {e}", file=sys.stderr)
         return 1
@@ -134,9 +206,6 @@ def run(args: argparse.Namespace) -> int:
         write_atomically(path, dump_lock(new))
     for line in report or ["nothing to resolve"]:
         print(line)
-    if not new.image.digest:
-        print("image: digest not resolved by rigforge lock; set image.digest by hand (e.g. from "
-              "`docker buildx imagetools inspect <ref>`)", file=sys.stderr)  # fmt: skip
     return 0
 
 

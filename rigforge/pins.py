@@ -105,11 +105,7 @@ class Lock:
 
     def check(self) -> list[str]:
         """Every problem an offline check can find: unresolved entries and inconsistent ones."""
-        problems = [
-            f"{u}: unresolved, "
-            + (REFUSE_HINT if not u.startswith("image") else "set image.digest (sha256:...) from the registry")
-            for u in self.unresolved()
-        ]
+        problems = [f"{u}: unresolved, {REFUSE_HINT}" for u in self.unresolved()]
         for n, p in self.git.items():
             for path in p.files:
                 if p.sparse and not _covered(path, p.sparse):

@@ -8,12 +8,15 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import yaml
 
+from rigforge.lock import manifest_url
 from rigforge.pins import load_lock
 from rigforge.testbed import content
 
@@ -36,6 +39,36 @@ def _wait(port: int) -> None:
     raise RuntimeError(f"nothing listens on 127.0.0.1:{port}")
 
 
+IMAGE_DIGEST = "sha256:" + "7a" * 32
+
+
+class Registry(BaseHTTPRequestHandler):
+    """A container registry stand-in: the Distribution API's bearer challenge, then a manifest digest."""
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):  # the token endpoint
+        body = b'{"token": "anon-token"}' if self.path.startswith("/token?") else b"{}"
+        self.send_response(200 if self.path.startswith("/token?") else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_HEAD(self):
+        if self.headers.get("Authorization") != "Bearer anon-token":
+            self.send_response(401)
+            realm = f"http://127.0.0.1:{self.server.server_port}/token"
+            self.send_header("WWW-Authenticate", f'Bearer realm="{realm}",service="stand-in",scope="pull"')
+        elif self.path == "/v2/vllm/vllm-openai/manifests/nightly-x" and "manifest.list" in self.headers["Accept"]:
+            self.send_response(200)
+            self.send_header("Docker-Content-Digest", IMAGE_DIGEST)
+        else:
+            self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
 @pytest.fixture(scope="module")
 def stand_ins(tmp_path_factory):
     """A git daemon and an HF stand-in on loopback, serving the testbed's generated content."""
@@ -55,6 +88,10 @@ def stand_ins(tmp_path_factory):
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         ),
     ]  # fmt: skip
+    registry = ThreadingHTTPServer(("127.0.0.1", 0), Registry)
+    threading.Thread(target=registry.serve_forever, daemon=True).start()
+    saved = os.environ.get("RIGFORGE_REGISTRY")
+    os.environ["RIGFORGE_REGISTRY"] = f"http://127.0.0.1:{registry.server_port}"  # never Docker Hub in tests
     try:
         _wait(git_port)
         _wait(hf_port)
@@ -67,6 +104,11 @@ def stand_ins(tmp_path_factory):
             "dir": base,
         }
     finally:
+        registry.shutdown()
+        if saved is None:
+            os.environ.pop("RIGFORGE_REGISTRY", None)
+        else:
+            os.environ["RIGFORGE_REGISTRY"] = saved
         for p in procs:
             p.terminate()
             p.wait(timeout=10)
@@ -95,6 +137,7 @@ def unresolved_lock(si) -> dict:
 
 def rigforge_lock(*args: str, token: str | None = None, endpoint: str | None = None):
     env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "RIGFORGE_HF_TOKEN", "HF_ENDPOINT")}
+    env.setdefault("RIGFORGE_REGISTRY", "http://127.0.0.1:9")  # a closed port: never a real registry
     env.update({"HF_HUB_DISABLE_TELEMETRY": "1", "HF_HOME": str(Path(args[-1]).parent / "hf-home")})
     if token:
         env["RIGFORGE_HF_TOKEN"] = token
@@ -121,7 +164,9 @@ def test_lock_resolves_branches_short_shas_and_hf_revisions(stand_ins, tmp_path)
         assert pin.gated == meta["gated"]
         want = sorted((f["path"], f["size"], f["sha256"]) for f in meta["files"])
         assert sorted((f.path, f.size, f.sha256) for f in pin.files) == want  # LFS and small files alike
-    assert lock.unresolved() == ["image (digest: null)"]
+    assert lock.image.digest == IMAGE_DIGEST
+    assert lock.unresolved() == []
+    assert "image: vllm/vllm-openai:nightly-x -> " + IMAGE_DIGEST in proc.stdout
     assert "git.vllm-src: marlin-pad-sub-tile-n -> " + si["git"]["vllm-src"]["commits"][0] in proc.stdout
 
     # nothing left to resolve: the file is not rewritten
@@ -138,6 +183,7 @@ def test_refresh_moves_an_entry_to_its_ref(stand_ins, tmp_path):
     data["git"]["genesis"]["commit"] = old
     data["git"] = {"genesis": data["git"]["genesis"]}
     data["hf"] = {}
+    data["image"]["digest"] = "sha256:" + "0" * 64
     path = tmp_path / "lock.yaml"
     path.write_text(yaml.safe_dump(data))
     assert rigforge_lock("--lock", str(path)).stdout.strip() == "nothing to resolve"
@@ -154,6 +200,7 @@ def test_refresh_moves_an_entry_to_its_ref(stand_ins, tmp_path):
         (lambda d: d["git"]["genesis"].update(ref="no-such-branch"), "git.genesis: ref 'no-such-branch' not found"),
         (lambda d: d["git"]["vllm-src"].update(short="abcdef1"), "git.vllm-src: cannot resolve abcdef1"),
         (lambda d: d["hf"]["autoround-int4"].update(repo="nobody/none"), "hf.autoround-int4: cannot read nobody/none"),
+        (lambda d: d["image"].update(ref="vllm/vllm-openai:gone"), "image: vllm/vllm-openai:gone: registry answered"),
     ],
 )
 def test_resolution_failures_name_the_entry_and_leave_the_lock_alone(stand_ins, tmp_path, change, needs):
@@ -171,6 +218,7 @@ def test_resolution_failures_name_the_entry_and_leave_the_lock_alone(stand_ins, 
 def test_gated_repo_without_token_is_named(stand_ins, tmp_path):
     data = unresolved_lock(stand_ins)
     data["git"] = {}
+    data["image"]["digest"] = "sha256:" + "0" * 64
     path = tmp_path / "lock.yaml"
     path.write_text(yaml.safe_dump(data))
     proc = rigforge_lock("--lock", str(path), endpoint=stand_ins["endpoint"])
@@ -207,3 +255,16 @@ def test_check_is_offline_and_lists_offending_entries(tmp_path):
     good.write_text(yaml.safe_dump(data))
     proc = rigforge_lock("--check", "--lock", str(good))
     assert proc.returncode == 1 and "git.vllm-src.commit: expected a 40-hex commit SHA or null" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "ref, url",
+    [
+        ("vllm/vllm-openai:nightly-7a1e", "https://registry-1.docker.io/v2/vllm/vllm-openai/manifests/nightly-7a1e"),
+        ("ubuntu", "https://registry-1.docker.io/v2/library/ubuntu/manifests/latest"),
+        ("ghcr.io/org/img:1.0", "https://ghcr.io/v2/org/img/manifests/1.0"),
+        ("localhost:5000/img:t", "https://localhost:5000/v2/img/manifests/t"),
+    ],
+)
+def test_image_references_map_to_registry_manifest_urls(ref, url):
+    assert manifest_url(ref) == url
