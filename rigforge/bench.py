@@ -33,27 +33,6 @@ PROMPTS = {
 }
 SAMPLING = {"temperature": 0.6, "top_p": 0.95}
 
-# Fallback when rigforge.catalog is unavailable: the design document's figures
-# (reference/variants.yaml variants.<v>.measured.design_doc) and the variants' default ports.
-_PUBLISHED = {
-    "dual": {"port": 8010, "narr_tps": 69, "code_tps": 89, "ttft_ms": 145},
-    "dual-turbo": {
-        "port": 8011,
-        "narr_tps": 58,
-        "code_tps": 76,
-        "ttft_ms": 110,
-        "aggregate_code_tps_4_streams": 269,
-        "per_stream_tps_4_streams": 74,
-    },
-    "dual-dflash": {"port": 8012, "narr_tps": 82, "code_tps": 125, "ttft_ms": 140},
-    "dual-dflash-noviz": {"port": 8013, "narr_tps": 78, "code_tps": 127, "ttft_ms": 145},
-    "dual-nvlink": {"port": 8014},
-    "dual4": {"port": 8015},
-    "dual4-dflash": {"port": 8016},
-    "carnice-bf16mtp": {"port": 8070, "narr_tps": 72, "code_tps": 80, "model": "carnice-bf16mtp"},
-}
-
-
 class BenchError(Exception):
     """The bench could not run (exit 2)."""
 
@@ -210,37 +189,14 @@ def aggregate_tps(samples: list[Sample]) -> float:
 # ---------------------------------------------------------------- variant and published figures
 
 
-def _catalog_variants() -> dict:
-    """{name: {"port": int|None, "measured": dict}} from rigforge.catalog, or {} if unavailable."""
-    try:
-        from rigforge.catalog import load_catalog  # noqa: PLC0415 - optional while the catalog lands
-
-        cat = load_catalog()
-        names = getattr(cat, "names", None) or list(getattr(cat, "variants", {}) or {})
-        names = names() if callable(names) else names
-        out = {}
-        for name in names:
-            v = cat.variant(name)
-            measured = dict(getattr(v, "measured", None) or {})
-            served = v.arg("--served-model-name") if hasattr(v, "arg") else None
-            if served:
-                measured["model"] = served
-            out[name] = {"port": getattr(v, "port", None), "measured": measured}
-        return out
-    except Exception:
-        return {}
-
-
 def variants_info() -> dict:
-    info = {
-        name: {"port": d.get("port"), "measured": {k: v for k, v in d.items() if k != "port"}}
-        for name, d in _PUBLISHED.items()
+    """{variant: {"port": default port, "measured": design-document figures + served "model"}} from the catalog."""
+    from rigforge.catalog import load_catalog
+
+    return {
+        v.name: {"port": v.port, "measured": {**v.figures, "model": v.arg("--served-model-name")}}
+        for v in load_catalog().variants.values()
     }
-    for name, d in _catalog_variants().items():
-        merged = info.setdefault(name, {"port": None, "measured": {}})
-        merged["port"] = d["port"] or merged["port"]
-        merged["measured"] = {**merged["measured"], **d["measured"]}
-    return info
 
 
 def infer_variant(model: str, port: int | None, info: dict) -> str | None:
