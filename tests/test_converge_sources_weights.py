@@ -37,13 +37,13 @@ def lock_data(tb) -> dict:
     return yaml.safe_load(tb.lock.read_text())
 
 
-def run(tb, inventory=None, *, token=True, sources=None, assets=None, limit="rig1", lock=None, data=None):
+def run(tb, inventory=None, *args, token=True, sources=None, assets=None, limit="rig1", lock=None, data=None):
     env = {"HF_TOKEN": tb.hf_token if token else "", "RIGFORGE_HF_TOKEN": ""}
     if sources is not None:
         env["RIGFORGE_TEST_SOURCES"] = sources
     if assets is not None:
         env["RIGFORGE_TEST_ASSETS"] = assets
-    extra = ["--limit", limit] if limit else []
+    extra = (["--limit", limit] if limit else []) + list(args)
     if lock or data:
         per_host = {**({"rigforge_lock": str(lock)} if lock else {}), **(data or {})}
         inventory = inventory_with(tb, tb.dir / "inventory-srcw.py", {r.name: per_host for r in tb.rigs})
@@ -94,9 +94,12 @@ def shard(lock_data: dict, key: str = "autoround-int4") -> dict:
 
 
 def test_converge_twice_second_run_changes_nothing(tb, lock_data):
-    results, err = run(tb)
+    results, err = run(tb, None, "-vvv")  # with every command and its output shown
     assert not errored(results, "rig1"), err[-3000:]
     assert changed(results, "rig1")
+    # progress is visible, the (gated) dflash-draft was fetched with the token, and the token never shows
+    assert "rigforge: fetching genesis" in err and "model-00001-of-00001.safetensors: sha256 verified" in err
+    assert tb.hf_token not in err
     for name, pin in lock_data["git"].items():
         head = sh(tb, f"git -C {ROOT}/src/{name} rev-parse HEAD").strip()
         assert head == pin["commit"], name
