@@ -19,8 +19,9 @@ def pyinfra_run(inventory: Path | str, deploy: Path | str, *extra: str, env: dic
     proc = subprocess.run(
         cmd, cwd=REPO, capture_output=True, text=True, timeout=1200, env={**os.environ, **(env or {})}
     )
-    if proc.returncode and "No hosts remaining!" in proc.stderr:  # pyinfra prints no JSON when every host failed
-        return {"all_failed": True, "failed_hosts": None, "operations": []}, proc.stderr
+    if not proc.stdout.strip() and "No hosts remaining" in proc.stderr:  # every host failed: pyinfra prints no JSON
+        assert proc.returncode != 0
+        return {"failed_hosts": "all", "operations": []}, proc.stderr
     try:
         payload = json.loads(proc.stdout)
     except json.JSONDecodeError as error:

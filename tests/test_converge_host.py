@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import support
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "tests" / "deploys" / "host_roles.py"
@@ -22,27 +23,11 @@ pytestmark = pytest.mark.testbed
 
 
 def pyinfra_run(inventory: Path, *extra: str) -> tuple[dict, str]:
-    """`pyinfra -y --json INVENTORY tests/deploys/host_roles.py`; returns (results JSON, stderr).
-
-    When every host failed pyinfra stops with "No hosts remaining!" and prints no JSON; the results are then
-    {"failed_hosts": "all", "operations": []} and the exit code must be non-zero.
-    """
-    cmd = [PYINFRA, "-y", "--json", str(inventory), str(DEPLOY), *extra]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
-    if not proc.stdout.strip() and "No hosts remaining" in proc.stderr:
-        assert proc.returncode != 0
-        return {"failed_hosts": "all", "operations": []}, proc.stderr
-    try:
-        payload = json.loads(proc.stdout)
-    except json.JSONDecodeError as error:
-        raise AssertionError(
-            f"pyinfra rc={proc.returncode}\nstdout:{proc.stdout[-3000:]}\nstderr:{proc.stderr[-6000:]}"
-        ) from error
-    return payload["results"] or {}, proc.stderr
+    """`pyinfra -y --json INVENTORY tests/deploys/host_roles.py`; returns (results JSON, stderr)."""
+    return support.pyinfra_run(inventory, DEPLOY, *extra)
 
 
-def changed_ops(results: dict) -> list[str]:
-    return [op["name"] for op in results.get("operations", []) if op["success"]]
+changed_ops = support.changed
 
 
 def rig_snapshot(rig) -> str:

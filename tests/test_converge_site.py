@@ -98,7 +98,7 @@ def test_compose_rejected_by_docker_compose_config_never_replaces_the_working_on
     before = rig.run("sha256sum /opt/rigforge/serve/dual/docker-compose.yml /opt/rigforge/serve/dual/.env").stdout
     inv = inventory_with(tb, tmp_path / "broken.py", {})
     results, err = pyinfra_run(inv, REPO / "tests" / "deploys" / "broken_compose.py", "--limit", "rig2")
-    assert results.get("all_failed")
+    assert results["failed_hosts"] == "all"
     assert "Additional property shm_sise is not allowed" in err
     assert "rigforge: validation failed, /opt/rigforge/serve/dual left unchanged" in err
     after = rig.run("sha256sum /opt/rigforge/serve/dual/docker-compose.yml /opt/rigforge/serve/dual/.env").stdout
