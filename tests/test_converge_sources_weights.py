@@ -52,7 +52,8 @@ def run(tb, inventory=None, *args, token=True, sources=None, assets=None, limit=
 
 def failed(results: dict, host: str) -> bool:
     """The host failed (pyinfra prints no results when every host in the run failed)."""
-    return bool(results.get("all_failed") or errored(results, host))
+    every_host = results.get("failed_hosts") == "all" or results.get("all_failed")  # both shapes of support.py
+    return bool(every_host or errored(results, host))
 
 
 def log_since(before: list[dict], after: list[dict]) -> list[dict]:
