@@ -406,6 +406,11 @@ def test_fetch_downloads_verifies_stamps_and_reruns_from_the_stamp(stand_ins, tm
         assert stamp["files"][f["path"]] == {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": f["sha256"]}
     assert "sha256 verified, in place" in out.stdout
     assert not Path(m["staging"]).exists()
+    # a part left by an older lock revision is dropped once everything is in place
+    (stale := Path(m["staging"]) / "old.safetensors.0123456789abcdef.part").parent.mkdir(parents=True)
+    stale.write_bytes(b"x")
+    (Path(m["dest"]) / m["files"][0]["path"]).unlink()
+    assert fetch(m).returncode == 0 and not Path(m["staging"]).exists()
     n = len(hf_log(stand_ins))
     again = fetch(m)
     assert again.returncode == 0 and "verified (stamp)" in again.stdout and "hashing" not in again.stdout

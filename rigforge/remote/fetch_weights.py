@@ -254,7 +254,10 @@ def run(m: dict, token: str | None, deep: bool, staged_only: bool) -> int:
         st = os.stat(os.path.join(m["dest"], f["path"]))
         entries[f["path"]] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": f["sha256"]}
         write_stamp(m, entries)
-    for root, _dirs, _files in os.walk(m["staging"], topdown=False):  # leave no empty staging dirs behind
+    for root, _dirs, names in os.walk(m["staging"], topdown=False):  # drop stale parts and empty dirs
+        for name in names:
+            if name.endswith(".part"):
+                os.unlink(os.path.join(root, name))  # all current files are in place: parts of old revisions
         try:
             os.rmdir(root)
         except OSError:
