@@ -7,13 +7,12 @@ by rigforge.render and passed in). A cap outside a card's min..max is refused wi
 
 from __future__ import annotations
 
-from io import StringIO
-
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import files, systemd
+from pyinfra.operations import systemd
 
 from roles.operations import nvidia, systemd_units
+from roles.operations.staged import staged_files, systemd_verify
 
 DEFAULTS = {
     "gpu_power_limit_w": 230,  # cap in watts for every GPU
@@ -21,7 +20,7 @@ DEFAULTS = {
 }
 
 UNIT_NAME = "rigforge-gpu-power.service"
-UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
+UNIT_DIR = "/etc/systemd/system"
 
 
 @deploy("GPU power caps", data_defaults=DEFAULTS)
@@ -32,7 +31,13 @@ def apply(unit_text: str):
         default_w=host.data.gpu_power_limit_w,
         overrides=host.data.gpu_power_limits or {},
     )
-    unit = files.put(name=f"Install {UNIT_NAME}", src=StringIO(unit_text), dest=UNIT_PATH, mode="644")
+    unit = staged_files(
+        name=f"Install {UNIT_NAME} (validated by systemd-analyze verify)",
+        dest=UNIT_DIR,
+        files={UNIT_NAME: (unit_text, "644")},
+        validate=systemd_verify(UNIT_NAME),
+        keep_previous=False,
+    )
     systemd.daemon_reload(name="Reload systemd units", _if=unit.did_change)
     systemd_units.enabled(name=f"Enable {UNIT_NAME} at boot", unit=UNIT_NAME)
     if host.data.get("rigforge_manage_services", True):

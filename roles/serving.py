@@ -19,14 +19,8 @@ from pyinfra.operations.util import any_changed
 
 from rigforge.catalog import Variant
 from rigforge.render import COMPOSE_FILE, ENV_FILE, VLLM_UNIT, Settings, render_variant
-from roles.operations.serving import (
-    enabled_instances,
-    health_gate_script,
-    image_present,
-    manifest,
-    sole_instance,
-    staged_files,
-)
+from roles.operations.serving import enabled_instances, health_gate_script, image_present, manifest, sole_instance
+from roles.operations.staged import staged_files, systemd_verify
 
 DEFAULTS = {
     "rigforge_root": "/opt/rigforge",  # root of the host layout (models, src, serve, cache)
@@ -36,15 +30,6 @@ DEFAULTS = {
 }
 
 UNIT_DIR = "/etc/systemd/system"
-
-
-def _verify_unit(variant: str) -> str:
-    """systemd-analyze verify on an instance of the staged template; any output counts as a failure."""
-    instance = f"rigforge-vllm@{variant}.service"
-    return (
-        f"cp {VLLM_UNIT} {instance} && out=$(systemd-analyze verify ./{instance} 2>&1); rm -f {instance}; "
-        '[ -z "$out" ] || { echo "$out" >&2; exit 1; }'
-    )
 
 
 @deploy("Serve the variant with vLLM", data_defaults=DEFAULTS)
@@ -68,7 +53,7 @@ def apply(variant: Variant, settings: Settings, pins: dict):
         name=f"Install {VLLM_UNIT} (validated by systemd-analyze verify)",
         dest=UNIT_DIR,
         files={VLLM_UNIT: (rendered[VLLM_UNIT], "644")},
-        validate=_verify_unit(variant.name),
+        validate=systemd_verify(VLLM_UNIT, instance=unit),
         keep_previous=False,
     )
 

@@ -344,7 +344,8 @@ def test_ubuntu_sources_files(os, codename):
     assert f"URIs: https://developer.download.nvidia.com/compute/cuda/repos/{os}/x86_64/" in cuda
     assert "Signed-By: /etc/apt/keyrings/rigforge-nvidia-cuda.asc" in cuda and "Suites: /" in cuda
     state = converge({"u": rig(os)}, gpu_power.apply, UNIT, execute=False)
-    assert uploads(state, "u")["/etc/systemd/system/rigforge-gpu-power.service"] == UNIT
+    staged = uploads(state, "u")["/etc/systemd/system/.staging/rigforge-gpu-power.service"]  # verified, then moved
+    assert staged == UNIT.encode()
 
 
 def test_driver_flavors_and_overrides():

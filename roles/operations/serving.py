@@ -1,83 +1,18 @@
-"""Operations for the serving role: files installed as a validated unit, offline-safe unit enablement,
-the rig manifest, and the health gate.
-"""
+"""Operations for the serving role: one enabled vLLM instance, the image, the rig manifest, the health gate."""
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import shlex
 
 from pyinfra import host
-from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
-from pyinfra.facts.files import File, Sha256File
+from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.facts.server import Command
 
 from roles.facts.nvidia import NvidiaGpus
+from roles.operations.staged import private_upload_dir, upload
 
 MANIFEST_VOLATILE = ("provisioned_at",)
-
-
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _private_upload_dir() -> str | None:
-    """With sudo, pyinfra uploads through a temp file first: keep it in a 0700 dir of the SSH user."""
-    args = host.current_op_global_arguments or {}
-    if not args.get("_sudo"):
-        return None
-    user = host.data.get("ssh_user") or "user"
-    return f"/tmp/.rigforge-upload-{user}"
-
-
-def _upload(text: str, dest: str, private_dir: str | None, name: str) -> FileUploadCommand:
-    temp = f"{private_dir}/{name}" if private_dir else None
-    return FileUploadCommand(io.BytesIO(text.encode()), dest, remote_temp_filename=temp)
-
-
-@operation()
-def staged_files(dest: str, files: dict[str, tuple[str, str]], validate: str | None = None, keep_previous: bool = True):
-    """Install `files` ({name: (text, octal mode)}) into `dest` as one unit.
-
-    No-op when every file already has that content and mode. Otherwise the files are uploaded to
-    `dest/.staging` (0700), `validate` runs there (e.g. `docker compose config -q`), and only if it passes
-    are the current files kept as `<name>.prev` (with keep_previous, for rollback) and the new ones renamed
-    into place. On a failed validation the staging dir is removed and the current files stay untouched.
-    """
-    current = {}
-    for name, (text, mode) in files.items():
-        info = host.get_fact(File, path=f"{dest}/{name}")
-        same = (
-            info
-            and str(info["mode"]) == mode.lstrip("0")  # pyinfra reports mode as octal digits
-            and (host.get_fact(Sha256File, path=f"{dest}/{name}") == _sha256(text))
-        )
-        current[name] = (bool(info), bool(same))
-    if all(same for _, same in current.values()):
-        host.noop(f"{dest}: {', '.join(files)} up to date")
-        return
-
-    staging = f"{dest}/.staging"
-    private = _private_upload_dir()
-    yield StringCommand("mkdir", "-p", QuoteString(dest))
-    yield StringCommand("rm", "-rf", QuoteString(staging), "&&", "mkdir", "-m", "700", QuoteString(staging))
-    if private:
-        yield StringCommand("install", "-d", "-m", "700", QuoteString(private), _sudo=False)
-    for name, (text, mode) in files.items():
-        yield _upload(text, f"{staging}/{name}", private, name)
-        yield StringCommand("chmod", mode, QuoteString(f"{staging}/{name}"))
-    if validate:
-        yield StringCommand(
-            f"cd {shlex.quote(staging)} && ( {validate} ) || {{ rc=$?; rm -rf {shlex.quote(staging)}; "
-            f"echo 'rigforge: validation failed, {dest} left unchanged' >&2; exit $rc; }}"
-        )
-    for name, (exists, _) in current.items():
-        if exists and keep_previous:
-            yield StringCommand("cp", "-p", QuoteString(f"{dest}/{name}"), QuoteString(f"{dest}/{name}.prev"))
-        yield StringCommand("mv", "-f", QuoteString(f"{staging}/{name}"), QuoteString(f"{dest}/{name}"))
-    yield StringCommand("rmdir", QuoteString(staging))
 
 
 @operation()
@@ -137,11 +72,11 @@ def manifest(path: str, content: dict, now: str):
         host.noop(f"{path} up to date")
         return
     text = json.dumps({**wanted, "provisioned_at": now}, indent=2, sort_keys=True) + "\n"
-    private = _private_upload_dir()
+    private = private_upload_dir()
     if private:
         yield StringCommand("install", "-d", "-m", "700", QuoteString(private), _sudo=False)
     yield StringCommand("mkdir", "-p", QuoteString(path.rsplit("/", 1)[0]))
-    yield _upload(text, f"{path}.tmp", private, "rig.json")
+    yield upload(text, f"{path}.tmp", private, "rig.json")
     yield StringCommand("chmod", "644", QuoteString(f"{path}.tmp"))
     yield StringCommand("mv", "-f", QuoteString(f"{path}.tmp"), QuoteString(path))
 

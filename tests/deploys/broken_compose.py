@@ -1,6 +1,6 @@
 """Test deploy: try to install a compose file that `docker compose config` rejects over a working one."""
 
-from roles.operations.serving import staged_files
+from roles.operations.staged import staged_files
 
 staged_files(
     name="Install a broken compose file over dual's",
