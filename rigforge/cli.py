@@ -15,7 +15,7 @@ from rigforge.render import Settings, SettingsError, apply_overrides, parse_set,
 # subcommand -> (module, help). Modules expose add_arguments(parser) and run(args) -> int.
 SUBCOMMANDS = {
     "testbed": ("rigforge.testbed.cli", "simulated rigs over real SSH (no GPU needed)"),
-    # "lock": ("rigforge.lock", "resolve or check the pins in rigforge.lock.yaml"),
+    "lock": ("rigforge.lock", "resolve or check the pins in rigforge.lock.yaml"),
     "status": ("rigforge.status", "what each rig of an inventory runs"),
     "verify": ("rigforge.verify", "health checks for each rig of an inventory"),
     "bench": ("rigforge.bench", "the recipes' TPS benchmark against a running server"),
