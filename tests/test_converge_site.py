@@ -82,6 +82,10 @@ def test_switching_a_rig_leaves_one_instance_and_the_right_assets(fleet, tmp_pat
     assert tb.hf_token not in err
     rig = tb.rig("rig1")
     assert tb.hf_token not in rig.run("cat /var/log/* /opt/rigforge/serve/*/docker-compose.yml 2>/dev/null").stdout
+    # sudo uploads pass through the SSH user's own 0700 dir, never a world-readable temp file, and are removed
+    upload_dir = "/tmp/.rigforge-upload-rigadmin"
+    assert rig.run(f"stat -c '%a %U' {upload_dir}").stdout.split() == ["700", "rigadmin"]
+    assert rig.run(f"ls -A {upload_dir}").stdout == ""
     assert enabled_units(rig) == ["rigforge-vllm@dual-dflash.service"]
     assert sorted(rig.run("ls /opt/rigforge/models").stdout.split()) == [
         "qwen3.6-27b-autoround-int4",

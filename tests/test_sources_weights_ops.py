@@ -268,7 +268,7 @@ def test_weights_token_travels_as_a_file_never_in_a_command():
     assert cmds[-1].endswith("--token-file /r/run/weights/autoround-int4.token; rc=$?; "
                              "rm -f /r/run/weights/autoround-int4.token; exit $rc")  # fmt: skip
     texts = uploaded_texts(weights_fact(tampered=["config.json"]), hfweights.fetched, **FETCH, token=token)
-    assert texts["/r/run/weights/autoround-int4.token"] == token
+    assert texts["/r/run/weights/autoround-int4.token"] == token.encode()
     assert token not in texts["/r/run/weights/autoround-int4.json"]
 
 

@@ -27,6 +27,7 @@ from pyinfra.api import FileUploadCommand, OperationError, StringCommand, operat
 from rigforge.pins import HfFile, HfPin
 from roles.facts.hfweights import FreeBytes, WeightsState
 from roles.operations.checks import fail_command
+from roles.operations.staged import upload_privately
 
 HEADROOM = 1.05
 SCRIPT = Path(__file__).resolve().parents[2] / "rigforge" / "remote" / "fetch_weights.py"
@@ -157,5 +158,5 @@ def fetched(
         return
     token_file = f"{work_dir}/{pin.name}.token"
     yield StringCommand(f"install -m 0600 /dev/null {q(token_file)}")
-    yield FileUploadCommand(io.StringIO(raw_token), token_file)
+    yield from upload_privately(raw_token, token_file)
     yield StringCommand(f"{' '.join(args)} --token-file {q(token_file)}; rc=$?; rm -f {q(token_file)}; exit $rc")

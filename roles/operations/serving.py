@@ -10,7 +10,7 @@ from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.facts.server import Command
 
 from roles.facts.nvidia import NvidiaGpus
-from roles.operations.staged import private_upload_dir, upload
+from roles.operations.staged import upload_privately
 
 MANIFEST_VOLATILE = ("provisioned_at",)
 
@@ -72,11 +72,8 @@ def manifest(path: str, content: dict, now: str):
         host.noop(f"{path} up to date")
         return
     text = json.dumps({**wanted, "provisioned_at": now}, indent=2, sort_keys=True) + "\n"
-    private = private_upload_dir()
-    if private:
-        yield StringCommand("install", "-d", "-m", "700", QuoteString(private), _sudo=False)
     yield StringCommand("mkdir", "-p", QuoteString(path.rsplit("/", 1)[0]))
-    yield upload(text, f"{path}.tmp", private, "rig.json")
+    yield from upload_privately(text, f"{path}.tmp")
     yield StringCommand("chmod", "644", QuoteString(f"{path}.tmp"))
     yield StringCommand("mv", "-f", QuoteString(f"{path}.tmp"), QuoteString(path))
 

@@ -15,18 +15,20 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def private_upload_dir() -> str | None:
-    """With sudo, pyinfra uploads through a temp file first: keep it in a 0700 dir of the SSH user."""
-    args = host.current_op_global_arguments or {}
-    if not args.get("_sudo"):
-        return None
-    user = host.data.get("ssh_user") or "user"
-    return f"/tmp/.rigforge-upload-{user}"
+def upload_privately(text: str, dest: str):
+    """Commands that upload `text` to `dest` without it ever sitting in a world-readable file.
 
-
-def upload(text: str, dest: str, private_dir: str | None, name: str) -> FileUploadCommand:
-    temp = f"{private_dir}/{name}" if private_dir else None
-    return FileUploadCommand(io.BytesIO(text.encode()), dest, remote_temp_filename=temp)
+    With sudo, pyinfra uploads through a temp file first (then copies it as root): keep that temp file in a
+    0700 directory of the SSH user. Without sudo the file is written in place.
+    """
+    if not (host.current_op_global_arguments or {}).get("_sudo"):
+        return [FileUploadCommand(io.BytesIO(text.encode()), dest)]
+    private = f"/tmp/.rigforge-upload-{host.data.get('ssh_user') or 'user'}"
+    temp = f"{private}/{hashlib.sha1(dest.encode()).hexdigest()[:12]}"
+    return [
+        StringCommand("install", "-d", "-m", "700", QuoteString(private), _sudo=False),
+        FileUploadCommand(io.BytesIO(text.encode()), dest, remote_temp_filename=temp),
+    ]
 
 
 @operation()
@@ -52,13 +54,10 @@ def staged_files(dest: str, files: dict[str, tuple[str, str]], validate: str | N
         return
 
     staging = f"{dest}/.staging"
-    private = private_upload_dir()
     yield StringCommand("mkdir", "-p", QuoteString(dest))
     yield StringCommand("rm", "-rf", QuoteString(staging), "&&", "mkdir", "-m", "700", QuoteString(staging))
-    if private:
-        yield StringCommand("install", "-d", "-m", "700", QuoteString(private), _sudo=False)
     for name, (text, mode) in files.items():
-        yield upload(text, f"{staging}/{name}", private, name)
+        yield from upload_privately(text, f"{staging}/{name}")
         yield StringCommand("chmod", mode, QuoteString(f"{staging}/{name}"))
     if validate:
         yield StringCommand(
