@@ -33,6 +33,7 @@ PROMPTS = {
 }
 SAMPLING = {"temperature": 0.6, "top_p": 0.95}
 
+
 class BenchError(Exception):
     """The bench could not run (exit 2)."""
 

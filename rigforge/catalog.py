@@ -89,9 +89,7 @@ class Catalog:
         try:
             return self.variants[name]
         except KeyError:
-            raise CatalogError(
-                f"unknown variant {name!r}; choose one of: {', '.join(self.variants)}"
-            ) from None
+            raise CatalogError(f"unknown variant {name!r}; choose one of: {', '.join(self.variants)}") from None
 
     @property
     def names(self) -> list[str]:
@@ -197,8 +195,7 @@ def parse_catalog(data: Any) -> Catalog:
             _need(a, "hf_repo", str, where),
         )
     variants = {
-        name: _variant(name, raw, defaults, assets)
-        for name, raw in _need(data, "variants", dict, "catalog").items()
+        name: _variant(name, raw, defaults, assets) for name, raw in _need(data, "variants", dict, "catalog").items()
     }
     if not variants:
         raise CatalogError("catalog: no variants")

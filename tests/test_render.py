@@ -59,9 +59,7 @@ def test_compose_matches_reference_flag_for_flag(name):
     assert svc["ports"] == [f"{ref['port']['host_default']}:{ref['port']['container']}"]
     ref_env = {k: (v["value"] if isinstance(v, dict) else v) for k, v in ref["environment"].items()}
     assert svc["environment"] == ref_env
-    ref_volumes = [
-        f"{HOST_PATHS[v['host']]}:{v['container']}{':ro' if v['read_only'] else ''}" for v in ref["volumes"]
-    ]
+    ref_volumes = [f"{HOST_PATHS[v['host']]}:{v['container']}{':ro' if v['read_only'] else ''}" for v in ref["volumes"]]
     assert svc["volumes"] == ref_volumes
     (device,) = svc["deploy"]["resources"]["reservations"]["devices"]
     assert device == ref["gpu_reservation"]
