@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import deploy, operation
+from pyinfra.api import deploy
 from pyinfra.facts.files import File
 from pyinfra.facts.server import Command
 
@@ -26,7 +26,7 @@ from rigforge.render import (
     settings_from_host_data,
 )
 from roles import docker_engine, gpu_power, nvidia_driver, preflight, serving, sources, weights
-from roles.operations.checks import fail_command
+from roles.operations.checks import refuse
 
 IMAGE_GB = 9  # the vLLM nightly image on disk (HARDWARE.md)
 REPO = Path(__file__).resolve().parent.parent
@@ -35,11 +35,6 @@ DEFAULTS = {
     "rigforge_lock": str(REPO / "rigforge.lock.yaml"),  # lock file read on the controller
 }
 
-
-@operation(is_idempotent=False)
-def refuse(message: str):
-    """Fail this host with `message` (nothing else runs on it)."""
-    yield fail_command(message)
 
 
 def _settings() -> Settings:

@@ -9,22 +9,17 @@ run `rigforge lock` on a networked controller (docs/pins.md).
 from __future__ import annotations
 
 from pyinfra import host
-from pyinfra.api import deploy, operation
+from pyinfra.api import deploy
 from pyinfra.operations import apt, files
 
 from rigforge.pins import Lock, LockError
 from roles.operations import gitpin
-from roles.operations.checks import fail_command
+from roles.operations.checks import refuse
 
 DEFAULTS = {
     "rigforge_root": "/opt/rigforge",  # root of the host layout; checkouts go to <root>/src/<name>
 }
 
-
-@operation(is_idempotent=False)
-def refuse(message: str):
-    """Fail this host with `message` (nothing else of this role runs on it)."""
-    yield fail_command(message)
 
 
 @deploy("Pinned git sources", data_defaults=DEFAULTS)

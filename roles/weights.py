@@ -13,13 +13,13 @@ from __future__ import annotations
 import os
 
 from pyinfra import host
-from pyinfra.api import deploy, operation
+from pyinfra.api import deploy
 from pyinfra.api.hiddenvalue import HiddenValue
 from pyinfra.operations import apt, files, pip
 
 from rigforge.pins import Lock, LockError
 from roles.operations import hfweights
-from roles.operations.checks import fail_command
+from roles.operations.checks import refuse
 
 DEFAULTS = {
     "rigforge_root": "/opt/rigforge",  # root of the host layout (venv, lib, models)
@@ -33,11 +33,6 @@ DEFAULTS = {
 }
 SOURCES = ("hub", "controller")
 
-
-@operation(is_idempotent=False)
-def refuse(message: str):
-    """Fail this host with `message` (nothing else of this role runs on it)."""
-    yield fail_command(message)
 
 
 def _token() -> str | None:

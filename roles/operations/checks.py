@@ -206,3 +206,9 @@ def host_checks(
     if not state.is_executing:  # change detection / --dry: report now; a real run fails when executed
         host.log_styled(message, fg="yellow", log_func=logger.warning)
     yield fail_command(message)
+
+
+@operation(is_idempotent=False)
+def refuse(message: str):
+    """Fail this host with `message`: its later operations never run."""
+    yield fail_command(message)
