@@ -36,6 +36,7 @@ class Schedule:
     usage: bool = True  # send the final usage chunk when the client asks for it
     reasoning_tokens: int = 0  # the first N deltas are reasoning_content, not content
     tokens_per_delta: int = 1  # >1 mimics speculative decoding: several tokens per streamed delta
+    api_key: str | None = None  # like vLLM's --api-key: /v1/* needs "Authorization: Bearer <key>"
     log: list = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -68,8 +69,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _unauthorized(self) -> bool:
+        key = self.schedule.api_key
+        if key and self.path.startswith("/v1/") and self.headers.get("Authorization") != f"Bearer {key}":
+            self._json(401, {"error": "Unauthorized"})
+            return True
+        return False
+
     def do_GET(self):  # noqa: N802
         s = self.schedule
+        if self._unauthorized():
+            return
         if self.path == "/v1/models":
             self._json(200, {"object": "list", "data": [{"id": s.model, "object": "model"}]})
         elif self.path == "/_stub/log":
@@ -81,6 +91,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802
         t_recv = time.monotonic_ns()
         s = self.schedule
+        if self._unauthorized():
+            return
         if self.path != "/v1/chat/completions":
             self._json(404, {"error": {"message": f"no route {self.path}"}})
             return

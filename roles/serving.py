@@ -79,6 +79,7 @@ def apply(variant: Variant, settings: Settings, pins: dict):
                     timeout=int(host.data.get("serving_health_timeout")),
                     unit=unit,
                     rollback_unit=previous[0] if previous else None,
+                    serve_dir=serve_dir,
                 )
             ],
             _if=started.did_change,

@@ -14,12 +14,26 @@ from rigforge.openai_stub import Schedule, make_server
 from roles.operations.serving import health_gate_script
 
 
+def start(schedule):
+    srv = make_server(schedule)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, f"http://127.0.0.1:{srv.server_address[1]}"
+
+
 @pytest.fixture
 def server():
-    srv = make_server(Schedule(ttft_ms=1, dt_ms=1, tokens=3))
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv, url = start(Schedule(ttft_ms=1, dt_ms=1, tokens=3))
+    yield url
     srv.shutdown()
+
+
+@pytest.fixture
+def serve_dir(tmp_path):
+    d = tmp_path / "serve" / "dual-turbo"
+    d.mkdir(parents=True)
+    (d / "docker-compose.yml").write_text("new compose\n")
+    (d / ".env").write_text("HF_TOKEN=\nRIGFORGE_API_KEY=sk-gate-123\n")
+    return d
 
 
 @pytest.fixture
@@ -32,24 +46,40 @@ def fake_systemd(tmp_path):
     return tmp_path, calls
 
 
-def run_gate(fake_systemd, url, timeout=2, rollback="rigforge-vllm@dual.service"):
+def run_gate(fake_systemd, url, serve_dir, timeout=2, rollback="rigforge-vllm@dual.service"):
     path, calls = fake_systemd
-    script = health_gate_script(url, "qwen3.6-27b-autoround", timeout, "rigforge-vllm@dual-turbo.service", rollback)
+    unit = "rigforge-vllm@dual-turbo.service"
+    script = health_gate_script(url, "qwen3.6-27b-autoround", timeout, unit, rollback, str(serve_dir))
     r = subprocess.run(
         ["bash", "-c", script], capture_output=True, text=True, env={"PATH": f"{path}:/usr/bin:/bin"}, timeout=60
     )
     return r, (calls.read_text().splitlines() if calls.exists() else [])
 
 
-def test_gate_passes_when_models_and_chat_answer(server, fake_systemd):
-    r, calls = run_gate(fake_systemd, server)
+def test_gate_passes_when_models_and_chat_answer(server, fake_systemd, serve_dir):
+    (serve_dir / ".env").write_text("HF_TOKEN=\n")
+    r, calls = run_gate(fake_systemd, server, serve_dir)
     assert r.returncode == 0, r.stderr
     assert "serves qwen3.6-27b-autoround" in r.stdout
     assert not [c for c in calls if "disable" in c or "enable" in c]
 
 
-def test_gate_rolls_back_when_nothing_answers(fake_systemd):
-    r, calls = run_gate(fake_systemd, "http://127.0.0.1:9", timeout=1)  # port 9 (discard): refused
+def test_gate_sends_the_api_key_from_the_env_file_not_the_command_line(fake_systemd, serve_dir):
+    srv, url = start(Schedule(ttft_ms=1, dt_ms=1, tokens=3, api_key="sk-gate-123"))
+    try:
+        r, _ = run_gate(fake_systemd, url, serve_dir)
+        assert r.returncode == 0, r.stderr
+        (serve_dir / ".env").write_text("RIGFORGE_API_KEY=wrong\n")  # the server refuses a wrong key
+        r, _ = run_gate(fake_systemd, url, serve_dir, timeout=1)
+        assert r.returncode == 1 and "no answer" in r.stderr
+    finally:
+        srv.shutdown()
+    script = health_gate_script(url, "m", 1, "u.service", None, str(serve_dir))
+    assert "sk-gate-123" not in script
+
+
+def test_gate_rolls_back_when_nothing_answers(fake_systemd, serve_dir):
+    r, calls = run_gate(fake_systemd, "http://127.0.0.1:9", serve_dir, timeout=1)  # port 9 (discard): refused
     assert r.returncode == 1
     assert "no answer from http://127.0.0.1:9/v1/models within 1 s" in r.stderr
     assert "systemctl disable --now rigforge-vllm@dual-turbo.service" in calls
@@ -57,7 +87,17 @@ def test_gate_rolls_back_when_nothing_answers(fake_systemd):
     assert any(c.startswith("journalctl -u rigforge-vllm@dual-turbo.service") for c in calls)
 
 
-def test_gate_without_previous_variant_only_stops_the_new_one(fake_systemd):
-    r, calls = run_gate(fake_systemd, "http://127.0.0.1:9", timeout=1, rollback=None)
+def test_gate_restores_the_previous_files_of_the_same_variant(fake_systemd, serve_dir):
+    (serve_dir / "docker-compose.yml.prev").write_text("working compose\n")
+    (serve_dir / ".env.prev").write_text("HF_TOKEN=old\n")
+    r, calls = run_gate(fake_systemd, "http://127.0.0.1:9", serve_dir, timeout=1, rollback=None)
+    assert r.returncode == 1 and "rolled back" in r.stderr
+    assert (serve_dir / "docker-compose.yml").read_text() == "working compose\n"
+    assert (serve_dir / ".env").read_text() == "HF_TOKEN=old\n"
+    assert "systemctl restart rigforge-vllm@dual-turbo.service" in calls
+
+
+def test_gate_with_nothing_to_go_back_to_stops_the_new_instance(fake_systemd, serve_dir):
+    r, calls = run_gate(fake_systemd, "http://127.0.0.1:9", serve_dir, timeout=1, rollback=None)
     assert r.returncode == 1
     assert [c for c in calls if "able --now" in c] == ["systemctl disable --now rigforge-vllm@dual-turbo.service"]

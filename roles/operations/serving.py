@@ -78,25 +78,41 @@ def manifest(path: str, content: dict, now: str):
     yield StringCommand("mv", "-f", QuoteString(f"{path}.tmp"), QuoteString(path))
 
 
-def health_gate_script(url: str, model: str, timeout: int, unit: str, rollback_unit: str | None) -> str:
-    """Shell: wait for /v1/models, send one chat completion; on failure roll back and print the log tail."""
-    rollback = f"systemctl disable --now {shlex.quote(unit)}; " + (
-        f"systemctl enable --now {shlex.quote(rollback_unit)}; " if rollback_unit else ""
-    )
+def health_gate_script(url: str, model: str, timeout: int, unit: str, rollback_unit: str | None, serve_dir: str) -> str:
+    """Shell: wait for /v1/models, send one chat completion; on failure roll back and print the log tail.
+
+    Rollback: back to the previously enabled variant's instance when this run switched variants; otherwise
+    back to this variant's previous compose file and .env (`*.prev`, kept by staged_files). The API key, if
+    any, is read from the root-only .env and handed to curl on stdin, never on a command line.
+    """
+    q = shlex.quote
+    if rollback_unit:
+        rollback = f"systemctl disable --now {q(unit)}; systemctl enable --now {q(rollback_unit)}"
+    else:
+        rollback = (
+            f"if [ -f {q(serve_dir)}/docker-compose.yml.prev ]; then "
+            f"mv -f {q(serve_dir)}/docker-compose.yml.prev {q(serve_dir)}/docker-compose.yml; "
+            f"mv -f {q(serve_dir)}/.env.prev {q(serve_dir)}/.env; systemctl restart {q(unit)}; "
+            f"else systemctl disable --now {q(unit)}; fi"
+        )
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 8})
     return f"""
+RIGFORGE_API_KEY=$(sed -n 's/^RIGFORGE_API_KEY=//p' {q(serve_dir)}/.env 2>/dev/null)
+auth() {{ [ -z "$RIGFORGE_API_KEY" ] || printf 'Authorization: Bearer %s\n' "$RIGFORGE_API_KEY"; }}
 deadline=$(( $(date +%s) + {int(timeout)} ))
 fail() {{
   echo "rigforge health gate: $1" >&2
-  journalctl -u {shlex.quote(unit)} -n 40 --no-pager >&2 2>/dev/null || true
-  {rollback}exit 1
+  journalctl -u {q(unit)} -n 40 --no-pager >&2 2>/dev/null || true
+  {rollback}
+  echo "rigforge health gate: rolled back" >&2
+  exit 1
 }}
-until curl -sf --max-time 3 {shlex.quote(url)}/v1/models >/dev/null; do
+until auth | curl -sf --max-time 3 -H @- {q(url)}/v1/models >/dev/null; do
   [ "$(date +%s)" -lt "$deadline" ] || fail "no answer from {url}/v1/models within {int(timeout)} s"
-  systemctl is-failed --quiet {shlex.quote(unit)} && fail "{unit} failed while starting"
+  systemctl is-failed --quiet {q(unit)} && fail "{unit} failed while starting"
   sleep 4
 done
-curl -sf --max-time 120 -H 'Content-Type: application/json' -d {shlex.quote(body)} \\
-  {shlex.quote(url)}/v1/chat/completions | grep -q '"choices"' || fail "chat completion did not answer"
+auth | curl -sf --max-time 120 -H @- -H 'Content-Type: application/json' -d {q(body)} \
+  {q(url)}/v1/chat/completions | grep -q '"choices"' || fail "chat completion did not answer"
 echo "rigforge health gate: {url} serves {model}"
 """.strip()
