@@ -28,21 +28,9 @@ CHECKED_KEYS = {
 
 
 @deploy("Preflight", data_defaults=DEFAULTS)
-def check(
-    variant_gpus: int,
-    variant_vram_mib: int,
-    variant_name: str,
-    dflash: bool,
-    disk_path: str,
-    disk_needed_bytes: int,
-):
+def check(needs: checks.Needs):
     checks.host_checks(
-        name=f"Preflight: can this host run {variant_name}?",
-        variant_name=variant_name,
-        variant_gpus=variant_gpus,
-        variant_vram_mib=variant_vram_mib,
-        dflash=dflash,
-        disk_path=disk_path,
-        disk_needed_bytes=disk_needed_bytes,
+        name=f"Preflight: can this host run {needs.variant}?",
+        needs=needs,
         data={key: host.data.get(key, default) for key, default in CHECKED_KEYS.items()},
     )

@@ -26,7 +26,7 @@ from rigforge.render import (
     settings_from_host_data,
 )
 from roles import docker_engine, gpu_power, nvidia_driver, preflight, serving, sources, weights
-from roles.operations.checks import refuse
+from roles.operations.checks import Needs, refuse
 
 IMAGE_GB = 9  # the vLLM nightly image on disk (HARDWARE.md)
 REPO = Path(__file__).resolve().parent.parent
@@ -34,7 +34,6 @@ DEFAULTS = {
     "rigforge_variant": None,  # variant this host serves (deploy/site.py); deploy/<variant>.py sets it
     "rigforge_lock": str(REPO / "rigforge.lock.yaml"),  # lock file read on the controller
 }
-
 
 
 def _settings() -> Settings:
@@ -84,12 +83,7 @@ def provision(variant_name: str | None = None):
     assets = {name: load_catalog().assets[name].dir for name in variant.assets}
     needed = _disk_needed(variant, settings, lock, assets)
     preflight.check(
-        variant_name=variant.name,
-        variant_gpus=variant.gpus,
-        variant_vram_mib=variant.min_card_mib,
-        dflash=variant.uses_dflash,
-        disk_path=settings.models,
-        disk_needed_bytes=needed,
+        Needs(variant.name, variant.gpus, variant.min_card_mib, variant.uses_dflash, settings.models, needed)
     )
     nvidia_driver.install()
     docker_engine.install()

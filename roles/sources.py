@@ -21,7 +21,6 @@ DEFAULTS = {
 }
 
 
-
 @deploy("Pinned git sources", data_defaults=DEFAULTS)
 def apply(lock: Lock, names: list[str]):
     try:

@@ -34,7 +34,6 @@ DEFAULTS = {
 SOURCES = ("hub", "controller")
 
 
-
 def _token() -> str | None:
     return host.data.get("hf_token") or os.environ.get("RIGFORGE_HF_TOKEN") or os.environ.get("HF_TOKEN")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 
 import pytest
 from pyinfra.api import Config, FileUploadCommand, Inventory, State
@@ -124,13 +125,13 @@ def describe(command) -> str:
     return f"call {function.__name__}" if function else str(command)
 
 
-PREFLIGHT = dict(
-    variant_gpus=2,
-    variant_vram_mib=23000,
-    variant_name="dual-turbo",
+PREFLIGHT = checks.Needs(
+    variant="dual-turbo",
+    gpus=2,
+    card_mib=23000,
     dflash=False,
     disk_path="/opt/rigforge/models",
-    disk_needed_bytes=25_000_000_000,
+    disk_bytes=25_000_000_000,
 )
 
 
@@ -140,7 +141,7 @@ def site(**preflight_args):
 
     @deploy("test site")
     def _site():
-        preflight.check(**{**PREFLIGHT, **preflight_args})
+        preflight.check(replace(PREFLIGHT, **preflight_args))
         server.shell(name="Change something", commands=["touch /rigforge-was-here"])
 
     return _site
@@ -170,7 +171,7 @@ def test_preflight_refuses_caps_outside_the_card_range(cap, word):
         {"id": "ubuntu", "version_id": "24.04"},
         [{"index": 0, "name": "RTX 3090", "memory_total": 24576, "power_min_limit": 100.0, "power_max_limit": 350.0}],
         None,
-        **{**PREFLIGHT, "variant_gpus": 1},
+        needs=replace(PREFLIGHT, gpus=1),
         data={"gpu_power_limit_w": cap, "docker_source": "docker", "nvidia_driver_flavor": "open"},
     )
     assert len(problems) == 1 and word in problems[0] and "range 100..350 W" in problems[0]
@@ -220,8 +221,8 @@ def _problems(os="ubuntu2404", gpus=None, free=500e9, data=None, pci_gpus=None, 
         )
     )
     base = {"gpu_power_limit_w": 230, "gpu_power_limits": {}, "docker_source": "docker", "nvidia_driver_flavor": "open"}
-    variant = {**PREFLIGHT, **variant}
-    return checks.find_problems(release, gpus, free, pci_gpus=pci_gpus, **variant, data={**base, **(data or {})})
+    needs = replace(PREFLIGHT, **variant)
+    return checks.find_problems(release, gpus, free, pci_gpus=pci_gpus, needs=needs, data={**base, **(data or {})})
 
 
 def card20(i):
@@ -240,7 +241,7 @@ def test_problem_matrix():
     assert "serving_kv_cache_dtype: fp8_e5m2" in small and "serving_gpu_memory_utilization: 0.82" in small
     override = {"gpu_power_limit_w": 120, "serving_kv_cache_dtype": "fp8_e5m2", "serving_gpu_memory_utilization": 0.82}
     assert _problems(gpus=[card20(0), card20(1)], data=override) == []
-    dflash = _problems(gpus=[card20(0), card20(1)], data=override, dflash=True, variant_name="dual-dflash")
+    dflash = _problems(gpus=[card20(0), card20(1)], data=override, dflash=True, variant="dual-dflash")
     assert len(dflash) == 1 and "GPU 0, 1 (RTX 4000 Ada) have 20475 MiB" in dflash[0] and "DFlash" in dflash[0]
     (both,) = _problems(data={"gpu_power_limit_w": 90})
     assert "outside GPU 0, 1 (RTX 3090) range 100..350 W" in both

@@ -9,6 +9,8 @@ prints the problems as warnings instead of failing.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, operation
 
@@ -20,6 +22,18 @@ SMALL_CARD_MIB = 24000  # below this a card is a "20 GB card"
 SMALL_CARD_OVERRIDE = {"serving_kv_cache_dtype": "fp8_e5m2", "serving_gpu_memory_utilization": 0.82}
 DOCKER_SOURCES = ("docker", "distro")
 DRIVER_FLAVORS = ("open", "proprietary")
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a variant needs of a host (from the catalog and the lock), checked by preflight."""
+
+    variant: str
+    gpus: int  # tensor-parallel size
+    card_mib: int  # smallest card it fits without the 20 GB override
+    dflash: bool  # DFlash variants have no 20 GB override
+    disk_path: str  # the model dir
+    disk_bytes: int  # bytes still to land there
 
 
 def _fail(state, host, message):  # pyinfra passes (state, host) to callbacks whose arguments use those names
@@ -64,20 +78,9 @@ def cap_problems(gpus: list[dict], default_w: int, overrides: dict) -> list[str]
 
 
 def find_problems(
-    os_release: dict,
-    gpus: list[dict],
-    free_bytes: int | None,
-    *,
-    pci_gpus: int | None = None,
-    variant_name: str,
-    variant_gpus: int,
-    variant_vram_mib: int,
-    dflash: bool,
-    disk_path: str,
-    disk_needed_bytes: int,
-    data: dict,
+    os_release: dict, gpus: list[dict], free_bytes: int | None, *, needs: Needs, data: dict, pci_gpus: int | None = None
 ) -> list[str]:
-    """Every reason this host cannot run `variant_name` (empty list when it can).
+    """Every reason this host cannot run `needs.variant` (empty list when it can).
 
     Before a driver is installed nvidia-smi shows no GPUs; the GPU count is then taken from the PCI bus
     (`pci_gpus`, None when unknown) and the VRAM and power-cap checks wait for the driver.
@@ -112,42 +115,42 @@ def find_problems(
         )
         default_w, overrides = None, {}
 
-    if not gpus and pci_gpus is not None and pci_gpus < variant_gpus:
+    if not gpus and pci_gpus is not None and pci_gpus < needs.gpus:
         problems.append(
-            f"variant {variant_name} needs {variant_gpus} GPUs, the PCI bus shows {pci_gpus} NVIDIA GPU(s); "
+            f"variant {needs.variant} needs {needs.gpus} GPUs, the PCI bus shows {pci_gpus} NVIDIA GPU(s); "
             "choose a variant for this GPU count (rigforge_variant) or add GPUs."
         )
     if gpus:
-        if len(gpus) < variant_gpus:
+        if len(gpus) < needs.gpus:
             problems.append(
-                f"variant {variant_name} needs {variant_gpus} GPUs, nvidia-smi shows {len(gpus)}; "
+                f"variant {needs.variant} needs {needs.gpus} GPUs, nvidia-smi shows {len(gpus)}; "
                 "choose a variant for this GPU count (rigforge_variant) or add GPUs."
             )
         small_override = data.get("serving_kv_cache_dtype") == SMALL_CARD_OVERRIDE["serving_kv_cache_dtype"] and _float(
             data.get("serving_gpu_memory_utilization")
         ) <= float(SMALL_CARD_OVERRIDE["serving_gpu_memory_utilization"])
-        short = [gpu for gpu in gpus if (gpu.get("memory_total") or 0) < variant_vram_mib]
+        short = [gpu for gpu in gpus if (gpu.get("memory_total") or 0) < needs.card_mib]
         vram = min((gpu.get("memory_total") or 0 for gpu in short), default=0)
         cards = f"{_cards(short)} {'has' if len(short) == 1 else 'have'} {vram} MiB"
-        if short and vram < SMALL_CARD_MIB and dflash:
+        if short and vram < SMALL_CARD_MIB and needs.dflash:
             problems.append(
-                f"{cards}; {variant_name} (DFlash) needs 24 GB cards and has no 20 GB override; "
+                f"{cards}; {needs.variant} (DFlash) needs 24 GB cards and has no 20 GB override; "
                 "choose dual or dual-turbo with the 20 GB override."
             )
         elif short and vram < SMALL_CARD_MIB and not small_override:
             problems.append(
-                f"{cards}, less than the {variant_vram_mib} MiB {variant_name} needs; for 20 GB cards set "
+                f"{cards}, less than the {needs.card_mib} MiB {needs.variant} needs; for 20 GB cards set "
                 "serving_kv_cache_dtype: fp8_e5m2 and serving_gpu_memory_utilization: 0.82 in host data."
             )
         elif short and vram >= SMALL_CARD_MIB:
-            problems.append(f"{cards}, less than the {variant_vram_mib} MiB {variant_name} needs.")
+            problems.append(f"{cards}, less than the {needs.card_mib} MiB {needs.variant} needs.")
         if default_w is not None:
             problems += cap_problems(gpus, default_w, overrides)
 
-    if free_bytes is not None and free_bytes < disk_needed_bytes:
+    if free_bytes is not None and free_bytes < needs.disk_bytes:
         problems.append(
-            f"free disk at {disk_path} is {free_bytes / 1e9:.1f} GB, {variant_name} needs "
-            f"{disk_needed_bytes / 1e9:.1f} GB; free space or point serving_model_dir at a bigger disk."
+            f"free disk at {needs.disk_path} is {free_bytes / 1e9:.1f} GB, {needs.variant} needs "
+            f"{needs.disk_bytes / 1e9:.1f} GB; free space or point serving_model_dir at a bigger disk."
         )
     return problems
 
@@ -170,28 +173,15 @@ def format_problems(host_name: str, problems: list[str]) -> str:
 
 
 @operation()
-def host_checks(
-    variant_name: str,
-    variant_gpus: int,
-    variant_vram_mib: int,
-    dflash: bool,
-    disk_path: str,
-    disk_needed_bytes: int,
-    data: dict,
-):
+def host_checks(needs: Needs, data: dict):
     """Fail this host with one message listing every problem; no-op when the host can run the variant."""
     problems = find_problems(
         host.get_fact(OsRelease),
         host.get_fact(NvidiaGpus),
-        host.get_fact(FreeDiskBytes, path=disk_path),
-        pci_gpus=host.get_fact(NvidiaPciGpus),
-        variant_name=variant_name,
-        variant_gpus=variant_gpus,
-        variant_vram_mib=variant_vram_mib,
-        dflash=dflash,
-        disk_path=disk_path,
-        disk_needed_bytes=disk_needed_bytes,
+        host.get_fact(FreeDiskBytes, path=needs.disk_path),
+        needs=needs,
         data=data,
+        pci_gpus=host.get_fact(NvidiaPciGpus),
     )
     if host.get_fact(SecureBoot) == "enabled":
         host.log_styled(
@@ -200,7 +190,7 @@ def host_checks(
             log_func=logger.warning,
         )
     if not problems:
-        host.noop(f"preflight passed for {variant_name}")
+        host.noop(f"preflight passed for {needs.variant}")
         return
     message = format_problems(host.name, problems)
     if not state.is_executing:  # change detection / --dry: report now; a real run fails when executed

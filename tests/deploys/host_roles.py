@@ -11,6 +11,7 @@ from pyinfra import host
 
 from rigforge.render import render_power_unit
 from roles import docker_engine, gpu_power, nvidia_driver, preflight
+from roles.operations.checks import Needs
 
 gpus = int(host.data.get("test_variant_gpus", 2))
 default_w = host.data.get("gpu_power_limit_w", gpu_power.DEFAULTS["gpu_power_limit_w"])
@@ -21,12 +22,7 @@ except (TypeError, ValueError):
     caps = {i: 0 for i in range(gpus)}  # preflight refuses the value with a message
 
 preflight.check(
-    variant_gpus=gpus,
-    variant_vram_mib=23000,
-    variant_name="dual-turbo",
-    dflash=False,
-    disk_path="/opt/rigforge/models",
-    disk_needed_bytes=int(host.data.get("test_disk_needed_bytes", 1_000_000)),
+    Needs("dual-turbo", gpus, 23000, False, "/opt/rigforge/models", int(host.data.get("test_disk_needed_bytes", 1e6)))
 )
 nvidia_driver.install()
 docker_engine.install()
