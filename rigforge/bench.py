@@ -393,13 +393,3 @@ def format_report(rep: dict) -> str:
     if any("deltas" in p["summary"]["tokens_from"] for p in rep["prompts"].values()):
         lines.append("* the server sent no usage chunk: tokens counted as streamed deltas")
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="rigforge bench", description=__doc__.splitlines()[0])
-    add_arguments(p)
-    return run(p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

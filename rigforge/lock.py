@@ -207,13 +207,3 @@ def run(args: argparse.Namespace) -> int:
     for line in report or ["nothing to resolve"]:
         print(line)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rigforge lock", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -409,13 +409,3 @@ def format_table(rows: list[dict]) -> str:
         for p in r.get("problems") or []:
             lines.append(f"{r['host']}: {p}")
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="rigforge status", description=__doc__.splitlines()[0])
-    add_arguments(p)
-    return run(p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -373,13 +373,3 @@ def run(args) -> int:
         summary += f"; service/API checks {SKIPPED} where noted"
     print(summary)
     return code
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="rigforge verify", description=__doc__.splitlines()[0])
-    add_arguments(p)
-    return run(p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

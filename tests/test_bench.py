@@ -251,10 +251,10 @@ def test_unknown_model_exits_2_naming_the_server_answer(stub, capsys):
     assert "HTTP 404" in err and "nope" in err
 
 
-def test_module_runs_standalone(stub):
+def test_runs_as_the_rigforge_command(stub):
     url = stub()
     r = subprocess.run(
-        [sys.executable, "-m", "rigforge.bench", url, "--warmups", "0", "--runs", "1", "--only", "code"],
+        [sys.executable, "-m", "rigforge.cli", "bench", url, "--warmups", "0", "--runs", "1", "--only", "code"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
@@ -269,7 +269,7 @@ def test_server_dying_mid_run_exits_2(tmp_path):
     )  # fmt: skip
     url = stub.stdout.readline().strip()
     bench_proc = subprocess.Popen(
-        [sys.executable, "-m", "rigforge.bench", url, "--warmups", "0", "--runs", "1"],
+        [sys.executable, "-m", "rigforge.cli", "bench", url, "--warmups", "0", "--runs", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     time.sleep(1.0)  # mid-way through the first 2-second stream

@@ -144,7 +144,12 @@ def rigforge_lock(*args: str, token: str | None = None, endpoint: str | None = N
     if endpoint:
         env["HF_ENDPOINT"] = endpoint
     return subprocess.run(
-        [sys.executable, "-m", "rigforge.lock", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "rigforge.cli", "lock", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 

@@ -41,7 +41,7 @@ SERVICE_CHECKS = CHECKS[-4:]
 
 def rigforge(cmd: str, inventory: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", f"rigforge.{cmd}", str(inventory), *extra],
+        [sys.executable, "-m", "rigforge.cli", cmd, str(inventory), *extra],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
 

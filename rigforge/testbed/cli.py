@@ -71,13 +71,3 @@ def run(args: argparse.Namespace) -> int:
     except TestbedError as exc:
         print(f"rigforge testbed {args.testbed_command}: {exc}", file=sys.stderr)
         return 1
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rigforge testbed", description=__doc__)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -333,7 +333,7 @@ def test_testbed_dir_must_be_root_owned_and_not_world_writable(tmp_path):
 
 def test_cli_rejects_bad_options_before_doing_anything():
     res = subprocess.run(
-        [sys.executable, "-m", "rigforge.testbed.cli", "up", "--power-max", "50", "--dir", "/nonexistent/x"],
+        [sys.executable, "-m", "rigforge.cli", "testbed", "up", "--power-max", "50", "--dir", "/nonexistent/x"],
         capture_output=True,
         text=True,
         cwd=Path(__file__).resolve().parents[2],
