@@ -50,7 +50,11 @@ def _render(args: argparse.Namespace) -> int:
     if not args.variant or not args.out:
         raise SettingsError("render needs VARIANT and --out DIR (variants: " + ", ".join(catalog.names) + ")")
     variant = catalog.variant(args.variant)
-    settings = apply_overrides(Settings(), parse_set(args.sets))
+    overrides = parse_set(args.sets)
+    token = os.environ.get("RIGFORGE_HF_TOKEN") or os.environ.get("HF_TOKEN")
+    if token and "hf_token" not in overrides:  # as a deploy does; keeps the secret off the command line
+        overrides["hf_token"] = token
+    settings = apply_overrides(Settings(), overrides)
     files = render_variant(variant, settings, gpu_count=args.gpus)
     _write_atomically(args.out, files)
     for name in files:

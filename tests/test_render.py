@@ -164,8 +164,17 @@ def test_parse_set_requires_key_value():
         parse_set(["port"])
 
 
-def rigforge(*args):
-    return subprocess.run([sys.executable, "-m", "rigforge.cli", *args], capture_output=True, text=True)
+def rigforge(*args, env=None):
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "RIGFORGE_HF_TOKEN")} | (env or {})
+    return subprocess.run([sys.executable, "-m", "rigforge.cli", *args], capture_output=True, text=True, env=env)
+
+
+def test_cli_render_takes_the_token_from_the_environment_into_env_only(tmp_path):
+    token = "hf_" + "e" * 34
+    r = rigforge("render", "dual", "--out", str(tmp_path), env={"RIGFORGE_HF_TOKEN": token})
+    assert r.returncode == 0 and token not in r.stdout + r.stderr
+    assert f"HF_TOKEN={token}" in (tmp_path / ".env").read_text().splitlines()
+    assert token not in (tmp_path / "docker-compose.yml").read_text()
 
 
 def test_cli_render_writes_what_a_rig_gets(tmp_path):
