@@ -333,7 +333,7 @@ def _uid_used(uid: int) -> bool:
 
 
 def _prepare_rootfs(root: Path, uid: int) -> None:
-    rootfs.copy_host_resolv(root)
+    rootfs.copy_host_network_config(root)
     hostname = os.uname().nodename
     (root / "etc/hosts").write_text(f"127.0.0.1\tlocalhost\n127.0.1.1\t{hostname}\n::1\tlocalhost ip6-localhost\n")
     in_chroot(

@@ -52,7 +52,7 @@ def tarball_path(testbed_dir: Path) -> Path:
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 
-def copy_host_resolv(root: Path) -> None:
+def copy_host_network_config(root: Path) -> None:
     """The rig shares the controller's network: same resolver, and pip trusts the same CAs (a registry
     proxy on this network may present its own CA, which the controller host already trusts)."""
     resolv = root / "etc/resolv.conf"
@@ -108,7 +108,7 @@ def _debootstrap(cache: Path, tarball: Path) -> None:
     (build / "usr/sbin/policy-rc.d").chmod(0o755)
     (build / "etc/apt/sources.list").unlink(missing_ok=True)
     (build / "etc/apt/sources.list.d/debian.sources").write_text(SOURCES)
-    copy_host_resolv(build)
+    copy_host_network_config(build)
     in_chroot(
         build,
         "apt-get update -qq && apt-get install -y -qq --download-only " + " ".join(PREFETCH_PACKAGES),
@@ -146,7 +146,7 @@ def tools_rootfs(testbed_dir: Path = Path("/var/lib/rigforge-testbed")) -> Path:
             return root
         t0 = time.monotonic()
         extract(tarball, root)
-        copy_host_resolv(root)
+        copy_host_network_config(root)
         in_chroot(root, "apt-get install -y -qq --no-install-recommends " + " ".join(TOOLS_PACKAGES), capture=True)
         (root / ".rigforge-tools-ready").write_text("ok\n")
         for old in (testbed_dir / "cache").glob("tools-*"):
