@@ -18,12 +18,12 @@ import yaml
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from rigforge.catalog import Variant
+from rigforge.layout import POWER_UNIT, VLLM_TEMPLATE, HostLayout
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 COMPOSE_FILE = "docker-compose.yml"
 ENV_FILE = ".env"
-VLLM_UNIT = "rigforge-vllm@.service"
-POWER_UNIT = "rigforge-gpu-power.service"
+VLLM_UNIT = VLLM_TEMPLATE
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e5m2", "fp8_e4m3", "turboquant_3bit_nc")
 
 
@@ -52,7 +52,11 @@ class Settings:
 
     @property
     def models(self) -> str:
-        return self.model_dir or f"{self.root}/models"
+        return self.layout().models
+
+    def layout(self, variant: str = "") -> HostLayout:
+        """Every path and name on the rig for these settings (and `variant`'s serve dir and unit)."""
+        return HostLayout(root=self.root, model_dir=self.model_dir, variant=variant)
 
 
 def _int(v: Any) -> int:
@@ -61,11 +65,20 @@ def _int(v: Any) -> int:
     return int(v)
 
 
-def _port(v: Any) -> int:
-    n = _int(v)
-    if not 1 <= n <= 65535:
-        raise ValueError("a port number 1..65535")
-    return n
+def _int_in(low: int, high: int, what: str = "an integer"):
+    def check(v: Any) -> int:
+        try:
+            n = _int(v)
+        except ValueError:
+            n = None
+        if n is None or not low <= n <= high:
+            raise ValueError(f"{what} in {low}..{high}")
+        return n
+
+    return check
+
+
+_port = _int_in(1, 65535, "a port number")
 
 
 def _fraction(v: Any) -> float:
@@ -85,10 +98,16 @@ def _ip(v: Any) -> str:
         raise ValueError("an IP address such as 127.0.0.1 or 0.0.0.0") from None
 
 
+SAFE_PATH = re.compile(r"^/[A-Za-z0-9._+@/-]*$")
+
+
 def _abs_path(v: Any) -> str:
-    s = str(v)
-    if not s.startswith("/") or "\n" in s:
-        raise ValueError("an absolute path")
+    """An absolute path that is safe in a shell command, a compose volume and a unit file."""
+    s = str(v) if isinstance(v, str) else ""
+    if not SAFE_PATH.fullmatch(s) or "/../" in f"{s}/" or "//" in s:
+        raise ValueError(
+            "an absolute path of letters, digits and . _ + @ - / (no spaces, quotes, ':' or shell characters)"
+        )
     return s.rstrip("/") or "/"
 
 
@@ -103,65 +122,106 @@ def _choice(*allowed: str):
 
 def _args(v: Any) -> tuple[str, ...]:
     items = v if isinstance(v, list | tuple) else str(v).split()
-    if not all(isinstance(x, str) and x for x in items):
+    if not all(isinstance(x, str) and x and "\n" not in x for x in items):
         raise ValueError("a list of vLLM arguments such as ['--enable-log-requests']")
     return tuple(items)
 
 
-def _secret(v: Any) -> str:
-    s = str(v)
-    if not s or "\n" in s:
-        raise ValueError("a non-empty single-line string")
+IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
+
+
+def _image(v: Any) -> str:
+    s = str(v) if isinstance(v, str) else ""
+    if not IMAGE.fullmatch(s) or len(s) > 512:
+        raise ValueError("an image reference such as vllm/vllm-openai:TAG[@sha256:DIGEST] (no quotes or spaces)")
     return s
 
 
-def _watts(v: Any) -> int:
-    n = _int(v)
-    if n <= 0:
-        raise ValueError("a positive number of watts")
-    return n
+def _secret(v: Any) -> str:
+    s = str(v) if isinstance(v, str | int) and not isinstance(v, bool) else ""
+    if not re.fullmatch(r"[A-Za-z0-9._~+/=-]+", s):
+        raise ValueError("a single word of letters, digits and . _ ~ + / = - (no spaces or quotes)")
+    return s
+
+
+WATTS = (100, 600)  # any card's power cap lies in here; the card's own min..max is checked once the driver answers
+_watts = _int_in(*WATTS, "whole watts")
+MAX_GPUS = 16
 
 
 def _per_gpu_watts(v: Any) -> tuple[tuple[int, int], ...]:
     if isinstance(v, str):
-        v = yaml.safe_load(v or "{}")
+        try:
+            v = yaml.safe_load(v or "{}")
+        except yaml.YAMLError:
+            v = None
     if not isinstance(v, dict):
         raise ValueError("a mapping of GPU index to watts, e.g. {0: 230, 1: 250}")
-    return tuple(sorted((_int(k), _watts(w)) for k, w in v.items()))
+    out = []
+    for k, w in v.items():
+        try:
+            index, watts = _int_in(0, MAX_GPUS - 1)(k), _watts(w)
+        except ValueError:
+            raise ValueError(
+                f"a mapping of GPU index (0..{MAX_GPUS - 1}) to whole watts in {WATTS[0]}..{WATTS[1]}, "
+                "e.g. {0: 230, 1: 250}"
+            ) from None
+        out.append((index, watts))
+    return tuple(sorted(out))
 
 
-# name -> parser; the names are what `rigforge render --set NAME=VALUE` and `serving_NAME` host data use.
+# name -> parser; the names are what `rigforge render --set NAME=VALUE` uses; host data uses HOST_KEYS[name].
 SETTINGS = {
     "port": _port,
     "bind_address": _ip,
     "model_dir": _abs_path,
     "gpu_memory_utilization": _fraction,
     "kv_cache_dtype": _choice(*KV_CACHE_DTYPES),
-    "max_model_len": _int,
-    "max_num_seqs": _int,
+    "max_model_len": _int_in(1, 1_048_576),
+    "max_num_seqs": _int_in(1, 1024),
     "extra_args": _args,
-    "image": _secret,
+    "image": _image,
     "root": _abs_path,
     "power_limit_w": _watts,
     "power_limits": _per_gpu_watts,
     "api_key": _secret,
     "hf_token": _secret,
 }
+SECRETS = ("api_key", "hf_token")
+# setting -> the host-data key it comes from
+HOST_KEYS = {
+    **{name: f"serving_{name}" for name in SETTINGS},
+    "root": "rigforge_root",
+    "power_limit_w": "gpu_power_limit_w",
+    "power_limits": "gpu_power_limits",
+    "hf_token": "hf_token",
+}
+
+
+def setting_problems(raw: dict[str, Any], host_data: bool = False) -> list[str]:
+    """Every problem with raw setting values (empty when all are fine), naming the key as the user wrote it:
+    the host-data key (`serving_port`) when `host_data`, else the setting (`setting 'port'`)."""
+    problems = []
+    for key, value in raw.items():
+        name = HOST_KEYS.get(key, key) if host_data else f"setting {key!r}"
+        if key not in SETTINGS:
+            problems.append(f"unknown setting {key!r}; allowed: {', '.join(SETTINGS)}")
+            continue
+        try:
+            SETTINGS[key](value)
+        except ValueError as exc:
+            shown = "***" if key in SECRETS else repr(value)
+            problems.append(f"{name} must be {exc}, got {shown}")
+    return problems
 
 
 def apply_overrides(base: Settings, overrides: dict[str, Any], where: str = "") -> Settings:
-    """Validate and apply overrides; raise SettingsError naming the key and the allowed values."""
-    prefix = f"{where}: " if where else ""
-    changes = {}
-    for key, raw in overrides.items():
-        if key not in SETTINGS:
-            raise SettingsError(f"{prefix}unknown setting {key!r}; allowed: {', '.join(SETTINGS)}")
-        try:
-            changes[key] = SETTINGS[key](raw)
-        except ValueError as exc:
-            shown = "***" if key in ("api_key", "hf_token") else repr(raw)
-            raise SettingsError(f"{prefix}setting {key!r} must be {exc}, got {shown}") from None
-    return replace(base, **changes)
+    """Validate and apply overrides; raise SettingsError naming every bad key and the allowed values."""
+    problems = setting_problems(overrides)
+    if problems:
+        prefix = f"{where}: " if where else ""
+        raise SettingsError(prefix + "; ".join(problems))
+    return replace(base, **{key: SETTINGS[key](raw) for key, raw in overrides.items()})
 
 
 def parse_set(items: list[str]) -> dict[str, str]:
@@ -175,13 +235,21 @@ def parse_set(items: list[str]) -> dict[str, str]:
     return out
 
 
-def check_variant_settings(variant: Variant, s: Settings) -> None:
+def variant_setting_problems(variant: Variant, s: Settings, host_data: bool = False) -> list[str]:
     """Settings that are valid alone but not for this variant."""
     if s.kv_cache_dtype and variant.uses_dflash:
-        raise SettingsError(
-            f"setting 'kv_cache_dtype' cannot be used with {variant.name}: DFlash forces FP16 KV "
+        key = HOST_KEYS["kv_cache_dtype"] if host_data else "setting 'kv_cache_dtype'"
+        return [
+            f"{key} cannot be used with {variant.name}: DFlash forces FP16 KV "
             "(no fp8/TurboQuant path on Ampere); pick dual or dual-turbo for a 20 GB card"
-        )
+        ]
+    return []
+
+
+def check_variant_settings(variant: Variant, s: Settings) -> None:
+    problems = variant_setting_problems(variant, s)
+    if problems:
+        raise SettingsError("; ".join(problems))
 
 
 def vllm_args(variant: Variant, s: Settings) -> list[str]:
@@ -211,7 +279,8 @@ def vllm_args(variant: Variant, s: Settings) -> list[str]:
 
 
 def _host_path(template: str, s: Settings) -> str:
-    return template.format(models=s.models, cache=f"{s.root}/cache", src=f"{s.root}/src")
+    layout = s.layout()
+    return template.format(models=layout.models, cache=layout.cache, src=layout.src_root)
 
 
 def compose_context(variant: Variant, s: Settings) -> dict[str, Any]:
@@ -270,7 +339,7 @@ def render_power_unit(caps: dict[int, int], nvidia_smi: str = "/usr/bin/nvidia-s
 
 
 def render_vllm_unit(s: Settings, docker: str = "/usr/bin/docker") -> str:
-    return _env().get_template(VLLM_UNIT + ".j2").render(serve_dir=f"{s.root}/serve", docker=docker)
+    return _env().get_template(VLLM_UNIT + ".j2").render(serve_dir=s.layout().serve_root, docker=docker)
 
 
 def render_variant(variant: Variant, s: Settings, gpu_count: int | None = None) -> dict[str, str]:
@@ -286,17 +355,12 @@ def render_variant(variant: Variant, s: Settings, gpu_count: int | None = None) 
 
 
 def settings_from_host_data(data: Any) -> dict[str, Any]:
-    """The `serving_*`, power and secret keys of pyinfra host data, as raw overrides for apply_overrides."""
+    """The settings' host-data keys (HOST_KEYS: `serving_*`, rigforge_root, power, hf_token) that are set, as raw
+    overrides for apply_overrides (keyed by setting name)."""
     out = {}
-    for key in SETTINGS:
-        for name in (f"serving_{key}", key if key in ("hf_token",) else None):
-            value = data.get(name) if name else None
-            if value is not None:
-                out[key] = value
-    if data.get("rigforge_root"):
-        out["root"] = data.get("rigforge_root")
-    if data.get("gpu_power_limit_w") is not None:
-        out["power_limit_w"] = data.get("gpu_power_limit_w")
-    if data.get("gpu_power_limits"):
-        out["power_limits"] = data.get("gpu_power_limits")
+    for key, host_key in HOST_KEYS.items():
+        value = data.get(host_key)
+        if value is None or (key in SECRETS and value == ""):
+            continue
+        out[key] = value
     return out

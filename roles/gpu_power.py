@@ -1,16 +1,22 @@
 """GPU power: persistence mode on and a power cap per GPU, now and at every boot.
 
 The cap (`gpu_power_limit_w`, per-GPU `gpu_power_limits` overrides) is applied now only to GPUs whose
-current limit differs, and made permanent by rigforge-gpu-power.service (a oneshot whose text is rendered
-by rigforge.render and passed in). A cap outside a card's min..max is refused with the card's range.
+current limit differs, and made permanent by rigforge-gpu-power.service, a oneshot rendered from the plan's
+caps, which cover every GPU the rig has. Values outside 100..600 W are refused with the other host-data
+problems before anything changes; a cap outside a card's own min..max is refused as soon as the driver
+answers (preflight on a rig that has one, the GPU check right after the driver role on a fresh rig).
 """
 
 from __future__ import annotations
 
-from pyinfra import host
+from collections.abc import Mapping
+
 from pyinfra.api import deploy
 from pyinfra.operations import systemd
 
+from rigforge import knobs
+from rigforge.plan import Plan
+from rigforge.render import render_power_unit
 from roles.operations import nvidia, systemd_units
 from roles.operations.staged import staged_files, systemd_verify
 
@@ -19,26 +25,29 @@ DEFAULTS = {
     "gpu_power_limits": {},  # per-GPU overrides {index: watts}
 }
 
-UNIT_NAME = "rigforge-gpu-power.service"
-UNIT_DIR = "/etc/systemd/system"
+
+def validate(data: Mapping) -> list[str]:
+    return knobs.settings(data, {"power_limit_w": "gpu_power_limit_w", "power_limits": "gpu_power_limits"})
 
 
 @deploy("GPU power caps", data_defaults=DEFAULTS)
-def apply(unit_text: str):
+def apply(plan: Plan):
+    settings, layout = plan.settings, plan.layout
+    overrides = dict(settings.power_limits)
     nvidia.persistence_mode(name="Turn on GPU persistence mode")
     nvidia.power_caps(
-        name=f"Cap GPU power at {host.data.gpu_power_limit_w} W (overrides: {host.data.gpu_power_limits or 'none'})",
-        default_w=host.data.gpu_power_limit_w,
-        overrides=host.data.gpu_power_limits or {},
+        name=f"Cap GPU power at {settings.power_limit_w} W (overrides: {overrides or 'none'})",
+        default_w=settings.power_limit_w,
+        overrides=overrides,
     )
     unit = staged_files(
-        name=f"Install {UNIT_NAME} (validated by systemd-analyze verify)",
-        dest=UNIT_DIR,
-        files={UNIT_NAME: (unit_text, "644")},
-        validate=systemd_verify(UNIT_NAME),
+        name=f"Install {layout.power_unit} (validated by systemd-analyze verify)",
+        dest=layout.unit_dir,
+        files={layout.power_unit: (render_power_unit(dict(plan.caps)), "644")},
+        validate=systemd_verify(layout.power_unit),
         keep_previous=False,
     )
     systemd.daemon_reload(name="Reload systemd units", _if=unit.did_change)
-    systemd_units.enabled(name=f"Enable {UNIT_NAME} at boot", unit=UNIT_NAME)
-    if host.data.get("rigforge_manage_services", True):
-        systemd.service(name=f"Run {UNIT_NAME}", service=UNIT_NAME, running=True)
+    systemd_units.enabled(name=f"Enable {layout.power_unit} at boot", unit=layout.power_unit)
+    if plan.data["rigforge_manage_services"]:
+        systemd.service(name=f"Run {layout.power_unit}", service=layout.power_unit, running=True)

@@ -10,6 +10,7 @@ enabled, but nothing is started, pulled or health-checked.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from pyinfra import host
@@ -17,8 +18,9 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, server, systemd
 from pyinfra.operations.util import any_changed
 
-from rigforge.catalog import Variant
-from rigforge.render import COMPOSE_FILE, ENV_FILE, VLLM_UNIT, Settings, render_variant
+from rigforge import knobs
+from rigforge.plan import Plan
+from rigforge.render import COMPOSE_FILE, ENV_FILE, HOST_KEYS, VLLM_UNIT, render_variant
 from roles.operations.serving import enabled_instances, health_gate_script, image_present, manifest, sole_instance
 from roles.operations.staged import staged_files, systemd_verify
 
@@ -28,20 +30,29 @@ DEFAULTS = {
     "serving_health_timeout": 600,  # seconds to wait for /v1/models after a (re)start, as the recipes do
     "serving_health_host": "127.0.0.1",  # where the health gate reaches the API on the rig
 }
+SERVING_SETTINGS = {  # rendering settings this role's host data sets ({setting: host-data key})
+    name: key for name, key in HOST_KEYS.items() if key.startswith("serving_") or key == "rigforge_root"
+}
 
-UNIT_DIR = "/etc/systemd/system"
+
+def validate(data: Mapping) -> list[str]:
+    problems = knobs.settings(data, SERVING_SETTINGS)
+    problems += knobs.boolean(data, "rigforge_manage_services")
+    problems += knobs.integer(data, "serving_health_timeout", 10, 86400, " of seconds")
+    problems += knobs.hostname(data, "serving_health_host")
+    return problems
 
 
 @deploy("Serve the variant with vLLM", data_defaults=DEFAULTS)
-def apply(variant: Variant, settings: Settings, pins: dict):
-    manage = host.data.get("rigforge_manage_services")
-    serve_dir = f"{settings.root}/serve/{variant.name}"
-    unit = f"rigforge-vllm@{variant.name}.service"
+def apply(plan: Plan):
+    variant, settings, layout = plan.variant, plan.settings, plan.layout
+    manage = plan.data["rigforge_manage_services"]
+    serve_dir, unit = layout.serve_dir, layout.vllm_unit
     rendered = render_variant(variant, settings)
-    image = settings.image or variant.image
+    image = plan.image
 
     for cache_dir in ("torch_compile", "triton"):
-        files.directory(name=f"Compile cache {cache_dir}", path=f"{settings.root}/cache/{cache_dir}", mode="755")
+        files.directory(name=f"Compile cache {cache_dir}", path=f"{layout.cache}/{cache_dir}", mode="755")
 
     compose = staged_files(
         name=f"Install {variant.name} compose file and .env (validated by docker compose config)",
@@ -51,7 +62,7 @@ def apply(variant: Variant, settings: Settings, pins: dict):
     )
     unit_file = staged_files(
         name=f"Install {VLLM_UNIT} (validated by systemd-analyze verify)",
-        dest=UNIT_DIR,
+        dest=layout.unit_dir,
         files={VLLM_UNIT: (rendered[VLLM_UNIT], "644")},
         validate=systemd_verify(VLLM_UNIT, instance=unit),
         keep_previous=False,
@@ -71,12 +82,12 @@ def apply(variant: Variant, settings: Settings, pins: dict):
             _if=any_changed(compose, unit_file, switched),
         )
         server.shell(
-            name=f"Health gate: /v1/models and one chat completion on port {settings.port or variant.port}",
+            name=f"Health gate: /v1/models and one chat completion on port {plan.port}",
             commands=[
                 health_gate_script(
-                    url=f"http://{host.data.get('serving_health_host')}:{settings.port or variant.port}",
+                    url=f"http://{plan.data['serving_health_host']}:{plan.port}",
                     model=variant.arg("--served-model-name") or variant.name,
-                    timeout=int(host.data.get("serving_health_timeout")),
+                    timeout=int(plan.data["serving_health_timeout"]),
                     unit=unit,
                     rollback_unit=previous[0] if previous else None,
                     serve_dir=serve_dir,
@@ -88,8 +99,8 @@ def apply(variant: Variant, settings: Settings, pins: dict):
         host.noop(f"services not managed on this host: {unit} enabled but not started, no health gate")
 
     manifest(
-        name="Record /etc/rigforge/rig.json",
-        path="/etc/rigforge/rig.json",
-        content={"variant": variant.name, "unit": unit, "port": settings.port or variant.port, **pins},
+        name=f"Record {layout.rig_json}",
+        path=layout.rig_json,
+        content={"variant": variant.name, "unit": unit, "port": plan.port, **plan.pins},
         now=datetime.now(UTC).isoformat(timespec="seconds"),
     )

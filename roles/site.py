@@ -1,98 +1,166 @@
-"""The order of roles for one rig: validate, preflight, driver, container runtime, power, sources, weights, serving.
+"""The order of roles for one rig: plan, preflight, package repair, driver, GPU check, container runtime, power,
+sources, weights, serving.
 
-Everything that can be checked on the controller (variant name, settings, lock) is checked first; a problem
-fails only that host, with one message, before any operation changes it.
+`prepare()` builds the host's plan on the controller, once: every role module's `validate(data)` (host-data keys
+with the roles' defaults applied), the variant, the lock entries it needs, the settings for this variant, the
+GPU count and the token. Every problem comes out in one message naming the host and the host-data keys, as the
+host's first operation, so nothing on it changes; other hosts carry on, and no bad value can raise while
+operations are prepared. The roles then take the plan and read nothing else.
+
+Which variant: `deploy/<variant>.py` deploys that variant; `deploy/site.py` deploys the host's
+`rigforge_variant`. A host whose `rigforge_variant` names another variant than the entry point is refused
+(never switched silently): use deploy/site.py for fleets with a variant per host.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.facts.files import File
 from pyinfra.facts.server import Command
 
-from rigforge.catalog import CatalogError, load_catalog
+from rigforge.catalog import CatalogError, Variant, load_catalog
 from rigforge.pins import LockError, load_lock
-from rigforge.render import (
-    Settings,
-    SettingsError,
-    apply_overrides,
-    check_variant_settings,
-    power_caps,
-    render_power_unit,
-    settings_from_host_data,
-)
+from rigforge.plan import Plan, build_plan, cap_index_problems, gpu_count, variant_problems
+from rigforge.render import HOST_KEYS, Settings, apply_overrides, settings_from_host_data, variant_setting_problems
 from roles import docker_engine, gpu_power, nvidia_driver, preflight, serving, sources, weights
-from roles.operations.checks import Needs, refuse
+from roles.facts.hfweights import WeightsState
+from roles.facts.nvidia import NvidiaGpus, NvidiaPciGpus
+from roles.operations.checks import Needs, format_problems, refuse
+from roles.operations.hfweights import stale_files
 
 IMAGE_GB = 9  # the vLLM nightly image on disk (HARDWARE.md)
 REPO = Path(__file__).resolve().parent.parent
 DEFAULTS = {
-    "rigforge_variant": None,  # variant this host serves (deploy/site.py); deploy/<variant>.py sets it
+    "rigforge_variant": None,  # variant this host serves (deploy/site.py); deploy/<variant>.py must agree
     "rigforge_lock": str(REPO / "rigforge.lock.yaml"),  # lock file read on the controller
 }
+ROLES = (preflight, nvidia_driver, docker_engine, gpu_power, sources, weights, serving)
 
 
-def _settings() -> Settings:
-    raw = settings_from_host_data(host.data)
-    token = host.data.get("hf_token") or os.environ.get("RIGFORGE_HF_TOKEN") or os.environ.get("HF_TOKEN")
-    if token:
-        raw["hf_token"] = token
-    return apply_overrides(Settings(), raw, where=f"host data of {host.name}")
+def validate(data) -> list[str]:
+    problems = []
+    if not isinstance(data.get("rigforge_lock"), str | os.PathLike):
+        problems.append(f"rigforge_lock must be the path of a lock file, got {data.get('rigforge_lock')!r}")
+    return problems
 
 
-def plan(variant_name: str | None):
-    """Everything the roles need, validated on the controller. Raises with a message naming host and key."""
+def host_data() -> dict:
+    """This host's data for every role's knobs and the settings' keys, role defaults applied."""
+    defaults = {key: value for module in ROLES for key, value in module.DEFAULTS.items()} | DEFAULTS
+    keys = {*defaults, *HOST_KEYS.values()}
+    return {key: host.data.get(key, defaults.get(key)) for key in sorted(keys)}
+
+
+def _token(data: dict) -> str | None:
+    return data.get("hf_token") or os.environ.get("RIGFORGE_HF_TOKEN") or os.environ.get("HF_TOKEN") or None
+
+
+def _gather(entry: str | Variant | None, asset_dirs: Mapping[str, str] | None) -> tuple[Plan | None, list[str]]:
+    data = host_data()
+    problems = validate(data)
+    for module in ROLES:
+        check = getattr(module, "validate", None)  # a role without knobs to check has none
+        if check:
+            problems += check(data)
     catalog = load_catalog()
-    name = variant_name or host.data.get("rigforge_variant")
-    if not name:
-        raise CatalogError(f"rigforge_variant is not set; choose one of: {', '.join(catalog.names)}")
-    variant = catalog.variant(name)
-    settings = _settings()
-    check_variant_settings(variant, settings)
-    lock = load_lock(host.data.get("rigforge_lock") or DEFAULTS["rigforge_lock"])
-    lock.require(git=variant.sources, hf=variant.assets)
-    return variant, settings, lock
+    given = entry if isinstance(entry, Variant) else None
+    names = [*catalog.names, *([given.name] if given else [])]
+    name, variant_issues = variant_problems(given.name if given else entry, data.get("rigforge_variant"), names)
+    problems += variant_issues
+    lock = None
+    try:
+        lock = load_lock(data["rigforge_lock"])
+    except LockError as exc:
+        problems.append(str(exc))
+    if problems or name is None or lock is None:
+        return None, problems
+
+    variant = given or catalog.variant(name)
+    settings = apply_overrides(Settings(), settings_from_host_data(data))
+    problems += variant_setting_problems(variant, settings, host_data=True)
+    try:
+        lock.require(git=variant.sources, hf=variant.assets)
+    except LockError as exc:
+        problems.append(str(exc))
+        return None, problems
+
+    smi = host.get_fact(NvidiaGpus)
+    gpus = gpu_count(variant.gpus, len(smi), host.get_fact(NvidiaPciGpus))
+    problems += cap_index_problems(settings, gpus)
+
+    dirs = {asset: (asset_dirs or {}).get(asset) or catalog.assets[asset].dir for asset in variant.assets}
+    layout = settings.layout(variant.name)
+    stale = {
+        asset: stale_files(
+            lock.hf[asset],
+            host.get_fact(WeightsState, dest=layout.asset_dir(dirs[asset]), staging=layout.weights_staging(asset)),
+        )
+        for asset in variant.assets
+    }
+    token = _token(data)
+    gated = [lock.hf[asset].repo for asset in variant.assets if lock.hf[asset].gated and stale[asset]]
+    if gated and not token:
+        problems.append(
+            f"{', '.join(gated)} {'is' if len(gated) == 1 else 'are'} gated, not yet fetched, and no HF token is set: "
+            "set host data hf_token or RIGFORGE_HF_TOKEN / HF_TOKEN on the controller"
+        )
+    if problems:
+        return None, problems
+    plan = build_plan(host.name, variant, settings, lock, dirs, gpus, data, token)
+    return plan, []
 
 
-def _disk_needed(variant, settings, lock, assets) -> int:
+def prepare(variant: str | Variant | None = None, asset_dirs: Mapping[str, str] | None = None) -> Plan | None:
+    """This host's plan, or None after queueing one operation that refuses the host naming every problem.
+
+    `variant`: a catalog name (deploy/<variant>.py), None (deploy/site.py: host data's rigforge_variant), or a
+    variant object; `asset_dirs` overrides the catalog's dir of an asset under the model dir.
+    """
+    try:
+        plan, problems = _gather(variant, asset_dirs)
+    except (CatalogError, LockError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        plan, problems = None, [f"cannot prepare this host: {type(exc).__name__}: {exc}"]
+    if plan is None:
+        message = format_problems(host.name, problems, what="rigforge refused")
+        refuse(name=f"Refuse {host.name}: {len(problems)} problem(s) in host data", message=message)
+    return plan
+
+
+def _disk_needed(plan: Plan) -> int:
     """Bytes still to land on the model disk: weights not yet stamped, plus the image when it will be pulled."""
-    needed = sum(
-        lock.hf[name].total_size
-        for name, dirname in assets.items()
-        if not host.get_fact(File, path=f"{settings.models}/{dirname}/.rigforge-stamp.json")
-    )
-    image = settings.image or variant.image
-    if host.data.get("rigforge_manage_services", True):
-        present = host.get_fact(Command, command=f"docker image inspect {image} >/dev/null 2>&1 && echo yes || true")
+    needed = 0
+    for asset in plan.assets:
+        state = host.get_fact(
+            WeightsState, dest=plan.layout.asset_dir(asset.dir), staging=plan.layout.weights_staging(asset.name)
+        )
+        if stale_files(asset.pin, state):
+            needed += asset.pin.total_size
+    if plan.data["rigforge_manage_services"]:
+        present = host.get_fact(
+            Command, command=f"docker image inspect {plan.image} >/dev/null 2>&1 && echo yes || true"
+        )
         needed += 0 if present == "yes" else int(IMAGE_GB * 1e9)
     return needed
 
 
+def needs(plan: Plan) -> Needs:
+    v = plan.variant
+    return Needs(v.name, v.gpus, v.min_card_mib, v.uses_dflash, plan.layout.models, _disk_needed(plan))
+
+
 @deploy("rigforge site", data_defaults=DEFAULTS)
 def provision(variant_name: str | None = None):
-    try:
-        variant, settings, lock = plan(variant_name)
-    except (CatalogError, SettingsError, LockError) as exc:
-        refuse(name=f"Refuse {host.name}: {exc}", message=f"{host.name}: {exc}")
+    plan = prepare(variant_name)
+    if plan is None:
         return
-
-    assets = {name: load_catalog().assets[name].dir for name in variant.assets}
-    needed = _disk_needed(variant, settings, lock, assets)
-    preflight.check(
-        Needs(variant.name, variant.gpus, variant.min_card_mib, variant.uses_dflash, settings.models, needed)
-    )
+    preflight.check(needs(plan))
     nvidia_driver.install()
     docker_engine.install()
-    gpu_power.apply(render_power_unit(power_caps(variant.gpus, settings)))
-    sources.apply(lock, list(variant.sources))
-    weights.apply(lock, assets)
-    pins = {
-        "image": settings.image or variant.image,
-        "git": {name: lock.git[name].commit for name in variant.sources},
-        "hf": {name: lock.hf[name].revision for name in variant.assets},
-    }
-    serving.apply(variant, settings, pins)
+    gpu_power.apply(plan)
+    sources.apply(plan)
+    weights.apply(plan)
+    serving.apply(plan)

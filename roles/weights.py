@@ -5,21 +5,22 @@ rigforge/remote/fetch_weights.py: resumable downloads into <model dir>/.rigforge
 every file against the lock, atomic move into place, a stamp (size, mtime_ns, sha256 per file). Re-runs
 compare the stamp with a stat of the files and do not read them; `weights_deep_verify: True` re-hashes.
 `weights_source: controller` downloads once into the controller's cache and pushes to each rig instead.
-Before anything changes: unresolved lock entries and gated repos without a token stop the host.
+Checked on the controller before anything changes (roles/site.py): the knobs below, unresolved lock entries,
+and a token for gated repos, needed only while one of them is not yet fetched and stamped.
 """
 
 from __future__ import annotations
 
-import os
+import re
+from collections.abc import Mapping
 
-from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.api.hiddenvalue import HiddenValue
 from pyinfra.operations import apt, files, pip
 
-from rigforge.pins import Lock, LockError
+from rigforge import knobs
+from rigforge.plan import Plan
 from roles.operations import hfweights
-from roles.operations.checks import refuse
 
 DEFAULTS = {
     "rigforge_root": "/opt/rigforge",  # root of the host layout (venv, lib, models)
@@ -34,47 +35,33 @@ DEFAULTS = {
 SOURCES = ("hub", "controller")
 
 
-def _token() -> str | None:
-    return host.data.get("hf_token") or os.environ.get("RIGFORGE_HF_TOKEN") or os.environ.get("HF_TOKEN")
-
-
-def _problem(lock: Lock, assets: dict[str, str]) -> str | None:
-    """Why this host cannot get these assets, checked on the controller; None when fine."""
-    try:
-        lock.require(hf=list(assets))
-    except LockError as exc:
-        return str(exc)
-    source = host.data.get("weights_source")
-    if source not in SOURCES:
-        return f"weights_source is {source!r}; allowed: {', '.join(SOURCES)}"
-    gated = [lock.hf[name].repo for name in assets if lock.hf[name].gated]
-    if gated and not _token():
-        return (
-            f"{', '.join(gated)} {'is' if len(gated) == 1 else 'are'} gated and no HF token is set: "
-            "set host data hf_token or RIGFORGE_HF_TOKEN / HF_TOKEN on the controller"
-        )
-    return None
+def validate(data: Mapping) -> list[str]:
+    problems = knobs.choice(data, "weights_source", SOURCES) + knobs.boolean(data, "weights_deep_verify")
+    problems += knobs.url(data, "hf_endpoint")
+    if data.get("hf_token") not in (None, ""):
+        problems += knobs.settings(data, {"hf_token": "hf_token"})
+    version = data.get("weights_hf_hub_version")
+    if not (isinstance(version, str) and re.fullmatch(r"\d+(\.\d+){1,3}", version)):
+        problems.append(f"weights_hf_hub_version must be a release such as 2.4.0, got {version!r}")
+    cache = data.get("weights_cache_dir")
+    if not (isinstance(cache, str) and cache and not re.search(r"\s", cache)):
+        problems.append(f"weights_cache_dir must be a directory path on the controller, got {cache!r}")
+    return problems
 
 
 @deploy("Verified model weights", data_defaults=DEFAULTS)
-def apply(lock: Lock, assets: dict[str, str]):
-    problem = _problem(lock, assets)
-    if problem:
-        refuse(name=f"Refuse {host.name}: weights", message=f"{host.name}: {problem}")
-        return
-    root = host.data.get("rigforge_root")
-    models = host.data.get("serving_model_dir") or f"{root}/models"
-    venv, lib = f"{root}/venv", f"{root}/lib"
-    token = _token()
+def apply(plan: Plan):
+    layout, data = plan.layout, plan.data
+    venv, lib = layout.venv, layout.lib
 
     apt.packages(name="Install python3-venv", packages=["python3-venv", "ca-certificates"], no_recommends=True)
     pip.venv(name=f"Python venv {venv}", path=venv, python="python3")
     pip.packages(
         name="Install huggingface_hub into the venv",
-        packages=[f"huggingface_hub=={host.data.get('weights_hf_hub_version')}"],
+        packages=[f"huggingface_hub=={data['weights_hf_hub_version']}"],
         virtualenv=venv,
     )
-    files.directory(name=f"Model directory {models}", path=models, mode="755")
+    files.directory(name=f"Model directory {layout.models}", path=layout.models, mode="755")
     files.directory(name=f"rigforge lib {lib}", path=lib, mode="755")
     files.put(
         name="Ship fetch_weights.py",
@@ -82,19 +69,19 @@ def apply(lock: Lock, assets: dict[str, str]):
         dest=f"{lib}/fetch_weights.py",
         mode="755",
     )
-    for name, dest_dir in assets.items():
-        pin = lock.hf[name]
+    for asset in plan.assets:
+        pin = asset.pin
         hfweights.fetched(
-            name=f"Weights {name} ({pin.repo}@{pin.revision[:12]}) -> {dest_dir}",
+            name=f"Weights {asset.name} ({pin.repo}@{pin.revision[:12]}) -> {asset.dir}",
             pin=pin,
-            dest=f"{models}/{dest_dir}",
-            staging=f"{models}/.rigforge-staging/{name}",
+            dest=layout.asset_dir(asset.dir),
+            staging=layout.weights_staging(asset.name),
             python=f"{venv}/bin/python",
             script=f"{lib}/fetch_weights.py",
-            work_dir=f"{root}/run/weights",
-            endpoint=host.data.get("hf_endpoint"),
-            token=HiddenValue(token) if token else None,
-            deep=bool(host.data.get("weights_deep_verify")),
-            source=host.data.get("weights_source"),
-            cache_dir=host.data.get("weights_cache_dir"),
+            work_dir=layout.weights_work,
+            endpoint=data["hf_endpoint"],
+            token=HiddenValue(plan.token) if plan.token else None,
+            deep=bool(data["weights_deep_verify"]),
+            source=data["weights_source"],
+            cache_dir=data["weights_cache_dir"],
         )

@@ -111,22 +111,30 @@ def test_user_daemon_json_keys_survive(converged):
     assert changed_ops(again) == []
 
 
-def assert_stopped_in_preflight(tb, data: list[str], expect: str):
+def assert_stopped_in_preflight(tb, data: list[str], expect: str, header: str = "preflight failed on rig1"):
     rig = tb.rig("rig1")
     before = rig_snapshot(rig)
     results, err = pyinfra_run(tb.inventory, *data)
     assert results["failed_hosts"] == "all", err[-4000:]  # the only host failed: pyinfra stops
     assert changed_ops(results) == []
-    assert "preflight failed on rig1" in err and expect in err, err[-4000:]
+    assert header in err and expect in err, err[-4000:]
     assert rig_snapshot(rig) == before
 
 
-@pytest.mark.parametrize("cap", [90, 400])
-def test_cap_outside_card_range_stops_in_preflight_with_nothing_changed(converged, cap):
+def test_cap_outside_card_range_stops_in_preflight_with_nothing_changed(converged):
     assert_stopped_in_preflight(
         converged[0],
-        ["--data", f"gpu_power_limit_w={cap}"],
-        f"power cap {cap} W (gpu_power_limit_w) is outside GPU 0, 1 (NVIDIA GeForce RTX 3090) range 100..350 W",
+        ["--data", "gpu_power_limit_w=400"],
+        "power cap 400 W (gpu_power_limit_w) is outside GPU 0, 1 (NVIDIA GeForce RTX 3090) range 100..350 W",
+    )
+
+
+def test_cap_outside_any_card_range_is_refused_with_the_host_data(converged):
+    assert_stopped_in_preflight(
+        converged[0],
+        ["--data", "gpu_power_limit_w=90"],
+        "gpu_power_limit_w must be whole watts in 100..600, got 90",
+        header="rigforge refused on rig1",
     )
 
 

@@ -195,7 +195,7 @@ def test_cli_render_writes_what_a_rig_gets(tmp_path):
     [
         (["render", "dual-tubro"], "unknown variant 'dual-tubro'; choose one of"),
         (["render", "dual", "--set", "colour=red"], "unknown setting 'colour'; allowed:"),
-        (["render", "dual", "--set", "port=eighty"], "setting 'port' must be an integer, got 'eighty'"),
+        (["render", "dual", "--set", "port=eighty"], "setting 'port' must be a port number in 1..65535, got 'eighty'"),
         (["render", "dual-dflash", "--set", "kv_cache_dtype=fp8_e5m2"], "cannot be used with dual-dflash"),
     ],
 )

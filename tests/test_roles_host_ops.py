@@ -22,7 +22,10 @@ from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra.operations import server
 
-from roles import docker_engine, gpu_power, nvidia_driver, preflight
+from rigforge.catalog import load_catalog
+from rigforge.plan import Plan
+from rigforge.render import Settings, render_power_unit
+from roles import docker_engine, gpu_power, nvidia_driver, preflight, serving
 from roles.operations import apt_repo, checks, docker_daemon, nvidia
 
 OS = {
@@ -32,19 +35,26 @@ OS = {
     "debian13": 'ID=debian\nVERSION_ID="13"\nVERSION_CODENAME=trixie',
     "debian11": 'ID=debian\nVERSION_ID="11"\nVERSION_CODENAME=bullseye',
 }
-UNIT = """[Unit]
-Description=rigforge GPU power caps
-After=nvidia-persistenced.service
 
-[Service]
-Type=oneshot
-RemainAfterExit=yes
-ExecStart=/usr/bin/nvidia-smi -pm 1
-ExecStart=/usr/bin/nvidia-smi -pl 230
 
-[Install]
-WantedBy=multi-user.target
-"""
+def make_plan(variant="dual-turbo", settings=None, caps=None, **data) -> Plan:
+    """A plan for one role on a fake host (not validated: the role's own behaviour is under test)."""
+    v = load_catalog().variant(variant)
+    settings = settings or Settings()
+    return Plan(
+        host="r",
+        variant=v,
+        settings=settings,
+        layout=settings.layout(v.name),
+        sources=(),
+        assets=(),
+        caps=caps or {i: settings.power_limit_w for i in range(v.gpus)},
+        data={**serving.DEFAULTS, **data},
+    )
+
+
+def power_plan(watts=230) -> Plan:
+    return make_plan(settings=Settings(power_limit_w=watts))
 
 
 def gpu_row(index, limit=350.0, min_w=100.0, max_w=350.0, mib=24576, pm="Enabled", name="NVIDIA GeForce RTX 3090"):
@@ -344,9 +354,9 @@ def test_ubuntu_sources_files(os, codename):
     cuda = uploads(state, "u")["/etc/apt/sources.list.d/rigforge-nvidia-cuda.sources"]
     assert f"URIs: https://developer.download.nvidia.com/compute/cuda/repos/{os}/x86_64/" in cuda
     assert "Signed-By: /etc/apt/keyrings/rigforge-nvidia-cuda.asc" in cuda and "Suites: /" in cuda
-    state = converge({"u": rig(os)}, gpu_power.apply, UNIT, execute=False)
+    state = converge({"u": rig(os)}, gpu_power.apply, power_plan(), execute=False)
     staged = uploads(state, "u")["/etc/systemd/system/.staging/rigforge-gpu-power.service"]  # verified, then moved
-    assert staged == UNIT.encode()
+    assert staged == render_power_unit({0: 230, 1: 230}).encode()
 
 
 def test_driver_flavors_and_overrides():
@@ -497,7 +507,9 @@ def test_broken_daemon_json_stops_the_host_unchanged():
 
 def test_caps_applied_only_where_they_differ():
     state = converge(
-        {"r": rig(gpus=[gpu_row(0, limit=230.0), gpu_row(1, limit=350.0, pm="Disabled")])}, gpu_power.apply, UNIT
+        {"r": rig(gpus=[gpu_row(0, limit=230.0), gpu_row(1, limit=350.0, pm="Disabled")])},
+        gpu_power.apply,
+        power_plan(),
     )
     commands = executed(state, "r")
     assert [c for c in commands if "-pl" in c] == ["nvidia-smi -i 1 -pl 230"]
@@ -508,7 +520,10 @@ def test_caps_applied_only_where_they_differ():
 
 def test_caps_no_op_when_set_and_per_gpu_overrides():
     state = converge(
-        {"r": rig(gpus=[gpu_row(0, limit=230.0), gpu_row(1, limit=250.0)])}, gpu_power.apply, UNIT, execute=False
+        {"r": rig(gpus=[gpu_row(0, limit=230.0), gpu_row(1, limit=250.0)])},
+        gpu_power.apply,
+        power_plan(),
+        execute=False,
     )
     assert op_commands(state, "r", nvidia.power_caps, default_w=230, overrides={1: 250}) == []
     assert op_commands(state, "r", nvidia.power_caps, default_w=230, overrides={"1": 260}) == [
@@ -516,7 +531,7 @@ def test_caps_no_op_when_set_and_per_gpu_overrides():
     ]
     assert op_commands(state, "r", nvidia.persistence_mode) == []
     enabled = rig(extra={"is-enabled": "enabled"})
-    state = converge({"e": enabled}, gpu_power.apply, UNIT, execute=False)
+    state = converge({"e": enabled}, gpu_power.apply, power_plan(), execute=False)
     from roles.operations import systemd_units
 
     assert op_commands(state, "e", systemd_units.enabled, unit="rigforge-gpu-power.service") == []
@@ -524,14 +539,15 @@ def test_caps_no_op_when_set_and_per_gpu_overrides():
 
 @pytest.mark.parametrize("cap", [90, 400])
 def test_cap_outside_range_refused_in_gpu_power_too(cap):
-    state = converge(
-        {"r": rig(gpus=[gpu_row(0), gpu_row(1, max_w=390.0)], gpu_power_limit_w=cap), "ok": rig()},
-        gpu_power.apply,
-        UNIT,
-    )
+    state = make_state({"r": rig(gpus=[gpu_row(0), gpu_row(1, max_w=390.0)])})
+    add_deploy(state, gpu_power.apply, power_plan(cap))
+    state.set_stage(StateStage.Execute)
+    with pytest.raises(PyinfraError, match="No hosts remaining"):
+        run_ops(state)
     assert {h.name for h in state.failed_hosts} == {"@fake/r"}
     assert not any("-pl" in c for c in executed(state, "r"))
-    state = converge({"r": rig(gpus=[gpu_row(0), gpu_row(1, max_w=390.0)])}, gpu_power.apply, UNIT, execute=False)
+    two = {"r": rig(gpus=[gpu_row(0), gpu_row(1, max_w=390.0)])}
+    state = converge(two, gpu_power.apply, power_plan(), execute=False)
     (fail,) = op_commands(state, "r", nvidia.power_caps, default_w=cap)
     assert f"power cap {cap} W" in fail and "range 100..350 W" in fail
     if cap == 400:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from test_roles_host_ops import converge, executed, rig
+from test_roles_host_ops import converge, executed, make_plan, rig
 
 from rigforge.catalog import load_catalog
 from rigforge.render import Settings, render_variant
@@ -23,7 +23,7 @@ UNIT = "rigforge-vllm@dual-turbo.service"
 def run(responses: dict | None = None):
     data = rig(rigforge_manage_services=True, _sudo=True, ssh_user="me")
     data["fake_responses"] = {**(responses or {}), **data["fake_responses"]}  # first match wins: ours first
-    state = converge({"r": data}, serving.apply, VARIANT, Settings(), {"git": {}})
+    state = converge({"r": data}, serving.apply, make_plan("dual-turbo"))
     assert not state.failed_hosts
     return executed(state, "r")
 

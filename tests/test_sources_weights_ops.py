@@ -16,15 +16,11 @@ from pathlib import Path
 import pytest
 from pyinfra.api import Config, FileUploadCommand, FunctionCommand, Inventory, State, StringCommand
 from pyinfra.api.connect import connect_all
-from pyinfra.api.deploy import add_deploy
-from pyinfra.api.exceptions import PyinfraError
-from pyinfra.api.operations import run_ops
 from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 from test_lock import stand_ins  # noqa: F401 - the git daemon + HF stand-in fixture
 
 from rigforge.pins import HfFile, HfPin, parse_lock
-from roles import sources, weights
 from roles.facts.gitpin import GitCheckout
 from roles.facts.hfweights import FreeBytes, WeightsState
 from roles.operations import gitpin, hfweights
@@ -310,40 +306,8 @@ def lock_for_roles(**hf_changes):
     )
 
 
-def run_role(deploy, *args, **data):
-    """Prepare and execute a role on a fake host with pyinfra's real machinery; return (state, host)."""
-    host_data = {"fake_responses": {}, "fake_delay": 0, "fake_delay_jitter": 0, **data}
-    inventory = Inventory(([("@fake/rig", host_data)], {}))
-    state = State(inventory, Config(), check_for_changes=True)
-    connect_all(state)
-    state.set_stage(StateStage.Prepare)
-    add_deploy(state, deploy, *args)
-    state.set_stage(StateStage.Execute)
-    with pytest.raises(PyinfraError, match="No hosts remaining"):  # the only host failed
-        run_ops(state)
-    return state, inventory.get_host("@fake/rig")
-
-
-@pytest.mark.parametrize(
-    "deploy, args, env, message",
-    [
-        (sources.apply, lambda lock: (lock, ["vllm-src"]), {}, "unresolved entry git.vllm-src"),
-        (weights.apply, lambda lock: (lock, {"dflash-draft": "d"}), {}, "z-lab/Qwen3.6-27B-DFlash is gated"),
-    ],
-)
-def test_roles_refuse_before_changing_anything(deploy, args, env, message, monkeypatch, caplog):
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.delenv("RIGFORGE_HF_TOKEN", raising=False)
-    state, host = run_role(deploy, *args(lock_for_roles()))
-    assert host in state.failed_hosts
-    assert host.connector.executed_commands == [], "a refused host ran commands"
-    assert message in caplog.text
-
-
-def test_weights_role_refuses_an_unresolved_asset(caplog):
-    state, host = run_role(weights.apply, lock_for_roles(revision=None), {"dflash-draft": "d"}, hf_token="t")
-    assert host in state.failed_hosts and host.connector.executed_commands == []
-    assert "hf.dflash-draft" in caplog.text and "run `rigforge lock` on a networked controller" in caplog.text
+# Refusals of unresolved lock entries and of gated repos without a token happen while the plan is built
+# (roles/site.py), before any role runs: tests/test_plan.py.
 
 
 # --- fetch_weights.py against the HF stand-in ------------------------------------------------------------

@@ -223,8 +223,6 @@ def run(m: dict, token: str | None, deep: bool, staged_only: bool) -> int:
         if not m.get(key):
             raise Fail(2, f"manifest lacks '{key}'")
     os.makedirs(m["dest"], exist_ok=True)
-    if m.get("gated") and not token and not staged_only:
-        raise Fail(2, f"{m['repo']} is gated: set host data hf_token (or RIGFORGE_HF_TOKEN / HF_TOKEN)")
     stamp_data = load_stamp(m["dest"])
     stamp = stamp_data["files"] if stamp_data.get("revision") == m["revision"] else {}
     entries, missing = {}, []
@@ -238,6 +236,8 @@ def run(m: dict, token: str | None, deep: bool, staged_only: bool) -> int:
     if not missing:
         say(f"{m['name']}: all {len(entries)} files verified ({'deep' if deep else 'stamp'})")
         return 0
+    if m.get("gated") and not token and not staged_only:  # a stamped gated asset needs no token
+        raise Fail(2, f"{m['repo']} is gated: set host data hf_token (or RIGFORGE_HF_TOKEN / HF_TOKEN)")
     if not staged_only:
         partial = sum(min(os.path.getsize(p), f["size"]) for f in missing if os.path.exists(p := part_path(m, f)))
         need = int((sum(f["size"] for f in missing) - partial) * HEADROOM)

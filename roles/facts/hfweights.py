@@ -32,6 +32,10 @@ class WeightsState(FactBase):
             f"echo '--staging--'; [ -d {s} ] && find {s} -type f -printf '%s %P\\n'; true"
         )
 
+    @staticmethod
+    def default() -> dict:
+        return {"stamp": None, "files": {}, "staging": {}}
+
     def process(self, output: list[str]):
         state = {"stamp": None, "files": {}, "staging": {}}
         section = "stamp"

@@ -167,8 +167,8 @@ def _float(value) -> float:
         return float("inf")
 
 
-def format_problems(host_name: str, problems: list[str]) -> str:
-    lines = [f"preflight failed on {host_name}:"] + [f"  - {problem}" for problem in problems]
+def format_problems(host_name: str, problems: list[str], what: str = "preflight failed") -> str:
+    lines = [f"{what} on {host_name}:"] + [f"  - {problem}" for problem in problems]
     return "\n".join(lines + ["Nothing was changed on this host."])
 
 

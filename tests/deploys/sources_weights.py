@@ -1,22 +1,32 @@
 """Test deploy: the sources and weights roles alone, on the hosts of an inventory (the testbed's).
 
-Reads the lock from host data `rigforge_lock`. Which entries: env RIGFORGE_TEST_SOURCES (comma-separated git
-names, default all of the lock's) and RIGFORGE_TEST_ASSETS (comma-separated `key[=dir]`, default every hf
-entry into a dir of its own name); an empty value skips that role.
+The plan comes from roles/site.py (host data validated, lock from host data `rigforge_lock`, token checks) for
+a variant shaped by the environment: RIGFORGE_TEST_SOURCES (comma-separated git names, default all of the
+lock's) and RIGFORGE_TEST_ASSETS (comma-separated `key[=dir]`, default every hf entry into a dir of its own
+name); an empty value skips that role.
 """
 
 import os
+from dataclasses import replace
 
 from pyinfra import host
 
+from rigforge.catalog import load_catalog
 from rigforge.pins import load_lock
-from roles import sources, weights
+from roles import site, sources, weights
 
 lock = load_lock(host.data.get("rigforge_lock"))
 names = os.environ.get("RIGFORGE_TEST_SOURCES", ",".join(lock.git))
-assets = os.environ.get("RIGFORGE_TEST_ASSETS", ",".join(lock.hf))
-
-if names:
-    sources.apply(lock, names.split(","))
-if assets:
-    weights.apply(lock, dict((item.split("=", 1) + [item])[:2] for item in assets.split(",")))
+items = os.environ.get("RIGFORGE_TEST_ASSETS", ",".join(lock.hf))
+assets = dict((item.split("=", 1) + [item])[:2] for item in items.split(",")) if items else {}
+variant = replace(
+    load_catalog().variant("dual"),
+    name="sources-weights-test",
+    sources=tuple(names.split(",")) if names else (),
+    assets=tuple(assets),
+)
+plan = site.prepare(variant, asset_dirs=assets)
+if plan and names:
+    sources.apply(plan)
+if plan and assets:
+    weights.apply(plan)

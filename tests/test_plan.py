@@ -1,0 +1,225 @@
+"""Tier 2: the plan (roles/site.py `prepare`) on pyinfra's @fake hosts, through pyinfra's real prepare/execute.
+
+Every bad knob is refused in one message naming the host and the host-data key, as the host's first operation
+(nothing it runs changes anything); a good host in the same run carries on; a value that cannot even be parsed
+(`serving_health_timeout: "ten minutes"`) does not abort the run for the others. The token is needed only while
+a gated asset is not stamped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import yaml
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api.connect import connect_all
+from pyinfra.api.deploy import add_deploy
+from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.operations import run_ops
+from pyinfra.api.state import StateStage
+from pyinfra.operations import server
+
+from rigforge.layout import HostLayout
+from rigforge.plan import Plan, variant_problems
+from rigforge.render import Settings, SettingsError, apply_overrides
+from roles import gpu_power, serving, site, weights
+
+SHA = "a" * 40
+GIT = ("vllm-src", "genesis", "club-3090")
+DRAFT_FILE = {"path": "model.safetensors", "size": 10, "sha256": "d" * 64}
+
+
+def lock_file(tmp_path, name="lock", **hf_changes) -> str:
+    data = {
+        "version": 1,
+        "image": {"ref": "vllm/vllm-openai:nightly", "digest": None},
+        "git": {name: {"url": f"git://h/{name}.git", "ref": "b", "commit": "b" * 40} for name in GIT},
+        "hf": {
+            "autoround-int4": {"repo": "Lorbus/q", "revision": SHA, "gated": False, "files": [DRAFT_FILE]},
+            "dflash-draft": {"repo": "z-lab/Qwen3.6-27B-DFlash", "revision": SHA, "gated": True, "files": [DRAFT_FILE]},
+            "carnice": {"repo": "w/Carnice", "revision": SHA, "gated": False, "files": [DRAFT_FILE]},
+            **hf_changes,
+        },
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def stamped(dirname: str) -> dict:
+    """Fake WeightsState answers for an asset whose stamp matches its file (so it needs no fetch)."""
+    stamp = {"revision": SHA, "files": {"model.safetensors": {"size": 10, "mtime_ns": 5_000_000_000, **DRAFT_FILE}}}
+    del stamp["files"]["model.safetensors"]["path"]
+    lines = [json.dumps(stamp), "--files--", "10 5.0 model.safetensors", "--staging--"]
+    return {f"{dirname}/.rigforge-stamp.json": lines}
+
+
+def run_site(tmp_path, hosts: dict[str, dict], variant="dual-turbo", env_token=None, monkeypatch=None):
+    """prepare() then a changing operation on each host; returns (state, {host: executed commands})."""
+    lock = lock_file(tmp_path)
+    inventory = Inventory(
+        (
+            [
+                (f"@fake/{name}", {"fake_delay": 0, "fake_delay_jitter": 0, "rigforge_lock": lock, **data})
+                for name, data in hosts.items()
+            ],
+            {},
+        )
+    )
+    state = State(inventory, Config(), check_for_changes=True)
+    connect_all(state)
+    state.set_stage(StateStage.Prepare)
+    plans = {}
+
+    def deploy():
+        from pyinfra import host
+
+        plan = site.prepare(variant)
+        plans[host.name] = plan
+        if plan:
+            server.shell(name="Change something", commands=["touch /rigforge-was-here"])
+
+    add_deploy(state, deploy)
+    state.set_stage(StateStage.Execute)
+    try:
+        run_ops(state)
+    except PyinfraError as exc:
+        assert "No hosts remaining" in str(exc)
+    ran = {name: state.inventory.get_host(f"@fake/{name}").connector.executed_commands for name in hosts}
+    return state, ran, plans
+
+
+@pytest.fixture(autouse=True)
+def no_token_in_env(monkeypatch):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("RIGFORGE_HF_TOKEN", raising=False)
+
+
+def errors(caplog) -> str:
+    return "\n".join(r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR)
+
+
+@pytest.mark.parametrize(
+    "data, expect",
+    [
+        ({"serving_health_timeout": "ten minutes"}, "serving_health_timeout must be a whole number of seconds in"),
+        ({"serving_health_timeout": -1}, "serving_health_timeout must be a whole number of seconds in 10..86400"),
+        ({"serving_max_model_len": -5}, "serving_max_model_len must be an integer in 1..1048576, got -5"),
+        ({"serving_max_num_seqs": 0}, "serving_max_num_seqs must be an integer in 1..1024, got 0"),
+        ({"serving_port": 70000}, "serving_port must be a port number in 1..65535, got 70000"),
+        ({"gpu_power_limit_w": 5000}, "gpu_power_limit_w must be whole watts in 100..600, got 5000"),
+        ({"gpu_power_limit_w": 90}, "gpu_power_limit_w must be whole watts in 100..600, got 90"),
+        ({"gpu_power_limits": {1: 900}}, "gpu_power_limits must be a mapping of GPU index (0..15) to whole watts"),
+        ({"gpu_power_limits": {5: 250}}, "gpu_power_limits names GPU(s) [5] but this rig has 2 GPU(s)"),
+        ({"serving_image": 'vllm/vllm-openai:x"; rm -rf /'}, "serving_image must be an image reference"),
+        ({"rigforge_root": "/opt/rf;x"}, "rigforge_root must be an absolute path of letters, digits"),
+        ({"rigforge_root": "opt/rigforge"}, "rigforge_root must be an absolute path"),
+        ({"serving_model_dir": "/srv/my models"}, "serving_model_dir must be an absolute path"),
+        ({"weights_source": "torrent"}, "weights_source must be one of: hub, controller; got 'torrent'"),
+        ({"rigforge_manage_services": "yes"}, "rigforge_manage_services must be true or false, got 'yes'"),
+        ({"serving_kv_cache_dtype": "int3"}, "serving_kv_cache_dtype must be one of: auto, fp8"),
+        ({"hf_endpoint": "ftp://x"}, "hf_endpoint must be an http(s) URL"),
+        (
+            {"rigforge_variant": "dual"},
+            "this entry point deploys dual-turbo but host data sets rigforge_variant='dual'",
+        ),
+        ({"rigforge_lock": "/nonexistent/lock.yaml"}, "/nonexistent/lock.yaml"),
+    ],
+)
+def test_bad_knob_refuses_only_its_host_before_anything_runs(tmp_path, caplog, data, expect):
+    state, ran, plans = run_site(tmp_path, {"bad": data, "good": {}})
+    assert {h.name for h in state.failed_hosts} == {"@fake/bad"}
+    assert "touch /rigforge-was-here" not in ran["bad"], "a refused host ran commands"
+    assert "touch /rigforge-was-here" in ran["good"]
+    text = errors(caplog)
+    assert "rigforge refused on @fake/bad:" in text and expect in text, text
+    assert "Nothing was changed on this host." in text
+
+
+def test_every_problem_in_one_message(tmp_path, caplog):
+    bad = {"serving_port": "http", "serving_max_num_seqs": 0, "weights_source": "torrent", "rigforge_root": "/a b"}
+    state, ran, _ = run_site(tmp_path, {"bad": bad, "good": {}})
+    (message,) = [r.getMessage() for r in caplog.records if "rigforge refused" in r.getMessage()]
+    for key in ("serving_port", "serving_max_num_seqs", "weights_source", "rigforge_root"):
+        assert f"  - {key} must be" in message
+    assert "setting 'port'" not in message  # host-data names, not internal ones
+
+
+def test_dflash_with_kv_override_names_the_host_data_key(tmp_path, caplog):
+    state, ran, _ = run_site(tmp_path, {"r": {"serving_kv_cache_dtype": "fp8_e5m2"}}, variant="dual-dflash")
+    assert "touch /rigforge-was-here" not in ran["r"]
+    assert "serving_kv_cache_dtype cannot be used with dual-dflash" in errors(caplog)
+
+
+def test_gated_asset_needs_the_token_only_until_it_is_stamped(tmp_path, caplog, monkeypatch):
+    fresh = {}
+    converged = {"fake_responses": {**stamped("qwen3.6-27b-dflash"), **stamped("qwen3.6-27b-autoround-int4")}}
+    state, ran, plans = run_site(tmp_path, {"fresh": fresh, "converged": converged}, variant="dual-dflash")
+    assert {h.name for h in state.failed_hosts} == {"@fake/fresh"}
+    assert "z-lab/Qwen3.6-27B-DFlash is gated, not yet fetched, and no HF token is set" in errors(caplog)
+    assert "touch /rigforge-was-here" in ran["converged"]
+    monkeypatch.setenv("RIGFORGE_HF_TOKEN", "hf_secret123")
+    caplog.clear()
+    state, ran, plans = run_site(tmp_path, {"fresh": fresh}, variant="dual-dflash")
+    assert not state.failed_hosts and plans["@fake/fresh"].token == "hf_secret123"
+    assert "hf_secret123" not in repr(plans["@fake/fresh"])
+
+
+def test_unresolved_lock_entry_refuses_with_what_to_do(tmp_path, caplog):
+    unresolved = {"repo": "a/b", "revision": None, "gated": False, "files": []}
+    lock = lock_file(tmp_path, "unresolved", carnice=unresolved)
+    state, ran, _ = run_site(tmp_path, {"r": {"rigforge_lock": lock}, "good": {}}, variant="carnice-bf16mtp")
+    assert "touch /rigforge-was-here" not in ran["r"]
+    text = errors(caplog)
+    assert "hf.carnice" in text and "run `rigforge lock` on a networked controller" in text
+
+
+def test_plan_holds_the_layout_caps_and_pins(tmp_path):
+    data = {"rigforge_root": "/srv/rf", "gpu_power_limits": {1: 250}, "serving_port": 8111}
+    state, ran, plans = run_site(tmp_path, {"r": data})
+    plan = plans["@fake/r"]
+    assert isinstance(plan, Plan) and plan.variant.name == "dual-turbo" and plan.port == 8111
+    assert dict(plan.caps) == {0: 230, 1: 250}
+    layout = plan.layout
+    assert layout.serve_dir == "/srv/rf/serve/dual-turbo" and layout.src("genesis") == "/srv/rf/src/genesis"
+    assert layout.vllm_unit == "rigforge-vllm@dual-turbo.service" and layout.rig_json == "/etc/rigforge/rig.json"
+    assert layout.stamp("d") == "/srv/rf/models/d/.rigforge-stamp.json"
+    assert [p.name for p in plan.sources] == ["vllm-src", "genesis", "club-3090"]
+    with pytest.raises(AttributeError):
+        plan.host = "other"  # frozen
+
+
+def test_caps_cover_the_gpus_the_pci_bus_shows(tmp_path):
+    three = {"fake_responses": {"/sys/bus/pci/devices": "3"}}
+    state, ran, plans = run_site(tmp_path, {"r": three})
+    assert dict(plans["@fake/r"].caps) == {0: 230, 1: 230, 2: 230}
+
+
+def test_variant_choice_rules():
+    names = ["dual", "dual-turbo"]
+    assert variant_problems("dual", None, names) == ("dual", [])
+    assert variant_problems("dual", "dual", names) == ("dual", [])
+    assert variant_problems(None, "dual-turbo", names) == ("dual-turbo", [])
+    assert "rigforge_variant is not set" in variant_problems(None, None, names)[1][0]
+    assert "unknown variant 'dual-tubro'" in variant_problems(None, "dual-tubro", names)[1][0]
+    assert "deploy/site.py" in variant_problems("dual", "dual-turbo", names)[1][0]
+
+
+def test_role_validators_are_pure_and_name_host_data_keys():
+    assert gpu_power.validate({"gpu_power_limit_w": 230, "gpu_power_limits": {}}) == []
+    assert serving.validate(
+        {"rigforge_root": "/opt/rigforge", "rigforge_manage_services": True, "serving_health_timeout": 600,
+         "serving_health_host": "127.0.0.1"}
+    ) == []  # fmt: skip
+    (problem,) = weights.validate({**weights.DEFAULTS, "hf_token": "has space"})
+    assert problem.startswith("hf_token must be") and "has space" not in problem  # secrets are not echoed
+
+
+def test_render_set_refuses_out_of_range_values():
+    with pytest.raises(SettingsError, match="setting 'power_limit_w' must be whole watts in 100..600, got '5000'"):
+        apply_overrides(Settings(), {"power_limit_w": "5000"})
+    with pytest.raises(SettingsError, match="setting 'image' must be an image reference"):
+        apply_overrides(Settings(), {"image": "x' y"})
+    assert HostLayout(root="/r").models == "/r/models"
