@@ -1,14 +1,19 @@
 """Docker engine with the compose v2 plugin, and the NVIDIA Container Toolkit.
 
-`docker_source: docker` installs from Docker's apt repository (deb822 + keyring: docker-ce, docker-ce-cli,
-containerd.io, docker-buildx-plugin, docker-compose-plugin, versions pinnable); `distro` installs the
-distribution's docker.io + compose v2 (the testbed's path). The toolkit comes from NVIDIA's flat repo.
+`docker_source: docker` follows "Install Docker Engine on Debian/Ubuntu" (docs.docker.com/engine/install/): the
+distribution's conflicting packages (docker.io, docker-compose, docker-compose-v2, podman-docker, containerd,
+runc) are removed first, then Docker's apt repository (deb822 + keyring, fingerprint checked) gives docker-ce,
+docker-ce-cli, containerd.io, docker-buildx-plugin, docker-compose-plugin (versions pinnable); `distro` installs the
+distribution's docker.io + compose v2 (the testbed's path). The toolkit comes from NVIDIA's flat repo; a pinned
+`nvidia_toolkit_version` pins all four of its packages together, as NVIDIA's install guide does.
 /etc/docker/daemon.json has one writer: the nvidia runtime is merged into it as JSON, user keys kept
 (nvidia-ctk is not run on it). Docker is restarted only when daemon.json changed, and only when
 `rigforge_manage_services` is true.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from pyinfra import host
 from pyinfra.api import deploy
@@ -18,21 +23,76 @@ from pyinfra.operations import systemd
 from roles.facts.system import OsRelease
 from roles.operations import apt_repo, docker_daemon
 
+# "Verify that you now have the key with the fingerprint 9DC8 5822 9FC7 DD38 854A  E2D8 8D81 803C 0EBF CD88"
+DOCKER_KEY_FINGERPRINT = "9DC858229FC7DD38854AE2D88D81803C0EBFCD88"
+DOCKER_SOURCES = ("docker", "distro")
+# Docker's "Uninstall old versions" list (Ubuntu's; Debian's is the same without docker-compose-v2).
+DOCKER_CONFLICTS = [
+    "docker.io",
+    "docker-doc",
+    "docker-compose",
+    "docker-compose-v2",
+    "podman-docker",
+    "containerd",
+    "runc",
+]
+TOOLKIT_PACKAGES = [
+    "nvidia-container-toolkit",
+    "nvidia-container-toolkit-base",
+    "libnvidia-container-tools",
+    "libnvidia-container1",
+]
+
 DEFAULTS = {
     "docker_source": "docker",  # docker (Docker's apt repo) or distro (docker.io + compose v2 from the OS)
     "docker_repo_url": None,  # default https://download.docker.com/linux/<ubuntu|debian>
     "docker_repo_key_url": None,  # default <docker repo url>/gpg
     "docker_repo_key_sha256": None,  # pin the key file's sha256
+    "docker_repo_key_fingerprint": DOCKER_KEY_FINGERPRINT,  # a key with another fingerprint is refused
     "docker_package_versions": {},  # {package: version} pins, e.g. {"docker-ce": "5:28.5.1-1~ubuntu.24.04~noble"}
     "docker_daemon_options": {},  # extra daemon.json keys, merged in beside the nvidia runtime
     "nvidia_toolkit_repo_url": "https://nvidia.github.io/libnvidia-container/stable/deb/{arch}/",  # flat repo
     "nvidia_toolkit_repo_key_url": "https://nvidia.github.io/libnvidia-container/gpgkey",  # armored key
     "nvidia_toolkit_repo_key_sha256": None,  # pin the key file's sha256
-    "nvidia_toolkit_version": None,  # pin nvidia-container-toolkit, e.g. "1.18.0-1"
+    "nvidia_toolkit_repo_key_fingerprint": None,  # check the toolkit key's fingerprint (40 hex digits)
+    "nvidia_toolkit_version": None,  # pin the four toolkit packages, e.g. "1.18.0-1"
 }
 
 DAEMON_JSON = "/etc/docker/daemon.json"
 DOCKER_CE_PACKAGES = ["docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin", "docker-compose-plugin"]
+
+
+def validate(data: Mapping) -> list[str]:
+    """Problems with this role's host-data keys (defaults applied); each names the key, value and what is allowed."""
+    problems = []
+    if data["docker_source"] not in DOCKER_SOURCES:
+        problems.append(f"docker_source={data['docker_source']!r} is not one of: {', '.join(DOCKER_SOURCES)}.")
+    versions = data["docker_package_versions"]
+    if not isinstance(versions, Mapping) or not set(versions) <= set(DOCKER_CE_PACKAGES):
+        problems.append(
+            f"docker_package_versions={versions!r} must map some of {', '.join(DOCKER_CE_PACKAGES)} to versions."
+        )
+    version = data["nvidia_toolkit_version"]
+    if version is not None and (not isinstance(version, str) or not version or " " in version):
+        problems.append(f"nvidia_toolkit_version={version!r} must be a package version such as 1.18.0-1, or unset.")
+    for key in ("docker_repo_key_fingerprint", "nvidia_toolkit_repo_key_fingerprint"):
+        fpr = data[key]
+        if fpr is not None and (not isinstance(fpr, str) or len(fpr.replace(" ", "")) != 40):
+            problems.append(f"{key}={fpr!r} must be a 40-hex-digit key fingerprint, or unset.")
+    return problems
+
+
+def docker_repo_url(data: Mapping, os_id: str) -> str:
+    return data["docker_repo_url"] or f"https://download.docker.com/linux/{os_id}"
+
+
+def toolkit_repo_url(data: Mapping, arch: str) -> str:
+    return data["nvidia_toolkit_repo_url"].replace("{arch}", arch)
+
+
+def toolkit_packages(version: str | None) -> list[str]:
+    """The toolkit; with a version, all four of its packages pinned to it (NVIDIA's install guide)."""
+    return [f"{name}={version}" for name in TOOLKIT_PACKAGES] if version else [TOOLKIT_PACKAGES[0]]
 
 
 def docker_packages(source: str, os_id: str, versions: dict | None = None) -> list[str]:
@@ -45,42 +105,45 @@ def docker_packages(source: str, os_id: str, versions: dict | None = None) -> li
 
 @deploy("Docker engine and NVIDIA Container Toolkit", data_defaults=DEFAULTS)
 def install():
-    data = host.data
+    data = {key: host.data.get(key, default) for key, default in DEFAULTS.items()}
     os_release = host.get_fact(OsRelease)
     arch = host.get_fact(DebArch)
 
-    apt_repo.install_missing(name="Install apt repository prerequisites", packages=["ca-certificates", "curl"])
-    if data.docker_source == "docker":
-        docker_url = data.docker_repo_url or f"https://download.docker.com/linux/{os_release['id']}"
+    apt_repo.install_missing(name="Install apt repository prerequisites", packages=["ca-certificates", "curl", "gpg"])
+    if data["docker_source"] == "docker":
+        docker_url = docker_repo_url(data, os_release["id"])
+        apt_repo.remove_installed(
+            name="Remove the distribution's conflicting Docker packages", packages=DOCKER_CONFLICTS
+        )
         apt_repo.add_repo(
             repo="rigforge-docker",
             uris=docker_url,
             suites=os_release["codename"],
             components="stable",
             architectures=arch,
-            key_url=data.docker_repo_key_url or f"{docker_url}/gpg",
-            key_sha256=data.docker_repo_key_sha256,
+            key_url=data["docker_repo_key_url"] or f"{docker_url}/gpg",
+            key_sha256=data["docker_repo_key_sha256"],
+            key_fingerprint=data["docker_repo_key_fingerprint"],
         )
     apt_repo.install_missing(
-        name=f"Install Docker engine and compose v2 ({data.docker_source} packages)",
-        packages=docker_packages(data.docker_source, os_release["id"], data.docker_package_versions),
+        name=f"Install Docker engine and compose v2 ({data['docker_source']} packages)",
+        packages=docker_packages(data["docker_source"], os_release["id"], data["docker_package_versions"]),
     )
     apt_repo.add_repo(
         repo="rigforge-nvidia-container-toolkit",
-        uris=data.nvidia_toolkit_repo_url.replace("{arch}", arch),
+        uris=toolkit_repo_url(data, arch),
         suites="/",
-        key_url=data.nvidia_toolkit_repo_key_url,
-        key_sha256=data.nvidia_toolkit_repo_key_sha256,
+        key_url=data["nvidia_toolkit_repo_key_url"],
+        key_sha256=data["nvidia_toolkit_repo_key_sha256"],
+        key_fingerprint=data["nvidia_toolkit_repo_key_fingerprint"],
     )
-    toolkit = "nvidia-container-toolkit"
     apt_repo.install_missing(
-        name="Install the NVIDIA Container Toolkit",
-        packages=[f"{toolkit}={data.nvidia_toolkit_version}" if data.nvidia_toolkit_version else toolkit],
+        name="Install the NVIDIA Container Toolkit", packages=toolkit_packages(data["nvidia_toolkit_version"])
     )
     daemon = docker_daemon.merge_json(
         name="Add the nvidia runtime to /etc/docker/daemon.json",
         path=DAEMON_JSON,
-        patch=docker_daemon.deep_merge(data.docker_daemon_options or {}, docker_daemon.NVIDIA_RUNTIME),
+        patch=docker_daemon.deep_merge(data["docker_daemon_options"] or {}, docker_daemon.NVIDIA_RUNTIME),
     )
     if host.data.get("rigforge_manage_services", True):
         systemd.service(name="Enable and start docker", service="docker.service", running=True, enabled=True)

@@ -1,15 +1,21 @@
-"""NVIDIA driver from NVIDIA's CUDA apt repository (deb822 source, Signed-By keyring, no apt-key).
+"""NVIDIA driver, from NVIDIA's CUDA apt repository or Ubuntu's own archive, packages chosen from one table.
 
-Branch 580 with the open kernel modules by default (`nvidia-driver-580-open`; proprietary:
-`nvidia-driver-580`). The driver packages are held and kept out of unattended upgrades, nouveau is
-blacklisted, and the rig is rebooted only when the installed driver is not the one running (a fresh
-install, or a "Driver/library version mismatch") and only if `nvidia_allow_reboot` is set; otherwise the
-host stops with a message saying a reboot is needed. The controller itself (@local) is never rebooted.
+`nvidia_driver_source: cuda` (default): NVIDIA's CUDA repository for the OS (deb822 source, Signed-By keyring
+whose fingerprint is checked: debian13 is signed with 8793F200, every other repo with 3bf863cc), then
+`nvidia-driver-pinning-<branch>` (locks the branch), then the driver packages for the distro, branch and
+flavour (roles/driver_table.py). `ubuntu`: Ubuntu's `nvidia-driver-<branch>[-open]` plus the prebuilt, signed
+`linux-modules-nvidia-<branch>[-open]-<kernel flavour>` (no DKMS, works with Secure Boot), apt-pinned so
+NVIDIA's repository cannot win. The same table names what is held, kept out of unattended upgrades, and
+compared with the loaded kernel module: the rig is rebooted only when the installed driver is not the one
+running, and only with `nvidia_allow_reboot` (never the controller).
+
+`nvidia_driver_manage: false` leaves the driver alone (a driver installed by hand or with NVIDIA's .run
+installer) and only checks that the running driver is of the branch asked for.
 """
 
 from __future__ import annotations
 
-import re
+from collections.abc import Mapping
 from io import StringIO
 
 from pyinfra import host
@@ -17,69 +23,135 @@ from pyinfra.api import deploy
 from pyinfra.facts.deb import DebArch
 from pyinfra.operations import files, server
 
+from roles import driver_table
 from roles.facts.system import OsRelease
 from roles.operations import apt_repo, nvidia
 
 DEFAULTS = {
-    "nvidia_driver_branch": 580,  # driver branch
+    "nvidia_driver_source": "cuda",  # cuda (NVIDIA's CUDA repo) or ubuntu (Ubuntu's archive, prebuilt signed modules)
+    "nvidia_driver_manage": True,  # false: leave an existing driver alone, only check its branch
+    "nvidia_driver_branch": 580,  # driver branch (580 or later)
     "nvidia_driver_flavor": "open",  # open (open kernel modules) or proprietary
-    "nvidia_driver_packages": None,  # package list override; default nvidia-driver-<branch>[-open]
+    "nvidia_driver_kernel_flavour": "generic",  # source ubuntu: linux-modules-nvidia-<branch>-open-<this>
     "nvidia_driver_repo_url": None,  # flat apt repo (Suites: /); default NVIDIA's CUDA repo for the OS
-    "nvidia_driver_repo_key_url": None,  # armored repo key; default <repo url>3bf863cc.pub
-    "nvidia_driver_repo_key_sha256": None,  # pin the key file's sha256 (checked after download)
+    "nvidia_driver_repo_key_url": None,  # armored repo key; default <repo url><8793F200|3bf863cc>.pub
+    "nvidia_driver_repo_key_fingerprint": None,  # default NVIDIA's fingerprint for the OS; a differing key is refused
+    "nvidia_driver_repo_key_sha256": None,  # pin the key file's sha256 too (checked after download)
     "nvidia_allow_reboot": False,  # reboot the rig when the installed driver is not the running one
+    "apt_adopt_sources": True,  # replace other source files for the same URI (kept as *.rigforge-bak)
 }
 
 KEY_NAME = "rigforge-nvidia-cuda"
-CUDA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos"
-CUDA_ARCH = {"amd64": "x86_64", "arm64": "sbsa"}
 NOUVEAU_CONF = "/etc/modprobe.d/rigforge-blacklist-nouveau.conf"
 NOUVEAU_TEXT = """# managed by rigforge: the NVIDIA driver needs nouveau unloaded
 blacklist nouveau
 options nouveau modeset=0
 """
 UNATTENDED_CONF = "/etc/apt/apt.conf.d/51rigforge-nvidia-unattended-upgrades"
-UNATTENDED_TEXT = """// managed by rigforge: NVIDIA driver and CUDA packages change only through rigforge (held)
-Unattended-Upgrade::Package-Blacklist {
-    "^nvidia-";
-    "^libnvidia-";
-    "^cuda-";
-    "^libcuda";
-    "^xserver-xorg-video-nvidia";
-};
-"""
+UBUNTU_PIN = "/etc/apt/preferences.d/rigforge-nvidia-ubuntu-archive"
+CUDA_ORIGIN = "developer.download.nvidia.com"
+BOOLEAN_KEYS = ("nvidia_driver_manage", "nvidia_allow_reboot", "apt_adopt_sources")
 
 
-def cuda_repo_url(os_release: dict, deb_arch: str) -> str:
-    """NVIDIA's CUDA repo for the OS, e.g. .../repos/ubuntu2404/x86_64/."""
-    distro = f"{os_release.get('id', '')}{os_release.get('version_id', '').replace('.', '')}"
-    return f"{CUDA_REPOS}/{distro}/{CUDA_ARCH.get(deb_arch, deb_arch)}/"
+def validate(data: Mapping) -> list[str]:
+    """Problems with this role's host-data keys (defaults applied); each names the key, value and what is allowed."""
+    problems = []
+    source, flavor, branch = data["nvidia_driver_source"], data["nvidia_driver_flavor"], data["nvidia_driver_branch"]
+    if source not in driver_table.SOURCES:
+        problems.append(f"nvidia_driver_source={source!r} is not one of: {', '.join(driver_table.SOURCES)}.")
+    if flavor not in driver_table.FLAVORS:
+        problems.append(f"nvidia_driver_flavor={flavor!r} is not one of: {', '.join(driver_table.FLAVORS)}.")
+    if isinstance(branch, bool) or not str(branch).isdigit() or int(branch) < driver_table.MIN_BRANCH:
+        problems.append(f"nvidia_driver_branch={branch!r} must be a branch number, 580 or later (e.g. 580, 590).")
+    for key in BOOLEAN_KEYS:
+        if data[key] not in (True, False):
+            problems.append(f"{key}={data[key]!r} must be true or false.")
+    fpr = data["nvidia_driver_repo_key_fingerprint"]
+    if fpr is not None and (not isinstance(fpr, str) or len(fpr.replace(" ", "")) != 40):
+        problems.append(f"nvidia_driver_repo_key_fingerprint={fpr!r} must be a 40-hex-digit key fingerprint.")
+    kernel = data["nvidia_driver_kernel_flavour"]
+    if not isinstance(kernel, str) or not kernel or not all(c.isalnum() or c in "-." for c in kernel):
+        problems.append(f"nvidia_driver_kernel_flavour={kernel!r} must be a kernel flavour such as generic.")
+    return problems
 
 
-def driver_packages(branch, flavor: str, override: list | None = None) -> list[str]:
-    """Driver packages: nvidia-driver-<branch>-open (open flavor) or nvidia-driver-<branch>."""
-    if override:
-        return list(override)
-    return [f"nvidia-driver-{branch}-open" if flavor == "open" else f"nvidia-driver-{branch}"]
+def packages_for(data: Mapping, os_id: str) -> driver_table.DriverPackages:
+    """The table's row for this host (raises driver_table.DriverTableError when none exists)."""
+    return driver_table.lookup(
+        data["nvidia_driver_source"],
+        os_id,
+        data["nvidia_driver_branch"],
+        data["nvidia_driver_flavor"],
+        data["nvidia_driver_kernel_flavour"],
+    )
+
+
+def cuda_repo(data: Mapping, os_release: dict, deb_arch: str) -> tuple[str, str, str]:
+    """(repo URL, key URL, key fingerprint) of the CUDA repository for this host."""
+    url = data["nvidia_driver_repo_url"] or driver_table.cuda_repo_url(os_release, deb_arch)
+    key_file, fingerprint = driver_table.cuda_key(os_release)
+    return (
+        url,
+        data["nvidia_driver_repo_key_url"] or f"{url}{key_file}",
+        (data["nvidia_driver_repo_key_fingerprint"] or fingerprint),
+    )
+
+
+def unattended_text(packages: driver_table.DriverPackages, source: str) -> str:
+    lines = "".join(f'    "{pattern}";\n' for pattern in packages.unattended_patterns(source))
+    return (
+        "// managed by rigforge: NVIDIA driver packages change only through rigforge (held)\n"
+        f"Unattended-Upgrade::Package-Blacklist {{\n{lines}}};\n"
+    )
+
+
+def ubuntu_pin_text(packages: driver_table.DriverPackages) -> str:
+    """apt preferences: the driver packages never come from NVIDIA's repository (Ubuntu's archive wins)."""
+    names = " ".join(["nvidia-*", "libnvidia-*", *packages.install])
+    return (
+        "# managed by rigforge: nvidia_driver_source=ubuntu, NVIDIA's CUDA repository must not win\n"
+        f"Package: {names}\nPin: origin {CUDA_ORIGIN}\nPin-Priority: -1\n"
+    )
+
+
+def _data() -> dict:
+    return {key: host.data.get(key, default) for key, default in DEFAULTS.items()}
 
 
 @deploy("NVIDIA driver", data_defaults=DEFAULTS)
 def install():
-    data = host.data
-    repo_url = data.nvidia_driver_repo_url or cuda_repo_url(host.get_fact(OsRelease), host.get_fact(DebArch))
-    packages = driver_packages(data.nvidia_driver_branch, data.nvidia_driver_flavor, data.nvidia_driver_packages)
+    data = _data()
+    if not data["nvidia_driver_manage"]:
+        nvidia.running_branch(
+            name=f"Check the running driver is branch {data['nvidia_driver_branch']} (nvidia_driver_manage: false)",
+            branch=int(data["nvidia_driver_branch"]),
+        )
+        return
+    os_release = host.get_fact(OsRelease)
+    packages = packages_for(data, os_release["id"])  # preflight refused the host if there is no such package
+    source = data["nvidia_driver_source"]
 
-    apt_repo.install_missing(name="Install apt repository prerequisites", packages=["ca-certificates", "curl"])
-    apt_repo.add_repo(
-        repo=KEY_NAME,
-        uris=repo_url,
-        suites="/",
-        key_url=data.nvidia_driver_repo_key_url or f"{repo_url}3bf863cc.pub",
-        key_sha256=data.nvidia_driver_repo_key_sha256,
-    )
+    apt_repo.install_missing(name="Install apt repository prerequisites", packages=["ca-certificates", "curl", "gpg"])
+    if source == "cuda":
+        url, key_url, fingerprint = cuda_repo(data, os_release, host.get_fact(DebArch))
+        apt_repo.add_repo(
+            repo=KEY_NAME,
+            uris=url,
+            suites="/",
+            key_url=key_url,
+            key_fingerprint=fingerprint,
+            key_sha256=data["nvidia_driver_repo_key_sha256"],
+        )
+    else:
+        files.put(
+            name="Pin the NVIDIA driver to Ubuntu's archive",
+            src=StringIO(ubuntu_pin_text(packages)),
+            dest=UBUNTU_PIN,
+            mode="644",
+        )
     files.put(
-        name="Keep NVIDIA and CUDA packages out of unattended upgrades",
-        src=StringIO(UNATTENDED_TEXT),
+        name="Keep the NVIDIA driver packages out of unattended upgrades",
+        src=StringIO(unattended_text(packages, source)),
         dest=UNATTENDED_CONF,
         mode="644",
     )
@@ -91,14 +163,17 @@ def install():
         commands=["if command -v update-initramfs >/dev/null 2>&1; then update-initramfs -u; fi"],
         _if=blacklist.did_change,
     )
-    apt_repo.install_missing(name=f"Install NVIDIA {data.nvidia_driver_branch} driver packages", packages=packages)
-    apt_repo.hold(
-        name="Hold the NVIDIA driver packages",
-        packages=[spec.partition("=")[0] for spec in packages],
-        installed_pattern=rf"^(lib)?nvidia-[a-z0-9-]*-{re.escape(str(data.nvidia_driver_branch))}(-open|-server|-server-open)?$",
+    if packages.pinning:
+        apt_repo.install_missing(
+            name=f"Lock the driver branch: install {packages.pinning}", packages=[packages.pinning]
+        )
+    apt_repo.install_missing(
+        name=f"Install NVIDIA {data['nvidia_driver_branch']} driver packages ({', '.join(packages.install)})",
+        packages=list(packages.install),
     )
+    apt_repo.hold(name="Hold the NVIDIA driver packages", packages=list(packages.hold))
     nvidia.reboot_if_needed(
         name="Reboot if the installed driver is not the running one",
-        package=packages[0].partition("=")[0],
-        allow_reboot=data.nvidia_allow_reboot,
+        package=packages.version_package,
+        allow_reboot=data["nvidia_allow_reboot"],
     )

@@ -12,12 +12,14 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import deploy
 
-from roles import docker_engine, gpu_power, nvidia_driver
+from roles import docker_engine, gpu_power, host_state, nvidia_driver
 from roles.operations import checks
 
 DEFAULTS: dict = {}  # preflight has no knobs of its own; it checks the other roles' keys (defaults below)
 
 CHECKED_KEYS = {
+    **nvidia_driver.DEFAULTS,  # every driver / container-runtime key: roles/operations/host_state.py
+    **docker_engine.DEFAULTS,
     **{key: gpu_power.DEFAULTS[key] for key in ("gpu_power_limit_w", "gpu_power_limits")},
     "docker_source": docker_engine.DEFAULTS["docker_source"],
     "nvidia_driver_flavor": nvidia_driver.DEFAULTS["nvidia_driver_flavor"],
@@ -33,4 +35,5 @@ def check(needs: checks.Needs):
         name=f"Preflight: can this host run {needs.variant}?",
         needs=needs,
         data={key: host.data.get(key, default) for key, default in CHECKED_KEYS.items()},
+        host_problems=host_state.problems,
     )

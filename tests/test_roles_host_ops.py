@@ -283,43 +283,6 @@ def test_message_names_host_and_every_problem():
 # --- nvidia_driver -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "os,repo",
-    [
-        ("ubuntu2204", "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2204/x86_64/"),
-        ("ubuntu2404", "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64/"),
-        ("debian12", "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/"),
-        ("debian13", "https://developer.download.nvidia.com/compute/cuda/repos/debian13/x86_64/"),
-    ],
-)
-def test_driver_fresh_install_per_os(os, repo):
-    state = converge(
-        {"r": rig(os, gpus=[], extra={"dpkg-query": "installed 580.95.05-0ubuntu1", "nvidia-smi -L": "rc=0"})},
-        nvidia_driver.install,
-    )
-    assert not state.failed_hosts
-    commands = executed(state, "r")
-    assert any(f"curl -sSLf {repo}3bf863cc.pub -o" in c for c in commands)
-    assert any(c.endswith("apt-get update") or "apt-get update" in c for c in commands)
-    install = [c for c in commands if " install " in c and "nvidia-driver" in c]
-    assert len(install) == 1 and "nvidia-driver-580-open" in install[0]
-    assert not any("apt-key" in c for c in commands)
-    assert any("update-initramfs" in c for c in commands)
-    assert (
-        nvidia_driver.cuda_repo_url(
-            dict(
-                zip(
-                    ("id", "version_id"),
-                    (os[:-4], os[-4:-2] + "." + os[-2:]) if os.startswith("ubuntu") else (os[:-2], os[-2:]),
-                    strict=True,
-                )
-            ),
-            "amd64",
-        )
-        == repo
-    )
-
-
 def test_driver_sources_file_is_deb822_flat_with_signed_by():
     text = apt_repo.deb822_source(
         "https://example/cuda/ubuntu2404/x86_64/", "/", "/etc/apt/keyrings/rigforge-nvidia-cuda.asc"
@@ -357,33 +320,6 @@ def test_ubuntu_sources_files(os, codename):
     state = converge({"u": rig(os)}, gpu_power.apply, power_plan(), execute=False)
     staged = uploads(state, "u")["/etc/systemd/system/.staging/rigforge-gpu-power.service"]  # verified, then moved
     assert staged == render_power_unit({0: 230, 1: 230}).encode()
-
-
-def test_driver_flavors_and_overrides():
-    assert nvidia_driver.driver_packages(580, "open") == ["nvidia-driver-580-open"]
-    assert nvidia_driver.driver_packages(580, "proprietary") == ["nvidia-driver-580"]
-    assert nvidia_driver.driver_packages(570, "open", ["cuda-drivers-570"]) == ["cuda-drivers-570"]
-    state = converge({"r": rig(gpus=[], nvidia_driver_flavor="proprietary")}, nvidia_driver.install, execute=False)
-    cmds = op_commands(state, "r", apt_repo.install_missing, packages=["nvidia-driver-580"])
-    assert cmds[0] == "apt-get update" and "nvidia-driver-580" in cmds[1] and "-open" not in cmds[1]
-
-
-def test_driver_already_installed_and_held_is_a_no_op():
-    installed = [
-        ("nvidia-driver-580-open", "580.95.05-0ubuntu1"),
-        ("libnvidia-compute-580", "580.95.05-0ubuntu1"),
-        ("ca-certificates", "1"),
-        ("curl", "1"),
-    ]
-    r = rig(packages=installed, held=["libnvidia-compute-580", "nvidia-driver-580-open"])
-    state = converge({"r": r}, nvidia_driver.install, execute=False)
-    assert op_commands(state, "r", apt_repo.install_missing, packages=["nvidia-driver-580-open"]) == []
-    hold = dict(packages=["nvidia-driver-580-open"], installed_pattern=r"^(lib)?nvidia-[a-z0-9-]*-580(-open)?$")
-    assert op_commands(state, "r", apt_repo.hold, **hold) == []
-    partly = converge(
-        {"r": rig(packages=installed, held=["nvidia-driver-580-open"])}, nvidia_driver.install, execute=False
-    )
-    assert op_commands(partly, "r", apt_repo.hold, **hold) == ["apt-mark hold libnvidia-compute-580"]
 
 
 def test_reboot_decisions():

@@ -209,3 +209,45 @@ class NvidiaPciGpus(FactBase):
     def process(self, output: list[str]) -> int | None:
         value = output[-1].strip() if output else ""
         return int(value) if value.isdigit() else None
+
+
+_PROC_VERSION = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)?)")
+
+
+def parse_running_driver(lines: list[str]) -> dict:
+    """Output of NvidiaRunningDriver -> {"version", "smi", "smi_ok", "owner"} (None/False/"" when absent)."""
+    items = dict(line.partition("=")[::2] for line in lines if "=" in line)
+    match = _PROC_VERSION.search(items.get("proc", ""))
+    version = match.group(1) if match else (items.get("module", "").strip() or None)
+    return {
+        "version": version,
+        "smi": items.get("smi", "").strip() or None,
+        "smi_ok": items.get("smi_ok", "").strip() == "1",
+        "owner": items.get("owner", "").split(":")[0].strip() or None,
+    }
+
+
+def unowned_driver(running: dict) -> bool:
+    """A driver that answers (nvidia-smi, a version in /proc) but that no package owns (.run installer, hand build)."""
+    return bool(running.get("version") and running.get("smi_ok") and not running.get("owner"))
+
+
+class NvidiaRunningDriver(FactBase):
+    """The running driver: /proc/driver/nvidia/version, the module version, whether nvidia-smi answers and which
+    package owns it (empty owner: no package, e.g. NVIDIA's .run installer)."""
+
+    def command(self) -> str:
+        return (
+            'echo "proc=$(head -n 1 /proc/driver/nvidia/version 2>/dev/null)"; '
+            'echo "module=$(cat /sys/module/nvidia/version 2>/dev/null)"; '
+            'smi=$(command -v nvidia-smi 2>/dev/null); echo "smi=$smi"; '
+            'if [ -n "$smi" ]; then timeout 60 "$smi" -L >/dev/null 2>&1 && echo smi_ok=1; '
+            'echo "owner=$(dpkg -S "$(readlink -f "$smi")" 2>/dev/null | head -n 1)"; fi'
+        )
+
+    @staticmethod
+    def default() -> dict:
+        return {"version": None, "smi": None, "smi_ok": False, "owner": None}
+
+    def process(self, output: list[str]) -> dict:
+        return parse_running_driver(output)

@@ -1,5 +1,11 @@
 """apt repositories the modern way (deb822 .sources + a Signed-By keyring in /etc/apt/keyrings, no apt-key),
-plus two small package operations: install only what is missing, and hold packages only when not held.
+plus small package operations: install only what is missing, remove what conflicts, hold only when not held.
+
+A repository key with a pinned fingerprint is checked with `gpg --show-keys` on the rig before it is moved
+into /etc/apt/keyrings: a key with another fingerprint never reaches apt. Before its own `.sources` file is
+written, every other source file pointing at the same URI (one-line `.list` or deb822 `.sources`, e.g. a
+hand-set-up `docker.list`) is moved aside to `<file>.rigforge-bak` (apt ignores that suffix silently), so no
+two files disagree on Signed-By. Preflight refuses instead when `apt_adopt_sources` is false.
 """
 
 from __future__ import annotations
@@ -8,10 +14,11 @@ import re
 from io import StringIO
 
 from pyinfra import host
-from pyinfra.api import StringCommand, deploy, operation
+from pyinfra.api import QuoteString, StringCommand, deploy, operation
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files
 
+from roles.facts.apt import AptSourceFiles, KeyFingerprints, same_uri_files
 from roles.facts.system import AptHeldPackages
 
 KEYRING_DIR = "/etc/apt/keyrings"
@@ -41,6 +48,77 @@ def keyring_path(name: str) -> str:
     return f"{KEYRING_DIR}/{name}.asc"
 
 
+BACKUP_SUFFIX = ".rigforge-bak"
+IGNORE_BACKUPS_CONF = "/etc/apt/apt.conf.d/50rigforge-ignore-backups"
+IGNORE_BACKUPS_TEXT = (
+    "// managed by rigforge: source files it replaced are kept as *.rigforge-bak; apt skips them silently\n"
+    'Dir::Ignore-Files-Silently:: "\\.rigforge-bak$";\n'
+)
+
+
+def source_path(repo: str) -> str:
+    return f"{SOURCES_DIR}/{repo}.sources"
+
+
+def source_problems(files: dict[str, list[str]], uri: str, repo: str, adopt: bool, key: str) -> list[str]:
+    """Preflight problems with source files already pointing at `uri` (rigforge's own `repo` file aside)."""
+    problems = []
+    for path, only in sorted(same_uri_files(files, uri, source_path(repo)).items()):
+        if not only:
+            problems.append(
+                f"{path} points at {uri} and at other repositories too; move the {uri} entry out of it "
+                f"(rigforge writes {source_path(repo)} for it)."
+            )
+        elif not adopt:
+            problems.append(
+                f"{path} already points at {uri}; rigforge would write {source_path(repo)} with its own key "
+                f"and apt would refuse both. Remove {path}, or set apt_adopt_sources: true to let rigforge "
+                f"replace it (kept as {path}{BACKUP_SUFFIX}). ({key})"
+            )
+    return problems
+
+
+@operation()
+def adopt_sources(uris: str, keep: str):
+    """Move every other source file whose entries all point at `uris` to `<file>.rigforge-bak`."""
+    found = same_uri_files(host.get_fact(AptSourceFiles), uris, keep)
+    if not found:
+        host.noop(f"no other source file points at {uris}")
+        return
+    for path, only in sorted(found.items()):
+        if not only:  # preflight refuses this; never half-edit a file holding other repositories
+            yield StringCommand("echo", QuoteString(f"{path} also holds other repositories"), ">&2", "&&", "false")
+            return
+        yield StringCommand("mv", "-f", QuoteString(path), QuoteString(path + BACKUP_SUFFIX))
+
+
+@operation()
+def verified_key(src: str, dest: str, fingerprint: str | None = None, sha256: str | None = None):
+    """Download a repository key to `dest`; with `fingerprint`, only a key with that primary fingerprint lands
+    there (checked with gpg on the rig, in a temporary file), anything else fails before apt sees it."""
+    if not fingerprint:
+        yield from files.download._inner(src=src, dest=dest, mode="644", sha256sum=sha256)
+        return
+    fingerprint = fingerprint.replace(" ", "").upper()
+    if fingerprint in host.get_fact(KeyFingerprints, path=dest):
+        host.noop(f"{dest} is the key {fingerprint}")
+        return
+    check_sum = f'echo "{sha256}  $tmp" | sha256sum -c --quiet - && ' if sha256 else ""
+    script = (
+        "tmp=$(mktemp) && trap 'rm -f \"$tmp\"' EXIT && "
+        f'curl -fsSL {QUOTE(src)} -o "$tmp" && {check_sum}'
+        "got=$(gpg --batch --show-keys --with-colons \"$tmp\" | awk -F: '/^pub/{p=1;next} /^fpr/&&p{print $10;p=0}'); "
+        f'if echo "$got" | grep -qx {fingerprint}; then install -m 644 "$tmp" {QUOTE(dest)}; '
+        f'else echo "refused {src}: key fingerprint ${{got:-none}}, expected {fingerprint}; '
+        'apt was not given this key" >&2; exit 1; fi'
+    )
+    yield StringCommand("sh", "-c", QuoteString(script))
+
+
+def QUOTE(text: str) -> str:  # noqa: N802 - a shell single-quoted word
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
 @deploy("Add apt repository")
 def add_repo(
     repo: str,
@@ -50,26 +128,36 @@ def add_repo(
     components: str = "",
     architectures: str = "",
     key_sha256: str | None = None,
+    key_fingerprint: str | None = None,
 ):
-    """Keyring + deb822 source for one repository; `apt-get update` only when either changed."""
+    """Keyring (fingerprint checked) + deb822 source for one repository, other files for the same URI moved
+    aside first; `apt-get update` only when something changed."""
     files.directory(name="Ensure the apt keyring directory", path=KEYRING_DIR, mode="755")
-    key = files.download(
-        name=f"Download the {repo} repository key",
+    files.put(
+        name="Let apt skip the source files rigforge replaced",
+        src=StringIO(IGNORE_BACKUPS_TEXT),
+        dest=IGNORE_BACKUPS_CONF,
+        mode="644",
+    )
+    adopted = adopt_sources(name=f"Replace other apt sources for {uris}", uris=uris, keep=source_path(repo))
+    key = verified_key(
+        name=f"Download the {repo} repository key"
+        + (f" (fingerprint {key_fingerprint.replace(' ', '')[-8:]})" if key_fingerprint else ""),
         src=key_url,
         dest=keyring_path(repo),
-        mode="644",
-        sha256sum=key_sha256,
+        fingerprint=key_fingerprint,
+        sha256=key_sha256,
     )
     text = deb822_source(uris, suites, keyring_path(repo), components, architectures, "managed by rigforge")
     source = files.put(
         name=f"Add the {repo} apt source (deb822)",
         src=StringIO(text),
-        dest=f"{SOURCES_DIR}/{repo}.sources",
+        dest=source_path(repo),
         mode="644",
     )
     apt.update(
         name=f"Refresh apt lists after adding {repo}",
-        _if=lambda: key.did_change() or source.did_change(),
+        _if=lambda: key.did_change() or source.did_change() or adopted.did_change(),
     )
 
 
@@ -104,3 +192,14 @@ def hold(packages: list[str], installed_pattern: str = ""):
         host.noop(f"already held: {', '.join(sorted(wanted)) or 'nothing installed to hold'}")
         return
     yield StringCommand("apt-mark", "hold", *to_hold)
+
+
+@operation()
+def remove_installed(packages: list[str]):
+    """`apt-get remove` the installed ones of `packages` (a vendor's "uninstall conflicting packages" step)."""
+    installed = host.get_fact(DebPackages)
+    present = [name for name in packages if name in installed]
+    if not present:
+        host.noop(f"none installed: {', '.join(packages)}")
+        return
+    yield from apt.packages._inner(packages=present, present=False)

@@ -173,7 +173,7 @@ def format_problems(host_name: str, problems: list[str], what: str = "preflight 
 
 
 @operation()
-def host_checks(needs: Needs, data: dict):
+def host_checks(needs: Needs, data: dict, host_problems=None):
     """Fail this host with one message listing every problem; no-op when the host can run the variant."""
     problems = find_problems(
         host.get_fact(OsRelease),
@@ -183,9 +183,11 @@ def host_checks(needs: Needs, data: dict):
         data=data,
         pci_gpus=host.get_fact(NvidiaPciGpus),
     )
+    problems += host_problems(data) if host_problems else []  # the roles' own host-state checks
     if host.get_fact(SecureBoot) == "enabled":
         host.log_styled(
-            "Secure Boot is enabled: the NVIDIA kernel modules must be signed with an enrolled MOK key.",
+            "Secure Boot is enabled: DKMS-built NVIDIA modules must be signed with an enrolled MOK key; on Ubuntu, "
+            "nvidia_driver_source: ubuntu installs Ubuntu's prebuilt, signed modules instead.",
             fg="yellow",
             log_func=logger.warning,
         )

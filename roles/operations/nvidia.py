@@ -6,7 +6,14 @@ from pyinfra import host
 from pyinfra.api import StringCommand, operation
 from pyinfra.operations import server
 
-from roles.facts.nvidia import NvidiaGpus, NvidiaModuleVersion, NvidiaPackageVersion, NvidiaSmiStatus, upstream_version
+from roles.facts.nvidia import (
+    NvidiaGpus,
+    NvidiaModuleVersion,
+    NvidiaPackageVersion,
+    NvidiaRunningDriver,
+    NvidiaSmiStatus,
+    upstream_version,
+)
 from roles.operations.checks import cap_problems, fail_command, resolve_caps
 
 # Connectors that run on the controller itself: never reboot through them.
@@ -95,3 +102,29 @@ def reboot_if_needed(package: str, allow_reboot: bool):
         )
     else:
         yield from server.reboot._inner(delay=30, reboot_timeout=900)
+
+
+def branch_problem(running: dict, branch: int) -> str | None:
+    """With nvidia_driver_manage false: why the running driver is not acceptable (None when its branch is `branch`)."""
+    version = running.get("version")
+    if not version:
+        return (
+            f"nvidia_driver_manage is false but no NVIDIA driver is running; install driver branch {branch} "
+            "(or set nvidia_driver_manage: true to let rigforge install it)."
+        )
+    if version.split(".")[0] != str(branch):
+        return (
+            f"the running NVIDIA driver is {version}, not branch {branch} (nvidia_driver_manage is false, so "
+            f"rigforge leaves it alone); set nvidia_driver_branch: {version.split('.')[0]} or change the driver."
+        )
+    return None
+
+
+@operation()
+def running_branch(branch: int):
+    """Fail the host unless the running driver is of `branch` (the driver itself is not touched)."""
+    problem = branch_problem(host.get_fact(NvidiaRunningDriver), branch)
+    if problem:
+        yield fail_command(f"{host.name}: {problem}")
+    else:
+        host.noop(f"running driver is branch {branch}")

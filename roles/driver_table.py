@@ -1,0 +1,134 @@
+"""Which NVIDIA driver packages a rig gets, as one small table (pure data: no host, no pyinfra).
+
+Keyed by driver source (NVIDIA's CUDA repository or Ubuntu's own archive), distro family, branch scheme
+(580, or >=590) and flavour (open / proprietary kernel modules). Every reader takes its names from here:
+the install (pinning package first), the hold, the unattended-upgrades rules, the reboot check (kernel module
+against the installed driver) and `rigforge verify`. Nobody relies on which package comes first in a list.
+
+Where the names come from (vendor instructions):
+- NVIDIA Driver Installation Guide, Debian / Ubuntu: pick the branch with `nvidia-driver-pinning-<branch>`
+  first, then `nvidia-open` (open kernel modules) or `cuda-drivers` (proprietary).
+  https://docs.nvidia.com/datacenter/tesla/driver-installation-guide/
+- "Recent updates": Ubuntu packages drop the branch from their names from 590 on (`nvidia-dkms-580-open` ->
+  `nvidia-dkms-open`, ...); Debian's were never branch-named (`nvidia-kernel-open-dkms`, `nvidia-kernel-dkms`).
+- Ubuntu's archive: `nvidia-driver-<branch>-open` + prebuilt, signed `linux-modules-nvidia-<branch>-open-<flavour>`
+  (https://ubuntu.com/server/docs/nvidia-drivers-installation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SOURCES = ("cuda", "ubuntu")
+FLAVORS = ("open", "proprietary")
+FAMILIES = ("debian", "ubuntu")
+MIN_BRANCH = 580
+
+# (source, family, scheme, flavour) -> (packages to install, package whose version is the driver's).
+# scheme: "580" for branch 580, "590+" for later branches, "any" when the names do not depend on it.
+# {branch} and {kernel} (the kernel flavour, e.g. generic) are filled in. A missing row = no such package.
+TABLE: dict[tuple[str, str, str, str], tuple[tuple[str, ...], str]] = {
+    ("cuda", "debian", "any", "open"): (("nvidia-open",), "nvidia-kernel-open-dkms"),
+    ("cuda", "debian", "any", "proprietary"): (("cuda-drivers",), "nvidia-kernel-dkms"),
+    ("cuda", "ubuntu", "580", "open"): (("nvidia-driver-580-open",), "nvidia-dkms-580-open"),
+    ("cuda", "ubuntu", "580", "proprietary"): (("nvidia-driver-580",), "nvidia-dkms-580"),
+    ("cuda", "ubuntu", "590+", "open"): (("nvidia-open",), "nvidia-dkms-open"),
+    ("cuda", "ubuntu", "590+", "proprietary"): (("cuda-drivers",), "nvidia-dkms"),
+    ("ubuntu", "ubuntu", "any", "open"): (
+        ("nvidia-driver-{branch}-open", "linux-modules-nvidia-{branch}-open-{kernel}"),
+        "nvidia-driver-{branch}-open",
+    ),
+    ("ubuntu", "ubuntu", "any", "proprietary"): (
+        ("nvidia-driver-{branch}", "linux-modules-nvidia-{branch}-{kernel}"),
+        "nvidia-driver-{branch}",
+    ),
+}
+PINNING = {"cuda": "nvidia-driver-pinning-{branch}", "ubuntu": None}  # the CUDA repo's branch lock
+# Package-name prefixes kept out of unattended upgrades, per source (besides every package in the hold).
+UNATTENDED_PREFIXES = {
+    "cuda": ("nvidia-", "libnvidia-", "cuda-", "libcuda", "xserver-xorg-video-nvidia"),
+    "ubuntu": ("nvidia-", "libnvidia-", "linux-modules-nvidia-", "linux-objects-nvidia-", "linux-signatures-nvidia-"),
+}
+
+
+@dataclass(frozen=True)
+class DriverPackages:
+    """The driver packages of one (source, family, branch, flavour)."""
+
+    pinning: str | None  # installed before the driver: locks the branch (CUDA repo)
+    install: tuple[str, ...]  # what apt installs (after the pinning package)
+    version_package: str  # its version is the installed driver version (reboot check, verify)
+
+    @property
+    def hold(self) -> tuple[str, ...]:
+        """Every package rigforge holds: the pinning package, what it installs, the version package."""
+        names = [self.pinning, *self.install, self.version_package]
+        return tuple(dict.fromkeys(name for name in names if name))
+
+    def unattended_patterns(self, source: str) -> tuple[str, ...]:
+        """Regexes for Unattended-Upgrade::Package-Blacklist."""
+        exact = [f"^{name.replace('.', '[.]')}$" for name in self.hold]
+        return (*[f"^{prefix}" for prefix in UNATTENDED_PREFIXES[source]], *exact)
+
+
+class DriverTableError(ValueError):
+    """No package exists for the combination asked for (the message says what to choose instead)."""
+
+
+def family(os_id: str) -> str:
+    return "ubuntu" if os_id == "ubuntu" else "debian"
+
+
+def scheme(branch: int) -> str:
+    return "580" if int(branch) == 580 else "590+"
+
+
+def lookup(source: str, os_id: str, branch, flavor: str, kernel: str = "generic") -> DriverPackages:
+    """The driver packages for a rig; DriverTableError when no such package exists."""
+    fam = family(os_id)
+    try:
+        branch = int(branch)
+    except (TypeError, ValueError):
+        raise DriverTableError(f"nvidia_driver_branch={branch!r} is not a branch number (580, 590, ...)") from None
+    if branch < MIN_BRANCH:
+        raise DriverTableError(f"nvidia_driver_branch={branch} is older than {MIN_BRANCH}; set 580 or later")
+    row = TABLE.get((source, fam, scheme(branch), flavor)) or TABLE.get((source, fam, "any", flavor))
+    if row is None:
+        have = sorted({key[0] for key in TABLE if key[1] == fam and key[3] == flavor})
+        raise DriverTableError(
+            f"no {flavor} driver package for {fam} from nvidia_driver_source={source!r}"
+            + (f"; use nvidia_driver_source: {' or '.join(have)}" if have else "")
+        )
+    install, version = row
+    fill = {"branch": branch, "kernel": kernel}
+    pinning = PINNING[source]
+    return DriverPackages(
+        pinning=pinning.format(**fill) if pinning else None,
+        install=tuple(name.format(**fill) for name in install),
+        version_package=version.format(**fill),
+    )
+
+
+# NVIDIA's CUDA repository keys (https://github.com/NVIDIA/cuda-repo-management, issue #39): debian13 is signed
+# with the newer 8793F200 key, every other repository still with 3bf863cc.
+CUDA_KEYS = {
+    "debian13": ("8793F200.pub", "02182E60104FCDC26EAE1B8597A5D4CB8793F200"),
+    "default": ("3bf863cc.pub", "EB693B3035CD5710E231E123A4B469963BF863CC"),
+}
+CUDA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos"
+CUDA_ARCH = {"amd64": "x86_64", "arm64": "sbsa"}
+
+
+def cuda_distro(os_release: dict) -> str:
+    """'ubuntu2404', 'debian13', ..."""
+    return f"{os_release.get('id', '')}{os_release.get('version_id', '').replace('.', '')}"
+
+
+def cuda_repo_url(os_release: dict, deb_arch: str) -> str:
+    """NVIDIA's CUDA repo for the OS, e.g. .../repos/ubuntu2404/x86_64/."""
+    return f"{CUDA_REPOS}/{cuda_distro(os_release)}/{CUDA_ARCH.get(deb_arch, deb_arch)}/"
+
+
+def cuda_key(os_release: dict) -> tuple[str, str]:
+    """(key file name, fingerprint) of the CUDA repository for the OS."""
+    return CUDA_KEYS.get(cuda_distro(os_release), CUDA_KEYS["default"])

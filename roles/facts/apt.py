@@ -1,0 +1,142 @@
+"""apt facts: the sources a rig already has (one-line .list and deb822 .sources), and a key file's fingerprints.
+
+Parsers are pure functions; the facts only add the command. A hand-set-up rig typically has Docker's
+`docker.list` (signed-by /etc/apt/keyrings/docker.asc), NVIDIA's `nvidia-container-toolkit.list` or a
+`cuda-*.list`: a second file for the same URI with another keyring breaks every `apt-get update`
+("Conflicting values set for option Signed-By").
+"""
+
+from __future__ import annotations
+
+import re
+
+from pyinfra.api import FactBase, QuoteString, StringCommand
+
+SOURCE_FILES = "/etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources"
+_MARK = "==> rigforge-source-file "
+
+
+def normalize_uri(uri: str) -> str:
+    """URIs that name the same repository compare equal (trailing slash, case of scheme/host)."""
+    uri = uri.strip().rstrip("/")
+    scheme, sep, rest = uri.partition("://")
+    if not sep:
+        return uri
+    host, slash, path = rest.partition("/")
+    return f"{scheme.lower()}://{host.lower()}{slash}{path}"
+
+
+def parse_one_line(text: str) -> list[str]:
+    """URIs of the enabled `deb`/`deb-src` lines of a one-line .list file."""
+    uris = []
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line.startswith(("deb ", "deb-src ", "deb\t", "deb-src\t")):
+            continue
+        rest = line.split(None, 1)[1].strip()
+        if rest.startswith("["):
+            rest = rest.split("]", 1)[1].strip() if "]" in rest else ""
+        if rest:
+            uris.append(rest.split()[0])
+    return uris
+
+
+def parse_deb822(text: str) -> list[str]:
+    """URIs of the enabled stanzas of a deb822 .sources file."""
+    uris = []
+    for stanza in re.split(r"\n\s*\n", text):
+        fields: dict[str, str] = {}
+        key = None
+        for line in stanza.splitlines():
+            if line.startswith("#") or not line.strip():
+                continue
+            if line[0] in " \t" and key:
+                fields[key] += " " + line.strip()
+                continue
+            key, _, value = line.partition(":")
+            key = key.strip().lower()
+            fields[key] = value.strip()
+        if fields.get("enabled", "yes").lower() == "no" or "uris" not in fields:
+            continue
+        uris += fields["uris"].split()
+    return uris
+
+
+def parse_source_files(lines: list[str]) -> dict[str, list[str]]:
+    """Output of the AptSourceFiles command -> {path: [URI, ...]} (files with no enabled entry are kept, empty)."""
+    files: dict[str, list[str]] = {}
+    path, body = None, []
+
+    def flush():
+        if path:
+            parse = parse_deb822 if path.endswith(".sources") else parse_one_line
+            files[path] = parse("\n".join(body))
+
+    for line in lines:
+        if line.startswith(_MARK):
+            flush()
+            path, body = line[len(_MARK) :].strip(), []
+        else:
+            body.append(line)
+    flush()
+    return files
+
+
+class AptSourceFiles(FactBase):
+    """Every apt source file and the URIs its enabled entries point at: {path: [URI, ...]}."""
+
+    def command(self) -> str:
+        return f'for f in {SOURCE_FILES}; do [ -f "$f" ] || continue; echo "{_MARK}$f"; cat "$f"; echo; done'
+
+    @staticmethod
+    def default() -> dict:
+        return {}
+
+    def process(self, output: list[str]) -> dict[str, list[str]]:
+        return parse_source_files(output)
+
+
+def same_uri_files(files: dict[str, list[str]], uri: str, keep: str) -> dict[str, bool]:
+    """Files other than `keep` with an entry for `uri`: {path: True when every entry in it is for `uri`}."""
+    want = normalize_uri(uri)
+    found = {}
+    for path, uris in files.items():
+        if path == keep or not any(normalize_uri(u) == want for u in uris):
+            continue
+        found[path] = all(normalize_uri(u) == want for u in uris)
+    return found
+
+
+def parse_fingerprints(lines: list[str]) -> list[str]:
+    """`gpg --show-keys --with-colons` output -> fingerprints of the primary keys (upper case)."""
+    fprs, primary = [], False
+    for line in lines:
+        fields = line.split(":")
+        if fields[0] == "pub":
+            primary = True
+        elif fields[0] == "sub":
+            primary = False
+        elif fields[0] == "fpr" and primary and len(fields) > 9:
+            fprs.append(fields[9].upper())
+            primary = False
+    return fprs
+
+
+class KeyFingerprints(FactBase):
+    """Primary-key fingerprints of an armored or binary key file (empty when absent or unreadable)."""
+
+    def command(self, path: str) -> StringCommand:
+        return StringCommand(
+            "[ -f",
+            QuoteString(path),
+            "] && command -v gpg >/dev/null 2>&1 && gpg --batch --show-keys --with-colons",
+            QuoteString(path),
+            "2>/dev/null || true",
+        )
+
+    @staticmethod
+    def default() -> list:
+        return []
+
+    def process(self, output: list[str]) -> list[str]:
+        return parse_fingerprints(output)

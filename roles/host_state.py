@@ -1,0 +1,74 @@
+"""Preflight checks of host state owned by the driver and container-runtime roles (run by preflight).
+
+- the driver table has a package for this OS, branch, flavour and source;
+- a running driver that no package owns (NVIDIA's .run installer, a hand build) is not overwritten: refused
+  unless `nvidia_driver_manage: false`, and then its branch must be the one asked for;
+- apt source files that already point at a URI rigforge will write a `.sources` file for (a hand-set-up rig's
+  `docker.list`, `nvidia-container-toolkit.list`, `cuda-*.list`) are refused unless `apt_adopt_sources`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pyinfra import host
+from pyinfra.facts.deb import DebArch
+
+from roles import docker_engine, driver_table, nvidia_driver
+from roles.facts.apt import AptSourceFiles
+from roles.facts.nvidia import NvidiaRunningDriver, unowned_driver
+from roles.facts.system import OsRelease
+from roles.operations import apt_repo
+from roles.operations.nvidia import branch_problem
+
+ALREADY_CHECKED = ("docker_source=", "nvidia_driver_flavor=", "nvidia_allow_reboot=")  # by checks.find_problems
+
+
+def role_data(data: Mapping) -> dict:
+    """The two roles' keys, defaults applied."""
+    return {**nvidia_driver.DEFAULTS, **docker_engine.DEFAULTS, **data}
+
+
+def find_problems(data: Mapping, os_release: dict, arch: str, running: dict, sources: dict) -> list[str]:
+    """Pure: every problem of the driver / container-runtime host state (empty when fine)."""
+    data = role_data(data)
+    checked = nvidia_driver.validate(data) + docker_engine.validate(data)
+    problems = [problem for problem in checked if not problem.startswith(ALREADY_CHECKED)]
+    if checked:  # the rest needs valid keys
+        return problems
+    manage = data["nvidia_driver_manage"]
+    if manage:
+        try:
+            nvidia_driver.packages_for(data, os_release.get("id", ""))
+        except driver_table.DriverTableError as error:
+            problems.append(f"{error}.")
+        if unowned_driver(running):
+            problems.append(
+                f"NVIDIA driver {running['version']} is running but no package owns {running['smi']} (NVIDIA's .run "
+                "installer or a hand build); rigforge will not install packages over it: set "
+                "nvidia_driver_manage: false to keep it, or remove it (nvidia-uninstall) and re-run."
+            )
+    else:
+        problem = branch_problem(running, int(data["nvidia_driver_branch"]))
+        if problem:
+            problems.append(problem)
+    repos = []
+    if manage and data["nvidia_driver_source"] == "cuda":
+        repos.append((nvidia_driver.cuda_repo(data, os_release, arch)[0], nvidia_driver.KEY_NAME))
+    if data["docker_source"] == "docker":
+        repos.append((docker_engine.docker_repo_url(data, os_release.get("id", "")), "rigforge-docker"))
+    repos.append((docker_engine.toolkit_repo_url(data, arch), "rigforge-nvidia-container-toolkit"))
+    for uri, repo in repos:
+        problems += apt_repo.source_problems(sources, uri, repo, data["apt_adopt_sources"], "apt_adopt_sources")
+    return problems
+
+
+def problems(data: Mapping) -> list[str]:
+    """find_problems with this host's facts."""
+    return find_problems(
+        data,
+        host.get_fact(OsRelease),
+        host.get_fact(DebArch) or "amd64",
+        host.get_fact(NvidiaRunningDriver),
+        host.get_fact(AptSourceFiles),
+    )

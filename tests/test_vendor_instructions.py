@@ -1,0 +1,357 @@
+"""What the driver and container-runtime roles render, checked against the vendors' published instructions.
+
+The expected names below were written from the vendors' pages (cited per test), not from roles/driver_table.py:
+Ubuntu 22.04, Ubuntu 24.04, Debian 12 and Debian 13 x open/proprietary x branch 580/590. The roles run on
+pyinfra's fake connector: the commands and files are what a real rig would get.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_roles_host_ops import converge, executed, op_commands, rig, uploads
+
+from roles import docker_engine, host_state, nvidia_driver
+from roles.facts.apt import parse_deb822, parse_fingerprints, parse_one_line, parse_source_files, same_uri_files
+from roles.facts.nvidia import parse_running_driver, unowned_driver
+from roles.operations import apt_repo
+
+CUDA = "https://developer.download.nvidia.com/compute/cuda/repos"
+OLD_KEY = ("3bf863cc.pub", "EB693B3035CD5710E231E123A4B469963BF863CC")
+NEW_KEY = ("8793F200.pub", "02182E60104FCDC26EAE1B8597A5D4CB8793F200")
+
+# (os, flavour, branch) -> (pinning package, packages installed after it, package whose version is the driver's)
+# From NVIDIA's Driver Installation Guide (https://docs.nvidia.com/datacenter/tesla/driver-installation-guide/,
+# "Debian" / "Ubuntu" sections): "apt install nvidia-driver-pinning-<branch>" first, then "apt install nvidia-open"
+# (Open Kernel Modules) or "apt install cuda-drivers" (Proprietary Kernel Modules). Its "Recent updates" page:
+# "Starting with branch 590, the Ubuntu packages will be renamed by removing the branch designation"
+# (nvidia-dkms-580-open -> nvidia-dkms-open, nvidia-dkms-580 -> nvidia-dkms); branch 580 on Ubuntu keeps the
+# branch in the name (nvidia-driver-580-open). Debian's kernel module packages are nvidia-kernel-open-dkms /
+# nvidia-kernel-dkms (NVIDIA forum: Debian cuda-drivers "Depends: ... nvidia-kernel-dkms (>= 580.65.06)").
+EXPECTED = {}
+for _os in ("ubuntu2204", "ubuntu2404"):
+    EXPECTED[(_os, "open", 580)] = ("nvidia-driver-pinning-580", ["nvidia-driver-580-open"], "nvidia-dkms-580-open")
+    EXPECTED[(_os, "proprietary", 580)] = ("nvidia-driver-pinning-580", ["nvidia-driver-580"], "nvidia-dkms-580")
+    EXPECTED[(_os, "open", 590)] = ("nvidia-driver-pinning-590", ["nvidia-open"], "nvidia-dkms-open")
+    EXPECTED[(_os, "proprietary", 590)] = ("nvidia-driver-pinning-590", ["cuda-drivers"], "nvidia-dkms")
+for _os in ("debian12", "debian13"):
+    for _branch in (580, 590):
+        EXPECTED[(_os, "open", _branch)] = (
+            f"nvidia-driver-pinning-{_branch}",
+            ["nvidia-open"],
+            "nvidia-kernel-open-dkms",
+        )
+        EXPECTED[(_os, "proprietary", _branch)] = (
+            f"nvidia-driver-pinning-{_branch}",
+            ["cuda-drivers"],
+            "nvidia-kernel-dkms",
+        )
+
+
+def key_of(os: str) -> tuple[str, str]:
+    """NVIDIA/cuda-repo-management issue #39 (https://github.com/NVIDIA/cuda-repo-management/issues/39): "Debian
+    13 is signed with the new key (8793F200)"; the Ubuntu 24.04 (and every older) repo is still signed with
+    3bf863cc (EB693B3035CD5710E231E123A4B469963BF863CC)."""
+    return NEW_KEY if os == "debian13" else OLD_KEY
+
+
+@pytest.mark.parametrize("os,flavor,branch", sorted(EXPECTED))
+def test_cuda_repo_source_key_and_packages(os, flavor, branch):
+    """NVIDIA Driver Installation Guide, network repository: the repo is
+    https://developer.download.nvidia.com/compute/cuda/repos/<distro>/<arch>/ (flat, "/"), then the pinning
+    package, then the driver (https://docs.nvidia.com/datacenter/tesla/driver-installation-guide/)."""
+    pinning, install, version_package = EXPECTED[(os, flavor, branch)]
+    key_file, fingerprint = key_of(os)
+    hosts = {"r": rig(os, gpus=[], nvidia_driver_flavor=flavor, nvidia_driver_branch=branch)}
+    files = uploads(converge(hosts, nvidia_driver.install, execute=False), "r")
+    assert files["/etc/apt/sources.list.d/rigforge-nvidia-cuda.sources"].splitlines() == [
+        "# managed by rigforge",
+        "Types: deb",
+        f"URIs: {CUDA}/{os}/x86_64/",
+        "Suites: /",
+        "Signed-By: /etc/apt/keyrings/rigforge-nvidia-cuda.asc",
+    ]
+    state = converge(hosts, nvidia_driver.install)
+    assert not state.failed_hosts
+    commands = executed(state, "r")
+    (key,) = [c for c in commands if "gpg --batch --show-keys" in c and "install -m 644" in c]
+    assert f"{CUDA}/{os}/x86_64/{key_file}" in key and fingerprint in key
+    assert "install -m 644" in key and "/etc/apt/keyrings/rigforge-nvidia-cuda.asc" in key
+    installs = [c for c in commands if "apt-get" in c and " install " in c and ("nvidia" in c or "cuda-drivers" in c)]
+    assert len(installs) == 2, installs
+    assert installs[0].split()[-1] == pinning  # the branch lock comes first, alone
+    assert installs[1].split()[-len(install) :] == install
+    assert not any("apt-key" in c for c in commands)
+    held = {"nvidia-driver-pinning-580", "nvidia-driver-pinning-590", *install, version_package}
+    installed = [(name, "580.95.05-1") for name in held] + [("ca-certificates", "1"), ("curl", "1"), ("gpg", "1")]
+    done = converge(
+        {"r": rig(os, gpus=[], packages=installed, nvidia_driver_flavor=flavor, nvidia_driver_branch=branch)},
+        nvidia_driver.install,
+        execute=False,
+    )
+    hold = op_commands(done, "r", apt_repo.hold, packages=sorted({pinning, *install, version_package}))
+    assert hold == [f"apt-mark hold {' '.join(sorted({pinning, *install, version_package}))}"]
+    unattended = files["/etc/apt/apt.conf.d/51rigforge-nvidia-unattended-upgrades"]
+    assert all(f'"^{name}$";' in unattended for name in (pinning, *install, version_package))
+
+
+@pytest.mark.parametrize("os", ["debian12", "debian13"])
+def test_debian_names_carry_no_branch(os):
+    """The issue's finding, from NVIDIA's Debian repositories: there is no nvidia-driver-580-open on Debian."""
+    for (target, _, _), (_, install, version_package) in EXPECTED.items():
+        if target == os:
+            assert not any("580" in name or "590" in name for name in (*install, version_package))
+    state = converge({"r": rig(os, gpus=[])}, nvidia_driver.install)
+    assert not any("nvidia-driver-580-open" in c for c in executed(state, "r"))
+
+
+@pytest.mark.parametrize("os,flavor", [(o, f) for o in ("ubuntu2204", "ubuntu2404") for f in ("open", "proprietary")])
+def test_ubuntu_archive_source(os, flavor):
+    """Ubuntu Server docs, "NVIDIA drivers installation" (https://ubuntu.com/server/docs/nvidia-drivers-installation):
+    the prebuilt, signed modules are linux-modules-nvidia-${DRIVER_BRANCH}${SERVER}-${LINUX_FLAVOUR} (+ "-open"
+    for the open flavour) beside nvidia-driver-<branch>[-open]; no NVIDIA repository, NVIDIA's pinned out."""
+    name = "nvidia-driver-580-open" if flavor == "open" else "nvidia-driver-580"
+    modules = "linux-modules-nvidia-580-open-generic" if flavor == "open" else "linux-modules-nvidia-580-generic"
+    hosts = {"u": rig(os, gpus=[], nvidia_driver_source="ubuntu", nvidia_driver_flavor=flavor)}
+    files = uploads(converge(hosts, nvidia_driver.install, execute=False), "u")
+    assert not any("rigforge-nvidia-cuda" in path for path in files)
+    pin = files["/etc/apt/preferences.d/rigforge-nvidia-ubuntu-archive"].splitlines()
+    assert pin[1:] == [
+        f"Package: nvidia-* libnvidia-* {name} {modules}",
+        "Pin: origin developer.download.nvidia.com",
+        "Pin-Priority: -1",
+    ]
+    commands = executed(converge(hosts, nvidia_driver.install), "u")
+    assert not any("pinning" in c or "developer.download.nvidia.com" in c for c in commands)
+    (install,) = [c for c in commands if " install " in c and name in c]
+    assert install.split()[-2:] == [name, modules]
+
+
+def test_ubuntu_source_and_missing_rows_are_refused_in_preflight():
+    data = {"nvidia_driver_source": "ubuntu"}
+    debian = {"id": "debian", "version_id": "13"}
+    (problem,) = host_state.find_problems(data, debian, "amd64", {}, {})
+    assert "no open driver package for debian from nvidia_driver_source='ubuntu'" in problem
+    assert "use nvidia_driver_source: cuda" in problem
+    for bad, key in (
+        (575, "nvidia_driver_branch"),
+        ("latest", "nvidia_driver_branch"),
+        ("nvidia", "nvidia_driver_source"),
+    ):
+        problems = host_state.find_problems({key: bad}, debian, "amd64", {}, {})
+        assert len(problems) == 1 and problems[0].startswith(f"{key}={bad!r}"), problems
+
+
+# --- Docker and the NVIDIA Container Toolkit -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "os,distro,codename",
+    [
+        ("ubuntu2204", "ubuntu", "jammy"),
+        ("ubuntu2404", "ubuntu", "noble"),
+        ("debian12", "debian", "bookworm"),
+        ("debian13", "debian", "trixie"),
+    ],
+)
+def test_docker_repo_after_removing_conflicting_packages(os, distro, codename):
+    """Docker, "Install Docker Engine on Ubuntu" / "on Debian" (https://docs.docker.com/engine/install/ubuntu/,
+    https://docs.docker.com/engine/install/debian/): "uninstall all conflicting packages: docker.io docker-doc
+    docker-compose docker-compose-v2 podman-docker containerd runc"; the key from <repo>/gpg with fingerprint
+    9DC8 5822 9FC7 DD38 854A E2D8 8D81 803C 0EBF CD88; a deb822 source with Suites: <codename>, Components:
+    stable; then docker-ce docker-ce-cli containerd.io docker-buildx-plugin docker-compose-plugin."""
+    installed = [("docker.io", "1"), ("runc", "1"), ("containerd", "1")]
+    hosts = {"d": rig(os, packages=installed)}
+    files = uploads(converge(hosts, docker_engine.install, execute=False), "d")
+    assert files["/etc/apt/sources.list.d/rigforge-docker.sources"].splitlines()[1:] == [
+        "Types: deb",
+        f"URIs: https://download.docker.com/linux/{distro}",
+        f"Suites: {codename}",
+        "Components: stable",
+        "Architectures: amd64",
+        "Signed-By: /etc/apt/keyrings/rigforge-docker.asc",
+    ]
+    commands = executed(converge(hosts, docker_engine.install), "d")
+    (remove,) = [c for c in commands if " remove " in c]
+    assert remove.split()[-3:] == ["docker.io", "containerd", "runc"]
+    (key,) = [c for c in commands if f"https://download.docker.com/linux/{distro}/gpg" in c]
+    assert "9DC858229FC7DD38854AE2D88D81803C0EBFCD88" in key
+    (install,) = [c for c in commands if " install " in c and "docker-ce" in c]
+    assert install.split()[-5:] == [
+        "docker-ce",
+        "docker-ce-cli",
+        "containerd.io",
+        "docker-buildx-plugin",
+        "docker-compose-plugin",
+    ]
+    assert commands.index(remove) < commands.index(install)
+
+
+def test_toolkit_pins_all_four_packages_together():
+    """NVIDIA Container Toolkit install guide
+    (https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/install-guide.html): the repo
+    https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH) / with the key .../gpgkey, and with a version
+    "nvidia-container-toolkit=${V} nvidia-container-toolkit-base=${V} libnvidia-container-tools=${V}
+    libnvidia-container1=${V}"."""
+    hosts = {"t": rig("ubuntu2404", nvidia_toolkit_version="1.18.0-1")}
+    files = uploads(converge(hosts, docker_engine.install, execute=False), "t")
+    source = files["/etc/apt/sources.list.d/rigforge-nvidia-container-toolkit.sources"].splitlines()
+    assert "URIs: https://nvidia.github.io/libnvidia-container/stable/deb/amd64/" in source and "Suites: /" in source
+    commands = executed(converge(hosts, docker_engine.install), "t")
+    assert any("https://nvidia.github.io/libnvidia-container/gpgkey" in c for c in commands)
+    (install,) = [c for c in commands if " install " in c and "nvidia-container-toolkit" in c]
+    assert install.split()[-4:] == [
+        "nvidia-container-toolkit=1.18.0-1",
+        "nvidia-container-toolkit-base=1.18.0-1",
+        "libnvidia-container-tools=1.18.0-1",
+        "libnvidia-container1=1.18.0-1",
+    ]
+    assert docker_engine.toolkit_packages(None) == ["nvidia-container-toolkit"]
+
+
+# --- hand-set-up rigs: existing sources, keys, a driver no package owns -------------------------------------
+
+# What the vendors' instructions leave on a rig (Docker: one-line form and the newer deb822 form; the toolkit's
+# nvidia-container-toolkit.list after its sed; NVIDIA's cuda-keyring package: cuda-<distro>-<arch>.list).
+DOCKER_LIST = (
+    "deb [arch=amd64 signed-by=/etc/apt/keyrings/docker.asc] https://download.docker.com/linux/ubuntu noble stable\n"
+)
+DOCKER_SOURCES = """Types: deb
+URIs: https://download.docker.com/linux/ubuntu
+Suites: noble
+Components: stable
+Signed-By: /etc/apt/keyrings/docker.asc
+"""
+TOOLKIT_LIST = (
+    "deb [signed-by=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg] "
+    "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH) /\n"
+    "#deb [signed-by=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg] "
+    "https://nvidia.github.io/libnvidia-container/experimental/deb/$(ARCH) /\n"
+)
+CUDA_LIST = (
+    "deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] "
+    "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64/ /\n"
+)
+
+
+def source_listing(files: dict[str, str]) -> list[str]:
+    return [line for path, text in files.items() for line in (f"==> rigforge-source-file {path}", *text.splitlines())]
+
+
+def test_source_files_are_parsed_in_both_forms():
+    assert parse_one_line(DOCKER_LIST) == ["https://download.docker.com/linux/ubuntu"]
+    assert parse_deb822(DOCKER_SOURCES) == ["https://download.docker.com/linux/ubuntu"]
+    assert parse_deb822(DOCKER_SOURCES.replace("Types", "Enabled: no\nTypes")) == []
+    assert parse_one_line(TOOLKIT_LIST) == ["https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)"]
+    listing = parse_source_files(
+        source_listing(
+            {
+                "/etc/apt/sources.list.d/docker.list": DOCKER_LIST,
+                "/etc/apt/sources.list.d/cuda-ubuntu2404-x86_64.list": CUDA_LIST,
+            }
+        )
+    )
+    assert same_uri_files(listing, f"{CUDA}/ubuntu2404/x86_64", "/x") == {
+        "/etc/apt/sources.list.d/cuda-ubuntu2404-x86_64.list": True
+    }
+
+
+def hand_set_up(extra=None, **data):
+    listing = source_listing(
+        {
+            "/etc/apt/sources.list.d/docker.list": DOCKER_LIST,
+            "/etc/apt/sources.list.d/cuda-ubuntu2404-x86_64.list": CUDA_LIST,
+            "/etc/apt/sources.list.d/rigforge-docker.sources": "URIs: https://download.docker.com/linux/ubuntu\n",
+        }
+    )
+    return rig("ubuntu2404", gpus=[], extra={"rigforge-source-file": listing, **(extra or {})}, **data)
+
+
+def test_hand_set_up_sources_are_replaced_and_kept_as_backup():
+    state = converge({"h": hand_set_up()}, docker_engine.install)
+    commands = executed(state, "h")
+    assert "mv -f /etc/apt/sources.list.d/docker.list /etc/apt/sources.list.d/docker.list.rigforge-bak" in commands
+    assert not any("rigforge-docker.sources.rigforge-bak" in c for c in commands)  # its own file stays
+    move = commands.index("mv -f /etc/apt/sources.list.d/docker.list /etc/apt/sources.list.d/docker.list.rigforge-bak")
+    assert move < next(i for i, c in enumerate(commands) if "apt-get update" in c and i > move)
+    ignore = uploads(converge({"h": hand_set_up()}, docker_engine.install, execute=False), "h")
+    assert ignore["/etc/apt/apt.conf.d/50rigforge-ignore-backups"].endswith(
+        'Dir::Ignore-Files-Silently:: "\\.rigforge-bak$";\n'
+    )
+
+
+def test_adoption_off_is_refused_in_preflight_naming_each_file():
+    sources = parse_source_files(
+        source_listing(
+            {
+                "/etc/apt/sources.list.d/docker.list": DOCKER_LIST,
+                "/etc/apt/sources.list.d/cuda-ubuntu2404-x86_64.list": CUDA_LIST,
+            }
+        )
+    )
+    ubuntu = {"id": "ubuntu", "version_id": "24.04", "codename": "noble"}
+    assert host_state.find_problems({}, ubuntu, "amd64", {}, sources) == []  # adopted by default
+    problems = host_state.find_problems({"apt_adopt_sources": False}, ubuntu, "amd64", {}, sources)
+    assert [p.split(" already points at")[0] for p in problems] == [
+        "/etc/apt/sources.list.d/cuda-ubuntu2404-x86_64.list",
+        "/etc/apt/sources.list.d/docker.list",
+    ]
+    assert all("apt_adopt_sources: true" in p for p in problems)
+    mixed = parse_source_files(
+        source_listing({"/etc/apt/sources.list": DOCKER_LIST + "deb http://archive.ubuntu.com/ubuntu noble main\n"})
+    )
+    (problem,) = host_state.find_problems({}, ubuntu, "amd64", {}, mixed)
+    assert problem.startswith("/etc/apt/sources.list points at https://download.docker.com/linux/ubuntu and at other")
+
+
+PROC = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (dvs-builder@U22)"
+
+
+def test_a_running_driver_no_package_owns_is_refused_unless_left_alone():
+    """The issue's 2xH200 host: driver 580.159.04 from the .run installer, no driver package in dpkg."""
+    unowned = parse_running_driver(
+        [f"proc={PROC}", "module=580.159.04", "smi=/usr/bin/nvidia-smi", "smi_ok=1", "owner="]
+    )
+    assert unowned == {"version": "580.159.04", "smi": "/usr/bin/nvidia-smi", "smi_ok": True, "owner": None}
+    assert unowned_driver(unowned)
+    owned = parse_running_driver(
+        [f"proc={PROC}", "smi=/usr/bin/nvidia-smi", "smi_ok=1", "owner=nvidia-utils-580: /usr/bin/nvidia-smi"]
+    )
+    assert owned["owner"] == "nvidia-utils-580" and not unowned_driver(owned)
+    ubuntu = {"id": "ubuntu", "version_id": "24.04", "codename": "noble"}
+    (problem,) = host_state.find_problems({}, ubuntu, "amd64", unowned, {})
+    assert problem.startswith("NVIDIA driver 580.159.04 is running but no package owns /usr/bin/nvidia-smi")
+    assert "nvidia_driver_manage: false" in problem and "\n" not in problem
+    assert host_state.find_problems({"nvidia_driver_manage": False}, ubuntu, "amd64", unowned, {}) == []
+    (other,) = host_state.find_problems(
+        {"nvidia_driver_manage": False, "nvidia_driver_branch": 590}, ubuntu, "amd64", unowned, {}
+    )
+    assert "running NVIDIA driver is 580.159.04, not branch 590" in other
+
+
+def test_driver_left_alone_only_checks_the_branch():
+    state = converge(
+        {"m": rig(gpus=[], nvidia_driver_manage=False, extra={"proc=": [f"proc={PROC}", "smi_ok=1"]})},
+        nvidia_driver.install,
+    )
+    assert not state.failed_hosts
+    assert not any("apt" in c or "curl" in c for c in executed(state, "m"))
+
+
+def test_fingerprints_from_gpg_colons():
+    colons = [
+        "pub:-:4096:1:A4B469963BF863CC:1650567432:::-:::scSC::::::23::0:",
+        "fpr:::::::::EB693B3035CD5710E231E123A4B469963BF863CC:",
+        "uid:-::::1650567432::5F7D2D1EE2E8C7B1::cudatools <cudatools@nvidia.com>::::::::::0:",
+        "sub:-:4096:1:1111111111111111:1650567432::::::e::::::23:",
+        "fpr:::::::::0000000000000000000000001111111111111111:",
+    ]
+    assert parse_fingerprints(colons) == ["EB693B3035CD5710E231E123A4B469963BF863CC"]
+
+
+def test_a_key_already_in_place_with_the_right_fingerprint_is_a_no_op():
+    fpr = ["pub:-:4096:1:x:1:::-:::scSC:", f"fpr:::::::::{NEW_KEY[1]}:"]
+    state = converge({"k": rig("debian13", extra={"--show-keys": fpr})}, nvidia_driver.install, execute=False)
+    dest = "/etc/apt/keyrings/rigforge-nvidia-cuda.asc"
+    assert op_commands(state, "k", apt_repo.verified_key, src="x", dest=dest, fingerprint=NEW_KEY[1]) == []
+    (replace,) = op_commands(state, "k", apt_repo.verified_key, src="x", dest=dest, fingerprint=OLD_KEY[1])
+    assert "refused x: key fingerprint" in replace and "exit 1" in replace
