@@ -1,11 +1,21 @@
-"""Local signed apt repositories holding the simulated NVIDIA packages.
+"""Local signed apt repositories that publish the vendors' real package names, holding the simulated drivers.
 
-Two flat repositories (`Suites: /`, like NVIDIA's CUDA and libnvidia-container repos), each signed with one
-throwaway gpg key (InRelease clearsigned + detached Release.gpg), its armored public key served beside it:
+Signed with one throwaway gpg key (InRelease clearsigned + detached Release.gpg), the armored public key served
+beside each repository under the vendor's file name:
 
-    <root>/cuda/                  nvidia-driver-580-open, nvidia-driver-580   key: cuda/3bf863cc.pub
-    <root>/libnvidia-container/   nvidia-container-toolkit                    key: libnvidia-container/gpgkey
+    <root>/cuda-debian/   flat, NVIDIA's Debian naming: nvidia-driver-pinning-<branch>, nvidia-open /
+                          cuda-drivers -> nvidia-driver-cuda + nvidia-kernel-open-dkms / nvidia-kernel-dkms
+                          key: cuda-debian/8793F200.pub (the name of NVIDIA's debian13 key)
+    <root>/cuda-ubuntu/   flat, NVIDIA's Ubuntu naming: nvidia-driver-pinning-<branch>, 580:
+                          nvidia-driver-580-open -> nvidia-dkms-580-open (...), 590: nvidia-open -> nvidia-dkms-open
+    <root>/libnvidia-container/   nvidia-container-toolkit + -base, libnvidia-container-tools, libnvidia-container1
+    <root>/docker/        Docker's layout (dists/trixie/stable): docker-ce, docker-ce-cli, containerd.io,
+                          docker-buildx-plugin, docker-compose-plugin (empty stand-ins); key: docker/gpg
 
+Every driver branch exists in two versions (580 and 590), so installing the pinning package first is what
+keeps a rig on its branch, as on NVIDIA's repositories. The package owning the kernel module (nvidia-kernel-
+open-dkms, nvidia-dkms-580-open, ...) simulates a freshly loaded module; the package shipping nvidia-smi gets
+the simulated GPUs: the stub drivers behave the same under either naming.
 Built once per testbed dir; the cache key is the hash of the stub sources and this file.
 """
 
@@ -21,10 +31,16 @@ from ._util import ensure_safe_dir, hash_tree, log, sh
 STUBS = Path(__file__).parent / "stubs"
 DRIVER_VERSION = "580.159.04"
 DRIVER_DEB_VERSION = f"{DRIVER_VERSION}-1"
+NEXT_DRIVER_VERSION = "590.48.01"  # a later branch in the same repository: the pinning package must hold it off
 TOOLKIT_VERSION = "1.17.8"
 TOOLKIT_DEB_VERSION = f"{TOOLKIT_VERSION}-1"
-DRIVER_REPO, DRIVER_KEY = "cuda", "cuda/3bf863cc.pub"
+DRIVER_REPO, DRIVER_KEY = "cuda-debian", "cuda-debian/8793F200.pub"
+UBUNTU_DRIVER_REPO, UBUNTU_DRIVER_KEY = "cuda-ubuntu", "cuda-ubuntu/3bf863cc.pub"
 TOOLKIT_REPO, TOOLKIT_KEY = "libnvidia-container", "libnvidia-container/gpgkey"
+DOCKER_REPO, DOCKER_KEY, DOCKER_SUITE = "docker", "docker/gpg", "trixie"
+FINGERPRINT_FILE = "fingerprint"  # the signing key's fingerprint, for host data
+TOOLKIT_PACKAGES = ["nvidia-container-toolkit-base", "libnvidia-container-tools", "libnvidia-container1"]
+DOCKER_PACKAGES = ["docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin", "docker-compose-plugin"]
 
 DRIVER_POSTINST = """#!/bin/sh
 # rigforge testbed: simulate the freshly loaded kernel module (in a chroot /sys and /proc are plain dirs)
@@ -65,7 +81,8 @@ def _stub(name: str, **subst: str) -> str:
 
 def _build_deb(work: Path, out_dir: Path, control: str, files: dict[str, str], postinst: str | None = None):
     name = control.split("\n", 1)[0].split(": ", 1)[1]
-    pkg = work / name
+    version = control.split("\nVersion: ", 1)[1].split("\n", 1)[0]
+    pkg = work / f"{name}_{version}"
     (pkg / "DEBIAN").mkdir(parents=True)
     (pkg / "DEBIAN/control").write_text(control)
     if postinst:
@@ -75,23 +92,88 @@ def _build_deb(work: Path, out_dir: Path, control: str, files: dict[str, str], p
         target = pkg / path.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text)
-        target.chmod(0o755)
+        target.chmod(0o644 if path.startswith("/etc/") else 0o755)
     sh(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(pkg), str(out_dir)], capture=True)
 
 
-def _index_and_sign(repo: Path, gnupghome: Path) -> None:
-    packages = sh(["apt-ftparchive", "packages", "."], cwd=repo, capture=True).stdout
-    (repo / "Packages").write_text(packages)
-    sh(["gzip", "-9kf", "Packages"], cwd=repo)
-    release = sh(
-        ["apt-ftparchive", "-o", "APT::FTPArchive::Release::Origin=rigforge-testbed", "release", "."],
-        cwd=repo,
-        capture=True,
-    ).stdout
-    (repo / "Release").write_text(release)
+def _index_and_sign(repo: Path, gnupghome: Path, suite: str | None = None) -> None:
+    """Index and sign a flat repository (`Suites: /`), or with `suite` a dists/<suite>/stable one (Docker's)."""
+    dist = repo / "dists" / suite if suite else repo
+    index = dist / "stable/binary-amd64" if suite else repo
+    index.mkdir(parents=True, exist_ok=True)
+    pool = "pool" if suite else "."
+    packages = sh(["apt-ftparchive", "packages", pool], cwd=repo, capture=True).stdout
+    (index / "Packages").write_text(packages)
+    sh(["gzip", "-9kf", "Packages"], cwd=index)
+    options = ["-o", "APT::FTPArchive::Release::Origin=rigforge-testbed"]
+    if suite:
+        for key, value in (("Suite", suite), ("Codename", suite), ("Components", "stable"), ("Architectures", "amd64")):
+            options += ["-o", f"APT::FTPArchive::Release::{key}={value}"]
+    release = sh(["apt-ftparchive", *options, "release", "."], cwd=dist, capture=True).stdout
+    (dist / "Release").write_text(release)
     gpg = ["gpg", "--homedir", str(gnupghome), "--batch", "--yes", "--digest-algo", "SHA512"]
-    sh([*gpg, "--clearsign", "-o", str(repo / "InRelease"), str(repo / "Release")], capture=True)
-    sh([*gpg, "--armor", "--detach-sign", "-o", str(repo / "Release.gpg"), str(repo / "Release")], capture=True)
+    sh([*gpg, "--clearsign", "-o", str(dist / "InRelease"), str(dist / "Release")], capture=True)
+    sh([*gpg, "--armor", "--detach-sign", "-o", str(dist / "Release.gpg"), str(dist / "Release")], capture=True)
+
+
+def _pinning(branch: str) -> tuple[str, dict[str, str]]:
+    """nvidia-driver-pinning-<branch>: an apt preferences file keeping NVIDIA's driver packages on the branch."""
+    text = (
+        f"# rigforge testbed stand-in for NVIDIA's nvidia-driver-pinning-{branch}\n"
+        "Package: nvidia-* libnvidia-* cuda-drivers\n"
+        f"Pin: version {branch}.*\nPin-Priority: 1000\n"
+    )
+    return f"nvidia-driver-pinning-{branch}", {f"/etc/apt/preferences.d/nvidia-driver-pinning-{branch}": text}
+
+
+def _driver_scheme(tmp: Path, repo: Path, scheme: str, version: str) -> None:
+    """One branch of the driver packages under `scheme` ("debian" or "ubuntu") naming, in `repo`."""
+    branch = version.split(".")[0]
+    deb = f"{version}-1"
+    smi_files = {
+        flavor: {
+            "/usr/bin/nvidia-smi": _stub("nvidia-smi", DRIVER_VERSION=version, FLAVOR=flavor),
+            "/usr/bin/nvidia-persistenced": _stub("nvidia-persistenced", DRIVER_VERSION=version, FLAVOR=flavor),
+        }
+        for flavor in ("open", "proprietary")
+    }
+    name, files = _pinning(branch)
+    _build_deb(tmp, repo, _control(name, "1.0-1", f"Lock NVIDIA driver packages to branch {branch}"), files)
+    if scheme == "debian" or branch != "580":  # unversioned names (Debian always, Ubuntu from 590 on)
+        kmod = {"open": "nvidia-kernel-open-dkms", "proprietary": "nvidia-kernel-dkms"}
+        if scheme == "ubuntu":
+            kmod = {"open": "nvidia-dkms-open", "proprietary": "nvidia-dkms"}
+        user = {"open": "nvidia-open", "proprietary": "cuda-drivers"}
+        smi = {"debian": "nvidia-driver-cuda", "ubuntu": "nvidia-utils"}[scheme]
+        _build_deb(tmp, repo, _control(smi, deb, "NVIDIA driver CUDA components (nvidia-smi)"), smi_files["open"])
+        for flavor in ("open", "proprietary"):
+            other = kmod["proprietary" if flavor == "open" else "open"]
+            _build_deb(
+                tmp,
+                repo,
+                _control(kmod[flavor], deb, f"NVIDIA kernel module ({flavor})", Conflicts=other, Replaces=other),
+                {},
+                DRIVER_POSTINST.format(version=version, kind="Open" if flavor == "open" else "Proprietary"),
+            )
+            depends = f"python3, {smi} (= {deb}), {kmod[flavor]} (= {deb})"
+            _build_deb(tmp, repo, _control(user[flavor], deb, f"NVIDIA driver ({flavor})", Depends=depends), {})
+        return
+    for flavor, suffix in (("open", "-open"), ("proprietary", "")):  # Ubuntu 580: the branch in every name
+        other = "" if suffix else "-open"
+        dkms, driver = f"nvidia-dkms-{branch}{suffix}", f"nvidia-driver-{branch}{suffix}"
+        conflicts = {"Conflicts": f"nvidia-dkms-{branch}{other}", "Replaces": f"nvidia-dkms-{branch}{other}"}
+        _build_deb(
+            tmp,
+            repo,
+            _control(dkms, deb, f"NVIDIA DKMS package ({flavor})", **conflicts),
+            {},
+            DRIVER_POSTINST.format(version=version, kind="Open" if flavor == "open" else "Proprietary"),
+        )
+        conflicts = {"Conflicts": f"nvidia-driver-{branch}{other}", "Replaces": f"nvidia-driver-{branch}{other}"}
+        control = _control(driver, deb, f"NVIDIA driver metapackage ({flavor})", Depends=f"python3, {dkms} (= {deb})")
+        _build_deb(
+            tmp, repo, control.replace("Depends:", f"Conflicts: {conflicts['Conflicts']}\nDepends:"), smi_files[flavor]
+        )
 
 
 def build(testbed_dir: Path) -> Path:
@@ -103,43 +185,33 @@ def build(testbed_dir: Path) -> Path:
     t0 = time.monotonic()
     for old in cache.glob("apt-*"):  # earlier stub versions
         shutil.rmtree(old)
-    driver_repo, toolkit_repo = root / DRIVER_REPO, root / TOOLKIT_REPO
-    driver_repo.mkdir(parents=True)
-    toolkit_repo.mkdir(parents=True)
+    repos = {name: root / name for name in (DRIVER_REPO, UBUNTU_DRIVER_REPO, TOOLKIT_REPO, DOCKER_REPO)}
+    for repo in repos.values():
+        repo.mkdir(parents=True)
     with tempfile.TemporaryDirectory(prefix="rigforge-apt-") as tmp:
         tmp = Path(tmp)
-        for flavor, name, other, kind in (
-            ("open", "nvidia-driver-580-open", "nvidia-driver-580", "Open"),
-            ("proprietary", "nvidia-driver-580", "nvidia-driver-580-open", "Proprietary"),
-        ):
-            subst = {"DRIVER_VERSION": DRIVER_VERSION, "FLAVOR": flavor}
-            _build_deb(
-                tmp / "build",
-                driver_repo,
-                _control(
-                    name,
-                    DRIVER_DEB_VERSION,
-                    f"NVIDIA driver metapackage, branch 580 ({flavor} kernel modules)",
-                    Conflicts=other,
-                    Replaces=other,
-                    Provides="nvidia-driver",
-                ),
-                {
-                    "/usr/bin/nvidia-smi": _stub("nvidia-smi", **subst),
-                    "/usr/bin/nvidia-persistenced": _stub("nvidia-persistenced", **subst),
-                },
-                DRIVER_POSTINST.format(version=DRIVER_VERSION, kind=kind),
-            )
+        for scheme, repo in (("debian", repos[DRIVER_REPO]), ("ubuntu", repos[UBUNTU_DRIVER_REPO])):
+            for version in (DRIVER_VERSION, NEXT_DRIVER_VERSION):
+                _driver_scheme(tmp / scheme, repo, scheme, version)
+        toolkit_repo = repos[TOOLKIT_REPO]
+        for name in TOOLKIT_PACKAGES:
+            _build_deb(tmp / "build", toolkit_repo, _control(name, TOOLKIT_DEB_VERSION, f"{name} (stand-in)"), {})
         subst = {"TOOLKIT_VERSION": TOOLKIT_VERSION}
+        depends = ", ".join(["python3", *(f"{name} (= {TOOLKIT_DEB_VERSION})" for name in TOOLKIT_PACKAGES)])
         _build_deb(
             tmp / "build",
             toolkit_repo,
-            _control("nvidia-container-toolkit", TOOLKIT_DEB_VERSION, "NVIDIA Container Toolkit"),
+            _control("nvidia-container-toolkit", TOOLKIT_DEB_VERSION, "NVIDIA Container Toolkit", Depends=depends),
             {
                 "/usr/bin/nvidia-ctk": _stub("nvidia-ctk", **subst),
                 "/usr/bin/nvidia-container-runtime": _stub("nvidia-container-runtime", **subst),
             },
         )
+        pool = repos[DOCKER_REPO] / "pool"
+        pool.mkdir()
+        for name in DOCKER_PACKAGES:  # empty stand-ins: the testbed runs no Docker engine
+            control = _control(name, "5:28.5.1-1~debian.13~trixie", f"{name} (Docker's repository, stand-in)")
+            _build_deb(tmp / "build", pool, control.replace("Depends: python3\n", "Conflicts: docker.io\n"), {})
         gnupghome = tmp / "gnupg"
         gnupghome.mkdir(mode=0o700)
         gpg = ["gpg", "--homedir", str(gnupghome), "--batch", "--yes"]
@@ -157,12 +229,22 @@ def build(testbed_dir: Path) -> Path:
             capture=True,
         )
         armored = sh([*gpg, "--armor", "--export"], capture=True).stdout
-        for repo, key in ((driver_repo, DRIVER_KEY), (toolkit_repo, TOOLKIT_KEY)):
+        colons = sh([*gpg, "--with-colons", "--fingerprint"], capture=True).stdout
+        fingerprint = next(line.split(":")[9] for line in colons.splitlines() if line.startswith("fpr:"))
+        (root / FINGERPRINT_FILE).write_text(fingerprint + "\n")
+        for key in (DRIVER_KEY, UBUNTU_DRIVER_KEY, TOOLKIT_KEY, DOCKER_KEY):
             (root / key).write_text(armored)
-            _index_and_sign(repo, gnupghome)
+        for name in (DRIVER_REPO, UBUNTU_DRIVER_REPO, TOOLKIT_REPO):
+            _index_and_sign(repos[name], gnupghome)
+        _index_and_sign(repos[DOCKER_REPO], gnupghome, suite=DOCKER_SUITE)
         sh(["gpgconf", "--homedir", str(gnupghome), "--kill", "gpg-agent"], check=False)
     for p in root.rglob("*"):
         p.chmod(0o755 if p.is_dir() else 0o644)
     (root / ".ready").write_text("ok\n")
     log(f"signed apt repos built in {root} in {time.monotonic() - t0:.1f}s")
     return root
+
+
+def fingerprint(root: Path) -> str:
+    """Fingerprint of the key signing every repository under `root`."""
+    return (Path(root) / FINGERPRINT_FILE).read_text().strip()

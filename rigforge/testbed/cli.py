@@ -21,6 +21,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p_up.add_argument("--power-min", type=int, default=100, help="minimum power limit in W (default 100)")
     p_up.add_argument("--power-default", type=int, default=None, help="default power limit in W (default: max)")
     p_up.add_argument("--power-max", type=int, default=350, help="maximum power limit in W (default 350)")
+    p_up.add_argument(
+        "--preset",
+        choices=["handmade", "unowned"],
+        default="",
+        help="set the rigs up as by hand first: handmade (Docker's docker.list + docker.io, the toolkit's .list) "
+        "or unowned (a running driver no package owns, as from NVIDIA's .run installer)",
+    )
     p_up.add_argument("--fresh", action="store_true", help="recreate the rigs' root file systems")
     p_up.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"testbed directory (default {DEFAULT_DIR})")
     p_down = sub.add_parser("down", help="stop the rigs' sshds and the local services, remove the rigs")
@@ -60,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
             power_min=args.power_min,
             power_default=args.power_default if args.power_default is not None else args.power_max,
             power_max=args.power_max,
+            preset=args.preset,
         )
         t0 = time.monotonic()
         tb = up(args.dir, [spec] * args.rigs, fresh=args.fresh)

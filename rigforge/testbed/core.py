@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from . import aptrepo, content, rootfs
+from . import aptrepo, content, presets, rootfs
 from ._util import (
     TestbedError,
     chroot_env,
@@ -60,6 +60,7 @@ class RigSpec:
     power_min: int = 100
     power_default: int = 350
     power_max: int = 350
+    preset: str = ""  # "", "handmade" or "unowned": how the rig was set up before rigforge (testbed/presets.py)
 
     def gpus_json(self, seed: str) -> dict:
         gpus = []
@@ -141,6 +142,19 @@ class Testbed:
     @property
     def driver_repo_key_url(self) -> str:
         return f"{self.apt_url}/{aptrepo.DRIVER_KEY}"
+
+    @property
+    def docker_repo_url(self) -> str:
+        return f"{self.apt_url}/{aptrepo.DOCKER_REPO}"
+
+    @property
+    def docker_repo_key_url(self) -> str:
+        return f"{self.apt_url}/{aptrepo.DOCKER_KEY}"
+
+    @property
+    def repo_key_fingerprint(self) -> str:
+        """Fingerprint of the throwaway key signing every local repository."""
+        return self.services["apt_fingerprint"]
 
     @property
     def toolkit_repo_url(self) -> str:
@@ -282,6 +296,7 @@ def start_services(shared: Path) -> dict:
         ],
     )
     services = {"apt_port": apt_port, "hf_port": hf_port, "git_port": git_port, "git": git_meta, "hf": hf_meta}
+    services["apt_root"], services["apt_fingerprint"] = str(apt_root), aptrepo.fingerprint(apt_root)
     (run / "services.json").write_text(json.dumps(services, indent=1))
     return services
 
@@ -465,6 +480,8 @@ def host_data(tb: Testbed, rig: Rig) -> dict:
         "docker_source": "distro",
         "nvidia_driver_repo_url": tb.driver_repo_url,
         "nvidia_driver_repo_key_url": tb.driver_repo_key_url,
+        "nvidia_driver_repo_key_fingerprint": tb.repo_key_fingerprint,
+        "nvidia_toolkit_repo_key_fingerprint": tb.repo_key_fingerprint,
         "nvidia_toolkit_repo_url": tb.toolkit_repo_url,
         "nvidia_toolkit_repo_key_url": tb.toolkit_repo_key_url,
         "hf_endpoint": tb.hf_endpoint,
@@ -555,7 +572,11 @@ def up(
             rig_dir, port, spec, todo = item
             if todo is None:
                 return Rig(rig_dir.name, port, rig_dir / "rootfs", USER, rig_dir / "id_ed25519", rig_dir, spec)
-            return _make_rig(rig_dir, port, spec, tarball, uid, fresh)
+            rig = _make_rig(rig_dir, port, spec, tarball, uid, fresh)
+            presets.apply(
+                spec.preset, rig.rootfs, Path(services["apt_root"]), f"http://127.0.0.1:{services['apt_port']}"
+            )
+            return rig
 
         with ThreadPoolExecutor(max_workers=4) as pool:
             rigs = list(pool.map(build, plan))
