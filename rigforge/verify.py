@@ -2,7 +2,9 @@
 
 One line per check per rig (or --json), read in parallel over SSH, nothing changed on a rig:
   manifest present          /etc/rigforge/rig.json names a known variant
-  driver module = package   /sys/module/nvidia/version equals the installed nvidia-driver-* version
+  driver module = package   /sys/module/nvidia/version equals the installed driver (the driver table's package
+                            for the rig's OS, branch, flavour and source); with nvidia_driver_manage false:
+                            the running driver is of nvidia_driver_branch
   GPUs visible              nvidia-smi lists at least the variant's GPU count
   power caps hold           every GPU's power limit equals its target (gpu_power_limit_w / gpu_power_limits)
   persistence mode on       on every GPU
@@ -92,15 +94,32 @@ def check_host(host) -> list[Check]:
 
 
 def check_driver(host) -> Check:
-    from roles.facts.nvidia import NvidiaModuleVersion, upstream_version
+    from roles import driver_table, nvidia_driver
+    from roles.facts.nvidia import NvidiaModuleVersion, NvidiaRunningDriver, upstream_version
+    from roles.facts.system import OsRelease
+    from roles.operations.nvidia import branch_problem
 
     name = "driver module = package"
+    data = {key: host.data.get(key, default) for key, default in nvidia_driver.DEFAULTS.items()}
+    if not data["nvidia_driver_manage"]:
+        running = host.get_fact(NvidiaRunningDriver)
+        problem = branch_problem(running, int(data["nvidia_driver_branch"]))
+        return (
+            Check(name, FAIL, problem)
+            if problem
+            else Check(
+                name, PASS, f"running {running['version']} (nvidia_driver_manage false: not installed by rigforge)"
+            )
+        )
+    try:
+        pkg = nvidia_driver.packages_for(data, host.get_fact(OsRelease)["id"]).version_package
+    except driver_table.DriverTableError as error:
+        return Check(name, FAIL, f"{error} (host data)")
     module = host.get_fact(NvidiaModuleVersion)
-    rows = sh(host, "dpkg-query -W -f '${db:Status-Status} ${Package} ${Version}\\n' 'nvidia-driver-*'")
-    installed = [line.split()[1:] for line in rows.splitlines() if line.startswith("installed ")]
-    if not installed:
-        return Check(name, FAIL, "no nvidia-driver-* package installed (run the deploy: nvidia_driver role)")
-    pkg, version = installed[0][0], installed[0][1]
+    row = sh(host, f"dpkg-query -W -f '${{db:Status-Status}} ${{Version}}\\n' {pkg}").strip()
+    version = row.split()[1] if row.startswith("installed ") and len(row.split()) > 1 else None
+    if not version:
+        return Check(name, FAIL, f"{pkg} is not installed (run the deploy: nvidia_driver role)")
     if not module:
         return Check(name, FAIL, f"{pkg} {version} installed but the nvidia module is not loaded: reboot the rig "
                      "(with Secure Boot on, the module must be signed/enrolled)")  # fmt: skip

@@ -80,14 +80,20 @@ def test_rig_state_with_testinfra(converged):
     toolkit = h.file("/etc/apt/sources.list.d/rigforge-nvidia-container-toolkit.sources").content_string
     assert "Signed-By: /etc/apt/keyrings/rigforge-nvidia-container-toolkit.asc" in toolkit
     assert not h.file("/etc/apt/trusted.gpg").exists  # no apt-key
-    assert h.package("nvidia-driver-580-open").is_installed
-    assert "nvidia-driver-580-open" in h.check_output("apt-mark showhold").split()
+    # NVIDIA's Debian naming, the branch locked by its pinning package although the repo also has 590
+    assert h.package("nvidia-open").is_installed and h.package("nvidia-open").version == "580.159.04-1"
+    assert h.package("nvidia-kernel-open-dkms").version == "580.159.04-1"
+    assert not h.package("nvidia-driver-580-open").is_installed
+    held = h.check_output("apt-mark showhold").split()
+    assert held == ["nvidia-driver-pinning-580", "nvidia-kernel-open-dkms", "nvidia-open"]
+    assert "Candidate: 580.159.04-1" in h.check_output("apt-cache policy nvidia-open")
     assert h.package("nvidia-container-toolkit").is_installed
     assert h.package("docker.io").is_installed
     daemon = json.loads(h.file("/etc/docker/daemon.json").content_string)
     assert daemon["runtimes"]["nvidia"] == {"args": [], "path": "nvidia-container-runtime"}
     assert "blacklist nouveau" in h.file("/etc/modprobe.d/rigforge-blacklist-nouveau.conf").content_string
-    assert '"^nvidia-";' in h.file("/etc/apt/apt.conf.d/51rigforge-nvidia-unattended-upgrades").content_string
+    unattended = h.file("/etc/apt/apt.conf.d/51rigforge-nvidia-unattended-upgrades").content_string
+    assert '"^nvidia-";' in unattended and '"^nvidia-kernel-open-dkms$";' in unattended
     caps = h.check_output("nvidia-smi --query-gpu=index,power.limit,persistence_mode --format=csv,noheader,nounits")
     assert [line.split(", ") for line in caps.splitlines()] == [["0", "230.00", "Enabled"], ["1", "230.00", "Enabled"]]
     unit = h.file("/etc/systemd/system/rigforge-gpu-power.service")
@@ -216,4 +222,4 @@ def test_roles_also_work_as_root_through_chroot(testbed_factory):
     assert first["failed_hosts"] == [] and changed_ops(first), err[-3000:]
     second, err = pyinfra_run(inventory)
     assert changed_ops(second) == [], err[-3000:]
-    assert "nvidia-driver-580-open" in rig.run("apt-mark showhold").stdout.split()
+    assert "nvidia-open" in rig.run("apt-mark showhold").stdout.split()

@@ -288,7 +288,7 @@ def test_unprovisioned_rig_fails_verify_and_shows_in_status(testbed_factory):
     assert code == 1
     checks = checks_of(report, "rig1")
     assert "not provisioned by rigforge (run the deploy)" in checks["manifest present"]["detail"]
-    assert "no nvidia-driver-* package installed" in checks["driver module = package"]["detail"]
+    assert "nvidia-kernel-open-dkms is not installed" in checks["driver module = package"]["detail"]
     assert [n for n, c in checks.items() if c["status"] == "skip"] == SERVICE_CHECKS
     assert all(c["status"] == "fail" for n, c in checks.items() if n not in SERVICE_CHECKS), checks
     code, rows = status_json(tb.inventory)

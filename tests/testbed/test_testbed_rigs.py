@@ -77,12 +77,16 @@ def test_pyinfra_reaches_both_rigs_over_ssh_as_sudo_user(testbed, tmp_path):
 def test_signed_local_repo_installs_the_stub_driver(testbed):
     res = add_repo(testbed, "rig1", "rigforge-nvidia-cuda", testbed.driver_repo_url, testbed.driver_repo_key_url)
     assert res.returncode == 0, res.stderr
-    res = ssh(testbed, "rig1", "sudo DEBIAN_FRONTEND=noninteractive apt-get install -y nvidia-driver-580-open")
+    # NVIDIA's Debian naming: the pinning package locks branch 580 although 590 is in the repo too
+    apt = "sudo DEBIAN_FRONTEND=noninteractive apt-get install -y"
+    res = ssh(testbed, "rig1", f"{apt} nvidia-driver-pinning-580 && {apt} nvidia-open")
     assert res.returncode == 0, res.stdout + res.stderr
     res = ssh(
-        testbed, "rig1", "dpkg-query -W -f '${Version}\\n' nvidia-driver-580-open; cat /sys/module/nvidia/version"
+        testbed, "rig1", "dpkg-query -W -f '${Version}\\n' nvidia-kernel-open-dkms; cat /sys/module/nvidia/version"
     )
     assert res.stdout.split() == ["580.159.04-1", "580.159.04"]
+    res = ssh(testbed, "rig1", "apt-cache policy nvidia-open")
+    assert "Candidate: 580.159.04-1" in res.stdout and "590.48.01-1" in res.stdout
     res = ssh(testbed, "rig1", "nvidia-smi -L")
     assert res.returncode == 0 and res.stdout.count("NVIDIA GeForce RTX 3090") == 2
 
@@ -104,12 +108,12 @@ def test_signed_local_repo_installs_the_stub_driver(testbed):
     res = testbed.rig("rig1").run("nvidia-smi --query-gpu=power.limit,persistence_mode --format=csv,noheader")
     assert res.stdout.splitlines() == ["350.00 W, Disabled", "350.00 W, Disabled"]
 
-    # the two driver flavours conflict: installing the proprietary one replaces the open one
-    res = ssh(testbed, "rig1", "sudo DEBIAN_FRONTEND=noninteractive apt-get install -y nvidia-driver-580")
+    # the two driver flavours conflict: installing the proprietary one (cuda-drivers) replaces the open module
+    res = ssh(testbed, "rig1", "sudo DEBIAN_FRONTEND=noninteractive apt-get install -y cuda-drivers")
     assert res.returncode == 0, res.stdout + res.stderr
-    res = ssh(testbed, "rig1", "dpkg-query -W -f '${Package} ${Status}\\n' 'nvidia-driver-580*'")
-    assert "nvidia-driver-580 install ok installed" in res.stdout
-    assert "nvidia-driver-580-open install ok installed" not in res.stdout
+    res = ssh(testbed, "rig1", "dpkg-query -W -f '${Package} ${Status} ${Version}\\n' 'nvidia-kernel-*'")
+    assert "nvidia-kernel-dkms install ok installed 580.159.04-1" in res.stdout
+    assert "nvidia-kernel-open-dkms install ok installed" not in res.stdout
 
     # the toolkit repo, and nvidia-ctk merging docker's daemon.json
     res = add_repo(testbed, "rig1", "rigforge-nvidia-toolkit", testbed.toolkit_repo_url, testbed.toolkit_repo_key_url)
@@ -278,9 +282,10 @@ def test_rigs_of_other_sizes_do_not_clash(testbed, testbed_factory):
     res = ssh(
         small,
         "rig1",
-        f"curl -fsS -o /tmp/d.deb {testbed.driver_repo_url}nvidia-driver-580-open_580.159.04-1_all.deb"
-        " && sudo dpkg -i /tmp/d.deb >/dev/null && nvidia-smi --query-gpu=count,memory.total,power.max_limit "
-        "--format=csv,noheader",
+        f"curl -fsS -o /tmp/d.deb {testbed.driver_repo_url}nvidia-driver-cuda_580.159.04-1_all.deb"
+        f" && curl -fsS -o /tmp/k.deb {testbed.driver_repo_url}nvidia-kernel-open-dkms_580.159.04-1_all.deb"
+        " && sudo dpkg -i /tmp/d.deb /tmp/k.deb >/dev/null"
+        " && nvidia-smi --query-gpu=count,memory.total,power.max_limit --format=csv,noheader",
     )
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.strip() == "1, 20480 MiB, 320.00 W"
