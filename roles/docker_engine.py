@@ -106,6 +106,8 @@ def docker_packages(source: str, os_id: str, versions: dict | None = None) -> li
 @deploy("Docker engine and NVIDIA Container Toolkit", data_defaults=DEFAULTS)
 def install():
     data = {key: host.data.get(key, default) for key, default in DEFAULTS.items()}
+    if validate(data):
+        return  # preflight has already failed this host with the problems; nothing to prepare
     os_release = host.get_fact(OsRelease)
     arch = host.get_fact(DebArch)
 

@@ -121,6 +121,8 @@ def _data() -> dict:
 @deploy("NVIDIA driver", data_defaults=DEFAULTS)
 def install():
     data = _data()
+    if validate(data):
+        return  # preflight has already failed this host with the problems; nothing to prepare
     if not data["nvidia_driver_manage"]:
         nvidia.running_branch(
             name=f"Check the running driver is branch {data['nvidia_driver_branch']} (nvidia_driver_manage: false)",
@@ -128,7 +130,10 @@ def install():
         )
         return
     os_release = host.get_fact(OsRelease)
-    packages = packages_for(data, os_release["id"])  # preflight refused the host if there is no such package
+    try:
+        packages = packages_for(data, os_release["id"])
+    except driver_table.DriverTableError:
+        return  # no such package: preflight has already failed this host, naming what to choose
     source = data["nvidia_driver_source"]
 
     apt_repo.install_missing(name="Install apt repository prerequisites", packages=["ca-certificates", "curl", "gpg"])

@@ -355,3 +355,54 @@ def test_a_key_already_in_place_with_the_right_fingerprint_is_a_no_op():
     assert op_commands(state, "k", apt_repo.verified_key, src="x", dest=dest, fingerprint=NEW_KEY[1]) == []
     (replace,) = op_commands(state, "k", apt_repo.verified_key, src="x", dest=dest, fingerprint=OLD_KEY[1])
     assert "refused x: key fingerprint" in replace and "exit 1" in replace
+
+
+# --- validation: every problem names the key, the bad value and what is allowed ----------------------------
+
+
+def test_validate_names_key_value_and_allowed_values():
+    good = {**nvidia_driver.DEFAULTS}
+    assert nvidia_driver.validate(good) == []
+    bad = {
+        **good,
+        "nvidia_driver_source": "ppa",
+        "nvidia_driver_flavor": "closed",
+        "nvidia_driver_branch": 575,
+        "nvidia_driver_manage": "yes",
+        "apt_adopt_sources": 1.5,
+        "nvidia_driver_repo_key_fingerprint": "3bf863cc",
+    }
+    assert nvidia_driver.validate(bad) == [
+        "nvidia_driver_source='ppa' is not one of: cuda, ubuntu.",
+        "nvidia_driver_flavor='closed' is not one of: open, proprietary.",
+        "nvidia_driver_branch=575 must be a branch number, 580 or later (e.g. 580, 590).",
+        "nvidia_driver_manage='yes' must be true or false.",
+        "apt_adopt_sources=1.5 must be true or false.",
+        "nvidia_driver_repo_key_fingerprint='3bf863cc' must be a 40-hex-digit key fingerprint.",
+    ]
+    docker = {**docker_engine.DEFAULTS}
+    assert docker_engine.validate(docker) == []
+    assert docker_engine.validate({**docker, "docker_source": "snap", "nvidia_toolkit_version": 1.18}) == [
+        "docker_source='snap' is not one of: docker, distro.",
+        "nvidia_toolkit_version=1.18 must be a package version such as 1.18.0-1, or unset.",
+    ]
+
+
+def test_no_such_package_stops_the_host_in_preflight_not_the_run():
+    """nvidia_driver_source: ubuntu on Debian: that host fails in preflight with the reason; the other converges."""
+    from dataclasses import replace
+
+    from pyinfra.api import deploy
+    from test_roles_host_ops import PREFLIGHT
+
+    from roles import preflight
+
+    @deploy("site")
+    def _site():
+        preflight.check(replace(PREFLIGHT, disk_bytes=1))
+        nvidia_driver.install()
+
+    state = converge({"d": rig("debian13", gpus=[], nvidia_driver_source="ubuntu"), "ok": rig(gpus=[])}, _site)
+    assert {h.name for h in state.failed_hosts} == {"@fake/d"}
+    assert not any("apt-get" in c for c in executed(state, "d"))
+    assert any("nvidia-driver-pinning-580" in c for c in executed(state, "ok"))
