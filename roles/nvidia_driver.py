@@ -110,7 +110,7 @@ def ubuntu_pin_text(packages: driver_table.DriverPackages) -> str:
     names = " ".join(["nvidia-*", "libnvidia-*", *packages.install])
     return (
         "# managed by rigforge: nvidia_driver_source=ubuntu, NVIDIA's CUDA repository must not win\n"
-        f"Package: {names}\nPin: origin {CUDA_ORIGIN}\nPin-Priority: -1\n"
+        f'Package: {names}\nPin: origin "{CUDA_ORIGIN}"\nPin-Priority: -1\n'
     )
 
 

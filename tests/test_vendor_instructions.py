@@ -117,7 +117,7 @@ def test_ubuntu_archive_source(os, flavor):
     pin = files["/etc/apt/preferences.d/rigforge-nvidia-ubuntu-archive"].splitlines()
     assert pin[1:] == [
         f"Package: nvidia-* libnvidia-* {name} {modules}",
-        "Pin: origin developer.download.nvidia.com",
+        'Pin: origin "developer.download.nvidia.com"',
         "Pin-Priority: -1",
     ]
     commands = executed(converge(hosts, nvidia_driver.install), "u")
