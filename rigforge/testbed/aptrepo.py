@@ -145,7 +145,9 @@ def _driver_scheme(tmp: Path, repo: Path, scheme: str, version: str) -> None:
             kmod = {"open": "nvidia-dkms-open", "proprietary": "nvidia-dkms"}
         user = {"open": "nvidia-open", "proprietary": "cuda-drivers"}
         smi = {"debian": "nvidia-driver-cuda", "ubuntu": "nvidia-utils"}[scheme]
-        _build_deb(tmp, repo, _control(smi, deb, "NVIDIA driver CUDA components (nvidia-smi)"), smi_files["open"])
+        older = {"Conflicts": "nvidia-driver-580-open, nvidia-driver-580"} if scheme == "ubuntu" else {}
+        control = _control(smi, deb, "NVIDIA driver CUDA components (nvidia-smi)", **older)
+        _build_deb(tmp, repo, control, smi_files["open"])  # Ubuntu: switching from 580 replaces its nvidia-smi
         for flavor in ("open", "proprietary"):
             other = kmod["proprietary" if flavor == "open" else "open"]
             _build_deb(

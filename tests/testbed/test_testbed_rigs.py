@@ -345,3 +345,23 @@ def test_cli_rejects_bad_options_before_doing_anything():
     )
     assert res.returncode == 2
     assert "power limits must satisfy" in res.stderr and not Path("/nonexistent/x").exists()
+
+
+def test_ubuntu_scheme_repo_behaves_the_same(testbed_factory):
+    """The cuda-ubuntu repo publishes NVIDIA's Ubuntu naming (580: branch in the name; 590: unversioned); its stub
+    driver answers like the Debian-scheme one."""
+    tb = testbed_factory([RigSpec()], name="ubuntu-scheme")
+    from rigforge.testbed import aptrepo
+
+    url = f"{tb.apt_url}/{aptrepo.UBUNTU_DRIVER_REPO}/"
+    res = add_repo(tb, "rig1", "cuda-ubuntu", url, f"{tb.apt_url}/{aptrepo.UBUNTU_DRIVER_KEY}")
+    assert res.returncode == 0, res.stderr
+    apt = "sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -q"
+    res = ssh(tb, "rig1", f"{apt} nvidia-driver-pinning-580 >/dev/null && {apt} nvidia-driver-580-open >/dev/null")
+    assert res.returncode == 0, res.stdout + res.stderr
+    res = ssh(tb, "rig1", "dpkg-query -W -f '${Version}\\n' nvidia-dkms-580-open; cat /sys/module/nvidia/version")
+    assert res.stdout.split() == ["580.159.04-1", "580.159.04"]
+    res = ssh(tb, "rig1", "nvidia-smi -L")
+    assert res.returncode == 0 and res.stdout.count("NVIDIA GeForce RTX 3090") == 2
+    res = ssh(tb, "rig1", "apt-cache show nvidia-open nvidia-dkms-open | grep -E '^(Package|Version|Depends):'")
+    assert "Package: nvidia-dkms-open\nVersion: 590.48.01-1" in res.stdout, res.stdout
