@@ -47,8 +47,11 @@ PINNING = {"cuda": "nvidia-driver-pinning-{branch}", "ubuntu": None}  # the CUDA
 # Package-name prefixes kept out of unattended upgrades, per source (besides every package in the hold).
 UNATTENDED_PREFIXES = {
     "cuda": ("nvidia-", "libnvidia-", "cuda-", "libcuda", "xserver-xorg-video-nvidia"),
-    "ubuntu": ("nvidia-", "libnvidia-", "linux-modules-nvidia-", "linux-objects-nvidia-", "linux-signatures-nvidia-"),
+    "ubuntu": ("nvidia-", "libnvidia-"),
 }
+# Ubuntu's prebuilt modules follow the kernel: linux-modules-nvidia-<branch>-open-<flavour> must upgrade with
+# linux-image-<flavour>, or the next kernel boots without an NVIDIA module. Never held, never blacklisted.
+FOLLOWS_KERNEL = "linux-modules-nvidia-"
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ class DriverPackages:
     def hold(self) -> tuple[str, ...]:
         """Every package rigforge holds: the pinning package, what it installs, the version package."""
         names = [self.pinning, *self.install, self.version_package]
-        return tuple(dict.fromkeys(name for name in names if name))
+        return tuple(dict.fromkeys(name for name in names if name and not name.startswith(FOLLOWS_KERNEL)))
 
     def unattended_patterns(self, source: str) -> tuple[str, ...]:
         """Regexes for Unattended-Upgrade::Package-Blacklist."""

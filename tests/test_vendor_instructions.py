@@ -124,6 +124,14 @@ def test_ubuntu_archive_source(os, flavor):
     assert not any("pinning" in c or "developer.download.nvidia.com" in c for c in commands)
     (install,) = [c for c in commands if " install " in c and name in c]
     assert install.split()[-2:] == [name, modules]
+    # the prebuilt modules follow the kernel (linux-modules-nvidia-* upgrades with linux-image-generic): not held,
+    # not kept out of unattended upgrades; the driver itself is
+    installed = [(name, "580.95.05-0ubuntu1"), (modules, "6.8.0-90.91"), ("ca-certificates", "1"), ("curl", "1")]
+    done = converge({"u": rig(os, gpus=[], packages=installed, nvidia_driver_source="ubuntu",
+                              nvidia_driver_flavor=flavor)}, nvidia_driver.install, execute=False)  # fmt: skip
+    assert op_commands(done, "u", apt_repo.hold, packages=[name]) == [f"apt-mark hold {name}"]
+    unattended = files["/etc/apt/apt.conf.d/51rigforge-nvidia-unattended-upgrades"]
+    assert f'"^{name}$";' in unattended and "linux-modules" not in unattended
 
 
 def test_ubuntu_source_and_missing_rows_are_refused_in_preflight():
