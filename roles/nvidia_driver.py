@@ -176,7 +176,12 @@ def install():
         name=f"Install NVIDIA {data['nvidia_driver_branch']} driver packages ({', '.join(packages.install)})",
         packages=list(packages.install),
     )
-    apt_repo.hold(name="Hold the NVIDIA driver packages", packages=list(packages.hold))
+    apt_repo.hold(
+        name="Hold the NVIDIA driver packages",
+        packages=list(packages.hold),
+        same_version_as=packages.version_package,
+        prefixes=driver_table.UNATTENDED_PREFIXES[source],
+    )
     nvidia.reboot_if_needed(
         name="Reboot if the installed driver is not the running one",
         package=packages.version_package,

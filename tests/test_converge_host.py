@@ -85,7 +85,7 @@ def test_rig_state_with_testinfra(converged):
     assert h.package("nvidia-kernel-open-dkms").version == "580.159.04-1"
     assert not h.package("nvidia-driver-580-open").is_installed
     held = h.check_output("apt-mark showhold").split()
-    assert held == ["nvidia-driver-pinning-580", "nvidia-kernel-open-dkms", "nvidia-open"]
+    assert held == ["nvidia-driver-cuda", "nvidia-driver-pinning-580", "nvidia-kernel-open-dkms", "nvidia-open"]
     assert "Candidate: 580.159.04-1" in h.check_output("apt-cache policy nvidia-open")
     assert h.package("nvidia-container-toolkit").is_installed
     assert h.package("docker.io").is_installed

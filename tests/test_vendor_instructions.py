@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from test_roles_host_ops import converge, executed, op_commands, rig, uploads
 
-from roles import docker_engine, host_state, nvidia_driver
+from roles import docker_engine, driver_table, host_state, nvidia_driver
 from roles.facts.apt import parse_deb822, parse_fingerprints, parse_one_line, parse_source_files, same_uri_files
 from roles.facts.nvidia import parse_running_driver, unowned_driver
 from roles.operations import apt_repo
@@ -81,15 +81,25 @@ def test_cuda_repo_source_key_and_packages(os, flavor, branch):
     assert installs[0].split()[-1] == pinning  # the branch lock comes first, alone
     assert installs[1].split()[-len(install) :] == install
     assert not any("apt-key" in c for c in commands)
-    held = {"nvidia-driver-pinning-580", "nvidia-driver-pinning-590", *install, version_package}
-    installed = [(name, "580.95.05-1") for name in held] + [("ca-certificates", "1"), ("curl", "1"), ("gpg", "1")]
+    # installed: the table's packages, the rest of the driver stack at the driver's version, an unrelated package
+    stack = [(name, "580.95.05-1") for name in (*install, version_package, "libcuda1", "libnvidia-ml1")]
+    others = [(pinning, f"{branch}-1"), ("nvidia-settings", "525.1-1"), ("ca-certificates", "1"), ("curl", "1")]
     done = converge(
-        {"r": rig(os, gpus=[], packages=installed, nvidia_driver_flavor=flavor, nvidia_driver_branch=branch)},
+        {"r": rig(os, gpus=[], packages=stack + others, nvidia_driver_flavor=flavor, nvidia_driver_branch=branch)},
         nvidia_driver.install,
         execute=False,
     )
-    hold = op_commands(done, "r", apt_repo.hold, packages=sorted({pinning, *install, version_package}))
-    assert hold == [f"apt-mark hold {' '.join(sorted({pinning, *install, version_package}))}"]
+    source = "cuda"
+    hold = op_commands(
+        done,
+        "r",
+        apt_repo.hold,
+        packages=[pinning, *install, version_package],
+        same_version_as=version_package,
+        prefixes=driver_table.UNATTENDED_PREFIXES[source],
+    )
+    expect = sorted({pinning, *install, version_package, "libcuda1", "libnvidia-ml1"})  # not nvidia-settings
+    assert hold == [f"apt-mark hold {' '.join(expect)}"]
     unattended = files["/etc/apt/apt.conf.d/51rigforge-nvidia-unattended-upgrades"]
     assert all(f'"^{name}$";' in unattended for name in (pinning, *install, version_package))
 

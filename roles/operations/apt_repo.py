@@ -19,6 +19,7 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files
 
 from roles.facts.apt import AptSourceFiles, KeyFingerprints, same_uri_files
+from roles.facts.nvidia import upstream_version
 from roles.facts.system import AptHeldPackages
 
 KEYRING_DIR = "/etc/apt/keyrings"
@@ -182,11 +183,19 @@ def install_missing(packages: list[str]):
 
 
 @operation()
-def hold(packages: list[str], installed_pattern: str = ""):
-    """`apt-mark hold` the installed ones of `packages` and those matching `installed_pattern`, unless held."""
+def hold(packages: list[str], installed_pattern: str = "", same_version_as: str = "", prefixes: tuple = ()):
+    """`apt-mark hold` the installed ones of `packages`, those matching `installed_pattern`, and those named with
+    one of `prefixes` whose upstream version is that of the installed `same_version_as` (the rest of the driver
+    stack: its libraries must not move without its kernel module), unless already held."""
     installed = host.get_fact(DebPackages)
     pattern = re.compile(installed_pattern) if installed_pattern else None
     wanted = {name for name in installed if name in packages or (pattern and pattern.match(name))}
+    stack = {upstream_version(v) for v in installed.get(same_version_as) or []} if same_version_as else set()
+    wanted |= {
+        name
+        for name, versions in installed.items()
+        if name.startswith(tuple(prefixes)) and stack & {upstream_version(v) for v in versions}
+    }
     to_hold = sorted(wanted - set(host.get_fact(AptHeldPackages)))
     if not to_hold:
         host.noop(f"already held: {', '.join(sorted(wanted)) or 'nothing installed to hold'}")
