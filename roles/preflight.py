@@ -18,7 +18,7 @@ from roles.operations import checks
 DEFAULTS: dict = {}  # preflight has no knobs of its own; it checks the other roles' keys (defaults below)
 
 CHECKED_KEYS = {
-    **nvidia_driver.DEFAULTS,  # every driver / container-runtime key: roles/operations/host_state.py
+    **nvidia_driver.DEFAULTS,  # every driver / container-runtime key: roles/host_state.py
     **docker_engine.DEFAULTS,
     **{key: gpu_power.DEFAULTS[key] for key in ("gpu_power_limit_w", "gpu_power_limits")},
     "docker_source": docker_engine.DEFAULTS["docker_source"],
