@@ -492,3 +492,51 @@ def rig_files(r: Recipe, compose: dict, *, root: str, image: str, knobs: dict[st
             escape({"name": wrapper["name"], **effective_compose(r, compose, {**env, **secret}, host, checkout)})
         ).replace(SECRET_MARK.replace("$", "$$"), "${HF_TOKEN}"),
     }
+
+
+# --- a slug as the roles see a variant ---
+
+_VRAM = re.compile(r"^#\s*Requires-min-vram-gb:\s*(\d+(?:\.\d+)?)\s*$", re.M)
+
+
+@dataclass(frozen=True)
+class LiveVariant:
+    """A recipe-repo slug with everything a deploy needs, in the seed Variant's terms (name, port, gpus, ...)."""
+
+    recipe: Recipe
+    files: tuple[tuple[str, str], ...]  # rendered serve-dir files, units and the effective compose
+    image: str  # what runs: the lock's ref@digest (or tag while the digest is unresolved)
+    asset_dirs: tuple[tuple[str, str], ...]  # (lock hf name, dir under the model dir)
+    sizes: tuple[tuple[str, int], ...]  # (lock hf name, bytes per the model profile's size_gb): until the lock knows
+    port: int
+    served_model: str
+    min_card_mib: int
+    sources: tuple[str, ...] = (GIT_NAME,)
+    uses_dflash: bool = False  # 20 GB cards: the recipe's own knobs (kv dtype, memory) apply
+
+    @property
+    def name(self) -> str:
+        return self.recipe.name
+
+    @property
+    def assets(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.asset_dirs)
+
+    @property
+    def gpus(self) -> int:
+        return self.recipe.tp
+
+    def arg(self, flag: str) -> str | None:
+        return self.served_model if flag == "--served-model-name" else None
+
+
+def min_card_mib(compose_text: str) -> int:
+    """The compose header's `# Requires-min-vram-gb: N` (what the recipe's preflight reads) in the seed's MiB terms."""
+    m = _VRAM.search(compose_text)
+    return int(float(m.group(1)) * 1000) if m else 24000
+
+
+def served_model(compose: dict) -> str | None:
+    svc = next(iter((compose.get("services") or {}).values()), {})
+    cmd = [str(c) for c in svc.get("command") or []]
+    return cmd[cmd.index("--served-model-name") + 1] if "--served-model-name" in cmd[:-1] else None

@@ -16,16 +16,26 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.server import Command
 
+from rigforge import knobs, recipes
 from rigforge.catalog import CatalogError, Variant, load_catalog
-from rigforge.pins import LockError, load_lock
+from rigforge.pins import Lock, LockError, load_lock
 from rigforge.plan import Plan, build_plan, cap_index_problems, gpu_count, variant_problems
-from rigforge.render import HOST_KEYS, Settings, apply_overrides, settings_from_host_data, variant_setting_problems
+from rigforge.recipes import LiveVariant, RecipeError
+from rigforge.render import (
+    HOST_KEYS,
+    Settings,
+    apply_overrides,
+    render_recipe,
+    settings_from_host_data,
+    variant_setting_problems,
+)
 from roles import docker_engine, gpu_power, nvidia_driver, preflight, serving, sources, weights
 from roles.facts.hfweights import WeightsState
 from roles.facts.nvidia import NvidiaGpus, NvidiaPciGpus
@@ -37,6 +47,7 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULTS = {
     "rigforge_variant": None,  # variant this host serves (deploy/site.py); deploy/<variant>.py must agree
     "rigforge_lock": str(REPO / "rigforge.lock.yaml"),  # lock file read on the controller
+    "rigforge_recipe_opt_in": False,  # allow a recipe-repo slug whose status is experimental/incubating/deprecated
 }
 ROLES = (preflight, nvidia_driver, docker_engine, gpu_power, sources, weights, serving)
 
@@ -45,6 +56,7 @@ def validate(data) -> list[str]:
     problems = []
     if not isinstance(data.get("rigforge_lock"), str | os.PathLike):
         problems.append(f"rigforge_lock must be the path of a lock file, got {data.get('rigforge_lock')!r}")
+    problems += knobs.boolean(data, "rigforge_recipe_opt_in")
     return problems
 
 
@@ -69,6 +81,9 @@ def _gather(entry: str | Variant | None, asset_dirs: Mapping[str, str] | None) -
     catalog = load_catalog()
     given = entry if isinstance(entry, Variant) else None
     names = [*catalog.names, *([given.name] if given else [])]
+    wanted = (given.name if given else entry) or data.get("rigforge_variant")
+    if isinstance(wanted, str) and "/" in wanted and wanted not in names:
+        names.append(wanted)  # a recipe-repo slug: looked up below in the locked recipe repo
     name, variant_issues = variant_problems(given.name if given else entry, data.get("rigforge_variant"), names)
     problems += variant_issues
     lock = None
@@ -79,9 +94,18 @@ def _gather(entry: str | Variant | None, asset_dirs: Mapping[str, str] | None) -
     if problems or name is None or lock is None:
         return None, problems
 
-    variant = given or catalog.variant(name)
     settings = apply_overrides(Settings(), settings_from_host_data(data))
-    problems += variant_setting_problems(variant, settings, host_data=True)
+    if given is None and name not in catalog.variants:
+        try:
+            variant = live_variant(name, settings, lock, bool(data.get("rigforge_recipe_opt_in")))
+        except (RecipeError, LockError) as exc:
+            return None, [*problems, str(exc)]
+        settings = replace(settings, image=variant.image)
+        asset_dirs = {**dict(variant.asset_dirs), **(asset_dirs or {})}
+    else:
+        variant = given or catalog.variant(name)
+        problems += variant_setting_problems(variant, settings, host_data=True)
+        settings = replace(settings, image=settings.image or lock.pinned(variant.image))  # by digest once known
     try:
         lock.require(git=variant.sources, hf=variant.assets)
     except LockError as exc:
@@ -114,6 +138,45 @@ def _gather(entry: str | Variant | None, asset_dirs: Mapping[str, str] | None) -
     return plan, []
 
 
+def live_variant(slug: str, settings: Settings, lock: Lock, opt_in: bool) -> LiveVariant:
+    """A recipe-repo slug: the recipe from the controller's copy of the locked commit, its lock entries, its files.
+
+    Raises RecipeError / LockError naming the slug and what to do (refused, opt-in, missing lock entry, a
+    setting the recipe has no knob for)."""
+    pin = lock.git.get(recipes.GIT_NAME)
+    if pin is None:
+        raise LockError(f"lock {lock.path}: no git.{recipes.GIT_NAME} entry (the recipe repo) to serve {slug} from")
+    repo = recipes.load_repo(pin.commit)
+    recipe = repo.recipe(slug, opt_in=opt_in)
+    if "@" not in recipe.image and lock.image_pin(recipe.image) is None:
+        raise LockError(
+            f"lock {lock.path}: no image entry for {recipe.image} ({slug}'s engine {recipe.engine}): add "
+            f"images.{recipe.engine}: {{ref: {recipe.image}, digest: null}} and run `rigforge lock`"
+        )
+    assets = []
+    for w in recipe.weights:
+        name = next((n for n, p in lock.hf.items() if p.repo == w.hf_repo), None)
+        if name is None:
+            raise LockError(
+                f"lock {lock.path}: no hf entry for {w.hf_repo} ({slug}): add hf.{w.local_subdir}: "
+                f"{{repo: {w.hf_repo}, ref: main, revision: null}} and run `rigforge lock`"
+            )
+        assets.append((name, w.local_subdir, int((w.size_gb or 0) * 1e9)))
+    image = settings.image or lock.pinned(recipe.image)
+    compose = repo.compose(recipe)
+    files = render_recipe(recipe, compose, replace(settings, image=image), image)
+    return LiveVariant(
+        recipe=recipe,
+        files=tuple(files.items()),
+        image=image,
+        asset_dirs=tuple((n, d) for n, d, _ in assets),
+        sizes=tuple((n, size) for n, _, size in assets),
+        port=settings.port or recipe.port,
+        served_model=recipes.served_model(compose) or recipe.slug,
+        min_card_mib=recipes.min_card_mib((repo.root / recipe.compose_path).read_text()),
+    )
+
+
 def prepare(variant: str | Variant | None = None, asset_dirs: Mapping[str, str] | None = None) -> Plan | None:
     """This host's plan, or None after queueing one operation that refuses the host naming every problem.
 
@@ -137,8 +200,8 @@ def _disk_needed(plan: Plan) -> int:
         state = host.get_fact(
             WeightsState, dest=plan.layout.asset_dir(asset.dir), staging=plan.layout.weights_staging(asset.name)
         )
-        if stale_files(asset.pin, state):
-            needed += asset.pin.total_size
+        if stale_files(asset.pin, state):  # the lock's size; a recipe's size_gb until the lock knows it
+            needed += asset.pin.total_size or dict(getattr(plan.variant, "sizes", ())).get(asset.name, 0)
     if plan.data["rigforge_manage_services"]:
         present = host.get_fact(
             Command, command=f"docker image inspect {plan.image} >/dev/null 2>&1 && echo yes || true"
