@@ -185,8 +185,6 @@ def build_git(dest: Path) -> dict:
                 "sparse": spec["sparse"],
                 "files": files,
             }
-        if recipes_dir():
-            meta["recipes"] = _build_recipes(recipes_dir(), Path(tmp) / "recipes", dest, env)
     meta_file.write_text(json.dumps(meta, indent=1))
     return meta
 
@@ -194,6 +192,25 @@ def build_git(dest: Path) -> dict:
 def recipes_dir() -> Path | None:
     value = os.environ.get("RIGFORGE_RECIPES")
     return Path(value) if value else None
+
+
+def build_recipes(dest: Path) -> dict | None:
+    """The `recipes` remote beside the other bare repos in `dest`, from RIGFORGE_RECIPES (None when unset).
+
+    Kept apart from the generated repos' content key, so setting or changing RIGFORGE_RECIPES never rebuilds or
+    restarts the other stand-ins: the git daemon serves the new bare repo as soon as it exists.
+    """
+    src = recipes_dir()
+    if src is None:
+        return None
+    key = hash_tree(src)
+    meta_file = dest / "recipes.json"
+    if meta_file.exists() and json.loads(meta_file.read_text()).get("key") == key:
+        return json.loads(meta_file.read_text())["meta"]
+    with tempfile.TemporaryDirectory(prefix="rigforge-recipes-") as tmp:
+        meta = _build_recipes(src, Path(tmp) / "recipes", dest, _git_env())
+    meta_file.write_text(json.dumps({"key": key, "meta": meta}, indent=1))
+    return meta
 
 
 def _build_recipes(src: Path, work: Path, dest: Path, env: dict) -> dict:
@@ -206,6 +223,8 @@ def _build_recipes(src: Path, work: Path, dest: Path, env: dict) -> dict:
        env={**env, "GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date})  # fmt: skip
     commit = sh(["git", "rev-parse", "HEAD"], cwd=work, capture=True, env=env).stdout.strip()
     bare = dest / "recipes.git"
+    if bare.exists():
+        shutil.rmtree(bare)
     sh(["git", "clone", "-q", "--bare", str(work), str(bare)], env=env)
     for key in ("allowAnySHA1InWant", "allowReachableSHA1InWant", "allowFilter", "allowTipSHA1InWant"):
         sh(["git", "config", f"uploadpack.{key}", "true"], cwd=bare, env=env)
@@ -281,5 +300,4 @@ def build_hf(dest: Path, shard_size: int = SHARD_SIZE) -> dict:
 
 
 def content_key() -> str:
-    recipes = hash_tree(recipes_dir()) if recipes_dir() else ""
-    return hash_tree(Path(__file__), extra=str(shard_size()) + recipes)
+    return hash_tree(Path(__file__), extra=str(shard_size()))

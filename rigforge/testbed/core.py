@@ -242,6 +242,9 @@ def start_services(shared: Path) -> dict:
         if old not in (git_root, hf_root):
             shutil.rmtree(old)
     git_meta = content.build_git(git_root)
+    recipes = content.build_recipes(git_root)  # from RIGFORGE_RECIPES: the recipe repo the rigs check out
+    if recipes:
+        git_meta = {**git_meta, "recipes": recipes}
     hf_meta = content.build_hf(hf_root, content.shard_size())
     py = sys.executable
     taken: set[int] = set()
