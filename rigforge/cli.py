@@ -81,7 +81,7 @@ def _render(args: argparse.Namespace) -> int:
         overrides["hf_token"] = token
     settings = apply_overrides(Settings(), overrides)
     lock = load_lock(default_lock_path())
-    if args.variant in catalog.variants:
+    if "/" not in args.variant:  # a seed variant; recipe-repo slugs are engine/name
         variant = catalog.variant(args.variant)
         image = lock.pinned(variant.image)
         files = render_variant(variant, replace(settings, image=settings.image or image), gpu_count=args.gpus)
