@@ -540,3 +540,48 @@ def served_model(compose: dict) -> str | None:
     svc = next(iter((compose.get("services") or {}).values()), {})
     cmd = [str(c) for c in svc.get("command") or []]
     return cmd[cmd.index("--served-model-name") + 1] if "--served-model-name" in cmd[:-1] else None
+
+
+def live_variant(slug: str, settings: Any, lock: Any, opt_in: bool) -> LiveVariant:
+    """A recipe-repo slug for a deploy (or status/verify): the recipe from the controller's copy of the locked
+    commit, its image and weights found in the lock (by ref, by repo id), its rendered files.
+
+    Raises RecipeError / LockError naming the slug and what to do (refused, opt-in, missing lock entry, a setting
+    the recipe has no knob for)."""
+    from dataclasses import replace
+
+    from rigforge.pins import LockError
+    from rigforge.render import render_recipe
+
+    pin = lock.git.get(GIT_NAME)
+    if pin is None:
+        raise LockError(f"lock {lock.path}: no git.{GIT_NAME} entry (the recipe repo) to serve {slug} from")
+    repo = load_repo(pin.commit)
+    recipe = repo.recipe(slug, opt_in=opt_in)
+    if "@" not in recipe.image and lock.image_pin(recipe.image) is None:
+        raise LockError(
+            f"lock {lock.path}: no image entry for {recipe.image} ({slug}'s engine {recipe.engine}): add "
+            f"images.{recipe.engine}: {{ref: {recipe.image}, digest: null}} and run `rigforge lock`"
+        )
+    assets = []
+    for w in recipe.weights:
+        name = next((n for n, p in lock.hf.items() if p.repo == w.hf_repo), None)
+        if name is None:
+            raise LockError(
+                f"lock {lock.path}: no hf entry for {w.hf_repo} ({slug}): add hf.{w.local_subdir}: "
+                f"{{repo: {w.hf_repo}, ref: main, revision: null}} and run `rigforge lock`"
+            )
+        assets.append((name, w.local_subdir, int((w.size_gb or 0) * 1e9)))
+    image = settings.image or lock.pinned(recipe.image)
+    compose = repo.compose(recipe)
+    files = render_recipe(recipe, compose, replace(settings, image=image), image)
+    return LiveVariant(
+        recipe=recipe,
+        files=tuple(files.items()),
+        image=image,
+        asset_dirs=tuple((n, d) for n, d, _ in assets),
+        sizes=tuple((n, size) for n, _, size in assets),
+        port=settings.port or recipe.port,
+        served_model=served_model(compose) or recipe.slug,
+        min_card_mib=min_card_mib((repo.root / recipe.compose_path).read_text()),
+    )

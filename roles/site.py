@@ -25,14 +25,13 @@ from pyinfra.facts.server import Command
 
 from rigforge import knobs, recipes
 from rigforge.catalog import CatalogError, Variant, load_catalog
-from rigforge.pins import Lock, LockError, load_lock
+from rigforge.pins import LockError, load_lock
 from rigforge.plan import Plan, build_plan, cap_index_problems, gpu_count, variant_problems
-from rigforge.recipes import LiveVariant, RecipeError
+from rigforge.recipes import RecipeError
 from rigforge.render import (
     HOST_KEYS,
     Settings,
     apply_overrides,
-    render_recipe,
     settings_from_host_data,
     variant_setting_problems,
 )
@@ -97,7 +96,7 @@ def _gather(entry: str | Variant | None, asset_dirs: Mapping[str, str] | None) -
     settings = apply_overrides(Settings(), settings_from_host_data(data))
     if given is None and name not in catalog.variants:
         try:
-            variant = live_variant(name, settings, lock, bool(data.get("rigforge_recipe_opt_in")))
+            variant = recipes.live_variant(name, settings, lock, bool(data.get("rigforge_recipe_opt_in")))
         except (RecipeError, LockError) as exc:
             return None, [*problems, str(exc)]
         settings = replace(settings, image=variant.image)
@@ -136,45 +135,6 @@ def _gather(entry: str | Variant | None, asset_dirs: Mapping[str, str] | None) -
         return None, problems
     plan = build_plan(host.name, variant, settings, lock, dirs, gpus, data, token)
     return plan, []
-
-
-def live_variant(slug: str, settings: Settings, lock: Lock, opt_in: bool) -> LiveVariant:
-    """A recipe-repo slug: the recipe from the controller's copy of the locked commit, its lock entries, its files.
-
-    Raises RecipeError / LockError naming the slug and what to do (refused, opt-in, missing lock entry, a
-    setting the recipe has no knob for)."""
-    pin = lock.git.get(recipes.GIT_NAME)
-    if pin is None:
-        raise LockError(f"lock {lock.path}: no git.{recipes.GIT_NAME} entry (the recipe repo) to serve {slug} from")
-    repo = recipes.load_repo(pin.commit)
-    recipe = repo.recipe(slug, opt_in=opt_in)
-    if "@" not in recipe.image and lock.image_pin(recipe.image) is None:
-        raise LockError(
-            f"lock {lock.path}: no image entry for {recipe.image} ({slug}'s engine {recipe.engine}): add "
-            f"images.{recipe.engine}: {{ref: {recipe.image}, digest: null}} and run `rigforge lock`"
-        )
-    assets = []
-    for w in recipe.weights:
-        name = next((n for n, p in lock.hf.items() if p.repo == w.hf_repo), None)
-        if name is None:
-            raise LockError(
-                f"lock {lock.path}: no hf entry for {w.hf_repo} ({slug}): add hf.{w.local_subdir}: "
-                f"{{repo: {w.hf_repo}, ref: main, revision: null}} and run `rigforge lock`"
-            )
-        assets.append((name, w.local_subdir, int((w.size_gb or 0) * 1e9)))
-    image = settings.image or lock.pinned(recipe.image)
-    compose = repo.compose(recipe)
-    files = render_recipe(recipe, compose, replace(settings, image=image), image)
-    return LiveVariant(
-        recipe=recipe,
-        files=tuple(files.items()),
-        image=image,
-        asset_dirs=tuple((n, d) for n, d, _ in assets),
-        sizes=tuple((n, size) for n, _, size in assets),
-        port=settings.port or recipe.port,
-        served_model=recipes.served_model(compose) or recipe.slug,
-        min_card_mib=recipes.min_card_mib((repo.root / recipe.compose_path).read_text()),
-    )
 
 
 def prepare(variant: str | Variant | None = None, asset_dirs: Mapping[str, str] | None = None) -> Plan | None:

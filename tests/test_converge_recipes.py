@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 from support import REPO, changed, inventory_with, pyinfra_run
@@ -24,6 +26,13 @@ SITE = REPO / "deploy" / "site.py"
 def enabled_units(rig) -> list[str]:
     out = rig.run("ls /etc/systemd/system/multi-user.target.wants/ | grep '^rigforge-vllm@' || true").stdout
     return out.split()
+
+
+def rigforge_cmd(cmd: str, inventory, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "rigforge.cli", cmd, str(inventory), *extra],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
 
 
 def converge(tb, tmp_path_factory, variant: str):
@@ -44,6 +53,11 @@ def runs(testbed_factory, tmp_path_factory):
             out[step] = converge(tb, tmp_path_factory, variant)
             out[f"{step}_units"] = enabled_units(tb.rig("rig1"))
             out[f"{step}_manifest"] = json.loads(tb.rig("rig1").run("cat /etc/rigforge/rig.json").stdout or "{}")
+            if step == "max":
+                extra = {"rig1": {"rigforge_variant": variant}}
+                inv = inventory_with(tb, tmp_path_factory.mktemp("inv") / "inv.py", extra)
+                out["verify"] = rigforge_cmd("verify", inv, "--json")
+                out["status"] = rigforge_cmd("status", inv, "--json")
         out["back"] = converge(tb, tmp_path_factory, "dual-turbo")
         out["back_units"] = enabled_units(tb.rig("rig1"))
         yield out
@@ -101,3 +115,16 @@ def test_switching_back_to_the_seed_dual_turbo_works(runs):
     results, err = runs["back"]
     assert results["failed_hosts"] == [] and results["totals"]["error"] == 0, err[-6000:]
     assert runs["back_units"] == ["rigforge-vllm@dual-turbo.service"]
+
+
+def test_status_and_verify_know_a_recipe_slug(runs):
+    verify = runs["verify"]
+    report = json.loads(verify.stdout)
+    checks = {c["name"]: c for c in report["hosts"]["rig1"]["checks"]}
+    for name in ("manifest present", "sources at locked SHAs", "weights stamp valid", "unit enabled"):
+        assert checks[name]["status"] == "pass", checks[name]
+    assert "vllm-qwen-27b-dual-max" in checks["manifest present"]["detail"]
+    assert "recipes@" in checks["sources at locked SHAs"]["detail"]
+    assert verify.returncode == 0, verify.stdout[-3000:] + verify.stderr[-2000:]
+    (row,) = json.loads(runs["status"].stdout)
+    assert row["variant"] == "vllm-qwen-27b-dual-max", row

@@ -392,3 +392,42 @@ def test_without_a_recipe_repo_a_live_slug_is_refused_with_how_to_get_it(tmp_pat
     )
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert "set RIGFORGE_RECIPES=DIR" in r.stderr and "rigforge lock" in r.stderr
+
+
+# --- a slug for a deploy: lock entries by image ref and repo id ---
+
+
+def test_live_variant_takes_its_image_and_weights_from_the_lock(monkeypatch):
+    import dataclasses
+
+    from rigforge.pins import LockError, default_lock_path, load_lock
+
+    monkeypatch.setenv("RIGFORGE_RECIPES", str(REFERENCE))
+    lock = load_lock(default_lock_path())
+    v = recipes.live_variant("vllm/qwen-27b-dual-max", Settings(), lock, opt_in=False)
+    assert (v.name, v.gpus, v.port, v.sources, v.assets) == (
+        "vllm-qwen-27b-dual-max",
+        2,
+        8013,
+        ("recipes",),
+        ("qwen3.6-27b-fp8",),
+    )
+    assert dict(v.asset_dirs) == {"qwen3.6-27b-fp8": "qwen3.6-27b-fp8"} and dict(v.sizes) == {
+        "qwen3.6-27b-fp8": 29 * 10**9
+    }
+    assert v.image == "vllm/vllm-openai:v0.27.1" and v.arg("--served-model-name") == "qwen3.6-27b"
+    assert v.min_card_mib == 24000  # the compose header's Requires-min-vram-gb: 24
+    digest = "sha256:" + "e" * 64
+    pinned = dataclasses.replace(
+        lock, images={"vllm-stable": dataclasses.replace(lock.images["vllm-stable"], digest=digest)}
+    )
+    v = recipes.live_variant("vllm/dual", Settings(), pinned, opt_in=False)
+    assert v.image == f"vllm/vllm-openai:v0.27.1@{digest}"
+    assert f"image: vllm/vllm-openai:v0.27.1@{digest}" in dict(v.files)[recipes.OVERRIDE_FILE]
+    no_weights = dataclasses.replace(lock, hf={k: p for k, p in lock.hf.items() if p.repo != "Qwen/Qwen3.6-27B-FP8"})
+    with pytest.raises(
+        LockError, match=r"no hf entry for Qwen/Qwen3.6-27B-FP8 \(vllm/qwen-27b-dual-max\): add hf.qwen3.6-27b-fp8"
+    ):
+        recipes.live_variant("vllm/qwen-27b-dual-max", Settings(), no_weights, opt_in=False)
+    with pytest.raises(LockError, match="no image entry for vllm/vllm-openai:v0.27.1"):
+        recipes.live_variant("vllm/dual", Settings(), dataclasses.replace(lock, images={}), opt_in=False)
