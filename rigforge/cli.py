@@ -7,10 +7,13 @@ import importlib
 import os
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
+from rigforge import recipes
 from rigforge.catalog import CatalogError, load_catalog
-from rigforge.render import Settings, SettingsError, apply_overrides, parse_set, render_variant
+from rigforge.pins import LockError, default_lock_path, load_lock
+from rigforge.render import Settings, SettingsError, apply_overrides, parse_set, render_recipe, render_variant
 
 # subcommand -> (module, help). Modules expose add_arguments(parser) and run(args) -> int.
 SUBCOMMANDS = {
@@ -29,6 +32,8 @@ def _render_arguments(p: argparse.ArgumentParser) -> None:
                    help="override a setting (repeatable), e.g. --set port=8111")  # fmt: skip
     p.add_argument("--gpus", type=int, default=None, help="GPU count for the power unit (default: variant's)")
     p.add_argument("--list", action="store_true", help="list the variants and exit")
+    p.add_argument("--opt-in", action="store_true",
+                   help="allow a recipe-repo slug whose status is experimental, incubating or deprecated")  # fmt: skip
 
 
 def _write_atomically(out: Path, files: dict[str, str]) -> None:
@@ -41,21 +46,49 @@ def _write_atomically(out: Path, files: dict[str, str]) -> None:
         os.replace(tmp, out / name)
 
 
+def _list(catalog) -> None:
+    print(f"{'VARIANT':<44} {'PORT':>5}  {'STATUS':<12} {'RIGFORGE':<8} WEIGHTS")
+    for v in catalog.variants.values():
+        weights = ", ".join(catalog.assets[a].hf_repo for a in v.assets)
+        print(f"{v.name:<44} {v.port:>5}  {'seed':<12} {'yes':<8} {weights}  ({v.pick_when})")
+    try:
+        repo = recipes.load_repo(recipes_commit())
+    except (recipes.RecipeError, LockError) as exc:
+        print(f"(recipe-repo slugs not listed: {exc})")
+        return
+    order = {"yes": 0, "opt-in": 1, "refused": 2}
+    rows = [(r, "refused" if r.refused else "opt-in" if r.needs_opt_in else "yes") for r in repo.recipes.values()]
+    for r, how in sorted(rows, key=lambda x: order[x[1]]):
+        detail = f"refused: {r.refused}" if r.refused else r.weights_label
+        print(f"{r.slug:<44} {r.port:>5}  {r.status:<12} {how:<8} {detail}")
+
+
+def recipes_commit() -> str | None:
+    pin = load_lock(default_lock_path()).git.get(recipes.GIT_NAME)
+    return pin.commit if pin else None
+
+
 def _render(args: argparse.Namespace) -> int:
     catalog = load_catalog()
     if args.list:
-        for v in catalog.variants.values():
-            print(f"{v.name:<20} port {v.port}  {v.pick_when}")
+        _list(catalog)
         return 0
     if not args.variant or not args.out:
-        raise SettingsError("render needs VARIANT and --out DIR (variants: " + ", ".join(catalog.names) + ")")
-    variant = catalog.variant(args.variant)
+        raise SettingsError("render needs VARIANT and --out DIR (variants: `rigforge render --list`)")
     overrides = parse_set(args.sets)
     token = os.environ.get("RIGFORGE_HF_TOKEN") or os.environ.get("HF_TOKEN")
     if token and "hf_token" not in overrides:  # as a deploy does; keeps the secret off the command line
         overrides["hf_token"] = token
     settings = apply_overrides(Settings(), overrides)
-    files = render_variant(variant, settings, gpu_count=args.gpus)
+    lock = load_lock(default_lock_path())
+    if "/" not in args.variant:  # a seed variant; recipe-repo slugs are engine/name
+        variant = catalog.variant(args.variant)
+        image = lock.pinned(variant.image)
+        files = render_variant(variant, replace(settings, image=settings.image or image), gpu_count=args.gpus)
+    else:
+        repo = recipes.load_repo(recipes_commit())
+        recipe = repo.recipe(args.variant, opt_in=args.opt_in)
+        files = render_recipe(recipe, repo.compose(recipe), settings, lock.pinned(recipe.image), gpu_count=args.gpus)
     _write_atomically(args.out, files)
     for name in files:
         print(f"wrote {args.out / name}")
@@ -83,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "render":
             return _render(args)
         return importlib.import_module(args.module).run(args)
-    except (CatalogError, SettingsError) as exc:
+    except (CatalogError, SettingsError, LockError, recipes.RecipeError) as exc:
         print(f"rigforge {args.command}: {exc}", file=sys.stderr)
         return 2
 

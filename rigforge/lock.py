@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check", action="store_true", help="validate offline; exit 1 listing problems")
     parser.add_argument("--lock", type=Path, default=None, help="lock file (default: rigforge.lock.yaml)")
     parser.add_argument("--refresh", nargs="+", default=[], metavar="NAME",
-                        help="re-resolve these entries (git/hf names, or 'image') even if resolved")  # fmt: skip
+                        help="re-resolve these entries (git/hf names, 'image', 'images.NAME')")  # fmt: skip
 
 
 def resolve_git(pin: GitPin) -> str:
@@ -142,16 +142,61 @@ def resolve_image(ref: str, registry: str | None = None) -> str:
     except (requests.RequestException, ValueError, KeyError) as e:
         raise LockError(f"image: cannot reach the registry for {ref}: {e}") from None
     digest = resp.headers.get("Docker-Content-Digest", "")
+    if resp.status_code == 404:
+        raise LockError(
+            f"image: {ref}: registry answered HTTP 404, it no longer has this tag (purged); "
+            f"move to a recipe with a live image, e.g. {_live_recipe(ref)}"
+        )
     if resp.status_code != 200 or not DIGEST.match(digest):
         raise LockError(f"image: {ref}: registry answered HTTP {resp.status_code} without a sha256 digest")
     return digest
+
+
+def _live_recipe(dead: str) -> str:
+    """A recipe-repo slug rigforge can serve whose image is not `dead` (for the 404 hint)."""
+    from rigforge import recipes
+
+    commit = None
+    try:
+        pin = load_lock(default_lock_path()).git.get(recipes.GIT_NAME)
+        commit = pin.commit if pin else None
+        repo = recipes.load_repo(commit)
+    except (LockError, recipes.RecipeError):
+        return "a recipe-repo slug from `rigforge render --list` (rigforge_variant: SLUG)"
+    for r in repo.recipes.values():
+        if not r.refused and not r.needs_opt_in and r.image != dead:
+            return f"rigforge_variant: {r.slug} ({r.image}, recipe repo at {str(commit)[:8]})"
+    return "a recipe-repo slug from `rigforge render --list`"
+
+
+def cache_recipes(pin: GitPin) -> Path | None:
+    """Fill the controller cache of the recipe repo at the pinned commit (what `render` reads offline)."""
+    import git
+
+    from rigforge import recipes
+
+    dest = recipes.cache_dir(pin.commit)
+    if (dest / recipes.REGISTRY).is_file():
+        return None
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{pin.commit[:12]}-", dir=dest.parent) as tmp:
+        try:
+            repo = git.Repo.init(tmp)
+            repo.git.fetch("--depth", "1", pin.url, pin.commit)
+            repo.git.checkout("--detach", pin.commit)
+        except git.GitCommandError as e:
+            detail = (e.stderr or str(e)).strip().splitlines()[-1]
+            raise LockError(f"git.{pin.name}: cannot fetch {pin.commit} from {pin.url}: {detail}") from None
+        os.replace(tmp, dest)
+        os.makedirs(tmp)  # for the context manager's clean-up
+    return dest
 
 
 def resolve(
     lock: Lock, refresh: list[str], endpoint: str | None, token: str | None, registry: str | None = None
 ) -> tuple[Lock, list[str]]:
     """Resolve unresolved (and `refresh`ed) entries; return the new lock and a report line per change."""
-    unknown = set(refresh) - set(lock.git) - set(lock.hf) - {"image"}
+    unknown = set(refresh) - set(lock.git) - set(lock.hf) - {"image"} - {f"images.{n}" for n in lock.images}
     if unknown:
         raise LockError(f"--refresh: no git or hf entry {sorted(unknown)} (known: {', '.join([*lock.git, *lock.hf])})")
     report, git, hf, image = [], dict(lock.git), dict(lock.hf), lock.image
@@ -160,6 +205,13 @@ def resolve(
         if digest != image.digest:
             image = dataclasses.replace(image, digest=digest)
             report.append(f"image: {image.ref} -> {digest}")
+    images = dict(lock.images)
+    for name, pin in lock.images.items():
+        if not pin.digest or f"images.{name}" in refresh:
+            digest = resolve_image(pin.ref, registry)
+            if digest != pin.digest:
+                images[name] = dataclasses.replace(pin, digest=digest)
+                report.append(f"images.{name}: {pin.ref} -> {digest}")
     for name, pin in lock.git.items():
         if pin.commit and name not in refresh:
             continue
@@ -174,7 +226,7 @@ def resolve(
         if new != pin:
             hf[name] = new
             report.append(f"hf.{name}: {pin.repo}@{pin.ref} -> {new.revision} ({len(new.files)} files)")
-    return dataclasses.replace(lock, image=image, git=git, hf=hf), report
+    return dataclasses.replace(lock, image=image, images=images, git=git, hf=hf), report
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -204,6 +256,17 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if report:
         write_atomically(path, dump_lock(new))
+    from rigforge.recipes import GIT_NAME
+
+    pin = new.git.get(GIT_NAME)
+    if pin and pin.commit:
+        try:
+            cached = cache_recipes(pin)
+        except LockError as e:
+            print(f"rigforge lock: {e}", file=sys.stderr)
+            return 1
+        if cached:
+            report.append(f"git.{GIT_NAME}: cached {pin.commit[:12]} at {cached} (what `rigforge render` reads)")
     for line in report or ["nothing to resolve"]:
         print(line)
     return 0

@@ -91,10 +91,21 @@ class Lock:
     git: Mapping[str, GitPin]
     hf: Mapping[str, HfPin]
     version: int = 1
+    images: Mapping[str, ImagePin] = field(default_factory=lambda: MappingProxyType({}))  # recipe engines' images
+
+    def image_pin(self, ref: str) -> ImagePin | None:
+        """The lock's entry for an image reference (the seed `image` or one of `images`), None if unpinned."""
+        return next((p for p in (self.image, *self.images.values()) if p.ref == ref), None)
+
+    def pinned(self, ref: str) -> str:
+        """What runs for `ref`: `ref@sha256:...` when the lock knows its digest, else the tag itself."""
+        pin = self.image_pin(ref)
+        return f"{ref}@{pin.digest}" if pin and pin.digest else ref
 
     def unresolved(self) -> list[str]:
         """Entries still to be resolved by `rigforge lock`, as 'git.NAME', 'hf.NAME', 'image'."""
         out = [] if self.image.digest else ["image (digest: null)"]
+        out += [f"images.{n} (digest: null)" for n, p in self.images.items() if not p.digest]
         out += [f"git.{n} (commit: null)" for n, p in self.git.items() if not p.resolved]
         for n, p in self.hf.items():
             if p.revision is None:
@@ -141,6 +152,11 @@ class Lock:
         return {
             "version": self.version,
             "image": opt({"ref": self.image.ref, "digest": self.image.digest}, self.image.note),
+            **(
+                {"images": {n: opt({"ref": p.ref, "digest": p.digest}, p.note) for n, p in self.images.items()}}
+                if self.images
+                else {}
+            ),
             "git": {
                 n: opt(
                     {
@@ -267,21 +283,31 @@ def _hf(path: str, name: str, data: Any) -> HfPin:
     )
 
 
-def parse_lock(data: Any, path: str = "<lock>") -> Lock:
-    r = _Reader(path, "top level", data)
-    r.unknown({"version", "image", "git", "hf"})
-    if r.get("version", int) != 1:
-        r.fail(f"unsupported version {data['version']!r} (this rigforge reads version 1)", "version")
-    ir = _Reader(path, "image", r.get("image", dict))
+def _image(path: str, where: str, data: Any) -> ImagePin:
+    ir = _Reader(path, where, data)
     ir.unknown({"ref", "digest", "note"})
-    image = ImagePin(
-        ref=ir.get("ref", str),
+    ref = ir.get("ref", str)
+    if "@" in ref:
+        ir.fail(f"expected a tag reference without @digest (the digest goes in 'digest'), got {ref!r}", "ref")
+    return ImagePin(
+        ref=ref,
         digest=ir.get("digest", str, pattern=DIGEST, what="'sha256:<64 hex>' or null"),
         note=ir.get("note", str, required=False),
     )
+
+
+def parse_lock(data: Any, path: str = "<lock>") -> Lock:
+    r = _Reader(path, "top level", data)
+    r.unknown({"version", "image", "images", "git", "hf"})
+    if r.get("version", int) != 1:
+        r.fail(f"unsupported version {data['version']!r} (this rigforge reads version 1)", "version")
+    image = _image(path, "image", r.get("image", dict))
+    images = {str(n): _image(path, f"images.{n}", d) for n, d in (r.get("images", dict, required=False) or {}).items()}
     git = {str(n): _git(path, str(n), d) for n, d in (r.get("git", dict, required=False) or {}).items()}
     hf = {str(n): _hf(path, str(n), d) for n, d in (r.get("hf", dict, required=False) or {}).items()}
-    return Lock(path=path, image=image, git=MappingProxyType(git), hf=MappingProxyType(hf))
+    return Lock(
+        path=path, image=image, git=MappingProxyType(git), hf=MappingProxyType(hf), images=MappingProxyType(images)
+    )
 
 
 def load_lock(path: str | Path) -> Lock:

@@ -24,6 +24,7 @@ TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 COMPOSE_FILE = "docker-compose.yml"
 ENV_FILE = ".env"
 VLLM_UNIT = VLLM_TEMPLATE
+RECIPE_ONLY = ("spec_n", "nvlink_mode")  # knobs of the recipe repo's compose files, no seed variant has them
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e5m2", "fp8_e4m3", "turboquant_3bit_nc")
 
 
@@ -47,6 +48,8 @@ class Settings:
     image: str | None = None
     power_limit_w: int = 230
     power_limits: tuple[tuple[int, int], ...] = ()
+    spec_n: int | None = None  # recipe-repo slugs only: the recipe's SPEC_N (0 = drafter off, vllm#50021)
+    nvlink_mode: str | None = None  # recipe-repo slugs only: the recipe's NVLINK_MODE
     api_key: str | None = field(default=None, repr=False)
     hf_token: str | None = field(default=None, repr=False)
 
@@ -149,6 +152,13 @@ _watts = _int_in(*WATTS, "whole watts")
 MAX_GPUS = 16
 
 
+def _count(v: Any) -> int:
+    n = _int(v)
+    if n < 0:
+        raise ValueError("a non-negative integer")
+    return n
+
+
 def _per_gpu_watts(v: Any) -> tuple[tuple[int, int], ...]:
     if isinstance(v, str):
         try:
@@ -180,6 +190,8 @@ SETTINGS = {
     "max_model_len": _int_in(1, 1_048_576),
     "max_num_seqs": _int_in(1, 1024),
     "extra_args": _args,
+    "spec_n": _count,
+    "nvlink_mode": _choice("auto", "force_on", "force_off", "pcie_p2p"),
     "image": _image,
     "root": _abs_path,
     "power_limit_w": _watts,
@@ -237,6 +249,10 @@ def parse_set(items: list[str]) -> dict[str, str]:
 
 def variant_setting_problems(variant: Variant, s: Settings, host_data: bool = False) -> list[str]:
     """Settings that are valid alone but not for this variant."""
+    for key in RECIPE_ONLY:
+        if getattr(s, key) is not None:
+            name = HOST_KEYS[key] if host_data else f"setting {key!r}"
+            return [f"{name} cannot be used with {variant.name}: only recipe-repo slugs (vllm/...) have it"]
     if s.kv_cache_dtype and variant.uses_dflash:
         key = HOST_KEYS["kv_cache_dtype"] if host_data else "setting 'kv_cache_dtype'"
         return [
@@ -351,6 +367,25 @@ def render_variant(variant: Variant, s: Settings, gpu_count: int | None = None) 
         ENV_FILE: env_file_text(s),
         VLLM_UNIT: render_vllm_unit(s),
         POWER_UNIT: render_power_unit(power_caps(gpu_count or variant.gpus, s)),
+    }
+
+
+def recipe_knobs(recipe, s: Settings) -> dict[str, Any]:
+    """The settings a recipe-repo slug takes through its compose knobs (None = the recipe's default)."""
+    keys = ("bind_address", "max_model_len", "kv_cache_dtype", "gpu_memory_utilization", "max_num_seqs")
+    knobs = {key: getattr(s, key) for key in (*keys, "spec_n", "nvlink_mode", "extra_args", "api_key")}
+    return {"hf_token": s.hf_token or "", "model_dir": s.models, "port": s.port or recipe.port, **knobs}
+
+
+def render_recipe(recipe, compose: dict, s: Settings, image: str, gpu_count: int | None = None) -> dict[str, str]:
+    """Every file a rig gets for a recipe-repo slug (plus the effective compose, for reading): {file name: text}."""
+    from rigforge import recipes
+
+    files = recipes.rig_files(recipe, compose, root=s.root, image=s.image or image, knobs=recipe_knobs(recipe, s))
+    return {
+        **files,
+        VLLM_UNIT: render_vllm_unit(s),
+        POWER_UNIT: render_power_unit(power_caps(gpu_count or recipe.gpus, s)),
     }
 
 

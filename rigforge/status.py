@@ -201,15 +201,24 @@ def rig_context(host) -> RigContext:
     recorded = (ctx.manifest or {}).get("variant")
     ctx.variant_name = recorded or wanted
     ctx.variant_from = MANIFEST if recorded else ("host data rigforge_variant" if wanted else "")
-    if ctx.variant_name:
-        try:
-            ctx.variant = load_catalog().variant(ctx.variant_name)
-        except CatalogError as exc:
-            ctx.problems.append(str(exc))
     try:
         ctx.lock = load_lock(data.get("rigforge_lock") or DEFAULT_LOCK)
     except (LockError, OSError) as exc:
         ctx.lock_error = str(exc)
+    slug = (ctx.manifest or {}).get("recipe") or (wanted if "/" in str(wanted or "") and not recorded else None)
+    if slug and ctx.lock is not None:  # a recipe-repo slug: known from the locked recipe repo
+        from rigforge.recipes import RecipeError, live_variant
+
+        try:
+            ctx.variant = live_variant(slug, ctx.settings, ctx.lock, opt_in=True)
+            ctx.variant_name = ctx.variant.name
+        except (RecipeError, LockError) as exc:
+            ctx.problems.append(str(exc))
+    elif ctx.variant_name:
+        try:
+            ctx.variant = load_catalog().variant(ctx.variant_name)
+        except CatalogError as exc:
+            ctx.problems.append(str(exc))
     return ctx
 
 

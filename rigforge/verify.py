@@ -210,9 +210,10 @@ def check_weights(host, ctx: RigContext) -> Check:
     name = "weights stamp valid"
     catalog = load_catalog()
     bad, good = [], []
+    dirs = dict(getattr(ctx.variant, "asset_dirs", ()))  # a recipe slug's dirs come from its model profile
     for asset in ctx.variant.assets:
         pin = ctx.lock.hf.get(asset)
-        dest = f"{ctx.settings.models}/{catalog.assets[asset].dir}"
+        dest = f"{ctx.settings.models}/{dirs.get(asset) or catalog.assets[asset].dir}"
         if pin is None:
             bad.append(f"{asset}: not in the lock")
             continue

@@ -20,6 +20,7 @@ from pyinfra.operations.util import any_changed
 
 from rigforge import knobs
 from rigforge.plan import Plan
+from rigforge.recipes import OVERRIDE_FILE, LiveVariant
 from rigforge.render import COMPOSE_FILE, ENV_FILE, HOST_KEYS, VLLM_UNIT, render_variant
 from roles.operations.serving import enabled_instances, health_gate_script, image_present, manifest, sole_instance
 from roles.operations.staged import staged_files, systemd_verify
@@ -48,8 +49,11 @@ def apply(plan: Plan):
     variant, settings, layout = plan.variant, plan.settings, plan.layout
     manage = plan.data["rigforge_manage_services"]
     serve_dir, unit = layout.serve_dir, layout.vllm_unit
-    rendered = render_variant(variant, settings)
+    rendered = dict(variant.files) if isinstance(variant, LiveVariant) else render_variant(variant, settings)
     image = plan.image
+    serve_files = {COMPOSE_FILE: (rendered[COMPOSE_FILE], "644"), ENV_FILE: (rendered[ENV_FILE], "600")}
+    if OVERRIDE_FILE in rendered:  # a recipe slug: the recipe's own file runs, with this host's override
+        serve_files[OVERRIDE_FILE] = (rendered[OVERRIDE_FILE], "644")
 
     for cache_dir in ("torch_compile", "triton"):
         files.directory(name=f"Compile cache {cache_dir}", path=f"{layout.cache}/{cache_dir}", mode="755")
@@ -57,7 +61,7 @@ def apply(plan: Plan):
     compose = staged_files(
         name=f"Install {variant.name} compose file and .env (validated by docker compose config)",
         dest=serve_dir,
-        files={COMPOSE_FILE: (rendered[COMPOSE_FILE], "644"), ENV_FILE: (rendered[ENV_FILE], "600")},
+        files=serve_files,
         validate="docker compose config -q",
     )
     unit_file = staged_files(
@@ -101,6 +105,12 @@ def apply(plan: Plan):
     manifest(
         name=f"Record {layout.rig_json}",
         path=layout.rig_json,
-        content={"variant": variant.name, "unit": unit, "port": plan.port, **plan.pins},
+        content={
+            "variant": variant.name,
+            "unit": unit,
+            "port": plan.port,
+            **plan.pins,
+            **({"recipe": variant.recipe.slug} if isinstance(variant, LiveVariant) else {}),
+        },
         now=datetime.now(UTC).isoformat(timespec="seconds"),
     )

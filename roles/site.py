@@ -16,16 +16,25 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.server import Command
 
+from rigforge import knobs, recipes
 from rigforge.catalog import CatalogError, Variant, load_catalog
 from rigforge.pins import LockError, load_lock
 from rigforge.plan import Plan, build_plan, cap_index_problems, gpu_count, variant_problems
-from rigforge.render import HOST_KEYS, Settings, apply_overrides, settings_from_host_data, variant_setting_problems
+from rigforge.recipes import RecipeError
+from rigforge.render import (
+    HOST_KEYS,
+    Settings,
+    apply_overrides,
+    settings_from_host_data,
+    variant_setting_problems,
+)
 from roles import docker_engine, gpu_power, nvidia_driver, preflight, serving, sources, weights
 from roles.facts.hfweights import WeightsState
 from roles.facts.nvidia import NvidiaGpus, NvidiaPciGpus
@@ -37,6 +46,7 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULTS = {
     "rigforge_variant": None,  # variant this host serves (deploy/site.py); deploy/<variant>.py must agree
     "rigforge_lock": str(REPO / "rigforge.lock.yaml"),  # lock file read on the controller
+    "rigforge_recipe_opt_in": False,  # allow a recipe-repo slug whose status is experimental/incubating/deprecated
 }
 ROLES = (preflight, nvidia_driver, docker_engine, gpu_power, sources, weights, serving)
 
@@ -45,6 +55,7 @@ def validate(data) -> list[str]:
     problems = []
     if not isinstance(data.get("rigforge_lock"), str | os.PathLike):
         problems.append(f"rigforge_lock must be the path of a lock file, got {data.get('rigforge_lock')!r}")
+    problems += knobs.boolean(data, "rigforge_recipe_opt_in")
     return problems
 
 
@@ -69,6 +80,9 @@ def _gather(entry: str | Variant | None, asset_dirs: Mapping[str, str] | None) -
     catalog = load_catalog()
     given = entry if isinstance(entry, Variant) else None
     names = [*catalog.names, *([given.name] if given else [])]
+    wanted = (given.name if given else entry) or data.get("rigforge_variant")
+    if isinstance(wanted, str) and "/" in wanted and wanted not in names:
+        names.append(wanted)  # a recipe-repo slug: looked up below in the locked recipe repo
     name, variant_issues = variant_problems(given.name if given else entry, data.get("rigforge_variant"), names)
     problems += variant_issues
     lock = None
@@ -79,9 +93,18 @@ def _gather(entry: str | Variant | None, asset_dirs: Mapping[str, str] | None) -
     if problems or name is None or lock is None:
         return None, problems
 
-    variant = given or catalog.variant(name)
     settings = apply_overrides(Settings(), settings_from_host_data(data))
-    problems += variant_setting_problems(variant, settings, host_data=True)
+    if given is None and name not in catalog.variants:
+        try:
+            variant = recipes.live_variant(name, settings, lock, bool(data.get("rigforge_recipe_opt_in")))
+        except (RecipeError, LockError) as exc:
+            return None, [*problems, str(exc)]
+        settings = replace(settings, image=variant.image)
+        asset_dirs = {**dict(variant.asset_dirs), **(asset_dirs or {})}
+    else:
+        variant = given or catalog.variant(name)
+        problems += variant_setting_problems(variant, settings, host_data=True)
+        settings = replace(settings, image=settings.image or lock.pinned(variant.image))  # by digest once known
     try:
         lock.require(git=variant.sources, hf=variant.assets)
     except LockError as exc:
@@ -137,8 +160,8 @@ def _disk_needed(plan: Plan) -> int:
         state = host.get_fact(
             WeightsState, dest=plan.layout.asset_dir(asset.dir), staging=plan.layout.weights_staging(asset.name)
         )
-        if stale_files(asset.pin, state):
-            needed += asset.pin.total_size
+        if stale_files(asset.pin, state):  # the lock's size; a recipe's size_gb until the lock knows it
+            needed += asset.pin.total_size or dict(getattr(plan.variant, "sizes", ())).get(asset.name, 0)
     if plan.data["rigforge_manage_services"]:
         present = host.get_fact(
             Command, command=f"docker image inspect {plan.image} >/dev/null 2>&1 && echo yes || true"

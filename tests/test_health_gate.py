@@ -101,3 +101,14 @@ def test_gate_with_nothing_to_go_back_to_stops_the_new_instance(fake_systemd, se
     r, calls = run_gate(fake_systemd, "http://127.0.0.1:9", serve_dir, timeout=1, rollback=None)
     assert r.returncode == 1
     assert [c for c in calls if "able --now" in c] == ["systemctl disable --now rigforge-vllm@dual-turbo.service"]
+
+
+def test_gate_restores_a_recipe_slugs_previous_override_too(fake_systemd, serve_dir):
+    (serve_dir / "docker-compose.yml.prev").write_text("include wrapper\n")
+    (serve_dir / ".env.prev").write_text("PORT=8010\n")
+    (serve_dir / "compose.override.yml.prev").write_text("services: {old: {}}\n")
+    (serve_dir / "compose.override.yml").write_text("services: {new: {}}\n")
+    r, calls = run_gate(fake_systemd, "http://127.0.0.1:9", serve_dir, timeout=1, rollback=None)
+    assert r.returncode == 1 and "rolled back" in r.stderr
+    assert (serve_dir / "compose.override.yml").read_text() == "services: {old: {}}\n"
+    assert not (serve_dir / "compose.override.yml.prev").exists()

@@ -5,6 +5,7 @@ clear, non-destructive failures."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -235,12 +236,13 @@ def test_gated_repo_without_token_is_named(stand_ins, tmp_path):
 def test_check_is_offline_and_lists_offending_entries(tmp_path):
     proc = rigforge_lock("--check", "--lock", str(REPO / "rigforge.lock.yaml"))
     assert proc.returncode == 1
-    for entry in ("git.vllm-src", "hf.autoround-int4", "hf.dflash-draft", "hf.carnice", "image"):
+    for entry in ("git.vllm-src", "hf.autoround-int4", "hf.dflash-draft", "hf.carnice", "image", "images.vllm-stable"):
         assert entry in proc.stderr
-    assert "git.genesis" not in proc.stderr and "git.club-3090" not in proc.stderr
+    assert "git.genesis" not in proc.stderr and "git.club-3090" not in proc.stderr and "git.recipes" not in proc.stderr
 
     data = yaml.safe_load((REPO / "rigforge.lock.yaml").read_text())
     data["image"]["digest"] = "sha256:" + "1" * 64
+    data["images"]["vllm-stable"]["digest"] = "sha256:" + "4" * 64
     data["git"]["vllm-src"]["commit"] = "67f8c2b" + "0" * 33
     for entry in data["hf"].values():
         entry["revision"] = "2" * 40
@@ -273,3 +275,75 @@ def test_check_is_offline_and_lists_offending_entries(tmp_path):
 )
 def test_image_references_map_to_registry_manifest_urls(ref, url):
     assert manifest_url(ref) == url
+
+
+RECIPES_REF = next(
+    (p for p in (REPO.parent / "shared/reference/club-3090-4a29ab57", Path("/work/shared/reference/club-3090-4a29ab57"))
+     if (p / "scripts/lib/profiles/registry.yaml").is_file()),
+    None,
+)  # fmt: skip
+
+
+def test_recipe_images_get_their_digest_and_the_lock_pins_what_runs(stand_ins, tmp_path):
+    data = unresolved_lock(stand_ins)
+    data["images"] = {"vllm-stable": {"ref": "vllm/vllm-openai:nightly-x", "digest": None}}
+    path = tmp_path / "lock.yaml"
+    path.write_text(yaml.safe_dump(data))
+    proc = rigforge_lock("--lock", str(path), token=stand_ins["token"], endpoint=stand_ins["endpoint"])
+    assert proc.returncode == 0, proc.stderr
+    lock = load_lock(path)
+    assert lock.images["vllm-stable"].digest == IMAGE_DIGEST
+    assert lock.pinned("vllm/vllm-openai:nightly-x") == f"vllm/vllm-openai:nightly-x@{IMAGE_DIGEST}"
+    assert lock.pinned("vllm/vllm-openai:other") == "vllm/vllm-openai:other"  # not in the lock: the tag itself
+
+
+@pytest.mark.skipif(RECIPES_REF is None, reason="club-3090 reference not found")
+def test_a_purged_tag_fails_in_one_line_naming_the_image_and_a_live_recipe(stand_ins, tmp_path, monkeypatch):
+    monkeypatch.setenv("RIGFORGE_RECIPES", str(RECIPES_REF))
+    data = unresolved_lock(stand_ins)
+    data["images"] = {"vllm-nightly-mtp": {"ref": "vllm/vllm-openai:nightly-01d4d1ad", "digest": None}}
+    data["image"]["digest"] = IMAGE_DIGEST
+    path = tmp_path / "lock.yaml"
+    path.write_text(yaml.safe_dump(data))
+    before = path.read_text()
+    proc = rigforge_lock("--lock", str(path), token=stand_ins["token"], endpoint=stand_ins["endpoint"])
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "image: vllm/vllm-openai:nightly-01d4d1ad: registry answered HTTP 404" in proc.stderr
+    assert "rigforge_variant: vllm/dual (vllm/vllm-openai:v0.27.1" in proc.stderr
+    assert path.read_text() == before
+
+
+@pytest.mark.skipif(RECIPES_REF is None, reason="club-3090 reference not found")
+def test_lock_caches_the_recipe_repo_at_its_commit_for_offline_render(stand_ins, tmp_path, monkeypatch):
+    work = tmp_path / "club-3090"
+    shutil.copytree(RECIPES_REF, work, symlinks=True)  # a copy in a temp git repo: the reference stays as is
+    env = {**os.environ, "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
+    for cmd in (
+        ["init", "-q"],
+        ["add", "-A"],
+        ["commit", "-qm", "recipes"],
+        ["config", "uploadpack.allowAnySHA1InWant", "true"],
+    ):
+        subprocess.run(["git", *cmd], cwd=work, env=env, check=True)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=work, capture_output=True, text=True).stdout.strip()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("RIGFORGE_RECIPES", raising=False)
+    data = unresolved_lock(stand_ins)
+    data["image"]["digest"] = IMAGE_DIGEST
+    data["git"] = {"recipes": {"url": f"file://{work}", "ref": "master", "commit": commit}}
+    data["hf"] = {}
+    path = tmp_path / "lock.yaml"
+    path.write_text(yaml.safe_dump(data))
+    proc = rigforge_lock("--lock", str(path))
+    assert proc.returncode == 0, proc.stderr
+    cached = tmp_path / "cache" / "rigforge" / "recipes" / commit
+    assert f"git.recipes: cached {commit[:12]} at {cached}" in proc.stdout
+    assert (cached / "scripts/lib/profiles/registry.yaml").read_bytes() == (
+        RECIPES_REF / "scripts/lib/profiles/registry.yaml"
+    ).read_bytes()
+    from rigforge import recipes
+
+    assert recipes.locate(commit) == cached  # without RIGFORGE_RECIPES, render reads this cache
+    again = rigforge_lock("--lock", str(path))
+    assert again.returncode == 0 and "cached" not in again.stdout

@@ -65,17 +65,22 @@ def test_repo_lock_loads_with_the_real_pins_and_its_unresolved_entries():
         "Lorbus/Qwen3.6-27B-int4-AutoRound",
         "z-lab/Qwen3.6-27B-DFlash",
         "wasifb/Carnice_V2_27B_INT4_BF16MTP",
+        "Qwen/Qwen3.6-27B-FP8",  # vllm/qwen-27b-dual-max (recipe repo)
     }
+    assert lock.git["recipes"].commit == "4a29ab57d42a1d587de1042fa5dfd9535f94a063"
+    assert lock.images["vllm-stable"].ref == "vllm/vllm-openai:v0.27.1"
     assert lock.image.ref.startswith("vllm/vllm-openai:nightly-7a1eb8ac") and lock.image.digest is None
     assert lock.unresolved() == [
         "image (digest: null)",
+        "images.vllm-stable (digest: null)",
         "git.vllm-src (commit: null)",
         "hf.autoround-int4 (revision: null)",
         "hf.dflash-draft (revision: null)",
         "hf.carnice (revision: null)",
+        "hf.qwen3.6-27b-fp8 (revision: null)",
     ]
     # the check lists every unresolved entry, and nothing else is wrong with it
-    assert len(lock.check()) == 5
+    assert len(lock.check()) == 7
 
 
 def test_dump_and_load_round_trip(tmp_path):
@@ -161,7 +166,9 @@ def test_unresolved_entries_and_require():
 
 def test_yaml_of_the_repo_lock_keeps_the_contract_keys():
     raw = yaml.safe_load(pins.default_lock_path().read_text())
-    assert set(raw) == {"version", "image", "git", "hf"}
+    assert set(raw) == {"version", "image", "images", "git", "hf"}
+    for entry in raw["images"].values():
+        assert {"ref", "digest"} <= set(entry)
     for entry in raw["git"].values():
         assert {"url", "ref", "commit", "sparse", "files"} <= set(entry)
     for entry in raw["hf"].values():

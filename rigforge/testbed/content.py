@@ -117,11 +117,16 @@ GIT_REPOS = {
     },
 }
 
+# The recipe repo whose registry slugs rigforge serves: built from RIGFORGE_RECIPES (a checkout or a verbatim
+# subset of club-3090) when set; without it the testbed has no `recipes` remote and recipe slugs are refused.
+RECIPES_SPARSE = ["models/", "scripts/detect_nvlink.sh", "scripts/lib/profiles/"]
+
 # lock key -> (repo id, gated, number of safetensors shards)
 HF_REPOS = {
     "autoround-int4": ("Lorbus/Qwen3.6-27B-int4-AutoRound", False, 3),
     "dflash-draft": ("z-lab/Qwen3.6-27B-DFlash", True, 1),
     "carnice": ("wasifb/Carnice_V2_27B_INT4_BF16MTP", False, 2),
+    "qwen3.6-27b-fp8": ("Qwen/Qwen3.6-27B-FP8", False, 2),  # vllm/qwen-27b-dual-max (recipe repo)
 }
 HF_TOKEN = "hf_rigforgeTestbedToken0123456789abcdef"  # the stand-in's token for gated repos (not a secret)
 SHARD_SIZE = 256 * 1024
@@ -182,6 +187,49 @@ def build_git(dest: Path) -> dict:
             }
     meta_file.write_text(json.dumps(meta, indent=1))
     return meta
+
+
+def recipes_dir() -> Path | None:
+    value = os.environ.get("RIGFORGE_RECIPES")
+    return Path(value) if value else None
+
+
+def build_recipes(dest: Path) -> dict | None:
+    """The `recipes` remote beside the other bare repos in `dest`, from RIGFORGE_RECIPES (None when unset).
+
+    Kept apart from the generated repos' content key, so setting or changing RIGFORGE_RECIPES never rebuilds or
+    restarts the other stand-ins: the git daemon serves the new bare repo as soon as it exists.
+    """
+    src = recipes_dir()
+    if src is None:
+        return None
+    key = hash_tree(src)
+    meta_file = dest / "recipes.json"
+    if meta_file.exists() and json.loads(meta_file.read_text()).get("key") == key:
+        return json.loads(meta_file.read_text())["meta"]
+    with tempfile.TemporaryDirectory(prefix="rigforge-recipes-") as tmp:
+        meta = _build_recipes(src, Path(tmp) / "recipes", dest, _git_env())
+    meta_file.write_text(json.dumps({"key": key, "meta": meta}, indent=1))
+    return meta
+
+
+def _build_recipes(src: Path, work: Path, dest: Path, env: dict) -> dict:
+    """A bare `recipes.git` holding a copy of `src` (the directory itself is never modified) in one commit."""
+    shutil.copytree(src, work, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+    date = "2026-08-22T12:00:00Z"
+    sh(["git", "init", "-q", "-b", "master", str(work)], env=env)
+    sh(["git", "add", "-A"], cwd=work, env=env)
+    sh(["git", "commit", "-q", "-m", f"recipes from {src}"], cwd=work,
+       env={**env, "GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date})  # fmt: skip
+    commit = sh(["git", "rev-parse", "HEAD"], cwd=work, capture=True, env=env).stdout.strip()
+    bare = dest / "recipes.git"
+    if bare.exists():
+        shutil.rmtree(bare)
+    sh(["git", "clone", "-q", "--bare", str(work), str(bare)], env=env)
+    for key in ("allowAnySHA1InWant", "allowReachableSHA1InWant", "allowFilter", "allowTipSHA1InWant"):
+        sh(["git", "config", f"uploadpack.{key}", "true"], cwd=bare, env=env)
+    (bare / "git-daemon-export-ok").touch()
+    return {"commits": [commit], "branch": "master", "pin": commit, "sparse": RECIPES_SPARSE, "files": {}}
 
 
 def _blob_oid(data: bytes) -> str:

@@ -92,7 +92,10 @@ def health_gate_script(url: str, model: str, timeout: int, unit: str, rollback_u
         rollback = (
             f"if [ -f {q(serve_dir)}/docker-compose.yml.prev ]; then "
             f"mv -f {q(serve_dir)}/docker-compose.yml.prev {q(serve_dir)}/docker-compose.yml; "
-            f"mv -f {q(serve_dir)}/.env.prev {q(serve_dir)}/.env; systemctl restart {q(unit)}; "
+            f"mv -f {q(serve_dir)}/.env.prev {q(serve_dir)}/.env; "
+            f"if [ -f {q(serve_dir)}/compose.override.yml.prev ]; then "  # a recipe slug's host override
+            f"mv -f {q(serve_dir)}/compose.override.yml.prev {q(serve_dir)}/compose.override.yml; fi; "
+            f"systemctl restart {q(unit)}; "
             f"else systemctl disable --now {q(unit)}; fi"
         )
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 8})

@@ -1,0 +1,587 @@
+"""The recipe repo (club-3090) as a source of variants: its registry slugs, read from a checkout. No host here.
+
+A slug is served verbatim: the rig runs the recipe's own compose file from its pinned checkout of the recipe
+repo, and rigforge adds only what is host-specific, through the compose file's own `${VAR:-default}` knobs
+(.env) or an override file (image, restart policy, compile caches). `effective_compose` computes what
+`docker compose config` resolves for that pair, so `rigforge render` shows it without docker.
+
+Selectable: a vLLM engine installed from a docker image, `tp: 2`, status production or caveats, runnable on
+sm_86. Experimental, incubating and deprecated slugs need an explicit opt-in; a slug needing a newer GPU
+(the registry's required_sm, the engine's min_sm) or another engine/topology is refused with its reason.
+Where the controller finds the checkout: RIGFORGE_RECIPES, else the cache `rigforge lock` fills.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+RECIPES_ENV = "RIGFORGE_RECIPES"
+GIT_NAME = "recipes"  # the lock's git entry for the recipe repo that provides the slugs
+REGISTRY = "scripts/lib/profiles/registry.yaml"
+RIG_SM = 8.6  # RTX 3090 (Ampere)
+SELECTABLE = ("production", "caveats")
+OPT_IN = ("experimental", "incubating", "deprecated")
+# rigforge setting -> the compose variable it sets (a recipe that does not reference it cannot take it)
+KNOBS = {
+    "port": "PORT",
+    "bind_address": "BIND_HOST",
+    "model_dir": "MODEL_DIR",
+    "max_model_len": "MAX_MODEL_LEN",
+    "kv_cache_dtype": "KV_CACHE_DTYPE",
+    "gpu_memory_utilization": "GPU_MEMORY_UTILIZATION",
+    "max_num_seqs": "MAX_NUM_SEQS",
+    "spec_n": "SPEC_N",
+    "nvlink_mode": "NVLINK_MODE",
+    "hf_token": "HF_TOKEN",
+}
+NO_KNOB = ("extra_args", "api_key")  # settings the recipes have no knob for: refused for a slug
+CACHE_TARGETS = ("torch_compile", "triton")  # recipe-relative cache mounts go to <root>/cache/<name>
+
+
+class RecipeError(ValueError):
+    """The recipe repo is missing or malformed, or a slug cannot be served; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Weights:
+    id: str  # the model profile's weights key
+    hf_repo: str
+    local_subdir: str
+    size_gb: float | None  # None when the profile says "variable"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    slug: str
+    model: str
+    status: str
+    port: int
+    tp: int
+    compose_path: str
+    engine: str
+    engine_type: str
+    install_method: str
+    image: str
+    weights: tuple[Weights, ...]
+    required_sm: float
+    refused: str | None  # why rigforge cannot serve it (None: selectable, maybe with opt-in)
+
+    @property
+    def name(self) -> str:
+        """File-system and unit-instance safe name: vllm/dual -> vllm-dual."""
+        return self.slug.replace("/", "-")
+
+    @property
+    def needs_opt_in(self) -> bool:
+        return self.status in OPT_IN
+
+    @property
+    def compose_dir(self) -> str:
+        return posixpath.dirname(self.compose_path)
+
+    @property
+    def gpus(self) -> int:
+        return self.tp
+
+    @property
+    def weights_label(self) -> str:
+        return ", ".join(f"{w.hf_repo} ({w.size_gb:g} GB)" if w.size_gb else w.hf_repo for w in self.weights) or "-"
+
+
+def _yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise RecipeError(f"recipe repo: cannot read {path}: {exc}") from None
+
+
+def _sm(value: Any) -> float:
+    try:
+        return float(value or 0)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _size(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
+class RecipeRepo:
+    root: Path
+    recipes: dict[str, Recipe]
+
+    def recipe(self, slug: str, opt_in: bool = False) -> Recipe:
+        """The slug if rigforge can serve it; else RecipeError with one line naming the slug and why."""
+        r = self.recipes.get(slug)
+        if r is None:
+            raise RecipeError(f"unknown variant {slug!r}: not a seed variant nor a slug of the recipe registry")
+        if r.refused:
+            raise RecipeError(f"{slug}: refused: {r.refused}")
+        if r.needs_opt_in and not opt_in:
+            raise RecipeError(
+                f"{slug}: status {r.status} needs an explicit opt-in "
+                "(host data rigforge_recipe_opt_in: True, or `rigforge render --opt-in`)"
+            )
+        return r
+
+    def compose(self, r: Recipe) -> dict:
+        return _yaml(self.root / r.compose_path)
+
+
+def _weights(root: Path, model: str, ids: list[str]) -> tuple[tuple[Weights, ...], str | None]:
+    path = root / "scripts/lib/profiles/models" / f"{model}.yml"
+    if not path.exists():
+        return (), f"no model profile models/{model}.yml"
+    weights = (_yaml(path) or {}).get("weights") or {}
+    out = []
+    for wid in ids:
+        w = weights.get(wid)
+        if w is None:  # a companion may be a drafter profile
+            d = root / "scripts/lib/profiles/drafters" / f"{wid}.yml"
+            w = _yaml(d) if d.exists() else None
+        if not isinstance(w, dict) or not w.get("hf_repo") or not (w.get("local_subdir") or w.get("path")):
+            return (), f"weights {wid!r} of {model} have no hf_repo/local_subdir in the model profile"
+        out.append(Weights(wid, w["hf_repo"], w.get("local_subdir") or w["path"], _size(w.get("size_gb"))))
+    return tuple(out), None
+
+
+def _engines(root: Path) -> dict[str, dict]:
+    out = {}
+    for path in sorted((root / "scripts/lib/profiles/engines").glob("*.yml")):
+        data = _yaml(path) or {}
+        out[str(data.get("id") or path.stem)] = data
+    return out
+
+
+def _classify(e: dict, engine: dict | None, sm: float) -> str | None:
+    if engine is None:
+        return f"engine {e.get('engine')!r} has no profile in engines/"
+    install = engine.get("install") or {}
+    if engine.get("type") != "vllm" or install.get("method") != "docker_image":
+        how = f"{engine.get('type')} installed by {install.get('method')}"
+        return f"engine {engine.get('id')} is {how}, not vLLM from a docker image"
+    if e.get("tp") != 2:
+        return f"tp {e.get('tp')}: rigforge serves 2-card rigs (tp 2)"
+    if sm > RIG_SM:
+        return f"needs sm_{sm * 10:.0f} or newer (required_sm/min_sm {sm:.1f}); an RTX 3090 is sm_86"
+    if e.get("status") not in SELECTABLE + OPT_IN:
+        return f"unknown status {e.get('status')!r}"
+    return None
+
+
+def parse_repo(root: Path) -> RecipeRepo:
+    root = Path(root)
+    registry = _yaml(root / REGISTRY)
+    if not isinstance(registry, dict) or not isinstance(registry.get("entries"), dict):
+        raise RecipeError(f"recipe repo {root}: {REGISTRY} has no 'entries' mapping")
+    engines = _engines(root)
+    recipes: dict[str, Recipe] = {}
+    for slug, e in registry["entries"].items():
+        engine = engines.get(str(e.get("engine")))
+        sm = max(_sm(e.get("required_sm")), _sm((engine or {}).get("min_sm")))
+        refused = _classify(e, engine, sm)
+        weights, problem = _weights(
+            root, str(e.get("model")), [e.get("weights_variant"), *(e.get("weights_companions") or [])]
+        )
+        if not refused and problem:
+            refused = problem
+        if not refused and not (root / str(e.get("compose_path"))).is_file():
+            refused = f"compose file {e.get('compose_path')} is not in the checkout"
+        recipes[slug] = Recipe(
+            slug=slug,
+            model=str(e.get("model")),
+            status=str(e.get("status")),
+            port=int(e.get("default_port") or 0),
+            tp=int(e.get("tp") or 0),
+            compose_path=str(e.get("compose_path")),
+            engine=str(e.get("engine")),
+            engine_type=str((engine or {}).get("type")),
+            install_method=str(((engine or {}).get("install") or {}).get("method")),
+            image=str(((engine or {}).get("install") or {}).get("spec")),
+            weights=weights,
+            required_sm=sm,
+            refused=refused,
+        )
+    names = [r.name for r in recipes.values()]
+    dupes = {n for n in names if names.count(n) > 1}
+    if dupes:
+        raise RecipeError(f"recipe repo {root}: slugs collide as file names: {sorted(dupes)}")
+    return RecipeRepo(root=root, recipes=recipes)
+
+
+@cache
+def _load(root: str) -> RecipeRepo:
+    return parse_repo(Path(root))
+
+
+def cache_dir(commit: str) -> Path:
+    """The controller cache of the recipe repo at `commit` (filled by `rigforge lock`)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "rigforge" / "recipes" / commit
+
+
+def locate(commit: str | None) -> Path:
+    """Where the controller reads the recipe repo: RIGFORGE_RECIPES, else the lock's cached commit."""
+    env = os.environ.get(RECIPES_ENV)
+    if env:
+        if not (Path(env) / REGISTRY).is_file():
+            raise RecipeError(f"{RECIPES_ENV}={env} is not a checkout of the recipe repo (no {REGISTRY})")
+        return Path(env)
+    if commit and (cache_dir(commit) / REGISTRY).is_file():
+        return cache_dir(commit)
+    raise RecipeError(
+        f"the recipe repo is not on this controller: set {RECIPES_ENV}=DIR to a checkout of it, "
+        f"or run `rigforge lock` to cache the locked commit{f' {commit[:12]}' if commit else ''}"
+    )
+
+
+def load_repo(commit: str | None) -> RecipeRepo:
+    return _load(str(locate(commit)))
+
+
+# --- compose interpolation (compose spec: $VAR, ${VAR}, ${VAR:-d}, ${VAR-d}, ${VAR:?e}, ${VAR?e}, ${VAR:+r},
+# ${VAR+r}, nesting, $$ for a literal $; an unset variable without default is an empty string) ---
+
+_NAME = re.compile(r"[_a-zA-Z][_a-zA-Z0-9]*")
+_REF = re.compile(r"\$\{?([_a-zA-Z][_a-zA-Z0-9]*)")
+
+
+def _close(s: str, i: int) -> int:
+    depth = 1
+    while i < len(s):
+        if s.startswith("$$", i):
+            i += 2
+            continue
+        if s.startswith("${", i):
+            depth += 1
+            i += 2
+            continue
+        if s[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    raise RecipeError(f"unterminated ${{ in {s!r}")
+
+
+def interpolate(s: str, env: dict[str, str], used: set[str] | None = None) -> str:
+    out, i = [], 0
+    while i < len(s):
+        c = s[i]
+        if c != "$":
+            out.append(c)
+            i += 1
+            continue
+        nxt = s[i + 1 : i + 2]
+        if nxt == "$":
+            out.append("$")
+            i += 2
+        elif nxt == "{":
+            end = _close(s, i + 2)
+            out.append(_braced(s[i + 2 : end], env, used))
+            i = end + 1
+        else:
+            m = _NAME.match(s, i + 1)
+            if m:
+                if used is not None:
+                    used.add(m.group())
+                out.append(env.get(m.group(), ""))
+                i = m.end()
+            else:
+                out.append("$")
+                i += 1
+    return "".join(out)
+
+
+def _braced(inner: str, env: dict[str, str], used: set[str] | None) -> str:
+    m = _NAME.match(inner)
+    if not m:
+        raise RecipeError(f"invalid interpolation ${{{inner}}}")
+    name, rest = m.group(), inner[m.end() :]
+    if used is not None:
+        used.add(name)
+    value = env.get(name)
+    if rest == "":
+        return value or ""
+    for op in (":-", "-", ":?", "?", ":+", "+"):
+        if rest.startswith(op):
+            arg = rest[len(op) :]
+            unset_or_empty = value is None or (op.startswith(":") and value == "")
+            if op in (":-", "-"):
+                return interpolate(arg, env, used) if unset_or_empty else value
+            if op in (":?", "?"):
+                if unset_or_empty:
+                    raise RecipeError(f"required variable {name} is missing: {interpolate(arg, env, used)}")
+                return value
+            return "" if unset_or_empty else interpolate(arg, env, used)
+    raise RecipeError(f"invalid interpolation ${{{inner}}}")
+
+
+def _walk(data: Any, fn) -> Any:
+    if isinstance(data, dict):
+        return {k: _walk(v, fn) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_walk(v, fn) for v in data]
+    return fn(data) if isinstance(data, str) else data
+
+
+def variables(compose: dict) -> set[str]:
+    """Every variable the compose file interpolates (its knobs)."""
+    used: set[str] = set()
+    _walk(compose, lambda s: used.update(_REF.findall(s.replace("$$", ""))))
+    return used
+
+
+def interpolated(compose: dict, env: dict[str, str]) -> dict:
+    return _walk(compose, lambda s: interpolate(s, env))
+
+
+# --- what rigforge adds for a host ---
+
+
+def knob_env(r: Recipe, compose: dict, values: dict[str, Any]) -> dict[str, str]:
+    """The .env variables for `values` ({setting: value}, None = recipe default); refuse a missing knob."""
+    knobs = variables(compose)
+    env = {}
+    for key, value in values.items():
+        if value is None or value == () or value == "":
+            continue
+        if key in NO_KNOB or KNOBS.get(key) not in knobs:
+            var = KNOBS.get(key)
+            raise RecipeError(
+                f"{r.slug}: setting {key!r} is not exposed by the recipe's compose file "
+                f"({r.compose_path} has no {'${' + var + '}' if var else 'knob for it'}); remove it for this variant"
+            )
+        env[KNOBS[key]] = str(value)
+    return env
+
+
+def _volume(v: Any) -> tuple[str, str, str]:
+    """(source, target, options) of a short-syntax volume."""
+    parts = str(v).split(":")
+    if len(parts) == 1:
+        return "", parts[0], ""
+    return parts[0], parts[1], ":".join(parts[2:])
+
+
+def service_name(r: Recipe, compose: dict) -> str:
+    services = compose.get("services") or {}
+    if len(services) != 1:
+        raise RecipeError(f"{r.slug}: {r.compose_path} has {len(services)} services; rigforge serves one")
+    return next(iter(services))
+
+
+def override(r: Recipe, compose: dict, image: str, root: str) -> dict:
+    """The host override file: the lock's image, no restart policy (the unit owns restarts), host caches."""
+    svc = service_name(r, compose)
+    caches = []
+    for v in compose["services"][svc].get("volumes") or []:
+        source, target, opts = _volume(v)
+        name = posixpath.basename(source.rstrip("/"))
+        if (
+            source.startswith(".")
+            and posixpath.basename(posixpath.dirname(source)) == "cache"
+            and name in CACHE_TARGETS
+        ):
+            caches.append(f"{root}/cache/{name}:{target}" + (f":{opts}" if opts else ""))
+    data: dict[str, Any] = {"image": image, "restart": "no"}
+    if caches:
+        data["volumes"] = caches
+    return {"services": {svc: data}}
+
+
+def effective_compose(r: Recipe, compose: dict, env: dict[str, str], host_override: dict, checkout: str) -> dict:
+    """What `docker compose -f RECIPE -f OVERRIDE config` resolves on the rig, with `env` from the .env file.
+
+    Interpolation per file, then the merge (scalars replaced, volumes merged by target), then relative bind
+    sources resolved against the recipe file's directory inside the rig's checkout `checkout`.
+    """
+    out = interpolated(compose, env)
+    base_dir = posixpath.join(checkout, r.compose_dir)
+    for svc, extra in host_override.get("services", {}).items():
+        service = out["services"][svc]
+        for key, value in extra.items():
+            if key == "volumes":
+                merged = {_volume(v)[1]: v for v in service.get("volumes") or []}
+                merged.update({_volume(v)[1]: v for v in value})
+                service["volumes"] = list(merged.values())
+            else:
+                service[key] = value
+        vols = []
+        for v in service.get("volumes") or []:
+            source, target, opts = _volume(v)
+            if source.startswith("."):
+                source = posixpath.normpath(posixpath.join(base_dir, source))
+            vols.append(":".join(x for x in (source, target, opts) if x))
+        service["volumes"] = vols
+    return out
+
+
+def escape(data: Any) -> Any:
+    """Re-escape literal `$` as `$$` so the effective file is itself a valid compose file."""
+    return _walk(data, lambda s: s.replace("$", "$$"))
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _str(dumper: yaml.SafeDumper, s: str):
+    return dumper.represent_scalar("tag:yaml.org,2002:str", s, style="|" if "\n" in s else None)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def dump(data: Any) -> str:
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=120, allow_unicode=True, default_flow_style=False)
+
+
+# --- the files a rig gets for a slug ---
+
+COMPOSE_FILE = "docker-compose.yml"  # on the rig: includes the recipe's file + the override, with the .env
+OVERRIDE_FILE = "compose.override.yml"
+SECRET_VARS = ("HF_TOKEN",)
+SECRET_MARK = "@@rigforge-secret-HF_TOKEN@@"
+EFFECTIVE_FILE = "effective-compose.yml"  # what `docker compose config` resolves: for reading, not for running
+
+
+def checkout_dir(root: str) -> str:
+    """The rig's pinned checkout of the recipe repo."""
+    return f"{root}/src/{GIT_NAME}"
+
+
+def rig_files(r: Recipe, compose: dict, *, root: str, image: str, knobs: dict[str, Any]) -> dict[str, str]:
+    """{file name: text} of the serve dir (docker-compose.yml, compose.override.yml, .env) plus the effective file.
+
+    `knobs` maps rigforge settings to values (None = the recipe's default); a setting the recipe has no knob
+    for raises RecipeError naming the slug and the setting.
+    """
+    env = knob_env(r, compose, knobs)
+    secret = {k: SECRET_MARK for k in env if k in SECRET_VARS}  # the effective file refers to them, never holds them
+    checkout = checkout_dir(root)
+    host = override(r, compose, image, root)
+    wrapper = {
+        "name": f"rigforge-{r.name}",
+        "include": [{"path": [f"{checkout}/{r.compose_path}", OVERRIDE_FILE], "env_file": ".env"}],
+    }
+    lines = [f"# rigforge: host knobs of {r.slug} ({r.compose_path}); mode 0600, may hold secrets. Do not commit."]
+    lines += [f"{k}={v}" for k, v in env.items()]
+    note = f"# Rendered by rigforge for {r.slug}. Do not edit: change host data and re-run rigforge.\n"
+    return {
+        COMPOSE_FILE: note
+        + "# Runs the recipe's own compose file from the pinned checkout, with this host's override.\n"
+        + dump(wrapper),
+        OVERRIDE_FILE: note
+        + "# Host-specific only: the lock's image, no restart policy (the unit owns restarts), caches.\n"
+        + dump(host),
+        ".env": "\n".join(lines) + "\n",
+        EFFECTIVE_FILE: note
+        + "# What the rig runs: the recipe's compose file resolved with the .env and the override,\n"
+        "# as `docker compose config` shows it (host paths; $$ is a literal $).\n"
+        + dump(
+            escape({"name": wrapper["name"], **effective_compose(r, compose, {**env, **secret}, host, checkout)})
+        ).replace(SECRET_MARK.replace("$", "$$"), "${HF_TOKEN}"),
+    }
+
+
+# --- a slug as the roles see a variant ---
+
+_VRAM = re.compile(r"^#\s*Requires-min-vram-gb:\s*(\d+(?:\.\d+)?)\s*$", re.M)
+
+
+@dataclass(frozen=True)
+class LiveVariant:
+    """A recipe-repo slug with everything a deploy needs, in the seed Variant's terms (name, port, gpus, ...)."""
+
+    recipe: Recipe
+    files: tuple[tuple[str, str], ...]  # rendered serve-dir files, units and the effective compose
+    image: str  # what runs: the lock's ref@digest (or tag while the digest is unresolved)
+    asset_dirs: tuple[tuple[str, str], ...]  # (lock hf name, dir under the model dir)
+    sizes: tuple[tuple[str, int], ...]  # (lock hf name, bytes per the model profile's size_gb): until the lock knows
+    port: int
+    served_model: str
+    min_card_mib: int
+    sources: tuple[str, ...] = (GIT_NAME,)
+    uses_dflash: bool = False  # 20 GB cards: the recipe's own knobs (kv dtype, memory) apply
+
+    @property
+    def name(self) -> str:
+        return self.recipe.name
+
+    @property
+    def assets(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.asset_dirs)
+
+    @property
+    def gpus(self) -> int:
+        return self.recipe.tp
+
+    def arg(self, flag: str) -> str | None:
+        return self.served_model if flag == "--served-model-name" else None
+
+
+def min_card_mib(compose_text: str) -> int:
+    """The compose header's `# Requires-min-vram-gb: N` (what the recipe's preflight reads) in the seed's MiB terms."""
+    m = _VRAM.search(compose_text)
+    return int(float(m.group(1)) * 1000) if m else 24000
+
+
+def served_model(compose: dict) -> str | None:
+    svc = next(iter((compose.get("services") or {}).values()), {})
+    cmd = [str(c) for c in svc.get("command") or []]
+    return cmd[cmd.index("--served-model-name") + 1] if "--served-model-name" in cmd[:-1] else None
+
+
+def live_variant(slug: str, settings: Any, lock: Any, opt_in: bool) -> LiveVariant:
+    """A recipe-repo slug for a deploy (or status/verify): the recipe from the controller's copy of the locked
+    commit, its image and weights found in the lock (by ref, by repo id), its rendered files.
+
+    Raises RecipeError / LockError naming the slug and what to do (refused, opt-in, missing lock entry, a setting
+    the recipe has no knob for)."""
+    from dataclasses import replace
+
+    from rigforge.pins import LockError
+    from rigforge.render import render_recipe
+
+    pin = lock.git.get(GIT_NAME)
+    if pin is None:
+        raise LockError(f"lock {lock.path}: no git.{GIT_NAME} entry (the recipe repo) to serve {slug} from")
+    repo = load_repo(pin.commit)
+    recipe = repo.recipe(slug, opt_in=opt_in)
+    if "@" not in recipe.image and lock.image_pin(recipe.image) is None:
+        raise LockError(
+            f"lock {lock.path}: no image entry for {recipe.image} ({slug}'s engine {recipe.engine}): add "
+            f"images.{recipe.engine}: {{ref: {recipe.image}, digest: null}} and run `rigforge lock`"
+        )
+    assets = []
+    for w in recipe.weights:
+        name = next((n for n, p in lock.hf.items() if p.repo == w.hf_repo), None)
+        if name is None:
+            raise LockError(
+                f"lock {lock.path}: no hf entry for {w.hf_repo} ({slug}): add hf.{w.local_subdir}: "
+                f"{{repo: {w.hf_repo}, ref: main, revision: null}} and run `rigforge lock`"
+            )
+        assets.append((name, w.local_subdir, int((w.size_gb or 0) * 1e9)))
+    image = settings.image or lock.pinned(recipe.image)
+    compose = repo.compose(recipe)
+    files = render_recipe(recipe, compose, replace(settings, image=image), image)
+    return LiveVariant(
+        recipe=recipe,
+        files=tuple(files.items()),
+        image=image,
+        asset_dirs=tuple((n, d) for n, d, _ in assets),
+        sizes=tuple((n, size) for n, _, size in assets),
+        port=settings.port or recipe.port,
+        served_model=served_model(compose) or recipe.slug,
+        min_card_mib=min_card_mib((repo.root / recipe.compose_path).read_text()),
+    )

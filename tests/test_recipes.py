@@ -1,0 +1,433 @@
+"""Recipe-repo slugs (club-3090's registry) as variants: selection, compose interpolation, and the rendered files.
+
+Reads the verbatim reference subset of club-3090 at 4a29ab57 (never modified). The flag-for-flag expectations of
+vllm/dual and vllm/qwen-27b-dual-max are written out from the upstream compose files; the generic test compares
+every selectable slug with its upstream file interpolated with the file's own defaults. The same files are
+cross-checked against a real `docker compose config` in tests/test_recipes_compose_config.py (testbed tier).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rigforge import recipes
+from rigforge.recipes import RecipeError, interpolate, parse_repo
+from rigforge.render import Settings, SettingsError, apply_overrides, check_variant_settings, render_recipe
+
+REPO = Path(__file__).resolve().parents[1]
+CANDIDATES = [REPO.parent / "shared/reference/club-3090-4a29ab57", Path("/work/shared/reference/club-3090-4a29ab57")]
+REFERENCE = next((p for p in CANDIDATES if (p / recipes.REGISTRY).is_file()), None)
+pytestmark = pytest.mark.skipif(REFERENCE is None, reason="club-3090 reference subset not found")
+IMAGE = "vllm/vllm-openai:v0.27.1@sha256:" + "ab" * 32
+
+
+@pytest.fixture(scope="module")
+def repo():
+    return parse_repo(REFERENCE)
+
+
+def selectable(repo):
+    return [s for s, r in repo.recipes.items() if not r.refused and not r.needs_opt_in]
+
+
+def render(repo, slug, settings=None, opt_in=False):
+    r = repo.recipe(slug, opt_in=opt_in)
+    return render_recipe(r, repo.compose(r), settings or Settings(), IMAGE)
+
+
+def effective(files) -> dict:
+    """The effective compose as compose itself would read it: $$ back to a literal $."""
+    data = yaml.safe_load(files[recipes.EFFECTIVE_FILE])
+    return recipes._walk(data, lambda s: s.replace("$$", "$"))
+
+
+# --- selection ---
+
+
+def test_selectable_slugs_are_vllm_docker_tp2_production_or_caveats_on_sm86(repo):
+    chosen = selectable(repo)
+    assert {"vllm/dual", "vllm/qwen-27b-dual-fast", "vllm/qwen-27b-dual-max"} <= set(chosen)
+    for slug in chosen:
+        r = repo.recipes[slug]
+        assert (r.engine_type, r.install_method, r.tp) == ("vllm", "docker_image", 2)
+        assert r.status in ("production", "caveats") and r.required_sm <= 8.6
+    assert "vllm/minimal" not in chosen and "llamacpp/tess-dual-mtp" not in chosen  # tp 1 / llama.cpp
+
+
+@pytest.mark.parametrize(
+    "slug, reason",
+    [
+        ("vllm/qwen-27b-dual-nvfp4", "needs sm_90 or newer (required_sm/min_sm 9.0); an RTX 3090 is sm_86"),
+        ("vllm/tess-dual-nvfp4", "needs sm_90"),
+        ("llamacpp/tess-dual-mtp", "not vLLM from a docker image"),
+        ("vllm/minimal", "tp 1: rigforge serves 2-card rigs"),
+    ],
+)
+def test_refused_slugs_say_which_and_why_in_one_line(repo, slug, reason):
+    with pytest.raises(RecipeError) as exc:
+        repo.recipe(slug, opt_in=True)
+    msg = str(exc.value)
+    assert msg.startswith(f"{slug}: refused: ") and reason in msg and "\n" not in msg
+
+
+def test_experimental_incubating_and_deprecated_need_an_opt_in(repo):
+    for slug in ("vllm/qwen38-27b-dual-fast", "vllm/qwen-27b-dual-balanced"):
+        with pytest.raises(RecipeError, match="needs an explicit opt-in"):
+            repo.recipe(slug)
+        assert repo.recipe(slug, opt_in=True).slug == slug
+
+
+def test_unknown_slug_is_refused(repo):
+    with pytest.raises(RecipeError, match="unknown variant 'vllm/nope'"):
+        repo.recipe("vllm/nope")
+
+
+def test_weights_come_from_the_model_profile(repo):
+    (w,) = repo.recipes["vllm/qwen-27b-dual-max"].weights
+    assert (w.hf_repo, w.local_subdir, w.size_gb) == ("Qwen/Qwen3.6-27B-FP8", "qwen3.6-27b-fp8", 29.0)
+    (w,) = repo.recipes["vllm/dual"].weights
+    assert (w.hf_repo, w.local_subdir) == ("Lorbus/Qwen3.6-27B-int4-AutoRound", "qwen3.6-27b-autoround-int4")
+
+
+def test_the_nvfp4_registry_rows_declare_9_0():  # the refusal rests on the registry's own data, not a name match
+    data = yaml.safe_load((REFERENCE / recipes.REGISTRY).read_text())["entries"]
+    assert data["vllm/qwen-27b-dual-nvfp4"]["required_sm"] == 9.0
+
+
+# --- compose interpolation (the compose spec's rules) ---
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("${SET}", "value"),
+        ("$SET/x", "value/x"),
+        ("${UNSET}", ""),
+        ("${UNSET:-d}", "d"),
+        ("${EMPTY:-d}", "d"),
+        ("${EMPTY-d}", ""),
+        ("${UNSET-d}", "d"),
+        ("${SET:+alt}", "alt"),
+        ("${EMPTY:+alt}", ""),
+        ("${EMPTY+alt}", "alt"),
+        ("${UNSET:-${FALLBACK:-x}}", "fallback"),
+        ("${UNSET:-${ALSO_UNSET:-inner}}", "inner"),
+        ("$${SET:-3}", "${SET:-3}"),
+        ("$$SET", "$SET"),
+        ("a$ b $1", "a$ b $1"),
+        ('{"t":${T:-${TT:-0.6}}}', '{"t":0.6}'),
+    ],
+)
+def test_interpolation_follows_the_compose_spec(text, expected):
+    env = {"SET": "value", "EMPTY": "", "FALLBACK": "fallback"}
+    assert interpolate(text, env) == expected
+
+
+def test_required_variable_is_an_error():
+    with pytest.raises(RecipeError, match="required variable X is missing: set it"):
+        interpolate("${X:?set it}", {})
+
+
+# --- the rendered files, flag for flag ---
+
+DUAL_COMMAND = [
+    "--model", "/root/.cache/huggingface/qwen3.6-27b-autoround-int4",
+    "--served-model-name", "qwen3.6-27b", "qwen3.6-27b-autoround",
+    "--quantization", "auto_round", "--dtype", "float16",
+    "--tensor-parallel-size", "2", "--pipeline-parallel-size", "1",
+    "--max-model-len", "262144", "--gpu-memory-utilization", "0.92", "--max-num-seqs", "2",
+    "--max-num-batched-tokens", "8192", "--kv-cache-dtype", "fp8_e4m3", "--trust-remote-code",
+    "--chat-template", "/etc/qwen-froggeric-chat-template.jinja", "--reasoning-parser", "qwen3",
+    "--default-chat-template-kwargs", '{"enable_thinking": false}',
+    "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder",
+    "--enable-prefix-caching", "--enable-chunked-prefill", "--long-prefill-token-threshold", "2048",
+    "--override-generation-config",
+    '{"temperature":0.6,"top_p":0.95,"top_k":20,"min_p":0.0,"repetition_penalty":1.0}',
+    "--host", "0.0.0.0", "--port", "8000",
+]  # fmt: skip
+DUAL_MAX_COMMAND = [
+    "--model", "/root/.cache/huggingface/qwen3.6-27b-fp8",
+    "--served-model-name", "qwen3.6-27b", "qwen3.6-27b-autoround",
+    "--quantization", "fp8", "--dtype", "bfloat16",
+    "--tensor-parallel-size", "2", "--pipeline-parallel-size", "1",
+    "--max-model-len", "262144", "--gpu-memory-utilization", "0.92", "--max-num-seqs", "2",
+    "--max-num-batched-tokens", "8192", "--kv-cache-dtype", "fp8", "--trust-remote-code",
+    "--chat-template", "/etc/qwen-froggeric-chat-template.jinja", "--reasoning-parser", "qwen3",
+    "--default-chat-template-kwargs", '{"enable_thinking": false}',
+    "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder",
+    "--enable-prefix-caching", "--enable-chunked-prefill",
+    "--override-generation-config",
+    '{"temperature":0.6,"top_p":0.95,"top_k":20,"min_p":0.0,"repetition_penalty":1.0}',
+    "--host", "0.0.0.0", "--port", "8000",
+]  # fmt: skip
+COMMON_ENV = {
+    "SPEC_N": "", "SPEC": "", "NVIDIA_VISIBLE_DEVICES": "all", "CUDA_VISIBLE_DEVICES": None,
+    "HUGGING_FACE_HUB_TOKEN": "", "HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "0",
+    "VLLM_WORKER_MULTIPROC_METHOD": "spawn", "NVLINK_MODE": "auto", "VLLM_SKIP_P2P_CHECK": None,
+    "NCCL_CUMEM_ENABLE": "0", "NCCL_P2P_DISABLE": "1", "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_USE_FLASHINFER_SAMPLER": "0", "OMP_NUM_THREADS": "1",
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,max_split_size_mb:512",
+}  # fmt: skip
+SRC = "/opt/rigforge/src/recipes"
+PATCHES = f"{SRC}/models/qwen3.6-27b/vllm/patches"
+COMMON_VOLUMES = [
+    "/opt/rigforge/models:/root/.cache/huggingface",
+    "/opt/rigforge/cache/torch_compile:/root/.cache/vllm/torch_compile_cache",
+    "/opt/rigforge/cache/triton:/root/.triton/cache",
+    f"{PATCHES}/froggeric-chat-template/chat_template.jinja:/etc/qwen-froggeric-chat-template.jinja:ro",
+    f"{SRC}/scripts/detect_nvlink.sh:/etc/club3090/detect_nvlink.sh:ro",
+    f"{PATCHES}/vllm-pr48375-mamba-drop-eagle-block:/etc/club3090/pr48375:ro",
+]
+EXPECTED = {
+    "vllm/dual": {
+        "command": DUAL_COMMAND,
+        "env": {**COMMON_ENV, "VLLM_MARLIN_INPUT_DTYPE": None},
+        "volumes": [*COMMON_VOLUMES[:4], f"{PATCHES}/w4a8-int8-act:/etc/club3090/w4a8:ro", *COMMON_VOLUMES[4:]],
+        "port": "0.0.0.0:8010:8000",
+        "container": "vllm-qwen36-27b-dual",
+        "script_starts": "bash /etc/club3090/w4a8/install.sh || exit 1",
+    },
+    "vllm/qwen-27b-dual-max": {
+        "command": DUAL_MAX_COMMAND,
+        "env": {**COMMON_ENV, "VLLM_USE_DEEP_GEMM": None},
+        "volumes": COMMON_VOLUMES,
+        "port": "0.0.0.0:8013:8000",
+        "container": "vllm-qwen36-27b-dual-max",
+        "script_starts": "source /etc/club3090/detect_nvlink.sh",
+    },
+}
+
+
+def env_map(entries) -> dict:
+    if isinstance(entries, dict):
+        return entries
+    return {e.partition("=")[0]: (e.partition("=")[2] if "=" in e else None) for e in entries}
+
+
+def script_lines(script: str) -> list[str]:
+    return [line for line in script.splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+@pytest.mark.parametrize("slug", sorted(EXPECTED))
+def test_effective_compose_is_the_recipe_flag_for_flag(repo, slug):
+    want = EXPECTED[slug]
+    svc = next(iter(effective(render(repo, slug))["services"].values()))
+    assert svc["image"] == IMAGE and IMAGE.startswith("vllm/vllm-openai:v0.27.1@")  # the lock's image, by digest
+    assert svc["command"] == want["command"]
+    assert env_map(svc["environment"]) == want["env"]
+    assert svc["volumes"] == want["volumes"]
+    assert svc["ports"] == [want["port"]]
+    assert (svc["ipc"], svc["shm_size"], svc["restart"], svc["container_name"]) == (
+        "host",
+        "16gb",
+        "no",
+        want["container"],
+    )
+    assert svc["deploy"]["resources"]["reservations"]["devices"] == [
+        {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}
+    ]
+    bash, dash_c, script, dashes = svc["entrypoint"]
+    assert (bash, dash_c, dashes) == ("bash", "-c", "--")
+    lines = script_lines(script)
+    assert lines[0] == want["script_starts"]
+    assert '_spec_n="${SPEC_N:-3}"' in lines  # the recipe's own shell, not compose-interpolated
+    assert lines[-2].strip() == (
+        'exec vllm serve ${VLLM_ENFORCE_EAGER:+--enforce-eager} --disable-custom-all-reduce "$@" "${SPEC_ARGS[@]}"'
+    )
+
+
+@pytest.fixture(scope="module")
+def every_selectable(repo):
+    return selectable(repo)
+
+
+def test_every_selectable_slug_matches_its_upstream_file_with_its_own_defaults(repo, every_selectable):
+    assert len(every_selectable) >= 3
+    for slug in every_selectable:
+        r = repo.recipes[slug]
+        upstream = repo.compose(r)
+        name = recipes.service_name(r, upstream)
+        up = recipes.interpolated(upstream, {})["services"][name]
+        svc = effective(render(repo, slug))["services"][name]
+        assert svc["image"] == IMAGE, slug
+        assert up["image"].startswith("vllm/vllm-openai:"), slug
+        for key in ("command", "entrypoint", "ipc", "shm_size", "container_name", "deploy"):
+            assert svc.get(key) == up.get(key), (slug, key)
+        assert env_map(svc["environment"]) == env_map(up["environment"]), slug
+        assert sorted(v.split(":")[1] for v in svc["volumes"]) == sorted(v.split(":")[1] for v in up["volumes"])
+        assert [p.rsplit(":", 1)[1] for p in svc["ports"]] == [p.rsplit(":", 1)[1] for p in up["ports"]]
+        assert svc["ports"][0].split(":")[1] == str(r.port), slug  # the registry's default_port is the file's
+        for v in svc["volumes"]:
+            assert v.startswith("/"), (slug, v)  # every host path absolute: models, caches, the rig's checkout
+        assert svc["restart"] == "no"
+
+
+def test_host_settings_map_onto_the_recipe_knobs(repo):
+    s = apply_overrides(
+        Settings(),
+        {"port": 8111, "bind_address": "127.0.0.1", "model_dir": "/data/models", "max_model_len": 131072,
+         "kv_cache_dtype": "fp8_e5m2", "gpu_memory_utilization": 0.82, "max_num_seqs": 1, "spec_n": 0,
+         "nvlink_mode": "force_off", "hf_token": "hf_" + "s" * 34},
+    )  # fmt: skip
+    files = render(repo, "vllm/dual", s)
+    env = dict(line.split("=", 1) for line in files[".env"].splitlines() if not line.startswith("#"))
+    assert env == {
+        "PORT": "8111", "BIND_HOST": "127.0.0.1", "MODEL_DIR": "/data/models", "MAX_MODEL_LEN": "131072",
+        "KV_CACHE_DTYPE": "fp8_e5m2", "GPU_MEMORY_UTILIZATION": "0.82", "MAX_NUM_SEQS": "1", "SPEC_N": "0",
+        "NVLINK_MODE": "force_off", "HF_TOKEN": "hf_" + "s" * 34,
+    }  # fmt: skip
+    svc = next(iter(effective(files)["services"].values()))
+    cmd = svc["command"]
+    for flag, value in (("--max-model-len", "131072"), ("--kv-cache-dtype", "fp8_e5m2"),
+                        ("--gpu-memory-utilization", "0.82"), ("--max-num-seqs", "1")):  # fmt: skip
+        assert cmd[cmd.index(flag) + 1] == value
+    assert svc["ports"] == ["127.0.0.1:8111:8000"] and svc["volumes"][0] == "/data/models:/root/.cache/huggingface"
+    assert {"SPEC_N=0", "NVLINK_MODE=force_off"} <= set(svc["environment"])
+    token = "hf_" + "s" * 34
+    assert all(token not in text for name, text in files.items() if name != ".env")  # secret only in the .env
+    assert "HUGGING_FACE_HUB_TOKEN=${HF_TOKEN}" in files[recipes.EFFECTIVE_FILE]
+
+
+@pytest.mark.parametrize(
+    "slug, key, value, var",
+    [
+        ("vllm/qwen-27b-dual-max", "max_num_seqs", 4, "MAX_NUM_SEQS"),  # hard-coded "2" in that recipe
+        ("vllm/qwen-35b-a3b-dual", "spec_n", 0, "SPEC_N"),
+        ("vllm/dual", "extra_args", ["--enable-log-requests"], None),
+        ("vllm/dual", "api_key", "k-1", None),
+    ],
+)
+def test_a_knob_the_recipe_does_not_expose_is_refused(repo, slug, key, value, var):
+    with pytest.raises(RecipeError) as exc:
+        render(repo, slug, apply_overrides(Settings(), {key: value}))
+    assert f"{slug}: setting {key!r} is not exposed" in str(exc.value)
+    if var:
+        assert "${" + var + "}" in str(exc.value)
+
+
+def test_recipe_only_settings_are_refused_for_seed_variants():
+    from rigforge.catalog import load_catalog
+
+    with pytest.raises(SettingsError, match="'spec_n' cannot be used with dual"):
+        check_variant_settings(load_catalog().variant("dual"), apply_overrides(Settings(), {"spec_n": 0}))
+
+
+def test_serve_dir_runs_the_recipe_file_from_the_rig_checkout(repo):
+    files = render(repo, "vllm/qwen-27b-dual-max", apply_overrides(Settings(), {"root": "/srv/rf"}))
+    wrapper = yaml.safe_load(files[recipes.COMPOSE_FILE])
+    assert wrapper == {
+        "name": "rigforge-vllm-qwen-27b-dual-max",
+        "include": [
+            {
+                "path": [
+                    "/srv/rf/src/recipes/models/qwen3.6-27b/vllm/compose/dual/fp8/mtp.yml",
+                    "compose.override.yml",
+                ],
+                "env_file": ".env",
+            }
+        ],
+    }
+    host = yaml.safe_load(files[recipes.OVERRIDE_FILE])["services"]["vllm-qwen36-27b-dual"]
+    assert host == {
+        "image": IMAGE,
+        "restart": "no",
+        "volumes": [
+            "/srv/rf/cache/torch_compile:/root/.cache/vllm/torch_compile_cache",
+            "/srv/rf/cache/triton:/root/.triton/cache",
+        ],
+    }
+
+
+# --- the command line ---
+
+
+def cli(*args, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "rigforge.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "RIGFORGE_RECIPES": str(REFERENCE), **(env or {})},
+    )
+
+
+def test_render_list_shows_seeds_first_then_live_slugs_with_port_weights_status():
+    r = cli("render", "--list")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()[1:]
+    assert [line.split()[0] for line in lines[:5]] == ["dual", "dual-turbo", "dual-dflash", "dual-dflash-noviz",
+                                                        "carnice-bf16mtp"]  # fmt: skip
+    dual = next(line for line in lines if line.startswith("vllm/dual "))
+    assert dual.split()[:4] == ["vllm/dual", "8010", "caveats", "yes"] and "Lorbus/Qwen3.6-27B-int4-AutoRound" in dual
+    dual_max = next(line for line in lines if line.startswith("vllm/qwen-27b-dual-max "))
+    assert dual_max.split()[:4] == ["vllm/qwen-27b-dual-max", "8013", "caveats", "yes"] and "29 GB" in dual_max
+    nvfp4 = next(line for line in lines if line.startswith("vllm/qwen-27b-dual-nvfp4 "))
+    assert "refused: needs sm_90" in nvfp4
+
+
+def test_render_slug_writes_rig_files_and_the_effective_compose(tmp_path):
+    r = cli("render", "vllm/dual", "--out", str(tmp_path), env={"RIGFORGE_HF_TOKEN": "hf_" + "z" * 34})
+    assert r.returncode == 0, r.stderr
+    names = {p.name for p in tmp_path.iterdir()}
+    assert {"docker-compose.yml", "compose.override.yml", ".env", "effective-compose.yml",
+            "rigforge-vllm@.service", "rigforge-gpu-power.service"} <= names  # fmt: skip
+    assert (tmp_path / ".env").stat().st_mode & 0o777 == 0o600
+    assert "hf_" + "z" * 34 not in r.stdout + r.stderr
+
+
+def test_render_refusals_are_one_line_with_exit_2(tmp_path):
+    r = cli("render", "vllm/qwen-27b-dual-nvfp4", "--out", str(tmp_path))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "vllm/qwen-27b-dual-nvfp4: refused" in r.stderr
+
+
+def test_without_a_recipe_repo_a_live_slug_is_refused_with_how_to_get_it(tmp_path):
+    r = cli(
+        "render", "vllm/dual", "--out", str(tmp_path), env={"RIGFORGE_RECIPES": "", "XDG_CACHE_HOME": str(tmp_path)}
+    )
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "set RIGFORGE_RECIPES=DIR" in r.stderr and "rigforge lock" in r.stderr
+
+
+# --- a slug for a deploy: lock entries by image ref and repo id ---
+
+
+def test_live_variant_takes_its_image_and_weights_from_the_lock(monkeypatch):
+    import dataclasses
+
+    from rigforge.pins import LockError, default_lock_path, load_lock
+
+    monkeypatch.setenv("RIGFORGE_RECIPES", str(REFERENCE))
+    lock = load_lock(default_lock_path())
+    v = recipes.live_variant("vllm/qwen-27b-dual-max", Settings(), lock, opt_in=False)
+    assert (v.name, v.gpus, v.port, v.sources, v.assets) == (
+        "vllm-qwen-27b-dual-max",
+        2,
+        8013,
+        ("recipes",),
+        ("qwen3.6-27b-fp8",),
+    )
+    assert dict(v.asset_dirs) == {"qwen3.6-27b-fp8": "qwen3.6-27b-fp8"} and dict(v.sizes) == {
+        "qwen3.6-27b-fp8": 29 * 10**9
+    }
+    assert v.image == "vllm/vllm-openai:v0.27.1" and v.arg("--served-model-name") == "qwen3.6-27b"
+    assert v.min_card_mib == 24000  # the compose header's Requires-min-vram-gb: 24
+    digest = "sha256:" + "e" * 64
+    pinned = dataclasses.replace(
+        lock, images={"vllm-stable": dataclasses.replace(lock.images["vllm-stable"], digest=digest)}
+    )
+    v = recipes.live_variant("vllm/dual", Settings(), pinned, opt_in=False)
+    assert v.image == f"vllm/vllm-openai:v0.27.1@{digest}"
+    assert f"image: vllm/vllm-openai:v0.27.1@{digest}" in dict(v.files)[recipes.OVERRIDE_FILE]
+    no_weights = dataclasses.replace(lock, hf={k: p for k, p in lock.hf.items() if p.repo != "Qwen/Qwen3.6-27B-FP8"})
+    with pytest.raises(
+        LockError, match=r"no hf entry for Qwen/Qwen3.6-27B-FP8 \(vllm/qwen-27b-dual-max\): add hf.qwen3.6-27b-fp8"
+    ):
+        recipes.live_variant("vllm/qwen-27b-dual-max", Settings(), no_weights, opt_in=False)
+    with pytest.raises(LockError, match="no image entry for vllm/vllm-openai:v0.27.1"):
+        recipes.live_variant("vllm/dual", Settings(), dataclasses.replace(lock, images={}), opt_in=False)

@@ -1,0 +1,100 @@
+"""Recipe-repo slugs against a real `docker compose config` (Debian 13's compose v2, no engine) in a chroot.
+
+For every selectable slug, inside the tools rootfs with a copy of the club-3090 reference at the rig's checkout
+path: (1) the rig's serve dir (include wrapper + host override + .env) resolves to exactly what rigforge's own
+interpolation wrote as effective-compose.yml (that file, run alone with its .env, gives the same JSON);
+(2) compared with the upstream file resolved by compose with its own defaults, only host-specific things differ:
+image (the lock's), restart, published port/bind, mount sources; every command argument, the entrypoint script,
+every environment entry, mount targets, ipc, shm and the GPU reservation are the recipe's.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+from test_recipes import REFERENCE
+
+from rigforge import recipes
+from rigforge.recipes import parse_repo
+from rigforge.render import Settings, apply_overrides, render_recipe
+from rigforge.testbed import tools_rootfs
+
+pytestmark = [pytest.mark.testbed, pytest.mark.skipif(REFERENCE is None, reason="club-3090 reference not found")]
+ROOT = "/rigforge-recipes-check"
+IMAGE = "vllm/vllm-openai:v0.27.1@sha256:" + "cd" * 32
+HOST_SPECIFIC = {"image", "restart", "ports", "volumes"}
+
+
+@pytest.fixture(scope="module")
+def tools(testbed_dir):
+    root = tools_rootfs(testbed_dir)
+    work = root / ROOT.lstrip("/")
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "src").mkdir(parents=True)
+    shutil.copytree(REFERENCE, work / "src" / recipes.GIT_NAME, symlinks=True)  # a copy: the reference stays as is
+    yield root
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def config(root, directory: str, file: str = "") -> dict:
+    f = f"-f {file} " if file else ""
+    r = subprocess.run(
+        ["chroot", str(root), "/bin/sh", "-c", f"cd {directory} && docker compose {f}config --format json"],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def write(root, rel: str, files: dict[str, str]) -> str:
+    d = root / ROOT.lstrip("/") / rel
+    d.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (d / name).write_text(text)
+    return f"{ROOT}/{rel}"
+
+
+SLUGS = (
+    sorted(s for s, r in parse_repo(REFERENCE).recipes.items() if not r.refused and not r.needs_opt_in)
+    if REFERENCE
+    else []
+)
+
+
+@pytest.mark.parametrize("slug", SLUGS)
+def test_effective_compose_is_what_docker_compose_config_resolves(tools, slug):
+    repo = parse_repo(REFERENCE)
+    r = repo.recipe(slug)
+    s = apply_overrides(
+        Settings(), {"root": ROOT, "hf_token": "hf_" + "q" * 34, "port": 18080, "bind_address": "127.0.0.1"}
+    )
+    files = render_recipe(r, repo.compose(r), s, IMAGE)
+    serve = write(tools, f"serve/{r.name}", {k: v for k, v in files.items() if k != recipes.EFFECTIVE_FILE})
+    alone = write(
+        tools, f"effective/{r.name}", {"docker-compose.yml": files[recipes.EFFECTIVE_FILE], ".env": files[".env"]}
+    )
+    rig = config(tools, serve)
+    assert config(tools, alone) == rig  # our interpolation + merge == compose's, field for field
+
+    ((name, svc),) = rig["services"].items()
+    upstream = f"{ROOT}/src/{recipes.GIT_NAME}/{r.compose_path}"
+    up = config(tools, "/", upstream)["services"][name]  # the recipe's file with its own defaults
+    assert svc["image"] == IMAGE and svc["restart"] == "no"
+    for key in set(up) | set(svc):
+        if key not in HOST_SPECIFIC and key != "environment":
+            assert svc.get(key) == up.get(key), (slug, key)
+    token = {"HUGGING_FACE_HUB_TOKEN": "hf_" + "q" * 34}
+    assert svc["environment"] == {**up["environment"], **token}
+    assert [v["target"] for v in svc["volumes"]] == [v["target"] for v in up["volumes"]]
+    assert [(v.get("read_only"), v["type"]) for v in svc["volumes"]] == [
+        (v.get("read_only"), v["type"]) for v in up["volumes"]
+    ]
+    for v in svc["volumes"]:
+        assert v["source"].startswith((f"{ROOT}/models", f"{ROOT}/cache/", f"{ROOT}/src/{recipes.GIT_NAME}/")), v
+    ((port,), (up_port,)) = (svc["ports"], up["ports"])
+    assert (port["host_ip"], port["published"], port["target"]) == ("127.0.0.1", "18080", up_port["target"])
+    assert up_port["published"] == str(r.port)  # the registry's default_port is the file's own default
