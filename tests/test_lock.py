@@ -277,11 +277,7 @@ def test_image_references_map_to_registry_manifest_urls(ref, url):
     assert manifest_url(ref) == url
 
 
-RECIPES_REF = next(
-    (p for p in (REPO.parent / "shared/reference/club-3090-4a29ab57", Path("/work/shared/reference/club-3090-4a29ab57"))
-     if (p / "scripts/lib/profiles/registry.yaml").is_file()),
-    None,
-)  # fmt: skip
+RECIPES_REF = REPO / "tests/fixtures/club-3090-4a29ab57"  # vendored verbatim subset (PROVENANCE.md)
 
 
 def test_recipe_images_get_their_digest_and_the_lock_pins_what_runs(stand_ins, tmp_path):
@@ -297,7 +293,6 @@ def test_recipe_images_get_their_digest_and_the_lock_pins_what_runs(stand_ins, t
     assert lock.pinned("vllm/vllm-openai:other") == "vllm/vllm-openai:other"  # not in the lock: the tag itself
 
 
-@pytest.mark.skipif(RECIPES_REF is None, reason="club-3090 reference not found")
 def test_a_purged_tag_fails_in_one_line_naming_the_image_and_a_live_recipe(stand_ins, tmp_path, monkeypatch):
     monkeypatch.setenv("RIGFORGE_RECIPES", str(RECIPES_REF))
     data = unresolved_lock(stand_ins)
@@ -313,7 +308,6 @@ def test_a_purged_tag_fails_in_one_line_naming_the_image_and_a_live_recipe(stand
     assert path.read_text() == before
 
 
-@pytest.mark.skipif(RECIPES_REF is None, reason="club-3090 reference not found")
 def test_lock_caches_the_recipe_repo_at_its_commit_for_offline_render(stand_ins, tmp_path, monkeypatch):
     work = tmp_path / "club-3090"
     shutil.copytree(RECIPES_REF, work, symlinks=True)  # a copy in a temp git repo: the reference stays as is
