@@ -43,11 +43,13 @@ TOOLKIT_PACKAGES = ["nvidia-container-toolkit-base", "libnvidia-container-tools"
 DOCKER_PACKAGES = ["docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin", "docker-compose-plugin"]
 
 DRIVER_POSTINST = """#!/bin/sh
-# rigforge testbed: simulate the freshly loaded kernel module (in a chroot /sys and /proc are plain dirs)
+# rigforge testbed: simulate the freshly loaded kernel module (in a chroot /sys and /proc are plain dirs; a
+# booted rig has a writable /sys/module and a real procfs, where /proc/driver cannot be made)
 set -e
 if [ "$1" = configure ]; then
-    mkdir -p /sys/module/nvidia /proc/driver/nvidia
+    mkdir -p /sys/module/nvidia
     echo "{version}" > /sys/module/nvidia/version
+    mkdir -p /proc/driver/nvidia 2>/dev/null || exit 0
     printf 'NVRM version: NVIDIA UNIX {kind} Kernel Module for x86_64  %s  Release Build  (rigforge@testbed)\\n' \\
         "{version}" > /proc/driver/nvidia/version
 fi
@@ -207,6 +209,7 @@ def build(testbed_dir: Path) -> Path:
             {
                 "/usr/bin/nvidia-ctk": _stub("nvidia-ctk", **subst),
                 "/usr/bin/nvidia-container-runtime": _stub("nvidia-container-runtime", **subst),
+                "/usr/bin/nvidia-container-runtime-hook": _stub("nvidia-container-runtime-hook"),
             },
         )
         pool = repos[DOCKER_REPO] / "pool"

@@ -29,6 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "or unowned (a running driver no package owns, as from NVIDIA's .run installer)",
     )
     p_up.add_argument("--fresh", action="store_true", help="recreate the rigs' root file systems")
+    p_up.add_argument(
+        "--booted",
+        action="store_true",
+        help="boot each rig's own systemd with a real Docker engine (systemd-nspawn; services are managed)",
+    )
     p_up.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"testbed directory (default {DEFAULT_DIR})")
     p_down = sub.add_parser("down", help="stop the rigs' sshds and the local services, remove the rigs")
     p_down.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"testbed directory (default {DEFAULT_DIR})")
@@ -70,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
             preset=args.preset,
         )
         t0 = time.monotonic()
-        tb = up(args.dir, [spec] * args.rigs, fresh=args.fresh)
+        tb = up(args.dir, [spec] * args.rigs, fresh=args.fresh, booted=args.booted)
         print(f"testbed up: {len(tb.rigs)} rig(s) in {time.monotonic() - t0:.1f}s", file=sys.stderr)
         for rig in tb.rigs:
             print(f"  {rig.name}: ssh -F {tb.ssh_config} {rig.name}   (127.0.0.1:{rig.ssh_port})", file=sys.stderr)

@@ -430,6 +430,7 @@ def _make_rig(rig_dir: Path, port: int, spec: RigSpec, tarball: Path, uid: int, 
 
 def _remove_rig(rig_dir: Path) -> None:
     stop_pidfile(rig_dir / "sshd.pid")
+    booted_mod.stop(rig_dir)
     sh(["rm", "-rf", "--one-file-system", str(rig_dir)])
 
 
@@ -485,7 +486,7 @@ def host_data(tb: Testbed, rig: Rig) -> dict:
         "_sudo": True,
         "rigforge_testbed": True,
         "rigforge_lock": str(tb.lock),
-        "rigforge_manage_services": False,
+        "rigforge_manage_services": getattr(rig, "booted", False),  # booted rigs run systemd and Docker
         "docker_source": "distro",
         "nvidia_driver_repo_url": tb.driver_repo_url,
         "nvidia_driver_repo_key_url": tb.driver_repo_key_url,
@@ -533,9 +534,11 @@ def up(
     specs: list[RigSpec] | None = None,
     fresh: bool = False,
     shared: Path | None = None,
+    booted: bool = False,
 ) -> Testbed:
     """Build or reuse rigs rig1..rigN (one per spec) in `dir`; start the shared services of `shared` (default:
-    `dir`). Idempotent: running rigs with the same spec are kept unless `fresh`."""
+    `dir`). Idempotent: running rigs with the same spec are kept unless `fresh`. `booted`: rigs run their own
+    systemd and Docker engine (booted.py)."""
     t0 = time.monotonic()
     if os.geteuid() != 0:
         raise TestbedError("the testbed needs root (chroot, sshd per rig, useradd): run it with sudo")
@@ -548,9 +551,16 @@ def up(
             raise TestbedError(
                 f"{tool} not found; install: apt-get install debootstrap openssh-server apt-utils gnupg git"
             )
+    if booted and any(spec.preset for spec in specs):
+        raise TestbedError("rig presets are for chroot rigs; booted rigs start from the plain root file system")
+    for tool in ("systemd-nspawn", "nsenter", "ip") if booted else ():
+        if not shutil.which(tool):
+            raise TestbedError(f"{tool} not found; booted rigs need: apt-get install systemd-container iproute2")
     with open(run / "up.lock", "w") as lock_f:
         fcntl.flock(lock_f, fcntl.LOCK_EX)
         tarball = rootfs.build_tarball(shared)
+        if booted:
+            tarball = booted_mod.booted_tarball(shared, tarball)
         services = start_services(shared)
         uid = ensure_host_user()
         rigs_dir = ensure_safe_dir(dir / "rigs")
@@ -566,7 +576,8 @@ def up(
                 not fresh
                 and info.get("spec") == asdict(spec)
                 and info.get("tarball") == tarball.name
-                and pid_alive(rig_dir / "sshd.pid")
+                and info.get("booted", False) == booted
+                and pid_alive(rig_dir / ("nspawn.pid" if booted else "sshd.pid"))
             )
             if reuse:
                 plan.append((rig_dir, info["port"], spec, None))
@@ -579,8 +590,11 @@ def up(
 
         def build(item):
             rig_dir, port, spec, todo = item
+            cls = booted_mod.BootedRig if booted else Rig
             if todo is None:
-                return Rig(rig_dir.name, port, rig_dir / "rootfs", USER, rig_dir / "id_ed25519", rig_dir, spec)
+                return cls(rig_dir.name, port, rig_dir / "rootfs", USER, rig_dir / "id_ed25519", rig_dir, spec)
+            if booted:
+                return booted_mod.make_rig(rig_dir, port, spec, tarball, uid, fresh, services)
             rig = _make_rig(rig_dir, port, spec, tarball, uid, fresh)
             presets.apply(
                 spec.preset, rig.rootfs, Path(services["apt_root"]), f"http://127.0.0.1:{services['apt_port']}"
@@ -605,7 +619,7 @@ def load(dir: Path = DEFAULT_DIR, shared: Path | None = None) -> Testbed:
         info = json.loads(info_file.read_text())
         rig_dir = info_file.parent
         rigs.append(
-            Rig(
+            (booted_mod.BootedRig if info.get("booted") else Rig)(
                 rig_dir.name,
                 info["port"],
                 rig_dir / "rootfs",
@@ -637,3 +651,6 @@ def down(dir: Path = DEFAULT_DIR, purge: bool = False) -> None:
     if purge:
         sh(["rm", "-rf", "--one-file-system", str(dir / "cache")])
     log(f"testbed down: {dir}")
+
+
+from . import booted as booted_mod  # noqa: E402 - booted.py builds on the classes above

@@ -1,0 +1,433 @@
+"""Booted rigs (`rigforge testbed up --booted`): the rig's own systemd and a real Docker engine.
+
+A booted rig is the chroot rig's Debian 13 root file system booted with `systemd-nspawn -b` in its own network
+namespace (see netns.py), with openssh-server, docker.io and docker-compose pre-installed (the Docker role then
+finds them and only merges daemon.json). The differences from a real rig are testbed plumbing, named here:
+  - rigforge-testbed-cgroups.service remounts the cgroup v1 controllers writable before docker.service (nspawn
+    gives them read-only); daemon.json starts with {"storage-driver": "vfs"} (no overlayfs inside nspawn);
+    dockerd may leave IPv6 on in containers (DOCKER_DROPIN: nspawn's /proc/sys is read-only);
+    systemd-modules-load is masked (no kernel modules to load in a container).
+  - /sys/bus/pci/devices lists the simulated GPUs (vendor 0x10de, class 0x0300). /sys/module is a directory of
+    the rig on the controller: the stub driver "loads" its module there, and it stays loaded across reboots.
+    /var/lib/rigforge-sim is a tmpfs, so the simulated GPUs forget power limits and persistence mode at every
+    boot, as real ones do.
+  - The rig reaches the controller's apt / git / HF stand-ins (same 127.0.0.1 ports), the Debian mirror
+    (/etc/hosts) and pip's index (/etc/pip.conf proxy) only through the relay; pyinfra reaches the rig's sshd
+    on the controller's 127.0.0.1:<ssh port>, relayed to the same port inside the rig.
+  - The serving image is a local stand-in under the pinned name:tag (`docker import`, no registry): bash,
+    python3 and rigforge's OpenAI stub behind a `vllm serve` stand-in (image/vllm), plus a second tag whose
+    server exits at start (BROKEN_IMAGE). The stub toolkit's nvidia-container-runtime-hook lets dockerd accept
+    the compose file's NVIDIA GPU reservation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from . import rootfs
+from ._util import TestbedError, chroot_env, free_port, in_chroot, log, pid_alive, sh, spawn, stop_pidfile
+from .core import IMAGE_REF, Rig, RigSpec
+
+BOOTED_PACKAGES = ["openssh-server", "docker.io", "docker-cli", "docker-compose", "iproute2"]
+BOOTED_RECIPE = "1"
+IMAGE_DIR = Path(__file__).with_name("image")
+OPENAI_STUB = Path(__file__).resolve().parent.parent / "openai_stub.py"
+NETNS_SCRIPT = Path(__file__).with_name("netns.py")
+BROKEN_IMAGE = "vllm/vllm-openai:rigforge-testbed-exits-at-start"
+BROKEN_MESSAGE = "testbed image made to exit at start (no model loaded)"
+MIRROR_HOST = "deb.debian.org"
+RIG_SSH_PORT = 22  # the rig's sshd, inside its own namespace
+PROXY_PORT = 3128  # the relay's HTTPS proxy inside the rig (pip reaches its index through it)
+IMAGE_BINARIES = ["bash", "dash", "sh", "env", "cat", "ls", "sleep", "python3"]
+
+CGROUPS_UNIT = """[Unit]
+Description=rigforge testbed: writable cgroup v1 controllers for dockerd inside systemd-nspawn
+DefaultDependencies=no
+Before=containerd.service docker.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/bin/sh -c 'for c in pids freezer blkio cpuset cpuacct devices memory cpu; do \
+if mountpoint -q /sys/fs/cgroup/$c; then mount -t cgroup -o rw,nosuid,nodev,noexec,$c cgroup /sys/fs/cgroup/$c; fi; \
+done'
+
+[Install]
+WantedBy=sysinit.target
+"""
+
+
+DOCKER_DROPIN = """[Service]
+# rigforge testbed: /proc/sys is read-only inside systemd-nspawn, so dockerd cannot turn IPv6 off on a
+# container's eth0; let it go on (the rig's network namespace has no IPv6 route anyway)
+Environment=DOCKER_ALLOW_IPV6_ON_IPV4_INTERFACE=1
+"""
+
+
+def _key(base: Path) -> str:
+    recipe = ",".join([BOOTED_RECIPE, base.name, *BOOTED_PACKAGES, CGROUPS_UNIT, DOCKER_DROPIN])
+    return hashlib.sha256(recipe.encode()).hexdigest()[:12]
+
+
+def booted_tarball(shared: Path, base: Path) -> Path:
+    """The booted rigs' rootfs tarball (cached): the base tarball plus sshd and Docker, set up to boot."""
+    tarball = base.with_name(f"rootfs-booted-{_key(base)}.tar")
+    if tarball.exists():
+        return tarball
+    cache = base.parent
+    with rootfs._locked(cache, "booted"):
+        if tarball.exists():
+            return tarball
+        t0 = time.monotonic()
+        build = cache / f"booted.build.{os.getpid()}"
+        rootfs.extract(base, build)
+        rootfs.copy_host_network_config(build)
+        in_chroot(
+            build,
+            "apt-get install -y -qq --no-install-recommends " + " ".join(BOOTED_PACKAGES) + " && apt-get clean",
+            capture=True,
+        )
+        (build / "usr/sbin/policy-rc.d").unlink()  # a booted rig has an init: packages may start services
+        (build / "etc/resolv.conf").write_text("")
+        units = build / "etc/systemd/system"
+        (units / "rigforge-testbed-cgroups.service").write_text(CGROUPS_UNIT)
+        (units / "sysinit.target.wants").mkdir(exist_ok=True)
+        (units / "sysinit.target.wants/rigforge-testbed-cgroups.service").symlink_to(
+            "/etc/systemd/system/rigforge-testbed-cgroups.service"
+        )
+        (units / "systemd-modules-load.service").symlink_to("/dev/null")
+        (units / "docker.service.d").mkdir(exist_ok=True)
+        (units / "docker.service.d/rigforge-testbed.conf").write_text(DOCKER_DROPIN)
+        (build / "etc/docker").mkdir(exist_ok=True)
+        (build / "etc/docker/daemon.json").write_text('{\n  "storage-driver": "vfs"\n}\n')
+        tmp = tarball.with_suffix(f".part.{os.getpid()}")
+        sh(["tar", "-C", str(build), "--numeric-owner", "--xattrs", "-cf", str(tmp), "."])
+        tmp.rename(tarball)
+        sh(["rm", "-rf", "--one-file-system", str(build)])
+        for old in cache.glob("rootfs-booted-*.tar"):
+            if old != tarball:
+                old.unlink()
+        log(f"booted rootfs tarball {tarball.name} built in {time.monotonic() - t0:.0f}s")
+    return tarball
+
+
+# --- the stand-in serving image ------------------------------------------------------------------------------
+
+_CLOSURE = """
+py=$(readlink -f /usr/bin/python3); v=$(basename "$py")
+bins=""; for b in {bins}; do bins="$bins /usr/bin/$b"; done
+canon() {{ echo "$(readlink -f "$(dirname "$1")")/$(basename "$1")"; }}
+for f in $bins "$py"; do canon "$f"; done
+for l in $(ldd "$py" $bins /usr/lib/"$v"/lib-dynload/*.so 2>/dev/null | grep -o '/[^ :]*' | sort -u); do
+  canon "$l"; readlink -f "$l"
+done
+echo /usr/lib/"$v"
+"""
+
+
+def image_tarball(root: Path, dest: Path) -> Path:
+    """A small image root (bash, python3 with its standard library and libraries, the stand-ins) as a tar for
+    `docker import`, taken from the rig's root file system `root`."""
+    paths = in_chroot(root, _CLOSURE.format(bins=" ".join(IMAGE_BINARIES)), capture=True).stdout.split()
+    skip = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "__pycache__", "pydoc_data", "lib2to3"}
+
+    def reset(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        if skip & set(Path(info.name).parts) or info.name in added:
+            return None
+        added.add(info.name)
+        info.uid = info.gid = 0
+        info.uname = info.gname = "root"
+        return info
+
+    tmp = dest.with_suffix(f".part.{os.getpid()}")
+    added: set[str] = set()
+    with tarfile.open(tmp, "w") as tar:
+        for top in ("bin", "sbin", "lib", "lib64"):
+            if (root / top).is_symlink():
+                tar.add(root / top, arcname=top, filter=reset)
+        for name in ("etc/passwd", "etc/group", "etc/ld.so.cache"):
+            tar.add(root / name, arcname=name, filter=reset)
+        for path in sorted(set(paths)):
+            rel = path.lstrip("/")
+            for parent in reversed(Path(rel).parents[:-1]):  # real directories, so extraction never follows links
+                tar.add(root / parent, arcname=str(parent), recursive=False, filter=reset)
+            tar.add(root / rel, arcname=rel, filter=reset)
+
+        def put(name: str, data: bytes, mode: int = 0o755) -> None:
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), mode, 0
+            tar.addfile(info, io.BytesIO(data))
+
+        tmpdir = tarfile.TarInfo("tmp")
+        tmpdir.type, tmpdir.mode = tarfile.DIRTYPE, 0o1777
+        tar.addfile(tmpdir)
+        put("usr/local/bin/vllm", (IMAGE_DIR / "vllm").read_bytes())
+        put("usr/local/bin/pip", (IMAGE_DIR / "pip").read_bytes())
+        put("opt/rigforge-standin/openai_stub.py", OPENAI_STUB.read_bytes(), 0o644)
+        put("usr/local/lib/python3.12/dist-packages/vllm/__init__.py", b'__version__ = "0+rigforge.standin"\n', 0o644)
+    tmp.rename(dest)
+    return dest
+
+
+def _import_changes(image_env: dict[str, str]) -> list[str]:
+    env = {
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        # the recipes mount vLLM's python3.12 tree (Genesis, Marlin files); the stand-in's python finds it here
+        "PYTHONPATH": "/usr/local/lib/python3.12/dist-packages",
+        **image_env,
+    }
+    out = ['ENTRYPOINT ["vllm", "serve"]', "WORKDIR /"]
+    for k, v in env.items():
+        out.append(f"ENV {k}={shlex.quote(v)}" if " " in v else f"ENV {k}={v}")
+    return out
+
+
+# --- boot, reach, stop -------------------------------------------------------------------------------------
+
+
+def netns_name(rig_dir: Path) -> str:
+    return "rigforge-" + hashlib.sha256(str(rig_dir.resolve()).encode()).hexdigest()[:10]
+
+
+def netns_path(rig_dir: Path) -> str:
+    return f"/run/netns/{netns_name(rig_dir)}"
+
+
+def _ensure_netns(rig_dir: Path) -> None:
+    name = netns_name(rig_dir)
+    if not Path(netns_path(rig_dir)).exists():
+        sh(["ip", "netns", "add", name], capture=True)
+    sh(["ip", "-n", name, "link", "set", "lo", "up"], capture=True)
+    # dockerd wants forwarding on and cannot set it itself (nspawn mounts /proc/sys read-only)
+    sh(["ip", "netns", "exec", name, "sysctl", "-qw", "net.ipv4.ip_forward=1"], capture=True)
+
+
+def init_pid(rig_dir: Path) -> int | None:
+    """PID (on the controller) of the rig's systemd, or None when the rig is not running."""
+    nspawn = pid_alive(rig_dir / "nspawn.pid")
+    if not nspawn:
+        return None
+    try:
+        children = Path(f"/proc/{nspawn}/task/{nspawn}/children").read_text().split()
+    except OSError:
+        return None
+    return int(children[0]) if children else None
+
+
+def enter(rig_dir: Path, cmd: str, *, check: bool = False, input: bytes | None = None, timeout: float = 600):
+    """Run a shell command in the booted rig (all its namespaces, as root)."""
+    pid = init_pid(rig_dir)
+    if not pid:
+        raise TestbedError(f"booted rig {rig_dir.name} is not running (see {rig_dir / 'nspawn.log'})")
+    return subprocess.run(
+        ["nsenter", "-t", str(pid), "-a", "/bin/sh", "-c", cmd],
+        env=chroot_env(),
+        capture_output=True,
+        input=input,
+        text=input is None,
+        check=check,
+        timeout=timeout,
+    )
+
+
+def boot(rig_dir: Path, timeout: float = 120) -> float:
+    """Start the rig's systemd and wait until it reports running; return the seconds it took."""
+    t0 = time.monotonic()
+    _ensure_netns(rig_dir)
+    sim_module = rig_dir / "sim-sys-module"
+    sim_module.mkdir(exist_ok=True)
+    cmd = [
+        "systemd-nspawn",
+        "--register=no",
+        "--keep-unit",
+        "--quiet",
+        f"--machine={netns_name(rig_dir)}",
+        "-D",
+        str(rig_dir / "rootfs"),
+        "-b",
+        "--console=passive",
+        "--capability=all",
+        "--system-call-filter=@keyring @mount bpf",
+        f"--network-namespace-path={netns_path(rig_dir)}",
+        "--tmpfs=/var/lib/rigforge-sim",
+        f"--bind={sim_module}:/sys/module",
+        f"--bind-ro={rig_dir / 'sim-pci'}:/sys/bus/pci/devices",
+    ]
+    spawn(cmd, rig_dir / "nspawn.pid", rig_dir / "nspawn.log")
+    deadline = time.monotonic() + timeout
+    state = ""
+    while time.monotonic() < deadline:
+        if not pid_alive(rig_dir / "nspawn.pid"):
+            tail = (rig_dir / "nspawn.log").read_text()[-2000:]
+            raise TestbedError(f"systemd-nspawn of {rig_dir.name} exited:\n{tail}")
+        if init_pid(rig_dir):
+            res = enter(rig_dir, "systemctl is-system-running", timeout=30)
+            state = res.stdout.strip()
+            if state in ("running", "degraded"):
+                break
+        time.sleep(0.5)
+    if state != "running":
+        failed = enter(rig_dir, "systemctl --failed --no-legend --plain", timeout=30).stdout if state else ""
+        raise TestbedError(f"booted rig {rig_dir.name}: systemd is {state or 'not up'} after {timeout:.0f}s\n{failed}")
+    return time.monotonic() - t0
+
+
+def shutdown(rig_dir: Path, timeout: float = 60) -> None:
+    """Power the rig off cleanly (nspawn forwards SIGTERM to systemd as a poweroff request)."""
+    pid = pid_alive(rig_dir / "nspawn.pid")
+    if not pid:
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while pid_alive(rig_dir / "nspawn.pid") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    stop_pidfile(rig_dir / "nspawn.pid")
+
+
+def start_relay(rig_dir: Path, services: dict, ssh_port: int) -> int:
+    """Start the rig's relay; return the controller port of its sshd (the next free one if `ssh_port` was taken
+    meanwhile: other testbeds start sshds on this machine too)."""
+    stop_pidfile(rig_dir / "relay.pid")
+    forwards = [f"{p}=127.0.0.1:{p}" for p in (services["apt_port"], services["hf_port"], services["git_port"])]
+    forwards += [f"80={MIRROR_HOST}:80", f"{PROXY_PORT}=CONNECT:0"]
+    for _ in range(20):
+        log_file = rig_dir / "relay.log"
+        log_file.unlink(missing_ok=True)
+        argv = [sys.executable, str(NETNS_SCRIPT), "serve", netns_path(rig_dir), f"in:{ssh_port}={RIG_SSH_PORT}"]
+        spawn([*argv, *forwards], rig_dir / "relay.pid", log_file)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            text = log_file.read_text() if log_file.exists() else ""
+            if "relay for" in text:
+                return ssh_port
+            if not pid_alive(rig_dir / "relay.pid"):
+                if "Address already in use" not in text:
+                    raise TestbedError(f"relay of {rig_dir.name} failed:\n{text[-2000:]}")
+                ssh_port = free_port(ssh_port + 1, ssh_port + 300)
+                break
+            time.sleep(0.05)
+    raise TestbedError(f"relay of {rig_dir.name} did not start (see {rig_dir / 'relay.log'})")
+
+
+def stop(rig_dir: Path) -> None:
+    """Stop a booted rig and its relay, remove its network namespace (no-op for a chroot rig)."""
+    shutdown(rig_dir)
+    stop_pidfile(rig_dir / "relay.pid")
+    if Path(netns_path(rig_dir)).exists():
+        sh(["ip", "netns", "delete", netns_name(rig_dir)], check=False, capture=True)
+
+
+def prepare_rootfs(root: Path, rig_dir: Path, user: str) -> None:
+    """sshd of the booted rig on 127.0.0.1:22 of its own namespace, with the rig's keys; pip's proxy; the
+    Debian mirror's name on the relay."""
+    ssh = root / "etc/ssh"
+    key = ssh / "rigforge_host_ed25519_key"
+    key.write_bytes((rig_dir / "ssh_host_ed25519_key").read_bytes())
+    key.chmod(0o600)
+    (ssh / "rigforge_authorized_keys").write_text((rig_dir / "id_ed25519.pub").read_text())
+    (ssh / "rigforge_authorized_keys").chmod(0o644)
+    (ssh / "sshd_config.d/rigforge-testbed.conf").write_text(
+        f"# rigforge testbed: this rig's sshd, reached through the relay\n"
+        f"Port {RIG_SSH_PORT}\nListenAddress 127.0.0.1\n"
+        f"HostKey /etc/ssh/rigforge_host_ed25519_key\nAuthorizedKeysFile /etc/ssh/rigforge_authorized_keys\n"
+        f"PasswordAuthentication no\nPermitRootLogin prohibit-password\nAllowUsers root {user}\n"
+    )
+    pip_conf = root / "etc/pip.conf"
+    text = pip_conf.read_text() if pip_conf.exists() else "[global]\n"
+    if "proxy" not in text:
+        pip_conf.write_text(text + f"proxy = http://127.0.0.1:{PROXY_PORT}\n")
+    hosts = root / "etc/hosts"
+    if MIRROR_HOST not in hosts.read_text():
+        hosts.write_text(hosts.read_text() + f"127.0.0.1\t{MIRROR_HOST}\n")
+
+
+def load_images(rig_dir: Path, image_ref: str) -> None:
+    """`docker import` the stand-in serving image under `image_ref`, and the broken one, unless present."""
+    have = enter(rig_dir, "docker image ls --format '{{.Repository}}:{{.Tag}}'", check=True).stdout.split()
+    if image_ref in have and BROKEN_IMAGE in have:
+        return
+    t0 = time.monotonic()
+    tar = image_tarball(rig_dir / "rootfs", rig_dir / "standin-image.tar")
+    data = tar.read_bytes()
+    for ref, env in ((image_ref, {}), (BROKEN_IMAGE, {"RIGFORGE_STANDIN_EXIT": BROKEN_MESSAGE})):
+        changes = " ".join(f"--change {shlex.quote(c)}" for c in _import_changes(env))
+        res = enter(rig_dir, f"docker import {changes} - {shlex.quote(ref)}", input=data)
+        if res.returncode != 0:
+            raise TestbedError(f"docker import {ref} in {rig_dir.name} failed: {res.stderr.decode()[-2000:]}")
+    tar.unlink()
+    log(f"{rig_dir.name}: stand-in image {image_ref} ({len(data) >> 20} MiB) imported in {time.monotonic() - t0:.1f}s")
+
+
+# --- the rig -------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class BootedRig(Rig):
+    """A rig running its own systemd: `run` enters it, `reboot` powers it off and boots it again."""
+
+    booted: bool = True
+
+    @property
+    def netns(self) -> str:
+        return netns_path(self.dir)
+
+    def run(self, cmd: str, check: bool = False) -> subprocess.CompletedProcess:
+        return enter(self.dir, cmd, check=check)
+
+    def reboot(self) -> float:
+        """Power off and boot again (GPU runtime state is lost, files and Docker images stay); seconds taken."""
+        t0 = time.monotonic()
+        shutdown(self.dir)
+        boot(self.dir)
+        return time.monotonic() - t0
+
+    def simulate_reboot(self) -> None:
+        self.reboot()
+
+
+def make_rig(rig_dir: Path, port: int, spec: RigSpec, tarball: Path, uid: int, fresh: bool, services: dict) -> Rig:
+    """Create (or restart) one booted rig: rootfs, keys, sshd inside, network namespace + relay, boot, images."""
+    from .core import USER, _prepare_rootfs
+
+    root = rig_dir / "rootfs"
+    info_file = rig_dir / "rig.json"
+    info = json.loads(info_file.read_text()) if info_file.exists() else {}
+    stop(rig_dir)
+    for key in ("ssh_host_ed25519_key", "id_ed25519"):
+        if not (rig_dir / key).exists():
+            sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"rigforge-testbed-{rig_dir.name}",
+                "-f", str(rig_dir / key)])  # fmt: skip
+    if fresh or not (root / ".rigforge-rig").exists() or info.get("tarball") != tarball.name:
+        rootfs.extract(tarball, root)
+        _prepare_rootfs(root, uid)
+        (root / ".rigforge-rig").write_text("ok\n")
+        sh(["rm", "-rf", str(rig_dir / "sim-sys-module")])
+    prepare_rootfs(root, rig_dir, USER)
+    sim = root / "etc/rigforge-sim"
+    sim.mkdir(parents=True, exist_ok=True)
+    gpus = spec.gpus_json(str(rig_dir))
+    (sim / "gpus.json").write_text(json.dumps(gpus, indent=1) + "\n")
+    sh(["rm", "-rf", str(rig_dir / "sim-pci")])
+    for gpu in gpus["gpus"]:  # the simulated GPUs on the PCI bus, as sysfs shows them before any driver
+        dev = rig_dir / "sim-pci" / gpu["pci_bus_id"][4:].lower()
+        dev.mkdir(parents=True)
+        for name, value in (("vendor", "0x10de"), ("device", "0x2204"), ("class", "0x030000")):
+            (dev / name).write_text(value + "\n")
+    (rig_dir / "sim-pci").mkdir(exist_ok=True)
+    took = boot(rig_dir)
+    port = start_relay(rig_dir, services, port)
+    log(f"{rig_dir.name}: booted in {took:.1f}s")
+    load_images(rig_dir, IMAGE_REF)
+    info_file.write_text(json.dumps({"port": port, "spec": asdict(spec), "tarball": tarball.name, "booted": True}))
+    return BootedRig(rig_dir.name, port, root, USER, rig_dir / "id_ed25519", rig_dir, spec)

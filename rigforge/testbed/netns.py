@@ -1,0 +1,129 @@
+"""Network namespaces of booted rigs, and a TCP relay across them (standard library only).
+
+A booted rig lives in its own network namespace (/run/netns/<name>, made with `ip netns add`, so it outlives
+reboots of the rig). Its Docker engine makes bridges and iptables rules there, never on the controller.
+Nothing crosses between the rig's loopback and the controller's except through this relay:
+
+    python3 netns.py serve NETNS SPEC ...
+      PORT=HOST:PORT   listen on 127.0.0.1:PORT inside the rig, connect to HOST:PORT from the controller
+                       (apt / git / HF stand-ins, the Debian mirror)
+      PORT=CONNECT:0   the same, as an HTTPS proxy (CONNECT to port 443 only: pip's index)
+      in:PORT=RPORT    listen on the controller's 127.0.0.1:PORT, connect to 127.0.0.1:RPORT inside the rig
+                       (its sshd: pyinfra, ssh and testinfra reach it like a chroot rig's)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import socket
+import sys
+import threading
+
+CLONE_NEWNET = 0x40000000
+
+
+def setns(path: str) -> None:
+    """Move the calling thread into the network namespace at `path`."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns({path}): {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
+def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    try:
+        dst.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+def _pair(a: socket.socket, b: socket.socket) -> None:
+    back = threading.Thread(target=_pipe, args=(b, a), daemon=True)
+    back.start()
+    _pipe(a, b)
+    back.join()
+    a.close()
+    b.close()
+
+
+def _connect_request(conn: socket.socket) -> tuple[str, int] | None:
+    """Read an HTTP proxy `CONNECT host:443` request; the target, or None (answered 403) for anything else."""
+    head = b""
+    while b"\r\n\r\n" not in head and len(head) < 8192:
+        chunk = conn.recv(4096)
+        if not chunk:
+            return None
+        head += chunk
+    parts = head.split(b"\r\n", 1)[0].decode("latin-1").split()
+    if len(parts) == 3 and parts[0] == "CONNECT" and parts[1].endswith(":443"):
+        return parts[1].rsplit(":", 1)[0], 443
+    conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+    return None
+
+
+def _forward(listener: socket.socket, target: tuple[str, int], netns: str | None = None) -> None:
+    if netns:
+        setns(netns)  # this thread's upstream connections are made inside the rig
+    while True:
+        conn, _ = listener.accept()
+        try:
+            dest = _connect_request(conn) if target[0] == "CONNECT" else target
+            if dest is None:
+                conn.close()
+                continue
+            upstream = socket.create_connection(dest, timeout=10)  # made in the controller's namespace
+            upstream.settimeout(None)
+            if target[0] == "CONNECT":
+                conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        except OSError:
+            conn.close()
+            continue
+        threading.Thread(target=_pair, args=(conn, upstream), daemon=True).start()
+
+
+def serve(netns: str, specs: list[str]) -> None:
+    home = os.open(f"/proc/self/task/{threading.get_native_id()}/ns/net", os.O_RDONLY)
+    forwards = []  # (listener, target, namespace the upstream connections are made in)
+    for spec in specs:
+        if spec.startswith("in:"):
+            port, _, rport = spec[3:].partition("=")
+            forwards.append((_listen(int(port)), ("127.0.0.1", int(rport)), netns))
+    setns(netns)
+    try:
+        for spec in specs:
+            if not spec.startswith("in:"):
+                port, _, target = spec.partition("=")
+                host, _, tport = target.rpartition(":")
+                forwards.append((_listen(int(port)), (host, int(tport)), None))
+    finally:
+        setns(f"/proc/self/fd/{home}")
+        os.close(home)
+    print(f"relay for {netns}: {' '.join(specs)}", flush=True)
+    threads = [threading.Thread(target=_forward, args=item, daemon=True) for item in forwards]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def _listen(port: int) -> socket.socket:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", port))
+    s.listen(64)
+    return s
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 4 or sys.argv[1] != "serve":
+        sys.exit(f"usage: {sys.argv[0]} serve NETNS PORT=HOST:PORT|PORT=CONNECT:0|in:PORT=RPORT ...")
+    serve(sys.argv[2], sys.argv[3:])
