@@ -22,6 +22,7 @@ finds them and only merges daemon.json). The differences from a real rig are tes
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -36,7 +37,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import rootfs
-from ._util import TestbedError, chroot_env, free_port, in_chroot, log, pid_alive, sh, spawn, stop_pidfile
+from ._util import (
+    TestbedError,
+    chroot_env,
+    free_port,
+    in_chroot,
+    log,
+    pid_alive,
+    sh,
+    spawn,
+    stop_pidfile,
+    wait_port,
+)
 from .core import IMAGE_REF, Rig, RigSpec
 
 BOOTED_PACKAGES = ["openssh-server", "docker.io", "docker-cli", "docker-compose", "iproute2"]
@@ -394,6 +406,19 @@ class BootedRig(Rig):
 
     def simulate_reboot(self) -> None:
         self.reboot()
+
+    @contextlib.contextmanager
+    def forward(self, rig_port: int):
+        """The rig's 127.0.0.1:`rig_port` on a free controller port while the block runs: yields that port."""
+        port = free_port(19000, 19500)
+        pidfile = self.dir / f"forward-{rig_port}.pid"
+        argv = [sys.executable, str(NETNS_SCRIPT), "serve", self.netns, f"in:{port}={rig_port}"]
+        spawn(argv, pidfile, self.dir / f"forward-{rig_port}.log")
+        try:
+            wait_port(port)
+            yield port
+        finally:
+            stop_pidfile(pidfile)
 
 
 def make_rig(rig_dir: Path, port: int, spec: RigSpec, tarball: Path, uid: int, fresh: bool, services: dict) -> Rig:

@@ -81,6 +81,10 @@ def manifest(path: str, content: dict, now: str):
 def health_gate_script(url: str, model: str, timeout: int, unit: str, rollback_unit: str | None, serve_dir: str) -> str:
     """Shell: wait for /v1/models, send one chat completion; on failure roll back and print the log tail.
 
+    A server that exits while starting fails the gate at once (the unit's Restart= would otherwise keep it
+    "activating" until the timeout). The journal is read with -a and colour codes removed: compose's attached
+    output carries escape codes, which journalctl otherwise shows as "[blob data]".
+
     Rollback: back to the previously enabled variant's instance when this run switched variants; otherwise
     back to this variant's previous compose file and .env (`*.prev`, kept by staged_files). The API key, if
     any, is read from the root-only .env and handed to curl on stdin, never on a command line.
@@ -105,7 +109,7 @@ auth() {{ [ -z "$RIGFORGE_API_KEY" ] || printf 'Authorization: Bearer %s\n' "$RI
 deadline=$(( $(date +%s) + {int(timeout)} ))
 fail() {{
   echo "rigforge health gate: $1" >&2
-  journalctl -u {q(unit)} -n 40 --no-pager >&2 2>/dev/null || true
+  journalctl -a -u {q(unit)} -n 40 --no-pager 2>/dev/null | sed 's/\\x1b\\[[0-9;]*[A-Za-z]//g' >&2 || true
   {rollback}
   echo "rigforge health gate: rolled back" >&2
   exit 1
@@ -113,6 +117,7 @@ fail() {{
 until auth | curl -sf --max-time 3 -H @- {q(url)}/v1/models >/dev/null; do
   [ "$(date +%s)" -lt "$deadline" ] || fail "no answer from {url}/v1/models within {int(timeout)} s"
   systemctl is-failed --quiet {q(unit)} && fail "{unit} failed while starting"
+  [ "$(systemctl show -P NRestarts {q(unit)})" = 0 ] || fail "the server exited while starting ({unit} restarts it)"
   sleep 4
 done
 auth | curl -sf --max-time 120 -H @- -H 'Content-Type: application/json' -d {q(body)} \
