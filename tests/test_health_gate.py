@@ -1,12 +1,14 @@
 """The serving role's health gate script, run for real (bash + curl) against a local OpenAI-compatible server.
 
-No systemd runs here, so `systemctl` and `journalctl` are small recording stand-ins on PATH: the test checks
+No systemd runs here, so `systemctl` and `journalctl` are small recording stand-ins on PATH (`systemctl show`
+answers FAKE_NRESTARTS, the unit's restart count): the test checks
 what the gate asks systemd to do (nothing on success; disable the new instance and re-enable the previous
 one on failure), and that it fails with the reason.
 """
 
 import subprocess
 import threading
+import time
 
 import pytest
 
@@ -41,17 +43,24 @@ def fake_systemd(tmp_path):
     calls = tmp_path / "calls"
     for tool in ("systemctl", "journalctl"):
         exe = tmp_path / tool
-        exe.write_text(f'#!/bin/sh\necho "{tool} $*" >> {calls}\n[ "$1" = is-failed ] && exit 1\nexit 0\n')
+        exe.write_text(
+            f'#!/bin/sh\necho "{tool} $*" >> {calls}\n[ "$1" = is-failed ] && exit 1\n'
+            '[ "$1" = show ] && echo "${FAKE_NRESTARTS:-0}"\nexit 0\n'
+        )
         exe.chmod(0o755)
     return tmp_path, calls
 
 
-def run_gate(fake_systemd, url, serve_dir, timeout=2, rollback="rigforge-vllm@dual.service"):
+def run_gate(fake_systemd, url, serve_dir, timeout=2, rollback="rigforge-vllm@dual.service", restarts=0):
     path, calls = fake_systemd
     unit = "rigforge-vllm@dual-turbo.service"
     script = health_gate_script(url, "qwen3.6-27b-autoround", timeout, unit, rollback, str(serve_dir))
     r = subprocess.run(
-        ["bash", "-c", script], capture_output=True, text=True, env={"PATH": f"{path}:/usr/bin:/bin"}, timeout=60
+        ["bash", "-c", script],
+        capture_output=True,
+        text=True,
+        env={"PATH": f"{path}:/usr/bin:/bin", "FAKE_NRESTARTS": str(restarts)},
+        timeout=60,
     )
     return r, (calls.read_text().splitlines() if calls.exists() else [])
 
@@ -84,7 +93,16 @@ def test_gate_rolls_back_when_nothing_answers(fake_systemd, serve_dir):
     assert "no answer from http://127.0.0.1:9/v1/models within 1 s" in r.stderr
     assert "systemctl disable --now rigforge-vllm@dual-turbo.service" in calls
     assert "systemctl enable --now rigforge-vllm@dual.service" in calls
-    assert any(c.startswith("journalctl -u rigforge-vllm@dual-turbo.service") for c in calls)
+    assert any(c.startswith("journalctl -a -u rigforge-vllm@dual-turbo.service") for c in calls)
+
+
+def test_gate_fails_at_once_when_the_server_exited_while_starting(fake_systemd, serve_dir):
+    """Restart=on-failure keeps a crashing unit "activating", never "failed": the restart count gives it away."""
+    t0 = time.monotonic()
+    r, calls = run_gate(fake_systemd, "http://127.0.0.1:9", serve_dir, timeout=30, restarts=1)
+    assert r.returncode == 1 and time.monotonic() - t0 < 10
+    assert "the server exited while starting (rigforge-vllm@dual-turbo.service restarts it)" in r.stderr
+    assert "systemctl enable --now rigforge-vllm@dual.service" in calls
 
 
 def test_gate_restores_the_previous_files_of_the_same_variant(fake_systemd, serve_dir):

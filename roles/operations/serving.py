@@ -117,7 +117,8 @@ fail() {{
 until auth | curl -sf --max-time 3 -H @- {q(url)}/v1/models >/dev/null; do
   [ "$(date +%s)" -lt "$deadline" ] || fail "no answer from {url}/v1/models within {int(timeout)} s"
   systemctl is-failed --quiet {q(unit)} && fail "{unit} failed while starting"
-  [ "$(systemctl show -P NRestarts {q(unit)})" = 0 ] || fail "the server exited while starting ({unit} restarts it)"
+  restarts=$(systemctl show -P NRestarts {q(unit)} 2>/dev/null)
+  [ "${{restarts:-0}}" = 0 ] || fail "the server exited while starting ({unit} restarts it)"
   sleep 4
 done
 auth | curl -sf --max-time 120 -H @- -H 'Content-Type: application/json' -d {q(body)} \
