@@ -500,6 +500,7 @@ def host_data(tb: Testbed, rig: Rig) -> dict:
 
 def _write_files(tb: Testbed) -> None:
     _write_lock(tb)
+    booted = any(getattr(rig, "booted", False) for rig in tb.rigs)
     known, config = [], []
     for rig in tb.rigs:
         pub = (rig.dir / "ssh_host_ed25519_key.pub").read_text().split()
@@ -516,6 +517,7 @@ def _write_files(tb: Testbed) -> None:
         "",
         "Simulated rigs: Debian 13 chroots behind their own sshd on 127.0.0.1; GPUs are simulated by stub",
         "packages from a local signed apt repo; no systemd runs, so services are installed but not started.",
+        *(["Booted rigs (--booted) run their own systemd and Docker engine: services are started."] * booted),
         '"""',
         "",
         "rigs = [",
