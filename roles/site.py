@@ -1,5 +1,5 @@
-"""The order of roles for one rig: plan, preflight, package repair, driver, GPU check, container runtime, power,
-sources, weights, serving.
+"""The order of roles for one rig: plan, preflight, repair of an interrupted run, driver, GPU check, container
+runtime, power, sources, weights, serving.
 
 `prepare()` builds the host's plan on the controller, once: every role module's `validate(data)` (host-data keys
 with the roles' defaults applied), the variant, the lock entries it needs, the settings for this variant, the
@@ -38,7 +38,8 @@ from rigforge.render import (
 from roles import docker_engine, gpu_power, nvidia_driver, preflight, serving, sources, weights
 from roles.facts.hfweights import WeightsState
 from roles.facts.nvidia import NvidiaGpus, NvidiaPciGpus
-from roles.operations.checks import Needs, format_problems, refuse
+from roles.operations import recover
+from roles.operations.checks import Needs, format_problems, gpus_fit, refuse
 from roles.operations.hfweights import stale_files
 
 IMAGE_GB = 9  # the vLLM nightly image on disk (HARDWARE.md)
@@ -180,8 +181,17 @@ def provision(variant_name: str | None = None):
     plan = prepare(variant_name)
     if plan is None:
         return
-    preflight.check(needs(plan))
+    host_needs = needs(plan)
+    preflight.check(host_needs)
+    recover.packages(name="Repair packages an interrupted run left half-installed (dpkg --configure -a)")
+    recover.uploads_cleared(name="Remove uploads an interrupted run left in the upload dir")
     nvidia_driver.install()
+    gpus_fit(
+        name=f"Check the GPUs now that the driver answers ({plan.variant.gpus}x {plan.variant.min_card_mib} MiB)",
+        needs=host_needs,
+        caps=dict(plan.caps),
+        data=dict(plan.data),
+    )
     docker_engine.install()
     gpu_power.apply(plan)
     sources.apply(plan)

@@ -6,13 +6,18 @@ import hashlib
 import io
 import shlex
 
-from pyinfra import host
+from pyinfra import host, logger, state
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
-from pyinfra.facts.files import File, Sha256File
+from pyinfra.facts.files import Directory, File, Sha256File
 
 
 def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def private_upload_dir() -> str:
+    """The SSH user's own 0700 dir that sudo uploads pass through (see upload_privately)."""
+    return f"/tmp/.rigforge-upload-{host.data.get('ssh_user') or 'user'}"
 
 
 def upload_privately(text: str, dest: str):
@@ -23,12 +28,15 @@ def upload_privately(text: str, dest: str):
     """
     if not (host.current_op_global_arguments or {}).get("_sudo"):
         return [FileUploadCommand(io.BytesIO(text.encode()), dest)]
-    private = f"/tmp/.rigforge-upload-{host.data.get('ssh_user') or 'user'}"
+    private = private_upload_dir()
     temp = f"{private}/{hashlib.sha1(dest.encode()).hexdigest()[:12]}"
     return [
         StringCommand("install", "-d", "-m", "700", QuoteString(private), _sudo=False),
         FileUploadCommand(io.BytesIO(text.encode()), dest, remote_temp_filename=temp),
     ]
+
+
+SWAPPING = ".swapping"  # in the staging dir while files are being moved into place
 
 
 @operation()
@@ -39,7 +47,12 @@ def staged_files(dest: str, files: dict[str, tuple[str, str]], validate: str | N
     `dest/.staging` (0700), `validate` runs there (e.g. `docker compose config -q`), and only if it passes
     are the current files kept as `<name>.prev` (with keep_previous, for rollback) and the new ones renamed
     into place. On a failed validation the staging dir is removed and the current files stay untouched.
+
+    An interrupted run is repaired: a leftover staging dir is removed, and when the run was killed while moving
+    files into place (the staging dir holds the `.swapping` marker) the next run finishes the move without
+    overwriting the `.prev` copies, which still hold the files from before that interrupted swap.
     """
+    staging = f"{dest}/.staging"
     current = {}
     for name, (text, mode) in files.items():
         info = host.get_fact(File, path=f"{dest}/{name}")
@@ -49,11 +62,18 @@ def staged_files(dest: str, files: dict[str, tuple[str, str]], validate: str | N
             and (host.get_fact(Sha256File, path=f"{dest}/{name}") == _sha256(text))
         )
         current[name] = (bool(info), bool(same))
+    leftover = host.get_fact(Directory, path=staging)
+    resumed = bool(leftover) and bool(host.get_fact(File, path=f"{staging}/{SWAPPING}"))
     if all(same for _, same in current.values()):
-        host.noop(f"{dest}: {', '.join(files)} up to date")
+        if not leftover:
+            host.noop(f"{dest}: {', '.join(files)} up to date")
+            return
+        _say(f"{dest}: removing the staging dir an interrupted run left behind")
+        yield StringCommand("rm", "-rf", QuoteString(staging))
         return
+    if resumed:
+        _say(f"{dest}: an interrupted run was moving files into place; finishing it (the .prev copies are kept)")
 
-    staging = f"{dest}/.staging"
     yield StringCommand("mkdir", "-p", QuoteString(dest))
     yield StringCommand("rm", "-rf", QuoteString(staging), "&&", "mkdir", "-m", "700", QuoteString(staging))
     for name, (text, mode) in files.items():
@@ -64,11 +84,17 @@ def staged_files(dest: str, files: dict[str, tuple[str, str]], validate: str | N
             f"cd {shlex.quote(staging)} && ( {validate} ) || {{ rc=$?; rm -rf {shlex.quote(staging)}; "
             f"echo 'rigforge: validation failed, {dest} left unchanged' >&2; exit $rc; }}"
         )
+    yield StringCommand("touch", QuoteString(f"{staging}/{SWAPPING}"))
     for name, (exists, _) in current.items():
-        if exists and keep_previous:
+        if exists and keep_previous and not resumed:
             yield StringCommand("cp", "-p", QuoteString(f"{dest}/{name}"), QuoteString(f"{dest}/{name}.prev"))
         yield StringCommand("mv", "-f", QuoteString(f"{staging}/{name}"), QuoteString(f"{dest}/{name}"))
-    yield StringCommand("rmdir", QuoteString(staging))
+    yield StringCommand("rm", "-rf", QuoteString(staging))
+
+
+def _say(message: str) -> None:
+    if state.is_executing:
+        host.log_styled(f"{host.name}: {message}", fg="yellow", log_func=logger.warning)
 
 
 def systemd_verify(unit_file: str, instance: str | None = None) -> str:
