@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import replace
-from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy
@@ -25,7 +24,7 @@ from pyinfra.facts.server import Command
 
 from rigforge import knobs, recipes
 from rigforge.catalog import CatalogError, Variant, load_catalog
-from rigforge.pins import LockError, load_lock
+from rigforge.pins import LockError, default_lock_path, load_lock
 from rigforge.plan import Plan, build_plan, cap_index_problems, gpu_count, variant_problems
 from rigforge.recipes import RecipeError
 from rigforge.render import (
@@ -43,10 +42,9 @@ from roles.operations.checks import Needs, format_problems, gpus_fit, refuse
 from roles.operations.hfweights import stale_files
 
 IMAGE_GB = 9  # the vLLM nightly image on disk (HARDWARE.md)
-REPO = Path(__file__).resolve().parent.parent
 DEFAULTS = {
     "rigforge_variant": None,  # variant this host serves (deploy/site.py); deploy/<variant>.py must agree
-    "rigforge_lock": str(REPO / "rigforge.lock.yaml"),  # lock file read on the controller
+    "rigforge_lock": str(default_lock_path()),  # lock file read on the controller
     "rigforge_recipe_opt_in": False,  # allow a recipe-repo slug whose status is experimental/incubating/deprecated
 }
 ROLES = (preflight, nvidia_driver, docker_engine, gpu_power, sources, weights, serving)
