@@ -180,7 +180,7 @@ def provision(variant_name: str | None = None):
     if plan is None:
         return
     host_needs = needs(plan)
-    preflight.check(host_needs)
+    preflight.check(host_needs, plan.data)
     recover.packages(name="Repair packages an interrupted run left half-installed (dpkg --configure -a)")
     recover.uploads_cleared(name="Remove uploads an interrupted run left in the upload dir")
     nvidia_driver.install()
