@@ -198,6 +198,15 @@ def test_checkout_script_against_a_real_git_daemon(stand_ins, tmp_path):
     assert out.returncode == 0 and "dirty tree" in out.stdout and "stray.txt" in out.stdout
     assert gitpin.is_current(fact(), url, meta["pin"], meta["sparse"]) and not (dest / "stray.txt").exists()
 
+    # a killed git left its lock files behind: without removing them `git checkout` fails
+    target.write_text("local edit\n")
+    (dest / ".git/index.lock").write_text("")
+    (dest / ".git/shallow.lock").write_text("")
+    out = subprocess.run(["sh", "-c", gitpin.checkout_script(*args)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "removing .git/index.lock left by an interrupted run" in out.stdout
+    assert gitpin.is_current(fact(), url, meta["pin"], meta["sparse"]) and not (dest / ".git/index.lock").exists()
+
     # a wrong pinned SHA is an error naming the repo; a wrong file hash names the file
     wrong = "deadbeef" * 5
     out = subprocess.run(["sh", "-c", gitpin.checkout_script("vllm-src", url, wrong, str(tmp_path / "w"), [], {})],

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import pwd
+import random
 import shutil
 import subprocess
 import sys
@@ -436,9 +437,20 @@ def _make_rig(rig_dir: Path, port: int, spec: RigSpec, tarball: Path, uid: int, 
             )
     (rig_dir / "authorized_keys").write_text((rig_dir / "id_ed25519.pub").read_text())
     (rig_dir / "authorized_keys").chmod(0o644)
-    (rig_dir / "sshd_config").write_text(_sshd_config(rig_dir, port))
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
-    sh([SSHD, "-f", str(rig_dir / "sshd_config"), "-E", str(rig_dir / "sshd.log")], capture=True)
+    for attempt in range(5):  # another testbed (another dir) may take the port between the plan and this bind
+        (rig_dir / "sshd_config").write_text(_sshd_config(rig_dir, port))
+        log = rig_dir / "sshd.log"
+        log.unlink(missing_ok=True)
+        sh([SSHD, "-f", str(rig_dir / "sshd_config"), "-E", str(log)], capture=True)
+        deadline = time.monotonic() + 10
+        while not pid_alive(rig_dir / "sshd.pid") and time.monotonic() < deadline:
+            if log.exists() and "Cannot bind" in log.read_text():
+                break
+            time.sleep(0.05)
+        if pid_alive(rig_dir / "sshd.pid"):  # ours listens (not another testbed's sshd on the same port)
+            break
+        port = free_port(2400 + 100 * attempt + random.randrange(100), 2900, set())
     wait_port(port)
     info_file.write_text(json.dumps({"port": port, "spec": asdict(spec), "tarball": tarball.name}))
     return Rig(rig_dir.name, port, root, USER, rig_dir / "id_ed25519", rig_dir, spec)
