@@ -46,7 +46,7 @@ def dpkg_installs_docker(rig) -> bool:
     """dpkg unpacks or configures packages after the driver role held its packages: Docker's (apt hands dpkg a
     temp dir of links, so the package names are not on its command line)."""
     status = (rig.rootfs / "var/lib/dpkg/status").read_text(errors="replace")
-    if "Package: nvidia-driver-580-open\nStatus: hold ok installed" not in status:  # the driver role is done
+    if "Package: nvidia-open\nStatus: hold ok installed" not in status:  # the driver role is done
         return False
     return any(
         argv and os.path.basename(argv[0]) == "dpkg" and ("--unpack" in argv or "--configure" in argv)

@@ -101,7 +101,7 @@ def test_20gb_cards_are_refused_right_after_the_driver_then_in_preflight(rigs, t
     assert "docker.io" not in after and "/opt/rigforge" not in after
     units = [line for line in after.splitlines() if line.startswith("/etc/systemd/system")]
     assert units == [line for line in fresh.splitlines() if line.startswith("/etc/systemd/system")]
-    assert rig.run("dpkg-query -W -f '${db:Status-Abbrev}' nvidia-driver-580-open").stdout.strip() == "hi"  # held
+    assert rig.run("dpkg-query -W -f '${db:Status-Abbrev}' nvidia-open").stdout.strip() == "hi"  # held
 
     before = snapshot(rig)  # the driver answers now: preflight sees the cards and nothing changes
     results, err = deploy(rigs, tmp_path, "rig3", "dual_turbo", {})
