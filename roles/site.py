@@ -92,7 +92,8 @@ def _gather(entry: str | Variant | None, asset_dirs: Mapping[str, str] | None) -
     if problems or name is None or lock is None:
         return None, problems
 
-    settings = apply_overrides(Settings(), settings_from_host_data(data))
+    token = _token(data)  # host data hf_token, else the controller's RIGFORGE_HF_TOKEN / HF_TOKEN: into .env too
+    settings = apply_overrides(Settings(), {**settings_from_host_data(data), **({"hf_token": token} if token else {})})
     if given is None and name not in catalog.variants:
         try:
             variant = recipes.live_variant(name, settings, lock, bool(data.get("rigforge_recipe_opt_in")))
@@ -123,7 +124,6 @@ def _gather(entry: str | Variant | None, asset_dirs: Mapping[str, str] | None) -
         )
         for asset in variant.assets
     }
-    token = _token(data)
     gated = [lock.hf[asset].repo for asset in variant.assets if lock.hf[asset].gated and stale[asset]]
     if gated and not token:
         problems.append(
