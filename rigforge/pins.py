@@ -327,4 +327,5 @@ def dump_lock(lock: Lock) -> str:
 
 
 def default_lock_path() -> Path:
-    return Path(__file__).resolve().parent.parent / "rigforge.lock.yaml"
+    """rigforge.lock.yaml at the top of a checkout (package data links to it; an installed package ships a copy)."""
+    return (Path(__file__).parent / "data" / "rigforge.lock.yaml").resolve()

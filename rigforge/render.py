@@ -20,7 +20,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from rigforge.catalog import Variant
 from rigforge.layout import POWER_UNIT, VLLM_TEMPLATE, HostLayout
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATES = (Path(__file__).parent / "data" / "templates").resolve()  # package data: a link to templates/ in a checkout
 COMPOSE_FILE = "docker-compose.yml"
 ENV_FILE = ".env"
 VLLM_UNIT = VLLM_TEMPLATE

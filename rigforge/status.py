@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_LOCK = REPO / "rigforge.lock.yaml"
+from rigforge.pins import default_lock_path
+
+DEFAULT_LOCK = default_lock_path()
 MANIFEST = "/etc/rigforge/rig.json"
 SKIPPED = "skipped (services not managed on this host)"
 

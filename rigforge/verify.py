@@ -6,6 +6,7 @@ One line per check per rig (or --json), read in parallel over SSH, nothing chang
                             for the rig's OS, branch, flavour and source); with nvidia_driver_manage false:
                             the running driver is of nvidia_driver_branch
   GPUs visible              nvidia-smi lists at least the variant's GPU count
+  VRAM fits variant         every card has the variant's VRAM (20 GB cards only with the documented override)
   power caps hold           every GPU's power limit equals its target (gpu_power_limit_w / gpu_power_limits)
   persistence mode on       on every GPU
   nvidia runtime            /etc/docker/daemon.json registers the nvidia runtime
@@ -29,6 +30,7 @@ import json
 import sys
 from dataclasses import asdict, dataclass
 
+from rigforge.hardware import small_override, vram_problems
 from rigforge.status import (
     SKIPPED,
     InventoryError,
@@ -158,7 +160,21 @@ def check_gpus(host, ctx: RigContext) -> list[Check]:
         persist = Check("persistence mode on", FAIL, f"off on GPU {', '.join(not_persistent)}")
     else:
         persist = Check("persistence mode on", PASS, f"on for {len(gpus)} GPU(s)")
-    return [visible, cap, persist]
+    return [visible, check_vram(gpus, ctx), cap, persist]
+
+
+def check_vram(gpus: list[dict], ctx: RigContext) -> Check:
+    """Every card has the VRAM the variant needs (20 GB cards: only with the documented override)."""
+    name = "VRAM fits variant"
+    if not gpus or not ctx.variant:
+        return Check(name, FAIL, "no GPU to read" if not gpus else "variant unknown")
+    v, s = ctx.variant, ctx.settings
+    override = small_override(s.kv_cache_dtype, s.gpu_memory_utilization)
+    problems = vram_problems(gpus, v.name, v.min_card_mib, v.uses_dflash, override)
+    if problems:
+        return Check(name, FAIL, " ".join(problems))
+    vram = "/".join(str(m) for m in sorted({g.get("memory_total") for g in gpus}))
+    return Check(name, PASS, f"{vram} MiB per card, {v.name} needs {v.min_card_mib}" + (" (20 GB override)" * override))
 
 
 def _w(v) -> str:

@@ -9,6 +9,8 @@ With `pyinfra --dry` the message is printed as a warning and nothing fails.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pyinfra import host
 from pyinfra.api import deploy
 
@@ -30,10 +32,12 @@ CHECKED_KEYS = {
 
 
 @deploy("Preflight", data_defaults=DEFAULTS)
-def check(needs: checks.Needs):
+def check(needs: checks.Needs, data: Mapping | None = None):
+    """`data`: the plan's validated host data (roles/site.py); without it, the host's data is read."""
+    source = data if data is not None else {key: host.data.get(key, default) for key, default in CHECKED_KEYS.items()}
     checks.host_checks(
         name=f"Preflight: can this host run {needs.variant}?",
         needs=needs,
-        data={key: host.data.get(key, default) for key, default in CHECKED_KEYS.items()},
+        data={key: source.get(key, default) for key, default in CHECKED_KEYS.items()},
         host_problems=host_state.problems,
     )

@@ -4,8 +4,9 @@ the rig manifest.
 Files land atomically after `docker compose config -q` / `systemd-analyze verify` accept them on the rig, so a
 compose the engine rejects never replaces a working one. The service restarts only when its compose, .env or
 unit changed; switching variants disables the previous instance, and a failed health gate rolls back to it.
-With rigforge_manage_services false (the testbed: no systemd in a chroot) units are installed, verified and
-enabled, but nothing is started, pulled or health-checked.
+Without an HF token on the controller (needed only while a gated asset is unstamped) the rig's .env keeps the
+token it has. With rigforge_manage_services false (the testbed: no systemd in a chroot) units are installed,
+verified and enabled, but nothing is started, pulled or health-checked.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def apply(plan: Plan):
         dest=serve_dir,
         files=serve_files,
         validate="docker compose config -q",
+        keep_line=None if plan.token else {ENV_FILE: "HF_TOKEN="},  # no token this run: keep the rig's
     )
     unit_file = staged_files(
         name=f"Install {VLLM_UNIT} (validated by systemd-analyze verify)",

@@ -1,5 +1,5 @@
-"""The order of roles for one rig: plan, preflight, package repair, driver, GPU check, container runtime, power,
-sources, weights, serving.
+"""The order of roles for one rig: plan, preflight, repair of an interrupted run, driver, GPU check, container
+runtime, power, sources, weights, serving.
 
 `prepare()` builds the host's plan on the controller, once: every role module's `validate(data)` (host-data keys
 with the roles' defaults applied), the variant, the lock entries it needs, the settings for this variant, the
@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import replace
-from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy
@@ -25,7 +24,7 @@ from pyinfra.facts.server import Command
 
 from rigforge import knobs, recipes
 from rigforge.catalog import CatalogError, Variant, load_catalog
-from rigforge.pins import LockError, load_lock
+from rigforge.pins import LockError, default_lock_path, load_lock
 from rigforge.plan import Plan, build_plan, cap_index_problems, gpu_count, variant_problems
 from rigforge.recipes import RecipeError
 from rigforge.render import (
@@ -38,14 +37,14 @@ from rigforge.render import (
 from roles import docker_engine, gpu_power, nvidia_driver, preflight, serving, sources, weights
 from roles.facts.hfweights import WeightsState
 from roles.facts.nvidia import NvidiaGpus, NvidiaPciGpus
-from roles.operations.checks import Needs, format_problems, refuse
+from roles.operations import recover
+from roles.operations.checks import Needs, format_problems, gpus_fit, refuse
 from roles.operations.hfweights import stale_files
 
 IMAGE_GB = 9  # the vLLM nightly image on disk (HARDWARE.md)
-REPO = Path(__file__).resolve().parent.parent
 DEFAULTS = {
     "rigforge_variant": None,  # variant this host serves (deploy/site.py); deploy/<variant>.py must agree
-    "rigforge_lock": str(REPO / "rigforge.lock.yaml"),  # lock file read on the controller
+    "rigforge_lock": str(default_lock_path()),  # lock file read on the controller
     "rigforge_recipe_opt_in": False,  # allow a recipe-repo slug whose status is experimental/incubating/deprecated
 }
 ROLES = (preflight, nvidia_driver, docker_engine, gpu_power, sources, weights, serving)
@@ -93,7 +92,8 @@ def _gather(entry: str | Variant | None, asset_dirs: Mapping[str, str] | None) -
     if problems or name is None or lock is None:
         return None, problems
 
-    settings = apply_overrides(Settings(), settings_from_host_data(data))
+    token = _token(data)  # host data hf_token, else the controller's RIGFORGE_HF_TOKEN / HF_TOKEN: into .env too
+    settings = apply_overrides(Settings(), {**settings_from_host_data(data), **({"hf_token": token} if token else {})})
     if given is None and name not in catalog.variants:
         try:
             variant = recipes.live_variant(name, settings, lock, bool(data.get("rigforge_recipe_opt_in")))
@@ -124,7 +124,6 @@ def _gather(entry: str | Variant | None, asset_dirs: Mapping[str, str] | None) -
         )
         for asset in variant.assets
     }
-    token = _token(data)
     gated = [lock.hf[asset].repo for asset in variant.assets if lock.hf[asset].gated and stale[asset]]
     if gated and not token:
         problems.append(
@@ -180,8 +179,17 @@ def provision(variant_name: str | None = None):
     plan = prepare(variant_name)
     if plan is None:
         return
-    preflight.check(needs(plan))
+    host_needs = needs(plan)
+    preflight.check(host_needs, plan.data)
+    recover.packages(name="Repair packages an interrupted run left half-installed (dpkg --configure -a)")
+    recover.uploads_cleared(name="Remove uploads an interrupted run left in the upload dir")
     nvidia_driver.install()
+    gpus_fit(
+        name=f"Check the GPUs now that the driver answers ({plan.variant.gpus}x {plan.variant.min_card_mib} MiB)",
+        needs=host_needs,
+        caps=dict(plan.caps),
+        data=dict(plan.data),
+    )
     docker_engine.install()
     gpu_power.apply(plan)
     sources.apply(plan)

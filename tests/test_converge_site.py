@@ -96,6 +96,25 @@ def test_switching_a_rig_leaves_one_instance_and_the_right_assets(fleet, tmp_pat
     assert changed(again) == []
 
 
+def test_stamped_gated_weights_reconverge_without_the_token(fleet, tmp_path):
+    """rig1 serves dual-dflash (gated draft stamped): drift in its compose is repaired with no token on the
+    controller, and the .env keeps the rig's token."""
+    tb, *_ = fleet
+    rig = tb.rig("rig1")
+    inv = inventory_with(tb, tmp_path / "notoken.py", {"rig1": {"rigforge_variant": "dual-dflash"}})
+    compose = "/opt/rigforge/serve/dual-dflash/docker-compose.yml"
+    good = rig.run(f"sha256sum {compose}").stdout
+    rig.run(f"sed -i 's/--max-num-seqs/--max-num-seqz/' {compose}", check=True)
+    no_token = {"RIGFORGE_HF_TOKEN": "", "HF_TOKEN": ""}
+    results, err = pyinfra_run(inv, REPO / "deploy" / "site.py", "--limit", "rig1", env=no_token)
+    assert results["failed_hosts"] == [], err[-4000:]
+    assert [n for n in changed(results) if "compose file and .env" in n], changed(results)
+    assert rig.run(f"sha256sum {compose}").stdout == good
+    assert f"HF_TOKEN={tb.hf_token}" in rig.run("cat /opt/rigforge/serve/dual-dflash/.env").stdout
+    again, err = pyinfra_run(inv, REPO / "deploy" / "site.py", "--limit", "rig1", env=no_token)
+    assert changed(again) == [], err[-3000:]
+
+
 def test_compose_rejected_by_docker_compose_config_never_replaces_the_working_one(fleet, tmp_path):
     tb, *_ = fleet
     rig = tb.rig("rig2")
@@ -120,7 +139,7 @@ def test_unknown_variant_fails_only_that_host_before_any_change(fleet, tmp_path)
     })  # fmt: skip
     results, err = pyinfra_run(inv, REPO / "deploy" / "site.py", "--limit", "rig2", "--limit", "rig3")
     assert results["failed_hosts"] == ["rig3"]
-    assert "rig3: unknown variant 'dual-tubro'; choose one of: dual, dual-turbo" in err
+    assert "rigforge refused on rig3:" in err and "unknown variant 'dual-tubro'; choose one of: dual, dual-turbo" in err
     assert changed(results, "rig3") == [] and len(errored(results, "rig3")) == 1
     assert tb.rig("rig3").run(snapshot).stdout == before
     assert changed(results, "rig2") == [] and errored(results, "rig2") == []  # the other rig carried on

@@ -227,7 +227,7 @@ def test_unresolved_entries_and_missing_token_stop_the_host_untouched(tb, lock_d
 
     results, err = run(tb, token=False, sources="", assets="dflash-draft", limit="rig2")
     assert failed(results, "rig2")
-    assert "z-lab/Qwen3.6-27B-DFlash is gated and no HF token is set" in err
+    assert "z-lab/Qwen3.6-27B-DFlash is gated, not yet fetched, and no HF token is set" in err
     assert not (tb.rig("rig2").rootfs / "opt/rigforge/models").exists()
 
 

@@ -164,6 +164,7 @@ def test_gated_asset_needs_the_token_only_until_it_is_stamped(tmp_path, caplog, 
     caplog.clear()
     state, ran, plans = run_site(tmp_path, {"fresh": fresh}, variant="dual-dflash")
     assert not state.failed_hosts and plans["@fake/fresh"].token == "hf_secret123"
+    assert plans["@fake/fresh"].settings.hf_token == "hf_secret123"  # the controller's token goes into .env too
     assert "hf_secret123" not in repr(plans["@fake/fresh"])
 
 

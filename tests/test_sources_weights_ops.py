@@ -107,7 +107,9 @@ def test_weights_fact_parses_stamp_and_exact_nanoseconds():
     assert state["stamp"] == stamp
     assert state["files"] == {"a": [1, 1732912345123456789], "sub/b c": [7, 1732912345000000001]}
     assert state["staging"] == {"x.safetensors.0123456789abcdef.part": 300}
-    assert WeightsState().process(["", "--files--", "--staging--"]) == {"stamp": None, "files": {}, "staging": {}}
+    empty = {"stamp": None, "files": {}, "staging": {}, "staging_dir": False}
+    assert WeightsState().process(["", "--files--", "--staging--"]) == empty
+    assert WeightsState().process(["", "--files--", "--staging--", "--staging-dir--"])["staging_dir"] is True
     assert FreeBytes().process(["123456"]) == 123456
 
 
@@ -125,7 +127,7 @@ def test_weights_fact_command_agrees_with_python_stat(tmp_path):
         st = os.stat(dest / rel)
         assert state["files"][rel] == [st.st_size, st.st_mtime_ns]
     assert state["stamp"] == {"revision": SHA, "files": {}}
-    assert state["staging"] == {"a.bin.0123.part": 10}
+    assert state["staging"] == {"a.bin.0123.part": 10} and state["staging_dir"] is True
     free = FreeBytes().process(sh(FreeBytes().command(str(tmp_path / "not" / "yet"))))
     vfs = os.statvfs(tmp_path)
     assert abs(free - vfs.f_bavail * vfs.f_frsize) < 256 * 2**20  # same filesystem (others write meanwhile)
@@ -196,6 +198,15 @@ def test_checkout_script_against_a_real_git_daemon(stand_ins, tmp_path):
     assert out.returncode == 0 and "dirty tree" in out.stdout and "stray.txt" in out.stdout
     assert gitpin.is_current(fact(), url, meta["pin"], meta["sparse"]) and not (dest / "stray.txt").exists()
 
+    # a killed git left its lock files behind: without removing them `git checkout` fails
+    target.write_text("local edit\n")
+    (dest / ".git/index.lock").write_text("")
+    (dest / ".git/shallow.lock").write_text("")
+    out = subprocess.run(["sh", "-c", gitpin.checkout_script(*args)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "removing .git/index.lock left by an interrupted run" in out.stdout
+    assert gitpin.is_current(fact(), url, meta["pin"], meta["sparse"]) and not (dest / ".git/index.lock").exists()
+
     # a wrong pinned SHA is an error naming the repo; a wrong file hash names the file
     wrong = "deadbeef" * 5
     out = subprocess.run(["sh", "-c", gitpin.checkout_script("vllm-src", url, wrong, str(tmp_path / "w"), [], {})],
@@ -236,6 +247,17 @@ def weights_fact(tampered=(), free=10**9, stamp_revision=SHA, staging=()):
 
 def test_weights_noop_when_the_stamp_matches_the_stat():
     assert commands(weights_fact(), hfweights.fetched, **FETCH) == []
+
+
+def test_weights_leftovers_of_an_interrupted_run_are_removed_from_a_stamped_asset():
+    """Killed after the last file moved into place (parts of old revisions, the staging dir) or before the
+    token file was removed: the next run removes them, and only them."""
+    parts = weights_fact(staging=["--staging-dir--", "5 model.safetensors.0123456789abcdef.part"])
+    assert commands(parts, hfweights.fetched, **FETCH) == ["rm -rf /m/.st/ar"]
+    path = "/r/run/weights/autoround-int4.token"
+    stat = f"user=root group=root mode=-rw------- atime=0 mtime=0 ctime=0 size=3 '{path}'"
+    token = {**weights_fact(), f"stat -c 'user=%U group=%G mode=%A atime=%X mtime=%Y ctime=%Z size=%s %N' {path}": stat}
+    assert commands(token, hfweights.fetched, **FETCH) == ["rm -rf /r/run/weights/autoround-int4.token"]
 
 
 def test_weights_fetch_when_a_file_changed_and_the_manifest_lists_the_lock():

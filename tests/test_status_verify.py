@@ -25,6 +25,7 @@ CHECKS = [
     "manifest present",
     "driver module = package",
     "GPUs visible",
+    "VRAM fits variant",
     "power caps hold",
     "persistence mode on",
     "nvidia runtime",

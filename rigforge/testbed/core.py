@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import pwd
+import random
 import shutil
 import subprocess
 import sys
@@ -363,6 +364,21 @@ def _prepare_rootfs(root: Path, uid: int) -> None:
     )
 
 
+def _simulate_pci(root: Path, gpus: int) -> None:
+    """A sysfs-shaped PCI bus in the chroot (it has no real /sys) for the PCI GPU count preflight reads before any
+    driver: a host bridge, and per GPU its VGA function (class 0x0300) and HDMI audio function (0x0403)."""
+    devices = root / "sys/bus/pci/devices"
+    shutil.rmtree(devices, ignore_errors=True)
+    functions = [("0000:00:00.0", "0x8086", "0x060000")]
+    for i in range(gpus):
+        slot = f"0000:{i + 1:02x}:00"
+        functions += [(f"{slot}.0", "0x10de", "0x030000"), (f"{slot}.1", "0x10de", "0x040300")]
+    for address, vendor, cls in functions:
+        (devices / address).mkdir(parents=True)
+        (devices / address / "vendor").write_text(vendor + "\n")
+        (devices / address / "class").write_text(cls + "\n")
+
+
 def _sshd_config(rig_dir: Path, port: int) -> str:
     return f"""# rigforge testbed rig {rig_dir.name}
 Port {port}
@@ -401,6 +417,7 @@ def _make_rig(rig_dir: Path, port: int, spec: RigSpec, tarball: Path, uid: int, 
         sim = root / "etc/rigforge-sim"
         sim.mkdir(parents=True, exist_ok=True)
         (sim / "gpus.json").write_text(json.dumps(spec.gpus_json(str(rig_dir)), indent=1) + "\n")
+        _simulate_pci(root, spec.gpus)
         (root / "var/lib/rigforge-sim/state.json").unlink(missing_ok=True)
     for key in ("ssh_host_ed25519_key", "id_ed25519"):
         if not (rig_dir / key).exists():
@@ -420,9 +437,20 @@ def _make_rig(rig_dir: Path, port: int, spec: RigSpec, tarball: Path, uid: int, 
             )
     (rig_dir / "authorized_keys").write_text((rig_dir / "id_ed25519.pub").read_text())
     (rig_dir / "authorized_keys").chmod(0o644)
-    (rig_dir / "sshd_config").write_text(_sshd_config(rig_dir, port))
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
-    sh([SSHD, "-f", str(rig_dir / "sshd_config"), "-E", str(rig_dir / "sshd.log")], capture=True)
+    for attempt in range(5):  # another testbed (another dir) may take the port between the plan and this bind
+        (rig_dir / "sshd_config").write_text(_sshd_config(rig_dir, port))
+        log = rig_dir / "sshd.log"
+        log.unlink(missing_ok=True)
+        sh([SSHD, "-f", str(rig_dir / "sshd_config"), "-E", str(log)], capture=True)
+        deadline = time.monotonic() + 10
+        while not pid_alive(rig_dir / "sshd.pid") and time.monotonic() < deadline:
+            if log.exists() and "Cannot bind" in log.read_text():
+                break
+            time.sleep(0.05)
+        if pid_alive(rig_dir / "sshd.pid"):  # ours listens (not another testbed's sshd on the same port)
+            break
+        port = free_port(2400 + 100 * attempt + random.randrange(100), 2900, set())
     wait_port(port)
     info_file.write_text(json.dumps({"port": port, "spec": asdict(spec), "tarball": tarball.name}))
     return Rig(rig_dir.name, port, root, USER, rig_dir / "id_ed25519", rig_dir, spec)

@@ -21,7 +21,8 @@ class WeightsState(FactBase):
     The stamp written by fetch_weights.py and a stat (size, mtime_ns) of every file under ``dest``
     and ``staging``; never reads file contents, so it costs the same for 64 MiB and 64 GiB::
 
-        {"stamp": {...} or None, "files": {relpath: [size, mtime_ns]}, "staging": {relpath: size}}
+        {"stamp": {...} or None, "files": {relpath: [size, mtime_ns]}, "staging": {relpath: size},
+         "staging_dir": whether the staging dir exists}
     """
 
     def command(self, dest: str, staging: str) -> str:
@@ -29,17 +30,20 @@ class WeightsState(FactBase):
         return (
             f"cat {d}/{STAMP} 2>/dev/null | tr -d '\\n'; echo; echo '--files--'; "
             f"[ -d {d} ] && find {d} -type f ! -name '{STAMP}' -printf '%s %T@ %P\\n'; "
-            f"echo '--staging--'; [ -d {s} ] && find {s} -type f -printf '%s %P\\n'; true"
+            f"echo '--staging--'; [ -d {s} ] && echo '--staging-dir--' && find {s} -type f -printf '%s %P\\n'; true"
         )
 
     @staticmethod
     def default() -> dict:
-        return {"stamp": None, "files": {}, "staging": {}}
+        return {"stamp": None, "files": {}, "staging": {}, "staging_dir": False}
 
     def process(self, output: list[str]):
-        state = {"stamp": None, "files": {}, "staging": {}}
+        state = {"stamp": None, "files": {}, "staging": {}, "staging_dir": False}
         section = "stamp"
         for line in output:
+            if line == "--staging-dir--":
+                state["staging_dir"] = True
+                continue
             if line in ("--files--", "--staging--"):
                 section = line.strip("-")
                 continue

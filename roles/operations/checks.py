@@ -14,12 +14,11 @@ from dataclasses import dataclass
 from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, operation
 
+from rigforge.hardware import cards, small_override, vram_problems
 from roles.facts.nvidia import NvidiaGpus, NvidiaPciGpus
 from roles.facts.system import FreeDiskBytes, OsRelease, SecureBoot
 
 SUPPORTED_OS = {("ubuntu", "22.04"), ("ubuntu", "24.04"), ("debian", "12"), ("debian", "13")}
-SMALL_CARD_MIB = 24000  # below this a card is a "20 GB card"
-SMALL_CARD_OVERRIDE = {"serving_kv_cache_dtype": "fp8_e5m2", "serving_gpu_memory_utilization": 0.82}
 DOCKER_SOURCES = ("docker", "distro")
 DRIVER_FLAVORS = ("open", "proprietary")
 
@@ -69,12 +68,35 @@ def cap_problems(gpus: list[dict], default_w: int, overrides: dict) -> list[str]
         if low is not None and high is not None and not low <= cap <= high:
             key = "gpu_power_limits" if int(gpu["index"]) in {int(i) for i in overrides or {}} else "gpu_power_limit_w"
             refused.setdefault((cap, key, low, high), []).append(gpu)
-    for (cap, key, low, high), cards in refused.items():
+    for (cap, key, low, high), refused_cards in refused.items():
         problems.append(
-            f"power cap {cap} W ({key}) is outside {_cards(cards)} range {low:g}..{high:g} W; "
+            f"power cap {cap} W ({key}) is outside {cards(refused_cards)} range {low:g}..{high:g} W; "
             f"set {key} to a value in {low:g}..{high:g}."
         )
     return problems
+
+
+def gpu_problems(gpus: list[dict], needs: Needs, data: dict) -> list[str]:
+    """What nvidia-smi's GPUs lack for `needs.variant`: count, VRAM per card, each card's power-cap range."""
+    if not gpus:
+        return []
+    problems = []
+    if len(gpus) < needs.gpus:
+        problems.append(
+            f"variant {needs.variant} needs {needs.gpus} GPUs, nvidia-smi shows {len(gpus)}; "
+            "choose a variant for this GPU count (rigforge_variant) or add GPUs."
+        )
+    override = small_override(data.get("serving_kv_cache_dtype"), data.get("serving_gpu_memory_utilization"))
+    problems += vram_problems(gpus, needs.variant, needs.card_mib, needs.dflash, override)
+    try:
+        default_w = int(data.get("gpu_power_limit_w"))
+        overrides = {int(k): int(v) for k, v in (data.get("gpu_power_limits") or {}).items()}
+    except (TypeError, ValueError, AttributeError):
+        return problems + [
+            "gpu_power_limit_w must be whole watts and gpu_power_limits a mapping {gpu index: watts}; "
+            f"got {data.get('gpu_power_limit_w')!r} and {data.get('gpu_power_limits')!r}."
+        ]
+    return problems + cap_problems(gpus, default_w, overrides)
 
 
 def find_problems(
@@ -105,47 +127,12 @@ def find_problems(
     flavor = data.get("nvidia_driver_flavor")
     if flavor not in DRIVER_FLAVORS:
         problems.append(f"nvidia_driver_flavor={flavor!r} is not one of: {', '.join(DRIVER_FLAVORS)}.")
-    try:
-        default_w = int(data.get("gpu_power_limit_w"))
-        overrides = {int(k): int(v) for k, v in (data.get("gpu_power_limits") or {}).items()}
-    except (TypeError, ValueError, AttributeError):
-        problems.append(
-            "gpu_power_limit_w must be whole watts and gpu_power_limits a mapping {gpu index: watts}; "
-            f"got {data.get('gpu_power_limit_w')!r} and {data.get('gpu_power_limits')!r}."
-        )
-        default_w, overrides = None, {}
-
     if not gpus and pci_gpus is not None and pci_gpus < needs.gpus:
         problems.append(
             f"variant {needs.variant} needs {needs.gpus} GPUs, the PCI bus shows {pci_gpus} NVIDIA GPU(s); "
             "choose a variant for this GPU count (rigforge_variant) or add GPUs."
         )
-    if gpus:
-        if len(gpus) < needs.gpus:
-            problems.append(
-                f"variant {needs.variant} needs {needs.gpus} GPUs, nvidia-smi shows {len(gpus)}; "
-                "choose a variant for this GPU count (rigforge_variant) or add GPUs."
-            )
-        small_override = data.get("serving_kv_cache_dtype") == SMALL_CARD_OVERRIDE["serving_kv_cache_dtype"] and _float(
-            data.get("serving_gpu_memory_utilization")
-        ) <= float(SMALL_CARD_OVERRIDE["serving_gpu_memory_utilization"])
-        short = [gpu for gpu in gpus if (gpu.get("memory_total") or 0) < needs.card_mib]
-        vram = min((gpu.get("memory_total") or 0 for gpu in short), default=0)
-        cards = f"{_cards(short)} {'has' if len(short) == 1 else 'have'} {vram} MiB"
-        if short and vram < SMALL_CARD_MIB and needs.dflash:
-            problems.append(
-                f"{cards}; {needs.variant} (DFlash) needs 24 GB cards and has no 20 GB override; "
-                "choose dual or dual-turbo with the 20 GB override."
-            )
-        elif short and vram < SMALL_CARD_MIB and not small_override:
-            problems.append(
-                f"{cards}, less than the {needs.card_mib} MiB {needs.variant} needs; for 20 GB cards set "
-                "serving_kv_cache_dtype: fp8_e5m2 and serving_gpu_memory_utilization: 0.82 in host data."
-            )
-        elif short and vram >= SMALL_CARD_MIB:
-            problems.append(f"{cards}, less than the {needs.card_mib} MiB {needs.variant} needs.")
-        if default_w is not None:
-            problems += cap_problems(gpus, default_w, overrides)
+    problems += gpu_problems(gpus, needs, data)
 
     if free_bytes is not None and free_bytes < needs.disk_bytes:
         problems.append(
@@ -153,18 +140,6 @@ def find_problems(
             f"{needs.disk_bytes / 1e9:.1f} GB; free space or point serving_model_dir at a bigger disk."
         )
     return problems
-
-
-def _cards(gpus: list[dict]) -> str:
-    names = sorted({str(gpu.get("name")) for gpu in gpus})
-    return f"GPU {', '.join(str(gpu['index']) for gpu in gpus)} ({', '.join(names)})"
-
-
-def _float(value) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return float("inf")
 
 
 def format_problems(host_name: str, problems: list[str], what: str = "preflight failed") -> str:
@@ -196,6 +171,40 @@ def host_checks(needs: Needs, data: dict, host_problems=None):
         return
     message = format_problems(host.name, problems)
     if not state.is_executing:  # change detection / --dry: report now; a real run fails when executed
+        host.log_styled(message, fg="yellow", log_func=logger.warning)
+    yield fail_command(message)
+
+
+@operation()
+def gpus_fit(needs: Needs, caps: dict[int, int], data: dict):
+    """Right after the driver role: fail this host unless nvidia-smi's GPUs fit `needs` (count, VRAM per card,
+    each card's cap range) and `caps` (the power unit's caps) covers exactly the GPUs present.
+
+    pyinfra runs an operation's body again when it executes it, and facts are not cached, so the GPUs are read
+    when this runs: after a driver installed (and a reboot taken) earlier in the same run, before Docker, caps,
+    sources, weights or serving. While only preparing a fresh rig (no driver yet) it reports nothing.
+    """
+    gpus = host.get_fact(NvidiaGpus)
+    if not gpus and not state.is_executing:
+        host.noop("GPUs are checked when this runs, once the driver answers")
+        return
+    problems = gpu_problems(gpus, needs, data)
+    if not gpus:
+        problems.append(
+            "nvidia-smi shows no GPU although the driver role finished; check `nvidia-smi` and `dmesg` on the rig."
+        )
+    present = sorted(int(gpu["index"]) for gpu in gpus)
+    if gpus and present != sorted(caps):
+        problems.append(
+            f"the power unit would cap GPU(s) {sorted(caps)} but nvidia-smi shows GPU(s) {present}; re-run so "
+            "the plan counts the GPUs again (and remove gpu_power_limits entries for absent GPUs)."
+        )
+    if not problems:
+        vram = sorted({gpu.get("memory_total") for gpu in gpus})
+        host.noop(f"{len(gpus)} GPU(s) with {'/'.join(map(str, vram))} MiB fit {needs.variant}; caps in range")
+        return
+    message = format_problems(host.name, problems, what="GPU check failed")
+    if not state.is_executing:
         host.log_styled(message, fg="yellow", log_func=logger.warning)
     yield fail_command(message)
 

@@ -4,7 +4,8 @@ State comes from the GitCheckout fact at execution time. No-op when HEAD is the 
 clean, origin and sparse patterns match and the locked files hash right. Otherwise one shell step:
 init + remote, `git fetch --depth 1 --filter=blob:none origin <sha>` (servers that refuse a fetch by SHA get
 a full blobless fetch instead), sparse patterns (cone mode off, one anchored path per line), a dirty tree is
-repaired (`git reset --hard` + `git clean -ffdx`, reported), `git checkout --detach <sha>`, then every
+repaired (`git reset --hard` + `git clean -ffdx`, reported), lock files a killed git left are removed,
+`git checkout --detach <sha>`, then every
 locked file is checked with sha256sum. A pinned commit the remote does not have is an error naming the repo.
 """
 
@@ -52,6 +53,8 @@ def checkout_script(
         f"mkdir -p {q(dest)}",
         f"cd {q(dest)}",
         "[ -d .git ] || git init -q",
+        "for lock in .git/index.lock .git/shallow.lock .git/config.lock .git/HEAD.lock; do"  # a killed git's
+        ' [ ! -e "$lock" ] || { echo "rigforge: removing $lock left by an interrupted run"; rm -f "$lock"; }; done',
         f"git remote get-url origin >/dev/null 2>&1 && git remote set-url origin {q(url)}"
         f" || git remote add origin {q(url)}",
         f"if ! git cat-file -e {c}^{{commit}} 2>/dev/null; then",

@@ -21,8 +21,10 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from pyinfra import host
+from pyinfra import host, logger
+from pyinfra import state as pyinfra_state
 from pyinfra.api import FileUploadCommand, OperationError, StringCommand, operation
+from pyinfra.facts.files import File
 
 from rigforge.pins import HfFile, HfPin
 from roles.facts.hfweights import FreeBytes, WeightsState
@@ -125,8 +127,18 @@ def fetched(
     """
     state = host.get_fact(WeightsState, dest=dest, staging=staging)
     stale = stale_files(pin, state)
+    q = shlex.quote
+    token_file = f"{work_dir}/{pin.name}.token"
     if not stale and not deep:
-        host.noop(f"{pin.name}: {len(pin.files)} files verified by stamp ({human(pin.total_size)})")
+        left = [path for path in (staging,) if state.get("staging_dir")]
+        left += [token_file] if host.get_fact(File, path=token_file) else []
+        if not left:
+            host.noop(f"{pin.name}: {len(pin.files)} files verified by stamp ({human(pin.total_size)})")
+            return
+        if pyinfra_state.is_executing:  # an interrupted run: parts of a finished asset, a token file
+            host.log_styled(f"{host.name}: {pin.name}: removing {', '.join(left)} left by an interrupted run",
+                            fg="yellow", log_func=logger.warning)  # fmt: skip
+        yield StringCommand(f"rm -rf {' '.join(q(p) for p in left)}")
         return
     need = int(missing_bytes(stale, state) * HEADROOM)
     free = host.get_fact(FreeBytes, path=dest)
@@ -136,7 +148,6 @@ def fetched(
             f"(missing bytes + 5%), {human(free)} free; free space or set serving_model_dir elsewhere"
         )
         return
-    q = shlex.quote
     man = f"{work_dir}/{pin.name}.json"
     yield StringCommand(f"mkdir -p {q(staging)} {q(dest)} && install -d -m 0700 {q(work_dir)}")
     yield FileUploadCommand(io.StringIO(json.dumps(manifest(pin, dest, staging, endpoint), indent=1)), man)
@@ -156,7 +167,6 @@ def fetched(
     if not raw_token:
         yield StringCommand(" ".join(args))
         return
-    token_file = f"{work_dir}/{pin.name}.token"
     yield StringCommand(f"install -m 0600 /dev/null {q(token_file)}")
     yield from upload_privately(raw_token, token_file)
     yield StringCommand(f"{' '.join(args)} --token-file {q(token_file)}; rc=$?; rm -f {q(token_file)}; exit $rc")

@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import shlex
 
-from pyinfra import host
+from pyinfra import host, logger, state
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
-from pyinfra.facts.files import File, Sha256File
+from pyinfra.facts.files import Directory, File, Sha256File
+from pyinfra.facts.server import Command
 
 
 def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def private_upload_dir() -> str:
+    """The SSH user's own 0700 dir that sudo uploads pass through (see upload_privately)."""
+    return f"/tmp/.rigforge-upload-{host.data.get('ssh_user') or 'user'}"
 
 
 def upload_privately(text: str, dest: str):
@@ -23,7 +30,7 @@ def upload_privately(text: str, dest: str):
     """
     if not (host.current_op_global_arguments or {}).get("_sudo"):
         return [FileUploadCommand(io.BytesIO(text.encode()), dest)]
-    private = f"/tmp/.rigforge-upload-{host.data.get('ssh_user') or 'user'}"
+    private = private_upload_dir()
     temp = f"{private}/{hashlib.sha1(dest.encode()).hexdigest()[:12]}"
     return [
         StringCommand("install", "-d", "-m", "700", QuoteString(private), _sudo=False),
@@ -31,44 +38,102 @@ def upload_privately(text: str, dest: str):
     ]
 
 
+SWAPPING = ".swapping"  # in the staging dir while files are being moved into place
+
+
 @operation()
-def staged_files(dest: str, files: dict[str, tuple[str, str]], validate: str | None = None, keep_previous: bool = True):
+def staged_files(
+    dest: str,
+    files: dict[str, tuple[str, str]],
+    validate: str | None = None,
+    keep_previous: bool = True,
+    keep_line: dict[str, str] | None = None,
+):
     """Install `files` ({name: (text, octal mode)}) into `dest` as one unit.
+
+    `keep_line` ({name: prefix}, e.g. {".env": "HF_TOKEN="}): the installed file's line with that prefix is kept
+    instead of the new text's (a secret the controller does not have this time); it is compared and copied on
+    the host, never read back to the controller.
 
     No-op when every file already has that content and mode. Otherwise the files are uploaded to
     `dest/.staging` (0700), `validate` runs there (e.g. `docker compose config -q`), and only if it passes
     are the current files kept as `<name>.prev` (with keep_previous, for rollback) and the new ones renamed
     into place. On a failed validation the staging dir is removed and the current files stay untouched.
+
+    An interrupted run is repaired: a leftover staging dir is removed, and when the run was killed while moving
+    files into place (the staging dir holds the `.swapping` marker) the next run finishes the move without
+    overwriting the `.prev` copies, which still hold the files from before that interrupted swap.
     """
+    staging = f"{dest}/.staging"
     current = {}
+    keep_line = keep_line or {}
     for name, (text, mode) in files.items():
         info = host.get_fact(File, path=f"{dest}/{name}")
         same = (
             info
             and str(info["mode"]) == mode.lstrip("0")  # pyinfra reports mode as octal digits
-            and (host.get_fact(Sha256File, path=f"{dest}/{name}") == _sha256(text))
+            and _content_hash(f"{dest}/{name}", keep_line.get(name)) == _sha256(_without(text, keep_line.get(name)))
         )
         current[name] = (bool(info), bool(same))
+    leftover = host.get_fact(Directory, path=staging)
+    resumed = bool(leftover) and bool(host.get_fact(File, path=f"{staging}/{SWAPPING}"))
     if all(same for _, same in current.values()):
-        host.noop(f"{dest}: {', '.join(files)} up to date")
+        if not leftover:
+            host.noop(f"{dest}: {', '.join(files)} up to date")
+            return
+        _say(f"{dest}: removing the staging dir an interrupted run left behind")
+        yield StringCommand("rm", "-rf", QuoteString(staging))
         return
+    if resumed:
+        _say(f"{dest}: an interrupted run was moving files into place; finishing it (the .prev copies are kept)")
 
-    staging = f"{dest}/.staging"
     yield StringCommand("mkdir", "-p", QuoteString(dest))
     yield StringCommand("rm", "-rf", QuoteString(staging), "&&", "mkdir", "-m", "700", QuoteString(staging))
     for name, (text, mode) in files.items():
         yield from upload_privately(text, f"{staging}/{name}")
+        if name in keep_line and current[name][0]:
+            yield StringCommand(_keep_line_script(f"{dest}/{name}", f"{staging}/{name}", keep_line[name]))
         yield StringCommand("chmod", mode, QuoteString(f"{staging}/{name}"))
     if validate:
         yield StringCommand(
             f"cd {shlex.quote(staging)} && ( {validate} ) || {{ rc=$?; rm -rf {shlex.quote(staging)}; "
             f"echo 'rigforge: validation failed, {dest} left unchanged' >&2; exit $rc; }}"
         )
+    yield StringCommand("touch", QuoteString(f"{staging}/{SWAPPING}"))
     for name, (exists, _) in current.items():
-        if exists and keep_previous:
+        if exists and keep_previous and not resumed:
             yield StringCommand("cp", "-p", QuoteString(f"{dest}/{name}"), QuoteString(f"{dest}/{name}.prev"))
         yield StringCommand("mv", "-f", QuoteString(f"{staging}/{name}"), QuoteString(f"{dest}/{name}"))
-    yield StringCommand("rmdir", QuoteString(staging))
+    yield StringCommand("rm", "-rf", QuoteString(staging))
+
+
+def _without(text: str, prefix: str | None) -> str:
+    return text if not prefix else "".join(line for line in text.splitlines(True) if not line.startswith(prefix))
+
+
+def _content_hash(path: str, prefix: str | None) -> str | None:
+    """sha256 of the file (without the lines starting with `prefix`), as read on the host."""
+    if not prefix:
+        return host.get_fact(Sha256File, path=path)
+    out = host.get_fact(
+        Command, command=f"grep -v -- {shlex.quote('^' + prefix)} {shlex.quote(path)} 2>/dev/null | sha256sum"
+    )
+    return (out or "").split(" ")[0] or None
+
+
+def _keep_line_script(current: str, staged: str, prefix: str) -> str:
+    """Shell: replace `staged`'s line starting with `prefix` by `current`'s (when it has one), on the host."""
+    q = shlex.quote
+    program = (
+        f"NR == FNR {{ if (index($0, {json.dumps(prefix)}) == 1) kept = $0; next }} "
+        f'index($0, {json.dumps(prefix)}) == 1 && kept != "" {{ print kept; next }} {{ print }}'
+    )
+    return f"awk {q(program)} {q(current)} {q(staged)} > {q(staged)}.new && mv -f {q(staged)}.new {q(staged)}"
+
+
+def _say(message: str) -> None:
+    if state.is_executing:
+        host.log_styled(f"{host.name}: {message}", fg="yellow", log_func=logger.warning)
 
 
 def systemd_verify(unit_file: str, instance: str | None = None) -> str:

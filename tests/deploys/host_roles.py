@@ -1,4 +1,4 @@
-"""Test deploy: the host roles alone, in site order (plan, preflight, driver, GPU check, docker + toolkit, power).
+"""Test deploy: the host roles alone, in site order (plan, preflight, repair, driver, GPU check, docker, power).
 
     pyinfra -y <testbed inventory> tests/deploys/host_roles.py [--data gpu_power_limit_w=90]
 
@@ -10,14 +10,18 @@ shape (2 GPUs, 24 GB cards, no DFlash) but the disk need is small so the testbed
 from pyinfra import host
 
 from roles import docker_engine, gpu_power, nvidia_driver, preflight, site
-from roles.operations.checks import Needs
+from roles.operations import recover
+from roles.operations.checks import Needs, gpus_fit
 
 plan = site.prepare("dual-turbo")
 if plan:
     gpus = int(host.data.get("test_variant_gpus", 2))
     disk = int(host.data.get("test_disk_needed_bytes", 1e6))
     needs = Needs("dual-turbo", gpus, 23000, False, plan.layout.models, disk)
-    preflight.check(needs)
+    preflight.check(needs, plan.data)
+    recover.packages(name="Repair packages an interrupted run left half-installed (dpkg --configure -a)")
+    recover.uploads_cleared(name="Remove uploads an interrupted run left in the upload dir")
     nvidia_driver.install()
+    gpus_fit(name="Check the GPUs now that the driver answers", needs=needs, caps=dict(plan.caps), data=dict(plan.data))
     docker_engine.install()
     gpu_power.apply(plan)

@@ -1,0 +1,136 @@
+"""Tier 4: bad input and unfit hardware are refused on FRESH testbed rigs, before anything on them changes.
+
+Each case runs a user's entry point (deploy/<variant>.py, deploy/site.py) over real SSH as the sudo user and
+compares a snapshot of the rig (installed packages, /etc/apt, /opt/rigforge, /etc/systemd/system, with file
+checksums) before and after. A refused run leaves the rig exactly as it was, so the host-data cases share one
+fresh rig: the unchanged snapshot after each case is the proof that it is still fresh for the next one.
+
+Hardware that only the driver can show (VRAM per card, a card's own power range) is checked right after the
+driver role, on the same run: the driver is then the only change (no Docker, nothing under /opt/rigforge, no
+units). Once the driver is in, the next run refuses in preflight with nothing changed at all. A GPU count short
+of the variant's shows on the PCI bus and is refused before the driver.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from support import REPO, changed, errored, inventory_with, pyinfra_run
+
+pytestmark = pytest.mark.testbed
+SNAPSHOT = (
+    "dpkg-query -W -f '${Package} ${Version} ${db:Status-Abbrev}\\n' | sort; "
+    "find /etc/apt /opt/rigforge /etc/systemd/system -xdev -printf '%p %s %m %l\\n' 2>/dev/null | sort; "
+    "find /etc/apt /opt/rigforge /etc/systemd/system -xdev -type f -exec sha256sum {} + 2>/dev/null | sort"
+)
+NO_TOKEN = {"RIGFORGE_HF_TOKEN": "", "HF_TOKEN": ""}
+
+# (entry point, host data, expected message); all refused while the plan is built, on the controller
+HOST_DATA_CASES = [
+    ("dual_turbo", {"gpu_power_limit_w": 90}, "gpu_power_limit_w must be whole watts in 100..600, got 90"),
+    ("dual_turbo", {"gpu_power_limit_w": 5000}, "gpu_power_limit_w must be whole watts in 100..600, got 5000"),
+    ("dual_turbo", {"gpu_power_limits": {2: 250}}, "gpu_power_limits names GPU(s) [2] but this rig has 2 GPU(s)"),
+    ("dual_turbo", {"serving_max_model_len": -5}, "serving_max_model_len must be an integer in 1..1048576, got -5"),
+    ("dual_turbo", {"serving_max_num_seqs": 0}, "serving_max_num_seqs must be an integer in 1..1024, got 0"),
+    ("dual_turbo", {"serving_health_timeout": -1}, "serving_health_timeout must be a whole number of seconds"),
+    ("dual_turbo", {"serving_health_timeout": "ten minutes"}, "got 'ten minutes'"),
+    ("dual_turbo", {"serving_image": 'vllm/vllm-openai:x" y'}, "serving_image must be an image reference"),
+    ("dual_turbo", {"serving_port": 70000}, "serving_port must be a port number in 1..65535, got 70000"),
+    ("dual_turbo", {"rigforge_root": "/opt/rf;x"}, "rigforge_root must be an absolute path of letters, digits"),
+    ("dual_turbo", {"weights_source": "torrent"}, "weights_source must be one of: hub, controller; got 'torrent'"),
+    ("dual_turbo", {"rigforge_variant": "dual"}, "this entry point deploys dual-turbo but host data sets"),
+    ("dual_dflash", {}, "z-lab/Qwen3.6-27B-DFlash is gated, not yet fetched, and no HF token is set"),
+    ("dual_dflash", {"serving_kv_cache_dtype": "fp8_e5m2"}, "serving_kv_cache_dtype cannot be used with dual-dflash"),
+    ("site", {"rigforge_variant": "dual-tubro"}, "unknown variant 'dual-tubro'; choose one of: dual, dual-turbo"),
+    ("site", {}, "rigforge_variant is not set; choose one of: dual, dual-turbo"),
+]
+
+
+@pytest.fixture(scope="module")
+def rigs(testbed_factory):
+    """rig1: 2x 24 GB (the host-data cases), rig2: one GPU, rig3: 2x 20 GB cards, rig4: 2x 24 GB (converges)."""
+    from rigforge.testbed import RigSpec
+
+    return testbed_factory([RigSpec(), RigSpec(gpus=1), RigSpec(vram_mib=20480), RigSpec()], name="refusals")
+
+
+def snapshot(rig) -> str:
+    return rig.run(SNAPSHOT).stdout
+
+
+def deploy(tb, tmp_path, rig: str, entry: str, data: dict, env: dict | None = None, *extra: str):
+    inv = inventory_with(tb, tmp_path / f"inv-{rig}.py", {rig: data})
+    return pyinfra_run(inv, REPO / "deploy" / f"{entry}.py", "--limit", rig, *extra, env={**NO_TOKEN, **(env or {})})
+
+
+def assert_refused(results: dict, err: str, rig: str, expect: str, header: str = "rigforge refused on"):
+    assert results.get("failed_hosts") in ("all", [rig]), err[-3000:]
+    assert f"{header} {rig}:" in err and expect in err, err[-4000:]
+    assert changed(results, rig) == []
+
+
+def test_bad_host_data_is_refused_on_a_fresh_rig_with_nothing_changed(rigs, tmp_path):
+    rig = rigs.rig("rig1")
+    fresh = snapshot(rig)
+    assert "docker.io" not in fresh and "/opt/rigforge" not in fresh
+    for entry, data, expect in HOST_DATA_CASES:
+        results, err = deploy(rigs, tmp_path, "rig1", entry, data)
+        assert_refused(results, err, "rig1", expect)
+        assert err.count("rigforge refused on rig1:") == 1  # one message
+        assert snapshot(rig) == fresh, f"{entry} {data} changed the rig"
+
+
+def test_one_gpu_rig_is_refused_by_the_pci_count_before_the_driver(rigs, tmp_path):
+    rig = rigs.rig("rig2")
+    fresh = snapshot(rig)
+    results, err = deploy(rigs, tmp_path, "rig2", "dual_turbo", {})
+    assert_refused(
+        results, err, "rig2", "dual-turbo needs 2 GPUs, the PCI bus shows 1 NVIDIA GPU(s)", "preflight failed on"
+    )
+    assert snapshot(rig) == fresh
+
+
+def test_20gb_cards_are_refused_right_after_the_driver_then_in_preflight(rigs, tmp_path):
+    rig = rigs.rig("rig3")
+    fresh = snapshot(rig)
+    results, err = deploy(rigs, tmp_path, "rig3", "dual_dflash", {}, {"RIGFORGE_HF_TOKEN": rigs.hf_token})
+    assert_refused(results, err, "rig3", "dual-dflash (DFlash) needs 24 GB cards", "GPU check failed on")
+    after = rig.run(SNAPSHOT).stdout
+    # the driver is the only change: no Docker, nothing under /opt/rigforge, no units
+    assert "docker.io" not in after and "/opt/rigforge" not in after
+    units = [line for line in after.splitlines() if line.startswith("/etc/systemd/system")]
+    assert units == [line for line in fresh.splitlines() if line.startswith("/etc/systemd/system")]
+    assert rig.run("dpkg-query -W -f '${db:Status-Abbrev}' nvidia-open").stdout.strip() == "hi"  # held
+
+    before = snapshot(rig)  # the driver answers now: preflight sees the cards and nothing changes
+    results, err = deploy(rigs, tmp_path, "rig3", "dual_turbo", {})
+    assert_refused(results, err, "rig3", "for 20 GB cards set serving_kv_cache_dtype: fp8_e5m2", "preflight failed on")
+    assert snapshot(rig) == before
+
+
+def test_a_cap_outside_the_cards_own_range_is_refused_right_after_the_driver(rigs, tmp_path):
+    rig = rigs.rig("rig1")  # still fresh: every host-data case left it unchanged
+    results, err = deploy(rigs, tmp_path, "rig1", "dual_turbo", {"gpu_power_limit_w": 400})
+    assert_refused(
+        results, err, "rig1", "power cap 400 W (gpu_power_limit_w) is outside GPU 0, 1", "GPU check failed on"
+    )
+    after = snapshot(rig)
+    assert "docker.io" not in after and "/opt/rigforge" not in after
+    assert "rigforge-gpu-power.service" not in after
+
+
+def test_two_rigs_one_bad_knob_the_other_converges(rigs, tmp_path):
+    """rig2 is refused (a knob that cannot even be parsed); rig4 converges in the same run, then changes nothing."""
+    rig2, rig4 = rigs.rig("rig2"), rigs.rig("rig4")
+    before = snapshot(rig2)
+    inv = inventory_with(rigs, tmp_path / "two.py", {"rig2": {"serving_health_timeout": "ten minutes"}})
+    results, err = pyinfra_run(inv, REPO / "deploy" / "dual_turbo.py", "--limit", "rig2", "--limit", "rig4")
+    assert results["failed_hosts"] == ["rig2"], err[-4000:]
+    assert "rigforge refused on rig2:" in err and "serving_health_timeout" in err
+    assert len(errored(results, "rig2")) == 1 and changed(results, "rig2") == []
+    assert snapshot(rig2) == before
+    assert changed(results, "rig4") and errored(results, "rig4") == []
+    assert json.loads(rig4.run("cat /etc/rigforge/rig.json").stdout)["variant"] == "dual-turbo"
+    again, err = pyinfra_run(inv, REPO / "deploy" / "dual_turbo.py", "--limit", "rig4")
+    assert again["failed_hosts"] == [] and changed(again) == [], err[-3000:]

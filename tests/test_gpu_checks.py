@@ -1,0 +1,103 @@
+"""Tier 2: the GPU checks that see the hardware, on pyinfra's @fake hosts, and `rigforge verify`'s VRAM check.
+
+`gpus_fit` runs right after the driver role and reads nvidia-smi when it executes: a rig whose GPUs are only
+visible once the driver is in (a fresh rig) is checked then, and fails before anything after it runs.
+"""
+
+from __future__ import annotations
+
+import pytest
+from pyinfra.api.deploy import add_deploy
+from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.operations import run_ops
+from pyinfra.api.state import StateStage
+from pyinfra.operations import server
+from test_roles_host_ops import PREFLIGHT, executed, gpu_row, make_state, rig
+
+from rigforge.catalog import load_catalog
+from rigforge.hardware import vram_problems
+from rigforge.render import Settings
+from rigforge.status import RigContext
+from rigforge.verify import check_vram
+from roles.operations import checks
+
+DATA = {"gpu_power_limit_w": 230, "gpu_power_limits": {}}
+
+
+def run(hosts: dict, caps=None, data=None, gpus_appear_at_execution=None):
+    """gpus_fit then a changing operation. `gpus_appear_at_execution`: nvidia-smi answers only once executing,
+    as on a fresh rig whose driver the same run installs."""
+    state = make_state(hosts)
+
+    def deploy():
+        checks.gpus_fit(name="GPU check", needs=PREFLIGHT, caps=caps or {0: 230, 1: 230}, data=data or DATA)
+        server.shell(name="Change something", commands=["touch /rigforge-was-here"])
+
+    add_deploy(state, deploy)
+    for name, rows in (gpus_appear_at_execution or {}).items():  # the driver role "installed" the driver
+        state.inventory.get_host(f"@fake/{name}").connector.data["fake_responses"]["--query-gpu="] = rows or [
+            gpu_row(0),
+            gpu_row(1),
+        ]
+    state.set_stage(StateStage.Execute)
+    try:
+        run_ops(state)
+    except PyinfraError as exc:
+        assert "No hosts remaining" in str(exc)
+    return state
+
+
+def test_fresh_rig_is_checked_when_the_driver_answers(caplog):
+    small = [gpu_row(0, mib=20480), gpu_row(1, mib=20480)]
+    state = run({"small": rig(gpus=[]), "ok": rig(gpus=[])}, gpus_appear_at_execution={"small": small, "ok": None})
+    assert {h.name for h in state.failed_hosts} == {"@fake/small"}
+    assert "touch /rigforge-was-here" not in executed(state, "small")
+    assert "touch /rigforge-was-here" in executed(state, "ok")
+    text = caplog.text
+    assert "GPU check failed on @fake/small" in text and "have 20480 MiB, less than the 23000 MiB" in text
+
+
+@pytest.mark.parametrize(
+    "gpus, caps, data, expect",
+    [
+        ([gpu_row(0)], {0: 230}, DATA, "needs 2 GPUs, nvidia-smi shows 1"),
+        ([gpu_row(0), gpu_row(1)], {0: 230, 1: 230}, {**DATA, "gpu_power_limit_w": 400}, "power cap 400 W"),
+        (
+            [gpu_row(0)],
+            {0: 230, 1: 230},
+            DATA,
+            "the power unit would cap GPU(s) [0, 1] but nvidia-smi shows GPU(s) [0]",
+        ),
+        ([gpu_row(i) for i in range(3)], {0: 230, 1: 230}, DATA, "shows GPU(s) [0, 1, 2]"),
+        ([], {0: 230, 1: 230}, DATA, "nvidia-smi shows no GPU although the driver role finished"),
+    ],
+)
+def test_unfit_gpus_fail_the_host_before_later_operations(caplog, gpus, caps, data, expect):
+    state = run({"r": rig(gpus=gpus), "ok": rig()}, caps=caps, data=data)
+    assert "@fake/r" in {h.name for h in state.failed_hosts}
+    assert "touch /rigforge-was-here" not in executed(state, "r")
+    assert expect in caplog.text
+
+
+def test_fitting_gpus_are_a_no_op():
+    state = run({"r": rig(gpus=[gpu_row(0, limit=230.0), gpu_row(1, limit=230.0)])})
+    assert not state.failed_hosts and "touch /rigforge-was-here" in executed(state, "r")
+
+
+def test_vram_rules():
+    cards20 = [{"index": i, "name": "RTX 3080 20GB", "memory_total": 20480} for i in range(2)]
+    assert "set serving_kv_cache_dtype: fp8_e5m2" in vram_problems(cards20, "dual-turbo", 23000, False, False)[0]
+    assert vram_problems(cards20, "dual-turbo", 23000, False, True) == []
+    assert "(DFlash) needs 24 GB cards" in vram_problems(cards20, "dual-dflash", 23500, True, True)[0]
+    cards3090 = [{"index": i, "name": "RTX 3090", "memory_total": 24576} for i in range(2)]
+    assert vram_problems(cards3090, "dual-dflash", 23500, True, False) == []
+
+
+def test_verify_checks_vram_against_the_variant():
+    cards20 = [{"index": i, "name": "RTX 3080 20GB", "memory_total": 20480} for i in range(2)]
+    ctx = RigContext("r", manage=False, settings=Settings(), variant=load_catalog().variant("dual-dflash"))
+    check = check_vram(cards20, ctx)
+    assert check.status == "fail" and "needs 24 GB cards" in check.detail
+    ctx.variant = load_catalog().variant("dual-turbo")
+    ctx.settings = Settings(kv_cache_dtype="fp8_e5m2", gpu_memory_utilization=0.82)
+    assert check_vram(cards20, ctx).status == "pass"
