@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from . import aptrepo, content, presets, rootfs
+from . import aptrepo, content, hostpkgs, presets, rootfs
 from ._util import (
     TestbedError,
     chroot_env,
@@ -563,17 +563,11 @@ def up(
     """Build or reuse rigs rig1..rigN (one per spec) in `dir`; start the shared services of `shared` (default:
     `dir`). Idempotent: running rigs with the same spec are kept unless `fresh`."""
     t0 = time.monotonic()
-    if os.geteuid() != 0:
-        raise TestbedError("the testbed needs root (chroot, sshd per rig, useradd): run it with sudo")
+    hostpkgs.ensure()  # root, and the host packages (installed when missing, on Debian/Ubuntu)
     specs = list(specs) if specs else [RigSpec()]
     dir = ensure_safe_dir(Path(dir))
     shared = ensure_safe_dir(Path(shared) if shared else dir)
     run = ensure_safe_dir(shared / "run")
-    for tool in ("debootstrap", "chroot", "ssh-keygen", "dpkg-deb", "apt-ftparchive", "gpg", "git", SSHD):
-        if not shutil.which(tool):
-            raise TestbedError(
-                f"{tool} not found; install: apt-get install debootstrap openssh-server apt-utils gnupg git"
-            )
     with open(run / "up.lock", "w") as lock_f:
         fcntl.flock(lock_f, fcntl.LOCK_EX)
         tarball = rootfs.build_tarball(shared)
