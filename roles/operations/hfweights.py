@@ -27,6 +27,7 @@ from pyinfra.api import FileUploadCommand, OperationError, StringCommand, operat
 from rigforge.pins import HfFile, HfPin
 from roles.facts.hfweights import FreeBytes, WeightsState
 from roles.operations.checks import fail_command
+from roles.operations.shown import ShownCommand
 from roles.operations.staged import upload_privately
 
 HEADROOM = 1.05
@@ -151,12 +152,12 @@ def fetched(
         for f in stale:
             yield StringCommand(f"mkdir -p {q(os.path.dirname(f'{staging}/{f.path}'))}")
             yield FileUploadCommand(str(local / f.path), f"{staging}/{f.path}")
-        yield StringCommand(" ".join(args + ["--staged-only"]))
+        yield ShownCommand(" ".join(args + ["--staged-only"]))
         return
     if not raw_token:
-        yield StringCommand(" ".join(args))
+        yield ShownCommand(" ".join(args))
         return
     token_file = f"{work_dir}/{pin.name}.token"
     yield StringCommand(f"install -m 0600 /dev/null {q(token_file)}")
     yield from upload_privately(raw_token, token_file)
-    yield StringCommand(f"{' '.join(args)} --token-file {q(token_file)}; rc=$?; rm -f {q(token_file)}; exit $rc")
+    yield ShownCommand(f"{' '.join(args)} --token-file {q(token_file)}; rc=$?; rm -f {q(token_file)}; exit $rc")
