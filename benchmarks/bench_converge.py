@@ -62,25 +62,28 @@ def _rows(timings: Path) -> list[dict]:
 def breakdown(timings: Path, host: str, title: str) -> None:
     rows = [r for r in _rows(timings) if r["host"] == host]
     facts: dict[str, list[float]] = defaultdict(list)
+    trips: dict[str, int] = defaultdict(int)  # fact reads that went to the rig (live reads and the probe)
     execute: dict[str, float] = defaultdict(float)
     ops: dict[str, int] = defaultdict(int)
     for r in rows:
         if r.get("kind") == "fact":
             facts[r["role"]].append(r["s"])
+            trips[r["role"]] += r.get("how", "live") != "served"
         else:
             parts = r["op"].split(" | ")
             role = parts[1] if len(parts) > 2 else parts[0]
             execute[role] += r["s"]
             ops[role] += 1
     n_facts = sum(len(v) for v in facts.values())
+    print(f"  {title}: {sum(trips.values())} round trips for facts")
     print(
         f"  {title}: {n_facts} fact reads ({sum(map(sum, facts.values())):.2f} s), "
         f"{sum(ops.values())} operations ({sum(execute.values()):.2f} s executing)"
     )
-    print(f"    {'role':<44} {'facts':>5} {'fact s':>7} {'ops':>4} {'exec s':>7}")
+    print(f"    {'role':<44} {'facts':>5} {'trips':>5} {'fact s':>7} {'ops':>4} {'exec s':>7}")
     for role in sorted(set(facts) | set(execute), key=lambda k: -(sum(facts.get(k, [])) + execute.get(k, 0))):
         print(
-            f"    {role:<44} {len(facts.get(role, [])):>5} {sum(facts.get(role, [])):>7.2f} "
+            f"    {role:<44} {len(facts.get(role, [])):>5} {trips.get(role, 0):>5} {sum(facts.get(role, [])):>7.2f} "
             f"{ops.get(role, 0):>4} {execute.get(role, 0):>7.2f}"
         )
 
@@ -120,6 +123,8 @@ def main() -> int:
                 print(f"fresh converge, 3 rigs in parallel: {fresh3:.1f} s wall ({fresh3 / fresh:.2f}x one rig)")
                 if args.keep:
                     (fleet / "converged").write_text("ok\n")
+            for names in (["rig1"], [r.name for r in tb.rigs]):  # warm-up: records each rig's facts to probe
+                converge(inv, names, timings)
             floors, noop1, noop4 = [], [], []
             all_rigs = [r.name for r in tb.rigs]
             for i in range(args.repeat):  # interleaved, so load changes hit every measurement alike

@@ -2,8 +2,9 @@
 
 Appends JSON lines to $RIGFORGE_TIMINGS:
 - {"kind": "op", host, op, s}: one per (host, operation) executed (execute phase);
-- {"kind": "fact", host, role, s}: one per fact read (prepare or execute phase), with the role (deploy) it was
-  read in, so the benchmark can say where the round trips go.
+- {"kind": "fact", host, role, fact, how, s}: one per fact read (prepare or execute phase), with the role (deploy)
+  it was read in and how it was answered (`live`: its own round trip; `probe`: this read ran the batched probe;
+  `served`: from the snapshot, no round trip), so the benchmark can say where the round trips go.
 """
 
 import json
@@ -15,6 +16,7 @@ from pyinfra.api import facts as pyinfra_facts
 from pyinfra.api.state import BaseStateCallback
 
 from roles import site
+from roles.facts import snapshot
 
 OUT = os.environ["RIGFORGE_TIMINGS"]
 
@@ -57,18 +59,14 @@ if not getattr(pyinfra_facts, "_rigforge_timed", False):
 
     def _timed_get_fact(state, host, cls, *args, **kwargs):
         t0 = time.monotonic()
+        snap = snapshot._of(host)
+        before = (snap.served, snap.probes)
         try:
             return _get_fact(state, host, cls, *args, **kwargs)
         finally:
-            _write(
-                {
-                    "kind": "fact",
-                    "host": host.name,
-                    "role": _role(host),
-                    "fact": cls.__name__,
-                    "s": time.monotonic() - t0,
-                }
-            )
+            how = "probe" if snap.probes > before[1] else "served" if snap.served > before[0] else "live"
+            row = {"kind": "fact", "host": host.name, "role": _role(host), "fact": cls.__name__, "how": how}
+            _write({**row, "s": time.monotonic() - t0})
 
     pyinfra_facts._get_fact = _timed_get_fact
     pyinfra_facts._rigforge_timed = True

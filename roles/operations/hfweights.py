@@ -25,9 +25,9 @@ from pyinfra import host
 from pyinfra.api import FileUploadCommand, OperationError, StringCommand, operation
 
 from rigforge.pins import HfFile, HfPin
-from roles.facts.hfweights import FreeBytes, WeightsState
+from roles.facts.hfweights import FreeBytes, VenvDistVersion, WeightsState
 from roles.operations.checks import fail_command
-from roles.operations.shown import ShownCommand
+from roles.operations.shown import ShownCommand, say
 from roles.operations.staged import upload_privately
 
 HEADROOM = 1.05
@@ -161,3 +161,15 @@ def fetched(
     yield StringCommand(f"install -m 0600 /dev/null {q(token_file)}")
     yield from upload_privately(raw_token, token_file)
     yield ShownCommand(f"{' '.join(args)} --token-file {q(token_file)}; rc=$?; rm -f {q(token_file)}; exit $rc")
+
+
+@operation()
+def venv_package(venv: str, dist: str, version: str):
+    """
+    ``dist==version`` installed in the venv at ``venv`` (pip), decided from the venv's ``.dist-info`` directory.
+    """
+    if host.get_fact(VenvDistVersion, venv=venv, dist=dist) == version:
+        host.noop(f"{dist} {version} is installed in {venv}")
+        return
+    yield say(f"installing {dist}=={version} into {venv} (pip)")
+    yield StringCommand(f"{venv}/bin/pip", "install", "--disable-pip-version-check", "-q", f"{dist}=={version}")
