@@ -22,6 +22,7 @@ stamps), which made a no-op re-converge ~5x pyinfra's own floor. Here:
 from __future__ import annotations
 
 import atexit
+import functools
 import hashlib
 import importlib
 import json
@@ -73,6 +74,7 @@ class _HostSnapshot:
         self.file = None
         self.connection = None
         self.probes = self.served = 0  # counters, for benchmarks/bench_converge.py
+        self.defaults: dict | None = None  # the host's default global arguments for facts
 
 
 _SNAPSHOTS: dict[int, _HostSnapshot] = {}
@@ -97,6 +99,7 @@ def _key(cls, fact_kwargs: dict) -> str | None:
         return None  # arguments that do not serialise: always read live
 
 
+@functools.cache
 def _cacheable(cls) -> bool:
     fact = cls()
     return (
@@ -184,27 +187,34 @@ def _probe(state, host: Host, snap: _HostSnapshot, global_kwargs: dict) -> None:
             current, lines = int(tail), []
 
 
+def _request(state, host, snap: _HostSnapshot, cls, args, kwargs) -> tuple[str | None, dict, dict]:
+    """(snapshot key or None, fact kwargs, global kwargs) of a fact read, without pyinfra's per-read argument
+    handling (type hints of every global argument: the slowest part of a read on the controller)."""
+    kwargs = dict(kwargs or {})
+    if args or any(k.startswith("_") for k in kwargs) or not _cacheable(cls):
+        return None, kwargs, {}  # explicit global arguments or positional ones: pyinfra's own path, live
+    global_kwargs = host.current_op_global_arguments  # inside an operation: its global arguments, complete
+    if global_kwargs is None:  # preparing: the host's defaults, computed once
+        if snap.defaults is None:
+            snap.defaults = pyinfra_facts._handle_fact_kwargs(state, host, cls, None, None)[1]
+        global_kwargs = snap.defaults
+    return _key(cls, kwargs), kwargs, global_kwargs
+
+
 def _get_fact(state, host, cls, args=None, kwargs=None, *rest, **kw):
     """pyinfra's _get_fact, answered from the host's snapshot when that is exact (see the module doc)."""
     snap = _of(host)
-    key = None
-    if _cacheable(cls) and not args:
-        try:
-            fact_kwargs, global_kwargs = pyinfra_facts._handle_fact_kwargs(state, host, cls, args, kwargs)
-            fact_kwargs = {k: v for k, v in fact_kwargs.items() if k != "self"}  # getcallargs adds the instance
-            key = _key(cls, fact_kwargs)
-        except Exception:  # noqa: BLE001 - let pyinfra raise its own error below
-            key = None
-        if key is not None:
-            if not snap.probed and snap.valid:
-                if not host.connected:
-                    host.connect(reason="to read the rig's snapshot", raise_exceptions=True)
-                _probe(state, host, snap, global_kwargs)
-            if snap.connection == _identity(global_kwargs):
-                snap.requests.setdefault(key, {"fact": f"{cls.__module__}:{cls.__qualname__}", "kwargs": fact_kwargs})
-                if snap.valid and key in snap.answers:
-                    snap.served += 1
-                    return snap.answers[key]
+    key, fact_kwargs, global_kwargs = _request(state, host, snap, cls, args, kwargs)
+    if key is not None:
+        if not snap.probed and snap.valid:
+            if not host.connected:
+                host.connect(reason="to read the rig's snapshot", raise_exceptions=True)
+            _probe(state, host, snap, global_kwargs)
+        if snap.connection == _identity(global_kwargs):
+            snap.requests.setdefault(key, {"fact": f"{cls.__module__}:{cls.__qualname__}", "kwargs": fact_kwargs})
+            if snap.valid and key in snap.answers:
+                snap.served += 1
+                return snap.answers[key]
     snap.reading = True
     try:
         return _original_get_fact(state, host, cls, args, kwargs, *rest, **kw)
