@@ -12,12 +12,15 @@ from __future__ import annotations
 import pytest
 from support import REPO, changed, errored, pyinfra_run
 
+from roles.nvidia_driver import DEFAULTS, packages_for
+
 pytestmark = pytest.mark.testbed
 DEPLOY = REPO / "deploy" / "dual_turbo.py"
 NOUVEAU = "/etc/modprobe.d/rigforge-blacklist-nouveau.conf"
 WEIGHT = "/opt/rigforge/models/qwen3.6-27b-autoround-int4/model-00002-of-00003.safetensors"
 STAMP = "/opt/rigforge/models/qwen3.6-27b-autoround-int4/.rigforge-stamp.json"
 WANTS = "/etc/systemd/system/multi-user.target.wants/rigforge-gpu-power.service"
+DRIVER = packages_for(dict(DEFAULTS), "debian").install[0]  # held by the driver role (testbed: Debian 13)
 
 # kind: (shell change on the rig, operations that must repair it, shell check that must pass afterwards)
 PERTURB = {
@@ -32,9 +35,9 @@ PERTURB = {
         "dpkg-query -W -f '${db:Status-Status}' nvidia-container-toolkit | grep -qx installed",
     ),
     "hold": (
-        "apt-mark unhold nvidia-driver-580-open",
+        f"apt-mark unhold {DRIVER}",
         ["Hold the NVIDIA driver packages"],
-        "apt-mark showhold | grep -qx nvidia-driver-580-open",
+        f"apt-mark showhold | grep -qx {DRIVER}",
     ),
     "unit": (f"rm {WANTS}", ["Enable rigforge-gpu-power.service at boot"], f"test -L {WANTS}"),
     "cap": (

@@ -17,6 +17,8 @@ import time
 import pytest
 from support import PYINFRA, REPO
 
+from roles.nvidia_driver import DEFAULTS, packages_for
+
 pytestmark = pytest.mark.testbed
 THROTTLE_BPS = 16 * 1024  # a 256 KiB shard takes about 16 s
 
@@ -44,7 +46,9 @@ def test_first_converge_shows_progress_at_default_verbosity(testbed_factory):
     # the driver-less rig's GPU fact is a normal answer, not a warning
     assert "will raise an exception in v4" not in text and "command not found" not in text, text[-5000:]
     # package installs say what they install
-    assert "[rig1] installing nvidia-driver-580-open (apt)" in text
+    driver = packages_for(dict(DEFAULTS), "debian")  # the testbed rigs run Debian 13
+    assert f"[rig1] installing {driver.pinning} (apt)" in text
+    assert f"[rig1] installing {', '.join(driver.install)} (apt)" in text
     assert "[rig1] installing docker.io, docker-compose (apt)" in text
     assert "[rig1] installing nvidia-container-toolkit (apt)" in text
     # checkouts show their progress: what is fetched, git's own progress, the result
