@@ -1,7 +1,11 @@
-"""Benchmark (not a test): converge times on the testbed.
+"""Benchmark (not a test): converge times on the testbed, against pyinfra's own floor.
 
-Prints: fresh-rig converge wall time with where the time goes (per role, slowest operations), fresh converge of
-three more rigs in parallel, and the no-op re-converge wall time for 1 rig and for 4 rigs (ratio; target <= 1.5x).
+Prints, on 4 fresh testbed rigs (a fleet of the testbed dir):
+- fresh converge of rig1 and of rig2..rig4 in parallel (wall time);
+- the floor: `pyinfra -y INV exec -- true` on rig1 (start-up, connect, one command), median of --repeat runs;
+- the no-op re-converge (all roles, 0 changes) of rig1, its ratio to the floor (goal <= 2x), and of all 4 rigs,
+  with the 4-rig / 1-rig ratio (goal <= 1.2x), medians of --repeat runs taken in one run, interleaved;
+- a per-role breakdown of the 1-rig no-op: fact reads (round trips) and their time, and execute time.
 
     sudo .venv/bin/python benchmarks/bench_converge.py [--dir /var/lib/rigforge-testbed] [--variant dual-turbo]
 """
@@ -11,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -22,33 +27,65 @@ REPO = Path(__file__).resolve().parents[1]
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 
 
-def converge(inventory: Path, limits: list[str], timings: Path) -> float:
-    cmd = [PYINFRA, "-y", str(inventory), str(REPO / "benchmarks" / "timed_site.py")]
-    for name in limits:
-        cmd += ["--limit", name]
+CHANGED: list[str] = []  # operations the last converge changed ("host: op")
+
+
+def _run(cmd: list[str], env: dict | None = None) -> float:
     t0 = time.monotonic()
-    proc = subprocess.run(
-        cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, "RIGFORGE_TIMINGS": str(timings)}
-    )
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, **(env or {})})
     wall = time.monotonic() - t0
     if proc.returncode:
-        sys.exit(f"converge failed:\n{proc.stderr[-4000:]}")
+        sys.exit(f"failed: {' '.join(cmd)}\n{proc.stderr[-4000:]}")
+    if "--json" in cmd:
+        ops = (json.loads(proc.stdout)["results"] or {}).get("operations", [])
+        CHANGED[:] = [f"{h}: {op['name']}" for op in ops for h in op["success"]]
     return wall
 
 
-def where_time_goes(timings: Path, host: str) -> None:
-    rows = [json.loads(line) for line in timings.read_text().splitlines()]
-    rows = [r for r in rows if r["host"] == host]
-    per_role: dict[str, float] = defaultdict(float)
+def _limits(names: list[str]) -> list[str]:
+    return [arg for name in names for arg in ("--limit", name)]
+
+
+def converge(inventory: Path, limits: list[str], timings: Path) -> float:
+    cmd = [PYINFRA, "-y", "--json", str(inventory), str(REPO / "benchmarks" / "timed_site.py"), *_limits(limits)]
+    return _run(cmd, {"RIGFORGE_TIMINGS": str(timings)})
+
+
+def floor(inventory: Path, limits: list[str]) -> float:
+    return _run([PYINFRA, "-y", str(inventory), *_limits(limits), "exec", "--", "true"])
+
+
+def _rows(timings: Path) -> list[dict]:
+    return [json.loads(line) for line in timings.read_text().splitlines()] if timings.exists() else []
+
+
+def breakdown(timings: Path, host: str, title: str) -> None:
+    rows = [r for r in _rows(timings) if r["host"] == host]
+    facts: dict[str, list[float]] = defaultdict(list)
+    trips: dict[str, int] = defaultdict(int)  # fact reads that went to the rig (live reads and the probe)
+    execute: dict[str, float] = defaultdict(float)
+    ops: dict[str, int] = defaultdict(int)
     for r in rows:
-        parts = r["op"].split(" | ")
-        per_role[parts[1] if len(parts) > 2 else parts[0]] += r["s"]
-    print(f"  per role ({len(rows)} operations, {sum(r['s'] for r in rows):.1f} s in operations):")
-    for role, s in sorted(per_role.items(), key=lambda kv: -kv[1]):
-        print(f"    {s:6.1f} s  {role}")
-    print("  slowest operations:")
-    for r in sorted(rows, key=lambda r: -r["s"])[:6]:
-        print(f"    {r['s']:6.1f} s  {r['op'].split(' | ')[-1]}")
+        if r.get("kind") == "fact":
+            facts[r["role"]].append(r["s"])
+            trips[r["role"]] += r.get("how", "live") != "served"
+        else:
+            parts = r["op"].split(" | ")
+            role = parts[1] if len(parts) > 2 else parts[0]
+            execute[role] += r["s"]
+            ops[role] += 1
+    n_facts = sum(len(v) for v in facts.values())
+    print(f"  {title}: {sum(trips.values())} round trips for facts")
+    print(
+        f"  {title}: {n_facts} fact reads ({sum(map(sum, facts.values())):.2f} s), "
+        f"{sum(ops.values())} operations ({sum(execute.values()):.2f} s executing)"
+    )
+    print(f"    {'role':<44} {'facts':>5} {'trips':>5} {'fact s':>7} {'ops':>4} {'exec s':>7}")
+    for role in sorted(set(facts) | set(execute), key=lambda k: -(sum(facts.get(k, [])) + execute.get(k, 0))):
+        print(
+            f"    {role:<44} {len(facts.get(role, [])):>5} {trips.get(role, 0):>5} {sum(facts.get(role, [])):>7.2f} "
+            f"{ops.get(role, 0):>4} {execute.get(role, 0):>7.2f}"
+        )
 
 
 def main() -> int:
@@ -57,14 +94,20 @@ def main() -> int:
         "--dir", type=Path, default=Path(os.environ.get("RIGFORGE_TESTBED_DIR", "/var/lib/rigforge-testbed"))
     )
     p.add_argument("--variant", default="dual-turbo")
+    p.add_argument("--repeat", type=int, default=3, help="runs per measurement (median reported; default 3)")
+    p.add_argument("--keep", action="store_true", help="keep the 4 rigs (and reuse converged ones next time)")
     args = p.parse_args()
 
     from rigforge.testbed import RigSpec, down, up
 
     fleet = args.dir / "fleets" / "bench-converge"
     t0 = time.monotonic()
-    tb = up(fleet, [RigSpec()] * 4, fresh=True, shared=args.dir)
-    print(f"testbed: 4 fresh rigs up in {time.monotonic() - t0:.1f} s")
+    reuse = args.keep and (fleet / "converged").exists()
+    tb = up(fleet, [RigSpec()] * 4, fresh=not reuse, shared=args.dir)
+    print(
+        f"testbed: 4 {'reused' if reuse else 'fresh'} rigs up in {time.monotonic() - t0:.1f} s; "
+        f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} cores"
+    )
     try:
         with tempfile.TemporaryDirectory() as tmp:
             inv = Path(tmp) / "inventory.py"
@@ -73,16 +116,43 @@ def main() -> int:
                 f"rigs = [(n, {{**d, 'rigforge_variant': {args.variant!r}}}) for n, d in rigs]\n"
             )
             timings = Path(tmp) / "timings.jsonl"
-            fresh = converge(inv, ["rig1"], timings)
-            print(f"fresh converge, 1 rig ({args.variant}): {fresh:.1f} s wall")
-            where_time_goes(timings, "rig1")
-            fresh3 = converge(inv, ["rig2", "rig3", "rig4"], timings)
-            print(f"fresh converge, 3 rigs in parallel: {fresh3:.1f} s wall ({fresh3 / fresh:.2f}x one rig)")
-            noop1 = min(converge(inv, ["rig1"], timings) for _ in range(2))
-            noop4 = min(converge(inv, [], timings) for _ in range(2))
-            print(f"no-op re-converge: 1 rig {noop1:.1f} s, 4 rigs {noop4:.1f} s, ratio {noop4 / noop1:.2f}x")
+            if not reuse:
+                fresh = converge(inv, ["rig1"], timings)
+                print(f"fresh converge, 1 rig ({args.variant}): {fresh:.1f} s wall")
+                fresh3 = converge(inv, ["rig2", "rig3", "rig4"], timings)
+                print(f"fresh converge, 3 rigs in parallel: {fresh3:.1f} s wall ({fresh3 / fresh:.2f}x one rig)")
+                if args.keep:
+                    (fleet / "converged").write_text("ok\n")
+            for names in (["rig1"], [r.name for r in tb.rigs]):  # warm-up: records each rig's facts to probe
+                converge(inv, names, timings)
+            floors, noop1, noop4 = [], [], []
+            all_rigs = [r.name for r in tb.rigs]
+            for i in range(args.repeat):  # interleaved, so load changes hit every measurement alike
+                floors.append(floor(inv, ["rig1"]))
+                timings.unlink(missing_ok=True)
+                noop1.append(converge(inv, ["rig1"], timings))
+                if i == 0:
+                    breakdown(timings, "rig1", "1-rig no-op, per role")
+                if CHANGED:
+                    sys.exit(f"the re-converge changed something: {CHANGED}")
+                timings.unlink(missing_ok=True)
+                noop4.append(converge(inv, all_rigs, timings))
+                if CHANGED:
+                    sys.exit(f"the 4-rig re-converge changed something: {CHANGED}")
+            f, n1, n4 = (statistics.median(x) for x in (floors, noop1, noop4))
+            print(f"floor (pyinfra exec -- true, 1 rig): {f:.2f} s   runs {' '.join(f'{x:.2f}' for x in floors)}")
+            print(
+                f"no-op re-converge, 1 rig: {n1:.2f} s = {n1 / f:.2f}x the floor (goal <= 2x)   "
+                f"runs {' '.join(f'{x:.2f}' for x in noop1)}"
+            )
+            print(
+                f"no-op re-converge, 4 rigs: {n4:.2f} s = {n4 / n1:.2f}x one rig (goal <= 1.2x)   "
+                f"runs {' '.join(f'{x:.2f}' for x in noop4)}"
+            )
+            print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     finally:
-        down(fleet)
+        if not args.keep:
+            down(fleet)
     return 0
 
 

@@ -1,6 +1,10 @@
-"""deploy/site.py with per-operation timing, for benchmarks/bench_converge.py (not a user entry point).
+"""deploy/site.py with timing, for benchmarks/bench_converge.py (not a user entry point).
 
-Appends one JSON line per (host, operation) to $RIGFORGE_TIMINGS: host, op name, seconds, changed.
+Appends JSON lines to $RIGFORGE_TIMINGS:
+- {"kind": "op", host, op, s}: one per (host, operation) executed (execute phase);
+- {"kind": "fact", host, role, fact, how, s}: one per fact read (prepare or execute phase), with the role (deploy)
+  it was read in and how it was answered (`live`: its own round trip; `probe`: this read ran the batched probe;
+  `served`: from the snapshot, no round trip), so the benchmark can say where the round trips go.
 """
 
 import json
@@ -8,27 +12,64 @@ import os
 import time
 
 from pyinfra import state
+from pyinfra.api import facts as pyinfra_facts
 from pyinfra.api.state import BaseStateCallback
 
 from roles import site
+from roles.facts import snapshot
+
+OUT = os.environ["RIGFORGE_TIMINGS"]
+
+
+def _write(row: dict) -> None:
+    with open(OUT, "a") as fh:
+        fh.write(json.dumps(row) + "\n")
 
 
 class _Timer(BaseStateCallback):
     started: dict = {}
+    current: dict = {}  # host name -> name of the operation executing there
 
     @staticmethod
     def operation_host_start(state, host, op_hash):
         _Timer.started[(host.name, op_hash)] = time.monotonic()
+        _Timer.current[host.name] = list(state.get_op_meta(op_hash).names)[0]
 
     @staticmethod
     def operation_host_success(state, host, op_hash, retry_count=0):
         start = _Timer.started.pop((host.name, op_hash), None)
         if start is None:
             return
-        meta = state.get_op_meta(op_hash)
-        with open(os.environ["RIGFORGE_TIMINGS"], "a") as fh:
-            fh.write(json.dumps({"host": host.name, "op": list(meta.names)[0], "s": time.monotonic() - start}) + "\n")
+        name = list(state.get_op_meta(op_hash).names)[0]
+        _write({"kind": "op", "host": host.name, "op": name, "s": time.monotonic() - start})
 
+
+def _role(host) -> str:
+    """The role (deploy) a fact is read in: while preparing, the deploy being run; while executing, the role of
+    the operation executing on the host."""
+    if host.current_deploy_name:
+        parts = host.current_deploy_name.split(" | ")  # "rigforge site | <role>"
+        return parts[1] if len(parts) > 1 else parts[0]
+    parts = _Timer.current.get(host.name, "").split(" | ")  # "rigforge site | <role> | <operation>"
+    return parts[1] if len(parts) > 2 else parts[0] or "(top level)"
+
+
+if not getattr(pyinfra_facts, "_rigforge_timed", False):
+    _get_fact = pyinfra_facts._get_fact
+
+    def _timed_get_fact(state, host, cls, *args, **kwargs):
+        t0 = time.monotonic()
+        snap = snapshot._of(host)
+        before = (snap.served, snap.probes)
+        try:
+            return _get_fact(state, host, cls, *args, **kwargs)
+        finally:
+            how = "probe" if snap.probes > before[1] else "served" if snap.served > before[0] else "live"
+            row = {"kind": "fact", "host": host.name, "role": _role(host), "fact": cls.__name__, "how": how}
+            _write({**row, "s": time.monotonic() - t0})
+
+    pyinfra_facts._get_fact = _timed_get_fact
+    pyinfra_facts._rigforge_timed = True
 
 if not any(isinstance(h, _Timer) for h in state.callback_handlers):
     state.add_callback_handler(_Timer())

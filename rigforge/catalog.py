@@ -205,7 +205,7 @@ def parse_catalog(data: Any) -> Catalog:
 @cache
 def load_catalog(path: Path | str = CATALOG_PATH) -> Catalog:
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        data = yaml.load(Path(path).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except (OSError, yaml.YAMLError) as exc:
         raise CatalogError(f"catalog {path}: {exc}") from exc
     return parse_catalog(data)

@@ -242,6 +242,51 @@ def pin_drift(ctx: RigContext) -> dict:
     return {"drift": drift, "pins": pins}
 
 
+def rig_drift(host, ctx: RigContext) -> list[str]:
+    """The rig's checkouts and weights vs what was provisioned: a checkout whose HEAD moved off the recorded pin
+    or that has local changes; a weight file missing, unstamped, or whose size or mtime is not its stamp's."""
+    from rigforge.catalog import load_catalog
+    from roles.facts.gitpin import GitCheckout
+    from roles.facts.hfweights import WeightsState
+
+    if ctx.variant is None or ctx.lock is None or ctx.settings is None:
+        return []
+    recorded = ctx.manifest_pins()
+    drift = []
+    for src in ctx.variant.sources:
+        want = recorded["git"].get(src) or (ctx.lock.git[src].commit if src in ctx.lock.git else None)
+        path = f"{ctx.settings.root}/src/{src}"
+        state = host.get_fact(GitCheckout, path=path)
+        if state is None:
+            drift.append(f"git {src}: no checkout at {path}")
+        elif want and state["head"] != want:
+            drift.append(f"git {src}: checkout at {str(state['head'])[:12] or '?'}, provisioned {str(want)[:12]}")
+        elif state["dirty"]:
+            n, first = len(state["dirty"]), state["dirty"][0].strip()
+            drift.append(f"git {src}: dirty checkout at {path} ({n} file(s), e.g. {first})")
+    catalog = load_catalog()
+    for asset in ctx.variant.assets:
+        if asset not in ctx.lock.hf:
+            continue
+        dest = f"{ctx.settings.models}/{catalog.assets[asset].dir}"
+        state = host.get_fact(WeightsState, dest=dest, staging=f"{ctx.settings.models}/.rigforge-staging/{asset}")
+        entries = (state["stamp"] or {}).get("files") or {}
+        if not state["stamp"]:
+            drift.append(f"hf {asset}: no stamp in {dest}")
+            continue
+        for f in ctx.lock.hf[asset].files:
+            entry, on_disk = entries.get(f.path), state["files"].get(f.path)
+            if on_disk is None:
+                drift.append(f"hf {asset}: {f.path} missing")
+            elif not entry:
+                drift.append(f"hf {asset}: {f.path} not in the stamp")
+            elif on_disk[0] != entry.get("size"):
+                drift.append(f"hf {asset}: {f.path} is {on_disk[0]} bytes, stamp {entry.get('size')}")
+            elif on_disk[1] != entry.get("mtime_ns"):
+                drift.append(f"hf {asset}: {f.path} modified since it was verified (mtime differs from the stamp)")
+    return drift
+
+
 def gpus_with_targets(host, ctx: RigContext) -> list[dict]:
     from rigforge.render import power_caps
     from roles.facts.nvidia import NvidiaGpus
@@ -303,6 +348,8 @@ def status_row(host) -> dict:
     ctx = rig_context(host)
     gpus = gpus_with_targets(host, ctx)
     pins = pin_drift(ctx)
+    if pins["drift"] is not None:  # what the rig holds now, beside what its manifest records
+        pins["drift"] += rig_drift(host, ctx)
     unit = unit_state(host, ctx)
     row = {
         "host": host.name,

@@ -11,7 +11,7 @@ One line per check per rig (or --json), read in parallel over SSH, nothing chang
   persistence mode on       on every GPU
   nvidia runtime            /etc/docker/daemon.json registers the nvidia runtime
   sources at locked SHAs    <root>/src/<name> HEAD is the lock's commit, no local changes
-  weights stamp valid       <model dir>/<asset>/.rigforge-stamp.json matches the lock; files present, sizes match
+  weights stamp valid       <model dir>/<asset>/.rigforge-stamp.json matches the lock; files as stamped (size, mtime)
   unit enabled / active     rigforge-vllm@<variant>.service
   /v1/models answers        from the rig, as the recipes' verify.sh
   chat returns text         "capital of France", thinking off: the reply names Paris
@@ -251,6 +251,8 @@ def check_weights(host, ctx: RigContext) -> Check:
                 problems.append(f"{f.path} missing")
             elif on_disk[0] != f.size:
                 problems.append(f"{f.path} is {on_disk[0]} bytes, lock {f.size}")
+            elif on_disk[1] != entry.get("mtime_ns"):
+                problems.append(f"{f.path} modified since it was verified (mtime differs from the stamp)")
         if problems:
             bad.append(f"{asset}: {'; '.join(problems[:3])}{' ...' if len(problems) > 3 else ''}")
         else:

@@ -35,6 +35,7 @@ from rigforge.render import (
     variant_setting_problems,
 )
 from roles import docker_engine, gpu_power, nvidia_driver, preflight, serving, sources, weights
+from roles.facts import snapshot
 from roles.facts.hfweights import WeightsState
 from roles.facts.nvidia import NvidiaGpus, NvidiaPciGpus
 from roles.operations import recover
@@ -48,6 +49,7 @@ DEFAULTS = {
     "rigforge_recipe_opt_in": False,  # allow a recipe-repo slug whose status is experimental/incubating/deprecated
 }
 ROLES = (preflight, nvidia_driver, docker_engine, gpu_power, sources, weights, serving)
+snapshot.install()  # facts from one batched probe per rig while nothing changed (roles/facts/snapshot.py)
 
 
 def validate(data) -> list[str]:

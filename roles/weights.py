@@ -56,10 +56,11 @@ def apply(plan: Plan):
 
     apt.packages(name="Install python3-venv", packages=["python3-venv", "ca-certificates"], no_recommends=True)
     pip.venv(name=f"Python venv {venv}", path=venv, python="python3")
-    pip.packages(
+    hfweights.venv_package(
         name="Install huggingface_hub into the venv",
-        packages=[f"huggingface_hub=={data['weights_hf_hub_version']}"],
-        virtualenv=venv,
+        venv=venv,
+        dist="huggingface_hub",
+        version=data["weights_hf_hub_version"],
     )
     files.directory(name=f"Model directory {layout.models}", path=layout.models, mode="755")
     files.directory(name=f"rigforge lib {lib}", path=lib, mode="755")

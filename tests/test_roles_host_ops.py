@@ -26,7 +26,7 @@ from rigforge.catalog import load_catalog
 from rigforge.plan import Plan
 from rigforge.render import Settings, render_power_unit
 from roles import docker_engine, gpu_power, nvidia_driver, preflight, serving
-from roles.operations import apt_repo, checks, docker_daemon, nvidia
+from roles.operations import apt_repo, checks, docker_daemon, nvidia, shown
 
 OS = {
     "ubuntu2204": 'ID=ubuntu\nVERSION_ID="22.04"\nVERSION_CODENAME=jammy',
@@ -132,6 +132,8 @@ def describe(command) -> str:
     function = getattr(command, "function", None)
     if function is checks._fail:
         return "FAIL: " + command.args[0]
+    if function is shown._log:
+        return "SAY: " + command.args[0]
     return f"call {function.__name__}" if function else str(command)
 
 

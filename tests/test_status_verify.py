@@ -171,12 +171,14 @@ def test_moved_checkout_and_grown_weight_file_fail_their_checks(rigs):
     old = rigs.git_commits["genesis"][0]
     weights = "/opt/rigforge/models/qwen3.6-27b-autoround-int4/config.json"
     size = int(rig2.run(f"stat -c %s {weights}", check=True).stdout)
+    rig2.run(f"touch -r {weights} /tmp/mtime-ref", check=True)  # to put back the stamped mtime too
     rig2.run(f"git -C /opt/rigforge/src/genesis checkout -q {old} && printf x >> {weights}", check=True)
     try:
         code, report = verify_json(rigs.inventory)
     finally:
         pin = rigs.git_commits["genesis"][-1]
         rig2.run(f"git -C /opt/rigforge/src/genesis checkout -q {pin} && truncate -s {size} {weights}", check=True)
+        rig2.run(f"touch -r /tmp/mtime-ref {weights}", check=True)
     assert code == 1
     checks = checks_of(report, "rig2")
     assert checks["sources at locked SHAs"]["status"] == "fail"
@@ -307,3 +309,28 @@ def test_missing_inventory_exits_2_with_a_clear_message(cmd, tmp_path):
     assert r.stdout == ""
     assert r.stderr.startswith(f"rigforge {cmd}: ") and "no such inventory file" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.testbed
+def test_dirty_checkout_and_touched_weight_file_show_as_drift_in_status(rigs):
+    """Status agrees with verify: a dirty checkout and a weight file changed since its stamp are PINS drift."""
+    rig1 = rigs.rig("rig1")
+    weights = "/opt/rigforge/models/qwen3.6-27b-autoround-int4/config.json"
+    rig1.run(f"touch -r {weights} /tmp/mtime-ref && touch -d '2020-01-01' {weights}", check=True)
+    rig1.run("echo local > /opt/rigforge/src/genesis/NOTES.txt", check=True)
+    try:
+        _, rows = status_json(rigs.inventory)
+        table = rigforge("status", rigs.inventory).stdout
+        code, report = verify_json(rigs.inventory)
+    finally:
+        rig1.run(f"rm /opt/rigforge/src/genesis/NOTES.txt && touch -r /tmp/mtime-ref {weights}", check=True)
+    assert rows["rig1"]["pin_drift"] == [
+        "git genesis: dirty checkout at /opt/rigforge/src/genesis (1 file(s), e.g. ?? NOTES.txt)",
+        "hf autoround-int4: config.json modified since it was verified (mtime differs from the stamp)",
+    ]
+    assert rows["rig2"]["pin_drift"] == []
+    assert any(line.startswith("rig1") and "DRIFT (2)" in line for line in table.splitlines()), table
+    assert code == 1 and "modified since it was verified" in checks_of(report, "rig1")["weights stamp valid"]["detail"]
+    assert checks_of(report, "rig1")["sources at locked SHAs"]["status"] == "fail"
+    _, rows = status_json(rigs.inventory)  # put back: ok again
+    assert rows["rig1"]["pin_drift"] == []

@@ -24,6 +24,7 @@ import http.client
 import json
 import os
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -33,6 +34,7 @@ STAMP = ".rigforge-stamp.json"
 HEADROOM = 1.05
 CHUNK = 1 << 20
 RETRIES = 3
+PROGRESS_EVERY = 5.0  # seconds between progress lines while a file transfers (also while it stalls)
 
 
 class Interrupted(Exception):
@@ -55,6 +57,41 @@ def human(n: float) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
     return f"{n:.1f} GiB"
+
+
+class Progress:
+    """While a transfer runs, a line every PROGRESS_EVERY s (even when no byte arrives): asset and file, bytes
+    done / total, percent, current rate; `finish` prints the completion line with the average rate."""
+
+    def __init__(self, label: str, total: int, have: int):
+        self.label, self.total, self.have, self.done = label, total, have, have
+        self.t0 = self.last_t = time.monotonic()
+        self.last_done = have
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+
+    def __enter__(self) -> Progress:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(PROGRESS_EVERY):
+            now, done = time.monotonic(), self.done
+            rate = (done - self.last_done) / max(now - self.last_t, 1e-6)
+            self.last_t, self.last_done = now, done
+            pct = 100 * done / self.total if self.total else 100
+            say(f"{self.label}: {human(done)} / {human(self.total)} ({pct:.0f}%) {human(rate)}/s")
+
+    def finish(self) -> None:
+        secs = time.monotonic() - self.t0
+        rate = (self.done - self.have) / max(secs, 1e-6)
+        say(
+            f"{self.label}: {human(self.done)} / {human(self.total)} (100%) downloaded in {secs:.1f} s, {human(rate)}/s"
+        )
 
 
 def sha256_of(path: str) -> str:
@@ -165,24 +202,21 @@ def download(m: dict, f: dict, part: str, token: str | None) -> str:
             with open(part, "rb") as prefix:
                 while block := prefix.read(CHUNK):
                     digest.update(block)
-        done, t0 = have, time.monotonic()
-        last = t0
-        with open(part, mode, buffering=0) as out:  # unbuffered: a kill loses at most one chunk
-            try:
+        done = have
+        label = f"{m.get('name') or m['repo']} {f['path']}"
+        with open(part, mode, buffering=0) as out, Progress(label, f["size"], have) as progress:
+            try:  # unbuffered: a kill loses at most one chunk
                 while chunk := resp.read1(CHUNK):  # what has arrived, not a blocking full CHUNK
                     out.write(chunk)
                     digest.update(chunk)
                     done += len(chunk)
-                    now = time.monotonic()
-                    if now - last >= 2 or done == f["size"]:
-                        rate = (done - have) / max(now - t0, 1e-6)
-                        pct = 100 * done / f["size"] if f["size"] else 100
-                        say(f"{f['path']}: {human(done)} / {human(f['size'])} ({pct:.0f}%) {human(rate)}/s")
-                        last = now
+                    progress.done = done
             except (OSError, http.client.HTTPException) as e:
                 raise Interrupted(f"{f['path']}: transfer interrupted at {human(done)}: {e}") from None
             finally:
                 os.fsync(out.fileno())
+            if done >= f["size"]:
+                progress.finish()
     if done < f["size"]:
         raise Interrupted(f"{f['path']}: transfer ended early at {human(done)} of {human(f['size'])}")
     return digest.hexdigest()
@@ -209,7 +243,7 @@ def fetch_one(m: dict, f: dict, token: str | None, staged_only: bool) -> None:
             final = os.path.join(m["dest"], f["path"])
             os.makedirs(os.path.dirname(final), exist_ok=True)
             os.replace(staged, final)
-            say(f"{f['path']}: sha256 verified, in place")
+            say(f"{m['name']} {f['path']}: sha256 verified, in place")
             return
         os.unlink(staged)
         what = f"size {size} / sha256 {digest}, lock says size {f['size']} / sha256 {f['sha256']}"

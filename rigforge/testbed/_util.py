@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import signal
@@ -10,6 +11,8 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -104,15 +107,93 @@ def free_port(start: int, end: int, taken: set[int] = frozenset()) -> int:
     raise TestbedError(f"no free TCP port on 127.0.0.1 in {start}..{end - 1}")
 
 
-def wait_port(port: int, timeout: float = 10.0) -> None:
+# Machine-wide, not per testbed dir: testbeds in different dirs share 127.0.0.1's ports.
+PORTS_LOCK = Path(os.environ.get("RIGFORGE_TESTBED_PORTS_LOCK", "/run/lock/rigforge-testbed-ports.lock"))
+
+
+@contextmanager
+def ports_claimed() -> Iterator[None]:
+    """Hold the machine-wide port lock: taken while a testbed picks a port and until its own listener is up, so
+    two testbeds (any dirs, any processes) never pick the same free port."""
+    PORTS_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with open(PORTS_LOCK, "a") as lock_f:
+        fcntl.flock(lock_f, fcntl.LOCK_EX)
+        yield
+
+
+def listener_inodes(port: int) -> set[str]:
+    """Socket inodes listening on TCP `port` (any address), from /proc/net/tcp{,6}."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(f[9])
+    return inodes
+
+
+def socket_inodes(pid: int) -> set[str]:
+    """Inodes of the sockets process `pid` holds open."""
+    inodes = set()
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return inodes
+    for fd in fds:
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    return inodes
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat_file.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                kids.append(int(stat_file.parent.name))
+        except (OSError, ValueError, IndexError):
+            pass
+    return kids
+
+
+def owns_port(pid: int, port: int) -> bool:
+    """Does process `pid` (or a child of it: `git daemon` runs `git-daemon`) listen on TCP `port`?"""
+    listeners = listener_inodes(port)
+    return any(listeners & socket_inodes(p) for p in [pid, *_children(pid)])
+
+
+def wait_listener(port: int, pid_of: Callable[[], int | None], what: str, log_file: Path, timeout: float = 10.0) -> int:
+    """Wait until the process `pid_of()` itself listens on 127.0.0.1:`port`; return its pid.
+
+    Any other listener on the port (another testbed's sshd, an unrelated server) is not ours: when our process
+    dies or does not own the port in time, raise naming `what`, the port, and the tail of `log_file`."""
     deadline = time.monotonic() + timeout
+    pid = seen = None
     while time.monotonic() < deadline:
-        with socket.socket() as s:
-            s.settimeout(0.2)
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
+        pid = pid_of()
+        if pid and owns_port(pid, port):
+            return pid
+        if seen and not pid:  # it was running and is gone (e.g. its port was taken)
+            break
+        seen = seen or pid
         time.sleep(0.05)
-    raise TestbedError(f"nothing listens on 127.0.0.1:{port} after {timeout:.0f}s")
+    try:
+        tail = " | ".join(log_file.read_text(errors="replace").strip().splitlines()[-3:])
+    except OSError:
+        tail = ""
+    other = "another process listens there" if listener_inodes(port) else "nothing listens there"
+    state = f"pid {pid} does not own the port" if pid else "it is not running"
+    raise TestbedError(
+        f"{what} did not start on 127.0.0.1:{port}: {state} ({other}); log {log_file}: {tail or '(empty)'}"
+    )
 
 
 def pid_alive(pidfile: Path) -> int | None:

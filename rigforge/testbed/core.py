@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import pwd
-import random
 import shutil
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from . import aptrepo, content, presets, rootfs
+from . import aptrepo, content, hostpkgs, presets, rootfs
 from ._util import (
     TestbedError,
     chroot_env,
@@ -36,12 +35,14 @@ from ._util import (
     hash_tree,
     in_chroot,
     log,
+    owns_port,
     pid_alive,
     port_free,
+    ports_claimed,
     sh,
     spawn,
     stop_pidfile,
-    wait_port,
+    wait_listener,
 )
 
 DEFAULT_DIR = Path("/var/lib/rigforge-testbed")
@@ -227,21 +228,25 @@ class Testbed:
 # --- shared services -------------------------------------------------------------------------------------
 
 
-def _service(run: Path, name: str, root: str, want_port: int, taken: set[int], cmd_for_port) -> int:
+def _service(run: Path, name: str, root: str, want_port: int, cmd_for_port) -> int:
     """Reuse the running service `name` if it serves `root`, else (re)start it; return its port."""
     pidfile, statefile = run / f"{name}.pid", run / f"{name}.json"
     state = json.loads(statefile.read_text()) if statefile.exists() else {}
-    if pid_alive(pidfile) and state.get("root") == root:
+    pid = pid_alive(pidfile)
+    if pid and state.get("root") == root and owns_port(pid, state["port"]):
         return state["port"]
     stop_pidfile(pidfile)
     port = state.get("port") or want_port
-    for _ in range(30):  # a just-stopped service may hold its port a moment longer
-        if port_free(port):
-            break
-        time.sleep(0.1)
-    port = free_port(port, port + 200, taken)
-    spawn(cmd_for_port(port), pidfile, run / f"{name}.log")
-    wait_port(port)
+    with ports_claimed():  # machine-wide: no other testbed picks this port until our listener is up
+        for _ in range(30):  # a just-stopped service may hold its port a moment longer
+            if port_free(port):
+                break
+            time.sleep(0.1)
+        port = free_port(port, port + 200)
+        spawn(cmd_for_port(port), pidfile, run / f"{name}.log")
+        wait_listener(
+            port, lambda: pid_alive(pidfile), f"the {name} service of testbed {run.parent}", run / f"{name}.log"
+        )
     statefile.write_text(json.dumps({"root": root, "port": port}))
     return port
 
@@ -262,32 +267,26 @@ def start_services(shared: Path) -> dict:
         git_meta = {**git_meta, "recipes": recipes}
     hf_meta = content.build_hf(hf_root, content.shard_size())
     py = sys.executable
-    taken: set[int] = set()
     apt_port = _service(
         run,
         "apt",
         str(apt_root),
         PORTS["apt"],
-        taken,
         lambda p: [py, "-m", "http.server", str(p), "--bind", "127.0.0.1", "--directory", str(apt_root)],
     )
-    taken.add(apt_port)
     hf_script = Path(__file__).with_name("hfserver.py")
     hf_port = _service(
         run,
         "hf",
         f"{hf_root}#{hash_tree(hf_script)}",
         PORTS["hf"],
-        taken,
         lambda p: [py, str(hf_script), "--root", str(hf_root), "--port", str(p)],
     )
-    taken.add(hf_port)
     git_port = _service(
         run,
         "git",
         str(git_root),
         PORTS["git"],
-        taken,
         lambda p: [
             "git",
             "daemon",
@@ -403,7 +402,11 @@ Subsystem sftp internal-sftp
 """
 
 
-def _make_rig(rig_dir: Path, port: int, spec: RigSpec, tarball: Path, uid: int, fresh: bool) -> Rig:
+def _make_rig(
+    rig_dir: Path, port: int | None, spec: RigSpec, tarball: Path, uid: int, fresh: bool, taken: set[int]
+) -> Rig:
+    """(Re)build a rig and start its sshd on `port` (its earlier one, or None) if still free, else on the next
+    free port."""
     root = rig_dir / "rootfs"
     info_file = rig_dir / "rig.json"
     info = json.loads(info_file.read_text()) if info_file.exists() else {}
@@ -438,22 +441,33 @@ def _make_rig(rig_dir: Path, port: int, spec: RigSpec, tarball: Path, uid: int, 
     (rig_dir / "authorized_keys").write_text((rig_dir / "id_ed25519.pub").read_text())
     (rig_dir / "authorized_keys").chmod(0o644)
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
-    for attempt in range(5):  # another testbed (another dir) may take the port between the plan and this bind
-        (rig_dir / "sshd_config").write_text(_sshd_config(rig_dir, port))
-        log = rig_dir / "sshd.log"
-        log.unlink(missing_ok=True)
-        sh([SSHD, "-f", str(rig_dir / "sshd_config"), "-E", str(log)], capture=True)
-        deadline = time.monotonic() + 10
-        while not pid_alive(rig_dir / "sshd.pid") and time.monotonic() < deadline:
-            if log.exists() and "Cannot bind" in log.read_text():
-                break
-            time.sleep(0.05)
-        if pid_alive(rig_dir / "sshd.pid"):  # ours listens (not another testbed's sshd on the same port)
-            break
-        port = free_port(2400 + 100 * attempt + random.randrange(100), 2900, set())
-    wait_port(port)
+    port = _start_sshd(rig_dir, port, taken)
     info_file.write_text(json.dumps({"port": port, "spec": asdict(spec), "tarball": tarball.name}))
     return Rig(rig_dir.name, port, root, USER, rig_dir / "id_ed25519", rig_dir, spec)
+
+
+def _start_sshd(rig_dir: Path, own: int | None, taken: set[int]) -> int:
+    """Claim a port machine-wide, start the rig's sshd on it and check the listener is that sshd; return the
+    port. A failed start is an error naming the rig."""
+    what = f"sshd of testbed rig {rig_dir.name} ({rig_dir})"
+    log_file = rig_dir / "sshd.log"
+    with ports_claimed():  # held until our sshd listens: no other testbed can pick the same free port
+        want = own or PORTS["ssh"]
+        port = free_port(want, want + 800, taken - {own})
+        taken.add(port)
+        (rig_dir / "sshd_config").write_text(_sshd_config(rig_dir, port))
+        start = log_file.stat().st_size if log_file.exists() else 0
+        proc = sh([SSHD, "-f", str(rig_dir / "sshd_config"), "-E", str(log_file)], capture=True, check=False)
+        if proc.returncode != 0:
+            try:
+                with open(log_file, errors="replace") as fh:
+                    fh.seek(start)
+                    tail = " | ".join(fh.read().strip().splitlines()[-3:])
+            except OSError:
+                tail = (proc.stderr or "").strip()
+            raise TestbedError(f"{what} did not start on 127.0.0.1:{port}: sshd exited rc={proc.returncode}: {tail}")
+        wait_listener(port, lambda: pid_alive(rig_dir / "sshd.pid"), what, log_file)
+    return port
 
 
 def _remove_rig(rig_dir: Path) -> None:
@@ -570,17 +584,11 @@ def up(
     `dir`). Idempotent: running rigs with the same spec are kept unless `fresh`. `booted`: rigs run their own
     systemd and Docker engine (booted.py)."""
     t0 = time.monotonic()
-    if os.geteuid() != 0:
-        raise TestbedError("the testbed needs root (chroot, sshd per rig, useradd): run it with sudo")
+    hostpkgs.ensure()  # root, and the host packages (installed when missing, on Debian/Ubuntu)
     specs = list(specs) if specs else [RigSpec()]
     dir = ensure_safe_dir(Path(dir))
     shared = ensure_safe_dir(Path(shared) if shared else dir)
     run = ensure_safe_dir(shared / "run")
-    for tool in ("debootstrap", "chroot", "ssh-keygen", "dpkg-deb", "apt-ftparchive", "gpg", "git", SSHD):
-        if not shutil.which(tool):
-            raise TestbedError(
-                f"{tool} not found; install: apt-get install debootstrap openssh-server apt-utils gnupg git"
-            )
     if booted and any(spec.preset for spec in specs):
         raise TestbedError("rig presets are for chroot rigs; booted rigs start from the plain root file system")
     for tool in ("systemd-nspawn", "nsenter", "ip") if booted else ():
@@ -602,30 +610,35 @@ def up(
         for name, spec in zip(names, specs, strict=True):
             rig_dir = ensure_safe_dir(rigs_dir / name)
             info = json.loads((rig_dir / "rig.json").read_text()) if (rig_dir / "rig.json").exists() else {}
+            pid = pid_alive(rig_dir / "sshd.pid")
             reuse = (
                 not fresh
                 and info.get("spec") == asdict(spec)
                 and info.get("tarball") == tarball.name
                 and info.get("booted", False) == booted
-                and pid_alive(rig_dir / ("nspawn.pid" if booted else "sshd.pid"))
+                and (
+                    pid_alive(rig_dir / "nspawn.pid")
+                    if booted
+                    else bool(pid and owns_port(pid, info["port"]))  # our own sshd still holds its port
+                )
             )
             if reuse:
                 plan.append((rig_dir, info["port"], spec, None))
                 continue
-            port = info.get("port") if info.get("port") and not pid_alive(rig_dir / "sshd.pid") else None
             stop_pidfile(rig_dir / "sshd.pid")
-            port = free_port(port or PORTS["ssh"], 2300 if not port else port + 100, taken - {port})
-            taken.add(port)
-            plan.append((rig_dir, port, spec, True))
+            plan.append((rig_dir, info.get("port"), spec, True))
 
         def build(item):
             rig_dir, port, spec, todo = item
             cls = booted_mod.BootedRig if booted else Rig
             if todo is None:
                 return cls(rig_dir.name, port, rig_dir / "rootfs", USER, rig_dir / "id_ed25519", rig_dir, spec)
-            if booted:
+            if booted:  # the relay takes the next free port itself if this one is taken meanwhile
+                with ports_claimed():
+                    port = free_port(port or PORTS["ssh"], (port or PORTS["ssh"]) + 800, taken - {port})
+                    taken.add(port)
                 return booted_mod.make_rig(rig_dir, port, spec, tarball, uid, fresh, services)
-            rig = _make_rig(rig_dir, port, spec, tarball, uid, fresh)
+            rig = _make_rig(rig_dir, port, spec, tarball, uid, fresh, taken)
             presets.apply(
                 spec.preset, rig.rootfs, Path(services["apt_root"]), f"http://127.0.0.1:{services['apt_port']}"
             )

@@ -119,15 +119,15 @@ def upstream_version(package_version: str | None) -> str | None:
 class NvidiaGpus(FactBase):
     """GPUs visible to nvidia-smi, as a list of dicts (see `parse_query_gpu`); [] without a working driver."""
 
-    def requires_command(self) -> str:
-        return "nvidia-smi"
-
     def command(self) -> StringCommand:
         query = "--query-gpu=" + ",".join(QUERY_FIELDS)
-        # nvidia-smi exits non-zero without a loaded driver or on a version mismatch; that means "no GPUs".
-        # `timeout`: a GPU that fell off the bus can hang nvidia-smi.
+        # No nvidia-smi (a rig before its driver) is a normal answer, "no GPUs": not pyinfra's requires_command,
+        # which warns when the command is missing. nvidia-smi exits non-zero without a loaded driver or on a
+        # version mismatch; that means "no GPUs" too. `timeout`: a GPU that fell off the bus can hang nvidia-smi.
         return StringCommand(
-            "timeout", "60", "nvidia-smi", QuoteString(query), "--format=csv,noheader,nounits", "2>&1 || true"
+            "if command -v nvidia-smi >/dev/null 2>&1; then timeout 60 nvidia-smi",
+            QuoteString(query),
+            "--format=csv,noheader,nounits 2>&1 || true; fi",
         )
 
     @staticmethod

@@ -21,6 +21,7 @@ from pyinfra.operations import apt, files
 from roles.facts.apt import AptSourceFiles, KeyFingerprints, same_uri_files
 from roles.facts.nvidia import upstream_version
 from roles.facts.system import AptHeldPackages
+from roles.operations.shown import say
 
 KEYRING_DIR = "/etc/apt/keyrings"
 SOURCES_DIR = "/etc/apt/sources.list.d"
@@ -178,6 +179,7 @@ def install_missing(packages: list[str]):
     if not missing:
         host.noop(f"already installed: {', '.join(packages)}")
         return
+    yield say(f"installing {', '.join(missing)} (apt)")
     yield "apt-get update"
     yield from apt.packages._inner(packages=missing, allow_downgrades=True)
 

@@ -15,10 +15,18 @@ import shlex
 from collections.abc import Mapping, Sequence
 
 from pyinfra import host
-from pyinfra.api import StringCommand, operation
+from pyinfra.api import operation
 
 from roles.facts.gitpin import GitCheckout
 from roles.operations.checks import fail_command
+from roles.operations.shown import ShownCommand
+
+# Shown git output: git's \r progress as lines, only each 10% step and the ", done." summary of each phase.
+SHOWN = (
+    'shown() { rcf=$(mktemp); { "$@" 2>&1 && echo 0 >"$rcf" || echo $? >"$rcf"; } '
+    "| stdbuf -oL tr '\\r' '\\n' | grep --line-buffered -E ', done\\.|[0-9]0% \\(|^[^%]*$' || true; "
+    'rc=$(cat "$rcf"); rm -f "$rcf"; return "$rc"; }'
+)
 
 
 def patterns(sparse: Sequence[str]) -> list[str]:
@@ -50,6 +58,7 @@ def checkout_script(
     refuse = q(f"rigforge: pinned commit {commit} of {who} is not on the remote; fix the lock (rigforge lock)")
     lines = [
         "set -e",
+        SHOWN,
         f"mkdir -p {q(dest)}",
         f"cd {q(dest)}",
         "[ -d .git ] || git init -q",
@@ -59,9 +68,9 @@ def checkout_script(
         f" || git remote add origin {q(url)}",
         f"if ! git cat-file -e {c}^{{commit}} 2>/dev/null; then",
         f"  echo {q(f'rigforge: fetching {who} at {commit}')}",
-        f"  git fetch --progress --depth 1 --filter=blob:none origin {c} || {{",
+        f"  shown git fetch --progress --depth 1 --filter=blob:none origin {c} || {{",
         f"    echo {q(f'rigforge: {name}: fetch by SHA refused, fetching all branches and tags')} >&2",
-        "    git fetch --progress --filter=blob:none origin"
+        "    shown git fetch --progress --filter=blob:none origin"
         " '+refs/heads/*:refs/remotes/origin/*' '+refs/tags/*:refs/tags/*' || true; }",
         f"  git cat-file -e {c}^{{commit}} 2>/dev/null || {{ echo {refuse} >&2; exit 1; }}",
         "fi",
@@ -83,7 +92,7 @@ def checkout_script(
         "  git reset -q --hard",
         "  git clean -ffdxq",
         "fi",
-        f"git -c advice.detachedHead=false checkout --progress --force --detach {c}",
+        f"shown git -c advice.detachedHead=false checkout --progress --force --detach {c}",
         "git sparse-checkout reapply 2>/dev/null || true" if sparse else "true",
     ]
     for path, sha in files.items():
@@ -118,4 +127,4 @@ def checkout(
             return
         host.noop(f"{name} is at {commit[:12]}, clean, files verified")
         return
-    yield StringCommand(checkout_script(name, url, commit, dest, sparse, files))
+    yield ShownCommand(checkout_script(name, url, commit, dest, sparse, files))

@@ -27,8 +27,9 @@ from pyinfra.api import FileUploadCommand, OperationError, StringCommand, operat
 from pyinfra.facts.files import File
 
 from rigforge.pins import HfFile, HfPin
-from roles.facts.hfweights import FreeBytes, WeightsState
+from roles.facts.hfweights import FreeBytes, VenvDistVersion, WeightsState
 from roles.operations.checks import fail_command
+from roles.operations.shown import ShownCommand, say
 from roles.operations.staged import upload_privately
 
 HEADROOM = 1.05
@@ -162,11 +163,23 @@ def fetched(
         for f in stale:
             yield StringCommand(f"mkdir -p {q(os.path.dirname(f'{staging}/{f.path}'))}")
             yield FileUploadCommand(str(local / f.path), f"{staging}/{f.path}")
-        yield StringCommand(" ".join(args + ["--staged-only"]))
+        yield ShownCommand(" ".join(args + ["--staged-only"]))
         return
     if not raw_token:
-        yield StringCommand(" ".join(args))
+        yield ShownCommand(" ".join(args))
         return
     yield StringCommand(f"install -m 0600 /dev/null {q(token_file)}")
     yield from upload_privately(raw_token, token_file)
-    yield StringCommand(f"{' '.join(args)} --token-file {q(token_file)}; rc=$?; rm -f {q(token_file)}; exit $rc")
+    yield ShownCommand(f"{' '.join(args)} --token-file {q(token_file)}; rc=$?; rm -f {q(token_file)}; exit $rc")
+
+
+@operation()
+def venv_package(venv: str, dist: str, version: str):
+    """
+    ``dist==version`` installed in the venv at ``venv`` (pip), decided from the venv's ``.dist-info`` directory.
+    """
+    if host.get_fact(VenvDistVersion, venv=venv, dist=dist) == version:
+        host.noop(f"{dist} {version} is installed in {venv}")
+        return
+    yield say(f"installing {dist}=={version} into {venv} (pip)")
+    yield StringCommand(f"{venv}/bin/pip", "install", "--disable-pip-version-check", "-q", f"{dist}=={version}")

@@ -1,0 +1,258 @@
+"""One batched probe per rig instead of one SSH round trip per fact.
+
+pyinfra reads each fact with its own remote command (~80 ms apiece over SSH); a converged rig needs ~70 of them
+(package versions and holds, hashes of managed files, unit states, GPU caps, git HEADs and dirty flags, weight
+stamps), which made a no-op re-converge ~5x pyinfra's own floor. Here:
+
+- Every fact a deploy reads on a host is recorded (fact class + arguments) and saved on the controller at the
+  end of the run (`~/.cache/rigforge/probes/`, one file per host and deploy file; env RIGFORGE_PROBE_CACHE,
+  `off` disables the snapshot).
+- On the next run, the first fact read on that host runs all the recorded facts' commands in ONE remote shell
+  command (each in its own subshell, with its exit code) and parses every section with the fact's own
+  `process()`; operations then decide locally from that snapshot.
+- The snapshot answers only while nothing has changed on the host in this run: the first command or upload
+  that is not a fact read (an operation changing something) drops it, and every later read is a live, per-op
+  fact read as before. So an answer from the snapshot is exactly what the live read would have returned at that
+  point (facts read while pyinfra prepares describe the pre-change state just the same).
+- Anything the snapshot cannot answer exactly is read live: a fact not recorded yet, a section that exited
+  non-zero or whose command is missing (pyinfra's own handling then applies), other privilege arguments than
+  the host's defaults, facts with preconditions or their own shell.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import hashlib
+import importlib
+import json
+import os
+import secrets
+from pathlib import Path
+
+from pyinfra.api import StringCommand
+from pyinfra.api import facts as pyinfra_facts
+from pyinfra.api.exceptions import FactProcessError
+from pyinfra.api.facts import FactBase
+from pyinfra.api.host import Host
+
+# Connector arguments that change what a command sees: a snapshot answer needs the same ones as the probe.
+IDENTITY_ARGS = (
+    "_sudo",
+    "_sudo_user",
+    "_use_sudo_login",
+    "_preserve_sudo_env",
+    "_su_user",
+    "_use_su_login",
+    "_preserve_su_env",
+    "_su_shell",
+    "_doas",
+    "_doas_user",
+    "_dzdo",
+    "_dzdo_user",
+    "_shell_executable",
+    "_chdir",
+    "_env",
+)
+
+
+def cache_dir() -> Path | None:
+    value = os.environ.get("RIGFORGE_PROBE_CACHE", "")
+    if value.lower() in ("off", "0", "no", "false"):
+        return None
+    return Path(value) if value else Path.home() / ".cache" / "rigforge" / "probes"
+
+
+class _HostSnapshot:
+    def __init__(self, host: Host):
+        self.host = host
+        self.answers: dict[str, object] = {}  # request key -> processed fact value
+        self.probed = False
+        self.valid = True  # nothing changed on the host yet in this run
+        self.reading = False  # a fact read (or the probe) is running: its commands change nothing
+        self.requests: dict[str, dict] = {}  # key -> {"fact": "module:Class", "kwargs": {...}}, this run
+        self.file = None
+        self.connection = None
+        self.probes = self.served = 0  # counters, for benchmarks/bench_converge.py
+        self.defaults: dict | None = None  # the host's default global arguments for facts
+
+
+_SNAPSHOTS: dict[int, _HostSnapshot] = {}
+_original_get_fact = None
+
+
+def _of(host: Host) -> _HostSnapshot:
+    snap = _SNAPSHOTS.get(id(host))
+    if snap is None or snap.host is not host:
+        snap = _SNAPSHOTS[id(host)] = _HostSnapshot(host)
+    return snap
+
+
+def _identity(global_kwargs: dict) -> str:
+    return repr([(k, global_kwargs.get(k)) for k in IDENTITY_ARGS])
+
+
+def _key(cls, fact_kwargs: dict) -> str | None:
+    try:
+        return f"{cls.__module__}:{cls.__qualname__}|" + json.dumps(fact_kwargs, sort_keys=True)
+    except (TypeError, ValueError):
+        return None  # arguments that do not serialise: always read live
+
+
+@functools.cache
+def _cacheable(cls) -> bool:
+    fact = cls()
+    return (
+        issubclass(cls, FactBase)
+        and not fact.shell_executable
+        and type(fact).check_preconditions is FactBase.check_preconditions
+    )
+
+
+def _probe_file(host: Host, state) -> Path | None:
+    base = cache_dir()
+    if base is None:
+        return None
+    ident = json.dumps(
+        [
+            host.name,
+            host.data.get("ssh_hostname"),
+            host.data.get("ssh_port"),
+            host.data.get("ssh_user"),
+            str(getattr(state, "current_deploy_filename", "") or ""),
+        ]
+    )
+    return base / f"{hashlib.sha256(ident.encode()).hexdigest()[:24]}.json"
+
+
+def _probe(state, host: Host, snap: _HostSnapshot, global_kwargs: dict) -> None:
+    """Run every recorded fact of this host in one remote command; keep the answers that are exact."""
+    snap.probed = True
+    snap.file = _probe_file(host, state)
+    snap.connection = _identity(global_kwargs)
+    try:
+        recorded = json.loads(snap.file.read_text()) if snap.file else []
+    except (OSError, ValueError):
+        recorded = []
+    marker = f"@@rigforge-probe-{secrets.token_hex(6)}"
+    parts, sections = ["d=$(mktemp -d) || exit 1;"], []
+    for item in recorded:
+        try:
+            module, _, name = item["fact"].partition(":")
+            cls = getattr(importlib.import_module(module), name)
+            fact = cls()
+            fact_kwargs = dict(item["kwargs"])
+            command = pyinfra_facts._make_command(fact.command, dict(fact_kwargs))
+            requires = pyinfra_facts._make_command(fact.requires_command, dict(fact_kwargs))
+        except Exception:  # noqa: BLE001 - a recorded fact that no longer loads is simply not probed
+            continue
+        if not _cacheable(cls) or command is None:
+            continue
+        guard = f"command -v {requires} >/dev/null 2>&1 || exit 97; " if requires else ""
+        n = len(sections)
+        sections.append((_key(cls, fact_kwargs), fact))
+        body = command if isinstance(command, StringCommand) else StringCommand(command)
+        # every fact's command in its own background subshell: the rig runs them side by side
+        parts += ["( (", guard, body, f') >"$d/{n}" 2>/dev/null </dev/null; echo $? >"$d/{n}.rc" ) &']
+    parts += ["wait;", f'for i in $(seq 0 {len(sections) - 1}); do echo "{marker} $i"; cat "$d/$i";']
+    parts += [f'echo "{marker} rc $(cat "$d/$i.rc")"; done; rm -rf "$d"']
+    if not sections:
+        return
+    snap.probes += 1
+    executor_kwargs = {k: v for k, v in global_kwargs.items() if k in pyinfra_facts.CONNECTOR_ARGUMENT_KEYS}
+    snap.reading = True
+    try:
+        ok, output = host.run_shell_command(
+            StringCommand(*parts), print_output=False, print_input=False, **executor_kwargs
+        )
+    finally:
+        snap.reading = False
+    if not ok:
+        return
+    current, lines = None, []
+    for line in output.stdout_lines:
+        if not line.startswith(marker):
+            lines.append(line)
+            continue
+        tail = line[len(marker) + 1 :]
+        if tail.startswith("rc ") and current is not None:
+            key, fact = sections[current]
+            if tail == "rc 0":
+                try:
+                    snap.answers[key] = fact.process(lines) if lines else fact.default()
+                except (FactProcessError, ValueError, KeyError, IndexError, TypeError):
+                    pass
+            current = None
+        elif tail.isdigit():
+            current, lines = int(tail), []
+
+
+def _request(state, host, snap: _HostSnapshot, cls, args, kwargs) -> tuple[str | None, dict, dict]:
+    """(snapshot key or None, fact kwargs, global kwargs) of a fact read, without pyinfra's per-read argument
+    handling (type hints of every global argument: the slowest part of a read on the controller)."""
+    kwargs = dict(kwargs or {})
+    if args or any(k.startswith("_") for k in kwargs) or not _cacheable(cls):
+        return None, kwargs, {}  # explicit global arguments or positional ones: pyinfra's own path, live
+    global_kwargs = host.current_op_global_arguments  # inside an operation: its global arguments, complete
+    if global_kwargs is None:  # preparing: the host's defaults, computed once
+        if snap.defaults is None:
+            snap.defaults = pyinfra_facts._handle_fact_kwargs(state, host, cls, None, None)[1]
+        global_kwargs = snap.defaults
+    return _key(cls, kwargs), kwargs, global_kwargs
+
+
+def _get_fact(state, host, cls, args=None, kwargs=None, *rest, **kw):
+    """pyinfra's _get_fact, answered from the host's snapshot when that is exact (see the module doc)."""
+    snap = _of(host)
+    key, fact_kwargs, global_kwargs = _request(state, host, snap, cls, args, kwargs)
+    if key is not None:
+        if not snap.probed and snap.valid:
+            if not host.connected:
+                host.connect(reason="to read the rig's snapshot", raise_exceptions=True)
+            _probe(state, host, snap, global_kwargs)
+        if snap.connection == _identity(global_kwargs):
+            snap.requests.setdefault(key, {"fact": f"{cls.__module__}:{cls.__qualname__}", "kwargs": fact_kwargs})
+            if snap.valid and key in snap.answers:
+                snap.served += 1
+                return snap.answers[key]
+    snap.reading = True
+    try:
+        return _original_get_fact(state, host, cls, args, kwargs, *rest, **kw)
+    finally:
+        snap.reading = False
+
+
+def _changing(method):
+    def wrapper(self, *args, **kwargs):
+        snap = _SNAPSHOTS.get(id(self))
+        if snap is not None and snap.host is self and not snap.reading:
+            snap.valid = False  # something on the host may change now: no more snapshot answers
+        return method(self, *args, **kwargs)
+
+    wrapper.__wrapped__ = method
+    return wrapper
+
+
+def _save() -> None:
+    for snap in list(_SNAPSHOTS.values()):
+        if not snap.file or not snap.requests:
+            continue
+        try:
+            snap.file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = snap.file.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(list(snap.requests.values())))
+            tmp.replace(snap.file)
+        except OSError:
+            pass
+
+
+def install() -> None:
+    """Answer fact reads from one batched probe per host (idempotent; a no-op when RIGFORGE_PROBE_CACHE=off)."""
+    global _original_get_fact
+    if _original_get_fact is not None or cache_dir() is None:
+        return
+    _original_get_fact = pyinfra_facts._get_fact
+    pyinfra_facts._get_fact = _get_fact
+    for name in ("run_shell_command", "put_file"):
+        setattr(Host, name, _changing(getattr(Host, name)))
+    atexit.register(_save)

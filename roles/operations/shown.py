@@ -1,0 +1,28 @@
+"""Long steps seen at pyinfra's default verbosity (no -v needed): downloads, checkouts, package installs.
+
+pyinfra prints a command's output only with -v (or on failure). A `ShownCommand` streams its output, line by line
+with the host's prefix, as it runs; `say` logs one line when the operation executes (not while pyinfra detects
+changes before asking to go ahead). Both run only inside an operation that is changing something.
+"""
+
+from __future__ import annotations
+
+from pyinfra.api import FunctionCommand, StringCommand
+
+
+class ShownCommand(StringCommand):
+    """A shell command whose output is printed as it arrives, at any verbosity."""
+
+    def execute(self, state, host, connector_arguments):
+        connector_arguments.update(self.connector_arguments)
+        return host.run_shell_command(self, print_output=True, print_input=state.print_input, **connector_arguments)
+
+
+def _log(state, host, message: str) -> bool:
+    host.log(message)
+    return True
+
+
+def say(message: str) -> FunctionCommand:
+    """A command that logs `message` on the host's line when it executes."""
+    return FunctionCommand(_log, (message,), {})
