@@ -49,6 +49,10 @@ DEFAULTS = {
     "rigforge_recipe_opt_in": False,  # allow a recipe-repo slug whose status is experimental/incubating/deprecated
 }
 ROLES = (preflight, nvidia_driver, docker_engine, gpu_power, sources, weights, serving)
+RETIRED = {  # host-data keys earlier releases read: refused rather than silently ignored
+    "nvidia_driver_packages": "the driver table chooses the packages; set nvidia_driver_source, "
+    "nvidia_driver_branch or nvidia_driver_flavor instead",
+}
 snapshot.install()  # facts from one batched probe per rig while nothing changed (roles/facts/snapshot.py)
 
 
@@ -57,13 +61,16 @@ def validate(data) -> list[str]:
     if not isinstance(data.get("rigforge_lock"), str | os.PathLike):
         problems.append(f"rigforge_lock must be the path of a lock file, got {data.get('rigforge_lock')!r}")
     problems += knobs.boolean(data, "rigforge_recipe_opt_in")
+    for key, advice in RETIRED.items():
+        if data.get(key) is not None:
+            problems.append(f"{key} is no longer read: {advice}; remove it from host data.")
     return problems
 
 
 def host_data() -> dict:
     """This host's data for every role's knobs and the settings' keys, role defaults applied."""
     defaults = {key: value for module in ROLES for key, value in module.DEFAULTS.items()} | DEFAULTS
-    keys = {*defaults, *HOST_KEYS.values()}
+    keys = {*defaults, *HOST_KEYS.values(), *RETIRED}
     return {key: host.data.get(key, defaults.get(key)) for key in sorted(keys)}
 
 

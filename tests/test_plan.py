@@ -109,6 +109,7 @@ def errors(caplog) -> str:
         ({"serving_max_model_len": -5}, "serving_max_model_len must be an integer in 1..1048576, got -5"),
         ({"serving_max_num_seqs": 0}, "serving_max_num_seqs must be an integer in 1..1024, got 0"),
         ({"serving_port": 70000}, "serving_port must be a port number in 1..65535, got 70000"),
+        ({"nvidia_driver_packages": ["nvidia-driver-580-open"]}, "nvidia_driver_packages is no longer read"),
         ({"gpu_power_limit_w": 5000}, "gpu_power_limit_w must be whole watts in 100..600, got 5000"),
         ({"gpu_power_limit_w": 90}, "gpu_power_limit_w must be whole watts in 100..600, got 90"),
         ({"gpu_power_limits": {1: 900}}, "gpu_power_limits must be a mapping of GPU index (0..15) to whole watts"),
