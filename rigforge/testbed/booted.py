@@ -47,7 +47,7 @@ from ._util import (
     sh,
     spawn,
     stop_pidfile,
-    wait_port,
+    wait_listener,
 )
 from .core import IMAGE_REF, Rig, RigSpec
 
@@ -415,7 +415,12 @@ class BootedRig(Rig):
         argv = [sys.executable, str(NETNS_SCRIPT), "serve", self.netns, f"in:{port}={rig_port}"]
         spawn(argv, pidfile, self.dir / f"forward-{rig_port}.log")
         try:
-            wait_port(port)
+            wait_listener(
+                port,
+                lambda: pid_alive(pidfile),
+                f"forward of rig port {rig_port}",
+                self.dir / f"forward-{rig_port}.log",
+            )
             yield port
         finally:
             stop_pidfile(pidfile)
