@@ -49,7 +49,7 @@ from ._util import (
     stop_pidfile,
     wait_listener,
 )
-from .core import IMAGE_REF, Rig, RigSpec
+from .core import IMAGE_REF, Rig, RigSpec, recipe_images
 
 BOOTED_PACKAGES = ["openssh-server", "docker.io", "docker-cli", "docker-compose", "iproute2"]
 BOOTED_RECIPE = "1"
@@ -61,6 +61,12 @@ BROKEN_MESSAGE = "testbed image made to exit at start (no model loaded)"
 MIRROR_HOST = "deb.debian.org"
 RIG_SSH_PORT = 22  # the rig's sshd, inside its own namespace
 PROXY_PORT = 3128  # the relay's HTTPS proxy inside the rig (pip reaches its index through it)
+VLLM_TREE = "usr/local/lib/python3.12/dist-packages/vllm"
+MAMBA_ANCHOR = """class MambaManager:  # rigforge testbed stand-in: only what recipe patches anchor on
+    def find_longest_cache_hit(self, max_length, block_size, drop_eagle_block=False):
+        max_num_blocks = max_length // block_size
+        return max_num_blocks
+"""
 IMAGE_BINARIES = ["bash", "dash", "sh", "env", "cat", "ls", "sleep", "python3"]
 
 CGROUPS_UNIT = """[Unit]
@@ -188,6 +194,8 @@ def image_tarball(root: Path, dest: Path) -> Path:
         put("usr/local/bin/pip", (IMAGE_DIR / "pip").read_bytes())
         put("opt/rigforge-standin/openai_stub.py", OPENAI_STUB.read_bytes(), 0o644)
         put("usr/local/lib/python3.12/dist-packages/vllm/__init__.py", b'__version__ = "0+rigforge.standin"\n', 0o644)
+        # the class and line the recipes' vendored vllm#48375 patch anchors on (it refuses to boot without them)
+        put(f"{VLLM_TREE}/v1/core/single_type_kv_cache_manager.py", MAMBA_ANCHOR.encode(), 0o644)
     tmp.rename(dest)
     return dest
 
@@ -364,10 +372,11 @@ def prepare_rootfs(root: Path, rig_dir: Path, user: str) -> None:
         hosts.write_text(hosts.read_text() + f"127.0.0.1\t{MIRROR_HOST}\n")
 
 
-def load_images(rig_dir: Path, image_ref: str) -> None:
-    """`docker import` the stand-in serving image under `image_ref`, and the broken one, unless present."""
+def load_images(rig_dir: Path, image_ref: str, also: list[str] = ()) -> None:
+    """`docker import` the stand-in serving image under `image_ref` (tagged `also` too: the recipes' images), and
+    the broken one, unless present."""
     have = enter(rig_dir, "docker image ls --format '{{.Repository}}:{{.Tag}}'", check=True).stdout.split()
-    if image_ref in have and BROKEN_IMAGE in have:
+    if {image_ref, BROKEN_IMAGE, *also} <= set(have):
         return
     t0 = time.monotonic()
     tar = image_tarball(rig_dir / "rootfs", rig_dir / "standin-image.tar")
@@ -377,6 +386,8 @@ def load_images(rig_dir: Path, image_ref: str) -> None:
         res = enter(rig_dir, f"docker import {changes} - {shlex.quote(ref)}", input=data)
         if res.returncode != 0:
             raise TestbedError(f"docker import {ref} in {rig_dir.name} failed: {res.stderr.decode()[-2000:]}")
+    for ref in also:
+        enter(rig_dir, f"docker tag {shlex.quote(image_ref)} {shlex.quote(ref)}", check=True)
     tar.unlink()
     log(f"{rig_dir.name}: stand-in image {image_ref} ({len(data) >> 20} MiB) imported in {time.monotonic() - t0:.1f}s")
 
@@ -458,6 +469,6 @@ def make_rig(rig_dir: Path, port: int, spec: RigSpec, tarball: Path, uid: int, f
     took = boot(rig_dir)
     port = start_relay(rig_dir, services, port)
     log(f"{rig_dir.name}: booted in {took:.1f}s")
-    load_images(rig_dir, IMAGE_REF)
+    load_images(rig_dir, IMAGE_REF, sorted(set(recipe_images().values()) - {IMAGE_REF}))
     info_file.write_text(json.dumps({"port": port, "spec": asdict(spec), "tarball": tarball.name, "booted": True}))
     return BootedRig(rig_dir.name, port, root, USER, rig_dir / "id_ed25519", rig_dir, spec)

@@ -1,0 +1,68 @@
+"""A live recipe on a booted rig: `rigforge_variant: vllm/dual` from the club-3090 reference (RIGFORGE_RECIPES),
+its own compose file and entrypoint run by the rig's systemd and Docker engine from the lock's recipe image
+(vllm/vllm-openai:v0.27.1, a tag of the booted tier's stand-in image), through the same health gate.
+
+Marked `booted` and `testbed`; skipped with the reason when this machine cannot boot rigs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import pytest
+from support import REPO, changed, errored, inventory_with, pyinfra_run
+from test_booted import models, sh, started_at, unit
+from test_recipes import REFERENCE
+
+pytestmark = [pytest.mark.testbed, pytest.mark.booted]
+UNIT, CONTAINER, PORT = "rigforge-vllm@vllm-dual.service", "vllm-qwen36-27b-dual", 8010
+
+
+@pytest.fixture(scope="module")
+def booted_recipes(testbed_factory):
+    missing = [tool for tool in ("systemd-nspawn", "nsenter", "ip") if not shutil.which(tool)]
+    if missing:
+        pytest.skip(f"cannot boot rigs: {', '.join(missing)} not found (apt-get install systemd-container iproute2)")
+    saved = os.environ.get("RIGFORGE_RECIPES")
+    os.environ["RIGFORGE_RECIPES"] = str(REFERENCE)  # testbed up builds its recipes remote and images from it
+    try:
+        yield testbed_factory(name="booted-recipe", booted=True)
+    finally:
+        if saved is None:
+            os.environ.pop("RIGFORGE_RECIPES", None)
+        else:
+            os.environ["RIGFORGE_RECIPES"] = saved
+
+
+def test_vllm_dual_converges_passes_the_gate_serves_and_a_second_run_changes_nothing(
+    booted_recipes, tmp_path, testbed_report
+):
+    tb, rig = booted_recipes, booted_recipes.rig("rig1")
+    inv = inventory_with(tb, tmp_path / "inventory.py", {"rig1": {"rigforge_variant": "vllm/dual"}})
+    t0 = time.monotonic()
+    results, stderr = pyinfra_run(inv, REPO / "deploy" / "site.py")
+    testbed_report.append(f"booted: first vllm/dual converge {time.monotonic() - t0:.0f}s")
+    assert not errored(results, "rig1"), stderr[-6000:]
+    done = changed(results, "rig1")
+    assert any(op.endswith(f"Start {UNIT}") for op in done), done
+    assert any("Health gate" in op for op in done), done
+
+    assert unit(rig, UNIT) == ("enabled", "active")
+    assert sh(rig, f"docker inspect -f '{{{{.Config.Image}}}} {{{{.State.Status}}}}' {CONTAINER}") == (
+        "vllm/vllm-openai:v0.27.1 running"
+    )
+    assert models(rig, PORT) == ["qwen3.6-27b"]  # the recipe's --served-model-name, on its published port
+    # the recipe's own entrypoint ran in the container: its vendored patch applied, then `vllm serve`
+    log = sh(rig, f"docker logs {CONTAINER} 2>&1")
+    assert "[pr48375] applied" in log and "[spec] drafter ON - mtp n=3" in log, log
+    assert "serving qwen3.6-27b from /root/.cache/huggingface/qwen3.6-27b-autoround-int4" in log, log
+
+    before = started_at(rig, CONTAINER)
+    t0 = time.monotonic()
+    results, stderr = pyinfra_run(inv, REPO / "deploy" / "site.py")
+    testbed_report.append(f"booted: second vllm/dual run {time.monotonic() - t0:.0f}s")
+    assert not errored(results, "rig1"), stderr[-4000:]
+    assert changed(results, "rig1") == []
+    assert started_at(rig, CONTAINER) == before
