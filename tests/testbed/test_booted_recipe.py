@@ -12,6 +12,7 @@ import shutil
 import time
 
 import pytest
+import requests
 from support import REPO, changed, errored, inventory_with, pyinfra_run
 from test_booted import models, sh, started_at, unit
 from test_recipes import REFERENCE
@@ -54,6 +55,9 @@ def test_vllm_dual_converges_passes_the_gate_serves_and_a_second_run_changes_not
         "vllm/vllm-openai:v0.27.1 running"
     )
     assert models(rig, PORT) == ["qwen3.6-27b"]  # the recipe's --served-model-name, on its published port
+    with rig.forward(PORT) as port:  # and from the controller, through the rig's published port
+        listed = requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()["data"]
+    assert [m["id"] for m in listed] == ["qwen3.6-27b"]
     # the recipe's own entrypoint ran in the container: its vendored patch applied, then `vllm serve`
     log = sh(rig, f"docker logs {CONTAINER} 2>&1")
     assert "[pr48375] applied" in log and "[spec] drafter ON - mtp n=3" in log, log
