@@ -265,10 +265,11 @@ def rig_drift(host, ctx: RigContext) -> list[str]:
             n, first = len(state["dirty"]), state["dirty"][0].strip()
             drift.append(f"git {src}: dirty checkout at {path} ({n} file(s), e.g. {first})")
     catalog = load_catalog()
+    dirs = dict(getattr(ctx.variant, "asset_dirs", ()))  # a recipe slug's dirs come from its model profile
     for asset in ctx.variant.assets:
         if asset not in ctx.lock.hf:
             continue
-        dest = f"{ctx.settings.models}/{catalog.assets[asset].dir}"
+        dest = f"{ctx.settings.models}/{dirs.get(asset) or catalog.assets[asset].dir}"
         state = host.get_fact(WeightsState, dest=dest, staging=f"{ctx.settings.models}/.rigforge-staging/{asset}")
         entries = (state["stamp"] or {}).get("files") or {}
         if not state["stamp"]:
