@@ -170,6 +170,14 @@ class RigContext:
             return int(self.manifest["port"])
         return self.variant.port if self.variant else None
 
+    def asset_dir(self, asset: str) -> str:
+        """Where `asset` lands on the rig: a recipe slug's dir comes from its model profile, a seed's from the
+        catalog."""
+        from rigforge.catalog import load_catalog
+
+        dirname = dict(getattr(self.variant, "asset_dirs", ())).get(asset) or load_catalog().assets[asset].dir
+        return f"{self.settings.models}/{dirname}"
+
     @property
     def unit(self) -> str | None:
         if self.manifest and self.manifest.get("unit"):
@@ -245,7 +253,6 @@ def pin_drift(ctx: RigContext) -> dict:
 def rig_drift(host, ctx: RigContext) -> list[str]:
     """The rig's checkouts and weights vs what was provisioned: a checkout whose HEAD moved off the recorded pin
     or that has local changes; a weight file missing, unstamped, or whose size or mtime is not its stamp's."""
-    from rigforge.catalog import load_catalog
     from roles.facts.gitpin import GitCheckout
     from roles.facts.hfweights import WeightsState
 
@@ -264,12 +271,10 @@ def rig_drift(host, ctx: RigContext) -> list[str]:
         elif state["dirty"]:
             n, first = len(state["dirty"]), state["dirty"][0].strip()
             drift.append(f"git {src}: dirty checkout at {path} ({n} file(s), e.g. {first})")
-    catalog = load_catalog()
-    dirs = dict(getattr(ctx.variant, "asset_dirs", ()))  # a recipe slug's dirs come from its model profile
     for asset in ctx.variant.assets:
         if asset not in ctx.lock.hf:
             continue
-        dest = f"{ctx.settings.models}/{dirs.get(asset) or catalog.assets[asset].dir}"
+        dest = ctx.asset_dir(asset)
         state = host.get_fact(WeightsState, dest=dest, staging=f"{ctx.settings.models}/.rigforge-staging/{asset}")
         entries = (state["stamp"] or {}).get("files") or {}
         if not state["stamp"]:

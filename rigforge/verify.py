@@ -220,16 +220,13 @@ def check_sources(host, ctx: RigContext) -> Check:
 
 
 def check_weights(host, ctx: RigContext) -> Check:
-    from rigforge.catalog import load_catalog
     from roles.facts.hfweights import STAMP, WeightsState
 
     name = "weights stamp valid"
-    catalog = load_catalog()
     bad, good = [], []
-    dirs = dict(getattr(ctx.variant, "asset_dirs", ()))  # a recipe slug's dirs come from its model profile
     for asset in ctx.variant.assets:
         pin = ctx.lock.hf.get(asset)
-        dest = f"{ctx.settings.models}/{dirs.get(asset) or catalog.assets[asset].dir}"
+        dest = ctx.asset_dir(asset)
         if pin is None:
             bad.append(f"{asset}: not in the lock")
             continue
