@@ -55,6 +55,12 @@ PERTURB = {
         ["Check out club-3090 at"],
         "test ! -e /opt/rigforge/src/club-3090/NOTES.txt",
     ),
+    "stamp": (
+        f"touch -d 2020-01-01 {WEIGHT}",
+        ["Weights autoround-int4"],
+        f"python3 -c \"import json,os; e=json.load(open('{STAMP}'))['files']['{WEIGHT.rsplit('/', 1)[1]}'];"
+        f" assert e['mtime_ns'] == os.stat('{WEIGHT}').st_mtime_ns\"",
+    ),
 }
 
 

@@ -1,6 +1,6 @@
 """Tier 2: repairs of what an interrupted run leaves behind, against faked facts (pyinfra's @fake connector).
 
-The kill tests on real testbed rigs are in tests/quarantine/converge_recover.py (out of the suite, see its README).
+The kill tests on real testbed rigs are in tests/test_converge_recover.py.
 """
 
 from __future__ import annotations

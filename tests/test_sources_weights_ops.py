@@ -207,6 +207,17 @@ def test_checkout_script_against_a_real_git_daemon(stand_ins, tmp_path):
     assert "removing .git/index.lock left by an interrupted run" in out.stdout
     assert gitpin.is_current(fact(), url, meta["pin"], meta["sparse"]) and not (dest / ".git/index.lock").exists()
 
+    # a `git init` killed half-way left a .git git does not recognise: it is made again, then checked out
+    half = tmp_path / "half"
+    (half / ".git/refs").mkdir(parents=True)
+    (half / ".git/description").write_text("Unnamed repository\n")
+    half_args = (args[0], url, meta["pin"], str(half), meta["sparse"], meta["files"])
+    out = subprocess.run(["sh", "-c", gitpin.checkout_script(*half_args)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "removing a half-made .git left by an interrupted run" in out.stdout
+    fact_half = GitCheckout().process(sh(GitCheckout().command(str(half), tuple(meta["files"]))))
+    assert gitpin.is_current(fact_half, url, meta["pin"], meta["sparse"])
+
     # a wrong pinned SHA is an error naming the repo; a wrong file hash names the file
     wrong = "deadbeef" * 5
     out = subprocess.run(["sh", "-c", gitpin.checkout_script("vllm-src", url, wrong, str(tmp_path / "w"), [], {})],
@@ -397,6 +408,11 @@ def test_fetch_downloads_verifies_stamps_and_reruns_from_the_stamp(stand_ins, tm
     stale.write_bytes(b"x")
     (Path(m["dest"]) / m["files"][0]["path"]).unlink()
     assert fetch(m).returncode == 0 and not Path(m["staging"]).exists()
+    # a file whose mtime moved is only re-hashed, and the staging dir the operation made first is not left behind
+    os.utime(dest / m["files"][0]["path"], ns=(0, 1577836800 * 10**9))
+    Path(m["staging"]).mkdir(parents=True)
+    out = fetch(m)
+    assert out.returncode == 0 and "hashing" in out.stdout and not Path(m["staging"]).exists(), out.stdout
     n = len(hf_log(stand_ins))
     again = fetch(m)
     assert again.returncode == 0 and "verified (stamp)" in again.stdout and "hashing" not in again.stdout

@@ -268,6 +268,7 @@ def run(m: dict, token: str | None, deep: bool, staged_only: bool) -> int:
             missing.append(f)
     write_stamp(m, entries)
     if not missing:
+        tidy_staging(m)
         say(f"{m['name']}: all {len(entries)} files verified ({'deep' if deep else 'stamp'})")
         return 0
     if m.get("gated") and not token and not staged_only:  # a stamped gated asset needs no token
@@ -288,16 +289,21 @@ def run(m: dict, token: str | None, deep: bool, staged_only: bool) -> int:
         st = os.stat(os.path.join(m["dest"], f["path"]))
         entries[f["path"]] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": f["sha256"]}
         write_stamp(m, entries)
-    for root, _dirs, names in os.walk(m["staging"], topdown=False):  # drop stale parts and empty dirs
+    tidy_staging(m)
+    say(f"{m['name']}: all {len(entries)} files verified")
+    return 0
+
+
+def tidy_staging(m: dict) -> None:
+    """All files are in place: drop the staging dir (parts of old revisions, empty dirs), so nothing is left."""
+    for root, _dirs, names in os.walk(m["staging"], topdown=False):
         for name in names:
             if name.endswith(".part"):
-                os.unlink(os.path.join(root, name))  # all current files are in place: parts of old revisions
+                os.unlink(os.path.join(root, name))
         try:
             os.rmdir(root)
         except OSError:
             pass
-    say(f"{m['name']}: all {len(entries)} files verified")
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,8 @@
 
 State comes from the GitCheckout fact at execution time. No-op when HEAD is the pinned commit, the tree is
 clean, origin and sparse patterns match and the locked files hash right. Otherwise one shell step:
-init + remote, `git fetch --depth 1 --filter=blob:none origin <sha>` (servers that refuse a fetch by SHA get
+init (a half-made .git left by a killed `git init` is removed first) + remote,
+`git fetch --depth 1 --filter=blob:none origin <sha>` (servers that refuse a fetch by SHA get
 a full blobless fetch instead), sparse patterns (cone mode off, one anchored path per line), a dirty tree is
 repaired (`git reset --hard` + `git clean -ffdx`, reported), lock files a killed git left are removed,
 `git checkout --detach <sha>`, then every
@@ -61,6 +62,8 @@ def checkout_script(
         SHOWN,
         f"mkdir -p {q(dest)}",
         f"cd {q(dest)}",
+        "if [ -d .git ] && ! git rev-parse -q --resolve-git-dir .git >/dev/null 2>&1; then"  # a killed `git init`
+        ' echo "rigforge: removing a half-made .git left by an interrupted run"; rm -rf .git; fi',
         "[ -d .git ] || git init -q",
         "for lock in .git/index.lock .git/shallow.lock .git/config.lock .git/HEAD.lock; do"  # a killed git's
         ' [ ! -e "$lock" ] || { echo "rigforge: removing $lock left by an interrupted run"; rm -f "$lock"; }; done',
