@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -28,12 +29,22 @@ PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 
 
 CHANGED: list[str] = []  # operations the last converge changed ("host: op")
+CPU: dict[str, float] = {}  # CPU seconds of the last run: the controller (pyinfra's process) and the whole machine
+
+
+def _machine_cpu() -> float:
+    """CPU seconds all processes on this machine have used (user + nice + system), from /proc/stat."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:4]
+    return sum(int(x) for x in fields) / os.sysconf("SC_CLK_TCK")
 
 
 def _run(cmd: list[str], env: dict | None = None) -> float:
-    t0 = time.monotonic()
+    t0, before, machine = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN), _machine_cpu()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, **(env or {})})
     wall = time.monotonic() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CPU["controller"] = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    CPU["machine"] = _machine_cpu() - machine
     if proc.returncode:
         sys.exit(f"failed: {' '.join(cmd)}\n{proc.stderr[-4000:]}")
     if "--json" in cmd:
@@ -126,20 +137,26 @@ def main() -> int:
             for names in (["rig1"], [r.name for r in tb.rigs]):  # warm-up: records each rig's facts to probe
                 converge(inv, names, timings)
             floors, noop1, noop4 = [], [], []
+            cpu: dict[str, list[float]] = defaultdict(list)
             all_rigs = [r.name for r in tb.rigs]
             for i in range(args.repeat):  # interleaved, so load changes hit every measurement alike
                 floors.append(floor(inv, ["rig1"]))
                 timings.unlink(missing_ok=True)
                 noop1.append(converge(inv, ["rig1"], timings))
+                cpu["controller 1"].append(CPU["controller"])
+                cpu["machine 1"].append(CPU["machine"])
                 if i == 0:
                     breakdown(timings, "rig1", "1-rig no-op, per role")
                 if CHANGED:
                     sys.exit(f"the re-converge changed something: {CHANGED}")
                 timings.unlink(missing_ok=True)
                 noop4.append(converge(inv, all_rigs, timings))
+                cpu["controller 4"].append(CPU["controller"])
+                cpu["machine 4"].append(CPU["machine"])
                 if CHANGED:
                     sys.exit(f"the 4-rig re-converge changed something: {CHANGED}")
             f, n1, n4 = (statistics.median(x) for x in (floors, noop1, noop4))
+            c = {k: statistics.median(v) for k, v in cpu.items()}
             print(f"floor (pyinfra exec -- true, 1 rig): {f:.2f} s   runs {' '.join(f'{x:.2f}' for x in floors)}")
             print(
                 f"no-op re-converge, 1 rig: {n1:.2f} s = {n1 / f:.2f}x the floor (goal <= 2x)   "
@@ -148,6 +165,12 @@ def main() -> int:
             print(
                 f"no-op re-converge, 4 rigs: {n4:.2f} s = {n4 / n1:.2f}x one rig (goal <= 1.2x)   "
                 f"runs {' '.join(f'{x:.2f}' for x in noop4)}"
+            )
+            print(
+                f"CPU seconds, 1 rig / 4 rigs: controller (pyinfra) {c['controller 1']:.2f} / {c['controller 4']:.2f} "
+                f"({(c['controller 4'] - c['controller 1']) / 3:.2f} per extra rig); whole machine (controller, "
+                f"sshd and the rigs' probes, all on these {os.cpu_count()} cores) {c['machine 1']:.2f} / "
+                f"{c['machine 4']:.2f} ({(c['machine 4'] - c['machine 1']) / 3:.2f} per extra rig)"
             )
             print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     finally:

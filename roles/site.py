@@ -34,7 +34,7 @@ from rigforge.render import (
     settings_from_host_data,
     variant_setting_problems,
 )
-from roles import docker_engine, gpu_power, nvidia_driver, preflight, serving, sources, weights
+from roles import docker_engine, gpu_power, nvidia_driver, preflight, serving, sources, speedups, weights
 from roles.facts import snapshot
 from roles.facts.hfweights import WeightsState
 from roles.facts.nvidia import NvidiaGpus, NvidiaPciGpus
@@ -54,6 +54,7 @@ RETIRED = {  # host-data keys earlier releases read: refused rather than silentl
     "nvidia_driver_branch or nvidia_driver_flavor instead",
 }
 snapshot.install()  # facts from one batched probe per rig while nothing changed (roles/facts/snapshot.py)
+speedups.install()  # pyinfra's per-operation controller work, same results (roles/speedups.py)
 
 
 def validate(data) -> list[str]:

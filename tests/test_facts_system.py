@@ -93,6 +93,21 @@ def test_free_disk_bytes_quotes_the_path(tmp_path):
     assert not Path("pwned").exists()
 
 
+def test_held_packages_read_from_a_real_dpkg_database(tmp_path, monkeypatch):
+    """dpkg-query against a status file of held, installed and Multi-Arch: same packages (DPKG_ADMINDIR)."""
+    entry = "Package: {0}\nStatus: {1} ok installed\nArchitecture: {2}\nVersion: 1\nMulti-Arch: same\n\n"
+    (tmp_path / "status").write_text(
+        entry.format("nvidia-open", "hold", "amd64")
+        + entry.format("docker-ce", "install", "amd64")
+        + entry.format("libnvidia-compute-580", "hold", "amd64")
+        + entry.format("libnvidia-compute-580", "hold", "i386")
+    )
+    (tmp_path / "info").mkdir()
+    (tmp_path / "updates").mkdir()
+    monkeypatch.setenv("DPKG_ADMINDIR", str(tmp_path))
+    assert AptHeldPackages().process(run(AptHeldPackages().command())) == ["libnvidia-compute-580", "nvidia-open"]
+
+
 def test_held_packages_and_unit_enabled():
     assert AptHeldPackages().process(["nvidia-driver-580-open", "", "libnvidia-compute-580"]) == [
         "libnvidia-compute-580",

@@ -74,7 +74,7 @@ def rig(os="ubuntu2404", gpus=None, free_bytes=500e9, packages=(), held=(), extr
         "--query-gpu=": gpus,
         "stat -f": f"{int(free_bytes // 4096)} 4096",
         "mokutil": "SecureBoot disabled",
-        "apt-mark showhold": list(held),
+        "${db:Status-Want}": list(held),
         "dpkg -l": dpkg,
     }
     responses.update(extra or {})

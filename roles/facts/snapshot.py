@@ -152,10 +152,11 @@ def _probe(state, host: Host, snap: _HostSnapshot, global_kwargs: dict) -> None:
         n = len(sections)
         sections.append((_key(cls, fact_kwargs), fact))
         body = command if isinstance(command, StringCommand) else StringCommand(command)
-        # every fact's command in its own background subshell: the rig runs them side by side
-        parts += ["( (", guard, body, f') >"$d/{n}" 2>/dev/null </dev/null; echo $? >"$d/{n}.rc" ) &']
-    parts += ["wait;", f'for i in $(seq 0 {len(sections) - 1}); do echo "{marker} $i"; cat "$d/$i";']
-    parts += [f'echo "{marker} rc $(cat "$d/$i.rc")"; done; rm -rf "$d"']
+        # every fact's command in its own background subshell, so the rig runs them side by side, writing its
+        # section (marker, output, marker with exit code) to its own file; one `cat` gathers them all
+        parts += [f'( echo "{marker} {n}"; (', guard, body, f') 2>/dev/null </dev/null; echo "{marker} rc $?" )']
+        parts += [f'>"$d/{n}" &']
+    parts += ['wait; cat "$d"/*; rm -rf "$d"']
     if not sections:
         return
     snap.probes += 1

