@@ -9,6 +9,9 @@ each perturbation here is the first change of its run, so it is seen through tha
 
 from __future__ import annotations
 
+import json
+from collections import Counter
+
 import pytest
 from support import REPO, changed, errored, pyinfra_run
 
@@ -89,3 +92,23 @@ def test_drift_is_repaired_in_one_run(rig, kind):
     assert res.returncode == 0, (kind, res.stdout, res.stderr)
     again, err = pyinfra_run(rig.inventory, DEPLOY)
     assert changed(again, "rig1") == [], (kind, err[-3000:])
+
+
+def test_a_no_op_run_reads_the_rig_in_one_round_trip(rig, tmp_path):
+    """After a run has recorded the facts a deploy reads, the next no-op run reads them all in one batched probe
+    (roles/facts/snapshot.py): every fact read is served from it, none goes to the rig on its own."""
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text(
+        f"exec(open({str(rig.inventory)!r}).read())\n"
+        "rigs = [(n, {**d, 'rigforge_variant': 'dual-turbo'}) for n, d in rigs]\n"
+    )
+    timings = tmp_path / "timings.jsonl"
+    timed = REPO / "benchmarks" / "timed_site.py"  # deploy/site.py, recording how each fact read was answered
+    for _ in range(2):  # the first run records this deploy file's facts, the second reads them in one probe
+        timings.unlink(missing_ok=True)
+        results, err = pyinfra_run(inventory, timed, env={"RIGFORGE_TIMINGS": str(timings)})
+        assert changed(results, "rig1") == [], err[-3000:]
+    reads = [json.loads(line) for line in timings.read_text().splitlines() if '"kind": "fact"' in line]
+    how = Counter(r["how"] for r in reads)
+    assert how["probe"] == 1 and how["live"] == 0, (how, [r["fact"] for r in reads if r["how"] == "live"])
+    assert how["served"] >= 60, how
