@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from types import SimpleNamespace
 
 from pyinfra.api import arguments, facts, util
@@ -18,9 +19,11 @@ def _nested(state, depth: int):
 
 
 def test_operation_order_and_global_arguments_are_unchanged(monkeypatch):
-    for module, name in ((util, "stack"), (util, "getframeinfo"), (arguments, "all_global_arguments"),
-                         (facts, "all_global_arguments")):  # fmt: skip
-        monkeypatch.setattr(module, name, getattr(module, name))  # restored after the test
+    # pyinfra as shipped (another test may have imported roles.site, which installs the speedups), restored after
+    monkeypatch.setattr(util, "stack", inspect.stack)
+    monkeypatch.setattr(util, "getframeinfo", inspect.getframeinfo)
+    monkeypatch.setattr(arguments, "all_global_arguments", speedups._ORIGINAL)
+    monkeypatch.setattr(facts, "all_global_arguments", speedups._ORIGINAL)
     state = SimpleNamespace(current_deploy_filename=__file__, current_op_file_number=7)
     hints, stack = arguments.all_global_arguments(), util.stack
     orders = []
