@@ -1,4 +1,5 @@
-"""The variant catalog: rigforge/data/variants.yaml loaded into frozen, validated dataclasses.
+"""The seed adapter of the variant protocol (rigforge/plan.py `ServedVariant`): the design document's five
+variants, from rigforge/data/variants.yaml, loaded into frozen, validated dataclasses.
 
 Nothing here knows about hosts. A bad catalog raises CatalogError naming the variant and the key.
 """
@@ -8,12 +9,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import yaml
 
+from rigforge import render
+from rigforge.schema import HOST_KEYS, Settings
+
 CATALOG_PATH = Path(__file__).parent / "data" / "variants.yaml"
 MOUNT_ROOTS = ("{models}", "{cache}", "{src}")
+RECIPE_ONLY = ("spec_n", "nvlink_mode")  # knobs of the recipe repo's compose files, no seed variant has them
 
 
 class CatalogError(ValueError):
@@ -59,6 +65,33 @@ class Variant:
     shm_size: str
     ipc: str
     gpu_reservation: tuple[tuple[str, Any], ...]
+    asset_dirs: tuple[tuple[str, str], ...] = ()  # (asset, dir under the model dir)
+    sizes: tuple[tuple[str, int], ...] = ()  # (asset, approximate bytes), until the lock knows the sizes
+    manifest_extra = MappingProxyType({})  # what rig.json records besides the plan's pins: nothing for a seed
+
+    @property
+    def served_model(self) -> str:
+        return self.arg("--served-model-name") or self.name
+
+    def serve_files(self, s: Settings) -> dict[str, str]:
+        """The serve dir's files for these settings: {name: text} (the compose file and .env)."""
+        return render.seed_files(self, s)
+
+    def setting_problems(self, s: Settings, host_data: bool = False) -> list[str]:
+        """Settings that are valid alone but not for this variant (named as host-data keys when `host_data`)."""
+
+        def key(name: str) -> str:
+            return HOST_KEYS[name] if host_data else f"setting {name!r}"
+
+        for name in RECIPE_ONLY:
+            if getattr(s, name) is not None:
+                return [f"{key(name)} cannot be used with {self.name}: only recipe-repo slugs (vllm/...) have it"]
+        if s.kv_cache_dtype and self.uses_dflash:
+            return [
+                f"{key('kv_cache_dtype')} cannot be used with {self.name}: DFlash forces FP16 KV "
+                "(no fp8/TurboQuant path on Ampere); pick dual or dual-turbo for a 20 GB card"
+            ]
+        return []
 
     @property
     def env(self) -> dict[str, str]:
@@ -174,6 +207,8 @@ def _variant(name: str, raw: dict, defaults: dict, assets: dict[str, Asset]) -> 
         shm_size=defaults["shm_size"],
         ipc=defaults["ipc"],
         gpu_reservation=tuple(defaults["gpu_reservation"].items()),
+        asset_dirs=tuple((a, assets[a].dir) for a in raw["assets"]),
+        sizes=tuple((a, int(assets[a].approx_gb * 1e9)) for a in raw["assets"]),
     )
 
 

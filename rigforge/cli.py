@@ -7,13 +7,12 @@ import importlib
 import os
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 from rigforge import recipes
 from rigforge.catalog import CatalogError, load_catalog
 from rigforge.pins import LockError, default_lock_path, load_lock
-from rigforge.render import Settings, SettingsError, apply_overrides, parse_set, render_recipe, render_variant
+from rigforge.schema import HOST_KEYS, SettingsError, parse_set
 
 # subcommand -> (module, help). Modules expose add_arguments(parser) and run(args) -> int.
 SUBCOMMANDS = {
@@ -29,7 +28,8 @@ def _render_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("variant", help="variant name (see `rigforge render --list`)", nargs="?")
     p.add_argument("--out", type=Path, help="directory to write the files into")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a setting (repeatable), e.g. --set port=8111")  # fmt: skip
+                   help="a setting, by its host-data key or its short name (repeatable), "
+                   "e.g. --set serving_port=8111")  # fmt: skip
     p.add_argument("--gpus", type=int, default=None, help="GPU count for the power unit (default: variant's)")
     p.add_argument("--list", action="store_true", help="list the variants and exit")
     p.add_argument("--opt-in", action="store_true",
@@ -75,20 +75,18 @@ def _render(args: argparse.Namespace) -> int:
         return 0
     if not args.variant or not args.out:
         raise SettingsError("render needs VARIANT and --out DIR (variants: `rigforge render --list`)")
-    overrides = parse_set(args.sets)
-    token = os.environ.get("RIGFORGE_HF_TOKEN") or os.environ.get("HF_TOKEN")
-    if token and "hf_token" not in overrides:  # as a deploy does; keeps the secret off the command line
-        overrides["hf_token"] = token
-    settings = apply_overrides(Settings(), overrides)
-    lock = load_lock(default_lock_path())
-    if "/" not in args.variant:  # a seed variant; recipe-repo slugs are engine/name
-        variant = catalog.variant(args.variant)
-        image = lock.pinned(variant.image)
-        files = render_variant(variant, replace(settings, image=settings.image or image), gpu_count=args.gpus)
-    else:
-        repo = recipes.load_repo(recipes_commit())
-        recipe = repo.recipe(args.variant, opt_in=args.opt_in)
-        files = render_recipe(recipe, repo.compose(recipe), settings, lock.pinned(recipe.image), gpu_count=args.gpus)
+    from roles import site  # the deploy's own plan builder: a render is what a deploy would write
+
+    data = {HOST_KEYS.get(key, key): value for key, value in parse_set(args.sets).items()}
+    known = set(site.host_data({}))
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise SettingsError(f"unknown setting {unknown[0]!r}; allowed: {', '.join(sorted(HOST_KEYS.values()))}")
+    data |= {"rigforge_recipe_opt_in": args.opt_in}
+    plan, problems = site.plan_for("render", data, args.variant, gpus=args.gpus, deployable=False)
+    if plan is None:
+        raise SettingsError("; ".join(problems))
+    files = dict(plan.files)
     _write_atomically(args.out, files)
     for name in files:
         print(f"wrote {args.out / name}")

@@ -8,19 +8,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+DEFAULT_ROOT = "/opt/rigforge"  # rigforge_root: models, src, serve, cache, venv live under it
+ETC = "/etc/rigforge"  # the rig manifest rig.json
+UNIT_DIR = "/etc/systemd/system"  # where rigforge installs its units
+DAEMON_JSON = "/etc/docker/daemon.json"  # Docker's config: rigforge merges the nvidia runtime into it
 STAMP = ".rigforge-stamp.json"  # written by rigforge/remote/fetch_weights.py in every asset dir
+WEIGHTS_STAGING = ".rigforge-staging"  # downloads land here, under the model dir, until verified
+SERVE_FILES = {  # what a serve dir holds, when the variant renders it, and each file's mode (.env: secrets)
+    "docker-compose.yml": "644",
+    "compose.override.yml": "644",  # a recipe slug: the recipe's own compose file runs with this host override
+    ".env": "600",
+}
 STAGING = ".staging"  # staged_files' staging dir inside the destination dir
-VLLM_TEMPLATE = "rigforge-vllm@.service"
+VLLM_PREFIX = "rigforge-vllm@"  # instances: rigforge-vllm@<variant>.service
+VLLM_TEMPLATE = f"{VLLM_PREFIX}.service"
 POWER_UNIT = "rigforge-gpu-power.service"
 
 
 @dataclass(frozen=True)
 class HostLayout:
-    root: str = "/opt/rigforge"  # rigforge_root
+    root: str = DEFAULT_ROOT  # rigforge_root
     model_dir: str | None = None  # serving_model_dir; default <root>/models
     variant: str = ""  # the variant this rig serves (names serve/<variant> and the unit instance)
-    etc: str = "/etc/rigforge"
-    unit_dir: str = "/etc/systemd/system"
+    etc: str = ETC
+    unit_dir: str = UNIT_DIR
 
     @property
     def models(self) -> str:
@@ -60,7 +71,7 @@ class HostLayout:
 
     @property
     def weights_staging_root(self) -> str:
-        return f"{self.models}/.rigforge-staging"
+        return f"{self.models}/{WEIGHTS_STAGING}"
 
     def weights_staging(self, asset: str) -> str:
         return f"{self.weights_staging_root}/{asset}"
@@ -81,7 +92,22 @@ class HostLayout:
 
     @property
     def vllm_unit(self) -> str:
-        return f"rigforge-vllm@{self.variant}.service"
+        return self.instance(self.variant)
 
+    @staticmethod
+    def instance(variant: str) -> str:
+        """The vLLM unit instance that serves `variant`."""
+        return f"{VLLM_PREFIX}{variant}.service"
+
+    @property
+    def wants_dir(self) -> str:
+        """Where `systemctl enable` links the units started at boot."""
+        return f"{self.unit_dir}/multi-user.target.wants"
+
+    def unit_path(self, unit: str) -> str:
+        return f"{self.unit_dir}/{unit}"
+
+    daemon_json = DAEMON_JSON
+    vllm_prefix = VLLM_PREFIX
     vllm_template = VLLM_TEMPLATE
     power_unit = POWER_UNIT

@@ -127,15 +127,15 @@ class Lock:
                 problems.append(f"git.{n}: commit {p.commit} does not start with ref {p.ref}")
         return problems
 
-    def require(self, *, git: Iterable[str] = (), hf: Iterable[str] = ()) -> None:
-        """Raise LockError unless every named entry exists and is resolved (a deploy's precondition)."""
+    def require(self, *, git: Iterable[str] = (), hf: Iterable[str] = (), resolved: bool = True) -> None:
+        """Raise LockError unless every named entry exists and (`resolved`) is resolved (a deploy's precondition)."""
         bad = []
         for kind, names, table in (("git", git, self.git), ("hf", hf, self.hf)):
             for name in names:
                 pin = table.get(name)
                 if pin is None:
                     raise LockError(f"lock {self.path}: no {kind} entry '{name}' (known: {', '.join(table)})")
-                if not pin.resolved:
+                if resolved and not pin.resolved:
                     bad.append(f"{kind}.{name}")
         if bad:
             raise LockError(

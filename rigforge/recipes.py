@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -499,12 +499,20 @@ def rig_files(r: Recipe, compose: dict, *, root: str, image: str, knobs: dict[st
 _VRAM = re.compile(r"^#\s*Requires-min-vram-gb:\s*(\d+(?:\.\d+)?)\s*$", re.M)
 
 
+def knobs_of(recipe: Recipe, s: Any) -> dict[str, Any]:
+    """The settings a recipe-repo slug takes through its compose knobs (None = the recipe's default)."""
+    keys = ("bind_address", "max_model_len", "kv_cache_dtype", "gpu_memory_utilization", "max_num_seqs")
+    knobs = {key: getattr(s, key) for key in (*keys, "spec_n", "nvlink_mode", "extra_args", "api_key")}
+    return {"hf_token": s.hf_token or "", "model_dir": s.models, "port": s.port or recipe.port, **knobs}
+
+
 @dataclass(frozen=True)
 class LiveVariant:
-    """A recipe-repo slug with everything a deploy needs, in the seed Variant's terms (name, port, gpus, ...)."""
+    """The registry adapter of the variant protocol (rigforge/plan.py `ServedVariant`): a recipe-repo slug in the
+    seed Variant's terms (name, port, gpus, ...)."""
 
     recipe: Recipe
-    files: tuple[tuple[str, str], ...]  # rendered serve-dir files, units and the effective compose
+    compose: dict = field(repr=False, hash=False, compare=False)  # the recipe's compose file, parsed
     image: str  # what runs: the lock's ref@digest (or tag while the digest is unresolved)
     asset_dirs: tuple[tuple[str, str], ...]  # (lock hf name, dir under the model dir)
     sizes: tuple[tuple[str, int], ...]  # (lock hf name, bytes per the model profile's size_gb): until the lock knows
@@ -526,8 +534,25 @@ class LiveVariant:
     def gpus(self) -> int:
         return self.recipe.tp
 
+    @property
+    def manifest_extra(self) -> dict:
+        return {"recipe": self.recipe.slug}
+
     def arg(self, flag: str) -> str | None:
         return self.served_model if flag == "--served-model-name" else None
+
+    def serve_files(self, s: Any) -> dict[str, str]:
+        """The serve dir's files (compose wrapper, host override, .env) plus the effective compose, for reading."""
+        return rig_files(
+            self.recipe, self.compose, root=s.root, image=s.image or self.image, knobs=knobs_of(self.recipe, s)
+        )
+
+    def setting_problems(self, s: Any, host_data: bool = False) -> list[str]:
+        try:
+            self.serve_files(s)
+        except RecipeError as exc:
+            return [str(exc)]
+        return []
 
 
 def min_card_mib(compose_text: str) -> int:
@@ -542,16 +567,12 @@ def served_model(compose: dict) -> str | None:
     return cmd[cmd.index("--served-model-name") + 1] if "--served-model-name" in cmd[:-1] else None
 
 
-def live_variant(slug: str, settings: Any, lock: Any, opt_in: bool) -> LiveVariant:
+def find(slug: str, lock: Any, opt_in: bool) -> LiveVariant:
     """A recipe-repo slug for a deploy (or status/verify): the recipe from the controller's copy of the locked
-    commit, its image and weights found in the lock (by ref, by repo id), its rendered files.
+    commit, its image and weights found in the lock (by ref, by repo id).
 
-    Raises RecipeError / LockError naming the slug and what to do (refused, opt-in, missing lock entry, a setting
-    the recipe has no knob for)."""
-    from dataclasses import replace
-
+    Raises RecipeError / LockError naming the slug and what to do (refused, opt-in, missing lock entry)."""
     from rigforge.pins import LockError
-    from rigforge.render import render_recipe
 
     pin = lock.git.get(GIT_NAME)
     if pin is None:
@@ -572,16 +593,19 @@ def live_variant(slug: str, settings: Any, lock: Any, opt_in: bool) -> LiveVaria
                 f"{{repo: {w.hf_repo}, ref: main, revision: null}} and run `rigforge lock`"
             )
         assets.append((name, w.local_subdir, int((w.size_gb or 0) * 1e9)))
-    image = settings.image or lock.pinned(recipe.image)
+    return of(repo, recipe, lock.pinned(recipe.image), assets)
+
+
+def of(repo: RecipeRepo, recipe: Recipe, image: str, assets: list[tuple[str, str, int]] = ()) -> LiveVariant:
+    """`recipe` of `repo` as a variant running `image`; `assets`: (lock name, dir, bytes) of its weights."""
     compose = repo.compose(recipe)
-    files = render_recipe(recipe, compose, replace(settings, image=image), image)
     return LiveVariant(
         recipe=recipe,
-        files=tuple(files.items()),
+        compose=compose,
         image=image,
         asset_dirs=tuple((n, d) for n, d, _ in assets),
         sizes=tuple((n, size) for n, _, size in assets),
-        port=settings.port or recipe.port,
+        port=recipe.port,
         served_model=served_model(compose) or recipe.slug,
         min_card_mib=min_card_mib((repo.root / recipe.compose_path).read_text()),
     )

@@ -20,6 +20,7 @@ from pyinfra.api import deploy
 from pyinfra.facts.deb import DebArch
 from pyinfra.operations import systemd
 
+from rigforge.plan import Plan
 from roles.facts.system import OsRelease
 from roles.operations import apt_repo, docker_daemon
 
@@ -58,7 +59,6 @@ DEFAULTS = {
     "nvidia_toolkit_version": None,  # pin the four toolkit packages, e.g. "1.18.0-1"
 }
 
-DAEMON_JSON = "/etc/docker/daemon.json"
 DOCKER_CE_PACKAGES = ["docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin", "docker-compose-plugin"]
 
 
@@ -104,10 +104,8 @@ def docker_packages(source: str, os_id: str, versions: dict | None = None) -> li
 
 
 @deploy("Docker engine and NVIDIA Container Toolkit", data_defaults=DEFAULTS)
-def install():
-    data = {key: host.data.get(key, default) for key, default in DEFAULTS.items()}
-    if validate(data):
-        return  # preflight has already failed this host with the problems; nothing to prepare
+def install(plan: Plan):
+    data = plan.data
     os_release = host.get_fact(OsRelease)
     arch = host.get_fact(DebArch)
 
@@ -143,11 +141,11 @@ def install():
         name="Install the NVIDIA Container Toolkit", packages=toolkit_packages(data["nvidia_toolkit_version"])
     )
     daemon = docker_daemon.merge_json(
-        name="Add the nvidia runtime to /etc/docker/daemon.json",
-        path=DAEMON_JSON,
+        name=f"Add the nvidia runtime to {plan.layout.daemon_json}",
+        path=plan.layout.daemon_json,
         patch=docker_daemon.deep_merge(data["docker_daemon_options"] or {}, docker_daemon.NVIDIA_RUNTIME),
     )
-    if host.data.get("rigforge_manage_services", True):
+    if data["rigforge_manage_services"]:
         systemd.service(name="Enable and start docker", service="docker.service", running=True, enabled=True)
         systemd.service(
             name="Restart docker for the new daemon.json",

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from pyinfra.api import deploy
 from pyinfra.operations import systemd
 
-from rigforge import knobs
+from rigforge import schema
 from rigforge.plan import Plan
-from rigforge.render import render_power_unit
+from rigforge.render import POWER_UNIT
 from roles.operations import nvidia, systemd_units
 from roles.operations.staged import staged_files, systemd_verify
 
@@ -27,7 +27,7 @@ DEFAULTS = {
 
 
 def validate(data: Mapping) -> list[str]:
-    return knobs.settings(data, {"power_limit_w": "gpu_power_limit_w", "power_limits": "gpu_power_limits"})
+    return schema.settings(data, {"power_limit_w": "gpu_power_limit_w", "power_limits": "gpu_power_limits"})
 
 
 @deploy("GPU power caps", data_defaults=DEFAULTS)
@@ -43,7 +43,7 @@ def apply(plan: Plan):
     unit = staged_files(
         name=f"Install {layout.power_unit} (validated by systemd-analyze verify)",
         dest=layout.unit_dir,
-        files={layout.power_unit: (render_power_unit(dict(plan.caps)), "644")},
+        files={layout.power_unit: (plan.files[POWER_UNIT], "644")},
         validate=systemd_verify(layout.power_unit),
         keep_previous=False,
     )

@@ -23,6 +23,7 @@ from pyinfra.api import deploy
 from pyinfra.facts.deb import DebArch
 from pyinfra.operations import files, server
 
+from rigforge.plan import Plan
 from roles import driver_table
 from roles.facts.system import OsRelease
 from roles.operations import apt_repo, nvidia
@@ -114,15 +115,9 @@ def ubuntu_pin_text(packages: driver_table.DriverPackages) -> str:
     )
 
 
-def _data() -> dict:
-    return {key: host.data.get(key, default) for key, default in DEFAULTS.items()}
-
-
 @deploy("NVIDIA driver", data_defaults=DEFAULTS)
-def install():
-    data = _data()
-    if validate(data):
-        return  # preflight has already failed this host with the problems; nothing to prepare
+def install(plan: Plan):
+    data = plan.data
     if not data["nvidia_driver_manage"]:
         nvidia.running_branch(
             name=f"Check the running driver is branch {data['nvidia_driver_branch']} (nvidia_driver_manage: false)",

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pyinfra import host
 from pyinfra.api import deploy
 
 from roles import docker_engine, gpu_power, host_state, nvidia_driver
@@ -32,12 +31,11 @@ CHECKED_KEYS = {
 
 
 @deploy("Preflight", data_defaults=DEFAULTS)
-def check(needs: checks.Needs, data: Mapping | None = None):
-    """`data`: the plan's validated host data (roles/site.py); without it, the host's data is read."""
-    source = data if data is not None else {key: host.data.get(key, default) for key, default in CHECKED_KEYS.items()}
+def check(needs: checks.Needs, data: Mapping):
+    """`needs`: what the variant needs of the host; `data`: the plan's validated host data (roles/site.py)."""
     checks.host_checks(
         name=f"Preflight: can this host run {needs.variant}?",
         needs=needs,
-        data={key: source.get(key, default) for key, default in CHECKED_KEYS.items()},
+        data={key: data.get(key, default) for key, default in CHECKED_KEYS.items()},
         host_problems=host_state.problems,
     )

@@ -19,42 +19,39 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, server, systemd
 from pyinfra.operations.util import any_changed
 
-from rigforge import knobs
+from rigforge import schema
+from rigforge.layout import DEFAULT_ROOT, SERVE_FILES
 from rigforge.plan import Plan
-from rigforge.recipes import OVERRIDE_FILE, LiveVariant
-from rigforge.render import COMPOSE_FILE, ENV_FILE, HOST_KEYS, VLLM_UNIT, render_variant
+from rigforge.render import ENV_FILE, VLLM_UNIT
 from roles.operations.serving import enabled_instances, health_gate_script, image_present, manifest, sole_instance
 from roles.operations.staged import staged_files, systemd_verify
 
 DEFAULTS = {
-    "rigforge_root": "/opt/rigforge",  # root of the host layout (models, src, serve, cache)
+    "rigforge_root": DEFAULT_ROOT,  # root of the host layout (models, src, serve, cache)
     "rigforge_manage_services": True,  # start/restart units, pull the image, health gate (False on the testbed)
     "serving_health_timeout": 600,  # seconds to wait for /v1/models after a (re)start, as the recipes do
     "serving_health_host": "127.0.0.1",  # where the health gate reaches the API on the rig
 }
 SERVING_SETTINGS = {  # rendering settings this role's host data sets ({setting: host-data key})
-    name: key for name, key in HOST_KEYS.items() if key.startswith("serving_") or key == "rigforge_root"
+    name: key for name, key in schema.HOST_KEYS.items() if key.startswith("serving_") or key == "rigforge_root"
 }
 
 
 def validate(data: Mapping) -> list[str]:
-    problems = knobs.settings(data, SERVING_SETTINGS)
-    problems += knobs.boolean(data, "rigforge_manage_services")
-    problems += knobs.integer(data, "serving_health_timeout", 10, 86400, " of seconds")
-    problems += knobs.hostname(data, "serving_health_host")
+    problems = schema.settings(data, SERVING_SETTINGS)
+    problems += schema.boolean(data, "rigforge_manage_services")
+    problems += schema.integer(data, "serving_health_timeout", 10, 86400, " of seconds")
+    problems += schema.hostname(data, "serving_health_host")
     return problems
 
 
 @deploy("Serve the variant with vLLM", data_defaults=DEFAULTS)
 def apply(plan: Plan):
-    variant, settings, layout = plan.variant, plan.settings, plan.layout
+    variant, layout = plan.variant, plan.layout
     manage = plan.data["rigforge_manage_services"]
     serve_dir, unit = layout.serve_dir, layout.vllm_unit
-    rendered = dict(variant.files) if isinstance(variant, LiveVariant) else render_variant(variant, settings)
-    image = plan.image
-    serve_files = {COMPOSE_FILE: (rendered[COMPOSE_FILE], "644"), ENV_FILE: (rendered[ENV_FILE], "600")}
-    if OVERRIDE_FILE in rendered:  # a recipe slug: the recipe's own file runs, with this host's override
-        serve_files[OVERRIDE_FILE] = (rendered[OVERRIDE_FILE], "644")
+    rendered, image = plan.files, plan.image
+    serve_files = {name: (rendered[name], mode) for name, mode in SERVE_FILES.items() if name in rendered}
 
     for cache_dir in ("torch_compile", "triton"):
         files.directory(name=f"Compile cache {cache_dir}", path=f"{layout.cache}/{cache_dir}", mode="755")
@@ -92,7 +89,7 @@ def apply(plan: Plan):
             commands=[
                 health_gate_script(
                     url=f"http://{plan.data['serving_health_host']}:{plan.port}",
-                    model=variant.arg("--served-model-name") or variant.name,
+                    model=variant.served_model,
                     timeout=int(plan.data["serving_health_timeout"]),
                     unit=unit,
                     rollback_unit=previous[0] if previous else None,
@@ -107,12 +104,6 @@ def apply(plan: Plan):
     manifest(
         name=f"Record {layout.rig_json}",
         path=layout.rig_json,
-        content={
-            "variant": variant.name,
-            "unit": unit,
-            "port": plan.port,
-            **plan.pins,
-            **({"recipe": variant.recipe.slug} if isinstance(variant, LiveVariant) else {}),
-        },
+        content=plan.manifest,
         now=datetime.now(UTC).isoformat(timespec="seconds"),
     )

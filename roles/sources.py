@@ -11,11 +11,12 @@ from __future__ import annotations
 from pyinfra.api import deploy
 from pyinfra.operations import apt, files
 
+from rigforge.layout import DEFAULT_ROOT
 from rigforge.plan import Plan
 from roles.operations import gitpin
 
 DEFAULTS = {
-    "rigforge_root": "/opt/rigforge",  # root of the host layout; checkouts go to <root>/src/<name>
+    "rigforge_root": DEFAULT_ROOT,  # root of the host layout; checkouts go to <root>/src/<name>
 }
 
 

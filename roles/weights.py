@@ -18,12 +18,13 @@ from pyinfra.api import deploy
 from pyinfra.api.hiddenvalue import HiddenValue
 from pyinfra.operations import apt, files, pip
 
-from rigforge import knobs
+from rigforge import schema
+from rigforge.layout import DEFAULT_ROOT
 from rigforge.plan import Plan
 from roles.operations import hfweights
 
 DEFAULTS = {
-    "rigforge_root": "/opt/rigforge",  # root of the host layout (venv, lib, models)
+    "rigforge_root": DEFAULT_ROOT,  # root of the host layout (venv, lib, models)
     "serving_model_dir": None,  # model dir on the rig; default <rigforge_root>/models
     "hf_token": None,  # HF token (secret); default: controller env RIGFORGE_HF_TOKEN or HF_TOKEN
     "hf_endpoint": "https://huggingface.co",  # HF hub endpoint (testbed: its local stand-in)
@@ -36,10 +37,10 @@ SOURCES = ("hub", "controller")
 
 
 def validate(data: Mapping) -> list[str]:
-    problems = knobs.choice(data, "weights_source", SOURCES) + knobs.boolean(data, "weights_deep_verify")
-    problems += knobs.url(data, "hf_endpoint")
+    problems = schema.choice(data, "weights_source", SOURCES) + schema.boolean(data, "weights_deep_verify")
+    problems += schema.url(data, "hf_endpoint")
     if data.get("hf_token") not in (None, ""):
-        problems += knobs.settings(data, {"hf_token": "hf_token"})
+        problems += schema.settings(data, {"hf_token": "hf_token"})
     version = data.get("weights_hf_hub_version")
     if not (isinstance(version, str) and re.fullmatch(r"\d+(\.\d+){1,3}", version)):
         problems.append(f"weights_hf_hub_version must be a release such as 2.4.0, got {version!r}")

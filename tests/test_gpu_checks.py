@@ -16,7 +16,7 @@ from test_roles_host_ops import PREFLIGHT, executed, gpu_row, make_state, rig
 
 from rigforge.catalog import load_catalog
 from rigforge.hardware import vram_problems
-from rigforge.render import Settings
+from rigforge.schema import Settings
 from rigforge.status import RigContext
 from rigforge.verify import check_vram
 from roles.operations import checks

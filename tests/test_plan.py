@@ -21,9 +21,11 @@ from pyinfra.api.operations import run_ops
 from pyinfra.api.state import StateStage
 from pyinfra.operations import server
 
+from rigforge.catalog import CatalogError
 from rigforge.layout import HostLayout
-from rigforge.plan import Plan, variant_problems
-from rigforge.render import Settings, SettingsError, apply_overrides
+from rigforge.pins import default_lock_path, load_lock
+from rigforge.plan import Plan, resolve, variant_problems
+from rigforge.schema import Settings, SettingsError, apply_overrides
 from roles import gpu_power, serving, site, weights
 
 SHA = "a" * 40
@@ -200,13 +202,13 @@ def test_caps_cover_the_gpus_the_pci_bus_shows(tmp_path):
 
 
 def test_variant_choice_rules():
-    names = ["dual", "dual-turbo"]
-    assert variant_problems("dual", None, names) == ("dual", [])
-    assert variant_problems("dual", "dual", names) == ("dual", [])
-    assert variant_problems(None, "dual-turbo", names) == ("dual-turbo", [])
-    assert "rigforge_variant is not set" in variant_problems(None, None, names)[1][0]
-    assert "unknown variant 'dual-tubro'" in variant_problems(None, "dual-tubro", names)[1][0]
-    assert "deploy/site.py" in variant_problems("dual", "dual-turbo", names)[1][0]
+    assert variant_problems("dual", None) == ("dual", [])
+    assert variant_problems("dual", "dual") == ("dual", [])
+    assert variant_problems(None, "dual-turbo") == ("dual-turbo", [])
+    assert "rigforge_variant is not set" in variant_problems(None, None)[1][0]
+    assert "deploy/site.py" in variant_problems("dual", "dual-turbo")[1][0]
+    with pytest.raises(CatalogError, match="unknown variant 'dual-tubro'; choose one of: dual, dual-turbo"):
+        resolve("dual-tubro", load_lock(default_lock_path()), opt_in=False)
 
 
 def test_role_validators_are_pure_and_name_host_data_keys():

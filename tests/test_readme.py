@@ -5,7 +5,7 @@ import re
 from pathlib import Path
 
 from rigforge.catalog import load_catalog
-from rigforge.render import SETTINGS
+from rigforge.schema import SETTINGS
 from roles import docker_engine, gpu_power, nvidia_driver, serving, site, sources, weights
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()

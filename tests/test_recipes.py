@@ -18,7 +18,8 @@ import yaml
 
 from rigforge import recipes
 from rigforge.recipes import RecipeError, interpolate, parse_repo
-from rigforge.render import Settings, SettingsError, apply_overrides, check_variant_settings, render_recipe
+from rigforge.render import render_variant
+from rigforge.schema import Settings, SettingsError, apply_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 # the verbatim subset of ../shared/reference/club-3090-4a29ab57 (PROVENANCE.md), vendored so CI always has it
@@ -37,7 +38,7 @@ def selectable(repo):
 
 def render(repo, slug, settings=None, opt_in=False):
     r = repo.recipe(slug, opt_in=opt_in)
-    return render_recipe(r, repo.compose(r), settings or Settings(), IMAGE)
+    return render_variant(recipes.of(repo, r, IMAGE), settings or Settings())
 
 
 def effective(files) -> dict:
@@ -314,7 +315,7 @@ def test_recipe_only_settings_are_refused_for_seed_variants():
     from rigforge.catalog import load_catalog
 
     with pytest.raises(SettingsError, match="'spec_n' cannot be used with dual"):
-        check_variant_settings(load_catalog().variant("dual"), apply_overrides(Settings(), {"spec_n": 0}))
+        render_variant(load_catalog().variant("dual"), apply_overrides(Settings(), {"spec_n": 0}))
 
 
 def test_serve_dir_runs_the_recipe_file_from_the_rig_checkout(repo):
@@ -396,14 +397,14 @@ def test_without_a_recipe_repo_a_live_slug_is_refused_with_how_to_get_it(tmp_pat
 # --- a slug for a deploy: lock entries by image ref and repo id ---
 
 
-def test_live_variant_takes_its_image_and_weights_from_the_lock(monkeypatch):
+def test_a_slug_takes_its_image_and_weights_from_the_lock(monkeypatch):
     import dataclasses
 
     from rigforge.pins import LockError, default_lock_path, load_lock
 
     monkeypatch.setenv("RIGFORGE_RECIPES", str(REFERENCE))
     lock = load_lock(default_lock_path())
-    v = recipes.live_variant("vllm/qwen-27b-dual-max", Settings(), lock, opt_in=False)
+    v = recipes.find("vllm/qwen-27b-dual-max", lock, opt_in=False)
     assert (v.name, v.gpus, v.port, v.sources, v.assets) == (
         "vllm-qwen-27b-dual-max",
         2,
@@ -420,13 +421,13 @@ def test_live_variant_takes_its_image_and_weights_from_the_lock(monkeypatch):
     pinned = dataclasses.replace(
         lock, images={"vllm-stable": dataclasses.replace(lock.images["vllm-stable"], digest=digest)}
     )
-    v = recipes.live_variant("vllm/dual", Settings(), pinned, opt_in=False)
+    v = recipes.find("vllm/dual", pinned, opt_in=False)
     assert v.image == f"vllm/vllm-openai:v0.27.1@{digest}"
-    assert f"image: vllm/vllm-openai:v0.27.1@{digest}" in dict(v.files)[recipes.OVERRIDE_FILE]
+    assert f"image: vllm/vllm-openai:v0.27.1@{digest}" in v.serve_files(Settings())[recipes.OVERRIDE_FILE]
     no_weights = dataclasses.replace(lock, hf={k: p for k, p in lock.hf.items() if p.repo != "Qwen/Qwen3.6-27B-FP8"})
     with pytest.raises(
         LockError, match=r"no hf entry for Qwen/Qwen3.6-27B-FP8 \(vllm/qwen-27b-dual-max\): add hf.qwen3.6-27b-fp8"
     ):
-        recipes.live_variant("vllm/qwen-27b-dual-max", Settings(), no_weights, opt_in=False)
+        recipes.find("vllm/qwen-27b-dual-max", no_weights, opt_in=False)
     with pytest.raises(LockError, match="no image entry for vllm/vllm-openai:v0.27.1"):
-        recipes.live_variant("vllm/dual", Settings(), dataclasses.replace(lock, images={}), opt_in=False)
+        recipes.find("vllm/dual", dataclasses.replace(lock, images={}), opt_in=False)

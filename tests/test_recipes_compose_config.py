@@ -19,7 +19,8 @@ from test_recipes import REFERENCE
 
 from rigforge import recipes
 from rigforge.recipes import parse_repo
-from rigforge.render import Settings, apply_overrides, render_recipe
+from rigforge.render import render_variant
+from rigforge.schema import Settings, apply_overrides
 from rigforge.testbed import tools_rootfs
 
 pytestmark = pytest.mark.testbed
@@ -72,7 +73,7 @@ def test_effective_compose_is_what_docker_compose_config_resolves(tools, slug):
     s = apply_overrides(
         Settings(), {"root": ROOT, "hf_token": "hf_" + "q" * 34, "port": 18080, "bind_address": "127.0.0.1"}
     )
-    files = render_recipe(r, repo.compose(r), s, IMAGE)
+    files = render_variant(recipes.of(repo, r, IMAGE), s)
     serve = write(tools, f"serve/{r.name}", {k: v for k, v in files.items() if k != recipes.EFFECTIVE_FILE})
     alone = write(
         tools, f"effective/{r.name}", {"docker-compose.yml": files[recipes.EFFECTIVE_FILE], ".env": files[".env"]}

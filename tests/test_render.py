@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from rigforge.catalog import load_catalog
-from rigforge.render import Settings, SettingsError, apply_overrides, parse_set, render_variant
+from rigforge.render import render_variant
+from rigforge.schema import Settings, SettingsError, apply_overrides, parse_set
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REF = yaml.safe_load((FIXTURES / "reference-variants.yaml").read_text())
@@ -195,7 +196,7 @@ def test_cli_render_writes_what_a_rig_gets(tmp_path):
     [
         (["render", "dual-tubro"], "unknown variant 'dual-tubro'; choose one of"),
         (["render", "dual", "--set", "colour=red"], "unknown setting 'colour'; allowed:"),
-        (["render", "dual", "--set", "port=eighty"], "setting 'port' must be a port number in 1..65535, got 'eighty'"),
+        (["render", "dual", "--set", "port=eighty"], "serving_port must be a port number in 1..65535, got 'eighty'"),
         (["render", "dual-dflash", "--set", "kv_cache_dtype=fp8_e5m2"], "cannot be used with dual-dflash"),
     ],
 )

@@ -11,7 +11,8 @@ import subprocess
 import pytest
 
 from rigforge.catalog import load_catalog
-from rigforge.render import Settings, apply_overrides, render_variant
+from rigforge.render import render_variant
+from rigforge.schema import Settings, apply_overrides
 from rigforge.testbed import tools_rootfs
 
 pytestmark = pytest.mark.testbed

@@ -24,8 +24,10 @@ from pyinfra.operations import server
 
 from rigforge.catalog import load_catalog
 from rigforge.plan import Plan
-from rigforge.render import Settings, render_power_unit
+from rigforge.render import render_power_unit, render_variant
+from rigforge.schema import Settings
 from roles import docker_engine, gpu_power, nvidia_driver, preflight, serving
+from roles import site as roles_site
 from roles.operations import apt_repo, checks, docker_daemon, nvidia, shown
 
 OS = {
@@ -50,7 +52,22 @@ def make_plan(variant="dual-turbo", settings=None, caps=None, **data) -> Plan:
         assets=(),
         caps=caps or {i: settings.power_limit_w for i in range(v.gpus)},
         data={**serving.DEFAULTS, **data},
+        files=render_variant(v, settings, len(caps) if caps else None),
     )
+
+
+def planned(role):
+    """`role` (a role's deploy taking the plan) run with the host's plan from its host data, as roles/site.py
+    builds it; a host whose data the plan refuses gets no operations (preflight names the problems)."""
+
+    def run():
+        from pyinfra import host
+
+        plan, _ = roles_site.plan_for(host.name, host.data, "dual-turbo", deployable=False)
+        if plan:
+            role(plan)
+
+    return run
 
 
 def power_plan(watts=230) -> Plan:
@@ -153,7 +170,9 @@ def site(**preflight_args):
 
     @deploy("test site")
     def _site():
-        preflight.check(replace(PREFLIGHT, **preflight_args))
+        from pyinfra import host
+
+        preflight.check(replace(PREFLIGHT, **preflight_args), roles_site.host_data(host.data))
         server.shell(name="Change something", commands=["touch /rigforge-was-here"])
 
     return _site
@@ -301,7 +320,7 @@ def test_driver_sources_file_is_deb822_flat_with_signed_by():
 
 @pytest.mark.parametrize("os,codename", [("ubuntu2204", "jammy"), ("ubuntu2404", "noble")])
 def test_ubuntu_sources_files(os, codename):
-    state = converge({"u": rig(os)}, docker_engine.install, execute=False)
+    state = converge({"u": rig(os)}, planned(docker_engine.install), execute=False)
     files = uploads(state, "u")
     assert files["/etc/apt/sources.list.d/rigforge-docker.sources"].splitlines()[1:] == [
         "Types: deb",
@@ -315,7 +334,7 @@ def test_ubuntu_sources_files(os, codename):
     assert "URIs: https://nvidia.github.io/libnvidia-container/stable/deb/amd64/" in toolkit and "Suites: /" in toolkit
     daemon = json.loads(files["/etc/docker/.daemon.json.rigforge-new"])
     assert daemon == {"runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}}
-    state = converge({"u": rig(os)}, nvidia_driver.install, execute=False)
+    state = converge({"u": rig(os)}, planned(nvidia_driver.install), execute=False)
     cuda = uploads(state, "u")["/etc/apt/sources.list.d/rigforge-nvidia-cuda.sources"]
     assert f"URIs: https://developer.download.nvidia.com/compute/cuda/repos/{os}/x86_64/" in cuda
     assert "Signed-By: /etc/apt/keyrings/rigforge-nvidia-cuda.asc" in cuda and "Suites: /" in cuda
@@ -343,7 +362,7 @@ def test_reboot_needed_without_permission_stops_the_host_with_a_message():
             "nvidia-smi -L": ["rc=18", "Failed to initialize NVML: Driver/library version mismatch"],
         },
     )
-    state = converge({"r": r}, nvidia_driver.install, execute=False)
+    state = converge({"r": r}, planned(nvidia_driver.install), execute=False)
     (cmd,) = op_commands(state, "r", nvidia.reboot_if_needed, package="nvidia-driver-580-open", allow_reboot=False)
     assert cmd.startswith("FAIL: reboot needed on @fake/r: Driver/library version mismatch")
     assert "nvidia_allow_reboot: true" in cmd
@@ -368,7 +387,7 @@ def test_never_reboots_the_controller():
 def test_docker_distro_on_ubuntu_and_debian13():
     assert docker_engine.docker_packages("distro", "ubuntu") == ["docker.io", "docker-compose-v2"]
     assert docker_engine.docker_packages("distro", "debian") == ["docker.io", "docker-compose"]
-    state = converge({"u": rig("ubuntu2204", docker_source="distro")}, docker_engine.install)
+    state = converge({"u": rig("ubuntu2204", docker_source="distro")}, planned(docker_engine.install))
     commands = executed(state, "u")
     assert any(" install " in c and "docker.io" in c and "docker-compose-v2" in c for c in commands)
     assert not any("download.docker.com" in c for c in commands)
@@ -387,7 +406,7 @@ def test_docker_from_dockers_repo_with_pins(os, distro):
         "docker-buildx-plugin",
         "docker-compose-plugin",
     ]
-    state = converge({"d": rig(os, docker_package_versions=pins)}, docker_engine.install)
+    state = converge({"d": rig(os, docker_package_versions=pins)}, planned(docker_engine.install))
     commands = executed(state, "d")
     assert any(f"https://download.docker.com/linux/{distro}/gpg" in c for c in commands)
     (install,) = [c for c in commands if " install " in c and "docker-ce" in c]
@@ -422,20 +441,20 @@ def test_daemon_json_operation_writes_atomically_and_restarts_docker_only_on_cha
             "SubState": ["Id=docker.service", "SubState=running"],
         },
     )
-    state = converge({"s": same}, docker_engine.install)
+    state = converge({"s": same}, planned(docker_engine.install))
     assert not any("restart" in c or "daemon.json" in c and "mv" in c for c in executed(state, "s"))
     fresh = rig(rigforge_manage_services=True, extra={"SubState": ["Id=docker.service", "SubState=running"]})
-    state = converge({"f": fresh}, docker_engine.install)
+    state = converge({"f": fresh}, planned(docker_engine.install))
     commands = executed(state, "f")
     (move,) = [c for c in commands if "mv -f" in c and "daemon.json" in c]
     assert "/etc/docker/.daemon.json.rigforge-new" in move and move.rstrip().endswith("/etc/docker/daemon.json")
     assert any("systemctl restart docker.service" in c for c in commands)
-    offline = converge({"o": rig(rigforge_manage_services=False)}, docker_engine.install)
+    offline = converge({"o": rig(rigforge_manage_services=False)}, planned(docker_engine.install))
     assert not any("systemctl" in c and "docker" in c for c in executed(offline, "o"))
 
 
 def test_broken_daemon_json_stops_the_host_unchanged():
-    state = converge({"b": rig(extra={"daemon.json": "{broken"}), "ok": rig()}, docker_engine.install)
+    state = converge({"b": rig(extra={"daemon.json": "{broken"}), "ok": rig()}, planned(docker_engine.install))
     assert {h.name for h in state.failed_hosts} == {"@fake/b"}
     assert not any(".rigforge-new" in c for c in executed(state, "b"))
 

@@ -13,7 +13,8 @@ import re
 from test_roles_host_ops import converge, executed, make_plan, rig
 
 from rigforge.catalog import load_catalog
-from rigforge.render import Settings, render_variant
+from rigforge.render import render_variant
+from rigforge.schema import Settings
 from roles import serving
 
 VARIANT = load_catalog().variant("dual-turbo")

@@ -8,7 +8,7 @@ pyinfra's fake connector: the commands and files are what a real rig would get.
 from __future__ import annotations
 
 import pytest
-from test_roles_host_ops import converge, executed, op_commands, rig, uploads
+from test_roles_host_ops import converge, executed, op_commands, planned, rig, uploads
 
 from roles import docker_engine, driver_table, host_state, nvidia_driver
 from roles.facts.apt import parse_deb822, parse_fingerprints, parse_one_line, parse_source_files, same_uri_files
@@ -62,7 +62,7 @@ def test_cuda_repo_source_key_and_packages(os, flavor, branch):
     pinning, install, version_package = EXPECTED[(os, flavor, branch)]
     key_file, fingerprint = key_of(os)
     hosts = {"r": rig(os, gpus=[], nvidia_driver_flavor=flavor, nvidia_driver_branch=branch)}
-    files = uploads(converge(hosts, nvidia_driver.install, execute=False), "r")
+    files = uploads(converge(hosts, planned(nvidia_driver.install), execute=False), "r")
     assert files["/etc/apt/sources.list.d/rigforge-nvidia-cuda.sources"].splitlines() == [
         "# managed by rigforge",
         "Types: deb",
@@ -70,7 +70,7 @@ def test_cuda_repo_source_key_and_packages(os, flavor, branch):
         "Suites: /",
         "Signed-By: /etc/apt/keyrings/rigforge-nvidia-cuda.asc",
     ]
-    state = converge(hosts, nvidia_driver.install)
+    state = converge(hosts, planned(nvidia_driver.install))
     assert not state.failed_hosts
     commands = executed(state, "r")
     (key,) = [c for c in commands if "gpg --batch --show-keys" in c and "install -m 644" in c]
@@ -86,7 +86,7 @@ def test_cuda_repo_source_key_and_packages(os, flavor, branch):
     others = [(pinning, f"{branch}-1"), ("nvidia-settings", "525.1-1"), ("ca-certificates", "1"), ("curl", "1")]
     done = converge(
         {"r": rig(os, gpus=[], packages=stack + others, nvidia_driver_flavor=flavor, nvidia_driver_branch=branch)},
-        nvidia_driver.install,
+        planned(nvidia_driver.install),
         execute=False,
     )
     source = "cuda"
@@ -110,7 +110,7 @@ def test_debian_names_carry_no_branch(os):
     for (target, _, _), (_, install, version_package) in EXPECTED.items():
         if target == os:
             assert not any("580" in name or "590" in name for name in (*install, version_package))
-    state = converge({"r": rig(os, gpus=[])}, nvidia_driver.install)
+    state = converge({"r": rig(os, gpus=[])}, planned(nvidia_driver.install))
     assert not any("nvidia-driver-580-open" in c for c in executed(state, "r"))
 
 
@@ -122,7 +122,7 @@ def test_ubuntu_archive_source(os, flavor):
     name = "nvidia-driver-580-open" if flavor == "open" else "nvidia-driver-580"
     modules = "linux-modules-nvidia-580-open-generic" if flavor == "open" else "linux-modules-nvidia-580-generic"
     hosts = {"u": rig(os, gpus=[], nvidia_driver_source="ubuntu", nvidia_driver_flavor=flavor)}
-    files = uploads(converge(hosts, nvidia_driver.install, execute=False), "u")
+    files = uploads(converge(hosts, planned(nvidia_driver.install), execute=False), "u")
     assert not any("rigforge-nvidia-cuda" in path for path in files)
     pin = files["/etc/apt/preferences.d/rigforge-nvidia-ubuntu-archive"].splitlines()
     assert pin[1:] == [
@@ -130,7 +130,7 @@ def test_ubuntu_archive_source(os, flavor):
         'Pin: origin "developer.download.nvidia.com"',
         "Pin-Priority: -1",
     ]
-    commands = executed(converge(hosts, nvidia_driver.install), "u")
+    commands = executed(converge(hosts, planned(nvidia_driver.install)), "u")
     assert not any("pinning" in c or "developer.download.nvidia.com" in c for c in commands)
     (install,) = [c for c in commands if " install " in c and name in c]
     assert install.split()[-2:] == [name, modules]
@@ -138,7 +138,7 @@ def test_ubuntu_archive_source(os, flavor):
     # not kept out of unattended upgrades; the driver itself is
     installed = [(name, "580.95.05-0ubuntu1"), (modules, "6.8.0-90.91"), ("ca-certificates", "1"), ("curl", "1")]
     done = converge({"u": rig(os, gpus=[], packages=installed, nvidia_driver_source="ubuntu",
-                              nvidia_driver_flavor=flavor)}, nvidia_driver.install, execute=False)  # fmt: skip
+                              nvidia_driver_flavor=flavor)}, planned(nvidia_driver.install), execute=False)  # fmt: skip
     assert op_commands(done, "u", apt_repo.hold, packages=[name]) == [f"apt-mark hold {name}"]
     unattended = files["/etc/apt/apt.conf.d/51rigforge-nvidia-unattended-upgrades"]
     assert f'"^{name}$";' in unattended and "linux-modules" not in unattended
@@ -179,7 +179,7 @@ def test_docker_repo_after_removing_conflicting_packages(os, distro, codename):
     stable; then docker-ce docker-ce-cli containerd.io docker-buildx-plugin docker-compose-plugin."""
     installed = [("docker.io", "1"), ("runc", "1"), ("containerd", "1")]
     hosts = {"d": rig(os, packages=installed)}
-    files = uploads(converge(hosts, docker_engine.install, execute=False), "d")
+    files = uploads(converge(hosts, planned(docker_engine.install), execute=False), "d")
     assert files["/etc/apt/sources.list.d/rigforge-docker.sources"].splitlines()[1:] == [
         "Types: deb",
         f"URIs: https://download.docker.com/linux/{distro}",
@@ -188,7 +188,7 @@ def test_docker_repo_after_removing_conflicting_packages(os, distro, codename):
         "Architectures: amd64",
         "Signed-By: /etc/apt/keyrings/rigforge-docker.asc",
     ]
-    commands = executed(converge(hosts, docker_engine.install), "d")
+    commands = executed(converge(hosts, planned(docker_engine.install)), "d")
     (remove,) = [c for c in commands if " remove " in c]
     assert remove.split()[-3:] == ["docker.io", "containerd", "runc"]
     (key,) = [c for c in commands if f"https://download.docker.com/linux/{distro}/gpg" in c]
@@ -211,10 +211,10 @@ def test_toolkit_pins_all_four_packages_together():
     "nvidia-container-toolkit=${V} nvidia-container-toolkit-base=${V} libnvidia-container-tools=${V}
     libnvidia-container1=${V}"."""
     hosts = {"t": rig("ubuntu2404", nvidia_toolkit_version="1.18.0-1")}
-    files = uploads(converge(hosts, docker_engine.install, execute=False), "t")
+    files = uploads(converge(hosts, planned(docker_engine.install), execute=False), "t")
     source = files["/etc/apt/sources.list.d/rigforge-nvidia-container-toolkit.sources"].splitlines()
     assert "URIs: https://nvidia.github.io/libnvidia-container/stable/deb/amd64/" in source and "Suites: /" in source
-    commands = executed(converge(hosts, docker_engine.install), "t")
+    commands = executed(converge(hosts, planned(docker_engine.install)), "t")
     assert any("https://nvidia.github.io/libnvidia-container/gpgkey" in c for c in commands)
     (install,) = [c for c in commands if " install " in c and "nvidia-container-toolkit" in c]
     assert install.split()[-4:] == [
@@ -285,13 +285,13 @@ def hand_set_up(extra=None, **data):
 
 
 def test_hand_set_up_sources_are_replaced_and_kept_as_backup():
-    state = converge({"h": hand_set_up()}, docker_engine.install)
+    state = converge({"h": hand_set_up()}, planned(docker_engine.install))
     commands = executed(state, "h")
     assert "mv -f /etc/apt/sources.list.d/docker.list /etc/apt/sources.list.d/docker.list.rigforge-bak" in commands
     assert not any("rigforge-docker.sources.rigforge-bak" in c for c in commands)  # its own file stays
     move = commands.index("mv -f /etc/apt/sources.list.d/docker.list /etc/apt/sources.list.d/docker.list.rigforge-bak")
     assert move < next(i for i, c in enumerate(commands) if "apt-get update" in c and i > move)
-    ignore = uploads(converge({"h": hand_set_up()}, docker_engine.install, execute=False), "h")
+    ignore = uploads(converge({"h": hand_set_up()}, planned(docker_engine.install), execute=False), "h")
     assert ignore["/etc/apt/apt.conf.d/50rigforge-ignore-backups"].endswith(
         'Dir::Ignore-Files-Silently:: "\\.rigforge-bak$";\n'
     )
@@ -349,7 +349,7 @@ def test_a_running_driver_no_package_owns_is_refused_unless_left_alone():
 def test_driver_left_alone_only_checks_the_branch():
     state = converge(
         {"m": rig(gpus=[], nvidia_driver_manage=False, extra={"proc=": [f"proc={PROC}", "smi_ok=1"]})},
-        nvidia_driver.install,
+        planned(nvidia_driver.install),
     )
     assert not state.failed_hosts
     assert not any("apt" in c or "curl" in c for c in executed(state, "m"))
@@ -368,7 +368,7 @@ def test_fingerprints_from_gpg_colons():
 
 def test_a_key_already_in_place_with_the_right_fingerprint_is_a_no_op():
     fpr = ["pub:-:4096:1:x:1:::-:::scSC:", f"fpr:::::::::{NEW_KEY[1]}:"]
-    state = converge({"k": rig("debian13", extra={"--show-keys": fpr})}, nvidia_driver.install, execute=False)
+    state = converge({"k": rig("debian13", extra={"--show-keys": fpr})}, planned(nvidia_driver.install), execute=False)
     dest = "/etc/apt/keyrings/rigforge-nvidia-cuda.asc"
     assert op_commands(state, "k", apt_repo.verified_key, src="x", dest=dest, fingerprint=NEW_KEY[1]) == []
     (replace,) = op_commands(state, "k", apt_repo.verified_key, src="x", dest=dest, fingerprint=OLD_KEY[1])
@@ -413,12 +413,14 @@ def test_no_such_package_stops_the_host_in_preflight_not_the_run():
     from pyinfra.api import deploy
     from test_roles_host_ops import PREFLIGHT
 
-    from roles import preflight
+    from roles import preflight, site
 
     @deploy("site")
     def _site():
-        preflight.check(replace(PREFLIGHT, disk_bytes=1))
-        nvidia_driver.install()
+        from pyinfra import host
+
+        preflight.check(replace(PREFLIGHT, disk_bytes=1), site.host_data(host.data))
+        planned(nvidia_driver.install)()
 
     state = converge({"d": rig("debian13", gpus=[], nvidia_driver_source="ubuntu"), "ok": rig(gpus=[])}, _site)
     assert {h.name for h in state.failed_hosts} == {"@fake/d"}

@@ -24,8 +24,10 @@ variant = replace(
     name="sources-weights-test",
     sources=tuple(names.split(",")) if names else (),
     assets=tuple(assets),
+    asset_dirs=tuple(assets.items()),
+    sizes=(),
 )
-plan = site.prepare(variant, asset_dirs=assets)
+plan = site.prepare(variant)
 if plan and names:
     sources.apply(plan)
 if plan and assets:

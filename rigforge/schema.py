@@ -1,0 +1,305 @@
+"""The settings schema: every setting a rig's files depend on, its validator, and the host-data key it comes from,
+plus the small checks the roles' `validate(data) -> problems` use for their own knobs.
+
+Layering (lowest first): the variant's catalog values < group data < host data (pyinfra merges the last two;
+`settings_from_host_data` reads the merged keys) < explicit `--set` overrides. Each check returns a list of problems
+(empty when the value is fine) naming the host-data key, the bad value and what is allowed. Pure: no pyinfra, no host.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import yaml
+
+from rigforge.layout import DEFAULT_ROOT, HostLayout
+
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e5m2", "fp8_e4m3", "turboquant_3bit_nc")
+URL = re.compile(r"^https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~%/+:@=-]*)?$")
+HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$|^[0-9a-fA-F:]+$")
+
+
+class SettingsError(ValueError):
+    """A setting has an unknown name or a value of the wrong type or range."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a rig's rendered files depend on besides the variant. None = the variant's value."""
+
+    root: str = DEFAULT_ROOT
+    port: int | None = None
+    bind_address: str | None = None
+    model_dir: str | None = None
+    gpu_memory_utilization: float | None = None
+    kv_cache_dtype: str | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    extra_args: tuple[str, ...] = ()
+    image: str | None = None
+    power_limit_w: int = 230
+    power_limits: tuple[tuple[int, int], ...] = ()
+    spec_n: int | None = None  # recipe-repo slugs only: the recipe's SPEC_N (0 = drafter off, vllm#50021)
+    nvlink_mode: str | None = None  # recipe-repo slugs only: the recipe's NVLINK_MODE
+    api_key: str | None = field(default=None, repr=False)
+    hf_token: str | None = field(default=None, repr=False)
+
+    @property
+    def models(self) -> str:
+        return self.layout().models
+
+    def layout(self, variant: str = "") -> HostLayout:
+        """Every path and name on the rig for these settings (and `variant`'s serve dir and unit)."""
+        return HostLayout(root=self.root, model_dir=self.model_dir, variant=variant)
+
+
+def _int(v: Any) -> int:
+    if isinstance(v, bool) or not re.fullmatch(r"-?\d+", str(v).strip()):
+        raise ValueError("an integer")
+    return int(v)
+
+
+def _int_in(low: int, high: int, what: str = "an integer"):
+    def check(v: Any) -> int:
+        try:
+            n = _int(v)
+        except ValueError:
+            n = None
+        if n is None or not low <= n <= high:
+            raise ValueError(f"{what} in {low}..{high}")
+        return n
+
+    return check
+
+
+_port = _int_in(1, 65535, "a port number")
+
+
+def _fraction(v: Any) -> float:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise ValueError("a number in (0, 1]") from None
+    if not 0 < f <= 1:
+        raise ValueError("a number in (0, 1]")
+    return f
+
+
+def _ip(v: Any) -> str:
+    try:
+        return str(ipaddress.ip_address(str(v)))
+    except ValueError:
+        raise ValueError("an IP address such as 127.0.0.1 or 0.0.0.0") from None
+
+
+SAFE_PATH = re.compile(r"^/[A-Za-z0-9._+@/-]*$")
+
+
+def _abs_path(v: Any) -> str:
+    """An absolute path that is safe in a shell command, a compose volume and a unit file."""
+    s = str(v) if isinstance(v, str) else ""
+    if not SAFE_PATH.fullmatch(s) or "/../" in f"{s}/" or "//" in s:
+        raise ValueError(
+            "an absolute path of letters, digits and . _ + @ - / (no spaces, quotes, ':' or shell characters)"
+        )
+    return s.rstrip("/") or "/"
+
+
+def _choice(*allowed: str):
+    def check(v: Any) -> str:
+        if str(v) not in allowed:
+            raise ValueError(f"one of: {', '.join(allowed)}")
+        return str(v)
+
+    return check
+
+
+def _args(v: Any) -> tuple[str, ...]:
+    items = v if isinstance(v, list | tuple) else str(v).split()
+    if not all(isinstance(x, str) and x and "\n" not in x for x in items):
+        raise ValueError("a list of vLLM arguments such as ['--enable-log-requests']")
+    return tuple(items)
+
+
+IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
+
+
+def _image(v: Any) -> str:
+    s = str(v) if isinstance(v, str) else ""
+    if not IMAGE.fullmatch(s) or len(s) > 512:
+        raise ValueError("an image reference such as vllm/vllm-openai:TAG[@sha256:DIGEST] (no quotes or spaces)")
+    return s
+
+
+def _secret(v: Any) -> str:
+    s = str(v) if isinstance(v, str | int) and not isinstance(v, bool) else ""
+    if not re.fullmatch(r"[A-Za-z0-9._~+/=-]+", s):
+        raise ValueError("a single word of letters, digits and . _ ~ + / = - (no spaces or quotes)")
+    return s
+
+
+WATTS = (100, 600)  # any card's power cap lies in here; the card's own min..max is checked once the driver answers
+_watts = _int_in(*WATTS, "whole watts")
+MAX_GPUS = 16
+
+
+def _count(v: Any) -> int:
+    n = _int(v)
+    if n < 0:
+        raise ValueError("a non-negative integer")
+    return n
+
+
+def _per_gpu_watts(v: Any) -> tuple[tuple[int, int], ...]:
+    if isinstance(v, str):
+        try:
+            v = yaml.safe_load(v or "{}")
+        except yaml.YAMLError:
+            v = None
+    if not isinstance(v, dict):
+        raise ValueError("a mapping of GPU index to watts, e.g. {0: 230, 1: 250}")
+    out = []
+    for k, w in v.items():
+        try:
+            index, watts = _int_in(0, MAX_GPUS - 1)(k), _watts(w)
+        except ValueError:
+            raise ValueError(
+                f"a mapping of GPU index (0..{MAX_GPUS - 1}) to whole watts in {WATTS[0]}..{WATTS[1]}, "
+                "e.g. {0: 230, 1: 250}"
+            ) from None
+        out.append((index, watts))
+    return tuple(sorted(out))
+
+
+# name -> parser; the names are what `rigforge render --set NAME=VALUE` uses; host data uses HOST_KEYS[name].
+SETTINGS = {
+    "port": _port,
+    "bind_address": _ip,
+    "model_dir": _abs_path,
+    "gpu_memory_utilization": _fraction,
+    "kv_cache_dtype": _choice(*KV_CACHE_DTYPES),
+    "max_model_len": _int_in(1, 1_048_576),
+    "max_num_seqs": _int_in(1, 1024),
+    "extra_args": _args,
+    "spec_n": _count,
+    "nvlink_mode": _choice("auto", "force_on", "force_off", "pcie_p2p"),
+    "image": _image,
+    "root": _abs_path,
+    "power_limit_w": _watts,
+    "power_limits": _per_gpu_watts,
+    "api_key": _secret,
+    "hf_token": _secret,
+}
+SECRETS = ("api_key", "hf_token")
+# setting -> the host-data key it comes from
+HOST_KEYS = {
+    **{name: f"serving_{name}" for name in SETTINGS},
+    "root": "rigforge_root",
+    "power_limit_w": "gpu_power_limit_w",
+    "power_limits": "gpu_power_limits",
+    "hf_token": "hf_token",
+}
+
+
+def setting_problems(raw: dict[str, Any], host_data: bool = False) -> list[str]:
+    """Every problem with raw setting values (empty when all are fine), naming the key as the user wrote it:
+    the host-data key (`serving_port`) when `host_data`, else the setting (`setting 'port'`)."""
+    problems = []
+    for key, value in raw.items():
+        name = HOST_KEYS.get(key, key) if host_data else f"setting {key!r}"
+        if key not in SETTINGS:
+            problems.append(f"unknown setting {key!r}; allowed: {', '.join(SETTINGS)}")
+            continue
+        try:
+            SETTINGS[key](value)
+        except ValueError as exc:
+            shown = "***" if key in SECRETS else repr(value)
+            problems.append(f"{name} must be {exc}, got {shown}")
+    return problems
+
+
+def apply_overrides(base: Settings, overrides: dict[str, Any], where: str = "") -> Settings:
+    """Validate and apply overrides; raise SettingsError naming every bad key and the allowed values."""
+    problems = setting_problems(overrides)
+    if problems:
+        prefix = f"{where}: " if where else ""
+        raise SettingsError(prefix + "; ".join(problems))
+    return replace(base, **{key: SETTINGS[key](raw) for key, raw in overrides.items()})
+
+
+def parse_set(items: list[str]) -> dict[str, str]:
+    """`KEY=VALUE` strings to a dict (values still raw)."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SettingsError(f"--set {item!r}: expected KEY=VALUE; keys: {', '.join(SETTINGS)}")
+        out[key.strip()] = value
+    return out
+
+
+
+def settings_from_host_data(data: Any) -> dict[str, Any]:
+    """The settings' host-data keys (HOST_KEYS: `serving_*`, rigforge_root, power, hf_token) that are set, as raw
+    overrides for apply_overrides (keyed by setting name)."""
+    out = {}
+    for key, host_key in HOST_KEYS.items():
+        value = data.get(host_key)
+        if value is None or (key in SECRETS and value == ""):
+            continue
+        out[key] = value
+    return out
+
+
+def power_caps(gpu_count: int, s: Settings) -> dict[int, int]:
+    """Watts per GPU index for `gpu_count` GPUs: the per-GPU overrides win over the one cap."""
+    caps = {i: s.power_limit_w for i in range(gpu_count)}
+    caps.update(dict(s.power_limits))
+    return caps
+
+
+# ---------------------------------------------------------------- checks for the roles' own knobs
+
+
+def boolean(data: Mapping, key: str) -> list[str]:
+    value = data.get(key)
+    return [] if value in (True, False) else [f"{key} must be true or false, got {value!r}"]
+
+
+def integer(data: Mapping, key: str, low: int, high: int, unit: str = "") -> list[str]:
+    value = data.get(key)
+    ok = isinstance(value, int) and not isinstance(value, bool) or isinstance(value, str) and value.isdigit()
+    if ok and low <= int(value) <= high:
+        return []
+    return [f"{key} must be a whole number{unit} in {low}..{high}, got {value!r}"]
+
+
+def choice(data: Mapping, key: str, allowed: tuple) -> list[str]:
+    value = data.get(key)
+    return [] if value in allowed else [f"{key} must be one of: {', '.join(map(str, allowed))}; got {value!r}"]
+
+
+def url(data: Mapping, key: str, optional: bool = False) -> list[str]:
+    value = data.get(key)
+    if value is None and optional:
+        return []
+    if isinstance(value, str) and URL.fullmatch(value):
+        return []
+    return [f"{key} must be an http(s) URL without spaces or quotes, got {value!r}"]
+
+
+def hostname(data: Mapping, key: str) -> list[str]:
+    value = data.get(key)
+    if isinstance(value, str) and HOSTNAME.fullmatch(value):
+        return []
+    return [f"{key} must be a host name or IP address, got {value!r}"]
+
+
+def settings(data: Mapping, names: dict[str, str]) -> list[str]:
+    """Problems of rendering settings ({setting name: host-data key}) set in `data` (None = not set)."""
+    raw = {name: data.get(key) for name, key in names.items() if data.get(key) is not None}
+    return setting_problems(raw, host_data=True)
