@@ -23,10 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rigforge.pins import default_lock_path
+from rigforge import drift
+from rigforge.layout import HostLayout
+from rigforge.pins import LockError, default_lock_path, load_lock
+from rigforge.schema import Settings, power_caps
+from roles.facts.managed import JsonFile
 
 DEFAULT_LOCK = default_lock_path()
-MANIFEST = "/etc/rigforge/rig.json"
 SKIPPED = "skipped (services not managed on this host)"
 
 
@@ -136,25 +139,18 @@ def sh(host, command) -> str:
     return out or ""
 
 
-def sh_json(host, command) -> Any:
-    text = sh(host, command)
-    try:
-        return json.loads(text) if text.strip() else None
-    except ValueError:
-        return None
-
-
 # ---------------------------------------------------------------- what a rig should be
 
 
 @dataclass
 class RigContext:
-    """What the controller knows about a rig: host data, settings, the variant, the lock, the manifest."""
+    """What the controller knows about a rig: its plan (rigforge/plan.py, from host data and the lock, for the
+    variant its manifest records, else host data's), the manifest, and the problems building the plan."""
 
     name: str
-    manage: bool
-    settings: Any = None
-    variant: Any = None  # rigforge.catalog.Variant or None
+    data: dict  # host data, the roles' defaults applied (roles/site.py host_data)
+    plan: Any = None  # rigforge.plan.Plan, or None when host data or the lock cannot give one
+    layout: HostLayout = field(default_factory=HostLayout)
     variant_name: str | None = None
     variant_from: str = ""
     lock: Any = None  # rigforge.pins.Lock or None
@@ -163,26 +159,28 @@ class RigContext:
     problems: list[str] = field(default_factory=list)
 
     @property
+    def manage(self) -> bool:
+        return bool(self.data["rigforge_manage_services"])
+
+    @property
+    def variant(self):
+        return self.plan.variant if self.plan else None
+
+    @property
+    def settings(self) -> Settings:
+        return self.plan.settings if self.plan else Settings()
+
+    @property
     def port(self) -> int | None:
-        if self.settings is not None and self.settings.port:
-            return self.settings.port
-        if self.manifest and self.manifest.get("port"):
-            return int(self.manifest["port"])
-        return self.variant.port if self.variant else None
-
-    def asset_dir(self, asset: str) -> str:
-        """Where `asset` lands on the rig: a recipe slug's dir comes from its model profile, a seed's from the
-        catalog."""
-        from rigforge.catalog import load_catalog
-
-        dirname = dict(getattr(self.variant, "asset_dirs", ())).get(asset) or load_catalog().assets[asset].dir
-        return f"{self.settings.models}/{dirname}"
+        if self.plan:
+            return self.plan.port
+        return int(self.manifest["port"]) if self.manifest and self.manifest.get("port") else None
 
     @property
     def unit(self) -> str | None:
         if self.manifest and self.manifest.get("unit"):
             return self.manifest["unit"]
-        return f"rigforge-vllm@{self.variant_name}.service" if self.variant_name else None
+        return self.layout.instance(self.variant_name) if self.variant_name else None
 
     def manifest_pins(self) -> dict:
         m = self.manifest or {}
@@ -191,43 +189,29 @@ class RigContext:
 
 
 def rig_context(host) -> RigContext:
-    from rigforge.catalog import CatalogError, load_catalog
-    from rigforge.pins import LockError, load_lock
-    from rigforge.render import Settings, SettingsError, apply_overrides, settings_from_host_data
+    from roles import site
+    from roles.facts.nvidia import NvidiaGpus
 
-    data = host.data
-    manage = data.get("rigforge_manage_services")
-    ctx = RigContext(name=host.name, manage=True if manage is None else bool(manage))
+    data = site.host_data(host.data)
+    ctx = RigContext(name=host.name, data=data)
+    layout = HostLayout(root=data["rigforge_root"] or HostLayout.root)
+    ctx.manifest = host.get_fact(JsonFile, path=layout.rig_json)
+    wanted = data["rigforge_variant"]
+    recorded = (ctx.manifest or {}).get("recipe") or (ctx.manifest or {}).get("variant")
+    ctx.variant_name = (ctx.manifest or {}).get("variant") or wanted
+    ctx.variant_from = layout.rig_json if recorded else ("host data rigforge_variant" if wanted else "")
     try:
-        ctx.settings = apply_overrides(Settings(), settings_from_host_data(data), where=f"host data of {host.name}")
-    except SettingsError as exc:
-        ctx.problems.append(str(exc))
-        ctx.settings = Settings()
-    ctx.manifest = sh_json(host, f"cat {MANIFEST}")
-    if ctx.manifest is not None and not isinstance(ctx.manifest, dict):
-        ctx.manifest = None
-    wanted = data.get("rigforge_variant")
-    recorded = (ctx.manifest or {}).get("variant")
-    ctx.variant_name = recorded or wanted
-    ctx.variant_from = MANIFEST if recorded else ("host data rigforge_variant" if wanted else "")
-    try:
-        ctx.lock = load_lock(data.get("rigforge_lock") or DEFAULT_LOCK)
+        ctx.lock = load_lock(data["rigforge_lock"])
     except (LockError, OSError) as exc:
         ctx.lock_error = str(exc)
-    slug = (ctx.manifest or {}).get("recipe") or (wanted if "/" in str(wanted or "") and not recorded else None)
-    if slug and ctx.lock is not None:  # a recipe-repo slug: known from the locked recipe repo
-        from rigforge.recipes import RecipeError, live_variant
-
-        try:
-            ctx.variant = live_variant(slug, ctx.settings, ctx.lock, opt_in=True)
-            ctx.variant_name = ctx.variant.name
-        except (RecipeError, LockError) as exc:
-            ctx.problems.append(str(exc))
-    elif ctx.variant_name:
-        try:
-            ctx.variant = load_catalog().variant(ctx.variant_name)
-        except CatalogError as exc:
-            ctx.problems.append(str(exc))
+    if not (recorded or wanted) or ctx.lock is None:
+        return ctx
+    gpus = len(host.get_fact(NvidiaGpus) or []) or None
+    serve = {**data, "rigforge_variant": recorded or wanted, "rigforge_recipe_opt_in": True}
+    ctx.plan, problems = site.plan_for(host.name, serve, gpus=gpus, deployable=False)
+    ctx.problems += problems
+    if ctx.plan:
+        ctx.layout, ctx.variant_name = ctx.plan.layout, ctx.plan.variant.name
     return ctx
 
 
@@ -251,50 +235,17 @@ def pin_drift(ctx: RigContext) -> dict:
 
 
 def rig_drift(host, ctx: RigContext) -> list[str]:
-    """The rig's checkouts and weights vs what was provisioned: a checkout whose HEAD moved off the recorded pin
-    or that has local changes; a weight file missing, unstamped, or whose size or mtime is not its stamp's."""
-    from roles.facts.gitpin import GitCheckout
-    from roles.facts.hfweights import WeightsState
-
-    if ctx.variant is None or ctx.lock is None or ctx.settings is None:
+    """The rig against what was provisioned: checkouts at the manifest's commits without local changes, weight
+    files as stamped, and every file rigforge renders as the plan renders it."""
+    if ctx.plan is None:
         return []
-    recorded = ctx.manifest_pins()
-    drift = []
-    for src in ctx.variant.sources:
-        want = recorded["git"].get(src) or (ctx.lock.git[src].commit if src in ctx.lock.git else None)
-        path = f"{ctx.settings.root}/src/{src}"
-        state = host.get_fact(GitCheckout, path=path)
-        if state is None:
-            drift.append(f"git {src}: no checkout at {path}")
-        elif want and state["head"] != want:
-            drift.append(f"git {src}: checkout at {str(state['head'])[:12] or '?'}, provisioned {str(want)[:12]}")
-        elif state["dirty"]:
-            n, first = len(state["dirty"]), state["dirty"][0].strip()
-            drift.append(f"git {src}: dirty checkout at {path} ({n} file(s), e.g. {first})")
-    for asset in ctx.variant.assets:
-        if asset not in ctx.lock.hf:
-            continue
-        dest = ctx.asset_dir(asset)
-        state = host.get_fact(WeightsState, dest=dest, staging=f"{ctx.settings.models}/.rigforge-staging/{asset}")
-        entries = (state["stamp"] or {}).get("files") or {}
-        if not state["stamp"]:
-            drift.append(f"hf {asset}: no stamp in {dest}")
-            continue
-        for f in ctx.lock.hf[asset].files:
-            entry, on_disk = entries.get(f.path), state["files"].get(f.path)
-            if on_disk is None:
-                drift.append(f"hf {asset}: {f.path} missing")
-            elif not entry:
-                drift.append(f"hf {asset}: {f.path} not in the stamp")
-            elif on_disk[0] != entry.get("size"):
-                drift.append(f"hf {asset}: {f.path} is {on_disk[0]} bytes, stamp {entry.get('size')}")
-            elif on_disk[1] != entry.get("mtime_ns"):
-                drift.append(f"hf {asset}: {f.path} modified since it was verified (mtime differs from the stamp)")
-    return drift
+    recorded = ctx.manifest_pins()["git"]
+    want = {pin.name: recorded.get(pin.name) or pin.commit for pin in ctx.plan.sources}
+    weights = [line for line in drift.weights(host, ctx.plan)[0] if "stamp revision" not in line]
+    return drift.sources(host, ctx.plan, want, "provisioned")[0] + weights + drift.files(host, ctx.plan)[0]
 
 
 def gpus_with_targets(host, ctx: RigContext) -> list[dict]:
-    from rigforge.render import power_caps
     from roles.facts.nvidia import NvidiaGpus
 
     gpus = host.get_fact(NvidiaGpus) or []
@@ -304,7 +255,7 @@ def gpus_with_targets(host, ctx: RigContext) -> list[dict]:
 
 def api_models(host, ctx: RigContext, timeout: int = 5) -> dict:
     """GET /v1/models from the rig itself (curl), as the recipes' health check does."""
-    url = f"http://{ctx_host(host)}:{ctx.port}/v1/models"
+    url = f"http://{ctx_host(ctx)}:{ctx.port}/v1/models"
     code, body = http_on_rig(host, ctx, url, timeout=timeout)
     try:
         models = [m.get("id") for m in json.loads(body).get("data", [])]
@@ -320,8 +271,8 @@ def http_on_rig(host, ctx: RigContext, url: str, timeout: int, body: dict | None
     return (int(code) if code.strip().isdigit() else 0), text
 
 
-def ctx_host(host) -> str:
-    return host.data.get("serving_health_host") or "127.0.0.1"
+def ctx_host(ctx: RigContext) -> str:
+    return ctx.data["serving_health_host"] or "127.0.0.1"
 
 
 def curl_command(url: str, ctx: RigContext, timeout: int, body: dict | None = None):
@@ -362,10 +313,10 @@ def status_row(host) -> dict:
         "error": None,
         "variant": ctx.variant_name,
         "variant_from": ctx.variant_from,
-        "variant_in_inventory": host.data.get("rigforge_variant"),
+        "variant_in_inventory": ctx.data["rigforge_variant"],
         "provisioned_at": (ctx.manifest or {}).get("provisioned_at"),
         "manifest": ctx.manifest is not None,
-        "lock": str(host.data.get("rigforge_lock") or DEFAULT_LOCK),
+        "lock": str(ctx.data["rigforge_lock"] or DEFAULT_LOCK),
         "lock_error": ctx.lock_error,
         "pins": pins["pins"],
         "pin_drift": pins["drift"],

@@ -30,6 +30,7 @@ import json
 import sys
 from dataclasses import asdict, dataclass
 
+from rigforge import drift
 from rigforge.hardware import small_override, vram_problems
 from rigforge.status import (
     SKIPPED,
@@ -45,6 +46,7 @@ from rigforge.status import (
     sh,
     unit_state,
 )
+from roles.facts.managed import JsonFile
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 
@@ -59,10 +61,7 @@ class Check:
 def _variant_needed(ctx: RigContext) -> str:
     if ctx.variant_name and not ctx.variant:
         return f"unknown variant {ctx.variant_name!r}"
-    return f"variant unknown: no {MANIFEST_NAME} and no rigforge_variant in host data"
-
-
-MANIFEST_NAME = "/etc/rigforge/rig.json"
+    return f"variant unknown: no {ctx.layout.rig_json} and no rigforge_variant in host data"
 
 
 def check_host(host) -> list[Check]:
@@ -75,34 +74,34 @@ def check_host(host) -> list[Check]:
     for problem in ctx.problems:
         add("host data", False, problem)
     if ctx.manifest is None:
-        add("manifest present", False, f"no readable {MANIFEST_NAME}: not provisioned by rigforge (run the deploy)")
+        missing = f"no readable {ctx.layout.rig_json}: not provisioned by rigforge (run the deploy)"
+        add("manifest present", False, missing)
     else:
         add("manifest present", ctx.variant is not None, f"variant {ctx.variant_name}" if ctx.variant else
             _variant_needed(ctx))  # fmt: skip
-    out.append(check_driver(host))
+    out.append(check_driver(host, ctx))
     out.extend(check_gpus(host, ctx))
-    out.append(check_runtime(host))
-    if ctx.lock is None:
-        add("sources at locked SHAs", False, f"lock unreadable: {ctx.lock_error}")
-        add("weights stamp valid", False, f"lock unreadable: {ctx.lock_error}")
-    elif ctx.variant is None:
-        add("sources at locked SHAs", False, _variant_needed(ctx))
-        add("weights stamp valid", False, _variant_needed(ctx))
-    else:
-        out.append(check_sources(host, ctx))
-        out.append(check_weights(host, ctx))
+    out.append(check_runtime(host, ctx))
+    for name, check, hint in DRIFT:
+        if ctx.lock is None:
+            add(name, False, f"lock unreadable: {ctx.lock_error}")
+        elif ctx.plan is None:
+            add(name, False, _variant_needed(ctx))
+        else:
+            bad, good = check(host, ctx.plan)
+            add(name, not bad, "; ".join(bad) + hint if bad else ", ".join(good) or "nothing for this variant")
     out.extend(check_service_and_api(host, ctx))
     return out
 
 
-def check_driver(host) -> Check:
+def check_driver(host, ctx: RigContext) -> Check:
     from roles import driver_table, nvidia_driver
     from roles.facts.nvidia import NvidiaModuleVersion, NvidiaRunningDriver, upstream_version
     from roles.facts.system import OsRelease
     from roles.operations.nvidia import branch_problem
 
     name = "driver module = package"
-    data = {key: host.data.get(key, default) for key, default in nvidia_driver.DEFAULTS.items()}
+    data = ctx.data
     if not data["nvidia_driver_manage"]:
         running = host.get_fact(NvidiaRunningDriver)
         problem = branch_problem(running, int(data["nvidia_driver_branch"]))
@@ -160,15 +159,15 @@ def check_gpus(host, ctx: RigContext) -> list[Check]:
         persist = Check("persistence mode on", FAIL, f"off on GPU {', '.join(not_persistent)}")
     else:
         persist = Check("persistence mode on", PASS, f"on for {len(gpus)} GPU(s)")
-    return [visible, check_vram(gpus, ctx), cap, persist]
+    return [visible, check_vram(gpus, ctx.variant, ctx.settings), cap, persist]
 
 
-def check_vram(gpus: list[dict], ctx: RigContext) -> Check:
-    """Every card has the VRAM the variant needs (20 GB cards: only with the documented override)."""
+def check_vram(gpus: list[dict], v, s) -> Check:
+    """Every card has the VRAM variant `v` needs with settings `s` (20 GB cards: only with the documented
+    override)."""
     name = "VRAM fits variant"
-    if not gpus or not ctx.variant:
+    if not gpus or not v:
         return Check(name, FAIL, "no GPU to read" if not gpus else "variant unknown")
-    v, s = ctx.variant, ctx.settings
     override = small_override(s.kv_cache_dtype, s.gpu_memory_utilization)
     problems = vram_problems(gpus, v.name, v.min_card_mib, v.uses_dflash, override)
     if problems:
@@ -181,82 +180,27 @@ def _w(v) -> str:
     return "?" if v is None else f"{v:g}"
 
 
-def check_runtime(host) -> Check:
-    name = "nvidia runtime"
-    raw = sh(host, "cat /etc/docker/daemon.json")
-    if not raw.strip():
-        return Check(name, FAIL, "no /etc/docker/daemon.json (run the deploy: docker_engine role)")
-    try:
-        runtimes = json.loads(raw).get("runtimes") or {}
-    except (ValueError, AttributeError):
-        return Check(name, FAIL, "/etc/docker/daemon.json is not a JSON object")
-    if "nvidia" not in runtimes:
-        return Check(name, FAIL, "/etc/docker/daemon.json registers no nvidia runtime (run the deploy)")
-    return Check(name, PASS, f"nvidia -> {runtimes['nvidia'].get('path', '?')} in /etc/docker/daemon.json")
+def check_runtime(host, ctx: RigContext) -> Check:
+    """daemon.json is merged, not rendered: only the key rigforge owns (the nvidia runtime) is compared."""
+    from roles.operations.docker_daemon import NVIDIA_RUNTIME
+
+    name, path = "nvidia runtime", ctx.layout.daemon_json
+    daemon = host.get_fact(JsonFile, path=path)
+    if daemon is None:
+        return Check(name, FAIL, f"no readable {path} (run the deploy: docker_engine role)")
+    runtime = (daemon.get("runtimes") or {}).get("nvidia")
+    if runtime != NVIDIA_RUNTIME["runtimes"]["nvidia"]:
+        return Check(name, FAIL, f"{path} registers {'no' if runtime is None else 'another'} nvidia runtime "
+                     f"({runtime!r}; run the deploy)")  # fmt: skip
+    return Check(name, PASS, f"nvidia -> {runtime.get('path', '?')} in {path}")
 
 
-def check_sources(host, ctx: RigContext) -> Check:
-    from roles.facts.gitpin import GitCheckout
-
-    name = "sources at locked SHAs"
-    bad, good = [], []
-    for src in ctx.variant.sources:
-        want = ctx.lock.git[src].commit if src in ctx.lock.git else None
-        path = f"{ctx.settings.root}/src/{src}"
-        state = host.get_fact(GitCheckout, path=path)
-        if state is None:
-            bad.append(f"{src}: no checkout at {path}")
-        elif not want:
-            bad.append(f"{src}: the lock has no resolved commit")
-        elif state["head"] != want:
-            bad.append(f"{src}: HEAD {state['head'][:12] or '?'}, lock {want[:12]}")
-        elif state["dirty"]:
-            bad.append(f"{src}: local changes ({len(state['dirty'])} file(s), e.g. {state['dirty'][0].strip()})")
-        else:
-            good.append(f"{src}@{want[:12]}")
-    if bad:
-        return Check(name, FAIL, "; ".join(bad))
-    return Check(name, PASS, ", ".join(good) or "no sources for this variant")
-
-
-def check_weights(host, ctx: RigContext) -> Check:
-    from roles.facts.hfweights import STAMP, WeightsState
-
-    name = "weights stamp valid"
-    bad, good = [], []
-    for asset in ctx.variant.assets:
-        pin = ctx.lock.hf.get(asset)
-        dest = ctx.asset_dir(asset)
-        if pin is None:
-            bad.append(f"{asset}: not in the lock")
-            continue
-        state = host.get_fact(WeightsState, dest=dest, staging=f"{ctx.settings.models}/.rigforge-staging/{asset}")
-        stamp = state["stamp"]
-        if not stamp:
-            bad.append(f"{asset}: no {dest}/{STAMP}")
-            continue
-        if stamp.get("revision") != pin.revision:
-            bad.append(f"{asset}: stamp revision {str(stamp.get('revision'))[:12]}, lock {str(pin.revision)[:12]}")
-            continue
-        entries = stamp.get("files") or {}
-        problems = []
-        for f in pin.files:
-            entry, on_disk = entries.get(f.path), state["files"].get(f.path)
-            if not entry or entry.get("sha256") != f.sha256:
-                problems.append(f"{f.path} not stamped with the lock's sha256")
-            elif on_disk is None:
-                problems.append(f"{f.path} missing")
-            elif on_disk[0] != f.size:
-                problems.append(f"{f.path} is {on_disk[0]} bytes, lock {f.size}")
-            elif on_disk[1] != entry.get("mtime_ns"):
-                problems.append(f"{f.path} modified since it was verified (mtime differs from the stamp)")
-        if problems:
-            bad.append(f"{asset}: {'; '.join(problems[:3])}{' ...' if len(problems) > 3 else ''}")
-        else:
-            good.append(f"{asset} ({len(pin.files)} files @ {pin.revision[:12]})")
-    if bad:
-        return Check(name, FAIL, "; ".join(bad) + " (re-run the deploy: weights role)")
-    return Check(name, PASS, ", ".join(good) or "no weights for this variant")
+DRIFT = (  # (check, drift function of (host, plan), what to do when it fails)
+    ("sources at locked SHAs", lambda host, plan: drift.sources(host, plan, {p.name: p.commit for p in plan.sources}),
+     " (re-run the deploy: sources role)"),
+    ("weights stamp valid", drift.weights, " (re-run the deploy: weights role)"),
+    ("files as rendered", drift.files, ""),
+)  # fmt: skip
 
 
 CHAT = {
@@ -321,7 +265,7 @@ def check_service_and_api(host, ctx: RigContext) -> list[Check]:
     out.append(Check("/v1/models answers", PASS if listed else FAIL,
                      f"{api['url']} lists {', '.join(api['models'] or []) or 'nothing'}"
                      + ("" if listed else f"; expected {model}")))  # fmt: skip
-    base = f"http://{ctx_host(host)}:{ctx.port}/v1/chat/completions"
+    base = f"http://{ctx_host(ctx)}:{ctx.port}/v1/chat/completions"
     out.append(_chat_check(host, ctx, base, model))
     out.append(_tool_check(host, ctx, base, model))
     return out

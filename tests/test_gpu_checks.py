@@ -17,7 +17,6 @@ from test_roles_host_ops import PREFLIGHT, executed, gpu_row, make_state, rig
 from rigforge.catalog import load_catalog
 from rigforge.hardware import vram_problems
 from rigforge.schema import Settings
-from rigforge.status import RigContext
 from rigforge.verify import check_vram
 from roles.operations import checks
 
@@ -95,9 +94,7 @@ def test_vram_rules():
 
 def test_verify_checks_vram_against_the_variant():
     cards20 = [{"index": i, "name": "RTX 3080 20GB", "memory_total": 20480} for i in range(2)]
-    ctx = RigContext("r", manage=False, settings=Settings(), variant=load_catalog().variant("dual-dflash"))
-    check = check_vram(cards20, ctx)
+    check = check_vram(cards20, load_catalog().variant("dual-dflash"), Settings())
     assert check.status == "fail" and "needs 24 GB cards" in check.detail
-    ctx.variant = load_catalog().variant("dual-turbo")
-    ctx.settings = Settings(kv_cache_dtype="fp8_e5m2", gpu_memory_utilization=0.82)
-    assert check_vram(cards20, ctx).status == "pass"
+    override = Settings(kv_cache_dtype="fp8_e5m2", gpu_memory_utilization=0.82)
+    assert check_vram(cards20, load_catalog().variant("dual-turbo"), override).status == "pass"
