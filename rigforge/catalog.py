@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from rigforge import render
-from rigforge.schema import HOST_KEYS, Settings
+from rigforge.schema import HOST_KEYS, Settings, SettingsError
 
 CATALOG_PATH = Path(__file__).parent / "data" / "variants.yaml"
 MOUNT_ROOTS = ("{models}", "{cache}", "{src}")
@@ -73,9 +73,13 @@ class Variant:
     def served_model(self) -> str:
         return self.arg("--served-model-name") or self.name
 
-    def serve_files(self, s: Settings) -> dict[str, str]:
-        """The serve dir's files for these settings: {name: text} (the compose file and .env)."""
-        return render.seed_files(self, s)
+    def files(self, s: Settings, gpu_count: int) -> dict[str, str]:
+        """Every file a rig gets for this variant with settings `s` and `gpu_count` GPUs: {name: text}. Raises
+        SettingsError for a setting it cannot take."""
+        problems = self.setting_problems(s)
+        if problems:
+            raise SettingsError("; ".join(problems))
+        return render.seed_files(self, s, gpu_count)
 
     def setting_problems(self, s: Settings, host_data: bool = False) -> list[str]:
         """Settings that are valid alone but not for this variant (named as host-data keys when `host_data`)."""

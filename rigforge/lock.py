@@ -199,19 +199,16 @@ def resolve(
     unknown = set(refresh) - set(lock.git) - set(lock.hf) - {"image"} - {f"images.{n}" for n in lock.images}
     if unknown:
         raise LockError(f"--refresh: no git or hf entry {sorted(unknown)} (known: {', '.join([*lock.git, *lock.hf])})")
-    report, git, hf, image = [], dict(lock.git), dict(lock.hf), lock.image
-    if not image.digest or "image" in refresh:
-        digest = resolve_image(image.ref, registry)
-        if digest != image.digest:
-            image = dataclasses.replace(image, digest=digest)
-            report.append(f"image: {image.ref} -> {digest}")
-    images = dict(lock.images)
-    for name, pin in lock.images.items():
-        if not pin.digest or f"images.{name}" in refresh:
+    report, git, hf, images = [], dict(lock.git), dict(lock.hf), {}
+    for key, pin in (("image", lock.image), *((f"images.{n}", p) for n, p in lock.images.items())):
+        if not pin.digest or key in refresh:
             digest = resolve_image(pin.ref, registry)
             if digest != pin.digest:
-                images[name] = dataclasses.replace(pin, digest=digest)
-                report.append(f"images.{name}: {pin.ref} -> {digest}")
+                pin = dataclasses.replace(pin, digest=digest)
+                report.append(f"{key}: {pin.ref} -> {digest}")
+        images[key] = pin
+    image = images.pop("image")
+    images = {key.removeprefix("images."): pin for key, pin in images.items()}
     for name, pin in lock.git.items():
         if pin.commit and name not in refresh:
             continue

@@ -25,7 +25,6 @@ from rigforge.catalog import CatalogError, load_catalog
 from rigforge.layout import HostLayout
 from rigforge.pins import GitPin, HfPin, Lock, LockError, load_lock
 from rigforge.recipes import RecipeError
-from rigforge.render import render_variant
 from rigforge.schema import Settings, SettingsError, apply_overrides, power_caps, settings_from_host_data
 
 
@@ -45,7 +44,7 @@ class ServedVariant(Protocol):
     served_model: str  # the model name /v1/models lists
     manifest_extra: Mapping[str, Any]  # what rig.json records about the variant's source
 
-    def serve_files(self, s: Settings) -> dict[str, str]: ...
+    def files(self, s: Settings, gpu_count: int) -> dict[str, str]: ...  # every file: serve dir and units
 
     def setting_problems(self, s: Settings, host_data: bool = False) -> list[str]: ...
 
@@ -207,7 +206,7 @@ def build(
         assets=tuple(PlannedAsset(a, dirs[a], lock.hf[a], sizes.get(a, 0)) for a in variant.assets),
         caps=MappingProxyType(dict(sorted(caps.items()))),
         data=MappingProxyType(dict(data)),
-        files=MappingProxyType(render_variant(variant, settings, count)),
+        files=MappingProxyType(variant.files(settings, count)),
         lock=lock,
         token=token,
     ), []

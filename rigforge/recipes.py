@@ -23,6 +23,9 @@ from typing import Any
 
 import yaml
 
+from rigforge.layout import HostLayout
+from rigforge.render import units
+
 RECIPES_ENV = "RIGFORGE_RECIPES"
 GIT_NAME = "recipes"  # the lock's git entry for the recipe repo that provides the slugs
 REGISTRY = "scripts/lib/profiles/registry.yaml"
@@ -392,7 +395,7 @@ def override(r: Recipe, compose: dict, image: str, root: str) -> dict:
             and posixpath.basename(posixpath.dirname(source)) == "cache"
             and name in CACHE_TARGETS
         ):
-            caches.append(f"{root}/cache/{name}:{target}" + (f":{opts}" if opts else ""))
+            caches.append(f"{HostLayout(root=root).cache}/{name}:{target}" + (f":{opts}" if opts else ""))
     data: dict[str, Any] = {"image": image, "restart": "no"}
     if caches:
         data["volumes"] = caches
@@ -457,7 +460,7 @@ EFFECTIVE_FILE = "effective-compose.yml"  # what `docker compose config` resolve
 
 def checkout_dir(root: str) -> str:
     """The rig's pinned checkout of the recipe repo."""
-    return f"{root}/src/{GIT_NAME}"
+    return HostLayout(root=root).src(GIT_NAME)
 
 
 def rig_files(r: Recipe, compose: dict, *, root: str, image: str, knobs: dict[str, Any]) -> dict[str, str]:
@@ -541,15 +544,16 @@ class LiveVariant:
     def arg(self, flag: str) -> str | None:
         return self.served_model if flag == "--served-model-name" else None
 
-    def serve_files(self, s: Any) -> dict[str, str]:
-        """The serve dir's files (compose wrapper, host override, .env) plus the effective compose, for reading."""
-        return rig_files(
-            self.recipe, self.compose, root=s.root, image=s.image or self.image, knobs=knobs_of(self.recipe, s)
-        )
+    def files(self, s: Any, gpu_count: int) -> dict[str, str]:
+        """Every file a rig gets: the serve dir's (compose wrapper, host override, .env), the effective compose
+        (for reading) and the units. Raises RecipeError for a setting the recipe has no knob for."""
+        knobs = knobs_of(self.recipe, s)
+        image = s.image or self.image
+        return {**rig_files(self.recipe, self.compose, root=s.root, image=image, knobs=knobs), **units(s, gpu_count)}
 
     def setting_problems(self, s: Any, host_data: bool = False) -> list[str]:
         try:
-            self.serve_files(s)
+            knob_env(self.recipe, self.compose, knobs_of(self.recipe, s))
         except RecipeError as exc:
             return [str(exc)]
         return []

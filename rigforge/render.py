@@ -1,9 +1,9 @@
 """Rendering: a variant and its settings to the files a rig gets (compose file, .env, the systemd units).
 
 Nothing else: the settings and their validators are in rigforge/schema.py, the variants in their adapters
-(rigforge/catalog.py for the seed five, rigforge/recipes.py for the recipe repo's slugs), and each adapter says
-what its serve dir holds (`serve_files`). Templates get an explicit, fully computed context and are rendered
-with StrictUndefined; each template is parsed once per process.
+(rigforge/catalog.py for the seed five, rigforge/recipes.py for the recipe repo's slugs), whose `files` render
+here. Templates get an explicit, fully computed context and are rendered with StrictUndefined; each template
+is parsed once per process.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from rigforge.layout import POWER_UNIT, VLLM_TEMPLATE
-from rigforge.schema import Settings, SettingsError, power_caps
+from rigforge.schema import Settings, power_caps
 
 TEMPLATES = (Path(__file__).parent / "data" / "templates").resolve()  # package data: a link to templates/ in a checkout
 COMPOSE_FILE = "docker-compose.yml"
@@ -109,21 +109,18 @@ def render_vllm_unit(s: Settings, docker: str = "/usr/bin/docker") -> str:
     return _env().get_template(VLLM_UNIT + ".j2").render(serve_dir=s.layout().serve_root, docker=docker)
 
 
-def seed_files(variant, s: Settings) -> dict[str, str]:
-    """A catalog variant's serve dir: the compose file from the template, and .env."""
-    problems = variant.setting_problems(s)
-    if problems:
-        raise SettingsError("; ".join(problems))
+def units(s: Settings, gpu_count: int) -> dict[str, str]:
+    """The two units every variant gets: the vLLM template unit and the power unit for `gpu_count` GPUs."""
+    return {VLLM_UNIT: render_vllm_unit(s), POWER_UNIT: render_power_unit(power_caps(gpu_count, s))}
+
+
+def seed_files(variant, s: Settings, gpu_count: int) -> dict[str, str]:
+    """Every file a rig gets for a catalog variant: the compose file from its template, .env and the units."""
     compose = _env().get_template(COMPOSE_FILE + ".j2").render(**compose_context(variant, s))
-    return {COMPOSE_FILE: compose, ENV_FILE: env_file_text(s)}
+    return {COMPOSE_FILE: compose, ENV_FILE: env_file_text(s), **units(s, gpu_count)}
 
 
 def render_variant(variant, s: Settings, gpu_count: int | None = None) -> dict[str, str]:
-    """Every file a rig gets for any variant (seed or recipe slug): its serve dir's files, the vLLM template unit
-    and the power unit for `gpu_count` GPUs (default: the variant's). The variant raises (SettingsError,
-    RecipeError) for a setting it cannot take."""
-    return {
-        **variant.serve_files(s),
-        VLLM_UNIT: render_vllm_unit(s),
-        POWER_UNIT: render_power_unit(power_caps(gpu_count or variant.gpus, s)),
-    }
+    """Every file a rig gets for any variant (seed or recipe slug), with the power unit for `gpu_count` GPUs
+    (default: the variant's). The variant raises (SettingsError, RecipeError) for a setting it cannot take."""
+    return variant.files(s, gpu_count or variant.gpus)

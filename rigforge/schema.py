@@ -242,7 +242,6 @@ def parse_set(items: list[str]) -> dict[str, str]:
     return out
 
 
-
 def settings_from_host_data(data: Any) -> dict[str, Any]:
     """The settings' host-data keys (HOST_KEYS: `serving_*`, rigforge_root, power, hf_token) that are set, as raw
     overrides for apply_overrides (keyed by setting name)."""

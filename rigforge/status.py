@@ -353,18 +353,26 @@ def error_row(name: str, error: Exception) -> dict:
     return {"host": name, "error": str(error)}
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p: argparse.ArgumentParser, shown: str = "a table") -> None:
     p.add_argument("inventory", metavar="INVENTORY", help="pyinfra inventory file, e.g. inventories/fleet.py")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--json", action="store_true", help=f"print JSON instead of {shown}")
 
 
-def run(args) -> int:
+def read_rigs(args, command: str, fn) -> dict[str, Any] | None:
+    """fn(host) on every rig of the inventory `args.inventory`, in parallel; None (said on stderr) when the
+    inventory cannot be loaded."""
     try:
         state = open_inventory(args.inventory)
     except InventoryError as exc:
-        print(f"rigforge status: {exc}", file=sys.stderr)
+        print(f"rigforge {command}: {exc}", file=sys.stderr)
+        return None
+    return for_each_host(state, fn)
+
+
+def run(args) -> int:
+    results = read_rigs(args, "status", status_row)
+    if results is None:
         return 2
-    results = for_each_host(state, status_row)
     rows = [error_row(n, r) if isinstance(r, Exception) else r for n, r in results.items()]
     print(json.dumps(rows, indent=2) if args.json else format_table(rows))
     return 1 if any(r["error"] for r in rows) else 0

@@ -27,21 +27,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import asdict, dataclass
 
-from rigforge import drift
+from rigforge import drift, status
 from rigforge.hardware import small_override, vram_problems
 from rigforge.status import (
     SKIPPED,
-    InventoryError,
     RigContext,
     api_models,
     ctx_host,
-    for_each_host,
     gpus_with_targets,
     http_on_rig,
-    open_inventory,
     rig_context,
     sh,
     unit_state,
@@ -313,17 +309,13 @@ def _tool_check(host, ctx, url, model) -> Check:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("inventory", metavar="INVENTORY", help="pyinfra inventory file, e.g. inventories/fleet.py")
-    p.add_argument("--json", action="store_true", help="print JSON instead of one line per check")
+    status.add_arguments(p, shown="one line per check")
 
 
 def run(args) -> int:
-    try:
-        state = open_inventory(args.inventory)
-    except InventoryError as exc:
-        print(f"rigforge verify: {exc}", file=sys.stderr)
+    results = status.read_rigs(args, "verify", check_host)
+    if results is None:
         return 2
-    results = for_each_host(state, check_host)
     failed = {h: [c.name for c in r if c.status == FAIL] for h, r in results.items() if not isinstance(r, Exception)}
     unreachable = {h: str(r) for h, r in results.items() if isinstance(r, Exception)}
     code = 1 if any(failed.values()) else 2 if unreachable else 0

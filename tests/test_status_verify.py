@@ -31,6 +31,7 @@ CHECKS = [
     "nvidia runtime",
     "sources at locked SHAs",
     "weights stamp valid",
+    "files as rendered",
     "unit enabled",
     "unit active",
     "/v1/models answers",
@@ -188,6 +189,36 @@ def test_moved_checkout_and_grown_weight_file_fail_their_checks(rigs):
     )
     assert checks["weights stamp valid"]["status"] == "fail"
     assert f"config.json is {size + 1} bytes, lock {size}" in checks["weights stamp valid"]["detail"]
+    assert verify_json(rigs.inventory)[0] == 0  # put back: passes again
+
+
+@pytest.mark.testbed
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/opt/rigforge/serve/dual-turbo/docker-compose.yml",
+        "/opt/rigforge/serve/dual-turbo/.env",
+        "/etc/systemd/system/rigforge-vllm@.service",
+        "/etc/systemd/system/rigforge-gpu-power.service",
+    ],
+)
+def test_a_hand_edited_file_is_drift_in_status_and_fails_verify(rigs, path):
+    """Files rigforge renders are compared whole with what the plan renders (.env by hash, never shown)."""
+    rig1 = rigs.rig("rig1")
+    rig1.run(f"cp -p {path} /tmp/hand-edit.bak && echo '# edited by hand' >> {path}", check=True)
+    try:
+        code, rows = status_json(rigs.inventory)
+        report_code, report = verify_json(rigs.inventory)
+    finally:
+        rig1.run(f"mv -f /tmp/hand-edit.bak {path}", check=True)
+    assert code == 0
+    edited = f"{path} differs from what rigforge renders (edited by hand? re-run the deploy)"
+    assert rows["rig1"]["pin_drift"] == [edited]
+    assert rows["rig2"]["pin_drift"] == []
+    assert report_code == 1
+    failed = [c for c in report["hosts"]["rig1"]["checks"] if c["status"] == "fail"]
+    assert [c["name"] for c in failed] == ["files as rendered"] and path in failed[0]["detail"]
+    assert "HF_TOKEN" not in json.dumps(report) and "HF_TOKEN" not in json.dumps(rows)
     assert verify_json(rigs.inventory)[0] == 0  # put back: passes again
 
 
