@@ -34,8 +34,8 @@ from rigforge.render import (
     settings_from_host_data,
     variant_setting_problems,
 )
-from roles import docker_engine, gpu_power, nvidia_driver, preflight, serving, sources, speedups, weights
-from roles.facts import snapshot
+from roles import docker_engine, gpu_power, nvidia_driver, preflight, serving, sources, weights
+from roles.facts import probe
 from roles.facts.hfweights import WeightsState
 from roles.facts.nvidia import NvidiaGpus, NvidiaPciGpus
 from roles.operations import recover
@@ -53,8 +53,6 @@ RETIRED = {  # host-data keys earlier releases read: refused rather than silentl
     "nvidia_driver_packages": "the driver table chooses the packages; set nvidia_driver_source, "
     "nvidia_driver_branch or nvidia_driver_flavor instead",
 }
-snapshot.install()  # facts from one batched probe per rig while nothing changed (roles/facts/snapshot.py)
-speedups.install()  # pyinfra's per-operation controller work, same results (roles/speedups.py)
 
 
 def validate(data) -> list[str]:
@@ -186,6 +184,7 @@ def needs(plan: Plan) -> Needs:
 
 @deploy("rigforge site", data_defaults=DEFAULTS)
 def provision(variant_name: str | None = None):
+    probe.install_all()  # one batched probe per rig, cheaper per-op work (roles/facts/probe.py); first
     plan = prepare(variant_name)
     if plan is None:
         return
