@@ -5,6 +5,8 @@ Appends JSON lines to $RIGFORGE_TIMINGS:
 - {"kind": "fact", host, role, fact, how, s}: one per fact read (prepare or execute phase), with the role (deploy)
   it was read in and how it was answered (`live`: its own round trip; `probe`: this read ran the batched probe;
   `served`: from the snapshot, no round trip), so the benchmark can say where the round trips go.
+
+The probe is installed first (as `site.provision()` would), so this timing wraps it and sees every read.
 """
 
 import json
@@ -16,7 +18,7 @@ from pyinfra.api import facts as pyinfra_facts
 from pyinfra.api.state import BaseStateCallback
 
 from roles import site
-from roles.facts import snapshot
+from roles.facts import probe
 
 OUT = os.environ["RIGFORGE_TIMINGS"]
 
@@ -54,12 +56,13 @@ def _role(host) -> str:
     return parts[1] if len(parts) > 2 else parts[0] or "(top level)"
 
 
+probe.install_all()
 if not getattr(pyinfra_facts, "_rigforge_timed", False):
     _get_fact = pyinfra_facts._get_fact
 
     def _timed_get_fact(state, host, cls, *args, **kwargs):
         t0 = time.monotonic()
-        snap = snapshot._of(host)
+        snap = probe._of(host)
         before = (snap.served, snap.probes)
         try:
             return _get_fact(state, host, cls, *args, **kwargs)

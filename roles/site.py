@@ -27,6 +27,7 @@ from rigforge.pins import LockError, default_lock_path
 from rigforge.plan import Plan
 from rigforge.recipes import RecipeError
 from roles import docker_engine, gpu_power, nvidia_driver, preflight, serving, sources, weights
+from roles.facts import probe
 from roles.facts.hfweights import WeightsState
 from roles.facts.nvidia import NvidiaGpus, NvidiaPciGpus
 from roles.operations import recover
@@ -127,6 +128,7 @@ def needs(plan: Plan) -> Needs:
 
 @deploy("rigforge site", data_defaults=DEFAULTS)
 def provision(variant_name: str | None = None):
+    probe.install_all()  # one batched probe per rig, cheaper per-op work (roles/facts/probe.py); first
     plan = prepare(variant_name)
     if plan is None:
         return

@@ -1,11 +1,15 @@
-"""Tier 1: roles/speedups.py makes pyinfra's per-operation work cheaper and leaves its results as they were."""
+"""Tier 1: roles/speedups.py makes pyinfra's per-operation work cheaper and leaves its results as they were.
+
+Each check also counts the expensive call the speedup removes, so it fails when the patch stops taking effect
+(e.g. pyinfra calling `inspect.stack()` by another name), not only when the results change."""
 
 from __future__ import annotations
 
 import inspect
 from types import SimpleNamespace
 
-from pyinfra.api import arguments, facts, util
+import pytest
+from pyinfra.api import Config, arguments, facts, util
 
 from roles import speedups
 
@@ -18,21 +22,57 @@ def _nested(state, depth: int):
     return _order(state) if depth == 0 else _nested(state, depth - 1)
 
 
-def test_operation_order_and_global_arguments_are_unchanged(monkeypatch):
-    # pyinfra as shipped (another test may have imported roles.site, which installs the speedups), restored after
+@pytest.fixture
+def shipped(monkeypatch):
+    """pyinfra as shipped (an earlier test may have run the deploy entry, which installs the speedups); whatever
+    was there is restored after the test."""
     monkeypatch.setattr(util, "stack", inspect.stack)
     monkeypatch.setattr(util, "getframeinfo", inspect.getframeinfo)
     monkeypatch.setattr(arguments, "all_global_arguments", speedups._ORIGINAL)
     monkeypatch.setattr(facts, "all_global_arguments", speedups._ORIGINAL)
+
+
+def _counting(monkeypatch, module, name: str) -> list:
+    calls: list = []
+    original = getattr(module, name)
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+def test_operation_order_is_unchanged_and_reads_no_source(shipped, monkeypatch):
     state = SimpleNamespace(current_deploy_filename=__file__, current_op_file_number=7)
-    hints, stack = arguments.all_global_arguments(), util.stack
-    orders = []
+    source_reads = _counting(monkeypatch, inspect, "findsource")  # what context=1 costs for every frame
+    orders, reads = [], []
     for installed in (False, True):
         if installed:
             speedups.install()
+        source_reads.clear()
         orders.append([_nested(state, 3), _order(state)])  # same call sites, so the same line numbers
-    assert util.stack is not stack  # installed
+        reads.append(len(source_reads))
     assert orders[0] == orders[1] and len(orders[0][0]) > len(orders[0][1]) > 1
-    assert list(arguments.all_global_arguments()) == hints and len(hints) > 10
-    assert arguments.all_global_arguments() is arguments.all_global_arguments()  # computed once
+    assert reads[0] > 0  # pyinfra as shipped reads a source line per frame ...
+    assert reads[1] == 0  # ... and with the speedup none: the patch takes effect
+
+
+def test_global_arguments_are_unchanged_and_computed_once(shipped, monkeypatch):
+    host = SimpleNamespace(current_deploy_kwargs=None, data=SimpleNamespace())
+    state = SimpleNamespace(config=Config())
+    hints = arguments.all_global_arguments()
+    type_hints = _counting(monkeypatch, arguments, "get_type_hints")
+    results, evaluations = [], []
+    for installed in (False, True):
+        if installed:
+            speedups.install()
+        type_hints.clear()
+        keys = [sorted(arguments.pop_global_arguments(state, host, {})[0]) for _ in range(3)]
+        results.append((list(arguments.all_global_arguments()), keys))
+        evaluations.append(len(type_hints))
+    assert results[0] == results[1] and results[0][0] == hints and len(hints) > 10
+    assert evaluations[0] >= 3  # as shipped: the type hints evaluated on every call ...
+    assert evaluations[1] <= 1  # ... with the speedup once: the patch takes effect where pyinfra calls it
     assert facts.all_global_arguments is arguments.all_global_arguments
