@@ -1,32 +1,187 @@
-"""Drift: what a rig holds against its plan. The one place each check lives; `status` shows these as a table,
-`verify` as pass/fail checks beside its live API probes.
+"""Drift: the rig's observed state against its plan. Every check lives here once; `rigforge status` shows them
+as a table, `rigforge verify` prints them and adds its live API probes.
 
-Each function takes the connected host (pyinfra's, as `status`/`verify` open it) and the rig's plan, reads the
-rig through facts (read-only) and returns (problems, fine): lines naming what differs, and what matched.
+    observe(host) -> (RigContext, Observed)      the plan for the rig, and the rig read in one batched probe
+    checks(ctx, observed) -> [Check]              drift, one check per managed concern
+
+The plan is the deploy's own (roles/site.py `plan_for`), for the variant the rig's manifest records, else host
+data's. The rig is read through facts, the plan's requests in one remote command (roles/facts/probe.py `read`);
+a fact the probe cannot answer is read on its own. Nothing on a rig is changed.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
-from rigforge.layout import SERVE_FILES
+from rigforge.hardware import small_override, vram_problems
+from rigforge.layout import SERVE_FILES, HostLayout
+from rigforge.pins import LockError, load_lock
 from rigforge.plan import Plan
 from rigforge.render import POWER_UNIT, VLLM_UNIT
+from rigforge.schema import Settings, power_caps
+from roles.facts import probe
 from roles.facts.gitpin import GitCheckout
 from roles.facts.hfweights import WeightsState
-from roles.facts.managed import ContentHash
+from roles.facts.managed import ContentHash, DebInstalledVersion, JsonFile, UnitActive
+from roles.facts.nvidia import NvidiaGpus, NvidiaModuleVersion, NvidiaRunningDriver
+from roles.facts.system import OsRelease, SystemdUnitEnabled
 
+PASS, FAIL, SKIP = "pass", "fail", "skip"
+SKIPPED = "skipped (services not managed on this host)"
 TOKEN_LINE = "HF_TOKEN="  # .env's token line: compared only when the controller has the token (the plan's)
 
 
-def sources(host, plan: Plan, want: Mapping[str, str | None], label: str = "lock") -> tuple[list[str], list[str]]:
+@dataclass
+class Check:
+    name: str
+    status: str
+    detail: str = ""
+
+
+def check(name: str, problems: list[str], fine: str, hint: str = "") -> Check:
+    """A check that fails with every problem (and `hint`), or passes saying what was fine."""
+    return Check(name, FAIL, "; ".join(problems) + hint) if problems else Check(name, PASS, fine)
+
+
+class Observed:
+    """The rig as read for a plan: answers from one batched probe, anything else read live (same interface as
+    pyinfra's host.get_fact)."""
+
+    def __init__(self, host, requests=()):
+        self.host = host
+        self.answers = probe.read(host, list(requests)) if requests else {}
+
+    def get_fact(self, cls, **kwargs):
+        key = probe.fact_key(cls, kwargs)
+        return self.answers[key] if key in self.answers else self.host.get_fact(cls, **kwargs)
+
+
+@dataclass
+class RigContext:
+    """What the controller knows about a rig: its plan (None when host data or the lock cannot give one), its
+    manifest, and the problems building the plan."""
+
+    name: str
+    data: dict  # host data, the roles' defaults applied (roles/site.py host_data)
+    plan: Plan | None = None
+    layout: HostLayout = field(default_factory=HostLayout)
+    variant_name: str | None = None
+    variant_from: str = ""
+    lock: Any = None  # rigforge.pins.Lock or None
+    lock_error: str | None = None
+    manifest: dict | None = None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def manage(self) -> bool:
+        return bool(self.data["rigforge_manage_services"])
+
+    @property
+    def variant(self):
+        return self.plan.variant if self.plan else None
+
+    @property
+    def settings(self) -> Settings:
+        return self.plan.settings if self.plan else Settings()
+
+    @property
+    def port(self) -> int | None:
+        if self.plan:
+            return self.plan.port
+        return int(self.manifest["port"]) if self.manifest and self.manifest.get("port") else None
+
+    @property
+    def unit(self) -> str | None:
+        if self.manifest and self.manifest.get("unit"):
+            return self.manifest["unit"]
+        return self.layout.instance(self.variant_name) if self.variant_name else None
+
+    def manifest_pins(self) -> dict:
+        m = self.manifest or {}
+        pins = m.get("pins") if isinstance(m.get("pins"), dict) else m
+        return {"git": pins.get("git") or {}, "hf": pins.get("hf") or {}, "image": pins.get("image")}
+
+
+def requests(ctx: RigContext) -> list[tuple[type, dict]]:
+    """Every fact the checks read for this rig's plan, for one batched probe."""
+    out = [(NvidiaGpus, {}), (OsRelease, {}), (NvidiaModuleVersion, {}), (NvidiaRunningDriver, {})]
+    out.append((JsonFile, {"path": ctx.layout.daemon_json}))
+    if ctx.unit:
+        out += [(SystemdUnitEnabled, {"unit": ctx.unit}), (UnitActive, {"unit": ctx.unit})]
+    plan = ctx.plan
+    if plan:
+        out += [(GitCheckout, {"path": plan.layout.src(name)}) for name in plan.variant.sources]
+        out += [(WeightsState, _weights_at(plan, asset)) for asset in plan.assets]
+        out += [(ContentHash, {"path": path, "drop": drop}) for path, (_, drop) in managed_files(plan).items()]
+    return out
+
+
+def observe(host) -> tuple[RigContext, Observed]:
+    """The rig's plan and the rig read for it: its manifest and GPUs first (they choose the variant and the caps),
+    then everything the checks need in one probe."""
+    from roles import site
+
+    data = site.host_data(host.data)
+    ctx = RigContext(name=host.name, data=data)
+    layout = HostLayout(root=data["rigforge_root"] or HostLayout.root)
+    first = Observed(host, [(JsonFile, {"path": layout.rig_json}), (NvidiaGpus, {})])
+    ctx.manifest = first.get_fact(JsonFile, path=layout.rig_json)
+    wanted = data["rigforge_variant"]
+    recorded = (ctx.manifest or {}).get("recipe") or (ctx.manifest or {}).get("variant")
+    ctx.variant_name = (ctx.manifest or {}).get("variant") or wanted
+    ctx.variant_from = layout.rig_json if recorded else ("host data rigforge_variant" if wanted else "")
+    try:
+        ctx.lock = load_lock(data["rigforge_lock"])
+    except (LockError, OSError) as exc:
+        ctx.lock_error = str(exc)
+    if (recorded or wanted) and ctx.lock is not None:
+        gpus = len(first.get_fact(NvidiaGpus) or []) or None
+        serve = {**data, "rigforge_variant": recorded or wanted, "rigforge_recipe_opt_in": True}
+        ctx.plan, ctx.problems = site.plan_for(host.name, serve, gpus=gpus, deployable=False)
+    if ctx.plan:
+        ctx.layout, ctx.variant_name = ctx.plan.layout, ctx.plan.variant.name
+    return ctx, Observed(host, requests(ctx))
+
+
+# ---------------------------------------------------------------- the checks
+
+
+def pin_drift(ctx: RigContext) -> dict:
+    """Pins recorded in the manifest vs the lock: {"drift": [...], "pins": {...}}; None without both."""
+    if ctx.manifest is None or ctx.lock is None:
+        return {"drift": None, "pins": None}
+    pins, drift = ctx.manifest_pins(), []
+    for kind, table, attr in (("git", ctx.lock.git, "commit"), ("hf", ctx.lock.hf, "revision")):
+        for name, have in sorted(pins[kind].items()):
+            want = getattr(table[name], attr) if name in table else None
+            if have != want:
+                drift.append(f"{kind} {name}: rig {str(have)[:12]}, lock {str(want)[:12]}")
+    if pins["image"] and pins["image"] != ctx.lock.image.ref:
+        drift.append(f"image: rig {pins['image']}, lock {ctx.lock.image.ref}")
+    return {"drift": drift, "pins": pins}
+
+
+def rig_drift(obs: Observed, ctx: RigContext) -> list[str]:
+    """The rig against what was provisioned: checkouts at the manifest's commits without local changes, weight
+    files as stamped, and every file rigforge renders as the plan renders it."""
+    if ctx.plan is None:
+        return []
+    recorded = ctx.manifest_pins()["git"]
+    want = {pin.name: recorded.get(pin.name) or pin.commit for pin in ctx.plan.sources}
+    stamped = [line for line in weights(obs, ctx.plan) if "stamp revision" not in line]
+    return sources(obs, ctx.plan, want, "provisioned") + stamped + files(obs, ctx.plan)
+
+
+def sources(obs: Observed, plan: Plan, want: Mapping[str, str | None], label: str = "lock") -> list[str]:
     """Each checkout at `want`'s commit ({source: commit}: the lock's, or the manifest's with `label`
     "provisioned"), with no local changes."""
-    bad, good = [], []
+    bad = []
     for name in plan.variant.sources:
         commit, path = want.get(name), plan.layout.src(name)
-        state = host.get_fact(GitCheckout, path=path)
+        state = obs.get_fact(GitCheckout, path=path)
         if state is None:
             bad.append(f"git {name}: no checkout at {path}")
         elif not commit:
@@ -36,25 +191,26 @@ def sources(host, plan: Plan, want: Mapping[str, str | None], label: str = "lock
         elif state["dirty"]:
             n, first = len(state["dirty"]), state["dirty"][0].strip()
             bad.append(f"git {name}: dirty checkout at {path} ({n} file(s), e.g. {first})")
-        else:
-            good.append(f"{name}@{commit[:12]}")
-    return bad, good
+    return bad
 
 
-def weights(host, plan: Plan) -> tuple[list[str], list[str]]:
+def _weights_at(plan: Plan, asset) -> dict:
+    return {"dest": plan.layout.asset_dir(asset.dir), "staging": plan.layout.weights_staging(asset.name)}
+
+
+def weights(obs: Observed, plan: Plan) -> list[str]:
     """Each asset's stamp is the lock's revision and sha256s, and every file is as stamped (size, mtime)."""
-    bad, good = [], []
+    bad = []
     for asset in plan.assets:
-        pin, dest = asset.pin, plan.layout.asset_dir(asset.dir)
-        state = host.get_fact(WeightsState, dest=dest, staging=plan.layout.weights_staging(asset.name))
+        pin, where = asset.pin, _weights_at(plan, asset)
+        state = obs.get_fact(WeightsState, **where)
         stamp = state["stamp"]
         if not stamp:
-            bad.append(f"hf {asset.name}: no stamp in {dest}")
+            bad.append(f"hf {asset.name}: no stamp in {where['dest']}")
             continue
         if stamp.get("revision") != pin.revision:
-            bad.append(
-                f"hf {asset.name}: stamp revision {str(stamp.get('revision'))[:12]}, lock {str(pin.revision)[:12]}"
-            )
+            have, want = str(stamp.get("revision"))[:12], str(pin.revision)[:12]
+            bad.append(f"hf {asset.name}: stamp revision {have}, lock {want}")
             continue
         entries, problems = stamp.get("files") or {}, []
         for f in pin.files:
@@ -69,9 +225,7 @@ def weights(host, plan: Plan) -> tuple[list[str], list[str]]:
                 problems.append(f"{f.path} modified since it was verified (mtime differs from the stamp)")
         if problems:
             bad.append(f"hf {asset.name}: {'; '.join(problems[:3])}{' ...' if len(problems) > 3 else ''}")
-        else:
-            good.append(f"{asset.name} ({len(pin.files)} files @ {str(pin.revision)[:12]})")
-    return bad, good
+    return bad
 
 
 def managed_files(plan: Plan) -> dict[str, tuple[str, str | None]]:
@@ -91,16 +245,177 @@ def _sha256(text: str, drop: str | None) -> str:
     return hashlib.sha256(kept.encode()).hexdigest()
 
 
-def files(host, plan: Plan) -> tuple[list[str], list[str]]:
+def files(obs: Observed, plan: Plan) -> list[str]:
     """Every file rigforge renders whole is on the rig as the plan renders it (compared by sha256: no secret is
     read or shown). A hand edit shows here, naming the file."""
-    bad, good = [], []
+    bad = []
     for path, (text, drop) in managed_files(plan).items():
-        on_rig = host.get_fact(ContentHash, path=path, drop=drop)
+        on_rig = obs.get_fact(ContentHash, path=path, drop=drop)
         if on_rig is None:
             bad.append(f"{path} is missing")
         elif on_rig != _sha256(text, drop):
             bad.append(f"{path} differs from what rigforge renders (edited by hand? re-run the deploy)")
+    return bad
+
+
+def gpus_with_targets(obs: Observed, ctx: RigContext) -> list[dict]:
+    gpus = obs.get_fact(NvidiaGpus) or []
+    targets = power_caps(len(gpus), ctx.settings)
+    return [{**gpu, "target_w": targets.get(gpu["index"])} for gpu in gpus]
+
+
+def _w(v) -> str:
+    return "?" if v is None else f"{v:g}"
+
+
+def driver(obs: Observed, ctx: RigContext) -> Check:
+    """The loaded module is the installed driver package (the driver table's, for this OS, branch, flavour and
+    source); with nvidia_driver_manage false, the running driver is of the branch asked for."""
+    from roles import driver_table, nvidia_driver
+    from roles.facts.nvidia import upstream_version
+    from roles.operations.nvidia import branch_problem
+
+    name, data = "driver module = package", ctx.data
+    if not data["nvidia_driver_manage"]:
+        running = obs.get_fact(NvidiaRunningDriver)
+        problem = branch_problem(running, int(data["nvidia_driver_branch"]))
+        fine = f"running {(running or {}).get('version')} (nvidia_driver_manage false: not installed by rigforge)"
+        return check(name, [problem] if problem else [], fine)
+    try:
+        pkg = nvidia_driver.packages_for(data, obs.get_fact(OsRelease)["id"]).version_package
+    except driver_table.DriverTableError as error:
+        return Check(name, FAIL, f"{error} (host data)")
+    module, version = obs.get_fact(NvidiaModuleVersion), obs.get_fact(DebInstalledVersion, package=pkg)
+    if not version:
+        return Check(name, FAIL, f"{pkg} is not installed (run the deploy: nvidia_driver role)")
+    if not module:
+        return Check(name, FAIL, f"{pkg} {version} installed but the nvidia module is not loaded: reboot the rig "
+                     "(with Secure Boot on, the module must be signed/enrolled)")  # fmt: skip
+    if upstream_version(version) != module:
+        return Check(name, FAIL, f"module {module} loaded, package {pkg} {version} installed: driver/library "
+                     "mismatch, reboot the rig to load the installed driver")  # fmt: skip
+    return Check(name, PASS, f"module {module} = {pkg} {version}")
+
+
+def gpu_checks(obs: Observed, ctx: RigContext) -> list[Check]:
+    """GPUs visible, VRAM fits the variant, power caps hold, persistence mode on."""
+    gpus = gpus_with_targets(obs, ctx)
+    if not gpus:
+        none = "no GPU to read"
+        return [Check("GPUs visible", FAIL, "nvidia-smi lists no GPU (driver not installed or not loaded)")] + [
+            Check(n, FAIL, none) for n in ("VRAM fits variant", "power caps hold", "persistence mode on")
+        ]
+    need = ctx.variant.gpus if ctx.variant else 0
+    names = ", ".join(sorted({g.get("name") or "?" for g in gpus}))
+    seen = f"{len(gpus)} GPU(s): {names}"
+    off = [g for g in gpus if g.get("power_limit") != g["target_w"]]
+    caps = ", ".join(f"GPU{g['index']} {_w(g.get('power_limit'))} W" for g in gpus)
+    targets = ", ".join(sorted({str(g["target_w"]) for g in gpus}))
+    not_persistent = [str(g["index"]) for g in gpus if g.get("persistence_mode") is not True]
+    return [
+        check("GPUs visible", [f"{seen}; {ctx.variant_name} needs {need}"] if len(gpus) < need else [], seen),
+        vram(gpus, ctx.variant, ctx.settings),
+        check(
+            "power caps hold",
+            [f"GPU{g['index']} at {_w(g.get('power_limit'))} W, target {g['target_w']} W" for g in off],
+            f"{caps} (target {targets} W)",
+            " (re-run the deploy or restart rigforge-gpu-power.service)",
+        ),
+        check(
+            "persistence mode on",
+            [f"off on GPU {', '.join(not_persistent)}"] if not_persistent else [],
+            f"on for {len(gpus)} GPU(s)",
+        ),
+    ]
+
+
+def vram(gpus: list[dict], v, s: Settings) -> Check:
+    """Every card has the VRAM variant `v` needs with settings `s` (20 GB cards: only with the documented
+    override)."""
+    name = "VRAM fits variant"
+    if not gpus or not v:
+        return Check(name, FAIL, "no GPU to read" if not gpus else "variant unknown")
+    override = small_override(s.kv_cache_dtype, s.gpu_memory_utilization)
+    sizes = "/".join(str(m) for m in sorted({g.get("memory_total") for g in gpus}))
+    fine = f"{sizes} MiB per card, {v.name} needs {v.min_card_mib}" + (" (20 GB override)" * override)
+    problems = vram_problems(gpus, v.name, v.min_card_mib, v.uses_dflash, override)
+    return check(name, [" ".join(problems)] if problems else [], fine)
+
+
+def runtime(obs: Observed, ctx: RigContext) -> Check:
+    """daemon.json is merged, not rendered: only the key rigforge owns (the nvidia runtime) is compared."""
+    from roles.operations.docker_daemon import NVIDIA_RUNTIME
+
+    name, path = "nvidia runtime", ctx.layout.daemon_json
+    daemon = obs.get_fact(JsonFile, path=path)
+    if daemon is None:
+        return Check(name, FAIL, f"no readable {path} (run the deploy: docker_engine role)")
+    runtime = (daemon.get("runtimes") or {}).get("nvidia")
+    if runtime != NVIDIA_RUNTIME["runtimes"]["nvidia"]:
+        return Check(name, FAIL, f"{path} registers {'no' if runtime is None else 'another'} nvidia runtime "
+                     f"({runtime!r}; run the deploy)")  # fmt: skip
+    return Check(name, PASS, f"nvidia -> {runtime.get('path', '?')} in {path}")
+
+
+def unit_state(obs: Observed, ctx: RigContext) -> dict:
+    unit = ctx.unit
+    if not unit:
+        return {"unit": None, "enabled": None, "active": None}
+    enabled = obs.get_fact(SystemdUnitEnabled, unit=unit)
+    return {"unit": unit, "enabled": bool(enabled), "active": obs.get_fact(UnitActive, unit=unit)}
+
+
+def variant_needed(ctx: RigContext) -> str:
+    if ctx.variant_name and not ctx.variant:
+        return f"unknown variant {ctx.variant_name!r}"
+    return f"variant unknown: no {ctx.layout.rig_json} and no rigforge_variant in host data"
+
+
+def _sources_at_lock(obs: Observed, plan: Plan) -> tuple[list[str], str]:
+    fine = ", ".join(f"{p.name}@{str(p.commit)[:12]}" for p in plan.sources) or "no sources for this variant"
+    return sources(obs, plan, {p.name: p.commit for p in plan.sources}), fine
+
+
+def _weights_valid(obs: Observed, plan: Plan) -> tuple[list[str], str]:
+    fine = ", ".join(f"{a.name} ({len(a.pin.files)} files @ {str(a.pin.revision)[:12]})" for a in plan.assets)
+    return weights(obs, plan), fine or "no weights for this variant"
+
+
+def checks(obs: Observed, ctx: RigContext) -> list[Check]:
+    """Every drift check of the rig, in `rigforge verify`'s order (the API probes come after them)."""
+    out = [Check("host data", FAIL, problem) for problem in ctx.problems]
+    if ctx.manifest is None:
+        missing = f"no readable {ctx.layout.rig_json}: not provisioned by rigforge (run the deploy)"
+        out.append(Check("manifest present", FAIL, missing))
+    else:
+        out.append(
+            check("manifest present", [] if ctx.variant else [variant_needed(ctx)], f"variant {ctx.variant_name}")
+        )
+    out += [driver(obs, ctx), *gpu_checks(obs, ctx), runtime(obs, ctx)]
+    plan = ctx.plan
+    for name, find, hint in (
+        ("sources at locked SHAs", lambda: _sources_at_lock(obs, plan), " (re-run the deploy: sources role)"),
+        ("weights stamp valid", lambda: _weights_valid(obs, plan), " (re-run the deploy: weights role)"),
+        ("files as rendered", lambda: (files(obs, plan), f"{len(managed_files(plan))} files"), ""),
+    ):
+        if ctx.lock is None:
+            out.append(Check(name, FAIL, f"lock unreadable: {ctx.lock_error}"))
+        elif plan is None:
+            out.append(Check(name, FAIL, variant_needed(ctx)))
         else:
-            good.append(path)
-    return bad, good
+            out.append(check(name, *find(), hint))
+    unit = unit_state(obs, ctx)
+    if not unit["unit"]:
+        why = variant_needed(ctx)
+        return [
+            *out,
+            Check("unit enabled", FAIL, why),
+            Check("unit active", *((FAIL, why) if ctx.manage else (SKIP, SKIPPED))),
+        ]
+    enabled = f"{unit['unit']} {'enabled' if unit['enabled'] else 'not enabled (run the deploy)'}"
+    out.append(Check("unit enabled", PASS if unit["enabled"] else FAIL, enabled))
+    if not ctx.manage:
+        return [*out, Check("unit active", SKIP, SKIPPED)]
+    active = unit["active"] == "active"
+    hint = "" if active else f" (journalctl -u {unit['unit']})"
+    return [*out, Check("unit active", PASS if active else FAIL, f"{unit['unit']} is {unit['active']}{hint}")]

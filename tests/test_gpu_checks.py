@@ -15,9 +15,9 @@ from pyinfra.operations import server
 from test_roles_host_ops import PREFLIGHT, executed, gpu_row, make_state, rig
 
 from rigforge.catalog import load_catalog
+from rigforge.drift import vram as check_vram
 from rigforge.hardware import vram_problems
 from rigforge.schema import Settings
-from rigforge.verify import check_vram
 from roles.operations import checks
 
 DATA = {"gpu_power_limit_w": 230, "gpu_power_limits": {}}

@@ -49,3 +49,47 @@ class JsonFile(FactBase):
 
     def default(self):
         return None
+
+
+class DebInstalledVersion(FactBase):
+    """
+    The version of an installed Debian package, or None when it is not installed (removed, config files only,
+    unknown):
+
+    .. code:: python
+
+        "580.95.05-1"
+    """
+
+    def requires_command(self, package: str) -> str:
+        return "dpkg-query"
+
+    def command(self, package: str):
+        return f"dpkg-query -W -f '${{db:Status-Status}} ${{Version}}\\n' {shlex.quote(package)} 2>/dev/null || true"
+
+    def process(self, output):
+        words = (output[0] if output else "").split()
+        return words[1] if len(words) > 1 and words[0] == "installed" else None
+
+    def default(self):
+        return None
+
+
+class UnitActive(FactBase):
+    """
+    A systemd unit's active state as `systemctl is-active` prints it ("active", "inactive", "failed", ...), or
+    "unknown" when systemd does not answer (a chroot):
+
+    .. code:: python
+
+        "active"
+    """
+
+    def command(self, unit: str):
+        return f"systemctl is-active {shlex.quote(unit)} 2>/dev/null || true"
+
+    def process(self, output):
+        return (output[0].strip() if output else "") or "unknown"
+
+    def default(self):
+        return "unknown"

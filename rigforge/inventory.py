@@ -1,0 +1,171 @@
+"""The inventory and SSH plumbing of `rigforge status` and `rigforge verify`: open a pyinfra inventory, run a
+read-only function on every rig in parallel (a rig that cannot be reached or cannot sudo is an Unreachable
+result), and read-only commands and HTTP requests made on a rig. Nothing here changes a rig.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+
+class InventoryError(Exception):
+    """The inventory could not be loaded (exit 2)."""
+
+
+# ---------------------------------------------------------------- inventory and SSH plumbing
+
+
+def open_inventory(path: str):
+    """A pyinfra State over the inventory file (group_data/ beside it is applied, as pyinfra does)."""
+    if not Path(path).is_file():
+        raise InventoryError(f"{path}: no such inventory file (give a pyinfra inventory, e.g. inventories/home.py)")
+    # pyinfra_cli patches sockets for gevent on import (that is what makes the SSH sessions parallel): import
+    # it here, only in commands that use SSH. Under `rigforge`, ssl was already imported (requests, for bench);
+    # gevent then warns that ssl is not patched: nothing here uses ssl (SSH is paramiko over patched sockets).
+    import warnings
+
+    from gevent.monkey import MonkeyPatchWarning
+
+    warnings.filterwarnings("ignore", category=MonkeyPatchWarning)
+    from pyinfra.api import Config, State
+    from pyinfra.context import ctx_config, ctx_inventory, ctx_state
+    from pyinfra_cli.inventory import make_inventory
+
+    logging.getLogger("pyinfra").setLevel(logging.CRITICAL)  # errors are reported in our own output
+    state = State(check_for_changes=False)  # set up as the pyinfra CLI does, so group_data files load
+    state.cwd = os.getcwd()
+    ctx_state.set(state)
+    config = Config()
+    ctx_config.set(config)
+    try:
+        inventory = make_inventory(path, cwd=state.cwd)
+    except Exception as exc:
+        raise InventoryError(f"{path}: cannot load the inventory: {exc}") from None
+    if not len(inventory):
+        raise InventoryError(f"{path}: the inventory lists no hosts")
+    ctx_inventory.set(inventory)
+    state.init(inventory, config)
+    return state
+
+
+def for_each_host(state, fn) -> dict[str, Any]:
+    """Connect to every host and run fn(host) on each in parallel: {host name: result or Exception}."""
+    import gevent
+
+    def task(host):
+        try:
+            host.connect(show_errors=False, raise_exceptions=True)
+        except Exception as exc:
+            return Unreachable(f"cannot connect: {_one_line(exc)}")
+        state.activate_host(host)
+        problem = _command_problem(host)
+        if problem:
+            return Unreachable(problem)
+        try:
+            return fn(host)
+        except Exception as exc:
+            return Unreachable(f"{type(exc).__name__}: {_one_line(exc)}")
+        finally:
+            try:
+                host.disconnect()
+            except Exception:
+                pass
+
+    hosts = list(state.inventory)
+    jobs = [state.pool.spawn(task, host) for host in hosts]
+    gevent.joinall(jobs)
+    return {host.name: job.value for host, job in zip(hosts, jobs, strict=True)}
+
+
+class Unreachable(Exception):
+    pass
+
+
+def _command_problem(host) -> str | None:
+    """Why commands cannot run on a connected host (e.g. sudo wants a password); None when they can."""
+    from pyinfra.api import StringCommand
+
+    kwargs = {"_sudo": bool(host.data.get("_sudo"))}
+    if host.data.get("_sudo_user"):
+        kwargs["_sudo_user"] = host.data.get("_sudo_user")
+    ok, output = host.run_shell_command(StringCommand("true"), **kwargs)
+    if ok:
+        return None
+    how = "with sudo " if kwargs["_sudo"] else ""
+    why = " ".join(line.strip() for line in output.stderr_lines[:2]) or "no error output"
+    return (
+        f"connected, but cannot run commands {how}({why}); "
+        "the SSH user needs passwordless sudo (check _sudo / _sudo_user in host data)"
+    )
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc.args[0]) if exc.args else str(exc)
+    return " ".join(text.split()) or type(exc).__name__
+
+
+def sh(host, command) -> str:
+    """Output of a read-only command on the host (the host's `_sudo` applies). Never fails: `|| true`."""
+    from pyinfra.api import StringCommand
+    from pyinfra.facts.server import Command
+
+    cmd = command if isinstance(command, StringCommand) else StringCommand(command)
+    out = host.get_fact(Command, command=StringCommand("(", cmd, ") 2>/dev/null || true"))
+    return out or ""
+
+
+def add_arguments(p: argparse.ArgumentParser, shown: str = "a table") -> None:
+    p.add_argument("inventory", metavar="INVENTORY", help="pyinfra inventory file, e.g. inventories/fleet.py")
+    p.add_argument("--json", action="store_true", help=f"print JSON instead of {shown}")
+
+
+def read_rigs(args, command: str, fn) -> dict[str, Any] | None:
+    """fn(host) on every rig of the inventory `args.inventory`, in parallel; None (said on stderr) when the
+    inventory cannot be loaded."""
+    try:
+        state = open_inventory(args.inventory)
+    except InventoryError as exc:
+        print(f"rigforge {command}: {exc}", file=sys.stderr)
+        return None
+    return for_each_host(state, fn)
+
+
+def api_models(host, ctx, timeout: int = 5) -> dict:
+    """GET /v1/models from the rig itself (curl), as the recipes' health check does."""
+    url = f"http://{ctx_host(ctx)}:{ctx.port}/v1/models"
+    code, body = http_on_rig(host, ctx, url, timeout=timeout)
+    try:
+        models = [m.get("id") for m in json.loads(body).get("data", [])]
+    except (ValueError, AttributeError):
+        models = None
+    return {"url": url, "http_code": code, "models": models}
+
+
+def http_on_rig(host, ctx, url: str, timeout: int, body: dict | None = None) -> tuple[int, str]:
+    """(HTTP code, 0 when nothing answered; response body) of a request made by curl on the rig."""
+    out = sh(host, curl_command(url, ctx, timeout=timeout, body=body))
+    text, _, code = out.rpartition("\n")
+    return (int(code) if code.strip().isdigit() else 0), text
+
+
+def ctx_host(ctx) -> str:
+    return ctx.data["serving_health_host"] or "127.0.0.1"
+
+
+def curl_command(url: str, ctx, timeout: int, body: dict | None = None):
+    """curl printing the body, then the HTTP code on the last line. The API key (if any) is masked."""
+    from pyinfra.api import MaskString, QuoteString, StringCommand
+
+    parts = ["curl", "-s", "-m", str(timeout), "-w", QuoteString("\\n%{http_code}")]
+    if ctx.settings is not None and ctx.settings.api_key:
+        parts += ["-H", MaskString(shlex.quote(f"Authorization: Bearer {ctx.settings.api_key}"))]
+    if body is not None:
+        parts += ["-H", QuoteString("Content-Type: application/json"), "--data-binary", QuoteString(json.dumps(body))]
+    return StringCommand(*parts, QuoteString(url))
