@@ -73,13 +73,13 @@ class Variant:
     def served_model(self) -> str:
         return self.arg("--served-model-name") or self.name
 
-    def files(self, s: Settings, gpu_count: int) -> dict[str, str]:
-        """Every file a rig gets for this variant with settings `s` and `gpu_count` GPUs: {name: text}. Raises
-        SettingsError for a setting it cannot take."""
+    def files(self, s: Settings, layout, gpu_count: int) -> dict[str, str]:
+        """Every file a rig gets for this variant with settings `s`, at `layout`'s paths, for `gpu_count` GPUs:
+        {name: text}. Raises SettingsError for a setting it cannot take."""
         problems = self.setting_problems(s)
         if problems:
             raise SettingsError("; ".join(problems))
-        return render.seed_files(self, s, gpu_count)
+        return render.seed_files(self, s, layout, gpu_count)
 
     def setting_problems(self, s: Settings, host_data: bool = False) -> list[str]:
         """Settings that are valid alone but not for this variant (named as host-data keys when `host_data`)."""

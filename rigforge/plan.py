@@ -44,7 +44,7 @@ class ServedVariant(Protocol):
     served_model: str  # the model name /v1/models lists
     manifest_extra: Mapping[str, Any]  # what rig.json records about the variant's source
 
-    def files(self, s: Settings, gpu_count: int) -> dict[str, str]: ...  # every file: serve dir and units
+    def files(self, s: Settings, layout: HostLayout, gpu_count: int) -> dict[str, str]: ...  # serve dir, units
 
     def setting_problems(self, s: Settings, host_data: bool = False) -> list[str]: ...
 
@@ -197,16 +197,17 @@ def build(
         return None, problems
     caps = power_caps(count, settings)
     dirs, sizes = dict(variant.asset_dirs), dict(variant.sizes)
+    layout = HostLayout(root=settings.root, model_dir=settings.model_dir, variant=variant.name)
     return Plan(
         host=host,
         variant=variant,
         settings=settings,
-        layout=HostLayout(root=settings.root, model_dir=settings.model_dir, variant=variant.name),
+        layout=layout,
         sources=tuple(lock.git[name] for name in variant.sources),
         assets=tuple(PlannedAsset(a, dirs[a], lock.hf[a], sizes.get(a, 0)) for a in variant.assets),
         caps=MappingProxyType(dict(sorted(caps.items()))),
         data=MappingProxyType(dict(data)),
-        files=MappingProxyType(variant.files(settings, count)),
+        files=MappingProxyType(variant.files(settings, layout, count)),
         lock=lock,
         token=token,
     ), []

@@ -502,11 +502,11 @@ def rig_files(r: Recipe, compose: dict, *, root: str, image: str, knobs: dict[st
 _VRAM = re.compile(r"^#\s*Requires-min-vram-gb:\s*(\d+(?:\.\d+)?)\s*$", re.M)
 
 
-def knobs_of(recipe: Recipe, s: Any) -> dict[str, Any]:
+def knobs_of(recipe: Recipe, s: Any, models: str) -> dict[str, Any]:
     """The settings a recipe-repo slug takes through its compose knobs (None = the recipe's default)."""
     keys = ("bind_address", "max_model_len", "kv_cache_dtype", "gpu_memory_utilization", "max_num_seqs")
     knobs = {key: getattr(s, key) for key in (*keys, "spec_n", "nvlink_mode", "extra_args", "api_key")}
-    return {"hf_token": s.hf_token or "", "model_dir": s.models, "port": s.port or recipe.port, **knobs}
+    return {"hf_token": s.hf_token or "", "model_dir": models, "port": s.port or recipe.port, **knobs}
 
 
 @dataclass(frozen=True)
@@ -544,16 +544,16 @@ class LiveVariant:
     def arg(self, flag: str) -> str | None:
         return self.served_model if flag == "--served-model-name" else None
 
-    def files(self, s: Any, gpu_count: int) -> dict[str, str]:
+    def files(self, s: Any, layout: HostLayout, gpu_count: int) -> dict[str, str]:
         """Every file a rig gets: the serve dir's (compose wrapper, host override, .env), the effective compose
         (for reading) and the units. Raises RecipeError for a setting the recipe has no knob for."""
-        knobs = knobs_of(self.recipe, s)
-        image = s.image or self.image
-        return {**rig_files(self.recipe, self.compose, root=s.root, image=image, knobs=knobs), **units(s, gpu_count)}
+        knobs, image = knobs_of(self.recipe, s, layout.models), s.image or self.image
+        files = rig_files(self.recipe, self.compose, root=layout.root, image=image, knobs=knobs)
+        return {**files, **units(s, layout, gpu_count)}
 
     def setting_problems(self, s: Any, host_data: bool = False) -> list[str]:
         try:
-            knob_env(self.recipe, self.compose, knobs_of(self.recipe, s))
+            knob_env(self.recipe, self.compose, knobs_of(self.recipe, s, "/"))
         except RecipeError as exc:
             return [str(exc)]
         return []

@@ -15,7 +15,7 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-from rigforge.layout import POWER_UNIT, VLLM_TEMPLATE
+from rigforge.layout import POWER_UNIT, VLLM_TEMPLATE, HostLayout
 from rigforge.schema import Settings, power_caps
 
 TEMPLATES = (Path(__file__).parent / "data" / "templates").resolve()  # package data: a link to templates/ in a checkout
@@ -50,15 +50,14 @@ def vllm_args(variant, s: Settings) -> list[str]:
     return out
 
 
-def _host_path(template: str, s: Settings) -> str:
-    layout = s.layout()
+def _host_path(template: str, layout: HostLayout) -> str:
     return template.format(models=layout.models, cache=layout.cache, src=layout.src_root)
 
 
-def compose_context(variant, s: Settings) -> dict[str, Any]:
+def compose_context(variant, s: Settings, layout: HostLayout) -> dict[str, Any]:
     port = s.port or variant.port
     published = f"{s.bind_address}:{port}" if s.bind_address else str(port)
-    volumes = [f"{_host_path(m.host, s)}:{m.container}{':ro' if m.read_only else ''}" for m in variant.mounts]
+    volumes = [f"{_host_path(m.host, layout)}:{m.container}{':ro' if m.read_only else ''}" for m in variant.mounts]
     script = None
     if variant.entrypoint:
         # bash -c SCRIPT -- ARGS...: the args arrive as "$@". Compose interpolates $VAR in the file,
@@ -105,22 +104,23 @@ def render_power_unit(caps: dict[int, int], nvidia_smi: str = "/usr/bin/nvidia-s
     return _env().get_template(POWER_UNIT + ".j2").render(caps=sorted(caps.items()), nvidia_smi=nvidia_smi)
 
 
-def render_vllm_unit(s: Settings, docker: str = "/usr/bin/docker") -> str:
-    return _env().get_template(VLLM_UNIT + ".j2").render(serve_dir=s.layout().serve_root, docker=docker)
+def render_vllm_unit(layout: HostLayout, docker: str = "/usr/bin/docker") -> str:
+    return _env().get_template(VLLM_UNIT + ".j2").render(serve_dir=layout.serve_root, docker=docker)
 
 
-def units(s: Settings, gpu_count: int) -> dict[str, str]:
+def units(s: Settings, layout: HostLayout, gpu_count: int) -> dict[str, str]:
     """The two units every variant gets: the vLLM template unit and the power unit for `gpu_count` GPUs."""
-    return {VLLM_UNIT: render_vllm_unit(s), POWER_UNIT: render_power_unit(power_caps(gpu_count, s))}
+    return {VLLM_UNIT: render_vllm_unit(layout), POWER_UNIT: render_power_unit(power_caps(gpu_count, s))}
 
 
-def seed_files(variant, s: Settings, gpu_count: int) -> dict[str, str]:
+def seed_files(variant, s: Settings, layout: HostLayout, gpu_count: int) -> dict[str, str]:
     """Every file a rig gets for a catalog variant: the compose file from its template, .env and the units."""
-    compose = _env().get_template(COMPOSE_FILE + ".j2").render(**compose_context(variant, s))
-    return {COMPOSE_FILE: compose, ENV_FILE: env_file_text(s), **units(s, gpu_count)}
+    compose = _env().get_template(COMPOSE_FILE + ".j2").render(**compose_context(variant, s, layout))
+    return {COMPOSE_FILE: compose, ENV_FILE: env_file_text(s), **units(s, layout, gpu_count)}
 
 
 def render_variant(variant, s: Settings, gpu_count: int | None = None) -> dict[str, str]:
     """Every file a rig gets for any variant (seed or recipe slug), with the power unit for `gpu_count` GPUs
     (default: the variant's). The variant raises (SettingsError, RecipeError) for a setting it cannot take."""
-    return variant.files(s, gpu_count or variant.gpus)
+    layout = HostLayout(root=s.root, model_dir=s.model_dir, variant=variant.name)
+    return variant.files(s, layout, gpu_count or variant.gpus)

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from rigforge.layout import DEFAULT_ROOT, HostLayout
+from rigforge.layout import DEFAULT_ROOT
 
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e5m2", "fp8_e4m3", "turboquant_3bit_nc")
 URL = re.compile(r"^https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~%/+:@=-]*)?$")
@@ -47,14 +47,6 @@ class Settings:
     nvlink_mode: str | None = None  # recipe-repo slugs only: the recipe's NVLINK_MODE
     api_key: str | None = field(default=None, repr=False)
     hf_token: str | None = field(default=None, repr=False)
-
-    @property
-    def models(self) -> str:
-        return self.layout().models
-
-    def layout(self, variant: str = "") -> HostLayout:
-        """Every path and name on the rig for these settings (and `variant`'s serve dir and unit)."""
-        return HostLayout(root=self.root, model_dir=self.model_dir, variant=variant)
 
 
 def _int(v: Any) -> int:

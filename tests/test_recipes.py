@@ -423,7 +423,7 @@ def test_a_slug_takes_its_image_and_weights_from_the_lock(monkeypatch):
     )
     v = recipes.find("vllm/dual", pinned, opt_in=False)
     assert v.image == f"vllm/vllm-openai:v0.27.1@{digest}"
-    assert f"image: vllm/vllm-openai:v0.27.1@{digest}" in v.files(Settings(), 2)[recipes.OVERRIDE_FILE]
+    assert f"image: vllm/vllm-openai:v0.27.1@{digest}" in render_variant(v, Settings())[recipes.OVERRIDE_FILE]
     no_weights = dataclasses.replace(lock, hf={k: p for k, p in lock.hf.items() if p.repo != "Qwen/Qwen3.6-27B-FP8"})
     with pytest.raises(
         LockError, match=r"no hf entry for Qwen/Qwen3.6-27B-FP8 \(vllm/qwen-27b-dual-max\): add hf.qwen3.6-27b-fp8"

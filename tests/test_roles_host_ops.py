@@ -23,6 +23,7 @@ from pyinfra.context import ctx_host, ctx_state
 from pyinfra.operations import server
 
 from rigforge.catalog import load_catalog
+from rigforge.layout import HostLayout
 from rigforge.plan import Plan
 from rigforge.render import render_power_unit, render_variant
 from rigforge.schema import Settings
@@ -47,7 +48,7 @@ def make_plan(variant="dual-turbo", settings=None, caps=None, **data) -> Plan:
         host="r",
         variant=v,
         settings=settings,
-        layout=settings.layout(v.name),
+        layout=HostLayout(root=settings.root, model_dir=settings.model_dir, variant=v.name),
         sources=(),
         assets=(),
         caps=caps or {i: settings.power_limit_w for i in range(v.gpus)},
