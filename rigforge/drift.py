@@ -22,6 +22,8 @@ from rigforge.pins import LockError, load_lock
 from rigforge.plan import Plan
 from rigforge.render import POWER_UNIT, VLLM_UNIT
 from rigforge.schema import Settings, power_caps
+from roles import nvidia_driver
+from roles.driver_table import DriverTableError
 from roles.facts import probe
 from roles.facts.gitpin import GitCheckout
 from roles.facts.hfweights import WeightsState
@@ -105,9 +107,12 @@ class RigContext:
         return {"git": pins.get("git") or {}, "hf": pins.get("hf") or {}, "image": pins.get("image")}
 
 
-def requests(ctx: RigContext) -> list[tuple[type, dict]]:
-    """Every fact the checks read for this rig's plan, for one batched probe."""
+def requests(ctx: RigContext, os_id: str | None) -> list[tuple[type, dict]]:
+    """Every fact the checks read for this rig's plan (on an OS `os_id`), for one batched probe."""
     out = [(NvidiaGpus, {}), (OsRelease, {}), (NvidiaModuleVersion, {}), (NvidiaRunningDriver, {})]
+    package = _driver_package(ctx.data, os_id)
+    if package:
+        out.append((DebInstalledVersion, {"package": package}))
     out.append((JsonFile, {"path": ctx.layout.daemon_json}))
     if ctx.unit:
         out += [(SystemdUnitEnabled, {"unit": ctx.unit}), (UnitActive, {"unit": ctx.unit})]
@@ -127,7 +132,7 @@ def observe(host) -> tuple[RigContext, Observed]:
     data = site.host_data(host.data)
     ctx = RigContext(name=host.name, data=data)
     layout = HostLayout(root=data["rigforge_root"] or HostLayout.root)
-    first = Observed(host, [(JsonFile, {"path": layout.rig_json}), (NvidiaGpus, {})])
+    first = Observed(host, [(JsonFile, {"path": layout.rig_json}), (NvidiaGpus, {}), (OsRelease, {})])
     ctx.manifest = first.get_fact(JsonFile, path=layout.rig_json)
     wanted = data["rigforge_variant"]
     recorded = (ctx.manifest or {}).get("recipe") or (ctx.manifest or {}).get("variant")
@@ -143,7 +148,7 @@ def observe(host) -> tuple[RigContext, Observed]:
         ctx.plan, ctx.problems = site.plan_for(host.name, serve, gpus=gpus, deployable=False)
     if ctx.plan:
         ctx.layout, ctx.variant_name = ctx.plan.layout, ctx.plan.variant.name
-    return ctx, Observed(host, requests(ctx))
+    return ctx, Observed(host, requests(ctx, first.get_fact(OsRelease)["id"]))
 
 
 # ---------------------------------------------------------------- the checks
@@ -268,10 +273,17 @@ def _w(v) -> str:
     return "?" if v is None else f"{v:g}"
 
 
+def _driver_package(data: Mapping, os_id: str | None) -> str | None:
+    """The driver table's package whose version is the driver's, for this rig's data and OS (None: none)."""
+    try:
+        return nvidia_driver.packages_for(data, os_id).version_package if data["nvidia_driver_manage"] else None
+    except DriverTableError:
+        return None
+
+
 def driver(obs: Observed, ctx: RigContext) -> Check:
     """The loaded module is the installed driver package (the driver table's, for this OS, branch, flavour and
     source); with nvidia_driver_manage false, the running driver is of the branch asked for."""
-    from roles import driver_table, nvidia_driver
     from roles.facts.nvidia import upstream_version
     from roles.operations.nvidia import branch_problem
 
@@ -283,7 +295,7 @@ def driver(obs: Observed, ctx: RigContext) -> Check:
         return check(name, [problem] if problem else [], fine)
     try:
         pkg = nvidia_driver.packages_for(data, obs.get_fact(OsRelease)["id"]).version_package
-    except driver_table.DriverTableError as error:
+    except DriverTableError as error:
         return Check(name, FAIL, f"{error} (host data)")
     module, version = obs.get_fact(NvidiaModuleVersion), obs.get_fact(DebInstalledVersion, package=pkg)
     if not version:
