@@ -146,6 +146,19 @@ def cap_index_problems(settings: Settings, count: int) -> list[str]:
     ]
 
 
+def port_problems(port: int, data: Mapping) -> list[str]:
+    """The API port may not be the rig's SSH port, nor below 1024 unless serving_allow_privileged_port."""
+    ssh = int(data.get("ssh_port") or 22)
+    if port == ssh:
+        return [f"serving_port {port} is this rig's SSH port; choose another, e.g. 8011 (the variants use 8010-8014)"]
+    if port < 1024 and not data.get("serving_allow_privileged_port"):
+        return [
+            f"serving_port {port} is below 1024; choose 1024 or above, e.g. 8011, or set "
+            "serving_allow_privileged_port: true to publish it there"
+        ]
+    return []
+
+
 def token_of(data: Mapping) -> str | None:
     """The HF token: host data hf_token, else the controller's RIGFORGE_HF_TOKEN / HF_TOKEN."""
     return data.get("hf_token") or os.environ.get("RIGFORGE_HF_TOKEN") or os.environ.get("HF_TOKEN") or None
@@ -193,6 +206,7 @@ def build(
     settings = replace(settings, image=settings.image or lock.pinned(variant.image))  # by digest once known
     count = gpus or variant.gpus
     problems += variant.setting_problems(settings, host_data=True) + cap_index_problems(settings, count)
+    problems += port_problems(settings.port or variant.port, data)
     if problems:
         return None, problems
     caps = power_caps(count, settings)

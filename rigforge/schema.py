@@ -91,14 +91,27 @@ def _ip(v: Any) -> str:
 SAFE_PATH = re.compile(r"^/[A-Za-z0-9._+@/-]*$")
 
 
+# The system's own directories: a rigforge dir may live below them (/home/ai/rigforge), never be one of them.
+SYSTEM_DIRS = {
+    "/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/media", "/mnt", "/opt",
+    "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/usr/bin", "/usr/lib", "/usr/local",
+    "/usr/sbin", "/usr/share", "/var", "/var/cache", "/var/lib", "/var/log", "/var/tmp",
+}  # fmt: skip
+
+
 def _abs_path(v: Any) -> str:
-    """An absolute path that is safe in a shell command, a compose volume and a unit file."""
+    """An absolute path that is safe in a shell command, a compose volume and a unit file, below the system's
+    own directories."""
     s = str(v) if isinstance(v, str) else ""
     if not SAFE_PATH.fullmatch(s) or "/../" in f"{s}/" or "//" in s:
         raise ValueError(
             "an absolute path of letters, digits and . _ + @ - / (no spaces, quotes, ':' or shell characters)"
         )
-    return s.rstrip("/") or "/"
+    path = s.rstrip("/") or "/"
+    if path in SYSTEM_DIRS:
+        example = "/opt/rigforge" if path == "/" else f"{path}/rigforge"
+        raise ValueError(f"a directory of its own, not the system directory {path} (e.g. {example})")
+    return path
 
 
 def _choice(*allowed: str):

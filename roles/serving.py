@@ -31,6 +31,7 @@ DEFAULTS = {
     "rigforge_manage_services": True,  # start/restart units, pull the image, health gate (False on the testbed)
     "serving_health_timeout": 600,  # seconds to wait for /v1/models after a (re)start, as the recipes do
     "serving_health_host": "127.0.0.1",  # where the health gate reaches the API on the rig
+    "serving_allow_privileged_port": False,  # let serving_port be below 1024 (a port root services usually own)
 }
 SERVING_SETTINGS = {  # rendering settings this role's host data sets ({setting: host-data key})
     name: key for name, key in schema.HOST_KEYS.items() if key.startswith("serving_") or key == "rigforge_root"
@@ -39,7 +40,7 @@ SERVING_SETTINGS = {  # rendering settings this role's host data sets ({setting:
 
 def validate(data: Mapping) -> list[str]:
     problems = schema.settings(data, SERVING_SETTINGS)
-    problems += schema.boolean(data, "rigforge_manage_services")
+    problems += schema.boolean(data, "rigforge_manage_services") + schema.boolean(data, "serving_allow_privileged_port")
     problems += schema.integer(data, "serving_health_timeout", 10, 86400, " of seconds")
     problems += schema.hostname(data, "serving_health_host")
     return problems

@@ -62,7 +62,7 @@ def host_data(data) -> dict:
     """A host's data (pyinfra's host.data, or any mapping) for every role's knob and the settings' keys, role
     defaults applied: the only read of host data."""
     defaults = {key: value for module in ROLES for key, value in module.DEFAULTS.items()} | DEFAULTS
-    keys = {*defaults, *schema.HOST_KEYS.values(), *RETIRED}
+    keys = {*defaults, *schema.HOST_KEYS.values(), *RETIRED, "ssh_port"}
     return {key: data.get(key, defaults.get(key)) for key in sorted(keys)}
 
 

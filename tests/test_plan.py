@@ -119,6 +119,11 @@ def errors(caplog) -> str:
         ({"serving_image": 'vllm/vllm-openai:x"; rm -rf /'}, "serving_image must be an image reference"),
         ({"rigforge_root": "/opt/rf;x"}, "rigforge_root must be an absolute path of letters, digits"),
         ({"rigforge_root": "opt/rigforge"}, "rigforge_root must be an absolute path"),
+        ({"rigforge_root": "/"}, "rigforge_root must be a directory of its own, not the system directory /"),
+        ({"rigforge_root": "/usr/"}, "not the system directory /usr (e.g. /usr/rigforge)"),
+        ({"serving_model_dir": "/var/lib"}, "serving_model_dir must be a directory of its own"),
+        ({"serving_port": 22}, "serving_port 22 is this rig's SSH port"),
+        ({"serving_port": 443}, "serving_port 443 is below 1024"),
         ({"serving_model_dir": "/srv/my models"}, "serving_model_dir must be an absolute path"),
         ({"weights_source": "torrent"}, "weights_source must be one of: hub, controller; got 'torrent'"),
         ({"rigforge_manage_services": "yes"}, "rigforge_manage_services must be true or false, got 'yes'"),
@@ -213,10 +218,7 @@ def test_variant_choice_rules():
 
 def test_role_validators_are_pure_and_name_host_data_keys():
     assert gpu_power.validate({"gpu_power_limit_w": 230, "gpu_power_limits": {}}) == []
-    assert serving.validate(
-        {"rigforge_root": "/opt/rigforge", "rigforge_manage_services": True, "serving_health_timeout": 600,
-         "serving_health_host": "127.0.0.1"}
-    ) == []  # fmt: skip
+    assert serving.validate(serving.DEFAULTS) == []
     (problem,) = weights.validate({**weights.DEFAULTS, "hf_token": "has space"})
     assert problem.startswith("hf_token must be") and "has space" not in problem  # secrets are not echoed
 
@@ -227,3 +229,14 @@ def test_render_set_refuses_out_of_range_values():
     with pytest.raises(SettingsError, match="setting 'image' must be an image reference"):
         apply_overrides(Settings(), {"image": "x' y"})
     assert HostLayout(root="/r").models == "/r/models"
+
+
+def test_a_rigforge_dir_below_a_system_dir_is_allowed():
+    for data in ({"rigforge_root": "/home/ai/rigforge"}, {"serving_model_dir": "/var/lib/models"},
+                 {"serving_port": 80, "serving_allow_privileged_port": True}, {"serving_port": 2200}):  # fmt: skip
+        plan, problems = site.plan_for("r", data, "dual-turbo", deployable=False)
+        assert plan and not problems, problems
+    plan, problems = site.plan_for("r", {"serving_port": 2200, "ssh_port": 2200}, "dual-turbo", deployable=False)
+    assert problems == [
+        "serving_port 2200 is this rig's SSH port; choose another, e.g. 8011 (the variants use 8010-8014)"
+    ]
