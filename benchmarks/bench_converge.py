@@ -141,6 +141,7 @@ def main() -> int:
             all_rigs = [r.name for r in tb.rigs]
             for i in range(args.repeat):  # interleaved, so load changes hit every measurement alike
                 floors.append(floor(inv, ["rig1"]))
+                cpu["controller floor"].append(CPU["controller"])
                 timings.unlink(missing_ok=True)
                 noop1.append(converge(inv, ["rig1"], timings))
                 cpu["controller 1"].append(CPU["controller"])
@@ -168,7 +169,10 @@ def main() -> int:
             )
             print(
                 f"CPU seconds, 1 rig / 4 rigs: controller (pyinfra) {c['controller 1']:.2f} / {c['controller 4']:.2f} "
-                f"({(c['controller 4'] - c['controller 1']) / 3:.2f} per extra rig); whole machine (controller, "
+                f"({c['controller 4'] / c['controller 1']:.2f}x, goal <= 1.4x; "
+                f"{(c['controller 4'] - c['controller 1']) / 3:.2f} per extra rig; the floor "
+                f"{c['controller floor']:.2f}, 1 rig {c['controller 1'] / c['controller floor']:.2f}x it); "
+                f"whole machine (controller, "
                 f"sshd and the rigs' probes, all on these {os.cpu_count()} cores) {c['machine 1']:.2f} / "
                 f"{c['machine 4']:.2f} ({(c['machine 4'] - c['machine 1']) / 3:.2f} per extra rig)"
             )

@@ -76,3 +76,24 @@ def test_global_arguments_are_unchanged_and_computed_once(shipped, monkeypatch):
     assert evaluations[0] >= 3  # as shipped: the type hints evaluated on every call ...
     assert evaluations[1] <= 1  # ... with the speedup once: the patch takes effect where pyinfra calls it
     assert facts.all_global_arguments is arguments.all_global_arguments
+
+
+def _both():
+    return util.stack(), inspect.stack(0)
+
+
+def test_stack_and_frame_infos_are_inspects_and_looked_up_once_per_call_site(shipped, monkeypatch):
+    speedups.install()
+    for _ in range(2):  # the second time from remembered call sites
+        ours, theirs = _both()
+        assert [f.frame for f in ours] == [f.frame for f in theirs] and len(ours) > 5
+        assert ours[1:] == theirs[1:]  # below _both (whose own line differs), every field equal
+        assert [util.getframeinfo(f.frame) for f in theirs] == [inspect.getframeinfo(f.frame, 0) for f in theirs]
+    state = SimpleNamespace(current_deploy_filename=__file__, current_op_file_number=7)
+    lookups = _counting(monkeypatch, inspect, "getframeinfo")
+    orders, counts = [], []
+    for _ in range(3):  # one call site: looked up the first time only
+        lookups.clear()
+        orders.append(_order(state))
+        counts.append(len(lookups))
+    assert orders[0] == orders[1] == orders[2] and counts[0] > 0 and counts[1:] == [0, 0]

@@ -10,8 +10,8 @@ stamps), which made a no-op re-converge ~5x pyinfra's own floor. Here:
 - On the next run, the first fact read on that host runs all the recorded facts' commands in ONE remote shell
   command (each in its own subshell, with its exit code) and parses every section with the fact's own
   `process()`; operations then decide locally from that snapshot.
-- The snapshot answers only while nothing has changed on the host in this run: the first command or upload
-  that is not a fact read (an operation changing something) drops it, and every later read is a live, per-op
+- The snapshot answers only while nothing has changed on the host in this run: the first command, upload or
+  rsync that is not a fact read (an operation changing something) drops it, and every later read is a live, per-op
   fact read as before. So an answer from the snapshot is exactly what the live read would have returned at that
   point (facts read while pyinfra prepares describe the pre-change state just the same).
 - Anything the snapshot cannot answer exactly is read live: a fact not recorded yet, a section that exited
