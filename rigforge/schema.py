@@ -9,6 +9,7 @@ Layering (lowest first): the variant's catalog values < group data < host data (
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -124,6 +125,12 @@ def _choice(*allowed: str):
 
 
 def _args(v: Any) -> tuple[str, ...]:
+    """A list of vLLM arguments; a string is a YAML list when it is one ("[--a, --b]"), else split on spaces."""
+    if isinstance(v, str) and v.strip().startswith("["):
+        try:
+            v = yaml.safe_load(v)
+        except yaml.YAMLError:
+            raise ValueError("a list of vLLM arguments such as ['--enable-log-requests']") from None
     items = v if isinstance(v, list | tuple) else str(v).split()
     if not all(isinstance(x, str) and x and "\n" not in x for x in items):
         raise ValueError("a list of vLLM arguments such as ['--enable-log-requests']")
@@ -236,14 +243,27 @@ def apply_overrides(base: Settings, overrides: dict[str, Any], where: str = "") 
     return replace(base, **{key: SETTINGS[key](raw) for key, raw in overrides.items()})
 
 
-def parse_set(items: list[str]) -> dict[str, str]:
-    """`KEY=VALUE` strings to a dict (values still raw)."""
+def cli_value(text: str) -> Any:
+    """A value given on a command line, read as `pyinfra --data KEY=VALUE` reads it (pyinfra_cli.util
+    parse_cli_arg): true/false, an integer, JSON (a list such as ["--enable-log-requests"]), else the text."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for parse in (int, json.loads):
+        try:
+            return parse(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_set(items: list[str]) -> dict[str, Any]:
+    """`KEY=VALUE` strings to a dict, each value read as `pyinfra --data` reads it."""
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise SettingsError(f"--set {item!r}: expected KEY=VALUE; keys: {', '.join(SETTINGS)}")
-        out[key.strip()] = value
+            raise SettingsError(f"--set {item!r}: expected KEY=VALUE; keys: {', '.join(HOST_KEYS.values())}")
+        out[key.strip()] = cli_value(value)
     return out
 
 

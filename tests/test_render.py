@@ -160,7 +160,12 @@ def test_secret_values_are_not_echoed_in_errors():
 
 
 def test_parse_set_requires_key_value():
-    assert parse_set(["port=1", "extra_args=--a=b"]) == {"port": "1", "extra_args": "--a=b"}
+    assert parse_set(["port=1", "extra_args=--a=b", "x=true", 'y=["--a"]']) == {
+        "port": 1,
+        "extra_args": "--a=b",
+        "x": True,
+        "y": ["--a"],
+    }
     with pytest.raises(SettingsError, match="expected KEY=VALUE"):
         parse_set(["port"])
 
@@ -206,3 +211,19 @@ def test_cli_render_bad_input_exits_2_and_writes_nothing(tmp_path, args, message
     assert r.returncode == 2
     assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_cli_render_takes_host_data_keys_and_lists_as_host_data_has_them(tmp_path):
+    out = tmp_path / "rendered"
+    r = rigforge(
+        "render", "dual-turbo", "--out", str(out), "--set", "serving_port=8111",
+        "--set", 'serving_extra_args=["--enable-log-requests", "--x y"]', "--set", "gpu_power_limit_w=250",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    service = yaml.safe_load((out / "docker-compose.yml").read_text())["services"]["vllm-qwen36-27b-dual-turbo"]
+    assert service["ports"] == ["8111:8000"] and service["command"][-2:] == ["--enable-log-requests", "--x y"]
+    assert "-pl 250" in (out / "rigforge-gpu-power.service").read_text()
+    r = rigforge("render", "dual-turbo", "--out", str(tmp_path / "yaml"), "--set", "extra_args=[--a, --b]")
+    assert r.returncode == 0, r.stderr
+    command = yaml.safe_load((tmp_path / "yaml" / "docker-compose.yml").read_text())["services"]
+    assert command["vllm-qwen36-27b-dual-turbo"]["command"][-2:] == ["--a", "--b"]
