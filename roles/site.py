@@ -18,6 +18,7 @@ import os
 
 from pyinfra import host
 from pyinfra.api import deploy
+from pyinfra.context import ctx_state
 from pyinfra.facts.server import Command
 
 from rigforge import plan as planner
@@ -26,7 +27,7 @@ from rigforge.catalog import CatalogError
 from rigforge.pins import LockError, default_lock_path
 from rigforge.plan import Plan
 from rigforge.recipes import RecipeError
-from roles import docker_engine, gpu_power, nvidia_driver, preflight, serving, sources, weights
+from roles import docker_engine, gpu_power, interrupt, nvidia_driver, preflight, serving, sources, weights
 from roles.facts import probe
 from roles.facts.hfweights import WeightsState
 from roles.facts.nvidia import NvidiaGpus, NvidiaPciGpus
@@ -129,6 +130,7 @@ def needs(plan: Plan) -> Needs:
 @deploy("rigforge site", data_defaults=DEFAULTS)
 def provision(variant_name: str | None = None):
     probe.install_all()  # one batched probe per rig, cheaper per-op work (roles/facts/probe.py); first
+    interrupt.install(ctx_state.get())  # Ctrl-C / SIGTERM exit non-zero, naming the cut operation
     plan = prepare(variant_name)
     if plan is None:
         return

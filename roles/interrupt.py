@@ -1,0 +1,49 @@
+"""An interrupted run exits non-zero and says what it cut.
+
+pyinfra's command line answers Ctrl-C with "Exiting upon user request!" and exit code 0, so a script or CI job
+takes an aborted deploy for a success. `install()` (called from the deploy entry, roles/site.py `provision`)
+replaces the SIGINT and SIGTERM handlers for this run: each prints which operation was running on which host and
+exits 130 (SIGINT) or 143 (SIGTERM), as a shell reports a process killed by that signal. Whatever the cut
+operation left half-done, the next run repairs (staged files, resumable downloads, dpkg --configure -a).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+
+def running(state) -> list[str]:
+    """'host: operation' for every host executing an operation now (empty while preparing)."""
+    out = []
+    for host in state.inventory if state else ():
+        op_hash = host.executing_op_hash
+        if op_hash:
+            names = ", ".join(sorted(state.get_op_meta(op_hash).names)) or op_hash
+            out.append(f"{host.name}: {names}")
+    return out
+
+
+def message(signum: int, cut: list[str]) -> str:
+    name = signal.Signals(signum).name
+    where = f"cut during {'; '.join(cut)}" if cut else "cut before any operation ran"
+    return (
+        f"rigforge: interrupted by {name}, {where}. The run did not finish (exit {128 + signum}); "
+        "run the deploy again to finish it: it repairs what the cut left."
+    )
+
+
+def install(state) -> None:
+    """Exit 128+signal on SIGINT/SIGTERM, naming the cut operation (idempotent; main thread only)."""
+
+    def stop(signum, frame):
+        sys.stderr.write(message(signum, running(state)) + "\n")
+        sys.stderr.flush()
+        os._exit(128 + signum)
+
+    try:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, stop)
+    except ValueError:  # not the main thread (pyinfra's API used from a thread): leave the handlers alone
+        pass
