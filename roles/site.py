@@ -32,7 +32,7 @@ from roles.facts import probe
 from roles.facts.hfweights import WeightsState
 from roles.facts.nvidia import NvidiaGpus, NvidiaPciGpus
 from roles.operations import recover
-from roles.operations.checks import Needs, format_problems, gpus_fit, refuse
+from roles.operations.checks import Needs, format_problems, gpus_fit, refuse_now
 from roles.operations.hfweights import stale_files
 
 IMAGE_GB = 9  # the vLLM nightly image on disk (HARDWARE.md)
@@ -106,7 +106,7 @@ def prepare(variant=None) -> Plan | None:
             )
     if problems:
         message = format_problems(host.name, problems, what="rigforge refused")
-        refuse(name=f"Refuse {host.name}: {len(problems)} problem(s) in host data", message=message)
+        refuse_now(f"Refuse {host.name}: {len(problems)} problem(s) in host data", message)
         return None
     return plan
 

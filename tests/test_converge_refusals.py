@@ -40,7 +40,6 @@ HOST_DATA_CASES = [
     ("dual_turbo", {"rigforge_root": "/opt/rf;x"}, "rigforge_root must be an absolute path of letters, digits"),
     ("dual_turbo", {"rigforge_root": "/"}, "rigforge_root must be a directory of its own, not the system directory /"),
     ("dual_turbo", {"serving_model_dir": "/home"}, "not the system directory /home (e.g. /home/rigforge)"),
-    ("dual_turbo", {"serving_port": 22}, "serving_port 22 is this rig's SSH port; choose another"),
     ("dual_turbo", {"serving_port": 80}, "serving_port 80 is below 1024; choose 1024 or above"),
     ("dual_turbo", {"weights_source": "torrent"}, "weights_source must be one of: hub, controller; got 'torrent'"),
     ("dual_turbo", {"rigforge_variant": "dual"}, "this entry point deploys dual-turbo but host data sets"),
@@ -78,7 +77,9 @@ def test_bad_host_data_is_refused_on_a_fresh_rig_with_nothing_changed(rigs, tmp_
     rig = rigs.rig("rig1")
     fresh = snapshot(rig)
     assert "docker.io" not in fresh and "/opt/rigforge" not in fresh
-    for entry, data, expect in HOST_DATA_CASES:
+    ssh_port = rig.ssh_port  # the testbed's sshd listens on its own port, not 22
+    ssh_case = ("dual_turbo", {"serving_port": ssh_port}, f"serving_port {ssh_port} is this rig's SSH port")
+    for entry, data, expect in [*HOST_DATA_CASES, ssh_case]:
         results, err = deploy(rigs, tmp_path, "rig1", entry, data)
         assert_refused(results, err, "rig1", expect)
         assert err.count("rigforge refused on rig1:") == 1  # one message

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, operation
+from pyinfra.context import ctx_host
 
 from rigforge.hardware import cards, small_override, vram_problems
 from roles.facts.nvidia import NvidiaGpus, NvidiaPciGpus
@@ -36,7 +37,8 @@ class Needs:
 
 
 def _fail(state, host, message):  # pyinfra passes (state, host) to callbacks whose arguments use those names
-    host.log_styled(message, fg="red", log_func=logger.error)
+    if message:
+        host.log_styled(message, fg="red", log_func=logger.error)
     return False
 
 
@@ -209,7 +211,20 @@ def gpus_fit(needs: Needs, caps: dict[int, int], data: dict):
     yield fail_command(message)
 
 
+def refuse_now(name: str, message: str) -> None:
+    """Refuse this host while its operations are prepared: print `message` in full now (so `pyinfra --dry`,
+    with or without -y, shows it), count the host as failed (so the run, dry or not, exits 1) and queue the one
+    operation that stops it when the run executes."""
+    host.log_styled(message, fg="red", log_func=logger.error)
+    state.failed_hosts.add(ctx_host.get())  # the host itself, not pyinfra's context proxy
+    refuse(name=name, message=message, said=True)
+
+
 @operation(is_idempotent=False)
-def refuse(message: str):
-    """Fail this host with `message`: its later operations never run."""
-    yield fail_command(message)
+def refuse(message: str, said: bool = False):
+    """Fail this host with `message`: its later operations never run.
+
+    + message: what is wrong and what to do, naming the host
+    + said: the message was printed already (refuse_now): fail without printing it again
+    """
+    yield fail_command("" if said else message)
