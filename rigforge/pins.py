@@ -8,6 +8,7 @@ Schema: docs/contracts.md; policy for unresolved entries: docs/pins.md.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -144,47 +145,31 @@ class Lock:
             )
 
     def to_data(self) -> dict[str, Any]:
-        """Plain data in the file's own shape (for rewriting the lock)."""
+        """Plain data in the file's own shape and key order (for rewriting the lock)."""
+        image_keys = ("ref", "digest", "note")
+        data: dict[str, Any] = {"version": self.version, "image": _entry(self.image, image_keys)}
+        if self.images:
+            data["images"] = {n: _entry(p, image_keys) for n, p in self.images.items()}
+        git_keys = ("url", "ref", "short", "commit", "sparse", "files", "note")
+        data["git"] = {n: _entry(p, git_keys) for n, p in self.git.items()}
+        hf_keys = ("repo", "ref", "revision", "gated", "files", "note")
+        data["hf"] = {n: _entry(p, hf_keys) for n, p in self.hf.items()}
+        return data
 
-        def opt(d: dict, note: str | None) -> dict:
-            return {**d, "note": note} if note else d
 
-        return {
-            "version": self.version,
-            "image": opt({"ref": self.image.ref, "digest": self.image.digest}, self.image.note),
-            **(
-                {"images": {n: opt({"ref": p.ref, "digest": p.digest}, p.note) for n, p in self.images.items()}}
-                if self.images
-                else {}
-            ),
-            "git": {
-                n: opt(
-                    {
-                        "url": p.url,
-                        "ref": p.ref,
-                        **({"short": p.short} if p.short else {}),
-                        "commit": p.commit,
-                        "sparse": list(p.sparse),
-                        "files": dict(p.files),
-                    },
-                    p.note,
-                )
-                for n, p in self.git.items()
-            },
-            "hf": {
-                n: opt(
-                    {
-                        "repo": p.repo,
-                        "ref": p.ref,
-                        "revision": p.revision,
-                        "gated": p.gated,
-                        "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in p.files],
-                    },
-                    p.note,
-                )
-                for n, p in self.hf.items()
-            },
-        }
+def _entry(pin: Any, keys: tuple[str, ...]) -> dict[str, Any]:
+    """One entry as the file has it: `keys` in file order, `short` and `note` left out when unset."""
+    out = {}
+    for key in keys:
+        value = getattr(pin, key)
+        if key in ("short", "note") and not value:
+            continue
+        if isinstance(value, Mapping):
+            value = dict(value)
+        elif isinstance(value, tuple):  # sparse paths, hf files
+            value = [dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for v in value]
+        out[key] = value
+    return out
 
 
 def _covered(path: str, sparse: Iterable[str]) -> bool:
