@@ -94,9 +94,9 @@ class Progress:
         )
 
 
-def hash_file(path: str, digest=None):
-    """`digest` (a new sha256 by default) fed with the file's bytes; .hexdigest() for the hex string."""
-    digest = digest or hashlib.sha256()
+def hash_file(path: str):
+    """A sha256 of the file's bytes, read in CHUNKs: .hexdigest() for the hex, .update() to hash more after it."""
+    digest = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
             digest.update(chunk)
