@@ -244,9 +244,10 @@ def load_repo(commit: str | None) -> RecipeRepo:
 # --- compose interpolation (compose spec: $VAR, ${VAR}, ${VAR:-d}, ${VAR-d}, ${VAR:?e}, ${VAR?e}, ${VAR:+r},
 # ${VAR+r}, nesting, $$ for a literal $; an unset variable without default is an empty string) ---
 
-_NAME = re.compile(r"[_a-zA-Z][_a-zA-Z0-9]*")
 _REF = re.compile(r"\$\{?([_a-zA-Z][_a-zA-Z0-9]*)")
 _DOLLAR = re.compile(r"\$(\$|\{|[_a-zA-Z][_a-zA-Z0-9]*)?")  # $$, ${, $NAME or a lone $
+# inside ${...}: NAME, or NAME then a default (:- -), an error (:? ?) or an alternative (:+ +)
+_BRACED = re.compile(r"([_a-zA-Z][_a-zA-Z0-9]*)(?:(:?)([-?+])(.*))?", re.S)
 
 
 def _close(s: str, i: int) -> int:
@@ -267,47 +268,39 @@ def _close(s: str, i: int) -> int:
     raise RecipeError(f"unterminated ${{ in {s!r}")
 
 
-def interpolate(s: str, env: dict[str, str], used: set[str] | None = None) -> str:
+def interpolate(s: str, env: dict[str, str]) -> str:
     out, i = [], 0
     while m := _DOLLAR.search(s, i):
         out.append(s[i : m.start()])
         token, i = m.group(1), m.end()
         if token == "{":
             end = _close(s, i)
-            out.append(_braced(s[i:end], env, used))
+            out.append(_braced(s[i:end], env))
             i = end + 1
         elif token in (None, "$"):  # a lone $ stays, $$ is a literal $
             out.append("$")
         else:
-            if used is not None:
-                used.add(token)
             out.append(env.get(token, ""))
     out.append(s[i:])
     return "".join(out)
 
 
-def _braced(inner: str, env: dict[str, str], used: set[str] | None) -> str:
-    m = _NAME.match(inner)
+def _braced(inner: str, env: dict[str, str]) -> str:
+    m = _BRACED.fullmatch(inner)
     if not m:
         raise RecipeError(f"invalid interpolation ${{{inner}}}")
-    name, rest = m.group(), inner[m.end() :]
-    if used is not None:
-        used.add(name)
+    name, colon, op, arg = m.groups()
     value = env.get(name)
-    if rest == "":
+    if op is None:
         return value or ""
-    for op in (":-", "-", ":?", "?", ":+", "+"):
-        if rest.startswith(op):
-            arg = rest[len(op) :]
-            unset_or_empty = value is None or (op.startswith(":") and value == "")
-            if op in (":-", "-"):
-                return interpolate(arg, env, used) if unset_or_empty else value
-            if op in (":?", "?"):
-                if unset_or_empty:
-                    raise RecipeError(f"required variable {name} is missing: {interpolate(arg, env, used)}")
-                return value
-            return "" if unset_or_empty else interpolate(arg, env, used)
-    raise RecipeError(f"invalid interpolation ${{{inner}}}")
+    unset_or_empty = value is None or (colon == ":" and value == "")
+    if op == "-":
+        return interpolate(arg, env) if unset_or_empty else value
+    if op == "?":
+        if unset_or_empty:
+            raise RecipeError(f"required variable {name} is missing: {interpolate(arg, env)}")
+        return value
+    return "" if unset_or_empty else interpolate(arg, env)  # op "+"
 
 
 def _walk(data: Any, fn) -> Any:
