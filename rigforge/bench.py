@@ -275,9 +275,9 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
-    for name in ("warmups", "runs", "streams"):
-        if getattr(args, name) < (0 if name == "warmups" else 1):
-            raise BenchError(f"--{name} must be {'>= 0' if name == 'warmups' else '>= 1'}")
+    for name, least in (("warmups", 0), ("runs", 1), ("streams", 1)):
+        if getattr(args, name) < least:
+            raise BenchError(f"--{name} must be >= {least}")
     base = _base_url(args.url)
     key = os.environ.get("RIGFORGE_API_KEY")
     headers = {"Authorization": f"Bearer {key}"} if key else None
