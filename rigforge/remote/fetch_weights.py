@@ -29,6 +29,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from pathlib import Path
 
 STAMP = ".rigforge-stamp.json"
 HEADROOM = 1.05
@@ -317,15 +318,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     try:
-        if a.manifest:
-            with open(a.manifest) as fh:
-                m = json.load(fh)
-        else:
-            m = json.load(sys.stdin)
+        m = json.loads(Path(a.manifest).read_text()) if a.manifest else json.load(sys.stdin)
         token = None
         if a.token_file and os.path.exists(a.token_file):
-            with open(a.token_file) as fh:
-                token = fh.read().strip() or None
+            token = Path(a.token_file).read_text().strip() or None
         m.setdefault("name", m.get("repo", "?"))
         return run(m, token, a.deep, a.staged_only)
     except (Fail, OSError, ValueError) as e:
