@@ -255,8 +255,7 @@ def _base_url(url: str) -> str:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise BenchError(f"{url!r} is not an http(s) URL; give the server's base URL, e.g. http://rig1:8011")
-    base = url.rstrip("/")
-    return base[: -len("/v1")] if base.endswith("/v1") else base
+    return url.rstrip("/").removesuffix("/v1")
 
 
 def run(args) -> int:
