@@ -21,6 +21,7 @@ import statistics
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from urllib.parse import urlsplit
 
@@ -123,26 +124,16 @@ def stream_many(base, model, prompt, max_tokens, timeout, streams, headers=None)
     """`streams` concurrent requests released together; returns their samples in stream order."""
     if streams == 1:
         return [stream_once(_session(), base, model, prompt, max_tokens, timeout, headers)]
-    results: list = [None] * streams
     barrier = threading.Barrier(streams)
 
-    def worker(i: int) -> None:
+    def worker() -> Sample:
         session = _session()
-        try:
-            barrier.wait()
-            results[i] = stream_once(session, base, model, prompt, max_tokens, timeout, headers)
-        except Exception as exc:  # reported below, in the caller's thread
-            results[i] = exc
+        barrier.wait()
+        return stream_once(session, base, model, prompt, max_tokens, timeout, headers)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(streams)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for r in results:
-        if isinstance(r, Exception):
-            raise r
-    return results
+    with ThreadPoolExecutor(streams) as pool:
+        futures = [pool.submit(worker) for _ in range(streams)]
+        return [f.result() for f in futures]  # re-raises a stream's error here, in the caller's thread
 
 
 def _session() -> requests.Session:
@@ -210,14 +201,10 @@ def infer_variant(model: str, port: int | None, info: dict) -> str | None:
 
 def _num(value):
     """'~145' -> 145.0; 69 -> 69.0; anything else -> None."""
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value.strip().lstrip("~"))
-        except ValueError:
-            return None
-    return None
+    try:
+        return float(value.strip().lstrip("~") if isinstance(value, str) else value)
+    except (TypeError, ValueError):
+        return None
 
 
 def published(measured: dict, prompt: str, streams: int) -> dict:
@@ -248,14 +235,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 class _Progress:
-    def __init__(self, total: int, enabled: bool = True):
+    def __init__(self, total: int):
         self.total, self.done, self.tty = total, 0, sys.stderr.isatty()
-        self.enabled = enabled
 
     def step(self, label: str) -> None:
         self.done += 1
-        if not self.enabled:
-            return
         width = 30
         fill = width * self.done // self.total
         line = f"[{'#' * fill}{'-' * (width - fill)}] {self.done}/{self.total} {label}"
@@ -271,8 +255,7 @@ def _base_url(url: str) -> str:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise BenchError(f"{url!r} is not an http(s) URL; give the server's base URL, e.g. http://rig1:8011")
-    base = url.rstrip("/")
-    return base[: -len("/v1")] if base.endswith("/v1") else base
+    return url.rstrip("/").removesuffix("/v1")
 
 
 def run(args) -> int:
@@ -291,9 +274,9 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
-    for name in ("warmups", "runs", "streams"):
-        if getattr(args, name) < (0 if name == "warmups" else 1):
-            raise BenchError(f"--{name} must be {'>= 0' if name == 'warmups' else '>= 1'}")
+    for name, least in (("warmups", 0), ("runs", 1), ("streams", 1)):
+        if getattr(args, name) < least:
+            raise BenchError(f"--{name} must be >= {least}")
     base = _base_url(args.url)
     key = os.environ.get("RIGFORGE_API_KEY")
     headers = {"Authorization": f"Bearer {key}"} if key else None

@@ -29,6 +29,7 @@ from rigforge.pins import (
     GitPin,
     HfFile,
     HfPin,
+    ImagePin,
     Lock,
     LockError,
     default_lock_path,
@@ -61,17 +62,20 @@ def resolve_git(pin: GitPin) -> str:
             raise LockError(f"git.{pin.name}: ref {pin.ref!r} not found on {pin.url}")
         with tempfile.TemporaryDirectory(prefix="rigforge-lock-") as tmp:
             repo = git.Repo.init(tmp, bare=True)
-            branch = None if SHORT.match(pin.ref) else pin.ref
-            specs = (
-                [f"+refs/heads/{branch}:refs/heads/{branch}"]
-                if branch
-                else ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"]
-            )
+            if SHORT.match(pin.ref):  # the ref is itself a short SHA: look in every branch and tag
+                specs = ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"]
+            else:
+                specs = [f"+refs/heads/{pin.ref}:refs/heads/{pin.ref}"]
             repo.git.fetch("--filter=tree:0", "--no-tags", pin.url, *specs)  # commits only: small even for vllm
             return repo.git.rev_parse("--verify", "--end-of-options", f"{want}^{{commit}}").strip()
     except git.GitCommandError as e:
-        detail = (e.stderr or str(e)).strip().splitlines()[-1] if (e.stderr or str(e)).strip() else str(e)
-        raise LockError(f"git.{pin.name}: cannot resolve {want or pin.ref} on {pin.url}: {detail}") from None
+        raise LockError(f"git.{pin.name}: cannot resolve {want or pin.ref} on {pin.url}: {_last_line(e)}") from None
+
+
+def _last_line(e: Exception) -> str:
+    """The last line of a failed git command's stderr (what git says went wrong)."""
+    text = (getattr(e, "stderr", None) or str(e)).strip()
+    return text.splitlines()[-1] if text else str(e)
 
 
 def resolve_hf(pin: HfPin, endpoint: str | None, token: str | None) -> HfPin:
@@ -131,10 +135,9 @@ def resolve_image(ref: str, registry: str | None = None) -> str:
     headers = {"Accept": MANIFEST_TYPES}
     try:
         resp = requests.head(url, headers=headers, timeout=30)
-        if resp.status_code == 401 and resp.headers.get("WWW-Authenticate", "").lower().startswith("bearer "):
-            params = dict(
-                part.split("=", 1) for part in resp.headers["WWW-Authenticate"][7:].replace('"', "").split(",")
-            )
+        challenge = resp.headers.get("WWW-Authenticate", "")
+        if resp.status_code == 401 and challenge.lower().startswith("bearer "):
+            params = requests.utils.parse_dict_header(challenge[7:])
             realm = params.pop("realm")
             token = requests.get(realm, params=params, timeout=30).json()
             headers["Authorization"] = f"Bearer {token.get('token') or token.get('access_token')}"
@@ -185,8 +188,7 @@ def cache_recipes(pin: GitPin) -> Path | None:
             repo.git.fetch("--depth", "1", pin.url, pin.commit)
             repo.git.checkout("--detach", pin.commit)
         except git.GitCommandError as e:
-            detail = (e.stderr or str(e)).strip().splitlines()[-1]
-            raise LockError(f"git.{pin.name}: cannot fetch {pin.commit} from {pin.url}: {detail}") from None
+            raise LockError(f"git.{pin.name}: cannot fetch {pin.commit} from {pin.url}: {_last_line(e)}") from None
         os.replace(tmp, dest)
         os.makedirs(tmp)  # for the context manager's clean-up
     return dest
@@ -199,16 +201,19 @@ def resolve(
     unknown = set(refresh) - set(lock.git) - set(lock.hf) - {"image"} - {f"images.{n}" for n in lock.images}
     if unknown:
         raise LockError(f"--refresh: no git or hf entry {sorted(unknown)} (known: {', '.join([*lock.git, *lock.hf])})")
-    report, git, hf, images = [], dict(lock.git), dict(lock.hf), {}
-    for key, pin in (("image", lock.image), *((f"images.{n}", p) for n, p in lock.images.items())):
-        if not pin.digest or key in refresh:
-            digest = resolve_image(pin.ref, registry)
-            if digest != pin.digest:
-                pin = dataclasses.replace(pin, digest=digest)
-                report.append(f"{key}: {pin.ref} -> {digest}")
-        images[key] = pin
-    image = images.pop("image")
-    images = {key.removeprefix("images."): pin for key, pin in images.items()}
+    report, git, hf = [], dict(lock.git), dict(lock.hf)
+
+    def image(key: str, pin: ImagePin) -> ImagePin:
+        if pin.digest and key not in refresh:
+            return pin
+        digest = resolve_image(pin.ref, registry)
+        if digest == pin.digest:
+            return pin
+        report.append(f"{key}: {pin.ref} -> {digest}")
+        return dataclasses.replace(pin, digest=digest)
+
+    seed = image("image", lock.image)
+    images = {n: image(f"images.{n}", p) for n, p in lock.images.items()}
     for name, pin in lock.git.items():
         if pin.commit and name not in refresh:
             continue
@@ -223,7 +228,7 @@ def resolve(
         if new != pin:
             hf[name] = new
             report.append(f"hf.{name}: {pin.repo}@{pin.ref} -> {new.revision} ({len(new.files)} files)")
-    return dataclasses.replace(lock, image=image, images=images, git=git, hf=hf), report
+    return dataclasses.replace(lock, image=seed, images=images, git=git, hf=hf), report
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -248,22 +253,17 @@ def run(args: argparse.Namespace) -> int:
         token = os.environ.get("RIGFORGE_HF_TOKEN") or os.environ.get("HF_TOKEN")
         registry = os.environ.get("RIGFORGE_REGISTRY")
         new, report = resolve(lock, list(args.refresh), os.environ.get("HF_ENDPOINT"), token, registry)
+        if report:
+            write_atomically(path, dump_lock(new))
+        from rigforge.recipes import GIT_NAME
+
+        pin = new.git.get(GIT_NAME)
+        cached = cache_recipes(pin) if pin and pin.commit else None
     except LockError as e:
         print(f"rigforge lock: {e}", file=sys.stderr)
         return 1
-    if report:
-        write_atomically(path, dump_lock(new))
-    from rigforge.recipes import GIT_NAME
-
-    pin = new.git.get(GIT_NAME)
-    if pin and pin.commit:
-        try:
-            cached = cache_recipes(pin)
-        except LockError as e:
-            print(f"rigforge lock: {e}", file=sys.stderr)
-            return 1
-        if cached:
-            report.append(f"git.{GIT_NAME}: cached {pin.commit[:12]} at {cached} (what `rigforge render` reads)")
+    if cached:
+        report.append(f"git.{GIT_NAME}: cached {pin.commit[:12]} at {cached} (what `rigforge render` reads)")
     for line in report or ["nothing to resolve"]:
         print(line)
     return 0

@@ -8,6 +8,7 @@ Schema: docs/contracts.md; policy for unresolved entries: docs/pins.md.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -23,6 +24,10 @@ SHORT = re.compile(r"^[0-9a-f]{4,39}$")
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 HF_REPO = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 REFUSE_HINT = "run `rigforge lock` on a networked controller"
+# the keys of each kind of entry, in the file's order
+IMAGE_KEYS = ("ref", "digest", "note")
+GIT_KEYS = ("url", "ref", "short", "commit", "sparse", "files", "note")
+HF_KEYS = ("repo", "ref", "revision", "gated", "files", "note")
 HEADER = (
     "# rigforge lock: every external input of a rig, pinned. Schema: docs/contracts.md, policy: docs/pins.md.\n"
     "# Validate offline: `rigforge lock --check`. Resolve null entries on a networked controller: `rigforge lock`.\n"
@@ -144,47 +149,28 @@ class Lock:
             )
 
     def to_data(self) -> dict[str, Any]:
-        """Plain data in the file's own shape (for rewriting the lock)."""
+        """Plain data in the file's own shape and key order (for rewriting the lock)."""
+        data: dict[str, Any] = {"version": self.version, "image": _entry(self.image, IMAGE_KEYS)}
+        if self.images:
+            data["images"] = {n: _entry(p, IMAGE_KEYS) for n, p in self.images.items()}
+        data["git"] = {n: _entry(p, GIT_KEYS) for n, p in self.git.items()}
+        data["hf"] = {n: _entry(p, HF_KEYS) for n, p in self.hf.items()}
+        return data
 
-        def opt(d: dict, note: str | None) -> dict:
-            return {**d, "note": note} if note else d
 
-        return {
-            "version": self.version,
-            "image": opt({"ref": self.image.ref, "digest": self.image.digest}, self.image.note),
-            **(
-                {"images": {n: opt({"ref": p.ref, "digest": p.digest}, p.note) for n, p in self.images.items()}}
-                if self.images
-                else {}
-            ),
-            "git": {
-                n: opt(
-                    {
-                        "url": p.url,
-                        "ref": p.ref,
-                        **({"short": p.short} if p.short else {}),
-                        "commit": p.commit,
-                        "sparse": list(p.sparse),
-                        "files": dict(p.files),
-                    },
-                    p.note,
-                )
-                for n, p in self.git.items()
-            },
-            "hf": {
-                n: opt(
-                    {
-                        "repo": p.repo,
-                        "ref": p.ref,
-                        "revision": p.revision,
-                        "gated": p.gated,
-                        "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in p.files],
-                    },
-                    p.note,
-                )
-                for n, p in self.hf.items()
-            },
-        }
+def _entry(pin: Any, keys: tuple[str, ...]) -> dict[str, Any]:
+    """One entry as the file has it: `keys` in file order, `short` and `note` left out when unset."""
+    out = {}
+    for key in keys:
+        value = getattr(pin, key)
+        if key in ("short", "note") and not value:
+            continue
+        if isinstance(value, Mapping):
+            value = dict(value)
+        elif isinstance(value, tuple):  # sparse paths, hf files
+            value = [dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for v in value]
+        out[key] = value
+    return out
 
 
 def _covered(path: str, sparse: Iterable[str]) -> bool:
@@ -192,13 +178,16 @@ def _covered(path: str, sparse: Iterable[str]) -> bool:
 
 
 class _Reader:
-    """Typed access to one mapping of the lock with error messages naming file and key."""
+    """Typed access to one mapping of the lock (with only the `allowed` keys); errors name file and key."""
 
-    def __init__(self, path: str, where: str, data: Any):
+    def __init__(self, path: str, where: str, data: Any, allowed: Iterable[str]):
         self.path, self.where = path, where
         if not isinstance(data, dict):
             self.fail(f"expected a mapping, got {type(data).__name__}")
         self.data = data
+        extra = set(data) - set(allowed)
+        if extra:
+            self.fail(f"unknown key(s) {sorted(extra)} (allowed: {sorted(allowed)})")
 
     def fail(self, msg: str, key: str | None = None):
         where = f"{self.where}.{key}" if key else self.where
@@ -220,11 +209,6 @@ class _Reader:
             self.fail(f"expected {what}, got {value!r}", key)
         return value
 
-    def unknown(self, allowed: set[str]) -> None:
-        extra = set(self.data) - allowed
-        if extra:
-            self.fail(f"unknown key(s) {sorted(extra)} (allowed: {sorted(allowed)})")
-
 
 def _relpath(r: _Reader, key: str, value: Any) -> str:
     if not isinstance(value, str) or not value or value.startswith("/") or ".." in value.split("/"):
@@ -233,8 +217,7 @@ def _relpath(r: _Reader, key: str, value: Any) -> str:
 
 
 def _git(path: str, name: str, data: Any) -> GitPin:
-    r = _Reader(path, f"git.{name}", data)
-    r.unknown({"url", "ref", "short", "commit", "sparse", "files", "note"})
+    r = _Reader(path, f"git.{name}", data, GIT_KEYS)
     sparse = r.get("sparse", list, required=False, default=[])
     files = r.get("files", dict, required=False, default={})
     for f, sha in files.items():
@@ -257,12 +240,10 @@ def _git(path: str, name: str, data: Any) -> GitPin:
 
 
 def _hf(path: str, name: str, data: Any) -> HfPin:
-    r = _Reader(path, f"hf.{name}", data)
-    r.unknown({"repo", "ref", "revision", "gated", "files", "note"})
+    r = _Reader(path, f"hf.{name}", data, HF_KEYS)
     files, seen = [], set()
     for i, item in enumerate(r.get("files", list, required=False, default=[])):
-        fr = _Reader(path, f"hf.{name}.files[{i}]", item)
-        fr.unknown({"path", "size", "sha256"})
+        fr = _Reader(path, f"hf.{name}.files[{i}]", item, {"path", "size", "sha256"})
         f = HfFile(
             path=_relpath(fr, "path", fr.get("path", str)),
             size=fr.get("size", int),
@@ -284,8 +265,7 @@ def _hf(path: str, name: str, data: Any) -> HfPin:
 
 
 def _image(path: str, where: str, data: Any) -> ImagePin:
-    ir = _Reader(path, where, data)
-    ir.unknown({"ref", "digest", "note"})
+    ir = _Reader(path, where, data, IMAGE_KEYS)
     ref = ir.get("ref", str)
     if "@" in ref:
         ir.fail(f"expected a tag reference without @digest (the digest goes in 'digest'), got {ref!r}", "ref")
@@ -297,8 +277,7 @@ def _image(path: str, where: str, data: Any) -> ImagePin:
 
 
 def parse_lock(data: Any, path: str = "<lock>") -> Lock:
-    r = _Reader(path, "top level", data)
-    r.unknown({"version", "image", "images", "git", "hf"})
+    r = _Reader(path, "top level", data, {"version", "image", "images", "git", "hf"})
     if r.get("version", int) != 1:
         r.fail(f"unsupported version {data['version']!r} (this rigforge reads version 1)", "version")
     image = _image(path, "image", r.get("image", dict))

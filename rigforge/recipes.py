@@ -87,14 +87,6 @@ class Recipe:
         return self.status in OPT_IN
 
     @property
-    def compose_dir(self) -> str:
-        return posixpath.dirname(self.compose_path)
-
-    @property
-    def gpus(self) -> int:
-        return self.tp
-
-    @property
     def weights_label(self) -> str:
         return ", ".join(f"{w.hf_repo} ({w.size_gb:g} GB)" if w.size_gb else w.hf_repo for w in self.weights) or "-"
 
@@ -191,12 +183,10 @@ def parse_repo(root: Path) -> RecipeRepo:
     for slug, e in registry["entries"].items():
         engine = engines.get(str(e.get("engine")))
         sm = max(_sm(e.get("required_sm")), _sm((engine or {}).get("min_sm")))
-        refused = _classify(e, engine, sm)
         weights, problem = _weights(
             root, str(e.get("model")), [e.get("weights_variant"), *(e.get("weights_companions") or [])]
         )
-        if not refused and problem:
-            refused = problem
+        refused = _classify(e, engine, sm) or problem
         if not refused and not (root / str(e.get("compose_path"))).is_file():
             refused = f"compose file {e.get('compose_path')} is not in the checkout"
         recipes[slug] = Recipe(
@@ -254,8 +244,10 @@ def load_repo(commit: str | None) -> RecipeRepo:
 # --- compose interpolation (compose spec: $VAR, ${VAR}, ${VAR:-d}, ${VAR-d}, ${VAR:?e}, ${VAR?e}, ${VAR:+r},
 # ${VAR+r}, nesting, $$ for a literal $; an unset variable without default is an empty string) ---
 
-_NAME = re.compile(r"[_a-zA-Z][_a-zA-Z0-9]*")
 _REF = re.compile(r"\$\{?([_a-zA-Z][_a-zA-Z0-9]*)")
+_DOLLAR = re.compile(r"\$(\$|\{|[_a-zA-Z][_a-zA-Z0-9]*)?")  # $$, ${, $NAME or a lone $
+# inside ${...}: NAME, or NAME then a default (:- -), an error (:? ?) or an alternative (:+ +)
+_BRACED = re.compile(r"([_a-zA-Z][_a-zA-Z0-9]*)(?:(:?)([-?+])(.*))?", re.S)
 
 
 def _close(s: str, i: int) -> int:
@@ -276,57 +268,39 @@ def _close(s: str, i: int) -> int:
     raise RecipeError(f"unterminated ${{ in {s!r}")
 
 
-def interpolate(s: str, env: dict[str, str], used: set[str] | None = None) -> str:
+def interpolate(s: str, env: dict[str, str]) -> str:
     out, i = [], 0
-    while i < len(s):
-        c = s[i]
-        if c != "$":
-            out.append(c)
-            i += 1
-            continue
-        nxt = s[i + 1 : i + 2]
-        if nxt == "$":
-            out.append("$")
-            i += 2
-        elif nxt == "{":
-            end = _close(s, i + 2)
-            out.append(_braced(s[i + 2 : end], env, used))
+    while m := _DOLLAR.search(s, i):
+        out.append(s[i : m.start()])
+        token, i = m.group(1), m.end()
+        if token == "{":
+            end = _close(s, i)
+            out.append(_braced(s[i:end], env))
             i = end + 1
+        elif token in (None, "$"):  # a lone $ stays, $$ is a literal $
+            out.append("$")
         else:
-            m = _NAME.match(s, i + 1)
-            if m:
-                if used is not None:
-                    used.add(m.group())
-                out.append(env.get(m.group(), ""))
-                i = m.end()
-            else:
-                out.append("$")
-                i += 1
+            out.append(env.get(token, ""))
+    out.append(s[i:])
     return "".join(out)
 
 
-def _braced(inner: str, env: dict[str, str], used: set[str] | None) -> str:
-    m = _NAME.match(inner)
+def _braced(inner: str, env: dict[str, str]) -> str:
+    m = _BRACED.fullmatch(inner)
     if not m:
         raise RecipeError(f"invalid interpolation ${{{inner}}}")
-    name, rest = m.group(), inner[m.end() :]
-    if used is not None:
-        used.add(name)
+    name, colon, op, arg = m.groups()
     value = env.get(name)
-    if rest == "":
+    if op is None:
         return value or ""
-    for op in (":-", "-", ":?", "?", ":+", "+"):
-        if rest.startswith(op):
-            arg = rest[len(op) :]
-            unset_or_empty = value is None or (op.startswith(":") and value == "")
-            if op in (":-", "-"):
-                return interpolate(arg, env, used) if unset_or_empty else value
-            if op in (":?", "?"):
-                if unset_or_empty:
-                    raise RecipeError(f"required variable {name} is missing: {interpolate(arg, env, used)}")
-                return value
-            return "" if unset_or_empty else interpolate(arg, env, used)
-    raise RecipeError(f"invalid interpolation ${{{inner}}}")
+    unset_or_empty = value is None or (colon == ":" and value == "")
+    if op == "-":
+        return interpolate(arg, env) if unset_or_empty else value
+    if op == "?":
+        if unset_or_empty:
+            raise RecipeError(f"required variable {name} is missing: {interpolate(arg, env)}")
+        return value
+    return "" if unset_or_empty else interpolate(arg, env)  # op "+"
 
 
 def _walk(data: Any, fn) -> Any:
@@ -409,7 +383,7 @@ def effective_compose(r: Recipe, compose: dict, env: dict[str, str], host_overri
     sources resolved against the recipe file's directory inside the rig's checkout `checkout`.
     """
     out = interpolated(compose, env)
-    base_dir = posixpath.join(checkout, r.compose_dir)
+    base_dir = posixpath.join(checkout, posixpath.dirname(r.compose_path))
     for svc, extra in host_override.get("services", {}).items():
         service = out["services"][svc]
         for key, value in extra.items():
@@ -493,7 +467,7 @@ def rig_files(r: Recipe, compose: dict, *, root: str, image: str, knobs: dict[st
         "# as `docker compose config` shows it (host paths; $$ is a literal $).\n"
         + dump(
             escape({"name": wrapper["name"], **effective_compose(r, compose, {**env, **secret}, host, checkout)})
-        ).replace(SECRET_MARK.replace("$", "$$"), "${HF_TOKEN}"),
+        ).replace(SECRET_MARK, "${HF_TOKEN}"),
     }
 
 

@@ -29,6 +29,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from pathlib import Path
 
 STAMP = ".rigforge-stamp.json"
 HEADROOM = 1.05
@@ -94,12 +95,19 @@ class Progress:
         )
 
 
-def sha256_of(path: str) -> str:
-    h = hashlib.sha256()
+def hash_file(path: str):
+    """A sha256 of the file's bytes, read in CHUNKs: .hexdigest() for the hex, .update() to hash more after it."""
+    digest = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+            digest.update(chunk)
+    return digest
+
+
+def stamp_entry(path: str, sha256: str) -> dict:
+    """What the stamp records for a verified file: its size and mtime now, and the lock's sha256."""
+    st = os.stat(path)
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256}
 
 
 def load_stamp(dest: str) -> dict:
@@ -137,19 +145,18 @@ def current(m: dict, f: dict, stamp: dict, deep: bool) -> dict | None:
     """The stamp entry for a good file at its final path, or None (and the bad file removed)."""
     final = os.path.join(m["dest"], f["path"])
     try:
-        st = os.stat(final)
+        entry = stamp_entry(final, f["sha256"])
     except FileNotFoundError:
         return None
-    entry = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": f["sha256"]}
-    if not deep and stamp.get(f["path"]) == entry and st.st_size == f["size"]:
+    if not deep and stamp.get(f["path"]) == entry and entry["size"] == f["size"]:
         return entry
-    if st.st_size == f["size"]:
+    if entry["size"] == f["size"]:
         say(
-            f"{f['path']}: hashing {human(st.st_size)} (not stamped or changed since)"
+            f"{f['path']}: hashing {human(f['size'])} (not stamped or changed since)"
             if not deep
-            else f"{f['path']}: deep verify, hashing {human(st.st_size)}"
+            else f"{f['path']}: deep verify, hashing {human(f['size'])}"
         )
-        if sha256_of(final) == f["sha256"]:
+        if hash_file(final).hexdigest() == f["sha256"]:
             return entry
     say(f"{f['path']}: does not match the lock (size or sha256): removed, will fetch it again")
     os.unlink(final)
@@ -178,7 +185,7 @@ def download(m: dict, f: dict, part: str, token: str | None) -> str:
         os.unlink(part)
         have = 0
     if have == f["size"]:
-        return sha256_of(part)
+        return hash_file(part).hexdigest()
     if have:
         headers["Range"] = f"bytes={have}-"
         say(f"{f['path']}: resuming at {human(have)} of {human(f['size'])}")
@@ -197,11 +204,7 @@ def download(m: dict, f: dict, part: str, token: str | None) -> str:
         if have and resp.status != 206:
             say(f"{f['path']}: server ignored the Range request, starting over")
             mode, have = "wb", 0
-        digest = hashlib.sha256()
-        if have:
-            with open(part, "rb") as prefix:
-                while block := prefix.read(CHUNK):
-                    digest.update(block)
+        digest = hash_file(part) if have else hashlib.sha256()  # the bytes kept, then the rest as it streams
         done = have
         label = f"{m.get('name') or m['repo']} {f['path']}"
         with open(part, mode, buffering=0) as out, Progress(label, f["size"], have) as progress:
@@ -238,7 +241,7 @@ def fetch_one(m: dict, f: dict, token: str | None, staged_only: bool) -> None:
                 time.sleep(1)
         if not os.path.exists(staged):
             raise Fail(4, f"{f['path']}: not found in staging {m['staging']}")
-        size, digest = os.path.getsize(staged), digest or sha256_of(staged)
+        size, digest = os.path.getsize(staged), digest or hash_file(staged).hexdigest()
         if size == f["size"] and digest == f["sha256"]:
             final = os.path.join(m["dest"], f["path"])
             os.makedirs(os.path.dirname(final), exist_ok=True)
@@ -286,8 +289,7 @@ def run(m: dict, token: str | None, deep: bool, staged_only: bool) -> int:
     say(f"{m['name']}: fetching {len(missing)} of {len(m['files'])} files from {m['repo']}@{m['revision'][:12]}")
     for f in missing:
         fetch_one(m, f, token, staged_only)
-        st = os.stat(os.path.join(m["dest"], f["path"]))
-        entries[f["path"]] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": f["sha256"]}
+        entries[f["path"]] = stamp_entry(os.path.join(m["dest"], f["path"]), f["sha256"])
         write_stamp(m, entries)
     tidy_staging(m)
     say(f"{m['name']}: all {len(entries)} files verified")
@@ -316,23 +318,15 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     try:
-        if a.manifest:
-            with open(a.manifest) as fh:
-                m = json.load(fh)
-        else:
-            m = json.load(sys.stdin)
+        m = json.loads(Path(a.manifest).read_text()) if a.manifest else json.load(sys.stdin)
         token = None
         if a.token_file and os.path.exists(a.token_file):
-            with open(a.token_file) as fh:
-                token = fh.read().strip() or None
+            token = Path(a.token_file).read_text().strip() or None
         m.setdefault("name", m.get("repo", "?"))
         return run(m, token, a.deep, a.staged_only)
-    except Fail as e:
+    except (Fail, OSError, ValueError) as e:
         print(f"rigforge-weights: ERROR: {e}", file=sys.stderr, flush=True)
-        return e.code
-    except (OSError, ValueError) as e:
-        print(f"rigforge-weights: ERROR: {e}", file=sys.stderr, flush=True)
-        return 2
+        return e.code if isinstance(e, Fail) else 2
 
 
 if __name__ == "__main__":
