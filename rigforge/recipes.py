@@ -25,6 +25,7 @@ import yaml
 
 from rigforge.layout import HostLayout
 from rigforge.render import units
+from rigforge.schema import HOST_KEYS
 
 RECIPES_ENV = "RIGFORGE_RECIPES"
 GIT_NAME = "recipes"  # the lock's git entry for the recipe repo that provides the slugs
@@ -325,20 +326,27 @@ def interpolated(compose: dict, env: dict[str, str]) -> dict:
 # --- what rigforge adds for a host ---
 
 
-def knob_env(r: Recipe, compose: dict, values: dict[str, Any]) -> dict[str, str]:
-    """The .env variables for `values` ({setting: value}, None = recipe default); refuse a missing knob."""
+def knob_env(r: Recipe, compose: dict, values: dict[str, Any], host_keys: bool = False) -> dict[str, str]:
+    """The .env variables for `values` ({setting: value}, None = recipe default). Every setting the recipe has
+    no knob for is refused in one RecipeError, named as a setting, or as its host-data key when `host_keys`."""
     knobs = variables(compose)
-    env = {}
+    env, missing = {}, []
     for key, value in values.items():
         if value is None or value == () or value == "":
             continue
         if key in NO_KNOB or KNOBS.get(key) not in knobs:
-            var = KNOBS.get(key)
-            raise RecipeError(
-                f"{r.slug}: setting {key!r} is not exposed by the recipe's compose file "
-                f"({r.compose_path} has no {'${' + var + '}' if var else 'knob for it'}); remove it for this variant"
-            )
+            missing.append(key)
+            continue
         env[KNOBS[key]] = str(value)
+    if missing:
+        names = [HOST_KEYS[key] if host_keys else f"setting {key!r}" for key in missing]
+        holes = ", ".join("${" + KNOBS[key] + "}" if KNOBS.get(key) else f"no knob for {key}" for key in missing)
+        one = len(missing) == 1
+        raise RecipeError(
+            f"{r.slug}: {', '.join(names)} {'is' if one else 'are'} not exposed by the recipe's compose file "
+            f"({r.compose_path} has {'no ' if not holes.startswith('no ') else ''}{holes}); "
+            f"remove {'it' if one else 'them'} for this variant"
+        )
     return env
 
 
@@ -527,7 +535,7 @@ class LiveVariant:
 
     def setting_problems(self, s: Any, host_data: bool = False) -> list[str]:
         try:
-            knob_env(self.recipe, self.compose, knobs_of(self.recipe, s, "/"))
+            knob_env(self.recipe, self.compose, knobs_of(self.recipe, s, "/"), host_keys=host_data)
         except RecipeError as exc:
             return [str(exc)]
         return []

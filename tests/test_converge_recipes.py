@@ -58,6 +58,9 @@ def runs(testbed_factory, tmp_path_factory):
                 inv = inventory_with(tb, tmp_path_factory.mktemp("inv") / "inv.py", extra)
                 out["verify"] = rigforge_cmd("verify", inv, "--json")
                 out["status"] = rigforge_cmd("status", inv, "--json")
+        knobs = {"rigforge_variant": "vllm/dual", "serving_api_key": "k1", "serving_extra_args": ["--x"]}
+        inv = inventory_with(tb, tmp_path_factory.mktemp("inv") / "inv.py", {"rig1": knobs})
+        out["unsupported"] = pyinfra_run(inv, SITE)
         out["back"] = converge(tb, tmp_path_factory, "dual-turbo")
         out["back_units"] = enabled_units(tb.rig("rig1"))
         yield out
@@ -109,6 +112,13 @@ def test_switch_to_dual_max_fetches_only_the_new_weights_and_leaves_one_instance
     assert config.returncode == 0, config.stderr
     svc = json.loads(config.stdout)["services"]["vllm-qwen36-27b-dual"]
     assert svc["command"][:2] == ["--model", "/root/.cache/huggingface/qwen3.6-27b-fp8"] and svc["restart"] == "no"
+
+
+def test_every_unsupported_setting_is_refused_in_one_message_by_its_host_data_key(runs):
+    results, err = runs["unsupported"]
+    assert results["failed_hosts"] in ("all", ["rig1"]), err[-4000:]
+    assert changed(results) == [] and err.count("rigforge refused on rig1:") == 1, err[-4000:]
+    assert "vllm/dual: serving_extra_args, serving_api_key are not exposed by the recipe's compose file" in err
 
 
 def test_switching_back_to_the_seed_dual_turbo_works(runs):

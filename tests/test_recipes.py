@@ -431,3 +431,12 @@ def test_a_slug_takes_its_image_and_weights_from_the_lock(monkeypatch):
         recipes.find("vllm/qwen-27b-dual-max", no_weights, opt_in=False)
     with pytest.raises(LockError, match="no image entry for vllm/vllm-openai:v0.27.1"):
         recipes.find("vllm/dual", dataclasses.replace(lock, images={}), opt_in=False)
+
+
+def test_every_setting_a_recipe_cannot_take_is_named_at_once(repo):
+    r = repo.recipe("vllm/qwen-27b-dual-max")
+    values = {"max_num_seqs": 4, "api_key": "k1", "max_model_len": 4096}
+    with pytest.raises(RecipeError) as exc:
+        recipes.knob_env(r, repo.compose(r), values, host_keys=True)
+    assert "vllm/qwen-27b-dual-max: serving_max_num_seqs, serving_api_key are not exposed" in str(exc.value)
+    assert "${MAX_NUM_SEQS}, no knob for api_key" in str(exc.value) and "remove them" in str(exc.value)
