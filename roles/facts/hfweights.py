@@ -7,7 +7,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
-STAMP = ".rigforge-stamp.json"
+from rigforge.layout import STAMP
 
 
 def _ns(text: str) -> int:
