@@ -14,9 +14,7 @@ class DockerImagePresent(FactBase):
     """
 
     def command(self, image: str) -> StringCommand:
-        return StringCommand(
-            "docker", "image", "inspect", QuoteString(image), ">/dev/null 2>&1 && echo yes || echo no"
-        )
+        return StringCommand("docker", "image", "inspect", QuoteString(image), ">/dev/null 2>&1 && echo yes || echo no")
 
     @staticmethod
     def default() -> bool:
