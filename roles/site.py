@@ -24,6 +24,7 @@ from pyinfra.facts.server import Command
 
 from rigforge import knobs, recipes
 from rigforge.catalog import CatalogError, Variant, load_catalog
+from rigforge.hardware import Needs, format_problems
 from rigforge.pins import LockError, default_lock_path, load_lock
 from rigforge.plan import Plan, build_plan, cap_index_problems, gpu_count, variant_problems
 from rigforge.recipes import RecipeError
@@ -39,7 +40,7 @@ from roles.facts import snapshot
 from roles.facts.hfweights import WeightsState
 from roles.facts.nvidia import NvidiaGpus, NvidiaPciGpus
 from roles.operations import recover
-from roles.operations.checks import Needs, format_problems, gpus_fit, refuse
+from roles.operations.checks import gpus_fit, refuse
 from roles.operations.hfweights import stale_files
 
 IMAGE_GB = 9  # the vLLM nightly image on disk (HARDWARE.md)

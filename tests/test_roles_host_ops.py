@@ -22,6 +22,7 @@ from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra.operations import server
 
+from rigforge import hardware
 from rigforge.catalog import load_catalog
 from rigforge.plan import Plan
 from rigforge.render import Settings, render_power_unit
@@ -137,7 +138,7 @@ def describe(command) -> str:
     return f"call {function.__name__}" if function else str(command)
 
 
-PREFLIGHT = checks.Needs(
+PREFLIGHT = hardware.Needs(
     variant="dual-turbo",
     gpus=2,
     card_mib=23000,
@@ -179,7 +180,7 @@ def test_preflight_refuses_caps_outside_the_card_range(cap, word):
     state = converge({"a": rig(gpu_power_limit_w=cap), "b": rig()}, site())
     assert {h.name for h in state.failed_hosts} == {"@fake/a"}
     assert "touch /rigforge-was-here" not in executed(state, "a")
-    problems = checks.find_problems(
+    problems = hardware.find_problems(
         {"id": "ubuntu", "version_id": "24.04"},
         [{"index": 0, "name": "RTX 3090", "memory_total": 24576, "power_min_limit": 100.0, "power_max_limit": 350.0}],
         None,
@@ -234,7 +235,7 @@ def _problems(os="ubuntu2404", gpus=None, free=500e9, data=None, pci_gpus=None, 
     )
     base = {"gpu_power_limit_w": 230, "gpu_power_limits": {}, "docker_source": "docker", "nvidia_driver_flavor": "open"}
     needs = replace(PREFLIGHT, **variant)
-    return checks.find_problems(release, gpus, free, pci_gpus=pci_gpus, needs=needs, data={**base, **(data or {})})
+    return hardware.find_problems(release, gpus, free, pci_gpus=pci_gpus, needs=needs, data={**base, **(data or {})})
 
 
 def card20(i):
@@ -278,7 +279,7 @@ def test_problem_matrix():
 
 
 def test_message_names_host_and_every_problem():
-    message = checks.format_problems("rig7", ["a", "b"])
+    message = hardware.format_problems("rig7", ["a", "b"])
     assert message.splitlines() == ["preflight failed on rig7:", "  - a", "  - b", "Nothing was changed on this host."]
 
 

@@ -6,6 +6,7 @@ from pyinfra import host
 from pyinfra.api import StringCommand, operation
 from pyinfra.operations import server
 
+from rigforge.hardware import cap_problems, resolve_caps
 from roles.facts.nvidia import (
     NvidiaGpus,
     NvidiaModuleVersion,
@@ -14,7 +15,7 @@ from roles.facts.nvidia import (
     NvidiaSmiStatus,
     upstream_version,
 )
-from roles.operations.checks import cap_problems, fail_command, resolve_caps
+from roles.operations.checks import fail_command
 
 # Connectors that run on the controller itself: never reboot through them.
 CONTROLLER_CONNECTORS = ("@local", "@chroot", "@docker", "@podman")
