@@ -120,11 +120,17 @@ def fetched(
     """
     Make ``dest`` hold exactly ``pin``'s files, verified against the lock's sha256.
 
-    + python/script: the venv python and fetch_weights.py on the host
+    + pin: the locked asset (repo, revision, files with sizes and sha256s)
+    + dest: the asset dir on the host
+    + staging: where files are downloaded before they move into ``dest``
+    + python: the venv's python on the host
+    + script: fetch_weights.py on the host
     + work_dir: root-only directory for the manifest and the transient token file
+    + endpoint: the Hugging Face endpoint URL (None: the hub's default)
     + token: HF token (pyinfra HiddenValue or str), uploaded as a 0600 file only while fetching
     + deep: re-hash every file (always runs the script, so always reports a change)
     + source: ``hub`` (the host downloads) or ``controller`` (fetch once into ``cache_dir``, push)
+    + cache_dir: the controller's weights cache (with ``source="controller"``)
     """
     state = host.get_fact(WeightsState, dest=dest, staging=staging)
     stale = stale_files(pin, state)
@@ -177,6 +183,10 @@ def fetched(
 def venv_package(venv: str, dist: str, version: str):
     """
     ``dist==version`` installed in the venv at ``venv`` (pip), decided from the venv's ``.dist-info`` directory.
+
+    + venv: the virtualenv's directory
+    + dist: the distribution name
+    + version: the exact version wanted
     """
     if host.get_fact(VenvDistVersion, venv=venv, dist=dist) == version:
         host.noop(f"{dist} {version} is installed in {venv}")
