@@ -54,7 +54,7 @@ from .core import IMAGE_REF, Rig, RigSpec, recipe_images
 BOOTED_PACKAGES = ["openssh-server", "docker.io", "docker-cli", "docker-compose", "iproute2"]
 BOOTED_RECIPE = "1"
 IMAGE_DIR = Path(__file__).with_name("image")
-OPENAI_STUB = Path(__file__).resolve().parent.parent / "openai_stub.py"
+OPENAI_STUB = Path(__file__).resolve().parent / "openai_stub.py"
 NETNS_SCRIPT = Path(__file__).with_name("netns.py")
 BROKEN_IMAGE = "vllm/vllm-openai:rigforge-testbed-exits-at-start"
 BROKEN_MESSAGE = "testbed image made to exit at start (no model loaded)"
