@@ -49,7 +49,7 @@ from ._util import (
     wait_listener,
 )
 from .rig import IMAGE_REF, USER, Rig, RigSpec, recipe_images
-from .rootfs import copy_host_network_config, extract, locked, prepare_rig
+from .rootfs import copy_host_network_config, extract, locked, pack, prepare_rig
 
 BOOTED_PACKAGES = ["openssh-server", "docker.io", "docker-cli", "docker-compose", "iproute2"]
 BOOTED_RECIPE = "1"
@@ -129,13 +129,7 @@ def booted_tarball(shared: Path, base: Path) -> Path:
         (units / "docker.service.d/rigforge-testbed.conf").write_text(DOCKER_DROPIN)
         (build / "etc/docker").mkdir(exist_ok=True)
         (build / "etc/docker/daemon.json").write_text('{\n  "storage-driver": "vfs"\n}\n')
-        tmp = tarball.with_suffix(f".part.{os.getpid()}")
-        sh(["tar", "-C", str(build), "--numeric-owner", "--xattrs", "-cf", str(tmp), "."])
-        tmp.rename(tarball)
-        sh(["rm", "-rf", "--one-file-system", str(build)])
-        for old in cache.glob("rootfs-booted-*.tar"):
-            if old != tarball:
-                old.unlink()
+        pack(build, tarball, replaces="rootfs-booted-*.tar")
         log(f"booted rootfs tarball {tarball.name} built in {time.monotonic() - t0:.0f}s")
     return tarball
 

@@ -115,14 +115,20 @@ def _debootstrap(cache: Path, tarball: Path) -> None:
         capture=True,
     )
     (build / "etc/resolv.conf").write_text("")
+    pack(build, tarball, replaces="rootfs-*.tar")
+    log(f"rootfs tarball {tarball} ({tarball.stat().st_size >> 20} MiB) built in {time.monotonic() - t0:.0f}s")
+
+
+def pack(build: Path, tarball: Path, replaces: str) -> None:
+    """Tar the root file system `build` into `tarball` (a partial file renamed into place), remove `build`, and
+    remove the other tarballs next to it matching the glob `replaces` (older builds)."""
     tmp = tarball.with_suffix(f".part.{os.getpid()}")
     sh(["tar", "-C", str(build), "--numeric-owner", "--xattrs", "-cf", str(tmp), "."])
     tmp.rename(tarball)
     sh(["rm", "-rf", "--one-file-system", str(build)])
-    for old in cache.glob("rootfs-*.tar"):
+    for old in tarball.parent.glob(replaces):
         if old != tarball:
             old.unlink()
-    log(f"rootfs tarball {tarball} ({tarball.stat().st_size >> 20} MiB) built in {time.monotonic() - t0:.0f}s")
 
 
 def extract(tarball: Path, dest: Path) -> None:
