@@ -27,7 +27,8 @@ from pyinfra.api import FileUploadCommand, OperationError, StringCommand, operat
 from pyinfra.facts.files import File
 
 from rigforge.pins import HfFile, HfPin
-from roles.facts.hfweights import FreeBytes, VenvDistVersion, WeightsState
+from roles.facts.hfweights import VenvDistVersion, WeightsState
+from roles.facts.system import FreeDiskBytes
 from roles.operations.checks import fail_command
 from roles.operations.shown import ShownCommand, say
 from roles.operations.staged import upload_privately
@@ -148,8 +149,8 @@ def fetched(
         yield StringCommand(f"rm -rf {' '.join(q(p) for p in left)}")
         return
     need = int(missing_bytes(stale, state) * HEADROOM)
-    free = host.get_fact(FreeBytes, path=dest)
-    if need > free:
+    free = host.get_fact(FreeDiskBytes, path=dest)
+    if free is not None and need > free:  # unknown (statfs failed): preflight has checked the disk
         yield fail_command(
             f"{host.name}: not enough disk space for {pin.name} at {dest}: need {human(need)} "
             f"(missing bytes + 5%), {human(free)} free; free space or set serving_model_dir elsewhere"
