@@ -357,9 +357,14 @@ def test_never_reboots_the_controller():
     state = State(inventory, Config())
     with ctx_state.use(state), ctx_host.use(inventory.get_host("@local")):
         assert nvidia.on_controller()
-    fake = make_state({"r": rig(), "loop": rig(ssh_hostname="127.0.0.1"), "lan": rig(ssh_hostname="192.0.2.7")})
-    for name, expected in (("r", False), ("loop", True), ("lan", False)):
-        with ctx_state.use(fake), ctx_host.use(host_of(fake, name)):
+    fake = make_state({"r": rig(ssh_hostname="127.0.0.1")})
+    with ctx_state.use(fake), ctx_host.use(host_of(fake, "r")):
+        assert nvidia.on_controller() is False  # not an SSH connection: ssh_hostname is not its address
+    ssh = [("loop", {"ssh_hostname": "127.0.0.1"}), ("lan", {"ssh_hostname": "192.0.2.7"}), ("localhost", {})]
+    inventory = Inventory((ssh, {}))
+    state = State(inventory, Config())  # SSH hosts, never connected: the connector only holds its data
+    for name, expected in (("loop", True), ("lan", False), ("localhost", True)):
+        with ctx_state.use(state), ctx_host.use(inventory.get_host(name)):
             assert nvidia.on_controller() is expected, name
 
 

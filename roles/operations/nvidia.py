@@ -16,6 +16,7 @@ from roles.facts.nvidia import (
     upstream_version,
 )
 from roles.operations.checks import fail_command
+from roles.operations.staged import connection
 
 # Connectors that run on the controller itself: never reboot through them.
 CONTROLLER_CONNECTORS = ("@local", "@chroot", "@docker", "@podman")
@@ -25,7 +26,7 @@ def on_controller() -> bool:
     """True when rebooting this host would reboot the controller: a local/chroot/container connector, or SSH
     to a loopback address (a testbed rig is a chroot on the controller)."""
     module = type(host.connector).__module__.rsplit(".", 1)[-1]
-    address = str(host.data.get("ssh_hostname") or host.name)
+    address = str(connection("ssh_hostname") or host.name)
     loopback = address in ("localhost", "::1") or address.startswith("127.")
     return host.name.startswith(CONTROLLER_CONNECTORS) or module in ("local", "chroot", "docker", "podman") or loopback
 

@@ -20,8 +20,15 @@ def _sha256(text: str) -> str:
 
 
 def private_upload_dir() -> str:
-    """The SSH user's own 0700 dir that sudo uploads pass through (see upload_privately)."""
-    return f"/tmp/.rigforge-upload-{host.data.get('ssh_user') or 'user'}"
+    """The SSH user's own 0700 dir that sudo uploads pass through (see upload_privately). The user is the one the
+    connection logs in as (the SSH connector's own data), not a role setting."""
+    return f"/tmp/.rigforge-upload-{connection('ssh_user') or 'user'}"
+
+
+def connection(key: str):
+    """A setting of the host's connection as its connector sees it (e.g. the SSH connector's ``ssh_user``,
+    ``ssh_hostname``), None when the connector has no such setting (local, chroot, @fake connectors)."""
+    return (getattr(host.connector, "data", None) or {}).get(key)
 
 
 def upload_privately(text: str, dest: str):
