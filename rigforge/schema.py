@@ -110,7 +110,7 @@ def _abs_path(v: Any) -> str:
         )
     path = s.rstrip("/") or "/"
     if path in SYSTEM_DIRS:
-        example = "/opt/rigforge" if path == "/" else f"{path}/rigforge"
+        example = DEFAULT_ROOT if path == "/" else f"{path}/rigforge"
         raise ValueError(f"a directory of its own, not the system directory {path} (e.g. {example})")
     return path
 

@@ -24,6 +24,7 @@ from pyinfra.facts.server import Command
 from rigforge import plan as planner
 from rigforge import schema
 from rigforge.catalog import CatalogError
+from rigforge.hardware import Needs, format_problems
 from rigforge.pins import LockError, default_lock_path
 from rigforge.plan import Plan
 from rigforge.recipes import RecipeError
@@ -32,7 +33,7 @@ from roles.facts import probe
 from roles.facts.hfweights import WeightsState
 from roles.facts.nvidia import NvidiaGpus, NvidiaPciGpus
 from roles.operations import recover
-from roles.operations.checks import Needs, format_problems, gpus_fit, refuse_now
+from roles.operations.checks import gpus_fit, refuse_now
 from roles.operations.hfweights import stale_files
 
 IMAGE_GB = 9  # the vLLM nightly image on disk (HARDWARE.md)

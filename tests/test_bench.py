@@ -1,6 +1,6 @@
 """`rigforge bench` against a local OpenAI-compatible stub with a known token schedule.
 
-The stub (rigforge.openai_stub, in its own process so it never shares an interpreter lock with
+The stub (rigforge.testbed.openai_stub, in its own process so it never shares an interpreter lock with
 the client) sends the first delta T0 after reading the request, then one every DT, at absolute
 deadlines, and records -- on CLOCK_MONOTONIC, the clock behind time.perf_counter -- when it
 read the request and when it was about to send the first delta and [DONE].
@@ -43,7 +43,7 @@ def stub():
 
     def start(*extra: str) -> str:
         p = subprocess.Popen(
-            [sys.executable, "-m", "rigforge.openai_stub", "--port", "0", "--ttft-ms", str(T0_MS),
+            [sys.executable, "-m", "rigforge.testbed.openai_stub", "--port", "0", "--ttft-ms", str(T0_MS),
              "--dt-ms", str(DT_MS), "--tokens", str(N), "--model", MODEL, *extra],
             stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
@@ -263,7 +263,7 @@ def test_runs_as_the_rigforge_command(stub):
 
 def test_server_dying_mid_run_exits_2(tmp_path):
     stub = subprocess.Popen(
-        [sys.executable, "-m", "rigforge.openai_stub", "--port", "0", "--ttft-ms", "50", "--dt-ms", "50",
+        [sys.executable, "-m", "rigforge.testbed.openai_stub", "--port", "0", "--ttft-ms", "50", "--dt-ms", "50",
          "--tokens", "40"],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip

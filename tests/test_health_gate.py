@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from rigforge.openai_stub import Schedule, make_server
+from rigforge.testbed.openai_stub import Schedule, make_server
 from roles.operations.serving import health_gate_script
 
 

@@ -10,6 +10,7 @@ import re
 
 from test_sources_weights_ops import commands
 
+from roles.facts.apt import DpkgInterrupted
 from roles.operations import recover
 from roles.operations.staged import staged_files
 
@@ -33,7 +34,7 @@ def sha(path: str, text: str) -> dict:
 
 
 def test_dpkg_state_fact():
-    fact = recover.DpkgInterrupted()
+    fact = DpkgInterrupted()
     assert fact.process([]) is None
     lines = [" " + line if line.startswith(" ") else line for line in AUDIT.splitlines()]
     audit = [f"audit: {line.strip()}" for line in lines if line.startswith(" ")]

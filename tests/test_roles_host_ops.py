@@ -22,6 +22,7 @@ from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra.operations import server
 
+from rigforge import hardware
 from rigforge.catalog import load_catalog
 from rigforge.layout import HostLayout
 from rigforge.plan import Plan
@@ -155,7 +156,7 @@ def describe(command) -> str:
     return f"call {function.__name__}" if function else str(command)
 
 
-PREFLIGHT = checks.Needs(
+PREFLIGHT = hardware.Needs(
     variant="dual-turbo",
     gpus=2,
     card_mib=23000,
@@ -199,7 +200,7 @@ def test_preflight_refuses_caps_outside_the_card_range(cap, word):
     state = converge({"a": rig(gpu_power_limit_w=cap), "b": rig()}, site())
     assert {h.name for h in state.failed_hosts} == {"@fake/a"}
     assert "touch /rigforge-was-here" not in executed(state, "a")
-    problems = checks.find_problems(
+    problems = hardware.find_problems(
         {"id": "ubuntu", "version_id": "24.04"},
         [{"index": 0, "name": "RTX 3090", "memory_total": 24576, "power_min_limit": 100.0, "power_max_limit": 350.0}],
         None,
@@ -254,7 +255,7 @@ def _problems(os="ubuntu2404", gpus=None, free=500e9, data=None, pci_gpus=None, 
     )
     base = {"gpu_power_limit_w": 230, "gpu_power_limits": {}, "docker_source": "docker", "nvidia_driver_flavor": "open"}
     needs = replace(PREFLIGHT, **variant)
-    return checks.find_problems(release, gpus, free, pci_gpus=pci_gpus, needs=needs, data={**base, **(data or {})})
+    return hardware.find_problems(release, gpus, free, pci_gpus=pci_gpus, needs=needs, data={**base, **(data or {})})
 
 
 def card20(i):
@@ -298,7 +299,7 @@ def test_problem_matrix():
 
 
 def test_message_names_host_and_every_problem():
-    message = checks.format_problems("rig7", ["a", "b"])
+    message = hardware.format_problems("rig7", ["a", "b"])
     assert message.splitlines() == ["preflight failed on rig7:", "  - a", "  - b", "Nothing was changed on this host."]
 
 
@@ -376,9 +377,14 @@ def test_never_reboots_the_controller():
     state = State(inventory, Config())
     with ctx_state.use(state), ctx_host.use(inventory.get_host("@local")):
         assert nvidia.on_controller()
-    fake = make_state({"r": rig(), "loop": rig(ssh_hostname="127.0.0.1"), "lan": rig(ssh_hostname="192.0.2.7")})
-    for name, expected in (("r", False), ("loop", True), ("lan", False)):
-        with ctx_state.use(fake), ctx_host.use(host_of(fake, name)):
+    fake = make_state({"r": rig(ssh_hostname="127.0.0.1")})
+    with ctx_state.use(fake), ctx_host.use(host_of(fake, "r")):
+        assert nvidia.on_controller() is False  # not an SSH connection: ssh_hostname is not its address
+    ssh = [("loop", {"ssh_hostname": "127.0.0.1"}), ("lan", {"ssh_hostname": "192.0.2.7"}), ("localhost", {})]
+    inventory = Inventory((ssh, {}))
+    state = State(inventory, Config())  # SSH hosts, never connected: the connector only holds its data
+    for name, expected in (("loop", True), ("lan", False), ("localhost", True)):
+        with ctx_state.use(state), ctx_host.use(inventory.get_host(name)):
             assert nvidia.on_controller() is expected, name
 
 

@@ -275,7 +275,7 @@ def test_api_checks_run_from_the_rig_when_services_are_managed(rigs, tmp_path):
     from inside the rig with curl and pass; `unit active` fails, truthfully: no systemd runs in a chroot."""
     port = free_port()
     stub = subprocess.Popen(
-        [sys.executable, "-m", "rigforge.openai_stub", "--port", str(port), "--ttft-ms", "1", "--dt-ms", "1"],
+        [sys.executable, "-m", "rigforge.testbed.openai_stub", "--port", str(port), "--ttft-ms", "1", "--dt-ms", "1"],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:

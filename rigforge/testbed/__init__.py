@@ -7,7 +7,8 @@ down(tb.dir)
 """
 
 from ._util import TestbedError
-from .core import DEFAULT_DIR, Rig, RigSpec, Testbed, down, load, up
+from .core import DEFAULT_DIR, Testbed, down, load, up
+from .rig import Rig, RigSpec
 from .rootfs import tools_rootfs
 
 __all__ = ["DEFAULT_DIR", "Rig", "RigSpec", "Testbed", "TestbedError", "down", "load", "tools_rootfs", "up"]

@@ -74,7 +74,7 @@ def _control(name: str, version: str, description: str, **extra: str) -> str:
     return "".join(f"{k}: {v}\n" for k, v in fields.items())
 
 
-def _stub(name: str, **subst: str) -> str:
+def stub_script(name: str, **subst: str) -> str:
     text = (STUBS / name).read_text()
     for key, value in subst.items():
         text = text.replace(f"@{key}@", value)
@@ -134,8 +134,8 @@ def _driver_scheme(tmp: Path, repo: Path, scheme: str, version: str) -> None:
     deb = f"{version}-1"
     smi_files = {
         flavor: {
-            "/usr/bin/nvidia-smi": _stub("nvidia-smi", DRIVER_VERSION=version, FLAVOR=flavor),
-            "/usr/bin/nvidia-persistenced": _stub("nvidia-persistenced", DRIVER_VERSION=version, FLAVOR=flavor),
+            "/usr/bin/nvidia-smi": stub_script("nvidia-smi", DRIVER_VERSION=version, FLAVOR=flavor),
+            "/usr/bin/nvidia-persistenced": stub_script("nvidia-persistenced", DRIVER_VERSION=version, FLAVOR=flavor),
         }
         for flavor in ("open", "proprietary")
     }
@@ -207,9 +207,9 @@ def build(testbed_dir: Path) -> Path:
             toolkit_repo,
             _control("nvidia-container-toolkit", TOOLKIT_DEB_VERSION, "NVIDIA Container Toolkit", Depends=depends),
             {
-                "/usr/bin/nvidia-ctk": _stub("nvidia-ctk", **subst),
-                "/usr/bin/nvidia-container-runtime": _stub("nvidia-container-runtime", **subst),
-                "/usr/bin/nvidia-container-runtime-hook": _stub("nvidia-container-runtime-hook"),
+                "/usr/bin/nvidia-ctk": stub_script("nvidia-ctk", **subst),
+                "/usr/bin/nvidia-container-runtime": stub_script("nvidia-container-runtime", **subst),
+                "/usr/bin/nvidia-container-runtime-hook": stub_script("nvidia-container-runtime-hook"),
             },
         )
         pool = repos[DOCKER_REPO] / "pool"

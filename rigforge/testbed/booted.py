@@ -36,7 +36,6 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import rootfs
 from ._util import (
     TestbedError,
     chroot_env,
@@ -49,12 +48,13 @@ from ._util import (
     stop_pidfile,
     wait_listener,
 )
-from .core import IMAGE_REF, Rig, RigSpec, recipe_images
+from .rig import IMAGE_REF, USER, Rig, RigSpec, recipe_images
+from .rootfs import copy_host_network_config, extract, locked, pack, prepare_rig
 
 BOOTED_PACKAGES = ["openssh-server", "docker.io", "docker-cli", "docker-compose", "iproute2"]
 BOOTED_RECIPE = "1"
 IMAGE_DIR = Path(__file__).with_name("image")
-OPENAI_STUB = Path(__file__).resolve().parent.parent / "openai_stub.py"
+OPENAI_STUB = Path(__file__).resolve().parent / "openai_stub.py"
 NETNS_SCRIPT = Path(__file__).with_name("netns.py")
 BROKEN_IMAGE = "vllm/vllm-openai:rigforge-testbed-exits-at-start"
 BROKEN_MESSAGE = "testbed image made to exit at start (no model loaded)"
@@ -104,13 +104,13 @@ def booted_tarball(shared: Path, base: Path) -> Path:
     if tarball.exists():
         return tarball
     cache = base.parent
-    with rootfs._locked(cache, "booted"):
+    with locked(cache, "booted"):
         if tarball.exists():
             return tarball
         t0 = time.monotonic()
         build = cache / f"booted.build.{os.getpid()}"
-        rootfs.extract(base, build)
-        rootfs.copy_host_network_config(build)
+        extract(base, build)
+        copy_host_network_config(build)
         in_chroot(
             build,
             "apt-get install -y -qq --no-install-recommends " + " ".join(BOOTED_PACKAGES) + " && apt-get clean",
@@ -129,13 +129,7 @@ def booted_tarball(shared: Path, base: Path) -> Path:
         (units / "docker.service.d/rigforge-testbed.conf").write_text(DOCKER_DROPIN)
         (build / "etc/docker").mkdir(exist_ok=True)
         (build / "etc/docker/daemon.json").write_text('{\n  "storage-driver": "vfs"\n}\n')
-        tmp = tarball.with_suffix(f".part.{os.getpid()}")
-        sh(["tar", "-C", str(build), "--numeric-owner", "--xattrs", "-cf", str(tmp), "."])
-        tmp.rename(tarball)
-        sh(["rm", "-rf", "--one-file-system", str(build)])
-        for old in cache.glob("rootfs-booted-*.tar"):
-            if old != tarball:
-                old.unlink()
+        pack(build, tarball, replaces="rootfs-booted-*.tar")
         log(f"booted rootfs tarball {tarball.name} built in {time.monotonic() - t0:.0f}s")
     return tarball
 
@@ -439,7 +433,6 @@ class BootedRig(Rig):
 
 def make_rig(rig_dir: Path, port: int, spec: RigSpec, tarball: Path, uid: int, fresh: bool, services: dict) -> Rig:
     """Create (or restart) one booted rig: rootfs, keys, sshd inside, network namespace + relay, boot, images."""
-    from .core import USER, _prepare_rootfs
 
     root = rig_dir / "rootfs"
     info_file = rig_dir / "rig.json"
@@ -450,8 +443,8 @@ def make_rig(rig_dir: Path, port: int, spec: RigSpec, tarball: Path, uid: int, f
             sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"rigforge-testbed-{rig_dir.name}",
                 "-f", str(rig_dir / key)])  # fmt: skip
     if fresh or not (root / ".rigforge-rig").exists() or info.get("tarball") != tarball.name:
-        rootfs.extract(tarball, root)
-        _prepare_rootfs(root, uid)
+        extract(tarball, root)
+        prepare_rig(root, uid, USER)
         (root / ".rigforge-rig").write_text("ok\n")
         sh(["rm", "-rf", str(rig_dir / "sim-sys-module")])
     prepare_rootfs(root, rig_dir, USER)

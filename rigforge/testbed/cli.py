@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 from ._util import TestbedError
-from .core import DEFAULT_DIR, RigSpec, down, up
+from .core import DEFAULT_DIR, down, up
+from .rig import RigSpec
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -11,29 +11,23 @@ Layout of a testbed directory (default /var/lib/rigforge-testbed; must be root-o
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
-import os
 import pwd
 import shutil
-import subprocess
 import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import yaml
 
-from . import aptrepo, content, hostpkgs, presets, rootfs
 from ._util import (
     TestbedError,
-    chroot_env,
     ensure_safe_dir,
     free_port,
     hash_tree,
-    in_chroot,
     log,
     owns_port,
     pid_alive,
@@ -44,70 +38,21 @@ from ._util import (
     stop_pidfile,
     wait_listener,
 )
+from .aptrepo import DOCKER_KEY, DOCKER_REPO, DRIVER_KEY, DRIVER_REPO, TOOLKIT_KEY, TOOLKIT_REPO
+from .aptrepo import build as build_apt_repo
+from .aptrepo import fingerprint as apt_fingerprint
+from .booted import BootedRig, booted_tarball
+from .booted import make_rig as make_booted_rig
+from .booted import stop as stop_booted_rig
+from .content import HF_TOKEN, build_git, build_hf, build_recipes, content_key, recipes_dir, shard_size
+from .hostpkgs import ensure as ensure_host_packages
+from .presets import apply as apply_preset
+from .rig import IMAGE_REF, USER, Rig, RigSpec, recipe_images
+from .rootfs import build_tarball, extract, prepare_rig
 
 DEFAULT_DIR = Path("/var/lib/rigforge-testbed")
-USER = "rigadmin"
-IMAGE_REF = "vllm/vllm-openai:nightly-7a1eb8ac2ec4ea69338c51dc7afd4b15010abfa8"
 SSHD = "/usr/sbin/sshd"
 PORTS = {"apt": 18721, "hf": 18722, "git": 18723, "ssh": 2201}
-
-
-@dataclass(frozen=True)
-class RigSpec:
-    """Simulated hardware of one rig (what the stub nvidia-smi reports)."""
-
-    gpus: int = 2
-    gpu_name: str = "NVIDIA GeForce RTX 3090"
-    vram_mib: int = 24576
-    power_min: int = 100
-    power_default: int = 350
-    power_max: int = 350
-    preset: str = ""  # "", "handmade" or "unowned": how the rig was set up before rigforge (testbed/presets.py)
-
-    def gpus_json(self, seed: str) -> dict:
-        gpus = []
-        for i in range(self.gpus):
-            h = hashlib.sha256(f"{seed}/{i}".encode()).hexdigest()
-            uuid = f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
-            gpus.append(
-                {
-                    "name": self.gpu_name,
-                    "uuid": uuid,
-                    "pci_bus_id": f"00000000:{i + 1:02X}:00.0",
-                    "memory_total_mib": self.vram_mib,
-                    "power_min_w": self.power_min,
-                    "power_default_w": self.power_default,
-                    "power_max_w": self.power_max,
-                    "compute_cap": "8.6",
-                }
-            )
-        return {"gpus": gpus}
-
-
-@dataclass
-class Rig:
-    name: str
-    ssh_port: int
-    rootfs: Path
-    user: str
-    key: Path
-    dir: Path
-    spec: RigSpec = field(default_factory=RigSpec)
-
-    def simulate_reboot(self) -> None:
-        """Forget the GPUs' runtime state, as a reboot does: power limits back to default, persistence off.
-        (Nothing runs at boot in a chroot: a test runs the boot unit's command itself afterwards.)"""
-        (self.rootfs / "var/lib/rigforge-sim/state.json").unlink(missing_ok=True)
-
-    def run(self, cmd: str, check: bool = False) -> subprocess.CompletedProcess:
-        """Run a shell command inside the rig's root file system (chroot on the controller, as root)."""
-        return subprocess.run(
-            ["chroot", str(self.rootfs), "/bin/sh", "-c", cmd],
-            env=chroot_env(),
-            capture_output=True,
-            text=True,
-            check=check,
-        )
 
 
 @dataclass
@@ -139,19 +84,19 @@ class Testbed:
 
     @property
     def driver_repo_url(self) -> str:
-        return f"{self.apt_url}/{aptrepo.DRIVER_REPO}/"
+        return f"{self.apt_url}/{DRIVER_REPO}/"
 
     @property
     def driver_repo_key_url(self) -> str:
-        return f"{self.apt_url}/{aptrepo.DRIVER_KEY}"
+        return f"{self.apt_url}/{DRIVER_KEY}"
 
     @property
     def docker_repo_url(self) -> str:
-        return f"{self.apt_url}/{aptrepo.DOCKER_REPO}"
+        return f"{self.apt_url}/{DOCKER_REPO}"
 
     @property
     def docker_repo_key_url(self) -> str:
-        return f"{self.apt_url}/{aptrepo.DOCKER_KEY}"
+        return f"{self.apt_url}/{DOCKER_KEY}"
 
     @property
     def repo_key_fingerprint(self) -> str:
@@ -160,11 +105,11 @@ class Testbed:
 
     @property
     def toolkit_repo_url(self) -> str:
-        return f"{self.apt_url}/{aptrepo.TOOLKIT_REPO}/"
+        return f"{self.apt_url}/{TOOLKIT_REPO}/"
 
     @property
     def toolkit_repo_key_url(self) -> str:
-        return f"{self.apt_url}/{aptrepo.TOOLKIT_KEY}"
+        return f"{self.apt_url}/{TOOLKIT_KEY}"
 
     @property
     def hf_endpoint(self) -> str:
@@ -173,7 +118,7 @@ class Testbed:
     @property
     def hf_token(self) -> str:
         """Token the HF stand-in accepts for its gated repos (a fixed test value, not a secret)."""
-        return content.HF_TOKEN
+        return HF_TOKEN
 
     @property
     def hf_repos(self) -> dict:
@@ -255,17 +200,17 @@ def start_services(shared: Path) -> dict:
     """Build (cached) and start the apt / git / HF stand-ins of a testbed dir; return their description."""
     cache = ensure_safe_dir(shared / "cache")
     run = ensure_safe_dir(shared / "run")
-    apt_root = aptrepo.build(shared)
-    key = content.content_key()
+    apt_root = build_apt_repo(shared)
+    key = content_key()
     git_root, hf_root = cache / f"git-{key}", cache / f"hf-{key}"
     for old in [*cache.glob("git-*"), *cache.glob("hf-*")]:
         if old not in (git_root, hf_root):
             shutil.rmtree(old)
-    git_meta = content.build_git(git_root)
-    recipes = content.build_recipes(git_root)  # from RIGFORGE_RECIPES: the recipe repo the rigs check out
+    git_meta = build_git(git_root)
+    recipes = build_recipes(git_root)  # from RIGFORGE_RECIPES: the recipe repo the rigs check out
     if recipes:
         git_meta = {**git_meta, "recipes": recipes}
-    hf_meta = content.build_hf(hf_root, content.shard_size())
+    hf_meta = build_hf(hf_root, shard_size())
     py = sys.executable
     apt_port = _service(
         run,
@@ -299,7 +244,7 @@ def start_services(shared: Path) -> dict:
         ],
     )
     services = {"apt_port": apt_port, "hf_port": hf_port, "git_port": git_port, "git": git_meta, "hf": hf_meta}
-    services["apt_root"], services["apt_fingerprint"] = str(apt_root), aptrepo.fingerprint(apt_root)
+    services["apt_root"], services["apt_fingerprint"] = str(apt_root), apt_fingerprint(apt_root)
     (run / "services.json").write_text(json.dumps(services, indent=1))
     return services
 
@@ -348,19 +293,6 @@ def _uid_used(uid: int) -> bool:
         return True
     except KeyError:
         return False
-
-
-def _prepare_rootfs(root: Path, uid: int) -> None:
-    rootfs.copy_host_network_config(root)
-    hostname = os.uname().nodename
-    (root / "etc/hosts").write_text(f"127.0.0.1\tlocalhost\n127.0.1.1\t{hostname}\n::1\tlocalhost ip6-localhost\n")
-    in_chroot(
-        root,
-        f"groupadd --gid {uid} {USER} 2>/dev/null || true; "
-        f"useradd --uid {uid} --gid {uid} --create-home --shell /bin/bash {USER}; "
-        f"echo '{USER} ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/{USER}; chmod 0440 /etc/sudoers.d/{USER}",
-        capture=True,
-    )
 
 
 def _simulate_pci(root: Path, gpus: int) -> None:
@@ -412,8 +344,8 @@ def _make_rig(
     info = json.loads(info_file.read_text()) if info_file.exists() else {}
     stop_pidfile(rig_dir / "sshd.pid")
     if fresh or not (root / ".rigforge-rig").exists() or info.get("tarball") != tarball.name:
-        rootfs.extract(tarball, root)
-        _prepare_rootfs(root, uid)
+        extract(tarball, root)
+        prepare_rig(root, uid, USER)
         (root / ".rigforge-rig").write_text("ok\n")
         info = {}
     if info.get("spec") != asdict(spec):
@@ -472,7 +404,7 @@ def _start_sshd(rig_dir: Path, own: int | None, taken: set[int]) -> int:
 
 def _remove_rig(rig_dir: Path) -> None:
     stop_pidfile(rig_dir / "sshd.pid")
-    booted_mod.stop(rig_dir)
+    stop_booted_rig(rig_dir)
     sh(["rm", "-rf", "--one-file-system", str(rig_dir)])
 
 
@@ -505,20 +437,10 @@ def _write_lock(tb: Testbed) -> None:
         for key, m in tb.services["hf"].items()
     }
     lock = {"version": 1, "image": {"ref": IMAGE_REF, "digest": None}, "git": git, "hf": hf}
-    if content.recipes_dir() and "recipes" in git:  # the images the recipe slugs run, by tag (no registry here)
+    if recipes_dir() and "recipes" in git:  # the images the recipe slugs run, by tag (no registry here)
         lock["images"] = {engine: {"ref": ref, "digest": None} for engine, ref in sorted(recipe_images().items())}
     header = "# rigforge testbed lock: local stand-ins on 127.0.0.1 (generated by `rigforge testbed up`)\n"
     tb.lock.write_text(header + yaml.safe_dump(lock, sort_keys=False, width=200))
-
-
-def recipe_images() -> dict[str, str]:
-    """{engine: image ref} the recipe slugs of RIGFORGE_RECIPES run, by tag ({} when it is unset)."""
-    if not content.recipes_dir():
-        return {}
-    from rigforge.recipes import parse_repo
-
-    repo = parse_repo(content.recipes_dir())
-    return {r.engine: r.image for r in repo.recipes.values() if not r.refused and "@" not in r.image}
 
 
 def host_data(tb: Testbed, rig: Rig) -> dict:
@@ -590,7 +512,7 @@ def up(
     `dir`). Idempotent: running rigs with the same spec are kept unless `fresh`. `booted`: rigs run their own
     systemd and Docker engine (booted.py)."""
     t0 = time.monotonic()
-    hostpkgs.ensure()  # root, and the host packages (installed when missing, on Debian/Ubuntu)
+    ensure_host_packages()  # root, and the host packages (installed when missing, on Debian/Ubuntu)
     specs = list(specs) if specs else [RigSpec()]
     dir = ensure_safe_dir(Path(dir))
     shared = ensure_safe_dir(Path(shared) if shared else dir)
@@ -602,9 +524,9 @@ def up(
             raise TestbedError(f"{tool} not found; booted rigs need: apt-get install systemd-container iproute2")
     with open(run / "up.lock", "w") as lock_f:
         fcntl.flock(lock_f, fcntl.LOCK_EX)
-        tarball = rootfs.build_tarball(shared)
+        tarball = build_tarball(shared)
         if booted:
-            tarball = booted_mod.booted_tarball(shared, tarball)
+            tarball = booted_tarball(shared, tarball)
         services = start_services(shared)
         uid = ensure_host_user()
         rigs_dir = ensure_safe_dir(dir / "rigs")
@@ -636,16 +558,16 @@ def up(
 
         def build(item):
             rig_dir, port, spec, todo = item
-            cls = booted_mod.BootedRig if booted else Rig
+            cls = BootedRig if booted else Rig
             if todo is None:
                 return cls(rig_dir.name, port, rig_dir / "rootfs", USER, rig_dir / "id_ed25519", rig_dir, spec)
             if booted:  # the relay takes the next free port itself if this one is taken meanwhile
                 with ports_claimed():
                     port = free_port(port or PORTS["ssh"], (port or PORTS["ssh"]) + 800, taken - {port})
                     taken.add(port)
-                return booted_mod.make_rig(rig_dir, port, spec, tarball, uid, fresh, services)
+                return make_booted_rig(rig_dir, port, spec, tarball, uid, fresh, services)
             rig = _make_rig(rig_dir, port, spec, tarball, uid, fresh, taken)
-            presets.apply(
+            apply_preset(
                 spec.preset, rig.rootfs, Path(services["apt_root"]), f"http://127.0.0.1:{services['apt_port']}"
             )
             return rig
@@ -668,7 +590,7 @@ def load(dir: Path = DEFAULT_DIR, shared: Path | None = None) -> Testbed:
         info = json.loads(info_file.read_text())
         rig_dir = info_file.parent
         rigs.append(
-            (booted_mod.BootedRig if info.get("booted") else Rig)(
+            (BootedRig if info.get("booted") else Rig)(
                 rig_dir.name,
                 info["port"],
                 rig_dir / "rootfs",
@@ -700,6 +622,3 @@ def down(dir: Path = DEFAULT_DIR, purge: bool = False) -> None:
     if purge:
         sh(["rm", "-rf", "--one-file-system", str(dir / "cache")])
     log(f"testbed down: {dir}")
-
-
-from . import booted as booted_mod  # noqa: E402 - booted.py builds on the classes above

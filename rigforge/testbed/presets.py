@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import aptrepo
 from ._util import in_chroot, sh
+from .aptrepo import DOCKER_KEY, DOCKER_REPO, DOCKER_SUITE, DRIVER_VERSION, TOOLKIT_KEY, TOOLKIT_REPO, stub_script
 
 PRESETS = ("", "handmade", "unowned")
 
@@ -22,27 +22,25 @@ def apply(preset: str, root: Path, apt_root: Path, apt_url: str) -> None:
     """Set up the rig's root file system `root` as `preset` describes (nothing for "")."""
     if preset == "handmade":
         in_chroot(root, "apt-get install -y -q --no-install-recommends docker.io >/dev/null", capture=True)
-        key = (apt_root / aptrepo.DOCKER_KEY).read_text()
+        key = (apt_root / DOCKER_KEY).read_text()
         (root / "etc/apt/keyrings").mkdir(parents=True, exist_ok=True)
         (root / "etc/apt/keyrings/docker.asc").write_text(key)
         (root / "etc/apt/sources.list.d/docker.list").write_text(
-            f"deb [arch=amd64 signed-by=/etc/apt/keyrings/docker.asc] {apt_url}/{aptrepo.DOCKER_REPO} "
-            f"{aptrepo.DOCKER_SUITE} stable\n"
+            f"deb [arch=amd64 signed-by=/etc/apt/keyrings/docker.asc] {apt_url}/{DOCKER_REPO} {DOCKER_SUITE} stable\n"
         )
         keyring = root / "usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
         keyring.parent.mkdir(parents=True, exist_ok=True)
-        sh(["gpg", "--batch", "--yes", "--dearmor", "-o", str(keyring), str(apt_root / aptrepo.TOOLKIT_KEY)])
+        sh(["gpg", "--batch", "--yes", "--dearmor", "-o", str(keyring), str(apt_root / TOOLKIT_KEY)])
         keyring.chmod(0o644)
         (root / "etc/apt/sources.list.d/nvidia-container-toolkit.list").write_text(
-            "deb [signed-by=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg] "
-            f"{apt_url}/{aptrepo.TOOLKIT_REPO}/ /\n"
+            f"deb [signed-by=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg] {apt_url}/{TOOLKIT_REPO}/ /\n"
         )
         in_chroot(root, "apt-get update -q >/dev/null", capture=True)
     elif preset == "unowned":
-        version = aptrepo.DRIVER_VERSION
+        version = DRIVER_VERSION
         for tool in ("nvidia-smi", "nvidia-persistenced"):
             path = root / "usr/bin" / tool
-            path.write_text(aptrepo._stub(tool, DRIVER_VERSION=version, FLAVOR="open"))
+            path.write_text(stub_script(tool, DRIVER_VERSION=version, FLAVOR="open"))
             path.chmod(0o755)
         (root / "sys/module/nvidia").mkdir(parents=True, exist_ok=True)
         (root / "sys/module/nvidia/version").write_text(version + "\n")

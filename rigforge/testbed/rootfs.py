@@ -65,7 +65,7 @@ def copy_host_network_config(root: Path) -> None:
         (root / "etc/pip.conf").write_text("[global]\ncert = /etc/ssl/rigforge-host-ca.crt\n")
 
 
-def _locked(cache: Path, name: str):
+def locked(cache: Path, name: str):
     """An exclusive lock on a build step of this cache (several processes may start a testbed at once)."""
     lock_f = open(cache / f".{name}.lock", "w")  # noqa: SIM115 - released by closing
     fcntl.flock(lock_f, fcntl.LOCK_EX)
@@ -78,7 +78,7 @@ def build_tarball(testbed_dir: Path) -> Path:
     if tarball.exists():
         return tarball
     cache = ensure_safe_dir(Path(testbed_dir) / "cache")
-    with _locked(cache, "rootfs"):
+    with locked(cache, "rootfs"):
         if not tarball.exists():
             _debootstrap(cache, tarball)
     return tarball
@@ -115,14 +115,20 @@ def _debootstrap(cache: Path, tarball: Path) -> None:
         capture=True,
     )
     (build / "etc/resolv.conf").write_text("")
+    pack(build, tarball, replaces="rootfs-*.tar")
+    log(f"rootfs tarball {tarball} ({tarball.stat().st_size >> 20} MiB) built in {time.monotonic() - t0:.0f}s")
+
+
+def pack(build: Path, tarball: Path, replaces: str) -> None:
+    """Tar the root file system `build` into `tarball` (a partial file renamed into place), remove `build`, and
+    remove the other tarballs next to it matching the glob `replaces` (older builds)."""
     tmp = tarball.with_suffix(f".part.{os.getpid()}")
     sh(["tar", "-C", str(build), "--numeric-owner", "--xattrs", "-cf", str(tmp), "."])
     tmp.rename(tarball)
     sh(["rm", "-rf", "--one-file-system", str(build)])
-    for old in cache.glob("rootfs-*.tar"):
+    for old in tarball.parent.glob(replaces):
         if old != tarball:
             old.unlink()
-    log(f"rootfs tarball {tarball} ({tarball.stat().st_size >> 20} MiB) built in {time.monotonic() - t0:.0f}s")
 
 
 def extract(tarball: Path, dest: Path) -> None:
@@ -141,7 +147,7 @@ def tools_rootfs(testbed_dir: Path = Path("/var/lib/rigforge-testbed")) -> Path:
     if (root / ".rigforge-tools-ready").exists():
         return root
     tarball = build_tarball(testbed_dir)
-    with _locked(testbed_dir / "cache", "tools"):
+    with locked(testbed_dir / "cache", "tools"):
         if (root / ".rigforge-tools-ready").exists():
             return root
         t0 = time.monotonic()
@@ -154,3 +160,18 @@ def tools_rootfs(testbed_dir: Path = Path("/var/lib/rigforge-testbed")) -> Path:
                 sh(["rm", "-rf", "--one-file-system", str(old)])
         log(f"tools rootfs {root} ready in {time.monotonic() - t0:.0f}s")
     return root
+
+
+def prepare_rig(root: Path, uid: int, user: str) -> None:
+    """A rig's root file system made ready to boot as a rig: the host's network config and hostname, and the
+    SSH user `user` (with `uid`, passwordless sudo)."""
+    copy_host_network_config(root)
+    hostname = os.uname().nodename
+    (root / "etc/hosts").write_text(f"127.0.0.1\tlocalhost\n127.0.1.1\t{hostname}\n::1\tlocalhost ip6-localhost\n")
+    in_chroot(
+        root,
+        f"groupadd --gid {uid} {user} 2>/dev/null || true; "
+        f"useradd --uid {uid} --gid {uid} --create-home --shell /bin/bash {user}; "
+        f"echo '{user} ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/{user}; chmod 0440 /etc/sudoers.d/{user}",
+        capture=True,
+    )

@@ -140,3 +140,30 @@ class KeyFingerprints(FactBase):
 
     def process(self, output: list[str]) -> list[str]:
         return parse_fingerprints(output)
+
+
+class DpkgInterrupted(FactBase):
+    """
+    Why dpkg needs ``--configure -a`` (a short reason), or None when its state is clean::
+
+        "dpkg was interrupted; not fully installed: docker.io, nvidia-driver-580-open"
+
+    Reads dpkg's journal dir (non-empty: a dpkg run was interrupted) and ``dpkg --audit`` (packages unpacked,
+    half-configured or half-installed); both work while dpkg is in that state.
+    """
+
+    def command(self) -> str:
+        return (
+            "if [ -n \"$(ls -A /var/lib/dpkg/updates 2>/dev/null)\" ]; then echo 'journal: dpkg was interrupted'; fi; "
+            "dpkg --audit 2>&1 | grep -E '^ [a-z0-9][a-z0-9+.-]+ ' | head -n 20 | sed 's/^ /audit: /'; true"
+        )
+
+    def process(self, output: list[str]) -> str | None:
+        lines = [line.strip() for line in output if line.strip()]
+        if not lines:
+            return None
+        packages = [line.split()[1] for line in lines if line.startswith("audit:") and len(line.split()) > 1]
+        reason = "dpkg was interrupted" if any(line.startswith("journal:") for line in lines) else ""
+        if packages:
+            reason += ("; " if reason else "") + f"not fully installed: {', '.join(sorted(set(packages)))}"
+        return reason or None

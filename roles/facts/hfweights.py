@@ -1,4 +1,4 @@
-"""Facts for verified weights: the stamp and the stat of every file in a model dir, and free disk space."""
+"""Facts for verified weights: the stamp and the stat of every file in a model dir, and a venv's installed version."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
-STAMP = ".rigforge-stamp.json"
+from rigforge.layout import STAMP
 
 
 def _ns(text: str) -> int:
@@ -60,19 +60,6 @@ class WeightsState(FactBase):
                 size, path = line.split(" ", 1)
                 state["staging"][path] = int(size)
         return state
-
-
-class FreeBytes(FactBase):
-    """Bytes available to unprivileged writers on the filesystem holding ``path`` (or its nearest parent)."""
-
-    def command(self, path: str) -> str:
-        return (
-            f'p={shlex.quote(path)}; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; '
-            "df -P -B1 \"$p\" | awk 'NR==2 {print $4}'"
-        )
-
-    def process(self, output: list[str]) -> int:
-        return int(output[-1].strip())
 
 
 class VenvDistVersion(FactBase):

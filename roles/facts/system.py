@@ -1,10 +1,14 @@
-"""System facts used by the host roles: OS release, Secure Boot, free disk, held apt packages.
+"""System facts used by the host roles: OS release, Secure Boot, free disk, held apt packages, systemd units
+enabled at boot, leftover uploads.
 
 Each fact returns a plain value and never fails the host for a missing tool or file: preflight decides
 what a missing value means.
 """
 
 from __future__ import annotations
+
+import re
+import shlex
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
@@ -120,3 +124,53 @@ class SystemdUnitEnabled(FactBase):
     def process(self, output: list[str]) -> bool:
         state = output[0].strip() if output else ""
         return state in ("enabled", "enabled-runtime", "static", "alias")
+
+
+def _bre(text: str) -> str:
+    """`text` as a literal in a grep basic regular expression."""
+    return re.sub(r"([.\[\]\\*^$])", r"\\\1", text)
+
+
+class EnabledInstances(FactBase):
+    """
+    Instances of the template unit ``template`` (e.g. ``name@.service``) enabled at boot: the links in
+    ``unit_dir``/multi-user.target.wants, as a sorted list::
+
+        ["name@dual.service"]
+    """
+
+    def command(self, unit_dir: str, template: str) -> StringCommand:
+        prefix, _, suffix = template.partition("@")
+        return StringCommand(
+            "ls",
+            QuoteString(f"{unit_dir}/multi-user.target.wants/"),
+            "2>/dev/null | grep -x --",
+            QuoteString(f"{_bre(prefix)}@..*{_bre(suffix)}"),
+            "|| true",
+        )
+
+    @staticmethod
+    def default() -> list:
+        return []
+
+    def process(self, output: list[str]) -> list[str]:
+        return sorted({line.strip() for line in output if line.strip()})
+
+
+class LeftoverUploads(FactBase):
+    """
+    Files left in the directory ``path`` (the SSH user's private upload dir) by an interrupted upload, as a
+    list of paths::
+
+        ["/tmp/.upload-dir/0a1b2c3d4e5f"]
+    """
+
+    def command(self, path: str) -> str:
+        return f"find {shlex.quote(path)} -mindepth 1 -maxdepth 1 2>/dev/null || true"
+
+    @staticmethod
+    def default() -> list:
+        return []
+
+    def process(self, output: list[str]) -> list[str]:
+        return [line.strip() for line in output if line.strip()]

@@ -82,7 +82,13 @@ def source_problems(files: dict[str, list[str]], uri: str, repo: str, adopt: boo
 
 @operation()
 def adopt_sources(uris: str, keep: str):
-    """Move every other source file whose entries all point at `uris` to `<file>.rigforge-bak`."""
+    """
+    Move every other apt source file whose entries all point at ``uris`` to ``<file>.rigforge-bak``; a file that
+    also holds other repositories fails the operation (never half-edited).
+
+    + uris: the repository URI
+    + keep: the source file rigforge manages for it (not moved)
+    """
     found = same_uri_files(host.get_fact(AptSourceFiles), uris, keep)
     if not found:
         host.noop(f"no other source file points at {uris}")
@@ -96,8 +102,15 @@ def adopt_sources(uris: str, keep: str):
 
 @operation()
 def verified_key(src: str, dest: str, fingerprint: str | None = None, sha256: str | None = None):
-    """Download a repository key to `dest`; with `fingerprint`, only a key with that primary fingerprint lands
-    there (checked with gpg on the rig, in a temporary file), anything else fails before apt sees it."""
+    """
+    Download a repository key to ``dest``; with ``fingerprint``, only a key with that primary fingerprint lands
+    there (checked with gpg on the rig, in a temporary file), anything else fails before apt sees it.
+
+    + src: the key's URL
+    + dest: the keyring file
+    + fingerprint: the key's primary fingerprint (spaces ignored); without it the key is downloaded unchecked
+    + sha256: the file's sha256, checked too when given
+    """
     if not fingerprint:
         yield from files.download._inner(src=src, dest=dest, mode="644", sha256sum=sha256)
         return
@@ -165,9 +178,10 @@ def add_repo(
 
 @operation()
 def install_missing(packages: list[str]):
-    """Install the packages that are not installed yet, refreshing apt lists first; nothing when all present.
+    """
+    Install the packages that are not installed yet, refreshing apt lists first; nothing when all present.
 
-    `name=version` entries pin a version (and count as missing when another version is installed).
+    + packages: package names; ``name=version`` pins a version (missing when another version is installed)
     """
     installed = host.get_fact(DebPackages)
     missing = []
@@ -186,9 +200,15 @@ def install_missing(packages: list[str]):
 
 @operation()
 def hold(packages: list[str], installed_pattern: str = "", same_version_as: str = "", prefixes: tuple = ()):
-    """`apt-mark hold` the installed ones of `packages`, those matching `installed_pattern`, and those named with
-    one of `prefixes` whose upstream version is that of the installed `same_version_as` (the rest of the driver
-    stack: its libraries must not move without its kernel module), unless already held."""
+    """
+    ``apt-mark hold`` installed packages, unless already held.
+
+    + packages: names to hold when installed
+    + installed_pattern: also hold installed packages whose name matches this regex
+    + same_version_as: an installed package whose upstream version selects the ``prefixes`` packages
+    + prefixes: also hold installed packages named with one of these prefixes at that upstream version (the rest
+      of the driver stack: its libraries must not move without its kernel module)
+    """
     installed = host.get_fact(DebPackages)
     pattern = re.compile(installed_pattern) if installed_pattern else None
     wanted = {name for name in installed if name in packages or (pattern and pattern.match(name))}
@@ -207,7 +227,11 @@ def hold(packages: list[str], installed_pattern: str = "", same_version_as: str 
 
 @operation()
 def remove_installed(packages: list[str]):
-    """`apt-get remove` the installed ones of `packages` (a vendor's "uninstall conflicting packages" step)."""
+    """
+    ``apt-get remove`` the installed ones of ``packages`` (a vendor's "uninstall conflicting packages" step).
+
+    + packages: package names; those not installed are skipped
+    """
     installed = host.get_fact(DebPackages)
     present = [name for name in packages if name in installed]
     if not present:

@@ -42,7 +42,14 @@ def merged_text(current: str | None, patch: dict) -> str | None:
 
 @operation()
 def merge_json(path: str, patch: dict, mode: str = "644"):
-    """Merge `patch` into the JSON file at `path` (created if missing), written atomically; no-op when equal."""
+    """
+    Merge ``patch`` into the JSON file at ``path`` (created if missing), written atomically; no-op when equal.
+    A file that is not valid JSON fails the host.
+
+    + path: the JSON file, e.g. Docker's daemon.json
+    + patch: keys to set (nested mappings are merged)
+    + mode: the file's octal mode
+    """
     lines = host.get_fact(FileContents, path=path)
     current = None if lines is None else "\n".join(lines)
     try:

@@ -117,6 +117,13 @@ def checkout(
     """
     Check out ``commit`` of ``url`` at ``dest`` (detached), sparse to ``sparse`` paths if given, and verify
     the sha256 of every path in ``files``.
+
+    + source: the source's name, for messages
+    + url: the git remote
+    + commit: the full commit SHA to check out
+    + dest: the checkout directory
+    + sparse: paths of a sparse checkout (empty: the whole tree)
+    + files: ``{path: sha256}`` the checkout must match (a mismatch fails the host)
     """
     name, files = source, dict(files or {})
     state = host.get_fact(GitCheckout, path=dest, files=tuple(files))

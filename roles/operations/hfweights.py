@@ -27,7 +27,8 @@ from pyinfra.api import FileUploadCommand, OperationError, StringCommand, operat
 from pyinfra.facts.files import File
 
 from rigforge.pins import HfFile, HfPin
-from roles.facts.hfweights import FreeBytes, VenvDistVersion, WeightsState
+from roles.facts.hfweights import VenvDistVersion, WeightsState
+from roles.facts.system import FreeDiskBytes
 from roles.operations.checks import fail_command
 from roles.operations.shown import ShownCommand, say
 from roles.operations.staged import upload_privately
@@ -120,11 +121,17 @@ def fetched(
     """
     Make ``dest`` hold exactly ``pin``'s files, verified against the lock's sha256.
 
-    + python/script: the venv python and fetch_weights.py on the host
+    + pin: the locked asset (repo, revision, files with sizes and sha256s)
+    + dest: the asset dir on the host
+    + staging: where files are downloaded before they move into ``dest``
+    + python: the venv's python on the host
+    + script: fetch_weights.py on the host
     + work_dir: root-only directory for the manifest and the transient token file
+    + endpoint: the Hugging Face endpoint URL (None: the hub's default)
     + token: HF token (pyinfra HiddenValue or str), uploaded as a 0600 file only while fetching
     + deep: re-hash every file (always runs the script, so always reports a change)
     + source: ``hub`` (the host downloads) or ``controller`` (fetch once into ``cache_dir``, push)
+    + cache_dir: the controller's weights cache (with ``source="controller"``)
     """
     state = host.get_fact(WeightsState, dest=dest, staging=staging)
     stale = stale_files(pin, state)
@@ -142,8 +149,8 @@ def fetched(
         yield StringCommand(f"rm -rf {' '.join(q(p) for p in left)}")
         return
     need = int(missing_bytes(stale, state) * HEADROOM)
-    free = host.get_fact(FreeBytes, path=dest)
-    if need > free:
+    free = host.get_fact(FreeDiskBytes, path=dest)
+    if free is not None and need > free:  # unknown (statfs failed): preflight has checked the disk
         yield fail_command(
             f"{host.name}: not enough disk space for {pin.name} at {dest}: need {human(need)} "
             f"(missing bytes + 5%), {human(free)} free; free space or set serving_model_dir elsewhere"
@@ -177,6 +184,10 @@ def fetched(
 def venv_package(venv: str, dist: str, version: str):
     """
     ``dist==version`` installed in the venv at ``venv`` (pip), decided from the venv's ``.dist-info`` directory.
+
+    + venv: the virtualenv's directory
+    + dist: the distribution name
+    + version: the exact version wanted
     """
     if host.get_fact(VenvDistVersion, venv=venv, dist=dist) == version:
         host.noop(f"{dist} {version} is installed in {venv}")

@@ -6,6 +6,7 @@ from pyinfra import host
 from pyinfra.api import StringCommand, operation
 from pyinfra.operations import server
 
+from rigforge.hardware import cap_problems, resolve_caps
 from roles.facts.nvidia import (
     NvidiaGpus,
     NvidiaModuleVersion,
@@ -14,7 +15,8 @@ from roles.facts.nvidia import (
     NvidiaSmiStatus,
     upstream_version,
 )
-from roles.operations.checks import cap_problems, fail_command, resolve_caps
+from roles.operations.checks import fail_command
+from roles.operations.staged import connection
 
 # Connectors that run on the controller itself: never reboot through them.
 CONTROLLER_CONNECTORS = ("@local", "@chroot", "@docker", "@podman")
@@ -24,14 +26,16 @@ def on_controller() -> bool:
     """True when rebooting this host would reboot the controller: a local/chroot/container connector, or SSH
     to a loopback address (a testbed rig is a chroot on the controller)."""
     module = type(host.connector).__module__.rsplit(".", 1)[-1]
-    address = str(host.data.get("ssh_hostname") or host.name)
+    address = str(connection("ssh_hostname") or host.name)
     loopback = address in ("localhost", "::1") or address.startswith("127.")
     return host.name.startswith(CONTROLLER_CONNECTORS) or module in ("local", "chroot", "docker", "podman") or loopback
 
 
 @operation()
 def persistence_mode():
-    """`nvidia-smi -i N -pm 1` for each GPU whose persistence mode is off."""
+    """
+    ``nvidia-smi -i N -pm 1`` for each GPU whose persistence mode is off (no arguments).
+    """
     gpus = host.get_fact(NvidiaGpus)
     off = [gpu["index"] for gpu in gpus if gpu.get("persistence_mode") is False]
     if not off:
@@ -43,7 +47,12 @@ def persistence_mode():
 
 @operation()
 def power_caps(default_w, overrides: dict | None = None):
-    """`nvidia-smi -i N -pl W` only for GPUs whose current limit differs; a cap outside a card's range fails."""
+    """
+    ``nvidia-smi -i N -pl W`` only for GPUs whose current limit differs; a cap outside a card's range fails.
+
+    + default_w: the cap in whole watts for every GPU
+    + overrides: ``{gpu index: watts}`` for GPUs capped differently
+    """
     gpus = host.get_fact(NvidiaGpus)
     try:
         problems = cap_problems(gpus, default_w, overrides or {})
@@ -78,9 +87,12 @@ def reboot_reason(package_version: str | None, module_version: str | None, smi: 
 
 @operation(is_idempotent=False)
 def reboot_if_needed(package: str, allow_reboot: bool):
-    """Reboot when the installed driver is not the one running; without `allow_reboot` fail with what to do.
-
+    """
+    Reboot when the installed driver is not the one running; without ``allow_reboot`` fail with what to do.
     Never reboots a controller-side connection (@local, @chroot, ...): that would reboot the controller.
+
+    + package: the driver's apt package, whose installed version is compared with the loaded module
+    + allow_reboot: reboot the rig (True) or fail the host with what to do
     """
     reason = reboot_reason(
         host.get_fact(NvidiaPackageVersion, package=package),
@@ -122,7 +134,11 @@ def branch_problem(running: dict, branch: int) -> str | None:
 
 @operation()
 def running_branch(branch: int):
-    """Fail the host unless the running driver is of `branch` (the driver itself is not touched)."""
+    """
+    Fail the host unless the running driver is of ``branch`` (the driver itself is not touched).
+
+    + branch: the driver branch wanted, e.g. ``580``
+    """
     problem = branch_problem(host.get_fact(NvidiaRunningDriver), branch)
     if problem:
         yield fail_command(f"{host.name}: {problem}")

@@ -15,54 +15,22 @@ from __future__ import annotations
 import shlex
 
 from pyinfra import host, logger, state
-from pyinfra.api import FactBase, StringCommand, operation
+from pyinfra.api import StringCommand, operation
 
+from roles.facts.apt import DpkgInterrupted
+from roles.facts.system import LeftoverUploads
 from roles.operations.staged import private_upload_dir
 
 APT_ENV = "DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=a"
 DPKG_OPTIONS = "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold"  # keep edited conffiles
 
 
-class DpkgInterrupted(FactBase):
-    """Why dpkg needs `--configure -a` (a short reason), or None when its state is clean.
-
-    Reads dpkg's journal dir (non-empty: a dpkg run was interrupted) and `dpkg --audit` (packages unpacked,
-    half-configured or half-installed); both work while dpkg is in that state."""
-
-    def command(self) -> str:
-        return (
-            "if [ -n \"$(ls -A /var/lib/dpkg/updates 2>/dev/null)\" ]; then echo 'journal: dpkg was interrupted'; fi; "
-            "dpkg --audit 2>&1 | grep -E '^ [a-z0-9][a-z0-9+.-]+ ' | head -n 20 | sed 's/^ /audit: /'; true"
-        )
-
-    def process(self, output: list[str]) -> str | None:
-        lines = [line.strip() for line in output if line.strip()]
-        if not lines:
-            return None
-        packages = [line.split()[1] for line in lines if line.startswith("audit:") and len(line.split()) > 1]
-        reason = "dpkg was interrupted" if any(line.startswith("journal:") for line in lines) else ""
-        if packages:
-            reason += ("; " if reason else "") + f"not fully installed: {', '.join(sorted(set(packages)))}"
-        return reason or None
-
-
-class LeftoverUploads(FactBase):
-    """Files left in the SSH user's private upload dir by an interrupted upload (a list of paths)."""
-
-    def command(self, path: str) -> str:
-        return f"find {shlex.quote(path)} -mindepth 1 -maxdepth 1 2>/dev/null || true"
-
-    @staticmethod
-    def default() -> list:
-        return []
-
-    def process(self, output: list[str]) -> list[str]:
-        return [line.strip() for line in output if line.strip()]
-
-
 @operation()
 def packages():
-    """`dpkg --configure -a` and `apt-get -f install`, only when an interrupted run left dpkg needing them."""
+    """
+    ``dpkg --configure -a`` and ``apt-get -f install``, only when an interrupted run left dpkg needing them
+    (no arguments).
+    """
     reason = host.get_fact(DpkgInterrupted)
     if not reason:
         host.noop("dpkg state is clean")
@@ -80,7 +48,9 @@ def packages():
 
 @operation()
 def uploads_cleared():
-    """Remove what an interrupted upload left in the SSH user's private upload dir (secrets included)."""
+    """
+    Remove what an interrupted upload left in the SSH user's private upload dir, secrets included (no arguments).
+    """
     path = private_upload_dir()
     left = host.get_fact(LeftoverUploads, path=path)
     if not left:

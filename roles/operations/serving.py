@@ -7,45 +7,54 @@ import shlex
 
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
-from pyinfra.facts.server import Command
 
+from rigforge.layout import VLLM_TEMPLATE, HostLayout
+from roles.facts.docker import DockerImagePresent
+from roles.facts.files import JsonFile
 from roles.facts.nvidia import NvidiaGpus
+from roles.facts.system import EnabledInstances
 from roles.operations.staged import upload_privately
 
 MANIFEST_VOLATILE = ("provisioned_at",)
+UNIT_DIR = HostLayout.unit_dir  # the layout's default; callers pass their plan's layout.unit_dir
 
 
 @operation()
-def sole_instance(unit: str, stop_others: bool):
-    """Enable `unit` and disable (and stop, when services are managed) every other vLLM instance."""
-    others = [u for u in enabled_instances() if u != unit]
+def sole_instance(unit: str, stop_others: bool, unit_dir: str = UNIT_DIR, template: str = VLLM_TEMPLATE):
+    """
+    Enable ``unit`` and disable every other enabled instance of the vLLM template unit.
+
+    + unit: the instance to keep enabled, e.g. ``name@dual.service``
+    + stop_others: also stop the others (``disable --now``), when services are managed
+    + unit_dir: the systemd unit dir (the layout's ``unit_dir``)
+    + template: the template unit the instances belong to (the layout's ``vllm_template``)
+    """
+    enabled = enabled_instances(unit_dir, template)
+    others = [u for u in enabled if u != unit]
     for other in others:
         yield StringCommand("systemctl", "disable", *(["--now"] if stop_others else []), QuoteString(other))
-    if unit not in enabled_instances():
+    if unit not in enabled:
         yield StringCommand("systemctl", "enable", QuoteString(unit))
-    if not others and unit in enabled_instances():
+    if not others and unit in enabled:
         host.noop(f"{unit} is the only enabled vLLM instance")
 
 
 @operation()
 def image_present(image: str):
-    """`docker pull` the pinned image unless it is already present (needs a running engine)."""
-    present = host.get_fact(
-        Command, command=f"docker image inspect {shlex.quote(image)} >/dev/null 2>&1 && echo yes || echo no"
-    )
-    if (present or "").strip() == "yes":
+    """
+    ``docker pull`` the image unless the engine already holds it (needs a running engine).
+
+    + image: the pinned image reference, e.g. ``repo/name:tag``
+    """
+    if host.get_fact(DockerImagePresent, image=image):
         host.noop(f"{image} already present")
         return
     yield StringCommand("docker", "pull", "--quiet", QuoteString(image))
 
 
-def enabled_instances(template: str = "rigforge-vllm@") -> list[str]:
-    """Instances of the vLLM template unit enabled at boot, e.g. ['rigforge-vllm@dual.service']."""
-    out = host.get_fact(
-        Command,
-        command=f"ls /etc/systemd/system/multi-user.target.wants/ 2>/dev/null | grep '^{template}' || true",
-    )
-    return sorted(line.strip() for line in (out or "").splitlines() if line.strip())
+def enabled_instances(unit_dir: str = UNIT_DIR, template: str = VLLM_TEMPLATE) -> list[str]:
+    """Instances of the vLLM template unit enabled at boot, sorted, e.g. ['name@dual.service']."""
+    return host.get_fact(EnabledInstances, unit_dir=unit_dir, template=template)
 
 
 def _stable(manifest: dict) -> dict:
@@ -54,20 +63,20 @@ def _stable(manifest: dict) -> dict:
 
 @operation()
 def manifest(path: str, content: dict, now: str):
-    """Write /etc/rigforge/rig.json: `content` plus the rig's GPUs as seen when this runs, and the time.
-
+    """
+    Write the rig manifest (rig.json): ``content`` plus the rig's GPUs as seen when this runs, and the time.
     Rewritten only when something other than the time differs, so a converged rig stays unchanged.
+
+    + path: where the manifest goes (the layout's ``rig_json``)
+    + content: what it records (variant, unit, port, pins...)
+    + now: the time to record as ``provisioned_at`` (ISO 8601)
     """
     gpus = [
         {k: gpu.get(k) for k in ("index", "uuid", "name", "memory_total", "power_limit", "driver_version")}
         for gpu in host.get_fact(NvidiaGpus) or []
     ]
     wanted = {**content, "gpus": gpus}
-    raw = host.get_fact(Command, command=f"cat {shlex.quote(path)} 2>/dev/null || true")
-    try:
-        current = json.loads(raw) if raw else {}
-    except ValueError:
-        current = {}
+    current = host.get_fact(JsonFile, path=path) or {}
     if _stable(current) == wanted:
         host.noop(f"{path} up to date")
         return

@@ -10,7 +10,9 @@ import shlex
 from pyinfra import host, logger, state
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 from pyinfra.facts.files import Directory, File, Sha256File
-from pyinfra.facts.server import Command
+
+from rigforge.layout import STAGING
+from roles.facts.files import Sha256FileWithoutLines
 
 
 def _sha256(text: str) -> str:
@@ -18,8 +20,15 @@ def _sha256(text: str) -> str:
 
 
 def private_upload_dir() -> str:
-    """The SSH user's own 0700 dir that sudo uploads pass through (see upload_privately)."""
-    return f"/tmp/.rigforge-upload-{host.data.get('ssh_user') or 'user'}"
+    """The SSH user's own 0700 dir that sudo uploads pass through (see upload_privately). The user is the one the
+    connection logs in as (the SSH connector's own data), not a role setting."""
+    return f"/tmp/.rigforge-upload-{connection('ssh_user') or 'user'}"
+
+
+def connection(key: str):
+    """A setting of the host's connection as its connector sees it (e.g. the SSH connector's ``ssh_user``,
+    ``ssh_hostname``), None when the connector has no such setting (local, chroot, @fake connectors)."""
+    return (getattr(host.connector, "data", None) or {}).get(key)
 
 
 def upload_privately(text: str, dest: str):
@@ -49,11 +58,16 @@ def staged_files(
     keep_previous: bool = True,
     keep_line: dict[str, str] | None = None,
 ):
-    """Install `files` ({name: (text, octal mode)}) into `dest` as one unit.
+    """
+    Install ``files`` into ``dest`` as one unit, validated on the host before anything is replaced.
 
-    `keep_line` ({name: prefix}, e.g. {".env": "HF_TOKEN="}): the installed file's line with that prefix is kept
-    instead of the new text's (a secret the controller does not have this time); it is compared and copied on
-    the host, never read back to the controller.
+    + dest: the directory the files go into
+    + files: ``{name: (text, octal mode)}``
+    + validate: shell command run in the staging dir; the files land only if it exits 0
+    + keep_previous: keep the replaced files as ``<name>.prev`` (for rollback)
+    + keep_line: ``{name: prefix}`` (e.g. ``{".env": "HF_TOKEN="}``): the installed file's line with that prefix
+      is kept instead of the new text's (a secret the controller does not have this time); it is compared and
+      copied on the host, never read back to the controller
 
     No-op when every file already has that content and mode. Otherwise the files are uploaded to
     `dest/.staging` (0700), `validate` runs there (e.g. `docker compose config -q`), and only if it passes
@@ -64,7 +78,7 @@ def staged_files(
     files into place (the staging dir holds the `.swapping` marker) the next run finishes the move without
     overwriting the `.prev` copies, which still hold the files from before that interrupted swap.
     """
-    staging = f"{dest}/.staging"
+    staging = f"{dest}/{STAGING}"
     current = {}
     keep_line = keep_line or {}
     for name, (text, mode) in files.items():
@@ -115,10 +129,7 @@ def _content_hash(path: str, prefix: str | None) -> str | None:
     """sha256 of the file (without the lines starting with `prefix`), as read on the host."""
     if not prefix:
         return host.get_fact(Sha256File, path=path)
-    out = host.get_fact(
-        Command, command=f"grep -v -- {shlex.quote('^' + prefix)} {shlex.quote(path)} 2>/dev/null | sha256sum"
-    )
-    return (out or "").split(" ")[0] or None
+    return host.get_fact(Sha256FileWithoutLines, path=path, prefix=prefix)
 
 
 def _keep_line_script(current: str, staged: str, prefix: str) -> str:

@@ -142,7 +142,7 @@ def test_a_variant_whose_server_exits_at_start_rolls_back_to_the_previous_one(bo
 def test_a_same_variant_update_that_breaks_rolls_back_to_prev(booted, tmp_path):
     """From dual, serving (the test before): the same variant, now on the broken image."""
     from rigforge.testbed.booted import BROKEN_IMAGE
-    from rigforge.testbed.core import IMAGE_REF
+    from rigforge.testbed.rig import IMAGE_REF
 
     rig = booted.rig("rig1")
     compose = "/opt/rigforge/serve/dual/docker-compose.yml"

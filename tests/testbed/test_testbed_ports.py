@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rigforge.testbed import TestbedError, core, down, rootfs, up
+from rigforge.testbed import RigSpec, TestbedError, core, down, rootfs, up
 from rigforge.testbed._util import owns_port, pid_alive
 
 pytestmark = pytest.mark.testbed
@@ -123,7 +123,7 @@ def test_lost_port_race_is_an_error_naming_the_rig(testbed_factory, monkeypatch)
             TestbedError,
             match=rf"sshd of testbed rig rig1 \(.*\) did not start on 127.0.0.1:{port}: .*Address already in use",
         ):
-            up(tb.dir, [core.RigSpec(gpus=1)], shared=tb.shared)
+            up(tb.dir, [RigSpec(gpus=1)], shared=tb.shared)
 
 
 def test_a_service_port_held_by_another_process_is_not_taken_for_the_service(tmp_path, monkeypatch):

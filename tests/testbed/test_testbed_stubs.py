@@ -29,7 +29,7 @@ UUID = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f
 def smi(tmp_path):
     """Run the stub nvidia-smi against a simulated 2x RTX 3090 root in tmp_path."""
     script = tmp_path / "nvidia-smi"
-    script.write_text(aptrepo._stub("nvidia-smi", DRIVER_VERSION=aptrepo.DRIVER_VERSION, FLAVOR="open"))
+    script.write_text(aptrepo.stub_script("nvidia-smi", DRIVER_VERSION=aptrepo.DRIVER_VERSION, FLAVOR="open"))
     (tmp_path / "etc/rigforge-sim").mkdir(parents=True)
     (tmp_path / "etc/rigforge-sim/gpus.json").write_text(json.dumps(RigSpec().gpus_json("t")))
     (tmp_path / "sys/module/nvidia").mkdir(parents=True)
@@ -164,7 +164,7 @@ def test_driver_not_loaded_and_version_mismatch(smi):
 
 def test_nvidia_ctk_merges_daemon_json_keeping_keys(tmp_path):
     script = tmp_path / "nvidia-ctk"
-    script.write_text(aptrepo._stub("nvidia-ctk", TOOLKIT_VERSION=aptrepo.TOOLKIT_VERSION))
+    script.write_text(aptrepo.stub_script("nvidia-ctk", TOOLKIT_VERSION=aptrepo.TOOLKIT_VERSION))
     cfg = tmp_path / "daemon.json"
     cfg.write_text(json.dumps({"log-driver": "json-file", "runtimes": {"other": {"path": "/x"}}}))
     res = subprocess.run(

@@ -11,7 +11,7 @@ Endpoints: `GET /v1/models`, `POST /v1/chat/completions` (streamed or not; a req
 `tools` gets a tool call back, any other gets text that mentions Paris, as the recipes'
 verify expects), `GET /_stub/log`.
 
-Run: `python -m rigforge.openai_stub --port 0 --ttft-ms 100 --dt-ms 10 --tokens 40`
+Run: `python -m rigforge.testbed.openai_stub --port 0 --ttft-ms 100 --dt-ms 10 --tokens 40`
 prints the base URL on the first stdout line, then serves until killed.
 """
 
@@ -189,7 +189,7 @@ def make_server(schedule: Schedule, host: str = "127.0.0.1", port: int = 0) -> T
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rigforge.openai_stub", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m rigforge.testbed.openai_stub", description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 = a free port")
     p.add_argument("--model", default=Schedule.model)

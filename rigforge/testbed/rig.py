@@ -1,0 +1,84 @@
+"""A testbed rig as tests and the testbed's modules see it: its simulated hardware (`RigSpec`), where it lives and
+how to reach it (`Rig`), the SSH user every rig has, and the images its rigs serve (`IMAGE_REF`, the testbed
+lock's pin, and the recipe slugs' images)."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ._util import chroot_env
+from .content import recipes_dir
+
+USER = "rigadmin"
+IMAGE_REF = "vllm/vllm-openai:nightly-7a1eb8ac2ec4ea69338c51dc7afd4b15010abfa8"
+
+
+@dataclass(frozen=True)
+class RigSpec:
+    """Simulated hardware of one rig (what the stub nvidia-smi reports)."""
+
+    gpus: int = 2
+    gpu_name: str = "NVIDIA GeForce RTX 3090"
+    vram_mib: int = 24576
+    power_min: int = 100
+    power_default: int = 350
+    power_max: int = 350
+    preset: str = ""  # "", "handmade" or "unowned": how the rig was set up before rigforge (testbed/presets.py)
+
+    def gpus_json(self, seed: str) -> dict:
+        gpus = []
+        for i in range(self.gpus):
+            h = hashlib.sha256(f"{seed}/{i}".encode()).hexdigest()
+            uuid = f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+            gpus.append(
+                {
+                    "name": self.gpu_name,
+                    "uuid": uuid,
+                    "pci_bus_id": f"00000000:{i + 1:02X}:00.0",
+                    "memory_total_mib": self.vram_mib,
+                    "power_min_w": self.power_min,
+                    "power_default_w": self.power_default,
+                    "power_max_w": self.power_max,
+                    "compute_cap": "8.6",
+                }
+            )
+        return {"gpus": gpus}
+
+
+@dataclass
+class Rig:
+    name: str
+    ssh_port: int
+    rootfs: Path
+    user: str
+    key: Path
+    dir: Path
+    spec: RigSpec = field(default_factory=RigSpec)
+
+    def simulate_reboot(self) -> None:
+        """Forget the GPUs' runtime state, as a reboot does: power limits back to default, persistence off.
+        (Nothing runs at boot in a chroot: a test runs the boot unit's command itself afterwards.)"""
+        (self.rootfs / "var/lib/rigforge-sim/state.json").unlink(missing_ok=True)
+
+    def run(self, cmd: str, check: bool = False) -> subprocess.CompletedProcess:
+        """Run a shell command inside the rig's root file system (chroot on the controller, as root)."""
+        return subprocess.run(
+            ["chroot", str(self.rootfs), "/bin/sh", "-c", cmd],
+            env=chroot_env(),
+            capture_output=True,
+            text=True,
+            check=check,
+        )
+
+
+def recipe_images() -> dict[str, str]:
+    """{engine: image ref} the recipe slugs of RIGFORGE_RECIPES run, by tag ({} when it is unset)."""
+    if not recipes_dir():
+        return {}
+    from rigforge.recipes import parse_repo
+
+    repo = parse_repo(recipes_dir())
+    return {r.engine: r.image for r in repo.recipes.values() if not r.refused and "@" not in r.image}

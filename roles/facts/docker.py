@@ -1,0 +1,24 @@
+"""Docker facts: what the engine already holds."""
+
+from __future__ import annotations
+
+from pyinfra.api import FactBase, QuoteString, StringCommand
+
+
+class DockerImagePresent(FactBase):
+    """
+    Whether the engine holds ``image`` (``docker image inspect`` finds it), as a bool. False also when the
+    engine or the docker CLI is missing::
+
+        True
+    """
+
+    def command(self, image: str) -> StringCommand:
+        return StringCommand("docker", "image", "inspect", QuoteString(image), ">/dev/null 2>&1 && echo yes || echo no")
+
+    @staticmethod
+    def default() -> bool:
+        return False
+
+    def process(self, output: list[str]) -> bool:
+        return bool(output) and output[0].strip() == "yes"

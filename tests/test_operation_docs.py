@@ -1,0 +1,29 @@
+"""Tier 1: every operation in roles/operations/ documents its arguments as pyinfra's own do (`+ name: meaning`)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+OPERATIONS = sorted((Path(__file__).parent.parent / "roles" / "operations").glob("*.py"))
+
+
+def operations(path: Path):
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef) and any("operation" in ast.unparse(d) for d in node.decorator_list):
+            yield node
+
+
+@pytest.mark.parametrize("path", OPERATIONS, ids=lambda p: p.name)
+def test_operation_docstrings_list_every_argument(path):
+    for node in operations(path):
+        doc = ast.get_docstring(node) or ""
+        names = [a.arg for a in node.args.args + node.args.kwonlyargs]
+        listed = re.findall(r"^\+ (\w+):", doc, re.M)
+        assert doc, f"{path.name}: {node.name} has no docstring"
+        assert listed == names or (not names and "no arguments" in doc), (
+            f"{path.name}: {node.name}'s docstring lists {listed}, its arguments are {names}"
+        )
