@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pyinfra.facts.files import Sha256File
+
 from rigforge.hardware import small_override, vram_problems
 from rigforge.layout import SERVE_FILES, HostLayout
 from rigforge.pins import LockError, load_lock
@@ -25,11 +27,12 @@ from rigforge.schema import Settings, power_caps
 from roles import nvidia_driver
 from roles.driver_table import DriverTableError
 from roles.facts import probe
+from roles.facts.apt import DebInstalledVersion
+from roles.facts.files import JsonFile, Sha256FileWithoutLines
 from roles.facts.gitpin import GitCheckout
 from roles.facts.hfweights import WeightsState
-from roles.facts.managed import ContentHash, DebInstalledVersion, JsonFile, UnitActive
 from roles.facts.nvidia import NvidiaGpus, NvidiaModuleVersion, NvidiaRunningDriver
-from roles.facts.system import OsRelease, SystemdUnitEnabled
+from roles.facts.system import OsRelease, SystemdUnitEnabled, UnitActive
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 SKIPPED = "skipped (services not managed on this host)"
@@ -120,7 +123,7 @@ def requests(ctx: RigContext, os_id: str | None) -> list[tuple[type, dict]]:
     if plan:
         out += [(GitCheckout, {"path": plan.layout.src(name)}) for name in plan.variant.sources]
         out += [(WeightsState, _weights_at(plan, asset)) for asset in plan.assets]
-        out += [(ContentHash, {"path": path, "drop": drop}) for path, (_, drop) in managed_files(plan).items()]
+        out += [digest_of(path, drop) for path, (_, drop) in managed_files(plan).items()]
     return out
 
 
@@ -245,6 +248,11 @@ def managed_files(plan: Plan) -> dict[str, tuple[str, str | None]]:
     return out
 
 
+def digest_of(path: str, drop: str | None) -> tuple[type, dict]:
+    """The fact that reads a managed file's sha256 on the rig (without its `drop` lines, read there)."""
+    return (Sha256FileWithoutLines, {"path": path, "prefix": drop}) if drop else (Sha256File, {"path": path})
+
+
 def _sha256(text: str, drop: str | None) -> str:
     kept = text if not drop else "".join(line for line in text.splitlines(True) if not line.startswith(drop))
     return hashlib.sha256(kept.encode()).hexdigest()
@@ -255,7 +263,8 @@ def files(obs: Observed, plan: Plan) -> list[str]:
     read or shown). A hand edit shows here, naming the file."""
     bad = []
     for path, (text, drop) in managed_files(plan).items():
-        on_rig = obs.get_fact(ContentHash, path=path, drop=drop)
+        cls, kwargs = digest_of(path, drop)
+        on_rig = obs.get_fact(cls, **kwargs)
         if on_rig is None:
             bad.append(f"{path} is missing")
         elif on_rig != _sha256(text, drop):

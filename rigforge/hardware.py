@@ -51,6 +51,7 @@ def vram_problems(gpus: list[dict], variant: str, card_mib: int, dflash: bool, o
 
 SUPPORTED_OS = {("ubuntu", "22.04"), ("ubuntu", "24.04"), ("debian", "12"), ("debian", "13")}
 DOCKER_SOURCES = ("docker", "distro")
+TWO_CARDS = "rigforge serves 2-card rigs (every variant runs tensor-parallel over 2 GPUs): add a GPU."
 DRIVER_FLAVORS = ("open", "proprietary")
 
 
@@ -103,10 +104,7 @@ def gpu_problems(gpus: list[dict], needs: Needs, data: dict) -> list[str]:
         return []
     problems = []
     if len(gpus) < needs.gpus:
-        problems.append(
-            f"variant {needs.variant} needs {needs.gpus} GPUs, nvidia-smi shows {len(gpus)}; "
-            "choose a variant for this GPU count (rigforge_variant) or add GPUs."
-        )
+        problems.append(f"variant {needs.variant} needs {needs.gpus} GPUs, nvidia-smi shows {len(gpus)}; {TWO_CARDS}")
     override = small_override(data.get("serving_kv_cache_dtype"), data.get("serving_gpu_memory_utilization"))
     problems += vram_problems(gpus, needs.variant, needs.card_mib, needs.dflash, override)
     try:
@@ -150,8 +148,7 @@ def find_problems(
         problems.append(f"nvidia_driver_flavor={flavor!r} is not one of: {', '.join(DRIVER_FLAVORS)}.")
     if not gpus and pci_gpus is not None and pci_gpus < needs.gpus:
         problems.append(
-            f"variant {needs.variant} needs {needs.gpus} GPUs, the PCI bus shows {pci_gpus} NVIDIA GPU(s); "
-            "choose a variant for this GPU count (rigforge_variant) or add GPUs."
+            f"variant {needs.variant} needs {needs.gpus} GPUs, the PCI bus shows {pci_gpus} NVIDIA GPU(s); {TWO_CARDS}"
         )
     problems += gpu_problems(gpus, needs, data)
 

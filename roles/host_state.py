@@ -21,7 +21,11 @@ from roles.facts.system import OsRelease
 from roles.operations import apt_repo
 from roles.operations.nvidia import branch_problem
 
-ALREADY_CHECKED = ("docker_source=", "nvidia_driver_flavor=", "nvidia_allow_reboot=")  # by checks.find_problems
+ALREADY_CHECKED = (
+    "docker_source=",
+    "nvidia_driver_flavor=",
+    "nvidia_allow_reboot=",
+)  # by rigforge.hardware.find_problems
 
 
 def role_data(data: Mapping) -> dict:

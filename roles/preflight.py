@@ -4,17 +4,20 @@ Checked: supported OS (Ubuntu 22.04/24.04, Debian 12/13); with GPUs visible: GPU
 (20 GB cards are told to use the override; DFlash variants are refused there), requested power caps
 within every card's min..max; free disk at the model dir; the role switches (docker_source,
 nvidia_driver_flavor). All problems come out as one message naming the host, the key and what to do.
-With `pyinfra --dry` the message is printed as a warning and nothing fails.
+The refusal is printed while the deploy is prepared, so `pyinfra --dry` shows it and exits 1.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pyinfra.api import deploy
+from pyinfra import host, logger
 
+from rigforge.hardware import Needs, find_problems, format_problems
 from roles import docker_engine, gpu_power, host_state, nvidia_driver
-from roles.operations import checks
+from roles.facts.nvidia import NvidiaGpus, NvidiaPciGpus
+from roles.facts.system import FreeDiskBytes, OsRelease, SecureBoot
+from roles.operations.checks import refuse_now
 
 DEFAULTS: dict = {}  # preflight has no knobs of its own; it checks the other roles' keys (defaults below)
 
@@ -30,12 +33,35 @@ CHECKED_KEYS = {
 }
 
 
-@deploy("Preflight", data_defaults=DEFAULTS)
-def check(needs: checks.Needs, data: Mapping):
-    """`needs`: what the variant needs of the host; `data`: the plan's validated host data (roles/site.py)."""
-    checks.host_checks(
-        name=f"Preflight: can this host run {needs.variant}?",
+def check(needs: Needs, data: Mapping) -> bool:
+    """Refuse this host now, while the deploy is prepared, when it cannot run `needs.variant`; True when it can.
+
+    Nothing has changed on the host yet (preflight comes first), so what the facts say now is what they would
+    say when the run executes; the refusal is printed in full at once, so `pyinfra --dry` shows it too, and the
+    run exits 1.
+
+    + needs: what the variant needs of the host
+    + data: the plan's validated host data (roles/site.py)
+    """
+    data = {key: data.get(key, default) for key, default in CHECKED_KEYS.items()}
+    problems = find_problems(
+        host.get_fact(OsRelease),
+        host.get_fact(NvidiaGpus),
+        host.get_fact(FreeDiskBytes, path=needs.disk_path),
         needs=needs,
-        data={key: data.get(key, default) for key, default in CHECKED_KEYS.items()},
-        host_problems=host_state.problems,
+        data=data,
+        pci_gpus=host.get_fact(NvidiaPciGpus),
     )
+    problems += host_state.problems(data)  # the driver and container-runtime roles' host-state checks
+    if host.get_fact(SecureBoot) == "enabled":
+        host.log_styled(
+            "Secure Boot is enabled: DKMS-built NVIDIA modules must be signed with an enrolled MOK key; on Ubuntu, "
+            "nvidia_driver_source: ubuntu installs Ubuntu's prebuilt, signed modules instead.",
+            fg="yellow",
+            log_func=logger.warning,
+        )
+    if problems:
+        refuse_now(f"Preflight refused {host.name}", format_problems(host.name, problems))
+        return False
+    host.noop(f"preflight passed for {needs.variant}")
+    return True

@@ -72,11 +72,17 @@ def apply(plan: Plan):
         keep_previous=False,
     )
 
-    previous = [u for u in enabled_instances() if u != unit]
+    previous = [u for u in enabled_instances(layout.unit_dir, layout.vllm_template) if u != unit]
     if manage:
         image_present(name=f"Pull {image} ahead of the restart", image=image)
         systemd.daemon_reload(name="Reload systemd units", _if=unit_file.did_change)
-    switched = sole_instance(name=f"Enable {unit} as the only vLLM instance", unit=unit, stop_others=bool(manage))
+    switched = sole_instance(
+        name=f"Enable {unit} as the only vLLM instance",
+        unit=unit,
+        stop_others=bool(manage),
+        unit_dir=layout.unit_dir,
+        template=layout.vllm_template,
+    )
     if manage:
         started = systemd.service(
             name=f"Start {unit}",

@@ -19,7 +19,6 @@ import os
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.context import ctx_state
-from pyinfra.facts.server import Command
 
 from rigforge import plan as planner
 from rigforge import schema
@@ -30,6 +29,7 @@ from rigforge.plan import Plan
 from rigforge.recipes import RecipeError
 from roles import docker_engine, gpu_power, interrupt, nvidia_driver, preflight, serving, sources, weights
 from roles.facts import probe
+from roles.facts.docker import DockerImagePresent
 from roles.facts.hfweights import WeightsState
 from roles.facts.nvidia import NvidiaGpus, NvidiaPciGpus
 from roles.operations import recover
@@ -116,10 +116,7 @@ def _disk_needed(plan: Plan) -> int:
     """Bytes still to land on the model disk: weights not yet stamped, plus the image when it will be pulled."""
     needed = sum(asset.bytes for asset in plan.assets if stale_files(asset.pin, _weights_state(plan, asset)))
     if plan.data["rigforge_manage_services"]:
-        present = host.get_fact(
-            Command, command=f"docker image inspect {plan.image} >/dev/null 2>&1 && echo yes || true"
-        )
-        needed += 0 if present == "yes" else int(IMAGE_GB * 1e9)
+        needed += 0 if host.get_fact(DockerImagePresent, image=plan.image) else int(IMAGE_GB * 1e9)
     return needed
 
 
@@ -136,7 +133,8 @@ def provision(variant_name: str | None = None):
     if plan is None:
         return
     host_needs = needs(plan)
-    preflight.check(host_needs, plan.data)
+    if not preflight.check(host_needs, plan.data):
+        return
     recover.packages(name="Repair packages an interrupted run left half-installed (dpkg --configure -a)")
     recover.uploads_cleared(name="Remove uploads an interrupted run left in the upload dir")
     nvidia_driver.install(plan)

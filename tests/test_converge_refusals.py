@@ -14,9 +14,10 @@ of the variant's shows on the PCI bus and is refused before the driver.
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
-from support import REPO, changed, errored, inventory_with, pyinfra_run
+from support import PYINFRA, REPO, changed, errored, inventory_with, pyinfra_run
 
 pytestmark = pytest.mark.testbed
 SNAPSHOT = (
@@ -93,7 +94,30 @@ def test_one_gpu_rig_is_refused_by_the_pci_count_before_the_driver(rigs, tmp_pat
     assert_refused(
         results, err, "rig2", "dual-turbo needs 2 GPUs, the PCI bus shows 1 NVIDIA GPU(s)", "preflight failed on"
     )
+    assert "rigforge serves 2-card rigs (every variant runs tensor-parallel over 2 GPUs): add a GPU." in err
+    assert "choose a variant for this GPU count" not in err  # no such variant exists
     assert snapshot(rig) == fresh
+
+
+def test_dry_run_shows_every_refusal_in_full_and_exits_1(rigs, tmp_path):
+    """`pyinfra --dry` is the fleet's pre-flight: every refusal in full, for every host, with or without -y; a
+    refused host lists no operation after its refusal; exit 1; nothing changes."""
+    rig1, rig2 = rigs.rig("rig1"), rigs.rig("rig2")
+    before = snapshot(rig1), snapshot(rig2)
+    inv = inventory_with(rigs, tmp_path / "dry.py", {"rig1": {"gpu_power_limit_w": 90}})
+    for flags in (["--dry"], ["--dry", "-y"]):
+        proc = subprocess.run(
+            [PYINFRA, *flags, str(inv), str(REPO / "deploy" / "dual_turbo.py"), "--limit", "rig1", "--limit", "rig2"],
+            cwd=REPO, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 1, out[-4000:]
+        assert "rigforge refused on rig1:" in out and "gpu_power_limit_w must be whole watts in 100..600, got 90" in out
+        assert "preflight failed on rig2:" in out and "needs 2 GPUs, the PCI bus shows 1 NVIDIA GPU(s)" in out
+        listed = [line for line in out.split("Detected changes:")[-1].splitlines() if "rigforge site |" in line]
+        if "-y" not in flags:  # the change listing: only the refusals
+            assert listed and all("Refuse" in line or "refused" in line for line in listed), listed
+    assert (snapshot(rig1), snapshot(rig2)) == before
 
 
 def test_20gb_cards_are_refused_right_after_the_driver_then_in_preflight(rigs, tmp_path):

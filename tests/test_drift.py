@@ -9,7 +9,7 @@ from rigforge import drift
 from rigforge.layout import HostLayout
 from roles import site
 from roles.facts import probe
-from roles.facts.managed import ContentHash, JsonFile
+from roles.facts.files import JsonFile
 from roles.facts.system import OsRelease
 
 ANSWERS = {  # what a fresh rig answers, per fact class name
@@ -17,7 +17,8 @@ ANSWERS = {  # what a fresh rig answers, per fact class name
     "OsRelease": {"id": "debian", "version_id": "13", "codename": "trixie"},
     "GitCheckout": None,
     "WeightsState": {"stamp": None, "files": {}},
-    "ContentHash": None,
+    "Sha256File": None,
+    "Sha256FileWithoutLines": None,
     "JsonFile": None,
     "SystemdUnitEnabled": False,
     "UnitActive": "unknown",
@@ -62,14 +63,14 @@ def test_a_hand_edited_file_is_named_and_the_token_line_is_not_compared():
     compose = f"{plan.layout.serve_dir}/docker-compose.yml"
     env = f"{plan.layout.serve_dir}/.env"
     as_planned = {
-        probe.fact_key(ContentHash, {"path": path, "drop": drop}): hashlib.sha256(
+        probe.fact_key(*drift.digest_of(path, drop)): hashlib.sha256(
             "".join(line for line in text.splitlines(True) if not drop or not line.startswith(drop)).encode()
         ).hexdigest()
         for path, (text, drop) in drift.managed_files(plan).items()
     }
     assert drift.files(Recording(as_planned), plan) == []
     assert drift.managed_files(plan)[env][1] == "HF_TOKEN="  # no token on this controller: the rig's line is kept
-    edited = {**as_planned, probe.fact_key(ContentHash, {"path": compose, "drop": None}): "0" * 64}
+    edited = {**as_planned, probe.fact_key(*drift.digest_of(compose, None)): "0" * 64}
     assert drift.files(Recording(edited), plan) == [
         f"{compose} differs from what rigforge renders (edited by hand? re-run the deploy)"
     ]

@@ -192,7 +192,7 @@ def test_preflight_fails_only_the_bad_host_before_any_change(caplog):
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     (message,) = [m for m in errors if "preflight failed" in m]
     assert "preflight failed on @fake/onegpu" in message
-    assert "needs 2 GPUs, nvidia-smi shows 1" in message and "rigforge_variant" in message
+    assert "needs 2 GPUs, nvidia-smi shows 1" in message and "rigforge serves 2-card rigs" in message
 
 
 @pytest.mark.parametrize("cap,word", [(90, "90 W"), (400, "400 W")])
@@ -211,12 +211,14 @@ def test_preflight_refuses_caps_outside_the_card_range(cap, word):
     assert "gpu_power_limit_w" in problems[0]
 
 
-def test_dry_run_reports_and_fails_nothing(caplog):
+def test_dry_run_shows_the_refusal_in_full_and_counts_the_host_failed(caplog):
+    """What `pyinfra --dry` does: prepare only. The refusal is printed in full and the host counts as failed, so
+    pyinfra exits 1; nothing runs."""
     caplog.set_level(logging.INFO)
     state = converge({"onegpu": rig(gpus=[gpu_row(0)]), "good": rig()}, site(), execute=False)
-    assert not state.failed_hosts
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert any("preflight failed on @fake/onegpu" in m for m in warnings)
+    assert {h.name for h in state.failed_hosts} == {"@fake/onegpu"}
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any("preflight failed on @fake/onegpu" in m and "needs 2 GPUs, nvidia-smi shows 1" in m for m in errors)
     assert not any("touch" in c for c in executed(state, "onegpu") + executed(state, "good"))
 
 

@@ -9,6 +9,7 @@ Parsers are pure functions; the facts only add the command. A hand-set-up rig ty
 from __future__ import annotations
 
 import re
+import shlex
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
@@ -167,3 +168,27 @@ class DpkgInterrupted(FactBase):
         if packages:
             reason += ("; " if reason else "") + f"not fully installed: {', '.join(sorted(set(packages)))}"
         return reason or None
+
+
+class DebInstalledVersion(FactBase):
+    """
+    The version of an installed Debian package, or None when it is not installed (removed, config files only,
+    unknown):
+
+    .. code:: python
+
+        "580.95.05-1"
+    """
+
+    def requires_command(self, package: str) -> str:
+        return "dpkg-query"
+
+    def command(self, package: str):
+        return f"dpkg-query -W -f '${{db:Status-Status}} ${{Version}}\\n' {shlex.quote(package)} 2>/dev/null || true"
+
+    def process(self, output):
+        words = (output[0] if output else "").split()
+        return words[1] if len(words) > 1 and words[0] == "installed" else None
+
+    def default(self):
+        return None

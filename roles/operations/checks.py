@@ -13,9 +13,8 @@ from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, operation
 from pyinfra.context import ctx_host
 
-from rigforge.hardware import Needs, find_problems, format_problems, gpu_problems
-from roles.facts.nvidia import NvidiaGpus, NvidiaPciGpus
-from roles.facts.system import FreeDiskBytes, OsRelease, SecureBoot
+from rigforge.hardware import Needs, format_problems, gpu_problems
+from roles.facts.nvidia import NvidiaGpus
 
 
 def _fail(state, host, message):  # pyinfra passes (state, host) to callbacks whose arguments use those names
@@ -27,40 +26,6 @@ def _fail(state, host, message):  # pyinfra passes (state, host) to callbacks wh
 def fail_command(message: str) -> FunctionCommand:
     """A command that fails the current host with `message` when executed."""
     return FunctionCommand(_fail, (message,), {})
-
-
-@operation()
-def host_checks(needs: Needs, data: dict, host_problems=None):
-    """
-    Fail this host with one message listing every problem; no-op when the host can run the variant.
-
-    + needs: what the variant needs of a host (``rigforge.hardware.Needs``)
-    + data: the host-data keys the checks read (see ``rigforge.hardware.find_problems``)
-    + host_problems: optional ``data -> [problem]``, the roles' own host-state checks
-    """
-    problems = find_problems(
-        host.get_fact(OsRelease),
-        host.get_fact(NvidiaGpus),
-        host.get_fact(FreeDiskBytes, path=needs.disk_path),
-        needs=needs,
-        data=data,
-        pci_gpus=host.get_fact(NvidiaPciGpus),
-    )
-    problems += host_problems(data) if host_problems else []  # the roles' own host-state checks
-    if host.get_fact(SecureBoot) == "enabled":
-        host.log_styled(
-            "Secure Boot is enabled: DKMS-built NVIDIA modules must be signed with an enrolled MOK key; on Ubuntu, "
-            "nvidia_driver_source: ubuntu installs Ubuntu's prebuilt, signed modules instead.",
-            fg="yellow",
-            log_func=logger.warning,
-        )
-    if not problems:
-        host.noop(f"preflight passed for {needs.variant}")
-        return
-    message = format_problems(host.name, problems)
-    if not state.is_executing:  # change detection / --dry: report now; a real run fails when executed
-        host.log_styled(message, fg="yellow", log_func=logger.warning)
-    yield fail_command(message)
 
 
 @operation()
