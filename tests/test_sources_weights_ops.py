@@ -20,6 +20,7 @@ from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 from test_lock import stand_ins  # noqa: F401 - the git daemon + HF stand-in fixture
 
+from rigforge.layout import STAMP
 from rigforge.pins import HfFile, HfPin, parse_lock
 from roles.facts.gitpin import GitCheckout
 from roles.facts.hfweights import WeightsState
@@ -352,6 +353,7 @@ def manifest(si, tmp_path, key="autoround-int4", **changes) -> dict:
         "endpoint": si["endpoint"],
         "dest": str(tmp_path / "models" / key),
         "staging": str(tmp_path / "models" / ".staging" / key),
+        "stamp": str(tmp_path / "models" / key / STAMP),
         "files": [{k: f[k] for k in ("path", "size", "sha256")} for f in meta["files"]],
     }
     m.update(changes)

@@ -3,7 +3,7 @@
 
 Runs on the rig (venv python with huggingface_hub) or on the controller (`weights_source: controller` cache).
 Input: a JSON manifest (--manifest FILE, or stdin) with
-  {"name", "repo", "revision", "endpoint", "dest", "staging", "files": [{"path", "size", "sha256"}]}
+  {"name", "repo", "revision", "endpoint", "dest", "staging", "stamp", "files": [{"path", "size", "sha256"}]}
 and the token in a root-only file (--token-file), never on the command line.
 
 Per file: a file at <dest> whose stamp entry matches its size+mtime and the lock's sha256 is kept without
@@ -11,7 +11,7 @@ reading it (--deep re-hashes everything). Anything else is (re)fetched into <sta
 Range resume (huggingface_hub resolves URL, auth and the pinned commit; bytes already fetched are kept across
 interruptions), verified against the lock's size + sha256 (one re-fetch on mismatch, then exit 4 naming the
 file), and only then moved into place with os.replace. A bad file never sits at the final path. The stamp
-<dest>/.rigforge-stamp.json records size, mtime_ns and sha256 per file.
+<stamp> (the layout's stamp file in <dest>) records size, mtime_ns and sha256 per file.
 --staged-only: the files were pushed into <staging>/<path> by the controller: verify and move, no hub access.
 Exit codes: 0 ok, 2 bad input, 3 not enough disk space, 4 verification failed, 5 download failed.
 """
@@ -31,7 +31,6 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-STAMP = ".rigforge-stamp.json"
 HEADROOM = 1.05
 CHUNK = 1 << 20
 RETRIES = 3
@@ -110,9 +109,9 @@ def stamp_entry(path: str, sha256: str) -> dict:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256}
 
 
-def load_stamp(dest: str) -> dict:
+def load_stamp(path: str) -> dict:
     try:
-        with open(os.path.join(dest, STAMP)) as f:
+        with open(path) as f:
             data = json.load(f)
         return data if isinstance(data, dict) and isinstance(data.get("files"), dict) else {"files": {}}
     except (OSError, ValueError):
@@ -121,12 +120,12 @@ def load_stamp(dest: str) -> dict:
 
 def write_stamp(m: dict, entries: dict) -> None:
     data = {"version": 1, "repo": m["repo"], "revision": m["revision"], "files": entries}
-    tmp = os.path.join(m["dest"], f".{STAMP}.tmp")
+    tmp = f"{m['stamp']}.tmp"
     with open(tmp, "w") as f:
         json.dump(data, f, indent=1, sort_keys=True)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(m["dest"], STAMP))
+    os.replace(tmp, m["stamp"])
 
 
 def free_bytes(path: str) -> int:
@@ -256,11 +255,11 @@ def fetch_one(m: dict, f: dict, token: str | None, staged_only: bool) -> None:
 
 
 def run(m: dict, token: str | None, deep: bool, staged_only: bool) -> int:
-    for key in ("repo", "revision", "dest", "staging", "files"):
+    for key in ("repo", "revision", "dest", "staging", "stamp", "files"):
         if not m.get(key):
             raise Fail(2, f"manifest lacks '{key}'")
     os.makedirs(m["dest"], exist_ok=True)
-    stamp_data = load_stamp(m["dest"])
+    stamp_data = load_stamp(m["stamp"])
     stamp = stamp_data["files"] if stamp_data.get("revision") == m["revision"] else {}
     entries, missing = {}, []
     for f in m["files"]:

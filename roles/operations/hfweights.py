@@ -26,6 +26,7 @@ from pyinfra import state as pyinfra_state
 from pyinfra.api import FileUploadCommand, OperationError, StringCommand, operation
 from pyinfra.facts.files import File
 
+from rigforge.layout import STAMP
 from rigforge.pins import HfFile, HfPin
 from roles.facts.hfweights import VenvDistVersion, WeightsState
 from roles.facts.system import FreeDiskBytes
@@ -83,6 +84,7 @@ def manifest(pin: HfPin, dest: str, staging: str, endpoint: str | None) -> dict:
         "endpoint": endpoint,
         "dest": dest,
         "staging": staging,
+        "stamp": f"{dest}/{STAMP}",  # the layout's stamp file name: the script spells no rig path of its own
         "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in pin.files],
     }
 
