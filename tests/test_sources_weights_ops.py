@@ -23,7 +23,7 @@ from test_lock import stand_ins  # noqa: F401 - the git daemon + HF stand-in fix
 from rigforge.layout import STAMP
 from rigforge.pins import HfFile, HfPin, parse_lock
 from roles.facts.gitpin import GitCheckout
-from roles.facts.hfweights import WeightsState
+from roles.facts.hfweights import FileDigests, WeightsState
 from roles.operations import gitpin, hfweights
 
 REPO = Path(__file__).resolve().parents[1]
@@ -279,10 +279,20 @@ def test_weights_fetch_when_a_file_changed_and_the_manifest_lists_the_lock():
     assert m["files"] == [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in PIN.files]
 
 
-def test_weights_new_revision_or_deep_verify_runs_the_script():
+def test_weights_new_revision_runs_the_script():
     assert len(commands(weights_fact(stamp_revision="b" * 40), hfweights.fetched, **FETCH)) == 3
-    cmds = commands(weights_fact(), hfweights.fetched, **FETCH, deep=True)
+
+
+def test_deep_verify_rehashes_on_the_host_and_changes_something_only_to_repair():
+    sums = {"config.json": "c" * 64, "model.safetensors": "d" * 64}
+    digests = {"sha256sum --": [f"{digest}  {path}" for path, digest in sums.items()]}
+    assert commands({**weights_fact(), **digests}, hfweights.fetched, **FETCH, deep=True) == []
+    silent = {"sha256sum --": [f"{'c' * 64}  config.json", f"{'e' * 64}  model.safetensors"]}
+    cmds = commands({**weights_fact(), **silent}, hfweights.fetched, **FETCH, deep=True)
     assert cmds[-1].endswith("--deep")
+    assert FileDigests().process([f"{'a' * 64}  dir/with space.bin", "sha256sum: x: No such file"]) == {
+        "dir/with space.bin": "a" * 64
+    }
 
 
 def test_weights_token_travels_as_a_file_never_in_a_command():

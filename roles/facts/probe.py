@@ -116,6 +116,7 @@ def _cacheable(cls) -> bool:
     fact = cls()
     return (
         issubclass(cls, FactBase)
+        and getattr(cls, "probe", True)  # a fact may opt out (roles/facts/hfweights.py FileDigests)
         and not fact.shell_executable
         and type(fact).check_preconditions is FactBase.check_preconditions
     )

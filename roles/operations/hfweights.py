@@ -28,7 +28,7 @@ from pyinfra.facts.files import File
 
 from rigforge.layout import STAMP
 from rigforge.pins import HfFile, HfPin
-from roles.facts.hfweights import VenvDistVersion, WeightsState
+from roles.facts.hfweights import FileDigests, VenvDistVersion, WeightsState
 from roles.facts.system import FreeDiskBytes
 from roles.operations.checks import fail_command
 from roles.operations.shown import ShownCommand, say
@@ -131,19 +131,23 @@ def fetched(
     + work_dir: root-only directory for the manifest and the transient token file
     + endpoint: the Hugging Face endpoint URL (None: the hub's default)
     + token: HF token (pyinfra HiddenValue or str), uploaded as a 0600 file only while fetching
-    + deep: re-hash every file (always runs the script, so always reports a change)
+    + deep: re-hash every file on the host (a fact: a change only when a file is repaired)
     + source: ``hub`` (the host downloads) or ``controller`` (fetch once into ``cache_dir``, push)
     + cache_dir: the controller's weights cache (with ``source="controller"``)
     """
     state = host.get_fact(WeightsState, dest=dest, staging=staging)
     stale = stale_files(pin, state)
+    if deep and not stale:  # the stamp matches: re-hash what is on disk, run the script only to repair
+        digests = host.get_fact(FileDigests, dest=dest, paths=[f.path for f in pin.files])
+        stale = [f for f in pin.files if digests.get(f.path) != f.sha256]
     q = shlex.quote
     token_file = f"{work_dir}/{pin.name}.token"
-    if not stale and not deep:
+    if not stale:
         left = [path for path in (staging,) if state.get("staging_dir")]
         left += [token_file] if host.get_fact(File, path=token_file) else []
         if not left:
-            host.noop(f"{pin.name}: {len(pin.files)} files verified by stamp ({human(pin.total_size)})")
+            how = "re-hashed (weights_deep_verify)" if deep else "verified by stamp"
+            host.noop(f"{pin.name}: {len(pin.files)} files {how} ({human(pin.total_size)})")
             return
         if pyinfra_state.is_executing:  # an interrupted run: parts of a finished asset, a token file
             host.log_styled(f"{host.name}: {pin.name}: removing {', '.join(left)} left by an interrupted run",
