@@ -181,8 +181,7 @@ def test_tampered_file_is_refetched_and_deep_verify_finds_a_silent_one(tb, lock_
     assert sha256_on_rig(tb, final) == f["sha256"]
     # deep again over intact files: re-hashed on the rig, nothing to repair, so nothing changed
     results, err = run(tb, sources="", assets="autoround-int4", data={"weights_deep_verify": True})
-    assert changed(results, "rig1") == [], err[-3000:]
-    assert "files re-hashed (weights_deep_verify)" in err
+    assert changed(results, "rig1") == [] and not errored(results, "rig1"), err[-3000:]
 
 
 def test_hub_file_not_matching_the_lock_stops_naming_it(tb, lock_data):
