@@ -82,10 +82,6 @@ class HostLayout:
     def stamp(self, dirname: str) -> str:
         return f"{self.asset_dir(dirname)}/{STAMP}"
 
-    def staging_of(self, dest: str) -> str:
-        """Where staged_files stages files for `dest` (serve dir, unit dir)."""
-        return f"{dest}/{STAGING}"
-
     @property
     def rig_json(self) -> str:
         return f"{self.etc}/rig.json"
@@ -98,11 +94,6 @@ class HostLayout:
     def instance(variant: str) -> str:
         """The vLLM unit instance that serves `variant`."""
         return f"{VLLM_PREFIX}{variant}.service"
-
-    @property
-    def wants_dir(self) -> str:
-        """Where `systemctl enable` links the units started at boot."""
-        return f"{self.unit_dir}/multi-user.target.wants"
 
     def unit_path(self, unit: str) -> str:
         return f"{self.unit_dir}/{unit}"
