@@ -28,7 +28,7 @@ from roles import nvidia_driver
 from roles.driver_table import DriverTableError
 from roles.facts import probe
 from roles.facts.apt import DebInstalledVersion
-from roles.facts.files import JsonFile, Sha256FileWithoutLines
+from roles.facts.files import JsonFile
 from roles.facts.gitpin import GitCheckout
 from roles.facts.hfweights import WeightsState
 from roles.facts.nvidia import NvidiaGpus, NvidiaModuleVersion, NvidiaRunningDriver
@@ -36,7 +36,6 @@ from roles.facts.system import OsRelease, SystemdUnitEnabled, UnitActive
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 SKIPPED = "skipped (services not managed on this host)"
-TOKEN_LINE = "HF_TOKEN="  # .env's token line: compared only when the controller has the token (the plan's)
 
 
 @dataclass
@@ -123,7 +122,7 @@ def requests(ctx: RigContext, os_id: str | None) -> list[tuple[type, dict]]:
     if plan:
         out += [(GitCheckout, {"path": plan.layout.src(name)}) for name in plan.variant.sources]
         out += [(WeightsState, _weights_at(plan, asset)) for asset in plan.assets]
-        out += [digest_of(path, drop) for path, (_, drop) in managed_files(plan).items()]
+        out += [(Sha256File, {"path": path}) for path in managed_files(plan)]
     return out
 
 
@@ -236,38 +235,22 @@ def weights(obs: Observed, plan: Plan) -> list[str]:
     return bad
 
 
-def managed_files(plan: Plan) -> dict[str, tuple[str, str | None]]:
-    """{path on the rig: (the plan's text, prefix of lines not compared)} of every file rigforge renders whole."""
+def managed_files(plan: Plan) -> dict[str, str]:
+    """{path on the rig: the plan's text} of every file rigforge renders whole."""
     layout, files = plan.layout, plan.files
-    out = {f"{layout.serve_dir}/{name}": (files[name], None) for name in SERVE_FILES if name in files}
-    env = f"{layout.serve_dir}/.env"
-    if env in out and not plan.token:
-        out[env] = (out[env][0], TOKEN_LINE)  # a run without the token keeps the rig's token line
-    out[layout.unit_path(VLLM_UNIT)] = (files[VLLM_UNIT], None)
-    out[layout.unit_path(POWER_UNIT)] = (files[POWER_UNIT], None)
-    return out
-
-
-def digest_of(path: str, drop: str | None) -> tuple[type, dict]:
-    """The fact that reads a managed file's sha256 on the rig (without its `drop` lines, read there)."""
-    return (Sha256FileWithoutLines, {"path": path, "prefix": drop}) if drop else (Sha256File, {"path": path})
-
-
-def _sha256(text: str, drop: str | None) -> str:
-    kept = text if not drop else "".join(line for line in text.splitlines(True) if not line.startswith(drop))
-    return hashlib.sha256(kept.encode()).hexdigest()
+    out = {f"{layout.serve_dir}/{name}": files[name] for name in SERVE_FILES if name in files}
+    return out | {layout.unit_path(name): files[name] for name in (VLLM_UNIT, POWER_UNIT)}
 
 
 def files(obs: Observed, plan: Plan) -> list[str]:
     """Every file rigforge renders whole is on the rig as the plan renders it (compared by sha256: no secret is
     read or shown). A hand edit shows here, naming the file."""
     bad = []
-    for path, (text, drop) in managed_files(plan).items():
-        cls, kwargs = digest_of(path, drop)
-        on_rig = obs.get_fact(cls, **kwargs)
+    for path, text in managed_files(plan).items():
+        on_rig = obs.get_fact(Sha256File, path=path)
         if on_rig is None:
             bad.append(f"{path} is missing")
-        elif on_rig != _sha256(text, drop):
+        elif on_rig != hashlib.sha256(text.encode()).hexdigest():
             bad.append(f"{path} differs from what rigforge renders (edited by hand? re-run the deploy)")
     return bad
 

@@ -190,10 +190,9 @@ def build(
         lock = load_lock(data["rigforge_lock"])
     except LockError as exc:
         problems.append(str(exc))
-    token = token_of(data)
+    token = token_of(data)  # for the weights download only: no rendered file holds it
     try:
-        raw = settings_from_host_data(data) | ({"hf_token": token} if token else {})
-        settings = apply_overrides(Settings(), raw)
+        settings = apply_overrides(Settings(), settings_from_host_data(data))
     except SettingsError:
         settings = None  # the roles' knob checks named every bad key already
     if problems or name is None or lock is None or settings is None:

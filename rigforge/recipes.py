@@ -488,7 +488,7 @@ def knobs_of(recipe: Recipe, s: Any, models: str) -> dict[str, Any]:
     """The settings a recipe-repo slug takes through its compose knobs (None = the recipe's default)."""
     keys = ("bind_address", "max_model_len", "kv_cache_dtype", "gpu_memory_utilization", "max_num_seqs")
     knobs = {key: getattr(s, key) for key in (*keys, "spec_n", "nvlink_mode", "extra_args", "api_key")}
-    return {"hf_token": s.hf_token or "", "model_dir": models, "port": s.port or recipe.port, **knobs}
+    return {"model_dir": models, "port": s.port or recipe.port, **knobs}  # never the HF token: weights are fetched
 
 
 @dataclass(frozen=True)

@@ -93,8 +93,9 @@ def _env() -> Environment:
 
 
 def env_file_text(s: Settings) -> str:
+    """The compose file's secrets (mode 0600): the API key, if any. Never the HF token: the weights are on the
+    rig before vLLM starts, so the container has no use for it (it is only with the weights download)."""
     lines = ["# rigforge: secrets for this variant's compose file (mode 0600). Do not commit."]
-    lines.append(f"HF_TOKEN={s.hf_token or ''}")
     if s.api_key:
         lines.append(f"RIGFORGE_API_KEY={s.api_key}")
     return "\n".join(lines) + "\n"

@@ -22,7 +22,7 @@ from pyinfra.operations.util import any_changed
 from rigforge import schema
 from rigforge.layout import DEFAULT_ROOT, SERVE_FILES
 from rigforge.plan import Plan
-from rigforge.render import ENV_FILE, VLLM_UNIT
+from rigforge.render import VLLM_UNIT
 from roles.operations.serving import enabled_instances, health_gate_script, image_present, manifest, sole_instance
 from roles.operations.staged import staged_files, systemd_verify
 
@@ -62,7 +62,6 @@ def apply(plan: Plan):
         dest=serve_dir,
         files=serve_files,
         validate="docker compose config -q",
-        keep_line=None if plan.token else {ENV_FILE: "HF_TOKEN="},  # no token this run: keep the rig's
     )
     unit_file = staged_files(
         name=f"Install {VLLM_UNIT} (validated by systemd-analyze verify)",

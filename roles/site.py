@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.context import ctx_state
 
@@ -24,6 +24,7 @@ from rigforge import plan as planner
 from rigforge import schema
 from rigforge.catalog import CatalogError
 from rigforge.hardware import Needs, format_problems
+from rigforge.lock import token_refused
 from rigforge.pins import LockError, default_lock_path
 from rigforge.plan import Plan
 from rigforge.recipes import RecipeError
@@ -99,12 +100,17 @@ def prepare(variant=None) -> Plan | None:
     gpus = len(host.get_fact(NvidiaGpus) or []) or host.get_fact(NvidiaPciGpus) or None
     plan, problems = plan_for(host.name, host.data, variant, gpus)
     if plan is not None:
-        gated = [a.pin.repo for a in plan.assets if a.pin.gated and stale_files(a.pin, _weights_state(plan, a))]
+        gated = [a.pin for a in plan.assets if a.pin.gated and stale_files(a.pin, _weights_state(plan, a))]
         if gated and not plan.token:
             problems.append(
-                f"{', '.join(gated)} {'is' if len(gated) == 1 else 'are'} gated, not yet fetched, and no HF token "
-                "is set: set host data hf_token or RIGFORGE_HF_TOKEN / HF_TOKEN on the controller"
+                f"{', '.join(p.repo for p in gated)} {'is' if len(gated) == 1 else 'are'} gated, not yet fetched, and "
+                "no HF token is set: set host data hf_token or RIGFORGE_HF_TOKEN / HF_TOKEN on the controller"
             )
+        for pin in gated if plan.token else ():
+            problem, warning = token_refused(plan.data["hf_endpoint"], pin, plan.token)
+            problems += [problem] if problem else []
+            if warning:
+                host.log_styled(f"{host.name}: {warning}", fg="yellow", log_func=logger.warning)
     if problems:
         message = format_problems(host.name, problems, what="rigforge refused")
         refuse_now(f"Refuse {host.name}: {len(problems)} problem(s) in host data", message)

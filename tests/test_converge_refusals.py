@@ -45,6 +45,7 @@ HOST_DATA_CASES = [
     ("dual_turbo", {"weights_source": "torrent"}, "weights_source must be one of: hub, controller; got 'torrent'"),
     ("dual_turbo", {"rigforge_variant": "dual"}, "this entry point deploys dual-turbo but host data sets"),
     ("dual_dflash", {}, "z-lab/Qwen3.6-27B-DFlash is gated, not yet fetched, and no HF token is set"),
+    ("dual_dflash", {"hf_token": "hf_notTheRightOne"}, "the HF token was refused by http://127.0.0.1:"),
     ("dual_dflash", {"serving_kv_cache_dtype": "fp8_e5m2"}, "serving_kv_cache_dtype cannot be used with dual-dflash"),
     ("site", {"rigforge_variant": "dual-tubro"}, "unknown variant 'dual-tubro'; choose one of: dual, dual-turbo"),
     ("site", {}, "rigforge_variant is not set; choose one of: dual, dual-turbo"),

@@ -98,7 +98,7 @@ def test_switching_a_rig_leaves_one_instance_and_the_right_assets(fleet, tmp_pat
 
 def test_stamped_gated_weights_reconverge_without_the_token(fleet, tmp_path):
     """rig1 serves dual-dflash (gated draft stamped): drift in its compose is repaired with no token on the
-    controller, and the .env keeps the rig's token."""
+    controller; the token is in no file of the serve dir (it was only with the download)."""
     tb, *_ = fleet
     rig = tb.rig("rig1")
     inv = inventory_with(tb, tmp_path / "notoken.py", {"rig1": {"rigforge_variant": "dual-dflash"}})
@@ -110,7 +110,9 @@ def test_stamped_gated_weights_reconverge_without_the_token(fleet, tmp_path):
     assert results["failed_hosts"] == [], err[-4000:]
     assert [n for n in changed(results) if "compose file and .env" in n], changed(results)
     assert rig.run(f"sha256sum {compose}").stdout == good
-    assert f"HF_TOKEN={tb.hf_token}" in rig.run("cat /opt/rigforge/serve/dual-dflash/.env").stdout
+    assert (
+        tb.hf_token not in rig.run("cat /opt/rigforge/serve/dual-dflash/.env /opt/rigforge/serve/dual-dflash/*").stdout
+    )
     again, err = pyinfra_run(inv, REPO / "deploy" / "site.py", "--limit", "rig1", env=no_token)
     assert changed(again) == [], err[-3000:]
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 
+from pyinfra.facts.files import Sha256File
+
 from rigforge import drift
 from rigforge.layout import HostLayout
 from roles import site
@@ -18,7 +20,6 @@ ANSWERS = {  # what a fresh rig answers, per fact class name
     "GitCheckout": None,
     "WeightsState": {"stamp": None, "files": {}},
     "Sha256File": None,
-    "Sha256FileWithoutLines": None,
     "JsonFile": None,
     "SystemdUnitEnabled": False,
     "UnitActive": "unknown",
@@ -57,20 +58,19 @@ def test_every_fact_the_checks_read_is_in_the_one_probe():
         assert obs.read and set(obs.read) <= asked, set(obs.read) - asked
 
 
-def test_a_hand_edited_file_is_named_and_the_token_line_is_not_compared():
+def test_a_hand_edited_file_is_named_and_no_rendered_file_holds_the_token(monkeypatch):
+    monkeypatch.setenv("RIGFORGE_HF_TOKEN", "hf_" + "t" * 34)
     ctx = context()
     plan = ctx.plan
+    assert plan.token and not any(plan.token in text for text in plan.files.values())
     compose = f"{plan.layout.serve_dir}/docker-compose.yml"
     env = f"{plan.layout.serve_dir}/.env"
     as_planned = {
-        probe.fact_key(*drift.digest_of(path, drop)): hashlib.sha256(
-            "".join(line for line in text.splitlines(True) if not drop or not line.startswith(drop)).encode()
-        ).hexdigest()
-        for path, (text, drop) in drift.managed_files(plan).items()
+        probe.fact_key(Sha256File, {"path": path}): hashlib.sha256(text.encode()).hexdigest()
+        for path, text in drift.managed_files(plan).items()
     }
     assert drift.files(Recording(as_planned), plan) == []
-    assert drift.managed_files(plan)[env][1] == "HF_TOKEN="  # no token on this controller: the rig's line is kept
-    edited = {**as_planned, probe.fact_key(*drift.digest_of(compose, None)): "0" * 64}
+    edited = {**as_planned, probe.fact_key(Sha256File, {"path": compose}): "0" * 64}
     assert drift.files(Recording(edited), plan) == [
         f"{compose} differs from what rigforge renders (edited by hand? re-run the deploy)"
     ]

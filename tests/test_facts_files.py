@@ -3,12 +3,11 @@ hash without its secret line, leftover uploads). Parsers on canned output; shell
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 
 from roles.facts.docker import DockerImagePresent
-from roles.facts.files import JsonFile, Sha256FileWithoutLines
+from roles.facts.files import JsonFile
 from roles.facts.system import EnabledInstances, LeftoverUploads
 
 TEMPLATE = "svc@.service"
@@ -68,21 +67,6 @@ def test_json_file_reads_the_file(tmp_path):
     assert read(JsonFile(), path=str(path)) is None
     path.write_text(json.dumps({"variant": "dual"}, indent=2))
     assert read(JsonFile(), path=str(path)) == {"variant": "dual"}
-
-
-def test_sha256_without_lines_parses_sha256sum_output():
-    digest = hashlib.sha256(b"x").hexdigest()
-    assert Sha256FileWithoutLines().process([f"{digest}  -"]) == digest
-    assert Sha256FileWithoutLines().default() is None
-
-
-def test_sha256_without_lines_hashes_the_file_without_those_lines(tmp_path):
-    path = tmp_path / ".env"
-    path.write_text("A=1\nHF_TOKEN=secret\nB=2\n")
-    expected = hashlib.sha256(b"A=1\nB=2\n").hexdigest()
-    assert read(Sha256FileWithoutLines(), path=str(path), prefix="HF_TOKEN=") == expected
-    empty = hashlib.sha256(b"").hexdigest()
-    assert read(Sha256FileWithoutLines(), path=str(tmp_path / "none"), prefix="HF_TOKEN=") == empty
 
 
 def test_leftover_uploads_lists_the_dir(tmp_path):

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import yaml
@@ -64,7 +66,16 @@ def run_site(tmp_path, hosts: dict[str, dict], variant="dual-turbo", env_token=N
     inventory = Inventory(
         (
             [
-                (f"@fake/{name}", {"fake_delay": 0, "fake_delay_jitter": 0, "rigforge_lock": lock, **data})
+                (
+                    f"@fake/{name}",
+                    {
+                        "fake_delay": 0,
+                        "fake_delay_jitter": 0,
+                        "rigforge_lock": lock,
+                        "hf_endpoint": "http://127.0.0.1:9",
+                        **data,
+                    },
+                )  # no hub reached: a closed port
                 for name, data in hosts.items()
             ],
             {},
@@ -172,8 +183,39 @@ def test_gated_asset_needs_the_token_only_until_it_is_stamped(tmp_path, caplog, 
     caplog.clear()
     state, ran, plans = run_site(tmp_path, {"fresh": fresh}, variant="dual-dflash")
     assert not state.failed_hosts and plans["@fake/fresh"].token == "hf_secret123"
-    assert plans["@fake/fresh"].settings.hf_token == "hf_secret123"  # the controller's token goes into .env too
+    assert not any("hf_secret123" in text for text in plans["@fake/fresh"].files.values())  # only the download
     assert "hf_secret123" not in repr(plans["@fake/fresh"])
+    assert "could not check the HF token with http://127.0.0.1:9 (ConnectionError); the download will" in caplog.text
+
+
+class GatedHub(BaseHTTPRequestHandler):
+    """A hub that lets only `hf_right` HEAD its files, as the Hub answers a gated repo."""
+
+    def do_HEAD(self):
+        self.send_response(200 if self.headers.get("Authorization") == "Bearer hf_right" else 403)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_refused_token_is_found_on_the_controller_before_anything_changes(tmp_path, caplog, monkeypatch):
+    hub = ThreadingHTTPServer(("127.0.0.1", 0), GatedHub)
+    threading.Thread(target=hub.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{hub.server_address[1]}"
+    try:
+        monkeypatch.setenv("RIGFORGE_HF_TOKEN", "hf_wrong")
+        state, ran, plans = run_site(tmp_path, {"r": {"hf_endpoint": endpoint}}, variant="dual-dflash")
+        assert {h.name for h in state.failed_hosts} == {"@fake/r"} and "touch /rigforge-was-here" not in ran["r"]
+        assert f"the HF token was refused by {endpoint} for the gated z-lab/Qwen3.6-27B-DFlash (HTTP 403)" in errors(
+            caplog
+        )
+        assert "hf_wrong" not in caplog.text
+        monkeypatch.setenv("RIGFORGE_HF_TOKEN", "hf_right")
+        state, ran, plans = run_site(tmp_path, {"r": {"hf_endpoint": endpoint}}, variant="dual-dflash")
+        assert not state.failed_hosts and "touch /rigforge-was-here" in ran["r"]
+    finally:
+        hub.shutdown()
 
 
 def test_unresolved_lock_entry_refuses_with_what_to_do(tmp_path, caplog):

@@ -94,16 +94,3 @@ def test_leftover_staging_dir_of_an_up_to_date_unit_is_removed():
     assert commands(facts, staged_files, **STAGED) == []
     facts.update(stat(f"{dest}/.staging", kind="drwx------"))
     assert commands(facts, staged_files, **STAGED) == ["rm -rf /opt/rigforge/serve/dual/.staging"]
-
-
-def test_env_token_line_is_kept_when_the_controller_has_no_token():
-    """A re-converge without the token: the rig's .env keeps its HF_TOKEN line, compared and copied on the host."""
-    dest = STAGED["dest"]
-    facts = {**stat(f"{dest}/docker-compose.yml"), **stat(f"{dest}/.env", "-rw-------")}
-    facts.update(sha(f"{dest}/docker-compose.yml", FILES["docker-compose.yml"][0]))
-    facts[f"grep -v -- '^HF_TOKEN=' {dest}/.env"] = hashlib.sha256(b"").hexdigest() + "  -"  # only the token line
-    assert commands(facts, staged_files, **STAGED, keep_line={".env": "HF_TOKEN="}) == []
-    facts.update(sha(f"{dest}/docker-compose.yml", "old"))  # the compose drifted: both are staged again
-    cmds = commands(facts, staged_files, **STAGED, keep_line={".env": "HF_TOKEN="})
-    keep = [c for c in cmds if c.startswith("awk ")]
-    assert len(keep) == 1 and f"{dest}/.env {dest}/.staging/.env" in keep[0] and "hf_" not in keep[0]

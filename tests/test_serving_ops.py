@@ -62,8 +62,6 @@ def converged_responses() -> dict:
         digest = hashlib.sha256(text.encode()).hexdigest()
         responses[re.compile(rf"sha256sum {re.escape(path)}\b")] = f"{digest}  {path}"
         responses[re.compile(rf"stat -c .* {re.escape(path)}( |$)")] = stat_line(path, mode)
-    env = "".join(line for line in files[".env"].splitlines(True) if not line.startswith("HF_TOKEN="))
-    responses[f"grep -v -- '^HF_TOKEN=' {serve}/.env"] = f"{hashlib.sha256(env.encode()).hexdigest()}  -"
     responses["docker image inspect"] = "yes"
     responses["multi-user.target.wants"] = UNIT
     return responses

@@ -1,4 +1,4 @@
-"""File facts pyinfra does not have: a JSON file's content, and a file's sha256 without some of its lines."""
+"""File facts pyinfra does not have: a JSON file's content."""
 
 from __future__ import annotations
 
@@ -28,24 +28,3 @@ class JsonFile(FactBase):
         except ValueError:
             return None
         return value if isinstance(value, dict) else None
-
-
-class Sha256FileWithoutLines(FactBase):
-    """
-    The sha256 (hex) of the file at ``path`` with its lines starting with ``prefix`` left out, as read on the
-    host (so a secret on such a line never reaches the controller). A missing file hashes as empty::
-
-        "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-    """
-
-    def command(self, path: str, prefix: str) -> StringCommand:
-        return StringCommand(
-            "grep", "-v", "--", QuoteString("^" + prefix), QuoteString(path), "2>/dev/null | sha256sum"
-        )
-
-    @staticmethod
-    def default() -> None:
-        return None
-
-    def process(self, output: list[str]) -> str | None:
-        return output[0].split(" ")[0] or None if output else None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import shlex
 
 from pyinfra import host, logger, state
@@ -12,7 +11,6 @@ from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 from pyinfra.facts.files import Directory, File, Sha256File
 
 from rigforge.layout import STAGING
-from roles.facts.files import Sha256FileWithoutLines
 
 
 def _sha256(text: str) -> str:
@@ -56,7 +54,6 @@ def staged_files(
     files: dict[str, tuple[str, str]],
     validate: str | None = None,
     keep_previous: bool = True,
-    keep_line: dict[str, str] | None = None,
 ):
     """
     Install ``files`` into ``dest`` as one unit, validated on the host before anything is replaced.
@@ -65,9 +62,6 @@ def staged_files(
     + files: ``{name: (text, octal mode)}``
     + validate: shell command run in the staging dir; the files land only if it exits 0
     + keep_previous: keep the replaced files as ``<name>.prev`` (for rollback)
-    + keep_line: ``{name: prefix}`` (e.g. ``{".env": "HF_TOKEN="}``): the installed file's line with that prefix
-      is kept instead of the new text's (a secret the controller does not have this time); it is compared and
-      copied on the host, never read back to the controller
 
     No-op when every file already has that content and mode. Otherwise the files are uploaded to
     `dest/.staging` (0700), `validate` runs there (e.g. `docker compose config -q`), and only if it passes
@@ -80,13 +74,12 @@ def staged_files(
     """
     staging = f"{dest}/{STAGING}"
     current = {}
-    keep_line = keep_line or {}
     for name, (text, mode) in files.items():
         info = host.get_fact(File, path=f"{dest}/{name}")
         same = (
             info
             and str(info["mode"]) == mode.lstrip("0")  # pyinfra reports mode as octal digits
-            and _content_hash(f"{dest}/{name}", keep_line.get(name)) == _sha256(_without(text, keep_line.get(name)))
+            and host.get_fact(Sha256File, path=f"{dest}/{name}") == _sha256(text)
         )
         current[name] = (bool(info), bool(same))
     leftover = host.get_fact(Directory, path=staging)
@@ -105,8 +98,6 @@ def staged_files(
     yield StringCommand("rm", "-rf", QuoteString(staging), "&&", "mkdir", "-m", "700", QuoteString(staging))
     for name, (text, mode) in files.items():
         yield from upload_privately(text, f"{staging}/{name}")
-        if name in keep_line and current[name][0]:
-            yield StringCommand(_keep_line_script(f"{dest}/{name}", f"{staging}/{name}", keep_line[name]))
         yield StringCommand("chmod", mode, QuoteString(f"{staging}/{name}"))
     if validate:
         yield StringCommand(
@@ -119,27 +110,6 @@ def staged_files(
             yield StringCommand("cp", "-p", QuoteString(f"{dest}/{name}"), QuoteString(f"{dest}/{name}.prev"))
         yield StringCommand("mv", "-f", QuoteString(f"{staging}/{name}"), QuoteString(f"{dest}/{name}"))
     yield StringCommand("rm", "-rf", QuoteString(staging))
-
-
-def _without(text: str, prefix: str | None) -> str:
-    return text if not prefix else "".join(line for line in text.splitlines(True) if not line.startswith(prefix))
-
-
-def _content_hash(path: str, prefix: str | None) -> str | None:
-    """sha256 of the file (without the lines starting with `prefix`), as read on the host."""
-    if not prefix:
-        return host.get_fact(Sha256File, path=path)
-    return host.get_fact(Sha256FileWithoutLines, path=path, prefix=prefix)
-
-
-def _keep_line_script(current: str, staged: str, prefix: str) -> str:
-    """Shell: replace `staged`'s line starting with `prefix` by `current`'s (when it has one), on the host."""
-    q = shlex.quote
-    program = (
-        f"NR == FNR {{ if (index($0, {json.dumps(prefix)}) == 1) kept = $0; next }} "
-        f'index($0, {json.dumps(prefix)}) == 1 && kept != "" {{ print kept; next }} {{ print }}'
-    )
-    return f"awk {q(program)} {q(current)} {q(staged)} > {q(staged)}.new && mv -f {q(staged)}.new {q(staged)}"
 
 
 def _say(message: str) -> None:
