@@ -160,6 +160,11 @@ def find_problems(
     return problems
 
 
-def format_problems(host_name: str, problems: list[str], what: str = "preflight failed") -> str:
+def format_problems(host_name: str, problems: list[str], what: str = "preflight failed", changed=()) -> str:
+    """One message naming the host and every problem, then what this run changed on it (`changed`: operation
+    names, from the run's own record), or that nothing was changed."""
     lines = [f"{what} on {host_name}:"] + [f"  - {problem}" for problem in problems]
-    return "\n".join(lines + ["Nothing was changed on this host."])
+    if not changed:
+        return "\n".join(lines + ["Nothing was changed on this host."])
+    lines += ["This run changed this host before the check (the rest of the deploy did not run):"]
+    return "\n".join(lines + [f"  * {name}" for name in changed])

@@ -141,6 +141,13 @@ def provision(variant_name: str | None = None):
     host_needs = needs(plan)
     if not preflight.check(host_needs, plan.data):
         return
+    if not host.get_fact(NvidiaGpus):  # a fresh rig: say it before the driver goes on
+        host.log_styled(
+            f"{host.name}: no NVIDIA driver answers yet: the cards' VRAM and power range are checked right after "
+            "the driver is installed, before anything else; a refusal then lists what this run installed",
+            fg="yellow",
+            log_func=logger.warning,
+        )
     recover.packages(name="Repair packages an interrupted run left half-installed (dpkg --configure -a)")
     recover.uploads_cleared(name="Remove uploads an interrupted run left in the upload dir")
     nvidia_driver.install(plan)

@@ -72,7 +72,18 @@ def deploy(tb, tmp_path, rig: str, entry: str, data: dict, env: dict | None = No
 def assert_refused(results: dict, err: str, rig: str, expect: str, header: str = "rigforge refused on"):
     assert results.get("failed_hosts") in ("all", [rig]), err[-3000:]
     assert f"{header} {rig}:" in err and expect in err, err[-4000:]
-    assert changed(results, rig) == []
+    if header != "GPU check failed on":  # refused before anything changed
+        assert changed(results, rig) == []
+
+
+def said_before_the_driver(err: str, rig: str) -> None:
+    """A refusal that comes right after the driver was said to come before it, and lists what the run installed
+    (from the run's own record), instead of claiming that nothing changed."""
+    assert f"{rig}: no NVIDIA driver answers yet: the cards' VRAM and power range are checked right after" in err
+    message = err[err.index(f"GPU check failed on {rig}:") :]
+    assert "Nothing was changed on this host." not in message.split("\n\n")[0], message[:2000]
+    assert "This run changed this host before the check (the rest of the deploy did not run):" in message
+    assert "Install NVIDIA" in message and "driver packages" in message, message[:2000]
 
 
 def test_bad_host_data_is_refused_on_a_fresh_rig_with_nothing_changed(rigs, tmp_path):
@@ -126,6 +137,7 @@ def test_20gb_cards_are_refused_right_after_the_driver_then_in_preflight(rigs, t
     fresh = snapshot(rig)
     results, err = deploy(rigs, tmp_path, "rig3", "dual_dflash", {}, {"RIGFORGE_HF_TOKEN": rigs.hf_token})
     assert_refused(results, err, "rig3", "dual-dflash (DFlash) needs 24 GB cards", "GPU check failed on")
+    said_before_the_driver(err, "rig3")
     after = rig.run(SNAPSHOT).stdout
     # the driver is the only change: no Docker, nothing under /opt/rigforge, no units
     assert "docker.io" not in after and "/opt/rigforge" not in after
@@ -145,6 +157,7 @@ def test_a_cap_outside_the_cards_own_range_is_refused_right_after_the_driver(rig
     assert_refused(
         results, err, "rig1", "power cap 400 W (gpu_power_limit_w) is outside GPU 0, 1", "GPU check failed on"
     )
+    said_before_the_driver(err, "rig1")
     after = snapshot(rig)
     assert "docker.io" not in after and "/opt/rigforge" not in after
     assert "rigforge-gpu-power.service" not in after

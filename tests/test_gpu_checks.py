@@ -98,3 +98,23 @@ def test_verify_checks_vram_against_the_variant():
     assert check.status == "fail" and "needs 24 GB cards" in check.detail
     override = Settings(kv_cache_dtype="fp8_e5m2", gpu_memory_utilization=0.82)
     assert check_vram(cards20, load_catalog().variant("dual-turbo"), override).status == "pass"
+
+
+def test_a_refusal_after_a_change_lists_what_this_run_changed(caplog):
+    """The run's own record: an operation that changed the host before the check is named; nothing is claimed
+    unchanged."""
+    state = make_state({"small": rig(gpus=[]), "ok": rig(gpus=[])})
+
+    def deploy():
+        server.shell(name="Install the driver (stand-in)", commands=["touch /driver"])
+        checks.gpus_fit(name="GPU check", needs=PREFLIGHT, caps={0: 230, 1: 230}, data=DATA)
+
+    add_deploy(state, deploy)
+    small = state.inventory.get_host("@fake/small").connector.data["fake_responses"]
+    small["--query-gpu="] = [gpu_row(0, mib=20480), gpu_row(1, mib=20480)]
+    state.inventory.get_host("@fake/ok").connector.data["fake_responses"]["--query-gpu="] = [gpu_row(0), gpu_row(1)]
+    state.set_stage(StateStage.Execute)
+    run_ops(state)
+    message = caplog.text[caplog.text.index("GPU check failed on @fake/small") :]
+    assert "This run changed this host before the check (the rest of the deploy did not run):" in message
+    assert "* Install the driver (stand-in)" in message and "Nothing was changed" not in message

@@ -61,10 +61,20 @@ def gpus_fit(needs: Needs, caps: dict[int, int], data: dict):
         vram = sorted({gpu.get("memory_total") for gpu in gpus})
         host.noop(f"{len(gpus)} GPU(s) with {'/'.join(map(str, vram))} MiB fit {needs.variant}; caps in range")
         return
-    message = format_problems(host.name, problems, what="GPU check failed")
+    message = format_problems(host.name, problems, what="GPU check failed", changed=changed_by_this_run())
     if not state.is_executing:
         host.log_styled(message, fg="yellow", log_func=logger.warning)
     yield fail_command(message)
+
+
+def changed_by_this_run() -> list[str]:
+    """The operations this run has changed the current host with so far, from pyinfra's own record."""
+    me, out = ctx_host.get(), []
+    for op_hash in state.get_op_order():
+        meta = getattr(state.ops[me].get(op_hash), "operation_meta", None)
+        if meta is not None and meta.is_complete() and meta.did_change():
+            out.append(" | ".join(sorted(state.get_op_meta(op_hash).names)) or op_hash)
+    return out
 
 
 def refuse_now(name: str, message: str) -> None:
