@@ -11,6 +11,7 @@ from dataclasses import dataclass
 DEFAULT_ROOT = "/opt/rigforge"  # rigforge_root: models, src, serve, cache, venv live under it
 ETC = "/etc/rigforge"  # the rig manifest rig.json
 UNIT_DIR = "/etc/systemd/system"  # where rigforge installs its units
+RUN_LOCK = "/run/lock/rigforge.lock"  # held by the one rigforge run provisioning the rig (roles/rig_lock.py)
 DAEMON_JSON = "/etc/docker/daemon.json"  # Docker's config: rigforge merges the nvidia runtime into it
 STAMP = ".rigforge-stamp.json"  # written by rigforge/remote/fetch_weights.py in every asset dir
 WEIGHTS_STAGING = ".rigforge-staging"  # downloads land here, under the model dir, until verified
@@ -99,6 +100,7 @@ class HostLayout:
         return f"{self.unit_dir}/{unit}"
 
     daemon_json = DAEMON_JSON
+    run_lock = RUN_LOCK
     vllm_prefix = VLLM_PREFIX
     vllm_template = VLLM_TEMPLATE
     power_unit = POWER_UNIT

@@ -24,11 +24,12 @@ from rigforge import plan as planner
 from rigforge import schema
 from rigforge.catalog import CatalogError
 from rigforge.hardware import Needs, format_problems
+from rigforge.layout import RUN_LOCK
 from rigforge.lock import token_refused
 from rigforge.pins import LockError, default_lock_path
 from rigforge.plan import Plan
 from rigforge.recipes import RecipeError
-from roles import docker_engine, gpu_power, interrupt, nvidia_driver, preflight, serving, sources, weights
+from roles import docker_engine, gpu_power, interrupt, nvidia_driver, preflight, rig_lock, serving, sources, weights
 from roles.facts import probe
 from roles.facts.docker import DockerImagePresent
 from roles.facts.hfweights import WeightsState
@@ -135,6 +136,12 @@ def needs(plan: Plan) -> Needs:
 def provision(variant_name: str | None = None):
     probe.install_all()  # one batched probe per rig, cheaper per-op work (roles/facts/probe.py); first
     interrupt.install(ctx_state.get())  # Ctrl-C / SIGTERM exit non-zero, naming the cut operation
+    busy, note = rig_lock.take(host, RUN_LOCK, bool(host.data.get("_sudo")))  # one run per rig, not a change
+    if note:
+        host.log_styled(f"{host.name}: {note}", fg="yellow", log_func=logger.warning)
+    if busy:
+        refuse_now(f"Refuse {host.name}: another run holds it", f"rigforge refused: {busy}; nothing was changed.")
+        return
     plan = prepare(variant_name)
     if plan is None:
         return

@@ -1,0 +1,82 @@
+"""One rigforge run per rig: a lock on the rig that lives exactly as long as this run's SSH connection.
+
+`take()` opens one more channel on the run's own SSH connection and starts, as root, a holder on the rig:
+`flock -n` on the layout's lock file, the run's owner line (controller, pid, time) written beside it, then
+`cat` reading the channel until it closes. The lock is held while the holder runs, that is while this run's
+connection lives: when the run ends, its connection closes, `cat` ends, the owner line is removed and the lock
+freed. When the controller is killed or the link drops, sshd ends the session and the lock frees itself; the
+owner line then stays behind, and the next run says it found one.
+
+Taking the lock is not an operation: it changes nothing pyinfra reports, and the batched probe stays valid.
+Only the SSH connector has a rig to lock (pyinfra's @local and @fake connectors are left alone).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shlex
+import socket
+from datetime import UTC, datetime
+
+_HELD: dict[str, object] = {}  # host name -> the open channel whose holder keeps the rig's lock
+
+
+def _holder(path: str, owner: str) -> str:
+    lock, info = shlex.quote(path), shlex.quote(f"{path}.owner")
+    return (
+        f"exec 9>>{lock} || exit 1; "
+        f"if flock -n 9; then "
+        f'  [ -s {info} ] && echo "STALE $(cat {info})"; '
+        f"  echo {shlex.quote(owner)} > {info}; echo LOCKED; cat >/dev/null; rm -f {info}; "
+        f'else echo "BUSY $(cat {info} 2>/dev/null)"; fi'
+    )
+
+
+def _lines(channel):
+    """The holder's answer lines, as they come (without paramiko's file objects, which may not be
+    finalized after gevent's hub)."""
+    buffer = b""
+    while True:
+        chunk = channel.recv(4096)
+        if not chunk:
+            return
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            yield line.decode(errors="replace").strip()
+
+
+def _release() -> None:
+    for channel in _HELD.values():
+        try:
+            channel.close()  # the holder's cat ends, the owner line goes, the lock is free
+        except Exception:  # noqa: BLE001 - the connection is already gone: so is the lock
+            pass
+    _HELD.clear()
+
+
+def take(host, path: str, sudo: bool) -> tuple[str | None, str | None]:
+    """(problem, note): hold `path` on `host` for this run, or say who holds it. Idempotent per host."""
+    client = getattr(host.connector, "client", None)
+    if host.name in _HELD or client is None:
+        return None, None
+    owner = f"{socket.gethostname()}, pid {os.getpid()}, since {datetime.now(UTC).isoformat(timespec='seconds')}"
+    command = f"sh -c {shlex.quote(_holder(path, owner))}"
+    channel = client.get_transport().open_session()
+    channel.exec_command(f"sudo -n {command}" if sudo else command)
+    note = None
+    for line in _lines(channel):
+        if line.startswith("STALE "):
+            note = f"found the lock of an earlier run that is gone ({line[6:]}); this run takes it over"
+        elif line == "LOCKED":
+            if not _HELD:
+                atexit.register(_release)
+            _HELD[host.name] = channel  # kept open: the holder lives as long as this channel
+            return None, note
+        elif line.startswith("BUSY"):
+            channel.close()
+            holder = line[5:] or "another run"
+            return f"{host.name} is being provisioned by {holder}; wait for that run to end, then run again", None
+    channel.close()
+    return f"{host.name}: could not take the rig's lock {path} (sudo and flock are needed on the rig)", None

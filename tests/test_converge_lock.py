@@ -1,0 +1,64 @@
+"""Tier 4: one rigforge run per rig (a fresh testbed rig, real SSH, real flock on the rig).
+
+While a run holds a rig (here: a process that takes the rig's lock as a deploy does and keeps its SSH
+connection open), a second deploy stops before it changes anything, in one line naming the holder. Once the
+holder's connection is gone the lock is free again: the next deploy converges, and the one after changes
+nothing (taking the lock is not a change).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+from support import PYINFRA, REPO, changed, pyinfra_run
+
+pytestmark = pytest.mark.testbed
+DEPLOY = REPO / "deploy" / "dual_turbo.py"
+HOLDER = """
+import sys, time
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api.connect import connect_all
+from roles import rig_lock
+from rigforge.layout import RUN_LOCK
+scope = {}
+exec(open(sys.argv[1]).read(), scope)
+inventory = Inventory(([scope["rigs"][0]], {}))
+connect_all(State(inventory, Config()))
+host = next(iter(inventory))
+print(rig_lock.take(host, RUN_LOCK, True), flush=True)
+sys.stdin.read()  # hold until the test closes stdin
+"""
+
+
+def test_a_second_run_stops_in_one_line_while_another_holds_the_rig(testbed_factory):
+    from rigforge.testbed import RigSpec
+
+    tb = testbed_factory([RigSpec()], name="lock")
+    rig = tb.rig("rig1")
+    before = rig.run("dpkg-query -W -f '${Package}\\n' | sort; ls -R /etc/apt /opt 2>/dev/null").stdout
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(tb.inventory)],
+        cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "(None, None)"  # the holder has the lock
+        proc = subprocess.run([PYINFRA, "-y", str(tb.inventory), str(DEPLOY)], cwd=REPO, capture_output=True,
+                              text=True, timeout=600)  # fmt: skip
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    refused = [line for line in out.splitlines() if "rigforge refused" in line]
+    assert len(refused) == 1 and "rig1 is being provisioned by" in refused[0] and ", pid " in refused[0], refused
+    assert "nothing was changed" in refused[0]
+    after = rig.run("dpkg-query -W -f '${Package}\\n' | sort; ls -R /etc/apt /opt 2>/dev/null").stdout
+    assert after == before
+    time.sleep(1)
+    results, err = pyinfra_run(tb.inventory, DEPLOY)
+    assert results["failed_hosts"] == [], err[-4000:]
+    again, err = pyinfra_run(tb.inventory, DEPLOY)
+    assert again["failed_hosts"] == [] and changed(again) == [], err[-3000:]
