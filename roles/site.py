@@ -132,15 +132,22 @@ def needs(plan: Plan) -> Needs:
     return Needs(v.name, v.gpus, v.min_card_mib, v.uses_dflash, plan.layout.models, _disk_needed(plan))
 
 
-@deploy("rigforge site", data_defaults=DEFAULTS)
-def provision(variant_name: str | None = None):
-    probe.install_all()  # one batched probe per rig, cheaper per-op work (roles/facts/probe.py); first
-    interrupt.install(ctx_state.get())  # Ctrl-C / SIGTERM exit non-zero, naming the cut operation
-    busy, note = rig_lock.take(host, RUN_LOCK, bool(host.data.get("_sudo")))  # one run per rig, not a change
+def hold_the_rig() -> bool:
+    """Take the rig's lock for this run (roles/rig_lock.py: one run per rig; not a change), or refuse the host in
+    one line naming the run that holds it."""
+    busy, note = rig_lock.take(host, RUN_LOCK, bool(host.data.get("_sudo")))
     if note:
         host.log_styled(f"{host.name}: {note}", fg="yellow", log_func=logger.warning)
     if busy:
         refuse_now(f"Refuse {host.name}: another run holds it", f"rigforge refused: {busy}; nothing was changed.")
+    return not busy
+
+
+@deploy("rigforge site", data_defaults=DEFAULTS)
+def provision(variant_name: str | None = None):
+    probe.install_all()  # one batched probe per rig, cheaper per-op work (roles/facts/probe.py); first
+    interrupt.install(ctx_state.get())  # Ctrl-C / SIGTERM exit non-zero, naming the cut operation
+    if not hold_the_rig():
         return
     plan = prepare(variant_name)
     if plan is None:
