@@ -52,7 +52,7 @@ def test_installed_render_matches_the_checkout(installed, tmp_path):
     for name in ("docker-compose.yml", ".env", "rigforge-vllm@.service", "rigforge-gpu-power.service"):
         assert (out / name).read_text() == (ref / name).read_text(), name
     bad = sh(installed / "bin/rigforge", "render", "dual", "--out", out, "--set", "power_limit_w=5000", cwd=tmp_path)
-    assert bad.returncode == 2 and "setting 'power_limit_w' must be whole watts in 100..600" in bad.stderr
+    assert bad.returncode == 2 and "gpu_power_limit_w must be whole watts in 100..600" in bad.stderr
     lock = sh(installed / "bin/rigforge", "lock", "--check", cwd=tmp_path)  # the default lock is package data
     assert "rigforge.lock.yaml" in lock.stdout + lock.stderr and "No such file" not in lock.stderr
 
