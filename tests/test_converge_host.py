@@ -160,8 +160,8 @@ def test_dry_run_reports_bad_input_and_changes_nothing(converged):
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stderr[-4000:]  # the pre-flight of a refused host fails
     assert "preflight failed on rig1" in proc.stderr and "power cap 400 W" in proc.stderr, proc.stderr[-4000:]
-    listed = [line for line in proc.stderr.split("Detected changes:")[-1].splitlines() if "rigforge site |" in line]
-    assert listed and all("refused" in line for line in listed), listed  # nothing listed after the refusal
+    table = proc.stderr.split("Detected changes:")[-1].split("\n\n")[0].splitlines()[2:]  # under the header
+    assert table and all("refused" in line for line in table), table  # nothing listed after the refusal
     assert rig_snapshot(rig) == before
 
 
