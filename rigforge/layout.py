@@ -24,6 +24,13 @@ STAGING = ".staging"  # staged_files' staging dir inside the destination dir
 VLLM_PREFIX = "rigforge-vllm@"  # instances: rigforge-vllm@<variant>.service
 VLLM_TEMPLATE = f"{VLLM_PREFIX}.service"
 POWER_UNIT = "rigforge-gpu-power.service"
+# the fleet gateway (roles/gateway.py): HAProxy runs rigforge's config, via a drop-in for the distro's unit
+GATEWAY_DIR = f"{ETC}/gateway"
+GATEWAY_CFG = "haproxy.cfg"
+GATEWAY_UNIT = "haproxy.service"
+GATEWAY_DROPIN_DIR = f"{UNIT_DIR}/{GATEWAY_UNIT}.d"
+GATEWAY_DROPIN = "rigforge.conf"
+GATEWAY_ADMIN_SOCKET = "/run/haproxy/rigforge-admin.sock"  # HAProxy's runtime API (drain, state), root only
 
 
 @dataclass(frozen=True)

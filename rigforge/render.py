@@ -92,6 +92,11 @@ def _env() -> Environment:
     return env
 
 
+def template(name: str):
+    """A template of templates/, parsed once per process."""
+    return _env().get_template(name)
+
+
 def env_file_text(s: Settings) -> str:
     """The compose file's secrets (mode 0600): the API key, if any. Never the HF token: the weights are on the
     rig before vLLM starts, so the container has no use for it (it is only with the weights download)."""

@@ -226,12 +226,21 @@ def setting_problems(raw: dict[str, Any], host_data: bool = False) -> list[str]:
         if key not in SETTINGS:
             problems.append(f"unknown setting {key!r}; allowed: {', '.join(SETTINGS)}")
             continue
-        try:
-            SETTINGS[key](value)
-        except ValueError as exc:
-            shown = "***" if key in SECRETS else repr(value)
-            problems.append(f"{name} must be {exc}, got {shown}")
+        problems += _problem(key, value, name)
     return problems
+
+
+def _problem(name: str, value: Any, shown_as: str) -> list[str]:
+    try:
+        SETTINGS[name](value)
+    except ValueError as exc:
+        return [f"{shown_as} must be {exc}, got {'***' if name in SECRETS else repr(value)}"]
+    return []
+
+
+def setting(data: Mapping, key: str, name: str) -> list[str]:
+    """Problems of host-data `key`, a role's own knob parsed as the setting `name`; none when it is not set."""
+    return [] if data.get(key) is None else _problem(name, data[key], key)
 
 
 def apply_overrides(base: Settings, overrides: dict[str, Any], where: str = "") -> Settings:

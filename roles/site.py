@@ -20,8 +20,8 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.context import ctx_state
 
+from rigforge import gateway, schema
 from rigforge import plan as planner
-from rigforge import schema
 from rigforge.catalog import CatalogError
 from rigforge.hardware import Needs, format_problems
 from rigforge.layout import RUN_LOCK
@@ -30,6 +30,7 @@ from rigforge.pins import LockError, default_lock_path
 from rigforge.plan import Plan
 from rigforge.recipes import RecipeError
 from roles import docker_engine, gpu_power, interrupt, nvidia_driver, preflight, rig_lock, serving, sources, weights
+from roles import gateway as gateway_role
 from roles.facts import probe
 from roles.facts.docker import DockerImagePresent
 from roles.facts.hfweights import WeightsState
@@ -45,6 +46,8 @@ DEFAULTS = {
     "rigforge_recipe_opt_in": False,  # allow a recipe-repo slug whose status is experimental/incubating/deprecated
 }
 ROLES = (preflight, nvidia_driver, docker_engine, gpu_power, sources, weights, serving)
+KNOBS = (*ROLES, gateway_role)  # every role whose knobs host data may set
+GATEWAY = "gateway"  # the inventory group of the fleet's gateway hosts
 RETIRED = {  # host-data keys earlier releases read: refused rather than silently ignored
     "nvidia_driver_packages": "the driver table chooses the packages; set nvidia_driver_source, "
     "nvidia_driver_branch or nvidia_driver_flavor instead",
@@ -65,7 +68,7 @@ def validate(data) -> list[str]:
 def host_data(data) -> dict:
     """A host's data (pyinfra's host.data, or any mapping) for every role's knob and the settings' keys, role
     defaults applied: the only read of host data."""
-    defaults = {key: value for module in ROLES for key, value in module.DEFAULTS.items()} | DEFAULTS
+    defaults = {key: value for module in KNOBS for key, value in module.DEFAULTS.items()} | DEFAULTS
     keys = {*defaults, *schema.HOST_KEYS.values(), *RETIRED, "ssh_port"}
     return {key: data.get(key, defaults.get(key)) for key in sorted(keys)}
 
@@ -76,7 +79,7 @@ def plan_for(name: str, data, entry=None, gpus: int | None = None, deployable: b
     `deployable` False (status, verify, render) accepts lock entries not yet resolved."""
     data = host_data(data)
     problems = validate(data)
-    for module in ROLES:
+    for module in KNOBS:
         check = getattr(module, "validate", None)  # a role without knobs to check has none
         if check:
             problems += check(data)
@@ -84,6 +87,41 @@ def plan_for(name: str, data, entry=None, gpus: int | None = None, deployable: b
         return planner.build(name, data, entry, gpus=gpus, problems=problems, deployable=deployable)
     except (CatalogError, LockError, RecipeError, ValueError, TypeError, KeyError, AttributeError) as exc:
         return None, [*problems, f"cannot prepare this host: {type(exc).__name__}: {exc}"]
+
+
+def is_rig(h) -> bool:
+    """Every host is a rig but those only in the group `gateway` (a gateway that is also a rig is in `rigs`)."""
+    return GATEWAY not in h.groups or "rigs" in h.groups
+
+
+def gateway_plan(variant=None):
+    """(this gateway host's plan, or None; every problem): in front of every rig of the inventory, each with the
+    plan this run gives it. A rig whose host data has problems is left out, with a warning (its own host is
+    refused in this run)."""
+    plans = []
+    for rig in filter(is_rig, host.inventory):
+        plan, problems = plan_for(rig.name, rig.data, variant, deployable=False)
+        plans += [plan] if plan else []
+        if problems:
+            host.log_styled(f"{host.name}: the gateway leaves {rig.name} out: {problems[0]}", fg="yellow",
+                            log_func=logger.warning)  # fmt: skip
+    data = host_data(host.data)
+    problems = gateway_role.validate(data) + schema.boolean(data, "rigforge_manage_services")
+    gw, more = gateway.build(host.name, data, plans) if not problems else (None, [])
+    return gw, problems + more
+
+
+def front_the_fleet(variant=None) -> bool:
+    """On a host of the group `gateway`, the fleet gateway (roles/gateway.py); False when it was refused."""
+    if GATEWAY not in host.groups:
+        return True
+    gw, problems = gateway_plan(variant)
+    if problems:
+        message = format_problems(host.name, problems, what="rigforge refused the gateway")
+        refuse_now(f"Refuse {host.name}: {len(problems)} problem(s) with the gateway", message)
+        return False
+    gateway_role.apply(gw, host_data(host.data)["rigforge_manage_services"])
+    return True
 
 
 def _weights_state(plan: Plan, asset) -> dict:
@@ -147,7 +185,7 @@ def hold_the_rig() -> bool:
 def provision(variant_name: str | None = None):
     probe.install_all()  # one batched probe per rig, cheaper per-op work (roles/facts/probe.py); first
     interrupt.install(ctx_state.get())  # Ctrl-C / SIGTERM exit non-zero, naming the cut operation
-    if not hold_the_rig():
+    if not hold_the_rig() or not front_the_fleet(variant_name) or not is_rig(host):
         return
     plan = prepare(variant_name)
     if plan is None:

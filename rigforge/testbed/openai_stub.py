@@ -7,9 +7,9 @@ Sends are scheduled against absolute deadlines (no drift) and the stub records, 
 CLOCK_MONOTONIC, when it read each request and when it was about to send the first delta and
 `[DONE]`: `GET /_stub/log` returns one record per streamed request.
 
-Endpoints: `GET /v1/models`, `POST /v1/chat/completions` (streamed or not; a request with
-`tools` gets a tool call back, any other gets text that mentions Paris, as the recipes'
-verify expects), `GET /_stub/log`.
+Endpoints: `GET /health` (200, no body, as vLLM's), `GET /v1/models`, `POST /v1/chat/completions`
+(streamed or not; a request with `tools` gets a tool call back, any other gets text that mentions Paris, as the
+recipes' verify expects), `GET /_stub/log`.
 
 Run: `python -m rigforge.testbed.openai_stub --port 0 --ttft-ms 100 --dt-ms 10 --tokens 40`
 prints the base URL on the first stdout line, then serves until killed.
@@ -80,7 +80,11 @@ class _Handler(BaseHTTPRequestHandler):
         s = self.schedule
         if self._unauthorized():
             return
-        if self.path == "/v1/models":
+        if self.path == "/health":
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        elif self.path == "/v1/models":
             self._json(200, {"object": "list", "data": [{"id": s.model, "object": "model"}]})
         elif self.path == "/_stub/log":
             with s.lock:
@@ -199,8 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reasoning-tokens", type=int, default=0)
     p.add_argument("--tokens-per-delta", type=int, default=1)
     p.add_argument("--no-usage", action="store_true", help="never send the usage chunk")
+    p.add_argument("--api-key", help="require this key on /v1/*, as vLLM's --api-key does")
     a = p.parse_args(argv)
-    sched = Schedule(a.model, a.ttft_ms, a.dt_ms, a.tokens, not a.no_usage, a.reasoning_tokens, a.tokens_per_delta)
+    sched = Schedule(
+        a.model, a.ttft_ms, a.dt_ms, a.tokens, not a.no_usage, a.reasoning_tokens, a.tokens_per_delta, a.api_key
+    )
     server = make_server(sched, a.host, a.port)
     print(f"http://{a.host}:{server.server_address[1]}", flush=True)
     try:

@@ -1,0 +1,103 @@
+"""The fleet's front door: one HAProxy in front of the rigs (docs/gateway.md).
+
+    the rigs' plans + the gateway host's knobs --build--> GatewayPlan --render--> haproxy.cfg
+
+One backend per served model name, holding the rigs that serve it, each at the address the gateway reaches it
+on (the rig's `gateway_address`, default its inventory name) and its plan's port. A request goes to the backend
+its JSON body's `model` names; HAProxy health-checks every rig on vLLM's own `/health`, so only healthy rigs
+get requests. `GET /v1/models` answers the union of the models whose backend has a healthy rig. The fleet key,
+when set, is checked at the gateway (the config holds only its sha256); the rigs' own key is sent on to them.
+
+Pure data, like rigforge/plan.py: the caller passes the rigs' plans.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from rigforge.layout import GATEWAY_ADMIN_SOCKET
+from rigforge.render import template
+
+MAX_MODELS = 6  # /v1/models is one answer per set of healthy models: 2**6 rules at most
+NAME = re.compile(r"^[A-Za-z0-9._:/-]+$")  # a served model name the config can hold as it is
+
+
+@dataclass(frozen=True)
+class Server:
+    name: str  # the rig's inventory name
+    address: str
+    port: int
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str  # HAProxy's backend name
+    model: str  # the served model name requests ask for
+    api_key: str | None  # the rigs' own key, sent on to them
+    servers: tuple[Server, ...]
+
+
+@dataclass(frozen=True)
+class GatewayPlan:
+    host: str
+    bind: str  # address:port the fleet's clients use
+    key_hash: str | None  # sha256 of "Bearer <fleet key>", upper-case hex as HAProxy's `hex` prints it
+    backends: tuple[Backend, ...]
+    admin_socket: str = GATEWAY_ADMIN_SOCKET
+
+    @property
+    def model_lists(self) -> list[tuple[list[str], list[str], str]]:
+        """(backends that must have a healthy rig, backends that must have none, the /v1/models answer)."""
+        out = []
+        for up in itertools.product((True, False), repeat=len(self.backends)):
+            serving = [b for b, ok in zip(self.backends, up, strict=True) if ok]
+            models = [{"id": b.model, "object": "model", "owned_by": "rigforge"} for b in serving]
+            body = {"object": "list", "data": models}
+            down = [b.name for b in self.backends if b not in serving]
+            out.append(([b.name for b in serving], down, json.dumps(body, separators=(",", ":"))))
+        return out
+
+
+def key_hash(key: str) -> str:
+    return hashlib.sha256(f"Bearer {key}".encode()).hexdigest().upper()
+
+
+def build(host: str, data: Mapping, rigs: Sequence) -> tuple[GatewayPlan | None, list[str]]:
+    """The gateway of `host` (its knobs in `data`) in front of `rigs` (their plans), and every problem."""
+    by_model: dict[str, list] = {}
+    for plan in rigs:
+        by_model.setdefault(plan.variant.served_model, []).append(plan)
+    problems = []
+    if not rigs:
+        problems.append("no rig in the inventory to put behind the gateway (hosts outside the group `gateway`)")
+    if len(by_model) > MAX_MODELS:
+        problems.append(f"the rigs serve {len(by_model)} model names; one gateway fronts at most {MAX_MODELS}")
+    backends = []
+    for i, (model, plans) in enumerate(sorted(by_model.items())):
+        keys = {p.settings.api_key for p in plans}
+        if not NAME.fullmatch(model):
+            problems.append(f"served model name {model!r} has characters the gateway config cannot hold")
+        if len(keys) > 1:
+            problems.append(f"the rigs serving {model} have different serving_api_key values; give them one key")
+        if None not in keys and not data.get("gateway_api_key"):
+            problems.append(
+                f"the rigs serving {model} require an API key: set gateway_api_key, or the gateway would open them"
+            )
+        servers = tuple(
+            Server(p.host, p.data.get("gateway_address") or p.host, p.port) for p in sorted(plans, key=lambda p: p.host)
+        )
+        backends.append(Backend(f"m{i}_{re.sub(r'[^A-Za-z0-9]+', '_', model)}", model, keys.pop(), servers))
+    if problems:
+        return None, problems
+    bind = f"{data.get('gateway_bind_address') or ''}:{data['gateway_port']}"
+    key = data.get("gateway_api_key")
+    return GatewayPlan(host, bind, key_hash(key) if key else None, tuple(backends)), []
+
+
+def render(plan: GatewayPlan) -> str:
+    return template("rigforge-gateway.cfg.j2").render(gw=plan)

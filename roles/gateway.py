@@ -1,0 +1,65 @@
+"""The fleet gateway: Debian's HAProxy in front of the rigs, on the hosts of the inventory group `gateway`.
+
+The config (rigforge/gateway.py renders it from the rigs' plans) lands in /etc/rigforge/gateway, root only (it
+holds the rigs' key), once `haproxy -c` accepts it; a drop-in points the distro's haproxy.service at it and
+leaves /etc/haproxy/haproxy.cfg alone. HAProxy reloads, without dropping connections, when either changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pyinfra.api import deploy
+from pyinfra.operations import apt, systemd
+
+from rigforge import gateway, schema
+from rigforge.gateway import GatewayPlan
+from rigforge.layout import GATEWAY_CFG, GATEWAY_DIR, GATEWAY_DROPIN, GATEWAY_DROPIN_DIR, GATEWAY_UNIT
+from roles.operations.staged import staged_files
+
+DEFAULTS = {
+    "gateway_port": 8088,  # on a gateway host: the fleet's one endpoint
+    "gateway_bind_address": None,  # on a gateway host: the address it listens on (None: every address)
+    "gateway_api_key": None,  # on a gateway host: the fleet's key, checked there (the config keeps its sha256)
+    "gateway_address": None,  # on a rig: the address the gateway reaches it on (None: its inventory name)
+}
+DROPIN = f"""# rigforge: haproxy.service runs the fleet gateway's config (roles/gateway.py)
+[Service]
+Environment="CONFIG={GATEWAY_DIR}/{GATEWAY_CFG}"
+RuntimeDirectory=haproxy
+"""
+
+
+def validate(data: Mapping) -> list[str]:
+    problems = schema.integer(data, "gateway_port", 1, 65535)
+    problems += schema.setting(data, "gateway_bind_address", "bind_address")
+    problems += schema.setting(data, "gateway_api_key", "api_key")
+    if data.get("gateway_address") is not None:
+        problems += schema.hostname(data, "gateway_address")
+    return problems
+
+
+@deploy("Fleet gateway (HAProxy)", data_defaults=DEFAULTS)
+def apply(gw: GatewayPlan, manage_services: bool):
+    apt.packages(name="Install HAProxy (Debian's haproxy)", packages=["haproxy"])
+    config = staged_files(
+        name=f"Install the gateway config for {len(gw.backends)} model(s) (validated by haproxy -c)",
+        dest=GATEWAY_DIR,
+        files={GATEWAY_CFG: (gateway.render(gw), "600")},
+        validate=f"haproxy -c -q -f {GATEWAY_CFG}",
+    )
+    dropin = staged_files(
+        name=f"Point {GATEWAY_UNIT} at the gateway config",
+        dest=GATEWAY_DROPIN_DIR,
+        files={GATEWAY_DROPIN: (DROPIN, "644")},
+        keep_previous=False,
+    )
+    systemd.daemon_reload(name="Reload systemd units", _if=dropin.did_change)
+    if manage_services:
+        systemd.service(name=f"Run {GATEWAY_UNIT}", service=GATEWAY_UNIT, running=True, enabled=True)
+        systemd.service(
+            name=f"Reload {GATEWAY_UNIT} on the new config",
+            service=GATEWAY_UNIT,
+            reloaded=True,
+            _if=lambda: config.did_change() or dropin.did_change(),
+        )

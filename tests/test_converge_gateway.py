@@ -1,0 +1,71 @@
+"""The gateway role on a testbed host of the group `gateway`, over real SSH: Debian's haproxy installed, the
+config validated by `haproxy -c` on the host and root-only, the distro's unit pointed at it; a second run
+changes nothing; switching the fleet's variant moves every backend to the new port and keeps the old config as
+.prev; a bad gateway knob is refused before anything changes. (No systemd in a chroot: HAProxy is configured,
+not started; tests/test_gateway.py runs the same config in a real HAProxy.)"""
+
+from __future__ import annotations
+
+import pytest
+from support import REPO, changed, pyinfra_run
+from test_converge_refusals import SNAPSHOT
+
+pytestmark = pytest.mark.testbed
+CFG = "/etc/rigforge/gateway/haproxy.cfg"
+
+
+@pytest.fixture(scope="module")
+def fleet(testbed_factory, tmp_path_factory):
+    from rigforge.testbed import RigSpec
+
+    tb = testbed_factory([RigSpec()], name="gateway")
+
+    def inventory(**gw_data):
+        path = tmp_path_factory.mktemp("inv") / "fleet.py"
+        path.write_text(
+            f"exec(open({str(tb.inventory)!r}).read())\n"
+            "rigs.append(('rig9.invalid', {'rigforge_variant': 'carnice-bf16mtp'}))\n"
+            f"gateway = [('gw', {{**dict(rigs)['rig1'], **{gw_data!r}}})]\n"
+        )
+        return path
+
+    return tb, inventory
+
+
+def run(inv, entry: str):
+    return pyinfra_run(inv, REPO / "deploy" / f"{entry}.py", "--limit", "gw")
+
+
+def test_bad_gateway_knob_refused_before_any_change(fleet):
+    tb, inventory = fleet
+    rig = tb.rig("rig1")
+    before = rig.run(SNAPSHOT + "; ls -la /etc/rigforge 2>&1").stdout
+    results, err = run(inventory(gateway_port="http"), "dual_turbo")
+    assert results.get("failed_hosts") in ("all", ["gw"]), err[-3000:]
+    assert "rigforge refused the gateway on gw:" in err and "gateway_port must be a whole number" in err, err[-3000:]
+    assert "Nothing was changed on this host." in err
+    assert rig.run(SNAPSHOT + "; ls -la /etc/rigforge 2>&1").stdout == before
+
+
+def test_gateway_converges_is_a_noop_then_follows_a_switch(fleet):
+    tb, inventory = fleet
+    rig = tb.rig("rig1")
+    inv = inventory(gateway_api_key="fleet-key-1")
+    first, err = run(inv, "dual_turbo")
+    assert first["failed_hosts"] == [], err[-4000:]
+    assert "the gateway leaves rig9.invalid out" in err  # its rigforge_variant disagrees with dual_turbo
+    assert rig.run(f"stat -c '%a %U' {CFG}").stdout.split() == ["600", "root"]
+    assert rig.run(f"haproxy -c -q -f {CFG}").returncode == 0
+    cfg = rig.run(f"cat {CFG}").stdout
+    assert "server rig1 rig1:8011" in cfg and "fleet-key-1" not in cfg
+    dropin = rig.run("cat /etc/systemd/system/haproxy.service.d/rigforge.conf").stdout
+    assert f'Environment="CONFIG={CFG}"' in dropin
+
+    second, err = run(inv, "dual_turbo")
+    assert second["failed_hosts"] == [] and changed(second) == [], changed(second)
+
+    switched, err = run(inv, "dual")
+    assert switched["failed_hosts"] == [], err[-4000:]
+    assert [op for op in changed(switched) if "gateway config" in op], changed(switched)
+    assert "server rig1 rig1:8010" in rig.run(f"cat {CFG}").stdout
+    assert "server rig1 rig1:8011" in rig.run(f"cat {CFG}.prev").stdout

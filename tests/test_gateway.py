@@ -1,0 +1,133 @@
+"""The fleet gateway's config (rigforge/gateway.py): accepted by the real `haproxy -c`, refused on bad input, and
+a real HAProxy on 127.0.0.1 in front of stand-in rigs routes by model, answers the healthy union on
+/v1/models, checks the fleet key, sends the rigs' key on, and stops sending to a rig whose /health fails."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+
+from rigforge import gateway
+from rigforge.testbed.openai_stub import Schedule, make_server
+from roles.gateway import DEFAULTS
+from roles.site import plan_for
+
+HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"  # Debian's haproxy (.ci/run installs it)
+
+
+def rig(name: str, variant: str, port: int, **data):
+    plan, problems = plan_for(
+        name, {"rigforge_variant": variant, "serving_port": port, "gateway_address": "127.0.0.1", **data}, gpus=2,
+        deployable=False,
+    )  # fmt: skip
+    assert not problems, problems
+    return plan
+
+
+def gw_data(**data) -> dict:
+    return {**DEFAULTS, **data}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_build_refuses_what_the_gateway_cannot_front():
+    keyed = rig("rig1", "dual", 8010, serving_api_key="k1")
+    _, problems = gateway.build("gw", gw_data(), [keyed, rig("rig2", "dual-turbo", 8011, serving_api_key="k2")])
+    assert any("different serving_api_key" in p for p in problems)
+    assert any("set gateway_api_key" in p for p in problems), problems
+    assert gateway.build("gw", gw_data(), [])[1] == [
+        "no rig in the inventory to put behind the gateway (hosts outside the group `gateway`)"
+    ]
+    plan, problems = gateway.build("gw", gw_data(gateway_api_key="fleet-s3cret"), [keyed])
+    assert problems == [] and plan.key_hash == gateway.key_hash("fleet-s3cret")
+    assert "fleet-s3cret" not in gateway.render(plan)
+
+
+def test_config_passes_haproxy_check(tmp_path):
+    rigs = [rig("rig1", "dual-turbo", 8011), rig("rig2", "dual", 8010), rig("rig3", "carnice-bf16mtp", 8070)]
+    plan, problems = gateway.build("gw", gw_data(gateway_api_key="fleet-s3cret"), rigs)
+    assert problems == []
+    assert [(b.model, [s.name for s in b.servers]) for b in plan.backends] == [
+        ("carnice-bf16mtp", ["rig3"]),
+        ("qwen3.6-27b-autoround", ["rig1", "rig2"]),
+    ]
+    cfg = tmp_path / "haproxy.cfg"
+    cfg.write_text(gateway.render(plan))
+    check = subprocess.run([HAPROXY, "-c", "-f", str(cfg)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    cfg.write_text(gateway.render(plan).replace("balance leastconn", "balance nonsense"))
+    assert subprocess.run([HAPROXY, "-c", "-q", "-f", str(cfg)], capture_output=True).returncode != 0
+
+
+def call(url: str, body: dict | None = None, key: str | None = "fleet-s3cret") -> tuple[int, dict]:
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    req = urllib.request.Request(url, json.dumps(body).encode() if body else None, headers)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+    except urllib.error.URLError:  # not listening (yet)
+        return 0, {}
+
+
+def wait_for(predicate, timeout: float = 15.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError("timed out")
+
+
+def test_real_haproxy_routes_by_model_and_follows_health(tmp_path):
+    stubs = {}
+    qwen, carnice = "qwen3.6-27b-autoround", "carnice-bf16mtp"
+    for name, model in (("rig1", qwen), ("rig2", qwen), ("rig3", carnice)):
+        server = make_server(Schedule(model=model, api_key="rigkey", ttft_ms=1, dt_ms=1, tokens=3))
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        stubs[name] = server
+    variants = {"rig1": "dual-turbo", "rig2": "dual", "rig3": "carnice-bf16mtp"}
+    rigs = [rig(n, variants[n], s.server_address[1], serving_api_key="rigkey") for n, s in stubs.items()]
+    port = free_port()
+    plan, problems = gateway.build("gw", gw_data(gateway_port=port, gateway_bind_address="127.0.0.1",
+                                                 gateway_api_key="fleet-s3cret"), rigs)  # fmt: skip
+    assert problems == []
+    cfg = tmp_path / "haproxy.cfg"
+    cfg.write_text(gateway.render(plan).replace(plan.admin_socket, str(tmp_path / "admin.sock")))
+    proc = subprocess.Popen([HAPROXY, "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        models = lambda: sorted(m["id"] for m in call(f"{base}/v1/models")[1].get("data", []))  # noqa: E731
+        assert wait_for(lambda: models() == ["carnice-bf16mtp", "qwen3.6-27b-autoround"])
+        assert call(f"{base}/health", key=None)[0] == 200
+        assert call(f"{base}/v1/models", key=None)[0] == 401
+        assert call(f"{base}/v1/models", key="wrong")[0] == 401
+        chat = {"messages": [{"role": "user", "content": "Capital of France?"}], "max_tokens": 8}
+        for model in ("qwen3.6-27b-autoround", "carnice-bf16mtp"):
+            status, reply = call(f"{base}/v1/chat/completions", {**chat, "model": model})
+            assert status == 200 and reply["model"] == model, reply  # the rig's key was sent on
+        assert call(f"{base}/v1/chat/completions", {**chat, "model": "gpt-4"})[0] == 404
+
+        stubs["rig3"].shutdown()  # the only carnice rig goes away: it leaves the union, its model gets 503
+        stubs["rig3"].server_close()
+        assert wait_for(lambda: models() == ["qwen3.6-27b-autoround"])
+        assert call(f"{base}/v1/chat/completions", {**chat, "model": "carnice-bf16mtp"})[0] == 503
+        for _ in range(6):  # the qwen rigs still answer every request
+            assert call(f"{base}/v1/chat/completions", {**chat, "model": "qwen3.6-27b-autoround"})[0] == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        for server in stubs.values():
+            server.shutdown()
