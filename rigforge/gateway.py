@@ -17,10 +17,11 @@ import hashlib
 import itertools
 import json
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from rigforge.layout import GATEWAY_ADMIN_SOCKET
+from rigforge.layout import GATEWAY_ADMIN_SOCKET, GATEWAY_STATE
 from rigforge.render import template
 
 MAX_MODELS = 6  # /v1/models is one answer per set of healthy models: 2**6 rules at most
@@ -49,6 +50,7 @@ class GatewayPlan:
     key_hash: str | None  # sha256 of "Bearer <fleet key>", upper-case hex as HAProxy's `hex` prints it
     backends: tuple[Backend, ...]
     admin_socket: str = GATEWAY_ADMIN_SOCKET
+    state_file: str = GATEWAY_STATE
 
     @property
     def model_lists(self) -> list[tuple[list[str], list[str], str]]:
@@ -61,6 +63,11 @@ class GatewayPlan:
             down = [b.name for b in self.backends if b not in serving]
             out.append(([b.name for b in serving], down, json.dumps(body, separators=(",", ":"))))
         return out
+
+
+def backend_name(model: str) -> str:
+    """HAProxy's backend for a served model name: what a rig's drain and rejoin find it by."""
+    return "m_" + re.sub(r"[^A-Za-z0-9]+", "_", model)
 
 
 def key_hash(key: str) -> str:
@@ -78,7 +85,7 @@ def build(host: str, data: Mapping, rigs: Sequence) -> tuple[GatewayPlan | None,
     if len(by_model) > MAX_MODELS:
         problems.append(f"the rigs serve {len(by_model)} model names; one gateway fronts at most {MAX_MODELS}")
     backends = []
-    for i, (model, plans) in enumerate(sorted(by_model.items())):
+    for model, plans in sorted(by_model.items()):
         keys = {p.settings.api_key for p in plans}
         if not NAME.fullmatch(model):
             problems.append(f"served model name {model!r} has characters the gateway config cannot hold")
@@ -91,7 +98,9 @@ def build(host: str, data: Mapping, rigs: Sequence) -> tuple[GatewayPlan | None,
         servers = tuple(
             Server(p.host, p.data.get("gateway_address") or p.host, p.port) for p in sorted(plans, key=lambda p: p.host)
         )
-        backends.append(Backend(f"m{i}_{re.sub(r'[^A-Za-z0-9]+', '_', model)}", model, keys.pop(), servers))
+        backends.append(Backend(backend_name(model), model, keys.pop(), servers))
+    if len({b.name for b in backends}) < len(backends):
+        problems.append(f"served model names {sorted(by_model)} differ only in punctuation; rename one")
     if problems:
         return None, problems
     bind = f"{data.get('gateway_bind_address') or ''}:{data['gateway_port']}"
@@ -101,3 +110,65 @@ def build(host: str, data: Mapping, rigs: Sequence) -> tuple[GatewayPlan | None,
 
 def render(plan: GatewayPlan) -> str:
     return template("rigforge-gateway.cfg.j2").render(gw=plan)
+
+
+# ---- the runtime API, around a rig's restart (roles/operations/gateway.py runs these on every gateway host)
+
+
+def _runtime(server: str, socket: str, state_file: str) -> str:
+    """Shell helpers: `cli CMD` talks to HAProxy's runtime API, `stat AWK` reads `show stat` (CSV: 1 backend,
+    2 server, 3 queued, 5 sessions, 18 status) with `s` set to the server; `save` keeps the runtime state (ports,
+    drains) for the next reload."""
+    return f"""
+cli() {{ echo "$1" | socat stdio UNIX-CONNECT:{shlex.quote(socket)}; }}
+stat() {{ cli "show stat" | awk -F, -v s={shlex.quote(server)} "$1"; }}
+save() {{ cli "show servers state" > {shlex.quote(state_file)}.tmp && mv {shlex.quote(state_file)}.tmp {shlex.quote(state_file)}; }}
+[ -S {shlex.quote(socket)} ] || {{ echo "gateway: not running here"; exit 0; }}
+backends=$(stat '$2 == s {{ print $1 }}')
+[ -n "$backends" ] || {{ echo "gateway: {server} is not behind it"; exit 0; }}
+"""
+
+
+def drain_script(server: str, timeout: int, socket: str = GATEWAY_ADMIN_SOCKET, state_file: str = GATEWAY_STATE) -> str:
+    """Shell, on a gateway host: no new requests for `server`, then wait (at most `timeout` s) until its requests
+    in flight and queued are done. Prints `others up N`: how many other rigs of its models are up."""
+    return _runtime(server, socket, state_file) + f"""
+for b in $backends; do cli "set server $b/{server} state drain" >/dev/null; done
+save
+echo "others up $(cli "show stat" | awk -F, -v s={shlex.quote(server)} -v bs=" $(echo $backends) " \
+  'index(bs, " " $1 " ") && $2 != s && $2 != "BACKEND" && $18 ~ /^UP/ {{ n++ }} END {{ print n + 0 }}')"
+waited=0
+while busy=$(stat '$2 == s {{ n += $3 + $5 }} END {{ print n + 0 }}') && [ "$busy" != 0 ]; do
+  [ $waited -lt {int(timeout)} ] || {{ echo "gateway: $busy request(s) still in flight after {int(timeout)} s"; exit 0; }}
+  sleep 1; waited=$((waited + 1))
+done
+echo "gateway: drained after $waited s"
+"""
+
+
+def rejoin_script(
+    server: str, backend: str | None, address: str, port: int, wait: int = 60,
+    socket: str = GATEWAY_ADMIN_SOCKET, state_file: str = GATEWAY_STATE,
+) -> str:  # fmt: skip
+    """Shell, on a gateway host: `server` back in `backend` (None: wherever it is) at `address`:`port` (a name is
+    resolved there), out of the backends of models it no longer serves; then wait (at most `wait` s) until the
+    gateway's own health check sees it up."""
+    return _runtime(server, socket, state_file) + f"""
+ip=$(getent ahosts {shlex.quote(address)} | awk '{{ print $1; exit }}')
+[ -n "$ip" ] || {{ echo "gateway: cannot resolve {address}" >&2; exit 1; }}
+for b in $backends; do
+  if [ -z {shlex.quote(backend or "")} ] || [ "$b" = {shlex.quote(backend or "")} ]; then
+    cli "set server $b/{server} addr $ip port {int(port)}" >/dev/null
+    cli "set server $b/{server} state ready" >/dev/null
+  else
+    cli "set server $b/{server} state maint" >/dev/null
+  fi
+done
+save
+waited=0
+until stat '$2 == s && $18 ~ /^UP/ {{ up = 1 }} END {{ exit !up }}'; do
+  [ $waited -lt {int(wait)} ] || {{ echo "gateway: {server} not healthy yet after {int(wait)} s"; exit 0; }}
+  sleep 1; waited=$((waited + 1))
+done
+echo "gateway: {server} serving at $ip:{int(port)} after $waited s"
+"""

@@ -31,6 +31,7 @@ GATEWAY_UNIT = "haproxy.service"
 GATEWAY_DROPIN_DIR = f"{UNIT_DIR}/{GATEWAY_UNIT}.d"
 GATEWAY_DROPIN = "rigforge.conf"
 GATEWAY_ADMIN_SOCKET = "/run/haproxy/rigforge-admin.sock"  # HAProxy's runtime API (drain, state), root only
+GATEWAY_STATE = "/var/lib/haproxy/rigforge-servers.state"  # runtime state kept across reloads (drains, ports)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,8 @@ a real HAProxy on 127.0.0.1 in front of stand-in rigs routes by model, answers t
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import shutil
 import socket
@@ -69,6 +71,20 @@ def test_config_passes_haproxy_check(tmp_path):
     assert subprocess.run([HAPROXY, "-c", "-q", "-f", str(cfg)], capture_output=True).returncode != 0
 
 
+@contextlib.contextmanager
+def running_haproxy(tmp_path, plan):
+    """A real HAProxy in the foreground on `plan`'s config, its runtime API and state file in tmp_path."""
+    plan = dataclasses.replace(plan, admin_socket=str(tmp_path / "admin.sock"), state_file=str(tmp_path / "state"))
+    cfg = tmp_path / "haproxy.cfg"
+    cfg.write_text(gateway.render(plan))
+    proc = subprocess.Popen([HAPROXY, "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield plan
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 def call(url: str, body: dict | None = None, key: str | None = "fleet-s3cret") -> tuple[int, dict]:
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
     req = urllib.request.Request(url, json.dumps(body).encode() if body else None, headers)
@@ -104,11 +120,8 @@ def test_real_haproxy_routes_by_model_and_follows_health(tmp_path):
     plan, problems = gateway.build("gw", gw_data(gateway_port=port, gateway_bind_address="127.0.0.1",
                                                  gateway_api_key="fleet-s3cret"), rigs)  # fmt: skip
     assert problems == []
-    cfg = tmp_path / "haproxy.cfg"
-    cfg.write_text(gateway.render(plan).replace(plan.admin_socket, str(tmp_path / "admin.sock")))
-    proc = subprocess.Popen([HAPROXY, "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
-    try:
+    with running_haproxy(tmp_path, plan):
         models = lambda: sorted(m["id"] for m in call(f"{base}/v1/models")[1].get("data", []))  # noqa: E731
         assert wait_for(lambda: models() == ["carnice-bf16mtp", "qwen3.6-27b-autoround"])
         assert call(f"{base}/health", key=None)[0] == 200
@@ -126,8 +139,75 @@ def test_real_haproxy_routes_by_model_and_follows_health(tmp_path):
         assert call(f"{base}/v1/chat/completions", {**chat, "model": "carnice-bf16mtp"})[0] == 503
         for _ in range(6):  # the qwen rigs still answer every request
             assert call(f"{base}/v1/chat/completions", {**chat, "model": "qwen3.6-27b-autoround"})[0] == 200
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        for server in stubs.values():
-            server.shutdown()
+    for server in stubs.values():
+        server.shutdown()
+
+
+def stub(model: str = "qwen3.6-27b-autoround", dt_ms: float = 50.0, tokens: int = 30):
+    server = make_server(Schedule(model=model, ttft_ms=5, dt_ms=dt_ms, tokens=tokens))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def stream(base: str, results: list, max_tokens: int = 30) -> None:
+    """One streamed chat completion through the gateway; appends (status, ends with [DONE])."""
+    body = {"model": "qwen3.6-27b-autoround", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    body["max_tokens"] = max_tokens
+    req = urllib.request.Request(f"{base}/v1/chat/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})  # fmt: skip
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            results.append((resp.status, resp.read().rstrip().endswith(b"data: [DONE]")))
+    except (urllib.error.URLError, ConnectionError) as err:
+        results.append((getattr(err, "code", 0), False))
+
+
+def sh(script: str) -> str:
+    proc = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_drain_waits_for_requests_in_flight_and_rejoin_follows_the_new_port(tmp_path):
+    """A rig drained at the gateway gets no new request, its streams in flight end whole, the drain returns
+    only then; rejoined at another port (a variant switch), it serves again there, and a reload keeps that."""
+    old, other = stub(), stub()
+    rigs = [rig("rig1", "dual-turbo", old.server_address[1]), rig("rig2", "dual", other.server_address[1])]
+    port = free_port()
+    plan, _ = gateway.build("gw", gw_data(gateway_port=port, gateway_bind_address="127.0.0.1"), rigs)
+    base = f"http://127.0.0.1:{port}"
+    backend = gateway.backend_name("qwen3.6-27b-autoround")
+    with running_haproxy(tmp_path, plan) as live:
+        runtime = {"socket": live.admin_socket, "state_file": live.state_file}
+        assert wait_for(lambda: len(call(f"{base}/v1/models", key=None)[1].get("data", [])) == 1)
+        results: list = []
+        clients = [threading.Thread(target=stream, args=(base, results)) for _ in range(4)]
+        for client in clients:
+            client.start()
+        time.sleep(0.3)  # the four 1.5 s streams are in flight, spread over both rigs
+        t0 = time.monotonic()
+        out = sh(gateway.drain_script("rig1", timeout=30, **runtime))
+        drained_after = time.monotonic() - t0
+        assert "others up 1" in out and "drained after" in out, out
+        assert drained_after > 0.5  # it waited for rig1's streams
+        in_flight = len(old.RequestHandlerClass.schedule.log)
+        assert in_flight >= 1  # rig1 finished what it had, whole
+        for _ in range(4):  # drained: every new request goes to rig2
+            stream(base, results, max_tokens=2)
+        assert len(old.RequestHandlerClass.schedule.log) == in_flight
+        for client in clients:
+            client.join()
+        assert results == [(200, True)] * 8
+
+        old.shutdown()  # rig1 restarts on another port, as a variant switch does
+        old.server_close()
+        new = stub()
+        out = sh(gateway.rejoin_script("rig1", backend, "localhost", new.server_address[1], wait=30, **runtime))
+        assert f"serving at 127.0.0.1:{new.server_address[1]}" in out, out
+        for _ in range(6):
+            stream(base, results, max_tokens=2)
+        assert len(new.RequestHandlerClass.schedule.log) >= 1 and results[8:] == [(200, True)] * 6
+        state = (tmp_path / "state").read_text()
+        assert f"rig1 127.0.0.1 2 " in state and f" {new.server_address[1]} " in state, state
+    for server in (other, new):
+        server.shutdown()
