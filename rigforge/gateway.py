@@ -119,10 +119,11 @@ def _runtime(server: str, socket: str, state_file: str) -> str:
     """Shell helpers: `cli CMD` talks to HAProxy's runtime API, `stat AWK` reads `show stat` (CSV: 1 backend,
     2 server, 3 queued, 5 sessions, 18 status) with `s` set to the server; `save` keeps the runtime state (ports,
     drains) for the next reload."""
+    state = shlex.quote(state_file)
     return f"""
 cli() {{ echo "$1" | socat stdio UNIX-CONNECT:{shlex.quote(socket)}; }}
 stat() {{ cli "show stat" | awk -F, -v s={shlex.quote(server)} "$1"; }}
-save() {{ cli "show servers state" > {shlex.quote(state_file)}.tmp && mv {shlex.quote(state_file)}.tmp {shlex.quote(state_file)}; }}
+save() {{ cli "show servers state" > {state}.tmp && mv {state}.tmp {state}; }}
 [ -S {shlex.quote(socket)} ] || {{ echo "gateway: not running here"; exit 0; }}
 backends=$(stat '$2 == s {{ print $1 }}')
 [ -n "$backends" ] || {{ echo "gateway: {server} is not behind it"; exit 0; }}
@@ -132,18 +133,21 @@ backends=$(stat '$2 == s {{ print $1 }}')
 def drain_script(server: str, timeout: int, socket: str = GATEWAY_ADMIN_SOCKET, state_file: str = GATEWAY_STATE) -> str:
     """Shell, on a gateway host: no new requests for `server`, then wait (at most `timeout` s) until its requests
     in flight and queued are done. Prints `others up N`: how many other rigs of its models are up."""
-    return _runtime(server, socket, state_file) + f"""
+    return (
+        _runtime(server, socket, state_file)
+        + f"""
 for b in $backends; do cli "set server $b/{server} state drain" >/dev/null; done
 save
 echo "others up $(cli "show stat" | awk -F, -v s={shlex.quote(server)} -v bs=" $(echo $backends) " \
   'index(bs, " " $1 " ") && $2 != s && $2 != "BACKEND" && $18 ~ /^UP/ {{ n++ }} END {{ print n + 0 }}')"
 waited=0
 while busy=$(stat '$2 == s {{ n += $3 + $5 }} END {{ print n + 0 }}') && [ "$busy" != 0 ]; do
-  [ $waited -lt {int(timeout)} ] || {{ echo "gateway: $busy request(s) still in flight after {int(timeout)} s"; exit 0; }}
+  [ $waited -lt {int(timeout)} ] || {{ echo "gateway: $busy request(s) in flight after {int(timeout)} s"; exit 0; }}
   sleep 1; waited=$((waited + 1))
 done
 echo "gateway: drained after $waited s"
 """
+    )
 
 
 def rejoin_script(
@@ -153,7 +157,9 @@ def rejoin_script(
     """Shell, on a gateway host: `server` back in `backend` (None: wherever it is) at `address`:`port` (a name is
     resolved there), out of the backends of models it no longer serves; then wait (at most `wait` s) until the
     gateway's own health check sees it up."""
-    return _runtime(server, socket, state_file) + f"""
+    return (
+        _runtime(server, socket, state_file)
+        + f"""
 ip=$(getent ahosts {shlex.quote(address)} | awk '{{ print $1; exit }}')
 [ -n "$ip" ] || {{ echo "gateway: cannot resolve {address}" >&2; exit 1; }}
 for b in $backends; do
@@ -172,3 +178,4 @@ until stat '$2 == s && $18 ~ /^UP/ {{ up = 1 }} END {{ exit !up }}'; do
 done
 echo "gateway: {server} serving at $ip:{int(port)} after $waited s"
 """
+    )

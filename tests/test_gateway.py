@@ -208,6 +208,6 @@ def test_drain_waits_for_requests_in_flight_and_rejoin_follows_the_new_port(tmp_
             stream(base, results, max_tokens=2)
         assert len(new.RequestHandlerClass.schedule.log) >= 1 and results[8:] == [(200, True)] * 6
         state = (tmp_path / "state").read_text()
-        assert f"rig1 127.0.0.1 2 " in state and f" {new.server_address[1]} " in state, state
+        assert "rig1 127.0.0.1 2 " in state and f" {new.server_address[1]} " in state, state
     for server in (other, new):
         server.shutdown()
