@@ -14,7 +14,15 @@ from pyinfra.operations import apt, systemd
 
 from rigforge import gateway, schema
 from rigforge.gateway import GatewayPlan
-from rigforge.layout import GATEWAY_CFG, GATEWAY_DIR, GATEWAY_DROPIN, GATEWAY_DROPIN_DIR, GATEWAY_UNIT
+from rigforge.layout import (
+    GATEWAY_ADMIN_SOCKET,
+    GATEWAY_CFG,
+    GATEWAY_DIR,
+    GATEWAY_DROPIN,
+    GATEWAY_DROPIN_DIR,
+    GATEWAY_STATE,
+    GATEWAY_UNIT,
+)
 from roles.operations.staged import staged_files
 
 DEFAULTS = {
@@ -22,16 +30,25 @@ DEFAULTS = {
     "gateway_bind_address": None,  # on a gateway host: the address it listens on (None: every address)
     "gateway_api_key": None,  # on a gateway host: the fleet's key, checked there (the config keeps its sha256)
     "gateway_address": None,  # on a rig: the address the gateway reaches it on (None: its inventory name)
+    "gateway_drain_timeout": 300,  # on a rig: seconds its requests in flight get to finish before a restart
 }
-DROPIN = f"""# rigforge: haproxy.service runs the fleet gateway's config (roles/gateway.py)
+SAVE_STATE = f"echo 'show servers state' | socat stdio UNIX-CONNECT:{GATEWAY_ADMIN_SOCKET} > {GATEWAY_STATE}"
+DROPIN = f"""# rigforge: haproxy.service runs the fleet gateway's config (roles/gateway.py); a reload keeps the
+# servers' runtime state (drained rigs, the ports they moved to)
 [Service]
 Environment="CONFIG={GATEWAY_DIR}/{GATEWAY_CFG}"
 RuntimeDirectory=haproxy
+RuntimeDirectoryPreserve=yes
+ExecReload=
+ExecReload=-/bin/sh -c "{SAVE_STATE}"
+ExecReload=/usr/sbin/haproxy -Ws -f $CONFIG -c -q $EXTRAOPTS
+ExecReload=/bin/kill -USR2 $MAINPID
 """
 
 
 def validate(data: Mapping) -> list[str]:
     problems = schema.integer(data, "gateway_port", 1, 65535)
+    problems += schema.integer(data, "gateway_drain_timeout", 0, 86400, " of seconds")
     problems += schema.setting(data, "gateway_bind_address", "bind_address")
     problems += schema.setting(data, "gateway_api_key", "api_key")
     if data.get("gateway_address") is not None:
@@ -41,7 +58,7 @@ def validate(data: Mapping) -> list[str]:
 
 @deploy("Fleet gateway (HAProxy)", data_defaults=DEFAULTS)
 def apply(gw: GatewayPlan, manage_services: bool):
-    apt.packages(name="Install HAProxy (Debian's haproxy)", packages=["haproxy"])
+    apt.packages(name="Install HAProxy and socat (Debian's), its runtime API's client", packages=["haproxy", "socat"])
     config = staged_files(
         name=f"Install the gateway config for {len(gw.backends)} model(s) (validated by haproxy -c)",
         dest=GATEWAY_DIR,

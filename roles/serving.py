@@ -20,9 +20,11 @@ from pyinfra.operations import files, server, systemd
 from pyinfra.operations.util import any_changed
 
 from rigforge import schema
+from rigforge.gateway import backend_name
 from rigforge.layout import DEFAULT_ROOT, SERVE_FILES
 from rigforge.plan import Plan
 from rigforge.render import VLLM_UNIT
+from roles.operations import gateway
 from roles.operations.serving import enabled_instances, health_gate_script, image_present, manifest, sole_instance
 from roles.operations.staged import staged_files, systemd_verify
 
@@ -47,7 +49,8 @@ def validate(data: Mapping) -> list[str]:
 
 
 @deploy("Serve the variant with vLLM", data_defaults=DEFAULTS)
-def apply(plan: Plan):
+def apply(plan: Plan, gateways: tuple[str, ...] = ()):
+    """`gateways`: the fleet gateway hosts this rig leaves while its unit restarts (roles/gateway.py)."""
     variant, layout = plan.variant, plan.layout
     manage = plan.data["rigforge_manage_services"]
     serve_dir, unit = layout.serve_dir, layout.vllm_unit
@@ -83,27 +86,45 @@ def apply(plan: Plan):
         template=layout.vllm_template,
     )
     if manage:
-        started = systemd.service(
-            name=f"Start {unit}",
-            service=unit,
-            running=True,
-            restarted=True,
-            _if=any_changed(compose, unit_file, switched),
-        )
-        server.shell(
+        restart = any_changed(compose, unit_file, switched)
+        wait = int(plan.data["serving_health_timeout"])
+        if gateways:
+            gateway.drained(
+                name=f"Drain {host.name} at the fleet gateway before the restart",
+                gateways=list(gateways),
+                server=host.name,
+                timeout=int(plan.data["gateway_drain_timeout"]),
+                _if=restart,
+            )
+        started = systemd.service(name=f"Start {unit}", service=unit, running=True, restarted=True, _if=restart)
+        gate = server.shell(
             name=f"Health gate: /v1/models and one chat completion on port {plan.port}",
             commands=[
                 health_gate_script(
                     url=f"http://{plan.data['serving_health_host']}:{plan.port}",
                     model=variant.served_model,
-                    timeout=int(plan.data["serving_health_timeout"]),
+                    timeout=wait,
                     unit=unit,
                     rollback_unit=previous[0] if previous else None,
                     serve_dir=serve_dir,
                 )
             ],
             _if=started.did_change,
+            _continue_on_error=bool(gateways),  # the rejoin below brings a rolled-back rig back, then fails it
         )
+        if gateways:
+            gateway.rejoined(
+                name=f"Rejoin the fleet gateway on port {plan.port}",
+                gateways=list(gateways),
+                server=host.name,
+                backend=backend_name(variant.served_model),
+                address=plan.data["gateway_address"] or host.name,
+                port=plan.port,
+                wait=wait,
+                gate=gate,
+                manifest=layout.rig_json,
+                _if=started.did_change,
+            )
     else:
         host.noop(f"services not managed on this host: {unit} enabled but not started, no health gate")
 

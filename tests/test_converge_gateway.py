@@ -6,12 +6,23 @@ not started; tests/test_gateway.py runs the same config in a real HAProxy.)"""
 
 from __future__ import annotations
 
+import json
+import socket
+import threading
+import urllib.request
+
 import pytest
 from support import REPO, changed, pyinfra_run
 from test_converge_refusals import SNAPSHOT
 
 pytestmark = pytest.mark.testbed
 CFG = "/etc/rigforge/gateway/haproxy.cfg"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -69,3 +80,37 @@ def test_gateway_converges_is_a_noop_then_follows_a_switch(fleet):
     assert [op for op in changed(switched) if "gateway config" in op], changed(switched)
     assert "server rig1 rig1:8010" in rig.run(f"cat {CFG}").stdout
     assert "server rig1 rig1:8011" in rig.run(f"cat {CFG}.prev").stdout
+
+
+def test_a_rig_drains_and_rejoins_over_the_gateway_hosts_own_connection(fleet, tmp_path):
+    """The gateway host runs HAProxy (started by hand: no systemd in a chroot) on the converged config; a run
+    limited to rig1 reaches it over its own SSH connection, drains rig1 and rejoins it at a stand-in's port,
+    and the gateway's frontend then reaches the stand-in (the chroot shares the controller's loopback)."""
+    from rigforge.testbed.openai_stub import Schedule, make_server
+
+    tb, inventory = fleet
+    rig = tb.rig("rig1")
+    inv = inventory(gateway_port=free_port(), gateway_bind_address="127.0.0.1")
+    first, err = run(inv, "dual_turbo")
+    assert first["failed_hosts"] == [], err[-3000:]
+    stub = make_server(Schedule(ttft_ms=1, dt_ms=1, tokens=2))
+    threading.Thread(target=stub.serve_forever, daemon=True).start()
+    port = int(rig.run(f"sed -n 's/^    bind 127.0.0.1://p' {CFG}").stdout)
+    started = rig.run(f"mkdir -p /run/haproxy && haproxy -D -p /run/rigforge-test-haproxy.pid -f {CFG}")
+    assert started.returncode == 0, started.stderr
+    try:
+        results, err = pyinfra_run(inv, REPO / "tests" / "deploys" / "gateway_drain.py", "--limit", "rig1",
+                                   "--data", f"test_port={stub.server_address[1]}")  # fmt: skip
+        assert results["failed_hosts"] == [], err[-3000:]
+        assert "drain at gateway gw: gateway: drained after 0 s" in err, err[-3000:]
+        assert f"rejoin at gateway gw: gateway: rig1 serving at 127.0.0.1:{stub.server_address[1]}" in err
+        body = json.dumps({"model": "qwen3.6-27b-autoround", "messages": [{"role": "user", "content": "hi"}]})
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", body.encode(),
+                                     {"Content-Type": "application/json", "Authorization": "Bearer k"})  # fmt: skip
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            assert json.loads(resp.read())["model"] == "qwen3.6-27b-autoround"
+        state = rig.run("cat /var/lib/haproxy/rigforge-servers.state").stdout  # what a reload starts from
+        assert " rig1 127.0.0.1 " in state and f" rig1 {stub.server_address[1]} " in state, state
+    finally:
+        rig.run("kill $(cat /run/rigforge-test-haproxy.pid)")
+        stub.shutdown()

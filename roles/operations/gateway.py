@@ -1,0 +1,99 @@
+"""A rig leaves the fleet gateways before its unit restarts and comes back after (docs/gateway.md).
+
+Each runs on the controller when the rig's turn comes: it reaches every gateway host over that host's own
+connection from the inventory and drives HAProxy's runtime API there (rigforge/gateway.py's scripts).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from pyinfra import logger
+from pyinfra.api import FunctionCommand, StringCommand, operation
+from pyinfra.api.exceptions import ConnectError
+
+from rigforge.gateway import drain_script, rejoin_script
+
+
+def _on_gateways(state, host, gateways, script: str, what: str) -> dict[str, str]:
+    """Run `script` on every gateway host; {gateway: its last line}. A gateway that cannot be reached is a
+    warning: it sends this rig nothing then."""
+    said = {}
+    for name in gateways:
+        gw = state.inventory.get_host(name)
+        try:
+            if not gw.connected:
+                gw.connect(reason=f"{what} {host.name}", raise_exceptions=True)
+            ok, output = gw.run_shell_command(StringCommand(script), _sudo=bool(gw.data.get("_sudo")))
+        except ConnectError as error:
+            ok, output = False, None
+            said[name] = f"unreachable ({error})"
+        if output is not None:
+            said[name] = (output.stdout_lines or output.stderr_lines or [""])[-1] if ok else output.stderr
+        colour = "yellow" if not ok or "others up 0" in said[name] else "cyan"
+        host.log_styled(f"{host.name}: {what} at gateway {name}: {said[name]}", fg=colour, log_func=logger.warning)
+    return said
+
+
+def _drain(state, host, gateways, server: str, timeout: int):
+    for name, said in _on_gateways(state, host, gateways, drain_script(server, timeout), "drain").items():
+        if said.startswith("others up 0"):
+            host.log_styled(
+                f"{host.name}: warning: no other rig serving its model is up at gateway {name}: its requests "
+                "fail until this rig is back (a parallel run takes rigs out together; --serial does not)",
+                fg="yellow",
+                log_func=logger.warning,
+            )
+    return True
+
+
+def _rejoin(state, host, gateways, server, backend, address, port, wait, gate, manifest):
+    if gate is None or not gate.did_error():
+        _on_gateways(state, host, gateways, rejoin_script(server, backend, address, port, wait), "rejoin")
+        return True
+    read = StringCommand(f"cat {shlex.quote(manifest)} 2>/dev/null")
+    ok, output = host.run_shell_command(read, _sudo=bool(host.data.get("_sudo")))
+    previous = json.loads(output.stdout) if ok and output.stdout.strip() else {}
+    if previous.get("port"):
+        script = rejoin_script(server, None, address, previous["port"], wait)
+        _on_gateways(state, host, gateways, script, f"rejoin after the rollback to {previous.get('variant')}")
+    host.log_styled(
+        f"{host.name}: the health gate failed and the rig rolled back to {previous.get('variant', 'nothing')}"
+        + (", which rejoined the gateway" if previous.get("port") else "; it stays out of the gateway"),
+        fg="red",
+        log_func=logger.error,
+    )
+    return False
+
+
+@operation(is_idempotent=False)
+def drained(gateways: list[str], server: str, timeout: int):
+    """
+    Take this rig out of every fleet gateway and wait until its requests in flight are done.
+
+    + gateways: inventory names of the gateway hosts
+    + server: the rig's server name in the gateways' backends (its inventory name)
+    + timeout: seconds to wait for its requests in flight, then restart anyway
+    """
+    yield FunctionCommand(_drain, (gateways, server, timeout), {})
+
+
+@operation(is_idempotent=False)
+def rejoined(
+    gateways: list[str], server: str, backend: str, address: str, port: int, wait: int, gate=None, manifest=""
+):
+    """
+    Put this rig back in every fleet gateway at its new port, once it passed its health gate.
+
+    + gateways: inventory names of the gateway hosts
+    + server: the rig's server name in the gateways' backends
+    + backend: the gateway backend of the model it serves now (it leaves the others)
+    + address: where the gateway reaches the rig (resolved on the gateway host)
+    + port: the port it serves on now
+    + wait: seconds to wait for the gateway's own health check to see it up
+    + gate: the health gate operation; when it failed (and rolled back), the rig rejoins at the port of the
+      variant it rolled back to (read from ``manifest``, rig.json) and this operation fails the host
+    + manifest: path of the rig's rig.json
+    """
+    yield FunctionCommand(_rejoin, (gateways, server, backend, address, port, wait, gate, manifest), {})
