@@ -11,15 +11,19 @@ a fact the probe cannot answer is read on its own. Nothing on a rig is changed.
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import json
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pyinfra.facts.files import Sha256File
 
+from rigforge import inventory
 from rigforge.hardware import small_override, vram_problems
-from rigforge.layout import SERVE_FILES, HostLayout
+from rigforge.layout import GATEWAY_ADMIN_SOCKET, SERVE_FILES, HostLayout
 from rigforge.pins import LockError, load_lock
 from rigforge.plan import Plan
 from rigforge.render import POWER_UNIT, VLLM_UNIT
@@ -423,3 +427,51 @@ def checks(obs: Observed, ctx: RigContext) -> list[Check]:
     active = unit["active"] == "active"
     hint = "" if active else f" (journalctl -u {unit['unit']})"
     return [*out, Check("unit active", PASS if active else FAIL, f"{unit['unit']} is {unit['active']}{hint}")]
+
+
+# ---------------------------------------------------------------- the fleet gateway, observed
+
+GATEWAY_STATES = {"UP": "serving", "DRAIN": "draining"}  # HAProxy's server status; any other: out
+GATEWAY_CHAT = {"messages": [{"role": "user", "content": "What is the capital of France? Answer in one word."}],
+        "max_tokens": 30, "chat_template_kwargs": {"enable_thinking": False}}  # fmt: skip
+
+
+def observe_gateway(host, data: Mapping) -> dict:
+    """The gateway on `host` (its knobs in `data`): HAProxy's unit, the gateway's own /health, /v1/models
+    through it, and each rig's state in its backends (HAProxy's `show stat`)."""
+    bind = data.get("gateway_bind_address") or "127.0.0.1"
+    url = f"http://{'127.0.0.1' if bind == '0.0.0.0' else bind}:{data['gateway_port']}"
+    stat = inventory.sh(host, f"echo 'show stat' | socat stdio UNIX-CONNECT:{shlex.quote(GATEWAY_ADMIN_SOCKET)}")
+    rigs: dict[str, str] = {}
+    for row in csv.reader(line for line in stat.splitlines() if line and not line.startswith("#")):
+        if len(row) > 17 and row[1] not in ("FRONTEND", "BACKEND") and row[0] != "no_model":
+            status = row[17].split(" ")[0]
+            rigs[row[1]] = GATEWAY_STATES.get(status, f"out ({status.lower()})")
+    code, body = inventory.http_on_rig(host, f"{url}/v1/models", 5, api_key=data.get("gateway_api_key"))
+    try:
+        models = [m["id"] for m in json.loads(body)["data"]]
+    except (ValueError, KeyError, TypeError):
+        models = None
+    return {
+        "url": url,
+        "unit": inventory.sh(host, "systemctl is-active haproxy.service").strip() or "unknown",
+        "health": inventory.http_on_rig(host, f"{url}/health", 5)[0],
+        "models_http": code,
+        "models": models,
+        "rigs": rigs,
+    }
+
+
+def gateway_checks(host, data: Mapping, view: dict) -> list[Check]:
+    """verify's checks of a gateway: /v1/models answers through it, and one chat completion per model."""
+    if view["models_http"] != 200 or not view["models"]:
+        why = f"HTTP {view['models_http']}" if view["models_http"] else "no answer"
+        return [Check("gateway /v1/models answers", FAIL, f"{view['url']}/v1/models: {why}, {view['models']}")]
+    out = [Check("gateway /v1/models answers", PASS, f"{view['url']} lists {', '.join(view['models'])}")]
+    for model in view["models"]:
+        body = {"model": model, **GATEWAY_CHAT}
+        code, text = inventory.http_on_rig(host, f"{view['url']}/v1/chat/completions", 120, body,
+                                           data.get("gateway_api_key"))  # fmt: skip
+        ok = code == 200 and "paris" in text.lower()
+        out.append(Check(f"gateway chat: {model}", PASS if ok else FAIL, f"HTTP {code or 'no answer'}: {text[:80]}"))
+    return out

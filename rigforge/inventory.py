@@ -140,7 +140,7 @@ def read_rigs(args, command: str, fn) -> dict[str, Any] | None:
 def api_models(host, ctx, timeout: int = 5) -> dict:
     """GET /v1/models from the rig itself (curl), as the recipes' health check does."""
     url = f"http://{ctx_host(ctx)}:{ctx.port}/v1/models"
-    code, body = http_on_rig(host, ctx, url, timeout=timeout)
+    code, body = http_on_rig(host, url, timeout, api_key=rig_key(ctx))
     try:
         models = [m.get("id") for m in json.loads(body).get("data", [])]
     except (ValueError, AttributeError):
@@ -148,9 +148,13 @@ def api_models(host, ctx, timeout: int = 5) -> dict:
     return {"url": url, "http_code": code, "models": models}
 
 
-def http_on_rig(host, ctx, url: str, timeout: int, body: dict | None = None) -> tuple[int, str]:
-    """(HTTP code, 0 when nothing answered; response body) of a request made by curl on the rig."""
-    out = sh(host, curl_command(url, ctx, timeout=timeout, body=body))
+def rig_key(ctx) -> str | None:
+    return ctx.settings.api_key if ctx.settings is not None else None
+
+
+def http_on_rig(host, url: str, timeout: int, body: dict | None = None, api_key: str | None = None) -> tuple[int, str]:
+    """(HTTP code, 0 when nothing answered; response body) of a request made by curl on the host."""
+    out = sh(host, curl_command(url, api_key, timeout=timeout, body=body))
     text, _, code = out.rpartition("\n")
     return (int(code) if code.strip().isdigit() else 0), text
 
@@ -159,13 +163,13 @@ def ctx_host(ctx) -> str:
     return ctx.data["serving_health_host"] or "127.0.0.1"
 
 
-def curl_command(url: str, ctx, timeout: int, body: dict | None = None):
+def curl_command(url: str, api_key: str | None, timeout: int, body: dict | None = None):
     """curl printing the body, then the HTTP code on the last line. The API key (if any) is masked."""
     from pyinfra.api import MaskString, QuoteString, StringCommand
 
     parts = ["curl", "-s", "-m", str(timeout), "-w", QuoteString("\\n%{http_code}")]
-    if ctx.settings is not None and ctx.settings.api_key:
-        parts += ["-H", MaskString(shlex.quote(f"Authorization: Bearer {ctx.settings.api_key}"))]
+    if api_key:
+        parts += ["-H", MaskString(shlex.quote(f"Authorization: Bearer {api_key}"))]
     if body is not None:
         parts += ["-H", QuoteString("Content-Type: application/json"), "--data-binary", QuoteString(json.dumps(body))]
     return StringCommand(*parts, QuoteString(url))

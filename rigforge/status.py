@@ -68,6 +68,16 @@ def status_row(host) -> dict:
     return row
 
 
+def host_row(host) -> dict:
+    """A rig's row; a gateway host's (of the inventory group `gateway`) carries the gateway's view too."""
+    from roles import site
+
+    row = status_row(host) if site.is_rig(host) else {"host": host.name, "error": None, "rig": False}
+    if site.GATEWAY in host.groups:
+        row["gateway"] = drift.observe_gateway(host, site.host_data(host.data))
+    return row
+
+
 def error_row(name: str, error: Exception) -> dict:
     return {"host": name, "error": str(error)}
 
@@ -77,7 +87,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    results = inventory.read_rigs(args, "status", status_row)
+    results = inventory.read_rigs(args, "status", host_row)
     if results is None:
         return 2
     rows = [error_row(n, r) if isinstance(r, Exception) else r for n, r in results.items()]
@@ -88,6 +98,8 @@ def run(args) -> int:
 def _cells(r: dict) -> list[str]:
     if r["error"]:
         return [r["host"], f"ERROR: {r['error']}"]
+    if r.get("rig") is False:
+        return [r["host"], "the fleet gateway (no rig)"]
     variant = r["variant"] or "-"
     if r["variant_in_inventory"] and r["variant"] and r["variant_in_inventory"] != r["variant"]:
         variant += f" (inventory: {r['variant_in_inventory']})"
@@ -133,8 +145,17 @@ def format_table(rows: list[dict]) -> str:
         else:
             lines.append(f"{cells[0].ljust(widths[0])}  {cells[1]}")
     for r in rows:
+        if r.get("gateway"):
+            lines.append(gateway_line(r["host"], r["gateway"]))
         for d in r.get("pin_drift") or []:
             lines.append(f"{r['host']}: pin drift: {d}")
         for p in r.get("problems") or []:
             lines.append(f"{r['host']}: {p}")
     return "\n".join(lines)
+
+
+def gateway_line(host: str, g: dict) -> str:
+    health = "healthy" if g["health"] == 200 else "NOT HEALTHY"
+    rigs = ", ".join(f"{name} {state}" for name, state in sorted(g["rigs"].items())) or "no rig"
+    models = ", ".join(g["models"]) if g["models"] is not None else f"no answer ({g['models_http']})"
+    return f"{host}: gateway {g['url']} {health} (haproxy {g['unit']}, /health {g['health']}); models: {models}; {rigs}"

@@ -36,10 +36,19 @@ from rigforge.drift import FAIL, PASS, SKIP, SKIPPED, Check, RigContext
 
 
 def check_host(host) -> list[Check]:
-    """The drift checks of the rig (rigforge/drift.py) and the live API probes."""
-    ctx, obs = drift.observe(host)
-    out = drift.checks(obs, ctx)
-    return out + api_checks(host, ctx, [c for c in out if c.name.startswith("unit ")])
+    """The drift checks of the rig (rigforge/drift.py) and the live API probes; on a gateway host (the inventory
+    group `gateway`), the gateway's checks (rigforge/gateway.py)."""
+    from roles import site
+
+    out = []
+    if site.is_rig(host):
+        ctx, obs = drift.observe(host)
+        out = drift.checks(obs, ctx)
+        out += api_checks(host, ctx, [c for c in out if c.name.startswith("unit ")])
+    if site.GATEWAY in host.groups:
+        data = site.host_data(host.data)
+        out += drift.gateway_checks(host, data, drift.observe_gateway(host, data))
+    return out
 
 
 CHAT = {
@@ -99,7 +108,7 @@ def api_checks(host, ctx: RigContext, unit: list[Check]) -> list[Check]:
 
 
 def _post(host, ctx, url, body) -> tuple[int, dict | None, str]:
-    code, text = inventory.http_on_rig(host, ctx, url, timeout=120, body=body)
+    code, text = inventory.http_on_rig(host, url, 120, body, inventory.rig_key(ctx))
     try:
         return code, json.loads(text), text
     except ValueError:

@@ -49,8 +49,8 @@ def validate(data: Mapping) -> list[str]:
 
 
 @deploy("Serve the variant with vLLM", data_defaults=DEFAULTS)
-def apply(plan: Plan, gateways: tuple[str, ...] = ()):
-    """`gateways`: the fleet gateway hosts this rig leaves while its unit restarts (roles/gateway.py)."""
+def apply(plan: Plan, gateways: Mapping[str, bool] | None = None):
+    """`gateways`: the fleet gateway hosts this rig leaves while its unit restarts ({name: use sudo})."""
     variant, layout = plan.variant, plan.layout
     manage = plan.data["rigforge_manage_services"]
     serve_dir, unit = layout.serve_dir, layout.vllm_unit
@@ -91,7 +91,7 @@ def apply(plan: Plan, gateways: tuple[str, ...] = ()):
         if gateways:
             gateway.drained(
                 name=f"Drain {host.name} at the fleet gateway before the restart",
-                gateways=list(gateways),
+                gateways=dict(gateways),
                 server=host.name,
                 timeout=int(plan.data["gateway_drain_timeout"]),
                 _if=restart,
@@ -115,7 +115,7 @@ def apply(plan: Plan, gateways: tuple[str, ...] = ()):
         if gateways:
             gateway.rejoined(
                 name=f"Rejoin the fleet gateway on port {plan.port}",
-                gateways=list(gateways),
+                gateways=dict(gateways),
                 server=host.name,
                 backend=backend_name(variant.served_model),
                 address=plan.data["gateway_address"] or host.name,

@@ -213,4 +213,4 @@ def provision(variant_name: str | None = None):
     gpu_power.apply(plan)
     sources.apply(plan)
     weights.apply(plan)
-    serving.apply(plan, tuple(h.name for h in host.inventory.get_group(GATEWAY, default=[])))
+    serving.apply(plan, {h.name: bool(h.data.get("_sudo")) for h in host.inventory.get_group(GATEWAY, default=[])})

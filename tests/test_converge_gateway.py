@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import threading
 import urllib.request
+from pathlib import Path
 
 import pytest
 from support import REPO, changed, pyinfra_run
 from test_converge_refusals import SNAPSHOT
 
 pytestmark = pytest.mark.testbed
+RIGFORGE = str(Path(sys.executable).with_name("rigforge"))
 CFG = "/etc/rigforge/gateway/haproxy.cfg"
 
 
@@ -111,6 +115,17 @@ def test_a_rig_drains_and_rejoins_over_the_gateway_hosts_own_connection(fleet, t
             assert json.loads(resp.read())["model"] == "qwen3.6-27b-autoround"
         state = rig.run("cat /var/lib/haproxy/rigforge-servers.state").stdout  # what a reload starts from
         assert " rig1 127.0.0.1 " in state and f" rig1 {stub.server_address[1]} " in state, state
+
+        status = subprocess.run([RIGFORGE, "status", str(inv)], capture_output=True, text=True, timeout=300)
+        line = next(li for li in status.stdout.splitlines() if li.startswith("gw: gateway"))
+        assert line.startswith(f"gw: gateway http://127.0.0.1:{port} healthy") and line.endswith(
+            "; models: qwen3.6-27b-autoround; rig1 serving"
+        ), status.stdout
+        checks = subprocess.run([RIGFORGE, "verify", str(inv)], capture_output=True, text=True, timeout=300)
+        gw_checks = [li.split()[:2] + [" ".join(li.split()[2:5])] for li in checks.stdout.splitlines()
+                     if li.startswith("gw ")]  # fmt: skip
+        assert [c[:2] for c in gw_checks] == [["gw", "PASS"], ["gw", "PASS"]], checks.stdout
+        assert "gateway chat: qwen3.6-27b-autoround" in checks.stdout
     finally:
         rig.run("kill $(cat /run/rigforge-test-haproxy.pid)")
         stub.shutdown()

@@ -16,16 +16,16 @@ from pyinfra.api.exceptions import ConnectError
 from rigforge.gateway import drain_script, rejoin_script
 
 
-def _on_gateways(state, host, gateways, script: str, what: str) -> dict[str, str]:
+def _on_gateways(state, host, gateways: dict[str, bool], script: str, what: str) -> dict[str, str]:
     """Run `script` on every gateway host; {gateway: its last line}. A gateway that cannot be reached is a
     warning: it sends this rig nothing then."""
     said = {}
-    for name in gateways:
+    for name, sudo in gateways.items():
         gw = state.inventory.get_host(name)
         try:
             if not gw.connected:
                 gw.connect(reason=f"{what} {host.name}", raise_exceptions=True)
-            ok, output = gw.run_shell_command(StringCommand(script), _sudo=bool(gw.data.get("_sudo")))
+            ok, output = gw.run_shell_command(StringCommand(script), _sudo=sudo)
         except ConnectError as error:
             ok, output = False, None
             said[name] = f"unreachable ({error})"
@@ -53,7 +53,7 @@ def _rejoin(state, host, gateways, server, backend, address, port, wait, gate, m
         _on_gateways(state, host, gateways, rejoin_script(server, backend, address, port, wait), "rejoin")
         return True
     read = StringCommand(f"cat {shlex.quote(manifest)} 2>/dev/null")
-    ok, output = host.run_shell_command(read, _sudo=bool(host.data.get("_sudo")))
+    ok, output = host.run_shell_command(read)  # rig.json is world-readable
     previous = json.loads(output.stdout) if ok and output.stdout.strip() else {}
     if previous.get("port"):
         script = rejoin_script(server, None, address, previous["port"], wait)
@@ -68,11 +68,11 @@ def _rejoin(state, host, gateways, server, backend, address, port, wait, gate, m
 
 
 @operation(is_idempotent=False)
-def drained(gateways: list[str], server: str, timeout: int):
+def drained(gateways: dict[str, bool], server: str, timeout: int):
     """
     Take this rig out of every fleet gateway and wait until its requests in flight are done.
 
-    + gateways: inventory names of the gateway hosts
+    + gateways: ``{inventory name: use sudo}`` of the gateway hosts
     + server: the rig's server name in the gateways' backends (its inventory name)
     + timeout: seconds to wait for its requests in flight, then restart anyway
     """
@@ -81,12 +81,12 @@ def drained(gateways: list[str], server: str, timeout: int):
 
 @operation(is_idempotent=False)
 def rejoined(
-    gateways: list[str], server: str, backend: str, address: str, port: int, wait: int, gate=None, manifest=""
+    gateways: dict[str, bool], server: str, backend: str, address: str, port: int, wait: int, gate=None, manifest=""
 ):
     """
     Put this rig back in every fleet gateway at its new port, once it passed its health gate.
 
-    + gateways: inventory names of the gateway hosts
+    + gateways: ``{inventory name: use sudo}`` of the gateway hosts
     + server: the rig's server name in the gateways' backends
     + backend: the gateway backend of the model it serves now (it leaves the others)
     + address: where the gateway reaches the rig (resolved on the gateway host)

@@ -9,7 +9,7 @@ from pyinfra import host
 from rigforge.gateway import backend_name
 from roles.operations import gateway
 
-gateways = [h.name for h in host.inventory.get_group("gateway")]
+gateways = {h.name: bool(h.data.get("_sudo")) for h in host.inventory.get_group("gateway")}
 gateway.drained(name="Drain at the gateway", gateways=gateways, server=host.name, timeout=30)
 gateway.rejoined(
     name="Rejoin the gateway",
