@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import http.client
 import json
 import shutil
 import socket
@@ -155,11 +156,16 @@ def stream(base: str, results: list, max_tokens: int = 30) -> None:
     body["max_tokens"] = max_tokens
     req = urllib.request.Request(f"{base}/v1/chat/completions", json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})  # fmt: skip
+    status, complete = 0, False
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:
-            results.append((resp.status, resp.read().rstrip().endswith(b"data: [DONE]")))
-    except (urllib.error.URLError, ConnectionError) as err:
-        results.append((getattr(err, "code", 0), False))
+            status = resp.status
+            complete = resp.read().rstrip().endswith(b"data: [DONE]")
+    except urllib.error.HTTPError as err:
+        status = err.code
+    except (urllib.error.URLError, ConnectionError, http.client.HTTPException, ValueError):
+        pass  # refused, or cut mid-stream (a truncated chunked body)
+    results.append((status, complete))
 
 
 def sh(script: str) -> str:
@@ -211,3 +217,26 @@ def test_drain_waits_for_requests_in_flight_and_rejoin_follows_the_new_port(tmp_
         assert "rig1 127.0.0.1 2 " in state and f" {new.server_address[1]} " in state, state
     for server in (other, new):
         server.shutdown()
+
+
+def test_stand_in_server_bounds_its_concurrency_and_ends_requests_in_flight_on_abort():
+    """The testbed's serving stand-in: two completions at once on one slot take twice as long as one; abort()
+    (its SIGTERM) cuts a stream before [DONE], which is why a rig must be drained before it restarts."""
+    server = make_server(Schedule(ttft_ms=5, dt_ms=20, tokens=10, max_concurrent=1))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    results: list = []
+    t0 = time.monotonic()
+    clients = [threading.Thread(target=stream, args=(base, results, 10)) for _ in range(2)]
+    for client in clients:
+        client.start()
+    for client in clients:
+        client.join()
+    assert results == [(200, True)] * 2 and time.monotonic() - t0 >= 0.35  # one after the other: 2 x 0.185 s
+    cut = threading.Thread(target=stream, args=(base, results, 10))
+    cut.start()
+    time.sleep(0.1)
+    server.abort()
+    cut.join()
+    assert results[2] == (200, False)  # the stream ended without [DONE]
+    server.shutdown()

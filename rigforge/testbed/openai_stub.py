@@ -18,6 +18,7 @@ prints the base URL on the first stdout line, then serves until killed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import socket
 import sys
@@ -37,6 +38,7 @@ class Schedule:
     reasoning_tokens: int = 0  # the first N deltas are reasoning_content, not content
     tokens_per_delta: int = 1  # >1 mimics speculative decoding: several tokens per streamed delta
     api_key: str | None = None  # like vLLM's --api-key: /v1/* needs "Authorization: Bearer <key>"
+    max_concurrent: int = 0  # >0: at most this many completions at once, the others wait (a real server's batch)
     log: list = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -110,6 +112,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(404, {"error": {"message": f"The model `{req.get('model')}` does not exist."}})
             return
         n = min(s.tokens, int(req.get("max_tokens") or s.tokens) // s.tokens_per_delta)
+        with self.server.slots:  # a request that waited for a slot is generated from then on
+            self._answer(req, n, time.monotonic_ns() if s.max_concurrent else t_recv)
+
+    def _answer(self, req, n: int, t_recv: int) -> None:
+        s = self.schedule
         if req.get("tools"):
             self._tool_call(req)
         elif req.get("stream"):
@@ -180,7 +187,28 @@ def _completion(model: str, message: dict, tokens: int, finish: str = "stop") ->
 
 
 class _Server(ThreadingHTTPServer):
+    """Tracks its open connections, so that `abort()` can end every request in flight at once: what a server
+    killed mid-generation does to its clients (the testbed's stand-in does it on SIGTERM)."""
+
     daemon_threads = True
+
+    def __init__(self, address, handler, max_concurrent: int = 0):
+        super().__init__(address, handler)
+        self.slots = threading.BoundedSemaphore(max_concurrent) if max_concurrent else contextlib.nullcontext()
+        self.open: set = set()
+
+    def process_request(self, request, client_address):
+        self.open.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request):
+        self.open.discard(request)
+        super().shutdown_request(request)
+
+    def abort(self) -> None:
+        for conn in list(self.open):
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
 
     def handle_error(self, request, client_address):
         if not isinstance(sys.exc_info()[1], ConnectionError):  # a client hanging up is not an error
@@ -189,7 +217,7 @@ class _Server(ThreadingHTTPServer):
 
 def make_server(schedule: Schedule, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
     handler = type("Handler", (_Handler,), {"schedule": schedule})
-    return _Server((host, port), handler)
+    return _Server((host, port), handler, schedule.max_concurrent)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,10 +232,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens-per-delta", type=int, default=1)
     p.add_argument("--no-usage", action="store_true", help="never send the usage chunk")
     p.add_argument("--api-key", help="require this key on /v1/*, as vLLM's --api-key does")
+    p.add_argument("--max-concurrent", type=int, default=0, help="at most N completions at once (0: no bound)")
     a = p.parse_args(argv)
     sched = Schedule(
-        a.model, a.ttft_ms, a.dt_ms, a.tokens, not a.no_usage, a.reasoning_tokens, a.tokens_per_delta, a.api_key
-    )
+        a.model, a.ttft_ms, a.dt_ms, a.tokens, not a.no_usage, a.reasoning_tokens, a.tokens_per_delta, a.api_key,
+        a.max_concurrent,
+    )  # fmt: skip
     server = make_server(sched, a.host, a.port)
     print(f"http://{a.host}:{server.server_address[1]}", flush=True)
     try:
