@@ -2,7 +2,8 @@
 
 The config (rigforge/gateway.py renders it from the rigs' plans) lands in /etc/rigforge/gateway, root only (it
 holds the rigs' key), once `haproxy -c` accepts it; a drop-in points the distro's haproxy.service at it and
-leaves /etc/haproxy/haproxy.cfg alone. HAProxy reloads, without dropping connections, when either changed.
+leaves /etc/haproxy/haproxy.cfg alone. HAProxy reloads, without dropping connections, when the config changed;
+it restarts once, when the drop-in lands (a reload keeps the config path it started with).
 """
 
 from __future__ import annotations
@@ -74,9 +75,16 @@ def apply(gw: GatewayPlan, manage_services: bool):
     systemd.daemon_reload(name="Reload systemd units", _if=dropin.did_change)
     if manage_services:
         systemd.service(name=f"Run {GATEWAY_UNIT}", service=GATEWAY_UNIT, running=True, enabled=True)
+        # a reload re-reads the config the running master was started with: a new CONFIG path needs a restart
         systemd.service(
-            name=f"Reload {GATEWAY_UNIT} on the new config",
+            name=f"Restart {GATEWAY_UNIT} on rigforge's config",
+            service=GATEWAY_UNIT,
+            restarted=True,
+            _if=dropin.did_change,
+        )
+        systemd.service(
+            name=f"Reload {GATEWAY_UNIT} on the new config (connections kept)",
             service=GATEWAY_UNIT,
             reloaded=True,
-            _if=lambda: config.did_change() or dropin.did_change(),
+            _if=lambda: config.did_change() and not dropin.did_change(),
         )

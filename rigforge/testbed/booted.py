@@ -334,10 +334,36 @@ def start_relay(rig_dir: Path, services: dict, ssh_port: int) -> int:
     raise TestbedError(f"relay of {rig_dir.name} did not start (see {rig_dir / 'relay.log'})")
 
 
+GATEWAY_PORT = 8088  # the gateway's HAProxy inside its host (gateway_port)
+
+
+def gateway_address(index: int) -> str:
+    """Where the testbed's gateway host reaches rig `index` (0-based): its own loopback address there."""
+    return f"127.0.1.{index + 1}"
+
+
+def start_gateway_relay(gw_dir: Path, rig_dirs: list[Path], api_ports: list[int], port: int) -> int:
+    """Relay the gateway host's network: its HAProxy on the controller's 127.0.0.1:`port` (returned; the next
+    free one if taken), and each rig's API ports at the rig's own address inside the gateway host."""
+    specs = [
+        f"at:{gateway_address(i)}:{p}={netns_path(rig_dir)}@{p}"
+        for i, rig_dir in enumerate(rig_dirs)
+        for p in api_ports
+    ]
+    pidfile, log_file = gw_dir / "gateway-relay.pid", gw_dir / "gateway-relay.log"
+    stop_pidfile(pidfile)
+    port = free_port(port, port + 300)
+    spawn([sys.executable, str(NETNS_SCRIPT), "serve", netns_path(gw_dir), f"in:{port}={GATEWAY_PORT}", *specs],
+          pidfile, log_file)  # fmt: skip
+    wait_listener(port, lambda: pid_alive(pidfile), "the gateway's relay", log_file)
+    return port
+
+
 def stop(rig_dir: Path) -> None:
-    """Stop a booted rig and its relay, remove its network namespace (no-op for a chroot rig)."""
+    """Stop a booted rig and its relays, remove its network namespace (no-op for a chroot rig)."""
     shutdown(rig_dir)
     stop_pidfile(rig_dir / "relay.pid")
+    stop_pidfile(rig_dir / "gateway-relay.pid")
     if Path(netns_path(rig_dir)).exists():
         sh(["ip", "netns", "delete", netns_name(rig_dir)], check=False, capture=True)
 

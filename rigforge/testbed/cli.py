@@ -35,6 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="boot each rig's own systemd with a real Docker engine (systemd-nspawn; services are managed)",
     )
+    p_up.add_argument(
+        "--gateway",
+        action="store_true",
+        help="with --booted: one more booted host, gw, in the inventory group `gateway` (the fleet gateway)",
+    )
     p_up.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"testbed directory (default {DEFAULT_DIR})")
     p_down = sub.add_parser("down", help="stop the rigs' sshds and the local services, remove the rigs")
     p_down.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"testbed directory (default {DEFAULT_DIR})")
@@ -76,10 +81,12 @@ def run(args: argparse.Namespace) -> int:
             preset=args.preset,
         )
         t0 = time.monotonic()
-        tb = up(args.dir, [spec] * args.rigs, fresh=args.fresh, booted=args.booted)
+        tb = up(args.dir, [spec] * args.rigs, fresh=args.fresh, booted=args.booted, gateway=args.gateway)
         print(f"testbed up: {len(tb.rigs)} rig(s) in {time.monotonic() - t0:.1f}s", file=sys.stderr)
         for rig in tb.rigs:
             print(f"  {rig.name}: ssh -F {tb.ssh_config} {rig.name}   (127.0.0.1:{rig.ssh_port})", file=sys.stderr)
+        if tb.gateway:
+            print(f"gateway: {tb.gateway_url}   (ssh -F {tb.ssh_config} {tb.gateway.name})", file=sys.stderr)
         print(tb.inventory)
         return 0
     except TestbedError as exc:

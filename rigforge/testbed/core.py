@@ -23,6 +23,8 @@ from pathlib import Path
 
 import yaml
 
+from rigforge.catalog import load_catalog
+
 from ._util import (
     TestbedError,
     ensure_safe_dir,
@@ -41,7 +43,7 @@ from ._util import (
 from .aptrepo import DOCKER_KEY, DOCKER_REPO, DRIVER_KEY, DRIVER_REPO, TOOLKIT_KEY, TOOLKIT_REPO
 from .aptrepo import build as build_apt_repo
 from .aptrepo import fingerprint as apt_fingerprint
-from .booted import BootedRig, booted_tarball
+from .booted import GATEWAY_PORT, BootedRig, booted_tarball, gateway_address, start_gateway_relay
 from .booted import make_rig as make_booted_rig
 from .booted import stop as stop_booted_rig
 from .content import HF_TOKEN, build_git, build_hf, build_recipes, content_key, recipes_dir, shard_size
@@ -52,7 +54,7 @@ from .rootfs import build_tarball, extract, prepare_rig
 
 DEFAULT_DIR = Path("/var/lib/rigforge-testbed")
 SSHD = "/usr/sbin/sshd"
-PORTS = {"apt": 18721, "hf": 18722, "git": 18723, "ssh": 2201}
+PORTS = {"apt": 18721, "hf": 18722, "git": 18723, "ssh": 2201, "gateway": 18088}
 
 
 @dataclass
@@ -61,6 +63,12 @@ class Testbed:
     shared: Path
     rigs: list[Rig]
     services: dict
+    gateway: Rig | None = None  # the booted gateway host (`up --gateway`): inventory group `gateway`, not a rig
+    gateway_port: int | None = None  # its HAProxy on the controller's 127.0.0.1
+
+    @property
+    def gateway_url(self) -> str | None:
+        return f"http://127.0.0.1:{self.gateway_port}" if self.gateway_port else None
 
     @property
     def inventory(self) -> Path:
@@ -472,7 +480,7 @@ def _write_files(tb: Testbed) -> None:
     _write_lock(tb)
     booted = any(getattr(rig, "booted", False) for rig in tb.rigs)
     known, config = [], []
-    for rig in tb.rigs:
+    for rig in [*tb.rigs, *([tb.gateway] if tb.gateway else [])]:
         pub = (rig.dir / "ssh_host_ed25519_key.pub").read_text().split()
         known.append(f"[127.0.0.1]:{rig.ssh_port} {pub[0]} {pub[1]}\n")
         config.append(
@@ -492,9 +500,14 @@ def _write_files(tb: Testbed) -> None:
         "",
         "rigs = [",
     ]
-    for rig in tb.rigs:
-        lines.append(f"    ({rig.name!r}, {host_data(tb, rig)!r}),")
+    for i, rig in enumerate(tb.rigs):
+        data = host_data(tb, rig) | ({"gateway_address": gateway_address(i)} if tb.gateway else {})
+        lines.append(f"    ({rig.name!r}, {data!r}),")
     lines.append("]")
+    if tb.gateway:
+        data = host_data(tb, tb.gateway) | {"gateway_port": GATEWAY_PORT}
+        lines += ["", f"# the fleet gateway: {tb.gateway_url} on this machine", "gateway = [",
+                  f"    ({tb.gateway.name!r}, {data!r}),", "]"]  # fmt: skip
     tb.inventory.write_text("\n".join(lines) + "\n")
 
 
@@ -507,16 +520,20 @@ def up(
     fresh: bool = False,
     shared: Path | None = None,
     booted: bool = False,
+    gateway: bool = False,
 ) -> Testbed:
     """Build or reuse rigs rig1..rigN (one per spec) in `dir`; start the shared services of `shared` (default:
     `dir`). Idempotent: running rigs with the same spec are kept unless `fresh`. `booted`: rigs run their own
-    systemd and Docker engine (booted.py)."""
+    systemd and Docker engine (booted.py). `gateway` (booted only): one more booted host, `gw`, for the fleet
+    gateway, reaching each rig's API at the rig's own address and published on the controller's loopback."""
     t0 = time.monotonic()
     ensure_host_packages()  # root, and the host packages (installed when missing, on Debian/Ubuntu)
     specs = list(specs) if specs else [RigSpec()]
     dir = ensure_safe_dir(Path(dir))
     shared = ensure_safe_dir(Path(shared) if shared else dir)
     run = ensure_safe_dir(shared / "run")
+    if gateway and not booted:
+        raise TestbedError("--gateway needs --booted: the gateway host runs HAProxy under its own systemd")
     if booted and any(spec.preset for spec in specs):
         raise TestbedError("rig presets are for chroot rigs; booted rigs start from the plain root file system")
     for tool in ("systemd-nspawn", "nsenter", "ip") if booted else ():
@@ -531,6 +548,8 @@ def up(
         uid = ensure_host_user()
         rigs_dir = ensure_safe_dir(dir / "rigs")
         names = [f"rig{i + 1}" for i in range(len(specs))]
+        if gateway:
+            names, specs = [*names, "gw"], [*specs, RigSpec()]
         for extra in sorted(p for p in rigs_dir.iterdir() if p.is_dir() and p.name not in names):
             _remove_rig(extra)
         taken = _all_rig_ports(shared)
@@ -575,6 +594,12 @@ def up(
         with ThreadPoolExecutor(max_workers=4) as pool:
             rigs = list(pool.map(build, plan))
         tb = Testbed(dir=dir, shared=shared, rigs=rigs, services=services)
+        if gateway:
+            tb.gateway, tb.rigs = rigs[-1], rigs[:-1]
+            ports = sorted({v.port for v in load_catalog().variants.values()})
+            tb.gateway_port = start_gateway_relay(tb.gateway.dir, [r.dir for r in tb.rigs], ports, PORTS["gateway"])
+            info = json.loads((tb.gateway.dir / "rig.json").read_text())
+            (tb.gateway.dir / "rig.json").write_text(json.dumps({**info, "gateway_port": tb.gateway_port}))
         _write_files(tb)
     log(f"testbed up: {len(rigs)} rig(s) in {dir} ready in {time.monotonic() - t0:.1f}s")
     return tb
@@ -585,10 +610,12 @@ def load(dir: Path = DEFAULT_DIR, shared: Path | None = None) -> Testbed:
     dir = Path(dir)
     shared = Path(shared) if shared else dir
     services = json.loads((shared / "run/services.json").read_text())
-    rigs = []
+    rigs, gateway = [], {}
     for info_file in sorted((dir / "rigs").glob("*/rig.json")):
         info = json.loads(info_file.read_text())
         rig_dir = info_file.parent
+        if "gateway_port" in info:
+            gateway = {"gateway_port": info["gateway_port"]}
         rigs.append(
             (BootedRig if info.get("booted") else Rig)(
                 rig_dir.name,
@@ -600,7 +627,10 @@ def load(dir: Path = DEFAULT_DIR, shared: Path | None = None) -> Testbed:
                 RigSpec(**info["spec"]),
             )
         )
-    return Testbed(dir=dir, shared=shared, rigs=rigs, services=services)
+    if gateway:  # rig.json files sort rig1.., then gw
+        gateway["gateway"] = next(r for r in rigs if r.name == "gw")
+        rigs = [r for r in rigs if r.name != "gw"]
+    return Testbed(dir=dir, shared=shared, rigs=rigs, services=services, **gateway)
 
 
 def down(dir: Path = DEFAULT_DIR, purge: bool = False) -> None:

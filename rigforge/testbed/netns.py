@@ -10,6 +10,9 @@ Nothing crosses between the rig's loopback and the controller's except through t
       PORT=CONNECT:0   the same, as an HTTPS proxy (CONNECT to port 443 only: pip's index)
       in:PORT=RPORT    listen on the controller's 127.0.0.1:PORT, connect to 127.0.0.1:RPORT inside the rig
                        (its sshd: pyinfra, ssh and testinfra reach it like a chroot rig's)
+      at:ADDR:PORT=NETNS@RPORT
+                       listen on ADDR:PORT inside the rig, connect to 127.0.0.1:RPORT inside another namespace
+                       (the testbed's gateway host reaches each rig's API at its own loopback address)
 """
 
 from __future__ import annotations
@@ -100,7 +103,12 @@ def serve(netns: str, specs: list[str]) -> None:
     setns(netns)
     try:
         for spec in specs:
-            if not spec.startswith("in:"):
+            if spec.startswith("at:"):
+                where, _, target = spec[3:].partition("=")
+                addr, _, port = where.rpartition(":")
+                other, _, rport = target.rpartition("@")
+                forwards.append((_listen(int(port), addr), ("127.0.0.1", int(rport)), other))
+            elif not spec.startswith("in:"):
                 port, _, target = spec.partition("=")
                 host, _, tport = target.rpartition(":")
                 forwards.append((_listen(int(port)), (host, int(tport)), None))
@@ -115,15 +123,15 @@ def serve(netns: str, specs: list[str]) -> None:
         t.join()
 
 
-def _listen(port: int) -> socket.socket:
+def _listen(port: int, addr: str = "127.0.0.1") -> socket.socket:
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("127.0.0.1", port))
+    s.bind((addr, port))
     s.listen(64)
     return s
 
 
 if __name__ == "__main__":
     if len(sys.argv) < 4 or sys.argv[1] != "serve":
-        sys.exit(f"usage: {sys.argv[0]} serve NETNS PORT=HOST:PORT|PORT=CONNECT:0|in:PORT=RPORT ...")
+        sys.exit(f"usage: {sys.argv[0]} serve NETNS PORT=HOST:PORT|PORT=CONNECT:0|in:PORT=RPORT|at:A:P=NS@RP ...")
     serve(sys.argv[2], sys.argv[3:])
