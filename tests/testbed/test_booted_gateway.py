@@ -51,7 +51,7 @@ def served_variants(tb) -> list[str]:
 
 def test_the_gateway_fronts_the_fleet_and_a_second_run_changes_nothing(fleet):
     load = bench().Load(fleet.gateway_url, None, 1, 8)
-    assert load._one(False) == (True, 8) and load._one(True)[0]
+    assert load._one(False)[0] and load._one(True)[0]
     assert gateway_status(fleet).endswith(f"models: {MODEL}; rig1 serving, rig2 serving, rig3 serving")
     second, err = pyinfra_run(fleet.inventory, REPO / "deploy" / "dual_turbo.py")
     assert second["failed_hosts"] == [] and changed(second) == [], changed(second)
