@@ -32,15 +32,16 @@ MODEL = "qwen3.6-27b-autoround"
 
 
 class Load:
-    """`clients` threads sending chat completions back to back; every result is (start, seconds, ok, tokens)."""
+    """`clients` threads sending chat completions back to back; every result is (start, seconds, ok, tokens,
+    why it failed: the HTTP status or the error's name, "" when it did not)."""
 
     def __init__(self, url: str, key: str | None, clients: int, max_tokens: int):
         self.url, self.key, self.max_tokens = f"{url}/v1/chat/completions", key, max_tokens
-        self.results: list[tuple[float, float, bool, int]] = []
+        self.results: list[tuple[float, float, bool, int, str]] = []
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self._client, args=(i % 2 == 0,), daemon=True) for i in range(clients)]
 
-    def _one(self, stream: bool) -> tuple[bool, int]:
+    def _one(self, stream: bool) -> tuple[bool, int, str]:
         body = {"model": MODEL, "messages": [{"role": "user", "content": "Count."}], "max_tokens": self.max_tokens}
         if stream:
             body |= {"stream": True, "stream_options": {"include_usage": True}}
@@ -49,20 +50,23 @@ class Load:
         try:
             with urllib.request.urlopen(req, timeout=300) as resp:
                 data = resp.read()
-        except (urllib.error.URLError, ConnectionError, http.client.HTTPException, ValueError, TimeoutError):
-            return False, 0
+        except urllib.error.HTTPError as err:
+            return False, 0, f"HTTP {err.code}"
+        except (urllib.error.URLError, ConnectionError, http.client.HTTPException, ValueError, TimeoutError) as err:
+            return False, 0, type(getattr(err, "reason", err)).__name__
         if stream:
-            return data.rstrip().endswith(b"data: [DONE]"), data.count(b'"delta": {"content"')
+            done = data.rstrip().endswith(b"data: [DONE]")
+            return done, data.count(b'"delta": {"content"'), "" if done else "stream cut"
         try:
-            return True, json.loads(data)["usage"]["completion_tokens"]
+            return True, json.loads(data)["usage"]["completion_tokens"], ""
         except (ValueError, KeyError):
-            return False, 0
+            return False, 0, "bad body"
 
     def _client(self, stream: bool) -> None:
         while not self.stop.is_set():
             t0 = time.monotonic()
-            ok, tokens = self._one(stream)
-            self.results.append((t0, time.monotonic() - t0, ok, tokens))
+            ok, tokens, why = self._one(stream)
+            self.results.append((t0, time.monotonic() - t0, ok, tokens, why))
 
     def __enter__(self):
         for t in self.threads:
@@ -81,9 +85,11 @@ def phase(results, start: float, end: float) -> dict:
     ok = [r for r in mine if r[2]]
     lat = sorted(r[1] for r in ok)
     span = max(end - start, 1e-9)
+    why = sorted({r[4] for r in mine if not r[2]})
     return {
         "sent": len(mine),
         "failed": len(mine) - len(ok),
+        "failures": {w: [round(r[0] - start, 1) for r in mine if r[4] == w][:5] for w in why},  # first seconds
         "p50_s": round(statistics.median(lat), 3) if lat else None,
         "p99_s": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))], 3) if lat else None,
         "req_per_s": round(len(ok) / span, 2),

@@ -74,10 +74,19 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None):
         keep_previous=False,
     )
 
-    previous = [u for u in enabled_instances(layout.unit_dir, layout.vllm_template) if u != unit]
+    enabled = enabled_instances(layout.unit_dir, layout.vllm_template)
+    previous = [u for u in enabled if u != unit]
     if manage:
         image_present(name=f"Pull {image} ahead of the restart", image=image)
         systemd.daemon_reload(name="Reload systemd units", _if=unit_file.did_change)
+    if manage and gateways:  # before the switch below stops the previous instance
+        gateway.drained(
+            name=f"Drain {host.name} at the fleet gateway before the restart",
+            gateways=dict(gateways),
+            server=host.name,
+            timeout=int(plan.data["gateway_drain_timeout"]),
+            _if=lambda: bool(previous) or unit not in enabled or compose.did_change() or unit_file.did_change(),
+        )
     switched = sole_instance(
         name=f"Enable {unit} as the only vLLM instance",
         unit=unit,
@@ -88,14 +97,6 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None):
     if manage:
         restart = any_changed(compose, unit_file, switched)
         wait = int(plan.data["serving_health_timeout"])
-        if gateways:
-            gateway.drained(
-                name=f"Drain {host.name} at the fleet gateway before the restart",
-                gateways=dict(gateways),
-                server=host.name,
-                timeout=int(plan.data["gateway_drain_timeout"]),
-                _if=restart,
-            )
         started = systemd.service(name=f"Start {unit}", service=unit, running=True, restarted=True, _if=restart)
         gate = server.shell(
             name=f"Health gate: /v1/models and one chat completion on port {plan.port}",

@@ -121,7 +121,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._tool_call(req)
         elif req.get("stream"):
             self._stream(req, n, t_recv)
-        else:
+        else:  # generated at the same rate as a stream, answered whole at the end
+            _sleep_until(t_recv + int((s.ttft_ms + max(n - 1, 0) * s.dt_ms) * 1e6))
             text = "The capital of France is Paris."
             self._json(200, _completion(s.model, {"role": "assistant", "content": text}, len(text.split())))
 
