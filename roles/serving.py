@@ -111,7 +111,7 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None):
                 )
             ],
             _if=started.did_change,
-            _continue_on_error=bool(gateways),  # the rejoin below brings a rolled-back rig back, then fails it
+            _ignore_errors=bool(gateways),  # the rejoin below brings a rolled-back rig back, then fails the host
         )
         if gateways:
             gateway.rejoined(
