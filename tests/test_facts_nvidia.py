@@ -6,13 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from roles.facts.apt import DebInstalledVersion
 from roles.facts.nvidia import (
     QUERY_FIELDS,
     NvidiaGpus,
     NvidiaModuleVersion,
-    NvidiaPackageVersion,
     NvidiaSmiStatus,
-    parse_q_power,
     parse_query_gpu,
     upstream_version,
 )
@@ -103,22 +102,6 @@ def test_nvidia_gpus_fact_queries_the_fields_it_parses():
     ]
 
 
-def test_q_power_parses_gpu_power_readings_only():
-    gpus = parse_q_power(read("q-power.txt"))
-    assert [gpu["pci_bus_id"] for gpu in gpus] == ["00000000:00:06.0", "00000000:00:07.0"]
-    assert gpus[0]["power_limit"] == 700.0
-    assert (gpus[0]["power_min_limit"], gpus[0]["power_max_limit"]) == (200.0, 700.0)
-    assert gpus[0]["power_draw"] == 80.74  # not the "Module Power Readings" N/A values
-    assert parse_q_power(read("q-full.txt"))[1]["power_default_limit"] == 700.0
-
-
-def test_q_power_agrees_with_query_gpu():
-    by_bus = {gpu["pci_bus_id"]: gpu for gpu in parse_query_gpu(read("query-gpu.csv"), FIXTURE_FIELDS)}
-    for gpu in parse_q_power(read("q-power.txt")):
-        for key in ("power_limit", "power_min_limit", "power_max_limit", "power_default_limit"):
-            assert gpu[key] == by_bus[gpu["pci_bus_id"]][key]
-
-
 def test_module_version_from_sysfs_text():
     misc = read("misc.txt").splitlines()
     sysfs = misc[misc.index("+ cat /sys/module/nvidia/version") + 1]
@@ -128,7 +111,7 @@ def test_module_version_from_sysfs_text():
 
 
 def test_package_version_and_upstream():
-    fact = NvidiaPackageVersion()
+    fact = DebInstalledVersion()  # what the driver role reads of its package
     assert "dpkg-query" in str(fact.command(package="nvidia-driver-580-open"))
     assert fact.process(["installed 580.159.04-0ubuntu0.24.04.1"]) == "580.159.04-0ubuntu0.24.04.1"
     assert fact.process(["not-installed "]) is None

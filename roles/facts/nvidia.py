@@ -82,32 +82,6 @@ def parse_query_gpu(lines: list[str] | str, fields: tuple[str, ...] | list[str] 
     return gpus
 
 
-def parse_q_power(text: str) -> list[dict]:
-    """Parse the "GPU Power Readings" blocks of `nvidia-smi -q -d POWER` (one dict per GPU, watts as floats)."""
-    keys = {
-        "Current Power Limit": "power_limit",
-        "Default Power Limit": "power_default_limit",
-        "Min Power Limit": "power_min_limit",
-        "Max Power Limit": "power_max_limit",
-        "Instantaneous Power Draw": "power_draw",
-    }
-    gpus: list[dict] = []
-    section = None
-    for line in text.splitlines():
-        stripped = line.strip()
-        if line.startswith("GPU "):
-            gpus.append({"pci_bus_id": line[4:].strip()})
-            section = None
-        elif stripped and ":" not in stripped:
-            section = stripped
-        elif gpus and section == "GPU Power Readings":
-            key, _, raw = (part.strip() for part in stripped.partition(":"))
-            if key in keys:
-                raw = _UNIT.sub("", raw)
-                gpus[-1][keys[key]] = None if raw in _NA else float(raw)
-    return gpus
-
-
 def upstream_version(package_version: str | None) -> str | None:
     """'1:580.95.05-0ubuntu1' -> '580.95.05' (drop epoch and Debian revision), None stays None."""
     if not package_version:
@@ -166,30 +140,6 @@ class NvidiaModuleVersion(FactBase):
     def process(self, output: list[str]) -> str | None:
         text = "\n".join(output).strip()
         return text or None
-
-
-class NvidiaPackageVersion(FactBase):
-    """Installed version of a driver package (dpkg-query), None when not installed."""
-
-    def requires_command(self, package: str) -> str:
-        return "dpkg-query"
-
-    def command(self, package: str) -> StringCommand:
-        return StringCommand(
-            "dpkg-query",
-            "-W",
-            "-f",
-            QuoteString("${db:Status-Status} ${Version}\\n"),
-            QuoteString(package),
-            "2>/dev/null || true",
-        )
-
-    def process(self, output: list[str]) -> str | None:
-        for line in output:
-            status, _, version = line.strip().partition(" ")
-            if status == "installed" and version:
-                return version
-        return None
 
 
 class NvidiaPciGpus(FactBase):

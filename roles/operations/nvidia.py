@@ -7,10 +7,10 @@ from pyinfra.api import StringCommand, operation
 from pyinfra.operations import server
 
 from rigforge.hardware import cap_problems, resolve_caps
+from roles.facts.apt import DebInstalledVersion
 from roles.facts.nvidia import (
     NvidiaGpus,
     NvidiaModuleVersion,
-    NvidiaPackageVersion,
     NvidiaRunningDriver,
     NvidiaSmiStatus,
     upstream_version,
@@ -95,7 +95,7 @@ def reboot_if_needed(package: str, allow_reboot: bool):
     + allow_reboot: reboot the rig (True) or fail the host with what to do
     """
     reason = reboot_reason(
-        host.get_fact(NvidiaPackageVersion, package=package),
+        host.get_fact(DebInstalledVersion, package=package),
         host.get_fact(NvidiaModuleVersion),
         host.get_fact(NvidiaSmiStatus),
     )
