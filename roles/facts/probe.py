@@ -37,30 +37,16 @@ from pathlib import Path
 
 from pyinfra.api import StringCommand
 from pyinfra.api import facts as pyinfra_facts
+from pyinfra.api.arguments import auth_argument_meta
 from pyinfra.api.exceptions import FactProcessError
 from pyinfra.api.facts import FactBase
 from pyinfra.api.host import Host
 
 from roles import speedups
 
-# Connector arguments that change what a command sees: a snapshot answer needs the same ones as the probe.
-IDENTITY_ARGS = (
-    "_sudo",
-    "_sudo_user",
-    "_use_sudo_login",
-    "_preserve_sudo_env",
-    "_su_user",
-    "_use_su_login",
-    "_preserve_su_env",
-    "_su_shell",
-    "_doas",
-    "_doas_user",
-    "_dzdo",
-    "_dzdo_user",
-    "_shell_executable",
-    "_chdir",
-    "_env",
-)
+# Connector arguments that change what a command sees: a snapshot answer needs the same ones as the probe (how
+# the command is wrapped: sudo, su, doas...; passwords aside, they never change what it sees).
+IDENTITY_ARGS = (*(k for k in auth_argument_meta if not k.endswith("_password")), "_shell_executable", "_chdir", "_env")
 # Host methods that can change a rig (get_file, connect and disconnect do not): each ends the snapshot's answers
 CHANGING = ("run_shell_command", "put_file", "rsync")
 # The connector's data that names the rig it reaches (never passwords or keys)
