@@ -6,8 +6,11 @@ repo, and rigforge adds only what is host-specific, through the compose file's o
 `docker compose config` resolves for that pair, so `rigforge render` shows it without docker.
 
 Selectable: a vLLM engine installed from a docker image, `tp: 2`, status production or caveats, runnable on
-sm_86. Experimental, incubating and deprecated slugs need an explicit opt-in; a slug needing a newer GPU
-(the registry's required_sm, the engine's min_sm) or another engine/topology is refused with its reason.
+sm_86. Experimental, incubating, deprecated and preview slugs need an explicit opt-in (upstream's `--force`); a
+slug needing a newer GPU or another engine/topology is refused with its reason. The GPU floor is upstream's
+(scripts/preflight.sh "fallback_sm replaces required_sm as the hard floor"): the registry's fallback_sm when set,
+else its required_sm, and never below the engine's min_sm. The registry's other optional fields (category,
+sampler_profiles, default_arch_allow) are kept as data.
 Where the controller finds the checkout: RIGFORGE_RECIPES, else the cache `rigforge lock` fills.
 """
 
@@ -32,7 +35,7 @@ GIT_NAME = "recipes"  # the lock's git entry for the recipe repo that provides t
 REGISTRY = "scripts/lib/profiles/registry.yaml"
 RIG_SM = 8.6  # RTX 3090 (Ampere)
 SELECTABLE = ("production", "caveats")
-OPT_IN = ("experimental", "incubating", "deprecated")
+OPT_IN = ("experimental", "incubating", "deprecated", "preview")  # upstream launches them with --force
 # rigforge setting -> the compose variable it sets (a recipe that does not reference it cannot take it)
 KNOBS = {
     "port": "PORT",
@@ -75,8 +78,12 @@ class Recipe:
     install_method: str
     image: str
     weights: tuple[Weights, ...]
-    required_sm: float
+    required_sm: float  # the floor: fallback_sm, else required_sm, at least the engine's min_sm
     refused: str | None  # why rigforge cannot serve it (None: selectable, maybe with opt-in)
+    native_sm: float | None = None  # the registry's required_sm (full speed) when fallback_sm lowers the floor
+    category: str | None = None
+    default_arch_allow: tuple[str, ...] = ()  # archs upstream's DEFAULTS may pick this slug for ("8.6")
+    sampler_profiles: dict = field(default_factory=dict, hash=False, compare=False)  # {profile: {param: value}}
 
     @property
     def name(self) -> str:
@@ -165,10 +172,10 @@ def _classify(e: dict, engine: dict | None, sm: float) -> str | None:
     if engine.get("type") != "vllm" or install.get("method") != "docker_image":
         how = f"{engine.get('type')} installed by {install.get('method')}"
         return f"engine {engine.get('id')} is {how}, not vLLM from a docker image"
+    if sm > RIG_SM:
+        return f"needs sm_{sm * 10:.0f} or newer (fallback_sm/required_sm/min_sm {sm:.1f}); an RTX 3090 is sm_86"
     if e.get("tp") != 2:
         return f"tp {e.get('tp')}: rigforge serves 2-card rigs (tp 2)"
-    if sm > RIG_SM:
-        return f"needs sm_{sm * 10:.0f} or newer (required_sm/min_sm {sm:.1f}); an RTX 3090 is sm_86"
     if e.get("status") not in SELECTABLE + OPT_IN:
         return f"unknown status {e.get('status')!r}"
     return None
@@ -183,7 +190,8 @@ def parse_repo(root: Path) -> RecipeRepo:
     recipes: dict[str, Recipe] = {}
     for slug, e in registry["entries"].items():
         engine = engines.get(str(e.get("engine")))
-        sm = max(_sm(e.get("required_sm")), _sm((engine or {}).get("min_sm")))
+        floor = e.get("fallback_sm") if e.get("fallback_sm") is not None else e.get("required_sm")
+        sm = max(_sm(floor), _sm((engine or {}).get("min_sm")))
         weights, problem = _weights(
             root, str(e.get("model")), [e.get("weights_variant"), *(e.get("weights_companions") or [])]
         )
@@ -204,6 +212,10 @@ def parse_repo(root: Path) -> RecipeRepo:
             weights=weights,
             required_sm=sm,
             refused=refused,
+            native_sm=_sm(e["required_sm"]) if e.get("fallback_sm") is not None and "required_sm" in e else None,
+            category=e.get("category"),
+            default_arch_allow=tuple(str(a) for a in e.get("default_arch_allow") or ()),
+            sampler_profiles=dict(e.get("sampler_profiles") or {}),
         )
     names = [r.name for r in recipes.values()]
     dupes = {n for n in names if names.count(n) > 1}

@@ -63,8 +63,7 @@ def test_selectable_slugs_are_vllm_docker_tp2_production_or_caveats_on_sm86(repo
 @pytest.mark.parametrize(
     "slug, reason",
     [
-        ("vllm/qwen-27b-dual-nvfp4", "needs sm_90 or newer (required_sm/min_sm 9.0); an RTX 3090 is sm_86"),
-        ("vllm/tess-dual-nvfp4", "needs sm_90"),
+        ("vllm/gemma-mtp-tp1", "needs sm_90 or newer (fallback_sm/required_sm/min_sm 9.0); an RTX 3090 is sm_86"),
         ("llamacpp/tess-dual-mtp", "not vLLM from a docker image"),
         ("vllm/minimal", "tp 1: rigforge serves 2-card rigs"),
     ],
@@ -95,9 +94,79 @@ def test_weights_come_from_the_model_profile(repo):
     assert (w.hf_repo, w.local_subdir) == ("Lorbus/Qwen3.6-27B-int4-AutoRound", "qwen3.6-27b-autoround-int4")
 
 
-def test_the_nvfp4_registry_rows_declare_9_0():  # the refusal rests on the registry's own data, not a name match
-    data = yaml.safe_load((REFERENCE / recipes.REGISTRY).read_text())["entries"]
-    assert data["vllm/qwen-27b-dual-nvfp4"]["required_sm"] == 9.0
+# --- the registry's schema as upstream defines it: each test names the upstream file and line it reads ---
+# (REFERENCE is a verbatim copy; the lines are those of ../shared/reference/club-3090-4a29ab57/<same path>)
+
+
+def _line(path: str, line: int) -> str:
+    return (REFERENCE / path).read_text().splitlines()[line - 1].strip()
+
+
+@pytest.mark.parametrize(
+    "slug, line, status, opt_in",
+    [
+        ("vllm/qwen-35b-a3b-dual", 1550, "production", False),
+        ("vllm/dual", 74, "caveats", False),
+        ("vllm/qwen-35b-a3b-dual-nvfp4", 1608, "experimental", True),
+        ("vllm/qwen-27b-dual-lmcache", 158, "incubating", True),
+        ("vllm/qwen-27b-dual-balanced", 186, "deprecated", True),
+        ("vllm/qwen-a3b-preview-single", 1522, "preview", True),
+    ],
+)
+def test_each_upstream_status_launches_only_with_upstreams_rule(repo, slug, line, status, opt_in):
+    """Upstream: only production and caveats launch without --force (here: rigforge_recipe_opt_in)."""
+    r = repo.recipes[slug]
+    assert r.status == status and r.needs_opt_in is opt_in
+    assert _line(recipes.REGISTRY, line) == f"status: {status}"  # registry.yaml:<line>
+    if not r.refused:
+        if opt_in:
+            with pytest.raises(RecipeError, match=f"status {status} needs an explicit opt-in"):
+                repo.recipe(slug)
+        assert repo.recipe(slug, opt_in=True).slug == slug
+
+
+def test_required_sm_without_fallback_is_the_floor(repo):
+    # registry.yaml:985 (vllm/gemma-mtp-tp1): required_sm 9.0, no fallback_sm
+    assert _line(recipes.REGISTRY, 985) == "required_sm: 9.0"
+    r = repo.recipes["vllm/gemma-mtp-tp1"]
+    assert r.required_sm == 9.0 and r.native_sm is None and "needs sm_90" in r.refused
+
+
+def test_fallback_sm_replaces_required_sm_as_the_floor(repo):
+    # registry.yaml:305-306 (vllm/qwen-27b-dual-nvfp4): required_sm 9.0, fallback_sm 7.5; the rule is
+    # scripts/preflight.sh:483 "fallback_sm replaces required_sm as the hard floor" (live-validated on 2x 3090)
+    assert (_line(recipes.REGISTRY, 305), _line(recipes.REGISTRY, 306)) == ("required_sm: 9.0", "fallback_sm: 7.5")
+    assert "fallback_sm replaces required_sm as the" in _line("scripts/preflight.sh", 483)
+    r = repo.recipes["vllm/qwen-27b-dual-nvfp4"]
+    assert (r.required_sm, r.native_sm, r.refused) == (7.5, 9.0, None)
+
+
+def test_engine_min_sm_raises_the_floor(repo):
+    # scripts/lib/profiles/engines/vllm-diffusion-gemma.yml:15 min_sm 8.0 (the registry row has no required_sm)
+    assert _line("scripts/lib/profiles/engines/vllm-diffusion-gemma.yml", 15) == "min_sm: 8.0"
+    assert repo.recipes["vllm/diffusiongemma-dual"].required_sm == 8.0
+
+
+def test_category_is_kept(repo):
+    # registry.yaml:1729 (llamacpp/deckard40B-dual-mtp) category: uncensored
+    assert _line(recipes.REGISTRY, 1729) == "category: uncensored"
+    assert repo.recipes["llamacpp/deckard40B-dual-mtp"].category == "uncensored"
+    assert repo.recipes["vllm/dual"].category is None
+
+
+def test_default_arch_allow_is_kept(repo):
+    # registry.yaml:534-535 (beellama/dflash) default_arch_allow: ["8.6"]
+    assert (_line(recipes.REGISTRY, 534), _line(recipes.REGISTRY, 535)) == ("default_arch_allow:", '- "8.6"')
+    assert repo.recipes["beellama/dflash"].default_arch_allow == ("8.6",)
+    assert repo.recipes["vllm/dual"].default_arch_allow == ()
+
+
+def test_sampler_profiles_are_kept(repo):
+    # registry.yaml:2292-2306 (llamacpp/qwen38-27b-single-iq4xs) sampler_profiles: instruct, thinking
+    assert _line(recipes.REGISTRY, 2292) == "sampler_profiles:"
+    profiles = repo.recipes["llamacpp/qwen38-27b-single-iq4xs"].sampler_profiles
+    assert profiles["instruct"]["presence_penalty"] == 1.5 and profiles["thinking"]["temperature"] == 1.0
+    assert repo.recipes["vllm/dual"].sampler_profiles == {}
 
 
 # --- compose interpolation (the compose spec's rules) ---
@@ -367,7 +436,7 @@ def test_render_list_shows_seeds_first_then_live_slugs_with_port_weights_status(
     assert dual.split()[:4] == ["vllm/dual", "8010", "caveats", "yes"] and "Lorbus/Qwen3.6-27B-int4-AutoRound" in dual
     dual_max = next(line for line in lines if line.startswith("vllm/qwen-27b-dual-max "))
     assert dual_max.split()[:4] == ["vllm/qwen-27b-dual-max", "8013", "caveats", "yes"] and "29 GB" in dual_max
-    nvfp4 = next(line for line in lines if line.startswith("vllm/qwen-27b-dual-nvfp4 "))
+    nvfp4 = next(line for line in lines if line.startswith("vllm/gemma-mtp-tp1 "))
     assert "refused: needs sm_90" in nvfp4
 
 
@@ -382,8 +451,8 @@ def test_render_slug_writes_rig_files_and_the_effective_compose(tmp_path):
 
 
 def test_render_refusals_are_one_line_with_exit_2(tmp_path):
-    r = cli("render", "vllm/qwen-27b-dual-nvfp4", "--out", str(tmp_path))
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "vllm/qwen-27b-dual-nvfp4: refused" in r.stderr
+    r = cli("render", "vllm/gemma-mtp-tp1", "--out", str(tmp_path))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "vllm/gemma-mtp-tp1: refused" in r.stderr
 
 
 def test_without_a_recipe_repo_a_live_slug_is_refused_with_how_to_get_it(tmp_path):
