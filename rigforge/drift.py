@@ -265,7 +265,8 @@ def gpus_with_targets(obs: Observed, ctx: RigContext) -> list[dict]:
     return [{**gpu, "target_w": targets.get(gpu["index"])} for gpu in gpus]
 
 
-def _w(v) -> str:
+def watts(v) -> str:
+    """Watts as shown ('?' when unknown)."""
     return "?" if v is None else f"{v:g}"
 
 
@@ -317,7 +318,7 @@ def gpu_checks(obs: Observed, ctx: RigContext) -> list[Check]:
     names = ", ".join(sorted({g.get("name") or "?" for g in gpus}))
     seen = f"{len(gpus)} GPU(s): {names}"
     off = [g for g in gpus if g.get("power_limit") != g["target_w"]]
-    caps = ", ".join(f"GPU{g['index']} {_w(g.get('power_limit'))} W" for g in gpus)
+    caps = ", ".join(f"GPU{g['index']} {watts(g.get('power_limit'))} W" for g in gpus)
     targets = ", ".join(sorted({str(g["target_w"]) for g in gpus}))
     not_persistent = [str(g["index"]) for g in gpus if g.get("persistence_mode") is not True]
     return [
@@ -325,7 +326,7 @@ def gpu_checks(obs: Observed, ctx: RigContext) -> list[Check]:
         vram(gpus, ctx.variant, ctx.settings),
         check(
             "power caps hold",
-            [f"GPU{g['index']} at {_w(g.get('power_limit'))} W, target {g['target_w']} W" for g in off],
+            [f"GPU{g['index']} at {watts(g.get('power_limit'))} W, target {g['target_w']} W" for g in off],
             f"{caps} (target {targets} W)",
             " (re-run the deploy or restart rigforge-gpu-power.service)",
         ),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 
 from rigforge import drift, inventory
+from rigforge.drift import watts
 from rigforge.pins import default_lock_path
 
 DEFAULT_LOCK = default_lock_path()
@@ -113,7 +114,7 @@ def _cells(r: dict) -> list[str]:
     names = sorted({g["name"] or "?" for g in gpus})
     gpu = f"{len(gpus)}x {'/'.join(n.replace('NVIDIA GeForce ', '') for n in names)}" if gpus else "none"
     power = " ".join(
-        f"{g['index']}:{_w(g['power_limit_w'])}/{_w(g['target_w'])}{'' if g['cap_ok'] else '!'}" for g in gpus
+        f"{g['index']}:{watts(g['power_limit_w'])}/{watts(g['target_w'])}{'' if g['cap_ok'] else '!'}" for g in gpus
     )
     power = (power + ("  DRIFT" if any(not g["cap_ok"] for g in gpus) else "")) or "-"
     vram = " ".join(f"{g['memory_used_mib']}/{g['memory_total_mib']}" for g in gpus) or "-"
@@ -125,10 +126,6 @@ def _cells(r: dict) -> list[str]:
     api = r["api"]
     api_cell = "yes" if api["reachable"] else f"no ({api['detail']})"
     return [r["host"], variant, pins, gpu, power, vram, persist, service, api_cell]
-
-
-def _w(v) -> str:
-    return "?" if v is None else f"{v:g}"
 
 
 HEADER = ["HOST", "VARIANT", "PINS", "GPUS", "POWER W cap/target", "VRAM MiB used/total", "PERSIST", "SERVICE", "API"]
