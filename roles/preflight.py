@@ -50,7 +50,7 @@ def check(needs: Needs, data: Mapping) -> bool:
         host.get_fact(FreeDiskBytes, path=needs.disk_path),
         needs=needs,
         data=data,
-        pci_gpus=host.get_fact(NvidiaPciGpus),
+        pci=host.get_fact(NvidiaPciGpus),
     )
     problems += host_state.problems(data)  # the driver and container-runtime roles' host-state checks
     if host.get_fact(SecureBoot) == "enabled":

@@ -136,7 +136,7 @@ def prepare(variant=None) -> Plan | None:
     `variant`: a variant name (deploy/<variant>.py), None (deploy/site.py: host data's rigforge_variant), or a
     variant object (tests/deploys/).
     """
-    gpus = len(host.get_fact(NvidiaGpus) or []) or host.get_fact(NvidiaPciGpus) or None
+    gpus = len(host.get_fact(NvidiaGpus) or []) or len(host.get_fact(NvidiaPciGpus) or []) or None
     plan, problems = plan_for(host.name, host.data, variant, gpus)
     if plan is not None:
         gated = [a.pin for a in plan.assets if a.pin.gated and stale_files(a.pin, _weights_state(plan, a))]

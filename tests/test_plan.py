@@ -243,7 +243,8 @@ def test_plan_holds_the_layout_caps_and_pins(tmp_path):
 
 
 def test_caps_cover_the_gpus_the_pci_bus_shows(tmp_path):
-    three = {"fake_responses": {"/sys/bus/pci/devices": "3"}}
+    pci = [f"pci 0000:0{i}:00.0 0x2204" for i in (1, 2, 3)] + ["end"]
+    three = {"fake_responses": {"/sys/bus/pci/devices": pci}}
     state, ran, plans = run_site(tmp_path, {"r": three})
     assert dict(plans["@fake/r"].caps) == {0: 230, 1: 230, 2: 230}
 

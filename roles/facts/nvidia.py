@@ -143,22 +143,27 @@ class NvidiaModuleVersion(FactBase):
 
 
 class NvidiaPciGpus(FactBase):
-    """Number of NVIDIA display/3D controllers on the PCI bus (sysfs; works before any driver is installed).
+    """NVIDIA display/3D controllers on the PCI bus, from sysfs: works before any driver is installed.
 
-    None when sysfs shows no PCI bus at all (a container or chroot), so "unknown" is not mistaken for 0.
+    A list of (PCI address, device ID) pairs, e.g. [("0000:01:00.0", "2204")]; the device ID tells the card's
+    model, and so its stock VRAM (rigforge/hardware.py PCI_CARDS). None when sysfs shows no PCI bus at all (a
+    container or chroot), so "unknown" is not mistaken for no GPU.
     """
 
     def command(self) -> str:
         return (
-            "if [ -d /sys/bus/pci/devices ]; then n=0; for d in /sys/bus/pci/devices/*; do "
+            "if [ -d /sys/bus/pci/devices ]; then for d in /sys/bus/pci/devices/*; do "
             '[ "$(cat "$d/vendor" 2>/dev/null)" = 0x10de ] || continue; '
-            'case "$(cat "$d/class" 2>/dev/null)" in 0x0300*|0x0302*) n=$((n+1));; esac; done; echo "$n"; '
+            'case "$(cat "$d/class" 2>/dev/null)" in 0x0300*|0x0302*) '
+            'echo "pci ${d##*/} $(cat "$d/device" 2>/dev/null)";; esac; done; echo end; '
             "else echo none; fi"
         )
 
-    def process(self, output: list[str]) -> int | None:
-        value = output[-1].strip() if output else ""
-        return int(value) if value.isdigit() else None
+    def process(self, output: list[str]) -> list[tuple[str, str]] | None:
+        if "end" not in [line.strip() for line in output]:
+            return None
+        rows = [line.split() for line in output if line.startswith("pci ")]
+        return [(row[1], row[2].removeprefix("0x").lower() if len(row) > 2 else "") for row in rows]
 
 
 _PROC_VERSION = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)?)")
