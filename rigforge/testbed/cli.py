@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from ._util import TestbedError
-from .core import DEFAULT_DIR, down, load, up
+from .core import DEFAULT_DIR, down, load_rig, up
 from .rig import RigSpec
 
 
@@ -119,8 +119,7 @@ def reboot(dir: Path, name: str) -> int:
             file=sys.stderr,
         )
         return 1
-    tb = load(dir)
-    rig = next(r for r in [*tb.rigs, tb.gateway] if r and r.name == name)
+    rig = load_rig(dir / "rigs" / name)
     t0 = time.monotonic()
     rig.simulate_reboot()
     kind = "booted" if getattr(rig, "booted", False) else "chroot (GPU state reset; nothing runs at boot)"

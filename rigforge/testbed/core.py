@@ -605,6 +605,15 @@ def up(
     return tb
 
 
+def load_rig(rig_dir: Path) -> Rig:
+    """One rig (or the gateway host) of a testbed brought up earlier, from its rig.json."""
+    info = json.loads((rig_dir / "rig.json").read_text())
+    cls = BootedRig if info.get("booted") else Rig
+    return cls(
+        rig_dir.name, info["port"], rig_dir / "rootfs", USER, rig_dir / "id_ed25519", rig_dir, RigSpec(**info["spec"])
+    )
+
+
 def load(dir: Path = DEFAULT_DIR, shared: Path | None = None) -> Testbed:
     """The Testbed of a directory brought up earlier (no changes made)."""
     dir = Path(dir)
@@ -613,20 +622,9 @@ def load(dir: Path = DEFAULT_DIR, shared: Path | None = None) -> Testbed:
     rigs, gateway = [], {}
     for info_file in sorted((dir / "rigs").glob("*/rig.json")):
         info = json.loads(info_file.read_text())
-        rig_dir = info_file.parent
         if "gateway_port" in info:
             gateway = {"gateway_port": info["gateway_port"]}
-        rigs.append(
-            (BootedRig if info.get("booted") else Rig)(
-                rig_dir.name,
-                info["port"],
-                rig_dir / "rootfs",
-                USER,
-                rig_dir / "id_ed25519",
-                rig_dir,
-                RigSpec(**info["spec"]),
-            )
-        )
+        rigs.append(load_rig(info_file.parent))
     if gateway:  # rig.json files sort rig1.., then gw
         gateway["gateway"] = next(r for r in rigs if r.name == "gw")
         rigs = [r for r in rigs if r.name != "gw"]
