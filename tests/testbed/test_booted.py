@@ -187,6 +187,8 @@ def test_the_power_unit_writes_after_the_recipe_repos_own_cap_unit(booted, tmp_p
     after = sh(rig, "systemctl show -p After --value rigforge-gpu-power.service").split()
     assert "nvidia-power-cap.service" in after, after
     assert "nvidia-power-cap.service" not in sh(rig, "systemctl show -p Wants --value rigforge-gpu-power.service")
+    manifest = json.loads(sh(rig, "cat /etc/rigforge/rig.json"))
+    assert manifest["interconnect"] == {"links": {"0-1": "PHB"}, "p2p_read": {"0-1": "CNS"}}, manifest
     results, stderr, _ = deploy(booted, tmp_path, "dual")
     assert not errored(results, "rig1") and changed(results, "rig1") == [], stderr[-4000:]
 
