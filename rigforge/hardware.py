@@ -205,3 +205,29 @@ def format_problems(host_name: str, problems: list[str], what: str = "preflight 
         return "\n".join(lines + ["Nothing was changed on this host."])
     lines += ["This run changed this host before the check (the rest of the deploy did not run):"]
     return "\n".join(lines + [f"  * {name}" for name in changed])
+
+
+P2P_STATUS = {  # `nvidia-smi topo -p2p` legend
+    "OK": "OK",
+    "CNS": "not supported (CNS: chipset not supported)",
+    "GNS": "not supported (GNS: GPU not supported)",
+    "TNS": "not supported (TNS: topology not supported)",
+    "NS": "not supported (NS)",
+    "U": "unknown (U)",
+}
+
+
+def interconnect(topology: dict | None) -> str:
+    """{"links", "p2p_read"} (roles.facts.nvidia.parse_topology) -> 'PCIe (PHB), no NVLink, P2P read: not
+    supported (CNS: chipset not supported)'; '' with fewer than two GPUs or no driver."""
+    links = sorted(set(((topology or {}).get("links") or {}).values()))
+    if not links:
+        return ""
+    nvlink = [link for link in links if link.startswith("NV")]
+    pcie = [link for link in links if not link.startswith("NV")]
+    parts = [f"PCIe ({'/'.join(pcie)})"] if pcie else []
+    parts.append(f"NVLink ({'/'.join(nvlink)})" if nvlink else "no NVLink")
+    reads = sorted(set((topology.get("p2p_read") or {}).values()))
+    if reads:
+        parts.append("P2P read: " + ", ".join(P2P_STATUS.get(r, r) for r in reads))
+    return ", ".join(parts)

@@ -179,6 +179,38 @@ def test_power_caps_and_serving_come_back_after_a_reboot_without_a_deploy(booted
     assert unit(rig, DUAL) == ("enabled", "active")
 
 
+def test_the_power_unit_writes_after_the_recipe_repos_own_cap_unit(booted, tmp_path, testbed_report):
+    """Any state serving dual (the tests before, or a fresh rig: this one deploys dual itself). The recipe repo's
+    nvidia-power-cap.service (250 W at boot) is installed and enabled before the deploy: rigforge's unit is
+    then ordered after it, the 230 W caps hold after a reboot, and `rigforge status` names the other unit."""
+    rig = booted.rig("rig1")
+    recipe_unit = REPO / "tests/fixtures/club-3090-4a29ab57/scripts/systemd/nvidia-power-cap.service"
+    shutil.copy(recipe_unit, rig.rootfs / "etc/systemd/system/nvidia-power-cap.service")
+    sh(rig, "systemctl daemon-reload && systemctl enable nvidia-power-cap.service 2>&1")
+    results, stderr, took = deploy(booted, tmp_path, "dual")
+    testbed_report.append(f"booted: dual with the recipe's cap unit {took:.0f}s")
+    assert not errored(results, "rig1"), stderr[-6000:]
+    after = sh(rig, "systemctl show -p After --value rigforge-gpu-power.service").split()
+    assert "nvidia-power-cap.service" in after, after
+    assert "nvidia-power-cap.service" not in sh(rig, "systemctl show -p Wants --value rigforge-gpu-power.service")
+    manifest = json.loads(sh(rig, "cat /etc/rigforge/rig.json"))
+    assert manifest["interconnect"] == {"links": {"0-1": "PHB"}, "p2p_read": {"0-1": "CNS"}}, manifest
+    results, stderr, _ = deploy(booted, tmp_path, "dual")
+    assert not errored(results, "rig1") and changed(results, "rig1") == [], stderr[-4000:]
+
+    took = rig.reboot()
+    testbed_report.append(f"booted: reboot with two cap units {took:.1f}s")
+    assert unit(rig, "nvidia-power-cap.service") == ("enabled", "active")  # it did set 250 W, then rigforge 230 W
+    caps = sh(rig, "nvidia-smi --query-gpu=power.limit --format=csv,noheader,nounits")
+    assert caps.splitlines() == ["230.00"] * 2, caps
+    res = subprocess.run([sys.executable, "-m", "rigforge.cli", "status", str(booted.inventory)],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "rigforge-gpu-power.service runs after nvidia-power-cap.service, which sets 250 W at boot" in res.stdout
+    assert "interconnect: PCIe (PHB), no NVLink, P2P read: not supported (CNS" in res.stdout, res.stdout
+    assert wait_models(rig, DUAL_PORT, 90) == [MODEL]
+
+
 def test_bench_measures_the_booted_rigs_server_beside_the_published_figures(booted):
     """From dual, serving: `rigforge bench` on the controller, at the rig's API as the testbed publishes it on
     the controller's loopback (the rig's own address there, the same port number), no tunnel."""
