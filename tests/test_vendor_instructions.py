@@ -255,6 +255,14 @@ def test_host_data_overrides_the_locked_toolkit_version():
     assert install[-4:] == [f"{name}=1.19.1-1" for name in docker_engine.TOOLKIT_PACKAGES]
 
 
+def test_testbed_repo_serves_the_locked_toolkit_and_a_newer_one():
+    """The testbed's stand-in repo has the lock's version and a newer one, so the pin is what keeps a rig on it."""
+    from rigforge.testbed import aptrepo
+
+    assert aptrepo.TOOLKIT_DEB_VERSION == load_lock(default_lock_path()).toolkit.version
+    assert aptrepo.NEXT_TOOLKIT_VERSION.split(".") > aptrepo.TOOLKIT_VERSION.split(".")
+
+
 def test_lock_without_a_toolkit_entry_installs_the_latest_unheld(tmp_path):
     data = yaml.safe_load(default_lock_path().read_text())
     del data["toolkit"]
