@@ -129,6 +129,29 @@ def test_user_daemon_json_keys_survive(converged):
     assert changed_ops(again) == []
 
 
+def toolkit_state(rig) -> list[list[str]]:
+    query = "dpkg-query -W -f '${db:Status-Abbrev} ${Package} ${Version}\\n' " + " ".join(TOOLKIT)
+    return sorted(line.split() for line in rig.run(query).stdout.splitlines())
+
+
+def test_host_data_moves_the_held_toolkit_and_the_lock_brings_it_back(converged):
+    """nvidia_toolkit_version overrides the lock's pin on a rig where rigforge already held the toolkit (apt drops
+    the hold when it replaces the packages, rigforge holds the new ones); without it the next run goes back to the
+    lock's 1.19.0-1, held, and the run after changes nothing."""
+    tb = converged[0]
+    rig = tb.rig("rig1")
+    role = "Docker engine and NVIDIA Container Toolkit"
+    for data, version in ((["--data", "nvidia_toolkit_version=1.19.1-1"], "1.19.1-1"), ([], "1.19.0-1")):
+        results, err = pyinfra_run(tb.inventory, *data)
+        assert changed_ops(results) == [
+            f"{role} | Install the NVIDIA Container Toolkit {version}",
+            f"{role} | Hold the NVIDIA Container Toolkit packages",
+        ], err[-3000:]
+        assert toolkit_state(rig) == [["hi", name, version] for name in TOOLKIT]
+    again, _ = pyinfra_run(tb.inventory)
+    assert changed_ops(again) == []
+
+
 def assert_stopped_in_preflight(tb, data: list[str], expect: str, header: str = "preflight failed on rig1"):
     rig = tb.rig("rig1")
     before = rig_snapshot(rig)
