@@ -24,7 +24,6 @@ from pathlib import Path
 import yaml
 
 from rigforge.catalog import load_catalog
-from rigforge.pins import default_lock_path, load_lock
 
 from ._util import (
     TestbedError,
@@ -431,6 +430,8 @@ def _all_rig_ports(shared: Path) -> set[int]:
 
 
 def _write_lock(tb: Testbed) -> None:
+    from rigforge.pins import default_lock_path, load_lock
+
     git = {}
     for name, m in tb.services["git"].items():
         pin = m["pin"]
