@@ -6,9 +6,12 @@ fetch of its branch, or of all branches and tags), every unresolved HF entry get
 file's size and sha256 (huggingface_hub `model_info(files_metadata=True)`: the LFS sha256 from the hub, a
 download + sha256 for small non-LFS files) and the hub's gated flag. `--refresh NAME` re-resolves entries from
 their `ref` even when resolved (a deliberate bump). The lock is rewritten atomically.
+The toolkit pin (`toolkit.version`) is never moved: when NVIDIA's repo index lists a newer release, one line says
+so, why it is kept (the entry's note) and how to move it; a repo it cannot read is one line too.
 With --check: offline validation; exit 1 listing every offending entry (unresolved ones included).
 The image's digest comes from its registry (Docker Hub unless the name starts with a registry host).
-Endpoints: HF_ENDPOINT (default https://huggingface.co), RIGFORGE_REGISTRY (a registry base URL);
+Endpoints: HF_ENDPOINT (default https://huggingface.co), RIGFORGE_REGISTRY (a registry base URL),
+RIGFORGE_TOOLKIT_REPO (the toolkit's flat apt repo, default NVIDIA's amd64 one);
 HF token: RIGFORGE_HF_TOKEN or HF_TOKEN.
 """
 
@@ -18,6 +21,7 @@ import argparse
 import dataclasses
 import hashlib
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -26,12 +30,14 @@ from rigforge.pins import (
     DIGEST,
     SHA40,
     SHORT,
+    TOOLKIT_REPO_URL,
     GitPin,
     HfFile,
     HfPin,
     ImagePin,
     Lock,
     LockError,
+    ToolkitPin,
     default_lock_path,
     dump_lock,
     load_lock,
@@ -231,6 +237,51 @@ def resolve(
     return dataclasses.replace(lock, image=seed, images=images, git=git, hf=hf), report
 
 
+TOOLKIT = "nvidia-container-toolkit"
+
+
+def upstream_versions(packages_text: str, name: str = TOOLKIT) -> list[str]:
+    """Every version of `name` an apt Packages index lists."""
+    versions = []
+    for stanza in packages_text.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line and not line[0].isspace())
+        if fields.get("Package") == name and "Version" in fields:
+            versions.append(fields["Version"])
+    return versions
+
+
+def _release_key(version: str) -> tuple[int, ...]:
+    return tuple(int(n) for n in re.findall(r"\d+", version))
+
+
+def toolkit_news(pin: ToolkitPin, packages_text: str) -> str | None:
+    """One line when the index has a release newer than the pinned one (pre-releases, `~rc`, are not counted)."""
+    newer = [
+        v for v in upstream_versions(packages_text) if "~" not in v and _release_key(v) > _release_key(pin.version)
+    ]
+    if not newer:
+        return None
+    newest = max(newer, key=_release_key)
+    why = f" ({pin.note})" if pin.note else ""
+    return (
+        f"{TOOLKIT}: locked {pin.version}, newer {newest} exists upstream; kept{why}; to move: set toolkit.version "
+        f"in the lock (or host data nvidia_toolkit_version) to {newest} once it is known to work"
+    )
+
+
+def check_toolkit(pin: ToolkitPin, repo: str | None = None) -> str | None:
+    """`toolkit_news` from the flat repo's Packages file; one line saying it could not check when unreachable."""
+    import requests
+
+    url = (repo or TOOLKIT_REPO_URL.replace("{arch}", "amd64")).rstrip("/") + "/Packages"
+    try:
+        resp = requests.get(url, timeout=15)
+        resp.raise_for_status()
+    except requests.RequestException as e:
+        return f"{TOOLKIT}: locked {pin.version}; could not check {url} for a newer release ({type(e).__name__})"
+    return toolkit_news(pin, resp.text)
+
+
 def write_atomically(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w") as fh:
@@ -266,6 +317,9 @@ def run(args: argparse.Namespace) -> int:
         report.append(f"git.{GIT_NAME}: cached {pin.commit[:12]} at {cached} (what `rigforge render` reads)")
     for line in report or ["nothing to resolve"]:
         print(line)
+    news = check_toolkit(new.toolkit, os.environ.get("RIGFORGE_TOOLKIT_REPO")) if new.toolkit else None
+    if news:
+        print(news)
     return 0
 
 

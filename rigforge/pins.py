@@ -28,6 +28,10 @@ REFUSE_HINT = "run `rigforge lock` on a networked controller"
 IMAGE_KEYS = ("ref", "digest", "note")
 GIT_KEYS = ("url", "ref", "short", "commit", "sparse", "files", "note")
 HF_KEYS = ("repo", "ref", "revision", "gated", "files", "note")
+TOOLKIT_KEYS = ("version", "note")
+# NVIDIA's flat apt repository of the Container Toolkit (its install guide); `{arch}` is the rig's dpkg arch
+TOOLKIT_REPO_URL = "https://nvidia.github.io/libnvidia-container/stable/deb/{arch}/"
+DEB_VERSION = re.compile(r"^[0-9][A-Za-z0-9.+~:-]*$")
 HEADER = (
     "# rigforge lock: every external input of a rig, pinned. Schema: docs/contracts.md, policy: docs/pins.md.\n"
     "# Validate offline: `rigforge lock --check`. Resolve null entries on a networked controller: `rigforge lock`.\n"
@@ -90,6 +94,14 @@ class HfPin:
 
 
 @dataclass(frozen=True)
+class ToolkitPin:
+    """The NVIDIA Container Toolkit version all four of its packages are installed at and held (a Debian version)."""
+
+    version: str
+    note: str | None = None
+
+
+@dataclass(frozen=True)
 class Lock:
     path: str
     image: ImagePin
@@ -97,6 +109,7 @@ class Lock:
     hf: Mapping[str, HfPin]
     version: int = 1
     images: Mapping[str, ImagePin] = field(default_factory=lambda: MappingProxyType({}))  # recipe engines' images
+    toolkit: ToolkitPin | None = None  # None: the toolkit is not pinned (latest, not held)
 
     def image_pin(self, ref: str) -> ImagePin | None:
         """The lock's entry for an image reference (the seed `image` or one of `images`), None if unpinned."""
@@ -153,6 +166,8 @@ class Lock:
         data: dict[str, Any] = {"version": self.version, "image": _entry(self.image, IMAGE_KEYS)}
         if self.images:
             data["images"] = {n: _entry(p, IMAGE_KEYS) for n, p in self.images.items()}
+        if self.toolkit:
+            data["toolkit"] = _entry(self.toolkit, TOOLKIT_KEYS)
         data["git"] = {n: _entry(p, GIT_KEYS) for n, p in self.git.items()}
         data["hf"] = {n: _entry(p, HF_KEYS) for n, p in self.hf.items()}
         return data
@@ -276,16 +291,28 @@ def _image(path: str, where: str, data: Any) -> ImagePin:
     )
 
 
+def _toolkit(path: str, data: Any) -> ToolkitPin:
+    r = _Reader(path, "toolkit", data, TOOLKIT_KEYS)
+    version = r.get("version", str, pattern=DEB_VERSION, what="a Debian package version such as 1.19.0-1")
+    return ToolkitPin(version=version, note=r.get("note", str, required=False))
+
+
 def parse_lock(data: Any, path: str = "<lock>") -> Lock:
-    r = _Reader(path, "top level", data, {"version", "image", "images", "git", "hf"})
+    r = _Reader(path, "top level", data, {"version", "image", "images", "toolkit", "git", "hf"})
     if r.get("version", int) != 1:
         r.fail(f"unsupported version {data['version']!r} (this rigforge reads version 1)", "version")
     image = _image(path, "image", r.get("image", dict))
     images = {str(n): _image(path, f"images.{n}", d) for n, d in (r.get("images", dict, required=False) or {}).items()}
     git = {str(n): _git(path, str(n), d) for n, d in (r.get("git", dict, required=False) or {}).items()}
     hf = {str(n): _hf(path, str(n), d) for n, d in (r.get("hf", dict, required=False) or {}).items()}
+    toolkit = _toolkit(path, data["toolkit"]) if data.get("toolkit") is not None else None
     return Lock(
-        path=path, image=image, git=MappingProxyType(git), hf=MappingProxyType(hf), images=MappingProxyType(images)
+        path=path,
+        image=image,
+        git=MappingProxyType(git),
+        hf=MappingProxyType(hf),
+        images=MappingProxyType(images),
+        toolkit=toolkit,
     )
 
 

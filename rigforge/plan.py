@@ -88,6 +88,13 @@ class Plan:
         return self.settings.port or self.variant.port
 
     @property
+    def toolkit_version(self) -> str | None:
+        """The NVIDIA Container Toolkit version installed and held: host data nvidia_toolkit_version, else the lock's
+        `toolkit` pin; None (neither set) installs the latest and holds nothing."""
+        pin = self.lock.toolkit if self.lock else None
+        return self.data.get("nvidia_toolkit_version") or (pin.version if pin else None)
+
+    @property
     def pins(self) -> dict:
         """What rig.json records about the pinned inputs."""
         return {

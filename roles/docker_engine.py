@@ -4,8 +4,9 @@
 distribution's conflicting packages (docker.io, docker-compose, docker-compose-v2, podman-docker, containerd,
 runc) are removed first, then Docker's apt repository (deb822 + keyring, fingerprint checked) gives docker-ce,
 docker-ce-cli, containerd.io, docker-buildx-plugin, docker-compose-plugin (versions pinnable); `distro` installs the
-distribution's docker.io + compose v2 (the testbed's path). The toolkit comes from NVIDIA's flat repo; a pinned
-`nvidia_toolkit_version` pins all four of its packages together, as NVIDIA's install guide does.
+distribution's docker.io + compose v2 (the testbed's path). The toolkit comes from NVIDIA's flat repo, all four of
+its packages at one version (NVIDIA's install guide) and held: the lock's `toolkit.version` (1.19.0-1: 1.19.1 broke
+cuInit in containers, NVIDIA/nvidia-container-toolkit#1967), or host data `nvidia_toolkit_version` over it.
 /etc/docker/daemon.json has one writer: the nvidia runtime is merged into it as JSON, user keys kept
 (nvidia-ctk is not run on it). Docker is restarted only when daemon.json changed, and only when
 `rigforge_manage_services` is true.
@@ -20,6 +21,7 @@ from pyinfra.api import deploy
 from pyinfra.facts.deb import DebArch
 from pyinfra.operations import systemd
 
+from rigforge.pins import TOOLKIT_REPO_URL
 from rigforge.plan import Plan
 from roles.facts.system import OsRelease
 from roles.operations import apt_repo, docker_daemon
@@ -52,11 +54,11 @@ DEFAULTS = {
     "docker_repo_key_fingerprint": DOCKER_KEY_FINGERPRINT,  # a key with another fingerprint is refused
     "docker_package_versions": {},  # {package: version} pins, e.g. {"docker-ce": "5:28.5.1-1~ubuntu.24.04~noble"}
     "docker_daemon_options": {},  # extra daemon.json keys, merged in beside the nvidia runtime
-    "nvidia_toolkit_repo_url": "https://nvidia.github.io/libnvidia-container/stable/deb/{arch}/",  # flat repo
+    "nvidia_toolkit_repo_url": TOOLKIT_REPO_URL,  # NVIDIA's flat repo
     "nvidia_toolkit_repo_key_url": "https://nvidia.github.io/libnvidia-container/gpgkey",  # armored key
     "nvidia_toolkit_repo_key_sha256": None,  # pin the key file's sha256
     "nvidia_toolkit_repo_key_fingerprint": None,  # check the toolkit key's fingerprint (40 hex digits)
-    "nvidia_toolkit_version": None,  # pin the four toolkit packages, e.g. "1.18.0-1"
+    "nvidia_toolkit_version": None,  # pin and hold the four toolkit packages at this version instead of the lock's
 }
 
 DOCKER_CE_PACKAGES = ["docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin", "docker-compose-plugin"]
@@ -137,9 +139,14 @@ def install(plan: Plan):
         key_sha256=data["nvidia_toolkit_repo_key_sha256"],
         key_fingerprint=data["nvidia_toolkit_repo_key_fingerprint"],
     )
+    version = plan.toolkit_version
     apt_repo.install_missing(
-        name="Install the NVIDIA Container Toolkit", packages=toolkit_packages(data["nvidia_toolkit_version"])
+        name=f"Install the NVIDIA Container Toolkit{f' {version}' if version else ''}",
+        packages=toolkit_packages(version),
+        change_held=True,  # moving the pinned version replaces packages rigforge itself held
     )
+    if version:
+        apt_repo.hold(name="Hold the NVIDIA Container Toolkit packages", packages=TOOLKIT_PACKAGES)
     daemon = docker_daemon.merge_json(
         name=f"Add the nvidia runtime to {plan.layout.daemon_json}",
         path=plan.layout.daemon_json,

@@ -28,6 +28,12 @@ def pyinfra_run(inventory: Path, *extra: str) -> tuple[dict, str]:
 
 
 changed_ops = support.changed
+TOOLKIT = [
+    "libnvidia-container-tools",
+    "libnvidia-container1",
+    "nvidia-container-toolkit",
+    "nvidia-container-toolkit-base",
+]
 
 
 def rig_snapshot(rig) -> str:
@@ -85,9 +91,15 @@ def test_rig_state_with_testinfra(converged):
     assert h.package("nvidia-kernel-open-dkms").version == "580.159.04-1"
     assert not h.package("nvidia-driver-580-open").is_installed
     held = h.check_output("apt-mark showhold").split()
-    assert held == ["nvidia-driver-cuda", "nvidia-driver-pinning-580", "nvidia-kernel-open-dkms", "nvidia-open"]
+    driver = ["nvidia-driver-cuda", "nvidia-driver-pinning-580", "nvidia-kernel-open-dkms", "nvidia-open"]
+    assert sorted(held) == sorted([*driver, *TOOLKIT])
     assert "Candidate: 580.159.04-1" in h.check_output("apt-cache policy nvidia-open")
-    assert h.package("nvidia-container-toolkit").is_installed
+    # the lock's toolkit pin (NVIDIA/nvidia-container-toolkit#1967): 1.19.0-1 and held, although the repo has 1.19.1-1
+    assert "1.19.1-1" in h.check_output("apt-cache madison nvidia-container-toolkit")
+    query = "dpkg-query -W -f '${db:Status-Abbrev} ${Package} ${Version}\\n' " + " ".join(TOOLKIT)
+    assert sorted(line.split() for line in h.check_output(query).splitlines()) == [
+        ["hi", name, "1.19.0-1"] for name in TOOLKIT
+    ]
     assert h.package("docker.io").is_installed
     daemon = json.loads(h.file("/etc/docker/daemon.json").content_string)
     assert daemon["runtimes"]["nvidia"] == {"args": [], "path": "nvidia-container-runtime"}
@@ -113,6 +125,29 @@ def test_user_daemon_json_keys_survive(converged):
     merged = json.loads(path.read_text())
     assert merged["log-driver"] == "journald"
     assert sorted(merged["runtimes"]) == ["nvidia", "runsc"]
+    again, _ = pyinfra_run(tb.inventory)
+    assert changed_ops(again) == []
+
+
+def toolkit_state(rig) -> list[list[str]]:
+    query = "dpkg-query -W -f '${db:Status-Abbrev} ${Package} ${Version}\\n' " + " ".join(TOOLKIT)
+    return sorted(line.split() for line in rig.run(query).stdout.splitlines())
+
+
+def test_host_data_moves_the_held_toolkit_and_the_lock_brings_it_back(converged):
+    """nvidia_toolkit_version overrides the lock's pin on a rig where rigforge already held the toolkit (apt drops
+    the hold when it replaces the packages, rigforge holds the new ones); without it the next run goes back to the
+    lock's 1.19.0-1, held, and the run after changes nothing."""
+    tb = converged[0]
+    rig = tb.rig("rig1")
+    role = "Docker engine and NVIDIA Container Toolkit"
+    for data, version in ((["--data", "nvidia_toolkit_version=1.19.1-1"], "1.19.1-1"), ([], "1.19.0-1")):
+        results, err = pyinfra_run(tb.inventory, *data)
+        assert changed_ops(results) == [
+            f"{role} | Install the NVIDIA Container Toolkit {version}",
+            f"{role} | Hold the NVIDIA Container Toolkit packages",
+        ], err[-3000:]
+        assert toolkit_state(rig) == [["hi", name, version] for name in TOOLKIT]
     again, _ = pyinfra_run(tb.inventory)
     assert changed_ops(again) == []
 

@@ -121,7 +121,9 @@ def test_debian_scheme_driver_is_installed_held_and_verified(adopted):
     assert "nvidia-open 580.159.04-1" in versions and "nvidia-kernel-open-dkms 580.159.04-1" in versions
     assert "nvidia-driver-pinning-580 1.0-1" in versions
     held = rig.run("apt-mark showhold").stdout.split()
-    assert held == ["nvidia-driver-cuda", "nvidia-driver-pinning-580", "nvidia-kernel-open-dkms", "nvidia-open"]
+    driver = ["nvidia-driver-cuda", "nvidia-driver-pinning-580", "nvidia-kernel-open-dkms", "nvidia-open"]
+    toolkit = ["libnvidia-container-tools", "libnvidia-container1", "nvidia-container-toolkit"]
+    assert sorted(held) == sorted([*driver, *toolkit, "nvidia-container-toolkit-base"])  # the toolkit: the lock's pin
     proc = subprocess.run(
         [sys.executable, "-m", "rigforge.cli", "verify", str(tb.inventory), "--json"],
         capture_output=True,

@@ -33,8 +33,9 @@ PERTURB = {
         f"! grep -q 'local edit' {NOUVEAU}",
     ),
     "package": (
+        "apt-mark unhold nvidia-container-toolkit >/dev/null && "
         "DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq nvidia-container-toolkit",
-        ["Install the NVIDIA Container Toolkit"],
+        ["Install the NVIDIA Container Toolkit", "Hold the NVIDIA Container Toolkit packages"],
         "dpkg-query -W -f '${db:Status-Status}' nvidia-container-toolkit | grep -qx installed",
     ),
     "hold": (

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -139,6 +139,7 @@ def unresolved_lock(si) -> dict:
 def rigforge_lock(*args: str, token: str | None = None, endpoint: str | None = None):
     env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "RIGFORGE_HF_TOKEN", "HF_ENDPOINT")}
     env.setdefault("RIGFORGE_REGISTRY", "http://127.0.0.1:9")  # a closed port: never a real registry
+    env.setdefault("RIGFORGE_TOOLKIT_REPO", "http://127.0.0.1:9/")  # nor NVIDIA's toolkit repo
     env.update({"HF_HUB_DISABLE_TELEMETRY": "1", "HF_HOME": str(Path(args[-1]).parent / "hf-home")})
     if token:
         env["RIGFORGE_HF_TOKEN"] = token
@@ -341,3 +342,60 @@ def test_lock_caches_the_recipe_repo_at_its_commit_for_offline_render(stand_ins,
     assert recipes.locate(commit) == cached  # without RIGFORGE_RECIPES, render reads this cache
     again = rigforge_lock("--lock", str(path))
     assert again.returncode == 0 and "cached" not in again.stdout
+
+
+# NVIDIA's flat repo index lists every release of each package; 1.19.1-1 is the one that broke cuInit
+# (NVIDIA/nvidia-container-toolkit#1967); a pre-release is never offered as "newer".
+TOOLKIT_PACKAGES = "".join(
+    f"Package: {name}\nVersion: {version}\nArchitecture: amd64\nDescription: stand-in\n multi-line field\n\n"
+    for version in ("1.18.0-1", "1.19.0-1", "1.19.1-1", "1.20.0~rc.1-1")
+    for name in ("nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container1")
+)
+
+
+def test_lock_keeps_the_toolkit_pin_and_says_when_a_newer_release_exists(tmp_path):
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo/Packages").write_text(TOOLKIT_PACKAGES)
+    repo = ThreadingHTTPServer(
+        ("127.0.0.1", 0), lambda *a: SimpleHTTPRequestHandler(*a, directory=str(tmp_path / "repo"))
+    )
+    threading.Thread(target=repo.serve_forever, daemon=True).start()
+    lock = {
+        "version": 1,
+        "image": {"ref": "vllm/vllm-openai:nightly-x", "digest": IMAGE_DIGEST},
+        "toolkit": {"version": "1.19.0-1", "note": "1.19.1 broke cuInit, NVIDIA/nvidia-container-toolkit#1967"},
+    }
+    path = tmp_path / "lock.yaml"
+    path.write_text(yaml.safe_dump(lock, sort_keys=False))
+    before = path.read_text()
+    try:
+        os.environ["RIGFORGE_TOOLKIT_REPO"] = f"http://127.0.0.1:{repo.server_port}/"
+        res = rigforge_lock("--lock", str(path))
+    finally:
+        os.environ.pop("RIGFORGE_TOOLKIT_REPO")
+        repo.shutdown()
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == [
+        "nothing to resolve",
+        "nvidia-container-toolkit: locked 1.19.0-1, newer 1.19.1-1 exists upstream; kept (1.19.1 broke cuInit, "
+        "NVIDIA/nvidia-container-toolkit#1967); to move: set toolkit.version in the lock (or host data "
+        "nvidia_toolkit_version) to 1.19.1-1 once it is known to work",
+    ]
+    assert path.read_text() == before  # never moved without being asked
+
+    offline = rigforge_lock("--lock", str(path))  # the closed port: one line, the lock untouched
+    assert offline.returncode == 0, offline.stderr
+    assert offline.stdout.splitlines()[1:] == [
+        "nvidia-container-toolkit: locked 1.19.0-1; could not check http://127.0.0.1:9/Packages for a newer "
+        "release (ConnectionError)"
+    ]
+    assert path.read_text() == before
+
+
+def test_toolkit_news_only_for_a_newer_release():
+    from rigforge.lock import toolkit_news
+    from rigforge.pins import ToolkitPin
+
+    assert toolkit_news(ToolkitPin("1.19.1-1"), TOOLKIT_PACKAGES) is None
+    assert toolkit_news(ToolkitPin("1.20.0-1"), TOOLKIT_PACKAGES) is None  # 1.20.0~rc.1 is older, and a pre-release
+    assert "newer 1.19.1-1 exists" in toolkit_news(ToolkitPin("1.18.0-1"), TOOLKIT_PACKAGES)

@@ -166,10 +166,21 @@ def test_unresolved_entries_and_require():
 
 def test_yaml_of_the_repo_lock_keeps_the_contract_keys():
     raw = yaml.safe_load(pins.default_lock_path().read_text())
-    assert set(raw) == {"version", "image", "images", "git", "hf"}
+    assert set(raw) == {"version", "image", "images", "toolkit", "git", "hf"}
+    assert set(raw["toolkit"]) == {"version", "note"} and "#1967" in raw["toolkit"]["note"]
     for entry in raw["images"].values():
         assert {"ref", "digest"} <= set(entry)
     for entry in raw["git"].values():
         assert {"url", "ref", "commit", "sparse", "files"} <= set(entry)
     for entry in raw["hf"].values():
         assert {"repo", "revision", "gated", "files"} <= set(entry)
+
+
+def test_toolkit_entry_is_optional_validated_and_kept_on_rewrite():
+    raw = yaml.safe_load(pins.default_lock_path().read_text())
+    lock = pins.parse_lock(raw)
+    assert lock.toolkit == pins.ToolkitPin("1.19.0-1", raw["toolkit"]["note"])
+    assert pins.parse_lock(yaml.safe_load(pins.dump_lock(lock))).toolkit == lock.toolkit
+    assert pins.parse_lock({k: v for k, v in raw.items() if k != "toolkit"}).toolkit is None
+    with pytest.raises(pins.LockError, match="toolkit.version: expected a Debian package version"):
+        pins.parse_lock({**raw, "toolkit": {"version": "1.19 .0"}})

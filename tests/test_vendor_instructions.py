@@ -8,8 +8,10 @@ pyinfra's fake connector: the commands and files are what a real rig would get.
 from __future__ import annotations
 
 import pytest
+import yaml
 from test_roles_host_ops import converge, executed, op_commands, planned, rig, uploads
 
+from rigforge.pins import default_lock_path, load_lock
 from roles import docker_engine, driver_table, host_state, nvidia_driver
 from roles.facts.apt import parse_deb822, parse_fingerprints, parse_one_line, parse_source_files, same_uri_files
 from roles.facts.nvidia import parse_running_driver, unowned_driver
@@ -224,6 +226,49 @@ def test_toolkit_pins_all_four_packages_together():
         "libnvidia-container1=1.18.0-1",
     ]
     assert docker_engine.toolkit_packages(None) == ["nvidia-container-toolkit"]
+
+
+def toolkit_commands(packages=(), held=(), **data) -> tuple[list[str], list[str]]:
+    """(the toolkit's apt-get install arguments, the apt-mark hold commands) a fake rig gets from docker_engine."""
+    hosts = {"t": rig("ubuntu2404", packages=packages, held=held, **data)}
+    commands = executed(converge(hosts, planned(docker_engine.install)), "t")
+    installs = [c.split() for c in commands if " install " in c and "nvidia-container-toolkit" in c]
+    return (installs[0] if installs else []), [c for c in commands if c.startswith("apt-mark hold")]
+
+
+def test_lock_pins_and_holds_the_toolkit_by_default():
+    """NVIDIA/nvidia-container-toolkit#1967: upgrading 1.19.0 to 1.19.1 broke cuInit inside containers
+    (downgrading fixed it; one report of the same on 1.20.0). The lock pins all four packages at 1.19.0-1 and the
+    rig holds them, without any host data."""
+    assert load_lock(default_lock_path()).toolkit.version == "1.19.0-1"
+    install, _ = toolkit_commands()
+    assert install[-4:] == [f"{name}=1.19.0-1" for name in docker_engine.TOOLKIT_PACKAGES]
+    assert "--allow-change-held-packages" in install  # moving the pin replaces what rigforge held itself
+    installed = [(name, "1.19.0-1") for name in docker_engine.TOOLKIT_PACKAGES]
+    install, holds = toolkit_commands(packages=installed)
+    assert install == [] and holds == ["apt-mark hold " + " ".join(sorted(docker_engine.TOOLKIT_PACKAGES))]
+    assert toolkit_commands(packages=installed, held=docker_engine.TOOLKIT_PACKAGES) == ([], [])  # a no-op
+
+
+def test_host_data_overrides_the_locked_toolkit_version():
+    install, _ = toolkit_commands(nvidia_toolkit_version="1.19.1-1")
+    assert install[-4:] == [f"{name}=1.19.1-1" for name in docker_engine.TOOLKIT_PACKAGES]
+
+
+def test_testbed_repo_serves_the_locked_toolkit_and_a_newer_one():
+    """The testbed's stand-in repo has the lock's version and a newer one, so the pin is what keeps a rig on it."""
+    from rigforge.testbed import aptrepo
+
+    assert aptrepo.TOOLKIT_DEB_VERSION == load_lock(default_lock_path()).toolkit.version
+    assert aptrepo.NEXT_TOOLKIT_VERSION.split(".") > aptrepo.TOOLKIT_VERSION.split(".")
+
+
+def test_lock_without_a_toolkit_entry_installs_the_latest_unheld(tmp_path):
+    data = yaml.safe_load(default_lock_path().read_text())
+    del data["toolkit"]
+    (tmp_path / "lock.yaml").write_text(yaml.safe_dump(data))
+    install, holds = toolkit_commands(rigforge_lock=str(tmp_path / "lock.yaml"))
+    assert install[-1] == "nvidia-container-toolkit" and holds == []
 
 
 # --- hand-set-up rigs: existing sources, keys, a driver no package owns -------------------------------------

@@ -8,7 +8,8 @@ beside each repository under the vendor's file name:
                           key: cuda-debian/8793F200.pub (the name of NVIDIA's debian13 key)
     <root>/cuda-ubuntu/   flat, NVIDIA's Ubuntu naming: nvidia-driver-pinning-<branch>, 580:
                           nvidia-driver-580-open -> nvidia-dkms-580-open (...), 590: nvidia-open -> nvidia-dkms-open
-    <root>/libnvidia-container/   nvidia-container-toolkit + -base, libnvidia-container-tools, libnvidia-container1
+    <root>/libnvidia-container/   nvidia-container-toolkit + -base, libnvidia-container-tools, libnvidia-container1,
+                          each at 1.19.0-1 and 1.19.1-1 (without the lock's pin apt would take 1.19.1-1)
     <root>/docker/        Docker's layout (dists/trixie/stable): docker-ce, docker-ce-cli, containerd.io,
                           docker-buildx-plugin, docker-compose-plugin (empty stand-ins); key: docker/gpg
 
@@ -32,8 +33,9 @@ STUBS = Path(__file__).parent / "stubs"
 DRIVER_VERSION = "580.159.04"
 DRIVER_DEB_VERSION = f"{DRIVER_VERSION}-1"
 NEXT_DRIVER_VERSION = "590.48.01"  # a later branch in the same repository: the pinning package must hold it off
-TOOLKIT_VERSION = "1.17.8"
+TOOLKIT_VERSION = "1.19.0"  # the lock's toolkit pin
 TOOLKIT_DEB_VERSION = f"{TOOLKIT_VERSION}-1"
+NEXT_TOOLKIT_VERSION = "1.19.1"  # newer in the same repository (it broke cuInit upstream): only the pin holds it off
 DRIVER_REPO, DRIVER_KEY = "cuda-debian", "cuda-debian/8793F200.pub"
 UBUNTU_DRIVER_REPO, UBUNTU_DRIVER_KEY = "cuda-ubuntu", "cuda-ubuntu/3bf863cc.pub"
 TOOLKIT_REPO, TOOLKIT_KEY = "libnvidia-container", "libnvidia-container/gpgkey"
@@ -180,6 +182,25 @@ def _driver_scheme(tmp: Path, repo: Path, scheme: str, version: str) -> None:
         )
 
 
+def _toolkit(tmp: Path, repo: Path, version: str) -> None:
+    """The four toolkit packages at `version` (the toolkit depends on the other three at the same version)."""
+    deb = f"{version}-1"
+    for name in TOOLKIT_PACKAGES:
+        _build_deb(tmp, repo, _control(name, deb, f"{name} (stand-in)"), {})
+    subst = {"TOOLKIT_VERSION": version}
+    depends = ", ".join(["python3", *(f"{name} (= {deb})" for name in TOOLKIT_PACKAGES)])
+    _build_deb(
+        tmp,
+        repo,
+        _control("nvidia-container-toolkit", deb, "NVIDIA Container Toolkit", Depends=depends),
+        {
+            "/usr/bin/nvidia-ctk": stub_script("nvidia-ctk", **subst),
+            "/usr/bin/nvidia-container-runtime": stub_script("nvidia-container-runtime", **subst),
+            "/usr/bin/nvidia-container-runtime-hook": stub_script("nvidia-container-runtime-hook"),
+        },
+    )
+
+
 def build(testbed_dir: Path) -> Path:
     """Return the root directory of the signed repositories, building it if the stubs changed."""
     cache = ensure_safe_dir(Path(testbed_dir) / "cache")
@@ -197,21 +218,8 @@ def build(testbed_dir: Path) -> Path:
         for scheme, repo in (("debian", repos[DRIVER_REPO]), ("ubuntu", repos[UBUNTU_DRIVER_REPO])):
             for version in (DRIVER_VERSION, NEXT_DRIVER_VERSION):
                 _driver_scheme(tmp / scheme, repo, scheme, version)
-        toolkit_repo = repos[TOOLKIT_REPO]
-        for name in TOOLKIT_PACKAGES:
-            _build_deb(tmp / "build", toolkit_repo, _control(name, TOOLKIT_DEB_VERSION, f"{name} (stand-in)"), {})
-        subst = {"TOOLKIT_VERSION": TOOLKIT_VERSION}
-        depends = ", ".join(["python3", *(f"{name} (= {TOOLKIT_DEB_VERSION})" for name in TOOLKIT_PACKAGES)])
-        _build_deb(
-            tmp / "build",
-            toolkit_repo,
-            _control("nvidia-container-toolkit", TOOLKIT_DEB_VERSION, "NVIDIA Container Toolkit", Depends=depends),
-            {
-                "/usr/bin/nvidia-ctk": stub_script("nvidia-ctk", **subst),
-                "/usr/bin/nvidia-container-runtime": stub_script("nvidia-container-runtime", **subst),
-                "/usr/bin/nvidia-container-runtime-hook": stub_script("nvidia-container-runtime-hook"),
-            },
-        )
+        for version in (TOOLKIT_VERSION, NEXT_TOOLKIT_VERSION):
+            _toolkit(tmp / "build", repos[TOOLKIT_REPO], version)
         pool = repos[DOCKER_REPO] / "pool"
         pool.mkdir()
         for name in DOCKER_PACKAGES:  # empty stand-ins: the testbed runs no Docker engine

@@ -177,11 +177,12 @@ def add_repo(
 
 
 @operation()
-def install_missing(packages: list[str]):
+def install_missing(packages: list[str], change_held: bool = False):
     """
     Install the packages that are not installed yet, refreshing apt lists first; nothing when all present.
 
     + packages: package names; ``name=version`` pins a version (missing when another version is installed)
+    + change_held: let apt replace held versions of these packages (``--allow-change-held-packages``)
     """
     installed = host.get_fact(DebPackages)
     missing = []
@@ -195,7 +196,8 @@ def install_missing(packages: list[str]):
         return
     yield say(f"installing {', '.join(missing)} (apt)")
     yield "apt-get update"
-    yield from apt.packages._inner(packages=missing, allow_downgrades=True)
+    extra = "--allow-change-held-packages" if change_held else None
+    yield from apt.packages._inner(packages=missing, allow_downgrades=True, extra_install_args=extra)
 
 
 @operation()

@@ -181,7 +181,7 @@ def test_nvidia_ctk_merges_daemon_json_keeping_keys(tmp_path):
     subprocess.run([sys.executable, str(script), "runtime", "configure", "--runtime=docker", f"--config={cfg}"])
     assert cfg.read_text() == before  # idempotent
     ver = subprocess.run([sys.executable, str(script), "--version"], capture_output=True, text=True)
-    assert ver.stdout.startswith("NVIDIA Container Toolkit CLI version 1.17.8")
+    assert ver.stdout.startswith(f"NVIDIA Container Toolkit CLI version {aptrepo.TOOLKIT_VERSION}")
 
 
 def test_topo_matches_the_real_tools_format_for_two_pcie_gpus(smi):
