@@ -1,5 +1,6 @@
 """The order of roles for one rig: plan, preflight, repair of an interrupted run, driver, GPU check, container
-runtime, power, sources, weights, serving.
+runtime (and trust in the fleet registry), power, sources, weights, serving. Before them, on the fleet's own
+hosts: the gateway (group `gateway`) and the fleet registry (group `registry`, else the gateway host).
 
 `prepare()` builds the host's plan on the controller, once (`plan_for`: every role module's `validate(data)` on
 the host-data keys with the roles' defaults applied, then rigforge/plan.py's `build`), with the GPU count the
