@@ -129,3 +129,38 @@ def test_insecure_registries_keep_the_users_own_entries():
     assert json.loads(merged_text(None, {}, {"insecure-registries": ["gw.lan:5000"]})) == {
         "insecure-registries": ["gw.lan:5000"]
     }
+
+
+def test_a_rig_trusts_the_registry_by_its_ca_or_lists_a_plain_http_one():
+    from test_roles_host_ops import converge, executed, rig, uploads
+
+    tls = plan(registry_address="10.0.0.5")
+    state = converge({"r": rig()}, registry_role.trust, tls, "CA PEM\n", "/etc/docker/daemon.json", True)
+    assert uploads(state, "r") == {"/etc/docker/certs.d/10.0.0.5:5000/.staging/ca.crt": b"CA PEM\n"}
+    assert "mv -f /etc/docker/certs.d/10.0.0.5:5000/.staging/ca.crt /etc/docker/certs.d/10.0.0.5:5000/ca.crt" in (
+        executed(state, "r")
+    )
+    assert not any("daemon.json" in c or "restart" in c for c in executed(state, "r"))
+
+    daemon = json.dumps({"storage-driver": "vfs", "insecure-registries": ["mine:5000"]}).splitlines()
+    plain = plan(registry_insecure=True)
+    state = converge({"r": rig(extra={"daemon.json": daemon})}, registry_role.trust, plain, None,
+                     "/etc/docker/daemon.json", True, execute=False)  # fmt: skip
+    written = json.loads(uploads(state, "r")["/etc/docker/.daemon.json.rigforge-new"])
+    assert written == {"storage-driver": "vfs", "insecure-registries": ["mine:5000", "gw.lan:5000"]}
+    listed = json.dumps({"insecure-registries": ["gw.lan:5000"]}).splitlines()
+    state = converge({"r": rig(extra={"daemon.json": listed})}, registry_role.trust, plain, None,
+                     "/etc/docker/daemon.json", True)  # fmt: skip
+    assert not any("restart" in c or "daemon.json" in c and "mv" in c for c in executed(state, "r"))
+
+
+def test_the_registry_host_gets_its_key_0600_for_the_registrys_user_then_the_config():
+    from test_roles_host_ops import converge, executed, rig
+
+    state = converge({"gw": rig()}, registry_role.serve, plan(), ("CERT\n", "KEY\n"), True)
+    commands = executed(state, "gw")
+    assert any("chmod 600 /etc/docker/registry/tls/.staging/registry.key" in c for c in commands), commands
+    assert any("chown docker-registry:docker-registry registry.key" in c for c in commands)
+    config = next(i for i, c in enumerate(commands) if "registry/.staging/config.yml" in c)
+    assert config > next(i for i, c in enumerate(commands) if "tls/.staging/registry.key" in c)
+    assert commands[-1] == "systemctl start docker-registry.service"  # (re)started last, on the new files

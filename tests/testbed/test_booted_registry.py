@@ -35,7 +35,7 @@ def test_the_registry_answers_over_tls_to_the_fleet_ca_only_and_a_second_run_cha
     endpoint = f"{REGISTRY_ADDRESS}:{REGISTRY_PORT}"
     ca = f"/etc/docker/certs.d/{endpoint}/ca.crt"
     curl = f"curl -sS --max-time 20 -o /dev/null -w '%{{http_code}}' --cacert {ca} https://{endpoint}/v2/"
-    answer = rig.run(curl)
+    answer = rig.run(curl.replace("curl ", "curl --retry 10 --retry-delay 1 --retry-all-errors ", 1))
     assert (answer.returncode, answer.stdout) == (0, "200"), answer.stderr
     untrusted = rig.run(f"curl -sS --max-time 20 -o /dev/null https://{endpoint}/v2/")
     assert untrusted.returncode == 60, untrusted  # the system's CAs do not vouch for it: only the fleet CA does
