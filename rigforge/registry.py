@@ -20,6 +20,7 @@ import secrets
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,14 +146,19 @@ def _must(res: subprocess.CompletedProcess, what: str) -> None:
         raise RegistryError(f"openssl could not {what}: {(res.stderr or res.stdout).strip()[-400:]}")
 
 
+_IN_PROCESS = threading.Lock()  # gevent's, in a pyinfra run (it patches threading): one host at a time
+
+
 @contextlib.contextmanager
 def _locked(ca_dir: Path):
-    """The CA dir (0700), locked: runs on one controller may share it."""
-    ca_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    ca_dir.chmod(0o700)
-    with open(ca_dir / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield ca_dir
+    """The CA dir (0700), locked: runs on one controller may share it. The flock alone would deadlock a pyinfra
+    run: its hosts are greenlets of one process, and one waiting in flock blocks the one that holds it."""
+    with _IN_PROCESS:
+        ca_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        ca_dir.chmod(0o700)
+        with open(ca_dir / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield ca_dir
 
 
 def _make_ca(ca_dir: Path) -> None:

@@ -164,3 +164,22 @@ def test_the_registry_host_gets_its_key_0600_for_the_registrys_user_then_the_con
     config = next(i for i, c in enumerate(commands) if "registry/.staging/config.yml" in c)
     assert config > next(i for i, c in enumerate(commands) if "tls/.staging/registry.key" in c)
     assert commands[-1] == "systemctl start docker-registry.service"  # (re)started last, on the new files
+
+
+def test_hosts_prepared_as_greenlets_share_the_ca_without_deadlock(tmp_path):
+    """pyinfra prepares hosts as gevent greenlets of one process (and patches subprocess and threading): one host
+    waiting for the CA dir's lock must let the one holding it finish (it once hung in flock)."""
+    code = (
+        "from gevent import monkey; monkey.patch_all()\n"
+        "import gevent, sys\nfrom pathlib import Path\nfrom rigforge import registry\n"
+        "d = Path(sys.argv[1])\n"
+        "jobs = [gevent.spawn(registry.server_certificate, d, f'h{i}.lan') for i in range(3)]\n"
+        "jobs += [gevent.spawn(registry.ca_certificate, d) for _ in range(3)]\n"
+        "gevent.joinall(jobs, timeout=60, raise_error=True)\n"
+        "assert all(j.successful() for j in jobs)\n"
+    )
+    import sys
+
+    res = subprocess.run([sys.executable, "-c", code, str(tmp_path / "ca")], capture_output=True, text=True, timeout=90)
+    assert res.returncode == 0, res.stderr
+    assert len(list((tmp_path / "ca" / "servers").glob("*.crt"))) == 3
