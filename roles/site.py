@@ -1,5 +1,6 @@
 """The order of roles for one rig: plan, preflight, repair of an interrupted run, driver, GPU check, container
-runtime, power, sources, weights, serving.
+runtime (and trust in the fleet registry), power, sources, weights, serving. Before them, on the fleet's own
+hosts: the gateway (group `gateway`) and the fleet registry (group `registry`, else the gateway host).
 
 `prepare()` builds the host's plan on the controller, once (`plan_for`: every role module's `validate(data)` on
 the host-data keys with the roles' defaults applied, then rigforge/plan.py's `build`), with the GPU count the
@@ -20,7 +21,7 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.context import ctx_state
 
-from rigforge import gateway, power, schema
+from rigforge import gateway, power, registry, schema
 from rigforge import plan as planner
 from rigforge.catalog import CatalogError
 from rigforge.hardware import Needs, format_problems
@@ -31,6 +32,7 @@ from rigforge.plan import Plan
 from rigforge.recipes import RecipeError
 from roles import docker_engine, gpu_power, interrupt, nvidia_driver, preflight, rig_lock, serving, sources, weights
 from roles import gateway as gateway_role
+from roles import registry as registry_role
 from roles.facts import probe
 from roles.facts.docker import DockerImagePresent
 from roles.facts.hfweights import WeightsState
@@ -46,8 +48,9 @@ DEFAULTS = {
     "rigforge_recipe_opt_in": False,  # allow a recipe-repo slug whose status is experimental/incubating/deprecated
 }
 ROLES = (preflight, nvidia_driver, docker_engine, gpu_power, sources, weights, serving)
-KNOBS = (*ROLES, gateway_role)  # every role whose knobs host data may set
+KNOBS = (*ROLES, gateway_role, registry_role)  # every role whose knobs host data may set
 GATEWAY = "gateway"  # the inventory group of the fleet's gateway hosts
+REGISTRY = registry.REGISTRY  # the inventory group of the fleet registry's host (else the gateway host)
 RETIRED = {  # host-data keys earlier releases read: refused rather than silently ignored
     "nvidia_driver_packages": "the driver table chooses the packages; set nvidia_driver_source, "
     "nvidia_driver_branch or nvidia_driver_flavor instead",
@@ -93,8 +96,52 @@ def plan_for(name: str, data, entry=None, gpus: int | None = None, deployable: b
 
 
 def is_rig(h) -> bool:
-    """Every host is a rig but those only in the group `gateway` (a gateway that is also a rig is in `rigs`)."""
-    return GATEWAY not in h.groups or "rigs" in h.groups
+    """Every host is a rig but those only in the groups `gateway` or `registry` (a gateway or registry host that is
+    also a rig is in `rigs`)."""
+    return not {GATEWAY, REGISTRY} & set(h.groups) or "rigs" in h.groups
+
+
+def registry_plan(inventory):
+    """(the fleet registry's plan, or None when the inventory has no registry host; its knobs' problems)."""
+    groups = {g: [h.name for h in inventory.get_group(g, default=[])] for g in (REGISTRY, GATEWAY)}
+    name = registry.registry_host(groups)
+    if name is None:
+        return None, []
+    data = host_data(inventory.get_host(name).data)
+    problems = registry_role.validate(data)
+    return (None if problems else registry.build(name, data)), problems
+
+
+def serve_the_registry() -> bool:
+    """On the fleet registry's host, the registry (roles/registry.py); False when it was refused."""
+    reg, problems = registry_plan(host.inventory)
+    if reg is None and not problems or (reg and reg.host != host.name):
+        return True
+    try:
+        tls = None if problems or reg.insecure else registry.server_certificate(reg.ca_dir, reg.address)
+    except registry.RegistryError as error:
+        problems = [str(error)]
+    if problems:
+        message = format_problems(host.name, problems, what="rigforge refused the fleet registry")
+        refuse_now(f"Refuse {host.name}: {len(problems)} problem(s) with the fleet registry", message)
+        return False
+    registry_role.serve(reg, tls, host_data(host.data)["rigforge_manage_services"])
+    return True
+
+
+def trust_the_registry(plan: Plan) -> None:
+    """On a rig, trust the fleet registry (its CA, or insecure-registries); a registry refused on its own host
+    is only a warning here."""
+    reg, problems = registry_plan(host.inventory)
+    try:
+        ca = None if reg is None or reg.insecure else registry.ca_certificate(reg.ca_dir)
+    except registry.RegistryError as error:
+        reg, problems = None, [str(error)]
+    if problems:
+        host.log_styled(f"{host.name}: the fleet registry is left out: {problems[0]}", fg="yellow",
+                        log_func=logger.warning)  # fmt: skip
+    if reg is not None:
+        registry_role.trust(reg, ca, plan.layout.daemon_json, plan.data["rigforge_manage_services"])
 
 
 def gateway_plan(variant=None):
@@ -190,7 +237,7 @@ def hold_the_rig() -> bool:
 def provision(variant_name: str | None = None):
     probe.install_all()  # one batched probe per rig, cheaper per-op work (roles/facts/probe.py); first
     interrupt.install(ctx_state.get())  # Ctrl-C / SIGTERM exit non-zero, naming the cut operation
-    if not hold_the_rig() or not front_the_fleet(variant_name) or not is_rig(host):
+    if not hold_the_rig() or not front_the_fleet(variant_name) or not serve_the_registry() or not is_rig(host):
         return
     plan = prepare(variant_name)
     if plan is None:
@@ -215,6 +262,7 @@ def provision(variant_name: str | None = None):
         data=dict(plan.data),
     )
     docker_engine.install(plan)
+    trust_the_registry(plan)
     gpu_power.apply(plan)
     sources.apply(plan)
     weights.apply(plan)

@@ -358,11 +358,31 @@ def start_gateway_relay(gw_dir: Path, rig_dirs: list[Path], ports: list[int], po
     return port
 
 
+REGISTRY_ADDRESS = "127.0.2.1"  # the gateway host's fleet registry, as the rigs and the gateway host reach it
+REGISTRY_PORT = 5000  # its port there (registry_port's default)
+
+
+def start_registry_relay(rig_dir: Path, gw_dir: Path) -> None:
+    """The gateway host's fleet registry at REGISTRY_ADDRESS:REGISTRY_PORT inside the rig (in the gateway host,
+    that address is its own loopback, where the registry listens too: one address, one certificate)."""
+    pidfile, log_file = rig_dir / "registry-relay.pid", rig_dir / "registry-relay.log"
+    stop_pidfile(pidfile)
+    log_file.unlink(missing_ok=True)
+    spec = f"at:{REGISTRY_ADDRESS}:{REGISTRY_PORT}={netns_path(gw_dir)}@{REGISTRY_PORT}"
+    spawn([sys.executable, str(NETNS_SCRIPT), "serve", netns_path(rig_dir), spec], pidfile, log_file)
+    deadline = time.monotonic() + 10
+    while "relay for" not in (log_file.read_text() if log_file.exists() else ""):
+        if not pid_alive(pidfile) or time.monotonic() > deadline:
+            raise TestbedError(f"the registry relay of {rig_dir.name} did not start (see {log_file})")
+        time.sleep(0.05)
+
+
 def stop(rig_dir: Path) -> None:
     """Stop a booted rig and its relays, remove its network namespace (no-op for a chroot rig)."""
     shutdown(rig_dir)
     stop_pidfile(rig_dir / "relay.pid")
     stop_pidfile(rig_dir / "gateway-relay.pid")
+    stop_pidfile(rig_dir / "registry-relay.pid")
     if Path(netns_path(rig_dir)).exists():
         sh(["ip", "netns", "delete", netns_name(rig_dir)], check=False, capture=True)
 

@@ -41,7 +41,15 @@ from ._util import (
 from .aptrepo import DOCKER_KEY, DOCKER_REPO, DRIVER_KEY, DRIVER_REPO, TOOLKIT_KEY, TOOLKIT_REPO
 from .aptrepo import build as build_apt_repo
 from .aptrepo import fingerprint as apt_fingerprint
-from .booted import GATEWAY_PORT, BootedRig, booted_tarball, gateway_address, start_gateway_relay
+from .booted import (
+    GATEWAY_PORT,
+    REGISTRY_ADDRESS,
+    BootedRig,
+    booted_tarball,
+    gateway_address,
+    start_gateway_relay,
+    start_registry_relay,
+)
 from .booted import make_rig as make_booted_rig
 from .booted import stop as stop_booted_rig
 from .content import HF_TOKEN, build_git, build_hf, build_recipes, content_key, recipes_dir, shard_size
@@ -468,6 +476,7 @@ def host_data(tb: Testbed, rig: Rig) -> dict:
         "rigforge_testbed": True,
         "rigforge_lock": str(tb.lock),
         "rigforge_manage_services": getattr(rig, "booted", False),  # booted rigs run systemd and Docker
+        "registry_ca_dir": str(tb.dir / "registry-ca"),  # the fleet registry's CA: the testbed's, not ~/.config
         "docker_source": "distro",
         "nvidia_driver_repo_url": tb.driver_repo_url,
         "nvidia_driver_repo_key_url": tb.driver_repo_key_url,
@@ -508,7 +517,7 @@ def _write_files(tb: Testbed) -> None:
         lines.append(f"    ({rig.name!r}, {data!r}),")
     lines.append("]")
     if tb.gateway:
-        data = host_data(tb, tb.gateway) | {"gateway_port": GATEWAY_PORT}
+        data = host_data(tb, tb.gateway) | {"gateway_port": GATEWAY_PORT, "registry_address": REGISTRY_ADDRESS}
         lines += ["", f"# the fleet gateway: {tb.gateway_url} on this machine", "gateway = [",
                   f"    ({tb.gateway.name!r}, {data!r}),", "]"]  # fmt: skip
     tb.inventory.write_text("\n".join(lines) + "\n")
@@ -602,6 +611,8 @@ def up(
             tb.gateway, tb.rigs = rigs[-1], rigs[:-1]
             ports = api_ports()
             tb.gateway_port = start_gateway_relay(tb.gateway.dir, [r.dir for r in tb.rigs], ports, PORTS["gateway"])
+            for rig in tb.rigs:  # the rigs reach the gateway host's fleet registry at REGISTRY_ADDRESS
+                start_registry_relay(rig.dir, tb.gateway.dir)
             info = json.loads((tb.gateway.dir / "rig.json").read_text())
             (tb.gateway.dir / "rig.json").write_text(json.dumps({**info, "gateway_port": tb.gateway_port}))
         _write_files(tb)

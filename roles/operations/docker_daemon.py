@@ -26,8 +26,9 @@ def deep_merge(base: dict, patch: dict) -> dict:
     return merged
 
 
-def merged_text(current: str | None, patch: dict) -> str | None:
-    """New daemon.json text, or None when `current` already holds everything in `patch`.
+def merged_text(current: str | None, patch: dict, extend: dict | None = None) -> str | None:
+    """New daemon.json text, or None when `current` already holds everything in `patch`, and every item of
+    `extend`'s lists in the list at that key (e.g. insecure-registries: the user's own entries are kept).
 
     Raises ValueError when `current` is not a JSON object (a user's broken file is never overwritten).
     """
@@ -35,13 +36,16 @@ def merged_text(current: str | None, patch: dict) -> str | None:
     if not isinstance(existing, dict):
         raise ValueError("top level is not a JSON object")
     merged = deep_merge(existing, patch)
+    for key, items in (extend or {}).items():
+        have = merged.get(key) if isinstance(merged.get(key), list) else []
+        merged[key] = have + [item for item in items if item not in have]
     if merged == existing and current and current.strip():
         return None
     return json.dumps(merged, indent=2) + "\n"
 
 
 @operation()
-def merge_json(path: str, patch: dict, mode: str = "644"):
+def merge_json(path: str, patch: dict, mode: str = "644", extend: dict | None = None):
     """
     Merge ``patch`` into the JSON file at ``path`` (created if missing), written atomically; no-op when equal.
     A file that is not valid JSON fails the host.
@@ -49,16 +53,17 @@ def merge_json(path: str, patch: dict, mode: str = "644"):
     + path: the JSON file, e.g. Docker's daemon.json
     + patch: keys to set (nested mappings are merged)
     + mode: the file's octal mode
+    + extend: ``{key: [items]}``: items added to the list at that key when missing, the list's others kept
     """
     lines = host.get_fact(FileContents, path=path)
     current = None if lines is None else "\n".join(lines)
     try:
-        text = merged_text(current, patch)
+        text = merged_text(current, patch, extend)
     except ValueError as error:
         yield fail_command(f"{path} on {host.name} is not valid JSON ({error}); fix or remove it, then re-run.")
         return
     if text is None:
-        host.noop(f"{path} already has {sorted(patch)}")
+        host.noop(f"{path} already has {sorted({*patch, *(extend or {})})}")
         return
     temp = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.rigforge-new")
     yield StringCommand("mkdir", "-p", QuoteString(posixpath.dirname(path)))

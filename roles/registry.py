@@ -1,0 +1,115 @@
+"""The fleet registry: Debian's docker-registry (CNCF Distribution 2.8) on the host of the inventory group
+`registry`, or on the gateway host when there is no such group (docs/registry.md).
+
+A plain registry, blobs on disk in /var/lib/docker-registry, not a pull-through proxy (Distribution 2.8's proxy
+mode forgets what it cached after 7 days). Served over TLS by default: the certificate, signed by the fleet's CA
+that rigforge keeps on the controller (rigforge/registry.py), lands with its key (0600, the service's user) in
+/etc/docker/registry/tls once openssl on the host sees that they belong together; config.yml is then staged and
+moved into place, and the registry restarts only when one of them changed. Every rig gets the CA certificate
+where Docker looks for it (/etc/docker/certs.d/<address>:<port>/ca.crt); with `registry_insecure` the registry
+serves plain HTTP and the rigs list it in daemon.json's insecure-registries instead.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+
+from pyinfra.api import deploy
+from pyinfra.operations import apt, systemd
+
+from rigforge import registry, schema
+from rigforge.registry import RegistryPlan
+from roles.operations import docker_daemon
+from roles.operations.checks import refuse_now
+from roles.operations.staged import staged_files
+
+DEFAULTS = {
+    "registry_port": 5000,  # on the registry host: the port it serves on (every address)
+    "registry_address": None,  # on the registry host: the address rigs reach it at, in its certificate
+    # (None: its inventory name)
+    "registry_insecure": False,  # on the registry host: plain HTTP, listed in the rigs' insecure-registries
+    "registry_ca_dir": None,  # on the registry host: the controller's CA dir (None: ~/.config/rigforge/registry-ca)
+}
+UNIT = "docker-registry.service"
+USER = "docker-registry"  # Debian's unit runs the registry as this user: it must read the key
+# the key and certificate belong together (same public key); then the key goes to the registry's user
+KEY_CHECK = (
+    f'[ "$(openssl x509 -noout -pubkey -in {registry.TLS_CERT})" = "$(openssl pkey -pubout -in {registry.TLS_KEY})" ]'
+    f" && chown {USER}:{USER} {registry.TLS_KEY}"
+)
+
+
+def validate(data: Mapping) -> list[str]:
+    problems = schema.integer(data, "registry_port", 1, 65535)
+    problems += schema.boolean(data, "registry_insecure")
+    if data.get("registry_address") is not None:
+        problems += schema.hostname(data, "registry_address")
+    ca_dir = data.get("registry_ca_dir")
+    if ca_dir is not None and not (isinstance(ca_dir, str) and ca_dir.strip()):
+        problems.append(f"registry_ca_dir must be a directory on the controller, got {ca_dir!r}")
+    return problems
+
+
+@deploy("Fleet registry (Distribution)", data_defaults=DEFAULTS)
+def serve(reg: RegistryPlan, tls: tuple[str, str] | None, manage_services: bool):
+    """On the registry host: the registry, serving `tls` = (certificate, key) PEM, or plain HTTP when None."""
+    text = registry.render_config(reg)
+    problems = registry.check_config(text, tls=not reg.insecure)
+    if problems:
+        refuse_now(f"Refuse {reg.host}: the registry config is not valid", "; ".join(problems))
+        return
+    apt.packages(name="Install Debian's docker-registry (Distribution) and openssl", packages=["docker-registry",
+                 "openssl"])  # fmt: skip
+    certs = None
+    if tls:
+        certs = staged_files(
+            name=f"Install the registry's certificate for {reg.address} (signed by the fleet CA) and its key",
+            dest=registry.TLS_DIR,
+            files={registry.TLS_CERT: (tls[0], "644"), registry.TLS_KEY: (tls[1], "600")},
+            validate=KEY_CHECK,
+            keep_previous=False,
+        )
+    # rendered and checked on the controller (rigforge/registry.py check_config: YAML, required keys), since
+    # docker-registry has no command that checks a config without serving it; staged, then renamed into place
+    config = staged_files(
+        name=f"Install the registry config ({reg.url}, storage {registry.STORAGE})",
+        dest=registry.CONFIG_DIR,
+        files={registry.CONFIG: (text, "644")},
+        validate=f"test -s {shlex.quote(registry.CONFIG)}",
+    )
+    if manage_services:
+        systemd.service(name=f"Run {UNIT}", service=UNIT, running=True, enabled=True)
+        systemd.service(
+            name=f"Restart {UNIT} on its new config or certificate",
+            service=UNIT,
+            restarted=True,
+            _if=lambda: config.did_change() or bool(certs and certs.did_change()),
+        )
+
+
+@deploy("Trust the fleet registry", data_defaults=DEFAULTS)
+def trust(reg: RegistryPlan, ca: str | None, daemon_json: str, manage_services: bool):
+    """On a rig: the fleet CA's certificate `ca` where Docker looks for this registry's, or, for a plain-HTTP
+    registry (`ca` None), the registry in daemon.json's insecure-registries (Docker restarted when it changed)."""
+    if ca is not None:
+        staged_files(
+            name=f"Trust the fleet registry {reg.endpoint} (the fleet CA in {registry.CERTS_D})",
+            dest=f"{registry.CERTS_D}/{reg.endpoint}",
+            files={"ca.crt": (ca, "644")},
+            keep_previous=False,
+        )
+        return
+    daemon = docker_daemon.merge_json(
+        name=f"List the plain-HTTP fleet registry {reg.endpoint} in insecure-registries",
+        path=daemon_json,
+        patch={},
+        extend={"insecure-registries": [reg.endpoint]},
+    )
+    if manage_services:
+        systemd.service(
+            name="Restart docker for the new insecure-registries",
+            service="docker.service",
+            restarted=True,
+            _if=daemon.did_change,
+        )
