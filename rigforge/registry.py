@@ -28,7 +28,6 @@ from pathlib import Path
 import yaml
 
 REGISTRY = "registry"  # the inventory group of the fleet registry host
-GATEWAY = "gateway"  # without a `registry` group, the gateway host serves the registry too
 STORAGE = "/var/lib/docker-registry"  # Debian's docker-registry keeps its blobs here (its package owns the dir)
 CONFIG_DIR = "/etc/docker/registry"  # the unit runs `docker-registry serve /etc/docker/registry/config.yml`
 CONFIG = "config.yml"
@@ -43,11 +42,9 @@ class RegistryError(Exception):
 
 
 def registry_host(groups: Mapping[str, Sequence[str]]) -> str | None:
-    """The fleet registry host: the first host of the group `registry`, else the first of `gateway`, else none."""
-    for group in (REGISTRY, GATEWAY):
-        if groups.get(group):
-            return groups[group][0]
-    return None
+    """The fleet registry host: the first host of the group `registry` (opt-in: a fleet without that group has no
+    registry; the gateway host serves one when it is listed in `registry` too), else none."""
+    return groups[REGISTRY][0] if groups.get(REGISTRY) else None
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The order of roles for one rig: plan, preflight, repair of an interrupted run, driver, GPU check, container
 runtime (and trust in the fleet registry), power, sources, weights, serving. Before them, on the fleet's own
-hosts: the gateway (group `gateway`) and the fleet registry (group `registry`, else the gateway host).
+hosts: the gateway (group `gateway`) and the fleet registry (group `registry`).
 
 `prepare()` builds the host's plan on the controller, once (`plan_for`: every role module's `validate(data)` on
 the host-data keys with the roles' defaults applied, then rigforge/plan.py's `build`), with the GPU count the
@@ -50,7 +50,7 @@ DEFAULTS = {
 ROLES = (preflight, nvidia_driver, docker_engine, gpu_power, sources, weights, serving)
 KNOBS = (*ROLES, gateway_role, registry_role)  # every role whose knobs host data may set
 GATEWAY = "gateway"  # the inventory group of the fleet's gateway hosts
-REGISTRY = registry.REGISTRY  # the inventory group of the fleet registry's host (else the gateway host)
+REGISTRY = registry.REGISTRY  # the inventory group of the fleet registry's host (opt-in)
 RETIRED = {  # host-data keys earlier releases read: refused rather than silently ignored
     "nvidia_driver_packages": "the driver table chooses the packages; set nvidia_driver_source, "
     "nvidia_driver_branch or nvidia_driver_flavor instead",
@@ -103,7 +103,7 @@ def is_rig(h) -> bool:
 
 def registry_plan(inventory):
     """(the fleet registry's plan, or None when the inventory has no registry host; its knobs' problems)."""
-    groups = {g: [h.name for h in inventory.get_group(g, default=[])] for g in (REGISTRY, GATEWAY)}
+    groups = {REGISTRY: [h.name for h in inventory.get_group(REGISTRY, default=[])]}
     name = registry.registry_host(groups)
     if name is None:
         return None, []

@@ -67,7 +67,9 @@ def testbed_factory(testbed_dir: Path):
             down(stale)
             shutil.rmtree(stale, ignore_errors=True)
 
-    def make(specs: list | None = None, name: str = "t", fresh: bool = True, booted: bool = False, gateway=False):
+    def make(
+        specs: list | None = None, name: str = "t", fresh: bool = True, booted=False, gateway=False, registry=False
+    ):
         # unique per session and call: concurrent pytest sessions may share the testbed dir
         fleet = testbed_dir / "fleets" / f"pytest-{os.getpid()}-{name}"
         n = 1
@@ -78,7 +80,15 @@ def testbed_factory(testbed_dir: Path):
         fleet.mkdir(parents=True, exist_ok=True, mode=0o755)
         (fleet / "pytest.pid").write_text(str(os.getpid()))
         t0 = time.monotonic()
-        tb = up(fleet, specs or [RigSpec()], fresh=fresh, shared=testbed_dir, booted=booted, gateway=gateway)
+        tb = up(
+            fleet,
+            specs or [RigSpec()],
+            fresh=fresh,
+            shared=testbed_dir,
+            booted=booted,
+            gateway=gateway,
+            fleet_registry=registry,
+        )
         TESTBED_TIMES.append(f"{name}: {len(tb.rigs)} rig(s) up in {time.monotonic() - t0:.1f}s")
         return tb
 

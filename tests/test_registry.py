@@ -22,10 +22,10 @@ def plan(**data) -> registry.RegistryPlan:
     return registry.build("gw.lan", {**registry_role.DEFAULTS, **data})
 
 
-def test_the_registry_host_is_the_registry_group_else_the_gateway():
-    assert registry.registry_host({"registry": ["reg"], "gateway": ["gw"]}) == "reg"
-    assert registry.registry_host({"registry": [], "gateway": ["gw", "gw2"]}) == "gw"
-    assert registry.registry_host({"gateway": []}) is None and registry.registry_host({}) is None
+def test_the_registry_host_is_the_registry_groups_first_and_only_when_asked_for():
+    assert registry.registry_host({"registry": ["reg", "reg2"], "gateway": ["gw"]}) == "reg"
+    assert registry.registry_host({"registry": [], "gateway": ["gw", "gw2"]}) is None  # a gateway alone: none
+    assert registry.registry_host({}) is None
 
 
 def test_site_finds_the_registry_and_registry_hosts_are_not_rigs():
@@ -35,8 +35,11 @@ def test_site_finds_the_registry_and_registry_hosts_are_not_rigs():
     assert problems == [] and (reg.host, reg.endpoint, reg.url) == ("reg", "reg:5443", "https://reg:5443")
     assert [h.name for h in inv if site.is_rig(h)] == ["rig1"]
     gw_only = Inventory((["rig1", "gw"], {}), gateway=(["gw"], {"registry_insecure": True, "registry_port": 0}))
-    reg, problems = site.registry_plan(gw_only)
+    assert site.registry_plan(gw_only) == (None, [])  # opt-in: a gateway is not a registry unless listed
+    both = Inventory((["rig1", "gw"], {}), gateway=(["gw"], {"registry_port": 0}), registry=(["gw"], {}))
+    reg, problems = site.registry_plan(both)
     assert reg is None and problems == ["registry_port must be a whole number in 1..65535, got 0"]
+    assert [h.name for h in both if site.is_rig(h)] == ["rig1"]
     assert site.registry_plan(Inventory((["rig1"], {})))[0] is None
 
 

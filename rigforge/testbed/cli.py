@@ -46,6 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --booted: one more booted host, gw, in the inventory group `gateway` (the fleet gateway)",
     )
+    p_up.add_argument(
+        "--fleet-registry",
+        action="store_true",
+        help="with --gateway: the gateway host serves the fleet registry too (group `registry`, docs/registry.md)",
+    )
     p_up.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"testbed directory (default {DEFAULT_DIR})")
     p_down = sub.add_parser("down", help="stop the rigs' sshds and the local services, remove the rigs")
     p_down.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"testbed directory (default {DEFAULT_DIR})")
@@ -95,7 +100,14 @@ def run(args: argparse.Namespace) -> int:
             pci_device=args.pci_device,
         )
         t0 = time.monotonic()
-        tb = up(args.dir, [spec] * args.rigs, fresh=args.fresh, booted=args.booted, gateway=args.gateway)
+        tb = up(
+            args.dir,
+            [spec] * args.rigs,
+            fresh=args.fresh,
+            booted=args.booted,
+            gateway=args.gateway,
+            fleet_registry=args.fleet_registry,
+        )
         print(f"testbed up: {len(tb.rigs)} rig(s) in {time.monotonic() - t0:.1f}s", file=sys.stderr)
         for rig in tb.rigs:
             print(f"  {rig.name}: ssh -F {tb.ssh_config} {rig.name}   (127.0.0.1:{rig.ssh_port})", file=sys.stderr)

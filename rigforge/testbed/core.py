@@ -71,6 +71,7 @@ class Testbed:
     services: dict
     gateway: Rig | None = None  # the booted gateway host (`up --gateway`): inventory group `gateway`, not a rig
     gateway_port: int | None = None  # its HAProxy on the controller's 127.0.0.1
+    fleet_registry: bool = False  # `up --fleet-registry`: the gateway host is also in the group `registry`
 
     @property
     def gateway_url(self) -> str | None:
@@ -520,6 +521,12 @@ def _write_files(tb: Testbed) -> None:
         data = host_data(tb, tb.gateway) | {"gateway_port": GATEWAY_PORT, "registry_address": REGISTRY_ADDRESS}
         lines += ["", f"# the fleet gateway: {tb.gateway_url} on this machine", "gateway = [",
                   f"    ({tb.gateway.name!r}, {data!r}),", "]"]  # fmt: skip
+        if tb.fleet_registry:
+            lines += [
+                "",
+                "# the fleet registry (docs/registry.md): the gateway host serves it too",
+                "registry = ['gw']",
+            ]
     tb.inventory.write_text("\n".join(lines) + "\n")
 
 
@@ -533,11 +540,14 @@ def up(
     shared: Path | None = None,
     booted: bool = False,
     gateway: bool = False,
+    fleet_registry: bool = False,
 ) -> Testbed:
     """Build or reuse rigs rig1..rigN (one per spec) in `dir`; start the shared services of `shared` (default:
     `dir`). Idempotent: running rigs with the same spec are kept unless `fresh`. `booted`: rigs run their own
     systemd and Docker engine (booted.py). `gateway` (booted only): one more booted host, `gw`, for the fleet
-    gateway, reaching each rig's API at the rig's own address and published on the controller's loopback."""
+    gateway, reaching each rig's API at the rig's own address and published on the controller's loopback.
+    `fleet_registry` (with `gateway`): the gateway host is the fleet registry's host too (group `registry`), and
+    each rig reaches it at REGISTRY_ADDRESS."""
     t0 = time.monotonic()
     ensure_host_packages()  # root, and the host packages (installed when missing, on Debian/Ubuntu)
     specs = list(specs) if specs else [RigSpec()]
@@ -546,6 +556,8 @@ def up(
     run = ensure_safe_dir(shared / "run")
     if gateway and not booted:
         raise TestbedError("--gateway needs --booted: the gateway host runs HAProxy under its own systemd")
+    if fleet_registry and not gateway:
+        raise TestbedError("--fleet-registry needs --gateway: the gateway host serves the fleet registry")
     if booted and any(spec.preset for spec in specs):
         raise TestbedError("rig presets are for chroot rigs; booted rigs start from the plain root file system")
     for tool in ("systemd-nspawn", "nsenter", "ip") if booted else ():
@@ -611,10 +623,12 @@ def up(
             tb.gateway, tb.rigs = rigs[-1], rigs[:-1]
             ports = api_ports()
             tb.gateway_port = start_gateway_relay(tb.gateway.dir, [r.dir for r in tb.rigs], ports, PORTS["gateway"])
-            for rig in tb.rigs:  # the rigs reach the gateway host's fleet registry at REGISTRY_ADDRESS
+            tb.fleet_registry = fleet_registry
+            for rig in tb.rigs if fleet_registry else []:  # the rigs reach its fleet registry at REGISTRY_ADDRESS
                 start_registry_relay(rig.dir, tb.gateway.dir)
             info = json.loads((tb.gateway.dir / "rig.json").read_text())
-            (tb.gateway.dir / "rig.json").write_text(json.dumps({**info, "gateway_port": tb.gateway_port}))
+            info |= {"gateway_port": tb.gateway_port, "fleet_registry": fleet_registry}
+            (tb.gateway.dir / "rig.json").write_text(json.dumps(info))
         _write_files(tb)
     gw = " and the gateway host" if gateway else ""
     log(f"testbed up: {len(tb.rigs)} rig(s){gw} in {dir} ready in {time.monotonic() - t0:.1f}s")
@@ -639,7 +653,7 @@ def load(dir: Path = DEFAULT_DIR, shared: Path | None = None) -> Testbed:
     for info_file in sorted((dir / "rigs").glob("*/rig.json")):
         info = json.loads(info_file.read_text())
         if "gateway_port" in info:
-            gateway = {"gateway_port": info["gateway_port"]}
+            gateway = {"gateway_port": info["gateway_port"], "fleet_registry": info.get("fleet_registry", False)}
         rigs.append(load_rig(info_file.parent))
     if gateway:  # rig.json files sort rig1.., then gw
         gateway["gateway"] = next(r for r in rigs if r.name == "gw")

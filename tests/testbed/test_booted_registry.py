@@ -1,8 +1,8 @@
-"""The fleet registry for real: a booted rig and a booted gateway host (`testbed up --booted --gateway`), which is
-the registry host when the inventory has no group `registry`. After the deploy, Debian's docker-registry runs
-under the gateway host's systemd and answers the Registry API over HTTPS to a client that trusts only the CA
-rigforge made on the controller (the rig's copy in Docker's certs.d); the CA key never leaves the controller;
-a second run changes nothing.
+"""The fleet registry for real: a booted rig and a booted gateway host that serves the registry too
+(`testbed up --booted --gateway --fleet-registry`: the gateway host is also in the inventory group `registry`).
+After the deploy, Debian's docker-registry runs under the gateway host's systemd and answers the Registry API
+over HTTPS to a client that trusts only the CA rigforge made on the controller (the rig's copy in Docker's
+certs.d); the CA key never leaves the controller; a second run changes nothing.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.testbed, pytest.mark.booted]
 def fleet(testbed_factory, testbed_report):
     from rigforge.testbed import RigSpec
 
-    tb = testbed_factory([RigSpec()], name="registry", booted=True, gateway=True)
+    tb = testbed_factory([RigSpec()], name="registry", booted=True, gateway=True, registry=True)
     t0 = time.monotonic()
     results, err = pyinfra_run(tb.inventory, REPO / "deploy" / "dual_turbo.py")
     testbed_report.append(f"registry: 1 rig + gateway/registry host converged in {time.monotonic() - t0:.0f}s")
