@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 from pathlib import Path
@@ -102,3 +103,32 @@ def test_the_lock_records_each_images_cuda():
     data["image"]["cuda"] = 13.2  # unquoted in YAML: a float, and 13.10 would read as 13.1
     with pytest.raises(LockError, match=r"image.cuda: expected a quoted CUDA version such as '13.0', got 13.2"):
         parse_lock(data)
+
+
+class Rig:
+    """An Observed answering NvidiaRunningDriver only (what the CUDA check reads)."""
+
+    def __init__(self, running):
+        self.running = running
+
+    def get_fact(self, cls, **kwargs):
+        assert cls is NvidiaRunningDriver
+        return self.running
+
+
+def test_verify_and_status_show_both_versions():
+    from rigforge import drift
+    from roles import site
+
+    plan, problems = site.plan_for("rig1", {"rigforge_variant": "dual-turbo"}, deployable=False)
+    assert plan, problems
+    ctx = drift.RigContext(name="rig1", data=site.host_data({}), plan=plan, lock=plan.lock)
+    running = {"version": "580.159.04", "smi": "/usr/bin/nvidia-smi", "smi_ok": True, "owner": None, "cuda": "13.0"}
+    assert drift.cuda_versions(Rig(running), ctx) == {"driver": "13.0", "image": "13.0"}
+    check = drift.cuda(Rig(running), ctx)
+    assert (check.status, check.detail) == ("pass", "CUDA: driver 13.0, image 13.0")
+    ctx.lock = dataclasses.replace(plan.lock, image=dataclasses.replace(plan.lock.image, cuda="13.2"))
+    check = drift.cuda(Rig(running), ctx)
+    assert check.status == "fail" and check.detail.startswith("CUDA: driver 13.0, image 13.2: the driver is too old")
+    assert "set nvidia_driver_branch: 595" in check.detail
+    assert drift.cuda(Rig({**running, "version": None, "cuda": None}), ctx).status == "fail"  # no driver running
