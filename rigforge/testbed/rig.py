@@ -27,6 +27,7 @@ class RigSpec:
     power_default: int = 350
     power_max: int = 350
     preset: str = ""  # "", "handmade" or "unowned": how the rig was set up before rigforge (testbed/presets.py)
+    image_cuda: str = "13.0"  # the CUDA version the stand-in images carry (the testbed lock's `cuda`, their env)
 
     def gpus_json(self, seed: str) -> dict:
         gpus = []
