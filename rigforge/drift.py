@@ -21,8 +21,8 @@ from typing import Any
 
 from pyinfra.facts.files import Sha256File
 
-from rigforge import inventory
-from rigforge.hardware import small_override, vram_problems
+from rigforge import inventory, power
+from rigforge.hardware import interconnect, small_override, vram_problems
 from rigforge.layout import GATEWAY_ADMIN_SOCKET, SERVE_FILES, HostLayout
 from rigforge.pins import LockError, load_lock
 from rigforge.plan import Plan
@@ -35,7 +35,7 @@ from roles.facts.apt import DebInstalledVersion
 from roles.facts.files import JsonFile
 from roles.facts.gitpin import GitCheckout
 from roles.facts.hfweights import WeightsState
-from roles.facts.nvidia import NvidiaGpus, NvidiaModuleVersion, NvidiaRunningDriver
+from roles.facts.nvidia import NvidiaGpus, NvidiaModuleVersion, NvidiaRunningDriver, NvidiaTopology, PowerCapUnits
 from roles.facts.system import OsRelease, SystemdUnitEnabled, UnitActive
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
@@ -82,6 +82,7 @@ class RigContext:
     lock_error: str | None = None
     manifest: dict | None = None
     problems: list[str] = field(default_factory=list)
+    cap_units: dict = field(default_factory=dict)  # the rig's other units that set caps at boot (PowerCapUnits)
 
     @property
     def manage(self) -> bool:
@@ -115,7 +116,13 @@ class RigContext:
 
 def requests(ctx: RigContext, os_id: str | None) -> list[tuple[type, dict]]:
     """Every fact the checks read for this rig's plan (on an OS `os_id`), for one batched probe."""
-    out = [(NvidiaGpus, {}), (OsRelease, {}), (NvidiaModuleVersion, {}), (NvidiaRunningDriver, {})]
+    out = [
+        (NvidiaGpus, {}),
+        (OsRelease, {}),
+        (NvidiaModuleVersion, {}),
+        (NvidiaRunningDriver, {}),
+        (NvidiaTopology, {}),
+    ]
     package = _driver_package(ctx.data, os_id)
     if package:
         out.append((DebInstalledVersion, {"package": package}))
@@ -138,7 +145,9 @@ def observe(host) -> tuple[RigContext, Observed]:
     data = site.host_data(host.data)
     ctx = RigContext(name=host.name, data=data)
     layout = HostLayout(root=data["rigforge_root"] or HostLayout.root)
-    first = Observed(host, [(JsonFile, {"path": layout.rig_json}), (NvidiaGpus, {}), (OsRelease, {})])
+    reads = [(JsonFile, {"path": layout.rig_json}), (NvidiaGpus, {}), (OsRelease, {}), (PowerCapUnits, {})]
+    first = Observed(host, reads)
+    ctx.cap_units = first.get_fact(PowerCapUnits) or {}
     ctx.manifest = first.get_fact(JsonFile, path=layout.rig_json)
     wanted = data["rigforge_variant"]
     recorded = (ctx.manifest or {}).get("recipe") or (ctx.manifest or {}).get("variant")
@@ -151,7 +160,9 @@ def observe(host) -> tuple[RigContext, Observed]:
     if (recorded or wanted) and ctx.lock is not None:
         gpus = len(first.get_fact(NvidiaGpus) or []) or None
         serve = {**data, "rigforge_variant": recorded or wanted, "rigforge_recipe_opt_in": True}
-        ctx.plan, ctx.problems = site.plan_for(host.name, serve, gpus=gpus, deployable=False)
+        ctx.plan, ctx.problems = site.plan_for(
+            host.name, serve, gpus=gpus, deployable=False, cap_units=tuple(ctx.cap_units)
+        )
     if ctx.plan:
         ctx.layout, ctx.variant_name = ctx.plan.layout, ctx.plan.variant.name
     return ctx, Observed(host, requests(ctx, first.get_fact(OsRelease)["id"]))
@@ -263,6 +274,23 @@ def gpus_with_targets(obs: Observed, ctx: RigContext) -> list[dict]:
     gpus = obs.get_fact(NvidiaGpus) or []
     targets = power_caps(len(gpus), ctx.settings)
     return [{**gpu, "target_w": targets.get(gpu["index"])} for gpu in gpus]
+
+
+def power_view(obs: Observed, ctx: RigContext) -> dict:
+    """The caps beside the recipe repo's figures, the rig's other boot-time cap writers and the GPUs'
+    interconnect (rig.json's, else read now)."""
+    caps = dict(ctx.plan.caps) if ctx.plan else power_caps(len(obs.get_fact(NvidiaGpus) or []), ctx.settings)
+    prof = power.locate_profile(ctx.lock)
+    topology = (ctx.manifest or {}).get("interconnect") or obs.get_fact(NvidiaTopology)
+    return {
+        "caps": caps,
+        "recipe": power.recipe_range(prof),
+        "warnings": power.warnings(caps, prof),
+        "other_writers": ctx.cap_units,
+        "order": power.other_writers(ctx.cap_units, POWER_UNIT),
+        "interconnect": topology,
+        "interconnect_summary": interconnect(topology),
+    }
 
 
 def watts(v) -> str:

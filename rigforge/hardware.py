@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from roles.driver_table import branch_for_cuda, cuda_for_branch, cuda_for_driver, version_key
 
 SMALL_CARD_MIB = 24000  # below this a card is a "20 GB card"
+SMALL_CARD_FLOOR_MIB = 20000  # below this not even the 20 GB override fits the model
 SMALL_CARD_OVERRIDE = {"serving_kv_cache_dtype": "fp8_e5m2", "serving_gpu_memory_utilization": 0.82}
 
 
@@ -36,6 +37,8 @@ def vram_problems(gpus: list[dict], variant: str, card_mib: int, dflash: bool, o
         return []
     vram = min(gpu.get("memory_total") or 0 for gpu in short)
     seen = f"{cards(short)} {'has' if len(short) == 1 else 'have'} {vram} MiB"
+    if vram < SMALL_CARD_FLOOR_MIB:
+        return [f"{seen}; every variant needs 24 GB cards ({card_mib} MiB), or 20 GB ones with the override."]
     if vram < SMALL_CARD_MIB and dflash:
         return [
             f"{seen}; {variant} (DFlash) needs 24 GB cards and has no 20 GB override; "
@@ -49,6 +52,40 @@ def vram_problems(gpus: list[dict], variant: str, card_mib: int, dflash: bool, o
     if vram >= SMALL_CARD_MIB:
         return [f"{seen}, less than the {card_mib} MiB {variant} needs."]
     return []
+
+
+# Stock VRAM by PCI device ID (vendor 10de), known before any driver exists. Names and IDs: the PCI ID Repository
+# (https://pci-ids.ucw.cz/read/PC/10de); VRAM: NVIDIA's product specifications, in MiB as nvidia-smi shows it.
+# The third field is the VRAM of boards sold modded under the same ID (a 20 GB 3080 carries a stock 3080's ID):
+# for those only the driver can tell, so the check waits for it (roles/site.py says so before the driver).
+PCI_CARDS: dict[str, tuple[str, int, int | None]] = {
+    "2204": ("GeForce RTX 3090", 24576, None),
+    "2203": ("GeForce RTX 3090 Ti", 24576, None),
+    "2206": ("GeForce RTX 3080", 10240, 20480),
+    "2216": ("GeForce RTX 3080 LHR", 10240, 20480),
+    "220a": ("GeForce RTX 3080 12GB", 12288, None),
+    "2208": ("GeForce RTX 3080 Ti", 12288, None),
+    "2484": ("GeForce RTX 3070", 8192, None),
+    "2503": ("GeForce RTX 3060", 12288, None),
+    "2684": ("GeForce RTX 4090", 24564, 49140),
+}
+
+
+def pci_problems(pci: list[tuple[str, str]], needs: Needs, override: bool) -> list[str]:
+    """What the PCI bus alone shows a fresh rig lacks: too few NVIDIA GPUs, or cards whose device ID means too
+    little VRAM for the variant even in their largest known build. Unknown IDs wait for the driver."""
+    if len(pci) < needs.gpus:
+        return [
+            f"variant {needs.variant} needs {needs.gpus} GPUs, the PCI bus shows {len(pci)} NVIDIA GPU(s); {TWO_CARDS}"
+        ]
+    known = [
+        {"index": address, "name": f"{name}, PCI ID 10de:{device}", "memory_total": max(stock, modded or 0)}
+        for address, device in pci
+        if device in PCI_CARDS
+        for name, stock, modded in [PCI_CARDS[device]]
+    ]
+    problems = vram_problems(known, needs.variant, needs.card_mib, needs.dflash, override)
+    return [f"by PCI device ID (largest known build of the card; before any driver): {problem}" for problem in problems]
 
 
 SUPPORTED_OS = {("ubuntu", "22.04"), ("ubuntu", "24.04"), ("debian", "12"), ("debian", "13")}
@@ -160,14 +197,15 @@ def find_problems(
     *,
     needs: Needs,
     data: dict,
-    pci_gpus: int | None = None,
+    pci: list | None = None,
     running: dict | None = None,
 ) -> list[str]:
     """Every reason this host cannot run `needs.variant` (empty list when it can).
 
-    Before a driver is installed nvidia-smi shows no GPUs; the GPU count is then taken from the PCI bus
-    (`pci_gpus`, None when unknown) and the VRAM and power-cap checks wait for the driver. The image's CUDA version
-    is checked against the driver's (`running`: roles.facts.nvidia.NvidiaRunningDriver, or the branch to install).
+    Before a driver is installed nvidia-smi shows no GPUs; the GPU count and each card's stock VRAM are then
+    taken from the PCI bus (`pci`: (address, device ID) pairs, None when unknown), and what only the driver can
+    tell (a card's power range, the VRAM of a modded card) waits for it. The image's CUDA version is checked
+    against the driver's (`running`: roles.facts.nvidia.NvidiaRunningDriver, or the branch to install).
 
     `data` holds the host-data keys the checks read: gpu_power_limit_w, gpu_power_limits,
     serving_kv_cache_dtype, serving_gpu_memory_utilization, docker_source, nvidia_driver_flavor,
@@ -190,10 +228,9 @@ def find_problems(
     flavor = data.get("nvidia_driver_flavor")
     if flavor not in DRIVER_FLAVORS:
         problems.append(f"nvidia_driver_flavor={flavor!r} is not one of: {', '.join(DRIVER_FLAVORS)}.")
-    if not gpus and pci_gpus is not None and pci_gpus < needs.gpus:
-        problems.append(
-            f"variant {needs.variant} needs {needs.gpus} GPUs, the PCI bus shows {pci_gpus} NVIDIA GPU(s); {TWO_CARDS}"
-        )
+    override = small_override(data.get("serving_kv_cache_dtype"), data.get("serving_gpu_memory_utilization"))
+    if not gpus and pci is not None:
+        problems += pci_problems(pci, needs, override)
     problems += gpu_problems(gpus, needs, data)
     problems += cuda_problems(needs, running, data)
 
@@ -213,3 +250,29 @@ def format_problems(host_name: str, problems: list[str], what: str = "preflight 
         return "\n".join(lines + ["Nothing was changed on this host."])
     lines += ["This run changed this host before the check (the rest of the deploy did not run):"]
     return "\n".join(lines + [f"  * {name}" for name in changed])
+
+
+P2P_STATUS = {  # `nvidia-smi topo -p2p` legend
+    "OK": "OK",
+    "CNS": "not supported (CNS: chipset not supported)",
+    "GNS": "not supported (GNS: GPU not supported)",
+    "TNS": "not supported (TNS: topology not supported)",
+    "NS": "not supported (NS)",
+    "U": "unknown (U)",
+}
+
+
+def interconnect(topology: dict | None) -> str:
+    """{"links", "p2p_read"} (roles.facts.nvidia.parse_topology) -> 'PCIe (PHB), no NVLink, P2P read: not
+    supported (CNS: chipset not supported)'; '' with fewer than two GPUs or no driver."""
+    links = sorted(set(((topology or {}).get("links") or {}).values()))
+    if not links:
+        return ""
+    nvlink = [link for link in links if link.startswith("NV")]
+    pcie = [link for link in links if not link.startswith("NV")]
+    parts = [f"PCIe ({'/'.join(pcie)})"] if pcie else []
+    parts.append(f"NVLink ({'/'.join(nvlink)})" if nvlink else "no NVLink")
+    reads = sorted(set((topology.get("p2p_read") or {}).values()))
+    if reads:
+        parts.append("P2P read: " + ", ".join(P2P_STATUS.get(r, r) for r in reads))
+    return ", ".join(parts)

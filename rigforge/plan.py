@@ -25,6 +25,7 @@ from rigforge.catalog import CatalogError, load_catalog
 from rigforge.layout import HostLayout
 from rigforge.pins import GitPin, HfPin, Lock, LockError, load_lock
 from rigforge.recipes import RecipeError
+from rigforge.render import POWER_UNIT, render_power_unit
 from rigforge.schema import Settings, SettingsError, apply_overrides, power_caps, settings_from_host_data
 
 
@@ -76,6 +77,7 @@ class Plan:
     files: Mapping[str, str] = field(repr=False)  # every rendered file: serve dir and units, {name: text}
     lock: Lock | None = None
     token: str | None = field(default=None, repr=False)  # HF token: host data, else the controller's env
+    cap_units: tuple[str, ...] = ()  # the rig's other units that set caps at boot: the power unit runs after them
 
     @property
     def image(self) -> str:
@@ -170,6 +172,7 @@ def build(
     entry: str | ServedVariant | None = None,
     *,
     gpus: int | None = None,
+    cap_units: Sequence[str] = (),
     problems: Sequence[str] = (),
     deployable: bool = True,
 ) -> tuple[Plan | None, list[str]]:
@@ -177,7 +180,8 @@ def build(
 
     `data`: the host's knobs with the roles' defaults applied (roles/site.py `host_data`); `entry`: the variant of
     the entry point (deploy/<variant>.py) or a variant object, None to follow host data's rigforge_variant;
-    `gpus`: the GPU count the rig shows (nvidia-smi, else the PCI bus), None for the variant's; `problems`: ones
+    `gpus`: the GPU count the rig shows (nvidia-smi, else the PCI bus), None for the variant's; `cap_units`: the
+    rig's other units that set power caps at boot (roles/facts/nvidia.py PowerCapUnits); `problems`: ones
     the caller already found (the roles' own knob checks), reported with these; `deployable`: refuse lock entries
     the variant needs that are not resolved yet (a deploy), else accept them (status, verify, render).
     """
@@ -211,6 +215,7 @@ def build(
     caps = power_caps(count, settings)
     dirs, sizes = dict(variant.asset_dirs), dict(variant.sizes)
     layout = HostLayout(root=settings.root, model_dir=settings.model_dir, variant=variant.name)
+    files = {**variant.files(settings, layout, count), POWER_UNIT: render_power_unit(caps, tuple(cap_units))}
     return Plan(
         host=host,
         variant=variant,
@@ -219,8 +224,9 @@ def build(
         sources=tuple(lock.git[name] for name in variant.sources),
         assets=tuple(PlannedAsset(a, dirs[a], lock.hf[a], sizes.get(a, 0)) for a in variant.assets),
         caps=MappingProxyType(dict(sorted(caps.items()))),
+        cap_units=tuple(cap_units),
         data=MappingProxyType(dict(data)),
-        files=MappingProxyType(variant.files(settings, layout, count)),
+        files=MappingProxyType(files),
         lock=lock,
         token=token,
     ), []

@@ -106,8 +106,12 @@ def env_file_text(s: Settings) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_power_unit(caps: dict[int, int], nvidia_smi: str = "/usr/bin/nvidia-smi") -> str:
-    return _env().get_template(POWER_UNIT + ".j2").render(caps=sorted(caps.items()), nvidia_smi=nvidia_smi)
+def render_power_unit(
+    caps: dict[int, int], after: tuple[str, ...] = (), nvidia_smi: str = "/usr/bin/nvidia-smi"
+) -> str:
+    """The power unit for `caps`, ordered after `after` too: the rig's other units that set caps at boot, so
+    that rigforge's writes last (After= only: nothing pulls them in)."""
+    return _env().get_template(POWER_UNIT + ".j2").render(caps=sorted(caps.items()), after=after, nvidia_smi=nvidia_smi)
 
 
 def render_vllm_unit(layout: HostLayout, docker: str = "/usr/bin/docker") -> str:

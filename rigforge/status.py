@@ -56,6 +56,7 @@ def status_row(host) -> dict:
             for g in gpus
         ],
         "cuda": drift.cuda_versions(obs, ctx),  # {"driver": "13.0", "image": "13.0"}
+        "power": drift.power_view(obs, ctx),
         "services_managed": ctx.manage,
         "service": unit,
         "problems": ctx.problems,
@@ -152,11 +153,27 @@ def format_table(rows: list[dict]) -> str:
     for r in rows:
         if r.get("gateway"):
             lines.append(gateway_line(r["host"], r["gateway"]))
+        lines += power_lines(r)
         for d in r.get("pin_drift") or []:
             lines.append(f"{r['host']}: pin drift: {d}")
         for p in r.get("problems") or []:
             lines.append(f"{r['host']}: {p}")
     return "\n".join(lines)
+
+
+def power_lines(r: dict) -> list[str]:
+    """'rig1: power caps: 230 W (rigforge-gpu-power.service runs after nvidia-power-cap.service, which sets 250 W
+    at boot); recipe: ...', its warnings, and the interconnect."""
+    p = r.get("power")
+    if not p:
+        return []
+    caps = "/".join(f"{w:g}" for w in sorted(set(p["caps"].values()))) or "?"
+    order = f" ({p['order']})" if p["order"] else ""
+    lines = [f"{r['host']}: power caps: {caps} W{order}; {p['recipe']}"]
+    lines += [f"{r['host']}: WARNING: {w}" for w in p["warnings"]]
+    if p["interconnect_summary"]:
+        lines.append(f"{r['host']}: interconnect: {p['interconnect_summary']}")
+    return lines
 
 
 def gateway_line(host: str, g: dict) -> str:

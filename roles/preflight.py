@@ -51,7 +51,7 @@ def check(needs: Needs, data: Mapping) -> bool:
         host.get_fact(FreeDiskBytes, path=needs.disk_path),
         needs=needs,
         data=data,
-        pci_gpus=host.get_fact(NvidiaPciGpus),
+        pci=host.get_fact(NvidiaPciGpus),
         running=host.get_fact(NvidiaRunningDriver),
     )
     problems += host_state.problems(data)  # the driver and container-runtime roles' host-state checks

@@ -20,7 +20,7 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.context import ctx_state
 
-from rigforge import gateway, schema
+from rigforge import gateway, power, schema
 from rigforge import plan as planner
 from rigforge.catalog import CatalogError
 from rigforge.hardware import Needs, format_problems
@@ -34,7 +34,7 @@ from roles import gateway as gateway_role
 from roles.facts import probe
 from roles.facts.docker import DockerImagePresent
 from roles.facts.hfweights import WeightsState
-from roles.facts.nvidia import NvidiaGpus, NvidiaPciGpus
+from roles.facts.nvidia import NvidiaGpus, NvidiaPciGpus, PowerCapUnits
 from roles.operations import recover
 from roles.operations.checks import gpus_fit, refuse_now
 from roles.operations.hfweights import stale_files
@@ -73,10 +73,11 @@ def host_data(data) -> dict:
     return {key: data.get(key, defaults.get(key)) for key in sorted(keys)}
 
 
-def plan_for(name: str, data, entry=None, gpus: int | None = None, deployable: bool = True):
+def plan_for(name: str, data, entry=None, gpus: int | None = None, deployable: bool = True, cap_units=()):
     """(the plan of host `name` from its host data (`data`: host.data or a mapping), or None; every problem): the
     roles' knob checks and the plan's (rigforge/plan.py). What the deploy, status, verify and render all use;
-    `deployable` False (status, verify, render) accepts lock entries not yet resolved."""
+    `deployable` False (status, verify, render) accepts lock entries not yet resolved; `cap_units`: the rig's
+    other units that set power caps at boot (the power unit is ordered after them)."""
     data = host_data(data)
     problems = validate(data)
     for module in KNOBS:
@@ -84,7 +85,9 @@ def plan_for(name: str, data, entry=None, gpus: int | None = None, deployable: b
         if check:
             problems += check(data)
     try:
-        return planner.build(name, data, entry, gpus=gpus, problems=problems, deployable=deployable)
+        return planner.build(
+            name, data, entry, gpus=gpus, cap_units=cap_units, problems=problems, deployable=deployable
+        )
     except (CatalogError, LockError, RecipeError, ValueError, TypeError, KeyError, AttributeError) as exc:
         return None, [*problems, f"cannot prepare this host: {type(exc).__name__}: {exc}"]
 
@@ -136,8 +139,8 @@ def prepare(variant=None) -> Plan | None:
     `variant`: a variant name (deploy/<variant>.py), None (deploy/site.py: host data's rigforge_variant), or a
     variant object (tests/deploys/).
     """
-    gpus = len(host.get_fact(NvidiaGpus) or []) or host.get_fact(NvidiaPciGpus) or None
-    plan, problems = plan_for(host.name, host.data, variant, gpus)
+    gpus = len(host.get_fact(NvidiaGpus) or []) or len(host.get_fact(NvidiaPciGpus) or []) or None
+    plan, problems = plan_for(host.name, host.data, variant, gpus, cap_units=tuple(host.get_fact(PowerCapUnits)))
     if plan is not None:
         gated = [a.pin for a in plan.assets if a.pin.gated and stale_files(a.pin, _weights_state(plan, a))]
         if gated and not plan.token:
@@ -154,6 +157,8 @@ def prepare(variant=None) -> Plan | None:
         message = format_problems(host.name, problems, what="rigforge refused")
         refuse_now(f"Refuse {host.name}: {len(problems)} problem(s) in host data", message)
         return None
+    for warning in power.warnings(plan.caps, power.locate_profile(plan.lock)):  # the user's choice: not refused
+        host.log_styled(f"{host.name}: WARNING: {warning}", fg="yellow", log_func=logger.warning)
     return plan
 
 

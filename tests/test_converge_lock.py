@@ -1,13 +1,16 @@
 """Tier 4: one rigforge run per rig (a fresh testbed rig, real SSH, real flock on the rig).
 
 While a run holds a rig (here: a process that takes the rig's lock as a deploy does and keeps its SSH
-connection open), a second deploy stops before it changes anything, in one line naming the holder. Once the
-holder's connection is gone the lock is free again: the next deploy converges, and the one after changes
-nothing (taking the lock is not a change).
+connection open), a second deploy stops before it changes anything, in one line naming the holder. Then the
+holder's side on the rig is killed (SIGKILL, as when the link drops and the session dies before it can tidy
+up): the lock frees itself, the next deploy says it found the gone run's lock and converges, and the one after
+changes nothing (taking the lock is not a change).
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -48,8 +51,10 @@ def test_a_second_run_stops_in_one_line_while_another_holds_the_rig(testbed_fact
         proc = subprocess.run([PYINFRA, "-y", str(tb.inventory), str(DEPLOY)], cwd=REPO, capture_output=True,
                               text=True, timeout=600)  # fmt: skip
     finally:
+        killed = kill_lock_holder_on(rig)
         holder.stdin.close()
         holder.wait(timeout=60)
+    assert killed, "no lock holder ran on the rig"
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-3000:]
     refused = [line for line in out.splitlines() if "rigforge refused" in line]
@@ -60,5 +65,24 @@ def test_a_second_run_stops_in_one_line_while_another_holds_the_rig(testbed_fact
     time.sleep(1)
     results, err = pyinfra_run(tb.inventory, DEPLOY)
     assert results["failed_hosts"] == [], err[-4000:]
+    assert "rig1: found the lock of an earlier run that is gone (" in err and "this run takes it over" in err
     again, err = pyinfra_run(tb.inventory, DEPLOY)
     assert again["failed_hosts"] == [] and changed(again) == [], err[-3000:]
+
+
+def kill_lock_holder_on(rig) -> list[int]:
+    """SIGKILL the rig-side holder of the rig's lock (its shell and the `cat` under it), found on the controller
+    by its command line and its root directory (the rig's chroot: other testbeds' rigs are left alone)."""
+    found = subprocess.run(["pgrep", "-f", "flock -n 9"], capture_output=True, text=True).stdout.split()
+    mine = [int(pid) for pid in found if os.path.realpath(f"/proc/{pid}/root") == os.path.realpath(rig.rootfs)]
+    children = [
+        int(child)
+        for pid in mine
+        for child in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    ]
+    for pid in dict.fromkeys(children + mine):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return mine

@@ -54,10 +54,13 @@ HOST_DATA_CASES = [
 
 @pytest.fixture(scope="module")
 def rigs(testbed_factory):
-    """rig1: 2x 24 GB (the host-data cases), rig2: one GPU, rig3: 2x 20 GB cards, rig4: 2x 24 GB (converges)."""
+    """rig1: 2x 24 GB (the host-data cases), rig2: one GPU, rig3: 2x 20 GB cards whose PCI ID rigforge does not
+    know (RTX 4000 Ada), rig4: 2x 24 GB (converges), rig5: 2x RTX 3060 (12 GB, told by its PCI ID)."""
     from rigforge.testbed import RigSpec
 
-    return testbed_factory([RigSpec(), RigSpec(gpus=1), RigSpec(vram_mib=20480), RigSpec()], name="refusals")
+    ada = RigSpec(gpu_name="NVIDIA RTX 4000 Ada Generation", vram_mib=20475, pci_device="27b2")
+    rtx3060 = RigSpec(gpu_name="NVIDIA GeForce RTX 3060", vram_mib=12288, pci_device="2503")
+    return testbed_factory([RigSpec(), RigSpec(gpus=1), ada, RigSpec(), rtx3060], name="refusals")
 
 
 def snapshot(rig) -> str:
@@ -108,6 +111,24 @@ def test_one_gpu_rig_is_refused_by_the_pci_count_before_the_driver(rigs, tmp_pat
     )
     assert "rigforge serves 2-card rigs (every variant runs tensor-parallel over 2 GPUs): add a GPU." in err
     assert "choose a variant for this GPU count" not in err  # no such variant exists
+    assert snapshot(rig) == fresh
+
+
+def test_small_cards_are_refused_by_their_pci_device_id_before_the_driver(rigs, tmp_path):
+    """An RTX 3060's 12 GB is known from its PCI device ID (10de:2503) before any driver exists: the refusal comes
+    before anything changes, instead of after the driver went on."""
+    rig = rigs.rig("rig5")
+    fresh = snapshot(rig)
+    results, err = deploy(rigs, tmp_path, "rig5", "dual_turbo", {})
+    assert_refused(
+        results,
+        err,
+        "rig5",
+        "by PCI device ID (largest known build of the card; before any driver)",
+        "preflight failed on",
+    )
+    assert "(GeForce RTX 3060, PCI ID 10de:2503) have 12288 MiB; every variant needs 24 GB cards" in err
+    assert "Nothing was changed on this host." in err and "no NVIDIA driver answers yet" not in err
     assert snapshot(rig) == fresh
 
 

@@ -140,7 +140,30 @@ def test_pci_gpu_count():
     from roles.facts.nvidia import NvidiaPciGpus
 
     fact = NvidiaPciGpus()
-    assert fact.process(["2"]) == 2 and fact.process(["0"]) == 0
+    two = ["pci 0000:01:00.0 0x2204", "pci 0000:02:00.0 0x2206", "end"]
+    assert fact.process(two) == [("0000:01:00.0", "2204"), ("0000:02:00.0", "2206")]
+    assert fact.process(["end"]) == []
     assert fact.process(["none"]) is None and fact.process([]) is None
     out = subprocess.run(["sh", "-c", fact.command()], capture_output=True, text=True, check=True).stdout
-    assert fact.process(out.splitlines()) == (0 if Path("/sys/bus/pci/devices").is_dir() else None)  # no GPU here
+    assert fact.process(out.splitlines()) == ([] if Path("/sys/bus/pci/devices").is_dir() else None)  # no GPU here
+
+
+def test_pci_gpus_read_from_a_sysfs_shaped_tree(tmp_path):
+    """The fact's own shell command over a sysfs-shaped tree (vendor, device, class files per function): only
+    NVIDIA display controllers count, not their HDMI audio function or other vendors' devices."""
+    import subprocess
+
+    from roles.facts.nvidia import NvidiaPciGpus
+
+    for address, vendor, device, cls in [
+        ("0000:00:00.0", "0x8086", "0x1237", "0x060000"),
+        ("0000:01:00.0", "0x10de", "0x2204", "0x030000"),
+        ("0000:01:00.1", "0x10de", "0x1aef", "0x040300"),
+        ("0000:02:00.0", "0x10de", "0x2204", "0x030200"),
+    ]:
+        (tmp_path / address).mkdir()
+        for name, value in (("vendor", vendor), ("device", device), ("class", cls)):
+            (tmp_path / address / name).write_text(value + "\n")
+    command = NvidiaPciGpus().command().replace("/sys/bus/pci/devices", str(tmp_path))
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout
+    assert NvidiaPciGpus().process(out.splitlines()) == [("0000:01:00.0", "2204"), ("0000:02:00.0", "2204")]

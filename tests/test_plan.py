@@ -12,6 +12,7 @@ import json
 import logging
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 import yaml
@@ -243,7 +244,8 @@ def test_plan_holds_the_layout_caps_and_pins(tmp_path):
 
 
 def test_caps_cover_the_gpus_the_pci_bus_shows(tmp_path):
-    three = {"fake_responses": {"/sys/bus/pci/devices": "3"}}
+    pci = [f"pci 0000:0{i}:00.0 0x2204" for i in (1, 2, 3)] + ["end"]
+    three = {"fake_responses": {"/sys/bus/pci/devices": pci}}
     state, ran, plans = run_site(tmp_path, {"r": three})
     assert dict(plans["@fake/r"].caps) == {0: 230, 1: 230, 2: 230}
 
@@ -282,3 +284,14 @@ def test_a_rigforge_dir_below_a_system_dir_is_allowed():
     assert problems == [
         "serving_port 2200 is this rig's SSH port; choose another, e.g. 8011 (the variants use 8010-8014)"
     ]
+
+
+def test_a_cap_outside_the_recipes_measured_range_warns_during_the_deploy_and_goes_on(tmp_path, caplog, monkeypatch):
+    """docs/HARDWARE.md of the recipe repo: TP=2 flat from 220 to 330 W; 350 W is kept, with a warning."""
+    monkeypatch.setenv("RIGFORGE_RECIPES", str(Path(__file__).parent / "fixtures" / "club-3090-4a29ab57"))
+    caplog.set_level(logging.WARNING)
+    state, ran, plans = run_site(tmp_path, {"hot": {"gpu_power_limit_w": 350}, "default": {}})
+    assert not state.failed_hosts and "touch /rigforge-was-here" in ran["hot"]
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "power cap" in r.getMessage()]
+    assert len(warned) == 1 and "@fake/hot: WARNING: power cap 350 W (GPU 0, 1)" in warned[0], warned
+    assert "docs/HARDWARE.md" in warned[0] and plans["@fake/hot"].caps == {0: 350, 1: 350}

@@ -223,7 +223,10 @@ def test_dry_run_shows_the_refusal_in_full_and_counts_the_host_failed(caplog):
 
 
 def test_fresh_rig_without_driver_counts_gpus_on_the_pci_bus():
-    state = converge({"fresh": rig(gpus=[], extra={"/sys/bus/pci/devices": "1"}), "ok": rig(gpus=[])}, site())
+    state = converge(
+        {"fresh": rig(gpus=[], extra={"/sys/bus/pci/devices": ["pci 0000:01:00.0 0x2204", "end"]}), "ok": rig(gpus=[])},
+        site(),
+    )
     assert {h.name for h in state.failed_hosts} == {"@fake/fresh"}
     assert "touch /rigforge-was-here" not in executed(state, "fresh")
 
@@ -233,7 +236,7 @@ def test_all_hosts_bad_stops_the_run():
         converge({"old": rig(os="debian11")}, site())
 
 
-def _problems(os="ubuntu2404", gpus=None, free=500e9, data=None, pci_gpus=None, **variant):
+def _problems(os="ubuntu2404", gpus=None, free=500e9, data=None, pci=None, **variant):
     gpus = (
         [
             dict(index=i, name="RTX 3090", memory_total=24576, power_min_limit=100.0, power_max_limit=350.0)
@@ -257,7 +260,7 @@ def _problems(os="ubuntu2404", gpus=None, free=500e9, data=None, pci_gpus=None, 
     )
     base = {"gpu_power_limit_w": 230, "gpu_power_limits": {}, "docker_source": "docker", "nvidia_driver_flavor": "open"}
     needs = replace(PREFLIGHT, **variant)
-    return hardware.find_problems(release, gpus, free, pci_gpus=pci_gpus, needs=needs, data={**base, **(data or {})})
+    return hardware.find_problems(release, gpus, free, pci=pci, needs=needs, data={**base, **(data or {})})
 
 
 def card20(i):
@@ -295,9 +298,29 @@ def test_problem_matrix():
     (words,) = _problems(data={"gpu_power_limit_w": "lots"})
     assert "whole watts" in words
     assert _problems(gpus=[]) == []  # no driver yet: GPU checks wait for the GPUs to be visible
-    (pci,) = _problems(gpus=[], pci_gpus=1)
+    (pci,) = _problems(gpus=[], pci=[("0000:01:00.0", "2204")])
     assert "the PCI bus shows 1 NVIDIA GPU(s)" in pci
-    assert _problems(gpus=[], pci_gpus=2) == []
+    assert _problems(gpus=[], pci=[("0000:01:00.0", "2204"), ("0000:02:00.0", "2204")]) == []
+
+
+def test_a_fresh_rigs_cards_are_known_by_their_pci_device_id_before_any_driver():
+    """10de:2204 is an RTX 3090 (24 GB): fine. 10de:2503 is an RTX 3060 (12 GB, no larger build): refused before
+    the driver. 10de:2206 is an RTX 3080, 10 GB stock but also sold modded with 20 GB under the same ID: only the
+    driver can tell, so with the 20 GB override it waits for the driver; DFlash (24 GB only) is refused at once.
+    An ID not in the table waits for the driver too."""
+    two = lambda device: [("0000:01:00.0", device), ("0000:02:00.0", device)]  # noqa: E731
+    override = {"serving_kv_cache_dtype": "fp8_e5m2", "serving_gpu_memory_utilization": 0.82}
+    assert _problems(gpus=[], pci=two("2204")) == []
+    (small,) = _problems(gpus=[], pci=two("2503"))
+    assert small.startswith("by PCI device ID (largest known build of the card; before any driver): GPU 0000:01:00.0")
+    assert "GeForce RTX 3060, PCI ID 10de:2503) have 12288 MiB; every variant needs 24 GB cards" in small
+    assert _problems(gpus=[], pci=two("2503"), data=override) == [small]  # no override makes 12 GB enough
+    assert _problems(gpus=[], pci=two("2206"), data=override) == []  # maybe a 20 GB 3080: the driver will tell
+    (no_override,) = _problems(gpus=[], pci=two("2206"))
+    assert "for 20 GB cards set serving_kv_cache_dtype: fp8_e5m2" in no_override
+    (dflash,) = _problems(gpus=[], pci=two("2206"), data=override, dflash=True)
+    assert "(DFlash) needs 24 GB cards" in dflash
+    assert _problems(gpus=[], pci=two("1b06")) == []  # unknown ID: the driver's answer decides
 
 
 def test_message_names_host_and_every_problem():

@@ -48,7 +48,7 @@ from ._util import (
     stop_pidfile,
     wait_listener,
 )
-from .rig import IMAGE_REF, USER, Rig, RigSpec, recipe_images
+from .rig import IMAGE_REF, USER, Rig, RigSpec, api_address, api_ports, recipe_images
 from .rootfs import copy_host_network_config, extract, locked, pack, prepare_rig
 
 BOOTED_PACKAGES = ["openssh-server", "docker.io", "docker-cli", "docker-compose", "iproute2"]
@@ -319,7 +319,8 @@ def start_relay(rig_dir: Path, services: dict, ssh_port: int) -> int:
         log_file = rig_dir / "relay.log"
         log_file.unlink(missing_ok=True)
         argv = [sys.executable, str(NETNS_SCRIPT), "serve", netns_path(rig_dir), f"in:{ssh_port}={RIG_SSH_PORT}"]
-        spawn([*argv, *forwards], rig_dir / "relay.pid", log_file)
+        api = [f"in:{api_address(ssh_port)}:{p}={p}" for p in api_ports()]
+        spawn([*argv, *api, *forwards], rig_dir / "relay.pid", log_file)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             text = log_file.read_text() if log_file.exists() else ""
@@ -342,13 +343,11 @@ def gateway_address(index: int) -> str:
     return f"127.0.1.{index + 1}"
 
 
-def start_gateway_relay(gw_dir: Path, rig_dirs: list[Path], api_ports: list[int], port: int) -> int:
+def start_gateway_relay(gw_dir: Path, rig_dirs: list[Path], ports: list[int], port: int) -> int:
     """Relay the gateway host's network: its HAProxy on the controller's 127.0.0.1:`port` (returned; the next
     free one if taken), and each rig's API ports at the rig's own address inside the gateway host."""
     specs = [
-        f"at:{gateway_address(i)}:{p}={netns_path(rig_dir)}@{p}"
-        for i, rig_dir in enumerate(rig_dirs)
-        for p in api_ports
+        f"at:{gateway_address(i)}:{p}={netns_path(rig_dir)}@{p}" for i, rig_dir in enumerate(rig_dirs) for p in ports
     ]
     pidfile, log_file = gw_dir / "gateway-relay.pid", gw_dir / "gateway-relay.log"
     stop_pidfile(pidfile)
@@ -428,6 +427,11 @@ class BootedRig(Rig):
     def netns(self) -> str:
         return netns_path(self.dir)
 
+    @property
+    def api_address(self) -> str:
+        """The controller's loopback address where this rig's API ports are published (same port numbers)."""
+        return api_address(self.ssh_port)
+
     def run(self, cmd: str, check: bool = False) -> subprocess.CompletedProcess:
         return enter(self.dir, cmd, check=check)
 
@@ -485,7 +489,7 @@ def make_rig(rig_dir: Path, port: int, spec: RigSpec, tarball: Path, uid: int, f
     for gpu in gpus["gpus"]:  # the simulated GPUs on the PCI bus, as sysfs shows them before any driver
         dev = rig_dir / "sim-pci" / gpu["pci_bus_id"][4:].lower()
         dev.mkdir(parents=True)
-        for name, value in (("vendor", "0x10de"), ("device", "0x2204"), ("class", "0x030000")):
+        for name, value in (("vendor", "0x10de"), ("device", f"0x{spec.pci_device}"), ("class", "0x030000")):
             (dev / name).write_text(value + "\n")
     (rig_dir / "sim-pci").mkdir(exist_ok=True)
     took = boot(rig_dir)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
@@ -10,17 +11,22 @@ from pathlib import Path
 from rigforge.pins import CUDA
 
 from ._util import TestbedError
-from .core import DEFAULT_DIR, down, up
+from .core import DEFAULT_DIR, down, load_rig, up
 from .rig import RigSpec
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="testbed_command", required=True, metavar="{up,down}")
+    sub = parser.add_subparsers(dest="testbed_command", required=True, metavar="{up,down,reboot}")
     p_up = sub.add_parser("up", help="build or reuse simulated rigs; prints the pyinfra inventory path")
     p_up.add_argument("--rigs", type=int, default=1, help="number of rigs (rig1..rigN, default 1)")
     p_up.add_argument("--gpus", type=int, default=2, help="simulated GPUs per rig (default 2)")
     p_up.add_argument("--gpu-name", default=RigSpec.gpu_name, help=f"GPU name (default {RigSpec.gpu_name!r})")
     p_up.add_argument("--vram-mib", type=int, default=24576, help="VRAM per GPU in MiB (default 24576)")
+    p_up.add_argument(
+        "--pci-device",
+        default=RigSpec.pci_device,
+        help=f"PCI device ID of the cards, as sysfs shows it before a driver (default {RigSpec.pci_device}: RTX 3090)",
+    )
     p_up.add_argument("--power-min", type=int, default=100, help="minimum power limit in W (default 100)")
     p_up.add_argument("--power-default", type=int, default=None, help="default power limit in W (default: max)")
     p_up.add_argument("--power-max", type=int, default=350, help="maximum power limit in W (default 350)")
@@ -51,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p_down = sub.add_parser("down", help="stop the rigs' sshds and the local services, remove the rigs")
     p_down.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"testbed directory (default {DEFAULT_DIR})")
     p_down.add_argument("--purge", action="store_true", help="also delete the cache (rootfs tarball, repos)")
+    p_reboot = sub.add_parser("reboot", help="reboot a rig: power off and boot (a chroot rig forgets its GPU state)")
+    p_reboot.add_argument("rig", help="the rig's name, e.g. rig1")
+    p_reboot.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"testbed directory (default {DEFAULT_DIR})")
 
 
 def _check(args: argparse.Namespace) -> str | None:
@@ -58,6 +67,8 @@ def _check(args: argparse.Namespace) -> str | None:
         return f"--rigs must be between 1 and 50, got {args.rigs}"
     if args.gpus < 0 or args.gpus > 16:
         return f"--gpus must be between 0 and 16, got {args.gpus}"
+    if not re.fullmatch(r"[0-9a-f]{4}", args.pci_device):
+        return f"--pci-device must be 4 lower-case hex digits such as 2204, got {args.pci_device!r}"
     if not CUDA.match(args.image_cuda):
         return f"--image-cuda must be a CUDA version such as 13.0, got {args.image_cuda!r}"
     if args.vram_mib < 1024:
@@ -76,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
         if args.testbed_command == "down":
             down(args.dir, purge=args.purge)
             return 0
+        if args.testbed_command == "reboot":
+            return reboot(args.dir, args.rig)
         error = _check(args)
         if error:
             print(f"rigforge testbed up: {error}", file=sys.stderr)
@@ -88,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
             power_default=args.power_default if args.power_default is not None else args.power_max,
             power_max=args.power_max,
             preset=args.preset,
+            pci_device=args.pci_device,
             image_cuda=args.image_cuda,
         )
         t0 = time.monotonic()
@@ -95,6 +109,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"testbed up: {len(tb.rigs)} rig(s) in {time.monotonic() - t0:.1f}s", file=sys.stderr)
         for rig in tb.rigs:
             print(f"  {rig.name}: ssh -F {tb.ssh_config} {rig.name}   (127.0.0.1:{rig.ssh_port})", file=sys.stderr)
+            if getattr(rig, "booted", False):
+                print(f"  {rig.name}: api http://{rig.api_address}:PORT (the rig's own serving port)", file=sys.stderr)
         if tb.gateway:
             print(f"gateway: {tb.gateway_url}   (ssh -F {tb.ssh_config} {tb.gateway.name})", file=sys.stderr)
         print(tb.inventory)
@@ -102,3 +118,20 @@ def run(args: argparse.Namespace) -> int:
     except TestbedError as exc:
         print(f"rigforge testbed {args.testbed_command}: {exc}", file=sys.stderr)
         return 1
+
+
+def reboot(dir: Path, name: str) -> int:
+    """Reboot one rig of the testbed in `dir`: a booted rig powers off and boots (its units run again); a chroot
+    rig, where nothing runs at boot, forgets the GPUs' runtime state as a reboot would."""
+    if not (dir / "rigs" / name / "rig.json").exists():
+        print(
+            f"rigforge testbed reboot: no rig {name!r} in {dir} (bring it up with: rigforge testbed up)",
+            file=sys.stderr,
+        )
+        return 1
+    rig = load_rig(dir / "rigs" / name)
+    t0 = time.monotonic()
+    rig.simulate_reboot()
+    kind = "booted" if getattr(rig, "booted", False) else "chroot (GPU state reset; nothing runs at boot)"
+    print(f"testbed reboot: {name} ({kind}) in {time.monotonic() - t0:.1f}s", file=sys.stderr)
+    return 0

@@ -23,8 +23,6 @@ from pathlib import Path
 
 import yaml
 
-from rigforge.catalog import load_catalog
-
 from ._util import (
     TestbedError,
     ensure_safe_dir,
@@ -49,7 +47,7 @@ from .booted import stop as stop_booted_rig
 from .content import HF_TOKEN, build_git, build_hf, build_recipes, content_key, recipes_dir, shard_size
 from .hostpkgs import ensure as ensure_host_packages
 from .presets import apply as apply_preset
-from .rig import IMAGE_REF, USER, Rig, RigSpec, recipe_images
+from .rig import IMAGE_REF, USER, Rig, RigSpec, api_ports, recipe_images
 from .rootfs import build_tarball, extract, prepare_rig
 
 DEFAULT_DIR = Path("/var/lib/rigforge-testbed")
@@ -303,19 +301,19 @@ def _uid_used(uid: int) -> bool:
         return False
 
 
-def _simulate_pci(root: Path, gpus: int) -> None:
+def _simulate_pci(root: Path, gpus: int, device: str) -> None:
     """A sysfs-shaped PCI bus in the chroot (it has no real /sys) for the PCI GPU count preflight reads before any
     driver: a host bridge, and per GPU its VGA function (class 0x0300) and HDMI audio function (0x0403)."""
     devices = root / "sys/bus/pci/devices"
     shutil.rmtree(devices, ignore_errors=True)
-    functions = [("0000:00:00.0", "0x8086", "0x060000")]
+    functions = [("0000:00:00.0", "0x8086", "0x1237", "0x060000")]
     for i in range(gpus):
         slot = f"0000:{i + 1:02x}:00"
-        functions += [(f"{slot}.0", "0x10de", "0x030000"), (f"{slot}.1", "0x10de", "0x040300")]
-    for address, vendor, cls in functions:
+        functions += [(f"{slot}.0", "0x10de", f"0x{device}", "0x030000"), (f"{slot}.1", "0x10de", "0x1aef", "0x040300")]
+    for address, *values in functions:
         (devices / address).mkdir(parents=True)
-        (devices / address / "vendor").write_text(vendor + "\n")
-        (devices / address / "class").write_text(cls + "\n")
+        for name, value in zip(("vendor", "device", "class"), values, strict=True):
+            (devices / address / name).write_text(value + "\n")
 
 
 def _sshd_config(rig_dir: Path, port: int) -> str:
@@ -360,7 +358,7 @@ def _make_rig(
         sim = root / "etc/rigforge-sim"
         sim.mkdir(parents=True, exist_ok=True)
         (sim / "gpus.json").write_text(json.dumps(spec.gpus_json(str(rig_dir)), indent=1) + "\n")
-        _simulate_pci(root, spec.gpus)
+        _simulate_pci(root, spec.gpus, spec.pci_device)
         (root / "var/lib/rigforge-sim/state.json").unlink(missing_ok=True)
     for key in ("ssh_host_ed25519_key", "id_ed25519"):
         if not (rig_dir / key).exists():
@@ -577,6 +575,7 @@ def up(
                 plan.append((rig_dir, info["port"], spec, None))
                 continue
             stop_pidfile(rig_dir / "sshd.pid")
+            stop_booted_rig(rig_dir)  # an old booted rig stops first, whatever it is rebuilt as (no-op if chroot)
             plan.append((rig_dir, info.get("port"), spec, True))
 
         def build(item):
@@ -600,13 +599,23 @@ def up(
         tb = Testbed(dir=dir, shared=shared, rigs=rigs, services=services)
         if gateway:
             tb.gateway, tb.rigs = rigs[-1], rigs[:-1]
-            ports = sorted({v.port for v in load_catalog().variants.values()})
+            ports = api_ports()
             tb.gateway_port = start_gateway_relay(tb.gateway.dir, [r.dir for r in tb.rigs], ports, PORTS["gateway"])
             info = json.loads((tb.gateway.dir / "rig.json").read_text())
             (tb.gateway.dir / "rig.json").write_text(json.dumps({**info, "gateway_port": tb.gateway_port}))
         _write_files(tb)
-    log(f"testbed up: {len(rigs)} rig(s) in {dir} ready in {time.monotonic() - t0:.1f}s")
+    gw = " and the gateway host" if gateway else ""
+    log(f"testbed up: {len(tb.rigs)} rig(s){gw} in {dir} ready in {time.monotonic() - t0:.1f}s")
     return tb
+
+
+def load_rig(rig_dir: Path) -> Rig:
+    """One rig (or the gateway host) of a testbed brought up earlier, from its rig.json."""
+    info = json.loads((rig_dir / "rig.json").read_text())
+    cls = BootedRig if info.get("booted") else Rig
+    return cls(
+        rig_dir.name, info["port"], rig_dir / "rootfs", USER, rig_dir / "id_ed25519", rig_dir, RigSpec(**info["spec"])
+    )
 
 
 def load(dir: Path = DEFAULT_DIR, shared: Path | None = None) -> Testbed:
@@ -617,20 +626,9 @@ def load(dir: Path = DEFAULT_DIR, shared: Path | None = None) -> Testbed:
     rigs, gateway = [], {}
     for info_file in sorted((dir / "rigs").glob("*/rig.json")):
         info = json.loads(info_file.read_text())
-        rig_dir = info_file.parent
         if "gateway_port" in info:
             gateway = {"gateway_port": info["gateway_port"]}
-        rigs.append(
-            (BootedRig if info.get("booted") else Rig)(
-                rig_dir.name,
-                info["port"],
-                rig_dir / "rootfs",
-                USER,
-                rig_dir / "id_ed25519",
-                rig_dir,
-                RigSpec(**info["spec"]),
-            )
-        )
+        rigs.append(load_rig(info_file.parent))
     if gateway:  # rig.json files sort rig1.., then gw
         gateway["gateway"] = next(r for r in rigs if r.name == "gw")
         rigs = [r for r in rigs if r.name != "gw"]

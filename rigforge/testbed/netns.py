@@ -8,8 +8,10 @@ Nothing crosses between the rig's loopback and the controller's except through t
       PORT=HOST:PORT   listen on 127.0.0.1:PORT inside the rig, connect to HOST:PORT from the controller
                        (apt / git / HF stand-ins, the Debian mirror)
       PORT=CONNECT:0   the same, as an HTTPS proxy (CONNECT to port 443 only: pip's index)
-      in:PORT=RPORT    listen on the controller's 127.0.0.1:PORT, connect to 127.0.0.1:RPORT inside the rig
-                       (its sshd: pyinfra, ssh and testinfra reach it like a chroot rig's)
+      in:[ADDR:]PORT=RPORT
+                       listen on the controller's ADDR:PORT (default 127.0.0.1), connect to 127.0.0.1:RPORT
+                       inside the rig (its sshd: pyinfra, ssh and testinfra reach it like a chroot rig's; its
+                       API ports, published at the rig's own loopback address on the controller)
       at:ADDR:PORT=NETNS@RPORT
                        listen on ADDR:PORT inside the rig, connect to 127.0.0.1:RPORT inside another namespace
                        (the testbed's gateway host reaches each rig's API at its own loopback address)
@@ -98,8 +100,9 @@ def serve(netns: str, specs: list[str]) -> None:
     forwards = []  # (listener, target, namespace the upstream connections are made in)
     for spec in specs:
         if spec.startswith("in:"):
-            port, _, rport = spec[3:].partition("=")
-            forwards.append((_listen(int(port)), ("127.0.0.1", int(rport)), netns))
+            where, _, rport = spec[3:].partition("=")
+            addr, _, port = where.rpartition(":")
+            forwards.append((_listen(int(port), addr or "127.0.0.1"), ("127.0.0.1", int(rport)), netns))
     setns(netns)
     try:
         for spec in specs:

@@ -26,6 +26,7 @@ class RigSpec:
     power_min: int = 100
     power_default: int = 350
     power_max: int = 350
+    pci_device: str = "2204"  # PCI device ID of every card (10de:2204 = RTX 3090), what sysfs shows before a driver
     preset: str = ""  # "", "handmade" or "unowned": how the rig was set up before rigforge (testbed/presets.py)
     image_cuda: str = "13.0"  # the CUDA version the stand-in images carry (the testbed lock's `cuda`, their env)
 
@@ -73,6 +74,25 @@ class Rig:
             text=True,
             check=check,
         )
+
+
+def api_address(ssh_port: int) -> str:
+    """Where a booted rig's API ports are published on the controller: a loopback address of its own (all of
+    127/8 is local on Linux), derived from its SSH port, which is unique on this machine. The ports keep their
+    numbers: rig1's vLLM on port 8011 is http://<api_address>:8011."""
+    return f"127.1.{ssh_port >> 8}.{ssh_port & 255}"
+
+
+def api_ports() -> list[int]:
+    """The serving ports a rig may use: every catalog variant's, and every recipe slug's RIGFORGE_RECIPES serves."""
+    from rigforge.catalog import load_catalog
+
+    ports = {v.port for v in load_catalog().variants.values()}
+    if recipes_dir():
+        from rigforge.recipes import parse_repo
+
+        ports |= {r.port for r in parse_repo(recipes_dir()).recipes.values() if not r.refused}
+    return sorted(ports)
 
 
 def recipe_images() -> dict[str, str]:

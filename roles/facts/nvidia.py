@@ -12,6 +12,8 @@ import re
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
+from rigforge.layout import POWER_UNIT
+
 # Fields read by NvidiaGpus, in order; keys of each GPU dict are these with "." replaced by "_".
 QUERY_FIELDS = (
     "index",
@@ -143,22 +145,27 @@ class NvidiaModuleVersion(FactBase):
 
 
 class NvidiaPciGpus(FactBase):
-    """Number of NVIDIA display/3D controllers on the PCI bus (sysfs; works before any driver is installed).
+    """NVIDIA display/3D controllers on the PCI bus, from sysfs: works before any driver is installed.
 
-    None when sysfs shows no PCI bus at all (a container or chroot), so "unknown" is not mistaken for 0.
+    A list of (PCI address, device ID) pairs, e.g. [("0000:01:00.0", "2204")]; the device ID tells the card's
+    model, and so its stock VRAM (rigforge/hardware.py PCI_CARDS). None when sysfs shows no PCI bus at all (a
+    container or chroot), so "unknown" is not mistaken for no GPU.
     """
 
     def command(self) -> str:
         return (
-            "if [ -d /sys/bus/pci/devices ]; then n=0; for d in /sys/bus/pci/devices/*; do "
+            "if [ -d /sys/bus/pci/devices ]; then for d in /sys/bus/pci/devices/*; do "
             '[ "$(cat "$d/vendor" 2>/dev/null)" = 0x10de ] || continue; '
-            'case "$(cat "$d/class" 2>/dev/null)" in 0x0300*|0x0302*) n=$((n+1));; esac; done; echo "$n"; '
+            'case "$(cat "$d/class" 2>/dev/null)" in 0x0300*|0x0302*) '
+            'echo "pci ${d##*/} $(cat "$d/device" 2>/dev/null)";; esac; done; echo end; '
             "else echo none; fi"
         )
 
-    def process(self, output: list[str]) -> int | None:
-        value = output[-1].strip() if output else ""
-        return int(value) if value.isdigit() else None
+    def process(self, output: list[str]) -> list[tuple[str, str]] | None:
+        if "end" not in [line.strip() for line in output]:
+            return None
+        rows = [line.split() for line in output if line.startswith("pci ")]
+        return [(row[1], row[2].removeprefix("0x").lower() if len(row) > 2 else "") for row in rows]
 
 
 _CUDA_VERSION = re.compile(r"CUDA Version\s*:\s*(\d+\.\d+)")
@@ -215,3 +222,111 @@ class NvidiaRunningDriver(FactBase):
 
     def process(self, output: list[str]) -> dict:
         return parse_running_driver(output)
+
+
+# Units that set power caps at boot besides rigforge's own: the recipe repo's (club-3090
+# scripts/systemd/nvidia-power-cap.service) and the tuning unit it orders itself after (gpu-tune.service).
+CAP_UNITS = ("nvidia-power-cap.service", "gpu-tune.service")
+UNIT_DIRS = ("/etc/systemd/system", "/lib/systemd/system", "/usr/lib/systemd/system")  # systemd's precedence
+_PL = re.compile(r"(?:^|\s)(?:-pl|--power-limit)(?:=|\s+)(\d+(?:\.\d+)?)")
+
+
+def parse_cap_units(lines: list[str]) -> dict:
+    """Output of PowerCapUnits -> {unit: {"path": str, "watts": [int, ...]}}, the first path of each name in
+    systemd's precedence; "watts" lists the caps its ExecStart lines set (empty when it reads them elsewhere)."""
+    units: dict[str, dict] = {}
+    current = None
+    for line in lines:
+        if line.startswith("unit="):
+            name, _, path = line[5:].partition(" ")
+            current = None if name in units else units.setdefault(name, {"path": path.strip(), "watts": []})
+        elif current is not None and "nvidia-smi" in line:
+            current["watts"] += [round(float(w)) for w in _PL.findall(line)]
+    for unit in units.values():
+        unit["watts"] = sorted(set(unit["watts"]))
+    return dict(sorted(units.items()))
+
+
+class PowerCapUnits(FactBase):
+    """
+    Other units that set GPU power caps at boot: unit files in systemd's unit dirs named as a known cap unit
+    (``CAP_UNITS``), or whose ExecStart runs ``nvidia-smi -pl``/``--power-limit``; rigforge's own unit is left
+    out. A dict by unit name (see `parse_cap_units`)::
+
+        {"nvidia-power-cap.service": {"path": "/etc/systemd/system/nvidia-power-cap.service", "watts": [250]}}
+    """
+
+    def command(self) -> str:
+        known = "|".join(CAP_UNITS)
+        return (
+            f'for d in {" ".join(UNIT_DIRS)}; do for f in "$d"/*.service; do [ -f "$f" ] || continue; '
+            'n=${f##*/}; case "$n" in ' + POWER_UNIT + ") continue;; " + known + ") ;; "
+            "*) grep -Eq '^[[:space:]]*ExecStart[^=]*=.*nvidia-smi.*[[:space:]](-pl|--power-limit)([[:space:]=]|$)' "
+            '"$f" || continue;; esac; echo "unit=$n $f"; grep -E \'^[[:space:]]*ExecStart\' "$f"; done; done; true'
+        )
+
+    @staticmethod
+    def default() -> dict:
+        return {}
+
+    def process(self, output: list[str]) -> dict:
+        return parse_cap_units(output)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the real tool underlines the matrix header
+_DEVICE = re.compile(r"(GPU|NIC)\d+$")
+
+
+def parse_topo_matrix(lines: list[str]) -> dict[str, str]:
+    """`nvidia-smi topo -m` or `topo -p2p r` -> {"0-1": "PHB", ...}: the cell of each GPU pair i < j (link
+    type: X, PIX, PXB, PHB, NODE, SYS, NV#; P2P status: OK, CNS, GNS, TNS, NS, U). {} for one GPU."""
+    columns: list[str] = []
+    pairs: dict[str, str] = {}
+    for raw in lines:
+        cells = [c.strip() for c in _ANSI.sub("", raw).strip().split("\t")]
+        if cells[0].startswith("Legend"):
+            break
+        if not columns and _DEVICE.match(cells[0]):
+            columns = [c for c in cells if _DEVICE.match(c)]
+        elif columns and cells[0].startswith("GPU") and _DEVICE.match(cells[0]):
+            row = int(cells[0][3:])
+            for name, cell in zip(columns, cells[1:], strict=False):
+                if name.startswith("GPU") and int(name[3:]) > row:
+                    pairs[f"{row}-{name[3:]}"] = cell
+    return pairs
+
+
+def parse_topology(lines: list[str]) -> dict:
+    """Output of NvidiaTopology -> {"links": {pair: link type}, "p2p_read": {pair: status}} (see
+    parse_topo_matrix); both {} without a working nvidia-smi."""
+    sections: dict[str, list[str]] = {}
+    current = None
+    for line in lines:
+        if line.startswith("--- "):
+            current = sections.setdefault(line[4:].strip(), [])
+        elif current is not None:
+            current.append(line)
+    return {"links": parse_topo_matrix(sections.get("topo -m", [])),
+            "p2p_read": parse_topo_matrix(sections.get("topo -p2p r", []))}  # fmt: skip
+
+
+class NvidiaTopology(FactBase):
+    """
+    How the GPUs are connected (`nvidia-smi topo -m`) and whether peer reads work between them (`topo -p2p r`),
+    by GPU pair; empty without a working driver::
+
+        {"links": {"0-1": "PHB"}, "p2p_read": {"0-1": "CNS"}}
+    """
+
+    def command(self) -> str:
+        return (
+            "if command -v nvidia-smi >/dev/null 2>&1; then echo '--- topo -m'; timeout 60 nvidia-smi topo -m "
+            "2>/dev/null; echo '--- topo -p2p r'; timeout 60 nvidia-smi topo -p2p r 2>/dev/null; fi; true"
+        )
+
+    @staticmethod
+    def default() -> dict:
+        return {"links": {}, "p2p_read": {}}
+
+    def process(self, output: list[str]) -> dict:
+        return parse_topology(output)

@@ -11,7 +11,7 @@ from pyinfra.api import QuoteString, StringCommand, operation
 from rigforge.layout import VLLM_TEMPLATE, HostLayout
 from roles.facts.docker import DockerImagePresent
 from roles.facts.files import JsonFile
-from roles.facts.nvidia import NvidiaGpus
+from roles.facts.nvidia import NvidiaGpus, NvidiaTopology
 from roles.facts.system import EnabledInstances
 from roles.operations.staged import upload_privately
 
@@ -64,7 +64,8 @@ def _stable(manifest: dict) -> dict:
 @operation()
 def manifest(path: str, content: dict, now: str):
     """
-    Write the rig manifest (rig.json): ``content`` plus the rig's GPUs as seen when this runs, and the time.
+    Write the rig manifest (rig.json): ``content`` plus the rig's GPUs and their interconnect (``nvidia-smi topo
+    -m``, ``topo -p2p r``) as seen when this runs, and the time.
     Rewritten only when something other than the time differs, so a converged rig stays unchanged.
 
     + path: where the manifest goes (the layout's ``rig_json``)
@@ -75,7 +76,7 @@ def manifest(path: str, content: dict, now: str):
         {k: gpu.get(k) for k in ("index", "uuid", "name", "memory_total", "power_limit", "driver_version")}
         for gpu in host.get_fact(NvidiaGpus) or []
     ]
-    wanted = {**content, "gpus": gpus}
+    wanted = {**content, "gpus": gpus, "interconnect": host.get_fact(NvidiaTopology)}
     current = host.get_fact(JsonFile, path=path) or {}
     if _stable(current) == wanted:
         host.noop(f"{path} up to date")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -164,8 +165,13 @@ def test_power_caps_and_serving_come_back_after_a_reboot_without_a_deploy(booted
     rigforge-gpu-power.service can put 230 W back."""
     rig = booted.rig("rig1")
     sh(rig, "nvidia-smi -pl 300 >/dev/null")  # a limit that only the boot unit can undo
-    took = rig.reboot()
-    testbed_report.append(f"booted: reboot {took:.1f}s")
+    t0 = time.monotonic()
+    res = subprocess.run(
+        [sys.executable, "-m", "rigforge.cli", "testbed", "reboot", "rig1", "--dir", str(booted.dir)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert res.returncode == 0 and "testbed reboot: rig1 (booted) in" in res.stderr, res.stdout + res.stderr
+    testbed_report.append(f"booted: reboot {time.monotonic() - t0:.1f}s")
     caps = sh(rig, "nvidia-smi --query-gpu=power.limit,persistence_mode --format=csv,noheader,nounits")
     assert [line.split(", ") for line in caps.splitlines()] == [["230.00", "Enabled"]] * 2, caps
     assert "rigforge-gpu-power.service" in sh(rig, "journalctl -b -u rigforge-gpu-power.service --no-pager")
@@ -173,17 +179,50 @@ def test_power_caps_and_serving_come_back_after_a_reboot_without_a_deploy(booted
     assert unit(rig, DUAL) == ("enabled", "active")
 
 
-def test_bench_measures_the_booted_rigs_server_beside_the_published_figures(booted):
-    """From dual, serving: `rigforge bench` on the controller through the published port."""
+def test_the_power_unit_writes_after_the_recipe_repos_own_cap_unit(booted, tmp_path, testbed_report):
+    """Any state serving dual (the tests before, or a fresh rig: this one deploys dual itself). The recipe repo's
+    nvidia-power-cap.service (250 W at boot) is installed and enabled before the deploy: rigforge's unit is
+    then ordered after it, the 230 W caps hold after a reboot, and `rigforge status` names the other unit."""
     rig = booted.rig("rig1")
-    with rig.forward(DUAL_PORT) as port:
-        res = subprocess.run(
-            [sys.executable, "-m", "rigforge.cli", "bench", f"http://127.0.0.1:{port}", "--variant", "dual"]
-            + ["--warmups", "1", "--runs", "3", "--json"],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+    recipe_unit = REPO / "tests/fixtures/club-3090-4a29ab57/scripts/systemd/nvidia-power-cap.service"
+    shutil.copy(recipe_unit, rig.rootfs / "etc/systemd/system/nvidia-power-cap.service")
+    sh(rig, "systemctl daemon-reload && systemctl enable nvidia-power-cap.service 2>&1")
+    results, stderr, took = deploy(booted, tmp_path, "dual")
+    testbed_report.append(f"booted: dual with the recipe's cap unit {took:.0f}s")
+    assert not errored(results, "rig1"), stderr[-6000:]
+    after = sh(rig, "systemctl show -p After --value rigforge-gpu-power.service").split()
+    assert "nvidia-power-cap.service" in after, after
+    assert "nvidia-power-cap.service" not in sh(rig, "systemctl show -p Wants --value rigforge-gpu-power.service")
+    manifest = json.loads(sh(rig, "cat /etc/rigforge/rig.json"))
+    assert manifest["interconnect"] == {"links": {"0-1": "PHB"}, "p2p_read": {"0-1": "CNS"}}, manifest
+    results, stderr, _ = deploy(booted, tmp_path, "dual")
+    assert not errored(results, "rig1") and changed(results, "rig1") == [], stderr[-4000:]
+
+    took = rig.reboot()
+    testbed_report.append(f"booted: reboot with two cap units {took:.1f}s")
+    assert unit(rig, "nvidia-power-cap.service") == ("enabled", "active")  # it did set 250 W, then rigforge 230 W
+    caps = sh(rig, "nvidia-smi --query-gpu=power.limit --format=csv,noheader,nounits")
+    assert caps.splitlines() == ["230.00"] * 2, caps
+    res = subprocess.run([sys.executable, "-m", "rigforge.cli", "status", str(booted.inventory)],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "rigforge-gpu-power.service runs after nvidia-power-cap.service, which sets 250 W at boot" in res.stdout
+    assert "interconnect: PCIe (PHB), no NVLink, P2P read: not supported (CNS" in res.stdout, res.stdout
+    assert wait_models(rig, DUAL_PORT, 90) == [MODEL]
+
+
+def test_bench_measures_the_booted_rigs_server_beside_the_published_figures(booted):
+    """From dual, serving: `rigforge bench` on the controller, at the rig's API as the testbed publishes it on
+    the controller's loopback (the rig's own address there, the same port number), no tunnel."""
+    rig = booted.rig("rig1")
+    assert rig.api_address.startswith("127.1.")
+    res = subprocess.run(
+        [sys.executable, "-m", "rigforge.cli", "bench", f"http://{rig.api_address}:{DUAL_PORT}", "--variant", "dual"]
+        + ["--warmups", "1", "--runs", "3", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     report = json.loads(res.stdout)
     assert report["model"] == MODEL and report["variant"] == "dual"
@@ -197,3 +236,22 @@ def test_bench_measures_the_booted_rigs_server_beside_the_published_figures(boot
         assert s["tokens"]["mean"] == 40 and s["tokens_from"] == ["usage"], (name, s)
         assert 100 <= s["ttft_ms"]["min"] and s["ttft_ms"]["mean"] < 1000, (name, s)
         assert 20 < s["wall_tps"]["mean"] and s["wall_tps"]["max"] <= 40 / 0.49, (name, s)
+
+
+def test_up_fresh_stops_the_old_booted_rig_before_it_rebuilds(booted):
+    """Last in this module: `up --fresh` over a booted rig (here as a chroot rig) powers the old one off first:
+    no systemd-nspawn, no network namespace, no relay left holding its ports."""
+    from rigforge.testbed import RigSpec, up
+    from rigforge.testbed._util import pid_alive
+    from rigforge.testbed.booted import netns_path
+
+    rig = booted.rig("rig1")
+    assert pid_alive(rig.dir / "nspawn.pid") and Path(netns_path(rig.dir)).exists()
+    api = (rig.api_address, DUAL_PORT)
+    socket.create_connection(api, timeout=5).close()  # published while the booted rig runs
+    tb = up(booted.dir, [RigSpec()], fresh=True, shared=booted.shared)
+    assert not pid_alive(rig.dir / "nspawn.pid") and not Path(netns_path(rig.dir)).exists()
+    assert not pid_alive(rig.dir / "relay.pid")
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(api, timeout=5)
+    assert tb.rig("rig1").run("cat /etc/rigforge-sim/gpus.json").returncode == 0  # the chroot rig is up

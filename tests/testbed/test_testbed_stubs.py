@@ -195,3 +195,27 @@ def test_nvidia_ctk_merges_daemon_json_keeping_keys(tmp_path):
     assert cfg.read_text() == before  # idempotent
     ver = subprocess.run([sys.executable, str(script), "--version"], capture_output=True, text=True)
     assert ver.stdout.startswith("NVIDIA Container Toolkit CLI version 1.17.8")
+
+
+def test_topo_matches_the_real_tools_format_for_two_pcie_gpus(smi):
+    """`topo -m` and `topo -p2p r` as the real tool prints them (h200x2 misc.txt, h200x1 topo-*.txt: tabs,
+    the underlined header, the legend), for a 2x 3090 PCIe rig: PHB, no NVLink, P2P refused (CNS)."""
+    from roles.facts.nvidia import parse_topo_matrix
+
+    real_m = (FIX / "misc.txt").read_text().split("+ echo ---")[0].splitlines()[1:]
+    res = smi("topo", "-m")
+    assert res.returncode == 0, res.stdout
+    ours = res.stdout.splitlines()
+    assert ours[0] == real_m[0] and ours[3:] == real_m[3:]  # header (2 GPUs both) and legend verbatim
+    assert ours[1] == "GPU0\t X \tPHB\t0-15\t0\t\tN/A" and ours[2] == "GPU1\tPHB\t X \t0-15\t0\t\tN/A"
+    assert parse_topo_matrix(ours) == {"0-1": "PHB"}
+
+    real_p2p = (FIX.parent / "h200x1-580.159.04-ubuntu2404" / "topo-p2p-r.txt").read_text().splitlines()
+    res = smi("topo", "-p2p", "r")
+    assert res.returncode == 0, res.stdout
+    ours = res.stdout.splitlines()
+    assert ours[:3] == [" \t\x1b[4mGPU0\tGPU1\t\x1b[0m", " GPU0\tX\tCNS\t", " GPU1\tCNS\tX\t"]
+    assert ours[3:] == real_p2p[2:]  # the legend
+    assert real_p2p[:2] == [" \t\x1b[4mGPU0\t\x1b[0m", " GPU0\tX\t"]  # the real one-GPU form of the same rows
+    assert parse_topo_matrix(ours) == {"0-1": "CNS"}
+    assert smi("topo", "-x").returncode == 2

@@ -1,0 +1,90 @@
+"""Power caps against what the recipe repo (club-3090) measured, and the rig's other boot-time cap writers.
+
+Pure data, no host. The recipe repo's hardware profile is read as data
+(`scripts/lib/profiles/hardware/rtx-3090.yml`: power_cap_w_prefill 250, power_cap_w_optimal 290,
+power_cap_w_max 350, driver_pin_recommended.min "580.0"). Its docs/HARDWARE.md measures TP=2 throughput
+("Dual-card TP=2 anchor"): "the TP=2 anchor below is already flat from 220–330W/card on `dual-fast`". That is
+prose, so the range is written here, citing it (tests/test_power.py checks the sentence is still there).
+
+A cap outside 220..330 W, or above the profile's maximum, is a warning naming the source, never a refusal: the
+user's cap (230 W by default) is theirs to choose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import yaml
+
+from rigforge import recipes
+
+PROFILE = "scripts/lib/profiles/hardware/rtx-3090.yml"
+HARDWARE_DOC = "docs/HARDWARE.md"
+MEASURED_W = (220, 330)  # HARDWARE.md "Dual-card TP=2 anchor": decode flat from 220 to 330 W per card
+
+
+def profile(root: Path | str | None) -> dict | None:
+    """The profile's power figures {"prefill", "optimal", "max", "min_driver"} from a recipe-repo checkout at
+    `root`, or None when it has none."""
+    if root is None or not (Path(root) / PROFILE).is_file():
+        return None
+    data = yaml.safe_load((Path(root) / PROFILE).read_text()) or {}
+    return {
+        "prefill": data.get("power_cap_w_prefill"),
+        "optimal": data.get("power_cap_w_optimal"),
+        "max": data.get("power_cap_w_max"),
+        "min_driver": (data.get("driver_pin_recommended") or {}).get("min"),
+    }
+
+
+def locate_profile(lock) -> dict | None:
+    """The profile of the recipe repo the controller has for `lock` (RIGFORGE_RECIPES, else the lock's cached
+    commit), None when the controller has no checkout."""
+    pin = lock.git.get(recipes.GIT_NAME) if lock is not None else None
+    try:
+        return profile(recipes.locate(pin.commit if pin else None))
+    except recipes.RecipeError:
+        return None
+
+
+def warnings(caps: Mapping[int, int], prof: dict | None) -> list[str]:
+    """One warning per cap outside what the recipe repo measured, naming the file it comes from."""
+    low, high = MEASURED_W
+    out = []
+    for watts in sorted(set(caps.values())):
+        gpus = ", ".join(str(i) for i, w in sorted(caps.items()) if w == watts)
+        if prof and prof.get("max") and watts > prof["max"]:
+            out.append(
+                f"power cap {watts} W (GPU {gpus}) is above the recipe repo's maximum {prof['max']} W "
+                f"({PROFILE} power_cap_w_max); kept as set"
+            )
+        elif not low <= watts <= high:
+            out.append(
+                f"power cap {watts} W (GPU {gpus}) is outside {low}..{high} W, the range where the recipe repo "
+                f"measured TP=2 throughput flat ({HARDWARE_DOC}, Dual-card TP=2 anchor); kept as set"
+            )
+    return out
+
+
+def recipe_range(prof: dict | None) -> str:
+    """The recipe's figures, shown beside the cap."""
+    low, high = MEASURED_W
+    measured = f"TP=2 flat {low}..{high} W ({HARDWARE_DOC})"
+    if not prof:
+        return f"recipe: {measured}"
+    return (
+        f"recipe: {measured}; prefill {prof['prefill']}, optimal {prof['optimal']}, max {prof['max']} W "
+        f"({PROFILE.rsplit('/', 1)[-1]})"
+    )
+
+
+def other_writers(units: Mapping[str, dict], own: str) -> str:
+    """'rigforge-gpu-power.service runs after nvidia-power-cap.service, which sets 250 W at boot' ('' without)."""
+    if not units:
+        return ""
+    named = []
+    for name, unit in units.items():
+        sets = "/".join(str(w) for w in unit.get("watts") or [])
+        named.append(f"{name}, which sets {sets} W at boot" if sets else f"{name} (sets caps at boot)")
+    return f"{own} runs after {'; and after '.join(named)}"
