@@ -29,7 +29,7 @@ from rigforge.plan import Plan
 from rigforge.render import POWER_UNIT, VLLM_UNIT
 from rigforge.schema import Settings, power_caps
 from roles import nvidia_driver
-from roles.driver_table import DriverTableError
+from roles.driver_table import DriverTableError, branch_for_cuda, cuda_for_driver, version_key
 from roles.facts import probe
 from roles.facts.apt import DebInstalledVersion
 from roles.facts.files import JsonFile
@@ -334,6 +334,32 @@ def driver(obs: Observed, ctx: RigContext) -> Check:
     return Check(name, PASS, f"module {module} = {pkg} {version}")
 
 
+def cuda_versions(obs: Observed, ctx: RigContext) -> dict:
+    """{"driver": the CUDA version the running driver supports (nvidia-smi's header, else NVIDIA's table for its
+    version), "image": the one the rig's image is built for (the lock's `cuda`)}, None where unknown."""
+    running = obs.get_fact(NvidiaRunningDriver) or {}
+    driver = running.get("cuda") or (cuda_for_driver(running["version"]) if running.get("version") else None)
+    image = ctx.plan.image if ctx.plan else (ctx.manifest or {}).get("image")
+    return {"driver": driver, "image": ctx.lock.image_cuda(image) if ctx.lock and image else None}
+
+
+def cuda(obs: Observed, ctx: RigContext) -> Check:
+    """The running driver supports the CUDA version the image is built for (GeForce cards have no forward
+    compatibility: a newer image fails with error 804 once vLLM starts)."""
+    name, have = "CUDA driver >= image", cuda_versions(obs, ctx)
+    seen = f"CUDA: driver {have['driver'] or '?'}, image {have['image'] or '?'}"
+    if not have["driver"]:
+        return Check(name, FAIL, f"{seen}: no running driver reports its CUDA version (driver not loaded?)")
+    if not have["image"]:
+        why = variant_needed(ctx) if not ctx.plan else "the lock records no `cuda` for the image"
+        return Check(name, PASS if ctx.plan else FAIL, f"{seen} ({why})")
+    if version_key(have["driver"]) < version_key(have["image"]):
+        fix = f"set nvidia_driver_branch: {branch_for_cuda(have['image']) or '?'} and re-run the deploy"
+        return Check(name, FAIL, f"{seen}: the driver is too old for the image; {fix}, or use an image built for "
+                     f"CUDA <= {have['driver']}")  # fmt: skip
+    return Check(name, PASS, seen)
+
+
 def gpu_checks(obs: Observed, ctx: RigContext) -> list[Check]:
     """GPUs visible, VRAM fits the variant, power caps hold, persistence mode on."""
     gpus = gpus_with_targets(obs, ctx)
@@ -428,7 +454,7 @@ def checks(obs: Observed, ctx: RigContext) -> list[Check]:
         out.append(
             check("manifest present", [] if ctx.variant else [variant_needed(ctx)], f"variant {ctx.variant_name}")
         )
-    out += [driver(obs, ctx), *gpu_checks(obs, ctx), runtime(obs, ctx)]
+    out += [driver(obs, ctx), cuda(obs, ctx), *gpu_checks(obs, ctx), runtime(obs, ctx)]
     plan = ctx.plan
     for name, find, hint in (
         ("sources at locked SHAs", lambda: _sources_at_lock(obs, plan), " (re-run the deploy: sources role)"),

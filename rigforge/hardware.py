@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from roles.driver_table import branch_for_cuda, cuda_for_branch, cuda_for_driver, version_key
+
 SMALL_CARD_MIB = 24000  # below this a card is a "20 GB card"
 SMALL_CARD_FLOOR_MIB = 20000  # below this not even the 20 GB override fits the model
 SMALL_CARD_OVERRIDE = {"serving_kv_cache_dtype": "fp8_e5m2", "serving_gpu_memory_utilization": 0.82}
@@ -102,6 +104,39 @@ class Needs:
     dflash: bool  # DFlash variants have no 20 GB override
     disk_path: str  # the model dir
     disk_bytes: int  # bytes still to land there
+    image: str = ""  # the image it runs
+    image_cuda: str | None = None  # the CUDA version that image is built for (the lock's `cuda`), None: unknown
+
+
+def driver_cuda(running: dict | None, data: dict) -> tuple[str | None, str]:
+    """(the CUDA version the rig's driver supports once the deploy ran, which driver that is).
+
+    The running driver's own word (nvidia-smi's header, else NVIDIA's table for its version) when rigforge keeps
+    it: nvidia_driver_manage false, or it is already of nvidia_driver_branch. Otherwise the branch rigforge is
+    about to install, from NVIDIA's table (roles/driver_table.py CUDA_DRIVERS)."""
+    version, branch = (running or {}).get("version"), data.get("nvidia_driver_branch")
+    if version and (data.get("nvidia_driver_manage") is False or version.split(".")[0] == str(branch)):
+        return (running or {}).get("cuda") or cuda_for_driver(version), f"the running driver {version}"
+    try:
+        return cuda_for_branch(branch), f"driver branch {int(branch)}"
+    except (TypeError, ValueError):
+        return None, ""  # a bad branch is refused by the driver role's own check
+
+
+def cuda_problems(needs: Needs, running: dict | None, data: dict) -> list[str]:
+    """The image needs a newer CUDA than the rig's driver supports (empty when it fits or either is unknown)."""
+    have, driver = driver_cuda(running, data)
+    want = needs.image_cuda
+    if not want or not have or version_key(have) >= version_key(want)[:2]:
+        return []
+    branch = branch_for_cuda(want)
+    fix = f"set nvidia_driver_branch: {branch} (CUDA {want})" if branch else f"use a driver with CUDA {want}"
+    if branch and data.get("nvidia_driver_manage") is False:
+        fix = f"install driver branch {branch} and set nvidia_driver_branch: {branch}"
+    return [
+        f"image {needs.image or '?'} needs CUDA {want}, {driver} supports CUDA {have} at most (GeForce cards fail "
+        f"with error 804 once vLLM starts); {fix}, or use an image built for CUDA <= {have}."
+    ]
 
 
 def resolve_caps(indices: list[int], default_w: int, overrides: dict) -> dict[int, int]:
@@ -156,16 +191,25 @@ def gpu_problems(gpus: list[dict], needs: Needs, data: dict) -> list[str]:
 
 
 def find_problems(
-    os_release: dict, gpus: list[dict], free_bytes: int | None, *, needs: Needs, data: dict, pci: list | None = None
+    os_release: dict,
+    gpus: list[dict],
+    free_bytes: int | None,
+    *,
+    needs: Needs,
+    data: dict,
+    pci: list | None = None,
+    running: dict | None = None,
 ) -> list[str]:
     """Every reason this host cannot run `needs.variant` (empty list when it can).
 
     Before a driver is installed nvidia-smi shows no GPUs; the GPU count and each card's stock VRAM are then
     taken from the PCI bus (`pci`: (address, device ID) pairs, None when unknown), and what only the driver can
-    tell (a card's power range, the VRAM of a modded card) waits for it.
+    tell (a card's power range, the VRAM of a modded card) waits for it. The image's CUDA version is checked
+    against the driver's (`running`: roles.facts.nvidia.NvidiaRunningDriver, or the branch to install).
 
     `data` holds the host-data keys the checks read: gpu_power_limit_w, gpu_power_limits,
-    serving_kv_cache_dtype, serving_gpu_memory_utilization, docker_source, nvidia_driver_flavor.
+    serving_kv_cache_dtype, serving_gpu_memory_utilization, docker_source, nvidia_driver_flavor,
+    nvidia_driver_branch, nvidia_driver_manage.
     """
     problems = []
     os_key = (os_release.get("id", ""), os_release.get("version_id", ""))
@@ -188,6 +232,7 @@ def find_problems(
     if not gpus and pci is not None:
         problems += pci_problems(pci, needs, override)
     problems += gpu_problems(gpus, needs, data)
+    problems += cuda_problems(needs, running, data)
 
     if free_bytes is not None and free_bytes < needs.disk_bytes:
         problems.append(

@@ -9,7 +9,9 @@ their `ref` even when resolved (a deliberate bump). The lock is rewritten atomic
 The toolkit pin (`toolkit.version`) is never moved: when NVIDIA's repo index lists a newer release, one line says
 so, why it is kept (the entry's note) and how to move it; a repo it cannot read is one line too.
 With --check: offline validation; exit 1 listing every offending entry (unresolved ones included).
-The image's digest comes from its registry (Docker Hub unless the name starts with a registry host).
+The image's digest comes from its registry (Docker Hub unless the name starts with a registry host), and with it
+the image's CUDA version (its config's CUDA_VERSION environment variable or a CUDA version label; kept as the lock
+has it when the config records none).
 Endpoints: HF_ENDPOINT (default https://huggingface.co), RIGFORGE_REGISTRY (a registry base URL),
 RIGFORGE_TOOLKIT_REPO (the toolkit's flat apt repo, default NVIDIA's amd64 one);
 HF token: RIGFORGE_HF_TOKEN or HF_TOKEN.
@@ -117,6 +119,9 @@ MANIFEST_TYPES = ", ".join(
 )
 
 
+CUDA_PREFIX = re.compile(r"^\d+\.\d+")  # "13.0.1" -> "13.0"
+
+
 def manifest_url(ref: str, registry: str | None = None) -> str:
     """The Distribution API manifest URL of an image reference `[host/]name[:tag]`."""
     name, _, tag = ref.rpartition(":") if ":" in ref.rsplit("/", 1)[-1] else (ref, "", "latest")
@@ -129,6 +134,22 @@ def manifest_url(ref: str, registry: str | None = None) -> str:
     return f"{registry}/v2/{name}/manifests/{tag}"
 
 
+def _registry_get(method: str, url: str, headers: dict):
+    """One Distribution API request; an anonymous bearer token is fetched (into `headers`) when the registry asks
+    for one (its 401 challenge)."""
+    import requests
+
+    resp = requests.request(method, url, headers=headers, timeout=30)
+    challenge = resp.headers.get("WWW-Authenticate", "")
+    if resp.status_code == 401 and challenge.lower().startswith("bearer "):
+        params = requests.utils.parse_dict_header(challenge[7:])
+        realm = params.pop("realm")
+        token = requests.get(realm, params=params, timeout=30).json()
+        headers["Authorization"] = f"Bearer {token.get('token') or token.get('access_token')}"
+        resp = requests.request(method, url, headers=headers, timeout=30)
+    return resp
+
+
 def resolve_image(ref: str, registry: str | None = None) -> str:
     """The registry's digest (sha256:...) for an image `name:tag`, as `docker pull` would get it.
 
@@ -137,17 +158,8 @@ def resolve_image(ref: str, registry: str | None = None) -> str:
     """
     import requests
 
-    url = manifest_url(ref, registry)
-    headers = {"Accept": MANIFEST_TYPES}
     try:
-        resp = requests.head(url, headers=headers, timeout=30)
-        challenge = resp.headers.get("WWW-Authenticate", "")
-        if resp.status_code == 401 and challenge.lower().startswith("bearer "):
-            params = requests.utils.parse_dict_header(challenge[7:])
-            realm = params.pop("realm")
-            token = requests.get(realm, params=params, timeout=30).json()
-            headers["Authorization"] = f"Bearer {token.get('token') or token.get('access_token')}"
-            resp = requests.head(url, headers=headers, timeout=30)
+        resp = _registry_get("HEAD", manifest_url(ref, registry), {"Accept": MANIFEST_TYPES})
     except (requests.RequestException, ValueError, KeyError) as e:
         raise LockError(f"image: cannot reach the registry for {ref}: {e}") from None
     digest = resp.headers.get("Docker-Content-Digest", "")
@@ -159,6 +171,43 @@ def resolve_image(ref: str, registry: str | None = None) -> str:
     if resp.status_code != 200 or not DIGEST.match(digest):
         raise LockError(f"image: {ref}: registry answered HTTP {resp.status_code} without a sha256 digest")
     return digest
+
+
+def cuda_of(config: dict) -> str | None:
+    """The CUDA version (major.minor) an image's config blob records: its CUDA_VERSION environment variable (NVIDIA's
+    CUDA base images set it, e.g. CUDA_VERSION=13.0.1) or a label naming the CUDA version; None when absent."""
+    inner = config.get("config") or {}
+    env = dict(item.partition("=")[::2] for item in inner.get("Env") or [])
+    labels = inner.get("Labels") or {}
+    found = env.get("CUDA_VERSION") or next(
+        (v for k, v in labels.items() if k.lower().replace("-", "_").endswith(("cuda_version", "cuda.version"))), None
+    )
+    match = CUDA_PREFIX.match(str(found or ""))
+    return match.group(0) if match else None
+
+
+def resolve_image_cuda(ref: str, digest: str, registry: str | None = None) -> str | None:
+    """The CUDA version of the image `ref` at `digest`, read from its config blob (for a multi-platform index: the
+    linux/amd64 image's); None when the config records none."""
+    import requests
+
+    base = manifest_url(ref, registry).rsplit("/manifests/", 1)[0]
+    headers = {"Accept": MANIFEST_TYPES}
+    try:
+        manifest = _registry_get("GET", f"{base}/manifests/{digest}", headers)
+        manifest.raise_for_status()
+        manifest = manifest.json()
+        if "manifests" in manifest:  # an index: the linux/amd64 image (else the first)
+            entries = manifest["manifests"]
+            amd64 = [m for m in entries if (m.get("platform") or {}).get("architecture") == "amd64"]
+            one = _registry_get("GET", f"{base}/manifests/{(amd64 or entries)[0]['digest']}", headers)
+            one.raise_for_status()
+            manifest = one.json()
+        blob = _registry_get("GET", f"{base}/blobs/{manifest['config']['digest']}", headers)
+        blob.raise_for_status()
+        return cuda_of(blob.json())
+    except (requests.RequestException, ValueError, KeyError, IndexError, TypeError) as e:
+        raise LockError(f"image: {ref}: cannot read its config for the CUDA version: {e}") from None
 
 
 def _live_recipe(dead: str) -> str:
@@ -215,8 +264,9 @@ def resolve(
         digest = resolve_image(pin.ref, registry)
         if digest == pin.digest:
             return pin
-        report.append(f"{key}: {pin.ref} -> {digest}")
-        return dataclasses.replace(pin, digest=digest)
+        cuda = resolve_image_cuda(pin.ref, digest, registry) or pin.cuda  # none in the config: keep the lock's
+        report.append(f"{key}: {pin.ref} -> {digest}" + (f" (CUDA {cuda})" if cuda else ""))
+        return dataclasses.replace(pin, digest=digest, cuda=cuda)
 
     seed = image("image", lock.image)
     images = {n: image(f"images.{n}", p) for n, p in lock.images.items()}

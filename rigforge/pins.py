@@ -25,7 +25,8 @@ DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 HF_REPO = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 REFUSE_HINT = "run `rigforge lock` on a networked controller"
 # the keys of each kind of entry, in the file's order
-IMAGE_KEYS = ("ref", "digest", "note")
+IMAGE_KEYS = ("ref", "digest", "cuda", "note")
+CUDA = re.compile(r"^\d+\.\d+$")  # an image's CUDA version, major.minor
 GIT_KEYS = ("url", "ref", "short", "commit", "sparse", "files", "note")
 HF_KEYS = ("repo", "ref", "revision", "gated", "files", "note")
 TOOLKIT_KEYS = ("version", "note")
@@ -49,6 +50,7 @@ class ImagePin:
     ref: str
     digest: str | None = None
     note: str | None = None
+    cuda: str | None = None  # the CUDA version the image is built for ("13.0"), None when unknown
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,11 @@ class Lock:
         """The lock's entry for an image reference (the seed `image` or one of `images`), None if unpinned."""
         return next((p for p in (self.image, *self.images.values()) if p.ref == ref), None)
 
+    def image_cuda(self, image: str) -> str | None:
+        """The CUDA version the lock records for an image (`ref` or `ref@sha256:...`), None when unknown."""
+        pin = self.image_pin(image.split("@", 1)[0])
+        return pin.cuda if pin else None
+
     def pinned(self, ref: str) -> str:
         """What runs for `ref`: `ref@sha256:...` when the lock knows its digest, else the tag itself."""
         pin = self.image_pin(ref)
@@ -174,11 +181,11 @@ class Lock:
 
 
 def _entry(pin: Any, keys: tuple[str, ...]) -> dict[str, Any]:
-    """One entry as the file has it: `keys` in file order, `short` and `note` left out when unset."""
+    """One entry as the file has it: `keys` in file order, `short`, `cuda` and `note` left out when unset."""
     out = {}
     for key in keys:
         value = getattr(pin, key)
-        if key in ("short", "note") and not value:
+        if key in ("short", "note", "cuda") and not value:
             continue
         if isinstance(value, Mapping):
             value = dict(value)
@@ -288,6 +295,7 @@ def _image(path: str, where: str, data: Any) -> ImagePin:
         ref=ref,
         digest=ir.get("digest", str, pattern=DIGEST, what="'sha256:<64 hex>' or null"),
         note=ir.get("note", str, required=False),
+        cuda=ir.get("cuda", str, required=False, pattern=CUDA, what="a quoted CUDA version such as '13.0'"),
     )
 
 

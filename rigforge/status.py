@@ -3,8 +3,9 @@
 A view of rigforge/drift.py: every rig is read in parallel over SSH with pyinfra (the inventory's own
 connection data and `_sudo`), in one batched probe for its plan: the manifest the serving role writes (variant,
 pins, time), the lock the inventory points at (`rigforge_lock`), nvidia-smi (GPUs, power cap against the plan's
-target, VRAM used, persistence mode), checkouts, weights and every file rigforge renders against the plan, the
-vLLM unit's state and whether the API answers on the rig. A rig that cannot be reached is a row with the error.
+target, VRAM used, persistence mode), the CUDA version the driver supports against the image's, checkouts,
+weights and every file rigforge renders against the plan, the vLLM unit's state and whether the API answers on
+the rig. A rig that cannot be reached is a row with the error.
 Nothing on a rig is changed.
 
 Exit: 0 every rig read, 1 some rig could not be read, 2 the inventory could not be loaded.
@@ -17,6 +18,7 @@ import json
 from rigforge import drift, inventory
 from rigforge.drift import watts
 from rigforge.pins import default_lock_path
+from roles.driver_table import version_key
 
 DEFAULT_LOCK = default_lock_path()
 
@@ -53,6 +55,7 @@ def status_row(host) -> dict:
             }
             for g in gpus
         ],
+        "cuda": drift.cuda_versions(obs, ctx),  # {"driver": "13.0", "image": "13.0"}
         "power": drift.power_view(obs, ctx),
         "services_managed": ctx.manage,
         "service": unit,
@@ -126,10 +129,15 @@ def _cells(r: dict) -> list[str]:
         service += " (not managed)"
     api = r["api"]
     api_cell = "yes" if api["reachable"] else f"no ({api['detail']})"
-    return [r["host"], variant, pins, gpu, power, vram, persist, service, api_cell]
+    c = r["cuda"]
+    cuda = f"{c['driver'] or '?'}/{c['image'] or '?'}"
+    if c["driver"] and c["image"] and version_key(c["driver"]) < version_key(c["image"]):
+        cuda += "  DRIVER TOO OLD"
+    return [r["host"], variant, pins, gpu, power, vram, persist, cuda, service, api_cell]
 
 
-HEADER = ["HOST", "VARIANT", "PINS", "GPUS", "POWER W cap/target", "VRAM MiB used/total", "PERSIST", "SERVICE", "API"]
+HEADER = ["HOST", "VARIANT", "PINS", "GPUS", "POWER W cap/target", "VRAM MiB used/total", "PERSIST",
+          "CUDA driver/image", "SERVICE", "API"]  # fmt: skip
 
 
 def format_table(rows: list[dict]) -> str:

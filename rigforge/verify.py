@@ -6,6 +6,8 @@ one line per check per rig (or --json), read in parallel over SSH, nothing chang
   driver module = package   /sys/module/nvidia/version equals the installed driver (the driver table's package
                             for the rig's OS, branch, flavour and source); with nvidia_driver_manage false:
                             the running driver is of nvidia_driver_branch
+  CUDA driver >= image      the running driver's CUDA version (nvidia-smi's header) is at least the image's (the
+                            lock's `cuda`); shown as "CUDA: driver 13.0, image 13.0"
   GPUs visible              nvidia-smi lists at least the variant's GPU count
   VRAM fits variant         every card has the variant's VRAM (20 GB cards only with the documented override)
   power caps hold           every GPU's power limit equals its target (gpu_power_limit_w / gpu_power_limits)

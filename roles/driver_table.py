@@ -17,6 +17,7 @@ Where the names come from (vendor instructions):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 SOURCES = ("cuda", "ubuntu")
@@ -110,6 +111,51 @@ def lookup(source: str, os_id: str, branch, flavor: str, kernel: str = "generic"
         install=tuple(name.format(**fill) for name in install),
         version_package=version.format(**fill),
     )
+
+
+# The newest CUDA each driver supports: NVIDIA's "CUDA Toolkit and Corresponding Driver Versions" table (CUDA Toolkit
+# Release Notes, https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/ , Linux x86_64 column, each minor's GA row).
+# A driver runs images built for its CUDA or older; a newer image needs forward compatibility, which GeForce cards
+# do not have (error 804 once vLLM starts, noonghunna/club-3090 #633). Newest first: (CUDA, minimum driver).
+CUDA_DRIVERS = (
+    ("13.2", "595.45.04"),
+    ("13.1", "590.44.01"),
+    ("13.0", "580.65.06"),
+    ("12.9", "575.51.03"),
+    ("12.8", "570.26"),
+    ("12.6", "560.28.03"),
+    ("12.5", "555.42.02"),
+    ("12.4", "550.54.14"),
+    ("12.3", "545.23.06"),
+    ("12.2", "535.54.03"),
+    ("12.1", "530.30.02"),
+    ("12.0", "525.60.13"),
+)
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """'580.159.04' -> (580, 159, 4); '13.0' -> (13, 0) (for comparing driver and CUDA versions)."""
+    return tuple(int(part) for part in re.findall(r"\d+", str(version)))
+
+
+def cuda_for_driver(version: str) -> str | None:
+    """The newest CUDA a driver version supports, from the table (None: older than every row)."""
+    return next((cuda for cuda, low in CUDA_DRIVERS if version_key(version) >= version_key(low)), None)
+
+
+def cuda_for_branch(branch) -> str | None:
+    """The newest CUDA a driver branch supports (580 -> 13.0); None for a branch newer than the table's newest
+    row (the table does not know what it supports yet) or older than its oldest."""
+    branch = int(branch)
+    if branch > version_key(CUDA_DRIVERS[0][1])[0]:
+        return None
+    return next((cuda for cuda, low in CUDA_DRIVERS if branch >= version_key(low)[0]), None)
+
+
+def branch_for_cuda(cuda: str) -> int | None:
+    """The oldest driver branch that supports `cuda` (13.2 -> 595), None when the table has no such branch."""
+    rows = [low for have, low in CUDA_DRIVERS if version_key(have) >= version_key(cuda)[:2]]
+    return version_key(rows[-1])[0] if rows else None
 
 
 # NVIDIA's CUDA repository keys (https://github.com/NVIDIA/cuda-repo-management, issue #39): debian13 is signed

@@ -219,7 +219,9 @@ def _disk_needed(plan: Plan) -> int:
 
 def needs(plan: Plan) -> Needs:
     v = plan.variant
-    return Needs(v.name, v.gpus, v.min_card_mib, v.uses_dflash, plan.layout.models, _disk_needed(plan))
+    cuda = plan.lock.image_cuda(plan.image) if plan.lock else None
+    disk = _disk_needed(plan)
+    return Needs(v.name, v.gpus, v.min_card_mib, v.uses_dflash, plan.layout.models, disk, plan.image, cuda)
 
 
 def hold_the_rig() -> bool:

@@ -198,3 +198,34 @@ def test_two_rigs_one_bad_knob_the_other_converges(rigs, tmp_path):
     assert json.loads(rig4.run("cat /etc/rigforge/rig.json").stdout)["variant"] == "dual-turbo"
     again, err = pyinfra_run(inv, REPO / "deploy" / "dual_turbo.py", "--limit", "rig4")
     assert again["failed_hosts"] == [] and changed(again) == [], err[-3000:]
+
+
+@pytest.fixture(scope="module")
+def cuda_rig(testbed_factory):
+    """One fresh 2x 24 GB rig whose testbed images carry CUDA 13.2 (`testbed up --image-cuda 13.2`): the testbed
+    lock is the fleet's, so it is a fleet of its own."""
+    from rigforge.testbed import RigSpec
+
+    return testbed_factory([RigSpec(image_cuda="13.2")], name="cuda")
+
+
+def test_an_image_newer_than_the_drivers_cuda_is_refused_before_anything_changes(cuda_rig, tmp_path):
+    """Driver branch 580 supports CUDA 13.0 (NVIDIA's table); a CUDA 13.2 image would fail with error 804 once
+    vLLM starts on GeForce cards: preflight refuses on the fresh rig, in one line naming both versions, and
+    `--dry` shows the same refusal."""
+    rig = cuda_rig.rig("rig1")
+    fresh = snapshot(rig)
+    assert "cuda: '13.2'" in cuda_rig.lock.read_text()
+    expect = (
+        "image vllm/vllm-openai:nightly-7a1eb8ac2ec4ea69338c51dc7afd4b15010abfa8 needs CUDA 13.2, driver branch 580 "
+        "supports CUDA 13.0 at most (GeForce cards fail with error 804 once vLLM starts); "
+        "set nvidia_driver_branch: 595 (CUDA 13.2), or use an image built for CUDA <= 13.0."
+    )
+    results, err = deploy(cuda_rig, tmp_path, "rig1", "dual_turbo", {})
+    assert_refused(results, err, "rig1", f"  - {expect}\nNothing was changed on this host.", "preflight failed on")
+    assert snapshot(rig) == fresh
+    inv = inventory_with(cuda_rig, tmp_path / "dry.py", {"rig1": {}})
+    proc = subprocess.run([PYINFRA, "--dry", str(inv), str(REPO / "deploy" / "dual_turbo.py")],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 1 and expect in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-4000:]
+    assert snapshot(rig) == fresh

@@ -4,6 +4,7 @@ clear, non-destructive failures."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rigforge.lock import manifest_url
+from rigforge.lock import cuda_of, manifest_url
 from rigforge.pins import load_lock
 from rigforge.testbed import content
 
@@ -41,17 +42,38 @@ def _wait(port: int) -> None:
 
 
 IMAGE_DIGEST = "sha256:" + "7a" * 32
+AMD64, ARM64, CONFIG = ("sha256:" + c * 64 for c in "abc")
+# what the stand-in serves by digest: a multi-platform index, the amd64 image's manifest, its config blob (the
+# CUDA_VERSION a CUDA base image sets; the arm64 image is never asked for)
+BLOBS = {
+    f"/v2/vllm/vllm-openai/manifests/{IMAGE_DIGEST}": {
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [
+            {"digest": ARM64, "platform": {"architecture": "arm64", "os": "linux"}},
+            {"digest": AMD64, "platform": {"architecture": "amd64", "os": "linux"}},
+        ],
+    },
+    f"/v2/vllm/vllm-openai/manifests/{AMD64}": {"config": {"digest": CONFIG}, "layers": []},
+    f"/v2/vllm/vllm-openai/blobs/{CONFIG}": {
+        "architecture": "amd64",
+        "config": {"Env": ["PATH=/usr/bin", "NVARCH=x86_64", "CUDA_VERSION=13.0.1"], "Labels": {}},
+    },
+}
 
 
 class Registry(BaseHTTPRequestHandler):
-    """A container registry stand-in: the Distribution API's bearer challenge, then a manifest digest."""
+    """A container registry stand-in: the Distribution API's bearer challenge, then a manifest digest; manifests
+    and the config blob by digest."""
 
     def log_message(self, *args):
         pass
 
-    def do_GET(self):  # the token endpoint
+    def do_GET(self):  # the token endpoint, then manifests and blobs by digest (with the token)
+        if not self.path.startswith("/token?") and self.headers.get("Authorization") != "Bearer anon-token":
+            return self.do_HEAD()  # the challenge
         body = b'{"token": "anon-token"}' if self.path.startswith("/token?") else b"{}"
-        self.send_response(200 if self.path.startswith("/token?") else 404)
+        body = json.dumps(BLOBS[self.path]).encode() if self.path in BLOBS else body
+        self.send_response(200 if self.path.startswith("/token?") or self.path in BLOBS else 404)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -172,8 +194,9 @@ def test_lock_resolves_branches_short_shas_and_hf_revisions(stand_ins, tmp_path)
         want = sorted((f["path"], f["size"], f["sha256"]) for f in meta["files"])
         assert sorted((f.path, f.size, f.sha256) for f in pin.files) == want  # LFS and small files alike
     assert lock.image.digest == IMAGE_DIGEST
+    assert lock.image.cuda == "13.0"  # CUDA_VERSION=13.0.1 of the amd64 image's config, as major.minor
     assert lock.unresolved() == []
-    assert "image: vllm/vllm-openai:nightly-x -> " + IMAGE_DIGEST in proc.stdout
+    assert "image: vllm/vllm-openai:nightly-x -> " + IMAGE_DIGEST + " (CUDA 13.0)" in proc.stdout
     assert "git.vllm-src: marlin-pad-sub-tile-n -> " + si["git"]["vllm-src"]["commits"][0] in proc.stdout
 
     # nothing left to resolve: the file is not rewritten
@@ -276,6 +299,13 @@ def test_check_is_offline_and_lists_offending_entries(tmp_path):
 )
 def test_image_references_map_to_registry_manifest_urls(ref, url):
     assert manifest_url(ref) == url
+
+
+def test_the_cuda_version_comes_from_the_config_env_or_a_label():
+    assert cuda_of({"config": {"Env": ["CUDA_VERSION=13.2.0"]}}) == "13.2"
+    assert cuda_of({"config": {"Env": [], "Labels": {"com.nvidia.cuda.version": "12.9.1"}}}) == "12.9"
+    assert cuda_of({"config": {"Env": ["PATH=/bin"]}}) is None  # a CPU image: no CUDA recorded
+    assert cuda_of({}) is None
 
 
 RECIPES_REF = REPO / "tests/fixtures/club-3090-4a29ab57"  # vendored verbatim subset (PROVENANCE.md)

@@ -24,6 +24,7 @@ SKIPPED = "skipped (services not managed on this host)"
 CHECKS = [
     "manifest present",
     "driver module = package",
+    "CUDA driver >= image",
     "GPUs visible",
     "VRAM fits variant",
     "power caps hold",
@@ -117,6 +118,7 @@ def test_status_one_row_per_rig(rigs):
         assert row["service"] == {"unit": "rigforge-vllm@dual-turbo.service", "enabled": True, "active": "unknown"}
         assert row["api"]["reachable"] is False and "services not managed on this host" in row["api"]["detail"]
         assert row["provisioned_at"]
+        assert row["cuda"] == {"driver": "13.0", "image": "13.0"}  # the stub's header, the testbed lock's cuda
 
     table = rigforge("status", rigs.inventory).stdout.splitlines()
     assert table[0].split()[:4] == ["HOST", "VARIANT", "PINS", "GPUS"]
@@ -139,6 +141,7 @@ def test_verify_passes_with_service_checks_skipped_on_the_testbed(rigs):
     text = rigforge("verify", rigs.inventory)
     assert text.returncode == 0
     assert f"rig1  SKIP   unit active              {SKIPPED}" in text.stdout
+    assert "rig1  PASS   CUDA driver >= image     CUDA: driver 13.0, image 13.0" in text.stdout
     assert "all checks passed" in text.stdout.splitlines()[-1] and SKIPPED in text.stdout.splitlines()[-1]
 
 

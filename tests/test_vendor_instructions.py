@@ -374,7 +374,8 @@ def test_a_running_driver_no_package_owns_is_refused_unless_left_alone():
     unowned = parse_running_driver(
         [f"proc={PROC}", "module=580.159.04", "smi=/usr/bin/nvidia-smi", "smi_ok=1", "owner="]
     )
-    assert unowned == {"version": "580.159.04", "smi": "/usr/bin/nvidia-smi", "smi_ok": True, "owner": None}
+    want = {"version": "580.159.04", "smi": "/usr/bin/nvidia-smi", "smi_ok": True, "owner": None, "cuda": None}
+    assert unowned == want
     assert unowned_driver(unowned)
     owned = parse_running_driver(
         [f"proc={PROC}", "smi=/usr/bin/nvidia-smi", "smi_ok=1", "owner=nvidia-utils-580: /usr/bin/nvidia-smi"]

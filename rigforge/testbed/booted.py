@@ -411,16 +411,19 @@ def prepare_rootfs(root: Path, rig_dir: Path, user: str) -> None:
         hosts.write_text(hosts.read_text() + f"127.0.0.1\t{MIRROR_HOST}\n")
 
 
-def load_images(rig_dir: Path, image_ref: str, also: list[str] = ()) -> None:
+def load_images(rig_dir: Path, image_ref: str, also: list[str] = (), cuda: str = "13.0") -> None:
     """`docker import` the stand-in serving image under `image_ref` (tagged `also` too: the recipes' images), and
-    the broken one, unless present."""
+    the broken one, unless present. The image carries CUDA_VERSION=<cuda>.0, as NVIDIA's CUDA base images do."""
     have = enter(rig_dir, "docker image ls --format '{{.Repository}}:{{.Tag}}'", check=True).stdout.split()
     if {image_ref, BROKEN_IMAGE, *also} <= set(have):
         return
     t0 = time.monotonic()
     tar = image_tarball(rig_dir / "rootfs", rig_dir / "standin-image.tar")
     data = tar.read_bytes()
-    for ref, env in ((image_ref, {}), (BROKEN_IMAGE, {"RIGFORGE_STANDIN_EXIT": BROKEN_MESSAGE})):
+    for ref, env in (
+        (image_ref, {"CUDA_VERSION": f"{cuda}.0"}),
+        (BROKEN_IMAGE, {"RIGFORGE_STANDIN_EXIT": BROKEN_MESSAGE}),
+    ):
         changes = " ".join(f"--change {shlex.quote(c)}" for c in _import_changes(env))
         res = enter(rig_dir, f"docker import {changes} - {shlex.quote(ref)}", input=data)
         if res.returncode != 0:
@@ -512,6 +515,6 @@ def make_rig(rig_dir: Path, port: int, spec: RigSpec, tarball: Path, uid: int, f
     took = boot(rig_dir)
     port = start_relay(rig_dir, services, port)
     log(f"{rig_dir.name}: booted in {took:.1f}s")
-    load_images(rig_dir, IMAGE_REF, sorted(set(recipe_images().values()) - {IMAGE_REF}))
+    load_images(rig_dir, IMAGE_REF, sorted(set(recipe_images().values()) - {IMAGE_REF}), spec.image_cuda)
     info_file.write_text(json.dumps({"port": port, "spec": asdict(spec), "tarball": tarball.name, "booted": True}))
     return BootedRig(rig_dir.name, port, root, USER, rig_dir / "id_ed25519", rig_dir, spec)

@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from rigforge.pins import CUDA
+
 from ._util import TestbedError
 from .core import DEFAULT_DIR, down, load_rig, up
 from .rig import RigSpec
@@ -34,6 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="",
         help="set the rigs up as by hand first: handmade (Docker's docker.list + docker.io, the toolkit's .list) "
         "or unowned (a running driver no package owns, as from NVIDIA's .run installer)",
+    )
+    p_up.add_argument(
+        "--image-cuda",
+        default=RigSpec.image_cuda,
+        help=f"CUDA version the stand-in images carry, in the testbed lock (default {RigSpec.image_cuda})",
     )
     p_up.add_argument("--fresh", action="store_true", help="recreate the rigs' root file systems")
     p_up.add_argument(
@@ -67,6 +74,8 @@ def _check(args: argparse.Namespace) -> str | None:
         return f"--gpus must be between 0 and 16, got {args.gpus}"
     if not re.fullmatch(r"[0-9a-f]{4}", args.pci_device):
         return f"--pci-device must be 4 lower-case hex digits such as 2204, got {args.pci_device!r}"
+    if not CUDA.match(args.image_cuda):
+        return f"--image-cuda must be a CUDA version such as 13.0, got {args.image_cuda!r}"
     if args.vram_mib < 1024:
         return f"--vram-mib must be at least 1024, got {args.vram_mib}"
     default = args.power_default if args.power_default is not None else args.power_max
@@ -98,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
             power_max=args.power_max,
             preset=args.preset,
             pci_device=args.pci_device,
+            image_cuda=args.image_cuda,
         )
         t0 = time.monotonic()
         tb = up(

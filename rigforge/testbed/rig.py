@@ -28,6 +28,7 @@ class RigSpec:
     power_max: int = 350
     pci_device: str = "2204"  # PCI device ID of every card (10de:2204 = RTX 3090), what sysfs shows before a driver
     preset: str = ""  # "", "handmade" or "unowned": how the rig was set up before rigforge (testbed/presets.py)
+    image_cuda: str = "13.0"  # the CUDA version the stand-in images carry (the testbed lock's `cuda`, their env)
 
     def gpus_json(self, seed: str) -> dict:
         gpus = []

@@ -168,11 +168,22 @@ class NvidiaPciGpus(FactBase):
         return [(row[1], row[2].removeprefix("0x").lower() if len(row) > 2 else "") for row in rows]
 
 
+_CUDA_VERSION = re.compile(r"CUDA Version\s*:\s*(\d+\.\d+)")
+
+
+def parse_cuda_version(text: str) -> str | None:
+    """The driver's CUDA version from nvidia-smi's header ("| NVIDIA-SMI ... CUDA Version: 13.0 |"; `-q` and
+    `--version` say "CUDA Version : 13.0"), None when absent."""
+    match = _CUDA_VERSION.search(text or "")
+    return match.group(1) if match else None
+
+
 _PROC_VERSION = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)?)")
 
 
 def parse_running_driver(lines: list[str]) -> dict:
-    """Output of NvidiaRunningDriver -> {"version", "smi", "smi_ok", "owner"} (None/False/"" when absent)."""
+    """Output of NvidiaRunningDriver -> {"version", "smi", "smi_ok", "owner", "cuda"} (None/False when absent);
+    "cuda" is the CUDA version nvidia-smi's header says the running driver supports."""
     items = dict(line.partition("=")[::2] for line in lines if "=" in line)
     match = _PROC_VERSION.search(items.get("proc", ""))
     version = match.group(1) if match else (items.get("module", "").strip() or None)
@@ -181,6 +192,7 @@ def parse_running_driver(lines: list[str]) -> dict:
         "smi": items.get("smi", "").strip() or None,
         "smi_ok": items.get("smi_ok", "").strip() == "1",
         "owner": items.get("owner", "").split(":")[0].strip() or None,
+        "cuda": parse_cuda_version(items.get("cuda", "")),
     }
 
 
@@ -190,21 +202,23 @@ def unowned_driver(running: dict) -> bool:
 
 
 class NvidiaRunningDriver(FactBase):
-    """The running driver: /proc/driver/nvidia/version, the module version, whether nvidia-smi answers and which
-    package owns it (empty owner: no package, e.g. NVIDIA's .run installer)."""
+    """The running driver: /proc/driver/nvidia/version, the module version, whether nvidia-smi answers (its
+    default output, whose header carries the driver's CUDA version), and which package owns it (empty owner: no
+    package, e.g. NVIDIA's .run installer)."""
 
     def command(self) -> str:
         return (
             'echo "proc=$(head -n 1 /proc/driver/nvidia/version 2>/dev/null)"; '
             'echo "module=$(cat /sys/module/nvidia/version 2>/dev/null)"; '
             'smi=$(command -v nvidia-smi 2>/dev/null); echo "smi=$smi"; '
-            'if [ -n "$smi" ]; then timeout 60 "$smi" -L >/dev/null 2>&1 && echo smi_ok=1; '
+            'if [ -n "$smi" ]; then out=$(timeout 60 "$smi" 2>/dev/null) && echo smi_ok=1; '
+            'echo "cuda=$(printf \'%s\\n\' "$out" | grep -m 1 "CUDA Version")"; '
             'echo "owner=$(dpkg -S "$(readlink -f "$smi")" 2>/dev/null | head -n 1)"; fi'
         )
 
     @staticmethod
     def default() -> dict:
-        return {"version": None, "smi": None, "smi_ok": False, "owner": None}
+        return {"version": None, "smi": None, "smi_ok": False, "owner": None, "cuda": None}
 
     def process(self, output: list[str]) -> dict:
         return parse_running_driver(output)

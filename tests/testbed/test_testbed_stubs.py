@@ -153,6 +153,19 @@ def test_plain_table_has_the_real_frame(smi):
     assert len(gpu_lines) == 2 and all(len(line) == 91 for line in gpu_lines)
 
 
+def test_plain_header_carries_the_branchs_cuda_version_as_the_real_tool(smi, tmp_path):
+    from roles.facts.nvidia import parse_cuda_version
+
+    real = (FIX / "plain.txt").read_text().splitlines()
+    assert smi().stdout.splitlines()[2] == real[2]  # "| NVIDIA-SMI 580.159.04 ... CUDA Version: 13.0     |"
+    later = tmp_path / "nvidia-smi-590"
+    later.write_text(aptrepo.stub_script("nvidia-smi", DRIVER_VERSION=aptrepo.NEXT_DRIVER_VERSION, FLAVOR="open"))
+    (smi.root / "sys/module/nvidia/version").write_text(aptrepo.NEXT_DRIVER_VERSION + "\n")
+    out = subprocess.run([sys.executable, str(later)], env={"RIGFORGE_SIM_ROOT": str(smi.root)},
+                         capture_output=True, text=True).stdout  # fmt: skip
+    assert parse_cuda_version(out) == "13.1"  # branch 590: CUDA 13.1, as NVIDIA's table says
+
+
 def test_driver_not_loaded_and_version_mismatch(smi):
     (smi.root / "sys/module/nvidia/version").write_text("575.57.08\n")
     res = smi("-L")
