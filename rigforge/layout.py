@@ -11,6 +11,7 @@ from dataclasses import dataclass
 DEFAULT_ROOT = "/opt/rigforge"  # rigforge_root: models, src, serve, cache, venv live under it
 ETC = "/etc/rigforge"  # the rig manifest rig.json
 UNIT_DIR = "/etc/systemd/system"  # where rigforge installs its units
+UNIT_SEARCH_PATH = (UNIT_DIR, "/lib/systemd/system", "/usr/lib/systemd/system")  # systemd's precedence (others' units)
 RUN_LOCK = "/run/lock/rigforge.lock"  # held by the one rigforge run provisioning the rig (roles/rig_lock.py)
 DAEMON_JSON = "/etc/docker/daemon.json"  # Docker's config: rigforge merges the nvidia runtime into it
 STAMP = ".rigforge-stamp.json"  # written by rigforge/remote/fetch_weights.py in every asset dir

@@ -12,7 +12,7 @@ import re
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
-from rigforge.layout import POWER_UNIT
+from rigforge.layout import POWER_UNIT, UNIT_SEARCH_PATH
 
 # Fields read by NvidiaGpus, in order; keys of each GPU dict are these with "." replaced by "_".
 QUERY_FIELDS = (
@@ -227,7 +227,7 @@ class NvidiaRunningDriver(FactBase):
 # Units that set power caps at boot besides rigforge's own: the recipe repo's (club-3090
 # scripts/systemd/nvidia-power-cap.service) and the tuning unit it orders itself after (gpu-tune.service).
 CAP_UNITS = ("nvidia-power-cap.service", "gpu-tune.service")
-UNIT_DIRS = ("/etc/systemd/system", "/lib/systemd/system", "/usr/lib/systemd/system")  # systemd's precedence
+UNIT_DIRS = UNIT_SEARCH_PATH  # systemd's precedence (rigforge/layout.py)
 _PL = re.compile(r"(?:^|\s)(?:-pl|--power-limit)(?:=|\s+)(\d+(?:\.\d+)?)")
 
 
