@@ -100,7 +100,10 @@ def test_dual_turbo_converges_serves_verifies_and_a_second_run_changes_nothing(b
     )
     checks = json.loads(res.stdout)["hosts"]["rig1"]["checks"]
     assert res.returncode == 0 and all(c["status"] == "pass" for c in checks), res.stdout
-    assert len(checks) == 15, [c["name"] for c in checks]  # 13 + "VRAM fits variant" + "files as rendered"
+    # 13 + "VRAM fits variant" + "files as rendered" + "CUDA driver >= image"
+    assert len(checks) == 16, [c["name"] for c in checks]
+    cuda = next(c for c in checks if c["name"] == "CUDA driver >= image")
+    assert "CUDA: driver 13.0, image 13.0" in cuda["detail"], cuda
 
     before = started_at(rig, "vllm-qwen36-27b-dual-turbo")
     results, stderr, took = deploy(booted, tmp_path, "dual_turbo")
