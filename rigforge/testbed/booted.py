@@ -291,10 +291,22 @@ def boot(rig_dir: Path, timeout: float = 120) -> float:
             if state in ("running", "degraded"):
                 break
         time.sleep(0.5)
+    failed = enter(rig_dir, "systemctl --failed --no-legend --plain", timeout=30).stdout if state else ""
+    units = [line.split()[0] for line in failed.splitlines() if line.strip()]
+    if state == "degraded" and units and all(_irrelevant(unit) for unit in units):
+        # seen here now and then under load: the container's own housekeeping failed, nothing a rig needs
+        log(f"{rig_dir.name}: booted degraded by {', '.join(units)} (container housekeeping): reset, carrying on")
+        enter(rig_dir, "systemctl reset-failed", timeout=30)
+        state = "running"
     if state != "running":
-        failed = enter(rig_dir, "systemctl --failed --no-legend --plain", timeout=30).stdout if state else ""
         raise TestbedError(f"booted rig {rig_dir.name}: systemd is {state or 'not up'} after {timeout:.0f}s\n{failed}")
     return time.monotonic() - t0
+
+
+def _irrelevant(unit: str) -> bool:
+    """Units whose failure inside a container says nothing about the rig: /etc/.updated bookkeeping
+    (systemd-update-done), and loading kernel modules, which a container cannot do (modprobe@*)."""
+    return unit == "systemd-update-done.service" or unit.startswith("modprobe@")
 
 
 def shutdown(rig_dir: Path, timeout: float = 60) -> None:
