@@ -67,6 +67,7 @@ class Variant:
     gpu_reservation: tuple[tuple[str, Any], ...]
     asset_dirs: tuple[tuple[str, str], ...] = ()  # (asset, dir under the model dir)
     sizes: tuple[tuple[str, int], ...] = ()  # (asset, approximate bytes), until the lock knows the sizes
+    successor: str | None = None  # the recipe repo's live slug that took its place (its image may be purged)
     manifest_extra = MappingProxyType({})  # what rig.json records besides the plan's pins: nothing for a seed
 
     @property
@@ -148,7 +149,7 @@ def _variant(name: str, raw: dict, defaults: dict, assets: dict[str, Asset]) -> 
         raise CatalogError(f"{where}: must be a mapping")
     known = {
         "summary", "pick_when", "port", "service", "container_name", "gpus", "min_card_mib", "fits_20gb_cards",
-        "assets", "sources", "environment", "mounts", "args", "entrypoint", "measured",
+        "assets", "sources", "environment", "mounts", "args", "entrypoint", "measured", "successor",
     }  # fmt: skip
     unknown = set(raw) - known
     if unknown:
@@ -185,6 +186,8 @@ def _variant(name: str, raw: dict, defaults: dict, assets: dict[str, Asset]) -> 
         "--tensor-parallel-size"
     ) != str(gpus):
         raise CatalogError(f"{where}: --tensor-parallel-size must equal gpus ({gpus})")
+    if not isinstance(raw.get("successor", ""), str):
+        raise CatalogError(f"{where}: successor must be a recipe slug (a string), got {raw['successor']!r}")
     entrypoint = raw.get("entrypoint")
     if entrypoint is not None and not all(isinstance(s, str) for s in entrypoint):
         raise CatalogError(f"{where}: entrypoint must be a list of shell lines")
@@ -213,6 +216,7 @@ def _variant(name: str, raw: dict, defaults: dict, assets: dict[str, Asset]) -> 
         gpu_reservation=tuple(defaults["gpu_reservation"].items()),
         asset_dirs=tuple((a, assets[a].dir) for a in raw["assets"]),
         sizes=tuple((a, int(assets[a].approx_gb * 1e9)) for a in raw["assets"]),
+        successor=raw.get("successor"),
     )
 
 

@@ -51,6 +51,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lock", type=Path, default=None, help="lock file (default: rigforge.lock.yaml)")
     parser.add_argument("--refresh", nargs="+", default=[], metavar="NAME",
                         help="re-resolve these entries (git/hf names, 'image', 'images.NAME')")  # fmt: skip
+    parser.add_argument("--fleet-registry", metavar="URL", default=None,
+                        help="the fleet registry (https://HOST:PORT): resolve an image upstream no longer has "
+                        "from its copy there")  # fmt: skip
+    parser.add_argument("--fleet-ca", metavar="PEM", default=None,
+                        help="the fleet CA's certificate (default: ca.crt of the default registry CA dir)")  # fmt: skip
 
 
 def resolve_git(pin: GitPin) -> str:
@@ -134,23 +139,23 @@ def manifest_url(ref: str, registry: str | None = None) -> str:
     return f"{registry}/v2/{name}/manifests/{tag}"
 
 
-def _registry_get(method: str, url: str, headers: dict):
+def _registry_get(method: str, url: str, headers: dict, verify=True):
     """One Distribution API request; an anonymous bearer token is fetched (into `headers`) when the registry asks
-    for one (its 401 challenge)."""
+    for one (its 401 challenge). `verify`: requests' certificate check (a CA bundle's path, or False)."""
     import requests
 
-    resp = requests.request(method, url, headers=headers, timeout=30)
+    resp = requests.request(method, url, headers=headers, timeout=30, verify=verify)
     challenge = resp.headers.get("WWW-Authenticate", "")
     if resp.status_code == 401 and challenge.lower().startswith("bearer "):
         params = requests.utils.parse_dict_header(challenge[7:])
         realm = params.pop("realm")
         token = requests.get(realm, params=params, timeout=30).json()
         headers["Authorization"] = f"Bearer {token.get('token') or token.get('access_token')}"
-        resp = requests.request(method, url, headers=headers, timeout=30)
+        resp = requests.request(method, url, headers=headers, timeout=30, verify=verify)
     return resp
 
 
-def resolve_image(ref: str, registry: str | None = None) -> str:
+def resolve_image(ref: str, registry: str | None = None, verify=True) -> str:
     """The registry's digest (sha256:...) for an image `name:tag`, as `docker pull` would get it.
 
     Docker Hub unless the name starts with a registry host, or `registry` (a base URL) is given. Anonymous
@@ -159,7 +164,7 @@ def resolve_image(ref: str, registry: str | None = None) -> str:
     import requests
 
     try:
-        resp = _registry_get("HEAD", manifest_url(ref, registry), {"Accept": MANIFEST_TYPES})
+        resp = _registry_get("HEAD", manifest_url(ref, registry), {"Accept": MANIFEST_TYPES}, verify)
     except (requests.RequestException, ValueError, KeyError) as e:
         raise LockError(f"image: cannot reach the registry for {ref}: {e}") from None
     digest = resp.headers.get("Docker-Content-Digest", "")
@@ -171,6 +176,15 @@ def resolve_image(ref: str, registry: str | None = None) -> str:
     if resp.status_code != 200 or not DIGEST.match(digest):
         raise LockError(f"image: {ref}: registry answered HTTP {resp.status_code} without a sha256 digest")
     return digest
+
+
+def fleet_ref(ref: str) -> str:
+    """`ref` as the fleet registry names its copy: a Docker Hub image under its full repository path
+    (`x:tag` -> `library/x:tag`), the way `manifest_url` reads it against any registry."""
+    from rigforge.obtain import parse
+
+    image = parse(ref)
+    return f"{image.repository}:{image.tag or 'latest'}"
 
 
 def cuda_of(config: dict) -> str | None:
@@ -186,7 +200,7 @@ def cuda_of(config: dict) -> str | None:
     return match.group(0) if match else None
 
 
-def resolve_image_cuda(ref: str, digest: str, registry: str | None = None) -> str | None:
+def resolve_image_cuda(ref: str, digest: str, registry: str | None = None, verify=True) -> str | None:
     """The CUDA version of the image `ref` at `digest`, read from its config blob (for a multi-platform index: the
     linux/amd64 image's); None when the config records none."""
     import requests
@@ -194,16 +208,16 @@ def resolve_image_cuda(ref: str, digest: str, registry: str | None = None) -> st
     base = manifest_url(ref, registry).rsplit("/manifests/", 1)[0]
     headers = {"Accept": MANIFEST_TYPES}
     try:
-        manifest = _registry_get("GET", f"{base}/manifests/{digest}", headers)
+        manifest = _registry_get("GET", f"{base}/manifests/{digest}", headers, verify)
         manifest.raise_for_status()
         manifest = manifest.json()
         if "manifests" in manifest:  # an index: the linux/amd64 image (else the first)
             entries = manifest["manifests"]
             amd64 = [m for m in entries if (m.get("platform") or {}).get("architecture") == "amd64"]
-            one = _registry_get("GET", f"{base}/manifests/{(amd64 or entries)[0]['digest']}", headers)
+            one = _registry_get("GET", f"{base}/manifests/{(amd64 or entries)[0]['digest']}", headers, verify)
             one.raise_for_status()
             manifest = one.json()
-        blob = _registry_get("GET", f"{base}/blobs/{manifest['config']['digest']}", headers)
+        blob = _registry_get("GET", f"{base}/blobs/{manifest['config']['digest']}", headers, verify)
         blob.raise_for_status()
         return cuda_of(blob.json())
     except (requests.RequestException, ValueError, KeyError, IndexError, TypeError) as e:
@@ -250,9 +264,17 @@ def cache_recipes(pin: GitPin) -> Path | None:
 
 
 def resolve(
-    lock: Lock, refresh: list[str], endpoint: str | None, token: str | None, registry: str | None = None
+    lock: Lock,
+    refresh: list[str],
+    endpoint: str | None,
+    token: str | None,
+    registry: str | None = None,
+    fleet: tuple[str, str | bool] | None = None,
 ) -> tuple[Lock, list[str]]:
-    """Resolve unresolved (and `refresh`ed) entries; return the new lock and a report line per change."""
+    """Resolve unresolved (and `refresh`ed) entries; return the new lock and a report line per change.
+
+    `fleet`: (the fleet registry's base URL, its CA's path or False for plain HTTP): an image whose tag upstream
+    no longer has is resolved from the fleet's copy there (copied with its digest kept, docs/registry.md)."""
     unknown = set(refresh) - set(lock.git) - set(lock.hf) - {"image"} - {f"images.{n}" for n in lock.images}
     if unknown:
         raise LockError(f"--refresh: no git or hf entry {sorted(unknown)} (known: {', '.join([*lock.git, *lock.hf])})")
@@ -261,11 +283,23 @@ def resolve(
     def image(key: str, pin: ImagePin) -> ImagePin:
         if pin.digest and key not in refresh:
             return pin
-        digest = resolve_image(pin.ref, registry)
+        where, base, verify = "", registry, True
+        try:
+            digest = resolve_image(pin.ref, registry)
+        except LockError as gone:
+            if fleet is None or "HTTP 404" not in str(gone):
+                raise
+            base, verify = fleet
+            where = f" (from the fleet registry {base}: upstream no longer has this tag)"
+            try:
+                digest = resolve_image(fleet_ref(pin.ref), base, verify)
+            except LockError as e:
+                raise LockError(f"{gone}; the fleet registry {base} has no copy either ({e})") from None
         if digest == pin.digest:
             return pin
-        cuda = resolve_image_cuda(pin.ref, digest, registry) or pin.cuda  # none in the config: keep the lock's
-        report.append(f"{key}: {pin.ref} -> {digest}" + (f" (CUDA {cuda})" if cuda else ""))
+        ref = pin.ref if base is registry else fleet_ref(pin.ref)
+        cuda = resolve_image_cuda(ref, digest, base, verify) or pin.cuda  # none in the config: keep the lock's
+        report.append(f"{key}: {pin.ref} -> {digest}" + (f" (CUDA {cuda})" if cuda else "") + where)
         return dataclasses.replace(pin, digest=digest, cuda=cuda)
 
     seed = image("image", lock.image)
@@ -353,7 +387,13 @@ def run(args: argparse.Namespace) -> int:
             return 1 if problems else 0
         token = os.environ.get("RIGFORGE_HF_TOKEN") or os.environ.get("HF_TOKEN")
         registry = os.environ.get("RIGFORGE_REGISTRY")
-        new, report = resolve(lock, list(args.refresh), os.environ.get("HF_ENDPOINT"), token, registry)
+        fleet = None
+        if args.fleet_registry:
+            from rigforge.registry import default_ca_dir
+
+            ca = args.fleet_ca or str(default_ca_dir() / "ca.crt")
+            fleet = (args.fleet_registry, False if args.fleet_registry.startswith("http://") else ca)
+        new, report = resolve(lock, list(args.refresh), os.environ.get("HF_ENDPOINT"), token, registry, fleet)
         if report:
             write_atomically(path, dump_lock(new))
         from rigforge.recipes import GIT_NAME

@@ -44,6 +44,7 @@ class ServedVariant(Protocol):
     sizes: tuple[tuple[str, int], ...]  # (asset, approximate bytes) until the lock knows the sizes
     served_model: str  # the model name /v1/models lists
     manifest_extra: Mapping[str, Any]  # what rig.json records about the variant's source
+    successor: str | None  # the recipe repo's live variant to move to when this one's image is gone everywhere
 
     def files(self, s: Settings, layout: HostLayout, gpu_count: int) -> dict[str, str]: ...  # serve dir, units
 

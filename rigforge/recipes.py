@@ -518,6 +518,7 @@ class LiveVariant:
     min_card_mib: int
     sources: tuple[str, ...] = (GIT_NAME,)
     uses_dflash: bool = False  # 20 GB cards: the recipe's own knobs (kv dtype, memory) apply
+    successor: str | None = None  # a live slug is its own way forward
 
     @property
     def name(self) -> str:

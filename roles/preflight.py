@@ -34,7 +34,7 @@ CHECKED_KEYS = {
 }
 
 
-def check(needs: Needs, data: Mapping) -> bool:
+def check(needs: Needs, data: Mapping, more: list[str] = ()) -> bool:
     """Refuse this host now, while the deploy is prepared, when it cannot run `needs.variant`; True when it can.
 
     Nothing has changed on the host yet (preflight comes first), so what the facts say now is what they would
@@ -43,6 +43,7 @@ def check(needs: Needs, data: Mapping) -> bool:
 
     + needs: what the variant needs of the host
     + data: the plan's validated host data (roles/site.py)
+    + more: problems found on the controller (the image no source has: roles/site.py image_problems)
     """
     data = {key: data.get(key, default) for key, default in CHECKED_KEYS.items()}
     problems = find_problems(
@@ -55,6 +56,7 @@ def check(needs: Needs, data: Mapping) -> bool:
         running=host.get_fact(NvidiaRunningDriver),
     )
     problems += host_state.problems(data)  # the driver and container-runtime roles' host-state checks
+    problems += list(more)
     if host.get_fact(SecureBoot) == "enabled":
         host.log_styled(
             "Secure Boot is enabled: DKMS-built NVIDIA modules must be signed with an enrolled MOK key; on Ubuntu, "

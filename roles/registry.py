@@ -16,11 +16,11 @@ import shlex
 from collections.abc import Mapping
 
 from pyinfra.api import deploy
-from pyinfra.operations import apt, systemd
+from pyinfra.operations import apt, server, systemd
 
 from rigforge import registry, schema
 from rigforge.registry import RegistryPlan
-from roles.operations import docker_daemon
+from roles.operations import docker_daemon, fleet_copy
 from roles.operations.checks import refuse_now
 from roles.operations.staged import staged_files
 
@@ -52,15 +52,18 @@ def validate(data: Mapping) -> list[str]:
 
 
 @deploy("Fleet registry (Distribution)", data_defaults=DEFAULTS)
-def serve(reg: RegistryPlan, tls: tuple[str, str] | None, manage_services: bool):
-    """On the registry host: the registry, serving `tls` = (certificate, key) PEM, or plain HTTP when None."""
+def serve(reg: RegistryPlan, tls: tuple[str, str] | None, manage_services: bool, ca: str | None = None,
+          images: tuple[str, ...] = ()):  # fmt: skip
+    """On the registry host: the registry, serving `tls` = (certificate, key) PEM, or plain HTTP when None, and
+    holding `images` (the fleet's rigs' locked images, `ref@sha256:...`), copied from upstream by skopeo, which
+    trusts the registry through the fleet CA `ca` in certs.d as Docker does."""
     text = registry.render_config(reg)
     problems = registry.check_config(text, tls=not reg.insecure)
     if problems:
         refuse_now(f"Refuse {reg.host}: the registry config is not valid", "; ".join(problems))
         return
-    apt.packages(name="Install Debian's docker-registry (Distribution) and openssl", packages=["docker-registry",
-                 "openssl"])  # fmt: skip
+    apt.packages(name="Install Debian's docker-registry (Distribution), skopeo and openssl",
+                 packages=["docker-registry", "skopeo", "openssl"])  # fmt: skip
     certs = None
     if tls:
         certs = staged_files(
@@ -86,30 +89,41 @@ def serve(reg: RegistryPlan, tls: tuple[str, str] | None, manage_services: bool)
             restarted=True,
             _if=lambda: config.did_change() or bool(certs and certs.did_change()),
         )
+        if ca is not None:
+            _ca_in_certs_d(reg, ca)  # skopeo reads /etc/docker/certs.d too
+        for image in images:  # before any rig pulls: the rigs' pulls come later in the run (roles/site.py)
+            fleet_copy.image_in_fleet(
+                name=f"Fill the fleet registry: {image}", image=image, endpoint=reg.endpoint, insecure=reg.insecure
+            )
+
+
+def _ca_in_certs_d(reg: RegistryPlan, ca: str):
+    staged_files(
+        name=f"Trust the fleet registry {reg.endpoint} (the fleet CA in {registry.CERTS_D})",
+        dest=f"{registry.CERTS_D}/{reg.endpoint}",
+        files={"ca.crt": (ca, "644")},
+        keep_previous=False,
+    )
 
 
 @deploy("Trust the fleet registry", data_defaults=DEFAULTS)
 def trust(reg: RegistryPlan, ca: str | None, daemon_json: str, manage_services: bool):
     """On a rig: the fleet CA's certificate `ca` where Docker looks for this registry's, or, for a plain-HTTP
-    registry (`ca` None), the registry in daemon.json's insecure-registries (Docker restarted when it changed)."""
+    registry (`ca` None), the registry in daemon.json's insecure-registries; and the registry first in
+    daemon.json's registry-mirrors, so Docker asks it for Docker Hub images before Docker Hub (the pulled image
+    keeps its Docker Hub name and digest). Docker reloads the list (SIGHUP: running containers keep running)."""
     if ca is not None:
-        staged_files(
-            name=f"Trust the fleet registry {reg.endpoint} (the fleet CA in {registry.CERTS_D})",
-            dest=f"{registry.CERTS_D}/{reg.endpoint}",
-            files={"ca.crt": (ca, "644")},
-            keep_previous=False,
-        )
-        return
+        _ca_in_certs_d(reg, ca)
+    extend = {"registry-mirrors": [reg.url]} | ({} if ca is not None else {"insecure-registries": [reg.endpoint]})
     daemon = docker_daemon.merge_json(
-        name=f"List the plain-HTTP fleet registry {reg.endpoint} in insecure-registries",
+        name=f"Ask the fleet registry {reg.url} before Docker Hub (daemon.json registry-mirrors)",
         path=daemon_json,
         patch={},
-        extend={"insecure-registries": [reg.endpoint]},
+        extend=extend,
     )
     if manage_services:
-        systemd.service(
-            name="Restart docker for the new insecure-registries",
-            service="docker.service",
-            restarted=True,
+        server.shell(
+            name="Reload docker for the fleet registry (a reload: running containers keep running)",
+            commands=["systemctl try-reload-or-restart docker.service"],
             _if=daemon.did_change,
         )

@@ -34,6 +34,9 @@ DEFAULTS = {
     "serving_health_timeout": 600,  # seconds to wait for /v1/models after a (re)start, as the recipes do
     "serving_health_host": "127.0.0.1",  # where the health gate reaches the API on the rig
     "serving_allow_privileged_port": False,  # let serving_port be below 1024 (a port root services usually own)
+    # on the controller, asked before a rig that lacks its image pulls it (rigforge/obtain.py):
+    "serving_image_upstream": None,  # base URL standing for Docker Hub (None: https://registry-1.docker.io)
+    "serving_image_upstream_ca": None,  # CA bundle (PEM path) for it (None: the system's CAs)
 }
 SERVING_SETTINGS = {  # rendering settings this role's host data sets ({setting: host-data key})
     name: key for name, key in schema.HOST_KEYS.items() if key.startswith("serving_") or key == "rigforge_root"
@@ -45,6 +48,11 @@ def validate(data: Mapping) -> list[str]:
     problems += schema.boolean(data, "rigforge_manage_services") + schema.boolean(data, "serving_allow_privileged_port")
     problems += schema.integer(data, "serving_health_timeout", 10, 86400, " of seconds")
     problems += schema.hostname(data, "serving_health_host")
+    upstream, ca = data.get("serving_image_upstream"), data.get("serving_image_upstream_ca")
+    if upstream is not None and not (isinstance(upstream, str) and upstream.startswith(("https://", "http://"))):
+        problems.append(f"serving_image_upstream must be a registry base URL (https://HOST[:PORT]), got {upstream!r}")
+    if ca is not None and not (isinstance(ca, str) and ca.strip()):
+        problems.append(f"serving_image_upstream_ca must be the path of a PEM file on the controller, got {ca!r}")
     return problems
 
 

@@ -21,7 +21,7 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.context import ctx_state
 
-from rigforge import gateway, power, registry, schema
+from rigforge import gateway, obtain, power, registry, schema
 from rigforge import plan as planner
 from rigforge.catalog import CatalogError
 from rigforge.hardware import Needs, format_problems
@@ -112,21 +112,33 @@ def registry_plan(inventory):
     return (None if problems else registry.build(name, data)), problems
 
 
-def serve_the_registry() -> bool:
+def serve_the_registry(variant=None) -> bool:
     """On the fleet registry's host, the registry (roles/registry.py); False when it was refused."""
     reg, problems = registry_plan(host.inventory)
     if reg is None and not problems or (reg and reg.host != host.name):
         return True
     try:
         tls = None if problems or reg.insecure else registry.server_certificate(reg.ca_dir, reg.address)
+        ca = None if problems or reg.insecure else registry.ca_certificate(reg.ca_dir)
     except registry.RegistryError as error:
         problems = [str(error)]
     if problems:
         message = format_problems(host.name, problems, what="rigforge refused the fleet registry")
         refuse_now(f"Refuse {host.name}: {len(problems)} problem(s) with the fleet registry", message)
         return False
-    registry_role.serve(reg, tls, host_data(host.data)["rigforge_manage_services"])
+    registry_role.serve(reg, tls, host_data(host.data)["rigforge_manage_services"], ca, fleet_images(variant))
     return True
+
+
+def fleet_images(variant=None) -> tuple[str, ...]:
+    """The locked Docker Hub images (ref@sha256:...) the inventory's rigs run, for the fleet registry to hold."""
+    images = set()
+    for rig in filter(is_rig, host.inventory):
+        plan, _ = plan_for(rig.name, rig.data, variant, deployable=False)
+        ref = obtain.parse(plan.image) if plan else None
+        if ref and ref.digest and ref.on_docker_hub:
+            images.add(plan.image)
+    return tuple(sorted(images))
 
 
 def trust_the_registry(plan: Plan) -> None:
@@ -217,6 +229,17 @@ def _disk_needed(plan: Plan) -> int:
     return needed
 
 
+def image_problems(plan: Plan) -> list[str]:
+    """The refusal when the rig lacks its image and no source has it (rigforge/obtain.py: the fleet registry,
+    upstream), asked from the controller before anything changes; a rig that holds it asks nothing."""
+    if not plan.data["rigforge_manage_services"] or host.get_fact(DockerImagePresent, image=plan.image):
+        return []
+    reg, _ = registry_plan(host.inventory)
+    found = obtain.sources(plan.image, reg, plan.data["serving_image_upstream"], plan.data["serving_image_upstream_ca"])
+    problem = obtain.problem(plan.image, found, plan.variant.successor)
+    return [problem] if problem else []
+
+
 def needs(plan: Plan) -> Needs:
     v = plan.variant
     cuda = plan.lock.image_cuda(plan.image) if plan.lock else None
@@ -239,13 +262,15 @@ def hold_the_rig() -> bool:
 def provision(variant_name: str | None = None):
     probe.install_all()  # one batched probe per rig, cheaper per-op work (roles/facts/probe.py); first
     interrupt.install(ctx_state.get())  # Ctrl-C / SIGTERM exit non-zero, naming the cut operation
-    if not hold_the_rig() or not front_the_fleet(variant_name) or not serve_the_registry() or not is_rig(host):
+    if not hold_the_rig() or not front_the_fleet(variant_name) or not serve_the_registry(variant_name):
+        return
+    if not is_rig(host):
         return
     plan = prepare(variant_name)
     if plan is None:
         return
     host_needs = needs(plan)
-    if not preflight.check(host_needs, plan.data):
+    if not preflight.check(host_needs, plan.data, image_problems(plan)):
         return
     if not host.get_fact(NvidiaGpus):  # a fresh rig: say it before the driver goes on
         host.log_styled(

@@ -139,22 +139,32 @@ def test_a_rig_trusts_the_registry_by_its_ca_or_lists_a_plain_http_one():
 
     tls = plan(registry_address="10.0.0.5")
     state = converge({"r": rig()}, registry_role.trust, tls, "CA PEM\n", "/etc/docker/daemon.json", True)
-    assert uploads(state, "r") == {"/etc/docker/certs.d/10.0.0.5:5000/.staging/ca.crt": b"CA PEM\n"}
+    up = uploads(state, "r")
+    assert up["/etc/docker/certs.d/10.0.0.5:5000/.staging/ca.crt"] == b"CA PEM\n"
     assert "mv -f /etc/docker/certs.d/10.0.0.5:5000/.staging/ca.crt /etc/docker/certs.d/10.0.0.5:5000/ca.crt" in (
         executed(state, "r")
     )
-    assert not any("daemon.json" in c or "restart" in c for c in executed(state, "r"))
+    # asked before Docker Hub, over TLS: a mirror, not an insecure registry; reloaded, never restarted
+    assert json.loads(up["/etc/docker/.daemon.json.rigforge-new"]) == {"registry-mirrors": ["https://10.0.0.5:5000"]}
+    assert "systemctl try-reload-or-restart docker.service" in executed(state, "r")
+    assert not any("systemctl restart" in c for c in executed(state, "r"))
+    mirrored = json.dumps({"registry-mirrors": ["https://10.0.0.5:5000"]}).splitlines()
+    state = converge({"r": rig(extra={"daemon.json": mirrored})}, registry_role.trust, tls, "CA PEM\n",
+                     "/etc/docker/daemon.json", True)  # fmt: skip
+    assert not any("reload" in c or "daemon.json" in c and "mv" in c for c in executed(state, "r"))
 
     daemon = json.dumps({"storage-driver": "vfs", "insecure-registries": ["mine:5000"]}).splitlines()
     plain = plan(registry_insecure=True)
     state = converge({"r": rig(extra={"daemon.json": daemon})}, registry_role.trust, plain, None,
                      "/etc/docker/daemon.json", True, execute=False)  # fmt: skip
     written = json.loads(uploads(state, "r")["/etc/docker/.daemon.json.rigforge-new"])
-    assert written == {"storage-driver": "vfs", "insecure-registries": ["mine:5000", "gw.lan:5000"]}
-    listed = json.dumps({"insecure-registries": ["gw.lan:5000"]}).splitlines()
+    assert written == {"storage-driver": "vfs", "insecure-registries": ["mine:5000", "gw.lan:5000"],
+                       "registry-mirrors": ["http://gw.lan:5000"]}  # fmt: skip
+    listed = json.dumps({"insecure-registries": ["gw.lan:5000"], "registry-mirrors": ["http://gw.lan:5000"]})
+    listed = listed.splitlines()
     state = converge({"r": rig(extra={"daemon.json": listed})}, registry_role.trust, plain, None,
                      "/etc/docker/daemon.json", True)  # fmt: skip
-    assert not any("restart" in c or "daemon.json" in c and "mv" in c for c in executed(state, "r"))
+    assert not any("reload" in c or "daemon.json" in c and "mv" in c for c in executed(state, "r"))
 
 
 def test_the_registry_host_gets_its_key_0600_for_the_registrys_user_then_the_config():

@@ -35,7 +35,7 @@ def first(cmds, pattern) -> int:
 
 def test_fresh_rig_pulls_before_starting_then_gates_on_health():
     cmds = run()
-    pull = first(cmds, r"^docker pull --quiet vllm/vllm-openai:nightly-")
+    pull = first(cmds, r"^docker pull vllm/vllm-openai(:nightly-|@sha256:)")
     reload_ = first(cmds, r"^systemctl daemon-reload$")
     enable = first(cmds, rf"^systemctl enable {re.escape(UNIT)}$")
     start = first(cmds, rf"^systemctl (start|restart) {re.escape(UNIT)}$")

@@ -22,3 +22,26 @@ class DockerImagePresent(FactBase):
 
     def process(self, output: list[str]) -> bool:
         return bool(output) and output[0].strip() == "yes"
+
+
+class RegistryHasImage(FactBase):
+    """
+    Whether the registry at ``endpoint`` holds ``repository@digest`` (``skopeo inspect --raw`` reads its
+    manifest), as a bool. False also while skopeo is not installed::
+
+        True
+    """
+
+    def command(self, endpoint: str, repository: str, digest: str, tls_verify: bool = True) -> StringCommand:
+        return StringCommand(
+            "skopeo", "inspect", "--raw", f"--tls-verify={'true' if tls_verify else 'false'}",
+            QuoteString(f"docker://{endpoint}/{repository}@{digest}"),
+            ">/dev/null 2>&1 && echo yes || echo no",
+        )  # fmt: skip
+
+    @staticmethod
+    def default() -> bool:
+        return False
+
+    def process(self, output: list[str]) -> bool:
+        return bool(output) and output[0].strip() == "yes"

@@ -9,10 +9,12 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
 from rigforge.layout import VLLM_TEMPLATE, HostLayout
+from rigforge.obtain import parse
 from roles.facts.docker import DockerImagePresent
 from roles.facts.files import JsonFile
 from roles.facts.nvidia import NvidiaGpus, NvidiaTopology
 from roles.facts.system import EnabledInstances
+from roles.operations.shown import ShownCommand, say
 from roles.operations.staged import upload_privately
 
 MANIFEST_VOLATILE = ("provisioned_at",)
@@ -42,14 +44,18 @@ def sole_instance(unit: str, stop_others: bool, unit_dir: str = UNIT_DIR, templa
 @operation()
 def image_present(image: str):
     """
-    ``docker pull`` the image unless the engine already holds it (needs a running engine).
+    ``docker pull`` the image by its locked digest unless the engine already holds it (needs a running engine),
+    its progress shown line by line. Docker asks the fleet registry first when the rig lists it in
+    registry-mirrors (roles/registry.py); layers a cut pull left complete are not fetched again.
 
-    + image: the pinned image reference, e.g. ``repo/name:tag``
+    + image: the pinned image reference, ``repo[:tag]@sha256:...`` (or ``repo:tag`` while the lock has no digest)
     """
     if host.get_fact(DockerImagePresent, image=image):
         host.noop(f"{image} already present")
         return
-    yield StringCommand("docker", "pull", "--quiet", QuoteString(image))
+    ref = parse(image)
+    yield say(f"pulling {ref.pinned}")
+    yield ShownCommand("docker", "pull", QuoteString(ref.pinned))
 
 
 def enabled_instances(unit_dir: str = UNIT_DIR, template: str = VLLM_TEMPLATE) -> list[str]:

@@ -1,0 +1,150 @@
+"""Where a rig gets its locked image (issue 22, docs/registry.md): the rig itself, the fleet registry, upstream.
+
+    image reference --parse--> ImageRef (registry, repository, digest)
+    ImageRef + the fleet registry's plan + the upstream base URL --sources--> [Source] (asked over HTTP, HEAD)
+    [Source] --problem--> one line naming the image and the variant's live successor, when none has it
+
+The fleet registry stands in for Docker Hub through each rig's `registry-mirrors` (Docker asks its mirrors
+before Docker Hub, and records the pulled image under its Docker Hub name, so `ref@sha256:...` resolves):
+it serves images of Docker Hub only. Pure data plus HTTP requests from the controller; no pyinfra host calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rigforge.pins import DIGEST
+from rigforge.registry import RegistryPlan
+
+DOCKER_HUB = "docker.io"
+DOCKER_HUB_API = "https://registry-1.docker.io"  # where Docker itself asks for docker.io images
+MANIFEST_TYPES = ", ".join(
+    [
+        "application/vnd.oci.image.index.v1+json",
+        "application/vnd.docker.distribution.manifest.list.v2+json",
+        "application/vnd.oci.image.manifest.v1+json",
+        "application/vnd.docker.distribution.manifest.v2+json",
+    ]
+)
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    registry: str  # "docker.io", or the host[:port] the reference names
+    repository: str  # "vllm/vllm-openai" ("library/x" for Docker Hub's official images)
+    tag: str | None
+    digest: str | None
+
+    @property
+    def on_docker_hub(self) -> bool:
+        return self.registry == DOCKER_HUB
+
+    @property
+    def pinned(self) -> str:
+        """What `ref` says, by digest when it has one (`vllm/vllm-openai@sha256:...`)."""
+        name = self.repository.removeprefix("library/") if self.on_docker_hub else f"{self.registry}/{self.repository}"
+        return f"{name}@{self.digest}" if self.digest else f"{name}:{self.tag or 'latest'}"
+
+
+def parse(image: str) -> ImageRef:
+    """`[host[:port]/]name[:tag][@sha256:...]` as Docker reads it (a first part with '.' or ':', or 'localhost',
+    is a registry host; otherwise Docker Hub, whose one-part names live under library/)."""
+    rest, _, digest = image.partition("@")
+    if digest and not DIGEST.match(digest):
+        raise ValueError(f"{image!r}: the digest must be sha256:<64 hex>")
+    name, tag = rest, None
+    if ":" in rest.rsplit("/", 1)[-1]:
+        name, _, tag = rest.rpartition(":")
+    first, _, after = name.partition("/")
+    if after and ("." in first or ":" in first or first == "localhost"):
+        registry, repository = first, after
+    else:
+        registry, repository = DOCKER_HUB, name if "/" in name else f"library/{name}"
+    return ImageRef(registry, repository, tag, digest or None)
+
+
+@dataclass(frozen=True)
+class Source:
+    name: str  # "the fleet registry 127.0.2.1:5000", "upstream (docker.io)"
+    kind: str  # "fleet" or "upstream"
+    has: bool | None  # None: it could not be asked
+    detail: str  # "HTTP 404", "unreachable: ..." ("" when it has it)
+
+
+def ask(base: str, repository: str, reference: str, verify) -> tuple[bool | None, str]:
+    """(whether the registry at `base` has the manifest `reference` (digest or tag) of `repository`, why not):
+    one HEAD request (an anonymous bearer token first when the registry asks, as Docker Hub does)."""
+    import requests
+
+    from rigforge.lock import _registry_get
+
+    url = f"{base.rstrip('/')}/v2/{repository}/manifests/{reference}"
+    try:
+        resp = _registry_get("HEAD", url, {"Accept": MANIFEST_TYPES}, verify=verify)
+    except (requests.RequestException, ValueError, KeyError, OSError) as e:
+        return None, f"unreachable: {type(e).__name__}: {str(e)[:160]}"
+    if resp.status_code == 200:
+        return True, ""
+    return (False if resp.status_code in (404, 401, 403) else None), f"HTTP {resp.status_code}"
+
+
+def fleet_verify(reg: RegistryPlan):
+    """What requests checks the fleet registry's certificate with: the fleet CA (plain HTTP: nothing)."""
+    return False if reg.insecure else str(Path(reg.ca_dir) / "ca.crt")
+
+
+def upstream_base(ref: ImageRef, upstream: str | None) -> str:
+    """The registry Docker pulls `ref` from without a mirror: `upstream` (host data serving_image_upstream: the
+    testbed's stand-in for Docker Hub) for Docker Hub images, else the registry the reference names."""
+    if ref.on_docker_hub:
+        return upstream or DOCKER_HUB_API
+    return f"https://{ref.registry}"
+
+
+def sources(image: str, fleet: RegistryPlan | None, upstream: str | None, upstream_ca: str | None) -> list[Source]:
+    """Every place the rig could pull `image` (ref@digest) from, asked now: the fleet registry (Docker Hub
+    images only: Docker uses its mirrors for nothing else), then upstream."""
+    ref = parse(image)
+    reference = ref.digest or ref.tag or "latest"
+    out = []
+    if fleet is not None and ref.on_docker_hub:
+        has, why = ask(fleet.url, ref.repository, reference, fleet_verify(fleet))
+        out.append(Source(f"the fleet registry {fleet.endpoint}", "fleet", has, why))
+    has, why = ask(upstream_base(ref, upstream), ref.repository, reference, upstream_ca or True)
+    out.append(Source(f"upstream ({ref.registry})", "upstream", has, why))
+    return out
+
+
+def problem(image: str, found: list[Source], successor: str | None) -> str | None:
+    """None when some source has `image`; else the one line: the image, what each source answered, the way on."""
+    if any(s.has for s in found):
+        return None
+    answers = "; ".join(f"{s.name}: {s.detail}" for s in found)
+    way = (
+        f"move to the recipe repo's live successor: rigforge_variant: {successor}"
+        if successor
+        else ("move to a variant with a live image (`rigforge render --list`)")
+    )
+    return (
+        f"image {image} is in no source this rig can pull from ({answers}), and the rig does not hold it: {way}, "
+        "or `rigforge images load DIR` a saved copy onto the rig"
+    )
+
+
+def origin(on_rig: bool, found: list[Source]) -> tuple[str, bool]:
+    """(where the image comes from, as status says it; whether that is a warning): the fleet, upstream, or the
+    rig alone (no other copy exists)."""
+    have = [s.kind for s in found if s.has]
+    if "fleet" in have:
+        text = "the fleet registry" + (" and upstream" if "upstream" in have else " (gone upstream)")
+    elif "upstream" in have:
+        text = "upstream"
+    elif on_rig:
+        unknown = [s.name for s in found if s.has is None]
+        return "this rig alone: no other copy exists" + (f" (not asked: {', '.join(unknown)})" if unknown else "") + (
+            "; keep one with `rigforge images save DIR`"
+        ), True
+    else:
+        return "nowhere: not on the rig, in no source", True
+    return text + ("" if on_rig else "; not on the rig yet"), False

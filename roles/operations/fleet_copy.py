@@ -1,0 +1,45 @@
+"""Operation: the fleet registry holds an image at its locked digest, copied from upstream once."""
+
+from __future__ import annotations
+
+from pyinfra import host
+from pyinfra.api import QuoteString, StringCommand, operation
+
+from rigforge.obtain import parse
+from roles.facts.docker import RegistryHasImage
+from roles.operations.shown import ShownCommand, say
+
+
+@operation()
+def image_in_fleet(image: str, endpoint: str, insecure: bool = False):
+    """
+    Copy ``image`` (``ref@sha256:...``) from upstream into the fleet registry unless it holds that digest
+    already: ``skopeo copy --all --preserve-digests``, so every platform's manifest and the index keep their
+    bytes and the digest the lock names is the one the rigs pull. Layers the registry has are not sent again.
+    Upstream answering no (a purged tag or digest) fails this host: the rigs that lack the image are refused
+    in their preflight.
+
+    + image: the locked image, ``repo[:tag]@sha256:...`` (a Docker Hub image: rigs reach the copy as a mirror)
+    + endpoint: the fleet registry as ``host:port``
+    + insecure: plain HTTP (no certificate check)
+    """
+    ref = parse(image)
+    if not ref.digest:
+        host.noop(f"{image} has no locked digest: nothing to copy (`rigforge lock` resolves it)")
+        return
+    if host.get_fact(RegistryHasImage, endpoint=endpoint, repository=ref.repository, digest=ref.digest,
+                     tls_verify=not insecure):  # fmt: skip
+        host.noop(f"the fleet registry {endpoint} holds {ref.pinned}")
+        return
+    tag = ref.tag or ref.digest.replace(":", "-")[:40]  # the lock's tag, so `rigforge lock` can find it there
+    yield say(f"copying {ref.pinned} from upstream into the fleet registry {endpoint} (once for the fleet)")
+    yield ShownCommand(
+        "skopeo", "copy", "--all", "--preserve-digests", "--retry-times", "3",
+        *(["--dest-tls-verify=false"] if insecure else []),
+        QuoteString(f"docker://{ref.registry}/{ref.repository}@{ref.digest}"),
+        QuoteString(f"docker://{endpoint}/{ref.repository}:{tag}"),
+    )  # fmt: skip
+    yield StringCommand(
+        "skopeo", "inspect", "--raw", f"--tls-verify={'false' if insecure else 'true'}",
+        QuoteString(f"docker://{endpoint}/{ref.repository}@{ref.digest}"), ">/dev/null",
+    )  # fmt: skip
