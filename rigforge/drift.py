@@ -21,7 +21,7 @@ from typing import Any
 
 from pyinfra.facts.files import Sha256File
 
-from rigforge import inventory, power
+from rigforge import inventory, obtain, power
 from rigforge.hardware import interconnect, small_override, vram_problems
 from rigforge.layout import GATEWAY_ADMIN_SOCKET, SERVE_FILES, HostLayout
 from rigforge.pins import LockError, load_lock
@@ -32,6 +32,7 @@ from roles import nvidia_driver
 from roles.driver_table import DriverTableError, branch_for_cuda, cuda_for_driver, version_key
 from roles.facts import probe
 from roles.facts.apt import DebInstalledVersion
+from roles.facts.docker import DockerImagePresent
 from roles.facts.files import JsonFile
 from roles.facts.gitpin import GitCheckout
 from roles.facts.hfweights import WeightsState
@@ -134,6 +135,8 @@ def requests(ctx: RigContext, os_id: str | None) -> list[tuple[type, dict]]:
         out += [(GitCheckout, {"path": plan.layout.src(name)}) for name in plan.variant.sources]
         out += [(WeightsState, _weights_at(plan, asset)) for asset in plan.assets]
         out += [(Sha256File, {"path": path}) for path in managed_files(plan)]
+        if ctx.manage:
+            out.append((DockerImagePresent, {"image": plan.image}))
     return out
 
 
@@ -334,6 +337,22 @@ def driver(obs: Observed, ctx: RigContext) -> Check:
     return Check(name, PASS, f"module {module} = {pkg} {version}")
 
 
+def image_origin(obs: Observed, ctx: RigContext, hosts) -> dict | None:
+    """Where the rig's locked image comes from (rigforge/obtain.py), asked now from the controller: {"image",
+    "on_rig", "from", "warning"}; `warning` when the rig alone holds it (no other copy) or nothing does. None
+    without a plan, or when services are not managed (nothing is pulled there)."""
+    from roles import site
+
+    if not ctx.plan or not ctx.manage:
+        return None
+    plan = ctx.plan
+    reg, _ = site.registry_plan(hosts)
+    found = obtain.sources(plan.image, reg, plan.data["serving_image_upstream"], plan.data["serving_image_upstream_ca"])
+    on_rig = bool(obs.get_fact(DockerImagePresent, image=plan.image))
+    text, warning = obtain.origin(on_rig, found)
+    return {"image": plan.image, "on_rig": on_rig, "from": text, "warning": warning}
+
+
 def cuda_versions(obs: Observed, ctx: RigContext) -> dict:
     """{"driver": the CUDA version the running driver supports (nvidia-smi's header, else NVIDIA's table for its
     version), "image": the one the rig's image is built for (the lock's `cuda`)}, None where unknown."""
@@ -482,6 +501,32 @@ def checks(obs: Observed, ctx: RigContext) -> list[Check]:
     active = unit["active"] == "active"
     hint = "" if active else f" (journalctl -u {unit['unit']})"
     return [*out, Check("unit active", PASS if active else FAIL, f"{unit['unit']} is {unit['active']}{hint}")]
+
+
+def running_image(host, ctx: RigContext) -> Check:
+    """The container the unit runs is the locked digest: its image's RepoDigests (`docker inspect`) hold
+    `repo@sha256:...` of the plan's image (a live probe, like the API's)."""
+    name = "container runs the locked digest"
+    if not ctx.manage:
+        return Check(name, SKIP, SKIPPED)
+    if not ctx.plan:
+        return Check(name, FAIL, variant_needed(ctx))
+    want = obtain.parse(ctx.plan.image)
+    if not want.digest:
+        return Check(name, FAIL, f"the lock has no digest for {ctx.plan.image} (run `rigforge lock`)")
+    serve = shlex.quote(ctx.plan.layout.serve_dir)
+    out = inventory.sh(
+        host,
+        f"cd {serve} && for c in $(docker compose ps -q); do docker image inspect --format "
+        "'{{json .RepoDigests}}' \"$(docker inspect --format '{{.Image}}' \"$c\")\"; done",
+    )
+    digests = [d for line in out.splitlines() if line.startswith("[") for d in json.loads(line)]
+    if not digests:
+        return Check(name, FAIL, f"no container of {ctx.plan.layout.serve_dir} runs (docker compose ps)")
+    ok = any(d.endswith(f"@{want.digest}") for d in digests)
+    return Check(
+        name, PASS if ok else FAIL, f"{want.pinned}" if ok else f"runs {', '.join(digests)}, lock {want.pinned}"
+    )
 
 
 # ---------------------------------------------------------------- the fleet gateway, observed

@@ -57,6 +57,7 @@ def status_row(host) -> dict:
         ],
         "cuda": drift.cuda_versions(obs, ctx),  # {"driver": "13.0", "image": "13.0"}
         "power": drift.power_view(obs, ctx),
+        "image": drift.image_origin(obs, ctx, host.inventory),  # where the locked image comes from
         "services_managed": ctx.manage,
         "service": unit,
         "problems": ctx.problems,
@@ -154,6 +155,12 @@ def format_table(rows: list[dict]) -> str:
         if r.get("gateway"):
             lines.append(gateway_line(r["host"], r["gateway"]))
         lines += power_lines(r)
+        if r.get("image"):
+            i = r["image"]
+            held = "on the rig" if i["on_rig"] else "NOT on the rig"
+            lines.append(
+                f"{r['host']}: {'WARNING: ' if i['warning'] else ''}image {i['image']}: {held}; from {i['from']}"
+            )
         for d in r.get("pin_drift") or []:
             lines.append(f"{r['host']}: pin drift: {d}")
         for p in r.get("problems") or []:

@@ -46,6 +46,7 @@ def check_host(host) -> list[Check]:
     if site.is_rig(host):
         ctx, obs = drift.observe(host)
         out = drift.checks(obs, ctx)
+        out += [drift.running_image(host, ctx)]
         out += api_checks(host, ctx, [c for c in out if c.name.startswith("unit ")])
     if site.GATEWAY in host.groups:
         data = site.host_data(host.data)

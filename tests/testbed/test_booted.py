@@ -100,10 +100,12 @@ def test_dual_turbo_converges_serves_verifies_and_a_second_run_changes_nothing(b
     )
     checks = json.loads(res.stdout)["hosts"]["rig1"]["checks"]
     assert res.returncode == 0 and all(c["status"] == "pass" for c in checks), res.stdout
-    # 13 + "VRAM fits variant" + "files as rendered" + "CUDA driver >= image"
-    assert len(checks) == 16, [c["name"] for c in checks]
+    # 13 + "VRAM fits variant" + "files as rendered" + "CUDA driver >= image" + "container runs the locked digest"
+    assert len(checks) == 17, [c["name"] for c in checks]
     cuda = next(c for c in checks if c["name"] == "CUDA driver >= image")
     assert "CUDA: driver 13.0, image 13.0" in cuda["detail"], cuda
+    running = next(c for c in checks if c["name"] == "container runs the locked digest")
+    assert running["detail"].startswith("vllm/vllm-openai@sha256:"), running  # the testbed lock has the digest
 
     before = started_at(rig, "vllm-qwen36-27b-dual-turbo")
     results, stderr, took = deploy(booted, tmp_path, "dual_turbo")
