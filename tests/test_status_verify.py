@@ -35,11 +35,12 @@ CHECKS = [
     "files as rendered",
     "unit enabled",
     "unit active",
+    "container runs the locked digest",
     "/v1/models answers",
     "chat returns text",
     "tool call returned",
 ]
-SERVICE_CHECKS = CHECKS[-4:]
+SERVICE_CHECKS = CHECKS[-5:]
 
 
 def rigforge(cmd: str, inventory: Path, *extra: str) -> subprocess.CompletedProcess:
