@@ -117,8 +117,9 @@ def sources(image: str, fleet: RegistryPlan | None, upstream: str | None, upstre
 
 
 def problem(image: str, found: list[Source], successor: str | None) -> str | None:
-    """None when some source has `image`; else the one line: the image, what each source answered, the way on."""
-    if any(s.has for s in found):
+    """None when some source has `image`, or one could not be asked (`unasked` says so); else the one line: the
+    image, what each source answered, the way on."""
+    if any(s.has is not False for s in found):
         return None
     answers = "; ".join(f"{s.name}: {s.detail}" for s in found)
     way = (
@@ -130,6 +131,14 @@ def problem(image: str, found: list[Source], successor: str | None) -> str | Non
         f"image {image} is in no source this rig can pull from ({answers}), and the rig does not hold it: {way}, "
         "or `rigforge images load DIR` a saved copy onto the rig"
     )
+
+
+def unasked(image: str, found: list[Source]) -> str | None:
+    """The warning when no source is known to have `image` but some could not be asked (the pull may fail)."""
+    if any(s.has for s in found) or all(s.has is False for s in found):
+        return None
+    answers = "; ".join(f"{s.name}: {s.detail}" for s in found)
+    return f"could not tell whether any source has image {image} ({answers}); the pull may fail"
 
 
 def origin(on_rig: bool, found: list[Source]) -> tuple[str, bool]:

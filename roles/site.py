@@ -236,6 +236,9 @@ def image_problems(plan: Plan) -> list[str]:
         return []
     reg, _ = registry_plan(host.inventory)
     found = obtain.sources(plan.image, reg, plan.data["serving_image_upstream"], plan.data["serving_image_upstream_ca"])
+    warning = obtain.unasked(plan.image, found)
+    if warning:
+        host.log_styled(f"{host.name}: WARNING: {warning}", fg="yellow", log_func=logger.warning)
     problem = obtain.problem(plan.image, found, plan.variant.successor)
     return [problem] if problem else []
 

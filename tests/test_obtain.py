@@ -165,6 +165,11 @@ def test_only_the_fleet_copy_left(distribution):
     found = obtain.sources(f"{REF}@{digest}", fleet_at(distribution), dead, None)
     assert [(s.kind, s.has) for s in found] == [("fleet", True), ("upstream", None)]
     assert found[1].detail.startswith("unreachable: ConnectionError")
+    assert obtain.unasked("x", found) is None  # the fleet has it
+    gone = obtain.sources(f"{REF}@sha256:{'c' * 64}", fleet_at(distribution), dead, None)
+    assert [(s.kind, s.has) for s in gone] == [("fleet", False), ("upstream", None)]
+    assert obtain.problem("x", gone, None) is None  # upstream could not be asked: not refused, but said
+    assert obtain.unasked("x", gone).startswith("could not tell whether any source has image x (the fleet registry")
     assert obtain.origin(False, found) == ("the fleet registry (gone upstream); not on the rig yet", False)
 
 
