@@ -134,19 +134,21 @@ def manifest_url(ref: str, registry: str | None = None) -> str:
     return f"{registry}/v2/{name}/manifests/{tag}"
 
 
-def _registry_get(method: str, url: str, headers: dict):
+def _registry_get(method: str, url: str, headers: dict, **kwargs):
     """One Distribution API request; an anonymous bearer token is fetched (into `headers`) when the registry asks
-    for one (its 401 challenge)."""
+    for one (its 401 challenge). `kwargs` go to requests (e.g. `stream`, `verify`)."""
     import requests
 
-    resp = requests.request(method, url, headers=headers, timeout=30)
+    kwargs.setdefault("timeout", 30)
+    resp = requests.request(method, url, headers=headers, **kwargs)
     challenge = resp.headers.get("WWW-Authenticate", "")
     if resp.status_code == 401 and challenge.lower().startswith("bearer "):
+        resp.close()
         params = requests.utils.parse_dict_header(challenge[7:])
         realm = params.pop("realm")
         token = requests.get(realm, params=params, timeout=30).json()
         headers["Authorization"] = f"Bearer {token.get('token') or token.get('access_token')}"
-        resp = requests.request(method, url, headers=headers, timeout=30)
+        resp = requests.request(method, url, headers=headers, **kwargs)
     return resp
 
 
