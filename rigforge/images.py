@@ -322,6 +322,40 @@ def save_image(directory: Path, pin: ImagePin, registry: str | None = None, ca_c
     return fetched
 
 
+# --- load: what a rig is sent --------------------------------------------------------------------------------
+
+
+def push_plan(directory: str | os.PathLike, entries: list[Saved]) -> tuple[list[str], dict[str, int]]:
+    """(the lines of rigforge/remote/load_images.sh's plan, every file of the layout they need: {digest: size}) for
+    loading `entries`: each image's blobs, then its manifests (an index's children before it, so the registry accepts
+    each one), then `pull NAME@DIGEST`. The repository is the Docker Hub path Docker asks a mirror for."""
+    directory = Path(directory)
+    lines, pulls, needed = [], [], {}
+    for e in entries:
+        hub = hub_name(e.ref)
+        if hub is None:
+            raise ImagesError(f"{e.ref}: only Docker Hub images can be loaded (its registry would record another name)")
+        repo, top = hub[0], _read_json(blob_path(directory, e.digest), {})
+        images, manifests = [top], []
+        for child in _children(top):
+            manifest = _read_json(blob_path(directory, child["digest"]), {})
+            images.append(manifest)
+            manifests.append((child["digest"], int(child["size"]), manifest.get("mediaType") or child.get("mediaType")))
+        manifests.append((e.digest, e.size, top.get("mediaType") or e.media_type))
+        blobs = {b["digest"]: int(b["size"]) for m in images for b in _descriptors(m)}
+        lines += [f"blob {repo} {d}" for d in blobs]
+        lines += [f"manifest {repo} {d} {media_type}" for d, _, media_type in manifests]
+        pulls.append(f"pull {pinned(e)}")
+        needed |= blobs | {d: size for d, size, _ in manifests}
+    return lines + pulls, needed
+
+
+def pinned(e: Saved) -> str:
+    """`name@sha256:...` of a saved image (what Docker holds after a load, and what `docker image inspect` finds)."""
+    name = e.ref.rsplit(":", 1)[0] if ":" in e.ref.rsplit("/", 1)[-1] else e.ref
+    return f"{name}@{e.digest}"
+
+
 # --- the command -----------------------------------------------------------------------------------------------
 
 
