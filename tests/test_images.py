@@ -151,3 +151,136 @@ def test_hub_names():
     assert images.hub_name("docker.io/library/ubuntu:24.04") == ("library/ubuntu", "24.04")
     assert images.hub_name("ghcr.io/o/i:1") is None and images.hub_name("localhost:5000/i:1") is None
     assert images.qualified("ubuntu:24.04") == "docker.io/library/ubuntu:24.04"
+
+
+# --- the load role on pyinfra's @fake connector ----------------------------------------------------------------
+
+DAEMON = "/etc/docker/daemon.json"
+
+
+@pytest.fixture(scope="module")
+def saved_dir(registry, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("saved")
+    images.save_image(out, ImagePin(REF, registry.image["digest"]), registry.url)
+    return out
+
+
+def fake_rig(present: bool, blobs: dict | None = None, daemon: dict | None = None, work: bool = False, **data):
+    """Host data for a @fake rig: docker holds the image (or not), the rig's layout holds `blobs`."""
+    extra = {
+        "docker image inspect": "yes" if present else "no",
+        "blobs/sha256": [f"{d[7:]} {size}" for d, size in (blobs or {}).items()],
+        "/proc/net/tcp": ["  sl  local_address rem_address   st", "   0: 0100007F:16A8 00000000:0000 0A"],  # 5800
+        "cat /etc/docker/daemon.json": json.dumps(daemon or {"storage-driver": "vfs"}).splitlines(),
+    }
+    if work:
+        extra[".work"] = "user=root group=root mode=drwx------ atime=0 mtime=0 ctime=0 size=4096 '/x'"
+        extra["sha256sum /opt/rigforge/images/load_images.sh"] = f"{'0' * 64}  /opt/rigforge/images/load_images.sh"
+    return {"fake_responses": extra, "fake_delay": 0, "fake_delay_jitter": 0, **data}
+
+
+def run_load(hosts, saved_dir, execute=True):
+    from test_roles_host_ops import converge
+
+    from rigforge.layout import HostLayout
+    from roles import images as role
+
+    return converge(hosts, role.load, str(saved_dir), images.index_entries(saved_dir), HostLayout(), execute=execute)
+
+
+def commands_of(state, name="r"):
+    from pyinfra.api import FileUploadCommand
+    from pyinfra.context import ctx_host, ctx_state
+    from test_roles_host_ops import host_of
+
+    host = host_of(state, name)
+    out = []
+    with ctx_state.use(state), ctx_host.use(host):
+        for op_hash in state.get_op_order():
+            op_data = state.ops[host].get(op_hash)
+            for command in op_data.command_generator() if op_data else ():
+                if isinstance(command, FileUploadCommand):
+                    src = command.src if isinstance(command.src, str) else command.src.getvalue()
+                    src = src.decode() if isinstance(src, bytes) else src
+                    out.append(("upload", command.dest, src))
+                else:
+                    out.append(("run", str(getattr(command, "args", [""])[0]) if hasattr(command, "function")
+                                else str(command), None))  # fmt: skip
+    return out
+
+
+def test_load_is_a_no_op_when_docker_holds_the_locked_digest(saved_dir):
+    from test_roles_host_ops import executed
+
+    state = run_load({"r": fake_rig(present=True)}, saved_dir)
+    changes = ("apt-get", "systemctl stop", "systemctl disable", "load_images.sh", "mkdir", "mv ", "rm ", "install ")
+    assert [c for c in executed(state, "r") if any(word in c for word in changes)] == []
+    assert any("docker image inspect vllm/vllm-openai@sha256:" in c for c in executed(state, "r"))
+
+
+def test_load_uploads_only_the_blobs_the_rig_lacks_then_runs_the_script(registry, saved_dir):
+    manifest = json.loads(registry.image["manifest"])
+    have = {manifest["layers"][0]["digest"]: manifest["layers"][0]["size"],
+            manifest["layers"][1]["digest"]: 1}  # one in place, one at the wrong size  # fmt: skip
+    state = run_load({"r": fake_rig(present=False, blobs=have)}, saved_dir, execute=False)
+    commands = commands_of(state)
+    sent = [dest for kind, dest, _ in commands if kind == "upload" and dest.endswith(".part")]
+    assert len(sent) == 4  # manifest, config and 2 of the 3 layers
+    assert not any(manifest["layers"][0]["digest"][7:] in dest for dest in sent)
+    checks = [c for kind, c, _ in commands if kind == "run" and "sha256sum -c" in c]
+    assert len(checks) == 4 and all("mv -f" in c and "/opt/rigforge/images/oci/blobs/sha256/" in c for c in checks)
+    uploads = {dest: src for kind, dest, src in commands if kind == "upload"}
+    plan = uploads["/opt/rigforge/images/.work/plan"].splitlines()
+    assert plan[:3] == [f"blob vllm/vllm-openai {d['digest']}" for d in [manifest["config"], *manifest["layers"]][:3]]
+    assert plan[-2:] == [
+        f"manifest vllm/vllm-openai {registry.image['digest']} {manifest['mediaType']}",
+        f"pull vllm/vllm-openai@{registry.image['digest']}",
+    ]
+    script = next(c for kind, c, _ in commands if kind == "run" and "load_images.sh load" in c)
+    root = "/opt/rigforge/images"
+    assert script == f"sh {root}/load_images.sh load {root}/.work {root}/oci 5801 {DAEMON} {root}/.work/plan"
+    assert commands[-1] == ("run", "rm -rf /opt/rigforge/images/oci /opt/rigforge/images/.upload", None)
+
+
+def test_the_mirror_is_merged_into_the_users_daemon_json_and_their_mirrors_are_put_back(saved_dir):
+    daemon = {"storage-driver": "vfs", "registry-mirrors": ["https://mirror.example.lan"]}
+    state = run_load({"r": fake_rig(present=False, daemon=daemon)}, saved_dir, execute=False)
+    uploads = {dest: src for kind, dest, src in commands_of(state) if kind == "upload"}
+    mirrored = json.loads(uploads["/opt/rigforge/images/.work/daemon.json.mirrored"])
+    assert mirrored == {"storage-driver": "vfs",
+                        "registry-mirrors": ["https://mirror.example.lan", "http://127.0.0.1:5801"]}  # fmt: skip
+    assert json.loads(uploads["/opt/rigforge/images/.work/daemon.json.cleared"]) == daemon
+    state = run_load({"r": fake_rig(present=False, daemon={"storage-driver": "vfs"})}, saved_dir, execute=False)
+    uploads = {dest: src for kind, dest, src in commands_of(state) if kind == "upload"}
+    # a reload keeps an option the file no longer sets: the clean-up reloads with the user's (no) mirrors set
+    assert json.loads(uploads["/opt/rigforge/images/.work/daemon.json.cleared"])["registry-mirrors"] == []
+
+
+def test_an_interrupted_load_is_repaired_first(saved_dir):
+    state = run_load({"r": fake_rig(present=True, work=True)}, saved_dir, execute=False)
+    commands = [c for kind, c, _ in commands_of(state) if kind == "run" and "load_images" in c]
+    assert commands == ["sh /opt/rigforge/images/load_images.sh repair /opt/rigforge/images/.work "
+                        "/etc/docker/daemon.json"]  # fmt: skip
+
+
+def test_load_refuses_an_incomplete_directory_or_another_registrys_image(registry, saved_dir, tmp_path):
+    with pytest.raises(images.ImagesError, match="no saved image"):
+        images.check_loadable(tmp_path)
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(saved_dir, broken)
+    layer = json.loads(registry.image["manifest"])["layers"][0]["digest"]
+    images.blob_path(broken, layer).unlink()
+    with pytest.raises(images.ImagesError, match="is incomplete: run `rigforge images save` again"):
+        images.check_loadable(broken)
+    assert main(["images", "load", str(broken), "inventory.py"]) == 1
+
+
+def test_the_port_facts_parse_proc_net_tcp():
+    from roles.facts.images import ListeningPorts, OciBlobs
+
+    lines = ["  sl  local_address rem_address   st tx_queue", "   0: 0100007F:1388 00000000:0000 0A 0",
+             "   1: 0100007F:1389 0100007F:D2F0 01 0"]  # fmt: skip
+    assert ListeningPorts().process(lines) == [5000]
+    assert OciBlobs().process([f"{'a' * 64} 12", ".part 3", f"{'b' * 64} x"]) == {f"sha256:{'a' * 64}": 12}
