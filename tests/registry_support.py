@@ -22,6 +22,10 @@ DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
 DOCKER_CONFIG = "application/vnd.docker.container.image.v1+json"
 DOCKER_LAYER = "application/vnd.docker.image.rootfs.diff.tar.gzip"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
+OCI_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
 
 
 def free_port() -> int:
@@ -110,9 +114,12 @@ def layer(files: dict[str, bytes]) -> bytes:
     return gzip.compress(raw.getvalue(), mtime=0)
 
 
-def push_image(reg: Registry, name: str, tag: str, layers: int = 3, index: bool = False, seed: str = "") -> dict:
-    """Push an image of `layers` layers under name:tag (as a manifest list over it with `index`); returns
-    {digest, manifest, blobs: {digest: bytes}}."""
+def push_image(reg: Registry, name: str, tag: str, layers: int = 3, index: bool = False, seed: str = "",
+               oci: bool = False) -> dict:  # fmt: skip
+    """Push an image of `layers` layers under name:tag (with `index`: a manifest list over it; with `oci` too: an OCI
+    index holding it and a build attestation, as `docker buildx` pushes); returns {digest, manifest, blobs}."""
+    manifest_type, config_type, layer_type = (OCI_MANIFEST, OCI_CONFIG, OCI_LAYER) if oci else (
+        DOCKER_MANIFEST, DOCKER_CONFIG, DOCKER_LAYER)  # fmt: skip
     blobs = {}
     descs = []
     diff_ids = []
@@ -120,21 +127,37 @@ def push_image(reg: Registry, name: str, tag: str, layers: int = 3, index: bool 
         tar = layer({f"layer{i}/file.txt": f"{seed}layer {i}\n".encode() * (2000 * (i + 1))})
         d = reg.push_blob(name, tar)
         blobs[d] = tar
-        descs.append({"mediaType": DOCKER_LAYER, "size": len(tar), "digest": d})
+        descs.append({"mediaType": layer_type, "size": len(tar), "digest": d})
         diff_ids.append(digest_of(gzip.decompress(tar)))
     config = json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": diff_ids},
                          "config": {"Env": ["CUDA_VERSION=13.0.1"], "Cmd": ["/bin/true"]}}).encode()  # fmt: skip
     cd = reg.push_blob(name, config)
     blobs[cd] = config
-    manifest = json.dumps({"schemaVersion": 2, "mediaType": DOCKER_MANIFEST,
-                           "config": {"mediaType": DOCKER_CONFIG, "size": len(config), "digest": cd},
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": manifest_type,
+                           "config": {"mediaType": config_type, "size": len(config), "digest": cd},
                            "layers": descs}, indent=3).encode()  # fmt: skip
     if not index:
-        digest = reg.push_manifest(name, tag, manifest, DOCKER_MANIFEST)
+        digest = reg.push_manifest(name, tag, manifest, manifest_type)
         return {"digest": digest, "manifest": manifest, "blobs": blobs}
-    child = reg.push_manifest(name, digest_of(manifest), manifest, DOCKER_MANIFEST)
-    top = json.dumps({"schemaVersion": 2, "mediaType": DOCKER_LIST, "manifests": [
-        {"mediaType": DOCKER_MANIFEST, "size": len(manifest), "digest": child,
-         "platform": {"architecture": "amd64", "os": "linux"}}]}).encode()  # fmt: skip
-    digest = reg.push_manifest(name, tag, top, DOCKER_LIST)
+    child = reg.push_manifest(name, digest_of(manifest), manifest, manifest_type)
+    children = [{"mediaType": manifest_type, "size": len(manifest), "digest": child,
+                 "platform": {"architecture": "amd64", "os": "linux"}}]  # fmt: skip
+    if oci:  # buildx's provenance attestation: an image manifest for platform unknown/unknown
+        statement = json.dumps({"_type": "https://in-toto.io/Statement/v0.1", "subject": [{"digest": child}]}).encode()
+        sd = reg.push_blob(name, statement)
+        empty = b"{}"
+        ed = reg.push_blob(name, empty)
+        blobs |= {sd: statement, ed: empty}
+        attestation = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST,
+                                  "config": {"mediaType": OCI_CONFIG, "size": 2, "digest": ed},
+                                  "layers": [{"mediaType": "application/vnd.in-toto+json", "size": len(statement),
+                                              "digest": sd}]}).encode()  # fmt: skip
+        ad = reg.push_manifest(name, digest_of(attestation), attestation, OCI_MANIFEST)
+        children.append({"mediaType": OCI_MANIFEST, "size": len(attestation), "digest": ad,
+                         "platform": {"architecture": "unknown", "os": "unknown"},
+                         "annotations": {"vnd.docker.reference.digest": child,
+                                         "vnd.docker.reference.type": "attestation-manifest"}})  # fmt: skip
+    top_type = OCI_INDEX if oci else DOCKER_LIST
+    top = json.dumps({"schemaVersion": 2, "mediaType": top_type, "manifests": children}).encode()
+    digest = reg.push_manifest(name, tag, top, top_type)
     return {"digest": digest, "manifest": top, "child": manifest, "blobs": blobs}

@@ -23,6 +23,7 @@ def registry(tmp_path_factory):
     with running_registry(tmp_path_factory.mktemp("registry")) as reg:
         reg.image = push_image(reg, "vllm/vllm-openai", "v0.27.1")
         reg.multi = push_image(reg, "vllm/vllm-openai", "nightly-multi", index=True, seed="multi ")
+        reg.oci = push_image(reg, "vllm/vllm-openai", "nightly-oci", index=True, oci=True, seed="oci ")
         yield reg
 
 
@@ -69,6 +70,17 @@ def test_a_multi_platform_index_keeps_the_index_and_its_child_manifests(registry
     child = json.loads(registry.multi["manifest"])["manifests"][0]["digest"]
     assert images.blob_path(tmp_path, child).read_bytes() == registry.multi["child"]
     assert blob_names_hash_to_their_content(tmp_path) == 6 and images.saved(tmp_path, pin.ref, pin.digest)
+
+
+def test_an_oci_index_with_an_attestation_is_saved_whole_and_pushed_children_first(registry, tmp_path):
+    pin = ImagePin("vllm/vllm-openai:nightly-oci", registry.oci["digest"])
+    assert images.save_image(tmp_path, pin, registry.url) == 6  # config + 3 layers, the attestation's 2 blobs
+    assert blob_names_hash_to_their_content(tmp_path) == 9 and images.saved(tmp_path, pin.ref, pin.digest)
+    plan, needed = images.push_plan(tmp_path, images.index_entries(tmp_path))
+    children = [c["digest"] for c in json.loads(registry.oci["manifest"])["manifests"]]
+    assert [line.split()[0] for line in plan] == ["blob"] * 6 + ["manifest"] * 3 + ["pull"]
+    assert [line.split()[2] for line in plan[6:9]] == [*children, pin.digest]
+    assert plan[8].endswith("application/vnd.oci.image.index.v1+json") and len(needed) == 9
 
 
 def test_a_second_save_fetches_nothing(registry, tmp_path, capsys):
@@ -242,13 +254,13 @@ def test_load_uploads_only_the_blobs_the_rig_lacks_then_runs_the_script(registry
     assert commands[-1] == ("run", "rm -rf /opt/rigforge/images/oci /opt/rigforge/images/.upload", None)
 
 
-def test_the_mirror_is_merged_into_the_users_daemon_json_and_their_mirrors_are_put_back(saved_dir):
+def test_the_mirror_goes_first_into_the_users_daemon_json_and_their_mirrors_are_put_back(saved_dir):
     daemon = {"storage-driver": "vfs", "registry-mirrors": ["https://mirror.example.lan"]}
     state = run_load({"r": fake_rig(present=False, daemon=daemon)}, saved_dir, execute=False)
     uploads = {dest: src for kind, dest, src in commands_of(state) if kind == "upload"}
     mirrored = json.loads(uploads["/opt/rigforge/images/.work/daemon.json.mirrored"])
     assert mirrored == {"storage-driver": "vfs",
-                        "registry-mirrors": ["https://mirror.example.lan", "http://127.0.0.1:5801"]}  # fmt: skip
+                        "registry-mirrors": ["http://127.0.0.1:5801", "https://mirror.example.lan"]}  # fmt: skip
     assert json.loads(uploads["/opt/rigforge/images/.work/daemon.json.cleared"]) == daemon
     state = run_load({"r": fake_rig(present=False, daemon={"storage-driver": "vfs"})}, saved_dir, execute=False)
     uploads = {dest: src for kind, dest, src in commands_of(state) if kind == "upload"}

@@ -147,8 +147,9 @@ def loaded(
         existing = json.loads(current) if current and current.strip() else {}
         if not isinstance(existing, dict):
             raise ValueError("top level is not a JSON object")
-        mirrored = merged_text(current, {}, {"registry-mirrors": [url]}) or current
         own = existing.get("registry-mirrors") if isinstance(existing.get("registry-mirrors"), list) else []
+        # the temporary mirror first (Docker tries mirrors in order), the user's own after it, kept
+        mirrored = merged_text(current, {"registry-mirrors": [url, *(m for m in own if m != url)]}) or current
         cleared = merged_text(current, {"registry-mirrors": own}) or current
     except ValueError as error:
         yield fail_command(f"{daemon_json} on {host.name} is not valid JSON ({error}); fix or remove it, then re-run.")
