@@ -77,6 +77,7 @@ def running_registry(tmp: Path):
 
         pytest.skip("needs Debian's docker-registry (apt-get install docker-registry)")
     port = free_port()
+    tmp.mkdir(parents=True, exist_ok=True)
     config = tmp / "config.yml"
     config.write_text(
         "version: 0.1\n"
