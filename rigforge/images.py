@@ -415,7 +415,8 @@ def run(args: argparse.Namespace) -> int:
         check_loadable(args.dir)
         if not ENTRY.is_file():
             raise ImagesError(f"{ENTRY} not found: run `rigforge images load` from a checkout of rigforge")
-        return subprocess.call(load_command(args.dir, args.inventory, args.limit))
+        rc = subprocess.call(load_command(args.dir, args.inventory, args.limit))
+        return 128 - rc if rc < 0 else rc  # pyinfra killed by a signal: 128 + its number, as a shell says
     except (ImagesError, LockError) as error:
         print(f"rigforge images {args.images_command}: {error}", file=sys.stderr)
         return 1

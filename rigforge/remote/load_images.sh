@@ -18,8 +18,11 @@
 #   user's own registry-mirrors set explicitly (both merged and uploaded by the controller before this runs).
 # load_images.sh repair WORK DAEMON_JSON
 set -eu
+# When the controller goes (killed, link dropped), output has nowhere to go: with SIGPIPE ignored a write fails
+# instead of killing the shell before its trap ran; `say` never fails, so the clean-up always runs to the end.
+trap '' PIPE
 
-say() { echo "rigforge images: $*"; }
+say() { echo "rigforge images: $*" 2>/dev/null || true; }
 
 reload_docker() {
   systemctl reload docker.service || say "WARNING: systemctl reload docker failed"
