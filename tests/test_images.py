@@ -254,6 +254,26 @@ def test_load_uploads_only_the_blobs_the_rig_lacks_then_runs_the_script(registry
     assert commands[-1] == ("run", "rm -rf /opt/rigforge/images/oci /opt/rigforge/images/.upload", None)
 
 
+def test_a_rig_without_room_for_the_blobs_and_the_registrys_copy_is_refused_before_any_upload(saved_dir):
+    from test_roles_host_ops import describe
+
+    data = fake_rig(present=False)
+    data["fake_responses"]["stat -f"] = "0 4096"  # 0 blocks free
+    state = run_load({"r": data}, saved_dir, execute=False)
+    commands = commands_of(state)
+    assert not [dest for kind, dest, _ in commands if kind == "upload" and dest.endswith(".part")]
+    from pyinfra.context import ctx_host, ctx_state
+    from test_roles_host_ops import host_of
+
+    from roles.operations import images as image_ops
+
+    host = host_of(state, "r")
+    with ctx_state.use(state), ctx_host.use(host):
+        [failure] = [describe(c) for c in image_ops.blobs_uploaded._inner(str(saved_dir), images.index_entries(
+            saved_dir), "/opt/rigforge/images/oci", "/opt/rigforge/images/.upload")]  # fmt: skip
+    assert failure.startswith("FAIL: @fake/r: not enough disk space to load 1 image(s) at /opt/rigforge/images/oci")
+
+
 def test_the_mirror_goes_first_into_the_users_daemon_json_and_their_mirrors_are_put_back(saved_dir):
     daemon = {"storage-driver": "vfs", "registry-mirrors": ["https://mirror.example.lan"]}
     state = run_load({"r": fake_rig(present=False, daemon=daemon)}, saved_dir, execute=False)

@@ -19,6 +19,7 @@ from pyinfra.facts.files import Directory, FileContents, Sha256File
 from rigforge import images
 from roles.facts.docker import DockerImagePresent
 from roles.facts.images import ListeningPorts, OciBlobs
+from roles.facts.system import FreeDiskBytes
 from roles.operations.checks import fail_command
 from roles.operations.docker_daemon import merged_text
 from roles.operations.shown import ShownCommand, say
@@ -76,6 +77,16 @@ def blobs_uploaded(directory: str, saved: list, layout: str, upload_dir: str):
     upload = {d: size for d, size in needed.items() if have.get(d) != size}
     if not upload:
         host.noop(f"{layout} holds the {len(needed)} blobs of {len(todo)} image(s)")
+        return
+    # the blobs still to come, and the temporary registry's copy of all of them (its storage is beside the layout)
+    need = int((sum(upload.values()) + sum(needed.values())) * 1.05)
+    free = host.get_fact(FreeDiskBytes, path=layout)
+    if free is not None and need > free:
+        yield fail_command(
+            f"{host.name}: not enough disk space to load {len(todo)} image(s) at {layout}: need {_human(need)} (the "
+            f"blobs to upload and the temporary registry's copy, + 5%), {_human(free)} free; free space or set "
+            "rigforge_root elsewhere"
+        )
         return
     q = shlex.quote
     blobs = f"{layout}/{images.BLOBS}"
