@@ -69,8 +69,9 @@ class Registry:
 
 
 @contextlib.contextmanager
-def running_registry(tmp: Path):
-    """docker-registry serving plain HTTP on a free 127.0.0.1 port, storage in `tmp`, deletes enabled."""
+def running_registry(tmp: Path, tls: tuple[Path, Path, Path] | None = None):
+    """docker-registry serving plain HTTP (or HTTPS with `tls` = (certificate, key, CA) files) on a free 127.0.0.1 port,
+    storage in `tmp`, deletes enabled."""
     binary = shutil.which("docker-registry")
     if not binary:
         import pytest
@@ -83,18 +84,21 @@ def running_registry(tmp: Path):
         "version: 0.1\n"
         "log: {level: info, accesslog: {disabled: false}}\n"
         f"storage: {{filesystem: {{rootdirectory: {tmp / 'storage'}}}, delete: {{enabled: true}}}}\n"
-        f"http: {{addr: '127.0.0.1:{port}'}}\n"
+        f"http: {{addr: '127.0.0.1:{port}'"
+        + (f", tls: {{certificate: {tls[0]}, key: {tls[1]}}}" if tls else "")
+        + "}\n"
     )
     log = tmp / "registry.log"
     with open(log, "w") as out:
         proc = subprocess.Popen([binary, "serve", str(config)], stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+    verify = str(tls[2]) if tls else False
     try:
         for _ in range(100):
             try:
-                if requests.get(f"{url}/v2/", timeout=1).status_code == 200:
+                if requests.get(f"{url}/v2/", timeout=1, verify=verify).status_code == 200:
                     break
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.exceptions.SSLError):
                 time.sleep(0.1)
         else:
             raise RuntimeError(f"docker-registry did not start: {log.read_text()[-2000:]}")

@@ -149,6 +149,44 @@ def test_a_resumed_blob_download_asks_for_the_rest_only(registry, tmp_path):
     assert final.read_bytes() == data
 
 
+def test_save_from_a_tls_registry_trusting_only_the_given_ca(tmp_path, capsys):
+    """A move between fleets: save from a fleet registry over TLS with its CA (rigforge's own, as roles/registry.py
+    makes it); without --ca-cert the system's CAs refuse it."""
+    from rigforge import registry as fleet
+
+    ca_dir = tmp_path / "ca"
+    crt, key = fleet.server_certificate(ca_dir, "127.0.0.1")
+    (tmp_path / "s.crt").write_text(crt)
+    (tmp_path / "s.key").write_text(key)
+    with running_registry(tmp_path / "reg", tls=(tmp_path / "s.crt", tmp_path / "s.key", ca_dir / "ca.crt")) as reg:
+        import registry_support
+
+        registry_support.requests = _Verified(str(ca_dir / "ca.crt"))  # the fixture's pushes trust the CA too
+        try:
+            image = push_image(reg, "vllm/vllm-openai", "v0.27.1", seed="tls ")
+        finally:
+            registry_support.requests = requests
+        lock = lock_file(tmp_path, image=image["digest"])
+        base = ["images", "save", str(tmp_path / "out"), "--lock", str(lock), "--registry", reg.url]
+        assert main(base) == 1
+        assert "CERTIFICATE_VERIFY_FAILED" in capsys.readouterr().err
+        assert main([*base, "--ca-cert", str(ca_dir / "ca.crt")]) == 0
+    assert images.saved(tmp_path / "out", REF, image["digest"])
+
+
+class _Verified:
+    """`requests` with every call verifying against one CA file."""
+
+    def __init__(self, ca: str):
+        self.ca = ca
+
+    def __getattr__(self, name):
+        real = getattr(requests, name)
+        if name in ("get", "post", "put", "head"):
+            return lambda *a, **k: real(*a, **{"verify": self.ca, **k})
+        return real
+
+
 def test_locked_images_are_those_with_a_digest_each_once():
     lock = parse_lock({"version": 1, "image": {"ref": REF, "digest": "sha256:" + "1" * 64},
                        "images": {"a": {"ref": REF, "digest": "sha256:" + "1" * 64},
