@@ -354,3 +354,41 @@ def test_the_port_facts_parse_proc_net_tcp():
              "   1: 0100007F:1389 0100007F:D2F0 01 0"]  # fmt: skip
     assert ListeningPorts().process(lines) == [5000]
     assert OciBlobs().process([f"{'a' * 64} 12", ".part 3", f"{'b' * 64} x"]) == {f"sha256:{'a' * 64}": 12}
+
+
+def test_only_docker_hub_images_can_be_loaded(saved_dir, tmp_path):
+    import shutil
+
+    other = tmp_path / "ghcr"
+    shutil.copytree(saved_dir, other)
+    index = json.loads((other / "index.json").read_text())
+    index["manifests"][0]["annotations"][images.REF_NAME] = "ghcr.io/owner/image:v1"
+    (other / "index.json").write_text(json.dumps(index))
+    with pytest.raises(images.ImagesError, match="ghcr.io/owner/image:v1: only Docker Hub images can be loaded"):
+        images.check_loadable(other)
+
+
+def test_the_fleet_registry_host_keeps_its_registry_service(saved_dir):
+    from test_roles_host_ops import converge
+
+    from rigforge.layout import HostLayout
+    from roles import images as role
+
+    saved = images.index_entries(saved_dir)
+    for registry_host, stopped in ((False, True), (True, False)):
+        data = fake_rig(present=False)
+        data["fake_responses"]["systemctl show"] = ["Id=docker-registry.service", "SubState=running"]
+        state = converge({"r": data}, role.load, str(saved_dir), saved, HostLayout(),
+                         registry_host=registry_host, execute=False)  # fmt: skip
+        commands = [c for kind, c, _ in commands_of(state) if kind == "run"]
+        assert any("systemctl stop docker-registry.service" in c for c in commands) == stopped, commands
+
+
+def test_knobs_are_checked():
+    from roles import images as role
+
+    assert role.validate({"rigforge_images_dir": "/srv/saved", "images_port": None}) == []
+    assert role.validate({"rigforge_images_dir": None, "images_port": 0}) == [
+        "rigforge_images_dir must be a directory `rigforge images save` wrote, got None",
+        "images_port must be a whole number in 1..65535 or unset, got 0",
+    ]
