@@ -153,10 +153,10 @@ def saved(directory: str | os.PathLike, ref: str, digest: str) -> bool:
     (and, for an index, every child manifest) and every blob in place with the size it names and checked by
     sha256 when written? Sizes only, no re-hash: what the deploy's preflight asks of a saved copy."""
     directory = Path(directory)
-    if not any(e.ref == ref and e.digest == digest for e in index_entries(directory)):
+    entry = next((e for e in index_entries(directory) if e.ref == ref and e.digest == digest), None)
+    if entry is None:
         return False
     verified = _read_json(directory / VERIFIED, {})
-    entry = next(e for e in index_entries(directory) if e.ref == ref and e.digest == digest)
     todo = [(digest, entry.size, True)]
     while todo:
         d, size, is_manifest = todo.pop()

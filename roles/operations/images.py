@@ -106,7 +106,7 @@ def blobs_uploaded(directory: str, saved: list, layout: str, upload_dir: str):
         yield StringCommand(
             f"echo {q(f'{hexdigest}  {part}')} | sha256sum -c --status || {{ rm -f {q(part)}; "
             f"echo 'rigforge: blob {digest} did not arrive intact; re-run' >&2; exit 1; }}; "
-            f"chmod 644 {q(part)} && mv -f {q(part)} {q(f'{blobs}/{hexdigest}')}"
+            f"chown 0:0 {q(part)} && chmod 644 {q(part)} && mv -f {q(part)} {q(f'{blobs}/{hexdigest}')}"
         )
     for name in (images.LAYOUT_FILE, images.INDEX):
         yield FileUploadCommand(str(Path(directory) / name), f"{layout}/{name}")
