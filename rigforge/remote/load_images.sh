@@ -28,11 +28,18 @@ reload_docker() {
   systemctl reload docker.service || say "WARNING: systemctl reload docker failed"
 }
 
-# Put daemon.json back as it was (WORK records it), reload docker, stop the registry, remove WORK.
+# Is pid $1 still the process WORK recorded (its command line holds $2)? Not another one after a reboot.
+ours() {
+  [ -n "$1" ] && tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | grep -qF -- "$2"
+}
+
+# Put daemon.json back as it was (WORK records it), reload docker, stop the registry, remove WORK. Every step is
+# allowed to fail (said, not fatal), so that the ones after it still run.
 clean_up() {
   work=$1 daemon_json=$2
-  if [ -s "$work/script.pid" ] && [ "$(cat "$work/script.pid")" != "$$" ]; then
-    old=$(cat "$work/script.pid")  # a run still going after its controller was killed: its trap cleans up
+  old=$(cat "$work/script.pid" 2>/dev/null || true)
+  if [ "$old" != "$$" ] && ours "$old" load_images.sh; then
+    # a run still going after its controller was killed: its own trap cleans up; wait for it
     if kill "$old" 2>/dev/null; then
       i=0
       while kill -0 "$old" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
@@ -53,14 +60,14 @@ clean_up() {
       done
     fi
     if [ -e "$work/daemon.json.orig" ]; then
-      mv -f "$work/daemon.json.orig" "$daemon_json"
+      mv -f "$work/daemon.json.orig" "$daemon_json" || say "WARNING: could not put $daemon_json back"
     else
-      rm -f "$daemon_json" "$work/daemon.json.absent"
+      rm -f "$daemon_json" "$work/daemon.json.absent" || say "WARNING: could not remove $daemon_json"
     fi
     say "daemon.json restored; docker's registry-mirrors are the user's again"
   fi
-  if [ -s "$work/registry.pid" ]; then
-    pid=$(cat "$work/registry.pid")
+  pid=$(cat "$work/registry.pid" 2>/dev/null || true)
+  if ours "$pid" "docker-registry serve $work/config.yml"; then
     if kill "$pid" 2>/dev/null; then
       i=0
       while kill -0 "$pid" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
@@ -68,7 +75,7 @@ clean_up() {
       say "temporary registry stopped"
     fi
   fi
-  rm -rf "$work"
+  rm -rf "$work" || say "WARNING: could not remove $work"
 }
 
 if [ "$1" = repair ]; then
