@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "status": ("rigforge.status", "what each rig of an inventory runs"),
     "verify": ("rigforge.verify", "health checks for each rig of an inventory"),
     "bench": ("rigforge.bench", "the recipes' TPS benchmark against a running server"),
+    "images": ("rigforge.images", "keep the locked images in a directory, and load them onto a rig at their digests"),
 }
 
 

@@ -22,6 +22,7 @@ SERVE_FILES = {  # what a serve dir holds, when the variant renders it, and each
     ".env": "600",
 }
 STAGING = ".staging"  # staged_files' staging dir inside the destination dir
+IMAGES = "images"  # under the root: saved images loaded onto the rig (roles/images.py, `rigforge images load`)
 VLLM_PREFIX = "rigforge-vllm@"  # instances: rigforge-vllm@<variant>.service
 VLLM_TEMPLATE = f"{VLLM_PREFIX}.service"
 POWER_UNIT = "rigforge-gpu-power.service"
@@ -73,6 +74,31 @@ class HostLayout:
     @property
     def lib(self) -> str:
         return f"{self.root}/lib"
+
+    @property
+    def images(self) -> str:
+        """Saved images on their way into Docker (`rigforge images load`): the OCI layout, its uploads, the work
+        dir of the temporary registry and the script that runs it."""
+        return f"{self.root}/{IMAGES}"
+
+    @property
+    def images_layout(self) -> str:
+        """The OCI image layout the controller's saved blobs are uploaded into (blobs/sha256/<hex>)."""
+        return f"{self.images}/oci"
+
+    @property
+    def images_upload(self) -> str:
+        """Where a sudo user's uploads land (owned by that user, 0700) before root checks and moves them."""
+        return f"{self.images}/.upload"
+
+    @property
+    def images_work(self) -> str:
+        """The temporary registry's storage and the load's state (removed when the load ends)."""
+        return f"{self.images}/.work"
+
+    @property
+    def images_script(self) -> str:
+        return f"{self.images}/load_images.sh"
 
     @property
     def weights_work(self) -> str:

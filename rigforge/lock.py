@@ -139,19 +139,21 @@ def manifest_url(ref: str, registry: str | None = None) -> str:
     return f"{registry}/v2/{name}/manifests/{tag}"
 
 
-def _registry_get(method: str, url: str, headers: dict, verify=True):
+def _registry_get(method: str, url: str, headers: dict, **kwargs):
     """One Distribution API request; an anonymous bearer token is fetched (into `headers`) when the registry asks
-    for one (its 401 challenge). `verify`: requests' certificate check (a CA bundle's path, or False)."""
+    for one (its 401 challenge). `kwargs` go to requests (e.g. `stream`, `verify`)."""
     import requests
 
-    resp = requests.request(method, url, headers=headers, timeout=30, verify=verify)
+    kwargs.setdefault("timeout", 30)
+    resp = requests.request(method, url, headers=headers, **kwargs)
     challenge = resp.headers.get("WWW-Authenticate", "")
     if resp.status_code == 401 and challenge.lower().startswith("bearer "):
+        resp.close()
         params = requests.utils.parse_dict_header(challenge[7:])
         realm = params.pop("realm")
         token = requests.get(realm, params=params, timeout=30).json()
         headers["Authorization"] = f"Bearer {token.get('token') or token.get('access_token')}"
-        resp = requests.request(method, url, headers=headers, timeout=30, verify=verify)
+        resp = requests.request(method, url, headers=headers, **kwargs)
     return resp
 
 
@@ -164,7 +166,7 @@ def resolve_image(ref: str, registry: str | None = None, verify=True) -> str:
     import requests
 
     try:
-        resp = _registry_get("HEAD", manifest_url(ref, registry), {"Accept": MANIFEST_TYPES}, verify)
+        resp = _registry_get("HEAD", manifest_url(ref, registry), {"Accept": MANIFEST_TYPES}, verify=verify)
     except (requests.RequestException, ValueError, KeyError) as e:
         raise LockError(f"image: cannot reach the registry for {ref}: {e}") from None
     digest = resp.headers.get("Docker-Content-Digest", "")
@@ -208,16 +210,16 @@ def resolve_image_cuda(ref: str, digest: str, registry: str | None = None, verif
     base = manifest_url(ref, registry).rsplit("/manifests/", 1)[0]
     headers = {"Accept": MANIFEST_TYPES}
     try:
-        manifest = _registry_get("GET", f"{base}/manifests/{digest}", headers, verify)
+        manifest = _registry_get("GET", f"{base}/manifests/{digest}", headers, verify=verify)
         manifest.raise_for_status()
         manifest = manifest.json()
         if "manifests" in manifest:  # an index: the linux/amd64 image (else the first)
             entries = manifest["manifests"]
             amd64 = [m for m in entries if (m.get("platform") or {}).get("architecture") == "amd64"]
-            one = _registry_get("GET", f"{base}/manifests/{(amd64 or entries)[0]['digest']}", headers, verify)
+            one = _registry_get("GET", f"{base}/manifests/{(amd64 or entries)[0]['digest']}", headers, verify=verify)
             one.raise_for_status()
             manifest = one.json()
-        blob = _registry_get("GET", f"{base}/blobs/{manifest['config']['digest']}", headers, verify)
+        blob = _registry_get("GET", f"{base}/blobs/{manifest['config']['digest']}", headers, verify=verify)
         blob.raise_for_status()
         return cuda_of(blob.json())
     except (requests.RequestException, ValueError, KeyError, IndexError, TypeError) as e:

@@ -1,0 +1,422 @@
+"""`rigforge images save DIR` and `rigforge images load DIR INVENTORY`: the locked images in a directory, and from
+there onto a rig, for a single rig with no fleet registry or a move between fleets (issue 22).
+
+    the lock's images (with a digest) --save, over the Distribution API--> DIR, an OCI image layout
+    DIR --load (deploy/images_load.py, roles/images.py)--> the rig's Docker, holding REF@sha256:... as locked
+
+save (on the controller): for each locked image with a digest, its manifest by digest (a multi-platform index
+and every child manifest, byte for byte, so the digest stays the locked one), then every config and layer blob,
+into an OCI image layout: `oci-layout`, `index.json` (one entry per image, annotated with its ref:
+`org.opencontainers.image.ref.name` is the ref, `io.containerd.image.name` its fully qualified name) and
+`blobs/sha256/<hex>`. Each blob streams to `blobs/sha256/.<hex>.part` (resumed with an HTTP range after a cut),
+is checked against its digest's sha256 and its size, and only then renamed into place; what was checked is
+recorded in `.rigforge-verified.json`, so a re-run only compares sizes (no re-hash of gigabytes) and fetches
+nothing for an image the directory already holds. Docker Hub by default (anonymous bearer tokens, as
+`rigforge lock`), or `--registry URL` (the fleet registry `https://host:5000`, with `--ca-cert` its CA).
+
+load: a pyinfra run of deploy/images_load.py with `--data rigforge_images_dir=DIR` (roles/images.py says how the
+rig ends up with the digest; Docker's own `docker load` drops it, moby#22011).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from rigforge.lock import MANIFEST_TYPES, _registry_get, manifest_url
+from rigforge.pins import DIGEST, ImagePin, Lock, LockError, default_lock_path, load_lock
+
+LAYOUT_FILE = "oci-layout"
+LAYOUT_VERSION = {"imageLayoutVersion": "1.0.0"}
+INDEX = "index.json"
+BLOBS = "blobs/sha256"
+VERIFIED = ".rigforge-verified.json"  # {digest: size} of every blob whose sha256 was checked when it was written
+REF_NAME = "org.opencontainers.image.ref.name"  # the lock's ref, e.g. vllm/vllm-openai:v0.27.1
+IMAGE_NAME = "io.containerd.image.name"  # its fully qualified name, docker.io/vllm/vllm-openai:v0.27.1
+INDEX_TYPES = {"application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json"}
+CHUNK = 1 << 20
+PROGRESS_STEP = 10  # a progress line every this many percent of a blob
+
+
+class ImagesError(Exception):
+    """An image could not be saved or loaded (one line, for the operator)."""
+
+
+@dataclass(frozen=True)
+class Saved:
+    """One image of a layout's index.json."""
+
+    ref: str
+    digest: str
+    media_type: str
+    size: int
+
+
+def hub_name(ref: str) -> tuple[str, str] | None:
+    """(repository path on Docker Hub, tag) of a ref Docker pulls from Docker Hub (`vllm/vllm-openai:v1` ->
+    (`vllm/vllm-openai`, `v1`); `ubuntu` -> (`library/ubuntu`, `latest`)); None for another registry's ref."""
+    name, _, tag = ref.rpartition(":") if ":" in ref.rsplit("/", 1)[-1] else (ref, "", "latest")
+    first = name.split("/", 1)[0]
+    if "/" in name and ("." in first or ":" in first or first == "localhost"):
+        if first not in ("docker.io", "index.docker.io", "registry-1.docker.io"):
+            return None
+        name = name.split("/", 1)[1]
+    return (name if "/" in name else f"library/{name}"), tag
+
+
+def qualified(ref: str) -> str:
+    """The fully qualified name of a ref (containerd's `io.containerd.image.name`)."""
+    hub = hub_name(ref)
+    return f"docker.io/{hub[0]}:{hub[1]}" if hub else ref
+
+
+def locked_images(lock: Lock) -> tuple[list[ImagePin], list[str]]:
+    """(the lock's images with a digest, each (ref, digest) once; the entries without one, by name)."""
+    pins, seen, unresolved = [], set(), []
+    for key, pin in (("image", lock.image), *((f"images.{n}", p) for n, p in lock.images.items())):
+        if not pin.digest:
+            unresolved.append(f"{key} ({pin.ref})")
+        elif (pin.ref, pin.digest) not in seen:
+            seen.add((pin.ref, pin.digest))
+            pins.append(pin)
+    return pins, unresolved
+
+
+# --- the layout on disk ----------------------------------------------------------------------------------------
+
+
+def blob_path(directory: Path, digest: str) -> Path:
+    return Path(directory) / BLOBS / digest.split(":", 1)[1]
+
+
+def _read_json(path: Path, default):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return default
+
+
+def _write_json(path: Path, data) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(data, fh, indent=2)
+        fh.write("\n")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def index_entries(directory: Path) -> list[Saved]:
+    """The images a layout's index.json names (by the ref annotation), in file order."""
+    index = _read_json(Path(directory) / INDEX, {})
+    out = []
+    for entry in index.get("manifests") or [] if isinstance(index, dict) else []:
+        ref = (entry.get("annotations") or {}).get(REF_NAME)
+        if ref and DIGEST.match(str(entry.get("digest", ""))):
+            out.append(Saved(ref, entry["digest"], entry.get("mediaType", ""), int(entry.get("size", 0))))
+    return out
+
+
+def _verified_ok(directory: Path, verified: dict, digest: str, size: int) -> bool:
+    """The blob is in place with `size` bytes, and its sha256 was checked when it was written."""
+    path = blob_path(directory, digest)
+    try:
+        return verified.get(digest) == size and path.stat().st_size == size
+    except OSError:
+        return False
+
+
+def _descriptors(manifest: dict) -> Iterator[dict]:
+    """The blobs an image manifest names (config, then layers)."""
+    if manifest.get("config"):
+        yield manifest["config"]
+    yield from manifest.get("layers") or []
+
+
+def _children(manifest: dict) -> list[dict]:
+    return list(manifest.get("manifests") or []) if _is_index(manifest) else []
+
+
+def _is_index(manifest: dict) -> bool:
+    return manifest.get("mediaType") in INDEX_TYPES or ("manifests" in manifest and "layers" not in manifest)
+
+
+def saved(directory: str | os.PathLike, ref: str, digest: str) -> bool:
+    """Does `directory` hold the image `ref` at `digest`, complete and verified: named in index.json, its manifest
+    (and, for an index, every child manifest) and every blob in place with the size it names and checked by
+    sha256 when written? Sizes only, no re-hash: what the deploy's preflight asks of a saved copy."""
+    directory = Path(directory)
+    entry = next((e for e in index_entries(directory) if e.ref == ref and e.digest == digest), None)
+    if entry is None:
+        return False
+    verified = _read_json(directory / VERIFIED, {})
+    todo = [(digest, entry.size, True)]
+    while todo:
+        d, size, is_manifest = todo.pop()
+        if not _verified_ok(directory, verified, d, size):
+            return False
+        if is_manifest:
+            manifest = _read_json(blob_path(directory, d), None)
+            if not isinstance(manifest, dict):
+                return False
+            todo += [(c["digest"], int(c["size"]), True) for c in _children(manifest)]
+            todo += [(b["digest"], int(b["size"]), False) for b in _descriptors(manifest)]
+    return True
+
+
+# --- save ------------------------------------------------------------------------------------------------------
+
+
+class _Source:
+    """One image's repository on a registry, over the Distribution API (anonymous bearer tokens as needed)."""
+
+    def __init__(self, ref: str, registry: str | None, ca_cert: str | None):
+        self.ref = ref
+        self.base = manifest_url(ref, registry).rsplit("/manifests/", 1)[0]
+        self.headers = {"Accept": MANIFEST_TYPES}
+        self.verify = ca_cert or True
+
+    def get(self, kind: str, digest: str, extra: dict | None = None, **kwargs):
+        import requests
+
+        url = f"{self.base}/{kind}/{digest}"
+        headers = {**self.headers, **(extra or {})}
+        try:
+            resp = _registry_get("GET", url, headers, verify=self.verify, **kwargs)
+            if "Authorization" in headers:  # the token it fetched serves the next requests too
+                self.headers["Authorization"] = headers["Authorization"]
+        except (requests.RequestException, ValueError, KeyError) as error:
+            raise ImagesError(f"{self.ref}@{digest}: cannot reach {url}: {error}") from None
+        if resp.status_code == 404:
+            raise ImagesError(
+                f"{self.ref}@{digest}: not obtainable: {self.base.split('/v2/')[0]} answered HTTP 404 for {kind[:-1]} "
+                f"{digest} (the registry does not have it)"
+            )
+        if resp.status_code not in (200, 206):
+            raise ImagesError(f"{self.ref}@{digest}: {url} answered HTTP {resp.status_code}")
+        return resp
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def _fetch_blob(src: _Source, directory: Path, verified: dict, desc: dict, label: str) -> bool:
+    """The blob `desc` in place, verified; False when it already was (nothing fetched)."""
+    digest, size = desc["digest"], int(desc["size"])
+    if not DIGEST.match(digest):
+        raise ImagesError(f"{src.ref}: {label} has an unsupported digest {digest!r} (sha256 only)")
+    final = blob_path(directory, digest)
+    if _verified_ok(directory, verified, digest, size):
+        return False
+    part = final.with_name(f".{final.name}.part")
+    hasher, have = hashlib.sha256(), 0
+    if part.exists() and 0 < part.stat().st_size < size:  # a cut download: hash what is there, ask for the rest
+        with open(part, "rb") as fh:
+            for chunk in iter(lambda: fh.read(CHUNK), b""):
+                hasher.update(chunk)
+        have = part.stat().st_size
+    else:
+        part.unlink(missing_ok=True)
+    headers = {"Range": f"bytes={have}-"} if have else {}
+    resp = src.get("blobs", digest, headers, stream=True)
+    if have and resp.status_code != 206:  # the registry sent it whole: start over
+        hasher, have = hashlib.sha256(), 0
+    got, step = have, max(size * PROGRESS_STEP // 100, 1)
+    said = got // step
+    with resp, open(part, "ab" if have else "wb") as fh:
+        for chunk in resp.iter_content(CHUNK):
+            fh.write(chunk)
+            hasher.update(chunk)
+            got += len(chunk)
+            if got > size:
+                break
+            if size and got // step > said and got < size:
+                said = got // step
+                _say(f"  {label} {digest[7:19]}: {_human(got)} of {_human(size)} ({100 * got // size}%)")
+    actual = f"sha256:{hasher.hexdigest()}"
+    if got != size or actual != digest:
+        part.unlink(missing_ok=True)
+        raise ImagesError(
+            f"{src.ref}: {label} {digest}: refused, got {got} bytes with {actual}, expected {size} bytes; not kept"
+        )
+    os.chmod(part, 0o644)
+    os.replace(part, final)
+    verified[digest] = size
+    _write_json(directory / VERIFIED, verified)
+    _say(f"  {label} {digest[7:19]}: {_human(size)} (100%), verified")
+    return True
+
+
+def _fetch_manifest(src: _Source, directory: Path, verified: dict, digest: str) -> tuple[dict, str, int]:
+    """(the manifest at `digest`, its media type, its size), kept byte for byte as a blob once verified."""
+    path = blob_path(directory, digest)
+    if digest in verified and path.is_file() and path.stat().st_size == verified[digest]:
+        body = path.read_bytes()
+        manifest = json.loads(body)
+        return manifest, manifest.get("mediaType", ""), len(body)
+    resp = src.get("manifests", digest)
+    body = resp.content
+    if f"sha256:{hashlib.sha256(body).hexdigest()}" != digest:
+        raise ImagesError(f"{src.ref}: manifest {digest}: refused, the registry's bytes hash to another digest")
+    try:
+        manifest = json.loads(body)
+    except ValueError:
+        raise ImagesError(f"{src.ref}: manifest {digest} is not JSON") from None
+    media_type = manifest.get("mediaType") or resp.headers.get("Content-Type", "").split(";")[0]
+    path.write_bytes(body)
+    verified[digest] = len(body)
+    _write_json(directory / VERIFIED, verified)
+    return manifest, media_type, len(body)
+
+
+def save_image(directory: Path, pin: ImagePin, registry: str | None = None, ca_cert: str | None = None) -> int:
+    """Save one locked image into the layout `directory`; the number of blobs fetched (0: it was there)."""
+    directory = Path(directory)
+    (directory / BLOBS).mkdir(parents=True, exist_ok=True)
+    if not (directory / LAYOUT_FILE).exists():
+        _write_json(directory / LAYOUT_FILE, LAYOUT_VERSION)
+    if saved(directory, pin.ref, pin.digest):
+        _say(f"{pin.ref}@{pin.digest}: already saved in {directory}")
+        return 0
+    src = _Source(pin.ref, registry, ca_cert)
+    verified = _read_json(directory / VERIFIED, {})
+    _say(f"{pin.ref}@{pin.digest}: saving from {src.base.split('/v2/')[0]}")
+    top, media_type, top_size = _fetch_manifest(src, directory, verified, pin.digest)
+    images = [top]
+    for child in _children(top):
+        images.append(_fetch_manifest(src, directory, verified, child["digest"])[0])
+    blobs = [b for m in images for b in _descriptors(m)]
+    fetched = 0
+    for i, desc in enumerate(blobs, 1):
+        fetched += _fetch_blob(src, directory, verified, desc, f"blob {i}/{len(blobs)}")
+    entry = {
+        "mediaType": media_type,
+        "digest": pin.digest,
+        "size": top_size,
+        "annotations": {REF_NAME: pin.ref, IMAGE_NAME: qualified(pin.ref)},
+    }
+    index = _read_json(directory / INDEX, {})
+    if not isinstance(index, dict) or not isinstance(index.get("manifests"), list):
+        index = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": []}
+    others = [m for m in index["manifests"] if (m.get("annotations") or {}).get(REF_NAME) != pin.ref]
+    index["manifests"] = [*others, entry]
+    _write_json(directory / INDEX, index)
+    total = sum(int(b["size"]) for b in blobs)
+    _say(f"{pin.ref}@{pin.digest}: saved ({len(blobs)} blobs, {_human(total)}; {fetched} fetched now)")
+    return fetched
+
+
+# --- load: what a rig is sent --------------------------------------------------------------------------------
+
+
+def push_plan(directory: str | os.PathLike, entries: list[Saved]) -> tuple[list[str], dict[str, int]]:
+    """(the lines of rigforge/remote/load_images.sh's plan, every file of the layout they need: {digest: size}) for
+    loading `entries`: each image's blobs, then its manifests (an index's children before it, so the registry accepts
+    each one), then `pull NAME@DIGEST`. The repository is the Docker Hub path Docker asks a mirror for."""
+    directory = Path(directory)
+    lines, pulls, needed = [], [], {}
+    for e in entries:
+        hub = hub_name(e.ref)
+        if hub is None:
+            raise ImagesError(f"{e.ref}: only Docker Hub images can be loaded (its registry would record another name)")
+        repo, top = hub[0], _read_json(blob_path(directory, e.digest), {})
+        images, manifests = [top], []
+        for child in _children(top):
+            manifest = _read_json(blob_path(directory, child["digest"]), {})
+            images.append(manifest)
+            manifests.append((child["digest"], int(child["size"]), manifest.get("mediaType") or child.get("mediaType")))
+        manifests.append((e.digest, e.size, top.get("mediaType") or e.media_type))
+        blobs = {b["digest"]: int(b["size"]) for m in images for b in _descriptors(m)}
+        lines += [f"blob {repo} {d}" for d in blobs]
+        lines += [f"manifest {repo} {d} {media_type}" for d, _, media_type in manifests]
+        pulls.append(f"pull {pinned(e)}")
+        needed |= blobs | {d: size for d, size, _ in manifests}
+    return lines + pulls, needed
+
+
+def pinned(e: Saved) -> str:
+    """`name@sha256:...` of a saved image (what Docker holds after a load, and what `docker image inspect` finds)."""
+    name = e.ref.rsplit(":", 1)[0] if ":" in e.ref.rsplit("/", 1)[-1] else e.ref
+    return f"{name}@{e.digest}"
+
+
+# --- the command -----------------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="images_command", required=True)
+    save = sub.add_parser("save", help="keep the lock's images (those with a digest) in DIR, an OCI image layout")
+    save.add_argument("dir", type=Path, help="the directory (created; a re-run fetches only what is missing)")
+    save.add_argument("--lock", type=Path, default=None, help="lock file (default: rigforge.lock.yaml)")
+    save.add_argument("--registry", default=None, metavar="URL",
+                      help="read from this registry (a base URL, https://host:5000), not Docker Hub")  # fmt: skip
+    save.add_argument("--ca-cert", default=None, metavar="PEM", help="the CA certificate that registry's TLS uses")
+    load = sub.add_parser("load", help="put the images saved in DIR on the rigs of INVENTORY, at their digests")
+    load.add_argument("dir", type=Path, help="a directory `rigforge images save` wrote")
+    load.add_argument("inventory", help="pyinfra inventory (e.g. inventories/home.py)")
+    load.add_argument("--limit", default=None, metavar="HOST", help="only this host (or group)")
+
+
+def save(directory: Path, lock: Lock, registry: str | None = None, ca_cert: str | None = None) -> int:
+    """Save every locked image with a digest; the number of blobs fetched."""
+    pins, unresolved = locked_images(lock)
+    for name in unresolved:
+        _say(f"{name}: no digest in the lock, not saved (run `rigforge lock` on a networked controller)")
+    if not pins:
+        raise ImagesError(f"lock {lock.path}: no image has a digest; nothing to save")
+    return sum(save_image(directory, pin, registry, ca_cert) for pin in pins)
+
+
+ENTRY = Path(__file__).resolve().parents[1] / "deploy" / "images_load.py"
+
+
+def load_command(directory: Path, inventory: str, limit: str | None = None) -> list[str]:
+    """The pyinfra command line of a load."""
+    cmd = [sys.executable, "-m", "pyinfra", "-y", inventory, str(ENTRY), "--data",
+           f"rigforge_images_dir={Path(directory).resolve()}"]  # fmt: skip
+    return cmd + (["--limit", limit] if limit else [])
+
+
+def check_loadable(directory: Path) -> list[Saved]:
+    """The images of `directory`, each complete and verified, loadable onto a rig; ImagesError naming what is not."""
+    entries = index_entries(directory)
+    if not entries:
+        raise ImagesError(f"{directory}: no saved image (no {INDEX} naming one): run `rigforge images save DIR` first")
+    for e in entries:
+        if not saved(directory, e.ref, e.digest):
+            raise ImagesError(f"{directory}: {e.ref}@{e.digest} is incomplete: run `rigforge images save` again")
+        if hub_name(e.ref) is None:
+            raise ImagesError(f"{e.ref}: only Docker Hub images can be loaded (its registry would record another name)")
+    return entries
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.images_command == "save":
+            lock = load_lock(args.lock or default_lock_path())
+            save(args.dir, lock, args.registry, args.ca_cert)
+            return 0
+        check_loadable(args.dir)
+        if not ENTRY.is_file():
+            raise ImagesError(f"{ENTRY} not found: run `rigforge images load` from a checkout of rigforge")
+        rc = subprocess.call(load_command(args.dir, args.inventory, args.limit))
+        return 128 - rc if rc < 0 else rc  # pyinfra killed by a signal: 128 + its number, as a shell says
+    except (ImagesError, LockError) as error:
+        print(f"rigforge images {args.images_command}: {error}", file=sys.stderr)
+        return 1

@@ -1,0 +1,97 @@
+"""Saved images onto a rig at their locked digests (`rigforge images load DIR INVENTORY`, issue 22): for a single
+rig with no fleet registry, or a move between fleets. DIR is what `rigforge images save` wrote on the controller.
+
+Docker's `docker load` drops the repository digest (moby#22011), so the images go through a registry: the blobs
+the rig lacks are uploaded into an OCI layout on it (`<root>/images/oci`, each checked by sha256 before it lands),
+then one rig-side script (rigforge/remote/load_images.sh) runs Debian's `docker-registry` (Distribution) on
+127.0.0.1 for the length of the load, pushes the blobs and manifests into it byte for byte, lists it in daemon.json's
+registry-mirrors (merged, the user's mirrors kept) and reloads docker (SIGHUP: registry-mirrors is reloadable), and
+pulls `NAME@sha256:...`: a Docker Hub image comes through the mirror, and Docker records `NAME@sha256:...` in its
+RepoDigests, so the compose file's `ref@digest` resolves with no network. Its trap puts daemon.json back (the user's
+file byte for byte, after a reload that sets the user's own mirrors explicitly: a reload keeps an option the file no
+longer sets), reloads docker and stops the registry, on success and on failure; a run killed outright is repaired
+by the next run's first operation. A no-op when Docker already holds every image at its digest. Only Docker Hub
+images (`vllm/vllm-openai`, ...) can be loaded this way: Docker uses mirrors for Docker Hub only.
+
+(skopeo is not used: it refuses an OCI layout whose index names Docker media types, "matches unsupported manifest
+MIME types", as Docker Hub's images often are; the script pushes with curl instead, and the registry checks every
+digest.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.operations import apt, systemd
+
+from rigforge import images
+from rigforge.layout import DAEMON_JSON, HostLayout
+from roles.operations import images as image_ops
+
+DEFAULTS = {
+    "rigforge_images_dir": None,  # the controller's directory of saved images (`rigforge images save DIR`)
+    "images_port": None,  # the temporary registry's port on the rig's 127.0.0.1 (None: the first free of 5800-5899)
+}
+REGISTRY_UNIT = "docker-registry.service"  # Debian's package starts it; only the load's own registry runs
+
+
+def validate(data: Mapping) -> list[str]:
+    problems = []
+    directory = data.get("rigforge_images_dir")
+    if not directory or not isinstance(directory, str):
+        problems.append(f"rigforge_images_dir must be a directory `rigforge images save` wrote, got {directory!r}")
+    port = data.get("images_port")
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535):
+        problems.append(f"images_port must be a whole number in 1..65535 or unset, got {port!r}")
+    return problems
+
+
+@deploy("Load saved images", data_defaults=DEFAULTS)
+def load(directory: str, saved: list[images.Saved], layout: HostLayout, port: int | None = None,
+         registry_host: bool = False):  # fmt: skip
+    """Every image of `saved` (from `directory` on the controller) in the rig's Docker at its digest.
+    `registry_host`: the rig also serves the fleet registry (Debian's docker-registry service is left alone)."""
+    work, script = layout.images_work, layout.images_script
+    image_ops.repaired(name="Repair what an interrupted image load left (daemon.json, temporary registry)",
+                       script=script, work=work, daemon_json=DAEMON_JSON)  # fmt: skip
+
+    def needed() -> bool:
+        return bool(image_ops.missing(saved))
+
+    apt.packages(name="Install Debian's docker-registry (the load's temporary registry) and curl",
+                 packages=["docker-registry", "curl"], _if=needed)  # fmt: skip
+    if not registry_host:
+        systemd.service(name=f"Keep {REGISTRY_UNIT} stopped and disabled (only the load's own registry runs)",
+                        service=REGISTRY_UNIT, running=False, enabled=False, _if=needed)  # fmt: skip
+    image_ops.blobs_uploaded(name=f"Upload the saved images' blobs the rig lacks to {layout.images_layout}",
+                             directory=directory, saved=saved, layout=layout.images_layout,
+                             upload_dir=layout.images_upload)  # fmt: skip
+    image_ops.loaded(name="Load the saved images into docker at their digests (a temporary registry on 127.0.0.1)",
+                     directory=directory, saved=saved, script=script, layout=layout.images_layout, work=work,
+                     daemon_json=DAEMON_JSON, port=port, upload_dir=layout.images_upload)  # fmt: skip
+
+
+def run() -> None:
+    """deploy/images_load.py: this host's data (rigforge_images_dir, rigforge_root, images_port), checked, then `load`.
+    A bad value or an incomplete directory refuses the host in one line, before anything changes."""
+    from roles import site
+    from roles.operations.checks import refuse_now
+
+    data = {**DEFAULTS, **{k: host.data.get(k, v) for k, v in DEFAULTS.items()}}
+    problems = validate(data)
+    saved = []
+    if not problems:
+        try:
+            saved = images.check_loadable(data["rigforge_images_dir"])
+        except images.ImagesError as error:
+            problems.append(str(error))
+    if problems:
+        refuse_now(f"Refuse {host.name}: cannot load images", f"rigforge refused {host.name}: {'; '.join(problems)}")
+        return
+    if not site.hold_the_rig():
+        return
+    root = site.host_data(host.data)["rigforge_root"]
+    layout = HostLayout(root=root) if root else HostLayout()
+    load(data["rigforge_images_dir"], saved, layout, data["images_port"], site.REGISTRY in host.groups)

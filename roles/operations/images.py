@@ -1,0 +1,180 @@
+"""Operations that load saved images (`rigforge images save`) into a rig's Docker at their digests (roles/images.py).
+
+The rig-side steps are one script, rigforge/remote/load_images.sh, so that everything it sets up (a temporary
+registry, a registry mirror in daemon.json) is taken down by its trap when a step fails; a run killed outright is
+repaired by the next one (`repaired`). daemon.json's two texts (with the temporary mirror; with the user's own
+mirrors set explicitly) are merged here, by docker_daemon's merge, the user's entries kept.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
+from pyinfra.facts.files import Directory, FileContents, Sha256File
+
+from rigforge import images
+from roles.facts.docker import DockerImagePresent
+from roles.facts.images import ListeningPorts, OciBlobs
+from roles.facts.system import FreeDiskBytes
+from roles.operations.checks import fail_command
+from roles.operations.docker_daemon import merged_text
+from roles.operations.shown import ShownCommand, say
+from roles.operations.staged import connection, upload_privately
+
+SCRIPT = Path(images.__file__).resolve().parent / "remote" / "load_images.sh"
+PORTS = range(5800, 5900)  # the temporary registry takes the first free one
+
+
+def missing(saved: list[images.Saved]) -> list[images.Saved]:
+    """The saved images the rig's Docker does not hold at their digest (read now: at execution, the rig as it is)."""
+    return [e for e in saved if not host.get_fact(DockerImagePresent, image=images.pinned(e))]
+
+
+def _human(n: int) -> str:
+    return images._human(n)
+
+
+@operation()
+def repaired(script: str, work: str, daemon_json: str):
+    """
+    Undo what a load that was killed outright left: daemon.json's temporary mirror, the temporary registry, the
+    work dir (``load_images.sh repair``). No-op when there is no work dir.
+
+    + script: load_images.sh on the rig
+    + work: the load's work dir
+    + daemon_json: Docker's daemon.json
+    """
+    if not host.get_fact(Directory, path=work):
+        host.noop(f"no interrupted load in {work}")
+        return
+    if not host.get_fact(Sha256File, path=script):  # the work dir was left before the script landed
+        yield StringCommand("rm", "-rf", QuoteString(work))
+        return
+    yield ShownCommand("sh", QuoteString(script), "repair", QuoteString(work), QuoteString(daemon_json))
+
+
+@operation()
+def blobs_uploaded(directory: str, saved: list, layout: str, upload_dir: str):
+    """
+    Upload the blobs of ``saved`` images that the rig's OCI layout lacks (or holds at another size), each checked by
+    sha256 on the rig before it is renamed into place. No-op when Docker already holds every image at its digest.
+
+    + directory: the saved layout on the controller (`rigforge images save DIR`)
+    + saved: the images to load (rigforge.images.Saved)
+    + layout: the OCI layout on the rig
+    + upload_dir: where a sudo user's uploads land first (created 0700, owned by that user)
+    """
+    todo = missing(saved)
+    if not todo:
+        host.noop(f"docker holds {', '.join(images.pinned(e) for e in saved)}")
+        return
+    _, needed = images.push_plan(directory, todo)
+    have = host.get_fact(OciBlobs, path=layout)
+    upload = {d: size for d, size in needed.items() if have.get(d) != size}
+    if not upload:
+        host.noop(f"{layout} holds the {len(needed)} blobs of {len(todo)} image(s)")
+        return
+    # the blobs still to come, and the temporary registry's copy of all of them (its storage is beside the layout)
+    need = int((sum(upload.values()) + sum(needed.values())) * 1.05)
+    free = host.get_fact(FreeDiskBytes, path=layout)
+    if free is not None and need > free:
+        yield fail_command(
+            f"{host.name}: not enough disk space to load {len(todo)} image(s) at {layout}: need {_human(need)} (the "
+            f"blobs to upload and the temporary registry's copy, + 5%), {_human(free)} free; free space or set "
+            "rigforge_root elsewhere"
+        )
+        return
+    q = shlex.quote
+    blobs = f"{layout}/{images.BLOBS}"
+    user = connection("ssh_user") if (host.current_op_global_arguments or {}).get("_sudo") else None
+    yield StringCommand(f"mkdir -p {q(blobs)}")
+    if user:
+        yield StringCommand(f"install -d -m 700 -o {q(user)} {q(upload_dir)}")
+    total, sent = sum(upload.values()), 0
+    for i, (digest, size) in enumerate(sorted(upload.items()), 1):
+        hexdigest = digest.split(":", 1)[1]
+        part = f"{upload_dir if user else blobs}/.{hexdigest}.part"
+        sent += size
+        yield say(f"blob {i}/{len(upload)} {hexdigest[:12]}: {_human(size)} ({_human(sent)} of {_human(total)})")
+        if not user:
+            yield StringCommand(f"mkdir -p {q(upload_dir)}")
+        yield FileUploadCommand(str(images.blob_path(directory, digest)), part, **({"_sudo": False} if user else {}))
+        yield StringCommand(
+            f"echo {q(f'{hexdigest}  {part}')} | sha256sum -c --status || {{ rm -f {q(part)}; "
+            f"echo 'rigforge: blob {digest} did not arrive intact; re-run' >&2; exit 1; }}; "
+            f"chown 0:0 {q(part)} && chmod 644 {q(part)} && mv -f {q(part)} {q(f'{blobs}/{hexdigest}')}"
+        )
+    for name in (images.LAYOUT_FILE, images.INDEX):
+        yield FileUploadCommand(str(Path(directory) / name), f"{layout}/{name}")
+
+
+def free_port(used: list[int]) -> int | None:
+    return next((p for p in PORTS if p not in set(used)), None)
+
+
+@operation()
+def loaded(
+    directory: str,
+    saved: list,
+    script: str,
+    layout: str,
+    work: str,
+    daemon_json: str,
+    port: int | None = None,
+    upload_dir: str | None = None,
+):
+    """
+    Put the ``saved`` images Docker lacks into it at their digests: load_images.sh runs a temporary registry on
+    127.0.0.1, pushes the layout's blobs and manifests into it, lists it in daemon.json's registry-mirrors, reloads
+    docker, pulls ``NAME@DIGEST``, then puts daemon.json back and stops the registry (also when a step fails); then
+    the layout on the rig is removed (docker holds the images).
+    No-op when Docker holds every image at its digest.
+
+    + directory: the saved layout on the controller
+    + saved: the images to load (rigforge.images.Saved)
+    + script: where load_images.sh goes on the rig
+    + layout: the OCI layout on the rig (blobs_uploaded filled it)
+    + work: the load's work dir on the rig (removed when it ends)
+    + daemon_json: Docker's daemon.json
+    + port: the temporary registry's port on 127.0.0.1 (None: the first free one of 5800-5899)
+    + upload_dir: blobs_uploaded's upload dir, removed with the layout once docker holds the images
+    """
+    todo = missing(saved)
+    if not todo:
+        host.noop(f"docker holds {', '.join(images.pinned(e) for e in saved)}")
+        return
+    port = port or free_port(host.get_fact(ListeningPorts))
+    if port is None:
+        yield fail_command(f"{host.name}: no free port in {PORTS.start}-{PORTS.stop - 1} for the temporary registry")
+        return
+    url = f"http://127.0.0.1:{port}"
+    lines = host.get_fact(FileContents, path=daemon_json)
+    current = None if lines is None else "\n".join(lines)
+    try:
+        existing = json.loads(current) if current and current.strip() else {}
+        if not isinstance(existing, dict):
+            raise ValueError("top level is not a JSON object")
+        own = existing.get("registry-mirrors") if isinstance(existing.get("registry-mirrors"), list) else []
+        # the temporary mirror first (Docker tries mirrors in order), the user's own after it, kept
+        mirrored = merged_text(current, {"registry-mirrors": [url, *(m for m in own if m != url)]}) or current
+        cleared = merged_text(current, {"registry-mirrors": own}) or current
+    except ValueError as error:
+        yield fail_command(f"{daemon_json} on {host.name} is not valid JSON ({error}); fix or remove it, then re-run.")
+        return
+    plan, _ = images.push_plan(directory, todo)
+    q = shlex.quote
+    yield say(f"loading {', '.join(images.pinned(e) for e in todo)} through a temporary registry on {url}")
+    yield FileUploadCommand(str(SCRIPT), script)
+    yield StringCommand(f"rm -rf {q(work)} && install -d -m 700 {q(work)}")
+    for name, text in (("daemon.json.mirrored", mirrored), ("daemon.json.cleared", cleared), ("plan", "\n".join(plan))):
+        yield from upload_privately(text + ("" if text.endswith("\n") else "\n"), f"{work}/{name}")
+    yield ShownCommand(
+        "sh", QuoteString(script), "load", QuoteString(work), QuoteString(layout), str(port), QuoteString(daemon_json),
+        QuoteString(f"{work}/plan"),
+    )  # fmt: skip
+    # docker holds them now: the uploaded copy (as large as the images) goes; a cut upload stays, to resume
+    yield StringCommand("rm", "-rf", QuoteString(layout), *([QuoteString(upload_dir)] if upload_dir else []))
