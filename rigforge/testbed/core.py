@@ -23,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from . import upstream
 from ._util import (
     TestbedError,
     ensure_safe_dir,
@@ -42,6 +43,8 @@ from .aptrepo import DOCKER_KEY, DOCKER_REPO, DRIVER_KEY, DRIVER_REPO, TOOLKIT_K
 from .aptrepo import build as build_apt_repo
 from .aptrepo import fingerprint as apt_fingerprint
 from .booted import (
+    BROKEN_IMAGE,
+    BROKEN_MESSAGE,
     GATEWAY_PORT,
     REGISTRY_ADDRESS,
     BootedRig,
@@ -60,7 +63,7 @@ from .rootfs import build_tarball, extract, prepare_rig
 
 DEFAULT_DIR = Path("/var/lib/rigforge-testbed")
 SSHD = "/usr/sbin/sshd"
-PORTS = {"apt": 18721, "hf": 18722, "git": 18723, "ssh": 2201, "gateway": 18088}
+PORTS = {"apt": 18721, "hf": 18722, "git": 18723, "upstream": 18724, "ssh": 2201, "gateway": 18088}
 
 
 @dataclass
@@ -172,6 +175,52 @@ class Testbed:
         host.backend.__dict__["client"] = client  # the backend's cached_property
         return host
 
+    # --- the upstream registry stand-in (booted testbeds; upstream.py) ---
+
+    @property
+    def upstream(self) -> dict:
+        if "upstream" not in self.services:
+            raise TestbedError(f"testbed {self.dir} has no upstream registry stand-in (only `up --booted` runs one)")
+        return self.services["upstream"]
+
+    @property
+    def upstream_url(self) -> str:
+        """The stand-in on the controller: https://127.0.0.1:PORT (its certificate also names
+        registry-1.docker.io, which booted hosts reach at upstream.RIG_ADDRESS:443)."""
+        return self.upstream["url"]
+
+    @property
+    def upstream_ca(self) -> Path:
+        """The throwaway testbed CA that signed the stand-in's certificate (in every booted host's trust store)."""
+        return Path(self.upstream["ca"])
+
+    @property
+    def upstream_log(self) -> Path:
+        """The stand-in's access log: one Apache combined-format line per request."""
+        return Path(self.upstream["log"])
+
+    @property
+    def upstream_digests(self) -> dict[str, str]:
+        """{ref: manifest digest} of the images pushed to the stand-in (the testbed lock pins these)."""
+        return dict(self.upstream["digests"])
+
+    def upstream_log_size(self) -> int:
+        """The access log's size in bytes now: an offset for upstream_blob_gets."""
+        return self.upstream_log.stat().st_size if self.upstream_log.exists() else 0
+
+    def upstream_blob_gets(self, since: int = 0, name: str | None = None) -> int:
+        """How many successful blob GETs (`GET /v2/<name>/blobs/sha256:...`) the stand-in served after byte
+        `since` of its access log (of repository `name` only, if given)."""
+        return len(upstream.blob_gets(self.upstream_log, since, name))
+
+    def upstream_throttle(self, bytes_per_second: int) -> None:
+        """Throttle what each booted host receives from the stand-in (per host's relay; 0 = full speed)."""
+        upstream.set_throttle(self.shared, bytes_per_second)
+
+    def upstream_delete(self, ref: str) -> str | None:
+        """Delete image `ref` (tag or digest) from the stand-in; the manifest digest deleted, None if absent."""
+        return upstream.Client(self.upstream_url, self.upstream_ca).delete(ref)
+
     def hf_control(self, throttle_bps: int | None = None, drop_after_bytes: int | None = None) -> dict:
         """Throttle the HF stand-in (bytes/s, None = full speed) and/or cut the next file GET after N bytes."""
         body = json.dumps({"throttle_bps": throttle_bps, "drop_after_bytes": drop_after_bytes}).encode()
@@ -260,13 +309,40 @@ def start_services(shared: Path) -> dict:
     )
     services = {"apt_port": apt_port, "hf_port": hf_port, "git_port": git_port, "git": git_meta, "hf": hf_meta}
     services["apt_root"], services["apt_fingerprint"] = str(apt_root), apt_fingerprint(apt_root)
+    try:  # the upstream stand-in (started by booted testbeds only) stays described while it runs
+        old = json.loads((run / "services.json").read_text()).get("upstream")
+    except (OSError, ValueError):
+        old = None
+    if old and pid_alive(run / "upstream.pid"):
+        services["upstream"] = old
     (run / "services.json").write_text(json.dumps(services, indent=1))
     return services
 
 
+def start_upstream(shared: Path, tarball: Path, cuda: str) -> dict:
+    """Start (or reuse) the upstream registry stand-in of `shared` (upstream.py), push the stand-in images to it
+    unless it holds them (CUDA_VERSION=<cuda>.0 in their env), and return its description for services.json."""
+    import hashlib
+
+    upstream.ensure_tls(shared)
+    f = upstream.files(shared)
+    identity = hashlib.sha256((upstream.config(shared, 0) + f["cert"].read_text()).encode()).hexdigest()[:12]
+    port = _service(shared / "run", "upstream", f"{f['storage']}#{identity}", PORTS["upstream"],
+                    lambda p: upstream.command(shared, p))  # fmt: skip
+    layers, blobs = upstream.ensure_layers(shared, tarball)
+    env = {"CUDA_VERSION": f"{cuda}.0"}
+    images = {IMAGE_REF: env, **{ref: env for ref in sorted(set(recipe_images().values()))}}
+    images[BROKEN_IMAGE] = {"RIGFORGE_STANDIN_EXIT": BROKEN_MESSAGE}
+    state = upstream.describe(shared, port, {})
+    client = upstream.Client(state["url"], Path(state["ca"]))
+    state["digests"] = upstream.push_images(client, layers, blobs, images)
+    state["layers"] = [{k: layer[k] for k in ("name", "digest", "size")} for layer in layers]
+    return state
+
+
 def stop_services(shared: Path) -> None:
     run = shared / "run"
-    for name in ("apt", "hf", "git"):
+    for name in ("apt", "hf", "git", "upstream"):
         stop_pidfile(run / f"{name}.pid")
         (run / f"{name}.json").unlink(missing_ok=True)
     (run / "services.json").unlink(missing_ok=True)
@@ -454,14 +530,20 @@ def _write_lock(tb: Testbed) -> None:
         for key, m in tb.services["hf"].items()
     }
     cuda = tb.rigs[0].spec.image_cuda if tb.rigs else RigSpec.image_cuda  # `up --image-cuda`: one per testbed
-    lock = {"version": 1, "image": {"ref": IMAGE_REF, "digest": None, "cuda": cuda}, "git": git, "hf": hf}
+    booted = any(getattr(rig, "booted", False) for rig in tb.rigs)
+    # booted rigs pull from the upstream stand-in: the digests it holds; chroot rigs pull nothing (tags only)
+    digests = tb.services.get("upstream", {}).get("digests", {}) if booted else {}
+    image = {"ref": IMAGE_REF, "digest": digests.get(IMAGE_REF), "cuda": cuda}
+    lock = {"version": 1, "image": image, "git": git, "hf": hf}
     toolkit = load_lock(default_lock_path()).toolkit  # the real pin: the stand-in repo also has a newer release
     if toolkit:
         lock["toolkit"] = {"version": toolkit.version, "note": toolkit.note}
     if recipes_dir() and "recipes" in git:  # the images the recipe slugs run, by tag (no registry here)
         images = sorted(recipe_images().items())
-        lock["images"] = {engine: {"ref": ref, "digest": None, "cuda": cuda} for engine, ref in images}
+        lock["images"] = {engine: {"ref": ref, "digest": digests.get(ref), "cuda": cuda} for engine, ref in images}
     header = "# rigforge testbed lock: local stand-ins on 127.0.0.1 (generated by `rigforge testbed up`)\n"
+    if digests:
+        header += f"# images: pushed to the upstream registry stand-in {tb.services['upstream']['url']}\n"
     tb.lock.write_text(header + yaml.safe_dump(lock, sort_keys=False, width=200))
 
 
@@ -551,7 +633,7 @@ def up(
     `fleet_registry` (with `gateway`): the gateway host is the fleet registry's host too (group `registry`), and
     each rig reaches it at REGISTRY_ADDRESS."""
     t0 = time.monotonic()
-    ensure_host_packages()  # root, and the host packages (installed when missing, on Debian/Ubuntu)
+    ensure_host_packages(booted)  # root, and the host packages (installed when missing, on Debian/Ubuntu)
     specs = list(specs) if specs else [RigSpec()]
     dir = ensure_safe_dir(Path(dir))
     shared = ensure_safe_dir(Path(shared) if shared else dir)
@@ -573,6 +655,9 @@ def up(
         if booted:
             tarball = booted_tarball(shared, tarball)
         services = start_services(shared)
+        if booted:  # Docker Hub's stand-in: the rigs pull the serving images from it
+            services["upstream"] = start_upstream(shared, tarball, specs[0].image_cuda)
+            (run / "services.json").write_text(json.dumps(services, indent=1))
         uid = ensure_host_user()
         rigs_dir = ensure_safe_dir(dir / "rigs")
         names = [f"rig{i + 1}" for i in range(len(specs))]
