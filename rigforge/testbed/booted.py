@@ -290,23 +290,42 @@ def start_gateway_relay(gw_dir: Path, rig_dirs: list[Path], ports: list[int], po
     return port
 
 
-REGISTRY_ADDRESS = "127.0.2.1"  # the gateway host's fleet registry, as the rigs and the gateway host reach it
-REGISTRY_PORT = 5000  # its port there (registry_port's default)
+REGISTRY_PORT = 5000  # the fleet registry's port (registry_port's default)
 
 
-def start_registry_relay(rig_dir: Path, gw_dir: Path) -> None:
-    """The gateway host's fleet registry at REGISTRY_ADDRESS:REGISTRY_PORT inside the rig (in the gateway host,
-    that address is its own loopback, where the registry listens too: one address, one certificate)."""
-    pidfile, log_file = rig_dir / "registry-relay.pid", rig_dir / "registry-relay.log"
+def registry_address(ssh_port: int) -> str:
+    """The fleet registry's address (`up --fleet-registry`), the same on the controller and in every booted host:
+    a loopback address of its own, derived from the registry host's SSH port (unique on this machine, so
+    concurrent testbeds never share one). In the registry host it is its own loopback, where the registry
+    listens; elsewhere a relay carries it to the registry host's network namespace."""
+    return f"127.2.{ssh_port >> 8}.{ssh_port & 255}"
+
+
+def _relay(rig_dir: Path, name: str, netns: str, specs: list[str]) -> None:
+    pidfile, log_file = rig_dir / f"{name}.pid", rig_dir / f"{name}.log"
     stop_pidfile(pidfile)
     log_file.unlink(missing_ok=True)
-    spec = f"at:{REGISTRY_ADDRESS}:{REGISTRY_PORT}={netns_path(gw_dir)}@{REGISTRY_PORT}"
-    spawn([sys.executable, str(NETNS_SCRIPT), "serve", netns_path(rig_dir), spec], pidfile, log_file)
+    spawn([sys.executable, str(NETNS_SCRIPT), "serve", netns, *specs], pidfile, log_file)
     deadline = time.monotonic() + 10
     while "relay for" not in (log_file.read_text() if log_file.exists() else ""):
         if not pid_alive(pidfile) or time.monotonic() > deadline:
-            raise TestbedError(f"the registry relay of {rig_dir.name} did not start (see {log_file})")
+            tail = log_file.read_text()[-2000:] if log_file.exists() else ""
+            raise TestbedError(f"the {name} of {rig_dir.name} did not start (see {log_file}):\n{tail}")
         time.sleep(0.05)
+
+
+def start_registry_relay(rig_dir: Path, registry_dir: Path, address: str) -> None:
+    """The fleet registry at `address`:REGISTRY_PORT inside the rig, relayed to the registry host's namespace."""
+    spec = f"at:{address}:{REGISTRY_PORT}={netns_path(registry_dir)}@{REGISTRY_PORT}"
+    _relay(rig_dir, "registry-relay", netns_path(rig_dir), [spec])
+
+
+def publish_registry(registry_dir: Path, address: str) -> None:
+    """The fleet registry at `address`:REGISTRY_PORT on the controller too (rigforge's preflight asks it from
+    there), relayed into the registry host's namespace."""
+    _relay(
+        registry_dir, "registry-publish", netns_path(registry_dir), [f"in:{address}:{REGISTRY_PORT}={REGISTRY_PORT}"]
+    )
 
 
 def stop(rig_dir: Path) -> None:
@@ -315,6 +334,7 @@ def stop(rig_dir: Path) -> None:
     stop_pidfile(rig_dir / "relay.pid")
     stop_pidfile(rig_dir / "gateway-relay.pid")
     stop_pidfile(rig_dir / "registry-relay.pid")
+    stop_pidfile(rig_dir / "registry-publish.pid")
     if Path(netns_path(rig_dir)).exists():
         sh(["ip", "netns", "delete", netns_name(rig_dir)], check=False, capture=True)
 

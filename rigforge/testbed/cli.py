@@ -12,6 +12,7 @@ from rigforge.pins import CUDA
 
 from . import upstream
 from ._util import TestbedError
+from .booted import REGISTRY_PORT
 from .core import DEFAULT_DIR, down, load, load_rig, up
 from .rig import RigSpec
 
@@ -59,7 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p_up.add_argument(
         "--fleet-registry",
         action="store_true",
-        help="with --gateway: the gateway host serves the fleet registry too (group `registry`, docs/registry.md)",
+        help="with --booted: the gateway host (or rig1 without --gateway) serves the fleet registry too (group "
+        "`registry`, docs/registry.md), at one address on this machine and every host",
     )
     p_up.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"testbed directory (default {DEFAULT_DIR})")
     p_down = sub.add_parser("down", help="stop the rigs' sshds and the local services, remove the rigs")
@@ -145,6 +147,10 @@ def run(args: argparse.Namespace) -> int:
         if "upstream" in tb.services:
             print(f"upstream registry: {tb.upstream_url} (registry-1.docker.io in booted hosts)", file=sys.stderr)
             print(f"upstream registry log: {tb.upstream_log}", file=sys.stderr)
+        if tb.registry_host:
+            where = f"{tb.registry_address}:{REGISTRY_PORT}"
+            print(f"fleet registry: https://{where} on {tb.registry_host.name} (same address here and on every host)",
+                  file=sys.stderr)  # fmt: skip
         if tb.gateway:
             print(f"gateway: {tb.gateway_url}   (ssh -F {tb.ssh_config} {tb.gateway.name})", file=sys.stderr)
         print(tb.inventory)

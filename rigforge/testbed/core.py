@@ -46,10 +46,12 @@ from .booted import (
     BROKEN_IMAGE,
     BROKEN_MESSAGE,
     GATEWAY_PORT,
-    REGISTRY_ADDRESS,
+    REGISTRY_PORT,
     BootedRig,
     booted_tarball,
     gateway_address,
+    publish_registry,
+    registry_address,
     start_gateway_relay,
     start_registry_relay,
 )
@@ -74,7 +76,20 @@ class Testbed:
     services: dict
     gateway: Rig | None = None  # the booted gateway host (`up --gateway`): inventory group `gateway`, not a rig
     gateway_port: int | None = None  # its HAProxy on the controller's 127.0.0.1
-    fleet_registry: bool = False  # `up --fleet-registry`: the gateway host is also in the group `registry`
+    fleet_registry: bool = False  # `up --fleet-registry`: gw (or rig1 without a gateway) is in the group `registry`
+
+    @property
+    def registry_host(self) -> Rig | None:
+        """The fleet registry's host (`up --fleet-registry`): the gateway host, or rig1 when there is none."""
+        if not self.fleet_registry:
+            return None
+        return self.gateway or self.rigs[0]
+
+    @property
+    def registry_address(self) -> str | None:
+        """The fleet registry's address, the same on the controller and in every host (port REGISTRY_PORT)."""
+        host = self.registry_host
+        return registry_address(host.ssh_port) if host else None
 
     @property
     def gateway_url(self) -> str | None:
@@ -217,6 +232,18 @@ class Testbed:
         """Throttle what each booted host receives from the stand-in (per host's relay; 0 = full speed)."""
         upstream.set_throttle(self.shared, bytes_per_second)
 
+    def upstream_push(self, ref: str, env: dict[str, str] | None = None) -> str:
+        """Push the stand-in image (its cached layers; `env` in its config) to the stand-in as `ref` (a tag), unless
+        it holds that manifest; its manifest digest."""
+        from .imagebuild import load_layers
+
+        blobs = Path(self.upstream["blob_dir"])
+        layers = load_layers(blobs)
+        if not layers:
+            raise TestbedError(f"the stand-in image's layers are gone from {blobs}: run `rigforge testbed up` again")
+        client = upstream.Client(self.upstream_url, self.upstream_ca)
+        return upstream.push_images(client, layers, blobs, {ref: env or {}})[ref]
+
     def upstream_delete(self, ref: str) -> str | None:
         """Delete image `ref` (tag or digest) from the stand-in; the manifest digest deleted, None if absent."""
         return upstream.Client(self.upstream_url, self.upstream_ca).delete(ref)
@@ -337,6 +364,7 @@ def start_upstream(shared: Path, tarball: Path, cuda: str) -> dict:
     client = upstream.Client(state["url"], Path(state["ca"]))
     state["digests"] = upstream.push_images(client, layers, blobs, images)
     state["layers"] = [{k: layer[k] for k in ("name", "digest", "size")} for layer in layers]
+    state["blob_dir"] = str(blobs)
     return state
 
 
@@ -597,20 +625,25 @@ def _write_files(tb: Testbed) -> None:
         "",
         "rigs = [",
     ]
+    registry = tb.registry_host
+    reg_data = {"registry_address": tb.registry_address} if registry else {}
     for i, rig in enumerate(tb.rigs):
         data = host_data(tb, rig) | ({"gateway_address": gateway_address(i)} if tb.gateway else {})
+        data |= reg_data if registry is rig else {}
         lines.append(f"    ({rig.name!r}, {data!r}),")
     lines.append("]")
     if tb.gateway:
-        data = host_data(tb, tb.gateway) | {"gateway_port": GATEWAY_PORT, "registry_address": REGISTRY_ADDRESS}
+        data = host_data(tb, tb.gateway) | {"gateway_port": GATEWAY_PORT} | (reg_data if registry is tb.gateway else {})
         lines += ["", f"# the fleet gateway: {tb.gateway_url} on this machine", "gateway = [",
                   f"    ({tb.gateway.name!r}, {data!r}),", "]"]  # fmt: skip
-        if tb.fleet_registry:
-            lines += [
-                "",
-                "# the fleet registry (docs/registry.md): the gateway host serves it too",
-                "registry = ['gw']",
-            ]
+    if registry:
+        which = "the gateway host serves it too" if registry is tb.gateway else "rig1 serves it too (no gateway host)"
+        lines += [
+            "",
+            f"# the fleet registry (docs/registry.md): {which}, at {tb.registry_address}:{REGISTRY_PORT} here and on",
+            "# every host",
+            f"registry = [{registry.name!r}]",
+        ]
     tb.inventory.write_text("\n".join(lines) + "\n")
 
 
@@ -630,8 +663,8 @@ def up(
     `dir`). Idempotent: running rigs with the same spec are kept unless `fresh`. `booted`: rigs run their own
     systemd and Docker engine (booted.py). `gateway` (booted only): one more booted host, `gw`, for the fleet
     gateway, reaching each rig's API at the rig's own address and published on the controller's loopback.
-    `fleet_registry` (with `gateway`): the gateway host is the fleet registry's host too (group `registry`), and
-    each rig reaches it at REGISTRY_ADDRESS."""
+    `fleet_registry` (booted only): the gateway host, or rig1 without one, is the fleet registry's host too (group
+    `registry`); every host and the controller reach it at the testbed's registry_address."""
     t0 = time.monotonic()
     ensure_host_packages(booted)  # root, and the host packages (installed when missing, on Debian/Ubuntu)
     specs = list(specs) if specs else [RigSpec()]
@@ -640,8 +673,8 @@ def up(
     run = ensure_safe_dir(shared / "run")
     if gateway and not booted:
         raise TestbedError("--gateway needs --booted: the gateway host runs HAProxy under its own systemd")
-    if fleet_registry and not gateway:
-        raise TestbedError("--fleet-registry needs --gateway: the gateway host serves the fleet registry")
+    if fleet_registry and not booted:
+        raise TestbedError("--fleet-registry needs --booted: the registry host runs the registry under its systemd")
     if len({spec.image_cuda for spec in specs}) > 1:
         raise TestbedError("the rigs of one testbed share its lock: give them one image CUDA version")
     if booted and any(spec.preset for spec in specs):
@@ -712,12 +745,23 @@ def up(
             tb.gateway, tb.rigs = rigs[-1], rigs[:-1]
             ports = api_ports()
             tb.gateway_port = start_gateway_relay(tb.gateway.dir, [r.dir for r in tb.rigs], ports, PORTS["gateway"])
-            tb.fleet_registry = fleet_registry
-            for rig in tb.rigs if fleet_registry else []:  # the rigs reach its fleet registry at REGISTRY_ADDRESS
-                start_registry_relay(rig.dir, tb.gateway.dir)
             info = json.loads((tb.gateway.dir / "rig.json").read_text())
-            info |= {"gateway_port": tb.gateway_port, "fleet_registry": fleet_registry}
+            info |= {"gateway_port": tb.gateway_port}
             (tb.gateway.dir / "rig.json").write_text(json.dumps(info))
+        tb.fleet_registry = fleet_registry
+        for rig in [*tb.rigs, *([tb.gateway] if tb.gateway else [])]:
+            info = json.loads((rig.dir / "rig.json").read_text())
+            info["fleet_registry"] = fleet_registry and rig is tb.registry_host
+            (rig.dir / "rig.json").write_text(json.dumps(info))
+            if not fleet_registry:
+                stop_pidfile(rig.dir / "registry-relay.pid")
+                stop_pidfile(rig.dir / "registry-publish.pid")
+        if fleet_registry:  # the other hosts and the controller reach it at registry_address
+            host = tb.registry_host
+            for rig in tb.rigs:
+                if rig is not host:
+                    start_registry_relay(rig.dir, host.dir, tb.registry_address)
+            publish_registry(host.dir, tb.registry_address)
         _write_files(tb)
     gw = " and the gateway host" if gateway else ""
     log(f"testbed up: {len(tb.rigs)} rig(s){gw} in {dir} ready in {time.monotonic() - t0:.1f}s")
@@ -738,16 +782,17 @@ def load(dir: Path = DEFAULT_DIR, shared: Path | None = None) -> Testbed:
     dir = Path(dir)
     shared = Path(shared) if shared else dir
     services = json.loads((shared / "run/services.json").read_text())
-    rigs, gateway = [], {}
+    rigs, gateway, fleet_registry = [], {}, False
     for info_file in sorted((dir / "rigs").glob("*/rig.json")):
         info = json.loads(info_file.read_text())
         if "gateway_port" in info:
-            gateway = {"gateway_port": info["gateway_port"], "fleet_registry": info.get("fleet_registry", False)}
+            gateway = {"gateway_port": info["gateway_port"]}
+        fleet_registry |= bool(info.get("fleet_registry"))
         rigs.append(load_rig(info_file.parent))
     if gateway:  # rig.json files sort rig1.., then gw
         gateway["gateway"] = next(r for r in rigs if r.name == "gw")
         rigs = [r for r in rigs if r.name != "gw"]
-    return Testbed(dir=dir, shared=shared, rigs=rigs, services=services, **gateway)
+    return Testbed(dir=dir, shared=shared, rigs=rigs, services=services, fleet_registry=fleet_registry, **gateway)
 
 
 def down(dir: Path = DEFAULT_DIR, purge: bool = False) -> None:
