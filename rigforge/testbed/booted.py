@@ -455,5 +455,6 @@ def make_rig(rig_dir: Path, port: int, spec: RigSpec, tarball: Path, uid: int, f
     took = boot(rig_dir)
     port = start_relay(rig_dir, services, port)
     log(f"{rig_dir.name}: booted in {took:.1f}s")
-    info_file.write_text(json.dumps({"port": port, "spec": asdict(spec), "tarball": tarball.name, "booted": True}))
+    info = {"port": port, "spec": asdict(spec), "tarball": tarball.name, "booted": True, "upstream": ca is not None}
+    info_file.write_text(json.dumps(info))
     return BootedRig(rig_dir.name, port, root, USER, rig_dir / "id_ed25519", rig_dir, spec)

@@ -188,6 +188,5 @@ def upstream_delete(dir: Path, ref: str) -> int:
     if digest is None:
         print(f"rigforge testbed upstream-delete: {ref} is not in the upstream stand-in", file=sys.stderr)
         return 1
-    name = ref.split("@")[0]
-    print(f"upstream-delete: deleted {name} ({digest}) from {tb.upstream_url}")
+    print(f"upstream-delete: deleted {ref} ({digest}) from {tb.upstream_url}")
     return 0

@@ -709,6 +709,7 @@ def up(
                 and info.get("spec") == asdict(spec)
                 and info.get("tarball") == tarball.name
                 and info.get("booted", False) == booted
+                and info.get("upstream", False) == booted  # a booted rig from before the upstream stand-in: rebuilt
                 and (
                     pid_alive(rig_dir / "nspawn.pid")
                     if booted

@@ -42,7 +42,7 @@ def timed_pull(rig, ref: str) -> float:
     return time.monotonic() - t0
 
 
-def testbed_cli(*argv: str) -> subprocess.CompletedProcess:
+def rigforge_testbed(*argv: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "rigforge.cli", "testbed", *argv]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
@@ -81,12 +81,12 @@ def test_the_throttle_slows_a_pull_and_0_turns_it_off(tb, testbed_report):
     fast = timed_pull(rig, ref)
     sh(rig, f"docker rmi -f {ref} >/dev/null")
     rate = size // 8  # about 8 s for the whole image
-    res = testbed_cli("upstream-throttle", str(rate), "--dir", str(tb.shared))
+    res = rigforge_testbed("upstream-throttle", str(rate), "--dir", str(tb.shared))
     assert res.returncode == 0 and f"upstream throttle: {rate} bytes/s per host" in res.stderr, res.stderr
     try:
         slow = timed_pull(rig, ref)
     finally:
-        res = testbed_cli("upstream-throttle", "0", "--dir", str(tb.shared))
+        res = rigforge_testbed("upstream-throttle", "0", "--dir", str(tb.shared))
     assert res.returncode == 0 and "upstream throttle: off" in res.stderr, res.stderr
     testbed_report.append(f"upstream: pull {fast:.1f}s, throttled to {rate >> 10} KiB/s {slow:.1f}s")
     assert slow >= 0.7 * size / rate and slow > fast + 3, (fast, slow, size, rate)
@@ -103,14 +103,14 @@ def test_upstream_delete_makes_tag_and_digest_answer_404(tb):
     digest = tb.upstream_push(ref, {"CUDA_VERSION": "13.0.0"})
     client = Client(tb.upstream_url, tb.upstream_ca)
     assert client.status(ref) == 200 and digest != tb.upstream_digests[IMAGE_REF]
-    res = testbed_cli("upstream-delete", ref, "--dir", str(tb.shared))
+    res = rigforge_testbed("upstream-delete", ref, "--dir", str(tb.shared))
     assert res.returncode == 0, res.stderr
-    assert res.stdout.strip().startswith(f"upstream-delete: deleted vllm/vllm-openai ({digest})"), res.stdout
+    assert res.stdout.strip() == f"upstream-delete: deleted {ref} ({digest}) from {tb.upstream_url}", res.stdout
     assert client.status(ref) == 404 and client.status(f"vllm/vllm-openai@{digest}") == 404
     gone = rig.run(f"docker pull {ref}")
     assert gone.returncode != 0 and "not found" in gone.stderr, gone.stderr
     assert client.status(IMAGE_REF) == 200  # the others stay
-    again = testbed_cli("upstream-delete", ref, "--dir", str(tb.shared))
+    again = rigforge_testbed("upstream-delete", ref, "--dir", str(tb.shared))
     assert again.returncode == 1 and "is not in the upstream stand-in" in again.stderr, again.stderr
 
 
