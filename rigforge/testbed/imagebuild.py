@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ._util import in_chroot
 
-BUILD_VERSION = "1"  # bump when the layer split or the entries' metadata change
+BUILD_VERSION = "2"  # bump when the layer split or the entries' metadata change
 IMAGE_DIR = Path(__file__).with_name("image")
 OPENAI_STUB = Path(__file__).resolve().parent / "openai_stub.py"
 IMAGE_BINARIES = ["bash", "dash", "sh", "env", "cat", "ls", "sleep", "python3"]
@@ -34,7 +34,9 @@ MAMBA_ANCHOR = """class MambaManager:  # rigforge testbed stand-in: only what re
 MANIFEST_TYPE = "application/vnd.docker.distribution.manifest.v2+json"
 CONFIG_TYPE = "application/vnd.docker.container.image.v1+json"
 LAYER_TYPE = "application/vnd.docker.image.rootfs.diff.tar.gzip"
-LAYERS = ["libraries", "python-stdlib-a-l", "python-stdlib-m-z", "stand-ins"]
+# in pull order: small ones first and the biggest late, as in a real serving image (a small OS base, then CUDA and
+# torch), so that a pull cut in the middle has some layers registered and the next one fetches only the rest
+LAYERS = ["base", "python-stdlib", "python-runtime", "stand-ins"]
 EPOCH = "1970-01-01T00:00:00Z"
 SKIP = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "__pycache__", "pydoc_data", "lib2to3"}
 
@@ -47,6 +49,11 @@ for l in $(ldd "$py" $bins /usr/lib/"$v"/lib-dynload/*.so 2>/dev/null | grep -o 
   canon "$l"; readlink -f "$l"
 done
 echo /usr/lib/"$v"
+"""
+_BASE = """
+canon() {{ echo "$(readlink -f "$(dirname "$1")")/$(basename "$1")"; }}
+bins=""; for b in {bins}; do bins="$bins /usr/bin/$b"; canon /usr/bin/$b; done
+for l in $(ldd $bins 2>/dev/null | grep -o '/[^ :]*' | sort -u); do canon "$l"; readlink -f "$l"; done
 """
 
 
@@ -64,18 +71,29 @@ def stand_in_files() -> dict[str, tuple[bytes, int]]:
 
 def content_key(base: str) -> str:
     """What the layers depend on: the root file system they come from (its tarball's name) and the stand-ins."""
-    h = hashlib.sha256(f"{BUILD_VERSION}\0{base}\0{_CLOSURE}\0{sorted(SKIP)}\0{IMAGE_BINARIES}".encode())
+    recipe = f"{BUILD_VERSION}\0{base}\0{_CLOSURE}\0{_BASE}\0{sorted(SKIP)}\0{IMAGE_BINARIES}\0{LAYERS}"
+    h = hashlib.sha256(recipe.encode())
     for name, (data, mode) in sorted(stand_in_files().items()):
         h.update(f"\0{name}\0{mode}\0".encode() + data)
     return h.hexdigest()[:12]
 
 
-def layer_of(arcname: str) -> int:
-    """Which of LAYERS an entry from the root file system goes into."""
+def layer_of(arcname: str, base: set[str], is_dir: bool = False) -> int:
+    """Which of LAYERS an entry from the root file system goes into: python's standard library; the shell tools
+    and their libraries (`base`), directories and /etc; everything else (python and the libraries only it
+    needs: libcrypto, libsqlite3, ...)."""
     parts = arcname.split("/")
     if len(parts) >= 4 and parts[0] == "usr" and parts[1] == "lib" and parts[2].startswith("python3"):
-        return 1 if parts[3][:1].lower() < "m" else 2
-    return 0
+        return 1
+    if arcname in base or is_dir or "/" not in arcname or parts[0] == "etc":
+        return 0
+    return 2
+
+
+def _base(root: Path) -> set[str]:
+    """The non-python binaries of the image and the libraries they load (paths relative to `root`)."""
+    bins = " ".join(b for b in IMAGE_BINARIES if b != "python3")
+    return {p.lstrip("/") for p in in_chroot(root, _BASE.format(bins=bins), capture=True).stdout.split()}
 
 
 def _tree(root: Path) -> dict[str, Path]:
@@ -169,10 +187,10 @@ def sha256(data: bytes) -> str:
 def build_layers(root: Path, out: Path) -> list[dict]:
     """Build the image's layers from the root file system `root` into `out/` (a gzip blob per layer, named by
     its digest's hex, and layers.json); return [{name, digest, diff_id, size, files}] in order."""
-    tree = _tree(root)
+    tree, base = _tree(root), _base(root)
     groups: list[list] = [[] for _ in LAYERS]
     for arcname, src in tree.items():
-        groups[layer_of(arcname)].append((arcname, src))
+        groups[layer_of(arcname, base, src.is_dir() and not src.is_symlink())].append((arcname, src))
     groups[3] += [("tmp", None), *stand_in_files().items()]
     out.mkdir(parents=True, exist_ok=True)
     layers = []

@@ -32,6 +32,7 @@ import time
 
 CLONE_NEWNET = 0x40000000
 THROTTLE_REREAD = 0.25  # seconds between reads of a throttle file
+THROTTLE_RCVBUF = 65536  # receive buffer of a throttled listener's upstream connections
 
 
 class Throttle:
@@ -135,7 +136,13 @@ def _forward(
             if dest is None:
                 conn.close()
                 continue
-            upstream = socket.create_connection(dest, timeout=10)  # made in the controller's namespace
+            if throttle:  # a small receive window: the server sends about what the rig gets, not into a buffer
+                upstream = socket.socket()
+                upstream.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, THROTTLE_RCVBUF)
+                upstream.settimeout(10)
+                upstream.connect(dest)
+            else:
+                upstream = socket.create_connection(dest, timeout=10)  # made in the controller's namespace
             upstream.settimeout(None)
             if target[0] == "CONNECT":
                 conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")

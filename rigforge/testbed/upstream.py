@@ -30,7 +30,7 @@ HOSTNAME = "registry-1.docker.io"  # where Docker pulls docker.io/... images fro
 RIG_ADDRESS = "127.0.3.1"  # in every booted host: HOSTNAME's address, the relay's listener on port 443
 CA_NAME = "rigforge-testbed-upstream-ca"
 BLOB_GET = re.compile(
-    r'"GET /v2/(?P<name>[^ ]+)/blobs/(?P<digest>sha256:[0-9a-f]{64}) HTTP/[0-9.]+" (?P<status>\d{3}) '
+    r'"GET /v2/(?P<name>[^ ]+)/blobs/(?P<digest>sha256:[0-9a-f]{64}) HTTP/[0-9.]+" (?P<status>\d{3}) (?P<bytes>\d+|-) '
 )
 
 
@@ -224,7 +224,8 @@ def push_images(client: Client, layers: list[dict], blob_dir: Path, images: dict
 
 def blob_gets(log_file: Path, since: int = 0, name: str | None = None) -> list[dict]:
     """The successful blob GETs (`GET /v2/<name>/blobs/sha256:...`, 2xx) in the access log after byte `since`:
-    [{name, digest, status}]."""
+    [{name, digest, status, bytes}]. A request is logged when it ends; one cut short (the client killed mid-pull)
+    is still logged 200, with the bytes sent so far."""
     try:
         with open(log_file, "rb") as fh:
             fh.seek(since)
@@ -234,7 +235,8 @@ def blob_gets(log_file: Path, since: int = 0, name: str | None = None) -> list[d
     out = []
     for m in BLOB_GET.finditer(text):
         if m["status"].startswith("2") and (name is None or m["name"] == name):
-            out.append({"name": m["name"], "digest": m["digest"], "status": int(m["status"])})
+            sent = int(m["bytes"]) if m["bytes"] != "-" else 0
+            out.append({"name": m["name"], "digest": m["digest"], "status": int(m["status"]), "bytes": sent})
     return out
 
 

@@ -33,7 +33,7 @@ def test_the_stand_in_image_is_multi_layer_and_its_digest_is_the_same_on_every_b
     assert [layer["digest"] for layer in first] == [layer["digest"] for layer in second]
     assert [layer["name"] for layer in first] == imagebuild.LAYERS and len(first) >= 4
     assert imagebuild.load_layers(tmp_path / "a") == first
-    assert first[0]["size"] > 1 << 20, first  # the libraries: a layer worth cutting a pull in
+    assert first[2]["size"] > 1 << 20, first  # python and its libraries: a layer worth cutting a pull in
 
     names = set()
     for layer in first:
@@ -96,9 +96,10 @@ def test_the_log_counter_counts_successful_blob_gets_after_an_offset(tmp_path):
         fh.write(_line("GET", f"/v2/library/other/blobs/{a}", 200))
     assert len(upstream.blob_gets(log)) == 3
     assert upstream.blob_gets(log, since) == [
-        {"name": "vllm/vllm-openai", "digest": b, "status": 200},
-        {"name": "library/other", "digest": a, "status": 200},
+        {"name": "vllm/vllm-openai", "digest": b, "status": 200, "bytes": 100},
+        {"name": "library/other", "digest": a, "status": 200, "bytes": 100},
     ]
+    assert upstream.blob_gets(log)[0]["bytes"] == 10_000_000
     assert len(upstream.blob_gets(log, since, name="vllm/vllm-openai")) == 1
     assert upstream.blob_gets(tmp_path / "absent.log") == []
 
