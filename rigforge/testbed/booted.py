@@ -267,6 +267,21 @@ def start_relay(rig_dir: Path, services: dict, ssh_port: int) -> int:
     raise TestbedError(f"relay of {rig_dir.name} did not start (see {rig_dir / 'relay.log'})")
 
 
+def refresh_relay(rig_dir: Path, services: dict, ssh_port: int) -> int:
+    """Restart a running rig's relay if it is gone or points at an upstream stand-in port that changed (the
+    stand-in moved to another port while the rig ran); return the controller port of its sshd."""
+    info_file = rig_dir / "rig.json"
+    info = json.loads(info_file.read_text())
+    want = services.get("upstream", {}).get("port")
+    if info.get("upstream_port") == want and pid_alive(rig_dir / "relay.pid"):
+        return ssh_port
+    ssh_port = start_relay(rig_dir, services, ssh_port)
+    info.update(port=ssh_port, upstream_port=want)
+    info_file.write_text(json.dumps(info))
+    log(f"{rig_dir.name}: relay restarted (upstream stand-in on port {want})")
+    return ssh_port
+
+
 GATEWAY_PORT = 8088  # the gateway's HAProxy inside its host (gateway_port)
 
 
@@ -456,5 +471,6 @@ def make_rig(rig_dir: Path, port: int, spec: RigSpec, tarball: Path, uid: int, f
     port = start_relay(rig_dir, services, port)
     log(f"{rig_dir.name}: booted in {took:.1f}s")
     info = {"port": port, "spec": asdict(spec), "tarball": tarball.name, "booted": True, "upstream": ca is not None}
+    info["upstream_port"] = services.get("upstream", {}).get("port")
     info_file.write_text(json.dumps(info))
     return BootedRig(rig_dir.name, port, root, USER, rig_dir / "id_ed25519", rig_dir, spec)

@@ -51,6 +51,7 @@ from .booted import (
     booted_tarball,
     gateway_address,
     publish_registry,
+    refresh_relay,
     registry_address,
     start_gateway_relay,
     start_registry_relay,
@@ -727,6 +728,8 @@ def up(
             rig_dir, port, spec, todo = item
             cls = BootedRig if booted else Rig
             if todo is None:
+                if booted:  # kept running; its relay follows the upstream stand-in if that moved
+                    port = refresh_relay(rig_dir, services, port)
                 return cls(rig_dir.name, port, rig_dir / "rootfs", USER, rig_dir / "id_ed25519", rig_dir, spec)
             if booted:  # the relay takes the next free port itself if this one is taken meanwhile
                 with ports_claimed():

@@ -17,7 +17,6 @@ The registry's access log (one Apache combined-format line per request, from its
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -262,10 +261,6 @@ def describe(shared: Path, port: int, digests: dict[str, str]) -> dict:
         "throttle_file": str(f["throttle"]),
         "digests": digests,
     }
-
-
-def save_state(shared: Path, state: dict) -> None:
-    (shared / "run" / "upstream-state.json").write_text(json.dumps(state, indent=1) + "\n")
 
 
 def ensure_layers(shared: Path, tarball: Path) -> tuple[list[dict], Path]:
