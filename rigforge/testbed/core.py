@@ -374,6 +374,7 @@ def stop_services(shared: Path) -> None:
     for name in ("apt", "hf", "git", "upstream"):
         stop_pidfile(run / f"{name}.pid")
         (run / f"{name}.json").unlink(missing_ok=True)
+    (run / "upstream-throttle").unlink(missing_ok=True)  # the next `up` starts at full speed
     (run / "services.json").unlink(missing_ok=True)
 
 
