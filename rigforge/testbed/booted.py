@@ -14,28 +14,28 @@ finds them and only merges daemon.json). The differences from a real rig are tes
   - The rig reaches the controller's apt / git / HF stand-ins (same 127.0.0.1 ports), the Debian mirror
     (/etc/hosts) and pip's index (/etc/pip.conf proxy) only through the relay; pyinfra reaches the rig's sshd
     on the controller's 127.0.0.1:<ssh port>, relayed to the same port inside the rig.
-  - The serving image is a local stand-in under the pinned name:tag (`docker import`, no registry): bash,
-    python3 and rigforge's OpenAI stub behind a `vllm serve` stand-in (image/vllm), plus a second tag whose
-    server exits at start (BROKEN_IMAGE). The stub toolkit's nvidia-container-runtime-hook lets dockerd accept
-    the compose file's NVIDIA GPU reservation.
+  - The serving image is pulled, as on a real rig, from the upstream registry stand-in (upstream.py) that
+    plays Docker Hub: /etc/hosts maps registry-1.docker.io to upstream.RIG_ADDRESS, where the relay listens on
+    port 443, and the testbed CA is in the system trust store. It holds a stand-in (imagebuild.py: bash,
+    python3 and rigforge's OpenAI stub behind a `vllm serve` stand-in, image/vllm) under the pinned name:tag,
+    plus a second tag whose server exits at start (BROKEN_IMAGE). Nothing is pre-loaded into a rig. The stub
+    toolkit's nvidia-container-runtime-hook lets dockerd accept the compose file's NVIDIA GPU reservation.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import json
 import os
-import shlex
 import signal
 import subprocess
 import sys
-import tarfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from . import upstream
 from ._util import (
     TestbedError,
     chroot_env,
@@ -48,27 +48,17 @@ from ._util import (
     stop_pidfile,
     wait_listener,
 )
-from .rig import IMAGE_REF, USER, Rig, RigSpec, api_address, api_ports, recipe_images
+from .rig import USER, Rig, RigSpec, api_address, api_ports
 from .rootfs import copy_host_network_config, extract, locked, pack, prepare_rig
 
 BOOTED_PACKAGES = ["openssh-server", "docker.io", "docker-cli", "docker-compose", "iproute2"]
 BOOTED_RECIPE = "1"
-IMAGE_DIR = Path(__file__).with_name("image")
-OPENAI_STUB = Path(__file__).resolve().parent / "openai_stub.py"
 NETNS_SCRIPT = Path(__file__).with_name("netns.py")
 BROKEN_IMAGE = "vllm/vllm-openai:rigforge-testbed-exits-at-start"
 BROKEN_MESSAGE = "testbed image made to exit at start (no model loaded)"
 MIRROR_HOST = "deb.debian.org"
 RIG_SSH_PORT = 22  # the rig's sshd, inside its own namespace
 PROXY_PORT = 3128  # the relay's HTTPS proxy inside the rig (pip reaches its index through it)
-VLLM_TREE = "usr/local/lib/python3.12/dist-packages/vllm"
-MAMBA_ANCHOR = """class MambaManager:  # rigforge testbed stand-in: only what recipe patches anchor on
-    def find_longest_cache_hit(self, max_length, block_size, drop_eagle_block=False):
-        max_num_blocks = max_length // block_size
-        return max_num_blocks
-"""
-IMAGE_BINARIES = ["bash", "dash", "sh", "env", "cat", "ls", "sleep", "python3"]
-
 CGROUPS_UNIT = """[Unit]
 Description=rigforge testbed: writable cgroup v1 controllers for dockerd inside systemd-nspawn
 DefaultDependencies=no
@@ -132,79 +122,6 @@ def booted_tarball(shared: Path, base: Path) -> Path:
         pack(build, tarball, replaces="rootfs-booted-*.tar")
         log(f"booted rootfs tarball {tarball.name} built in {time.monotonic() - t0:.0f}s")
     return tarball
-
-
-# --- the stand-in serving image ------------------------------------------------------------------------------
-
-_CLOSURE = """
-py=$(readlink -f /usr/bin/python3); v=$(basename "$py")
-bins=""; for b in {bins}; do bins="$bins /usr/bin/$b"; done
-canon() {{ echo "$(readlink -f "$(dirname "$1")")/$(basename "$1")"; }}
-for f in $bins "$py"; do canon "$f"; done
-for l in $(ldd "$py" $bins /usr/lib/"$v"/lib-dynload/*.so 2>/dev/null | grep -o '/[^ :]*' | sort -u); do
-  canon "$l"; readlink -f "$l"
-done
-echo /usr/lib/"$v"
-"""
-
-
-def image_tarball(root: Path, dest: Path) -> Path:
-    """A small image root (bash, python3 with its standard library and libraries, the stand-ins) as a tar for
-    `docker import`, taken from the rig's root file system `root`."""
-    paths = in_chroot(root, _CLOSURE.format(bins=" ".join(IMAGE_BINARIES)), capture=True).stdout.split()
-    skip = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "__pycache__", "pydoc_data", "lib2to3"}
-
-    def reset(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
-        if skip & set(Path(info.name).parts) or info.name in added:
-            return None
-        added.add(info.name)
-        info.uid = info.gid = 0
-        info.uname = info.gname = "root"
-        return info
-
-    tmp = dest.with_suffix(f".part.{os.getpid()}")
-    added: set[str] = set()
-    with tarfile.open(tmp, "w") as tar:
-        for top in ("bin", "sbin", "lib", "lib64"):
-            if (root / top).is_symlink():
-                tar.add(root / top, arcname=top, filter=reset)
-        for name in ("etc/passwd", "etc/group", "etc/ld.so.cache"):
-            tar.add(root / name, arcname=name, filter=reset)
-        for path in sorted(set(paths)):
-            rel = path.lstrip("/")
-            for parent in reversed(Path(rel).parents[:-1]):  # real directories, so extraction never follows links
-                tar.add(root / parent, arcname=str(parent), recursive=False, filter=reset)
-            tar.add(root / rel, arcname=rel, filter=reset)
-
-        def put(name: str, data: bytes, mode: int = 0o755) -> None:
-            info = tarfile.TarInfo(name)
-            info.size, info.mode, info.mtime = len(data), mode, 0
-            tar.addfile(info, io.BytesIO(data))
-
-        tmpdir = tarfile.TarInfo("tmp")
-        tmpdir.type, tmpdir.mode = tarfile.DIRTYPE, 0o1777
-        tar.addfile(tmpdir)
-        put("usr/local/bin/vllm", (IMAGE_DIR / "vllm").read_bytes())
-        put("usr/local/bin/pip", (IMAGE_DIR / "pip").read_bytes())
-        put("opt/rigforge-standin/openai_stub.py", OPENAI_STUB.read_bytes(), 0o644)
-        put("usr/local/lib/python3.12/dist-packages/vllm/__init__.py", b'__version__ = "0+rigforge.standin"\n', 0o644)
-        # the class and line the recipes' vendored vllm#48375 patch anchors on (it refuses to boot without them)
-        put(f"{VLLM_TREE}/v1/core/single_type_kv_cache_manager.py", MAMBA_ANCHOR.encode(), 0o644)
-    tmp.rename(dest)
-    return dest
-
-
-def _import_changes(image_env: dict[str, str]) -> list[str]:
-    env = {
-        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        # the recipes mount vLLM's python3.12 tree (Genesis, Marlin files); the stand-in's python finds it here
-        "PYTHONPATH": "/usr/local/lib/python3.12/dist-packages",
-        **image_env,
-    }
-    out = ['ENTRYPOINT ["vllm", "serve"]', "WORKDIR /"]
-    for k, v in env.items():
-        out.append(f"ENV {k}={shlex.quote(v)}" if " " in v else f"ENV {k}={v}")
-    return out
 
 
 # --- boot, reach, stop -------------------------------------------------------------------------------------
@@ -327,6 +244,9 @@ def start_relay(rig_dir: Path, services: dict, ssh_port: int) -> int:
     stop_pidfile(rig_dir / "relay.pid")
     forwards = [f"{p}=127.0.0.1:{p}" for p in (services["apt_port"], services["hf_port"], services["git_port"])]
     forwards += [f"80={MIRROR_HOST}:80", f"{PROXY_PORT}=CONNECT:0"]
+    if "upstream" in services:  # Docker Hub's stand-in, at registry-1.docker.io's address in the rig, throttled
+        up = services["upstream"]
+        forwards.append(f"{upstream.RIG_ADDRESS}:443=127.0.0.1:{up['port']},throttle={up['throttle_file']}")
     for _ in range(20):
         log_file = rig_dir / "relay.log"
         log_file.unlink(missing_ok=True)
@@ -345,6 +265,21 @@ def start_relay(rig_dir: Path, services: dict, ssh_port: int) -> int:
                 break
             time.sleep(0.05)
     raise TestbedError(f"relay of {rig_dir.name} did not start (see {rig_dir / 'relay.log'})")
+
+
+def refresh_relay(rig_dir: Path, services: dict, ssh_port: int) -> int:
+    """Restart a running rig's relay if it is gone or points at an upstream stand-in port that changed (the
+    stand-in moved to another port while the rig ran); return the controller port of its sshd."""
+    info_file = rig_dir / "rig.json"
+    info = json.loads(info_file.read_text())
+    want = services.get("upstream", {}).get("port")
+    if info.get("upstream_port") == want and pid_alive(rig_dir / "relay.pid"):
+        return ssh_port
+    ssh_port = start_relay(rig_dir, services, ssh_port)
+    info.update(port=ssh_port, upstream_port=want)
+    info_file.write_text(json.dumps(info))
+    log(f"{rig_dir.name}: relay restarted (upstream stand-in on port {want})")
+    return ssh_port
 
 
 GATEWAY_PORT = 8088  # the gateway's HAProxy inside its host (gateway_port)
@@ -370,23 +305,42 @@ def start_gateway_relay(gw_dir: Path, rig_dirs: list[Path], ports: list[int], po
     return port
 
 
-REGISTRY_ADDRESS = "127.0.2.1"  # the gateway host's fleet registry, as the rigs and the gateway host reach it
-REGISTRY_PORT = 5000  # its port there (registry_port's default)
+REGISTRY_PORT = 5000  # the fleet registry's port (registry_port's default)
 
 
-def start_registry_relay(rig_dir: Path, gw_dir: Path) -> None:
-    """The gateway host's fleet registry at REGISTRY_ADDRESS:REGISTRY_PORT inside the rig (in the gateway host,
-    that address is its own loopback, where the registry listens too: one address, one certificate)."""
-    pidfile, log_file = rig_dir / "registry-relay.pid", rig_dir / "registry-relay.log"
+def registry_address(ssh_port: int) -> str:
+    """The fleet registry's address (`up --fleet-registry`), the same on the controller and in every booted host:
+    a loopback address of its own, derived from the registry host's SSH port (unique on this machine, so
+    concurrent testbeds never share one). In the registry host it is its own loopback, where the registry
+    listens; elsewhere a relay carries it to the registry host's network namespace."""
+    return f"127.2.{ssh_port >> 8}.{ssh_port & 255}"
+
+
+def _relay(rig_dir: Path, name: str, netns: str, specs: list[str]) -> None:
+    pidfile, log_file = rig_dir / f"{name}.pid", rig_dir / f"{name}.log"
     stop_pidfile(pidfile)
     log_file.unlink(missing_ok=True)
-    spec = f"at:{REGISTRY_ADDRESS}:{REGISTRY_PORT}={netns_path(gw_dir)}@{REGISTRY_PORT}"
-    spawn([sys.executable, str(NETNS_SCRIPT), "serve", netns_path(rig_dir), spec], pidfile, log_file)
+    spawn([sys.executable, str(NETNS_SCRIPT), "serve", netns, *specs], pidfile, log_file)
     deadline = time.monotonic() + 10
     while "relay for" not in (log_file.read_text() if log_file.exists() else ""):
         if not pid_alive(pidfile) or time.monotonic() > deadline:
-            raise TestbedError(f"the registry relay of {rig_dir.name} did not start (see {log_file})")
+            tail = log_file.read_text()[-2000:] if log_file.exists() else ""
+            raise TestbedError(f"the {name} of {rig_dir.name} did not start (see {log_file}):\n{tail}")
         time.sleep(0.05)
+
+
+def start_registry_relay(rig_dir: Path, registry_dir: Path, address: str) -> None:
+    """The fleet registry at `address`:REGISTRY_PORT inside the rig, relayed to the registry host's namespace."""
+    spec = f"at:{address}:{REGISTRY_PORT}={netns_path(registry_dir)}@{REGISTRY_PORT}"
+    _relay(rig_dir, "registry-relay", netns_path(rig_dir), [spec])
+
+
+def publish_registry(registry_dir: Path, address: str) -> None:
+    """The fleet registry at `address`:REGISTRY_PORT on the controller too (rigforge's preflight asks it from
+    there), relayed into the registry host's namespace."""
+    _relay(
+        registry_dir, "registry-publish", netns_path(registry_dir), [f"in:{address}:{REGISTRY_PORT}={REGISTRY_PORT}"]
+    )
 
 
 def stop(rig_dir: Path) -> None:
@@ -395,13 +349,14 @@ def stop(rig_dir: Path) -> None:
     stop_pidfile(rig_dir / "relay.pid")
     stop_pidfile(rig_dir / "gateway-relay.pid")
     stop_pidfile(rig_dir / "registry-relay.pid")
+    stop_pidfile(rig_dir / "registry-publish.pid")
     if Path(netns_path(rig_dir)).exists():
         sh(["ip", "netns", "delete", netns_name(rig_dir)], check=False, capture=True)
 
 
-def prepare_rootfs(root: Path, rig_dir: Path, user: str) -> None:
+def prepare_rootfs(root: Path, rig_dir: Path, user: str, upstream_ca: Path | None = None) -> None:
     """sshd of the booted rig on 127.0.0.1:22 of its own namespace, with the rig's keys; pip's proxy; the
-    Debian mirror's name on the relay."""
+    Debian mirror's and Docker Hub's names on the relay; the upstream stand-in's CA in the system trust store."""
     ssh = root / "etc/ssh"
     key = ssh / "rigforge_host_ed25519_key"
     key.write_bytes((rig_dir / "ssh_host_ed25519_key").read_bytes())
@@ -421,29 +376,15 @@ def prepare_rootfs(root: Path, rig_dir: Path, user: str) -> None:
     hosts = root / "etc/hosts"
     if MIRROR_HOST not in hosts.read_text():
         hosts.write_text(hosts.read_text() + f"127.0.0.1\t{MIRROR_HOST}\n")
-
-
-def load_images(rig_dir: Path, image_ref: str, also: list[str] = (), cuda: str = "13.0") -> None:
-    """`docker import` the stand-in serving image under `image_ref` (tagged `also` too: the recipes' images), and
-    the broken one, unless present. The image carries CUDA_VERSION=<cuda>.0, as NVIDIA's CUDA base images do."""
-    have = enter(rig_dir, "docker image ls --format '{{.Repository}}:{{.Tag}}'", check=True).stdout.split()
-    if {image_ref, BROKEN_IMAGE, *also} <= set(have):
+    if upstream_ca is None:
         return
-    t0 = time.monotonic()
-    tar = image_tarball(rig_dir / "rootfs", rig_dir / "standin-image.tar")
-    data = tar.read_bytes()
-    for ref, env in (
-        (image_ref, {"CUDA_VERSION": f"{cuda}.0"}),
-        (BROKEN_IMAGE, {"RIGFORGE_STANDIN_EXIT": BROKEN_MESSAGE}),
-    ):
-        changes = " ".join(f"--change {shlex.quote(c)}" for c in _import_changes(env))
-        res = enter(rig_dir, f"docker import {changes} - {shlex.quote(ref)}", input=data)
-        if res.returncode != 0:
-            raise TestbedError(f"docker import {ref} in {rig_dir.name} failed: {res.stderr.decode()[-2000:]}")
-    for ref in also:
-        enter(rig_dir, f"docker tag {shlex.quote(image_ref)} {shlex.quote(ref)}", check=True)
-    tar.unlink()
-    log(f"{rig_dir.name}: stand-in image {image_ref} ({len(data) >> 20} MiB) imported in {time.monotonic() - t0:.1f}s")
+    lines = [line for line in hosts.read_text().splitlines() if upstream.HOSTNAME not in line.split()[1:]]
+    hosts.write_text("\n".join([*lines, f"{upstream.RIG_ADDRESS}\t{upstream.HOSTNAME}"]) + "\n")
+    trusted = root / "usr/local/share/ca-certificates" / f"{upstream.CA_NAME}.crt"
+    if not trusted.exists() or trusted.read_bytes() != upstream_ca.read_bytes():
+        trusted.parent.mkdir(parents=True, exist_ok=True)
+        trusted.write_bytes(upstream_ca.read_bytes())
+        in_chroot(root, "update-ca-certificates >/dev/null", capture=True)
 
 
 # --- the rig -------------------------------------------------------------------------------------------------
@@ -497,7 +438,8 @@ class BootedRig(Rig):
 
 
 def make_rig(rig_dir: Path, port: int, spec: RigSpec, tarball: Path, uid: int, fresh: bool, services: dict) -> Rig:
-    """Create (or restart) one booted rig: rootfs, keys, sshd inside, network namespace + relay, boot, images."""
+    """Create (or restart) one booted rig: rootfs, keys, sshd inside, network namespace + relay, boot (no image:
+    the first deploy pulls it from the upstream stand-in)."""
 
     root = rig_dir / "rootfs"
     info_file = rig_dir / "rig.json"
@@ -512,7 +454,8 @@ def make_rig(rig_dir: Path, port: int, spec: RigSpec, tarball: Path, uid: int, f
         prepare_rig(root, uid, USER)
         (root / ".rigforge-rig").write_text("ok\n")
         sh(["rm", "-rf", str(rig_dir / "sim-sys-module")])
-    prepare_rootfs(root, rig_dir, USER)
+    ca = Path(services["upstream"]["ca"]) if "upstream" in services else None
+    prepare_rootfs(root, rig_dir, USER, ca)
     sim = root / "etc/rigforge-sim"
     sim.mkdir(parents=True, exist_ok=True)
     gpus = spec.gpus_json(str(rig_dir))
@@ -527,6 +470,7 @@ def make_rig(rig_dir: Path, port: int, spec: RigSpec, tarball: Path, uid: int, f
     took = boot(rig_dir)
     port = start_relay(rig_dir, services, port)
     log(f"{rig_dir.name}: booted in {took:.1f}s")
-    load_images(rig_dir, IMAGE_REF, sorted(set(recipe_images().values()) - {IMAGE_REF}), spec.image_cuda)
-    info_file.write_text(json.dumps({"port": port, "spec": asdict(spec), "tarball": tarball.name, "booted": True}))
+    info = {"port": port, "spec": asdict(spec), "tarball": tarball.name, "booted": True, "upstream": ca is not None}
+    info["upstream_port"] = services.get("upstream", {}).get("port")
+    info_file.write_text(json.dumps(info))
     return BootedRig(rig_dir.name, port, root, USER, rig_dir / "id_ed25519", rig_dir, spec)

@@ -10,13 +10,17 @@ from pathlib import Path
 
 from rigforge.pins import CUDA
 
+from . import upstream
 from ._util import TestbedError
-from .core import DEFAULT_DIR, down, load_rig, up
+from .booted import REGISTRY_PORT
+from .core import DEFAULT_DIR, down, load, load_rig, up
 from .rig import RigSpec
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="testbed_command", required=True, metavar="{up,down,reboot}")
+    sub = parser.add_subparsers(
+        dest="testbed_command", required=True, metavar="{up,down,reboot,upstream-throttle,upstream-delete}"
+    )
     p_up = sub.add_parser("up", help="build or reuse simulated rigs; prints the pyinfra inventory path")
     p_up.add_argument("--rigs", type=int, default=1, help="number of rigs (rig1..rigN, default 1)")
     p_up.add_argument("--gpus", type=int, default=2, help="simulated GPUs per rig (default 2)")
@@ -56,7 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p_up.add_argument(
         "--fleet-registry",
         action="store_true",
-        help="with --gateway: the gateway host serves the fleet registry too (group `registry`, docs/registry.md)",
+        help="with --booted: the gateway host (or rig1 without --gateway) serves the fleet registry too (group "
+        "`registry`, docs/registry.md), at one address on this machine and every host",
     )
     p_up.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"testbed directory (default {DEFAULT_DIR})")
     p_down = sub.add_parser("down", help="stop the rigs' sshds and the local services, remove the rigs")
@@ -65,6 +70,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p_reboot = sub.add_parser("reboot", help="reboot a rig: power off and boot (a chroot rig forgets its GPU state)")
     p_reboot.add_argument("rig", help="the rig's name, e.g. rig1")
     p_reboot.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"testbed directory (default {DEFAULT_DIR})")
+    p_thr = sub.add_parser(
+        "upstream-throttle",
+        help="throttle what each booted host receives from the upstream registry stand-in (bytes/s, 0 = off)",
+    )
+    p_thr.add_argument("bytes_per_second", type=int, help="bytes per second per host; 0 turns the throttle off")
+    p_thr.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"testbed directory (default {DEFAULT_DIR})")
+    p_del = sub.add_parser("upstream-delete", help="delete an image (tag or digest) from the upstream stand-in")
+    p_del.add_argument("ref", help="e.g. vllm/vllm-openai:TAG or vllm/vllm-openai@sha256:...")
+    p_del.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"testbed directory (default {DEFAULT_DIR})")
 
 
 def _check(args: argparse.Namespace) -> str | None:
@@ -94,6 +108,13 @@ def run(args: argparse.Namespace) -> int:
             return 0
         if args.testbed_command == "reboot":
             return reboot(args.dir, args.rig)
+        if args.testbed_command == "upstream-throttle":
+            path = upstream.set_throttle(args.dir, args.bytes_per_second)
+            rate = f"{args.bytes_per_second} bytes/s per host" if args.bytes_per_second else "off"
+            print(f"upstream throttle: {rate} ({path})", file=sys.stderr)
+            return 0
+        if args.testbed_command == "upstream-delete":
+            return upstream_delete(args.dir, args.ref)
         error = _check(args)
         if error:
             print(f"rigforge testbed up: {error}", file=sys.stderr)
@@ -123,6 +144,13 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {rig.name}: ssh -F {tb.ssh_config} {rig.name}   (127.0.0.1:{rig.ssh_port})", file=sys.stderr)
             if getattr(rig, "booted", False):
                 print(f"  {rig.name}: api http://{rig.api_address}:PORT (the rig's own serving port)", file=sys.stderr)
+        if "upstream" in tb.services:
+            print(f"upstream registry: {tb.upstream_url} (registry-1.docker.io in booted hosts)", file=sys.stderr)
+            print(f"upstream registry log: {tb.upstream_log}", file=sys.stderr)
+        if tb.registry_host:
+            where = f"{tb.registry_address}:{REGISTRY_PORT}"
+            print(f"fleet registry: https://{where} on {tb.registry_host.name} (same address here and on every host)",
+                  file=sys.stderr)  # fmt: skip
         if tb.gateway:
             print(f"gateway: {tb.gateway_url}   (ssh -F {tb.ssh_config} {tb.gateway.name})", file=sys.stderr)
         print(tb.inventory)
@@ -146,4 +174,19 @@ def reboot(dir: Path, name: str) -> int:
     rig.simulate_reboot()
     kind = "booted" if getattr(rig, "booted", False) else "chroot (GPU state reset; nothing runs at boot)"
     print(f"testbed reboot: {name} ({kind}) in {time.monotonic() - t0:.1f}s", file=sys.stderr)
+    return 0
+
+
+def upstream_delete(dir: Path, ref: str) -> int:
+    """Delete `ref` from the upstream stand-in of the testbed in `dir` (tag -> digest -> DELETE manifest)."""
+    try:
+        tb = load(dir)
+        digest = tb.upstream_delete(ref)
+    except (OSError, KeyError) as exc:
+        print(f"rigforge testbed upstream-delete: no booted testbed in {dir} ({exc})", file=sys.stderr)
+        return 1
+    if digest is None:
+        print(f"rigforge testbed upstream-delete: {ref} is not in the upstream stand-in", file=sys.stderr)
+        return 1
+    print(f"upstream-delete: deleted {ref} ({digest}) from {tb.upstream_url}")
     return 0

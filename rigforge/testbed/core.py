@@ -23,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from . import upstream
 from ._util import (
     TestbedError,
     ensure_safe_dir,
@@ -42,11 +43,16 @@ from .aptrepo import DOCKER_KEY, DOCKER_REPO, DRIVER_KEY, DRIVER_REPO, TOOLKIT_K
 from .aptrepo import build as build_apt_repo
 from .aptrepo import fingerprint as apt_fingerprint
 from .booted import (
+    BROKEN_IMAGE,
+    BROKEN_MESSAGE,
     GATEWAY_PORT,
-    REGISTRY_ADDRESS,
+    REGISTRY_PORT,
     BootedRig,
     booted_tarball,
     gateway_address,
+    publish_registry,
+    refresh_relay,
+    registry_address,
     start_gateway_relay,
     start_registry_relay,
 )
@@ -60,7 +66,7 @@ from .rootfs import build_tarball, extract, prepare_rig
 
 DEFAULT_DIR = Path("/var/lib/rigforge-testbed")
 SSHD = "/usr/sbin/sshd"
-PORTS = {"apt": 18721, "hf": 18722, "git": 18723, "ssh": 2201, "gateway": 18088}
+PORTS = {"apt": 18721, "hf": 18722, "git": 18723, "upstream": 18724, "ssh": 2201, "gateway": 18088}
 
 
 @dataclass
@@ -71,7 +77,20 @@ class Testbed:
     services: dict
     gateway: Rig | None = None  # the booted gateway host (`up --gateway`): inventory group `gateway`, not a rig
     gateway_port: int | None = None  # its HAProxy on the controller's 127.0.0.1
-    fleet_registry: bool = False  # `up --fleet-registry`: the gateway host is also in the group `registry`
+    fleet_registry: bool = False  # `up --fleet-registry`: gw (or rig1 without a gateway) is in the group `registry`
+
+    @property
+    def registry_host(self) -> Rig | None:
+        """The fleet registry's host (`up --fleet-registry`): the gateway host, or rig1 when there is none."""
+        if not self.fleet_registry:
+            return None
+        return self.gateway or self.rigs[0]
+
+    @property
+    def registry_address(self) -> str | None:
+        """The fleet registry's address, the same on the controller and in every host (port REGISTRY_PORT)."""
+        host = self.registry_host
+        return registry_address(host.ssh_port) if host else None
 
     @property
     def gateway_url(self) -> str | None:
@@ -172,6 +191,64 @@ class Testbed:
         host.backend.__dict__["client"] = client  # the backend's cached_property
         return host
 
+    # --- the upstream registry stand-in (booted testbeds; upstream.py) ---
+
+    @property
+    def upstream(self) -> dict:
+        if "upstream" not in self.services:
+            raise TestbedError(f"testbed {self.dir} has no upstream registry stand-in (only `up --booted` runs one)")
+        return self.services["upstream"]
+
+    @property
+    def upstream_url(self) -> str:
+        """The stand-in on the controller: https://127.0.0.1:PORT (its certificate also names
+        registry-1.docker.io, which booted hosts reach at upstream.RIG_ADDRESS:443)."""
+        return self.upstream["url"]
+
+    @property
+    def upstream_ca(self) -> Path:
+        """The throwaway testbed CA that signed the stand-in's certificate (in every booted host's trust store)."""
+        return Path(self.upstream["ca"])
+
+    @property
+    def upstream_log(self) -> Path:
+        """The stand-in's access log: one Apache combined-format line per request."""
+        return Path(self.upstream["log"])
+
+    @property
+    def upstream_digests(self) -> dict[str, str]:
+        """{ref: manifest digest} of the images pushed to the stand-in (the testbed lock pins these)."""
+        return dict(self.upstream["digests"])
+
+    def upstream_log_size(self) -> int:
+        """The access log's size in bytes now: an offset for upstream_blob_gets."""
+        return self.upstream_log.stat().st_size if self.upstream_log.exists() else 0
+
+    def upstream_blob_gets(self, since: int = 0, name: str | None = None) -> int:
+        """How many successful blob GETs (`GET /v2/<name>/blobs/sha256:...`) the stand-in served after byte
+        `since` of its access log (of repository `name` only, if given)."""
+        return len(upstream.blob_gets(self.upstream_log, since, name))
+
+    def upstream_throttle(self, bytes_per_second: int) -> None:
+        """Throttle what each booted host receives from the stand-in (per host's relay; 0 = full speed)."""
+        upstream.set_throttle(self.shared, bytes_per_second)
+
+    def upstream_push(self, ref: str, env: dict[str, str] | None = None) -> str:
+        """Push the stand-in image (its cached layers; `env` in its config) to the stand-in as `ref` (a tag), unless
+        it holds that manifest; its manifest digest."""
+        from .imagebuild import load_layers
+
+        blobs = Path(self.upstream["blob_dir"])
+        layers = load_layers(blobs)
+        if not layers:
+            raise TestbedError(f"the stand-in image's layers are gone from {blobs}: run `rigforge testbed up` again")
+        client = upstream.Client(self.upstream_url, self.upstream_ca)
+        return upstream.push_images(client, layers, blobs, {ref: env or {}})[ref]
+
+    def upstream_delete(self, ref: str) -> str | None:
+        """Delete image `ref` (tag or digest) from the stand-in; the manifest digest deleted, None if absent."""
+        return upstream.Client(self.upstream_url, self.upstream_ca).delete(ref)
+
     def hf_control(self, throttle_bps: int | None = None, drop_after_bytes: int | None = None) -> dict:
         """Throttle the HF stand-in (bytes/s, None = full speed) and/or cut the next file GET after N bytes."""
         body = json.dumps({"throttle_bps": throttle_bps, "drop_after_bytes": drop_after_bytes}).encode()
@@ -260,15 +337,44 @@ def start_services(shared: Path) -> dict:
     )
     services = {"apt_port": apt_port, "hf_port": hf_port, "git_port": git_port, "git": git_meta, "hf": hf_meta}
     services["apt_root"], services["apt_fingerprint"] = str(apt_root), apt_fingerprint(apt_root)
+    try:  # the upstream stand-in (started by booted testbeds only) stays described while it runs
+        old = json.loads((run / "services.json").read_text()).get("upstream")
+    except (OSError, ValueError):
+        old = None
+    if old and pid_alive(run / "upstream.pid"):
+        services["upstream"] = old
     (run / "services.json").write_text(json.dumps(services, indent=1))
     return services
 
 
+def start_upstream(shared: Path, tarball: Path, cuda: str) -> dict:
+    """Start (or reuse) the upstream registry stand-in of `shared` (upstream.py), push the stand-in images to it
+    unless it holds them (CUDA_VERSION=<cuda>.0 in their env), and return its description for services.json."""
+    import hashlib
+
+    upstream.ensure_tls(shared)
+    f = upstream.files(shared)
+    identity = hashlib.sha256((upstream.config(shared, 0) + f["cert"].read_text()).encode()).hexdigest()[:12]
+    port = _service(shared / "run", "upstream", f"{f['storage']}#{identity}", PORTS["upstream"],
+                    lambda p: upstream.command(shared, p))  # fmt: skip
+    layers, blobs = upstream.ensure_layers(shared, tarball)
+    env = {"CUDA_VERSION": f"{cuda}.0"}
+    images = {IMAGE_REF: env, **{ref: env for ref in sorted(set(recipe_images().values()))}}
+    images[BROKEN_IMAGE] = {"RIGFORGE_STANDIN_EXIT": BROKEN_MESSAGE}
+    state = upstream.describe(shared, port, {})
+    client = upstream.Client(state["url"], Path(state["ca"]))
+    state["digests"] = upstream.push_images(client, layers, blobs, images)
+    state["layers"] = [{k: layer[k] for k in ("name", "digest", "size")} for layer in layers]
+    state["blob_dir"] = str(blobs)
+    return state
+
+
 def stop_services(shared: Path) -> None:
     run = shared / "run"
-    for name in ("apt", "hf", "git"):
+    for name in ("apt", "hf", "git", "upstream"):
         stop_pidfile(run / f"{name}.pid")
         (run / f"{name}.json").unlink(missing_ok=True)
+    (run / "upstream-throttle").unlink(missing_ok=True)  # the next `up` starts at full speed
     (run / "services.json").unlink(missing_ok=True)
 
 
@@ -454,14 +560,20 @@ def _write_lock(tb: Testbed) -> None:
         for key, m in tb.services["hf"].items()
     }
     cuda = tb.rigs[0].spec.image_cuda if tb.rigs else RigSpec.image_cuda  # `up --image-cuda`: one per testbed
-    lock = {"version": 1, "image": {"ref": IMAGE_REF, "digest": None, "cuda": cuda}, "git": git, "hf": hf}
+    booted = any(getattr(rig, "booted", False) for rig in tb.rigs)
+    # booted rigs pull from the upstream stand-in: the digests it holds; chroot rigs pull nothing (tags only)
+    digests = tb.services.get("upstream", {}).get("digests", {}) if booted else {}
+    image = {"ref": IMAGE_REF, "digest": digests.get(IMAGE_REF), "cuda": cuda}
+    lock = {"version": 1, "image": image, "git": git, "hf": hf}
     toolkit = load_lock(default_lock_path()).toolkit  # the real pin: the stand-in repo also has a newer release
     if toolkit:
         lock["toolkit"] = {"version": toolkit.version, "note": toolkit.note}
     if recipes_dir() and "recipes" in git:  # the images the recipe slugs run, by tag (no registry here)
         images = sorted(recipe_images().items())
-        lock["images"] = {engine: {"ref": ref, "digest": None, "cuda": cuda} for engine, ref in images}
+        lock["images"] = {engine: {"ref": ref, "digest": digests.get(ref), "cuda": cuda} for engine, ref in images}
     header = "# rigforge testbed lock: local stand-ins on 127.0.0.1 (generated by `rigforge testbed up`)\n"
+    if digests:
+        header += f"# images: pushed to the upstream registry stand-in {tb.services['upstream']['url']}\n"
     tb.lock.write_text(header + yaml.safe_dump(lock, sort_keys=False, width=200))
 
 
@@ -515,20 +627,25 @@ def _write_files(tb: Testbed) -> None:
         "",
         "rigs = [",
     ]
+    registry = tb.registry_host
+    reg_data = {"registry_address": tb.registry_address} if registry else {}
     for i, rig in enumerate(tb.rigs):
         data = host_data(tb, rig) | ({"gateway_address": gateway_address(i)} if tb.gateway else {})
+        data |= reg_data if registry is rig else {}
         lines.append(f"    ({rig.name!r}, {data!r}),")
     lines.append("]")
     if tb.gateway:
-        data = host_data(tb, tb.gateway) | {"gateway_port": GATEWAY_PORT, "registry_address": REGISTRY_ADDRESS}
+        data = host_data(tb, tb.gateway) | {"gateway_port": GATEWAY_PORT} | (reg_data if registry is tb.gateway else {})
         lines += ["", f"# the fleet gateway: {tb.gateway_url} on this machine", "gateway = [",
                   f"    ({tb.gateway.name!r}, {data!r}),", "]"]  # fmt: skip
-        if tb.fleet_registry:
-            lines += [
-                "",
-                "# the fleet registry (docs/registry.md): the gateway host serves it too",
-                "registry = ['gw']",
-            ]
+    if registry:
+        which = "the gateway host serves it too" if registry is tb.gateway else "rig1 serves it too (no gateway host)"
+        lines += [
+            "",
+            f"# the fleet registry (docs/registry.md): {which}, at {tb.registry_address}:{REGISTRY_PORT} here and on",
+            "# every host",
+            f"registry = [{registry.name!r}]",
+        ]
     tb.inventory.write_text("\n".join(lines) + "\n")
 
 
@@ -548,18 +665,18 @@ def up(
     `dir`). Idempotent: running rigs with the same spec are kept unless `fresh`. `booted`: rigs run their own
     systemd and Docker engine (booted.py). `gateway` (booted only): one more booted host, `gw`, for the fleet
     gateway, reaching each rig's API at the rig's own address and published on the controller's loopback.
-    `fleet_registry` (with `gateway`): the gateway host is the fleet registry's host too (group `registry`), and
-    each rig reaches it at REGISTRY_ADDRESS."""
+    `fleet_registry` (booted only): the gateway host, or rig1 without one, is the fleet registry's host too (group
+    `registry`); every host and the controller reach it at the testbed's registry_address."""
     t0 = time.monotonic()
-    ensure_host_packages()  # root, and the host packages (installed when missing, on Debian/Ubuntu)
+    ensure_host_packages(booted)  # root, and the host packages (installed when missing, on Debian/Ubuntu)
     specs = list(specs) if specs else [RigSpec()]
     dir = ensure_safe_dir(Path(dir))
     shared = ensure_safe_dir(Path(shared) if shared else dir)
     run = ensure_safe_dir(shared / "run")
     if gateway and not booted:
         raise TestbedError("--gateway needs --booted: the gateway host runs HAProxy under its own systemd")
-    if fleet_registry and not gateway:
-        raise TestbedError("--fleet-registry needs --gateway: the gateway host serves the fleet registry")
+    if fleet_registry and not booted:
+        raise TestbedError("--fleet-registry needs --booted: the registry host runs the registry under its systemd")
     if len({spec.image_cuda for spec in specs}) > 1:
         raise TestbedError("the rigs of one testbed share its lock: give them one image CUDA version")
     if booted and any(spec.preset for spec in specs):
@@ -573,6 +690,9 @@ def up(
         if booted:
             tarball = booted_tarball(shared, tarball)
         services = start_services(shared)
+        if booted:  # Docker Hub's stand-in: the rigs pull the serving images from it
+            services["upstream"] = start_upstream(shared, tarball, specs[0].image_cuda)
+            (run / "services.json").write_text(json.dumps(services, indent=1))
         uid = ensure_host_user()
         rigs_dir = ensure_safe_dir(dir / "rigs")
         names = [f"rig{i + 1}" for i in range(len(specs))]
@@ -591,6 +711,7 @@ def up(
                 and info.get("spec") == asdict(spec)
                 and info.get("tarball") == tarball.name
                 and info.get("booted", False) == booted
+                and info.get("upstream", False) == booted  # a booted rig from before the upstream stand-in: rebuilt
                 and (
                     pid_alive(rig_dir / "nspawn.pid")
                     if booted
@@ -608,6 +729,8 @@ def up(
             rig_dir, port, spec, todo = item
             cls = BootedRig if booted else Rig
             if todo is None:
+                if booted:  # kept running; its relay follows the upstream stand-in if that moved
+                    port = refresh_relay(rig_dir, services, port)
                 return cls(rig_dir.name, port, rig_dir / "rootfs", USER, rig_dir / "id_ed25519", rig_dir, spec)
             if booted:  # the relay takes the next free port itself if this one is taken meanwhile
                 with ports_claimed():
@@ -627,12 +750,23 @@ def up(
             tb.gateway, tb.rigs = rigs[-1], rigs[:-1]
             ports = api_ports()
             tb.gateway_port = start_gateway_relay(tb.gateway.dir, [r.dir for r in tb.rigs], ports, PORTS["gateway"])
-            tb.fleet_registry = fleet_registry
-            for rig in tb.rigs if fleet_registry else []:  # the rigs reach its fleet registry at REGISTRY_ADDRESS
-                start_registry_relay(rig.dir, tb.gateway.dir)
             info = json.loads((tb.gateway.dir / "rig.json").read_text())
-            info |= {"gateway_port": tb.gateway_port, "fleet_registry": fleet_registry}
+            info |= {"gateway_port": tb.gateway_port}
             (tb.gateway.dir / "rig.json").write_text(json.dumps(info))
+        tb.fleet_registry = fleet_registry
+        for rig in [*tb.rigs, *([tb.gateway] if tb.gateway else [])]:
+            info = json.loads((rig.dir / "rig.json").read_text())
+            info["fleet_registry"] = fleet_registry and rig is tb.registry_host
+            (rig.dir / "rig.json").write_text(json.dumps(info))
+            if not fleet_registry:
+                stop_pidfile(rig.dir / "registry-relay.pid")
+                stop_pidfile(rig.dir / "registry-publish.pid")
+        if fleet_registry:  # the other hosts and the controller reach it at registry_address
+            host = tb.registry_host
+            for rig in tb.rigs:
+                if rig is not host:
+                    start_registry_relay(rig.dir, host.dir, tb.registry_address)
+            publish_registry(host.dir, tb.registry_address)
         _write_files(tb)
     gw = " and the gateway host" if gateway else ""
     log(f"testbed up: {len(tb.rigs)} rig(s){gw} in {dir} ready in {time.monotonic() - t0:.1f}s")
@@ -653,16 +787,17 @@ def load(dir: Path = DEFAULT_DIR, shared: Path | None = None) -> Testbed:
     dir = Path(dir)
     shared = Path(shared) if shared else dir
     services = json.loads((shared / "run/services.json").read_text())
-    rigs, gateway = [], {}
+    rigs, gateway, fleet_registry = [], {}, False
     for info_file in sorted((dir / "rigs").glob("*/rig.json")):
         info = json.loads(info_file.read_text())
         if "gateway_port" in info:
-            gateway = {"gateway_port": info["gateway_port"], "fleet_registry": info.get("fleet_registry", False)}
+            gateway = {"gateway_port": info["gateway_port"]}
+        fleet_registry |= bool(info.get("fleet_registry"))
         rigs.append(load_rig(info_file.parent))
     if gateway:  # rig.json files sort rig1.., then gw
         gateway["gateway"] = next(r for r in rigs if r.name == "gw")
         rigs = [r for r in rigs if r.name != "gw"]
-    return Testbed(dir=dir, shared=shared, rigs=rigs, services=services, **gateway)
+    return Testbed(dir=dir, shared=shared, rigs=rigs, services=services, fleet_registry=fleet_registry, **gateway)
 
 
 def down(dir: Path = DEFAULT_DIR, purge: bool = False) -> None:

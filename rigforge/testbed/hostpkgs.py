@@ -19,11 +19,18 @@ TOOLS = {
     "dpkg-deb": "dpkg",
     "chroot": "coreutils",
 }
+# and for booted testbeds (`up --booted`): the upstream registry stand-in and its throwaway CA (upstream.py)
+BOOTED_TOOLS = {
+    "/usr/bin/docker-registry": "docker-registry",
+    "openssl": "openssl",
+}
+# services a package starts on install that the testbed runs itself, with its own config
+DISTRO_SERVICES = {"docker-registry": "docker-registry.service"}
 
 
-def missing() -> list[str]:
-    """Packages (in TOOLS order, no repeats) whose tool is not on this machine."""
-    return list(dict.fromkeys(pkg for tool, pkg in TOOLS.items() if not shutil.which(tool)))
+def missing(tools: dict[str, str] = TOOLS) -> list[str]:
+    """Packages (in `tools` order, no repeats) whose tool is not on this machine."""
+    return list(dict.fromkeys(pkg for tool, pkg in tools.items() if not shutil.which(tool)))
 
 
 def _os_release() -> dict[str, str]:
@@ -41,16 +48,17 @@ def debian_like() -> bool:
     return bool(ids & {"debian", "ubuntu"}) and shutil.which("apt-get") is not None
 
 
-def ensure() -> None:
+def ensure(booted: bool = False) -> None:
     """Install the missing host packages (as root on Debian/Ubuntu, saying so); else raise with one line saying
-    what to install. Also refuses a non-root user, who cannot run the testbed."""
-    pkgs = missing()
+    what to install. Also refuses a non-root user, who cannot run the testbed. `booted`: BOOTED_TOOLS too."""
+    tools = {**TOOLS, **(BOOTED_TOOLS if booted else {})}
+    pkgs = missing(tools)
     root = os.geteuid() == 0
     if pkgs and not debian_like():
         rel = _os_release().get("PRETTY_NAME", "this system")
-        tools = ", ".join(f"{tool.rsplit('/', 1)[-1]} ({pkg})" for tool, pkg in TOOLS.items() if pkg in pkgs)
+        names = ", ".join(f"{tool.rsplit('/', 1)[-1]} ({pkg})" for tool, pkg in tools.items() if pkg in pkgs)
         raise TestbedError(
-            f"{rel} is not Debian/Ubuntu: install these with its package manager, then run again as root: {tools}"
+            f"{rel} is not Debian/Ubuntu: install these with its package manager, then run again as root: {names}"
         )
     if not root:
         need = f"apt-get install {' '.join(pkgs)}, then " if pkgs else ""
@@ -61,7 +69,12 @@ def ensure() -> None:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     sh(["apt-get", "update", "-qq"], capture=True, env=env)
     sh(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *pkgs], capture=True, env=env)
-    still = missing()
+    still = missing(tools)
     if still:
         raise TestbedError(f"apt-get install did not provide: {' '.join(still)}")
     log(f"installed {' '.join(pkgs)}")
+    for pkg in pkgs:  # e.g. Debian's docker-registry starts its own registry on :5000 where systemd runs
+        if pkg in DISTRO_SERVICES and shutil.which("systemctl"):
+            unit = DISTRO_SERVICES[pkg]
+            if sh(["systemctl", "disable", "--now", unit], check=False, capture=True).returncode == 0:
+                log(f"{unit} disabled: the testbed runs {pkg} itself, with its own config")

@@ -5,8 +5,12 @@ reboots of the rig). Its Docker engine makes bridges and iptables rules there, n
 Nothing crosses between the rig's loopback and the controller's except through this relay:
 
     python3 netns.py serve NETNS SPEC ...
-      PORT=HOST:PORT   listen on 127.0.0.1:PORT inside the rig, connect to HOST:PORT from the controller
-                       (apt / git / HF stand-ins, the Debian mirror)
+      [ADDR:]PORT=HOST:PORT[,throttle=FILE]
+                       listen on ADDR:PORT (default 127.0.0.1) inside the rig, connect to HOST:PORT from the
+                       controller (apt / git / HF stand-ins, the Debian mirror; the upstream registry stand-in
+                       at registry-1.docker.io's address in the rig, port 443). With throttle=FILE, what comes
+                       back to the rig is limited to the bytes per second FILE holds (0 or no file: full speed),
+                       re-read every THROTTLE_REREAD seconds, shared by all connections of that listener
       PORT=CONNECT:0   the same, as an HTTPS proxy (CONNECT to port 443 only: pip's index)
       in:[ADDR:]PORT=RPORT
                        listen on the controller's ADDR:PORT (default 127.0.0.1), connect to 127.0.0.1:RPORT
@@ -24,8 +28,51 @@ import os
 import socket
 import sys
 import threading
+import time
 
 CLONE_NEWNET = 0x40000000
+THROTTLE_REREAD = 0.25  # seconds between reads of a throttle file
+THROTTLE_RCVBUF = 65536  # receive buffer of a throttled listener's upstream connections
+
+
+class Throttle:
+    """A token bucket whose rate (bytes per second, 0 = none) is re-read from a file while data flows."""
+
+    def __init__(self, path: str):
+        self.path, self.lock = path, threading.Lock()
+        self.rate, self.read_at, self.tokens, self.at = 0, 0.0, 0.0, time.monotonic()
+
+    def _rate(self, now: float) -> int:
+        if now - self.read_at >= THROTTLE_REREAD:
+            self.read_at = now
+            try:
+                with open(self.path) as fh:
+                    self.rate = max(0, int(fh.read().strip() or 0))
+            except (OSError, ValueError):
+                self.rate = 0
+        return self.rate
+
+    def chunk(self) -> int:
+        """How much to read at once: small when throttled, so the rate is smooth."""
+        rate = self._rate(time.monotonic())
+        return 65536 if not rate else max(1024, min(65536, rate // 20))
+
+    def take(self, n: int) -> None:
+        """Wait until `n` bytes may pass."""
+        while True:
+            with self.lock:
+                now = time.monotonic()
+                rate = self._rate(now)
+                if not rate:
+                    self.tokens, self.at = 0.0, now
+                    return
+                self.tokens = min(self.tokens + (now - self.at) * rate, max(rate / 10, n))
+                self.at = now
+                if self.tokens >= n:
+                    self.tokens -= n
+                    return
+                wait = (n - self.tokens) / rate
+            time.sleep(min(wait, THROTTLE_REREAD))
 
 
 def setns(path: str) -> None:
@@ -39,9 +86,11 @@ def setns(path: str) -> None:
         os.close(fd)
 
 
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
+def _pipe(src: socket.socket, dst: socket.socket, throttle: Throttle | None = None) -> None:
     try:
-        while data := src.recv(65536):
+        while data := src.recv(throttle.chunk() if throttle else 65536):
+            if throttle:
+                throttle.take(len(data))
             dst.sendall(data)
     except OSError:
         pass
@@ -51,8 +100,8 @@ def _pipe(src: socket.socket, dst: socket.socket) -> None:
         pass
 
 
-def _pair(a: socket.socket, b: socket.socket) -> None:
-    back = threading.Thread(target=_pipe, args=(b, a), daemon=True)
+def _pair(a: socket.socket, b: socket.socket, throttle: Throttle | None = None) -> None:
+    back = threading.Thread(target=_pipe, args=(b, a, throttle), daemon=True)
     back.start()
     _pipe(a, b)
     back.join()
@@ -75,7 +124,9 @@ def _connect_request(conn: socket.socket) -> tuple[str, int] | None:
     return None
 
 
-def _forward(listener: socket.socket, target: tuple[str, int], netns: str | None = None) -> None:
+def _forward(
+    listener: socket.socket, target: tuple[str, int], netns: str | None = None, throttle: Throttle | None = None
+) -> None:
     if netns:
         setns(netns)  # this thread's upstream connections are made inside the rig
     while True:
@@ -85,14 +136,20 @@ def _forward(listener: socket.socket, target: tuple[str, int], netns: str | None
             if dest is None:
                 conn.close()
                 continue
-            upstream = socket.create_connection(dest, timeout=10)  # made in the controller's namespace
+            if throttle:  # a small receive window: the server sends about what the rig gets, not into a buffer
+                upstream = socket.socket()
+                upstream.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, THROTTLE_RCVBUF)
+                upstream.settimeout(10)
+                upstream.connect(dest)
+            else:
+                upstream = socket.create_connection(dest, timeout=10)  # made in the controller's namespace
             upstream.settimeout(None)
             if target[0] == "CONNECT":
                 conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
         except OSError:
             conn.close()
             continue
-        threading.Thread(target=_pair, args=(conn, upstream), daemon=True).start()
+        threading.Thread(target=_pair, args=(conn, upstream, throttle), daemon=True).start()
 
 
 def serve(netns: str, specs: list[str]) -> None:
@@ -112,9 +169,12 @@ def serve(netns: str, specs: list[str]) -> None:
                 other, _, rport = target.rpartition("@")
                 forwards.append((_listen(int(port), addr), ("127.0.0.1", int(rport)), other))
             elif not spec.startswith("in:"):
-                port, _, target = spec.partition("=")
+                where, _, target = spec.partition("=")
+                addr, _, port = where.rpartition(":")
+                target, _, throttle = target.partition(",throttle=")
                 host, _, tport = target.rpartition(":")
-                forwards.append((_listen(int(port)), (host, int(tport)), None))
+                limit = Throttle(throttle) if throttle else None
+                forwards.append((_listen(int(port), addr or "127.0.0.1"), (host, int(tport)), None, limit))
     finally:
         setns(f"/proc/self/fd/{home}")
         os.close(home)

@@ -1,6 +1,7 @@
 """A live recipe on a booted rig: `rigforge_variant: vllm/dual` from the club-3090 reference (RIGFORGE_RECIPES),
 its own compose file and entrypoint run by the rig's systemd and Docker engine from the lock's recipe image
-(vllm/vllm-openai:v0.27.1, a tag of the booted tier's stand-in image), through the same health gate.
+(vllm/vllm-openai:v0.27.1, the booted tier's stand-in image pushed to the upstream stand-in under that tag, run at
+the digest the testbed lock pins), through the same health gate.
 
 Marked `booted` and `testbed`; skipped with the reason when this machine cannot boot rigs.
 """
@@ -51,8 +52,9 @@ def test_vllm_dual_converges_passes_the_gate_serves_and_a_second_run_changes_not
     assert any("Health gate" in op for op in done), done
 
     assert unit(rig, UNIT) == ("enabled", "active")
+    image = "vllm/vllm-openai:v0.27.1"
     assert sh(rig, f"docker inspect -f '{{{{.Config.Image}}}} {{{{.State.Status}}}}' {CONTAINER}") == (
-        "vllm/vllm-openai:v0.27.1 running"
+        f"{image}@{tb.upstream_digests[image]} running"  # the digest the testbed lock pins
     )
     assert models(rig, PORT) == ["qwen3.6-27b"]  # the recipe's --served-model-name, on its published port
     with rig.forward(PORT) as port:  # and from the controller, through the rig's published port

@@ -29,10 +29,12 @@ def fleet(testbed_factory, testbed_report):
 
 
 def test_the_registry_answers_over_tls_to_the_fleet_ca_only_and_a_second_run_changes_nothing(fleet):
-    from rigforge.testbed.booted import REGISTRY_ADDRESS, REGISTRY_PORT
+    import requests
+
+    from rigforge.testbed.booted import REGISTRY_PORT
 
     rig, gw = fleet.rigs[0], fleet.gateway
-    endpoint = f"{REGISTRY_ADDRESS}:{REGISTRY_PORT}"
+    endpoint = f"{fleet.registry_address}:{REGISTRY_PORT}"
     ca = f"/etc/docker/certs.d/{endpoint}/ca.crt"
     curl = f"curl -sS --max-time 20 -o /dev/null -w '%{{http_code}}' --cacert {ca} https://{endpoint}/v2/"
     answer = rig.run(curl.replace("curl ", "curl --retry 10 --retry-delay 1 --retry-all-errors ", 1))
@@ -44,6 +46,10 @@ def test_the_registry_answers_over_tls_to_the_fleet_ca_only_and_a_second_run_cha
 
     ca_dir = fleet.dir / "registry-ca"
     assert rig.run(f"cat {ca}").stdout == (ca_dir / "ca.crt").read_text()
+    session = requests.Session()
+    session.trust_env = False  # no CA bundle or proxy from the environment: the fleet CA only
+    assert session.get(f"https://{endpoint}/v2/", verify=str(ca_dir / "ca.crt"), timeout=20).status_code == 200
+    # ^ the controller reaches it at the same address as the rigs
     assert stat.S_IMODE((ca_dir / "ca.key").stat().st_mode) == 0o600
     key = gw.run("stat -c '%a %U' /etc/docker/registry/tls/registry.key").stdout.split()
     assert key == ["600", "docker-registry"]
