@@ -5,113 +5,30 @@ resolving a tag upstream lost from the fleet's copy; the fill operation on pyinf
 from __future__ import annotations
 
 import dataclasses
-import gzip
-import hashlib
-import io
-import json
-import shutil
-import socket
-import subprocess
-import tarfile
-import time
 from pathlib import Path
 
 import pytest
 import requests
+from registry_support import Registry, free_port, push_image, running_registry
 
 from rigforge import lock as locking
 from rigforge import obtain, registry
 from rigforge.pins import ImagePin, load_lock
 from roles import registry as registry_role
 
-REGISTRY_BIN = shutil.which("docker-registry") or "/usr/bin/docker-registry"
-pytestmark = pytest.mark.skipif(
-    not Path(REGISTRY_BIN).exists(), reason="needs Debian's docker-registry (apt install docker-registry)"
-)
 REF = "vllm/vllm-openai:v0.27.1"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def registry_config(root: Path, addr: str) -> str:
-    storage = {"filesystem": {"rootdirectory": str(root)}, "delete": {"enabled": True}}
-    return json.dumps({"version": 0.1, "log": {"level": "error"}, "storage": storage, "http": {"addr": addr}})
 
 
 @pytest.fixture
 def distribution(tmp_path):
     """A plain-HTTP Distribution registry on 127.0.0.1 (a fresh one per test), its URL."""
-    port = _free_port()
-    config = tmp_path / "config.yml"
-    config.write_text(registry_config(tmp_path / "data", f"127.0.0.1:{port}"))
-    proc = subprocess.Popen([REGISTRY_BIN, "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            if requests.get(f"{url}/v2/", timeout=1).status_code == 200:
-                break
-        except requests.ConnectionError:
-            time.sleep(0.05)
-    yield url
-    proc.terminate()
-    proc.wait(10)
+    with running_registry(tmp_path / "registry") as reg:
+        yield reg.url
 
 
-def push(url: str, repository: str, tag: str, env: list[str] = ("CUDA_VERSION=13.0.1",)) -> str:
-    """Push a one-layer schema2 image; its manifest digest."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        data = f"{repository}:{tag}\n".encode()
-        info = tarfile.TarInfo("hello.txt")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-    layer = gzip.compress(buf.getvalue(), mtime=0)
-    diff_id = "sha256:" + hashlib.sha256(buf.getvalue()).hexdigest()
-    config = json.dumps(
-        {
-            "architecture": "amd64",
-            "os": "linux",
-            "config": {"Env": list(env)},
-            "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-        }  # fmt: skip
-    ).encode()
-    for blob in (layer, config):
-        digest = "sha256:" + hashlib.sha256(blob).hexdigest()
-        start = requests.post(f"{url}/v2/{repository}/blobs/uploads/", timeout=10)
-        location = start.headers["Location"]
-        location = location if location.startswith("http") else url + location
-        sep = "&" if "?" in location else "?"
-        requests.put(f"{location}{sep}digest={digest}", data=blob, timeout=10).raise_for_status()
-    manifest = json.dumps(
-        {
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
-            "config": {
-                "mediaType": "application/vnd.docker.container.image.v1+json",
-                "size": len(config),
-                "digest": "sha256:" + hashlib.sha256(config).hexdigest(),
-            },
-            "layers": [
-                {
-                    "mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip",
-                    "size": len(layer),
-                    "digest": "sha256:" + hashlib.sha256(layer).hexdigest(),
-                }
-            ],
-        }  # fmt: skip
-    ).encode()
-    resp = requests.put(
-        f"{url}/v2/{repository}/manifests/{tag}",
-        data=manifest,
-        headers={"Content-Type": "application/vnd.docker.distribution.manifest.v2+json"},
-        timeout=10,
-    )
-    resp.raise_for_status()
-    return resp.headers["Docker-Content-Digest"]
+def push(url: str, repository: str, tag: str) -> str:
+    """Push a 2-layer schema2 image; its manifest digest."""
+    return push_image(Registry(url, Path(), Path(), None), repository, tag, layers=2)["digest"]
 
 
 def delete(url: str, repository: str, digest: str) -> None:
@@ -161,7 +78,7 @@ def test_a_rig_gets_the_image_from_the_fleet_after_upstream_deleted_it(distribut
 
 def test_only_the_fleet_copy_left(distribution):
     digest = push(distribution, "vllm/vllm-openai", "v0.27.1")
-    dead = f"http://127.0.0.1:{_free_port()}"  # nothing listens: upstream unreachable
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: upstream unreachable
     found = obtain.sources(f"{REF}@{digest}", fleet_at(distribution), dead, None)
     assert [(s.kind, s.has) for s in found] == [("fleet", True), ("upstream", None)]
     assert found[1].detail.startswith("unreachable: ConnectionError")
@@ -180,23 +97,13 @@ def test_a_fleet_does_not_stand_for_other_registries_than_docker_hub(distributio
 
 
 def test_lock_resolves_a_tag_upstream_lost_from_the_fleets_copy(distribution, tmp_path):
-    upstream = f"http://127.0.0.1:{_free_port()}"  # a second, empty registry for upstream
-    config = tmp_path / "up.yml"
-    config.write_text(registry_config(tmp_path / "updata", upstream.removeprefix("http://")))
-    proc = subprocess.Popen([REGISTRY_BIN, "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(100):
-            try:
-                requests.get(f"{upstream}/v2/", timeout=1)
-                break
-            except requests.ConnectionError:
-                time.sleep(0.05)
-        digest = push(distribution, "vllm/vllm-openai", "v0.27.1", env=["CUDA_VERSION=13.0.2"])
+    with running_registry(tmp_path / "upstream") as upstream:  # a second, empty registry stands for upstream
+        digest = push(distribution, "vllm/vllm-openai", "v0.27.1")
         lock = load_lock(locking.default_lock_path())
         lock = dataclasses.replace(lock, image=ImagePin(REF), images={}, git={}, hf={})
         with pytest.raises(locking.LockError, match="HTTP 404, it no longer has this tag"):
-            locking.resolve(lock, [], None, None, upstream)
-        new, report = locking.resolve(lock, [], None, None, upstream, fleet=(distribution, False))
+            locking.resolve(lock, [], None, None, upstream.url)
+        new, report = locking.resolve(lock, [], None, None, upstream.url, fleet=(distribution, False))
         assert new.image.digest == digest and new.image.cuda == "13.0"
         assert report[0] == (
             f"image: {REF} -> {digest} (CUDA 13.0) (from the fleet registry {distribution}: upstream no longer has "
@@ -204,10 +111,7 @@ def test_lock_resolves_a_tag_upstream_lost_from_the_fleets_copy(distribution, tm
         )
         delete(distribution, "vllm/vllm-openai", digest)
         with pytest.raises(locking.LockError, match="the fleet registry .* has no copy either"):
-            locking.resolve(lock, [], None, None, upstream, fleet=(distribution, False))
-    finally:
-        proc.terminate()
-        proc.wait(10)
+            locking.resolve(lock, [], None, None, upstream.url, fleet=(distribution, False))
 
 
 def test_the_fill_copies_once_keeping_the_digest_and_skips_a_held_image():
