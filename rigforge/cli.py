@@ -109,7 +109,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+SSH_COMMANDS = ("status", "verify")  # they read rigs over SSH in parallel greenlets (rigforge/inventory.py)
+
+
+def _patch_for_gevent(argv: list[str]) -> None:
+    """Before anything imports ssl (the subcommands' modules do, through requests): gevent's patch of ssl,
+    which pyinfra's parallel SSH needs, works only then; a late patch makes every HTTPS request from a
+    greenlet recurse without end (status and verify ask registries over HTTPS, rigforge/obtain.py)."""
+    if argv and argv[0] in SSH_COMMANDS and "ssl" not in sys.modules:
+        from gevent import monkey
+
+        monkey.patch_all()
+
+
 def main(argv: list[str] | None = None) -> int:
+    _patch_for_gevent(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     try:
         if args.command == "render":

@@ -155,5 +155,8 @@ def origin(on_rig: bool, found: list[Source]) -> tuple[str, bool]:
             "; keep one with `rigforge images save DIR`"
         ), True
     else:
+        unknown = [s.name for s in found if s.has is None]
+        if unknown:
+            return f"no source known to have it (could not ask: {', '.join(unknown)}); not on the rig", True
         return "nowhere: not on the rig, in no source", True
     return text + ("" if on_rig else "; not on the rig yet"), False

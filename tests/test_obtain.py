@@ -139,3 +139,35 @@ def test_the_fill_copies_once_keeping_the_digest_and_skips_a_held_image():
     held["fake_responses"] = {fact: ["yes"], **held["fake_responses"]}
     state = converge({"gw": held}, fill)
     assert not any(c.startswith("skopeo copy") for c in executed(state, "gw"))
+
+
+def test_status_asks_the_registries_over_https_from_its_parallel_ssh_sessions(tmp_path, monkeypatch):
+    """`rigforge status` reads rigs in gevent greenlets; its HTTPS requests to the registries work only because
+    gevent patches ssl before anything imports it (rigforge/cli.py): a late patch made each one recurse."""
+    import subprocess
+    import sys
+
+    ca_dir = tmp_path / "ca"
+    crt, key = registry.server_certificate(ca_dir, "127.0.0.1")
+    (tmp_path / "s.crt").write_text(crt)
+    (tmp_path / "s.key").write_text(key)
+    with running_registry(tmp_path / "reg", tls=(tmp_path / "s.crt", tmp_path / "s.key", ca_dir / "ca.crt")) as reg:
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(ca_dir / "ca.crt"))  # for the push only
+        lock = load_lock(locking.default_lock_path())
+        ref = lock.image.ref  # the seed variants' image (dual-turbo's)
+        digest = push_image(reg, "vllm/vllm-openai", ref.rsplit(":", 1)[1], layers=1)["digest"]
+        monkeypatch.delenv("REQUESTS_CA_BUNDLE")
+        lock_path = tmp_path / "lock.yaml"
+        from rigforge.pins import dump_lock
+
+        image = dataclasses.replace(lock.image, digest=digest)
+        lock_path.write_text(dump_lock(dataclasses.replace(lock, image=image)))
+        data = {"rigforge_variant": "dual-turbo", "rigforge_manage_services": True, "rigforge_lock": str(lock_path),
+                "serving_image_upstream": reg.url, "serving_image_upstream_ca": str(ca_dir / "ca.crt"),
+                "rigforge_root": str(tmp_path / "root")}  # fmt: skip
+        inventory = tmp_path / "inventory.py"
+        inventory.write_text(f"rigs = [('@local', {data!r})]\n")
+        res = subprocess.run([sys.executable, "-m", "rigforge.cli", "status", str(inventory)], capture_output=True,
+                             text=True, timeout=300)  # fmt: skip
+    assert "Error" not in res.stdout, res.stdout
+    assert f"@local: image {ref}@{digest}: NOT on the rig; from upstream; not on the rig yet" in res.stdout, res.stdout

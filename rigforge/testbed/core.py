@@ -600,7 +600,14 @@ def host_data(tb: Testbed, rig: Rig) -> dict:
         "nvidia_toolkit_repo_url": tb.toolkit_repo_url,
         "nvidia_toolkit_repo_key_url": tb.toolkit_repo_key_url,
         "hf_endpoint": tb.hf_endpoint,
-    }
+    } | _upstream_data(tb)
+
+
+def _upstream_data(tb: Testbed) -> dict:
+    """Where the controller asks for Docker Hub images before a rig pulls one: the upstream stand-in (booted)."""
+    if "upstream" not in tb.services:
+        return {}
+    return {"serving_image_upstream": tb.upstream_url, "serving_image_upstream_ca": str(tb.upstream_ca)}
 
 
 def _write_files(tb: Testbed) -> None:

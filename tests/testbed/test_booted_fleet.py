@@ -1,0 +1,316 @@
+"""A booted fleet for real, shared by the module's tests in order (each starts from the state the one before
+left): 3 rigs and a gateway host `gw` that fronts them (Debian's HAProxy) and serves the fleet registry (Debian's
+docker-registry, TLS with rigforge's CA). Upstream is the testbed's stand-in for Docker Hub: a real Distribution
+registry on the controller holding the multi-layer stand-in serving image under its locked name, throttled on
+demand, its access log counted (docs/testbed.md).
+
+In order: the first fleet run is cut (SIGTERM) while the throttled copy into the fleet registry is under way;
+the next run reads only the layers the fleet registry lacks, every rig pulls the locked digest from the fleet
+(upstream read once for 3 rigs), and a third run changes nothing. The fleet registry answers only over TLS to
+its CA. Behind the gateway, a rolling switch and back fails no request, and a rig whose new variant fails its
+gate rejoins. Then upstream deletes the image: a fourth, fresh rig with no fleet registry is refused before
+anything changes (naming the image and the live successor, `--dry` too), and converges from the fleet registry
+at the locked digest; `rigforge lock` resolves the image from the fleet's copy, and `status` says where each
+rig's image comes from. Last, `images save` from the fleet registry and `images load` onto a fresh rig with no
+registry give the locked digest.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+from support import REPO, changed, errored, inventory_with, pyinfra_run
+
+pytestmark = [pytest.mark.testbed, pytest.mark.booted]
+MODEL = "qwen3.6-27b-autoround"
+RIGFORGE = [sys.executable, "-m", "rigforge.cli"]
+PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
+BLOB_GET = re.compile(r'"GET /v2/\S+/blobs/(sha256:[0-9a-f]{64}) HTTP/[\d.]+" (\d{3})')
+DEPLOY = REPO / "deploy" / "dual_turbo.py"
+
+
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_rollout", REPO / "benchmarks" / "bench_rollout.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def rigforge(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run(
+        [*RIGFORGE, *map(str, args)], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
+
+
+@pytest.fixture(scope="module")
+def fleet(testbed_factory):
+    from rigforge.testbed import RigSpec
+
+    return testbed_factory([RigSpec()] * 3, name="fleet", booted=True, gateway=True, registry=True)
+
+
+def locked(tb) -> str:
+    """The lock's image, `ref@sha256:...`."""
+    image = yaml.safe_load(tb.lock.read_text())["image"]
+    assert image["digest"], "the testbed lock records the stand-in image's digest"
+    return f"{image['ref']}@{image['digest']}"
+
+
+def blobs_of(tb, image: str) -> set[str]:
+    """Every blob of `image` (its config and layers), read from the upstream stand-in."""
+    name, digest = image.split(":", 1)[0], image.split("@", 1)[1]
+    accept = "application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json"
+    manifest = requests.get(
+        f"{tb.upstream_url}/v2/{name}/manifests/{digest}", headers={"Accept": accept}, verify=str(tb.upstream_ca),
+        timeout=30,
+    ).json()  # fmt: skip
+    return {manifest["config"]["digest"], *(layer["digest"] for layer in manifest["layers"])}
+
+
+def blob_gets(tb, since: int) -> list[str]:
+    """The blobs upstream served (2xx GETs) after byte `since` of its access log (a GET cut short is logged too)."""
+    from rigforge.testbed import upstream
+
+    return [g["digest"] for g in upstream.blob_gets(tb.upstream_log, since)]
+
+
+def fleet_url(tb) -> str:
+    from rigforge.testbed.booted import REGISTRY_PORT
+
+    return f"https://{tb.registry_address}:{REGISTRY_PORT}"
+
+
+def fleet_has(tb, name: str, digest: str, kind: str = "blobs") -> bool:
+    """The fleet registry (on the controller at the rigs' address, trusting the fleet CA) holds it."""
+    url = f"{fleet_url(tb)}/v2/{name}/{kind}/{digest}"
+    accept = {"Accept": "application/vnd.docker.distribution.manifest.v2+json"}
+    return requests.head(url, verify=str(tb.dir / "registry-ca" / "ca.crt"), headers=accept, timeout=30).ok
+
+
+def repo_digests(rig, image: str) -> list[str]:
+    res = rig.run(f"docker image inspect --format '{{{{json .RepoDigests}}}}' {image}")
+    return json.loads(res.stdout) if res.returncode == 0 else []
+
+
+def test_a_fill_cut_mid_copy_resumes_with_only_the_missing_layers_and_upstream_is_read_once(fleet, testbed_report):
+    image = locked(fleet)
+    name = image.split(":", 1)[0]
+    blobs = blobs_of(fleet, image)
+    assert len(blobs) >= 5, blobs  # a config and at least 4 layers
+    start = fleet.upstream_log_size()
+    fleet.upstream_throttle(1_000_000)  # bytes/s into each host: the copy takes about 15 s
+    out = fleet.dir / "cut-run.log"
+    with open(out, "w") as sink:
+        run = subprocess.Popen([PYINFRA, "-y", str(fleet.inventory), str(DEPLOY)], cwd=REPO, stdout=sink,
+                               stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 900
+        while len(set(blob_gets(fleet, start))) < 2 and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert run.poll() is None, out.read_text()[-4000:]  # still copying: the cut lands mid-copy
+    finally:
+        run.send_signal(signal.SIGTERM)
+        rc = run.wait(120)
+    text = out.read_text()
+    assert rc != 0, text[-3000:]  # an interrupted run exits non-zero
+    assert "Copying blob" in text, text[-3000:]  # the copy's progress, at pyinfra's default verbosity
+    # the link drops with the controller: the copy on the registry host ends too (skopeo would otherwise die of
+    # SIGPIPE only at its next line of output)
+    fleet.gateway.run("pkill -f 'skopeo copy'; sleep 1")
+    fleet.upstream_throttle(0)
+    held = {b for b in blobs if fleet_has(fleet, name, b)}
+    assert 0 < len(held) < len(blobs), (held, blobs)
+
+    resumed = fleet.upstream_log_size()
+    t0 = time.monotonic()
+    results, err = pyinfra_run(fleet.inventory, DEPLOY)
+    testbed_report.append(f"fleet: 3 rigs + gw converged after the cut in {time.monotonic() - t0:.0f}s")
+    assert results["failed_hosts"] == [] and results["totals"]["error"] == 0, err[-6000:]
+    fetched = blob_gets(fleet, resumed)
+    assert sorted(fetched) == sorted(blobs - held), (fetched, blobs - held)  # only what the fleet lacked, once
+    total = blob_gets(fleet, start)
+    assert set(total) == blobs and len(total) < 2 * len(blobs), total  # about once for 3 rigs (+ the cut blobs)
+    testbed_report.append(
+        f"fleet: upstream served {len(total)} blob GETs for {len(blobs)} blobs and 3 rigs "
+        f"({len(blobs - held)} after the cut, {len(held)} kept by the fleet registry)"
+    )
+    assert fleet_has(fleet, name, image.split("@", 1)[1], "manifests")
+    digest_ref = f"{name}@{image.split('@', 1)[1]}"
+    for rig in fleet.rigs:
+        assert digest_ref in repo_digests(rig, digest_ref), rig.name
+    assert "pulling vllm/vllm-openai@sha256:" in err
+
+    settled = fleet.upstream_log_size()
+    again, err = pyinfra_run(fleet.inventory, DEPLOY)
+    assert again["failed_hosts"] == [] and changed(again) == [], changed(again)
+    assert blob_gets(fleet, settled) == []
+
+
+def test_the_registry_answers_over_tls_to_the_fleet_ca_only(fleet):
+    rig, gw = fleet.rigs[0], fleet.gateway
+    endpoint = fleet_url(fleet).removeprefix("https://")
+    ca = f"/etc/docker/certs.d/{endpoint}/ca.crt"
+    curl = f"curl -sS --max-time 20 -o /dev/null -w '%{{http_code}}' --cacert {ca} https://{endpoint}/v2/"
+    assert rig.run(curl).stdout == "200"
+    untrusted = rig.run(f"curl -sS --max-time 20 -o /dev/null https://{endpoint}/v2/")
+    assert untrusted.returncode == 60, untrusted  # the system's CAs do not vouch for it: only the fleet CA does
+    plain = rig.run(f"curl -sS --max-time 20 http://{endpoint}/v2/")
+    assert "Client sent an HTTP request to an HTTPS server" in plain.stdout, plain  # TLS only, by default
+    daemon = json.loads(rig.run("cat /etc/docker/daemon.json").stdout)
+    assert daemon["registry-mirrors"] == [f"https://{endpoint}"] and endpoint not in daemon.get(
+        "insecure-registries", []
+    )
+    ca_dir = fleet.dir / "registry-ca"
+    assert rig.run(f"cat {ca}").stdout == (ca_dir / "ca.crt").read_text()
+    assert stat.S_IMODE((ca_dir / "ca.key").stat().st_mode) == 0o600
+    key = gw.run("stat -c '%a %U' /etc/docker/registry/tls/registry.key").stdout.split()
+    assert key == ["600", "docker-registry"]
+    assert gw.run("grep -rl 'PRIVATE KEY' /etc/docker /etc/rigforge 2>/dev/null").stdout.split() == [
+        "/etc/docker/registry/tls/registry.key"
+    ]  # the registry's own key only: the CA key stays on the controller
+
+
+def gateway_status(tb) -> str:
+    out = rigforge("status", tb.inventory, timeout=300)
+    return next(line for line in out.stdout.splitlines() if line.startswith("gw: gateway"))
+
+
+def served_variants(tb) -> list[str]:
+    return [json.loads(rig.run("cat /etc/rigforge/rig.json").stdout)["variant"] for rig in tb.rigs[:3]]
+
+
+def test_the_gateway_fronts_the_fleet(fleet):
+    load = bench().Load(fleet.gateway_url, None, 1, 8)
+    assert load._one(False)[0] and load._one(True)[0]
+    assert gateway_status(fleet).endswith(f"models: {MODEL}; rig1 serving, rig2 serving, rig3 serving")
+
+
+def test_a_rolling_switch_and_back_fails_no_request(fleet, testbed_report):
+    b = bench()
+    with b.Load(fleet.gateway_url, None, 8, 40) as load:
+        t0 = time.monotonic()
+        time.sleep(15)
+        t1 = time.monotonic()
+        runs = b.rollout(str(fleet.inventory))
+        t2 = time.monotonic()
+        time.sleep(5)
+        t3 = time.monotonic()
+    before, during, after = (b.phase(load.results, *span) for span in ((t0, t1), (t1, t2), (t2, t3)))
+    testbed_report.append(f"gateway rollout: {runs}; before {before}; during {during}; after {after}")
+    assert [r["rc"] for r in runs] == [0, 0], runs
+    assert (before["failed"], during["failed"], after["failed"]) == (0, 0, 0), (before, during, after)
+    assert during["sent"] > 0 and during["req_per_s"] >= before["req_per_s"] * 2 / 3, (before, during)
+    assert served_variants(fleet) == ["dual-turbo"] * 3
+
+
+def test_a_rig_whose_new_variant_fails_its_gate_rejoins_and_no_request_fails(fleet, tmp_path):
+    from rigforge.testbed.booted import BROKEN_IMAGE
+
+    inv = inventory_with(fleet, tmp_path / "inventory.py", {"rig1": {"serving_image": BROKEN_IMAGE}})
+    b = bench()
+    with b.Load(fleet.gateway_url, None, 8, 40) as load:
+        t0 = time.monotonic()
+        results, err = pyinfra_run(inv, REPO / "deploy" / "dual.py", "--limit", "rig1")
+        t1 = time.monotonic()
+    assert errored(results, "rig1") or results.get("failed_hosts") == "all", err[-4000:]
+    assert "rigforge health gate: rolled back" in err
+    assert "rolled back to dual-turbo, which rejoined the gateway" in err, err[-4000:]
+    assert b.phase(load.results, t0, t1)["failed"] == 0
+    assert served_variants(fleet) == ["dual-turbo"] * 3
+    deadline = time.monotonic() + 30
+    while "rig1 serving" not in (line := gateway_status(fleet)) and time.monotonic() < deadline:
+        time.sleep(2)
+    assert line.endswith("rig1 serving, rig2 serving, rig3 serving"), line
+
+
+SNAPSHOT = (
+    "find /etc/apt /etc/docker /etc/systemd/system /opt/rigforge /etc/rigforge -xdev -printf '%p %s %m\\n' "
+    "2>/dev/null | sort; dpkg-query -W -f '${Package} ${db:Status-Abbrev}\\n' | sort; apt-mark showhold; "
+    "docker image ls --digests --format '{{.Repository}} {{.Digest}}' | sort"
+)
+
+
+def alone(tb, tmp_path: Path, rig: str) -> Path:
+    """An inventory of `rig` alone: no fleet registry, no gateway."""
+    path = tmp_path / f"alone-{rig}.py"
+    path.write_text(
+        f"exec(open({str(tb.inventory)!r}).read())\nrigs = [r for r in rigs if r[0] == {rig!r}]\n"
+        "del gateway, registry\n"
+    )
+    return path
+
+
+def test_after_upstream_deleted_the_image_a_fresh_rig_converges_from_the_fleet(fleet, tmp_path, testbed_report):
+    from rigforge.testbed import RigSpec, core
+
+    image = locked(fleet)
+    digest = image.split("@", 1)[1]
+    t0 = time.monotonic()  # `up` with one more rig adds a fresh one and keeps the others (before the delete:
+    grown = core.up(fleet.dir, [RigSpec()] * 4, fresh=False, shared=fleet.shared, booted=True, gateway=True,
+                    fleet_registry=True)  # fmt: skip  # `up` pushes the stand-in's images it lacks)
+    testbed_report.append(f"fleet: a fourth rig added in {time.monotonic() - t0:.0f}s")
+    assert [r.name for r in grown.rigs[:3]] == [r.name for r in fleet.rigs[:3]]
+    fleet.rigs[:] = grown.rigs
+    assert fleet.upstream_delete(image.split("@", 1)[0]) == digest
+    try:
+        fourth_rig_from_the_fleet(fleet, tmp_path, testbed_report, image)
+    finally:  # later modules pull the same image from the shared stand-in: put it back, at the same digest
+        assert fleet.upstream_push(image.split("@", 1)[0], {"CUDA_VERSION": "13.0.0"}) == digest
+
+
+def fourth_rig_from_the_fleet(fleet, tmp_path: Path, testbed_report, image: str) -> None:
+    name, digest = image.split(":", 1)[0], image.split("@", 1)[1]
+    assert requests.head(
+        f"{fleet.upstream_url}/v2/{name}/manifests/{digest}", verify=str(fleet.upstream_ca), timeout=30
+    ).status_code == 404  # fmt: skip
+    rig4 = fleet.rigs[3]
+
+    before = rig4.run(SNAPSHOT).stdout
+    for extra in ((), ("--dry",)):
+        run = subprocess.run([PYINFRA, "-y", *extra, str(alone(fleet, tmp_path, "rig4")), str(DEPLOY)], cwd=REPO,
+                             capture_output=True, text=True, timeout=600)  # fmt: skip
+        err = run.stdout + run.stderr
+        assert run.returncode == 1, err[-3000:]
+        assert "preflight failed on rig4:" in err and f"image {image} is in no source" in err, err[-3000:]
+        assert "upstream (docker.io): HTTP 404" in err and "rigforge_variant: vllm/dual" in err
+        assert "Nothing was changed on this host." in err
+    assert rig4.run(SNAPSHOT).stdout == before  # a fresh rig with no source: nothing changed
+
+    start = fleet.upstream_log_size()
+    t0 = time.monotonic()
+    results, err = pyinfra_run(fleet.inventory, DEPLOY)
+    testbed_report.append(f"fleet: the fourth rig converged from the fleet in {time.monotonic() - t0:.0f}s")
+    assert results["failed_hosts"] == [] and results["totals"]["error"] == 0, err[-6000:]
+    assert blob_gets(fleet, start) == []  # upstream has nothing: all from the fleet
+    assert f"{name}@{digest}" in repo_digests(rig4, f"{name}@{digest}")
+    checks = json.loads(rigforge("verify", fleet.inventory, "--json", timeout=300).stdout or "{}")
+    running = [c for c in checks.get("hosts", {}).get("rig4", {}).get("checks", []) if "locked digest" in c["name"]]
+    assert running and running[0]["status"] == "pass", checks
+
+    status = rigforge("status", fleet.inventory, timeout=300).stdout
+    assert f"rig4: image {image}: on the rig; from the fleet registry (gone upstream)" in status, status
+
+    relock = tmp_path / "lock.yaml"
+    data = yaml.safe_load(fleet.lock.read_text())
+    data["image"]["digest"] = None
+    relock.write_text(yaml.safe_dump(data))
+    ca = fleet.dir / "registry-ca" / "ca.crt"
+    env = {"RIGFORGE_REGISTRY": fleet.upstream_url, "REQUESTS_CA_BUNDLE": str(fleet.upstream_ca)}
+    url = fleet_url(fleet)
+    res = rigforge("lock", "--lock", relock, "--refresh", "image", "--fleet-registry", url, "--fleet-ca", ca, env=env)
+    assert res.returncode == 0, res.stderr
+    assert f"(from the fleet registry {url}: upstream no longer has this tag)" in res.stdout, res.stdout
+    assert yaml.safe_load(relock.read_text())["image"]["digest"] == digest
