@@ -3,6 +3,6 @@
 rigforge images load DIR INVENTORY   (runs: pyinfra -y INVENTORY deploy/images_load.py --data rigforge_images_dir=DIR)
 """
 
-from roles import images
+from roles import site
 
-images.run()
+site.load_saved_images()

@@ -31,7 +31,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from rigforge.lock import MANIFEST_TYPES, _registry_get, manifest_url
+from rigforge.lock import manifest_url
+from rigforge.obtain import MANIFEST_TYPES, registry_request
 from rigforge.pins import DIGEST, ImagePin, Lock, LockError, default_lock_path, load_lock
 
 LAYOUT_FILE = "oci-layout"
@@ -189,7 +190,7 @@ class _Source:
         url = f"{self.base}/{kind}/{digest}"
         headers = {**self.headers, **(extra or {})}
         try:
-            resp = _registry_get("GET", url, headers, verify=self.verify, **kwargs)
+            resp = registry_request("GET", url, headers, verify=self.verify, **kwargs)
             if "Authorization" in headers:  # the token it fetched serves the next requests too
                 self.headers["Authorization"] = headers["Authorization"]
         except (requests.RequestException, ValueError, KeyError) as error:

@@ -28,6 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from rigforge.obtain import MANIFEST_TYPES, parse, registry_request
 from rigforge.pins import (
     DIGEST,
     SHA40,
@@ -114,16 +115,6 @@ def resolve_hf(pin: HfPin, endpoint: str | None, token: str | None) -> HfPin:
     return dataclasses.replace(pin, revision=info.sha, gated=bool(info.gated), files=tuple(files))
 
 
-MANIFEST_TYPES = ", ".join(
-    [
-        "application/vnd.oci.image.index.v1+json",
-        "application/vnd.docker.distribution.manifest.list.v2+json",
-        "application/vnd.oci.image.manifest.v1+json",
-        "application/vnd.docker.distribution.manifest.v2+json",
-    ]
-)
-
-
 CUDA_PREFIX = re.compile(r"^\d+\.\d+")  # "13.0.1" -> "13.0"
 
 
@@ -139,24 +130,6 @@ def manifest_url(ref: str, registry: str | None = None) -> str:
     return f"{registry}/v2/{name}/manifests/{tag}"
 
 
-def _registry_get(method: str, url: str, headers: dict, **kwargs):
-    """One Distribution API request; an anonymous bearer token is fetched (into `headers`) when the registry asks
-    for one (its 401 challenge). `kwargs` go to requests (e.g. `stream`, `verify`)."""
-    import requests
-
-    kwargs.setdefault("timeout", 30)
-    resp = requests.request(method, url, headers=headers, **kwargs)
-    challenge = resp.headers.get("WWW-Authenticate", "")
-    if resp.status_code == 401 and challenge.lower().startswith("bearer "):
-        resp.close()
-        params = requests.utils.parse_dict_header(challenge[7:])
-        realm = params.pop("realm")
-        token = requests.get(realm, params=params, timeout=30).json()
-        headers["Authorization"] = f"Bearer {token.get('token') or token.get('access_token')}"
-        resp = requests.request(method, url, headers=headers, **kwargs)
-    return resp
-
-
 def resolve_image(ref: str, registry: str | None = None, verify=True) -> str:
     """The registry's digest (sha256:...) for an image `name:tag`, as `docker pull` would get it.
 
@@ -166,7 +139,7 @@ def resolve_image(ref: str, registry: str | None = None, verify=True) -> str:
     import requests
 
     try:
-        resp = _registry_get("HEAD", manifest_url(ref, registry), {"Accept": MANIFEST_TYPES}, verify=verify)
+        resp = registry_request("HEAD", manifest_url(ref, registry), {"Accept": MANIFEST_TYPES}, verify=verify)
     except (requests.RequestException, ValueError, KeyError) as e:
         raise LockError(f"image: cannot reach the registry for {ref}: {e}") from None
     digest = resp.headers.get("Docker-Content-Digest", "")
@@ -183,8 +156,6 @@ def resolve_image(ref: str, registry: str | None = None, verify=True) -> str:
 def fleet_ref(ref: str) -> str:
     """`ref` as the fleet registry names its copy: a Docker Hub image under its full repository path
     (`x:tag` -> `library/x:tag`), the way `manifest_url` reads it against any registry."""
-    from rigforge.obtain import parse
-
     image = parse(ref)
     return f"{image.repository}:{image.tag or 'latest'}"
 
@@ -210,16 +181,16 @@ def resolve_image_cuda(ref: str, digest: str, registry: str | None = None, verif
     base = manifest_url(ref, registry).rsplit("/manifests/", 1)[0]
     headers = {"Accept": MANIFEST_TYPES}
     try:
-        manifest = _registry_get("GET", f"{base}/manifests/{digest}", headers, verify=verify)
+        manifest = registry_request("GET", f"{base}/manifests/{digest}", headers, verify=verify)
         manifest.raise_for_status()
         manifest = manifest.json()
         if "manifests" in manifest:  # an index: the linux/amd64 image (else the first)
             entries = manifest["manifests"]
             amd64 = [m for m in entries if (m.get("platform") or {}).get("architecture") == "amd64"]
-            one = _registry_get("GET", f"{base}/manifests/{(amd64 or entries)[0]['digest']}", headers, verify=verify)
+            one = registry_request("GET", f"{base}/manifests/{(amd64 or entries)[0]['digest']}", headers, verify=verify)
             one.raise_for_status()
             manifest = one.json()
-        blob = _registry_get("GET", f"{base}/blobs/{manifest['config']['digest']}", headers, verify=verify)
+        blob = registry_request("GET", f"{base}/blobs/{manifest['config']['digest']}", headers, verify=verify)
         blob.raise_for_status()
         return cuda_of(blob.json())
     except (requests.RequestException, ValueError, KeyError, IndexError, TypeError) as e:

@@ -29,6 +29,24 @@ MANIFEST_TYPES = ", ".join(
 )
 
 
+def registry_request(method: str, url: str, headers: dict, **kwargs):
+    """One Distribution API request; an anonymous bearer token is fetched (into `headers`) when the registry asks
+    for one (its 401 challenge, as Docker Hub does). `kwargs` go to requests (e.g. `stream`, `verify`)."""
+    import requests
+
+    kwargs.setdefault("timeout", 30)
+    resp = requests.request(method, url, headers=headers, **kwargs)
+    challenge = resp.headers.get("WWW-Authenticate", "")
+    if resp.status_code == 401 and challenge.lower().startswith("bearer "):
+        resp.close()
+        params = requests.utils.parse_dict_header(challenge[7:])
+        realm = params.pop("realm")
+        token = requests.get(realm, params=params, timeout=30).json()
+        headers["Authorization"] = f"Bearer {token.get('token') or token.get('access_token')}"
+        resp = requests.request(method, url, headers=headers, **kwargs)
+    return resp
+
+
 @dataclass(frozen=True)
 class ImageRef:
     registry: str  # "docker.io", or the host[:port] the reference names
@@ -77,11 +95,9 @@ def ask(base: str, repository: str, reference: str, verify) -> tuple[bool | None
     one HEAD request (an anonymous bearer token first when the registry asks, as Docker Hub does)."""
     import requests
 
-    from rigforge.lock import _registry_get
-
     url = f"{base.rstrip('/')}/v2/{repository}/manifests/{reference}"
     try:
-        resp = _registry_get("HEAD", url, {"Accept": MANIFEST_TYPES}, verify=verify)
+        resp = registry_request("HEAD", url, {"Accept": MANIFEST_TYPES}, verify=verify)
     except (requests.RequestException, ValueError, KeyError, OSError) as e:
         return None, f"unreachable: {type(e).__name__}: {str(e)[:160]}"
     if resp.status_code == 200:

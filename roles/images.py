@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import apt, systemd
 
@@ -71,27 +70,3 @@ def load(directory: str, saved: list[images.Saved], layout: HostLayout, port: in
     image_ops.loaded(name="Load the saved images into docker at their digests (a temporary registry on 127.0.0.1)",
                      directory=directory, saved=saved, script=script, layout=layout.images_layout, work=work,
                      daemon_json=DAEMON_JSON, port=port, upload_dir=layout.images_upload)  # fmt: skip
-
-
-def run() -> None:
-    """deploy/images_load.py: this host's data (rigforge_images_dir, rigforge_root, images_port), checked, then `load`.
-    A bad value or an incomplete directory refuses the host in one line, before anything changes."""
-    from roles import site
-    from roles.operations.checks import refuse_now
-
-    data = {**DEFAULTS, **{k: host.data.get(k, v) for k, v in DEFAULTS.items()}}
-    problems = validate(data)
-    saved = []
-    if not problems:
-        try:
-            saved = images.check_loadable(data["rigforge_images_dir"])
-        except images.ImagesError as error:
-            problems.append(str(error))
-    if problems:
-        refuse_now(f"Refuse {host.name}: cannot load images", f"rigforge refused {host.name}: {'; '.join(problems)}")
-        return
-    if not site.hold_the_rig():
-        return
-    root = site.host_data(host.data)["rigforge_root"]
-    layout = HostLayout(root=root) if root else HostLayout()
-    load(data["rigforge_images_dir"], saved, layout, data["images_port"], site.REGISTRY in host.groups)

@@ -21,17 +21,18 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.context import ctx_state
 
-from rigforge import gateway, obtain, power, registry, schema
+from rigforge import gateway, images, obtain, power, registry, schema
 from rigforge import plan as planner
 from rigforge.catalog import CatalogError
 from rigforge.hardware import Needs, format_problems
-from rigforge.layout import RUN_LOCK
+from rigforge.layout import RUN_LOCK, HostLayout
 from rigforge.lock import token_refused
 from rigforge.pins import LockError, default_lock_path
 from rigforge.plan import Plan
 from rigforge.recipes import RecipeError
 from roles import docker_engine, gpu_power, interrupt, nvidia_driver, preflight, rig_lock, serving, sources, weights
 from roles import gateway as gateway_role
+from roles import images as images_role
 from roles import registry as registry_role
 from roles.facts import probe
 from roles.facts.docker import DockerImagePresent
@@ -48,7 +49,8 @@ DEFAULTS = {
     "rigforge_recipe_opt_in": False,  # allow a recipe-repo slug whose status is experimental/incubating/deprecated
 }
 ROLES = (preflight, nvidia_driver, docker_engine, gpu_power, sources, weights, serving)
-KNOBS = (*ROLES, gateway_role, registry_role)  # every role whose knobs host data may set
+KNOBS = (*ROLES, gateway_role, registry_role)  # every role whose knobs host data may set (checked by every plan)
+LOADS = (images_role,)  # knobs read only by deploy/images_load.py (checked there)
 GATEWAY = "gateway"  # the inventory group of the fleet's gateway hosts
 REGISTRY = registry.REGISTRY  # the inventory group of the fleet registry's host (opt-in)
 RETIRED = {  # host-data keys earlier releases read: refused rather than silently ignored
@@ -71,7 +73,7 @@ def validate(data) -> list[str]:
 def host_data(data) -> dict:
     """A host's data (pyinfra's host.data, or any mapping) for every role's knob and the settings' keys, role
     defaults applied: the only read of host data."""
-    defaults = {key: value for module in KNOBS for key, value in module.DEFAULTS.items()} | DEFAULTS
+    defaults = {key: value for module in (*KNOBS, *LOADS) for key, value in module.DEFAULTS.items()} | DEFAULTS
     keys = {*defaults, *schema.HOST_KEYS.values(), *RETIRED, "ssh_port"}
     return {key: data.get(key, defaults.get(key)) for key in sorted(keys)}
 
@@ -297,3 +299,24 @@ def provision(variant_name: str | None = None):
     sources.apply(plan)
     weights.apply(plan)
     serving.apply(plan, {h.name: bool(h.data.get("_sudo")) for h in host.inventory.get_group(GATEWAY, default=[])})
+
+
+def load_saved_images() -> None:
+    """deploy/images_load.py: the images `rigforge images save` kept in host data's rigforge_images_dir, onto this
+    host at their locked digests (roles/images.py). A bad value or an incomplete directory refuses the host in one
+    line, before anything changes."""
+    data = host_data(host.data)
+    problems = images_role.validate(data)
+    saved = []
+    if not problems:
+        try:
+            saved = images.check_loadable(data["rigforge_images_dir"])
+        except images.ImagesError as error:
+            problems.append(str(error))
+    if problems:
+        refuse_now(f"Refuse {host.name}: cannot load images", f"rigforge refused {host.name}: {'; '.join(problems)}")
+        return
+    if not hold_the_rig():
+        return
+    layout = HostLayout(root=data["rigforge_root"]) if data["rigforge_root"] else HostLayout()
+    images_role.load(data["rigforge_images_dir"], saved, layout, data["images_port"], REGISTRY in host.groups)

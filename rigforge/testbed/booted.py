@@ -35,7 +35,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import upstream
+import rigforge.testbed.upstream as upstream
+
 from ._util import (
     TestbedError,
     chroot_env,

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import yaml
 
-from . import upstream
+import rigforge.testbed.upstream as upstream
+
 from ._util import (
     TestbedError,
     ensure_safe_dir,
