@@ -150,6 +150,28 @@ echo "gateway: drained after $waited s"
     )
 
 
+def state_script(
+    server: str, backend: str, port: int, socket: str = GATEWAY_ADMIN_SOCKET, state_file: str = GATEWAY_STATE
+) -> str:
+    """Shell, on a gateway host: one word for `server` in `backend`: `ready` (admin state ready, at `port`),
+    `drain`, `maint`, `moved` (ready at another port) or `absent`; nothing when the gateway does not run there.
+    (`show servers state`: 2 backend, 4 server, 7 admin state bits (0x01/0x02/0x04/0x20/0x40 maint, 0x08/0x10
+    drain), 19 port.)"""
+    return (
+        _runtime(server, socket, state_file)
+        + f"""
+cli "show servers state" | awk -v s={shlex.quote(server)} -v b={shlex.quote(backend)} -v p={int(port)} '
+  $2 == b && $4 == s {{ seen = 1; a = $7 + 0
+    if (a % 2 == 1 || int(a / 2) % 2 == 1 || int(a / 4) % 2 == 1 || int(a / 32) % 2 == 1 || int(a / 64) % 2 == 1)
+      print "maint"
+    else if (int(a / 8) % 2 == 1 || int(a / 16) % 2 == 1) print "drain"
+    else if ($19 != p) print "moved"
+    else print "ready" }}
+  END {{ if (!seen) print "absent" }}'
+"""
+    )
+
+
 def rejoin_script(
     server: str, backend: str | None, address: str, port: int, wait: int = 60,
     socket: str = GATEWAY_ADMIN_SOCKET, state_file: str = GATEWAY_STATE,

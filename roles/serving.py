@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import files, server, systemd
+from pyinfra.operations import files, systemd
 from pyinfra.operations.util import any_changed
 
 from rigforge import schema
@@ -25,7 +25,17 @@ from rigforge.layout import DEFAULT_ROOT, SERVE_FILES
 from rigforge.plan import Plan
 from rigforge.render import VLLM_UNIT
 from roles.operations import gateway
-from roles.operations.serving import enabled_instances, health_gate_script, image_present, manifest, sole_instance
+from roles.operations.serving import (
+    enabled_instances,
+    health_gate_script,
+    healthy,
+    image_present,
+    manifest,
+    running,
+    sole_instance,
+    start_reason,
+    stopped,
+)
 from roles.operations.staged import staged_files, systemd_verify
 
 DEFAULTS = {
@@ -33,11 +43,16 @@ DEFAULTS = {
     "rigforge_manage_services": True,  # start/restart units, pull the image, health gate (False on the testbed)
     "serving_health_timeout": 600,  # seconds to wait for /v1/models after a (re)start, as the recipes do
     "serving_health_host": "127.0.0.1",  # where the health gate reaches the API on the rig
+    # a rig resting on purpose (maintenance): None serves; "drained": serves, but drained at every gateway;
+    # "stopped": the vLLM unit stopped and disabled (through reboots), drained at every gateway. The deploy keeps
+    # it so; status shows it as intended. Remove the key and re-run to serve again.
+    "serving_rest": None,
     "serving_allow_privileged_port": False,  # let serving_port be below 1024 (a port root services usually own)
     # on the controller, asked before a rig that lacks its image pulls it (rigforge/obtain.py):
     "serving_image_upstream": None,  # base URL standing for Docker Hub (None: https://registry-1.docker.io)
     "serving_image_upstream_ca": None,  # CA bundle (PEM path) for it (None: the system's CAs)
 }
+REST = (None, "drained", "stopped")  # serving_rest's values
 SERVING_SETTINGS = {  # rendering settings this role's host data sets ({setting: host-data key})
     name: key for name, key in schema.HOST_KEYS.items() if key.startswith("serving_") or key == "rigforge_root"
 }
@@ -48,6 +63,8 @@ def validate(data: Mapping) -> list[str]:
     problems += schema.boolean(data, "rigforge_manage_services") + schema.boolean(data, "serving_allow_privileged_port")
     problems += schema.integer(data, "serving_health_timeout", 10, 86400, " of seconds")
     problems += schema.hostname(data, "serving_health_host")
+    if data.get("serving_rest") not in REST:
+        problems.append(f"serving_rest must be one of {', '.join(map(str, REST))}, got {data.get('serving_rest')!r}")
     upstream, ca = data.get("serving_image_upstream"), data.get("serving_image_upstream_ca")
     if upstream is not None and not (isinstance(upstream, str) and upstream.startswith(("https://", "http://"))):
         problems.append(f"serving_image_upstream must be a registry base URL (https://HOST[:PORT]), got {upstream!r}")
@@ -84,44 +101,66 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None):
 
     enabled = enabled_instances(layout.unit_dir, layout.vllm_template)
     previous = [u for u in enabled if u != unit]
+    rest = plan.data["serving_rest"]
+    digest = image.rpartition("@")[2] if "@" in image else None
     if manage:
         image_present(name=f"Pull {image} ahead of the restart", image=image)
         systemd.daemon_reload(name="Reload systemd units", _if=unit_file.did_change)
+    changed = any_changed(compose, unit_file)
     if manage and gateways:  # before the switch below stops the previous instance
         gateway.drained(
             name=f"Drain {host.name} at the fleet gateway before the restart",
             gateways=dict(gateways),
             server=host.name,
             timeout=int(plan.data["gateway_drain_timeout"]),
-            _if=lambda: bool(previous) or unit not in enabled or compose.did_change() or unit_file.did_change(),
+            _if=lambda: (
+                not rest
+                and (
+                    bool(previous)
+                    or unit not in enabled
+                    or changed()
+                    or start_reason(unit, serve_dir, digest, False) is not None
+                )
+            ),
+        )
+    if manage and gateways and rest:  # drained on purpose, before a resting unit stops
+        gateway.held_drained(
+            name=f"Keep {host.name} drained at the fleet gateway (serving_rest: {rest})",
+            gateways=dict(gateways),
+            server=host.name,
+            backend=backend_name(variant.served_model),
+            port=plan.port,
+            timeout=int(plan.data["gateway_drain_timeout"]),
         )
     switched = sole_instance(
-        name=f"Enable {unit} as the only vLLM instance",
+        name=f"Enable {unit} as the only vLLM instance" if rest != "stopped" else f"Disable {unit}: resting stopped",
         unit=unit,
         stop_others=bool(manage),
         unit_dir=layout.unit_dir,
         template=layout.vllm_template,
+        enable=rest != "stopped",
     )
-    if manage:
+    if not manage:
+        host.noop(f"services not managed on this host: {unit} enabled but not started, no health gate")
+    elif rest == "stopped":
+        stopped(name=f"Keep {unit} stopped (serving_rest: stopped)", unit=unit)
+    else:
         restart = any_changed(compose, unit_file, switched)
+        url = f"http://{plan.data['serving_health_host']}:{plan.port}"
         wait = int(plan.data["serving_health_timeout"])
-        started = systemd.service(name=f"Start {unit}", service=unit, running=True, restarted=True, _if=restart)
-        gate = server.shell(
+        gate_of = dict(url=url, model=variant.served_model, timeout=wait, unit=unit, serve_dir=serve_dir)
+        started = running(name=f"Run {unit}", unit=unit, serve_dir=serve_dir, digest=digest, changed=restart)
+        gate = healthy(
             name=f"Health gate: /v1/models and one chat completion on port {plan.port}",
-            commands=[
-                health_gate_script(
-                    url=f"http://{plan.data['serving_health_host']}:{plan.port}",
-                    model=variant.served_model,
-                    timeout=wait,
-                    unit=unit,
-                    rollback_unit=previous[0] if previous else None,
-                    serve_dir=serve_dir,
-                )
-            ],
-            _if=started.did_change,
+            url=url,
+            env_file=f"{serve_dir}/.env",
+            gate=health_gate_script(**gate_of, rollback_unit=previous[0] if previous else None),
+            plain_gate=health_gate_script(**gate_of, rollback_unit=None, rollback=False),
+            started=started,
+            changed=restart,
             _ignore_errors=bool(gateways),  # the rejoin below brings a rolled-back rig back, then fails the host
         )
-        if gateways:
+        if gateways and rest is None:
             gateway.rejoined(
                 name=f"Rejoin the fleet gateway on port {plan.port}",
                 gateways=dict(gateways),
@@ -132,10 +171,7 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None):
                 wait=wait,
                 gate=gate,
                 manifest=layout.rig_json,
-                _if=started.did_change,
             )
-    else:
-        host.noop(f"services not managed on this host: {unit} enabled but not started, no health gate")
 
     manifest(
         name=f"Record {layout.rig_json}",

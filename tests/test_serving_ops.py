@@ -7,6 +7,7 @@ pulled before the service starts, units are reloaded only when one changed, the 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 
@@ -21,12 +22,17 @@ VARIANT = load_catalog().variant("dual-turbo")
 UNIT = "rigforge-vllm@dual-turbo.service"
 
 
-def run(responses: dict | None = None):
+def run(responses: dict | None = None, plan=None):
     data = rig(rigforge_manage_services=True, _sudo=True, ssh_user="me")
     data["fake_responses"] = {**(responses or {}), **data["fake_responses"]}  # first match wins: ours first
-    state = converge({"r": data}, serving.apply, make_plan("dual-turbo"))
+    state = converge({"r": data}, serving.apply, plan or make_plan("dual-turbo"))
     assert not state.failed_hosts
     return executed(state, "r")
+
+
+GATE = r"rigforge health gate: http"  # the gate script's last line
+SHOW = re.compile(r"^systemctl show -p ActiveState")
+API = re.compile(r"curl -s -o /dev/null -w")
 
 
 def first(cmds, pattern) -> int:
@@ -39,7 +45,7 @@ def test_fresh_rig_pulls_before_starting_then_gates_on_health():
     reload_ = first(cmds, r"^systemctl daemon-reload$")
     enable = first(cmds, rf"^systemctl enable {re.escape(UNIT)}$")
     start = first(cmds, rf"^systemctl (start|restart) {re.escape(UNIT)}$")
-    gate = first(cmds, r"/v1/models")
+    gate = first(cmds, GATE)
     compose_in_place = first(cmds, r"^mv -f /opt/rigforge/serve/dual-turbo/.staging/docker-compose.yml ")
     assert compose_in_place < pull < start and reload_ < start and enable < start < gate
     assert first(cmds, r"docker compose config -q") < compose_in_place
@@ -64,13 +70,15 @@ def converged_responses() -> dict:
         responses[re.compile(rf"stat -c .* {re.escape(path)}( |$)")] = stat_line(path, mode)
     responses["docker image inspect"] = "yes"
     responses["multi-user.target.wants"] = UNIT
+    responses[SHOW] = ["ActiveState=active", "SubState=running", "Result=success", "NRestarts=0"]
+    responses[API] = "200"
     return responses
 
 
 def test_converged_rig_is_not_pulled_restarted_reloaded_or_gated():
     cmds = run(converged_responses())
     assert not [c for c in cmds if re.search(r"^(docker pull|systemctl (start|restart|daemon-reload|enable))", c)]
-    assert not [c for c in cmds if "/v1/models" in c]
+    assert not [c for c in cmds if re.search(GATE, c)]
     assert not [c for c in cmds if re.search(r"^(mkdir|mv|rm|cp|touch|chmod)\b.*\.staging", c)]  # facts only
 
 
@@ -81,6 +89,62 @@ def test_switch_disables_the_previous_instance_and_gates_with_rollback_to_it():
     disable = first(cmds, r"^systemctl disable --now rigforge-vllm@dual.service$")
     enable = first(cmds, rf"^systemctl enable {re.escape(UNIT)}$")
     start = first(cmds, rf"^systemctl (start|restart) {re.escape(UNIT)}$")
-    gate = cmds[first(cmds, r"/v1/models")]
+    gate = cmds[first(cmds, GATE)]
     assert disable < enable < start
     assert "systemctl enable --now rigforge-vllm@dual.service" in gate  # the rollback target
+
+
+def found(active: str, sub: str, api: str = "000", more: dict | None = None, plan=None) -> list[str]:
+    """The commands a converged rig gets when systemd says `active`/`sub` of its unit and the API answers `api`."""
+    responses = converged_responses()
+    responses[SHOW] = [f"ActiveState={active}", f"SubState={sub}", "Result=exit-code", "NRestarts=3"]
+    responses[API] = api
+    return run({**(more or {}), **responses}, plan)
+
+
+def test_a_stopped_or_failed_unit_is_started_once_and_gated_without_a_rollback():
+    for active, sub in (("inactive", "dead"), ("failed", "failed")):
+        cmds = found(active, sub)
+        reset = first(cmds, rf"^systemctl reset-failed {re.escape(UNIT)}")
+        start = first(cmds, rf"^systemctl start {re.escape(UNIT)}$")
+        gate = first(cmds, GATE)
+        assert reset < start < gate, (active, cmds)
+        # nothing of it changed in this run: the gate leaves it as it is, never swaps in an older compose file
+        assert "docker-compose.yml.prev" not in cmds[gate] and "left as it is" in cmds[gate]
+        assert not [c for c in cmds if re.search(r"^systemctl restart", c)]
+
+
+def test_a_crash_looping_unit_is_restarted_and_a_starting_one_only_waited_for():
+    cmds = found("activating", "auto-restart")
+    assert first(cmds, rf"^systemctl restart {re.escape(UNIT)}$") < first(cmds, GATE)
+    cmds = found("activating", "start")  # a start job in progress: the gate waits, nothing restarts it
+    assert not [c for c in cmds if re.search(r"^systemctl (start|restart)", c)]
+    assert first(cmds, GATE) >= 0
+
+
+def test_a_running_unit_whose_api_does_not_answer_is_waited_for_not_restarted():
+    cmds = found("active", "running", api="000")
+    assert not [c for c in cmds if re.search(r"^systemctl (start|restart)", c)]
+    assert "left as it is" in cmds[first(cmds, GATE)]
+
+
+def test_a_container_on_another_image_is_restarted():
+    plan = make_plan("dual-turbo")
+    pinned = dataclasses.replace(plan.settings, image=f"{plan.image}@sha256:{'1' * 64}")
+    plan = dataclasses.replace(plan, settings=pinned)  # the lock pins a digest
+    ps = re.compile(r"docker compose ps -q")
+    cmds = found("active", "running", "200", {ps: f'["vllm/vllm-openai@sha256:{"0" * 64}"]'}, plan)
+    assert first(cmds, rf"^systemctl restart {re.escape(UNIT)}$") < first(cmds, GATE)
+    cmds = found("active", "running", "200", {ps: f'["vllm/vllm-openai@sha256:{"1" * 64}"]'}, plan)
+    assert not [c for c in cmds if re.search(rf"^systemctl (start|restart)|{GATE}", c)]  # the locked digest runs
+
+
+def test_a_rig_resting_stopped_is_stopped_and_disabled_and_not_gated():
+    data = rig(rigforge_manage_services=True, _sudo=True, ssh_user="me", serving_rest="stopped")
+    data["fake_responses"] = {**converged_responses(), **data["fake_responses"]}
+    plan = make_plan("dual-turbo")
+    plan = dataclasses.replace(plan, data={**plan.data, "serving_rest": "stopped"})
+    state = converge({"r": data}, serving.apply, plan)
+    cmds = executed(state, "r")
+    assert f"systemctl disable --now {UNIT}" in cmds and f"systemctl stop {UNIT}" in cmds
+    assert not [c for c in cmds if re.search(GATE, c) or re.search(r"^systemctl (start|restart|enable) ", c)]

@@ -9,16 +9,17 @@ from __future__ import annotations
 import json
 import shlex
 
-from pyinfra import logger
+from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.api.exceptions import ConnectError
+from pyinfra.context import ctx_state
 
-from rigforge.gateway import drain_script, rejoin_script
+from rigforge.gateway import drain_script, rejoin_script, state_script
 
 
-def _on_gateways(state, host, gateways: dict[str, bool], script: str, what: str) -> dict[str, str]:
+def _on_gateways(state, host, gateways: dict[str, bool], script: str, what: str, quiet=False) -> dict[str, str]:
     """Run `script` on every gateway host; {gateway: its last line}. A gateway that cannot be reached is a
-    warning: it sends this rig nothing then."""
+    warning: it sends this rig nothing then. `quiet`: a read, logged only when it went wrong."""
     said = {}
     for name, sudo in gateways.items():
         gw = state.inventory.get_host(name)
@@ -31,6 +32,8 @@ def _on_gateways(state, host, gateways: dict[str, bool], script: str, what: str)
             said[name] = f"unreachable ({error})"
         if output is not None:
             said[name] = (output.stdout_lines or output.stderr_lines or [""])[-1] if ok else output.stderr
+        if quiet and ok:
+            continue
         colour = "yellow" if not ok or "others up 0" in said[name] else "cyan"
         host.log_styled(f"{host.name}: {what} at gateway {name}: {said[name]}", fg=colour, log_func=logger.warning)
     return said
@@ -48,6 +51,13 @@ def _drain(state, host, gateways, server: str, timeout: int):
     return True
 
 
+def states(state, host, gateways: dict[str, bool], server: str, backend: str, port: int) -> dict[str, str]:
+    """{gateway: this rig's state there (rigforge/gateway.py `state_script`: ready, drain, maint, moved, absent)}
+    for the gateways where it is behind a running HAProxy; a gateway that cannot be read is left out."""
+    said = _on_gateways(state, host, gateways, state_script(server, backend, port), "state", quiet=True)
+    return {name: word for name, word in said.items() if word in ("ready", "drain", "maint", "moved", "absent")}
+
+
 def _rejoin(state, host, gateways, server, backend, address, port, wait, gate, manifest):
     if gate is None or not gate.did_error():
         _on_gateways(state, host, gateways, rejoin_script(server, backend, address, port, wait), "rejoin")
@@ -55,12 +65,18 @@ def _rejoin(state, host, gateways, server, backend, address, port, wait, gate, m
     read = StringCommand(f"cat {shlex.quote(manifest)} 2>/dev/null")
     ok, output = host.run_shell_command(read)  # rig.json is world-readable
     previous = json.loads(output.stdout) if ok and output.stdout.strip() else {}
+    if previous.get("unit"):  # rolled back to a unit that runs, or left failing (a unit found failed): out
+        ok, _ = host.run_shell_command(StringCommand(f"systemctl is-active --quiet {shlex.quote(previous['unit'])}"))
+        previous = previous if ok else {**previous, "port": None}
     if previous.get("port"):
         script = rejoin_script(server, None, address, previous["port"], wait)
         _on_gateways(state, host, gateways, script, f"rejoin after the rollback to {previous.get('variant')}")
     host.log_styled(
-        f"{host.name}: the health gate failed and the rig rolled back to {previous.get('variant', 'nothing')}"
-        + (", which rejoined the gateway" if previous.get("port") else "; it stays out of the gateway"),
+        f"{host.name}: the health gate failed and the rig rolled back to {previous['variant']}, which rejoined the "
+        "gateway"
+        if previous.get("port")
+        else f"{host.name}: the health gate failed and "
+        f"{previous.get('unit') or 'no vLLM unit'} does not serve: the rig stays drained at the gateway",
         fg="red",
         log_func=logger.error,
     )
@@ -84,7 +100,8 @@ def rejoined(
     gateways: dict[str, bool], server: str, backend: str, address: str, port: int, wait: int, gate=None, manifest=""
 ):
     """
-    Put this rig back in every fleet gateway at its new port, once it passed its health gate.
+    Put this rig back in every fleet gateway at its new port once it passed its health gate, and wherever a
+    gateway finds it drained, in maintenance or at another port (a run cut between the drain and the rejoin).
 
     + gateways: ``{inventory name: use sudo}`` of the gateway hosts
     + server: the rig's server name in the gateways' backends
@@ -96,4 +113,35 @@ def rejoined(
       variant it rolled back to (read from ``manifest``, rig.json) and this operation fails the host
     + manifest: path of the rig's rig.json
     """
+    if not ctx_state.get().is_executing:
+        return  # its state at the gateways is read when the rig's turn comes
+    acted = gate is not None and (gate.did_change() or gate.did_error())
+    if not acted:
+        out = {g: w for g, w in states(ctx_state.get(), host, gateways, server, backend, port).items() if w != "ready"}
+        if not out:
+            host.noop(f"{server} serves at every gateway")
+            return
+        host.log(f"{server} is not serving at {', '.join(f'{g} ({w})' for g, w in out.items())}: rejoining")
     yield FunctionCommand(_rejoin, (gateways, server, backend, address, port, wait, gate, manifest), {})
+
+
+@operation(is_idempotent=False)
+def held_drained(gateways: dict[str, bool], server: str, backend: str, port: int, timeout: int):
+    """
+    Keep this rig drained at every fleet gateway, on purpose (host data ``serving_rest: drained``): drained
+    where it is not yet, left as it is where it is.
+
+    + gateways: ``{inventory name: use sudo}`` of the gateway hosts
+    + server: the rig's server name in the gateways' backends
+    + backend: the gateway backend of the model it serves
+    + port: the port it serves on
+    + timeout: seconds to wait for its requests in flight
+    """
+    if not ctx_state.get().is_executing:
+        return
+    found = states(ctx_state.get(), host, gateways, server, backend, port)
+    todo = {g: sudo for g, sudo in gateways.items() if found.get(g) not in (None, "drain", "maint", "absent")}
+    if not todo:
+        host.noop(f"{server} rests drained at every gateway (serving_rest: drained)")
+        return
+    yield FunctionCommand(_drain, (todo, server, timeout), {})

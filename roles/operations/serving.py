@@ -13,6 +13,7 @@ from rigforge.obtain import parse
 from roles.facts.docker import DockerImagePresent
 from roles.facts.files import JsonFile
 from roles.facts.nvidia import NvidiaGpus, NvidiaTopology
+from roles.facts.serving import ApiAnswers, ComposeImages, ServiceState, runs_digest, serving
 from roles.facts.system import EnabledInstances
 from roles.operations.shown import ShownCommand, say
 from roles.operations.staged import upload_privately
@@ -22,7 +23,9 @@ UNIT_DIR = HostLayout.unit_dir  # the layout's default; callers pass their plan'
 
 
 @operation()
-def sole_instance(unit: str, stop_others: bool, unit_dir: str = UNIT_DIR, template: str = VLLM_TEMPLATE):
+def sole_instance(
+    unit: str, stop_others: bool, unit_dir: str = UNIT_DIR, template: str = VLLM_TEMPLATE, enable: bool = True
+):
     """
     Enable ``unit`` and disable every other enabled instance of the vLLM template unit.
 
@@ -30,15 +33,96 @@ def sole_instance(unit: str, stop_others: bool, unit_dir: str = UNIT_DIR, templa
     + stop_others: also stop the others (``disable --now``), when services are managed
     + unit_dir: the systemd unit dir (the layout's ``unit_dir``)
     + template: the template unit the instances belong to (the layout's ``vllm_template``)
+    + enable: False to disable ``unit`` too (a rig resting stopped: it stays stopped through a reboot)
     """
     enabled = enabled_instances(unit_dir, template)
-    others = [u for u in enabled if u != unit]
+    others = [u for u in enabled if u != unit or not enable]
     for other in others:
         yield StringCommand("systemctl", "disable", *(["--now"] if stop_others else []), QuoteString(other))
-    if unit not in enabled:
+    if enable and unit not in enabled:
         yield StringCommand("systemctl", "enable", QuoteString(unit))
-    if not others and unit in enabled:
-        host.noop(f"{unit} is the only enabled vLLM instance")
+    if not others and (unit in enabled or not enable):
+        host.noop(f"{unit} is the only enabled vLLM instance" if enable else "no vLLM instance is enabled")
+
+
+def start_reason(unit: str, serve_dir: str, digest: str | None, changed: bool) -> str | None:
+    """Why the vLLM unit must be (re)started now, or None: it serves as declared, or is still starting (waited
+    for by the health gate, never restarted). Read when the operation runs (facts are read at execution)."""
+    if changed:
+        return "its compose file, .env, unit or instance changed"
+    state = serving(host.get_fact(ServiceState, unit=unit))
+    if state in ("stopped", "failed", "crashing"):
+        return {"stopped": "it is stopped", "failed": "it failed", "crashing": "it keeps exiting"}[state]
+    if state == "running" and runs_digest(host.get_fact(ComposeImages, serve_dir=serve_dir), digest) is False:
+        return "its container runs another image than the locked digest"
+    return None
+
+
+@operation()
+def running(unit: str, serve_dir: str, digest: str | None = None, changed=None):
+    """
+    The vLLM unit runs as declared: restarted when its files or instance changed in this run, or when its
+    container runs another image than the locked digest; started when it is stopped or failed (its failure
+    record reset first, so the health gate counts only this start's restarts); left alone while it serves, and
+    while it is still starting (the health gate waits for it).
+
+    + unit: the instance, e.g. ``rigforge-vllm@dual.service``
+    + serve_dir: its compose project directory
+    + digest: the locked image digest (``sha256:...``), None while the lock has none
+    + changed: a callable, true when this run changed its compose file, .env, unit or instance
+
+    **Example:**
+
+    .. code:: python
+
+        running(name="Run rigforge-vllm@dual.service", unit="rigforge-vllm@dual.service",
+                serve_dir="/opt/rigforge/serve/dual", digest="sha256:...", changed=lambda: False)
+    """
+    executing = host.state.is_executing
+    reason = start_reason(unit, serve_dir, digest, bool(changed and executing and changed()))
+    if reason is None:
+        host.noop(f"{unit} runs as declared")
+        return
+    verb = "start" if reason in ("it is stopped", "it failed") else "restart"
+    yield say(f"{unit}: {reason}: {verb}ing it")
+    yield StringCommand("systemctl", "reset-failed", QuoteString(unit), "2>/dev/null || true")
+    yield StringCommand("systemctl", verb, QuoteString(unit))
+
+
+@operation()
+def stopped(unit: str):
+    """
+    The vLLM unit stopped on purpose (host data ``serving_rest: stopped``, e.g. for maintenance).
+
+    + unit: the instance, e.g. ``rigforge-vllm@dual.service``
+    """
+    if serving(host.get_fact(ServiceState, unit=unit)) in ("stopped", "failed", "unknown"):
+        host.noop(f"{unit} rests stopped (serving_rest: stopped)")
+        return
+    yield StringCommand("systemctl", "stop", QuoteString(unit))
+
+
+@operation()
+def healthy(url: str, env_file: str, gate: str, plain_gate: str, started=None, changed=None):
+    """
+    The health gate (`health_gate_script`) after this run started the unit, or when the API does not answer
+    now (a unit still starting is waited for); nothing while the API answers and nothing was started. It rolls
+    back only what this run changed: a unit found stopped or failed and started again is left as it is when it
+    fails the gate (the run fails at once, showing the journal's end).
+
+    + url: the API's base URL on the rig
+    + env_file: the variant's .env (its API key, read on the rig)
+    + gate: the gate's shell script with its rollback, used when this run changed the unit's files or instance
+    + plain_gate: the same without a rollback
+    + started: the operation that (re)starts the unit
+    + changed: a callable, true when this run changed its compose file, .env, unit or instance
+    """
+    executing = host.state.is_executing
+    if not (executing and started is not None and started.did_change()):
+        if host.get_fact(ApiAnswers, url=url, env_file=env_file) == 200:
+            host.noop(f"{url}/v1/models answers")
+            return
+    yield StringCommand(gate if executing and changed and changed() else plain_gate)
 
 
 @operation()
@@ -94,22 +178,27 @@ def manifest(path: str, content: dict, now: str):
     yield StringCommand("mv", "-f", QuoteString(f"{path}.tmp"), QuoteString(path))
 
 
-def health_gate_script(url: str, model: str, timeout: int, unit: str, rollback_unit: str | None, serve_dir: str) -> str:
+def health_gate_script(
+    url: str, model: str, timeout: int, unit: str, rollback_unit: str | None, serve_dir: str, rollback: bool = True
+) -> str:
     """Shell: wait for /v1/models, send one chat completion; on failure roll back and print the log tail.
 
     A server that exits while starting fails the gate at once (the unit's Restart= would otherwise keep it
     "activating" until the timeout). The journal is read with -a and colour codes removed: compose's attached
     output carries escape codes, which journalctl otherwise shows as "[blob data]".
 
-    Rollback: back to the previously enabled variant's instance when this run switched variants; otherwise
-    back to this variant's previous compose file and .env (`*.prev`, kept by staged_files). The API key, if
-    any, is read from the root-only .env and handed to curl on stdin, never on a command line.
+    Rollback (unless `rollback` is False): back to the previously enabled variant's instance when this run
+    switched variants; otherwise back to this variant's previous compose file and .env (`*.prev`, kept by
+    staged_files). The API key, if any, is read from the root-only .env and handed to curl on stdin, never on a
+    command line.
     """
     q = shlex.quote
-    if rollback_unit:
-        rollback = f"systemctl disable --now {q(unit)}; systemctl enable --now {q(rollback_unit)}"
+    if not rollback:
+        undo = f"echo 'rigforge health gate: {unit} left as it is (nothing of it changed in this run)' >&2; exit 1"
+    elif rollback_unit:
+        undo = f"systemctl disable --now {q(unit)}; systemctl enable --now {q(rollback_unit)}"
     else:
-        rollback = (
+        undo = (
             f"if [ -f {q(serve_dir)}/docker-compose.yml.prev ]; then "
             f"mv -f {q(serve_dir)}/docker-compose.yml.prev {q(serve_dir)}/docker-compose.yml; "
             f"mv -f {q(serve_dir)}/.env.prev {q(serve_dir)}/.env; "
@@ -126,7 +215,7 @@ deadline=$(( $(date +%s) + {int(timeout)} ))
 fail() {{
   echo "rigforge health gate: $1" >&2
   journalctl -a -u {q(unit)} -n 40 --no-pager 2>/dev/null | sed 's/\\x1b\\[[0-9;]*[A-Za-z]//g' >&2 || true
-  {rollback}
+  {undo}
   echo "rigforge health gate: rolled back" >&2
   exit 1
 }}

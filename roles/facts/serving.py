@@ -1,0 +1,127 @@
+"""What runs on a rig: the vLLM unit's state as systemd keeps it, whether its API answers, and the images its
+containers run. The serving role converges these (a stopped unit is started, a container on another image is
+restarted), and rigforge/drift.py checks them, so "No changes" means the rig serves as declared.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from pyinfra.api import FactBase
+
+SHOWN = ("ActiveState", "SubState", "Result", "NRestarts", "UnitFileState")
+
+
+def parse_service_state(lines: list[str]) -> dict:
+    """`systemctl show -p ActiveState,SubState,...` lines -> {"active", "sub", "result", "restarts", "enabled"};
+    missing keys are "" (restarts 0)."""
+    items = {}
+    for line in lines:
+        key, sep, value = line.strip().partition("=")
+        if sep:
+            items[key] = value.strip()
+    restarts = items.get("NRestarts", "")
+    return {
+        "active": items.get("ActiveState", "") or "unknown",
+        "sub": items.get("SubState", ""),
+        "result": items.get("Result", ""),
+        "restarts": int(restarts) if restarts.isdigit() else 0,
+        "enabled": items.get("UnitFileState", ""),
+    }
+
+
+def serving(state: dict | None) -> str:
+    """What a unit's state means for serving: "running", "starting" (a start job in progress: wait for it),
+    "crashing" (systemd restarts it after it exited), "failed", "stopped" or "unknown" (no systemd)."""
+    state = state or {}
+    active, sub = state.get("active"), state.get("sub")
+    if active == "active" or active == "reloading":
+        return "running"
+    if active == "activating":
+        return "crashing" if sub == "auto-restart" else "starting"
+    if active == "failed":
+        return "failed"
+    if active in ("inactive", "deactivating"):
+        return "stopped"
+    return "unknown"
+
+
+class ServiceState(FactBase):
+    """
+    A systemd unit's state as systemd keeps it (``systemctl show``), see `parse_service_state`::
+
+        {"active": "active", "sub": "running", "result": "success", "restarts": 0, "enabled": "enabled"}
+
+    ``{"active": "unknown", ...}`` where systemd does not answer (a chroot).
+    """
+
+    def command(self, unit: str) -> str:
+        return f"systemctl show -p {','.join(SHOWN)} {shlex.quote(unit)} 2>/dev/null || true"
+
+    @staticmethod
+    def default() -> dict:
+        return parse_service_state([])
+
+    def process(self, output: list[str]) -> dict:
+        return parse_service_state(output)
+
+
+def api_answers_command(url: str, env_file: str) -> str:
+    """Shell printing the HTTP code of GET `url`/v1/models from the rig (0: nothing answered), with the API key
+    read from the root-only `env_file` and handed to curl on stdin, never on a command line."""
+    q = shlex.quote
+    return (
+        f"k=$(sed -n 's/^RIGFORGE_API_KEY=//p' {q(env_file)} 2>/dev/null); "
+        '{ [ -z "$k" ] || printf \'Authorization: Bearer %s\\n\' "$k"; } | '
+        f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 3 -H @- {q(url + '/v1/models')} || true; echo"
+    )
+
+
+class ApiAnswers(FactBase):
+    """
+    The HTTP code the vLLM API at ``url`` answers ``GET /v1/models`` with, asked on the rig (0: no answer)::
+
+        200
+    """
+
+    def command(self, url: str, env_file: str) -> str:
+        return api_answers_command(url, env_file)
+
+    @staticmethod
+    def default() -> int:
+        return 0
+
+    def process(self, output: list[str]) -> int:
+        text = "".join(output).strip()[-3:]
+        return int(text) if text.isdigit() else 0
+
+
+class ComposeImages(FactBase):
+    """
+    The images the running containers of the compose project in ``serve_dir`` were created from, each as its
+    RepoDigests (``docker inspect``), one list per container; [] when none runs (or no engine)::
+
+        [["vllm/vllm-openai@sha256:..."]]
+    """
+
+    def command(self, serve_dir: str) -> str:
+        return (
+            f"cd {shlex.quote(serve_dir)} 2>/dev/null && for c in $(docker compose ps -q 2>/dev/null); do "
+            "docker image inspect --format '{{json .RepoDigests}}' "
+            '"$(docker inspect --format \'{{.Image}}\' "$c")" 2>/dev/null; done; true'
+        )
+
+    @staticmethod
+    def default() -> list:
+        return []
+
+    def process(self, output: list[str]) -> list[list[str]]:
+        return [json.loads(line) or [] for line in output if line.strip().startswith("[")]
+
+
+def runs_digest(images: list[list[str]], digest: str | None) -> bool | None:
+    """Whether some running container's image is `digest` (None: no container runs, or no digest to compare)."""
+    if not images or not digest:
+        return None
+    return any(d.endswith(f"@{digest}") for digests in images for d in digests)
