@@ -37,7 +37,8 @@ from roles.facts.files import JsonFile
 from roles.facts.gitpin import GitCheckout
 from roles.facts.hfweights import WeightsState
 from roles.facts.nvidia import NvidiaGpus, NvidiaModuleVersion, NvidiaRunningDriver, NvidiaTopology, PowerCapUnits
-from roles.facts.system import OsRelease, SystemdUnitEnabled, UnitActive
+from roles.facts.serving import ApiAnswers, ComposeImages, ServiceState, runs_digest, serving
+from roles.facts.system import OsRelease, SystemdUnitEnabled
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 SKIPPED = "skipped (services not managed on this host)"
@@ -129,8 +130,10 @@ def requests(ctx: RigContext, os_id: str | None) -> list[tuple[type, dict]]:
         out.append((DebInstalledVersion, {"package": package}))
     out.append((JsonFile, {"path": ctx.layout.daemon_json}))
     if ctx.unit:
-        out += [(SystemdUnitEnabled, {"unit": ctx.unit}), (UnitActive, {"unit": ctx.unit})]
+        out += [(SystemdUnitEnabled, {"unit": ctx.unit}), (ServiceState, {"unit": ctx.unit})]
     plan = ctx.plan
+    if plan and ctx.manage:
+        out += [(ApiAnswers, api_at(ctx)), (ComposeImages, {"serve_dir": plan.layout.serve_dir})]
     if plan:
         out += [(GitCheckout, {"path": plan.layout.src(name)}) for name in plan.variant.sources]
         out += [(WeightsState, _weights_at(plan, asset)) for asset in plan.assets]
@@ -184,8 +187,9 @@ def pin_drift(ctx: RigContext) -> dict:
             want = getattr(table[name], attr) if name in table else None
             if have != want:
                 drift.append(f"{kind} {name}: rig {str(have)[:12]}, lock {str(want)[:12]}")
-    if pins["image"] and pins["image"] != ctx.lock.image.ref:
-        drift.append(f"image: rig {pins['image']}, lock {ctx.lock.image.ref}")
+    want = ctx.plan.image if ctx.plan else None  # the plan's image: the lock's pin for this rig's variant or slug
+    if pins["image"] and want and pins["image"] != want:
+        drift.append(f"image: rig {pins['image']}, lock {want}")
     return {"drift": drift, "pins": pins}
 
 
@@ -439,12 +443,21 @@ def runtime(obs: Observed, ctx: RigContext) -> Check:
     return Check(name, PASS, f"nvidia -> {runtime.get('path', '?')} in {path}")
 
 
+def api_at(ctx: RigContext) -> dict:
+    """ApiAnswers' arguments for the rig's API (from the rig, as the health gate asks it)."""
+    url = f"http://{ctx.data['serving_health_host'] or '127.0.0.1'}:{ctx.port}"
+    return {"url": url, "env_file": f"{ctx.plan.layout.serve_dir}/.env"}
+
+
 def unit_state(obs: Observed, ctx: RigContext) -> dict:
-    unit = ctx.unit
+    """{"unit", "enabled", "active" (systemd's ActiveState), "serving" (roles/facts/serving.py `serving`),
+    "rest" (host data serving_rest)}."""
+    unit, rest = ctx.unit, ctx.data.get("serving_rest")
     if not unit:
-        return {"unit": None, "enabled": None, "active": None}
+        return {"unit": None, "enabled": None, "active": None, "serving": None, "rest": rest}
     enabled = obs.get_fact(SystemdUnitEnabled, unit=unit)
-    return {"unit": unit, "enabled": bool(enabled), "active": obs.get_fact(UnitActive, unit=unit)}
+    state = obs.get_fact(ServiceState, unit=unit)
+    return {"unit": unit, "enabled": bool(enabled), "active": state["active"], "serving": serving(state), "rest": rest}
 
 
 def variant_needed(ctx: RigContext) -> str:
@@ -494,39 +507,68 @@ def checks(obs: Observed, ctx: RigContext) -> list[Check]:
             Check("unit enabled", FAIL, why),
             Check("unit active", *((FAIL, why) if ctx.manage else (SKIP, SKIPPED))),
         ]
-    enabled = f"{unit['unit']} {'enabled' if unit['enabled'] else 'not enabled (run the deploy)'}"
-    out.append(Check("unit enabled", PASS if unit["enabled"] else FAIL, enabled))
+    out.append(pins_check(ctx))
+    name = unit["unit"]
+    if unit["rest"] == "stopped":
+        out.append(check("unit enabled", [f"{name} is enabled at boot (run the deploy)"] * bool(unit["enabled"]),
+                         f"{name} disabled on purpose (serving_rest: stopped)"))  # fmt: skip
+    else:
+        enabled = f"{name} {'enabled' if unit['enabled'] else 'not enabled (run the deploy)'}"
+        out.append(Check("unit enabled", PASS if unit["enabled"] else FAIL, enabled))
     if not ctx.manage:
-        return [*out, Check("unit active", SKIP, SKIPPED)]
+        return [*out, Check("unit active", SKIP, SKIPPED), Check(RUNS_DIGEST, SKIP, SKIPPED)]
+    if unit["rest"] == "stopped":
+        bad = [f"{name} is {unit['active']} (run the deploy to stop it)"] * (unit["serving"] not in STOPPED)
+        return [*out, check("unit active", bad, f"{name} stopped on purpose (serving_rest: stopped)"),
+                Check(RUNS_DIGEST, SKIP, "resting stopped (serving_rest: stopped)")]  # fmt: skip
     active = unit["active"] == "active"
-    hint = "" if active else f" (journalctl -u {unit['unit']})"
-    return [*out, Check("unit active", PASS if active else FAIL, f"{unit['unit']} is {unit['active']}{hint}")]
+    how = f"{unit['active']}, {unit['serving']}" if unit["serving"] != unit["active"] else unit["active"]
+    hint = "" if active else f" (journalctl -u {name}; re-run the deploy to start it)"
+    return [*out, Check("unit active", PASS if active else FAIL, f"{name} is {how}{hint}"), running_image(obs, ctx)]
 
 
-def running_image(host, ctx: RigContext) -> Check:
+STOPPED = ("stopped", "failed", "unknown")
+RUNS_DIGEST = "container runs the locked digest"
+
+
+def pins_check(ctx: RigContext) -> Check:
+    """The pins rig.json records are the lock's for this rig (the plan's image, with its digest)."""
+    pins = pin_drift(ctx)
+    if pins["drift"] is None:
+        return Check("pins as locked", FAIL, "no rig.json or no lock to compare")
+    return check("pins as locked", pins["drift"], "rig.json records the lock's pins", " (re-run the deploy)")
+
+
+def running_image(obs: Observed, ctx: RigContext) -> Check:
     """The container the unit runs is the locked digest: its image's RepoDigests (`docker inspect`) hold
-    `repo@sha256:...` of the plan's image (a live probe, like the API's)."""
-    name = "container runs the locked digest"
-    if not ctx.manage:
-        return Check(name, SKIP, SKIPPED)
+    `repo@sha256:...` of the plan's image."""
     if not ctx.plan:
-        return Check(name, FAIL, variant_needed(ctx))
+        return Check(RUNS_DIGEST, FAIL, variant_needed(ctx))
     want = obtain.parse(ctx.plan.image)
     if not want.digest:
-        return Check(name, FAIL, f"the lock has no digest for {ctx.plan.image} (run `rigforge lock`)")
-    serve = shlex.quote(ctx.plan.layout.serve_dir)
-    out = inventory.sh(
-        host,
-        f"cd {serve} && for c in $(docker compose ps -q); do docker image inspect --format "
-        "'{{json .RepoDigests}}' \"$(docker inspect --format '{{.Image}}' \"$c\")\"; done",
-    )
-    digests = [d for line in out.splitlines() if line.startswith("[") for d in json.loads(line)]
-    if not digests:
-        return Check(name, FAIL, f"no container of {ctx.plan.layout.serve_dir} runs (docker compose ps)")
-    ok = any(d.endswith(f"@{want.digest}") for d in digests)
-    return Check(
-        name, PASS if ok else FAIL, f"{want.pinned}" if ok else f"runs {', '.join(digests)}, lock {want.pinned}"
-    )
+        return Check(RUNS_DIGEST, FAIL, f"the lock has no digest for {ctx.plan.image} (run `rigforge lock`)")
+    images = obs.get_fact(ComposeImages, serve_dir=ctx.plan.layout.serve_dir)
+    runs = runs_digest(images, want.digest)
+    if runs is None:
+        return Check(RUNS_DIGEST, FAIL, f"no container of {ctx.plan.layout.serve_dir} runs (docker compose ps)")
+    seen = ", ".join(d for digests in images for d in digests) or "an image with no digest"
+    return Check(RUNS_DIGEST, PASS if runs else FAIL, want.pinned if runs else f"runs {seen}, lock {want.pinned}")
+
+
+def gateway_check(rig: str, rest: str | None, views: Mapping[str, dict]) -> Check | None:
+    """The rig's server at every gateway that lists it (the gateways' views, `observe_gateway`): serving, or
+    drained on purpose with serving_rest; None when no gateway lists it."""
+    seen = {gw: view["rigs"][rig] for gw, view in views.items() if rig in (view.get("rigs") or {})}
+    if not seen:
+        return None
+    said = ", ".join(f"{state} at {gw}" for gw, state in sorted(seen.items()))
+    if rest:
+        bad = [f"{said}: resting {rest} (serving_rest), re-run the deploy to drain it"] * any(
+            s == "serving" for s in seen.values()
+        )
+        return check("serving at the gateways", bad, f"{said}: resting on purpose (serving_rest: {rest})")
+    bad = [f"{said} (re-run the deploy to rejoin)"] * any(s != "serving" for s in seen.values())
+    return check("serving at the gateways", bad, said)
 
 
 # ---------------------------------------------------------------- the fleet gateway, observed
@@ -546,7 +588,8 @@ def observe_gateway(host, data: Mapping) -> dict:
     for row in csv.reader(line for line in stat.splitlines() if line and not line.startswith("#")):
         if len(row) > 17 and row[1] not in ("FRONTEND", "BACKEND") and row[0] != "no_model":
             status = row[17].split(" ")[0]
-            rigs[row[1]] = GATEWAY_STATES.get(status, f"out ({status.lower()})")
+            if status != "MAINT" or row[1] not in rigs:  # MAINT: in the backend of a model it does not serve
+                rigs[row[1]] = GATEWAY_STATES.get(status, f"out ({status.lower()})")
     code, body = inventory.http_on_rig(host, f"{url}/v1/models", 5, api_key=data.get("gateway_api_key"))
     try:
         models = [m["id"] for m in json.loads(body)["data"]]

@@ -14,6 +14,7 @@ Exit: 0 every rig read, 1 some rig could not be read, 2 the inventory could not 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 from rigforge import drift, inventory
 from rigforge.drift import watts
@@ -60,6 +61,7 @@ def status_row(host) -> dict:
         "image": drift.image_origin(obs, ctx, host.inventory),  # where the locked image comes from
         "services_managed": ctx.manage,
         "service": unit,
+        "checks": [asdict(c) for c in drift.checks(obs, ctx)],  # verify's, without its live chat/tool probes
         "problems": ctx.problems,
     }
     if ctx.port is None:
@@ -79,9 +81,24 @@ def host_row(host) -> dict:
     from roles import site
 
     row = status_row(host) if site.is_rig(host) else {"host": host.name, "error": None, "rig": False}
+    row["rest"] = site.host_data(host.data)["serving_rest"]
     if site.GATEWAY in host.groups:
         row["gateway"] = drift.observe_gateway(host, site.host_data(host.data))
     return row
+
+
+def with_gateways(rows: list[dict]) -> list[dict]:
+    """Each rig's checks with "serving at the gateways" (from the gateway rows read in the same pass), placed
+    as verify places it."""
+    views = {r["host"]: r["gateway"] for r in rows if r.get("gateway")}
+    for r in rows:
+        if r.get("error") or r.get("rig") is False:
+            continue
+        extra = drift.gateway_check(r["host"], r["rest"], views)
+        if extra:
+            at = next((i + 1 for i, c in enumerate(r["checks"]) if c["name"] == drift.RUNS_DIGEST), len(r["checks"]))
+            r["checks"].insert(at, asdict(extra))
+    return rows
 
 
 def error_row(name: str, error: Exception) -> dict:
@@ -96,7 +113,7 @@ def run(args) -> int:
     results = inventory.read_rigs(args, "status", host_row)
     if results is None:
         return 2
-    rows = [error_row(n, r) if isinstance(r, Exception) else r for n, r in results.items()]
+    rows = with_gateways([error_row(n, r) if isinstance(r, Exception) else r for n, r in results.items()])
     print(json.dumps(rows, indent=2) if args.json else format_table(rows))
     return 1 if any(r["error"] for r in rows) else 0
 
@@ -163,6 +180,11 @@ def format_table(rows: list[dict]) -> str:
             )
         for d in r.get("pin_drift") or []:
             lines.append(f"{r['host']}: pin drift: {d}")
+        if r.get("rest") and not r.get("error") and r.get("rig") is not False:
+            lines.append(f"{r['host']}: resting {r['rest']} on purpose (host data serving_rest): intended, not drift")
+        for c in r.get("checks") or []:
+            if c["status"] == drift.FAIL and c["name"] != "pins as locked":  # pin drift: listed above
+                lines.append(f"{r['host']}: DRIFT {c['name']}: {c['detail']}")
         for p in r.get("problems") or []:
             lines.append(f"{r['host']}: {p}")
     return "\n".join(lines)

@@ -37,20 +37,37 @@ from rigforge import drift, inventory
 from rigforge.drift import FAIL, PASS, SKIP, SKIPPED, Check, RigContext
 
 
-def check_host(host) -> list[Check]:
-    """The drift checks of the rig (rigforge/drift.py) and the live API probes; on a gateway host (the inventory
-    group `gateway`), the gateway's checks (rigforge/gateway.py)."""
+def check_host(host) -> tuple[list[Check], dict]:
+    """(the drift checks of the rig (rigforge/drift.py) and the live API probes; on a gateway host (the inventory
+    group `gateway`), the gateway's checks (rigforge/gateway.py); {"rest": serving_rest, "gateway": the
+    gateway's view}), for `with_gateways`."""
     from roles import site
 
-    out = []
+    out, seen = [], {"rest": site.host_data(host.data)["serving_rest"], "rig": site.is_rig(host)}
     if site.is_rig(host):
         ctx, obs = drift.observe(host)
         out = drift.checks(obs, ctx)
-        out += [drift.running_image(host, ctx)]
         out += api_checks(host, ctx, [c for c in out if c.name.startswith("unit ")])
     if site.GATEWAY in host.groups:
         data = site.host_data(host.data)
-        out += drift.gateway_checks(host, data, drift.observe_gateway(host, data))
+        seen["gateway"] = drift.observe_gateway(host, data)
+        out += drift.gateway_checks(host, data, seen["gateway"])
+    return out, seen
+
+
+def with_gateways(results: dict) -> dict:
+    """{host: checks or Exception}: each rig's checks with "serving at the gateways" added after its unit's (from
+    the gateway hosts' views read in the same pass)."""
+    views = {h: r[1]["gateway"] for h, r in results.items() if not isinstance(r, Exception) and "gateway" in r[1]}
+    out = {}
+    for h, r in results.items():
+        if isinstance(r, Exception):
+            out[h] = r
+            continue
+        checks, seen = r
+        extra = drift.gateway_check(h, seen["rest"], views) if seen["rig"] else None
+        at = next((i + 1 for i, c in enumerate(checks) if c.name == drift.RUNS_DIGEST), len(checks))
+        out[h] = checks[:at] + [extra] + checks[at:] if extra else checks
     return out
 
 
@@ -92,6 +109,8 @@ def api_checks(host, ctx: RigContext, unit: list[Check]) -> list[Check]:
     names = ("/v1/models answers", "chat returns text", "tool call returned")
     if not ctx.manage:
         return [Check(n, SKIP, SKIPPED) for n in names]
+    if ctx.data.get("serving_rest") == "stopped":
+        return [Check(n, SKIP, "resting stopped (serving_rest: stopped)") for n in names]
     if unit[0].status == FAIL and not ctx.unit:
         return [Check(n, FAIL, unit[0].detail) for n in names]
     api = inventory.api_models(host, ctx)
@@ -159,6 +178,7 @@ def run(args) -> int:
     results = inventory.read_rigs(args, "verify", check_host)
     if results is None:
         return 2
+    results = with_gateways(results)
     failed = {h: [c.name for c in r if c.status == FAIL] for h, r in results.items() if not isinstance(r, Exception)}
     unreachable = {h: str(r) for h, r in results.items() if isinstance(r, Exception)}
     code = 1 if any(failed.values()) else 2 if unreachable else 0
