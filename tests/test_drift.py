@@ -3,6 +3,8 @@ renders with the plan's own text (no host: the rig's answers are given)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 
 from pyinfra.facts.files import Sha256File
@@ -12,7 +14,8 @@ from rigforge.layout import HostLayout
 from roles import site
 from roles.facts import probe
 from roles.facts.files import JsonFile
-from roles.facts.system import OsRelease
+from roles.facts.serving import ComposeImages, ServiceState
+from roles.facts.system import OsRelease, SystemdUnitEnabled
 
 ANSWERS = {  # what a fresh rig answers, per fact class name
     "NvidiaGpus": [],
@@ -22,7 +25,9 @@ ANSWERS = {  # what a fresh rig answers, per fact class name
     "Sha256File": None,
     "JsonFile": None,
     "SystemdUnitEnabled": False,
-    "UnitActive": "unknown",
+    "ServiceState": {"active": "unknown", "sub": "", "result": "", "restarts": 0, "enabled": ""},
+    "ApiAnswers": 0,
+    "ComposeImages": [],
     "NvidiaModuleVersion": None,
     "NvidiaRunningDriver": None,
     "DebInstalledVersion": None,
@@ -87,3 +92,49 @@ def test_daemon_json_is_compared_on_the_key_rigforge_owns_only():
     assert drift.runtime(Recording({daemon: other}), ctx).status == "fail"
     assert drift.runtime(Recording({daemon: None}), ctx).status == "fail"
     assert probe.fact_key(OsRelease, {}) in {probe.fact_key(c, k) for c, k in drift.requests(ctx, "debian")}
+
+
+def test_pins_compare_the_rig_with_the_plans_image_so_a_digest_pinned_lock_shows_no_drift():
+    ctx = context()
+    pinned = f"{ctx.plan.image.split('@')[0]}@sha256:{'a' * 64}"
+    plan = dataclasses.replace(ctx.plan, settings=dataclasses.replace(ctx.plan.settings, image=pinned))
+    ctx = dataclasses.replace(ctx, plan=plan, lock=plan.lock, manifest={**plan.manifest})
+    assert drift.pin_drift(ctx)["drift"] == []
+    assert drift.pins_check(ctx).status == "pass"
+    moved = dataclasses.replace(ctx, manifest={**plan.manifest, "image": "vllm/vllm-openai:v0.31.0"})
+    assert drift.pin_drift(moved)["drift"] == [f"image: rig vllm/vllm-openai:v0.31.0, lock {pinned}"]
+
+
+def unit_answers(active, sub, enabled=True, images=(), api=200):
+    unit = "rigforge-vllm@dual-turbo.service"
+    return {
+        probe.fact_key(SystemdUnitEnabled, {"unit": unit}): enabled,
+        probe.fact_key(ServiceState, {"unit": unit}): {"active": active, "sub": sub, "result": "", "restarts": 0},
+        probe.fact_key(ComposeImages, {"serve_dir": "/opt/rigforge/serve/dual-turbo"}): [list(images)],
+    }
+
+
+def by_name(checks):
+    return {c.name: c for c in checks}
+
+
+def test_what_runs_is_checked_and_a_rig_resting_on_purpose_is_not_drift():
+    manifest = {"variant": "dual-turbo", "unit": "rigforge-vllm@dual-turbo.service"}
+    ctx = context(manifest, rigforge_manage_services=True)
+    stopped = by_name(drift.checks(Recording(unit_answers("inactive", "dead")), ctx))
+    assert stopped["unit active"].status == "fail" and "inactive" in stopped["unit active"].detail
+    resting = context(manifest, rigforge_manage_services=True, serving_rest="stopped")
+    checks = by_name(drift.checks(Recording(unit_answers("inactive", "dead", enabled=False)), resting))
+    assert checks["unit active"].status == "pass" and "on purpose" in checks["unit active"].detail
+    assert checks["unit enabled"].status == "pass"
+    checks = by_name(drift.checks(Recording(unit_answers("active", "running", enabled=True)), resting))
+    assert checks["unit active"].status == "fail" and checks["unit enabled"].status == "fail"
+
+
+def test_a_rig_at_the_gateways_serves_unless_it_rests_there_on_purpose():
+    views = {"gw": {"rigs": {"rig1": "draining", "rig2": "serving"}}}
+    assert drift.gateway_check("rig2", None, views).status == "pass"
+    assert drift.gateway_check("rig1", None, views).status == "fail"
+    assert drift.gateway_check("rig1", "drained", views).status == "pass"
+    assert drift.gateway_check("rig2", "drained", views).status == "fail"
+    assert drift.gateway_check("rig3", None, views) is None  # behind no gateway: no check
