@@ -4,7 +4,6 @@ renders with the plan's own text (no host: the rig's answers are given)."""
 from __future__ import annotations
 
 import dataclasses
-
 import hashlib
 
 from pyinfra.facts.files import Sha256File
