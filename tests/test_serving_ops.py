@@ -44,7 +44,7 @@ def test_fresh_rig_pulls_before_starting_then_gates_on_health():
     pull = first(cmds, r"^docker pull vllm/vllm-openai(:nightly-|@sha256:)")
     reload_ = first(cmds, r"^systemctl daemon-reload$")
     enable = first(cmds, rf"^systemctl enable {re.escape(UNIT)}$")
-    start = first(cmds, rf"^systemctl (start|restart) {re.escape(UNIT)}$")
+    start = first(cmds, rf"^systemctl (start|restart) {re.escape(UNIT)}( |$)")
     gate = first(cmds, GATE)
     compose_in_place = first(cmds, r"^mv -f /opt/rigforge/serve/dual-turbo/.staging/docker-compose.yml ")
     assert compose_in_place < pull < start and reload_ < start and enable < start < gate
@@ -88,7 +88,7 @@ def test_switch_disables_the_previous_instance_and_gates_with_rollback_to_it():
     cmds = run(responses)
     disable = first(cmds, r"^systemctl disable --now rigforge-vllm@dual.service$")
     enable = first(cmds, rf"^systemctl enable {re.escape(UNIT)}$")
-    start = first(cmds, rf"^systemctl (start|restart) {re.escape(UNIT)}$")
+    start = first(cmds, rf"^systemctl (start|restart) {re.escape(UNIT)}( |$)")
     gate = cmds[first(cmds, GATE)]
     assert disable < enable < start
     assert "systemctl enable --now rigforge-vllm@dual.service" in gate  # the rollback target
@@ -106,7 +106,7 @@ def test_a_stopped_or_failed_unit_is_started_once_and_gated_without_a_rollback()
     for active, sub in (("inactive", "dead"), ("failed", "failed")):
         cmds = found(active, sub)
         reset = first(cmds, rf"^systemctl reset-failed {re.escape(UNIT)}")
-        start = first(cmds, rf"^systemctl start {re.escape(UNIT)}$")
+        start = first(cmds, rf"^systemctl start {re.escape(UNIT)}( |$)")
         gate = first(cmds, GATE)
         assert reset < start < gate, (active, cmds)
         # nothing of it changed in this run: the gate leaves it as it is, never swaps in an older compose file
@@ -116,7 +116,7 @@ def test_a_stopped_or_failed_unit_is_started_once_and_gated_without_a_rollback()
 
 def test_a_crash_looping_unit_is_restarted_and_a_starting_one_only_waited_for():
     cmds = found("activating", "auto-restart")
-    assert first(cmds, rf"^systemctl restart {re.escape(UNIT)}$") < first(cmds, GATE)
+    assert first(cmds, rf"^systemctl restart {re.escape(UNIT)}( |$)") < first(cmds, GATE)
     cmds = found("activating", "start")  # a start job in progress: the gate waits, nothing restarts it
     assert not [c for c in cmds if re.search(r"^systemctl (start|restart)", c)]
     assert first(cmds, GATE) >= 0
@@ -134,7 +134,7 @@ def test_a_container_on_another_image_is_restarted():
     plan = dataclasses.replace(plan, settings=pinned)  # the lock pins a digest
     ps = re.compile(r"docker compose ps -q")
     cmds = found("active", "running", "200", {ps: f'["vllm/vllm-openai@sha256:{"0" * 64}"]'}, plan)
-    assert first(cmds, rf"^systemctl restart {re.escape(UNIT)}$") < first(cmds, GATE)
+    assert first(cmds, rf"^systemctl restart {re.escape(UNIT)}( |$)") < first(cmds, GATE)
     cmds = found("active", "running", "200", {ps: f'["vllm/vllm-openai@sha256:{"1" * 64}"]'}, plan)
     assert not [c for c in cmds if re.search(rf"^systemctl (start|restart)|{GATE}", c)]  # the locked digest runs
 

@@ -86,7 +86,8 @@ def running(unit: str, serve_dir: str, digest: str | None = None, changed=None):
     verb = "start" if reason in ("it is stopped", "it failed") else "restart"
     yield say(f"{unit}: {reason}: {verb}ing it")
     yield StringCommand("systemctl", "reset-failed", QuoteString(unit), "2>/dev/null || true")
-    yield StringCommand("systemctl", verb, QuoteString(unit))
+    # a start that fails at once (an ExecStartPre) is the health gate's to report, with the journal's end
+    yield StringCommand("systemctl", verb, QuoteString(unit), f"|| echo 'systemctl {verb} {unit} failed' >&2")
 
 
 @operation()
