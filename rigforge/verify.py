@@ -17,7 +17,11 @@ one line per check per rig (or --json), read in parallel over SSH, nothing chang
   weights stamp valid       <model dir>/<asset>/.rigforge-stamp.json matches the lock; files as stamped (size, mtime)
   files as rendered         compose file, .env, units: as the plan renders them (sha256; .env's token line only
                             when the controller has the token)
-  unit enabled / active     rigforge-vllm@<variant>.service
+  pins as locked            rig.json's pins are the lock's for this rig (the plan's image, with its digest)
+  unit enabled / active     rigforge-vllm@<variant>.service (stopped and disabled on purpose: serving_rest)
+  container runs the        the running container's image is the lock's digest
+    locked digest
+  serving at the gateways   UP at every gateway that lists the rig (drained on purpose: serving_rest)
   /v1/models answers        from the rig, as the recipes' verify.sh
   chat returns text         "capital of France", thinking off: the reply names Paris
   tool call returned        a get_weather tool, tool_choice auto: the reply carries tool_calls
