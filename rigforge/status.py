@@ -143,6 +143,10 @@ def _cells(r: dict) -> list[str]:
     persist = ",".join({True: "on", False: "off"}.get(g["persistence_mode"], "?") for g in gpus) or "-"
     s = r["service"]
     service = "-" if not s["unit"] else f"{'enabled' if s['enabled'] else 'disabled'}/{s['active']}"
+    if s.get("serving") in ("crashing", "starting"):
+        service += f" ({s['serving']})"
+    if s.get("rest"):
+        service += f" (resting {s['rest']})"
     if not r["services_managed"]:
         service += " (not managed)"
     api = r["api"]

@@ -80,7 +80,7 @@ def test_dual_turbo_converges_serves_verifies_and_a_second_run_changes_nothing(b
     testbed_report.append(f"booted: first dual-turbo converge {took:.0f}s")
     assert not errored(results, "rig1"), stderr[-6000:]
     done = changed(results, "rig1")
-    assert any(op.endswith(f"Start {TURBO}") for op in done), done
+    assert any(op.endswith(f"Run {TURBO}") for op in done), done
     assert any("Health gate" in op for op in done), done
 
     assert unit(rig, TURBO) == ("enabled", "active")
@@ -101,7 +101,8 @@ def test_dual_turbo_converges_serves_verifies_and_a_second_run_changes_nothing(b
     checks = json.loads(res.stdout)["hosts"]["rig1"]["checks"]
     assert res.returncode == 0 and all(c["status"] == "pass" for c in checks), res.stdout
     # 13 + "VRAM fits variant" + "files as rendered" + "CUDA driver >= image" + "container runs the locked digest"
-    assert len(checks) == 17, [c["name"] for c in checks]
+    # + "pins as locked"
+    assert len(checks) == 18, [c["name"] for c in checks]
     cuda = next(c for c in checks if c["name"] == "CUDA driver >= image")
     assert "CUDA: driver 13.0, image 13.0" in cuda["detail"], cuda
     running = next(c for c in checks if c["name"] == "container runs the locked digest")

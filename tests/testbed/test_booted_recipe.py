@@ -48,7 +48,7 @@ def test_vllm_dual_converges_passes_the_gate_serves_and_a_second_run_changes_not
     testbed_report.append(f"booted: first vllm/dual converge {time.monotonic() - t0:.0f}s")
     assert not errored(results, "rig1"), stderr[-6000:]
     done = changed(results, "rig1")
-    assert any(op.endswith(f"Start {UNIT}") for op in done), done
+    assert any(op.endswith(f"Run {UNIT}") for op in done), done
     assert any("Health gate" in op for op in done), done
 
     assert unit(rig, UNIT) == ("enabled", "active")

@@ -213,14 +213,26 @@ def cut(tb, variant: str, op: str, signum: int) -> int:
     return rc
 
 
-@pytest.mark.parametrize("op", ["Drain rig1", "Run rigforge-vllm@", "Health gate"])
+def without_the_image(tb, rig) -> None:
+    """The rig's unit stopped and its image removed, the stand-in upstream throttled: the next run pulls for ~15 s."""
+    sh(rig, "systemctl stop 'rigforge-vllm@*' && docker image rm -f $(docker image ls -q vllm/vllm-openai) >/dev/null")
+    tb.upstream_throttle(1_000_000)
+
+
+@pytest.mark.parametrize("op", ["Drain rig1", "Pull vllm/", "Run rigforge-vllm@", "Health gate"])
 def test_a_switch_cut_at_any_point_is_put_back_serving_and_rejoined_by_the_next_run(tb, tmp_path, op):
-    """From dual (serving) or dual-turbo: each cut switches to the other variant, with SIGINT then SIGTERM."""
+    """From dual (serving) or dual-turbo: each cut switches to the other variant, with SIGINT then SIGTERM. The
+    cut at the pull starts from a rig whose image is gone (and whose unit is stopped: it runs the image)."""
     rig = tb.rig("rig1")
     for signum in (signal.SIGINT, signal.SIGTERM):
-        now = "dual" if api(rig, DUAL_PORT) else "dual_turbo"
+        now = "dual" if api(rig, DUAL_PORT) or sh(rig, f"systemctl is-enabled {DUAL} || true") == "enabled" else ""
         other, port = ("dual_turbo", TURBO_PORT) if now == "dual" else ("dual", DUAL_PORT)
-        rc = cut(tb, other, op, signum)
+        if op.startswith("Pull"):
+            without_the_image(tb, rig)
+        try:
+            rc = cut(tb, other, op, signum)
+        finally:
+            tb.upstream_throttle(0)
         assert rc == 128 + signum, (op, signum, rc)
         results, stderr, _ = deploy(tb, tmp_path, other)
         assert not errored(results, "rig1"), (op, signum, stderr[-6000:])
