@@ -504,8 +504,10 @@ def checks(obs: Observed, ctx: RigContext) -> list[Check]:
         why = variant_needed(ctx)
         return [
             *out,
+            pins_check(ctx),
             Check("unit enabled", FAIL, why),
             Check("unit active", *((FAIL, why) if ctx.manage else (SKIP, SKIPPED))),
+            Check(RUNS_DIGEST, *((FAIL, why) if ctx.manage else (SKIP, SKIPPED))),
         ]
     out.append(pins_check(ctx))
     name = unit["unit"]

@@ -33,6 +33,7 @@ CHECKS = [
     "sources at locked SHAs",
     "weights stamp valid",
     "files as rendered",
+    "pins as locked",
     "unit enabled",
     "unit active",
     "container runs the locked digest",
@@ -116,7 +117,8 @@ def test_status_one_row_per_rig(rigs):
         ]
         assert all(g["power_limit_w"] == g["target_w"] == 230 and g["cap_ok"] for g in row["gpus"])
         assert all(g["persistence_mode"] is True and g["memory_total_mib"] == 24576 for g in row["gpus"])
-        assert row["service"] == {"unit": "rigforge-vllm@dual-turbo.service", "enabled": True, "active": "unknown"}
+        assert row["service"] == {"unit": "rigforge-vllm@dual-turbo.service", "enabled": True, "active": "unknown",
+                                  "serving": "unknown", "rest": None}  # fmt: skip
         assert row["api"]["reachable"] is False and "services not managed on this host" in row["api"]["detail"]
         assert row["provisioned_at"]
         assert row["cuda"] == {"driver": "13.0", "image": "13.0"}  # the stub's header, the testbed lock's cuda
