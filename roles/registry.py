@@ -1,5 +1,5 @@
 """The fleet registry: Debian's docker-registry (CNCF Distribution 2.8) on the host of the inventory group
-`registry`, or on the gateway host when there is no such group (docs/registry.md).
+`registry` (opt-in: a fleet without that group has no fleet registry; docs/registry.md).
 
 A plain registry, blobs on disk in /var/lib/docker-registry, not a pull-through proxy (Distribution 2.8's proxy
 mode forgets what it cached after 7 days). Served over TLS by default: the certificate, signed by the fleet's CA

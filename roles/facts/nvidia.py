@@ -1,6 +1,6 @@
 """NVIDIA facts: GPUs as nvidia-smi reports them, loaded kernel module vs installed driver package.
 
-The parsers are pure functions (tested on real `nvidia-smi` output in /work/shared/fixtures/nvidia-smi/);
+The parsers are pure functions (tested on real `nvidia-smi` output in tests/fixtures/nvidia-smi/);
 the fact classes only add the command. Every fact here returns its "nothing there" value (an empty list,
 None) instead of failing when the driver is absent, broken or not loaded, so the facts can be read on a
 fresh rig and during a "Driver/library version mismatch".
