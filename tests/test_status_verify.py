@@ -29,6 +29,7 @@ CHECKS = [
     "VRAM fits variant",
     "power caps hold",
     "persistence mode on",
+    "caps set last at this boot",
     "nvidia runtime",
     "sources at locked SHAs",
     "weights stamp valid",
@@ -40,7 +41,7 @@ CHECKS = [
     "chat returns text",
     "tool call returned",
 ]
-SERVICE_CHECKS = CHECKS[-5:]
+SERVICE_CHECKS = ["caps set last at this boot", *CHECKS[-5:]]
 
 
 def rigforge(cmd: str, inventory: Path, *extra: str) -> subprocess.CompletedProcess:
