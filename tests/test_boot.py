@@ -3,7 +3,8 @@
 
 The captured output in tests/fixtures/boot/ is BootCaps' own command run on a booted testbed rig (systemd 257,
 Debian 13) after `rigforge testbed reboot`, with the recipe repo's nvidia-power-cap.service, a home-made unit
-After=multi-user.target, a unit running a script and a @reboot cron job all setting 250 W.
+After=multi-user.target, a unit running a script and a @reboot cron job all setting 250 W: after-reboot.txt with
+rigforge's units as rendered, old-after-ordering-cycle.txt with the old After= ordering put back by a drop-in.
 """
 
 from __future__ import annotations
@@ -204,3 +205,17 @@ def test_a_real_capture_after_a_reboot_with_four_writers_passes():
     }
     status, detail = boot.boot_caps(got, ctx(writers=writers))
     assert status == "pass", detail
+
+
+def test_a_real_capture_of_the_old_after_ordering_fails_although_the_unit_file_promised_it():
+    """tests/fixtures/boot/old-after-ordering-cycle.txt: the same rig and writers, with rigforge's old ordering put
+    back by a drop-in (rigforge-gpu-power.service After= homemade-cap.service, which is After=multi-user.target).
+    systemd deleted the start jobs to break the cycle (in a container the message never reaches the journal: it is
+    logged before journald runs, so the units' results are what shows it); the caps stayed at 250 W."""
+    got = BootCaps().process((FIXTURES / "old-after-ordering-cycle.txt").read_text().splitlines())
+    assert got["units"][POWER_UNIT]["ExecMainStartTimestampMonotonic"] == "0" and got["caps"] == {0: 250.0, 1: 250.0}
+    status, detail = boot.boot_caps(got, ctx())
+    assert status == "fail"
+    assert f"{POWER_UNIT} did not run at this boot (ActiveState=inactive, Result=success" in detail
+    assert "GPU0 at 250 W, target 230 W, GPU1 at 250 W, target 230 W" in detail
+    assert boot.summary(got, ctx()).startswith(f"NOT set last at this boot: {POWER_UNIT} did not run at this boot")
