@@ -9,7 +9,10 @@ same, one journal line per correction. The other writers still run: nothing is d
 What ran at this boot is read in one fact (roles/facts/nvidia.py BootCaps, parsed here by `parse_boot`): systemd's
 results for both units and for the other writers' units, `journalctl -b`'s "ordering cycle" lines, the settle
 stage's lines, cron's CMD lines and the caps now. `boot_caps` is the verdict (verify's and status's check "caps set
-last at this boot"), `summary` status's sentence. Pure: no host, no pyinfra.
+last at this boot"), `summary` status's sentence. systemd logs an ordering cycle while it builds the boot
+transaction, before journald runs: on a rig, journald picks it up from the kernel log; in a container (the booted
+testbed) it is lost, so a unit of rigforge's that did not run at this boot is a failure on its own.
+Pure: no host, no pyinfra.
 """
 
 from __future__ import annotations
