@@ -219,3 +219,11 @@ def test_a_real_capture_of_the_old_after_ordering_fails_although_the_unit_file_p
     assert f"{POWER_UNIT} did not run at this boot (ActiveState=inactive, Result=success" in detail
     assert "GPU0 at 250 W, target 230 W, GPU1 at 250 W, target 230 W" in detail
     assert boot.summary(got, ctx()).startswith(f"NOT set last at this boot: {POWER_UNIT} did not run at this boot")
+
+
+def test_the_settle_stage_is_in_the_plans_files_and_the_drift_check_files_as_rendered():
+    plan = ctx().plan
+    managed = drift.managed_files(plan)
+    assert managed[f"/etc/systemd/system/{SETTLE_UNIT}"] == plan.files[SETTLE_UNIT]
+    assert managed["/usr/local/lib/rigforge/rigforge-gpu-settle"] == plan.files["rigforge-gpu-settle"]
+    assert managed[f"/etc/systemd/system/{POWER_UNIT}"] == plan.files[POWER_UNIT]

@@ -207,6 +207,8 @@ def test_moved_checkout_and_grown_weight_file_fail_their_checks(rigs):
         "/opt/rigforge/serve/dual-turbo/.env",
         "/etc/systemd/system/rigforge-vllm@.service",
         "/etc/systemd/system/rigforge-gpu-power.service",
+        "/etc/systemd/system/rigforge-gpu-settle.service",
+        "/usr/local/lib/rigforge/rigforge-gpu-settle",
     ],
 )
 def test_a_hand_edited_file_is_drift_in_status_and_fails_verify(rigs, path):
