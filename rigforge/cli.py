@@ -11,6 +11,7 @@ from pathlib import Path
 
 from rigforge import recipes
 from rigforge.catalog import CatalogError, load_catalog
+from rigforge.layout import SETTLE_SCRIPT
 from rigforge.pins import LockError, default_lock_path, load_lock
 from rigforge.schema import HOST_KEYS, SettingsError, parse_set
 
@@ -43,7 +44,7 @@ def _write_atomically(out: Path, files: dict[str, str]) -> None:
         fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.")
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
-        os.chmod(tmp, 0o600 if name == ".env" else 0o644)
+        os.chmod(tmp, 0o600 if name == ".env" else 0o755 if name == SETTLE_SCRIPT else 0o644)
         os.replace(tmp, out / name)
 
 

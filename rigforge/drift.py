@@ -21,9 +21,9 @@ from typing import Any
 
 from pyinfra.facts.files import Sha256File
 
-from rigforge import inventory, obtain, power
+from rigforge import boot, inventory, obtain, power
 from rigforge.hardware import interconnect, small_override, vram_problems
-from rigforge.layout import GATEWAY_ADMIN_SOCKET, SERVE_FILES, HostLayout
+from rigforge.layout import GATEWAY_ADMIN_SOCKET, SERVE_FILES, SETTLE_SCRIPT, SETTLE_UNIT, HostLayout
 from rigforge.pins import LockError, load_lock
 from rigforge.plan import Plan
 from rigforge.render import POWER_UNIT, VLLM_UNIT
@@ -36,7 +36,14 @@ from roles.facts.docker import DockerImagePresent
 from roles.facts.files import JsonFile
 from roles.facts.gitpin import GitCheckout
 from roles.facts.hfweights import WeightsState
-from roles.facts.nvidia import NvidiaGpus, NvidiaModuleVersion, NvidiaRunningDriver, NvidiaTopology, PowerCapUnits
+from roles.facts.nvidia import (
+    BootCaps,
+    NvidiaGpus,
+    NvidiaModuleVersion,
+    NvidiaRunningDriver,
+    NvidiaTopology,
+    PowerCapUnits,
+)
 from roles.facts.serving import ApiAnswers, ComposeImages, ServiceState, runs_digest, serving
 from roles.facts.system import OsRelease, SystemdUnitEnabled
 
@@ -84,7 +91,7 @@ class RigContext:
     lock_error: str | None = None
     manifest: dict | None = None
     problems: list[str] = field(default_factory=list)
-    cap_units: dict = field(default_factory=dict)  # the rig's other units that set caps at boot (PowerCapUnits)
+    cap_units: dict = field(default_factory=dict)  # the rig's other cap writers at boot (PowerCapUnits)
 
     @property
     def manage(self) -> bool:
@@ -129,6 +136,8 @@ def requests(ctx: RigContext, os_id: str | None) -> list[tuple[type, dict]]:
     if package:
         out.append((DebInstalledVersion, {"package": package}))
     out.append((JsonFile, {"path": ctx.layout.daemon_json}))
+    if ctx.manage:  # what ran at this boot (rigforge/boot.py)
+        out.append((BootCaps, boot_units(ctx)))
     if ctx.unit:
         out += [(SystemdUnitEnabled, {"unit": ctx.unit}), (ServiceState, {"unit": ctx.unit})]
     plan = ctx.plan
@@ -261,7 +270,8 @@ def managed_files(plan: Plan) -> dict[str, str]:
     """{path on the rig: the plan's text} of every file rigforge renders whole."""
     layout, files = plan.layout, plan.files
     out = {f"{layout.serve_dir}/{name}": files[name] for name in SERVE_FILES if name in files}
-    return out | {layout.unit_path(name): files[name] for name in (VLLM_UNIT, POWER_UNIT)}
+    out |= {layout.unit_path(name): files[name] for name in (VLLM_UNIT, POWER_UNIT, SETTLE_UNIT) if name in files}
+    return out | ({layout.settle_script: files[SETTLE_SCRIPT]} if SETTLE_SCRIPT in files else {})
 
 
 def files(obs: Observed, plan: Plan) -> list[str]:
@@ -294,7 +304,7 @@ def power_view(obs: Observed, ctx: RigContext) -> dict:
         "recipe": power.recipe_range(prof),
         "warnings": power.warnings(caps, prof),
         "other_writers": ctx.cap_units,
-        "order": power.other_writers(ctx.cap_units, POWER_UNIT),
+        "order": boot.summary(obs.get_fact(BootCaps, **boot_units(ctx)) if ctx.manage else {}, ctx),
         "interconnect": topology,
         "interconnect_summary": interconnect(topology),
     }
@@ -415,6 +425,19 @@ def gpu_checks(obs: Observed, ctx: RigContext) -> list[Check]:
     ]
 
 
+def boot_units(ctx: RigContext) -> dict:
+    """BootCaps' arguments: the other writers' units, whose results at this boot it reads."""
+    return {"units": " ".join(n for n, w in ctx.cap_units.items() if w.get("kind", "unit") == "unit")}
+
+
+def caps_set_last(obs: Observed, ctx: RigContext) -> Check:
+    """rigforge's caps were the last written at this boot, without an ordering cycle (rigforge/boot.py)."""
+    name = "caps set last at this boot"
+    if not ctx.manage:
+        return Check(name, SKIP, SKIPPED)
+    return Check(name, *boot.boot_caps(obs.get_fact(BootCaps, **boot_units(ctx)), ctx))
+
+
 def vram(gpus: list[dict], v, s: Settings) -> Check:
     """Every card has the VRAM variant `v` needs with settings `s` (20 GB cards: only with the documented
     override)."""
@@ -486,7 +509,7 @@ def checks(obs: Observed, ctx: RigContext) -> list[Check]:
         out.append(
             check("manifest present", [] if ctx.variant else [variant_needed(ctx)], f"variant {ctx.variant_name}")
         )
-    out += [driver(obs, ctx), cuda(obs, ctx), *gpu_checks(obs, ctx), runtime(obs, ctx)]
+    out += [driver(obs, ctx), cuda(obs, ctx), *gpu_checks(obs, ctx), caps_set_last(obs, ctx), runtime(obs, ctx)]
     plan = ctx.plan
     for name, find, hint in (
         ("sources at locked SHAs", lambda: _sources_at_lock(obs, plan), " (re-run the deploy: sources role)"),

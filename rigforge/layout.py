@@ -26,6 +26,9 @@ IMAGES = "images"  # under the root: saved images loaded onto the rig (roles/ima
 VLLM_PREFIX = "rigforge-vllm@"  # instances: rigforge-vllm@<variant>.service
 VLLM_TEMPLATE = f"{VLLM_PREFIX}.service"
 POWER_UNIT = "rigforge-gpu-power.service"
+SETTLE_UNIT = "rigforge-gpu-settle.service"  # re-applies the caps once the boot has finished (rigforge/boot.py)
+LIBEXEC = "/usr/local/lib/rigforge"  # rig-side scripts the units run (not under the root: they run at every boot)
+SETTLE_SCRIPT = "rigforge-gpu-settle"  # in LIBEXEC: the settle stage's script
 # the fleet gateway (roles/gateway.py): HAProxy runs rigforge's config, via a drop-in for the distro's unit
 GATEWAY_DIR = f"{ETC}/gateway"
 GATEWAY_CFG = "haproxy.cfg"
@@ -139,3 +142,9 @@ class HostLayout:
     vllm_prefix = VLLM_PREFIX
     vllm_template = VLLM_TEMPLATE
     power_unit = POWER_UNIT
+    settle_unit = SETTLE_UNIT
+    libexec = LIBEXEC
+
+    @property
+    def settle_script(self) -> str:
+        return f"{self.libexec}/{SETTLE_SCRIPT}"

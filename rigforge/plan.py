@@ -21,11 +21,12 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from rigforge import recipes
+from rigforge.boot import SETTLE_WINDOW_S
 from rigforge.catalog import CatalogError, load_catalog
 from rigforge.layout import HostLayout
 from rigforge.pins import GitPin, HfPin, Lock, LockError, load_lock
 from rigforge.recipes import RecipeError
-from rigforge.render import POWER_UNIT, render_power_unit
+from rigforge.render import POWER_UNIT, render_power_unit, settle_files
 from rigforge.schema import Settings, SettingsError, apply_overrides, power_caps, settings_from_host_data
 
 
@@ -78,7 +79,7 @@ class Plan:
     files: Mapping[str, str] = field(repr=False)  # every rendered file: serve dir and units, {name: text}
     lock: Lock | None = None
     token: str | None = field(default=None, repr=False)  # HF token: host data, else the controller's env
-    cap_units: tuple[str, ...] = ()  # the rig's other units that set caps at boot: the power unit runs after them
+    cap_units: tuple[str, ...] = ()  # the rig's other cap writers found at boot (shown; they order nothing)
 
     @property
     def image(self) -> str:
@@ -189,7 +190,7 @@ def build(
     `data`: the host's knobs with the roles' defaults applied (roles/site.py `host_data`); `entry`: the variant of
     the entry point (deploy/<variant>.py) or a variant object, None to follow host data's rigforge_variant;
     `gpus`: the GPU count the rig shows (nvidia-smi, else the PCI bus), None for the variant's; `cap_units`: the
-    rig's other units that set power caps at boot (roles/facts/nvidia.py PowerCapUnits); `problems`: ones
+    rig's other cap writers at boot (roles/facts/nvidia.py PowerCapUnits: shown, they order nothing); `problems`: ones
     the caller already found (the roles' own knob checks), reported with these; `deployable`: refuse lock entries
     the variant needs that are not resolved yet (a deploy), else accept them (status, verify, render).
     """
@@ -223,7 +224,9 @@ def build(
     caps = power_caps(count, settings)
     dirs, sizes = dict(variant.asset_dirs), dict(variant.sizes)
     layout = HostLayout(root=settings.root, model_dir=settings.model_dir, variant=variant.name)
-    files = {**variant.files(settings, layout, count), POWER_UNIT: render_power_unit(caps, tuple(cap_units))}
+    window = int(data.get("gpu_power_settle_window_s", SETTLE_WINDOW_S))
+    files = {**variant.files(settings, layout, count), POWER_UNIT: render_power_unit(caps)}
+    files |= settle_files(caps, window, layout)
     return Plan(
         host=host,
         variant=variant,

@@ -1,4 +1,4 @@
-"""Power caps against what the recipe repo (club-3090) measured, and the rig's other boot-time cap writers.
+"""Power caps against what the recipe repo (club-3090) measured (what ran at boot: rigforge/boot.py).
 
 Pure data, no host. The recipe repo's hardware profile is read as data
 (`scripts/lib/profiles/hardware/rtx-3090.yml`: power_cap_w_prefill 250, power_cap_w_optimal 290,
@@ -77,14 +77,3 @@ def recipe_range(prof: dict | None) -> str:
         f"recipe: {measured}; prefill {prof['prefill']}, optimal {prof['optimal']}, max {prof['max']} W "
         f"({PROFILE.rsplit('/', 1)[-1]})"
     )
-
-
-def other_writers(units: Mapping[str, dict], own: str) -> str:
-    """'rigforge-gpu-power.service runs after nvidia-power-cap.service, which sets 250 W at boot' ('' without)."""
-    if not units:
-        return ""
-    named = []
-    for name, unit in units.items():
-        sets = "/".join(str(w) for w in unit.get("watts") or [])
-        named.append(f"{name}, which sets {sets} W at boot" if sets else f"{name} (sets caps at boot)")
-    return f"{own} runs after {'; and after '.join(named)}"

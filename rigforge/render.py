@@ -15,7 +15,8 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-from rigforge.layout import POWER_UNIT, VLLM_TEMPLATE, HostLayout
+from rigforge.boot import SETTLE_WINDOW_S
+from rigforge.layout import POWER_UNIT, SETTLE_SCRIPT, SETTLE_UNIT, VLLM_TEMPLATE, HostLayout
 from rigforge.schema import Settings, power_caps
 
 TEMPLATES = (Path(__file__).parent / "data" / "templates").resolve()  # package data: a link to templates/ in a checkout
@@ -106,12 +107,24 @@ def env_file_text(s: Settings) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_power_unit(
-    caps: dict[int, int], after: tuple[str, ...] = (), nvidia_smi: str = "/usr/bin/nvidia-smi"
-) -> str:
-    """The power unit for `caps`, ordered after `after` too: the rig's other units that set caps at boot, so
-    that rigforge's writes last (After= only: nothing pulls them in)."""
-    return _env().get_template(POWER_UNIT + ".j2").render(caps=sorted(caps.items()), after=after, nvidia_smi=nvidia_smi)
+def render_power_unit(caps: dict[int, int], nvidia_smi: str = "/usr/bin/nvidia-smi") -> str:
+    """The power unit for `caps`: early at boot, ordered after no other cap writer (it can never close an ordering
+    cycle); the settle stage (`settle_files`) makes rigforge's caps the last ones written."""
+    return _env().get_template(POWER_UNIT + ".j2").render(caps=sorted(caps.items()), nvidia_smi=nvidia_smi)
+
+
+def settle_files(
+    caps: dict[int, int], window_s: int, layout: HostLayout, nvidia_smi: str = "/usr/bin/nvidia-smi"
+) -> dict[str, str]:
+    """The settle stage: {SETTLE_UNIT: the unit, SETTLE_SCRIPT: the script it runs (installed at
+    `layout.settle_script`)}. Once the boot has finished it sets back every cap another writer changed, then
+    watches for `window_s` seconds (rigforge/boot.py reads what it logs)."""
+    unit = (
+        _env()
+        .get_template(SETTLE_UNIT + ".j2")
+        .render(caps=sorted(caps.items()), window=int(window_s), script=layout.settle_script, nvidia_smi=nvidia_smi)
+    )
+    return {SETTLE_UNIT: unit, SETTLE_SCRIPT: _env().get_template(SETTLE_SCRIPT + ".j2").render()}
 
 
 def render_vllm_unit(layout: HostLayout, docker: str = "/usr/bin/docker") -> str:
@@ -119,8 +132,12 @@ def render_vllm_unit(layout: HostLayout, docker: str = "/usr/bin/docker") -> str
 
 
 def units(s: Settings, layout: HostLayout, gpu_count: int) -> dict[str, str]:
-    """The two units every variant gets: the vLLM template unit and the power unit for `gpu_count` GPUs."""
-    return {VLLM_UNIT: render_vllm_unit(layout), POWER_UNIT: render_power_unit(power_caps(gpu_count, s))}
+    """The units every variant gets: the vLLM template unit, the power unit for `gpu_count` GPUs and the settle
+    stage (with the default window: rigforge/plan.py renders it with the host's)."""
+    caps = power_caps(gpu_count, s)
+    return {VLLM_UNIT: render_vllm_unit(layout), POWER_UNIT: render_power_unit(caps)} | settle_files(
+        caps, SETTLE_WINDOW_S, layout
+    )
 
 
 def seed_files(variant, s: Settings, layout: HostLayout, gpu_count: int) -> dict[str, str]:

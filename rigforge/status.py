@@ -195,13 +195,13 @@ def format_table(rows: list[dict]) -> str:
 
 
 def power_lines(r: dict) -> list[str]:
-    """'rig1: power caps: 230 W (rigforge-gpu-power.service runs after nvidia-power-cap.service, which sets 250 W
-    at boot); recipe: ...', its warnings, and the interconnect."""
+    """'rig1: power caps: 230 W, set last at this boot (after nvidia-power-cap.service set 250 W; 1 correction by
+    the settle stage); recipe: ...' (what ran at this boot: rigforge/boot.py), its warnings, and the interconnect."""
     p = r.get("power")
     if not p:
         return []
     caps = "/".join(f"{w:g}" for w in sorted(set(p["caps"].values()))) or "?"
-    order = f" ({p['order']})" if p["order"] else ""
+    order = f", {p['order']}" if p["order"] else ""
     lines = [f"{r['host']}: power caps: {caps} W{order}; {p['recipe']}"]
     lines += [f"{r['host']}: WARNING: {w}" for w in p["warnings"]]
     if p["interconnect_summary"]:

@@ -1,8 +1,11 @@
-"""GPU power: persistence mode on and a power cap per GPU, now and at every boot.
+"""GPU power: persistence mode on and a power cap per GPU, now and at every boot, written last.
 
 The cap (`gpu_power_limit_w`, per-GPU `gpu_power_limits` overrides) is applied now only to GPUs whose
 current limit differs, and made permanent by rigforge-gpu-power.service, a oneshot rendered from the plan's
-caps, which cover every GPU the rig has. Values outside 100..600 W are refused with the other host-data
+caps, which cover every GPU the rig has. It runs early and is ordered after no other cap writer (no ordering
+cycle, whatever the rig's other units do); rigforge-gpu-settle.service then sets back, once the boot has finished
+and for `gpu_power_settle_window_s` seconds more, any cap another writer changed (rigforge/boot.py). The other
+writers are left to run. Values outside 100..600 W are refused with the other host-data
 problems before anything changes; a cap outside a card's own min..max is refused as soon as the driver
 answers (preflight on a rig that has one, the GPU check right after the driver role on a fresh rig).
 """
@@ -14,20 +17,26 @@ from collections.abc import Mapping
 from pyinfra.api import deploy
 from pyinfra.operations import systemd
 
-from rigforge import schema
+from rigforge import boot, schema
+from rigforge.layout import SETTLE_SCRIPT
 from rigforge.plan import Plan
-from rigforge.render import POWER_UNIT
 from roles.operations import nvidia, systemd_units
 from roles.operations.staged import staged_files, systemd_verify
 
 DEFAULTS = {
     "gpu_power_limit_w": 230,  # cap in watts for every GPU
     "gpu_power_limits": {},  # per-GPU overrides {index: watts}
+    # after boot, how long (seconds) rigforge-gpu-settle.service keeps setting back caps another writer changed
+    # (a unit, a script, a @reboot cron job running late); 0: only once, right after the boot finished
+    "gpu_power_settle_window_s": boot.SETTLE_WINDOW_S,
 }
 
 
 def validate(data: Mapping) -> list[str]:
-    return schema.settings(data, {"power_limit_w": "gpu_power_limit_w", "power_limits": "gpu_power_limits"})
+    problems = schema.settings(data, {"power_limit_w": "gpu_power_limit_w", "power_limits": "gpu_power_limits"})
+    if data.get("gpu_power_settle_window_s") is None:  # not set: the default
+        return problems
+    return problems + schema.integer(data, "gpu_power_settle_window_s", 0, 3600, " of seconds")
 
 
 @deploy("GPU power caps", data_defaults=DEFAULTS)
@@ -40,14 +49,30 @@ def apply(plan: Plan):
         default_w=settings.power_limit_w,
         overrides=overrides,
     )
+    script = staged_files(
+        name=f"Install {layout.settle_script} (the settle stage's script)",
+        dest=layout.libexec,
+        files={SETTLE_SCRIPT: (plan.files[SETTLE_SCRIPT], "755")},
+        validate=f"sh -n {SETTLE_SCRIPT}",
+        keep_previous=False,
+    )
+    units = (layout.power_unit, layout.settle_unit)
     unit = staged_files(
-        name=f"Install {layout.power_unit} (validated by systemd-analyze verify)",
+        name=f"Install {' and '.join(units)} (validated by systemd-analyze verify)",
         dest=layout.unit_dir,
-        files={layout.power_unit: (plan.files[POWER_UNIT], "644")},
-        validate=systemd_verify(layout.power_unit),
+        files={name: (plan.files[name], "644") for name in units},
+        validate=" && ".join(f"( {systemd_verify(name)} )" for name in units),
         keep_previous=False,
     )
     systemd.daemon_reload(name="Reload systemd units", _if=unit.did_change)
-    systemd_units.enabled(name=f"Enable {layout.power_unit} at boot", unit=layout.power_unit)
+    for name in units:
+        systemd_units.enabled(name=f"Enable {name} at boot", unit=name)
     if plan.data["rigforge_manage_services"]:
         systemd.service(name=f"Run {layout.power_unit}", service=layout.power_unit, running=True)
+        systemd.service(name=f"Run {layout.settle_unit}", service=layout.settle_unit, running=True)
+        systemd.service(
+            name=f"Restart {layout.settle_unit} (its caps or script changed)",
+            service=layout.settle_unit,
+            restarted=True,
+            _if=lambda: unit.did_change() or script.did_change(),
+        )

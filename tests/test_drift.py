@@ -30,6 +30,7 @@ ANSWERS = {  # what a fresh rig answers, per fact class name
     "NvidiaModuleVersion": None,
     "NvidiaRunningDriver": None,
     "DebInstalledVersion": None,
+    "BootCaps": {},
 }
 
 

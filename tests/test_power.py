@@ -1,4 +1,5 @@
-"""The power unit as the last writer, the recipe repo's power figures as data, and the GPUs' interconnect.
+"""The rig's other boot-time cap writers found, the power unit ordered after none of them, the recipe repo's
+power figures as data, and the GPUs' interconnect.
 
 Cited files: the recipe repo's own cap unit (tests/fixtures/club-3090-4a29ab57/scripts/systemd/
 nvidia-power-cap.service), its hardware profile (scripts/lib/profiles/hardware/rtx-3090.yml) and docs/HARDWARE.md;
@@ -14,10 +15,19 @@ import pytest
 
 from rigforge import power
 from rigforge.hardware import interconnect
+from rigforge.layout import SETTLE_UNIT, HostLayout
 from rigforge.render import POWER_UNIT, render_power_unit
 from rigforge.status import power_lines
 from roles import site
-from roles.facts.nvidia import UNIT_DIRS, PowerCapUnits, parse_cap_units, parse_topo_matrix, parse_topology
+from roles.facts.nvidia import (
+    CRON_FILES,
+    UNIT_DIRS,
+    PowerCapUnits,
+    cap_writers_command,
+    parse_cap_units,
+    parse_topo_matrix,
+    parse_topology,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RECIPES = FIXTURES / "club-3090-4a29ab57"
@@ -26,47 +36,89 @@ SMI = FIXTURES / "nvidia-smi"
 
 
 def cap_units_on(tmp_path: Path, files: dict[str, str]) -> dict:
-    """Run PowerCapUnits' own command with systemd's unit dirs moved under tmp_path."""
-    dirs = [tmp_path / d.strip("/") for d in UNIT_DIRS]
-    for d in dirs:
-        d.mkdir(parents=True)
+    """Run PowerCapUnits' own command with systemd's unit dirs and the cron files moved under tmp_path."""
+    dirs = [str(tmp_path / d.strip("/")) for d in UNIT_DIRS]
+    for d in (*dirs, tmp_path / "etc/cron.d", tmp_path / "var/spool/cron/crontabs", tmp_path / "usr/local/bin"):
+        Path(d).mkdir(parents=True, exist_ok=True)
     for path, text in files.items():
-        (tmp_path / path.strip("/")).write_text(text)
-    command = PowerCapUnits().command().replace(" ".join(UNIT_DIRS), " ".join(map(str, dirs)))
-    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout
-    return parse_cap_units(out.splitlines())
+        (tmp_path / path.strip("/")).write_text(text.replace("@TMP@", str(tmp_path)))
+    crons = [str(tmp_path / c.strip("/")) for c in CRON_FILES]
+    out = subprocess.run(["sh", "-c", cap_writers_command(dirs, crons)], capture_output=True, text=True, check=True)
+    return parse_cap_units(out.stdout.splitlines(), dirs)
 
 
-def test_the_recipe_unit_a_tuning_unit_and_any_unit_running_nvidia_smi_pl_are_found(tmp_path):
+HOMEMADE = """[Unit]
+Description=home-made cap
+After=multi-user.target
+
+[Service]
+Type=oneshot
+ExecStart=/usr/bin/nvidia-smi -pl 250
+
+[Install]
+WantedBy=multi-user.target
+"""
+SCRIPT = "#!/bin/sh\n# caps for both cards\nnvidia-smi -pm 1\nnvidia-smi -i 0 -pl 250\nnvidia-smi -i 1 -pl 250\n"
+
+
+def test_every_kind_of_boot_time_cap_writer_is_found(tmp_path):
+    """The recipe repo's unit, a tuning unit known by name, a unit calling nvidia-smi -pl (with After=
+    multi-user.target), a unit running a script that does, and @reboot cron jobs (root's crontab, /etc/cron.d)."""
     found = cap_units_on(
         tmp_path,
         {
             "/etc/systemd/system/nvidia-power-cap.service": RECIPE_UNIT.read_text(),
             "/lib/systemd/system/gpu-tune.service": "[Service]\nExecStart=/usr/local/bin/gpu-tune --apply\n",
             "/usr/lib/systemd/system/cap.service": "[Service]\nExecStart=nvidia-smi --power-limit=300\n",
+            "/etc/systemd/system/homemade-cap.service": HOMEMADE,
+            "/usr/local/bin/gpu-setup.sh": SCRIPT,
+            "/etc/systemd/system/gpu-setup.service": "[Service]\nExecStart=@TMP@/usr/local/bin/gpu-setup.sh\n",
+            "/etc/systemd/system/shell.service": "[Service]\nExecStart=/bin/sh @TMP@/usr/local/bin/gpu-setup.sh\n",
             "/etc/systemd/system/other.service": "[Service]\nExecStart=/usr/bin/nvidia-smi -pm 1\n",
+            "/etc/systemd/system/true.service": "[Service]\nExecStart=/usr/bin/true\n",
+            "/etc/cron.d/gpu-cap": "SHELL=/bin/sh\n@reboot root @TMP@/usr/local/bin/gpu-setup.sh >/dev/null\n"
+            "@reboot root /usr/bin/date\n",
+            "/var/spool/cron/crontabs/root": "# m h dom mon dow command\n@reboot sleep 20; nvidia-smi -pl 240\n",
             f"/etc/systemd/system/{POWER_UNIT}": render_power_unit({0: 230, 1: 230}),
+            f"/etc/systemd/system/{SETTLE_UNIT}": "[Service]\nExecStart=/x/rigforge-gpu-settle nvidia-smi 60 0:230\n",
         },
     )
+    script = f"{tmp_path}/usr/local/bin/gpu-setup.sh"
     assert found == {
-        "cap.service": {"path": f"{tmp_path}/usr/lib/systemd/system/cap.service", "watts": [300]},
-        "gpu-tune.service": {"path": f"{tmp_path}/lib/systemd/system/gpu-tune.service", "watts": []},
-        "nvidia-power-cap.service": {
-            "path": f"{tmp_path}/etc/systemd/system/nvidia-power-cap.service",
-            "watts": [250],
-        },
-    }
+        f"@reboot in {tmp_path}/etc/cron.d/gpu-cap": {"kind": "cron", "path": f"{tmp_path}/etc/cron.d/gpu-cap",
+            "watts": [250], "script": script, "command": f"{script} >/dev/null"},
+        f"@reboot in {tmp_path}/var/spool/cron/crontabs/root": {"kind": "cron",
+            "path": f"{tmp_path}/var/spool/cron/crontabs/root", "watts": [240], "script": None,
+            "command": "sleep 20; nvidia-smi -pl 240"},
+        "cap.service": {"kind": "unit", "path": f"{tmp_path}/usr/lib/systemd/system/cap.service", "watts": [300],
+                        "script": None},
+        "gpu-setup.service": {"kind": "unit", "path": f"{tmp_path}/etc/systemd/system/gpu-setup.service",
+                              "watts": [250], "script": script},
+        "gpu-tune.service": {"kind": "unit", "path": f"{tmp_path}/lib/systemd/system/gpu-tune.service", "watts": [],
+                             "script": None},
+        "homemade-cap.service": {"kind": "unit", "path": f"{tmp_path}/etc/systemd/system/homemade-cap.service",
+                                 "watts": [250], "script": None},
+        "nvidia-power-cap.service": {"kind": "unit", "path": f"{tmp_path}/etc/systemd/system/nvidia-power-cap.service",
+                                     "watts": [250], "script": None},
+        "shell.service": {"kind": "unit", "path": f"{tmp_path}/etc/systemd/system/shell.service", "watts": [250],
+                          "script": script},
+    }  # fmt: skip
 
 
-def test_a_rig_without_other_cap_units_finds_none(tmp_path):
+def test_a_rig_without_other_cap_writers_finds_none(tmp_path):
     assert cap_units_on(tmp_path, {}) == {}
     assert PowerCapUnits.default() == {}
 
 
 def test_the_first_unit_dir_wins_as_in_systemd():
-    lines = ["unit=a.service /etc/systemd/system/a.service", "ExecStart=/usr/bin/nvidia-smi -i 0 -pl 250",
-             "unit=a.service /lib/systemd/system/a.service", "ExecStart=/usr/bin/nvidia-smi -pl 280"]  # fmt: skip
-    assert parse_cap_units(lines) == {"a.service": {"path": "/etc/systemd/system/a.service", "watts": [250]}}
+    """Captured lines of the command (a unit overridden in /etc by one that only turns persistence on)."""
+    lines = ["line=/etc/systemd/system/a.service:ExecStart=/usr/bin/nvidia-smi -pm 1",
+             "line=/lib/systemd/system/a.service:ExecStart=/usr/bin/nvidia-smi -pl 280",
+             "line=/etc/systemd/system/b.service:ExecStart=/usr/bin/nvidia-smi -i 0 -pl 250",
+             "line=/lib/systemd/system/b.service:ExecStart=/usr/bin/nvidia-smi -pl 280"]  # fmt: skip
+    assert parse_cap_units(lines) == {
+        "b.service": {"kind": "unit", "path": "/etc/systemd/system/b.service", "watts": [250], "script": None}
+    }
 
 
 def plan(**kwargs):
@@ -75,18 +127,27 @@ def plan(**kwargs):
     return plan
 
 
-def test_the_power_unit_runs_after_the_other_cap_units_without_pulling_them_in():
-    text = plan(gpus=2, cap_units=("gpu-tune.service", "nvidia-power-cap.service")).files[POWER_UNIT]
-    assert "After=nvidia-persistenced.service gpu-tune.service nvidia-power-cap.service\n" in text
-    assert "Wants=nvidia-persistenced.service\n" in text and text.count("Wants=") == 1
-    assert "-i 0 -pl 230" in text and "-i 1 -pl 230" in text
+def test_the_power_unit_is_ordered_after_no_other_writer_whatever_the_rig_has():
+    """No After= on other writers: a home-made unit After=multi-user.target cannot close a cycle with it."""
+    text = plan(gpus=2, cap_units=("gpu-tune.service", "nvidia-power-cap.service", "homemade-cap.service")).files
+    assert text[POWER_UNIT] == plan(gpus=2).files[POWER_UNIT] == render_power_unit({0: 230, 1: 230})
+    assert "\nAfter=nvidia-persistenced.service\n" in text[POWER_UNIT] and "Before=docker.service" in text[POWER_UNIT]
+    assert "-i 0 -pl 230" in text[POWER_UNIT] and "-i 1 -pl 230" in text[POWER_UNIT]
+    settle = text[SETTLE_UNIT]
+    assert [ln for ln in settle.splitlines() if ln.startswith(("After=", "Before=", "Wants=", "Requires="))] == [
+        f"After={POWER_UNIT}"
+    ]
+    assert "Type=exec\n" in settle and "WantedBy=multi-user.target" in settle
+    assert f"ExecStart={HostLayout().settle_script} /usr/bin/nvidia-smi 60 0:230 1:230\n" in settle
 
 
-def test_without_other_cap_units_the_power_unit_is_unchanged():
-    """A rig without other writers gets the unit it always got: a converged rig stays a no-op."""
-    text = plan(gpus=2).files[POWER_UNIT]
-    assert text == render_power_unit({0: 230, 1: 230})
-    assert "After=nvidia-persistenced.service\n" in text
+def test_the_settle_window_and_per_gpu_caps_are_rendered_from_host_data():
+    p, problems = site.plan_for("r", {"gpu_power_settle_window_s": 5, "gpu_power_limits": {1: 250}}, "dual-turbo",
+                                gpus=2, deployable=False)  # fmt: skip
+    assert not problems
+    assert " /usr/bin/nvidia-smi 5 0:230 1:250\n" in p.files[SETTLE_UNIT]
+    _, problems = site.plan_for("r", {"gpu_power_settle_window_s": -1}, "dual-turbo", deployable=False)
+    assert problems == ["gpu_power_settle_window_s must be a whole number of seconds in 0..3600, got -1"]
 
 
 def test_the_recipe_profile_is_read_as_data():
@@ -126,20 +187,21 @@ def test_a_deploy_warns_about_a_cap_outside_the_range_and_goes_on(monkeypatch):
     assert "350 W" in warning and "docs/HARDWARE.md" in warning
 
 
-def test_status_names_the_other_writer_and_the_recipe_range():
+def test_status_says_what_ran_at_this_boot_and_the_recipe_range():
     row = {
         "host": "rig1",
         "power": {
             "caps": {0: 230, 1: 230},
-            "order": power.other_writers({"nvidia-power-cap.service": {"watts": [250]}}, POWER_UNIT),
+            "order": "set last at this boot (after nvidia-power-cap.service set 250 W; 1 correction by the settle "
+            "stage)",
             "recipe": power.recipe_range(power.profile(RECIPES)),
             "warnings": [],
             "interconnect_summary": "PCIe (PHB), no NVLink, P2P read: not supported (CNS: chipset not supported)",
         },
     }
     assert power_lines(row) == [
-        "rig1: power caps: 230 W (rigforge-gpu-power.service runs after nvidia-power-cap.service, which sets "
-        "250 W at boot); recipe: TP=2 flat 220..330 W (docs/HARDWARE.md); prefill 250, optimal 290, max 350 W "
+        "rig1: power caps: 230 W, set last at this boot (after nvidia-power-cap.service set 250 W; 1 correction by "
+        "the settle stage); recipe: TP=2 flat 220..330 W (docs/HARDWARE.md); prefill 250, optimal 290, max 350 W "
         "(rtx-3090.yml)",
         "rig1: interconnect: PCIe (PHB), no NVLink, P2P read: not supported (CNS: chipset not supported)",
     ]

@@ -1,7 +1,7 @@
 """Tier 3 with real tools: every rendered compose passes `docker compose config` (Debian 13's compose v2, no
 engine needed) and the vLLM unit passes `systemd-analyze verify` with no output, inside a Debian 13 chroot.
 
-The power unit is verified on a converged testbed rig instead, where the (stub) driver provides nvidia-smi.
+The power unit and the settle stage are verified with nvidia-smi and the settle script at paths in the check dir.
 """
 
 import json
@@ -84,3 +84,34 @@ def test_systemd_analyze_verify_reports_a_bad_key(tools):
     verify = "cp 'rigforge-vllm@.service' x@dual.service && systemd-analyze verify ./x@dual.service"
     r = in_tools(tools, f"cd {d} && {verify}")
     assert "RestartSecs" in r.stdout + r.stderr  # exits 0 on unknown keys: output is the failure signal
+
+
+def test_the_power_unit_and_the_settle_stage_pass_systemd_analyze_verify_without_ordering_on_other_writers(tools):
+    """Both boot units as a plan renders them (a rig with other cap writers changes nothing in them), with
+    nvidia-smi and the settle script at paths inside the check dir (the tools root has no driver), and the
+    settle script passes `sh -n`."""
+    from types import SimpleNamespace
+
+    from rigforge.layout import POWER_UNIT, SETTLE_SCRIPT, SETTLE_UNIT
+    from rigforge.render import render_power_unit, settle_files
+    from roles import site
+
+    d = "/rigforge-render-check/boot"
+    here = tools / d.lstrip("/")
+    here.mkdir(parents=True, exist_ok=True)
+    (here / "nvidia-smi").write_text("#!/bin/sh\nexit 0\n")
+    (here / "nvidia-smi").chmod(0o755)
+    plan, problems = site.plan_for("r", {}, "dual", gpus=2, deployable=False, cap_units=("homemade-cap.service",))
+    assert plan and not problems, problems
+    assert plan.files[POWER_UNIT] == render_power_unit({0: 230, 1: 230})  # no After= on the other writer
+    files = {POWER_UNIT: render_power_unit(plan.caps, nvidia_smi=f"{d}/nvidia-smi")}
+    files |= settle_files(plan.caps, 60, SimpleNamespace(settle_script=f"{d}/{SETTLE_SCRIPT}"), f"{d}/nvidia-smi")
+    for name, text in files.items():
+        (here / name).write_text(text)
+    (here / SETTLE_SCRIPT).chmod(0o755)
+    assert plan.files[SETTLE_SCRIPT] == files[SETTLE_SCRIPT]
+    for name in (POWER_UNIT, SETTLE_UNIT):
+        r = in_tools(tools, f"cd {d} && systemd-analyze verify ./{name}")
+        assert r.returncode == 0 and r.stdout == "" and r.stderr == "", name + r.stdout + r.stderr
+    r = in_tools(tools, f"cd {d} && sh -n {SETTLE_SCRIPT}")
+    assert r.returncode == 0, r.stderr

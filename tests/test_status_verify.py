@@ -29,6 +29,7 @@ CHECKS = [
     "VRAM fits variant",
     "power caps hold",
     "persistence mode on",
+    "caps set last at this boot",
     "nvidia runtime",
     "sources at locked SHAs",
     "weights stamp valid",
@@ -41,7 +42,7 @@ CHECKS = [
     "chat returns text",
     "tool call returned",
 ]
-SERVICE_CHECKS = CHECKS[-5:]
+SERVICE_CHECKS = ["caps set last at this boot", *CHECKS[-5:]]
 
 
 def rigforge(cmd: str, inventory: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -208,6 +209,8 @@ def test_moved_checkout_and_grown_weight_file_fail_their_checks(rigs):
         "/opt/rigforge/serve/dual-turbo/.env",
         "/etc/systemd/system/rigforge-vllm@.service",
         "/etc/systemd/system/rigforge-gpu-power.service",
+        "/etc/systemd/system/rigforge-gpu-settle.service",
+        "/usr/local/lib/rigforge/rigforge-gpu-settle",
     ],
 )
 def test_a_hand_edited_file_is_drift_in_status_and_fails_verify(rigs, path):

@@ -12,7 +12,8 @@ import re
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
-from rigforge.layout import POWER_UNIT, UNIT_SEARCH_PATH
+from rigforge.boot import SHOW, parse_boot
+from rigforge.layout import POWER_UNIT, SETTLE_UNIT, UNIT_SEARCH_PATH
 
 # Fields read by NvidiaGpus, in order; keys of each GPU dict are these with "." replaced by "_".
 QUERY_FIELDS = (
@@ -228,42 +229,106 @@ class NvidiaRunningDriver(FactBase):
 # scripts/systemd/nvidia-power-cap.service) and the tuning unit it orders itself after (gpu-tune.service).
 CAP_UNITS = ("nvidia-power-cap.service", "gpu-tune.service")
 UNIT_DIRS = UNIT_SEARCH_PATH  # systemd's precedence (rigforge/layout.py)
+CRON_FILES = ("/var/spool/cron/crontabs/root", "/etc/crontab", "/etc/cron.d/*")  # where root's @reboot jobs are
+OWN_UNITS = (POWER_UNIT, SETTLE_UNIT)
 _PL = re.compile(r"(?:^|\s)(?:-pl|--power-limit)(?:=|\s+)(\d+(?:\.\d+)?)")
+_SETS_CAP = re.compile(r"nvidia-smi\b[^#]*\s(?:-pl|--power-limit)(?:[\s=]|$)")
+_SHELL_SETS_CAP = r"nvidia-smi[^#]*[[:space:]](-pl|--power-limit)([[:space:]=]|$)"  # _SETS_CAP for grep -E
 
 
-def parse_cap_units(lines: list[str]) -> dict:
-    """Output of PowerCapUnits -> {unit: {"path": str, "watts": [int, ...]}}, the first path of each name in
-    systemd's precedence; "watts" lists the caps its ExecStart lines set (empty when it reads them elsewhere)."""
-    units: dict[str, dict] = {}
+def cap_writers_command(unit_dirs=UNIT_DIRS, cron_files=CRON_FILES) -> str:
+    """PowerCapUnits' command, over `unit_dirs` and `cron_files` (tests point them at a temporary tree).
+
+    One grep reads every unit's ExecStart lines and every @reboot cron line; the text files they name (a script
+    a unit or cron job runs) are grepped for `nvidia-smi -pl` once; then only the lines that matter are printed:
+    `line=FILE:LINE` (lines that call nvidia-smi, run a script that sets caps, or belong to a known cap unit) and
+    `script=PATH` followed by its `pl=LINE`s."""
+    units = " ".join(f"{d}/*.service" for d in unit_dirs)
+    crons = " ".join(cron_files)
+    known = "".join(f"printf '%s\\n' '/{name}:'; " for name in CAP_UNITS)
+    return (
+        "t=$(mktemp) || exit 0; "
+        f"{{ grep -HE '^[[:space:]]*ExecStart[^=]*=' {units}; grep -HE '^[[:space:]]*@reboot' {crons}; }}"
+        ' 2>/dev/null > "$t"; '
+        # the files those lines name, but unit files, cron files and nvidia-smi itself
+        "hits=$(grep -oE '/[^[:space:]\"'\\'';|&:=()]+' \"$t\" | sort -u | while read -r p; do "
+        'case "$p" in *.service|*/cron.d/*|*/crontabs/*|*/crontab|*/nvidia-smi) continue;; esac; '
+        '[ -f "$p" ] && printf \'%s\\n\' "$p"; done | '
+        f"xargs -r grep -lIE '{_SHELL_SETS_CAP}' 2>/dev/null); "
+        f"{{ printf '%s\\n' nvidia-smi; {known}"
+        "printf '%s\\n' \"$hits\" | grep -v '^$'; } > \"$t.pat\"; "
+        'grep -F -f "$t.pat" "$t" | sed \'s/^/line=/\'; '
+        'for s in $hits; do echo "script=$s"; '
+        f"grep -hE '{_SHELL_SETS_CAP}' \"$s\" | head -n 20 | sed 's/^/pl=/'; done; "
+        'rm -f "$t" "$t.pat"; true'
+    )
+
+
+def _watts(lines) -> list[int]:
+    return sorted({round(float(w)) for line in lines if _SETS_CAP.search(line) for w in _PL.findall(line)})
+
+
+def parse_cap_units(lines: list[str], unit_dirs=UNIT_DIRS) -> dict:
+    """Output of PowerCapUnits -> {name: writer}, the rig's other boot-time cap writers (rigforge's own units left
+    out). A unit: the first file of its name in systemd's precedence (`unit_dirs`), known by name (CAP_UNITS), or
+    whose ExecStart calls `nvidia-smi -pl` or runs a script that does. A root @reboot cron job (named
+    "@reboot in FILE") that does either. Each writer: {"kind": "unit"|"cron", "path": the file, "watts": the caps it
+    sets when written out (else []), "script": the script that sets them (or None), and for cron "command"}."""
+    scripts: dict[str, list[str]] = {}
+    entries: list[tuple[str, str]] = []
     current = None
     for line in lines:
-        if line.startswith("unit="):
-            name, _, path = line[5:].partition(" ")
-            current = None if name in units else units.setdefault(name, {"path": path.strip(), "watts": []})
-        elif current is not None and "nvidia-smi" in line:
-            current["watts"] += [round(float(w)) for w in _PL.findall(line)]
-    for unit in units.values():
-        unit["watts"] = sorted(set(unit["watts"]))
-    return dict(sorted(units.items()))
+        if line.startswith("script="):
+            current = scripts.setdefault(line[7:].strip(), [])
+        elif line.startswith("pl=") and current is not None:
+            current.append(line[3:])
+        elif line.startswith("line="):
+            path, _, text = line[5:].partition(":")
+            entries.append((path, text.strip()))
+    rank = {d.rstrip("/"): i for i, d in enumerate(unit_dirs)}
+    units: dict[str, tuple[int, str, list[str]]] = {}
+    out: dict[str, dict] = {}
+    for path, text in entries:
+        folder, _, name = path.rpartition("/")
+        if name.endswith(".service") and folder in rank:
+            if name in OWN_UNITS:
+                continue
+            seen = units.get(name)
+            if seen is None or rank[folder] < seen[0]:
+                units[name] = (rank[folder], path, [text])
+            elif rank[folder] == seen[0]:
+                seen[2].append(text)
+        else:  # a cron file: "@reboot [user] command"
+            via = next((s for s in scripts if s in text), None)
+            if _SETS_CAP.search(text) or via:
+                n = 1 if "/crontabs/" in path else 2  # a user's crontab has no user field
+                parts = text.split(None, n)
+                command = parts[n] if len(parts) > n else ""
+                watts = _watts([text, *scripts.get(via, [])])
+                out[f"@reboot in {path}"] = {"kind": "cron", "path": path, "watts": watts, "script": via,
+                                             "command": command}  # fmt: skip
+    for name, (_, path, texts) in units.items():
+        via = next((s for s in scripts for t in texts if s in t), None)
+        if name in CAP_UNITS or via or any(_SETS_CAP.search(t) for t in texts):
+            out[name] = {"kind": "unit", "path": path, "watts": _watts([*texts, *scripts.get(via, [])]), "script": via}
+    return dict(sorted(out.items()))
 
 
 class PowerCapUnits(FactBase):
     """
-    Other units that set GPU power caps at boot: unit files in systemd's unit dirs named as a known cap unit
-    (``CAP_UNITS``), or whose ExecStart runs ``nvidia-smi -pl``/``--power-limit``; rigforge's own unit is left
-    out. A dict by unit name (see `parse_cap_units`)::
+    The rig's other GPU power-cap writers at boot, rigforge's own units left out: units in systemd's unit dirs
+    named as a known cap unit (``CAP_UNITS``), or whose ExecStart runs ``nvidia-smi -pl``/``--power-limit`` or a
+    script that does; and root's ``@reboot`` cron jobs that do either (root's crontab, /etc/crontab,
+    /etc/cron.d). A dict by name (see `parse_cap_units`)::
 
-        {"nvidia-power-cap.service": {"path": "/etc/systemd/system/nvidia-power-cap.service", "watts": [250]}}
+        {"nvidia-power-cap.service": {"kind": "unit", "path": "/etc/systemd/system/nvidia-power-cap.service",
+                                      "watts": [250], "script": None},
+         "@reboot in /etc/cron.d/gpu-cap": {"kind": "cron", "path": "/etc/cron.d/gpu-cap", "watts": [250],
+                                            "script": "/usr/local/bin/cap.sh", "command": "/usr/local/bin/cap.sh"}}
     """
 
     def command(self) -> str:
-        known = "|".join(CAP_UNITS)
-        return (
-            f'for d in {" ".join(UNIT_DIRS)}; do for f in "$d"/*.service; do [ -f "$f" ] || continue; '
-            'n=${f##*/}; case "$n" in ' + POWER_UNIT + ") continue;; " + known + ") ;; "
-            "*) grep -Eq '^[[:space:]]*ExecStart[^=]*=.*nvidia-smi.*[[:space:]](-pl|--power-limit)([[:space:]=]|$)' "
-            '"$f" || continue;; esac; echo "unit=$n $f"; grep -E \'^[[:space:]]*ExecStart\' "$f"; done; done; true'
-        )
+        return cap_writers_command()
 
     @staticmethod
     def default() -> dict:
@@ -330,3 +395,40 @@ class NvidiaTopology(FactBase):
 
     def process(self, output: list[str]) -> dict:
         return parse_topology(output)
+
+
+class BootCaps(FactBase):
+    """
+    What ran at this boot about GPU power caps (parsed by rigforge/boot.py `parse_boot`): systemd's results for
+    rigforge's power unit and settle stage and for `units` (the other writers' units, space-separated),
+    `journalctl -b`'s "ordering cycle" lines, the settle stage's lines, cron's CMD lines and each GPU's power limit
+    now. Without systemd (a chroot) the units and journal parts are empty::
+
+        {"boot_id": "0f1e...", "system": "running",
+         "units": {"rigforge-gpu-power.service": {"LoadState": "loaded", "ActiveState": "active", "Result": "success",
+                                                  "ExecMainStartTimestampMonotonic": "8123456", ...}, ...},
+         "cycles": [], "settle": ["rigforge: GPU0 power limit 250 W after boot (another writer); set back to 230 W",
+                                  "rigforge: caps settled after a 60 s watch (1 correction(s))"],
+         "cron": ["(root) CMD (/usr/local/bin/cap.sh)"], "caps": {0: 230.0, 1: 230.0}}
+    """
+
+    def command(self, units: str = "") -> StringCommand:
+        names = [POWER_UNIT, SETTLE_UNIT, *units.split()]
+        return StringCommand(
+            'echo "boot_id=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)"; '
+            'echo "system=$(systemctl is-system-running 2>/dev/null)"; for u in',
+            *(QuoteString(name) for name in names),
+            f'; do echo "--- unit $u"; systemctl show -p {",".join(SHOW)} -- "$u" 2>/dev/null; done; '
+            "echo '--- cycles'; journalctl -b _PID=1 --no-pager -o cat 2>/dev/null | grep -i 'ordering cycle' | "
+            f"tail -n 20; echo '--- settle'; journalctl -b -u {SETTLE_UNIT} --no-pager -o cat 2>/dev/null | "
+            "grep '^rigforge: ' | tail -n 100; echo '--- cron'; journalctl -b -t CRON --no-pager -o cat 2>/dev/null | "
+            "grep ' CMD ' | tail -n 100; echo '--- caps'; if command -v nvidia-smi >/dev/null 2>&1; then "
+            "timeout 60 nvidia-smi --query-gpu=index,power.limit --format=csv,noheader,nounits 2>/dev/null; fi; true",
+        )
+
+    @staticmethod
+    def default() -> dict:
+        return parse_boot([])
+
+    def process(self, output: list[str]) -> dict:
+        return parse_boot(output)

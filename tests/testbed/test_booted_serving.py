@@ -135,7 +135,7 @@ def test_status_and_verify_agree_on_every_check_across_rig_states(tb, tmp_path):
             f"echo 'set server m_qwen3_6_27b_autoround/rig1 state drain' | socat stdio UNIX-CONNECT:{ADMIN}",
             "serving at the gateways",
         ),  # fmt: skip
-        "caps overwritten": ("nvidia-smi -pl 250 >/dev/null", "power caps hold"),
+        "caps overwritten": ("nvidia-smi -pl 250 >/dev/null", ("power caps hold", "caps set last at this boot")),
     }
     for name, (breaks, fails) in states.items():
         (gw if name == "drained" else rig).run(breaks)
