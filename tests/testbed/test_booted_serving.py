@@ -63,8 +63,22 @@ def rigforge(tb, command: str, inventory=None) -> tuple[int, dict | list]:
     return res.returncode, json.loads(res.stdout)
 
 
+def gateway_agrees(tb, timeout=20) -> None:
+    """Wait until the gateway's health check has seen what rig1's API does now (HAProxy's op state: 2 up, 0
+    down), so that two reads in a row see one state."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = sh(tb.gateway, f"echo 'show servers state' | socat stdio UNIX-CONNECT:{ADMIN}")
+        row = next(r for r in map(str.split, out.splitlines()) if len(r) > 18 and r[0] != "#" and r[3] == "rig1")
+        if (row[5] == "2") == api(tb.rig("rig1")):
+            return
+        time.sleep(0.5)
+
+
 def checks_of_both(tb, inventory=None) -> tuple[dict, dict]:
-    """({check: status} from status, the same from verify) for rig1, on the checks both report."""
+    """({check: status} from status, the same from verify) for rig1, on the checks both report, once the
+    gateway has seen the rig's API as it is."""
+    gateway_agrees(tb)
     _, rows = rigforge(tb, "status", inventory)
     _, verified = rigforge(tb, "verify", inventory)
     row = next(r for r in rows if r["host"] == "rig1")
