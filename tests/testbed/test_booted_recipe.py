@@ -8,8 +8,11 @@ Marked `booted` and `testbed`; skipped with the reason when this machine cannot 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 
 import pytest
@@ -72,3 +75,15 @@ def test_vllm_dual_converges_passes_the_gate_serves_and_a_second_run_changes_not
     assert not errored(results, "rig1"), stderr[-4000:]
     assert changed(results, "rig1") == []
     assert started_at(rig, CONTAINER) == before
+
+    # a recipe slug on a digest-pinned lock: status shows no pin drift and status and verify agree on every check
+    status = subprocess.run([sys.executable, "-m", "rigforge.cli", "status", str(inv), "--json"], capture_output=True,
+                            text=True, timeout=300, env={**os.environ, "RIGFORGE_RECIPES": str(REFERENCE)})  # fmt: skip
+    verify = subprocess.run([sys.executable, "-m", "rigforge.cli", "verify", str(inv), "--json"], capture_output=True,
+                            text=True, timeout=300, env={**os.environ, "RIGFORGE_RECIPES": str(REFERENCE)})  # fmt: skip
+    row = json.loads(status.stdout)[0]
+    assert row["pin_drift"] == [], row["pin_drift"]
+    checks = {c["name"]: c["status"] for c in row["checks"]}
+    verified = {c["name"]: c["status"] for c in json.loads(verify.stdout)["hosts"]["rig1"]["checks"]}
+    assert checks == {n: s for n, s in verified.items() if n in checks}
+    assert set(checks.values()) == {"pass"}, checks

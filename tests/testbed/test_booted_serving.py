@@ -229,7 +229,11 @@ def cut(tb, variant: str, op: str, signum: int) -> int:
 
 def without_the_image(tb, rig) -> None:
     """The rig's unit stopped and its image removed, the stand-in upstream throttled: the next run pulls for ~15 s."""
-    sh(rig, "systemctl stop 'rigforge-vllm@*' && docker image rm -f $(docker image ls -q vllm/vllm-openai) >/dev/null")
+    sh(
+        rig,
+        "systemctl stop 'rigforge-vllm@*' && docker image rm -f rigforge-test/other:1 >/dev/null 2>&1; "
+        "docker image rm -f $(docker image ls -q vllm/vllm-openai) >/dev/null",
+    )
     tb.upstream_throttle(1_000_000)
 
 
