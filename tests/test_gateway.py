@@ -9,6 +9,7 @@ import dataclasses
 import http.client
 import http.server
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -17,7 +18,7 @@ import time
 import urllib.error
 import urllib.request
 
-from rigforge import gateway
+from rigforge import drift, gateway, status
 from rigforge.testbed.openai_stub import Schedule, make_server
 from roles.gateway import DEFAULTS, validate
 from roles.site import plan_for
@@ -406,12 +407,42 @@ def test_a_request_must_fit_the_buffer_to_be_routed_and_retried(tmp_path):
     one = stub(dt_ms=1, tokens=3)
     plans = [rig("rig1", "dual-turbo", one.server_address[1])]
     chat = {"messages": [{"role": "user", "content": "x" * 200_000}], "model": "qwen3.6-27b-autoround"}
-    for bufsize, status in ((None, 200), (16384, 404)):
+    for bufsize, want in ((None, 200), (16384, 404)):
         port = free_port()
         knobs = {"gateway_bufsize": bufsize} if bufsize else {}
         plan, _ = gateway.build("gw", gw_data(gateway_port=port, gateway_bind_address="127.0.0.1", **knobs), plans)
         (tmp_path / str(port)).mkdir()
         with running_haproxy(tmp_path / str(port), plan) as live:
             assert wait_for(lambda: server_status(live.admin_socket, "rig1") == "UP")  # noqa: B023
-            assert call(f"http://127.0.0.1:{port}/v1/chat/completions", chat, key=None)[0] == status, bufsize
+            assert call(f"http://127.0.0.1:{port}/v1/chat/completions", chat, key=None)[0] == want, bufsize
     one.shutdown()
+
+
+def test_status_and_verify_read_each_rigs_state_and_a_down_rigs_last_check(tmp_path):
+    """drift.gateway_servers on a real HAProxy's `show stat`: serving, draining, out (maint), and a down rig with
+    its last check's error; verify's "gateway rigs up" fails naming it, status's line shows every rig."""
+    one = stub(dt_ms=1, tokens=3)
+    up = one.server_address[1]
+    plans = [rig("rig1", "dual-turbo", up), rig("rig2", "dual-turbo", free_port()), rig("rig3", "dual", up),
+             rig("rig4", "dual", up)]  # fmt: skip
+    port = free_port()
+    plan, _ = gateway.build("gw", gw_data(gateway_port=port, gateway_bind_address="127.0.0.1"), plans)
+    backend = gateway.backend_name("qwen3.6-27b-autoround")
+    with running_haproxy(tmp_path, plan) as live:
+        sock = live.admin_socket
+        assert wait_for(lambda: server_status(sock, "rig2").startswith("DOWN"))
+        admin(sock, f"set server {backend}/rig3 state drain")
+        admin(sock, f"set server {backend}/rig4 state maint")
+        rigs = drift.gateway_servers(admin(sock, "show stat"))
+    one.shutdown()
+    assert rigs["rig1"] == "serving" and rigs["rig3"] == "draining" and rigs["rig4"] == "out (maint)", rigs
+    assert re.fullmatch(r"out \(down \d+ s; last check: L4CON Connection refused\)", rigs["rig2"]), rigs
+    view = {"url": "http://gw:8088", "unit": "active", "health": 200, "models_http": 0, "models": None, "rigs": rigs}
+    checks = drift.gateway_checks(None, {}, view)
+    assert (checks[0].name, checks[0].status) == ("gateway rigs up", drift.FAIL)
+    assert checks[0].detail.startswith("rig2 out (down ") and "L4CON Connection refused" in checks[0].detail
+    line = status.gateway_line("gw", view)
+    assert "rig1 serving, rig2 out (down " in line and line.endswith("rig3 draining, rig4 out (maint)"), line
+    fine = {**view, "rigs": {"rig1": "serving", "rig3": "draining"}}
+    assert drift.gateway_checks(None, {}, fine)[0].status == drift.PASS
+    assert drift.gateway_servers("") == {}
