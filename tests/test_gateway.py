@@ -446,3 +446,23 @@ def test_status_and_verify_read_each_rigs_state_and_a_down_rigs_last_check(tmp_p
     fine = {**view, "rigs": {"rig1": "serving", "rig3": "draining"}}
     assert drift.gateway_checks(None, {}, fine)[0].status == drift.PASS
     assert drift.gateway_servers("") == {}
+
+
+def test_bench_rollout_rig_death_mode_times_down_and_up_from_show_stat(tmp_path):
+    """benchmarks/bench_rollout.py --rig-death: after KILL, STAT is polled until the rig is DOWN, then UP."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "bench_rollout.py"
+    spec = importlib.util.spec_from_file_location("bench_rollout", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    states = tmp_path / "states"
+    states.write_text("UP\nDOWN\nDOWN\nUP\n")
+    stat = (f"echo '# pxname,svname,status'; echo \"m,rig2,$(head -1 {states})\"; "
+            f"sed -i 1d {states}; [ -s {states} ] || echo UP > {states}")  # fmt: skip
+    load = bench.Load("http://127.0.0.1:9", None, 0, 1)
+    report = bench.rig_death(load, "rig2", "true", stat, settle=0, wait=10)
+    assert report["down_after_s"] is not None and report["up_after_s"] > report["down_after_s"], report
+    assert report["after_kill"]["failed"] == 0
+    assert bench.server_status("# pxname,svname,status\nm,rig1,UP\nm,rig2,DOWN 1/2\n", "rig2") == "DOWN 1/2"
