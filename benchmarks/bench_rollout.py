@@ -9,6 +9,15 @@ without [DONE].
     sudo .venv/bin/python benchmarks/bench_rollout.py --gateway http://127.0.0.1:PORT --inventory INV \\
         [--key KEY] [--clients 8] [--settle 20]
 
+Rig-death mode (docs/gateway.md "When a rig dies"): the same load, then KILL (a shell command: kill one rig's
+serving container, or power the rig off) and, every 0.2 s, STAT (a shell command printing the gateway's `show
+stat`) until RIG is DOWN, then until it is UP again (systemd restarts it), then SETTLE seconds more. Printed:
+the requests sent before / after the kill and how many failed, seconds from the kill to DOWN and to UP.
+
+    sudo .venv/bin/python benchmarks/bench_rollout.py --gateway URL --rig-death rig2 \\
+        --kill "ssh rig2 'docker kill -s KILL \\$(docker ps -q)'" \\
+        --stat "ssh gw 'echo show stat | sudo socat stdio UNIX-CONNECT:/run/haproxy/rigforge-admin.sock'"
+
 `rigforge testbed up --booted --rigs 3 --gateway` prints the gateway's address and writes the inventory.
 """
 
@@ -111,15 +120,62 @@ def rollout(inventory: str) -> list[dict]:
     return runs
 
 
+def server_status(stat: str, rig: str) -> str:
+    """`rig`'s status (UP, DOWN, ...) in HAProxy's `show stat` CSV; "" when absent."""
+    lines = stat.splitlines()
+    header = lines[0].lstrip("# ").split(",") if lines else []
+    for line in lines[1:]:
+        row = dict(zip(header, line.split(","), strict=False))
+        if row.get("svname") == rig:
+            return row.get("status", "")
+    return ""
+
+
+def rig_death(load: Load, rig: str, kill: str, stat: str, settle: float, wait: float = 300) -> dict:
+    """Under `load`: run `kill`, then poll `stat` until `rig` is DOWN and then UP again; settle; the report."""
+
+    def status() -> str:
+        return server_status(subprocess.run(stat, shell=True, capture_output=True, text=True).stdout, rig)
+
+    t0 = time.monotonic()
+    time.sleep(settle)
+    t_kill = time.monotonic()
+    subprocess.run(kill, shell=True, check=True)
+    down = up = None
+    while time.monotonic() - t_kill < wait and (down is None or up is None):
+        now, state = time.monotonic(), status()
+        if down is None and state.startswith("DOWN"):
+            down = now - t_kill
+        elif down is not None and state.startswith("UP"):
+            up = now - t_kill
+        time.sleep(0.2)
+    time.sleep(settle)
+    before, after = phase(load.results, t0, t_kill), phase(load.results, t_kill, time.monotonic())
+    return {"rig": rig, "down_after_s": down and round(down, 2), "up_after_s": up and round(up, 2),
+            "before_kill": before, "after_kill": after}  # fmt: skip
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--gateway", required=True, help="the gateway's URL, e.g. http://127.0.0.1:18088")
-    p.add_argument("--inventory", required=True, help="the fleet's inventory (rigs and the gateway group)")
+    p.add_argument("--inventory", help="the fleet's inventory (rigs and the gateway group): the rollout mode")
+    p.add_argument("--rig-death", metavar="RIG", help="rig-death mode: the gateway's server name of the rig killed")
+    p.add_argument("--kill", help="rig-death mode: the shell command that kills it")
+    p.add_argument("--stat", help="rig-death mode: a shell command printing the gateway's `show stat`")
     p.add_argument("--key", help="the fleet's gateway_api_key, if set")
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=40)
     p.add_argument("--settle", type=float, default=20, help="seconds of load before and after the rollout")
     a = p.parse_args()
+    if a.rig_death:
+        if not (a.kill and a.stat):
+            p.error("--rig-death needs --kill and --stat")
+        with Load(a.gateway, a.key, a.clients, a.max_tokens) as load:
+            report = rig_death(load, a.rig_death, a.kill, a.stat, a.settle)
+        print(json.dumps({"clients": a.clients, **report}, indent=2))
+        return 1 if report["after_kill"]["failed"] or report["down_after_s"] is None else 0
+    if not a.inventory:
+        p.error("--inventory is required (or --rig-death)")
     with Load(a.gateway, a.key, a.clients, a.max_tokens) as load:
         t0 = time.monotonic()
         time.sleep(a.settle)

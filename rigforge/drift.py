@@ -599,6 +599,7 @@ def gateway_check(rig: str, rest: str | None, views: Mapping[str, dict]) -> Chec
 # ---------------------------------------------------------------- the fleet gateway, observed
 
 GATEWAY_STATES = {"UP": "serving", "DRAIN": "draining"}  # HAProxy's server status; any other: out
+GATEWAY_FINE = ("serving", "draining", "out (maint)")  # maint: taken out on purpose (a model it no longer serves)
 GATEWAY_CHAT = {"messages": [{"role": "user", "content": "What is the capital of France? Answer in one word."}],
         "max_tokens": 30, "chat_template_kwargs": {"enable_thinking": False}}  # fmt: skip
 
@@ -609,12 +610,7 @@ def observe_gateway(host, data: Mapping) -> dict:
     bind = data.get("gateway_bind_address") or "127.0.0.1"
     url = f"http://{'127.0.0.1' if bind == '0.0.0.0' else bind}:{data['gateway_port']}"
     stat = inventory.sh(host, f"echo 'show stat' | socat stdio UNIX-CONNECT:{shlex.quote(GATEWAY_ADMIN_SOCKET)}")
-    rigs: dict[str, str] = {}
-    for row in csv.reader(line for line in stat.splitlines() if line and not line.startswith("#")):
-        if len(row) > 17 and row[1] not in ("FRONTEND", "BACKEND") and row[0] != "no_model":
-            status = row[17].split(" ")[0]
-            if status != "MAINT" or row[1] not in rigs:  # MAINT: in the backend of a model it does not serve
-                rigs[row[1]] = GATEWAY_STATES.get(status, f"out ({status.lower()})")
+    rigs = gateway_servers(stat)
     code, body = inventory.http_on_rig(host, f"{url}/v1/models", 5, api_key=data.get("gateway_api_key"))
     try:
         models = [m["id"] for m in json.loads(body)["data"]]
@@ -630,12 +626,41 @@ def observe_gateway(host, data: Mapping) -> dict:
     }
 
 
+def gateway_servers(stat: str) -> dict[str, str]:
+    """Each rig's state at the gateway from HAProxy's `show stat` (CSV, read by its header): serving, draining,
+    out (maint), or out (down N s; last check: L4CON Connection refused), naming the last health check's error.
+    A rig in several backends (it left a model's backend: maint there) shows its state where it serves."""
+    lines = [line for line in stat.splitlines() if line.strip()]
+    if not lines or not lines[0].startswith("# "):
+        return {}
+    rigs: dict[str, str] = {}
+    for row in csv.DictReader(lines[1:], fieldnames=lines[0][2:].split(",")):
+        name, status = row.get("svname") or "", (row.get("status") or "").split(" ")[0]
+        if name in ("FRONTEND", "BACKEND", "") or row.get("pxname") == "no_model":
+            continue
+        state = GATEWAY_STATES.get(status, f"out ({status.lower()})")
+        if status == "DOWN":
+            code = row.get("check_code") or ""
+            why = row.get("last_chk") or row.get("check_desc") or ""
+            check = " ".join(x for x in (row.get("check_status"), f"HTTP {code}" if code else "", why) if x)
+            since = f" {row['lastchg']} s" if (row.get("lastchg") or "").isdigit() else ""
+            state = f"out (down{since}; last check: {check or 'none yet'})"
+        if name not in rigs or rigs[name] == "out (maint)":
+            rigs[name] = state
+    return rigs
+
+
 def gateway_checks(host, data: Mapping, view: dict) -> list[Check]:
-    """verify's checks of a gateway: /v1/models answers through it, and one chat completion per model."""
+    """verify's checks of a gateway: every rig in it serving (a down one names its last check's error),
+    /v1/models answers through it, and one chat completion per model."""
+    resting = {h.name for h in host.inventory if h.data.get("serving_rest")}  # out on purpose: not a failure
+    bad = {name: state for name, state in view["rigs"].items() if state not in GATEWAY_FINE and name not in resting}
+    states = "; ".join(f"{n} {s}" for n, s in sorted((bad or view["rigs"]).items())) or "no rig"
+    out = [Check("gateway rigs up", FAIL if bad or not view["rigs"] else PASS, states)]
     if view["models_http"] != 200 or not view["models"]:
         why = f"HTTP {view['models_http']}" if view["models_http"] else "no answer"
-        return [Check("gateway /v1/models answers", FAIL, f"{view['url']}/v1/models: {why}, {view['models']}")]
-    out = [Check("gateway /v1/models answers", PASS, f"{view['url']} lists {', '.join(view['models'])}")]
+        return out + [Check("gateway /v1/models answers", FAIL, f"{view['url']}/v1/models: {why}, {view['models']}")]
+    out.append(Check("gateway /v1/models answers", PASS, f"{view['url']} lists {', '.join(view['models'])}"))
     for model in view["models"]:
         body = {"model": model, **GATEWAY_CHAT}
         code, text = inventory.http_on_rig(host, f"{view['url']}/v1/chat/completions", 120, body,

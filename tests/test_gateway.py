@@ -7,7 +7,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import http.client
+import http.server
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -16,9 +18,9 @@ import time
 import urllib.error
 import urllib.request
 
-from rigforge import gateway
+from rigforge import drift, gateway, status
 from rigforge.testbed.openai_stub import Schedule, make_server
-from roles.gateway import DEFAULTS
+from roles.gateway import DEFAULTS, validate
 from roles.site import plan_for
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"  # Debian's haproxy (.ci/run installs it)
@@ -240,3 +242,227 @@ def test_stand_in_server_bounds_its_concurrency_and_ends_requests_in_flight_on_a
     cut.join()
     assert results[2] == (200, False)  # the stream ended without [DONE]
     server.shutdown()
+
+
+# ---- when a rig dies (docs/gateway.md "When a rig dies")
+
+
+def test_holding_settings_are_rendered_from_the_knobs_and_haproxy_accepts_them(tmp_path):
+    rigs = [rig("rig1", "dual-turbo", 8011), rig("rig2", "dual", 8010)]
+    plan, problems = gateway.build("gw", gw_data(), rigs)
+    assert problems == []
+    text = gateway.render(plan)
+    lines = [line.split("#")[0].strip() for line in text.splitlines()]
+    for directive in (
+        "tune.bufsize 1048576",
+        "retries 3",
+        "retry-on conn-failure empty-response junk-response response-timeout 502 503",
+        "option redispatch 1",
+        "option srvtcpka",
+        "srvtcpka-idle 10s",
+        "option httplog",
+        "default-server check inter 1000ms fastinter 500ms downinter 1000ms fall 2 rise 2 observe layer7"
+        " error-limit 3 on-error mark-down init-addr last,libc,192.0.2.1",
+    ):
+        assert directive in lines, directive
+    knobs = {"gateway_retries": 2, "gateway_bufsize": 262144, "gateway_check_interval_ms": 500,
+             "gateway_check_fall": 3, "gateway_check_rise": 1, "gateway_error_limit": 5}  # fmt: skip
+    tuned, _ = gateway.build("gw", gw_data(**knobs), rigs)
+    lines = [line.split("#")[0].strip() for line in gateway.render(tuned).splitlines()]
+    assert "tune.bufsize 262144" in lines and "retries 2" in lines
+    assert any(x.startswith("default-server check inter 500ms fastinter 250ms downinter 500ms fall 3 rise 1 "
+                            "observe layer7 error-limit 5 on-error mark-down") for x in lines)  # fmt: skip
+    for p in (plan, tuned):
+        cfg = tmp_path / "haproxy.cfg"
+        cfg.write_text(gateway.render(p))
+        check = subprocess.run([HAPROXY, "-c", "-f", str(cfg)], capture_output=True, text=True)
+        assert check.returncode == 0, check.stdout + check.stderr
+    bad = validate(gw_data(gateway_bufsize=1024, gateway_check_fall=0, gateway_retries="many"))
+    assert [p.split(" must")[0] for p in bad] == ["gateway_retries", "gateway_bufsize", "gateway_check_fall"]
+
+
+class DeadEngine(http.server.BaseHTTPRequestHandler):
+    """A rig whose host and /health still answer but whose engine does not: a completion gets an empty response
+    (the connection closed, no byte) or a 502, as from a dying vLLM behind a live host."""
+
+    answer = "empty"
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.answer == "502":
+            with contextlib.suppress(OSError):  # HAProxy may hang up first
+                self.send_error(502)
+        self.close_connection = True
+
+    def log_message(self, *args):
+        pass
+
+
+def admin(sock: str, command: str) -> str:
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(sock)
+        s.sendall(command.encode() + b"\n")
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    return out.decode()
+
+
+def server_stat(sock: str, server: str) -> dict:
+    """HAProxy's `show stat` row of `server` (status UP, DOWN, UP 1/2, ...; chkdown: its UP-to-DOWN transitions)
+    in the first backend that has it; {} before HAProxy answers."""
+    try:
+        lines = admin(sock, "show stat").splitlines()
+    except OSError:  # not started yet
+        return {}
+    header = lines[0].lstrip("# ").split(",")
+    for line in lines[1:]:
+        row = dict(zip(header, line.split(","), strict=False))
+        if row.get("svname") == server:
+            return row
+    return {}
+
+
+def server_status(sock: str, server: str) -> str:
+    return server_stat(sock, server).get("status", "absent")
+
+
+def completions(base: str, n: int, clients: int = 8, size: int = 0) -> list[int]:
+    """`clients` plain HTTP clients (no retries), `n` non-streamed completions each: their HTTP statuses."""
+    out: list[int] = []
+    chat = {"messages": [{"role": "user", "content": "x" * size or "hi"}], "model": "qwen3.6-27b-autoround"}
+
+    def client():
+        for _ in range(n):
+            out.append(call(f"{base}/v1/chat/completions", {**chat, "max_tokens": 3}, key=None)[0])
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def test_real_haproxy_a_dead_rig_costs_no_request_sent_after_it_died(tmp_path):
+    """Three rigs; one's engine dies: refused, then empty answers, then 502s (its /health still 200). Every
+    request after the death succeeds (retried on another rig at the first retry), and the refusing rig is DOWN
+    within 2 s; back, it is UP within 5 s and nothing fails as it rejoins."""
+    rigs_up = {name: stub(dt_ms=1, tokens=3) for name in ("rig1", "rig2", "rig3")}
+    plans = [rig(n, "dual-turbo", s.server_address[1]) for n, s in rigs_up.items()]
+    port = free_port()
+    plan, _ = gateway.build("gw", gw_data(gateway_port=port, gateway_bind_address="127.0.0.1"), plans)
+    base = f"http://127.0.0.1:{port}"
+    with running_haproxy(tmp_path, plan) as live:
+        sock = live.admin_socket
+        assert wait_for(lambda: all(server_status(sock, n) == "UP" for n in rigs_up))
+        assert completions(base, 3) == [200] * 24
+        dead_port = rigs_up["rig3"].server_address[1]
+        rigs_up["rig3"].abort()  # its connections cut (HAProxy keeps idle ones), and refused from now on
+        rigs_up["rig3"].shutdown()
+        rigs_up["rig3"].server_close()
+        t0 = time.monotonic()
+        assert completions(base, 10) == [200] * 80
+        wait_for(lambda: server_status(sock, "rig3").startswith("DOWN"), timeout=5)
+        assert time.monotonic() - t0 < 2.0
+
+        for answer in ("empty", "502"):  # a live host whose engine answers nothing or 502, /health still 200
+            handler = type("Dead", (DeadEngine,), {"answer": answer})
+            dead = http.server.ThreadingHTTPServer(("127.0.0.1", dead_port), handler)
+            threading.Thread(target=dead.serve_forever, daemon=True).start()
+            wait_for(lambda: server_status(sock, "rig3") == "UP", timeout=5)
+            before = server_stat(sock, "rig3")
+            assert completions(base, 10) == [200] * 80, answer
+            after = server_stat(sock, "rig3")
+            retried = int(after["wretr"]) - int(before["wretr"])
+            assert retried >= 1 and int(after["wredis"]) - int(before["wredis"]) == retried  # first retry elsewhere
+            dead.shutdown()
+            dead.server_close()
+
+        back = make_server(Schedule(ttft_ms=5, dt_ms=1, tokens=3), port=dead_port)
+        threading.Thread(target=back.serve_forever, daemon=True).start()
+        t0 = time.monotonic()
+        results: list = []
+        rejoining = threading.Thread(target=lambda: results.extend(completions(base, 15)))
+        rejoining.start()
+        wait_for(lambda: server_status(sock, "rig3") == "UP", timeout=5)
+        assert time.monotonic() - t0 < 5.0
+        rejoining.join()
+        assert results == [200] * 120
+        served = int(server_stat(sock, "rig3")["hrsp_2xx"])
+        assert completions(base, 3) == [200] * 24 and int(server_stat(sock, "rig3")["hrsp_2xx"]) > served
+    for server in (rigs_up["rig1"], rigs_up["rig2"], back):
+        server.shutdown()
+
+
+def test_a_request_must_fit_the_buffer_to_be_routed_and_retried(tmp_path):
+    """The openai client sends "messages" before "model": a body bigger than tune.bufsize (less its 1 KiB
+    rewrite reserve) is routed nowhere (404). The default (1 MiB) routes a 200 KB prompt; 16 KiB (HAProxy's own
+    default) does not."""
+    one = stub(dt_ms=1, tokens=3)
+    plans = [rig("rig1", "dual-turbo", one.server_address[1])]
+    chat = {"messages": [{"role": "user", "content": "x" * 200_000}], "model": "qwen3.6-27b-autoround"}
+    for bufsize, want in ((None, 200), (16384, 404)):
+        port = free_port()
+        knobs = {"gateway_bufsize": bufsize} if bufsize else {}
+        plan, _ = gateway.build("gw", gw_data(gateway_port=port, gateway_bind_address="127.0.0.1", **knobs), plans)
+        (tmp_path / str(port)).mkdir()
+        with running_haproxy(tmp_path / str(port), plan) as live:
+            assert wait_for(lambda: server_status(live.admin_socket, "rig1") == "UP")  # noqa: B023
+            assert call(f"http://127.0.0.1:{port}/v1/chat/completions", chat, key=None)[0] == want, bufsize
+    one.shutdown()
+
+
+def test_status_and_verify_read_each_rigs_state_and_a_down_rigs_last_check(tmp_path):
+    """drift.gateway_servers on a real HAProxy's `show stat`: serving, draining, out (maint), and a down rig with
+    its last check's error; verify's "gateway rigs up" fails naming it, status's line shows every rig."""
+    one = stub(dt_ms=1, tokens=3)
+    up = one.server_address[1]
+    plans = [rig("rig1", "dual-turbo", up), rig("rig2", "dual-turbo", free_port()), rig("rig3", "dual", up),
+             rig("rig4", "dual", up)]  # fmt: skip
+    port = free_port()
+    plan, _ = gateway.build("gw", gw_data(gateway_port=port, gateway_bind_address="127.0.0.1"), plans)
+    backend = gateway.backend_name("qwen3.6-27b-autoround")
+    with running_haproxy(tmp_path, plan) as live:
+        sock = live.admin_socket
+        assert wait_for(lambda: server_status(sock, "rig2").startswith("DOWN"))
+        admin(sock, f"set server {backend}/rig3 state drain")
+        admin(sock, f"set server {backend}/rig4 state maint")
+        rigs = drift.gateway_servers(admin(sock, "show stat"))
+    one.shutdown()
+    assert rigs["rig1"] == "serving" and rigs["rig3"] == "draining" and rigs["rig4"] == "out (maint)", rigs
+    assert re.fullmatch(r"out \(down \d+ s; last check: L4CON Connection refused\)", rigs["rig2"]), rigs
+    view = {"url": "http://gw:8088", "unit": "active", "health": 200, "models_http": 0, "models": None, "rigs": rigs}
+    checks = drift.gateway_checks(None, {}, view)
+    assert (checks[0].name, checks[0].status) == ("gateway rigs up", drift.FAIL)
+    assert checks[0].detail.startswith("rig2 out (down ") and "L4CON Connection refused" in checks[0].detail
+    line = status.gateway_line("gw", view)
+    assert "rig1 serving, rig2 out (down " in line and line.endswith("rig3 draining, rig4 out (maint)"), line
+    fine = {**view, "rigs": {"rig1": "serving", "rig3": "draining"}}
+    assert drift.gateway_checks(None, {}, fine)[0].status == drift.PASS
+    assert drift.gateway_servers("") == {}
+
+
+def test_bench_rollout_rig_death_mode_times_down_and_up_from_show_stat(tmp_path):
+    """benchmarks/bench_rollout.py --rig-death: after KILL, STAT is polled until the rig is DOWN, then UP."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "bench_rollout.py"
+    spec = importlib.util.spec_from_file_location("bench_rollout", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    states = tmp_path / "states"
+    states.write_text("UP\nDOWN\nDOWN\nUP\n")
+    stat = (f"echo '# pxname,svname,status'; echo \"m,rig2,$(head -1 {states})\"; "
+            f"sed -i 1d {states}; [ -s {states} ] || echo UP > {states}")  # fmt: skip
+    load = bench.Load("http://127.0.0.1:9", None, 0, 1)
+    report = bench.rig_death(load, "rig2", "true", stat, settle=0, wait=10)
+    assert report["down_after_s"] is not None and report["up_after_s"] > report["down_after_s"], report
+    assert report["after_kill"]["failed"] == 0
+    assert bench.server_status("# pxname,svname,status\nm,rig1,UP\nm,rig2,DOWN 1/2\n", "rig2") == "DOWN 1/2"

@@ -24,6 +24,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -234,6 +235,57 @@ def test_a_rig_whose_new_variant_fails_its_gate_rejoins_and_no_request_fails(fle
     while "rig1 serving" not in (line := gateway_status(fleet)) and time.monotonic() < deadline:
         time.sleep(2)
     assert line.endswith("rig1 serving, rig2 serving, rig3 serving"), line
+
+
+JOURNAL_AT = "journalctl -o short-unix --no-pager -q --since @{since:.0f} | grep -F {what!r} | head -1 | cut -d' ' -f1"
+
+
+def test_a_killed_rig_costs_only_the_requests_it_had_down_in_2s_up_in_5s(fleet, testbed_report):
+    """8 plain HTTP clients (urllib, no retries; half streaming) through the gateway; rig2's serving container
+    is killed (`docker kill -s KILL`). Only requests sent before the kill may fail (those rig2 had); every one
+    sent after it succeeds; rig2 is DOWN at the gateway within 2 s of the kill (HAProxy's journal), status names
+    its last check; systemd restarts it, and it is UP within 5 s of its /health answering, with no failure."""
+    rig2, gw = fleet.rigs[1], fleet.gateway
+    b = bench()
+    back: dict = {}
+    with b.Load(fleet.gateway_url, None, 8, 40) as load:
+        time.sleep(10)
+        offset = time.time() - time.monotonic()  # the rigs share this machine's clock
+        killed = float(rig2.run("docker kill -s KILL $(docker ps -q) >/dev/null; date +%s.%N").stdout)
+        waiter = threading.Thread(target=lambda: back.update(at=rig2.run(
+            "h='curl -sf -m 1 -o /dev/null 127.0.0.1:8011/health'; for i in $(seq 50); do $h || break; sleep 0.1;"
+            " done; for i in $(seq 1200); do $h && break; sleep 0.1; done; "
+            "date +%s.%N").stdout))  # fmt: skip
+        waiter.start()
+        down_at = ""
+        deadline = time.monotonic() + 30
+        while not down_at and time.monotonic() < deadline:
+            down_at = gw.run(JOURNAL_AT.format(since=killed - 1, what="rig2 is DOWN")).stdout.strip()
+            time.sleep(0.5)
+        line = gateway_status(fleet)
+        waiter.join(timeout=180)
+        up_at = ""
+        deadline = time.monotonic() + 30
+        while not up_at and time.monotonic() < deadline:
+            up_at = gw.run(JOURNAL_AT.format(since=killed + 1, what="rig2 is UP")).stdout.strip()
+            time.sleep(0.5)
+        time.sleep(8)
+        end = time.monotonic()
+    t_kill = killed - offset
+    before, after = b.phase(load.results, t_kill - 10, t_kill), b.phase(load.results, t_kill, end)
+    lost = [r for r in load.results if not r[2]]
+    health = float(back.get("at") or 0)
+    report = {"failed_sent_before_kill": before["failed"], "sent_before": before["sent"], "failed_sent_after":
+              after["failed"], "sent_after": after["sent"], "failures": before["failures"],
+              "down_after_s": round(float(down_at or 0) - killed, 2),
+              "up_after_health_s": round(float(up_at or 0) - health, 2), "health_back_after_kill_s":
+              round(health - killed, 1)}  # fmt: skip
+    testbed_report.append(f"gateway rig death (docker kill -s KILL on rig2): {report}")
+    assert down_at and float(down_at) - killed < 2.0, report
+    assert "rig2 out (down " in line and "last check: " in line, line
+    assert after["failed"] == 0 and after["sent"] > 0, (report, after)
+    assert len(lost) <= 8 and all(r[0] < t_kill for r in lost), report  # at most the 8 clients' requests in flight
+    assert health and up_at and float(up_at) - health < 5.0, report
 
 
 SNAPSHOT = (
