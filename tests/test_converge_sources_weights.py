@@ -56,14 +56,6 @@ def failed(results: dict, host: str) -> bool:
     return bool(every_host or errored(results, host))
 
 
-def log_since(before: list[dict], after: list[dict]) -> list[dict]:
-    """Entries of the HF stand-in's log (a sliding window of its last requests) added after `before`."""
-    for i in range(len(after), -1, -1):
-        if i <= len(before) and before[len(before) - i :] == after[:i]:
-            return after[i:]
-    return after
-
-
 def write_lock(tb, data: dict, name: str) -> Path:
     path = tb.dir / f"{name}.lock.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -211,11 +203,11 @@ def test_full_disk_is_reported_before_downloading(tb, lock_data):
     huge = dict(shard(data, "dflash-draft"), size=2**50)
     data["hf"]["dflash-draft"]["files"] = [huge]
     lock = write_lock(tb, data, "huge")
-    before = tb.hf_log()
+    before = tb.hf_mark()
     results, err = run(tb, sources="", assets="dflash-draft=huge-draft", lock=lock)
     assert failed(results, "rig1"), err[-3000:]
     assert "not enough disk space for dflash-draft" in err and "huge-draft" in err
-    fetched = [e for e in log_since(before, tb.hf_log()) if "DFlash" in e["path"] and e["method"] != "HEAD"]
+    fetched = [e for e in tb.hf_log(since=before) if "DFlash" in e["path"] and e["method"] != "HEAD"]
     assert not fetched, "something was downloaded"  # a HEAD is the controller checking the token, not a download
 
 
@@ -238,14 +230,14 @@ def test_unresolved_entries_and_missing_token_stop_the_host_untouched(tb, lock_d
 def test_controller_source_downloads_once_for_two_rigs(tb, lock_data, tmp_path):
     for rig in ("rig1", "rig2"):
         sh(tb, f"rm -rf {ROOT}/models/pushed", rig)
-    before = tb.hf_log()
+    before = tb.hf_mark()
     data = {"weights_source": "controller", "weights_cache_dir": str(tmp_path / "cache")}
     results, err = run(tb, sources="", assets="autoround-int4=pushed", limit=None, data=data)
     for rig in ("rig1", "rig2"):
         assert not errored(results, rig), err[-3000:]
         for f in lock_data["hf"]["autoround-int4"]["files"]:
             assert sha256_on_rig(tb, f"{ROOT}/models/pushed/{f['path']}", rig) == f["sha256"]
-    gets = [e for e in log_since(before, tb.hf_log()) if e["method"] == "GET" and "/resolve/" in e["path"]]
+    gets = [e for e in tb.hf_log(since=before) if e["method"] == "GET" and "/resolve/" in e["path"]]
     assert len(gets) == len(lock_data["hf"]["autoround-int4"]["files"]), gets
     again, _ = run(tb, sources="", assets="autoround-int4=pushed", limit=None, data=data)
     assert changed(again) == []

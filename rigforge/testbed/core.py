@@ -257,10 +257,16 @@ class Testbed:
         with urllib.request.urlopen(req, timeout=5) as resp:
             return json.load(resp)
 
-    def hf_log(self) -> list[dict]:
-        """The HF stand-in's recent requests: [{method, path, range, status, auth}]."""
+    def hf_log(self, since: int = 0) -> list[dict]:
+        """The HF stand-in's recent requests after request number `since` (see hf_mark):
+        [{seq, method, path, range, status, auth}]. It keeps the last 500."""
         with urllib.request.urlopen(f"{self.hf_endpoint}/_testbed/log", timeout=5) as resp:
-            return json.load(resp)
+            return [e for e in json.load(resp) if e["seq"] > since]
+
+    def hf_mark(self) -> int:
+        """The number of the HF stand-in's latest request: hf_log(since=mark) is what came after."""
+        log = self.hf_log()
+        return log[-1]["seq"] if log else 0
 
 
 # --- shared services -------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ Routes (what huggingface_hub 2.x asks):
   HEAD|GET /{repo}/resolve/{rev}/{file}                   X-Repo-Commit, ETag, X-Linked-Etag, X-Linked-Size,
                                                           Content-Length, Accept-Ranges; Range -> 206
   POST /_testbed/control  {"throttle_bps": N|null, "drop_after_bytes": N|null}   (drop: one-shot, next longer GET)
-  GET  /_testbed/log      the last requests: [{method, path, range, status, auth}]
+  GET  /_testbed/log      the last 500 requests: [{seq, method, path, range, status, auth}], seq counting from 1
 Gated repos answer 401 (no token) / 403 (other token) with X-Error-Code: GatedRepo, like the Hub.
 """
 
@@ -43,6 +43,7 @@ class Handler(BaseHTTPRequestHandler):
         with LOCK:
             LOG.append(
                 {
+                    "seq": LOG[-1]["seq"] + 1 if LOG else 1,
                     "method": self.command,
                     "path": urlsplit(self.path).path,
                     "range": self.headers.get("Range"),

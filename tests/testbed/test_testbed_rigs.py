@@ -224,7 +224,7 @@ def test_huggingface_hub_downloads_from_local_endpoint_with_range_resume(testbed
         "HF_HUB_DISABLE_TELEMETRY": "1",
         "HF_HUB_DISABLE_XET": "1",
     }
-    before = len(testbed.hf_log())
+    before = testbed.hf_mark()
     res = subprocess.run(
         [sys.executable, str(tmp_path / "dl.py"), str(tmp_path), testbed.hf_token],
         capture_output=True,
@@ -240,7 +240,7 @@ def test_huggingface_hub_downloads_from_local_endpoint_with_range_resume(testbed
     assert (
         out["gated_with_token"] == {f["path"]: f["sha256"] for f in lock["hf"]["dflash-draft"]["files"]}["config.json"]
     )
-    log = testbed.hf_log()[before:]
+    log = testbed.hf_log(since=before)
     ranged = [e for e in log if e["method"] == "GET" and e["range"] and e["status"] == 206]
     assert [e["path"].rsplit("/", 1)[1] for e in ranged] == [shard], f"expected one resumed GET; log: {log}"
     assert any(e["status"] == 401 and "DFlash" in e["path"] for e in log)
