@@ -103,10 +103,14 @@ def is_rig(h) -> bool:
     return not {GATEWAY, REGISTRY} & set(h.groups) or "rigs" in h.groups
 
 
+def registry_host_name(inventory) -> str | None:
+    """The inventory name of the fleet registry's host (rigforge/registry.py: registry_host), or None."""
+    return registry.registry_host({REGISTRY: [h.name for h in inventory.get_group(REGISTRY, default=[])]})
+
+
 def registry_plan(inventory):
     """(the fleet registry's plan, or None when the inventory has no registry host; its knobs' problems)."""
-    groups = {REGISTRY: [h.name for h in inventory.get_group(REGISTRY, default=[])]}
-    name = registry.registry_host(groups)
+    name = registry_host_name(inventory)
     if name is None:
         return None, []
     data = host_data(inventory.get_host(name).data)
@@ -115,10 +119,11 @@ def registry_plan(inventory):
 
 
 def serve_the_registry(variant=None) -> bool:
-    """On the fleet registry's host, the registry (roles/registry.py); False when it was refused."""
-    reg, problems = registry_plan(host.inventory)
-    if reg is None and not problems or (reg and reg.host != host.name):
+    """On the fleet registry's host, the registry (roles/registry.py); False when it was refused. Its problems
+    refuse that host only: the rigs go on without it, with a warning (trust_the_registry)."""
+    if host.name != registry_host_name(host.inventory):
         return True
+    reg, problems = registry_plan(host.inventory)
     try:
         tls = None if problems or reg.insecure else registry.server_certificate(reg.ca_dir, reg.address)
         ca = None if problems or reg.insecure else registry.ca_certificate(reg.ca_dir)
@@ -152,8 +157,8 @@ def trust_the_registry(plan: Plan) -> None:
     except registry.RegistryError as error:
         reg, problems = None, [str(error)]
     if problems:
-        host.log_styled(f"{host.name}: the fleet registry is left out: {problems[0]}", fg="yellow",
-                        log_func=logger.warning)  # fmt: skip
+        host.log_styled(f"{host.name}: the fleet registry on {registry_host_name(host.inventory)} is left out (that "
+                        f"host is refused): {problems[0]}", fg="yellow", log_func=logger.warning)  # fmt: skip
     if reg is not None:
         registry_role.trust(reg, ca, plan.layout.daemon_json, plan.data["rigforge_manage_services"])
 

@@ -61,8 +61,9 @@ def stamped(dirname: str) -> dict:
     return {f"{dirname}/.rigforge-stamp.json": lines}
 
 
-def run_site(tmp_path, hosts: dict[str, dict], variant="dual-turbo", env_token=None, monkeypatch=None):
-    """prepare() then a changing operation on each host; returns (state, {host: executed commands})."""
+def run_site(tmp_path, hosts: dict[str, dict], variant="dual-turbo", env_token=None, monkeypatch=None, groups=None):
+    """prepare() then a changing operation on each host (a host in the group `registry` serves the registry
+    first, as provision() does); returns (state, {host: executed commands}). `groups`: {group: [host names]}."""
     lock = lock_file(tmp_path)
     inventory = Inventory(
         (
@@ -80,7 +81,8 @@ def run_site(tmp_path, hosts: dict[str, dict], variant="dual-turbo", env_token=N
                 for name, data in hosts.items()
             ],
             {},
-        )
+        ),
+        **{group: ([f"@fake/{n}" for n in names], {}) for group, names in (groups or {}).items()},
     )
     state = State(inventory, Config(), check_for_changes=True)
     connect_all(state)
@@ -90,9 +92,12 @@ def run_site(tmp_path, hosts: dict[str, dict], variant="dual-turbo", env_token=N
     def deploy():
         from pyinfra import host
 
+        if not site.serve_the_registry(variant) or not site.is_rig(host):
+            return
         plan = site.prepare(variant)
         plans[host.name] = plan
         if plan:
+            site.trust_the_registry(plan)
             server.shell(name="Change something", commands=["touch /rigforge-was-here"])
 
     add_deploy(state, deploy)
@@ -295,3 +300,23 @@ def test_a_cap_outside_the_recipes_measured_range_warns_during_the_deploy_and_go
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "power cap" in r.getMessage()]
     assert len(warned) == 1 and "@fake/hot: WARNING: power cap 350 W (GPU 0, 1)" in warned[0], warned
     assert "docs/HARDWARE.md" in warned[0] and plans["@fake/hot"].caps == {0: 350, 1: 350}
+
+
+def test_a_bad_registry_setting_refuses_the_registry_host_only_and_the_rigs_are_warned(tmp_path, caplog):
+    state, ran, plans = run_site(
+        tmp_path,
+        {"rig1": {}, "rig2": {}, "reg": {"registry_port": 0}},
+        groups={"rigs": ["rig1", "rig2"], "registry": ["reg"]},
+    )
+    assert {h.name for h in state.failed_hosts} == {"@fake/reg"}
+    assert plans["@fake/rig1"] and plans["@fake/rig2"]
+    assert all("touch /rigforge-was-here" in ran[r] for r in ("rig1", "rig2"))
+    text = errors(caplog)
+    assert "rigforge refused the fleet registry on @fake/reg" in text and "registry_port must be" in text, text
+    assert "@fake/rig1" not in text and "@fake/rig2" not in text, text
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    for rig in ("rig1", "rig2"):  # each rig is told the registry is left out, and why
+        assert any(
+            f"@fake/{rig}: the fleet registry on @fake/reg is left out (that host is refused): registry_port" in w
+            for w in warned
+        ), warned
