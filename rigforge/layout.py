@@ -14,6 +14,14 @@ UNIT_DIR = "/etc/systemd/system"  # where rigforge installs its units
 UNIT_SEARCH_PATH = (UNIT_DIR, "/lib/systemd/system", "/usr/lib/systemd/system")  # systemd's precedence (others' units)
 RUN_LOCK = "/run/lock/rigforge.lock"  # held by the one rigforge run provisioning the rig (roles/rig_lock.py)
 DAEMON_JSON = "/etc/docker/daemon.json"  # Docker's config: rigforge merges the nvidia runtime into it
+# the files rigforge owns in the system's own config dirs (each named rigforge-*, removed by nothing else)
+NOUVEAU_CONF = "/etc/modprobe.d/rigforge-blacklist-nouveau.conf"  # the driver needs nouveau unloaded
+UNATTENDED_CONF = "/etc/apt/apt.conf.d/51rigforge-nvidia-unattended-upgrades"  # the driver is held from them
+UBUNTU_PIN = "/etc/apt/preferences.d/rigforge-nvidia-ubuntu-archive"  # Ubuntu: the driver from the archive only
+APT_KEYRING_DIR = "/etc/apt/keyrings"  # the repositories' signing keys (rigforge-*.asc)
+APT_SOURCES_DIR = "/etc/apt/sources.list.d"  # the repositories rigforge adds (rigforge-*.sources)
+APT_IGNORE_BACKUPS_CONF = "/etc/apt/apt.conf.d/50rigforge-ignore-backups"  # apt skips adopted sources' backups
+UPLOAD_PREFIX = "/tmp/.rigforge-upload-"  # + the SSH user: the user's own 0700 dir that sudo uploads pass through
 STAMP = ".rigforge-stamp.json"  # written by rigforge/remote/fetch_weights.py in every asset dir
 WEIGHTS_STAGING = ".rigforge-staging"  # downloads land here, under the model dir, until verified
 SERVE_FILES = {  # what a serve dir holds, when the variant renders it, and each file's mode (.env: secrets)

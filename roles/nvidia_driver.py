@@ -23,6 +23,7 @@ from pyinfra.api import deploy
 from pyinfra.facts.deb import DebArch
 from pyinfra.operations import files, server
 
+from rigforge.layout import NOUVEAU_CONF, UBUNTU_PIN, UNATTENDED_CONF
 from rigforge.plan import Plan
 from roles import driver_table
 from roles.facts.system import OsRelease
@@ -43,13 +44,10 @@ DEFAULTS = {
 }
 
 KEY_NAME = "rigforge-nvidia-cuda"
-NOUVEAU_CONF = "/etc/modprobe.d/rigforge-blacklist-nouveau.conf"
 NOUVEAU_TEXT = """# managed by rigforge: the NVIDIA driver needs nouveau unloaded
 blacklist nouveau
 options nouveau modeset=0
 """
-UNATTENDED_CONF = "/etc/apt/apt.conf.d/51rigforge-nvidia-unattended-upgrades"
-UBUNTU_PIN = "/etc/apt/preferences.d/rigforge-nvidia-ubuntu-archive"
 CUDA_ORIGIN = "developer.download.nvidia.com"
 BOOLEAN_KEYS = ("nvidia_driver_manage", "nvidia_allow_reboot", "apt_adopt_sources")
 

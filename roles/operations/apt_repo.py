@@ -18,13 +18,11 @@ from pyinfra.api import QuoteString, StringCommand, deploy, operation
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files
 
+from rigforge.layout import APT_IGNORE_BACKUPS_CONF, APT_KEYRING_DIR, APT_SOURCES_DIR
 from roles.facts.apt import AptSourceFiles, KeyFingerprints, same_uri_files
 from roles.facts.nvidia import upstream_version
 from roles.facts.system import AptHeldPackages
 from roles.operations.shown import say
-
-KEYRING_DIR = "/etc/apt/keyrings"
-SOURCES_DIR = "/etc/apt/sources.list.d"
 
 
 def deb822_source(
@@ -47,11 +45,10 @@ def deb822_source(
 
 
 def keyring_path(name: str) -> str:
-    return f"{KEYRING_DIR}/{name}.asc"
+    return f"{APT_KEYRING_DIR}/{name}.asc"
 
 
 BACKUP_SUFFIX = ".rigforge-bak"
-IGNORE_BACKUPS_CONF = "/etc/apt/apt.conf.d/50rigforge-ignore-backups"
 IGNORE_BACKUPS_TEXT = (
     "// managed by rigforge: source files it replaced are kept as *.rigforge-bak; apt skips them silently\n"
     'Dir::Ignore-Files-Silently:: "\\.rigforge-bak$";\n'
@@ -59,7 +56,7 @@ IGNORE_BACKUPS_TEXT = (
 
 
 def source_path(repo: str) -> str:
-    return f"{SOURCES_DIR}/{repo}.sources"
+    return f"{APT_SOURCES_DIR}/{repo}.sources"
 
 
 def source_problems(files: dict[str, list[str]], uri: str, repo: str, adopt: bool, key: str) -> list[str]:
@@ -147,11 +144,11 @@ def add_repo(
 ):
     """Keyring (fingerprint checked) + deb822 source for one repository, other files for the same URI moved
     aside first; `apt-get update` only when something changed."""
-    files.directory(name="Ensure the apt keyring directory", path=KEYRING_DIR, mode="755")
+    files.directory(name="Ensure the apt keyring directory", path=APT_KEYRING_DIR, mode="755")
     files.put(
         name="Let apt skip the source files rigforge replaced",
         src=StringIO(IGNORE_BACKUPS_TEXT),
-        dest=IGNORE_BACKUPS_CONF,
+        dest=APT_IGNORE_BACKUPS_CONF,
         mode="644",
     )
     adopted = adopt_sources(name=f"Replace other apt sources for {uris}", uris=uris, keep=source_path(repo))

@@ -10,7 +10,7 @@ from pyinfra import host, logger, state
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 from pyinfra.facts.files import Directory, File, Sha256File
 
-from rigforge.layout import STAGING
+from rigforge.layout import STAGING, UPLOAD_PREFIX
 
 
 def _sha256(text: str) -> str:
@@ -20,7 +20,7 @@ def _sha256(text: str) -> str:
 def private_upload_dir() -> str:
     """The SSH user's own 0700 dir that sudo uploads pass through (see upload_privately). The user is the one the
     connection logs in as (the SSH connector's own data), not a role setting."""
-    return f"/tmp/.rigforge-upload-{connection('ssh_user') or 'user'}"
+    return f"{UPLOAD_PREFIX}{connection('ssh_user') or 'user'}"
 
 
 def connection(key: str):
