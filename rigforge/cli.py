@@ -92,6 +92,12 @@ def _render(args: argparse.Namespace) -> int:
     _write_atomically(args.out, files)
     for name in files:
         print(f"wrote {args.out / name}")
+    unresolved = [] if "@" in plan.image else [f"image {plan.image} (digest: null)"]
+    unresolved += [f"hf.{a.name} {a.pin.repo} (revision: null)" for a in plan.assets if not a.pin.resolved]
+    unresolved += [f"git.{p.name} (commit: null)" for p in plan.sources if not p.resolved]
+    if unresolved:
+        print(f"unresolved pins (rendered as tags and names; a deploy refuses them until `rigforge lock` resolves "
+              f"them): {', '.join(unresolved)}")  # fmt: skip
     return 0
 
 

@@ -211,6 +211,8 @@ def build(
     if problems or name is None or lock is None or settings is None:
         return None, problems
     try:
+        if not deployable and not given and "/" in name:  # a slug not locked yet: shown with unresolved pins
+            lock = recipes.provisional(name, lock, bool(data.get("rigforge_recipe_opt_in")))
         variant = given or resolve(name, lock, bool(data.get("rigforge_recipe_opt_in")))
         lock.require(git=variant.sources, hf=variant.assets, resolved=deployable)
     except (CatalogError, RecipeError, LockError) as exc:

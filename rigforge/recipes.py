@@ -595,6 +595,31 @@ def find(slug: str, lock: Any, opt_in: bool) -> LiveVariant:
     return of(repo, recipe, lock.pinned(recipe.image), assets)
 
 
+def provisional(slug: str, lock: Any, opt_in: bool) -> Any:
+    """`lock` with an unresolved entry for each image and weights repo slug `slug` needs and the lock lacks (named
+    as `find`'s advice names them): what `render` (and status, verify) shows for a slug not locked yet. A deploy
+    never sees these: it refuses an unresolved entry (Lock.require)."""
+    import dataclasses
+
+    from rigforge.pins import HfPin, ImagePin
+
+    pin = lock.git.get(GIT_NAME)
+    if pin is None:
+        return lock
+    recipe = load_repo(pin.commit).recipe(slug, opt_in=opt_in)
+    images, hf = dict(lock.images), dict(lock.hf)
+    if "@" not in recipe.image and lock.image_pin(recipe.image) is None:
+        images[recipe.engine] = ImagePin(ref=recipe.image)
+    known = {p.repo for p in hf.values()}
+    for w in recipe.weights:
+        if w.hf_repo not in known:
+            hf[w.local_subdir] = HfPin(name=w.local_subdir, repo=w.hf_repo, revision=None)
+            known.add(w.hf_repo)
+    if (images, hf) == (dict(lock.images), dict(lock.hf)):
+        return lock
+    return dataclasses.replace(lock, images=images, hf=hf)
+
+
 def of(repo: RecipeRepo, recipe: Recipe, image: str, assets: list[tuple[str, str, int]] = ()) -> LiveVariant:
     """`recipe` of `repo` as a variant running `image`; `assets`: (lock name, dir, bytes) of its weights."""
     compose = repo.compose(recipe)

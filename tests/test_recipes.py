@@ -463,6 +463,46 @@ def test_without_a_recipe_repo_a_live_slug_is_refused_with_how_to_get_it(tmp_pat
     assert "set RIGFORGE_RECIPES=DIR" in r.stderr and "rigforge lock" in r.stderr
 
 
+def test_every_selectable_slug_renders_without_a_lock_entry_showing_its_unresolved_pins(
+    repo, tmp_path, monkeypatch, capsys
+):
+    """`render` needs no lock entry for a slug's image or weights (issue 33): each selectable slug, opt-in ones
+    too, renders with its engine's image by tag, and the pins the lock lacks are named as unresolved."""
+    from rigforge.cli import main
+    from rigforge.pins import default_lock_path, load_lock
+
+    monkeypatch.setenv("RIGFORGE_RECIPES", str(REFERENCE))
+    lock = load_lock(default_lock_path())
+    slugs = [s for s, r in repo.recipes.items() if not r.refused]
+    assert len(slugs) >= 12
+    lacking = 0
+    for slug in slugs:
+        rc = main(["render", slug, "--opt-in", "--out", str(tmp_path / slug)])
+        out = capsys.readouterr()
+        assert rc == 0, (slug, out.err)
+        recipe = repo.recipes[slug]
+        svc = next(iter(yaml.safe_load((tmp_path / slug / recipes.EFFECTIVE_FILE).read_text())["services"].values()))
+        assert svc["image"] == lock.pinned(recipe.image), slug
+        missing = [w.hf_repo for w in recipe.weights if not any(p.repo == w.hf_repo for p in lock.hf.values())]
+        for hf_repo in missing:
+            assert f" {hf_repo} (revision: null)" in out.out, (slug, out.out)
+        lacking += bool(missing)
+    assert lacking >= 9  # most slugs' weights are not in the shipped lock: they rendered anyway
+
+
+def test_a_deploy_still_refuses_a_slug_the_lock_lacks(monkeypatch):
+    from rigforge.pins import default_lock_path
+    from rigforge.plan import build
+    from roles import site
+
+    monkeypatch.setenv("RIGFORGE_RECIPES", str(REFERENCE))
+    data = site.host_data({"rigforge_lock": str(default_lock_path())})
+    plan, problems = build("rig", data, "vllm/gemma-31b-dual")
+    assert plan is None and problems and "no hf entry for cyankiwi/gemma-4-31B-it-qat-AWQ-INT4" in problems[-1]
+    plan, problems = build("rig", data, "vllm/gemma-31b-dual", deployable=False)
+    assert problems == [] and not plan.assets[0].pin.resolved
+
+
 # --- a slug for a deploy: lock entries by image ref and repo id ---
 
 
