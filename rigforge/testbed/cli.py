@@ -66,7 +66,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p_up.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"testbed directory (default {DEFAULT_DIR})")
     p_down = sub.add_parser("down", help="stop the rigs' sshds and the local services, remove the rigs")
     p_down.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"testbed directory (default {DEFAULT_DIR})")
-    p_down.add_argument("--purge", action="store_true", help="also delete the cache (rootfs tarball, repos)")
+    p_down.add_argument(
+        "--purge",
+        action="store_true",
+        help="also delete the cache (rootfs tarball, repos), the services' state, the upstream stand-in, the fleet CA",
+    )
     p_reboot = sub.add_parser("reboot", help="reboot a rig: power off and boot (a chroot rig forgets its GPU state)")
     p_reboot.add_argument("rig", help="the rig's name, e.g. rig1")
     p_reboot.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"testbed directory (default {DEFAULT_DIR})")

@@ -814,9 +814,13 @@ def load(dir: Path = DEFAULT_DIR, shared: Path | None = None) -> Testbed:
     return Testbed(dir=dir, shared=shared, rigs=rigs, services=services, fleet_registry=fleet_registry, **gateway)
 
 
+PURGED = ("cache", "run", "upstream", "registry-ca")  # what `down --purge` removes besides the rigs
+
+
 def down(dir: Path = DEFAULT_DIR, purge: bool = False) -> None:
-    """Stop the rigs' sshds and remove the rigs (and fleets) of `dir`, stop its services; keep the cache
-    unless `purge`."""
+    """Stop the rigs' sshds and remove the rigs (and fleets) of `dir`, stop its services; keep the cache, the
+    upstream stand-in's storage and the fleet CA unless `purge`, which removes them and `dir` itself when nothing
+    else is left in it."""
     dir = Path(dir)
     if not dir.exists():
         return
@@ -830,6 +834,9 @@ def down(dir: Path = DEFAULT_DIR, purge: bool = False) -> None:
     stop_services(dir)
     for name in ("inventory.py", "testbed.lock.yaml", "ssh_config", "known_hosts"):
         (dir / name).unlink(missing_ok=True)
-    if purge:
-        sh(["rm", "-rf", "--one-file-system", str(dir / "cache")])
-    log(f"testbed down: {dir}")
+    if purge:  # everything `up` made: the cache, the services' state, the upstream stand-in and the fleet CA
+        for name in PURGED:
+            sh(["rm", "-rf", "--one-file-system", str(dir / name)])
+        if not any(dir.iterdir()):
+            dir.rmdir()
+    log(f"testbed down{' --purge' if purge else ''}: {dir}")

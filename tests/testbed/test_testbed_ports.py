@@ -137,3 +137,16 @@ def test_a_service_port_held_by_another_process_is_not_taken_for_the_service(tmp
                 run, "apt", "x", port, lambda p: [sys.executable, "-m", "http.server", str(p), "--bind", "127.0.0.1"]
             )
     core.stop_pidfile(run / "apt.pid")
+
+
+def test_down_purge_leaves_nothing_behind(tmp_path):
+    """Issue 32 point 10: `down --purge` removes what `up` made (the cache, run/, upstream/, registry-ca/), and the
+    directory itself once empty; a plain `down` keeps the cache and the upstream stand-in's storage."""
+    made = tmp_path / "tb"
+    for name in core.PURGED:
+        (made / name).mkdir(parents=True)
+        (made / name / "something").write_text("x")
+    down(made)
+    assert sorted(p.name for p in made.iterdir()) == sorted(core.PURGED)
+    down(made, purge=True)
+    assert not made.exists()
