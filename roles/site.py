@@ -21,7 +21,7 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.context import ctx_state
 
-from rigforge import gateway, images, obtain, power, registry, schema
+from rigforge import fleet, gateway, images, obtain, power, registry, schema
 from rigforge import plan as planner
 from rigforge.catalog import CatalogError
 from rigforge.hardware import Needs, format_problems
@@ -97,6 +97,18 @@ def plan_for(name: str, data, entry=None, gpus: int | None = None, deployable: b
         return None, [*problems, f"cannot prepare this host: {type(exc).__name__}: {exc}"]
 
 
+def the_fleet(variant=None) -> fleet.Fleet:
+    """This run's fleet (rigforge/fleet.py), built once on the controller at the first host's turn: every rig's plan
+    as it deploys (before its probe), each host's roles, the fleet registry."""
+    memo = ctx_state.get().__dict__.setdefault("_rigforge_fleets", {})
+    key = variant if variant is None or isinstance(variant, str) else id(variant)
+    if key not in memo:
+        memo[key] = fleet.build(
+            host.inventory, lambda h: plan_for(h.name, h.data, variant), lambda h: _registry_of(h.name, h.data)
+        )
+    return memo[key]
+
+
 def is_rig(h) -> bool:
     """Every host is a rig but those only in the groups `gateway` or `registry` (a gateway or registry host that is
     also a rig is in `rigs`)."""
@@ -111,9 +123,11 @@ def registry_host_name(inventory) -> str | None:
 def registry_plan(inventory):
     """(the fleet registry's plan, or None when the inventory has no registry host; its knobs' problems)."""
     name = registry_host_name(inventory)
-    if name is None:
-        return None, []
-    data = host_data(inventory.get_host(name).data)
+    return (None, []) if name is None else _registry_of(name, inventory.get_host(name).data)
+
+
+def _registry_of(name: str, data) -> tuple:
+    data = host_data(data)
     problems = registry_role.validate(data)
     return (None if problems else registry.build(name, data)), problems
 
@@ -121,9 +135,10 @@ def registry_plan(inventory):
 def serve_the_registry(variant=None) -> bool:
     """On the fleet registry's host, the registry (roles/registry.py); False when it was refused. Its problems
     refuse that host only: the rigs go on without it, with a warning (trust_the_registry)."""
-    if host.name != registry_host_name(host.inventory):
+    fl = the_fleet(variant)
+    if host.name != fl.registry_host:
         return True
-    reg, problems = registry_plan(host.inventory)
+    reg, problems = fl.registry, list(fl.registry_problems)
     try:
         tls = None if problems or reg.insecure else registry.server_certificate(reg.ca_dir, reg.address)
         ca = None if problems or reg.insecure else registry.ca_certificate(reg.ca_dir)
@@ -133,50 +148,34 @@ def serve_the_registry(variant=None) -> bool:
         message = format_problems(host.name, problems, what="rigforge refused the fleet registry")
         refuse_now(f"Refuse {host.name}: {len(problems)} problem(s) with the fleet registry", message)
         return False
-    registry_role.serve(reg, tls, host_data(host.data)["rigforge_manage_services"], ca, fleet_images(variant))
+    registry_role.serve(reg, tls, host_data(host.data)["rigforge_manage_services"], ca, fl.images)
     return True
 
 
-def fleet_images(variant=None) -> tuple[str, ...]:
-    """The locked Docker Hub images (ref@sha256:...) the inventory's rigs run, for the fleet registry to hold."""
-    images = set()
-    for rig in filter(is_rig, host.inventory):
-        plan, _ = plan_for(rig.name, rig.data, variant, deployable=False)
-        ref = obtain.parse(plan.image) if plan else None
-        if ref and ref.digest and ref.on_docker_hub:
-            images.add(plan.image)
-    return tuple(sorted(images))
-
-
-def trust_the_registry(plan: Plan) -> None:
+def trust_the_registry(plan: Plan, fl: fleet.Fleet) -> None:
     """On a rig, trust the fleet registry (its CA, or insecure-registries); a registry refused on its own host
     is only a warning here."""
-    reg, problems = registry_plan(host.inventory)
+    reg, problems = fl.registry, list(fl.registry_problems)
     try:
         ca = None if reg is None or reg.insecure else registry.ca_certificate(reg.ca_dir)
     except registry.RegistryError as error:
         reg, problems = None, [str(error)]
     if problems:
-        host.log_styled(f"{host.name}: the fleet registry on {registry_host_name(host.inventory)} is left out (that "
+        host.log_styled(f"{host.name}: the fleet registry on {fl.registry_host} is left out (that "
                         f"host is refused): {problems[0]}", fg="yellow", log_func=logger.warning)  # fmt: skip
     if reg is not None:
         registry_role.trust(reg, ca, plan.layout.daemon_json, plan.data["rigforge_manage_services"])
 
 
 def gateway_plan(variant=None):
-    """(this gateway host's plan, or None; every problem): in front of every rig of the inventory, each with the
-    plan this run gives it. A rig whose host data has problems is left out, with a warning (its own host is
-    refused in this run)."""
-    plans = []
-    for rig in filter(is_rig, host.inventory):
-        plan, problems = plan_for(rig.name, rig.data, variant, deployable=False)
-        plans += [plan] if plan else []
-        if problems:
-            host.log_styled(f"{host.name}: the gateway leaves {rig.name} out: {problems[0]}", fg="yellow",
-                            log_func=logger.warning)  # fmt: skip
+    """(this gateway host's plan, or None; every problem): in front of every rig of the fleet, each with the plan
+    it deploys in this run. A rig refused is left out, with a warning (its own host is refused in this run)."""
+    fl = the_fleet(variant)
+    for rig, problem in fl.left_out().items():
+        host.log_styled(f"{host.name}: the gateway leaves {rig} out: {problem}", fg="yellow", log_func=logger.warning)
     data = host_data(host.data)
     problems = gateway_role.validate(data) + schema.boolean(data, "rigforge_manage_services")
-    gw, more = gateway.build(host.name, data, plans) if not problems else (None, [])
+    gw, more = gateway.build(host.name, data, fl.rigs()) if not problems else (None, [])
     return gw, problems + more
 
 
@@ -206,7 +205,9 @@ def prepare(variant=None) -> Plan | None:
     variant object (tests/deploys/).
     """
     gpus = len(host.get_fact(NvidiaGpus) or []) or len(host.get_fact(NvidiaPciGpus) or []) or None
-    plan, problems = plan_for(host.name, host.data, variant, gpus, cap_units=tuple(host.get_fact(PowerCapUnits)))
+    fl, cap_units = the_fleet(variant), tuple(host.get_fact(PowerCapUnits))
+    rebuild = lambda count: plan_for(host.name, host.data, variant, count, cap_units=cap_units)  # noqa: E731
+    plan, problems = fl.completed(host.name, gpus, cap_units, rebuild)
     if plan is not None:
         gated = [a.pin for a in plan.assets if a.pin.gated and stale_files(a.pin, _weights_state(plan, a))]
         if gated and not plan.token:
@@ -236,12 +237,12 @@ def _disk_needed(plan: Plan) -> int:
     return needed
 
 
-def image_problems(plan: Plan) -> list[str]:
+def image_problems(plan: Plan, variant=None) -> list[str]:
     """The refusal when the rig lacks its image and no source has it (rigforge/obtain.py: the fleet registry,
     upstream), asked from the controller before anything changes; a rig that holds it asks nothing."""
     if not plan.data["rigforge_manage_services"] or host.get_fact(DockerImagePresent, image=plan.image):
         return []
-    reg, _ = registry_plan(host.inventory)
+    reg = the_fleet(variant).registry
     found = obtain.sources(plan.image, reg, plan.data["serving_image_upstream"], plan.data["serving_image_upstream_ca"])
     warning = obtain.unasked(plan.image, found)
     if warning:
@@ -280,7 +281,7 @@ def provision(variant_name: str | None = None):
     if plan is None:
         return
     host_needs = needs(plan)
-    if not preflight.check(host_needs, plan.data, image_problems(plan)):
+    if not preflight.check(host_needs, plan.data, image_problems(plan, variant_name)):
         return
     if not host.get_fact(NvidiaGpus):  # a fresh rig: say it before the driver goes on
         host.log_styled(
@@ -299,7 +300,7 @@ def provision(variant_name: str | None = None):
         data=dict(plan.data),
     )
     docker_engine.install(plan)
-    trust_the_registry(plan)
+    trust_the_registry(plan, the_fleet(variant_name))
     gpu_power.apply(plan)
     sources.apply(plan)
     weights.apply(plan)

@@ -61,7 +61,9 @@ def stamped(dirname: str) -> dict:
     return {f"{dirname}/.rigforge-stamp.json": lines}
 
 
-def run_site(tmp_path, hosts: dict[str, dict], variant="dual-turbo", env_token=None, monkeypatch=None, groups=None):
+def run_site(
+    tmp_path, hosts: dict[str, dict], variant="dual-turbo", env_token=None, monkeypatch=None, groups=None, before=None
+):
     """prepare() then a changing operation on each host (a host in the group `registry` serves the registry
     first, as provision() does); returns (state, {host: executed commands}). `groups`: {group: [host names]}."""
     lock = lock_file(tmp_path)
@@ -92,12 +94,14 @@ def run_site(tmp_path, hosts: dict[str, dict], variant="dual-turbo", env_token=N
     def deploy():
         from pyinfra import host
 
+        if before:
+            before(host)
         if not site.serve_the_registry(variant) or not site.is_rig(host):
             return
         plan = site.prepare(variant)
         plans[host.name] = plan
         if plan:
-            site.trust_the_registry(plan)
+            site.trust_the_registry(plan, site.the_fleet(variant))
             server.shell(name="Change something", commands=["touch /rigforge-was-here"])
 
     add_deploy(state, deploy)
@@ -320,3 +324,45 @@ def test_a_bad_registry_setting_refuses_the_registry_host_only_and_the_rigs_are_
             f"@fake/{rig}: the fleet registry on @fake/reg is left out (that host is refused): registry_port" in w
             for w in warned
         ), warned
+
+
+def test_a_fleet_builds_each_rigs_plan_once_and_renders_each_file_once_per_host(tmp_path, monkeypatch):
+    """Issue 31: on 3 rigs and gw (the gateway and the fleet registry), one run builds each rig's plan once (the
+    gateway's backends and the registry's fill list are read from the fleet, never rebuilt) and renders each
+    rig's files once; the fleet hosts build none."""
+    from collections import Counter
+
+    import rigforge.plan as planner
+
+    built, rendered = Counter(), Counter()
+    real_build, real_power = planner.build, planner.render_power_unit
+
+    def counting_build(name, *args, **kwargs):
+        built[name.split("/")[-1]] += 1
+        return real_build(name, *args, **kwargs)
+
+    def counting_power(*args, **kwargs):
+        rendered["power unit"] += 1
+        return real_power(*args, **kwargs)
+
+    monkeypatch.setattr(planner, "build", counting_build)
+    monkeypatch.setattr(planner, "render_power_unit", counting_power)
+    gateways = []
+
+    def gateway_too(host):
+        if "gateway" in host.groups:
+            gateways.append(site.gateway_plan("dual-turbo"))
+
+    state, ran, plans = run_site(
+        tmp_path,
+        {"rig1": {}, "rig2": {}, "rig3": {}, "gw": {"registry_insecure": True}},
+        groups={"rigs": ["rig1", "rig2", "rig3"], "gateway": ["gw"], "registry": ["gw"]},
+        before=gateway_too,
+    )
+    assert not state.failed_hosts
+    assert dict(built) == {"rig1": 1, "rig2": 1, "rig3": 1}
+    assert rendered["power unit"] == 3
+    ((gw, problems),) = gateways
+    assert problems == [] and [s.name for b in gw.backends for s in b.servers] == ["@fake/rig1", "@fake/rig2",
+                                                                                   "@fake/rig3"]  # fmt: skip
+    assert all(plans[f"@fake/rig{i}"] for i in (1, 2, 3))
