@@ -22,14 +22,20 @@ from typing import Any
 from pyinfra.facts.files import Sha256File
 
 from rigforge import boot, inventory, obtain, power
+from rigforge.driver_table import (
+    DriverTableError,
+    branch_for_cuda,
+    branch_problem,
+    cuda_for_driver,
+    packages_for,
+    version_key,
+)
 from rigforge.hardware import interconnect, small_override, vram_problems
-from rigforge.layout import GATEWAY_ADMIN_SOCKET, SERVE_FILES, SETTLE_SCRIPT, SETTLE_UNIT, HostLayout
+from rigforge.layout import GATEWAY_ADMIN_SOCKET, NVIDIA_RUNTIME, SERVE_FILES, SETTLE_SCRIPT, SETTLE_UNIT, HostLayout
 from rigforge.pins import LockError, load_lock
 from rigforge.plan import Plan
 from rigforge.render import POWER_UNIT, VLLM_UNIT
 from rigforge.schema import Settings, power_caps
-from roles import nvidia_driver
-from roles.driver_table import DriverTableError, branch_for_cuda, cuda_for_driver, version_key
 from roles.facts import probe
 from roles.facts.apt import DebInstalledVersion
 from roles.facts.docker import DockerImagePresent
@@ -318,7 +324,7 @@ def watts(v) -> str:
 def _driver_package(data: Mapping, os_id: str | None) -> str | None:
     """The driver table's package whose version is the driver's, for this rig's data and OS (None: none)."""
     try:
-        return nvidia_driver.packages_for(data, os_id).version_package if data["nvidia_driver_manage"] else None
+        return packages_for(data, os_id).version_package if data["nvidia_driver_manage"] else None
     except DriverTableError:
         return None
 
@@ -327,7 +333,6 @@ def driver(obs: Observed, ctx: RigContext) -> Check:
     """The loaded module is the installed driver package (the driver table's, for this OS, branch, flavour and
     source); with nvidia_driver_manage false, the running driver is of the branch asked for."""
     from roles.facts.nvidia import upstream_version
-    from roles.operations.nvidia import branch_problem
 
     name, data = "driver module = package", ctx.data
     if not data["nvidia_driver_manage"]:
@@ -336,7 +341,7 @@ def driver(obs: Observed, ctx: RigContext) -> Check:
         fine = f"running {(running or {}).get('version')} (nvidia_driver_manage false: not installed by rigforge)"
         return check(name, [problem] if problem else [], fine)
     try:
-        pkg = nvidia_driver.packages_for(data, obs.get_fact(OsRelease)["id"]).version_package
+        pkg = packages_for(data, obs.get_fact(OsRelease)["id"]).version_package
     except DriverTableError as error:
         return Check(name, FAIL, f"{error} (host data)")
     module, version = obs.get_fact(NvidiaModuleVersion), obs.get_fact(DebInstalledVersion, package=pkg)
@@ -453,8 +458,6 @@ def vram(gpus: list[dict], v, s: Settings) -> Check:
 
 def runtime(obs: Observed, ctx: RigContext) -> Check:
     """daemon.json is merged, not rendered: only the key rigforge owns (the nvidia runtime) is compared."""
-    from roles.operations.docker_daemon import NVIDIA_RUNTIME
-
     name, path = "nvidia runtime", ctx.layout.daemon_json
     daemon = obs.get_fact(JsonFile, path=path)
     if daemon is None:

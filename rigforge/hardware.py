@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from roles.driver_table import branch_for_cuda, cuda_for_branch, cuda_for_driver, version_key
+from rigforge.driver_table import branch_for_cuda, cuda_for_branch, cuda_for_driver, version_key
 
 SMALL_CARD_MIB = 24000  # below this a card is a "20 GB card"
 SMALL_CARD_FLOOR_MIB = 20000  # below this not even the 20 GB override fits the model
@@ -113,7 +113,7 @@ def driver_cuda(running: dict | None, data: dict) -> tuple[str | None, str]:
 
     The running driver's own word (nvidia-smi's header, else NVIDIA's table for its version) when rigforge keeps
     it: nvidia_driver_manage false, or it is already of nvidia_driver_branch. Otherwise the branch rigforge is
-    about to install, from NVIDIA's table (roles/driver_table.py CUDA_DRIVERS)."""
+    about to install, from NVIDIA's table (rigforge/driver_table.py CUDA_DRIVERS)."""
     version, branch = (running or {}).get("version"), data.get("nvidia_driver_branch")
     if version and (data.get("nvidia_driver_manage") is False or version.split(".")[0] == str(branch)):
         return (running or {}).get("cuda") or cuda_for_driver(version), f"the running driver {version}"

@@ -14,6 +14,7 @@ UNIT_DIR = "/etc/systemd/system"  # where rigforge installs its units
 UNIT_SEARCH_PATH = (UNIT_DIR, "/lib/systemd/system", "/usr/lib/systemd/system")  # systemd's precedence (others' units)
 RUN_LOCK = "/run/lock/rigforge.lock"  # held by the one rigforge run provisioning the rig (roles/rig_lock.py)
 DAEMON_JSON = "/etc/docker/daemon.json"  # Docker's config: rigforge merges the nvidia runtime into it
+NVIDIA_RUNTIME = {"runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}}  # the key it owns there
 # the files rigforge owns in the system's own config dirs (each named rigforge-*, removed by nothing else)
 NOUVEAU_CONF = "/etc/modprobe.d/rigforge-blacklist-nouveau.conf"  # the driver needs nouveau unloaded
 UNATTENDED_CONF = "/etc/apt/apt.conf.d/51rigforge-nvidia-unattended-upgrades"  # the driver is held from them

@@ -18,8 +18,8 @@ from dataclasses import asdict
 
 from rigforge import drift, inventory
 from rigforge.drift import watts
+from rigforge.driver_table import version_key
 from rigforge.pins import default_lock_path
-from roles.driver_table import version_key
 
 DEFAULT_LOCK = default_lock_path()
 

@@ -21,6 +21,7 @@ from pyinfra.api import deploy
 from pyinfra.facts.deb import DebArch
 from pyinfra.operations import systemd
 
+from rigforge.layout import NVIDIA_RUNTIME
 from rigforge.pins import TOOLKIT_REPO_URL
 from rigforge.plan import Plan
 from roles.facts.system import OsRelease
@@ -150,7 +151,7 @@ def install(plan: Plan):
     daemon = docker_daemon.merge_json(
         name=f"Add the nvidia runtime to {plan.layout.daemon_json}",
         path=plan.layout.daemon_json,
-        patch=docker_daemon.deep_merge(data["docker_daemon_options"] or {}, docker_daemon.NVIDIA_RUNTIME),
+        patch=docker_daemon.deep_merge(data["docker_daemon_options"] or {}, NVIDIA_RUNTIME),
     )
     if data["rigforge_manage_services"]:
         systemd.service(name="Enable and start docker", service="docker.service", running=True, enabled=True)

@@ -14,12 +14,13 @@ from collections.abc import Mapping
 from pyinfra import host
 from pyinfra.facts.deb import DebArch
 
-from roles import docker_engine, driver_table, nvidia_driver
+from rigforge import driver_table
+from rigforge.driver_table import branch_problem
+from roles import docker_engine, nvidia_driver
 from roles.facts.apt import AptSourceFiles
 from roles.facts.nvidia import NvidiaRunningDriver, unowned_driver
 from roles.facts.system import OsRelease
 from roles.operations import apt_repo
-from roles.operations.nvidia import branch_problem
 
 ALREADY_CHECKED = (
     "docker_source=",

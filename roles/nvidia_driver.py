@@ -3,7 +3,7 @@
 `nvidia_driver_source: cuda` (default): NVIDIA's CUDA repository for the OS (deb822 source, Signed-By keyring
 whose fingerprint is checked: debian13 is signed with 8793F200, every other repo with 3bf863cc), then
 `nvidia-driver-pinning-<branch>` (locks the branch), then the driver packages for the distro, branch and
-flavour (roles/driver_table.py). `ubuntu`: Ubuntu's `nvidia-driver-<branch>[-open]` plus the prebuilt, signed
+flavour (rigforge/driver_table.py). `ubuntu`: Ubuntu's `nvidia-driver-<branch>[-open]` plus the prebuilt, signed
 `linux-modules-nvidia-<branch>[-open]-<kernel flavour>` (no DKMS, works with Secure Boot), apt-pinned so
 NVIDIA's repository cannot win. The same table names what is held, kept out of unattended upgrades, and
 compared with the loaded kernel module: the rig is rebooted only when the installed driver is not the one
@@ -23,9 +23,10 @@ from pyinfra.api import deploy
 from pyinfra.facts.deb import DebArch
 from pyinfra.operations import files, server
 
+from rigforge import driver_table
+from rigforge.driver_table import packages_for
 from rigforge.layout import NOUVEAU_CONF, UBUNTU_PIN, UNATTENDED_CONF
 from rigforge.plan import Plan
-from roles import driver_table
 from roles.facts.system import OsRelease
 from roles.operations import apt_repo, nvidia
 
@@ -72,17 +73,6 @@ def validate(data: Mapping) -> list[str]:
     if not isinstance(kernel, str) or not kernel or not all(c.isalnum() or c in "-." for c in kernel):
         problems.append(f"nvidia_driver_kernel_flavour={kernel!r} must be a kernel flavour such as generic.")
     return problems
-
-
-def packages_for(data: Mapping, os_id: str) -> driver_table.DriverPackages:
-    """The table's row for this host (raises driver_table.DriverTableError when none exists)."""
-    return driver_table.lookup(
-        data["nvidia_driver_source"],
-        os_id,
-        data["nvidia_driver_branch"],
-        data["nvidia_driver_flavor"],
-        data["nvidia_driver_kernel_flavour"],
-    )
 
 
 def cuda_repo(data: Mapping, os_release: dict, deb_arch: str) -> tuple[str, str, str]:

@@ -15,7 +15,8 @@ from collections import Counter
 import pytest
 from support import REPO, changed, errored, pyinfra_run
 
-from roles.nvidia_driver import DEFAULTS, packages_for
+from rigforge.driver_table import packages_for
+from roles.nvidia_driver import DEFAULTS
 
 pytestmark = pytest.mark.testbed
 DEPLOY = REPO / "deploy" / "dual_turbo.py"

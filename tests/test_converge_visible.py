@@ -17,7 +17,8 @@ import time
 import pytest
 from support import PYINFRA, REPO
 
-from roles.nvidia_driver import DEFAULTS, packages_for
+from rigforge.driver_table import packages_for
+from roles.nvidia_driver import DEFAULTS
 
 pytestmark = pytest.mark.testbed
 THROTTLE_BPS = 16 * 1024  # a 256 KiB shard takes about 16 s

@@ -24,7 +24,7 @@ from pyinfra.operations import server
 
 from rigforge import hardware
 from rigforge.catalog import load_catalog
-from rigforge.layout import HostLayout
+from rigforge.layout import NVIDIA_RUNTIME, HostLayout
 from rigforge.plan import Plan
 from rigforge.render import render_power_unit, render_variant
 from rigforge.schema import Settings
@@ -447,21 +447,21 @@ def test_docker_from_dockers_repo_with_pins(os, distro):
 
 def test_daemon_json_merge_keeps_user_keys_and_is_stable():
     user = {"log-driver": "journald", "runtimes": {"runsc": {"path": "/usr/bin/runsc"}}}
-    text = docker_daemon.merged_text(json.dumps(user), docker_daemon.NVIDIA_RUNTIME)
+    text = docker_daemon.merged_text(json.dumps(user), NVIDIA_RUNTIME)
     merged = json.loads(text)
     assert merged["log-driver"] == "journald"
     assert merged["runtimes"] == {
         "runsc": {"path": "/usr/bin/runsc"},
         "nvidia": {"args": [], "path": "nvidia-container-runtime"},
     }
-    assert docker_daemon.merged_text(text, docker_daemon.NVIDIA_RUNTIME) is None  # equal: no write
+    assert docker_daemon.merged_text(text, NVIDIA_RUNTIME) is None  # equal: no write
     # Same data, different formatting: still equal.
-    assert docker_daemon.merged_text(json.dumps(merged, separators=(",", ":")), docker_daemon.NVIDIA_RUNTIME) is None
-    assert json.loads(docker_daemon.merged_text(None, docker_daemon.NVIDIA_RUNTIME)) == docker_daemon.NVIDIA_RUNTIME
+    assert docker_daemon.merged_text(json.dumps(merged, separators=(",", ":")), NVIDIA_RUNTIME) is None
+    assert json.loads(docker_daemon.merged_text(None, NVIDIA_RUNTIME)) == NVIDIA_RUNTIME
     with pytest.raises(ValueError):
-        docker_daemon.merged_text("{not json", docker_daemon.NVIDIA_RUNTIME)
+        docker_daemon.merged_text("{not json", NVIDIA_RUNTIME)
     with pytest.raises(ValueError):
-        docker_daemon.merged_text("[1]", docker_daemon.NVIDIA_RUNTIME)
+        docker_daemon.merged_text("[1]", NVIDIA_RUNTIME)
 
 
 def test_daemon_json_operation_writes_atomically_and_restarts_docker_only_on_change():

@@ -1,6 +1,6 @@
 """What the driver and container-runtime roles render, checked against the vendors' published instructions.
 
-The expected names below were written from the vendors' pages (cited per test), not from roles/driver_table.py:
+The expected names below were written from the vendors' pages (cited per test), not from rigforge/driver_table.py:
 Ubuntu 22.04, Ubuntu 24.04, Debian 12 and Debian 13 x open/proprietary x branch 580/590. The roles run on
 pyinfra's fake connector: the commands and files are what a real rig would get.
 """
@@ -11,8 +11,9 @@ import pytest
 import yaml
 from test_roles_host_ops import converge, executed, op_commands, planned, rig, uploads
 
+from rigforge import driver_table
 from rigforge.pins import default_lock_path, load_lock
-from roles import docker_engine, driver_table, host_state, nvidia_driver
+from roles import docker_engine, host_state, nvidia_driver
 from roles.facts.apt import parse_deb822, parse_fingerprints, parse_one_line, parse_source_files, same_uri_files
 from roles.facts.nvidia import parse_running_driver, unowned_driver
 from roles.operations import apt_repo

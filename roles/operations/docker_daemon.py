@@ -12,8 +12,6 @@ from pyinfra.facts.files import FileContents
 
 from roles.operations.checks import fail_command
 
-NVIDIA_RUNTIME = {"runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}}
-
 
 def deep_merge(base: dict, patch: dict) -> dict:
     """A copy of `base` with `patch` merged in: nested dicts merge, other values from `patch` win."""

@@ -6,6 +6,7 @@ from pyinfra import host
 from pyinfra.api import StringCommand, operation
 from pyinfra.operations import server
 
+from rigforge.driver_table import branch_problem
 from rigforge.hardware import cap_problems, resolve_caps
 from roles.facts.apt import DebInstalledVersion
 from roles.facts.nvidia import (
@@ -114,22 +115,6 @@ def reboot_if_needed(package: str, allow_reboot: bool):
         )
     else:
         yield from server.reboot._inner(delay=30, reboot_timeout=900)
-
-
-def branch_problem(running: dict, branch: int) -> str | None:
-    """With nvidia_driver_manage false: why the running driver is not acceptable (None when its branch is `branch`)."""
-    version = running.get("version")
-    if not version:
-        return (
-            f"nvidia_driver_manage is false but no NVIDIA driver is running; install driver branch {branch} "
-            "(or set nvidia_driver_manage: true to let rigforge install it)."
-        )
-    if version.split(".")[0] != str(branch):
-        return (
-            f"the running NVIDIA driver is {version}, not branch {branch} (nvidia_driver_manage is false, so "
-            f"rigforge leaves it alone); set nvidia_driver_branch: {version.split('.')[0]} or change the driver."
-        )
-    return None
 
 
 @operation()

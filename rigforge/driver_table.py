@@ -18,6 +18,7 @@ Where the names come from (vendor instructions):
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 SOURCES = ("cuda", "ubuntu")
@@ -181,3 +182,30 @@ def cuda_repo_url(os_release: dict, deb_arch: str) -> str:
 def cuda_key(os_release: dict) -> tuple[str, str]:
     """(key file name, fingerprint) of the CUDA repository for the OS."""
     return CUDA_KEYS.get(cuda_distro(os_release), CUDA_KEYS["default"])
+
+
+def packages_for(data: Mapping, os_id: str) -> DriverPackages:
+    """The table's row for this host (raises driver_table.DriverTableError when none exists)."""
+    return lookup(
+        data["nvidia_driver_source"],
+        os_id,
+        data["nvidia_driver_branch"],
+        data["nvidia_driver_flavor"],
+        data["nvidia_driver_kernel_flavour"],
+    )
+
+
+def branch_problem(running: dict, branch: int) -> str | None:
+    """With nvidia_driver_manage false: why the running driver is not acceptable (None when its branch is `branch`)."""
+    version = running.get("version")
+    if not version:
+        return (
+            f"nvidia_driver_manage is false but no NVIDIA driver is running; install driver branch {branch} "
+            "(or set nvidia_driver_manage: true to let rigforge install it)."
+        )
+    if version.split(".")[0] != str(branch):
+        return (
+            f"the running NVIDIA driver is {version}, not branch {branch} (nvidia_driver_manage is false, so "
+            f"rigforge leaves it alone); set nvidia_driver_branch: {version.split('.')[0]} or change the driver."
+        )
+    return None
