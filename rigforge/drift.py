@@ -1,27 +1,20 @@
-"""Drift: the rig's observed state against its plan. Every check lives here once; `rigforge status` shows them
-as a table, `rigforge verify` prints them and adds its live API probes.
+"""Drift: the rig's observed state (rigforge/observe.py) against its plan, as checks. Every check lives here once;
+`rigforge status` shows them as a table, `rigforge verify` prints them and adds its live API probes.
 
-    observe(host) -> (RigContext, Observed)      the plan for the rig, and the rig read in one batched probe
-    checks(ctx, observed) -> [Check]              drift, one check per managed concern
+    checks(observed, ctx) -> [Check]              drift, one check per managed concern
 
-The plan is the deploy's own (roles/site.py `plan_for`), for the variant the rig's manifest records, else host
-data's. The rig is read through facts, the plan's requests in one remote command (roles/facts/probe.py `read`);
-a fact the probe cannot answer is read on its own. Nothing on a rig is changed.
+A check reads only the plan and what was observed: nothing here asks a rig or a registry.
 """
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import json
-import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from pyinfra.facts.files import Sha256File
 
-from rigforge import boot, inventory, obtain, power
+from rigforge import boot, obtain, power
 from rigforge.driver_table import (
     DriverTableError,
     branch_for_cuda,
@@ -31,14 +24,11 @@ from rigforge.driver_table import (
     version_key,
 )
 from rigforge.hardware import interconnect, small_override, vram_problems
-from rigforge.layout import GATEWAY_ADMIN_SOCKET, NVIDIA_RUNTIME, SERVE_FILES, SETTLE_SCRIPT, SETTLE_UNIT, HostLayout
-from rigforge.pins import LockError, load_lock
+from rigforge.layout import NVIDIA_RUNTIME
+from rigforge.observe import Observed, RigContext, boot_units, managed_files, weights_at
 from rigforge.plan import Plan
-from rigforge.render import POWER_UNIT, VLLM_UNIT
 from rigforge.schema import Settings, power_caps
-from roles.facts import probe
 from roles.facts.apt import DebInstalledVersion
-from roles.facts.docker import DockerImagePresent
 from roles.facts.files import JsonFile
 from roles.facts.gitpin import GitCheckout
 from roles.facts.hfweights import WeightsState
@@ -48,9 +38,8 @@ from roles.facts.nvidia import (
     NvidiaModuleVersion,
     NvidiaRunningDriver,
     NvidiaTopology,
-    PowerCapUnits,
 )
-from roles.facts.serving import ApiAnswers, ComposeImages, ServiceState, runs_digest, serving
+from roles.facts.serving import ComposeImages, ServiceState, runs_digest, serving
 from roles.facts.system import OsRelease, SystemdUnitEnabled
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
@@ -67,126 +56,6 @@ class Check:
 def check(name: str, problems: list[str], fine: str, hint: str = "") -> Check:
     """A check that fails with every problem (and `hint`), or passes saying what was fine."""
     return Check(name, FAIL, "; ".join(problems) + hint) if problems else Check(name, PASS, fine)
-
-
-class Observed:
-    """The rig as read for a plan: answers from one batched probe, anything else read live (same interface as
-    pyinfra's host.get_fact)."""
-
-    def __init__(self, host, requests=()):
-        self.host = host
-        self.answers = probe.read(host, list(requests)) if requests else {}
-
-    def get_fact(self, cls, **kwargs):
-        key = probe.fact_key(cls, kwargs)
-        return self.answers[key] if key in self.answers else self.host.get_fact(cls, **kwargs)
-
-
-@dataclass
-class RigContext:
-    """What the controller knows about a rig: its plan (None when host data or the lock cannot give one), its
-    manifest, and the problems building the plan."""
-
-    name: str
-    data: dict  # host data, the roles' defaults applied (roles/site.py host_data)
-    plan: Plan | None = None
-    layout: HostLayout = field(default_factory=HostLayout)
-    variant_name: str | None = None
-    variant_from: str = ""
-    lock: Any = None  # rigforge.pins.Lock or None
-    lock_error: str | None = None
-    manifest: dict | None = None
-    problems: list[str] = field(default_factory=list)
-    cap_units: dict = field(default_factory=dict)  # the rig's other cap writers at boot (PowerCapUnits)
-
-    @property
-    def manage(self) -> bool:
-        return bool(self.data["rigforge_manage_services"])
-
-    @property
-    def variant(self):
-        return self.plan.variant if self.plan else None
-
-    @property
-    def settings(self) -> Settings:
-        return self.plan.settings if self.plan else Settings()
-
-    @property
-    def port(self) -> int | None:
-        if self.plan:
-            return self.plan.port
-        return int(self.manifest["port"]) if self.manifest and self.manifest.get("port") else None
-
-    @property
-    def unit(self) -> str | None:
-        if self.manifest and self.manifest.get("unit"):
-            return self.manifest["unit"]
-        return self.layout.instance(self.variant_name) if self.variant_name else None
-
-    def manifest_pins(self) -> dict:
-        m = self.manifest or {}
-        pins = m.get("pins") if isinstance(m.get("pins"), dict) else m
-        return {"git": pins.get("git") or {}, "hf": pins.get("hf") or {}, "image": pins.get("image")}
-
-
-def requests(ctx: RigContext, os_id: str | None) -> list[tuple[type, dict]]:
-    """Every fact the checks read for this rig's plan (on an OS `os_id`), for one batched probe."""
-    out = [
-        (NvidiaGpus, {}),
-        (OsRelease, {}),
-        (NvidiaModuleVersion, {}),
-        (NvidiaRunningDriver, {}),
-        (NvidiaTopology, {}),
-    ]
-    package = _driver_package(ctx.data, os_id)
-    if package:
-        out.append((DebInstalledVersion, {"package": package}))
-    out.append((JsonFile, {"path": ctx.layout.daemon_json}))
-    if ctx.manage:  # what ran at this boot (rigforge/boot.py)
-        out.append((BootCaps, boot_units(ctx)))
-    if ctx.unit:
-        out += [(SystemdUnitEnabled, {"unit": ctx.unit}), (ServiceState, {"unit": ctx.unit})]
-    plan = ctx.plan
-    if plan and ctx.manage:
-        out += [(ApiAnswers, api_at(ctx)), (ComposeImages, {"serve_dir": plan.layout.serve_dir})]
-    if plan:
-        out += [(GitCheckout, {"path": plan.layout.src(name)}) for name in plan.variant.sources]
-        out += [(WeightsState, _weights_at(plan, asset)) for asset in plan.assets]
-        out += [(Sha256File, {"path": path}) for path in managed_files(plan)]
-        if ctx.manage:
-            out.append((DockerImagePresent, {"image": plan.image}))
-    return out
-
-
-def observe(host) -> tuple[RigContext, Observed]:
-    """The rig's plan and the rig read for it: its manifest and GPUs first (they choose the variant and the caps),
-    then everything the checks need in one probe."""
-    from roles import site
-
-    data = site.host_data(host.data)
-    ctx = RigContext(name=host.name, data=data)
-    layout = HostLayout(root=data["rigforge_root"] or HostLayout.root)
-    reads = [(JsonFile, {"path": layout.rig_json}), (NvidiaGpus, {}), (OsRelease, {}), (PowerCapUnits, {})]
-    first = Observed(host, reads)
-    ctx.cap_units = first.get_fact(PowerCapUnits) or {}
-    ctx.manifest = first.get_fact(JsonFile, path=layout.rig_json)
-    wanted = data["rigforge_variant"]
-    recorded = (ctx.manifest or {}).get("recipe") or (ctx.manifest or {}).get("variant")
-    ctx.variant_name = (ctx.manifest or {}).get("variant") or wanted
-    ctx.variant_from = layout.rig_json if recorded else ("host data rigforge_variant" if wanted else "")
-    try:
-        ctx.lock = load_lock(data["rigforge_lock"])
-    except (LockError, OSError) as exc:
-        ctx.lock_error = str(exc)
-    if (recorded or wanted) and ctx.lock is not None:
-        gpus = len(first.get_fact(NvidiaGpus) or []) or None
-        serve = {**data, "rigforge_variant": recorded or wanted, "rigforge_recipe_opt_in": True}
-        ctx.plan, ctx.problems = site.plan_for(
-            host.name, serve, gpus=gpus, deployable=False, cap_units=tuple(ctx.cap_units)
-        )
-    if ctx.plan:
-        ctx.layout, ctx.variant_name = ctx.plan.layout, ctx.plan.variant.name
-    return ctx, Observed(host, requests(ctx, first.get_fact(OsRelease)["id"]))
 
 
 # ---------------------------------------------------------------- the checks
@@ -238,15 +107,11 @@ def sources(obs: Observed, plan: Plan, want: Mapping[str, str | None], label: st
     return bad
 
 
-def _weights_at(plan: Plan, asset) -> dict:
-    return {"dest": plan.layout.asset_dir(asset.dir), "staging": plan.layout.weights_staging(asset.name)}
-
-
 def weights(obs: Observed, plan: Plan) -> list[str]:
     """Each asset's stamp is the lock's revision and sha256s, and every file is as stamped (size, mtime)."""
     bad = []
     for asset in plan.assets:
-        pin, where = asset.pin, _weights_at(plan, asset)
+        pin, where = asset.pin, weights_at(plan, asset)
         state = obs.get_fact(WeightsState, **where)
         stamp = state["stamp"]
         if not stamp:
@@ -270,14 +135,6 @@ def weights(obs: Observed, plan: Plan) -> list[str]:
         if problems:
             bad.append(f"hf {asset.name}: {'; '.join(problems[:3])}{' ...' if len(problems) > 3 else ''}")
     return bad
-
-
-def managed_files(plan: Plan) -> dict[str, str]:
-    """{path on the rig: the plan's text} of every file rigforge renders whole."""
-    layout, files = plan.layout, plan.files
-    out = {f"{layout.serve_dir}/{name}": files[name] for name in SERVE_FILES if name in files}
-    out |= {layout.unit_path(name): files[name] for name in (VLLM_UNIT, POWER_UNIT, SETTLE_UNIT) if name in files}
-    return out | ({layout.settle_script: files[SETTLE_SCRIPT]} if SETTLE_SCRIPT in files else {})
 
 
 def files(obs: Observed, plan: Plan) -> list[str]:
@@ -321,14 +178,6 @@ def watts(v) -> str:
     return "?" if v is None else f"{v:g}"
 
 
-def _driver_package(data: Mapping, os_id: str | None) -> str | None:
-    """The driver table's package whose version is the driver's, for this rig's data and OS (None: none)."""
-    try:
-        return packages_for(data, os_id).version_package if data["nvidia_driver_manage"] else None
-    except DriverTableError:
-        return None
-
-
 def driver(obs: Observed, ctx: RigContext) -> Check:
     """The loaded module is the installed driver package (the driver table's, for this OS, branch, flavour and
     source); with nvidia_driver_manage false, the running driver is of the branch asked for."""
@@ -354,22 +203,6 @@ def driver(obs: Observed, ctx: RigContext) -> Check:
         return Check(name, FAIL, f"module {module} loaded, package {pkg} {version} installed: driver/library "
                      "mismatch, reboot the rig to load the installed driver")  # fmt: skip
     return Check(name, PASS, f"module {module} = {pkg} {version}")
-
-
-def image_origin(obs: Observed, ctx: RigContext, hosts) -> dict | None:
-    """Where the rig's locked image comes from (rigforge/obtain.py), asked now from the controller: {"image",
-    "on_rig", "from", "warning"}; `warning` when the rig alone holds it (no other copy) or nothing does. None
-    without a plan, or when services are not managed (nothing is pulled there)."""
-    from roles import site
-
-    if not ctx.plan or not ctx.manage:
-        return None
-    plan = ctx.plan
-    reg, _ = site.registry_plan(hosts)
-    found = obtain.sources(plan.image, reg, plan.data["serving_image_upstream"], plan.data["serving_image_upstream_ca"])
-    on_rig = bool(obs.get_fact(DockerImagePresent, image=plan.image))
-    text, warning = obtain.origin(on_rig, found)
-    return {"image": plan.image, "on_rig": on_rig, "from": text, "warning": warning}
 
 
 def cuda_versions(obs: Observed, ctx: RigContext) -> dict:
@@ -430,11 +263,6 @@ def gpu_checks(obs: Observed, ctx: RigContext) -> list[Check]:
     ]
 
 
-def boot_units(ctx: RigContext) -> dict:
-    """BootCaps' arguments: the other writers' units, whose results at this boot it reads."""
-    return {"units": " ".join(n for n, w in ctx.cap_units.items() if w.get("kind", "unit") == "unit")}
-
-
 def caps_set_last(obs: Observed, ctx: RigContext) -> Check:
     """rigforge's caps were the last written at this boot, without an ordering cycle (rigforge/boot.py)."""
     name = "caps set last at this boot"
@@ -467,12 +295,6 @@ def runtime(obs: Observed, ctx: RigContext) -> Check:
         return Check(name, FAIL, f"{path} registers {'no' if runtime is None else 'another'} nvidia runtime "
                      f"({runtime!r}; run the deploy)")  # fmt: skip
     return Check(name, PASS, f"nvidia -> {runtime.get('path', '?')} in {path}")
-
-
-def api_at(ctx: RigContext) -> dict:
-    """ApiAnswers' arguments for the rig's API (from the rig, as the health gate asks it)."""
-    url = f"http://{ctx.data['serving_health_host'] or '127.0.0.1'}:{ctx.port}"
-    return {"url": url, "env_file": f"{ctx.plan.layout.serve_dir}/.env"}
 
 
 def unit_state(obs: Observed, ctx: RigContext) -> dict:
@@ -600,74 +422,3 @@ def gateway_check(rig: str, rest: str | None, views: Mapping[str, dict]) -> Chec
 
 
 # ---------------------------------------------------------------- the fleet gateway, observed
-
-GATEWAY_STATES = {"UP": "serving", "DRAIN": "draining"}  # HAProxy's server status; any other: out
-GATEWAY_FINE = ("serving", "draining", "out (maint)")  # maint: taken out on purpose (a model it no longer serves)
-GATEWAY_CHAT = {"messages": [{"role": "user", "content": "What is the capital of France? Answer in one word."}],
-        "max_tokens": 30, "chat_template_kwargs": {"enable_thinking": False}}  # fmt: skip
-
-
-def observe_gateway(host, data: Mapping) -> dict:
-    """The gateway on `host` (its knobs in `data`): HAProxy's unit, the gateway's own /health, /v1/models
-    through it, and each rig's state in its backends (HAProxy's `show stat`)."""
-    bind = data.get("gateway_bind_address") or "127.0.0.1"
-    url = f"http://{'127.0.0.1' if bind == '0.0.0.0' else bind}:{data['gateway_port']}"
-    stat = inventory.sh(host, f"echo 'show stat' | socat stdio UNIX-CONNECT:{shlex.quote(GATEWAY_ADMIN_SOCKET)}")
-    rigs = gateway_servers(stat)
-    code, body = inventory.http_on_rig(host, f"{url}/v1/models", 5, api_key=data.get("gateway_api_key"))
-    try:
-        models = [m["id"] for m in json.loads(body)["data"]]
-    except (ValueError, KeyError, TypeError):
-        models = None
-    return {
-        "url": url,
-        "unit": inventory.sh(host, "systemctl is-active haproxy.service").strip() or "unknown",
-        "health": inventory.http_on_rig(host, f"{url}/health", 5)[0],
-        "models_http": code,
-        "models": models,
-        "rigs": rigs,
-    }
-
-
-def gateway_servers(stat: str) -> dict[str, str]:
-    """Each rig's state at the gateway from HAProxy's `show stat` (CSV, read by its header): serving, draining,
-    out (maint), or out (down N s; last check: L4CON Connection refused), naming the last health check's error.
-    A rig in several backends (it left a model's backend: maint there) shows its state where it serves."""
-    lines = [line for line in stat.splitlines() if line.strip()]
-    if not lines or not lines[0].startswith("# "):
-        return {}
-    rigs: dict[str, str] = {}
-    for row in csv.DictReader(lines[1:], fieldnames=lines[0][2:].split(",")):
-        name, status = row.get("svname") or "", (row.get("status") or "").split(" ")[0]
-        if name in ("FRONTEND", "BACKEND", "") or row.get("pxname") == "no_model":
-            continue
-        state = GATEWAY_STATES.get(status, f"out ({status.lower()})")
-        if status == "DOWN":
-            code = row.get("check_code") or ""
-            why = row.get("last_chk") or row.get("check_desc") or ""
-            check = " ".join(x for x in (row.get("check_status"), f"HTTP {code}" if code else "", why) if x)
-            since = f" {row['lastchg']} s" if (row.get("lastchg") or "").isdigit() else ""
-            state = f"out (down{since}; last check: {check or 'none yet'})"
-        if name not in rigs or rigs[name] == "out (maint)":
-            rigs[name] = state
-    return rigs
-
-
-def gateway_checks(host, data: Mapping, view: dict) -> list[Check]:
-    """verify's checks of a gateway: every rig in it serving (a down one names its last check's error),
-    /v1/models answers through it, and one chat completion per model."""
-    resting = {h.name for h in getattr(host, "inventory", ()) if h.data.get("serving_rest")}  # out on purpose
-    bad = {name: state for name, state in view["rigs"].items() if state not in GATEWAY_FINE and name not in resting}
-    states = "; ".join(f"{n} {s}" for n, s in sorted((bad or view["rigs"]).items())) or "no rig"
-    out = [Check("gateway rigs up", FAIL if bad or not view["rigs"] else PASS, states)]
-    if view["models_http"] != 200 or not view["models"]:
-        why = f"HTTP {view['models_http']}" if view["models_http"] else "no answer"
-        return out + [Check("gateway /v1/models answers", FAIL, f"{view['url']}/v1/models: {why}, {view['models']}")]
-    out.append(Check("gateway /v1/models answers", PASS, f"{view['url']} lists {', '.join(view['models'])}"))
-    for model in view["models"]:
-        body = {"model": model, **GATEWAY_CHAT}
-        code, text = inventory.http_on_rig(host, f"{view['url']}/v1/chat/completions", 120, body,
-                                           data.get("gateway_api_key"))  # fmt: skip
-        ok = code == 200 and "paris" in text.lower()
-        out.append(Check(f"gateway chat: {model}", PASS if ok else FAIL, f"HTTP {code or 'no answer'}: {text[:80]}"))
-    return out

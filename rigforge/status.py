@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from rigforge import drift, inventory
+from rigforge import drift, inventory, observe
 from rigforge.drift import watts
 from rigforge.driver_table import version_key
 from rigforge.pins import default_lock_path
@@ -25,7 +25,7 @@ DEFAULT_LOCK = default_lock_path()
 
 
 def status_row(host) -> dict:
-    ctx, obs = drift.observe(host)
+    ctx, obs = observe.observe(host)
     gpus = drift.gpus_with_targets(obs, ctx)
     pins = drift.pin_drift(ctx)
     if pins["drift"] is not None:  # what the rig holds now, beside what its manifest records
@@ -58,7 +58,7 @@ def status_row(host) -> dict:
         ],
         "cuda": drift.cuda_versions(obs, ctx),  # {"driver": "13.0", "image": "13.0"}
         "power": drift.power_view(obs, ctx),
-        "image": drift.image_origin(obs, ctx, host.inventory),  # where the locked image comes from
+        "image": observe.image_origin(obs, ctx, host.inventory),  # where the locked image comes from
         "services_managed": ctx.manage,
         "service": unit,
         "checks": [asdict(c) for c in drift.checks(obs, ctx)],  # verify's, without its live chat/tool probes
@@ -83,7 +83,7 @@ def host_row(host) -> dict:
     row = status_row(host) if site.is_rig(host) else {"host": host.name, "error": None, "rig": False}
     row["rest"] = site.host_data(host.data)["serving_rest"]
     if site.GATEWAY in host.groups:
-        row["gateway"] = drift.observe_gateway(host, site.host_data(host.data))
+        row["gateway"] = observe.observe_gateway(host, site.host_data(host.data))
     return row
 
 

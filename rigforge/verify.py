@@ -35,9 +35,10 @@ rig unreachable while no check failed).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict
 
-from rigforge import drift, inventory
+from rigforge import drift, inventory, observe
 from rigforge.drift import FAIL, PASS, SKIP, SKIPPED, Check, RigContext
 
 
@@ -49,13 +50,13 @@ def check_host(host) -> tuple[list[Check], dict]:
 
     out, seen = [], {"rest": site.host_data(host.data)["serving_rest"], "rig": site.is_rig(host)}
     if site.is_rig(host):
-        ctx, obs = drift.observe(host)
+        ctx, obs = observe.observe(host)
         out = drift.checks(obs, ctx)
         out += api_checks(host, ctx, [c for c in out if c.name.startswith("unit ")])
     if site.GATEWAY in host.groups:
         data = site.host_data(host.data)
-        seen["gateway"] = drift.observe_gateway(host, data)
-        out += drift.gateway_checks(host, data, seen["gateway"])
+        seen["gateway"] = observe.observe_gateway(host, data)
+        out += gateway_checks(host, data, seen["gateway"])
     return out, seen
 
 
@@ -211,3 +212,32 @@ def run(args) -> int:
         summary += f"; service/API checks {SKIPPED} where noted"
     print(summary)
     return code
+
+
+# ---------------------------------------------------------------- the fleet gateway, asked live
+
+GATEWAY_FINE = ("serving", "draining", "out (maint)")  # maint: taken out on purpose (a model it no longer serves)
+
+
+GATEWAY_CHAT = {"messages": [{"role": "user", "content": "What is the capital of France? Answer in one word."}],
+        "max_tokens": 30, "chat_template_kwargs": {"enable_thinking": False}}  # fmt: skip
+
+
+def gateway_checks(host, data: Mapping, view: dict) -> list[Check]:
+    """verify's checks of a gateway: every rig in it serving (a down one names its last check's error),
+    /v1/models answers through it, and one chat completion per model."""
+    resting = {h.name for h in getattr(host, "inventory", ()) if h.data.get("serving_rest")}  # out on purpose
+    bad = {name: state for name, state in view["rigs"].items() if state not in GATEWAY_FINE and name not in resting}
+    states = "; ".join(f"{n} {s}" for n, s in sorted((bad or view["rigs"]).items())) or "no rig"
+    out = [Check("gateway rigs up", FAIL if bad or not view["rigs"] else PASS, states)]
+    if view["models_http"] != 200 or not view["models"]:
+        why = f"HTTP {view['models_http']}" if view["models_http"] else "no answer"
+        return out + [Check("gateway /v1/models answers", FAIL, f"{view['url']}/v1/models: {why}, {view['models']}")]
+    out.append(Check("gateway /v1/models answers", PASS, f"{view['url']} lists {', '.join(view['models'])}"))
+    for model in view["models"]:
+        body = {"model": model, **GATEWAY_CHAT}
+        code, text = inventory.http_on_rig(host, f"{view['url']}/v1/chat/completions", 120, body,
+                                           data.get("gateway_api_key"))  # fmt: skip
+        ok = code == 200 and "paris" in text.lower()
+        out.append(Check(f"gateway chat: {model}", PASS if ok else FAIL, f"HTTP {code or 'no answer'}: {text[:80]}"))
+    return out

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rigforge import boot, drift
+from rigforge import boot, drift, observe
 from rigforge.layout import POWER_UNIT, SETTLE_UNIT
 from roles import site
 from roles.facts import probe
@@ -145,16 +145,16 @@ def test_unmanaged_hosts_name_the_writers_found_and_drift_skips_the_check():
         "/etc/cron.d/gpu-cap (250 W); what ran not read (services not managed)"
     )
     assert boot.summary({}, ctx(manage=False, writers={})) == ""
-    rig = drift.RigContext(name="rig1", data=site.host_data({"rigforge_manage_services": False}))
+    rig = observe.RigContext(name="rig1", data=site.host_data({"rigforge_manage_services": False}))
     check = drift.caps_set_last(None, rig)
     assert (check.name, check.status, check.detail) == ("caps set last at this boot", drift.SKIP, drift.SKIPPED)
 
 
 def test_drift_asks_the_probe_for_the_boot_fact_with_the_writers_units():
     plan, _ = site.plan_for("rig1", {"rigforge_variant": "dual"}, deployable=False)
-    rig = drift.RigContext(name="rig1", data=site.host_data({"rigforge_manage_services": True}), plan=plan,
+    rig = observe.RigContext(name="rig1", data=site.host_data({"rigforge_manage_services": True}), plan=plan,
                            layout=plan.layout, variant_name="dual", cap_units=WRITERS)  # fmt: skip
-    asked = {probe.fact_key(c, k) for c, k in drift.requests(rig, "debian")}
+    asked = {probe.fact_key(c, k) for c, k in observe.requests(rig, "debian")}
     units = {"units": "nvidia-power-cap.service homemade-cap.service"}  # cron jobs have no unit to ask about
     assert probe.fact_key(BootCaps, units) in asked
 
@@ -223,7 +223,7 @@ def test_a_real_capture_of_the_old_after_ordering_fails_although_the_unit_file_p
 
 def test_the_settle_stage_is_in_the_plans_files_and_the_drift_check_files_as_rendered():
     plan = ctx().plan
-    managed = drift.managed_files(plan)
+    managed = observe.managed_files(plan)
     assert managed[f"/etc/systemd/system/{SETTLE_UNIT}"] == plan.files[SETTLE_UNIT]
     assert managed["/usr/local/lib/rigforge/rigforge-gpu-settle"] == plan.files["rigforge-gpu-settle"]
     assert managed[f"/etc/systemd/system/{POWER_UNIT}"] == plan.files[POWER_UNIT]

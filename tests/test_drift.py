@@ -8,7 +8,7 @@ import hashlib
 
 from pyinfra.facts.files import Sha256File
 
-from rigforge import drift
+from rigforge import drift, observe
 from rigforge.layout import HostLayout
 from roles import site
 from roles.facts import probe
@@ -49,7 +49,7 @@ class Recording:
 def context(manifest=None, **data):
     plan, problems = site.plan_for("rig1", {"rigforge_variant": "dual-turbo", **data}, deployable=False)
     assert plan, problems
-    return drift.RigContext(name="rig1", data=site.host_data(data), plan=plan, layout=plan.layout,
+    return observe.RigContext(name="rig1", data=site.host_data(data), plan=plan, layout=plan.layout,
                             variant_name="dual-turbo", manifest=manifest)  # fmt: skip
 
 
@@ -59,7 +59,7 @@ def test_every_fact_the_checks_read_is_in_the_one_probe():
         obs = Recording()
         drift.checks(obs, ctx)
         drift.rig_drift(obs, ctx)
-        asked = {probe.fact_key(cls, kwargs) for cls, kwargs in drift.requests(ctx, "debian")}
+        asked = {probe.fact_key(cls, kwargs) for cls, kwargs in observe.requests(ctx, "debian")}
         assert obs.read and set(obs.read) <= asked, set(obs.read) - asked
 
 
@@ -72,7 +72,7 @@ def test_a_hand_edited_file_is_named_and_no_rendered_file_holds_the_token(monkey
     env = f"{plan.layout.serve_dir}/.env"
     as_planned = {
         probe.fact_key(Sha256File, {"path": path}): hashlib.sha256(text.encode()).hexdigest()
-        for path, text in drift.managed_files(plan).items()
+        for path, text in observe.managed_files(plan).items()
     }
     assert drift.files(Recording(as_planned), plan) == []
     edited = {**as_planned, probe.fact_key(Sha256File, {"path": compose}): "0" * 64}
@@ -91,7 +91,7 @@ def test_daemon_json_is_compared_on_the_key_rigforge_owns_only():
     other = {"runtimes": {"nvidia": {"path": "/usr/local/bin/x"}}}
     assert drift.runtime(Recording({daemon: other}), ctx).status == "fail"
     assert drift.runtime(Recording({daemon: None}), ctx).status == "fail"
-    assert probe.fact_key(OsRelease, {}) in {probe.fact_key(c, k) for c, k in drift.requests(ctx, "debian")}
+    assert probe.fact_key(OsRelease, {}) in {probe.fact_key(c, k) for c, k in observe.requests(ctx, "debian")}
 
 
 def test_pins_compare_the_rig_with_the_plans_image_so_a_digest_pinned_lock_shows_no_drift():

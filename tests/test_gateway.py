@@ -18,7 +18,7 @@ import time
 import urllib.error
 import urllib.request
 
-from rigforge import drift, gateway, status
+from rigforge import drift, gateway, observe, status, verify
 from rigforge.testbed.openai_stub import Schedule, make_server
 from roles.gateway import DEFAULTS, validate
 from roles.site import plan_for
@@ -419,7 +419,7 @@ def test_a_request_must_fit_the_buffer_to_be_routed_and_retried(tmp_path):
 
 
 def test_status_and_verify_read_each_rigs_state_and_a_down_rigs_last_check(tmp_path):
-    """drift.gateway_servers on a real HAProxy's `show stat`: serving, draining, out (maint), and a down rig with
+    """observe.gateway_servers on a real HAProxy's `show stat`: serving, draining, out (maint), and a down rig with
     its last check's error; verify's "gateway rigs up" fails naming it, status's line shows every rig."""
     one = stub(dt_ms=1, tokens=3)
     up = one.server_address[1]
@@ -433,19 +433,19 @@ def test_status_and_verify_read_each_rigs_state_and_a_down_rigs_last_check(tmp_p
         assert wait_for(lambda: server_status(sock, "rig2").startswith("DOWN"))
         admin(sock, f"set server {backend}/rig3 state drain")
         admin(sock, f"set server {backend}/rig4 state maint")
-        rigs = drift.gateway_servers(admin(sock, "show stat"))
+        rigs = observe.gateway_servers(admin(sock, "show stat"))
     one.shutdown()
     assert rigs["rig1"] == "serving" and rigs["rig3"] == "draining" and rigs["rig4"] == "out (maint)", rigs
     assert re.fullmatch(r"out \(down \d+ s; last check: L4CON Connection refused\)", rigs["rig2"]), rigs
     view = {"url": "http://gw:8088", "unit": "active", "health": 200, "models_http": 0, "models": None, "rigs": rigs}
-    checks = drift.gateway_checks(None, {}, view)
+    checks = verify.gateway_checks(None, {}, view)
     assert (checks[0].name, checks[0].status) == ("gateway rigs up", drift.FAIL)
     assert checks[0].detail.startswith("rig2 out (down ") and "L4CON Connection refused" in checks[0].detail
     line = status.gateway_line("gw", view)
     assert "rig1 serving, rig2 out (down " in line and line.endswith("rig3 draining, rig4 out (maint)"), line
     fine = {**view, "rigs": {"rig1": "serving", "rig3": "draining"}}
-    assert drift.gateway_checks(None, {}, fine)[0].status == drift.PASS
-    assert drift.gateway_servers("") == {}
+    assert verify.gateway_checks(None, {}, fine)[0].status == drift.PASS
+    assert observe.gateway_servers("") == {}
 
 
 def test_bench_rollout_rig_death_mode_times_down_and_up_from_show_stat(tmp_path):
