@@ -29,9 +29,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from rigforge.facts.hfweights import WeightsState  # noqa: E402
 from rigforge.testbed import DEFAULT_DIR, RigSpec, up  # noqa: E402
 from rigforge.testbed.core import down  # noqa: E402
-from roles.facts.hfweights import WeightsState  # noqa: E402
 
 MiB = 2**20
 ASSETS = {"bench-64m": ("rigforge/bench-64m", [64 * MiB]), "bench-1g": ("rigforge/bench-1g", [256 * MiB] * 4)}

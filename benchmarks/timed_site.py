@@ -17,8 +17,8 @@ from pyinfra import state
 from pyinfra.api import facts as pyinfra_facts
 from pyinfra.api.state import BaseStateCallback
 
+from rigforge.facts import probe
 from roles import site
-from roles.facts import probe
 
 OUT = os.environ["RIGFORGE_TIMINGS"]
 

@@ -6,7 +6,7 @@ cap writer, so it can never close an ordering cycle whatever the rig's other uni
 --wait`), sets back every cap another writer changed, then watches for `gpu_power_settle_window_s` seconds doing the
 same, one journal line per correction. The other writers still run: nothing is disabled.
 
-What ran at this boot is read in one fact (roles/facts/nvidia.py BootCaps, parsed here by `parse_boot`): systemd's
+What ran at this boot is read in one fact (rigforge/facts/nvidia.py BootCaps, parsed here by `parse_boot`): systemd's
 results for both units and for the other writers' units, `journalctl -b`'s "ordering cycle" lines, the settle
 stage's lines, cron's CMD lines and the caps now. `boot_caps` is the verdict (verify's and status's check "caps set
 last at this boot"), `summary` status's sentence. systemd logs an ordering cycle while it builds the boot

@@ -23,24 +23,24 @@ from rigforge.driver_table import (
     packages_for,
     version_key,
 )
-from rigforge.hardware import interconnect, small_override, vram_problems
-from rigforge.layout import NVIDIA_RUNTIME
-from rigforge.observe import Observed, RigContext, boot_units, managed_files, weights_at
-from rigforge.plan import Plan
-from rigforge.schema import Settings, power_caps
-from roles.facts.apt import DebInstalledVersion
-from roles.facts.files import JsonFile
-from roles.facts.gitpin import GitCheckout
-from roles.facts.hfweights import WeightsState
-from roles.facts.nvidia import (
+from rigforge.facts.apt import DebInstalledVersion
+from rigforge.facts.files import JsonFile
+from rigforge.facts.gitpin import GitCheckout
+from rigforge.facts.hfweights import WeightsState
+from rigforge.facts.nvidia import (
     BootCaps,
     NvidiaGpus,
     NvidiaModuleVersion,
     NvidiaRunningDriver,
     NvidiaTopology,
 )
-from roles.facts.serving import ComposeImages, ServiceState, runs_digest, serving
-from roles.facts.system import OsRelease, SystemdUnitEnabled
+from rigforge.facts.serving import ComposeImages, ServiceState, runs_digest, serving
+from rigforge.facts.system import OsRelease, SystemdUnitEnabled
+from rigforge.hardware import interconnect, small_override, vram_problems
+from rigforge.layout import NVIDIA_RUNTIME
+from rigforge.observe import Observed, RigContext, boot_units, managed_files, weights_at
+from rigforge.plan import Plan
+from rigforge.schema import Settings, power_caps
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 SKIPPED = "skipped (services not managed on this host)"
@@ -181,7 +181,7 @@ def watts(v) -> str:
 def driver(obs: Observed, ctx: RigContext) -> Check:
     """The loaded module is the installed driver package (the driver table's, for this OS, branch, flavour and
     source); with nvidia_driver_manage false, the running driver is of the branch asked for."""
-    from roles.facts.nvidia import upstream_version
+    from rigforge.facts.nvidia import upstream_version
 
     name, data = "driver module = package", ctx.data
     if not data["nvidia_driver_manage"]:
@@ -298,7 +298,7 @@ def runtime(obs: Observed, ctx: RigContext) -> Check:
 
 
 def unit_state(obs: Observed, ctx: RigContext) -> dict:
-    """{"unit", "enabled", "active" (systemd's ActiveState), "serving" (roles/facts/serving.py `serving`),
+    """{"unit", "enabled", "active" (systemd's ActiveState), "serving" (rigforge/facts/serving.py `serving`),
     "rest" (host data serving_rest)}."""
     unit, rest = ctx.unit, ctx.data.get("serving_rest")
     if not unit:

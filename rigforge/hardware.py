@@ -1,5 +1,5 @@
 """Can a rig run a variant? Pure checks, no host access: on GPUs as nvidia-smi reports them (dicts from
-roles.facts.nvidia.parse_query_gpu), the OS release, free disk and the role switches. Shared by the deploy's
+rigforge.facts.nvidia.parse_query_gpu), the OS release, free disk and the role switches. Shared by the deploy's
 checking operations (roles/operations/checks.py, roles/operations/nvidia.py) and `rigforge verify`.
 """
 
@@ -205,7 +205,7 @@ def find_problems(
     Before a driver is installed nvidia-smi shows no GPUs; the GPU count and each card's stock VRAM are then
     taken from the PCI bus (`pci`: (address, device ID) pairs, None when unknown), and what only the driver can
     tell (a card's power range, the VRAM of a modded card) waits for it. The image's CUDA version is checked
-    against the driver's (`running`: roles.facts.nvidia.NvidiaRunningDriver, or the branch to install).
+    against the driver's (`running`: rigforge.facts.nvidia.NvidiaRunningDriver, or the branch to install).
 
     `data` holds the host-data keys the checks read: gpu_power_limit_w, gpu_power_limits,
     serving_kv_cache_dtype, serving_gpu_memory_utilization, docker_source, nvidia_driver_flavor,
@@ -263,7 +263,7 @@ P2P_STATUS = {  # `nvidia-smi topo -p2p` legend
 
 
 def interconnect(topology: dict | None) -> str:
-    """{"links", "p2p_read"} (roles.facts.nvidia.parse_topology) -> 'PCIe (PHB), no NVLink, P2P read: not
+    """{"links", "p2p_read"} (rigforge.facts.nvidia.parse_topology) -> 'PCIe (PHB), no NVLink, P2P read: not
     supported (CNS: chipset not supported)'; '' with fewer than two GPUs or no driver."""
     links = sorted(set(((topology or {}).get("links") or {}).values()))
     if not links:

@@ -4,7 +4,7 @@
     observe_gateway(host, data) -> dict          HAProxy's unit, the gateway's answers, each rig's state in it
 
 The plan is the deploy's own (roles/site.py `plan_for`), for the variant the rig's manifest records, else host
-data's. The rig is read through facts, the plan's requests in one remote command (roles/facts/probe.py `read`);
+data's. The rig is read through facts, the plan's requests in one remote command (rigforge/facts/probe.py `read`);
 a fact the probe cannot answer is read on its own. rigforge/drift.py compares what is read here with the plan.
 """
 
@@ -24,18 +24,13 @@ from rigforge.driver_table import (
     DriverTableError,
     packages_for,
 )
-from rigforge.layout import GATEWAY_ADMIN_SOCKET, SERVE_FILES, SETTLE_SCRIPT, SETTLE_UNIT, HostLayout
-from rigforge.pins import LockError, load_lock
-from rigforge.plan import Plan
-from rigforge.render import POWER_UNIT, VLLM_UNIT
-from rigforge.schema import Settings
-from roles.facts import probe
-from roles.facts.apt import DebInstalledVersion
-from roles.facts.docker import DockerImagePresent
-from roles.facts.files import JsonFile
-from roles.facts.gitpin import GitCheckout
-from roles.facts.hfweights import WeightsState
-from roles.facts.nvidia import (
+from rigforge.facts import probe
+from rigforge.facts.apt import DebInstalledVersion
+from rigforge.facts.docker import DockerImagePresent
+from rigforge.facts.files import JsonFile
+from rigforge.facts.gitpin import GitCheckout
+from rigforge.facts.hfweights import WeightsState
+from rigforge.facts.nvidia import (
     BootCaps,
     NvidiaGpus,
     NvidiaModuleVersion,
@@ -43,8 +38,13 @@ from roles.facts.nvidia import (
     NvidiaTopology,
     PowerCapUnits,
 )
-from roles.facts.serving import ApiAnswers, ComposeImages, ServiceState
-from roles.facts.system import OsRelease, SystemdUnitEnabled
+from rigforge.facts.serving import ApiAnswers, ComposeImages, ServiceState
+from rigforge.facts.system import OsRelease, SystemdUnitEnabled
+from rigforge.layout import GATEWAY_ADMIN_SOCKET, SERVE_FILES, SETTLE_SCRIPT, SETTLE_UNIT, HostLayout
+from rigforge.pins import LockError, load_lock
+from rigforge.plan import Plan
+from rigforge.render import POWER_UNIT, VLLM_UNIT
+from rigforge.schema import Settings
 
 
 class Observed:

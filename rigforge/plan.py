@@ -190,7 +190,7 @@ def build(
     `data`: the host's knobs with the roles' defaults applied (roles/site.py `host_data`); `entry`: the variant of
     the entry point (deploy/<variant>.py) or a variant object, None to follow host data's rigforge_variant;
     `gpus`: the GPU count the rig shows (nvidia-smi, else the PCI bus), None for the variant's; `cap_units`: the
-    rig's other cap writers at boot (roles/facts/nvidia.py PowerCapUnits: shown, they order nothing); `problems`: ones
+    rig's other cap writers at boot (facts/nvidia.py PowerCapUnits: shown, they order nothing); `problems`: ones
     the caller already found (the roles' own knob checks), reported with these; `deployable`: refuse lock entries
     the variant needs that are not resolved yet (a deploy), else accept them (status, verify, render).
     """

@@ -21,10 +21,10 @@ from pyinfra.api import deploy
 from pyinfra.facts.deb import DebArch
 from pyinfra.operations import systemd
 
+from rigforge.facts.system import OsRelease
 from rigforge.layout import NVIDIA_RUNTIME
 from rigforge.pins import TOOLKIT_REPO_URL
 from rigforge.plan import Plan
-from roles.facts.system import OsRelease
 from roles.operations import apt_repo, docker_daemon
 
 # "Verify that you now have the key with the fingerprint 9DC8 5822 9FC7 DD38 854A  E2D8 8D81 803C 0EBF CD88"

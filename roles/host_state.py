@@ -16,10 +16,10 @@ from pyinfra.facts.deb import DebArch
 
 from rigforge import driver_table
 from rigforge.driver_table import branch_problem
+from rigforge.facts.apt import AptSourceFiles
+from rigforge.facts.nvidia import NvidiaRunningDriver, unowned_driver
+from rigforge.facts.system import OsRelease
 from roles import docker_engine, nvidia_driver
-from roles.facts.apt import AptSourceFiles
-from roles.facts.nvidia import NvidiaRunningDriver, unowned_driver
-from roles.facts.system import OsRelease
 from roles.operations import apt_repo
 
 ALREADY_CHECKED = (

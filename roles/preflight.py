@@ -14,10 +14,10 @@ from collections.abc import Mapping
 
 from pyinfra import host, logger
 
+from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, NvidiaRunningDriver
+from rigforge.facts.system import FreeDiskBytes, OsRelease, SecureBoot
 from rigforge.hardware import Needs, find_problems, format_problems
 from roles import docker_engine, gpu_power, host_state, nvidia_driver
-from roles.facts.nvidia import NvidiaGpus, NvidiaPciGpus, NvidiaRunningDriver
-from roles.facts.system import FreeDiskBytes, OsRelease, SecureBoot
 from roles.operations.checks import refuse_now
 
 DEFAULTS: dict = {}  # preflight has no knobs of its own; it checks the other roles' keys (defaults below)

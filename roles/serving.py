@@ -74,8 +74,9 @@ def validate(data: Mapping) -> list[str]:
 
 
 @deploy("Serve the variant with vLLM", data_defaults=DEFAULTS)
-def apply(plan: Plan, gateways: Mapping[str, bool] | None = None):
-    """`gateways`: the fleet gateway hosts this rig leaves while its unit restarts ({name: use sudo})."""
+def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = False):
+    """`gateways`: the fleet gateway hosts this rig leaves while its unit restarts ({name: use sudo}); `sudo`:
+    whether this rig's own commands run with sudo."""
     variant, layout = plan.variant, plan.layout
     manage = plan.data["rigforge_manage_services"]
     serve_dir, unit = layout.serve_dir, layout.vllm_unit
@@ -171,6 +172,7 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None):
                 wait=wait,
                 gate=gate,
                 manifest=layout.rig_json,
+                sudo=sudo,
             )
 
     manifest(

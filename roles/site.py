@@ -24,6 +24,10 @@ from pyinfra.context import ctx_state
 from rigforge import fleet, gateway, images, obtain, power, registry, schema
 from rigforge import plan as planner
 from rigforge.catalog import CatalogError
+from rigforge.facts import probe
+from rigforge.facts.docker import DockerImagePresent
+from rigforge.facts.hfweights import WeightsState
+from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, PowerCapUnits
 from rigforge.hardware import Needs, format_problems
 from rigforge.layout import RUN_LOCK, HostLayout
 from rigforge.lock import token_refused
@@ -34,10 +38,6 @@ from roles import docker_engine, gpu_power, interrupt, nvidia_driver, preflight,
 from roles import gateway as gateway_role
 from roles import images as images_role
 from roles import registry as registry_role
-from roles.facts import probe
-from roles.facts.docker import DockerImagePresent
-from roles.facts.hfweights import WeightsState
-from roles.facts.nvidia import NvidiaGpus, NvidiaPciGpus, PowerCapUnits
 from roles.operations import recover
 from roles.operations.checks import gpus_fit, refuse_now
 from roles.operations.hfweights import stale_files
@@ -271,7 +271,7 @@ def hold_the_rig() -> bool:
 
 @deploy("rigforge site", data_defaults=DEFAULTS)
 def provision(variant_name: str | None = None):
-    probe.install_all()  # one batched probe per rig, cheaper per-op work (roles/facts/probe.py); first
+    probe.install_all()  # one batched probe per rig, cheaper per-op work (rigforge/facts/probe.py); first
     interrupt.install(ctx_state.get())  # Ctrl-C / SIGTERM exit non-zero, naming the cut operation
     if not hold_the_rig() or not front_the_fleet(variant_name) or not serve_the_registry(variant_name):
         return
@@ -304,7 +304,8 @@ def provision(variant_name: str | None = None):
     gpu_power.apply(plan)
     sources.apply(plan)
     weights.apply(plan)
-    serving.apply(plan, {h.name: bool(h.data.get("_sudo")) for h in host.inventory.get_group(GATEWAY, default=[])})
+    gateways = {h.name: bool(h.data.get("_sudo")) for h in host.inventory.get_group(GATEWAY, default=[])}
+    serving.apply(plan, gateways, sudo=bool(host.data.get("_sudo")))
 
 
 def load_saved_images() -> None:

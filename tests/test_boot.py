@@ -15,10 +15,10 @@ from types import SimpleNamespace
 import pytest
 
 from rigforge import boot, drift, observe
+from rigforge.facts import probe
+from rigforge.facts.nvidia import BootCaps
 from rigforge.layout import POWER_UNIT, SETTLE_UNIT
 from roles import site
-from roles.facts import probe
-from roles.facts.nvidia import BootCaps
 
 FIXTURES = Path(__file__).parent / "fixtures" / "boot"
 WRITERS = {

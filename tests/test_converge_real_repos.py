@@ -21,7 +21,7 @@ import pytest
 import support
 from test_converge_host import DEPLOY, rig_snapshot
 
-from roles.facts.apt import AptSourceFiles, normalize_uri, parse_source_files
+from rigforge.facts.apt import AptSourceFiles, normalize_uri, parse_source_files
 
 pytestmark = pytest.mark.testbed
 

@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from rigforge.driver_table import branch_for_cuda, cuda_for_branch, cuda_for_driver
+from rigforge.facts.nvidia import NvidiaRunningDriver, parse_cuda_version, parse_running_driver
 from rigforge.hardware import Needs, driver_cuda, find_problems, format_problems
 from rigforge.pins import LockError, default_lock_path, dump_lock, load_lock, parse_lock
-from roles.facts.nvidia import NvidiaRunningDriver, parse_cuda_version, parse_running_driver
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nvidia-smi"
 H200 = FIXTURES / "h200x1-580.159.04-ubuntu2404"

@@ -9,12 +9,12 @@ import hashlib
 from pyinfra.facts.files import Sha256File
 
 from rigforge import drift, observe
+from rigforge.facts import probe
+from rigforge.facts.files import JsonFile
+from rigforge.facts.serving import ComposeImages, ServiceState
+from rigforge.facts.system import OsRelease, SystemdUnitEnabled
 from rigforge.layout import HostLayout
 from roles import site
-from roles.facts import probe
-from roles.facts.files import JsonFile
-from roles.facts.serving import ComposeImages, ServiceState
-from roles.facts.system import OsRelease, SystemdUnitEnabled
 
 ANSWERS = {  # what a fresh rig answers, per fact class name
     "NvidiaGpus": [],

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import subprocess
 
-from roles.facts.docker import DockerImagePresent
-from roles.facts.files import JsonFile
-from roles.facts.system import EnabledInstances, LeftoverUploads
+from rigforge.facts.docker import DockerImagePresent
+from rigforge.facts.files import JsonFile
+from rigforge.facts.system import EnabledInstances, LeftoverUploads
 
 TEMPLATE = "svc@.service"
 

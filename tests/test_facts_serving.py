@@ -1,8 +1,8 @@
-"""Facts of what runs (roles/facts/serving.py): parsed from what systemctl, curl and docker print."""
+"""Facts of what runs (rigforge/facts/serving.py): parsed from what systemctl, curl and docker print."""
 
 from __future__ import annotations
 
-from roles.facts.serving import ApiAnswers, ComposeImages, ServiceState, parse_service_state, runs_digest, serving
+from rigforge.facts.serving import ApiAnswers, ComposeImages, ServiceState, parse_service_state, runs_digest, serving
 
 SHOW_FAILED = ["ActiveState=failed", "SubState=failed", "Result=exit-code", "NRestarts=5", "UnitFileState=enabled"]
 

@@ -6,7 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from roles.facts.system import (
+from rigforge.facts.system import (
     AptHeldPackages,
     FreeDiskBytes,
     OsRelease,

@@ -118,7 +118,7 @@ def test_the_fill_copies_once_keeping_the_digest_and_skips_a_held_image():
     from pyinfra.api import deploy
     from test_roles_host_ops import converge, executed, rig
 
-    from roles.facts.docker import RegistryHasImage
+    from rigforge.facts.docker import RegistryHasImage
     from roles.operations.fleet_copy import image_in_fleet
 
     digest = "sha256:" + "b" * 64

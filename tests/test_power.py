@@ -14,12 +14,7 @@ from pathlib import Path
 import pytest
 
 from rigforge import power
-from rigforge.hardware import interconnect
-from rigforge.layout import SETTLE_UNIT, HostLayout
-from rigforge.render import POWER_UNIT, render_power_unit
-from rigforge.status import power_lines
-from roles import site
-from roles.facts.nvidia import (
+from rigforge.facts.nvidia import (
     CRON_FILES,
     UNIT_DIRS,
     PowerCapUnits,
@@ -28,6 +23,11 @@ from roles.facts.nvidia import (
     parse_topo_matrix,
     parse_topology,
 )
+from rigforge.hardware import interconnect
+from rigforge.layout import SETTLE_UNIT, HostLayout
+from rigforge.render import POWER_UNIT, render_power_unit
+from rigforge.status import power_lines
+from roles import site
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RECIPES = FIXTURES / "club-3090-4a29ab57"

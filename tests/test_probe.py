@@ -1,11 +1,11 @@
-"""Tier 1: the batched probe (roles/facts/probe.py) on pyinfra's @local connector, no root, no rigs.
+"""Tier 1: the batched probe (rigforge/facts/probe.py) on pyinfra's @local connector, no root, no rigs.
 
 - After a recording run, the next run reads every fact in ONE command and serves them all: the batched path is
   taken (it fails when the probe is not installed);
 - a change to the host (a command, an upload, an rsync) ends the answers from the probe;
 - `read()` batches any list of facts;
 - the deploy entry installs the probe and importing roles.site changes nothing;
-- the private pyinfra names and signatures the probe and roles/speedups.py rely on are still there.
+- the private pyinfra names and signatures the probe and rigforge/speedups.py rely on are still there.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from pyinfra.connectors.util import CommandOutput
 from pyinfra.facts.files import File
 from pyinfra.facts.server import Command
 
-from roles import speedups
-from roles.facts import probe
+from rigforge import speedups
+from rigforge.facts import probe
 
 
 @pytest.fixture

@@ -20,10 +20,10 @@ from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 from test_lock import stand_ins  # noqa: F401 - the git daemon + HF stand-in fixture
 
+from rigforge.facts.gitpin import GitCheckout
+from rigforge.facts.hfweights import FileDigests, WeightsState
 from rigforge.layout import STAMP
 from rigforge.pins import HfFile, HfPin, parse_lock
-from roles.facts.gitpin import GitCheckout
-from roles.facts.hfweights import FileDigests, WeightsState
 from roles.operations import gitpin, hfweights
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Tier 1: roles/speedups.py makes pyinfra's per-operation work cheaper and leaves its results as they were.
+"""Tier 1: rigforge/speedups.py makes pyinfra's per-operation work cheaper and leaves its results as they were.
 
 Each check also counts the expensive call the speedup removes, so it fails when the patch stops taking effect
 (e.g. pyinfra calling `inspect.stack()` by another name), not only when the results change."""
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 from pyinfra.api import Config, arguments, facts, util
 
-from roles import speedups
+from rigforge import speedups
 
 
 def _order(state):

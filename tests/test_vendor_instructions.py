@@ -12,10 +12,10 @@ import yaml
 from test_roles_host_ops import converge, executed, op_commands, planned, rig, uploads
 
 from rigforge import driver_table
+from rigforge.facts.apt import parse_deb822, parse_fingerprints, parse_one_line, parse_source_files, same_uri_files
+from rigforge.facts.nvidia import parse_running_driver, unowned_driver
 from rigforge.pins import default_lock_path, load_lock
 from roles import docker_engine, host_state, nvidia_driver
-from roles.facts.apt import parse_deb822, parse_fingerprints, parse_one_line, parse_source_files, same_uri_files
-from roles.facts.nvidia import parse_running_driver, unowned_driver
 from roles.operations import apt_repo
 
 CUDA = "https://developer.download.nvidia.com/compute/cuda/repos"

@@ -18,10 +18,10 @@ from pyinfra.api import QuoteString, StringCommand, deploy, operation
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files
 
+from rigforge.facts.apt import AptSourceFiles, KeyFingerprints, same_uri_files
+from rigforge.facts.nvidia import upstream_version
+from rigforge.facts.system import AptHeldPackages
 from rigforge.layout import APT_IGNORE_BACKUPS_CONF, APT_KEYRING_DIR, APT_SOURCES_DIR
-from roles.facts.apt import AptSourceFiles, KeyFingerprints, same_uri_files
-from roles.facts.nvidia import upstream_version
-from roles.facts.system import AptHeldPackages
 from roles.operations.shown import say
 
 

@@ -13,8 +13,8 @@ from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, operation
 from pyinfra.context import ctx_host
 
+from rigforge.facts.nvidia import NvidiaGpus
 from rigforge.hardware import Needs, format_problems, gpu_problems
-from roles.facts.nvidia import NvidiaGpus
 
 
 def _fail(state, host, message):  # pyinfra passes (state, host) to callbacks whose arguments use those names

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
+from rigforge.facts.docker import RegistryHasImage
 from rigforge.obtain import parse
-from roles.facts.docker import RegistryHasImage
 from roles.operations.shown import ShownCommand, say
 
 

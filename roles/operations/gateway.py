@@ -58,7 +58,7 @@ def states(state, host, gateways: dict[str, bool], server: str, backend: str, po
     return {name: word for name, word in said.items() if word in ("ready", "drain", "maint", "moved", "absent")}
 
 
-def _rejoin(state, host, gateways, server, backend, address, port, wait, gate, manifest):
+def _rejoin(state, host, gateways, server, backend, address, port, wait, gate, manifest, sudo):
     if gate is None or not gate.did_error():
         _on_gateways(state, host, gateways, rejoin_script(server, backend, address, port, wait), "rejoin")
         return True
@@ -67,7 +67,7 @@ def _rejoin(state, host, gateways, server, backend, address, port, wait, gate, m
     previous = json.loads(output.stdout) if ok and output.stdout.strip() else {}
     if previous.get("unit"):  # rolled back to a unit that runs, or left failing (a unit found failed): out
         active = StringCommand(f"systemctl is-active --quiet {shlex.quote(previous['unit'])}")
-        ok, _ = host.run_shell_command(active, _sudo=bool(host.data.get("_sudo")))  # as the deploy: a bus may need it
+        ok, _ = host.run_shell_command(active, _sudo=sudo)  # as the deploy: a login user may have no system bus
         previous = previous if ok else {**previous, "port": None}
     if previous.get("port"):
         script = rejoin_script(server, None, address, previous["port"], wait)
@@ -98,7 +98,15 @@ def drained(gateways: dict[str, bool], server: str, timeout: int):
 
 @operation(is_idempotent=False)
 def rejoined(
-    gateways: dict[str, bool], server: str, backend: str, address: str, port: int, wait: int, gate=None, manifest=""
+    gateways: dict[str, bool],
+    server: str,
+    backend: str,
+    address: str,
+    port: int,
+    wait: int,
+    gate=None,
+    manifest="",
+    sudo: bool = False,
 ):
     """
     Put this rig back in every fleet gateway at its new port once it passed its health gate, and wherever a
@@ -113,6 +121,7 @@ def rejoined(
     + gate: the health gate operation; when it failed (and rolled back), the rig rejoins at the port of the
       variant it rolled back to (read from ``manifest``, rig.json) and this operation fails the host
     + manifest: path of the rig's rig.json
+    + sudo: whether this rig's own commands run with sudo (asking systemd whether the rolled-back unit runs)
     """
     if not ctx_state.get().is_executing:
         return  # its state at the gateways is read when the rig's turn comes
@@ -123,7 +132,7 @@ def rejoined(
             host.noop(f"{server} serves at every gateway")
             return
         host.log(f"{server} is not serving at {', '.join(f'{g} ({w})' for g, w in out.items())}: rejoining")
-    yield FunctionCommand(_rejoin, (gateways, server, backend, address, port, wait, gate, manifest), {})
+    yield FunctionCommand(_rejoin, (gateways, server, backend, address, port, wait, gate, manifest, sudo), {})
 
 
 @operation(is_idempotent=False)

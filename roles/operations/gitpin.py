@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pyinfra import host
 from pyinfra.api import operation
 
-from roles.facts.gitpin import GitCheckout
+from rigforge.facts.gitpin import GitCheckout
 from roles.operations.checks import fail_command
 from roles.operations.shown import ShownCommand
 

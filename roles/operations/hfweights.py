@@ -26,10 +26,10 @@ from pyinfra import state as pyinfra_state
 from pyinfra.api import FileUploadCommand, OperationError, StringCommand, operation
 from pyinfra.facts.files import File
 
+from rigforge.facts.hfweights import FileDigests, VenvDistVersion, WeightsState
+from rigforge.facts.system import FreeDiskBytes
 from rigforge.layout import STAMP
 from rigforge.pins import HfFile, HfPin
-from roles.facts.hfweights import FileDigests, VenvDistVersion, WeightsState
-from roles.facts.system import FreeDiskBytes
 from roles.operations.checks import fail_command
 from roles.operations.shown import ShownCommand, say
 from roles.operations.staged import upload_privately

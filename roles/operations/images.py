@@ -17,9 +17,9 @@ from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 from pyinfra.facts.files import Directory, FileContents, Sha256File
 
 from rigforge import images
-from roles.facts.docker import DockerImagePresent
-from roles.facts.images import ListeningPorts, OciBlobs
-from roles.facts.system import FreeDiskBytes
+from rigforge.facts.docker import DockerImagePresent
+from rigforge.facts.images import ListeningPorts, OciBlobs
+from rigforge.facts.system import FreeDiskBytes
 from roles.operations.checks import fail_command
 from roles.operations.docker_daemon import merged_text
 from roles.operations.shown import ShownCommand, say

@@ -7,15 +7,15 @@ from pyinfra.api import StringCommand, operation
 from pyinfra.operations import server
 
 from rigforge.driver_table import branch_problem
-from rigforge.hardware import cap_problems, resolve_caps
-from roles.facts.apt import DebInstalledVersion
-from roles.facts.nvidia import (
+from rigforge.facts.apt import DebInstalledVersion
+from rigforge.facts.nvidia import (
     NvidiaGpus,
     NvidiaModuleVersion,
     NvidiaRunningDriver,
     NvidiaSmiStatus,
     upstream_version,
 )
+from rigforge.hardware import cap_problems, resolve_caps
 from roles.operations.checks import fail_command
 from roles.operations.staged import connection
 

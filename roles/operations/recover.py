@@ -17,8 +17,8 @@ import shlex
 from pyinfra import host, logger, state
 from pyinfra.api import StringCommand, operation
 
-from roles.facts.apt import DpkgInterrupted
-from roles.facts.system import LeftoverUploads
+from rigforge.facts.apt import DpkgInterrupted
+from rigforge.facts.system import LeftoverUploads
 from roles.operations.staged import private_upload_dir
 
 APT_ENV = "DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=a"

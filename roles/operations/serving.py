@@ -8,13 +8,13 @@ import shlex
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
+from rigforge.facts.docker import DockerImagePresent
+from rigforge.facts.files import JsonFile
+from rigforge.facts.nvidia import NvidiaGpus, NvidiaTopology
+from rigforge.facts.serving import ApiAnswers, ComposeImages, ServiceState, runs_digest, serving
+from rigforge.facts.system import EnabledInstances
 from rigforge.layout import VLLM_TEMPLATE, HostLayout
 from rigforge.obtain import parse
-from roles.facts.docker import DockerImagePresent
-from roles.facts.files import JsonFile
-from roles.facts.nvidia import NvidiaGpus, NvidiaTopology
-from roles.facts.serving import ApiAnswers, ComposeImages, ServiceState, runs_digest, serving
-from roles.facts.system import EnabledInstances
 from roles.operations.shown import ShownCommand, say
 from roles.operations.staged import upload_privately
 

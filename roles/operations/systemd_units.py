@@ -5,7 +5,7 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
-from roles.facts.system import SystemdUnitEnabled
+from rigforge.facts.system import SystemdUnitEnabled
 
 
 @operation()

@@ -1,6 +1,6 @@
 """Two pieces of pyinfra's per-operation controller work, made cheap without changing what they return.
 
-A no-op re-converge is mostly controller CPU once the rig is read in one probe (roles/facts/probe.py), and
+A no-op re-converge is mostly controller CPU once the rig is read in one probe (rigforge/facts/probe.py), and
 that CPU grows with the number of rigs: ~50 operations a rig, each paying for both of these, on every host.
 
 - Operation order. pyinfra orders operations by the line numbers of the calling stack

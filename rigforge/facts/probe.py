@@ -19,7 +19,7 @@ stamps), which made a no-op re-converge ~5x pyinfra's own floor. Here:
   the host's defaults, facts with preconditions or their own shell.
 
 `read(host, requests)` is the batched read on its own: any list of (fact class, kwargs) in one remote command.
-`install_all()` patches pyinfra (this probe and roles/speedups.py); the deploy entry calls it, importing changes
+`install_all()` patches pyinfra (this probe and rigforge/speedups.py); the deploy entry calls it, importing changes
 nothing. It relies on pyinfra 3.10's private `facts._get_fact`, `_make_command`, `_handle_fact_kwargs`,
 `CONNECTOR_ARGUMENT_KEYS` and `Host.run_shell_command` / `put_file` / `rsync` (tests/test_probe.py checks them).
 """
@@ -42,7 +42,7 @@ from pyinfra.api.exceptions import FactProcessError
 from pyinfra.api.facts import FactBase
 from pyinfra.api.host import Host
 
-from roles import speedups
+from rigforge import speedups
 
 # Connector arguments that change what a command sees: a snapshot answer needs the same ones as the probe (how
 # the command is wrapped: sudo, su, doas...; passwords aside, they never change what it sees).
@@ -102,7 +102,7 @@ def _cacheable(cls) -> bool:
     fact = cls()
     return (
         issubclass(cls, FactBase)
-        and getattr(cls, "probe", True)  # a fact may opt out (roles/facts/hfweights.py FileDigests)
+        and getattr(cls, "probe", True)  # a fact may opt out (rigforge/facts/hfweights.py FileDigests)
         and not fact.shell_executable
         and type(fact).check_preconditions is FactBase.check_preconditions
     )
@@ -289,7 +289,7 @@ def install() -> None:
 
 
 def install_all() -> None:
-    """Everything rigforge patches in pyinfra for a deploy: this probe and roles/speedups.py. Called first thing
+    """Everything rigforge patches in pyinfra for a deploy: this probe and rigforge/speedups.py. Called first thing
     by the deploy entry (roles/site.py `provision`); importing rigforge changes nothing in pyinfra."""
     install()
     speedups.install()
