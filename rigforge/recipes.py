@@ -84,6 +84,8 @@ class Recipe:
     category: str | None = None
     default_arch_allow: tuple[str, ...] = ()  # archs upstream's DEFAULTS may pick this slug for ("8.6")
     sampler_profiles: dict = field(default_factory=dict, hash=False, compare=False)  # {profile: {param: value}}
+    image_env: str | None = None  # the engine profile's variable that sets the image (upstream's launchers set it)
+    extra: dict = field(default_factory=dict, hash=False, compare=False)  # entry keys rigforge does not read: kept
 
     @property
     def name(self) -> str:
@@ -181,6 +183,18 @@ def _classify(e: dict, engine: dict | None, sm: float) -> str | None:
     return None
 
 
+ENTRY_KEYS = {  # the registry entry keys rigforge reads; any other (origin, kv_offload, mem_util, ...) is kept as data
+    "model", "status", "default_port", "tp", "compose_path", "engine", "fallback_sm", "required_sm",
+    "weights_variant", "weights_companions", "category", "default_arch_allow", "sampler_profiles",
+}  # fmt: skip
+
+
+def _image_env(engine: dict | None) -> str | None:
+    """The engine profile's `image_env` (e.g. VLLM_IMAGE): the variable its composes read the image from."""
+    name = (engine or {}).get("image_env")
+    return name if isinstance(name, str) and re.fullmatch(r"[A-Z_][A-Z0-9_]*", name) else None
+
+
 def parse_repo(root: Path) -> RecipeRepo:
     root = Path(root)
     registry = _yaml(root / REGISTRY)
@@ -216,6 +230,8 @@ def parse_repo(root: Path) -> RecipeRepo:
             category=e.get("category"),
             default_arch_allow=tuple(str(a) for a in e.get("default_arch_allow") or ()),
             sampler_profiles=dict(e.get("sampler_profiles") or {}),
+            image_env=_image_env(engine),
+            extra={k: v for k, v in e.items() if k not in ENTRY_KEYS},
         )
     names = [r.name for r in recipes.values()]
     dupes = {n for n in names if names.count(n) > 1}
@@ -377,8 +393,15 @@ def service_name(r: Recipe, compose: dict) -> str:
     return next(iter(services))
 
 
+def image_by_env(r: Recipe, compose: dict) -> bool:
+    """The recipe's own way to set the image: its engine names an `image_env` its compose file reads (upstream's
+    launchers set it), so the .env carries the lock's image and the compose file stays the recipe's own."""
+    return bool(r.image_env) and r.image_env in variables(compose)
+
+
 def override(r: Recipe, compose: dict, image: str, root: str) -> dict:
-    """The host override file: the lock's image, no restart policy (the unit owns restarts), host caches."""
+    """The host override file: the lock's image (unless the recipe takes it from its `image_env`), no restart
+    policy (the unit owns restarts), host caches."""
     svc = service_name(r, compose)
     caches = []
     for v in compose["services"][svc].get("volumes") or []:
@@ -390,7 +413,7 @@ def override(r: Recipe, compose: dict, image: str, root: str) -> dict:
             and name in CACHE_TARGETS
         ):
             caches.append(f"{HostLayout(root=root).cache}/{name}:{target}" + (f":{opts}" if opts else ""))
-    data: dict[str, Any] = {"image": image, "restart": "no"}
+    data: dict[str, Any] = {"restart": "no"} if image_by_env(r, compose) else {"image": image, "restart": "no"}
     if caches:
         data["volumes"] = caches
     return {"services": {svc: data}}
@@ -464,6 +487,8 @@ def rig_files(r: Recipe, compose: dict, *, root: str, image: str, knobs: dict[st
     for raises RecipeError naming the slug and the setting.
     """
     env = knob_env(r, compose, knobs)
+    if image_by_env(r, compose):
+        env[r.image_env] = image
     secret = {k: SECRET_MARK for k in env if k in SECRET_VARS}  # the effective file refers to them, never holds them
     checkout = checkout_dir(root)
     host = override(r, compose, image, root)
@@ -479,7 +504,8 @@ def rig_files(r: Recipe, compose: dict, *, root: str, image: str, knobs: dict[st
         + "# Runs the recipe's own compose file from the pinned checkout, with this host's override.\n"
         + dump(wrapper),
         OVERRIDE_FILE: note
-        + "# Host-specific only: the lock's image, no restart policy (the unit owns restarts), caches.\n"
+        + "# Host-specific only: the lock's image (unless .env sets the recipe's image_env), no restart policy\n"
+        + "# (the unit owns restarts), caches.\n"
         + dump(host),
         ".env": "\n".join(lines) + "\n",
         EFFECTIVE_FILE: note

@@ -549,3 +549,62 @@ def test_every_setting_a_recipe_cannot_take_is_named_at_once(repo):
         recipes.knob_env(r, repo.compose(r), values, host_keys=True)
     assert "vllm/qwen-27b-dual-max: serving_max_num_seqs, serving_api_key are not exposed" in str(exc.value)
     assert "${MAX_NUM_SEQS}, no knob for api_key" in str(exc.value) and "remove them" in str(exc.value)
+
+
+# --- a newer registry: the reader bends with the schema (issue 33) ---
+
+
+@pytest.fixture(scope="module")
+def newer(tmp_path_factory):
+    """The vendored subset as upstream moved it on: vllm-stable names `image_env: VLLM_IMAGE` (its composes read
+    `${VLLM_IMAGE:-...}`), vllm/dual gains keys rigforge does not read and a null mem_util, and two entries
+    arrive that rigforge cannot serve: a new status and a new engine."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("newer") / "club-3090"
+    shutil.copytree(REFERENCE, root)
+    engines = root / "scripts/lib/profiles/engines"
+    (engines / "vllm-stable.yml").write_text((engines / "vllm-stable.yml").read_text() + "image_env: VLLM_IMAGE\n")
+    (engines / "sglang-stable.yml").write_text(
+        "id: sglang-stable\ntype: sglang\ninstall:\n  method: docker_image\n  spec: lmsysorg/sglang:v0.5\nmin_sm: 8.0\n"
+    )
+    path = root / recipes.REGISTRY
+    registry = yaml.safe_load(path.read_text())
+    dual = registry["entries"]["vllm/dual"]
+    dual.update(mem_util=None, origin="club-3090", kv_offload="opt-in", spec_method="mtp", supported_sm=[8.6])
+    registry["entries"]["vllm/dual-preview2"] = {**dual, "status": "preview-2", "default_port": 8201}
+    registry["entries"]["sglang/qwen-27b-dual"] = {**dual, "engine": "sglang-stable", "default_port": 8202}
+    path.write_text(yaml.safe_dump(registry, sort_keys=False))
+    return parse_repo(root)
+
+
+def test_unknown_entry_keys_are_kept_as_data_and_a_null_keeps_the_compose_files_value(repo, newer):
+    r = newer.recipes["vllm/dual"]
+    assert r.extra["origin"] == "club-3090" and r.extra["kv_offload"] == "opt-in" and r.extra["mem_util"] is None
+    assert r.extra["supported_sm"] == [8.6] and "status" not in r.extra and "compose_path" not in r.extra
+    old = next(iter(effective(render(repo, "vllm/dual"))["services"].values()))
+    new = next(iter(effective(render(newer, "vllm/dual"))["services"].values()))
+    assert new["command"] == old["command"]  # mem_util null: --gpu-memory-utilization stays the compose file's
+    assert env_map(new["environment"]) == env_map(old["environment"])
+
+
+def test_new_statuses_and_engines_are_refused_with_the_reason(newer):
+    assert newer.recipes["vllm/dual-preview2"].refused == "unknown status 'preview-2'"
+    assert newer.recipes["sglang/qwen-27b-dual"].refused == (
+        "engine sglang-stable is sglang installed by docker_image, not vLLM from a docker image"
+    )
+    with pytest.raises(RecipeError, match="vllm/dual-preview2: refused: unknown status 'preview-2'"):
+        newer.recipe("vllm/dual-preview2", opt_in=True)
+
+
+def test_the_image_is_set_the_recipes_way_through_its_image_env(repo, newer):
+    """With the engine's image_env, the lock's image goes into .env as VLLM_IMAGE and the override leaves the
+    image alone: the compose file the rig runs is the recipe's own; the vendored engine (no image_env) keeps the
+    override's image, as before."""
+    files = render(newer, "vllm/dual")
+    assert f"VLLM_IMAGE={IMAGE}" in files[".env"].splitlines()
+    assert "image" not in yaml.safe_load(files[recipes.OVERRIDE_FILE])["services"]["vllm-qwen36-27b-dual"]
+    assert next(iter(effective(files)["services"].values()))["image"] == IMAGE
+    vendored = render(repo, "vllm/dual")
+    assert "VLLM_IMAGE=" not in vendored[".env"]
+    assert yaml.safe_load(vendored[recipes.OVERRIDE_FILE])["services"]["vllm-qwen36-27b-dual"]["image"] == IMAGE

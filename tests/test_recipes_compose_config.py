@@ -99,3 +99,18 @@ def test_effective_compose_is_what_docker_compose_config_resolves(tools, slug):
     ((port,), (up_port,)) = (svc["ports"], up["ports"])
     assert (port["host_ip"], port["published"], port["target"]) == ("127.0.0.1", "18080", up_port["target"])
     assert up_port["published"] == str(r.port)  # the registry's default_port is the file's own default
+
+
+def test_the_recipes_image_env_sets_the_image_for_docker_compose_config(tools):
+    """An engine with `image_env: VLLM_IMAGE` (upstream's later profiles): the serve dir passes the lock's image
+    through .env, no override image, and a real `docker compose config` runs that image."""
+    import dataclasses
+
+    repo = parse_repo(REFERENCE)
+    r = dataclasses.replace(repo.recipe("vllm/dual"), image_env="VLLM_IMAGE")
+    s = apply_overrides(Settings(), {"root": ROOT, "port": 18081, "bind_address": "127.0.0.1"})
+    files = render_variant(recipes.of(repo, r, IMAGE), s)
+    assert "image:" not in files[recipes.OVERRIDE_FILE]
+    serve = write(tools, "serve/image-env", {k: v for k, v in files.items() if k != recipes.EFFECTIVE_FILE})
+    svc = next(iter(config(tools, serve)["services"].values()))
+    assert svc["image"] == IMAGE
