@@ -15,17 +15,19 @@ Which variant: `deploy/<variant>.py` deploys that variant; `deploy/site.py` depl
 
 from __future__ import annotations
 
+import json
 import os
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.context import ctx_state
+from pyinfra.facts.files import FileContents
 
 from rigforge import gateway, images, obtain, power, registry, schema
 from rigforge import plan as planner
 from rigforge.catalog import CatalogError
 from rigforge.hardware import Needs, format_problems
-from rigforge.layout import RUN_LOCK, HostLayout
+from rigforge.layout import DAEMON_JSON, DEFAULT_ROOT, RUN_LOCK, HostLayout
 from rigforge.lock import token_refused
 from rigforge.pins import LockError, default_lock_path
 from rigforge.plan import Plan
@@ -36,6 +38,7 @@ from roles import images as images_role
 from roles import registry as registry_role
 from roles.facts import probe
 from roles.facts.docker import DockerImagePresent
+from roles.facts.files import JsonFile, TreeSize
 from roles.facts.hfweights import WeightsState
 from roles.facts.nvidia import NvidiaGpus, NvidiaPciGpus, PowerCapUnits
 from roles.operations import recover
@@ -245,6 +248,75 @@ def image_problems(plan: Plan) -> list[str]:
     return [problem] if problem else []
 
 
+def data_root_of(daemon_json: list[str] | None) -> str:
+    """Docker's data-root from daemon.json's lines: its `data-root`, else Docker's default (an unreadable
+    daemon.json is preflight's refusal: roles/host_state.py)."""
+    try:
+        configured = json.loads("\n".join(daemon_json or []) or "{}").get("data-root")
+    except (ValueError, AttributeError):
+        configured = None
+    if not isinstance(configured, str) or not configured.strip("/"):
+        return schema.DOCKER_DATA_ROOT
+    return configured.rstrip("/")
+
+
+def roots_inside(layout: HostLayout, data_root: str) -> list[str]:
+    """Pure: rigforge_root and the model dir inside Docker's configured data-root (the default one is refused with
+    the host data: rigforge/schema.py)."""
+    trees = {data_root: f"Docker's data-root set in {DAEMON_JSON}"}
+    out = []
+    for key, path in (("rigforge_root", layout.root), ("serving_model_dir", layout.models)):
+        tree = schema.managed_tree(path, trees)
+        if tree and not (key == "serving_model_dir" and _inside(path, layout.root)):  # named with the root
+            out.append(f"{key} {path} is inside {tree}; choose a directory of its own outside it (e.g. {DEFAULT_ROOT})")
+    return out
+
+
+def _inside(path: str, tree: str) -> bool:
+    return path == tree or path.startswith(f"{tree.rstrip('/')}/")
+
+
+def changed_roots(layout: HostLayout, recorded: dict | None, size_of) -> list[str]:
+    """The trees an earlier deploy used (rig.json's `root` and `models`: `recorded`) that `layout` no longer does,
+    each with its size (`size_of(path)`: bytes, None when it is gone) and how to remove it; nothing is removed."""
+    recorded = recorded or {}
+    now = (layout.root, layout.models)
+    out = []
+    for key in ("root", "models"):
+        tree = recorded.get(key)
+        if not isinstance(tree, str) or not tree.startswith("/") or any(_inside(tree, new) for new in now):
+            continue  # not recorded, or still in use
+        if key == "models" and isinstance(recorded.get("root"), str) and _inside(tree, recorded["root"]):
+            continue  # named with the old root
+        size = size_of(tree)
+        if size is None:
+            continue  # gone already
+        inside = [new for new in now if _inside(new, tree)]
+        how = (
+            f"this run's {' and '.join(inside)} {'is' if len(inside) == 1 else 'are'} inside it: remove the "
+            "rest of it by hand"
+            if inside
+            else f"once the rig serves from the new one, remove it with: sudo rm -rf {tree}"
+        )
+        name = "rigforge_root" if key == "root" else "serving_model_dir"
+        out.append(
+            f"{name} changed: {tree}, the earlier deploy's (recorded in {layout.rig_json}), holds "
+            f"{size / 1e9:.1f} GB and is no longer used; rigforge leaves it as it is; {how}"
+        )
+    return out
+
+
+def root_problems(plan: Plan) -> list[str]:
+    """roots_inside with this rig's daemon.json."""
+    return roots_inside(plan.layout, data_root_of(host.get_fact(FileContents, path=DAEMON_JSON)))
+
+
+def root_warnings(plan: Plan) -> list[str]:
+    """changed_roots with this rig's rig.json."""
+    recorded = host.get_fact(JsonFile, path=plan.layout.rig_json)
+    return changed_roots(plan.layout, recorded, lambda path: host.get_fact(TreeSize, path=path))
+
+
 def needs(plan: Plan) -> Needs:
     v = plan.variant
     cuda = plan.lock.image_cuda(plan.image) if plan.lock else None
@@ -275,8 +347,10 @@ def provision(variant_name: str | None = None):
     if plan is None:
         return
     host_needs = needs(plan)
-    if not preflight.check(host_needs, plan.data, image_problems(plan)):
+    if not preflight.check(host_needs, plan.data, image_problems(plan) + root_problems(plan)):
         return
+    for warning in root_warnings(plan):  # after preflight: no warning comes before a refusal
+        host.log_styled(f"{host.name}: WARNING: {warning}", fg="yellow", log_func=logger.warning)
     if not host.get_fact(NvidiaGpus):  # a fresh rig: say it before the driver goes on
         host.log_styled(
             f"{host.name}: no NVIDIA driver answers yet: the cards' VRAM and power range are checked right after "

@@ -74,3 +74,59 @@ def test_an_invalid_daemon_json_is_refused_before_the_first_change(rigs, tmp_pat
         assert snapshot(rig) == before
     finally:
         rig.run("rm -rf /etc/docker", True)
+
+
+ROOT_CASES = [  # (host data, the refusal): trees something else manages, for the root and the model dir alike
+    ({"rigforge_root": "/var/lib/docker"}, "rigforge_root must be a directory of its own outside /var/lib/docker, "
+     "Docker's default data-root (e.g. /opt/rigforge), got '/var/lib/docker'"),
+    ({"rigforge_root": "/etc/rigforge"}, "outside /etc/rigforge, rigforge's own config dir"),
+    ({"rigforge_root": "/etc/systemd"}, "rigforge_root must be a directory of its own outside /etc/systemd"),
+    ({"rigforge_root": "/proc/x"}, "outside /proc, the kernel's process file system (e.g. /opt/rigforge)"),
+    ({"serving_model_dir": "/tmp/models"}, "serving_model_dir must be a directory of its own outside /tmp"),
+    ({"serving_model_dir": "/boot/models"}, "outside /boot, the kernels and boot loader"),
+]  # fmt: skip
+
+
+def test_roots_inside_trees_something_else_manages_are_refused_before_the_first_change(rigs, tmp_path):
+    rig = rigs.rig("rig1")
+    fresh = snapshot(rig)
+    for data, expect in ROOT_CASES:
+        line = refused(rigs, tmp_path, "rig1", data, expect, "rigforge refused on")
+        assert "/tmp/rigforge" not in line and "/boot/rigforge" not in line
+        assert snapshot(rig) == fresh, data
+
+
+def test_a_root_inside_the_data_root_the_rigs_daemon_json_sets_is_refused(rigs, tmp_path):
+    rig = rigs.rig("rig1")
+    rig.run("""mkdir -p /etc/docker && echo '{"data-root": "/srv/docker"}' > /etc/docker/daemon.json""", True)
+    try:
+        before = snapshot(rig)
+        refused(rigs, tmp_path, "rig1", {"rigforge_root": "/srv/docker/rigforge"},
+                "rigforge_root /srv/docker/rigforge is inside /srv/docker, Docker's data-root set in "
+                "/etc/docker/daemon.json; choose a directory of its own outside it (e.g. /opt/rigforge)",
+                "preflight failed on")  # fmt: skip
+        assert snapshot(rig) == before
+    finally:
+        rig.run("rm -rf /etc/docker", True)
+
+
+def test_a_changed_root_is_named_with_the_old_trees_size(rigs, tmp_path):
+    """rig.json records the root an earlier deploy used; a deploy with another root warns, once preflight passed,
+    naming the old tree, its size and how to remove it (nothing is removed)."""
+    rig = rigs.rig("rig1")
+    recorded = """'{"root": "/srv/old-rf", "models": "/srv/old-rf/models"}'"""
+    rig.run("mkdir -p /etc/rigforge /srv/old-rf/models && truncate -s 2500000000 /srv/old-rf/models/w.safetensors"
+            f" && echo {recorded} > /etc/rigforge/rig.json", True)  # fmt: skip
+    try:
+        inv = inventory_with(rigs, tmp_path / "inv.py", {"rig1": {}})
+        proc = subprocess.run([PYINFRA, "--dry", str(inv), str(REPO / "deploy" / "dual_turbo.py")],
+                              cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, out[-4000:]
+        assert (
+            "rig1: WARNING: rigforge_root changed: /srv/old-rf, the earlier deploy's (recorded in "
+            "/etc/rigforge/rig.json), holds 2.5 GB and is no longer used; rigforge leaves it as it is; once the rig "
+            "serves from the new one, remove it with: sudo rm -rf /srv/old-rf"
+        ) in out, out[-4000:]
+    finally:
+        rig.run("rm -rf /etc/rigforge /srv/old-rf", True)
