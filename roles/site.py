@@ -205,25 +205,40 @@ def prepare(variant=None) -> Plan | None:
     """
     gpus = len(host.get_fact(NvidiaGpus) or []) or len(host.get_fact(NvidiaPciGpus) or []) or None
     plan, problems = plan_for(host.name, host.data, variant, gpus, cap_units=tuple(host.get_fact(PowerCapUnits)))
+    token = []  # the HF token's problems: asked of the hub, or missing for gated weights
     if plan is not None:
         gated = [a.pin for a in plan.assets if a.pin.gated and stale_files(a.pin, _weights_state(plan, a))]
         if gated and not plan.token:
-            problems.append(
+            token.append(
                 f"{', '.join(p.repo for p in gated)} {'is' if len(gated) == 1 else 'are'} gated, not yet fetched, and "
                 "no HF token is set: set host data hf_token or RIGFORGE_HF_TOKEN / HF_TOKEN on the controller"
             )
         for pin in gated if plan.token else ():
             problem, warning = token_refused(plan.data["hf_endpoint"], pin, plan.token)
-            problems += [problem] if problem else []
+            token += [problem] if problem else []
             if warning:
                 host.log_styled(f"{host.name}: {warning}", fg="yellow", log_func=logger.warning)
-    if problems:
-        message = format_problems(host.name, problems, what="rigforge refused")
-        refuse_now(f"Refuse {host.name}: {len(problems)} problem(s) in host data", message)
+    if problems or token:
+        message = format_problems(host.name, problems + token, what="rigforge refused")
+        refuse_now(f"Refuse {host.name}: {refusal_name(len(problems), len(token))}", message)
         return None
-    for warning in power.warnings(plan.caps, power.locate_profile(plan.lock)):  # the user's choice: not refused
-        host.log_styled(f"{host.name}: WARNING: {warning}", fg="yellow", log_func=logger.warning)
     return plan
+
+
+def refusal_name(in_host_data: int, token: int) -> str:
+    """What prepare's refusal operation is called: the host data's problems and the HF token's each by name, never
+    a token the hub refused as a problem 'in host data'."""
+    parts = [f"{in_host_data} problem(s) in host data"] if in_host_data else []
+    return " and ".join(parts + (["no usable HF token for the gated weights"] if token else []))
+
+
+def power_warnings(plan: Plan) -> None:
+    """Caps outside what the recipe repo measured (the user's choice: not refused), said once preflight passed so
+    that no warning comes before a refusal; before a driver answers, the cards' own range is still to be checked."""
+    known = bool(host.get_fact(NvidiaGpus))  # preflight checked the caps against the cards' own range
+    kept = "kept as set" if known else "kept as set if the cards' own range allows it (checked once the driver answers)"
+    for warning in power.warnings(plan.caps, power.locate_profile(plan.lock), kept):
+        host.log_styled(f"{host.name}: WARNING: {warning}", fg="yellow", log_func=logger.warning)
 
 
 def _disk_needed(plan: Plan) -> int:
@@ -349,6 +364,7 @@ def provision(variant_name: str | None = None):
     host_needs = needs(plan)
     if not preflight.check(host_needs, plan.data, image_problems(plan) + root_problems(plan)):
         return
+    power_warnings(plan)
     for warning in root_warnings(plan):  # after preflight: no warning comes before a refusal
         host.log_styled(f"{host.name}: WARNING: {warning}", fg="yellow", log_func=logger.warning)
     if not host.get_fact(NvidiaGpus):  # a fresh rig: say it before the driver goes on

@@ -27,14 +27,24 @@ NO_TOKEN = {"RIGFORGE_HF_TOKEN": "", "HF_TOKEN": ""}
 
 @pytest.fixture(scope="module")
 def rigs(testbed_factory):
-    """rig1: a fresh 2x 24 GB rig every case leaves as it found it."""
+    """rig1: a fresh 2x 24 GB rig every case leaves as it found it; rig2: the same, for the case that installs the
+    driver before its refusal."""
     from rigforge.testbed import RigSpec
 
-    return testbed_factory([RigSpec()], name="checks")
+    return testbed_factory([RigSpec(), RigSpec()], name="checks")
 
 
 def snapshot(rig) -> str:
     return rig.run(SNAPSHOT).stdout
+
+
+def dry(inv, entry: str, rig: str) -> tuple[int, str]:
+    """`pyinfra --dry INVENTORY deploy/<entry>.py --limit RIG`: (exit code, output)."""
+    proc = subprocess.run(
+        [PYINFRA, "--dry", str(inv), str(REPO / "deploy" / f"{entry}.py"), "--limit", rig],
+        cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, **NO_TOKEN},
+    )  # fmt: skip
+    return proc.returncode, proc.stdout + proc.stderr
 
 
 def refused(tb, tmp_path, rig: str, data: dict, expect: str, header: str, entry: str = "dual_turbo") -> str:
@@ -46,12 +56,8 @@ def refused(tb, tmp_path, rig: str, data: dict, expect: str, header: str, entry:
     assert f"{header} {rig}:" in err and expect in err, err[-4000:]
     assert err.count(f"{header} {rig}:") == 1 and changed(results, rig) == []
     (line,) = {line for line in err.splitlines() if expect in line}
-    proc = subprocess.run(
-        [PYINFRA, "--dry", str(inv), str(REPO / "deploy" / f"{entry}.py"), "--limit", rig],
-        cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, **NO_TOKEN},
-    )  # fmt: skip
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, out[-4000:]
+    returncode, out = dry(inv, entry, rig)
+    assert returncode == 1, out[-4000:]
     assert line in out.splitlines(), out[-4000:]
     return line
 
@@ -119,10 +125,8 @@ def test_a_changed_root_is_named_with_the_old_trees_size(rigs, tmp_path):
             f" && echo {recorded} > /etc/rigforge/rig.json", True)  # fmt: skip
     try:
         inv = inventory_with(rigs, tmp_path / "inv.py", {"rig1": {}})
-        proc = subprocess.run([PYINFRA, "--dry", str(inv), str(REPO / "deploy" / "dual_turbo.py")],
-                              cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
-        out = proc.stdout + proc.stderr
-        assert proc.returncode == 0, out[-4000:]
+        returncode, out = dry(inv, "dual_turbo", "rig1")
+        assert returncode == 0, out[-4000:]
         assert (
             "rig1: WARNING: rigforge_root changed: /srv/old-rf, the earlier deploy's (recorded in "
             "/etc/rigforge/rig.json), holds 2.5 GB and is no longer used; rigforge leaves it as it is; once the rig "
@@ -130,3 +134,31 @@ def test_a_changed_root_is_named_with_the_old_trees_size(rigs, tmp_path):
         ) in out, out[-4000:]
     finally:
         rig.run("rm -rf /etc/rigforge /srv/old-rf", True)
+
+
+def test_a_refused_hf_token_is_not_called_a_problem_in_host_data(rigs, tmp_path):
+    rig = rigs.rig("rig1")
+    fresh = snapshot(rig)
+    data = {"hf_token": "hf_notTheRightOne"}
+    refused(rigs, tmp_path, "rig1", data, "the HF token was refused by http://127.0.0.1:", "rigforge refused on",
+            entry="dual_dflash")  # fmt: skip
+    inv = inventory_with(rigs, tmp_path / "dry.py", {"rig1": data})
+    _, out = dry(inv, "dual_dflash", "rig1")
+    listed = [line for line in out.splitlines() if "rigforge site |" in line and "Refuse" in line]
+    assert listed and all("Refuse rig1: no usable HF token for the gated weights" in line for line in listed), out
+    assert "in host data" not in out, out[-3000:]
+    assert snapshot(rig) == fresh
+
+
+def test_a_cap_the_cards_refuse_is_never_warned_as_kept(rigs, tmp_path):
+    """400 W: outside the recipe repo's 220..330 W (a warning) and outside the cards' own 100..350 W (a refusal,
+    right after the driver on a fresh rig, in preflight once the driver answers). No warning says it is kept."""
+    inv = inventory_with(rigs, tmp_path / "inv.py", {"rig2": {"gpu_power_limit_w": 400}})
+    results, err = pyinfra_run(inv, REPO / "deploy" / "dual_turbo.py", "--limit", "rig2", env=NO_TOKEN)
+    assert "GPU check failed on rig2:" in err and "power cap 400 W (gpu_power_limit_w) is outside" in err, err[-3000:]
+    warned = [line for line in err.splitlines() if "WARNING: power cap 400 W" in line]
+    kept = "kept as set if the cards' own range allows it (checked once the driver answers)"
+    assert warned and all(line.endswith(kept) for line in warned), warned
+    results, err = pyinfra_run(inv, REPO / "deploy" / "dual_turbo.py", "--limit", "rig2", env=NO_TOKEN)
+    assert "preflight failed on rig2:" in err and "power cap 400 W (gpu_power_limit_w) is outside" in err, err[-3000:]
+    assert "WARNING: power cap" not in err and "kept as set" not in err, err[-3000:]
