@@ -92,6 +92,11 @@ def _command_problem(host) -> str | None:
     """Why commands cannot run on a connected host (e.g. sudo wants a password); None when they can."""
     from pyinfra.api import StringCommand
 
+    from roles.rig_lock import sudo_problem
+
+    problem = sudo_problem(host)  # asked without a prompt: pyinfra's own would wait for a TTY, then fail
+    if problem:
+        return problem
     kwargs = {"_sudo": bool(host.data.get("_sudo"))}
     if host.data.get("_sudo_user"):
         kwargs["_sudo_user"] = host.data.get("_sudo_user")

@@ -341,12 +341,29 @@ def needs(plan: Plan) -> Needs:
 
 def hold_the_rig() -> bool:
     """Take the rig's lock for this run (roles/rig_lock.py: one run per rig; not a change), or refuse the host in
-    one line naming the run that holds it."""
+    one line naming the run that holds it; a rig that is the same machine as another of this run's rigs (machine-id
+    and SSH host key) is refused naming both, each of them."""
+    sudo = rig_lock.sudo_problem(host)
+    if sudo:  # before anything else: every later step needs sudo
+        refuse_now(f"Refuse {host.name}: sudo asks for a password", f"rigforge refused on {host.name}: {sudo}.")
+        return False
+    if is_rig(host):
+        twins = rig_lock.twins(host, [h for h in host.inventory.iter_activated_hosts() if is_rig(h)])
+        if twins:
+            machine, key = rig_lock.identity(host)
+            names = " and ".join([host.name, *twins])
+            refuse_now(
+                f"Refuse {host.name}: the same machine as {', '.join(twins)}",
+                f"rigforge refused on {host.name}: {names} are one machine (machine-id {machine}, SSH host key "
+                f"{key}): keep one of these names in the inventory; nothing was changed.",
+            )
+            return False
     busy, note = rig_lock.take(host, RUN_LOCK, bool(host.data.get("_sudo")))
     if note:
         host.log_styled(f"{host.name}: {note}", fg="yellow", log_func=logger.warning)
     if busy:
-        refuse_now(f"Refuse {host.name}: another run holds it", f"rigforge refused: {busy}; nothing was changed.")
+        why = "one machine under two names" if " are one machine " in busy else "another run holds it"
+        refuse_now(f"Refuse {host.name}: {why}", f"rigforge refused: {busy}; nothing was changed.")
     return not busy
 
 

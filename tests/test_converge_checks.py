@@ -38,10 +38,11 @@ def snapshot(rig) -> str:
     return rig.run(SNAPSHOT).stdout
 
 
-def dry(inv, entry: str, rig: str) -> tuple[int, str]:
-    """`pyinfra --dry INVENTORY deploy/<entry>.py --limit RIG`: (exit code, output)."""
+def dry(inv, entry: str, *rigs: str) -> tuple[int, str]:
+    """`pyinfra --dry INVENTORY deploy/<entry>.py --limit RIG...`: (exit code, output)."""
+    limits = [arg for rig in rigs for arg in ("--limit", rig)]
     proc = subprocess.run(
-        [PYINFRA, "--dry", str(inv), str(REPO / "deploy" / f"{entry}.py"), "--limit", rig],
+        [PYINFRA, "--dry", str(inv), str(REPO / "deploy" / f"{entry}.py"), *limits],
         cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, **NO_TOKEN},
     )  # fmt: skip
     return proc.returncode, proc.stdout + proc.stderr
@@ -162,3 +163,84 @@ def test_a_cap_the_cards_refuse_is_never_warned_as_kept(rigs, tmp_path):
     results, err = pyinfra_run(inv, REPO / "deploy" / "dual_turbo.py", "--limit", "rig2", env=NO_TOKEN)
     assert "preflight failed on rig2:" in err and "power cap 400 W (gpu_power_limit_w) is outside" in err, err[-3000:]
     assert "WARNING: power cap" not in err and "kept as set" not in err, err[-3000:]
+
+
+def test_one_machine_under_two_inventory_names_is_refused_naming_both(rigs, tmp_path):
+    """rig1 and rig1-again reach the same machine (machine-id and SSH host key): each is refused before the first
+    change, naming both; rig2 (a machine-id of its own) is not its twin."""
+    rig1, rig2 = rigs.rig("rig1"), rigs.rig("rig2")
+    ids = [rig.run("cat /etc/machine-id", True).stdout.strip() for rig in (rig1, rig2)]
+    assert len(ids[0]) == 32 and ids[0] != ids[1]
+    fresh = snapshot(rig1)
+    inv = tmp_path / "twins.py"
+    inv.write_text(f"exec(open({str(rigs.inventory)!r}).read())\nrigs = [*rigs, ('rig1-again', dict(rigs)['rig1'])]\n")
+    results, err = pyinfra_run(inv, REPO / "deploy" / "dual_turbo.py", "--limit", "rig1", "--limit", "rig1-again",
+                               env=NO_TOKEN)  # fmt: skip
+    assert results.get("failed_hosts") in ("all", ["rig1", "rig1-again"]), err[-3000:]
+    lines = sorted(line for line in err.splitlines() if "are one machine" in line)
+    assert len(lines) == 2, err[-4000:]
+    for name, other in (("rig1", "rig1-again"), ("rig1-again", "rig1")):
+        (line,) = [line for line in lines if f"rigforge refused on {name}: " in line]
+        assert f"{name} and {other} are one machine (machine-id {ids[0]}, SSH host key SHA256:" in line
+        assert line.endswith("): keep one of these names in the inventory; nothing was changed.")
+    assert "being provisioned by" not in err
+    returncode, out = dry(inv, "dual_turbo", "rig1", "rig1-again")
+    assert returncode == 1 and all(line in out.splitlines() for line in lines), out[-4000:]
+    assert snapshot(rig1) == fresh
+
+
+def test_without_a_machine_id_the_lock_still_names_the_other_inventory_name(rigs, tmp_path):
+    """A machine with no /etc/machine-id cannot be told by it: the second name finds the rig's lock held by this
+    very run, and says which name holds it instead of blaming 'another run' (--dry: nothing changes)."""
+    rig1 = rigs.rig("rig1")
+    machine_id = rig1.run("cat /etc/machine-id", True).stdout
+    inv = tmp_path / "twins.py"
+    inv.write_text(f"exec(open({str(rigs.inventory)!r}).read())\nrigs = [*rigs, ('rig1-again', dict(rigs)['rig1'])]\n")
+    rig1.run("rm /etc/machine-id", True)
+    try:
+        returncode, out = dry(inv, "dual_turbo", "rig1", "rig1-again")
+    finally:
+        rig1.run(f"printf %s {shlex.quote(machine_id)} > /etc/machine-id", True)
+    assert returncode == 1, out[-4000:]
+    expect = (
+        " are one machine (this run holds its lock /run/lock/rigforge.lock as ",
+        "): remove one of the two names from the inventory; nothing was changed.",
+    )
+    lines = [line for line in out.splitlines() if expect[0] in line]
+    assert len(lines) == 1 and lines[0].endswith(expect[1]), out[-4000:]
+    assert "rig1-again and rig1 are" in lines[0] or "rig1 and rig1-again are" in lines[0]
+    assert "being provisioned by" not in out
+
+
+def test_sudo_that_asks_for_a_password_is_one_line_in_the_deploy_status_and_verify(rigs, tmp_path):
+    """rig1's sudo asks for a password: the deploy refuses it before anything else in one line naming the user and
+    what is needed; `status` and `verify` with no TTY put that line in rig1's row and report rig2 in full."""
+    rig1 = rigs.rig("rig1")
+    sudoers = f"/etc/sudoers.d/{rig1.user}"
+    kept = rig1.run(f"cat {sudoers}", True).stdout
+    fresh = snapshot(rig1)
+    rig1.run(f"echo '{rig1.user} ALL=(ALL) ALL' > {sudoers}", True)
+    expect = (
+        f"rigforge refused on rig1: sudo asks {rig1.user} for a password on rig1: rigforge needs passwordless sudo "
+        f"for {rig1.user} (a sudoers line '{rig1.user} ALL=(ALL) NOPASSWD:ALL') or the password in host data "
+        "_sudo_password."
+    )
+    try:
+        line = refused(rigs, tmp_path, "rig1", {}, expect, "rigforge refused on")
+        assert line.strip() == expect or line.strip().endswith(f"] {expect}"), line
+        inv = inventory_with(rigs, tmp_path / "all.py", {})
+        for command in ("status", "verify"):
+            proc = subprocess.run([PYINFRA.replace("pyinfra", "rigforge"), command, str(inv)], cwd=REPO,
+                                  capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)  # fmt: skip
+            out = proc.stdout + proc.stderr
+            assert "Traceback" not in out and "sudo password" not in out, out[-4000:]
+            (row,) = [row for row in proc.stdout.splitlines() if row.startswith("rig1 ")]
+            assert row.split(None, 1)[1].strip() == f"ERROR  {expect.split(': ', 1)[1][:-1]}" or (
+                expect.split(": ", 1)[1][:-1] in row
+            ), row
+            rig2 = [row for row in proc.stdout.splitlines() if row.startswith("rig2 ") and "ERROR" not in row]
+            assert rig2, out[-4000:]  # rig2's full row (status) or checks (verify)
+            assert proc.returncode in (1, 2), out[-4000:]
+    finally:
+        rig1.run(f"printf %s {shlex.quote(kept)} > {sudoers}", True)
+    assert snapshot(rig1) == fresh
