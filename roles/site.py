@@ -41,7 +41,7 @@ from roles.facts.docker import DockerImagePresent
 from roles.facts.files import JsonFile, TreeSize
 from roles.facts.hfweights import WeightsState
 from roles.facts.nvidia import NvidiaGpus, NvidiaPciGpus, PowerCapUnits
-from roles.operations import recover
+from roles.operations import aptlock, recover
 from roles.operations.checks import gpus_fit, refuse_now
 from roles.operations.hfweights import stale_files
 
@@ -391,6 +391,8 @@ def provision(variant_name: str | None = None):
             fg="yellow",
             log_func=logger.warning,
         )
+    wait = int(plan.data["apt_lock_wait"])
+    aptlock.free(name=f"Wait for the apt/dpkg lock another process holds (up to {wait} s)", wait=wait)
     recover.packages(name="Repair packages an interrupted run left half-installed (dpkg --configure -a)")
     recover.uploads_cleared(name="Remove uploads an interrupted run left in the upload dir")
     nvidia_driver.install(plan)

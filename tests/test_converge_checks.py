@@ -8,9 +8,11 @@ and `pyinfra --dry` exits 1 with the same line.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
+import sys
 
 import pytest
 from support import PYINFRA, REPO, changed, inventory_with, pyinfra_run
@@ -244,3 +246,54 @@ def test_sudo_that_asks_for_a_password_is_one_line_in_the_deploy_status_and_veri
     finally:
         rig1.run(f"printf %s {shlex.quote(kept)} > {sudoers}", True)
     assert snapshot(rig1) == fresh
+
+
+def hold_apt_lock(rig, seconds: float) -> subprocess.Popen:
+    """A process that holds the rig's dpkg frontend lock (fcntl, as apt does) for `seconds`, then lets it go."""
+    lock = rig.rootfs / "var/lib/dpkg/lock-frontend"
+    code = (f"import fcntl, sys, time; f = open({str(lock)!r}, 'a'); fcntl.lockf(f, fcntl.LOCK_EX); "
+            f"print('held', flush=True); time.sleep({seconds})")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_an_apt_lock_held_past_the_wait_is_refused_naming_the_holder_with_nothing_changed(rigs, tmp_path):
+    rig = rigs.rig("rig1")
+    fresh = snapshot(rig)
+    holder = hold_apt_lock(rig, 600)
+    try:
+        inv = inventory_with(rigs, tmp_path / "inv.py", {"rig1": {"apt_lock_wait": 3}})
+        results, err = pyinfra_run(inv, REPO / "deploy" / "dual_turbo.py", "--limit", "rig1", env=NO_TOKEN)
+        expect = (
+            f"rigforge refused on rig1: the apt/dpkg lock /var/lib/dpkg/lock-frontend is held by pid {holder.pid} "
+            "after 3 s of waiting (apt_lock_wait); nothing was changed: re-run once it is done, or raise apt_lock_wait."
+        )
+        assert results.get("failed_hosts") in ("all", ["rig1"]) and expect in err, err[-4000:]
+        assert changed(results, "rig1") == []
+        returncode, out = dry(inv, "dual_turbo", "rig1")  # --dry cannot know whether it will be let go: it says so
+        assert (
+            f"rig1: the apt/dpkg lock /var/lib/dpkg/lock-frontend is held by pid {holder.pid}; the run waits up to 3 s "
+            "(apt_lock_wait) for it before its first change"
+        ) in out, out[-4000:]
+    finally:
+        holder.kill()
+        holder.wait()
+    assert snapshot(rig) == fresh
+
+
+def test_an_apt_lock_released_during_the_wait_lets_the_run_go_on(rigs, tmp_path):
+    rig = rigs.rig("rig2")  # the driver is in (the 400 W case): the rest converges
+    holder = hold_apt_lock(rig, 5)
+    try:
+        inv = inventory_with(rigs, tmp_path / "inv.py", {"rig2": {"apt_lock_wait": 120}})
+        results, err = pyinfra_run(inv, REPO / "deploy" / "dual_turbo.py", "--limit", "rig2", env=NO_TOKEN)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert results["failed_hosts"] == [], err[-4000:]
+    assert (
+        f"rig2: the apt/dpkg lock /var/lib/dpkg/lock-frontend was held by pid {holder.pid} when the run was prepared; "
+        "it was free after "
+    ) in err and " s of waiting; going on" in err, err[-4000:]
+    assert json.loads(rig.run("cat /etc/rigforge/rig.json", True).stdout)["variant"] == "dual-turbo"
