@@ -11,9 +11,10 @@ Taking the lock is not an operation: it changes nothing pyinfra reports, and the
 Only the SSH connector has a rig to lock (pyinfra's @local and @fake connectors are left alone).
 
 One machine under two inventory names would otherwise find its own lock held by this very run: `twins()` tells
-a machine by its /etc/machine-id together with the SSH host key its connection presented (cloned images share the
-machine-id, not their host keys... unless cloned with them: both must match), and the owner line names the
-inventory name that holds the lock, so even a machine without a machine-id is named, not blamed on "another run".
+a machine by its /etc/machine-id together with the SSH host key its connection presented (a cloned image may
+carry another machine's machine-id, or its host keys: only both together name one machine), and the owner line
+names the inventory name that holds the lock, so a machine without a machine-id is still named, not blamed on
+"another run". `sudo_problem()` finds sudo that asks for a password before anything runs with sudo.
 """
 
 from __future__ import annotations
