@@ -65,10 +65,10 @@ def for_each_host(state, fn) -> dict[str, Any]:
         except Exception as exc:
             return Unreachable(f"cannot connect: {_one_line(exc)}")
         state.activate_host(host)
-        problem = _command_problem(host)
-        if problem:
-            return Unreachable(problem)
         try:
+            problem = _command_problem(host)
+            if problem:
+                return Unreachable(problem)
             return fn(host)
         except Exception as exc:
             return Unreachable(f"{type(exc).__name__}: {_one_line(exc)}")

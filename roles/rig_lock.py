@@ -41,7 +41,7 @@ def sudo_problem(h) -> str | None:
 
     if not h.data.get("_sudo") or h.data.get("_sudo_password"):
         return None
-    as_user = f" -u {shlex.quote(h.data['_sudo_user'])}" if h.data.get("_sudo_user") else ""
+    as_user = f" -u {shlex.quote(str(h.data.get('_sudo_user')))}" if h.data.get("_sudo_user") else ""
     # sudo's own "a password is required" never reaches pyinfra, which would prompt for one on seeing it
     check = (
         f'id -un; out=$(sudo -n{as_user} true 2>&1) && echo SUDO-OK || case "$out" in '

@@ -8,9 +8,16 @@ from pyinfra.connectors.util import CommandOutput, OutputLine
 from roles.rig_lock import sudo_problem
 
 
+class Data:
+    """Host data as pyinfra gives it: .get() only, not subscriptable."""
+
+    def __init__(self, data: dict):
+        self.get = data.get
+
+
 class FakeHost:
     def __init__(self, data: dict, ok: bool, stdout=(), stderr=()):
-        self.name, self.data, self.ran = "rig3", data, []
+        self.name, self.data, self.ran = "rig3", Data(data), []
         lines = [OutputLine("stdout", line) for line in stdout] + [OutputLine("stderr", line) for line in stderr]
         self.answer = (ok, CommandOutput(lines))
 
