@@ -65,10 +65,10 @@ def for_each_host(state, fn) -> dict[str, Any]:
         except Exception as exc:
             return Unreachable(f"cannot connect: {_one_line(exc)}")
         state.activate_host(host)
-        problem = _command_problem(host)
-        if problem:
-            return Unreachable(problem)
         try:
+            problem = _command_problem(host)
+            if problem:
+                return Unreachable(problem)
             return fn(host)
         except Exception as exc:
             return Unreachable(f"{type(exc).__name__}: {_one_line(exc)}")
@@ -92,6 +92,11 @@ def _command_problem(host) -> str | None:
     """Why commands cannot run on a connected host (e.g. sudo wants a password); None when they can."""
     from pyinfra.api import StringCommand
 
+    from roles.rig_lock import sudo_problem
+
+    problem = sudo_problem(host)  # asked without a prompt: pyinfra's own would wait for a TTY, then fail
+    if problem:
+        return problem
     kwargs = {"_sudo": bool(host.data.get("_sudo"))}
     if host.data.get("_sudo_user"):
         kwargs["_sudo_user"] = host.data.get("_sudo_user")

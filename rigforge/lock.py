@@ -398,7 +398,7 @@ def token_refused(endpoint: str, pin: HfPin, token: str) -> tuple[str | None, st
     try:
         answer = requests.head(url, headers={"Authorization": f"Bearer {token}"}, allow_redirects=False, timeout=10)
     except requests.RequestException as exc:
-        return None, f"could not check the HF token with {endpoint} ({type(exc).__name__}); the download will"
+        return None, f"could not check the HF token with {endpoint} ({type(exc).__name__}); the rig's download tries it"
     if answer.status_code in (401, 403):
         return (
             f"the HF token was refused by {endpoint} for the gated {pin.repo} (HTTP {answer.status_code}): set a "

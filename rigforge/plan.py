@@ -109,7 +109,9 @@ class Plan:
     def manifest(self) -> dict:
         """rig.json's content, before the GPUs and the time the serving role adds."""
         v = self.variant
-        return {"variant": v.name, "unit": self.layout.vllm_unit, "port": self.port, **self.pins, **v.manifest_extra}
+        where = {"root": self.layout.root, "models": self.layout.models}  # a changed root is named (roles/site.py)
+        return {"variant": v.name, "unit": self.layout.vllm_unit, "port": self.port, **where, **self.pins,
+                **v.manifest_extra}  # fmt: skip
 
 
 def resolve(name: str, lock: Lock, opt_in: bool) -> ServedVariant:

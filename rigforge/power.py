@@ -48,8 +48,9 @@ def locate_profile(lock) -> dict | None:
         return None
 
 
-def warnings(caps: Mapping[int, int], prof: dict | None) -> list[str]:
-    """One warning per cap outside what the recipe repo measured, naming the file it comes from."""
+def warnings(caps: Mapping[int, int], prof: dict | None, kept: str = "kept as set") -> list[str]:
+    """One warning per cap outside what the recipe repo measured, naming the file it comes from, ending with
+    `kept` (what becomes of the cap: a deploy that cannot see the cards' own range yet says so)."""
     low, high = MEASURED_W
     out = []
     for watts in sorted(set(caps.values())):
@@ -57,12 +58,12 @@ def warnings(caps: Mapping[int, int], prof: dict | None) -> list[str]:
         if prof and prof.get("max") and watts > prof["max"]:
             out.append(
                 f"power cap {watts} W (GPU {gpus}) is above the recipe repo's maximum {prof['max']} W "
-                f"({PROFILE} power_cap_w_max); kept as set"
+                f"({PROFILE} power_cap_w_max); {kept}"
             )
         elif not low <= watts <= high:
             out.append(
                 f"power cap {watts} W (GPU {gpus}) is outside {low}..{high} W, the range where the recipe repo "
-                f"measured TP=2 throughput flat ({HARDWARE_DOC}, Dual-card TP=2 anchor); kept as set"
+                f"measured TP=2 throughput flat ({HARDWARE_DOC}, Dual-card TP=2 anchor); {kept}"
             )
     return out
 

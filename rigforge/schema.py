@@ -98,19 +98,50 @@ SYSTEM_DIRS = {
     "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/usr/bin", "/usr/lib", "/usr/local",
     "/usr/sbin", "/usr/share", "/var", "/var/cache", "/var/lib", "/var/log", "/var/tmp",
 }  # fmt: skip
+DOCKER_DATA_ROOT = "/var/lib/docker"  # Docker's data-root unless daemon.json sets another (checked in preflight)
+# Trees something else manages (a rigforge dir is neither one of them nor anywhere below): tree -> who and why.
+MANAGED_TREES = {
+    "/proc": "the kernel's process file system",
+    "/sys": "the kernel's sysfs",
+    "/dev": "the kernel's device files",
+    "/run": "a tmpfs emptied at every boot",
+    "/tmp": "cleared at boot or by systemd-tmpfiles",
+    "/var/tmp": "cleaned by systemd-tmpfiles",
+    "/boot": "the kernels and boot loader, often a small partition of its own",
+    "/etc/rigforge": "rigforge's own config dir (rig.json, the gateway)",
+    "/etc/systemd": "systemd's config",
+    "/lib/systemd": "systemd's own files",
+    "/usr/lib/systemd": "systemd's own files",
+    "/var/lib/systemd": "systemd's state",
+    DOCKER_DATA_ROOT: "Docker's default data-root",
+}
+
+
+HOMES = {"/home", "/mnt", "/media", "/opt", "/srv", "/usr/local", "/var/lib"}  # a rigforge dir below them is sane
+
+
+def managed_tree(path: str, trees: dict[str, str] = MANAGED_TREES) -> str | None:
+    """'<tree>, <who>' when `path` is one of `trees` or below one, else None."""
+    for tree, who in trees.items():
+        if path == tree or path.startswith(f"{tree}/"):
+            return f"{tree}, {who}"
+    return None
 
 
 def _abs_path(v: Any) -> str:
     """An absolute path that is safe in a shell command, a compose volume and a unit file, below the system's
-    own directories."""
+    own directories and outside the trees something else manages."""
     s = str(v) if isinstance(v, str) else ""
     if not SAFE_PATH.fullmatch(s) or "/../" in f"{s}/" or "//" in s:
         raise ValueError(
             "an absolute path of letters, digits and . _ + @ - / (no spaces, quotes, ':' or shell characters)"
         )
     path = s.rstrip("/") or "/"
+    tree = managed_tree(path)
+    if tree:
+        raise ValueError(f"a directory of its own outside {tree} (e.g. {DEFAULT_ROOT})")
     if path in SYSTEM_DIRS:
-        example = DEFAULT_ROOT if path == "/" else f"{path}/rigforge"
+        example = f"{path}/rigforge" if path in HOMES else DEFAULT_ROOT
         raise ValueError(f"a directory of its own, not the system directory {path} (e.g. {example})")
     return path
 

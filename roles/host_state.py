@@ -4,7 +4,9 @@
 - a running driver that no package owns (NVIDIA's .run installer, a hand build) is not overwritten: refused
   unless `nvidia_driver_manage: false`, and then its branch must be the one asked for;
 - apt source files that already point at a URI rigforge will write a `.sources` file for (a hand-set-up rig's
-  `docker.list`, `nvidia-container-toolkit.list`, `cuda-*.list`) are refused unless `apt_adopt_sources`.
+  `docker.list`, `nvidia-container-toolkit.list`, `cuda-*.list`) are refused unless `apt_adopt_sources`;
+- Docker's daemon.json, which the container-runtime role merges the nvidia runtime into, is a JSON object (a
+  comment or a trailing comma is refused here, not after the driver and Docker went on).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Mapping
 
 from pyinfra import host
 from pyinfra.facts.deb import DebArch
+from pyinfra.facts.files import FileContents
 
 from rigforge import driver_table
 from rigforge.driver_table import branch_problem
@@ -20,7 +23,7 @@ from rigforge.facts.apt import AptSourceFiles
 from rigforge.facts.nvidia import NvidiaRunningDriver, unowned_driver
 from rigforge.facts.system import OsRelease
 from roles import docker_engine, nvidia_driver
-from roles.operations import apt_repo
+from roles.operations import apt_repo, docker_daemon
 
 ALREADY_CHECKED = (
     "docker_source=",
@@ -68,12 +71,27 @@ def find_problems(data: Mapping, os_release: dict, arch: str, running: dict, sou
     return problems
 
 
-def problems(data: Mapping) -> list[str]:
-    """find_problems with this host's facts."""
-    return find_problems(
+def daemon_json_problem(host_name: str, path: str, lines: list[str] | None) -> str | None:
+    """Pure: the one-line refusal when the daemon.json at `path` (its lines; None: no such file) is not a JSON
+    object that rigforge can merge its keys into (roles/operations/docker_daemon.py never overwrites it)."""
+    try:
+        docker_daemon.merged_text(None if lines is None else "\n".join(lines), {})
+    except ValueError as error:
+        return (
+            f"{path} on {host_name} is not valid JSON ({error}); rigforge merges the nvidia runtime into it and never "
+            f"overwrites it: fix it (no comments, no trailing commas) or remove it, then re-run."
+        )
+    return None
+
+
+def problems(data: Mapping, daemon_json: str | None = None) -> list[str]:
+    """find_problems with this host's facts; with `daemon_json` (a path), that file's check too."""
+    found = find_problems(
         data,
         host.get_fact(OsRelease),
         host.get_fact(DebArch) or "amd64",
         host.get_fact(NvidiaRunningDriver),
         host.get_fact(AptSourceFiles),
     )
+    problem = daemon_json and daemon_json_problem(host.name, daemon_json, host.get_fact(FileContents, path=daemon_json))
+    return found + ([problem] if problem else [])

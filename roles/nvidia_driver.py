@@ -23,7 +23,7 @@ from pyinfra.api import deploy
 from pyinfra.facts.deb import DebArch
 from pyinfra.operations import files, server
 
-from rigforge import driver_table
+from rigforge import driver_table, schema
 from rigforge.driver_table import packages_for
 from rigforge.facts.system import OsRelease
 from rigforge.layout import NOUVEAU_CONF, UBUNTU_PIN, UNATTENDED_CONF
@@ -42,6 +42,7 @@ DEFAULTS = {
     "nvidia_driver_repo_key_sha256": None,  # pin the key file's sha256 too (checked after download)
     "nvidia_allow_reboot": False,  # reboot the rig when the installed driver is not the running one
     "apt_adopt_sources": True,  # replace other source files for the same URI (kept as *.rigforge-bak)
+    "apt_lock_wait": 300,  # seconds to wait, before the first change, for an apt/dpkg lock another process holds
 }
 
 KEY_NAME = "rigforge-nvidia-cuda"
@@ -66,6 +67,7 @@ def validate(data: Mapping) -> list[str]:
     for key in BOOLEAN_KEYS:
         if data[key] not in (True, False):
             problems.append(f"{key}={data[key]!r} must be true or false.")
+    problems += schema.integer(data, "apt_lock_wait", 0, 86400, " of seconds")
     fpr = data["nvidia_driver_repo_key_fingerprint"]
     if fpr is not None and (not isinstance(fpr, str) or len(fpr.replace(" ", "")) != 40):
         problems.append(f"nvidia_driver_repo_key_fingerprint={fpr!r} must be a 40-hex-digit key fingerprint.")

@@ -3,7 +3,7 @@
 Checked: supported OS (Ubuntu 22.04/24.04, Debian 12/13); with GPUs visible: GPU count, VRAM per card
 (20 GB cards are told to use the override; DFlash variants are refused there), requested power caps
 within every card's min..max; the image's CUDA version against the driver's (running, or the branch about to be
-installed); free disk at the model dir; the role switches (docker_source,
+installed); free disk at the model dir; Docker's daemon.json is valid JSON; the role switches (docker_source,
 nvidia_driver_flavor). All problems come out as one message naming the host, the key and what to do.
 The refusal is printed while the deploy is prepared, so `pyinfra --dry` shows it and exits 1.
 """
@@ -17,6 +17,7 @@ from pyinfra import host, logger
 from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, NvidiaRunningDriver
 from rigforge.facts.system import FreeDiskBytes, OsRelease, SecureBoot
 from rigforge.hardware import Needs, find_problems, format_problems
+from rigforge.layout import DAEMON_JSON
 from roles import docker_engine, gpu_power, host_state, nvidia_driver
 from roles.operations.checks import refuse_now
 
@@ -55,7 +56,7 @@ def check(needs: Needs, data: Mapping, more: list[str] = ()) -> bool:
         pci=host.get_fact(NvidiaPciGpus),
         running=host.get_fact(NvidiaRunningDriver),
     )
-    problems += host_state.problems(data)  # the driver and container-runtime roles' host-state checks
+    problems += host_state.problems(data, DAEMON_JSON)  # the driver and container-runtime roles' host-state checks
     problems += list(more)
     if host.get_fact(SecureBoot) == "enabled":
         host.log_styled(

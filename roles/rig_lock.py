@@ -9,17 +9,80 @@ owner line then stays behind, and the next run says it found one.
 
 Taking the lock is not an operation: it changes nothing pyinfra reports, and the batched probe stays valid.
 Only the SSH connector has a rig to lock (pyinfra's @local and @fake connectors are left alone).
+
+One machine under two inventory names would otherwise find its own lock held by this very run: `twins()` tells
+a machine by its /etc/machine-id together with the SSH host key its connection presented (a cloned image may
+carry another machine's machine-id, or its host keys: only both together name one machine), and the owner line
+names the inventory name that holds the lock, so a machine without a machine-id is still named, not blamed on
+"another run". `sudo_problem()` finds sudo that asks for a password before anything runs with sudo.
 """
 
 from __future__ import annotations
 
 import atexit
+import base64
+import hashlib
 import os
 import shlex
 import socket
 from datetime import UTC, datetime
 
+from pyinfra.facts.files import FileContents
+
+MACHINE_ID = "/etc/machine-id"
 _HELD: dict[str, object] = {}  # host name -> the open channel whose holder keeps the rig's lock
+_IDENTITY: dict[str, tuple[str, str] | None] = {}  # host name -> (machine-id, SSH host key fingerprint)
+
+
+def sudo_problem(h) -> str | None:
+    """The one line when sudo on host `h` asks for a password that host data does not give (`_sudo` without
+    `_sudo_password`): naming the SSH user and what is needed. Asked with `sudo -n`, so nothing prompts."""
+    from pyinfra.api import QuoteString, StringCommand
+
+    if not h.data.get("_sudo") or h.data.get("_sudo_password"):
+        return None
+    as_user = f" -u {shlex.quote(str(h.data.get('_sudo_user')))}" if h.data.get("_sudo_user") else ""
+    # sudo's own "a password is required" never reaches pyinfra, which would prompt for one on seeing it
+    check = (
+        f'id -un; out=$(sudo -n{as_user} true 2>&1) && echo SUDO-OK || case "$out" in '
+        '*"password is required"*) echo SUDO-PASSWORD;; *) echo SUDO-OTHER;; esac'
+    )
+    _, output = h.run_shell_command(StringCommand("sh", "-c", QuoteString(check)))
+    lines = [line.strip() for line in output.stdout_lines]
+    if "SUDO-PASSWORD" not in lines:
+        return None  # sudo works, or fails otherwise (said by whatever runs next)
+    user = lines[0] if lines and lines[0] != "SUDO-PASSWORD" else h.data.get("ssh_user") or "the SSH user"
+    return (
+        f"sudo asks {user} for a password on {h.name}: rigforge needs passwordless sudo for {user} (a sudoers line "
+        f"'{user} ALL=(ALL) NOPASSWD:ALL') or the password in host data _sudo_password"
+    )
+
+
+def host_key(h) -> str | None:
+    """The SHA256 fingerprint (as ssh-keygen -l prints it) of the host key `h`'s SSH connection was given."""
+    client = getattr(h.connector, "client", None)
+    transport = client.get_transport() if client is not None else None
+    if transport is None:
+        return None
+    digest = hashlib.sha256(transport.get_remote_server_key().asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def identity(h) -> tuple[str, str] | None:
+    """(machine-id, SSH host key fingerprint) of host `h`, or None when either is unknown (not over SSH, or no
+    machine-id)."""
+    if h.name not in _IDENTITY:
+        key = host_key(h)
+        lines = h.get_fact(FileContents, path=MACHINE_ID) if key else None
+        machine = "".join(lines or []).strip()
+        _IDENTITY[h.name] = (machine, key) if key and machine else None
+    return _IDENTITY[h.name]
+
+
+def twins(h, hosts) -> list[str]:
+    """The names among `hosts` (this run's, other than `h`) that reach the same machine as `h`."""
+    mine = identity(h)
+    return sorted(o.name for o in hosts if o.name != h.name and mine is not None and identity(o) == mine)
 
 
 def _holder(path: str, owner: str) -> str:
@@ -61,10 +124,16 @@ def take(host, path: str, sudo: bool) -> tuple[str | None, str | None]:
     client = getattr(host.connector, "client", None)
     if host.name in _HELD or client is None:
         return None, None
-    owner = f"{socket.gethostname()}, pid {os.getpid()}, since {datetime.now(UTC).isoformat(timespec='seconds')}"
+    run = f"{socket.gethostname()}, pid {os.getpid()}"
+    owner = f"{run} (as {host.name}), since {datetime.now(UTC).isoformat(timespec='seconds')}"
     command = f"sh -c {shlex.quote(_holder(path, owner))}"
     channel = client.get_transport().open_session()
-    channel.exec_command(f"sudo -n {command}" if sudo else command)
+    password = host.data.get("_sudo_password") if sudo else None
+    if password:  # sudo reads it from the channel's first line; the holder's cat reads the rest
+        channel.exec_command(f"sudo -S -p '' {command}")
+        channel.sendall(f"{password}\n".encode())
+    else:
+        channel.exec_command(f"sudo -n {command}" if sudo else command)
     note = None
     for line in _lines(channel):
         if line.startswith("STALE "):
@@ -77,6 +146,12 @@ def take(host, path: str, sudo: bool) -> tuple[str | None, str | None]:
         elif line.startswith("BUSY"):
             channel.close()
             holder = line[5:] or "another run"
+            name = holder[len(run) :].removeprefix(" (as ").partition(")")[0] if holder.startswith(run) else ""
+            if name in _HELD:  # this very run holds it, under another name
+                return (
+                    f"{host.name} and {name} are one machine (this run holds its lock {path} as {name}): remove one "
+                    "of the two names from the inventory"
+                ), None
             return f"{host.name} is being provisioned by {holder}; wait for that run to end, then run again", None
     channel.close()
     return f"{host.name}: could not take the rig's lock {path} (sudo and flock are needed on the rig)", None

@@ -15,21 +15,24 @@ Which variant: `deploy/<variant>.py` deploys that variant; `deploy/site.py` depl
 
 from __future__ import annotations
 
+import json
 import os
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.context import ctx_state
+from pyinfra.facts.files import FileContents
 
 from rigforge import fleet, gateway, images, obtain, power, registry, schema
 from rigforge import plan as planner
 from rigforge.catalog import CatalogError
 from rigforge.facts import probe
 from rigforge.facts.docker import DockerImagePresent
+from rigforge.facts.files import JsonFile, TreeSize
 from rigforge.facts.hfweights import WeightsState
 from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, PowerCapUnits
 from rigforge.hardware import Needs, format_problems
-from rigforge.layout import RUN_LOCK, HostLayout
+from rigforge.layout import DAEMON_JSON, DEFAULT_ROOT, RUN_LOCK, HostLayout
 from rigforge.lock import token_refused
 from rigforge.pins import LockError, default_lock_path
 from rigforge.plan import Plan
@@ -38,7 +41,7 @@ from roles import docker_engine, gpu_power, interrupt, nvidia_driver, preflight,
 from roles import gateway as gateway_role
 from roles import images as images_role
 from roles import registry as registry_role
-from roles.operations import recover
+from roles.operations import aptlock, recover
 from roles.operations.checks import gpus_fit, refuse_now
 from roles.operations.hfweights import stale_files
 
@@ -208,25 +211,40 @@ def prepare(variant=None) -> Plan | None:
     fl, cap_units = the_fleet(variant), tuple(host.get_fact(PowerCapUnits))
     rebuild = lambda count: plan_for(host.name, host.data, variant, count, cap_units=cap_units)  # noqa: E731
     plan, problems = fl.completed(host.name, gpus, cap_units, rebuild)
+    token = []  # the HF token's problems: asked of the hub, or missing for gated weights
     if plan is not None:
         gated = [a.pin for a in plan.assets if a.pin.gated and stale_files(a.pin, _weights_state(plan, a))]
         if gated and not plan.token:
-            problems.append(
+            token.append(
                 f"{', '.join(p.repo for p in gated)} {'is' if len(gated) == 1 else 'are'} gated, not yet fetched, and "
                 "no HF token is set: set host data hf_token or RIGFORGE_HF_TOKEN / HF_TOKEN on the controller"
             )
         for pin in gated if plan.token else ():
             problem, warning = token_refused(plan.data["hf_endpoint"], pin, plan.token)
-            problems += [problem] if problem else []
+            token += [problem] if problem else []
             if warning:
                 host.log_styled(f"{host.name}: {warning}", fg="yellow", log_func=logger.warning)
-    if problems:
-        message = format_problems(host.name, problems, what="rigforge refused")
-        refuse_now(f"Refuse {host.name}: {len(problems)} problem(s) in host data", message)
+    if problems or token:
+        message = format_problems(host.name, problems + token, what="rigforge refused")
+        refuse_now(f"Refuse {host.name}: {refusal_name(len(problems), len(token))}", message)
         return None
-    for warning in power.warnings(plan.caps, power.locate_profile(plan.lock)):  # the user's choice: not refused
-        host.log_styled(f"{host.name}: WARNING: {warning}", fg="yellow", log_func=logger.warning)
     return plan
+
+
+def refusal_name(in_host_data: int, token: int) -> str:
+    """What prepare's refusal operation is called: the host data's problems and the HF token's each by name, never
+    a token the hub refused as a problem 'in host data'."""
+    parts = [f"{in_host_data} problem(s) in host data"] if in_host_data else []
+    return " and ".join(parts + (["no usable HF token for the gated weights"] if token else []))
+
+
+def power_warnings(plan: Plan) -> None:
+    """Caps outside what the recipe repo measured (the user's choice: not refused), said once preflight passed so
+    that no warning comes before a refusal; before a driver answers, the cards' own range is still to be checked."""
+    known = bool(host.get_fact(NvidiaGpus))  # preflight checked the caps against the cards' own range
+    kept = "kept as set" if known else "kept as set if the cards' own range allows it (checked once the driver answers)"
+    for warning in power.warnings(plan.caps, power.locate_profile(plan.lock), kept):
+        host.log_styled(f"{host.name}: WARNING: {warning}", fg="yellow", log_func=logger.warning)
 
 
 def _disk_needed(plan: Plan) -> int:
@@ -251,6 +269,75 @@ def image_problems(plan: Plan, variant=None) -> list[str]:
     return [problem] if problem else []
 
 
+def data_root_of(daemon_json: list[str] | None) -> str:
+    """Docker's data-root from daemon.json's lines: its `data-root`, else Docker's default (an unreadable
+    daemon.json is preflight's refusal: roles/host_state.py)."""
+    try:
+        configured = json.loads("\n".join(daemon_json or []) or "{}").get("data-root")
+    except (ValueError, AttributeError):
+        configured = None
+    if not isinstance(configured, str) or not configured.strip("/"):
+        return schema.DOCKER_DATA_ROOT
+    return configured.rstrip("/")
+
+
+def roots_inside(layout: HostLayout, data_root: str) -> list[str]:
+    """Pure: rigforge_root and the model dir inside Docker's configured data-root (the default one is refused with
+    the host data: rigforge/schema.py)."""
+    trees = {data_root: f"Docker's data-root set in {DAEMON_JSON}"}
+    out = []
+    for key, path in (("rigforge_root", layout.root), ("serving_model_dir", layout.models)):
+        tree = schema.managed_tree(path, trees)
+        if tree and not (key == "serving_model_dir" and _inside(path, layout.root)):  # named with the root
+            out.append(f"{key} {path} is inside {tree}; choose a directory of its own outside it (e.g. {DEFAULT_ROOT})")
+    return out
+
+
+def _inside(path: str, tree: str) -> bool:
+    return path == tree or path.startswith(f"{tree.rstrip('/')}/")
+
+
+def changed_roots(layout: HostLayout, recorded: dict | None, size_of) -> list[str]:
+    """The trees an earlier deploy used (rig.json's `root` and `models`: `recorded`) that `layout` no longer does,
+    each with its size (`size_of(path)`: bytes, None when it is gone) and how to remove it; nothing is removed."""
+    recorded = recorded or {}
+    now = (layout.root, layout.models)
+    out = []
+    for key in ("root", "models"):
+        tree = recorded.get(key)
+        if not isinstance(tree, str) or not tree.startswith("/") or any(_inside(tree, new) for new in now):
+            continue  # not recorded, or still in use
+        if key == "models" and isinstance(recorded.get("root"), str) and _inside(tree, recorded["root"]):
+            continue  # named with the old root
+        size = size_of(tree)
+        if size is None:
+            continue  # gone already
+        inside = [new for new in now if _inside(new, tree)]
+        how = (
+            f"this run's {' and '.join(inside)} {'is' if len(inside) == 1 else 'are'} inside it: remove the "
+            "rest of it by hand"
+            if inside
+            else f"once the rig serves from the new one, remove it with: sudo rm -rf {tree}"
+        )
+        name = "rigforge_root" if key == "root" else "serving_model_dir"
+        out.append(
+            f"{name} changed: {tree}, the earlier deploy's (recorded in {layout.rig_json}), holds "
+            f"{size / 1e9:.1f} GB and is no longer used; rigforge leaves it as it is; {how}"
+        )
+    return out
+
+
+def root_problems(plan: Plan) -> list[str]:
+    """roots_inside with this rig's daemon.json."""
+    return roots_inside(plan.layout, data_root_of(host.get_fact(FileContents, path=DAEMON_JSON)))
+
+
+def root_warnings(plan: Plan) -> list[str]:
+    """changed_roots with this rig's rig.json."""
+    recorded = host.get_fact(JsonFile, path=plan.layout.rig_json)
+    return changed_roots(plan.layout, recorded, lambda path: host.get_fact(TreeSize, path=path))
+
+
 def needs(plan: Plan) -> Needs:
     v = plan.variant
     cuda = plan.lock.image_cuda(plan.image) if plan.lock else None
@@ -260,12 +347,29 @@ def needs(plan: Plan) -> Needs:
 
 def hold_the_rig() -> bool:
     """Take the rig's lock for this run (roles/rig_lock.py: one run per rig; not a change), or refuse the host in
-    one line naming the run that holds it."""
+    one line naming the run that holds it; a rig that is the same machine as another of this run's rigs (machine-id
+    and SSH host key) is refused naming both, each of them."""
+    sudo = rig_lock.sudo_problem(host)
+    if sudo:  # before anything else: every later step needs sudo
+        refuse_now(f"Refuse {host.name}: sudo asks for a password", f"rigforge refused on {host.name}: {sudo}.")
+        return False
+    if is_rig(host):
+        twins = rig_lock.twins(host, [h for h in host.inventory.iter_activated_hosts() if is_rig(h)])
+        if twins:
+            machine, key = rig_lock.identity(host)
+            names = " and ".join([host.name, *twins])
+            refuse_now(
+                f"Refuse {host.name}: the same machine as {', '.join(twins)}",
+                f"rigforge refused on {host.name}: {names} are one machine (machine-id {machine}, SSH host key "
+                f"{key}): keep one of these names in the inventory; nothing was changed.",
+            )
+            return False
     busy, note = rig_lock.take(host, RUN_LOCK, bool(host.data.get("_sudo")))
     if note:
         host.log_styled(f"{host.name}: {note}", fg="yellow", log_func=logger.warning)
     if busy:
-        refuse_now(f"Refuse {host.name}: another run holds it", f"rigforge refused: {busy}; nothing was changed.")
+        why = "one machine under two names" if " are one machine " in busy else "another run holds it"
+        refuse_now(f"Refuse {host.name}: {why}", f"rigforge refused: {busy}; nothing was changed.")
     return not busy
 
 
@@ -281,8 +385,11 @@ def provision(variant_name: str | None = None):
     if plan is None:
         return
     host_needs = needs(plan)
-    if not preflight.check(host_needs, plan.data, image_problems(plan, variant_name)):
+    if not preflight.check(host_needs, plan.data, image_problems(plan, variant_name) + root_problems(plan)):
         return
+    power_warnings(plan)
+    for warning in root_warnings(plan):  # after preflight: no warning comes before a refusal
+        host.log_styled(f"{host.name}: WARNING: {warning}", fg="yellow", log_func=logger.warning)
     if not host.get_fact(NvidiaGpus):  # a fresh rig: say it before the driver goes on
         host.log_styled(
             f"{host.name}: no NVIDIA driver answers yet: the cards' VRAM and power range are checked right after "
@@ -290,6 +397,8 @@ def provision(variant_name: str | None = None):
             fg="yellow",
             log_func=logger.warning,
         )
+    wait = int(plan.data["apt_lock_wait"])
+    aptlock.free(name=f"Wait for the apt/dpkg lock another process holds (up to {wait} s)", wait=wait)
     recover.packages(name="Repair packages an interrupted run left half-installed (dpkg --configure -a)")
     recover.uploads_cleared(name="Remove uploads an interrupted run left in the upload dir")
     nvidia_driver.install(plan)

@@ -162,9 +162,14 @@ def test_status_asks_the_registries_over_https_from_its_parallel_ssh_sessions(tm
 
         image = dataclasses.replace(lock.image, digest=digest)
         lock_path.write_text(dump_lock(dataclasses.replace(lock, image=image)))
-        data = {"rigforge_variant": "dual-turbo", "rigforge_manage_services": True, "rigforge_lock": str(lock_path),
-                "serving_image_upstream": reg.url, "serving_image_upstream_ca": str(ca_dir / "ca.crt"),
-                "rigforge_root": str(tmp_path / "root")}  # fmt: skip
+        data = {
+            "rigforge_variant": "dual-turbo",
+            "rigforge_manage_services": True,
+            "rigforge_lock": str(lock_path),
+            "serving_image_upstream": reg.url,
+            "serving_image_upstream_ca": str(ca_dir / "ca.crt"),
+            "rigforge_root": "/opt/rigforge-absent",
+        }  # fmt: skip  (status only reads; roots under /tmp are refused)
         inventory = tmp_path / "inventory.py"
         inventory.write_text(f"rigs = [('@local', {data!r})]\n")
         res = subprocess.run([sys.executable, "-m", "rigforge.cli", "status", str(inventory)], capture_output=True,

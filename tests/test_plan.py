@@ -102,6 +102,7 @@ def run_site(
         plans[host.name] = plan
         if plan:
             site.trust_the_registry(plan, site.the_fleet(variant))
+            site.power_warnings(plan)  # roles/site.py says them once preflight passed
             server.shell(name="Change something", commands=["touch /rigforge-was-here"])
 
     add_deploy(state, deploy)
@@ -141,7 +142,19 @@ def errors(caplog) -> str:
         ({"rigforge_root": "/opt/rf;x"}, "rigforge_root must be an absolute path of letters, digits"),
         ({"rigforge_root": "opt/rigforge"}, "rigforge_root must be an absolute path"),
         ({"rigforge_root": "/"}, "rigforge_root must be a directory of its own, not the system directory /"),
-        ({"rigforge_root": "/usr/"}, "not the system directory /usr (e.g. /usr/rigforge)"),
+        ({"rigforge_root": "/usr/"}, "not the system directory /usr (e.g. /opt/rigforge)"),
+        ({"rigforge_root": "/srv"}, "not the system directory /srv (e.g. /srv/rigforge)"),
+        ({"rigforge_root": "/var/lib/docker"}, "outside /var/lib/docker, Docker's default data-root (e.g. /opt/"),
+        ({"serving_model_dir": "/var/lib/docker/m"}, "serving_model_dir must be a directory of its own outside"),
+        ({"rigforge_root": "/etc/rigforge"}, "outside /etc/rigforge, rigforge's own config dir"),
+        ({"rigforge_root": "/etc/systemd"}, "outside /etc/systemd, systemd's config (e.g. /opt/rigforge)"),
+        ({"serving_model_dir": "/proc/x"}, "outside /proc, the kernel's process file system (e.g. /opt/rigforge)"),
+        ({"rigforge_root": "/tmp"}, "outside /tmp, cleared at boot or by systemd-tmpfiles (e.g. /opt/rigforge)"),
+        ({"rigforge_root": "/tmp/rigforge"}, "outside /tmp, cleared at boot"),
+        ({"serving_model_dir": "/boot/models"}, "outside /boot, the kernels and boot loader"),
+        ({"rigforge_root": "/run/rigforge"}, "outside /run, a tmpfs emptied at every boot"),
+        ({"rigforge_root": "/sys/x"}, "outside /sys,"),
+        ({"rigforge_root": "/dev/shm/x"}, "outside /dev,"),
         ({"serving_model_dir": "/var/lib"}, "serving_model_dir must be a directory of its own"),
         ({"serving_port": 22}, "serving_port 22 is this rig's SSH port"),
         ({"serving_port": 443}, "serving_port 443 is below 1024"),
@@ -195,7 +208,8 @@ def test_gated_asset_needs_the_token_only_until_it_is_stamped(tmp_path, caplog, 
     assert not state.failed_hosts and plans["@fake/fresh"].token == "hf_secret123"
     assert not any("hf_secret123" in text for text in plans["@fake/fresh"].files.values())  # only the download
     assert "hf_secret123" not in repr(plans["@fake/fresh"])
-    assert "could not check the HF token with http://127.0.0.1:9 (ConnectionError); the download will" in caplog.text
+    expect = "could not check the HF token with http://127.0.0.1:9 (ConnectionError); the rig's download tries it"
+    assert expect in caplog.text
 
 
 class GatedHub(BaseHTTPRequestHandler):
@@ -207,6 +221,12 @@ class GatedHub(BaseHTTPRequestHandler):
 
     def log_message(self, *args):
         pass
+
+
+def refusals(state) -> list[str]:
+    """The names of the refusal operations a run queued."""
+    names = (name for op_hash in state.get_op_order() for name in state.get_op_meta(op_hash).names)
+    return [name for name in names if name.startswith("Refuse ")]
 
 
 def test_a_refused_token_is_found_on_the_controller_before_anything_changes(tmp_path, caplog, monkeypatch):
@@ -221,6 +241,9 @@ def test_a_refused_token_is_found_on_the_controller_before_anything_changes(tmp_
             caplog
         )
         assert "hf_wrong" not in caplog.text
+        assert refusals(state) == ["Refuse @fake/r: no usable HF token for the gated weights"]  # not 'host data'
+        state, _, _ = run_site(tmp_path, {"r": {"hf_endpoint": endpoint, "serving_port": 80}}, variant="dual-dflash")
+        assert refusals(state) == ["Refuse @fake/r: 1 problem(s) in host data"]  # a plan first: then the token
         monkeypatch.setenv("RIGFORGE_HF_TOKEN", "hf_right")
         state, ran, plans = run_site(tmp_path, {"r": {"hf_endpoint": endpoint}}, variant="dual-dflash")
         assert not state.failed_hosts and "touch /rigforge-was-here" in ran["r"]
@@ -304,6 +327,50 @@ def test_a_cap_outside_the_recipes_measured_range_warns_during_the_deploy_and_go
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "power cap" in r.getMessage()]
     assert len(warned) == 1 and "@fake/hot: WARNING: power cap 350 W (GPU 0, 1)" in warned[0], warned
     assert "docs/HARDWARE.md" in warned[0] and plans["@fake/hot"].caps == {0: 350, 1: 350}
+    # no driver answers on these fake rigs: the cards' own range is still to be checked, and the warning says so
+    assert warned[0].endswith("; kept as set if the cards' own range allows it (checked once the driver answers)")
+
+
+def test_roots_inside_the_data_root_the_rigs_daemon_json_sets_are_refused():
+    """Docker's default data-root is refused with the host data (rigforge/schema.py); one that the rig's own
+    daemon.json moves elsewhere is refused in preflight, for rigforge_root and the model dir alike."""
+    from rigforge.layout import HostLayout
+    from roles.site import data_root_of, roots_inside
+
+    assert data_root_of(None) == data_root_of(["{}"]) == data_root_of(["{ broken"]) == "/var/lib/docker"
+    assert data_root_of(['{"data-root": "/srv/docker/"}']) == "/srv/docker"
+    assert roots_inside(HostLayout(root="/srv/rf"), "/srv/docker") == []
+    (problem,) = roots_inside(HostLayout(root="/srv/docker/rf"), "/srv/docker")
+    assert problem == (
+        "rigforge_root /srv/docker/rf is inside /srv/docker, Docker's data-root set in /etc/docker/daemon.json; "
+        "choose a directory of its own outside it (e.g. /opt/rigforge)"
+    )
+    (problem,) = roots_inside(HostLayout(model_dir="/srv/docker/models"), "/srv/docker")
+    assert problem.startswith("serving_model_dir /srv/docker/models is inside /srv/docker, Docker's data-root")
+
+
+def test_a_changed_root_names_the_old_tree_its_size_and_how_to_remove_it():
+    from rigforge.layout import HostLayout
+    from roles.site import changed_roots
+
+    sizes = {"/opt/rigforge": 52_600_000_000, "/data/models": 3_000_000_000}
+    size_of = sizes.get
+    old = {"root": "/opt/rigforge", "models": "/opt/rigforge/models"}
+    assert changed_roots(HostLayout(), old, size_of) == []  # unchanged
+    assert changed_roots(HostLayout(root="/srv/rf"), {"variant": "dual"}, size_of) == []  # an older rig.json
+    (warning,) = changed_roots(HostLayout(root="/srv/rf"), old, size_of)
+    assert warning == (
+        "rigforge_root changed: /opt/rigforge, the earlier deploy's (recorded in /etc/rigforge/rig.json), holds "
+        "52.6 GB and is no longer used; rigforge leaves it as it is; once the rig serves from the new one, remove it "
+        "with: sudo rm -rf /opt/rigforge"
+    )
+    assert changed_roots(HostLayout(root="/srv/rf"), {"root": "/srv/gone"}, size_of) == []  # removed already
+    (warning,) = changed_roots(HostLayout(root="/opt/rigforge/new"), old, size_of)
+    assert "this run's /opt/rigforge/new and /opt/rigforge/new/models are inside it: remove the rest" in warning
+    assert "rm -rf" not in warning
+    (warning,) = changed_roots(HostLayout(), {"root": "/opt/rigforge", "models": "/data/models"}, size_of)
+    assert warning.startswith("serving_model_dir changed: /data/models, the earlier deploy's")
+    assert "3.0 GB" in warning and warning.endswith("sudo rm -rf /data/models")
 
 
 def test_a_bad_registry_setting_refuses_the_registry_host_only_and_the_rigs_are_warned(tmp_path, caplog):

@@ -176,7 +176,9 @@ def test_a_cap_outside_the_measured_range_is_a_warning_naming_the_source():
     (high,) = power.warnings({0: 360, 1: 360}, prof)
     assert "360 W (GPU 0, 1)" in high and "350 W" in high and power.PROFILE in high
     (above,) = power.warnings({0: 340}, None)  # no recipe repo on the controller: the measured range still holds
-    assert "docs/HARDWARE.md" in above
+    assert "docs/HARDWARE.md" in above and above.endswith("; kept as set")
+    (unknown,) = power.warnings({0: 400}, None, kept="kept as set if the cards' own range allows it")
+    assert unknown.endswith("TP=2 anchor); kept as set if the cards' own range allows it")
 
 
 def test_a_deploy_warns_about_a_cap_outside_the_range_and_goes_on(monkeypatch):

@@ -222,6 +222,32 @@ def test_dry_run_shows_the_refusal_in_full_and_counts_the_host_failed(caplog):
     assert not any("touch" in c for c in executed(state, "onegpu") + executed(state, "good"))
 
 
+@pytest.mark.parametrize(
+    "text,where",
+    [
+        (["{", "  // rigforge's runtime goes here", '  "log-driver": "json-file"', "}"], "line 2 column 3"),
+        (["{", '  "log-driver": "json-file",', "}"], "line 3 column 1"),
+        (["[1, 2]"], "top level is not a JSON object"),
+    ],
+)
+def test_an_invalid_daemon_json_is_refused_in_preflight_in_one_line(caplog, text, where):
+    """A comment or a trailing comma in /etc/docker/daemon.json: refused before the first change (dry or not), in
+    one line naming the host, the file and what to do; a rig without the file, or with valid JSON, passes."""
+    caplog.set_level(logging.INFO)
+    valid = rig(extra={"/etc/docker/daemon.json": ['{"log-driver": "json-file"}']})
+    for execute in (False, True):
+        caplog.clear()
+        state = converge({"bad": rig(extra={"/etc/docker/daemon.json": text}), "none": rig(), "ok": valid},
+                         site(), execute=execute)  # fmt: skip
+        assert {h.name for h in state.failed_hosts} == {"@fake/bad"}
+        assert not any("touch" in c for c in executed(state, "bad"))
+        (message,) = [r.getMessage() for r in caplog.records if "preflight failed" in r.getMessage()]
+        (line,) = [line for line in message.splitlines() if "daemon.json" in line]
+        assert line.startswith("  - /etc/docker/daemon.json on @fake/bad is not valid JSON (") and where in line
+        assert line.endswith("fix it (no comments, no trailing commas) or remove it, then re-run.")
+        assert message.endswith("Nothing was changed on this host.")
+
+
 def test_fresh_rig_without_driver_counts_gpus_on_the_pci_bus():
     state = converge(
         {"fresh": rig(gpus=[], extra={"/sys/bus/pci/devices": ["pci 0000:01:00.0 0x2204", "end"]}), "ok": rig(gpus=[])},

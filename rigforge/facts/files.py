@@ -1,4 +1,4 @@
-"""File facts pyinfra does not have: a JSON file's content."""
+"""File facts pyinfra does not have: a JSON file's content, the size of a tree."""
 
 from __future__ import annotations
 
@@ -28,3 +28,22 @@ class JsonFile(FactBase):
         except ValueError:
             return None
         return value if isinstance(value, dict) else None
+
+
+class TreeSize(FactBase):
+    """
+    The bytes the tree at ``path`` takes on disk (``du -sb``); None when there is no such path::
+
+        52613349376
+    """
+
+    def command(self, path: str) -> StringCommand:
+        return StringCommand("du", "-sb", QuoteString(path), "2>/dev/null", "|", "cut", "-f1", "||", "true")
+
+    @staticmethod
+    def default() -> None:
+        return None
+
+    def process(self, output: list[str]) -> int | None:
+        text = "".join(output).strip()
+        return int(text) if text.isdigit() else None

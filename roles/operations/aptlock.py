@@ -1,0 +1,121 @@
+"""The apt/dpkg lock held by another process (unattended-upgrades, a user's apt): waited for, bounded, before the
+first change of a run.
+
+Who holds it is asked of the kernel (`fcntl(F_GETLK)`, from Perl, which every Debian and Ubuntu system has: apt and
+dpkg lock with fcntl), so the holder's pid is known even where /proc is not mounted (then the command is not
+shown). `free()` runs right after preflight: with the lock free it is a no-op; held, it waits up to
+`apt_lock_wait` seconds (host data) on the rig and then either goes on, saying the lock was released, or refuses
+the host in one line naming the holder: nothing was changed, since this is the run's first operation.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from pyinfra import host, logger, state
+from pyinfra.api import FactBase, FunctionCommand, QuoteString, StringCommand, operation
+
+LOCKS = ("/var/lib/dpkg/lock-frontend", "/var/lib/dpkg/lock", "/var/lib/apt/lists/lock", "/var/cache/apt/archives/lock")
+# prints "<lock file> <pid> <command line>" of the first lock held, nothing when all are free
+GETLK = (
+    'use Fcntl; for $f (@ARGV) { open(my $h, "<", $f) or next; '
+    'my $s = pack("s s x4 q q l x4", F_WRLCK, 0, 0, 0, 0); fcntl($h, F_GETLK, $s) or next; '
+    'my ($t, $w, $a, $b, $p) = unpack("s s x4 q q l x4", $s); next if $t == F_UNLCK; my $c = ""; '
+    'if (open(my $m, "<", "/proc/$p/cmdline")) { local $/; $c = <$m>; $c =~ s/\\0+$//; $c =~ s/\\0/ /g } '
+    'print "$f $p $c\\n"; last }'
+)
+HOLDER = f"perl -e {shlex.quote(GETLK)} {' '.join(LOCKS)} 2>/dev/null"
+
+
+def parse(output: list[str] | str) -> dict | None:
+    """{"lock", "pid", "command"} from HOLDER's output; None when every lock is free."""
+    text = output if isinstance(output, str) else "\n".join(output)
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    match = re.match(r"(\S+) (-?\d+) ?(.*)", first)
+    if not match:
+        return None
+    command = " ".join(match.group(3).split())
+    return {"lock": match.group(1), "pid": int(match.group(2)), "command": command[:80]}
+
+
+def describe(holder: dict, held: str = "is held") -> str:
+    """'the apt/dpkg lock /var/lib/dpkg/lock-frontend is held by pid 1234 (apt-get install x)'."""
+    who = f"pid {holder['pid']}" + (f" ({holder['command']})" if holder["command"] else "")
+    return f"the apt/dpkg lock {holder['lock']} {held} by {who}"
+
+
+class AptLockHolder(FactBase):
+    """
+    Who holds the apt/dpkg lock now, or None::
+
+        {"lock": "/var/lib/dpkg/lock-frontend", "pid": 1234, "command": "/usr/bin/python3 /usr/bin/unattended-upgr"}
+    """
+
+    def command(self) -> str:
+        return f"{HOLDER} || true"
+
+    @staticmethod
+    def default() -> None:
+        return None
+
+    def process(self, output: list[str]) -> dict | None:
+        return parse(output)
+
+
+def wait_script(wait: int) -> str:
+    """Shell: poll every second until the locks are free ("FREE <seconds waited>") or `wait` seconds passed
+    ("HELD <holder line>")."""
+    return (
+        f"start=$(date +%s); while :; do h=$({HOLDER}); now=$(date +%s); "
+        f'if [ -z "$h" ]; then echo "FREE $((now - start))"; exit 0; fi; '
+        f'if [ $((now - start)) -ge {int(wait)} ]; then echo "HELD $h"; exit 0; fi; sleep 1; done'
+    )
+
+
+def _wait(state, host, wait: int, first: dict):  # pyinfra passes (state, host) to callbacks naming them
+    kwargs = {"_sudo": bool(host.data.get("_sudo"))}
+    if host.data.get("_sudo_user"):
+        kwargs["_sudo_user"] = host.data.get("_sudo_user")
+    ok, output = host.run_shell_command(StringCommand("sh", "-c", QuoteString(wait_script(wait))), **kwargs)
+    lines = [line.strip() for line in output.stdout_lines if line.strip()]
+    last = lines[-1] if lines else ""
+    if ok and last.startswith("FREE "):
+        host.log_styled(
+            f"{host.name}: {describe(first, 'was held')} when the run was prepared; it was free after {last[5:]} s of "
+            "waiting; going on",
+            fg="yellow",
+            log_func=logger.warning,
+        )
+        return True
+    holder = parse(last[5:]) if last.startswith("HELD ") else None
+    said = describe(holder) if holder else f"the apt/dpkg lock could not be checked ({' '.join(lines)[:200]})"
+    host.log_styled(
+        f"rigforge refused on {host.name}: {said} after {wait} s of waiting (apt_lock_wait); nothing was changed: "
+        "re-run once it is done, or raise apt_lock_wait.",
+        fg="red",
+        log_func=logger.error,
+    )
+    return False
+
+
+@operation(is_idempotent=False)
+def free(wait: int):
+    """
+    Wait up to ``wait`` seconds for the apt/dpkg lock another process holds; fail this host, naming the holder,
+    when it is still held then. A no-op when the lock is free.
+
+    + wait: seconds to wait (host data ``apt_lock_wait``)
+    """
+    holder = host.get_fact(AptLockHolder)
+    if not holder:
+        host.noop("the apt/dpkg lock is free")
+        return
+    if not state.is_executing:
+        host.log_styled(
+            f"{host.name}: {describe(holder)}; the run waits up to {wait} s (apt_lock_wait) for it before its first "
+            "change",
+            fg="yellow",
+            log_func=logger.warning,
+        )
+    yield FunctionCommand(_wait, (int(wait), holder), {})
