@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from rigforge.layout import DEFAULT_ROOT
+from rigforge.layout import DEFAULT_ROOT, ETC
 
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e5m2", "fp8_e4m3", "turboquant_3bit_nc")
 URL = re.compile(r"^https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~%/+:@=-]*)?$")
@@ -108,7 +108,7 @@ MANAGED_TREES = {
     "/tmp": "cleared at boot or by systemd-tmpfiles",
     "/var/tmp": "cleaned by systemd-tmpfiles",
     "/boot": "the kernels and boot loader, often a small partition of its own",
-    "/etc/rigforge": "rigforge's own config dir (rig.json, the gateway)",
+    ETC: "rigforge's own config dir (rig.json, the gateway)",
     "/etc/systemd": "systemd's config",
     "/lib/systemd": "systemd's own files",
     "/usr/lib/systemd": "systemd's own files",

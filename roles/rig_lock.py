@@ -34,30 +34,6 @@ _HELD: dict[str, object] = {}  # host name -> the open channel whose holder keep
 _IDENTITY: dict[str, tuple[str, str] | None] = {}  # host name -> (machine-id, SSH host key fingerprint)
 
 
-def sudo_problem(h) -> str | None:
-    """The one line when sudo on host `h` asks for a password that host data does not give (`_sudo` without
-    `_sudo_password`): naming the SSH user and what is needed. Asked with `sudo -n`, so nothing prompts."""
-    from pyinfra.api import QuoteString, StringCommand
-
-    if not h.data.get("_sudo") or h.data.get("_sudo_password"):
-        return None
-    as_user = f" -u {shlex.quote(str(h.data.get('_sudo_user')))}" if h.data.get("_sudo_user") else ""
-    # sudo's own "a password is required" never reaches pyinfra, which would prompt for one on seeing it
-    check = (
-        f'id -un; out=$(sudo -n{as_user} true 2>&1) && echo SUDO-OK || case "$out" in '
-        '*"password is required"*) echo SUDO-PASSWORD;; *) echo SUDO-OTHER;; esac'
-    )
-    _, output = h.run_shell_command(StringCommand("sh", "-c", QuoteString(check)))
-    lines = [line.strip() for line in output.stdout_lines]
-    if "SUDO-PASSWORD" not in lines:
-        return None  # sudo works, or fails otherwise (said by whatever runs next)
-    user = lines[0] if lines and lines[0] != "SUDO-PASSWORD" else h.data.get("ssh_user") or "the SSH user"
-    return (
-        f"sudo asks {user} for a password on {h.name}: rigforge needs passwordless sudo for {user} (a sudoers line "
-        f"'{user} ALL=(ALL) NOPASSWD:ALL') or the password in host data _sudo_password"
-    )
-
-
 def host_key(h) -> str | None:
     """The SHA256 fingerprint (as ssh-keygen -l prints it) of the host key `h`'s SSH connection was given."""
     client = getattr(h.connector, "client", None)

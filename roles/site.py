@@ -32,6 +32,7 @@ from rigforge.facts.files import JsonFile, TreeSize
 from rigforge.facts.hfweights import WeightsState
 from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, PowerCapUnits
 from rigforge.hardware import Needs, format_problems
+from rigforge.inventory import sudo_problem
 from rigforge.layout import DAEMON_JSON, DEFAULT_ROOT, RUN_LOCK, HostLayout
 from rigforge.lock import token_refused
 from rigforge.pins import LockError, default_lock_path
@@ -349,7 +350,7 @@ def hold_the_rig() -> bool:
     """Take the rig's lock for this run (roles/rig_lock.py: one run per rig; not a change), or refuse the host in
     one line naming the run that holds it; a rig that is the same machine as another of this run's rigs (machine-id
     and SSH host key) is refused naming both, each of them."""
-    sudo = rig_lock.sudo_problem(host)
+    sudo = sudo_problem(host)
     if sudo:  # before anything else: every later step needs sudo
         refuse_now(f"Refuse {host.name}: sudo asks for a password", f"rigforge refused on {host.name}: {sudo}.")
         return False
@@ -398,7 +399,8 @@ def provision(variant_name: str | None = None):
             log_func=logger.warning,
         )
     wait = int(plan.data["apt_lock_wait"])
-    aptlock.free(name=f"Wait for the apt/dpkg lock another process holds (up to {wait} s)", wait=wait)
+    sudo = {key: host.data.get(key) for key in ("_sudo", "_sudo_user") if host.data.get(key)}
+    aptlock.free(name=f"Wait for the apt/dpkg lock another process holds (up to {wait} s)", wait=wait, sudo=sudo)
     recover.packages(name="Repair packages an interrupted run left half-installed (dpkg --configure -a)")
     recover.uploads_cleared(name="Remove uploads an interrupted run left in the upload dir")
     nvidia_driver.install(plan)

@@ -73,10 +73,7 @@ def wait_script(wait: int) -> str:
     )
 
 
-def _wait(state, host, wait: int, first: dict):  # pyinfra passes (state, host) to callbacks naming them
-    kwargs = {"_sudo": bool(host.data.get("_sudo"))}
-    if host.data.get("_sudo_user"):
-        kwargs["_sudo_user"] = host.data.get("_sudo_user")
+def _wait(state, host, wait: int, first: dict, kwargs: dict):  # pyinfra passes (state, host) to callbacks
     ok, output = host.run_shell_command(StringCommand("sh", "-c", QuoteString(wait_script(wait))), **kwargs)
     lines = [line.strip() for line in output.stdout_lines if line.strip()]
     last = lines[-1] if lines else ""
@@ -100,12 +97,13 @@ def _wait(state, host, wait: int, first: dict):  # pyinfra passes (state, host) 
 
 
 @operation(is_idempotent=False)
-def free(wait: int):
+def free(wait: int, sudo: dict | None = None):
     """
     Wait up to ``wait`` seconds for the apt/dpkg lock another process holds; fail this host, naming the holder,
     when it is still held then. A no-op when the lock is free.
 
     + wait: seconds to wait (host data ``apt_lock_wait``)
+    + sudo: how this rig's commands run (``{"_sudo": True, "_sudo_user": ...}``), for the wait's own command
     """
     holder = host.get_fact(AptLockHolder)
     if not holder:
@@ -118,4 +116,4 @@ def free(wait: int):
             fg="yellow",
             log_func=logger.warning,
         )
-    yield FunctionCommand(_wait, (int(wait), holder), {})
+    yield FunctionCommand(_wait, (int(wait), holder, dict(sudo or {})), {})
