@@ -19,7 +19,7 @@ import os
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
-from pyinfra.context import ctx_state
+from pyinfra.context import ctx_host, ctx_state
 
 from rigforge import gateway, images, obtain, power, registry, schema
 from rigforge import plan as planner
@@ -255,7 +255,9 @@ def needs(plan: Plan) -> Needs:
 def hold_the_rig() -> bool:
     """Take the rig's lock for this run (roles/rig_lock.py: one run per rig; not a change), or refuse the host in
     one line naming the run that holds it."""
-    busy, note = rig_lock.take(host, RUN_LOCK, bool(host.data.get("_sudo")))
+    sudo = bool(host.data.get("_sudo"))
+    # the batched probe runs in the same round trip, once the lock is held (roles/facts/probe.py with_lock)
+    busy, note = probe.with_lock(ctx_host.get(), lambda then: rig_lock.take(host, RUN_LOCK, sudo, then))
     if note:
         host.log_styled(f"{host.name}: {note}", fg="yellow", log_func=logger.warning)
     if busy:
