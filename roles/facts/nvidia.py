@@ -159,10 +159,11 @@ class NvidiaPciGpus(FactBase):
 
     def command(self) -> str:
         return (
+            # `read`, a shell builtin, not `cat`: no process per PCI function (a server has dozens to hundreds)
             "if [ -d /sys/bus/pci/devices ]; then for d in /sys/bus/pci/devices/*; do "
-            '[ "$(cat "$d/vendor" 2>/dev/null)" = 0x10de ] || continue; '
-            'case "$(cat "$d/class" 2>/dev/null)" in 0x0300*|0x0302*) '
-            'echo "pci ${d##*/} $(cat "$d/device" 2>/dev/null)";; esac; done; echo end; '
+            'v=; read -r v 2>/dev/null <"$d/vendor"; [ "$v" = 0x10de ] || continue; '
+            'c=; read -r c 2>/dev/null <"$d/class"; case "$c" in 0x0300*|0x0302*) '
+            'i=; read -r i 2>/dev/null <"$d/device"; echo "pci ${d##*/} $i";; esac; done; echo end; '
             "else echo none; fi"
         )
 

@@ -205,7 +205,9 @@ def script(requests, marker: str) -> tuple[StringCommand | None, list[tuple[str,
     path when it is a file fact read in the files job, `_files_command`).
 
     Every fact's command runs in its own background subshell, so the rig runs them side by side, writing its
-    section (marker, output, marker with exit code) to its own file; one `cat` gathers them all. A sub-command
+    section (marker, output, marker with exit code: the subshell's EXIT trap prints it, so no second subshell
+    is needed to catch an `exit`; a command that sets its own EXIT trap or `exec`s loses it and is read live)
+    to its own file; one `cat` gathers them all. A sub-command
     that several facts run verbatim and declare in their class's `shared` (nvidia-smi's GPU query: ~40 ms on a
     rig each time) runs once, first: those facts then run one after the other in one background job, each
     replaying its output, stderr and exit code where its command had it (`_r N`), so each sees what it would have
@@ -237,8 +239,9 @@ def script(requests, marker: str) -> tuple[StringCommand | None, list[tuple[str,
             for text in uses:
                 raw = raw.replace(text, f"_r {shared.setdefault(text, len(shared))}")
             body = StringCommand(raw)
-        section = [f'( echo "{marker} {n}"; (', guard, body, f') 2>/dev/null </dev/null; echo "{marker} rc $?" )']
-        (dependent if uses else parts).append([*section, f'>"$d/{n}"' + (";" if uses else " &")])
+        # one subshell per section: its exit code (an `exit` in the command's included) is printed by its EXIT trap
+        section = [f'( trap \'echo "{marker} rc $?"\' EXIT; echo "{marker} {n}";', guard, body, ")"]
+        (dependent if uses else parts).append([*section, f'>"$d/{n}" 2>/dev/null </dev/null' + (";" if uses else " &")])
     if not sections:
         return None, []
     head = ["d=$(mktemp -d) || exit 1;"]
