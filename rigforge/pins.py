@@ -324,16 +324,24 @@ def parse_lock(data: Any, path: str = "<lock>") -> Lock:
     )
 
 
+_LOADED: dict[tuple[str, bytes], Lock] = {}  # (path, content) -> its Lock (frozen): every rig of a run reads one lock
+
+
 def load_lock(path: str | Path) -> Lock:
     path = str(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml: ~10x faster
+        with open(path, "rb") as f:
+            content = f.read()
     except FileNotFoundError:
         raise LockError(f"lock {path}: file not found (set host data rigforge_lock or pass --lock)") from None
-    except yaml.YAMLError as e:
-        raise LockError(f"lock {path}: not valid YAML: {e}") from None
-    return parse_lock(data, path)
+    lock = _LOADED.get((path, content))
+    if lock is None:
+        try:
+            data = yaml.load(content, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml: ~10x faster
+        except yaml.YAMLError as e:
+            raise LockError(f"lock {path}: not valid YAML: {e}") from None
+        lock = _LOADED[(path, content)] = parse_lock(data, path)
+    return lock
 
 
 def dump_lock(lock: Lock) -> str:

@@ -1,4 +1,5 @@
-"""Two pieces of pyinfra's per-operation controller work, made cheap without changing what they return.
+"""Two pieces of pyinfra's per-operation controller work, made cheap without changing what they return; and
+rigforge's own bytecode kept.
 
 A no-op re-converge is mostly controller CPU once the rig is read in one probe (rigforge/facts/probe.py), and
 that CPU grows with the number of rigs: ~50 operations a rig, each paying for both of these, on every host.
@@ -13,15 +14,25 @@ that CPU grows with the number of rigs: ~50 operations a rig, each paying for bo
   on nothing else.
 - Global arguments. `pyinfra.api.arguments.all_global_arguments()` evaluates the type hints of `AllArguments`
   on every operation and fact read. They are fixed once pyinfra is imported, so they are computed once.
+- Bytecode. pyinfra's CLI sets `sys.dont_write_bytecode`, so an editable install (the repository) compiled its
+  ~60 own modules from source on every run (~90 ms of a no-op's start-up). At exit, `keep_bytecode` writes the
+  bytecode of the rigforge and roles modules this run imported from source, as a plain `python` would have: the
+  next run reads it (Python checks each file's source mtime and size, so an edited module compiles again). Not
+  when PYTHONDONTWRITEBYTECODE is set (the user's own choice), nor where the package is not writable.
 
 `benchmarks/bench_converge.py` measures the effect (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
+import importlib.util
 import inspect
+import os
+import py_compile
 import sys
+from pathlib import Path
 
 from pyinfra.api import arguments, facts, util
 
@@ -48,8 +59,46 @@ def stack() -> list[inspect.FrameInfo]:
     return frames
 
 
+_TIMESTAMP = py_compile.PycInvalidationMode.TIMESTAMP  # what Python's import writes (whatever SOURCE_DATE_EPOCH)
+_OWN = tuple(str(Path(__file__).resolve().parents[1] / name) + os.sep for name in ("roles", "rigforge"))
+
+
+def _stale(source: str, cached: str) -> bool:
+    """Whether `cached` is not the bytecode Python would read for `source` (magic, mtime and size in its header)."""
+    try:
+        st = os.stat(source)
+        with open(cached, "rb") as fh:
+            head = fh.read(16)
+    except OSError:
+        return True
+    stamp = (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little") + (st.st_size & 0xFFFFFFFF).to_bytes(4, "little")
+    return head[:4] != importlib.util.MAGIC_NUMBER or head[4:8] != bytes(4) or head[8:16] != stamp
+
+
+def keep_bytecode(modules=None) -> list[str]:
+    """Write the bytecode of rigforge's own modules (rigforge/, roles/) that is missing or stale, as Python's import
+    would when allowed (see the module doc); the sources written for. `modules`: default sys.modules."""
+    if os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        return []
+    written = []
+    for module in list((sys.modules if modules is None else modules).values()):
+        spec = getattr(module, "__spec__", None)
+        source, cached = getattr(spec, "origin", None), getattr(spec, "cached", None)
+        if not source or not cached or not source.endswith(".py") or not source.startswith(_OWN):
+            continue
+        if _stale(source, cached):
+            try:
+                py_compile.compile(source, cfile=cached, doraise=True, invalidation_mode=_TIMESTAMP)
+                written.append(source)
+            except (OSError, py_compile.PyCompileError):
+                pass  # a read-only install (pip compiled it already) or a file being edited: left as it is
+    return written
+
+
 def install() -> None:
     """Idempotent."""
+    atexit.unregister(keep_bytecode)
+    atexit.register(keep_bytecode)
     util.stack = stack
     util.getframeinfo = getframeinfo
     if not hasattr(arguments.all_global_arguments, "cache_info"):

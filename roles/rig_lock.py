@@ -7,7 +7,9 @@ connection lives: when the run ends, its connection closes, `cat` ends, the owne
 freed. When the controller is killed or the link drops, sshd ends the session and the lock frees itself; the
 owner line then stays behind, and the next run says it found one.
 
-Taking the lock is not an operation: it changes nothing pyinfra reports, and the batched probe stays valid.
+Taking the lock is not an operation: it changes nothing pyinfra reports, and the batched probe stays valid. The
+deploy's probe travels with it: once the holder holds the lock it runs the probe and sends its output, so taking
+the lock and reading the rig are one round trip (rigforge/facts/probe.py `with_lock`).
 Only the SSH connector has a rig to lock (pyinfra's @local and @fake connectors are left alone).
 
 One machine under two inventory names would otherwise find its own lock held by this very run: `twins()` tells
@@ -61,13 +63,16 @@ def twins(h, hosts) -> list[str]:
     return sorted(o.name for o in hosts if o.name != h.name and mine is not None and identity(o) == mine)
 
 
-def _holder(path: str, owner: str) -> str:
+def _holder(path: str, owner: str, then=None) -> str:
     lock, info = shlex.quote(path), shlex.quote(f"{path}.owner")
+    # once it holds the lock, the command `then` asks for (the batched probe): its output, a newline (ends a last
+    # line without one), the end line, its exit code
+    run = f"( {then[0]} ) </dev/null 2>/dev/null; r=$?; echo; echo {shlex.quote(then[1])}; echo $r; " if then else ""
     return (
         f"exec 9>>{lock} || exit 1; "
         f"if flock -n 9; then "
         f'  [ -s {info} ] && echo "STALE $(cat {info})"; '
-        f"  echo {shlex.quote(owner)} > {info}; echo LOCKED; cat >/dev/null; rm -f {info}; "
+        f"  echo {shlex.quote(owner)} > {info}; echo LOCKED; {run}cat >/dev/null; rm -f {info}; "
         f'else echo "BUSY $(cat {info} 2>/dev/null)"; fi'
     )
 
@@ -83,7 +88,7 @@ def _lines(channel):
         buffer += chunk
         while b"\n" in buffer:
             line, buffer = buffer.split(b"\n", 1)
-            yield line.decode(errors="replace").strip()
+            yield line.decode(errors="replace")  # as pyinfra reads a command's lines: without the newline
 
 
 def _release() -> None:
@@ -95,29 +100,46 @@ def _release() -> None:
     _HELD.clear()
 
 
-def take(host, path: str, sudo: bool) -> tuple[str | None, str | None]:
-    """(problem, note): hold `path` on `host` for this run, or say who holds it. Idempotent per host."""
+def take(
+    host, path: str, sudo: bool, then: list | None = None, password: str | None = None
+) -> tuple[str | None, str | None]:
+    """(problem, note): hold `path` on `host` for this run, or say who holds it. Idempotent per host. `password`:
+    host data's _sudo_password, sent to sudo on the lock's channel.
+
+    `then`: [command, end line, None]: once the lock is held, the holder runs `command` in the same round trip
+    (rigforge/facts/probe.py `with_lock`: the batched probe); its output lines, and its exit code as the last one,
+    replace the None. Left None when it did not run."""
     client = getattr(host.connector, "client", None)
     if host.name in _HELD or client is None:
         return None, None
     run = f"{socket.gethostname()}, pid {os.getpid()}"
     owner = f"{run} (as {host.name}), since {datetime.now(UTC).isoformat(timespec='seconds')}"
-    command = f"sh -c {shlex.quote(_holder(path, owner))}"
+    command = f"sh -c {shlex.quote(_holder(path, owner, then))}"
     channel = client.get_transport().open_session()
-    password = host.data.get("_sudo_password") if sudo else None
+    password = password if sudo else None
     if password:  # sudo reads it from the channel's first line; the holder's cat reads the rest
         channel.exec_command(f"sudo -S -p '' {command}")
         channel.sendall(f"{password}\n".encode())
     else:
         channel.exec_command(f"sudo -n {command}" if sudo else command)
     note = None
-    for line in _lines(channel):
+    lines = _lines(channel)
+    for line in lines:
+        line = line.strip()
         if line.startswith("STALE "):
             note = f"found the lock of an earlier run that is gone ({line[6:]}); this run takes it over"
         elif line == "LOCKED":
             if not _HELD:
                 atexit.register(_release)
             _HELD[host.name] = channel  # kept open: the holder lives as long as this channel
+            if then:
+                output = []
+                for out in lines:
+                    if out == then[1]:
+                        output = output[:-1] if output[-1:] == [""] else output  # the newline echoed before END
+                        then[2] = [*output, next(lines, "").strip()]  # the command's lines, then its exit code
+                        break
+                    output.append(out)
             return None, note
         elif line.startswith("BUSY"):
             channel.close()

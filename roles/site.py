@@ -20,7 +20,7 @@ import os
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
-from pyinfra.context import ctx_state
+from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.files import FileContents
 
 from rigforge import fleet, gateway, images, obtain, power, registry, schema
@@ -365,7 +365,9 @@ def hold_the_rig() -> bool:
                 f"{key}): keep one of these names in the inventory; nothing was changed.",
             )
             return False
-    busy, note = rig_lock.take(host, RUN_LOCK, bool(host.data.get("_sudo")))
+    sudo, password = bool(host.data.get("_sudo")), host.data.get("_sudo_password")
+    # the batched probe runs in the same round trip, once the lock is held (rigforge/facts/probe.py with_lock)
+    busy, note = probe.with_lock(ctx_host.get(), lambda then: rig_lock.take(host, RUN_LOCK, sudo, then, password))
     if note:
         host.log_styled(f"{host.name}: {note}", fg="yellow", log_func=logger.warning)
     if busy:

@@ -90,6 +90,20 @@ def test_dump_and_load_round_trip(tmp_path):
     assert dataclasses.replace(load_lock(path), path=lock.path) == lock
 
 
+def test_a_lock_is_parsed_once_per_content(tmp_path):
+    """Every rig of a run reads the same lock: parsed once; a changed file (even within one mtime tick, same
+    size) is parsed again."""
+    lock = load_lock(pins.default_lock_path())
+    path = tmp_path / "lock.yaml"
+    text = pins.dump_lock(lock)
+    path.write_text(text)
+    first = load_lock(path)
+    assert load_lock(path) is first
+    commit = next(iter(lock.git.values())).commit
+    path.write_text(text.replace(commit, commit[::-1], 1))  # same size
+    assert load_lock(path) is not first and load_lock(path) != first
+
+
 def test_good_lock_parses_into_frozen_dataclasses():
     lock = parse_lock(GOOD, "t.yaml")
     assert lock.check() == [] and lock.unresolved() == []

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.metadata
 import inspect
 import json
+import os
 import subprocess
 import sys
 
@@ -96,6 +97,50 @@ def test_second_run_reads_every_fact_in_one_probe(shipped, monkeypatch):
     assert len(commands) == 1  # the probe, and no live read
 
 
+class _Channel:
+    """A paramiko session channel that runs its command on this machine (sh), for roles/rig_lock.py."""
+
+    def exec_command(self, command):
+        self.proc = subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def recv(self, n):
+        return os.read(self.proc.stdout.fileno(), n)
+
+    def close(self):
+        self.proc.stdin.close()  # the holder's `cat` ends: the lock is freed
+        self.proc.wait(timeout=30)
+
+
+def test_the_lock_holder_runs_the_probe_once_it_holds_the_lock(shipped, monkeypatch):
+    """The deploy entry takes the rig's lock and reads the rig in one round trip: the holder runs the probe as
+    pyinfra would (same answers), and no other command reaches the host; a second holder finds the lock busy."""
+    from types import SimpleNamespace
+
+    from roles import rig_lock
+
+    requests = _requests(shipped)
+    probe.install_all()
+    host, _ = _host(monkeypatch)
+    live = _read_all(host, requests)
+    probe._save()
+    host, commands = _host(monkeypatch)  # the next run
+    channel = _Channel()
+    host.connector.client = SimpleNamespace(get_transport=lambda: SimpleNamespace(open_session=lambda: channel))
+    monkeypatch.setattr(rig_lock, "_HELD", {})
+    lock = str(shipped / "rig.lock")
+    assert probe.with_lock(host, lambda then: rig_lock.take(host, lock, False, then)) == (None, None)
+    try:
+        assert _read_all(host, requests) == live and commands == []  # all served: no round trip but the lock's
+        assert (probe._of(host).probes, probe._of(host).served) == (1, len(requests))
+        other, _ = _host(monkeypatch)  # another run, on the same host name
+        monkeypatch.setattr(rig_lock, "_HELD", {})
+        other.connector.client = SimpleNamespace(get_transport=lambda: SimpleNamespace(open_session=_Channel))
+        busy, _ = probe.with_lock(other, lambda then: rig_lock.take(other, lock, False, then))
+        assert "is being provisioned by" in busy and not probe._of(other).probed  # refused: it probes nothing
+    finally:
+        channel.close()
+
+
 def test_without_install_every_read_is_live(shipped, monkeypatch):
     """The counterpart of the test above: the same runs without install_all() make one command per read."""
     requests = _requests(shipped)
@@ -133,6 +178,78 @@ def test_read_batches_any_facts_in_one_command(shipped, monkeypatch):
     expected = {probe.fact_key(cls, kwargs): host.get_fact(cls, **kwargs) for cls, kwargs in requests}
     assert answers == expected  # the failed command is left out: read it live
     assert probe.read(host, []) == {} and len(commands) == 1 + len(requests)
+
+
+def test_file_facts_are_read_in_one_stat_and_one_hash_each_as_their_own_commands_would(shipped, monkeypatch):
+    """pyinfra's File/Directory/Link and Sha1File/Sha256File facts: one `stat` and one hash per algorithm for all
+    their paths, each answer what the fact's own command gives (files, directories, links, a dangling link,
+    missing paths, a space in a name); a hashed directory (its own command prints nothing) is read live, a name
+    with a newline gets its own section."""
+    import os
+    import time
+
+    from pyinfra.facts.files import Directory, Link, Sha1File, Sha256File
+
+    tmp = shipped
+    (tmp / "f").write_text("x")
+    (tmp / "a b").write_text("y")
+    (tmp / "new\nline").write_text("z")
+    (tmp / "d").mkdir()
+    (tmp / "l").symlink_to(tmp / "f")
+    (tmp / "dangling").symlink_to(tmp / "nowhere")
+    now = time.time()
+    for name in ("f", "a b", "new\nline", "d"):
+        os.utime(tmp / name, (now - 10, now - 20))  # atime after mtime: reading a file changes nothing it reports
+    names = ["f", "a b", "new\nline", "d", "l", "dangling", "absent"]
+    requests = [(cls, {"path": str(tmp / n)}) for cls in (File, Directory, Link, Sha1File, Sha256File) for n in names]
+    host, commands = _host(monkeypatch)
+    answers = probe.read(host, requests)
+    assert len(commands) == 1
+    assert commands[0].count("stat --printf") == 1 and commands[0].count("sha1sum --") == 1
+    assert commands[0].count("sha256sum --") == 1
+    live = {probe.fact_key(cls, kwargs): host.get_fact(cls, **kwargs) for cls, kwargs in requests}
+
+    def same(value):  # a hash read the file after the stat: its atime moved (tmpfs), the rest is the same
+        return {k: v for k, v in value.items() if k != "atime"} if isinstance(value, dict) else value
+
+    assert {key: same(live[key]) for key in answers} == {key: same(value) for key, value in answers.items()}
+    left = {
+        key.partition("|")[0].rpartition(":")[2] + " " + key.rpartition("/")[2][:-2]
+        for key in live
+        if key not in answers
+    }
+    assert left == {"Sha1File d", "Sha256File d"}
+    assert answers[probe.fact_key(File, {"path": str(tmp / "f")})]["size"] == 1
+    assert answers[probe.fact_key(Link, {"path": str(tmp / "dangling")})]["link_target"] == str(tmp / "nowhere")
+    assert answers[probe.fact_key(File, {"path": str(tmp / "absent")})] is None
+    assert answers[probe.fact_key(File, {"path": str(tmp / "d")})] is False
+
+
+def test_a_shared_sub_command_runs_once_and_each_fact_sees_its_output(shipped, monkeypatch, tmp_path):
+    """Facts that declare a sub-command in `shared` (nvidia-smi's GPU query) get its output, stderr and exit code
+    replayed where their command ran it: the same answers, one run."""
+    from rigforge.facts.nvidia import SMI_QUERY, BootCaps, NvidiaGpus, NvidiaSmiStatus
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(
+        f"#!/bin/sh\necho run >> {tmp_path}/runs\n"
+        "echo '0, GPU-a, RTX 3090, 00000000:01:00.0, 24576, 1, 230.00, 350.00, 100.00, 350.00, Enabled, 580.95.05, "
+        "8.6'\n"
+    )
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    requests = [(NvidiaGpus, {}), (NvidiaSmiStatus, {}), (BootCaps, {"units": ""})]
+    host, commands = _host(monkeypatch)
+    answers = probe.read(host, requests)
+    assert (tmp_path / "runs").read_text() == "run\n" and commands[0].count(SMI_QUERY) == 1
+    (tmp_path / "runs").unlink()
+    live = {probe.fact_key(cls, kwargs): host.get_fact(cls, **kwargs) for cls, kwargs in requests}
+    assert (tmp_path / "runs").read_text() == "run\n" * 3
+    assert answers == live
+    assert answers[probe.fact_key(NvidiaSmiStatus, {})] == {"installed": True, "ok": True, "message": ""}
+    assert answers[probe.fact_key(BootCaps, {"units": ""})]["caps"] == {0: 230.0}
 
 
 def test_cache_file_is_named_from_connector_data_not_host_data():

@@ -97,3 +97,32 @@ def test_stack_and_frame_infos_are_inspects_and_looked_up_once_per_call_site(shi
         orders.append(_order(state))
         counts.append(len(lookups))
     assert orders[0] == orders[1] == orders[2] and counts[0] > 0 and counts[1:] == [0, 0]
+
+
+def test_own_bytecode_is_kept_for_the_next_run(monkeypatch, tmp_path):
+    """pyinfra's CLI sets sys.dont_write_bytecode: at exit, the bytecode of rigforge's own modules imported from
+    source is written where Python reads it, once (then only when a source changes); not for other modules, and
+    not when the user set PYTHONDONTWRITEBYTECODE."""
+    import importlib.util
+    import marshal
+
+    import pyinfra.api.util as other
+
+    import rigforge.driver_table as own
+
+    def module(source, cached):
+        spec = importlib.util.spec_from_file_location("m", source)
+        spec.cached = str(cached)
+        return SimpleNamespace(__spec__=spec)
+
+    modules = {"own": module(own.__file__, tmp_path / "own.pyc"), "other": module(other.__file__, tmp_path / "o.pyc")}
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    assert speedups.keep_bytecode(modules) == [] and not (tmp_path / "own.pyc").exists()
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE")
+    assert speedups.keep_bytecode(modules) == [own.__file__]
+    assert not (tmp_path / "o.pyc").exists()
+    data = (tmp_path / "own.pyc").read_bytes()
+    assert data[:4] == importlib.util.MAGIC_NUMBER and marshal.loads(data[16:]).co_filename == own.__file__
+    assert speedups.keep_bytecode(modules) == []  # up to date: nothing written
+    (tmp_path / "own.pyc").write_bytes(data[:8] + bytes(8) + data[16:])  # another source mtime and size
+    assert speedups.keep_bytecode(modules) == [own.__file__]

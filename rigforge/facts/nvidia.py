@@ -41,6 +41,9 @@ _FLOAT_FIELDS = {
     "enforced.power.limit",
     "power.draw",
 }
+# nvidia-smi's GPU query: NvidiaGpus, NvidiaSmiStatus and BootCaps run it verbatim (`shared`: the batched probe runs
+# it once for all three, rigforge/facts/probe.py `script`)
+SMI_QUERY = f"timeout 60 nvidia-smi --query-gpu={','.join(QUERY_FIELDS)} --format=csv,noheader,nounits"
 _BOOL_FIELDS = {"persistence_mode"}
 _NA = {"[N/A]", "N/A", "[Not Supported]", "Not Supported", "[Unknown Error]", ""}
 _UNIT = re.compile(r"\s*(MiB|W|MHz|%|C)$")
@@ -96,16 +99,13 @@ def upstream_version(package_version: str | None) -> str | None:
 class NvidiaGpus(FactBase):
     """GPUs visible to nvidia-smi, as a list of dicts (see `parse_query_gpu`); [] without a working driver."""
 
-    def command(self) -> StringCommand:
-        query = "--query-gpu=" + ",".join(QUERY_FIELDS)
+    shared = (SMI_QUERY,)
+
+    def command(self) -> str:
         # No nvidia-smi (a rig before its driver) is a normal answer, "no GPUs": not pyinfra's requires_command,
         # which warns when the command is missing. nvidia-smi exits non-zero without a loaded driver or on a
         # version mismatch; that means "no GPUs" too. `timeout`: a GPU that fell off the bus can hang nvidia-smi.
-        return StringCommand(
-            "if command -v nvidia-smi >/dev/null 2>&1; then timeout 60 nvidia-smi",
-            QuoteString(query),
-            "--format=csv,noheader,nounits 2>&1 || true; fi",
-        )
+        return f"if command -v nvidia-smi >/dev/null 2>&1; then {SMI_QUERY} 2>&1 || true; fi"
 
     @staticmethod
     def default() -> list:
@@ -116,12 +116,16 @@ class NvidiaGpus(FactBase):
 
 
 class NvidiaSmiStatus(FactBase):
-    """Whether nvidia-smi talks to the driver: {"installed": bool, "ok": bool, "message": str}."""
+    """Whether nvidia-smi talks to the driver: {"installed": bool, "ok": bool, "message": str}. Asked with the GPU
+    query (SMI_QUERY, shared with NvidiaGpus in the probe): it fails, with the same NVML message, exactly when
+    `nvidia-smi -L` does (no driver loaded, a version mismatch, no devices)."""
+
+    shared = (SMI_QUERY,)
 
     def command(self) -> str:
         return (
             "if ! command -v nvidia-smi >/dev/null 2>&1; then echo 'rc=missing'; "
-            'else out=$(timeout 60 nvidia-smi -L 2>&1); rc=$?; echo "rc=$rc"; printf \'%s\\n\' "$out" | head -n 3; fi'
+            f'else out=$({SMI_QUERY} 2>&1); rc=$?; echo "rc=$rc"; printf \'%s\\n\' "$out" | head -n 3; fi'
         )
 
     @staticmethod
@@ -155,10 +159,11 @@ class NvidiaPciGpus(FactBase):
 
     def command(self) -> str:
         return (
+            # `read`, a shell builtin, not `cat`: no process per PCI function (a server has dozens to hundreds)
             "if [ -d /sys/bus/pci/devices ]; then for d in /sys/bus/pci/devices/*; do "
-            '[ "$(cat "$d/vendor" 2>/dev/null)" = 0x10de ] || continue; '
-            'case "$(cat "$d/class" 2>/dev/null)" in 0x0300*|0x0302*) '
-            'echo "pci ${d##*/} $(cat "$d/device" 2>/dev/null)";; esac; done; echo end; '
+            'v=; read -r v 2>/dev/null <"$d/vendor"; [ "$v" = 0x10de ] || continue; '
+            'c=; read -r c 2>/dev/null <"$d/class"; case "$c" in 0x0300*|0x0302*) '
+            'i=; read -r i 2>/dev/null <"$d/device"; echo "pci ${d##*/} $i";; esac; done; echo end; '
             "else echo none; fi"
         )
 
@@ -412,8 +417,12 @@ class BootCaps(FactBase):
          "cron": ["(root) CMD (/usr/local/bin/cap.sh)"], "caps": {0: 230.0, 1: 230.0}}
     """
 
+    shared = (SMI_QUERY,)
+
     def command(self, units: str = "") -> StringCommand:
         names = [POWER_UNIT, SETTLE_UNIT, *units.split()]
+        # each GPU's "index, power.limit": those two columns of the shared GPU query (SMI_QUERY)
+        caps = f"-f{QUERY_FIELDS.index('index') + 1},{QUERY_FIELDS.index('power.limit') + 1}"
         return StringCommand(
             'echo "boot_id=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)"; '
             'echo "system=$(systemctl is-system-running 2>/dev/null)"; for u in',
@@ -423,7 +432,7 @@ class BootCaps(FactBase):
             f"tail -n 20; echo '--- settle'; journalctl -b -u {SETTLE_UNIT} --no-pager -o cat 2>/dev/null | "
             "grep '^rigforge: ' | tail -n 100; echo '--- cron'; journalctl -b -t CRON --no-pager -o cat 2>/dev/null | "
             "grep ' CMD ' | tail -n 100; echo '--- caps'; if command -v nvidia-smi >/dev/null 2>&1; then "
-            "timeout 60 nvidia-smi --query-gpu=index,power.limit --format=csv,noheader,nounits 2>/dev/null; fi; true",
+            f"{SMI_QUERY} 2>/dev/null | cut -d, {caps}; fi; true",
         )
 
     @staticmethod

@@ -9,7 +9,9 @@ stamps), which made a no-op re-converge ~5x pyinfra's own floor. Here:
   `off` disables the probe; docs/probe.md).
 - On the next run, the first fact read on that host runs all the recorded facts' commands in ONE remote shell
   command (each in its own subshell, with its exit code) and parses every section with the fact's own
-  `process()`; operations then decide locally from that snapshot.
+  `process()`; operations then decide locally from that snapshot. The deploy entry runs it earlier, in the
+  round trip that takes the rig's lock (`with_lock`). On the rig it starts few processes (`script`): one `stat`
+  and one hash per algorithm for pyinfra's file facts, a sub-command facts share (nvidia-smi's GPU query) once.
 - The snapshot answers only while nothing has changed on the host in this run: the first command, upload or
   rsync that is not a fact read (an operation changing something) drops it, and every later read is a live, per-op
   fact read as before. So an answer from the snapshot is exactly what the live read would have returned at that
@@ -33,6 +35,7 @@ import importlib
 import json
 import os
 import secrets
+import shlex
 from pathlib import Path
 
 from pyinfra.api import StringCommand
@@ -41,6 +44,7 @@ from pyinfra.api.arguments import auth_argument_meta
 from pyinfra.api.exceptions import FactProcessError
 from pyinfra.api.facts import FactBase
 from pyinfra.api.host import Host
+from pyinfra.facts import files as pyinfra_files
 
 from rigforge import speedups
 
@@ -132,16 +136,83 @@ def _defaults(state, host: Host, snap: _HostSnapshot, cls) -> dict:
     return snap.defaults
 
 
-def read(host: Host, requests, global_kwargs: dict | None = None) -> dict[str, object]:
-    """Read the facts `requests` (an iterable of (fact class, kwargs)) on `host` in ONE remote command.
+# pyinfra's file facts whose commands are one `stat` or one hash of a path: the probe runs one `stat` and one
+# sha1sum/sha256sum for all their paths (not one process each); class -> "stat" or the hash's hex digits
+FILE_FACTS = {pyinfra_files.File: "stat", pyinfra_files.Directory: "stat", pyinfra_files.Link: "stat",
+              pyinfra_files.Sha1File: 40, pyinfra_files.Sha256File: 64}  # fmt: skip
+_HASHERS = {40: "sha1sum", 64: "sha256sum"}
 
-    Returns {fact_key(cls, kwargs): processed value} for each fact whose command exited 0 and whose output
-    processed; the others are left out (read those with `host.get_fact`): facts with preconditions or their own
-    shell, a missing required command, a failed command. `global_kwargs`: the connector arguments to run with
-    (default: the host's, as for a fact read outside an operation).
-    """
-    marker = f"@@rigforge-probe-{secrets.token_hex(6)}"
-    parts, sections = ["d=$(mktemp -d) || exit 1;"], []
+
+def _file_path(cls, fact_kwargs: dict) -> str | None:
+    """The path of a file fact the probe reads in its one `stat` or hash (None: its own command)."""
+    path = fact_kwargs.get("path") if cls in FILE_FACTS and list(fact_kwargs) == ["path"] else None
+    plain = isinstance(path, str) and path.startswith("/") and not any(c in path for c in "\\\n")
+    return path if plain else None
+
+
+def _files_command(marker: str, paths: dict[str, set]) -> str:
+    """One background job for every batched file fact (`paths`: path -> its kinds, "stat" or hex digits): which
+    paths exist (`e PATH`; a symlink to nothing: `l PATH`), one `stat` of those asked, in the format of pyinfra's
+    File facts (`s PATH`, then its line), one sha1sum and one sha256sum of those asked (`HEX  PATH`, as each
+    fact's own command prints it)."""
+
+    def quoted(kind) -> str:
+        return " ".join(shlex.quote(path) for path, kinds in paths.items() if kind is None or kind in kinds)
+
+    stat = "s %n\\n" + pyinfra_files.LINUX_STAT_COMMAND.removeprefix("stat -c '").removesuffix("'") + "\\n"
+    runs = [f"stat --printf {shlex.quote(stat)} -- {quoted('stat')}; " if quoted("stat") else ""]
+    runs += [f"{hasher} -- {quoted(digits)}; " for digits, hasher in _HASHERS.items() if quoted(digits)]
+    return (
+        f'( echo "{marker} files"; for p in {quoted(None)}; do if test -e "$p"; then echo "e $p"; '
+        f'elif test -L "$p"; then echo "l $p"; fi; done; {"".join(runs)}'
+        f'echo "{marker} rc 0" ) 2>/dev/null </dev/null >"$d/files" &'
+    )
+
+
+def _file_answers(block: list[str], batched: dict, answers: dict) -> None:
+    """Each batched file fact's answer from the files job's lines: what its own command prints (nothing for a
+    missing path: the fact's default). A path that exists but got no line (a `stat` that failed) is left out:
+    read live."""
+    exists, links, stats, hashes = set(), set(), {}, {}
+    lines = iter(block)
+    for line in lines:
+        if line.startswith(("e ", "l ")):
+            (exists if line[0] == "e" else links).add(line[2:])
+        elif line.startswith("s "):
+            stats[line[2:]] = next(lines, None)
+        else:
+            digest, _, path = line.partition("  ")
+            if len(digest) in _HASHERS and all(c in "0123456789abcdefABCDEF" for c in digest):
+                hashes[(len(digest), path)] = line
+    for key, (fact, path) in batched.items():
+        kind = FILE_FACTS[type(fact)]
+        present = path in exists or (kind == "stat" and path in links)
+        out = stats.get(path) if kind == "stat" else hashes.get((kind, path))
+        if present and out is None:
+            continue
+        try:
+            answers[key] = fact.process([out]) if present else fact.default()
+        except (FactProcessError, ValueError, KeyError, IndexError, TypeError):
+            pass
+
+
+def _text(command) -> str:
+    return command.get_raw_value() if isinstance(command, StringCommand) else str(command)
+
+
+def script(requests, marker: str) -> tuple[StringCommand | None, list[tuple[str, FactBase, str | None]]]:
+    """The one remote command that reads `requests` (see `read`), and its sections by number: (key, fact, the
+    path when it is a file fact read in the files job, `_files_command`).
+
+    Every fact's command runs in its own background subshell, so the rig runs them side by side, writing its
+    section (marker, output, marker with exit code: the subshell's EXIT trap prints it, so no second subshell
+    is needed to catch an `exit`; a command that sets its own EXIT trap or `exec`s loses it and is read live)
+    to its own file; one `cat` gathers them all. A sub-command
+    that several facts run verbatim and declare in their class's `shared` (nvidia-smi's GPU query: ~40 ms on a
+    rig each time) runs once, first: those facts then run one after the other in one background job, each
+    replaying its output, stderr and exit code where its command had it (`_r N`), so each sees what it would have
+    seen running it at that moment."""
+    parts, sections, shared, dependent, paths = [], [], {}, [], {}
     for cls, fact_kwargs in requests:
         key = fact_key(cls, fact_kwargs)
         if key is None or not _cacheable(cls):
@@ -156,14 +227,74 @@ def read(host: Host, requests, global_kwargs: dict | None = None) -> dict[str, o
             continue
         guard = f"command -v {requires} >/dev/null 2>&1 || exit 97; " if requires else ""
         n = len(sections)
-        sections.append((key, fact))
+        path = _file_path(cls, fact_kwargs)
+        sections.append((key, fact, path))
+        if path is not None:
+            paths.setdefault(path, set()).add(FILE_FACTS[cls])  # the files job reads it (a hash fact kept its path)
+            continue
         body = command if isinstance(command, StringCommand) else StringCommand(command)
-        # every fact's command in its own background subshell, so the rig runs them side by side, writing its
-        # section (marker, output, marker with exit code) to its own file; one `cat` gathers them all
-        parts += [f'( echo "{marker} {n}"; (', guard, body, f') 2>/dev/null </dev/null; echo "{marker} rc $?" )']
-        parts += [f'>"$d/{n}" &']
-    parts += ['wait; cat "$d"/*; rm -rf "$d"']
+        uses = [text for text in getattr(cls, "shared", ()) if text in _text(body)]
+        if uses:
+            raw = _text(body)
+            for text in uses:
+                raw = raw.replace(text, f"_r {shared.setdefault(text, len(shared))}")
+            body = StringCommand(raw)
+        # one subshell per section: its exit code (an `exit` in the command's included) is printed by its EXIT trap
+        section = [f'( trap \'echo "{marker} rc $?"\' EXIT; echo "{marker} {n}";', guard, body, ")"]
+        (dependent if uses else parts).append([*section, f'>"$d/{n}" 2>/dev/null </dev/null' + (";" if uses else " &")])
     if not sections:
+        return None, []
+    head = ["d=$(mktemp -d) || exit 1;"]
+    if shared:
+        # a shared sub-command's stdout, stderr and exit code, replayed (dot files: not gathered as sections)
+        head.append('_r() { cat "$d/.$1.out"; cat "$d/.$1.err" >&2; read -r _c <"$d/.$1.rc"; return "$_c"; };')
+        runs = [f'( ( {text} ) >"$d/.{i}.out" 2>"$d/.{i}.err" </dev/null; echo $? >"$d/.{i}.rc" ) &'
+                for text, i in shared.items()]  # fmt: skip
+        head += ["{", *runs, "wait;", *(p for section in dependent for p in section), "} &"]
+    if paths:
+        head.append(_files_command(marker, paths))
+    tail = ['wait; cat "$d"/*; rm -rf "$d"']
+    return StringCommand(*head, *(p for section in parts for p in section), *tail), sections
+
+
+def parse(lines, sections: list[tuple[str, FactBase, str | None]], marker: str) -> dict[str, object]:
+    """The answers in the output of `script(requests, marker)`: {key: processed value} for each section that
+    exited 0 and processed."""
+    answers: dict[str, object] = {}
+    current, collected = None, []
+    for line in lines:
+        if not line.startswith(marker):
+            collected.append(line)
+            continue
+        tail = line[len(marker) + 1 :]
+        if tail.startswith("rc ") and current == "files":
+            batched = {key: (fact, path) for key, fact, path in sections if path is not None}
+            _file_answers(collected, batched, answers)
+            current = None
+        elif tail.startswith("rc ") and current is not None:
+            key, fact, _ = sections[current]
+            if tail == "rc 0":
+                try:
+                    answers[key] = fact.process(collected) if collected else fact.default()
+                except (FactProcessError, ValueError, KeyError, IndexError, TypeError):
+                    pass
+            current = None
+        elif tail.isdigit() or tail == "files":
+            current, collected = int(tail) if tail.isdigit() else tail, []
+    return answers
+
+
+def read(host: Host, requests, global_kwargs: dict | None = None) -> dict[str, object]:
+    """Read the facts `requests` (an iterable of (fact class, kwargs)) on `host` in ONE remote command.
+
+    Returns {fact_key(cls, kwargs): processed value} for each fact whose command exited 0 and whose output
+    processed; the others are left out (read those with `host.get_fact`): facts with preconditions or their own
+    shell, a missing required command, a failed command. `global_kwargs`: the connector arguments to run with
+    (default: the host's, as for a fact read outside an operation).
+    """
+    marker = f"@@rigforge-probe-{secrets.token_hex(6)}"
+    command, sections = script(requests, marker)
+    if command is None:
         return {}
     snap = _of(host)
     if global_kwargs is None:
@@ -174,35 +305,14 @@ def read(host: Host, requests, global_kwargs: dict | None = None) -> dict[str, o
     snap.probes += 1
     was_reading, snap.reading = snap.reading, True  # the probe changes nothing on the rig
     try:
-        ok, output = host.run_shell_command(
-            StringCommand(*parts), print_output=False, print_input=False, **executor_kwargs
-        )
+        ok, output = host.run_shell_command(command, print_output=False, print_input=False, **executor_kwargs)
     finally:
         snap.reading = was_reading
-    answers: dict[str, object] = {}
-    if not ok:
-        return answers
-    current, lines = None, []
-    for line in output.stdout_lines:
-        if not line.startswith(marker):
-            lines.append(line)
-            continue
-        tail = line[len(marker) + 1 :]
-        if tail.startswith("rc ") and current is not None:
-            key, fact = sections[current]
-            if tail == "rc 0":
-                try:
-                    answers[key] = fact.process(lines) if lines else fact.default()
-                except (FactProcessError, ValueError, KeyError, IndexError, TypeError):
-                    pass
-            current = None
-        elif tail.isdigit():
-            current, lines = int(tail), []
-    return answers
+    return parse(output.stdout_lines, sections, marker) if ok else {}
 
 
-def _probe(state, host: Host, snap: _HostSnapshot, global_kwargs: dict) -> None:
-    """Read every fact recorded for this host (and deploy file) in one remote command; keep the exact answers."""
+def _recorded(state, host: Host, snap: _HostSnapshot, global_kwargs: dict) -> list:
+    """The facts recorded for this host (and deploy file), as requests; marks the snapshot probed."""
     snap.probed = True
     snap.file = _probe_file(host, state)
     snap.connection = _identity(global_kwargs)
@@ -217,7 +327,51 @@ def _probe(state, host: Host, snap: _HostSnapshot, global_kwargs: dict) -> None:
             requests.append((getattr(importlib.import_module(module), name), dict(item["kwargs"])))
         except Exception:  # noqa: BLE001 - a recorded fact that no longer loads is simply not probed
             continue
-    snap.answers = read(host, requests, global_kwargs)
+    return requests
+
+
+def _probe(state, host: Host, snap: _HostSnapshot, global_kwargs: dict) -> None:
+    """Read every fact recorded for this host (and deploy file) in one remote command; keep the exact answers."""
+    snap.answers = read(host, _recorded(state, host, snap, global_kwargs), global_kwargs)
+
+
+# connector arguments the lock's channel does not reproduce (a PTY, stdin, a timeout, passwords): probe on its own
+_UNFOLDED = ("_get_pty", "_stdin", "_timeout", "_sudo_password", "_su_password", "_doas_password")
+
+
+def with_lock(host: Host, take):
+    """Take the rig's lock and run this host's probe in the same round trip: `take(then)` (roles/rig_lock.py)
+    takes the lock and, once it holds it, runs `then` (command, end line, lines printed before it) on the
+    same connection. The probe is the command pyinfra would run for it (its sudo wrapping included), read
+    after the lock is held, so nothing else changes the rig between the two. Returns what `take` returns.
+
+    Probes on its own later (then=None) when the probe is off, already ran, or the host's connector arguments
+    ask for what the lock's channel does not do (a PTY, stdin, a timeout, a password)."""
+    snap = _of(host)
+    if _original_get_fact is None or snap.probed or not snap.valid or host.current_op_global_arguments is not None:
+        return take(None)
+    from pyinfra.connectors.util import make_unix_command_for_host
+
+    global_kwargs = _defaults(host.state, host, snap, FactBase)
+    executor_kwargs = {k: v for k, v in global_kwargs.items() if k in pyinfra_facts.CONNECTOR_ARGUMENT_KEYS}
+    if any(executor_kwargs.get(k) for k in _UNFOLDED) or host.connector_data.get("prompted_sudo_password"):
+        return take(None)
+    marker = f"@@rigforge-probe-{secrets.token_hex(6)}"
+    requests = _recorded(host.state, host, snap, global_kwargs)
+    command, sections = script(requests, marker)
+    if command is None:
+        return take(None)
+    end = f"{marker} end"
+    wrap = {k: v for k, v in executor_kwargs.items() if k not in ("_success_exit_codes", *_UNFOLDED[:3])}
+    then = [make_unix_command_for_host(host.state, host, command, **wrap).get_raw_value(), end, None]  # as pyinfra
+    snap.probes += 1
+    result = take(then)
+    lines = then[2]
+    if lines is not None and lines[-1:] == ["0"]:  # the probe ran and exited 0 (its exit code: the last line)
+        snap.answers = parse(lines[:-1], sections, marker)
+    elif lines is None:
+        snap.probed, snap.probes = False, snap.probes - 1  # not run (no lock taken, no SSH): probe on its own
+    return result
 
 
 def _request(state, host, snap: _HostSnapshot, cls, args, kwargs) -> tuple[str | None, dict, dict]:
