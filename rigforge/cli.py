@@ -9,7 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rigforge import recipes
+from rigforge import fleet, recipes
 from rigforge.catalog import CatalogError, load_catalog
 from rigforge.layout import SETTLE_SCRIPT
 from rigforge.pins import LockError, default_lock_path, load_lock
@@ -77,15 +77,14 @@ def _render(args: argparse.Namespace) -> int:
         return 0
     if not args.variant or not args.out:
         raise SettingsError("render needs VARIANT and --out DIR (variants: `rigforge render --list`)")
-    from roles import site  # the deploy's own plan builder: a render is what a deploy would write
 
     data = {HOST_KEYS.get(key, key): value for key, value in parse_set(args.sets).items()}
-    known = set(site.host_data({}))
+    known = set(fleet.host_data({}))
     unknown = sorted(set(data) - known)
     if unknown:
         raise SettingsError(f"unknown setting {unknown[0]!r}; allowed: {', '.join(sorted(HOST_KEYS.values()))}")
     data |= {"rigforge_recipe_opt_in": args.opt_in}
-    plan, problems = site.plan_for("render", data, args.variant, gpus=args.gpus, deployable=False)
+    plan, problems = fleet.plan_for("render", data, args.variant, gpus=args.gpus, deployable=False)
     if plan is None:
         raise SettingsError("; ".join(problems))
     files = dict(plan.files)

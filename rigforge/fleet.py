@@ -9,8 +9,9 @@ completes its plan with what its probe shows (`completed`: the GPU count, the ot
 A problem belongs to the host whose data is wrong: a rig refused is left out of the gateway with its reason
 (`left_out`); a bad registry setting refuses the registry host only, and the rigs go on without it.
 
-The plan builder is the caller's (roles/site.py `plan_for`: the roles' knob checks, then rigforge/plan.py), so
-this module knows no role.
+Host data is read here only (`host_data`: every role's knobs with its defaults, rigforge/knobs/; `plan_for`: their
+checks, then rigforge/plan.py), for the deploy (roles/site.py `the_fleet`) and every command alike; no role is
+imported.
 """
 
 from __future__ import annotations
@@ -19,11 +20,24 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
-from rigforge import obtain
+from rigforge import obtain, schema
+from rigforge import plan as planner
+from rigforge.catalog import CatalogError
+from rigforge.knobs import docker_engine, gpu_power, images, nvidia_driver, serving, site, sources, weights
+from rigforge.knobs import gateway as gateway_knobs
+from rigforge.knobs import registry as registry_knobs
+from rigforge.pins import LockError
 from rigforge.plan import Plan
+from rigforge.recipes import RecipeError
 from rigforge.registry import REGISTRY, RegistryPlan, registry_host
+from rigforge.registry import build as registry_build
 
-RIG, GATEWAY = "rig", "gateway"  # with REGISTRY: the roles a host can have in the fleet
+RIG = "rig"  # with GATEWAY and REGISTRY: the roles a host can have in the fleet
+
+# every role's knobs host data may set (checked by every plan), and those only deploy/images_load.py reads
+KNOBS = (nvidia_driver, docker_engine, gpu_power, sources, weights, serving, gateway_knobs, registry_knobs)
+LOADS = (images,)
+GATEWAY = "gateway"  # the inventory group of the fleet's gateway hosts
 
 
 @dataclass(frozen=True)
@@ -68,13 +82,10 @@ class Fleet:
         return rebuild(gpus)
 
 
-def build(
-    inventory,
-    plan_of: Callable[[object], tuple[Plan | None, list[str]]],
-    registry_of: Callable[[object], tuple[RegistryPlan | None, list[str]]],
-) -> Fleet:
-    """The fleet of a pyinfra inventory: `plan_of(host)` builds a rig's plan before its probe, `registry_of(host)`
-    the registry host's plan, each called once."""
+def build(inventory, variant=None) -> Fleet:
+    """The fleet of a pyinfra inventory, for the deploy of `variant` (deploy/<variant>.py's name; None: each
+    host's rigforge_variant; or a variant object): every rig's plan before its probe, the registry host's plan,
+    each built once. The deploy and the controller commands build it here."""
     hosts = list(inventory)
     in_group = {g: [h.name for h in inventory.get_group(g, default=[])] for g in (GATEWAY, REGISTRY)}
     reg_name = registry_host(in_group)
@@ -83,12 +94,12 @@ def build(
         mine = {g for g in (GATEWAY, REGISTRY) if h.name in in_group[g]}
         if not mine or "rigs" in h.groups:  # a gateway or registry host is a rig only when in `rigs` too
             mine.add(RIG)
-            plans[h.name], found = plan_of(h)
+            plans[h.name], found = plan_for(h.name, h.data, variant)
             problems[h.name] = tuple(found)
         roles[h.name] = frozenset(mine)
     reg, reg_problems = (None, [])
     if reg_name is not None:
-        reg, reg_problems = registry_of(next(h for h in hosts if h.name == reg_name))
+        reg, reg_problems = _registry_of(reg_name, next(h for h in hosts if h.name == reg_name).data)
     return Fleet(
         roles=MappingProxyType(roles),
         plans=MappingProxyType(plans),
@@ -97,3 +108,53 @@ def build(
         registry=None if reg_problems else reg,
         registry_problems=tuple(reg_problems),
     )
+
+
+def host_data(data) -> dict:
+    """A host's data (pyinfra's host.data, or any mapping) for every role's knob and the settings' keys, role
+    defaults applied: the only read of host data."""
+    defaults = {key: value for module in (*KNOBS, *LOADS) for key, value in module.DEFAULTS.items()} | site.DEFAULTS
+    keys = {*defaults, *schema.HOST_KEYS.values(), *site.RETIRED, "ssh_port"}
+    return {key: data.get(key, defaults.get(key)) for key in sorted(keys)}
+
+
+def plan_for(name: str, data, entry=None, gpus: int | None = None, deployable: bool = True, cap_units=()):
+    """(the plan of host `name` from its host data (`data`: host.data or a mapping), or None; every problem): the
+    roles' knob checks and the plan's (rigforge/plan.py). What the deploy, status, verify and render all use;
+    `deployable` False (status, verify, render) accepts lock entries not yet resolved; `cap_units`: the rig's
+    other units that set power caps at boot (the power unit is ordered after them)."""
+    data = host_data(data)
+    problems = site.validate(data)
+    for module in KNOBS:
+        check = getattr(module, "validate", None)  # a role without knobs to check has none
+        if check:
+            problems += check(data)
+    try:
+        return planner.build(
+            name, data, entry, gpus=gpus, cap_units=cap_units, problems=problems, deployable=deployable
+        )
+    except (CatalogError, LockError, RecipeError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        return None, [*problems, f"cannot prepare this host: {type(exc).__name__}: {exc}"]
+
+
+def is_rig(h) -> bool:
+    """Every host is a rig but those only in the groups `gateway` or `registry` (a gateway or registry host that is
+    also a rig is in `rigs`)."""
+    return not {GATEWAY, REGISTRY} & set(h.groups) or "rigs" in h.groups
+
+
+def registry_host_name(inventory) -> str | None:
+    """The inventory name of the fleet registry's host (rigforge/registry.py: registry_host), or None."""
+    return registry_host({REGISTRY: [h.name for h in inventory.get_group(REGISTRY, default=[])]})
+
+
+def registry_plan(inventory):
+    """(the fleet registry's plan, or None when the inventory has no registry host; its knobs' problems)."""
+    name = registry_host_name(inventory)
+    return (None, []) if name is None else _registry_of(name, inventory.get_host(name).data)
+
+
+def _registry_of(name: str, data) -> tuple:
+    data = host_data(data)
+    problems = registry_knobs.validate(data)
+    return (None if problems else registry_build(name, data)), problems

@@ -3,7 +3,7 @@
     observe(host) -> (RigContext, Observed)      the plan for the rig, and the rig read in one batched probe
     observe_gateway(host, data) -> dict          HAProxy's unit, the gateway's answers, each rig's state in it
 
-The plan is the deploy's own (roles/site.py `plan_for`), for the variant the rig's manifest records, else host
+The plan is the deploy's own (rigforge/fleet.py `plan_for`), for the variant the rig's manifest records, else host
 data's. The rig is read through facts, the plan's requests in one remote command (rigforge/facts/probe.py `read`);
 a fact the probe cannot answer is read on its own. rigforge/drift.py compares what is read here with the plan.
 """
@@ -19,7 +19,7 @@ from typing import Any
 
 from pyinfra.facts.files import Sha256File
 
-from rigforge import inventory, obtain
+from rigforge import fleet, inventory, obtain
 from rigforge.driver_table import (
     DriverTableError,
     packages_for,
@@ -66,7 +66,7 @@ class RigContext:
     manifest, and the problems building the plan."""
 
     name: str
-    data: dict  # host data, the roles' defaults applied (roles/site.py host_data)
+    data: dict  # host data, the roles' defaults applied (rigforge/fleet.py host_data)
     plan: Plan | None = None
     layout: HostLayout = field(default_factory=HostLayout)
     variant_name: str | None = None
@@ -139,9 +139,8 @@ def requests(ctx: RigContext, os_id: str | None) -> list[tuple[type, dict]]:
 def observe(host) -> tuple[RigContext, Observed]:
     """The rig's plan and the rig read for it: its manifest and GPUs first (they choose the variant and the caps),
     then everything the checks need in one probe."""
-    from roles import site
 
-    data = site.host_data(host.data)
+    data = fleet.host_data(host.data)
     ctx = RigContext(name=host.name, data=data)
     layout = HostLayout(root=data["rigforge_root"] or HostLayout.root)
     reads = [(JsonFile, {"path": layout.rig_json}), (NvidiaGpus, {}), (OsRelease, {}), (PowerCapUnits, {})]
@@ -159,7 +158,7 @@ def observe(host) -> tuple[RigContext, Observed]:
     if (recorded or wanted) and ctx.lock is not None:
         gpus = len(first.get_fact(NvidiaGpus) or []) or None
         serve = {**data, "rigforge_variant": recorded or wanted, "rigforge_recipe_opt_in": True}
-        ctx.plan, ctx.problems = site.plan_for(
+        ctx.plan, ctx.problems = fleet.plan_for(
             host.name, serve, gpus=gpus, deployable=False, cap_units=tuple(ctx.cap_units)
         )
     if ctx.plan:
@@ -191,12 +190,11 @@ def image_origin(obs: Observed, ctx: RigContext, hosts) -> dict | None:
     """Where the rig's locked image comes from (rigforge/obtain.py), asked now from the controller: {"image",
     "on_rig", "from", "warning"}; `warning` when the rig alone holds it (no other copy) or nothing does. None
     without a plan, or when services are not managed (nothing is pulled there)."""
-    from roles import site
 
     if not ctx.plan or not ctx.manage:
         return None
     plan = ctx.plan
-    reg, _ = site.registry_plan(hosts)
+    reg, _ = fleet.registry_plan(hosts)
     found = obtain.sources(plan.image, reg, plan.data["serving_image_upstream"], plan.data["serving_image_upstream_ca"])
     on_rig = bool(obs.get_fact(DockerImagePresent, image=plan.image))
     text, warning = obtain.origin(on_rig, found)

@@ -189,7 +189,7 @@ def build(
 ) -> tuple[Plan | None, list[str]]:
     """This host's plan, or None and every problem found.
 
-    `data`: the host's knobs with the roles' defaults applied (roles/site.py `host_data`); `entry`: the variant of
+    `data`: the host's knobs with the roles' defaults applied (rigforge/fleet.py `host_data`); `entry`: the variant of
     the entry point (deploy/<variant>.py) or a variant object, None to follow host data's rigforge_variant;
     `gpus`: the GPU count the rig shows (nvidia-smi, else the PCI bus), None for the variant's; `cap_units`: the
     rig's other cap writers at boot (facts/nvidia.py PowerCapUnits: shown, they order nothing); `problems`: ones

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from rigforge import drift, inventory, observe
+from rigforge import drift, fleet, inventory, observe
 from rigforge.drift import watts
 from rigforge.driver_table import version_key
 from rigforge.pins import default_lock_path
@@ -78,12 +78,11 @@ def status_row(host) -> dict:
 
 def host_row(host) -> dict:
     """A rig's row; a gateway host's (of the inventory group `gateway`) carries the gateway's view too."""
-    from roles import site
 
-    row = status_row(host) if site.is_rig(host) else {"host": host.name, "error": None, "rig": False}
-    row["rest"] = site.host_data(host.data)["serving_rest"]
-    if site.GATEWAY in host.groups:
-        row["gateway"] = observe.observe_gateway(host, site.host_data(host.data))
+    row = status_row(host) if fleet.is_rig(host) else {"host": host.name, "error": None, "rig": False}
+    row["rest"] = fleet.host_data(host.data)["serving_rest"]
+    if fleet.GATEWAY in host.groups:
+        row["gateway"] = observe.observe_gateway(host, fleet.host_data(host.data))
     return row
 
 

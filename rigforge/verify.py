@@ -38,7 +38,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import asdict
 
-from rigforge import drift, inventory, observe
+from rigforge import drift, fleet, inventory, observe
 from rigforge.drift import FAIL, PASS, SKIP, SKIPPED, Check, RigContext
 
 
@@ -46,15 +46,14 @@ def check_host(host) -> tuple[list[Check], dict]:
     """(the drift checks of the rig (rigforge/drift.py) and the live API probes; on a gateway host (the inventory
     group `gateway`), the gateway's checks (rigforge/gateway.py); {"rest": serving_rest, "gateway": the
     gateway's view}), for `with_gateways`."""
-    from roles import site
 
-    out, seen = [], {"rest": site.host_data(host.data)["serving_rest"], "rig": site.is_rig(host)}
-    if site.is_rig(host):
+    out, seen = [], {"rest": fleet.host_data(host.data)["serving_rest"], "rig": fleet.is_rig(host)}
+    if fleet.is_rig(host):
         ctx, obs = observe.observe(host)
         out = drift.checks(obs, ctx)
         out += api_checks(host, ctx, [c for c in out if c.name.startswith("unit ")])
-    if site.GATEWAY in host.groups:
-        data = site.host_data(host.data)
+    if fleet.GATEWAY in host.groups:
+        data = fleet.host_data(host.data)
         seen["gateway"] = observe.observe_gateway(host, data)
         out += gateway_checks(host, data, seen["gateway"])
     return out, seen

@@ -22,14 +22,11 @@ from pyinfra.facts.deb import DebArch
 from pyinfra.operations import systemd
 
 from rigforge.facts.system import OsRelease
+from rigforge.knobs.docker_engine import DEFAULTS, DOCKER_CE_PACKAGES
 from rigforge.layout import NVIDIA_RUNTIME
-from rigforge.pins import TOOLKIT_REPO_URL
 from rigforge.plan import Plan
 from roles.operations import apt_repo, docker_daemon
 
-# "Verify that you now have the key with the fingerprint 9DC8 5822 9FC7 DD38 854A  E2D8 8D81 803C 0EBF CD88"
-DOCKER_KEY_FINGERPRINT = "9DC858229FC7DD38854AE2D88D81803C0EBFCD88"
-DOCKER_SOURCES = ("docker", "distro")
 # Docker's "Uninstall old versions" list (Ubuntu's; Debian's is the same without docker-compose-v2).
 DOCKER_CONFLICTS = [
     "docker.io",
@@ -46,43 +43,6 @@ TOOLKIT_PACKAGES = [
     "libnvidia-container-tools",
     "libnvidia-container1",
 ]
-
-DEFAULTS = {
-    "docker_source": "docker",  # docker (Docker's apt repo) or distro (docker.io + compose v2 from the OS)
-    "docker_repo_url": None,  # default https://download.docker.com/linux/<ubuntu|debian>
-    "docker_repo_key_url": None,  # default <docker repo url>/gpg
-    "docker_repo_key_sha256": None,  # pin the key file's sha256
-    "docker_repo_key_fingerprint": DOCKER_KEY_FINGERPRINT,  # a key with another fingerprint is refused
-    "docker_package_versions": {},  # {package: version} pins, e.g. {"docker-ce": "5:28.5.1-1~ubuntu.24.04~noble"}
-    "docker_daemon_options": {},  # extra daemon.json keys, merged in beside the nvidia runtime
-    "nvidia_toolkit_repo_url": TOOLKIT_REPO_URL,  # NVIDIA's flat repo
-    "nvidia_toolkit_repo_key_url": "https://nvidia.github.io/libnvidia-container/gpgkey",  # armored key
-    "nvidia_toolkit_repo_key_sha256": None,  # pin the key file's sha256
-    "nvidia_toolkit_repo_key_fingerprint": None,  # check the toolkit key's fingerprint (40 hex digits)
-    "nvidia_toolkit_version": None,  # pin and hold the four toolkit packages at this version instead of the lock's
-}
-
-DOCKER_CE_PACKAGES = ["docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin", "docker-compose-plugin"]
-
-
-def validate(data: Mapping) -> list[str]:
-    """Problems with this role's host-data keys (defaults applied); each names the key, value and what is allowed."""
-    problems = []
-    if data["docker_source"] not in DOCKER_SOURCES:
-        problems.append(f"docker_source={data['docker_source']!r} is not one of: {', '.join(DOCKER_SOURCES)}.")
-    versions = data["docker_package_versions"]
-    if not isinstance(versions, Mapping) or not set(versions) <= set(DOCKER_CE_PACKAGES):
-        problems.append(
-            f"docker_package_versions={versions!r} must map some of {', '.join(DOCKER_CE_PACKAGES)} to versions."
-        )
-    version = data["nvidia_toolkit_version"]
-    if version is not None and (not isinstance(version, str) or not version or " " in version):
-        problems.append(f"nvidia_toolkit_version={version!r} must be a package version such as 1.18.0-1, or unset.")
-    for key in ("docker_repo_key_fingerprint", "nvidia_toolkit_repo_key_fingerprint"):
-        fpr = data[key]
-        if fpr is not None and (not isinstance(fpr, str) or len(fpr.replace(" ", "")) != 40):
-            problems.append(f"{key}={fpr!r} must be a 40-hex-digit key fingerprint, or unset.")
-    return problems
 
 
 def docker_repo_url(data: Mapping, os_id: str) -> str:

@@ -12,31 +12,14 @@ answers (preflight on a rig that has one, the GPU check right after the driver r
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from pyinfra.api import deploy
 from pyinfra.operations import systemd
 
-from rigforge import boot, schema
+from rigforge.knobs.gpu_power import DEFAULTS
 from rigforge.layout import SETTLE_SCRIPT
 from rigforge.plan import Plan
 from roles.operations import nvidia, systemd_units
 from roles.operations.staged import staged_files, systemd_verify
-
-DEFAULTS = {
-    "gpu_power_limit_w": 230,  # cap in watts for every GPU
-    "gpu_power_limits": {},  # per-GPU overrides {index: watts}
-    # after boot, how long (seconds) rigforge-gpu-settle.service keeps setting back caps another writer changed
-    # (a unit, a script, a @reboot cron job running late); 0: only once, right after the boot finished
-    "gpu_power_settle_window_s": boot.SETTLE_WINDOW_S,
-}
-
-
-def validate(data: Mapping) -> list[str]:
-    problems = schema.settings(data, {"power_limit_w": "gpu_power_limit_w", "power_limits": "gpu_power_limits"})
-    if data.get("gpu_power_settle_window_s") is None:  # not set: the default
-        return problems
-    return problems + schema.integer(data, "gpu_power_settle_window_s", 0, 3600, " of seconds")
 
 
 @deploy("GPU power caps", data_defaults=DEFAULTS)

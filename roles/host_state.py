@@ -22,6 +22,8 @@ from rigforge.driver_table import branch_problem
 from rigforge.facts.apt import AptSourceFiles
 from rigforge.facts.nvidia import NvidiaRunningDriver, unowned_driver
 from rigforge.facts.system import OsRelease
+from rigforge.knobs import docker_engine as docker_engine_knobs
+from rigforge.knobs import nvidia_driver as nvidia_driver_knobs
 from roles import docker_engine, nvidia_driver
 from roles.operations import apt_repo, docker_daemon
 
@@ -40,7 +42,7 @@ def role_data(data: Mapping) -> dict:
 def find_problems(data: Mapping, os_release: dict, arch: str, running: dict, sources: dict) -> list[str]:
     """Pure: every problem of the driver / container-runtime host state (empty when fine)."""
     data = role_data(data)
-    checked = nvidia_driver.validate(data) + docker_engine.validate(data)
+    checked = nvidia_driver_knobs.validate(data) + docker_engine_knobs.validate(data)
     problems = [problem for problem in checked if not problem.startswith(ALREADY_CHECKED)]
     if checked:  # the rest needs valid keys
         return problems

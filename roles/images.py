@@ -20,31 +20,15 @@ digest.)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from pyinfra.api import deploy
 from pyinfra.operations import apt, systemd
 
 from rigforge import images
+from rigforge.knobs.images import DEFAULTS
 from rigforge.layout import DAEMON_JSON, HostLayout
 from roles.operations import images as image_ops
 
-DEFAULTS = {
-    "rigforge_images_dir": None,  # the controller's directory of saved images (`rigforge images save DIR`)
-    "images_port": None,  # the temporary registry's port on the rig's 127.0.0.1 (None: the first free of 5800-5899)
-}
 REGISTRY_UNIT = "docker-registry.service"  # Debian's package starts it; only the load's own registry runs
-
-
-def validate(data: Mapping) -> list[str]:
-    problems = []
-    directory = data.get("rigforge_images_dir")
-    if not directory or not isinstance(directory, str):
-        problems.append(f"rigforge_images_dir must be a directory `rigforge images save` wrote, got {directory!r}")
-    port = data.get("images_port")
-    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535):
-        problems.append(f"images_port must be a whole number in 1..65535 or unset, got {port!r}")
-    return problems
 
 
 @deploy("Load saved images", data_defaults=DEFAULTS)

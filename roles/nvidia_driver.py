@@ -23,27 +23,13 @@ from pyinfra.api import deploy
 from pyinfra.facts.deb import DebArch
 from pyinfra.operations import files, server
 
-from rigforge import driver_table, schema
+from rigforge import driver_table
 from rigforge.driver_table import packages_for
 from rigforge.facts.system import OsRelease
+from rigforge.knobs.nvidia_driver import DEFAULTS
 from rigforge.layout import NOUVEAU_CONF, UBUNTU_PIN, UNATTENDED_CONF
 from rigforge.plan import Plan
 from roles.operations import apt_repo, nvidia
-
-DEFAULTS = {
-    "nvidia_driver_source": "cuda",  # cuda (NVIDIA's CUDA repo) or ubuntu (Ubuntu's archive, prebuilt signed modules)
-    "nvidia_driver_manage": True,  # false: leave an existing driver alone, only check its branch
-    "nvidia_driver_branch": 580,  # driver branch (580 or later)
-    "nvidia_driver_flavor": "open",  # open (open kernel modules) or proprietary
-    "nvidia_driver_kernel_flavour": "generic",  # source ubuntu: linux-modules-nvidia-<branch>-open-<this>
-    "nvidia_driver_repo_url": None,  # flat apt repo (Suites: /); default NVIDIA's CUDA repo for the OS
-    "nvidia_driver_repo_key_url": None,  # armored repo key; default <repo url><8793F200|3bf863cc>.pub
-    "nvidia_driver_repo_key_fingerprint": None,  # default NVIDIA's fingerprint for the OS; a differing key is refused
-    "nvidia_driver_repo_key_sha256": None,  # pin the key file's sha256 too (checked after download)
-    "nvidia_allow_reboot": False,  # reboot the rig when the installed driver is not the running one
-    "apt_adopt_sources": True,  # replace other source files for the same URI (kept as *.rigforge-bak)
-    "apt_lock_wait": 300,  # seconds to wait, before the first change, for an apt/dpkg lock another process holds
-}
 
 KEY_NAME = "rigforge-nvidia-cuda"
 NOUVEAU_TEXT = """# managed by rigforge: the NVIDIA driver needs nouveau unloaded
@@ -51,30 +37,6 @@ blacklist nouveau
 options nouveau modeset=0
 """
 CUDA_ORIGIN = "developer.download.nvidia.com"
-BOOLEAN_KEYS = ("nvidia_driver_manage", "nvidia_allow_reboot", "apt_adopt_sources")
-
-
-def validate(data: Mapping) -> list[str]:
-    """Problems with this role's host-data keys (defaults applied); each names the key, value and what is allowed."""
-    problems = []
-    source, flavor, branch = data["nvidia_driver_source"], data["nvidia_driver_flavor"], data["nvidia_driver_branch"]
-    if source not in driver_table.SOURCES:
-        problems.append(f"nvidia_driver_source={source!r} is not one of: {', '.join(driver_table.SOURCES)}.")
-    if flavor not in driver_table.FLAVORS:
-        problems.append(f"nvidia_driver_flavor={flavor!r} is not one of: {', '.join(driver_table.FLAVORS)}.")
-    if isinstance(branch, bool) or not str(branch).isdigit() or int(branch) < driver_table.MIN_BRANCH:
-        problems.append(f"nvidia_driver_branch={branch!r} must be a branch number, 580 or later (e.g. 580, 590).")
-    for key in BOOLEAN_KEYS:
-        if data[key] not in (True, False):
-            problems.append(f"{key}={data[key]!r} must be true or false.")
-    problems += schema.integer(data, "apt_lock_wait", 0, 86400, " of seconds")
-    fpr = data["nvidia_driver_repo_key_fingerprint"]
-    if fpr is not None and (not isinstance(fpr, str) or len(fpr.replace(" ", "")) != 40):
-        problems.append(f"nvidia_driver_repo_key_fingerprint={fpr!r} must be a 40-hex-digit key fingerprint.")
-    kernel = data["nvidia_driver_kernel_flavour"]
-    if not isinstance(kernel, str) or not kernel or not all(c.isalnum() or c in "-." for c in kernel):
-        problems.append(f"nvidia_driver_kernel_flavour={kernel!r} must be a kernel flavour such as generic.")
-    return problems
 
 
 def cuda_repo(data: Mapping, os_release: dict, deb_arch: str) -> tuple[str, str, str]:

@@ -13,24 +13,17 @@ serves plain HTTP and the rigs list it in daemon.json's insecure-registries inst
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping
 
 from pyinfra.api import deploy
 from pyinfra.operations import apt, server, systemd
 
-from rigforge import registry, schema
+from rigforge import registry
+from rigforge.knobs.registry import DEFAULTS
 from rigforge.registry import RegistryPlan
 from roles.operations import docker_daemon, fleet_copy
 from roles.operations.checks import refuse_now
 from roles.operations.staged import staged_files
 
-DEFAULTS = {
-    "registry_port": 5000,  # on the registry host: the port it serves on (every address)
-    "registry_address": None,  # on the registry host: the address rigs reach it at, in its certificate
-    # (None: its inventory name)
-    "registry_insecure": False,  # on the registry host: plain HTTP, listed in the rigs' insecure-registries
-    "registry_ca_dir": None,  # on the registry host: the controller's CA dir (None: ~/.config/rigforge/registry-ca)
-}
 UNIT = "docker-registry.service"
 USER = "docker-registry"  # Debian's unit runs the registry as this user: it must read the key
 # the key and certificate belong together (same public key); then the key goes to the registry's user
@@ -38,17 +31,6 @@ KEY_CHECK = (
     f'[ "$(openssl x509 -noout -pubkey -in {registry.TLS_CERT})" = "$(openssl pkey -pubout -in {registry.TLS_KEY})" ]'
     f" && chown {USER}:{USER} {registry.TLS_KEY}"
 )
-
-
-def validate(data: Mapping) -> list[str]:
-    problems = schema.integer(data, "registry_port", 1, 65535)
-    problems += schema.boolean(data, "registry_insecure")
-    if data.get("registry_address") is not None:
-        problems += schema.hostname(data, "registry_address")
-    ca_dir = data.get("registry_ca_dir")
-    if ca_dir is not None and not (isinstance(ca_dir, str) and ca_dir.strip()):
-        problems.append(f"registry_ca_dir must be a directory on the controller, got {ca_dir!r}")
-    return problems
 
 
 @deploy("Fleet registry (Distribution)", data_defaults=DEFAULTS)

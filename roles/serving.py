@@ -19,9 +19,9 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 from pyinfra.operations.util import any_changed
 
-from rigforge import schema
 from rigforge.gateway import backend_name
-from rigforge.layout import DEFAULT_ROOT, SERVE_FILES
+from rigforge.knobs.serving import DEFAULTS
+from rigforge.layout import SERVE_FILES
 from rigforge.plan import Plan
 from rigforge.render import VLLM_UNIT
 from roles.operations import gateway
@@ -37,40 +37,6 @@ from roles.operations.serving import (
     stopped,
 )
 from roles.operations.staged import staged_files, systemd_verify
-
-DEFAULTS = {
-    "rigforge_root": DEFAULT_ROOT,  # root of the host layout (models, src, serve, cache)
-    "rigforge_manage_services": True,  # start/restart units, pull the image, health gate (False on the testbed)
-    "serving_health_timeout": 600,  # seconds to wait for /v1/models after a (re)start, as the recipes do
-    "serving_health_host": "127.0.0.1",  # where the health gate reaches the API on the rig
-    # a rig resting on purpose (maintenance): None serves; "drained": serves, but drained at every gateway;
-    # "stopped": the vLLM unit stopped and disabled (through reboots), drained at every gateway. The deploy keeps
-    # it so; status shows it as intended. Remove the key and re-run to serve again.
-    "serving_rest": None,
-    "serving_allow_privileged_port": False,  # let serving_port be below 1024 (a port root services usually own)
-    # on the controller, asked before a rig that lacks its image pulls it (rigforge/obtain.py):
-    "serving_image_upstream": None,  # base URL standing for Docker Hub (None: https://registry-1.docker.io)
-    "serving_image_upstream_ca": None,  # CA bundle (PEM path) for it (None: the system's CAs)
-}
-REST = (None, "drained", "stopped")  # serving_rest's values
-SERVING_SETTINGS = {  # rendering settings this role's host data sets ({setting: host-data key})
-    name: key for name, key in schema.HOST_KEYS.items() if key.startswith("serving_") or key == "rigforge_root"
-}
-
-
-def validate(data: Mapping) -> list[str]:
-    problems = schema.settings(data, SERVING_SETTINGS)
-    problems += schema.boolean(data, "rigforge_manage_services") + schema.boolean(data, "serving_allow_privileged_port")
-    problems += schema.integer(data, "serving_health_timeout", 10, 86400, " of seconds")
-    problems += schema.hostname(data, "serving_health_host")
-    if data.get("serving_rest") not in REST:
-        problems.append(f"serving_rest must be one of {', '.join(map(str, REST))}, got {data.get('serving_rest')!r}")
-    upstream, ca = data.get("serving_image_upstream"), data.get("serving_image_upstream_ca")
-    if upstream is not None and not (isinstance(upstream, str) and upstream.startswith(("https://", "http://"))):
-        problems.append(f"serving_image_upstream must be a registry base URL (https://HOST[:PORT]), got {upstream!r}")
-    if ca is not None and not (isinstance(ca, str) and ca.strip()):
-        problems.append(f"serving_image_upstream_ca must be the path of a PEM file on the controller, got {ca!r}")
-    return problems
 
 
 @deploy("Serve the variant with vLLM", data_defaults=DEFAULTS)

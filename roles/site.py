@@ -16,28 +16,27 @@ Which variant: `deploy/<variant>.py` deploys that variant; `deploy/site.py` depl
 from __future__ import annotations
 
 import json
-import os
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.files import FileContents
 
+import rigforge.knobs.gateway
+import rigforge.knobs.images
 from rigforge import fleet, gateway, images, obtain, power, registry, schema
-from rigforge import plan as planner
-from rigforge.catalog import CatalogError
 from rigforge.facts import probe
 from rigforge.facts.docker import DockerImagePresent
 from rigforge.facts.files import JsonFile, TreeSize
 from rigforge.facts.hfweights import WeightsState
 from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, PowerCapUnits
+from rigforge.fleet import GATEWAY, REGISTRY, host_data, is_rig, plan_for, registry_host_name, registry_plan  # noqa: F401
 from rigforge.hardware import Needs, format_problems
 from rigforge.inventory import sudo_problem
+from rigforge.knobs.site import DEFAULTS
 from rigforge.layout import DAEMON_JSON, DEFAULT_ROOT, RUN_LOCK, HostLayout
 from rigforge.lock import token_refused
-from rigforge.pins import LockError, default_lock_path
 from rigforge.plan import Plan
-from rigforge.recipes import RecipeError
 from roles import docker_engine, gpu_power, interrupt, nvidia_driver, preflight, rig_lock, serving, sources, weights
 from roles import gateway as gateway_role
 from roles import images as images_role
@@ -47,58 +46,6 @@ from roles.operations.checks import gpus_fit, refuse_now
 from roles.operations.hfweights import stale_files
 
 IMAGE_GB = 9  # the vLLM nightly image on disk (HARDWARE.md)
-DEFAULTS = {
-    "rigforge_variant": None,  # variant this host serves (deploy/site.py); deploy/<variant>.py must agree
-    "rigforge_lock": str(default_lock_path()),  # lock file read on the controller
-    "rigforge_recipe_opt_in": False,  # allow a recipe-repo slug whose status is experimental/incubating/deprecated
-}
-ROLES = (preflight, nvidia_driver, docker_engine, gpu_power, sources, weights, serving)
-KNOBS = (*ROLES, gateway_role, registry_role)  # every role whose knobs host data may set (checked by every plan)
-LOADS = (images_role,)  # knobs read only by deploy/images_load.py (checked there)
-GATEWAY = "gateway"  # the inventory group of the fleet's gateway hosts
-REGISTRY = registry.REGISTRY  # the inventory group of the fleet registry's host (opt-in)
-RETIRED = {  # host-data keys earlier releases read: refused rather than silently ignored
-    "nvidia_driver_packages": "the driver table chooses the packages; set nvidia_driver_source, "
-    "nvidia_driver_branch or nvidia_driver_flavor instead",
-}
-
-
-def validate(data) -> list[str]:
-    problems = []
-    if not isinstance(data.get("rigforge_lock"), str | os.PathLike):
-        problems.append(f"rigforge_lock must be the path of a lock file, got {data.get('rigforge_lock')!r}")
-    problems += schema.boolean(data, "rigforge_recipe_opt_in")
-    for key, advice in RETIRED.items():
-        if data.get(key) is not None:
-            problems.append(f"{key} is no longer read: {advice}; remove it from host data.")
-    return problems
-
-
-def host_data(data) -> dict:
-    """A host's data (pyinfra's host.data, or any mapping) for every role's knob and the settings' keys, role
-    defaults applied: the only read of host data."""
-    defaults = {key: value for module in (*KNOBS, *LOADS) for key, value in module.DEFAULTS.items()} | DEFAULTS
-    keys = {*defaults, *schema.HOST_KEYS.values(), *RETIRED, "ssh_port"}
-    return {key: data.get(key, defaults.get(key)) for key in sorted(keys)}
-
-
-def plan_for(name: str, data, entry=None, gpus: int | None = None, deployable: bool = True, cap_units=()):
-    """(the plan of host `name` from its host data (`data`: host.data or a mapping), or None; every problem): the
-    roles' knob checks and the plan's (rigforge/plan.py). What the deploy, status, verify and render all use;
-    `deployable` False (status, verify, render) accepts lock entries not yet resolved; `cap_units`: the rig's
-    other units that set power caps at boot (the power unit is ordered after them)."""
-    data = host_data(data)
-    problems = validate(data)
-    for module in KNOBS:
-        check = getattr(module, "validate", None)  # a role without knobs to check has none
-        if check:
-            problems += check(data)
-    try:
-        return planner.build(
-            name, data, entry, gpus=gpus, cap_units=cap_units, problems=problems, deployable=deployable
-        )
-    except (CatalogError, LockError, RecipeError, ValueError, TypeError, KeyError, AttributeError) as exc:
-        return None, [*problems, f"cannot prepare this host: {type(exc).__name__}: {exc}"]
 
 
 def the_fleet(variant=None) -> fleet.Fleet:
@@ -107,33 +54,8 @@ def the_fleet(variant=None) -> fleet.Fleet:
     memo = ctx_state.get().__dict__.setdefault("_rigforge_fleets", {})
     key = variant if variant is None or isinstance(variant, str) else id(variant)
     if key not in memo:
-        memo[key] = fleet.build(
-            host.inventory, lambda h: plan_for(h.name, h.data, variant), lambda h: _registry_of(h.name, h.data)
-        )
+        memo[key] = fleet.build(host.inventory, variant)
     return memo[key]
-
-
-def is_rig(h) -> bool:
-    """Every host is a rig but those only in the groups `gateway` or `registry` (a gateway or registry host that is
-    also a rig is in `rigs`)."""
-    return not {GATEWAY, REGISTRY} & set(h.groups) or "rigs" in h.groups
-
-
-def registry_host_name(inventory) -> str | None:
-    """The inventory name of the fleet registry's host (rigforge/registry.py: registry_host), or None."""
-    return registry.registry_host({REGISTRY: [h.name for h in inventory.get_group(REGISTRY, default=[])]})
-
-
-def registry_plan(inventory):
-    """(the fleet registry's plan, or None when the inventory has no registry host; its knobs' problems)."""
-    name = registry_host_name(inventory)
-    return (None, []) if name is None else _registry_of(name, inventory.get_host(name).data)
-
-
-def _registry_of(name: str, data) -> tuple:
-    data = host_data(data)
-    problems = registry_role.validate(data)
-    return (None if problems else registry.build(name, data)), problems
 
 
 def serve_the_registry(variant=None) -> bool:
@@ -178,7 +100,7 @@ def gateway_plan(variant=None):
     for rig, problem in fl.left_out().items():
         host.log_styled(f"{host.name}: the gateway leaves {rig} out: {problem}", fg="yellow", log_func=logger.warning)
     data = host_data(host.data)
-    problems = gateway_role.validate(data) + schema.boolean(data, "rigforge_manage_services")
+    problems = rigforge.knobs.gateway.validate(data) + schema.boolean(data, "rigforge_manage_services")
     gw, more = gateway.build(host.name, data, fl.rigs()) if not problems else (None, [])
     return gw, problems + more
 
@@ -426,7 +348,7 @@ def load_saved_images() -> None:
     host at their locked digests (roles/images.py). A bad value or an incomplete directory refuses the host in one
     line, before anything changes."""
     data = host_data(host.data)
-    problems = images_role.validate(data)
+    problems = rigforge.knobs.images.validate(data)
     saved = []
     if not problems:
         try:

@@ -11,13 +11,9 @@ from __future__ import annotations
 from pyinfra.api import deploy
 from pyinfra.operations import apt, files
 
-from rigforge.layout import DEFAULT_ROOT
+from rigforge.knobs.sources import DEFAULTS
 from rigforge.plan import Plan
 from roles.operations import gitpin
-
-DEFAULTS = {
-    "rigforge_root": DEFAULT_ROOT,  # root of the host layout; checkouts go to <root>/src/<name>
-}
 
 
 @deploy("Pinned git sources", data_defaults=DEFAULTS)

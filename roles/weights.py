@@ -11,43 +11,13 @@ and a token for gated repos, needed only while one of them is not yet fetched an
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
-
 from pyinfra.api import deploy
 from pyinfra.api.hiddenvalue import HiddenValue
 from pyinfra.operations import apt, files, pip
 
-from rigforge import schema
-from rigforge.layout import DEFAULT_ROOT
+from rigforge.knobs.weights import DEFAULTS
 from rigforge.plan import Plan
 from roles.operations import hfweights
-
-DEFAULTS = {
-    "rigforge_root": DEFAULT_ROOT,  # root of the host layout (venv, lib, models)
-    "serving_model_dir": None,  # model dir on the rig; default <rigforge_root>/models
-    "hf_token": None,  # HF token (secret); default: controller env RIGFORGE_HF_TOKEN or HF_TOKEN
-    "hf_endpoint": "https://huggingface.co",  # HF hub endpoint (testbed: its local stand-in)
-    "weights_source": "hub",  # hub: each rig downloads; controller: fetch once on the controller, push
-    "weights_deep_verify": False,  # re-hash every file on each run instead of trusting the stamp
-    "weights_hf_hub_version": "2.4.0",  # huggingface_hub pinned into the rig's venv
-    "weights_cache_dir": "~/.cache/rigforge/weights",  # controller cache for weights_source: controller
-}
-SOURCES = ("hub", "controller")
-
-
-def validate(data: Mapping) -> list[str]:
-    problems = schema.choice(data, "weights_source", SOURCES) + schema.boolean(data, "weights_deep_verify")
-    problems += schema.url(data, "hf_endpoint")
-    if data.get("hf_token") not in (None, ""):
-        problems += schema.settings(data, {"hf_token": "hf_token"})
-    version = data.get("weights_hf_hub_version")
-    if not (isinstance(version, str) and re.fullmatch(r"\d+(\.\d+){1,3}", version)):
-        problems.append(f"weights_hf_hub_version must be a release such as 2.4.0, got {version!r}")
-    cache = data.get("weights_cache_dir")
-    if not (isinstance(cache, str) and cache and not re.search(r"\s", cache)):
-        problems.append(f"weights_cache_dir must be a directory path on the controller, got {cache!r}")
-    return problems
 
 
 @deploy("Verified model weights", data_defaults=DEFAULTS)

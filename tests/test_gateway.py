@@ -19,8 +19,8 @@ import urllib.error
 import urllib.request
 
 from rigforge import drift, gateway, observe, status, verify
+from rigforge.knobs.gateway import DEFAULTS, validate
 from rigforge.testbed.openai_stub import Schedule, make_server
-from roles.gateway import DEFAULTS, validate
 from roles.site import plan_for
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"  # Debian's haproxy (.ci/run installs it)

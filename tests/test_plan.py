@@ -24,12 +24,15 @@ from pyinfra.api.operations import run_ops
 from pyinfra.api.state import StateStage
 from pyinfra.operations import server
 
+import rigforge.knobs.gpu_power
+import rigforge.knobs.serving
+import rigforge.knobs.weights
 from rigforge.catalog import CatalogError
 from rigforge.layout import HostLayout
 from rigforge.pins import default_lock_path, load_lock
 from rigforge.plan import Plan, resolve, variant_problems
 from rigforge.schema import Settings, SettingsError, apply_overrides
-from roles import gpu_power, serving, site, weights
+from roles import serving, site, weights
 
 SHA = "a" * 40
 GIT = ("vllm-src", "genesis", "club-3090")
@@ -293,9 +296,9 @@ def test_variant_choice_rules():
 
 
 def test_role_validators_are_pure_and_name_host_data_keys():
-    assert gpu_power.validate({"gpu_power_limit_w": 230, "gpu_power_limits": {}}) == []
-    assert serving.validate(serving.DEFAULTS) == []
-    (problem,) = weights.validate({**weights.DEFAULTS, "hf_token": "has space"})
+    assert rigforge.knobs.gpu_power.validate({"gpu_power_limit_w": 230, "gpu_power_limits": {}}) == []
+    assert rigforge.knobs.serving.validate(serving.DEFAULTS) == []
+    (problem,) = rigforge.knobs.weights.validate({**weights.DEFAULTS, "hf_token": "has space"})
     assert problem.startswith("hf_token must be") and "has space" not in problem  # secrets are not echoed
 
 

@@ -12,6 +12,7 @@ import pytest
 import yaml
 from pyinfra.api import Inventory
 
+import rigforge.knobs.registry
 from rigforge import registry
 from roles import registry as registry_role
 from roles import site
@@ -45,9 +46,9 @@ def test_site_finds_the_registry_and_registry_hosts_are_not_rigs():
 
 def test_knobs_are_checked():
     good = dict(registry_role.DEFAULTS)
-    assert registry_role.validate(good) == []
+    assert rigforge.knobs.registry.validate(good) == []
     bad = {**good, "registry_insecure": "yes", "registry_address": "a b", "registry_ca_dir": ""}
-    assert len(registry_role.validate(bad)) == 3
+    assert len(rigforge.knobs.registry.validate(bad)) == 3
 
 
 def test_the_config_is_a_plain_registry_with_tls_by_default():

@@ -11,6 +11,8 @@ import pytest
 import yaml
 from test_roles_host_ops import converge, executed, op_commands, planned, rig, uploads
 
+import rigforge.knobs.docker_engine
+import rigforge.knobs.nvidia_driver
 from rigforge import driver_table
 from rigforge.facts.apt import parse_deb822, parse_fingerprints, parse_one_line, parse_source_files, same_uri_files
 from rigforge.facts.nvidia import parse_running_driver, unowned_driver
@@ -427,7 +429,7 @@ def test_a_key_already_in_place_with_the_right_fingerprint_is_a_no_op():
 
 def test_validate_names_key_value_and_allowed_values():
     good = {**nvidia_driver.DEFAULTS}
-    assert nvidia_driver.validate(good) == []
+    assert rigforge.knobs.nvidia_driver.validate(good) == []
     bad = {
         **good,
         "nvidia_driver_source": "ppa",
@@ -437,7 +439,7 @@ def test_validate_names_key_value_and_allowed_values():
         "apt_adopt_sources": 1.5,
         "nvidia_driver_repo_key_fingerprint": "3bf863cc",
     }
-    assert nvidia_driver.validate(bad) == [
+    assert rigforge.knobs.nvidia_driver.validate(bad) == [
         "nvidia_driver_source='ppa' is not one of: cuda, ubuntu.",
         "nvidia_driver_flavor='closed' is not one of: open, proprietary.",
         "nvidia_driver_branch=575 must be a branch number, 580 or later (e.g. 580, 590).",
@@ -446,8 +448,10 @@ def test_validate_names_key_value_and_allowed_values():
         "nvidia_driver_repo_key_fingerprint='3bf863cc' must be a 40-hex-digit key fingerprint.",
     ]
     docker = {**docker_engine.DEFAULTS}
-    assert docker_engine.validate(docker) == []
-    assert docker_engine.validate({**docker, "docker_source": "snap", "nvidia_toolkit_version": 1.18}) == [
+    assert rigforge.knobs.docker_engine.validate(docker) == []
+    assert rigforge.knobs.docker_engine.validate(
+        {**docker, "docker_source": "snap", "nvidia_toolkit_version": 1.18}
+    ) == [
         "docker_source='snap' is not one of: docker, distro.",
         "nvidia_toolkit_version=1.18 must be a package version such as 1.18.0-1, or unset.",
     ]

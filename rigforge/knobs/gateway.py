@@ -1,0 +1,43 @@
+"""The knobs of roles/gateway.py: their defaults (commented, the role's defaults/main.yml) and checks.
+
+Read by the plan builder on the controller (rigforge/fleet.py) and by the role; no host here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from rigforge import schema
+
+DEFAULTS = {
+    "gateway_port": 8088,  # on a gateway host: the fleet's one endpoint
+    "gateway_bind_address": None,  # on a gateway host: the address it listens on (None: every address)
+    "gateway_api_key": None,  # on a gateway host: the fleet's key, checked there (the config keeps its sha256)
+    "gateway_address": None,  # on a rig: the address the gateway reaches it on (None: its inventory name)
+    "gateway_drain_timeout": 300,  # on a rig: seconds its requests in flight get to finish before a restart
+    # when a rig dies (docs/gateway.md "When a rig dies"), on a gateway host:
+    "gateway_retries": 3,  # retries of a request a dead rig refused or answered empty/502/503; each on another rig
+    "gateway_bufsize": 1048576,  # bytes (HAProxy tune.bufsize): a bigger request body is not routed nor retried
+    "gateway_check_interval_ms": 1000,  # /health checked this often on every rig (half of it once one fails)
+    "gateway_check_fall": 2,  # failed checks in a row that mark a rig DOWN (1 s + 2 x 0.5 s: down within 2 s)
+    "gateway_check_rise": 2,  # passed checks in a row that bring a rig back UP
+    "gateway_error_limit": 3,  # errors in a row on live requests (refused, empty, 5xx) that mark a rig DOWN at once
+    "gateway_keepalive_s": 10,  # idle seconds before TCP keepalive probes a rig whose host may be gone (3 x 1 s)
+}
+
+
+def validate(data: Mapping) -> list[str]:
+    problems = schema.integer(data, "gateway_port", 1, 65535)
+    problems += schema.integer(data, "gateway_drain_timeout", 0, 86400, " of seconds")
+    problems += schema.integer(data, "gateway_retries", 0, 10)
+    problems += schema.integer(data, "gateway_bufsize", 16384, 16777216, " of bytes")
+    problems += schema.integer(data, "gateway_check_interval_ms", 100, 60000, " of ms")
+    problems += schema.integer(data, "gateway_check_fall", 1, 10)
+    problems += schema.integer(data, "gateway_check_rise", 1, 10)
+    problems += schema.integer(data, "gateway_error_limit", 1, 100)
+    problems += schema.integer(data, "gateway_keepalive_s", 1, 3600, " of seconds")
+    problems += schema.setting(data, "gateway_bind_address", "bind_address")
+    problems += schema.setting(data, "gateway_api_key", "api_key")
+    if data.get("gateway_address") is not None:
+        problems += schema.hostname(data, "gateway_address")
+    return problems

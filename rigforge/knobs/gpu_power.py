@@ -1,0 +1,25 @@
+"""The knobs of roles/gpu_power.py: their defaults (commented, the role's defaults/main.yml) and checks.
+
+Read by the plan builder on the controller (rigforge/fleet.py) and by the role; no host here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from rigforge import boot, schema
+
+DEFAULTS = {
+    "gpu_power_limit_w": 230,  # cap in watts for every GPU
+    "gpu_power_limits": {},  # per-GPU overrides {index: watts}
+    # after boot, how long (seconds) rigforge-gpu-settle.service keeps setting back caps another writer changed
+    # (a unit, a script, a @reboot cron job running late); 0: only once, right after the boot finished
+    "gpu_power_settle_window_s": boot.SETTLE_WINDOW_S,
+}
+
+
+def validate(data: Mapping) -> list[str]:
+    problems = schema.settings(data, {"power_limit_w": "gpu_power_limit_w", "power_limits": "gpu_power_limits"})
+    if data.get("gpu_power_settle_window_s") is None:  # not set: the default
+        return problems
+    return problems + schema.integer(data, "gpu_power_settle_window_s", 0, 3600, " of seconds")

@@ -1,0 +1,24 @@
+"""The knobs of roles/images.py: their defaults (commented, the role's defaults/main.yml) and checks.
+
+Read by the plan builder on the controller (rigforge/fleet.py) and by the role; no host here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+DEFAULTS = {
+    "rigforge_images_dir": None,  # the controller's directory of saved images (`rigforge images save DIR`)
+    "images_port": None,  # the temporary registry's port on the rig's 127.0.0.1 (None: the first free of 5800-5899)
+}
+
+
+def validate(data: Mapping) -> list[str]:
+    problems = []
+    directory = data.get("rigforge_images_dir")
+    if not directory or not isinstance(directory, str):
+        problems.append(f"rigforge_images_dir must be a directory `rigforge images save` wrote, got {directory!r}")
+    port = data.get("images_port")
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535):
+        problems.append(f"images_port must be a whole number in 1..65535 or unset, got {port!r}")
+    return problems

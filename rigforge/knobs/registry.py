@@ -1,0 +1,29 @@
+"""The knobs of roles/registry.py: their defaults (commented, the role's defaults/main.yml) and checks.
+
+Read by the plan builder on the controller (rigforge/fleet.py) and by the role; no host here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from rigforge import schema
+
+DEFAULTS = {
+    "registry_port": 5000,  # on the registry host: the port it serves on (every address)
+    "registry_address": None,  # on the registry host: the address rigs reach it at, in its certificate
+    # (None: its inventory name)
+    "registry_insecure": False,  # on the registry host: plain HTTP, listed in the rigs' insecure-registries
+    "registry_ca_dir": None,  # on the registry host: the controller's CA dir (None: ~/.config/rigforge/registry-ca)
+}
+
+
+def validate(data: Mapping) -> list[str]:
+    problems = schema.integer(data, "registry_port", 1, 65535)
+    problems += schema.boolean(data, "registry_insecure")
+    if data.get("registry_address") is not None:
+        problems += schema.hostname(data, "registry_address")
+    ca_dir = data.get("registry_ca_dir")
+    if ca_dir is not None and not (isinstance(ca_dir, str) and ca_dir.strip()):
+        problems.append(f"registry_ca_dir must be a directory on the controller, got {ca_dir!r}")
+    return problems

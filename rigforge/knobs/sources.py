@@ -1,0 +1,12 @@
+"""The knobs of roles/sources.py: their defaults (commented, the role's defaults/main.yml) and checks.
+
+Read by the plan builder on the controller (rigforge/fleet.py) and by the role; no host here.
+"""
+
+from __future__ import annotations
+
+from rigforge.layout import DEFAULT_ROOT
+
+DEFAULTS = {
+    "rigforge_root": DEFAULT_ROOT,  # root of the host layout; checkouts go to <root>/src/<name>
+}

@@ -1,0 +1,40 @@
+"""The knobs of roles/weights.py: their defaults (commented, the role's defaults/main.yml) and checks.
+
+Read by the plan builder on the controller (rigforge/fleet.py) and by the role; no host here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from rigforge import schema
+from rigforge.layout import DEFAULT_ROOT
+
+DEFAULTS = {
+    "rigforge_root": DEFAULT_ROOT,  # root of the host layout (venv, lib, models)
+    "serving_model_dir": None,  # model dir on the rig; default <rigforge_root>/models
+    "hf_token": None,  # HF token (secret); default: controller env RIGFORGE_HF_TOKEN or HF_TOKEN
+    "hf_endpoint": "https://huggingface.co",  # HF hub endpoint (testbed: its local stand-in)
+    "weights_source": "hub",  # hub: each rig downloads; controller: fetch once on the controller, push
+    "weights_deep_verify": False,  # re-hash every file on each run instead of trusting the stamp
+    "weights_hf_hub_version": "2.4.0",  # huggingface_hub pinned into the rig's venv
+    "weights_cache_dir": "~/.cache/rigforge/weights",  # controller cache for weights_source: controller
+}
+
+
+SOURCES = ("hub", "controller")
+
+
+def validate(data: Mapping) -> list[str]:
+    problems = schema.choice(data, "weights_source", SOURCES) + schema.boolean(data, "weights_deep_verify")
+    problems += schema.url(data, "hf_endpoint")
+    if data.get("hf_token") not in (None, ""):
+        problems += schema.settings(data, {"hf_token": "hf_token"})
+    version = data.get("weights_hf_hub_version")
+    if not (isinstance(version, str) and re.fullmatch(r"\d+(\.\d+){1,3}", version)):
+        problems.append(f"weights_hf_hub_version must be a release such as 2.4.0, got {version!r}")
+    cache = data.get("weights_cache_dir")
+    if not (isinstance(cache, str) and cache and not re.search(r"\s", cache)):
+        problems.append(f"weights_cache_dir must be a directory path on the controller, got {cache!r}")
+    return problems
