@@ -26,7 +26,7 @@ from rigforge.catalog import CatalogError, load_catalog
 from rigforge.layout import HostLayout
 from rigforge.pins import GitPin, HfPin, Lock, LockError, load_lock
 from rigforge.recipes import RecipeError
-from rigforge.render import POWER_UNIT, render_power_unit, settle_files
+from rigforge.render import settle_files
 from rigforge.schema import Settings, SettingsError, apply_overrides, power_caps, settings_from_host_data
 
 
@@ -229,8 +229,9 @@ def build(
     dirs, sizes = dict(variant.asset_dirs), dict(variant.sizes)
     layout = HostLayout(root=settings.root, model_dir=settings.model_dir, variant=variant.name)
     window = int(data.get("gpu_power_settle_window_s", SETTLE_WINDOW_S))
-    files = {**variant.files(settings, layout, count), POWER_UNIT: render_power_unit(caps)}
-    files |= settle_files(caps, window, layout)
+    files = dict(variant.files(settings, layout, count))  # the power unit for these caps among them
+    if window != SETTLE_WINDOW_S:  # the settle stage as rendered there has the default window
+        files |= settle_files(caps, window, layout)
     return Plan(
         host=host,
         variant=variant,

@@ -403,9 +403,10 @@ def test_a_fleet_builds_each_rigs_plan_once_and_renders_each_file_once_per_host(
     from collections import Counter
 
     import rigforge.plan as planner
+    import rigforge.render as render
 
     built, rendered = Counter(), Counter()
-    real_build, real_power = planner.build, planner.render_power_unit
+    real_build, real_power = planner.build, render.render_power_unit
 
     def counting_build(name, *args, **kwargs):
         built[name.split("/")[-1]] += 1
@@ -416,7 +417,7 @@ def test_a_fleet_builds_each_rigs_plan_once_and_renders_each_file_once_per_host(
         return real_power(*args, **kwargs)
 
     monkeypatch.setattr(planner, "build", counting_build)
-    monkeypatch.setattr(planner, "render_power_unit", counting_power)
+    monkeypatch.setattr(render, "render_power_unit", counting_power)
     gateways = []
 
     def gateway_too(host):
