@@ -66,7 +66,9 @@ def _rejoin(state, host, gateways, server, backend, address, port, wait, gate, m
     ok, output = host.run_shell_command(read)  # rig.json is world-readable
     previous = json.loads(output.stdout) if ok and output.stdout.strip() else {}
     if previous.get("unit"):  # rolled back to a unit that runs, or left failing (a unit found failed): out
-        ok, _ = host.run_shell_command(StringCommand(f"systemctl is-active --quiet {shlex.quote(previous['unit'])}"))
+        # with the rig's sudo: a user's systemctl needs D-Bus, which a minimal host (the booted testbed) lacks
+        is_active = StringCommand(f"systemctl is-active --quiet {shlex.quote(previous['unit'])}")
+        ok, _ = host.run_shell_command(is_active, _sudo=bool(host.data.get("_sudo")))
         previous = previous if ok else {**previous, "port": None}
     if previous.get("port"):
         script = rejoin_script(server, None, address, previous["port"], wait)
