@@ -14,6 +14,8 @@ finds them and only merges daemon.json). The differences from a real rig are tes
   - The rig reaches the controller's apt / git / HF stand-ins (same 127.0.0.1 ports), the Debian mirror
     (/etc/hosts) and pip's index (/etc/pip.conf proxy) only through the relay; pyinfra reaches the rig's sshd
     on the controller's 127.0.0.1:<ssh port>, relayed to the same port inside the rig.
+  - The testbed's booted hosts (rigs and the gateway host) share a LAN: a bridge in a namespace of the testbed's
+    own, a veth per host (join_lan); the rig's rigforge-testbed-link.service takes its end down at power-off.
   - The serving image is pulled, as on a real rig, from the upstream registry stand-in (upstream.py) that
     plays Docker Hub: /etc/hosts maps registry-1.docker.io to upstream.RIG_ADDRESS, where the relay listens on
     port 443, and the testbed CA is in the system trust store. It holds a stand-in (imagebuild.py: bash,
@@ -74,6 +76,22 @@ done'
 
 [Install]
 WantedBy=sysinit.target
+"""
+
+
+LINK_UNIT = """[Unit]
+Description=rigforge testbed: this host's link to the testbed LAN (eth0), up while the host runs
+Before=network.target
+Wants=network.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=ip link set eth0 up
+ExecStop=ip link set eth0 down
+
+[Install]
+WantedBy=multi-user.target
 """
 
 
@@ -143,6 +161,56 @@ def _ensure_netns(rig_dir: Path) -> None:
     sh(["ip", "-n", name, "link", "set", "lo", "up"], capture=True)
     # dockerd wants forwarding on and cannot set it itself (nspawn mounts /proc/sys read-only)
     sh(["ip", "netns", "exec", name, "sysctl", "-qw", "net.ipv4.ip_forward=1"], capture=True)
+    join_lan(rig_dir)
+
+
+# --- the LAN between a testbed's booted hosts ----------------------------------------------------------------
+
+LAN_PREFIX = "10.77.0"  # the LAN's /24 (docker's default address pools are 172.17-31.x and 192.168.x)
+LAN_DEV = "eth0"  # each host's end of its veth pair
+
+
+def lan_name(dir: Path) -> str:
+    """The network namespace holding the LAN's bridge: one per testbed directory (a host's is rigs/<name>/../..)."""
+    return "rigforge-lan-" + hashlib.sha256(str(dir.resolve()).encode()).hexdigest()[:10]
+
+
+def lan_address(rig_dir: Path) -> str:
+    """The host's address on the testbed's LAN: rigN at .N, the gateway host gw at .254."""
+    name = rig_dir.name
+    if name == "gw":
+        return f"{LAN_PREFIX}.254"
+    if not (name.startswith("rig") and name[3:].isdigit() and 0 < int(name[3:]) < 254):
+        raise TestbedError(f"no LAN address for a host named {name!r} (rig1..rig253 or gw)")
+    return f"{LAN_PREFIX}.{int(name[3:])}"
+
+
+def join_lan(rig_dir: Path) -> None:
+    """Plug the host into the testbed's LAN (idempotent): a bridge `br0` in the LAN's own namespace, a veth pair
+    per host (its `eth0` in the host's namespace, the other end on the bridge), the host's address on eth0, link up.
+    A closed port on a host refuses, and a host whose link is down does not answer, as on a real LAN."""
+    lan, rig = lan_name(rig_dir.parent.parent), netns_name(rig_dir)
+    sh(["ip", "netns", "add", lan], check=False, capture=True)  # another host may have made it meanwhile
+    sh(["ip", "-n", lan, "link", "add", "br0", "type", "bridge"], check=False, capture=True)
+    sh(["ip", "-n", lan, "link", "set", "br0", "up"], capture=True)
+    port = "v" + rig.removeprefix("rigforge-")  # the bridge port of this host (15 characters at most)
+    if sh(["ip", "-n", rig, "link", "show", LAN_DEV], check=False, capture=True).returncode != 0:
+        sh(["ip", "-n", lan, "link", "add", port, "type", "veth", "peer", "name", LAN_DEV, "netns", rig], capture=True)
+    sh(["ip", "-n", lan, "link", "set", port, "master", "br0", "up"], capture=True)
+    sh(["ip", "-n", rig, "addr", "replace", f"{lan_address(rig_dir)}/24", "dev", LAN_DEV], capture=True)
+    set_link(rig_dir, up=True)
+
+
+def set_link(rig_dir: Path, up: bool) -> None:
+    """The host's LAN link up or down (down: the host answers nothing on the LAN, as one powered off)."""
+    sh(["ip", "-n", netns_name(rig_dir), "link", "set", LAN_DEV, "up" if up else "down"], check=False, capture=True)
+
+
+def remove_lan(dir: Path) -> None:
+    """Remove the LAN namespace of testbed directory `dir` (its hosts' veth ends go with their namespaces)."""
+    name = lan_name(dir)
+    if Path(f"/run/netns/{name}").exists():
+        sh(["ip", "netns", "delete", name], check=False, capture=True)
 
 
 def init_pid(rig_dir: Path) -> int | None:
@@ -228,15 +296,19 @@ def _irrelevant(unit: str) -> bool:
 
 
 def shutdown(rig_dir: Path, timeout: float = 60) -> None:
-    """Power the rig off cleanly (nspawn forwards SIGTERM to systemd as a poweroff request)."""
+    """Power the rig off cleanly (nspawn forwards SIGTERM to systemd as a poweroff request); its LAN link is
+    down afterwards (the rig's rigforge-testbed-link.service takes it down as it powers off; here again, in case
+    it did not)."""
     pid = pid_alive(rig_dir / "nspawn.pid")
     if not pid:
+        set_link(rig_dir, up=False)
         return
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while pid_alive(rig_dir / "nspawn.pid") and time.monotonic() < deadline:
         time.sleep(0.1)
     stop_pidfile(rig_dir / "nspawn.pid")
+    set_link(rig_dir, up=False)
 
 
 def start_relay(rig_dir: Path, services: dict, ssh_port: int) -> int:
@@ -286,21 +358,13 @@ def refresh_relay(rig_dir: Path, services: dict, ssh_port: int) -> int:
 GATEWAY_PORT = 8088  # the gateway's HAProxy inside its host (gateway_port)
 
 
-def gateway_address(index: int) -> str:
-    """Where the testbed's gateway host reaches rig `index` (0-based): its own loopback address there."""
-    return f"127.0.1.{index + 1}"
-
-
-def start_gateway_relay(gw_dir: Path, rig_dirs: list[Path], ports: list[int], port: int) -> int:
-    """Relay the gateway host's network: its HAProxy on the controller's 127.0.0.1:`port` (returned; the next
-    free one if taken), and each rig's API ports at the rig's own address inside the gateway host."""
-    specs = [
-        f"at:{gateway_address(i)}:{p}={netns_path(rig_dir)}@{p}" for i, rig_dir in enumerate(rig_dirs) for p in ports
-    ]
+def start_gateway_relay(gw_dir: Path, port: int) -> int:
+    """Publish the gateway host's HAProxy on the controller's 127.0.0.1:`port` (returned; the next free one if
+    taken). The gateway host reaches the rigs over the testbed's LAN (join_lan), at their lan_address."""
     pidfile, log_file = gw_dir / "gateway-relay.pid", gw_dir / "gateway-relay.log"
     stop_pidfile(pidfile)
     port = free_port(port, port + 300)
-    spawn([sys.executable, str(NETNS_SCRIPT), "serve", netns_path(gw_dir), f"in:{port}={GATEWAY_PORT}", *specs],
+    spawn([sys.executable, str(NETNS_SCRIPT), "serve", netns_path(gw_dir), f"in:{port}={GATEWAY_PORT}"],
           pidfile, log_file)  # fmt: skip
     wait_listener(port, lambda: pid_alive(pidfile), "the gateway's relay", log_file)
     return port
@@ -356,8 +420,9 @@ def stop(rig_dir: Path) -> None:
 
 
 def prepare_rootfs(root: Path, rig_dir: Path, user: str, upstream_ca: Path | None = None) -> None:
-    """sshd of the booted rig on 127.0.0.1:22 of its own namespace, with the rig's keys; pip's proxy; the
-    Debian mirror's and Docker Hub's names on the relay; the upstream stand-in's CA in the system trust store."""
+    """sshd of the booted rig on 127.0.0.1:22 of its own namespace, with the rig's keys; the unit of its LAN link;
+    pip's proxy; the Debian mirror's and Docker Hub's names on the relay; the upstream stand-in's CA in the system
+    trust store."""
     ssh = root / "etc/ssh"
     key = ssh / "rigforge_host_ed25519_key"
     key.write_bytes((rig_dir / "ssh_host_ed25519_key").read_bytes())
@@ -370,6 +435,12 @@ def prepare_rootfs(root: Path, rig_dir: Path, user: str, upstream_ca: Path | Non
         f"HostKey /etc/ssh/rigforge_host_ed25519_key\nAuthorizedKeysFile /etc/ssh/rigforge_authorized_keys\n"
         f"PasswordAuthentication no\nPermitRootLogin prohibit-password\nAllowUsers root {user}\n"
     )
+    units = root / "etc/systemd/system"
+    (units / "rigforge-testbed-link.service").write_text(LINK_UNIT)
+    (units / "multi-user.target.wants").mkdir(exist_ok=True)
+    wants = units / "multi-user.target.wants/rigforge-testbed-link.service"
+    if not wants.is_symlink():
+        wants.symlink_to("/etc/systemd/system/rigforge-testbed-link.service")
     pip_conf = root / "etc/pip.conf"
     text = pip_conf.read_text() if pip_conf.exists() else "[global]\n"
     if "proxy" not in text:

@@ -50,10 +50,12 @@ from .booted import (
     REGISTRY_PORT,
     BootedRig,
     booted_tarball,
-    gateway_address,
+    join_lan,
+    lan_address,
     publish_registry,
     refresh_relay,
     registry_address,
+    remove_lan,
     start_gateway_relay,
     start_registry_relay,
 )
@@ -62,7 +64,7 @@ from .booted import stop as stop_booted_rig
 from .content import HF_TOKEN, build_git, build_hf, build_recipes, content_key, recipes_dir, shard_size
 from .hostpkgs import ensure as ensure_host_packages
 from .presets import apply as apply_preset
-from .rig import IMAGE_REF, USER, Rig, RigSpec, api_ports, recipe_images
+from .rig import IMAGE_REF, USER, Rig, RigSpec, recipe_images
 from .rootfs import build_tarball, extract, prepare_rig
 
 DEFAULT_DIR = Path("/var/lib/rigforge-testbed")
@@ -643,8 +645,8 @@ def _write_files(tb: Testbed) -> None:
     ]
     registry = tb.registry_host
     reg_data = {"registry_address": tb.registry_address} if registry else {}
-    for i, rig in enumerate(tb.rigs):
-        data = host_data(tb, rig) | ({"gateway_address": gateway_address(i)} if tb.gateway else {})
+    for rig in tb.rigs:
+        data = host_data(tb, rig) | ({"gateway_address": lan_address(rig.dir)} if tb.gateway else {})
         data |= reg_data if registry is rig else {}
         lines.append(f"    ({rig.name!r}, {data!r}),")
     lines.append("]")
@@ -678,7 +680,8 @@ def up(
     """Build or reuse rigs rig1..rigN (one per spec) in `dir`; start the shared services of `shared` (default:
     `dir`). Idempotent: running rigs with the same spec are kept unless `fresh`. `booted`: rigs run their own
     systemd and Docker engine (booted.py). `gateway` (booted only): one more booted host, `gw`, for the fleet
-    gateway, reaching each rig's API at the rig's own address and published on the controller's loopback.
+    gateway, reaching each rig at its address on the testbed's LAN (booted.join_lan), published on the
+    controller's loopback.
     `fleet_registry` (booted only): the gateway host, or rig1 without one, is the fleet registry's host too (group
     `registry`); every host and the controller reach it at the testbed's registry_address."""
     t0 = time.monotonic()
@@ -743,7 +746,8 @@ def up(
             rig_dir, port, spec, todo = item
             cls = BootedRig if booted else Rig
             if todo is None:
-                if booted:  # kept running; its relay follows the upstream stand-in if that moved
+                if booted:  # kept running; on the LAN; its relay follows the upstream stand-in if that moved
+                    join_lan(rig_dir)
                     port = refresh_relay(rig_dir, services, port)
                 return cls(rig_dir.name, port, rig_dir / "rootfs", USER, rig_dir / "id_ed25519", rig_dir, spec)
             if booted:  # the relay takes the next free port itself if this one is taken meanwhile
@@ -762,11 +766,12 @@ def up(
         tb = Testbed(dir=dir, shared=shared, rigs=rigs, services=services)
         if gateway:
             tb.gateway, tb.rigs = rigs[-1], rigs[:-1]
-            ports = api_ports()
-            tb.gateway_port = start_gateway_relay(tb.gateway.dir, [r.dir for r in tb.rigs], ports, PORTS["gateway"])
+            tb.gateway_port = start_gateway_relay(tb.gateway.dir, PORTS["gateway"])
             info = json.loads((tb.gateway.dir / "rig.json").read_text())
             info |= {"gateway_port": tb.gateway_port}
             (tb.gateway.dir / "rig.json").write_text(json.dumps(info))
+        if not booted:  # no booted host left on the testbed's LAN
+            remove_lan(dir)
         tb.fleet_registry = fleet_registry
         for rig in [*tb.rigs, *([tb.gateway] if tb.gateway else [])]:
             info = json.loads((rig.dir / "rig.json").read_text())
@@ -831,6 +836,7 @@ def down(dir: Path = DEFAULT_DIR, purge: bool = False) -> None:
         with ThreadPoolExecutor(max_workers=4) as pool:
             list(pool.map(_remove_rig, [p for p in (dir / "rigs").iterdir() if p.is_dir()]))
         (dir / "rigs").rmdir()
+    remove_lan(dir)
     stop_services(dir)
     for name in ("inventory.py", "testbed.lock.yaml", "ssh_config", "known_hosts"):
         (dir / name).unlink(missing_ok=True)

@@ -1,8 +1,9 @@
 """Network namespaces of booted rigs, and a TCP relay across them (standard library only).
 
 A booted rig lives in its own network namespace (/run/netns/<name>, made with `ip netns add`, so it outlives
-reboots of the rig). Its Docker engine makes bridges and iptables rules there, never on the controller.
-Nothing crosses between the rig's loopback and the controller's except through this relay:
+reboots of the rig). Its Docker engine makes bridges and iptables rules there, never on the controller. The
+testbed's booted hosts reach one another over a LAN of their own (booted.join_lan: a bridge, a veth per host),
+never through a relay. Nothing crosses between a rig and the controller except through this relay:
 
     python3 netns.py serve NETNS SPEC ...
       [ADDR:]PORT=HOST:PORT[,throttle=FILE]
@@ -18,7 +19,7 @@ Nothing crosses between the rig's loopback and the controller's except through t
                        API ports, published at the rig's own loopback address on the controller)
       at:ADDR:PORT=NETNS@RPORT
                        listen on ADDR:PORT inside the rig, connect to 127.0.0.1:RPORT inside another namespace
-                       (the testbed's gateway host reaches each rig's API at its own loopback address)
+                       (each host reaches the fleet registry at its address, in the registry host)
 """
 
 from __future__ import annotations

@@ -253,17 +253,19 @@ def test_bench_measures_the_booted_rigs_server_beside_the_published_figures(boot
 
 def test_up_fresh_stops_the_old_booted_rig_before_it_rebuilds(booted):
     """Last in this module: `up --fresh` over a booted rig (here as a chroot rig) powers the old one off first:
-    no systemd-nspawn, no network namespace, no relay left holding its ports."""
+    no systemd-nspawn, no network namespace (its own or the testbed LAN's), no relay left holding its ports."""
     from rigforge.testbed import RigSpec, up
     from rigforge.testbed._util import pid_alive
-    from rigforge.testbed.booted import netns_path
+    from rigforge.testbed.booted import lan_name, netns_path
 
     rig = booted.rig("rig1")
     assert pid_alive(rig.dir / "nspawn.pid") and Path(netns_path(rig.dir)).exists()
+    assert Path(f"/run/netns/{lan_name(booted.dir)}").exists()
     api = (rig.api_address, DUAL_PORT)
     socket.create_connection(api, timeout=5).close()  # published while the booted rig runs
     tb = up(booted.dir, [RigSpec()], fresh=True, shared=booted.shared)
     assert not pid_alive(rig.dir / "nspawn.pid") and not Path(netns_path(rig.dir)).exists()
+    assert not Path(f"/run/netns/{lan_name(booted.dir)}").exists()
     assert not pid_alive(rig.dir / "relay.pid")
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(api, timeout=5)

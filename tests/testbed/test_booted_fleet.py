@@ -206,6 +206,24 @@ def test_the_gateway_fronts_the_fleet(fleet):
     assert gateway_status(fleet).endswith(f"models: {MODEL}; rig1 serving, rig2 serving, rig3 serving")
 
 
+def connect(host, address: str, port: int) -> str:
+    """What a TCP connect from `host` to address:port says (bash's /dev/tcp: the connect's own error)."""
+    res = host.run(f"timeout 5 bash -c 'exec 3<>/dev/tcp/{address}/{port}' 2>&1; echo rc=$?")
+    return res.stdout
+
+
+def test_the_gateway_host_reaches_the_rigs_over_a_lan_where_a_closed_port_refuses(fleet):
+    """The gateway host reaches rig1 at its LAN address: the serving port answers, a closed one refuses (curl rc 7;
+    bash's connect says "Connection refused"), not accepted-then-closed (rc 56, what a userspace relay gives)."""
+    from rigforge.testbed.booted import lan_address
+
+    address, gw = lan_address(fleet.rigs[0].dir), fleet.gateway
+    served = gw.run(f"curl -sS -m 5 -o /dev/null -w '%{{http_code}}' http://{address}:{SERVING_PORT}/health")
+    assert served.stdout == "200", served
+    assert gw.run(f"curl -sS -m 5 -o /dev/null http://{address}:9/").returncode == 7
+    assert "Connection refused" in connect(gw, address, 9)
+
+
 def test_a_rolling_switch_and_back_fails_no_request(fleet, testbed_report):
     b = bench()
     with b.Load(fleet.gateway_url, None, 8, 40) as load:
@@ -244,6 +262,7 @@ def test_a_rig_whose_new_variant_fails_its_gate_rejoins_and_no_request_fails(fle
     assert line.endswith("rig1 serving, rig2 serving, rig3 serving"), line
 
 
+SERVING_PORT = 8011  # dual-turbo's port on a rig
 JOURNAL_AT = "journalctl -o short-unix --no-pager -q --since @{since:.0f} | grep -F {what!r} | head -1 | cut -d' ' -f1"
 
 
@@ -252,6 +271,8 @@ def test_a_killed_rig_costs_only_the_requests_it_had_down_in_2s_up_in_5s(fleet, 
     is killed (`docker kill -s KILL`). Only requests sent before the kill may fail (those rig2 had); every one
     sent after it succeeds; rig2 is DOWN at the gateway within 2 s of the kill (HAProxy's journal), status names
     its last check; systemd restarts it, and it is UP within 5 s of its /health answering, with no failure."""
+    from rigforge.testbed.booted import lan_address
+
     rig2, gw = fleet.rigs[1], fleet.gateway
     b = bench()
     back: dict = {}
@@ -259,6 +280,7 @@ def test_a_killed_rig_costs_only_the_requests_it_had_down_in_2s_up_in_5s(fleet, 
         time.sleep(10)
         offset = time.time() - time.monotonic()  # the rigs share this machine's clock
         killed = float(rig2.run("docker kill -s KILL $(docker ps -q) >/dev/null; date +%s.%N").stdout)
+        dead = gw.run(f"curl -sS -m 5 -o /dev/null http://{lan_address(rig2.dir)}:{SERVING_PORT}/health")
         waiter = threading.Thread(target=lambda: back.update(at=rig2.run(
             "h='curl -sf -m 1 -o /dev/null 127.0.0.1:8011/health'; for i in $(seq 50); do $h || break; sleep 0.1;"
             " done; for i in $(seq 1200); do $h && break; sleep 0.1; done; "
@@ -288,11 +310,75 @@ def test_a_killed_rig_costs_only_the_requests_it_had_down_in_2s_up_in_5s(fleet, 
               "up_after_health_s": round(float(up_at or 0) - health, 2), "health_back_after_kill_s":
               round(health - killed, 1)}  # fmt: skip
     testbed_report.append(f"gateway rig death (docker kill -s KILL on rig2): {report}")
+    assert dead.returncode == 7, dead  # refused at the gateway host, as on the rig itself
     assert down_at and float(down_at) - killed < 2.0, report
     assert "rig2 out (down " in line and "last check: " in line, line
     assert after["failed"] == 0 and after["sent"] > 0, (report, after)
     assert len(lost) <= 8 and all(r[0] < t_kill for r in lost), report  # at most the 8 clients' requests in flight
     assert health and up_at and float(up_at) - health < 5.0, report
+
+
+def test_a_rig_powered_off_costs_only_the_requests_it_had_down_in_2s_and_rejoins(fleet, testbed_report):
+    """The same load; rig3 powered off (`systemctl poweroff` in it: its services stop, then its LAN link goes
+    down). Only requests rig3 had may fail: no more than HAProxy's log shows ending at rig3 after the power-off
+    (it serves on for a moment while its services stop), all sent before rig3 is DOWN at the gateway, which is
+    within 2 s; once it is off, the gateway host gets no answer from it at all (a connect times out). Booted
+    again (booted.boot), it is UP within 5 s of its /health answering, and no request fails as it rejoins."""
+    from rigforge.testbed import booted
+
+    rig3, gw = fleet.rigs[2], fleet.gateway
+    health = f"curl -sS -m 2 -o /dev/null http://{booted.lan_address(rig3.dir)}:{SERVING_PORT}/health"
+    b = bench()
+    with b.Load(fleet.gateway_url, None, 8, 40) as load:
+        time.sleep(10)
+        offset = time.time() - time.monotonic()
+        off = time.time()
+        rig3.run("systemctl poweroff")
+        down_at = ""
+        deadline = time.monotonic() + 30
+        while not down_at and time.monotonic() < deadline:
+            down_at = gw.run(JOURNAL_AT.format(since=off - 1, what="rig3 is DOWN")).stdout.strip()
+            time.sleep(0.5)
+        while booted.init_pid(rig3.dir) and time.monotonic() < deadline + 60:
+            time.sleep(0.5)
+        gone = time.time()
+        silent = connect(gw, booted.lan_address(rig3.dir), SERVING_PORT)
+        link = subprocess.run(["ip", "-n", booted.netns_name(rig3.dir), "-br", "link", "show", "eth0"],
+                              capture_output=True, text=True).stdout  # fmt: skip
+        booted.boot(rig3.dir)
+        deadline = time.monotonic() + 180
+        while gw.run(health).returncode != 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        answered = time.time()
+        up_at = ""
+        deadline = time.monotonic() + 30
+        while not up_at and time.monotonic() < deadline:
+            up_at = gw.run(JOURNAL_AT.format(since=gone, what="rig3 is UP")).stdout.strip()
+            time.sleep(0.5)
+        time.sleep(8)
+        end = time.monotonic()
+    t_off, t_down = off - offset, float(down_at or end + offset) - offset
+    before, between = b.phase(load.results, t_off - 10, t_off), b.phase(load.results, t_off, t_down)
+    after = b.phase(load.results, t_down, end)
+    lost = [r for r in load.results if not r[2]]
+    ended = f"journalctl -o cat --no-pager -q --since @{off:.0f} --until @{gone + 1:.0f} | grep -c ' fleet [^ ]*/rig3 '"
+    had = gw.run(ended)  # HAProxy logs a request as it ends: those that ended at rig3 between power-off and off
+    report = {"failed_sent_before_poweroff": before["failed"], "sent_before": before["sent"],
+              "failed_sent_until_down": between["failed"], "sent_until_down": between["sent"],
+              "failed_sent_after_down": after["failed"], "sent_after_down": after["sent"],
+              "failures": {w: [round(r[0] - t_off, 2) for r in lost if r[4] == w] for w in {r[4] for r in lost}},
+              "rig3_requests_ending_after_poweroff": int(had.stdout.strip() or 0),
+              "down_after_s": round(float(down_at or 0) - off, 2), "off_after_s": round(gone - off, 1),
+              "up_after_health_s": round(float(up_at or 0) - answered, 2), "health_back_after_boot_s":
+              round(answered - gone, 1)}  # fmt: skip
+    testbed_report.append(f"gateway rig power-off (systemctl poweroff on rig3, booted again): {report}")
+    assert down_at and float(down_at) - off < 2.0, report
+    # a host that is gone does not answer: the connect times out (or, once ARP gave up, "No route to host")
+    assert "rc=124" in silent or "No route to host" in silent, (silent, link)
+    assert after["failed"] == 0 and after["sent"] > 0, (report, after)
+    assert len(lost) <= report["rig3_requests_ending_after_poweroff"] and all(r[0] < t_down for r in lost), report
+    assert up_at and float(up_at) - answered < 5.0, report
+    assert served_variants(fleet) == ["dual-turbo"] * 3
 
 
 SNAPSHOT = (
