@@ -819,7 +819,7 @@ def load(dir: Path = DEFAULT_DIR, shared: Path | None = None) -> Testbed:
     return Testbed(dir=dir, shared=shared, rigs=rigs, services=services, fleet_registry=fleet_registry, **gateway)
 
 
-PURGED = ("cache", "run", "upstream", "registry-ca")  # what `down --purge` removes besides the rigs
+PURGED = ("cache", "run", "upstream", "registry-ca", "fleets")  # what `down --purge` removes besides the rigs
 
 
 def down(dir: Path = DEFAULT_DIR, purge: bool = False) -> None:
