@@ -233,7 +233,7 @@ def run_load(hosts, saved_dir, execute=True):
     from test_roles_host_ops import converge
 
     from rigforge.layout import HostLayout
-    from rigforge.knobs import images as role
+    from roles import images as role
 
     return converge(hosts, role.load, str(saved_dir), images.index_entries(saved_dir), HostLayout(), execute=execute)
 
@@ -372,7 +372,7 @@ def test_the_fleet_registry_host_keeps_its_registry_service(saved_dir):
     from test_roles_host_ops import converge
 
     from rigforge.layout import HostLayout
-    from rigforge.knobs import images as role
+    from roles import images as role
 
     saved = images.index_entries(saved_dir)
     for registry_host, stopped in ((False, True), (True, False)):
