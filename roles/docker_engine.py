@@ -1,9 +1,10 @@
 """Docker engine with the compose v2 plugin, and the NVIDIA Container Toolkit.
 
-`docker_source: docker` follows "Install Docker Engine on Debian/Ubuntu" (docs.docker.com/engine/install/): the
-distribution's conflicting packages (docker.io, docker-compose, docker-compose-v2, podman-docker, containerd,
-runc) are removed first, then Docker's apt repository (deb822 + keyring, fingerprint checked) gives docker-ce,
-docker-ce-cli, containerd.io, docker-buildx-plugin, docker-compose-plugin (versions pinnable); `distro` installs the
+`docker_source: docker` follows "Install Docker Engine on Debian/Ubuntu" (docs.docker.com/engine/install/):
+Docker's apt repository (deb822 + keyring, fingerprint checked) gives docker-ce, docker-ce-cli, containerd.io,
+docker-buildx-plugin, docker-compose-plugin (versions pinnable), and the distribution's conflicting packages
+(docker.io, docker-compose, docker-compose-v2, podman-docker, containerd, runc) are removed just before they are
+installed, once they were fetched: a repository that cannot be reached leaves docker.io running; `distro` installs the
 distribution's docker.io + compose v2 (the testbed's path). The toolkit comes from NVIDIA's flat repo, all four of
 its packages at one version (NVIDIA's install guide) and held: the lock's `toolkit.version` (1.19.0-1: 1.19.1 broke
 cuInit in containers, NVIDIA/nvidia-container-toolkit#1967), or host data `nvidia_toolkit_version` over it.
@@ -75,9 +76,6 @@ def install(plan: Plan):
     apt_repo.install_missing(name="Install apt repository prerequisites", packages=["ca-certificates", "curl", "gpg"])
     if data["docker_source"] == "docker":
         docker_url = docker_repo_url(data, os_release["id"])
-        apt_repo.remove_installed(
-            name="Remove the distribution's conflicting Docker packages", packages=DOCKER_CONFLICTS
-        )
         apt_repo.add_repo(
             repo="rigforge-docker",
             uris=docker_url,
@@ -87,6 +85,11 @@ def install(plan: Plan):
             key_url=data["docker_repo_key_url"] or f"{docker_url}/gpg",
             key_sha256=data["docker_repo_key_sha256"],
             key_fingerprint=data["docker_repo_key_fingerprint"],
+        )
+        apt_repo.remove_installed(  # last before the install: only once Docker's packages were fetched
+            name="Remove the distribution's conflicting Docker packages",
+            packages=DOCKER_CONFLICTS,
+            replaced_by=docker_packages("docker", os_release["id"], data["docker_package_versions"]),
         )
     apt_repo.install_missing(
         name=f"Install Docker engine and compose v2 ({data['docker_source']} packages)",

@@ -176,7 +176,7 @@ def test_ubuntu_source_and_missing_rows_are_refused_in_preflight():
         ("debian13", "debian", "trixie"),
     ],
 )
-def test_docker_repo_after_removing_conflicting_packages(os, distro, codename):
+def test_docker_repo_then_conflicting_packages_removed_once_docker_ce_is_fetched(os, distro, codename):
     """Docker, "Install Docker Engine on Ubuntu" / "on Debian" (https://docs.docker.com/engine/install/ubuntu/,
     https://docs.docker.com/engine/install/debian/): "uninstall all conflicting packages: docker.io docker-doc
     docker-compose docker-compose-v2 podman-docker containerd runc"; the key from <repo>/gpg with fingerprint
@@ -198,7 +198,7 @@ def test_docker_repo_after_removing_conflicting_packages(os, distro, codename):
     assert remove.split()[-3:] == ["docker.io", "containerd", "runc"]
     (key,) = [c for c in commands if f"https://download.docker.com/linux/{distro}/gpg" in c]
     assert "9DC858229FC7DD38854AE2D88D81803C0EBFCD88" in key
-    (install,) = [c for c in commands if " install " in c and "docker-ce" in c]
+    (install,) = [c for c in commands if " install " in c and "docker-ce" in c and "--download-only" not in c]
     assert install.split()[-5:] == [
         "docker-ce",
         "docker-ce-cli",
@@ -207,6 +207,12 @@ def test_docker_repo_after_removing_conflicting_packages(os, distro, codename):
         "docker-compose-plugin",
     ]
     assert commands.index(remove) < commands.index(install)
+    # the destructive step last (issue 32): Docker's key and packages are fetched before docker.io goes; if they
+    # cannot be, the host fails there with docker.io left as it was
+    (fetch,) = [c for c in commands if "--download-only" in c]
+    assert "'docker-ce' 'docker-ce-cli' 'containerd.io' 'docker-buildx-plugin' 'docker-compose-plugin'" in fetch
+    assert "nothing removed, docker.io, containerd, runc left installed and running" in fetch
+    assert commands.index(key) < commands.index(fetch) < commands.index(remove)
 
 
 def test_toolkit_pins_all_four_packages_together():

@@ -225,15 +225,26 @@ def hold(packages: list[str], installed_pattern: str = "", same_version_as: str 
 
 
 @operation()
-def remove_installed(packages: list[str]):
+def remove_installed(packages: list[str], replaced_by: list[str] | None = None):
     """
-    ``apt-get remove`` the installed ones of ``packages`` (a vendor's "uninstall conflicting packages" step).
+    ``apt-get remove`` the installed ones of ``packages`` (a vendor's "uninstall conflicting packages" step). With
+    ``replaced_by``, only once the replacement's packages were fetched (``apt-get install --download-only``, from
+    sources added before this): when they cannot be, nothing is removed and the host fails saying so.
 
     + packages: package names; those not installed are skipped
+    + replaced_by: the packages that replace them, fetched first
     """
     installed = host.get_fact(DebPackages)
     present = [name for name in packages if name in installed]
     if not present:
         host.noop(f"none installed: {', '.join(packages)}")
         return
+    if replaced_by:
+        names = " ".join(QUOTE(p) for p in replaced_by)
+        why = QUOTE(f"rigforge: could not fetch {' '.join(replaced_by)}: nothing removed, {', '.join(present)} left "
+                    "installed and running")  # fmt: skip
+        yield say(f"fetching {', '.join(replaced_by)} before removing {', '.join(present)}")
+        apt_get = "DEBIAN_FRONTEND=noninteractive apt-get"
+        fetch = f"{apt_get} update -qq && {apt_get} install -y -qq --download-only {names}"
+        yield f"{{ {fetch}; }} || {{ echo {why} >&2; exit 1; }}"
     yield from apt.packages._inner(packages=present, present=False)
