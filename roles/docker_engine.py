@@ -23,7 +23,7 @@ from pyinfra.facts.deb import DebArch
 from pyinfra.operations import systemd
 
 from rigforge.facts.system import OsRelease
-from rigforge.knobs.docker_engine import DEFAULTS, DOCKER_CE_PACKAGES
+from rigforge.knobs.docker_engine import DEFAULTS, DOCKER_CE_PACKAGES, DockerEngine
 from rigforge.layout import NVIDIA_RUNTIME
 from rigforge.plan import Plan
 from roles.operations import apt_repo, docker_daemon
@@ -69,12 +69,12 @@ def docker_packages(source: str, os_id: str, versions: dict | None = None) -> li
 
 @deploy("Docker engine and NVIDIA Container Toolkit", data_defaults=DEFAULTS)
 def install(plan: Plan):
-    data = plan.data
+    data, knobs = plan.data, DockerEngine.of(plan.data)
     os_release = host.get_fact(OsRelease)
     arch = host.get_fact(DebArch)
 
     apt_repo.install_missing(name="Install apt repository prerequisites", packages=["ca-certificates", "curl", "gpg"])
-    if data["docker_source"] == "docker":
+    if knobs.docker_source == "docker":
         docker_url = docker_repo_url(data, os_release["id"])
         apt_repo.add_repo(
             repo="rigforge-docker",
@@ -82,26 +82,26 @@ def install(plan: Plan):
             suites=os_release["codename"],
             components="stable",
             architectures=arch,
-            key_url=data["docker_repo_key_url"] or f"{docker_url}/gpg",
-            key_sha256=data["docker_repo_key_sha256"],
-            key_fingerprint=data["docker_repo_key_fingerprint"],
+            key_url=knobs.docker_repo_key_url or f"{docker_url}/gpg",
+            key_sha256=knobs.docker_repo_key_sha256,
+            key_fingerprint=knobs.docker_repo_key_fingerprint,
         )
         apt_repo.remove_installed(  # last before the install: only once Docker's packages were fetched
             name="Remove the distribution's conflicting Docker packages",
             packages=DOCKER_CONFLICTS,
-            replaced_by=docker_packages("docker", os_release["id"], data["docker_package_versions"]),
+            replaced_by=docker_packages("docker", os_release["id"], knobs.docker_package_versions),
         )
     apt_repo.install_missing(
-        name=f"Install Docker engine and compose v2 ({data['docker_source']} packages)",
-        packages=docker_packages(data["docker_source"], os_release["id"], data["docker_package_versions"]),
+        name=f"Install Docker engine and compose v2 ({knobs.docker_source} packages)",
+        packages=docker_packages(knobs.docker_source, os_release["id"], knobs.docker_package_versions),
     )
     apt_repo.add_repo(
         repo="rigforge-nvidia-container-toolkit",
         uris=toolkit_repo_url(data, arch),
         suites="/",
-        key_url=data["nvidia_toolkit_repo_key_url"],
-        key_sha256=data["nvidia_toolkit_repo_key_sha256"],
-        key_fingerprint=data["nvidia_toolkit_repo_key_fingerprint"],
+        key_url=knobs.nvidia_toolkit_repo_key_url,
+        key_sha256=knobs.nvidia_toolkit_repo_key_sha256,
+        key_fingerprint=knobs.nvidia_toolkit_repo_key_fingerprint,
     )
     version = plan.toolkit_version
     apt_repo.install_missing(
@@ -114,7 +114,7 @@ def install(plan: Plan):
     daemon = docker_daemon.merge_json(
         name=f"Add the nvidia runtime to {plan.layout.daemon_json}",
         path=plan.layout.daemon_json,
-        patch=docker_daemon.deep_merge(data["docker_daemon_options"] or {}, NVIDIA_RUNTIME),
+        patch=docker_daemon.deep_merge(knobs.docker_daemon_options or {}, NVIDIA_RUNTIME),
     )
     if data["rigforge_manage_services"]:
         systemd.service(name="Enable and start docker", service="docker.service", running=True, enabled=True)

@@ -26,7 +26,7 @@ from pyinfra.operations import files, server
 from rigforge import driver_table
 from rigforge.driver_table import packages_for
 from rigforge.facts.system import OsRelease
-from rigforge.knobs.nvidia_driver import DEFAULTS
+from rigforge.knobs.nvidia_driver import DEFAULTS, NvidiaDriver
 from rigforge.layout import NOUVEAU_CONF, UBUNTU_PIN, UNATTENDED_CONF
 from rigforge.plan import Plan
 from roles.operations import apt_repo, nvidia
@@ -69,11 +69,11 @@ def ubuntu_pin_text(packages: driver_table.DriverPackages) -> str:
 
 @deploy("NVIDIA driver", data_defaults=DEFAULTS)
 def install(plan: Plan):
-    data = plan.data
-    if not data["nvidia_driver_manage"]:
+    data, knobs = plan.data, NvidiaDriver.of(plan.data)
+    if not knobs.nvidia_driver_manage:
         nvidia.running_branch(
-            name=f"Check the running driver is branch {data['nvidia_driver_branch']} (nvidia_driver_manage: false)",
-            branch=int(data["nvidia_driver_branch"]),
+            name=f"Check the running driver is branch {knobs.nvidia_driver_branch} (nvidia_driver_manage: false)",
+            branch=int(knobs.nvidia_driver_branch),
         )
         return
     os_release = host.get_fact(OsRelease)
@@ -81,7 +81,7 @@ def install(plan: Plan):
         packages = packages_for(data, os_release["id"])
     except driver_table.DriverTableError:
         return  # no such package: preflight has already failed this host, naming what to choose
-    source = data["nvidia_driver_source"]
+    source = knobs.nvidia_driver_source
 
     apt_repo.install_missing(name="Install apt repository prerequisites", packages=["ca-certificates", "curl", "gpg"])
     if source == "cuda":
@@ -92,7 +92,7 @@ def install(plan: Plan):
             suites="/",
             key_url=key_url,
             key_fingerprint=fingerprint,
-            key_sha256=data["nvidia_driver_repo_key_sha256"],
+            key_sha256=knobs.nvidia_driver_repo_key_sha256,
         )
     else:
         files.put(
@@ -120,7 +120,7 @@ def install(plan: Plan):
             name=f"Lock the driver branch: install {packages.pinning}", packages=[packages.pinning]
         )
     apt_repo.install_missing(
-        name=f"Install NVIDIA {data['nvidia_driver_branch']} driver packages ({', '.join(packages.install)})",
+        name=f"Install NVIDIA {knobs.nvidia_driver_branch} driver packages ({', '.join(packages.install)})",
         packages=list(packages.install),
     )
     apt_repo.hold(
@@ -132,5 +132,5 @@ def install(plan: Plan):
     nvidia.reboot_if_needed(
         name="Reboot if the installed driver is not the running one",
         package=packages.version_package,
-        allow_reboot=data["nvidia_allow_reboot"],
+        allow_reboot=knobs.nvidia_allow_reboot,
     )

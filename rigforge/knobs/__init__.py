@@ -1,1 +1,24 @@
-"""Every role's knobs (host-data keys), its defaults and checks: one module per role of roles/."""
+"""Every role's knobs (host-data keys), its defaults and checks: one module per role of roles/.
+
+Each module's `DEFAULTS` is the commented table (the role's defaults/main.yml); `typed` makes it the role's frozen
+settings, one field per key, so a role reads `knobs.docker_source`, never `plan.data["docker_source"]`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import field, make_dataclass
+from typing import Any
+
+
+def typed(name: str, defaults: Mapping[str, Any]) -> type:
+    """A frozen dataclass `name` with one field per key of `defaults`, typed by its default's type (Any for None),
+    and `of(data)`: the knobs from host data with the defaults applied (rigforge/fleet.py `host_data`)."""
+    fields = [
+        (key, type(value) if value is not None else Any, field(default_factory=lambda v=value: copy.deepcopy(v)))
+        for key, value in defaults.items()
+    ]
+    cls = make_dataclass(name, fields, frozen=True)
+    cls.of = classmethod(lambda c, data: c(**{key: data.get(key, defaults[key]) for key in defaults}))
+    return cls

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from rigforge.knobs import typed
 from rigforge.pins import TOOLKIT_REPO_URL
 
 # "Verify that you now have the key with the fingerprint 9DC8 5822 9FC7 DD38 854A  E2D8 8D81 803C 0EBF CD88"
@@ -30,6 +31,7 @@ DEFAULTS = {
     "nvidia_toolkit_repo_key_fingerprint": None,  # check the toolkit key's fingerprint (40 hex digits)
     "nvidia_toolkit_version": None,  # pin and hold the four toolkit packages at this version instead of the lock's
 }
+DockerEngine = typed("DockerEngine", DEFAULTS)  # the role's settings: one frozen field per knob
 
 
 DOCKER_CE_PACKAGES = ["docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin", "docker-compose-plugin"]

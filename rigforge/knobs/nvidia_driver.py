@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from rigforge import driver_table, schema
+from rigforge.knobs import typed
 
 DEFAULTS = {
     "nvidia_driver_source": "cuda",  # cuda (NVIDIA's CUDA repo) or ubuntu (Ubuntu's archive, prebuilt signed modules)
@@ -23,6 +24,7 @@ DEFAULTS = {
     "apt_adopt_sources": True,  # replace other source files for the same URI (kept as *.rigforge-bak)
     "apt_lock_wait": 300,  # seconds to wait, before the first change, for an apt/dpkg lock another process holds
 }
+NvidiaDriver = typed("NvidiaDriver", DEFAULTS)  # the role's settings: one frozen field per knob
 
 
 BOOLEAN_KEYS = ("nvidia_driver_manage", "nvidia_allow_reboot", "apt_adopt_sources")
