@@ -1,6 +1,7 @@
 """Preflight checks of host state owned by the driver and container-runtime roles (run by preflight).
 
-- the driver table has a package for this OS, branch, flavour and source;
+- the driver table has a package for this OS, branch, flavour and source, and NVIDIA's repository publishes it
+  (its index read with curl while the driver is not installed yet; nothing under /etc/apt changes);
 - a running driver that no package owns (NVIDIA's .run installer, a hand build) is not overwritten: refused
   unless `nvidia_driver_manage: false`, and then its branch must be the one asked for;
 - apt source files that already point at a URI rigforge will write a `.sources` file for (a hand-set-up rig's
@@ -11,15 +12,16 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.facts.deb import DebArch
 from pyinfra.facts.files import FileContents
 
 from rigforge import driver_table
 from rigforge.driver_table import branch_problem
-from rigforge.facts.apt import AptSourceFiles
+from rigforge.facts.apt import AptSourceFiles, DebInstalledVersion, PublishedPackages
 from rigforge.facts.nvidia import NvidiaRunningDriver, unowned_driver
 from rigforge.facts.system import OsRelease
 from rigforge.knobs import docker_engine as docker_engine_knobs
@@ -86,6 +88,49 @@ def daemon_json_problem(host_name: str, path: str, lines: list[str] | None) -> s
     return None
 
 
+def unpublished(data: Mapping, url: str, packages: driver_table.DriverPackages, published: list[str]) -> str | None:
+    """Pure: the refusal when NVIDIA's repository at `url` (its package names: `published`) lacks a package the
+    driver branch asked for needs, naming the branches it does publish."""
+    wanted = [name.split("=")[0] for name in (packages.pinning, *packages.install) if name]
+    missing = [name for name in wanted if name not in published]
+    if not missing:
+        return None
+    branches = sorted({int(m[1]) for n in published if (m := re.fullmatch(r"nvidia-driver-pinning-(\d+)", n))})
+    offer = f"; it publishes driver branches {', '.join(map(str, branches))}" if branches else ""
+    return (
+        f"nvidia_driver_branch {data['nvidia_driver_branch']}: NVIDIA's repository {url} does not publish "
+        f"{', '.join(missing)}{offer}: set nvidia_driver_branch to a published branch (nothing was installed)."
+    )
+
+
+def branch_published(data: Mapping) -> list[str]:
+    """Before the first change, when the CUDA repository's driver packages are not installed yet: does the
+    repository publish the branch asked for? Read from its index with curl (roles/facts/apt.py
+    PublishedPackages), not through /etc/apt. An index that cannot be read is a warning, never a refusal."""
+    data = role_data(data)
+    if not data["nvidia_driver_manage"] or data["nvidia_driver_source"] != "cuda":
+        return []
+    os_release = host.get_fact(OsRelease)
+    try:
+        packages = nvidia_driver.packages_for(data, os_release.get("id", ""))
+    except driver_table.DriverTableError:
+        return []  # said by find_problems
+    if host.get_fact(DebInstalledVersion, package=packages.pinning or packages.version_package):
+        return []  # installed: the branch was published, and a no-op asks nothing
+    url = nvidia_driver.cuda_repo(data, os_release, host.get_fact(DebArch) or "amd64")[0]
+    published = host.get_fact(PublishedPackages, url=url)
+    if published is None:
+        host.log_styled(
+            f"{host.name}: WARNING: could not read NVIDIA's package index at {url} to check that driver branch "
+            f"{data['nvidia_driver_branch']} is published; the install will say so if it is not",
+            fg="yellow",
+            log_func=logger.warning,
+        )
+        return []
+    problem = unpublished(data, url, packages, published)
+    return [problem] if problem else []
+
+
 def problems(data: Mapping, daemon_json: str | None = None) -> list[str]:
     """find_problems with this host's facts; with `daemon_json` (a path), that file's check too."""
     found = find_problems(
@@ -96,4 +141,4 @@ def problems(data: Mapping, daemon_json: str | None = None) -> list[str]:
         host.get_fact(AptSourceFiles),
     )
     problem = daemon_json and daemon_json_problem(host.name, daemon_json, host.get_fact(FileContents, path=daemon_json))
-    return found + ([problem] if problem else [])
+    return found + ([problem] if problem else []) + (branch_published(data) if not found else [])

@@ -85,6 +85,17 @@ def test_an_invalid_daemon_json_is_refused_before_the_first_change(rigs, tmp_pat
         rig.run("rm -rf /etc/docker", True)
 
 
+def test_a_driver_branch_the_repository_does_not_publish_is_refused_before_the_first_change(rigs, tmp_path):
+    """Issue 32 case 3: branch 595 on the testbed's CUDA repository (it publishes 580 and 590) is refused in
+    preflight, read from the repository's index with curl, naming the published branches; nothing changed."""
+    rig = rigs.rig("rig1")
+    before = snapshot(rig)
+    line = refused(rigs, tmp_path, "rig1", {"nvidia_driver_branch": 595},
+                   "nvidia_driver_branch 595: NVIDIA's repository", "preflight failed on")  # fmt: skip
+    assert "does not publish nvidia-driver-pinning-595; it publishes driver branches 580, 590" in line, line
+    assert snapshot(rig) == before
+
+
 ROOT_CASES = [  # (host data, the refusal): trees something else manages, for the root and the model dir alike
     ({"rigforge_root": "/var/lib/docker"}, "rigforge_root must be a directory of its own outside /var/lib/docker, "
      "Docker's default data-root (e.g. /opt/rigforge), got '/var/lib/docker'"),

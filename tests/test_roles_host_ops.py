@@ -567,3 +567,18 @@ def test_cap_outside_range_refused_in_gpu_power_too(cap):
     assert f"power cap {cap} W" in fail and "range 100..350 W" in fail
     if cap == 400:
         assert "GPU 1" in fail and "range 100..390 W" in fail
+
+
+def test_an_unpublished_driver_branch_names_the_published_ones():
+    from rigforge.driver_table import DriverPackages
+    from roles.host_state import unpublished
+
+    packages = DriverPackages("nvidia-driver-pinning-595", ("nvidia-open",), "nvidia-open")
+    published = ["cuda-drivers", "nvidia-driver-pinning-580", "nvidia-driver-pinning-590", "nvidia-open"]
+    line = unpublished({"nvidia_driver_branch": 595}, "https://x/repos/debian13/x86_64/", packages, published)
+    assert line == (
+        "nvidia_driver_branch 595: NVIDIA's repository https://x/repos/debian13/x86_64/ does not publish "
+        "nvidia-driver-pinning-595; it publishes driver branches 580, 590: set nvidia_driver_branch to a published "
+        "branch (nothing was installed)."
+    )
+    assert unpublished({"nvidia_driver_branch": 580}, "u", packages, [*published, "nvidia-driver-pinning-595"]) is None

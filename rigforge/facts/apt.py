@@ -192,3 +192,28 @@ class DebInstalledVersion(FactBase):
 
     def default(self):
         return None
+
+
+class PublishedPackages(FactBase):
+    """
+    The package names a flat apt repository (``Suites: /``, as NVIDIA's CUDA repository) publishes, read from its
+    ``Packages.gz`` (else ``Packages``) on the rig with curl into a pipe: nothing under /etc/apt or apt's lists
+    changes. None when the index cannot be fetched (no network, a proxy): the caller warns instead of refusing.
+
+    .. code:: python
+
+        ["cuda-drivers", "nvidia-driver-pinning-580", "nvidia-open", ...]
+    """
+
+    def command(self, url: str) -> str:
+        base = shlex.quote(url.rstrip("/") + "/")
+        return (
+            f"{{ curl -fsSL --max-time 30 {base}Packages.gz | gzip -dc 2>/dev/null || "
+            f"curl -fsSL --max-time 30 {base}Packages; }} 2>/dev/null | sed -n 's/^Package: *//p' | sort -u"
+        )
+
+    def process(self, output: list[str]) -> list[str] | None:
+        return sorted({line.strip() for line in output if line.strip()}) or None
+
+    def default(self):
+        return None
