@@ -246,11 +246,17 @@ class Testbed:
         if not layers:
             raise TestbedError(f"the stand-in image's layers are gone from {blobs}: run `rigforge testbed up` again")
         client = upstream.Client(self.upstream_url, self.upstream_ca)
-        return upstream.push_images(client, layers, blobs, {ref: env or {}})[ref]
+        digest = upstream.push_images(client, layers, blobs, {ref: env or {}})[ref]
+        upstream.mark_deleted(self.shared, ref, digest, undo=True)  # pushed again on purpose: `up` keeps it
+        return digest
 
     def upstream_delete(self, ref: str) -> str | None:
-        """Delete image `ref` (tag or digest) from the stand-in; the manifest digest deleted, None if absent."""
-        return upstream.Client(self.upstream_url, self.upstream_ca).delete(ref)
+        """Delete image `ref` (tag or digest) from the stand-in; the manifest digest deleted, None if absent. Later
+        `up` runs do not push it back."""
+        digest = upstream.Client(self.upstream_url, self.upstream_ca).delete(ref)
+        if digest:
+            upstream.mark_deleted(self.shared, ref, digest)
+        return digest
 
     def hf_control(self, throttle_bps: int | None = None, drop_after_bytes: int | None = None) -> dict:
         """Throttle the HF stand-in (bytes/s, None = full speed) and/or cut the next file GET after N bytes."""
@@ -372,7 +378,7 @@ def start_upstream(shared: Path, tarball: Path, cuda: str) -> dict:
     images[BROKEN_IMAGE] = {"RIGFORGE_STANDIN_EXIT": BROKEN_MESSAGE}
     state = upstream.describe(shared, port, {})
     client = upstream.Client(state["url"], Path(state["ca"]))
-    state["digests"] = upstream.push_images(client, layers, blobs, images)
+    state["digests"] = upstream.push_images(client, layers, blobs, images, upstream.deleted(shared))
     state["layers"] = [{k: layer[k] for k in ("name", "digest", "size")} for layer in layers]
     state["blob_dir"] = str(blobs)
     return state

@@ -17,6 +17,7 @@ The registry's access log (one Apache combined-format line per request, from its
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -43,6 +44,7 @@ def files(shared: Path) -> dict[str, Path]:
         "key": up / "server.key",
         "config": up / "config.yml",
         "storage": up / "storage",
+        "deleted": up / "deleted.json",  # refs and digests `upstream-delete` removed: `up` does not push them back
         "log": shared / "run" / "upstream.log",
         "errlog": shared / "run" / "upstream-registry.log",
         "throttle": shared / "run" / "upstream-throttle",
@@ -191,15 +193,18 @@ class Client:
         return digest
 
 
-def push_images(client: Client, layers: list[dict], blob_dir: Path, images: dict[str, dict[str, str]]) -> dict:
+def push_images(
+    client: Client, layers: list[dict], blob_dir: Path, images: dict[str, dict[str, str]], deleted: set[str] = ()
+) -> dict:
     """Push each of `images` ({ref: its env}) made of `layers` (blobs in `blob_dir`), unless the registry already
-    holds that manifest; return {ref: manifest digest}."""
+    holds that manifest or it was deleted on purpose (its ref or digest in `deleted`); return {ref: manifest
+    digest}, pushed or not."""
     t0, pushed, digests = time.monotonic(), [], {}
     for ref, env in images.items():
         config = config_blob(layers, ref, env)
         manifest = manifest_blob(layers, config)
         want = sha256(manifest)
-        if client.manifest_digest(ref) == want:
+        if want in deleted or ref in deleted or client.manifest_digest(ref) == want:
             digests[ref] = want
             continue
         name, _ = _split(ref)
@@ -216,6 +221,20 @@ def push_images(client: Client, layers: list[dict], blob_dir: Path, images: dict
         log(f"upstream stand-in: pushed {', '.join(pushed)} ({len(layers)} layers, {size} MiB) "
             f"in {time.monotonic() - t0:.1f}s")  # fmt: skip
     return digests
+
+
+def deleted(shared: Path) -> set[str]:
+    """The refs and manifest digests `upstream-delete` removed from the stand-in (kept until `down --purge`)."""
+    path = files(shared)["deleted"]
+    return set(json.loads(path.read_text())) if path.exists() else set()
+
+
+def mark_deleted(shared: Path, *names: str, undo: bool = False) -> None:
+    """Record (or, `undo`, forget) refs and digests deleted on purpose."""
+    path = files(shared)["deleted"]
+    now = deleted(shared) - set(names) if undo else deleted(shared) | {n for n in names if n}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(sorted(now)))
 
 
 # --- the log and the throttle -------------------------------------------------------------------------------

@@ -151,3 +151,36 @@ def test_down_purge_leaves_nothing_behind(tmp_path):
     assert sorted(p.name for p in made.iterdir()) == sorted(core.PURGED)
     down(made, purge=True)
     assert not made.exists()
+
+
+def test_up_does_not_push_back_an_image_upstream_delete_removed(tmp_path):
+    """Issue 32 point 10: `upstream-delete` is remembered (upstream/deleted.json) so that `up --rigs N` does not
+    silently undo it; pushing the image again on purpose (Testbed.upstream_push) forgets it."""
+    from rigforge.testbed import upstream
+
+    class Registry:  # the stand-in's API as push_images uses it: what it holds, what was pushed
+        def __init__(self):
+            self.manifests, self.pushed = {}, []
+
+        def manifest_digest(self, ref):
+            return self.manifests.get(ref)
+
+        def push_blob(self, name, digest, data):
+            return True
+
+        def push_manifest(self, ref, manifest):
+            self.pushed.append(ref)
+            self.manifests[ref] = upstream.sha256(manifest)
+            return self.manifests[ref]
+
+    layer = tmp_path / ("0" * 64)
+    layer.write_bytes(b"layer")
+    layers = [{"digest": "sha256:" + "0" * 64, "size": 5, "diff_id": "sha256:" + "1" * 64, "name": "l"}]
+    images = {"vllm/vllm-openai:a": {}, "vllm/vllm-openai:b": {}}
+    first = upstream.push_images(Registry(), layers, tmp_path, images)
+    upstream.mark_deleted(tmp_path, "vllm/vllm-openai:a", first["vllm/vllm-openai:a"])
+    registry = Registry()
+    again = upstream.push_images(registry, layers, tmp_path, images, upstream.deleted(tmp_path))
+    assert registry.pushed == ["vllm/vllm-openai:b"] and again == first  # the lock keeps its digest
+    upstream.mark_deleted(tmp_path, "vllm/vllm-openai:a", first["vllm/vllm-openai:a"], undo=True)
+    assert upstream.deleted(tmp_path) == set()
