@@ -219,7 +219,10 @@ def observe_gateway(host, data: Mapping) -> dict:
     """The gateway on `host` (its knobs in `data`): HAProxy's unit, the gateway's own /health, /v1/models
     through it, and each rig's state in its backends (HAProxy's `show stat`)."""
     bind = data.get("gateway_bind_address") or "127.0.0.1"
-    url = f"http://{'127.0.0.1' if bind == '0.0.0.0' else bind}:{data['gateway_port']}"
+    url = f"http://{'127.0.0.1' if bind == '0.0.0.0' else bind}:{data['gateway_port']}"  # asked on the host
+    where = bind if data.get("gateway_bind_address") not in (None, "0.0.0.0") else None
+    address = where or getattr(host, "data", {}).get("ssh_hostname") or host.name
+    public = data.get("gateway_url") or f"http://{address}:{data['gateway_port']}"  # where clients reach it
     stat = inventory.sh(host, f"echo 'show stat' | socat stdio UNIX-CONNECT:{shlex.quote(GATEWAY_ADMIN_SOCKET)}")
     rigs = gateway_servers(stat)
     code, body = inventory.http_on_rig(host, f"{url}/v1/models", 5, api_key=data.get("gateway_api_key"))
@@ -229,6 +232,7 @@ def observe_gateway(host, data: Mapping) -> dict:
         models = None
     return {
         "url": url,
+        "public": public,
         "unit": inventory.sh(host, "systemctl is-active haproxy.service").strip() or "unknown",
         "health": inventory.http_on_rig(host, f"{url}/health", 5)[0],
         "models_http": code,

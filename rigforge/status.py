@@ -212,4 +212,5 @@ def gateway_line(host: str, g: dict) -> str:
     health = "healthy" if g["health"] == 200 else "NOT HEALTHY"
     rigs = ", ".join(f"{name} {state}" for name, state in sorted(g["rigs"].items())) or "no rig"
     models = ", ".join(g["models"]) if g["models"] is not None else f"no answer ({g['models_http']})"
-    return f"{host}: gateway {g['url']} {health} (haproxy {g['unit']}, /health {g['health']}); models: {models}; {rigs}"
+    url = g.get("public") or g["url"]  # where clients reach it
+    return f"{host}: gateway {url} {health} (haproxy {g['unit']}, /health {g['health']}); models: {models}; {rigs}"

@@ -12,6 +12,7 @@ from rigforge import schema
 DEFAULTS = {
     "gateway_port": 8088,  # on a gateway host: the fleet's one endpoint
     "gateway_bind_address": None,  # on a gateway host: the address it listens on (None: every address)
+    "gateway_url": None,  # on a gateway host: where clients reach it, as status shows it (None: http://HOST:PORT)
     "gateway_api_key": None,  # on a gateway host: the fleet's key, checked there (the config keeps its sha256)
     "gateway_address": None,  # on a rig: the address the gateway reaches it on (None: its inventory name)
     "gateway_drain_timeout": 300,  # on a rig: seconds its requests in flight get to finish before a restart
@@ -38,6 +39,9 @@ def validate(data: Mapping) -> list[str]:
     problems += schema.integer(data, "gateway_keepalive_s", 1, 3600, " of seconds")
     problems += schema.setting(data, "gateway_bind_address", "bind_address")
     problems += schema.setting(data, "gateway_api_key", "api_key")
+    url = data.get("gateway_url")
+    if url is not None and not (isinstance(url, str) and url.startswith(("http://", "https://")) and " " not in url):
+        problems.append(f"gateway_url must be an http(s) URL clients reach the gateway at, got {url!r}")
     if data.get("gateway_address") is not None:
         problems += schema.hostname(data, "gateway_address")
     return problems

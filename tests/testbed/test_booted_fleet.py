@@ -203,7 +203,9 @@ def served_variants(tb) -> list[str]:
 def test_the_gateway_fronts_the_fleet(fleet):
     load = bench().Load(fleet.gateway_url, None, 1, 8)
     assert load._one(False)[0] and load._one(True)[0]
-    assert gateway_status(fleet).endswith(f"models: {MODEL}; rig1 serving, rig2 serving, rig3 serving")
+    line = gateway_status(fleet)
+    assert line.endswith(f"models: {MODEL}; rig1 serving, rig2 serving, rig3 serving")
+    assert line.startswith(f"gw: gateway {fleet.gateway_url} healthy")  # where clients reach it, not :8088 inside
 
 
 def connect(host, address: str, port: int) -> str:
