@@ -24,6 +24,7 @@ from pyinfra.operations import systemd
 
 from rigforge.facts.system import OsRelease
 from rigforge.knobs.docker_engine import DEFAULTS, DOCKER_CE_PACKAGES, DockerEngine
+from rigforge.knobs.serving import Serving
 from rigforge.layout import NVIDIA_RUNTIME
 from rigforge.plan import Plan
 from roles.operations import apt_repo, docker_daemon
@@ -116,7 +117,7 @@ def install(plan: Plan):
         path=plan.layout.daemon_json,
         patch=docker_daemon.deep_merge(knobs.docker_daemon_options or {}, NVIDIA_RUNTIME),
     )
-    if data["rigforge_manage_services"]:
+    if Serving.of(plan.data).rigforge_manage_services:
         systemd.service(name="Enable and start docker", service="docker.service", running=True, enabled=True)
         systemd.service(
             name="Restart docker for the new daemon.json",

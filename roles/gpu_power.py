@@ -16,6 +16,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import systemd
 
 from rigforge.knobs.gpu_power import DEFAULTS
+from rigforge.knobs.serving import Serving
 from rigforge.layout import SETTLE_SCRIPT
 from rigforge.plan import Plan
 from roles.operations import nvidia, systemd_units
@@ -50,7 +51,7 @@ def apply(plan: Plan):
     systemd.daemon_reload(name="Reload systemd units", _if=unit.did_change)
     for name in units:
         systemd_units.enabled(name=f"Enable {name} at boot", unit=name)
-    if plan.data["rigforge_manage_services"]:
+    if Serving.of(plan.data).rigforge_manage_services:
         systemd.service(name=f"Run {layout.power_unit}", service=layout.power_unit, running=True)
         systemd.service(name=f"Run {layout.settle_unit}", service=layout.settle_unit, running=True)
         systemd.service(

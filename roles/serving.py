@@ -20,7 +20,8 @@ from pyinfra.operations import files, systemd
 from pyinfra.operations.util import any_changed
 
 from rigforge.gateway import backend_name
-from rigforge.knobs.serving import DEFAULTS
+from rigforge.knobs.gateway import Gateway
+from rigforge.knobs.serving import DEFAULTS, Serving
 from rigforge.layout import SERVE_FILES
 from rigforge.plan import Plan
 from rigforge.render import VLLM_UNIT
@@ -44,7 +45,8 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = F
     """`gateways`: the fleet gateway hosts this rig leaves while its unit restarts ({name: use sudo}); `sudo`:
     whether this rig's own commands run with sudo."""
     variant, layout = plan.variant, plan.layout
-    manage = plan.data["rigforge_manage_services"]
+    knobs, gateway_knobs = Serving.of(plan.data), Gateway.of(plan.data)
+    manage = knobs.rigforge_manage_services
     serve_dir, unit = layout.serve_dir, layout.vllm_unit
     rendered, image = plan.files, plan.image
     serve_files = {name: (rendered[name], mode) for name, mode in SERVE_FILES.items() if name in rendered}
@@ -68,7 +70,7 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = F
 
     enabled = enabled_instances(layout.unit_dir, layout.vllm_template)
     previous = [u for u in enabled if u != unit]
-    rest = plan.data["serving_rest"]
+    rest = knobs.serving_rest
     digest = image.rpartition("@")[2] if "@" in image else None
     if manage:
         image_present(name=f"Pull {image} ahead of the restart", image=image)
@@ -79,7 +81,7 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = F
             name=f"Drain {host.name} at the fleet gateway before the restart",
             gateways=dict(gateways),
             server=host.name,
-            timeout=int(plan.data["gateway_drain_timeout"]),
+            timeout=gateway_knobs.gateway_drain_timeout,
             _if=lambda: (
                 not rest
                 and (
@@ -97,7 +99,7 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = F
             server=host.name,
             backend=backend_name(variant.served_model),
             port=plan.port,
-            timeout=int(plan.data["gateway_drain_timeout"]),
+            timeout=gateway_knobs.gateway_drain_timeout,
         )
     switched = sole_instance(
         name=f"Enable {unit} as the only vLLM instance" if rest != "stopped" else f"Disable {unit}: resting stopped",
@@ -113,8 +115,8 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = F
         stopped(name=f"Keep {unit} stopped (serving_rest: stopped)", unit=unit)
     else:
         restart = any_changed(compose, unit_file, switched)
-        url = f"http://{plan.data['serving_health_host']}:{plan.port}"
-        wait = int(plan.data["serving_health_timeout"])
+        url = f"http://{knobs.serving_health_host}:{plan.port}"
+        wait = knobs.serving_health_timeout
         gate_of = dict(url=url, model=variant.served_model, timeout=wait, unit=unit, serve_dir=serve_dir)
         started = running(name=f"Run {unit}", unit=unit, serve_dir=serve_dir, digest=digest, changed=restart)
         gate = healthy(
@@ -133,7 +135,7 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = F
                 gateways=dict(gateways),
                 server=host.name,
                 backend=backend_name(variant.served_model),
-                address=plan.data["gateway_address"] or host.name,
+                address=gateway_knobs.gateway_address or host.name,
                 port=plan.port,
                 wait=wait,
                 gate=gate,

@@ -15,14 +15,14 @@ from pyinfra.api import deploy
 from pyinfra.api.hiddenvalue import HiddenValue
 from pyinfra.operations import apt, files, pip
 
-from rigforge.knobs.weights import DEFAULTS
+from rigforge.knobs.weights import DEFAULTS, Weights
 from rigforge.plan import Plan
 from roles.operations import hfweights
 
 
 @deploy("Verified model weights", data_defaults=DEFAULTS)
 def apply(plan: Plan):
-    layout, data = plan.layout, plan.data
+    layout, knobs = plan.layout, Weights.of(plan.data)
     venv, lib = layout.venv, layout.lib
 
     apt.packages(name="Install python3-venv", packages=["python3-venv", "ca-certificates"], no_recommends=True)
@@ -31,7 +31,7 @@ def apply(plan: Plan):
         name="Install huggingface_hub into the venv",
         venv=venv,
         dist="huggingface_hub",
-        version=data["weights_hf_hub_version"],
+        version=knobs.weights_hf_hub_version,
     )
     files.directory(name=f"Model directory {layout.models}", path=layout.models, mode="755")
     files.directory(name=f"rigforge lib {lib}", path=lib, mode="755")
@@ -51,9 +51,9 @@ def apply(plan: Plan):
             python=f"{venv}/bin/python",
             script=f"{lib}/fetch_weights.py",
             work_dir=layout.weights_work,
-            endpoint=data["hf_endpoint"],
+            endpoint=knobs.hf_endpoint,
             token=HiddenValue(plan.token) if plan.token else None,
-            deep=bool(data["weights_deep_verify"]),
-            source=data["weights_source"],
-            cache_dir=data["weights_cache_dir"],
+            deep=bool(knobs.weights_deep_verify),
+            source=knobs.weights_source,
+            cache_dir=knobs.weights_cache_dir,
         )

@@ -28,3 +28,10 @@ def test_of_applies_the_defaults_and_the_settings_are_frozen():
         k.docker_source = "docker"
     t = typed("T", {"port": 8000, "url": None})
     assert dataclasses.astuple(t.of({"url": "http://x"})) == (8000, "http://x")
+
+
+def test_whole_numbers_given_as_digits_are_ints():
+    from rigforge.knobs.serving import Serving
+
+    assert Serving.of({"serving_health_timeout": "900"}).serving_health_timeout == 900
+    assert Serving.of({}).serving_health_timeout == 600 and Serving.of({}).rigforge_manage_services is True

@@ -20,5 +20,13 @@ def typed(name: str, defaults: Mapping[str, Any]) -> type:
         for key, value in defaults.items()
     ]
     cls = make_dataclass(name, fields, frozen=True)
-    cls.of = classmethod(lambda c, data: c(**{key: data.get(key, defaults[key]) for key in defaults}))
+    cls.of = classmethod(
+        lambda c, data: c(**{key: _as(defaults[key], data.get(key, defaults[key])) for key in defaults})
+    )
     return cls
+
+
+def _as(default: Any, value: Any) -> Any:
+    """A whole number given as digits (pyinfra's `--data KEY=300`, which the checks accept) as the int it is."""
+    whole = isinstance(default, int) and not isinstance(default, bool)
+    return int(value) if whole and isinstance(value, str) and value.isdigit() else value

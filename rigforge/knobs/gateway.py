@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from rigforge import schema
+from rigforge.knobs import typed
 
 DEFAULTS = {
     "gateway_port": 8088,  # on a gateway host: the fleet's one endpoint
@@ -25,6 +26,7 @@ DEFAULTS = {
     "gateway_error_limit": 3,  # errors in a row on live requests (refused, empty, 5xx) that mark a rig DOWN at once
     "gateway_keepalive_s": 10,  # idle seconds before TCP keepalive probes a rig whose host may be gone (3 x 1 s)
 }
+Gateway = typed("Gateway", DEFAULTS)  # the role's settings: one frozen field per knob
 
 
 def validate(data: Mapping) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from rigforge import boot, schema
+from rigforge.knobs import typed
 
 DEFAULTS = {
     "gpu_power_limit_w": 230,  # cap in watts for every GPU
@@ -16,6 +17,7 @@ DEFAULTS = {
     # (a unit, a script, a @reboot cron job running late); 0: only once, right after the boot finished
     "gpu_power_settle_window_s": boot.SETTLE_WINDOW_S,
 }
+GpuPower = typed("GpuPower", DEFAULTS)  # the role's settings: one frozen field per knob
 
 
 def validate(data: Mapping) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from rigforge import schema
+from rigforge.knobs import typed
 from rigforge.layout import DEFAULT_ROOT
 
 DEFAULTS = {
@@ -24,6 +25,7 @@ DEFAULTS = {
     "serving_image_upstream": None,  # base URL standing for Docker Hub (None: https://registry-1.docker.io)
     "serving_image_upstream_ca": None,  # CA bundle (PEM path) for it (None: the system's CAs)
 }
+Serving = typed("Serving", DEFAULTS)  # the role's settings: one frozen field per knob
 
 
 REST = (None, "drained", "stopped")  # serving_rest's values

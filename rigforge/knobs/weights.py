@@ -9,6 +9,7 @@ import re
 from collections.abc import Mapping
 
 from rigforge import schema
+from rigforge.knobs import typed
 from rigforge.layout import DEFAULT_ROOT
 
 DEFAULTS = {
@@ -21,6 +22,7 @@ DEFAULTS = {
     "weights_hf_hub_version": "2.4.0",  # huggingface_hub pinned into the rig's venv
     "weights_cache_dir": "~/.cache/rigforge/weights",  # controller cache for weights_source: controller
 }
+Weights = typed("Weights", DEFAULTS)  # the role's settings: one frozen field per knob
 
 
 SOURCES = ("hub", "controller")
