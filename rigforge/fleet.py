@@ -86,20 +86,15 @@ def build(inventory, variant=None) -> Fleet:
     """The fleet of a pyinfra inventory, for the deploy of `variant` (deploy/<variant>.py's name; None: each
     host's rigforge_variant; or a variant object): every rig's plan before its probe, the registry host's plan,
     each built once. The deploy and the controller commands build it here."""
-    hosts = list(inventory)
-    in_group = {g: [h.name for h in inventory.get_group(g, default=[])] for g in (GATEWAY, REGISTRY)}
-    reg_name = registry_host(in_group)
     roles, plans, problems = {}, {}, {}
-    for h in hosts:
-        mine = {g for g in (GATEWAY, REGISTRY) if h.name in in_group[g]}
-        if not mine or "rigs" in h.groups:  # a gateway or registry host is a rig only when in `rigs` too
-            mine.add(RIG)
+    for h in inventory:
+        mine = {g for g in (GATEWAY, REGISTRY) if g in h.groups} | ({RIG} if is_rig(h) else set())
+        if RIG in mine:
             plans[h.name], found = plan_for(h.name, h.data, variant)
             problems[h.name] = tuple(found)
         roles[h.name] = frozenset(mine)
-    reg, reg_problems = (None, [])
-    if reg_name is not None:
-        reg, reg_problems = _registry_of(reg_name, next(h for h in hosts if h.name == reg_name).data)
+    reg_name = registry_host_name(inventory)
+    reg, reg_problems = registry_plan(inventory)
     return Fleet(
         roles=MappingProxyType(roles),
         plans=MappingProxyType(plans),
