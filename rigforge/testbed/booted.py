@@ -291,8 +291,9 @@ def boot(rig_dir: Path, timeout: float = 120) -> float:
 
 def _irrelevant(unit: str) -> bool:
     """Units whose failure inside a container says nothing about the rig: /etc/.updated bookkeeping
-    (systemd-update-done), and loading kernel modules, which a container cannot do (modprobe@*)."""
-    return unit == "systemd-update-done.service" or unit.startswith("modprobe@")
+    (systemd-update-done), moving the journal to /var/log (systemd-journal-flush, which times out under load),
+    and loading kernel modules, which a container cannot do (modprobe@*)."""
+    return unit in ("systemd-update-done.service", "systemd-journal-flush.service") or unit.startswith("modprobe@")
 
 
 def shutdown(rig_dir: Path, timeout: float = 60) -> None:

@@ -81,9 +81,19 @@ def steady(detail: str) -> str:
     return re.sub(r"down \d+ s", "down N s", detail)
 
 
+def settled(rig, timeout: float = 120) -> None:
+    """Waits until rig's settle stage has ended its watch (it runs for a window after a boot or a cap change; while
+    it runs, a cap changed by hand is set back within a second and the checks say "still watching")."""
+    deadline = time.monotonic() + timeout
+    while sh(rig, "systemctl show -p SubState --value rigforge-gpu-settle.service") == "running":
+        assert time.monotonic() < deadline, "the settle stage still runs"
+        time.sleep(1)
+
+
 def checks_of_both(tb, inventory=None) -> tuple[dict, dict]:
     """({check: status} from status, the same from verify) for rig1, on the checks both report, once the
-    gateway has seen the rig's API as it is."""
+    gateway has seen the rig's API as it is and the settle stage has ended its watch."""
+    settled(tb.rig("rig1"))
     gateway_agrees(tb)
     _, rows = rigforge(tb, "status", inventory)
     _, verified = rigforge(tb, "verify", inventory)
@@ -158,6 +168,7 @@ def test_status_and_verify_agree_on_every_check_across_rig_states(tb, tmp_path):
         "caps overwritten": ("nvidia-smi -pl 250 >/dev/null", ("power caps hold", "caps set last at this boot")),
     }
     for name, (breaks, fails) in states.items():
+        settled(rig)
         (gw if name == "drained" else rig).run(breaks)
         st, ve = checks_of_both(tb)
         assert st == ve, (name, st, ve)
