@@ -1,4 +1,8 @@
 """`rigforge lock [--check] [--lock PATH] [--refresh NAME ...]`: resolve or check the pins in rigforge.lock.yaml.
+`rigforge lock --recipes REF [--inventory INV] [--add SLUG ...] [--out FILE]`: follow the recipe repo to REF
+(rigforge/follow.py): the recipe pin moved, image entries from the engine profiles, hf entries for the slugs the
+inventory deploys and --add names, all resolved, the lock's diff printed; written (to FILE: a candidate, the lock in
+use untouched) only when every entry resolved, else each one that could not be is named and the exit is 1.
 
 Without --check (on a networked controller): every unresolved git entry gets its full commit SHA (gitpython:
 `git ls-remote` for a branch or tag; a short SHA is expanded in a temporary bare repo after a commits-only
@@ -57,6 +61,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "from its copy there")  # fmt: skip
     parser.add_argument("--fleet-ca", metavar="PEM", default=None,
                         help="the fleet CA's certificate (default: ca.crt of the default registry CA dir)")  # fmt: skip
+    parser.add_argument("--recipes", metavar="REF", default=None,
+                        help="move the recipe repo's pin to REF (tag, branch or commit): derive the image and hf "
+                        "entries, resolve them, print the lock's diff")  # fmt: skip
+    parser.add_argument("--inventory", metavar="INVENTORY", default=None,
+                        help="with --recipes: add hf entries for the slugs this pyinfra inventory deploys")  # fmt: skip
+    parser.add_argument("--add", nargs="+", default=[], metavar="SLUG",
+                        help="with --recipes: add entries for these slugs too")  # fmt: skip
+    parser.add_argument("--out", type=Path, default=None, metavar="FILE",
+                        help="write the new lock to FILE (a candidate), leaving the lock in use as it is")  # fmt: skip
 
 
 def resolve_git(pin: GitPin) -> str:
@@ -243,15 +256,28 @@ def resolve(
     token: str | None,
     registry: str | None = None,
     fleet: tuple[str, str | bool] | None = None,
+    errors: list[str] | None = None,
 ) -> tuple[Lock, list[str]]:
     """Resolve unresolved (and `refresh`ed) entries; return the new lock and a report line per change.
 
     `fleet`: (the fleet registry's base URL, its CA's path or False for plain HTTP): an image whose tag upstream
-    no longer has is resolved from the fleet's copy there (copied with its digest kept, docs/registry.md)."""
+    no longer has is resolved from the fleet's copy there (copied with its digest kept, docs/registry.md).
+    `errors`: given, an entry that cannot be resolved is left as it is and its problem added there (all are
+    tried); else the first one raises LockError."""
     unknown = set(refresh) - set(lock.git) - set(lock.hf) - {"image"} - {f"images.{n}" for n in lock.images}
     if unknown:
         raise LockError(f"--refresh: no git or hf entry {sorted(unknown)} (known: {', '.join([*lock.git, *lock.hf])})")
     report, git, hf = [], dict(lock.git), dict(lock.hf)
+
+    def attempt(resolver, label: str, key: str, pin):
+        try:
+            return resolver(key, pin)
+        except LockError as e:
+            if errors is None:
+                raise
+            problem = str(e).removeprefix("image: ").removeprefix(f"{label}: ")
+            errors.append(f"{label}: {problem}")
+            return pin
 
     def image(key: str, pin: ImagePin) -> ImagePin:
         if pin.digest and key not in refresh:
@@ -275,22 +301,26 @@ def resolve(
         report.append(f"{key}: {pin.ref} -> {digest}" + (f" (CUDA {cuda})" if cuda else "") + where)
         return dataclasses.replace(pin, digest=digest, cuda=cuda)
 
-    seed = image("image", lock.image)
-    images = {n: image(f"images.{n}", p) for n, p in lock.images.items()}
-    for name, pin in lock.git.items():
+    def commit_of(name: str, pin: GitPin) -> GitPin:
         if pin.commit and name not in refresh:
-            continue
+            return pin
         commit = resolve_git(dataclasses.replace(pin, short=None) if name in refresh else pin)
         if commit != pin.commit:
-            git[name] = dataclasses.replace(pin, commit=commit)
             report.append(f"git.{name}: {pin.ref} -> {commit}")
-    for name, pin in lock.hf.items():
+        return dataclasses.replace(pin, commit=commit)
+
+    def revision_of(name: str, pin: HfPin) -> HfPin:
         if pin.resolved and name not in refresh:
-            continue
+            return pin
         new = resolve_hf(pin, endpoint, token)
         if new != pin:
-            hf[name] = new
             report.append(f"hf.{name}: {pin.repo}@{pin.ref} -> {new.revision} ({len(new.files)} files)")
+        return new
+
+    seed = attempt(image, "image", "image", lock.image)
+    images = {n: attempt(image, f"images.{n}", f"images.{n}", p) for n, p in lock.images.items()}
+    git = {n: attempt(commit_of, f"git.{n}", n, p) for n, p in git.items()}
+    hf = {n: attempt(revision_of, f"hf.{n}", n, p) for n, p in hf.items()}
     return dataclasses.replace(lock, image=seed, images=images, git=git, hf=hf), report
 
 
@@ -347,8 +377,71 @@ def write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _endpoints(args: argparse.Namespace) -> tuple:
+    """(HF endpoint, HF token, registry, fleet registry) as `resolve` takes them, from the environment and args."""
+    token = os.environ.get("RIGFORGE_HF_TOKEN") or os.environ.get("HF_TOKEN")
+    fleet = None
+    if args.fleet_registry:
+        from rigforge.registry import default_ca_dir
+
+        ca = args.fleet_ca or str(default_ca_dir() / "ca.crt")
+        fleet = (args.fleet_registry, False if args.fleet_registry.startswith("http://") else ca)
+    return os.environ.get("HF_ENDPOINT"), token, os.environ.get("RIGFORGE_REGISTRY"), fleet
+
+
+def used_slugs(inventory_path: str | None) -> list[str]:
+    """The recipe slugs (engine/name) the rigs of a pyinfra inventory deploy (host data rigforge_variant)."""
+    if not inventory_path:
+        return []
+    from rigforge import fleet
+    from rigforge.inventory import open_inventory
+
+    hosts = open_inventory(inventory_path).inventory
+    variants = (fleet.host_data(h.data)["rigforge_variant"] for h in hosts if fleet.is_rig(h))
+    return [v for v in variants if v and "/" in v]
+
+
+def follow_recipes(args: argparse.Namespace, path: Path) -> int:
+    """`lock --recipes REF`: the lock at REF (rigforge/follow.py), resolved; its diff printed, written to --out
+    (else the lock itself) only when every entry resolved."""
+    from rigforge import follow, recipes
+    from rigforge.inventory import InventoryError
+
+    out = Path(args.out or path)
+
+    def fetch(pin: GitPin) -> tuple[GitPin, Path]:
+        pin = dataclasses.replace(pin, commit=resolve_git(pin))
+        return pin, cache_recipes(pin) or recipes.cache_dir(pin.commit)
+
+    errors: list[str] = []
+    try:
+        lock = load_lock(path)
+        moved, _ = follow.follow(lock, args.recipes, [*used_slugs(args.inventory), *args.add], fetch)
+        new, report = resolve(moved, list(args.refresh), *_endpoints(args), errors=errors)
+    except (LockError, recipes.RecipeError, InventoryError) as e:
+        errors = [str(e)]
+    if errors:
+        for e in errors:
+            print(f"rigforge lock: could not resolve {e}", file=sys.stderr)
+        print(f"rigforge lock: nothing written: {out} is as it was", file=sys.stderr)
+        return 1
+    text = follow.diff(lock, new, str(path))
+    print(text or f"{path}: already at {args.recipes} ({new.git[recipes.GIT_NAME].commit[:12]}): no change")
+    for line in report:
+        print(line)
+    if text or out != path:
+        write_atomically(out, dump_lock(new))
+        print(f"wrote {out}" + ("" if out == path else f" (the lock in use, {path}, is as it was)"))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     path = Path(args.lock or default_lock_path())
+    if args.recipes:
+        return follow_recipes(args, path)
+    if args.out or args.add or args.inventory:
+        print("rigforge lock: --out, --add and --inventory go with --recipes REF", file=sys.stderr)
+        return 2
     try:
         lock = load_lock(path)
         if args.check:
@@ -358,15 +451,7 @@ def run(args: argparse.Namespace) -> int:
             if not problems:
                 print(f"{path}: ok ({len(lock.git)} git, {len(lock.hf)} hf entries, all resolved)")
             return 1 if problems else 0
-        token = os.environ.get("RIGFORGE_HF_TOKEN") or os.environ.get("HF_TOKEN")
-        registry = os.environ.get("RIGFORGE_REGISTRY")
-        fleet = None
-        if args.fleet_registry:
-            from rigforge.registry import default_ca_dir
-
-            ca = args.fleet_ca or str(default_ca_dir() / "ca.crt")
-            fleet = (args.fleet_registry, False if args.fleet_registry.startswith("http://") else ca)
-        new, report = resolve(lock, list(args.refresh), os.environ.get("HF_ENDPOINT"), token, registry, fleet)
+        new, report = resolve(lock, list(args.refresh), *_endpoints(args))
         if report:
             write_atomically(path, dump_lock(new))
         from rigforge.recipes import GIT_NAME

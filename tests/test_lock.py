@@ -61,6 +61,11 @@ BLOBS = {
 }
 
 
+B_DIGEST, B_CONFIG = "sha256:" + "b1" * 32, "sha256:" + "b2" * 32
+BLOBS[f"/v2/vllm/vllm-openai/manifests/{B_DIGEST}"] = {"config": {"digest": B_CONFIG}, "layers": []}
+BLOBS[f"/v2/vllm/vllm-openai/blobs/{B_CONFIG}"] = {"architecture": "amd64", "config": {"Env": ["CUDA_VERSION=13.0.2"]}}
+
+
 class Registry(BaseHTTPRequestHandler):
     """A container registry stand-in: the Distribution API's bearer challenge, then a manifest digest; manifests
     and the config blob by digest."""
@@ -86,6 +91,9 @@ class Registry(BaseHTTPRequestHandler):
         elif self.path == "/v2/vllm/vllm-openai/manifests/nightly-x" and "manifest.list" in self.headers["Accept"]:
             self.send_response(200)
             self.send_header("Docker-Content-Digest", IMAGE_DIGEST)
+        elif self.path == "/v2/vllm/vllm-openai/manifests/v0.31.0":  # the recipe repo's commit B moves to it
+            self.send_response(200)
+            self.send_header("Docker-Content-Digest", B_DIGEST)
         else:
             self.send_response(404)
         self.send_header("Content-Length", "0")
@@ -158,8 +166,10 @@ def unresolved_lock(si) -> dict:
     }
 
 
-def rigforge_lock(*args: str, token: str | None = None, endpoint: str | None = None):
+def rigforge_lock(*args: str, token: str | None = None, endpoint: str | None = None, env: dict | None = None):
+    extra = env or {}
     env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "RIGFORGE_HF_TOKEN", "HF_ENDPOINT")}
+    env |= extra
     env.setdefault("RIGFORGE_REGISTRY", "http://127.0.0.1:9")  # a closed port: never a real registry
     env.setdefault("RIGFORGE_TOOLKIT_REPO", "http://127.0.0.1:9/")  # nor NVIDIA's toolkit repo
     env.update({"HF_HUB_DISABLE_TELEMETRY": "1", "HF_HOME": str(Path(args[-1]).parent / "hf-home")})
@@ -429,3 +439,72 @@ def test_toolkit_news_only_for_a_newer_release():
     assert toolkit_news(ToolkitPin("1.19.1-1"), TOOLKIT_PACKAGES) is None
     assert toolkit_news(ToolkitPin("1.20.0-1"), TOOLKIT_PACKAGES) is None  # 1.20.0~rc.1 is older, and a pre-release
     assert "newer 1.19.1-1 exists" in toolkit_news(ToolkitPin("1.18.0-1"), TOOLKIT_PACKAGES)
+
+
+def recipes_remote(tmp_path) -> dict:
+    """A bare recipe repo with the testbed's commits A (the vendored subset), B and B-slow, tagged."""
+    return content._build_recipes(RECIPES_REF, tmp_path / "recipes-work", tmp_path, content._git_env())["tags"]
+
+
+def lock_at_a(si, tmp_path, tags) -> Path:
+    """A resolved lock whose recipe pin is commit A and whose vllm-stable image is A's, by digest."""
+    data = unresolved_lock(si)
+    data["image"]["digest"] = IMAGE_DIGEST
+    data["git"] = {"recipes": {"url": f"file://{tmp_path / 'recipes.git'}", "ref": "A", "commit": tags["A"]}}
+    data["images"] = {"vllm-stable": {"ref": "vllm/vllm-openai:v0.27.1", "digest": IMAGE_DIGEST, "cuda": "13.0"}}
+    hf = si["hf"]["autoround-int4"]
+    files = [{k: f[k] for k in ("path", "size", "sha256")} for f in hf["files"]]
+    data["hf"] = {"autoround-int4": {"repo": hf["repo"], "revision": hf["revision"], "files": files}}
+    path = tmp_path / "lock.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_lock_follows_the_recipe_repo_to_a_later_commit_into_a_candidate(stand_ins, tmp_path, monkeypatch):
+    """`lock --recipes B --add SLUG --out FILE`: the recipe pin at B, B's engine image resolved to its digest, the
+    new slug's weights resolved; the diff printed; the lock in use left as it was."""
+    from rigforge import recipes
+    from rigforge.testbed.recipe_commits import B_IMAGE, NEW_REPO, NEW_SLUG
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("RIGFORGE_RECIPES", raising=False)
+    tags = recipes_remote(tmp_path)
+    path = lock_at_a(stand_ins, tmp_path, tags)
+    before, out = path.read_text(), tmp_path / "candidate.yaml"
+    env = {"RIGFORGE_REGISTRY": os.environ["RIGFORGE_REGISTRY"], "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    proc = rigforge_lock("--recipes", "B", "--add", NEW_SLUG, "--out", str(out), "--lock", str(path),
+                         endpoint=stand_ins["endpoint"], env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert path.read_text() == before and f"(the lock in use, {path}, is as it was)" in proc.stdout
+    diff = proc.stdout
+    assert f"-    commit: {tags['A']}" in diff and f"+    commit: {tags['B']}" in diff, diff
+    assert "-    ref: vllm/vllm-openai:v0.27.1" in diff and f"+    ref: {B_IMAGE}" in diff, diff
+    assert f"+    digest: {B_DIGEST}" in diff, diff
+    assert f"+    repo: {NEW_REPO}" in diff, diff
+    new = load_lock(out)
+    assert new.git["recipes"].commit == tags["B"] and new.images["vllm-stable"].digest == B_DIGEST
+    assert new.check() == []  # every entry resolved: a deploy takes it as it is
+    live = recipes.find(NEW_SLUG, new, opt_in=False)  # the new slug deploys from the candidate, by digest
+    assert live.image == f"{B_IMAGE}@{B_DIGEST}"
+    again = rigforge_lock("--recipes", "B", "--lock", str(out), endpoint=stand_ins["endpoint"], env=env)
+    assert again.returncode == 0 and "no change" in again.stdout and again.stdout.count("\n") == 1, again.stdout
+
+
+def test_lock_recipes_offline_names_what_it_could_not_resolve_and_writes_nothing(stand_ins, tmp_path, monkeypatch):
+    from rigforge.testbed.recipe_commits import NEW_SLUG
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    tags = recipes_remote(tmp_path)
+    path = lock_at_a(stand_ins, tmp_path, tags)
+    before, out = path.read_text(), tmp_path / "candidate.yaml"
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "HF_ENDPOINT": "http://127.0.0.1:9",
+           "RIGFORGE_REGISTRY": "http://127.0.0.1:9"}  # no registry, no hub  # fmt: skip
+    proc = rigforge_lock("--recipes", "B", "--add", NEW_SLUG, "--out", str(out), "--lock", str(path), env=env)
+    assert proc.returncode == 1, proc.stdout
+    assert "could not resolve images.vllm-stable: cannot reach the registry for vllm/vllm-openai:v0.31.0" in proc.stderr
+    assert "could not resolve hf.qwen3.6-27b-autoround-int4-v2: cannot read" in proc.stderr, proc.stderr
+    assert f"nothing written: {out} is as it was" in proc.stderr
+    assert path.read_text() == before and not out.exists()
+    gone = rigforge_lock("--recipes", "nope", "--lock", str(path), env=env)  # a ref the remote lacks
+    assert gone.returncode == 1 and "ref 'nope' not found" in gone.stderr, gone.stderr
+    assert path.read_text() == before

@@ -9,6 +9,7 @@ cross-checked against a real `docker compose config` in tests/test_recipes_compo
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -314,6 +315,33 @@ def test_effective_compose_is_the_recipe_flag_for_flag(repo, slug):
 @pytest.fixture(scope="module")
 def every_selectable(repo):
     return selectable(repo)
+
+
+@pytest.fixture(scope="module")
+def repo_b(tmp_path_factory):
+    """The recipe repo one bump later (the testbed's commit B, rigforge/testbed/recipe_commits.py): its engine at
+    a new image with upstream's `image_env`, a flag's default changed, a new slug with new weights."""
+    from rigforge.testbed import recipe_commits
+
+    tree = tmp_path_factory.mktemp("recipes-b") / "club-3090"
+    shutil.copytree(REFERENCE, tree, symlinks=True)
+    recipe_commits.to_b(tree)
+    return parse_repo(tree)
+
+
+def test_a_later_commit_renders_every_selectable_slug_with_no_code_change(repo, repo_b):
+    from rigforge.testbed.recipe_commits import B_IMAGE, NEW_SLUG
+
+    assert set(selectable(repo_b)) == set(selectable(repo)) | {NEW_SLUG}
+    test_every_selectable_slug_matches_its_upstream_file_with_its_own_defaults(repo_b, selectable(repo_b))
+    dual = repo_b.recipes["vllm/dual"]
+    assert (dual.image, dual.image_env) == (B_IMAGE, "VLLM_IMAGE")
+    files = render(repo_b, "vllm/dual")
+    assert f"VLLM_IMAGE={IMAGE}" in files[".env"]  # the lock's image, set the recipe's way
+    svc = effective(files)["services"][recipes.service_name(dual, repo_b.compose(dual))]
+    assert svc["command"][svc["command"].index("--max-num-batched-tokens") + 1] == "16384"
+    new = repo_b.recipes[NEW_SLUG]
+    assert [w.hf_repo for w in new.weights] == ["Lorbus/Qwen3.6-27B-int4-AutoRound-v2"]
 
 
 def test_every_selectable_slug_matches_its_upstream_file_with_its_own_defaults(repo, every_selectable):

@@ -148,6 +148,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {rig.name}: ssh -F {tb.ssh_config} {rig.name}   (127.0.0.1:{rig.ssh_port})", file=sys.stderr)
             if getattr(rig, "booted", False):
                 print(f"  {rig.name}: api http://{rig.api_address}:PORT (the rig's own serving port)", file=sys.stderr)
+        tags = tb.services["git"].get("recipes", {}).get("tags")
+        if tags:  # the recipe repo's commits, to rehearse a bump (rigforge lock --recipes B)
+            print("recipe commits: " + " ".join(f"{tag}={sha}" for tag, sha in tags.items()), file=sys.stderr)
         if "upstream" in tb.services:
             print(f"upstream registry: {tb.upstream_url} (registry-1.docker.io in booted hosts)", file=sys.stderr)
             print(f"upstream registry log: {tb.upstream_log}", file=sys.stderr)

@@ -127,7 +127,9 @@ HF_REPOS = {
     "dflash-draft": ("z-lab/Qwen3.6-27B-DFlash", True, 1),
     "carnice": ("wasifb/Carnice_V2_27B_INT4_BF16MTP", False, 2),
     "qwen3.6-27b-fp8": ("Qwen/Qwen3.6-27B-FP8", False, 2),  # vllm/qwen-27b-dual-max (recipe repo)
+    "qwen3.6-27b-autoround-int4-v2": ("Lorbus/Qwen3.6-27B-int4-AutoRound-v2", False, 3),  # recipe commit B's slug
 }
+UNLOCKED = {"qwen3.6-27b-autoround-int4-v2"}  # served, but not in the testbed lock: `rigforge lock --recipes` adds it
 HF_TOKEN = "hf_rigforgeTestbedToken0123456789abcdef"  # the stand-in's token for gated repos (not a secret)
 SHARD_SIZE = 256 * 1024
 
@@ -203,7 +205,9 @@ def build_recipes(dest: Path) -> dict | None:
     src = recipes_dir()
     if src is None:
         return None
-    key = hash_tree(src)
+    from . import recipe_commits
+
+    key = f"{hash_tree(src)}:{hashlib.sha256(Path(recipe_commits.__file__).read_bytes()).hexdigest()[:12]}"
     meta_file = dest / "recipes.json"
     if meta_file.exists() and json.loads(meta_file.read_text()).get("key") == key:
         return json.loads(meta_file.read_text())["meta"]
@@ -214,14 +218,26 @@ def build_recipes(dest: Path) -> dict | None:
 
 
 def _build_recipes(src: Path, work: Path, dest: Path, env: dict) -> dict:
-    """A bare `recipes.git` holding a copy of `src` (the directory itself is never modified) in one commit."""
+    """A bare `recipes.git` holding a copy of `src` (the directory itself is never modified) as commit A on
+    master, then the later commits B and B-slow (recipe_commits.py), each tagged."""
+    from . import recipe_commits
+
     shutil.copytree(src, work, symlinks=True, ignore=shutil.ignore_patterns(".git"))
-    date = "2026-08-22T12:00:00Z"
     sh(["git", "init", "-q", "-b", "master", str(work)], env=env)
-    sh(["git", "add", "-A"], cwd=work, env=env)
-    sh(["git", "commit", "-q", "-m", f"recipes from {src}"], cwd=work,
-       env={**env, "GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date})  # fmt: skip
-    commit = sh(["git", "rev-parse", "HEAD"], cwd=work, capture=True, env=env).stdout.strip()
+    tags = {}
+    for day, (tag, change, message) in enumerate((("A", None, f"recipes from {src}"), *recipe_commits.STEPS)):
+        if change:
+            change(work)
+        date = f"2026-08-{22 + day}T12:00:00Z"
+        sh(["git", "add", "-A"], cwd=work, env=env)
+        sh(["git", "commit", "-q", "-m", message], cwd=work,
+           env={**env, "GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date})  # fmt: skip
+        sh(["git", "tag", tag], cwd=work, env=env)
+        tags[tag] = sh(["git", "rev-parse", "HEAD"], cwd=work, capture=True, env=env).stdout.strip()
+    sh(["git", "branch", "-f", "bump", "B"], cwd=work, env=env)
+    sh(["git", "branch", "-f", "bump-slow", "B-slow"], cwd=work, env=env)
+    sh(["git", "reset", "-q", "--hard", "A"], cwd=work, env=env)  # master stays at A, what the lock pins
+    commit = tags["A"]
     bare = dest / "recipes.git"
     if bare.exists():
         shutil.rmtree(bare)
@@ -229,7 +245,8 @@ def _build_recipes(src: Path, work: Path, dest: Path, env: dict) -> dict:
     for key in ("allowAnySHA1InWant", "allowReachableSHA1InWant", "allowFilter", "allowTipSHA1InWant"):
         sh(["git", "config", f"uploadpack.{key}", "true"], cwd=bare, env=env)
     (bare / "git-daemon-export-ok").touch()
-    return {"commits": [commit], "branch": "master", "pin": commit, "sparse": RECIPES_SPARSE, "files": {}}
+    return {"commits": [commit], "branch": "master", "pin": commit, "sparse": RECIPES_SPARSE, "files": {},
+            "tags": tags}  # fmt: skip
 
 
 def _blob_oid(data: bytes) -> str:

@@ -25,6 +25,7 @@ import yaml
 
 import rigforge.testbed.upstream as upstream
 
+from . import recipe_commits
 from ._util import (
     TestbedError,
     ensure_safe_dir,
@@ -61,7 +62,7 @@ from .booted import (
 )
 from .booted import make_rig as make_booted_rig
 from .booted import stop as stop_booted_rig
-from .content import HF_TOKEN, build_git, build_hf, build_recipes, content_key, recipes_dir, shard_size
+from .content import HF_TOKEN, UNLOCKED, build_git, build_hf, build_recipes, content_key, recipes_dir, shard_size
 from .hostpkgs import ensure as ensure_host_packages
 from .presets import apply as apply_preset
 from .rig import IMAGE_REF, USER, Rig, RigSpec, recipe_images
@@ -375,6 +376,8 @@ def start_upstream(shared: Path, tarball: Path, cuda: str) -> dict:
     layers, blobs = upstream.ensure_layers(shared, tarball)
     env = {"CUDA_VERSION": f"{cuda}.0"}
     images = {IMAGE_REF: env, **{ref: env for ref in sorted(set(recipe_images().values()))}}
+    if recipe_images():  # the engine images of the recipe repo's later commits B and B-slow (recipe_commits.py)
+        images |= {recipe_commits.B_IMAGE: env, recipe_commits.SLOW_IMAGE: env | recipe_commits.SLOW_ENV}
     images[BROKEN_IMAGE] = {"RIGFORGE_STANDIN_EXIT": BROKEN_MESSAGE}
     state = upstream.describe(shared, port, {})
     client = upstream.Client(state["url"], Path(state["ca"]))
@@ -573,6 +576,7 @@ def _write_lock(tb: Testbed) -> None:
             "files": [{"path": f["path"], "size": f["size"], "sha256": f["sha256"]} for f in m["files"]],
         }
         for key, m in tb.services["hf"].items()
+        if key not in UNLOCKED
     }
     cuda = tb.rigs[0].spec.image_cuda if tb.rigs else RigSpec.image_cuda  # `up --image-cuda`: one per testbed
     booted = any(getattr(rig, "booted", False) for rig in tb.rigs)

@@ -1,0 +1,61 @@
+"""`rigforge lock --recipes REF`: the lock follows the recipe repo to REF in one command.
+
+    follow(lock, ref, slugs) -> (lock at REF, its repo)   the recipe pin moved, image and hf entries derived
+    diff(old, new, path) -> str                          the lock's change, as `diff -u` shows it
+
+At REF (a tag, branch or commit of the lock's `git.recipes` URL), each engine the lock has an image entry for, or a
+used slug runs, gets the image upstream's launchers run: the engine profile's `install.spec` (the variable its
+`image_env` names is set to it on the rig, rigforge/recipes.py). An entry whose ref moved is unresolved again; one
+that did not keeps its digest. A second image a used slug's compose pulls gets an entry of its own (named after
+its service). Every weights repo a used slug needs and the lock lacks gets an unresolved hf entry. The caller
+then resolves them all (rigforge/lock.py `resolve`), prints the diff and writes the lock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Iterable
+
+from rigforge import recipes
+from rigforge.pins import HfPin, ImagePin, Lock, LockError, dump_lock
+
+
+def follow(lock: Lock, ref: str, slugs: Iterable[str], fetch) -> tuple[Lock, recipes.RecipeRepo]:
+    """(`lock` with its recipe pin at `ref` and the entries the used `slugs` need, the repo at `ref`). `fetch(pin)`
+    resolves the pin's ref to a commit and returns the directory of that commit's checkout (rigforge/lock.py)."""
+    pin = lock.git.get(recipes.GIT_NAME)
+    if pin is None:
+        raise LockError(f"lock {lock.path}: no git.{recipes.GIT_NAME} entry (the recipe repo) to move to {ref}")
+    moved, root = fetch(dataclasses.replace(pin, ref=ref, short=None, commit=None))
+    repo = recipes.parse_repo(root)  # this commit, whatever RIGFORGE_RECIPES names
+    used = [repo.recipe(slug, opt_in=True) for slug in dict.fromkeys(slugs)]
+    engines = {r.engine: r.image for r in repo.recipes.values() if not r.refused and "@" not in r.image}
+    images = dict(lock.images)
+    for engine in {*images, *(r.engine for r in used)} & set(engines):
+        old = images.get(engine)
+        if old is None or old.ref != engines[engine]:
+            images[engine] = ImagePin(ref=engines[engine], cuda=old.cuda if old else None)
+    for r in used:
+        for service, image in second_images(repo.compose(r)).items():
+            name, _, digest = image.partition("@")
+            if images.get(service, ImagePin(ref="")).ref != name:
+                images[service] = ImagePin(ref=name, digest=digest or None)
+    hf, known = dict(lock.hf), {p.repo for p in lock.hf.values()}
+    for w in (w for r in used for w in r.weights if w.hf_repo not in known):
+        hf[w.local_subdir] = HfPin(name=w.local_subdir, repo=w.hf_repo, revision=None)
+        known.add(w.hf_repo)
+    git = {**lock.git, recipes.GIT_NAME: moved}
+    return dataclasses.replace(lock, git=git, images=images, hf=hf), repo
+
+
+def second_images(compose: dict) -> dict[str, str]:
+    """{service: image} of a compose file's services after the first (the serving one), e.g. a kernel image."""
+    services = list((compose.get("services") or {}).items())[1:]
+    return {name: str(svc["image"]) for name, svc in services if isinstance(svc, dict) and svc.get("image")}
+
+
+def diff(old: Lock, new: Lock, path: str) -> str:
+    """The change from `old` to `new`, as `diff -u` shows it ('' when none)."""
+    before, after = dump_lock(old).splitlines(keepends=True), dump_lock(new).splitlines(keepends=True)
+    return "".join(difflib.unified_diff(before, after, f"{path} (in use)", f"{path} (new)"))
