@@ -87,3 +87,42 @@ def test_vllm_dual_converges_passes_the_gate_serves_and_a_second_run_changes_not
     verified = {c["name"]: c["status"] for c in json.loads(verify.stdout)["hosts"]["rig1"]["checks"]}
     assert checks == {n: s for n, s in verified.items() if n in checks}
     assert set(checks.values()) == {"pass"}, checks
+
+
+def test_a_recipe_bump_is_one_lock_command_and_a_slug_of_b_converges_on_bs_image_by_digest(
+    booted_recipes, tmp_path, testbed_report
+):
+    """The testbed lock is at recipe commit A. `rigforge lock --recipes B --inventory INV --out FILE` (the inventory
+    deploys B's new slug) prints the diff: B's engine image resolved to its digest by the upstream stand-in and the
+    new slug's weights; the lock in use is untouched. A deploy of the new slug from that lock converges, runs B's
+    image by digest, and a re-run changes nothing."""
+    from rigforge.testbed.recipe_commits import B_IMAGE, NEW_REPO, NEW_SLUG
+
+    tb, rig = booted_recipes, booted_recipes.rig("rig1")
+    tags = tb.services["git"]["recipes"]["tags"]
+    candidate, before = tmp_path / "lock-b.yaml", tb.lock.read_text()
+    inv = inventory_with(tb, tmp_path / "inventory.py", {"rig1": {"rigforge_variant": NEW_SLUG,
+                                                                   "rigforge_lock": str(candidate)}})  # fmt: skip
+    env = {**os.environ, "RIGFORGE_RECIPES": "", "RIGFORGE_REGISTRY": tb.upstream_url,
+           "REQUESTS_CA_BUNDLE": str(tb.upstream_ca), "HF_ENDPOINT": tb.hf_endpoint}  # fmt: skip
+    cmd = [sys.executable, "-m", "rigforge.cli", "lock", "--lock", str(tb.lock), "--recipes", "B",
+           "--inventory", str(inv), "--out", str(candidate)]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+    assert res.returncode == 0, res.stderr
+    digest = tb.upstream_digests[B_IMAGE]
+    assert f"+    commit: {tags['B']}" in res.stdout and f"+    ref: {B_IMAGE}" in res.stdout, res.stdout
+    assert f"+    digest: {digest}" in res.stdout and f"+    repo: {NEW_REPO}" in res.stdout, res.stdout
+    assert tb.lock.read_text() == before
+
+    t0 = time.monotonic()
+    results, stderr = pyinfra_run(inv, REPO / "deploy" / "site.py", env={"RIGFORGE_RECIPES": ""})
+    testbed_report.append(f"booted: a slug of recipe commit B converged in {time.monotonic() - t0:.0f}s")
+    assert not errored(results, "rig1"), stderr[-6000:]
+    unit_b = "rigforge-vllm@vllm-qwen-27b-dual-v2.service"
+    assert unit(rig, unit_b) == ("enabled", "active")
+    assert sh(rig, f"docker inspect -f '{{{{.Config.Image}}}}' {CONTAINER}") == f"{B_IMAGE}@{digest}"
+    env_file = sh(rig, "cat /opt/rigforge/serve/vllm-qwen-27b-dual-v2/.env")
+    assert f"VLLM_IMAGE={B_IMAGE}@{digest}" in env_file  # set the recipe's way: the compose file is its own
+    assert models(rig, PORT) == ["qwen3.6-27b"]
+    results, stderr = pyinfra_run(inv, REPO / "deploy" / "site.py", env={"RIGFORGE_RECIPES": ""})
+    assert not errored(results, "rig1") and changed(results, "rig1") == [], (changed(results, "rig1"), stderr[-3000:])
