@@ -22,6 +22,7 @@ SUBCOMMANDS = {
     "status": ("rigforge.status", "what each rig of an inventory runs"),
     "verify": ("rigforge.verify", "health checks for each rig of an inventory"),
     "bench": ("rigforge.bench", "the recipes' TPS benchmark against a running server"),
+    "rollout": ("rigforge.rollout", "move a fleet to a candidate lock: preview, canary with a bench gate, rollout"),
     "images": ("rigforge.images", "keep the locked images in a directory, and load them onto a rig at their digests"),
 }
 

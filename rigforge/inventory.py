@@ -22,8 +22,9 @@ class InventoryError(Exception):
 # ---------------------------------------------------------------- inventory and SSH plumbing
 
 
-def open_inventory(path: str):
-    """A pyinfra State over the inventory file (group_data/ beside it is applied, as pyinfra does)."""
+def open_inventory(path: str, override: dict | None = None):
+    """A pyinfra State over the inventory file (group_data/ beside it is applied, as pyinfra does); `override`:
+    data every host takes instead of its own (pyinfra's --data)."""
     if not Path(path).is_file():
         raise InventoryError(f"{path}: no such inventory file (give a pyinfra inventory, e.g. inventories/home.py)")
     # pyinfra_cli patches sockets for gevent on import (that is what makes the SSH sessions parallel): import
@@ -45,7 +46,7 @@ def open_inventory(path: str):
     config = Config()
     ctx_config.set(config)
     try:
-        inventory = make_inventory(path, cwd=state.cwd)
+        inventory = make_inventory(path, override_data=override, cwd=state.cwd)
     except Exception as exc:
         raise InventoryError(f"{path}: cannot load the inventory: {exc}") from None
     if not len(inventory):
@@ -190,11 +191,12 @@ def ctx_host(ctx) -> str:
     return ctx.data["serving_health_host"] or "127.0.0.1"
 
 
-def curl_command(url: str, api_key: str | None, timeout: int, body: dict | None = None):
-    """curl printing the body, then the HTTP code on the last line. The API key (if any) is masked."""
+def curl_command(url: str, api_key: str | None, timeout: int, body: dict | None = None, last: str = "http_code"):
+    """curl printing the body, then on the last line the HTTP code (or another of curl's -w variables, e.g.
+    time_total). The API key (if any) is masked."""
     from pyinfra.api import MaskString, QuoteString, StringCommand
 
-    parts = ["curl", "-s", "-m", str(timeout), "-w", QuoteString("\\n%{http_code}")]
+    parts = ["curl", "-s", "-m", str(timeout), "-w", QuoteString(f"\\n%{{{last}}}")]
     if api_key:
         parts += ["-H", MaskString(shlex.quote(f"Authorization: Bearer {api_key}"))]
     if body is not None:

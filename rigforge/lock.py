@@ -390,9 +390,17 @@ def _endpoints(args: argparse.Namespace) -> tuple:
 
 
 def used_slugs(inventory_path: str | None) -> list[str]:
-    """The recipe slugs (engine/name) the rigs of a pyinfra inventory deploy (host data rigforge_variant)."""
+    """The recipe slugs (engine/name) the rigs of a pyinfra inventory deploy (host data rigforge_variant). Read in
+    a child process: loading an inventory patches sockets for gevent, which breaks TLS in this one."""
     if not inventory_path:
         return []
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        return pool.apply(_slugs_in, (inventory_path,))
+
+
+def _slugs_in(inventory_path: str) -> list[str]:
     from rigforge import fleet
     from rigforge.inventory import open_inventory
 

@@ -461,7 +461,7 @@ def lock_at_a(si, tmp_path, tags) -> Path:
 
 
 def test_lock_follows_the_recipe_repo_to_a_later_commit_into_a_candidate(stand_ins, tmp_path, monkeypatch):
-    """`lock --recipes B --add SLUG --out FILE`: the recipe pin at B, B's engine image resolved to its digest, the
+    """`lock --recipes B --inventory INV --out FILE`: the recipe pin at B, B's engine image resolved to its digest, the
     new slug's weights resolved; the diff printed; the lock in use left as it was."""
     from rigforge import recipes
     from rigforge.testbed.recipe_commits import B_IMAGE, NEW_REPO, NEW_SLUG
@@ -472,7 +472,9 @@ def test_lock_follows_the_recipe_repo_to_a_later_commit_into_a_candidate(stand_i
     path = lock_at_a(stand_ins, tmp_path, tags)
     before, out = path.read_text(), tmp_path / "candidate.yaml"
     env = {"RIGFORGE_REGISTRY": os.environ["RIGFORGE_REGISTRY"], "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    proc = rigforge_lock("--recipes", "B", "--add", NEW_SLUG, "--out", str(out), "--lock", str(path),
+    inv = tmp_path / "inventory.py"  # the rig deploys B's new slug: its weights get an entry
+    inv.write_text(f"rigs = [('rig1', {{'ssh_hostname': '127.0.0.1', 'rigforge_variant': {NEW_SLUG!r}}})]\n")
+    proc = rigforge_lock("--recipes", "B", "--inventory", str(inv), "--out", str(out), "--lock", str(path),
                          endpoint=stand_ins["endpoint"], env=env)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert path.read_text() == before and f"(the lock in use, {path}, is as it was)" in proc.stdout

@@ -11,6 +11,7 @@ DEFAULTS = {
     "rigforge_variant": None,  # variant this host serves (deploy/site.py); deploy/<variant>.py must agree
     "rigforge_lock": str(default_lock_path()),  # lock file read on the controller
     "rigforge_recipe_opt_in": False,  # allow a recipe-repo slug whose status is experimental/incubating/deprecated
+    "rollout_hold": False,  # true: `rigforge rollout` leaves this rig at the lock in use (named as held)
 }
 RETIRED = {  # host-data keys earlier releases read: refused rather than silently ignored
     "nvidia_driver_packages": "the driver table chooses the packages; set nvidia_driver_source, "
@@ -22,7 +23,7 @@ def validate(data) -> list[str]:
     problems = []
     if not isinstance(data.get("rigforge_lock"), str | os.PathLike):
         problems.append(f"rigforge_lock must be the path of a lock file, got {data.get('rigforge_lock')!r}")
-    problems += schema.boolean(data, "rigforge_recipe_opt_in")
+    problems += schema.boolean(data, "rigforge_recipe_opt_in") + schema.boolean(data, "rollout_hold")
     for key, advice in RETIRED.items():
         if data.get(key) is not None:
             problems.append(f"{key} is no longer read: {advice}; remove it from host data.")

@@ -1,0 +1,252 @@
+"""`rigforge rollout INVENTORY --to FILE`: move a fleet to a candidate lock, a canary first, with a speed gate.
+
+    rigforge rollout INVENTORY --to lock-b.yaml --dry     what each rig would change (image, flags, weights, units)
+    rigforge rollout INVENTORY --to lock-b.yaml           canary, bench gate, the others one at a time, promote
+    rigforge rollout INVENTORY --rollback                 the same, back to the lock the last promotion replaced
+
+The candidate (`rigforge lock --recipes REF --out FILE`) is promoted, i.e. copied over the lock the inventory's
+rigs use (host data rigforge_lock; the lock it replaces is kept as `<lock>.previous`), only once every rig runs it;
+until then the lock in use is the old one, so a plain deploy in between puts back what it says.
+
+1. Canary (--canary RIG, else the first rig not held): drained at the gateway, its speed measured on the rig
+   (completion tokens per second of a few chat completions, median), deployed at the candidate and kept drained
+   (`pyinfra INVENTORY deploy/site.py --limit RIG --data rigforge_lock=FILE --data serving_rest=drained`), then
+   `verify`ed and measured again. A failed check or a loss above --max-loss (30%) deploys it back at the lock in
+   use (which rejoins it) and stops: exit 1, naming the loss.
+2. The canary rejoins (a deploy at the candidate), then every other rig follows, one at a time (the deploy drains,
+   switches, gates and rejoins it). A run that fails stops the rollout: exit 1, the lock not promoted.
+3. The candidate is promoted. Exit 0 only then.
+A rig with host data `rollout_hold: true` stays at the lock in use and is named as held (the lock is then promoted
+only with --promote-with-held).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from rigforge import fleet, inventory
+from rigforge.lock import write_atomically
+from rigforge.pins import LockError, load_lock
+
+REPO = Path(__file__).resolve().parents[1]
+PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
+DEPLOY = REPO / "deploy" / "site.py"
+BENCH_BODY = {"messages": [{"role": "user", "content": "Count to forty."}], "max_tokens": 40, "stream": False}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("inventory", metavar="INVENTORY", help="pyinfra inventory file, e.g. inventories/fleet.py")
+    p.add_argument("--to", type=Path, metavar="FILE", help="the candidate lock (`rigforge lock --recipes REF --out`)")
+    p.add_argument("--rollback", action="store_true", help="roll back to the lock the last promotion replaced")
+    p.add_argument("--dry", action="store_true", help="show what each rig would change, change nothing")
+    p.add_argument("--canary", metavar="RIG", help="the canary rig (default: the first rig not held)")
+    p.add_argument("--max-loss", type=float, default=0.30, help="the canary's allowed TPS loss (default 0.30)")
+    p.add_argument("--bench-requests", type=int, default=5, help="chat completions per measurement (default 5)")
+    p.add_argument("--promote-with-held", action="store_true", help="promote although held rigs stay behind")
+
+
+class RolloutError(Exception):
+    pass
+
+
+def say(text: str) -> None:
+    print(f"rollout: {text}", flush=True)
+
+
+def _rigs(state) -> tuple[list, list[str]]:
+    """(the rigs to move, in inventory order; the names of those held by host data rollout_hold)."""
+    rigs = [h for h in state.inventory if fleet.is_rig(h)]
+    held = [h.name for h in rigs if fleet.host_data(h.data)["rollout_hold"]]
+    return [h for h in rigs if h.name not in held], held
+
+
+def lock_in_use(rigs) -> Path:
+    paths = {str(fleet.host_data(h.data)["rigforge_lock"]) for h in rigs}
+    if len(paths) != 1:
+        raise RolloutError(f"the rigs use {len(paths)} locks ({', '.join(sorted(paths))}): give them one lock")
+    return Path(paths.pop())
+
+
+# --- the preview ---------------------------------------------------------------------------------------------
+
+
+def _plan(h, lock: Path):
+    plan, problems = fleet.plan_for(h.name, {**fleet.host_data(h.data), "rigforge_lock": str(lock)})
+    if plan is None:
+        raise RolloutError(f"{h.name}: no plan at {lock}: {'; '.join(problems)}")
+    return plan
+
+
+def flags(files: dict) -> dict[str, str]:
+    """{--flag: its value} of the serving command in a plan's compose file (effective one when rendered)."""
+    text = files.get("effective-compose.yml") or files.get("docker-compose.yml") or "{}"
+    services = (yaml.safe_load(text) or {}).get("services") or {}
+    cmd = [str(c) for c in (next(iter(services.values()), {}) or {}).get("command") or []]
+    out, key = {}, None
+    for word in cmd:
+        if word.startswith("--"):
+            key = word
+            out[key] = ""
+        elif key:
+            out[key] = f"{out[key]} {word}".strip()
+    return out
+
+
+def preview(h, old: Path, new: Path) -> dict:
+    """What moving rig `h` from lock `old` to `new` changes: image, compose flags, weights to fetch, units."""
+    a, b = _plan(h, old), _plan(h, new)
+    fa, fb = flags(a.files), flags(b.files)
+    changed_flags = {k: (fa.get(k), fb.get(k)) for k in sorted({*fa, *fb}) if fa.get(k) != fb.get(k)}
+    have = {(x.pin.repo, x.pin.revision) for x in a.assets}
+    fetch = {x.name: x.bytes for x in b.assets if (x.pin.repo, x.pin.revision) not in have}
+    units = a.layout.vllm_unit, b.layout.vllm_unit
+    restarts = list(dict.fromkeys(units)) if a.files != b.files or a.image != b.image or units[0] != units[1] else []
+    return {"rig": h.name, "image": (a.image, b.image), "flags": changed_flags, "fetch": fetch, "restart": restarts}
+
+
+def show(p: dict) -> str:
+    lines = [f"{p['rig']}:"]
+    old, new = p["image"]
+    lines.append(f"  image: {old} -> {new}" if old != new else f"  image: {old} (unchanged)")
+    for flag, (was, now) in p["flags"].items():
+        lines.append(f"  flag {flag}: {'(absent)' if was is None else was} -> {'(removed)' if now is None else now}")
+    for name, size in p["fetch"].items():
+        lines.append(f"  weights to fetch: {name} ({size / 1e9:.2f} GB)")
+    lines.append(f"  restarts: {', '.join(p['restart'])}" if p["restart"] else "  restarts: nothing")
+    return "\n".join(lines)
+
+
+# --- measuring and moving one rig --------------------------------------------------------------------------
+
+
+def tps(h, lock: Path, requests: int) -> float:
+    """Median completion tokens per second of `requests` chat completions asked on the rig itself (curl's own
+    time_total, so SSH adds nothing)."""
+    plan = _plan(h, lock)
+    data = fleet.host_data(h.data)
+    url = f"http://{data['serving_health_host'] or '127.0.0.1'}:{plan.port}/v1/chat/completions"
+    key = plan.settings.api_key
+    rates = []
+    for i in range(requests):
+        body = {**BENCH_BODY, "model": plan.variant.served_model, "user": f"rigforge-rollout-{time.time_ns()}-{i}"}
+        out = inventory.sh(h, inventory.curl_command(url, key, 300, body, last="time_total"))
+        text, _, seconds = out.rpartition("\n")
+        try:
+            rates.append(json.loads(text)["usage"]["completion_tokens"] / float(seconds))
+        except (ValueError, KeyError, TypeError, ZeroDivisionError):
+            raise RolloutError(f"{h.name}: the bench request got no completion ({out[-200:]!r})") from None
+    return statistics.median(rates)
+
+
+def deploy(inventory_path: str, rig: str, lock: Path, rest: str | None = None) -> None:
+    """One deploy of `rig` at `lock` (drained and kept so with `rest`), as the user runs it."""
+    cmd = [PYINFRA, "-y", inventory_path, str(DEPLOY), "--limit", rig, "--data", f"rigforge_lock={lock}"]
+    if rest:
+        cmd += ["--data", f"serving_rest={rest}"]
+    say(f"{rig}: deploy at {lock}" + (f" (kept {rest})" if rest else ""))
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    if proc.returncode:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+        raise RolloutError(f"{rig}: the deploy at {lock} failed (exit {proc.returncode}):\n{tail}")
+    say(f"{rig}: at {lock.name} in {time.monotonic() - t0:.0f}s")
+
+
+def on_rig(inventory_path: str, rig: str, lock: Path, fn):
+    """fn(host) on `rig` connected over SSH, its host data read with `lock` as its lock."""
+    state = inventory.open_inventory(inventory_path, override={"rigforge_lock": str(lock)})
+    h = state.inventory.get_host(rig)
+    h.connect(show_errors=False, raise_exceptions=True)
+    state.activate_host(h)
+    try:
+        return fn(h)
+    finally:
+        h.disconnect()
+
+
+def verified(inventory_path: str, rig: str, lock: Path) -> list[str]:
+    """The failed checks of `rigforge verify` on `rig` at `lock` (drained on purpose: the gateway's is not asked)."""
+    from rigforge import verify
+
+    checks, _ = on_rig(inventory_path, rig, lock, verify.check_host)
+    return [f"{c.name}: {c.detail}" for c in checks if c.status == "fail"]
+
+
+def measured(args, rig: str, lock: Path) -> float:
+    return on_rig(args.inventory, rig, lock, lambda h: tps(h, lock, args.bench_requests))
+
+
+# --- the rollout ---------------------------------------------------------------------------------------------
+
+
+def canary(args, h, old: Path, new: Path) -> None:
+    deploy(args.inventory, h.name, old, rest="drained")  # out of the gateway: its own speed, not the fleet's load
+    before = measured(args, h.name, old)
+    say(f"{h.name}: canary baseline {before:.1f} tokens/s at {old.name}")
+    deploy(args.inventory, h.name, new, rest="drained")
+    failed = verified(args.inventory, h.name, new)
+    after = measured(args, h.name, new) if not failed else 0.0
+    loss = 1 - after / before if before else 0.0
+    say(f"{h.name}: canary {after:.1f} tokens/s at {new.name}: {loss:+.0%} against {before:.1f}" if not failed else
+        f"{h.name}: canary fails verify: {'; '.join(failed)}")  # fmt: skip
+    if failed or loss > args.max_loss:
+        deploy(args.inventory, h.name, old)  # back at the lock in use, and back in the gateway
+        speed = f"measured loss {loss:.0%} > allowed {args.max_loss:.0%} ({before:.1f} -> {after:.1f} tokens/s)"
+        why = f"verify failed ({'; '.join(failed)})" if failed else speed
+        raise RolloutError(f"the canary {h.name} did not hold: {why}; it is back at {old}, nothing promoted")
+    deploy(args.inventory, h.name, new)  # rejoins
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        state = inventory.open_inventory(args.inventory)
+        rigs, held = _rigs(state)
+        if not rigs:
+            raise RolloutError("no rig to roll out (every rig is held)")
+        old = lock_in_use(rigs)
+        new = Path(f"{old}.previous") if args.rollback else args.to
+        if new is None or not new.is_file():
+            why = f"no {new}: nothing was promoted yet" if args.rollback else "give --to FILE"
+            raise RolloutError(f"no candidate lock: {why}")
+        problems = load_lock(new).check()
+        if problems:
+            raise RolloutError(f"{new}: {'; '.join(problems)} (run `rigforge lock --lock {new}`)")
+        first = next((h for h in rigs if h.name == args.canary), None) if args.canary else rigs[0]
+        if first is None:
+            raise RolloutError(f"--canary {args.canary}: not a rig of {args.inventory} that is not held")
+        previews = [preview(h, old, new) for h in rigs]
+        for p in previews:
+            print(show(p))
+        for name in held:
+            print(f"{name}: held (host data rollout_hold): stays at {old}")
+        if args.dry:
+            return 0
+        canary(args, first, old, new)
+        for h in (h for h in rigs if h is not first):
+            deploy(args.inventory, h.name, new)
+        if held and not args.promote_with_held:
+            say(f"every rig but the held {', '.join(held)} runs {new}; not promoted (--promote-with-held)")
+            return 1
+        promote(old, new)
+    except (RolloutError, LockError, inventory.InventoryError) as exc:
+        print(f"rigforge rollout: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def promote(old: Path, new: Path) -> None:
+    """The lock in use becomes `new`'s content; what it held is kept as `<lock>.previous` (for --rollback)."""
+    text, previous = new.read_text(), old.read_text()
+    write_atomically(Path(f"{old}.previous"), previous)
+    write_atomically(old, text)
+    os.utime(old)
+    say(f"promoted {new} to {old} (the previous lock kept as {old}.previous)")
