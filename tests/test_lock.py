@@ -510,3 +510,31 @@ def test_lock_recipes_offline_names_what_it_could_not_resolve_and_writes_nothing
     gone = rigforge_lock("--recipes", "nope", "--lock", str(path), env=env)  # a ref the remote lacks
     assert gone.returncode == 1 and "ref 'nope' not found" in gone.stderr, gone.stderr
     assert path.read_text() == before
+
+
+def test_the_rollout_preview_shows_each_rigs_image_flags_weights_and_restarts(stand_ins, tmp_path, monkeypatch):
+    """`rigforge rollout --dry`'s preview of a lock at A against the candidate at B, for a rig at vllm/dual and one
+    at B's new slug: what the rollout will change on each."""
+    from types import SimpleNamespace
+
+    from rigforge import rollout
+    from rigforge.lock import cache_recipes
+    from rigforge.testbed.recipe_commits import B_IMAGE, NEW_SLUG
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("RIGFORGE_RECIPES", raising=False)
+    tags = recipes_remote(tmp_path)
+    path, out = lock_at_a(stand_ins, tmp_path, tags), tmp_path / "candidate.yaml"
+    env = {"RIGFORGE_REGISTRY": os.environ["RIGFORGE_REGISTRY"], "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    proc = rigforge_lock("--recipes", "B", "--add", NEW_SLUG, "--out", str(out), "--lock", str(path),
+                         endpoint=stand_ins["endpoint"], env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    cache_recipes(load_lock(path).git["recipes"])  # what `rigforge lock` caches for the lock in use
+    rig = SimpleNamespace(name="rig1", groups=(), data={"rigforge_variant": "vllm/dual"})
+    p = rollout.preview(rig, path, out)
+    assert p["image"] == (f"vllm/vllm-openai:v0.27.1@{IMAGE_DIGEST}", f"{B_IMAGE}@{B_DIGEST}")
+    assert p["flags"] == {"--max-num-batched-tokens": ("8192", "16384")}
+    assert p["fetch"] == {} and p["restart"] == ["rigforge-vllm@vllm-dual.service"]
+    text = rollout.show(p)
+    assert f"image: vllm/vllm-openai:v0.27.1@{IMAGE_DIGEST} -> {B_IMAGE}@{B_DIGEST}" in text, text
+    assert "flag --max-num-batched-tokens: 8192 -> 16384" in text, text

@@ -1,0 +1,153 @@
+"""A recipe bump rolled out safely (`rigforge rollout`), on a booted fleet of 2 rigs and the gateway serving
+vllm/dual from the testbed's recipe commit A, under a steady load through the gateway:
+- the preview (--dry) names each rig's image, flags and restarts, and the rollout then does exactly that;
+- a slow bump (B-slow, half the speed) fails the canary's bench gate: the loss is printed, the canary goes back to
+  A, exit 1, the lock and the held rig untouched;
+- a good bump (B) moves every rig, passes verify, promotes the lock; a plain deploy then changes nothing;
+- `--rollback` takes the fleet back to A;
+and no request through the gateway fails in any of them.
+
+Marked `booted` and `testbed`; skipped with the reason when this machine cannot boot rigs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+from support import REPO, changed, errored, inventory_with, pyinfra_run
+from test_booted import sh
+from test_recipes import REFERENCE
+
+pytestmark = [pytest.mark.testbed, pytest.mark.booted]
+CONTAINER = "vllm-qwen36-27b-dual"
+SERVE = "/opt/rigforge/serve/vllm-dual"
+
+
+@pytest.fixture(scope="module")
+def bump_fleet(testbed_factory, tmp_path_factory):
+    from rigforge.testbed import RigSpec
+
+    missing = [tool for tool in ("systemd-nspawn", "nsenter", "ip") if not shutil.which(tool)]
+    if missing:
+        pytest.skip(f"cannot boot rigs: {', '.join(missing)} not found (apt-get install systemd-container iproute2)")
+    saved = os.environ.get("RIGFORGE_RECIPES")
+    os.environ["RIGFORGE_RECIPES"] = str(REFERENCE)  # testbed up builds its recipes remote (A, B, B-slow)
+    try:
+        tb = testbed_factory([RigSpec()] * 2, name="bump", booted=True, gateway=True)
+    finally:
+        if saved is None:
+            os.environ.pop("RIGFORGE_RECIPES", None)
+        else:
+            os.environ["RIGFORGE_RECIPES"] = saved
+    tmp = tmp_path_factory.mktemp("bump")
+    ENV["XDG_CACHE_HOME"] = str(tmp / "cache")  # the controller's recipe checkouts, per lock commit
+    cached = rigforge(
+        "lock", "--lock", str(tb.lock), env={**os.environ, **ENV, "RIGFORGE_TOOLKIT_REPO": "http://127.0.0.1:9/"}
+    )
+    assert cached.returncode == 0 and "git.recipes: cached" in cached.stdout, cached.stdout + cached.stderr
+    inv = inventory_with(tb, tmp / "inventory.py", {r.name: {"rigforge_variant": "vllm/dual"} for r in tb.rigs})
+    results, stderr = pyinfra_run(inv, REPO / "deploy" / "site.py", env=ENV)
+    assert results["failed_hosts"] == [] and results["totals"]["error"] == 0, stderr[-6000:]
+    env = {**os.environ, **ENV, "RIGFORGE_REGISTRY": tb.upstream_url, "REQUESTS_CA_BUNDLE": str(tb.upstream_ca),
+           "HF_ENDPOINT": tb.hf_endpoint}  # fmt: skip
+    for tag in ("B", "B-slow"):
+        res = rigforge(
+            "lock", "--lock", str(tb.lock), "--recipes", tag, "--out", str(tmp / f"lock-{tag}.yaml"), env=env
+        )
+        assert res.returncode == 0, res.stderr
+    return tb, inv, tmp
+
+
+ENV = {"RIGFORGE_RECIPES": ""}  # the controller reads the recipe repo at each lock's commit, from its cache
+
+
+def rigforge(*args: str, env: dict | None = None, timeout: float = 1200) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rigforge.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env=env or {**os.environ, **ENV})  # fmt: skip
+
+
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_rollout", REPO / "benchmarks" / "bench_rollout.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def image_of(rig) -> str:
+    return sh(rig, f"docker inspect -f '{{{{.Config.Image}}}}' {CONTAINER}")
+
+
+def under_load(tb, *args: str, report=None) -> tuple[subprocess.CompletedProcess, dict]:
+    """`rigforge rollout ARGS` while 4 clients send chat completions through the gateway; (the run, the load)."""
+    b = bench()
+    b.MODEL = "qwen3.6-27b"  # the recipe's served model name
+    with b.Load(tb.gateway_url, None, 4, 20) as load:
+        time.sleep(3)
+        t0 = time.monotonic()
+        res = rigforge("rollout", *args)
+        t1 = time.monotonic()
+        time.sleep(2)
+    seen = b.phase(load.results, 0, t1 + 2)
+    if report is not None:
+        report.append(f"rollout {' '.join(args[1:])}: rc {res.returncode} in {t1 - t0:.0f}s; load {seen}")
+    return res, seen
+
+
+def test_a_slow_bump_fails_the_canary_and_leaves_the_fleet_and_the_lock_at_a(bump_fleet, testbed_report):
+    tb, inv, tmp = bump_fleet
+    rig1, rig2 = tb.rigs
+    dual = {"rigforge_variant": "vllm/dual"}
+    held = inventory_with(tb, tmp / "held.py", {"rig1": dual, "rig2": {**dual, "rollout_hold": True}})
+    at_a, lock_a = image_of(rig1), tb.lock.read_text()
+    res, load = under_load(tb, str(held), "--to", str(tmp / "lock-B-slow.yaml"), report=testbed_report)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "the canary rig1 did not hold: measured loss" in res.stderr, res.stderr
+    assert "rig2: held (host data rollout_hold)" in res.stdout, res.stdout
+    assert image_of(rig1) == at_a == image_of(rig2) and tb.lock.read_text() == lock_a
+    assert load["failed"] == 0, load
+    results, stderr = pyinfra_run(inv, REPO / "deploy" / "site.py", env=ENV)  # a plain deploy: nothing to put back
+    assert results["failed_hosts"] == [] and changed(results) == [], (changed(results), stderr[-3000:])
+
+
+def test_a_good_bump_does_what_the_preview_said_passes_verify_and_promotes_the_lock(bump_fleet, testbed_report):
+    tb, inv, tmp = bump_fleet
+    candidate = tmp / "lock-B.yaml"
+    dry = rigforge("rollout", str(inv), "--to", str(candidate), "--dry")
+    assert dry.returncode == 0, dry.stderr
+    preview = dry.stdout
+    res, load = under_load(tb, str(inv), "--to", str(candidate), report=testbed_report)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert load["failed"] == 0, load
+    for rig in tb.rigs:
+        running = image_of(rig)
+        assert f"{rig.name}:\n  image: " in preview and f"-> {running}\n" in preview, (running, preview)
+        flag = sh(rig, f"grep -o 'MAX_NUM_BATCHED_TOKENS:-[0-9]*' {SERVE}/docker-compose.yml")
+        assert flag == "MAX_NUM_BATCHED_TOKENS:-16384" and "flag --max-num-batched-tokens: 8192 -> 16384" in preview
+        assert "restarts: rigforge-vllm@vllm-dual.service" in preview
+    assert tb.lock.read_text() == candidate.read_text()  # promoted
+    checks = json.loads(rigforge("verify", str(inv), "--json").stdout)
+    failed = {h: [c for c in v["checks"] if c["status"] == "fail"] for h, v in checks["hosts"].items()}
+    assert not any(failed.values()), failed
+    results, stderr = pyinfra_run(inv, REPO / "deploy" / "site.py", env=ENV)
+    assert results["failed_hosts"] == [] and changed(results) == [], (changed(results), stderr[-3000:])
+
+
+def test_rollback_brings_the_fleet_back_to_a(bump_fleet, testbed_report):
+    tb, inv, tmp = bump_fleet
+    previous = tb.lock.with_name(tb.lock.name + ".previous")
+    a = previous.read_text()
+    res, load = under_load(tb, str(inv), "--rollback", report=testbed_report)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert load["failed"] == 0, load
+    assert tb.lock.read_text() == a
+    for rig in tb.rigs:
+        assert "v0.27.1@sha256:" in image_of(rig), rig.name
+    results, stderr = pyinfra_run(inv, REPO / "deploy" / "site.py", env=ENV)
+    assert not errored(results, "rig1") and changed(results) == [], (changed(results), stderr[-3000:])
