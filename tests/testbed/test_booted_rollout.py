@@ -27,7 +27,6 @@ from test_recipes import REFERENCE
 
 pytestmark = [pytest.mark.testbed, pytest.mark.booted]
 CONTAINER = "vllm-qwen36-27b-dual"
-SERVE = "/opt/rigforge/serve/vllm-dual"
 
 
 @pytest.fixture(scope="module")
@@ -88,13 +87,14 @@ def under_load(tb, *args: str, report=None) -> tuple[subprocess.CompletedProcess
     """`rigforge rollout ARGS` while 4 clients send chat completions through the gateway; (the run, the load)."""
     b = bench()
     b.MODEL = "qwen3.6-27b"  # the recipe's served model name
+    start = time.monotonic()
     with b.Load(tb.gateway_url, None, 4, 20) as load:
         time.sleep(3)
         t0 = time.monotonic()
         res = rigforge("rollout", *args)
         t1 = time.monotonic()
         time.sleep(2)
-    seen = b.phase(load.results, 0, t1 + 2)
+    seen = b.phase(load.results, start, t1 + 2)
     if report is not None:
         report.append(f"rollout {' '.join(args[1:])}: rc {res.returncode} in {t1 - t0:.0f}s; load {seen}")
     return res, seen
@@ -128,8 +128,9 @@ def test_a_good_bump_does_what_the_preview_said_passes_verify_and_promotes_the_l
     for rig in tb.rigs:
         running = image_of(rig)
         assert f"{rig.name}:\n  image: " in preview and f"-> {running}\n" in preview, (running, preview)
-        flag = sh(rig, f"grep -o 'MAX_NUM_BATCHED_TOKENS:-[0-9]*' {SERVE}/docker-compose.yml")
-        assert flag == "MAX_NUM_BATCHED_TOKENS:-16384" and "flag --max-num-batched-tokens: 8192 -> 16384" in preview
+        args = json.loads(sh(rig, f"docker inspect -f '{{{{json .Args}}}}' {CONTAINER}"))  # what the server runs
+        assert args[args.index("--max-num-batched-tokens") + 1] == "16384", args
+        assert "flag --max-num-batched-tokens: 8192 -> 16384" in preview
         assert "restarts: rigforge-vllm@vllm-dual.service" in preview
     assert tb.lock.read_text() == candidate.read_text()  # promoted
     checks = json.loads(rigforge("verify", str(inv), "--json").stdout)
