@@ -174,10 +174,10 @@ def test_two_gpus_on_the_bus_and_in_nvidia_smi(tmp_path):
 
 
 def test_nvidia_smi_failing_still_writes_what_is_known(tmp_path):
-    failed = (
+    failed = (  # the real message (rc 9)
         "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the "
         "latest NVIDIA driver is installed and running.\n"
-    )  # fmt: skip  (the real message, rc 9)
+    )
     before = time.time()
     r = run_collector(tmp_path, stand_in(tmp_path, failed, rc=9), pci_tree(tmp_path, TWO_GPUS))
     assert r.returncode == 0, r
