@@ -9,6 +9,7 @@ parser of the text format below, and `promtool check metrics` (Debian's promethe
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -21,6 +22,7 @@ import pytest
 
 from rigforge.layout import GPU_METRICS_FILE, TEXTFILE_DIR, HostLayout
 from rigforge.render import render_gpu_metrics
+from rigforge.testbed import RigSpec, aptrepo
 from roles import site
 
 H200 = Path(__file__).parent / "fixtures/nvidia-smi/h200x1-580.159.04-ubuntu2404"
@@ -70,7 +72,9 @@ TWO_GPUS = {
 }
 
 
-def run_collector(tmp_path: Path, smi: Path, sysfs: Path, kernel_log: str = "") -> subprocess.CompletedProcess:
+def run_collector(
+    tmp_path: Path, smi: Path, sysfs: Path, kernel_log: str = "", env: dict | None = None
+) -> subprocess.CompletedProcess:
     p, problems = site.plan_for("r", {"gpu_power_limits": {1: 250}}, "dual-turbo", gpus=2, deployable=False)
     assert not problems
     script = tmp_path / "rigforge-gpu-metrics"
@@ -81,7 +85,7 @@ def run_collector(tmp_path: Path, smi: Path, sysfs: Path, kernel_log: str = "") 
     journalctl.chmod(0o755)
     out = tmp_path / "textfile"
     out.mkdir(exist_ok=True)
-    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+    env = {**os.environ, **(env or {}), "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
     return subprocess.run(["sh", str(script), str(smi), str(out), str(sysfs)], capture_output=True, text=True,
                           env=env, timeout=60)  # fmt: skip
 
@@ -201,6 +205,31 @@ def test_one_card_off_the_bus_for_nvidia_smi(tmp_path):
     assert value(m, "rigforge_gpus_pci") == 2 and value(m, "rigforge_gpus_visible") == 1
     assert value(m, "rigforge_gpu_collector_success") == 0
     assert value(m, "rigforge_gpu_power_limit_watts", gpu="0") == 700
+
+
+def test_the_testbeds_stand_in_nvidia_smi_answers_the_collector(tmp_path):
+    """The testbed's stub nvidia-smi (rigforge/testbed/stubs/nvidia-smi), run on the controller under
+    RIGFORGE_SIM_ROOT: two RTX 3090s at their default 350 W, on a PCI bus shaped like the booted rigs' one."""
+    sim = tmp_path / "sim"
+    (sim / "etc/rigforge-sim").mkdir(parents=True)
+    (sim / "etc/rigforge-sim/gpus.json").write_text(json.dumps(RigSpec().gpus_json("t")))
+    (sim / "sys/module/nvidia").mkdir(parents=True)
+    (sim / "sys/module/nvidia/version").write_text(aptrepo.DRIVER_VERSION + "\n")
+    smi = tmp_path / "bin/nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text(aptrepo.stub_script("nvidia-smi", DRIVER_VERSION=aptrepo.DRIVER_VERSION, FLAVOR="open"))
+    smi.chmod(0o755)
+    r = run_collector(tmp_path, smi, pci_tree(tmp_path, TWO_GPUS), env={"RIGFORGE_SIM_ROOT": str(sim)})
+    assert r.returncode == 0, r
+    m = parse((tmp_path / "textfile" / GPU_METRICS_FILE).read_text())
+    assert value(m, "rigforge_gpu_collector_success") == 1
+    assert value(m, "rigforge_gpus_visible") == 2 == value(m, "rigforge_gpus_pci")
+    for gpu in ("0", "1"):
+        assert value(m, "rigforge_gpu_power_limit_watts", gpu=gpu) == 350
+        assert value(m, "rigforge_gpu_memory_used_bytes", gpu=gpu) == 0
+        assert value(m, "rigforge_gpu_pcie_link_gen", gpu=gpu) == 4
+        assert value(m, "rigforge_gpu_pcie_link_width", gpu=gpu) == 16
+    assert set(m["rigforge_gpu_temperature_celsius"]["samples"]) == {(("gpu", "0"),), (("gpu", "1"),)}
 
 
 def test_label_values_are_quoted_and_paths_come_from_the_layout():
