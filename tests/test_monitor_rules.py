@@ -79,3 +79,9 @@ def test_the_rules_read_what_the_collector_writes_and_watch_every_vllm_name_they
     for rule in rules():
         if rule["expr"].startswith("absent("):
             assert rule["labels"]["metric"] in rule["expr"]
+
+
+def test_every_rule_says_how_bad_and_what_happened():
+    for rule in rules():
+        assert rule["labels"]["severity"] in ("critical", "warning"), rule["alert"]
+        assert rule["annotations"]["summary"] and rule["annotations"]["description"], rule["alert"]
