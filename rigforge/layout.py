@@ -38,6 +38,10 @@ POWER_UNIT = "rigforge-gpu-power.service"
 SETTLE_UNIT = "rigforge-gpu-settle.service"  # re-applies the caps once the boot has finished (rigforge/boot.py)
 LIBEXEC = "/usr/local/lib/rigforge"  # rig-side scripts the units run (not under the root: they run at every boot)
 SETTLE_SCRIPT = "rigforge-gpu-settle"  # in LIBEXEC: the settle stage's script
+GPU_METRICS_SCRIPT = "rigforge-gpu-metrics"  # in LIBEXEC: the GPU textfile collector (docs/monitoring.md)
+# Debian's prometheus-node-exporter reads *.prom from here (its README.textfile; the binary's built-in default)
+TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
+GPU_METRICS_FILE = "rigforge-gpu.prom"  # in TEXTFILE_DIR: what the collector writes
 # the fleet gateway (roles/gateway.py): HAProxy runs rigforge's config, via a drop-in for the distro's unit
 GATEWAY_DIR = f"{ETC}/gateway"
 GATEWAY_CFG = "haproxy.cfg"
@@ -153,7 +157,16 @@ class HostLayout:
     power_unit = POWER_UNIT
     settle_unit = SETTLE_UNIT
     libexec = LIBEXEC
+    textfile_dir = TEXTFILE_DIR
 
     @property
     def settle_script(self) -> str:
         return f"{self.libexec}/{SETTLE_SCRIPT}"
+
+    @property
+    def gpu_metrics_script(self) -> str:
+        return f"{self.libexec}/{GPU_METRICS_SCRIPT}"
+
+    @property
+    def gpu_metrics_file(self) -> str:
+        return f"{self.textfile_dir}/{GPU_METRICS_FILE}"

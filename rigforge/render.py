@@ -16,7 +16,16 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from rigforge.boot import SETTLE_WINDOW_S
-from rigforge.layout import POWER_UNIT, SETTLE_SCRIPT, SETTLE_UNIT, VLLM_TEMPLATE, HostLayout
+from rigforge.layout import (
+    GPU_METRICS_FILE,
+    GPU_METRICS_SCRIPT,
+    POWER_UNIT,
+    SETTLE_SCRIPT,
+    SETTLE_UNIT,
+    TEXTFILE_DIR,
+    VLLM_TEMPLATE,
+    HostLayout,
+)
 from rigforge.schema import Settings, power_caps
 
 TEMPLATES = (Path(__file__).parent / "data" / "templates").resolve()  # package data: a link to templates/ in a checkout
@@ -125,6 +134,28 @@ def settle_files(
         .render(caps=sorted(caps.items()), window=int(window_s), script=layout.settle_script, nvidia_smi=nvidia_smi)
     )
     return {SETTLE_UNIT: unit, SETTLE_SCRIPT: _env().get_template(SETTLE_SCRIPT + ".j2").render()}
+
+
+def _label_value(value: str) -> str:
+    """A Prometheus label value as the text format quotes it (backslash, double quote, newline escaped)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def render_gpu_metrics(
+    caps: dict[int, int], variant: str, image: str, rest: str | None = None, nvidia_smi: str = "/usr/bin/nvidia-smi"
+) -> str:
+    """The GPU textfile collector (installed at `HostLayout.gpu_metrics_script`): the declared caps, variant, image
+    and rest state are rendered in; nvidia-smi, sysfs and the kernel log are read at every run (docs/monitoring.md)."""
+    return template(GPU_METRICS_SCRIPT + ".j2").render(
+        caps=sorted(caps.items()),
+        variant=_label_value(variant),
+        image=_label_value(image),
+        rest=_label_value(rest or ""),
+        nvidia_smi=nvidia_smi,
+        textfile_dir=TEXTFILE_DIR,
+        prom_file=GPU_METRICS_FILE,
+        timeout_s=30,
+    )
 
 
 def render_vllm_unit(layout: HostLayout, docker: str = "/usr/bin/docker") -> str:
