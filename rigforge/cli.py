@@ -8,6 +8,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 from rigforge import fleet, recipes
 from rigforge.catalog import CatalogError, load_catalog
@@ -85,7 +86,9 @@ def _render(args: argparse.Namespace) -> int:
     if unknown:
         raise SettingsError(f"unknown setting {unknown[0]!r}; allowed: {', '.join(sorted(HOST_KEYS.values()))}")
     data |= {"rigforge_recipe_opt_in": args.opt_in}
-    plan, problems = fleet.plan_for("render", data, args.variant, gpus=args.gpus, deployable=False)
+    one = fleet.build([SimpleNamespace(name="render", groups=(), data=data)], args.variant, gpus=args.gpus,
+                      deployable=False)  # fmt: skip
+    plan, problems = one.plans["render"], one.problems["render"]
     if plan is None:
         raise SettingsError("; ".join(problems))
     files = dict(plan.files)

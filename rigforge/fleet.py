@@ -82,25 +82,28 @@ class Fleet:
         return rebuild(gpus)
 
 
-def build(inventory, variant=None) -> Fleet:
-    """The fleet of a pyinfra inventory, for the deploy of `variant` (deploy/<variant>.py's name; None: each
-    host's rigforge_variant; or a variant object): every rig's plan before its probe, the registry host's plan,
-    each built once. The deploy and the controller commands build it here."""
-    roles, plans, problems = {}, {}, {}
-    for h in inventory:
+def build(hosts, variant=None, *, gpus: int | None = None, deployable: bool = True, opt_in: bool = False) -> Fleet:
+    """The fleet of `hosts` (a pyinfra inventory, or any hosts with .name, .groups and .data) for `variant`
+    (deploy/<variant>.py's name; None: each host's rigforge_variant; or a variant object): every rig's plan before
+    its probe, the registry's plan, each built once, for the deploy and every command. `gpus`: every rig's (render's
+    --gpus); `deployable`: as plan_for's; `opt_in`: every recipe taken as opted in (status, verify)."""
+    roles, plans, problems, datas = {}, {}, {}, {}
+    for h in hosts:
         mine = {g for g in (GATEWAY, REGISTRY) if g in h.groups} | ({RIG} if is_rig(h) else set())
+        datas[h.name] = {**host_data(h.data), "rigforge_recipe_opt_in": True} if opt_in else h.data
         if RIG in mine:
-            plans[h.name], found = plan_for(h.name, h.data, variant)
+            plans[h.name], found = plan_for(h.name, datas[h.name], variant, gpus, deployable)
             problems[h.name] = tuple(found)
         roles[h.name] = frozenset(mine)
-    reg_name = registry_host_name(inventory)
-    reg, reg_problems = registry_plan(inventory)
+    reg_name = registry_host({REGISTRY: [name for name, mine in roles.items() if REGISTRY in mine]})
+    reg_data = host_data(datas[reg_name]) if reg_name else {}
+    reg_problems = registry_knobs.validate(reg_data) if reg_name else []
     return Fleet(
         roles=MappingProxyType(roles),
         plans=MappingProxyType(plans),
         problems=MappingProxyType(problems),
         registry_host=reg_name,
-        registry=None if reg_problems else reg,
+        registry=registry_build(reg_name, reg_data) if reg_name and not reg_problems else None,
         registry_problems=tuple(reg_problems),
     )
 
@@ -136,20 +139,3 @@ def is_rig(h) -> bool:
     """Every host is a rig but those only in the groups `gateway` or `registry` (a gateway or registry host that is
     also a rig is in `rigs`)."""
     return not {GATEWAY, REGISTRY} & set(h.groups) or "rigs" in h.groups
-
-
-def registry_host_name(inventory) -> str | None:
-    """The inventory name of the fleet registry's host (rigforge/registry.py: registry_host), or None."""
-    return registry_host({REGISTRY: [h.name for h in inventory.get_group(REGISTRY, default=[])]})
-
-
-def registry_plan(inventory):
-    """(the fleet registry's plan, or None when the inventory has no registry host; its knobs' problems)."""
-    name = registry_host_name(inventory)
-    return (None, []) if name is None else _registry_of(name, inventory.get_host(name).data)
-
-
-def _registry_of(name: str, data) -> tuple:
-    data = host_data(data)
-    problems = registry_knobs.validate(data)
-    return (None if problems else registry_build(name, data)), problems

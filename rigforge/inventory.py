@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rigforge import fleet
+
 
 class InventoryError(Exception):
     """The inventory could not be loaded (exit 2)."""
@@ -155,14 +157,15 @@ def add_arguments(p: argparse.ArgumentParser, shown: str = "a table") -> None:
 
 
 def read_rigs(args, command: str, fn) -> dict[str, Any] | None:
-    """fn(host) on every rig of the inventory `args.inventory`, in parallel; None (said on stderr) when the
-    inventory cannot be loaded."""
+    """fn(host, fleet) on every host of the inventory `args.inventory`, in parallel, the fleet (rigforge/fleet.py:
+    every rig's plan) built once before; None (said on stderr) when the inventory cannot be loaded."""
     try:
         state = open_inventory(args.inventory)
     except InventoryError as exc:
         print(f"rigforge {command}: {exc}", file=sys.stderr)
         return None
-    return for_each_host(state, fn)
+    fl = fleet.build(state.inventory, deployable=False, opt_in=True)
+    return for_each_host(state, lambda host: fn(host, fl))
 
 
 def api_models(host, ctx, timeout: int = 5) -> dict:

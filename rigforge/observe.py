@@ -1,11 +1,12 @@
 """Observed state: a rig (or a gateway host) as read for its plan, on the controller, changing nothing.
 
-    observe(host) -> (RigContext, Observed)      the plan for the rig, and the rig read in one batched probe
-    observe_gateway(host, data) -> dict          HAProxy's unit, the gateway's answers, each rig's state in it
+    observe(host, fleet) -> (RigContext, Observed)   the rig's plan, and the rig read in one batched probe
+    observe_gateway(host, data) -> dict              HAProxy's unit, the gateway's answers, each rig's state in it
 
-The plan is the deploy's own (rigforge/fleet.py `plan_for`), for the variant the rig's manifest records, else host
-data's. The rig is read through facts, the plan's requests in one remote command (rigforge/facts/probe.py `read`);
-a fact the probe cannot answer is read on its own. rigforge/drift.py compares what is read here with the plan.
+The plan is the rig's in the command's Fleet (rigforge/fleet.py), built again only when the rig differs from the
+inventory (its manifest records another variant than host data, or another GPU count shows). The rig is read through
+facts, the plan's requests in one remote command (rigforge/facts/probe.py `read`); a fact the probe cannot answer is
+read on its own. rigforge/drift.py compares what is read here with the plan.
 """
 
 from __future__ import annotations
@@ -136,9 +137,9 @@ def requests(ctx: RigContext, os_id: str | None) -> list[tuple[type, dict]]:
     return out
 
 
-def observe(host) -> tuple[RigContext, Observed]:
-    """The rig's plan and the rig read for it: its manifest and GPUs first (they choose the variant and the caps),
-    then everything the checks need in one probe."""
+def observe(host, fl: fleet.Fleet) -> tuple[RigContext, Observed]:
+    """The rig's plan (from `fl`) and the rig read for it: its manifest and GPUs first (they choose the variant and
+    the caps), then everything the checks need in one probe."""
 
     data = fleet.host_data(host.data)
     ctx = RigContext(name=host.name, data=data)
@@ -158,9 +159,9 @@ def observe(host) -> tuple[RigContext, Observed]:
     if (recorded or wanted) and ctx.lock is not None:
         gpus = len(first.get_fact(NvidiaGpus) or []) or None
         serve = {**data, "rigforge_variant": recorded or wanted, "rigforge_recipe_opt_in": True}
-        ctx.plan, ctx.problems = fleet.plan_for(
-            host.name, serve, gpus=gpus, deployable=False, cap_units=tuple(ctx.cap_units)
-        )
+        rebuild = lambda count: fleet.plan_for(host.name, serve, None, count, False, tuple(ctx.cap_units))  # noqa: E731
+        same = not recorded or recorded == wanted  # the variant the fleet built the plan for
+        ctx.plan, ctx.problems = fl.completed(host.name, gpus, ctx.cap_units, rebuild) if same else rebuild(gpus)
     if ctx.plan:
         ctx.layout, ctx.variant_name = ctx.plan.layout, ctx.plan.variant.name
     return ctx, Observed(host, requests(ctx, first.get_fact(OsRelease)["id"]))
@@ -186,15 +187,14 @@ def _driver_package(data: Mapping, os_id: str | None) -> str | None:
         return None
 
 
-def image_origin(obs: Observed, ctx: RigContext, hosts) -> dict | None:
+def image_origin(obs: Observed, ctx: RigContext, reg) -> dict | None:
     """Where the rig's locked image comes from (rigforge/obtain.py), asked now from the controller: {"image",
     "on_rig", "from", "warning"}; `warning` when the rig alone holds it (no other copy) or nothing does. None
-    without a plan, or when services are not managed (nothing is pulled there)."""
+    without a plan, or when services are not managed (nothing is pulled there). `reg`: the fleet registry's plan."""
 
     if not ctx.plan or not ctx.manage:
         return None
     plan = ctx.plan
-    reg, _ = fleet.registry_plan(hosts)
     found = obtain.sources(plan.image, reg, plan.data["serving_image_upstream"], plan.data["serving_image_upstream_ca"])
     on_rig = bool(obs.get_fact(DockerImagePresent, image=plan.image))
     text, warning = obtain.origin(on_rig, found)

@@ -24,8 +24,8 @@ from rigforge.pins import default_lock_path
 DEFAULT_LOCK = default_lock_path()
 
 
-def status_row(host) -> dict:
-    ctx, obs = observe.observe(host)
+def status_row(host, fl: fleet.Fleet) -> dict:
+    ctx, obs = observe.observe(host, fl)
     gpus = drift.gpus_with_targets(obs, ctx)
     pins = drift.pin_drift(ctx)
     if pins["drift"] is not None:  # what the rig holds now, beside what its manifest records
@@ -58,7 +58,7 @@ def status_row(host) -> dict:
         ],
         "cuda": drift.cuda_versions(obs, ctx),  # {"driver": "13.0", "image": "13.0"}
         "power": drift.power_view(obs, ctx),
-        "image": observe.image_origin(obs, ctx, host.inventory),  # where the locked image comes from
+        "image": observe.image_origin(obs, ctx, fl.registry),  # where the locked image comes from
         "services_managed": ctx.manage,
         "service": unit,
         "checks": [asdict(c) for c in drift.checks(obs, ctx)],  # verify's, without its live chat/tool probes
@@ -76,10 +76,10 @@ def status_row(host) -> dict:
     return row
 
 
-def host_row(host) -> dict:
+def host_row(host, fl: fleet.Fleet) -> dict:
     """A rig's row; a gateway host's (of the inventory group `gateway`) carries the gateway's view too."""
 
-    row = status_row(host) if fleet.is_rig(host) else {"host": host.name, "error": None, "rig": False}
+    row = status_row(host, fl) if fl.is_rig(host.name) else {"host": host.name, "error": None, "rig": False}
     row["rest"] = fleet.host_data(host.data)["serving_rest"]
     if fleet.GATEWAY in host.groups:
         row["gateway"] = observe.observe_gateway(host, fleet.host_data(host.data))

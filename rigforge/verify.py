@@ -42,14 +42,14 @@ from rigforge import drift, fleet, inventory, observe
 from rigforge.drift import FAIL, PASS, SKIP, SKIPPED, Check, RigContext
 
 
-def check_host(host) -> tuple[list[Check], dict]:
+def check_host(host, fl: fleet.Fleet) -> tuple[list[Check], dict]:
     """(the drift checks of the rig (rigforge/drift.py) and the live API probes; on a gateway host (the inventory
     group `gateway`), the gateway's checks (rigforge/gateway.py); {"rest": serving_rest, "gateway": the
     gateway's view}), for `with_gateways`."""
 
-    out, seen = [], {"rest": fleet.host_data(host.data)["serving_rest"], "rig": fleet.is_rig(host)}
-    if fleet.is_rig(host):
-        ctx, obs = observe.observe(host)
+    out, seen = [], {"rest": fleet.host_data(host.data)["serving_rest"], "rig": fl.is_rig(host.name)}
+    if seen["rig"]:
+        ctx, obs = observe.observe(host, fl)
         out = drift.checks(obs, ctx)
         out += api_checks(host, ctx, [c for c in out if c.name.startswith("unit ")])
     if fleet.GATEWAY in host.groups:

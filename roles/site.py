@@ -30,7 +30,7 @@ from rigforge.facts.docker import DockerImagePresent
 from rigforge.facts.files import JsonFile, TreeSize
 from rigforge.facts.hfweights import WeightsState
 from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, PowerCapUnits
-from rigforge.fleet import GATEWAY, REGISTRY, host_data, is_rig, plan_for, registry_host_name, registry_plan  # noqa: F401
+from rigforge.fleet import GATEWAY, REGISTRY, host_data, is_rig, plan_for
 from rigforge.hardware import Needs, format_problems
 from rigforge.inventory import sudo_problem
 from rigforge.knobs.site import DEFAULTS

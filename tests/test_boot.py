@@ -14,11 +14,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from rigforge import boot, drift, observe
+from rigforge import boot, drift, fleet, observe
 from rigforge.facts import probe
 from rigforge.facts.nvidia import BootCaps
 from rigforge.layout import POWER_UNIT, SETTLE_UNIT
-from roles import site
 
 FIXTURES = Path(__file__).parent / "fixtures" / "boot"
 WRITERS = {
@@ -61,7 +60,7 @@ def seen(**changes) -> dict:
 
 
 def ctx(manage=True, writers=None):
-    plan, problems = site.plan_for("rig1", {"rigforge_variant": "dual"}, deployable=False)
+    plan, problems = fleet.plan_for("rig1", {"rigforge_variant": "dual"}, deployable=False)
     assert plan, problems
     return SimpleNamespace(manage=manage, plan=plan, settings=plan.settings,
                            cap_units=WRITERS if writers is None else writers)  # fmt: skip
@@ -145,14 +144,14 @@ def test_unmanaged_hosts_name_the_writers_found_and_drift_skips_the_check():
         "/etc/cron.d/gpu-cap (250 W); what ran not read (services not managed)"
     )
     assert boot.summary({}, ctx(manage=False, writers={})) == ""
-    rig = observe.RigContext(name="rig1", data=site.host_data({"rigforge_manage_services": False}))
+    rig = observe.RigContext(name="rig1", data=fleet.host_data({"rigforge_manage_services": False}))
     check = drift.caps_set_last(None, rig)
     assert (check.name, check.status, check.detail) == ("caps set last at this boot", drift.SKIP, drift.SKIPPED)
 
 
 def test_drift_asks_the_probe_for_the_boot_fact_with_the_writers_units():
-    plan, _ = site.plan_for("rig1", {"rigforge_variant": "dual"}, deployable=False)
-    rig = observe.RigContext(name="rig1", data=site.host_data({"rigforge_manage_services": True}), plan=plan,
+    plan, _ = fleet.plan_for("rig1", {"rigforge_variant": "dual"}, deployable=False)
+    rig = observe.RigContext(name="rig1", data=fleet.host_data({"rigforge_manage_services": True}), plan=plan,
                            layout=plan.layout, variant_name="dual", cap_units=WRITERS)  # fmt: skip
     asked = {probe.fact_key(c, k) for c, k in observe.requests(rig, "debian")}
     units = {"units": "nvidia-power-cap.service homemade-cap.service"}  # cron jobs have no unit to ask about

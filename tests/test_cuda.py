@@ -117,12 +117,11 @@ class Rig:
 
 
 def test_verify_and_status_show_both_versions():
-    from rigforge import drift, observe
-    from roles import site
+    from rigforge import drift, fleet, observe
 
-    plan, problems = site.plan_for("rig1", {"rigforge_variant": "dual-turbo"}, deployable=False)
+    plan, problems = fleet.plan_for("rig1", {"rigforge_variant": "dual-turbo"}, deployable=False)
     assert plan, problems
-    ctx = observe.RigContext(name="rig1", data=site.host_data({}), plan=plan, lock=plan.lock)
+    ctx = observe.RigContext(name="rig1", data=fleet.host_data({}), plan=plan, lock=plan.lock)
     running = {"version": "580.159.04", "smi": "/usr/bin/nvidia-smi", "smi_ok": True, "owner": None, "cuda": "13.0"}
     assert drift.cuda_versions(Rig(running), ctx) == {"driver": "13.0", "image": "13.0"}
     check = drift.cuda(Rig(running), ctx)

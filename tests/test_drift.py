@@ -8,13 +8,12 @@ import hashlib
 
 from pyinfra.facts.files import Sha256File
 
-from rigforge import drift, observe
+from rigforge import drift, fleet, observe
 from rigforge.facts import probe
 from rigforge.facts.files import JsonFile
 from rigforge.facts.serving import ComposeImages, ServiceState
 from rigforge.facts.system import OsRelease, SystemdUnitEnabled
 from rigforge.layout import HostLayout
-from roles import site
 
 ANSWERS = {  # what a fresh rig answers, per fact class name
     "NvidiaGpus": [],
@@ -47,9 +46,9 @@ class Recording:
 
 
 def context(manifest=None, **data):
-    plan, problems = site.plan_for("rig1", {"rigforge_variant": "dual-turbo", **data}, deployable=False)
+    plan, problems = fleet.plan_for("rig1", {"rigforge_variant": "dual-turbo", **data}, deployable=False)
     assert plan, problems
-    return observe.RigContext(name="rig1", data=site.host_data(data), plan=plan, layout=plan.layout,
+    return observe.RigContext(name="rig1", data=fleet.host_data(data), plan=plan, layout=plan.layout,
                             variant_name="dual-turbo", manifest=manifest)  # fmt: skip
 
 

@@ -19,9 +19,9 @@ import urllib.error
 import urllib.request
 
 from rigforge import drift, gateway, observe, status, verify
+from rigforge.fleet import plan_for
 from rigforge.knobs.gateway import DEFAULTS, validate
 from rigforge.testbed.openai_stub import Schedule, make_server
-from roles.site import plan_for
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"  # Debian's haproxy (.ci/run installs it)
 

@@ -27,6 +27,7 @@ from pyinfra.operations import server
 import rigforge.knobs.gpu_power
 import rigforge.knobs.serving
 import rigforge.knobs.weights
+from rigforge import fleet
 from rigforge.catalog import CatalogError
 from rigforge.layout import HostLayout
 from rigforge.pins import default_lock_path, load_lock
@@ -99,7 +100,7 @@ def run_site(
 
         if before:
             before(host)
-        if not site.serve_the_registry(variant) or not site.is_rig(host):
+        if not site.serve_the_registry(variant) or not fleet.is_rig(host):
             return
         plan = site.prepare(variant)
         plans[host.name] = plan
@@ -313,9 +314,9 @@ def test_render_set_refuses_out_of_range_values():
 def test_a_rigforge_dir_below_a_system_dir_is_allowed():
     for data in ({"rigforge_root": "/home/ai/rigforge"}, {"serving_model_dir": "/var/lib/models"},
                  {"serving_port": 80, "serving_allow_privileged_port": True}, {"serving_port": 2200}):  # fmt: skip
-        plan, problems = site.plan_for("r", data, "dual-turbo", deployable=False)
+        plan, problems = fleet.plan_for("r", data, "dual-turbo", deployable=False)
         assert plan and not problems, problems
-    plan, problems = site.plan_for("r", {"serving_port": 2200, "ssh_port": 2200}, "dual-turbo", deployable=False)
+    plan, problems = fleet.plan_for("r", {"serving_port": 2200, "ssh_port": 2200}, "dual-turbo", deployable=False)
     assert problems == [
         "serving_port 2200 is this rig's SSH port; choose another, e.g. 8011 (the variants use 8010-8014)"
     ]
@@ -437,3 +438,80 @@ def test_a_fleet_builds_each_rigs_plan_once_and_renders_each_file_once_per_host(
     assert problems == [] and [s.name for b in gw.backends for s in b.servers] == ["@fake/rig1", "@fake/rig2",
                                                                                    "@fake/rig3"]  # fmt: skip
     assert all(plans[f"@fake/rig{i}"] for i in (1, 2, 3))
+
+
+def answers(recorded: dict[str, str], gpus: dict[str, int]):
+    """An Observed class (rigforge/observe.py) answering as a provisioned rig would, asking no host: its manifest
+    records `recorded[host]` (else host data's variant), nvidia-smi lists `gpus[host]` GPUs (else 2)."""
+    gpu = {"index": 0, "name": "NVIDIA GeForce RTX 3090", "memory_total": 24576, "power_limit": 230}
+
+    class Answers:
+        def __init__(self, host, requests=()):
+            self.host = host
+
+        def get_fact(self, cls, **kwargs):
+            name = self.host.name
+            return {
+                "NvidiaGpus": [{**gpu, "index": i} for i in range(gpus.get(name, 2))],
+                "OsRelease": {"id": "debian", "version_id": "13", "codename": "trixie"},
+                "JsonFile": {"variant": recorded.get(name, self.host.data.get("rigforge_variant"))}
+                if kwargs.get("path", "").endswith("rig.json")
+                else None,
+                "PowerCapUnits": {},
+                "WeightsState": {"stamp": None, "files": {}},
+                "ServiceState": {"active": "unknown", "sub": "", "result": "", "restarts": 0, "enabled": ""},
+                "BootCaps": {},
+                "ComposeImages": [],
+            }.get(cls.__name__)
+
+    return Answers
+
+
+@pytest.mark.parametrize("command", ["status", "verify"])
+def test_status_and_verify_build_each_rigs_plan_once(tmp_path, monkeypatch, command, capsys):
+    """Issue 31: status and verify build the fleet once (rigforge/fleet.py `build`, before the rigs are read in
+    parallel) and take each rig's plan from it: on 3 rigs and a gateway host, each rig's plan is built once when
+    the rigs are as the inventory says; a rig whose manifest records another variant, or that shows another GPU
+    count, is built again for what it runs."""
+    import argparse
+    import importlib
+    from collections import Counter
+    from types import SimpleNamespace
+
+    import rigforge.plan as planner
+    from rigforge import inventory, observe
+
+    built, real_build = Counter(), planner.build
+    monkeypatch.setattr(planner, "build", lambda name, *a, **kw: built.update([name]) or real_build(name, *a, **kw))
+    rig = {"rigforge_lock": lock_file(tmp_path), "rigforge_variant": "dual-turbo", "rigforge_manage_services": False}
+    hosts = Inventory(([(f"rig{i}", rig) for i in (1, 2, 3)] + ["gw"], {}), gateway=(["gw"], {}))
+    monkeypatch.setattr(inventory, "open_inventory", lambda path: SimpleNamespace(inventory=hosts))
+    before = []  # the plans built before the rigs are read
+
+    def for_each_host(state, fn):
+        before.append(dict(built))
+        return {h.name: fn(h) for h in state.inventory}
+
+    monkeypatch.setattr(inventory, "for_each_host", for_each_host)
+    monkeypatch.setattr(inventory, "sh", lambda host, command: "")  # nothing answers on the hosts
+    run = importlib.import_module(f"rigforge.{command}").run
+    args = argparse.Namespace(inventory="fleet.py", json=True)
+
+    monkeypatch.setattr(observe, "Observed", answers({}, {}))
+    assert run(args) in (0, 1)
+    assert before == [dict(built)] == [{"rig1": 1, "rig2": 1, "rig3": 1}]  # by the fleet; reading the rigs built none
+    out = json.loads(capsys.readouterr().out)
+    rows = out if command == "status" else [{"host": h, **r} for h, r in out["hosts"].items()]
+    assert [r["host"] for r in rows] == ["rig1", "rig2", "rig3", "gw"] and not any(r["error"] for r in rows)
+
+    built.clear()
+    monkeypatch.setattr(observe, "Observed", answers({"rig2": "dual"}, {"rig3": 1}))
+    run(args)
+    assert dict(built) == {"rig1": 1, "rig2": 2, "rig3": 2}  # rig2 for "dual", rig3 for its one GPU
+    if command == "status":
+        rows = {r["host"]: r for r in json.loads(capsys.readouterr().out)}
+        assert (rows["rig2"]["variant"], len(rows["rig3"]["gpus"]), rows["rig1"]["variant"]) == (
+            "dual",
+            1,
+            "dual-turbo",
+        )

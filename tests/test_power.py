@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rigforge import power
+from rigforge import fleet, power
 from rigforge.facts.nvidia import (
     CRON_FILES,
     UNIT_DIRS,
@@ -27,7 +27,6 @@ from rigforge.hardware import interconnect
 from rigforge.layout import SETTLE_UNIT, HostLayout
 from rigforge.render import POWER_UNIT, render_power_unit
 from rigforge.status import power_lines
-from roles import site
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RECIPES = FIXTURES / "club-3090-4a29ab57"
@@ -122,7 +121,7 @@ def test_the_first_unit_dir_wins_as_in_systemd():
 
 
 def plan(**kwargs):
-    plan, problems = site.plan_for("r", {}, "dual-turbo", deployable=False, **kwargs)
+    plan, problems = fleet.plan_for("r", {}, "dual-turbo", deployable=False, **kwargs)
     assert not problems, problems
     return plan
 
@@ -142,11 +141,11 @@ def test_the_power_unit_is_ordered_after_no_other_writer_whatever_the_rig_has():
 
 
 def test_the_settle_window_and_per_gpu_caps_are_rendered_from_host_data():
-    p, problems = site.plan_for("r", {"gpu_power_settle_window_s": 5, "gpu_power_limits": {1: 250}}, "dual-turbo",
+    p, problems = fleet.plan_for("r", {"gpu_power_settle_window_s": 5, "gpu_power_limits": {1: 250}}, "dual-turbo",
                                 gpus=2, deployable=False)  # fmt: skip
     assert not problems
     assert " /usr/bin/nvidia-smi 5 0:230 1:250\n" in p.files[SETTLE_UNIT]
-    _, problems = site.plan_for("r", {"gpu_power_settle_window_s": -1}, "dual-turbo", deployable=False)
+    _, problems = fleet.plan_for("r", {"gpu_power_settle_window_s": -1}, "dual-turbo", deployable=False)
     assert problems == ["gpu_power_settle_window_s must be a whole number of seconds in 0..3600, got -1"]
 
 
@@ -183,7 +182,7 @@ def test_a_cap_outside_the_measured_range_is_a_warning_naming_the_source():
 
 def test_a_deploy_warns_about_a_cap_outside_the_range_and_goes_on(monkeypatch):
     monkeypatch.setenv("RIGFORGE_RECIPES", str(RECIPES))
-    p, problems = site.plan_for("r", {"gpu_power_limit_w": 350}, "dual-turbo", gpus=2, deployable=False)
+    p, problems = fleet.plan_for("r", {"gpu_power_limit_w": 350}, "dual-turbo", gpus=2, deployable=False)
     assert p is not None and not problems  # not a refusal
     (warning,) = power.warnings(p.caps, power.locate_profile(p.lock))
     assert "350 W" in warning and "docs/HARDWARE.md" in warning

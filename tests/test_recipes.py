@@ -519,12 +519,12 @@ def test_every_selectable_slug_renders_without_a_lock_entry_showing_its_unresolv
 
 
 def test_a_deploy_still_refuses_a_slug_the_lock_lacks(monkeypatch):
+    from rigforge import fleet
     from rigforge.pins import default_lock_path
     from rigforge.plan import build
-    from roles import site
 
     monkeypatch.setenv("RIGFORGE_RECIPES", str(REFERENCE))
-    data = site.host_data({"rigforge_lock": str(default_lock_path())})
+    data = fleet.host_data({"rigforge_lock": str(default_lock_path())})
     plan, problems = build("rig", data, "vllm/gemma-31b-dual")
     assert plan is None and problems and "no hf entry for cyankiwi/gemma-4-31B-it-qat-AWQ-INT4" in problems[-1]
     plan, problems = build("rig", data, "vllm/gemma-31b-dual", deployable=False)

@@ -13,9 +13,8 @@ import yaml
 from pyinfra.api import Inventory
 
 import rigforge.knobs.registry
-from rigforge import registry
+from rigforge import fleet, registry
 from roles import registry as registry_role
-from roles import site
 from roles.operations.docker_daemon import merged_text
 
 
@@ -32,16 +31,18 @@ def test_the_registry_host_is_the_registry_groups_first_and_only_when_asked_for(
 def test_site_finds_the_registry_and_registry_hosts_are_not_rigs():
     inv = Inventory((["rig1", "gw", "reg"], {}), rigs=(["rig1"], {}), gateway=(["gw"], {}),
                     registry=(["reg"], {"registry_port": 5443}))  # fmt: skip
-    reg, problems = site.registry_plan(inv)
-    assert problems == [] and (reg.host, reg.endpoint, reg.url) == ("reg", "reg:5443", "https://reg:5443")
-    assert [h.name for h in inv if site.is_rig(h)] == ["rig1"]
+    fl = fleet.build(inv)
+    reg, problems = fl.registry, fl.registry_problems
+    assert problems == () and (reg.host, reg.endpoint, reg.url) == ("reg", "reg:5443", "https://reg:5443")
+    assert [h.name for h in inv if fleet.is_rig(h)] == ["rig1"] == [n for n in fl.roles if fl.is_rig(n)]
     gw_only = Inventory((["rig1", "gw"], {}), gateway=(["gw"], {"registry_insecure": True, "registry_port": 0}))
-    assert site.registry_plan(gw_only) == (None, [])  # opt-in: a gateway is not a registry unless listed
+    fl = fleet.build(gw_only)
+    assert (fl.registry_host, fl.registry_problems) == (None, ())  # opt-in: a gateway is not a registry unless listed
     both = Inventory((["rig1", "gw"], {}), gateway=(["gw"], {"registry_port": 0}), registry=(["gw"], {}))
-    reg, problems = site.registry_plan(both)
-    assert reg is None and problems == ["registry_port must be a whole number in 1..65535, got 0"]
-    assert [h.name for h in both if site.is_rig(h)] == ["rig1"]
-    assert site.registry_plan(Inventory((["rig1"], {})))[0] is None
+    fl = fleet.build(both)
+    assert fl.registry is None and fl.registry_problems == ("registry_port must be a whole number in 1..65535, got 0",)
+    assert fl.registry_host == "gw" and [h.name for h in both if fleet.is_rig(h)] == ["rig1"]
+    assert fleet.build(Inventory((["rig1"], {}))).registry_host is None
 
 
 def test_knobs_are_checked():

@@ -92,16 +92,16 @@ def test_the_power_unit_and_the_settle_stage_pass_systemd_analyze_verify_without
     settle script passes `sh -n`."""
     from types import SimpleNamespace
 
+    from rigforge import fleet
     from rigforge.layout import POWER_UNIT, SETTLE_SCRIPT, SETTLE_UNIT
     from rigforge.render import render_power_unit, settle_files
-    from roles import site
 
     d = "/rigforge-render-check/boot"
     here = tools / d.lstrip("/")
     here.mkdir(parents=True, exist_ok=True)
     (here / "nvidia-smi").write_text("#!/bin/sh\nexit 0\n")
     (here / "nvidia-smi").chmod(0o755)
-    plan, problems = site.plan_for("r", {}, "dual", gpus=2, deployable=False, cap_units=("homemade-cap.service",))
+    plan, problems = fleet.plan_for("r", {}, "dual", gpus=2, deployable=False, cap_units=("homemade-cap.service",))
     assert plan and not problems, problems
     assert plan.files[POWER_UNIT] == render_power_unit({0: 230, 1: 230})  # no After= on the other writer
     files = {POWER_UNIT: render_power_unit(plan.caps, nvidia_smi=f"{d}/nvidia-smi")}

@@ -22,14 +22,13 @@ from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra.operations import server
 
-from rigforge import hardware
+from rigforge import fleet, hardware
 from rigforge.catalog import load_catalog
 from rigforge.layout import NVIDIA_RUNTIME, HostLayout
 from rigforge.plan import Plan
 from rigforge.render import render_power_unit, render_variant
 from rigforge.schema import Settings
 from roles import docker_engine, gpu_power, nvidia_driver, preflight, serving
-from roles import site as roles_site
 from roles.operations import apt_repo, checks, docker_daemon, nvidia, shown
 
 OS = {
@@ -65,7 +64,7 @@ def planned(role):
     def run():
         from pyinfra import host
 
-        plan, _ = roles_site.plan_for(host.name, host.data, "dual-turbo", deployable=False)
+        plan, _ = fleet.plan_for(host.name, host.data, "dual-turbo", deployable=False)
         if plan:
             role(plan)
 
@@ -174,7 +173,7 @@ def site(**preflight_args):
     def _site():
         from pyinfra import host
 
-        preflight.check(replace(PREFLIGHT, **preflight_args), roles_site.host_data(host.data))
+        preflight.check(replace(PREFLIGHT, **preflight_args), fleet.host_data(host.data))
         server.shell(name="Change something", commands=["touch /rigforge-was-here"])
 
     return _site

@@ -470,13 +470,14 @@ def test_no_such_package_stops_the_host_in_preflight_not_the_run():
     from pyinfra.api import deploy
     from test_roles_host_ops import PREFLIGHT
 
-    from roles import preflight, site
+    from rigforge import fleet
+    from roles import preflight
 
     @deploy("site")
     def _site():
         from pyinfra import host
 
-        preflight.check(replace(PREFLIGHT, disk_bytes=1), site.host_data(host.data))
+        preflight.check(replace(PREFLIGHT, disk_bytes=1), fleet.host_data(host.data))
         planned(nvidia_driver.install)()
 
     state = converge({"d": rig("debian13", gpus=[], nvidia_driver_source="ubuntu"), "ok": rig(gpus=[])}, _site)
