@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import yaml
 
@@ -80,10 +81,12 @@ def lock_in_use(rigs) -> Path:
 
 
 def _plan(h, lock: Path):
-    plan, problems = fleet.plan_for(h.name, {**fleet.host_data(h.data), "rigforge_lock": str(lock)})
-    if plan is None:
-        raise RolloutError(f"{h.name}: no plan at {lock}: {'; '.join(problems)}")
-    return plan
+    """Rig `h`'s plan at `lock`: a one-host Fleet (rigforge/fleet.py), its host data as the deploy reads it."""
+    at = SimpleNamespace(name=h.name, groups=h.groups, data={**fleet.host_data(h.data), "rigforge_lock": str(lock)})
+    fl = fleet.build([at])
+    if fl.plans.get(h.name) is None:
+        raise RolloutError(f"{h.name}: no plan at {lock}: {'; '.join(fl.problems.get(h.name, ()))}")
+    return fl.plans[h.name]
 
 
 def flags(files: dict) -> dict[str, str]:
@@ -162,13 +165,14 @@ def deploy(inventory_path: str, rig: str, lock: Path, rest: str | None = None) -
 
 
 def on_rig(inventory_path: str, rig: str, lock: Path, fn):
-    """fn(host) on `rig` connected over SSH, its host data read with `lock` as its lock."""
+    """fn(host, fleet) on `rig` connected over SSH, its host data (and the fleet's) read with `lock` as the lock."""
     state = inventory.open_inventory(inventory_path, override={"rigforge_lock": str(lock)})
+    fl = fleet.build(state.inventory, deployable=False, opt_in=True)
     h = state.inventory.get_host(rig)
     h.connect(show_errors=False, raise_exceptions=True)
     state.activate_host(h)
     try:
-        return fn(h)
+        return fn(h, fl)
     finally:
         h.disconnect()
 
@@ -182,7 +186,7 @@ def verified(inventory_path: str, rig: str, lock: Path) -> list[str]:
 
 
 def measured(args, rig: str, lock: Path) -> float:
-    return on_rig(args.inventory, rig, lock, lambda h: tps(h, lock, args.bench_requests))
+    return on_rig(args.inventory, rig, lock, lambda h, _: tps(h, lock, args.bench_requests))
 
 
 # --- the rollout ---------------------------------------------------------------------------------------------
