@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,7 @@ import yaml
 from rigforge import fleet, inventory
 from rigforge.lock import write_atomically
 from rigforge.pins import LockError, load_lock
+from rigforge.status import ROLLOUT_MARKER
 
 REPO = Path(__file__).resolve().parents[1]
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
@@ -234,9 +234,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name}: held (host data rollout_hold): stays at {old}")
         if args.dry:
             return 0
-        canary(args, first, old, new)
+        marker = Path(f"{old}{ROLLOUT_MARKER}")  # `status` shows which rigs run the candidate meanwhile
+        write_atomically(marker, json.dumps({"candidate": str(new.resolve())}) + "\n")
+        try:
+            canary(args, first, old, new)
+        except RolloutError:
+            marker.unlink(missing_ok=True)  # the canary is back: the fleet is at the lock in use
+            raise
         for h in (h for h in rigs if h is not first):
-            deploy(args.inventory, h.name, new)
+            deploy(args.inventory, h.name, new)  # a failure leaves the marker: the fleet is mixed
         if held and not args.promote_with_held:
             say(f"every rig but the held {', '.join(held)} runs {new}; not promoted (--promote-with-held)")
             return 1
@@ -252,5 +258,5 @@ def promote(old: Path, new: Path) -> None:
     text, previous = new.read_text(), old.read_text()
     write_atomically(Path(f"{old}.previous"), previous)
     write_atomically(old, text)
-    os.utime(old)
+    Path(f"{old}{ROLLOUT_MARKER}").unlink(missing_ok=True)
     say(f"promoted {new} to {old} (the previous lock kept as {old}.previous)")

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
+from pathlib import Path
 
 from rigforge import drift, fleet, inventory, observe
 from rigforge.drift import watts
 from rigforge.driver_table import version_key
-from rigforge.pins import default_lock_path
+from rigforge.pins import LockError, default_lock_path, load_lock
+
+ROLLOUT_MARKER = ".rollout.json"  # beside the lock in use while `rigforge rollout` runs or stopped midway
 
 DEFAULT_LOCK = default_lock_path()
 
@@ -63,6 +66,7 @@ def status_row(host, fl: fleet.Fleet) -> dict:
         "service": unit,
         "checks": [asdict(c) for c in drift.checks(obs, ctx)],  # verify's, without its live chat/tool probes
         "problems": ctx.problems,
+        "candidate": candidate_of(ctx),  # a rollout in progress: does this rig run its candidate lock?
     }
     if ctx.port is None:
         row["api"] = {"url": None, "reachable": False, "detail": "no port: variant unknown"}
@@ -74,6 +78,21 @@ def status_row(host, fl: fleet.Fleet) -> dict:
             api["detail"] += "; services not managed on this host"
         row["api"] = api
     return row
+
+
+def candidate_of(ctx) -> dict | None:
+    """{"lock": the candidate of a rollout in progress (rigforge/rollout.py's marker beside the lock in use), "runs":
+    the rig's manifest records its pins}; None when no rollout is in progress."""
+    marker = Path(f"{ctx.data['rigforge_lock'] or DEFAULT_LOCK}{ROLLOUT_MARKER}")
+    try:
+        path = json.loads(marker.read_text())["candidate"]
+        cand = load_lock(path)
+    except (OSError, ValueError, KeyError, LockError):
+        return None
+    pins = ctx.manifest_pins()
+    images = {cand.pinned(p.ref) for p in (cand.image, *cand.images.values())}
+    git = all(name in cand.git and cand.git[name].commit == commit for name, commit in pins["git"].items())
+    return {"lock": path, "runs": pins["image"] in images and git}
 
 
 def host_row(host, fl: fleet.Fleet) -> dict:
@@ -183,6 +202,9 @@ def format_table(rows: list[dict]) -> str:
             )
         for d in r.get("pin_drift") or []:
             lines.append(f"{r['host']}: pin drift: {d}")
+        if r.get("candidate"):
+            runs = "runs" if r["candidate"]["runs"] else "does not run yet"
+            lines.append(f"{r['host']}: rollout in progress: {runs} the candidate {r['candidate']['lock']}")
         if r.get("rest") and not r.get("error") and r.get("rig") is not False:
             lines.append(f"{r['host']}: resting {r['rest']} on purpose (host data serving_rest): intended, not drift")
         for c in r.get("checks") or []:

@@ -376,3 +376,28 @@ def test_dirty_checkout_and_touched_weight_file_show_as_drift_in_status(rigs):
     assert checks_of(report, "rig1")["sources at locked SHAs"]["status"] == "fail"
     _, rows = status_json(rigs.inventory)  # put back: ok again
     assert rows["rig1"]["pin_drift"] == []
+
+
+def test_status_names_the_rigs_that_run_a_rollouts_candidate(tmp_path):
+    """While `rigforge rollout` runs (or after it stopped midway) its marker sits beside the lock in use: status says
+    which rigs run the candidate, from the pins each rig's manifest records; without the marker, nothing."""
+    from types import SimpleNamespace
+
+    import yaml
+
+    from rigforge.status import ROLLOUT_MARKER, candidate_of
+
+    lock, candidate = tmp_path / "lock.yaml", tmp_path / "lock-b.yaml"
+    image = {"ref": "vllm/vllm-openai:v0.31.0", "digest": "sha256:" + "b1" * 32}
+    git = {"recipes": {"url": "git://127.0.0.1/recipes.git", "ref": "B", "commit": "b" * 40}}
+    candidate.write_text(yaml.safe_dump({"version": 1, "image": image, "git": git, "hf": {}}))
+
+    def rig(image: str, commit: str):
+        pins = {"image": image, "git": {"recipes": commit}, "hf": {}}
+        return SimpleNamespace(data={"rigforge_lock": str(lock)}, manifest_pins=lambda: pins)
+
+    at_b, at_a = rig(f"vllm/vllm-openai:v0.31.0@{image['digest']}", "b" * 40), rig("vllm/vllm-openai:v0.27.1", "a" * 40)
+    assert candidate_of(at_b) is None  # no rollout in progress
+    (tmp_path / f"lock.yaml{ROLLOUT_MARKER}").write_text(f'{{"candidate": "{candidate}"}}')
+    assert candidate_of(at_b) == {"lock": str(candidate), "runs": True}
+    assert candidate_of(at_a) == {"lock": str(candidate), "runs": False}
