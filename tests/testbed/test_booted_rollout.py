@@ -1,4 +1,4 @@
-"""A recipe bump rolled out safely (`rigforge rollout`), on a booted fleet of 2 rigs and the gateway serving
+"""A recipe bump rolled out safely (`rigforge rollout`), on a booted fleet of 3 rigs and the gateway serving
 vllm/dual from the testbed's recipe commit A, under a steady load through the gateway:
 - the preview (--dry) names each rig's image, flags and restarts, and the rollout then does exactly that;
 - a slow bump (B-slow, half the speed) fails the canary's bench gate: the loss is printed, the canary goes back to
@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -39,7 +40,7 @@ def bump_fleet(testbed_factory, tmp_path_factory):
     saved = os.environ.get("RIGFORGE_RECIPES")
     os.environ["RIGFORGE_RECIPES"] = str(REFERENCE)  # testbed up builds its recipes remote (A, B, B-slow)
     try:
-        tb = testbed_factory([RigSpec()] * 2, name="bump", booted=True, gateway=True)
+        tb = testbed_factory([RigSpec()] * 3, name="bump", booted=True, gateway=True)
     finally:
         if saved is None:
             os.environ.pop("RIGFORGE_RECIPES", None)
@@ -102,15 +103,17 @@ def under_load(tb, *args: str, report=None) -> tuple[subprocess.CompletedProcess
 
 def test_a_slow_bump_fails_the_canary_and_leaves_the_fleet_and_the_lock_at_a(bump_fleet, testbed_report):
     tb, inv, tmp = bump_fleet
-    rig1, rig2 = tb.rigs
+    rig1, rig2, rig3 = tb.rigs
     dual = {"rigforge_variant": "vllm/dual"}
-    held = inventory_with(tb, tmp / "held.py", {"rig1": dual, "rig2": {**dual, "rollout_hold": True}})
+    held = inventory_with(tb, tmp / "held.py", {"rig1": dual, "rig2": {**dual, "rollout_hold": True}, "rig3": dual})
     at_a, lock_a = image_of(rig1), tb.lock.read_text()
     res, load = under_load(tb, str(held), "--to", str(tmp / "lock-B-slow.yaml"), report=testbed_report)
     assert res.returncode == 1, res.stdout + res.stderr
-    assert "the canary rig1 did not hold: measured loss" in res.stderr, res.stderr
+    loss = re.search(r"the canary rig1 did not hold: measured loss (\d+)% > allowed 30%", res.stderr)
+    assert loss and int(loss.group(1)) > 30, res.stderr
+    testbed_report.append(f"rollout B-slow: {res.stderr.strip().splitlines()[-1]}")
     assert "rig2: held (host data rollout_hold)" in res.stdout, res.stdout
-    assert image_of(rig1) == at_a == image_of(rig2) and tb.lock.read_text() == lock_a
+    assert image_of(rig1) == at_a == image_of(rig2) == image_of(rig3) and tb.lock.read_text() == lock_a
     assert load["failed"] == 0, load
     results, stderr = pyinfra_run(inv, REPO / "deploy" / "site.py", env=ENV)  # a plain deploy: nothing to put back
     assert results["failed_hosts"] == [] and changed(results) == [], (changed(results), stderr[-3000:])
