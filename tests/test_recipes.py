@@ -636,3 +636,37 @@ def test_the_image_is_set_the_recipes_way_through_its_image_env(repo, newer):
     vendored = render(repo, "vllm/dual")
     assert "VLLM_IMAGE=" not in vendored[".env"]
     assert yaml.safe_load(vendored[recipes.OVERRIDE_FILE])["services"]["vllm-qwen36-27b-dual"]["image"] == IMAGE
+
+
+def test_follow_derives_the_engine_image_a_second_image_and_the_weights_from_the_later_commit(tmp_path):
+    """rigforge/follow.py on commit B (with a compose that also pulls a kernel image by digest): the engine's entry
+    moves to B's image, unresolved; the second image gets its own entry with its digest; the new slug's weights an
+    unresolved hf entry; the recipe pin moves to the fetched commit. Entries nothing uses are left as they were."""
+    import dataclasses
+
+    from rigforge import follow
+    from rigforge.pins import GitPin, ImagePin, Lock
+    from rigforge.testbed import recipe_commits
+
+    tree = tmp_path / "club-3090"
+    shutil.copytree(REFERENCE, tree, symlinks=True)
+    recipe_commits.to_b(tree)
+    compose = tree / recipe_commits.NEW_COMPOSE
+    kernel = "club3090/kernels:v2@sha256:" + "c3" * 32
+    compose.write_text(compose.read_text() + f"  kernels:\n    image: {kernel}\n")
+    old = ImagePin(ref="vllm/vllm-openai:v0.27.1", digest="sha256:" + "a1" * 32, cuda="13.0")
+    pin = GitPin(name="recipes", url="file:///recipes.git", ref="A", commit="a" * 40)
+    lock = Lock(path="lock.yaml", image=old, git={"recipes": pin}, hf={}, images={"vllm-stable": old})
+    fetched = []
+
+    def fetch(p):
+        fetched.append(p)
+        return dataclasses.replace(p, commit="b" * 40), tree
+
+    new, repo = follow.follow(lock, "B", [recipe_commits.NEW_SLUG], fetch)
+    assert fetched[0].ref == "B" and fetched[0].commit is None
+    assert new.git["recipes"].commit == "b" * 40 and new.git["recipes"].ref == "B"
+    assert new.images["vllm-stable"] == ImagePin(ref=recipe_commits.B_IMAGE, cuda="13.0")  # to be resolved
+    assert new.images["kernels"] == ImagePin(ref="club3090/kernels:v2", digest="sha256:" + "c3" * 32)
+    assert [(p.repo, p.revision) for p in new.hf.values()] == [(recipe_commits.NEW_REPO, None)]
+    assert "+    ref: vllm/vllm-openai:v0.31.0" in follow.diff(lock, new, "lock.yaml")

@@ -205,9 +205,7 @@ def build_recipes(dest: Path) -> dict | None:
     src = recipes_dir()
     if src is None:
         return None
-    from . import recipe_commits
-
-    key = f"{hash_tree(src)}:{hashlib.sha256(Path(recipe_commits.__file__).read_bytes()).hexdigest()[:12]}"
+    key = f"{hash_tree(src)}:{hash_tree(Path(__file__).with_name('recipe_commits.py'))}"
     meta_file = dest / "recipes.json"
     if meta_file.exists() and json.loads(meta_file.read_text()).get("key") == key:
         return json.loads(meta_file.read_text())["meta"]
@@ -220,12 +218,12 @@ def build_recipes(dest: Path) -> dict | None:
 def _build_recipes(src: Path, work: Path, dest: Path, env: dict) -> dict:
     """A bare `recipes.git` holding a copy of `src` (the directory itself is never modified) as commit A on
     master, then the later commits B and B-slow (recipe_commits.py), each tagged."""
-    from . import recipe_commits
+    from .recipe_commits import STEPS
 
     shutil.copytree(src, work, symlinks=True, ignore=shutil.ignore_patterns(".git"))
     sh(["git", "init", "-q", "-b", "master", str(work)], env=env)
     tags = {}
-    for day, (tag, change, message) in enumerate((("A", None, f"recipes from {src}"), *recipe_commits.STEPS)):
+    for day, (tag, change, message) in enumerate((("A", None, f"recipes from {src}"), *STEPS)):
         if change:
             change(work)
         date = f"2026-08-{22 + day}T12:00:00Z"

@@ -25,7 +25,6 @@ import yaml
 
 import rigforge.testbed.upstream as upstream
 
-from . import recipe_commits
 from ._util import (
     TestbedError,
     ensure_safe_dir,
@@ -65,6 +64,7 @@ from .booted import stop as stop_booted_rig
 from .content import HF_TOKEN, UNLOCKED, build_git, build_hf, build_recipes, content_key, recipes_dir, shard_size
 from .hostpkgs import ensure as ensure_host_packages
 from .presets import apply as apply_preset
+from .recipe_commits import B_IMAGE, SLOW_ENV, SLOW_IMAGE
 from .rig import IMAGE_REF, USER, Rig, RigSpec, recipe_images
 from .rootfs import build_tarball, extract, prepare_rig
 
@@ -377,7 +377,7 @@ def start_upstream(shared: Path, tarball: Path, cuda: str) -> dict:
     env = {"CUDA_VERSION": f"{cuda}.0"}
     images = {IMAGE_REF: env, **{ref: env for ref in sorted(set(recipe_images().values()))}}
     if recipe_images():  # the engine images of the recipe repo's later commits B and B-slow (recipe_commits.py)
-        images |= {recipe_commits.B_IMAGE: env, recipe_commits.SLOW_IMAGE: env | recipe_commits.SLOW_ENV}
+        images |= {B_IMAGE: env, SLOW_IMAGE: env | SLOW_ENV}
     images[BROKEN_IMAGE] = {"RIGFORGE_STANDIN_EXIT": BROKEN_MESSAGE}
     state = upstream.describe(shared, port, {})
     client = upstream.Client(state["url"], Path(state["ca"]))
