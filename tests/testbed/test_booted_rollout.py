@@ -1,5 +1,5 @@
 """A recipe bump rolled out safely (`rigforge rollout`), on a booted fleet of 3 rigs and the gateway serving
-vllm/dual from the testbed's recipe commit A, under a steady load through the gateway:
+vllm/dual from the testbed's recipe commit A, under a steady load through the gateway (4 openai clients, no retries):
 - the preview (--dry) names each rig's image, flags and restarts, and the rollout then does exactly that;
 - a slow bump (B-slow, half the speed) fails the canary's bench gate: the loss is printed, the canary goes back to
   A, exit 1, the lock and the held rig untouched;
@@ -12,13 +12,13 @@ Marked `booted` and `testbed`; skipped with the reason when this machine cannot 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -73,11 +73,46 @@ def rigforge(*args: str, env: dict | None = None, timeout: float = 1200) -> subp
                           timeout=timeout, env=env or {**os.environ, **ENV})  # fmt: skip
 
 
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_rollout", REPO / "benchmarks" / "bench_rollout.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+class Clients:
+    """`n` openai clients (max_retries=0: a failed request is never retried) asking the gateway for chat
+    completions back to back, every other one streamed; each request's (start, ok, why it failed)."""
+
+    def __init__(self, url: str, n: int = 4):
+        from openai import OpenAI
+
+        self.client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+        self.results: list[tuple[float, bool, str]] = []
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._run, args=(i % 2 == 0,), daemon=True) for i in range(n)]
+
+    def _run(self, stream: bool) -> None:
+        messages = [{"role": "user", "content": "Count."}]
+        while not self.stop.is_set():
+            t0 = time.monotonic()
+            try:
+                answer = self.client.chat.completions.create(
+                    model="qwen3.6-27b", messages=messages, max_tokens=20, stream=stream
+                )
+                text = "".join((c.choices[0].delta.content or "") for c in answer if c.choices) if stream else (
+                    answer.choices[0].message.content)  # fmt: skip
+                self.results.append((t0, bool(text), "" if text else "empty"))
+            except Exception as exc:  # any failure is counted, by its kind
+                self.results.append((t0, False, type(exc).__name__))
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+
+    def seen(self, start: float) -> dict:
+        mine = [r for r in self.results if r[0] >= start]
+        failed = [r for r in mine if not r[1]]
+        return {"sent": len(mine), "failed": len(failed), "why": sorted({r[2] for r in failed})}
 
 
 def image_of(rig) -> str:
@@ -85,17 +120,16 @@ def image_of(rig) -> str:
 
 
 def under_load(tb, *args: str, report=None) -> tuple[subprocess.CompletedProcess, dict]:
-    """`rigforge rollout ARGS` while 4 clients send chat completions through the gateway; (the run, the load)."""
-    b = bench()
-    b.MODEL = "qwen3.6-27b"  # the recipe's served model name
+    """`rigforge rollout ARGS` while 4 openai clients send chat completions through the gateway; (the run, the
+    load: requests sent and failed)."""
     start = time.monotonic()
-    with b.Load(tb.gateway_url, None, 4, 20) as load:
+    with Clients(tb.gateway_url) as clients:
         time.sleep(3)
         t0 = time.monotonic()
         res = rigforge("rollout", *args)
         t1 = time.monotonic()
         time.sleep(2)
-    seen = b.phase(load.results, start, t1 + 2)
+    seen = clients.seen(start)
     if report is not None:
         report.append(f"rollout {' '.join(args[1:])}: rc {res.returncode} in {t1 - t0:.0f}s; load {seen}")
     return res, seen
