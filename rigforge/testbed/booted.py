@@ -291,9 +291,18 @@ def boot(rig_dir: Path, timeout: float = 120) -> float:
 
 def _irrelevant(unit: str) -> bool:
     """Units whose failure inside a container says nothing about the rig: /etc/.updated bookkeeping
-    (systemd-update-done), moving the journal to /var/log (systemd-journal-flush, which times out under load),
-    and loading kernel modules, which a container cannot do (modprobe@*)."""
-    return unit in ("systemd-update-done.service", "systemd-journal-flush.service") or unit.startswith("modprobe@")
+    (systemd-update-done), moving the journal to /var/log (systemd-journal-flush) and static device nodes in /dev
+    (systemd-tmpfiles-setup-dev*, nspawn makes /dev), which time out under load, and loading kernel modules, which
+    a container cannot do (modprobe@*)."""
+    return unit in HOUSEKEEPING or unit.startswith("modprobe@")
+
+
+HOUSEKEEPING = (
+    "systemd-update-done.service",
+    "systemd-journal-flush.service",
+    "systemd-tmpfiles-setup-dev-early.service",
+    "systemd-tmpfiles-setup-dev.service",
+)
 
 
 def shutdown(rig_dir: Path, timeout: float = 60) -> None:
