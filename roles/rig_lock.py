@@ -58,7 +58,10 @@ def identity(h) -> tuple[str, str] | None:
 
 
 def twins(h, hosts) -> list[str]:
-    """The names among `hosts` (this run's, other than `h`) that reach the same machine as `h`."""
+    """The names among `hosts` (this run's, other than `h`) that reach the same machine as `h`. With no other host
+    there is nothing to read: the machine-id read would also run the batched probe before the lock is held."""
+    if not any(o.name != h.name for o in hosts):
+        return []
     mine = identity(h)
     return sorted(o.name for o in hosts if o.name != h.name and mine is not None and identity(o) == mine)
 
