@@ -32,7 +32,7 @@ def follow(lock: Lock, ref: str, slugs: Iterable[str], fetch) -> tuple[Lock, rec
     used = [repo.recipe(slug, opt_in=True) for slug in dict.fromkeys(slugs)]
     engines = {r.engine: r.image for r in repo.recipes.values() if not r.refused and "@" not in r.image}
     images = dict(lock.images)
-    for engine in {*images, *(r.engine for r in used)} & set(engines):
+    for engine in sorted({*images, *(r.engine for r in used)} & set(engines)):
         old = images.get(engine)
         if old is None or old.ref != engines[engine]:
             images[engine] = ImagePin(ref=engines[engine], cuda=old.cuda if old else None)

@@ -59,6 +59,10 @@ class RolloutError(Exception):
     pass
 
 
+class CanaryFailed(RolloutError):
+    """The canary did not hold and is back at the lock in use: the fleet is as it was."""
+
+
 def say(text: str) -> None:
     print(f"rollout: {text}", flush=True)
 
@@ -196,8 +200,11 @@ def canary(args, h, old: Path, new: Path) -> None:
     deploy(args.inventory, h.name, old, rest="drained")  # out of the gateway: its own speed, not the fleet's load
     before = measured(args, h.name, old)
     say(f"{h.name}: canary baseline {before:.1f} tokens/s at {old.name}")
-    deploy(args.inventory, h.name, new, rest="drained")
-    failed = verified(args.inventory, h.name, new)
+    try:
+        deploy(args.inventory, h.name, new, rest="drained")
+        failed = verified(args.inventory, h.name, new)
+    except RolloutError as exc:  # a deploy that failed its gate: switched back like a failed check
+        failed = [str(exc)]
     after = measured(args, h.name, new) if not failed else 0.0
     loss = 1 - after / before if before else 0.0
     say(f"{h.name}: canary {after:.1f} tokens/s at {new.name}: {loss:+.0%} against {before:.1f}" if not failed else
@@ -206,7 +213,7 @@ def canary(args, h, old: Path, new: Path) -> None:
         deploy(args.inventory, h.name, old)  # back at the lock in use, and back in the gateway
         speed = f"measured loss {loss:.0%} > allowed {args.max_loss:.0%} ({before:.1f} -> {after:.1f} tokens/s)"
         why = f"verify failed ({'; '.join(failed)})" if failed else speed
-        raise RolloutError(f"the canary {h.name} did not hold: {why}; it is back at {old}, nothing promoted")
+        raise CanaryFailed(f"the canary {h.name} did not hold: {why}; it is back at {old}, nothing promoted")
     deploy(args.inventory, h.name, new)  # rejoins
 
 
@@ -238,9 +245,9 @@ def run(args: argparse.Namespace) -> int:
         write_atomically(marker, json.dumps({"candidate": str(new.resolve())}) + "\n")
         try:
             canary(args, first, old, new)
-        except RolloutError:
+        except CanaryFailed:
             marker.unlink(missing_ok=True)  # the canary is back: the fleet is at the lock in use
-            raise
+            raise  # any other failure leaves the marker: the canary may run the candidate
         for h in (h for h in rigs if h is not first):
             deploy(args.inventory, h.name, new)  # a failure leaves the marker: the fleet is mixed
         if held and not args.promote_with_held:
