@@ -27,6 +27,7 @@ finds them and only merges daemon.json). The differences from a real rig are tes
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -190,9 +191,16 @@ def join_lan(rig_dir: Path) -> None:
     per host (its `eth0` in the host's namespace, the other end on the bridge), the host's address on eth0, link up.
     A closed port on a host refuses, and a host whose link is down does not answer, as on a real LAN."""
     lan, rig = lan_name(rig_dir.parent.parent), netns_name(rig_dir)
-    sh(["ip", "netns", "add", lan], check=False, capture=True)  # another host may have made it meanwhile
-    sh(["ip", "-n", lan, "link", "add", "br0", "type", "bridge"], check=False, capture=True)
-    sh(["ip", "-n", lan, "link", "set", "br0", "up"], capture=True)
+    # hosts boot in parallel: one makes the LAN while the others wait (`ip netns add` makes the name before the
+    # namespace is mounted, so "exists" does not mean ready; CI saw "Cannot find device br0")
+    Path("/run/lock").mkdir(parents=True, exist_ok=True)
+    with open(f"/run/lock/{lan}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not Path(f"/run/netns/{lan}").exists():
+            sh(["ip", "netns", "add", lan], capture=True)
+        if sh(["ip", "-n", lan, "link", "show", "br0"], check=False, capture=True).returncode != 0:
+            sh(["ip", "-n", lan, "link", "add", "br0", "type", "bridge"], capture=True)
+        sh(["ip", "-n", lan, "link", "set", "br0", "up"], capture=True)
     port = "v" + rig.removeprefix("rigforge-")  # the bridge port of this host (15 characters at most)
     if sh(["ip", "-n", rig, "link", "show", LAN_DEV], check=False, capture=True).returncode != 0:
         sh(["ip", "-n", lan, "link", "add", port, "type", "veth", "peer", "name", LAN_DEV, "netns", rig], capture=True)
@@ -291,14 +299,15 @@ def boot(rig_dir: Path, timeout: float = 120) -> float:
 
 def _irrelevant(unit: str) -> bool:
     """Units whose failure inside a container says nothing about the rig: /etc/.updated bookkeeping
-    (systemd-update-done), moving the journal to /var/log (systemd-journal-flush) and static device nodes in /dev
-    (systemd-tmpfiles-setup-dev*, nspawn makes /dev), which time out under load, and loading kernel modules, which
-    a container cannot do (modprobe@*)."""
+    (systemd-update-done), remounting / from an /etc/fstab with no entries (systemd-remount-fs), moving the journal
+    to /var/log (systemd-journal-flush) and static device nodes in /dev (systemd-tmpfiles-setup-dev*, nspawn makes
+    /dev), which time out under load, and loading kernel modules, which a container cannot do (modprobe@*)."""
     return unit in HOUSEKEEPING or unit.startswith("modprobe@")
 
 
 HOUSEKEEPING = (
     "systemd-update-done.service",
+    "systemd-remount-fs.service",
     "systemd-journal-flush.service",
     "systemd-tmpfiles-setup-dev-early.service",
     "systemd-tmpfiles-setup-dev.service",
