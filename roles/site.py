@@ -40,6 +40,7 @@ from rigforge.plan import Plan
 from roles import docker_engine, gpu_power, interrupt, nvidia_driver, preflight, rig_lock, serving, sources, weights
 from roles import gateway as gateway_role
 from roles import images as images_role
+from roles import monitor as monitor_role
 from roles import registry as registry_role
 from roles.operations import aptlock, recover
 from roles.operations.checks import gpus_fit, refuse_now
@@ -337,6 +338,7 @@ def provision(variant_name: str | None = None):
     docker_engine.install(plan)
     trust_the_registry(plan, the_fleet(variant_name))
     gpu_power.apply(plan)
+    monitor_role.rig(plan)
     sources.apply(plan)
     weights.apply(plan)
     gateways = {h.name: bool(h.data.get("_sudo")) for h in host.inventory.get_group(GATEWAY, default=[])}

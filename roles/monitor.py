@@ -1,0 +1,53 @@
+"""Monitoring on a rig: Debian's prometheus-node-exporter, and rigforge's GPU textfile collector run every 15 s by
+a systemd timer into the exporter's textfile dir (docs/monitoring.md).
+
+The collector is rendered from the plan (the declared caps, variant, locked image and rest state written in:
+rigforge.render.render_gpu_metrics); its unit and timer are validated with systemd-analyze verify before they land.
+"""
+
+from __future__ import annotations
+
+from pyinfra.api import deploy
+from pyinfra.operations import apt, systemd
+
+from rigforge.knobs.serving import Serving
+from rigforge.layout import GPU_METRICS_SCRIPT, NODE_EXPORTER_PACKAGE
+from rigforge.plan import Plan
+from rigforge.render import gpu_metrics_units, render_gpu_metrics
+from roles.operations import systemd_units
+from roles.operations.staged import staged_files, systemd_verify
+
+DEFAULTS: dict = {}  # no knobs of its own yet: the collector's inputs are the plan's
+
+
+@deploy("Rig metrics", data_defaults=DEFAULTS)
+def rig(plan: Plan):
+    layout = plan.layout
+    apt.packages(name=f"Install {NODE_EXPORTER_PACKAGE} (Debian's)", packages=[NODE_EXPORTER_PACKAGE])
+    collector = render_gpu_metrics(plan.caps, plan.variant.name, plan.image, rest=plan.data.get("serving_rest"))
+    script = staged_files(
+        name=f"Install {layout.gpu_metrics_script} (the GPU textfile collector)",
+        dest=layout.libexec,
+        files={GPU_METRICS_SCRIPT: (collector, "755")},
+        validate=f"sh -n {GPU_METRICS_SCRIPT}",
+        keep_previous=False,
+    )
+    units = gpu_metrics_units(layout)
+    unit = staged_files(
+        name=f"Install {' and '.join(units)} (validated by systemd-analyze verify)",
+        dest=layout.unit_dir,
+        files={name: (text, "644") for name, text in units.items()},
+        validate=" && ".join(f"( {systemd_verify(name)} )" for name in units),
+        keep_previous=False,
+    )
+    systemd.daemon_reload(name="Reload systemd units", _if=unit.did_change)
+    systemd_units.enabled(name=f"Enable {layout.gpu_metrics_timer} at boot", unit=layout.gpu_metrics_timer)
+    if Serving.of(plan.data).rigforge_manage_services:
+        systemd.service(name=f"Run {NODE_EXPORTER_PACKAGE}", service=NODE_EXPORTER_PACKAGE, running=True)
+        systemd.service(name=f"Run {layout.gpu_metrics_timer}", service=layout.gpu_metrics_timer, running=True)
+        systemd.service(
+            name=f"Run the collector now ({layout.gpu_metrics_script} or its units changed)",
+            service=layout.gpu_metrics_unit,
+            restarted=True,
+            _if=lambda: script.did_change() or unit.did_change(),
+        )
