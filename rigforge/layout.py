@@ -46,6 +46,10 @@ GPU_METRICS_UNIT = "rigforge-gpu-metrics.service"  # runs the collector once
 GPU_METRICS_TIMER = "rigforge-gpu-metrics.timer"  # starts GPU_METRICS_UNIT every GPU_METRICS_INTERVAL_S
 GPU_METRICS_INTERVAL_S = 15
 NODE_EXPORTER_PACKAGE = "prometheus-node-exporter"  # Debian's; its unit has the package's name
+# the monitor host (roles/monitor.py): Debian's prometheus reads these
+MONITOR_CONFIG = "/etc/prometheus/prometheus.yml"
+MONITOR_RULES = "/etc/prometheus/rigforge-alerts.rules.yml"  # templates/monitor/rigforge-alerts.rules.yml
+MONITOR_DEFAULTS = "/etc/default/prometheus"  # its ARGS: the retention flags
 # the fleet gateway (roles/gateway.py): HAProxy runs rigforge's config, via a drop-in for the distro's unit
 GATEWAY_DIR = f"{ETC}/gateway"
 GATEWAY_CFG = "haproxy.cfg"

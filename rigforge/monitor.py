@@ -1,0 +1,46 @@
+"""The monitor host's Prometheus (docs/monitoring.md): its scrape config, made from the Fleet's targets
+(rigforge/fleet.py `Fleet.targets`), never from a list kept by hand, and the flags that size its storage.
+
+Pure data, like rigforge/registry.py: the caller passes the targets and the monitor host's knobs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import yaml
+
+from rigforge.layout import MONITOR_RULES
+
+JOBS = {"node": "/metrics", "vllm": "/metrics", "haproxy": "/metrics"}  # the Fleet's jobs and each one's path
+
+
+def render_config(targets: Mapping[str, tuple[tuple[str, str], ...]], data: Mapping) -> str:
+    """prometheus.yml: one job per kind of target, each target labelled `rig` (or `gateway`) with its host's
+    inventory name; the alerting rules from MONITOR_RULES."""
+    interval = f"{int(data['monitor_scrape_interval_s'])}s"
+    config = {
+        "global": {"scrape_interval": interval, "evaluation_interval": interval},
+        "rule_files": [MONITOR_RULES],
+        "scrape_configs": [
+            {
+                "job_name": job,
+                "metrics_path": JOBS[job],
+                "static_configs": [
+                    {"targets": [address], "labels": {"gateway" if job == "haproxy" else "rig": host}}
+                    for host, address in targets.get(job, ())
+                ],
+            }
+            for job in JOBS
+        ],
+    }
+    header = "# rigforge: the monitor's Prometheus (roles/monitor.py), made from the fleet; rewritten by every run\n"
+    return header + yaml.safe_dump(config, sort_keys=False)
+
+
+def args(data: Mapping) -> str:
+    """Prometheus's storage flags for /etc/default/prometheus (ARGS): retention by time and by size."""
+    return (
+        f"--storage.tsdb.retention.time={data['monitor_retention_time']} "
+        f"--storage.tsdb.retention.size={data['monitor_retention_size']}"
+    )
