@@ -11,6 +11,7 @@ from collections.abc import Mapping
 import yaml
 
 from rigforge.layout import MONITOR_RULES
+from rigforge.render import TEMPLATES
 
 JOBS = {"node": "/metrics", "vllm": "/metrics", "haproxy": "/metrics"}  # the Fleet's jobs and each one's path
 
@@ -21,7 +22,7 @@ def render_config(targets: Mapping[str, tuple[tuple[str, str], ...]], data: Mapp
     interval = f"{int(data['monitor_scrape_interval_s'])}s"
     config = {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
-        "rule_files": [MONITOR_RULES],
+        "rule_files": [MONITOR_RULES.rsplit("/", 1)[1]],  # beside the config: promtool checks them staged together
         "scrape_configs": [
             {
                 "job_name": job,
@@ -44,3 +45,8 @@ def args(data: Mapping) -> str:
         f"--storage.tsdb.retention.time={data['monitor_retention_time']} "
         f"--storage.tsdb.retention.size={data['monitor_retention_size']}"
     )
+
+
+def rules() -> str:
+    """The alerting rules (templates/monitor/rigforge-alerts.rules.yml), installed at MONITOR_RULES."""
+    return (TEMPLATES / "monitor" / MONITOR_RULES.rsplit("/", 1)[1]).read_text()

@@ -1,5 +1,7 @@
-"""Monitoring on a rig: Debian's prometheus-node-exporter, and rigforge's GPU textfile collector run every 15 s by
-a systemd timer into the exporter's textfile dir (docs/monitoring.md).
+"""Monitoring (docs/monitoring.md). On a rig (`rig`): Debian's prometheus-node-exporter, and rigforge's GPU textfile
+collector run every 15 s by a systemd timer into the exporter's textfile dir. On the monitor host (`server`):
+Debian's prometheus with a scrape config made from the Fleet's targets and rigforge's alerting rules, checked
+together by promtool before they land, and the retention flags in its /etc/default file.
 
 The collector is rendered from the plan (the declared caps, variant, locked image and rest state written in:
 rigforge.render.render_gpu_metrics); its unit and timer are validated with systemd-analyze verify before they land.
@@ -7,11 +9,14 @@ rigforge.render.render_gpu_metrics); its unit and timer are validated with syste
 
 from __future__ import annotations
 
-from pyinfra.api import deploy
-from pyinfra.operations import apt, systemd
+from io import StringIO
 
+from pyinfra.api import deploy
+from pyinfra.operations import apt, files, systemd
+
+from rigforge import monitor
 from rigforge.knobs.serving import Serving
-from rigforge.layout import GPU_METRICS_SCRIPT, NODE_EXPORTER_PACKAGE
+from rigforge.layout import GPU_METRICS_SCRIPT, MONITOR_CONFIG, MONITOR_DEFAULTS, MONITOR_RULES, NODE_EXPORTER_PACKAGE
 from rigforge.plan import Plan
 from rigforge.render import gpu_metrics_units, render_gpu_metrics
 from roles.operations import systemd_units
@@ -50,4 +55,41 @@ def rig(plan: Plan):
             service=layout.gpu_metrics_unit,
             restarted=True,
             _if=lambda: script.did_change() or unit.did_change(),
+        )
+
+
+@deploy("Monitor")
+def server(targets, data, manage_services: bool):
+    """`targets`: the Fleet's (rigforge/fleet.py); `data`: this host's knobs (rigforge/knobs/monitor.py)."""
+    apt.packages(name="Install prometheus (Debian's)", packages=["prometheus"])
+    config_dir, config, rules = (
+        MONITOR_CONFIG.rsplit("/", 1)[0],
+        *(p.rsplit("/", 1)[1] for p in (MONITOR_CONFIG, MONITOR_RULES)),
+    )
+    count = sum(len(t) for t in targets.values())
+    staged = staged_files(
+        name=f"Install {MONITOR_CONFIG} ({count} targets from the fleet) and the alerting rules (checked by promtool)",
+        dest=config_dir,
+        files={config: (monitor.render_config(targets, data), "644"), rules: (monitor.rules(), "644")},
+        validate=f"promtool check rules {rules} && promtool check config {config}",
+    )
+    args = files.put(
+        name=f"Size Prometheus's storage in {MONITOR_DEFAULTS} ({monitor.args(data)})",
+        src=StringIO(f'# rigforge (roles/monitor.py): rewritten by every run\nARGS="{monitor.args(data)}"\n'),
+        dest=MONITOR_DEFAULTS,
+        mode="644",
+    )
+    if manage_services:
+        systemd.service(name="Run prometheus", service="prometheus", running=True, enabled=True)
+        systemd.service(
+            name="Reload prometheus (config or rules changed)",
+            service="prometheus",
+            reloaded=True,
+            _if=staged.did_change,
+        )
+        systemd.service(
+            name="Restart prometheus (its storage flags changed)",
+            service="prometheus",
+            restarted=True,
+            _if=args.did_change,
         )

@@ -14,7 +14,6 @@ from support import REPO
 from rigforge import fleet, monitor
 from rigforge.fleet import host_data
 from rigforge.knobs.monitor import validate
-from rigforge.layout import MONITOR_RULES
 
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"  # Debian's prometheus (.ci/run installs it)
 
@@ -52,11 +51,11 @@ def test_the_rendered_config_passes_promtool_check_config(tmp_path):
     jobs = {c["job_name"]: [(s["labels"], s["targets"]) for s in c["static_configs"]] for c in config["scrape_configs"]}
     assert jobs["node"] == [({"rig": "rig1"}, ["10.77.0.2:9100"]), ({"rig": "rig2"}, ["rig2:9200"])]
     assert jobs["haproxy"] == [({"gateway": "gw"}, ["gw:8405"])]
-    assert config["global"]["scrape_interval"] == "15s" and config["rule_files"] == [MONITOR_RULES]
-    rules = tmp_path / "rigforge-alerts.rules.yml"
-    shutil.copy(REPO / "templates/monitor/rigforge-alerts.rules.yml", rules)
+    assert config["global"]["scrape_interval"] == "15s" and config["rule_files"] == ["rigforge-alerts.rules.yml"]
+    assert monitor.rules() == (REPO / "templates/monitor/rigforge-alerts.rules.yml").read_text()
+    (tmp_path / "rigforge-alerts.rules.yml").write_text(monitor.rules())  # beside the config, as on the monitor
     cfg = tmp_path / "prometheus.yml"
-    cfg.write_text(text.replace(MONITOR_RULES, str(rules)))
+    cfg.write_text(text)
     check = subprocess.run([PROMTOOL, "check", "config", str(cfg)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
     assert "SUCCESS: 1 rule files found" in check.stdout + check.stderr
