@@ -28,7 +28,12 @@ DEFAULTS: dict = {}  # no knobs of its own yet: the collector's inputs are the p
 @deploy("Rig metrics", data_defaults=DEFAULTS)
 def rig(plan: Plan):
     layout = plan.layout
-    apt.packages(name=f"Install {NODE_EXPORTER_PACKAGE} (Debian's)", packages=[NODE_EXPORTER_PACKAGE])
+    # dbus: the exporter's systemd collector (the vLLM unit's state) asks systemd over the system bus
+    apt.packages(
+        name=f"Install {NODE_EXPORTER_PACKAGE} (Debian's) and dbus for its systemd collector",
+        packages=[NODE_EXPORTER_PACKAGE, "dbus"],
+        no_recommends=True,
+    )
     collector = render_gpu_metrics(plan.caps, plan.variant.name, plan.image, rest=plan.data.get("serving_rest"))
     script = staged_files(
         name=f"Install {layout.gpu_metrics_script} (the GPU textfile collector)",
@@ -61,7 +66,7 @@ def rig(plan: Plan):
 @deploy("Monitor")
 def server(targets, data, manage_services: bool):
     """`targets`: the Fleet's (rigforge/fleet.py); `data`: this host's knobs (rigforge/knobs/monitor.py)."""
-    apt.packages(name="Install prometheus (Debian's)", packages=["prometheus"])
+    apt.packages(name="Install prometheus (Debian's)", packages=["prometheus"], no_recommends=True)
     config_dir, config, rules = (
         MONITOR_CONFIG.rsplit("/", 1)[0],
         *(p.rsplit("/", 1)[1] for p in (MONITOR_CONFIG, MONITOR_RULES)),

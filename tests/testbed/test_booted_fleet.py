@@ -60,7 +60,7 @@ def rigforge(*args: str, env: dict | None = None, timeout: float = 600) -> subpr
 def fleet(testbed_factory):
     from rigforge.testbed import RigSpec
 
-    return testbed_factory([RigSpec()] * 3, name="fleet", booted=True, gateway=True, registry=True)
+    return testbed_factory([RigSpec()] * 3, name="fleet", booted=True, gateway=True, registry=True, monitor=True)
 
 
 def locked(tb) -> str:
@@ -215,6 +215,83 @@ def test_the_gateway_fronts_the_fleet(fleet):
     line = gateway_status(fleet)
     assert line.endswith(f"models: {MODEL}; rig1 serving, rig2 serving, rig3 serving")
     assert line.startswith(f"gw: gateway {fleet.gateway_url} healthy")  # where clients reach it, not :8088 inside
+
+
+def promql(tb, query: str) -> list[dict]:
+    """The monitor's answer to an instant query (its Prometheus, published on the controller)."""
+    answer = requests.get(f"{tb.prometheus_url}/api/v1/query", params={"query": query}, timeout=10).json()
+    assert answer["status"] == "success", answer
+    return answer["data"]["result"]
+
+
+def firing(tb) -> set[tuple[str, str]]:
+    """(alert, rig or gateway server) of every alert firing now."""
+    alerts = requests.get(f"{tb.prometheus_url}/api/v1/alerts", timeout=10).json()["data"]["alerts"]
+    return {(a["labels"]["alertname"], a["labels"].get("rig", a["labels"].get("server", ""))) for a in alerts
+            if a["state"] == "firing"}  # fmt: skip
+
+
+def wait_for(what: str, check, timeout: float):
+    """Poll `check()` until it returns something true; the seconds it took. Fails naming `what` and the last value."""
+    t0, value = time.monotonic(), None
+    while time.monotonic() - t0 < timeout:
+        value = check()
+        if value:
+            return time.monotonic() - t0
+        time.sleep(2)
+    raise AssertionError(f"{what}: not within {timeout:.0f}s (last: {value!r})")
+
+
+def test_the_monitor_scrapes_every_rig_and_the_gateway_over_the_lan(fleet, testbed_report):
+    """Prometheus on gw (group `monitor`) scrapes what the Fleet names: every rig's node exporter (with the GPU
+    collector's file) and vLLM, the gateway's HAProxy exporter; the caps read 230 W on every GPU of every rig."""
+    rigs = {rig.name for rig in fleet.rigs}
+
+    def all_up():
+        targets = requests.get(f"{fleet.prometheus_url}/api/v1/targets", timeout=10).json()["data"]["activeTargets"]
+        health = {(t["labels"]["job"], t["labels"].get("rig", t["labels"].get("gateway"))): t["health"]
+                  for t in targets}  # fmt: skip
+        want = {(job, rig) for job in ("node", "vllm") for rig in rigs} | {("haproxy", fleet.gateway.name)}
+        return set(health) == want and set(health.values()) == {"up"} and health
+
+    took = wait_for("every target up", all_up, 120)
+    testbed_report.append(f"monitor: {3 * 2 + 1} targets up {took:.0f}s after the converge's checks")
+    caps = {(r["metric"]["rig"], r["metric"]["gpu"]): float(r["value"][1]) for r in
+            promql(fleet, "rigforge_gpu_power_limit_watts")}  # fmt: skip
+    assert caps == {(rig, gpu): 230.0 for rig in rigs for gpu in ("0", "1")}, caps
+    assert {r["metric"]["rig"] for r in promql(fleet, "vllm:num_requests_running")} == rigs
+    assert {r["metric"]["rig"] for r in promql(fleet, "vllm:kv_cache_usage_perc")} == rigs
+    up = promql(fleet, 'haproxy_server_status{state="UP"} == 1')
+    assert {r["metric"]["server"] for r in up} == rigs, up
+    assert {r["metric"]["rig"] for r in promql(fleet, "rigforge_gpus_pci == rigforge_gpus_visible")} == rigs
+
+
+def test_a_stopped_vllm_unit_and_a_lost_card_fire_their_alerts_and_a_deploy_clears_them(fleet, testbed_report):
+    """rig1's vLLM unit stopped: RigforgeVllmUnitDown within 3 minutes; rig2's stand-in nvidia-smi loses GPU1
+    while the PCI bus still shows it: RigforgeGpuMissing. The card back and a re-run of the deploy (it starts the
+    stopped unit): both clear."""
+    rig1, rig2 = fleet.rigs[0], fleet.rigs[1]
+    assert not firing(fleet), firing(fleet)
+    rig1.run("systemctl stop 'rigforge-vllm@*.service'", check=True)
+    state = "/var/lib/rigforge-sim/state.json"
+    lose = f"import json; s = json.load(open('{state}')); s['lost'] = [1]; json.dump(s, open('{state}', 'w'))"
+    rig2.run(f'python3 -c "{lose}"', check=True)
+    assert rig2.run("nvidia-smi -L").returncode == 15
+    try:
+        down = wait_for("RigforgeVllmUnitDown on rig1", lambda: ("RigforgeVllmUnitDown", "rig1") in firing(fleet), 180)
+        lost = wait_for("RigforgeGpuMissing on rig2", lambda: ("RigforgeGpuMissing", "rig2") in firing(fleet), 60)
+        assert {("RigforgeVllmUnitDown", "rig1"), ("RigforgeGpuMissing", "rig2")} <= firing(fleet)
+    finally:
+        back = f"import json; s = json.load(open('{state}')); s.pop('lost'); json.dump(s, open('{state}', 'w'))"
+        rig2.run(f'python3 -c "{back}"', check=True)
+    results, err = pyinfra_run(fleet.inventory, DEPLOY)
+    assert results["failed_hosts"] == [] and results["totals"]["error"] == 0, err[-6000:]
+    assert any(name.startswith("Run rigforge-vllm@") for name in changed(results, "rig1")), changed(results, "rig1")
+    cleared = wait_for("no alert firing", lambda: not firing(fleet), 120)
+    testbed_report.append(
+        f"monitor: unit-down fired {down:.0f}s after the stop, GPU-missing {lost:.0f}s after that; "
+        f"all clear {cleared:.0f}s after the re-run"
+    )
 
 
 def connect(host, address: str, port: int) -> str:
