@@ -121,20 +121,32 @@ def build(hosts, variant=None, *, gpus: int | None = None, deployable: bool = Tr
         registry=registry_build(reg_name, reg_data) if reg_name and not reg_problems else None,
         registry_problems=tuple(reg_problems),
         targets=MappingProxyType(
-            targets(plans.values(), {n: host_data(datas[n]) for n, r in roles.items() if GATEWAY in r})
+            targets(
+                plans.values(),
+                {n: host_data(datas[n]) for n, r in roles.items() if GATEWAY in r},
+                {n for n, r in roles.items() if MONITOR in r},
+            )
         ),
     )
 
 
-def targets(plans: Iterable[Plan | None], gateways: Mapping[str, Mapping]) -> dict[str, tuple[tuple[str, str], ...]]:
+def targets(
+    plans: Iterable[Plan | None], gateways: Mapping[str, Mapping], monitors: Iterable[str] = ()
+) -> dict[str, tuple[tuple[str, str], ...]]:
     """The monitor's scrape targets, by job: each rig at the address the gateway reaches it on (its
-    `gateway_address`, else its inventory name), each gateway host at its bind address, else its name."""
+    `gateway_address`, else its inventory name), each gateway host at its bind address, else its name, or
+    127.0.0.1 when it is the monitor host itself (listening on every address)."""
     rigs = [(p.host, p.data.get("gateway_address") or p.host, p) for p in plans if p is not None]
+    local = set(monitors)
     return {
         "node": tuple((name, f"{addr}:{p.data['monitor_node_exporter_port']}") for name, addr, p in rigs),
         "vllm": tuple((name, f"{addr}:{p.port}") for name, addr, p in rigs),
         "haproxy": tuple(
-            (name, f"{data.get('gateway_bind_address') or name}:{data['gateway_metrics_port']}")
+            (
+                name,
+                f"{data.get('gateway_bind_address') or ('127.0.0.1' if name in local else name)}:"
+                f"{data['gateway_metrics_port']}",
+            )
             for name, data in gateways.items()
         ),
     }

@@ -39,8 +39,12 @@ def test_the_fleet_holds_the_monitors_targets_and_a_monitor_host_is_not_a_rig():
     assert dict(fl.targets) == {
         "node": (("rig1", "10.77.0.2:9100"), ("rig2", "rig2:9200")),
         "vllm": (("rig1", f"10.77.0.2:{port}"), ("rig2", "rig2:8011")),
-        "haproxy": (("gw", "gw:8405"),),
+        "haproxy": (("gw", "127.0.0.1:8405"),),  # the monitor scrapes its own host's HAProxy on its loopback
     }
+    # a gateway on another host: at its bind address, else its name
+    elsewhere = fleet.targets([], {"gw": {"gateway_metrics_port": 8405}, "gw2": {
+        "gateway_metrics_port": 9405, "gateway_bind_address": "10.0.0.9"}})  # fmt: skip
+    assert elsewhere["haproxy"] == (("gw", "gw:8405"), ("gw2", "10.0.0.9:9405"))
 
 
 def test_the_rendered_config_passes_promtool_check_config(tmp_path):
@@ -50,7 +54,7 @@ def test_the_rendered_config_passes_promtool_check_config(tmp_path):
     config = yaml.safe_load(text)
     jobs = {c["job_name"]: [(s["labels"], s["targets"]) for s in c["static_configs"]] for c in config["scrape_configs"]}
     assert jobs["node"] == [({"rig": "rig1"}, ["10.77.0.2:9100"]), ({"rig": "rig2"}, ["rig2:9200"])]
-    assert jobs["haproxy"] == [({"gateway": "gw"}, ["gw:8405"])]
+    assert jobs["haproxy"] == [({"gateway": "gw"}, ["127.0.0.1:8405"])]
     assert config["global"]["scrape_interval"] == "15s" and config["rule_files"] == ["rigforge-alerts.rules.yml"]
     assert monitor.rules() == (REPO / "templates/monitor/rigforge-alerts.rules.yml").read_text()
     (tmp_path / "rigforge-alerts.rules.yml").write_text(monitor.rules())  # beside the config, as on the monitor
