@@ -53,6 +53,8 @@ def rig(plan: Plan):
     systemd.daemon_reload(name="Reload systemd units", _if=unit.did_change)
     systemd_units.enabled(name=f"Enable {layout.gpu_metrics_timer} at boot", unit=layout.gpu_metrics_timer)
     if Serving.of(plan.data).rigforge_manage_services:
+        # dbus.socket is static (sockets.target wants it at boot): a bus installed just now is started here
+        systemd.service(name="Run the system bus (dbus.socket)", service="dbus.socket", running=True)
         systemd.service(name=f"Run {NODE_EXPORTER_PACKAGE}", service=NODE_EXPORTER_PACKAGE, running=True)
         systemd.service(name=f"Run {layout.gpu_metrics_timer}", service=layout.gpu_metrics_timer, running=True)
         systemd.service(
