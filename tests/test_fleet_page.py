@@ -19,6 +19,7 @@ from fleet_page_support import CONSOLES, LIBRARIES, PROMETHEUS, RIGS, chromium_b
 
 from rigforge import monitor
 from rigforge.layout import MONITOR_CONSOLE_LIBRARIES, MONITOR_CONSOLES
+from rigforge.render import render_gpu_metrics
 
 GRAPHS = {  # graph -> the series drawn for a rig with 2 GPUs and vLLM up
     "power": {"GPU 0 draw", "GPU 1 draw", "GPU 0 cap", "GPU 1 cap"},
@@ -136,3 +137,14 @@ def test_the_monitor_role_installs_the_page_and_its_library_where_debians_promet
         for name, text in named.items():
             assert files[f"{dest}/.staging/{name}"] == text.encode()  # staged, then renamed into place
             assert any(f"mv -f {dest}/.staging/{name} {dest}/{name}" in c for c in executed(state, "m"))
+
+
+def test_the_page_reads_what_the_collector_writes_and_vllm_names_an_absent_rule_watches():
+    page = (CONSOLES / "rigforge-fleet.html").read_text()
+    exprs = " ".join(re.findall(r'data-expr="([^"]+)"', page))
+    read = set(re.findall(r"\b(rigforge_[a-z_]+|vllm:[a-z_]+)", exprs))
+    gpu, vllm = {n for n in read if n.startswith("rigforge_")}, {n for n in read if n.startswith("vllm:")}
+    assert len(gpu) == 3 and len(vllm) == 5, read  # draw, cap, temperature; tokens (2), requests (2), KV cache
+    assert gpu <= set(re.findall(r"rigforge_[a-z_]+", render_gpu_metrics({0: 230}, "v", "i")))
+    rules = (CONSOLES.parent / "rigforge-alerts.rules.yml").read_text()
+    assert vllm <= set(re.findall(r"absent\((vllm:[a-z_]+)\)", rules))  # a renamed name fires an alert
