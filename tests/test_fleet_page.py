@@ -115,6 +115,14 @@ def test_a_rig_whose_vllm_was_down_draws_its_gpus_and_empty_vllm_graphs(page):
         assert graphs[name]["paths"] == {} and graphs[name]["legend"] == {}, name
 
 
+def test_with_no_rig_in_the_data_the_page_says_so(tmp_path):
+    with running_prometheus(tmp_path, {}) as url:
+        dom = dump_dom(tmp_path, f"{url}/consoles/rigforge-fleet.html")
+    page = Page(dom)
+    assert page.body.get("data-rigforge") == "done" and page.rigs == {}
+    assert "No rig was scraped in the last hour" in dom
+
+
 def test_the_monitor_role_installs_the_page_and_its_library_where_debians_prometheus_reads_them():
     from test_roles_host_ops import converge, executed, rig, uploads
 
