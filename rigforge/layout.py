@@ -50,6 +50,9 @@ NODE_EXPORTER_PACKAGE = "prometheus-node-exporter"  # Debian's; its unit has the
 MONITOR_CONFIG = "/etc/prometheus/prometheus.yml"
 MONITOR_RULES = "/etc/prometheus/rigforge-alerts.rules.yml"  # templates/monitor/rigforge-alerts.rules.yml
 MONITOR_DEFAULTS = "/etc/default/prometheus"  # its ARGS: the retention flags
+# its --web.console.templates and --web.console.libraries defaults: the fleet page and its library go here
+MONITOR_CONSOLES = "/etc/prometheus/consoles"  # templates/monitor/consoles
+MONITOR_CONSOLE_LIBRARIES = "/etc/prometheus/console_libraries"  # templates/monitor/console_libraries
 # the fleet gateway (roles/gateway.py): HAProxy runs rigforge's config, via a drop-in for the distro's unit
 GATEWAY_DIR = f"{ETC}/gateway"
 GATEWAY_CFG = "haproxy.cfg"

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 import yaml
 
-from rigforge.layout import MONITOR_RULES
+from rigforge.layout import MONITOR_CONSOLE_LIBRARIES, MONITOR_CONSOLES, MONITOR_RULES
 from rigforge.render import TEMPLATES
 
 JOBS = {"node": "/metrics", "vllm": "/metrics", "haproxy": "/metrics"}  # the Fleet's jobs and each one's path
@@ -50,3 +50,12 @@ def args(data: Mapping) -> str:
 def rules() -> str:
     """The alerting rules (templates/monitor/rigforge-alerts.rules.yml), installed at MONITOR_RULES."""
     return (TEMPLATES / "monitor" / MONITOR_RULES.rsplit("/", 1)[1]).read_text()
+
+
+def consoles() -> dict[str, dict[str, str]]:
+    """The fleet page and its console library (templates/monitor/consoles, console_libraries), by the directory
+    Debian's Prometheus reads them from: {dir: {name: text}}. Prometheus reads them on every request."""
+    return {
+        dest: {p.name: p.read_text() for p in sorted((TEMPLATES / "monitor" / src).iterdir()) if p.is_file()}
+        for src, dest in (("consoles", MONITOR_CONSOLES), ("console_libraries", MONITOR_CONSOLE_LIBRARIES))
+    }

@@ -100,3 +100,10 @@ def server(targets, data, manage_services: bool):
             restarted=True,
             _if=args.did_change,
         )
+    for dest, pages in monitor.consoles().items():  # read on every request: no reload
+        staged_files(
+            name=f"Install {', '.join(pages)} in {dest} (the fleet page: /consoles/rigforge-fleet.html)",
+            dest=dest,
+            files={name: (text, "644") for name, text in pages.items()},
+            keep_previous=False,
+        )
