@@ -455,8 +455,8 @@ def monitor_check(rig: str, rest: str | None, views: Mapping[str, dict | None]) 
 
 
 def monitor_line(views: Mapping[str, dict | None]) -> str:
-    """Where the monitor is, for status and verify: 'monitor: mon1 http://mon1:9090 (Prometheus answers, 6 targets,
-    6 up)', or that the inventory has none."""
+    """Where the monitor is, for status and verify: 'monitor: mon1 (http://mon1:9090): Prometheus answers, 6
+    targets, 6 up', or that the inventory has none."""
     if not views:
         return "monitor: no monitor in the inventory (group monitor): no rig is scraped"
     said = []
@@ -465,10 +465,10 @@ def monitor_line(views: Mapping[str, dict | None]) -> str:
             said.append(f"{mon} (could not be read)")
         elif view["targets"] is None:
             why = f"HTTP {view['http']}" if view["http"] else "no answer"
-            said.append(f"{mon} {view['url']} (Prometheus did not answer: {why})")
+            said.append(f"{mon} ({view['url']}): Prometheus did not answer ({why})")
         else:
             up = sum(t.get("health") == "up" for t in view["targets"])
-            said.append(f"{mon} {view['url']} (Prometheus answers, {len(view['targets'])} targets, {up} up)")
+            said.append(f"{mon} ({view['url']}): Prometheus answers, {len(view['targets'])} targets, {up} up")
     return "monitor: " + "; ".join(said)
 
 

@@ -90,12 +90,14 @@ def test_the_monitor_is_asked_on_its_host_and_said_where_it_is():
     seen = view()
     assert seen["url"] == "http://10.0.0.5:9090" and seen["http"] == 200 and len(seen["targets"]) == 6
     assert (
-        drift.monitor_line({"mon1": seen}) == "monitor: mon1 http://10.0.0.5:9090 (Prometheus answers, 6 targets, 4 up)"
+        drift.monitor_line({"mon1": seen})
+        == "monitor: mon1 (http://10.0.0.5:9090): Prometheus answers, 6 targets, 4 up"
     )
     nothing = observe.observe_monitor(Host("mon1", {}))  # curl found nothing listening: no code
     assert nothing == {"url": "http://mon1:9090", "http": 0, "targets": None}
     assert (
-        drift.monitor_line({"mon1": nothing}) == "monitor: mon1 http://mon1:9090 (Prometheus did not answer: no answer)"
+        drift.monitor_line({"mon1": nothing})
+        == "monitor: mon1 (http://mon1:9090): Prometheus did not answer (no answer)"
     )
     assert view({"status": "error", "errorType": "bad_data", "error": "x"}, 400)["targets"] is None
     assert drift.monitor_line({}) == "monitor: no monitor in the inventory (group monitor): no rig is scraped"
@@ -139,7 +141,9 @@ def test_status_ends_each_rigs_checks_with_scraped_and_says_where_the_monitor_is
     assert rows[0]["checks"][-1] == asdict(Check("scraped", "pass", "node up, vllm up at mon1"))
     assert rows[1]["checks"][-1]["status"] == "fail"
     assert status._cells(rows[2]) == ["mon1", "the fleet monitor (no rig)"]
-    assert drift.monitor_line(status.monitor_views(rows, ("mon1",))).startswith("monitor: mon1 http://10.0.0.5:9090")
+    assert drift.monitor_line(status.monitor_views(rows, ("mon1",))).startswith(
+        "monitor: mon1 (http://10.0.0.5:9090): "
+    )
     # the monitor host unreachable: its row is an error, every rig's scraped unknown
     rows = status.with_monitor([rig("rig1"), status.error_row("mon1", OSError("cannot connect"))], ("mon1",))
     assert rows[0]["checks"][-1]["status"] == "skip" and "could not be asked" in rows[0]["checks"][-1]["detail"]
