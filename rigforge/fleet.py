@@ -80,6 +80,11 @@ class Fleet:
         return tuple(name for name, roles in self.roles.items() if GATEWAY in roles)
 
     @property
+    def monitors(self) -> tuple[str, ...]:
+        """The hosts of the inventory group `monitor`: where the fleet's Prometheus runs."""
+        return tuple(name for name, roles in self.roles.items() if MONITOR in roles)
+
+    @property
     def images(self) -> tuple[str, ...]:
         """The locked Docker Hub images (ref@sha256:...) the rigs run: what the fleet registry holds."""
         refs = {p.image for p in self.rigs() if (ref := obtain.parse(p.image)).digest and ref.on_docker_hub}

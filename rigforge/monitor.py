@@ -6,6 +6,7 @@ Pure data, like rigforge/registry.py: the caller passes the targets and the moni
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 
 import yaml
@@ -14,6 +15,8 @@ from rigforge.layout import MONITOR_CONSOLE_LIBRARIES, MONITOR_CONSOLES, MONITOR
 from rigforge.render import TEMPLATES
 
 JOBS = {"node": "/metrics", "vllm": "/metrics", "haproxy": "/metrics"}  # the Fleet's jobs and each one's path
+PORT = 9090  # where Debian's prometheus listens: its --web.listen-address default (":9090"); rigforge sets no other
+TARGETS_PATH = "/api/v1/targets?state=active"  # Prometheus's HTTP API: the targets it scrapes, each with its health
 
 
 def render_config(targets: Mapping[str, tuple[tuple[str, str], ...]], data: Mapping) -> str:
@@ -59,3 +62,14 @@ def consoles() -> dict[str, dict[str, str]]:
         dest: {p.name: p.read_text() for p in sorted((TEMPLATES / "monitor" / src).iterdir()) if p.is_file()}
         for src, dest in (("consoles", MONITOR_CONSOLES), ("console_libraries", MONITOR_CONSOLE_LIBRARIES))
     }
+
+
+def active_targets(code: int, body: str) -> list[dict] | None:
+    """The `activeTargets` of Prometheus's answer to TARGETS_PATH ({"status": "success", "data": {"activeTargets":
+    [{"labels": {"job", "instance", "rig"...}, "health": "up"|"down"|"unknown", "lastError", ...}]}}); None when it
+    did not answer so (`code` 0: nothing answered)."""
+    try:
+        answer = json.loads(body) if code == 200 else None
+        return list(answer["data"]["activeTargets"]) if answer["status"] == "success" else None
+    except (ValueError, KeyError, TypeError):
+        return None
