@@ -245,9 +245,10 @@ def observe_monitor(host) -> dict:
     """The monitor's Prometheus on `host`, asked on the host itself (curl over the same connection): where it is
     (`url`: at the host's address, Prometheus's port), the HTTP code of its targets API and the targets it scrapes
     (None: it did not answer)."""
-    address = getattr(host, "data", {}).get("ssh_hostname") or host.name
+    data = getattr(host, "data", {})
+    url = data.get("monitor_url") or f"http://{data.get('ssh_hostname') or host.name}:{monitor.PORT}"
     code, body = inventory.http_on_rig(host, f"http://127.0.0.1:{monitor.PORT}{monitor.TARGETS_PATH}", 10)
-    return {"url": f"http://{address}:{monitor.PORT}", "http": code, "targets": monitor.active_targets(code, body)}
+    return {"url": url, "http": code, "targets": monitor.active_targets(code, body)}
 
 
 def gateway_servers(stat: str) -> dict[str, str]:

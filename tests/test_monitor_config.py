@@ -73,3 +73,7 @@ def test_retention_knobs_are_checked_and_become_prometheus_flags():
     assert monitor.args(data) == "--storage.tsdb.retention.time=15d --storage.tsdb.retention.size=10GB"
     bad = validate({**data, "monitor_retention_time": "15 days", "monitor_retention_size": 10})
     assert [p.split(" must")[0] for p in bad] == ["monitor_retention_time", "monitor_retention_size"]
+    assert validate({**data, "monitor_url": "http://127.0.0.1:19090"}) == []
+    assert validate({**data, "monitor_url": "gw:9090"}) == [
+        "monitor_url must be an http(s) URL people reach the monitor at, got 'gw:9090'"
+    ]

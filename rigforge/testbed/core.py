@@ -670,6 +670,7 @@ def _write_files(tb: Testbed) -> None:
     if tb.gateway:
         data = host_data(tb, tb.gateway) | {"gateway_port": GATEWAY_PORT} | (reg_data if registry is tb.gateway else {})
         data |= {"gateway_url": tb.gateway_url} if tb.gateway_url else {}  # published on the controller
+        data |= {"monitor_url": tb.prometheus_url} if tb.prometheus_url else {}  # likewise
         lines += ["", f"# the fleet gateway: {tb.gateway_url} on this machine", "gateway = [",
                   f"    ({tb.gateway.name!r}, {data!r}),", "]"]  # fmt: skip
     if tb.monitor_port:
