@@ -264,6 +264,9 @@ def test_the_monitor_scrapes_every_rig_and_the_gateway_over_the_lan(fleet, testb
     up = promql(fleet, 'haproxy_server_status{state="UP"} == 1')
     assert {r["metric"]["server"] for r in up} == rigs, up
     assert {r["metric"]["rig"] for r in promql(fleet, "rigforge_gpus_pci == rigforge_gpus_visible")} == rigs
+    lines = rigforge("status", fleet.inventory, timeout=300).stdout.splitlines()
+    assert {f"{rig}: scraped: node up, vllm up at gw" for rig in rigs} <= set(lines), lines
+    assert f"monitor: gw ({fleet.prometheus_url}): Prometheus answers, 7 targets, 7 up" in lines, lines
 
 
 def test_a_stopped_vllm_unit_and_a_lost_card_fire_their_alerts_and_a_deploy_clears_them(fleet, testbed_report):
