@@ -670,7 +670,8 @@ def _write_files(tb: Testbed) -> None:
     if tb.gateway:
         data = host_data(tb, tb.gateway) | {"gateway_port": GATEWAY_PORT} | (reg_data if registry is tb.gateway else {})
         data |= {"gateway_url": tb.gateway_url} if tb.gateway_url else {}  # published on the controller
-        data |= {"monitor_url": tb.prometheus_url} if tb.prometheus_url else {}  # likewise
+        # likewise; a 5 s scrape (15 s by default) so that a test sees an alert's `for:` begin sooner
+        data |= {"monitor_url": tb.prometheus_url, "monitor_scrape_interval_s": 5} if tb.prometheus_url else {}
         lines += ["", f"# the fleet gateway: {tb.gateway_url} on this machine", "gateway = [",
                   f"    ({tb.gateway.name!r}, {data!r}),", "]"]  # fmt: skip
     if tb.monitor_port:
