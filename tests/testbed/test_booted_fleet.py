@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 import requests
 import yaml
-from support import REPO, changed, errored, inventory_with, pyinfra_run
+from support import REPO, changed, errored, inventory_with, pyinfra_run, why
 
 pytestmark = [pytest.mark.testbed, pytest.mark.booted]
 MODEL = "qwen3.6-27b-autoround"
@@ -155,7 +155,7 @@ def test_a_fill_cut_mid_copy_resumes_with_only_the_missing_layers_and_upstream_i
     t0 = time.monotonic()
     results, err = pyinfra_run(fleet.inventory, DEPLOY)
     testbed_report.append(f"fleet: 3 rigs + gw converged after the cut in {time.monotonic() - t0:.0f}s")
-    assert results["failed_hosts"] == [] and results["totals"]["error"] == 0, err[-6000:]
+    assert results["failed_hosts"] == [] and results["totals"]["error"] == 0, why(results, err)
     fetched = blob_gets(fleet, resumed)
     assert sorted(fetched) == sorted(blobs - held), (fetched, blobs - held)  # only what the fleet lacked, once
     total = blob_gets(fleet, start)
@@ -288,7 +288,7 @@ def test_a_stopped_vllm_unit_and_a_lost_card_fire_their_alerts_and_a_deploy_clea
         back = f"import json; s = json.load(open('{state}')); s.pop('lost'); json.dump(s, open('{state}', 'w'))"
         rig2.run(f'python3 -c "{back}"', check=True)
     results, err = pyinfra_run(fleet.inventory, DEPLOY)
-    assert results["failed_hosts"] == [] and results["totals"]["error"] == 0, err[-6000:]
+    assert results["failed_hosts"] == [] and results["totals"]["error"] == 0, why(results, err)
     assert rig1.run("systemctl is-active 'rigforge-vllm@*.service'").stdout.split() == ["active"]
     cleared = wait_for("no alert firing", lambda: not firing(fleet), 120)
     testbed_report.append(
@@ -532,7 +532,7 @@ def fourth_rig_from_the_fleet(fleet, tmp_path: Path, testbed_report, image: str)
     t0 = time.monotonic()
     results, err = pyinfra_run(fleet.inventory, DEPLOY)
     testbed_report.append(f"fleet: the fourth rig converged from the fleet in {time.monotonic() - t0:.0f}s")
-    assert results["failed_hosts"] == [] and results["totals"]["error"] == 0, err[-6000:]
+    assert results["failed_hosts"] == [] and results["totals"]["error"] == 0, why(results, err)
     assert blob_gets(fleet, start) == []  # upstream has nothing: all from the fleet
     assert f"{name}@{digest}" in repo_digests(rig4, f"{name}@{digest}")
     checks = json.loads(rigforge("verify", fleet.inventory, "--json", timeout=300).stdout or "{}")
