@@ -483,11 +483,11 @@ SNAPSHOT = (
 
 
 def alone(tb, tmp_path: Path, rig: str) -> Path:
-    """An inventory of `rig` alone: no fleet registry, no gateway."""
+    """An inventory of `rig` alone: no fleet registry, no gateway, no monitor."""
     path = tmp_path / f"alone-{rig}.py"
     path.write_text(
         f"exec(open({str(tb.inventory)!r}).read())\nrigs = [r for r in rigs if r[0] == {rig!r}]\n"
-        "del gateway, registry\n"
+        "del gateway, registry, monitor\n"
     )
     return path
 
@@ -499,7 +499,7 @@ def test_after_upstream_deleted_the_image_a_fresh_rig_converges_from_the_fleet(f
     digest = image.split("@", 1)[1]
     t0 = time.monotonic()  # `up` with one more rig adds a fresh one and keeps the others (before the delete:
     grown = core.up(fleet.dir, [RigSpec()] * 4, fresh=False, shared=fleet.shared, booted=True, gateway=True,
-                    fleet_registry=True)  # fmt: skip  # `up` pushes the stand-in's images it lacks)
+                    fleet_registry=True, monitor=True)  # fmt: skip  # `up` pushes the stand-in's images it lacks)
     testbed_report.append(f"fleet: a fourth rig added in {time.monotonic() - t0:.0f}s")
     assert [r.name for r in grown.rigs[:3]] == [r.name for r in fleet.rigs[:3]]
     fleet.rigs[:] = grown.rigs
