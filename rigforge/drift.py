@@ -421,4 +421,55 @@ def gateway_check(rig: str, rest: str | None, views: Mapping[str, dict]) -> Chec
     return check("serving at the gateways", bad, said)
 
 
+def monitor_check(rig: str, rest: str | None, views: Mapping[str, dict | None]) -> Check | None:
+    """The check "scraped": every target of the rig (label `rig`) is up at every monitor (`views`: {monitor host:
+    its view, `observe_monitor`, or None when the host could not be read}); vLLM down while resting stopped on purpose
+    is fine. A monitor that cannot be asked, or a target not scraped yet, makes it unknown (skipped), never up. None
+    when the inventory has no monitor."""
+    if not views:
+        return None
+    problems, unknown, fine = [], [], []
+    for mon, view in sorted(views.items()):
+        if view is None or view["targets"] is None:
+            why = "host not read" if view is None else f"HTTP {view['http']}" if view["http"] else "no answer"
+            unknown.append(f"the monitor {mon} could not be asked ({why})")
+            continue
+        mine = [t for t in view["targets"] if (t.get("labels") or {}).get("rig") == rig]
+        if not mine:
+            problems.append(f"not among {mon}'s targets (re-run the deploy on the monitor)")
+        for t in sorted(mine, key=lambda t: t["labels"].get("job", "")):
+            job, health = t["labels"].get("job", "?"), t.get("health")
+            if health == "up":
+                fine.append(f"{job} up")
+            elif job == "vllm" and rest == "stopped":
+                fine.append(f"{job} {health}: resting stopped on purpose (serving_rest)")
+            elif health == "down":
+                problems.append(f"{job} down at {mon}: {t.get('lastError') or 'no error given'}")
+            else:
+                unknown.append(f"{job} {health or 'unknown'} at {mon} (not scraped yet)")
+    if problems:
+        return Check("scraped", FAIL, "; ".join(problems + unknown))
+    if unknown:
+        return Check("scraped", SKIP, "unknown: " + "; ".join(unknown + fine))
+    return Check("scraped", PASS, f"{', '.join(fine)} at {', '.join(sorted(views))}")
+
+
+def monitor_line(views: Mapping[str, dict | None]) -> str:
+    """Where the monitor is, for status and verify: 'monitor: mon1 (http://mon1:9090): Prometheus answers, 6
+    targets, 6 up', or that the inventory has none."""
+    if not views:
+        return "monitor: no monitor in the inventory (group monitor): no rig is scraped"
+    said = []
+    for mon, view in sorted(views.items()):
+        if view is None:
+            said.append(f"{mon} (could not be read)")
+        elif view["targets"] is None:
+            why = f"HTTP {view['http']}" if view["http"] else "no answer"
+            said.append(f"{mon} ({view['url']}): Prometheus did not answer ({why})")
+        else:
+            up = sum(t.get("health") == "up" for t in view["targets"])
+            said.append(f"{mon} ({view['url']}): Prometheus answers, {len(view['targets'])} targets, {up} up")
+    return "monitor: " + "; ".join(said)
+
+
 # ---------------------------------------------------------------- the fleet gateway, observed

@@ -17,7 +17,7 @@ imported.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from rigforge import obtain, schema
@@ -25,6 +25,7 @@ from rigforge import plan as planner
 from rigforge.catalog import CatalogError
 from rigforge.knobs import docker_engine, gpu_power, images, nvidia_driver, serving, site, sources, weights
 from rigforge.knobs import gateway as gateway_knobs
+from rigforge.knobs import monitor as monitor_knobs
 from rigforge.knobs import registry as registry_knobs
 from rigforge.pins import LockError
 from rigforge.plan import Plan
@@ -35,9 +36,20 @@ from rigforge.registry import build as registry_build
 RIG = "rig"  # with GATEWAY and REGISTRY: the roles a host can have in the fleet
 
 # every role's knobs host data may set (checked by every plan), and those only deploy/images_load.py reads
-KNOBS = (nvidia_driver, docker_engine, gpu_power, sources, weights, serving, gateway_knobs, registry_knobs)
+KNOBS = (
+    nvidia_driver,
+    docker_engine,
+    gpu_power,
+    sources,
+    weights,
+    serving,
+    gateway_knobs,
+    registry_knobs,
+    monitor_knobs,
+)
 LOADS = (images,)
 GATEWAY = "gateway"  # the inventory group of the fleet's gateway hosts
+MONITOR = "monitor"  # the inventory group of the host that runs Prometheus (docs/monitoring.md)
 
 
 @dataclass(frozen=True)
@@ -48,6 +60,9 @@ class Fleet:
     registry_host: str | None = None
     registry: RegistryPlan | None = None
     registry_problems: tuple[str, ...] = ()
+    # the monitor's scrape targets: {job: ((host, "address:port"), ...)}: every rig's node exporter and vLLM, every
+    # gateway's HAProxy exporter
+    targets: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
 
     def is_rig(self, name: str) -> bool:
         return RIG in self.roles.get(name, ())
@@ -63,6 +78,11 @@ class Fleet:
     @property
     def gateways(self) -> tuple[str, ...]:
         return tuple(name for name, roles in self.roles.items() if GATEWAY in roles)
+
+    @property
+    def monitors(self) -> tuple[str, ...]:
+        """The hosts of the inventory group `monitor`: where the fleet's Prometheus runs."""
+        return tuple(name for name, roles in self.roles.items() if MONITOR in roles)
 
     @property
     def images(self) -> tuple[str, ...]:
@@ -89,7 +109,7 @@ def build(hosts, variant=None, *, gpus: int | None = None, deployable: bool = Tr
     --gpus); `deployable`: as plan_for's; `opt_in`: every recipe taken as opted in (status, verify)."""
     roles, plans, problems, datas = {}, {}, {}, {}
     for h in hosts:
-        mine = {g for g in (GATEWAY, REGISTRY) if g in h.groups} | ({RIG} if is_rig(h) else set())
+        mine = {g for g in (GATEWAY, REGISTRY, MONITOR) if g in h.groups} | ({RIG} if is_rig(h) else set())
         datas[h.name] = {**host_data(h.data), "rigforge_recipe_opt_in": True} if opt_in else h.data
         if RIG in mine:
             plans[h.name], found = plan_for(h.name, datas[h.name], variant, gpus, deployable)
@@ -105,7 +125,36 @@ def build(hosts, variant=None, *, gpus: int | None = None, deployable: bool = Tr
         registry_host=reg_name,
         registry=registry_build(reg_name, reg_data) if reg_name and not reg_problems else None,
         registry_problems=tuple(reg_problems),
+        targets=MappingProxyType(
+            targets(
+                plans.values(),
+                {n: host_data(datas[n]) for n, r in roles.items() if GATEWAY in r},
+                {n for n, r in roles.items() if MONITOR in r},
+            )
+        ),
     )
+
+
+def targets(
+    plans: Iterable[Plan | None], gateways: Mapping[str, Mapping], monitors: Iterable[str] = ()
+) -> dict[str, tuple[tuple[str, str], ...]]:
+    """The monitor's scrape targets, by job: each rig at the address the gateway reaches it on (its
+    `gateway_address`, else its inventory name), each gateway host at its bind address, else its name, or
+    127.0.0.1 when it is the monitor host itself (listening on every address)."""
+    rigs = [(p.host, p.data.get("gateway_address") or p.host, p) for p in plans if p is not None]
+    local = set(monitors)
+    return {
+        "node": tuple((name, f"{addr}:{p.data['monitor_node_exporter_port']}") for name, addr, p in rigs),
+        "vllm": tuple((name, f"{addr}:{p.port}") for name, addr, p in rigs),
+        "haproxy": tuple(
+            (
+                name,
+                f"{data.get('gateway_bind_address') or ('127.0.0.1' if name in local else name)}:"
+                f"{data['gateway_metrics_port']}",
+            )
+            for name, data in gateways.items()
+        ),
+    }
 
 
 def host_data(data) -> dict:
@@ -136,6 +185,6 @@ def plan_for(name: str, data, entry=None, gpus: int | None = None, deployable: b
 
 
 def is_rig(h) -> bool:
-    """Every host is a rig but those only in the groups `gateway` or `registry` (a gateway or registry host that is
+    """Every host is a rig but those only in the groups `gateway`, `registry` or `monitor` (such a host that is
     also a rig is in `rigs`)."""
-    return not {GATEWAY, REGISTRY} & set(h.groups) or "rigs" in h.groups
+    return not {GATEWAY, REGISTRY, MONITOR} & set(h.groups) or "rigs" in h.groups

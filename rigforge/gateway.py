@@ -78,6 +78,7 @@ class GatewayPlan:
     admin_socket: str = GATEWAY_ADMIN_SOCKET
     state_file: str = GATEWAY_STATE
     hold: Holding = Holding()
+    metrics_bind: str | None = None  # address:port of HAProxy's Prometheus exporter (not the API's; None: none)
 
     @property
     def model_lists(self) -> list[tuple[list[str], list[str], str]]:
@@ -130,10 +131,14 @@ def build(host: str, data: Mapping, rigs: Sequence) -> tuple[GatewayPlan | None,
         problems.append(f"served model names {sorted(by_model)} differ only in punctuation; rename one")
     if problems:
         return None, problems
+    if data["gateway_metrics_port"] == data["gateway_port"]:
+        return None, [f"gateway_metrics_port must differ from gateway_port ({data['gateway_port']})"]
     bind = f"{data.get('gateway_bind_address') or ''}:{data['gateway_port']}"
+    metrics_bind = f"{data.get('gateway_bind_address') or ''}:{data['gateway_metrics_port']}"
     key = data.get("gateway_api_key")
     hold = Holding(**{f: int(data[k]) for k, f in HOLDING_KNOBS.items() if data.get(k) is not None})
-    return GatewayPlan(host, bind, key_hash(key) if key else None, tuple(backends), hold=hold), []
+    key_sha = key_hash(key) if key else None
+    return GatewayPlan(host, bind, key_sha, tuple(backends), hold=hold, metrics_bind=metrics_bind), []
 
 
 def render(plan: GatewayPlan) -> str:

@@ -159,13 +159,19 @@ def add_arguments(p: argparse.ArgumentParser, shown: str = "a table") -> None:
 def read_rigs(args, command: str, fn) -> dict[str, Any] | None:
     """fn(host, fleet) on every host of the inventory `args.inventory`, in parallel, the fleet (rigforge/fleet.py:
     every rig's plan) built once before; None (said on stderr) when the inventory cannot be loaded."""
+    read = read_fleet(args, command, fn)
+    return None if read is None else read[0]
+
+
+def read_fleet(args, command: str, fn) -> tuple[dict[str, Any], fleet.Fleet] | None:
+    """read_rigs's results, and the fleet they were read with."""
     try:
         state = open_inventory(args.inventory)
     except InventoryError as exc:
         print(f"rigforge {command}: {exc}", file=sys.stderr)
         return None
     fl = fleet.build(state.inventory, deployable=False, opt_in=True)
-    return for_each_host(state, lambda host: fn(host, fl))
+    return for_each_host(state, lambda host: fn(host, fl)), fl
 
 
 def api_models(host, ctx, timeout: int = 5) -> dict:

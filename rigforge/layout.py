@@ -42,6 +42,17 @@ GPU_METRICS_SCRIPT = "rigforge-gpu-metrics"  # in LIBEXEC: the GPU textfile coll
 # Debian's prometheus-node-exporter reads *.prom from here (its README.textfile; the binary's built-in default)
 TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
 GPU_METRICS_FILE = "rigforge-gpu.prom"  # in TEXTFILE_DIR: what the collector writes
+GPU_METRICS_UNIT = "rigforge-gpu-metrics.service"  # runs the collector once
+GPU_METRICS_TIMER = "rigforge-gpu-metrics.timer"  # starts GPU_METRICS_UNIT every GPU_METRICS_INTERVAL_S
+GPU_METRICS_INTERVAL_S = 15
+NODE_EXPORTER_PACKAGE = "prometheus-node-exporter"  # Debian's; its unit has the package's name
+# the monitor host (roles/monitor.py): Debian's prometheus reads these
+MONITOR_CONFIG = "/etc/prometheus/prometheus.yml"
+MONITOR_RULES = "/etc/prometheus/rigforge-alerts.rules.yml"  # templates/monitor/rigforge-alerts.rules.yml
+MONITOR_DEFAULTS = "/etc/default/prometheus"  # its ARGS: the retention flags
+# its --web.console.templates and --web.console.libraries defaults: the fleet page and its library go here
+MONITOR_CONSOLES = "/etc/prometheus/consoles"  # templates/monitor/consoles
+MONITOR_CONSOLE_LIBRARIES = "/etc/prometheus/console_libraries"  # templates/monitor/console_libraries
 # the fleet gateway (roles/gateway.py): HAProxy runs rigforge's config, via a drop-in for the distro's unit
 GATEWAY_DIR = f"{ETC}/gateway"
 GATEWAY_CFG = "haproxy.cfg"
@@ -158,6 +169,8 @@ class HostLayout:
     settle_unit = SETTLE_UNIT
     libexec = LIBEXEC
     textfile_dir = TEXTFILE_DIR
+    gpu_metrics_unit = GPU_METRICS_UNIT
+    gpu_metrics_timer = GPU_METRICS_TIMER
 
     @property
     def settle_script(self) -> str:

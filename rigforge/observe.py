@@ -20,7 +20,7 @@ from typing import Any
 
 from pyinfra.facts.files import Sha256File
 
-from rigforge import fleet, inventory, obtain
+from rigforge import fleet, inventory, monitor, obtain
 from rigforge.driver_table import (
     DriverTableError,
     packages_for,
@@ -239,6 +239,16 @@ def observe_gateway(host, data: Mapping) -> dict:
         "models": models,
         "rigs": rigs,
     }
+
+
+def observe_monitor(host) -> dict:
+    """The monitor's Prometheus on `host`, asked on the host itself (curl over the same connection): where it is
+    (`url`: at the host's address, Prometheus's port), the HTTP code of its targets API and the targets it scrapes
+    (None: it did not answer)."""
+    data = getattr(host, "data", {})
+    url = data.get("monitor_url") or f"http://{data.get('ssh_hostname') or host.name}:{monitor.PORT}"
+    code, body = inventory.http_on_rig(host, f"http://127.0.0.1:{monitor.PORT}{monitor.TARGETS_PATH}", 10)
+    return {"url": url, "http": code, "targets": monitor.active_targets(code, body)}
 
 
 def gateway_servers(stat: str) -> dict[str, str]:

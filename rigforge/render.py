@@ -18,7 +18,10 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from rigforge.boot import SETTLE_WINDOW_S
 from rigforge.layout import (
     GPU_METRICS_FILE,
+    GPU_METRICS_INTERVAL_S,
     GPU_METRICS_SCRIPT,
+    GPU_METRICS_TIMER,
+    GPU_METRICS_UNIT,
     POWER_UNIT,
     SETTLE_SCRIPT,
     SETTLE_UNIT,
@@ -156,6 +159,19 @@ def render_gpu_metrics(
         prom_file=GPU_METRICS_FILE,
         timeout_s=30,
     )
+
+
+def gpu_metrics_units(layout: HostLayout, nvidia_smi: str = "/usr/bin/nvidia-smi") -> dict[str, str]:
+    """{GPU_METRICS_UNIT: the oneshot that runs the collector, GPU_METRICS_TIMER: its timer, every
+    GPU_METRICS_INTERVAL_S seconds}."""
+    context = dict(
+        script=layout.gpu_metrics_script,
+        nvidia_smi=nvidia_smi,
+        textfile_dir=layout.textfile_dir,
+        prom_file=GPU_METRICS_FILE,
+        interval_s=GPU_METRICS_INTERVAL_S,
+    )
+    return {name: template(name + ".j2").render(**context) for name in (GPU_METRICS_UNIT, GPU_METRICS_TIMER)}
 
 
 def render_vllm_unit(layout: HostLayout, docker: str = "/usr/bin/docker") -> str:

@@ -5,7 +5,9 @@ connection data and `_sudo`), in one batched probe for its plan: the manifest th
 pins, time), the lock the inventory points at (`rigforge_lock`), nvidia-smi (GPUs, power cap against the plan's
 target, VRAM used, persistence mode), the CUDA version the driver supports against the image's, checkouts,
 weights and every file rigforge renders against the plan, the vLLM unit's state and whether the API answers on
-the rig. A rig that cannot be reached is a row with the error.
+the rig. A rig that cannot be reached is a row with the error. With a monitor in the inventory (group `monitor`),
+its Prometheus is asked on its host which targets it scrapes: each rig's checks end with "scraped", and the table
+ends with where the monitor is (or that there is none).
 Nothing on a rig is changed.
 
 Exit: 0 every rig read, 1 some rig could not be read, 2 the inventory could not be loaded.
@@ -102,7 +104,27 @@ def host_row(host, fl: fleet.Fleet) -> dict:
     row["rest"] = fleet.host_data(host.data)["serving_rest"]
     if fleet.GATEWAY in host.groups:
         row["gateway"] = observe.observe_gateway(host, fleet.host_data(host.data))
+    if fleet.MONITOR in host.groups:
+        row["monitor"] = observe.observe_monitor(host)
     return row
+
+
+def monitor_views(rows: list[dict], monitors: tuple[str, ...]) -> dict[str, dict | None]:
+    """{monitor host: its view, None when its row is an error}."""
+    return {r["host"]: None if r.get("error") else r.get("monitor") for r in rows if r["host"] in monitors}
+
+
+def with_monitor(rows: list[dict], monitors: tuple[str, ...]) -> list[dict]:
+    """Each rig's checks with "scraped" (from the monitor rows read in the same pass) last; none without a
+    monitor in the inventory."""
+    views = monitor_views(rows, monitors)
+    for r in rows:
+        if r.get("error") or r.get("rig") is False:
+            continue
+        extra = drift.monitor_check(r["host"], r["rest"], views)
+        if extra:
+            r["checks"].append(asdict(extra))
+    return rows
 
 
 def with_gateways(rows: list[dict]) -> list[dict]:
@@ -128,11 +150,16 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    results = inventory.read_rigs(args, "status", host_row)
-    if results is None:
+    read = inventory.read_fleet(args, "status", host_row)
+    if read is None:
         return 2
+    results, fl = read
     rows = with_gateways([error_row(n, r) if isinstance(r, Exception) else r for n, r in results.items()])
-    print(json.dumps(rows, indent=2) if args.json else format_table(rows))
+    rows = with_monitor(rows, fl.monitors)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(format_table(rows) + "\n" + drift.monitor_line(monitor_views(rows, fl.monitors)))
     return 1 if any(r["error"] for r in rows) else 0
 
 
@@ -140,7 +167,8 @@ def _cells(r: dict) -> list[str]:
     if r["error"]:
         return [r["host"], f"ERROR: {r['error']}"]
     if r.get("rig") is False:
-        return [r["host"], "the fleet gateway (no rig)"]
+        roles = " and ".join(role for role in ("gateway", "monitor") if r.get(role))
+        return [r["host"], f"the fleet {roles or 'host'} (no rig)"]
     variant = r["variant"] or "-"
     if r["variant_in_inventory"] and r["variant"] and r["variant_in_inventory"] != r["variant"]:
         variant += f" (inventory: {r['variant_in_inventory']})"
@@ -208,7 +236,9 @@ def format_table(rows: list[dict]) -> str:
         if r.get("rest") and not r.get("error") and r.get("rig") is not False:
             lines.append(f"{r['host']}: resting {r['rest']} on purpose (host data serving_rest): intended, not drift")
         for c in r.get("checks") or []:
-            if c["status"] == drift.FAIL and c["name"] != "pins as locked":  # pin drift: listed above
+            if c["name"] == "scraped":  # the monitor's view, not drift
+                lines.append(f"{r['host']}: scraped: {'NO: ' if c['status'] == drift.FAIL else ''}{c['detail']}")
+            elif c["status"] == drift.FAIL and c["name"] != "pins as locked":  # pin drift: listed above
                 lines.append(f"{r['host']}: DRIFT {c['name']}: {c['detail']}")
         for p in r.get("problems") or []:
             lines.append(f"{r['host']}: {p}")

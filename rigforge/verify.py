@@ -25,6 +25,11 @@ one line per check per rig (or --json), read in parallel over SSH, nothing chang
   /v1/models answers        from the rig, as the recipes' verify.sh
   chat returns text         "capital of France", thinking off: the reply names Paris
   tool call returned        a get_weather tool, tool_choice auto: the reply carries tool_calls
+  scraped                   with a monitor in the inventory (group monitor): every target of the rig (node, vllm)
+                            is up at the monitor's Prometheus (/api/v1/targets, asked on the monitor host); a down
+                            one is named with its last error; a monitor that cannot be asked makes it unknown
+On a monitor host: "prometheus answers" (its targets API). Where the monitor is, or that the inventory has none,
+is said after the checks (and in --json, `monitor`).
 With rigforge_manage_services False (the testbed: no systemd in a chroot) the service and API checks
 are reported "skipped (services not managed on this host)", not failed.
 
@@ -38,7 +43,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import asdict
 
-from rigforge import drift, fleet, inventory, observe
+from rigforge import drift, fleet, inventory, monitor, observe
 from rigforge.drift import FAIL, PASS, SKIP, SKIPPED, Check, RigContext
 
 
@@ -56,7 +61,30 @@ def check_host(host, fl: fleet.Fleet) -> tuple[list[Check], dict]:
         data = fleet.host_data(host.data)
         seen["gateway"] = observe.observe_gateway(host, data)
         out += gateway_checks(host, data, seen["gateway"])
+    if fleet.MONITOR in host.groups:
+        seen["monitor"] = view = observe.observe_monitor(host)
+        if view["targets"] is None:
+            why = f"HTTP {view['http']}" if view["http"] else "no answer"
+            out.append(Check("prometheus answers", FAIL, f"{view['url']}{monitor.TARGETS_PATH}: {why}"))
+        else:
+            out.append(Check("prometheus answers", PASS, f"{view['url']}: {len(view['targets'])} targets"))
     return out, seen
+
+
+def monitor_views(results: dict, monitors: tuple[str, ...]) -> dict[str, dict | None]:
+    """{monitor host: its view, None when it could not be read}."""
+    return {h: None if isinstance(r, Exception) else r[1].get("monitor") for h, r in results.items() if h in monitors}
+
+
+def with_monitor(results: dict, monitors: tuple[str, ...]) -> dict:
+    """{host: (checks, seen) or Exception}: each rig's checks with "scraped" last (from the monitor hosts' views
+    read in the same pass); none without a monitor in the inventory."""
+    views = monitor_views(results, monitors)
+    out = {}
+    for h, r in results.items():
+        extra = None if isinstance(r, Exception) or not r[1]["rig"] else drift.monitor_check(h, r[1]["rest"], views)
+        out[h] = (r[0] + [extra], r[1]) if extra else r
+    return out
 
 
 def with_gateways(results: dict) -> dict:
@@ -179,10 +207,12 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    results = inventory.read_rigs(args, "verify", check_host)
-    if results is None:
+    read = inventory.read_fleet(args, "verify", check_host)
+    if read is None:
         return 2
-    results = with_gateways(results)
+    results, fl = read
+    views = monitor_views(results, fl.monitors)
+    results = with_gateways(with_monitor(results, fl.monitors))
     failed = {h: [c.name for c in r if c.status == FAIL] for h, r in results.items() if not isinstance(r, Exception)}
     unreachable = {h: str(r) for h, r in results.items() if isinstance(r, Exception)}
     code = 1 if any(failed.values()) else 2 if unreachable else 0
@@ -192,7 +222,8 @@ def run(args) -> int:
             {"error": None, "checks": [asdict(c) for c in r]}
             for h, r in results.items()
         }  # fmt: skip
-        print(json.dumps({"exit_code": code, "hosts": hosts}, indent=2))
+        monitor = {h: v and v["url"] for h, v in views.items()}  # where the monitor is (None: not read)
+        print(json.dumps({"exit_code": code, "hosts": hosts, "monitor": monitor}, indent=2))
         return code
     width = max(len(h) for h in results)
     name_w = max([len(c.name) for r in results.values() if not isinstance(r, Exception) for c in r] or [10])
@@ -202,6 +233,7 @@ def run(args) -> int:
             continue
         for c in r:
             print(f"{h.ljust(width)}  {c.status.upper():<5}  {c.name.ljust(name_w)}  {c.detail}")
+    print(drift.monitor_line(views))
     bad = [f"{h}: {', '.join(names)}" for h, names in failed.items() if names]
     ok = "no check failed on the rigs checked" if unreachable else "all checks passed"
     summary = f"{len(results)} rig(s): " + (f"FAILED {'; '.join(bad)}" if bad else ok)

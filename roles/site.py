@@ -24,13 +24,14 @@ from pyinfra.facts.files import FileContents
 
 import rigforge.knobs.gateway
 import rigforge.knobs.images
+import rigforge.knobs.monitor
 from rigforge import fleet, gateway, images, obtain, power, registry, schema
 from rigforge.facts import probe
 from rigforge.facts.docker import DockerImagePresent
 from rigforge.facts.files import JsonFile, TreeSize
 from rigforge.facts.hfweights import WeightsState
 from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, PowerCapUnits
-from rigforge.fleet import GATEWAY, REGISTRY, host_data, is_rig, plan_for
+from rigforge.fleet import GATEWAY, MONITOR, REGISTRY, host_data, is_rig, plan_for
 from rigforge.hardware import Needs, format_problems
 from rigforge.inventory import sudo_problem
 from rigforge.knobs.site import DEFAULTS
@@ -40,6 +41,7 @@ from rigforge.plan import Plan
 from roles import docker_engine, gpu_power, interrupt, nvidia_driver, preflight, rig_lock, serving, sources, weights
 from roles import gateway as gateway_role
 from roles import images as images_role
+from roles import monitor as monitor_role
 from roles import registry as registry_role
 from roles.operations import aptlock, recover
 from roles.operations.checks import gpus_fit, refuse_now
@@ -115,6 +117,20 @@ def front_the_fleet(variant=None) -> bool:
         refuse_now(f"Refuse {host.name}: {len(problems)} problem(s) with the gateway", message)
         return False
     gateway_role.apply(gw, host_data(host.data)["rigforge_manage_services"])
+    return True
+
+
+def watch_the_fleet(variant=None) -> bool:
+    """On a host of the group `monitor`, Prometheus scraping the fleet (roles/monitor.py); False when refused."""
+    if MONITOR not in host.groups:
+        return True
+    data = host_data(host.data)
+    problems = rigforge.knobs.monitor.validate(data)
+    if problems:
+        message = format_problems(host.name, problems, what="rigforge refused the monitor")
+        refuse_now(f"Refuse {host.name}: {len(problems)} problem(s) with the monitor", message)
+        return False
+    monitor_role.server(dict(the_fleet(variant).targets), data, data["rigforge_manage_services"])
     return True
 
 
@@ -302,7 +318,9 @@ def hold_the_rig() -> bool:
 def provision(variant_name: str | None = None):
     probe.install_all()  # one batched probe per rig, cheaper per-op work (rigforge/facts/probe.py); first
     interrupt.install(ctx_state.get())  # Ctrl-C / SIGTERM exit non-zero, naming the cut operation
-    if not hold_the_rig() or not front_the_fleet(variant_name) or not serve_the_registry(variant_name):
+    if not hold_the_rig() or not front_the_fleet(variant_name) or not watch_the_fleet(variant_name):
+        return
+    if not serve_the_registry(variant_name):
         return
     if not is_rig(host):
         return
@@ -337,6 +355,7 @@ def provision(variant_name: str | None = None):
     docker_engine.install(plan)
     trust_the_registry(plan, the_fleet(variant_name))
     gpu_power.apply(plan)
+    monitor_role.rig(plan)
     sources.apply(plan)
     weights.apply(plan)
     gateways = {h.name: bool(h.data.get("_sudo")) for h in host.inventory.get_group(GATEWAY, default=[])}

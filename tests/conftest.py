@@ -68,7 +68,13 @@ def testbed_factory(testbed_dir: Path):
             shutil.rmtree(stale, ignore_errors=True)
 
     def make(
-        specs: list | None = None, name: str = "t", fresh: bool = True, booted=False, gateway=False, registry=False
+        specs: list | None = None,
+        name: str = "t",
+        fresh: bool = True,
+        booted=False,
+        gateway=False,
+        registry=False,
+        monitor=False,
     ):
         # unique per session and call: concurrent pytest sessions may share the testbed dir
         fleet = testbed_dir / "fleets" / f"pytest-{os.getpid()}-{name}"
@@ -88,6 +94,7 @@ def testbed_factory(testbed_dir: Path):
             booted=booted,
             gateway=gateway,
             fleet_registry=registry,
+            monitor=monitor,
         )
         TESTBED_TIMES.append(f"{name}: {len(tb.rigs)} rig(s) up in {time.monotonic() - t0:.1f}s")
         return tb

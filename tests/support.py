@@ -31,6 +31,14 @@ def pyinfra_run(inventory: Path | str, deploy: Path | str, *extra: str, env: dic
     return payload["results"] or {}, proc.stderr
 
 
+def why(results: dict, err: str) -> str:
+    """A failed run's story for an assertion message: the failed hosts' error lines, then the tail of the log."""
+    failed = results.get("failed_hosts") or []
+    hosts = failed if isinstance(failed, list) else []
+    lines = [line for line in err.splitlines() if any(f"[{h}]" in line for h in hosts) and "rror" in line]
+    return "\n".join([f"failed: {failed}", *lines[-40:], "--- log tail:", err[-4000:]])
+
+
 def changed(results: dict, host: str | None = None) -> list[str]:
     """Names of the operations that changed something (on `host`, or on any host)."""
     return [op["name"] for op in results.get("operations", []) if (host in op["success"] if host else op["success"])]

@@ -466,3 +466,39 @@ def test_bench_rollout_rig_death_mode_times_down_and_up_from_show_stat(tmp_path)
     assert report["down_after_s"] is not None and report["up_after_s"] > report["down_after_s"], report
     assert report["after_kill"]["failed"] == 0
     assert bench.server_status("# pxname,svname,status\nm,rig1,UP\nm,rig2,DOWN 1/2\n", "rig2") == "DOWN 1/2"
+
+
+def test_haproxys_prometheus_exporter_answers_on_its_own_port_only(tmp_path):
+    """The exporter frontend passes `haproxy -c`; a real HAProxy serves /metrics there (each rig's server state
+    per backend) and not on the API's port; the two ports must differ."""
+    rigs = [rig("rig1", "dual-turbo", free_port()), rig("rig2", "dual", free_port())]
+    plan, problems = gateway.build("gw", gw_data(gateway_port=free_port()), rigs)
+    assert problems == [] and plan.metrics_bind == ":8405"
+    assert "http-request use-service prometheus-exporter if { path /metrics }" in gateway.render(plan)
+    cfg = tmp_path / "check.cfg"
+    cfg.write_text(gateway.render(plan))
+    check = subprocess.run([HAPROXY, "-c", "-f", str(cfg)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    api, metrics = free_port(), free_port()
+    plan = dataclasses.replace(plan, bind=f"127.0.0.1:{api}", metrics_bind=f"127.0.0.1:{metrics}")
+    with running_haproxy(tmp_path, plan):
+
+        def scrape(port):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+                    return resp.status, resp.read().decode()
+            except urllib.error.HTTPError as err:
+                return err.code, ""
+            except urllib.error.URLError:
+                return None
+
+        status_code, text = wait_for(lambda: scrape(metrics))
+        assert status_code == 200
+        for b in plan.backends:
+            for s in b.servers:
+                series = rf'haproxy_server_status\{{proxy="{b.name}",server="{s.name}",state="(\w+)"}} 1'
+                states = re.findall(series, text)
+                assert len(states) == 1, (s.name, states)  # one state at a time (UP until its checks fail)
+        assert scrape(api)[0] != 200  # not on the API's address
+    _, problems = gateway.build("gw", gw_data(gateway_port=8405), rigs)
+    assert problems == ["gateway_metrics_port must differ from gateway_port (8405)"]

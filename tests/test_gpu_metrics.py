@@ -245,3 +245,16 @@ def test_the_script_is_posix_sh(shell):
         pytest.skip(f"no {shell}")
     r = subprocess.run([shell, "-n"], input=render_gpu_metrics({0: 230}, "v", "i"), capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_the_timer_runs_the_installed_collector_every_15_s_into_the_textfile_dir():
+    from rigforge.layout import GPU_METRICS_TIMER, GPU_METRICS_UNIT, HostLayout
+    from rigforge.render import gpu_metrics_units
+
+    layout = HostLayout()
+    units = gpu_metrics_units(layout)
+    assert set(units) == {GPU_METRICS_UNIT, GPU_METRICS_TIMER}
+    exec_start = f"ExecStart={layout.gpu_metrics_script} /usr/bin/nvidia-smi {layout.textfile_dir}\n"
+    assert exec_start in units[GPU_METRICS_UNIT] and "Type=oneshot\n" in units[GPU_METRICS_UNIT]
+    timer = units[GPU_METRICS_TIMER]
+    assert "OnUnitActiveSec=15s\n" in timer and "OnBootSec=15s\n" in timer and "WantedBy=timers.target" in timer

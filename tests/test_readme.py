@@ -5,11 +5,12 @@ import re
 from pathlib import Path
 
 from rigforge.catalog import load_catalog
+from rigforge.knobs import monitor
 from rigforge.schema import SETTINGS
 from roles import docker_engine, gpu_power, nvidia_driver, serving, site, sources, weights
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-ROLES = (docker_engine, gpu_power, nvidia_driver, serving, site, sources, weights)
+ROLES = (docker_engine, gpu_power, monitor, nvidia_driver, serving, site, sources, weights)
 NOT_HOST_DATA = {"root", "power_limit_w", "power_limits", "hf_token"}  # documented under their role keys
 
 

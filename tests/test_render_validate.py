@@ -115,3 +115,28 @@ def test_the_power_unit_and_the_settle_stage_pass_systemd_analyze_verify_without
         assert r.returncode == 0 and r.stdout == "" and r.stderr == "", name + r.stdout + r.stderr
     r = in_tools(tools, f"cd {d} && sh -n {SETTLE_SCRIPT}")
     assert r.returncode == 0, r.stderr
+
+
+def test_the_gpu_metrics_service_and_timer_pass_systemd_analyze_verify(tools):
+    """The collector's oneshot and its 15 s timer as roles/monitor.py installs them, with the collector at a path
+    inside the check dir (the tools root has no driver: nvidia-smi is a stub there too)."""
+    from types import SimpleNamespace
+
+    from rigforge.layout import GPU_METRICS_SCRIPT, GPU_METRICS_TIMER, GPU_METRICS_UNIT, TEXTFILE_DIR
+    from rigforge.render import gpu_metrics_units, render_gpu_metrics
+
+    d = "/rigforge-render-check/metrics"
+    here = tools / d.lstrip("/")
+    here.mkdir(parents=True, exist_ok=True)
+    (here / "nvidia-smi").write_text("#!/bin/sh\nexit 0\n")
+    (here / GPU_METRICS_SCRIPT).write_text(render_gpu_metrics({0: 230, 1: 230}, "dual", "img"))
+    for name in ("nvidia-smi", GPU_METRICS_SCRIPT):
+        (here / name).chmod(0o755)
+    layout = SimpleNamespace(gpu_metrics_script=f"{d}/{GPU_METRICS_SCRIPT}", textfile_dir=TEXTFILE_DIR)
+    for name, text in gpu_metrics_units(layout, nvidia_smi=f"{d}/nvidia-smi").items():
+        (here / name).write_text(text)
+    for name in (GPU_METRICS_UNIT, GPU_METRICS_TIMER):
+        r = in_tools(tools, f"cd {d} && systemd-analyze verify ./{name}")
+        assert r.returncode == 0 and r.stdout == "" and r.stderr == "", name + r.stdout + r.stderr
+    r = in_tools(tools, f"cd {d} && sh -n {GPU_METRICS_SCRIPT}")
+    assert r.returncode == 0, r.stderr

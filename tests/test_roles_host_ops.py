@@ -581,3 +581,42 @@ def test_an_unpublished_driver_branch_names_the_published_ones():
         "branch (nothing was installed)."
     )
     assert unpublished({"nvidia_driver_branch": 580}, "u", packages, [*published, "nvidia-driver-pinning-595"]) is None
+
+
+# --- monitor (rigs) ----------------------------------------------------------------------------------
+
+
+def test_monitor_installs_node_exporter_the_collector_and_its_timer():
+    from rigforge.render import gpu_metrics_units, render_gpu_metrics
+    from roles import monitor
+
+    plan = power_plan()
+    state = converge({"r": rig()}, monitor.rig, plan)
+    commands = executed(state, "r")
+    assert any("apt-get" in c and "install" in c and "prometheus-node-exporter" in c for c in commands)
+    assert any("systemctl enable rigforge-gpu-metrics.timer" in c for c in commands)
+    assert any("systemctl daemon-reload" in c for c in commands)
+    files = uploads(state, "r")
+    staged = files["/usr/local/lib/rigforge/.staging/rigforge-gpu-metrics"]  # validated by sh -n, then moved
+    assert staged == render_gpu_metrics(plan.caps, plan.variant.name, plan.image).encode()
+    for name, text in gpu_metrics_units(plan.layout).items():
+        assert files[f"/etc/systemd/system/.staging/{name}"] == text.encode()
+
+
+def test_the_monitor_host_gets_prometheus_the_fleets_config_and_rules_checked_by_promtool():
+    from rigforge import monitor as monitor_config
+    from rigforge.fleet import host_data
+    from roles import monitor
+
+    targets = {"node": (("rig1", "rig1:9100"),), "vllm": (("rig1", "rig1:8010"),), "haproxy": (("gw", "gw:8405"),)}
+    data = host_data({"monitor_retention_time": "30d"})
+    state = converge({"m": rig()}, monitor.server, targets, data, False)
+    commands = executed(state, "m")
+    assert any("apt-get" in c and "install" in c and "prometheus" in c for c in commands)
+    assert any(
+        "promtool check rules rigforge-alerts.rules.yml && promtool check config prometheus.yml" in c for c in commands
+    )
+    files = uploads(state, "m")
+    assert files["/etc/prometheus/.staging/prometheus.yml"] == monitor_config.render_config(targets, data).encode()
+    assert files["/etc/prometheus/.staging/rigforge-alerts.rules.yml"] == monitor_config.rules().encode()
+    assert "--storage.tsdb.retention.time=30d --storage.tsdb.retention.size=10GB" in files["/etc/default/prometheus"]

@@ -12,6 +12,7 @@ from rigforge.knobs import typed
 
 DEFAULTS = {
     "gateway_port": 8088,  # on a gateway host: the fleet's one endpoint
+    "gateway_metrics_port": 8405,  # on a gateway host: HAProxy's Prometheus exporter (/metrics), not the API's port
     "gateway_bind_address": None,  # on a gateway host: the address it listens on (None: every address)
     "gateway_url": None,  # on a gateway host: where clients reach it, as status shows it (None: http://HOST:PORT)
     "gateway_api_key": None,  # on a gateway host: the fleet's key, checked there (the config keeps its sha256)
@@ -31,6 +32,7 @@ Gateway = typed("Gateway", DEFAULTS)  # the role's settings: one frozen field pe
 
 def validate(data: Mapping) -> list[str]:
     problems = schema.integer(data, "gateway_port", 1, 65535)
+    problems += schema.integer(data, "gateway_metrics_port", 1, 65535)
     problems += schema.integer(data, "gateway_drain_timeout", 0, 86400, " of seconds")
     problems += schema.integer(data, "gateway_retries", 0, 10)
     problems += schema.integer(data, "gateway_bufsize", 16384, 16777216, " of bytes")

@@ -375,17 +375,18 @@ def refresh_relay(rig_dir: Path, services: dict, ssh_port: int) -> int:
 
 
 GATEWAY_PORT = 8088  # the gateway's HAProxy inside its host (gateway_port)
+MONITOR_PORT = 9090  # the monitor's Prometheus inside its host (Debian's default --web.listen-address)
 
 
-def start_gateway_relay(gw_dir: Path, port: int) -> int:
-    """Publish the gateway host's HAProxy on the controller's 127.0.0.1:`port` (returned; the next free one if
-    taken). The gateway host reaches the rigs over the testbed's LAN (join_lan), at their lan_address."""
-    pidfile, log_file = gw_dir / "gateway-relay.pid", gw_dir / "gateway-relay.log"
+def start_gateway_relay(gw_dir: Path, port: int, to: int = GATEWAY_PORT, name: str = "gateway-relay") -> int:
+    """Publish the gateway host's HAProxy (or its port `to`) on the controller's 127.0.0.1:`port` (returned; the
+    next free one if taken). The gateway host reaches the rigs over the testbed's LAN (join_lan), at their
+    lan_address."""
+    pidfile, log_file = gw_dir / f"{name}.pid", gw_dir / f"{name}.log"
     stop_pidfile(pidfile)
     port = free_port(port, port + 300)
-    spawn([sys.executable, str(NETNS_SCRIPT), "serve", netns_path(gw_dir), f"in:{port}={GATEWAY_PORT}"],
-          pidfile, log_file)  # fmt: skip
-    wait_listener(port, lambda: pid_alive(pidfile), "the gateway's relay", log_file)
+    spawn([sys.executable, str(NETNS_SCRIPT), "serve", netns_path(gw_dir), f"in:{port}={to}"], pidfile, log_file)
+    wait_listener(port, lambda: pid_alive(pidfile), f"the {name}", log_file)
     return port
 
 
@@ -433,6 +434,7 @@ def stop(rig_dir: Path) -> None:
     stop_pidfile(rig_dir / "relay.pid")
     stop_pidfile(rig_dir / "gateway-relay.pid")
     stop_pidfile(rig_dir / "registry-relay.pid")
+    stop_pidfile(rig_dir / "prometheus-relay.pid")
     stop_pidfile(rig_dir / "registry-publish.pid")
     if Path(netns_path(rig_dir)).exists():
         sh(["ip", "netns", "delete", netns_name(rig_dir)], check=False, capture=True)

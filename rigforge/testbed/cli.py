@@ -63,6 +63,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --booted: the gateway host (or rig1 without --gateway) serves the fleet registry too (group "
         "`registry`, docs/registry.md), at one address on this machine and every host",
     )
+    p_up.add_argument(
+        "--monitor",
+        action="store_true",
+        help="with --gateway: the gateway host is the monitor too (group `monitor`, Prometheus, docs/monitoring.md), "
+        "published on this machine",
+    )
     p_up.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"testbed directory (default {DEFAULT_DIR})")
     p_down = sub.add_parser("down", help="stop the rigs' sshds and the local services, remove the rigs")
     p_down.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"testbed directory (default {DEFAULT_DIR})")
@@ -142,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
             booted=args.booted,
             gateway=args.gateway,
             fleet_registry=args.fleet_registry,
+            monitor=args.monitor,
         )
         print(f"testbed up: {len(tb.rigs)} rig(s) in {time.monotonic() - t0:.1f}s", file=sys.stderr)
         for rig in tb.rigs:
@@ -160,6 +167,8 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr)  # fmt: skip
         if tb.gateway:
             print(f"gateway: {tb.gateway_url}   (ssh -F {tb.ssh_config} {tb.gateway.name})", file=sys.stderr)
+        if tb.prometheus_url:
+            print(f"prometheus: {tb.prometheus_url}   (the monitor, on {tb.gateway.name})", file=sys.stderr)
         print(tb.inventory)
         return 0
     except TestbedError as exc:

@@ -47,6 +47,7 @@ from .booted import (
     BROKEN_IMAGE,
     BROKEN_MESSAGE,
     GATEWAY_PORT,
+    MONITOR_PORT,
     REGISTRY_PORT,
     BootedRig,
     booted_tarball,
@@ -70,7 +71,7 @@ from .rootfs import build_tarball, extract, prepare_rig
 
 DEFAULT_DIR = Path("/var/lib/rigforge-testbed")
 SSHD = "/usr/sbin/sshd"
-PORTS = {"apt": 18721, "hf": 18722, "git": 18723, "upstream": 18724, "ssh": 2201, "gateway": 18088}
+PORTS = {"apt": 18721, "hf": 18722, "git": 18723, "upstream": 18724, "ssh": 2201, "gateway": 18088, "prometheus": 19090}
 
 
 @dataclass
@@ -82,6 +83,7 @@ class Testbed:
     gateway: Rig | None = None  # the booted gateway host (`up --gateway`): inventory group `gateway`, not a rig
     gateway_port: int | None = None  # its HAProxy on the controller's 127.0.0.1
     fleet_registry: bool = False  # `up --fleet-registry`: gw (or rig1 without a gateway) is in the group `registry`
+    monitor_port: int | None = None  # `up --monitor`: gw is in the group `monitor`; its Prometheus on 127.0.0.1
 
     @property
     def registry_host(self) -> Rig | None:
@@ -99,6 +101,11 @@ class Testbed:
     @property
     def gateway_url(self) -> str | None:
         return f"http://127.0.0.1:{self.gateway_port}" if self.gateway_port else None
+
+    @property
+    def prometheus_url(self) -> str | None:
+        """The monitor's Prometheus (`up --monitor`), published on the controller's loopback."""
+        return f"http://127.0.0.1:{self.monitor_port}" if self.monitor_port else None
 
     @property
     def inventory(self) -> Path:
@@ -663,8 +670,13 @@ def _write_files(tb: Testbed) -> None:
     if tb.gateway:
         data = host_data(tb, tb.gateway) | {"gateway_port": GATEWAY_PORT} | (reg_data if registry is tb.gateway else {})
         data |= {"gateway_url": tb.gateway_url} if tb.gateway_url else {}  # published on the controller
+        # likewise; a 5 s scrape (15 s by default) so that a test sees an alert's `for:` begin sooner
+        data |= {"monitor_url": tb.prometheus_url, "monitor_scrape_interval_s": 5} if tb.prometheus_url else {}
         lines += ["", f"# the fleet gateway: {tb.gateway_url} on this machine", "gateway = [",
                   f"    ({tb.gateway.name!r}, {data!r}),", "]"]  # fmt: skip
+    if tb.monitor_port:
+        lines += ["", f"# the monitor (docs/monitoring.md): Prometheus on gw, {tb.prometheus_url} on this machine",
+                  f"monitor = [{tb.gateway.name!r}]"]  # fmt: skip
     if registry:
         which = "the gateway host serves it too" if registry is tb.gateway else "rig1 serves it too (no gateway host)"
         lines += [
@@ -687,6 +699,7 @@ def up(
     booted: bool = False,
     gateway: bool = False,
     fleet_registry: bool = False,
+    monitor: bool = False,
 ) -> Testbed:
     """Build or reuse rigs rig1..rigN (one per spec) in `dir`; start the shared services of `shared` (default:
     `dir`). Idempotent: running rigs with the same spec are kept unless `fresh`. `booted`: rigs run their own
@@ -694,7 +707,9 @@ def up(
     gateway, reaching each rig at its address on the testbed's LAN (booted.join_lan), published on the
     controller's loopback.
     `fleet_registry` (booted only): the gateway host, or rig1 without one, is the fleet registry's host too (group
-    `registry`); every host and the controller reach it at the testbed's registry_address."""
+    `registry`); every host and the controller reach it at the testbed's registry_address.
+    `monitor` (with `gateway`): the gateway host is the monitor too (group `monitor`, roles/monitor.py), its
+    Prometheus published on the controller's loopback (Testbed.prometheus_url); it scrapes over the LAN."""
     t0 = time.monotonic()
     ensure_host_packages(booted)  # root, and the host packages (installed when missing, on Debian/Ubuntu)
     specs = list(specs) if specs else [RigSpec()]
@@ -703,6 +718,8 @@ def up(
     run = ensure_safe_dir(shared / "run")
     if gateway and not booted:
         raise TestbedError("--gateway needs --booted: the gateway host runs HAProxy under its own systemd")
+    if monitor and not gateway:
+        raise TestbedError("--monitor needs --gateway: the gateway host carries the monitor (Prometheus)")
     if fleet_registry and not booted:
         raise TestbedError("--fleet-registry needs --booted: the registry host runs the registry under its systemd")
     if len({spec.image_cuda for spec in specs}) > 1:
@@ -780,6 +797,13 @@ def up(
             tb.gateway_port = start_gateway_relay(tb.gateway.dir, PORTS["gateway"])
             info = json.loads((tb.gateway.dir / "rig.json").read_text())
             info |= {"gateway_port": tb.gateway_port}
+            info.pop("monitor_port", None)
+            stop_pidfile(tb.gateway.dir / "prometheus-relay.pid")
+            if monitor:
+                tb.monitor_port = start_gateway_relay(
+                    tb.gateway.dir, PORTS["prometheus"], MONITOR_PORT, name="prometheus-relay"
+                )
+                info["monitor_port"] = tb.monitor_port
             (tb.gateway.dir / "rig.json").write_text(json.dumps(info))
         if not booted:  # no booted host left on the testbed's LAN
             remove_lan(dir)
@@ -821,7 +845,7 @@ def load(dir: Path = DEFAULT_DIR, shared: Path | None = None) -> Testbed:
     for info_file in sorted((dir / "rigs").glob("*/rig.json")):
         info = json.loads(info_file.read_text())
         if "gateway_port" in info:
-            gateway = {"gateway_port": info["gateway_port"]}
+            gateway = {"gateway_port": info["gateway_port"], "monitor_port": info.get("monitor_port")}
         fleet_registry |= bool(info.get("fleet_registry"))
         rigs.append(load_rig(info_file.parent))
     if gateway:  # rig.json files sort rig1.., then gw

@@ -9,7 +9,8 @@ CLOCK_MONOTONIC, when it read each request and when it was about to send the fir
 
 Endpoints: `GET /health` (200, no body, as vLLM's), `GET /v1/models`, `POST /v1/chat/completions`
 (streamed or not; a request with `tools` gets a tool call back, any other gets text that mentions Paris, as the
-recipes' verify expects), `GET /_stub/log`.
+recipes' verify expects), `GET /metrics` (the vLLM metrics of VLLM_METRICS, from what the stub really does; no
+API key, as vLLM's --api-key guards /v1 only), `GET /_stub/log`.
 
 Run: `python -m rigforge.testbed.openai_stub --port 0 --ttft-ms 100 --dt-ms 10 --tokens 40`
 prints the base URL on the first stdout line, then serves until killed.
@@ -27,6 +28,87 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+PROMPT_TOKENS = 20  # every request's prompt, as the usage the stub reports counts it
+
+# The vLLM metrics the stand-in serves at /metrics: {name as exported: (type, HELP)}, with vLLM's labels
+# (model_name = the served model name, engine = the engine core's index, "0" with one engine). Names, types, help
+# texts, labels and the TTFT buckets are vLLM V1's PrometheusStatLogger (vllm/v1/metrics/loggers.py), as listed on
+# the "Production Metrics" page of vLLM's documentation (https://docs.vllm.ai/en/v0.32.0/usage/metrics/). The
+# lock's images are V1 versions: the nightly the variants use reports 0.20.1rc1.dev16+g7a1eb8ac2
+# (tests/fixtures/reference-variants.yaml), the recipe engine is v0.27.1; no page for either version was at hand,
+# and these six are the same in loggers.py from 0.10 on and on the v0.32.0 page. vLLM declares its counters
+# without `_total` (vllm:prompt_tokens); the Prometheus client exports them with it. The KV gauge was
+# vllm:gpu_cache_usage_perc before V1. The alerting rules (templates/monitor/rigforge-alerts.rules.yml) read these
+# names and watch each with absent(); tests/test_openai_stub_metrics.py keeps the two in step.
+VLLM_METRICS = {
+    "vllm:num_requests_running": ("gauge", "Number of requests in model execution batches."),
+    "vllm:num_requests_waiting": ("gauge", "Number of requests waiting to be processed."),
+    "vllm:kv_cache_usage_perc": ("gauge", "KV-cache usage. 1 means 100 percent usage."),
+    "vllm:prompt_tokens_total": ("counter", "Number of prefill tokens processed."),
+    "vllm:generation_tokens_total": ("counter", "Number of generation tokens processed."),
+    "vllm:time_to_first_token_seconds": ("histogram", "Histogram of time to first token in seconds."),
+}
+# vLLM's buckets of vllm:time_to_first_token_seconds (loggers.py)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+
+
+class Metrics:
+    """What the stub does, counted as vLLM counts it. running: requests being generated (holding a slot); waiting:
+    requests waiting for a slot (max_concurrent); TTFT: from the request read to its first token (a waiting
+    request's wait included, as vLLM measures from arrival). KV cache usage is a model of vLLM's, not a measure:
+    every running request holds its prompt and the tokens generated so far, and the cache holds `slots` requests
+    of full length (prompt + `tokens` x `tokens_per_delta`), slots = max_concurrent (1 when unbounded); capped at 1.
+    So it is 0 when idle and nears 1 when every slot generates the end of a reply."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.running = self.waiting = self.kv_tokens = 0
+        self.prompt_tokens = self.generation_tokens = 0
+        self.ttft = [0] * len(TTFT_BUCKETS)  # observations per bucket (not cumulative)
+        self.ttft_count, self.ttft_sum = 0, 0.0
+
+    def add(self, **deltas: int) -> None:
+        with self.lock:
+            for name, d in deltas.items():
+                setattr(self, name, getattr(self, name) + d)
+
+    def observe_ttft(self, seconds: float) -> None:
+        with self.lock:
+            self.ttft_count += 1
+            self.ttft_sum += seconds
+            i = next((i for i, b in enumerate(TTFT_BUCKETS) if seconds <= b), None)
+            if i is not None:
+                self.ttft[i] += 1
+
+    def text(self, s: Schedule) -> str:
+        """The Prometheus text format (0.0.4), every family of VLLM_METRICS in its order."""
+        model = s.model.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        labels = f'model_name="{model}",engine="0"'
+        capacity = max(s.max_concurrent, 1) * (PROMPT_TOKENS + s.tokens * s.tokens_per_delta)
+        with self.lock:
+            values = {
+                "vllm:num_requests_running": self.running,
+                "vllm:num_requests_waiting": self.waiting,
+                "vllm:kv_cache_usage_perc": min(1.0, self.kv_tokens / capacity),
+                "vllm:prompt_tokens_total": self.prompt_tokens,
+                "vllm:generation_tokens_total": self.generation_tokens,
+            }
+            ttft, count, total = list(self.ttft), self.ttft_count, self.ttft_sum
+        lines = []
+        for name, (kind, help_text) in VLLM_METRICS.items():
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+            if kind != "histogram":
+                lines.append(f"{name}{{{labels}}} {float(values[name])!r}")
+                continue
+            seen = 0
+            for bound, n in zip(TTFT_BUCKETS, ttft, strict=True):
+                seen += n
+                lines.append(f'{name}_bucket{{{labels},le="{bound!r}"}} {float(seen)!r}')
+            lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {float(count)!r}')
+            lines += [f"{name}_count{{{labels}}} {float(count)!r}", f"{name}_sum{{{labels}}} {total!r}"]
+        return "\n".join(lines) + "\n"
+
 
 @dataclass
 class Schedule:
@@ -41,6 +123,7 @@ class Schedule:
     max_concurrent: int = 0  # >0: at most this many completions at once, the others wait (a real server's batch)
     log: list = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    metrics: Metrics = field(default_factory=Metrics)  # what GET /metrics serves
 
 
 def _sleep_until(deadline_ns: int) -> None:
@@ -88,6 +171,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
         elif self.path == "/v1/models":
             self._json(200, {"object": "list", "data": [{"id": s.model, "object": "model"}]})
+        elif self.path == "/metrics":
+            body = s.metrics.text(s).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
         elif self.path == "/_stub/log":
             with s.lock:
                 self._json(200, list(s.log))
@@ -112,24 +202,40 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(404, {"error": {"message": f"The model `{req.get('model')}` does not exist."}})
             return
         n = min(s.tokens, int(req.get("max_tokens") or s.tokens) // s.tokens_per_delta)
+        m = s.metrics
+        m.add(waiting=1)
         with self.server.slots:  # a request that waited for a slot is generated from then on
-            self._answer(req, n, time.monotonic_ns() if s.max_concurrent else t_recv)
+            m.add(waiting=-1, running=1, prompt_tokens=PROMPT_TOKENS, kv_tokens=PROMPT_TOKENS)
+            self.held = PROMPT_TOKENS  # what this request holds of the KV cache model
+            try:
+                self._answer(req, n, time.monotonic_ns() if s.max_concurrent else t_recv, t_recv)
+            finally:
+                m.add(running=-1, kv_tokens=-self.held)
 
-    def _answer(self, req, n: int, t_recv: int) -> None:
+    def _generated(self, tokens: int) -> None:
+        self.held += tokens
+        self.schedule.metrics.add(generation_tokens=tokens, kv_tokens=tokens)
+
+    def _answer(self, req, n: int, t_recv: int, t_arrived: int) -> None:
         s = self.schedule
         if req.get("tools"):
+            s.metrics.observe_ttft((time.monotonic_ns() - t_arrived) / 1e9)
             self._tool_call(req)
         elif req.get("stream"):
-            self._stream(req, n, t_recv)
+            self._stream(req, n, t_recv, t_arrived)
         else:  # generated at the same rate as a stream, answered whole at the end
+            _sleep_until(t_recv + int(s.ttft_ms * 1e6))
+            s.metrics.observe_ttft((time.monotonic_ns() - t_arrived) / 1e9)
             _sleep_until(t_recv + int((s.ttft_ms + max(n - 1, 0) * s.dt_ms) * 1e6))
             text = "The capital of France is Paris."
+            self._generated(len(text.split()))
             self._json(200, _completion(s.model, {"role": "assistant", "content": text}, len(text.split())))
 
     def _tool_call(self, req) -> None:
         name = req["tools"][0].get("function", {}).get("name", "tool")
         call = {"id": "call_0", "type": "function", "function": {"name": name, "arguments": '{"city": "Paris"}'}}
         msg = {"role": "assistant", "content": None, "tool_calls": [call]}
+        self._generated(12)
         self._json(200, _completion(self.schedule.model, msg, 12, finish="tool_calls"))
 
     def _chunk(self, obj) -> None:
@@ -137,7 +243,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
 
-    def _stream(self, req, n: int, t_recv: int) -> None:
+    def _stream(self, req, n: int, t_recv: int, t_arrived: int) -> None:
         s = self.schedule
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -150,11 +256,14 @@ class _Handler(BaseHTTPRequestHandler):
             _sleep_until(t_recv + int((s.ttft_ms + i * s.dt_ms) * 1e6))
             key = "reasoning_content" if i < s.reasoning_tokens else "content"
             sent.append(time.monotonic_ns())
+            if i == 0:
+                s.metrics.observe_ttft((sent[0] - t_arrived) / 1e9)
             self._chunk({**base, "choices": [{"index": 0, "delta": {key: f"t{i} "}, "finish_reason": None}]})
+            self._generated(s.tokens_per_delta)  # counted once written, as a client sees it
         self._chunk({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
         if s.usage and (req.get("stream_options") or {}).get("include_usage"):
             k = n * s.tokens_per_delta
-            usage = {"prompt_tokens": 20, "completion_tokens": k, "total_tokens": 20 + k}
+            usage = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": k, "total_tokens": PROMPT_TOKENS + k}
             self._chunk({**base, "choices": [], "usage": usage})
         t_done = time.monotonic_ns()
         self._chunk(b"[DONE]")
@@ -183,7 +292,7 @@ def _completion(model: str, message: dict, tokens: int, finish: str = "stop") ->
         "object": "chat.completion",
         "model": model,
         "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-        "usage": {"prompt_tokens": 20, "completion_tokens": tokens, "total_tokens": 20 + tokens},
+        "usage": {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": tokens, "total_tokens": PROMPT_TOKENS + tokens},
     }
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 import requests
 import yaml
-from support import REPO, changed, errored, inventory_with, pyinfra_run
+from support import REPO, changed, errored, inventory_with, pyinfra_run, why
 
 pytestmark = [pytest.mark.testbed, pytest.mark.booted]
 MODEL = "qwen3.6-27b-autoround"
@@ -60,7 +60,7 @@ def rigforge(*args: str, env: dict | None = None, timeout: float = 600) -> subpr
 def fleet(testbed_factory):
     from rigforge.testbed import RigSpec
 
-    return testbed_factory([RigSpec()] * 3, name="fleet", booted=True, gateway=True, registry=True)
+    return testbed_factory([RigSpec()] * 3, name="fleet", booted=True, gateway=True, registry=True, monitor=True)
 
 
 def locked(tb) -> str:
@@ -155,7 +155,7 @@ def test_a_fill_cut_mid_copy_resumes_with_only_the_missing_layers_and_upstream_i
     t0 = time.monotonic()
     results, err = pyinfra_run(fleet.inventory, DEPLOY)
     testbed_report.append(f"fleet: 3 rigs + gw converged after the cut in {time.monotonic() - t0:.0f}s")
-    assert results["failed_hosts"] == [] and results["totals"]["error"] == 0, err[-6000:]
+    assert results["failed_hosts"] == [] and results["totals"]["error"] == 0, why(results, err)
     fetched = blob_gets(fleet, resumed)
     assert sorted(fetched) == sorted(blobs - held), (fetched, blobs - held)  # only what the fleet lacked, once
     total = blob_gets(fleet, start)
@@ -215,6 +215,86 @@ def test_the_gateway_fronts_the_fleet(fleet):
     line = gateway_status(fleet)
     assert line.endswith(f"models: {MODEL}; rig1 serving, rig2 serving, rig3 serving")
     assert line.startswith(f"gw: gateway {fleet.gateway_url} healthy")  # where clients reach it, not :8088 inside
+
+
+def promql(tb, query: str) -> list[dict]:
+    """The monitor's answer to an instant query (its Prometheus, published on the controller)."""
+    answer = requests.get(f"{tb.prometheus_url}/api/v1/query", params={"query": query}, timeout=10).json()
+    assert answer["status"] == "success", answer
+    return answer["data"]["result"]
+
+
+def firing(tb) -> set[tuple[str, str]]:
+    """(alert, rig or gateway server) of every alert firing now."""
+    alerts = requests.get(f"{tb.prometheus_url}/api/v1/alerts", timeout=10).json()["data"]["alerts"]
+    return {(a["labels"]["alertname"], a["labels"].get("rig", a["labels"].get("server", ""))) for a in alerts
+            if a["state"] == "firing"}  # fmt: skip
+
+
+def wait_for(what: str, check, timeout: float):
+    """Poll `check()` until it returns something true; the seconds it took. Fails naming `what` and the last value."""
+    t0, value = time.monotonic(), None
+    while time.monotonic() - t0 < timeout:
+        value = check()
+        if value:
+            return time.monotonic() - t0
+        time.sleep(2)
+    raise AssertionError(f"{what}: not within {timeout:.0f}s (last: {value!r})")
+
+
+def test_the_monitor_scrapes_every_rig_and_the_gateway_over_the_lan(fleet, testbed_report):
+    """Prometheus on gw (group `monitor`) scrapes what the Fleet names: every rig's node exporter (with the GPU
+    collector's file) and vLLM, the gateway's HAProxy exporter; the caps read 230 W on every GPU of every rig."""
+    rigs = {rig.name for rig in fleet.rigs}
+
+    def all_up():
+        targets = requests.get(f"{fleet.prometheus_url}/api/v1/targets", timeout=10).json()["data"]["activeTargets"]
+        health = {(t["labels"]["job"], t["labels"].get("rig", t["labels"].get("gateway"))): t["health"]
+                  for t in targets}  # fmt: skip
+        want = {(job, rig) for job in ("node", "vllm") for rig in rigs} | {("haproxy", fleet.gateway.name)}
+        return set(health) == want and set(health.values()) == {"up"} and health
+
+    took = wait_for("every target up", all_up, 120)
+    testbed_report.append(f"monitor: {3 * 2 + 1} targets up {took:.0f}s after the converge's checks")
+    caps = {(r["metric"]["rig"], r["metric"]["gpu"]): float(r["value"][1]) for r in
+            promql(fleet, "rigforge_gpu_power_limit_watts")}  # fmt: skip
+    assert caps == {(rig, gpu): 230.0 for rig in rigs for gpu in ("0", "1")}, caps
+    assert {r["metric"]["rig"] for r in promql(fleet, "vllm:num_requests_running")} == rigs
+    assert {r["metric"]["rig"] for r in promql(fleet, "vllm:kv_cache_usage_perc")} == rigs
+    up = promql(fleet, 'haproxy_server_status{state="UP"} == 1')
+    assert {r["metric"]["server"] for r in up} == rigs, up
+    assert {r["metric"]["rig"] for r in promql(fleet, "rigforge_gpus_pci == rigforge_gpus_visible")} == rigs
+    lines = rigforge("status", fleet.inventory, timeout=300).stdout.splitlines()
+    assert {f"{rig}: scraped: node up, vllm up at gw" for rig in rigs} <= set(lines), lines
+    assert f"monitor: gw ({fleet.prometheus_url}): Prometheus answers, 7 targets, 7 up" in lines, lines
+
+
+def test_a_stopped_vllm_unit_and_a_lost_card_fire_their_alerts_and_a_deploy_clears_them(fleet, testbed_report):
+    """rig1's vLLM unit stopped: RigforgeVllmUnitDown within 3 minutes; rig2's stand-in nvidia-smi loses GPU1
+    while the PCI bus still shows it: RigforgeGpuMissing. The card back and a re-run of the deploy (it starts the
+    stopped unit): both clear."""
+    rig1, rig2 = fleet.rigs[0], fleet.rigs[1]
+    assert not firing(fleet), firing(fleet)
+    rig1.run("systemctl stop 'rigforge-vllm@*.service'", check=True)
+    state = "/var/lib/rigforge-sim/state.json"
+    lose = f"import json; s = json.load(open('{state}')); s['lost'] = [1]; json.dump(s, open('{state}', 'w'))"
+    rig2.run(f'python3 -c "{lose}"', check=True)
+    assert rig2.run("nvidia-smi -L").returncode == 15
+    try:
+        down = wait_for("RigforgeVllmUnitDown on rig1", lambda: ("RigforgeVllmUnitDown", "rig1") in firing(fleet), 180)
+        lost = wait_for("RigforgeGpuMissing on rig2", lambda: ("RigforgeGpuMissing", "rig2") in firing(fleet), 60)
+        assert {("RigforgeVllmUnitDown", "rig1"), ("RigforgeGpuMissing", "rig2")} <= firing(fleet)
+    finally:
+        back = f"import json; s = json.load(open('{state}')); s.pop('lost'); json.dump(s, open('{state}', 'w'))"
+        rig2.run(f'python3 -c "{back}"', check=True)
+    results, err = pyinfra_run(fleet.inventory, DEPLOY)
+    assert results["failed_hosts"] == [] and results["totals"]["error"] == 0, why(results, err)
+    assert rig1.run("systemctl is-active 'rigforge-vllm@*.service'").stdout.split() == ["active"]
+    cleared = wait_for("no alert firing", lambda: not firing(fleet), 120)
+    testbed_report.append(
+        f"monitor: unit-down fired {down:.0f}s after the stop, GPU-missing {lost:.0f}s after that; "
+        f"all clear {cleared:.0f}s after the re-run"
+    )
 
 
 def connect(host, address: str, port: int) -> str:
@@ -403,11 +483,11 @@ SNAPSHOT = (
 
 
 def alone(tb, tmp_path: Path, rig: str) -> Path:
-    """An inventory of `rig` alone: no fleet registry, no gateway."""
+    """An inventory of `rig` alone: no fleet registry, no gateway, no monitor."""
     path = tmp_path / f"alone-{rig}.py"
     path.write_text(
         f"exec(open({str(tb.inventory)!r}).read())\nrigs = [r for r in rigs if r[0] == {rig!r}]\n"
-        "del gateway, registry\n"
+        "del gateway, registry, monitor\n"
     )
     return path
 
@@ -419,7 +499,7 @@ def test_after_upstream_deleted_the_image_a_fresh_rig_converges_from_the_fleet(f
     digest = image.split("@", 1)[1]
     t0 = time.monotonic()  # `up` with one more rig adds a fresh one and keeps the others (before the delete:
     grown = core.up(fleet.dir, [RigSpec()] * 4, fresh=False, shared=fleet.shared, booted=True, gateway=True,
-                    fleet_registry=True)  # fmt: skip  # `up` pushes the stand-in's images it lacks)
+                    fleet_registry=True, monitor=True)  # fmt: skip  # `up` pushes the stand-in's images it lacks)
     testbed_report.append(f"fleet: a fourth rig added in {time.monotonic() - t0:.0f}s")
     assert [r.name for r in grown.rigs[:3]] == [r.name for r in fleet.rigs[:3]]
     fleet.rigs[:] = grown.rigs
@@ -452,7 +532,7 @@ def fourth_rig_from_the_fleet(fleet, tmp_path: Path, testbed_report, image: str)
     t0 = time.monotonic()
     results, err = pyinfra_run(fleet.inventory, DEPLOY)
     testbed_report.append(f"fleet: the fourth rig converged from the fleet in {time.monotonic() - t0:.0f}s")
-    assert results["failed_hosts"] == [] and results["totals"]["error"] == 0, err[-6000:]
+    assert results["failed_hosts"] == [] and results["totals"]["error"] == 0, why(results, err)
     assert blob_gets(fleet, start) == []  # upstream has nothing: all from the fleet
     assert f"{name}@{digest}" in repo_digests(rig4, f"{name}@{digest}")
     checks = json.loads(rigforge("verify", fleet.inventory, "--json", timeout=300).stdout or "{}")

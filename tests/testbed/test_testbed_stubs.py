@@ -219,3 +219,19 @@ def test_topo_matches_the_real_tools_format_for_two_pcie_gpus(smi):
     assert real_p2p[:2] == [" \t\x1b[4mGPU0\t\x1b[0m", " GPU0\tX\t"]  # the real one-GPU form of the same rows
     assert parse_topo_matrix(ours) == {"0-1": "CNS"}
     assert smi("topo", "-x").returncode == 2
+
+
+def test_a_card_off_the_bus_is_named_the_others_answer_and_the_exit_is_15(smi):
+    """state.json "lost": [1] is GPU1 fallen off the bus (Xid 79): NVML cannot get its handle, the tool says so
+    and answers for GPU0, and exits 15, the man page's "GPU has fallen off the bus or has otherwise become
+    inaccessible"."""
+    state = smi.root / "var/lib/rigforge-sim/state.json"
+    state.parent.mkdir(parents=True)
+    state.write_text(json.dumps({"lost": [1]}))
+    res = smi("--query-gpu=index,power.limit", "--format=csv,noheader,nounits")
+    assert res.returncode == 15
+    lines = res.stdout.splitlines()
+    assert lines[0] == "Unable to determine the device handle for GPU0000:02:00.0: Unknown Error"
+    assert [line.split(", ")[0] for line in lines[1:]] == ["0"]
+    state.write_text(json.dumps({}))
+    assert smi("--query-gpu=index", "--format=csv,noheader").stdout.split() == ["0", "1"]

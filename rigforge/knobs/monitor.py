@@ -1,0 +1,38 @@
+"""The knobs of the monitor host (inventory group `monitor`, docs/monitoring.md): their defaults (commented) and
+checks.
+
+Read by the fleet builder on the controller (rigforge/fleet.py); no host here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from rigforge import schema
+
+DEFAULTS = {
+    # on the monitor: samples older than this are dropped (Prometheus's --storage.tsdb.retention.time)
+    "monitor_retention_time": "15d",
+    "monitor_retention_size": "10GB",  # on the monitor: the disk samples may take (--storage.tsdb.retention.size)
+    "monitor_scrape_interval_s": 15,  # on the monitor: how often every target is scraped
+    "monitor_node_exporter_port": 9100,  # on a rig: where Debian's prometheus-node-exporter listens
+    "monitor_url": None,  # on the monitor: where people reach it, as status shows it (None: http://HOST:9090)
+}
+DURATION = re.compile(r"^[1-9][0-9]*(ms|s|m|h|d|w|y)$")  # Prometheus's durations, one unit
+SIZE = re.compile(r"^[1-9][0-9]*(B|KB|MB|GB|TB|PB|EB)$")  # Prometheus's byte sizes
+
+
+def validate(data: Mapping) -> list[str]:
+    problems = schema.integer(data, "monitor_scrape_interval_s", 1, 3600, " of seconds")
+    problems += schema.integer(data, "monitor_node_exporter_port", 1, 65535)
+    for key, form, example in (("monitor_retention_time", DURATION, "15d"), ("monitor_retention_size", SIZE, "10GB")):
+        value = data.get(key)
+        if not (isinstance(value, str) and form.fullmatch(value)):
+            problems.append(
+                f"{key} must be a number with a unit as Prometheus reads it (e.g. {example}), got {value!r}"
+            )
+    url = data.get("monitor_url")
+    if url is not None and not (isinstance(url, str) and url.startswith(("http://", "https://")) and " " not in url):
+        problems.append(f"monitor_url must be an http(s) URL people reach the monitor at, got {url!r}")
+    return problems

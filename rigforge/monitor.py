@@ -1,0 +1,75 @@
+"""The monitor host's Prometheus (docs/monitoring.md): its scrape config, made from the Fleet's targets
+(rigforge/fleet.py `Fleet.targets`), never from a list kept by hand, and the flags that size its storage.
+
+Pure data, like rigforge/registry.py: the caller passes the targets and the monitor host's knobs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+import yaml
+
+from rigforge.layout import MONITOR_CONSOLE_LIBRARIES, MONITOR_CONSOLES, MONITOR_RULES
+from rigforge.render import TEMPLATES
+
+JOBS = {"node": "/metrics", "vllm": "/metrics", "haproxy": "/metrics"}  # the Fleet's jobs and each one's path
+PORT = 9090  # where Debian's prometheus listens: its --web.listen-address default (":9090"); rigforge sets no other
+TARGETS_PATH = "/api/v1/targets?state=active"  # Prometheus's HTTP API: the targets it scrapes, each with its health
+
+
+def render_config(targets: Mapping[str, tuple[tuple[str, str], ...]], data: Mapping) -> str:
+    """prometheus.yml: one job per kind of target, each target labelled `rig` (or `gateway`) with its host's
+    inventory name; the alerting rules from MONITOR_RULES."""
+    interval = f"{int(data['monitor_scrape_interval_s'])}s"
+    config = {
+        "global": {"scrape_interval": interval, "evaluation_interval": interval},
+        "rule_files": [MONITOR_RULES.rsplit("/", 1)[1]],  # beside the config: promtool checks them staged together
+        "scrape_configs": [
+            {
+                "job_name": job,
+                "metrics_path": JOBS[job],
+                "static_configs": [
+                    {"targets": [address], "labels": {"gateway" if job == "haproxy" else "rig": host}}
+                    for host, address in targets.get(job, ())
+                ],
+            }
+            for job in JOBS
+        ],
+    }
+    header = "# rigforge: the monitor's Prometheus (roles/monitor.py), made from the fleet; rewritten by every run\n"
+    return header + yaml.safe_dump(config, sort_keys=False)
+
+
+def args(data: Mapping) -> str:
+    """Prometheus's storage flags for /etc/default/prometheus (ARGS): retention by time and by size."""
+    return (
+        f"--storage.tsdb.retention.time={data['monitor_retention_time']} "
+        f"--storage.tsdb.retention.size={data['monitor_retention_size']}"
+    )
+
+
+def rules() -> str:
+    """The alerting rules (templates/monitor/rigforge-alerts.rules.yml), installed at MONITOR_RULES."""
+    return (TEMPLATES / "monitor" / MONITOR_RULES.rsplit("/", 1)[1]).read_text()
+
+
+def consoles() -> dict[str, dict[str, str]]:
+    """The fleet page and its console library (templates/monitor/consoles, console_libraries), by the directory
+    Debian's Prometheus reads them from: {dir: {name: text}}. Prometheus reads them on every request."""
+    return {
+        dest: {p.name: p.read_text() for p in sorted((TEMPLATES / "monitor" / src).iterdir()) if p.is_file()}
+        for src, dest in (("consoles", MONITOR_CONSOLES), ("console_libraries", MONITOR_CONSOLE_LIBRARIES))
+    }
+
+
+def active_targets(code: int, body: str) -> list[dict] | None:
+    """The `activeTargets` of Prometheus's answer to TARGETS_PATH ({"status": "success", "data": {"activeTargets":
+    [{"labels": {"job", "instance", "rig"...}, "health": "up"|"down"|"unknown", "lastError", ...}]}}); None when it
+    did not answer so (`code` 0: nothing answered)."""
+    try:
+        answer = json.loads(body) if code == 200 else None
+        return list(answer["data"]["activeTargets"]) if answer["status"] == "success" else None
+    except (ValueError, KeyError, TypeError):
+        return None

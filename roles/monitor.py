@@ -1,0 +1,109 @@
+"""Monitoring (docs/monitoring.md). On a rig (`rig`): Debian's prometheus-node-exporter, and rigforge's GPU textfile
+collector run every 15 s by a systemd timer into the exporter's textfile dir. On the monitor host (`server`):
+Debian's prometheus with a scrape config made from the Fleet's targets and rigforge's alerting rules, checked
+together by promtool before they land, and the retention flags in its /etc/default file.
+
+The collector is rendered from the plan (the declared caps, variant, locked image and rest state written in:
+rigforge.render.render_gpu_metrics); its unit and timer are validated with systemd-analyze verify before they land.
+"""
+
+from __future__ import annotations
+
+from io import StringIO
+
+from pyinfra.api import deploy
+from pyinfra.operations import apt, files, systemd
+
+from rigforge import monitor
+from rigforge.knobs.serving import Serving
+from rigforge.layout import GPU_METRICS_SCRIPT, MONITOR_CONFIG, MONITOR_DEFAULTS, MONITOR_RULES, NODE_EXPORTER_PACKAGE
+from rigforge.plan import Plan
+from rigforge.render import gpu_metrics_units, render_gpu_metrics
+from roles.operations import systemd_units
+from roles.operations.staged import staged_files, systemd_verify
+
+DEFAULTS: dict = {}  # no knobs of its own yet: the collector's inputs are the plan's
+
+
+@deploy("Rig metrics", data_defaults=DEFAULTS)
+def rig(plan: Plan):
+    layout = plan.layout
+    # dbus: the exporter's systemd collector (the vLLM unit's state) asks systemd over the system bus
+    apt.packages(
+        name=f"Install {NODE_EXPORTER_PACKAGE} (Debian's) and dbus for its systemd collector",
+        packages=[NODE_EXPORTER_PACKAGE, "dbus"],
+        no_recommends=True,
+    )
+    collector = render_gpu_metrics(plan.caps, plan.variant.name, plan.image, rest=plan.data.get("serving_rest"))
+    script = staged_files(
+        name=f"Install {layout.gpu_metrics_script} (the GPU textfile collector)",
+        dest=layout.libexec,
+        files={GPU_METRICS_SCRIPT: (collector, "755")},
+        validate=f"sh -n {GPU_METRICS_SCRIPT}",
+        keep_previous=False,
+    )
+    units = gpu_metrics_units(layout)
+    unit = staged_files(
+        name=f"Install {' and '.join(units)} (validated by systemd-analyze verify)",
+        dest=layout.unit_dir,
+        files={name: (text, "644") for name, text in units.items()},
+        validate=" && ".join(f"( {systemd_verify(name)} )" for name in units),
+        keep_previous=False,
+    )
+    systemd.daemon_reload(name="Reload systemd units", _if=unit.did_change)
+    systemd_units.enabled(name=f"Enable {layout.gpu_metrics_timer} at boot", unit=layout.gpu_metrics_timer)
+    if Serving.of(plan.data).rigforge_manage_services:
+        # dbus.socket is static (sockets.target wants it at boot): a bus installed just now is started here
+        systemd.service(name="Run the system bus (dbus.socket)", service="dbus.socket", running=True)
+        systemd.service(name=f"Run {NODE_EXPORTER_PACKAGE}", service=NODE_EXPORTER_PACKAGE, running=True)
+        systemd.service(name=f"Run {layout.gpu_metrics_timer}", service=layout.gpu_metrics_timer, running=True)
+        systemd.service(
+            name=f"Run the collector now ({layout.gpu_metrics_script} or its units changed)",
+            service=layout.gpu_metrics_unit,
+            restarted=True,
+            _if=lambda: script.did_change() or unit.did_change(),
+        )
+
+
+@deploy("Monitor")
+def server(targets, data, manage_services: bool):
+    """`targets`: the Fleet's (rigforge/fleet.py); `data`: this host's knobs (rigforge/knobs/monitor.py)."""
+    apt.packages(name="Install prometheus (Debian's)", packages=["prometheus"], no_recommends=True)
+    config_dir, config, rules = (
+        MONITOR_CONFIG.rsplit("/", 1)[0],
+        *(p.rsplit("/", 1)[1] for p in (MONITOR_CONFIG, MONITOR_RULES)),
+    )
+    count = sum(len(t) for t in targets.values())
+    staged = staged_files(
+        name=f"Install {MONITOR_CONFIG} ({count} targets from the fleet) and the alerting rules (checked by promtool)",
+        dest=config_dir,
+        files={config: (monitor.render_config(targets, data), "644"), rules: (monitor.rules(), "644")},
+        validate=f"promtool check rules {rules} && promtool check config {config}",
+    )
+    args = files.put(
+        name=f"Size Prometheus's storage in {MONITOR_DEFAULTS} ({monitor.args(data)})",
+        src=StringIO(f'# rigforge (roles/monitor.py): rewritten by every run\nARGS="{monitor.args(data)}"\n'),
+        dest=MONITOR_DEFAULTS,
+        mode="644",
+    )
+    if manage_services:
+        systemd.service(name="Run prometheus", service="prometheus", running=True, enabled=True)
+        systemd.service(
+            name="Reload prometheus (config or rules changed)",
+            service="prometheus",
+            reloaded=True,
+            _if=staged.did_change,
+        )
+        systemd.service(
+            name="Restart prometheus (its storage flags changed)",
+            service="prometheus",
+            restarted=True,
+            _if=args.did_change,
+        )
+    for dest, pages in monitor.consoles().items():  # read on every request: no reload
+        staged_files(
+            name=f"Install {', '.join(pages)} in {dest} (the fleet page: /consoles/rigforge-fleet.html)",
+            dest=dest,
+            files={name: (text, "644") for name, text in pages.items()},
+            keep_previous=False,
+        )

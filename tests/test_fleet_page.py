@@ -1,0 +1,158 @@
+"""The fleet page (docs/monitoring.md, "The fleet page"): templates/monitor/consoles/rigforge-fleet.html with its
+library, served by Debian's real prometheus over an hour of backfilled series, loaded in headless Debian chromium.
+After the page's JavaScript ran, every rig of the data has its section and every graph of it its series drawn;
+a rig whose vLLM was down all hour shows its GPU graphs and empty vLLM graphs. And roles/monitor.py installs the
+page and the library where Debian's prometheus reads them.
+
+No skip: chromium and prometheus are Debian packages .ci/run installs; without them the test fails and says so.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from html.parser import HTMLParser
+
+import pytest
+from fleet_page_support import CONSOLES, LIBRARIES, PROMETHEUS, RIGS, chromium_binary, dump_dom, running_prometheus
+
+from rigforge import monitor
+from rigforge.layout import MONITOR_CONSOLE_LIBRARIES, MONITOR_CONSOLES
+from rigforge.render import render_gpu_metrics
+
+GRAPHS = {  # graph -> the series drawn for a rig with 2 GPUs and vLLM up
+    "power": {"GPU 0 draw", "GPU 1 draw", "GPU 0 cap", "GPU 1 cap"},
+    "temperature": {"GPU 0", "GPU 1"},
+    "tps": {"generation", "prompt"},
+    "queue": {"running", "waiting"},
+    "kv": {"KV cache"},
+}
+VLLM_GRAPHS = ("tps", "queue", "kv")
+
+
+class Page(HTMLParser):
+    """The dumped DOM, reduced to: rig -> graph -> (state, {series: path d}, {legend text: last value})."""
+
+    def __init__(self, dom: str):
+        super().__init__()
+        self.body: dict = {}
+        self.rigs: dict[str, dict[str, dict]] = {}
+        self.rig = self.graph = None
+        self.item: list[str] | None = None
+        self.feed(dom)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "body":
+            self.body = a
+        elif tag == "section" and "data-rig" in a:
+            self.rig = self.rigs.setdefault(a["data-rig"], {})
+        elif tag == "figure" and self.rig is not None:
+            self.graph = self.rig.setdefault(a["data-graph"], {"state": a.get("data-state"), "paths": {}, "legend": {}})
+        elif tag == "path" and self.graph is not None and "data-series" in a:
+            self.graph["paths"][a["data-series"]] = a.get("d", "")
+        elif tag == "li" and self.graph is not None:
+            self.item = []
+
+    def handle_data(self, data):
+        if self.item is not None:
+            self.item.append(data)
+
+    def handle_endtag(self, tag):
+        if tag == "li" and self.item is not None:
+            text = "".join(self.item).strip()
+            label, _, value = text.rpartition(" ")
+            self.graph["legend"][label] = value
+            self.item = None
+        elif tag == "figure":
+            self.graph = None
+        elif tag == "section":
+            self.rig = None
+
+
+def points(d: str) -> int:
+    return len(re.findall(r"[ML]\s*-?[\d.]+ -?[\d.]+", d))
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory) -> Page:
+    assert chromium_binary(), "chromium is not installed: apt-get install --no-install-recommends chromium"
+    assert os.access(PROMETHEUS, os.X_OK), f"{PROMETHEUS} missing: apt-get install prometheus"
+    work = tmp_path_factory.mktemp("fleet-page")
+    with running_prometheus(work, RIGS) as url:
+        return Page(dump_dom(work, f"{url}/consoles/rigforge-fleet.html"))
+
+
+def test_every_rig_in_the_data_has_its_section_and_no_other(page):
+    assert page.body.get("data-rigforge") == "done", "the page's script did not finish"
+    assert list(page.rigs) == ["rig1", "rig2", "rig3"]  # found in the data, sorted; no hand list
+
+
+@pytest.mark.parametrize("rig", ["rig1", "rig2"])
+def test_every_graph_of_a_serving_rig_draws_every_series_over_the_hour(page, rig):
+    graphs = page.rigs[rig]
+    assert set(graphs) == set(GRAPHS)
+    for name, expected in GRAPHS.items():
+        graph = graphs[name]
+        assert graph["state"] == "drawn", (rig, name, graph["state"])
+        assert set(graph["paths"]) == expected, (rig, name)
+        for series, d in graph["paths"].items():
+            # an hour at the 15 s step is 241 points; rates need 2 samples
+            assert points(d) >= 200, (rig, name, series, d[:80])
+            assert d.startswith("M"), (rig, name, series)
+        assert set(graph["legend"]) == expected
+    assert {graphs["power"]["legend"][f"GPU {g} cap"] for g in (0, 1)} == {"230"}  # the declared cap, as exported
+    assert all(0 < float(v) <= 100 for v in graphs["kv"]["legend"].values())  # a percentage
+
+
+def test_a_rig_whose_vllm_was_down_draws_its_gpus_and_empty_vllm_graphs(page):
+    graphs = page.rigs["rig3"]
+    for name in ("power", "temperature"):
+        assert graphs[name]["state"] == "drawn" and set(graphs[name]["paths"]) == GRAPHS[name]
+    for name in VLLM_GRAPHS:
+        assert graphs[name]["state"] == "empty", name
+        assert graphs[name]["paths"] == {} and graphs[name]["legend"] == {}, name
+
+
+def test_with_no_rig_in_the_data_the_page_says_so(tmp_path):
+    with running_prometheus(tmp_path, {}) as url:
+        dom = dump_dom(tmp_path, f"{url}/consoles/rigforge-fleet.html")
+    page = Page(dom)
+    assert page.body.get("data-rigforge") == "done" and page.rigs == {}
+    assert "No rig was scraped in the last hour" in dom
+
+
+def test_the_monitor_role_installs_the_page_and_its_library_where_debians_prometheus_reads_them():
+    from test_roles_host_ops import converge, executed, rig, uploads
+
+    from rigforge.fleet import host_data
+    from roles import monitor as role
+
+    targets = {"node": (("rig1", "rig1:9100"),), "vllm": (("rig1", "rig1:8010"),), "haproxy": (("gw", "gw:8405"),)}
+    state = converge({"m": rig()}, role.server, targets, host_data({}), False)
+    files = uploads(state, "m")
+    pages = monitor.consoles()
+    assert pages == {
+        MONITOR_CONSOLES: {"rigforge-fleet.html": (CONSOLES / "rigforge-fleet.html").read_text()},
+        MONITOR_CONSOLE_LIBRARIES: {"rigforge.lib": (LIBRARIES / "rigforge.lib").read_text()},
+    }
+    out = subprocess.run([PROMETHEUS, "--help"], capture_output=True, text=True)
+    flags = out.stdout + out.stderr
+    assert f'--web.console.templates="{MONITOR_CONSOLES}"' in flags  # the package's defaults; its unit adds none
+    assert f'--web.console.libraries="{MONITOR_CONSOLE_LIBRARIES}"' in flags
+    for dest, named in pages.items():
+        for name, text in named.items():
+            assert files[f"{dest}/.staging/{name}"] == text.encode()  # staged, then renamed into place
+            assert any(f"mv -f {dest}/.staging/{name} {dest}/{name}" in c for c in executed(state, "m"))
+
+
+def test_the_page_reads_what_the_collector_writes_and_vllm_names_an_absent_rule_watches():
+    page = (CONSOLES / "rigforge-fleet.html").read_text()
+    exprs = " ".join(re.findall(r'data-expr="([^"]+)"', page))
+    read = set(re.findall(r"\b(rigforge_[a-z_]+|vllm:[a-z_]+)", exprs))
+    gpu, vllm = {n for n in read if n.startswith("rigforge_")}, {n for n in read if n.startswith("vllm:")}
+    assert len(gpu) == 3 and len(vllm) == 5, read  # draw, cap, temperature; tokens (2), requests (2), KV cache
+    assert gpu <= set(re.findall(r"rigforge_[a-z_]+", render_gpu_metrics({0: 230}, "v", "i")))
+    rules = (CONSOLES.parent / "rigforge-alerts.rules.yml").read_text()
+    assert vllm <= set(re.findall(r"absent\((vllm:[a-z_]+)\)", rules))  # a renamed name fires an alert
