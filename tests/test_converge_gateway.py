@@ -94,12 +94,13 @@ def test_a_rig_drains_and_rejoins_over_the_gateway_hosts_own_connection(fleet, t
 
     tb, inventory = fleet
     rig = tb.rig("rig1")
-    inv = inventory(gateway_port=free_port(), gateway_bind_address="127.0.0.1")
+    port = free_port()  # the chroot shares the controller's loopback: the API's and the exporter's ports are free ones
+    inv = inventory(gateway_port=port, gateway_metrics_port=free_port(), gateway_bind_address="127.0.0.1")
     first, err = run(inv, "dual_turbo")
     assert first["failed_hosts"] == [], err[-3000:]
     stub = make_server(Schedule(ttft_ms=1, dt_ms=1, tokens=2))
     threading.Thread(target=stub.serve_forever, daemon=True).start()
-    port = int(rig.run(f"sed -n 's/^    bind 127.0.0.1://p' {CFG}").stdout)
+    assert rig.run(f"grep -qx '    bind 127.0.0.1:{port}' {CFG}").returncode == 0, rig.run(f"cat {CFG}").stdout
     started = rig.run(f"mkdir -p /run/haproxy && haproxy -D -p /run/rigforge-test-haproxy.pid -f {CFG}")
     assert started.returncode == 0, started.stderr
     try:
