@@ -1,6 +1,7 @@
 """The order of roles for one rig: plan, preflight, repair of an interrupted run, driver, GPU check, container
-runtime (and trust in the fleet registry), power, sources, weights, serving. Before them, on the fleet's own
-hosts: the gateway (group `gateway`) and the fleet registry (group `registry`).
+runtime (and trust in the fleet registry), power, sources, weights, serving, then the rig's metrics. Before them,
+on the fleet's own hosts: the gateway (group `gateway`), the monitor (group `monitor`) and the fleet registry
+(group `registry`).
 
 `prepare()` builds the host's plan on the controller, once (`plan_for`: every role module's `validate(data)` on
 the host-data keys with the roles' defaults applied, then rigforge/plan.py's `build`), with the GPU count the
@@ -355,11 +356,12 @@ def provision(variant_name: str | None = None):
     docker_engine.install(plan)
     trust_the_registry(plan, the_fleet(variant_name))
     gpu_power.apply(plan)
-    monitor_role.rig(plan)
     sources.apply(plan)
     weights.apply(plan)
     gateways = {h.name: bool(h.data.get("_sudo")) for h in host.inventory.get_group(GATEWAY, default=[])}
     serving.apply(plan, gateways, sudo=bool(host.data.get("_sudo")))
+    # last: the collector's declared facts (variant, image, rest) follow a serving change only once its gate passed
+    monitor_role.rig(plan)
 
 
 def load_saved_images() -> None:
