@@ -35,7 +35,7 @@ def rig(plan: Plan):
         no_recommends=True,
     )
     collector = render_gpu_metrics(plan.caps, plan.variant.name, plan.image, rest=plan.data.get("serving_rest"))
-    script = staged_files(
+    staged_files(
         name=f"Install {layout.gpu_metrics_script} (the GPU textfile collector)",
         dest=layout.libexec,
         files={GPU_METRICS_SCRIPT: (collector, "755")},
@@ -56,13 +56,9 @@ def rig(plan: Plan):
         # dbus.socket is static (sockets.target wants it at boot): a bus installed just now is started here
         systemd.service(name="Run the system bus (dbus.socket)", service="dbus.socket", running=True)
         systemd.service(name=f"Run {NODE_EXPORTER_PACKAGE}", service=NODE_EXPORTER_PACKAGE, running=True)
+        # the timer runs the collector as it starts and every 15 s after, a changed script at its next tick: the
+        # run never starts the collector itself (a collector that fails is the stale-metrics alert's, not the run's)
         systemd.service(name=f"Run {layout.gpu_metrics_timer}", service=layout.gpu_metrics_timer, running=True)
-        systemd.service(
-            name=f"Run the collector now ({layout.gpu_metrics_script} or its units changed)",
-            service=layout.gpu_metrics_unit,
-            restarted=True,
-            _if=lambda: script.did_change() or unit.did_change(),
-        )
 
 
 @deploy("Monitor")
