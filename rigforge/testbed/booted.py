@@ -272,7 +272,7 @@ def boot(rig_dir: Path, timeout: float = 120) -> float:
         f"--bind={sim_module}:/sys/module",
         f"--bind-ro={rig_dir / 'sim-pci'}:/sys/bus/pci/devices",
     ]
-    spawn(cmd, rig_dir / "nspawn.pid", rig_dir / "nspawn.log")
+    spawn([*_own_cgroup(rig_dir), *cmd], rig_dir / "nspawn.pid", rig_dir / "nspawn.log")
     deadline = time.monotonic() + timeout
     state = ""
     while time.monotonic() < deadline:
@@ -295,6 +295,34 @@ def boot(rig_dir: Path, timeout: float = 120) -> float:
     if state != "running":
         raise TestbedError(f"booted rig {rig_dir.name}: systemd is {state or 'not up'} after {timeout:.0f}s\n{failed}")
     return time.monotonic() - t0
+
+
+CGROUP_V1 = Path("/sys/fs/cgroup/systemd")  # the name=systemd hierarchy of a cgroup v1 (or hybrid) controller
+
+
+def rig_cgroup(rig_dir: Path) -> Path:
+    return CGROUP_V1 / "rigforge" / netns_name(rig_dir)
+
+
+def _own_cgroup(rig_dir: Path) -> list[str]:
+    """A prefix that starts systemd-nspawn in a cgroup of the rig's own. nspawn puts the container's systemd in
+    `payload` under its own cgroup: started from one controller process, every rig had the same /payload, so one
+    rig's systemd removed the cgroup of a unit another rig was starting under the same name ("Failed to spawn
+    executor: No such file or directory", result 'resources'; seen once each rig ran a 15 s timer)."""
+    if not (CGROUP_V1 / "cgroup.procs").exists():
+        return []
+    return ["/bin/sh", "-c", 'mkdir -p "$0" && echo $$ > "$0/cgroup.procs" && exec "$@"', str(rig_cgroup(rig_dir))]
+
+
+def _remove_cgroup(rig_dir: Path) -> None:
+    """Remove the rig's cgroup tree once its processes are gone (cgroup dirs go bottom-up, with rmdir)."""
+    top = rig_cgroup(rig_dir)
+    if top.is_dir():
+        for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        with contextlib.suppress(OSError):
+            top.rmdir()
 
 
 def _irrelevant(unit: str) -> bool:
@@ -328,6 +356,7 @@ def shutdown(rig_dir: Path, timeout: float = 60) -> None:
         time.sleep(0.1)
     stop_pidfile(rig_dir / "nspawn.pid")
     set_link(rig_dir, up=False)
+    _remove_cgroup(rig_dir)  # a boot after this one starts from a clean cgroup of its own
 
 
 def start_relay(rig_dir: Path, services: dict, ssh_port: int) -> int:
