@@ -297,11 +297,13 @@ def boot(rig_dir: Path, timeout: float = 120) -> float:
     return time.monotonic() - t0
 
 
-CGROUP_V1 = Path("/sys/fs/cgroup/systemd")  # the name=systemd hierarchy of a cgroup v1 (or hybrid) controller
+# where systemd tracks processes on a cgroup v1 or hybrid controller: the name=systemd hierarchy, and the unified
+# one (a hybrid systemd, nspawn too, takes its own cgroup from there)
+CGROUP_TRACKERS = (Path("/sys/fs/cgroup/systemd"), Path("/sys/fs/cgroup/unified"))
 
 
-def rig_cgroup(rig_dir: Path) -> Path:
-    return CGROUP_V1 / "rigforge" / netns_name(rig_dir)
+def rig_cgroups(rig_dir: Path) -> list[Path]:
+    return [top / "rigforge" / netns_name(rig_dir) for top in CGROUP_TRACKERS if (top / "cgroup.procs").exists()]
 
 
 def _own_cgroup(rig_dir: Path) -> list[str]:
@@ -309,20 +311,22 @@ def _own_cgroup(rig_dir: Path) -> list[str]:
     `payload` under its own cgroup: started from one controller process, every rig had the same /payload, so one
     rig's systemd removed the cgroup of a unit another rig was starting under the same name ("Failed to spawn
     executor: No such file or directory", result 'resources'; seen once each rig ran a 15 s timer)."""
-    if not (CGROUP_V1 / "cgroup.procs").exists():
+    dirs = rig_cgroups(rig_dir)
+    if not dirs:
         return []
-    return ["/bin/sh", "-c", 'mkdir -p "$0" && echo $$ > "$0/cgroup.procs" && exec "$@"', str(rig_cgroup(rig_dir))]
+    move = " && ".join(f'mkdir -p "{d}" && echo $$ > "{d}/cgroup.procs"' for d in dirs)
+    return ["/bin/sh", "-c", f'{move} && exec "$@"', "nspawn"]
 
 
 def _remove_cgroup(rig_dir: Path) -> None:
     """Remove the rig's cgroup tree once its processes are gone (cgroup dirs go bottom-up, with rmdir)."""
-    top = rig_cgroup(rig_dir)
-    if top.is_dir():
-        for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+    for top in rig_cgroups(rig_dir):
+        if top.is_dir():
+            for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+                with contextlib.suppress(OSError):
+                    d.rmdir()
             with contextlib.suppress(OSError):
-                d.rmdir()
-        with contextlib.suppress(OSError):
-            top.rmdir()
+                top.rmdir()
 
 
 def _irrelevant(unit: str) -> bool:
