@@ -33,7 +33,7 @@ import requests
 
 from rigforge import bench
 
-T0_MS, DT_MS, N = 60.0, 10.0, 30  # stub schedule: first delta at 60 ms, then one per 10 ms, 30 deltas
+T0_MS, DT_MS, N = 80.0, 25.0, 20  # stub schedule: first delta at 80 ms, then one per 25 ms, 20 deltas
 MODEL = "qwen3.6-27b-autoround"
 
 

@@ -232,6 +232,28 @@ def test_the_testbeds_stand_in_nvidia_smi_answers_the_collector(tmp_path):
     assert set(m["rigforge_gpu_temperature_celsius"]["samples"]) == {(("gpu", "0"),), (("gpu", "1"),)}
 
 
+def test_the_stand_ins_cap_writers_racing_at_boot_all_succeed_and_none_is_lost(tmp_path):
+    """At boot four units may run `nvidia-smi -pl` at once (test_booted_boot_order). NVML serializes them; the
+    stand-in did not, and a writer failed when another had moved the shared temp file into place."""
+    sim = tmp_path / "sim"
+    (sim / "etc/rigforge-sim").mkdir(parents=True)
+    (sim / "etc/rigforge-sim/gpus.json").write_text(json.dumps(RigSpec().gpus_json("t")))
+    (sim / "sys/module/nvidia").mkdir(parents=True)
+    (sim / "sys/module/nvidia/version").write_text(aptrepo.DRIVER_VERSION + "\n")
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(aptrepo.stub_script("nvidia-smi", DRIVER_VERSION=aptrepo.DRIVER_VERSION, FLAVOR="open"))
+    smi.chmod(0o755)
+    env = {**os.environ, "RIGFORGE_SIM_ROOT": str(sim)}
+    writers = [[str(smi), "-i", str(i % 2), "-pl", str(200 + i)] for i in range(24)] + [[str(smi), "-pm", "1"]]
+    procs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for argv in writers]  # fmt: skip
+    failed = [(p.args, p.communicate()[0]) for p in procs if p.wait() != 0]
+    assert failed == []
+    state = json.loads((sim / "var/lib/rigforge-sim/state.json").read_text())
+    assert state["0"]["persistence"] is True and state["1"]["persistence"] is True
+    assert {state["0"]["power_limit"], state["1"]["power_limit"]} <= {200.0 + i for i in range(24)}
+
+
 def test_label_values_are_quoted_and_paths_come_from_the_layout():
     script = render_gpu_metrics({0: 230}, 'a"b\\c', "img\nx", rest="stopped")
     assert 'rigforge_declared_info{variant="a\\"b\\\\c",image="img\\nx",rest="stopped"} 1\n' in script
