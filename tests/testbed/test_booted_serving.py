@@ -80,7 +80,8 @@ def steady(detail: str) -> str:
     """A check's detail without what moves between two reads: how long a server has been down, and HAProxy's
     last check of a down server (a check in progress, "* L4CON Layer4 connection problem", or its result,
     "L4CON Connection refused")."""
-    return re.sub(r"down \d+ s; last check: [^)]*", "down N s; last check: …", re.sub(r"down \d+ s", "down N s", detail))
+    detail = re.sub(r"down \d+ s", "down N s", detail)
+    return re.sub(r"down N s; last check: [^)]*", "down N s; last check: …", detail)
 
 
 def settled(rig, timeout: float = 120) -> None:
