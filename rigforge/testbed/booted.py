@@ -53,10 +53,10 @@ from ._util import (
     wait_listener,
 )
 from .rig import USER, Rig, RigSpec, api_address, api_ports
-from .rootfs import copy_host_network_config, extract, locked, pack, prepare_rig
+from .rootfs import PREFETCH_NO_RECOMMENDS, copy_host_network_config, extract, locked, pack, prepare_rig
 
 BOOTED_PACKAGES = ["openssh-server", "docker.io", "docker-cli", "docker-compose", "iproute2"]
-BOOTED_RECIPE = "1"
+BOOTED_RECIPE = "2"
 NETNS_SCRIPT = Path(__file__).with_name("netns.py")
 BROKEN_IMAGE = "vllm/vllm-openai:rigforge-testbed-exits-at-start"
 BROKEN_MESSAGE = "testbed image made to exit at start (no model loaded)"
@@ -123,7 +123,9 @@ def booted_tarball(shared: Path, base: Path) -> Path:
         copy_host_network_config(build)
         in_chroot(
             build,
-            "apt-get install -y -qq --no-install-recommends " + " ".join(BOOTED_PACKAGES) + " && apt-get clean",
+            "apt-get install -y -qq --no-install-recommends " + " ".join(BOOTED_PACKAGES) + " && apt-get clean && "
+            # kept: what every rig's metrics role installs, so no converge downloads it again
+            "apt-get install -y -qq --download-only --no-install-recommends " + " ".join(PREFETCH_NO_RECOMMENDS),
             capture=True,
         )
         (build / "usr/sbin/policy-rc.d").unlink()  # a booted rig has an init: packages may start services

@@ -21,6 +21,8 @@ MIRROR = "http://deb.debian.org/debian"
 SUITE = "trixie"
 BASE_PACKAGES = ["sudo", "python3", "python3-venv", "ca-certificates", "curl", "gnupg", "systemd", "git"]
 PREFETCH_PACKAGES = ["docker.io", "docker-cli", "docker-compose", "containerd", "runc"]  # trixie: CLI is docker-cli
+# what every rig's metrics role installs (roles/monitor.py, without recommends): fetched once here, not per converge
+PREFETCH_NO_RECOMMENDS = ["prometheus-node-exporter", "dbus"]
 TOOLS_PACKAGES = ["docker.io", "docker-cli", "docker-compose", "systemd"]
 RECIPE_VERSION = "2"
 
@@ -42,7 +44,7 @@ Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 
 
 def _recipe_key() -> str:
-    recipe = ",".join([RECIPE_VERSION, SUITE, MIRROR, *BASE_PACKAGES, *PREFETCH_PACKAGES])
+    recipe = ",".join([RECIPE_VERSION, SUITE, MIRROR, *BASE_PACKAGES, *PREFETCH_PACKAGES, "-", *PREFETCH_NO_RECOMMENDS])
     return hashlib.sha256(recipe.encode()).hexdigest()[:12]
 
 
@@ -104,7 +106,8 @@ def _debootstrap(cache: Path, tarball: Path) -> None:
         ],
         capture=True,
     )
-    log(f"debootstrap done in {time.monotonic() - t0:.0f}s; pre-downloading {' '.join(PREFETCH_PACKAGES)}")
+    prefetch = " ".join(PREFETCH_PACKAGES + PREFETCH_NO_RECOMMENDS)
+    log(f"debootstrap done in {time.monotonic() - t0:.0f}s; pre-downloading {prefetch}")
     (build / "usr/sbin/policy-rc.d").write_text(POLICY_RC_D)
     (build / "usr/sbin/policy-rc.d").chmod(0o755)
     (build / "etc/apt/sources.list").unlink(missing_ok=True)
@@ -112,7 +115,10 @@ def _debootstrap(cache: Path, tarball: Path) -> None:
     copy_host_network_config(build)
     in_chroot(
         build,
-        "apt-get update -qq && apt-get install -y -qq --download-only " + " ".join(PREFETCH_PACKAGES),
+        "apt-get update -qq && apt-get install -y -qq --download-only "
+        + " ".join(PREFETCH_PACKAGES)
+        + " && apt-get install -y -qq --download-only --no-install-recommends "
+        + " ".join(PREFETCH_NO_RECOMMENDS),
         capture=True,
     )
     (build / "etc/resolv.conf").write_text("")
