@@ -11,7 +11,11 @@ beside each repository under the vendor's file name:
     <root>/libnvidia-container/   nvidia-container-toolkit + -base, libnvidia-container-tools, libnvidia-container1,
                           each at 1.19.0-1 and 1.19.1-1 (without the lock's pin apt would take 1.19.1-1)
     <root>/docker/        Docker's layout (dists/trixie/stable): docker-ce, docker-ce-cli, containerd.io,
-                          docker-buildx-plugin, docker-compose-plugin (empty stand-ins); key: docker/gpg
+                          docker-buildx-plugin, docker-compose-plugin; key: docker/gpg. Each is Debian's own
+                          package (docker.io, docker-cli, containerd + runc, docker-buildx, docker-compose, from
+                          the rootfs tarball's apt cache) repackaged under Docker's name, version and relations
+                          (docker/docker-ce-packaging deb/common/control, docker/containerd-packaging
+                          debian/control): a Docker that runs, installed the way Docker's instructions install it
 
 Every driver branch exists in two versions (580 and 590), so installing the pinning package first is what
 keeps a rig on its branch, as on NVIDIA's repositories. The package owning the kernel module (nvidia-kernel-
@@ -28,6 +32,8 @@ import time
 from pathlib import Path
 
 from ._util import ensure_safe_dir, hash_tree, log, sh
+from .rootfs import _recipe_key as rootfs_key
+from .rootfs import tarball_path
 
 STUBS = Path(__file__).parent / "stubs"
 DRIVER_VERSION = "580.159.04"
@@ -43,6 +49,47 @@ DOCKER_REPO, DOCKER_KEY, DOCKER_SUITE = "docker", "docker/gpg", "trixie"
 FINGERPRINT_FILE = "fingerprint"  # the signing key's fingerprint, for host data
 TOOLKIT_PACKAGES = ["nvidia-container-toolkit-base", "libnvidia-container-tools", "libnvidia-container1"]
 DOCKER_PACKAGES = ["docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin", "docker-compose-plugin"]
+DOCKER_CE_VERSION = "5:28.5.1-1~debian.13~trixie"
+# Docker's name: (Debian's packages whose files and maintainer scripts it carries, its version, its relations as in
+# Docker's control files; Depends adds what Debian's build needs beside its libraries: adduser, tini as docker-init)
+DOCKER_REPACKAGES = {
+    "docker-ce": (["docker.io"], DOCKER_CE_VERSION, {
+        "Depends": "containerd.io (>= 1.7.27), docker-ce-cli, iptables, nftables, libc6 (>= 2.34), libsystemd0, "
+                   "adduser, sysvinit-utils (>= 3.05-4~), tini",
+        "Recommends": "apparmor, ca-certificates, docker-ce-rootless-extras, git, pigz, procps, xz-utils",
+        "Conflicts": "docker (<< 1.5~), docker-engine, docker.io",
+        "Replaces": "docker-engine, docker-ce-cli (<< 5:28.0.0)",
+    }),
+    "docker-ce-cli": (["docker-cli"], DOCKER_CE_VERSION, {
+        "Depends": "libc6 (>= 2.34)",
+        "Recommends": "docker-buildx-plugin, docker-compose-plugin",
+        "Conflicts": "docker (<< 1.5~), docker-engine, docker.io",
+        "Replaces": "docker-ce (<< 5:0)",
+        "Breaks": "docker-ce (<< 5:0)",
+    }),
+    "containerd.io": (["containerd", "runc"], "1.7.28-1~debian.13~trixie", {
+        "Depends": "libc6 (>= 2.38), libseccomp2 (>= 2.5.0)",
+        "Provides": "containerd, runc",
+        "Conflicts": "containerd, runc",
+        "Replaces": "containerd, runc",
+    }),
+    "docker-buildx-plugin": (["docker-buildx"], "0.29.1-1~debian.13~trixie", {
+        "Depends": "libc6 (>= 2.34)",
+        "Replaces": "docker-ce-cli",
+        "Enhances": "docker-ce-cli",
+    }),
+    "docker-compose-plugin": (["docker-compose"], "2.40.3-1~debian.13~trixie", {
+        "Depends": "libc6 (>= 2.34)",
+        "Recommends": "docker-buildx-plugin (>= 0.17.0)",
+        "Enhances": "docker-ce-cli",
+        "Conflicts": "docker-compose",
+        "Replaces": "docker-compose",
+        "Breaks": "docker-compose",
+    }),
+}  # fmt: skip
+# Debian's fields a repackage drops: the relations are Docker's, the source is not Debian's
+DEBIAN_ONLY_FIELDS = {"Source", "Built-Using", "Depends", "Pre-Depends", "Recommends", "Suggests", "Conflicts",
+                      "Replaces", "Breaks", "Provides", "Enhances", "Static-Built-Using"}  # fmt: skip
 
 DRIVER_POSTINST = """#!/bin/sh
 # rigforge testbed: simulate the freshly loaded kernel module (in a chroot /sys and /proc are plain dirs; a
@@ -60,7 +107,7 @@ exit 0
 
 
 def repo_key() -> str:
-    return hash_tree(STUBS, Path(__file__))
+    return hash_tree(STUBS, Path(__file__)) + "-" + rootfs_key()
 
 
 def _control(name: str, version: str, description: str, **extra: str) -> str:
@@ -98,6 +145,43 @@ def _build_deb(work: Path, out_dir: Path, control: str, files: dict[str, str], p
         target.write_text(text)
         target.chmod(0o644 if path.startswith("/etc/") else 0o755)
     sh(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(pkg), str(out_dir)], capture=True)
+
+
+def _docker_repackages(work: Path, pool: Path, tarball: Path) -> None:
+    """Docker's five packages, each made of Debian's own from the rootfs tarball's apt cache (DOCKER_REPACKAGES)."""
+    archives = work / "var/cache/apt/archives"
+    work.mkdir(parents=True)
+    wanted = sorted(
+        {f"./var/cache/apt/archives/{deb}_*.deb" for debs, _, _ in DOCKER_REPACKAGES.values() for deb in debs}
+    )
+    sh(["tar", "-C", str(work), "-xf", str(tarball), "--wildcards", *wanted])
+    for name, (debs, version, relations) in DOCKER_REPACKAGES.items():
+        pkg = work / name
+        md5sums = []
+        for deb in debs:
+            (found,) = archives.glob(f"{deb}_*.deb")
+            part = work / f"part-{deb}"
+            sh(["dpkg-deb", "--raw-extract", str(found), str(part)])
+            md5sums.append((part / "DEBIAN/md5sums").read_text() if (part / "DEBIAN/md5sums").exists() else "")
+            if not pkg.exists():
+                part.rename(pkg)  # the first carries the control and maintainer scripts
+            else:
+                sh(["cp", "-a", "--no-clobber", f"{part}/.", str(pkg)])
+        fields, key = {}, ""
+        for line in (pkg / "DEBIAN/control").read_text().splitlines():
+            if line[:1] in (" ", "\t"):  # a continuation line (Description's body)
+                fields[key] += "\n" + line
+            else:
+                key, value = line.split(":", 1)
+                fields[key] = value.strip()
+        fields = {k: v for k, v in fields.items() if k not in DEBIAN_ONLY_FIELDS}
+        fields.update(
+            Package=name, Version=version, Maintainer="Docker <support@docker.com> (rigforge testbed repackage)"
+        )
+        fields.update(relations)
+        (pkg / "DEBIAN/control").write_text("".join(f"{k}: {v}\n" for k, v in fields.items()))
+        (pkg / "DEBIAN/md5sums").write_text("".join(md5sums))
+        sh(["dpkg-deb", "-Zgzip", "-z1", "--build", str(pkg), str(pool)], capture=True)
 
 
 def _index_and_sign(repo: Path, gnupghome: Path, suite: str | None = None) -> None:
@@ -222,9 +306,7 @@ def build(testbed_dir: Path) -> Path:
             _toolkit(tmp / "build", repos[TOOLKIT_REPO], version)
         pool = repos[DOCKER_REPO] / "pool"
         pool.mkdir()
-        for name in DOCKER_PACKAGES:  # empty stand-ins: the testbed runs no Docker engine
-            control = _control(name, "5:28.5.1-1~debian.13~trixie", f"{name} (Docker's repository, stand-in)")
-            _build_deb(tmp / "build", pool, control.replace("Depends: python3\n", "Conflicts: docker.io\n"), {})
+        _docker_repackages(tmp / "docker", pool, tarball_path(testbed_dir))
         gnupghome = tmp / "gnupg"
         gnupghome.mkdir(mode=0o700)
         gpg = ["gpg", "--homedir", str(gnupghome), "--batch", "--yes"]
