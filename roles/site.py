@@ -39,7 +39,18 @@ from rigforge.knobs.site import DEFAULTS
 from rigforge.layout import DAEMON_JSON, DEFAULT_ROOT, RUN_LOCK, HostLayout
 from rigforge.lock import token_refused
 from rigforge.plan import Plan
-from roles import docker_engine, gpu_power, interrupt, nvidia_driver, preflight, rig_lock, serving, sources, weights
+from roles import (
+    docker_engine,
+    gpu_power,
+    interrupt,
+    nvidia_driver,
+    preflight,
+    remote_sources,
+    rig_lock,
+    serving,
+    sources,
+    weights,
+)
 from roles import gateway as gateway_role
 from roles import images as images_role
 from roles import monitor as monitor_role
@@ -329,7 +340,8 @@ def provision(variant_name: str | None = None):
     if plan is None:
         return
     host_needs = needs(plan)
-    if not preflight.check(host_needs, plan.data, image_problems(plan, variant_name) + root_problems(plan)):
+    asked = remote_sources.problems(plan, _weights_state)  # the remote sources this run fetches from, once
+    if not preflight.check(host_needs, plan.data, image_problems(plan, variant_name) + root_problems(plan) + asked):
         return
     power_warnings(plan)
     for warning in root_warnings(plan):  # after preflight: no warning comes before a refusal

@@ -96,6 +96,22 @@ def test_a_driver_branch_the_repository_does_not_publish_is_refused_before_the_f
     assert snapshot(rig) == before
 
 
+def test_a_docker_repository_without_this_suite_is_refused_before_the_first_change(rigs, tmp_path):
+    """Issue 32: preflight asks each remote source the run fetches from, from the rig, before any change. Docker's
+    repository answering 404 for this release's suite is a definite no: refused, nothing changed, --dry the same."""
+    rig = rigs.rig("rig1")
+    before = snapshot(rig)
+    data = {
+        "docker_source": "docker",
+        "docker_repo_url": f"{rigs.apt_url}/no-docker-here",
+        "docker_repo_key_url": rigs.docker_repo_key_url,
+        "docker_repo_key_fingerprint": rigs.repo_key_fingerprint,
+    }
+    line = refused(rigs, tmp_path, "rig1", data, "Docker's repository says HTTP 404 for", "preflight failed on")
+    assert f"{rigs.apt_url}/no-docker-here/dists/trixie/InRelease: it has no 'trixie' suite" in line, line
+    assert snapshot(rig) == before
+
+
 ROOT_CASES = [  # (host data, the refusal): trees something else manages, for the root and the model dir alike
     ({"rigforge_root": "/var/lib/docker"}, "rigforge_root must be a directory of its own outside /var/lib/docker, "
      "Docker's default data-root (e.g. /opt/rigforge), got '/var/lib/docker'"),

@@ -194,3 +194,34 @@ class UnitActive(FactBase):
 
     def default(self):
         return "unknown"
+
+
+class UrlAnswers(FactBase):
+    """
+    What each URL answers, asked from the rig with curl (a GET whose body is thrown away; nothing on the rig
+    changes): ``{url: (http_code, curl_exit)}``. ``http_code`` is 0 when nothing answered (no route, no name, a
+    refused connection, a timeout: ``curl_exit`` says which).
+
+    .. code:: python
+
+        {"https://download.docker.com/linux/debian/dists/trixie/InRelease": (200, 0)}
+    """
+
+    def command(self, urls: tuple[str, ...]) -> str:
+        asks = [
+            f"c=$(curl -sS -o /dev/null -L --max-time 15 -w '%{{http_code}}' {shlex.quote(url)} 2>/dev/null); "
+            f'printf \'%s %s %s\\n\' "$?" "$c" {shlex.quote(url)}'
+            for url in urls
+        ]
+        return "; ".join(asks) or "true"
+
+    def process(self, output: list[str]) -> dict:
+        answers = {}
+        for line in output:
+            exit_, code, url = (line.strip().split(" ", 2) + ["", ""])[:3]
+            if url:
+                answers[url] = (int(code) if code.isdigit() else 0, int(exit_) if exit_.isdigit() else 0)
+        return answers
+
+    def default(self):
+        return {}

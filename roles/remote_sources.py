@@ -1,0 +1,98 @@
+"""Preflight's one pass over the remote sources this run needs, asked from the rig before anything changes.
+
+Asked only where the run would fetch: Docker's repository while a Docker package is missing (its suite's
+InRelease), NVIDIA's container toolkit repository while the toolkit is not at its version (InRelease), each git
+remote whose checkout is not at its pinned commit (the smart-HTTP ref list), each Hugging Face repository whose
+weights are not stamped at their revision (the hub's revision API; a gated one is asked by the token check,
+roles/site.py). NVIDIA's driver repository is read by the
+branch check (roles/host_state.py), and images by the controller (roles/site.py image_problems). A re-run with
+nothing to fetch asks nothing.
+
+One curl per source, in one round trip (rigforge/facts/system.py UrlAnswers). A definite no (HTTP 404 or 410: the
+suite, repository or revision is not there) refuses the host with what to fix; a source that cannot be asked (no
+name, no route, refused, a timeout) or answers otherwise (401, 5xx) is a warning: the step that fetches says more.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from pyinfra import host, logger
+from pyinfra.facts.deb import DebArch, DebPackages
+
+from rigforge.facts.gitpin import GitCheckout
+from rigforge.facts.system import OsRelease, UrlAnswers
+from rigforge.knobs.docker_engine import DOCKER_CE_PACKAGES, DockerEngine
+from rigforge.plan import Plan
+from roles import docker_engine
+from roles.operations.gitpin import is_current
+from roles.operations.hfweights import stale_files
+
+CURL_EXITS = {6: "no such host name", 7: "connection refused", 28: "timed out", 35: "TLS failed", 60: "TLS: unknown CA"}
+
+
+class Source(NamedTuple):
+    what: str  # "Docker's repository", "git remote vllm-src", ...
+    url: str  # what is asked
+    fix: str  # what to do when it says no
+
+
+def needed(plan: Plan, weights_state) -> list[Source]:
+    """The sources this run would fetch from (see the module docstring); `weights_state(plan, asset)` reads the
+    weights' stamp as the weights role does."""
+    data, knobs = plan.data, DockerEngine.of(plan.data)
+    installed = host.get_fact(DebPackages) or {}
+    os_release = host.get_fact(OsRelease) or {}
+    out = []
+    if knobs.docker_source == "docker" and any(name not in installed for name in DOCKER_CE_PACKAGES):
+        url = docker_engine.docker_repo_url(data, os_release.get("id", "debian"))
+        suite = os_release.get("codename", "")
+        fix = f"it has no '{suite}' suite: check docker_repo_url, or use docker_source: distro"
+        out.append(Source("Docker's repository", f"{url}/dists/{suite}/InRelease", fix))
+    version, have = plan.toolkit_version, installed.get("nvidia-container-toolkit") or []
+    if (version not in have) if version else not have:
+        url = docker_engine.toolkit_repo_url(data, host.get_fact(DebArch) or "amd64").rstrip("/")
+        out.append(Source("NVIDIA's container toolkit repository", f"{url}/InRelease", "check nvidia_toolkit_repo_url"))
+    for pin in plan.sources:
+        state = host.get_fact(GitCheckout, path=plan.layout.src(pin.name), files=tuple(dict(pin.files)))
+        if pin.url.startswith(("http://", "https://")) and not is_current(state, pin.url, pin.commit, pin.sparse):
+            out.append(Source(f"git remote {pin.name}", f"{pin.url}/info/refs?service=git-upload-pack",
+                              f"check git.{pin.name}.url in the lock"))  # fmt: skip
+    endpoint = data["hf_endpoint"].rstrip("/")
+    for asset in plan.assets:
+        if not asset.pin.gated and stale_files(asset.pin, weights_state(plan, asset)):  # gated: the token check asks
+            pin = asset.pin
+            url = f"{endpoint}/api/models/{pin.repo}/revision/{pin.revision}"
+            fix = f"check hf.{asset.name} in the lock (repo, revision) and hf_endpoint"
+            out.append(Source(f"Hugging Face repository {pin.repo}", url, fix))
+    return out
+
+
+def verdict(source: Source, code: int, curl_exit: int) -> tuple[str | None, str | None]:
+    """Pure: (the refusal, the warning) for what `source` answered; both None when it answers."""
+    if 200 <= code < 400:
+        return None, None
+    if code in (404, 410):
+        return f"{source.what} says HTTP {code} for {source.url}: {source.fix} (nothing was changed).", None
+    said = f"HTTP {code}" if code else CURL_EXITS.get(curl_exit, f"curl exit {curl_exit}")
+    return None, f"{source.what} could not be asked ({said}: {source.url}); the step that fetches from it will say more"
+
+
+def problems(plan: Plan, weights_state) -> list[str]:
+    """Ask every needed source once, from the rig; warn about those that could not be asked, return the refusals."""
+    sources = needed(plan, weights_state)
+    if not sources:
+        return []
+    answers = host.get_fact(UrlAnswers, urls=tuple(s.url for s in sources))
+    refusals, fine = [], 0
+    for source in sources:
+        refusal, warning = verdict(source, *answers.get(source.url, (0, 0)))
+        if refusal:
+            refusals.append(refusal)
+        elif warning:
+            host.log_styled(f"{host.name}: WARNING: {warning}", fg="yellow", log_func=logger.warning)
+        else:
+            fine += 1
+    if fine:
+        host.noop(f"{fine} of {len(sources)} remote source(s) this run fetches from answer")
+    return refusals
