@@ -110,6 +110,18 @@ def testbed_factory(testbed_dir: Path):
 
 
 @pytest.fixture(scope="session")
+def serving_fleet(testbed_factory):
+    """One booted rig behind the gateway, shared by the booted modules that serve one rig (test_booted_serving,
+    then test_booted_serving_docker, which takes the rig as serving left it); skipped when rigs cannot boot."""
+    from rigforge.testbed import RigSpec
+
+    missing = [tool for tool in ("systemd-nspawn", "nsenter", "ip") if not shutil.which(tool)]
+    if missing:
+        pytest.skip(f"cannot boot rigs: {', '.join(missing)} not found (apt-get install systemd-container iproute2)")
+    return testbed_factory([RigSpec()], name="serving", booted=True, gateway=True)
+
+
+@pytest.fixture(scope="session")
 def testbed(testbed_factory):
     from rigforge.testbed import RigSpec
 

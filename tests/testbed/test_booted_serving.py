@@ -35,10 +35,8 @@ ADMIN = "/run/haproxy/rigforge-admin.sock"
 
 
 @pytest.fixture(scope="module")
-def tb(testbed_factory):
-    from rigforge.testbed import RigSpec
-
-    return testbed_factory([RigSpec()], name="serving", booted=True, gateway=True)
+def tb(serving_fleet):
+    return serving_fleet  # shared with test_booted_serving_docker (tests/conftest.py)
 
 
 def deploy(tb, tmp_path, variant="dual", **data):
