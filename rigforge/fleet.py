@@ -64,8 +64,12 @@ class Fleet:
     # gateway's HAProxy exporter
     targets: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
 
+    def has(self, name: str, role: str) -> bool:
+        """Whether host `name` has `role` in the fleet (RIG, GATEWAY, REGISTRY, MONITOR)."""
+        return role in self.roles.get(name, ())
+
     def is_rig(self, name: str) -> bool:
-        return RIG in self.roles.get(name, ())
+        return self.has(name, RIG)
 
     def rigs(self) -> list[Plan]:
         """The plans of the rigs this run deploys (refused ones left out), in inventory order."""

@@ -102,9 +102,9 @@ def host_row(host, fl: fleet.Fleet) -> dict:
 
     row = status_row(host, fl) if fl.is_rig(host.name) else {"host": host.name, "error": None, "rig": False}
     row["rest"] = fleet.host_data(host.data)["serving_rest"]
-    if fleet.GATEWAY in host.groups:
+    if fl.has(host.name, fleet.GATEWAY):
         row["gateway"] = observe.observe_gateway(host, fleet.host_data(host.data))
-    if fleet.MONITOR in host.groups:
+    if fl.has(host.name, fleet.MONITOR):
         row["monitor"] = observe.observe_monitor(host)
     return row
 

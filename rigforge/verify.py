@@ -57,11 +57,11 @@ def check_host(host, fl: fleet.Fleet) -> tuple[list[Check], dict]:
         ctx, obs = observe.observe(host, fl)
         out = drift.checks(obs, ctx)
         out += api_checks(host, ctx, [c for c in out if c.name.startswith("unit ")])
-    if fleet.GATEWAY in host.groups:
+    if fl.has(host.name, fleet.GATEWAY):
         data = fleet.host_data(host.data)
         seen["gateway"] = observe.observe_gateway(host, data)
         out += gateway_checks(host, data, seen["gateway"])
-    if fleet.MONITOR in host.groups:
+    if fl.has(host.name, fleet.MONITOR):
         seen["monitor"] = view = observe.observe_monitor(host)
         if view["targets"] is None:
             why = f"HTTP {view['http']}" if view["http"] else "no answer"

@@ -17,7 +17,7 @@ import time
 import urllib.request
 from dataclasses import asdict
 
-from rigforge import drift, monitor, observe, status, verify
+from rigforge import drift, fleet, monitor, observe, status, verify
 from rigforge.drift import Check
 from rigforge.testbed.openai_stub import Schedule, make_server
 
@@ -170,7 +170,7 @@ def test_verify_checks_that_the_monitors_prometheus_answers():
     class MonitorHost(Host):
         groups = ("monitor",)
 
-    fl = type("Fleet", (), {"is_rig": lambda self, name: False})()
+    fl = fleet.Fleet(roles={"mon1": frozenset({fleet.MONITOR})}, plans={}, problems={})
     answers = {"/api/v1/targets": json.dumps(ANSWER) + "\n200"}
     checks, seen = verify.check_host(MonitorHost("mon1", answers), fl)
     assert checks == [Check("prometheus answers", "pass", "http://mon1:9090: 6 targets")] and seen["monitor"]

@@ -1,8 +1,8 @@
 """Booted: the default Docker source (Docker's repository) on a rig that serves with Debian's docker.io (issue 32).
 
 The booted rig behind the gateway that test_booted_serving uses (the fleet is shared) serves dual with Debian's
-docker.io (`docker_source: distro`, the testbed's own setting), the way many rigs were set up by hand. Then the testbed's `docker_source` is dropped from its host data, so rigforge's
-default, Docker's repository, applies:
+docker.io (`docker_source: distro`, the testbed's own setting), the way many rigs were set up by hand. Then the
+testbed's `docker_source` is dropped from its host data, so rigforge's default, Docker's repository, applies:
 - with Docker's repository unreachable, the run is refused and nothing is removed: docker.io is still installed and
   running, and so is the serving container (the same one, never restarted);
 - with the testbed's Docker repository (Debian's Docker repackaged under Docker's names and relations,
