@@ -45,7 +45,11 @@ def changed(results: dict, host: str | None = None) -> list[str]:
 
 
 def errored(results: dict, host: str) -> list[str]:
-    return [op["name"] for op in results.get("operations", []) if host in op["error"]]
+    """Names of the operations that failed on `host`; a run where every host failed (pyinfra printed no JSON) or
+    that lists `host` among its failed hosts errored too, before or without an operation."""
+    failed = results.get("failed_hosts") or []
+    ops = [op["name"] for op in results.get("operations", []) if host in op["error"]]
+    return ops or (["(the run failed on this host)"] if failed == "all" or host in failed else [])
 
 
 def inventory_with(tb, path: Path, per_host: dict[str, dict]) -> Path:
