@@ -619,6 +619,9 @@ def host_data(tb: Testbed, rig: Rig) -> dict:
         "rigforge_manage_services": getattr(rig, "booted", False),  # booted rigs run systemd and Docker
         "registry_ca_dir": str(tb.dir / "registry-ca"),  # the fleet registry's CA: the testbed's, not ~/.config
         "docker_source": "distro",
+        # testbed rigs boot in seconds and every competing cap writer there runs within 10 s of boot: half the default
+        # window, so the booted tests that wait for the settle stage to end wait half as long
+        "gpu_power_settle_window_s": 30,
         "nvidia_driver_repo_url": tb.driver_repo_url,
         "nvidia_driver_repo_key_url": tb.driver_repo_key_url,
         "nvidia_driver_repo_key_fingerprint": tb.repo_key_fingerprint,
