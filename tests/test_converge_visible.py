@@ -21,7 +21,7 @@ from rigforge.driver_table import packages_for
 from roles.nvidia_driver import DEFAULTS
 
 pytestmark = pytest.mark.testbed
-THROTTLE_BPS = 16 * 1024  # a 256 KiB shard takes about 16 s
+THROTTLE_BPS = 20 * 1024  # a 256 KiB shard takes about 13 s
 
 
 def run_timed(tb) -> tuple[int, list[tuple[float, str]]]:
