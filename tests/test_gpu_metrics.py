@@ -207,9 +207,9 @@ def test_one_card_off_the_bus_for_nvidia_smi(tmp_path):
     assert value(m, "rigforge_gpu_power_limit_watts", gpu="0") == 700
 
 
-def test_the_testbeds_stand_in_nvidia_smi_answers_the_collector(tmp_path):
-    """The testbed's stub nvidia-smi (rigforge/testbed/stubs/nvidia-smi), run on the controller under
-    RIGFORGE_SIM_ROOT: two RTX 3090s at their default 350 W, on a PCI bus shaped like the booted rigs' one."""
+def stand_in_smi(tmp_path: Path) -> tuple[Path, Path]:
+    """The testbed's stand-in nvidia-smi (rigforge/testbed/stubs/nvidia-smi) installed under tmp_path, and the root
+    it simulates (RIGFORGE_SIM_ROOT): two RTX 3090s at their default 350 W."""
     sim = tmp_path / "sim"
     (sim / "etc/rigforge-sim").mkdir(parents=True)
     (sim / "etc/rigforge-sim/gpus.json").write_text(json.dumps(RigSpec().gpus_json("t")))
@@ -219,6 +219,13 @@ def test_the_testbeds_stand_in_nvidia_smi_answers_the_collector(tmp_path):
     smi.parent.mkdir()
     smi.write_text(aptrepo.stub_script("nvidia-smi", DRIVER_VERSION=aptrepo.DRIVER_VERSION, FLAVOR="open"))
     smi.chmod(0o755)
+    return smi, sim
+
+
+def test_the_testbeds_stand_in_nvidia_smi_answers_the_collector(tmp_path):
+    """The testbed's stub nvidia-smi (rigforge/testbed/stubs/nvidia-smi), run on the controller under
+    RIGFORGE_SIM_ROOT: two RTX 3090s at their default 350 W, on a PCI bus shaped like the booted rigs' one."""
+    smi, sim = stand_in_smi(tmp_path)
     r = run_collector(tmp_path, smi, pci_tree(tmp_path, TWO_GPUS), env={"RIGFORGE_SIM_ROOT": str(sim)})
     assert r.returncode == 0, r
     m = parse((tmp_path / "textfile" / GPU_METRICS_FILE).read_text())
@@ -235,14 +242,7 @@ def test_the_testbeds_stand_in_nvidia_smi_answers_the_collector(tmp_path):
 def test_the_stand_ins_cap_writers_racing_at_boot_all_succeed_and_none_is_lost(tmp_path):
     """At boot four units may run `nvidia-smi -pl` at once (test_booted_boot_order). NVML serializes them; the
     stand-in did not, and a writer failed when another had moved the shared temp file into place."""
-    sim = tmp_path / "sim"
-    (sim / "etc/rigforge-sim").mkdir(parents=True)
-    (sim / "etc/rigforge-sim/gpus.json").write_text(json.dumps(RigSpec().gpus_json("t")))
-    (sim / "sys/module/nvidia").mkdir(parents=True)
-    (sim / "sys/module/nvidia/version").write_text(aptrepo.DRIVER_VERSION + "\n")
-    smi = tmp_path / "nvidia-smi"
-    smi.write_text(aptrepo.stub_script("nvidia-smi", DRIVER_VERSION=aptrepo.DRIVER_VERSION, FLAVOR="open"))
-    smi.chmod(0o755)
+    smi, sim = stand_in_smi(tmp_path)
     env = {**os.environ, "RIGFORGE_SIM_ROOT": str(sim)}
     writers = [[str(smi), "-i", str(i % 2), "-pl", str(200 + i)] for i in range(24)] + [[str(smi), "-pm", "1"]]
     procs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
