@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import shutil
 import socket
 import subprocess
 import time
 import urllib.request
+from html.parser import HTMLParser
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -141,6 +143,50 @@ def running_prometheus(work: Path, rigs: dict[str, bool], end: int | None = None
             proc.kill()
             proc.wait()
         log.close()
+
+
+class Page(HTMLParser):
+    """The dumped DOM, reduced to: rig -> graph -> (state, {series: path d}, {legend text: last value})."""
+
+    def __init__(self, dom: str):
+        super().__init__()
+        self.body: dict = {}
+        self.rigs: dict[str, dict[str, dict]] = {}
+        self.rig = self.graph = None
+        self.item: list[str] | None = None
+        self.feed(dom)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "body":
+            self.body = a
+        elif tag == "section" and "data-rig" in a:
+            self.rig = self.rigs.setdefault(a["data-rig"], {})
+        elif tag == "figure" and self.rig is not None:
+            self.graph = self.rig.setdefault(a["data-graph"], {"state": a.get("data-state"), "paths": {}, "legend": {}})
+        elif tag == "path" and self.graph is not None and "data-series" in a:
+            self.graph["paths"][a["data-series"]] = a.get("d", "")
+        elif tag == "li" and self.graph is not None:
+            self.item = []
+
+    def handle_data(self, data):
+        if self.item is not None:
+            self.item.append(data)
+
+    def handle_endtag(self, tag):
+        if tag == "li" and self.item is not None:
+            text = "".join(self.item).strip()
+            label, _, value = text.rpartition(" ")
+            self.graph["legend"][label] = value
+            self.item = None
+        elif tag == "figure":
+            self.graph = None
+        elif tag == "section":
+            self.rig = None
+
+
+def points(d: str) -> int:
+    return len(re.findall(r"[ML]\s*-?[\d.]+ -?[\d.]+", d))
 
 
 def chromium(work: Path, *args: str, timeout: int = 90) -> subprocess.CompletedProcess:

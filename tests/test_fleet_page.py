@@ -12,10 +12,19 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from html.parser import HTMLParser
 
 import pytest
-from fleet_page_support import CONSOLES, LIBRARIES, PROMETHEUS, RIGS, chromium_binary, dump_dom, running_prometheus
+from fleet_page_support import (
+    CONSOLES,
+    LIBRARIES,
+    PROMETHEUS,
+    RIGS,
+    Page,
+    chromium_binary,
+    dump_dom,
+    points,
+    running_prometheus,
+)
 
 from rigforge import monitor
 from rigforge.layout import MONITOR_CONSOLE_LIBRARIES, MONITOR_CONSOLES
@@ -29,50 +38,6 @@ GRAPHS = {  # graph -> the series drawn for a rig with 2 GPUs and vLLM up
     "kv": {"KV cache"},
 }
 VLLM_GRAPHS = ("tps", "queue", "kv")
-
-
-class Page(HTMLParser):
-    """The dumped DOM, reduced to: rig -> graph -> (state, {series: path d}, {legend text: last value})."""
-
-    def __init__(self, dom: str):
-        super().__init__()
-        self.body: dict = {}
-        self.rigs: dict[str, dict[str, dict]] = {}
-        self.rig = self.graph = None
-        self.item: list[str] | None = None
-        self.feed(dom)
-
-    def handle_starttag(self, tag, attrs):
-        a = dict(attrs)
-        if tag == "body":
-            self.body = a
-        elif tag == "section" and "data-rig" in a:
-            self.rig = self.rigs.setdefault(a["data-rig"], {})
-        elif tag == "figure" and self.rig is not None:
-            self.graph = self.rig.setdefault(a["data-graph"], {"state": a.get("data-state"), "paths": {}, "legend": {}})
-        elif tag == "path" and self.graph is not None and "data-series" in a:
-            self.graph["paths"][a["data-series"]] = a.get("d", "")
-        elif tag == "li" and self.graph is not None:
-            self.item = []
-
-    def handle_data(self, data):
-        if self.item is not None:
-            self.item.append(data)
-
-    def handle_endtag(self, tag):
-        if tag == "li" and self.item is not None:
-            text = "".join(self.item).strip()
-            label, _, value = text.rpartition(" ")
-            self.graph["legend"][label] = value
-            self.item = None
-        elif tag == "figure":
-            self.graph = None
-        elif tag == "section":
-            self.rig = None
-
-
-def points(d: str) -> int:
-    return len(re.findall(r"[ML]\s*-?[\d.]+ -?[\d.]+", d))
 
 
 @pytest.fixture(scope="module")

@@ -269,6 +269,30 @@ def test_the_monitor_scrapes_every_rig_and_the_gateway_over_the_lan(fleet, testb
     assert f"monitor: gw ({fleet.prometheus_url}): Prometheus answers, 7 targets, 7 up" in lines, lines
 
 
+def test_the_fleet_page_draws_every_rig_from_the_live_monitor(fleet, tmp_path):
+    """The console page the monitor role installed, from the gateway host's Prometheus over the testbed's network,
+    in headless chromium: every rig of the fleet has its section, and its power and temperature graphs draw a
+    series per GPU (the scrapes of the last minutes; rates need more of them, so the vLLM graphs are not asked)."""
+    from fleet_page_support import Page, dump_dom
+
+    rigs = sorted(rig.name for rig in fleet.rigs)
+    url = f"{fleet.prometheus_url}/consoles/rigforge-fleet.html"
+
+    def drawn():
+        page = Page(dump_dom(tmp_path, url))
+        if page.body.get("data-rigforge") != "done" or sorted(page.rigs) != rigs:
+            return None
+        states = {(rig, g): page.rigs[rig][g]["state"] for rig in rigs for g in ("power", "temperature")}
+        return page if set(states.values()) == {"drawn"} else None
+
+    wait_for("every rig's power and temperature drawn on the fleet page", drawn, 90)
+    page = Page(dump_dom(tmp_path, url))
+    for rig in rigs:
+        assert set(page.rigs[rig]["power"]["paths"]) == {"GPU 0 draw", "GPU 1 draw", "GPU 0 cap", "GPU 1 cap"}, rig
+        assert page.rigs[rig]["power"]["legend"]["GPU 0 cap"] == "230", page.rigs[rig]["power"]["legend"]
+        assert set(page.rigs[rig]["temperature"]["paths"]) == {"GPU 0", "GPU 1"}, rig
+
+
 def test_a_stopped_vllm_unit_and_a_lost_card_fire_their_alerts_and_a_deploy_clears_them(fleet, testbed_report):
     """rig1's vLLM unit stopped: RigforgeVllmUnitDown within 3 minutes; rig2's stand-in nvidia-smi loses GPU1
     while the PCI bus still shows it: RigforgeGpuMissing. The card back and a re-run of the deploy (it starts the
