@@ -93,6 +93,8 @@ def problems(plan: Plan, weights_state) -> list[str]:
             host.log_styled(f"{host.name}: WARNING: {warning}", fg="yellow", log_func=logger.warning)
         else:
             fine += 1
-    if fine:
-        host.noop(f"{fine} of {len(sources)} remote source(s) this run fetches from answer")
+    if fine:  # said at default verbosity, so `--dry` shows what was asked (a re-run with nothing to fetch asks nothing)
+        asked = ", ".join(s.what for s in sources)
+        host.log_styled(f"{host.name}: {fine} of {len(sources)} remote sources this run fetches from answer ({asked})",
+                        log_func=logger.info)  # fmt: skip
     return refusals

@@ -96,6 +96,15 @@ def test_a_driver_branch_the_repository_does_not_publish_is_refused_before_the_f
     assert snapshot(rig) == before
 
 
+def test_dry_on_a_fresh_rig_names_the_remote_sources_it_asked_and_that_they_answer(rigs):
+    """The same pass, when every source answers: `--dry` says which were asked (what a first run fetches from)."""
+    returncode, out = dry(rigs.inventory, "dual_turbo", "rig1")
+    assert returncode == 0, out[-4000:]
+    (line,) = [line for line in out.splitlines() if "remote sources this run fetches from answer" in line]
+    assert "rig1: 2 of 2 remote sources this run fetches from answer (NVIDIA's container toolkit repository, " \
+           "Hugging Face repository Lorbus/Qwen3.6-27B-int4-AutoRound)" in line, line  # fmt: skip
+
+
 def test_a_docker_repository_without_this_suite_is_refused_before_the_first_change(rigs, tmp_path):
     """Issue 32: preflight asks each remote source the run fetches from, from the rig, before any change. Docker's
     repository answering 404 for this release's suite is a definite no: refused, nothing changed, --dry the same."""
