@@ -99,6 +99,16 @@ def testbed_factory(testbed_dir: Path):
         TESTBED_TIMES.append(f"{name}: {len(tb.rigs)} rig(s) up in {time.monotonic() - t0:.1f}s")
         return tb
 
+    def release(tb) -> None:
+        """Take a module's fleet down when the module ends, not with the session: its booted rigs (systemd, Docker,
+        timers, a gateway's Prometheus) stop loading the machine the later modules run on."""
+        fleet = Path(tb.dir)
+        if fleet in made:
+            made.remove(fleet)
+            down(fleet)
+            shutil.rmtree(fleet, ignore_errors=True)
+
+    make.release = release
     yield make
     with ThreadPoolExecutor(max_workers=4) as pool:
         list(pool.map(down, made))

@@ -75,7 +75,9 @@ def booted(testbed_factory):
     missing = [tool for tool in ("systemd-nspawn", "nsenter", "ip") if not shutil.which(tool)]
     if missing:
         pytest.skip(f"cannot boot rigs: {', '.join(missing)} not found (apt-get install systemd-container iproute2)")
-    return testbed_factory(name="boot-order", booted=True)
+    tb = testbed_factory(name="boot-order", booted=True)
+    yield tb
+    testbed_factory.release(tb)
 
 
 def sh(rig, cmd: str, timeout_ok: bool = False) -> str:

@@ -60,7 +60,9 @@ def rigforge(*args: str, env: dict | None = None, timeout: float = 600) -> subpr
 def fleet(testbed_factory):
     from rigforge.testbed import RigSpec
 
-    return testbed_factory([RigSpec()] * 3, name="fleet", booted=True, gateway=True, registry=True, monitor=True)
+    tb = testbed_factory([RigSpec()] * 3, name="fleet", booted=True, gateway=True, registry=True, monitor=True)
+    yield tb
+    testbed_factory.release(tb)
 
 
 def locked(tb) -> str:

@@ -51,7 +51,8 @@ def rig(testbed_factory, testbed_report):
     t0 = time.monotonic()
     tb = testbed_factory([RigSpec()], name="images", booted=True)
     testbed_report.append(f"images: a fresh booted rig up in {time.monotonic() - t0:.0f}s")
-    return tb
+    yield tb
+    testbed_factory.release(tb)
 
 
 def test_save_then_load_on_a_fresh_rig_with_no_registry_gives_the_locked_digest(rig, saved, testbed_report):

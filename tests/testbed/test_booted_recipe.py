@@ -33,7 +33,9 @@ def booted_recipes(testbed_factory):
     saved = os.environ.get("RIGFORGE_RECIPES")
     os.environ["RIGFORGE_RECIPES"] = str(REFERENCE)  # testbed up builds its recipes remote and images from it
     try:
-        yield testbed_factory(name="booted-recipe", booted=True)
+        tb = testbed_factory(name="booted-recipe", booted=True)
+        yield tb
+        testbed_factory.release(tb)
     finally:
         if saved is None:
             os.environ.pop("RIGFORGE_RECIPES", None)

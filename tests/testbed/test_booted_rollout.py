@@ -62,7 +62,8 @@ def bump_fleet(testbed_factory, tmp_path_factory):
             "lock", "--lock", str(tb.lock), "--recipes", tag, "--out", str(tmp / f"lock-{tag}.yaml"), env=env
         )
         assert res.returncode == 0, res.stderr
-    return tb, inv, tmp
+    yield tb, inv, tmp
+    testbed_factory.release(tb)
 
 
 ENV = {"RIGFORGE_RECIPES": ""}  # the controller reads the recipe repo at each lock's commit, from its cache
