@@ -281,11 +281,14 @@ def boot(rig_dir: Path, timeout: float = 120) -> float:
         if not pid_alive(rig_dir / "nspawn.pid"):
             tail = (rig_dir / "nspawn.log").read_text()[-2000:]
             raise TestbedError(f"systemd-nspawn of {rig_dir.name} exited:\n{tail}")
-        if init_pid(rig_dir):
+        try:
             res = enter(rig_dir, "systemctl is-system-running", timeout=30)
-            state = res.stdout.strip()
-            if state in ("running", "degraded"):
-                break
+        except TestbedError:
+            # nspawn's outer child hands over to the container's init: for a moment the rig has no init to enter
+            res = None
+        state = res.stdout.strip() if res else ""
+        if state in ("running", "degraded"):
+            break
         time.sleep(0.5)
     failed = enter(rig_dir, "systemctl --failed --no-legend --plain", timeout=30).stdout if state else ""
     units = [line.split()[0] for line in failed.splitlines() if line.strip()]
