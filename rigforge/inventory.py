@@ -104,7 +104,12 @@ def sudo_problem(h) -> str | None:
     lines = [line.strip() for line in output.stdout_lines]
     if "SUDO-PASSWORD" not in lines:
         return None  # sudo works, or fails otherwise (said by whatever runs next)
-    user = lines[0] if lines and lines[0] != "SUDO-PASSWORD" else h.data.get("ssh_user") or "the SSH user"
+    return sudo_password_problem(h, lines[0] if lines and lines[0] != "SUDO-PASSWORD" else None)
+
+
+def sudo_password_problem(h, user: str | None) -> str:
+    """The one line for host `h` whose sudo asks SSH user `user` (None: not known) for a password."""
+    user = user or h.data.get("ssh_user") or "the SSH user"
     return (
         f"sudo asks {user} for a password on {h.name}: rigforge needs passwordless sudo for {user} (a sudoers line "
         f"'{user} ALL=(ALL) NOPASSWD:ALL') or the password in host data _sudo_password"
@@ -156,15 +161,9 @@ def add_arguments(p: argparse.ArgumentParser, shown: str = "a table") -> None:
     p.add_argument("--json", action="store_true", help=f"print JSON instead of {shown}")
 
 
-def read_rigs(args, command: str, fn) -> dict[str, Any] | None:
-    """fn(host, fleet) on every host of the inventory `args.inventory`, in parallel, the fleet (rigforge/fleet.py:
-    every rig's plan) built once before; None (said on stderr) when the inventory cannot be loaded."""
-    read = read_fleet(args, command, fn)
-    return None if read is None else read[0]
-
-
 def read_fleet(args, command: str, fn) -> tuple[dict[str, Any], fleet.Fleet] | None:
-    """read_rigs's results, and the fleet they were read with."""
+    """(fn(host, fleet) for every host of the inventory `args.inventory`, run in parallel; the fleet, built once
+    before: rigforge/fleet.py, every rig's plan), or None (said on stderr) when the inventory cannot be loaded."""
     try:
         state = open_inventory(args.inventory)
     except InventoryError as exc:

@@ -16,7 +16,9 @@ One machine under two inventory names would otherwise find its own lock held by 
 a machine by its /etc/machine-id together with the SSH host key its connection presented (a cloned image may
 carry another machine's machine-id, or its host keys: only both together name one machine), and the owner line
 names the inventory name that holds the lock, so a machine without a machine-id is still named, not blamed on
-"another run". `sudo_problem()` finds sudo that asks for a password before anything runs with sudo.
+"another run". The machine-id is read without sudo and only when the run has another rig: a one-rig run's first
+command on the rig is the lock. Sudo that asks for a password is found by the lock itself (`sudo -n`, before
+anything runs as root), and said in the one line `sudo_password_problem()` words.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ import shlex
 import socket
 from datetime import UTC, datetime
 
-from pyinfra.facts.files import FileContents
+from pyinfra.api import StringCommand
+
+from rigforge.inventory import sudo_password_problem
 
 MACHINE_ID = "/etc/machine-id"
 _HELD: dict[str, object] = {}  # host name -> the open channel whose holder keeps the rig's lock
@@ -51,15 +55,17 @@ def identity(h) -> tuple[str, str] | None:
     machine-id)."""
     if h.name not in _IDENTITY:
         key = host_key(h)
-        lines = h.get_fact(FileContents, path=MACHINE_ID) if key else None
-        machine = "".join(lines or []).strip()
+        # a plain read (the file is world-readable), not a fact: a fact read would run the rig's batched probe
+        # before its lock is held, and with sudo before sudo is known to work
+        ok, output = h.run_shell_command(StringCommand("cat", MACHINE_ID)) if key else (False, None)
+        machine = "".join(output.stdout_lines).strip() if ok else ""
         _IDENTITY[h.name] = (machine, key) if key and machine else None
     return _IDENTITY[h.name]
 
 
 def twins(h, hosts) -> list[str]:
     """The names among `hosts` (this run's, other than `h`) that reach the same machine as `h`. With no other host
-    there is nothing to read: the machine-id read would also run the batched probe before the lock is held."""
+    there is nothing to read."""
     if not any(o.name != h.name for o in hosts):
         return []
     mine = identity(h)
@@ -103,6 +109,11 @@ def _release() -> None:
     _HELD.clear()
 
 
+def over_ssh(host) -> bool:
+    """Whether `host` has an SSH connection: the lock (and its sudo check) lives on one."""
+    return getattr(host.connector, "client", None) is not None
+
+
 def take(
     host, path: str, sudo: bool, then: list | None = None, password: str | None = None
 ) -> tuple[str | None, str | None]:
@@ -112,9 +123,9 @@ def take(
     `then`: [command, end line, None]: once the lock is held, the holder runs `command` in the same round trip
     (rigforge/facts/probe.py `with_lock`: the batched probe); its output lines, and its exit code as the last one,
     replace the None. Left None when it did not run."""
-    client = getattr(host.connector, "client", None)
-    if host.name in _HELD or client is None:
+    if host.name in _HELD or not over_ssh(host):
         return None, None
+    client = host.connector.client
     run = f"{socket.gethostname()}, pid {os.getpid()}"
     owner = f"{run} (as {host.name}), since {datetime.now(UTC).isoformat(timespec='seconds')}"
     command = f"sh -c {shlex.quote(_holder(path, owner, then))}"
@@ -154,5 +165,10 @@ def take(
                     "of the two names from the inventory"
                 ), None
             return f"{host.name} is being provisioned by {holder}; wait for that run to end, then run again", None
+    said = b""
+    while sudo and not password and (chunk := channel.recv_stderr(4096)):
+        said += chunk
     channel.close()
+    if b"password is required" in said:  # sudo -n's refusal: nothing ran as root
+        return sudo_password_problem(host, client.get_transport().get_username()), None
     return f"{host.name}: could not take the rig's lock {path} (sudo and flock are needed on the rig)", None

@@ -300,7 +300,7 @@ def hold_the_rig() -> bool:
     """Take the rig's lock for this run (roles/rig_lock.py: one run per rig; not a change), or refuse the host in
     one line naming the run that holds it; a rig that is the same machine as another of this run's rigs (machine-id
     and SSH host key) is refused naming both, each of them."""
-    sudo = sudo_problem(host)
+    sudo = None if rig_lock.over_ssh(host) else sudo_problem(host)  # over SSH the lock finds it, sudo -n
     if sudo:  # before anything else: every later step needs sudo
         refuse_now(f"Refuse {host.name}: sudo asks for a password", f"rigforge refused on {host.name}: {sudo}.")
         return False
@@ -320,7 +320,9 @@ def hold_the_rig() -> bool:
     busy, note = probe.with_lock(ctx_host.get(), lambda then: rig_lock.take(host, RUN_LOCK, sudo, then, password))
     if note:
         host.log_styled(f"{host.name}: {note}", fg="yellow", log_func=logger.warning)
-    if busy:
+    if busy and busy.startswith("sudo asks "):
+        refuse_now(f"Refuse {host.name}: sudo asks for a password", f"rigforge refused on {host.name}: {busy}.")
+    elif busy:
         why = "one machine under two names" if " are one machine " in busy else "another run holds it"
         refuse_now(f"Refuse {host.name}: {why}", f"rigforge refused: {busy}; nothing was changed.")
     return not busy

@@ -176,26 +176,6 @@ class LeftoverUploads(FactBase):
         return [line.strip() for line in output if line.strip()]
 
 
-class UnitActive(FactBase):
-    """
-    A systemd unit's active state as `systemctl is-active` prints it ("active", "inactive", "failed", ...), or
-    "unknown" when systemd does not answer (a chroot):
-
-    .. code:: python
-
-        "active"
-    """
-
-    def command(self, unit: str):
-        return f"systemctl is-active {shlex.quote(unit)} 2>/dev/null || true"
-
-    def process(self, output):
-        return (output[0].strip() if output else "") or "unknown"
-
-    def default(self):
-        return "unknown"
-
-
 class UrlAnswers(FactBase):
     """
     What each URL answers, asked from the rig with curl (a GET whose body is thrown away; nothing on the rig
