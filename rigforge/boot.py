@@ -23,7 +23,6 @@ from collections.abc import Mapping
 from rigforge.layout import POWER_UNIT, SETTLE_UNIT
 from rigforge.schema import power_caps
 
-SETTLE_WINDOW_S = 60  # default of host data gpu_power_settle_window_s: how long the settle stage watches after boot
 SHOW = (  # what `systemctl show` is asked for each unit
     "LoadState",
     "ActiveState",

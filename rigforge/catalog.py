@@ -1,4 +1,4 @@
-"""The seed adapter of the variant protocol (rigforge/plan.py `ServedVariant`): the design document's five
+"""The seed adapter of the variant protocol (rigforge/fleet.py `ServedVariant`): the design document's five
 variants, from rigforge/data/variants.yaml, loaded into frozen, validated dataclasses.
 
 Nothing here knows about hosts. A bad catalog raises CatalogError naming the variant and the key.

@@ -36,10 +36,10 @@ from rigforge.facts.nvidia import (
 )
 from rigforge.facts.serving import ComposeImages, ServiceState, runs_digest, serving
 from rigforge.facts.system import OsRelease, SystemdUnitEnabled
+from rigforge.fleet import Plan
 from rigforge.hardware import interconnect, small_override, vram_problems
 from rigforge.layout import NVIDIA_RUNTIME
 from rigforge.observe import Observed, RigContext, boot_units, managed_files, weights_at
-from rigforge.plan import Plan
 from rigforge.schema import Settings, power_caps
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"

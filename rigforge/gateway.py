@@ -8,7 +8,7 @@ its JSON body's `model` names; HAProxy health-checks every rig on vLLM's own `/h
 get requests. `GET /v1/models` answers the union of the models whose backend has a healthy rig. The fleet key,
 when set, is checked at the gateway (the config holds only its sha256); the rigs' own key is sent on to them.
 
-Pure data, like rigforge/plan.py: the caller passes the rigs' plans.
+Pure data, like rigforge/fleet.py: the caller passes the rigs' plans.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The host layout: every path and name rigforge uses on a rig, in one place (docs: DESIGN.md "Host layout").
 
 Pure data. `rigforge.render` takes its host paths from here; the roles get one through the plan
-(`rigforge.plan.Plan.layout`), so no role spells a path of its own.
+(`rigforge.fleet.Plan.layout`), so no role spells a path of its own.
 """
 
 from __future__ import annotations

@@ -41,9 +41,9 @@ from rigforge.facts.nvidia import (
 )
 from rigforge.facts.serving import ApiAnswers, ComposeImages, ServiceState
 from rigforge.facts.system import OsRelease, SystemdUnitEnabled
+from rigforge.fleet import Plan
 from rigforge.layout import GATEWAY_ADMIN_SOCKET, SERVE_FILES, SETTLE_SCRIPT, SETTLE_UNIT, HostLayout
 from rigforge.pins import LockError, load_lock
-from rigforge.plan import Plan
 from rigforge.render import POWER_UNIT, VLLM_UNIT
 from rigforge.schema import Settings
 

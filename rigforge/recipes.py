@@ -531,7 +531,7 @@ def knobs_of(recipe: Recipe, s: Any, models: str) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class LiveVariant:
-    """The registry adapter of the variant protocol (rigforge/plan.py `ServedVariant`): a recipe-repo slug in the
+    """The registry adapter of the variant protocol (rigforge/fleet.py `ServedVariant`): a recipe-repo slug in the
     seed Variant's terms (name, port, gpus, ...)."""
 
     recipe: Recipe

@@ -15,7 +15,6 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-from rigforge.boot import SETTLE_WINDOW_S
 from rigforge.layout import (
     GPU_METRICS_FILE,
     GPU_METRICS_INTERVAL_S,
@@ -180,11 +179,10 @@ def render_vllm_unit(layout: HostLayout, docker: str = "/usr/bin/docker") -> str
 
 def units(s: Settings, layout: HostLayout, gpu_count: int) -> dict[str, str]:
     """The units every variant gets: the vLLM template unit, the power unit for `gpu_count` GPUs and the settle
-    stage (with the default window: rigforge/plan.py renders it with the host's)."""
+    stage."""
     caps = power_caps(gpu_count, s)
-    return {VLLM_UNIT: render_vllm_unit(layout), POWER_UNIT: render_power_unit(caps)} | settle_files(
-        caps, SETTLE_WINDOW_S, layout
-    )
+    power = {VLLM_UNIT: render_vllm_unit(layout), POWER_UNIT: render_power_unit(caps)}
+    return power | settle_files(caps, s.settle_window_s, layout)
 
 
 def seed_files(variant, s: Settings, layout: HostLayout, gpu_count: int) -> dict[str, str]:

@@ -22,6 +22,7 @@ from rigforge.layout import DEFAULT_ROOT, ETC
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e5m2", "fp8_e4m3", "turboquant_3bit_nc")
 URL = re.compile(r"^https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~%/+:@=-]*)?$")
 HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$|^[0-9a-fA-F:]+$")
+SETTLE_WINDOW_S = 60  # default of host data gpu_power_settle_window_s: how long the settle stage watches after boot
 
 
 class SettingsError(ValueError):
@@ -44,6 +45,7 @@ class Settings:
     image: str | None = None
     power_limit_w: int = 230
     power_limits: tuple[tuple[int, int], ...] = ()
+    settle_window_s: int = SETTLE_WINDOW_S  # rigforge/boot.py: how long the settle stage watches after boot
     spec_n: int | None = None  # recipe-repo slugs only: the recipe's SPEC_N (0 = drafter off, vllm#50021)
     nvlink_mode: str | None = None  # recipe-repo slugs only: the recipe's NVLINK_MODE
     api_key: str | None = field(default=None, repr=False)
@@ -234,6 +236,7 @@ SETTINGS = {
     "root": _abs_path,
     "power_limit_w": _watts,
     "power_limits": _per_gpu_watts,
+    "settle_window_s": _int_in(0, 3600, "a whole number of seconds"),
     "api_key": _secret,
     "hf_token": _secret,
 }
@@ -244,6 +247,7 @@ HOST_KEYS = {
     "root": "rigforge_root",
     "power_limit_w": "gpu_power_limit_w",
     "power_limits": "gpu_power_limits",
+    "settle_window_s": "gpu_power_settle_window_s",
     "hf_token": "hf_token",
 }
 

@@ -23,10 +23,10 @@ from pyinfra.facts.deb import DebArch
 from pyinfra.operations import systemd
 
 from rigforge.facts.system import OsRelease
+from rigforge.fleet import Plan
 from rigforge.knobs.docker_engine import DEFAULTS, DOCKER_CE_PACKAGES, DockerEngine
 from rigforge.knobs.serving import Serving
 from rigforge.layout import NVIDIA_RUNTIME
-from rigforge.plan import Plan
 from roles.operations import apt_repo, docker_daemon
 
 # Docker's "Uninstall old versions" list (Ubuntu's; Debian's is the same without docker-compose-v2).

@@ -15,10 +15,10 @@ from __future__ import annotations
 from pyinfra.api import deploy
 from pyinfra.operations import systemd
 
+from rigforge.fleet import Plan
 from rigforge.knobs.gpu_power import DEFAULTS
 from rigforge.knobs.serving import Serving
 from rigforge.layout import SETTLE_SCRIPT
-from rigforge.plan import Plan
 from roles.operations import nvidia, systemd_units
 from roles.operations.staged import staged_files, systemd_verify
 

@@ -15,9 +15,9 @@ from pyinfra.api import deploy
 from pyinfra.operations import apt, files, systemd
 
 from rigforge import monitor
+from rigforge.fleet import Plan
 from rigforge.knobs.serving import Serving
 from rigforge.layout import GPU_METRICS_SCRIPT, MONITOR_CONFIG, MONITOR_DEFAULTS, MONITOR_RULES, NODE_EXPORTER_PACKAGE
-from rigforge.plan import Plan
 from rigforge.render import gpu_metrics_units, render_gpu_metrics
 from roles.operations import systemd_units
 from roles.operations.staged import staged_files, systemd_verify

@@ -26,9 +26,9 @@ from pyinfra.operations import files, server
 from rigforge import driver_table
 from rigforge.driver_table import packages_for
 from rigforge.facts.system import OsRelease
+from rigforge.fleet import Plan
 from rigforge.knobs.nvidia_driver import DEFAULTS, NvidiaDriver
 from rigforge.layout import NOUVEAU_CONF, UBUNTU_PIN, UNATTENDED_CONF
-from rigforge.plan import Plan
 from roles.operations import apt_repo, nvidia
 
 KEY_NAME = "rigforge-nvidia-cuda"

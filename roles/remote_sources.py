@@ -22,8 +22,8 @@ from pyinfra.facts.deb import DebArch, DebPackages
 
 from rigforge.facts.gitpin import GitCheckout
 from rigforge.facts.system import OsRelease, UrlAnswers
+from rigforge.fleet import Plan
 from rigforge.knobs.docker_engine import DOCKER_CE_PACKAGES, DockerEngine
-from rigforge.plan import Plan
 from roles import docker_engine
 from roles.operations.gitpin import is_current
 from roles.operations.hfweights import stale_files

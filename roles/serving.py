@@ -19,11 +19,11 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 from pyinfra.operations.util import any_changed
 
+from rigforge.fleet import Plan
 from rigforge.gateway import backend_name
 from rigforge.knobs.gateway import Gateway
 from rigforge.knobs.serving import DEFAULTS, Serving
 from rigforge.layout import SERVE_FILES
-from rigforge.plan import Plan
 from rigforge.render import VLLM_UNIT
 from roles.operations import gateway
 from roles.operations.serving import (

@@ -4,7 +4,7 @@ on the fleet's own hosts: the gateway (group `gateway`), the monitor (group `mon
 (group `registry`).
 
 `prepare()` builds the host's plan on the controller, once (`plan_for`: every role module's `validate(data)` on
-the host-data keys with the roles' defaults applied, then rigforge/plan.py's `build`), with the GPU count the
+the host-data keys with the roles' defaults applied, then rigforge/fleet.py's `build_plan`), with the GPU count the
 rig shows and, for gated weights not yet fetched, the token. Every problem comes out in one message naming the
 host and the host-data keys, as the host's first operation, so nothing on it changes; other hosts carry on,
 and no bad value can raise while operations are prepared. The roles then take the plan and read nothing else.
@@ -32,13 +32,12 @@ from rigforge.facts.docker import DockerImagePresent
 from rigforge.facts.files import JsonFile, TreeSize
 from rigforge.facts.hfweights import WeightsState
 from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, PowerCapUnits
-from rigforge.fleet import GATEWAY, MONITOR, REGISTRY, host_data, is_rig, plan_for
+from rigforge.fleet import GATEWAY, MONITOR, REGISTRY, Plan, host_data, is_rig, plan_for
 from rigforge.hardware import Needs, format_problems
 from rigforge.inventory import sudo_problem
 from rigforge.knobs.site import DEFAULTS
 from rigforge.layout import DAEMON_JSON, DEFAULT_ROOT, RUN_LOCK, HostLayout
 from rigforge.lock import token_refused
-from rigforge.plan import Plan
 from roles import (
     docker_engine,
     gpu_power,

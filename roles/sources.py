@@ -11,8 +11,8 @@ from __future__ import annotations
 from pyinfra.api import deploy
 from pyinfra.operations import apt, files
 
+from rigforge.fleet import Plan
 from rigforge.knobs.sources import DEFAULTS
-from rigforge.plan import Plan
 from roles.operations import gitpin
 
 

@@ -15,8 +15,8 @@ from pyinfra.api import deploy
 from pyinfra.api.hiddenvalue import HiddenValue
 from pyinfra.operations import apt, files, pip
 
+from rigforge.fleet import Plan
 from rigforge.knobs.weights import DEFAULTS, Weights
-from rigforge.plan import Plan
 from roles.operations import hfweights
 
 

@@ -29,9 +29,9 @@ import rigforge.knobs.serving
 import rigforge.knobs.weights
 from rigforge import fleet
 from rigforge.catalog import CatalogError
+from rigforge.fleet import Plan, resolve, variant_problems
 from rigforge.layout import HostLayout
 from rigforge.pins import default_lock_path, load_lock
-from rigforge.plan import Plan, resolve, variant_problems
 from rigforge.schema import Settings, SettingsError, apply_overrides
 from roles import serving, site, weights
 
@@ -403,11 +403,11 @@ def test_a_fleet_builds_each_rigs_plan_once_and_renders_each_file_once_per_host(
     rig's files once; the fleet hosts build none."""
     from collections import Counter
 
-    import rigforge.plan as planner
+    import rigforge.fleet as planner
     import rigforge.render as render
 
     built, rendered = Counter(), Counter()
-    real_build, real_power = planner.build, render.render_power_unit
+    real_build, real_power = planner.build_plan, render.render_power_unit
 
     def counting_build(name, *args, **kwargs):
         built[name.split("/")[-1]] += 1
@@ -417,7 +417,7 @@ def test_a_fleet_builds_each_rigs_plan_once_and_renders_each_file_once_per_host(
         rendered["power unit"] += 1
         return real_power(*args, **kwargs)
 
-    monkeypatch.setattr(planner, "build", counting_build)
+    monkeypatch.setattr(planner, "build_plan", counting_build)
     monkeypatch.setattr(render, "render_power_unit", counting_power)
     gateways = []
 
@@ -478,11 +478,13 @@ def test_status_and_verify_build_each_rigs_plan_once(tmp_path, monkeypatch, comm
     from collections import Counter
     from types import SimpleNamespace
 
-    import rigforge.plan as planner
+    import rigforge.fleet as planner
     from rigforge import inventory, observe
 
-    built, real_build = Counter(), planner.build
-    monkeypatch.setattr(planner, "build", lambda name, *a, **kw: built.update([name]) or real_build(name, *a, **kw))
+    built, real_build = Counter(), planner.build_plan
+    monkeypatch.setattr(
+        planner, "build_plan", lambda name, *a, **kw: built.update([name]) or real_build(name, *a, **kw)
+    )
     rig = {"rigforge_lock": lock_file(tmp_path), "rigforge_variant": "dual-turbo", "rigforge_manage_services": False}
     hosts = Inventory(([(f"rig{i}", rig) for i in (1, 2, 3)] + ["gw"], {}), gateway=(["gw"], {}))
     monkeypatch.setattr(inventory, "open_inventory", lambda path: SimpleNamespace(inventory=hosts))

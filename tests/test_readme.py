@@ -6,12 +6,11 @@ from pathlib import Path
 
 from rigforge.catalog import load_catalog
 from rigforge.knobs import monitor
-from rigforge.schema import SETTINGS
+from rigforge.schema import HOST_KEYS, SETTINGS
 from roles import docker_engine, gpu_power, nvidia_driver, serving, site, sources, weights
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 ROLES = (docker_engine, gpu_power, monitor, nvidia_driver, serving, site, sources, weights)
-NOT_HOST_DATA = {"root", "power_limit_w", "power_limits", "hf_token"}  # documented under their role keys
 
 
 def documented_keys() -> set[str]:
@@ -25,7 +24,7 @@ def documented_keys() -> set[str]:
 
 def test_every_role_default_and_setting_is_in_the_knob_table():
     code_keys = {k for role in ROLES for k in role.DEFAULTS}
-    code_keys |= {f"serving_{name}" for name in SETTINGS if name not in NOT_HOST_DATA}
+    code_keys |= set(HOST_KEYS.values())  # each setting under the host-data key it comes from
     assert code_keys - documented_keys() == set()
 
 

@@ -520,8 +520,8 @@ def test_every_selectable_slug_renders_without_a_lock_entry_showing_its_unresolv
 
 def test_a_deploy_still_refuses_a_slug_the_lock_lacks(monkeypatch):
     from rigforge import fleet
+    from rigforge.fleet import build_plan as build
     from rigforge.pins import default_lock_path
-    from rigforge.plan import build
 
     monkeypatch.setenv("RIGFORGE_RECIPES", str(REFERENCE))
     data = fleet.host_data({"rigforge_lock": str(default_lock_path())})

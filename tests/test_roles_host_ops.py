@@ -24,8 +24,8 @@ from pyinfra.operations import server
 
 from rigforge import fleet, hardware
 from rigforge.catalog import load_catalog
+from rigforge.fleet import Plan
 from rigforge.layout import NVIDIA_RUNTIME, HostLayout
-from rigforge.plan import Plan
 from rigforge.render import render_power_unit, render_variant
 from rigforge.schema import Settings
 from roles import docker_engine, gpu_power, nvidia_driver, preflight, serving

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from rigforge import boot, schema
+from rigforge import schema
 from rigforge.knobs import typed
 
 DEFAULTS = {
@@ -15,13 +15,10 @@ DEFAULTS = {
     "gpu_power_limits": {},  # per-GPU overrides {index: watts}
     # after boot, how long (seconds) rigforge-gpu-settle.service keeps setting back caps another writer changed
     # (a unit, a script, a @reboot cron job running late); 0: only once, right after the boot finished
-    "gpu_power_settle_window_s": boot.SETTLE_WINDOW_S,
+    "gpu_power_settle_window_s": schema.SETTLE_WINDOW_S,
 }
 GpuPower = typed("GpuPower", DEFAULTS)  # the role's settings: one frozen field per knob
 
 
 def validate(data: Mapping) -> list[str]:
-    problems = schema.settings(data, {"power_limit_w": "gpu_power_limit_w", "power_limits": "gpu_power_limits"})
-    if data.get("gpu_power_settle_window_s") is None:  # not set: the default
-        return problems
-    return problems + schema.integer(data, "gpu_power_settle_window_s", 0, 3600, " of seconds")
+    return schema.settings(data, {name: key for name, key in schema.HOST_KEYS.items() if key in DEFAULTS})
