@@ -35,8 +35,6 @@ SHOW = (  # what `systemctl show` is asked for each unit
 )
 CORRECTION = re.compile(r"^rigforge: GPU(\d+) power limit (\S+) W after boot \(another writer\); set back to (\d+) W")
 FAILED = re.compile(r"^rigforge: GPU(\d+) power limit .* failed")
-SETTLED = "rigforge: caps settled"
-SECTIONS = ("unit", "cycles", "settle", "cron", "caps")
 
 
 def parse_boot(lines: list[str]) -> dict:

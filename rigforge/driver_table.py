@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 SOURCES = ("cuda", "ubuntu")
 FLAVORS = ("open", "proprietary")
-FAMILIES = ("debian", "ubuntu")
 MIN_BRANCH = 580
 
 # (source, family, scheme, flavour) -> (packages to install, package whose version is the driver's).

@@ -162,14 +162,11 @@ class HostLayout:
         return f"{self.unit_dir}/{unit}"
 
     daemon_json = DAEMON_JSON
-    run_lock = RUN_LOCK
-    vllm_prefix = VLLM_PREFIX
     vllm_template = VLLM_TEMPLATE
     power_unit = POWER_UNIT
     settle_unit = SETTLE_UNIT
     libexec = LIBEXEC
     textfile_dir = TEXTFILE_DIR
-    gpu_metrics_unit = GPU_METRICS_UNIT
     gpu_metrics_timer = GPU_METRICS_TIMER
 
     @property

@@ -110,21 +110,21 @@ def resolve_hf(pin: HfPin, endpoint: str | None, token: str | None) -> HfPin:
     from huggingface_hub import HfApi, hf_hub_download
 
     api = HfApi(endpoint=endpoint, token=token or False)
-    try:
+    files = []
+    try:  # a gated repo's info is public: its token is asked by the downloads of its small (non-LFS) files
         info = api.model_info(pin.repo, revision=pin.ref, files_metadata=True)
+        with tempfile.TemporaryDirectory(prefix="rigforge-lock-") as tmp:
+            for s in sorted(info.siblings or [], key=lambda s: s.rfilename):
+                if s.lfs is not None:
+                    files.append(HfFile(s.rfilename, int(s.lfs.size), s.lfs.sha256))
+                    continue
+                local = hf_hub_download(
+                    pin.repo, s.rfilename, revision=info.sha, local_dir=tmp, endpoint=endpoint, token=token or False
+                )
+                data = Path(local).read_bytes()
+                files.append(HfFile(s.rfilename, len(data), hashlib.sha256(data).hexdigest()))
     except Exception as e:  # noqa: BLE001 - report hub errors (gated, missing, network) by entry
         raise LockError(f"hf.{pin.name}: cannot read {pin.repo}@{pin.ref}: {type(e).__name__}: {e}") from None
-    files = []
-    with tempfile.TemporaryDirectory(prefix="rigforge-lock-") as tmp:
-        for s in sorted(info.siblings or [], key=lambda s: s.rfilename):
-            if s.lfs is not None:
-                files.append(HfFile(s.rfilename, int(s.lfs.size), s.lfs.sha256))
-                continue
-            local = hf_hub_download(
-                pin.repo, s.rfilename, revision=info.sha, local_dir=tmp, endpoint=endpoint, token=token or False
-            )
-            data = Path(local).read_bytes()
-            files.append(HfFile(s.rfilename, len(data), hashlib.sha256(data).hexdigest()))
     return dataclasses.replace(pin, revision=info.sha, gated=bool(info.gated), files=tuple(files))
 
 

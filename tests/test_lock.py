@@ -538,3 +538,22 @@ def test_the_rollout_preview_shows_each_rigs_image_flags_weights_and_restarts(st
     text = rollout.show(p)
     assert f"image: vllm/vllm-openai:v0.27.1@{IMAGE_DIGEST} -> {B_IMAGE}@{B_DIGEST}" in text, text
     assert "flag --max-num-batched-tokens: 8192 -> 16384" in text, text
+
+
+def test_the_hf_stand_in_gates_a_gated_repos_downloads_not_its_model_info(stand_ins):
+    """As the Hub does (hub-docs "Gated models": downloading files needs a token with access; the model info and
+    file list are served to anyone, `gated` set): huggingface_hub reads a gated repo's info without a token, and a
+    download answers 401 without one, 403 with another's, 200 with the stand-in's token."""
+    import requests
+    from huggingface_hub import HfApi
+
+    repo = stand_ins["hf"]["dflash-draft"]["repo"]
+    info = HfApi(endpoint=stand_ins["endpoint"], token=False).model_info(repo, files_metadata=True)
+    assert info.gated == "manual" and info.siblings
+    url = f"{stand_ins['endpoint']}/{repo}/resolve/main/{info.siblings[0].rfilename}"
+    answers = [
+        requests.head(url, headers=auth, timeout=10)
+        for auth in ({}, {"Authorization": "Bearer hf_other"}, {"Authorization": f"Bearer {stand_ins['token']}"})
+    ]
+    assert [a.status_code for a in answers] == [401, 403, 200]
+    assert answers[0].headers["X-Error-Code"] == "GatedRepo"

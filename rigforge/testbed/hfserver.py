@@ -11,7 +11,8 @@ Routes (what huggingface_hub 2.x asks):
                                                           Content-Length, Accept-Ranges; Range -> 206
   POST /_testbed/control  {"throttle_bps": N|null, "drop_after_bytes": N|null}   (drop: one-shot, next longer GET)
   GET  /_testbed/log      the last 500 requests: [{seq, method, path, range, status, auth}], seq counting from 1
-Gated repos answer 401 (no token) / 403 (other token) with X-Error-Code: GatedRepo, like the Hub.
+A gated repo's downloads (resolve) answer 401 (no token) / 403 (other token) with X-Error-Code: GatedRepo; its
+model info and file list are public (`gated: "manual"`), as the Hub serves them to anyone.
 """
 
 from __future__ import annotations
@@ -70,14 +71,15 @@ class Handler(BaseHTTPRequestHandler):
     def _error(self, status: int, code: str, message: str):
         self._json({"error": message}, status, {"X-Error-Code": code, "X-Error-Message": message})
 
-    def _repo(self, repo_id: str, rev: str | None):
-        """Return the repo meta, or None after answering with the Hub's error."""
+    def _repo(self, repo_id: str, rev: str | None, gate: bool = True):
+        """Return the repo meta, or None after answering with the Hub's error; `gate`: a gated repo asks for its
+        token (downloads), else it answers anyone (model info, file lists)."""
         meta_path = self.root / repo_id / META
         if "/" not in repo_id or ".." in repo_id or not meta_path.is_file():
             self._error(401, "RepoNotFound", f"Repository Not Found for url: {self.path}.")
             return None
         meta = json.loads(meta_path.read_text())
-        if meta.get("gated"):
+        if gate and meta.get("gated"):
             auth = self.headers.get("Authorization", "")
             if not auth:
                 msg = f"Access to model {repo_id} is restricted. You must have access to it and be authenticated."
@@ -122,7 +124,7 @@ class Handler(BaseHTTPRequestHandler):
         parts = rest.split("/")
         repo_id, tail = "/".join(parts[:2]), parts[2:]
         if not tail or tail[0] == "revision":
-            meta = self._repo(repo_id, tail[1] if len(tail) > 1 else None)
+            meta = self._repo(repo_id, tail[1] if len(tail) > 1 else None, gate=False)
             if meta:
                 siblings = [
                     {"rfilename": f["path"], "size": f["size"], "blobId": f["git_oid"]}
@@ -149,7 +151,7 @@ class Handler(BaseHTTPRequestHandler):
                 )
             return
         if tail[0] == "tree" and len(tail) >= 2:
-            meta = self._repo(repo_id, tail[1])
+            meta = self._repo(repo_id, tail[1], gate=False)
             if not meta:
                 return
             prefix = "/".join(tail[2:]).strip("/")
