@@ -46,12 +46,59 @@ def _testbed_problem() -> str | None:
 
 @pytest.fixture(scope="session")
 def testbed_dir() -> Path:
+    """The testbed dir; under pytest-xdist, each worker's own one inside it (fleets/worker-gwN: its own apt / git /
+    HF stand-ins, so one worker's throttled or cut downloads and request logs are never another's), sharing the
+    cached root file systems and content of the dir (cache/, whose builds are locked)."""
     problem = _testbed_problem()
     if problem:
         pytest.skip(f"testbed unavailable: {problem}")
     from rigforge.testbed import DEFAULT_DIR
+    from rigforge.testbed._util import ensure_safe_dir
 
-    return Path(os.environ.get("RIGFORGE_TESTBED_DIR", DEFAULT_DIR))
+    base = Path(os.environ.get("RIGFORGE_TESTBED_DIR", DEFAULT_DIR))
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return base
+    mine = ensure_safe_dir(base / "fleets" / f"worker-{worker}")
+    cache = ensure_safe_dir(base / "cache")
+    if not (mine / "cache").is_symlink():
+        (mine / "cache").symlink_to(cache)
+    return mine
+
+
+# Heaviest first, so that under pytest-xdist (-n 2 --dist loadgroup) the long modules start at once and the short
+# ones fill in behind them; a module not named here comes after these, in collection order.
+HEAVY_FIRST = (
+    "testbed/test_booted_fleet.py",
+    "testbed/test_booted_rollout.py",
+    "testbed/test_booted_serving.py",  # with test_booted_serving_docker: one group (the serving_fleet fixture)
+    "testbed/test_booted_boot_order.py",
+    "testbed/test_booted.py",
+    "test_converge_recover.py",
+    "test_converge_checks.py",
+    "test_converge_recipes.py",
+    "testbed/test_booted_recipe.py",
+    "test_converge_site.py",
+    "test_converge_visible.py",
+    "test_converge_host.py",
+)
+SHARED_GROUPS = {"testbed/test_booted_serving_docker.py": "testbed/test_booted_serving.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """One module is one pytest-xdist group (its module fixtures are set up once, on one worker); the modules that
+    share a session fixture share a group. Modules are ordered heaviest first (stable: a module's own order holds)."""
+    tests = Path(__file__).parent
+
+    def module(item) -> str:
+        rel = item.path.relative_to(tests).as_posix()
+        return SHARED_GROUPS.get(rel, rel)
+
+    for item in items:
+        if not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(module(item)))
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(module(item), len(rank)))
 
 
 @pytest.fixture(scope="session")

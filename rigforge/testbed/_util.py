@@ -112,13 +112,16 @@ PORTS_LOCK = Path(os.environ.get("RIGFORGE_TESTBED_PORTS_LOCK", "/run/lock/rigfo
 
 
 @contextmanager
-def ports_claimed() -> Iterator[None]:
-    """Hold the machine-wide port lock: taken while a testbed picks a port and until its own listener is up, so
-    two testbeds (any dirs, any processes) never pick the same free port."""
-    PORTS_LOCK.parent.mkdir(parents=True, exist_ok=True)
-    with open(PORTS_LOCK, "a") as lock_f:
+def machine_locked(path: Path = PORTS_LOCK) -> Iterator[None]:
+    """Hold a machine-wide lock (by default the port lock: taken while a testbed picks a port and until its own
+    listener is up, so two testbeds in any dirs and processes never pick the same free port)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as lock_f:
         fcntl.flock(lock_f, fcntl.LOCK_EX)
         yield
+
+
+ports_claimed = machine_locked
 
 
 def listener_inodes(port: int) -> set[str]:

@@ -31,9 +31,11 @@ from ._util import (
     free_port,
     hash_tree,
     log,
+    machine_locked,
     owns_port,
     pid_alive,
     port_free,
+    PORTS_LOCK,
     ports_claimed,
     sh,
     spawn,
@@ -67,7 +69,7 @@ from .hostpkgs import ensure as ensure_host_packages
 from .presets import apply as apply_preset
 from .recipe_commits import B_IMAGE, SLOW_ENV, SLOW_IMAGE
 from .rig import IMAGE_REF, USER, Rig, RigSpec, recipe_images
-from .rootfs import build_tarball, extract, prepare_rig
+from .rootfs import build_tarball, extract, locked, prepare_rig
 
 DEFAULT_DIR = Path("/var/lib/rigforge-testbed")
 SSHD = "/usr/sbin/sshd"
@@ -315,17 +317,18 @@ def start_services(shared: Path) -> dict:
     """Build (cached) and start the apt / git / HF stand-ins of a testbed dir; return their description."""
     cache = ensure_safe_dir(shared / "cache")
     run = ensure_safe_dir(shared / "run")
-    apt_root = build_apt_repo(shared)
-    key = content_key()
-    git_root, hf_root = cache / f"git-{key}", cache / f"hf-{key}"
-    for old in [*cache.glob("git-*"), *cache.glob("hf-*")]:
-        if old not in (git_root, hf_root):
-            shutil.rmtree(old)
-    git_meta = build_git(git_root)
-    recipes = build_recipes(git_root)  # from RIGFORGE_RECIPES: the recipe repo the rigs check out
-    if recipes:
-        git_meta = {**git_meta, "recipes": recipes}
-    hf_meta = build_hf(hf_root, shard_size())
+    with locked(cache, "content"):  # the cache may be shared by testbed dirs (parallel test workers)
+        apt_root = build_apt_repo(shared)
+        key = content_key()
+        git_root, hf_root = cache / f"git-{key}", cache / f"hf-{key}"
+        for old in [*cache.glob("git-*"), *cache.glob("hf-*")]:
+            if old not in (git_root, hf_root):
+                shutil.rmtree(old)
+        git_meta = build_git(git_root)
+        recipes = build_recipes(git_root)  # from RIGFORGE_RECIPES: the recipe repo the rigs check out
+        if recipes:
+            git_meta = {**git_meta, "recipes": recipes}
+        hf_meta = build_hf(hf_root, shard_size())
     py = sys.executable
     apt_port = _service(
         run,
@@ -407,7 +410,13 @@ def stop_services(shared: Path) -> None:
 
 
 def ensure_host_user() -> int:
-    """The sudo user exists on the controller too (sshd authenticates before it chroots); return its uid."""
+    """The sudo user exists on the controller too (sshd authenticates before it chroots); return its uid. Testbeds
+    in other dirs (parallel test workers) may be adding it at the same moment: one adds it, the others see it."""
+    with machine_locked(PORTS_LOCK.with_name("rigforge-testbed-user.lock")):
+        return _ensure_host_user()
+
+
+def _ensure_host_user() -> int:
     try:
         uid = pwd.getpwnam(USER).pw_uid
     except KeyError:
