@@ -26,6 +26,7 @@ import yaml
 import rigforge.testbed.upstream as upstream
 
 from ._util import (
+    PORTS_LOCK,
     TestbedError,
     ensure_safe_dir,
     free_port,
@@ -35,7 +36,6 @@ from ._util import (
     owns_port,
     pid_alive,
     port_free,
-    PORTS_LOCK,
     ports_claimed,
     sh,
     spawn,
