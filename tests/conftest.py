@@ -66,12 +66,12 @@ def testbed_dir() -> Path:
     return mine
 
 
-# Heaviest first, so that under pytest-xdist (-n 2 --dist loadgroup) the long modules start at once and the short
-# ones fill in behind them; a module not named here comes after these, in collection order.
+# Heaviest first, so that on two workers (pytest-xdist: -n 2) the long modules start at once and the short ones fill
+# in behind them; a module not named here comes after these, in collection order.
 HEAVY_FIRST = (
     "testbed/test_booted_fleet.py",
     "testbed/test_booted_rollout.py",
-    "testbed/test_booted_serving.py",  # with test_booted_serving_docker: one group (the serving_fleet fixture)
+    "testbed/test_booted_serving.py",  # with test_booted_serving_docker: one unit of work (SHARED below)
     "testbed/test_booted_boot_order.py",
     "testbed/test_booted.py",
     "test_converge_recover.py",
@@ -82,23 +82,31 @@ HEAVY_FIRST = (
     "test_converge_visible.py",
     "test_converge_host.py",
 )
-SHARED_GROUPS = {"testbed/test_booted_serving_docker.py": "testbed/test_booted_serving.py"}
+SHARED = {"testbed/test_booted_serving_docker.py": "testbed/test_booted_serving.py"}  # the serving_fleet fixture
+
+
+def _module(nodeid: str) -> str:
+    """The unit of work a test belongs to: its module (tests/-relative), or the module it shares a fixture with."""
+    module = nodeid.split("::", 1)[0].removeprefix("tests/")
+    return SHARED.get(module, module)
 
 
 def pytest_collection_modifyitems(config, items):
-    """One module is one pytest-xdist group (its module fixtures are set up once, on one worker); the modules that
-    share a session fixture share a group. Modules are ordered heaviest first (stable: a module's own order holds)."""
-    tests = Path(__file__).parent
-
-    def module(item) -> str:
-        rel = item.path.relative_to(tests).as_posix()
-        return SHARED_GROUPS.get(rel, rel)
-
-    for item in items:
-        if not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(module(item)))
+    """Modules heaviest first (a stable sort: each module's own order holds)."""
     rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
-    items.sort(key=lambda item: rank.get(module(item), len(rank)))
+    items.sort(key=lambda item: rank.get(_module(item.nodeid), len(rank)))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist runs one unit of work (`_module`) on one worker, in collection order: a module's fixtures are
+    set up once, and test_booted_serving_docker takes the rig test_booted_serving left."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _module(nodeid)
+
+    return ByModule(config, log)
 
 
 @pytest.fixture(scope="session")
