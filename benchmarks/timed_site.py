@@ -4,8 +4,8 @@ Appends JSON lines to $RIGFORGE_TIMINGS:
 - {"kind": "op", host, op, s}: one per (host, operation) executed (execute phase);
 - {"kind": "fact", host, role, fact, how, s}: one per fact read (prepare or execute phase), with the role (deploy)
   it was read in and how it was answered (`live`: its own round trip; `probe`: this read ran the batched probe;
-  `served`: from the snapshot, no round trip), so the benchmark can say where the round trips go. The probe run
-  with the rig's lock (one round trip for both) is a row of its own, fact "(probe, with the rig lock)", `probe`.
+  `served`: from the snapshot, no round trip), so the benchmark can say where the round trips go. The wait for
+  the rig lock's answer, which carries the probe, is a row of its own, fact "(probe, with the rig lock)", `probe`.
 
 The probe is installed first (as `site.provision()` would), so this timing wraps it and sees every read.
 """
@@ -19,7 +19,7 @@ from pyinfra.api import facts as pyinfra_facts
 from pyinfra.api.state import BaseStateCallback
 
 from rigforge.facts import probe
-from roles import site
+from roles import rig_lock, site
 
 OUT = os.environ["RIGFORGE_TIMINGS"]
 
@@ -74,20 +74,20 @@ if not getattr(pyinfra_facts, "_rigforge_timed", False):
 
     pyinfra_facts._get_fact = _timed_get_fact
     pyinfra_facts._rigforge_timed = True
-    _with_lock = probe.with_lock
+    _take = rig_lock.take
 
-    def _timed_with_lock(host, take):
-        """The probe run in the rig lock's round trip (rigforge/facts/probe.py with_lock): one row, `probe`."""
+    def _timed_take(host, *args, **kwargs):
+        """Waiting for the rig lock's answer, which carries the probe (roles/site.py asks every host's at once, at
+        the first host's turn): one row, `probe`, when the probe came with it."""
         t0, snap = time.monotonic(), probe._of(host)
-        before = snap.probes
         try:
-            return _with_lock(host, take)
+            return _take(host, *args, **kwargs)
         finally:
-            if snap.probes > before:
+            if snap.pending is not None:
                 row = {"kind": "fact", "host": host.name, "role": _role(host), "fact": "(probe, with the rig lock)"}
                 _write({**row, "how": "probe", "s": time.monotonic() - t0})
 
-    probe.with_lock = _timed_with_lock
+    rig_lock.take = _timed_take
 
 if not any(isinstance(h, _Timer) for h in state.callback_handlers):
     state.add_callback_handler(_Timer())

@@ -1,6 +1,6 @@
 """One rigforge run per rig: a lock on the rig that lives exactly as long as this run's SSH connection.
 
-`take()` opens one more channel on the run's own SSH connection and starts, as root, a holder on the rig:
+`send()` opens one more channel on the run's own SSH connection and starts, as root, a holder on the rig:
 `flock -n` on the layout's lock file, the run's owner line (controller, pid, time) written beside it, then
 `cat` reading the channel until it closes. The lock is held while the holder runs, that is while this run's
 connection lives: when the run ends, its connection closes, `cat` ends, the owner line is removed and the lock
@@ -9,7 +9,8 @@ owner line then stays behind, and the next run says it found one.
 
 Taking the lock is not an operation: it changes nothing pyinfra reports, and the batched probe stays valid. The
 deploy's probe travels with it: once the holder holds the lock it runs the probe and sends its output, so taking
-the lock and reading the rig are one round trip (rigforge/facts/probe.py `with_lock`).
+the lock and reading the rig are one round trip (rigforge/facts/probe.py `lock_request`). `send()` asks and
+`take()` reads the answer: the deploy asks for every host's lock at once, then reads each at that host's turn.
 Only the SSH connector has a rig to lock (pyinfra's @local and @fake connectors are left alone).
 
 One machine under two inventory names would otherwise find its own lock held by this very run: `twins()` tells
@@ -37,6 +38,7 @@ from rigforge.inventory import sudo_password_problem
 
 MACHINE_ID = "/etc/machine-id"
 _HELD: dict[str, object] = {}  # host name -> the open channel whose holder keeps the rig's lock
+_SENT: dict[str, tuple] = {}  # host name -> (channel, path, run, then, sudo -n) of a request not read yet
 _IDENTITY: dict[str, tuple[str, str] | None] = {}  # host name -> (machine-id, SSH host key fingerprint)
 
 
@@ -101,12 +103,13 @@ def _lines(channel):
 
 
 def _release() -> None:
-    for channel in _HELD.values():
+    for channel in [*_HELD.values(), *(sent[0] for sent in _SENT.values())]:
         try:
             channel.close()  # the holder's cat ends, the owner line goes, the lock is free
         except Exception:  # noqa: BLE001 - the connection is already gone: so is the lock
             pass
     _HELD.clear()
+    _SENT.clear()
 
 
 def over_ssh(host) -> bool:
@@ -114,28 +117,45 @@ def over_ssh(host) -> bool:
     return getattr(host.connector, "client", None) is not None
 
 
-def take(
-    host, path: str, sudo: bool, then: list | None = None, password: str | None = None
-) -> tuple[str | None, str | None]:
-    """(problem, note): hold `path` on `host` for this run, or say who holds it. Idempotent per host. `password`:
-    host data's _sudo_password, sent to sudo on the lock's channel.
-
-    `then`: [command, end line, None]: once the lock is held, the holder runs `command` in the same round trip
-    (rigforge/facts/probe.py `with_lock`: the batched probe); its output lines, and its exit code as the last one,
-    replace the None. Left None when it did not run."""
-    if host.name in _HELD or not over_ssh(host):
-        return None, None
-    client = host.connector.client
+def send(host, path: str, sudo: bool, then: list | None = None, password: str | None = None) -> None:
+    """Ask for `path` on `host` now, on a channel of its own; `take` reads the answer. Sending every host's request
+    first lets the rigs take their locks and run their probes side by side while the controller goes on."""
+    if host.name in _HELD or host.name in _SENT or not over_ssh(host):
+        return
     run = f"{socket.gethostname()}, pid {os.getpid()}"
     owner = f"{run} (as {host.name}), since {datetime.now(UTC).isoformat(timespec='seconds')}"
     command = f"sh -c {shlex.quote(_holder(path, owner, then))}"
-    channel = client.get_transport().open_session()
+    channel = host.connector.client.get_transport().open_session()
+    if not _HELD and not _SENT:
+        atexit.register(_release)
     password = password if sudo else None
     if password:  # sudo reads it from the channel's first line; the holder's cat reads the rest
         channel.exec_command(f"sudo -S -p '' {command}")
         channel.sendall(f"{password}\n".encode())
     else:
         channel.exec_command(f"sudo -n {command}" if sudo else command)
+    _SENT[host.name] = (channel, path, run, then, sudo and not password)
+
+
+def asked(host) -> bool:
+    """Whether `host`'s lock was asked for in this run (`send`), answered or not."""
+    return host.name in _SENT or host.name in _HELD
+
+
+def take(
+    host, path: str, sudo: bool, then: list | None = None, password: str | None = None
+) -> tuple[str | None, str | None]:
+    """(problem, note): hold `path` on `host` for this run, or say who holds it. Idempotent per host. `password`:
+    host data's _sudo_password, sent to sudo on the lock's channel. Reads the answer to `send`, sending first
+    when it was not (the arguments of that `send` then apply).
+
+    `then`: [command, end line, None]: once the lock is held, the holder runs `command` in the same round trip
+    (rigforge/facts/probe.py `lock_request`: the batched probe); its output lines, and its exit code as the last
+    one, replace the None. Left None when it did not run."""
+    if host.name in _HELD or not over_ssh(host):
+        return None, None
+    send(host, path, sudo, then, password)
+    channel, path, run, then, sudo_n = _SENT.pop(host.name)
     note = None
     lines = _lines(channel)
     for line in lines:
@@ -143,8 +163,6 @@ def take(
         if line.startswith("STALE "):
             note = f"found the lock of an earlier run that is gone ({line[6:]}); this run takes it over"
         elif line == "LOCKED":
-            if not _HELD:
-                atexit.register(_release)
             _HELD[host.name] = channel  # kept open: the holder lives as long as this channel
             if then:
                 output = []
@@ -166,9 +184,9 @@ def take(
                 ), None
             return f"{host.name} is being provisioned by {holder}; wait for that run to end, then run again", None
     said = b""
-    while sudo and not password and (chunk := channel.recv_stderr(4096)):
+    while sudo_n and (chunk := channel.recv_stderr(4096)):
         said += chunk
     channel.close()
     if b"password is required" in said:  # sudo -n's refusal: nothing ran as root
-        return sudo_password_problem(host, client.get_transport().get_username()), None
+        return sudo_password_problem(host, host.connector.client.get_transport().get_username()), None
     return f"{host.name}: could not take the rig's lock {path} (sudo and flock are needed on the rig)", None

@@ -265,7 +265,9 @@ def test_the_deploy_entry_installs_and_importing_changes_nothing(shipped, monkey
     from roles import site
 
     assert pyinfra_facts._get_fact is not probe._get_fact
-    monkeypatch.setattr(site, "hold_the_rig", lambda: True)  # no rig to lock here
+    monkeypatch.setattr(site, "ask_for_the_locks", lambda: None)  # no rig to lock here
+    monkeypatch.setattr(site, "the_fleet", lambda *args: None)  # no inventory on this bare host
+    monkeypatch.setattr(site, "hold_the_rig", lambda: True)
     monkeypatch.setattr(site, "front_the_fleet", lambda *args: True)  # no inventory groups on this bare host
     monkeypatch.setattr(site, "watch_the_fleet", lambda *args: True)
     monkeypatch.setattr(site, "serve_the_registry", lambda *args: True)

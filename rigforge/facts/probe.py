@@ -10,8 +10,9 @@ stamps), which made a no-op re-converge ~5x pyinfra's own floor. Here:
 - On the next run, the first fact read on that host runs all the recorded facts' commands in ONE remote shell
   command (each in its own subshell, with its exit code) and parses every section with the fact's own
   `process()`; operations then decide locally from that snapshot. The deploy entry runs it earlier, in the
-  round trip that takes the rig's lock (`with_lock`). On the rig it starts few processes (`script`): one `stat`
-  and one hash per algorithm for pyinfra's file facts, a sub-command facts share (nvidia-smi's GPU query) once.
+  round trip that takes the rig's lock (`lock_request`, `lock_answer`). On the rig it starts few processes
+  (`script`): one `stat` and one hash per algorithm for pyinfra's file facts, a sub-command facts share
+  (nvidia-smi's GPU query) once.
 - The snapshot answers only while nothing has changed on the host in this run: the first command, upload or
   rsync that is not a fact read (an operation changing something) drops it, and every later read is a live, per-op
   fact read as before. So an answer from the snapshot is exactly what the live read would have returned at that
@@ -76,6 +77,7 @@ class _HostSnapshot:
         self.connection = None
         self.probes = self.served = 0  # counters (batched remote commands, answers served), for the benchmark
         self.defaults: dict | None = None  # the host's default global arguments for facts
+        self.pending = None  # (sections, marker, then) of the probe sent with the rig's lock, until it is read
 
 
 _SNAPSHOTS: dict[int, _HostSnapshot] = {}
@@ -339,38 +341,53 @@ def _probe(state, host: Host, snap: _HostSnapshot, global_kwargs: dict) -> None:
 _UNFOLDED = ("_get_pty", "_stdin", "_timeout", "_sudo_password", "_su_password", "_doas_password")
 
 
-def with_lock(host: Host, take):
-    """Take the rig's lock and run this host's probe in the same round trip: `take(then)` (roles/rig_lock.py)
-    takes the lock and, once it holds it, runs `then` (command, end line, lines printed before it) on the
-    same connection. The probe is the command pyinfra would run for it (its sudo wrapping included), read
-    after the lock is held, so nothing else changes the rig between the two. Returns what `take` returns.
+def lock_request(host: Host) -> list | None:
+    """This host's probe, to run in the round trip that takes the rig's lock (roles/rig_lock.py `send`): once it
+    holds the lock, the holder runs it on the same connection, so nothing else changes the rig between the two.
+    Returns [command, end line, None] (the lock fills in the lines printed before the end line; `lock_answer`
+    reads them). The command is the one pyinfra would run for the probe, its sudo wrapping included.
 
-    Probes on its own later (then=None) when the probe is off, already ran, or the host's connector arguments
-    ask for what the lock's channel does not do (a PTY, stdin, a timeout, a password)."""
+    None (probe on its own later) when the probe is off, already asked for, or the host's connector arguments ask
+    for what the lock's channel does not do (a PTY, stdin, a timeout, a password)."""
     snap = _of(host)
     if _original_get_fact is None or snap.probed or not snap.valid or host.current_op_global_arguments is not None:
-        return take(None)
+        return None
     from pyinfra.connectors.util import make_unix_command_for_host
 
     global_kwargs = _defaults(host.state, host, snap, FactBase)
     executor_kwargs = {k: v for k, v in global_kwargs.items() if k in pyinfra_facts.CONNECTOR_ARGUMENT_KEYS}
     if any(executor_kwargs.get(k) for k in _UNFOLDED) or host.connector_data.get("prompted_sudo_password"):
-        return take(None)
+        return None
     marker = f"@@rigforge-probe-{secrets.token_hex(6)}"
-    requests = _recorded(host.state, host, snap, global_kwargs)
-    command, sections = script(requests, marker)
+    command, sections = script(_recorded(host.state, host, snap, global_kwargs), marker)
     if command is None:
-        return take(None)
-    end = f"{marker} end"
+        return None
     wrap = {k: v for k, v in executor_kwargs.items() if k not in ("_success_exit_codes", *_UNFOLDED[:3])}
-    then = [make_unix_command_for_host(host.state, host, command, **wrap).get_raw_value(), end, None]  # as pyinfra
     snap.probes += 1
-    result = take(then)
+    then = [make_unix_command_for_host(host.state, host, command, **wrap).get_raw_value(), f"{marker} end", None]
+    snap.pending = (sections, marker, then)
+    return then
+
+
+def lock_answer(host: Host) -> None:
+    """Keep the answers of the probe `lock_request` made, which came back with the lock; when it did not run (no
+    lock taken), the probe runs on its own at the first fact read."""
+    snap = _of(host)
+    if snap.pending is None:
+        return
+    (sections, marker, then), snap.pending = snap.pending, None
     lines = then[2]
     if lines is not None and lines[-1:] == ["0"]:  # the probe ran and exited 0 (its exit code: the last line)
         snap.answers = parse(lines[:-1], sections, marker)
     elif lines is None:
-        snap.probed, snap.probes = False, snap.probes - 1  # not run (no lock taken, no SSH): probe on its own
+        snap.probed, snap.probes = False, snap.probes - 1
+
+
+def with_lock(host: Host, take):
+    """`take(then)` (roles/rig_lock.py) with this host's probe as `then`, its answers kept; returns what `take`
+    returns."""
+    result = take(lock_request(host))
+    lock_answer(host)
     return result
 
 
