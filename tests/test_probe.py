@@ -141,6 +141,36 @@ def test_the_lock_holder_runs_the_probe_once_it_holds_the_lock(shipped, monkeypa
         channel.close()
 
 
+def test_every_hosts_lock_is_asked_for_before_any_answer_is_read(tmp_path, monkeypatch):
+    """roles/site.py asks for every host's lock at the first host's turn (rig_lock.send): the holders take their
+    locks and run their probes side by side, before the controller reads the first answer (rig_lock.take)."""
+    import time
+    from types import SimpleNamespace
+
+    from roles import rig_lock
+
+    monkeypatch.setattr(rig_lock, "_HELD", {})
+    monkeypatch.setattr(rig_lock, "_SENT", {})
+    ran = tmp_path / "probes-ran"
+    client = SimpleNamespace(get_transport=lambda: SimpleNamespace(open_session=_Channel))
+    hosts = [SimpleNamespace(name=name, connector=SimpleNamespace(client=client)) for name in ("rig1", "rig2")]
+    thens = {h.name: [f"echo {h.name} >> {ran}; echo probed {h.name}", "@@end", None] for h in hosts}
+    try:
+        for h in hosts:
+            rig_lock.send(h, str(tmp_path / f"{h.name}.lock"), False, thens[h.name])
+        for _ in range(200):  # both holders hold their locks and have run their probes, no answer read yet
+            if ran.exists() and len(ran.read_text().split()) == 2:
+                break
+            time.sleep(0.05)
+        assert sorted(ran.read_text().split()) == ["rig1", "rig2"]
+        assert [then[2] for then in thens.values()] == [None, None] and all(map(rig_lock.asked, hosts))
+        for h in hosts:
+            assert rig_lock.take(h, str(tmp_path / f"{h.name}.lock"), False) == (None, None)
+            assert thens[h.name][2] == [f"probed {h.name}", "0"]
+    finally:
+        rig_lock._release()
+
+
 def test_without_install_every_read_is_live(shipped, monkeypatch):
     """The counterpart of the test above: the same runs without install_all() make one command per read."""
     requests = _requests(shipped)
