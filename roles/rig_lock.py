@@ -10,7 +10,7 @@ owner line then stays behind, and the next run says it found one.
 Taking the lock is not an operation: it changes nothing pyinfra reports, and the batched probe stays valid. The
 deploy's probe travels with it: once the holder holds the lock it runs the probe and sends its output, so taking
 the lock and reading the rig are one round trip (rigforge/facts/probe.py `lock_request`). `send()` asks and
-`take()` reads the answer: the deploy asks for every host's lock at once, then reads each at that host's turn.
+`take()` reads the answer: the deploy asks first, builds the fleet while the rig answers, then reads.
 Only the SSH connector has a rig to lock (pyinfra's @local and @fake connectors are left alone).
 
 One machine under two inventory names would otherwise find its own lock held by this very run: `twins()` tells
@@ -118,8 +118,8 @@ def over_ssh(host) -> bool:
 
 
 def send(host, path: str, sudo: bool, then: list | None = None, password: str | None = None) -> None:
-    """Ask for `path` on `host` now, on a channel of its own; `take` reads the answer. Sending every host's request
-    first lets the rigs take their locks and run their probes side by side while the controller goes on."""
+    """Ask for `path` on `host` now, on a channel of its own; `take` reads the answer. The rig takes the lock and
+    runs `then` while the controller goes on."""
     if host.name in _HELD or host.name in _SENT or not over_ssh(host):
         return
     run = f"{socket.gethostname()}, pid {os.getpid()}"

@@ -316,7 +316,7 @@ def hold_the_rig() -> bool:
             return False
     # the batched probe comes back in the same round trip, once the lock is held (rigforge/facts/probe.py)
     this, sudo, password = ctx_host.get(), bool(host.data.get("_sudo")), host.data.get("_sudo_password")
-    then = None if rig_lock.asked(this) else probe.lock_request(this)  # asked for by ask_for_the_locks, or now
+    then = None if rig_lock.asked(this) else probe.lock_request(this)  # asked for by ask_for_the_lock, or now
     busy, note = rig_lock.take(this, RUN_LOCK, sudo, then, password)
     probe.lock_answer(this)
     if note:
@@ -329,26 +329,25 @@ def hold_the_rig() -> bool:
     return not busy
 
 
-def ask_for_the_locks() -> None:
-    """At the first host's turn, ask for every host's lock at once, each with its batched probe (hold_the_rig reads
-    the answer at that host's turn): the hosts take their locks and run their probes side by side, while the
-    controller builds the fleet and prepares the hosts one after another. A rig that shares its machine with
-    another of this run's rigs is not asked: hold_the_rig refuses it, naming both."""
-    hosts = [h for h in host.inventory.iter_activated_hosts() if rig_lock.over_ssh(h)]
-    rigs = [h for h in hosts if is_rig(h)]
-    for h in hosts:
-        if rig_lock.asked(h) or (is_rig(h) and rig_lock.twins(h, rigs)):
-            continue
-        sudo, password = bool(h.data.get("_sudo")), h.data.get("_sudo_password")
-        rig_lock.send(h, RUN_LOCK, sudo, probe.lock_request(h), password)
+def ask_for_the_lock() -> None:
+    """Send this host's lock request, carrying its batched probe, before the controller builds the fleet: the rig
+    takes the lock and runs the probe meanwhile, and hold_the_rig reads the answer. A rig that is the same machine
+    as another of this run's rigs is not asked: hold_the_rig refuses it, naming both."""
+    this = ctx_host.get()
+    if not rig_lock.over_ssh(this) or rig_lock.asked(this):
+        return
+    if is_rig(this) and rig_lock.twins(this, [h for h in host.inventory.iter_activated_hosts() if is_rig(h)]):
+        return
+    sudo, password = bool(host.data.get("_sudo")), host.data.get("_sudo_password")
+    rig_lock.send(this, RUN_LOCK, sudo, probe.lock_request(this), password)
 
 
 @deploy("rigforge site", data_defaults=DEFAULTS)
 def provision(variant_name: str | None = None):
     probe.install_all()  # one batched probe per rig, cheaper per-op work (rigforge/facts/probe.py); first
     interrupt.install(ctx_state.get())  # Ctrl-C / SIGTERM exit non-zero, naming the cut operation
-    ask_for_the_locks()
-    the_fleet(variant_name)  # built while the rigs take their locks and run their probes
+    ask_for_the_lock()
+    the_fleet(variant_name)  # built while the rig takes its lock and runs its probe
     if not hold_the_rig() or not front_the_fleet(variant_name) or not watch_the_fleet(variant_name):
         return
     if not serve_the_registry(variant_name):

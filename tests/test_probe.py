@@ -142,8 +142,8 @@ def test_the_lock_holder_runs_the_probe_once_it_holds_the_lock(shipped, monkeypa
 
 
 def test_every_hosts_lock_is_asked_for_before_any_answer_is_read(tmp_path, monkeypatch):
-    """roles/site.py asks for every host's lock at the first host's turn (rig_lock.send): the holders take their
-    locks and run their probes side by side, before the controller reads the first answer (rig_lock.take)."""
+    """A lock asked for (rig_lock.send) is taken and its probe run before the controller reads the answer
+    (rig_lock.take): two hosts' holders both hold their locks and have run their probes, no answer read yet."""
     import time
     from types import SimpleNamespace
 
@@ -295,7 +295,7 @@ def test_the_deploy_entry_installs_and_importing_changes_nothing(shipped, monkey
     from roles import site
 
     assert pyinfra_facts._get_fact is not probe._get_fact
-    monkeypatch.setattr(site, "ask_for_the_locks", lambda: None)  # no rig to lock here
+    monkeypatch.setattr(site, "ask_for_the_lock", lambda: None)  # no rig to lock here
     monkeypatch.setattr(site, "the_fleet", lambda *args: None)  # no inventory on this bare host
     monkeypatch.setattr(site, "hold_the_rig", lambda: True)
     monkeypatch.setattr(site, "front_the_fleet", lambda *args: True)  # no inventory groups on this bare host
