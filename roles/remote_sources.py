@@ -1,12 +1,12 @@
 """Preflight's one pass over the remote sources this run needs, asked from the rig before anything changes.
 
-Asked only where the run would fetch: Docker's repository while a Docker package is missing (its suite's
+Asked only where the run would fetch, by the rule the install uses (roles/operations/apt_repo.py `missing`):
+Docker's repository while one of Docker's packages is missing or not at its pinned version (its suite's
 InRelease), NVIDIA's container toolkit repository while the toolkit is not at its version (InRelease), each git
 remote whose checkout is not at its pinned commit (the smart-HTTP ref list), each Hugging Face repository whose
 weights are not stamped at their revision (the hub's revision API; a gated one is asked by the token check,
-roles/site.py). NVIDIA's driver repository is read by the
-branch check (roles/host_state.py), and images by the controller (roles/site.py image_problems). A re-run with
-nothing to fetch asks nothing.
+roles/site.py). NVIDIA's driver repository is read by the branch check (roles/host_state.py), and images by the
+controller (roles/site.py image_problems). A re-run with nothing to fetch asks nothing.
 
 One curl per source, in one round trip (rigforge/facts/system.py UrlAnswers). A definite no (HTTP 404 or 410: the
 suite, repository or revision is not there) refuses the host with what to fix; a source that cannot be asked (no
@@ -23,8 +23,10 @@ from pyinfra.facts.deb import DebArch, DebPackages
 from rigforge.facts.gitpin import GitCheckout
 from rigforge.facts.system import OsRelease, UrlAnswers
 from rigforge.fleet import Plan
-from rigforge.knobs.docker_engine import DOCKER_CE_PACKAGES, DockerEngine
+from rigforge.knobs.docker_engine import DockerEngine
 from roles import docker_engine
+from roles.docker_engine import docker_packages, toolkit_packages
+from roles.operations.apt_repo import missing
 from roles.operations.gitpin import is_current
 from roles.operations.hfweights import stale_files
 
@@ -44,13 +46,14 @@ def needed(plan: Plan, weights_state) -> list[Source]:
     installed = host.get_fact(DebPackages) or {}
     os_release = host.get_fact(OsRelease) or {}
     out = []
-    if knobs.docker_source == "docker" and any(name not in installed for name in DOCKER_CE_PACKAGES):
-        url = docker_engine.docker_repo_url(data, os_release.get("id", "debian"))
+    os_id = os_release.get("id", "debian")
+    if knobs.docker_source == "docker" and missing(docker_packages("docker", os_id, knobs.docker_package_versions),
+                                                   installed):  # fmt: skip
+        url = docker_engine.docker_repo_url(data, os_id)
         suite = os_release.get("codename", "")
         fix = f"it has no '{suite}' suite: check docker_repo_url, or use docker_source: distro"
         out.append(Source("Docker's repository", f"{url}/dists/{suite}/InRelease", fix))
-    version, have = plan.toolkit_version, installed.get("nvidia-container-toolkit") or []
-    if (version not in have) if version else not have:
+    if missing(toolkit_packages(plan.toolkit_version), installed):
         url = docker_engine.toolkit_repo_url(data, host.get_fact(DebArch) or "amd64").rstrip("/")
         out.append(Source("NVIDIA's container toolkit repository", f"{url}/InRelease", "check nvidia_toolkit_repo_url"))
     for pin in plan.sources:

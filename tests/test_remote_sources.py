@@ -52,3 +52,22 @@ def test_the_rigs_curl_tells_an_answer_a_404_a_closed_port_and_no_name_apart(tmp
     answers = UrlAnswers().process(out.stdout.splitlines())
     assert answers[urls[0]] == (200, 0) and answers[urls[1]][0] == 404
     assert answers[urls[2]] == (0, 7) and answers[urls[3]] == (0, 6)
+
+
+def test_a_source_is_needed_for_exactly_the_packages_the_install_would_fetch():
+    """One rule (apt_repo.missing) for preflight's question and the install: a package not installed, or a pinned
+    one at another version; the toolkit's four packages when a version is pinned, else the toolkit alone."""
+    from roles.docker_engine import TOOLKIT_PACKAGES, docker_packages, toolkit_packages
+    from roles.operations.apt_repo import missing
+
+    docker = {name: ["5:28.5.1-1~debian.13~trixie"] for name in docker_packages("docker", "debian")}
+    assert missing(docker_packages("docker", "debian"), docker) == []
+    assert missing(docker_packages("docker", "debian", {"docker-ce": "5:29.0.0-1~debian.13~trixie"}), docker) == [
+        "docker-ce=5:29.0.0-1~debian.13~trixie"
+    ]
+    assert missing(docker_packages("docker", "debian"), {**docker, "containerd.io": []}) == ["containerd.io"]
+    toolkit = {name: ["1.19.0-1"] for name in TOOLKIT_PACKAGES} | {"libnvidia-container1": ["1.18.0-1"]}
+    assert missing(toolkit_packages("1.19.0-1"), toolkit) == ["libnvidia-container1=1.19.0-1"]
+    assert missing(toolkit_packages(None), toolkit) == [] and missing(toolkit_packages(None), None) == [
+        "nvidia-container-toolkit"
+    ]

@@ -181,20 +181,27 @@ def install_missing(packages: list[str], change_held: bool = False):
     + packages: package names; ``name=version`` pins a version (missing when another version is installed)
     + change_held: let apt replace held versions of these packages (``--allow-change-held-packages``)
     """
-    installed = host.get_fact(DebPackages)
-    missing = []
+    to_install = missing(packages, host.get_fact(DebPackages))
+    if not to_install:
+        host.noop(f"already installed: {', '.join(packages)}")
+        return
+    yield say(f"installing {', '.join(to_install)} (apt)")
+    yield "apt-get update"
+    extra = "--allow-change-held-packages" if change_held else None
+    yield from apt.packages._inner(packages=to_install, allow_downgrades=True, extra_install_args=extra)
+
+
+def missing(packages: list[str], installed: dict | None) -> list[str]:
+    """Pure: the specs of `packages` (``name`` or ``name=version``) that `installed` (DebPackages: name ->
+    versions) lacks, a pinned one also when another version is installed: what install_missing installs."""
+    installed = installed or {}
+    out = []
     for spec in packages:
         name, _, version = spec.partition("=")
         versions = installed.get(name) or []
         if not versions or (version and version not in versions):
-            missing.append(spec)
-    if not missing:
-        host.noop(f"already installed: {', '.join(packages)}")
-        return
-    yield say(f"installing {', '.join(missing)} (apt)")
-    yield "apt-get update"
-    extra = "--allow-change-held-packages" if change_held else None
-    yield from apt.packages._inner(packages=missing, allow_downgrades=True, extra_install_args=extra)
+            out.append(spec)
+    return out
 
 
 @operation()
