@@ -44,14 +44,17 @@ def rig_processes(rootfs: Path) -> list[tuple[int, list[str]]]:
 
 def dpkg_installs_docker(rig) -> bool:
     """dpkg unpacks or configures packages after the driver role held its packages: Docker's (apt hands dpkg a
-    temp dir of links, so the package names are not on its command line)."""
+    temp dir of links, so the package names are not on its command line), and has recorded a change of state
+    already (its journal, /var/lib/dpkg/updates, is not empty): a kill now leaves a package half done. A dpkg
+    only just started has changed nothing yet, and a kill then would leave nothing to repair."""
     status = (rig.rootfs / "var/lib/dpkg/status").read_text(errors="replace")
     if "Package: nvidia-open\nStatus: hold ok installed" not in status:  # the driver role is done
         return False
-    return any(
+    running = any(
         argv and os.path.basename(argv[0]) == "dpkg" and ("--unpack" in argv or "--configure" in argv)
         for _, argv in rig_processes(rig.rootfs)
     )
+    return running and any((rig.rootfs / "var/lib/dpkg/updates").iterdir())
 
 
 def git_checks_out(rig) -> bool:
