@@ -47,6 +47,7 @@ from ._util import (
     in_chroot,
     log,
     pid_alive,
+    ports_claimed,
     sh,
     spawn,
     stop_pidfile,
@@ -377,23 +378,24 @@ def start_relay(rig_dir: Path, services: dict, ssh_port: int) -> int:
     if "upstream" in services:  # Docker Hub's stand-in, at registry-1.docker.io's address in the rig, throttled
         up = services["upstream"]
         forwards.append(f"{upstream.RIG_ADDRESS}:443=127.0.0.1:{up['port']},throttle={up['throttle_file']}")
-    for _ in range(20):
-        log_file = rig_dir / "relay.log"
-        log_file.unlink(missing_ok=True)
-        argv = [sys.executable, str(NETNS_SCRIPT), "serve", netns_path(rig_dir), f"in:{ssh_port}={RIG_SSH_PORT}"]
-        api = [f"in:{api_address(ssh_port)}:{p}={p}" for p in api_ports()]
-        spawn([*argv, *api, *forwards], rig_dir / "relay.pid", log_file)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            text = log_file.read_text() if log_file.exists() else ""
-            if "relay for" in text:
-                return ssh_port
-            if not pid_alive(rig_dir / "relay.pid"):
-                if "Address already in use" not in text:
-                    raise TestbedError(f"relay of {rig_dir.name} failed:\n{text[-2000:]}")
-                ssh_port = free_port(ssh_port + 1, ssh_port + 300)
-                break
-            time.sleep(0.05)
+    with ports_claimed():  # held until the relay listens: no other testbed picks its ports meanwhile
+        for _ in range(20):
+            log_file = rig_dir / "relay.log"
+            log_file.unlink(missing_ok=True)
+            argv = [sys.executable, str(NETNS_SCRIPT), "serve", netns_path(rig_dir), f"in:{ssh_port}={RIG_SSH_PORT}"]
+            api = [f"in:{api_address(ssh_port)}:{p}={p}" for p in api_ports()]
+            spawn([*argv, *api, *forwards], rig_dir / "relay.pid", log_file)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                text = log_file.read_text() if log_file.exists() else ""
+                if "relay for" in text:
+                    return ssh_port
+                if not pid_alive(rig_dir / "relay.pid"):
+                    if "Address already in use" not in text:
+                        raise TestbedError(f"relay of {rig_dir.name} failed:\n{text[-2000:]}")
+                    ssh_port = free_port(ssh_port + 1, ssh_port + 300)
+                    break
+                time.sleep(0.05)
     raise TestbedError(f"relay of {rig_dir.name} did not start (see {rig_dir / 'relay.log'})")
 
 

@@ -18,6 +18,7 @@ import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -741,7 +742,10 @@ def up(
     for tool in ("systemd-nspawn", "nsenter", "ip") if booted else ():
         if not shutil.which(tool):
             raise TestbedError(f"{tool} not found; booted rigs need: apt-get install systemd-container iproute2")
-    with open(run / "up.lock", "w") as lock_f:
+    booted_lock = PORTS_LOCK.with_name("rigforge-testbed-booted-up.lock")  # machine-wide, see below
+    with open(run / "up.lock", "w") as lock_f, machine_locked(booted_lock) if booted else nullcontext():
+        # booted testbeds in other dirs (parallel test workers) come up one at a time: their relays, LANs and
+        # boots do not race for the machine's ports and namespaces
         fcntl.flock(lock_f, fcntl.LOCK_EX)
         tarball = build_tarball(shared)
         if booted:
