@@ -314,11 +314,10 @@ def hold_the_rig() -> bool:
                 f"{key}): keep one of these names in the inventory; nothing was changed.",
             )
             return False
-    # the batched probe comes back in the same round trip, once the lock is held (rigforge/facts/probe.py)
-    this, sudo, password = ctx_host.get(), bool(host.data.get("_sudo")), host.data.get("_sudo_password")
-    then = None if rig_lock.asked(this) else probe.lock_request(this)  # asked for by ask_for_the_lock, or now
-    busy, note = rig_lock.take(this, RUN_LOCK, sudo, then, password)
-    probe.lock_answer(this)
+    ask_for_the_lock()  # asked for at the start of provision already, or now (deploy/images_load.py)
+    this = ctx_host.get()
+    busy, note = rig_lock.take(this, RUN_LOCK, bool(host.data.get("_sudo")), None, host.data.get("_sudo_password"))
+    probe.lock_answer(this)  # the batched probe came back in the same round trip (rigforge/facts/probe.py)
     if note:
         host.log_styled(f"{host.name}: {note}", fg="yellow", log_func=logger.warning)
     if busy and busy.startswith("sudo asks "):
