@@ -74,10 +74,11 @@ class Variant:
     def served_model(self) -> str:
         return self.arg("--served-model-name") or self.name
 
-    def files(self, s: Settings, layout, gpu_count: int) -> dict[str, str]:
+    def files(self, s: Settings, layout, gpu_count: int, host_data: bool = False) -> dict[str, str]:
         """Every file a rig gets for this variant with settings `s`, at `layout`'s paths, for `gpu_count` GPUs:
-        {name: text}. Raises SettingsError for a setting it cannot take."""
-        problems = self.setting_problems(s)
+        {name: text}. Raises SettingsError for a setting it cannot take (named as its host-data key when
+        `host_data`)."""
+        problems = self.setting_problems(s, host_data)
         if problems:
             raise SettingsError("; ".join(problems))
         return render.seed_files(self, s, layout, gpu_count)

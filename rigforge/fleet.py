@@ -62,9 +62,8 @@ class ServedVariant(Protocol):
     manifest_extra: Mapping[str, Any]  # what rig.json records about the variant's source
     successor: str | None  # the recipe repo's live variant to move to when this one's image is gone everywhere
 
-    def files(self, s: Settings, layout: HostLayout, gpu_count: int) -> dict[str, str]: ...  # serve dir, units
-
-    def setting_problems(self, s: Settings, host_data: bool = False) -> list[str]: ...
+    # serve dir and units; raises SettingsError / RecipeError naming a setting the variant cannot take
+    def files(self, s: Settings, layout: HostLayout, gpu_count: int, host_data: bool = False) -> dict[str, str]: ...
 
 
 @dataclass(frozen=True)
@@ -236,14 +235,16 @@ def build_plan(
         return None, [*problems, str(exc)]
     settings = replace(settings, image=settings.image or lock.pinned(variant.image))  # by digest once known
     count = gpus or variant.gpus
-    problems += variant.setting_problems(settings, host_data=True) + cap_index_problems(settings, count)
-    problems += port_problems(settings.port or variant.port, data)
+    layout = HostLayout(root=settings.root, model_dir=settings.model_dir, variant=variant.name)
+    try:
+        files = variant.files(settings, layout, count, host_data=True)  # the power unit for these caps among them
+    except (SettingsError, RecipeError) as exc:  # a setting valid alone that this variant cannot take
+        files, problems = {}, [str(exc)]
+    problems += cap_index_problems(settings, count) + port_problems(settings.port or variant.port, data)
     if problems:
         return None, problems
     caps = power_caps(count, settings)
     dirs, sizes = dict(variant.asset_dirs), dict(variant.sizes)
-    layout = HostLayout(root=settings.root, model_dir=settings.model_dir, variant=variant.name)
-    files = variant.files(settings, layout, count)  # the power unit for these caps among them
     return Plan(
         host=host,
         variant=variant,

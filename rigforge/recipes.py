@@ -480,13 +480,15 @@ def checkout_dir(root: str) -> str:
     return HostLayout(root=root).src(GIT_NAME)
 
 
-def rig_files(r: Recipe, compose: dict, *, root: str, image: str, knobs: dict[str, Any]) -> dict[str, str]:
+def rig_files(
+    r: Recipe, compose: dict, *, root: str, image: str, knobs: dict[str, Any], host_keys: bool = False
+) -> dict[str, str]:
     """{file name: text} of the serve dir (docker-compose.yml, compose.override.yml, .env) plus the effective file.
 
     `knobs` maps rigforge settings to values (None = the recipe's default); a setting the recipe has no knob
-    for raises RecipeError naming the slug and the setting.
+    for raises RecipeError naming the slug and the setting (its host-data key when `host_keys`).
     """
-    env = knob_env(r, compose, knobs)
+    env = knob_env(r, compose, knobs, host_keys)
     if image_by_env(r, compose):
         env[r.image_env] = image
     secret = {k: SECRET_MARK for k in env if k in SECRET_VARS}  # the effective file refers to them, never holds them
@@ -565,19 +567,13 @@ class LiveVariant:
     def arg(self, flag: str) -> str | None:
         return self.served_model if flag == "--served-model-name" else None
 
-    def files(self, s: Any, layout: HostLayout, gpu_count: int) -> dict[str, str]:
+    def files(self, s: Any, layout: HostLayout, gpu_count: int, host_data: bool = False) -> dict[str, str]:
         """Every file a rig gets: the serve dir's (compose wrapper, host override, .env), the effective compose
-        (for reading) and the units. Raises RecipeError for a setting the recipe has no knob for."""
+        (for reading) and the units. Raises RecipeError for a setting the recipe has no knob for (named as its
+        host-data key when `host_data`)."""
         knobs, image = knobs_of(self.recipe, s, layout.models), s.image or self.image
-        files = rig_files(self.recipe, self.compose, root=layout.root, image=image, knobs=knobs)
+        files = rig_files(self.recipe, self.compose, root=layout.root, image=image, knobs=knobs, host_keys=host_data)
         return {**files, **units(s, layout, gpu_count)}
-
-    def setting_problems(self, s: Any, host_data: bool = False) -> list[str]:
-        try:
-            knob_env(self.recipe, self.compose, knobs_of(self.recipe, s, "/"), host_keys=host_data)
-        except RecipeError as exc:
-            return [str(exc)]
-        return []
 
 
 def min_card_mib(compose_text: str) -> int:

@@ -531,6 +531,25 @@ def test_a_deploy_still_refuses_a_slug_the_lock_lacks(monkeypatch):
     assert problems == [] and not plan.assets[0].pin.resolved
 
 
+def test_a_plan_names_what_a_variant_cannot_take_by_host_data_key_with_every_other_problem(monkeypatch):
+    """The variant's setting check and its files are one call (fleet.build_plan); its problem is still named as
+    the host-data key, for a slug and a seed alike, and reported with the plan's other problems."""
+    from rigforge import fleet
+    from rigforge.pins import default_lock_path
+
+    monkeypatch.setenv("RIGFORGE_RECIPES", str(REFERENCE))
+    base = {"rigforge_lock": str(default_lock_path()), "serving_port": 22}
+    data = fleet.host_data({**base, "serving_api_key": "k1"})
+    plan, problems = fleet.build_plan("rig", data, "vllm/dual", deployable=False)
+    assert plan is None and len(problems) == 2, problems
+    assert "serving_api_key" in problems[0] and "setting 'api_key'" not in problems[0]
+    assert problems[1].startswith("serving_port 22 is this rig's SSH port")
+    data = fleet.host_data({**base, "serving_kv_cache_dtype": "fp8_e5m2"})
+    plan, problems = fleet.build_plan("rig", data, "dual-dflash", deployable=False)
+    assert plan is None and problems[0].startswith("serving_kv_cache_dtype cannot be used with dual-dflash")
+    assert problems[1].startswith("serving_port 22 is this rig's SSH port")
+
+
 # --- a slug for a deploy: lock entries by image ref and repo id ---
 
 
