@@ -45,17 +45,11 @@ def vllm_args(variant, s: Settings) -> list[str]:
         "--max-num-seqs": s.max_num_seqs,
     }
     out: list[str] = []
-    seen = set()
-    for item in variant.args:
-        flag = item[0]
-        seen.add(flag)
-        value = replaced.get(flag)
-        out.append(flag)
-        if len(item) > 1:
-            out.append(str(value) if value is not None else item[1])
-    for flag, value in replaced.items():
-        if value is not None and flag not in seen:
-            out += [flag, str(value)]
+    for flag, *value in variant.args:  # a bare flag has no value to replace
+        new = replaced.pop(flag, None)
+        out += [flag, *([str(new)] if new is not None and value else value[:1])]
+    for flag, value in replaced.items():  # the overrides the variant does not set
+        out += [flag, str(value)] if value is not None else []
     if s.api_key:
         out += ["--api-key", "${RIGFORGE_API_KEY}"]  # compose interpolates from the 0600 .env
     out += list(s.extra_args)
@@ -121,7 +115,7 @@ def env_file_text(s: Settings) -> str:
 def render_power_unit(caps: dict[int, int], nvidia_smi: str = "/usr/bin/nvidia-smi") -> str:
     """The power unit for `caps`: early at boot, ordered after no other cap writer (it can never close an ordering
     cycle); the settle stage (`settle_files`) makes rigforge's caps the last ones written."""
-    return _env().get_template(POWER_UNIT + ".j2").render(caps=sorted(caps.items()), nvidia_smi=nvidia_smi)
+    return template(POWER_UNIT + ".j2").render(caps=sorted(caps.items()), nvidia_smi=nvidia_smi)
 
 
 def settle_files(
@@ -130,12 +124,9 @@ def settle_files(
     """The settle stage: {SETTLE_UNIT: the unit, SETTLE_SCRIPT: the script it runs (installed at
     `layout.settle_script`)}. Once the boot has finished it sets back every cap another writer changed, then
     watches for `window_s` seconds (rigforge/boot.py reads what it logs)."""
-    unit = (
-        _env()
-        .get_template(SETTLE_UNIT + ".j2")
-        .render(caps=sorted(caps.items()), window=int(window_s), script=layout.settle_script, nvidia_smi=nvidia_smi)
-    )
-    return {SETTLE_UNIT: unit, SETTLE_SCRIPT: _env().get_template(SETTLE_SCRIPT + ".j2").render()}
+    caps, script = sorted(caps.items()), layout.settle_script
+    unit = template(SETTLE_UNIT + ".j2").render(caps=caps, window=int(window_s), script=script, nvidia_smi=nvidia_smi)
+    return {SETTLE_UNIT: unit, SETTLE_SCRIPT: template(SETTLE_SCRIPT + ".j2").render()}
 
 
 def _label_value(value: str) -> str:
@@ -174,7 +165,7 @@ def gpu_metrics_units(layout: HostLayout, nvidia_smi: str = "/usr/bin/nvidia-smi
 
 
 def render_vllm_unit(layout: HostLayout, docker: str = "/usr/bin/docker") -> str:
-    return _env().get_template(VLLM_UNIT + ".j2").render(serve_dir=layout.serve_root, docker=docker)
+    return template(VLLM_UNIT + ".j2").render(serve_dir=layout.serve_root, docker=docker)
 
 
 def units(s: Settings, layout: HostLayout, gpu_count: int) -> dict[str, str]:
@@ -187,12 +178,5 @@ def units(s: Settings, layout: HostLayout, gpu_count: int) -> dict[str, str]:
 
 def seed_files(variant, s: Settings, layout: HostLayout, gpu_count: int) -> dict[str, str]:
     """Every file a rig gets for a catalog variant: the compose file from its template, .env and the units."""
-    compose = _env().get_template(COMPOSE_FILE + ".j2").render(**compose_context(variant, s, layout))
+    compose = template(COMPOSE_FILE + ".j2").render(**compose_context(variant, s, layout))
     return {COMPOSE_FILE: compose, ENV_FILE: env_file_text(s), **units(s, layout, gpu_count)}
-
-
-def render_variant(variant, s: Settings, gpu_count: int | None = None) -> dict[str, str]:
-    """Every file a rig gets for any variant (seed or recipe slug), with the power unit for `gpu_count` GPUs
-    (default: the variant's). The variant raises (SettingsError, RecipeError) for a setting it cannot take."""
-    layout = HostLayout(root=s.root, model_dir=s.model_dir, variant=variant.name)
-    return variant.files(s, layout, gpu_count or variant.gpus)

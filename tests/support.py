@@ -13,6 +13,15 @@ REPO = Path(__file__).resolve().parents[1]
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 
 
+def render_variant(variant, s, gpu_count: int | None = None) -> dict[str, str]:
+    """Every file a rig gets for any variant (seed or recipe slug) at the layout `s` names, with the power unit
+    for `gpu_count` GPUs (default: the variant's), as fleet.build_plan renders them."""
+    from rigforge.layout import HostLayout
+
+    layout = HostLayout(root=s.root, model_dir=s.model_dir, variant=variant.name)
+    return variant.files(s, layout, gpu_count or variant.gpus)
+
+
 def pyinfra_run(inventory: Path | str, deploy: Path | str, *extra: str, env: dict | None = None) -> tuple[dict, str]:
     """`pyinfra -y --json INVENTORY DEPLOY [extra]` from the repo; returns (results, stderr)."""
     cmd = [PYINFRA, "-y", "--json", str(inventory), str(deploy), *extra]

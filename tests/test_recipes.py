@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support import render_variant
 
 from rigforge import recipes
 from rigforge.recipes import RecipeError, interpolate, parse_repo
-from rigforge.render import render_variant
 from rigforge.schema import Settings, SettingsError, apply_overrides
 
 REPO = Path(__file__).resolve().parents[1]

@@ -15,11 +15,11 @@ import shutil
 import subprocess
 
 import pytest
+from support import render_variant
 from test_recipes import REFERENCE
 
 from rigforge import recipes
 from rigforge.recipes import parse_repo
-from rigforge.render import render_variant
 from rigforge.schema import Settings, apply_overrides
 from rigforge.testbed import tools_rootfs
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support import render_variant
 
 from rigforge.catalog import load_catalog
-from rigforge.render import render_variant
 from rigforge.schema import Settings, SettingsError, apply_overrides, parse_set
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -9,9 +9,9 @@ import shutil
 import subprocess
 
 import pytest
+from support import render_variant
 
 from rigforge.catalog import load_catalog
-from rigforge.render import render_variant
 from rigforge.schema import Settings, apply_overrides
 from rigforge.testbed import tools_rootfs
 

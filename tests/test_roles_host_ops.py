@@ -21,12 +21,13 @@ from pyinfra.api.operations import run_ops
 from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra.operations import server
+from support import render_variant
 
 from rigforge import fleet, hardware
 from rigforge.catalog import load_catalog
 from rigforge.fleet import Plan
 from rigforge.layout import NVIDIA_RUNTIME, HostLayout
-from rigforge.render import render_power_unit, render_variant
+from rigforge.render import render_power_unit
 from rigforge.schema import Settings
 from roles import docker_engine, gpu_power, nvidia_driver, preflight, serving
 from roles.operations import apt_repo, checks, docker_daemon, nvidia, shown

@@ -11,10 +11,10 @@ import dataclasses
 import hashlib
 import re
 
+from support import render_variant
 from test_roles_host_ops import converge, executed, make_plan, rig
 
 from rigforge.catalog import load_catalog
-from rigforge.render import render_variant
 from rigforge.schema import Settings
 from roles import serving
 
