@@ -89,9 +89,7 @@ class AptSourceFiles(FactBase):
     def command(self) -> str:
         return f'for f in {SOURCE_FILES}; do [ -f "$f" ] || continue; echo "{_MARK}$f"; cat "$f"; echo; done'
 
-    @staticmethod
-    def default() -> dict:
-        return {}
+    default = dict
 
     def process(self, output: list[str]) -> dict[str, list[str]]:
         return parse_source_files(output)
@@ -135,9 +133,7 @@ class KeyFingerprints(FactBase):
             "2>/dev/null || true",
         )
 
-    @staticmethod
-    def default() -> list:
-        return []
+    default = list
 
     def process(self, output: list[str]) -> list[str]:
         return parse_fingerprints(output)
@@ -190,9 +186,6 @@ class DebInstalledVersion(FactBase):
         words = (output[0] if output else "").split()
         return words[1] if len(words) > 1 and words[0] == "installed" else None
 
-    def default(self):
-        return None
-
 
 class PublishedPackages(FactBase):
     """
@@ -214,6 +207,3 @@ class PublishedPackages(FactBase):
 
     def process(self, output: list[str]) -> list[str] | None:
         return sorted({line.strip() for line in output if line.strip()}) or None
-
-    def default(self):
-        return None

@@ -16,9 +16,7 @@ class DockerImagePresent(FactBase):
     def command(self, image: str) -> StringCommand:
         return StringCommand("docker", "image", "inspect", QuoteString(image), ">/dev/null 2>&1 && echo yes || echo no")
 
-    @staticmethod
-    def default() -> bool:
-        return False
+    default = bool
 
     def process(self, output: list[str]) -> bool:
         return bool(output) and output[0].strip() == "yes"
@@ -39,9 +37,7 @@ class RegistryHasImage(FactBase):
             ">/dev/null 2>&1 && echo yes || echo no",
         )  # fmt: skip
 
-    @staticmethod
-    def default() -> bool:
-        return False
+    default = bool
 
     def process(self, output: list[str]) -> bool:
         return bool(output) and output[0].strip() == "yes"

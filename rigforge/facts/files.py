@@ -18,10 +18,6 @@ class JsonFile(FactBase):
     def command(self, path: str) -> StringCommand:
         return StringCommand("cat", QuoteString(path), "2>/dev/null || true")
 
-    @staticmethod
-    def default() -> None:
-        return None
-
     def process(self, output: list[str]) -> dict | None:
         try:
             value = json.loads("\n".join(output))
@@ -39,10 +35,6 @@ class TreeSize(FactBase):
 
     def command(self, path: str) -> StringCommand:
         return StringCommand("du", "-sb", QuoteString(path), "2>/dev/null", "|", "cut", "-f1", "||", "true")
-
-    @staticmethod
-    def default() -> None:
-        return None
 
     def process(self, output: list[str]) -> int | None:
         text = "".join(output).strip()

@@ -19,9 +19,7 @@ class OciBlobs(FactBase):
             "find", QuoteString(blobs), "-maxdepth 1 -type f ! -name '.*' -printf '%f %s\\n' 2>/dev/null || true"
         )
 
-    @staticmethod
-    def default() -> dict:
-        return {}
+    default = dict
 
     def process(self, output: list[str]) -> dict[str, int]:
         blobs = {}
@@ -41,9 +39,7 @@ class ListeningPorts(FactBase):
 
     command = "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null || true"
 
-    @staticmethod
-    def default() -> list:
-        return []
+    default = list
 
     def process(self, output: list[str]) -> list[int]:
         ports = set()

@@ -107,9 +107,7 @@ class NvidiaGpus(FactBase):
         # version mismatch; that means "no GPUs" too. `timeout`: a GPU that fell off the bus can hang nvidia-smi.
         return f"if command -v nvidia-smi >/dev/null 2>&1; then {SMI_QUERY} 2>&1 || true; fi"
 
-    @staticmethod
-    def default() -> list:
-        return []
+    default = list
 
     def process(self, output: list[str]) -> list[dict]:
         return parse_query_gpu(output)
@@ -335,9 +333,7 @@ class PowerCapUnits(FactBase):
     def command(self) -> str:
         return cap_writers_command()
 
-    @staticmethod
-    def default() -> dict:
-        return {}
+    default = dict
 
     def process(self, output: list[str]) -> dict:
         return parse_cap_units(output)

@@ -105,12 +105,11 @@ def fact_key(cls, fact_kwargs: dict) -> str | None:
 
 @functools.cache
 def _cacheable(cls) -> bool:
-    fact = cls()
     return (
         issubclass(cls, FactBase)
         and getattr(cls, "probe", True)  # a fact may opt out (rigforge/facts/hfweights.py FileDigests)
-        and not fact.shell_executable
-        and type(fact).check_preconditions is FactBase.check_preconditions
+        and not cls().shell_executable
+        and cls.check_preconditions is FactBase.check_preconditions
     )
 
 
@@ -198,10 +197,6 @@ def _file_answers(block: list[str], batched: dict, answers: dict) -> None:
             pass
 
 
-def _text(command) -> str:
-    return command.get_raw_value() if isinstance(command, StringCommand) else str(command)
-
-
 def script(requests, marker: str) -> tuple[StringCommand | None, list[tuple[str, FactBase, str | None]]]:
     """The one remote command that reads `requests` (see `read`), and its sections by number: (key, fact, the
     path when it is a file fact read in the files job, `_files_command`).
@@ -209,11 +204,10 @@ def script(requests, marker: str) -> tuple[StringCommand | None, list[tuple[str,
     Every fact's command runs in its own background subshell, so the rig runs them side by side, writing its
     section (marker, output, marker with exit code: the subshell's EXIT trap prints it, so no second subshell
     is needed to catch an `exit`; a command that sets its own EXIT trap or `exec`s loses it and is read live)
-    to its own file; one `cat` gathers them all. A sub-command
-    that several facts run verbatim and declare in their class's `shared` (nvidia-smi's GPU query: ~40 ms on a
-    rig each time) runs once, first: those facts then run one after the other in one background job, each
-    replaying its output, stderr and exit code where its command had it (`_r N`), so each sees what it would have
-    seen running it at that moment."""
+    to its own file; one `cat` gathers them all. A sub-command that several facts run verbatim and declare in
+    their class's `shared` (nvidia-smi's GPU query: ~40 ms on a rig each time) runs once, first: those facts
+    then run one after the other in one background job, each replaying its output, stderr and exit code where
+    its command had it (`_r N`), so each sees what it would have seen running it at that moment."""
     parts, sections, shared, dependent, paths = [], [], {}, [], {}
     for cls, fact_kwargs in requests:
         key = fact_key(cls, fact_kwargs)
@@ -235,9 +229,9 @@ def script(requests, marker: str) -> tuple[StringCommand | None, list[tuple[str,
             paths.setdefault(path, set()).add(FILE_FACTS[cls])  # the files job reads it (a hash fact kept its path)
             continue
         body = command if isinstance(command, StringCommand) else StringCommand(command)
-        uses = [text for text in getattr(cls, "shared", ()) if text in _text(body)]
+        uses = [text for text in getattr(cls, "shared", ()) if text in body.get_raw_value()]
         if uses:
-            raw = _text(body)
+            raw = body.get_raw_value()
             for text in uses:
                 raw = raw.replace(text, f"_r {shared.setdefault(text, len(shared))}")
             body = StringCommand(raw)
@@ -332,11 +326,6 @@ def _recorded(state, host: Host, snap: _HostSnapshot, global_kwargs: dict) -> li
     return requests
 
 
-def _probe(state, host: Host, snap: _HostSnapshot, global_kwargs: dict) -> None:
-    """Read every fact recorded for this host (and deploy file) in one remote command; keep the exact answers."""
-    snap.answers = read(host, _recorded(state, host, snap, global_kwargs), global_kwargs)
-
-
 # connector arguments the lock's channel does not reproduce (a PTY, stdin, a timeout, passwords): probe on its own
 _UNFOLDED = ("_get_pty", "_stdin", "_timeout", "_sudo_password", "_su_password", "_doas_password")
 
@@ -383,14 +372,6 @@ def lock_answer(host: Host) -> None:
         snap.probed, snap.probes = False, snap.probes - 1
 
 
-def with_lock(host: Host, take):
-    """`take(then)` (roles/rig_lock.py) with this host's probe as `then`, its answers kept; returns what `take`
-    returns."""
-    result = take(lock_request(host))
-    lock_answer(host)
-    return result
-
-
 def _request(state, host, snap: _HostSnapshot, cls, args, kwargs) -> tuple[str | None, dict, dict]:
     """(snapshot key or None, fact kwargs, global kwargs) of a fact read, without pyinfra's per-read argument
     handling (type hints of every global argument: the slowest part of a read on the controller)."""
@@ -408,8 +389,8 @@ def _get_fact(state, host, cls, args=None, kwargs=None, *rest, **kw):
     snap = _of(host)
     key, fact_kwargs, global_kwargs = _request(state, host, snap, cls, args, kwargs)
     if key is not None:
-        if not snap.probed and snap.valid:
-            _probe(state, host, snap, global_kwargs)
+        if not snap.probed and snap.valid:  # every fact recorded for this host, in one remote command
+            snap.answers = read(host, _recorded(state, host, snap, global_kwargs), global_kwargs)
         if snap.connection == _identity(global_kwargs):
             snap.requests.setdefault(key, {"fact": f"{cls.__module__}:{cls.__qualname__}", "kwargs": fact_kwargs})
             if snap.valid and key in snap.answers:

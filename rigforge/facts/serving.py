@@ -88,9 +88,7 @@ class ApiAnswers(FactBase):
     def command(self, url: str, env_file: str) -> str:
         return api_answers_command(url, env_file)
 
-    @staticmethod
-    def default() -> int:
-        return 0
+    default = int
 
     def process(self, output: list[str]) -> int:
         text = "".join(output).strip()[-3:]
@@ -112,9 +110,7 @@ class ComposeImages(FactBase):
             '"$(docker inspect --format \'{{.Image}}\' "$c")" 2>/dev/null; done; true'
         )
 
-    @staticmethod
-    def default() -> list:
-        return []
+    default = list
 
     def process(self, output: list[str]) -> list[list[str]]:
         return [json.loads(line) or [] for line in output if line.strip().startswith("[")]

@@ -100,9 +100,7 @@ class AptHeldPackages(FactBase):
     def command(self) -> str:
         return "dpkg-query -W -f '${db:Status-Want} ${Package}\\n' | awk '$1 == \"hold\" {print $2}'"
 
-    @staticmethod
-    def default() -> list:
-        return []
+    default = list
 
     def process(self, output: list[str]) -> list[str]:
         return sorted({line.strip() for line in output if line.strip()})
@@ -117,9 +115,7 @@ class SystemdUnitEnabled(FactBase):
     def command(self, unit: str) -> StringCommand:
         return StringCommand("systemctl", "is-enabled", QuoteString(unit), "2>/dev/null || true")
 
-    @staticmethod
-    def default() -> bool:
-        return False
+    default = bool
 
     def process(self, output: list[str]) -> bool:
         state = output[0].strip() if output else ""
@@ -149,9 +145,7 @@ class EnabledInstances(FactBase):
             "|| true",
         )
 
-    @staticmethod
-    def default() -> list:
-        return []
+    default = list
 
     def process(self, output: list[str]) -> list[str]:
         return sorted({line.strip() for line in output if line.strip()})
@@ -168,9 +162,7 @@ class LeftoverUploads(FactBase):
     def command(self, path: str) -> str:
         return f"find {shlex.quote(path)} -mindepth 1 -maxdepth 1 2>/dev/null || true"
 
-    @staticmethod
-    def default() -> list:
-        return []
+    default = list
 
     def process(self, output: list[str]) -> list[str]:
         return [line.strip() for line in output if line.strip()]
@@ -203,5 +195,4 @@ class UrlAnswers(FactBase):
                 answers[url] = (int(code) if code.isdigit() else 0, int(exit_) if exit_.isdigit() else 0)
         return answers
 
-    def default(self):
-        return {}
+    default = dict
