@@ -65,22 +65,16 @@ def parse_deb822(text: str) -> list[str]:
 
 def parse_source_files(lines: list[str]) -> dict[str, list[str]]:
     """Output of the AptSourceFiles command -> {path: [URI, ...]} (files with no enabled entry are kept, empty)."""
-    files: dict[str, list[str]] = {}
-    path, body = None, []
-
-    def flush():
-        if path:
-            parse = parse_deb822 if path.endswith(".sources") else parse_one_line
-            files[path] = parse("\n".join(body))
-
+    bodies: dict[str, list[str]] = {}
+    path = ""
     for line in lines:
         if line.startswith(_MARK):
-            flush()
-            path, body = line[len(_MARK) :].strip(), []
-        else:
-            body.append(line)
-    flush()
-    return files
+            path = line[len(_MARK) :].strip()
+            if path:
+                bodies[path] = []
+        elif path:
+            bodies[path].append(line)
+    return {p: (parse_deb822 if p.endswith(".sources") else parse_one_line)("\n".join(b)) for p, b in bodies.items()}
 
 
 class AptSourceFiles(FactBase):
@@ -98,12 +92,8 @@ class AptSourceFiles(FactBase):
 def same_uri_files(files: dict[str, list[str]], uri: str, keep: str) -> dict[str, bool]:
     """Files other than `keep` with an entry for `uri`: {path: True when every entry in it is for `uri`}."""
     want = normalize_uri(uri)
-    found = {}
-    for path, uris in files.items():
-        if path == keep or not any(normalize_uri(u) == want for u in uris):
-            continue
-        found[path] = all(normalize_uri(u) == want for u in uris)
-    return found
+    same = {path: [normalize_uri(u) == want for u in uris] for path, uris in files.items() if path != keep}
+    return {path: all(flags) for path, flags in same.items() if any(flags)}
 
 
 def parse_fingerprints(lines: list[str]) -> list[str]:
@@ -167,14 +157,8 @@ class DpkgInterrupted(FactBase):
 
 
 class DebInstalledVersion(FactBase):
-    """
-    The version of an installed Debian package, or None when it is not installed (removed, config files only,
-    unknown):
-
-    .. code:: python
-
-        "580.95.05-1"
-    """
+    """The version of an installed Debian package ("580.95.05-1"), or None when it is not installed (removed,
+    config files only, unknown)."""
 
     def requires_command(self, package: str) -> str:
         return "dpkg-query"
@@ -191,9 +175,7 @@ class PublishedPackages(FactBase):
     """
     The package names a flat apt repository (``Suites: /``, as NVIDIA's CUDA repository) publishes, read from its
     ``Packages.gz`` (else ``Packages``) on the rig with curl into a pipe: nothing under /etc/apt or apt's lists
-    changes. None when the index cannot be fetched (no network, a proxy): the caller warns instead of refusing.
-
-    .. code:: python
+    changes. None when the index cannot be fetched (no network, a proxy): the caller warns instead of refusing::
 
         ["cuda-drivers", "nvidia-driver-pinning-580", "nvidia-open", ...]
     """

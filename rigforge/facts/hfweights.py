@@ -38,7 +38,7 @@ class WeightsState(FactBase):
         return {"stamp": None, "files": {}, "staging": {}, "staging_dir": False}
 
     def process(self, output: list[str]):
-        state = {"stamp": None, "files": {}, "staging": {}, "staging_dir": False}
+        state = self.default()
         section = "stamp"
         for line in output:
             if line == "--staging-dir--":
@@ -96,9 +96,5 @@ class FileDigests(FactBase):
     default = dict
 
     def process(self, output: list[str]) -> dict:
-        digests = {}
-        for line in output:
-            digest, _, path = line.partition("  ")
-            if len(digest) == 64 and path:
-                digests[path] = digest
-        return digests
+        lines = (line.partition("  ") for line in output)
+        return {path: digest for digest, _, path in lines if len(digest) == 64 and path}

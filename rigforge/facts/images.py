@@ -22,12 +22,8 @@ class OciBlobs(FactBase):
     default = dict
 
     def process(self, output: list[str]) -> dict[str, int]:
-        blobs = {}
-        for line in output:
-            name, _, size = line.strip().partition(" ")
-            if len(name) == 64 and size.isdigit():
-                blobs[f"sha256:{name}"] = int(size)
-        return blobs
+        lines = (line.strip().partition(" ") for line in output)
+        return {f"sha256:{name}": int(size) for name, _, size in lines if len(name) == 64 and size.isdigit()}
 
 
 class ListeningPorts(FactBase):
@@ -42,9 +38,6 @@ class ListeningPorts(FactBase):
     default = list
 
     def process(self, output: list[str]) -> list[int]:
-        ports = set()
-        for line in output:
-            fields = line.split()
-            if len(fields) > 3 and fields[3] == "0A" and ":" in fields[1]:  # state 0A: LISTEN
-                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-        return sorted(ports)
+        rows = [line.split() for line in output]
+        listening = [row[1] for row in rows if len(row) > 3 and row[3] == "0A" and ":" in row[1]]  # state 0A: LISTEN
+        return sorted({int(address.rsplit(":", 1)[1], 16) for address in listening})

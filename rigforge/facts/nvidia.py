@@ -73,12 +73,9 @@ def parse_query_gpu(lines: list[str] | str, fields: tuple[str, ...] | list[str] 
     """
     if isinstance(lines, str):
         lines = lines.splitlines()
-    fields = list(fields)
     gpus = []
-    for line in lines:
+    for line in lines:  # a blank line or an error text: not a GPU row (its first cell is no index)
         cells = [cell.strip() for cell in line.split(",")]
-        if not line.strip():
-            continue
         if cells[0] == "index" or cells[0].startswith("index "):
             fields = [_HEADER_UNIT.sub("", cell) for cell in cells]
             continue
@@ -90,10 +87,7 @@ def parse_query_gpu(lines: list[str] | str, fields: tuple[str, ...] | list[str] 
 
 def upstream_version(package_version: str | None) -> str | None:
     """'1:580.95.05-0ubuntu1' -> '580.95.05' (drop epoch and Debian revision), None stays None."""
-    if not package_version:
-        return None
-    version = package_version.split(":", 1)[-1]
-    return version.rsplit("-", 1)[0] if "-" in version else version
+    return package_version.split(":", 1)[-1].rsplit("-", 1)[0] if package_version else None
 
 
 class NvidiaGpus(FactBase):
@@ -143,8 +137,7 @@ class NvidiaModuleVersion(FactBase):
         return "cat /sys/module/nvidia/version 2>/dev/null || true"
 
     def process(self, output: list[str]) -> str | None:
-        text = "\n".join(output).strip()
-        return text or None
+        return "\n".join(output).strip() or None
 
 
 class NvidiaPciGpus(FactBase):
@@ -308,8 +301,7 @@ def parse_cap_units(lines: list[str], unit_dirs=UNIT_DIRS) -> dict:
                 parts = text.split(None, n)
                 command = parts[n] if len(parts) > n else ""
                 watts = _watts([text, *scripts.get(via, [])])
-                out[f"@reboot in {path}"] = {"kind": "cron", "path": path, "watts": watts, "script": via,
-                                             "command": command}  # fmt: skip
+                out[f"@reboot in {path}"] = dict(kind="cron", path=path, watts=watts, script=via, command=command)
     for name, (_, path, texts) in units.items():
         via = next((s for s in scripts for t in texts if s in t), None)
         if name in CAP_UNITS or via or any(_SETS_CAP.search(t) for t in texts):
@@ -319,10 +311,8 @@ def parse_cap_units(lines: list[str], unit_dirs=UNIT_DIRS) -> dict:
 
 class PowerCapUnits(FactBase):
     """
-    The rig's other GPU power-cap writers at boot, rigforge's own units left out: units in systemd's unit dirs
-    named as a known cap unit (``CAP_UNITS``), or whose ExecStart runs ``nvidia-smi -pl``/``--power-limit`` or a
-    script that does; and root's ``@reboot`` cron jobs that do either (root's crontab, /etc/crontab,
-    /etc/cron.d). A dict by name (see `parse_cap_units`)::
+    The rig's other GPU power-cap writers at boot (units in systemd's unit dirs, root's ``@reboot`` cron jobs),
+    rigforge's own units left out, as a dict by name (which count: `parse_cap_units`)::
 
         {"nvidia-power-cap.service": {"kind": "unit", "path": "/etc/systemd/system/nvidia-power-cap.service",
                                       "watts": [250], "script": None},

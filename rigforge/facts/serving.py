@@ -16,11 +16,7 @@ SHOWN = ("ActiveState", "SubState", "Result", "NRestarts", "UnitFileState")
 def parse_service_state(lines: list[str]) -> dict:
     """`systemctl show -p ActiveState,SubState,...` lines -> {"active", "sub", "result", "restarts", "enabled"};
     missing keys are "" (restarts 0)."""
-    items = {}
-    for line in lines:
-        key, sep, value = line.strip().partition("=")
-        if sep:
-            items[key] = value.strip()
+    items = {key: value.strip() for key, sep, value in (line.strip().partition("=") for line in lines) if sep}
     restarts = items.get("NRestarts", "")
     return {
         "active": items.get("ActiveState", "") or "unknown",
@@ -67,26 +63,21 @@ class ServiceState(FactBase):
         return parse_service_state(output)
 
 
-def api_answers_command(url: str, env_file: str) -> str:
-    """Shell printing the HTTP code of GET `url`/v1/models from the rig (0: nothing answered), with the API key
-    read from the root-only `env_file` and handed to curl on stdin, never on a command line."""
-    q = shlex.quote
-    return (
-        f"k=$(sed -n 's/^RIGFORGE_API_KEY=//p' {q(env_file)} 2>/dev/null); "
-        '{ [ -z "$k" ] || printf \'Authorization: Bearer %s\\n\' "$k"; } | '
-        f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 3 -H @- {q(url + '/v1/models')} || true; echo"
-    )
-
-
 class ApiAnswers(FactBase):
     """
-    The HTTP code the vLLM API at ``url`` answers ``GET /v1/models`` with, asked on the rig (0: no answer)::
+    The HTTP code the vLLM API at ``url`` answers ``GET /v1/models`` with, asked on the rig (0: no answer), with
+    the API key read from the root-only ``env_file`` and handed to curl on stdin, never on a command line::
 
         200
     """
 
     def command(self, url: str, env_file: str) -> str:
-        return api_answers_command(url, env_file)
+        q = shlex.quote
+        return (
+            f"k=$(sed -n 's/^RIGFORGE_API_KEY=//p' {q(env_file)} 2>/dev/null); "
+            '{ [ -z "$k" ] || printf \'Authorization: Bearer %s\\n\' "$k"; } | '
+            f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 3 -H @- {q(url + '/v1/models')} || true; echo"
+        )
 
     default = int
 

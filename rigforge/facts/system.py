@@ -15,11 +15,8 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 
 def parse_os_release(lines: list[str]) -> dict:
     """/etc/os-release lines -> {"id", "version_id", "codename"} (missing keys are "")."""
-    items = {}
-    for line in lines:
-        key, sep, value = line.strip().partition("=")
-        if sep:
-            items[key] = value.strip().strip("\"'")
+    pairs = (line.strip().partition("=") for line in lines)
+    items = {key: value.strip().strip("\"'") for key, sep, value in pairs if sep}
     codename = items.get("VERSION_CODENAME") or items.get("UBUNTU_CODENAME", "")
     return {"id": items.get("ID", ""), "version_id": items.get("VERSION_ID", ""), "codename": codename}
 
@@ -172,9 +169,7 @@ class UrlAnswers(FactBase):
     """
     What each URL answers, asked from the rig with curl (a GET whose body is thrown away; nothing on the rig
     changes): ``{url: (http_code, curl_exit)}``. ``http_code`` is 0 when nothing answered (no route, no name, a
-    refused connection, a timeout: ``curl_exit`` says which).
-
-    .. code:: python
+    refused connection, a timeout: ``curl_exit`` says which)::
 
         {"https://download.docker.com/linux/debian/dists/trixie/InRelease": (200, 0)}
     """
