@@ -21,10 +21,7 @@ from typing import Any
 from pyinfra.facts.files import Sha256File
 
 from rigforge import fleet, inventory, monitor, obtain
-from rigforge.driver_table import (
-    DriverTableError,
-    packages_for,
-)
+from rigforge.driver_table import DriverTableError, packages_for
 from rigforge.facts import probe
 from rigforge.facts.apt import DebInstalledVersion
 from rigforge.facts.docker import DockerImagePresent
@@ -110,14 +107,11 @@ class RigContext:
 
 def requests(ctx: RigContext, os_id: str | None) -> list[tuple[type, dict]]:
     """Every fact the checks read for this rig's plan (on an OS `os_id`), for one batched probe."""
-    out = [
-        (NvidiaGpus, {}),
-        (OsRelease, {}),
-        (NvidiaModuleVersion, {}),
-        (NvidiaRunningDriver, {}),
-        (NvidiaTopology, {}),
-    ]
-    package = _driver_package(ctx.data, os_id)
+    out = [(cls, {}) for cls in (NvidiaGpus, OsRelease, NvidiaModuleVersion, NvidiaRunningDriver, NvidiaTopology)]
+    try:  # the driver table's package whose version is the driver's (none: not read)
+        package = packages_for(ctx.data, os_id).version_package if ctx.data["nvidia_driver_manage"] else None
+    except DriverTableError:
+        package = None
     if package:
         out.append((DebInstalledVersion, {"package": package}))
     out.append((JsonFile, {"path": ctx.layout.daemon_json}))
@@ -177,14 +171,6 @@ def managed_files(plan: Plan) -> dict[str, str]:
     out = {f"{layout.serve_dir}/{name}": files[name] for name in SERVE_FILES if name in files}
     out |= {layout.unit_path(name): files[name] for name in (VLLM_UNIT, POWER_UNIT, SETTLE_UNIT) if name in files}
     return out | ({layout.settle_script: files[SETTLE_SCRIPT]} if SETTLE_SCRIPT in files else {})
-
-
-def _driver_package(data: Mapping, os_id: str | None) -> str | None:
-    """The driver table's package whose version is the driver's, for this rig's data and OS (None: none)."""
-    try:
-        return packages_for(data, os_id).version_package if data["nvidia_driver_manage"] else None
-    except DriverTableError:
-        return None
 
 
 def image_origin(obs: Observed, ctx: RigContext, reg) -> dict | None:

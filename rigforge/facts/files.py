@@ -27,11 +27,7 @@ class JsonFile(FactBase):
 
 
 class TreeSize(FactBase):
-    """
-    The bytes the tree at ``path`` takes on disk (``du -sb``); None when there is no such path::
-
-        52613349376
-    """
+    """The bytes the tree at ``path`` takes on disk (``du -sb``); None when there is no such path."""
 
     def command(self, path: str) -> StringCommand:
         return StringCommand("du", "-sb", QuoteString(path), "2>/dev/null", "|", "cut", "-f1", "||", "true")

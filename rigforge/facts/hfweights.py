@@ -43,11 +43,9 @@ class WeightsState(FactBase):
         for line in output:
             if line == "--staging-dir--":
                 state["staging_dir"] = True
-                continue
-            if line in ("--files--", "--staging--"):
+            elif line in ("--files--", "--staging--"):
                 section = line.strip("-")
-                continue
-            if section == "stamp" and line.strip():
+            elif section == "stamp" and line.strip():
                 try:
                     stamp = json.loads(line)
                     state["stamp"] = stamp if isinstance(stamp, dict) else None

@@ -27,11 +27,7 @@ class OciBlobs(FactBase):
 
 
 class ListeningPorts(FactBase):
-    """
-    The local TCP ports something listens on (IPv4 and IPv6, from /proc/net/tcp{,6}), as a sorted list::
-
-        [22, 5000, 8011]
-    """
+    """The local TCP ports something listens on (IPv4 and IPv6, from /proc/net/tcp{,6}), as a sorted list."""
 
     command = "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null || true"
 

@@ -389,19 +389,10 @@ class NvidiaTopology(FactBase):
 
 
 class BootCaps(FactBase):
-    """
-    What ran at this boot about GPU power caps (parsed by rigforge/boot.py `parse_boot`): systemd's results for
-    rigforge's power unit and settle stage and for `units` (the other writers' units, space-separated),
+    """What ran at this boot about GPU power caps, as rigforge/boot.py `parse_boot` returns it: systemd's results
+    for rigforge's power unit and settle stage and for `units` (the other writers' units, space-separated),
     `journalctl -b`'s "ordering cycle" lines, the settle stage's lines, cron's CMD lines and each GPU's power limit
-    now. Without systemd (a chroot) the units and journal parts are empty::
-
-        {"boot_id": "0f1e...", "system": "running",
-         "units": {"rigforge-gpu-power.service": {"LoadState": "loaded", "ActiveState": "active", "Result": "success",
-                                                  "ExecMainStartTimestampMonotonic": "8123456", ...}, ...},
-         "cycles": [], "settle": ["rigforge: GPU0 power limit 250 W after boot (another writer); set back to 230 W",
-                                  "rigforge: caps settled after a 60 s watch (1 correction(s))"],
-         "cron": ["(root) CMD (/usr/local/bin/cap.sh)"], "caps": {0: 230.0, 1: 230.0}}
-    """
+    now. Without systemd (a chroot) the units and journal parts are empty."""
 
     shared = (SMI_QUERY,)
 

@@ -30,6 +30,7 @@ nothing. It relies on pyinfra 3.10's private `facts._get_fact`, `_make_command`,
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import hashlib
 import importlib
@@ -142,6 +143,8 @@ def _defaults(state, host: Host, snap: _HostSnapshot, cls) -> dict:
 FILE_FACTS = {pyinfra_files.File: "stat", pyinfra_files.Directory: "stat", pyinfra_files.Link: "stat",
               pyinfra_files.Sha1File: 40, pyinfra_files.Sha256File: 64}  # fmt: skip
 _HASHERS = {40: "sha1sum", 64: "sha256sum"}
+# what a fact's process() raises on output it cannot read: that answer is left out (read live)
+_PROCESS_ERRORS = (FactProcessError, ValueError, KeyError, IndexError, TypeError)
 
 
 def _file_path(cls, fact_kwargs: dict) -> str | None:
@@ -191,10 +194,8 @@ def _file_answers(block: list[str], batched: dict, answers: dict) -> None:
         out = stats.get(path) if kind == "stat" else hashes.get((kind, path))
         if present and out is None:
             continue
-        try:
+        with contextlib.suppress(*_PROCESS_ERRORS):
             answers[key] = fact.process([out]) if present else fact.default()
-        except (FactProcessError, ValueError, KeyError, IndexError, TypeError):
-            pass
 
 
 def script(requests, marker: str) -> tuple[StringCommand | None, list[tuple[str, FactBase, str | None]]]:
@@ -270,10 +271,8 @@ def parse(lines, sections: list[tuple[str, FactBase, str | None]], marker: str) 
         elif tail.startswith("rc ") and current is not None:
             key, fact, _ = sections[current]
             if tail == "rc 0":
-                try:
+                with contextlib.suppress(*_PROCESS_ERRORS):
                     answers[key] = fact.process(collected) if collected else fact.default()
-                except (FactProcessError, ValueError, KeyError, IndexError, TypeError):
-                    pass
             current = None
         elif tail.isdigit() or tail == "files":
             current, collected = int(tail) if tail.isdigit() else tail, []
@@ -418,13 +417,11 @@ def _save() -> None:
     for snap in list(_SNAPSHOTS.values()):
         if not snap.file or not snap.requests:
             continue
-        try:
+        with contextlib.suppress(OSError):
             snap.file.parent.mkdir(parents=True, exist_ok=True)
             tmp = snap.file.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps(list(snap.requests.values())))
             tmp.replace(snap.file)
-        except OSError:
-            pass
 
 
 def install() -> None:

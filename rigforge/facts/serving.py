@@ -64,12 +64,8 @@ class ServiceState(FactBase):
 
 
 class ApiAnswers(FactBase):
-    """
-    The HTTP code the vLLM API at ``url`` answers ``GET /v1/models`` with, asked on the rig (0: no answer), with
-    the API key read from the root-only ``env_file`` and handed to curl on stdin, never on a command line::
-
-        200
-    """
+    """The HTTP code the vLLM API at ``url`` answers ``GET /v1/models`` with, asked on the rig (0: no answer), with
+    the API key read from the root-only ``env_file`` and handed to curl on stdin, never on a command line."""
 
     def command(self, url: str, env_file: str) -> str:
         q = shlex.quote

@@ -149,12 +149,8 @@ class EnabledInstances(FactBase):
 
 
 class LeftoverUploads(FactBase):
-    """
-    Files left in the directory ``path`` (the SSH user's private upload dir) by an interrupted upload, as a
-    list of paths::
-
-        ["/tmp/.upload-dir/0a1b2c3d4e5f"]
-    """
+    """Files left in the directory ``path`` (the SSH user's private upload dir) by an interrupted upload, as a
+    list of paths."""
 
     def command(self, path: str) -> str:
         return f"find {shlex.quote(path)} -mindepth 1 -maxdepth 1 2>/dev/null || true"
