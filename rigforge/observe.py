@@ -210,7 +210,6 @@ def observe_gateway(host, data: Mapping) -> dict:
     address = where or getattr(host, "data", {}).get("ssh_hostname") or host.name
     public = data.get("gateway_url") or f"http://{address}:{data['gateway_port']}"  # where clients reach it
     stat = inventory.sh(host, f"echo 'show stat' | socat stdio UNIX-CONNECT:{shlex.quote(GATEWAY_ADMIN_SOCKET)}")
-    rigs = gateway_servers(stat)
     code, body = inventory.http_on_rig(host, f"{url}/v1/models", 5, api_key=data.get("gateway_api_key"))
     try:
         models = [m["id"] for m in json.loads(body)["data"]]
@@ -223,7 +222,7 @@ def observe_gateway(host, data: Mapping) -> dict:
         "health": inventory.http_on_rig(host, f"{url}/health", 5)[0],
         "models_http": code,
         "models": models,
-        "rigs": rigs,
+        "rigs": gateway_servers(stat),
     }
 
 

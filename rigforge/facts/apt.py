@@ -57,9 +57,8 @@ def parse_deb822(text: str) -> list[str]:
             key, _, value = line.partition(":")
             key = key.strip().lower()
             fields[key] = value.strip()
-        if fields.get("enabled", "yes").lower() == "no" or "uris" not in fields:
-            continue
-        uris += fields["uris"].split()
+        if fields.get("enabled", "yes").lower() != "no" and "uris" in fields:
+            uris += fields["uris"].split()
     return uris
 
 
@@ -147,8 +146,6 @@ class DpkgInterrupted(FactBase):
 
     def process(self, output: list[str]) -> str | None:
         lines = [line.strip() for line in output if line.strip()]
-        if not lines:
-            return None
         packages = [line.split()[1] for line in lines if line.startswith("audit:") and len(line.split()) > 1]
         reason = "dpkg was interrupted" if any(line.startswith("journal:") for line in lines) else ""
         if packages:

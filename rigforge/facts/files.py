@@ -8,12 +8,8 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 
 
 class JsonFile(FactBase):
-    """
-    The JSON object in the file at ``path``; None when the file is missing, unreadable, not JSON, or holds
-    something other than an object::
-
-        {"variant": "dual", "port": 8000, ...}
-    """
+    """The JSON object in the file at ``path``; None when the file is missing, unreadable, not JSON, or holds
+    something other than an object."""
 
     def command(self, path: str) -> StringCommand:
         return StringCommand("cat", QuoteString(path), "2>/dev/null || true")

@@ -78,12 +78,9 @@ class VenvDistVersion(FactBase):
 
 
 class FileDigests(FactBase):
-    """
-    sha256 of each of ``paths`` under ``dest``, read on the host (``weights_deep_verify``: the files are re-hashed
-    here, so a deep check that finds nothing wrong changes nothing); a file that cannot be read is left out::
-
-        {"config.json": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", ...}
-    """
+    """{path: sha256 hex} of each of ``paths`` under ``dest``, read on the host (``weights_deep_verify``: the files
+    are re-hashed here, so a deep check that finds nothing wrong changes nothing); a file that cannot be read is
+    left out."""
 
     probe = False  # never part of the batched probe: it reads gigabytes, only when asked to
 

@@ -6,12 +6,8 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 
 
 class OciBlobs(FactBase):
-    """
-    The blobs of the OCI image layout at ``path`` (``blobs/sha256/<hex>``, partial uploads left out), as
-    ``{"sha256:<hex>": size}``; empty when there is no layout::
-
-        {"sha256:7b1f...": 375, "sha256:ba64...": 136}
-    """
+    """The blobs of the OCI image layout at ``path`` (``blobs/sha256/<hex>``, partial uploads left out), as
+    ``{"sha256:<hex>": size}``; empty when there is no layout."""
 
     def command(self, path: str) -> StringCommand:
         blobs = f"{path.rstrip('/')}/blobs/sha256"

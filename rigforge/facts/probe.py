@@ -250,8 +250,7 @@ def script(requests, marker: str) -> tuple[StringCommand | None, list[tuple[str,
         head += ["{", *runs, "wait;", *(p for section in dependent for p in section), "} &"]
     if paths:
         head.append(_files_command(marker, paths))
-    tail = ['wait; cat "$d"/*; rm -rf "$d"']
-    return StringCommand(*head, *(p for section in parts for p in section), *tail), sections
+    return StringCommand(*head, *(p for section in parts for p in section), 'wait; cat "$d"/*; rm -rf "$d"'), sections
 
 
 def parse(lines, sections: list[tuple[str, FactBase, str | None]], marker: str) -> dict[str, object]:
@@ -363,12 +362,11 @@ def lock_answer(host: Host) -> None:
     snap = _of(host)
     if snap.pending is None:
         return
-    (sections, marker, then), snap.pending = snap.pending, None
-    lines = then[2]
-    if lines is not None and lines[-1:] == ["0"]:  # the probe ran and exited 0 (its exit code: the last line)
-        snap.answers = parse(lines[:-1], sections, marker)
-    elif lines is None:
+    (sections, marker, (_, _, lines)), snap.pending = snap.pending, None
+    if lines is None:
         snap.probed, snap.probes = False, snap.probes - 1
+    elif lines[-1:] == ["0"]:  # the probe ran and exited 0 (its exit code: the last line)
+        snap.answers = parse(lines[:-1], sections, marker)
 
 
 def _request(state, host, snap: _HostSnapshot, cls, args, kwargs) -> tuple[str | None, dict, dict]:
@@ -424,21 +422,16 @@ def _save() -> None:
             tmp.replace(snap.file)
 
 
-def install() -> None:
-    """Answer fact reads from one batched probe per host (idempotent; a no-op when RIGFORGE_PROBE_CACHE=off)."""
-    global _original_get_fact
-    if _original_get_fact is not None or cache_dir() is None:
-        return
-    _original_get_fact = pyinfra_facts._get_fact
-    pyinfra_facts._get_fact = _get_fact
-    for name in CHANGING:
-        setattr(Host, name, _changing(getattr(Host, name)))
-    atexit.unregister(_save)  # once, however often installed
-    atexit.register(_save)
-
-
 def install_all() -> None:
-    """Everything rigforge patches in pyinfra for a deploy: this probe and rigforge/speedups.py. Called first thing
-    by the deploy entry (roles/site.py `provision`); importing rigforge changes nothing in pyinfra."""
-    install()
+    """Everything rigforge patches in pyinfra for a deploy: fact reads answered from one batched probe per host
+    (idempotent; not when RIGFORGE_PROBE_CACHE=off) and rigforge/speedups.py. Called first thing by the deploy
+    entry (roles/site.py `provision`); importing rigforge changes nothing in pyinfra."""
+    global _original_get_fact
+    if _original_get_fact is None and cache_dir() is not None:
+        _original_get_fact = pyinfra_facts._get_fact
+        pyinfra_facts._get_fact = _get_fact
+        for name in CHANGING:
+            setattr(Host, name, _changing(getattr(Host, name)))
+        atexit.unregister(_save)  # once, however often installed
+        atexit.register(_save)
     speedups.install()

@@ -83,12 +83,9 @@ class ApiAnswers(FactBase):
 
 
 class ComposeImages(FactBase):
-    """
-    The images the running containers of the compose project in ``serve_dir`` were created from, each as its
-    RepoDigests (``docker inspect``), one list per container; [] when none runs (or no engine)::
-
-        [["vllm/vllm-openai@sha256:..."]]
-    """
+    """The images the running containers of the compose project in ``serve_dir`` were created from, each as its
+    RepoDigests (``docker inspect``), one list per container (``[["vllm/vllm-openai@sha256:..."]]``); [] when
+    none runs (or no engine)."""
 
     def command(self, serve_dir: str) -> str:
         return (

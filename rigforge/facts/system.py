@@ -125,12 +125,8 @@ def _bre(text: str) -> str:
 
 
 class EnabledInstances(FactBase):
-    """
-    Instances of the template unit ``template`` (e.g. ``name@.service``) enabled at boot: the links in
-    ``unit_dir``/multi-user.target.wants, as a sorted list::
-
-        ["name@dual.service"]
-    """
+    """Instances of the template unit ``template`` (e.g. ``name@.service``) enabled at boot: the links in
+    ``unit_dir``/multi-user.target.wants, as a sorted list (``["name@dual.service"]``)."""
 
     def command(self, unit_dir: str, template: str) -> StringCommand:
         prefix, _, suffix = template.partition("@")
