@@ -119,16 +119,9 @@ def _probe_file(host: Host, state) -> Path | None:
     if base is None:
         return None
     data = getattr(host.connector, "data", None) or {}
-    ident = json.dumps(
-        [
-            host.name,
-            type(host.connector).__name__,
-            *(data.get(key) for key in CONNECTOR_IDENTITY),
-            str(getattr(state, "current_deploy_filename", "") or ""),
-        ],
-        default=str,
-    )
-    return base / f"{hashlib.sha256(ident.encode()).hexdigest()[:24]}.json"
+    deploy = str(getattr(state, "current_deploy_filename", "") or "")
+    ident = [host.name, type(host.connector).__name__, *(data.get(key) for key in CONNECTOR_IDENTITY), deploy]
+    return base / f"{hashlib.sha256(json.dumps(ident, default=str).encode()).hexdigest()[:24]}.json"
 
 
 def _defaults(state, host: Host, snap: _HostSnapshot, cls) -> dict:
@@ -310,17 +303,13 @@ def _recorded(state, host: Host, snap: _HostSnapshot, global_kwargs: dict) -> li
     snap.probed = True
     snap.file = _probe_file(host, state)
     snap.connection = _identity(global_kwargs)
-    try:
+    recorded, requests = [], []
+    with contextlib.suppress(OSError, ValueError):
         recorded = json.loads(snap.file.read_text()) if snap.file else []
-    except (OSError, ValueError):
-        recorded = []
-    requests = []
     for item in recorded:
-        try:
+        with contextlib.suppress(Exception):  # a recorded fact that no longer loads is simply not probed
             module, _, name = item["fact"].partition(":")
             requests.append((getattr(importlib.import_module(module), name), dict(item["kwargs"])))
-        except Exception:  # noqa: BLE001 - a recorded fact that no longer loads is simply not probed
-            continue
     return requests
 
 
