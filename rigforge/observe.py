@@ -21,10 +21,7 @@ from typing import Any
 from pyinfra.facts.files import Sha256File
 
 from rigforge import fleet, inventory, monitor, obtain
-from rigforge.driver_table import (
-    DriverTableError,
-    packages_for,
-)
+from rigforge.driver_table import DriverTableError, packages_for
 from rigforge.facts import probe
 from rigforge.facts.apt import DebInstalledVersion
 from rigforge.facts.docker import DockerImagePresent
@@ -110,14 +107,11 @@ class RigContext:
 
 def requests(ctx: RigContext, os_id: str | None) -> list[tuple[type, dict]]:
     """Every fact the checks read for this rig's plan (on an OS `os_id`), for one batched probe."""
-    out = [
-        (NvidiaGpus, {}),
-        (OsRelease, {}),
-        (NvidiaModuleVersion, {}),
-        (NvidiaRunningDriver, {}),
-        (NvidiaTopology, {}),
-    ]
-    package = _driver_package(ctx.data, os_id)
+    out = [(cls, {}) for cls in (NvidiaGpus, OsRelease, NvidiaModuleVersion, NvidiaRunningDriver, NvidiaTopology)]
+    try:  # the driver table's package whose version is the driver's (none: not read)
+        package = packages_for(ctx.data, os_id).version_package if ctx.data["nvidia_driver_manage"] else None
+    except DriverTableError:
+        package = None
     if package:
         out.append((DebInstalledVersion, {"package": package}))
     out.append((JsonFile, {"path": ctx.layout.daemon_json}))
@@ -179,14 +173,6 @@ def managed_files(plan: Plan) -> dict[str, str]:
     return out | ({layout.settle_script: files[SETTLE_SCRIPT]} if SETTLE_SCRIPT in files else {})
 
 
-def _driver_package(data: Mapping, os_id: str | None) -> str | None:
-    """The driver table's package whose version is the driver's, for this rig's data and OS (None: none)."""
-    try:
-        return packages_for(data, os_id).version_package if data["nvidia_driver_manage"] else None
-    except DriverTableError:
-        return None
-
-
 def image_origin(obs: Observed, ctx: RigContext, reg) -> dict | None:
     """Where the rig's locked image comes from (rigforge/obtain.py), asked now from the controller: {"image",
     "on_rig", "from", "warning"}; `warning` when the rig alone holds it (no other copy) or nothing does. None
@@ -224,7 +210,6 @@ def observe_gateway(host, data: Mapping) -> dict:
     address = where or getattr(host, "data", {}).get("ssh_hostname") or host.name
     public = data.get("gateway_url") or f"http://{address}:{data['gateway_port']}"  # where clients reach it
     stat = inventory.sh(host, f"echo 'show stat' | socat stdio UNIX-CONNECT:{shlex.quote(GATEWAY_ADMIN_SOCKET)}")
-    rigs = gateway_servers(stat)
     code, body = inventory.http_on_rig(host, f"{url}/v1/models", 5, api_key=data.get("gateway_api_key"))
     try:
         models = [m["id"] for m in json.loads(body)["data"]]
@@ -237,7 +222,7 @@ def observe_gateway(host, data: Mapping) -> dict:
         "health": inventory.http_on_rig(host, f"{url}/health", 5)[0],
         "models_http": code,
         "models": models,
-        "rigs": rigs,
+        "rigs": gateway_servers(stat),
     }
 
 

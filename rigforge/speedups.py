@@ -26,6 +26,7 @@ that CPU grows with the number of rigs: ~50 operations a rig, each paying for bo
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import importlib.util
 import inspect
@@ -84,14 +85,11 @@ def keep_bytecode(modules=None) -> list[str]:
     for module in list((sys.modules if modules is None else modules).values()):
         spec = getattr(module, "__spec__", None)
         source, cached = getattr(spec, "origin", None), getattr(spec, "cached", None)
-        if not source or not cached or not source.endswith(".py") or not source.startswith(_OWN):
-            continue
-        if _stale(source, cached):
-            try:
+        if source and cached and source.endswith(".py") and source.startswith(_OWN) and _stale(source, cached):
+            # a read-only install (pip compiled it already) or a file being edited: left as it is
+            with contextlib.suppress(OSError, py_compile.PyCompileError):
                 py_compile.compile(source, cfile=cached, doraise=True, invalidation_mode=_TIMESTAMP)
                 written.append(source)
-            except (OSError, py_compile.PyCompileError):
-                pass  # a read-only install (pip compiled it already) or a file being edited: left as it is
     return written
 
 

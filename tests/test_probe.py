@@ -111,6 +111,14 @@ class _Channel:
         self.proc.wait(timeout=30)
 
 
+def _with_lock(host, take):
+    """`take(then)` (roles/rig_lock.py) with this host's probe as `then`, its answers kept; returns what `take`
+    returns (as the deploy entry does, roles/site.py)."""
+    result = take(probe.lock_request(host))
+    probe.lock_answer(host)
+    return result
+
+
 def test_the_lock_holder_runs_the_probe_once_it_holds_the_lock(shipped, monkeypatch):
     """The deploy entry takes the rig's lock and reads the rig in one round trip: the holder runs the probe as
     pyinfra would (same answers), and no other command reaches the host; a second holder finds the lock busy."""
@@ -128,14 +136,14 @@ def test_the_lock_holder_runs_the_probe_once_it_holds_the_lock(shipped, monkeypa
     host.connector.client = SimpleNamespace(get_transport=lambda: SimpleNamespace(open_session=lambda: channel))
     monkeypatch.setattr(rig_lock, "_HELD", {})
     lock = str(shipped / "rig.lock")
-    assert probe.with_lock(host, lambda then: rig_lock.take(host, lock, False, then)) == (None, None)
+    assert _with_lock(host, lambda then: rig_lock.take(host, lock, False, then)) == (None, None)
     try:
         assert _read_all(host, requests) == live and commands == []  # all served: no round trip but the lock's
         assert (probe._of(host).probes, probe._of(host).served) == (1, len(requests))
         other, _ = _host(monkeypatch)  # another run, on the same host name
         monkeypatch.setattr(rig_lock, "_HELD", {})
         other.connector.client = SimpleNamespace(get_transport=lambda: SimpleNamespace(open_session=_Channel))
-        busy, _ = probe.with_lock(other, lambda then: rig_lock.take(other, lock, False, then))
+        busy, _ = _with_lock(other, lambda then: rig_lock.take(other, lock, False, then))
         assert "is being provisioned by" in busy and not probe._of(other).probed  # refused: it probes nothing
     finally:
         channel.close()

@@ -57,30 +57,23 @@ def parse_deb822(text: str) -> list[str]:
             key, _, value = line.partition(":")
             key = key.strip().lower()
             fields[key] = value.strip()
-        if fields.get("enabled", "yes").lower() == "no" or "uris" not in fields:
-            continue
-        uris += fields["uris"].split()
+        if fields.get("enabled", "yes").lower() != "no" and "uris" in fields:
+            uris += fields["uris"].split()
     return uris
 
 
 def parse_source_files(lines: list[str]) -> dict[str, list[str]]:
     """Output of the AptSourceFiles command -> {path: [URI, ...]} (files with no enabled entry are kept, empty)."""
-    files: dict[str, list[str]] = {}
-    path, body = None, []
-
-    def flush():
-        if path:
-            parse = parse_deb822 if path.endswith(".sources") else parse_one_line
-            files[path] = parse("\n".join(body))
-
+    bodies: dict[str, list[str]] = {}
+    path = ""
     for line in lines:
         if line.startswith(_MARK):
-            flush()
-            path, body = line[len(_MARK) :].strip(), []
-        else:
-            body.append(line)
-    flush()
-    return files
+            path = line[len(_MARK) :].strip()
+            if path:
+                bodies[path] = []
+        elif path:
+            bodies[path].append(line)
+    return {p: (parse_deb822 if p.endswith(".sources") else parse_one_line)("\n".join(b)) for p, b in bodies.items()}
 
 
 class AptSourceFiles(FactBase):
@@ -89,9 +82,7 @@ class AptSourceFiles(FactBase):
     def command(self) -> str:
         return f'for f in {SOURCE_FILES}; do [ -f "$f" ] || continue; echo "{_MARK}$f"; cat "$f"; echo; done'
 
-    @staticmethod
-    def default() -> dict:
-        return {}
+    default = dict
 
     def process(self, output: list[str]) -> dict[str, list[str]]:
         return parse_source_files(output)
@@ -100,12 +91,8 @@ class AptSourceFiles(FactBase):
 def same_uri_files(files: dict[str, list[str]], uri: str, keep: str) -> dict[str, bool]:
     """Files other than `keep` with an entry for `uri`: {path: True when every entry in it is for `uri`}."""
     want = normalize_uri(uri)
-    found = {}
-    for path, uris in files.items():
-        if path == keep or not any(normalize_uri(u) == want for u in uris):
-            continue
-        found[path] = all(normalize_uri(u) == want for u in uris)
-    return found
+    same = {path: [normalize_uri(u) == want for u in uris] for path, uris in files.items() if path != keep}
+    return {path: all(flags) for path, flags in same.items() if any(flags)}
 
 
 def parse_fingerprints(lines: list[str]) -> list[str]:
@@ -135,9 +122,7 @@ class KeyFingerprints(FactBase):
             "2>/dev/null || true",
         )
 
-    @staticmethod
-    def default() -> list:
-        return []
+    default = list
 
     def process(self, output: list[str]) -> list[str]:
         return parse_fingerprints(output)
@@ -161,8 +146,6 @@ class DpkgInterrupted(FactBase):
 
     def process(self, output: list[str]) -> str | None:
         lines = [line.strip() for line in output if line.strip()]
-        if not lines:
-            return None
         packages = [line.split()[1] for line in lines if line.startswith("audit:") and len(line.split()) > 1]
         reason = "dpkg was interrupted" if any(line.startswith("journal:") for line in lines) else ""
         if packages:
@@ -171,14 +154,8 @@ class DpkgInterrupted(FactBase):
 
 
 class DebInstalledVersion(FactBase):
-    """
-    The version of an installed Debian package, or None when it is not installed (removed, config files only,
-    unknown):
-
-    .. code:: python
-
-        "580.95.05-1"
-    """
+    """The version of an installed Debian package ("580.95.05-1"), or None when it is not installed (removed,
+    config files only, unknown)."""
 
     def requires_command(self, package: str) -> str:
         return "dpkg-query"
@@ -190,17 +167,12 @@ class DebInstalledVersion(FactBase):
         words = (output[0] if output else "").split()
         return words[1] if len(words) > 1 and words[0] == "installed" else None
 
-    def default(self):
-        return None
-
 
 class PublishedPackages(FactBase):
     """
     The package names a flat apt repository (``Suites: /``, as NVIDIA's CUDA repository) publishes, read from its
     ``Packages.gz`` (else ``Packages``) on the rig with curl into a pipe: nothing under /etc/apt or apt's lists
-    changes. None when the index cannot be fetched (no network, a proxy): the caller warns instead of refusing.
-
-    .. code:: python
+    changes. None when the index cannot be fetched (no network, a proxy): the caller warns instead of refusing::
 
         ["cuda-drivers", "nvidia-driver-pinning-580", "nvidia-open", ...]
     """
@@ -214,6 +186,3 @@ class PublishedPackages(FactBase):
 
     def process(self, output: list[str]) -> list[str] | None:
         return sorted({line.strip() for line in output if line.strip()}) or None
-
-    def default(self):
-        return None

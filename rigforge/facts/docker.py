@@ -6,31 +6,21 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 
 
 class DockerImagePresent(FactBase):
-    """
-    Whether the engine holds ``image`` (``docker image inspect`` finds it), as a bool. False also when the
-    engine or the docker CLI is missing::
-
-        True
-    """
+    """Whether the engine holds ``image`` (``docker image inspect`` finds it), as a bool. False also when the
+    engine or the docker CLI is missing."""
 
     def command(self, image: str) -> StringCommand:
         return StringCommand("docker", "image", "inspect", QuoteString(image), ">/dev/null 2>&1 && echo yes || echo no")
 
-    @staticmethod
-    def default() -> bool:
-        return False
+    default = bool
 
     def process(self, output: list[str]) -> bool:
         return bool(output) and output[0].strip() == "yes"
 
 
 class RegistryHasImage(FactBase):
-    """
-    Whether the registry at ``endpoint`` holds ``repository@digest`` (``skopeo inspect --raw`` reads its
-    manifest), as a bool. False also while skopeo is not installed::
-
-        True
-    """
+    """Whether the registry at ``endpoint`` holds ``repository@digest`` (``skopeo inspect --raw`` reads its
+    manifest), as a bool. False also while skopeo is not installed."""
 
     def command(self, endpoint: str, repository: str, digest: str, tls_verify: bool = True) -> StringCommand:
         return StringCommand(
@@ -39,9 +29,7 @@ class RegistryHasImage(FactBase):
             ">/dev/null 2>&1 && echo yes || echo no",
         )  # fmt: skip
 
-    @staticmethod
-    def default() -> bool:
-        return False
+    default = bool
 
     def process(self, output: list[str]) -> bool:
         return bool(output) and output[0].strip() == "yes"

@@ -8,19 +8,11 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 
 
 class JsonFile(FactBase):
-    """
-    The JSON object in the file at ``path``; None when the file is missing, unreadable, not JSON, or holds
-    something other than an object::
-
-        {"variant": "dual", "port": 8000, ...}
-    """
+    """The JSON object in the file at ``path``; None when the file is missing, unreadable, not JSON, or holds
+    something other than an object."""
 
     def command(self, path: str) -> StringCommand:
         return StringCommand("cat", QuoteString(path), "2>/dev/null || true")
-
-    @staticmethod
-    def default() -> None:
-        return None
 
     def process(self, output: list[str]) -> dict | None:
         try:
@@ -31,18 +23,10 @@ class JsonFile(FactBase):
 
 
 class TreeSize(FactBase):
-    """
-    The bytes the tree at ``path`` takes on disk (``du -sb``); None when there is no such path::
-
-        52613349376
-    """
+    """The bytes the tree at ``path`` takes on disk (``du -sb``); None when there is no such path."""
 
     def command(self, path: str) -> StringCommand:
         return StringCommand("du", "-sb", QuoteString(path), "2>/dev/null", "|", "cut", "-f1", "||", "true")
-
-    @staticmethod
-    def default() -> None:
-        return None
 
     def process(self, output: list[str]) -> int | None:
         text = "".join(output).strip()

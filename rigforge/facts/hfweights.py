@@ -38,16 +38,14 @@ class WeightsState(FactBase):
         return {"stamp": None, "files": {}, "staging": {}, "staging_dir": False}
 
     def process(self, output: list[str]):
-        state = {"stamp": None, "files": {}, "staging": {}, "staging_dir": False}
+        state = self.default()
         section = "stamp"
         for line in output:
             if line == "--staging-dir--":
                 state["staging_dir"] = True
-                continue
-            if line in ("--files--", "--staging--"):
+            elif line in ("--files--", "--staging--"):
                 section = line.strip("-")
-                continue
-            if section == "stamp" and line.strip():
+            elif section == "stamp" and line.strip():
                 try:
                     stamp = json.loads(line)
                     state["stamp"] = stamp if isinstance(stamp, dict) else None
@@ -80,12 +78,9 @@ class VenvDistVersion(FactBase):
 
 
 class FileDigests(FactBase):
-    """
-    sha256 of each of ``paths`` under ``dest``, read on the host (``weights_deep_verify``: the files are re-hashed
-    here, so a deep check that finds nothing wrong changes nothing); a file that cannot be read is left out::
-
-        {"config.json": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", ...}
-    """
+    """{path: sha256 hex} of each of ``paths`` under ``dest``, read on the host (``weights_deep_verify``: the files
+    are re-hashed here, so a deep check that finds nothing wrong changes nothing); a file that cannot be read is
+    left out."""
 
     probe = False  # never part of the batched probe: it reads gigabytes, only when asked to
 
@@ -93,14 +88,8 @@ class FileDigests(FactBase):
         names = " ".join(shlex.quote(p) for p in paths)
         return f"cd {shlex.quote(dest)} 2>/dev/null && sha256sum -- {names} 2>/dev/null; true"
 
-    @staticmethod
-    def default() -> dict:
-        return {}
+    default = dict
 
     def process(self, output: list[str]) -> dict:
-        digests = {}
-        for line in output:
-            digest, _, path = line.partition("  ")
-            if len(digest) == 64 and path:
-                digests[path] = digest
-        return digests
+        lines = (line.partition("  ") for line in output)
+        return {path: digest for digest, _, path in lines if len(digest) == 64 and path}

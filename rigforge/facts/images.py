@@ -6,12 +6,8 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 
 
 class OciBlobs(FactBase):
-    """
-    The blobs of the OCI image layout at ``path`` (``blobs/sha256/<hex>``, partial uploads left out), as
-    ``{"sha256:<hex>": size}``; empty when there is no layout::
-
-        {"sha256:7b1f...": 375, "sha256:ba64...": 136}
-    """
+    """The blobs of the OCI image layout at ``path`` (``blobs/sha256/<hex>``, partial uploads left out), as
+    ``{"sha256:<hex>": size}``; empty when there is no layout."""
 
     def command(self, path: str) -> StringCommand:
         blobs = f"{path.rstrip('/')}/blobs/sha256"
@@ -19,36 +15,21 @@ class OciBlobs(FactBase):
             "find", QuoteString(blobs), "-maxdepth 1 -type f ! -name '.*' -printf '%f %s\\n' 2>/dev/null || true"
         )
 
-    @staticmethod
-    def default() -> dict:
-        return {}
+    default = dict
 
     def process(self, output: list[str]) -> dict[str, int]:
-        blobs = {}
-        for line in output:
-            name, _, size = line.strip().partition(" ")
-            if len(name) == 64 and size.isdigit():
-                blobs[f"sha256:{name}"] = int(size)
-        return blobs
+        lines = (line.strip().partition(" ") for line in output)
+        return {f"sha256:{name}": int(size) for name, _, size in lines if len(name) == 64 and size.isdigit()}
 
 
 class ListeningPorts(FactBase):
-    """
-    The local TCP ports something listens on (IPv4 and IPv6, from /proc/net/tcp{,6}), as a sorted list::
-
-        [22, 5000, 8011]
-    """
+    """The local TCP ports something listens on (IPv4 and IPv6, from /proc/net/tcp{,6}), as a sorted list."""
 
     command = "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null || true"
 
-    @staticmethod
-    def default() -> list:
-        return []
+    default = list
 
     def process(self, output: list[str]) -> list[int]:
-        ports = set()
-        for line in output:
-            fields = line.split()
-            if len(fields) > 3 and fields[3] == "0A" and ":" in fields[1]:  # state 0A: LISTEN
-                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-        return sorted(ports)
+        rows = [line.split() for line in output]
+        listening = [row[1] for row in rows if len(row) > 3 and row[3] == "0A" and ":" in row[1]]  # state 0A: LISTEN
+        return sorted({int(address.rsplit(":", 1)[1], 16) for address in listening})

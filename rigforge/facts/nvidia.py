@@ -73,12 +73,9 @@ def parse_query_gpu(lines: list[str] | str, fields: tuple[str, ...] | list[str] 
     """
     if isinstance(lines, str):
         lines = lines.splitlines()
-    fields = list(fields)
     gpus = []
-    for line in lines:
+    for line in lines:  # a blank line or an error text: not a GPU row (its first cell is no index)
         cells = [cell.strip() for cell in line.split(",")]
-        if not line.strip():
-            continue
         if cells[0] == "index" or cells[0].startswith("index "):
             fields = [_HEADER_UNIT.sub("", cell) for cell in cells]
             continue
@@ -90,10 +87,7 @@ def parse_query_gpu(lines: list[str] | str, fields: tuple[str, ...] | list[str] 
 
 def upstream_version(package_version: str | None) -> str | None:
     """'1:580.95.05-0ubuntu1' -> '580.95.05' (drop epoch and Debian revision), None stays None."""
-    if not package_version:
-        return None
-    version = package_version.split(":", 1)[-1]
-    return version.rsplit("-", 1)[0] if "-" in version else version
+    return package_version.split(":", 1)[-1].rsplit("-", 1)[0] if package_version else None
 
 
 class NvidiaGpus(FactBase):
@@ -107,9 +101,7 @@ class NvidiaGpus(FactBase):
         # version mismatch; that means "no GPUs" too. `timeout`: a GPU that fell off the bus can hang nvidia-smi.
         return f"if command -v nvidia-smi >/dev/null 2>&1; then {SMI_QUERY} 2>&1 || true; fi"
 
-    @staticmethod
-    def default() -> list:
-        return []
+    default = list
 
     def process(self, output: list[str]) -> list[dict]:
         return parse_query_gpu(output)
@@ -145,8 +137,7 @@ class NvidiaModuleVersion(FactBase):
         return "cat /sys/module/nvidia/version 2>/dev/null || true"
 
     def process(self, output: list[str]) -> str | None:
-        text = "\n".join(output).strip()
-        return text or None
+        return "\n".join(output).strip() or None
 
 
 class NvidiaPciGpus(FactBase):
@@ -310,8 +301,7 @@ def parse_cap_units(lines: list[str], unit_dirs=UNIT_DIRS) -> dict:
                 parts = text.split(None, n)
                 command = parts[n] if len(parts) > n else ""
                 watts = _watts([text, *scripts.get(via, [])])
-                out[f"@reboot in {path}"] = {"kind": "cron", "path": path, "watts": watts, "script": via,
-                                             "command": command}  # fmt: skip
+                out[f"@reboot in {path}"] = dict(kind="cron", path=path, watts=watts, script=via, command=command)
     for name, (_, path, texts) in units.items():
         via = next((s for s in scripts for t in texts if s in t), None)
         if name in CAP_UNITS or via or any(_SETS_CAP.search(t) for t in texts):
@@ -321,10 +311,8 @@ def parse_cap_units(lines: list[str], unit_dirs=UNIT_DIRS) -> dict:
 
 class PowerCapUnits(FactBase):
     """
-    The rig's other GPU power-cap writers at boot, rigforge's own units left out: units in systemd's unit dirs
-    named as a known cap unit (``CAP_UNITS``), or whose ExecStart runs ``nvidia-smi -pl``/``--power-limit`` or a
-    script that does; and root's ``@reboot`` cron jobs that do either (root's crontab, /etc/crontab,
-    /etc/cron.d). A dict by name (see `parse_cap_units`)::
+    The rig's other GPU power-cap writers at boot (units in systemd's unit dirs, root's ``@reboot`` cron jobs),
+    rigforge's own units left out, as a dict by name (which count: `parse_cap_units`)::
 
         {"nvidia-power-cap.service": {"kind": "unit", "path": "/etc/systemd/system/nvidia-power-cap.service",
                                       "watts": [250], "script": None},
@@ -335,9 +323,7 @@ class PowerCapUnits(FactBase):
     def command(self) -> str:
         return cap_writers_command()
 
-    @staticmethod
-    def default() -> dict:
-        return {}
+    default = dict
 
     def process(self, output: list[str]) -> dict:
         return parse_cap_units(output)
@@ -403,19 +389,10 @@ class NvidiaTopology(FactBase):
 
 
 class BootCaps(FactBase):
-    """
-    What ran at this boot about GPU power caps (parsed by rigforge/boot.py `parse_boot`): systemd's results for
-    rigforge's power unit and settle stage and for `units` (the other writers' units, space-separated),
+    """What ran at this boot about GPU power caps, as rigforge/boot.py `parse_boot` returns it: systemd's results
+    for rigforge's power unit and settle stage and for `units` (the other writers' units, space-separated),
     `journalctl -b`'s "ordering cycle" lines, the settle stage's lines, cron's CMD lines and each GPU's power limit
-    now. Without systemd (a chroot) the units and journal parts are empty::
-
-        {"boot_id": "0f1e...", "system": "running",
-         "units": {"rigforge-gpu-power.service": {"LoadState": "loaded", "ActiveState": "active", "Result": "success",
-                                                  "ExecMainStartTimestampMonotonic": "8123456", ...}, ...},
-         "cycles": [], "settle": ["rigforge: GPU0 power limit 250 W after boot (another writer); set back to 230 W",
-                                  "rigforge: caps settled after a 60 s watch (1 correction(s))"],
-         "cron": ["(root) CMD (/usr/local/bin/cap.sh)"], "caps": {0: 230.0, 1: 230.0}}
-    """
+    now. Without systemd (a chroot) the units and journal parts are empty."""
 
     shared = (SMI_QUERY,)
 

@@ -30,6 +30,7 @@ nothing. It relies on pyinfra 3.10's private `facts._get_fact`, `_make_command`,
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import hashlib
 import importlib
@@ -105,12 +106,11 @@ def fact_key(cls, fact_kwargs: dict) -> str | None:
 
 @functools.cache
 def _cacheable(cls) -> bool:
-    fact = cls()
     return (
         issubclass(cls, FactBase)
         and getattr(cls, "probe", True)  # a fact may opt out (rigforge/facts/hfweights.py FileDigests)
-        and not fact.shell_executable
-        and type(fact).check_preconditions is FactBase.check_preconditions
+        and not cls().shell_executable
+        and cls.check_preconditions is FactBase.check_preconditions
     )
 
 
@@ -119,16 +119,9 @@ def _probe_file(host: Host, state) -> Path | None:
     if base is None:
         return None
     data = getattr(host.connector, "data", None) or {}
-    ident = json.dumps(
-        [
-            host.name,
-            type(host.connector).__name__,
-            *(data.get(key) for key in CONNECTOR_IDENTITY),
-            str(getattr(state, "current_deploy_filename", "") or ""),
-        ],
-        default=str,
-    )
-    return base / f"{hashlib.sha256(ident.encode()).hexdigest()[:24]}.json"
+    deploy = str(getattr(state, "current_deploy_filename", "") or "")
+    ident = [host.name, type(host.connector).__name__, *(data.get(key) for key in CONNECTOR_IDENTITY), deploy]
+    return base / f"{hashlib.sha256(json.dumps(ident, default=str).encode()).hexdigest()[:24]}.json"
 
 
 def _defaults(state, host: Host, snap: _HostSnapshot, cls) -> dict:
@@ -143,6 +136,8 @@ def _defaults(state, host: Host, snap: _HostSnapshot, cls) -> dict:
 FILE_FACTS = {pyinfra_files.File: "stat", pyinfra_files.Directory: "stat", pyinfra_files.Link: "stat",
               pyinfra_files.Sha1File: 40, pyinfra_files.Sha256File: 64}  # fmt: skip
 _HASHERS = {40: "sha1sum", 64: "sha256sum"}
+# what a fact's process() raises on output it cannot read: that answer is left out (read live)
+_PROCESS_ERRORS = (FactProcessError, ValueError, KeyError, IndexError, TypeError)
 
 
 def _file_path(cls, fact_kwargs: dict) -> str | None:
@@ -192,14 +187,8 @@ def _file_answers(block: list[str], batched: dict, answers: dict) -> None:
         out = stats.get(path) if kind == "stat" else hashes.get((kind, path))
         if present and out is None:
             continue
-        try:
+        with contextlib.suppress(*_PROCESS_ERRORS):
             answers[key] = fact.process([out]) if present else fact.default()
-        except (FactProcessError, ValueError, KeyError, IndexError, TypeError):
-            pass
-
-
-def _text(command) -> str:
-    return command.get_raw_value() if isinstance(command, StringCommand) else str(command)
 
 
 def script(requests, marker: str) -> tuple[StringCommand | None, list[tuple[str, FactBase, str | None]]]:
@@ -209,11 +198,10 @@ def script(requests, marker: str) -> tuple[StringCommand | None, list[tuple[str,
     Every fact's command runs in its own background subshell, so the rig runs them side by side, writing its
     section (marker, output, marker with exit code: the subshell's EXIT trap prints it, so no second subshell
     is needed to catch an `exit`; a command that sets its own EXIT trap or `exec`s loses it and is read live)
-    to its own file; one `cat` gathers them all. A sub-command
-    that several facts run verbatim and declare in their class's `shared` (nvidia-smi's GPU query: ~40 ms on a
-    rig each time) runs once, first: those facts then run one after the other in one background job, each
-    replaying its output, stderr and exit code where its command had it (`_r N`), so each sees what it would have
-    seen running it at that moment."""
+    to its own file; one `cat` gathers them all. A sub-command that several facts run verbatim and declare in
+    their class's `shared` (nvidia-smi's GPU query: ~40 ms on a rig each time) runs once, first: those facts
+    then run one after the other in one background job, each replaying its output, stderr and exit code where
+    its command had it (`_r N`), so each sees what it would have seen running it at that moment."""
     parts, sections, shared, dependent, paths = [], [], {}, [], {}
     for cls, fact_kwargs in requests:
         key = fact_key(cls, fact_kwargs)
@@ -235,9 +223,9 @@ def script(requests, marker: str) -> tuple[StringCommand | None, list[tuple[str,
             paths.setdefault(path, set()).add(FILE_FACTS[cls])  # the files job reads it (a hash fact kept its path)
             continue
         body = command if isinstance(command, StringCommand) else StringCommand(command)
-        uses = [text for text in getattr(cls, "shared", ()) if text in _text(body)]
+        uses = [text for text in getattr(cls, "shared", ()) if text in body.get_raw_value()]
         if uses:
-            raw = _text(body)
+            raw = body.get_raw_value()
             for text in uses:
                 raw = raw.replace(text, f"_r {shared.setdefault(text, len(shared))}")
             body = StringCommand(raw)
@@ -255,8 +243,7 @@ def script(requests, marker: str) -> tuple[StringCommand | None, list[tuple[str,
         head += ["{", *runs, "wait;", *(p for section in dependent for p in section), "} &"]
     if paths:
         head.append(_files_command(marker, paths))
-    tail = ['wait; cat "$d"/*; rm -rf "$d"']
-    return StringCommand(*head, *(p for section in parts for p in section), *tail), sections
+    return StringCommand(*head, *(p for section in parts for p in section), 'wait; cat "$d"/*; rm -rf "$d"'), sections
 
 
 def parse(lines, sections: list[tuple[str, FactBase, str | None]], marker: str) -> dict[str, object]:
@@ -276,10 +263,8 @@ def parse(lines, sections: list[tuple[str, FactBase, str | None]], marker: str) 
         elif tail.startswith("rc ") and current is not None:
             key, fact, _ = sections[current]
             if tail == "rc 0":
-                try:
+                with contextlib.suppress(*_PROCESS_ERRORS):
                     answers[key] = fact.process(collected) if collected else fact.default()
-                except (FactProcessError, ValueError, KeyError, IndexError, TypeError):
-                    pass
             current = None
         elif tail.isdigit() or tail == "files":
             current, collected = int(tail) if tail.isdigit() else tail, []
@@ -318,23 +303,14 @@ def _recorded(state, host: Host, snap: _HostSnapshot, global_kwargs: dict) -> li
     snap.probed = True
     snap.file = _probe_file(host, state)
     snap.connection = _identity(global_kwargs)
-    try:
+    recorded, requests = [], []
+    with contextlib.suppress(OSError, ValueError):
         recorded = json.loads(snap.file.read_text()) if snap.file else []
-    except (OSError, ValueError):
-        recorded = []
-    requests = []
     for item in recorded:
-        try:
+        with contextlib.suppress(Exception):  # a recorded fact that no longer loads is simply not probed
             module, _, name = item["fact"].partition(":")
             requests.append((getattr(importlib.import_module(module), name), dict(item["kwargs"])))
-        except Exception:  # noqa: BLE001 - a recorded fact that no longer loads is simply not probed
-            continue
     return requests
-
-
-def _probe(state, host: Host, snap: _HostSnapshot, global_kwargs: dict) -> None:
-    """Read every fact recorded for this host (and deploy file) in one remote command; keep the exact answers."""
-    snap.answers = read(host, _recorded(state, host, snap, global_kwargs), global_kwargs)
 
 
 # connector arguments the lock's channel does not reproduce (a PTY, stdin, a timeout, passwords): probe on its own
@@ -375,20 +351,11 @@ def lock_answer(host: Host) -> None:
     snap = _of(host)
     if snap.pending is None:
         return
-    (sections, marker, then), snap.pending = snap.pending, None
-    lines = then[2]
-    if lines is not None and lines[-1:] == ["0"]:  # the probe ran and exited 0 (its exit code: the last line)
-        snap.answers = parse(lines[:-1], sections, marker)
-    elif lines is None:
+    (sections, marker, (_, _, lines)), snap.pending = snap.pending, None
+    if lines is None:
         snap.probed, snap.probes = False, snap.probes - 1
-
-
-def with_lock(host: Host, take):
-    """`take(then)` (roles/rig_lock.py) with this host's probe as `then`, its answers kept; returns what `take`
-    returns."""
-    result = take(lock_request(host))
-    lock_answer(host)
-    return result
+    elif lines[-1:] == ["0"]:  # the probe ran and exited 0 (its exit code: the last line)
+        snap.answers = parse(lines[:-1], sections, marker)
 
 
 def _request(state, host, snap: _HostSnapshot, cls, args, kwargs) -> tuple[str | None, dict, dict]:
@@ -408,8 +375,8 @@ def _get_fact(state, host, cls, args=None, kwargs=None, *rest, **kw):
     snap = _of(host)
     key, fact_kwargs, global_kwargs = _request(state, host, snap, cls, args, kwargs)
     if key is not None:
-        if not snap.probed and snap.valid:
-            _probe(state, host, snap, global_kwargs)
+        if not snap.probed and snap.valid:  # every fact recorded for this host, in one remote command
+            snap.answers = read(host, _recorded(state, host, snap, global_kwargs), global_kwargs)
         if snap.connection == _identity(global_kwargs):
             snap.requests.setdefault(key, {"fact": f"{cls.__module__}:{cls.__qualname__}", "kwargs": fact_kwargs})
             if snap.valid and key in snap.answers:
@@ -437,30 +404,23 @@ def _save() -> None:
     for snap in list(_SNAPSHOTS.values()):
         if not snap.file or not snap.requests:
             continue
-        try:
+        with contextlib.suppress(OSError):
             snap.file.parent.mkdir(parents=True, exist_ok=True)
             tmp = snap.file.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps(list(snap.requests.values())))
             tmp.replace(snap.file)
-        except OSError:
-            pass
-
-
-def install() -> None:
-    """Answer fact reads from one batched probe per host (idempotent; a no-op when RIGFORGE_PROBE_CACHE=off)."""
-    global _original_get_fact
-    if _original_get_fact is not None or cache_dir() is None:
-        return
-    _original_get_fact = pyinfra_facts._get_fact
-    pyinfra_facts._get_fact = _get_fact
-    for name in CHANGING:
-        setattr(Host, name, _changing(getattr(Host, name)))
-    atexit.unregister(_save)  # once, however often installed
-    atexit.register(_save)
 
 
 def install_all() -> None:
-    """Everything rigforge patches in pyinfra for a deploy: this probe and rigforge/speedups.py. Called first thing
-    by the deploy entry (roles/site.py `provision`); importing rigforge changes nothing in pyinfra."""
-    install()
+    """Everything rigforge patches in pyinfra for a deploy: fact reads answered from one batched probe per host
+    (idempotent; not when RIGFORGE_PROBE_CACHE=off) and rigforge/speedups.py. Called first thing by the deploy
+    entry (roles/site.py `provision`); importing rigforge changes nothing in pyinfra."""
+    global _original_get_fact
+    if _original_get_fact is None and cache_dir() is not None:
+        _original_get_fact = pyinfra_facts._get_fact
+        pyinfra_facts._get_fact = _get_fact
+        for name in CHANGING:
+            setattr(Host, name, _changing(getattr(Host, name)))
+        atexit.unregister(_save)  # once, however often installed
+        atexit.register(_save)
     speedups.install()

@@ -16,11 +16,7 @@ SHOWN = ("ActiveState", "SubState", "Result", "NRestarts", "UnitFileState")
 def parse_service_state(lines: list[str]) -> dict:
     """`systemctl show -p ActiveState,SubState,...` lines -> {"active", "sub", "result", "restarts", "enabled"};
     missing keys are "" (restarts 0)."""
-    items = {}
-    for line in lines:
-        key, sep, value = line.strip().partition("=")
-        if sep:
-            items[key] = value.strip()
+    items = {key: value.strip() for key, sep, value in (line.strip().partition("=") for line in lines) if sep}
     restarts = items.get("NRestarts", "")
     return {
         "active": items.get("ActiveState", "") or "unknown",
@@ -67,30 +63,19 @@ class ServiceState(FactBase):
         return parse_service_state(output)
 
 
-def api_answers_command(url: str, env_file: str) -> str:
-    """Shell printing the HTTP code of GET `url`/v1/models from the rig (0: nothing answered), with the API key
-    read from the root-only `env_file` and handed to curl on stdin, never on a command line."""
-    q = shlex.quote
-    return (
-        f"k=$(sed -n 's/^RIGFORGE_API_KEY=//p' {q(env_file)} 2>/dev/null); "
-        '{ [ -z "$k" ] || printf \'Authorization: Bearer %s\\n\' "$k"; } | '
-        f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 3 -H @- {q(url + '/v1/models')} || true; echo"
-    )
-
-
 class ApiAnswers(FactBase):
-    """
-    The HTTP code the vLLM API at ``url`` answers ``GET /v1/models`` with, asked on the rig (0: no answer)::
-
-        200
-    """
+    """The HTTP code the vLLM API at ``url`` answers ``GET /v1/models`` with, asked on the rig (0: no answer), with
+    the API key read from the root-only ``env_file`` and handed to curl on stdin, never on a command line."""
 
     def command(self, url: str, env_file: str) -> str:
-        return api_answers_command(url, env_file)
+        q = shlex.quote
+        return (
+            f"k=$(sed -n 's/^RIGFORGE_API_KEY=//p' {q(env_file)} 2>/dev/null); "
+            '{ [ -z "$k" ] || printf \'Authorization: Bearer %s\\n\' "$k"; } | '
+            f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 3 -H @- {q(url + '/v1/models')} || true; echo"
+        )
 
-    @staticmethod
-    def default() -> int:
-        return 0
+    default = int
 
     def process(self, output: list[str]) -> int:
         text = "".join(output).strip()[-3:]
@@ -98,12 +83,9 @@ class ApiAnswers(FactBase):
 
 
 class ComposeImages(FactBase):
-    """
-    The images the running containers of the compose project in ``serve_dir`` were created from, each as its
-    RepoDigests (``docker inspect``), one list per container; [] when none runs (or no engine)::
-
-        [["vllm/vllm-openai@sha256:..."]]
-    """
+    """The images the running containers of the compose project in ``serve_dir`` were created from, each as its
+    RepoDigests (``docker inspect``), one list per container (``[["vllm/vllm-openai@sha256:..."]]``); [] when
+    none runs (or no engine)."""
 
     def command(self, serve_dir: str) -> str:
         return (
@@ -112,9 +94,7 @@ class ComposeImages(FactBase):
             '"$(docker inspect --format \'{{.Image}}\' "$c")" 2>/dev/null; done; true'
         )
 
-    @staticmethod
-    def default() -> list:
-        return []
+    default = list
 
     def process(self, output: list[str]) -> list[list[str]]:
         return [json.loads(line) or [] for line in output if line.strip().startswith("[")]

@@ -15,11 +15,8 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 
 def parse_os_release(lines: list[str]) -> dict:
     """/etc/os-release lines -> {"id", "version_id", "codename"} (missing keys are "")."""
-    items = {}
-    for line in lines:
-        key, sep, value = line.strip().partition("=")
-        if sep:
-            items[key] = value.strip().strip("\"'")
+    pairs = (line.strip().partition("=") for line in lines)
+    items = {key: value.strip().strip("\"'") for key, sep, value in pairs if sep}
     codename = items.get("VERSION_CODENAME") or items.get("UBUNTU_CODENAME", "")
     return {"id": items.get("ID", ""), "version_id": items.get("VERSION_ID", ""), "codename": codename}
 
@@ -100,9 +97,7 @@ class AptHeldPackages(FactBase):
     def command(self) -> str:
         return "dpkg-query -W -f '${db:Status-Want} ${Package}\\n' | awk '$1 == \"hold\" {print $2}'"
 
-    @staticmethod
-    def default() -> list:
-        return []
+    default = list
 
     def process(self, output: list[str]) -> list[str]:
         return sorted({line.strip() for line in output if line.strip()})
@@ -117,9 +112,7 @@ class SystemdUnitEnabled(FactBase):
     def command(self, unit: str) -> StringCommand:
         return StringCommand("systemctl", "is-enabled", QuoteString(unit), "2>/dev/null || true")
 
-    @staticmethod
-    def default() -> bool:
-        return False
+    default = bool
 
     def process(self, output: list[str]) -> bool:
         state = output[0].strip() if output else ""
@@ -132,12 +125,8 @@ def _bre(text: str) -> str:
 
 
 class EnabledInstances(FactBase):
-    """
-    Instances of the template unit ``template`` (e.g. ``name@.service``) enabled at boot: the links in
-    ``unit_dir``/multi-user.target.wants, as a sorted list::
-
-        ["name@dual.service"]
-    """
+    """Instances of the template unit ``template`` (e.g. ``name@.service``) enabled at boot: the links in
+    ``unit_dir``/multi-user.target.wants, as a sorted list (``["name@dual.service"]``)."""
 
     def command(self, unit_dir: str, template: str) -> StringCommand:
         prefix, _, suffix = template.partition("@")
@@ -149,28 +138,20 @@ class EnabledInstances(FactBase):
             "|| true",
         )
 
-    @staticmethod
-    def default() -> list:
-        return []
+    default = list
 
     def process(self, output: list[str]) -> list[str]:
         return sorted({line.strip() for line in output if line.strip()})
 
 
 class LeftoverUploads(FactBase):
-    """
-    Files left in the directory ``path`` (the SSH user's private upload dir) by an interrupted upload, as a
-    list of paths::
-
-        ["/tmp/.upload-dir/0a1b2c3d4e5f"]
-    """
+    """Files left in the directory ``path`` (the SSH user's private upload dir) by an interrupted upload, as a
+    list of paths."""
 
     def command(self, path: str) -> str:
         return f"find {shlex.quote(path)} -mindepth 1 -maxdepth 1 2>/dev/null || true"
 
-    @staticmethod
-    def default() -> list:
-        return []
+    default = list
 
     def process(self, output: list[str]) -> list[str]:
         return [line.strip() for line in output if line.strip()]
@@ -180,9 +161,7 @@ class UrlAnswers(FactBase):
     """
     What each URL answers, asked from the rig with curl (a GET whose body is thrown away; nothing on the rig
     changes): ``{url: (http_code, curl_exit)}``. ``http_code`` is 0 when nothing answered (no route, no name, a
-    refused connection, a timeout: ``curl_exit`` says which).
-
-    .. code:: python
+    refused connection, a timeout: ``curl_exit`` says which)::
 
         {"https://download.docker.com/linux/debian/dists/trixie/InRelease": (200, 0)}
     """
@@ -203,5 +182,4 @@ class UrlAnswers(FactBase):
                 answers[url] = (int(code) if code.isdigit() else 0, int(exit_) if exit_.isdigit() else 0)
         return answers
 
-    def default(self):
-        return {}
+    default = dict
