@@ -272,8 +272,7 @@ def caps_set_last(obs: Observed, ctx: RigContext) -> Check:
 
 
 def vram(gpus: list[dict], v, s: Settings) -> Check:
-    """Every card has the VRAM variant `v` needs with settings `s` (20 GB cards: only with the documented
-    override)."""
+    """Every card has the VRAM variant `v` needs with settings `s` (20 GB cards: only with the documented override)."""
     name = "VRAM fits variant"
     if not gpus or not v:
         return Check(name, FAIL, "no GPU to read" if not gpus else "variant unknown")
@@ -328,25 +327,19 @@ def checks(obs: Observed, ctx: RigContext) -> list[Check]:
     """Every drift check of the rig, in `rigforge verify`'s order (the API probes come after them)."""
     out = [Check("host data", FAIL, problem) for problem in ctx.problems]
     if ctx.manifest is None:
-        missing = f"no readable {ctx.layout.rig_json}: not provisioned by rigforge (run the deploy)"
-        out.append(Check("manifest present", FAIL, missing))
+        problems = [f"no readable {ctx.layout.rig_json}: not provisioned by rigforge (run the deploy)"]
     else:
-        out.append(
-            check("manifest present", [] if ctx.variant else [variant_needed(ctx)], f"variant {ctx.variant_name}")
-        )
+        problems = [] if ctx.variant else [variant_needed(ctx)]
+    out.append(check("manifest present", problems, f"variant {ctx.variant_name}"))
     out += [driver(obs, ctx), cuda(obs, ctx), *gpu_checks(obs, ctx), caps_set_last(obs, ctx), runtime(obs, ctx)]
     plan = ctx.plan
+    unplanned = f"lock unreadable: {ctx.lock_error}" if ctx.lock is None else None if plan else variant_needed(ctx)
     for name, find, hint in (
         ("sources at locked SHAs", lambda: _sources_at_lock(obs, plan), " (re-run the deploy: sources role)"),
         ("weights stamp valid", lambda: _weights_valid(obs, plan), " (re-run the deploy: weights role)"),
         ("files as rendered", lambda: (files(obs, plan), f"{len(managed_files(plan))} files"), ""),
     ):
-        if ctx.lock is None:
-            out.append(Check(name, FAIL, f"lock unreadable: {ctx.lock_error}"))
-        elif plan is None:
-            out.append(Check(name, FAIL, variant_needed(ctx)))
-        else:
-            out.append(check(name, *find(), hint))
+        out.append(Check(name, FAIL, unplanned) if unplanned else check(name, *find(), hint))
     unit = unit_state(obs, ctx)
     out.append(pins_check(ctx))
     if not unit["unit"]:

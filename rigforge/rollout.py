@@ -139,13 +139,11 @@ def tps(h, lock: Path, requests: int) -> float:
     """Median completion tokens per second of `requests` chat completions asked on the rig itself (curl's own
     time_total, so SSH adds nothing)."""
     plan = _plan(h, lock)
-    data = fleet.host_data(h.data)
-    url = f"http://{data['serving_health_host'] or '127.0.0.1'}:{plan.port}/v1/chat/completions"
-    key = plan.settings.api_key
+    url = f"http://{fleet.host_data(h.data)['serving_health_host'] or '127.0.0.1'}:{plan.port}/v1/chat/completions"
     rates = []
     for i in range(requests):
         body = {**BENCH_BODY, "model": plan.variant.served_model, "user": f"rigforge-rollout-{time.time_ns()}-{i}"}
-        out = inventory.sh(h, inventory.curl_command(url, key, 300, body, last="time_total"))
+        out = inventory.sh(h, inventory.curl_command(url, plan.settings.api_key, 300, body, last="time_total"))
         text, _, seconds = out.rpartition("\n")
         try:
             rates.append(json.loads(text)["usage"]["completion_tokens"] / float(seconds))
@@ -228,8 +226,7 @@ def run(args: argparse.Namespace) -> int:
         if new is None or not new.is_file():
             why = f"no {new}: nothing was promoted yet" if args.rollback else "give --to FILE"
             raise RolloutError(f"no candidate lock: {why}")
-        problems = load_lock(new).check()
-        if problems:
+        if problems := load_lock(new).check():
             raise RolloutError(f"{new}: {'; '.join(problems)} (run `rigforge lock --lock {new}`)")
         first = next((h for h in rigs if h.name == args.canary), None) if args.canary else rigs[0]
         if first is None:

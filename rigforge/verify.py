@@ -203,25 +203,21 @@ def run(args) -> int:
     results, fl = read
     views = monitor_views(results, fl.monitors)
     results = with_gateways(with_monitor(results, fl.monitors))
-    failed = {h: [c.name for c in r if c.status == FAIL] for h, r in results.items() if not isinstance(r, Exception)}
-    unreachable = {h: str(r) for h, r in results.items() if isinstance(r, Exception)}
+    checked = {h: r for h, r in results.items() if not isinstance(r, Exception)}
+    failed = {h: [c.name for c in r if c.status == FAIL] for h, r in checked.items()}
+    unreachable = {h: str(r) for h, r in results.items() if h not in checked}
     code = 1 if any(failed.values()) else 2 if unreachable else 0
     if args.json:
-        hosts = {
-            h: {"error": str(r), "checks": []} if isinstance(r, Exception) else
-            {"error": None, "checks": [asdict(c) for c in r]}
-            for h, r in results.items()
-        }  # fmt: skip
+        hosts = {h: {"error": unreachable.get(h), "checks": [asdict(c) for c in checked.get(h, [])]} for h in results}
         monitor = {h: v and v["url"] for h, v in views.items()}  # where the monitor is (None: not read)
         print(json.dumps({"exit_code": code, "hosts": hosts, "monitor": monitor}, indent=2))
         return code
     width = max(len(h) for h in results)
-    name_w = max([len(c.name) for r in results.values() if not isinstance(r, Exception) for c in r] or [10])
-    for h, r in results.items():
-        if isinstance(r, Exception):
-            print(f"{h.ljust(width)}  ERROR  {r}")
-            continue
-        for c in r:
+    name_w = max([len(c.name) for r in checked.values() for c in r] or [10])
+    for h in results:
+        if h in unreachable:
+            print(f"{h.ljust(width)}  ERROR  {unreachable[h]}")
+        for c in checked.get(h, []):
             print(f"{h.ljust(width)}  {c.status.upper():<5}  {c.name.ljust(name_w)}  {c.detail}")
     print(drift.monitor_line(views))
     bad = [f"{h}: {', '.join(names)}" for h, names in failed.items() if names]
@@ -229,7 +225,7 @@ def run(args) -> int:
     summary = f"{len(results)} rig(s): " + (f"FAILED {'; '.join(bad)}" if bad else ok)
     if unreachable:
         summary += f"; could not check {', '.join(unreachable)}"
-    if any(c.status == SKIP for r in results.values() if not isinstance(r, Exception) for c in r):
+    if any(c.status == SKIP for r in checked.values() for c in r):
         summary += f"; service/API checks {SKIPPED} where noted"
     print(summary)
     return code
