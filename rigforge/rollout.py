@@ -121,13 +121,11 @@ def preview(h, old: Path, new: Path) -> dict:
 
 
 def show(p: dict) -> str:
-    lines = [f"{p['rig']}:"]
     old, new = p["image"]
-    lines.append(f"  image: {old} -> {new}" if old != new else f"  image: {old} (unchanged)")
+    lines = [f"{p['rig']}:", f"  image: {old} -> {new}" if old != new else f"  image: {old} (unchanged)"]
     for flag, (was, now) in p["flags"].items():
         lines.append(f"  flag {flag}: {'(absent)' if was is None else was} -> {'(removed)' if now is None else now}")
-    for name, size in p["fetch"].items():
-        lines.append(f"  weights to fetch: {name} ({size / 1e9:.2f} GB)")
+    lines += [f"  weights to fetch: {name} ({size / 1e9:.2f} GB)" for name, size in p["fetch"].items()]
     lines.append(f"  restarts: {', '.join(p['restart'])}" if p["restart"] else "  restarts: nothing")
     return "\n".join(lines)
 
