@@ -108,6 +108,11 @@ def host_row(host, fl: fleet.Fleet) -> dict:
     return row
 
 
+def _read_rig(r: dict) -> bool:
+    """A rig's row, read (not an error, not the row of a gateway or monitor host only)."""
+    return not r.get("error") and r.get("rig") is not False
+
+
 def monitor_views(rows: list[dict], monitors: tuple[str, ...]) -> dict[str, dict | None]:
     """{monitor host: its view, None when its row is an error}."""
     return {r["host"]: None if r.get("error") else r.get("monitor") for r in rows if r["host"] in monitors}
@@ -117,9 +122,7 @@ def with_monitor(rows: list[dict], monitors: tuple[str, ...]) -> list[dict]:
     """Each rig's checks with "scraped" (from the monitor rows read in the same pass) last; none without a
     monitor in the inventory."""
     views = monitor_views(rows, monitors)
-    for r in rows:
-        if r.get("error") or r.get("rig") is False:
-            continue
+    for r in filter(_read_rig, rows):
         extra = drift.monitor_check(r["host"], r["rest"], views)
         if extra:
             r["checks"].append(asdict(extra))
@@ -130,9 +133,7 @@ def with_gateways(rows: list[dict]) -> list[dict]:
     """Each rig's checks with "serving at the gateways" (from the gateway rows read in the same pass), placed
     as verify places it."""
     views = {r["host"]: r["gateway"] for r in rows if r.get("gateway")}
-    for r in rows:
-        if r.get("error") or r.get("rig") is False:
-            continue
+    for r in filter(_read_rig, rows):
         extra = drift.gateway_check(r["host"], r["rest"], views)
         if extra:
             at = next((i + 1 for i, c in enumerate(r["checks"]) if c["name"] == drift.RUNS_DIGEST), len(r["checks"]))
@@ -223,7 +224,7 @@ def format_table(rows: list[dict]) -> str:
         if r.get("candidate"):
             runs = "runs" if r["candidate"]["runs"] else "does not run yet"
             lines.append(f"{r['host']}: rollout in progress: {runs} the candidate {r['candidate']['lock']}")
-        if r.get("rest") and not r.get("error") and r.get("rig") is not False:
+        if r.get("rest") and _read_rig(r):
             lines.append(f"{r['host']}: resting {r['rest']} on purpose (host data serving_rest): intended, not drift")
         for c in r.get("checks") or []:
             if c["name"] == "scraped":  # the monitor's view, not drift
