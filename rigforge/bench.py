@@ -71,8 +71,7 @@ class Sample:
 
 def _sse_data(resp: requests.Response):
     """Yield the `data:` payloads of an SSE stream as soon as their bytes arrive."""
-    raw = resp.raw
-    read = getattr(raw, "read1", None)
+    read = getattr(resp.raw, "read1", None)
     chunks = iter(lambda: read(65536), b"") if read else resp.iter_content(chunk_size=None)
     buf = b""
     for chunk in chunks:
@@ -94,9 +93,7 @@ def stream_once(session, base: str, model: str, prompt: str, max_tokens: int, ti
         "stream_options": {"include_usage": True},
         "chat_template_kwargs": {"enable_thinking": False},
     }
-    ttft = None
-    deltas = 0
-    usage_tokens = None
+    ttft, deltas, usage_tokens = None, 0, None
     start = time.perf_counter()
     with session.post(f"{base}/v1/chat/completions", json=body, stream=True, timeout=timeout, headers=headers) as resp:
         if resp.status_code != 200:
@@ -148,14 +145,8 @@ def _session() -> requests.Session:
 def stats(values: list[float]) -> dict:
     mean = statistics.fmean(values)
     std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return {
-        "mean": mean,
-        "std": std,
-        "cv_pct": 100 * std / mean if mean else 0.0,
-        "min": min(values),
-        "max": max(values),
-        "n": len(values),
-    }
+    cv_pct = 100 * std / mean if mean else 0.0
+    return {"mean": mean, "std": std, "cv_pct": cv_pct, "min": min(values), "max": max(values), "n": len(values)}
 
 
 def summarize(rounds: list[list[Sample]]) -> dict:
@@ -209,10 +200,7 @@ def _num(value):
 
 def published(measured: dict, prompt: str, streams: int) -> dict:
     m = measured
-    out = {
-        "tps": _num(m.get(f"{prompt}_tps", m.get(f"{prompt}_tps_per_stream"))),
-        "ttft_ms": _num(m.get("ttft_ms")),
-    }
+    out = {"tps": _num(m.get(f"{prompt}_tps", m.get(f"{prompt}_tps_per_stream"))), "ttft_ms": _num(m.get("ttft_ms"))}
     if streams > 1:
         out["aggregate_tps"] = _num(m.get(f"aggregate_{prompt}_tps_{streams}_streams"))
         out["per_stream_tps"] = _num(m.get(f"per_stream_tps_{streams}_streams"))
@@ -244,8 +232,7 @@ class _Progress:
         fill = width * self.done // self.total
         line = f"[{'#' * fill}{'-' * (width - fill)}] {self.done}/{self.total} {label}"
         if self.tty:
-            end = "\n" if self.done == self.total else ""
-            sys.stderr.write(f"\r\x1b[2K{line}{end}")
+            sys.stderr.write(f"\r\x1b[2K{line}" + ("\n" if self.done == self.total else ""))
         else:
             sys.stderr.write(line + "\n")
         sys.stderr.flush()

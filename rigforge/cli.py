@@ -81,19 +81,17 @@ def _render(args: argparse.Namespace) -> int:
         raise SettingsError("render needs VARIANT and --out DIR (variants: `rigforge render --list`)")
 
     data = {HOST_KEYS.get(key, key): value for key, value in parse_set(args.sets).items()}
-    known = set(fleet.host_data({}))
-    unknown = sorted(set(data) - known)
+    unknown = sorted(set(data) - set(fleet.host_data({})))
     if unknown:
         raise SettingsError(f"unknown setting {unknown[0]!r}; allowed: {', '.join(sorted(HOST_KEYS.values()))}")
     data |= {"rigforge_recipe_opt_in": args.opt_in}
     one = fleet.build([SimpleNamespace(name="render", groups=(), data=data)], args.variant, gpus=args.gpus,
                       deployable=False)  # fmt: skip
-    plan, problems = one.plans["render"], one.problems["render"]
+    plan = one.plans["render"]
     if plan is None:
-        raise SettingsError("; ".join(problems))
-    files = dict(plan.files)
-    _write_atomically(args.out, files)
-    for name in files:
+        raise SettingsError("; ".join(one.problems["render"]))
+    _write_atomically(args.out, plan.files)
+    for name in plan.files:
         print(f"wrote {args.out / name}")
     unresolved = [] if "@" in plan.image else [f"image {plan.image} (digest: null)"]
     unresolved += [f"hf.{a.name} {a.pin.repo} (revision: null)" for a in plan.assets if not a.pin.resolved]

@@ -173,6 +173,11 @@ def power_view(obs: Observed, ctx: RigContext) -> dict:
     }
 
 
+def answer(code: int | None) -> str:
+    """How an HTTP request went, for a detail: 'HTTP 503', or 'no answer' when nothing answered (code 0/None)."""
+    return f"HTTP {code}" if code else "no answer"
+
+
 def watts(v) -> str:
     """Watts as shown ('?' when unknown)."""
     return "?" if v is None else f"{v:g}"
@@ -235,17 +240,16 @@ def gpu_checks(obs: Observed, ctx: RigContext) -> list[Check]:
     """GPUs visible, VRAM fits the variant, power caps hold, persistence mode on."""
     gpus = gpus_with_targets(obs, ctx)
     if not gpus:
-        none = "no GPU to read"
         return [Check("GPUs visible", FAIL, "nvidia-smi lists no GPU (driver not installed or not loaded)")] + [
-            Check(n, FAIL, none) for n in ("VRAM fits variant", "power caps hold", "persistence mode on")
+            Check(n, FAIL, "no GPU to read") for n in ("VRAM fits variant", "power caps hold", "persistence mode on")
         ]
     need = ctx.variant.gpus if ctx.variant else 0
-    names = ", ".join(sorted({g.get("name") or "?" for g in gpus}))
-    seen = f"{len(gpus)} GPU(s): {names}"
+    seen = f"{len(gpus)} GPU(s): {', '.join(sorted({g.get('name') or '?' for g in gpus}))}"
     off = [g for g in gpus if g.get("power_limit") != g["target_w"]]
     caps = ", ".join(f"GPU{g['index']} {watts(g.get('power_limit'))} W" for g in gpus)
     targets = ", ".join(sorted({str(g["target_w"]) for g in gpus}))
     not_persistent = [str(g["index"]) for g in gpus if g.get("persistence_mode") is not True]
+    persistence = [f"off on GPU {', '.join(not_persistent)}"] if not_persistent else []
     return [
         check("GPUs visible", [f"{seen}; {ctx.variant_name} needs {need}"] if len(gpus) < need else [], seen),
         vram(gpus, ctx.variant, ctx.settings),
@@ -255,11 +259,7 @@ def gpu_checks(obs: Observed, ctx: RigContext) -> list[Check]:
             f"{caps} (target {targets} W)",
             " (re-run the deploy or restart rigforge-gpu-power.service)",
         ),
-        check(
-            "persistence mode on",
-            [f"off on GPU {', '.join(not_persistent)}"] if not_persistent else [],
-            f"on for {len(gpus)} GPU(s)",
-        ),
+        check("persistence mode on", persistence, f"on for {len(gpus)} GPU(s)"),
     ]
 
 
@@ -272,8 +272,7 @@ def caps_set_last(obs: Observed, ctx: RigContext) -> Check:
 
 
 def vram(gpus: list[dict], v, s: Settings) -> Check:
-    """Every card has the VRAM variant `v` needs with settings `s` (20 GB cards: only with the documented
-    override)."""
+    """Every card has the VRAM variant `v` needs with settings `s` (20 GB cards: only with the documented override)."""
     name = "VRAM fits variant"
     if not gpus or not v:
         return Check(name, FAIL, "no GPU to read" if not gpus else "variant unknown")
@@ -328,36 +327,25 @@ def checks(obs: Observed, ctx: RigContext) -> list[Check]:
     """Every drift check of the rig, in `rigforge verify`'s order (the API probes come after them)."""
     out = [Check("host data", FAIL, problem) for problem in ctx.problems]
     if ctx.manifest is None:
-        missing = f"no readable {ctx.layout.rig_json}: not provisioned by rigforge (run the deploy)"
-        out.append(Check("manifest present", FAIL, missing))
+        problems = [f"no readable {ctx.layout.rig_json}: not provisioned by rigforge (run the deploy)"]
     else:
-        out.append(
-            check("manifest present", [] if ctx.variant else [variant_needed(ctx)], f"variant {ctx.variant_name}")
-        )
+        problems = [] if ctx.variant else [variant_needed(ctx)]
+    out.append(check("manifest present", problems, f"variant {ctx.variant_name}"))
     out += [driver(obs, ctx), cuda(obs, ctx), *gpu_checks(obs, ctx), caps_set_last(obs, ctx), runtime(obs, ctx)]
     plan = ctx.plan
+    unplanned = f"lock unreadable: {ctx.lock_error}" if ctx.lock is None else None if plan else variant_needed(ctx)
     for name, find, hint in (
         ("sources at locked SHAs", lambda: _sources_at_lock(obs, plan), " (re-run the deploy: sources role)"),
         ("weights stamp valid", lambda: _weights_valid(obs, plan), " (re-run the deploy: weights role)"),
         ("files as rendered", lambda: (files(obs, plan), f"{len(managed_files(plan))} files"), ""),
     ):
-        if ctx.lock is None:
-            out.append(Check(name, FAIL, f"lock unreadable: {ctx.lock_error}"))
-        elif plan is None:
-            out.append(Check(name, FAIL, variant_needed(ctx)))
-        else:
-            out.append(check(name, *find(), hint))
+        out.append(Check(name, FAIL, unplanned) if unplanned else check(name, *find(), hint))
     unit = unit_state(obs, ctx)
+    out.append(pins_check(ctx))
     if not unit["unit"]:
         why = variant_needed(ctx)
-        return [
-            *out,
-            pins_check(ctx),
-            Check("unit enabled", FAIL, why),
-            Check("unit active", *((FAIL, why) if ctx.manage else (SKIP, SKIPPED))),
-            Check(RUNS_DIGEST, *((FAIL, why) if ctx.manage else (SKIP, SKIPPED))),
-        ]
-    out.append(pins_check(ctx))
+        active = (FAIL, why) if ctx.manage else (SKIP, SKIPPED)
+        return [*out, Check("unit enabled", FAIL, why), Check("unit active", *active), Check(RUNS_DIGEST, *active)]
     name = unit["unit"]
     if unit["rest"] == "stopped":
         out.append(check("unit enabled", [f"{name} is enabled at boot (run the deploy)"] * bool(unit["enabled"]),
@@ -413,9 +401,7 @@ def gateway_check(rig: str, rest: str | None, views: Mapping[str, dict]) -> Chec
         return None
     said = ", ".join(f"{state} at {gw}" for gw, state in sorted(seen.items()))
     if rest:
-        bad = [f"{said}: resting {rest} (serving_rest), re-run the deploy to drain it"] * any(
-            s == "serving" for s in seen.values()
-        )
+        bad = [f"{said}: resting {rest} (serving_rest), re-run the deploy to drain it"] * ("serving" in seen.values())
         return check("serving at the gateways", bad, f"{said}: resting on purpose (serving_rest: {rest})")
     bad = [f"{said} (re-run the deploy to rejoin)"] * any(s != "serving" for s in seen.values())
     return check("serving at the gateways", bad, said)
@@ -431,7 +417,7 @@ def monitor_check(rig: str, rest: str | None, views: Mapping[str, dict | None]) 
     problems, unknown, fine = [], [], []
     for mon, view in sorted(views.items()):
         if view is None or view["targets"] is None:
-            why = "host not read" if view is None else f"HTTP {view['http']}" if view["http"] else "no answer"
+            why = "host not read" if view is None else answer(view["http"])
             unknown.append(f"the monitor {mon} could not be asked ({why})")
             continue
         mine = [t for t in view["targets"] if (t.get("labels") or {}).get("rig") == rig]
@@ -464,8 +450,7 @@ def monitor_line(views: Mapping[str, dict | None]) -> str:
         if view is None:
             said.append(f"{mon} (could not be read)")
         elif view["targets"] is None:
-            why = f"HTTP {view['http']}" if view["http"] else "no answer"
-            said.append(f"{mon} ({view['url']}): Prometheus did not answer ({why})")
+            said.append(f"{mon} ({view['url']}): Prometheus did not answer ({answer(view['http'])})")
         else:
             up = sum(t.get("health") == "up" for t in view["targets"])
             said.append(f"{mon} ({view['url']}): Prometheus answers, {len(view['targets'])} targets, {up} up")

@@ -26,12 +26,11 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from rigforge.lock import manifest_url
+from rigforge.lock import manifest_url, write_atomically
 from rigforge.obtain import MANIFEST_TYPES, registry_request
 from rigforge.pins import DIGEST, ImagePin, Lock, LockError, default_lock_path, load_lock
 
@@ -106,12 +105,7 @@ def _read_json(path: Path, default):
 
 
 def _write_json(path: Path, data) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, indent=2)
-        fh.write("\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    write_atomically(path, json.dumps(data, indent=2) + "\n")
 
 
 def index_entries(directory: Path) -> list[Saved]:
@@ -127,9 +121,8 @@ def index_entries(directory: Path) -> list[Saved]:
 
 def _verified_ok(directory: Path, verified: dict, digest: str, size: int) -> bool:
     """The blob is in place with `size` bytes, and its sha256 was checked when it was written."""
-    path = blob_path(directory, digest)
     try:
-        return verified.get(digest) == size and path.stat().st_size == size
+        return verified.get(digest) == size and blob_path(directory, digest).stat().st_size == size
     except OSError:
         return False
 
@@ -142,11 +135,8 @@ def _descriptors(manifest: dict) -> Iterator[dict]:
 
 
 def _children(manifest: dict) -> list[dict]:
-    return list(manifest.get("manifests") or []) if _is_index(manifest) else []
-
-
-def _is_index(manifest: dict) -> bool:
-    return manifest.get("mediaType") in INDEX_TYPES or ("manifests" in manifest and "layers" not in manifest)
+    is_index = manifest.get("mediaType") in INDEX_TYPES or ("manifests" in manifest and "layers" not in manifest)
+    return list(manifest.get("manifests") or []) if is_index else []
 
 
 def saved(directory: str | os.PathLike, ref: str, digest: str) -> bool:
@@ -206,8 +196,8 @@ class _Source:
 
 
 def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
+    for unit in ("B", "KB", "MB"):
+        if n < 1000:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n:.1f} GB"
@@ -229,8 +219,7 @@ def _fetch_blob(src: _Source, directory: Path, verified: dict, desc: dict, label
     hasher, have = hashlib.sha256(), 0
     if part.exists() and 0 < part.stat().st_size < size:  # a cut download: hash what is there, ask for the rest
         with open(part, "rb") as fh:
-            for chunk in iter(lambda: fh.read(CHUNK), b""):
-                hasher.update(chunk)
+            hasher = hashlib.file_digest(fh, "sha256")
         have = part.stat().st_size
     else:
         part.unlink(missing_ok=True)
@@ -299,13 +288,9 @@ def save_image(directory: Path, pin: ImagePin, registry: str | None = None, ca_c
     verified = _read_json(directory / VERIFIED, {})
     _say(f"{pin.ref}@{pin.digest}: saving from {src.base.split('/v2/')[0]}")
     top, media_type, top_size = _fetch_manifest(src, directory, verified, pin.digest)
-    images = [top]
-    for child in _children(top):
-        images.append(_fetch_manifest(src, directory, verified, child["digest"])[0])
+    images = [top, *(_fetch_manifest(src, directory, verified, c["digest"])[0] for c in _children(top))]
     blobs = [b for m in images for b in _descriptors(m)]
-    fetched = 0
-    for i, desc in enumerate(blobs, 1):
-        fetched += _fetch_blob(src, directory, verified, desc, f"blob {i}/{len(blobs)}")
+    fetched = sum(_fetch_blob(src, directory, verified, b, f"blob {i}/{len(blobs)}") for i, b in enumerate(blobs, 1))
     entry = {
         "mediaType": media_type,
         "digest": pin.digest,
@@ -410,8 +395,7 @@ def check_loadable(directory: Path) -> list[Saved]:
 def run(args: argparse.Namespace) -> int:
     try:
         if args.images_command == "save":
-            lock = load_lock(args.lock or default_lock_path())
-            save(args.dir, lock, args.registry, args.ca_cert)
+            save(args.dir, load_lock(args.lock or default_lock_path()), args.registry, args.ca_cert)
             return 0
         check_loadable(args.dir)
         if not ENTRY.is_file():

@@ -121,13 +121,11 @@ def preview(h, old: Path, new: Path) -> dict:
 
 
 def show(p: dict) -> str:
-    lines = [f"{p['rig']}:"]
     old, new = p["image"]
-    lines.append(f"  image: {old} -> {new}" if old != new else f"  image: {old} (unchanged)")
+    lines = [f"{p['rig']}:", f"  image: {old} -> {new}" if old != new else f"  image: {old} (unchanged)"]
     for flag, (was, now) in p["flags"].items():
         lines.append(f"  flag {flag}: {'(absent)' if was is None else was} -> {'(removed)' if now is None else now}")
-    for name, size in p["fetch"].items():
-        lines.append(f"  weights to fetch: {name} ({size / 1e9:.2f} GB)")
+    lines += [f"  weights to fetch: {name} ({size / 1e9:.2f} GB)" for name, size in p["fetch"].items()]
     lines.append(f"  restarts: {', '.join(p['restart'])}" if p["restart"] else "  restarts: nothing")
     return "\n".join(lines)
 
@@ -139,13 +137,11 @@ def tps(h, lock: Path, requests: int) -> float:
     """Median completion tokens per second of `requests` chat completions asked on the rig itself (curl's own
     time_total, so SSH adds nothing)."""
     plan = _plan(h, lock)
-    data = fleet.host_data(h.data)
-    url = f"http://{data['serving_health_host'] or '127.0.0.1'}:{plan.port}/v1/chat/completions"
-    key = plan.settings.api_key
+    url = f"http://{fleet.host_data(h.data)['serving_health_host'] or '127.0.0.1'}:{plan.port}/v1/chat/completions"
     rates = []
     for i in range(requests):
         body = {**BENCH_BODY, "model": plan.variant.served_model, "user": f"rigforge-rollout-{time.time_ns()}-{i}"}
-        out = inventory.sh(h, inventory.curl_command(url, key, 300, body, last="time_total"))
+        out = inventory.sh(h, inventory.curl_command(url, plan.settings.api_key, 300, body, last="time_total"))
         text, _, seconds = out.rpartition("\n")
         try:
             rates.append(json.loads(text)["usage"]["completion_tokens"] / float(seconds))
@@ -228,8 +224,7 @@ def run(args: argparse.Namespace) -> int:
         if new is None or not new.is_file():
             why = f"no {new}: nothing was promoted yet" if args.rollback else "give --to FILE"
             raise RolloutError(f"no candidate lock: {why}")
-        problems = load_lock(new).check()
-        if problems:
+        if problems := load_lock(new).check():
             raise RolloutError(f"{new}: {'; '.join(problems)} (run `rigforge lock --lock {new}`)")
         first = next((h for h in rigs if h.name == args.canary), None) if args.canary else rigs[0]
         if first is None:

@@ -75,9 +75,8 @@ def status_row(host, fl: fleet.Fleet) -> dict:
     else:
         api = inventory.api_models(host, ctx)
         api["reachable"] = api["http_code"] == 200
-        api["detail"] = "" if api["reachable"] else (f"HTTP {api['http_code']}" if api["http_code"] else "no answer")
-        if not api["reachable"] and not ctx.manage:
-            api["detail"] += "; services not managed on this host"
+        unmanaged = "" if ctx.manage else "; services not managed on this host"
+        api["detail"] = "" if api["reachable"] else drift.answer(api["http_code"]) + unmanaged
         row["api"] = api
     return row
 
@@ -109,6 +108,11 @@ def host_row(host, fl: fleet.Fleet) -> dict:
     return row
 
 
+def _read_rig(r: dict) -> bool:
+    """A rig's row, read (not an error, not the row of a gateway or monitor host only)."""
+    return not r.get("error") and r.get("rig") is not False
+
+
 def monitor_views(rows: list[dict], monitors: tuple[str, ...]) -> dict[str, dict | None]:
     """{monitor host: its view, None when its row is an error}."""
     return {r["host"]: None if r.get("error") else r.get("monitor") for r in rows if r["host"] in monitors}
@@ -118,9 +122,7 @@ def with_monitor(rows: list[dict], monitors: tuple[str, ...]) -> list[dict]:
     """Each rig's checks with "scraped" (from the monitor rows read in the same pass) last; none without a
     monitor in the inventory."""
     views = monitor_views(rows, monitors)
-    for r in rows:
-        if r.get("error") or r.get("rig") is False:
-            continue
+    for r in filter(_read_rig, rows):
         extra = drift.monitor_check(r["host"], r["rest"], views)
         if extra:
             r["checks"].append(asdict(extra))
@@ -131,9 +133,7 @@ def with_gateways(rows: list[dict]) -> list[dict]:
     """Each rig's checks with "serving at the gateways" (from the gateway rows read in the same pass), placed
     as verify places it."""
     views = {r["host"]: r["gateway"] for r in rows if r.get("gateway")}
-    for r in rows:
-        if r.get("error") or r.get("rig") is False:
-            continue
+    for r in filter(_read_rig, rows):
         extra = drift.gateway_check(r["host"], r["rest"], views)
         if extra:
             at = next((i + 1 for i, c in enumerate(r["checks"]) if c["name"] == drift.RUNS_DIGEST), len(r["checks"]))
@@ -145,8 +145,7 @@ def error_row(name: str, error: Exception) -> dict:
     return {"host": name, "error": str(error)}
 
 
-def add_arguments(p) -> None:
-    inventory.add_arguments(p)
+add_arguments = inventory.add_arguments
 
 
 def run(args) -> int:
@@ -172,12 +171,8 @@ def _cells(r: dict) -> list[str]:
     variant = r["variant"] or "-"
     if r["variant_in_inventory"] and r["variant"] and r["variant_in_inventory"] != r["variant"]:
         variant += f" (inventory: {r['variant_in_inventory']})"
-    if not r["manifest"]:
-        pins = "no rig.json"
-    elif r["lock_error"]:
-        pins = "lock unreadable"
-    else:
-        pins = "ok" if not r["pin_drift"] else f"DRIFT ({len(r['pin_drift'])})"
+    pins = f"DRIFT ({len(r['pin_drift'])})" if r["pin_drift"] else "ok"
+    pins = "no rig.json" if not r["manifest"] else "lock unreadable" if r["lock_error"] else pins
     gpus = r["gpus"]
     names = sorted({g["name"] or "?" for g in gpus})
     gpu = f"{len(gpus)}x {'/'.join(n.replace('NVIDIA GeForce ', '') for n in names)}" if gpus else "none"
@@ -195,13 +190,12 @@ def _cells(r: dict) -> list[str]:
         service += f" (resting {s['rest']})"
     if not r["services_managed"]:
         service += " (not managed)"
-    api = r["api"]
-    api_cell = "yes" if api["reachable"] else f"no ({api['detail']})"
+    api = "yes" if r["api"]["reachable"] else f"no ({r['api']['detail']})"
     c = r["cuda"]
     cuda = f"{c['driver'] or '?'}/{c['image'] or '?'}"
     if c["driver"] and c["image"] and version_key(c["driver"]) < version_key(c["image"]):
         cuda += "  DRIVER TOO OLD"
-    return [r["host"], variant, pins, gpu, power, vram, persist, cuda, service, api_cell]
+    return [r["host"], variant, pins, gpu, power, vram, persist, cuda, service, api]
 
 
 HEADER = ["HOST", "VARIANT", "PINS", "GPUS", "POWER W cap/target", "VRAM MiB used/total", "PERSIST",
@@ -222,26 +216,22 @@ def format_table(rows: list[dict]) -> str:
         if r.get("gateway"):
             lines.append(gateway_line(r["host"], r["gateway"]))
         lines += power_lines(r)
-        if r.get("image"):
-            i = r["image"]
+        if i := r.get("image"):
             held = "on the rig" if i["on_rig"] else "NOT on the rig"
-            lines.append(
-                f"{r['host']}: {'WARNING: ' if i['warning'] else ''}image {i['image']}: {held}; from {i['from']}"
-            )
-        for d in r.get("pin_drift") or []:
-            lines.append(f"{r['host']}: pin drift: {d}")
+            warning = "WARNING: " if i["warning"] else ""
+            lines.append(f"{r['host']}: {warning}image {i['image']}: {held}; from {i['from']}")
+        lines += [f"{r['host']}: pin drift: {d}" for d in r.get("pin_drift") or []]
         if r.get("candidate"):
             runs = "runs" if r["candidate"]["runs"] else "does not run yet"
             lines.append(f"{r['host']}: rollout in progress: {runs} the candidate {r['candidate']['lock']}")
-        if r.get("rest") and not r.get("error") and r.get("rig") is not False:
+        if r.get("rest") and _read_rig(r):
             lines.append(f"{r['host']}: resting {r['rest']} on purpose (host data serving_rest): intended, not drift")
         for c in r.get("checks") or []:
             if c["name"] == "scraped":  # the monitor's view, not drift
                 lines.append(f"{r['host']}: scraped: {'NO: ' if c['status'] == drift.FAIL else ''}{c['detail']}")
             elif c["status"] == drift.FAIL and c["name"] != "pins as locked":  # pin drift: listed above
                 lines.append(f"{r['host']}: DRIFT {c['name']}: {c['detail']}")
-        for p in r.get("problems") or []:
-            lines.append(f"{r['host']}: {p}")
+        lines += [f"{r['host']}: {p}" for p in r.get("problems") or []]
     return "\n".join(lines)
 
 

@@ -64,7 +64,7 @@ def check_host(host, fl: fleet.Fleet) -> tuple[list[Check], dict]:
     if fl.has(host.name, fleet.MONITOR):
         seen["monitor"] = view = observe.observe_monitor(host)
         if view["targets"] is None:
-            why = f"HTTP {view['http']}" if view["http"] else "no answer"
+            why = drift.answer(view["http"])
             out.append(Check("prometheus answers", FAIL, f"{view['url']}{monitor.TARGETS_PATH}: {why}"))
         else:
             out.append(Check("prometheus answers", PASS, f"{view['url']}: {len(view['targets'])} targets"))
@@ -146,51 +146,41 @@ def api_checks(host, ctx: RigContext, unit: list[Check]) -> list[Check]:
     if unit[0].status == FAIL and not ctx.unit:
         return [Check(n, FAIL, unit[0].detail) for n in names]
     api = inventory.api_models(host, ctx)
-    model = (ctx.variant.served_model if ctx.variant else None) or (api["models"] or [None])[0]
+    models = api["models"] or []
+    model = (ctx.variant.served_model if ctx.variant else None) or (models or [None])[0]
     if api["http_code"] != 200:
-        why = f"HTTP {api['http_code']}" if api["http_code"] else "no answer"
-        return [Check(names[0], FAIL, f"{api['url']}: {why}")] + [
-            Check(n, FAIL, "the API does not answer") for n in names[1:]
-        ]
-    listed = model in (api["models"] or [])
-    detail = f"{api['url']} lists {', '.join(api['models'] or []) or 'nothing'}" + (
-        "" if listed else f"; expected {model}"
-    )
+        down = [Check(n, FAIL, "the API does not answer") for n in names[1:]]
+        return [Check(names[0], FAIL, f"{api['url']}: {drift.answer(api['http_code'])}"), *down]
+    listed = model in models
+    detail = f"{api['url']} lists {', '.join(models) or 'nothing'}" + ("" if listed else f"; expected {model}")
     base = f"http://{inventory.ctx_host(ctx)}:{ctx.port}/v1/chat/completions"
     return [Check(names[0], PASS if listed else FAIL, detail), _chat_check(host, ctx, base, model),
             _tool_check(host, ctx, base, model)]  # fmt: skip
 
 
-def _post(host, ctx, url, body) -> tuple[int, dict | None, str]:
+def _ask(host, ctx, url, body) -> tuple[str | None, dict]:
+    """(why the completion failed, None when it answered HTTP 200; the reply's message, {} when it has none)."""
     code, text = inventory.http_on_rig(host, url, 120, body, inventory.rig_key(ctx))
+    if code != 200:
+        return f"HTTP {code or 'no answer'}: {text[:120]}", {}
     try:
-        return code, json.loads(text), text
-    except ValueError:
-        return code, None, text
-
-
-def _message(reply: dict | None) -> dict:
-    try:
-        return reply["choices"][0]["message"] or {}
-    except (KeyError, IndexError, TypeError):
-        return {}
+        return None, json.loads(text)["choices"][0]["message"] or {}
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None, {}
 
 
 def _chat_check(host, ctx, url, model) -> Check:
-    code, reply, text = _post(host, ctx, url, {"model": model, **CHAT})
-    if code != 200:
-        return Check("chat returns text", FAIL, f"HTTP {code or 'no answer'}: {text[:120]}")
-    content = (_message(reply).get("content") or "").strip()
-    if "paris" not in content.lower():
-        return Check("chat returns text", FAIL, f"reply does not name Paris: {content[:80]!r}")
+    failed, msg = _ask(host, ctx, url, {"model": model, **CHAT})
+    content = (msg.get("content") or "").strip()
+    if failed or "paris" not in content.lower():
+        return Check("chat returns text", FAIL, failed or f"reply does not name Paris: {content[:80]!r}")
     return Check("chat returns text", PASS, f"{content[:60]!r}")
 
 
 def _tool_check(host, ctx, url, model) -> Check:
-    code, reply, text = _post(host, ctx, url, {"model": model, **TOOL})
-    if code != 200:
-        return Check("tool call returned", FAIL, f"HTTP {code or 'no answer'}: {text[:120]}")
-    msg = _message(reply)
+    failed, msg = _ask(host, ctx, url, {"model": model, **TOOL})
+    if failed:
+        return Check("tool call returned", FAIL, failed)
     names = [(c.get("function") or {}).get("name") for c in msg.get("tool_calls") or []]
     if "get_weather" in names:
         return Check("tool call returned", PASS, f"tool_calls: {', '.join(n for n in names if n)}")
@@ -213,25 +203,21 @@ def run(args) -> int:
     results, fl = read
     views = monitor_views(results, fl.monitors)
     results = with_gateways(with_monitor(results, fl.monitors))
-    failed = {h: [c.name for c in r if c.status == FAIL] for h, r in results.items() if not isinstance(r, Exception)}
-    unreachable = {h: str(r) for h, r in results.items() if isinstance(r, Exception)}
+    checked = {h: r for h, r in results.items() if not isinstance(r, Exception)}
+    failed = {h: [c.name for c in r if c.status == FAIL] for h, r in checked.items()}
+    unreachable = {h: str(r) for h, r in results.items() if h not in checked}
     code = 1 if any(failed.values()) else 2 if unreachable else 0
     if args.json:
-        hosts = {
-            h: {"error": str(r), "checks": []} if isinstance(r, Exception) else
-            {"error": None, "checks": [asdict(c) for c in r]}
-            for h, r in results.items()
-        }  # fmt: skip
+        hosts = {h: {"error": unreachable.get(h), "checks": [asdict(c) for c in checked.get(h, [])]} for h in results}
         monitor = {h: v and v["url"] for h, v in views.items()}  # where the monitor is (None: not read)
         print(json.dumps({"exit_code": code, "hosts": hosts, "monitor": monitor}, indent=2))
         return code
     width = max(len(h) for h in results)
-    name_w = max([len(c.name) for r in results.values() if not isinstance(r, Exception) for c in r] or [10])
-    for h, r in results.items():
-        if isinstance(r, Exception):
-            print(f"{h.ljust(width)}  ERROR  {r}")
-            continue
-        for c in r:
+    name_w = max([len(c.name) for r in checked.values() for c in r] or [10])
+    for h in results:
+        if h in unreachable:
+            print(f"{h.ljust(width)}  ERROR  {unreachable[h]}")
+        for c in checked.get(h, []):
             print(f"{h.ljust(width)}  {c.status.upper():<5}  {c.name.ljust(name_w)}  {c.detail}")
     print(drift.monitor_line(views))
     bad = [f"{h}: {', '.join(names)}" for h, names in failed.items() if names]
@@ -239,7 +225,7 @@ def run(args) -> int:
     summary = f"{len(results)} rig(s): " + (f"FAILED {'; '.join(bad)}" if bad else ok)
     if unreachable:
         summary += f"; could not check {', '.join(unreachable)}"
-    if any(c.status == SKIP for r in results.values() if not isinstance(r, Exception) for c in r):
+    if any(c.status == SKIP for r in checked.values() for c in r):
         summary += f"; service/API checks {SKIPPED} where noted"
     print(summary)
     return code
@@ -250,8 +236,7 @@ def run(args) -> int:
 GATEWAY_FINE = ("serving", "draining", "out (maint)")  # maint: taken out on purpose (a model it no longer serves)
 
 
-GATEWAY_CHAT = {"messages": [{"role": "user", "content": "What is the capital of France? Answer in one word."}],
-        "max_tokens": 30, "chat_template_kwargs": {"enable_thinking": False}}  # fmt: skip
+GATEWAY_CHAT = {k: v for k, v in CHAT.items() if k != "temperature"}  # at the servers' own temperature
 
 
 def gateway_checks(host, data: Mapping, view: dict) -> list[Check]:
@@ -262,8 +247,8 @@ def gateway_checks(host, data: Mapping, view: dict) -> list[Check]:
     states = "; ".join(f"{n} {s}" for n, s in sorted((bad or view["rigs"]).items())) or "no rig"
     out = [Check("gateway rigs up", FAIL if bad or not view["rigs"] else PASS, states)]
     if view["models_http"] != 200 or not view["models"]:
-        why = f"HTTP {view['models_http']}" if view["models_http"] else "no answer"
-        return out + [Check("gateway /v1/models answers", FAIL, f"{view['url']}/v1/models: {why}, {view['models']}")]
+        why = f"{drift.answer(view['models_http'])}, {view['models']}"
+        return out + [Check("gateway /v1/models answers", FAIL, f"{view['url']}/v1/models: {why}")]
     out.append(Check("gateway /v1/models answers", PASS, f"{view['url']} lists {', '.join(view['models'])}"))
     for model in view["models"]:
         body = {"model": model, **GATEWAY_CHAT}
