@@ -6,15 +6,12 @@ import hashlib
 import io
 import shlex
 
-from pyinfra import host, logger, state
+from pyinfra import host
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 from pyinfra.facts.files import Directory, File, Sha256File
 
 from rigforge.layout import STAGING, UPLOAD_PREFIX
-
-
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
+from roles.operations.shown import repairing
 
 
 def private_upload_dir() -> str:
@@ -79,7 +76,7 @@ def staged_files(
         same = (
             info
             and str(info["mode"]) == mode.lstrip("0")  # pyinfra reports mode as octal digits
-            and host.get_fact(Sha256File, path=f"{dest}/{name}") == _sha256(text)
+            and host.get_fact(Sha256File, path=f"{dest}/{name}") == hashlib.sha256(text.encode()).hexdigest()
         )
         current[name] = (bool(info), bool(same))
     leftover = host.get_fact(Directory, path=staging)
@@ -88,11 +85,11 @@ def staged_files(
         if not leftover:
             host.noop(f"{dest}: {', '.join(files)} up to date")
             return
-        _say(f"{dest}: removing the staging dir an interrupted run left behind")
+        repairing(f"{dest}: removing the staging dir an interrupted run left behind")
         yield StringCommand("rm", "-rf", QuoteString(staging))
         return
     if resumed:
-        _say(f"{dest}: an interrupted run was moving files into place; finishing it (the .prev copies are kept)")
+        repairing(f"{dest}: an interrupted run was moving files into place; finishing it (the .prev copies are kept)")
 
     yield StringCommand("mkdir", "-p", QuoteString(dest))
     yield StringCommand("rm", "-rf", QuoteString(staging), "&&", "mkdir", "-m", "700", QuoteString(staging))
@@ -110,11 +107,6 @@ def staged_files(
             yield StringCommand("cp", "-p", QuoteString(f"{dest}/{name}"), QuoteString(f"{dest}/{name}.prev"))
         yield StringCommand("mv", "-f", QuoteString(f"{staging}/{name}"), QuoteString(f"{dest}/{name}"))
     yield StringCommand("rm", "-rf", QuoteString(staging))
-
-
-def _say(message: str) -> None:
-    if state.is_executing:
-        host.log_styled(f"{host.name}: {message}", fg="yellow", log_func=logger.warning)
 
 
 def systemd_verify(unit_file: str, instance: str | None = None) -> str:
