@@ -29,11 +29,8 @@ from rigforge.knobs import nvidia_driver as nvidia_driver_knobs
 from roles import docker_engine, nvidia_driver
 from roles.operations import apt_repo, docker_daemon
 
-ALREADY_CHECKED = (
-    "docker_source=",
-    "nvidia_driver_flavor=",
-    "nvidia_allow_reboot=",
-)  # by rigforge.hardware.find_problems
+# checked by rigforge.hardware.find_problems
+ALREADY_CHECKED = ("docker_source=", "nvidia_driver_flavor=", "nvidia_allow_reboot=")
 
 
 def role_data(data: Mapping) -> dict:

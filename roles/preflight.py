@@ -27,9 +27,6 @@ CHECKED_KEYS = {
     **nvidia_driver.DEFAULTS,  # every driver / container-runtime key: roles/host_state.py
     **docker_engine.DEFAULTS,
     **{key: gpu_power.DEFAULTS[key] for key in ("gpu_power_limit_w", "gpu_power_limits")},
-    "docker_source": docker_engine.DEFAULTS["docker_source"],
-    "nvidia_driver_flavor": nvidia_driver.DEFAULTS["nvidia_driver_flavor"],
-    "nvidia_allow_reboot": nvidia_driver.DEFAULTS["nvidia_allow_reboot"],
     "serving_kv_cache_dtype": None,
     "serving_gpu_memory_utilization": None,
 }

@@ -26,20 +26,14 @@ from roles.operations.shown import say
 
 
 def deb822_source(
-    uris: str,
-    suites: str,
-    signed_by: str,
-    components: str = "",
-    architectures: str = "",
-    comment: str = "",
+    uris: str, suites: str, signed_by: str, components: str = "", architectures: str = "", comment: str = ""
 ) -> str:
     """Text of a deb822 .sources file. A flat repository has `suites="/"` and no components."""
     lines = [f"# {comment}"] if comment else []
     lines += ["Types: deb", f"URIs: {uris}", f"Suites: {suites}"]
-    if components:
-        lines.append(f"Components: {components}")
-    if architectures:
-        lines.append(f"Architectures: {architectures}")
+    lines += [
+        f"{key}: {value}" for key, value in (("Components", components), ("Architectures", architectures)) if value
+    ]
     lines.append(f"Signed-By: {signed_by}")
     return "\n".join(lines) + "\n"
 
@@ -162,10 +156,7 @@ def add_repo(
     )
     text = deb822_source(uris, suites, keyring_path(repo), components, architectures, "managed by rigforge")
     source = files.put(
-        name=f"Add the {repo} apt source (deb822)",
-        src=StringIO(text),
-        dest=source_path(repo),
-        mode="644",
+        name=f"Add the {repo} apt source (deb822)", src=StringIO(text), dest=source_path(repo), mode="644"
     )
     apt.update(
         name=f"Refresh apt lists after adding {repo}",

@@ -55,10 +55,6 @@ class AptLockHolder(FactBase):
     def command(self) -> str:
         return f"{HOLDER} || true"
 
-    @staticmethod
-    def default() -> None:
-        return None
-
     def process(self, output: list[str]) -> dict | None:
         return parse(output)
 

@@ -107,12 +107,7 @@ def checkout_script(
 
 @operation()
 def checkout(
-    source: str,
-    url: str,
-    commit: str,
-    dest: str,
-    sparse: Sequence[str] = (),
-    files: Mapping[str, str] | None = None,
+    source: str, url: str, commit: str, dest: str, sparse: Sequence[str] = (), files: Mapping[str, str] | None = None
 ):
     """
     Check out ``commit`` of ``url`` at ``dest`` (detached), sparse to ``sparse`` paths if given, and verify

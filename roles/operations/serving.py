@@ -70,13 +70,6 @@ def running(unit: str, serve_dir: str, digest: str | None = None, changed=None):
     + serve_dir: its compose project directory
     + digest: the locked image digest (``sha256:...``), None while the lock has none
     + changed: a callable, true when this run changed its compose file, .env, unit or instance
-
-    **Example:**
-
-    .. code:: python
-
-        running(name="Run rigforge-vllm@dual.service", unit="rigforge-vllm@dual.service",
-                serve_dir="/opt/rigforge/serve/dual", digest="sha256:...", changed=lambda: False)
     """
     executing = host.state.is_executing
     reason = start_reason(unit, serve_dir, digest, bool(changed and executing and changed()))
@@ -148,10 +141,6 @@ def enabled_instances(unit_dir: str = UNIT_DIR, template: str = VLLM_TEMPLATE) -
     return host.get_fact(EnabledInstances, unit_dir=unit_dir, template=template)
 
 
-def _stable(manifest: dict) -> dict:
-    return {k: v for k, v in manifest.items() if k not in MANIFEST_VOLATILE}
-
-
 @operation()
 def manifest(path: str, content: dict, now: str):
     """
@@ -169,7 +158,7 @@ def manifest(path: str, content: dict, now: str):
     ]
     wanted = {**content, "gpus": gpus, "interconnect": host.get_fact(NvidiaTopology)}
     current = host.get_fact(JsonFile, path=path) or {}
-    if _stable(current) == wanted:
+    if {k: v for k, v in current.items() if k not in MANIFEST_VOLATILE} == wanted:
         host.noop(f"{path} up to date")
         return
     text = json.dumps({**wanted, "provisioned_at": now}, indent=2, sort_keys=True) + "\n"
