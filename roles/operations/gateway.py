@@ -107,8 +107,7 @@ def rejoined(
     Put this rig back in every fleet gateway at its new port once it passed its health gate, and wherever a
     gateway finds it drained, in maintenance or at another port (a run cut between the drain and the rejoin).
 
-    + gateways: ``{inventory name: use sudo}`` of the gateway hosts
-    + server: the rig's server name in the gateways' backends
+    + gateways, server: as for ``drained``
     + backend: the gateway backend of the model it serves now (it leaves the others)
     + address: where the gateway reaches the rig (resolved on the gateway host)
     + port: the port it serves on now
@@ -136,11 +135,8 @@ def held_drained(gateways: dict[str, bool], server: str, backend: str, port: int
     Keep this rig drained at every fleet gateway, on purpose (host data ``serving_rest: drained``): drained
     where it is not yet, left as it is where it is.
 
-    + gateways: ``{inventory name: use sudo}`` of the gateway hosts
-    + server: the rig's server name in the gateways' backends
-    + backend: the gateway backend of the model it serves
-    + port: the port it serves on
-    + timeout: seconds to wait for its requests in flight
+    + gateways, server, timeout: as for ``drained``
+    + backend, port: the gateway backend of the model it serves, and its port
     """
     if not ctx_state.get().is_executing:
         return

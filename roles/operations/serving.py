@@ -108,8 +108,8 @@ def healthy(url: str, env_file: str, gate: str, plain_gate: str, started=None, c
     + env_file: the variant's .env (its API key, read on the rig)
     + gate: the gate's shell script with its rollback, used when this run changed the unit's files or instance
     + plain_gate: the same without a rollback
-    + started: the operation that (re)starts the unit
-    + changed: a callable, true when this run changed its compose file, .env, unit or instance
+    + started: the operation that (re)starts the unit (``running``)
+    + changed: as for ``running``
     """
     executing = host.state.is_executing
     if not (executing and started is not None and started.did_change()):

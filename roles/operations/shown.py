@@ -29,7 +29,12 @@ def say(message: str) -> FunctionCommand:
     return FunctionCommand(_log, (message,), {})
 
 
+def warn(message: str) -> None:
+    """Say `message` in yellow on the host's line at any verbosity, also while pyinfra prepares."""
+    host.log_styled(f"{host.name}: {message}", fg="yellow", log_func=logger.warning)
+
+
 def repairing(message: str) -> None:
-    """Say in yellow on the host's line what an interrupted run left and how it is repaired, when it executes."""
+    """Warn what an interrupted run left and how it is repaired, when the repair executes."""
     if state.is_executing:
-        host.log_styled(f"{host.name}: {message}", fg="yellow", log_func=logger.warning)
+        warn(message)

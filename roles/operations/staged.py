@@ -15,14 +15,12 @@ from roles.operations.shown import repairing
 
 
 def private_upload_dir() -> str:
-    """The SSH user's own 0700 dir that sudo uploads pass through (see upload_privately). The user is the one the
-    connection logs in as (the SSH connector's own data), not a role setting."""
+    """The 0700 dir of the user the connection logs in as (not a role setting) that sudo uploads pass through."""
     return f"{UPLOAD_PREFIX}{connection('ssh_user') or 'user'}"
 
 
 def connection(key: str):
-    """A setting of the host's connection as its connector sees it (e.g. the SSH connector's ``ssh_user``,
-    ``ssh_hostname``), None when the connector has no such setting (local, chroot, @fake connectors)."""
+    """A setting of the host's connection (e.g. ``ssh_user``, ``ssh_hostname``), None where the connector has none."""
     return (getattr(host.connector, "data", None) or {}).get(key)
 
 
@@ -55,14 +53,12 @@ def staged_files(dest: str, files: dict[str, tuple[str, str]], validate: str | N
     + validate: shell command run in the staging dir; the files land only if it exits 0
     + keep_previous: keep the replaced files as ``<name>.prev`` (for rollback)
 
-    No-op when every file already has that content and mode. Otherwise the files are uploaded to
-    `dest/.staging` (0700), `validate` runs there (e.g. `docker compose config -q`), and only if it passes
-    are the current files kept as `<name>.prev` (with keep_previous, for rollback) and the new ones renamed
-    into place. On a failed validation the staging dir is removed and the current files stay untouched.
+    No-op when every file already has that content and mode. Otherwise the files are uploaded to `dest/.staging`
+    (0700) and `validate` runs there (e.g. `docker compose config -q`): only if it passes are the current files
+    kept as `.prev` and the new ones renamed into place; if it fails, the staging dir goes and nothing else moves.
 
-    An interrupted run is repaired: a leftover staging dir is removed, and when the run was killed while moving
-    files into place (the staging dir holds the `.swapping` marker) the next run finishes the move without
-    overwriting the `.prev` copies, which still hold the files from before that interrupted swap.
+    An interrupted run is repaired: a leftover staging dir is removed; a move into place that was cut (the
+    `.swapping` marker) is finished without overwriting the `.prev` copies, which hold the files from before it.
     """
     staging = f"{dest}/{STAGING}"
     current = {}
