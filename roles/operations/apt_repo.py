@@ -10,7 +10,6 @@ two files disagree on Signed-By. Preflight refuses instead when `apt_adopt_sourc
 
 from __future__ import annotations
 
-import re
 from io import StringIO
 
 from pyinfra import host
@@ -196,19 +195,17 @@ def missing(packages: list[str], installed: dict | None) -> list[str]:
 
 
 @operation()
-def hold(packages: list[str], installed_pattern: str = "", same_version_as: str = "", prefixes: tuple = ()):
+def hold(packages: list[str], same_version_as: str = "", prefixes: tuple = ()):
     """
     ``apt-mark hold`` installed packages, unless already held.
 
     + packages: names to hold when installed
-    + installed_pattern: also hold installed packages whose name matches this regex
     + same_version_as: an installed package whose upstream version selects the ``prefixes`` packages
     + prefixes: also hold installed packages named with one of these prefixes at that upstream version (the rest
       of the driver stack: its libraries must not move without its kernel module)
     """
     installed = host.get_fact(DebPackages)
-    pattern = re.compile(installed_pattern) if installed_pattern else None
-    wanted = {name for name in installed if name in packages or (pattern and pattern.match(name))}
+    wanted = {name for name in installed if name in packages}
     stack = {upstream_version(v) for v in installed.get(same_version_as) or []} if same_version_as else set()
     wanted |= {
         name

@@ -13,19 +13,15 @@ from rigforge.facts.files import JsonFile
 from rigforge.facts.nvidia import NvidiaGpus, NvidiaTopology
 from rigforge.facts.serving import ApiAnswers, ComposeImages, ServiceState, runs_digest, serving
 from rigforge.facts.system import EnabledInstances
-from rigforge.layout import VLLM_TEMPLATE, HostLayout
 from rigforge.obtain import parse
 from roles.operations.shown import ShownCommand, say
 from roles.operations.staged import upload_privately
 
 MANIFEST_VOLATILE = ("provisioned_at",)
-UNIT_DIR = HostLayout.unit_dir  # the layout's default; callers pass their plan's layout.unit_dir
 
 
 @operation()
-def sole_instance(
-    unit: str, stop_others: bool, unit_dir: str = UNIT_DIR, template: str = VLLM_TEMPLATE, enable: bool = True
-):
+def sole_instance(unit: str, stop_others: bool, unit_dir: str, template: str, enable: bool = True):
     """
     Enable ``unit`` and disable every other enabled instance of the vLLM template unit.
 
@@ -136,7 +132,7 @@ def image_present(image: str):
     yield ShownCommand("docker", "pull", QuoteString(ref.pinned))
 
 
-def enabled_instances(unit_dir: str = UNIT_DIR, template: str = VLLM_TEMPLATE) -> list[str]:
+def enabled_instances(unit_dir: str, template: str) -> list[str]:
     """Instances of the vLLM template unit enabled at boot, sorted, e.g. ['name@dual.service']."""
     return host.get_fact(EnabledInstances, unit_dir=unit_dir, template=template)
 
