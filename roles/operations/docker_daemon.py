@@ -17,10 +17,8 @@ def deep_merge(base: dict, patch: dict) -> dict:
     """A copy of `base` with `patch` merged in: nested dicts merge, other values from `patch` win."""
     merged = dict(base)
     for key, value in patch.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = deep_merge(merged[key], value)
-        else:
-            merged[key] = value
+        both = isinstance(value, dict) and isinstance(merged.get(key), dict)
+        merged[key] = deep_merge(merged[key], value) if both else value
     return merged
 
 
