@@ -107,7 +107,8 @@ def rejoined(
     Put this rig back in every fleet gateway at its new port once it passed its health gate, and wherever a
     gateway finds it drained, in maintenance or at another port (a run cut between the drain and the rejoin).
 
-    + gateways, server: as for ``drained``
+    + gateways: ``{inventory name: use sudo}`` of the gateway hosts
+    + server: the rig's server name in the gateways' backends
     + backend: the gateway backend of the model it serves now (it leaves the others)
     + address: where the gateway reaches the rig (resolved on the gateway host)
     + port: the port it serves on now
@@ -135,8 +136,11 @@ def held_drained(gateways: dict[str, bool], server: str, backend: str, port: int
     Keep this rig drained at every fleet gateway, on purpose (host data ``serving_rest: drained``): drained
     where it is not yet, left as it is where it is.
 
-    + gateways, server, timeout: as for ``drained``
-    + backend, port: the gateway backend of the model it serves, and its port
+    + gateways: ``{inventory name: use sudo}`` of the gateway hosts
+    + server: the rig's server name in the gateways' backends
+    + backend: the gateway backend of the model it serves
+    + port: the port it serves on
+    + timeout: seconds to wait for its requests in flight
     """
     if not ctx_state.get().is_executing:
         return

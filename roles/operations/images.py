@@ -130,8 +130,12 @@ def loaded(
     Put the ``saved`` images Docker lacks into it at their digests, through load_images.sh's temporary registry
     (roles/images.py), then remove the layout on the rig (docker holds the images). No-op when Docker holds them all.
 
-    + directory, saved, layout: as for ``blobs_uploaded`` (which filled the layout)
-    + script, work, daemon_json: as for ``repaired`` (the work dir is removed when the load ends)
+    + directory: the saved layout on the controller
+    + saved: the images to load (rigforge.images.Saved)
+    + script: where load_images.sh goes on the rig
+    + layout: the OCI layout on the rig (blobs_uploaded filled it)
+    + work: the load's work dir on the rig (removed when it ends)
+    + daemon_json: Docker's daemon.json
     + port: the temporary registry's port on 127.0.0.1 (None: the first free one of 5800-5899)
     + upload_dir: blobs_uploaded's upload dir, removed with the layout once docker holds the images
     """
