@@ -1,16 +1,13 @@
 """Docker engine with the compose v2 plugin, and the NVIDIA Container Toolkit.
 
-`docker_source: docker` follows "Install Docker Engine on Debian/Ubuntu" (docs.docker.com/engine/install/):
-Docker's apt repository (deb822 + keyring, fingerprint checked) gives docker-ce, docker-ce-cli, containerd.io,
-docker-buildx-plugin, docker-compose-plugin (versions pinnable), and the distribution's conflicting packages
-(docker.io, docker-compose, docker-compose-v2, podman-docker, containerd, runc) are removed just before they are
-installed, once they were fetched: a repository that cannot be reached leaves docker.io running; `distro` installs the
-distribution's docker.io + compose v2 (the testbed's path). The toolkit comes from NVIDIA's flat repo, all four of
-its packages at one version (NVIDIA's install guide) and held: the lock's `toolkit.version` (1.19.0-1: 1.19.1 broke
-cuInit in containers, NVIDIA/nvidia-container-toolkit#1967), or host data `nvidia_toolkit_version` over it.
-/etc/docker/daemon.json has one writer: the nvidia runtime is merged into it as JSON, user keys kept
-(nvidia-ctk is not run on it). Docker is restarted only when daemon.json changed, and only when
-`rigforge_manage_services` is true.
+`docker_source: docker` follows docs.docker.com/engine/install/: Docker's apt repository (deb822, fingerprint
+checked) gives DOCKER_CE_PACKAGES (versions pinnable); the distribution's conflicting packages (DOCKER_CONFLICTS)
+are removed just before, once Docker's were fetched, so an unreachable repository leaves docker.io running.
+`distro` installs the distribution's docker.io + compose v2 (the testbed's path). The toolkit comes from NVIDIA's
+flat repo, its four packages at one version and held: the lock's `toolkit.version` (1.19.0-1: 1.19.1 broke cuInit
+in containers, NVIDIA/nvidia-container-toolkit#1967), or host data `nvidia_toolkit_version`. daemon.json has one
+writer: the nvidia runtime is merged into it as JSON, user keys kept (no nvidia-ctk). Docker restarts only when
+daemon.json changed, and only with `rigforge_manage_services`.
 """
 
 from __future__ import annotations
@@ -30,21 +27,10 @@ from rigforge.layout import NVIDIA_RUNTIME
 from roles.operations import apt_repo, docker_daemon
 
 # Docker's "Uninstall old versions" list (Ubuntu's; Debian's is the same without docker-compose-v2).
-DOCKER_CONFLICTS = [
-    "docker.io",
-    "docker-doc",
-    "docker-compose",
-    "docker-compose-v2",
-    "podman-docker",
-    "containerd",
-    "runc",
-]
-TOOLKIT_PACKAGES = [
-    "nvidia-container-toolkit",
-    "nvidia-container-toolkit-base",
-    "libnvidia-container-tools",
-    "libnvidia-container1",
-]
+DOCKER_CONFLICTS = ["docker.io", "docker-doc", "docker-compose", "docker-compose-v2", "podman-docker", "containerd",
+                    "runc"]  # fmt: skip
+TOOLKIT_PACKAGES = ["nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
+                    "libnvidia-container1"]  # fmt: skip
 
 
 def docker_repo_url(data: Mapping, os_id: str) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from pyinfra import host, logger
+from pyinfra import host
 from pyinfra.facts.deb import DebArch
 from pyinfra.facts.files import FileContents
 
@@ -28,12 +28,10 @@ from rigforge.knobs import docker_engine as docker_engine_knobs
 from rigforge.knobs import nvidia_driver as nvidia_driver_knobs
 from roles import docker_engine, nvidia_driver
 from roles.operations import apt_repo, docker_daemon
+from roles.operations.shown import warn
 
-ALREADY_CHECKED = (
-    "docker_source=",
-    "nvidia_driver_flavor=",
-    "nvidia_allow_reboot=",
-)  # by rigforge.hardware.find_problems
+# checked by rigforge.hardware.find_problems
+ALREADY_CHECKED = ("docker_source=", "nvidia_driver_flavor=", "nvidia_allow_reboot=")
 
 
 def role_data(data: Mapping) -> dict:
@@ -120,11 +118,9 @@ def branch_published(data: Mapping) -> list[str]:
     url = nvidia_driver.cuda_repo(data, os_release, host.get_fact(DebArch) or "amd64")[0]
     published = host.get_fact(PublishedPackages, url=url)
     if published is None:
-        host.log_styled(
-            f"{host.name}: WARNING: could not read NVIDIA's package index at {url} to check that driver branch "
-            f"{data['nvidia_driver_branch']} is published; the install will say so if it is not",
-            fg="yellow",
-            log_func=logger.warning,
+        warn(
+            f"WARNING: could not read NVIDIA's package index at {url} to check that driver branch "
+            f"{data['nvidia_driver_branch']} is published; the install will say so if it is not"
         )
         return []
     problem = unpublished(data, url, packages, published)

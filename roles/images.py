@@ -1,21 +1,17 @@
 """Saved images onto a rig at their locked digests (`rigforge images load DIR INVENTORY`, issue 22): for a single
 rig with no fleet registry, or a move between fleets. DIR is what `rigforge images save` wrote on the controller.
 
-Docker's `docker load` drops the repository digest (moby#22011), so the images go through a registry: the blobs
-the rig lacks are uploaded into an OCI layout on it (`<root>/images/oci`, each checked by sha256 before it lands),
-then one rig-side script (rigforge/remote/load_images.sh) runs Debian's `docker-registry` (Distribution) on
-127.0.0.1 for the length of the load, pushes the blobs and manifests into it byte for byte, lists it in daemon.json's
-registry-mirrors (merged, the user's mirrors kept) and reloads docker (SIGHUP: registry-mirrors is reloadable), and
-pulls `NAME@sha256:...`: a Docker Hub image comes through the mirror, and Docker records `NAME@sha256:...` in its
-RepoDigests, so the compose file's `ref@digest` resolves with no network. Its trap puts daemon.json back (the user's
-file byte for byte, after a reload that sets the user's own mirrors explicitly: a reload keeps an option the file no
-longer sets), reloads docker and stops the registry, on success and on failure; a run killed outright is repaired
-by the next run's first operation. A no-op when Docker already holds every image at its digest. Only Docker Hub
-images (`vllm/vllm-openai`, ...) can be loaded this way: Docker uses mirrors for Docker Hub only.
-
-(skopeo is not used: it refuses an OCI layout whose index names Docker media types, "matches unsupported manifest
-MIME types", as Docker Hub's images often are; the script pushes with curl instead, and the registry checks every
-digest.)
+`docker load` drops the repository digest (moby#22011), so the images go through a registry: the blobs the rig
+lacks are uploaded into an OCI layout on it (`<root>/images/oci`, each checked by sha256), then
+rigforge/remote/load_images.sh runs Debian's `docker-registry` on 127.0.0.1 for the load, pushes the blobs and
+manifests into it byte for byte, lists it first in daemon.json's registry-mirrors (the user's kept), reloads docker
+(SIGHUP) and pulls `NAME@sha256:...`: Docker records that in its RepoDigests, so the compose file's `ref@digest`
+resolves with no network. Its trap restores daemon.json byte for byte (after a reload that sets the user's own
+mirrors explicitly: a reload keeps an option the file no longer sets) and stops the registry, on success and on
+failure; a run killed outright is repaired by the next run's first operation. A no-op when Docker already holds
+every image at its digest. Docker uses mirrors for Docker Hub only, so only its images (`vllm/vllm-openai`, ...)
+load this way. (skopeo refuses an OCI layout whose index names Docker media types, as Docker Hub's often do: the
+script pushes with curl, and the registry checks every digest.)
 """
 
 from __future__ import annotations

@@ -65,10 +65,8 @@ def rig(plan: Plan):
 def server(targets, data, manage_services: bool):
     """`targets`: the Fleet's (rigforge/fleet.py); `data`: this host's knobs (rigforge/knobs/monitor.py)."""
     apt.packages(name="Install prometheus (Debian's)", packages=["prometheus"], no_recommends=True)
-    config_dir, config, rules = (
-        MONITOR_CONFIG.rsplit("/", 1)[0],
-        *(p.rsplit("/", 1)[1] for p in (MONITOR_CONFIG, MONITOR_RULES)),
-    )
+    config_dir, config = MONITOR_CONFIG.rsplit("/", 1)
+    rules = MONITOR_RULES.rsplit("/", 1)[1]
     count = sum(len(t) for t in targets.values())
     staged = staged_files(
         name=f"Install {MONITOR_CONFIG} ({count} targets from the fleet) and the alerting rules (checked by promtool)",

@@ -27,9 +27,6 @@ CHECKED_KEYS = {
     **nvidia_driver.DEFAULTS,  # every driver / container-runtime key: roles/host_state.py
     **docker_engine.DEFAULTS,
     **{key: gpu_power.DEFAULTS[key] for key in ("gpu_power_limit_w", "gpu_power_limits")},
-    "docker_source": docker_engine.DEFAULTS["docker_source"],
-    "nvidia_driver_flavor": nvidia_driver.DEFAULTS["nvidia_driver_flavor"],
-    "nvidia_allow_reboot": nvidia_driver.DEFAULTS["nvidia_allow_reboot"],
     "serving_kv_cache_dtype": None,
     "serving_gpu_memory_utilization": None,
 }
@@ -38,9 +35,7 @@ CHECKED_KEYS = {
 def check(needs: Needs, data: Mapping, more: list[str] = ()) -> bool:
     """Refuse this host now, while the deploy is prepared, when it cannot run `needs.variant`; True when it can.
 
-    Nothing has changed on the host yet (preflight comes first), so what the facts say now is what they would
-    say when the run executes; the refusal is printed in full at once, so `pyinfra --dry` shows it too, and the
-    run exits 1.
+    Nothing has changed on the host yet (preflight comes first): the facts read now are what the run would see.
 
     + needs: what the variant needs of the host
     + data: the plan's validated host data (roles/site.py)

@@ -29,6 +29,7 @@ from roles.docker_engine import docker_packages, toolkit_packages
 from roles.operations.apt_repo import missing
 from roles.operations.gitpin import is_current
 from roles.operations.hfweights import stale_files
+from roles.operations.shown import warn
 
 CURL_EXITS = {6: "no such host name", 7: "connection refused", 28: "timed out", 35: "TLS failed", 60: "TLS: unknown CA"}
 
@@ -93,7 +94,7 @@ def problems(plan: Plan, weights_state) -> list[str]:
         if refusal:
             refusals.append(refusal)
         elif warning:
-            host.log_styled(f"{host.name}: WARNING: {warning}", fg="yellow", log_func=logger.warning)
+            warn(f"WARNING: {warning}")
         else:
             fine += 1
     if fine:  # said at default verbosity, so `--dry` shows what was asked (a re-run with nothing to fetch asks nothing)

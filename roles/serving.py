@@ -49,7 +49,6 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = F
     manage = knobs.rigforge_manage_services
     serve_dir, unit = layout.serve_dir, layout.vllm_unit
     rendered, image = plan.files, plan.image
-    serve_files = {name: (rendered[name], mode) for name, mode in SERVE_FILES.items() if name in rendered}
 
     for cache_dir in ("torch_compile", "triton"):
         files.directory(name=f"Compile cache {cache_dir}", path=f"{layout.cache}/{cache_dir}", mode="755")
@@ -57,7 +56,7 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = F
     compose = staged_files(
         name=f"Install {variant.name} compose file and .env (validated by docker compose config)",
         dest=serve_dir,
-        files=serve_files,
+        files={name: (rendered[name], mode) for name, mode in SERVE_FILES.items() if name in rendered},
         validate="docker compose config -q",
     )
     unit_file = staged_files(

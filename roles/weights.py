@@ -35,12 +35,7 @@ def apply(plan: Plan):
     )
     files.directory(name=f"Model directory {layout.models}", path=layout.models, mode="755")
     files.directory(name=f"rigforge lib {lib}", path=lib, mode="755")
-    files.put(
-        name="Ship fetch_weights.py",
-        src=str(hfweights.SCRIPT),
-        dest=f"{lib}/fetch_weights.py",
-        mode="755",
-    )
+    files.put(name="Ship fetch_weights.py", src=str(hfweights.SCRIPT), dest=f"{lib}/fetch_weights.py", mode="755")
     for asset in plan.assets:
         pin = asset.pin
         hfweights.fetched(

@@ -10,7 +10,6 @@ two files disagree on Signed-By. Preflight refuses instead when `apt_adopt_sourc
 
 from __future__ import annotations
 
-import re
 from io import StringIO
 
 from pyinfra import host
@@ -26,20 +25,14 @@ from roles.operations.shown import say
 
 
 def deb822_source(
-    uris: str,
-    suites: str,
-    signed_by: str,
-    components: str = "",
-    architectures: str = "",
-    comment: str = "",
+    uris: str, suites: str, signed_by: str, components: str = "", architectures: str = "", comment: str = ""
 ) -> str:
     """Text of a deb822 .sources file. A flat repository has `suites="/"` and no components."""
     lines = [f"# {comment}"] if comment else []
     lines += ["Types: deb", f"URIs: {uris}", f"Suites: {suites}"]
-    if components:
-        lines.append(f"Components: {components}")
-    if architectures:
-        lines.append(f"Architectures: {architectures}")
+    lines += [
+        f"{key}: {value}" for key, value in (("Components", components), ("Architectures", architectures)) if value
+    ]
     lines.append(f"Signed-By: {signed_by}")
     return "\n".join(lines) + "\n"
 
@@ -162,10 +155,7 @@ def add_repo(
     )
     text = deb822_source(uris, suites, keyring_path(repo), components, architectures, "managed by rigforge")
     source = files.put(
-        name=f"Add the {repo} apt source (deb822)",
-        src=StringIO(text),
-        dest=source_path(repo),
-        mode="644",
+        name=f"Add the {repo} apt source (deb822)", src=StringIO(text), dest=source_path(repo), mode="644"
     )
     apt.update(
         name=f"Refresh apt lists after adding {repo}",
@@ -205,19 +195,17 @@ def missing(packages: list[str], installed: dict | None) -> list[str]:
 
 
 @operation()
-def hold(packages: list[str], installed_pattern: str = "", same_version_as: str = "", prefixes: tuple = ()):
+def hold(packages: list[str], same_version_as: str = "", prefixes: tuple = ()):
     """
     ``apt-mark hold`` installed packages, unless already held.
 
     + packages: names to hold when installed
-    + installed_pattern: also hold installed packages whose name matches this regex
     + same_version_as: an installed package whose upstream version selects the ``prefixes`` packages
     + prefixes: also hold installed packages named with one of these prefixes at that upstream version (the rest
       of the driver stack: its libraries must not move without its kernel module)
     """
     installed = host.get_fact(DebPackages)
-    pattern = re.compile(installed_pattern) if installed_pattern else None
-    wanted = {name for name in installed if name in packages or (pattern and pattern.match(name))}
+    wanted = {name for name in installed if name in packages}
     stack = {upstream_version(v) for v in installed.get(same_version_as) or []} if same_version_as else set()
     wanted |= {
         name

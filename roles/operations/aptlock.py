@@ -16,6 +16,8 @@ import shlex
 from pyinfra import host, logger, state
 from pyinfra.api import FactBase, FunctionCommand, QuoteString, StringCommand, operation
 
+from roles.operations.shown import warn
+
 LOCKS = ("/var/lib/dpkg/lock-frontend", "/var/lib/dpkg/lock", "/var/lib/apt/lists/lock", "/var/cache/apt/archives/lock")
 # prints "<lock file> <pid> <command line>" of the first lock held, nothing when all are free
 GETLK = (
@@ -54,10 +56,6 @@ class AptLockHolder(FactBase):
 
     def command(self) -> str:
         return f"{HOLDER} || true"
-
-    @staticmethod
-    def default() -> None:
-        return None
 
     def process(self, output: list[str]) -> dict | None:
         return parse(output)
@@ -110,10 +108,5 @@ def free(wait: int, sudo: dict | None = None):
         host.noop("the apt/dpkg lock is free")
         return
     if not state.is_executing:
-        host.log_styled(
-            f"{host.name}: {describe(holder)}; the run waits up to {wait} s (apt_lock_wait) for it before its first "
-            "change",
-            fg="yellow",
-            log_func=logger.warning,
-        )
+        warn(f"{describe(holder)}; the run waits up to {wait} s (apt_lock_wait) for it before its first change")
     yield FunctionCommand(_wait, (int(wait), holder, dict(sudo or {})), {})

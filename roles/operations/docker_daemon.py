@@ -17,10 +17,8 @@ def deep_merge(base: dict, patch: dict) -> dict:
     """A copy of `base` with `patch` merged in: nested dicts merge, other values from `patch` win."""
     merged = dict(base)
     for key, value in patch.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = deep_merge(merged[key], value)
-        else:
-            merged[key] = value
+        both = isinstance(value, dict) and isinstance(merged.get(key), dict)
+        merged[key] = deep_merge(merged[key], value) if both else value
     return merged
 
 
@@ -43,14 +41,13 @@ def merged_text(current: str | None, patch: dict, extend: dict | None = None) ->
 
 
 @operation()
-def merge_json(path: str, patch: dict, mode: str = "644", extend: dict | None = None):
+def merge_json(path: str, patch: dict, extend: dict | None = None):
     """
-    Merge ``patch`` into the JSON file at ``path`` (created if missing), written atomically; no-op when equal.
+    Merge ``patch`` into the JSON file at ``path`` (created if missing, mode 644), written atomically; no-op when equal.
     A file that is not valid JSON fails the host.
 
     + path: the JSON file, e.g. Docker's daemon.json
     + patch: keys to set (nested mappings are merged)
-    + mode: the file's octal mode
     + extend: ``{key: [items]}``: items added to the list at that key when missing, the list's others kept
     """
     lines = host.get_fact(FileContents, path=path)
@@ -66,5 +63,5 @@ def merge_json(path: str, patch: dict, mode: str = "644", extend: dict | None = 
     temp = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.rigforge-new")
     yield StringCommand("mkdir", "-p", QuoteString(posixpath.dirname(path)))
     yield FileUploadCommand(StringIO(text), temp, remote_temp_filename=host.get_temp_filename(temp))
-    yield StringCommand("chmod", mode, QuoteString(temp))
+    yield StringCommand("chmod", "644", QuoteString(temp))
     yield StringCommand("mv", "-f", QuoteString(temp), QuoteString(path))

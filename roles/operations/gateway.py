@@ -72,15 +72,10 @@ def _rejoin(state, host, gateways, server, backend, address, port, wait, gate, m
     if previous.get("port"):
         script = rejoin_script(server, None, address, previous["port"], wait)
         _on_gateways(state, host, gateways, script, f"rejoin after the rollback to {previous.get('variant')}")
-    host.log_styled(
-        f"{host.name}: the health gate failed and the rig rolled back to {previous['variant']}, which rejoined the "
-        "gateway"
-        if previous.get("port")
-        else f"{host.name}: the health gate failed and "
-        f"{previous.get('unit') or 'no vLLM unit'} does not serve: the rig stays drained at the gateway",
-        fg="red",
-        log_func=logger.error,
-    )
+        said = f"the rig rolled back to {previous['variant']}, which rejoined the gateway"
+    else:
+        said = f"{previous.get('unit') or 'no vLLM unit'} does not serve: the rig stays drained at the gateway"
+    host.log_styled(f"{host.name}: the health gate failed and {said}", fg="red", log_func=logger.error)
     return False
 
 

@@ -1,13 +1,11 @@
 """Operation: a git checkout at exactly one pinned commit (shallow, partial, optionally sparse), verified.
 
 State comes from the GitCheckout fact at execution time. No-op when HEAD is the pinned commit, the tree is
-clean, origin and sparse patterns match and the locked files hash right. Otherwise one shell step:
-init (a half-made .git left by a killed `git init` is removed first) + remote,
-`git fetch --depth 1 --filter=blob:none origin <sha>` (servers that refuse a fetch by SHA get
-a full blobless fetch instead), sparse patterns (cone mode off, one anchored path per line), a dirty tree is
-repaired (`git reset --hard` + `git clean -ffdx`, reported), lock files a killed git left are removed,
-`git checkout --detach <sha>`, then every
-locked file is checked with sha256sum. A pinned commit the remote does not have is an error naming the repo.
+clean, origin and sparse patterns match and the locked files hash right. Otherwise one shell step: init (a
+half-made .git or lock files a killed git left are removed) + remote, `git fetch --depth 1 --filter=blob:none
+origin <sha>` (a full blobless fetch where a server refuses a fetch by SHA), sparse patterns (cone mode off, one
+anchored path per line), a dirty tree repaired (`git reset --hard` + `git clean -ffdx`, reported), `git checkout
+--detach <sha>`, every locked file checked with sha256sum. A commit the remote lacks is an error naming the repo.
 """
 
 from __future__ import annotations
@@ -107,12 +105,7 @@ def checkout_script(
 
 @operation()
 def checkout(
-    source: str,
-    url: str,
-    commit: str,
-    dest: str,
-    sparse: Sequence[str] = (),
-    files: Mapping[str, str] | None = None,
+    source: str, url: str, commit: str, dest: str, sparse: Sequence[str] = (), files: Mapping[str, str] | None = None
 ):
     """
     Check out ``commit`` of ``url`` at ``dest`` (detached), sparse to ``sparse`` paths if given, and verify

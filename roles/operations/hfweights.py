@@ -21,8 +21,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from pyinfra import host, logger
-from pyinfra import state as pyinfra_state
+from pyinfra import host
 from pyinfra.api import FileUploadCommand, OperationError, StringCommand, operation
 from pyinfra.facts.files import File
 
@@ -31,7 +30,7 @@ from rigforge.facts.system import FreeDiskBytes
 from rigforge.layout import STAMP
 from rigforge.pins import HfFile, HfPin
 from roles.operations.checks import fail_command
-from roles.operations.shown import ShownCommand, say
+from roles.operations.shown import ShownCommand, repairing, say
 from roles.operations.staged import upload_privately
 
 HEADROOM = 1.05
@@ -45,16 +44,9 @@ def stale_files(pin: HfPin, state: dict) -> list[HfFile]:
     entries = stamp.get("files", {}) if stamp.get("revision") == pin.revision else {}
     out = []
     for f in pin.files:
-        stat = state["files"].get(f.path)
-        entry = entries.get(f.path) or {}
-        ok = (
-            stat is not None
-            and stat[0] == f.size
-            and entry.get("size") == f.size
-            and entry.get("mtime_ns") == stat[1]
-            and entry.get("sha256") == f.sha256
-        )
-        if not ok:
+        stat, entry = state["files"].get(f.path), entries.get(f.path) or {}
+        fresh = stat is not None and stat[0] == f.size == entry.get("size") and entry.get("mtime_ns") == stat[1]
+        if not (fresh and entry.get("sha256") == f.sha256):
             out.append(f)
     return out
 
@@ -64,10 +56,8 @@ def missing_bytes(files: Sequence[HfFile], state: dict) -> int:
     total = 0
     for f in files:
         stat = state["files"].get(f.path)
-        if stat and stat[0] == f.size:
-            continue
-        part = state["staging"].get(f"{f.path}.{f.sha256[:16]}.part", 0)
-        total += max(f.size - min(part, f.size), 0)
+        if not (stat and stat[0] == f.size):
+            total += f.size - min(state["staging"].get(f"{f.path}.{f.sha256[:16]}.part", 0), f.size)
     return total
 
 
@@ -143,15 +133,13 @@ def fetched(
     q = shlex.quote
     token_file = f"{work_dir}/{pin.name}.token"
     if not stale:
-        left = [path for path in (staging,) if state.get("staging_dir")]
+        left = [staging] if state.get("staging_dir") else []
         left += [token_file] if host.get_fact(File, path=token_file) else []
         if not left:
             how = "re-hashed (weights_deep_verify)" if deep else "verified by stamp"
             host.noop(f"{pin.name}: {len(pin.files)} files {how} ({human(pin.total_size)})")
             return
-        if pyinfra_state.is_executing:  # an interrupted run: parts of a finished asset, a token file
-            host.log_styled(f"{host.name}: {pin.name}: removing {', '.join(left)} left by an interrupted run",
-                            fg="yellow", log_func=logger.warning)  # fmt: skip
+        repairing(f"{pin.name}: removing {', '.join(left)} left by an interrupted run")  # parts, a token file
         yield StringCommand(f"rm -rf {' '.join(q(p) for p in left)}")
         return
     need = int(missing_bytes(stale, state) * HEADROOM)

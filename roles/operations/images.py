@@ -34,8 +34,7 @@ def missing(saved: list[images.Saved]) -> list[images.Saved]:
     return [e for e in saved if not host.get_fact(DockerImagePresent, image=images.pinned(e))]
 
 
-def _human(n: int) -> str:
-    return images._human(n)
+_human = images._human
 
 
 @operation()
@@ -128,11 +127,8 @@ def loaded(
     upload_dir: str | None = None,
 ):
     """
-    Put the ``saved`` images Docker lacks into it at their digests: load_images.sh runs a temporary registry on
-    127.0.0.1, pushes the layout's blobs and manifests into it, lists it in daemon.json's registry-mirrors, reloads
-    docker, pulls ``NAME@DIGEST``, then puts daemon.json back and stops the registry (also when a step fails); then
-    the layout on the rig is removed (docker holds the images).
-    No-op when Docker holds every image at its digest.
+    Put the ``saved`` images Docker lacks into it at their digests, through load_images.sh's temporary registry
+    (roles/images.py), then remove the layout on the rig (docker holds the images). No-op when Docker holds them all.
 
     + directory: the saved layout on the controller
     + saved: the images to load (rigforge.images.Saved)

@@ -63,14 +63,12 @@ def power_caps(default_w, overrides: dict | None = None):
         yield fail_command(f"power caps refused on {host.name}: " + " ".join(problems))
         return
     caps = resolve_caps([gpu["index"] for gpu in gpus], default_w, overrides or {})
-    changed = False
-    for gpu in gpus:
-        current = gpu.get("power_limit")
-        if current is None or round(current) != caps[gpu["index"]]:
-            changed = True
-            yield StringCommand("nvidia-smi", "-i", str(gpu["index"]), "-pl", str(caps[gpu["index"]]))
-    if not changed:
+    limits = {gpu["index"]: gpu.get("power_limit") for gpu in gpus}
+    todo = [index for index, watts in limits.items() if watts is None or round(watts) != caps[index]]
+    if not todo:
         host.noop(f"power caps already set: {caps}")
+    for index in todo:
+        yield StringCommand("nvidia-smi", "-i", str(index), "-pl", str(caps[index]))
 
 
 def reboot_reason(package_version: str | None, module_version: str | None, smi: dict) -> str | None:

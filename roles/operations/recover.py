@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import shlex
 
-from pyinfra import host, logger, state
+from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
 from rigforge.facts.apt import DpkgInterrupted
 from rigforge.facts.system import LeftoverUploads
+from roles.operations.shown import repairing
 from roles.operations.staged import private_upload_dir
 
 APT_ENV = "DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=a"
@@ -35,13 +36,9 @@ def packages():
     if not reason:
         host.noop("dpkg state is clean")
         return
-    if state.is_executing:
-        host.log_styled(
-            f"{host.name}: an earlier run was interrupted ({reason}); repairing with "
-            "`dpkg --configure -a` and `apt-get -f install`",
-            fg="yellow",
-            log_func=logger.warning,
-        )
+    repairing(
+        f"an earlier run was interrupted ({reason}); repairing with `dpkg --configure -a` and `apt-get -f install`"
+    )
     yield StringCommand(f"{APT_ENV} dpkg --configure -a --force-confdef --force-confold")
     yield StringCommand(f"{APT_ENV} apt-get -y -f install {DPKG_OPTIONS}")
 
@@ -56,10 +53,5 @@ def uploads_cleared():
     if not left:
         host.noop("no leftover uploads")
         return
-    if state.is_executing:
-        host.log_styled(
-            f"{host.name}: removing {len(left)} file(s) an interrupted upload left in {path}",
-            fg="yellow",
-            log_func=logger.warning,
-        )
+    repairing(f"removing {len(left)} file(s) an interrupted upload left in {path}")
     yield StringCommand("rm", "-rf", *[shlex.quote(p) for p in left])

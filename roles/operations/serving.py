@@ -13,19 +13,15 @@ from rigforge.facts.files import JsonFile
 from rigforge.facts.nvidia import NvidiaGpus, NvidiaTopology
 from rigforge.facts.serving import ApiAnswers, ComposeImages, ServiceState, runs_digest, serving
 from rigforge.facts.system import EnabledInstances
-from rigforge.layout import VLLM_TEMPLATE, HostLayout
 from rigforge.obtain import parse
 from roles.operations.shown import ShownCommand, say
 from roles.operations.staged import upload_privately
 
 MANIFEST_VOLATILE = ("provisioned_at",)
-UNIT_DIR = HostLayout.unit_dir  # the layout's default; callers pass their plan's layout.unit_dir
 
 
 @operation()
-def sole_instance(
-    unit: str, stop_others: bool, unit_dir: str = UNIT_DIR, template: str = VLLM_TEMPLATE, enable: bool = True
-):
+def sole_instance(unit: str, stop_others: bool, unit_dir: str, template: str, enable: bool = True):
     """
     Enable ``unit`` and disable every other enabled instance of the vLLM template unit.
 
@@ -70,13 +66,6 @@ def running(unit: str, serve_dir: str, digest: str | None = None, changed=None):
     + serve_dir: its compose project directory
     + digest: the locked image digest (``sha256:...``), None while the lock has none
     + changed: a callable, true when this run changed its compose file, .env, unit or instance
-
-    **Example:**
-
-    .. code:: python
-
-        running(name="Run rigforge-vllm@dual.service", unit="rigforge-vllm@dual.service",
-                serve_dir="/opt/rigforge/serve/dual", digest="sha256:...", changed=lambda: False)
     """
     executing = host.state.is_executing
     reason = start_reason(unit, serve_dir, digest, bool(changed and executing and changed()))
@@ -115,8 +104,8 @@ def healthy(url: str, env_file: str, gate: str, plain_gate: str, started=None, c
     + env_file: the variant's .env (its API key, read on the rig)
     + gate: the gate's shell script with its rollback, used when this run changed the unit's files or instance
     + plain_gate: the same without a rollback
-    + started: the operation that (re)starts the unit
-    + changed: a callable, true when this run changed its compose file, .env, unit or instance
+    + started: the operation that (re)starts the unit (``running``)
+    + changed: as for ``running``
     """
     executing = host.state.is_executing
     if not (executing and started is not None and started.did_change()):
@@ -143,13 +132,9 @@ def image_present(image: str):
     yield ShownCommand("docker", "pull", QuoteString(ref.pinned))
 
 
-def enabled_instances(unit_dir: str = UNIT_DIR, template: str = VLLM_TEMPLATE) -> list[str]:
+def enabled_instances(unit_dir: str, template: str) -> list[str]:
     """Instances of the vLLM template unit enabled at boot, sorted, e.g. ['name@dual.service']."""
     return host.get_fact(EnabledInstances, unit_dir=unit_dir, template=template)
-
-
-def _stable(manifest: dict) -> dict:
-    return {k: v for k, v in manifest.items() if k not in MANIFEST_VOLATILE}
 
 
 @operation()
@@ -169,7 +154,7 @@ def manifest(path: str, content: dict, now: str):
     ]
     wanted = {**content, "gpus": gpus, "interconnect": host.get_fact(NvidiaTopology)}
     current = host.get_fact(JsonFile, path=path) or {}
-    if _stable(current) == wanted:
+    if {k: v for k, v in current.items() if k not in MANIFEST_VOLATILE} == wanted:
         host.noop(f"{path} up to date")
         return
     text = json.dumps({**wanted, "provisioned_at": now}, indent=2, sort_keys=True) + "\n"

@@ -7,6 +7,7 @@ changes before asking to go ahead). Both run only inside an operation that is ch
 
 from __future__ import annotations
 
+from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, StringCommand
 
 
@@ -26,3 +27,14 @@ def _log(state, host, message: str) -> bool:
 def say(message: str) -> FunctionCommand:
     """A command that logs `message` on the host's line when it executes."""
     return FunctionCommand(_log, (message,), {})
+
+
+def warn(message: str) -> None:
+    """Say `message` in yellow on the host's line at any verbosity, also while pyinfra prepares."""
+    host.log_styled(f"{host.name}: {message}", fg="yellow", log_func=logger.warning)
+
+
+def repairing(message: str) -> None:
+    """Warn what an interrupted run left and how it is repaired, when the repair executes."""
+    if state.is_executing:
+        warn(message)

@@ -6,26 +6,21 @@ import hashlib
 import io
 import shlex
 
-from pyinfra import host, logger, state
+from pyinfra import host
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 from pyinfra.facts.files import Directory, File, Sha256File
 
 from rigforge.layout import STAGING, UPLOAD_PREFIX
-
-
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
+from roles.operations.shown import repairing
 
 
 def private_upload_dir() -> str:
-    """The SSH user's own 0700 dir that sudo uploads pass through (see upload_privately). The user is the one the
-    connection logs in as (the SSH connector's own data), not a role setting."""
+    """The 0700 dir of the user the connection logs in as (not a role setting) that sudo uploads pass through."""
     return f"{UPLOAD_PREFIX}{connection('ssh_user') or 'user'}"
 
 
 def connection(key: str):
-    """A setting of the host's connection as its connector sees it (e.g. the SSH connector's ``ssh_user``,
-    ``ssh_hostname``), None when the connector has no such setting (local, chroot, @fake connectors)."""
+    """A setting of the host's connection (e.g. ``ssh_user``, ``ssh_hostname``), None where the connector has none."""
     return (getattr(host.connector, "data", None) or {}).get(key)
 
 
@@ -49,12 +44,7 @@ SWAPPING = ".swapping"  # in the staging dir while files are being moved into pl
 
 
 @operation()
-def staged_files(
-    dest: str,
-    files: dict[str, tuple[str, str]],
-    validate: str | None = None,
-    keep_previous: bool = True,
-):
+def staged_files(dest: str, files: dict[str, tuple[str, str]], validate: str | None = None, keep_previous: bool = True):
     """
     Install ``files`` into ``dest`` as one unit, validated on the host before anything is replaced.
 
@@ -63,14 +53,12 @@ def staged_files(
     + validate: shell command run in the staging dir; the files land only if it exits 0
     + keep_previous: keep the replaced files as ``<name>.prev`` (for rollback)
 
-    No-op when every file already has that content and mode. Otherwise the files are uploaded to
-    `dest/.staging` (0700), `validate` runs there (e.g. `docker compose config -q`), and only if it passes
-    are the current files kept as `<name>.prev` (with keep_previous, for rollback) and the new ones renamed
-    into place. On a failed validation the staging dir is removed and the current files stay untouched.
+    No-op when every file already has that content and mode. Otherwise the files are uploaded to `dest/.staging`
+    (0700) and `validate` runs there (e.g. `docker compose config -q`): only if it passes are the current files
+    kept as `.prev` and the new ones renamed into place; if it fails, the staging dir goes and nothing else moves.
 
-    An interrupted run is repaired: a leftover staging dir is removed, and when the run was killed while moving
-    files into place (the staging dir holds the `.swapping` marker) the next run finishes the move without
-    overwriting the `.prev` copies, which still hold the files from before that interrupted swap.
+    An interrupted run is repaired: a leftover staging dir is removed; a move into place that was cut (the
+    `.swapping` marker) is finished without overwriting the `.prev` copies, which hold the files from before it.
     """
     staging = f"{dest}/{STAGING}"
     current = {}
@@ -79,7 +67,7 @@ def staged_files(
         same = (
             info
             and str(info["mode"]) == mode.lstrip("0")  # pyinfra reports mode as octal digits
-            and host.get_fact(Sha256File, path=f"{dest}/{name}") == _sha256(text)
+            and host.get_fact(Sha256File, path=f"{dest}/{name}") == hashlib.sha256(text.encode()).hexdigest()
         )
         current[name] = (bool(info), bool(same))
     leftover = host.get_fact(Directory, path=staging)
@@ -88,11 +76,11 @@ def staged_files(
         if not leftover:
             host.noop(f"{dest}: {', '.join(files)} up to date")
             return
-        _say(f"{dest}: removing the staging dir an interrupted run left behind")
+        repairing(f"{dest}: removing the staging dir an interrupted run left behind")
         yield StringCommand("rm", "-rf", QuoteString(staging))
         return
     if resumed:
-        _say(f"{dest}: an interrupted run was moving files into place; finishing it (the .prev copies are kept)")
+        repairing(f"{dest}: an interrupted run was moving files into place; finishing it (the .prev copies are kept)")
 
     yield StringCommand("mkdir", "-p", QuoteString(dest))
     yield StringCommand("rm", "-rf", QuoteString(staging), "&&", "mkdir", "-m", "700", QuoteString(staging))
@@ -110,11 +98,6 @@ def staged_files(
             yield StringCommand("cp", "-p", QuoteString(f"{dest}/{name}"), QuoteString(f"{dest}/{name}.prev"))
         yield StringCommand("mv", "-f", QuoteString(f"{staging}/{name}"), QuoteString(f"{dest}/{name}"))
     yield StringCommand("rm", "-rf", QuoteString(staging))
-
-
-def _say(message: str) -> None:
-    if state.is_executing:
-        host.log_styled(f"{host.name}: {message}", fg="yellow", log_func=logger.warning)
 
 
 def systemd_verify(unit_file: str, instance: str | None = None) -> str:
