@@ -120,10 +120,7 @@ def judge(seen: Mapping, targets: Mapping[int, int], writers: Mapping[str, Mappi
     if cycles:
         more = f" (+{len(cycles) - 1} more)" if len(cycles) > 1 else ""
         problems.append(f"journalctl -b logs an ordering cycle: {cycles[0]!r}{more}")
-    for name, unit in ((POWER_UNIT, power), (SETTLE_UNIT, settle)):
-        problem = _unit_problem(name, unit)
-        if problem:
-            problems.append(problem)
+    problems += [p for p in (_unit_problem(POWER_UNIT, power), _unit_problem(SETTLE_UNIT, settle)) if p]
     lines = seen.get("settle") or []
     problems += [f"{SETTLE_UNIT}: {line.removeprefix('rigforge: ')}" for line in lines if FAILED.match(line)]
     settling = bool(settle) and settle.get("SubState") == "running"

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rigforge.driver_table import branch_for_cuda, cuda_for_branch, cuda_for_driver, version_key
+from rigforge.driver_table import FLAVORS, branch_for_cuda, cuda_for_branch, cuda_for_driver, version_key
+from rigforge.knobs.docker_engine import DOCKER_SOURCES
 
 SMALL_CARD_MIB = 24000  # below this a card is a "20 GB card"
 SMALL_CARD_FLOOR_MIB = 20000  # below this not even the 20 GB override fits the model
@@ -25,9 +26,8 @@ def small_override(kv_cache_dtype, gpu_memory_utilization) -> bool:
         fraction = float(gpu_memory_utilization)
     except (TypeError, ValueError):
         return False
-    return kv_cache_dtype == SMALL_CARD_OVERRIDE["serving_kv_cache_dtype"] and fraction <= float(
-        SMALL_CARD_OVERRIDE["serving_gpu_memory_utilization"]
-    )
+    want = SMALL_CARD_OVERRIDE
+    return kv_cache_dtype == want["serving_kv_cache_dtype"] and fraction <= want["serving_gpu_memory_utilization"]
 
 
 def vram_problems(gpus: list[dict], variant: str, card_mib: int, dflash: bool, override: bool) -> list[str]:
@@ -89,9 +89,7 @@ def pci_problems(pci: list[tuple[str, str]], needs: Needs, override: bool) -> li
 
 
 SUPPORTED_OS = {("ubuntu", "22.04"), ("ubuntu", "24.04"), ("debian", "12"), ("debian", "13")}
-DOCKER_SOURCES = ("docker", "distro")
 TWO_CARDS = "rigforge serves 2-card rigs (every variant runs tensor-parallel over 2 GPUs): add a GPU."
-DRIVER_FLAVORS = ("open", "proprietary")
 
 
 @dataclass(frozen=True)
@@ -226,8 +224,8 @@ def find_problems(
     if data.get("nvidia_allow_reboot", False) not in (True, False):
         problems.append(f"nvidia_allow_reboot={data.get('nvidia_allow_reboot')!r} must be true or false.")
     flavor = data.get("nvidia_driver_flavor")
-    if flavor not in DRIVER_FLAVORS:
-        problems.append(f"nvidia_driver_flavor={flavor!r} is not one of: {', '.join(DRIVER_FLAVORS)}.")
+    if flavor not in FLAVORS:
+        problems.append(f"nvidia_driver_flavor={flavor!r} is not one of: {', '.join(FLAVORS)}.")
     override = small_override(data.get("serving_kv_cache_dtype"), data.get("serving_gpu_memory_utilization"))
     if not gpus and pci is not None:
         problems += pci_problems(pci, needs, override)

@@ -113,9 +113,7 @@ def fleet_verify(reg: RegistryPlan):
 def upstream_base(ref: ImageRef, upstream: str | None) -> str:
     """The registry Docker pulls `ref` from without a mirror: `upstream` (host data serving_image_upstream: the
     testbed's stand-in for Docker Hub) for Docker Hub images, else the registry the reference names."""
-    if ref.on_docker_hub:
-        return upstream or DOCKER_HUB_API
-    return f"https://{ref.registry}"
+    return (upstream or DOCKER_HUB_API) if ref.on_docker_hub else f"https://{ref.registry}"
 
 
 def sources(image: str, fleet: RegistryPlan | None, upstream: str | None, upstream_ca: str | None) -> list[Source]:
@@ -161,18 +159,16 @@ def origin(on_rig: bool, found: list[Source]) -> tuple[str, bool]:
     """(where the image comes from, as status says it; whether that is a warning): the fleet, upstream, or the
     rig alone (no other copy exists)."""
     have = [s.kind for s in found if s.has]
+    unknown = [s.name for s in found if s.has is None]
     if "fleet" in have:
         text = "the fleet registry" + (" and upstream" if "upstream" in have else " (gone upstream)")
     elif "upstream" in have:
         text = "upstream"
     elif on_rig:
-        unknown = [s.name for s in found if s.has is None]
-        return "this rig alone: no other copy exists" + (f" (not asked: {', '.join(unknown)})" if unknown else "") + (
-            "; keep one with `rigforge images save DIR`"
-        ), True
+        asked = f" (not asked: {', '.join(unknown)})" if unknown else ""
+        return f"this rig alone: no other copy exists{asked}; keep one with `rigforge images save DIR`", True
+    elif unknown:
+        return f"no source known to have it (could not ask: {', '.join(unknown)}); not on the rig", True
     else:
-        unknown = [s.name for s in found if s.has is None]
-        if unknown:
-            return f"no source known to have it (could not ask: {', '.join(unknown)}); not on the rig", True
         return "nowhere: not on the rig, in no source", True
     return text + ("" if on_rig else "; not on the rig yet"), False

@@ -282,11 +282,8 @@ _BRACED = re.compile(r"([_a-zA-Z][_a-zA-Z0-9]*)(?:(:?)([-?+])(.*))?", re.S)
 def _close(s: str, i: int) -> int:
     depth = 1
     while i < len(s):
-        if s.startswith("$$", i):
-            i += 2
-            continue
-        if s.startswith("${", i):
-            depth += 1
+        if s.startswith(("$$", "${"), i):  # a literal $, or a nested ${
+            depth += s[i + 1] == "{"
             i += 2
             continue
         if s[i] == "}":
