@@ -315,12 +315,7 @@ def parse_lock(data: Any, path: str = "<lock>") -> Lock:
     hf = {str(n): _hf(path, str(n), d) for n, d in (r.get("hf", dict, required=False) or {}).items()}
     toolkit = _toolkit(path, data["toolkit"]) if data.get("toolkit") is not None else None
     return Lock(
-        path=path,
-        image=image,
-        git=MappingProxyType(git),
-        hf=MappingProxyType(hf),
-        images=MappingProxyType(images),
-        toolkit=toolkit,
+        path, image, MappingProxyType(git), MappingProxyType(hf), images=MappingProxyType(images), toolkit=toolkit
     )
 
 

@@ -443,11 +443,6 @@ def effective_compose(r: Recipe, compose: dict, env: dict[str, str], host_overri
     return out
 
 
-def escape(data: Any) -> Any:
-    """Re-escape literal `$` as `$$` so the effective file is itself a valid compose file."""
-    return _walk(data, lambda s: s.replace("$", "$$"))
-
-
 class _Dumper(yaml.SafeDumper):
     pass
 
@@ -472,11 +467,6 @@ SECRET_MARK = "@@rigforge-secret-HF_TOKEN@@"
 EFFECTIVE_FILE = "effective-compose.yml"  # what `docker compose config` resolves: for reading, not for running
 
 
-def checkout_dir(root: str) -> str:
-    """The rig's pinned checkout of the recipe repo."""
-    return HostLayout(root=root).src(GIT_NAME)
-
-
 def rig_files(r: Recipe, compose: dict, *, root: str, image: str, knobs: dict[str, Any]) -> dict[str, str]:
     """{file name: text} of the serve dir (docker-compose.yml, compose.override.yml, .env) plus the effective file.
 
@@ -487,12 +477,14 @@ def rig_files(r: Recipe, compose: dict, *, root: str, image: str, knobs: dict[st
     if image_by_env(r, compose):
         env[r.image_env] = image
     secret = {k: SECRET_MARK for k in env if k in SECRET_VARS}  # the effective file refers to them, never holds them
-    checkout = checkout_dir(root)
+    checkout = HostLayout(root=root).src(GIT_NAME)  # the rig's pinned checkout of the recipe repo
     host = override(r, compose, image, root)
     wrapper = {
         "name": f"rigforge-{r.name}",
         "include": [{"path": [f"{checkout}/{r.compose_path}", OVERRIDE_FILE], "env_file": ".env"}],
     }
+    effective = {"name": wrapper["name"], **effective_compose(r, compose, {**env, **secret}, host, checkout)}
+    escaped = _walk(effective, lambda s: s.replace("$", "$$"))  # literal $ as $$: itself a valid compose file
     lines = [f"# rigforge: host knobs of {r.slug} ({r.compose_path}); mode 0600, may hold secrets. Do not commit."]
     lines += [f"{k}={v}" for k, v in env.items()]
     note = f"# Rendered by rigforge for {r.slug}. Do not edit: change host data and re-run rigforge.\n"
@@ -508,9 +500,7 @@ def rig_files(r: Recipe, compose: dict, *, root: str, image: str, knobs: dict[st
         EFFECTIVE_FILE: note
         + "# What the rig runs: the recipe's compose file resolved with the .env and the override,\n"
         "# as `docker compose config` shows it (host paths; $$ is a literal $).\n"
-        + dump(
-            escape({"name": wrapper["name"], **effective_compose(r, compose, {**env, **secret}, host, checkout)})
-        ).replace(SECRET_MARK, "${HF_TOKEN}"),
+        + dump(escaped).replace(SECRET_MARK, "${HF_TOKEN}"),
     }
 
 
