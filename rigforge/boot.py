@@ -17,6 +17,7 @@ Pure: no host, no pyinfra.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Mapping
 
@@ -62,18 +63,15 @@ def parse_boot(lines: list[str]) -> dict:
         elif section == "caps":
             cells = [c.strip() for c in line.split(",")]
             if len(cells) == 2 and cells[0].isdigit():
-                try:
+                with contextlib.suppress(ValueError):
                     out["caps"][int(cells[0])] = float(cells[1])
-                except ValueError:
-                    continue
     return out
 
 
 def _stamp(unit: Mapping, key: str) -> int:
-    try:
+    with contextlib.suppress(ValueError):
         return int(unit.get(key) or 0)
-    except ValueError:
-        return 0
+    return 0
 
 
 def started(unit: Mapping | None) -> int:

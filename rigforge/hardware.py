@@ -107,11 +107,9 @@ class Needs:
 
 
 def driver_cuda(running: dict | None, data: dict) -> tuple[str | None, str]:
-    """(the CUDA version the rig's driver supports once the deploy ran, which driver that is).
-
-    The running driver's own word (nvidia-smi's header, else NVIDIA's table for its version) when rigforge keeps
-    it: nvidia_driver_manage false, or it is already of nvidia_driver_branch. Otherwise the branch rigforge is
-    about to install, from NVIDIA's table (rigforge/driver_table.py CUDA_DRIVERS)."""
+    """(the CUDA version the rig's driver supports once the deploy ran, which driver that is): the running driver's
+    (nvidia-smi's header, else NVIDIA's table) when rigforge keeps it (nvidia_driver_manage false, or already of
+    nvidia_driver_branch), else that of the branch rigforge is about to install (driver_table.CUDA_DRIVERS)."""
     version, branch = (running or {}).get("version"), data.get("nvidia_driver_branch")
     if version and (data.get("nvidia_driver_manage") is False or version.split(".")[0] == str(branch)):
         return (running or {}).get("cuda") or cuda_for_driver(version), f"the running driver {version}"
@@ -198,16 +196,12 @@ def find_problems(
     pci: list | None = None,
     running: dict | None = None,
 ) -> list[str]:
-    """Every reason this host cannot run `needs.variant` (empty list when it can).
-
-    Before a driver is installed nvidia-smi shows no GPUs; the GPU count and each card's stock VRAM are then
-    taken from the PCI bus (`pci`: (address, device ID) pairs, None when unknown), and what only the driver can
-    tell (a card's power range, the VRAM of a modded card) waits for it. The image's CUDA version is checked
-    against the driver's (`running`: rigforge.facts.nvidia.NvidiaRunningDriver, or the branch to install).
-
-    `data` holds the host-data keys the checks read: gpu_power_limit_w, gpu_power_limits,
-    serving_kv_cache_dtype, serving_gpu_memory_utilization, docker_source, nvidia_driver_flavor,
-    nvidia_driver_branch, nvidia_driver_manage.
+    """Every reason this host cannot run `needs.variant` (empty list when it can). With no driver yet (nvidia-smi
+    shows no GPUs) the GPU count and stock VRAM come from the PCI bus (`pci`: (address, device ID) pairs, None when
+    unknown); a card's power range and a modded card's VRAM wait for the driver. The image's CUDA version is checked
+    against the driver's (`running`: rigforge.facts.nvidia.NvidiaRunningDriver, or the branch to install). `data`:
+    the host-data keys the checks read (gpu_power_limit_w, gpu_power_limits, serving_kv_cache_dtype,
+    serving_gpu_memory_utilization, docker_source, nvidia_driver_flavor, nvidia_driver_branch, nvidia_driver_manage).
     """
     problems = []
     os_key = (os_release.get("id", ""), os_release.get("version_id", ""))

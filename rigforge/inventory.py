@@ -195,8 +195,7 @@ def ctx_host(ctx) -> str:
 
 
 def curl_command(url: str, api_key: str | None, timeout: int, body: dict | None = None, last: str = "http_code"):
-    """curl printing the body, then on the last line the HTTP code (or another of curl's -w variables, e.g.
-    time_total). The API key (if any) is masked."""
+    """curl printing the body, then the HTTP code (or curl's -w variable `last`) on a line of its own; key masked."""
     from pyinfra.api import MaskString, QuoteString, StringCommand
 
     parts = ["curl", "-s", "-m", str(timeout), "-w", QuoteString(f"\\n%{{{last}}}")]

@@ -140,11 +140,8 @@ def manifest_url(ref: str, registry: str | None = None) -> str:
 
 
 def resolve_image(ref: str, registry: str | None = None, verify=True) -> str:
-    """The registry's digest (sha256:...) for an image `name:tag`, as `docker pull` would get it.
-
-    Docker Hub unless the name starts with a registry host, or `registry` (a base URL) is given. Anonymous
-    bearer tokens are fetched when the registry asks for one (the Distribution API's 401 challenge).
-    """
+    """The registry's digest (sha256:...) for an image `name:tag`, as `docker pull` would get it: from `registry` (a
+    base URL) when given, else Docker Hub unless the name starts with a registry host."""
     import requests
 
     try:
@@ -253,12 +250,10 @@ def resolve(
     fleet: tuple[str, str | bool] | None = None,
     errors: list[str] | None = None,
 ) -> tuple[Lock, list[str]]:
-    """Resolve unresolved (and `refresh`ed) entries; return the new lock and a report line per change.
-
-    `fleet`: (the fleet registry's base URL, its CA's path or False for plain HTTP): an image whose tag upstream
-    no longer has is resolved from the fleet's copy there (copied with its digest kept, docs/registry.md).
-    `errors`: given, an entry that cannot be resolved is left as it is and its problem added there (all are
-    tried); else the first one raises LockError."""
+    """Resolve unresolved (and `refresh`ed) entries: (the new lock, a report line per change). `fleet`: (its base
+    URL, its CA's path or False for plain HTTP) resolves an image upstream no longer has from the fleet's copy
+    (its digest kept, docs/registry.md). With `errors`, an entry that cannot be resolved is kept and its problem
+    added there (all are tried); else the first one raises LockError."""
     unknown = set(refresh) - set(lock.git) - set(lock.hf) - {"image"} - {f"images.{n}" for n in lock.images}
     if unknown:
         raise LockError(f"--refresh: no git or hf entry {sorted(unknown)} (known: {', '.join([*lock.git, *lock.hf])})")
@@ -270,8 +265,7 @@ def resolve(
         except LockError as e:
             if errors is None:
                 raise
-            problem = str(e).removeprefix("image: ").removeprefix(f"{label}: ")
-            errors.append(f"{label}: {problem}")
+            errors.append(f"{label}: " + str(e).removeprefix("image: ").removeprefix(f"{label}: "))
             return pin
 
     def image(key: str, pin: ImagePin) -> ImagePin:
@@ -397,8 +391,8 @@ def _slugs_in(inventory_path: str) -> list[str]:
 
 
 def follow_recipes(args: argparse.Namespace, path: Path) -> int:
-    """`lock --recipes REF`: the lock at REF (rigforge/follow.py), resolved; its diff printed, written to --out
-    (else the lock itself) only when every entry resolved."""
+    """`lock --recipes REF`: the lock at REF (rigforge/follow.py), resolved, its diff printed; written (to --out,
+    else the lock) only when every entry resolved."""
     from rigforge import follow, recipes
     from rigforge.inventory import InventoryError
 

@@ -131,8 +131,7 @@ def sources(image: str, fleet: RegistryPlan | None, upstream: str | None, upstre
 
 
 def problem(image: str, found: list[Source], successor: str | None) -> str | None:
-    """None when some source has `image`, or one could not be asked (`unasked` says so); else the one line: the
-    image, what each source answered, the way on."""
+    """The one line when no source has `image` (what each answered, the way on); None if one has it or was not asked."""
     if any(s.has is not False for s in found):
         return None
     answers = "; ".join(f"{s.name}: {s.detail}" for s in found)
@@ -156,8 +155,7 @@ def unasked(image: str, found: list[Source]) -> str | None:
 
 
 def origin(on_rig: bool, found: list[Source]) -> tuple[str, bool]:
-    """(where the image comes from, as status says it; whether that is a warning): the fleet, upstream, or the
-    rig alone (no other copy exists)."""
+    """(where the image comes from, as status says it: the fleet, upstream or the rig alone; whether to warn)."""
     have = [s.kind for s in found if s.has]
     unknown = [s.name for s in found if s.has is None]
     if "fleet" in have:

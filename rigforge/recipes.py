@@ -16,6 +16,7 @@ Where the controller finds the checkout: RIGFORGE_RECIPES, else the cache `rigfo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import re
@@ -109,10 +110,9 @@ def _yaml(path: Path) -> Any:
 
 
 def _sm(value: Any) -> float:
-    try:
+    with contextlib.suppress(TypeError, ValueError):
         return float(value or 0)
-    except (TypeError, ValueError):
-        return 0.0
+    return 0.0
 
 
 def _size(value: Any) -> float | None:
@@ -391,8 +391,8 @@ def service_name(r: Recipe, compose: dict) -> str:
 
 
 def image_by_env(r: Recipe, compose: dict) -> bool:
-    """The recipe's own way to set the image: its engine names an `image_env` its compose file reads (upstream's
-    launchers set it), so the .env carries the lock's image and the compose file stays the recipe's own."""
+    """Whether the .env sets the image: the engine names an `image_env` the compose file reads (as upstream's
+    launchers set it), so the compose file stays the recipe's own."""
     return bool(r.image_env) and r.image_env in variables(compose)
 
 
@@ -417,11 +417,9 @@ def override(r: Recipe, compose: dict, image: str, root: str) -> dict:
 
 
 def effective_compose(r: Recipe, compose: dict, env: dict[str, str], host_override: dict, checkout: str) -> dict:
-    """What `docker compose -f RECIPE -f OVERRIDE config` resolves on the rig, with `env` from the .env file.
-
-    Interpolation per file, then the merge (scalars replaced, volumes merged by target), then relative bind
-    sources resolved against the recipe file's directory inside the rig's checkout `checkout`.
-    """
+    """What `docker compose -f RECIPE -f OVERRIDE config` resolves on the rig with the .env's `env`: interpolation
+    per file, the merge (scalars replaced, volumes merged by target), relative bind sources resolved against the
+    recipe file's directory in the rig's checkout `checkout`."""
     out = interpolated(compose, env)
     base_dir = posixpath.join(checkout, posixpath.dirname(r.compose_path))
     for svc, extra in host_override.get("services", {}).items():
@@ -468,11 +466,8 @@ EFFECTIVE_FILE = "effective-compose.yml"  # what `docker compose config` resolve
 
 
 def rig_files(r: Recipe, compose: dict, *, root: str, image: str, knobs: dict[str, Any]) -> dict[str, str]:
-    """{file name: text} of the serve dir (docker-compose.yml, compose.override.yml, .env) plus the effective file.
-
-    `knobs` maps rigforge settings to values (None = the recipe's default); a setting the recipe has no knob
-    for raises RecipeError naming the slug and the setting.
-    """
+    """{file name: text} of the serve dir (docker-compose.yml, compose.override.yml, .env) plus the effective file;
+    `knobs`: {setting: value} as `knob_env` takes them (None = the recipe's default)."""
     env = knob_env(r, compose, knobs)
     if image_by_env(r, compose):
         env[r.image_env] = image
@@ -581,9 +576,8 @@ def served_model(compose: dict) -> str | None:
 
 def find(slug: str, lock: Any, opt_in: bool) -> LiveVariant:
     """A recipe-repo slug for a deploy (or status/verify): the recipe from the controller's copy of the locked
-    commit, its image and weights found in the lock (by ref, by repo id).
-
-    Raises RecipeError / LockError naming the slug and what to do (refused, opt-in, missing lock entry)."""
+    commit, its image and weights found in the lock (by ref, by repo id); else RecipeError / LockError naming the
+    slug and what to do (refused, opt-in, missing lock entry)."""
     from rigforge.pins import LockError
 
     pin = lock.git.get(GIT_NAME)
@@ -609,9 +603,8 @@ def find(slug: str, lock: Any, opt_in: bool) -> LiveVariant:
 
 
 def provisional(slug: str, lock: Any, opt_in: bool) -> Any:
-    """`lock` with an unresolved entry for each image and weights repo slug `slug` needs and the lock lacks (named
-    as `find`'s advice names them): what `render` (and status, verify) shows for a slug not locked yet. A deploy
-    never sees these: it refuses an unresolved entry (Lock.require)."""
+    """`lock` plus an unresolved entry (named as `find`'s advice names it) for each image and weights repo `slug`
+    needs and the lock lacks: what render, status and verify show for a slug not locked yet (a deploy refuses)."""
     import dataclasses
 
     from rigforge.pins import HfPin, ImagePin
