@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rigforge import schema
 from rigforge.driver_table import FLAVORS, branch_for_cuda, cuda_for_branch, cuda_for_driver, version_key
 from rigforge.knobs.docker_engine import DOCKER_SOURCES
 
@@ -210,16 +211,12 @@ def find_problems(
             f"unsupported OS {os_key[0] or '?'} {os_key[1] or '?'}; supported: Ubuntu 22.04, Ubuntu 24.04, "
             "Debian 12, Debian 13. Install one of those on the rig."
         )
-    docker_source = data.get("docker_source")
-    if docker_source not in DOCKER_SOURCES:
-        problems.append(f"docker_source={docker_source!r} is not one of: {', '.join(DOCKER_SOURCES)}.")
-    elif docker_source == "distro" and os_key == ("debian", "12"):
+    problems += schema.one_of(data, "docker_source", DOCKER_SOURCES)
+    if data.get("docker_source") == "distro" and os_key == ("debian", "12"):
         problems.append("docker_source='distro' has no compose v2 package on Debian 12; set docker_source: docker.")
     if data.get("nvidia_allow_reboot", False) not in (True, False):
         problems.append(f"nvidia_allow_reboot={data.get('nvidia_allow_reboot')!r} must be true or false.")
-    flavor = data.get("nvidia_driver_flavor")
-    if flavor not in FLAVORS:
-        problems.append(f"nvidia_driver_flavor={flavor!r} is not one of: {', '.join(FLAVORS)}.")
+    problems += schema.one_of(data, "nvidia_driver_flavor", FLAVORS)
     override = small_override(data.get("serving_kv_cache_dtype"), data.get("serving_gpu_memory_utilization"))
     if not gpus and pci is not None:
         problems += pci_problems(pci, needs, override)

@@ -403,12 +403,8 @@ def override(r: Recipe, compose: dict, image: str, root: str) -> dict:
     caches = []
     for v in compose["services"][svc].get("volumes") or []:
         source, target, opts = _volume(v)
-        name = posixpath.basename(source.rstrip("/"))
-        if (
-            source.startswith(".")
-            and posixpath.basename(posixpath.dirname(source)) == "cache"
-            and name in CACHE_TARGETS
-        ):
+        name, parent = posixpath.basename(source.rstrip("/")), posixpath.basename(posixpath.dirname(source))
+        if source.startswith(".") and parent == "cache" and name in CACHE_TARGETS:
             caches.append(f"{HostLayout(root=root).cache}/{name}:{target}" + (f":{opts}" if opts else ""))
     data: dict[str, Any] = {"restart": "no"} if image_by_env(r, compose) else {"image": image, "restart": "no"}
     if caches:

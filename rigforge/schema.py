@@ -342,6 +342,12 @@ def choice(data: Mapping, key: str, allowed: tuple) -> list[str]:
     return [] if value in allowed else [f"{key} must be one of: {', '.join(map(str, allowed))}; got {value!r}"]
 
 
+def one_of(data: Mapping, key: str, allowed: tuple) -> list[str]:
+    """The deploy checks' form of `choice` (`key=VALUE is not one of: ...`)."""
+    value = data.get(key)
+    return [] if value in allowed else [f"{key}={value!r} is not one of: {', '.join(allowed)}."]
+
+
 def url(data: Mapping, key: str) -> list[str]:
     value = data.get(key)
     if isinstance(value, str) and URL.fullmatch(value):
