@@ -114,8 +114,7 @@ def judge(seen: Mapping, targets: Mapping[int, int], writers: Mapping[str, Mappi
     units = seen.get("units") or {}
     power, settle = units.get(POWER_UNIT), units.get(SETTLE_UNIT)
     problems = []
-    cycles = seen.get("cycles") or []
-    if cycles:
+    if cycles := seen.get("cycles") or []:
         more = f" (+{len(cycles) - 1} more)" if len(cycles) > 1 else ""
         problems.append(f"journalctl -b logs an ordering cycle: {cycles[0]!r}{more}")
     problems += [p for p in (_unit_problem(POWER_UNIT, power), _unit_problem(SETTLE_UNIT, settle)) if p]

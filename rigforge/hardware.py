@@ -261,7 +261,6 @@ def interconnect(topology: dict | None) -> str:
     pcie = [link for link in links if not link.startswith("NV")]
     parts = [f"PCIe ({'/'.join(pcie)})"] if pcie else []
     parts.append(f"NVLink ({'/'.join(nvlink)})" if nvlink else "no NVLink")
-    reads = sorted(set((topology.get("p2p_read") or {}).values()))
-    if reads:
+    if reads := sorted(set((topology.get("p2p_read") or {}).values())):
         parts.append("P2P read: " + ", ".join(P2P_STATUS.get(r, r) for r in reads))
     return ", ".join(parts)

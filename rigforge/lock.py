@@ -454,8 +454,7 @@ def run(args: argparse.Namespace) -> int:
         report.append(f"git.{GIT_NAME}: cached {pin.commit[:12]} at {cached} (what `rigforge render` reads)")
     for line in report or ["nothing to resolve"]:
         print(line)
-    news = check_toolkit(new.toolkit, os.environ.get("RIGFORGE_TOOLKIT_REPO")) if new.toolkit else None
-    if news:
+    if new.toolkit and (news := check_toolkit(new.toolkit, os.environ.get("RIGFORGE_TOOLKIT_REPO"))):
         print(news)
     return 0
 

@@ -207,8 +207,7 @@ class _Reader:
         if not isinstance(data, dict):
             self.fail(f"expected a mapping, got {type(data).__name__}")
         self.data = data
-        extra = set(data) - set(allowed)
-        if extra:
+        if extra := set(data) - set(allowed):
             self.fail(f"unknown key(s) {sorted(extra)} (allowed: {sorted(allowed)})")
 
     def fail(self, msg: str, key: str | None = None):

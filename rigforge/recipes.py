@@ -234,8 +234,7 @@ def parse_repo(root: Path) -> RecipeRepo:
             extra={k: v for k, v in e.items() if k not in ENTRY_KEYS},
         )
     names = [r.name for r in recipes.values()]
-    dupes = {n for n in names if names.count(n) > 1}
-    if dupes:
+    if dupes := {n for n in names if names.count(n) > 1}:
         raise RecipeError(f"recipe repo {root}: slugs collide as file names: {sorted(dupes)}")
     return RecipeRepo(root=root, recipes=recipes)
 
@@ -253,8 +252,7 @@ def cache_dir(commit: str) -> Path:
 
 def locate(commit: str | None) -> Path:
     """Where the controller reads the recipe repo: RIGFORGE_RECIPES, else the lock's cached commit."""
-    env = os.environ.get(RECIPES_ENV)
-    if env:
+    if env := os.environ.get(RECIPES_ENV):
         if not (Path(env) / REGISTRY).is_file():
             raise RecipeError(f"{RECIPES_ENV}={env} is not a checkout of the recipe repo (no {REGISTRY})")
         return Path(env)

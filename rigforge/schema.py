@@ -134,8 +134,7 @@ def _abs_path(v: Any) -> str:
             "an absolute path of letters, digits and . _ + @ - / (no spaces, quotes, ':' or shell characters)"
         )
     path = s.rstrip("/") or "/"
-    tree = managed_tree(path)
-    if tree:
+    if tree := managed_tree(path):
         raise ValueError(f"a directory of its own outside {tree} (e.g. {DEFAULT_ROOT})")
     if path in SYSTEM_DIRS:
         example = f"{path}/rigforge" if path in HOMES else DEFAULT_ROOT
@@ -275,8 +274,7 @@ def setting(data: Mapping, key: str, name: str) -> list[str]:
 
 def apply_overrides(base: Settings, overrides: dict[str, Any], where: str = "") -> Settings:
     """Validate and apply overrides; raise SettingsError naming every bad key and the allowed values."""
-    problems = setting_problems(overrides)
-    if problems:
+    if problems := setting_problems(overrides):
         prefix = f"{where}: " if where else ""
         raise SettingsError(prefix + "; ".join(problems))
     return replace(base, **{key: SETTINGS[key](raw) for key, raw in overrides.items()})
