@@ -186,6 +186,4 @@ def summary(seen: Mapping, ctx) -> str:
                           for name, w in writers.items())  # fmt: skip
         return f"other cap writers at boot: {named}; what ran not read (services not managed)" if named else ""
     j = judge(seen, _targets(seen, ctx), writers)
-    if j["ok"]:
-        return _set_last(j)
-    return f"NOT set last at this boot: {'; '.join(j['problems'])}"
+    return _set_last(j) if j["ok"] else f"NOT set last at this boot: {'; '.join(j['problems'])}"

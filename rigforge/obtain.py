@@ -135,11 +135,9 @@ def problem(image: str, found: list[Source], successor: str | None) -> str | Non
     if any(s.has is not False for s in found):
         return None
     answers = "; ".join(f"{s.name}: {s.detail}" for s in found)
-    way = (
-        f"move to the recipe repo's live successor: rigforge_variant: {successor}"
-        if successor
-        else ("move to a variant with a live image (`rigforge render --list`)")
-    )
+    way = f"move to the recipe repo's live successor: rigforge_variant: {successor}"
+    if not successor:
+        way = "move to a variant with a live image (`rigforge render --list`)"
     return (
         f"image {image} is in no source this rig can pull from ({answers}), and the rig does not hold it: {way}, "
         "or `rigforge images load DIR` a saved copy onto the rig"
