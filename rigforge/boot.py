@@ -17,6 +17,7 @@ Pure: no host, no pyinfra.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Mapping
 
@@ -62,18 +63,15 @@ def parse_boot(lines: list[str]) -> dict:
         elif section == "caps":
             cells = [c.strip() for c in line.split(",")]
             if len(cells) == 2 and cells[0].isdigit():
-                try:
+                with contextlib.suppress(ValueError):
                     out["caps"][int(cells[0])] = float(cells[1])
-                except ValueError:
-                    continue
     return out
 
 
 def _stamp(unit: Mapping, key: str) -> int:
-    try:
+    with contextlib.suppress(ValueError):
         return int(unit.get(key) or 0)
-    except ValueError:
-        return 0
+    return 0
 
 
 def started(unit: Mapping | None) -> int:
@@ -116,14 +114,10 @@ def judge(seen: Mapping, targets: Mapping[int, int], writers: Mapping[str, Mappi
     units = seen.get("units") or {}
     power, settle = units.get(POWER_UNIT), units.get(SETTLE_UNIT)
     problems = []
-    cycles = seen.get("cycles") or []
-    if cycles:
+    if cycles := seen.get("cycles") or []:
         more = f" (+{len(cycles) - 1} more)" if len(cycles) > 1 else ""
         problems.append(f"journalctl -b logs an ordering cycle: {cycles[0]!r}{more}")
-    for name, unit in ((POWER_UNIT, power), (SETTLE_UNIT, settle)):
-        problem = _unit_problem(name, unit)
-        if problem:
-            problems.append(problem)
+    problems += [p for p in (_unit_problem(POWER_UNIT, power), _unit_problem(SETTLE_UNIT, settle)) if p]
     lines = seen.get("settle") or []
     problems += [f"{SETTLE_UNIT}: {line.removeprefix('rigforge: ')}" for line in lines if FAILED.match(line)]
     settling = bool(settle) and settle.get("SubState") == "running"
@@ -192,6 +186,4 @@ def summary(seen: Mapping, ctx) -> str:
                           for name, w in writers.items())  # fmt: skip
         return f"other cap writers at boot: {named}; what ran not read (services not managed)" if named else ""
     j = judge(seen, _targets(seen, ctx), writers)
-    if j["ok"]:
-        return _set_last(j)
-    return f"NOT set last at this boot: {'; '.join(j['problems'])}"
+    return _set_last(j) if j["ok"] else f"NOT set last at this boot: {'; '.join(j['problems'])}"

@@ -79,24 +79,17 @@ class DriverTableError(ValueError):
     """No package exists for the combination asked for (the message says what to choose instead)."""
 
 
-def family(os_id: str) -> str:
-    return "ubuntu" if os_id == "ubuntu" else "debian"
-
-
-def scheme(branch: int) -> str:
-    return "580" if int(branch) == 580 else "590+"
-
-
 def lookup(source: str, os_id: str, branch, flavor: str, kernel: str = "generic") -> DriverPackages:
     """The driver packages for a rig; DriverTableError when no such package exists."""
-    fam = family(os_id)
+    fam = "ubuntu" if os_id == "ubuntu" else "debian"
     try:
         branch = int(branch)
     except (TypeError, ValueError):
         raise DriverTableError(f"nvidia_driver_branch={branch!r} is not a branch number (580, 590, ...)") from None
     if branch < MIN_BRANCH:
         raise DriverTableError(f"nvidia_driver_branch={branch} is older than {MIN_BRANCH}; set 580 or later")
-    row = TABLE.get((source, fam, scheme(branch), flavor)) or TABLE.get((source, fam, "any", flavor))
+    scheme = "580" if branch == 580 else "590+"
+    row = TABLE.get((source, fam, scheme, flavor)) or TABLE.get((source, fam, "any", flavor))
     if row is None:
         have = sorted({key[0] for key in TABLE if key[1] == fam and key[3] == flavor})
         raise DriverTableError(

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rigforge.driver_table import branch_for_cuda, cuda_for_branch, cuda_for_driver, version_key
+from rigforge import schema
+from rigforge.driver_table import FLAVORS, branch_for_cuda, cuda_for_branch, cuda_for_driver, version_key
+from rigforge.knobs.docker_engine import DOCKER_SOURCES
 
 SMALL_CARD_MIB = 24000  # below this a card is a "20 GB card"
 SMALL_CARD_FLOOR_MIB = 20000  # below this not even the 20 GB override fits the model
@@ -25,9 +27,8 @@ def small_override(kv_cache_dtype, gpu_memory_utilization) -> bool:
         fraction = float(gpu_memory_utilization)
     except (TypeError, ValueError):
         return False
-    return kv_cache_dtype == SMALL_CARD_OVERRIDE["serving_kv_cache_dtype"] and fraction <= float(
-        SMALL_CARD_OVERRIDE["serving_gpu_memory_utilization"]
-    )
+    want = SMALL_CARD_OVERRIDE
+    return kv_cache_dtype == want["serving_kv_cache_dtype"] and fraction <= want["serving_gpu_memory_utilization"]
 
 
 def vram_problems(gpus: list[dict], variant: str, card_mib: int, dflash: bool, override: bool) -> list[str]:
@@ -89,9 +90,7 @@ def pci_problems(pci: list[tuple[str, str]], needs: Needs, override: bool) -> li
 
 
 SUPPORTED_OS = {("ubuntu", "22.04"), ("ubuntu", "24.04"), ("debian", "12"), ("debian", "13")}
-DOCKER_SOURCES = ("docker", "distro")
 TWO_CARDS = "rigforge serves 2-card rigs (every variant runs tensor-parallel over 2 GPUs): add a GPU."
-DRIVER_FLAVORS = ("open", "proprietary")
 
 
 @dataclass(frozen=True)
@@ -109,11 +108,9 @@ class Needs:
 
 
 def driver_cuda(running: dict | None, data: dict) -> tuple[str | None, str]:
-    """(the CUDA version the rig's driver supports once the deploy ran, which driver that is).
-
-    The running driver's own word (nvidia-smi's header, else NVIDIA's table for its version) when rigforge keeps
-    it: nvidia_driver_manage false, or it is already of nvidia_driver_branch. Otherwise the branch rigforge is
-    about to install, from NVIDIA's table (rigforge/driver_table.py CUDA_DRIVERS)."""
+    """(the CUDA version the rig's driver supports once the deploy ran, which driver that is): the running driver's
+    (nvidia-smi's header, else NVIDIA's table) when rigforge keeps it (nvidia_driver_manage false, or already of
+    nvidia_driver_branch), else that of the branch rigforge is about to install (driver_table.CUDA_DRIVERS)."""
     version, branch = (running or {}).get("version"), data.get("nvidia_driver_branch")
     if version and (data.get("nvidia_driver_manage") is False or version.split(".")[0] == str(branch)):
         return (running or {}).get("cuda") or cuda_for_driver(version), f"the running driver {version}"
@@ -200,16 +197,12 @@ def find_problems(
     pci: list | None = None,
     running: dict | None = None,
 ) -> list[str]:
-    """Every reason this host cannot run `needs.variant` (empty list when it can).
-
-    Before a driver is installed nvidia-smi shows no GPUs; the GPU count and each card's stock VRAM are then
-    taken from the PCI bus (`pci`: (address, device ID) pairs, None when unknown), and what only the driver can
-    tell (a card's power range, the VRAM of a modded card) waits for it. The image's CUDA version is checked
-    against the driver's (`running`: rigforge.facts.nvidia.NvidiaRunningDriver, or the branch to install).
-
-    `data` holds the host-data keys the checks read: gpu_power_limit_w, gpu_power_limits,
-    serving_kv_cache_dtype, serving_gpu_memory_utilization, docker_source, nvidia_driver_flavor,
-    nvidia_driver_branch, nvidia_driver_manage.
+    """Every reason this host cannot run `needs.variant` (empty list when it can). With no driver yet (nvidia-smi
+    shows no GPUs) the GPU count and stock VRAM come from the PCI bus (`pci`: (address, device ID) pairs, None when
+    unknown); a card's power range and a modded card's VRAM wait for the driver. The image's CUDA version is checked
+    against the driver's (`running`: rigforge.facts.nvidia.NvidiaRunningDriver, or the branch to install). `data`:
+    the host-data keys the checks read (gpu_power_limit_w, gpu_power_limits, serving_kv_cache_dtype,
+    serving_gpu_memory_utilization, docker_source, nvidia_driver_flavor, nvidia_driver_branch, nvidia_driver_manage).
     """
     problems = []
     os_key = (os_release.get("id", ""), os_release.get("version_id", ""))
@@ -218,16 +211,12 @@ def find_problems(
             f"unsupported OS {os_key[0] or '?'} {os_key[1] or '?'}; supported: Ubuntu 22.04, Ubuntu 24.04, "
             "Debian 12, Debian 13. Install one of those on the rig."
         )
-    docker_source = data.get("docker_source")
-    if docker_source not in DOCKER_SOURCES:
-        problems.append(f"docker_source={docker_source!r} is not one of: {', '.join(DOCKER_SOURCES)}.")
-    elif docker_source == "distro" and os_key == ("debian", "12"):
+    problems += schema.one_of(data, "docker_source", DOCKER_SOURCES)
+    if data.get("docker_source") == "distro" and os_key == ("debian", "12"):
         problems.append("docker_source='distro' has no compose v2 package on Debian 12; set docker_source: docker.")
     if data.get("nvidia_allow_reboot", False) not in (True, False):
         problems.append(f"nvidia_allow_reboot={data.get('nvidia_allow_reboot')!r} must be true or false.")
-    flavor = data.get("nvidia_driver_flavor")
-    if flavor not in DRIVER_FLAVORS:
-        problems.append(f"nvidia_driver_flavor={flavor!r} is not one of: {', '.join(DRIVER_FLAVORS)}.")
+    problems += schema.one_of(data, "nvidia_driver_flavor", FLAVORS)
     override = small_override(data.get("serving_kv_cache_dtype"), data.get("serving_gpu_memory_utilization"))
     if not gpus and pci is not None:
         problems += pci_problems(pci, needs, override)
@@ -272,7 +261,6 @@ def interconnect(topology: dict | None) -> str:
     pcie = [link for link in links if not link.startswith("NV")]
     parts = [f"PCIe ({'/'.join(pcie)})"] if pcie else []
     parts.append(f"NVLink ({'/'.join(nvlink)})" if nvlink else "no NVLink")
-    reads = sorted(set((topology.get("p2p_read") or {}).values()))
-    if reads:
+    if reads := sorted(set((topology.get("p2p_read") or {}).values())):
         parts.append("P2P read: " + ", ".join(P2P_STATUS.get(r, r) for r in reads))
     return ", ".join(parts)

@@ -6,6 +6,7 @@ result), and read-only commands and HTTP requests made on a rig. Nothing here ch
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -70,16 +71,12 @@ def for_each_host(state, fn) -> dict[str, Any]:
         state.activate_host(host)
         try:
             problem = _command_problem(host)
-            if problem:
-                return Unreachable(problem)
-            return fn(host)
+            return Unreachable(problem) if problem else fn(host)
         except Exception as exc:
             return Unreachable(f"{type(exc).__name__}: {_one_line(exc)}")
         finally:
-            try:
+            with contextlib.suppress(Exception):
                 host.disconnect()
-            except Exception:
-                pass
 
     hosts = list(state.inventory)
     jobs = [state.pool.spawn(task, host) for host in hosts]
@@ -124,8 +121,7 @@ def _command_problem(host) -> str | None:
     """Why commands cannot run on a connected host (e.g. sudo wants a password); None when they can."""
     from pyinfra.api import StringCommand
 
-    problem = sudo_problem(host)  # asked without a prompt: pyinfra's own would wait for a TTY, then fail
-    if problem:
+    if problem := sudo_problem(host):  # asked without a prompt: pyinfra's own would wait for a TTY, then fail
         return problem
     kwargs = {"_sudo": bool(host.data.get("_sudo"))}
     if host.data.get("_sudo_user"):
@@ -152,8 +148,7 @@ def sh(host, command) -> str:
     from pyinfra.facts.server import Command
 
     cmd = command if isinstance(command, StringCommand) else StringCommand(command)
-    out = host.get_fact(Command, command=StringCommand("(", cmd, ") 2>/dev/null || true"))
-    return out or ""
+    return host.get_fact(Command, command=StringCommand("(", cmd, ") 2>/dev/null || true")) or ""
 
 
 def add_arguments(p: argparse.ArgumentParser, shown: str = "a table") -> None:
@@ -200,8 +195,7 @@ def ctx_host(ctx) -> str:
 
 
 def curl_command(url: str, api_key: str | None, timeout: int, body: dict | None = None, last: str = "http_code"):
-    """curl printing the body, then on the last line the HTTP code (or another of curl's -w variables, e.g.
-    time_total). The API key (if any) is masked."""
+    """curl printing the body, then the HTTP code (or curl's -w variable `last`) on a line of its own; key masked."""
     from pyinfra.api import MaskString, QuoteString, StringCommand
 
     parts = ["curl", "-s", "-m", str(timeout), "-w", QuoteString(f"\\n%{{{last}}}")]

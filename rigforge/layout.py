@@ -132,12 +132,8 @@ class HostLayout:
         """Root-only dir for weight manifests and the transient token file."""
         return f"{self.root}/run/weights"
 
-    @property
-    def weights_staging_root(self) -> str:
-        return f"{self.models}/{WEIGHTS_STAGING}"
-
     def weights_staging(self, asset: str) -> str:
-        return f"{self.weights_staging_root}/{asset}"
+        return f"{self.models}/{WEIGHTS_STAGING}/{asset}"
 
     def asset_dir(self, dirname: str) -> str:
         return f"{self.models}/{dirname}"

@@ -1,24 +1,19 @@
 """`rigforge lock [--check] [--lock PATH] [--refresh NAME ...]`: resolve or check the pins in rigforge.lock.yaml.
-`rigforge lock --recipes REF [--inventory INV] [--add SLUG ...] [--out FILE]`: follow the recipe repo to REF
-(rigforge/follow.py): the recipe pin moved, image entries from the engine profiles, hf entries for the slugs the
-inventory deploys and --add names, all resolved, the lock's diff printed; written (to FILE: a candidate, the lock in
-use untouched) only when every entry resolved, else each one that could not be is named and the exit is 1.
+`rigforge lock --recipes REF [--inventory INV] [--add SLUG ...] [--out FILE]`: move the recipe pin to REF
+(rigforge/follow.py), derive image entries from the engine profiles and hf entries for the slugs the inventory
+deploys and --add names, resolve them all and print the lock's diff; written (to FILE: a candidate) only when every
+entry resolved, else each unresolved one is named and the exit is 1.
 
-Without --check (on a networked controller): every unresolved git entry gets its full commit SHA (gitpython:
-`git ls-remote` for a branch or tag; a short SHA is expanded in a temporary bare repo after a commits-only
-fetch of its branch, or of all branches and tags), every unresolved HF entry gets its revision SHA and each
-file's size and sha256 (huggingface_hub `model_info(files_metadata=True)`: the LFS sha256 from the hub, a
-download + sha256 for small non-LFS files) and the hub's gated flag. `--refresh NAME` re-resolves entries from
-their `ref` even when resolved (a deliberate bump). The lock is rewritten atomically.
-The toolkit pin (`toolkit.version`) is never moved: when NVIDIA's repo index lists a newer release, one line says
-so, why it is kept (the entry's note) and how to move it; a repo it cannot read is one line too.
-With --check: offline validation; exit 1 listing every offending entry (unresolved ones included).
-The image's digest comes from its registry (Docker Hub unless the name starts with a registry host), and with it
-the image's CUDA version (its config's CUDA_VERSION environment variable or a CUDA version label; kept as the lock
-has it when the config records none).
+Without --check (networked controller): git entries get their full commit SHA (`git ls-remote` for a branch or
+tag; a short SHA is expanded in a temporary bare repo after a commits-only fetch), HF entries their revision,
+gated flag and each file's size and sha256 (the hub's LFS sha256, else a download), images their digest from the
+registry and their CUDA version from the config (CUDA_VERSION or a CUDA label; else kept as the lock has it).
+`--refresh NAME` re-resolves resolved entries from their `ref` (a deliberate bump). The lock is rewritten
+atomically. The toolkit pin is never moved: a newer release in NVIDIA's repo index, or an unreadable index, is
+one line saying so (and why it is kept, how to move it). With --check: offline validation, exit 1 listing every
+offending entry (unresolved ones included).
 Endpoints: HF_ENDPOINT (default https://huggingface.co), RIGFORGE_REGISTRY (a registry base URL),
-RIGFORGE_TOOLKIT_REPO (the toolkit's flat apt repo, default NVIDIA's amd64 one);
-HF token: RIGFORGE_HF_TOKEN or HF_TOKEN.
+RIGFORGE_TOOLKIT_REPO (default NVIDIA's amd64 one); HF token: RIGFORGE_HF_TOKEN or HF_TOKEN.
 """
 
 from __future__ import annotations
@@ -32,6 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from rigforge.driver_table import version_key
 from rigforge.obtain import MANIFEST_TYPES, parse, registry_request
 from rigforge.pins import (
     DIGEST,
@@ -144,11 +140,8 @@ def manifest_url(ref: str, registry: str | None = None) -> str:
 
 
 def resolve_image(ref: str, registry: str | None = None, verify=True) -> str:
-    """The registry's digest (sha256:...) for an image `name:tag`, as `docker pull` would get it.
-
-    Docker Hub unless the name starts with a registry host, or `registry` (a base URL) is given. Anonymous
-    bearer tokens are fetched when the registry asks for one (the Distribution API's 401 challenge).
-    """
+    """The registry's digest (sha256:...) for an image `name:tag`, as `docker pull` would get it: from `registry` (a
+    base URL) when given, else Docker Hub unless the name starts with a registry host."""
     import requests
 
     try:
@@ -193,19 +186,19 @@ def resolve_image_cuda(ref: str, digest: str, registry: str | None = None, verif
 
     base = manifest_url(ref, registry).rsplit("/manifests/", 1)[0]
     headers = {"Accept": MANIFEST_TYPES}
+
+    def get(path: str) -> dict:
+        resp = registry_request("GET", f"{base}/{path}", headers, verify=verify)
+        resp.raise_for_status()
+        return resp.json()
+
     try:
-        manifest = registry_request("GET", f"{base}/manifests/{digest}", headers, verify=verify)
-        manifest.raise_for_status()
-        manifest = manifest.json()
+        manifest = get(f"manifests/{digest}")
         if "manifests" in manifest:  # an index: the linux/amd64 image (else the first)
             entries = manifest["manifests"]
             amd64 = [m for m in entries if (m.get("platform") or {}).get("architecture") == "amd64"]
-            one = registry_request("GET", f"{base}/manifests/{(amd64 or entries)[0]['digest']}", headers, verify=verify)
-            one.raise_for_status()
-            manifest = one.json()
-        blob = registry_request("GET", f"{base}/blobs/{manifest['config']['digest']}", headers, verify=verify)
-        blob.raise_for_status()
-        return cuda_of(blob.json())
+            manifest = get(f"manifests/{(amd64 or entries)[0]['digest']}")
+        return cuda_of(get(f"blobs/{manifest['config']['digest']}"))
     except (requests.RequestException, ValueError, KeyError, IndexError, TypeError) as e:
         raise LockError(f"image: {ref}: cannot read its config for the CUDA version: {e}") from None
 
@@ -214,7 +207,6 @@ def _live_recipe(dead: str) -> str:
     """A recipe-repo slug rigforge can serve whose image is not `dead` (for the 404 hint)."""
     from rigforge import recipes
 
-    commit = None
     try:
         pin = load_lock(default_lock_path()).git.get(recipes.GIT_NAME)
         commit = pin.commit if pin else None
@@ -258,16 +250,14 @@ def resolve(
     fleet: tuple[str, str | bool] | None = None,
     errors: list[str] | None = None,
 ) -> tuple[Lock, list[str]]:
-    """Resolve unresolved (and `refresh`ed) entries; return the new lock and a report line per change.
-
-    `fleet`: (the fleet registry's base URL, its CA's path or False for plain HTTP): an image whose tag upstream
-    no longer has is resolved from the fleet's copy there (copied with its digest kept, docs/registry.md).
-    `errors`: given, an entry that cannot be resolved is left as it is and its problem added there (all are
-    tried); else the first one raises LockError."""
+    """Resolve unresolved (and `refresh`ed) entries: (the new lock, a report line per change). `fleet`: (its base
+    URL, its CA's path or False for plain HTTP) resolves an image upstream no longer has from the fleet's copy
+    (its digest kept, docs/registry.md). With `errors`, an entry that cannot be resolved is kept and its problem
+    added there (all are tried); else the first one raises LockError."""
     unknown = set(refresh) - set(lock.git) - set(lock.hf) - {"image"} - {f"images.{n}" for n in lock.images}
     if unknown:
         raise LockError(f"--refresh: no git or hf entry {sorted(unknown)} (known: {', '.join([*lock.git, *lock.hf])})")
-    report, git, hf = [], dict(lock.git), dict(lock.hf)
+    report = []
 
     def attempt(resolver, label: str, key: str, pin):
         try:
@@ -275,8 +265,7 @@ def resolve(
         except LockError as e:
             if errors is None:
                 raise
-            problem = str(e).removeprefix("image: ").removeprefix(f"{label}: ")
-            errors.append(f"{label}: {problem}")
+            errors.append(f"{label}: " + str(e).removeprefix("image: ").removeprefix(f"{label}: "))
             return pin
 
     def image(key: str, pin: ImagePin) -> ImagePin:
@@ -319,8 +308,8 @@ def resolve(
 
     seed = attempt(image, "image", "image", lock.image)
     images = {n: attempt(image, f"images.{n}", f"images.{n}", p) for n, p in lock.images.items()}
-    git = {n: attempt(commit_of, f"git.{n}", n, p) for n, p in git.items()}
-    hf = {n: attempt(revision_of, f"hf.{n}", n, p) for n, p in hf.items()}
+    git = {n: attempt(commit_of, f"git.{n}", n, p) for n, p in lock.git.items()}
+    hf = {n: attempt(revision_of, f"hf.{n}", n, p) for n, p in lock.hf.items()}
     return dataclasses.replace(lock, image=seed, images=images, git=git, hf=hf), report
 
 
@@ -329,26 +318,18 @@ TOOLKIT = "nvidia-container-toolkit"
 
 def upstream_versions(packages_text: str, name: str = TOOLKIT) -> list[str]:
     """Every version of `name` an apt Packages index lists."""
-    versions = []
-    for stanza in packages_text.split("\n\n"):
-        fields = dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line and not line[0].isspace())
-        if fields.get("Package") == name and "Version" in fields:
-            versions.append(fields["Version"])
-    return versions
-
-
-def _release_key(version: str) -> tuple[int, ...]:
-    return tuple(int(n) for n in re.findall(r"\d+", version))
+    stanzas = (
+        dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line and not line[0].isspace())
+        for stanza in packages_text.split("\n\n")
+    )
+    return [fields["Version"] for fields in stanzas if fields.get("Package") == name and "Version" in fields]
 
 
 def toolkit_news(pin: ToolkitPin, packages_text: str) -> str | None:
     """One line when the index has a release newer than the pinned one (pre-releases, `~rc`, are not counted)."""
-    newer = [
-        v for v in upstream_versions(packages_text) if "~" not in v and _release_key(v) > _release_key(pin.version)
-    ]
-    if not newer:
+    newest = max((v for v in upstream_versions(packages_text) if "~" not in v), key=version_key, default=None)
+    if newest is None or version_key(newest) <= version_key(pin.version):
         return None
-    newest = max(newer, key=_release_key)
     why = f" ({pin.note})" if pin.note else ""
     return (
         f"{TOOLKIT}: locked {pin.version}, newer {newest} exists upstream; kept{why}; to move: set toolkit.version "
@@ -410,8 +391,8 @@ def _slugs_in(inventory_path: str) -> list[str]:
 
 
 def follow_recipes(args: argparse.Namespace, path: Path) -> int:
-    """`lock --recipes REF`: the lock at REF (rigforge/follow.py), resolved; its diff printed, written to --out
-    (else the lock itself) only when every entry resolved."""
+    """`lock --recipes REF`: the lock at REF (rigforge/follow.py), resolved, its diff printed; written (to --out,
+    else the lock) only when every entry resolved."""
     from rigforge import follow, recipes
     from rigforge.inventory import InventoryError
 
@@ -473,8 +454,7 @@ def run(args: argparse.Namespace) -> int:
         report.append(f"git.{GIT_NAME}: cached {pin.commit[:12]} at {cached} (what `rigforge render` reads)")
     for line in report or ["nothing to resolve"]:
         print(line)
-    news = check_toolkit(new.toolkit, os.environ.get("RIGFORGE_TOOLKIT_REPO")) if new.toolkit else None
-    if news:
+    if new.toolkit and (news := check_toolkit(new.toolkit, os.environ.get("RIGFORGE_TOOLKIT_REPO"))):
         print(news)
     return 0
 

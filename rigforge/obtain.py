@@ -113,9 +113,7 @@ def fleet_verify(reg: RegistryPlan):
 def upstream_base(ref: ImageRef, upstream: str | None) -> str:
     """The registry Docker pulls `ref` from without a mirror: `upstream` (host data serving_image_upstream: the
     testbed's stand-in for Docker Hub) for Docker Hub images, else the registry the reference names."""
-    if ref.on_docker_hub:
-        return upstream or DOCKER_HUB_API
-    return f"https://{ref.registry}"
+    return (upstream or DOCKER_HUB_API) if ref.on_docker_hub else f"https://{ref.registry}"
 
 
 def sources(image: str, fleet: RegistryPlan | None, upstream: str | None, upstream_ca: str | None) -> list[Source]:
@@ -133,16 +131,13 @@ def sources(image: str, fleet: RegistryPlan | None, upstream: str | None, upstre
 
 
 def problem(image: str, found: list[Source], successor: str | None) -> str | None:
-    """None when some source has `image`, or one could not be asked (`unasked` says so); else the one line: the
-    image, what each source answered, the way on."""
+    """The one line when no source has `image` (what each answered, the way on); None if one has it or was not asked."""
     if any(s.has is not False for s in found):
         return None
     answers = "; ".join(f"{s.name}: {s.detail}" for s in found)
-    way = (
-        f"move to the recipe repo's live successor: rigforge_variant: {successor}"
-        if successor
-        else ("move to a variant with a live image (`rigforge render --list`)")
-    )
+    way = f"move to the recipe repo's live successor: rigforge_variant: {successor}"
+    if not successor:
+        way = "move to a variant with a live image (`rigforge render --list`)"
     return (
         f"image {image} is in no source this rig can pull from ({answers}), and the rig does not hold it: {way}, "
         "or `rigforge images load DIR` a saved copy onto the rig"
@@ -158,21 +153,18 @@ def unasked(image: str, found: list[Source]) -> str | None:
 
 
 def origin(on_rig: bool, found: list[Source]) -> tuple[str, bool]:
-    """(where the image comes from, as status says it; whether that is a warning): the fleet, upstream, or the
-    rig alone (no other copy exists)."""
+    """(where the image comes from, as status says it: the fleet, upstream or the rig alone; whether to warn)."""
     have = [s.kind for s in found if s.has]
+    unknown = [s.name for s in found if s.has is None]
     if "fleet" in have:
         text = "the fleet registry" + (" and upstream" if "upstream" in have else " (gone upstream)")
     elif "upstream" in have:
         text = "upstream"
     elif on_rig:
-        unknown = [s.name for s in found if s.has is None]
-        return "this rig alone: no other copy exists" + (f" (not asked: {', '.join(unknown)})" if unknown else "") + (
-            "; keep one with `rigforge images save DIR`"
-        ), True
+        asked = f" (not asked: {', '.join(unknown)})" if unknown else ""
+        return f"this rig alone: no other copy exists{asked}; keep one with `rigforge images save DIR`", True
+    elif unknown:
+        return f"no source known to have it (could not ask: {', '.join(unknown)}); not on the rig", True
     else:
-        unknown = [s.name for s in found if s.has is None]
-        if unknown:
-            return f"no source known to have it (could not ask: {', '.join(unknown)}); not on the rig", True
         return "nowhere: not on the rig, in no source", True
     return text + ("" if on_rig else "; not on the rig yet"), False

@@ -207,8 +207,7 @@ class _Reader:
         if not isinstance(data, dict):
             self.fail(f"expected a mapping, got {type(data).__name__}")
         self.data = data
-        extra = set(data) - set(allowed)
-        if extra:
+        if extra := set(data) - set(allowed):
             self.fail(f"unknown key(s) {sorted(extra)} (allowed: {sorted(allowed)})")
 
     def fail(self, msg: str, key: str | None = None):
@@ -315,12 +314,7 @@ def parse_lock(data: Any, path: str = "<lock>") -> Lock:
     hf = {str(n): _hf(path, str(n), d) for n, d in (r.get("hf", dict, required=False) or {}).items()}
     toolkit = _toolkit(path, data["toolkit"]) if data.get("toolkit") is not None else None
     return Lock(
-        path=path,
-        image=image,
-        git=MappingProxyType(git),
-        hf=MappingProxyType(hf),
-        images=MappingProxyType(images),
-        toolkit=toolkit,
+        path, image, MappingProxyType(git), MappingProxyType(hf), images=MappingProxyType(images), toolkit=toolkit
     )
 
 

@@ -25,8 +25,7 @@ MEASURED_W = (220, 330)  # HARDWARE.md "Dual-card TP=2 anchor": decode flat from
 
 
 def profile(root: Path | str | None) -> dict | None:
-    """The profile's power figures {"prefill", "optimal", "max", "min_driver"} from a recipe-repo checkout at
-    `root`, or None when it has none."""
+    """The power figures {"prefill", "optimal", "max", "min_driver"} of the recipe-repo checkout at `root`, or None."""
     if root is None or not (Path(root) / PROFILE).is_file():
         return None
     data = yaml.safe_load((Path(root) / PROFILE).read_text()) or {}
@@ -39,8 +38,7 @@ def profile(root: Path | str | None) -> dict | None:
 
 
 def locate_profile(lock) -> dict | None:
-    """The profile of the recipe repo the controller has for `lock` (RIGFORGE_RECIPES, else the lock's cached
-    commit), None when the controller has no checkout."""
+    """`profile` of the controller's recipe repo for `lock` (recipes.locate), None when it has no checkout."""
     pin = lock.git.get(recipes.GIT_NAME) if lock is not None else None
     try:
         return profile(recipes.locate(pin.commit if pin else None))

@@ -16,6 +16,7 @@ Where the controller finds the checkout: RIGFORGE_RECIPES, else the cache `rigfo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import re
@@ -109,10 +110,9 @@ def _yaml(path: Path) -> Any:
 
 
 def _sm(value: Any) -> float:
-    try:
+    with contextlib.suppress(TypeError, ValueError):
         return float(value or 0)
-    except (TypeError, ValueError):
-        return 0.0
+    return 0.0
 
 
 def _size(value: Any) -> float | None:
@@ -234,8 +234,7 @@ def parse_repo(root: Path) -> RecipeRepo:
             extra={k: v for k, v in e.items() if k not in ENTRY_KEYS},
         )
     names = [r.name for r in recipes.values()]
-    dupes = {n for n in names if names.count(n) > 1}
-    if dupes:
+    if dupes := {n for n in names if names.count(n) > 1}:
         raise RecipeError(f"recipe repo {root}: slugs collide as file names: {sorted(dupes)}")
     return RecipeRepo(root=root, recipes=recipes)
 
@@ -253,8 +252,7 @@ def cache_dir(commit: str) -> Path:
 
 def locate(commit: str | None) -> Path:
     """Where the controller reads the recipe repo: RIGFORGE_RECIPES, else the lock's cached commit."""
-    env = os.environ.get(RECIPES_ENV)
-    if env:
+    if env := os.environ.get(RECIPES_ENV):
         if not (Path(env) / REGISTRY).is_file():
             raise RecipeError(f"{RECIPES_ENV}={env} is not a checkout of the recipe repo (no {REGISTRY})")
         return Path(env)
@@ -282,11 +280,8 @@ _BRACED = re.compile(r"([_a-zA-Z][_a-zA-Z0-9]*)(?:(:?)([-?+])(.*))?", re.S)
 def _close(s: str, i: int) -> int:
     depth = 1
     while i < len(s):
-        if s.startswith("$$", i):
-            i += 2
-            continue
-        if s.startswith("${", i):
-            depth += 1
+        if s.startswith(("$$", "${"), i):  # a literal $, or a nested ${
+            depth += s[i + 1] == "{"
             i += 2
             continue
         if s[i] == "}":
@@ -394,8 +389,8 @@ def service_name(r: Recipe, compose: dict) -> str:
 
 
 def image_by_env(r: Recipe, compose: dict) -> bool:
-    """The recipe's own way to set the image: its engine names an `image_env` its compose file reads (upstream's
-    launchers set it), so the .env carries the lock's image and the compose file stays the recipe's own."""
+    """Whether the .env sets the image: the engine names an `image_env` the compose file reads (as upstream's
+    launchers set it), so the compose file stays the recipe's own."""
     return bool(r.image_env) and r.image_env in variables(compose)
 
 
@@ -406,12 +401,8 @@ def override(r: Recipe, compose: dict, image: str, root: str) -> dict:
     caches = []
     for v in compose["services"][svc].get("volumes") or []:
         source, target, opts = _volume(v)
-        name = posixpath.basename(source.rstrip("/"))
-        if (
-            source.startswith(".")
-            and posixpath.basename(posixpath.dirname(source)) == "cache"
-            and name in CACHE_TARGETS
-        ):
+        name, parent = posixpath.basename(source.rstrip("/")), posixpath.basename(posixpath.dirname(source))
+        if source.startswith(".") and parent == "cache" and name in CACHE_TARGETS:
             caches.append(f"{HostLayout(root=root).cache}/{name}:{target}" + (f":{opts}" if opts else ""))
     data: dict[str, Any] = {"restart": "no"} if image_by_env(r, compose) else {"image": image, "restart": "no"}
     if caches:
@@ -420,11 +411,9 @@ def override(r: Recipe, compose: dict, image: str, root: str) -> dict:
 
 
 def effective_compose(r: Recipe, compose: dict, env: dict[str, str], host_override: dict, checkout: str) -> dict:
-    """What `docker compose -f RECIPE -f OVERRIDE config` resolves on the rig, with `env` from the .env file.
-
-    Interpolation per file, then the merge (scalars replaced, volumes merged by target), then relative bind
-    sources resolved against the recipe file's directory inside the rig's checkout `checkout`.
-    """
+    """What `docker compose -f RECIPE -f OVERRIDE config` resolves on the rig with the .env's `env`: interpolation
+    per file, the merge (scalars replaced, volumes merged by target), relative bind sources resolved against the
+    recipe file's directory in the rig's checkout `checkout`."""
     out = interpolated(compose, env)
     base_dir = posixpath.join(checkout, posixpath.dirname(r.compose_path))
     for svc, extra in host_override.get("services", {}).items():
@@ -444,11 +433,6 @@ def effective_compose(r: Recipe, compose: dict, env: dict[str, str], host_overri
             vols.append(":".join(x for x in (source, target, opts) if x))
         service["volumes"] = vols
     return out
-
-
-def escape(data: Any) -> Any:
-    """Re-escape literal `$` as `$$` so the effective file is itself a valid compose file."""
-    return _walk(data, lambda s: s.replace("$", "$$"))
 
 
 class _Dumper(yaml.SafeDumper):
@@ -475,29 +459,23 @@ SECRET_MARK = "@@rigforge-secret-HF_TOKEN@@"
 EFFECTIVE_FILE = "effective-compose.yml"  # what `docker compose config` resolves: for reading, not for running
 
 
-def checkout_dir(root: str) -> str:
-    """The rig's pinned checkout of the recipe repo."""
-    return HostLayout(root=root).src(GIT_NAME)
-
-
 def rig_files(
     r: Recipe, compose: dict, *, root: str, image: str, knobs: dict[str, Any], host_keys: bool = False
 ) -> dict[str, str]:
-    """{file name: text} of the serve dir (docker-compose.yml, compose.override.yml, .env) plus the effective file.
-
-    `knobs` maps rigforge settings to values (None = the recipe's default); a setting the recipe has no knob
-    for raises RecipeError naming the slug and the setting (its host-data key when `host_keys`).
-    """
+    """{file name: text} of the serve dir (docker-compose.yml, compose.override.yml, .env) plus the effective file;
+    `knobs`: {setting: value} as `knob_env` takes them (None = the recipe's default; `host_keys` as knob_env's)."""
     env = knob_env(r, compose, knobs, host_keys)
     if image_by_env(r, compose):
         env[r.image_env] = image
     secret = {k: SECRET_MARK for k in env if k in SECRET_VARS}  # the effective file refers to them, never holds them
-    checkout = checkout_dir(root)
+    checkout = HostLayout(root=root).src(GIT_NAME)  # the rig's pinned checkout of the recipe repo
     host = override(r, compose, image, root)
     wrapper = {
         "name": f"rigforge-{r.name}",
         "include": [{"path": [f"{checkout}/{r.compose_path}", OVERRIDE_FILE], "env_file": ".env"}],
     }
+    effective = {"name": wrapper["name"], **effective_compose(r, compose, {**env, **secret}, host, checkout)}
+    escaped = _walk(effective, lambda s: s.replace("$", "$$"))  # literal $ as $$: itself a valid compose file
     lines = [f"# rigforge: host knobs of {r.slug} ({r.compose_path}); mode 0600, may hold secrets. Do not commit."]
     lines += [f"{k}={v}" for k, v in env.items()]
     note = f"# Rendered by rigforge for {r.slug}. Do not edit: change host data and re-run rigforge.\n"
@@ -513,9 +491,7 @@ def rig_files(
         EFFECTIVE_FILE: note
         + "# What the rig runs: the recipe's compose file resolved with the .env and the override,\n"
         "# as `docker compose config` shows it (host paths; $$ is a literal $).\n"
-        + dump(
-            escape({"name": wrapper["name"], **effective_compose(r, compose, {**env, **secret}, host, checkout)})
-        ).replace(SECRET_MARK, "${HF_TOKEN}"),
+        + dump(escaped).replace(SECRET_MARK, "${HF_TOKEN}"),
     }
 
 
@@ -590,9 +566,8 @@ def served_model(compose: dict) -> str | None:
 
 def find(slug: str, lock: Any, opt_in: bool) -> LiveVariant:
     """A recipe-repo slug for a deploy (or status/verify): the recipe from the controller's copy of the locked
-    commit, its image and weights found in the lock (by ref, by repo id).
-
-    Raises RecipeError / LockError naming the slug and what to do (refused, opt-in, missing lock entry)."""
+    commit, its image and weights found in the lock (by ref, by repo id); else RecipeError / LockError naming the
+    slug and what to do (refused, opt-in, missing lock entry)."""
     from rigforge.pins import LockError
 
     pin = lock.git.get(GIT_NAME)
@@ -618,9 +593,8 @@ def find(slug: str, lock: Any, opt_in: bool) -> LiveVariant:
 
 
 def provisional(slug: str, lock: Any, opt_in: bool) -> Any:
-    """`lock` with an unresolved entry for each image and weights repo slug `slug` needs and the lock lacks (named
-    as `find`'s advice names them): what `render` (and status, verify) shows for a slug not locked yet. A deploy
-    never sees these: it refuses an unresolved entry (Lock.require)."""
+    """`lock` plus an unresolved entry (named as `find`'s advice names it) for each image and weights repo `slug`
+    needs and the lock lacks: what render, status and verify show for a slug not locked yet (a deploy refuses)."""
     import dataclasses
 
     from rigforge.pins import HfPin, ImagePin

@@ -8,6 +8,7 @@ Layering (lowest first): the variant's catalog values < group data < host data (
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import re
@@ -60,13 +61,10 @@ def _int(v: Any) -> int:
 
 def _int_in(low: int, high: int, what: str = "an integer"):
     def check(v: Any) -> int:
-        try:
-            n = _int(v)
-        except ValueError:
-            n = None
-        if n is None or not low <= n <= high:
-            raise ValueError(f"{what} in {low}..{high}")
-        return n
+        with contextlib.suppress(ValueError):
+            if low <= (n := _int(v)) <= high:
+                return n
+        raise ValueError(f"{what} in {low}..{high}")
 
     return check
 
@@ -75,13 +73,10 @@ _port = _int_in(1, 65535, "a port number")
 
 
 def _fraction(v: Any) -> float:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        raise ValueError("a number in (0, 1]") from None
-    if not 0 < f <= 1:
-        raise ValueError("a number in (0, 1]")
-    return f
+    with contextlib.suppress(TypeError, ValueError):
+        if 0 < (f := float(v)) <= 1:
+            return f
+    raise ValueError("a number in (0, 1]")
 
 
 def _ip(v: Any) -> str:
@@ -139,8 +134,7 @@ def _abs_path(v: Any) -> str:
             "an absolute path of letters, digits and . _ + @ - / (no spaces, quotes, ':' or shell characters)"
         )
     path = s.rstrip("/") or "/"
-    tree = managed_tree(path)
-    if tree:
+    if tree := managed_tree(path):
         raise ValueError(f"a directory of its own outside {tree} (e.g. {DEFAULT_ROOT})")
     if path in SYSTEM_DIRS:
         example = f"{path}/rigforge" if path in HOMES else DEFAULT_ROOT
@@ -280,8 +274,7 @@ def setting(data: Mapping, key: str, name: str) -> list[str]:
 
 def apply_overrides(base: Settings, overrides: dict[str, Any], where: str = "") -> Settings:
     """Validate and apply overrides; raise SettingsError naming every bad key and the allowed values."""
-    problems = setting_problems(overrides)
-    if problems:
+    if problems := setting_problems(overrides):
         prefix = f"{where}: " if where else ""
         raise SettingsError(prefix + "; ".join(problems))
     return replace(base, **{key: SETTINGS[key](raw) for key, raw in overrides.items()})
@@ -314,20 +307,16 @@ def parse_set(items: list[str]) -> dict[str, Any]:
 def settings_from_host_data(data: Any) -> dict[str, Any]:
     """The settings' host-data keys (HOST_KEYS: `serving_*`, rigforge_root, power, hf_token) that are set, as raw
     overrides for apply_overrides (keyed by setting name)."""
-    out = {}
-    for key, host_key in HOST_KEYS.items():
-        value = data.get(host_key)
-        if value is None or (key in SECRETS and value == ""):
-            continue
-        out[key] = value
-    return out
+    return {
+        key: value
+        for key, host_key in HOST_KEYS.items()
+        if (value := data.get(host_key)) is not None and not (key in SECRETS and value == "")
+    }
 
 
 def power_caps(gpu_count: int, s: Settings) -> dict[int, int]:
     """Watts per GPU index for `gpu_count` GPUs: the per-GPU overrides win over the one cap."""
-    caps = {i: s.power_limit_w for i in range(gpu_count)}
-    caps.update(dict(s.power_limits))
-    return caps
+    return {i: s.power_limit_w for i in range(gpu_count)} | dict(s.power_limits)
 
 
 # ---------------------------------------------------------------- checks for the roles' own knobs
@@ -351,10 +340,14 @@ def choice(data: Mapping, key: str, allowed: tuple) -> list[str]:
     return [] if value in allowed else [f"{key} must be one of: {', '.join(map(str, allowed))}; got {value!r}"]
 
 
-def url(data: Mapping, key: str, optional: bool = False) -> list[str]:
+def one_of(data: Mapping, key: str, allowed: tuple) -> list[str]:
+    """The deploy checks' form of `choice` (`key=VALUE is not one of: ...`)."""
     value = data.get(key)
-    if value is None and optional:
-        return []
+    return [] if value in allowed else [f"{key}={value!r} is not one of: {', '.join(allowed)}."]
+
+
+def url(data: Mapping, key: str) -> list[str]:
+    value = data.get(key)
     if isinstance(value, str) and URL.fullmatch(value):
         return []
     return [f"{key} must be an http(s) URL without spaces or quotes, got {value!r}"]

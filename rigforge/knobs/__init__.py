@@ -2,6 +2,7 @@
 
 Each module's `DEFAULTS` is the commented table (the role's defaults/main.yml); `typed` makes it the role's frozen
 settings, one field per key, so a role reads `knobs.docker_source`, never `plan.data["docker_source"]`.
+Read by the plan builder on the controller (rigforge/fleet.py) and by the roles; no host here.
 """
 
 from __future__ import annotations

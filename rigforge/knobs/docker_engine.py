@@ -1,12 +1,10 @@
-"""The knobs of roles/docker_engine.py: their defaults (commented, the role's defaults/main.yml) and checks.
-
-Read by the plan builder on the controller (rigforge/fleet.py) and by the role; no host here.
-"""
+"""The knobs of roles/docker_engine.py: their defaults (commented, the role's defaults/main.yml) and checks."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+from rigforge import schema
 from rigforge.knobs import typed
 from rigforge.pins import TOOLKIT_REPO_URL
 
@@ -39,9 +37,7 @@ DOCKER_CE_PACKAGES = ["docker-ce", "docker-ce-cli", "containerd.io", "docker-bui
 
 def validate(data: Mapping) -> list[str]:
     """Problems with this role's host-data keys (defaults applied); each names the key, value and what is allowed."""
-    problems = []
-    if data["docker_source"] not in DOCKER_SOURCES:
-        problems.append(f"docker_source={data['docker_source']!r} is not one of: {', '.join(DOCKER_SOURCES)}.")
+    problems = schema.one_of(data, "docker_source", DOCKER_SOURCES)
     versions = data["docker_package_versions"]
     if not isinstance(versions, Mapping) or not set(versions) <= set(DOCKER_CE_PACKAGES):
         problems.append(

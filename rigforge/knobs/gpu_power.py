@@ -1,14 +1,10 @@
-"""The knobs of roles/gpu_power.py: their defaults (commented, the role's defaults/main.yml) and checks.
-
-Read by the plan builder on the controller (rigforge/fleet.py) and by the role; no host here.
-"""
+"""The knobs of roles/gpu_power.py: their defaults (commented, the role's defaults/main.yml) and checks."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 from rigforge import schema
-from rigforge.knobs import typed
 
 DEFAULTS = {
     "gpu_power_limit_w": 230,  # cap in watts for every GPU
@@ -17,7 +13,6 @@ DEFAULTS = {
     # (a unit, a script, a @reboot cron job running late); 0: only once, right after the boot finished
     "gpu_power_settle_window_s": schema.SETTLE_WINDOW_S,
 }
-GpuPower = typed("GpuPower", DEFAULTS)  # the role's settings: one frozen field per knob
 
 
 def validate(data: Mapping) -> list[str]:

@@ -1,8 +1,4 @@
-"""The knobs of the monitor host (inventory group `monitor`, docs/monitoring.md): their defaults (commented) and
-checks.
-
-Read by the fleet builder on the controller (rigforge/fleet.py); no host here.
-"""
+"""The knobs of the monitor host (inventory group `monitor`, docs/monitoring.md): defaults (commented) and checks."""
 
 from __future__ import annotations
 

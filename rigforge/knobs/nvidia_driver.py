@@ -1,7 +1,4 @@
-"""The knobs of roles/nvidia_driver.py: their defaults (commented, the role's defaults/main.yml) and checks.
-
-Read by the plan builder on the controller (rigforge/fleet.py) and by the role; no host here.
-"""
+"""The knobs of roles/nvidia_driver.py: their defaults (commented, the role's defaults/main.yml) and checks."""
 
 from __future__ import annotations
 
@@ -32,12 +29,9 @@ BOOLEAN_KEYS = ("nvidia_driver_manage", "nvidia_allow_reboot", "apt_adopt_source
 
 def validate(data: Mapping) -> list[str]:
     """Problems with this role's host-data keys (defaults applied); each names the key, value and what is allowed."""
-    problems = []
-    source, flavor, branch = data["nvidia_driver_source"], data["nvidia_driver_flavor"], data["nvidia_driver_branch"]
-    if source not in driver_table.SOURCES:
-        problems.append(f"nvidia_driver_source={source!r} is not one of: {', '.join(driver_table.SOURCES)}.")
-    if flavor not in driver_table.FLAVORS:
-        problems.append(f"nvidia_driver_flavor={flavor!r} is not one of: {', '.join(driver_table.FLAVORS)}.")
+    problems = schema.one_of(data, "nvidia_driver_source", driver_table.SOURCES)
+    problems += schema.one_of(data, "nvidia_driver_flavor", driver_table.FLAVORS)
+    branch = data["nvidia_driver_branch"]
     if isinstance(branch, bool) or not str(branch).isdigit() or int(branch) < driver_table.MIN_BRANCH:
         problems.append(f"nvidia_driver_branch={branch!r} must be a branch number, 580 or later (e.g. 580, 590).")
     for key in BOOLEAN_KEYS:

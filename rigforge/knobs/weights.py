@@ -1,7 +1,4 @@
-"""The knobs of roles/weights.py: their defaults (commented, the role's defaults/main.yml) and checks.
-
-Read by the plan builder on the controller (rigforge/fleet.py) and by the role; no host here.
-"""
+"""The knobs of roles/weights.py: their defaults (commented, the role's defaults/main.yml) and checks."""
 
 from __future__ import annotations
 

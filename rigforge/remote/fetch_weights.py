@@ -56,7 +56,6 @@ def human(n: float) -> str:
         if abs(n) < 1024 or unit == "GiB":
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
-    return f"{n:.1f} GiB"
 
 
 class Progress:
@@ -150,11 +149,8 @@ def current(m: dict, f: dict, stamp: dict, deep: bool) -> dict | None:
     if not deep and stamp.get(f["path"]) == entry and entry["size"] == f["size"]:
         return entry
     if entry["size"] == f["size"]:
-        say(
-            f"{f['path']}: hashing {human(f['size'])} (not stamped or changed since)"
-            if not deep
-            else f"{f['path']}: deep verify, hashing {human(f['size'])}"
-        )
+        how = "deep verify, hashing {}" if deep else "hashing {} (not stamped or changed since)"
+        say(f"{f['path']}: " + how.format(human(f["size"])))
         if hash_file(final).hexdigest() == f["sha256"]:
             return entry
     say(f"{f['path']}: does not match the lock (size or sha256): removed, will fetch it again")
