@@ -27,10 +27,21 @@ from rigforge.layout import NVIDIA_RUNTIME
 from roles.operations import apt_repo, docker_daemon
 
 # Docker's "Uninstall old versions" list (Ubuntu's; Debian's is the same without docker-compose-v2).
-DOCKER_CONFLICTS = ["docker.io", "docker-doc", "docker-compose", "docker-compose-v2", "podman-docker", "containerd",
-                    "runc"]  # fmt: skip
-TOOLKIT_PACKAGES = ["nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
-                    "libnvidia-container1"]  # fmt: skip
+DOCKER_CONFLICTS = [
+    "docker.io",
+    "docker-doc",
+    "docker-compose",
+    "docker-compose-v2",
+    "podman-docker",
+    "containerd",
+    "runc",
+]
+TOOLKIT_PACKAGES = [
+    "nvidia-container-toolkit",
+    "nvidia-container-toolkit-base",
+    "libnvidia-container-tools",
+    "libnvidia-container1",
+]
 
 
 def docker_repo_url(data: Mapping, os_id: str) -> str:
