@@ -112,6 +112,9 @@ def _release() -> None:
     _SENT.clear()
 
 
+atexit.register(_release)  # once, at import: closing nothing when nothing was sent
+
+
 def over_ssh(host) -> bool:
     """Whether `host` has an SSH connection: the lock (and its sudo check) lives on one."""
     return getattr(host.connector, "client", None) is not None
@@ -126,8 +129,6 @@ def send(host, path: str, sudo: bool, then: list | None = None, password: str | 
     owner = f"{run} (as {host.name}), since {datetime.now(UTC).isoformat(timespec='seconds')}"
     command = f"sh -c {shlex.quote(_holder(path, owner, then))}"
     channel = host.connector.client.get_transport().open_session()
-    if not _HELD and not _SENT:
-        atexit.register(_release)
     password = password if sudo else None
     if password:  # sudo reads it from the channel's first line; the holder's cat reads the rest
         channel.exec_command(f"sudo -S -p '' {command}")
