@@ -6,6 +6,6 @@ same shape as dual.yml but hermes tool parser + template override
     pyinfra inventories/home.py deploy/carnice_bf16mtp.py
 """
 
-from roles import site
+from roles.entry import provision
 
-site.provision("carnice-bf16mtp")
+provision("carnice-bf16mtp")

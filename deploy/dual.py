@@ -5,6 +5,6 @@ TP=2, fp8_e5m2 KV, MTP n=3, 2 streams, 262K, vision on, no Genesis
     pyinfra inventories/home.py deploy/dual.py
 """
 
-from roles import site
+from roles.entry import provision
 
-site.provision("dual")
+provision("dual")

@@ -5,6 +5,6 @@ TP=2, DFlash N=5 draft, FP16 (default) KV, bf16 dtype, 1 stream, 185K, vision on
     pyinfra inventories/home.py deploy/dual_dflash.py
 """
 
-from roles import site
+from roles.entry import provision
 
-site.provision("dual-dflash")
+provision("dual-dflash")

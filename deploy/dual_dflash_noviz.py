@@ -5,6 +5,6 @@ as dual-dflash plus --language-model-only (no MoonViT), 200K
     pyinfra inventories/home.py deploy/dual_dflash_noviz.py
 """
 
-from roles import site
+from roles.entry import provision
 
-site.provision("dual-dflash-noviz")
+provision("dual-dflash-noviz")

@@ -5,6 +5,6 @@ TP=2, TurboQuant 3-bit KV, MTP n=3, 4 streams, 262K, vision on, Genesis v7.69 + 
     pyinfra inventories/home.py deploy/dual_turbo.py
 """
 
-from roles import site
+from roles.entry import provision
 
-site.provision("dual-turbo")
+provision("dual-turbo")

@@ -3,6 +3,6 @@
 pyinfra inventories/fleet.py deploy/site.py
 """
 
-from roles import site
+from roles.entry import provision
 
-site.provision()
+provision()

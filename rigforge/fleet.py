@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 from rigforge import obtain, recipes, schema
 from rigforge.catalog import CatalogError, load_catalog
+from rigforge.groups import GATEWAY, MONITOR, REGISTRY, RIG, is_rig
 from rigforge.knobs import docker_engine, gpu_power, images, nvidia_driver, serving, site, sources, weights
 from rigforge.knobs import gateway as gateway_knobs
 from rigforge.knobs import monitor as monitor_knobs
@@ -40,7 +41,7 @@ from rigforge.knobs import registry as registry_knobs
 from rigforge.layout import HostLayout
 from rigforge.pins import GitPin, HfPin, Lock, LockError, load_lock
 from rigforge.recipes import RecipeError
-from rigforge.registry import REGISTRY, RegistryPlan, registry_host
+from rigforge.registry import RegistryPlan, registry_host
 from rigforge.registry import build as registry_build
 from rigforge.schema import Settings, SettingsError, apply_overrides, power_caps, settings_from_host_data
 
@@ -261,8 +262,6 @@ def build_plan(
     ), []
 
 
-RIG = "rig"  # with GATEWAY and REGISTRY: the roles a host can have in the fleet
-
 # every role's knobs host data may set (checked by every plan), and those only deploy/images_load.py reads
 KNOBS = (
     nvidia_driver,
@@ -276,8 +275,6 @@ KNOBS = (
     monitor_knobs,
 )
 LOADS = (images,)
-GATEWAY = "gateway"  # the inventory group of the fleet's gateway hosts
-MONITOR = "monitor"  # the inventory group of the host that runs Prometheus (docs/monitoring.md)
 
 
 @dataclass(frozen=True)
@@ -412,9 +409,3 @@ def plan_for(name: str, data, entry=None, gpus: int | None = None, deployable: b
         return build_plan(name, data, entry, gpus=gpus, cap_units=cap_units, problems=problems, deployable=deployable)
     except (CatalogError, LockError, RecipeError, ValueError, TypeError, KeyError, AttributeError) as exc:
         return None, [*problems, f"cannot prepare this host: {type(exc).__name__}: {exc}"]
-
-
-def is_rig(h) -> bool:
-    """Every host is a rig but those only in the groups `gateway`, `registry` or `monitor` (such a host that is
-    also a rig is in `rigs`)."""
-    return not {GATEWAY, REGISTRY, MONITOR} & set(h.groups) or "rigs" in h.groups

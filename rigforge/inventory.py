@@ -13,9 +13,10 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rigforge import fleet
+if TYPE_CHECKING:  # imported where it is used: the deploy's entry imports this module before the roles load
+    from rigforge import fleet
 
 
 class InventoryError(Exception):
@@ -104,6 +105,12 @@ def sudo_problem(h) -> str | None:
     return sudo_password_problem(h, lines[0] if lines and lines[0] != "SUDO-PASSWORD" else None)
 
 
+def lock_sudo(h) -> tuple[bool, str | None]:
+    """(whether the run lock's holder on host `h` runs with sudo, the password sudo reads there): host data
+    `_sudo`, `_sudo_password` (roles/rig_lock.py)."""
+    return bool(h.data.get("_sudo")), h.data.get("_sudo_password")
+
+
 def sudo_password_problem(h, user: str | None) -> str:
     """The one line for host `h` whose sudo asks SSH user `user` (None: not known) for a password."""
     user = user or h.data.get("ssh_user") or "the SSH user"
@@ -164,6 +171,8 @@ def read_fleet(args, command: str, fn) -> tuple[dict[str, Any], fleet.Fleet] | N
     except InventoryError as exc:
         print(f"rigforge {command}: {exc}", file=sys.stderr)
         return None
+    from rigforge import fleet
+
     fl = fleet.build(state.inventory, deployable=False, opt_in=True)
     return for_each_host(state, lambda host: fn(host, fl)), fl
 

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import yaml
 
-REGISTRY = "registry"  # the inventory group of the fleet registry host
+from rigforge.groups import REGISTRY
+
 STORAGE = "/var/lib/docker-registry"  # Debian's docker-registry keeps its blobs here (its package owns the dir)
 CONFIG_DIR = "/etc/docker/registry"  # the unit runs `docker-registry serve /etc/docker/registry/config.yml`
 CONFIG = "config.yml"

@@ -34,7 +34,10 @@ from datetime import UTC, datetime
 
 from pyinfra.api import StringCommand
 
-from rigforge.inventory import sudo_password_problem
+from rigforge.facts import probe
+from rigforge.groups import is_rig
+from rigforge.inventory import lock_sudo, sudo_password_problem
+from rigforge.layout import RUN_LOCK
 
 MACHINE_ID = "/etc/machine-id"
 _HELD: dict[str, object] = {}  # host name -> the open channel whose holder keeps the rig's lock
@@ -136,6 +139,19 @@ def send(host, path: str, sudo: bool, then: list | None = None, password: str | 
     else:
         channel.exec_command(f"sudo -n {command}" if sudo else command)
     _SENT[host.name] = (channel, path, run, then, sudo and not password)
+
+
+def ask(host) -> None:
+    """Send `host`'s request for the run lock, carrying its batched probe (rigforge/facts/probe.py `lock_request`),
+    unless it was sent: the rig takes the lock and runs the probe while the controller goes on (roles/entry.py
+    asks before the roles load). A rig that is the same machine as another of this run's rigs is not asked: the
+    deploy refuses it, naming both (roles/site.py `hold_the_rig`)."""
+    if not over_ssh(host) or asked(host):
+        return
+    if is_rig(host) and twins(host, [h for h in host.inventory.iter_activated_hosts() if is_rig(h)]):
+        return
+    sudo, password = lock_sudo(host)
+    send(host, RUN_LOCK, sudo, probe.lock_request(host), password)
 
 
 def asked(host) -> bool:

@@ -34,7 +34,7 @@ from rigforge.facts.hfweights import WeightsState
 from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, PowerCapUnits
 from rigforge.fleet import GATEWAY, MONITOR, REGISTRY, Plan, host_data, is_rig, plan_for
 from rigforge.hardware import Needs, format_problems
-from rigforge.inventory import sudo_problem
+from rigforge.inventory import lock_sudo, sudo_problem
 from rigforge.knobs.site import DEFAULTS
 from rigforge.layout import DAEMON_JSON, DEFAULT_ROOT, RUN_LOCK, HostLayout
 from rigforge.lock import token_refused
@@ -314,9 +314,10 @@ def hold_the_rig() -> bool:
                 f"{key}): keep one of these names in the inventory; nothing was changed.",
             )
             return False
-    ask_for_the_lock()  # asked for at the start of provision already, or now (deploy/images_load.py)
     this = ctx_host.get()
-    busy, note = rig_lock.take(this, RUN_LOCK, bool(host.data.get("_sudo")), None, host.data.get("_sudo_password"))
+    rig_lock.ask(this)  # asked for already by roles/entry.py or provision, or now (deploy/images_load.py)
+    sudo, password = lock_sudo(host)
+    busy, note = rig_lock.take(this, RUN_LOCK, sudo, None, password)
     probe.lock_answer(this)  # the batched probe came back in the same round trip (rigforge/facts/probe.py)
     if note:
         host.log_styled(f"{host.name}: {note}", fg="yellow", log_func=logger.warning)
@@ -328,24 +329,11 @@ def hold_the_rig() -> bool:
     return not busy
 
 
-def ask_for_the_lock() -> None:
-    """Send this host's lock request, carrying its batched probe, before the controller builds the fleet: the rig
-    takes the lock and runs the probe meanwhile, and hold_the_rig reads the answer. A rig that is the same machine
-    as another of this run's rigs is not asked: hold_the_rig refuses it, naming both."""
-    this = ctx_host.get()
-    if not rig_lock.over_ssh(this) or rig_lock.asked(this):
-        return
-    if is_rig(this) and rig_lock.twins(this, [h for h in host.inventory.iter_activated_hosts() if is_rig(h)]):
-        return
-    sudo, password = bool(host.data.get("_sudo")), host.data.get("_sudo_password")
-    rig_lock.send(this, RUN_LOCK, sudo, probe.lock_request(this), password)
-
-
 @deploy("rigforge site", data_defaults=DEFAULTS)
 def provision(variant_name: str | None = None):
     probe.install_all()  # one batched probe per rig, cheaper per-op work (rigforge/facts/probe.py); first
     interrupt.install(ctx_state.get())  # Ctrl-C / SIGTERM exit non-zero, naming the cut operation
-    ask_for_the_lock()
+    rig_lock.ask(ctx_host.get())  # unless roles/entry.py did, before the roles loaded
     the_fleet(variant_name)  # built while the rig takes its lock and runs its probe
     if not hold_the_rig() or not front_the_fleet(variant_name) or not watch_the_fleet(variant_name):
         return

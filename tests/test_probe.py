@@ -303,7 +303,7 @@ def test_the_deploy_entry_installs_and_importing_changes_nothing(shipped, monkey
     from roles import site
 
     assert pyinfra_facts._get_fact is not probe._get_fact
-    monkeypatch.setattr(site, "ask_for_the_lock", lambda: None)  # no rig to lock here
+    monkeypatch.setattr(site.rig_lock, "ask", lambda h: None)  # no rig to lock here
     monkeypatch.setattr(site, "the_fleet", lambda *args: None)  # no inventory on this bare host
     monkeypatch.setattr(site, "hold_the_rig", lambda: True)
     monkeypatch.setattr(site, "front_the_fleet", lambda *args: True)  # no inventory groups on this bare host
@@ -319,7 +319,7 @@ def test_the_deploy_entry_installs_and_importing_changes_nothing(shipped, monkey
     names += ", a.all_global_arguments"
     code = (
         "import pyinfra.api.facts as f, pyinfra.api.host as h, pyinfra.api.util as u, pyinfra.api.arguments as a\n"
-        f"before = ({names})\nimport roles.site\nraise SystemExit(0 if before == ({names}) else 1)\n"
+        f"before = ({names})\nimport roles.site, roles.entry\nraise SystemExit(0 if before == ({names}) else 1)\n"
     )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 

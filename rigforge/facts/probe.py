@@ -207,7 +207,13 @@ def script(requests, marker: str) -> tuple[StringCommand | None, list[tuple[str,
         key = fact_key(cls, fact_kwargs)
         if key is None or not _cacheable(cls):
             continue
-        fact = cls()
+        fact, path = cls(), _file_path(cls, fact_kwargs)
+        if path is not None:  # the files job reads it: a stat fact's own command is not built
+            if FILE_FACTS[cls] != "stat":
+                fact.command(path)  # a hash fact's process() matches the path its command keeps
+            sections.append((key, fact, path))
+            paths.setdefault(path, set()).add(FILE_FACTS[cls])
+            continue
         try:
             command = pyinfra_facts._make_command(fact.command, dict(fact_kwargs))
             requires = pyinfra_facts._make_command(fact.requires_command, dict(fact_kwargs))
@@ -217,11 +223,7 @@ def script(requests, marker: str) -> tuple[StringCommand | None, list[tuple[str,
             continue
         guard = f"command -v {requires} >/dev/null 2>&1 || exit 97; " if requires else ""
         n = len(sections)
-        path = _file_path(cls, fact_kwargs)
         sections.append((key, fact, path))
-        if path is not None:
-            paths.setdefault(path, set()).add(FILE_FACTS[cls])  # the files job reads it (a hash fact kept its path)
-            continue
         body = command if isinstance(command, StringCommand) else StringCommand(command)
         uses = [text for text in getattr(cls, "shared", ()) if text in body.get_raw_value()]
         if uses:

@@ -1,0 +1,15 @@
+"""The inventory groups that give a host its roles in the fleet, and which hosts are rigs. Nothing else is
+imported here, so the deploy's entry (roles/entry.py) can tell a rig before the roles load."""
+
+from __future__ import annotations
+
+RIG = "rig"  # with GATEWAY, REGISTRY and MONITOR: the roles a host can have in the fleet
+GATEWAY = "gateway"  # the inventory group of the fleet's gateway hosts
+REGISTRY = "registry"  # the inventory group of the fleet registry host
+MONITOR = "monitor"  # the inventory group of the host that runs Prometheus (docs/monitoring.md)
+
+
+def is_rig(h) -> bool:
+    """Every host is a rig but those only in the groups `gateway`, `registry` or `monitor` (such a host that is
+    also a rig is in `rigs`)."""
+    return not {GATEWAY, REGISTRY, MONITOR} & set(h.groups) or "rigs" in h.groups
