@@ -95,14 +95,9 @@ def _lines(channel):
     """The holder's answer lines, as they come (without paramiko's file objects, which may not be
     finalized after gevent's hub)."""
     buffer = b""
-    while True:
-        chunk = channel.recv(4096)
-        if not chunk:
-            return
-        buffer += chunk
-        while b"\n" in buffer:
-            line, buffer = buffer.split(b"\n", 1)
-            yield line.decode(errors="replace")  # as pyinfra reads a command's lines: without the newline
+    while chunk := channel.recv(65536):
+        *lines, buffer = (buffer + chunk).split(b"\n")  # each chunk split once, not once per line
+        yield from (line.decode(errors="replace") for line in lines)  # as pyinfra reads them: without the newline
 
 
 def _release() -> None:
