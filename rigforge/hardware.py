@@ -1,15 +1,18 @@
 """Can a rig run a variant? Pure checks, no host access: on GPUs as nvidia-smi reports them (dicts from
-rigforge.facts.nvidia.parse_query_gpu), the OS release, free disk and the role switches. Shared by the deploy's
+rigforge.facts.nvidia.parse_query_gpu), the OS release, free disk, the role switches, and the layout's roots against
+Docker's data-root and the roots an earlier deploy recorded. Shared by the deploy's
 checking operations (roles/operations/checks.py, roles/operations/nvidia.py) and `rigforge verify`.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from rigforge import schema
 from rigforge.driver_table import FLAVORS, branch_for_cuda, cuda_for_branch, cuda_for_driver, version_key
 from rigforge.knobs.docker_engine import DOCKER_SOURCES
+from rigforge.layout import DAEMON_JSON, DEFAULT_ROOT, HostLayout
 
 SMALL_CARD_MIB = 24000  # below this a card is a "20 GB card"
 SMALL_CARD_FLOOR_MIB = 20000  # below this not even the 20 GB override fits the model
@@ -264,3 +267,61 @@ def interconnect(topology: dict | None) -> str:
     if reads := sorted(set((topology.get("p2p_read") or {}).values())):
         parts.append("P2P read: " + ", ".join(P2P_STATUS.get(r, r) for r in reads))
     return ", ".join(parts)
+
+
+def data_root_of(daemon_json: list[str] | None) -> str:
+    """Docker's data-root from daemon.json's lines: its `data-root`, else Docker's default (an unreadable
+    daemon.json is preflight's refusal: roles/host_state.py)."""
+    try:
+        configured = json.loads("\n".join(daemon_json or []) or "{}").get("data-root")
+    except (ValueError, AttributeError):
+        configured = None
+    if not isinstance(configured, str) or not configured.strip("/"):
+        return schema.DOCKER_DATA_ROOT
+    return configured.rstrip("/")
+
+
+def roots_inside(layout: HostLayout, data_root: str) -> list[str]:
+    """Pure: rigforge_root and the model dir inside Docker's configured data-root (the default one is refused with
+    the host data: rigforge/schema.py)."""
+    trees = {data_root: f"Docker's data-root set in {DAEMON_JSON}"}
+    out = []
+    for key, path in (("rigforge_root", layout.root), ("serving_model_dir", layout.models)):
+        tree = schema.managed_tree(path, trees)
+        if tree and not (key == "serving_model_dir" and _inside(path, layout.root)):  # named with the root
+            out.append(f"{key} {path} is inside {tree}; choose a directory of its own outside it (e.g. {DEFAULT_ROOT})")
+    return out
+
+
+def _inside(path: str, tree: str) -> bool:
+    return path == tree or path.startswith(f"{tree.rstrip('/')}/")
+
+
+def changed_roots(layout: HostLayout, recorded: dict | None, size_of) -> list[str]:
+    """The trees an earlier deploy used (rig.json's `root` and `models`: `recorded`) that `layout` no longer does,
+    each with its size (`size_of(path)`: bytes, None when it is gone) and how to remove it; nothing is removed."""
+    recorded = recorded or {}
+    now = (layout.root, layout.models)
+    out = []
+    for key in ("root", "models"):
+        tree = recorded.get(key)
+        if not isinstance(tree, str) or not tree.startswith("/") or any(_inside(tree, new) for new in now):
+            continue  # not recorded, or still in use
+        if key == "models" and isinstance(recorded.get("root"), str) and _inside(tree, recorded["root"]):
+            continue  # named with the old root
+        size = size_of(tree)
+        if size is None:
+            continue  # gone already
+        inside = [new for new in now if _inside(new, tree)]
+        how = (
+            f"this run's {' and '.join(inside)} {'is' if len(inside) == 1 else 'are'} inside it: remove the "
+            "rest of it by hand"
+            if inside
+            else f"once the rig serves from the new one, remove it with: sudo rm -rf {tree}"
+        )
+        name = "rigforge_root" if key == "root" else "serving_model_dir"
+        out.append(
+            f"{name} changed: {tree}, the earlier deploy's (recorded in {layout.rig_json}), holds "
+            f"{size / 1e9:.1f} GB and is no longer used; rigforge leaves it as it is; {how}"
+        )
+    return out

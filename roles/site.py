@@ -16,8 +16,6 @@ Which variant: `deploy/<variant>.py` deploys that variant; `deploy/site.py` depl
 
 from __future__ import annotations
 
-import json
-
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.context import ctx_host, ctx_state
@@ -33,10 +31,10 @@ from rigforge.facts.files import JsonFile, TreeSize
 from rigforge.facts.hfweights import WeightsState
 from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, PowerCapUnits
 from rigforge.fleet import GATEWAY, MONITOR, REGISTRY, Plan, host_data, is_rig, plan_for
-from rigforge.hardware import Needs, format_problems
+from rigforge.hardware import Needs, changed_roots, data_root_of, format_problems, roots_inside
 from rigforge.inventory import lock_sudo, sudo_problem
 from rigforge.knobs.site import DEFAULTS
-from rigforge.layout import DAEMON_JSON, DEFAULT_ROOT, RUN_LOCK, HostLayout
+from rigforge.layout import DAEMON_JSON, RUN_LOCK, HostLayout
 from rigforge.lock import token_refused
 from roles import (
     docker_engine,
@@ -217,64 +215,6 @@ def image_problems(plan: Plan, variant=None) -> list[str]:
         host.log_styled(f"{host.name}: WARNING: {warning}", fg="yellow", log_func=logger.warning)
     problem = obtain.problem(plan.image, found, plan.variant.successor)
     return [problem] if problem else []
-
-
-def data_root_of(daemon_json: list[str] | None) -> str:
-    """Docker's data-root from daemon.json's lines: its `data-root`, else Docker's default (an unreadable
-    daemon.json is preflight's refusal: roles/host_state.py)."""
-    try:
-        configured = json.loads("\n".join(daemon_json or []) or "{}").get("data-root")
-    except (ValueError, AttributeError):
-        configured = None
-    if not isinstance(configured, str) or not configured.strip("/"):
-        return schema.DOCKER_DATA_ROOT
-    return configured.rstrip("/")
-
-
-def roots_inside(layout: HostLayout, data_root: str) -> list[str]:
-    """Pure: rigforge_root and the model dir inside Docker's configured data-root (the default one is refused with
-    the host data: rigforge/schema.py)."""
-    trees = {data_root: f"Docker's data-root set in {DAEMON_JSON}"}
-    out = []
-    for key, path in (("rigforge_root", layout.root), ("serving_model_dir", layout.models)):
-        tree = schema.managed_tree(path, trees)
-        if tree and not (key == "serving_model_dir" and _inside(path, layout.root)):  # named with the root
-            out.append(f"{key} {path} is inside {tree}; choose a directory of its own outside it (e.g. {DEFAULT_ROOT})")
-    return out
-
-
-def _inside(path: str, tree: str) -> bool:
-    return path == tree or path.startswith(f"{tree.rstrip('/')}/")
-
-
-def changed_roots(layout: HostLayout, recorded: dict | None, size_of) -> list[str]:
-    """The trees an earlier deploy used (rig.json's `root` and `models`: `recorded`) that `layout` no longer does,
-    each with its size (`size_of(path)`: bytes, None when it is gone) and how to remove it; nothing is removed."""
-    recorded = recorded or {}
-    now = (layout.root, layout.models)
-    out = []
-    for key in ("root", "models"):
-        tree = recorded.get(key)
-        if not isinstance(tree, str) or not tree.startswith("/") or any(_inside(tree, new) for new in now):
-            continue  # not recorded, or still in use
-        if key == "models" and isinstance(recorded.get("root"), str) and _inside(tree, recorded["root"]):
-            continue  # named with the old root
-        size = size_of(tree)
-        if size is None:
-            continue  # gone already
-        inside = [new for new in now if _inside(new, tree)]
-        how = (
-            f"this run's {' and '.join(inside)} {'is' if len(inside) == 1 else 'are'} inside it: remove the "
-            "rest of it by hand"
-            if inside
-            else f"once the rig serves from the new one, remove it with: sudo rm -rf {tree}"
-        )
-        name = "rigforge_root" if key == "root" else "serving_model_dir"
-        out.append(
-            f"{name} changed: {tree}, the earlier deploy's (recorded in {layout.rig_json}), holds "
-            f"{size / 1e9:.1f} GB and is no longer used; rigforge leaves it as it is; {how}"
-        )
-    return out
 
 
 def root_problems(plan: Plan) -> list[str]:

@@ -338,8 +338,8 @@ def test_a_cap_outside_the_recipes_measured_range_warns_during_the_deploy_and_go
 def test_roots_inside_the_data_root_the_rigs_daemon_json_sets_are_refused():
     """Docker's default data-root is refused with the host data (rigforge/schema.py); one that the rig's own
     daemon.json moves elsewhere is refused in preflight, for rigforge_root and the model dir alike."""
+    from rigforge.hardware import data_root_of, roots_inside
     from rigforge.layout import HostLayout
-    from roles.site import data_root_of, roots_inside
 
     assert data_root_of(None) == data_root_of(["{}"]) == data_root_of(["{ broken"]) == "/var/lib/docker"
     assert data_root_of(['{"data-root": "/srv/docker/"}']) == "/srv/docker"
@@ -354,8 +354,8 @@ def test_roots_inside_the_data_root_the_rigs_daemon_json_sets_are_refused():
 
 
 def test_a_changed_root_names_the_old_tree_its_size_and_how_to_remove_it():
+    from rigforge.hardware import changed_roots
     from rigforge.layout import HostLayout
-    from roles.site import changed_roots
 
     sizes = {"/opt/rigforge": 52_600_000_000, "/data/models": 3_000_000_000}
     size_of = sizes.get
