@@ -7,7 +7,7 @@ Appends JSON lines to $RIGFORGE_TIMINGS:
   `served`: from the snapshot, no round trip), so the benchmark can say where the round trips go. The wait for
   the rig lock's answer, which carries the probe, is a row of its own, fact "(probe, with the rig lock)", `probe`.
 
-The probe is installed first (as `entry.provision()` would), so this timing wraps it and sees every read.
+The probe is installed first (as `rig_lock.ask_first()` would), so this timing wraps it and sees every read.
 """
 
 import json
@@ -19,7 +19,7 @@ from pyinfra.api import facts as pyinfra_facts
 from pyinfra.api.state import BaseStateCallback
 
 from rigforge.facts import probe
-from roles import entry, rig_lock
+from roles import rig_lock
 
 OUT = os.environ["RIGFORGE_TIMINGS"]
 
@@ -77,8 +77,8 @@ if not getattr(pyinfra_facts, "_rigforge_timed", False):
     _take = rig_lock.take
 
     def _timed_take(host, *args, **kwargs):
-        """Waiting for the rig lock's answer, which carries the probe (asked for by roles/entry.py before the roles
-        load): one row, `probe`, when the probe came with it."""
+        """Waiting for the rig lock's answer, which carries the probe (asked for by rig_lock.ask_first before the
+        roles load): one row, `probe`, when the probe came with it."""
         t0, snap = time.monotonic(), probe._of(host)
         try:
             return _take(host, *args, **kwargs)
@@ -91,4 +91,7 @@ if not getattr(pyinfra_facts, "_rigforge_timed", False):
 
 if not any(isinstance(h, _Timer) for h in state.callback_handlers):
     state.add_callback_handler(_Timer())
-entry.provision()  # as deploy/site.py: the lock asked for before roles.site loads
+rig_lock.ask_first()  # as deploy/site.py: the lock asked for before roles.site loads
+from roles import site  # noqa: E402
+
+site.provision()

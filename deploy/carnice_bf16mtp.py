@@ -6,6 +6,10 @@ same shape as dual.yml but hermes tool parser + template override
     pyinfra inventories/home.py deploy/carnice_bf16mtp.py
 """
 
-from roles.entry import provision
+from roles import rig_lock
 
-provision("carnice-bf16mtp")
+rig_lock.ask_first()  # the rig takes its lock and reads its facts while the roles load
+
+from roles import site  # noqa: E402
+
+site.provision("carnice-bf16mtp")

@@ -3,6 +3,10 @@
 pyinfra inventories/fleet.py deploy/site.py
 """
 
-from roles.entry import provision
+from roles import rig_lock
 
-provision()
+rig_lock.ask_first()  # the rig takes its lock and reads its facts while the roles load
+
+from roles import site  # noqa: E402
+
+site.provision()

@@ -1,5 +1,6 @@
 """The inventory groups that give a host its roles in the fleet, and which hosts are rigs. Nothing else is
-imported here, so the deploy's entry (roles/entry.py) can tell a rig before the roles load."""
+imported here, so a deploy file's first step (roles/rig_lock.py `ask_first`) can tell a
+rig before the roles load."""
 
 from __future__ import annotations
 

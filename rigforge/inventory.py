@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # imported where it is used: the deploy's entry imports this module before the roles load
+if TYPE_CHECKING:  # imported where used: a deploy file's first step imports this module before the roles
     from rigforge import fleet
 
 

@@ -33,6 +33,7 @@ import socket
 from datetime import UTC, datetime
 
 from pyinfra.api import StringCommand
+from pyinfra.context import ctx_host
 
 from rigforge.facts import probe
 from rigforge.groups import is_rig
@@ -138,15 +139,23 @@ def send(host, path: str, sudo: bool, then: list | None = None, password: str | 
 
 def ask(host) -> None:
     """Send `host`'s request for the run lock, carrying its batched probe (rigforge/facts/probe.py `lock_request`),
-    unless it was sent: the rig takes the lock and runs the probe while the controller goes on (roles/entry.py
-    asks before the roles load). A rig that is the same machine as another of this run's rigs is not asked: the
-    deploy refuses it, naming both (roles/site.py `hold_the_rig`)."""
+    unless it was sent: the rig takes the lock and runs the probe while the controller goes on (the deploy
+    files ask before the roles load: `ask_first`). A rig that is the same machine as another of this run's rigs
+    is not asked: the deploy refuses it, naming both (roles/site.py `hold_the_rig`)."""
     if not over_ssh(host) or asked(host):
         return
     if is_rig(host) and twins(host, [h for h in host.inventory.iter_activated_hosts() if is_rig(h)]):
         return
     sudo, password = lock_sudo(host)
     send(host, RUN_LOCK, sudo, probe.lock_request(host), password)
+
+
+def ask_first() -> None:
+    """The deploy files' first step, before they import the roles: this host's lock request goes out with its
+    batched probe (which needs the probe installed), so the rig answers while the controller loads the roles and
+    builds the fleet (~75 ms of imports); roles/site.py `provision` reads the answer."""
+    probe.install_all()
+    ask(ctx_host.get())
 
 
 def asked(host) -> bool:

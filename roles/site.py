@@ -255,7 +255,7 @@ def hold_the_rig() -> bool:
             )
             return False
     this = ctx_host.get()
-    rig_lock.ask(this)  # asked for already by roles/entry.py or provision, or now (deploy/images_load.py)
+    rig_lock.ask(this)  # asked for already by the deploy file (rig_lock.ask_first) or provision, or now
     sudo, password = lock_sudo(host)
     busy, note = rig_lock.take(this, RUN_LOCK, sudo, None, password)
     probe.lock_answer(this)  # the batched probe came back in the same round trip (rigforge/facts/probe.py)
@@ -273,7 +273,7 @@ def hold_the_rig() -> bool:
 def provision(variant_name: str | None = None):
     probe.install_all()  # one batched probe per rig, cheaper per-op work (rigforge/facts/probe.py); first
     interrupt.install(ctx_state.get())  # Ctrl-C / SIGTERM exit non-zero, naming the cut operation
-    rig_lock.ask(ctx_host.get())  # unless roles/entry.py did, before the roles loaded
+    rig_lock.ask(ctx_host.get())  # unless the deploy file did, before the roles loaded
     the_fleet(variant_name)  # built while the rig takes its lock and runs its probe
     if not hold_the_rig() or not front_the_fleet(variant_name) or not watch_the_fleet(variant_name):
         return

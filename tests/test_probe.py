@@ -319,7 +319,7 @@ def test_the_deploy_entry_installs_and_importing_changes_nothing(shipped, monkey
     names += ", a.all_global_arguments"
     code = (
         "import pyinfra.api.facts as f, pyinfra.api.host as h, pyinfra.api.util as u, pyinfra.api.arguments as a\n"
-        f"before = ({names})\nimport roles.site, roles.entry\nraise SystemExit(0 if before == ({names}) else 1)\n"
+        f"before = ({names})\nimport roles.site, roles.rig_lock\nraise SystemExit(0 if before == ({names}) else 1)\n"
     )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
