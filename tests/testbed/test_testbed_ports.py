@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rigforge.testbed import RigSpec, TestbedError, core, down, rootfs, up
-from rigforge.testbed._util import owns_port, pid_alive
+from rigforge.testbed._util import owns_port, pid_alive, ports_claimed
 
 pytestmark = pytest.mark.testbed
 REPO = Path(__file__).resolve().parents[2]
@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _listen(port: int) -> socket.socket:
     s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed connection's TIME_WAIT does not hold it
     s.bind(("127.0.0.1", port))
     s.listen()
     return s
@@ -102,8 +103,10 @@ def test_a_rig_whose_port_was_taken_moves_to_a_free_one(testbed_factory):
     tb = testbed_factory(name="moved")
     rig = tb.rig("rig1")
     old = rig.ssh_port
-    core.stop_pidfile(rig.dir / "sshd.pid")  # the rig's sshd is gone, and something else took its port
-    with _listen(old):
+    with ports_claimed():  # no other testbed (another worker's) picks the freed port before this one takes it
+        core.stop_pidfile(rig.dir / "sshd.pid")  # the rig's sshd is gone, and something else took its port
+        squatter = _listen(old)
+    with squatter:
         again = up(tb.dir, [rig.spec], shared=tb.shared)
         new = again.rig("rig1").ssh_port
         assert new != old
