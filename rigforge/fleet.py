@@ -225,22 +225,25 @@ def build_plan(
         settings = apply_overrides(Settings(), settings_from_host_data(data))
     except SettingsError:
         settings = None  # the roles' knob checks named every bad key already
-    if problems or name is None or lock is None or settings is None:
+    if name is None or lock is None:
         return None, problems
-    try:
+    try:  # looked up even when a knob is wrong: one refusal names every problem
         if not deployable and not given and "/" in name:  # a slug not locked yet: shown with unresolved pins
             lock = recipes.provisional(name, lock, bool(data.get("rigforge_recipe_opt_in")))
         variant = given or resolve(name, lock, bool(data.get("rigforge_recipe_opt_in")))
         lock.require(git=variant.sources, hf=variant.assets, resolved=deployable)
     except (CatalogError, RecipeError, LockError) as exc:
         return None, [*problems, str(exc)]
+    if settings is None:
+        return None, problems
     settings = replace(settings, image=settings.image or lock.pinned(variant.image))  # by digest once known
     count = gpus or variant.gpus
     layout = HostLayout(root=settings.root, model_dir=settings.model_dir, variant=variant.name)
     try:
         files = variant.files(settings, layout, count, host_data=True)  # the power unit for these caps among them
     except (SettingsError, RecipeError) as exc:  # a setting valid alone that this variant cannot take
-        files, problems = {}, [str(exc)]
+        files = {}
+        problems.append(str(exc))
     problems += cap_index_problems(settings, count) + port_problems(settings.port or variant.port, data)
     if problems:
         return None, problems

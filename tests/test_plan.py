@@ -193,6 +193,16 @@ def test_every_problem_in_one_message(tmp_path, caplog):
     assert "setting 'port'" not in message  # host-data names, not internal ones
 
 
+def test_a_bad_knob_and_an_unknown_variant_come_in_one_refusal():
+    for entry, data in ((None, {"rigforge_variant": "dual-tubro"}), ("dual-tubro", {})):
+        plan, problems = fleet.plan_for("r", {**data, "gpu_power_limit_w": 50}, entry)
+        assert plan is None
+        assert any("gpu_power_limit_w must be whole watts in 100..600, got 50" in p for p in problems), problems
+        assert any("unknown variant 'dual-tubro'" in p for p in problems), problems
+    plan, problems = fleet.plan_for("r", {"serving_port": 22, "serving_max_num_seqs": 0}, "dual-turbo")
+    assert plan is None and len(problems) == len(set(problems)) == 2, problems
+
+
 def test_dflash_with_kv_override_names_the_host_data_key(tmp_path, caplog):
     state, ran, _ = run_site(tmp_path, {"r": {"serving_kv_cache_dtype": "fp8_e5m2"}}, variant="dual-dflash")
     assert "touch /rigforge-was-here" not in ran["r"]
