@@ -163,20 +163,14 @@ def asked(host) -> bool:
     return host.name in _SENT or host.name in _HELD
 
 
-def take(
-    host, path: str, sudo: bool, then: list | None = None, password: str | None = None
-) -> tuple[str | None, str | None]:
-    """(problem, note): hold `path` on `host` for this run, or say who holds it. Idempotent per host. `password`:
-    host data's _sudo_password, sent to sudo on the lock's channel. Reads the answer to `send`, sending first
-    when it was not (the arguments of that `send` then apply).
-
-    `then`: [command, end line, None]: once the lock is held, the holder runs `command` in the same round trip
-    (rigforge/facts/probe.py `lock_request`: the batched probe); its output lines, and its exit code as the last
-    one, replace the None. Left None when it did not run."""
+def take(host) -> tuple[str | None, str | None]:
+    """(problem, note): read the answer to `host`'s request (`send`): the lock held for this run, or who holds it.
+    Idempotent per host. The request's `then` (rigforge/facts/probe.py `lock_request`, the batched probe):
+    once the lock is held, the holder ran it in the same round trip; its output lines, and its exit code as the
+    last one, replace the None. Left None when it did not run."""
     if host.name in _HELD or not over_ssh(host):
         return None, None
-    send(host, path, sudo, then, password)
-    channel, path, run, then, sudo_n = _SENT.pop(host.name)
+    channel, path, run, then, sudo_n = _SENT.pop(host.name)  # sent by `ask` (or `send`) before
     note = None
     lines = _lines(channel)
     for line in lines:

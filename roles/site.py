@@ -32,9 +32,9 @@ from rigforge.facts.hfweights import WeightsState
 from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, PowerCapUnits
 from rigforge.fleet import GATEWAY, MONITOR, REGISTRY, Plan, host_data, is_rig, plan_for
 from rigforge.hardware import Needs, changed_roots, data_root_of, format_problems, roots_inside
-from rigforge.inventory import lock_sudo, sudo_problem
+from rigforge.inventory import sudo_problem
 from rigforge.knobs.site import DEFAULTS
-from rigforge.layout import DAEMON_JSON, RUN_LOCK, HostLayout
+from rigforge.layout import DAEMON_JSON, HostLayout
 from rigforge.lock import token_refused
 from roles import (
     docker_engine,
@@ -256,8 +256,7 @@ def hold_the_rig() -> bool:
             return False
     this = ctx_host.get()
     rig_lock.ask(this)  # asked for already by the deploy file (rig_lock.ask_first) or provision, or now
-    sudo, password = lock_sudo(host)
-    busy, note = rig_lock.take(this, RUN_LOCK, sudo, None, password)
+    busy, note = rig_lock.take(this)
     probe.lock_answer(this)  # the batched probe came back in the same round trip (rigforge/facts/probe.py)
     if note:
         host.log_styled(f"{host.name}: {note}", fg="yellow", log_func=logger.warning)

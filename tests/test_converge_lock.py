@@ -31,7 +31,8 @@ exec(open(sys.argv[1]).read(), scope)
 inventory = Inventory(([scope["rigs"][0]], {}))
 connect_all(State(inventory, Config()))
 host = next(iter(inventory))
-print(rig_lock.take(host, RUN_LOCK, True), flush=True)
+rig_lock.send(host, RUN_LOCK, True)
+print(rig_lock.take(host), flush=True)
 sys.stdin.read()  # hold until the test closes stdin
 """
 

@@ -136,14 +136,14 @@ def test_the_lock_holder_runs_the_probe_once_it_holds_the_lock(shipped, monkeypa
     host.connector.client = SimpleNamespace(get_transport=lambda: SimpleNamespace(open_session=lambda: channel))
     monkeypatch.setattr(rig_lock, "_HELD", {})
     lock = str(shipped / "rig.lock")
-    assert _with_lock(host, lambda then: rig_lock.take(host, lock, False, then)) == (None, None)
+    assert _with_lock(host, lambda then: rig_lock.send(host, lock, False, then) or rig_lock.take(host)) == (None, None)
     try:
         assert _read_all(host, requests) == live and commands == []  # all served: no round trip but the lock's
         assert (probe._of(host).probes, probe._of(host).served) == (1, len(requests))
         other, _ = _host(monkeypatch)  # another run, on the same host name
         monkeypatch.setattr(rig_lock, "_HELD", {})
         other.connector.client = SimpleNamespace(get_transport=lambda: SimpleNamespace(open_session=_Channel))
-        busy, _ = _with_lock(other, lambda then: rig_lock.take(other, lock, False, then))
+        busy, _ = _with_lock(other, lambda then: rig_lock.send(other, lock, False, then) or rig_lock.take(other))
         assert "is being provisioned by" in busy and not probe._of(other).probed  # refused: it probes nothing
     finally:
         channel.close()
@@ -173,7 +173,7 @@ def test_every_hosts_lock_is_asked_for_before_any_answer_is_read(tmp_path, monke
         assert sorted(ran.read_text().split()) == ["rig1", "rig2"]
         assert [then[2] for then in thens.values()] == [None, None] and all(map(rig_lock.asked, hosts))
         for h in hosts:
-            assert rig_lock.take(h, str(tmp_path / f"{h.name}.lock"), False) == (None, None)
+            assert rig_lock.take(h) == (None, None)
             assert thens[h.name][2] == [f"probed {h.name}", "0"]
     finally:
         rig_lock._release()
