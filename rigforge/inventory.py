@@ -90,9 +90,10 @@ def sudo_problem(h) -> str | None:
     `_sudo_password`): naming the SSH user and what is needed. Asked with `sudo -n`, so nothing prompts."""
     from pyinfra.api import QuoteString, StringCommand
 
-    if not h.data.get("_sudo") or h.data.get("_sudo_password"):
+    sudo, user, password = sudo_of(h)
+    if not sudo or password:
         return None
-    as_user = f" -u {shlex.quote(str(h.data.get('_sudo_user')))}" if h.data.get("_sudo_user") else ""
+    as_user = f" -u {shlex.quote(str(user))}" if user else ""
     # sudo's own "a password is required" never reaches pyinfra, which would prompt for one on seeing it
     check = (
         f'id -un; out=$(sudo -n{as_user} true 2>&1) && echo SUDO-OK || case "$out" in '
@@ -105,10 +106,10 @@ def sudo_problem(h) -> str | None:
     return sudo_password_problem(h, lines[0] if lines and lines[0] != "SUDO-PASSWORD" else None)
 
 
-def lock_sudo(h) -> tuple[bool, str | None]:
-    """(whether the run lock's holder on host `h` runs with sudo, the password sudo reads there): host data
-    `_sudo`, `_sudo_password` (roles/rig_lock.py)."""
-    return bool(h.data.get("_sudo")), h.data.get("_sudo_password")
+def sudo_of(h) -> tuple[bool, str | None, str | None]:
+    """Host data's sudo for host `h`: (`_sudo`, `_sudo_user`, `_sudo_password`), for the run lock's holder
+    (roles/rig_lock.py), the sudo check and the command check."""
+    return bool(h.data.get("_sudo")), h.data.get("_sudo_user"), h.data.get("_sudo_password")
 
 
 def sudo_password_problem(h, user: str | None) -> str:
@@ -130,13 +131,11 @@ def _command_problem(host) -> str | None:
 
     if problem := sudo_problem(host):  # asked without a prompt: pyinfra's own would wait for a TTY, then fail
         return problem
-    kwargs = {"_sudo": bool(host.data.get("_sudo"))}
-    if host.data.get("_sudo_user"):
-        kwargs["_sudo_user"] = host.data.get("_sudo_user")
-    ok, output = host.run_shell_command(StringCommand("true"), **kwargs)
+    sudo, user, _ = sudo_of(host)
+    ok, output = host.run_shell_command(StringCommand("true"), _sudo=sudo, **({"_sudo_user": user} if user else {}))
     if ok:
         return None
-    how = "with sudo " if kwargs["_sudo"] else ""
+    how = "with sudo " if sudo else ""
     why = " ".join(line.strip() for line in output.stderr_lines[:2]) or "no error output"
     return (
         f"connected, but cannot run commands {how}({why}); "

@@ -37,7 +37,7 @@ from pyinfra.context import ctx_host
 
 from rigforge.facts import probe
 from rigforge.groups import is_rig
-from rigforge.inventory import lock_sudo, sudo_password_problem
+from rigforge.inventory import sudo_of, sudo_password_problem
 from rigforge.layout import RUN_LOCK
 
 MACHINE_ID = "/etc/machine-id"
@@ -146,7 +146,7 @@ def ask(host) -> None:
         return
     if is_rig(host) and twins(host, [h for h in host.inventory.iter_activated_hosts() if is_rig(h)]):
         return
-    sudo, password = lock_sudo(host)
+    sudo, _, password = sudo_of(host)
     send(host, RUN_LOCK, sudo, probe.lock_request(host), password)
 
 
