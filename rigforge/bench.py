@@ -115,6 +115,8 @@ def stream_once(session, base: str, model: str, prompt: str, max_tokens: int, ti
 
 def stream_many(base, model, prompt, max_tokens, timeout, streams, headers=None) -> list[Sample]:
     """`streams` concurrent requests released together; returns their samples in stream order."""
+    if streams == 1:  # in this thread: Ctrl-C stops it at once (the pool would wait for the stream to end)
+        return [stream_once(_session(), base, model, prompt, max_tokens, timeout, headers)]
     barrier = threading.Barrier(streams)
 
     def worker() -> Sample:
