@@ -57,13 +57,9 @@ class Sample:
         return self.tokens / (self.wall_s - self.ttft_s)
 
     def as_dict(self, round_start: float) -> dict:
-        d = asdict(self)
-        del d["start"], d["end"]
+        d = {k: v for k, v in asdict(self).items() if k not in ("start", "end")}
         d["start_offset_ms"] = (self.start - round_start) * 1000  # > 0: sent after the round's first
-        d["ttft_ms"] = self.ttft_s * 1000
-        d["wall_tps"] = self.wall_tps
-        d["decode_tps"] = self.decode_tps
-        return d
+        return d | {"ttft_ms": self.ttft_s * 1000, "wall_tps": self.wall_tps, "decode_tps": self.decode_tps}
 
 
 # ---------------------------------------------------------------- measuring
@@ -119,7 +115,7 @@ def stream_once(session, base: str, model: str, prompt: str, max_tokens: int, ti
 
 def stream_many(base, model, prompt, max_tokens, timeout, streams, headers=None) -> list[Sample]:
     """`streams` concurrent requests released together; returns their samples in stream order."""
-    if streams == 1:
+    if streams == 1:  # in this thread: Ctrl-C stops it at once (the pool would wait for the stream to end)
         return [stream_once(_session(), base, model, prompt, max_tokens, timeout, headers)]
     barrier = threading.Barrier(streams)
 
@@ -222,20 +218,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-class _Progress:
-    def __init__(self, total: int):
-        self.total, self.done, self.tty = total, 0, sys.stderr.isatty()
-
-    def step(self, label: str) -> None:
-        self.done += 1
-        width = 30
-        fill = width * self.done // self.total
-        line = f"[{'#' * fill}{'-' * (width - fill)}] {self.done}/{self.total} {label}"
-        if self.tty:
-            sys.stderr.write(f"\r\x1b[2K{line}" + ("\n" if self.done == self.total else ""))
-        else:
-            sys.stderr.write(line + "\n")
-        sys.stderr.flush()
+def _progress(done: int, total: int, label: str) -> None:
+    fill = 30 * done // total
+    line = f"[{'#' * fill}{'-' * (30 - fill)}] {done}/{total} {label}"
+    if sys.stderr.isatty():
+        sys.stderr.write(f"\r\x1b[2K{line}" + ("\n" if done == total else ""))
+    else:
+        sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def _base_url(url: str) -> str:
@@ -292,7 +282,7 @@ def _run(args) -> int:
     measured = info[variant]["measured"] if variant else {}
 
     prompts = [args.only] if args.only else list(PROMPTS)
-    progress = _Progress(len(prompts) * (args.warmups + args.runs))
+    per_prompt = args.warmups + args.runs
     report = {
         "url": base,
         "model": model,
@@ -304,17 +294,18 @@ def _run(args) -> int:
         "sampling": {**SAMPLING, "enable_thinking": False},
         "prompts": {},
     }
-    for name in prompts:
+    for k, name in enumerate(prompts):
         text, max_tokens = PROMPTS[name]
         rounds = []
-        for i in range(args.warmups + args.runs):
+        for i in range(per_prompt):
             samples = stream_many(base, model, text, max_tokens, args.timeout, args.streams, headers)
             warm = i < args.warmups
             if not warm:
                 rounds.append(samples)
             n, of = (i + 1, args.warmups) if warm else (i + 1 - args.warmups, args.runs)
             tps = statistics.fmean(s.wall_tps for s in samples)
-            progress.step(f"{name} {'warm-up' if warm else 'run'} {n}/{of}  {tps:.1f} tok/s")
+            label = f"{name} {'warm-up' if warm else 'run'} {n}/{of}  {tps:.1f} tok/s"
+            _progress(k * per_prompt + i + 1, len(prompts) * per_prompt, label)
         report["prompts"][name] = {
             "max_tokens": max_tokens,
             "runs": [[s.as_dict(min(x.start for x in r)) for s in r] for r in rounds],

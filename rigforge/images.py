@@ -256,7 +256,7 @@ def _fetch_blob(src: _Source, directory: Path, verified: dict, desc: dict, label
 def _fetch_manifest(src: _Source, directory: Path, verified: dict, digest: str) -> tuple[dict, str, int]:
     """(the manifest at `digest`, its media type, its size), kept byte for byte as a blob once verified."""
     path = blob_path(directory, digest)
-    if digest in verified and path.is_file() and path.stat().st_size == verified[digest]:
+    if _verified_ok(directory, verified, digest, verified.get(digest)):
         body = path.read_bytes()
         manifest = json.loads(body)
         return manifest, manifest.get("mediaType", ""), len(body)
@@ -372,13 +372,6 @@ def save(directory: Path, lock: Lock, registry: str | None = None, ca_cert: str 
 ENTRY = Path(__file__).resolve().parents[1] / "deploy" / "images_load.py"
 
 
-def load_command(directory: Path, inventory: str, limit: str | None = None) -> list[str]:
-    """The pyinfra command line of a load."""
-    cmd = [sys.executable, "-m", "pyinfra", "-y", inventory, str(ENTRY), "--data",
-           f"rigforge_images_dir={Path(directory).resolve()}"]  # fmt: skip
-    return cmd + (["--limit", limit] if limit else [])
-
-
 def check_loadable(directory: Path) -> list[Saved]:
     """The images of `directory`, each complete and verified, loadable onto a rig; ImagesError naming what is not."""
     entries = index_entries(directory)
@@ -400,7 +393,9 @@ def run(args: argparse.Namespace) -> int:
         check_loadable(args.dir)
         if not ENTRY.is_file():
             raise ImagesError(f"{ENTRY} not found: run `rigforge images load` from a checkout of rigforge")
-        rc = subprocess.call(load_command(args.dir, args.inventory, args.limit))
+        cmd = [sys.executable, "-m", "pyinfra", "-y", args.inventory, str(ENTRY), "--data",
+               f"rigforge_images_dir={Path(args.dir).resolve()}"]  # fmt: skip
+        rc = subprocess.call(cmd + (["--limit", args.limit] if args.limit else []))
         return 128 - rc if rc < 0 else rc  # pyinfra killed by a signal: 128 + its number, as a shell says
     except (ImagesError, LockError) as error:
         print(f"rigforge images {args.images_command}: {error}", file=sys.stderr)

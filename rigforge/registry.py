@@ -133,15 +133,14 @@ def subject_alt_name(address: str) -> str:
 # --- the CA, on the controller ---------------------------------------------------------------------------------
 
 
-def _openssl(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+def _openssl(*args: str, cwd: Path, what: str | None = None) -> subprocess.CompletedProcess:
+    """openssl ARGS in `cwd`; with `what` (what it was to do), RegistryError naming it when it failed."""
     if not shutil.which("openssl"):
         raise RegistryError("the fleet registry's CA needs the openssl command on the controller (apt install openssl)")
-    return subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True, timeout=60)
-
-
-def _must(res: subprocess.CompletedProcess, what: str) -> None:
-    if res.returncode != 0:
+    res = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+    if what and res.returncode != 0:
         raise RegistryError(f"openssl could not {what}: {(res.stderr or res.stdout).strip()[-400:]}")
+    return res
 
 
 _IN_PROCESS = threading.Lock()  # gevent's, in a pyinfra run (it patches threading): one host at a time
@@ -159,24 +158,20 @@ def _locked(ca_dir: Path):
             yield ca_dir
 
 
-def _make_ca(ca_dir: Path) -> None:
-    with tempfile.TemporaryDirectory(dir=ca_dir) as tmp:
-        res = _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                       "-keyout", "ca.key", "-out", "ca.crt", "-days", str(CA_DAYS),
-                       "-subj", "/CN=rigforge fleet registry CA",
-                       "-addext", "basicConstraints=critical,CA:TRUE",
-                       "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=Path(tmp))  # fmt: skip
-        _must(res, "make the fleet registry's CA")
-        (Path(tmp) / "ca.key").chmod(0o600)
-        os.replace(Path(tmp) / "ca.key", ca_dir / "ca.key")  # the key first: ca.crt present means both are
-        os.replace(Path(tmp) / "ca.crt", ca_dir / "ca.crt")
-
-
 def ca_certificate(ca_dir: Path) -> str:
     """The fleet CA's certificate (PEM), made first when `ca_dir` has none. Its key stays in `ca_dir`, 0600."""
     with _locked(ca_dir):
         if not (ca_dir / "ca.crt").exists():
-            _make_ca(ca_dir)
+            with tempfile.TemporaryDirectory(dir=ca_dir) as tmp:
+                _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                         "-keyout", "ca.key", "-out", "ca.crt", "-days", str(CA_DAYS),
+                         "-subj", "/CN=rigforge fleet registry CA",
+                         "-addext", "basicConstraints=critical,CA:TRUE",
+                         "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+                         cwd=Path(tmp), what="make the fleet registry's CA")  # fmt: skip
+                (Path(tmp) / "ca.key").chmod(0o600)
+                os.replace(Path(tmp) / "ca.key", ca_dir / "ca.key")  # the key first: ca.crt present means both are
+                os.replace(Path(tmp) / "ca.crt", ca_dir / "ca.crt")
         return (ca_dir / "ca.crt").read_text()
 
 
@@ -203,13 +198,13 @@ def server_certificate(ca_dir: Path, address: str) -> tuple[str, str]:
                     f"subjectAltName={subject_alt_name(address)}\nbasicConstraints=CA:FALSE\n"
                     "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
                 )
-                res = _openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                               "-keyout", "s.key", "-subj", f"/CN={address}", "-out", "s.csr", cwd=t)  # fmt: skip
-                _must(res, f"make a key for the registry at {address}")
-                res = _openssl("x509", "-req", "-in", "s.csr", "-CA", str(ca_dir / "ca.crt"),
-                               "-CAkey", str(ca_dir / "ca.key"), "-set_serial", f"0x{secrets.token_hex(16)}",
-                               "-days", str(SERVER_DAYS), "-extfile", "ext", "-out", "s.crt", cwd=t)  # fmt: skip
-                _must(res, f"sign the certificate of the registry at {address}")
+                _openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                         "-keyout", "s.key", "-subj", f"/CN={address}", "-out", "s.csr",
+                         cwd=t, what=f"make a key for the registry at {address}")  # fmt: skip
+                _openssl("x509", "-req", "-in", "s.csr", "-CA", str(ca_dir / "ca.crt"),
+                         "-CAkey", str(ca_dir / "ca.key"), "-set_serial", f"0x{secrets.token_hex(16)}",
+                         "-days", str(SERVER_DAYS), "-extfile", "ext", "-out", "s.crt",
+                         cwd=t, what=f"sign the certificate of the registry at {address}")  # fmt: skip
                 (t / "s.key").chmod(0o600)
                 os.replace(t / "s.key", key)
                 os.replace(t / "s.crt", crt)

@@ -229,9 +229,7 @@ def run(args: argparse.Namespace) -> int:
         first = next((h for h in rigs if h.name == args.canary), None) if args.canary else rigs[0]
         if first is None:
             raise RolloutError(f"--canary {args.canary}: not a rig of {args.inventory} that is not held")
-        previews = [preview(h, old, new) for h in rigs]
-        for p in previews:
-            print(show(p))
+        print("\n".join([show(preview(h, old, new)) for h in rigs]))  # every preview made before any is shown
         for name in held:
             print(f"{name}: held (host data rollout_hold): stays at {old}")
         if args.dry:
