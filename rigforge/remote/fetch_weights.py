@@ -19,6 +19,7 @@ Exit codes: 0 ok, 2 bad input, 3 not enough disk space, 4 verification failed, 5
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import http.client
 import json
@@ -257,13 +258,9 @@ def run(m: dict, token: str | None, deep: bool, staged_only: bool) -> int:
     os.makedirs(m["dest"], exist_ok=True)
     stamp_data = load_stamp(m["stamp"])
     stamp = stamp_data["files"] if stamp_data.get("revision") == m["revision"] else {}
-    entries, missing = {}, []
-    for f in m["files"]:
-        entry = current(m, f, stamp, deep)
-        if entry:
-            entries[f["path"]] = entry
-        else:
-            missing.append(f)
+    found = [(f, current(m, f, stamp, deep)) for f in m["files"]]
+    entries = {f["path"]: entry for f, entry in found if entry}
+    missing = [f for f, entry in found if not entry]
     write_stamp(m, entries)
     if not missing:
         tidy_staging(m)
@@ -297,10 +294,8 @@ def tidy_staging(m: dict) -> None:
         for name in names:
             if name.endswith(".part"):
                 os.unlink(os.path.join(root, name))
-        try:
+        with contextlib.suppress(OSError):
             os.rmdir(root)
-        except OSError:
-            pass
 
 
 def main(argv: list[str] | None = None) -> int:
