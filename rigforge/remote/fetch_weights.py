@@ -185,9 +185,8 @@ def download(m: dict, f: dict, part: str, token: str | None) -> str:
     if have:
         headers["Range"] = f"bytes={have}-"
         say(f"{f['path']}: resuming at {human(have)} of {human(f['size'])}")
-    req = urllib.request.Request(meta.location, headers=headers)
     try:
-        resp = urllib.request.urlopen(req, timeout=60)
+        resp = urllib.request.urlopen(urllib.request.Request(meta.location, headers=headers), timeout=60)
     except urllib.error.HTTPError as e:
         if e.code == 416 and have:
             os.unlink(part)
@@ -196,28 +195,25 @@ def download(m: dict, f: dict, part: str, token: str | None) -> str:
     except OSError as e:
         raise Fail(5, f"{f['path']}: download failed: {e}") from None
     with resp:
-        mode = "ab"
         if have and resp.status != 206:
             say(f"{f['path']}: server ignored the Range request, starting over")
-            mode, have = "wb", 0
+            have = 0
         digest = hash_file(part) if have else hashlib.sha256()  # the bytes kept, then the rest as it streams
-        done = have
         label = f"{m.get('name') or m['repo']} {f['path']}"
-        with open(part, mode, buffering=0) as out, Progress(label, f["size"], have) as progress:
+        with open(part, "ab" if have else "wb", buffering=0) as out, Progress(label, f["size"], have) as progress:
             try:  # unbuffered: a kill loses at most one chunk
                 while chunk := resp.read1(CHUNK):  # what has arrived, not a blocking full CHUNK
                     out.write(chunk)
                     digest.update(chunk)
-                    done += len(chunk)
-                    progress.done = done
+                    progress.done += len(chunk)  # read by the progress thread
             except (OSError, http.client.HTTPException) as e:
-                raise Interrupted(f"{f['path']}: transfer interrupted at {human(done)}: {e}") from None
+                raise Interrupted(f"{f['path']}: transfer interrupted at {human(progress.done)}: {e}") from None
             finally:
                 os.fsync(out.fileno())
-            if done >= f["size"]:
+            if progress.done >= f["size"]:
                 progress.finish()
-    if done < f["size"]:
-        raise Interrupted(f"{f['path']}: transfer ended early at {human(done)} of {human(f['size'])}")
+    if progress.done < f["size"]:
+        raise Interrupted(f"{f['path']}: transfer ended early at {human(progress.done)} of {human(f['size'])}")
     return digest.hexdigest()
 
 
