@@ -111,8 +111,7 @@ def stamp_entry(path: str, sha256: str) -> dict:
 
 def load_stamp(path: str) -> dict:
     try:
-        with open(path) as f:
-            data = json.load(f)
+        data = json.loads(Path(path).read_text())
         return data if isinstance(data, dict) and isinstance(data.get("files"), dict) else {"files": {}}
     except (OSError, ValueError):
         return {"files": {}}
