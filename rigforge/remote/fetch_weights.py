@@ -24,6 +24,7 @@ import hashlib
 import http.client
 import json
 import os
+import shutil
 import sys
 import threading
 import time
@@ -125,13 +126,6 @@ def write_stamp(m: dict, entries: dict) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, m["stamp"])
-
-
-def free_bytes(path: str) -> int:
-    while not os.path.exists(path):
-        path = os.path.dirname(path)
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
 
 
 def part_path(m: dict, f: dict) -> str:
@@ -266,7 +260,7 @@ def run(m: dict, token: str | None, deep: bool, staged_only: bool) -> int:
     if not staged_only:
         partial = sum(min(os.path.getsize(p), f["size"]) for f in missing if os.path.exists(p := part_path(m, f)))
         need = int((sum(f["size"] for f in missing) - partial) * HEADROOM)
-        free = free_bytes(m["dest"])
+        free = shutil.disk_usage(m["dest"]).free  # dest exists: made above
         if need > free:
             raise Fail(
                 3,
