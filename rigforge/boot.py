@@ -105,7 +105,7 @@ def _cron_ran(writer: Mapping, cron: list[str]) -> bool:
 
 def judge(seen: Mapping, targets: Mapping[int, int], writers: Mapping[str, Mapping]) -> dict:
     """What ran at this boot against the caps: {"ok", "settling", "problems", "ran": the other writers that ran,
-    "corrections": the settle stage's, "later": writers seen after the settle window, "caps": now}."""
+    "corrections": the settle stage's}."""
     units = seen.get("units") or {}
     power, settle = units.get(POWER_UNIT), units.get(SETTLE_UNIT)
     problems = []
@@ -142,8 +142,7 @@ def judge(seen: Mapping, targets: Mapping[int, int], writers: Mapping[str, Mappi
         else:
             problems.append(what)
     corrections = [line for line in lines if CORRECTION.match(line)]
-    return {"ok": not problems, "settling": settling, "problems": problems, "ran": ran, "corrections": corrections,
-            "later": later, "caps": caps}  # fmt: skip
+    return {"ok": not problems, "settling": settling, "problems": problems, "ran": ran, "corrections": corrections}
 
 
 def _targets(seen: Mapping, ctx) -> dict[int, int]:
