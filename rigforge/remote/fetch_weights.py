@@ -210,7 +210,8 @@ def download(m: dict, f: dict, part: str, token: str | None) -> str:
     return digest.hexdigest()
 
 
-def fetch_one(m: dict, f: dict, token: str | None, staged_only: bool) -> None:
+def fetch_one(m: dict, f: dict, token: str | None, staged_only: bool) -> dict:
+    """Fetch (or, staged_only, take from staging) one file, verify it and move it into place; its stamp entry."""
     staged = os.path.join(m["staging"], f["path"]) if staged_only else part_path(m, f)
     os.makedirs(os.path.dirname(staged), exist_ok=True)
     for attempt in (1, 2):
@@ -232,7 +233,7 @@ def fetch_one(m: dict, f: dict, token: str | None, staged_only: bool) -> None:
             os.makedirs(os.path.dirname(final), exist_ok=True)
             os.replace(staged, final)
             say(f"{m['name']} {f['path']}: sha256 verified, in place")
-            return
+            return stamp_entry(final, f["sha256"])
         os.unlink(staged)
         what = f"size {size} / sha256 {digest}, lock says size {f['size']} / sha256 {f['sha256']}"
         if staged_only or attempt == 2:
@@ -269,8 +270,7 @@ def run(m: dict, token: str | None, deep: bool, staged_only: bool) -> int:
             )
     say(f"{m['name']}: fetching {len(missing)} of {len(m['files'])} files from {m['repo']}@{m['revision'][:12]}")
     for f in missing:
-        fetch_one(m, f, token, staged_only)
-        entries[f["path"]] = stamp_entry(os.path.join(m["dest"], f["path"]), f["sha256"])
+        entries[f["path"]] = fetch_one(m, f, token, staged_only)
         write_stamp(m, entries)
     tidy_staging(m)
     say(f"{m['name']}: all {len(entries)} files verified")
