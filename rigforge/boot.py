@@ -42,22 +42,17 @@ def parse_boot(lines: list[str]) -> dict:
     """Output of BootCaps -> {"boot_id", "system": `is-system-running`, "units": {unit: {SHOW key: value}},
     "cycles": journal lines about ordering cycles, "settle": the settle stage's "rigforge: " lines, "cron": cron's
     CMD lines, "caps": {GPU index: watts now}}; empty where the rig gave nothing (a chroot: no systemd)."""
-    out: dict = {"boot_id": None, "system": "", "units": {}, "cycles": [], "settle": [], "cron": [], "caps": {}}
-    section, unit = None, None
+    out: dict = {"units": {}, "cycles": [], "settle": [], "cron": [], "caps": {}}
+    head: dict = {}  # the key=value lines before the first section (boot_id, system)
+    section, keys = None, head  # where key=value lines go: the head, then each unit's dict; None in other sections
     for raw in lines:
         line = raw.rstrip("\n")
         if line.startswith("--- "):
             section, _, arg = line[4:].partition(" ")
-            unit = out["units"].setdefault(arg.strip(), {}) if section == "unit" else None
-        elif section is None and "=" in line:
+            keys = out["units"].setdefault(arg.strip(), {}) if section == "unit" else None
+        elif keys is not None and "=" in line:
             key, _, value = line.partition("=")
-            if key == "boot_id":
-                out["boot_id"] = value.strip() or None
-            elif key == "system":
-                out["system"] = value.strip()
-        elif section == "unit" and unit is not None and "=" in line:
-            key, _, value = line.partition("=")
-            unit[key] = value.strip()
+            keys[key] = value.strip()
         elif section in ("cycles", "settle", "cron") and line.strip():
             out[section].append(line.strip())
         elif section == "caps":
@@ -65,7 +60,7 @@ def parse_boot(lines: list[str]) -> dict:
             if len(cells) == 2 and cells[0].isdigit():
                 with contextlib.suppress(ValueError):
                     out["caps"][int(cells[0])] = float(cells[1])
-    return out
+    return {"boot_id": head.get("boot_id") or None, "system": head.get("system", ""), **out}
 
 
 def _stamp(unit: Mapping, key: str) -> int:
@@ -110,7 +105,7 @@ def _cron_ran(writer: Mapping, cron: list[str]) -> bool:
 
 def judge(seen: Mapping, targets: Mapping[int, int], writers: Mapping[str, Mapping]) -> dict:
     """What ran at this boot against the caps: {"ok", "settling", "problems", "ran": the other writers that ran,
-    "corrections": the settle stage's, "later": writers seen after the settle window, "caps": now}."""
+    "corrections": the settle stage's}."""
     units = seen.get("units") or {}
     power, settle = units.get(POWER_UNIT), units.get(SETTLE_UNIT)
     problems = []
@@ -147,16 +142,11 @@ def judge(seen: Mapping, targets: Mapping[int, int], writers: Mapping[str, Mappi
         else:
             problems.append(what)
     corrections = [line for line in lines if CORRECTION.match(line)]
-    return {"ok": not problems, "settling": settling, "problems": problems, "ran": ran, "corrections": corrections,
-            "later": later, "caps": caps}  # fmt: skip
+    return {"ok": not problems, "settling": settling, "problems": problems, "ran": ran, "corrections": corrections}
 
 
 def _targets(seen: Mapping, ctx) -> dict[int, int]:
     return dict(ctx.plan.caps) if ctx.plan else power_caps(len(seen.get("caps") or {}), ctx.settings)
-
-
-def _caps_text(targets: Mapping[int, int]) -> str:
-    return "/".join(f"{w:g}" for w in sorted(set(targets.values()))) or "?"
 
 
 def _set_last(j: dict) -> str:
@@ -173,7 +163,8 @@ def boot_caps(seen: Mapping, ctx) -> tuple[str, str]:
     j = judge(seen, targets, ctx.cap_units)
     if not j["ok"]:
         return "fail", "; ".join(j["problems"])
-    return "pass", f"{_caps_text(targets)} W, {_set_last(j)}"
+    caps = "/".join(f"{w:g}" for w in sorted(set(targets.values()))) or "?"
+    return "pass", f"{caps} W, {_set_last(j)}"
 
 
 def summary(seen: Mapping, ctx) -> str:

@@ -79,8 +79,10 @@ class DriverTableError(ValueError):
     """No package exists for the combination asked for (the message says what to choose instead)."""
 
 
-def lookup(source: str, os_id: str, branch, flavor: str, kernel: str = "generic") -> DriverPackages:
-    """The driver packages for a rig; DriverTableError when no such package exists."""
+def packages_for(data: Mapping, os_id: str) -> DriverPackages:
+    """The driver packages for this host (its nvidia_driver_* data); DriverTableError when no such package exists."""
+    source, branch, flavor = data["nvidia_driver_source"], data["nvidia_driver_branch"], data["nvidia_driver_flavor"]
+    kernel = data["nvidia_driver_kernel_flavour"]
     fam = "ubuntu" if os_id == "ubuntu" else "debian"
     try:
         branch = int(branch)
@@ -174,17 +176,6 @@ def cuda_repo_url(os_release: dict, deb_arch: str) -> str:
 def cuda_key(os_release: dict) -> tuple[str, str]:
     """(key file name, fingerprint) of the CUDA repository for the OS."""
     return CUDA_KEYS.get(cuda_distro(os_release), CUDA_KEYS["default"])
-
-
-def packages_for(data: Mapping, os_id: str) -> DriverPackages:
-    """The table's row for this host (raises driver_table.DriverTableError when none exists)."""
-    return lookup(
-        data["nvidia_driver_source"],
-        os_id,
-        data["nvidia_driver_branch"],
-        data["nvidia_driver_flavor"],
-        data["nvidia_driver_kernel_flavour"],
-    )
 
 
 def branch_problem(running: dict, branch: int) -> str | None:

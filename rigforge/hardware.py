@@ -162,12 +162,11 @@ def cap_problems(gpus: list[dict], default_w: int, overrides: dict) -> list[str]
         if low is not None and high is not None and not low <= cap <= high:
             key = "gpu_power_limits" if int(gpu["index"]) in {int(i) for i in overrides or {}} else "gpu_power_limit_w"
             refused.setdefault((cap, key, low, high), []).append(gpu)
-    for (cap, key, low, high), refused_cards in refused.items():
-        problems.append(
-            f"power cap {cap} W ({key}) is outside {cards(refused_cards)} range {low:g}..{high:g} W; "
-            f"set {key} to a value in {low:g}..{high:g}."
-        )
-    return problems
+    return problems + [
+        f"power cap {cap} W ({key}) is outside {cards(refused_cards)} range {low:g}..{high:g} W; "
+        f"set {key} to a value in {low:g}..{high:g}."
+        for (cap, key, low, high), refused_cards in refused.items()
+    ]
 
 
 def gpu_problems(gpus: list[dict], needs: Needs, data: dict) -> list[str]:
@@ -303,14 +302,13 @@ def changed_roots(layout: HostLayout, recorded: dict | None, size_of) -> list[st
     recorded = recorded or {}
     now = (layout.root, layout.models)
     out = []
-    for key in ("root", "models"):
+    for key, name in (("root", "rigforge_root"), ("models", "serving_model_dir")):
         tree = recorded.get(key)
         if not isinstance(tree, str) or not tree.startswith("/") or any(_inside(tree, new) for new in now):
             continue  # not recorded, or still in use
         if key == "models" and isinstance(recorded.get("root"), str) and _inside(tree, recorded["root"]):
             continue  # named with the old root
-        size = size_of(tree)
-        if size is None:
+        if (size := size_of(tree)) is None:
             continue  # gone already
         inside = [new for new in now if _inside(new, tree)]
         how = (
@@ -319,7 +317,6 @@ def changed_roots(layout: HostLayout, recorded: dict | None, size_of) -> list[st
             if inside
             else f"once the rig serves from the new one, remove it with: sudo rm -rf {tree}"
         )
-        name = "rigforge_root" if key == "root" else "serving_model_dir"
         out.append(
             f"{name} changed: {tree}, the earlier deploy's (recorded in {layout.rig_json}), holds "
             f"{size / 1e9:.1f} GB and is no longer used; rigforge leaves it as it is; {how}"

@@ -63,6 +63,11 @@ GATEWAY_ADMIN_SOCKET = "/run/haproxy/rigforge-admin.sock"  # HAProxy's runtime A
 GATEWAY_STATE = "/var/lib/haproxy/rigforge-servers.state"  # runtime state kept across reloads (drains, ports)
 
 
+def _under(base: str, name: str) -> property:
+    """The path `name` under the layout's path `base` (an attribute name: root, images, etc, ...)."""
+    return property(lambda self: f"{getattr(self, base)}/{name}")
+
+
 @dataclass(frozen=True)
 class HostLayout:
     root: str = DEFAULT_ROOT  # rigforge_root
@@ -71,66 +76,40 @@ class HostLayout:
     etc: str = ETC
     unit_dir: str = UNIT_DIR
 
+    daemon_json = DAEMON_JSON
+    vllm_template = VLLM_TEMPLATE
+    power_unit = POWER_UNIT
+    settle_unit = SETTLE_UNIT
+    libexec = LIBEXEC
+    textfile_dir = TEXTFILE_DIR
+    gpu_metrics_timer = GPU_METRICS_TIMER
+
+    src_root = _under("root", "src")
+    serve_root = _under("root", "serve")
+    cache = _under("root", "cache")
+    venv = _under("root", "venv")
+    lib = _under("root", "lib")
+    weights_work = _under("root", "run/weights")  # root-only: weight manifests and the transient token file
+    images = _under("root", IMAGES)  # saved images on their way into Docker (`rigforge images load`)
+    images_layout = _under("images", "oci")  # the OCI image layout the saved blobs are uploaded into
+    images_upload = _under("images", ".upload")  # a sudo user's uploads (the user's, 0700) until root moves them
+    images_work = _under("images", ".work")  # the temporary registry's storage and the load's state
+    images_script = _under("images", "load_images.sh")  # runs the temporary registry
+    rig_json = _under("etc", "rig.json")
+    settle_script = _under("libexec", SETTLE_SCRIPT)
+    gpu_metrics_script = _under("libexec", GPU_METRICS_SCRIPT)
+    gpu_metrics_file = _under("textfile_dir", GPU_METRICS_FILE)
+
     @property
     def models(self) -> str:
         return self.model_dir or f"{self.root}/models"
-
-    @property
-    def src_root(self) -> str:
-        return f"{self.root}/src"
 
     def src(self, name: str) -> str:
         return f"{self.src_root}/{name}"
 
     @property
-    def serve_root(self) -> str:
-        return f"{self.root}/serve"
-
-    @property
     def serve_dir(self) -> str:
         return f"{self.serve_root}/{self.variant}"
-
-    @property
-    def cache(self) -> str:
-        return f"{self.root}/cache"
-
-    @property
-    def venv(self) -> str:
-        return f"{self.root}/venv"
-
-    @property
-    def lib(self) -> str:
-        return f"{self.root}/lib"
-
-    @property
-    def images(self) -> str:
-        """Saved images on their way into Docker (`rigforge images load`): the OCI layout, its uploads, the work
-        dir of the temporary registry and the script that runs it."""
-        return f"{self.root}/{IMAGES}"
-
-    @property
-    def images_layout(self) -> str:
-        """The OCI image layout the controller's saved blobs are uploaded into (blobs/sha256/<hex>)."""
-        return f"{self.images}/oci"
-
-    @property
-    def images_upload(self) -> str:
-        """Where a sudo user's uploads land (owned by that user, 0700) before root checks and moves them."""
-        return f"{self.images}/.upload"
-
-    @property
-    def images_work(self) -> str:
-        """The temporary registry's storage and the load's state (removed when the load ends)."""
-        return f"{self.images}/.work"
-
-    @property
-    def images_script(self) -> str:
-        return f"{self.images}/load_images.sh"
-
-    @property
-    def weights_work(self) -> str:
-        """Root-only dir for weight manifests and the transient token file."""
-        return f"{self.root}/run/weights"
 
     def weights_staging(self, asset: str) -> str:
         return f"{self.models}/{WEIGHTS_STAGING}/{asset}"
@@ -140,10 +119,6 @@ class HostLayout:
 
     def stamp(self, dirname: str) -> str:
         return f"{self.asset_dir(dirname)}/{STAMP}"
-
-    @property
-    def rig_json(self) -> str:
-        return f"{self.etc}/rig.json"
 
     @property
     def vllm_unit(self) -> str:
@@ -156,23 +131,3 @@ class HostLayout:
 
     def unit_path(self, unit: str) -> str:
         return f"{self.unit_dir}/{unit}"
-
-    daemon_json = DAEMON_JSON
-    vllm_template = VLLM_TEMPLATE
-    power_unit = POWER_UNIT
-    settle_unit = SETTLE_UNIT
-    libexec = LIBEXEC
-    textfile_dir = TEXTFILE_DIR
-    gpu_metrics_timer = GPU_METRICS_TIMER
-
-    @property
-    def settle_script(self) -> str:
-        return f"{self.libexec}/{SETTLE_SCRIPT}"
-
-    @property
-    def gpu_metrics_script(self) -> str:
-        return f"{self.libexec}/{GPU_METRICS_SCRIPT}"
-
-    @property
-    def gpu_metrics_file(self) -> str:
-        return f"{self.textfile_dir}/{GPU_METRICS_FILE}"

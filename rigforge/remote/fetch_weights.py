@@ -19,10 +19,12 @@ Exit codes: 0 ok, 2 bad input, 3 not enough disk space, 4 verification failed, 5
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import http.client
 import json
 import os
+import shutil
 import sys
 import threading
 import time
@@ -110,8 +112,7 @@ def stamp_entry(path: str, sha256: str) -> dict:
 
 def load_stamp(path: str) -> dict:
     try:
-        with open(path) as f:
-            data = json.load(f)
+        data = json.loads(Path(path).read_text())
         return data if isinstance(data, dict) and isinstance(data.get("files"), dict) else {"files": {}}
     except (OSError, ValueError):
         return {"files": {}}
@@ -125,13 +126,6 @@ def write_stamp(m: dict, entries: dict) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, m["stamp"])
-
-
-def free_bytes(path: str) -> int:
-    while not os.path.exists(path):
-        path = os.path.dirname(path)
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
 
 
 def part_path(m: dict, f: dict) -> str:
@@ -184,9 +178,8 @@ def download(m: dict, f: dict, part: str, token: str | None) -> str:
     if have:
         headers["Range"] = f"bytes={have}-"
         say(f"{f['path']}: resuming at {human(have)} of {human(f['size'])}")
-    req = urllib.request.Request(meta.location, headers=headers)
     try:
-        resp = urllib.request.urlopen(req, timeout=60)
+        resp = urllib.request.urlopen(urllib.request.Request(meta.location, headers=headers), timeout=60)
     except urllib.error.HTTPError as e:
         if e.code == 416 and have:
             os.unlink(part)
@@ -195,32 +188,30 @@ def download(m: dict, f: dict, part: str, token: str | None) -> str:
     except OSError as e:
         raise Fail(5, f"{f['path']}: download failed: {e}") from None
     with resp:
-        mode = "ab"
         if have and resp.status != 206:
             say(f"{f['path']}: server ignored the Range request, starting over")
-            mode, have = "wb", 0
+            have = 0
         digest = hash_file(part) if have else hashlib.sha256()  # the bytes kept, then the rest as it streams
-        done = have
         label = f"{m.get('name') or m['repo']} {f['path']}"
-        with open(part, mode, buffering=0) as out, Progress(label, f["size"], have) as progress:
+        with open(part, "ab" if have else "wb", buffering=0) as out, Progress(label, f["size"], have) as progress:
             try:  # unbuffered: a kill loses at most one chunk
                 while chunk := resp.read1(CHUNK):  # what has arrived, not a blocking full CHUNK
                     out.write(chunk)
                     digest.update(chunk)
-                    done += len(chunk)
-                    progress.done = done
+                    progress.done += len(chunk)  # read by the progress thread
             except (OSError, http.client.HTTPException) as e:
-                raise Interrupted(f"{f['path']}: transfer interrupted at {human(done)}: {e}") from None
+                raise Interrupted(f"{f['path']}: transfer interrupted at {human(progress.done)}: {e}") from None
             finally:
                 os.fsync(out.fileno())
-            if done >= f["size"]:
+            if progress.done >= f["size"]:
                 progress.finish()
-    if done < f["size"]:
-        raise Interrupted(f"{f['path']}: transfer ended early at {human(done)} of {human(f['size'])}")
+    if progress.done < f["size"]:
+        raise Interrupted(f"{f['path']}: transfer ended early at {human(progress.done)} of {human(f['size'])}")
     return digest.hexdigest()
 
 
-def fetch_one(m: dict, f: dict, token: str | None, staged_only: bool) -> None:
+def fetch_one(m: dict, f: dict, token: str | None, staged_only: bool) -> dict:
+    """Fetch (or, staged_only, take from staging) one file, verify it and move it into place; its stamp entry."""
     staged = os.path.join(m["staging"], f["path"]) if staged_only else part_path(m, f)
     os.makedirs(os.path.dirname(staged), exist_ok=True)
     for attempt in (1, 2):
@@ -242,7 +233,7 @@ def fetch_one(m: dict, f: dict, token: str | None, staged_only: bool) -> None:
             os.makedirs(os.path.dirname(final), exist_ok=True)
             os.replace(staged, final)
             say(f"{m['name']} {f['path']}: sha256 verified, in place")
-            return
+            return stamp_entry(final, f["sha256"])
         os.unlink(staged)
         what = f"size {size} / sha256 {digest}, lock says size {f['size']} / sha256 {f['sha256']}"
         if staged_only or attempt == 2:
@@ -257,13 +248,9 @@ def run(m: dict, token: str | None, deep: bool, staged_only: bool) -> int:
     os.makedirs(m["dest"], exist_ok=True)
     stamp_data = load_stamp(m["stamp"])
     stamp = stamp_data["files"] if stamp_data.get("revision") == m["revision"] else {}
-    entries, missing = {}, []
-    for f in m["files"]:
-        entry = current(m, f, stamp, deep)
-        if entry:
-            entries[f["path"]] = entry
-        else:
-            missing.append(f)
+    found = [(f, current(m, f, stamp, deep)) for f in m["files"]]
+    entries = {f["path"]: entry for f, entry in found if entry}
+    missing = [f for f, entry in found if not entry]
     write_stamp(m, entries)
     if not missing:
         tidy_staging(m)
@@ -274,7 +261,7 @@ def run(m: dict, token: str | None, deep: bool, staged_only: bool) -> int:
     if not staged_only:
         partial = sum(min(os.path.getsize(p), f["size"]) for f in missing if os.path.exists(p := part_path(m, f)))
         need = int((sum(f["size"] for f in missing) - partial) * HEADROOM)
-        free = free_bytes(m["dest"])
+        free = shutil.disk_usage(m["dest"]).free  # dest exists: made above
         if need > free:
             raise Fail(
                 3,
@@ -283,8 +270,7 @@ def run(m: dict, token: str | None, deep: bool, staged_only: bool) -> int:
             )
     say(f"{m['name']}: fetching {len(missing)} of {len(m['files'])} files from {m['repo']}@{m['revision'][:12]}")
     for f in missing:
-        fetch_one(m, f, token, staged_only)
-        entries[f["path"]] = stamp_entry(os.path.join(m["dest"], f["path"]), f["sha256"])
+        entries[f["path"]] = fetch_one(m, f, token, staged_only)
         write_stamp(m, entries)
     tidy_staging(m)
     say(f"{m['name']}: all {len(entries)} files verified")
@@ -297,10 +283,8 @@ def tidy_staging(m: dict) -> None:
         for name in names:
             if name.endswith(".part"):
                 os.unlink(os.path.join(root, name))
-        try:
+        with contextlib.suppress(OSError):
             os.rmdir(root)
-        except OSError:
-            pass
 
 
 def main(argv: list[str] | None = None) -> int:
