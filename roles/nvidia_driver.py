@@ -42,11 +42,8 @@ def cuda_repo(data: Mapping, os_release: dict, deb_arch: str) -> tuple[str, str,
     """(repo URL, key URL, key fingerprint) of the CUDA repository for this host."""
     url = data["nvidia_driver_repo_url"] or driver_table.cuda_repo_url(os_release, deb_arch)
     key_file, fingerprint = driver_table.cuda_key(os_release)
-    return (
-        url,
-        data["nvidia_driver_repo_key_url"] or f"{url}{key_file}",
-        (data["nvidia_driver_repo_key_fingerprint"] or fingerprint),
-    )
+    key_url = data["nvidia_driver_repo_key_url"] or f"{url}{key_file}"
+    return url, key_url, data["nvidia_driver_repo_key_fingerprint"] or fingerprint
 
 
 def unattended_text(packages: driver_table.DriverPackages, source: str) -> str:
