@@ -63,6 +63,11 @@ def ubuntu_pin_text(packages: driver_table.DriverPackages) -> str:
     )
 
 
+def _put(name: str, text: str, dest: str):
+    """A root-owned 0644 file holding `text` (the pin, the unattended-upgrades blacklist, the nouveau blacklist)."""
+    return files.put(name=name, src=StringIO(text), dest=dest, mode="644")
+
+
 @deploy("NVIDIA driver", data_defaults=DEFAULTS)
 def install(plan: Plan):
     data, knobs = plan.data, NvidiaDriver.of(plan.data)
@@ -91,21 +96,10 @@ def install(plan: Plan):
             key_sha256=knobs.nvidia_driver_repo_key_sha256,
         )
     else:
-        files.put(
-            name="Pin the NVIDIA driver to Ubuntu's archive",
-            src=StringIO(ubuntu_pin_text(packages)),
-            dest=UBUNTU_PIN,
-            mode="644",
-        )
-    files.put(
-        name="Keep the NVIDIA driver packages out of unattended upgrades",
-        src=StringIO(unattended_text(packages, source)),
-        dest=UNATTENDED_CONF,
-        mode="644",
-    )
-    blacklist = files.put(
-        name="Blacklist the nouveau driver", src=StringIO(NOUVEAU_TEXT), dest=NOUVEAU_CONF, mode="644"
-    )
+        _put("Pin the NVIDIA driver to Ubuntu's archive", ubuntu_pin_text(packages), UBUNTU_PIN)
+    unattended = unattended_text(packages, source)
+    _put("Keep the NVIDIA driver packages out of unattended upgrades", unattended, UNATTENDED_CONF)
+    blacklist = _put("Blacklist the nouveau driver", NOUVEAU_TEXT, NOUVEAU_CONF)
     server.shell(
         name="Rebuild the initramfs without nouveau",
         commands=["if command -v update-initramfs >/dev/null 2>&1; then update-initramfs -u; fi"],

@@ -34,13 +34,8 @@ CHECKED_KEYS = {
 
 def check(needs: Needs, data: Mapping, more: list[str] = ()) -> bool:
     """Refuse this host now, while the deploy is prepared, when it cannot run `needs.variant`; True when it can.
-
     Nothing has changed on the host yet (preflight comes first): the facts read now are what the run would see.
-
-    + needs: what the variant needs of the host
-    + data: the plan's validated host data (roles/site.py)
-    + more: problems found on the controller (the image no source has: roles/site.py image_problems)
-    """
+    `data`: the plan's validated host data; `more`: problems found on the controller (roles/site.py)."""
     data = {key: data.get(key, default) for key, default in CHECKED_KEYS.items()}
     problems = find_problems(
         host.get_fact(OsRelease),

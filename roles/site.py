@@ -152,10 +152,8 @@ def _weights_state(plan: Plan, asset) -> dict:
 
 def prepare(variant=None) -> Plan | None:
     """This host's plan, or None after queueing one operation that refuses the host naming every problem.
-
     `variant`: a variant name (deploy/<variant>.py), None (deploy/site.py: host data's rigforge_variant), or a
-    variant object (tests/deploys/).
-    """
+    variant object (tests/deploys/)."""
     gpus = len(host.get_fact(NvidiaGpus) or []) or len(host.get_fact(NvidiaPciGpus) or []) or None
     fl, cap_units = the_fleet(variant), tuple(host.get_fact(PowerCapUnits))
     rebuild = lambda count: plan_for(host.name, host.data, variant, count, cap_units=cap_units)  # noqa: E731
