@@ -46,8 +46,8 @@ def check(needs: Needs, data: Mapping, more: list[str] = ()) -> bool:
         pci=host.get_fact(NvidiaPciGpus),
         running=host.get_fact(NvidiaRunningDriver),
     )
-    problems += host_state.problems(data, DAEMON_JSON)  # the driver and container-runtime roles' host-state checks
-    problems += list(more)
+    # the driver and container-runtime roles' host-state checks, then the controller's
+    problems += host_state.problems(data, DAEMON_JSON) + list(more)
     if host.get_fact(SecureBoot) == "enabled":
         host.log_styled(
             "Secure Boot is enabled: DKMS-built NVIDIA modules must be signed with an enrolled MOK key; on Ubuntu, "

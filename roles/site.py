@@ -197,8 +197,7 @@ def image_problems(plan: Plan, variant=None) -> list[str]:
         return []
     reg = the_fleet(variant).registry
     found = obtain.sources(plan.image, reg, plan.data["serving_image_upstream"], plan.data["serving_image_upstream_ca"])
-    warning = obtain.unasked(plan.image, found)
-    if warning:
+    if warning := obtain.unasked(plan.image, found):
         warn(f"WARNING: {warning}")
     problem = obtain.problem(plan.image, found, plan.variant.successor)
     return [problem] if problem else []
