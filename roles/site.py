@@ -305,12 +305,10 @@ def load_saved_images() -> None:
     line, before anything changes."""
     data = host_data(host.data)
     problems = rigforge.knobs.images.validate(data)
-    saved = []
-    if not problems:
-        try:
-            saved = images.check_loadable(data["rigforge_images_dir"])
-        except images.ImagesError as error:
-            problems.append(str(error))
+    try:  # the directory is read only once the keys are valid
+        saved = [] if problems else images.check_loadable(data["rigforge_images_dir"])
+    except images.ImagesError as error:
+        problems.append(str(error))
     if problems:
         refuse_now(f"Refuse {host.name}: cannot load images", f"rigforge refused {host.name}: {'; '.join(problems)}")
         return
