@@ -34,14 +34,9 @@ from roles.operations.shown import warn
 ALREADY_CHECKED = ("docker_source=", "nvidia_driver_flavor=", "nvidia_allow_reboot=")
 
 
-def role_data(data: Mapping) -> dict:
-    """The two roles' keys, defaults applied."""
-    return {**nvidia_driver.DEFAULTS, **docker_engine.DEFAULTS, **data}
-
-
 def find_problems(data: Mapping, os_release: dict, arch: str, running: dict, sources: dict) -> list[str]:
     """Pure: every problem of the driver / container-runtime host state (empty when fine)."""
-    data = role_data(data)
+    data = {**nvidia_driver.DEFAULTS, **docker_engine.DEFAULTS, **data}
     checked = nvidia_driver_knobs.validate(data) + docker_engine_knobs.validate(data)
     problems = [problem for problem in checked if not problem.startswith(ALREADY_CHECKED)]
     if checked:  # the rest needs valid keys
@@ -58,10 +53,8 @@ def find_problems(data: Mapping, os_release: dict, arch: str, running: dict, sou
                 "installer or a hand build); rigforge will not install packages over it: set "
                 "nvidia_driver_manage: false to keep it, or remove it (nvidia-uninstall) and re-run."
             )
-    else:
-        problem = branch_problem(running, int(data["nvidia_driver_branch"]))
-        if problem:
-            problems.append(problem)
+    elif problem := branch_problem(running, int(data["nvidia_driver_branch"])):
+        problems.append(problem)
     repos = []
     if manage and data["nvidia_driver_source"] == "cuda":
         repos.append((nvidia_driver.cuda_repo(data, os_release, arch)[0], nvidia_driver.KEY_NAME))
@@ -105,7 +98,6 @@ def branch_published(data: Mapping) -> list[str]:
     """Before the first change, when the CUDA repository's driver packages are not installed yet: does the
     repository publish the branch asked for? Read from its index with curl (roles/facts/apt.py
     PublishedPackages), not through /etc/apt. An index that cannot be read is a warning, never a refusal."""
-    data = role_data(data)
     if not data["nvidia_driver_manage"] or data["nvidia_driver_source"] != "cuda":
         return []
     os_release = host.get_fact(OsRelease)
@@ -128,7 +120,8 @@ def branch_published(data: Mapping) -> list[str]:
 
 
 def problems(data: Mapping, daemon_json: str | None = None) -> list[str]:
-    """find_problems with this host's facts; with `daemon_json` (a path), that file's check too."""
+    """find_problems with this host's facts (`data`: preflight's, every key of the two roles set); with
+    `daemon_json` (a path), that file's check too."""
     found = find_problems(
         data,
         host.get_fact(OsRelease),

@@ -9,6 +9,7 @@ operation left half-done, the next run repairs (staged files, resumable download
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -42,8 +43,7 @@ def install(state) -> None:
         sys.stderr.flush()
         os._exit(128 + signum)
 
-    try:
+    # not the main thread (pyinfra's API used from a thread): ValueError, the handlers are left alone
+    with contextlib.suppress(ValueError):
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, stop)
-    except ValueError:  # not the main thread (pyinfra's API used from a thread): leave the handlers alone
-        pass

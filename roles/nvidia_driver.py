@@ -42,11 +42,8 @@ def cuda_repo(data: Mapping, os_release: dict, deb_arch: str) -> tuple[str, str,
     """(repo URL, key URL, key fingerprint) of the CUDA repository for this host."""
     url = data["nvidia_driver_repo_url"] or driver_table.cuda_repo_url(os_release, deb_arch)
     key_file, fingerprint = driver_table.cuda_key(os_release)
-    return (
-        url,
-        data["nvidia_driver_repo_key_url"] or f"{url}{key_file}",
-        (data["nvidia_driver_repo_key_fingerprint"] or fingerprint),
-    )
+    key_url = data["nvidia_driver_repo_key_url"] or f"{url}{key_file}"
+    return url, key_url, data["nvidia_driver_repo_key_fingerprint"] or fingerprint
 
 
 def unattended_text(packages: driver_table.DriverPackages, source: str) -> str:
@@ -64,6 +61,11 @@ def ubuntu_pin_text(packages: driver_table.DriverPackages) -> str:
         "# managed by rigforge: nvidia_driver_source=ubuntu, NVIDIA's CUDA repository must not win\n"
         f'Package: {names}\nPin: origin "{CUDA_ORIGIN}"\nPin-Priority: -1\n'
     )
+
+
+def _put(name: str, text: str, dest: str):
+    """A root-owned 0644 file holding `text` (the pin, the unattended-upgrades blacklist, the nouveau blacklist)."""
+    return files.put(name=name, src=StringIO(text), dest=dest, mode="644")
 
 
 @deploy("NVIDIA driver", data_defaults=DEFAULTS)
@@ -94,21 +96,10 @@ def install(plan: Plan):
             key_sha256=knobs.nvidia_driver_repo_key_sha256,
         )
     else:
-        files.put(
-            name="Pin the NVIDIA driver to Ubuntu's archive",
-            src=StringIO(ubuntu_pin_text(packages)),
-            dest=UBUNTU_PIN,
-            mode="644",
-        )
-    files.put(
-        name="Keep the NVIDIA driver packages out of unattended upgrades",
-        src=StringIO(unattended_text(packages, source)),
-        dest=UNATTENDED_CONF,
-        mode="644",
-    )
-    blacklist = files.put(
-        name="Blacklist the nouveau driver", src=StringIO(NOUVEAU_TEXT), dest=NOUVEAU_CONF, mode="644"
-    )
+        _put("Pin the NVIDIA driver to Ubuntu's archive", ubuntu_pin_text(packages), UBUNTU_PIN)
+    unattended = unattended_text(packages, source)
+    _put("Keep the NVIDIA driver packages out of unattended upgrades", unattended, UNATTENDED_CONF)
+    blacklist = _put("Blacklist the nouveau driver", NOUVEAU_TEXT, NOUVEAU_CONF)
     server.shell(
         name="Rebuild the initramfs without nouveau",
         commands=["if command -v update-initramfs >/dev/null 2>&1; then update-initramfs -u; fi"],

@@ -34,13 +34,8 @@ CHECKED_KEYS = {
 
 def check(needs: Needs, data: Mapping, more: list[str] = ()) -> bool:
     """Refuse this host now, while the deploy is prepared, when it cannot run `needs.variant`; True when it can.
-
     Nothing has changed on the host yet (preflight comes first): the facts read now are what the run would see.
-
-    + needs: what the variant needs of the host
-    + data: the plan's validated host data (roles/site.py)
-    + more: problems found on the controller (the image no source has: roles/site.py image_problems)
-    """
+    `data`: the plan's validated host data; `more`: problems found on the controller (roles/site.py)."""
     data = {key: data.get(key, default) for key, default in CHECKED_KEYS.items()}
     problems = find_problems(
         host.get_fact(OsRelease),
@@ -51,8 +46,8 @@ def check(needs: Needs, data: Mapping, more: list[str] = ()) -> bool:
         pci=host.get_fact(NvidiaPciGpus),
         running=host.get_fact(NvidiaRunningDriver),
     )
-    problems += host_state.problems(data, DAEMON_JSON)  # the driver and container-runtime roles' host-state checks
-    problems += list(more)
+    # the driver and container-runtime roles' host-state checks, then the controller's
+    problems += host_state.problems(data, DAEMON_JSON) + list(more)
     if host.get_fact(SecureBoot) == "enabled":
         host.log_styled(
             "Secure Boot is enabled: DKMS-built NVIDIA modules must be signed with an enrolled MOK key; on Ubuntu, "

@@ -88,17 +88,13 @@ def problems(plan: Plan, weights_state) -> list[str]:
     if not sources:
         return []
     answers = host.get_fact(UrlAnswers, urls=tuple(s.url for s in sources))
-    refusals, fine = [], 0
-    for source in sources:
-        refusal, warning = verdict(source, *answers.get(source.url, (0, 0)))
-        if refusal:
-            refusals.append(refusal)
-        elif warning:
+    verdicts = [verdict(source, *answers.get(source.url, (0, 0))) for source in sources]
+    for _, warning in verdicts:
+        if warning:
             warn(f"WARNING: {warning}")
-        else:
-            fine += 1
+    fine = verdicts.count((None, None))
     if fine:  # said at default verbosity, so `--dry` shows what was asked (a re-run with nothing to fetch asks nothing)
         asked = ", ".join(s.what for s in sources)
         host.log_styled(f"{host.name}: {fine} of {len(sources)} remote sources this run fetches from answer ({asked})",
                         log_func=logger.info)  # fmt: skip
-    return refusals
+    return [refusal for refusal, _ in verdicts if refusal]

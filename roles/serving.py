@@ -75,27 +75,27 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = F
         image_present(name=f"Pull {image} ahead of the restart", image=image)
         systemd.daemon_reload(name="Reload systemd units", _if=unit_file.did_change)
     changed = any_changed(compose, unit_file)
+    at_gateways = {"gateways": dict(gateways or {}), "server": host.name}  # this rig in the fleet gateways
+
+    def restarts() -> bool:  # the switch below stops the previous instance, or the unit (re)starts
+        return (
+            bool(previous)
+            or unit not in enabled
+            or changed()
+            or start_reason(unit, serve_dir, digest, False) is not None
+        )
+
     if manage and gateways:  # before the switch below stops the previous instance
         gateway.drained(
             name=f"Drain {host.name} at the fleet gateway before the restart",
-            gateways=dict(gateways),
-            server=host.name,
+            **at_gateways,
             timeout=gateway_knobs.gateway_drain_timeout,
-            _if=lambda: (
-                not rest
-                and (
-                    bool(previous)
-                    or unit not in enabled
-                    or changed()
-                    or start_reason(unit, serve_dir, digest, False) is not None
-                )
-            ),
+            _if=lambda: not rest and restarts(),
         )
     if manage and gateways and rest:  # drained on purpose, before a resting unit stops
         gateway.held_drained(
             name=f"Keep {host.name} drained at the fleet gateway (serving_rest: {rest})",
-            gateways=dict(gateways),
-            server=host.name,
+            **at_gateways,
             backend=backend_name(variant.served_model),
             port=plan.port,
             timeout=gateway_knobs.gateway_drain_timeout,
@@ -131,8 +131,7 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = F
         if gateways and rest is None:
             gateway.rejoined(
                 name=f"Rejoin the fleet gateway on port {plan.port}",
-                gateways=dict(gateways),
-                server=host.name,
+                **at_gateways,
                 backend=backend_name(variant.served_model),
                 address=gateway_knobs.gateway_address or host.name,
                 port=plan.port,

@@ -16,7 +16,7 @@ Which variant: `deploy/<variant>.py` deploys that variant; `deploy/site.py` depl
 
 from __future__ import annotations
 
-from pyinfra import host, logger
+from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.files import FileContents
@@ -55,6 +55,7 @@ from roles import registry as registry_role
 from roles.operations import aptlock, recover
 from roles.operations.checks import gpus_fit, refuse_now
 from roles.operations.hfweights import stale_files
+from roles.operations.shown import warn
 
 IMAGE_GB = 9  # the vLLM nightly image on disk (HARDWARE.md)
 
@@ -69,6 +70,14 @@ def the_fleet(variant=None) -> fleet.Fleet:
     return memo[key]
 
 
+def refused(problems: list[str], role: str) -> bool:
+    """Refuse this host, naming every problem with `role` (one of the fleet's own hosts); True when refused."""
+    if problems:
+        message = format_problems(host.name, problems, what=f"rigforge refused {role}")
+        refuse_now(f"Refuse {host.name}: {len(problems)} problem(s) with {role}", message)
+    return bool(problems)
+
+
 def serve_the_registry(variant=None) -> bool:
     """On the fleet registry's host, the registry (roles/registry.py); False when it was refused. Its problems
     refuse that host only: the rigs go on without it, with a warning (trust_the_registry)."""
@@ -81,9 +90,7 @@ def serve_the_registry(variant=None) -> bool:
         ca = None if problems or reg.insecure else registry.ca_certificate(reg.ca_dir)
     except registry.RegistryError as error:
         problems = [str(error)]
-    if problems:
-        message = format_problems(host.name, problems, what="rigforge refused the fleet registry")
-        refuse_now(f"Refuse {host.name}: {len(problems)} problem(s) with the fleet registry", message)
+    if refused(problems, "the fleet registry"):
         return False
     registry_role.serve(reg, tls, host_data(host.data)["rigforge_manage_services"], ca, fl.images)
     return True
@@ -98,8 +105,7 @@ def trust_the_registry(plan: Plan, fl: fleet.Fleet) -> None:
     except registry.RegistryError as error:
         reg, problems = None, [str(error)]
     if problems:
-        host.log_styled(f"{host.name}: the fleet registry on {fl.registry_host} is left out (that "
-                        f"host is refused): {problems[0]}", fg="yellow", log_func=logger.warning)  # fmt: skip
+        warn(f"the fleet registry on {fl.registry_host} is left out (that host is refused): {problems[0]}")
     if reg is not None:
         registry_role.trust(reg, ca, plan.layout.daemon_json, plan.data["rigforge_manage_services"])
 
@@ -109,7 +115,7 @@ def gateway_plan(variant=None):
     it deploys in this run. A rig refused is left out, with a warning (its own host is refused in this run)."""
     fl = the_fleet(variant)
     for rig, problem in fl.left_out().items():
-        host.log_styled(f"{host.name}: the gateway leaves {rig} out: {problem}", fg="yellow", log_func=logger.warning)
+        warn(f"the gateway leaves {rig} out: {problem}")
     data = host_data(host.data)
     problems = rigforge.knobs.gateway.validate(data) + schema.boolean(data, "rigforge_manage_services")
     gw, more = gateway.build(host.name, data, fl.rigs()) if not problems else (None, [])
@@ -121,9 +127,7 @@ def front_the_fleet(variant=None) -> bool:
     if GATEWAY not in host.groups:
         return True
     gw, problems = gateway_plan(variant)
-    if problems:
-        message = format_problems(host.name, problems, what="rigforge refused the gateway")
-        refuse_now(f"Refuse {host.name}: {len(problems)} problem(s) with the gateway", message)
+    if refused(problems, "the gateway"):
         return False
     gateway_role.apply(gw, host_data(host.data)["rigforge_manage_services"])
     return True
@@ -134,10 +138,7 @@ def watch_the_fleet(variant=None) -> bool:
     if MONITOR not in host.groups:
         return True
     data = host_data(host.data)
-    problems = rigforge.knobs.monitor.validate(data)
-    if problems:
-        message = format_problems(host.name, problems, what="rigforge refused the monitor")
-        refuse_now(f"Refuse {host.name}: {len(problems)} problem(s) with the monitor", message)
+    if refused(rigforge.knobs.monitor.validate(data), "the monitor"):
         return False
     monitor_role.server(dict(the_fleet(variant).targets), data, data["rigforge_manage_services"])
     return True
@@ -151,10 +152,8 @@ def _weights_state(plan: Plan, asset) -> dict:
 
 def prepare(variant=None) -> Plan | None:
     """This host's plan, or None after queueing one operation that refuses the host naming every problem.
-
     `variant`: a variant name (deploy/<variant>.py), None (deploy/site.py: host data's rigforge_variant), or a
-    variant object (tests/deploys/).
-    """
+    variant object (tests/deploys/)."""
     gpus = len(host.get_fact(NvidiaGpus) or []) or len(host.get_fact(NvidiaPciGpus) or []) or None
     fl, cap_units = the_fleet(variant), tuple(host.get_fact(PowerCapUnits))
     rebuild = lambda count: plan_for(host.name, host.data, variant, count, cap_units=cap_units)  # noqa: E731
@@ -171,19 +170,15 @@ def prepare(variant=None) -> Plan | None:
             problem, warning = token_refused(plan.data["hf_endpoint"], pin, plan.token)
             token += [problem] if problem else []
             if warning:
-                host.log_styled(f"{host.name}: {warning}", fg="yellow", log_func=logger.warning)
+                warn(warning)
     if problems or token:
-        message = format_problems(host.name, problems + token, what="rigforge refused")
-        refuse_now(f"Refuse {host.name}: {refusal_name(len(problems), len(token))}", message)
+        # the refusal's name says the host data's problems and the HF token's apart: a token the hub refused is
+        # never counted as a problem 'in host data'
+        parts = [f"{len(problems)} problem(s) in host data"] if problems else []
+        name = " and ".join(parts + (["no usable HF token for the gated weights"] if token else []))
+        refuse_now(f"Refuse {host.name}: {name}", format_problems(host.name, problems + token, what="rigforge refused"))
         return None
     return plan
-
-
-def refusal_name(in_host_data: int, token: int) -> str:
-    """What prepare's refusal operation is called: the host data's problems and the HF token's each by name, never
-    a token the hub refused as a problem 'in host data'."""
-    parts = [f"{in_host_data} problem(s) in host data"] if in_host_data else []
-    return " and ".join(parts + (["no usable HF token for the gated weights"] if token else []))
 
 
 def power_warnings(plan: Plan) -> None:
@@ -192,15 +187,7 @@ def power_warnings(plan: Plan) -> None:
     known = bool(host.get_fact(NvidiaGpus))  # preflight checked the caps against the cards' own range
     kept = "kept as set" if known else "kept as set if the cards' own range allows it (checked once the driver answers)"
     for warning in power.warnings(plan.caps, power.locate_profile(plan.lock), kept):
-        host.log_styled(f"{host.name}: WARNING: {warning}", fg="yellow", log_func=logger.warning)
-
-
-def _disk_needed(plan: Plan) -> int:
-    """Bytes still to land on the model disk: weights not yet stamped, plus the image when it will be pulled."""
-    needed = sum(asset.bytes for asset in plan.assets if stale_files(asset.pin, _weights_state(plan, asset)))
-    if plan.data["rigforge_manage_services"]:
-        needed += 0 if host.get_fact(DockerImagePresent, image=plan.image) else int(IMAGE_GB * 1e9)
-    return needed
+        warn(f"WARNING: {warning}")
 
 
 def image_problems(plan: Plan, variant=None) -> list[str]:
@@ -210,28 +197,20 @@ def image_problems(plan: Plan, variant=None) -> list[str]:
         return []
     reg = the_fleet(variant).registry
     found = obtain.sources(plan.image, reg, plan.data["serving_image_upstream"], plan.data["serving_image_upstream_ca"])
-    warning = obtain.unasked(plan.image, found)
-    if warning:
-        host.log_styled(f"{host.name}: WARNING: {warning}", fg="yellow", log_func=logger.warning)
+    if warning := obtain.unasked(plan.image, found):
+        warn(f"WARNING: {warning}")
     problem = obtain.problem(plan.image, found, plan.variant.successor)
     return [problem] if problem else []
 
 
-def root_problems(plan: Plan) -> list[str]:
-    """roots_inside with this rig's daemon.json."""
-    return roots_inside(plan.layout, data_root_of(host.get_fact(FileContents, path=DAEMON_JSON)))
-
-
-def root_warnings(plan: Plan) -> list[str]:
-    """changed_roots with this rig's rig.json."""
-    recorded = host.get_fact(JsonFile, path=plan.layout.rig_json)
-    return changed_roots(plan.layout, recorded, lambda path: host.get_fact(TreeSize, path=path))
-
-
 def needs(plan: Plan) -> Needs:
+    """What the variant needs of the rig; its disk: the bytes still to land on the model disk (weights not yet
+    stamped, plus the image when it will be pulled)."""
     v = plan.variant
     cuda = plan.lock.image_cuda(plan.image) if plan.lock else None
-    disk = _disk_needed(plan)
+    disk = sum(asset.bytes for asset in plan.assets if stale_files(asset.pin, _weights_state(plan, asset)))
+    if plan.data["rigforge_manage_services"] and not host.get_fact(DockerImagePresent, image=plan.image):
+        disk += int(IMAGE_GB * 1e9)
     return Needs(v.name, v.gpus, v.min_card_mib, v.uses_dflash, plan.layout.models, disk, plan.image, cuda)
 
 
@@ -259,7 +238,7 @@ def hold_the_rig() -> bool:
     busy, note = rig_lock.take(this)
     probe.lock_answer(this)  # the batched probe came back in the same round trip (rigforge/facts/probe.py)
     if note:
-        host.log_styled(f"{host.name}: {note}", fg="yellow", log_func=logger.warning)
+        warn(note)
     if busy and busy.startswith("sudo asks "):
         refuse_now(f"Refuse {host.name}: sudo asks for a password", f"rigforge refused on {host.name}: {busy}.")
     elif busy:
@@ -274,28 +253,27 @@ def provision(variant_name: str | None = None):
     interrupt.install(ctx_state.get())  # Ctrl-C / SIGTERM exit non-zero, naming the cut operation
     rig_lock.ask(ctx_host.get())  # unless the deploy file did, before the roles loaded
     the_fleet(variant_name)  # built while the rig takes its lock and runs its probe
-    if not hold_the_rig() or not front_the_fleet(variant_name) or not watch_the_fleet(variant_name):
+    if not (hold_the_rig() and front_the_fleet(variant_name) and watch_the_fleet(variant_name)):
         return
-    if not serve_the_registry(variant_name):
-        return
-    if not is_rig(host):
+    if not serve_the_registry(variant_name) or not is_rig(host):
         return
     plan = prepare(variant_name)
     if plan is None:
         return
     host_needs = needs(plan)
     asked = remote_sources.problems(plan, _weights_state)  # the remote sources this run fetches from, once
-    if not preflight.check(host_needs, plan.data, image_problems(plan, variant_name) + root_problems(plan) + asked):
+    found = image_problems(plan, variant_name)  # then the data roots inside Docker's (the rig's daemon.json)
+    found += roots_inside(plan.layout, data_root_of(host.get_fact(FileContents, path=DAEMON_JSON))) + asked
+    if not preflight.check(host_needs, plan.data, found):
         return
     power_warnings(plan)
-    for warning in root_warnings(plan):  # after preflight: no warning comes before a refusal
-        host.log_styled(f"{host.name}: WARNING: {warning}", fg="yellow", log_func=logger.warning)
+    recorded = host.get_fact(JsonFile, path=plan.layout.rig_json)
+    for warning in changed_roots(plan.layout, recorded, lambda path: host.get_fact(TreeSize, path=path)):
+        warn(f"WARNING: {warning}")  # after preflight: no warning comes before a refusal
     if not host.get_fact(NvidiaGpus):  # a fresh rig: say it before the driver goes on
-        host.log_styled(
-            f"{host.name}: no NVIDIA driver answers yet: the cards' VRAM and power range are checked right after "
-            "the driver is installed, before anything else; a refusal then lists what this run installed",
-            fg="yellow",
-            log_func=logger.warning,
+        warn(
+            "no NVIDIA driver answers yet: the cards' VRAM and power range are checked right after the driver is "
+            "installed, before anything else; a refusal then lists what this run installed"
         )
     wait = int(plan.data["apt_lock_wait"])
     sudo = {key: host.data.get(key) for key in ("_sudo", "_sudo_user") if host.data.get(key)}
@@ -326,12 +304,10 @@ def load_saved_images() -> None:
     line, before anything changes."""
     data = host_data(host.data)
     problems = rigforge.knobs.images.validate(data)
-    saved = []
-    if not problems:
-        try:
-            saved = images.check_loadable(data["rigforge_images_dir"])
-        except images.ImagesError as error:
-            problems.append(str(error))
+    try:  # the directory is read only once the keys are valid
+        saved = [] if problems else images.check_loadable(data["rigforge_images_dir"])
+    except images.ImagesError as error:
+        problems.append(str(error))
     if problems:
         refuse_now(f"Refuse {host.name}: cannot load images", f"rigforge refused {host.name}: {'; '.join(problems)}")
         return
