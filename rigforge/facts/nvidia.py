@@ -16,20 +16,9 @@ from rigforge.boot import SHOW, parse_boot
 from rigforge.layout import POWER_UNIT, SETTLE_UNIT, UNIT_SEARCH_PATH
 
 # Fields read by NvidiaGpus, in order; keys of each GPU dict are these with "." replaced by "_".
-QUERY_FIELDS = (
-    "index",
-    "uuid",
-    "name",
-    "pci.bus_id",
-    "memory.total",
-    "memory.used",
-    "power.limit",
-    "power.default_limit",
-    "power.min_limit",
-    "power.max_limit",
-    "persistence_mode",
-    "driver_version",
-    "compute_cap",
+QUERY_FIELDS = tuple(
+    "index,uuid,name,pci.bus_id,memory.total,memory.used,power.limit,power.default_limit,power.min_limit,"
+    "power.max_limit,persistence_mode,driver_version,compute_cap".split(",")
 )
 
 _INT_FIELDS = {"index", "memory.total", "memory.used", "memory.free", "temperature.gpu", "clocks.max.sm"}
@@ -44,7 +33,6 @@ _FLOAT_FIELDS = {
 # nvidia-smi's GPU query: NvidiaGpus, NvidiaSmiStatus and BootCaps run it verbatim (`shared`: the batched probe runs
 # it once for all three, rigforge/facts/probe.py `script`)
 SMI_QUERY = f"timeout 60 nvidia-smi --query-gpu={','.join(QUERY_FIELDS)} --format=csv,noheader,nounits"
-_BOOL_FIELDS = {"persistence_mode"}
 _NA = {"[N/A]", "N/A", "[Not Supported]", "Not Supported", "[Unknown Error]", ""}
 _UNIT = re.compile(r"\s*(MiB|W|MHz|%|C)$")
 _HEADER_UNIT = re.compile(r"\s*\[[^\]]*\]$")
@@ -58,7 +46,7 @@ def _value(field: str, raw: str):
         return int(float(raw))
     if field in _FLOAT_FIELDS:
         return float(raw)
-    if field in _BOOL_FIELDS:
+    if field == "persistence_mode":
         return {"enabled": True, "disabled": False}.get(raw.lower())
     return raw
 
@@ -103,8 +91,7 @@ class NvidiaGpus(FactBase):
 
     default = list
 
-    def process(self, output: list[str]) -> list[dict]:
-        return parse_query_gpu(output)
+    process = staticmethod(parse_query_gpu)
 
 
 class NvidiaSmiStatus(FactBase):
@@ -217,8 +204,7 @@ class NvidiaRunningDriver(FactBase):
     def default() -> dict:
         return {"version": None, "smi": None, "smi_ok": False, "owner": None, "cuda": None}
 
-    def process(self, output: list[str]) -> dict:
-        return parse_running_driver(output)
+    process = staticmethod(parse_running_driver)
 
 
 # Units that set power caps at boot besides rigforge's own: the recipe repo's (club-3090
@@ -282,18 +268,13 @@ def parse_cap_units(lines: list[str], unit_dirs=UNIT_DIRS) -> dict:
             path, _, text = line[5:].partition(":")
             entries.append((path, text.strip()))
     rank = {d.rstrip("/"): i for i, d in enumerate(unit_dirs)}
-    units: dict[str, tuple[int, str, list[str]]] = {}
+    units: dict[str, dict[int, tuple[str, list[str]]]] = {}  # name -> {rank of its dir: (path, ExecStart lines)}
     out: dict[str, dict] = {}
     for path, text in entries:
         folder, _, name = path.rpartition("/")
         if name.endswith(".service") and folder in rank:
-            if name in OWN_UNITS:
-                continue
-            seen = units.get(name)
-            if seen is None or rank[folder] < seen[0]:
-                units[name] = (rank[folder], path, [text])
-            elif rank[folder] == seen[0]:
-                seen[2].append(text)
+            if name not in OWN_UNITS:
+                units.setdefault(name, {}).setdefault(rank[folder], (path, []))[1].append(text)
         else:  # a cron file: "@reboot [user] command"
             via = next((s for s in scripts if s in text), None)
             if _SETS_CAP.search(text) or via:
@@ -302,7 +283,8 @@ def parse_cap_units(lines: list[str], unit_dirs=UNIT_DIRS) -> dict:
                 command = parts[n] if len(parts) > n else ""
                 watts = _watts([text, *scripts.get(via, [])])
                 out[f"@reboot in {path}"] = dict(kind="cron", path=path, watts=watts, script=via, command=command)
-    for name, (_, path, texts) in units.items():
+    for name, by_rank in units.items():
+        path, texts = by_rank[min(by_rank)]  # the first dir in systemd's precedence wins
         via = next((s for s in scripts for t in texts if s in t), None)
         if name in CAP_UNITS or via or any(_SETS_CAP.search(t) for t in texts):
             out[name] = {"kind": "unit", "path": path, "watts": _watts([*texts, *scripts.get(via, [])]), "script": via}
@@ -325,8 +307,7 @@ class PowerCapUnits(FactBase):
 
     default = dict
 
-    def process(self, output: list[str]) -> dict:
-        return parse_cap_units(output)
+    process = staticmethod(parse_cap_units)
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the real tool underlines the matrix header
@@ -384,8 +365,7 @@ class NvidiaTopology(FactBase):
     def default() -> dict:
         return {"links": {}, "p2p_read": {}}
 
-    def process(self, output: list[str]) -> dict:
-        return parse_topology(output)
+    process = staticmethod(parse_topology)
 
 
 class BootCaps(FactBase):
@@ -416,5 +396,4 @@ class BootCaps(FactBase):
     def default() -> dict:
         return parse_boot([])
 
-    def process(self, output: list[str]) -> dict:
-        return parse_boot(output)
+    process = staticmethod(parse_boot)
