@@ -84,8 +84,7 @@ class AptSourceFiles(FactBase):
 
     default = dict
 
-    def process(self, output: list[str]) -> dict[str, list[str]]:
-        return parse_source_files(output)
+    process = staticmethod(parse_source_files)
 
 
 def same_uri_files(files: dict[str, list[str]], uri: str, keep: str) -> dict[str, bool]:
@@ -124,8 +123,7 @@ class KeyFingerprints(FactBase):
 
     default = list
 
-    def process(self, output: list[str]) -> list[str]:
-        return parse_fingerprints(output)
+    process = staticmethod(parse_fingerprints)
 
 
 class DpkgInterrupted(FactBase):

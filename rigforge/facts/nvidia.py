@@ -9,6 +9,7 @@ fresh rig and during a "Driver/library version mismatch".
 from __future__ import annotations
 
 import re
+from functools import partial
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
@@ -200,9 +201,7 @@ class NvidiaRunningDriver(FactBase):
             'echo "owner=$(dpkg -S "$(readlink -f "$smi")" 2>/dev/null | head -n 1)"; fi'
         )
 
-    @staticmethod
-    def default() -> dict:
-        return {"version": None, "smi": None, "smi_ok": False, "owner": None, "cuda": None}
+    default = staticmethod(partial(parse_running_driver, []))
 
     process = staticmethod(parse_running_driver)
 
@@ -361,9 +360,7 @@ class NvidiaTopology(FactBase):
             "2>/dev/null; echo '--- topo -p2p r'; timeout 60 nvidia-smi topo -p2p r 2>/dev/null; fi; true"
         )
 
-    @staticmethod
-    def default() -> dict:
-        return {"links": {}, "p2p_read": {}}
+    default = staticmethod(partial(parse_topology, []))
 
     process = staticmethod(parse_topology)
 
@@ -392,8 +389,6 @@ class BootCaps(FactBase):
             f"{SMI_QUERY} 2>/dev/null | cut -d, {caps}; fi; true",
         )
 
-    @staticmethod
-    def default() -> dict:
-        return parse_boot([])
+    default = staticmethod(partial(parse_boot, []))
 
     process = staticmethod(parse_boot)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from functools import partial
 
 from pyinfra.api import FactBase
 
@@ -55,12 +56,9 @@ class ServiceState(FactBase):
     def command(self, unit: str) -> str:
         return f"systemctl show -p {','.join(SHOWN)} {shlex.quote(unit)} 2>/dev/null || true"
 
-    @staticmethod
-    def default() -> dict:
-        return parse_service_state([])
+    default = staticmethod(partial(parse_service_state, []))
 
-    def process(self, output: list[str]) -> dict:
-        return parse_service_state(output)
+    process = staticmethod(parse_service_state)
 
 
 class ApiAnswers(FactBase):
