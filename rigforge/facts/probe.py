@@ -360,30 +360,25 @@ def lock_answer(host: Host) -> None:
         snap.answers = parse(lines[:-1], sections, marker)
 
 
-def _request(state, host, snap: _HostSnapshot, cls, args, kwargs) -> tuple[str | None, dict, dict]:
-    """(snapshot key or None, fact kwargs, global kwargs) of a fact read, without pyinfra's per-read argument
-    handling (type hints of every global argument: the slowest part of a read on the controller)."""
-    kwargs = dict(kwargs or {})
-    if args or any(k.startswith("_") for k in kwargs) or not _cacheable(cls):
-        return None, kwargs, {}  # explicit global arguments or positional ones: pyinfra's own path, live
-    global_kwargs = host.current_op_global_arguments  # inside an operation: its global arguments, complete
-    if global_kwargs is None:  # preparing: the host's defaults, computed once
-        global_kwargs = _defaults(state, host, snap, cls)
-    return fact_key(cls, kwargs), kwargs, global_kwargs
-
-
 def _get_fact(state, host, cls, args=None, kwargs=None, *rest, **kw):
-    """pyinfra's _get_fact, answered from the host's snapshot when that is exact (see the module doc)."""
+    """pyinfra's _get_fact, answered from the host's snapshot when that is exact (see the module doc), without
+    pyinfra's per-read argument handling (type hints of every global argument: the slowest part of a read on the
+    controller). Explicit global arguments or positional ones take pyinfra's own path, live."""
     snap = _of(host)
-    key, fact_kwargs, global_kwargs = _request(state, host, snap, cls, args, kwargs)
-    if key is not None:
-        if not snap.probed and snap.valid:  # every fact recorded for this host, in one remote command
-            snap.answers = read(host, _recorded(state, host, snap, global_kwargs), global_kwargs)
-        if snap.connection == _identity(global_kwargs):
-            snap.requests.setdefault(key, {"fact": f"{cls.__module__}:{cls.__qualname__}", "kwargs": fact_kwargs})
-            if snap.valid and key in snap.answers:
-                snap.served += 1
-                return snap.answers[key]
+    fact_kwargs = dict(kwargs or {})
+    if not args and not any(k.startswith("_") for k in fact_kwargs) and _cacheable(cls):
+        global_kwargs = host.current_op_global_arguments  # inside an operation: its global arguments, complete
+        if global_kwargs is None:  # preparing: the host's defaults, computed once
+            global_kwargs = _defaults(state, host, snap, cls)
+        key = fact_key(cls, fact_kwargs)
+        if key is not None:
+            if not snap.probed and snap.valid:  # every fact recorded for this host, in one remote command
+                snap.answers = read(host, _recorded(state, host, snap, global_kwargs), global_kwargs)
+            if snap.connection == _identity(global_kwargs):
+                snap.requests.setdefault(key, {"fact": f"{cls.__module__}:{cls.__qualname__}", "kwargs": fact_kwargs})
+                if snap.valid and key in snap.answers:
+                    snap.served += 1
+                    return snap.answers[key]
     snap.reading = True
     try:
         return _original_get_fact(state, host, cls, args, kwargs, *rest, **kw)
