@@ -127,14 +127,10 @@ class KeyFingerprints(FactBase):
 
 
 class DpkgInterrupted(FactBase):
-    """
-    Why dpkg needs ``--configure -a`` (a short reason), or None when its state is clean::
-
-        "dpkg was interrupted; not fully installed: docker.io, nvidia-driver-580-open"
-
-    Reads dpkg's journal dir (non-empty: a dpkg run was interrupted) and ``dpkg --audit`` (packages unpacked,
-    half-configured or half-installed); both work while dpkg is in that state.
-    """
+    """Why dpkg needs ``--configure -a`` (a short reason: ``"dpkg was interrupted; not fully installed: docker.io,
+    nvidia-driver-580-open"``), or None when its state is clean. Reads dpkg's journal dir (non-empty: a dpkg run was
+    interrupted) and ``dpkg --audit`` (packages unpacked, half-configured or half-installed); both work while dpkg
+    is in that state."""
 
     def command(self) -> str:
         return (
@@ -167,12 +163,9 @@ class DebInstalledVersion(FactBase):
 
 
 class PublishedPackages(FactBase):
-    """
-    The package names a flat apt repository (``Suites: /``, as NVIDIA's CUDA repository) publishes, read from its
-    ``Packages.gz`` (else ``Packages``) on the rig with curl into a pipe: nothing under /etc/apt or apt's lists
-    changes. None when the index cannot be fetched (no network, a proxy): the caller warns instead of refusing::
-
-        ["cuda-drivers", "nvidia-driver-pinning-580", "nvidia-open", ...]
+    """The package names a flat apt repository (``Suites: /``, as NVIDIA's CUDA repository) publishes, sorted, read
+    from its ``Packages.gz`` (else ``Packages``) on the rig with curl into a pipe: nothing under /etc/apt or apt's
+    lists changes. None when the index cannot be fetched (no network, a proxy): the caller warns instead of refusing.
     """
 
     def command(self, url: str) -> str:

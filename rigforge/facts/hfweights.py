@@ -17,13 +17,9 @@ def _ns(text: str) -> int:
 
 
 class WeightsState(FactBase):
-    """
-    The stamp written by fetch_weights.py and a stat (size, mtime_ns) of every file under ``dest``
-    and ``staging``; never reads file contents, so it costs the same for 64 MiB and 64 GiB::
-
-        {"stamp": {...} or None, "files": {relpath: [size, mtime_ns]}, "staging": {relpath: size},
-         "staging_dir": whether the staging dir exists}
-    """
+    """The stamp written by fetch_weights.py and a stat (size, mtime_ns) of every file under ``dest`` and
+    ``staging``; never reads file contents, so it costs the same for 64 MiB and 64 GiB: ``{"stamp": {...} or None,
+    "files": {relpath: [size, mtime_ns]}, "staging": {relpath: size}, "staging_dir": whether it exists}``."""
 
     def command(self, dest: str, staging: str) -> str:
         d, s = shlex.quote(dest), shlex.quote(staging)

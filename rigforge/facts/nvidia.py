@@ -291,15 +291,8 @@ def parse_cap_units(lines: list[str], unit_dirs=UNIT_DIRS) -> dict:
 
 
 class PowerCapUnits(FactBase):
-    """
-    The rig's other GPU power-cap writers at boot (units in systemd's unit dirs, root's ``@reboot`` cron jobs),
-    rigforge's own units left out, as a dict by name (which count: `parse_cap_units`)::
-
-        {"nvidia-power-cap.service": {"kind": "unit", "path": "/etc/systemd/system/nvidia-power-cap.service",
-                                      "watts": [250], "script": None},
-         "@reboot in /etc/cron.d/gpu-cap": {"kind": "cron", "path": "/etc/cron.d/gpu-cap", "watts": [250],
-                                            "script": "/usr/local/bin/cap.sh", "command": "/usr/local/bin/cap.sh"}}
-    """
+    """The rig's other GPU power-cap writers at boot (units in systemd's unit dirs, root's ``@reboot`` cron jobs),
+    rigforge's own units left out, as a dict by name: which count and what each holds, see `parse_cap_units`."""
 
     def command(self) -> str:
         return cap_writers_command()
@@ -347,12 +340,8 @@ def parse_topology(lines: list[str]) -> dict:
 
 
 class NvidiaTopology(FactBase):
-    """
-    How the GPUs are connected (`nvidia-smi topo -m`) and whether peer reads work between them (`topo -p2p r`),
-    by GPU pair; empty without a working driver::
-
-        {"links": {"0-1": "PHB"}, "p2p_read": {"0-1": "CNS"}}
-    """
+    """How the GPUs are connected (`nvidia-smi topo -m`) and whether peer reads work between them (`topo -p2p r`),
+    by GPU pair (`parse_topology`: ``{"links": {"0-1": "PHB"}, "p2p_read": {"0-1": "CNS"}}``)."""
 
     def command(self) -> str:
         return (

@@ -45,13 +45,9 @@ def serving(state: dict | None) -> str:
 
 
 class ServiceState(FactBase):
-    """
-    A systemd unit's state as systemd keeps it (``systemctl show``), see `parse_service_state`::
-
-        {"active": "active", "sub": "running", "result": "success", "restarts": 0, "enabled": "enabled"}
-
-    ``{"active": "unknown", ...}`` where systemd does not answer (a chroot).
-    """
+    """A systemd unit's state as systemd keeps it (``systemctl show``), see `parse_service_state`: ``{"active":
+    "active", "sub": "running", "result": "success", "restarts": 0, "enabled": "enabled"}``, ``{"active":
+    "unknown", ...}`` where systemd does not answer (a chroot)."""
 
     def command(self, unit: str) -> str:
         return f"systemctl show -p {','.join(SHOWN)} {shlex.quote(unit)} 2>/dev/null || true"

@@ -153,13 +153,9 @@ class LeftoverUploads(FactBase):
 
 
 class UrlAnswers(FactBase):
-    """
-    What each URL answers, asked from the rig with curl (a GET whose body is thrown away; nothing on the rig
-    changes): ``{url: (http_code, curl_exit)}``. ``http_code`` is 0 when nothing answered (no route, no name, a
-    refused connection, a timeout: ``curl_exit`` says which)::
-
-        {"https://download.docker.com/linux/debian/dists/trixie/InRelease": (200, 0)}
-    """
+    """What each URL answers, asked from the rig with curl (a GET whose body is thrown away; nothing on the rig
+    changes): ``{url: (http_code, curl_exit)}``, e.g. ``(200, 0)``. ``http_code`` is 0 when nothing answered (no
+    route, no name, a refused connection, a timeout: ``curl_exit`` says which)."""
 
     def command(self, urls: tuple[str, ...]) -> str:
         asks = [
