@@ -55,11 +55,10 @@ def _value(field: str, raw: str):
 def parse_query_gpu(lines: list[str] | str, fields: tuple[str, ...] | list[str] = QUERY_FIELDS) -> list[dict]:
     """Parse `nvidia-smi --query-gpu=<fields> --format=csv[,noheader][,nounits]` output.
 
-    Returns one dict per GPU (keys: field names with "." -> "_"), values typed: ints for index/MiB,
-    floats for watts, bool for persistence mode, None for "[N/A]"/"N/A". A header line (from
-    `--format=csv`) is recognised and its field names are used. Lines that are not GPU rows (error
-    texts such as "No devices were found" or "Failed to initialize NVML: ...") are ignored.
-    """
+    Returns one dict per GPU (keys: field names with "." -> "_"), values typed: ints for index/MiB, floats for
+    watts, bool for persistence mode, None for "[N/A]"/"N/A". A header line (from `--format=csv`) is recognised and
+    its field names are used. Lines that are not GPU rows (error texts such as "No devices were found" or "Failed
+    to initialize NVML: ...") are ignored."""
     if isinstance(lines, str):
         lines = lines.splitlines()
     gpus = []
@@ -133,8 +132,7 @@ class NvidiaPciGpus(FactBase):
 
     A list of (PCI address, device ID) pairs, e.g. [("0000:01:00.0", "2204")]; the device ID tells the card's
     model, and so its stock VRAM (rigforge/hardware.py PCI_CARDS). None when sysfs shows no PCI bus at all (a
-    container or chroot), so "unknown" is not mistaken for no GPU.
-    """
+    container or chroot), so "unknown" is not mistaken for no GPU."""
 
     def command(self) -> str:
         return (

@@ -157,8 +157,8 @@ def _files_command(marker: str, paths: dict[str, set]) -> str:
         return " ".join(shlex.quote(path) for path, kinds in paths.items() if kind is None or kind in kinds)
 
     stat = "s %n\\n" + pyinfra_files.LINUX_STAT_COMMAND.removeprefix("stat -c '").removesuffix("'") + "\\n"
-    runs = [f"stat --printf {shlex.quote(stat)} -- {quoted('stat')}; " if quoted("stat") else ""]
-    runs += [f"{hasher} -- {quoted(digits)}; " for digits, hasher in _HASHERS.items() if quoted(digits)]
+    tools = {"stat": f"stat --printf {shlex.quote(stat)}", **_HASHERS}
+    runs = [f"{tool} -- {quoted(kind)}; " for kind, tool in tools.items() if quoted(kind)]
     return (
         f'( echo "{marker} files"; for p in {quoted(None)}; do if test -e "$p"; then echo "e $p"; '
         f'elif test -L "$p"; then echo "l $p"; fi; done; {"".join(runs)}'
@@ -279,8 +279,7 @@ def read(host: Host, requests, global_kwargs: dict | None = None) -> dict[str, o
     Returns {fact_key(cls, kwargs): processed value} for each fact whose command exited 0 and whose output
     processed; the others are left out (read those with `host.get_fact`): facts with preconditions or their own
     shell, a missing required command, a failed command. `global_kwargs`: the connector arguments to run with
-    (default: the host's, as for a fact read outside an operation).
-    """
+    (default: the host's, as for a fact read outside an operation)."""
     marker = f"@@rigforge-probe-{secrets.token_hex(6)}"
     command, sections = script(requests, marker)
     if command is None:
