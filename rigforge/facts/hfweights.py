@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 
 from pyinfra.api import FactBase
 
+from rigforge.facts.files import json_object
 from rigforge.layout import STAMP
 
 
@@ -42,11 +42,7 @@ class WeightsState(FactBase):
             elif line in ("--files--", "--staging--"):
                 section = line.strip("-")
             elif section == "stamp" and line.strip():
-                try:
-                    stamp = json.loads(line)
-                    state["stamp"] = stamp if isinstance(stamp, dict) else None
-                except ValueError:
-                    state["stamp"] = None
+                state["stamp"] = json_object(line)
             elif section == "files" and line.strip():
                 size, mtime, path = line.split(" ", 2)
                 state["files"][path] = [int(size), _ns(mtime)]
