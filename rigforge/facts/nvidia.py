@@ -292,8 +292,7 @@ class PowerCapUnits(FactBase):
     """The rig's other GPU power-cap writers at boot (units in systemd's unit dirs, root's ``@reboot`` cron jobs),
     rigforge's own units left out, as a dict by name: which count and what each holds, see `parse_cap_units`."""
 
-    def command(self) -> str:
-        return cap_writers_command()
+    command = staticmethod(cap_writers_command)
 
     default = dict
 
