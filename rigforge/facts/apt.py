@@ -99,10 +99,8 @@ def parse_fingerprints(lines: list[str]) -> list[str]:
     fprs, primary = [], False
     for line in lines:
         fields = line.split(":")
-        if fields[0] == "pub":
-            primary = True
-        elif fields[0] == "sub":
-            primary = False
+        if fields[0] in ("pub", "sub"):
+            primary = fields[0] == "pub"
         elif fields[0] == "fpr" and primary and len(fields) > 9:
             fprs.append(fields[9].upper())
             primary = False
