@@ -84,8 +84,7 @@ class AptSourceFiles(FactBase):
 
     default = dict
 
-    def process(self, output: list[str]) -> dict[str, list[str]]:
-        return parse_source_files(output)
+    process = staticmethod(parse_source_files)
 
 
 def same_uri_files(files: dict[str, list[str]], uri: str, keep: str) -> dict[str, bool]:
@@ -100,10 +99,8 @@ def parse_fingerprints(lines: list[str]) -> list[str]:
     fprs, primary = [], False
     for line in lines:
         fields = line.split(":")
-        if fields[0] == "pub":
-            primary = True
-        elif fields[0] == "sub":
-            primary = False
+        if fields[0] in ("pub", "sub"):
+            primary = fields[0] == "pub"
         elif fields[0] == "fpr" and primary and len(fields) > 9:
             fprs.append(fields[9].upper())
             primary = False
@@ -124,19 +121,14 @@ class KeyFingerprints(FactBase):
 
     default = list
 
-    def process(self, output: list[str]) -> list[str]:
-        return parse_fingerprints(output)
+    process = staticmethod(parse_fingerprints)
 
 
 class DpkgInterrupted(FactBase):
-    """
-    Why dpkg needs ``--configure -a`` (a short reason), or None when its state is clean::
-
-        "dpkg was interrupted; not fully installed: docker.io, nvidia-driver-580-open"
-
-    Reads dpkg's journal dir (non-empty: a dpkg run was interrupted) and ``dpkg --audit`` (packages unpacked,
-    half-configured or half-installed); both work while dpkg is in that state.
-    """
+    """Why dpkg needs ``--configure -a`` (a short reason: ``"dpkg was interrupted; not fully installed: docker.io,
+    nvidia-driver-580-open"``), or None when its state is clean. Reads dpkg's journal dir (non-empty: a dpkg run was
+    interrupted) and ``dpkg --audit`` (packages unpacked, half-configured or half-installed); both work while dpkg
+    is in that state."""
 
     def command(self) -> str:
         return (
@@ -169,12 +161,9 @@ class DebInstalledVersion(FactBase):
 
 
 class PublishedPackages(FactBase):
-    """
-    The package names a flat apt repository (``Suites: /``, as NVIDIA's CUDA repository) publishes, read from its
-    ``Packages.gz`` (else ``Packages``) on the rig with curl into a pipe: nothing under /etc/apt or apt's lists
-    changes. None when the index cannot be fetched (no network, a proxy): the caller warns instead of refusing::
-
-        ["cuda-drivers", "nvidia-driver-pinning-580", "nvidia-open", ...]
+    """The package names a flat apt repository (``Suites: /``, as NVIDIA's CUDA repository) publishes, sorted, read
+    from its ``Packages.gz`` (else ``Packages``) on the rig with curl into a pipe: nothing under /etc/apt or apt's
+    lists changes. None when the index cannot be fetched (no network, a proxy): the caller warns instead of refusing.
     """
 
     def command(self, url: str) -> str:

@@ -7,19 +7,23 @@ import json
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
 
+def json_object(text: str) -> dict | None:
+    """The JSON object `text` holds; None when it is not JSON or holds something other than an object."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
 class JsonFile(FactBase):
-    """The JSON object in the file at ``path``; None when the file is missing, unreadable, not JSON, or holds
-    something other than an object."""
+    """The JSON object in the file at ``path`` (`json_object`); None also when the file is missing or unreadable."""
 
     def command(self, path: str) -> StringCommand:
         return StringCommand("cat", QuoteString(path), "2>/dev/null || true")
 
     def process(self, output: list[str]) -> dict | None:
-        try:
-            value = json.loads("\n".join(output))
-        except ValueError:
-            return None
-        return value if isinstance(value, dict) else None
+        return json_object("\n".join(output))
 
 
 class TreeSize(FactBase):

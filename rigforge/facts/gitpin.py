@@ -8,15 +8,10 @@ from pyinfra.api import FactBase
 
 
 class GitCheckout(FactBase):
-    """
-    Returns ``None`` when ``path`` holds no git checkout, else::
-
-        {"head": "<40-hex or ''>", "url": "...", "sparse": bool, "patterns": [...], "dirty": [...],
-         "files": {path: sha256}}
-
-    ``files`` are the sha256s of the given paths (missing files are left out); ``dirty`` lists
-    ``git status --porcelain`` lines (modified or untracked files; ignored ones do not count).
-    """
+    """``None`` when ``path`` holds no git checkout, else ``{"head": "<40-hex or ''>", "url": "...", "sparse": bool,
+    "patterns": [...], "dirty": [...], "files": {path: sha256}}``. ``files`` are the sha256s of the given paths
+    (missing files are left out); ``dirty`` lists ``git status --porcelain`` lines (modified or untracked files;
+    ignored ones do not count)."""
 
     def command(self, path: str, files: tuple[str, ...] | list[str] = ()) -> str:
         hashes = " ".join(shlex.quote(f) for f in files)

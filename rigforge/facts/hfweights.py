@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 
 from pyinfra.api import FactBase
 
+from rigforge.facts.files import json_object
 from rigforge.layout import STAMP
 
 
@@ -17,13 +17,9 @@ def _ns(text: str) -> int:
 
 
 class WeightsState(FactBase):
-    """
-    The stamp written by fetch_weights.py and a stat (size, mtime_ns) of every file under ``dest``
-    and ``staging``; never reads file contents, so it costs the same for 64 MiB and 64 GiB::
-
-        {"stamp": {...} or None, "files": {relpath: [size, mtime_ns]}, "staging": {relpath: size},
-         "staging_dir": whether the staging dir exists}
-    """
+    """The stamp written by fetch_weights.py and a stat (size, mtime_ns) of every file under ``dest`` and
+    ``staging``; never reads file contents, so it costs the same for 64 MiB and 64 GiB: ``{"stamp": {...} or None,
+    "files": {relpath: [size, mtime_ns]}, "staging": {relpath: size}, "staging_dir": whether it exists}``."""
 
     def command(self, dest: str, staging: str) -> str:
         d, s = shlex.quote(dest), shlex.quote(staging)
@@ -46,11 +42,7 @@ class WeightsState(FactBase):
             elif line in ("--files--", "--staging--"):
                 section = line.strip("-")
             elif section == "stamp" and line.strip():
-                try:
-                    stamp = json.loads(line)
-                    state["stamp"] = stamp if isinstance(stamp, dict) else None
-                except ValueError:
-                    state["stamp"] = None
+                state["stamp"] = json_object(line)
             elif section == "files" and line.strip():
                 size, mtime, path = line.split(" ", 2)
                 state["files"][path] = [int(size), _ns(mtime)]

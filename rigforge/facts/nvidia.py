@@ -9,6 +9,7 @@ fresh rig and during a "Driver/library version mismatch".
 from __future__ import annotations
 
 import re
+from functools import partial
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
@@ -16,20 +17,9 @@ from rigforge.boot import SHOW, parse_boot
 from rigforge.layout import POWER_UNIT, SETTLE_UNIT, UNIT_SEARCH_PATH
 
 # Fields read by NvidiaGpus, in order; keys of each GPU dict are these with "." replaced by "_".
-QUERY_FIELDS = (
-    "index",
-    "uuid",
-    "name",
-    "pci.bus_id",
-    "memory.total",
-    "memory.used",
-    "power.limit",
-    "power.default_limit",
-    "power.min_limit",
-    "power.max_limit",
-    "persistence_mode",
-    "driver_version",
-    "compute_cap",
+QUERY_FIELDS = tuple(
+    "index,uuid,name,pci.bus_id,memory.total,memory.used,power.limit,power.default_limit,power.min_limit,"
+    "power.max_limit,persistence_mode,driver_version,compute_cap".split(",")
 )
 
 _INT_FIELDS = {"index", "memory.total", "memory.used", "memory.free", "temperature.gpu", "clocks.max.sm"}
@@ -44,7 +34,6 @@ _FLOAT_FIELDS = {
 # nvidia-smi's GPU query: NvidiaGpus, NvidiaSmiStatus and BootCaps run it verbatim (`shared`: the batched probe runs
 # it once for all three, rigforge/facts/probe.py `script`)
 SMI_QUERY = f"timeout 60 nvidia-smi --query-gpu={','.join(QUERY_FIELDS)} --format=csv,noheader,nounits"
-_BOOL_FIELDS = {"persistence_mode"}
 _NA = {"[N/A]", "N/A", "[Not Supported]", "Not Supported", "[Unknown Error]", ""}
 _UNIT = re.compile(r"\s*(MiB|W|MHz|%|C)$")
 _HEADER_UNIT = re.compile(r"\s*\[[^\]]*\]$")
@@ -58,7 +47,7 @@ def _value(field: str, raw: str):
         return int(float(raw))
     if field in _FLOAT_FIELDS:
         return float(raw)
-    if field in _BOOL_FIELDS:
+    if field == "persistence_mode":
         return {"enabled": True, "disabled": False}.get(raw.lower())
     return raw
 
@@ -66,11 +55,10 @@ def _value(field: str, raw: str):
 def parse_query_gpu(lines: list[str] | str, fields: tuple[str, ...] | list[str] = QUERY_FIELDS) -> list[dict]:
     """Parse `nvidia-smi --query-gpu=<fields> --format=csv[,noheader][,nounits]` output.
 
-    Returns one dict per GPU (keys: field names with "." -> "_"), values typed: ints for index/MiB,
-    floats for watts, bool for persistence mode, None for "[N/A]"/"N/A". A header line (from
-    `--format=csv`) is recognised and its field names are used. Lines that are not GPU rows (error
-    texts such as "No devices were found" or "Failed to initialize NVML: ...") are ignored.
-    """
+    Returns one dict per GPU (keys: field names with "." -> "_"), values typed: ints for index/MiB, floats for
+    watts, bool for persistence mode, None for "[N/A]"/"N/A". A header line (from `--format=csv`) is recognised and
+    its field names are used. Lines that are not GPU rows (error texts such as "No devices were found" or "Failed
+    to initialize NVML: ...") are ignored."""
     if isinstance(lines, str):
         lines = lines.splitlines()
     gpus = []
@@ -103,8 +91,7 @@ class NvidiaGpus(FactBase):
 
     default = list
 
-    def process(self, output: list[str]) -> list[dict]:
-        return parse_query_gpu(output)
+    process = staticmethod(parse_query_gpu)
 
 
 class NvidiaSmiStatus(FactBase):
@@ -145,8 +132,7 @@ class NvidiaPciGpus(FactBase):
 
     A list of (PCI address, device ID) pairs, e.g. [("0000:01:00.0", "2204")]; the device ID tells the card's
     model, and so its stock VRAM (rigforge/hardware.py PCI_CARDS). None when sysfs shows no PCI bus at all (a
-    container or chroot), so "unknown" is not mistaken for no GPU.
-    """
+    container or chroot), so "unknown" is not mistaken for no GPU."""
 
     def command(self) -> str:
         return (
@@ -213,12 +199,9 @@ class NvidiaRunningDriver(FactBase):
             'echo "owner=$(dpkg -S "$(readlink -f "$smi")" 2>/dev/null | head -n 1)"; fi'
         )
 
-    @staticmethod
-    def default() -> dict:
-        return {"version": None, "smi": None, "smi_ok": False, "owner": None, "cuda": None}
+    default = staticmethod(partial(parse_running_driver, []))
 
-    def process(self, output: list[str]) -> dict:
-        return parse_running_driver(output)
+    process = staticmethod(parse_running_driver)
 
 
 # Units that set power caps at boot besides rigforge's own: the recipe repo's (club-3090
@@ -282,18 +265,13 @@ def parse_cap_units(lines: list[str], unit_dirs=UNIT_DIRS) -> dict:
             path, _, text = line[5:].partition(":")
             entries.append((path, text.strip()))
     rank = {d.rstrip("/"): i for i, d in enumerate(unit_dirs)}
-    units: dict[str, tuple[int, str, list[str]]] = {}
+    units: dict[str, dict[int, tuple[str, list[str]]]] = {}  # name -> {rank of its dir: (path, ExecStart lines)}
     out: dict[str, dict] = {}
     for path, text in entries:
         folder, _, name = path.rpartition("/")
         if name.endswith(".service") and folder in rank:
-            if name in OWN_UNITS:
-                continue
-            seen = units.get(name)
-            if seen is None or rank[folder] < seen[0]:
-                units[name] = (rank[folder], path, [text])
-            elif rank[folder] == seen[0]:
-                seen[2].append(text)
+            if name not in OWN_UNITS:
+                units.setdefault(name, {}).setdefault(rank[folder], (path, []))[1].append(text)
         else:  # a cron file: "@reboot [user] command"
             via = next((s for s in scripts if s in text), None)
             if _SETS_CAP.search(text) or via:
@@ -302,7 +280,8 @@ def parse_cap_units(lines: list[str], unit_dirs=UNIT_DIRS) -> dict:
                 command = parts[n] if len(parts) > n else ""
                 watts = _watts([text, *scripts.get(via, [])])
                 out[f"@reboot in {path}"] = dict(kind="cron", path=path, watts=watts, script=via, command=command)
-    for name, (_, path, texts) in units.items():
+    for name, by_rank in units.items():
+        path, texts = by_rank[min(by_rank)]  # the first dir in systemd's precedence wins
         via = next((s for s in scripts for t in texts if s in t), None)
         if name in CAP_UNITS or via or any(_SETS_CAP.search(t) for t in texts):
             out[name] = {"kind": "unit", "path": path, "watts": _watts([*texts, *scripts.get(via, [])]), "script": via}
@@ -310,23 +289,14 @@ def parse_cap_units(lines: list[str], unit_dirs=UNIT_DIRS) -> dict:
 
 
 class PowerCapUnits(FactBase):
-    """
-    The rig's other GPU power-cap writers at boot (units in systemd's unit dirs, root's ``@reboot`` cron jobs),
-    rigforge's own units left out, as a dict by name (which count: `parse_cap_units`)::
+    """The rig's other GPU power-cap writers at boot (units in systemd's unit dirs, root's ``@reboot`` cron jobs),
+    rigforge's own units left out, as a dict by name: which count and what each holds, see `parse_cap_units`."""
 
-        {"nvidia-power-cap.service": {"kind": "unit", "path": "/etc/systemd/system/nvidia-power-cap.service",
-                                      "watts": [250], "script": None},
-         "@reboot in /etc/cron.d/gpu-cap": {"kind": "cron", "path": "/etc/cron.d/gpu-cap", "watts": [250],
-                                            "script": "/usr/local/bin/cap.sh", "command": "/usr/local/bin/cap.sh"}}
-    """
-
-    def command(self) -> str:
-        return cap_writers_command()
+    command = staticmethod(cap_writers_command)
 
     default = dict
 
-    def process(self, output: list[str]) -> dict:
-        return parse_cap_units(output)
+    process = staticmethod(parse_cap_units)
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the real tool underlines the matrix header
@@ -367,12 +337,8 @@ def parse_topology(lines: list[str]) -> dict:
 
 
 class NvidiaTopology(FactBase):
-    """
-    How the GPUs are connected (`nvidia-smi topo -m`) and whether peer reads work between them (`topo -p2p r`),
-    by GPU pair; empty without a working driver::
-
-        {"links": {"0-1": "PHB"}, "p2p_read": {"0-1": "CNS"}}
-    """
+    """How the GPUs are connected (`nvidia-smi topo -m`) and whether peer reads work between them (`topo -p2p r`),
+    by GPU pair (`parse_topology`: ``{"links": {"0-1": "PHB"}, "p2p_read": {"0-1": "CNS"}}``)."""
 
     def command(self) -> str:
         return (
@@ -380,12 +346,9 @@ class NvidiaTopology(FactBase):
             "2>/dev/null; echo '--- topo -p2p r'; timeout 60 nvidia-smi topo -p2p r 2>/dev/null; fi; true"
         )
 
-    @staticmethod
-    def default() -> dict:
-        return {"links": {}, "p2p_read": {}}
+    default = staticmethod(partial(parse_topology, []))
 
-    def process(self, output: list[str]) -> dict:
-        return parse_topology(output)
+    process = staticmethod(parse_topology)
 
 
 class BootCaps(FactBase):
@@ -412,9 +375,6 @@ class BootCaps(FactBase):
             f"{SMI_QUERY} 2>/dev/null | cut -d, {caps}; fi; true",
         )
 
-    @staticmethod
-    def default() -> dict:
-        return parse_boot([])
+    default = staticmethod(partial(parse_boot, []))
 
-    def process(self, output: list[str]) -> dict:
-        return parse_boot(output)
+    process = staticmethod(parse_boot)

@@ -157,8 +157,8 @@ def _files_command(marker: str, paths: dict[str, set]) -> str:
         return " ".join(shlex.quote(path) for path, kinds in paths.items() if kind is None or kind in kinds)
 
     stat = "s %n\\n" + pyinfra_files.LINUX_STAT_COMMAND.removeprefix("stat -c '").removesuffix("'") + "\\n"
-    runs = [f"stat --printf {shlex.quote(stat)} -- {quoted('stat')}; " if quoted("stat") else ""]
-    runs += [f"{hasher} -- {quoted(digits)}; " for digits, hasher in _HASHERS.items() if quoted(digits)]
+    tools = {"stat": f"stat --printf {shlex.quote(stat)}", **_HASHERS}
+    runs = [f"{tool} -- {quoted(kind)}; " for kind, tool in tools.items() if quoted(kind)]
     return (
         f'( echo "{marker} files"; for p in {quoted(None)}; do if test -e "$p"; then echo "e $p"; '
         f'elif test -L "$p"; then echo "l $p"; fi; done; {"".join(runs)}'
@@ -279,8 +279,7 @@ def read(host: Host, requests, global_kwargs: dict | None = None) -> dict[str, o
     Returns {fact_key(cls, kwargs): processed value} for each fact whose command exited 0 and whose output
     processed; the others are left out (read those with `host.get_fact`): facts with preconditions or their own
     shell, a missing required command, a failed command. `global_kwargs`: the connector arguments to run with
-    (default: the host's, as for a fact read outside an operation).
-    """
+    (default: the host's, as for a fact read outside an operation)."""
     marker = f"@@rigforge-probe-{secrets.token_hex(6)}"
     command, sections = script(requests, marker)
     if command is None:
@@ -360,30 +359,25 @@ def lock_answer(host: Host) -> None:
         snap.answers = parse(lines[:-1], sections, marker)
 
 
-def _request(state, host, snap: _HostSnapshot, cls, args, kwargs) -> tuple[str | None, dict, dict]:
-    """(snapshot key or None, fact kwargs, global kwargs) of a fact read, without pyinfra's per-read argument
-    handling (type hints of every global argument: the slowest part of a read on the controller)."""
-    kwargs = dict(kwargs or {})
-    if args or any(k.startswith("_") for k in kwargs) or not _cacheable(cls):
-        return None, kwargs, {}  # explicit global arguments or positional ones: pyinfra's own path, live
-    global_kwargs = host.current_op_global_arguments  # inside an operation: its global arguments, complete
-    if global_kwargs is None:  # preparing: the host's defaults, computed once
-        global_kwargs = _defaults(state, host, snap, cls)
-    return fact_key(cls, kwargs), kwargs, global_kwargs
-
-
 def _get_fact(state, host, cls, args=None, kwargs=None, *rest, **kw):
-    """pyinfra's _get_fact, answered from the host's snapshot when that is exact (see the module doc)."""
+    """pyinfra's _get_fact, answered from the host's snapshot when that is exact (see the module doc), without
+    pyinfra's per-read argument handling (type hints of every global argument: the slowest part of a read on the
+    controller). Explicit global arguments or positional ones take pyinfra's own path, live."""
     snap = _of(host)
-    key, fact_kwargs, global_kwargs = _request(state, host, snap, cls, args, kwargs)
-    if key is not None:
-        if not snap.probed and snap.valid:  # every fact recorded for this host, in one remote command
-            snap.answers = read(host, _recorded(state, host, snap, global_kwargs), global_kwargs)
-        if snap.connection == _identity(global_kwargs):
-            snap.requests.setdefault(key, {"fact": f"{cls.__module__}:{cls.__qualname__}", "kwargs": fact_kwargs})
-            if snap.valid and key in snap.answers:
-                snap.served += 1
-                return snap.answers[key]
+    fact_kwargs = dict(kwargs or {})
+    if not args and not any(k.startswith("_") for k in fact_kwargs) and _cacheable(cls):
+        global_kwargs = host.current_op_global_arguments  # inside an operation: its global arguments, complete
+        if global_kwargs is None:  # preparing: the host's defaults, computed once
+            global_kwargs = _defaults(state, host, snap, cls)
+        key = fact_key(cls, fact_kwargs)
+        if key is not None:
+            if not snap.probed and snap.valid:  # every fact recorded for this host, in one remote command
+                snap.answers = read(host, _recorded(state, host, snap, global_kwargs), global_kwargs)
+            if snap.connection == _identity(global_kwargs):
+                snap.requests.setdefault(key, {"fact": f"{cls.__module__}:{cls.__qualname__}", "kwargs": fact_kwargs})
+                if snap.valid and key in snap.answers:
+                    snap.served += 1
+                    return snap.answers[key]
     snap.reading = True
     try:
         return _original_get_fact(state, host, cls, args, kwargs, *rest, **kw)

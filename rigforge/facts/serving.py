@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from functools import partial
 
 from pyinfra.api import FactBase
 
@@ -44,23 +45,16 @@ def serving(state: dict | None) -> str:
 
 
 class ServiceState(FactBase):
-    """
-    A systemd unit's state as systemd keeps it (``systemctl show``), see `parse_service_state`::
-
-        {"active": "active", "sub": "running", "result": "success", "restarts": 0, "enabled": "enabled"}
-
-    ``{"active": "unknown", ...}`` where systemd does not answer (a chroot).
-    """
+    """A systemd unit's state as systemd keeps it (``systemctl show``), see `parse_service_state`: ``{"active":
+    "active", "sub": "running", "result": "success", "restarts": 0, "enabled": "enabled"}``, ``{"active":
+    "unknown", ...}`` where systemd does not answer (a chroot)."""
 
     def command(self, unit: str) -> str:
         return f"systemctl show -p {','.join(SHOWN)} {shlex.quote(unit)} 2>/dev/null || true"
 
-    @staticmethod
-    def default() -> dict:
-        return parse_service_state([])
+    default = staticmethod(partial(parse_service_state, []))
 
-    def process(self, output: list[str]) -> dict:
-        return parse_service_state(output)
+    process = staticmethod(parse_service_state)
 
 
 class ApiAnswers(FactBase):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from functools import partial
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
@@ -27,12 +28,9 @@ class OsRelease(FactBase):
     def command(self) -> str:
         return "cat /etc/os-release 2>/dev/null || cat /usr/lib/os-release 2>/dev/null || true"
 
-    @staticmethod
-    def default() -> dict:
-        return {"id": "", "version_id": "", "codename": ""}
+    default = staticmethod(partial(parse_os_release, []))
 
-    def process(self, output: list[str]) -> dict:
-        return parse_os_release(output)
+    process = staticmethod(parse_os_release)
 
 
 def parse_secure_boot(lines: list[str]) -> str:
@@ -57,12 +55,9 @@ class SecureBoot(FactBase):
             "else echo unknown; fi"
         )
 
-    @staticmethod
-    def default() -> str:
-        return "unknown"
+    default = staticmethod(partial(parse_secure_boot, []))
 
-    def process(self, output: list[str]) -> str:
-        return parse_secure_boot(output)
+    process = staticmethod(parse_secure_boot)
 
 
 class FreeDiskBytes(FactBase):
@@ -158,13 +153,9 @@ class LeftoverUploads(FactBase):
 
 
 class UrlAnswers(FactBase):
-    """
-    What each URL answers, asked from the rig with curl (a GET whose body is thrown away; nothing on the rig
-    changes): ``{url: (http_code, curl_exit)}``. ``http_code`` is 0 when nothing answered (no route, no name, a
-    refused connection, a timeout: ``curl_exit`` says which)::
-
-        {"https://download.docker.com/linux/debian/dists/trixie/InRelease": (200, 0)}
-    """
+    """What each URL answers, asked from the rig with curl (a GET whose body is thrown away; nothing on the rig
+    changes): ``{url: (http_code, curl_exit)}``, e.g. ``(200, 0)``. ``http_code`` is 0 when nothing answered (no
+    route, no name, a refused connection, a timeout: ``curl_exit`` says which)."""
 
     def command(self, urls: tuple[str, ...]) -> str:
         asks = [
