@@ -281,9 +281,8 @@ def _close(s: str, i: int) -> int:
     while i < len(s):
         if s.startswith(("$$", "${"), i):  # a literal $, or a nested ${
             depth += s[i + 1] == "{"
-            i += 2
-            continue
-        if s[i] == "}":
+            i += 1
+        elif s[i] == "}":
             depth -= 1
             if depth == 0:
                 return i
@@ -352,15 +351,8 @@ def knob_env(r: Recipe, compose: dict, values: dict[str, Any], host_keys: bool =
     """The .env variables for `values` ({setting: value}, None = recipe default). Every setting the recipe has
     no knob for is refused in one RecipeError, named as a setting, or as its host-data key when `host_keys`."""
     knobs = variables(compose)
-    env, missing = {}, []
-    for key, value in values.items():
-        if value is None or value == () or value == "":
-            continue
-        if key in NO_KNOB or KNOBS.get(key) not in knobs:
-            missing.append(key)
-            continue
-        env[KNOBS[key]] = str(value)
-    if missing:
+    given = {key: value for key, value in values.items() if value is not None and value != () and value != ""}
+    if missing := [key for key in given if key in NO_KNOB or KNOBS.get(key) not in knobs]:
         names = [HOST_KEYS[key] if host_keys else f"setting {key!r}" for key in missing]
         holes = ", ".join("${" + KNOBS[key] + "}" if KNOBS.get(key) else f"no knob for {key}" for key in missing)
         one = len(missing) == 1
@@ -369,7 +361,7 @@ def knob_env(r: Recipe, compose: dict, values: dict[str, Any], host_keys: bool =
             f"({r.compose_path} has {'no ' if not holes.startswith('no ') else ''}{holes}); "
             f"remove {'it' if one else 'them'} for this variant"
         )
-    return env
+    return {KNOBS[key]: str(value) for key, value in given.items()}
 
 
 def _volume(v: Any) -> tuple[str, str, str]:

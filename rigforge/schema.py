@@ -119,10 +119,7 @@ HOMES = {"/home", "/mnt", "/media", "/opt", "/srv", "/usr/local", "/var/lib"}  #
 
 def managed_tree(path: str, trees: dict[str, str] = MANAGED_TREES) -> str | None:
     """'<tree>, <who>' when `path` is one of `trees` or below one, else None."""
-    for tree, who in trees.items():
-        if path == tree or path.startswith(f"{tree}/"):
-            return f"{tree}, {who}"
-    return None
+    return next((f"{tree}, {who}" for tree, who in trees.items() if path == tree or path.startswith(f"{tree}/")), None)
 
 
 def _abs_path(v: Any) -> str:
