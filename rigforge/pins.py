@@ -133,10 +133,8 @@ class Lock:
         out += [f"images.{n} (digest: null)" for n, p in self.images.items() if not p.digest]
         out += [f"git.{n} (commit: null)" for n, p in self.git.items() if not p.resolved]
         for n, p in self.hf.items():
-            if p.revision is None:
-                out.append(f"hf.{n} (revision: null)")
-            elif not p.files:
-                out.append(f"hf.{n} (files: [])")
+            if not p.resolved:
+                out.append(f"hf.{n} ({'revision: null' if p.revision is None else 'files: []'})")
         return out
 
     def check(self) -> list[str]:

@@ -410,12 +410,9 @@ def effective_compose(r: Recipe, compose: dict, env: dict[str, str], host_overri
     for svc, extra in host_override.get("services", {}).items():
         service = out["services"][svc]
         for key, value in extra.items():
-            if key == "volumes":
-                merged = {_volume(v)[1]: v for v in service.get("volumes") or []}
-                merged.update({_volume(v)[1]: v for v in value})
-                service["volumes"] = list(merged.values())
-            else:
-                service[key] = value
+            if key == "volumes":  # merged by target, the override's winning
+                value = list({_volume(v)[1]: v for v in [*(service.get("volumes") or []), *value]}.values())
+            service[key] = value
         vols = []
         for v in service.get("volumes") or []:
             source, target, opts = _volume(v)
