@@ -144,10 +144,9 @@ class Lock:
             for path in p.files:
                 if p.sparse and not _covered(path, p.sparse):
                     problems.append(f"git.{n}: file {path} is outside the sparse paths {list(p.sparse)}")
-            if p.commit and p.short and not p.commit.startswith(p.short):
-                problems.append(f"git.{n}: commit {p.commit} does not start with short {p.short}")
-            if p.commit and SHORT.match(p.ref) and not p.commit.startswith(p.ref):
-                problems.append(f"git.{n}: commit {p.commit} does not start with ref {p.ref}")
+            for what, prefix in (("short", p.short), ("ref", p.ref if SHORT.match(p.ref) else None)):
+                if p.commit and prefix and not p.commit.startswith(prefix):
+                    problems.append(f"git.{n}: commit {p.commit} does not start with {what} {prefix}")
         return problems
 
     def require(self, *, git: Iterable[str] = (), hf: Iterable[str] = (), resolved: bool = True) -> None:
