@@ -217,14 +217,11 @@ class _Reader:
                 self.fail("missing", key)
             return default
         value = self.data[key]
-        if value is None and not required:
+        if value is None and (not required or pattern is not None and what.endswith("or null")):
             return default
-        if value is None and pattern is not None and what.endswith("or null"):
-            return None
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        wrong = not isinstance(value, kind) or (kind is int and isinstance(value, bool))
+        if wrong or (pattern is not None and not pattern.match(value)):
             self.fail(f"expected {what or kind.__name__}, got {value!r}", key)
-        if pattern is not None and not pattern.match(value):
-            self.fail(f"expected {what}, got {value!r}", key)
         return value
 
 
@@ -321,8 +318,7 @@ _LOADED: dict[tuple[str, bytes], Lock] = {}  # (path, content) -> its Lock (froz
 def load_lock(path: str | Path) -> Lock:
     path = str(path)
     try:
-        with open(path, "rb") as f:
-            content = f.read()
+        content = Path(path).read_bytes()
     except FileNotFoundError:
         raise LockError(f"lock {path}: file not found (set host data rigforge_lock or pass --lock)") from None
     lock = _LOADED.get((path, content))

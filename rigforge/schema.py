@@ -250,8 +250,7 @@ def setting(data: Mapping, key: str, name: str) -> list[str]:
 
 
 def apply_overrides(base: Settings, overrides: dict[str, Any]) -> Settings:
-    """Validate and apply overrides (keyed by setting name); raise SettingsError naming every bad key (as
-    `setting 'port'`) and the allowed values."""
+    """Validate and apply overrides {setting: raw}; raise SettingsError naming every bad key and the allowed values."""
     problems = []
     for key, value in overrides.items():
         if key not in SETTINGS:
