@@ -133,10 +133,8 @@ class Lock:
         out += [f"images.{n} (digest: null)" for n, p in self.images.items() if not p.digest]
         out += [f"git.{n} (commit: null)" for n, p in self.git.items() if not p.resolved]
         for n, p in self.hf.items():
-            if p.revision is None:
-                out.append(f"hf.{n} (revision: null)")
-            elif not p.files:
-                out.append(f"hf.{n} (files: [])")
+            if not p.resolved:
+                out.append(f"hf.{n} ({'revision: null' if p.revision is None else 'files: []'})")
         return out
 
     def check(self) -> list[str]:
@@ -146,10 +144,9 @@ class Lock:
             for path in p.files:
                 if p.sparse and not _covered(path, p.sparse):
                     problems.append(f"git.{n}: file {path} is outside the sparse paths {list(p.sparse)}")
-            if p.commit and p.short and not p.commit.startswith(p.short):
-                problems.append(f"git.{n}: commit {p.commit} does not start with short {p.short}")
-            if p.commit and SHORT.match(p.ref) and not p.commit.startswith(p.ref):
-                problems.append(f"git.{n}: commit {p.commit} does not start with ref {p.ref}")
+            for what, prefix in (("short", p.short), ("ref", p.ref if SHORT.match(p.ref) else None)):
+                if p.commit and prefix and not p.commit.startswith(prefix):
+                    problems.append(f"git.{n}: commit {p.commit} does not start with {what} {prefix}")
         return problems
 
     def require(self, *, git: Iterable[str] = (), hf: Iterable[str] = (), resolved: bool = True) -> None:
@@ -220,14 +217,11 @@ class _Reader:
                 self.fail("missing", key)
             return default
         value = self.data[key]
-        if value is None and not required:
+        if value is None and (not required or pattern is not None and what.endswith("or null")):
             return default
-        if value is None and pattern is not None and what.endswith("or null"):
-            return None
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        wrong = not isinstance(value, kind) or (kind is int and isinstance(value, bool))
+        if wrong or (pattern is not None and not pattern.match(value)):
             self.fail(f"expected {what or kind.__name__}, got {value!r}", key)
-        if pattern is not None and not pattern.match(value):
-            self.fail(f"expected {what}, got {value!r}", key)
         return value
 
 
@@ -324,8 +318,7 @@ _LOADED: dict[tuple[str, bytes], Lock] = {}  # (path, content) -> its Lock (froz
 def load_lock(path: str | Path) -> Lock:
     path = str(path)
     try:
-        with open(path, "rb") as f:
-            content = f.read()
+        content = Path(path).read_bytes()
     except FileNotFoundError:
         raise LockError(f"lock {path}: file not found (set host data rigforge_lock or pass --lock)") from None
     lock = _LOADED.get((path, content))

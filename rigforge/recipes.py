@@ -20,7 +20,7 @@ import contextlib
 import os
 import posixpath
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 
 from rigforge.layout import HostLayout
+from rigforge.pins import HfPin, ImagePin, LockError
 from rigforge.render import units
 from rigforge.schema import HOST_KEYS
 
@@ -37,11 +38,12 @@ REGISTRY = "scripts/lib/profiles/registry.yaml"
 RIG_SM = 8.6  # RTX 3090 (Ampere)
 SELECTABLE = ("production", "caveats")
 OPT_IN = ("experimental", "incubating", "deprecated", "preview")  # upstream launches them with --force
-# rigforge setting -> the compose variable it sets (a recipe that does not reference it cannot take it)
+# rigforge setting -> the compose variable it sets (a recipe that does not reference it cannot take it), in the
+# .env's order
 KNOBS = {
+    "model_dir": "MODEL_DIR",
     "port": "PORT",
     "bind_address": "BIND_HOST",
-    "model_dir": "MODEL_DIR",
     "max_model_len": "MAX_MODEL_LEN",
     "kv_cache_dtype": "KV_CACHE_DTYPE",
     "gpu_memory_utilization": "GPU_MEMORY_UTILIZATION",
@@ -160,11 +162,8 @@ def _weights(root: Path, model: str, ids: list[str]) -> tuple[tuple[Weights, ...
 
 
 def _engines(root: Path) -> dict[str, dict]:
-    out = {}
-    for path in sorted((root / "scripts/lib/profiles/engines").glob("*.yml")):
-        data = _yaml(path) or {}
-        out[str(data.get("id") or path.stem)] = data
-    return out
+    profiles = [(path, _yaml(path) or {}) for path in sorted((root / "scripts/lib/profiles/engines").glob("*.yml"))]
+    return {str(data.get("id") or path.stem): data for path, data in profiles}
 
 
 def _classify(e: dict, engine: dict | None, sm: float) -> str | None:
@@ -282,9 +281,8 @@ def _close(s: str, i: int) -> int:
     while i < len(s):
         if s.startswith(("$$", "${"), i):  # a literal $, or a nested ${
             depth += s[i + 1] == "{"
-            i += 2
-            continue
-        if s[i] == "}":
+            i += 1
+        elif s[i] == "}":
             depth -= 1
             if depth == 0:
                 return i
@@ -353,15 +351,8 @@ def knob_env(r: Recipe, compose: dict, values: dict[str, Any], host_keys: bool =
     """The .env variables for `values` ({setting: value}, None = recipe default). Every setting the recipe has
     no knob for is refused in one RecipeError, named as a setting, or as its host-data key when `host_keys`."""
     knobs = variables(compose)
-    env, missing = {}, []
-    for key, value in values.items():
-        if value is None or value == () or value == "":
-            continue
-        if key in NO_KNOB or KNOBS.get(key) not in knobs:
-            missing.append(key)
-            continue
-        env[KNOBS[key]] = str(value)
-    if missing:
+    given = {key: value for key, value in values.items() if value is not None and value != () and value != ""}
+    if missing := [key for key in given if key in NO_KNOB or KNOBS.get(key) not in knobs]:
         names = [HOST_KEYS[key] if host_keys else f"setting {key!r}" for key in missing]
         holes = ", ".join("${" + KNOBS[key] + "}" if KNOBS.get(key) else f"no knob for {key}" for key in missing)
         one = len(missing) == 1
@@ -370,7 +361,7 @@ def knob_env(r: Recipe, compose: dict, values: dict[str, Any], host_keys: bool =
             f"({r.compose_path} has {'no ' if not holes.startswith('no ') else ''}{holes}); "
             f"remove {'it' if one else 'them'} for this variant"
         )
-    return env
+    return {KNOBS[key]: str(value) for key, value in given.items()}
 
 
 def _volume(v: Any) -> tuple[str, str, str]:
@@ -419,12 +410,9 @@ def effective_compose(r: Recipe, compose: dict, env: dict[str, str], host_overri
     for svc, extra in host_override.get("services", {}).items():
         service = out["services"][svc]
         for key, value in extra.items():
-            if key == "volumes":
-                merged = {_volume(v)[1]: v for v in service.get("volumes") or []}
-                merged.update({_volume(v)[1]: v for v in value})
-                service["volumes"] = list(merged.values())
-            else:
-                service[key] = value
+            if key == "volumes":  # merged by target, the override's winning
+                value = list({_volume(v)[1]: v for v in [*(service.get("volumes") or []), *value]}.values())
+            service[key] = value
         vols = []
         for v in service.get("volumes") or []:
             source, target, opts = _volume(v)
@@ -459,52 +447,9 @@ SECRET_MARK = "@@rigforge-secret-HF_TOKEN@@"
 EFFECTIVE_FILE = "effective-compose.yml"  # what `docker compose config` resolves: for reading, not for running
 
 
-def rig_files(
-    r: Recipe, compose: dict, *, root: str, image: str, knobs: dict[str, Any], host_keys: bool = False
-) -> dict[str, str]:
-    """{file name: text} of the serve dir (docker-compose.yml, compose.override.yml, .env) plus the effective file;
-    `knobs`: {setting: value} as `knob_env` takes them (None = the recipe's default; `host_keys` as knob_env's)."""
-    env = knob_env(r, compose, knobs, host_keys)
-    if image_by_env(r, compose):
-        env[r.image_env] = image
-    secret = {k: SECRET_MARK for k in env if k in SECRET_VARS}  # the effective file refers to them, never holds them
-    checkout = HostLayout(root=root).src(GIT_NAME)  # the rig's pinned checkout of the recipe repo
-    host = override(r, compose, image, root)
-    wrapper = {
-        "name": f"rigforge-{r.name}",
-        "include": [{"path": [f"{checkout}/{r.compose_path}", OVERRIDE_FILE], "env_file": ".env"}],
-    }
-    effective = {"name": wrapper["name"], **effective_compose(r, compose, {**env, **secret}, host, checkout)}
-    escaped = _walk(effective, lambda s: s.replace("$", "$$"))  # literal $ as $$: itself a valid compose file
-    lines = [f"# rigforge: host knobs of {r.slug} ({r.compose_path}); mode 0600, may hold secrets. Do not commit."]
-    lines += [f"{k}={v}" for k, v in env.items()]
-    note = f"# Rendered by rigforge for {r.slug}. Do not edit: change host data and re-run rigforge.\n"
-    return {
-        COMPOSE_FILE: note
-        + "# Runs the recipe's own compose file from the pinned checkout, with this host's override.\n"
-        + dump(wrapper),
-        OVERRIDE_FILE: note
-        + "# Host-specific only: the lock's image (unless .env sets the recipe's image_env), no restart policy\n"
-        + "# (the unit owns restarts), caches.\n"
-        + dump(host),
-        ".env": "\n".join(lines) + "\n",
-        EFFECTIVE_FILE: note
-        + "# What the rig runs: the recipe's compose file resolved with the .env and the override,\n"
-        "# as `docker compose config` shows it (host paths; $$ is a literal $).\n"
-        + dump(escaped).replace(SECRET_MARK, "${HF_TOKEN}"),
-    }
-
-
 # --- a slug as the roles see a variant ---
 
 _VRAM = re.compile(r"^#\s*Requires-min-vram-gb:\s*(\d+(?:\.\d+)?)\s*$", re.M)
-
-
-def knobs_of(recipe: Recipe, s: Any, models: str) -> dict[str, Any]:
-    """The settings a recipe-repo slug takes through its compose knobs (None = the recipe's default)."""
-    keys = ("bind_address", "max_model_len", "kv_cache_dtype", "gpu_memory_utilization", "max_num_seqs")
-    knobs = {key: getattr(s, key) for key in (*keys, "spec_n", "nvlink_mode", "extra_args", "api_key")}
-    return {"model_dir": models, "port": s.port or recipe.port, **knobs}  # never the HF token: weights are fetched
 
 
 @dataclass(frozen=True)
@@ -547,9 +492,41 @@ class LiveVariant:
         """Every file a rig gets: the serve dir's (compose wrapper, host override, .env), the effective compose
         (for reading) and the units. Raises RecipeError for a setting the recipe has no knob for (named as its
         host-data key when `host_data`)."""
-        knobs, image = knobs_of(self.recipe, s, layout.models), s.image or self.image
-        files = rig_files(self.recipe, self.compose, root=layout.root, image=image, knobs=knobs, host_keys=host_data)
-        return {**files, **units(s, layout, gpu_count)}
+        r, compose, image = self.recipe, self.compose, s.image or self.image
+        # the settings a slug takes through its compose knobs (None: the recipe's default); never the HF token (the
+        # rig fetches the weights)
+        knobs = {key: getattr(s, key) for key in (*KNOBS, *NO_KNOB) if key != "hf_token"}
+        env = knob_env(r, compose, knobs | {"model_dir": layout.models, "port": s.port or r.port}, host_data)
+        if image_by_env(r, compose):
+            env[r.image_env] = image
+        # the effective file refers to the secrets, never holds them
+        secret = {k: SECRET_MARK for k in env if k in SECRET_VARS}
+        checkout = layout.src(GIT_NAME)  # the rig's pinned checkout of the recipe repo
+        host = override(r, compose, image, layout.root)
+        wrapper = {
+            "name": f"rigforge-{r.name}",
+            "include": [{"path": [f"{checkout}/{r.compose_path}", OVERRIDE_FILE], "env_file": ".env"}],
+        }
+        effective = {"name": wrapper["name"], **effective_compose(r, compose, {**env, **secret}, host, checkout)}
+        escaped = _walk(effective, lambda t: t.replace("$", "$$"))  # literal $ as $$: itself a valid compose file
+        lines = [f"# rigforge: host knobs of {r.slug} ({r.compose_path}); mode 0600, may hold secrets. Do not commit."]
+        lines += [f"{k}={v}" for k, v in env.items()]
+        note = f"# Rendered by rigforge for {r.slug}. Do not edit: change host data and re-run rigforge.\n"
+        return {
+            COMPOSE_FILE: note
+            + "# Runs the recipe's own compose file from the pinned checkout, with this host's override.\n"
+            + dump(wrapper),
+            OVERRIDE_FILE: note
+            + "# Host-specific only: the lock's image (unless .env sets the recipe's image_env), no restart policy\n"
+            + "# (the unit owns restarts), caches.\n"
+            + dump(host),
+            ".env": "\n".join(lines) + "\n",
+            EFFECTIVE_FILE: note
+            + "# What the rig runs: the recipe's compose file resolved with the .env and the override,\n"
+            "# as `docker compose config` shows it (host paths; $$ is a literal $).\n"
+            + dump(escaped).replace(SECRET_MARK, "${HF_TOKEN}"),
+            **units(s, layout, gpu_count),
+        }
 
 
 def min_card_mib(compose_text: str) -> int:
@@ -568,8 +545,6 @@ def find(slug: str, lock: Any, opt_in: bool) -> LiveVariant:
     """A recipe-repo slug for a deploy (or status/verify): the recipe from the controller's copy of the locked
     commit, its image and weights found in the lock (by ref, by repo id); else RecipeError / LockError naming the
     slug and what to do (refused, opt-in, missing lock entry)."""
-    from rigforge.pins import LockError
-
     pin = lock.git.get(GIT_NAME)
     if pin is None:
         raise LockError(f"lock {lock.path}: no git.{GIT_NAME} entry (the recipe repo) to serve {slug} from")
@@ -595,10 +570,6 @@ def find(slug: str, lock: Any, opt_in: bool) -> LiveVariant:
 def provisional(slug: str, lock: Any, opt_in: bool) -> Any:
     """`lock` plus an unresolved entry (named as `find`'s advice names it) for each image and weights repo `slug`
     needs and the lock lacks: what render, status and verify show for a slug not locked yet (a deploy refuses)."""
-    import dataclasses
-
-    from rigforge.pins import HfPin, ImagePin
-
     pin = lock.git.get(GIT_NAME)
     if pin is None:
         return lock
@@ -606,14 +577,10 @@ def provisional(slug: str, lock: Any, opt_in: bool) -> Any:
     images, hf = dict(lock.images), dict(lock.hf)
     if "@" not in recipe.image and lock.image_pin(recipe.image) is None:
         images[recipe.engine] = ImagePin(ref=recipe.image)
-    known = {p.repo for p in hf.values()}
     for w in recipe.weights:
-        if w.hf_repo not in known:
+        if w.hf_repo not in {p.repo for p in hf.values()}:
             hf[w.local_subdir] = HfPin(name=w.local_subdir, repo=w.hf_repo, revision=None)
-            known.add(w.hf_repo)
-    if (images, hf) == (dict(lock.images), dict(lock.hf)):
-        return lock
-    return dataclasses.replace(lock, images=images, hf=hf)
+    return lock if (images, hf) == (dict(lock.images), dict(lock.hf)) else replace(lock, images=images, hf=hf)
 
 
 def of(repo: RecipeRepo, recipe: Recipe, image: str, assets: list[tuple[str, str, int]] = ()) -> LiveVariant:

@@ -119,10 +119,7 @@ HOMES = {"/home", "/mnt", "/media", "/opt", "/srv", "/usr/local", "/var/lib"}  #
 
 def managed_tree(path: str, trees: dict[str, str] = MANAGED_TREES) -> str | None:
     """'<tree>, <who>' when `path` is one of `trees` or below one, else None."""
-    for tree, who in trees.items():
-        if path == tree or path.startswith(f"{tree}/"):
-            return f"{tree}, {who}"
-    return None
+    return next((f"{tree}, {who}" for tree, who in trees.items() if path == tree or path.startswith(f"{tree}/")), None)
 
 
 def _abs_path(v: Any) -> str:
@@ -153,15 +150,12 @@ def _choice(*allowed: str):
 
 def _args(v: Any) -> tuple[str, ...]:
     """A list of vLLM arguments; a string is a YAML list when it is one ("[--a, --b]"), else split on spaces."""
-    if isinstance(v, str) and v.strip().startswith("["):
-        try:
-            v = yaml.safe_load(v)
-        except yaml.YAMLError:
-            raise ValueError("a list of vLLM arguments such as ['--enable-log-requests']") from None
-    items = v if isinstance(v, list | tuple) else str(v).split()
-    if not all(isinstance(x, str) and x and "\n" not in x for x in items):
-        raise ValueError("a list of vLLM arguments such as ['--enable-log-requests']")
-    return tuple(items)
+    with contextlib.suppress(yaml.YAMLError):
+        items = yaml.safe_load(v) if isinstance(v, str) and v.strip().startswith("[") else v
+        items = items if isinstance(items, list | tuple) else str(items).split()
+        if all(isinstance(x, str) and x and "\n" not in x for x in items):
+            return tuple(items)
+    raise ValueError("a list of vLLM arguments such as ['--enable-log-requests']")
 
 
 IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
@@ -201,17 +195,13 @@ def _per_gpu_watts(v: Any) -> tuple[tuple[int, int], ...]:
             v = None
     if not isinstance(v, dict):
         raise ValueError("a mapping of GPU index to watts, e.g. {0: 230, 1: 250}")
-    out = []
-    for k, w in v.items():
-        try:
-            index, watts = _int_in(0, MAX_GPUS - 1)(k), _watts(w)
-        except ValueError:
-            raise ValueError(
-                f"a mapping of GPU index (0..{MAX_GPUS - 1}) to whole watts in {WATTS[0]}..{WATTS[1]}, "
-                "e.g. {0: 230, 1: 250}"
-            ) from None
-        out.append((index, watts))
-    return tuple(sorted(out))
+    try:
+        return tuple(sorted((_int_in(0, MAX_GPUS - 1)(k), _watts(w)) for k, w in v.items()))
+    except ValueError:
+        raise ValueError(
+            f"a mapping of GPU index (0..{MAX_GPUS - 1}) to whole watts in {WATTS[0]}..{WATTS[1]}, "
+            "e.g. {0: 230, 1: 250}"
+        ) from None
 
 
 # name -> parser; the names are what `rigforge render --set NAME=VALUE` uses; host data uses HOST_KEYS[name].
@@ -246,19 +236,6 @@ HOST_KEYS = {
 }
 
 
-def setting_problems(raw: dict[str, Any], host_data: bool = False) -> list[str]:
-    """Every problem with raw setting values (empty when all are fine), naming the key as the user wrote it:
-    the host-data key (`serving_port`) when `host_data`, else the setting (`setting 'port'`)."""
-    problems = []
-    for key, value in raw.items():
-        name = HOST_KEYS.get(key, key) if host_data else f"setting {key!r}"
-        if key not in SETTINGS:
-            problems.append(f"unknown setting {key!r}; allowed: {', '.join(SETTINGS)}")
-            continue
-        problems += _problem(key, value, name)
-    return problems
-
-
 def _problem(name: str, value: Any, shown_as: str) -> list[str]:
     try:
         SETTINGS[name](value)
@@ -272,11 +249,16 @@ def setting(data: Mapping, key: str, name: str) -> list[str]:
     return [] if data.get(key) is None else _problem(name, data[key], key)
 
 
-def apply_overrides(base: Settings, overrides: dict[str, Any], where: str = "") -> Settings:
-    """Validate and apply overrides; raise SettingsError naming every bad key and the allowed values."""
-    if problems := setting_problems(overrides):
-        prefix = f"{where}: " if where else ""
-        raise SettingsError(prefix + "; ".join(problems))
+def apply_overrides(base: Settings, overrides: dict[str, Any]) -> Settings:
+    """Validate and apply overrides {setting: raw}; raise SettingsError naming every bad key and the allowed values."""
+    problems = []
+    for key, value in overrides.items():
+        if key not in SETTINGS:
+            problems.append(f"unknown setting {key!r}; allowed: {', '.join(SETTINGS)}")
+        else:
+            problems += _problem(key, value, f"setting {key!r}")
+    if problems:
+        raise SettingsError("; ".join(problems))
     return replace(base, **{key: SETTINGS[key](raw) for key, raw in overrides.items()})
 
 
@@ -286,10 +268,8 @@ def cli_value(text: str) -> Any:
     if text.lower() in ("true", "false"):
         return text.lower() == "true"
     for parse in (int, json.loads):
-        try:
+        with contextlib.suppress(ValueError):
             return parse(text)
-        except ValueError:
-            pass
     return text
 
 
@@ -346,21 +326,19 @@ def one_of(data: Mapping, key: str, allowed: tuple) -> list[str]:
     return [] if value in allowed else [f"{key}={value!r} is not one of: {', '.join(allowed)}."]
 
 
-def url(data: Mapping, key: str) -> list[str]:
+def _matches(data: Mapping, key: str, pattern: re.Pattern, what: str) -> list[str]:
     value = data.get(key)
-    if isinstance(value, str) and URL.fullmatch(value):
-        return []
-    return [f"{key} must be an http(s) URL without spaces or quotes, got {value!r}"]
+    return [] if isinstance(value, str) and pattern.fullmatch(value) else [f"{key} must be {what}, got {value!r}"]
+
+
+def url(data: Mapping, key: str) -> list[str]:
+    return _matches(data, key, URL, "an http(s) URL without spaces or quotes")
 
 
 def hostname(data: Mapping, key: str) -> list[str]:
-    value = data.get(key)
-    if isinstance(value, str) and HOSTNAME.fullmatch(value):
-        return []
-    return [f"{key} must be a host name or IP address, got {value!r}"]
+    return _matches(data, key, HOSTNAME, "a host name or IP address")
 
 
 def settings(data: Mapping, names: dict[str, str]) -> list[str]:
     """Problems of rendering settings ({setting name: host-data key}) set in `data` (None = not set)."""
-    raw = {name: data.get(key) for name, key in names.items() if data.get(key) is not None}
-    return setting_problems(raw, host_data=True)
+    return [problem for name, key in names.items() for problem in setting(data, key, name)]
