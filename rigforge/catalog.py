@@ -79,28 +79,23 @@ class Variant:
 
     def files(self, s: Settings, layout, gpu_count: int, host_data: bool = False) -> dict[str, str]:
         """Every file a rig gets for this variant with settings `s`, at `layout`'s paths, for `gpu_count` GPUs:
-        {name: text}. Raises SettingsError for a setting it cannot take (named as its host-data key when
-        `host_data`)."""
-        problems = self.setting_problems(s, host_data)
-        if problems:
-            raise SettingsError("; ".join(problems))
-        return render.seed_files(self, s, layout, gpu_count)
-
-    def setting_problems(self, s: Settings, host_data: bool = False) -> list[str]:
-        """Settings that are valid alone but not for this variant (named as host-data keys when `host_data`)."""
+        {name: text}. Raises SettingsError for a setting valid alone but not for this variant (named as its
+        host-data key when `host_data`)."""
 
         def key(name: str) -> str:
             return HOST_KEYS[name] if host_data else f"setting {name!r}"
 
         for name in RECIPE_ONLY:
             if getattr(s, name) is not None:
-                return [f"{key(name)} cannot be used with {self.name}: only recipe-repo slugs (vllm/...) have it"]
+                raise SettingsError(
+                    f"{key(name)} cannot be used with {self.name}: only recipe-repo slugs (vllm/...) have it"
+                )
         if s.kv_cache_dtype and self.uses_dflash:
-            return [
+            raise SettingsError(
                 f"{key('kv_cache_dtype')} cannot be used with {self.name}: DFlash forces FP16 KV "
                 "(no fp8/TurboQuant path on Ampere); pick dual or dual-turbo for a 20 GB card"
-            ]
-        return []
+            )
+        return render.seed_files(self, s, layout, gpu_count)
 
     @property
     def env(self) -> dict[str, str]:
