@@ -57,14 +57,11 @@ def vllm_args(variant, s: Settings) -> list[str]:
     return out
 
 
-def _host_path(template: str, layout: HostLayout) -> str:
-    return template.format(models=layout.models, cache=layout.cache, src=layout.src_root)
-
-
 def compose_context(variant, s: Settings, layout: HostLayout) -> dict[str, Any]:
     port = s.port or variant.port
     published = f"{s.bind_address}:{port}" if s.bind_address else str(port)
-    volumes = [f"{_host_path(m.host, layout)}:{m.container}{':ro' if m.read_only else ''}" for m in variant.mounts]
+    roots = dict(models=layout.models, cache=layout.cache, src=layout.src_root)  # a mount's host path starts with one
+    volumes = [f"{m.host.format(**roots)}:{m.container}{':ro' if m.read_only else ''}" for m in variant.mounts]
     # bash -c SCRIPT -- ARGS...: the args arrive as "$@". Compose interpolates $VAR in the file,
     # so the script's own shell variables are escaped as $$.
     script = "\n".join(["set -e", *variant.entrypoint]).replace("$", "$$") if variant.entrypoint else None
@@ -105,10 +102,8 @@ def template(name: str):
 def env_file_text(s: Settings) -> str:
     """The compose file's secrets (mode 0600): the API key, if any. Never the HF token: the weights are on the
     rig before vLLM starts, so the container has no use for it (it is only with the weights download)."""
-    lines = ["# rigforge: secrets for this variant's compose file (mode 0600). Do not commit."]
-    if s.api_key:
-        lines.append(f"RIGFORGE_API_KEY={s.api_key}")
-    return "\n".join(lines) + "\n"
+    key = f"RIGFORGE_API_KEY={s.api_key}\n" if s.api_key else ""
+    return "# rigforge: secrets for this variant's compose file (mode 0600). Do not commit.\n" + key
 
 
 def render_power_unit(caps: dict[int, int], nvidia_smi: str = NVIDIA_SMI) -> str:
