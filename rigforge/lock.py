@@ -85,10 +85,8 @@ def resolve_git(pin: GitPin) -> str:
             raise LockError(f"git.{pin.name}: ref {pin.ref!r} not found on {pin.url}")
         with tempfile.TemporaryDirectory(prefix="rigforge-lock-") as tmp:
             repo = git.Repo.init(tmp, bare=True)
-            if SHORT.match(pin.ref):  # the ref is itself a short SHA: look in every branch and tag
-                specs = ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"]
-            else:
-                specs = [f"+refs/heads/{pin.ref}:refs/heads/{pin.ref}"]
+            everywhere = ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"]  # for a ref that is a short SHA
+            specs = everywhere if SHORT.match(pin.ref) else [f"+refs/heads/{pin.ref}:refs/heads/{pin.ref}"]
             repo.git.fetch("--filter=tree:0", "--no-tags", pin.url, *specs)  # commits only: small even for vllm
             return repo.git.rev_parse("--verify", "--end-of-options", f"{want}^{{commit}}").strip()
     except git.GitCommandError as e:
