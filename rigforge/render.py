@@ -157,8 +157,7 @@ def gpu_metrics_units(layout: HostLayout, nvidia_smi: str = NVIDIA_SMI) -> dict[
 
 
 def units(s: Settings, layout: HostLayout, gpu_count: int) -> dict[str, str]:
-    """The units every variant gets: the vLLM template unit, the power unit for `gpu_count` GPUs and the settle
-    stage."""
+    """The units every variant gets: the vLLM template unit, the power unit for `gpu_count` GPUs, the settle stage."""
     caps = power_caps(gpu_count, s)
     vllm = template(VLLM_UNIT + ".j2").render(serve_dir=layout.serve_root, docker="/usr/bin/docker")
     return {VLLM_UNIT: vllm, POWER_UNIT: render_power_unit(caps)} | settle_files(caps, s.settle_window_s, layout)
