@@ -39,12 +39,8 @@ NVIDIA_SMI = "/usr/bin/nvidia-smi"
 
 def vllm_args(variant, s: Settings) -> list[str]:
     """The variant's vLLM flags in compose order, with overrides replacing values in place."""
-    replaced = {
-        "--gpu-memory-utilization": s.gpu_memory_utilization,
-        "--kv-cache-dtype": s.kv_cache_dtype,
-        "--max-model-len": s.max_model_len,
-        "--max-num-seqs": s.max_num_seqs,
-    }
+    overrides = ("gpu_memory_utilization", "kv_cache_dtype", "max_model_len", "max_num_seqs")  # each a vLLM flag
+    replaced = {"--" + name.replace("_", "-"): getattr(s, name) for name in overrides}
     out: list[str] = []
     for flag, *value in variant.args:  # a bare flag has no value to replace
         new = replaced.pop(flag, None)
