@@ -146,6 +146,7 @@ def _variant(name: str, raw: dict, defaults: dict, assets: dict[str, Asset]) -> 
     where = f"variant {name!r}"
     if not isinstance(raw, dict):
         raise CatalogError(f"{where}: must be a mapping")
+    # a variant sets every field of Variant but its name and what the catalog's defaults and assets give it
     known = {f.name for f in fields(Variant)} - {"name", "asset_dirs", "sizes", "gpu_reservation", *DEFAULTS}
     unknown = set(raw) - known
     if unknown:

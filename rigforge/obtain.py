@@ -40,8 +40,7 @@ def registry_request(method: str, url: str, headers: dict, **kwargs):
     if resp.status_code == 401 and challenge.lower().startswith("bearer "):
         resp.close()
         params = requests.utils.parse_dict_header(challenge[7:])
-        realm = params.pop("realm")
-        token = requests.get(realm, params=params, timeout=30).json()
+        token = requests.get(params.pop("realm"), params=params, timeout=30).json()
         headers["Authorization"] = f"Bearer {token.get('token') or token.get('access_token')}"
         resp = requests.request(method, url, headers=headers, **kwargs)
     return resp
