@@ -6,7 +6,7 @@ Nothing here knows about hosts. A bad catalog raises CatalogError naming the var
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cache
 from pathlib import Path
 from types import MappingProxyType
@@ -18,7 +18,10 @@ from rigforge import render
 from rigforge.schema import HOST_KEYS, Settings, SettingsError
 
 CATALOG_PATH = Path(__file__).parent / "data" / "variants.yaml"
+DEFAULTS = ("image", "container_port", "restart", "shm_size", "ipc")  # and gpu_reservation: every variant's
 MOUNT_ROOTS = ("{models}", "{cache}", "{src}")
+# variant keys checked for their type alone (in this order)
+SCALARS = dict(summary=str, pick_when=str, service=str, container_name=str, min_card_mib=int, fits_20gb_cards=bool)
 RECIPE_ONLY = ("spec_n", "nvlink_mode")  # knobs of the recipe repo's compose files, no seed variant has them
 
 
@@ -76,28 +79,23 @@ class Variant:
 
     def files(self, s: Settings, layout, gpu_count: int, host_data: bool = False) -> dict[str, str]:
         """Every file a rig gets for this variant with settings `s`, at `layout`'s paths, for `gpu_count` GPUs:
-        {name: text}. Raises SettingsError for a setting it cannot take (named as its host-data key when
-        `host_data`)."""
-        problems = self.setting_problems(s, host_data)
-        if problems:
-            raise SettingsError("; ".join(problems))
-        return render.seed_files(self, s, layout, gpu_count)
-
-    def setting_problems(self, s: Settings, host_data: bool = False) -> list[str]:
-        """Settings that are valid alone but not for this variant (named as host-data keys when `host_data`)."""
+        {name: text}. Raises SettingsError for a setting valid alone but not for this variant (named as its
+        host-data key when `host_data`)."""
 
         def key(name: str) -> str:
             return HOST_KEYS[name] if host_data else f"setting {name!r}"
 
         for name in RECIPE_ONLY:
             if getattr(s, name) is not None:
-                return [f"{key(name)} cannot be used with {self.name}: only recipe-repo slugs (vllm/...) have it"]
+                raise SettingsError(
+                    f"{key(name)} cannot be used with {self.name}: only recipe-repo slugs (vllm/...) have it"
+                )
         if s.kv_cache_dtype and self.uses_dflash:
-            return [
+            raise SettingsError(
                 f"{key('kv_cache_dtype')} cannot be used with {self.name}: DFlash forces FP16 KV "
                 "(no fp8/TurboQuant path on Ampere); pick dual or dual-turbo for a 20 GB card"
-            ]
-        return []
+            )
+        return render.seed_files(self, s, layout, gpu_count)
 
     @property
     def env(self) -> dict[str, str]:
@@ -148,10 +146,8 @@ def _variant(name: str, raw: dict, defaults: dict, assets: dict[str, Asset]) -> 
     where = f"variant {name!r}"
     if not isinstance(raw, dict):
         raise CatalogError(f"{where}: must be a mapping")
-    known = {
-        "summary", "pick_when", "port", "service", "container_name", "gpus", "min_card_mib", "fits_20gb_cards",
-        "assets", "sources", "environment", "mounts", "args", "entrypoint", "measured", "successor",
-    }  # fmt: skip
+    # a variant sets every field of Variant but its name and what the catalog's defaults and assets give it
+    known = {f.name for f in fields(Variant)} - {"name", "asset_dirs", "sizes", "gpu_reservation", *DEFAULTS}
     unknown = set(raw) - known
     if unknown:
         raise CatalogError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
@@ -182,10 +178,7 @@ def _variant(name: str, raw: dict, defaults: dict, assets: dict[str, Asset]) -> 
         if not a[0].startswith("--"):
             raise CatalogError(f"{where}: arg {a[0]!r} is not a --flag")
         args.append(tuple(a))
-    flags = [a[0] for a in args]
-    if "--tensor-parallel-size" not in flags or dict(a for a in args if len(a) == 2).get(
-        "--tensor-parallel-size"
-    ) != str(gpus):
+    if dict(a for a in args if len(a) == 2).get("--tensor-parallel-size") != str(gpus):
         raise CatalogError(f"{where}: --tensor-parallel-size must equal gpus ({gpus})")
     if not isinstance(raw.get("successor", ""), str):
         raise CatalogError(f"{where}: successor must be a recipe slug (a string), got {raw['successor']!r}")
@@ -194,14 +187,9 @@ def _variant(name: str, raw: dict, defaults: dict, assets: dict[str, Asset]) -> 
         raise CatalogError(f"{where}: entrypoint must be a list of shell lines")
     return Variant(
         name=name,
-        summary=_need(raw, "summary", str, where),
-        pick_when=_need(raw, "pick_when", str, where),
+        **{key: _need(raw, key, kind, where) for key, kind in SCALARS.items()},
         port=port,
-        service=_need(raw, "service", str, where),
-        container_name=_need(raw, "container_name", str, where),
         gpus=gpus,
-        min_card_mib=_need(raw, "min_card_mib", int, where),
-        fits_20gb_cards=_need(raw, "fits_20gb_cards", bool, where),
         assets=tuple(raw["assets"]),
         sources=tuple(_need(raw, "sources", list, where)),
         environment=tuple(env.items()),
@@ -209,11 +197,7 @@ def _variant(name: str, raw: dict, defaults: dict, assets: dict[str, Asset]) -> 
         args=tuple(args),
         entrypoint=tuple(entrypoint) if entrypoint else None,
         measured=tuple(_need(raw, "measured", dict, where).items()),
-        image=defaults["image"],
-        container_port=defaults["container_port"],
-        restart=defaults["restart"],
-        shm_size=defaults["shm_size"],
-        ipc=defaults["ipc"],
+        **{key: defaults[key] for key in DEFAULTS},
         gpu_reservation=tuple(defaults["gpu_reservation"].items()),
         asset_dirs=tuple((a, assets[a].dir) for a in raw["assets"]),
         sizes=tuple((a, int(assets[a].approx_gb * 1e9)) for a in raw["assets"]),
@@ -227,7 +211,7 @@ def parse_catalog(data: Any) -> Catalog:
     if data.get("version") != 1:
         raise CatalogError(f"catalog: unsupported version {data.get('version')!r} (expected 1)")
     defaults = _need(data, "defaults", dict, "catalog")
-    for key in ("image", "container_port", "restart", "shm_size", "ipc", "gpu_reservation"):
+    for key in (*DEFAULTS, "gpu_reservation"):
         _need(defaults, key, object, "catalog defaults")
     assets = {}
     for name, a in _need(data, "assets", dict, "catalog").items():

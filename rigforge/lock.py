@@ -85,10 +85,8 @@ def resolve_git(pin: GitPin) -> str:
             raise LockError(f"git.{pin.name}: ref {pin.ref!r} not found on {pin.url}")
         with tempfile.TemporaryDirectory(prefix="rigforge-lock-") as tmp:
             repo = git.Repo.init(tmp, bare=True)
-            if SHORT.match(pin.ref):  # the ref is itself a short SHA: look in every branch and tag
-                specs = ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"]
-            else:
-                specs = [f"+refs/heads/{pin.ref}:refs/heads/{pin.ref}"]
+            everywhere = ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"]  # for a ref that is a short SHA
+            specs = everywhere if SHORT.match(pin.ref) else [f"+refs/heads/{pin.ref}:refs/heads/{pin.ref}"]
             repo.git.fetch("--filter=tree:0", "--no-tags", pin.url, *specs)  # commits only: small even for vllm
             return repo.git.rev_parse("--verify", "--end-of-options", f"{want}^{{commit}}").strip()
     except git.GitCommandError as e:
@@ -259,7 +257,9 @@ def resolve(
         raise LockError(f"--refresh: no git or hf entry {sorted(unknown)} (known: {', '.join([*lock.git, *lock.hf])})")
     report = []
 
-    def attempt(resolver, label: str, key: str, pin):
+    def attempt(resolver, label: str, key: str, pin, resolved):
+        if resolved and key not in refresh:
+            return pin
         try:
             return resolver(key, pin)
         except LockError as e:
@@ -269,65 +269,54 @@ def resolve(
             return pin
 
     def image(key: str, pin: ImagePin) -> ImagePin:
-        if pin.digest and key not in refresh:
-            return pin
-        where, base, verify = "", registry, True
+        ref, where, base, verify = pin.ref, "", registry, True
         try:
-            digest = resolve_image(pin.ref, registry)
+            digest = resolve_image(ref, registry)
         except LockError as gone:
             if fleet is None or "HTTP 404" not in str(gone):
                 raise
-            base, verify = fleet
+            ref, (base, verify) = fleet_ref(pin.ref), fleet
             where = f" (from the fleet registry {base}: upstream no longer has this tag)"
             try:
-                digest = resolve_image(fleet_ref(pin.ref), base, verify)
+                digest = resolve_image(ref, base, verify)
             except LockError as e:
                 raise LockError(f"{gone}; the fleet registry {base} has no copy either ({e})") from None
         if digest == pin.digest:
             return pin
-        ref = pin.ref if base is registry else fleet_ref(pin.ref)
         cuda = resolve_image_cuda(ref, digest, base, verify) or pin.cuda  # none in the config: keep the lock's
         report.append(f"{key}: {pin.ref} -> {digest}" + (f" (CUDA {cuda})" if cuda else "") + where)
         return dataclasses.replace(pin, digest=digest, cuda=cuda)
 
     def commit_of(name: str, pin: GitPin) -> GitPin:
-        if pin.commit and name not in refresh:
-            return pin
         commit = resolve_git(dataclasses.replace(pin, short=None) if name in refresh else pin)
         if commit != pin.commit:
             report.append(f"git.{name}: {pin.ref} -> {commit}")
         return dataclasses.replace(pin, commit=commit)
 
     def revision_of(name: str, pin: HfPin) -> HfPin:
-        if pin.resolved and name not in refresh:
-            return pin
         new = resolve_hf(pin, endpoint, token)
         if new != pin:
             report.append(f"hf.{name}: {pin.repo}@{pin.ref} -> {new.revision} ({len(new.files)} files)")
         return new
 
-    seed = attempt(image, "image", "image", lock.image)
-    images = {n: attempt(image, f"images.{n}", f"images.{n}", p) for n, p in lock.images.items()}
-    git = {n: attempt(commit_of, f"git.{n}", n, p) for n, p in lock.git.items()}
-    hf = {n: attempt(revision_of, f"hf.{n}", n, p) for n, p in lock.hf.items()}
+    seed = attempt(image, "image", "image", lock.image, lock.image.digest)
+    images = {n: attempt(image, f"images.{n}", f"images.{n}", p, p.digest) for n, p in lock.images.items()}
+    git = {n: attempt(commit_of, f"git.{n}", n, p, p.commit) for n, p in lock.git.items()}
+    hf = {n: attempt(revision_of, f"hf.{n}", n, p, p.resolved) for n, p in lock.hf.items()}
     return dataclasses.replace(lock, image=seed, images=images, git=git, hf=hf), report
 
 
 TOOLKIT = "nvidia-container-toolkit"
 
 
-def upstream_versions(packages_text: str, name: str = TOOLKIT) -> list[str]:
-    """Every version of `name` an apt Packages index lists."""
+def toolkit_news(pin: ToolkitPin, packages_text: str) -> str | None:
+    """One line when the apt Packages index lists a release newer than the pinned one (`~rc` pre-releases aside)."""
     stanzas = (
         dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line and not line[0].isspace())
         for stanza in packages_text.split("\n\n")
     )
-    return [fields["Version"] for fields in stanzas if fields.get("Package") == name and "Version" in fields]
-
-
-def toolkit_news(pin: ToolkitPin, packages_text: str) -> str | None:
-    """One line when the index has a release newer than the pinned one (pre-releases, `~rc`, are not counted)."""
-    newest = max((v for v in upstream_versions(packages_text) if "~" not in v), key=version_key, default=None)
+    versions = (fields["Version"] for fields in stanzas if fields.get("Package") == TOOLKIT and "Version" in fields)
+    newest = max((v for v in versions if "~" not in v), key=version_key, default=None)
     if newest is None or version_key(newest) <= version_key(pin.version):
         return None
     why = f" ({pin.note})" if pin.note else ""

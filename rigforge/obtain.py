@@ -40,8 +40,7 @@ def registry_request(method: str, url: str, headers: dict, **kwargs):
     if resp.status_code == 401 and challenge.lower().startswith("bearer "):
         resp.close()
         params = requests.utils.parse_dict_header(challenge[7:])
-        realm = params.pop("realm")
-        token = requests.get(realm, params=params, timeout=30).json()
+        token = requests.get(params.pop("realm"), params=params, timeout=30).json()
         headers["Authorization"] = f"Bearer {token.get('token') or token.get('access_token')}"
         resp = requests.request(method, url, headers=headers, **kwargs)
     return resp
@@ -71,9 +70,7 @@ def parse(image: str) -> ImageRef:
     rest, _, digest = image.partition("@")
     if digest and not DIGEST.match(digest):
         raise ValueError(f"{image!r}: the digest must be sha256:<64 hex>")
-    name, tag = rest, None
-    if ":" in rest.rsplit("/", 1)[-1]:
-        name, _, tag = rest.rpartition(":")
+    name, _, tag = rest.rpartition(":") if ":" in rest.rsplit("/", 1)[-1] else (rest, "", None)
     first, _, after = name.partition("/")
     if after and ("." in first or ":" in first or first == "localhost"):
         registry, repository = first, after
@@ -105,27 +102,19 @@ def ask(base: str, repository: str, reference: str, verify) -> tuple[bool | None
     return (False if resp.status_code in (404, 401, 403) else None), f"HTTP {resp.status_code}"
 
 
-def fleet_verify(reg: RegistryPlan):
-    """What requests checks the fleet registry's certificate with: the fleet CA (plain HTTP: nothing)."""
-    return False if reg.insecure else str(Path(reg.ca_dir) / "ca.crt")
-
-
-def upstream_base(ref: ImageRef, upstream: str | None) -> str:
-    """The registry Docker pulls `ref` from without a mirror: `upstream` (host data serving_image_upstream: the
-    testbed's stand-in for Docker Hub) for Docker Hub images, else the registry the reference names."""
-    return (upstream or DOCKER_HUB_API) if ref.on_docker_hub else f"https://{ref.registry}"
-
-
 def sources(image: str, fleet: RegistryPlan | None, upstream: str | None, upstream_ca: str | None) -> list[Source]:
     """Every place the rig could pull `image` (ref@digest) from, asked now: the fleet registry (Docker Hub
-    images only: Docker uses its mirrors for nothing else), then upstream."""
+    images only: Docker uses its mirrors for nothing else), then upstream: the registry Docker pulls from without
+    a mirror, for Docker Hub images `upstream` when set (host data serving_image_upstream: the testbed's stand-in)."""
     ref = parse(image)
     reference = ref.digest or ref.tag or "latest"
     out = []
     if fleet is not None and ref.on_docker_hub:
-        has, why = ask(fleet.url, ref.repository, reference, fleet_verify(fleet))
+        verify = False if fleet.insecure else str(Path(fleet.ca_dir) / "ca.crt")  # the fleet CA (plain HTTP: none)
+        has, why = ask(fleet.url, ref.repository, reference, verify)
         out.append(Source(f"the fleet registry {fleet.endpoint}", "fleet", has, why))
-    has, why = ask(upstream_base(ref, upstream), ref.repository, reference, upstream_ca or True)
+    base = (upstream or DOCKER_HUB_API) if ref.on_docker_hub else f"https://{ref.registry}"
+    has, why = ask(base, ref.repository, reference, upstream_ca or True)
     out.append(Source(f"upstream ({ref.registry})", "upstream", has, why))
     return out
 

@@ -29,12 +29,8 @@ def profile(root: Path | str | None) -> dict | None:
     if root is None or not (Path(root) / PROFILE).is_file():
         return None
     data = yaml.safe_load((Path(root) / PROFILE).read_text()) or {}
-    return {
-        "prefill": data.get("power_cap_w_prefill"),
-        "optimal": data.get("power_cap_w_optimal"),
-        "max": data.get("power_cap_w_max"),
-        "min_driver": (data.get("driver_pin_recommended") or {}).get("min"),
-    }
+    caps = {key: data.get(f"power_cap_w_{key}") for key in ("prefill", "optimal", "max")}
+    return caps | {"min_driver": (data.get("driver_pin_recommended") or {}).get("min")}
 
 
 def locate_profile(lock) -> dict | None:

@@ -34,16 +34,13 @@ TEMPLATES = (Path(__file__).parent / "data" / "templates").resolve()  # package 
 COMPOSE_FILE = "docker-compose.yml"
 ENV_FILE = ".env"
 VLLM_UNIT = VLLM_TEMPLATE
+NVIDIA_SMI = "/usr/bin/nvidia-smi"
 
 
 def vllm_args(variant, s: Settings) -> list[str]:
     """The variant's vLLM flags in compose order, with overrides replacing values in place."""
-    replaced = {
-        "--gpu-memory-utilization": s.gpu_memory_utilization,
-        "--kv-cache-dtype": s.kv_cache_dtype,
-        "--max-model-len": s.max_model_len,
-        "--max-num-seqs": s.max_num_seqs,
-    }
+    overrides = ("gpu_memory_utilization", "kv_cache_dtype", "max_model_len", "max_num_seqs")  # each a vLLM flag
+    replaced = {"--" + name.replace("_", "-"): getattr(s, name) for name in overrides}
     out: list[str] = []
     for flag, *value in variant.args:  # a bare flag has no value to replace
         new = replaced.pop(flag, None)
@@ -56,19 +53,14 @@ def vllm_args(variant, s: Settings) -> list[str]:
     return out
 
 
-def _host_path(template: str, layout: HostLayout) -> str:
-    return template.format(models=layout.models, cache=layout.cache, src=layout.src_root)
-
-
 def compose_context(variant, s: Settings, layout: HostLayout) -> dict[str, Any]:
     port = s.port or variant.port
     published = f"{s.bind_address}:{port}" if s.bind_address else str(port)
-    volumes = [f"{_host_path(m.host, layout)}:{m.container}{':ro' if m.read_only else ''}" for m in variant.mounts]
-    script = None
-    if variant.entrypoint:
-        # bash -c SCRIPT -- ARGS...: the args arrive as "$@". Compose interpolates $VAR in the file,
-        # so the script's own shell variables are escaped as $$.
-        script = "\n".join(["set -e", *variant.entrypoint]).replace("$", "$$")
+    roots = dict(models=layout.models, cache=layout.cache, src=layout.src_root)  # a mount's host path starts with one
+    volumes = [f"{m.host.format(**roots)}:{m.container}{':ro' if m.read_only else ''}" for m in variant.mounts]
+    # bash -c SCRIPT -- ARGS...: the args arrive as "$@". Compose interpolates $VAR in the file,
+    # so the script's own shell variables are escaped as $$.
+    script = "\n".join(["set -e", *variant.entrypoint]).replace("$", "$$") if variant.entrypoint else None
     return {
         "variant": variant.name,
         "service": variant.service,
@@ -106,20 +98,18 @@ def template(name: str):
 def env_file_text(s: Settings) -> str:
     """The compose file's secrets (mode 0600): the API key, if any. Never the HF token: the weights are on the
     rig before vLLM starts, so the container has no use for it (it is only with the weights download)."""
-    lines = ["# rigforge: secrets for this variant's compose file (mode 0600). Do not commit."]
-    if s.api_key:
-        lines.append(f"RIGFORGE_API_KEY={s.api_key}")
-    return "\n".join(lines) + "\n"
+    key = f"RIGFORGE_API_KEY={s.api_key}\n" if s.api_key else ""
+    return "# rigforge: secrets for this variant's compose file (mode 0600). Do not commit.\n" + key
 
 
-def render_power_unit(caps: dict[int, int], nvidia_smi: str = "/usr/bin/nvidia-smi") -> str:
+def render_power_unit(caps: dict[int, int], nvidia_smi: str = NVIDIA_SMI) -> str:
     """The power unit for `caps`: early at boot, ordered after no other cap writer (it can never close an ordering
     cycle); the settle stage (`settle_files`) makes rigforge's caps the last ones written."""
     return template(POWER_UNIT + ".j2").render(caps=sorted(caps.items()), nvidia_smi=nvidia_smi)
 
 
 def settle_files(
-    caps: dict[int, int], window_s: int, layout: HostLayout, nvidia_smi: str = "/usr/bin/nvidia-smi"
+    caps: dict[int, int], window_s: int, layout: HostLayout, nvidia_smi: str = NVIDIA_SMI
 ) -> dict[str, str]:
     """The settle stage: {SETTLE_UNIT: the unit, SETTLE_SCRIPT: the script it runs (installed at
     `layout.settle_script`)}. Once the boot has finished it sets back every cap another writer changed, then
@@ -134,9 +124,7 @@ def _label_value(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def render_gpu_metrics(
-    caps: dict[int, int], variant: str, image: str, rest: str | None = None, nvidia_smi: str = "/usr/bin/nvidia-smi"
-) -> str:
+def render_gpu_metrics(caps: dict[int, int], variant: str, image: str, rest: str | None = None) -> str:
     """The GPU textfile collector (installed at `HostLayout.gpu_metrics_script`): the declared caps, variant, image
     and rest state are rendered in; nvidia-smi, sysfs and the kernel log are read at every run (docs/monitoring.md)."""
     return template(GPU_METRICS_SCRIPT + ".j2").render(
@@ -144,14 +132,14 @@ def render_gpu_metrics(
         variant=_label_value(variant),
         image=_label_value(image),
         rest=_label_value(rest or ""),
-        nvidia_smi=nvidia_smi,
+        nvidia_smi=NVIDIA_SMI,
         textfile_dir=TEXTFILE_DIR,
         prom_file=GPU_METRICS_FILE,
         timeout_s=30,
     )
 
 
-def gpu_metrics_units(layout: HostLayout, nvidia_smi: str = "/usr/bin/nvidia-smi") -> dict[str, str]:
+def gpu_metrics_units(layout: HostLayout, nvidia_smi: str = NVIDIA_SMI) -> dict[str, str]:
     """{GPU_METRICS_UNIT: the oneshot that runs the collector, GPU_METRICS_TIMER: its timer, every
     GPU_METRICS_INTERVAL_S seconds}."""
     context = dict(
@@ -164,16 +152,11 @@ def gpu_metrics_units(layout: HostLayout, nvidia_smi: str = "/usr/bin/nvidia-smi
     return {name: template(name + ".j2").render(**context) for name in (GPU_METRICS_UNIT, GPU_METRICS_TIMER)}
 
 
-def render_vllm_unit(layout: HostLayout, docker: str = "/usr/bin/docker") -> str:
-    return template(VLLM_UNIT + ".j2").render(serve_dir=layout.serve_root, docker=docker)
-
-
 def units(s: Settings, layout: HostLayout, gpu_count: int) -> dict[str, str]:
-    """The units every variant gets: the vLLM template unit, the power unit for `gpu_count` GPUs and the settle
-    stage."""
+    """The units every variant gets: the vLLM template unit, the power unit for `gpu_count` GPUs, the settle stage."""
     caps = power_caps(gpu_count, s)
-    power = {VLLM_UNIT: render_vllm_unit(layout), POWER_UNIT: render_power_unit(caps)}
-    return power | settle_files(caps, s.settle_window_s, layout)
+    vllm = template(VLLM_UNIT + ".j2").render(serve_dir=layout.serve_root, docker="/usr/bin/docker")
+    return {VLLM_UNIT: vllm, POWER_UNIT: render_power_unit(caps)} | settle_files(caps, s.settle_window_s, layout)
 
 
 def seed_files(variant, s: Settings, layout: HostLayout, gpu_count: int) -> dict[str, str]:

@@ -44,8 +44,7 @@ _FRAMES: dict = {}  # (code, instruction, line) -> inspect.getframeinfo(frame, 0
 def getframeinfo(frame) -> inspect.Traceback:
     """`inspect.getframeinfo(frame, 0)`, remembered per call site."""
     key = (frame.f_code, frame.f_lasti, frame.f_lineno)
-    info = _FRAMES.get(key)
-    if info is None:
+    if (info := _FRAMES.get(key)) is None:
         info = _FRAMES[key] = inspect.getframeinfo(frame, 0)
     return info
 
