@@ -9,7 +9,7 @@ import inspect
 from types import SimpleNamespace
 
 import pytest
-from pyinfra.api import Config, arguments, facts, util
+from pyinfra.api import Config, Inventory, arguments, facts, host, util
 
 from rigforge import speedups
 
@@ -30,6 +30,10 @@ def shipped(monkeypatch):
     monkeypatch.setattr(util, "getframeinfo", inspect.getframeinfo)
     monkeypatch.setattr(arguments, "all_global_arguments", speedups._ORIGINAL)
     monkeypatch.setattr(facts, "all_global_arguments", speedups._ORIGINAL)
+    monkeypatch.setattr(host.HostData, "__getattr__", _SHIPPED_GETATTR)
+
+
+_SHIPPED_GETATTR = host.HostData.__getattr__
 
 
 def _counting(monkeypatch, module, name: str) -> list:
@@ -76,6 +80,34 @@ def test_global_arguments_are_unchanged_and_computed_once(shipped, monkeypatch):
     assert evaluations[0] >= 3  # as shipped: the type hints evaluated on every call ...
     assert evaluations[1] <= 1  # ... with the speedup once: the patch takes effect where pyinfra calls it
     assert facts.all_global_arguments is arguments.all_global_arguments
+
+
+def test_host_data_lookups_are_pyinfras(shipped):
+    """Each data source in pyinfra's order (override, host, groups in order, global, @deploy defaults), the first
+    that has the key wins, its value copied; a key none has is an AttributeError (`.get` gives the default)."""
+    inventory = Inventory(
+        ([("r", {"h": "host", "gd": "host"})], {"g": 0, "all": 0}),
+        first=(["r"], {"g": 1, "gd": 1, "listed": [1]}),
+        second=(["r"], {"g": 2, "gd": 2}),
+        override_data={"o": "override"},
+    )
+    (r,) = inventory
+    r.data.set_by_the_run = "set"
+    r.current_deploy_data = {"d": "default", "g": "deploy"}
+    keys = ("o", "h", "g", "gd", "all", "d", "listed", "set_by_the_run", "missing")
+    results = []
+    for installed in (False, True):
+        if installed:
+            speedups.install()
+        assert host.HostData.__getattr__ is (speedups.host_data_attr if installed else _SHIPPED_GETATTR)
+        values = {key: r.data.get(key, "<absent>") for key in keys}
+        with pytest.raises(AttributeError, match="Host `r` has no data `missing`"):
+            r.data.missing  # noqa: B018
+        r.data.listed.append(2)  # a copy: the inventory's list stays as it was
+        results.append(values)
+    assert results[0] == results[1]
+    assert results[1] == {"o": "override", "h": "host", "g": 2, "gd": "host", "all": 0, "d": "default",
+                          "listed": [1], "set_by_the_run": "set", "missing": "<absent>"}  # fmt: skip
 
 
 def _both():
