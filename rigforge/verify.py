@@ -90,16 +90,14 @@ def with_monitor(results: dict, monitors: tuple[str, ...]) -> dict:
 def with_gateways(results: dict) -> dict:
     """{host: checks or Exception}: each rig's checks with "serving at the gateways" added after its unit's (from
     the gateway hosts' views read in the same pass)."""
-    views = {h: r[1]["gateway"] for h, r in results.items() if not isinstance(r, Exception) and "gateway" in r[1]}
-    out = {}
-    for h, r in results.items():
-        if isinstance(r, Exception):
-            out[h] = r
-            continue
-        checks, seen = r
-        extra = drift.gateway_check(h, seen["rest"], views) if seen["rig"] else None
-        at = next((i + 1 for i, c in enumerate(checks) if c.name == drift.RUNS_DIGEST), len(checks))
-        out[h] = checks[:at] + [extra] + checks[at:] if extra else checks
+    seen = {h: r[1] for h, r in results.items() if not isinstance(r, Exception)}
+    views = {h: s["gateway"] for h, s in seen.items() if "gateway" in s}
+    out = {h: r if isinstance(r, Exception) else r[0] for h, r in results.items()}
+    for h, checks in out.items():
+        extra = drift.gateway_check(h, seen[h]["rest"], views) if h in seen and seen[h]["rig"] else None
+        if extra:
+            at = next((i + 1 for i, c in enumerate(checks) if c.name == drift.RUNS_DIGEST), len(checks))
+            out[h] = checks[:at] + [extra] + checks[at:]
     return out
 
 
@@ -109,25 +107,18 @@ CHAT = {
     "temperature": 0.6,
     "chat_template_kwargs": {"enable_thinking": False},
 }
+WEATHER = {
+    "name": "get_weather",
+    "description": "Get the current weather for a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "units": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city"],
+    },
+}
 TOOL = {
     "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
-    "tools": [
-        {
-            "type": "function",
-            "function": {
-                "name": "get_weather",
-                "description": "Get the current weather for a city",
-                "parameters": {
-                    "type": "object",
-                    "properties": {
-                        "city": {"type": "string"},
-                        "units": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-                    },
-                    "required": ["city"],
-                },
-            },
-        }
-    ],
+    "tools": [{"type": "function", "function": WEATHER}],
     "tool_choice": "auto",
     "max_tokens": 200,
     "temperature": 0.3,
