@@ -71,14 +71,12 @@ def status_row(host, fl: fleet.Fleet) -> dict:
         "candidate": candidate_of(ctx),  # a rollout in progress: does this rig run its candidate lock?
     }
     if ctx.port is None:
-        row["api"] = {"url": None, "reachable": False, "detail": "no port: variant unknown"}
-    else:
-        api = inventory.api_models(host, ctx)
-        api["reachable"] = api["http_code"] == 200
-        unmanaged = "" if ctx.manage else "; services not managed on this host"
-        api["detail"] = "" if api["reachable"] else drift.answer(api["http_code"]) + unmanaged
-        row["api"] = api
-    return row
+        return row | {"api": {"url": None, "reachable": False, "detail": "no port: variant unknown"}}
+    api = inventory.api_models(host, ctx)
+    api["reachable"] = api["http_code"] == 200
+    unmanaged = "" if ctx.manage else "; services not managed on this host"
+    api["detail"] = "" if api["reachable"] else drift.answer(api["http_code"]) + unmanaged
+    return row | {"api": api}
 
 
 def candidate_of(ctx) -> dict | None:
@@ -205,7 +203,7 @@ HEADER = ["HOST", "VARIANT", "PINS", "GPUS", "POWER W cap/target", "VRAM MiB use
 def format_table(rows: list[dict]) -> str:
     table = [HEADER] + [_cells(r) for r in rows]
     full = [c for c in table if len(c) == len(HEADER)]
-    widths = [max(len(c[i]) for c in full) for i in range(len(HEADER))]
+    widths = [max(map(len, column)) for column in zip(*full)]
     lines = []
     for cells in table:
         if len(cells) == len(HEADER):
