@@ -1,33 +1,12 @@
 """`rigforge verify INVENTORY`: DeepOps-style health checks for every rig of a pyinfra inventory.
 
-The checks of rigforge/drift.py (the rig read in one batched probe against its plan) and the live API probes,
-one line per check per rig (or --json), read in parallel over SSH, nothing changed on a rig:
-  manifest present          /etc/rigforge/rig.json names a known variant
-  driver module = package   /sys/module/nvidia/version equals the installed driver (the driver table's package
-                            for the rig's OS, branch, flavour and source); with nvidia_driver_manage false:
-                            the running driver is of nvidia_driver_branch
-  CUDA driver >= image      the running driver's CUDA version (nvidia-smi's header) is at least the image's (the
-                            lock's `cuda`); shown as "CUDA: driver 13.0, image 13.0"
-  GPUs visible              nvidia-smi lists at least the variant's GPU count
-  VRAM fits variant         every card has the variant's VRAM (20 GB cards only with the documented override)
-  power caps hold           every GPU's power limit equals its target (gpu_power_limit_w / gpu_power_limits)
-  persistence mode on       on every GPU
-  nvidia runtime            /etc/docker/daemon.json registers the nvidia runtime
-  sources at locked SHAs    <root>/src/<name> HEAD is the lock's commit, no local changes
-  weights stamp valid       <model dir>/<asset>/.rigforge-stamp.json matches the lock; files as stamped (size, mtime)
-  files as rendered         compose file, .env, units: as the plan renders them (sha256; .env's token line only
-                            when the controller has the token)
-  pins as locked            rig.json's pins are the lock's for this rig (the plan's image, with its digest)
-  unit enabled / active     rigforge-vllm@<variant>.service (stopped and disabled on purpose: serving_rest)
-  container runs the        the running container's image is the lock's digest
-    locked digest
-  serving at the gateways   UP at every gateway that lists the rig (drained on purpose: serving_rest)
-  /v1/models answers        from the rig, as the recipes' verify.sh
-  chat returns text         "capital of France", thinking off: the reply names Paris
-  tool call returned        a get_weather tool, tool_choice auto: the reply carries tool_calls
-  scraped                   with a monitor in the inventory (group monitor): every target of the rig (node, vllm)
-                            is up at the monitor's Prometheus (/api/v1/targets, asked on the monitor host); a down
-                            one is named with its last error; a monitor that cannot be asked makes it unknown
+One line per check per rig (or --json), read in parallel over SSH, nothing changed on a rig: the checks of
+rigforge/drift.py (the rig read in one batched probe against its plan: manifest, driver module = package, CUDA
+driver >= image, GPUs, VRAM, power caps, persistence mode, caps set last at this boot, nvidia runtime, sources,
+weights, rendered files, pins, the unit and the digest its container runs), "serving at the gateways" that list
+the rig, the live API probes from the rig as the recipes' verify.sh (/v1/models, a chat reply naming Paris, a
+get_weather tool call), and "scraped" with a monitor in the inventory (group monitor). docs/operators.md lists
+each check, when it passes and what a failure means.
 On a monitor host: "prometheus answers" (its targets API). Where the monitor is, or that the inventory has none,
 is said after the checks (and in --json, `monitor`).
 With rigforge_manage_services False (the testbed: no systemd in a chroot) the service and API checks
