@@ -89,8 +89,7 @@ def rig_drift(obs: Observed, ctx: RigContext) -> list[str]:
 
 
 def sources(obs: Observed, plan: Plan, want: Mapping[str, str | None], label: str = "lock") -> list[str]:
-    """Each checkout at `want`'s commit ({source: commit}: the lock's, or the manifest's with `label`
-    "provisioned"), with no local changes."""
+    """Each checkout clean at `want`'s commit ({source: commit}: the lock's; the manifest's, label "provisioned")."""
     bad = []
     for name in plan.variant.sources:
         commit, path = want.get(name), plan.layout.src(name)
@@ -138,8 +137,7 @@ def weights(obs: Observed, plan: Plan) -> list[str]:
 
 
 def files(obs: Observed, plan: Plan) -> list[str]:
-    """Every file rigforge renders whole is on the rig as the plan renders it (compared by sha256: no secret is
-    read or shown). A hand edit shows here, naming the file."""
+    """Every file rigforge renders whole is on the rig as the plan renders it (by sha256: no secret read or shown)."""
     bad = []
     for path, text in managed_files(plan).items():
         on_rig = obs.get_fact(Sha256File, path=path)
@@ -297,8 +295,7 @@ def runtime(obs: Observed, ctx: RigContext) -> Check:
 
 
 def unit_state(obs: Observed, ctx: RigContext) -> dict:
-    """{"unit", "enabled", "active" (systemd's ActiveState), "serving" (rigforge/facts/serving.py `serving`),
-    "rest" (host data serving_rest)}."""
+    """The unit's state: enabled, systemd's ActiveState, `serving` (rigforge/facts/serving.py), serving_rest."""
     unit, rest = ctx.unit, ctx.data.get("serving_rest")
     if not unit:
         return {"unit": None, "enabled": None, "active": None, "serving": None, "rest": rest}
@@ -378,8 +375,7 @@ def pins_check(ctx: RigContext) -> Check:
 
 
 def running_image(obs: Observed, ctx: RigContext) -> Check:
-    """The container the unit runs is the locked digest: its image's RepoDigests (`docker inspect`) hold
-    `repo@sha256:...` of the plan's image."""
+    """The unit's container runs the plan's image at its locked digest (its RepoDigests, `docker inspect`)."""
     if not ctx.plan:
         return Check(RUNS_DIGEST, FAIL, variant_needed(ctx))
     want = obtain.parse(ctx.plan.image)

@@ -1,14 +1,12 @@
-"""`rigforge status INVENTORY`: what each rig of a pyinfra inventory runs, one row per rig.
+"""`rigforge status INVENTORY`: what each rig of a pyinfra inventory runs, one row per rig (docs/operators.md
+says where each column and each line under the table comes from).
 
 A view of rigforge/drift.py: every rig is read in parallel over SSH with pyinfra (the inventory's own
-connection data and `_sudo`), in one batched probe for its plan: the manifest the serving role writes (variant,
-pins, time), the lock the inventory points at (`rigforge_lock`), nvidia-smi (GPUs, power cap against the plan's
-target, VRAM used, persistence mode), the CUDA version the driver supports against the image's, checkouts,
-weights and every file rigforge renders against the plan, the vLLM unit's state and whether the API answers on
-the rig. A rig that cannot be reached is a row with the error. With a monitor in the inventory (group `monitor`),
-its Prometheus is asked on its host which targets it scrapes: each rig's checks end with "scraped", and the table
-ends with where the monitor is (or that there is none).
-Nothing on a rig is changed.
+connection data and `_sudo`), in one batched probe for its plan, and shown against it: the manifest the serving
+role writes and the lock the inventory points at (`rigforge_lock`), GPUs and power caps, CUDA, checkouts,
+weights, rendered files, the vLLM unit, and whether the API answers on the rig. A rig that cannot be reached is
+a row with the error. With a monitor in the inventory (group `monitor`), each rig's checks end with "scraped",
+and the table with where the monitor is (or that there is none). Nothing on a rig is changed.
 
 Exit: 0 every rig read, 1 some rig could not be read, 2 the inventory could not be loaded.
 """
@@ -203,7 +201,7 @@ HEADER = ["HOST", "VARIANT", "PINS", "GPUS", "POWER W cap/target", "VRAM MiB use
 def format_table(rows: list[dict]) -> str:
     table = [HEADER] + [_cells(r) for r in rows]
     full = [c for c in table if len(c) == len(HEADER)]
-    widths = [max(map(len, column)) for column in zip(*full)]
+    widths = [max(map(len, column)) for column in zip(*full, strict=True)]
     lines = []
     for cells in table:
         if len(cells) == len(HEADER):
