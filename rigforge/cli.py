@@ -49,9 +49,8 @@ def _list(catalog) -> None:
     except (recipes.RecipeError, LockError) as exc:
         print(f"(recipe-repo slugs not listed: {exc})")
         return
-    order = {"yes": 0, "opt-in": 1, "refused": 2}
     rows = [(r, "refused" if r.refused else "opt-in" if r.needs_opt_in else "yes") for r in repo.recipes.values()]
-    for r, how in sorted(rows, key=lambda x: order[x[1]]):
+    for r, how in sorted(rows, key=lambda x: ("yes", "opt-in", "refused").index(x[1])):
         detail = f"refused: {r.refused}" if r.refused else r.weights_label
         print(f"{r.slug:<44} {r.port:>5}  {r.status:<12} {how:<8} {detail}")
 

@@ -323,10 +323,8 @@ def _weights_valid(obs: Observed, plan: Plan) -> tuple[list[str], str]:
 def checks(obs: Observed, ctx: RigContext) -> list[Check]:
     """Every drift check of the rig, in `rigforge verify`'s order (the API probes come after them)."""
     out = [Check("host data", FAIL, problem) for problem in ctx.problems]
-    if ctx.manifest is None:
-        problems = [f"no readable {ctx.layout.rig_json}: not provisioned by rigforge (run the deploy)"]
-    else:
-        problems = [] if ctx.variant else [variant_needed(ctx)]
+    missing = f"no readable {ctx.layout.rig_json}: not provisioned by rigforge (run the deploy)"
+    problems = [missing] if ctx.manifest is None else [] if ctx.variant else [variant_needed(ctx)]
     out.append(check("manifest present", problems, f"variant {ctx.variant_name}"))
     out += [driver(obs, ctx), cuda(obs, ctx), *gpu_checks(obs, ctx), caps_set_last(obs, ctx), runtime(obs, ctx)]
     plan = ctx.plan
