@@ -115,8 +115,7 @@ def monitor_views(rows: list[dict], monitors: tuple[str, ...]) -> dict[str, dict
 
 
 def with_monitor(rows: list[dict], monitors: tuple[str, ...]) -> list[dict]:
-    """Each rig's checks with "scraped" (from the monitor rows read in the same pass) last; none without a
-    monitor in the inventory."""
+    """Each rig's checks with "scraped" last (the monitor rows read in the same pass); none without a monitor."""
     views = monitor_views(rows, monitors)
     for r in filter(_read_rig, rows):
         extra = drift.monitor_check(r["host"], r["rest"], views)
@@ -126,8 +125,7 @@ def with_monitor(rows: list[dict], monitors: tuple[str, ...]) -> list[dict]:
 
 
 def with_gateways(rows: list[dict]) -> list[dict]:
-    """Each rig's checks with "serving at the gateways" (from the gateway rows read in the same pass), placed
-    as verify places it."""
+    """Each rig's checks with "serving at the gateways" (the gateway rows read in the same pass), as in verify."""
     views = {r["host"]: r["gateway"] for r in rows if r.get("gateway")}
     for r in filter(_read_rig, rows):
         extra = drift.gateway_check(r["host"], r["rest"], views)

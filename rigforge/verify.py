@@ -27,9 +27,8 @@ from rigforge.drift import FAIL, PASS, SKIP, SKIPPED, Check, RigContext
 
 
 def check_host(host, fl: fleet.Fleet) -> tuple[list[Check], dict]:
-    """(the drift checks of the rig (rigforge/drift.py) and the live API probes; on a gateway host (the inventory
-    group `gateway`), the gateway's checks (rigforge/gateway.py); {"rest": serving_rest, "gateway": the
-    gateway's view}), for `with_gateways`."""
+    """(the rig's drift checks and live API probes, and a gateway's or monitor's checks on such a host (inventory
+    groups); what `with_gateways` and `with_monitor` need: serving_rest, whether it is a rig, the views read)."""
 
     out, seen = [], {"rest": fleet.host_data(host.data)["serving_rest"], "rig": fl.is_rig(host.name)}
     if seen["rig"]:
