@@ -110,14 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-SSH_COMMANDS = ("status", "verify")  # they read rigs over SSH in parallel greenlets (rigforge/inventory.py)
-
-
 def _patch_for_gevent(argv: list[str]) -> None:
-    """Before anything imports ssl (the subcommands' modules do, through requests): gevent's patch of ssl,
-    which pyinfra's parallel SSH needs, works only then; a late patch makes every HTTPS request from a
-    greenlet recurse without end (status and verify ask registries over HTTPS, rigforge/obtain.py)."""
-    if argv and argv[0] in SSH_COMMANDS and "ssl" not in sys.modules:
+    """For status and verify, which read rigs over SSH in parallel greenlets (rigforge/inventory.py): before anything
+    imports ssl (the subcommands' modules do, through requests), as gevent's patch of ssl works only then; a late
+    patch makes every HTTPS request from a greenlet recurse without end (both ask registries, rigforge/obtain.py)."""
+    if argv and argv[0] in ("status", "verify") and "ssl" not in sys.modules:
         from gevent import monkey
 
         monkey.patch_all()
