@@ -263,10 +263,8 @@ def gpu_checks(obs: Observed, ctx: RigContext) -> list[Check]:
 
 def caps_set_last(obs: Observed, ctx: RigContext) -> Check:
     """rigforge's caps were the last written at this boot, without an ordering cycle (rigforge/boot.py)."""
-    name = "caps set last at this boot"
-    if not ctx.manage:
-        return Check(name, SKIP, SKIPPED)
-    return Check(name, *boot.boot_caps(obs.get_fact(BootCaps, **boot_units(ctx)), ctx))
+    found = boot.boot_caps(obs.get_fact(BootCaps, **boot_units(ctx)), ctx) if ctx.manage else (SKIP, SKIPPED)
+    return Check("caps set last at this boot", *found)
 
 
 def vram(gpus: list[dict], v, s: Settings) -> Check:
