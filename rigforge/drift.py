@@ -27,13 +27,7 @@ from rigforge.facts.apt import DebInstalledVersion
 from rigforge.facts.files import JsonFile
 from rigforge.facts.gitpin import GitCheckout
 from rigforge.facts.hfweights import WeightsState
-from rigforge.facts.nvidia import (
-    BootCaps,
-    NvidiaGpus,
-    NvidiaModuleVersion,
-    NvidiaRunningDriver,
-    NvidiaTopology,
-)
+from rigforge.facts.nvidia import BootCaps, NvidiaGpus, NvidiaModuleVersion, NvidiaRunningDriver, NvidiaTopology
 from rigforge.facts.serving import ComposeImages, ServiceState, runs_digest, serving
 from rigforge.facts.system import OsRelease, SystemdUnitEnabled
 from rigforge.fleet import Plan
