@@ -28,18 +28,6 @@ SUBCOMMANDS = {
 }
 
 
-def _render_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("variant", help="variant name (see `rigforge render --list`)", nargs="?")
-    p.add_argument("--out", type=Path, help="directory to write the files into")
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                   help="a setting, by its host-data key or its short name (repeatable), "
-                   "e.g. --set serving_port=8111")  # fmt: skip
-    p.add_argument("--gpus", type=int, default=None, help="GPU count for the power unit (default: variant's)")
-    p.add_argument("--list", action="store_true", help="list the variants and exit")
-    p.add_argument("--opt-in", action="store_true",
-                   help="allow a recipe-repo slug whose status is experimental, incubating or deprecated")  # fmt: skip
-
-
 def _write_atomically(out: Path, files: dict[str, str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
@@ -56,20 +44,15 @@ def _list(catalog) -> None:
         weights = ", ".join(catalog.assets[a].hf_repo for a in v.assets)
         print(f"{v.name:<44} {v.port:>5}  {'seed':<12} {'yes':<8} {weights}  ({v.pick_when})")
     try:
-        repo = recipes.load_repo(recipes_commit())
+        pin = load_lock(default_lock_path()).git.get(recipes.GIT_NAME)
+        repo = recipes.load_repo(pin.commit if pin else None)
     except (recipes.RecipeError, LockError) as exc:
         print(f"(recipe-repo slugs not listed: {exc})")
         return
-    order = {"yes": 0, "opt-in": 1, "refused": 2}
     rows = [(r, "refused" if r.refused else "opt-in" if r.needs_opt_in else "yes") for r in repo.recipes.values()]
-    for r, how in sorted(rows, key=lambda x: order[x[1]]):
+    for r, how in sorted(rows, key=lambda x: ("yes", "opt-in", "refused").index(x[1])):
         detail = f"refused: {r.refused}" if r.refused else r.weights_label
         print(f"{r.slug:<44} {r.port:>5}  {r.status:<12} {how:<8} {detail}")
-
-
-def recipes_commit() -> str | None:
-    pin = load_lock(default_lock_path()).git.get(recipes.GIT_NAME)
-    return pin.commit if pin else None
 
 
 def _render(args: argparse.Namespace) -> int:
@@ -109,22 +92,29 @@ def build_parser() -> argparse.ArgumentParser:
         "these commands render, pin, simulate, inspect and benchmark.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    _render_arguments(sub.add_parser("render", help="render a variant's files locally, no host needed"))
+    p = sub.add_parser("render", help="render a variant's files locally, no host needed")
+    p.set_defaults(run=_render)
+    p.add_argument("variant", help="variant name (see `rigforge render --list`)", nargs="?")
+    p.add_argument("--out", type=Path, help="directory to write the files into")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting, by its host-data key or its short name (repeatable), "
+                   "e.g. --set serving_port=8111")  # fmt: skip
+    p.add_argument("--gpus", type=int, default=None, help="GPU count for the power unit (default: variant's)")
+    p.add_argument("--list", action="store_true", help="list the variants and exit")
+    p.add_argument("--opt-in", action="store_true",
+                   help="allow a recipe-repo slug whose status is experimental, incubating or deprecated")  # fmt: skip
     for name, (module, help_text) in SUBCOMMANDS.items():
-        sp = sub.add_parser(name, help=help_text)
-        sp.set_defaults(module=module)
-        importlib.import_module(module).add_arguments(sp)
+        mod, sp = importlib.import_module(module), sub.add_parser(name, help=help_text)
+        mod.add_arguments(sp)
+        sp.set_defaults(run=mod.run)
     return parser
 
 
-SSH_COMMANDS = ("status", "verify")  # they read rigs over SSH in parallel greenlets (rigforge/inventory.py)
-
-
 def _patch_for_gevent(argv: list[str]) -> None:
-    """Before anything imports ssl (the subcommands' modules do, through requests): gevent's patch of ssl,
-    which pyinfra's parallel SSH needs, works only then; a late patch makes every HTTPS request from a
-    greenlet recurse without end (status and verify ask registries over HTTPS, rigforge/obtain.py)."""
-    if argv and argv[0] in SSH_COMMANDS and "ssl" not in sys.modules:
+    """For status and verify, which read rigs over SSH in parallel greenlets (rigforge/inventory.py): before anything
+    imports ssl (the subcommands' modules do, through requests), as gevent's patch of ssl works only then; a late
+    patch makes every HTTPS request from a greenlet recurse without end (both ask registries, rigforge/obtain.py)."""
+    if argv and argv[0] in ("status", "verify") and "ssl" not in sys.modules:
         from gevent import monkey
 
         monkey.patch_all()
@@ -134,9 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     _patch_for_gevent(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     try:
-        if args.command == "render":
-            return _render(args)
-        return importlib.import_module(args.module).run(args)
+        return args.run(args)
     except (CatalogError, SettingsError, LockError, recipes.RecipeError) as exc:
         print(f"rigforge {args.command}: {exc}", file=sys.stderr)
         return 2

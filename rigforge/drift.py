@@ -27,13 +27,7 @@ from rigforge.facts.apt import DebInstalledVersion
 from rigforge.facts.files import JsonFile
 from rigforge.facts.gitpin import GitCheckout
 from rigforge.facts.hfweights import WeightsState
-from rigforge.facts.nvidia import (
-    BootCaps,
-    NvidiaGpus,
-    NvidiaModuleVersion,
-    NvidiaRunningDriver,
-    NvidiaTopology,
-)
+from rigforge.facts.nvidia import BootCaps, NvidiaGpus, NvidiaModuleVersion, NvidiaRunningDriver, NvidiaTopology
 from rigforge.facts.serving import ComposeImages, ServiceState, runs_digest, serving
 from rigforge.facts.system import OsRelease, SystemdUnitEnabled
 from rigforge.fleet import Plan
@@ -89,8 +83,7 @@ def rig_drift(obs: Observed, ctx: RigContext) -> list[str]:
 
 
 def sources(obs: Observed, plan: Plan, want: Mapping[str, str | None], label: str = "lock") -> list[str]:
-    """Each checkout at `want`'s commit ({source: commit}: the lock's, or the manifest's with `label`
-    "provisioned"), with no local changes."""
+    """Each checkout clean at `want`'s commit ({source: commit}: the lock's; the manifest's, label "provisioned")."""
     bad = []
     for name in plan.variant.sources:
         commit, path = want.get(name), plan.layout.src(name)
@@ -138,8 +131,7 @@ def weights(obs: Observed, plan: Plan) -> list[str]:
 
 
 def files(obs: Observed, plan: Plan) -> list[str]:
-    """Every file rigforge renders whole is on the rig as the plan renders it (compared by sha256: no secret is
-    read or shown). A hand edit shows here, naming the file."""
+    """Every file rigforge renders whole is on the rig as the plan renders it (by sha256: no secret read or shown)."""
     bad = []
     for path, text in managed_files(plan).items():
         on_rig = obs.get_fact(Sha256File, path=path)
@@ -265,10 +257,8 @@ def gpu_checks(obs: Observed, ctx: RigContext) -> list[Check]:
 
 def caps_set_last(obs: Observed, ctx: RigContext) -> Check:
     """rigforge's caps were the last written at this boot, without an ordering cycle (rigforge/boot.py)."""
-    name = "caps set last at this boot"
-    if not ctx.manage:
-        return Check(name, SKIP, SKIPPED)
-    return Check(name, *boot.boot_caps(obs.get_fact(BootCaps, **boot_units(ctx)), ctx))
+    found = boot.boot_caps(obs.get_fact(BootCaps, **boot_units(ctx)), ctx) if ctx.manage else (SKIP, SKIPPED)
+    return Check("caps set last at this boot", *found)
 
 
 def vram(gpus: list[dict], v, s: Settings) -> Check:
@@ -297,8 +287,7 @@ def runtime(obs: Observed, ctx: RigContext) -> Check:
 
 
 def unit_state(obs: Observed, ctx: RigContext) -> dict:
-    """{"unit", "enabled", "active" (systemd's ActiveState), "serving" (rigforge/facts/serving.py `serving`),
-    "rest" (host data serving_rest)}."""
+    """The unit's state: enabled, systemd's ActiveState, `serving` (rigforge/facts/serving.py), serving_rest."""
     unit, rest = ctx.unit, ctx.data.get("serving_rest")
     if not unit:
         return {"unit": None, "enabled": None, "active": None, "serving": None, "rest": rest}
@@ -326,10 +315,8 @@ def _weights_valid(obs: Observed, plan: Plan) -> tuple[list[str], str]:
 def checks(obs: Observed, ctx: RigContext) -> list[Check]:
     """Every drift check of the rig, in `rigforge verify`'s order (the API probes come after them)."""
     out = [Check("host data", FAIL, problem) for problem in ctx.problems]
-    if ctx.manifest is None:
-        problems = [f"no readable {ctx.layout.rig_json}: not provisioned by rigforge (run the deploy)"]
-    else:
-        problems = [] if ctx.variant else [variant_needed(ctx)]
+    missing = f"no readable {ctx.layout.rig_json}: not provisioned by rigforge (run the deploy)"
+    problems = [missing] if ctx.manifest is None else [] if ctx.variant else [variant_needed(ctx)]
     out.append(check("manifest present", problems, f"variant {ctx.variant_name}"))
     out += [driver(obs, ctx), cuda(obs, ctx), *gpu_checks(obs, ctx), caps_set_last(obs, ctx), runtime(obs, ctx)]
     plan = ctx.plan
@@ -378,8 +365,7 @@ def pins_check(ctx: RigContext) -> Check:
 
 
 def running_image(obs: Observed, ctx: RigContext) -> Check:
-    """The container the unit runs is the locked digest: its image's RepoDigests (`docker inspect`) hold
-    `repo@sha256:...` of the plan's image."""
+    """The unit's container runs the plan's image at its locked digest (its RepoDigests, `docker inspect`)."""
     if not ctx.plan:
         return Check(RUNS_DIGEST, FAIL, variant_needed(ctx))
     want = obtain.parse(ctx.plan.image)

@@ -45,8 +45,7 @@ def follow(lock: Lock, ref: str, slugs: Iterable[str], fetch) -> tuple[Lock, rec
     for w in (w for r in used for w in r.weights if w.hf_repo not in known):
         hf[w.local_subdir] = HfPin(name=w.local_subdir, repo=w.hf_repo, revision=None)
         known.add(w.hf_repo)
-    git = {**lock.git, recipes.GIT_NAME: moved}
-    return dataclasses.replace(lock, git=git, images=images, hf=hf), repo
+    return dataclasses.replace(lock, git={**lock.git, recipes.GIT_NAME: moved}, images=images, hf=hf), repo
 
 
 def second_images(compose: dict) -> dict[str, str]:

@@ -194,8 +194,7 @@ def boot_units(ctx: RigContext) -> dict:
 
 def api_at(ctx: RigContext) -> dict:
     """ApiAnswers' arguments for the rig's API (from the rig, as the health gate asks it)."""
-    url = f"http://{ctx.data['serving_health_host'] or '127.0.0.1'}:{ctx.port}"
-    return {"url": url, "env_file": f"{ctx.plan.layout.serve_dir}/.env"}
+    return {"url": f"http://{inventory.ctx_host(ctx)}:{ctx.port}", "env_file": f"{ctx.plan.layout.serve_dir}/.env"}
 
 
 GATEWAY_STATES = {"UP": "serving", "DRAIN": "draining"}  # HAProxy's server status; any other: out
@@ -227,9 +226,8 @@ def observe_gateway(host, data: Mapping) -> dict:
 
 
 def observe_monitor(host) -> dict:
-    """The monitor's Prometheus on `host`, asked on the host itself (curl over the same connection): where it is
-    (`url`: at the host's address, Prometheus's port), the HTTP code of its targets API and the targets it scrapes
-    (None: it did not answer)."""
+    """The monitor's Prometheus on `host`, asked on the host itself (curl over the same connection): its `url` (the
+    host's address), the HTTP code of its targets API and the targets it scrapes (None: it did not answer)."""
     data = getattr(host, "data", {})
     url = data.get("monitor_url") or f"http://{data.get('ssh_hostname') or host.name}:{monitor.PORT}"
     code, body = inventory.http_on_rig(host, f"http://127.0.0.1:{monitor.PORT}{monitor.TARGETS_PATH}", 10)

@@ -1,14 +1,12 @@
-"""`rigforge status INVENTORY`: what each rig of a pyinfra inventory runs, one row per rig.
+"""`rigforge status INVENTORY`: what each rig of a pyinfra inventory runs, one row per rig (docs/operators.md
+says where each column and each line under the table comes from).
 
 A view of rigforge/drift.py: every rig is read in parallel over SSH with pyinfra (the inventory's own
-connection data and `_sudo`), in one batched probe for its plan: the manifest the serving role writes (variant,
-pins, time), the lock the inventory points at (`rigforge_lock`), nvidia-smi (GPUs, power cap against the plan's
-target, VRAM used, persistence mode), the CUDA version the driver supports against the image's, checkouts,
-weights and every file rigforge renders against the plan, the vLLM unit's state and whether the API answers on
-the rig. A rig that cannot be reached is a row with the error. With a monitor in the inventory (group `monitor`),
-its Prometheus is asked on its host which targets it scrapes: each rig's checks end with "scraped", and the table
-ends with where the monitor is (or that there is none).
-Nothing on a rig is changed.
+connection data and `_sudo`), in one batched probe for its plan, and shown against it: the manifest the serving
+role writes and the lock the inventory points at (`rigforge_lock`), GPUs and power caps, CUDA, checkouts,
+weights, rendered files, the vLLM unit, and whether the API answers on the rig. A rig that cannot be reached is
+a row with the error. With a monitor in the inventory (group `monitor`), each rig's checks end with "scraped",
+and the table with where the monitor is (or that there is none). Nothing on a rig is changed.
 
 Exit: 0 every rig read, 1 some rig could not be read, 2 the inventory could not be loaded.
 """
@@ -71,14 +69,12 @@ def status_row(host, fl: fleet.Fleet) -> dict:
         "candidate": candidate_of(ctx),  # a rollout in progress: does this rig run its candidate lock?
     }
     if ctx.port is None:
-        row["api"] = {"url": None, "reachable": False, "detail": "no port: variant unknown"}
-    else:
-        api = inventory.api_models(host, ctx)
-        api["reachable"] = api["http_code"] == 200
-        unmanaged = "" if ctx.manage else "; services not managed on this host"
-        api["detail"] = "" if api["reachable"] else drift.answer(api["http_code"]) + unmanaged
-        row["api"] = api
-    return row
+        return row | {"api": {"url": None, "reachable": False, "detail": "no port: variant unknown"}}
+    api = inventory.api_models(host, ctx)
+    api["reachable"] = api["http_code"] == 200
+    unmanaged = "" if ctx.manage else "; services not managed on this host"
+    api["detail"] = "" if api["reachable"] else drift.answer(api["http_code"]) + unmanaged
+    return row | {"api": api}
 
 
 def candidate_of(ctx) -> dict | None:
@@ -119,8 +115,7 @@ def monitor_views(rows: list[dict], monitors: tuple[str, ...]) -> dict[str, dict
 
 
 def with_monitor(rows: list[dict], monitors: tuple[str, ...]) -> list[dict]:
-    """Each rig's checks with "scraped" (from the monitor rows read in the same pass) last; none without a
-    monitor in the inventory."""
+    """Each rig's checks with "scraped" last (the monitor rows read in the same pass); none without a monitor."""
     views = monitor_views(rows, monitors)
     for r in filter(_read_rig, rows):
         extra = drift.monitor_check(r["host"], r["rest"], views)
@@ -130,8 +125,7 @@ def with_monitor(rows: list[dict], monitors: tuple[str, ...]) -> list[dict]:
 
 
 def with_gateways(rows: list[dict]) -> list[dict]:
-    """Each rig's checks with "serving at the gateways" (from the gateway rows read in the same pass), placed
-    as verify places it."""
+    """Each rig's checks with "serving at the gateways" (the gateway rows read in the same pass), as in verify."""
     views = {r["host"]: r["gateway"] for r in rows if r.get("gateway")}
     for r in filter(_read_rig, rows):
         extra = drift.gateway_check(r["host"], r["rest"], views)
@@ -205,7 +199,7 @@ HEADER = ["HOST", "VARIANT", "PINS", "GPUS", "POWER W cap/target", "VRAM MiB use
 def format_table(rows: list[dict]) -> str:
     table = [HEADER] + [_cells(r) for r in rows]
     full = [c for c in table if len(c) == len(HEADER)]
-    widths = [max(len(c[i]) for c in full) for i in range(len(HEADER))]
+    widths = [max(map(len, column)) for column in zip(*full, strict=True)]
     lines = []
     for cells in table:
         if len(cells) == len(HEADER):

@@ -1,33 +1,12 @@
 """`rigforge verify INVENTORY`: DeepOps-style health checks for every rig of a pyinfra inventory.
 
-The checks of rigforge/drift.py (the rig read in one batched probe against its plan) and the live API probes,
-one line per check per rig (or --json), read in parallel over SSH, nothing changed on a rig:
-  manifest present          /etc/rigforge/rig.json names a known variant
-  driver module = package   /sys/module/nvidia/version equals the installed driver (the driver table's package
-                            for the rig's OS, branch, flavour and source); with nvidia_driver_manage false:
-                            the running driver is of nvidia_driver_branch
-  CUDA driver >= image      the running driver's CUDA version (nvidia-smi's header) is at least the image's (the
-                            lock's `cuda`); shown as "CUDA: driver 13.0, image 13.0"
-  GPUs visible              nvidia-smi lists at least the variant's GPU count
-  VRAM fits variant         every card has the variant's VRAM (20 GB cards only with the documented override)
-  power caps hold           every GPU's power limit equals its target (gpu_power_limit_w / gpu_power_limits)
-  persistence mode on       on every GPU
-  nvidia runtime            /etc/docker/daemon.json registers the nvidia runtime
-  sources at locked SHAs    <root>/src/<name> HEAD is the lock's commit, no local changes
-  weights stamp valid       <model dir>/<asset>/.rigforge-stamp.json matches the lock; files as stamped (size, mtime)
-  files as rendered         compose file, .env, units: as the plan renders them (sha256; .env's token line only
-                            when the controller has the token)
-  pins as locked            rig.json's pins are the lock's for this rig (the plan's image, with its digest)
-  unit enabled / active     rigforge-vllm@<variant>.service (stopped and disabled on purpose: serving_rest)
-  container runs the        the running container's image is the lock's digest
-    locked digest
-  serving at the gateways   UP at every gateway that lists the rig (drained on purpose: serving_rest)
-  /v1/models answers        from the rig, as the recipes' verify.sh
-  chat returns text         "capital of France", thinking off: the reply names Paris
-  tool call returned        a get_weather tool, tool_choice auto: the reply carries tool_calls
-  scraped                   with a monitor in the inventory (group monitor): every target of the rig (node, vllm)
-                            is up at the monitor's Prometheus (/api/v1/targets, asked on the monitor host); a down
-                            one is named with its last error; a monitor that cannot be asked makes it unknown
+One line per check per rig (or --json), read in parallel over SSH, nothing changed on a rig: the checks of
+rigforge/drift.py (the rig read in one batched probe against its plan: manifest, driver module = package, CUDA
+driver >= image, GPUs, VRAM, power caps, persistence mode, caps set last at this boot, nvidia runtime, sources,
+weights, rendered files, pins, the unit and the digest its container runs), "serving at the gateways" that list
+the rig, the live API probes from the rig as the recipes' verify.sh (/v1/models, a chat reply naming Paris, a
+get_weather tool call), and "scraped" with a monitor in the inventory (group monitor). docs/operators.md lists
+each check, when it passes and what a failure means.
 On a monitor host: "prometheus answers" (its targets API). Where the monitor is, or that the inventory has none,
 is said after the checks (and in --json, `monitor`).
 With rigforge_manage_services False (the testbed: no systemd in a chroot) the service and API checks
@@ -48,9 +27,8 @@ from rigforge.drift import FAIL, PASS, SKIP, SKIPPED, Check, RigContext
 
 
 def check_host(host, fl: fleet.Fleet) -> tuple[list[Check], dict]:
-    """(the drift checks of the rig (rigforge/drift.py) and the live API probes; on a gateway host (the inventory
-    group `gateway`), the gateway's checks (rigforge/gateway.py); {"rest": serving_rest, "gateway": the
-    gateway's view}), for `with_gateways`."""
+    """(the rig's drift checks and live API probes, and a gateway's or monitor's checks on such a host (inventory
+    groups); what `with_gateways` and `with_monitor` need: serving_rest, whether it is a rig, the views read)."""
 
     out, seen = [], {"rest": fleet.host_data(host.data)["serving_rest"], "rig": fl.is_rig(host.name)}
     if seen["rig"]:
@@ -90,16 +68,14 @@ def with_monitor(results: dict, monitors: tuple[str, ...]) -> dict:
 def with_gateways(results: dict) -> dict:
     """{host: checks or Exception}: each rig's checks with "serving at the gateways" added after its unit's (from
     the gateway hosts' views read in the same pass)."""
-    views = {h: r[1]["gateway"] for h, r in results.items() if not isinstance(r, Exception) and "gateway" in r[1]}
-    out = {}
-    for h, r in results.items():
-        if isinstance(r, Exception):
-            out[h] = r
-            continue
-        checks, seen = r
-        extra = drift.gateway_check(h, seen["rest"], views) if seen["rig"] else None
-        at = next((i + 1 for i, c in enumerate(checks) if c.name == drift.RUNS_DIGEST), len(checks))
-        out[h] = checks[:at] + [extra] + checks[at:] if extra else checks
+    seen = {h: r[1] for h, r in results.items() if not isinstance(r, Exception)}
+    views = {h: s["gateway"] for h, s in seen.items() if "gateway" in s}
+    out = {h: r if isinstance(r, Exception) else r[0] for h, r in results.items()}
+    for h, checks in out.items():
+        extra = drift.gateway_check(h, seen[h]["rest"], views) if h in seen and seen[h]["rig"] else None
+        if extra:
+            at = next((i + 1 for i, c in enumerate(checks) if c.name == drift.RUNS_DIGEST), len(checks))
+            out[h] = checks[:at] + [extra] + checks[at:]
     return out
 
 
@@ -109,25 +85,18 @@ CHAT = {
     "temperature": 0.6,
     "chat_template_kwargs": {"enable_thinking": False},
 }
+WEATHER = {
+    "name": "get_weather",
+    "description": "Get the current weather for a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "units": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city"],
+    },
+}
 TOOL = {
     "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
-    "tools": [
-        {
-            "type": "function",
-            "function": {
-                "name": "get_weather",
-                "description": "Get the current weather for a city",
-                "parameters": {
-                    "type": "object",
-                    "properties": {
-                        "city": {"type": "string"},
-                        "units": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-                    },
-                    "required": ["city"],
-                },
-            },
-        }
-    ],
+    "tools": [{"type": "function", "function": WEATHER}],
     "tool_choice": "auto",
     "max_tokens": 200,
     "temperature": 0.3,
