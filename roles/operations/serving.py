@@ -67,8 +67,7 @@ def running(unit: str, serve_dir: str, digest: str | None = None, changed=None):
     + digest: the locked image digest (``sha256:...``), None while the lock has none
     + changed: a callable, true when this run changed its compose file, .env, unit or instance
     """
-    executing = host.state.is_executing
-    reason = start_reason(unit, serve_dir, digest, bool(changed and executing and changed()))
+    reason = start_reason(unit, serve_dir, digest, bool(changed and host.state.is_executing and changed()))
     if reason is None:
         host.noop(f"{unit} runs as declared")
         return
