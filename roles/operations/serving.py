@@ -47,11 +47,9 @@ def start_reason(unit: str, serve_dir: str, digest: str | None, changed: bool) -
     if changed:
         return "its compose file, .env, unit or instance changed"
     state = serving(host.get_fact(ServiceState, unit=unit))
-    if state in ("stopped", "failed", "crashing"):
-        return {"stopped": "it is stopped", "failed": "it failed", "crashing": "it keeps exiting"}[state]
     if state == "running" and runs_digest(host.get_fact(ComposeImages, serve_dir=serve_dir), digest) is False:
         return "its container runs another image than the locked digest"
-    return None
+    return {"stopped": "it is stopped", "failed": "it failed", "crashing": "it keeps exiting"}.get(state)
 
 
 @operation()
