@@ -37,8 +37,7 @@ def parse(output: list[str] | str) -> dict | None:
     match = re.match(r"(\S+) (-?\d+) ?(.*)", first)
     if not match:
         return None
-    command = " ".join(match.group(3).split())
-    return {"lock": match.group(1), "pid": int(match.group(2)), "command": command[:80]}
+    return {"lock": match.group(1), "pid": int(match.group(2)), "command": " ".join(match.group(3).split())[:80]}
 
 
 def describe(holder: dict, held: str = "is held") -> str:
