@@ -28,13 +28,10 @@ def deb822_source(
     uris: str, suites: str, signed_by: str, components: str = "", architectures: str = "", comment: str = ""
 ) -> str:
     """Text of a deb822 .sources file. A flat repository has `suites="/"` and no components."""
+    optional = {"Components": components, "Architectures": architectures}
     lines = [f"# {comment}"] if comment else []
-    lines += ["Types: deb", f"URIs: {uris}", f"Suites: {suites}"]
-    lines += [
-        f"{key}: {value}" for key, value in (("Components", components), ("Architectures", architectures)) if value
-    ]
-    lines.append(f"Signed-By: {signed_by}")
-    return "\n".join(lines) + "\n"
+    lines += ["Types: deb", f"URIs: {uris}", f"Suites: {suites}", *(f"{k}: {v}" for k, v in optional.items() if v)]
+    return "\n".join([*lines, f"Signed-By: {signed_by}"]) + "\n"
 
 
 def keyring_path(name: str) -> str:
@@ -205,12 +202,11 @@ def hold(packages: list[str], same_version_as: str = "", prefixes: tuple = ()):
       of the driver stack: its libraries must not move without its kernel module)
     """
     installed = host.get_fact(DebPackages)
-    wanted = {name for name in installed if name in packages}
     stack = {upstream_version(v) for v in installed.get(same_version_as) or []} if same_version_as else set()
-    wanted |= {
+    wanted = {
         name
         for name, versions in installed.items()
-        if name.startswith(tuple(prefixes)) and stack & {upstream_version(v) for v in versions}
+        if name in packages or (name.startswith(tuple(prefixes)) and stack & {upstream_version(v) for v in versions})
     }
     to_hold = sorted(wanted - set(host.get_fact(AptHeldPackages)))
     if not to_hold:

@@ -37,8 +37,7 @@ def parse(output: list[str] | str) -> dict | None:
     match = re.match(r"(\S+) (-?\d+) ?(.*)", first)
     if not match:
         return None
-    command = " ".join(match.group(3).split())
-    return {"lock": match.group(1), "pid": int(match.group(2)), "command": command[:80]}
+    return {"lock": match.group(1), "pid": int(match.group(2)), "command": " ".join(match.group(3).split())[:80]}
 
 
 def describe(holder: dict, held: str = "is held") -> str:
@@ -48,11 +47,7 @@ def describe(holder: dict, held: str = "is held") -> str:
 
 
 class AptLockHolder(FactBase):
-    """
-    Who holds the apt/dpkg lock now, or None::
-
-        {"lock": "/var/lib/dpkg/lock-frontend", "pid": 1234, "command": "/usr/bin/python3 /usr/bin/unattended-upgr"}
-    """
+    """Who holds the apt/dpkg lock now (`parse`'s dict), or None."""
 
     def command(self) -> str:
         return f"{HOLDER} || true"
@@ -76,11 +71,9 @@ def _wait(state, host, wait: int, first: dict, kwargs: dict):  # pyinfra passes 
     lines = [line.strip() for line in output.stdout_lines if line.strip()]
     last = lines[-1] if lines else ""
     if ok and last.startswith("FREE "):
-        host.log_styled(
-            f"{host.name}: {describe(first, 'was held')} when the run was prepared; it was free after {last[5:]} s of "
-            "waiting; going on",
-            fg="yellow",
-            log_func=logger.warning,
+        warn(
+            f"{describe(first, 'was held')} when the run was prepared; it was free after {last[5:]} s of waiting; "
+            "going on"
         )
         return True
     holder = parse(last[5:]) if last.startswith("HELD ") else None

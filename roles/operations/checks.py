@@ -83,15 +83,10 @@ def refuse_now(name: str, message: str) -> None:
     operation that stops it when the run executes."""
     host.log_styled(message, fg="red", log_func=logger.error)
     state.failed_hosts.add(ctx_host.get())  # the host itself, not pyinfra's context proxy
-    refuse(name=name, message=message, said=True)
+    refuse(name=name)
 
 
 @operation(is_idempotent=False)
-def refuse(message: str, said: bool = False):
-    """
-    Fail this host with ``message``: its later operations never run.
-
-    + message: what is wrong and what to do, naming the host
-    + said: the message was printed already (refuse_now): fail without printing it again
-    """
-    yield fail_command("" if said else message)
+def refuse():
+    """Fail this host, without a word (``refuse_now`` printed why): its later operations never run (no arguments)."""
+    yield fail_command("")

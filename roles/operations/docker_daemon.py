@@ -51,9 +51,8 @@ def merge_json(path: str, patch: dict, extend: dict | None = None):
     + extend: ``{key: [items]}``: items added to the list at that key when missing, the list's others kept
     """
     lines = host.get_fact(FileContents, path=path)
-    current = None if lines is None else "\n".join(lines)
     try:
-        text = merged_text(current, patch, extend)
+        text = merged_text(None if lines is None else "\n".join(lines), patch, extend)
     except ValueError as error:
         yield fail_command(f"{path} on {host.name} is not valid JSON ({error}); fix or remove it, then re-run.")
         return

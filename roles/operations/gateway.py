@@ -15,6 +15,7 @@ from pyinfra.api.exceptions import ConnectError
 from pyinfra.context import ctx_state
 
 from rigforge.gateway import drain_script, rejoin_script, state_script
+from roles.operations.shown import warn
 
 
 def _on_gateways(state, host, gateways: dict[str, bool], script: str, what: str, quiet=False) -> dict[str, str]:
@@ -27,11 +28,9 @@ def _on_gateways(state, host, gateways: dict[str, bool], script: str, what: str,
             if not gw.connected:
                 gw.connect(reason=f"{what} {host.name}", raise_exceptions=True)
             ok, output = gw.run_shell_command(StringCommand(script), _sudo=sudo)
-        except ConnectError as error:
-            ok, output = False, None
-            said[name] = f"unreachable ({error})"
-        if output is not None:
             said[name] = (output.stdout_lines or output.stderr_lines or [""])[-1] if ok else output.stderr
+        except ConnectError as error:
+            ok, said[name] = False, f"unreachable ({error})"
         if quiet and ok:
             continue
         colour = "yellow" if not ok or "others up 0" in said[name] else "cyan"
@@ -42,11 +41,9 @@ def _on_gateways(state, host, gateways: dict[str, bool], script: str, what: str,
 def _drain(state, host, gateways, server: str, timeout: int):
     for name, said in _on_gateways(state, host, gateways, drain_script(server, timeout), "drain").items():
         if said.startswith("others up 0"):
-            host.log_styled(
-                f"{host.name}: warning: no other rig serving its model is up at gateway {name}: its requests "
-                "fail until this rig is back (a parallel run takes rigs out together; --serial does not)",
-                fg="yellow",
-                log_func=logger.warning,
+            warn(
+                f"warning: no other rig serving its model is up at gateway {name}: its requests "
+                "fail until this rig is back (a parallel run takes rigs out together; --serial does not)"
             )
     return True
 
@@ -62,8 +59,7 @@ def _rejoin(state, host, gateways, server, backend, address, port, wait, gate, m
     if gate is None or not gate.did_error():
         _on_gateways(state, host, gateways, rejoin_script(server, backend, address, port, wait), "rejoin")
         return True
-    read = StringCommand(f"cat {shlex.quote(manifest)} 2>/dev/null")
-    ok, output = host.run_shell_command(read)  # rig.json is world-readable
+    ok, output = host.run_shell_command(StringCommand(f"cat {shlex.quote(manifest)} 2>/dev/null"))  # world-readable
     previous = json.loads(output.stdout) if ok and output.stdout.strip() else {}
     if previous.get("unit"):  # rolled back to a unit that runs, or left failing (a unit found failed): out
         active = StringCommand(f"systemctl is-active --quiet {shlex.quote(previous['unit'])}")
@@ -120,8 +116,7 @@ def rejoined(
     """
     if not ctx_state.get().is_executing:
         return  # its state at the gateways is read when the rig's turn comes
-    acted = gate is not None and (gate.did_change() or gate.did_error())
-    if not acted:
+    if gate is None or not (gate.did_change() or gate.did_error()):
         out = {g: w for g, w in states(ctx_state.get(), host, gateways, server, backend, port).items() if w != "ready"}
         if not out:
             host.noop(f"{server} serves at every gateway")

@@ -53,12 +53,11 @@ def stale_files(pin: HfPin, state: dict) -> list[HfFile]:
 
 def missing_bytes(files: Sequence[HfFile], state: dict) -> int:
     """Bytes still to be written for `files` (a right-sized file in place may only need hashing)."""
-    total = 0
-    for f in files:
-        stat = state["files"].get(f.path)
-        if not (stat and stat[0] == f.size):
-            total += f.size - min(state["staging"].get(f"{f.path}.{f.sha256[:16]}.part", 0), f.size)
-    return total
+    return sum(
+        f.size - min(state["staging"].get(f"{f.path}.{f.sha256[:16]}.part", 0), f.size)
+        for f in files
+        if not ((stat := state["files"].get(f.path)) and stat[0] == f.size)
+    )
 
 
 def human(n: float) -> str:
@@ -67,10 +66,7 @@ def human(n: float) -> str:
 
 def manifest(pin: HfPin, dest: str, staging: str, endpoint: str | None) -> dict:
     return {
-        "name": pin.name,
-        "repo": pin.repo,
-        "revision": pin.revision,
-        "gated": pin.gated,
+        **{key: getattr(pin, key) for key in ("name", "repo", "revision", "gated")},
         "endpoint": endpoint,
         "dest": dest,
         "staging": staging,

@@ -34,9 +34,7 @@ def on_controller() -> bool:
 
 @operation()
 def persistence_mode():
-    """
-    ``nvidia-smi -i N -pm 1`` for each GPU whose persistence mode is off (no arguments).
-    """
+    """``nvidia-smi -i N -pm 1`` for each GPU whose persistence mode is off (no arguments)."""
     gpus = host.get_fact(NvidiaGpus)
     off = [gpu["index"] for gpu in gpus if gpu.get("persistence_mode") is False]
     if not off:

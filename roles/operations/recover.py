@@ -28,10 +28,7 @@ DPKG_OPTIONS = "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-co
 
 @operation()
 def packages():
-    """
-    ``dpkg --configure -a`` and ``apt-get -f install``, only when an interrupted run left dpkg needing them
-    (no arguments).
-    """
+    """``dpkg --configure -a``, ``apt-get -f install`` when an interrupted run left dpkg needing them (no arguments)."""
     reason = host.get_fact(DpkgInterrupted)
     if not reason:
         host.noop("dpkg state is clean")
@@ -45,9 +42,7 @@ def packages():
 
 @operation()
 def uploads_cleared():
-    """
-    Remove what an interrupted upload left in the SSH user's private upload dir, secrets included (no arguments).
-    """
+    """Remove what an interrupted upload left in the SSH user's private upload dir, secrets included (no arguments)."""
     path = private_upload_dir()
     left = host.get_fact(LeftoverUploads, path=path)
     if not left:

@@ -47,11 +47,9 @@ def start_reason(unit: str, serve_dir: str, digest: str | None, changed: bool) -
     if changed:
         return "its compose file, .env, unit or instance changed"
     state = serving(host.get_fact(ServiceState, unit=unit))
-    if state in ("stopped", "failed", "crashing"):
-        return {"stopped": "it is stopped", "failed": "it failed", "crashing": "it keeps exiting"}[state]
     if state == "running" and runs_digest(host.get_fact(ComposeImages, serve_dir=serve_dir), digest) is False:
         return "its container runs another image than the locked digest"
-    return None
+    return {"stopped": "it is stopped", "failed": "it failed", "crashing": "it keeps exiting"}.get(state)
 
 
 @operation()
@@ -67,8 +65,7 @@ def running(unit: str, serve_dir: str, digest: str | None = None, changed=None):
     + digest: the locked image digest (``sha256:...``), None while the lock has none
     + changed: a callable, true when this run changed its compose file, .env, unit or instance
     """
-    executing = host.state.is_executing
-    reason = start_reason(unit, serve_dir, digest, bool(changed and executing and changed()))
+    reason = start_reason(unit, serve_dir, digest, bool(changed and host.state.is_executing and changed()))
     if reason is None:
         host.noop(f"{unit} runs as declared")
         return
