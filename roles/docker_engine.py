@@ -26,7 +26,10 @@ from rigforge.knobs.serving import Serving
 from rigforge.layout import NVIDIA_RUNTIME
 from roles.operations import apt_repo, docker_daemon
 
-# Docker's "Uninstall old versions" list (Ubuntu's; Debian's is the same without docker-compose-v2).
+# Docker's "Uninstall old versions" list (Ubuntu's; Debian's is the same without docker-compose-v2), and Debian's
+# docker-buildx: it ships the file docker-buildx-plugin ships (/usr/libexec/docker/cli-plugins/docker-buildx), and
+# Docker's package declares no Conflicts with it (docker-ce-packaging deb/common/control), so dpkg would refuse to
+# unpack Docker's over it.
 DOCKER_CONFLICTS = [
     "docker.io",
     "docker-doc",
@@ -35,6 +38,7 @@ DOCKER_CONFLICTS = [
     "podman-docker",
     "containerd",
     "runc",
+    "docker-buildx",
 ]
 TOOLKIT_PACKAGES = [
     "nvidia-container-toolkit",

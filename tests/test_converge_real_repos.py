@@ -1,10 +1,11 @@
 """Tier 4: the host roles against repositories named like the vendors' and rigs set up by hand (simulated GPUs).
 
-- A rig set up by hand from Docker's and NVIDIA's instructions (`testbed up --preset handmade`: docker.io,
-  Docker's one-line docker.list + docker.asc, the toolkit's nvidia-container-toolkit.list): with adoption off,
-  preflight refuses it naming the files and nothing changes; then it converges with one source file per URI and
-  a clean `apt-get update`, and a second run changes nothing. The Debian-scheme driver is installed (pinning
-  package first: the repo also has branch 590), held, and `rigforge verify`'s driver check passes.
+- A rig set up by hand from Docker's and NVIDIA's instructions (`testbed up --preset handmade`: docker.io with
+  Debian's compose and buildx plugins, Docker's one-line docker.list + docker.asc, the toolkit's
+  nvidia-container-toolkit.list): with adoption off, preflight refuses it naming the files and nothing changes;
+  then it converges with one source file per URI and a clean `apt-get update`, Docker's packages in place of
+  Debian's, and a second run changes nothing. The Debian-scheme driver is installed (pinning package first: the
+  repo also has branch 590), held, and `rigforge verify`'s driver check passes.
 - A key whose fingerprint is not the pinned one is refused before apt sees it.
 - A running driver that no package owns (`--preset unowned`, as NVIDIA's .run installer leaves a rig) is refused
   in preflight with one line; with `nvidia_driver_manage: false` rigforge leaves it alone and checks its branch.
@@ -59,7 +60,8 @@ def handmade(testbed_factory):
 
 def test_handmade_rig_is_what_the_instructions_leave(handmade):
     rig = handmade.rig("rig1")
-    assert "ii  docker.io" in rig.run("dpkg -l docker.io").stdout
+    listed = rig.run("dpkg -l docker.io docker-compose docker-buildx").stdout
+    assert all(f"ii  {name} " in listed for name in ("docker.io", "docker-compose", "docker-buildx")), listed
     docker_list = (rig.rootfs / "etc/apt/sources.list.d/docker.list").read_text()
     assert docker_list.startswith("deb [arch=amd64 signed-by=/etc/apt/keyrings/docker.asc] ")
     assert (rig.rootfs / "etc/apt/keyrings/docker.asc").exists()
@@ -106,6 +108,9 @@ def test_handmade_rig_converges_with_one_source_per_uri(adopted):
     assert [line for line in update.stdout.splitlines() if line[:2] in ("W:", "E:", "N:")] == [], update.stdout
     packages = rig.run("dpkg-query -W -f '${Package} ${db:Status-Abbrev}\\n'").stdout
     assert "docker.io ii" not in packages and "docker-ce ii" in packages
+    # Debian's buildx plugin shares a file with Docker's and declares no conflict with it: removed first
+    assert "docker-buildx ii" not in packages and "docker-buildx-plugin ii" in packages
+    assert rig.run("docker buildx version && docker compose version").returncode == 0
 
 
 def test_second_run_changes_nothing(adopted):

@@ -1,6 +1,7 @@
 """Rig presets: rigs set up the way people set them up by hand, before rigforge ever ran.
 
-- `handmade`: Docker's and NVIDIA's published instructions followed by hand: Debian's docker.io installed,
+- `handmade`: Docker's and NVIDIA's published instructions followed by hand: Debian's docker.io installed, with
+  Debian's compose v2 and buildx plugins (docker-compose, docker-buildx),
   Docker's one-line /etc/apt/sources.list.d/docker.list (signed-by /etc/apt/keyrings/docker.asc) and the
   toolkit's nvidia-container-toolkit.list (signed-by /usr/share/keyrings/nvidia-container-toolkit-keyring.gpg),
   pointing at the testbed's stand-ins for those repositories.
@@ -21,7 +22,11 @@ PRESETS = ("", "handmade", "unowned")
 def apply(preset: str, root: Path, apt_root: Path, apt_url: str) -> None:
     """Set up the rig's root file system `root` as `preset` describes (nothing for "")."""
     if preset == "handmade":
-        in_chroot(root, "apt-get install -y -q --no-install-recommends docker.io >/dev/null", capture=True)
+        in_chroot(
+            root,
+            "apt-get install -y -q --no-install-recommends docker.io docker-compose docker-buildx >/dev/null",
+            capture=True,
+        )
         key = (apt_root / DOCKER_KEY).read_text()
         (root / "etc/apt/keyrings").mkdir(parents=True, exist_ok=True)
         (root / "etc/apt/keyrings/docker.asc").write_text(key)
