@@ -37,7 +37,7 @@ from pyinfra.context import ctx_host
 
 from rigforge.facts import probe
 from rigforge.groups import is_rig
-from rigforge.inventory import sudo_of, sudo_password_problem
+from rigforge.inventory import no_delay, sudo_of, sudo_password_problem
 from rigforge.layout import RUN_LOCK
 
 MACHINE_ID = "/etc/machine-id"
@@ -63,6 +63,7 @@ def identity(h) -> tuple[str, str] | None:
         key = host_key(h)
         # a plain read (the file is world-readable), not a fact: a fact read would run the rig's batched probe
         # before its lock is held, and with sudo before sudo is known to work
+        no_delay(h)
         ok, output = h.run_shell_command(StringCommand("cat", MACHINE_ID)) if key else (False, None)
         machine = "".join(output.stdout_lines).strip() if ok else ""
         _IDENTITY[h.name] = (machine, key) if key and machine else None
@@ -144,6 +145,7 @@ def ask(host) -> None:
     is not asked: the deploy refuses it, naming both (roles/site.py `hold_the_rig`)."""
     if not over_ssh(host) or asked(host):
         return
+    no_delay(host)  # before this run's first command on the host
     if is_rig(host) and twins(host, [h for h in host.inventory.iter_activated_hosts() if is_rig(h)]):
         return
     sudo, _, password = sudo_of(host)
