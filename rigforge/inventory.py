@@ -61,14 +61,18 @@ def open_inventory(path: str, override: dict | None = None):
     return state
 
 
+def ssh_transport(host):
+    """`host`'s SSH transport (paramiko), or None: not over SSH (@local, @fake) or not connected."""
+    client = getattr(host.connector, "client", None)
+    return client.get_transport() if client is not None else None
+
+
 def no_delay(host) -> None:
     """TCP_NODELAY on `host`'s SSH connection. Each command is a session: a few small SSH packets, then a wait for
     the answer; with Nagle's algorithm on (paramiko sets no socket option) the next small packet waited for the
     rig's delayed ACK, 40 ms on Linux, once per command. Nothing for a connection that is not TCP (a ProxyCommand)
     or not open."""
-    client = getattr(host.connector, "client", None)
-    transport = client.get_transport() if client is not None else None
-    sock = getattr(transport, "sock", None)
+    sock = getattr(ssh_transport(host), "sock", None)
     if getattr(sock, "family", None) in (socket.AF_INET, socket.AF_INET6):
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

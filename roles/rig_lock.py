@@ -37,7 +37,7 @@ from pyinfra.context import ctx_host
 
 from rigforge.facts import probe
 from rigforge.groups import is_rig
-from rigforge.inventory import no_delay, sudo_of, sudo_password_problem
+from rigforge.inventory import no_delay, ssh_transport, sudo_of, sudo_password_problem
 from rigforge.layout import RUN_LOCK
 
 MACHINE_ID = "/etc/machine-id"
@@ -48,8 +48,7 @@ _IDENTITY: dict[str, tuple[str, str] | None] = {}  # host name -> (machine-id, S
 
 def host_key(h) -> str | None:
     """The SHA256 fingerprint (as ssh-keygen -l prints it) of the host key `h`'s SSH connection was given."""
-    client = getattr(h.connector, "client", None)
-    transport = client.get_transport() if client is not None else None
+    transport = ssh_transport(h)
     if transport is None:
         return None
     digest = hashlib.sha256(transport.get_remote_server_key().asbytes()).digest()
@@ -128,7 +127,7 @@ def send(host, path: str, sudo: bool, then: list | None = None, password: str | 
     run = f"{socket.gethostname()}, pid {os.getpid()}"
     owner = f"{run} (as {host.name}), since {datetime.now(UTC).isoformat(timespec='seconds')}"
     command = f"sh -c {shlex.quote(_holder(path, owner, then))}"
-    channel = host.connector.client.get_transport().open_session()
+    channel = ssh_transport(host).open_session()
     password = password if sudo else None
     if password:  # sudo reads it from the channel's first line; the holder's cat reads the rest
         channel.exec_command(f"sudo -S -p '' {command}")
@@ -205,5 +204,5 @@ def take(host) -> tuple[str | None, str | None]:
         said += chunk
     channel.close()
     if b"password is required" in said:  # sudo -n's refusal: nothing ran as root
-        return sudo_password_problem(host, host.connector.client.get_transport().get_username()), None
+        return sudo_password_problem(host, ssh_transport(host).get_username()), None
     return f"{host.name}: could not take the rig's lock {path} (sudo and flock are needed on the rig)", None
