@@ -67,15 +67,45 @@ def ssh_transport(host):
     return client.get_transport() if client is not None else None
 
 
-def no_delay(host) -> None:
-    """TCP_NODELAY on `host`'s SSH connection. Each command is a session: a few small SSH packets, then a wait for
-    the answer; with Nagle's algorithm on (paramiko sets no socket option) the next small packet waited for the
-    rig's delayed ACK, 40 ms on Linux, once per command. Nothing for a connection that is not TCP (a ProxyCommand)
-    or not open."""
-    sock = getattr(ssh_transport(host), "sock", None)
-    if getattr(sock, "family", None) in (socket.AF_INET, socket.AF_INET6):
+class _QuickAck:
+    """The SSH connection's socket as paramiko's packet reader sees it: each read also asks the kernel to
+    acknowledge what came in at once (TCP_QUICKACK, which Linux drops again after a while, so it is set after
+    every read)."""
+
+    def __init__(self, sock):
+        self._sock = sock
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+    def recv(self, size, *flags):
+        data = self._sock.recv(size, *flags)
         with contextlib.suppress(OSError):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
+        return data
+
+
+def no_delay(host) -> None:
+    """Neither end of `host`'s SSH connection waits on the other's delayed ACK (40 ms on Linux, once per stall):
+
+    - TCP_NODELAY: each command is a session, a few small SSH packets, then a wait for the answer; with Nagle's
+      algorithm on (paramiko sets no socket option) the next small packet waited for the rig's delayed ACK.
+    - TCP_QUICKACK after each read: sshd keeps Nagle on for sessions without a terminal, and right after login
+      it sends a notice (its host keys) that the controller has no reason to answer; the controller's ACK of it
+      was delayed, and sshd held the answer to the first session's request until it came: 44 ms on every run's
+      first command, 1 ms with this (docs/probe.md).
+
+    Nothing for a connection that is not TCP (a ProxyCommand) or not open; idempotent."""
+    transport = ssh_transport(host)
+    sock = getattr(transport, "sock", None)
+    if getattr(sock, "family", None) not in (socket.AF_INET, socket.AF_INET6):
+        return
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)  # an ACK held back now goes now
+    packets = getattr(transport, "packetizer", None)
+    if not isinstance(getattr(packets, "_Packetizer__socket", None), (_QuickAck, type(None))):
+        packets._Packetizer__socket = _QuickAck(packets._Packetizer__socket)
 
 
 def for_each_host(state, fn) -> dict[str, Any]:

@@ -1,16 +1,19 @@
-"""TCP_NODELAY on the SSH connection (rigforge/inventory.py `no_delay`): set on a TCP socket, left alone where
-there is none (a ProxyCommand's pipe, a connector without a client)."""
+"""TCP_NODELAY and quick ACKs on the SSH connection (rigforge/inventory.py `no_delay`): set on a TCP socket, left
+alone where there is none (a ProxyCommand's pipe, a connector without a client)."""
 
 from __future__ import annotations
 
 import socket
 from types import SimpleNamespace
 
+import paramiko
+
 from rigforge.inventory import no_delay
 
 
-def _host(sock):
-    transport = SimpleNamespace(sock=sock)
+def _host(sock_or_transport):
+    has_packets = hasattr(sock_or_transport, "packetizer")
+    transport = sock_or_transport if has_packets else SimpleNamespace(sock=sock_or_transport)
     return SimpleNamespace(connector=SimpleNamespace(client=SimpleNamespace(get_transport=lambda: transport)))
 
 
@@ -31,3 +34,32 @@ def test_a_connection_that_is_not_tcp_is_left_alone():
     no_delay(_host(SimpleNamespace()))  # a ProxyCommand: no socket family
     no_delay(_host(None))  # no transport
     no_delay(SimpleNamespace(connector=SimpleNamespace()))  # @local / @fake: no client
+
+
+def _pingpong(sock, peer):
+    """A few request-reply exchanges: Linux then delays `sock`'s ACKs (it is "interactive": TCP_QUICKACK reads 0)."""
+    for _ in range(3):
+        peer.sendall(b"request")
+        sock.recv(100)
+        sock.sendall(b"reply")
+        peer.recv(100)
+
+
+def test_each_read_of_the_ssh_connection_is_acknowledged_at_once():
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        peer = socket.create_connection(server.getsockname())
+        sock, _ = server.accept()
+        with peer, sock:
+            transport = paramiko.Transport(sock)  # not started: its packet reader over this socket
+            try:
+                no_delay(_host(transport))
+                reader = transport.packetizer._Packetizer__socket
+                no_delay(_host(transport))  # idempotent: wrapped once
+                assert reader is transport.packetizer._Packetizer__socket and reader is not sock
+                _pingpong(sock, peer)
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK) == 0  # ACKs delayed again
+                peer.sendall(b"host keys notice")
+                assert reader.recv(100) == b"host keys notice"
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK) == 1  # the next one at once
+            finally:
+                transport.packetizer._Packetizer__socket = sock
