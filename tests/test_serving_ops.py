@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import re
 
+from pyinfra.api import FileUploadCommand
+from pyinfra.context import ctx_host, ctx_state
 from support import render_variant
 from test_roles_host_ops import converge, executed, make_plan, rig
 
@@ -148,3 +151,35 @@ def test_a_rig_resting_stopped_is_stopped_and_disabled_and_not_gated():
     cmds = executed(state, "r")
     assert f"systemctl disable --now {UNIT}" in cmds and f"systemctl stop {UNIT}" in cmds
     assert not [c for c in cmds if re.search(GATE, c) or re.search(r"^systemctl (start|restart|enable) ", c)]
+
+
+def test_the_manifest_reads_the_interconnect_only_when_it_is_written():
+    """rig.json records the GPUs' interconnect (`nvidia-smi topo -m`, `topo -p2p r`): read when the manifest is
+    written, not on a re-run that finds it up to date."""
+    from test_roles_host_ops import host_of, make_state
+
+    from roles.operations.serving import manifest
+
+    topo = ["--- topo -m", "\tGPU0\tGPU1", "GPU0\t X \tPHB", "GPU1\tPHB\t X ", "--- topo -p2p r",
+            "\tGPU0\tGPU1", "GPU0\tX\tCNS", "GPU1\tCNS\tX"]  # fmt: skip
+    interconnect = {"links": {"0-1": "PHB"}, "p2p_read": {"0-1": "CNS"}}
+    content = {"variant": "dual-turbo", "port": 8011}
+
+    def run(current: dict | None):
+        data = rig(extra={"topo -m": topo, "cat /etc/rigforge/rig.json": json.dumps(current) if current else ""})
+        state = make_state({"r": data})
+        host = host_of(state, "r")
+        with ctx_state.use(state), ctx_host.use(host):
+            cmds = list(manifest._inner("/etc/rigforge/rig.json", content, "2026-12-04T00:00:00+00:00"))
+        uploaded = [c.src.getvalue().decode() for c in cmds if isinstance(c, FileUploadCommand)]
+        return uploaded, any("topo" in c for c in host.connector.executed_commands)
+
+    uploaded, read = run(None)  # a fresh rig: written, with the interconnect read now
+    written = json.loads(uploaded[0])
+    assert read and written["interconnect"] == interconnect and written["variant"] == "dual-turbo", written
+
+    assert run(written) == ([], False)  # up to date: nothing written, nvidia-smi topo not run
+    uploaded, read = run({**written, "variant": "dual"})  # another variant recorded: rewritten, the interconnect read
+    assert read and json.loads(uploaded[0]) == written
+    stale = {**written, "interconnect": {"links": {}, "p2p_read": {}}}
+    assert run(stale) == ([], False)  # recorded as it was when written: kept, not read again

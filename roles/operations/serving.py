@@ -138,8 +138,9 @@ def enabled_instances(unit_dir: str, template: str) -> list[str]:
 def manifest(path: str, content: dict, now: str):
     """
     Write the rig manifest (rig.json): ``content`` plus the rig's GPUs and their interconnect (``nvidia-smi topo
-    -m``, ``topo -p2p r``) as seen when this runs, and the time.
-    Rewritten only when something other than the time differs, so a converged rig stays unchanged.
+    -m``, ``topo -p2p r``), and the time. Rewritten only when something other than the time differs, so a
+    converged rig stays unchanged. Cards do not move while a rig runs: the interconnect (two nvidia-smi runs, the
+    slowest part of a re-run's probe) is read only when the rest of the manifest differs, and recorded as then.
 
     + path: where the manifest goes (the layout's ``rig_json``)
     + content: what it records (variant, unit, port, pins...)
@@ -149,9 +150,12 @@ def manifest(path: str, content: dict, now: str):
         {k: gpu.get(k) for k in ("index", "uuid", "name", "memory_total", "power_limit", "driver_version")}
         for gpu in host.get_fact(NvidiaGpus) or []
     ]
-    wanted = {**content, "gpus": gpus, "interconnect": host.get_fact(NvidiaTopology)}
     current = host.get_fact(JsonFile, path=path) or {}
-    if {k: v for k, v in current.items() if k not in MANIFEST_VOLATILE} == wanted:
+    recorded = {k: v for k, v in current.items() if k not in MANIFEST_VOLATILE}
+    wanted = {**content, "gpus": gpus, "interconnect": recorded.get("interconnect")}
+    if "interconnect" not in recorded or recorded != wanted:
+        wanted["interconnect"] = host.get_fact(NvidiaTopology)
+    if recorded == wanted:
         host.noop(f"{path} up to date")
         return
     text = json.dumps({**wanted, "provisioned_at": now}, indent=2, sort_keys=True) + "\n"
