@@ -181,5 +181,9 @@ def test_the_manifest_reads_the_interconnect_only_when_it_is_written():
     assert run(written) == ([], False)  # up to date: nothing written, nvidia-smi topo not run
     uploaded, read = run({**written, "variant": "dual"})  # another variant recorded: rewritten, the interconnect read
     assert read and json.loads(uploaded[0]) == written
+    assert written["gpus"][1]["pci_bus_id"] == "00000000:02:00.0"
+    moved = [{**gpu, "pci_bus_id": f"00000000:{gpu['index'] + 3:02x}:00.0"} for gpu in written["gpus"]]
+    uploaded, read = run({**written, "gpus": moved})  # the cards were in other slots: rewritten, the interconnect read
+    assert read and json.loads(uploaded[0]) == written
     stale = {**written, "interconnect": {"links": {}, "p2p_read": {}}}
-    assert run(stale) == ([], False)  # recorded as it was when written: kept, not read again
+    assert run(stale) == ([], False)  # the same cards in the same slots: kept as recorded, not read again

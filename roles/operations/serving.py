@@ -140,14 +140,18 @@ def manifest(path: str, content: dict, now: str):
     Write the rig manifest (rig.json): ``content`` plus the rig's GPUs and their interconnect (``nvidia-smi topo
     -m``, ``topo -p2p r``), and the time. Rewritten only when something other than the time differs, so a
     converged rig stays unchanged. Cards do not move while a rig runs: the interconnect (two nvidia-smi runs, the
-    slowest part of a re-run's probe) is read only when the rest of the manifest differs, and recorded as then.
+    slowest part of a re-run's probe) is read only when the rest of the manifest differs (a card in another slot
+    has another PCI bus id), and recorded as then.
 
     + path: where the manifest goes (the layout's ``rig_json``)
     + content: what it records (variant, unit, port, pins...)
     + now: the time to record as ``provisioned_at`` (ISO 8601)
     """
     gpus = [
-        {k: gpu.get(k) for k in ("index", "uuid", "name", "memory_total", "power_limit", "driver_version")}
+        {
+            k: gpu.get(k)
+            for k in ("index", "uuid", "name", "pci_bus_id", "memory_total", "power_limit", "driver_version")
+        }
         for gpu in host.get_fact(NvidiaGpus) or []
     ]
     current = host.get_fact(JsonFile, path=path) or {}
