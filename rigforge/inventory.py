@@ -67,6 +67,9 @@ def ssh_transport(host):
     return client.get_transport() if client is not None else None
 
 
+QUICKACK = getattr(socket, "TCP_QUICKACK", None)  # Linux's; a controller elsewhere (macOS) has no such option
+
+
 class _QuickAck:
     """The SSH connection's socket as paramiko's packet reader sees it: each read also asks the kernel to
     acknowledge what came in at once (TCP_QUICKACK, which Linux drops again after a while, so it is set after
@@ -81,7 +84,7 @@ class _QuickAck:
     def recv(self, size, *flags):
         data = self._sock.recv(size, *flags)
         with contextlib.suppress(OSError):
-            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
+            self._sock.setsockopt(socket.IPPROTO_TCP, QUICKACK, 1)
         return data
 
 
@@ -95,16 +98,18 @@ def no_delay(host) -> None:
       was delayed, and sshd held the answer to the first session's request until it came: 44 ms on every run's
       first command, 1 ms with this (docs/probe.md).
 
-    Nothing for a connection that is not TCP (a ProxyCommand) or not open; idempotent."""
+    Nothing for a connection that is not TCP (a ProxyCommand) or not open, and no quick ACKs where the controller's
+    system has no TCP_QUICKACK (it is Linux's); idempotent."""
     transport = ssh_transport(host)
     sock = getattr(transport, "sock", None)
     if getattr(sock, "family", None) not in (socket.AF_INET, socket.AF_INET6):
         return
     with contextlib.suppress(OSError):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)  # an ACK held back now goes now
+        if QUICKACK is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, QUICKACK, 1)  # an ACK held back now goes now
     packets = getattr(transport, "packetizer", None)
-    if not isinstance(getattr(packets, "_Packetizer__socket", None), (_QuickAck, type(None))):
+    if QUICKACK is not None and not isinstance(getattr(packets, "_Packetizer__socket", None), (_QuickAck, type(None))):
         packets._Packetizer__socket = _QuickAck(packets._Packetizer__socket)
 
 

@@ -63,3 +63,16 @@ def test_each_read_of_the_ssh_connection_is_acknowledged_at_once():
                 assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK) == 1  # the next one at once
             finally:
                 transport.packetizer._Packetizer__socket = sock
+
+
+def test_a_controller_without_quick_acks_still_gets_no_delay(monkeypatch):
+    """TCP_QUICKACK is Linux's: where the controller's system has none (macOS), TCP_NODELAY alone, nothing raised."""
+    import rigforge.inventory
+
+    monkeypatch.setattr(rigforge.inventory, "QUICKACK", None)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        with socket.create_connection(server.getsockname()) as sock:
+            transport = paramiko.Transport(sock)
+            no_delay(_host(transport))
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+            assert transport.packetizer._Packetizer__socket is sock  # the reader left as paramiko made it
