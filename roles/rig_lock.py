@@ -88,7 +88,10 @@ def _holder(path: str, owner: str, then=None) -> str:
         f"if flock -n 9; then "
         f'  [ -s {info} ] && echo "STALE $(cat {info})"; '
         f"  echo {shlex.quote(owner)} > {info}; echo LOCKED; {run}cat >/dev/null; rm -f {info}; "
-        f'else echo "BUSY $(cat {info} 2>/dev/null)"; fi'
+        # held: the holder writes its line just after it takes the lock; a holder caught between the two (a busy
+        # rig) is waited for, up to 2 s, so that its line is read, not an empty file
+        f"else n=0; while [ ! -s {info} ] && [ $n -lt 40 ]; do sleep 0.05; n=$((n + 1)); done; "
+        f'echo "BUSY $(cat {info} 2>/dev/null)"; fi'
     )
 
 

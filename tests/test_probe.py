@@ -14,8 +14,10 @@ import importlib.metadata
 import inspect
 import json
 import os
+import shlex
 import subprocess
 import sys
+import time
 
 import pytest
 from pyinfra.api import Config, Inventory, State, arguments, util
@@ -364,3 +366,31 @@ def test_every_host_method_that_can_change_a_rig_is_covered():
     read_only |= {"get_deploy_data", "get_temp_dir_config"}
     methods = {n for n, v in vars(Host).items() if inspect.isfunction(v) and not n.startswith("_")}
     assert methods == read_only | set(probe.CHANGING)
+
+
+def test_a_busy_lock_names_its_holder_caught_before_it_wrote_its_line(tmp_path, monkeypatch):
+    """Another run holds the rig's lock but has not written its owner line yet (a busy rig: the two are separate
+    steps): the answer waits for the line and names that run, rather than 'another run' or this run's twin."""
+    from types import SimpleNamespace
+
+    from roles import rig_lock
+
+    monkeypatch.setattr(rig_lock, "_HELD", {})
+    monkeypatch.setattr(rig_lock, "_SENT", {})
+    lock = tmp_path / "rig.lock"
+    owner = "ctl, pid 1 (as rig9), since 2026-12-05T00:00:00+00:00"
+    late = f"sleep 0.5; echo {shlex.quote(owner)} > {lock}.owner; sleep 30"
+    other = subprocess.Popen(["flock", str(lock), "sh", "-c", late])
+    try:
+        while subprocess.run(["flock", "-n", str(lock), "true"]).returncode == 0:  # until the other run holds it
+            time.sleep(0.01)
+        transport = SimpleNamespace(open_session=_Channel)
+        host = SimpleNamespace(
+            name="rig1", connector=SimpleNamespace(client=SimpleNamespace(get_transport=lambda: transport))
+        )
+        rig_lock.send(host, str(lock), False)
+        problem, _ = rig_lock.take(host)
+    finally:
+        other.kill()
+        other.wait()
+    assert problem == f"rig1 is being provisioned by {owner}; wait for that run to end, then run again"
