@@ -368,9 +368,12 @@ def test_every_host_method_that_can_change_a_rig_is_covered():
     assert methods == read_only | set(probe.CHANGING)
 
 
-def test_a_busy_lock_names_its_holder_caught_before_it_wrote_its_line(tmp_path, monkeypatch):
-    """Another run holds the rig's lock but has not written its owner line yet (a busy rig: the two are separate
-    steps): the answer waits for the line and names that run, rather than 'another run' or this run's twin."""
+@pytest.mark.parametrize("ours", [False, True], ids=["another run", "this run, its answer not read yet"])
+def test_a_busy_lock_names_its_holder_caught_before_it_wrote_its_line(tmp_path, monkeypatch, ours):
+    """Another holder has the rig's lock but has not written its owner line yet (a busy rig: the two are separate
+    steps): the answer waits for the line and names that run, rather than 'another run'. When the holder is this
+    very run under another inventory name, the answer says so, even before that name's own answer is read."""
+    import socket
     from types import SimpleNamespace
 
     from roles import rig_lock
@@ -378,7 +381,8 @@ def test_a_busy_lock_names_its_holder_caught_before_it_wrote_its_line(tmp_path, 
     monkeypatch.setattr(rig_lock, "_HELD", {})
     monkeypatch.setattr(rig_lock, "_SENT", {})
     lock = tmp_path / "rig.lock"
-    owner = "ctl, pid 1 (as rig9), since 2026-12-05T00:00:00+00:00"
+    run = f"{socket.gethostname()}, pid {os.getpid()}" if ours else "ctl, pid 1"
+    owner = f"{run} (as rig9), since 2026-12-05T00:00:00+00:00"
     late = f"sleep 0.5; echo {shlex.quote(owner)} > {lock}.owner; sleep 30"
     other = subprocess.Popen(["flock", str(lock), "sh", "-c", late])
     try:
@@ -393,4 +397,10 @@ def test_a_busy_lock_names_its_holder_caught_before_it_wrote_its_line(tmp_path, 
     finally:
         other.kill()
         other.wait()
-    assert problem == f"rig1 is being provisioned by {owner}; wait for that run to end, then run again"
+    if ours:
+        assert problem == (
+            f"rig1 and rig9 are one machine (this run holds its lock {lock} as rig9): remove one of the two names "
+            "from the inventory"
+        )
+    else:
+        assert problem == f"rig1 is being provisioned by {owner}; wait for that run to end, then run again"
