@@ -196,7 +196,7 @@ def take(host) -> tuple[str | None, str | None]:
             channel.close()
             holder = line[5:] or "another run"
             name = holder[len(run) :].removeprefix(" (as ").partition(")")[0] if holder.startswith(run) else ""
-            if name:  # this very run holds it, under another name (whose answer may not have been read yet)
+            if name not in ("", host.name):  # this very run holds it under another name (answer read or not yet)
                 return (
                     f"{host.name} and {name} are one machine (this run holds its lock {path} as {name}): remove one "
                     "of the two names from the inventory"
