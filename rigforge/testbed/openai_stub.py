@@ -207,10 +207,18 @@ class _Handler(BaseHTTPRequestHandler):
         with self.server.slots:  # a request that waited for a slot is generated from then on
             m.add(waiting=-1, running=1, prompt_tokens=PROMPT_TOKENS, kv_tokens=PROMPT_TOKENS)
             self.held = PROMPT_TOKENS  # what this request holds of the KV cache model
+            self.finished = False
             try:
                 self._answer(req, n, time.monotonic_ns() if s.max_concurrent else t_recv, t_recv)
             finally:
-                m.add(running=-1, kv_tokens=-self.held)
+                self._finish()
+
+    def _finish(self) -> None:
+        """The request leaves the running batch and frees its cache: before its last output is sent, as in vLLM
+        (a client that has the whole reply then scrapes it gone), or when it fails or is cut. Once."""
+        if not self.finished:
+            self.finished = True
+            self.schedule.metrics.add(running=-1, kv_tokens=-self.held)
 
     def _generated(self, tokens: int) -> None:
         self.held += tokens
@@ -229,6 +237,7 @@ class _Handler(BaseHTTPRequestHandler):
             _sleep_until(t_recv + int((s.ttft_ms + max(n - 1, 0) * s.dt_ms) * 1e6))
             text = "The capital of France is Paris."
             self._generated(len(text.split()))
+            self._finish()
             self._json(200, _completion(s.model, {"role": "assistant", "content": text}, len(text.split())))
 
     def _tool_call(self, req) -> None:
@@ -236,6 +245,7 @@ class _Handler(BaseHTTPRequestHandler):
         call = {"id": "call_0", "type": "function", "function": {"name": name, "arguments": '{"city": "Paris"}'}}
         msg = {"role": "assistant", "content": None, "tool_calls": [call]}
         self._generated(12)
+        self._finish()
         self._json(200, _completion(self.schedule.model, msg, 12, finish="tool_calls"))
 
     def _chunk(self, obj) -> None:
@@ -260,6 +270,7 @@ class _Handler(BaseHTTPRequestHandler):
                 s.metrics.observe_ttft((sent[0] - t_arrived) / 1e9)
             self._chunk({**base, "choices": [{"index": 0, "delta": {key: f"t{i} "}, "finish_reason": None}]})
             self._generated(s.tokens_per_delta)  # counted once written, as a client sees it
+        self._finish()
         self._chunk({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
         if s.usage and (req.get("stream_options") or {}).get("include_usage"):
             k = n * s.tokens_per_delta
