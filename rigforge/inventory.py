@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -113,6 +114,26 @@ def no_delay(host) -> None:
         packets._Packetizer__socket = _QuickAck(packets._Packetizer__socket)
 
 
+def quick_connections(hosts=()) -> None:
+    """`no_delay` on every SSH connection of the run, once each: from now on on each one pyinfra opens (a wrapper on
+    the SSH connector's `connect`: the reconnect after `server.reboot` too), and, when the wrapper is installed, on
+    the connections `hosts` have open already (pyinfra's CLI connects before the deploy files run). Idempotent."""
+    from pyinfra.connectors.ssh import SSHConnector
+
+    if hasattr(SSHConnector.connect, "__wrapped__"):
+        return
+    original = SSHConnector.connect
+
+    @functools.wraps(original)
+    def connect(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        no_delay(self.host)
+
+    SSHConnector.connect = connect
+    for host in hosts:
+        no_delay(host)
+
+
 def for_each_host(state, fn) -> dict[str, Any]:
     """Connect to every host and run fn(host) on each in parallel: {host name: result or Exception}."""
     import gevent
@@ -122,7 +143,6 @@ def for_each_host(state, fn) -> dict[str, Any]:
             host.connect(show_errors=False, raise_exceptions=True)
         except Exception as exc:
             return Unreachable(f"cannot connect: {_one_line(exc)}")
-        no_delay(host)
         state.activate_host(host)
         try:
             problem = _command_problem(host)
@@ -133,6 +153,7 @@ def for_each_host(state, fn) -> dict[str, Any]:
             with contextlib.suppress(Exception):
                 host.disconnect()
 
+    quick_connections()
     hosts = list(state.inventory)
     jobs = [state.pool.spawn(task, host) for host in hosts]
     gevent.joinall(jobs)

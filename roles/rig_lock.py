@@ -37,7 +37,7 @@ from pyinfra.context import ctx_host
 
 from rigforge.facts import probe
 from rigforge.groups import is_rig
-from rigforge.inventory import no_delay, ssh_transport, sudo_of, sudo_password_problem
+from rigforge.inventory import ssh_transport, sudo_of, sudo_password_problem
 from rigforge.layout import RUN_LOCK
 
 MACHINE_ID = "/etc/machine-id"
@@ -62,7 +62,6 @@ def identity(h) -> tuple[str, str] | None:
         key = host_key(h)
         # a plain read (the file is world-readable), not a fact: a fact read would run the rig's batched probe
         # before its lock is held, and with sudo before sudo is known to work
-        no_delay(h)
         ok, output = h.run_shell_command(StringCommand("cat", MACHINE_ID)) if key else (False, None)
         machine = "".join(output.stdout_lines).strip() if ok else ""
         _IDENTITY[h.name] = (machine, key) if key and machine else None
@@ -86,12 +85,14 @@ def _holder(path: str, owner: str, then=None) -> str:
     return (
         f"exec 9>>{lock} || exit 1; "
         f"if flock -n 9; then "
-        f'  [ -s {info} ] && echo "STALE $(cat {info})"; '
-        f"  echo {shlex.quote(owner)} > {info}; echo LOCKED; {run}cat >/dev/null; rm -f {info}; "
-        # held: the holder writes its line just after it takes the lock; a holder caught between the two (a busy
-        # rig) is waited for, up to 2 s, so that its line is read, not an empty file
-        f"else n=0; while [ ! -s {info} ] && [ $n -lt 40 ]; do sleep 0.05; n=$((n + 1)); done; "
-        f'echo "BUSY $(cat {info} 2>/dev/null)"; fi'
+        f'  [ -s {info} ] && echo "STALE $(sed "s/^[0-9]* //" {info})"; '
+        f'  echo "$$ "{shlex.quote(owner)} > {info}; echo LOCKED; {run}cat >/dev/null; rm -f {info}; '
+        # held: the owner line starts with the holder's pid on the rig. The holder writes it just after it takes
+        # the lock: a holder caught between the two (a busy rig) is waited for, up to 2 s, so that its line is
+        # read, not an empty file, nor the line a killed run left (its pid is gone)
+        f"else n=0; while [ $n -lt 40 ]; do read -r pid who < {info} 2>/dev/null && kill -0 \"$pid\" 2>/dev/null && "
+        f"break; who=; sleep 0.05; n=$((n + 1)); done; "
+        f'echo "BUSY $who"; fi'
     )
 
 
@@ -147,7 +148,6 @@ def ask(host) -> None:
     is not asked: the deploy refuses it, naming both (roles/site.py `hold_the_rig`)."""
     if not over_ssh(host) or asked(host):
         return
-    no_delay(host)  # before this run's first command on the host
     if is_rig(host) and twins(host, [h for h in host.inventory.iter_activated_hosts() if is_rig(h)]):
         return
     sudo, _, password = sudo_of(host)

@@ -4,9 +4,13 @@ alone where there is none (a ProxyCommand's pipe, a connector without a client).
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import paramiko
+import pytest
+from support import REPO
 
 from rigforge.inventory import no_delay
 
@@ -76,3 +80,39 @@ def test_a_controller_without_quick_acks_still_gets_no_delay(monkeypatch):
             no_delay(_host(transport))
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
             assert transport.packetizer._Packetizer__socket is sock  # the reader left as paramiko made it
+
+
+RECONNECT = """
+import socket, sys
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api.connect import connect_all
+from rigforge.inventory import _QuickAck, quick_connections, ssh_transport
+scope = {}
+exec(open(sys.argv[1]).read(), scope)
+inventory = Inventory(([scope["rigs"][0]], {}))
+connect_all(State(inventory, Config()))
+host = next(iter(inventory))
+def quick():
+    transport = ssh_transport(host)
+    nodelay = transport.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    return nodelay and isinstance(transport.packetizer._Packetizer__socket, _QuickAck)
+seen = [quick()]  # as pyinfra connected it
+quick_connections([host])  # the deploy's first step (rigforge/facts/probe.py install_all)
+seen.append(quick())
+host.disconnect(); host.connect()  # what server.reboot does once the rig is back: a new connection
+seen.append(quick() and ssh_transport(host).get_remote_server_key() is not None)
+print(seen)
+"""
+
+
+@pytest.mark.testbed
+def test_a_connection_pyinfra_opens_again_after_a_reboot_gets_no_delay_too(testbed_factory):
+    """The connections the deploy found open get it when the deploy starts, and a new one (the reconnect after
+    `server.reboot` in the driver role) gets it from the SSH connector itself, over real SSH to a testbed rig."""
+    from rigforge.testbed import RigSpec
+
+    tb = testbed_factory([RigSpec()], name="nodelay")
+    run = subprocess.run([sys.executable, "-c", RECONNECT, str(tb.inventory)], cwd=REPO, capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == "[False, True, True]", run.stdout + run.stderr[-2000:]

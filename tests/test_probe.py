@@ -18,6 +18,7 @@ import shlex
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from pyinfra.api import Config, Inventory, State, arguments, util
@@ -47,6 +48,7 @@ def shipped(monkeypatch, tmp_path):
     monkeypatch.setattr(pyinfra_facts, "all_global_arguments", speedups._ORIGINAL)
     monkeypatch.setattr(probe, "_original_get_fact", None)
     monkeypatch.setattr(probe, "_SNAPSHOTS", {})
+    monkeypatch.setattr(SSHConnector, "connect", inspect.unwrap(SSHConnector.connect))
     return tmp_path
 
 
@@ -317,10 +319,12 @@ def test_the_deploy_entry_installs_and_importing_changes_nothing(shipped, monkey
     assert pyinfra_facts._get_fact is probe._get_fact
     assert all(getattr(Host, name).__wrapped__ for name in probe.CHANGING)
     assert util.stack is not inspect.stack and hasattr(arguments.all_global_arguments, "cache_info")
+    assert SSHConnector.connect.__wrapped__  # no delayed ACKs on each SSH connection from now on
     names = "f._get_fact, h.Host.run_shell_command, h.Host.put_file, h.Host.rsync, u.stack, u.getframeinfo"
-    names += ", a.all_global_arguments"
+    names += ", a.all_global_arguments, s.SSHConnector.connect"
     code = (
         "import pyinfra.api.facts as f, pyinfra.api.host as h, pyinfra.api.util as u, pyinfra.api.arguments as a\n"
+        "import pyinfra.connectors.ssh as s\n"
         f"before = ({names})\nimport roles.site, roles.rig_lock\nraise SystemExit(0 if before == ({names}) else 1)\n"
     )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
@@ -368,11 +372,16 @@ def test_every_host_method_that_can_change_a_rig_is_covered():
     assert methods == read_only | set(probe.CHANGING)
 
 
-@pytest.mark.parametrize("ours", [False, True], ids=["another run", "this run, its answer not read yet"])
-def test_a_busy_lock_names_its_holder_caught_before_it_wrote_its_line(tmp_path, monkeypatch, ours):
+@pytest.mark.parametrize(
+    "ours, killed",
+    [(False, False), (True, False), (False, True)],
+    ids=["another run", "this run, its answer not read yet", "another run, after a killed run's line"],
+)
+def test_a_busy_lock_names_its_holder_caught_before_it_wrote_its_line(tmp_path, monkeypatch, ours, killed):
     """Another holder has the rig's lock but has not written its owner line yet (a busy rig: the two are separate
-    steps): the answer waits for the line and names that run, rather than 'another run'. When the holder is this
-    very run under another inventory name, the answer says so, even before that name's own answer is read."""
+    steps): the answer waits for the line and names that run, rather than 'another run', nor the run a line left
+    by a killed run names. When the holder is this very run under another inventory name, the answer says so,
+    even before that name's own answer is read."""
     import socket
     from types import SimpleNamespace
 
@@ -383,7 +392,11 @@ def test_a_busy_lock_names_its_holder_caught_before_it_wrote_its_line(tmp_path, 
     lock = tmp_path / "rig.lock"
     run = f"{socket.gethostname()}, pid {os.getpid()}" if ours else "ctl, pid 1"
     owner = f"{run} (as rig9), since 2026-12-05T00:00:00+00:00"
-    late = f"sleep 0.5; echo {shlex.quote(owner)} > {lock}.owner; sleep 30"
+    if killed:  # its holder on the rig is gone (the controller was killed, the link dropped): its pid with it
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        Path(f"{lock}.owner").write_text(f"{gone.pid} ctl-killed, pid 7 (as rig1), since 2026-12-04T00:00:00+00:00\n")
+    late = f'sleep 0.5; echo "$$ "{shlex.quote(owner)} > {lock}.owner; sleep 30'  # the holder's own line
     other = subprocess.Popen(["flock", str(lock), "sh", "-c", late])
     try:
         while subprocess.run(["flock", "-n", str(lock), "true"]).returncode == 0:  # until the other run holds it

@@ -46,9 +46,10 @@ from pyinfra.api.arguments import auth_argument_meta
 from pyinfra.api.exceptions import FactProcessError
 from pyinfra.api.facts import FactBase
 from pyinfra.api.host import Host
+from pyinfra.context import ctx_state
 from pyinfra.facts import files as pyinfra_files
 
-from rigforge import speedups
+from rigforge import inventory, speedups
 
 # Connector arguments that change what a command sees: a snapshot answer needs the same ones as the probe (how
 # the command is wrapped: sudo, su, doas...; passwords aside, they never change what it sees).
@@ -409,7 +410,8 @@ def _save() -> None:
 
 def install_all() -> None:
     """Everything rigforge patches in pyinfra for a deploy: fact reads answered from one batched probe per host
-    (idempotent; not when RIGFORGE_PROBE_CACHE=off) and rigforge/speedups.py. Called first thing by the deploy
+    (idempotent; not when RIGFORGE_PROBE_CACHE=off), rigforge/speedups.py, and no delayed ACKs on the SSH
+    connections (rigforge/inventory.py `quick_connections`). Called first thing by the deploy
     entry (roles/site.py `provision`); importing rigforge changes nothing in pyinfra."""
     global _original_get_fact
     if _original_get_fact is None and cache_dir() is not None:
@@ -420,3 +422,4 @@ def install_all() -> None:
         atexit.unregister(_save)  # once, however often installed
         atexit.register(_save)
     speedups.install()
+    inventory.quick_connections(ctx_state.get().inventory if ctx_state.isset() else ())
