@@ -15,11 +15,12 @@ import re
 from pyinfra.api import FileUploadCommand
 from pyinfra.context import ctx_host, ctx_state
 from support import render_variant
-from test_roles_host_ops import converge, executed, make_plan, rig
+from test_roles_host_ops import converge, executed, host_of, make_plan, make_state, rig
 
 from rigforge.catalog import load_catalog
 from rigforge.schema import Settings
 from roles import serving
+from roles.operations.serving import manifest
 
 VARIANT = load_catalog().variant("dual-turbo")
 UNIT = "rigforge-vllm@dual-turbo.service"
@@ -156,10 +157,6 @@ def test_a_rig_resting_stopped_is_stopped_and_disabled_and_not_gated():
 def test_the_manifest_reads_the_interconnect_only_when_it_is_written():
     """rig.json records the GPUs' interconnect (`nvidia-smi topo -m`, `topo -p2p r`): read when the manifest is
     written, not on a re-run that finds it up to date."""
-    from test_roles_host_ops import host_of, make_state
-
-    from roles.operations.serving import manifest
-
     topo = ["--- topo -m", "\tGPU0\tGPU1", "GPU0\t X \tPHB", "GPU1\tPHB\t X ", "--- topo -p2p r",
             "\tGPU0\tGPU1", "GPU0\tX\tCNS", "GPU1\tCNS\tX"]  # fmt: skip
     interconnect = {"links": {"0-1": "PHB"}, "p2p_read": {"0-1": "CNS"}}
