@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import inspect
 import json
@@ -42,13 +43,15 @@ def shipped(monkeypatch, tmp_path):
     monkeypatch.setattr(pyinfra_facts, "_get_fact", probe._original_get_fact or pyinfra_facts._get_fact)
     for name in probe.CHANGING:
         monkeypatch.setattr(Host, name, inspect.unwrap(getattr(Host, name)))
-    for module, name in ((util, "stack"), (util, "getframeinfo")):
-        monkeypatch.setattr(module, name, getattr(inspect, name))
+    for module in (util, sys.modules["pyinfra.api.operation"]):
+        monkeypatch.setattr(module, "get_operation_order_from_stack", speedups._SHIPPED_ORDER)
     monkeypatch.setattr(arguments, "all_global_arguments", speedups._ORIGINAL)
     monkeypatch.setattr(pyinfra_facts, "all_global_arguments", speedups._ORIGINAL)
     monkeypatch.setattr(probe, "_original_get_fact", None)
     monkeypatch.setattr(probe, "_SNAPSHOTS", {})
     monkeypatch.setattr(SSHConnector, "connect", inspect.unwrap(SSHConnector.connect))
+    for name in speedups._CALLERS:
+        monkeypatch.setattr(sys.modules[name], "pop_global_arguments", speedups._SHIPPED_POP)
     return tmp_path
 
 
@@ -318,10 +321,12 @@ def test_the_deploy_entry_installs_and_importing_changes_nothing(shipped, monkey
     site.provision._inner()
     assert pyinfra_facts._get_fact is probe._get_fact
     assert all(getattr(Host, name).__wrapped__ for name in probe.CHANGING)
-    assert util.stack is not inspect.stack and hasattr(arguments.all_global_arguments, "cache_info")
+    assert util.get_operation_order_from_stack is speedups.operation_order
+    assert hasattr(arguments.all_global_arguments, "cache_info")
+    assert arguments.pop_global_arguments is speedups.pop_global_arguments
     assert SSHConnector.connect.__wrapped__  # no delayed ACKs on each SSH connection from now on
-    names = "f._get_fact, h.Host.run_shell_command, h.Host.put_file, h.Host.rsync, u.stack, u.getframeinfo"
-    names += ", a.all_global_arguments, s.SSHConnector.connect"
+    names = "f._get_fact, h.Host.run_shell_command, h.Host.put_file, h.Host.rsync, u.get_operation_order_from_stack"
+    names += ", a.all_global_arguments, a.pop_global_arguments, s.SSHConnector.connect"
     code = (
         "import pyinfra.api.facts as f, pyinfra.api.host as h, pyinfra.api.util as u, pyinfra.api.arguments as a\n"
         "import pyinfra.connectors.ssh as s\n"
@@ -357,9 +362,16 @@ def test_private_pyinfra_names_and_signatures_are_as_expected():
         assert _params(inspect.unwrap(getattr(Host, name))) == ["self", "args", "kwargs"], name
     assert "current_op_global_arguments" in Host.__annotations__
     assert set(probe.CONNECTOR_IDENTITY) <= set(SSHConnector.data_meta)
-    order = util.get_operation_order_from_stack
-    assert {"stack", "getframeinfo"} <= set(order.__code__.co_names) and order.__globals__ is vars(util)
+    order = speedups._SHIPPED_ORDER  # rigforge/speedups.py operation_order does what it does: read a new one again
+    assert order.__module__ == "pyinfra.api.util" and _params(order) == ["state"]
+    assert hashlib.sha256(inspect.getsource(order).encode()).hexdigest()[:16] == "f4807f61585570e0"
+    assert "get_operation_order_from_stack" in vars(sys.modules["pyinfra.api.operation"])  # called by that name
     assert _params(speedups._ORIGINAL) == []
+    pop = speedups._SHIPPED_POP  # rigforge/speedups.py does what it does: a new pyinfra's must be read again
+    assert _params(pop) == ["state", "host", "kwargs"] and pop.__module__ == "pyinfra.api.arguments"
+    assert hashlib.sha256(inspect.getsource(pop).encode()).hexdigest()[:16] == "a12a311539ff5068"
+    assert all("pop_global_arguments" in vars(sys.modules[name]) for name in speedups._CALLERS)
+    assert isinstance(Inventory((["h"], {})).get_host("h").data.datas, tuple)  # HostData's sources, in its order
     assert "all_global_arguments" in arguments.pop_global_arguments.__code__.co_names  # a global lookup: patchable
 
 

@@ -6,10 +6,12 @@ Each check also counts the expensive call the speedup removes, so it fails when 
 from __future__ import annotations
 
 import inspect
+import sys
 from types import SimpleNamespace
 
 import pytest
 from pyinfra.api import Config, Inventory, arguments, facts, host, util
+from pyinfra.api.exceptions import ArgumentTypeError
 
 from rigforge import speedups
 
@@ -26,11 +28,13 @@ def _nested(state, depth: int):
 def shipped(monkeypatch):
     """pyinfra as shipped (an earlier test may have run the deploy entry, which installs the speedups); whatever
     was there is restored after the test."""
-    monkeypatch.setattr(util, "stack", inspect.stack)
-    monkeypatch.setattr(util, "getframeinfo", inspect.getframeinfo)
+    monkeypatch.setattr(util, "get_operation_order_from_stack", speedups._SHIPPED_ORDER)
+    monkeypatch.setattr(sys.modules["pyinfra.api.operation"], "get_operation_order_from_stack", speedups._SHIPPED_ORDER)
     monkeypatch.setattr(arguments, "all_global_arguments", speedups._ORIGINAL)
     monkeypatch.setattr(facts, "all_global_arguments", speedups._ORIGINAL)
     monkeypatch.setattr(host.HostData, "__getattr__", _SHIPPED_GETATTR)
+    for name in speedups._CALLERS:
+        monkeypatch.setattr(sys.modules[name], "pop_global_arguments", speedups._SHIPPED_POP)
 
 
 _SHIPPED_GETATTR = host.HostData.__getattr__
@@ -48,38 +52,77 @@ def _counting(monkeypatch, module, name: str) -> list:
     return calls
 
 
-def test_operation_order_is_unchanged_and_reads_no_source(shipped, monkeypatch):
-    state = SimpleNamespace(current_deploy_filename=__file__, current_op_file_number=7)
+@pytest.mark.parametrize("cli", [True, False])
+def test_operation_order_is_unchanged_and_reads_no_source(shipped, monkeypatch, cli):
+    """From the deploy file's first frame on (else the last frame; else the whole stack), pyinfra's frames left
+    out, the CLI's op file number first."""
+    import pyinfra
+
+    monkeypatch.setattr(pyinfra, "is_cli", cli)
+    states = [SimpleNamespace(current_deploy_filename=name, current_op_file_number=7)
+              for name in (__file__, "/not/on/the/stack.py", None)]  # fmt: skip
     source_reads = _counting(monkeypatch, inspect, "findsource")  # what context=1 costs for every frame
     orders, reads = [], []
     for installed in (False, True):
         if installed:
             speedups.install()
         source_reads.clear()
-        orders.append([_nested(state, 3), _order(state)])  # same call sites, so the same line numbers
+        orders.append([[_nested(state, 3), _order(state)] for state in states])  # same call sites: the same lines
         reads.append(len(source_reads))
-    assert orders[0] == orders[1] and len(orders[0][0]) > len(orders[0][1]) > 1
+    assert orders[0] == orders[1] and len(orders[0][0][0]) > len(orders[0][0][1]) > 1
+    assert util.get_operation_order_from_stack is speedups.operation_order
     assert reads[0] > 0  # pyinfra as shipped reads a source line per frame ...
     assert reads[1] == 0  # ... and with the speedup none: the patch takes effect
 
 
 def test_global_arguments_are_unchanged_and_computed_once(shipped, monkeypatch):
-    host = SimpleNamespace(current_deploy_kwargs=None, data=SimpleNamespace())
+    """An operation's global arguments: from its kwargs (popped), the current @deploy's kwargs, host data (each
+    source in pyinfra's order), else pyinfra's config; a bad type raises as pyinfra's does. The same with the
+    speedups, which evaluate the type hints once and merge the groups' data once a call, not once an argument."""
+    inventory = Inventory(
+        ([("r", {"_sudo": True, "_sudo_user": "rig", "_timeout": 30})], {"_shell_executable": "bash"}),
+        rigs=(["r"], {"_sudo_user": "group", "_retries": 2, "_env": {"A": "1"}}),
+        override_data={"_timeout": 60},
+    )
+    (r,) = inventory
     state = SimpleNamespace(config=Config())
     hints = arguments.all_global_arguments()
+    cases = [
+        ({}, None),
+        ({"_sudo": False, "_ignore_errors": True, "name": "Op", "path": "/x"}, None),  # globals popped, the rest kept
+        ({"_retries": 5}, {"_sudo_user": "deploy", "_env": {"B": "2"}}),  # the @deploy's kwargs over host data
+        ({"_timeout": "soon"}, None),  # a bad type
+    ]
     type_hints = _counting(monkeypatch, arguments, "get_type_hints")
-    results, evaluations = [], []
+    group_merges = _counting(monkeypatch, Inventory, "get_groups_data")
+    results, evaluations, merges = [], [], []
     for installed in (False, True):
         if installed:
             speedups.install()
         type_hints.clear()
-        keys = [sorted(arguments.pop_global_arguments(state, host, {})[0]) for _ in range(3)]
-        results.append((list(arguments.all_global_arguments()), keys))
+        group_merges.clear()
+        outcomes = []
+        for kwargs, deploy_kwargs in cases:
+            kwargs = dict(kwargs)
+            r.current_deploy_kwargs = deploy_kwargs
+            try:
+                values, found = arguments.pop_global_arguments(state, r, kwargs)
+                outcomes.append((values, found, kwargs))
+            except ArgumentTypeError as exc:
+                outcomes.append(str(exc))
+        results.append((list(arguments.all_global_arguments()), outcomes))
         evaluations.append(len(type_hints))
+        merges.append(len(group_merges))
     assert results[0] == results[1] and results[0][0] == hints and len(hints) > 10
+    values, found, left = results[1][1][2]
+    assert (values["_sudo"], values["_sudo_user"], values["_timeout"], values["_retries"]) == (True, "deploy", 60, 5)
+    assert values["_shell_executable"] == "bash" and values["_env"] == {"B": "2"} and found == ["_retries"]
+    assert results[1][1][1][2] == {"path": "/x"} and results[1][1][3].startswith("Invalid argument `_timeout`:")
     assert evaluations[0] >= 3  # as shipped: the type hints evaluated on every call ...
     assert evaluations[1] <= 1  # ... with the speedup once: the patch takes effect where pyinfra calls it
+    assert merges[0] >= 20 * len(cases) and merges[1] == len(cases)  # the groups merged per argument, then per call
     assert facts.all_global_arguments is arguments.all_global_arguments
+    assert all(sys.modules[name].pop_global_arguments is speedups.pop_global_arguments for name in speedups._CALLERS)
 
 
 def test_host_data_lookups_are_pyinfras(shipped):
@@ -110,17 +153,11 @@ def test_host_data_lookups_are_pyinfras(shipped):
                           "listed": [1], "set_by_the_run": "set", "missing": "<absent>"}  # fmt: skip
 
 
-def _both():
-    return util.stack(), inspect.stack(0)
-
-
-def test_stack_and_frame_infos_are_inspects_and_looked_up_once_per_call_site(shipped, monkeypatch):
+def test_frame_infos_are_inspects_and_looked_up_once_per_call_site(shipped, monkeypatch):
     speedups.install()
     for _ in range(2):  # the second time from remembered call sites
-        ours, theirs = _both()
-        assert [f.frame for f in ours] == [f.frame for f in theirs] and len(ours) > 5
-        assert ours[1:] == theirs[1:]  # below _both (whose own line differs), every field equal
-        assert [util.getframeinfo(f.frame) for f in theirs] == [inspect.getframeinfo(f.frame, 0) for f in theirs]
+        theirs = inspect.stack(0)
+        assert [speedups.getframeinfo(f.frame) for f in theirs] == [inspect.getframeinfo(f.frame, 0) for f in theirs]
     state = SimpleNamespace(current_deploy_filename=__file__, current_op_file_number=7)
     lookups = _counting(monkeypatch, inspect, "getframeinfo")
     orders, counts = [], []
