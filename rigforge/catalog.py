@@ -15,14 +15,13 @@ from typing import Any
 import yaml
 
 from rigforge import render
-from rigforge.schema import HOST_KEYS, Settings, SettingsError
 
 CATALOG_PATH = Path(__file__).parent / "data" / "variants.yaml"
 DEFAULTS = ("image", "container_port", "restart", "shm_size", "ipc")  # and gpu_reservation: every variant's
+DERIVED = ("served_model", "uses_dflash")  # worked out from its args
 MOUNT_ROOTS = ("{models}", "{cache}", "{src}")
 # variant keys checked for their type alone (in this order)
 SCALARS = dict(summary=str, pick_when=str, service=str, container_name=str, min_card_mib=int, fits_20gb_cards=bool)
-RECIPE_ONLY = ("spec_n", "nvlink_mode")  # knobs of the recipe repo's compose files, no seed variant has them
 
 
 class CatalogError(ValueError):
@@ -71,31 +70,11 @@ class Variant:
     asset_dirs: tuple[tuple[str, str], ...] = ()  # (asset, dir under the model dir)
     sizes: tuple[tuple[str, int], ...] = ()  # (asset, approximate bytes), until the lock knows the sizes
     successor: str | None = None  # the recipe repo's live slug that took its place (its image may be purged)
+    served_model: str = ""  # what /v1/models lists: --served-model-name, else the variant's name
+    uses_dflash: bool = False  # a DFlash draft in --speculative-config
     manifest_extra = MappingProxyType({})  # what rig.json records besides the plan's pins: nothing for a seed
 
-    @property
-    def served_model(self) -> str:
-        return self.arg("--served-model-name") or self.name
-
-    def files(self, s: Settings, layout, gpu_count: int, host_data: bool = False) -> dict[str, str]:
-        """Every file a rig gets for this variant with settings `s`, at `layout`'s paths, for `gpu_count` GPUs:
-        {name: text}. Raises SettingsError for a setting valid alone but not for this variant (named as its
-        host-data key when `host_data`)."""
-
-        def key(name: str) -> str:
-            return HOST_KEYS[name] if host_data else f"setting {name!r}"
-
-        for name in RECIPE_ONLY:
-            if getattr(s, name) is not None:
-                raise SettingsError(
-                    f"{key(name)} cannot be used with {self.name}: only recipe-repo slugs (vllm/...) have it"
-                )
-        if s.kv_cache_dtype and self.uses_dflash:
-            raise SettingsError(
-                f"{key('kv_cache_dtype')} cannot be used with {self.name}: DFlash forces FP16 KV "
-                "(no fp8/TurboQuant path on Ampere); pick dual or dual-turbo for a 20 GB card"
-            )
-        return render.seed_files(self, s, layout, gpu_count)
+    files = render.seed_files  # the variant protocol's files: rendered (and a setting it cannot take refused) there
 
     @property
     def env(self) -> dict[str, str]:
@@ -111,10 +90,6 @@ class Variant:
             if item[0] == flag:
                 return item[1] if len(item) > 1 else None
         return None
-
-    @property
-    def uses_dflash(self) -> bool:
-        return '"dflash"' in (self.arg("--speculative-config") or "")
 
 
 @dataclass(frozen=True)
@@ -147,7 +122,7 @@ def _variant(name: str, raw: dict, defaults: dict, assets: dict[str, Asset]) -> 
     if not isinstance(raw, dict):
         raise CatalogError(f"{where}: must be a mapping")
     # a variant sets every field of Variant but its name and what the catalog's defaults and assets give it
-    known = {f.name for f in fields(Variant)} - {"name", "asset_dirs", "sizes", "gpu_reservation", *DEFAULTS}
+    known = {f.name for f in fields(Variant)} - {"name", "asset_dirs", "sizes", "gpu_reservation", *DEFAULTS, *DERIVED}
     unknown = set(raw) - known
     if unknown:
         raise CatalogError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
@@ -185,8 +160,11 @@ def _variant(name: str, raw: dict, defaults: dict, assets: dict[str, Asset]) -> 
     entrypoint = raw.get("entrypoint")
     if entrypoint is not None and not all(isinstance(s, str) for s in entrypoint):
         raise CatalogError(f"{where}: entrypoint must be a list of shell lines")
+    flags = dict(a for a in args if len(a) == 2)
     return Variant(
         name=name,
+        served_model=flags.get("--served-model-name") or name,
+        uses_dflash='"dflash"' in flags.get("--speculative-config", ""),
         **{key: _need(raw, key, kind, where) for key, kind in SCALARS.items()},
         port=port,
         gpus=gpus,

@@ -28,13 +28,14 @@ from rigforge.layout import (
     VLLM_TEMPLATE,
     HostLayout,
 )
-from rigforge.schema import Settings, power_caps
+from rigforge.schema import HOST_KEYS, Settings, SettingsError, power_caps
 
 TEMPLATES = (Path(__file__).parent / "data" / "templates").resolve()  # package data: a link to templates/ in a checkout
 COMPOSE_FILE = "docker-compose.yml"
 ENV_FILE = ".env"
 VLLM_UNIT = VLLM_TEMPLATE
 NVIDIA_SMI = "/usr/bin/nvidia-smi"
+RECIPE_ONLY = ("spec_n", "nvlink_mode")  # knobs of the recipe repo's compose files, no seed variant has them
 
 
 def vllm_args(variant, s: Settings) -> list[str]:
@@ -159,7 +160,24 @@ def units(s: Settings, layout: HostLayout, gpu_count: int) -> dict[str, str]:
     return {VLLM_UNIT: vllm, POWER_UNIT: render_power_unit(caps)} | settle_files(caps, s.settle_window_s, layout)
 
 
-def seed_files(variant, s: Settings, layout: HostLayout, gpu_count: int) -> dict[str, str]:
-    """Every file a rig gets for a catalog variant: the compose file from its template, .env and the units."""
+def seed_files(variant, s: Settings, layout: HostLayout, gpu_count: int, host_data: bool = False) -> dict[str, str]:
+    """Every file a rig gets for a catalog variant (rigforge/catalog.py `Variant.files`) with settings `s`, at
+    `layout`'s paths, for `gpu_count` GPUs: the compose file from its template, .env and the units, {name: text}.
+    Raises SettingsError for a setting valid alone but not for this variant (named as its host-data key when
+    `host_data`)."""
+
+    def key(name: str) -> str:
+        return HOST_KEYS[name] if host_data else f"setting {name!r}"
+
+    for name in RECIPE_ONLY:
+        if getattr(s, name) is not None:
+            raise SettingsError(
+                f"{key(name)} cannot be used with {variant.name}: only recipe-repo slugs (vllm/...) have it"
+            )
+    if s.kv_cache_dtype and variant.uses_dflash:
+        raise SettingsError(
+            f"{key('kv_cache_dtype')} cannot be used with {variant.name}: DFlash forces FP16 KV "
+            "(no fp8/TurboQuant path on Ampere); pick dual or dual-turbo for a 20 GB card"
+        )
     compose = template(COMPOSE_FILE + ".j2").render(**compose_context(variant, s, layout))
     return {COMPOSE_FILE: compose, ENV_FILE: env_file_text(s), **units(s, layout, gpu_count)}
