@@ -5,7 +5,8 @@
 `cat` reading the channel until it closes. The lock is held while the holder runs, that is while this run's
 connection lives: when the run ends, its connection closes, `cat` ends, the owner line is removed and the lock
 freed. When the controller is killed or the link drops, sshd ends the session and the lock frees itself; the
-owner line then stays behind, and the next run says it found one.
+owner line then stays behind, and the next run says it found one. When the driver role reboots the rig, the run
+takes the lock again on its new connection (`retake`).
 
 Taking the lock is not an operation: it changes nothing pyinfra reports, and the batched probe stays valid. The
 deploy's probe travels with it: once the holder holds the lock it runs the probe and sends its output, so taking
@@ -32,6 +33,7 @@ import shlex
 import socket
 from datetime import UTC, datetime
 
+from pyinfra import logger
 from pyinfra.api import StringCommand
 from pyinfra.context import ctx_host
 
@@ -90,7 +92,7 @@ def _holder(path: str, owner: str, then=None) -> str:
         # held: the owner line starts with the holder's pid on the rig. The holder writes it just after it takes
         # the lock: a holder caught between the two (a busy rig) is waited for, up to 2 s, so that its line is
         # read, not an empty file, nor the line a killed run left (its pid is gone)
-        f"else n=0; while [ $n -lt 40 ]; do read -r pid who < {info} 2>/dev/null && kill -0 \"$pid\" 2>/dev/null && "
+        f'else n=0; while [ $n -lt 40 ]; do read -r pid who < {info} 2>/dev/null && kill -0 "$pid" 2>/dev/null && '
         f"break; who=; sleep 0.05; n=$((n + 1)); done; "
         f'echo "BUSY $who"; fi'
     )
@@ -165,6 +167,19 @@ def ask_first() -> None:
 def asked(host) -> bool:
     """Whether `host`'s lock was asked for in this run (`send`), answered or not."""
     return host.name in _SENT or host.name in _HELD
+
+
+def retake(state, host, path: str = RUN_LOCK) -> bool:
+    """After `host` rebooted (server.reboot, in the driver role): its holder ended with the old connection, so
+    this run takes the lock again on the new one. False (the host fails) when another run took it meanwhile."""
+    if _HELD.pop(host.name, None) is None:  # never held: not over SSH
+        return True
+    sudo, _, password = sudo_of(host)
+    send(host, path, sudo, None, password)
+    problem, _ = take(host)  # a line the reboot left: none, /run/lock is cleared at boot
+    if problem:
+        host.log_styled(f"after the reboot: {problem}", fg="red", log_func=logger.error)
+    return problem is None
 
 
 def take(host) -> tuple[str | None, str | None]:

@@ -429,3 +429,49 @@ def test_a_busy_lock_names_its_holder_caught_before_it_wrote_its_line(tmp_path, 
         )
     else:
         assert problem == f"rig1 is being provisioned by {owner}; wait for that run to end, then run again"
+
+
+@pytest.mark.parametrize("meanwhile", [False, True], ids=["rig free", "another run took it meanwhile"])
+def test_after_a_reboot_the_run_takes_the_rigs_lock_again(tmp_path, monkeypatch, meanwhile):
+    """The driver role's reboot ends this run's holder with its connection (here: its channel closed). The run
+    takes the lock again on the new connection, so no other run starts on the rig while this one goes on; one
+    that took it in between fails the host, named."""
+    from types import SimpleNamespace
+
+    from roles import rig_lock
+
+    monkeypatch.setattr(rig_lock, "_HELD", {})
+    monkeypatch.setattr(rig_lock, "_SENT", {})
+    lock = str(tmp_path / "rig.lock")
+    logged = []
+    transport = SimpleNamespace(open_session=_Channel)
+    host = SimpleNamespace(
+        name="rig1",
+        data={"_sudo": False},
+        connector=SimpleNamespace(client=SimpleNamespace(get_transport=lambda: transport)),
+        log_styled=lambda message, **kwargs: logged.append(message),
+    )
+    rig_lock.send(host, lock, False)
+    assert rig_lock.take(host) == (None, None)
+    rig_lock._HELD["rig1"].close()  # the reboot: the holder is gone, the lock free
+    other = None
+    if meanwhile:
+        line = f'echo "$$ ctl2, pid 9 (as rig1)" > {lock}.owner; sleep 30'  # its holder's line
+        other = subprocess.Popen(["flock", lock, "sh", "-c", line])
+        while not Path(f"{lock}.owner").exists():
+            time.sleep(0.01)
+    try:
+        assert rig_lock.retake(None, host, lock) is not meanwhile
+        busy = subprocess.run(["flock", "-n", lock, "true"]).returncode != 0
+        assert busy  # held: by this run again, or by the other one
+        if meanwhile:
+            assert logged == ["after the reboot: rig1 is being provisioned by ctl2, pid 9 (as rig1); wait for that "
+                              "run to end, then run again"]  # fmt: skip
+        else:
+            assert "rig1" in rig_lock._HELD and logged == []
+    finally:
+        for channel in rig_lock._HELD.values():
+            channel.close()
+        if other:
+            other.kill()
+            other.wait()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pyinfra import host
-from pyinfra.api import StringCommand, operation
+from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.operations import server
 
 from rigforge.driver_table import branch_problem
@@ -16,6 +16,7 @@ from rigforge.facts.nvidia import (
     upstream_version,
 )
 from rigforge.hardware import cap_problems, resolve_caps
+from roles import rig_lock
 from roles.operations.checks import fail_command
 from roles.operations.staged import connection
 
@@ -111,6 +112,7 @@ def reboot_if_needed(package: str, allow_reboot: bool):
         )
     else:
         yield from server.reboot._inner(delay=30, reboot_timeout=900)
+        yield FunctionCommand(rig_lock.retake, (), {})  # the run's lock went with the old connection
 
 
 @operation()
