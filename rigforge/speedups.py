@@ -1,4 +1,4 @@
-"""Three pieces of pyinfra's per-operation controller work, made cheap without changing what they return; and
+"""Four pieces of pyinfra's per-operation controller work, made cheap without changing what they return; and
 rigforge's own bytecode kept.
 
 A no-op re-converge is mostly controller CPU once the rig is read in one probe (rigforge/facts/probe.py), and
@@ -14,6 +14,8 @@ that CPU grows with the number of rigs: ~60 operations a rig, each paying for al
   on nothing else. `operation_order` walks the frames itself, with no `inspect.FrameInfo` built for each.
 - Global arguments. `pyinfra.api.arguments.all_global_arguments()` evaluates the type hints of `AllArguments`
   on every operation and fact read. They are fixed once pyinfra is imported, so they are computed once.
+- Signatures. Preparing an operation checks its arguments against `inspect.signature(func)`, worked out anew for
+  each operation on each host; a function's signature does not change, so it is worked out once per function.
 - Host data. Every operation and fact read looks up each of ~30 global arguments in host data
   (`pyinfra.api.host.HostData.__getattr__`, ~2 200 lookups a rig), nearly all absent: each lookup walks five
   data sources (override, host, groups, global, deploy defaults) and raises and catches a KeyError in each source
@@ -152,7 +154,10 @@ def install() -> None:
     atexit.unregister(keep_bytecode)
     atexit.register(keep_bytecode)
     util.get_operation_order_from_stack = operation_order
-    sys.modules["pyinfra.api.operation"].get_operation_order_from_stack = operation_order  # imported by name
+    operation = sys.modules["pyinfra.api.operation"]  # (pyinfra.api.operation is the decorator)
+    operation.get_operation_order_from_stack = operation_order  # imported by name
+    if not hasattr(operation.signature, "cache_info"):
+        operation.signature = functools.cache(inspect.signature)
     host.HostData.__getattr__ = host_data_attr
     for name in _CALLERS:  # each module that imported it by name
         sys.modules[name].pop_global_arguments = pop_global_arguments

@@ -45,6 +45,7 @@ def shipped(monkeypatch, tmp_path):
         monkeypatch.setattr(Host, name, inspect.unwrap(getattr(Host, name)))
     for module in (util, sys.modules["pyinfra.api.operation"]):
         monkeypatch.setattr(module, "get_operation_order_from_stack", speedups._SHIPPED_ORDER)
+    monkeypatch.setattr(sys.modules["pyinfra.api.operation"], "signature", inspect.signature)
     monkeypatch.setattr(arguments, "all_global_arguments", speedups._ORIGINAL)
     monkeypatch.setattr(pyinfra_facts, "all_global_arguments", speedups._ORIGINAL)
     monkeypatch.setattr(probe, "_original_get_fact", None)
@@ -366,6 +367,7 @@ def test_private_pyinfra_names_and_signatures_are_as_expected():
     assert order.__module__ == "pyinfra.api.util" and _params(order) == ["state"]
     assert hashlib.sha256(inspect.getsource(order).encode()).hexdigest()[:16] == "f4807f61585570e0"
     assert "get_operation_order_from_stack" in vars(sys.modules["pyinfra.api.operation"])  # called by that name
+    assert "signature(func).bind(" in inspect.getsource(sys.modules["pyinfra.api.operation"])  # the module's name
     assert _params(speedups._ORIGINAL) == []
     pop = speedups._SHIPPED_POP  # rigforge/speedups.py does what it does: a new pyinfra's must be read again
     assert _params(pop) == ["state", "host", "kwargs"] and pop.__module__ == "pyinfra.api.arguments"

@@ -33,6 +33,7 @@ def shipped(monkeypatch):
     monkeypatch.setattr(arguments, "all_global_arguments", speedups._ORIGINAL)
     monkeypatch.setattr(facts, "all_global_arguments", speedups._ORIGINAL)
     monkeypatch.setattr(host.HostData, "__getattr__", _SHIPPED_GETATTR)
+    monkeypatch.setattr(sys.modules["pyinfra.api.operation"], "signature", inspect.signature)
     for name in speedups._CALLERS:
         monkeypatch.setattr(sys.modules[name], "pop_global_arguments", speedups._SHIPPED_POP)
 
@@ -123,6 +124,27 @@ def test_global_arguments_are_unchanged_and_computed_once(shipped, monkeypatch):
     assert merges[0] >= 20 * len(cases) and merges[1] == len(cases)  # the groups merged per argument, then per call
     assert facts.all_global_arguments is arguments.all_global_arguments
     assert all(sys.modules[name].pop_global_arguments is speedups.pop_global_arguments for name in speedups._CALLERS)
+
+
+def test_an_operations_signature_is_worked_out_once_per_function(shipped, monkeypatch):
+    """What preparing an operation binds its arguments to (pyinfra.api.operation `signature(func).bind`)."""
+    operation = sys.modules["pyinfra.api.operation"]
+
+    def op(path, present=True): ...
+
+    worked_out = _counting(monkeypatch, inspect, "_signature_from_callable")
+    results = []
+    for installed in (False, True):
+        if installed:
+            speedups.install()
+        worked_out.clear()
+        signatures = [operation.signature(op) for _ in range(3)]
+        results.append((signatures[0], len(worked_out)))
+        assert operation.signature(op).bind("/x").arguments == {"path": "/x"}
+        with pytest.raises(TypeError):
+            operation.signature(op).bind("/x", True, "a third")
+    assert results[0][0] == results[1][0] and str(results[1][0]) == "(path, present=True)"
+    assert results[0][1] == 3 and results[1][1] == 1
 
 
 def test_host_data_lookups_are_pyinfras(shipped):
