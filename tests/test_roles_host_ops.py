@@ -421,6 +421,7 @@ def test_reboot_needed_without_permission_stops_the_host_with_a_message():
     assert "nvidia_allow_reboot: true" in cmd
     allowed = op_commands(state, "r", nvidia.reboot_if_needed, package="nvidia-driver-580-open", allow_reboot=True)
     assert any("reboot" in c for c in allowed) and not any(c.startswith("FAIL") for c in allowed)
+    assert allowed[-1] == "call retake"  # back up: the run takes the rig's lock again (roles/rig_lock.py)
 
 
 def test_never_reboots_the_controller():
