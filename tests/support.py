@@ -13,6 +13,20 @@ REPO = Path(__file__).resolve().parents[1]
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 
 
+# the head of a script run as `python -c SCRIPT INVENTORY` (a testbed's inventory): `host`, its first rig,
+# connected over SSH as pyinfra's CLI connects it
+FIRST_RIG_CONNECTED = """
+import sys
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api.connect import connect_all
+scope = {}
+exec(open(sys.argv[1]).read(), scope)
+inventory = Inventory(([scope["rigs"][0]], {}))
+connect_all(State(inventory, Config()))
+host = next(iter(inventory))
+"""
+
+
 def render_variant(variant, s, gpu_count: int | None = None) -> dict[str, str]:
     """Every file a rig gets for any variant (seed or recipe slug) at the layout `s` names, with the power unit
     for `gpu_count` GPUs (default: the variant's), as fleet.build_plan renders them."""

@@ -16,25 +16,20 @@ import sys
 import time
 
 import pytest
-from support import PYINFRA, REPO, changed, pyinfra_run
+from support import FIRST_RIG_CONNECTED, PYINFRA, REPO, changed, pyinfra_run
 
 pytestmark = pytest.mark.testbed
 DEPLOY = REPO / "deploy" / "dual_turbo.py"
-HOLDER = """
-import sys, time
-from pyinfra.api import Config, Inventory, State
-from pyinfra.api.connect import connect_all
+HOLDER = (
+    FIRST_RIG_CONNECTED
+    + """
 from roles import rig_lock
 from rigforge.layout import RUN_LOCK
-scope = {}
-exec(open(sys.argv[1]).read(), scope)
-inventory = Inventory(([scope["rigs"][0]], {}))
-connect_all(State(inventory, Config()))
-host = next(iter(inventory))
 rig_lock.send(host, RUN_LOCK, True)
 print(rig_lock.take(host), flush=True)
 sys.stdin.read()  # hold until the test closes stdin
 """
+)
 
 
 def test_a_second_run_stops_in_one_line_while_another_holds_the_rig(testbed_factory):

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import paramiko
 import pytest
-from support import REPO
+from support import FIRST_RIG_CONNECTED, REPO
 
 from rigforge.inventory import no_delay
 
@@ -82,16 +82,11 @@ def test_a_controller_without_quick_acks_still_gets_no_delay(monkeypatch):
             assert transport.packetizer._Packetizer__socket is sock  # the reader left as paramiko made it
 
 
-RECONNECT = """
-import socket, sys
-from pyinfra.api import Config, Inventory, State
-from pyinfra.api.connect import connect_all
+RECONNECT = (
+    FIRST_RIG_CONNECTED
+    + """
+import socket
 from rigforge.inventory import _QuickAck, quick_connections, ssh_transport
-scope = {}
-exec(open(sys.argv[1]).read(), scope)
-inventory = Inventory(([scope["rigs"][0]], {}))
-connect_all(State(inventory, Config()))
-host = next(iter(inventory))
 def quick():
     transport = ssh_transport(host)
     nodelay = transport.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
@@ -103,6 +98,7 @@ host.disconnect(); host.connect()  # what server.reboot does once the rig is bac
 seen.append(quick() and ssh_transport(host).get_remote_server_key() is not None)
 print(seen)
 """
+)
 
 
 @pytest.mark.testbed
