@@ -1,9 +1,6 @@
-"""Drift: the rig's observed state (rigforge/observe.py) against its plan, as checks. Every check lives here once;
-`rigforge status` shows them as a table, `rigforge verify` prints them and adds its live API probes.
-
-    checks(observed, ctx) -> [Check]              drift, one check per managed concern
-
-A check reads only the plan and what was observed: nothing here asks a rig or a registry.
+"""Drift: the rig's observed state (rigforge/observe.py) against its plan, as checks, each defined here once for
+`rigforge status` and `rigforge verify`. A check reads only the plan and what was observed: nothing here asks a
+rig or a registry.
 """
 
 from __future__ import annotations
@@ -72,8 +69,8 @@ def pin_drift(ctx: RigContext) -> dict:
 
 
 def rig_drift(obs: Observed, ctx: RigContext) -> list[str]:
-    """The rig against what was provisioned: checkouts at the manifest's commits without local changes, weight
-    files as stamped, and every file rigforge renders as the plan renders it."""
+    """The rig against what was provisioned: checkouts at the manifest's commits, weights as stamped, files as
+    rendered."""
     if ctx.plan is None:
         return []
     recorded = ctx.manifest_pins()["git"]
@@ -149,8 +146,8 @@ def gpus_with_targets(obs: Observed, ctx: RigContext) -> list[dict]:
 
 
 def power_view(obs: Observed, ctx: RigContext) -> dict:
-    """The caps beside the recipe repo's figures, the rig's other boot-time cap writers and the GPUs'
-    interconnect (rig.json's, else read now)."""
+    """The caps beside the recipe repo's figures, the other boot-time cap writers and the interconnect (rig.json's,
+    else read now)."""
     caps = dict(ctx.plan.caps) if ctx.plan else power_caps(len(obs.get_fact(NvidiaGpus) or []), ctx.settings)
     prof = power.locate_profile(ctx.lock)
     topology = (ctx.manifest or {}).get("interconnect") or obs.get_fact(NvidiaTopology)
@@ -166,12 +163,10 @@ def power_view(obs: Observed, ctx: RigContext) -> dict:
 
 
 def answer(code: int | None) -> str:
-    """How an HTTP request went, for a detail: 'HTTP 503', or 'no answer' when nothing answered (code 0/None)."""
     return f"HTTP {code}" if code else "no answer"
 
 
 def watts(v) -> str:
-    """Watts as shown ('?' when unknown)."""
     return "?" if v is None else f"{v:g}"
 
 
@@ -380,8 +375,7 @@ def running_image(obs: Observed, ctx: RigContext) -> Check:
 
 
 def gateway_check(rig: str, rest: str | None, views: Mapping[str, dict]) -> Check | None:
-    """The rig's server at every gateway that lists it (the gateways' views, `observe_gateway`): serving, or
-    drained on purpose with serving_rest; None when no gateway lists it."""
+    """The rig's server is serving at every gateway that lists it (drained with serving_rest); None: none lists it."""
     seen = {gw: view["rigs"][rig] for gw, view in views.items() if rig in (view.get("rigs") or {})}
     if not seen:
         return None
@@ -394,10 +388,9 @@ def gateway_check(rig: str, rest: str | None, views: Mapping[str, dict]) -> Chec
 
 
 def monitor_check(rig: str, rest: str | None, views: Mapping[str, dict | None]) -> Check | None:
-    """The check "scraped": every target of the rig (label `rig`) is up at every monitor (`views`: {monitor host:
-    its view, `observe_monitor`, or None when the host could not be read}); vLLM down while resting stopped on purpose
-    is fine. A monitor that cannot be asked, or a target not scraped yet, makes it unknown (skipped), never up. None
-    when the inventory has no monitor."""
+    """The check "scraped": every target of the rig (label `rig`) is up at every monitor (`views`: {host: its view,
+    `observe_monitor`, None: not read}); vLLM down while resting stopped is fine. A monitor that cannot be asked
+    or a target not scraped yet makes it unknown (skipped), never up. None when the inventory has no monitor."""
     if not views:
         return None
     problems, unknown, fine = [], [], []
@@ -427,8 +420,7 @@ def monitor_check(rig: str, rest: str | None, views: Mapping[str, dict | None]) 
 
 
 def monitor_line(views: Mapping[str, dict | None]) -> str:
-    """Where the monitor is, for status and verify: 'monitor: mon1 (http://mon1:9090): Prometheus answers, 6
-    targets, 6 up', or that the inventory has none."""
+    """'monitor: mon1 (http://mon1:9090): Prometheus answers, 6 targets, 6 up', or that the inventory has none."""
     if not views:
         return "monitor: no monitor in the inventory (group monitor): no rig is scraped"
     said = []

@@ -1,12 +1,8 @@
 """Observed state: a rig (or a gateway host) as read for its plan, on the controller, changing nothing.
 
-    observe(host, fleet) -> (RigContext, Observed)   the rig's plan, and the rig read in one batched probe
-    observe_gateway(host, data) -> dict              HAProxy's unit, the gateway's answers, each rig's state in it
-
 The plan is the rig's in the command's Fleet (rigforge/fleet.py), built again only when the rig differs from the
-inventory (its manifest records another variant than host data, or another GPU count shows). The rig is read through
-facts, the plan's requests in one remote command (rigforge/facts/probe.py `read`); a fact the probe cannot answer is
-read on its own. rigforge/drift.py compares what is read here with the plan.
+inventory (another variant recorded, another GPU count). The rig is read through facts in one batched probe
+(rigforge/facts/probe.py `read`); rigforge/drift.py compares what is read here with the plan.
 """
 
 from __future__ import annotations
@@ -36,7 +32,7 @@ from rigforge.facts.nvidia import (
     NvidiaTopology,
     PowerCapUnits,
 )
-from rigforge.facts.serving import ApiAnswers, ComposeImages, ServiceState
+from rigforge.facts.serving import ComposeImages, ServiceState
 from rigforge.facts.system import OsRelease, SystemdUnitEnabled
 from rigforge.fleet import Plan
 from rigforge.layout import GATEWAY_ADMIN_SOCKET, SERVE_FILES, SETTLE_SCRIPT, SETTLE_UNIT, HostLayout
@@ -46,8 +42,7 @@ from rigforge.schema import Settings
 
 
 class Observed:
-    """The rig as read for a plan: answers from one batched probe, anything else read live (same interface as
-    pyinfra's host.get_fact)."""
+    """The rig as read for a plan: answers from one batched probe, anything else read live (as host.get_fact)."""
 
     def __init__(self, host, requests=()):
         self.host = host
@@ -120,21 +115,18 @@ def requests(ctx: RigContext, os_id: str | None) -> list[tuple[type, dict]]:
     if ctx.unit:
         out += [(SystemdUnitEnabled, {"unit": ctx.unit}), (ServiceState, {"unit": ctx.unit})]
     plan = ctx.plan
-    if plan and ctx.manage:
-        out += [(ApiAnswers, api_at(ctx)), (ComposeImages, {"serve_dir": plan.layout.serve_dir})]
     if plan:
         out += [(GitCheckout, {"path": plan.layout.src(name)}) for name in plan.variant.sources]
         out += [(WeightsState, weights_at(plan, asset)) for asset in plan.assets]
         out += [(Sha256File, {"path": path}) for path in managed_files(plan)]
-        if ctx.manage:
-            out.append((DockerImagePresent, {"image": plan.image}))
+    if plan and ctx.manage:
+        out += [(ComposeImages, {"serve_dir": plan.layout.serve_dir}), (DockerImagePresent, {"image": plan.image})]
     return out
 
 
 def observe(host, fl: fleet.Fleet) -> tuple[RigContext, Observed]:
     """The rig's plan (from `fl`) and the rig read for it: its manifest and GPUs first (they choose the variant and
     the caps), then everything the checks need in one probe."""
-
     data = fleet.host_data(host.data)
     ctx = RigContext(name=host.name, data=data)
     layout = HostLayout(root=data["rigforge_root"] or HostLayout.root)
@@ -175,9 +167,8 @@ def managed_files(plan: Plan) -> dict[str, str]:
 
 def image_origin(obs: Observed, ctx: RigContext, reg) -> dict | None:
     """Where the rig's locked image comes from (rigforge/obtain.py), asked now from the controller: {"image",
-    "on_rig", "from", "warning"}; `warning` when the rig alone holds it (no other copy) or nothing does. None
-    without a plan, or when services are not managed (nothing is pulled there). `reg`: the fleet registry's plan."""
-
+    "on_rig", "from", "warning"}; `warning` when the rig alone holds it or nothing does. None without a plan or
+    where services are not managed. `reg`: the fleet registry's plan."""
     if not ctx.plan or not ctx.manage:
         return None
     plan = ctx.plan
@@ -190,11 +181,6 @@ def image_origin(obs: Observed, ctx: RigContext, reg) -> dict | None:
 def boot_units(ctx: RigContext) -> dict:
     """BootCaps' arguments: the other writers' units, whose results at this boot it reads."""
     return {"units": " ".join(n for n, w in ctx.cap_units.items() if w.get("kind", "unit") == "unit")}
-
-
-def api_at(ctx: RigContext) -> dict:
-    """ApiAnswers' arguments for the rig's API (from the rig, as the health gate asks it)."""
-    return {"url": f"http://{inventory.ctx_host(ctx)}:{ctx.port}", "env_file": f"{ctx.plan.layout.serve_dir}/.env"}
 
 
 GATEWAY_STATES = {"UP": "serving", "DRAIN": "draining"}  # HAProxy's server status; any other: out

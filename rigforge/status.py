@@ -1,12 +1,6 @@
-"""`rigforge status INVENTORY`: what each rig of a pyinfra inventory runs, one row per rig (docs/operators.md
-says where each column and each line under the table comes from).
-
-A view of rigforge/drift.py: every rig is read in parallel over SSH with pyinfra (the inventory's own
-connection data and `_sudo`), in one batched probe for its plan, and shown against it: the manifest the serving
-role writes and the lock the inventory points at (`rigforge_lock`), GPUs and power caps, CUDA, checkouts,
-weights, rendered files, the vLLM unit, and whether the API answers on the rig. A rig that cannot be reached is
-a row with the error. With a monitor in the inventory (group `monitor`), each rig's checks end with "scraped",
-and the table with where the monitor is (or that there is none). Nothing on a rig is changed.
+"""`rigforge status INVENTORY`: what each rig of a pyinfra inventory runs, one row per rig, read in parallel with
+pyinfra in one batched probe and shown against its plan (rigforge/drift.py); nothing on a rig is changed.
+docs/operators.md says where each column and each line under the table comes from.
 
 Exit: 0 every rig read, 1 some rig could not be read, 2 the inventory could not be loaded.
 """
@@ -78,8 +72,8 @@ def status_row(host, fl: fleet.Fleet) -> dict:
 
 
 def candidate_of(ctx) -> dict | None:
-    """{"lock": the candidate of a rollout in progress (rigforge/rollout.py's marker beside the lock in use), "runs":
-    the rig's manifest records its pins}; None when no rollout is in progress."""
+    """{"lock": the candidate of a rollout in progress (rigforge/rollout.py's marker), "runs": the rig's manifest
+    records its pins}; None when no rollout is in progress."""
     marker = Path(f"{ctx.data['rigforge_lock'] or DEFAULT_LOCK}{ROLLOUT_MARKER}")
     try:
         path = json.loads(marker.read_text())["candidate"]
@@ -93,8 +87,7 @@ def candidate_of(ctx) -> dict | None:
 
 
 def host_row(host, fl: fleet.Fleet) -> dict:
-    """A rig's row; a gateway host's (of the inventory group `gateway`) carries the gateway's view too."""
-
+    """A rig's row; a gateway's or monitor's host carries its view too."""
     row = status_row(host, fl) if fl.is_rig(host.name) else {"host": host.name, "error": None, "rig": False}
     row["rest"] = fleet.host_data(host.data)["serving_rest"]
     if fl.has(host.name, fleet.GATEWAY):
@@ -230,8 +223,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 def power_lines(r: dict) -> list[str]:
-    """'rig1: power caps: 230 W, set last at this boot (after nvidia-power-cap.service set 250 W; 1 correction by
-    the settle stage); recipe: ...' (what ran at this boot: rigforge/boot.py), its warnings, and the interconnect."""
+    """'rig1: power caps: 230 W, set last at this boot (...); recipe: ...', its warnings, and the interconnect."""
     p = r.get("power")
     if not p:
         return []

@@ -1,16 +1,6 @@
-"""`rigforge verify INVENTORY`: DeepOps-style health checks for every rig of a pyinfra inventory.
-
-One line per check per rig (or --json), read in parallel over SSH, nothing changed on a rig: the checks of
-rigforge/drift.py (the rig read in one batched probe against its plan: manifest, driver module = package, CUDA
-driver >= image, GPUs, VRAM, power caps, persistence mode, caps set last at this boot, nvidia runtime, sources,
-weights, rendered files, pins, the unit and the digest its container runs), "serving at the gateways" that list
-the rig, the live API probes from the rig as the recipes' verify.sh (/v1/models, a chat reply naming Paris, a
-get_weather tool call), and "scraped" with a monitor in the inventory (group monitor). docs/operators.md lists
-each check, when it passes and what a failure means.
-On a monitor host: "prometheus answers" (its targets API). Where the monitor is, or that the inventory has none,
-is said after the checks (and in --json, `monitor`).
-With rigforge_manage_services False (the testbed: no systemd in a chroot) the service and API checks
-are reported "skipped (services not managed on this host)", not failed.
+"""`rigforge verify INVENTORY`: DeepOps-style health checks for every rig of a pyinfra inventory, one line per check
+per rig (or --json), read in parallel, nothing changed on a rig: rigforge/drift.py's checks, the gateways' and the
+monitor's views, and live API probes from the rig as the recipes' verify.sh. docs/operators.md lists each check.
 
 Exit: 0 every check passed (skips allowed), 1 a check failed, 2 could not run (inventory unreadable, or a
 rig unreachable while no check failed).
@@ -27,9 +17,8 @@ from rigforge.drift import FAIL, PASS, SKIP, SKIPPED, Check, RigContext
 
 
 def check_host(host, fl: fleet.Fleet) -> tuple[list[Check], dict]:
-    """(the rig's drift checks and live API probes, and a gateway's or monitor's checks on such a host (inventory
-    groups); what `with_gateways` and `with_monitor` need: serving_rest, whether it is a rig, the views read)."""
-
+    """(a rig's drift checks and API probes, a gateway's or monitor's checks; what `with_gateways` and
+    `with_monitor` need: serving_rest, whether it is a rig, the views read)."""
     out, seen = [], {"rest": fleet.host_data(host.data)["serving_rest"], "rig": fl.is_rig(host.name)}
     if seen["rig"]:
         ctx, obs = observe.observe(host, fl)
@@ -55,8 +44,7 @@ def monitor_views(results: dict, monitors: tuple[str, ...]) -> dict[str, dict | 
 
 
 def with_monitor(results: dict, monitors: tuple[str, ...]) -> dict:
-    """{host: (checks, seen) or Exception}: each rig's checks with "scraped" last (from the monitor hosts' views
-    read in the same pass); none without a monitor in the inventory."""
+    """{host: (checks, seen) or Exception}: each rig's checks with "scraped" last (the monitors' views)."""
     views = monitor_views(results, monitors)
     out = {}
     for h, r in results.items():
@@ -66,8 +54,7 @@ def with_monitor(results: dict, monitors: tuple[str, ...]) -> dict:
 
 
 def with_gateways(results: dict) -> dict:
-    """{host: checks or Exception}: each rig's checks with "serving at the gateways" added after its unit's (from
-    the gateway hosts' views read in the same pass)."""
+    """{host: checks or Exception}: each rig's checks with "serving at the gateways" after its unit's."""
     seen = {h: r[1] for h, r in results.items() if not isinstance(r, Exception)}
     views = {h: s["gateway"] for h, s in seen.items() if "gateway" in s}
     out = {h: r if isinstance(r, Exception) else r[0] for h, r in results.items()}
@@ -105,8 +92,8 @@ TOOL = {
 
 
 def api_checks(host, ctx: RigContext, unit: list[Check]) -> list[Check]:
-    """/v1/models lists the variant's model, a chat completion names Paris, a tool call comes back; from the rig
-    itself, as the recipes' verify.sh does. Skipped where services are not managed, failed without a unit."""
+    """/v1/models lists the variant's model, a chat completion names Paris, a tool call comes back (asked on the
+    rig, as the recipes' verify.sh); skipped where services are not managed, failed without a unit."""
     names = ("/v1/models answers", "chat returns text", "tool call returned")
     if not ctx.manage:
         return [Check(n, SKIP, SKIPPED) for n in names]
@@ -209,8 +196,7 @@ GATEWAY_CHAT = {k: v for k, v in CHAT.items() if k != "temperature"}  # at the s
 
 
 def gateway_checks(host, data: Mapping, view: dict) -> list[Check]:
-    """verify's checks of a gateway: every rig in it serving (a down one names its last check's error),
-    /v1/models answers through it, and one chat completion per model."""
+    """A gateway's checks: every rig in it serving, /v1/models answers through it, a chat completion per model."""
     resting = {h.name for h in getattr(host, "inventory", ()) if h.data.get("serving_rest")}  # out on purpose
     bad = {name: state for name, state in view["rigs"].items() if state not in GATEWAY_FINE and name not in resting}
     states = "; ".join(f"{n} {s}" for n, s in sorted((bad or view["rigs"]).items())) or "no rig"

@@ -1,9 +1,7 @@
 """apt facts: the sources a rig already has (one-line .list and deb822 .sources), and a key file's fingerprints.
 
-Parsers are pure functions; the facts only add the command. A hand-set-up rig typically has Docker's
-`docker.list` (signed-by /etc/apt/keyrings/docker.asc), NVIDIA's `nvidia-container-toolkit.list` or a
-`cuda-*.list`: a second file for the same URI with another keyring breaks every `apt-get update`
-("Conflicting values set for option Signed-By").
+A second source file for the same URI with another keyring (a hand-set-up rig's `docker.list`, NVIDIA's
+`cuda-*.list`) breaks every `apt-get update` ("Conflicting values set for option Signed-By").
 """
 
 from __future__ import annotations
@@ -125,10 +123,8 @@ class KeyFingerprints(FactBase):
 
 
 class DpkgInterrupted(FactBase):
-    """Why dpkg needs ``--configure -a`` (a short reason: ``"dpkg was interrupted; not fully installed: docker.io,
-    nvidia-driver-580-open"``), or None when its state is clean. Reads dpkg's journal dir (non-empty: a dpkg run was
-    interrupted) and ``dpkg --audit`` (packages unpacked, half-configured or half-installed); both work while dpkg
-    is in that state."""
+    """Why dpkg needs ``--configure -a`` (``"dpkg was interrupted; not fully installed: docker.io"``), from its
+    journal dir and ``dpkg --audit`` (both work in that state), or None when its state is clean."""
 
     def command(self) -> str:
         return (
@@ -146,8 +142,7 @@ class DpkgInterrupted(FactBase):
 
 
 class DebInstalledVersion(FactBase):
-    """The version of an installed Debian package ("580.95.05-1"), or None when it is not installed (removed,
-    config files only, unknown)."""
+    """The version of an installed Debian package ("580.95.05-1"), or None (not installed, config files only)."""
 
     def requires_command(self, package: str) -> str:
         return "dpkg-query"
@@ -161,10 +156,8 @@ class DebInstalledVersion(FactBase):
 
 
 class PublishedPackages(FactBase):
-    """The package names a flat apt repository (``Suites: /``, as NVIDIA's CUDA repository) publishes, sorted, read
-    from its ``Packages.gz`` (else ``Packages``) on the rig with curl into a pipe: nothing under /etc/apt or apt's
-    lists changes. None when the index cannot be fetched (no network, a proxy): the caller warns instead of refusing.
-    """
+    """The package names a flat apt repository (``Suites: /``) publishes, sorted, read on the rig with curl from its
+    ``Packages.gz`` (else ``Packages``): nothing under /etc/apt changes. None when the index cannot be fetched."""
 
     def command(self, url: str) -> str:
         base = shlex.quote(url.rstrip("/") + "/")

@@ -6,8 +6,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 
 
 class DockerImagePresent(FactBase):
-    """Whether the engine holds ``image`` (``docker image inspect`` finds it), as a bool. False also when the
-    engine or the docker CLI is missing."""
+    """Whether the engine holds ``image`` (``docker image inspect``); False also without an engine."""
 
     def command(self, image: str) -> StringCommand:
         return StringCommand("docker", "image", "inspect", QuoteString(image), ">/dev/null 2>&1 && echo yes || echo no")
@@ -19,8 +18,8 @@ class DockerImagePresent(FactBase):
 
 
 class RegistryHasImage(FactBase):
-    """Whether the registry at ``endpoint`` holds ``repository@digest`` (``skopeo inspect --raw`` reads its
-    manifest), as a bool. False also while skopeo is not installed."""
+    """Whether the registry at ``endpoint`` holds ``repository@digest`` (``skopeo inspect --raw``); False also
+    without skopeo."""
 
     def command(self, endpoint: str, repository: str, digest: str, tls_verify: bool = True) -> StringCommand:
         return StringCommand(

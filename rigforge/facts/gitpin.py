@@ -9,9 +9,7 @@ from pyinfra.api import FactBase
 
 class GitCheckout(FactBase):
     """``None`` when ``path`` holds no git checkout, else ``{"head": "<40-hex or ''>", "url": "...", "sparse": bool,
-    "patterns": [...], "dirty": [...], "files": {path: sha256}}``. ``files`` are the sha256s of the given paths
-    (missing files are left out); ``dirty`` lists ``git status --porcelain`` lines (modified or untracked files;
-    ignored ones do not count)."""
+    "patterns": [...], "dirty": [git status --porcelain lines], "files": {path: sha256 of those of `files` found}}``."""
 
     def command(self, path: str, files: tuple[str, ...] | list[str] = ()) -> str:
         hashes = " ".join(shlex.quote(f) for f in files)

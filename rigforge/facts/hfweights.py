@@ -17,9 +17,9 @@ def _ns(text: str) -> int:
 
 
 class WeightsState(FactBase):
-    """The stamp written by fetch_weights.py and a stat (size, mtime_ns) of every file under ``dest`` and
-    ``staging``; never reads file contents, so it costs the same for 64 MiB and 64 GiB: ``{"stamp": {...} or None,
-    "files": {relpath: [size, mtime_ns]}, "staging": {relpath: size}, "staging_dir": whether it exists}``."""
+    """The stamp written by fetch_weights.py and a stat of every file under ``dest`` and ``staging`` (never their
+    contents): ``{"stamp": {...} or None, "files": {relpath: [size, mtime_ns]}, "staging": {relpath: size},
+    "staging_dir": whether it exists}``."""
 
     def command(self, dest: str, staging: str) -> str:
         d, s = shlex.quote(dest), shlex.quote(staging)
@@ -53,8 +53,7 @@ class WeightsState(FactBase):
 
 
 class VenvDistVersion(FactBase):
-    """Version of distribution ``dist`` installed in the venv at ``venv``, from its ``.dist-info`` directory name
-    (what pip itself records), or None. Reads a directory listing instead of running pip (~1 s on a rig)."""
+    """Version of ``dist`` installed in the venv ``venv``, from its ``.dist-info`` name (no pip: ~1 s), or None."""
 
     def command(self, venv: str, dist: str) -> str:
         return (
@@ -70,9 +69,8 @@ class VenvDistVersion(FactBase):
 
 
 class FileDigests(FactBase):
-    """{path: sha256 hex} of each of ``paths`` under ``dest``, read on the host (``weights_deep_verify``: the files
-    are re-hashed here, so a deep check that finds nothing wrong changes nothing); a file that cannot be read is
-    left out."""
+    """{path: sha256 hex} of each of ``paths`` under ``dest`` that can be read, hashed on the host
+    (``weights_deep_verify``)."""
 
     probe = False  # never part of the batched probe: it reads gigabytes, only when asked to
 

@@ -6,8 +6,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 
 
 class OciBlobs(FactBase):
-    """The blobs of the OCI image layout at ``path`` (``blobs/sha256/<hex>``, partial uploads left out), as
-    ``{"sha256:<hex>": size}``; empty when there is no layout."""
+    """``{"sha256:<hex>": size}`` of the OCI image layout's blobs at ``path``, partial uploads left out."""
 
     def command(self, path: str) -> StringCommand:
         blobs = f"{path.rstrip('/')}/blobs/sha256"

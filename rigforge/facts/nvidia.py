@@ -1,9 +1,7 @@
 """NVIDIA facts: GPUs as nvidia-smi reports them, loaded kernel module vs installed driver package.
 
-The parsers are pure functions (tested on real `nvidia-smi` output in tests/fixtures/nvidia-smi/);
-the fact classes only add the command. Every fact here returns its "nothing there" value (an empty list,
-None) instead of failing when the driver is absent, broken or not loaded, so the facts can be read on a
-fresh rig and during a "Driver/library version mismatch".
+Parsers are pure functions (tested on real output, tests/fixtures/nvidia-smi/). Every fact returns its "nothing
+there" value instead of failing without a working driver, so it reads on a fresh rig and during a mismatch.
 """
 
 from __future__ import annotations
@@ -53,12 +51,9 @@ def _value(field: str, raw: str):
 
 
 def parse_query_gpu(lines: list[str] | str, fields: tuple[str, ...] | list[str] = QUERY_FIELDS) -> list[dict]:
-    """Parse `nvidia-smi --query-gpu=<fields> --format=csv[,noheader][,nounits]` output.
-
-    Returns one dict per GPU (keys: field names with "." -> "_"), values typed: ints for index/MiB, floats for
-    watts, bool for persistence mode, None for "[N/A]"/"N/A". A header line (from `--format=csv`) is recognised and
-    its field names are used. Lines that are not GPU rows (error texts such as "No devices were found" or "Failed
-    to initialize NVML: ...") are ignored."""
+    """`nvidia-smi --query-gpu=<fields> --format=csv[,noheader][,nounits]` output -> one dict per GPU (keys: field
+    names with "." -> "_"; ints for index/MiB, floats for watts, bool for persistence mode, None for "[N/A]"). A
+    header line names the fields; lines that are not GPU rows (error texts) are ignored."""
     if isinstance(lines, str):
         lines = lines.splitlines()
     gpus = []
@@ -96,8 +91,7 @@ class NvidiaGpus(FactBase):
 
 class NvidiaSmiStatus(FactBase):
     """Whether nvidia-smi talks to the driver: {"installed": bool, "ok": bool, "message": str}. Asked with the GPU
-    query (SMI_QUERY, shared with NvidiaGpus in the probe): it fails, with the same NVML message, exactly when
-    `nvidia-smi -L` does (no driver loaded, a version mismatch, no devices)."""
+    query (SMI_QUERY, shared in the probe), which fails with the same NVML message exactly when `nvidia-smi -L` does."""
 
     shared = (SMI_QUERY,)
 
@@ -128,11 +122,9 @@ class NvidiaModuleVersion(FactBase):
 
 
 class NvidiaPciGpus(FactBase):
-    """NVIDIA display/3D controllers on the PCI bus, from sysfs: works before any driver is installed.
-
-    A list of (PCI address, device ID) pairs, e.g. [("0000:01:00.0", "2204")]; the device ID tells the card's
-    model, and so its stock VRAM (rigforge/hardware.py PCI_CARDS). None when sysfs shows no PCI bus at all (a
-    container or chroot), so "unknown" is not mistaken for no GPU."""
+    """NVIDIA display/3D controllers on the PCI bus, from sysfs (works before any driver is installed): [(PCI
+    address, device ID)], e.g. [("0000:01:00.0", "2204")] (rigforge/hardware.py PCI_CARDS). None when sysfs shows
+    no PCI bus at all (a container or chroot), so "unknown" is not mistaken for no GPU."""
 
     def command(self) -> str:
         return (
@@ -165,8 +157,7 @@ _PROC_VERSION = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)
 
 
 def parse_running_driver(lines: list[str]) -> dict:
-    """Output of NvidiaRunningDriver -> {"version", "smi", "smi_ok", "owner", "cuda"} (None/False when absent);
-    "cuda" is the CUDA version nvidia-smi's header says the running driver supports."""
+    """Output of NvidiaRunningDriver -> {"version", "smi", "smi_ok", "owner", "cuda"} (None/False when absent)."""
     items = dict(line.partition("=")[::2] for line in lines if "=" in line)
     match = _PROC_VERSION.search(items.get("proc", ""))
     version = match.group(1) if match else (items.get("module", "").strip() or None)
@@ -185,9 +176,8 @@ def unowned_driver(running: dict) -> bool:
 
 
 class NvidiaRunningDriver(FactBase):
-    """The running driver: /proc/driver/nvidia/version, the module version, whether nvidia-smi answers (its
-    default output, whose header carries the driver's CUDA version), and which package owns it (empty owner: no
-    package, e.g. NVIDIA's .run installer)."""
+    """The running driver: its version (/proc, else the module's), whether nvidia-smi answers (its header gives
+    the driver's CUDA version), and which package owns it (empty: none, e.g. NVIDIA's .run installer)."""
 
     def command(self) -> str:
         return (
@@ -216,12 +206,9 @@ _SHELL_SETS_CAP = r"nvidia-smi[^#]*[[:space:]](-pl|--power-limit)([[:space:]=]|$
 
 
 def cap_writers_command(unit_dirs=UNIT_DIRS, cron_files=CRON_FILES) -> str:
-    """PowerCapUnits' command, over `unit_dirs` and `cron_files` (tests point them at a temporary tree).
-
-    One grep reads every unit's ExecStart lines and every @reboot cron line; the text files they name (a script
-    a unit or cron job runs) are grepped for `nvidia-smi -pl` once; then only the lines that matter are printed:
-    `line=FILE:LINE` (lines that call nvidia-smi, run a script that sets caps, or belong to a known cap unit) and
-    `script=PATH` followed by its `pl=LINE`s."""
+    """PowerCapUnits' command, over `unit_dirs` and `cron_files` (tests point them at a temporary tree): every
+    unit's ExecStart and @reboot cron line that calls nvidia-smi, runs a script that sets caps or belongs to a
+    known cap unit (`line=FILE:LINE`), and each such script (`script=PATH`) with its `pl=LINE`s."""
     units = " ".join(f"{d}/*.service" for d in unit_dirs)
     crons = " ".join(cron_files)
     known = "".join(f"printf '%s\\n' '/{name}:'; " for name in CAP_UNITS)
@@ -248,11 +235,10 @@ def _watts(lines) -> list[int]:
 
 
 def parse_cap_units(lines: list[str], unit_dirs=UNIT_DIRS) -> dict:
-    """Output of PowerCapUnits -> {name: writer}, the rig's other boot-time cap writers (rigforge's own units left
-    out). A unit: the first file of its name in systemd's precedence (`unit_dirs`), known by name (CAP_UNITS), or
-    whose ExecStart calls `nvidia-smi -pl` or runs a script that does. A root @reboot cron job (named
-    "@reboot in FILE") that does either. Each writer: {"kind": "unit"|"cron", "path": the file, "watts": the caps it
-    sets when written out (else []), "script": the script that sets them (or None), and for cron "command"}."""
+    """Output of PowerCapUnits -> {name: writer}, the rig's other boot-time cap writers: units (the first file of
+    the name in `unit_dirs`' precedence) known by name (CAP_UNITS) or whose ExecStart calls `nvidia-smi -pl` or
+    runs a script that does, and root @reboot cron jobs ("@reboot in FILE") that do either. Each writer: {"kind":
+    "unit"|"cron", "path", "watts": the caps it sets written out (else []), "script" (or None), cron: "command"}."""
     scripts: dict[str, list[str]] = {}
     entries: list[tuple[str, str]] = []
     current = None
@@ -289,8 +275,7 @@ def parse_cap_units(lines: list[str], unit_dirs=UNIT_DIRS) -> dict:
 
 
 class PowerCapUnits(FactBase):
-    """The rig's other GPU power-cap writers at boot (units in systemd's unit dirs, root's ``@reboot`` cron jobs),
-    rigforge's own units left out, as a dict by name: which count and what each holds, see `parse_cap_units`."""
+    """The rig's other GPU power-cap writers at boot (units, root's ``@reboot`` cron jobs), see `parse_cap_units`."""
 
     command = staticmethod(cap_writers_command)
 
@@ -323,8 +308,7 @@ def parse_topo_matrix(lines: list[str]) -> dict[str, str]:
 
 
 def parse_topology(lines: list[str]) -> dict:
-    """Output of NvidiaTopology -> {"links": {pair: link type}, "p2p_read": {pair: status}} (see
-    parse_topo_matrix); both {} without a working nvidia-smi."""
+    """Output of NvidiaTopology -> {"links": {pair: link type}, "p2p_read": {pair: status}}, {} without nvidia-smi."""
     sections: dict[str, list[str]] = {}
     current = None
     for line in lines:
@@ -337,8 +321,7 @@ def parse_topology(lines: list[str]) -> dict:
 
 
 class NvidiaTopology(FactBase):
-    """How the GPUs are connected (`nvidia-smi topo -m`) and whether peer reads work between them (`topo -p2p r`),
-    by GPU pair (`parse_topology`: ``{"links": {"0-1": "PHB"}, "p2p_read": {"0-1": "CNS"}}``)."""
+    """How the GPUs are connected (`topo -m`) and whether peer reads work (`topo -p2p r`), see `parse_topology`."""
 
     def command(self) -> str:
         return (
@@ -352,10 +335,9 @@ class NvidiaTopology(FactBase):
 
 
 class BootCaps(FactBase):
-    """What ran at this boot about GPU power caps, as rigforge/boot.py `parse_boot` returns it: systemd's results
-    for rigforge's power unit and settle stage and for `units` (the other writers' units, space-separated),
-    `journalctl -b`'s "ordering cycle" lines, the settle stage's lines, cron's CMD lines and each GPU's power limit
-    now. Without systemd (a chroot) the units and journal parts are empty."""
+    """What ran at this boot about GPU power caps (rigforge/boot.py `parse_boot`): systemd's results for rigforge's
+    power and settle units and `units` (space-separated), the journal's ordering cycles, settle and cron lines, and
+    each GPU's power limit now. Without systemd (a chroot) the units and journal parts are empty."""
 
     shared = (SMI_QUERY,)
 

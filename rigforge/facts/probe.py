@@ -1,30 +1,15 @@
-"""One batched probe per rig instead of one SSH round trip per fact.
+"""One batched probe per rig instead of one SSH round trip per fact (docs/probe.md: what it batches, when an
+answer is used, where the cache lives).
 
-pyinfra reads each fact with its own remote command (~80 ms apiece over SSH); a converged rig needs ~70 of them
-(package versions and holds, hashes of managed files, unit states, GPU caps, git HEADs and dirty flags, weight
-stamps), which made a no-op re-converge ~5x pyinfra's own floor. Here:
+Every fact a deploy reads on a host is recorded (fact class + arguments) and saved on the controller at the end of
+the run; the next run's first fact read runs them all in ONE remote command, parsed with each fact's own
+`process()`. The snapshot answers only until the first command, upload or rsync that is not a fact read, so an
+answer from it is exactly what the live read would have returned; anything it cannot answer exactly is read live.
 
-- Every fact a deploy reads on a host is recorded (fact class + arguments) and saved on the controller at the
-  end of the run (`~/.cache/rigforge/probes/`, one file per host and deploy file; env RIGFORGE_PROBE_CACHE,
-  `off` disables the probe; docs/probe.md).
-- On the next run, the first fact read on that host runs all the recorded facts' commands in ONE remote shell
-  command (each in its own subshell, with its exit code) and parses every section with the fact's own
-  `process()`; operations then decide locally from that snapshot. The deploy entry runs it earlier, in the
-  round trip that takes the rig's lock (`lock_request`, `lock_answer`). On the rig it starts few processes
-  (`script`): one `stat` and one hash per algorithm for pyinfra's file facts, a sub-command facts share
-  (nvidia-smi's GPU query) once.
-- The snapshot answers only while nothing has changed on the host in this run: the first command, upload or
-  rsync that is not a fact read (an operation changing something) drops it, and every later read is a live, per-op
-  fact read as before. So an answer from the snapshot is exactly what the live read would have returned at that
-  point (facts read while pyinfra prepares describe the pre-change state just the same).
-- Anything the snapshot cannot answer exactly is read live: a fact not recorded yet, a section that exited
-  non-zero or whose command is missing (pyinfra's own handling then applies), other privilege arguments than
-  the host's defaults, facts with preconditions or their own shell.
-
-`read(host, requests)` is the batched read on its own: any list of (fact class, kwargs) in one remote command.
-`install_all()` patches pyinfra (this probe and rigforge/speedups.py); the deploy entry calls it, importing changes
-nothing. It relies on pyinfra 3.10's private `facts._get_fact`, `_make_command`, `_handle_fact_kwargs`,
-`CONNECTOR_ARGUMENT_KEYS` and `Host.run_shell_command` / `put_file` / `rsync` (tests/test_probe.py checks them).
+`read(host, requests)` is the batched read on its own. `install_all()` patches pyinfra (the deploy entry calls it,
+importing changes nothing). It relies on pyinfra 3.10's private `facts._get_fact`, `_make_command`,
+`_handle_fact_kwargs`, `CONNECTOR_ARGUMENT_KEYS` and `Host.run_shell_command` / `put_file` / `rsync`
+(tests/test_probe.py checks them).
 """
 
 from __future__ import annotations
@@ -98,11 +83,11 @@ def _identity(global_kwargs: dict) -> str:
 
 
 def fact_key(cls, fact_kwargs: dict) -> str | None:
-    """The key of a fact read in `read()`'s answer (None: arguments that do not serialise, never batched)."""
+    """The key of a fact read in `read()`'s answer (None: arguments that do not serialise, always read live)."""
     try:
         return f"{cls.__module__}:{cls.__qualname__}|" + json.dumps(fact_kwargs, sort_keys=True)
     except (TypeError, ValueError):
-        return None  # arguments that do not serialise: always read live
+        return None
 
 
 @functools.cache
@@ -149,10 +134,9 @@ def _file_path(cls, fact_kwargs: dict) -> str | None:
 
 
 def _files_command(marker: str, paths: dict[str, set]) -> str:
-    """One background job for every batched file fact (`paths`: path -> its kinds, "stat" or hex digits): which
-    paths exist (`e PATH`; a symlink to nothing: `l PATH`), one `stat` of those asked, in the format of pyinfra's
-    File facts (`s PATH`, then its line), one sha1sum and one sha256sum of those asked (`HEX  PATH`, as each
-    fact's own command prints it)."""
+    """One background job for every batched file fact (`paths`: path -> its kinds, "stat" or hex digits) printing
+    `e PATH` for each that exists (`l PATH`: a symlink to nothing), `s PATH` and its line of one `stat` in pyinfra's
+    File facts' format, and one sha1sum's and one sha256sum's `HEX  PATH` lines."""
 
     def quoted(kind) -> str:
         return " ".join(shlex.quote(path) for path, kinds in paths.items() if kind is None or kind in kinds)
@@ -168,9 +152,8 @@ def _files_command(marker: str, paths: dict[str, set]) -> str:
 
 
 def _file_answers(block: list[str], batched: dict, answers: dict) -> None:
-    """Each batched file fact's answer from the files job's lines: what its own command prints (nothing for a
-    missing path: the fact's default). A path that exists but got no line (a `stat` that failed) is left out:
-    read live."""
+    """Each batched file fact's answer from the files job's lines (a missing path: the fact's default); a path
+    that exists but got no line (a `stat` that failed) is left out: read live."""
     exists, links, stats, hashes = set(), set(), {}, {}
     lines = iter(block)
     for line in lines:
@@ -196,13 +179,10 @@ def script(requests, marker: str) -> tuple[StringCommand | None, list[tuple[str,
     """The one remote command that reads `requests` (see `read`), and its sections by number: (key, fact, the
     path when it is a file fact read in the files job, `_files_command`).
 
-    Every fact's command runs in its own background subshell, so the rig runs them side by side, writing its
-    section (marker, output, marker with exit code: the subshell's EXIT trap prints it, so no second subshell
-    is needed to catch an `exit`; a command that sets its own EXIT trap or `exec`s loses it and is read live)
-    to its own file; one `cat` gathers them all. A sub-command that several facts run verbatim and declare in
-    their class's `shared` (nvidia-smi's GPU query: ~40 ms on a rig each time) runs once, first: those facts
-    then run one after the other in one background job, each replaying its output, stderr and exit code where
-    its command had it (`_r N`), so each sees what it would have seen running it at that moment."""
+    Each fact's command runs in its own background subshell writing its section (marker, output, marker with the
+    exit code its EXIT trap prints: a command that sets its own trap or `exec`s loses it, read live) to its own
+    file; one `cat` gathers them. A sub-command declared in the facts' `shared` runs once, first; those facts then
+    run one after the other, each replaying its output, stderr and exit code (`_r N`) (docs/probe.md)."""
     parts, sections, shared, dependent, paths = [], [], {}, [], {}
     for cls, fact_kwargs in requests:
         key = fact_key(cls, fact_kwargs)
@@ -250,8 +230,7 @@ def script(requests, marker: str) -> tuple[StringCommand | None, list[tuple[str,
 
 
 def parse(lines, sections: list[tuple[str, FactBase, str | None]], marker: str) -> dict[str, object]:
-    """The answers in the output of `script(requests, marker)`: {key: processed value} for each section that
-    exited 0 and processed."""
+    """{key: processed value} for each section of `script(requests, marker)`'s output that exited 0 and processed."""
     answers: dict[str, object] = {}
     current, collected = None, []
     for line in lines:
@@ -278,9 +257,8 @@ def read(host: Host, requests, global_kwargs: dict | None = None) -> dict[str, o
     """Read the facts `requests` (an iterable of (fact class, kwargs)) on `host` in ONE remote command.
 
     Returns {fact_key(cls, kwargs): processed value} for each fact whose command exited 0 and whose output
-    processed; the others are left out (read those with `host.get_fact`): facts with preconditions or their own
-    shell, a missing required command, a failed command. `global_kwargs`: the connector arguments to run with
-    (default: the host's, as for a fact read outside an operation)."""
+    processed; the others (preconditions, own shell, missing required command, failed) are left out, to read with
+    `host.get_fact`. `global_kwargs`: the connector arguments (default: the host's, as outside an operation)."""
     marker = f"@@rigforge-probe-{secrets.token_hex(6)}"
     command, sections = script(requests, marker)
     if command is None:
@@ -320,13 +298,10 @@ _UNFOLDED = ("_get_pty", "_stdin", "_timeout", "_sudo_password", "_su_password",
 
 
 def lock_request(host: Host) -> list | None:
-    """This host's probe, to run in the round trip that takes the rig's lock (roles/rig_lock.py `send`): once it
-    holds the lock, the holder runs it on the same connection, so nothing else changes the rig between the two.
-    Returns [command, end line, None] (the lock fills in the lines printed before the end line; `lock_answer`
-    reads them). The command is the one pyinfra would run for the probe, its sudo wrapping included.
-
-    None (probe on its own later) when the probe is off, already asked for, or the host's connector arguments ask
-    for what the lock's channel does not do (a PTY, stdin, a timeout, a password)."""
+    """This host's probe, run by the rig's lock holder once it holds the lock (roles/rig_lock.py `send`), on the
+    same connection: [command as pyinfra would wrap it, end line, None (the lines printed before the end line,
+    filled in by the lock; `lock_answer` reads them)]. None (probe on its own later) when the probe is off,
+    already asked for, or the connector arguments ask for what the lock's channel does not do (`_UNFOLDED`)."""
     snap = _of(host)
     if _original_get_fact is None or snap.probed or not snap.valid or host.current_op_global_arguments is not None:
         return None
@@ -348,8 +323,7 @@ def lock_request(host: Host) -> list | None:
 
 
 def lock_answer(host: Host) -> None:
-    """Keep the answers of the probe `lock_request` made, which came back with the lock; when it did not run (no
-    lock taken), the probe runs on its own at the first fact read."""
+    """Keep the answers of `lock_request`'s probe; when it did not run (no lock taken), probe at the first read."""
     snap = _of(host)
     if snap.pending is None:
         return
@@ -361,9 +335,9 @@ def lock_answer(host: Host) -> None:
 
 
 def _get_fact(state, host, cls, args=None, kwargs=None, *rest, **kw):
-    """pyinfra's _get_fact, answered from the host's snapshot when that is exact (see the module doc), without
-    pyinfra's per-read argument handling (type hints of every global argument: the slowest part of a read on the
-    controller). Explicit global arguments or positional ones take pyinfra's own path, live."""
+    """pyinfra's _get_fact, answered from the host's snapshot when that is exact, without pyinfra's per-read
+    argument handling (the slowest part of a read on the controller); explicit global or positional arguments:
+    pyinfra's own path, live."""
     snap = _of(host)
     fact_kwargs = dict(kwargs or {})
     if not args and not any(k.startswith("_") for k in fact_kwargs) and _cacheable(cls):
@@ -409,10 +383,9 @@ def _save() -> None:
 
 
 def install_all() -> None:
-    """Everything rigforge patches in pyinfra for a deploy: fact reads answered from one batched probe per host
-    (idempotent; not when RIGFORGE_PROBE_CACHE=off), rigforge/speedups.py, and no delayed ACKs on the SSH
-    connections (rigforge/inventory.py `quick_connections`). Called first thing by the deploy
-    entry (roles/site.py `provision`); importing rigforge changes nothing in pyinfra."""
+    """Everything rigforge patches in pyinfra for a deploy (roles/site.py `provision` calls it first): the batched
+    probe (idempotent; not when RIGFORGE_PROBE_CACHE=off), rigforge/speedups.py, and no delayed ACKs on the SSH
+    connections (rigforge/inventory.py `quick_connections`)."""
     global _original_get_fact
     if _original_get_fact is None and cache_dir() is not None:
         _original_get_fact = pyinfra_facts._get_fact

@@ -1,6 +1,5 @@
 """What runs on a rig: the vLLM unit's state as systemd keeps it, whether its API answers, and the images its
-containers run. The serving role converges these (a stopped unit is started, a container on another image is
-restarted), and rigforge/drift.py checks them, so "No changes" means the rig serves as declared.
+containers run (converged by the serving role, checked by rigforge/drift.py).
 """
 
 from __future__ import annotations
@@ -15,8 +14,7 @@ SHOWN = ("ActiveState", "SubState", "Result", "NRestarts", "UnitFileState")
 
 
 def parse_service_state(lines: list[str]) -> dict:
-    """`systemctl show -p ActiveState,SubState,...` lines -> {"active", "sub", "result", "restarts", "enabled"};
-    missing keys are "" (restarts 0)."""
+    """`systemctl show` lines -> {"active", "sub", "result", "restarts", "enabled"}; missing: "" (restarts 0)."""
     items = {key: value.strip() for key, sep, value in (line.strip().partition("=") for line in lines) if sep}
     restarts = items.get("NRestarts", "")
     return {
@@ -45,9 +43,7 @@ def serving(state: dict | None) -> str:
 
 
 class ServiceState(FactBase):
-    """A systemd unit's state as systemd keeps it (``systemctl show``), see `parse_service_state`: ``{"active":
-    "active", "sub": "running", "result": "success", "restarts": 0, "enabled": "enabled"}``, ``{"active":
-    "unknown", ...}`` where systemd does not answer (a chroot)."""
+    """A systemd unit's state (`parse_service_state`); ``{"active": "unknown", ...}`` without systemd (a chroot)."""
 
     def command(self, unit: str) -> str:
         return f"systemctl show -p {','.join(SHOWN)} {shlex.quote(unit)} 2>/dev/null || true"
@@ -58,8 +54,8 @@ class ServiceState(FactBase):
 
 
 class ApiAnswers(FactBase):
-    """The HTTP code the vLLM API at ``url`` answers ``GET /v1/models`` with, asked on the rig (0: no answer), with
-    the API key read from the root-only ``env_file`` and handed to curl on stdin, never on a command line."""
+    """The HTTP code of ``GET url/v1/models`` asked on the rig (0: no answer), with the API key read from the
+    root-only ``env_file`` and handed to curl on stdin, never on a command line."""
 
     def command(self, url: str, env_file: str) -> str:
         q = shlex.quote
@@ -77,9 +73,8 @@ class ApiAnswers(FactBase):
 
 
 class ComposeImages(FactBase):
-    """The images the running containers of the compose project in ``serve_dir`` were created from, each as its
-    RepoDigests (``docker inspect``), one list per container (``[["vllm/vllm-openai@sha256:..."]]``); [] when
-    none runs (or no engine)."""
+    """The RepoDigests of each running container's image of the compose project in ``serve_dir``
+    (``[["vllm/vllm-openai@sha256:..."]]``); [] when none runs (or no engine)."""
 
     def command(self, serve_dir: str) -> str:
         return (

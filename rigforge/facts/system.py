@@ -1,8 +1,5 @@
-"""System facts used by the host roles: OS release, Secure Boot, free disk, held apt packages, systemd units
-enabled at boot, leftover uploads.
-
-Each fact returns a plain value and never fails the host for a missing tool or file: preflight decides
-what a missing value means.
+"""System facts used by the host roles. Each returns a plain value and never fails the host for a missing tool or
+file: preflight decides what a missing value means.
 """
 
 from __future__ import annotations
@@ -82,9 +79,8 @@ class FreeDiskBytes(FactBase):
 
 
 class AptHeldPackages(FactBase):
-    """Names of packages on hold, as a sorted list: what `apt-mark showhold` prints, read from dpkg's selections
-    with dpkg-query (~8 ms on a rig; apt-mark loads apt's whole cache first, ~40 ms). Names without
-    architecture, as apt-mark prints native ones (a Multi-Arch: same package is listed once)."""
+    """Names of packages on hold, sorted, without architecture: `apt-mark showhold`'s answer from dpkg-query (~8 ms
+    on a rig; apt-mark loads apt's whole cache first, ~40 ms)."""
 
     def requires_command(self) -> str:
         return "dpkg-query"
@@ -120,8 +116,8 @@ def _bre(text: str) -> str:
 
 
 class EnabledInstances(FactBase):
-    """Instances of the template unit ``template`` (e.g. ``name@.service``) enabled at boot: the links in
-    ``unit_dir``/multi-user.target.wants, as a sorted list (``["name@dual.service"]``)."""
+    """Instances of the template unit ``template`` (``name@.service``) enabled at boot (links in
+    ``unit_dir``/multi-user.target.wants), sorted."""
 
     def command(self, unit_dir: str, template: str) -> StringCommand:
         prefix, _, suffix = template.partition("@")
@@ -140,8 +136,7 @@ class EnabledInstances(FactBase):
 
 
 class LeftoverUploads(FactBase):
-    """Files left in the directory ``path`` (the SSH user's private upload dir) by an interrupted upload, as a
-    list of paths."""
+    """Paths left in ``path`` (the SSH user's private upload dir) by an interrupted upload."""
 
     def command(self, path: str) -> str:
         return f"find {shlex.quote(path)} -mindepth 1 -maxdepth 1 2>/dev/null || true"
@@ -153,9 +148,8 @@ class LeftoverUploads(FactBase):
 
 
 class UrlAnswers(FactBase):
-    """What each URL answers, asked from the rig with curl (a GET whose body is thrown away; nothing on the rig
-    changes): ``{url: (http_code, curl_exit)}``, e.g. ``(200, 0)``. ``http_code`` is 0 when nothing answered (no
-    route, no name, a refused connection, a timeout: ``curl_exit`` says which)."""
+    """What each URL answers to a GET from the rig with curl: ``{url: (http_code, curl_exit)}``, e.g. ``(200, 0)``;
+    ``http_code`` 0 when nothing answered (``curl_exit`` says why)."""
 
     def command(self, urls: tuple[str, ...]) -> str:
         asks = [
