@@ -387,6 +387,14 @@ def gateway_check(rig: str, rest: str | None, views: Mapping[str, dict]) -> Chec
     return check("serving at the gateways", bad, said)
 
 
+def fleet_checks(checks: list[Check], rig: str, rest: str | None, gateways: Mapping, monitors: Mapping) -> list[Check]:
+    """A rig's `checks` with "serving at the gateways" after its container's and "scraped" last (`gateway_check`,
+    `monitor_check`: none without a gateway that lists it, or a monitor)."""
+    at = next((i + 1 for i, c in enumerate(checks) if c.name == RUNS_DIGEST), len(checks))
+    served, scraped = gateway_check(rig, rest, gateways), monitor_check(rig, rest, monitors)
+    return [*checks[:at], *[served] * bool(served), *checks[at:], *[scraped] * bool(scraped)]
+
+
 def monitor_check(rig: str, rest: str | None, views: Mapping[str, dict | None]) -> Check | None:
     """The check "scraped": every target of the rig (label `rig`) is up at every monitor (`views`: {host: its view,
     `observe_monitor`, None: not read}); vLLM down while resting stopped is fine. A monitor that cannot be asked

@@ -107,24 +107,12 @@ def monitor_views(rows: list[dict], monitors: tuple[str, ...]) -> dict[str, dict
     return {r["host"]: None if r.get("error") else r.get("monitor") for r in rows if r["host"] in monitors}
 
 
-def with_monitor(rows: list[dict], monitors: tuple[str, ...]) -> list[dict]:
-    """Each rig's checks with "scraped" last (the monitor rows read in the same pass); none without a monitor."""
-    views = monitor_views(rows, monitors)
+def with_fleet_checks(rows: list[dict], monitors: tuple[str, ...]) -> list[dict]:
+    """Each rig's checks with the gateways' and monitors' (`drift.fleet_checks`, their rows read in the same pass)."""
+    gateways, views = {r["host"]: r["gateway"] for r in rows if r.get("gateway")}, monitor_views(rows, monitors)
     for r in filter(_read_rig, rows):
-        extra = drift.monitor_check(r["host"], r["rest"], views)
-        if extra:
-            r["checks"].append(asdict(extra))
-    return rows
-
-
-def with_gateways(rows: list[dict]) -> list[dict]:
-    """Each rig's checks with "serving at the gateways" (the gateway rows read in the same pass), as in verify."""
-    views = {r["host"]: r["gateway"] for r in rows if r.get("gateway")}
-    for r in filter(_read_rig, rows):
-        extra = drift.gateway_check(r["host"], r["rest"], views)
-        if extra:
-            at = next((i + 1 for i, c in enumerate(r["checks"]) if c["name"] == drift.RUNS_DIGEST), len(r["checks"]))
-            r["checks"].insert(at, asdict(extra))
+        checks = drift.fleet_checks([drift.Check(**c) for c in r["checks"]], r["host"], r["rest"], gateways, views)
+        r["checks"] = [asdict(c) for c in checks]
     return rows
 
 
@@ -140,8 +128,8 @@ def run(args) -> int:
     if read is None:
         return 2
     results, fl = read
-    rows = with_gateways([error_row(n, r) if isinstance(r, Exception) else r for n, r in results.items()])
-    rows = with_monitor(rows, fl.monitors)
+    rows = [error_row(n, r) if isinstance(r, Exception) else r for n, r in results.items()]
+    rows = with_fleet_checks(rows, fl.monitors)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:

@@ -17,8 +17,8 @@ from rigforge.drift import FAIL, PASS, SKIP, SKIPPED, Check, RigContext
 
 
 def check_host(host, fl: fleet.Fleet) -> tuple[list[Check], dict]:
-    """(a rig's drift checks and API probes, a gateway's or monitor's checks; what `with_gateways` and
-    `with_monitor` need: serving_rest, whether it is a rig, the views read)."""
+    """(a rig's drift checks and API probes, a gateway's or monitor's checks; what `with_fleet_checks`
+    needs: serving_rest, whether it is a rig, the views read)."""
     out, seen = [], {"rest": fleet.host_data(host.data)["serving_rest"], "rig": fl.is_rig(host.name)}
     if seen["rig"]:
         ctx, obs = observe.observe(host, fl)
@@ -43,27 +43,15 @@ def monitor_views(results: dict, monitors: tuple[str, ...]) -> dict[str, dict | 
     return {h: None if isinstance(r, Exception) else r[1].get("monitor") for h, r in results.items() if h in monitors}
 
 
-def with_monitor(results: dict, monitors: tuple[str, ...]) -> dict:
-    """{host: (checks, seen) or Exception}: each rig's checks with "scraped" last (the monitors' views)."""
-    views = monitor_views(results, monitors)
-    out = {}
-    for h, r in results.items():
-        extra = None if isinstance(r, Exception) or not r[1]["rig"] else drift.monitor_check(h, r[1]["rest"], views)
-        out[h] = (r[0] + [extra], r[1]) if extra else r
-    return out
-
-
-def with_gateways(results: dict) -> dict:
-    """{host: checks or Exception}: each rig's checks with "serving at the gateways" after its unit's."""
+def with_fleet_checks(results: dict, monitors: tuple[str, ...]) -> dict:
+    """{host: (checks, seen) or Exception}: each rig's checks with the gateways' and monitors' (`drift.fleet_checks`,
+    from their views read in the same pass)."""
     seen = {h: r[1] for h, r in results.items() if not isinstance(r, Exception)}
-    views = {h: s["gateway"] for h, s in seen.items() if "gateway" in s}
-    out = {h: r if isinstance(r, Exception) else r[0] for h, r in results.items()}
-    for h, checks in out.items():
-        extra = drift.gateway_check(h, seen[h]["rest"], views) if h in seen and seen[h]["rig"] else None
-        if extra:
-            at = next((i + 1 for i, c in enumerate(checks) if c.name == drift.RUNS_DIGEST), len(checks))
-            out[h] = checks[:at] + [extra] + checks[at:]
-    return out
+    gateways, views = {h: s["gateway"] for h, s in seen.items() if "gateway" in s}, monitor_views(results, monitors)
+    return {
+        h: (drift.fleet_checks(r[0], h, seen[h]["rest"], gateways, views), r[1]) if seen.get(h, {}).get("rig") else r
+        for h, r in results.items()
+    }
 
 
 CHAT = {
@@ -158,7 +146,7 @@ def run(args) -> int:
         return 2
     results, fl = read
     views = monitor_views(results, fl.monitors)
-    results = with_gateways(with_monitor(results, fl.monitors))
+    results = {h: r if isinstance(r, Exception) else r[0] for h, r in with_fleet_checks(results, fl.monitors).items()}
     checked = {h: r for h, r in results.items() if not isinstance(r, Exception)}
     failed = {h: [c.name for c in r if c.status == FAIL] for h, r in checked.items()}
     unreachable = {h: str(r) for h, r in results.items() if h not in checked}

@@ -137,7 +137,7 @@ def test_status_ends_each_rigs_checks_with_scraped_and_says_where_the_monitor_is
         return {"host": name, "error": None, "rest": None, "checks": [{"name": "unit active", "status": "pass"}]}
 
     rows = [rig("rig1"), rig("rig2"), {"host": "mon1", "error": None, "rig": False, "rest": None, "monitor": view()}]
-    rows = status.with_monitor(rows, ("mon1",))
+    rows = status.with_fleet_checks(rows, ("mon1",))
     assert rows[0]["checks"][-1] == asdict(Check("scraped", "pass", "node up, vllm up at mon1"))
     assert rows[1]["checks"][-1]["status"] == "fail"
     assert status._cells(rows[2]) == ["mon1", "the fleet monitor (no rig)"]
@@ -145,9 +145,9 @@ def test_status_ends_each_rigs_checks_with_scraped_and_says_where_the_monitor_is
         "monitor: mon1 (http://10.0.0.5:9090): "
     )
     # the monitor host unreachable: its row is an error, every rig's scraped unknown
-    rows = status.with_monitor([rig("rig1"), status.error_row("mon1", OSError("cannot connect"))], ("mon1",))
+    rows = status.with_fleet_checks([rig("rig1"), status.error_row("mon1", OSError("cannot connect"))], ("mon1",))
     assert rows[0]["checks"][-1]["status"] == "skip" and "could not be asked" in rows[0]["checks"][-1]["detail"]
-    rows = status.with_monitor([rig("rig1")], ())  # no monitor: no check
+    rows = status.with_fleet_checks([rig("rig1")], ())  # no monitor: no check
     assert [c["name"] for c in rows[0]["checks"]] == ["unit active"]
 
 
@@ -157,12 +157,12 @@ def test_verify_ends_each_rigs_checks_with_scraped():
         "rig2": ([Check("unit active", "pass")], {"rest": None, "rig": True}),
         "mon1": ([Check("prometheus answers", "pass")], {"rest": None, "rig": False, "monitor": view()}),
     }
-    out = verify.with_monitor(results, ("mon1",))
+    out = verify.with_fleet_checks(results, ("mon1",))
     assert [c.name for c in out["rig1"][0]] == ["unit active", "scraped"]
     assert out["rig2"][0][-1].status == "fail" and REFUSED in out["rig2"][0][-1].detail
     assert out["mon1"] == results["mon1"]
-    assert verify.with_monitor(results, ()) == results  # no monitor in the inventory: no check
-    unread = verify.with_monitor({**results, "mon1": OSError("cannot connect")}, ("mon1",))
+    assert verify.with_fleet_checks(results, ()) == results  # no monitor in the inventory: no check
+    unread = verify.with_fleet_checks({**results, "mon1": OSError("cannot connect")}, ("mon1",))
     assert unread["rig1"][0][-1].status == "skip"
 
 
