@@ -23,11 +23,9 @@ DEFAULT_LOCK = default_lock_path()
 
 def status_row(host, fl: fleet.Fleet) -> dict:
     ctx, obs = observe.observe(host, fl)
-    gpus = drift.gpus_with_targets(obs, ctx)
     pins = drift.pin_drift(ctx)
     if pins["drift"] is not None:  # what the rig holds now, beside what its manifest records
         pins["drift"] += drift.rig_drift(obs, ctx)
-    unit = drift.unit_state(obs, ctx)
     row = {
         "host": host.name,
         "error": None,
@@ -51,13 +49,13 @@ def status_row(host, fl: fleet.Fleet) -> dict:
                 "memory_total_mib": g.get("memory_total"),
                 "persistence_mode": g.get("persistence_mode"),
             }
-            for g in gpus
+            for g in drift.gpus_with_targets(obs, ctx)
         ],
         "cuda": drift.cuda_versions(obs, ctx),  # {"driver": "13.0", "image": "13.0"}
         "power": drift.power_view(obs, ctx),
         "image": observe.image_origin(obs, ctx, fl.registry),  # where the locked image comes from
         "services_managed": ctx.manage,
-        "service": unit,
+        "service": drift.unit_state(obs, ctx),
         "checks": [asdict(c) for c in drift.checks(obs, ctx)],  # verify's, without its live chat/tool probes
         "problems": ctx.problems,
         "candidate": candidate_of(ctx),  # a rollout in progress: does this rig run its candidate lock?

@@ -75,8 +75,6 @@ def parse_source_files(lines: list[str]) -> dict[str, list[str]]:
 
 
 class AptSourceFiles(FactBase):
-    """Every apt source file and the URIs its enabled entries point at: {path: [URI, ...]}."""
-
     def command(self) -> str:
         return f'for f in {SOURCE_FILES}; do [ -f "$f" ] || continue; echo "{_MARK}$f"; cat "$f"; echo; done'
 
@@ -93,7 +91,6 @@ def same_uri_files(files: dict[str, list[str]], uri: str, keep: str) -> dict[str
 
 
 def parse_fingerprints(lines: list[str]) -> list[str]:
-    """`gpg --show-keys --with-colons` output -> fingerprints of the primary keys (upper case)."""
     fprs, primary = [], False
     for line in lines:
         fields = line.split(":")
@@ -106,7 +103,7 @@ def parse_fingerprints(lines: list[str]) -> list[str]:
 
 
 class KeyFingerprints(FactBase):
-    """Primary-key fingerprints of an armored or binary key file (empty when absent or unreadable)."""
+    """Primary-key fingerprints (upper case) of an armored or binary key file (empty when absent or unreadable)."""
 
     def command(self, path: str) -> StringCommand:
         return StringCommand(

@@ -199,7 +199,6 @@ class NvidiaRunningDriver(FactBase):
 CAP_UNITS = ("nvidia-power-cap.service", "gpu-tune.service")
 UNIT_DIRS = UNIT_SEARCH_PATH  # systemd's precedence (rigforge/layout.py)
 CRON_FILES = ("/var/spool/cron/crontabs/root", "/etc/crontab", "/etc/cron.d/*")  # where root's @reboot jobs are
-OWN_UNITS = (POWER_UNIT, SETTLE_UNIT)
 _PL = re.compile(r"(?:^|\s)(?:-pl|--power-limit)(?:=|\s+)(\d+(?:\.\d+)?)")
 _SETS_CAP = re.compile(r"nvidia-smi\b[^#]*\s(?:-pl|--power-limit)(?:[\s=]|$)")
 _SHELL_SETS_CAP = r"nvidia-smi[^#]*[[:space:]](-pl|--power-limit)([[:space:]=]|$)"  # _SETS_CAP for grep -E
@@ -256,7 +255,7 @@ def parse_cap_units(lines: list[str], unit_dirs=UNIT_DIRS) -> dict:
     for path, text in entries:
         folder, _, name = path.rpartition("/")
         if name.endswith(".service") and folder in rank:
-            if name not in OWN_UNITS:
+            if name not in (POWER_UNIT, SETTLE_UNIT):  # rigforge's own
                 units.setdefault(name, {}).setdefault(rank[folder], (path, []))[1].append(text)
         else:  # a cron file: "@reboot [user] command"
             via = next((s for s in scripts if s in text), None)
@@ -308,7 +307,6 @@ def parse_topo_matrix(lines: list[str]) -> dict[str, str]:
 
 
 def parse_topology(lines: list[str]) -> dict:
-    """Output of NvidiaTopology -> {"links": {pair: link type}, "p2p_read": {pair: status}}, {} without nvidia-smi."""
     sections: dict[str, list[str]] = {}
     current = None
     for line in lines:
@@ -321,7 +319,8 @@ def parse_topology(lines: list[str]) -> dict:
 
 
 class NvidiaTopology(FactBase):
-    """How the GPUs are connected (`topo -m`) and whether peer reads work (`topo -p2p r`), see `parse_topology`."""
+    """How the GPUs are connected (`topo -m`) and whether peer reads work (`topo -p2p r`): {"links": {pair: link
+    type}, "p2p_read": {pair: status}} (`parse_topo_matrix`), {} without nvidia-smi."""
 
     def command(self) -> str:
         return (

@@ -180,9 +180,8 @@ def script(requests, marker: str) -> tuple[StringCommand | None, list[tuple[str,
     path when it is a file fact read in the files job, `_files_command`).
 
     Each fact's command runs in its own background subshell writing its section (marker, output, marker with the
-    exit code its EXIT trap prints: a command that sets its own trap or `exec`s loses it, read live) to its own
-    file; one `cat` gathers them. A sub-command declared in the facts' `shared` runs once, first; those facts then
-    run one after the other, each replaying its output, stderr and exit code (`_r N`) (docs/probe.md)."""
+    exit code its EXIT trap prints: a command with its own trap or `exec` loses it, read live) to its own file; a
+    sub-command in the facts' `shared` runs once, first, and is replayed (`_r N`) to each (docs/probe.md)."""
     parts, sections, shared, dependent, paths = [], [], {}, [], {}
     for cls, fact_kwargs in requests:
         key = fact_key(cls, fact_kwargs)
@@ -341,9 +340,8 @@ def _get_fact(state, host, cls, args=None, kwargs=None, *rest, **kw):
     snap = _of(host)
     fact_kwargs = dict(kwargs or {})
     if not args and not any(k.startswith("_") for k in fact_kwargs) and _cacheable(cls):
-        global_kwargs = host.current_op_global_arguments  # inside an operation: its global arguments, complete
-        if global_kwargs is None:  # preparing: the host's defaults, computed once
-            global_kwargs = _defaults(state, host, snap, cls)
+        # inside an operation: its global arguments, complete; preparing: the host's defaults, computed once
+        global_kwargs = host.current_op_global_arguments or _defaults(state, host, snap, cls)
         key = fact_key(cls, fact_kwargs)
         if key is not None:
             if not snap.probed and snap.valid:  # every fact recorded for this host, in one remote command

@@ -12,7 +12,6 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 
 
 def parse_os_release(lines: list[str]) -> dict:
-    """/etc/os-release lines -> {"id", "version_id", "codename"} (missing keys are "")."""
     pairs = (line.strip().partition("=") for line in lines)
     items = {key: value.strip().strip("\"'") for key, sep, value in pairs if sep}
     codename = items.get("VERSION_CODENAME") or items.get("UBUNTU_CODENAME", "")
@@ -20,7 +19,7 @@ def parse_os_release(lines: list[str]) -> dict:
 
 
 class OsRelease(FactBase):
-    """ID, VERSION_ID and VERSION_CODENAME from /etc/os-release as {"id", "version_id", "codename"}."""
+    """ID, VERSION_ID and VERSION_CODENAME from /etc/os-release as {"id", "version_id", "codename"} (missing: "")."""
 
     def command(self) -> str:
         return "cat /etc/os-release 2>/dev/null || cat /usr/lib/os-release 2>/dev/null || true"
@@ -31,7 +30,6 @@ class OsRelease(FactBase):
 
 
 def parse_secure_boot(lines: list[str]) -> str:
-    """Output of the SecureBoot command -> "enabled", "disabled" or "unknown"."""
     text = " ".join(lines).lower()
     if "secureboot enabled" in text or text.strip() == "efivar=1":
         return "enabled"
