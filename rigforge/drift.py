@@ -69,8 +69,7 @@ def pin_drift(ctx: RigContext) -> dict:
 
 
 def rig_drift(obs: Observed, ctx: RigContext) -> list[str]:
-    """The rig against what was provisioned: checkouts at the manifest's commits, weights as stamped, files as
-    rendered."""
+    """The rig against what was provisioned: checkouts at the manifest's commits, weights, rendered files."""
     if ctx.plan is None:
         return []
     recorded = ctx.manifest_pins()["git"]
@@ -146,8 +145,7 @@ def gpus_with_targets(obs: Observed, ctx: RigContext) -> list[dict]:
 
 
 def power_view(obs: Observed, ctx: RigContext) -> dict:
-    """The caps beside the recipe repo's figures, the other boot-time cap writers and the interconnect (rig.json's,
-    else read now)."""
+    """The caps beside the recipe repo's figures, the other cap writers and the interconnect (rig.json's, else now)."""
     caps = dict(ctx.plan.caps) if ctx.plan else power_caps(len(obs.get_fact(NvidiaGpus) or []), ctx.settings)
     prof = power.locate_profile(ctx.lock)
     topology = (ctx.manifest or {}).get("interconnect") or obs.get_fact(NvidiaTopology)
@@ -198,8 +196,7 @@ def driver(obs: Observed, ctx: RigContext) -> Check:
 
 
 def cuda_versions(obs: Observed, ctx: RigContext) -> dict:
-    """{"driver": the CUDA version the running driver supports (nvidia-smi's header, else NVIDIA's table for its
-    version), "image": the one the rig's image is built for (the lock's `cuda`)}, None where unknown."""
+    """{"driver": the CUDA version the running driver supports, "image": the lock's for the image}, None: unknown."""
     running = obs.get_fact(NvidiaRunningDriver) or {}
     driver = running.get("cuda") or (cuda_for_driver(running["version"]) if running.get("version") else None)
     image = ctx.plan.image if ctx.plan else (ctx.manifest or {}).get("image")

@@ -44,8 +44,7 @@ def monitor_views(results: dict, monitors: tuple[str, ...]) -> dict[str, dict | 
 
 
 def with_fleet_checks(results: dict, monitors: tuple[str, ...]) -> dict:
-    """{host: (checks, seen) or Exception}: each rig's checks with the gateways' and monitors' (`drift.fleet_checks`,
-    from their views read in the same pass)."""
+    """{host: (checks, seen) or Exception}: each rig's checks with the gateways' and monitors' (drift.fleet_checks)."""
     seen = {h: r[1] for h, r in results.items() if not isinstance(r, Exception)}
     gateways, views = {h: s["gateway"] for h, s in seen.items() if "gateway" in s}, monitor_views(results, monitors)
     return {
@@ -146,8 +145,7 @@ def run(args) -> int:
         return 2
     results, fl = read
     views = monitor_views(results, fl.monitors)
-    results = {h: r if isinstance(r, Exception) else r[0] for h, r in with_fleet_checks(results, fl.monitors).items()}
-    checked = {h: r for h, r in results.items() if not isinstance(r, Exception)}
+    checked = {h: r[0] for h, r in with_fleet_checks(results, fl.monitors).items() if not isinstance(r, Exception)}
     failed = {h: [c.name for c in r if c.status == FAIL] for h, r in checked.items()}
     unreachable = {h: str(r) for h, r in results.items() if h not in checked}
     code = 1 if any(failed.values()) else 2 if unreachable else 0

@@ -263,8 +263,7 @@ def read(host: Host, requests, global_kwargs: dict | None = None) -> dict[str, o
     if command is None:
         return {}
     snap = _of(host)
-    if global_kwargs is None:
-        global_kwargs = _defaults(host.state, host, snap, sections[0][1].__class__)
+    global_kwargs = global_kwargs or _defaults(host.state, host, snap, sections[0][1].__class__)
     if not host.connected:
         host.connect(reason="to read the rig in one probe", raise_exceptions=True)
     executor_kwargs = {k: v for k, v in global_kwargs.items() if k in pyinfra_facts.CONNECTOR_ARGUMENT_KEYS}

@@ -114,8 +114,7 @@ def _bre(text: str) -> str:
 
 
 class EnabledInstances(FactBase):
-    """Instances of the template unit ``template`` (``name@.service``) enabled at boot (links in
-    ``unit_dir``/multi-user.target.wants), sorted."""
+    """Instances of ``template`` (``name@.service``) enabled at boot in ``unit_dir``/multi-user.target.wants."""
 
     def command(self, unit_dir: str, template: str) -> StringCommand:
         prefix, _, suffix = template.partition("@")
