@@ -1,7 +1,6 @@
-"""Can a rig run a variant? Pure checks, no host access: on GPUs as nvidia-smi reports them (dicts from
-rigforge.facts.nvidia.parse_query_gpu), the OS release, free disk, the role switches, and the layout's roots against
-Docker's data-root and the roots an earlier deploy recorded. Shared by the deploy's
-checking operations (roles/operations/checks.py, roles/operations/nvidia.py) and `rigforge verify`.
+"""Can a rig run a variant? Pure checks, no host access: GPUs (nvidia-smi's or the PCI bus's), the OS, free disk,
+the role switches, and the layout's roots against Docker's data-root and an earlier deploy's. Shared by the deploy's
+checks (roles/operations/) and `rigforge verify`.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from rigforge.layout import DAEMON_JSON, DEFAULT_ROOT, HostLayout
 
 SMALL_CARD_MIB = 24000  # below this a card is a "20 GB card"
 SMALL_CARD_FLOOR_MIB = 20000  # below this not even the 20 GB override fits the model
-SMALL_CARD_OVERRIDE = {"serving_kv_cache_dtype": "fp8_e5m2", "serving_gpu_memory_utilization": 0.82}
 
 
 def cards(gpus: list[dict]) -> str:
@@ -30,8 +28,7 @@ def small_override(kv_cache_dtype, gpu_memory_utilization) -> bool:
         fraction = float(gpu_memory_utilization)
     except (TypeError, ValueError):
         return False
-    want = SMALL_CARD_OVERRIDE
-    return kv_cache_dtype == want["serving_kv_cache_dtype"] and fraction <= want["serving_gpu_memory_utilization"]
+    return kv_cache_dtype == "fp8_e5m2" and fraction <= 0.82
 
 
 def vram_problems(gpus: list[dict], variant: str, card_mib: int, dflash: bool, override: bool) -> list[str]:
@@ -199,13 +196,9 @@ def find_problems(
     pci: list | None = None,
     running: dict | None = None,
 ) -> list[str]:
-    """Every reason this host cannot run `needs.variant` (empty list when it can). With no driver yet (nvidia-smi
-    shows no GPUs) the GPU count and stock VRAM come from the PCI bus (`pci`: (address, device ID) pairs, None when
-    unknown); a card's power range and a modded card's VRAM wait for the driver. The image's CUDA version is checked
-    against the driver's (`running`: rigforge.facts.nvidia.NvidiaRunningDriver, or the branch to install). `data`:
-    the host-data keys the checks read (gpu_power_limit_w, gpu_power_limits, serving_kv_cache_dtype,
-    serving_gpu_memory_utilization, docker_source, nvidia_driver_flavor, nvidia_driver_branch, nvidia_driver_manage).
-    """
+    """Every reason this host cannot run `needs.variant` (empty list when it can). With no driver yet the GPU count
+    and stock VRAM come from the PCI bus (`pci`: (address, device ID) pairs, None when unknown); a card's power
+    range and a modded card's VRAM wait for the driver. `running`: NvidiaRunningDriver, or None."""
     problems = []
     os_key = (os_release.get("id", ""), os_release.get("version_id", ""))
     if os_key not in SUPPORTED_OS:
