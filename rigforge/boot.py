@@ -88,8 +88,7 @@ def _unit_problem(name: str, unit: Mapping | None) -> str | None:
 
 
 def judge(seen: Mapping, targets: Mapping[int, int], writers: Mapping[str, Mapping]) -> dict:
-    """What ran at this boot against the caps: {"ok", "settling", "problems", "ran": the other writers that ran,
-    "corrections": the settle stage's}."""
+    """What ran at this boot against the caps: {"ok", "settling", "problems", "ran", "corrections"}."""
     units = seen.get("units") or {}
     power, settle = units.get(POWER_UNIT), units.get(SETTLE_UNIT)
     problems = []

@@ -54,8 +54,6 @@ FOLLOWS_KERNEL = "linux-modules-nvidia-"
 
 @dataclass(frozen=True)
 class DriverPackages:
-    """The driver packages of one (source, family, branch, flavour)."""
-
     pinning: str | None  # installed before the driver: locks the branch (CUDA repo)
     install: tuple[str, ...]  # what apt installs (after the pinning package)
     version_package: str  # its version is the installed driver version (reboot check, verify)
@@ -170,7 +168,6 @@ def cuda_repo_url(os_release: dict, deb_arch: str) -> str:
 
 
 def cuda_key(os_release: dict) -> tuple[str, str]:
-    """(key file name, fingerprint) of the CUDA repository for the OS."""
     return CUDA_KEYS.get(cuda_distro(os_release), CUDA_KEYS["default"])
 
 

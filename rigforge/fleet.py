@@ -77,7 +77,8 @@ class Plan:
     data: Mapping[str, Any]  # validated host-data knobs of every role, defaults applied
     files: Mapping[str, str] = field(repr=False)  # every rendered file: serve dir and units, {name: text}
     lock: Lock | None = None
-    token: str | None = field(default=None, repr=False)  # HF token: host data, else the controller's env
+    # HF token: host data, else the controller's env; for the weights download only: no rendered file holds it
+    token: str | None = field(default=None, repr=False)
     cap_units: tuple[str, ...] = ()  # the rig's other cap writers found at boot (shown; they order nothing)
 
     @property
@@ -141,17 +142,6 @@ def variant_problems(entry_variant: str | None, data_variant: Any) -> tuple[str 
     return name, []
 
 
-def cap_index_problems(settings: Settings, count: int) -> list[str]:
-    """Per-GPU overrides that name a GPU this rig does not have."""
-    absent = sorted(index for index, _ in settings.power_limits if index >= count)
-    if not absent:
-        return []
-    return [
-        f"gpu_power_limits names GPU(s) {absent} but this rig has {count} GPU(s) (0..{count - 1}); "
-        "remove those entries from gpu_power_limits."
-    ]
-
-
 def port_problems(port: int, data: Mapping) -> list[str]:
     """The API port may not be the rig's SSH port, nor below 1024 unless serving_allow_privileged_port."""
     ssh = int(data.get("ssh_port") or 22)
@@ -163,11 +153,6 @@ def port_problems(port: int, data: Mapping) -> list[str]:
             "serving_allow_privileged_port: true to publish it there"
         ]
     return []
-
-
-def token_of(data: Mapping) -> str | None:
-    """The HF token: host data hf_token, else the controller's RIGFORGE_HF_TOKEN / HF_TOKEN."""
-    return data.get("hf_token") or os.environ.get("RIGFORGE_HF_TOKEN") or os.environ.get("HF_TOKEN") or None
 
 
 def build_plan(
@@ -192,7 +177,6 @@ def build_plan(
         lock = load_lock(data["rigforge_lock"])
     except LockError as exc:
         problems.append(str(exc))
-    token = token_of(data)  # for the weights download only: no rendered file holds it
     try:
         settings = apply_overrides(Settings(), settings_from_host_data(data))
     except SettingsError:
@@ -216,7 +200,12 @@ def build_plan(
     except (SettingsError, RecipeError) as exc:  # a setting valid alone that this variant cannot take
         files = {}
         problems.append(str(exc))
-    problems += cap_index_problems(settings, count) + port_problems(settings.port or variant.port, data)
+    if absent := sorted(index for index, _ in settings.power_limits if index >= count):
+        problems.append(
+            f"gpu_power_limits names GPU(s) {absent} but this rig has {count} GPU(s) (0..{count - 1}); "
+            "remove those entries from gpu_power_limits."
+        )
+    problems += port_problems(settings.port or variant.port, data)
     if problems:
         return None, problems
     dirs, sizes = dict(variant.asset_dirs), dict(variant.sizes)
@@ -232,7 +221,7 @@ def build_plan(
         data=MappingProxyType(dict(data)),
         files=MappingProxyType(files),
         lock=lock,
-        token=token,
+        token=data.get("hf_token") or os.environ.get("RIGFORGE_HF_TOKEN") or os.environ.get("HF_TOKEN") or None,
     ), []
 
 
@@ -253,7 +242,6 @@ class Fleet:
     targets: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
 
     def has(self, name: str, role: str) -> bool:
-        """Whether host `name` has `role` in the fleet (RIG, GATEWAY, REGISTRY, MONITOR)."""
         return role in self.roles.get(name, ())
 
     def is_rig(self, name: str) -> bool:
@@ -269,7 +257,6 @@ class Fleet:
 
     @property
     def monitors(self) -> tuple[str, ...]:
-        """The hosts of the inventory group `monitor`: where the fleet's Prometheus runs."""
         return tuple(name for name, roles in self.roles.items() if MONITOR in roles)
 
     @property
@@ -279,9 +266,8 @@ class Fleet:
         return tuple(sorted(refs))
 
     def completed(self, name: str, gpus: int | None, cap_units: Iterable[str], rebuild: Callable) -> tuple:
-        """(rig `name`'s plan with what its probe shows, or None; its problems): `gpus` (None: not known yet) and
-        `cap_units`. A GPU count other than the plan's rebuilds it (`rebuild(gpus)` -> (plan, problems));
-        otherwise nothing is built or rendered again."""
+        """(rig `name`'s plan with what its probe shows, or None; its problems): rebuilt (`rebuild(gpus)`) only
+        for a GPU count other than the plan's."""
         plan = self.plans.get(name)
         if plan is None:
             return None, list(self.problems.get(name, ()))
@@ -291,10 +277,8 @@ class Fleet:
 
 
 def build(hosts, variant=None, *, gpus: int | None = None, deployable: bool = True, opt_in: bool = False) -> Fleet:
-    """The fleet of `hosts` (a pyinfra inventory, or any hosts with .name, .groups and .data) for `variant`
-    (deploy/<variant>.py's name; None: each host's rigforge_variant; or a variant object): every rig's plan before
-    its probe, the registry's plan, each built once, for the deploy and every command. `gpus`: every rig's (render's
-    --gpus); `deployable`: as plan_for's; `opt_in`: every recipe taken as opted in (status, verify)."""
+    """The fleet of `hosts` (pyinfra's inventory, or hosts with .name, .groups and .data) for `variant` (as
+    plan_for's entry), each plan built once; `opt_in`: every recipe taken as opted in (status, verify)."""
     roles, plans, problems, datas = {}, {}, {}, {}
     for h in hosts:
         mine = {g for g in (GATEWAY, REGISTRY, MONITOR) if g in h.groups} | ({RIG} if is_rig(h) else set())
@@ -326,9 +310,8 @@ def build(hosts, variant=None, *, gpus: int | None = None, deployable: bool = Tr
 def targets(
     plans: Iterable[Plan | None], gateways: Mapping[str, Mapping], monitors: Iterable[str] = ()
 ) -> dict[str, tuple[tuple[str, str], ...]]:
-    """The monitor's scrape targets, by job: each rig at the address the gateway reaches it on (its
-    `gateway_address`, else its inventory name), each gateway host at its bind address, else its name, or
-    127.0.0.1 when it is the monitor host itself (listening on every address)."""
+    """The monitor's scrape targets, by job: each rig at its `gateway_address`, else its name; each gateway at
+    its bind address, else its name, or 127.0.0.1 when it is the monitor host itself."""
     rigs = [(p.host, p.data.get("gateway_address") or p.host, p) for p in plans if p is not None]
     local = set(monitors)
     return {
@@ -346,8 +329,7 @@ def targets(
 
 
 def host_data(data) -> dict:
-    """A host's data (pyinfra's host.data, or any mapping) for every role's knob and the settings' keys, role
-    defaults applied: the only read of host data."""
+    """A host's data (host.data or a mapping) for every role's knob and setting, defaults applied."""
     defaults = {key: value for module in (*KNOBS, images) for key, value in module.DEFAULTS.items()} | site.DEFAULTS
     keys = {*defaults, *schema.HOST_KEYS.values(), *site.RETIRED, "ssh_port"}
     return {key: data.get(key, defaults.get(key)) for key in sorted(keys)}

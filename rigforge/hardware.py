@@ -108,9 +108,8 @@ class Needs:
 
 
 def driver_cuda(running: dict | None, data: dict) -> tuple[str | None, str]:
-    """(the CUDA version the rig's driver supports once the deploy ran, which driver that is): the running driver's
-    (nvidia-smi's header, else NVIDIA's table) when rigforge keeps it (nvidia_driver_manage false, or already of
-    nvidia_driver_branch), else that of the branch rigforge is about to install (driver_table.CUDA_DRIVERS)."""
+    """(the CUDA version the rig's driver supports once the deploy ran, which driver that is): the running
+    driver's when rigforge keeps it, else that of the branch rigforge is about to install."""
     version, branch = (running or {}).get("version"), data.get("nvidia_driver_branch")
     if version and (data.get("nvidia_driver_manage") is False or version.split(".")[0] == str(branch)):
         return (running or {}).get("cuda") or cuda_for_driver(version), f"the running driver {version}"
@@ -144,10 +143,9 @@ def resolve_caps(indices: list[int], default_w: int, overrides: dict) -> dict[in
 
 def cap_problems(gpus: list[dict], default_w: int, overrides: dict) -> list[str]:
     """Problems with the requested power caps against each card's min..max (empty when fine)."""
-    problems = []
-    indices = [gpu["index"] for gpu in gpus]
-    unknown = sorted({int(index) for index in (overrides or {})} - set(indices))
-    if gpus and unknown:
+    problems, indices = [], [gpu["index"] for gpu in gpus]
+    named = {int(index) for index in overrides or {}}  # the GPUs gpu_power_limits names
+    if gpus and (unknown := sorted(named - set(indices))):
         problems.append(
             f"gpu_power_limits names GPU(s) {unknown} but nvidia-smi shows GPU(s) {indices}; "
             "remove those entries from gpu_power_limits."
@@ -157,7 +155,7 @@ def cap_problems(gpus: list[dict], default_w: int, overrides: dict) -> list[str]
         cap = resolve_caps([gpu["index"]], default_w, overrides)[gpu["index"]]
         low, high = gpu.get("power_min_limit"), gpu.get("power_max_limit")
         if low is not None and high is not None and not low <= cap <= high:
-            key = "gpu_power_limits" if int(gpu["index"]) in {int(i) for i in overrides or {}} else "gpu_power_limit_w"
+            key = "gpu_power_limits" if int(gpu["index"]) in named else "gpu_power_limit_w"
             refused.setdefault((cap, key, low, high), []).append(gpu)
     return problems + [
         f"power cap {cap} W ({key}) is outside {cards(refused_cards)} range {low:g}..{high:g} W; "
@@ -227,8 +225,7 @@ def find_problems(
 
 
 def format_problems(host_name: str, problems: list[str], what: str = "preflight failed", changed=()) -> str:
-    """One message naming the host and every problem, then what this run changed on it (`changed`: operation
-    names, from the run's own record), or that nothing was changed."""
+    """One message naming the host, every problem, then what this run changed on it (`changed`) or that nothing was."""
     lines = [f"{what} on {host_name}:"] + [f"  - {problem}" for problem in problems]
     if not changed:
         return "\n".join(lines + ["Nothing was changed on this host."])
@@ -262,8 +259,7 @@ def interconnect(topology: dict | None) -> str:
 
 
 def data_root_of(daemon_json: list[str] | None) -> str:
-    """Docker's data-root from daemon.json's lines: its `data-root`, else Docker's default (an unreadable
-    daemon.json is preflight's refusal: roles/host_state.py)."""
+    """Docker's data-root from daemon.json's lines: its `data-root`, else Docker's default."""
     try:
         configured = json.loads("\n".join(daemon_json or []) or "{}").get("data-root")
     except (ValueError, AttributeError):
@@ -274,8 +270,7 @@ def data_root_of(daemon_json: list[str] | None) -> str:
 
 
 def roots_inside(layout: HostLayout, data_root: str) -> list[str]:
-    """Pure: rigforge_root and the model dir inside Docker's configured data-root (the default one is refused with
-    the host data: rigforge/schema.py)."""
+    """rigforge_root and the model dir inside Docker's configured data-root (its default: rigforge/schema.py)."""
     trees = {data_root: f"Docker's data-root set in {DAEMON_JSON}"}
     out = []
     for key, path in (("rigforge_root", layout.root), ("serving_model_dir", layout.models)):

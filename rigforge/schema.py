@@ -318,17 +318,17 @@ def one_of(data: Mapping, key: str, allowed: tuple) -> list[str]:
     return [] if value in allowed else [f"{key}={value!r} is not one of: {', '.join(allowed)}."]
 
 
-def _matches(data: Mapping, key: str, pattern: re.Pattern, what: str) -> list[str]:
+def matches(data: Mapping, key: str, pattern: re.Pattern, what: str) -> list[str]:
     value = data.get(key)
     return [] if isinstance(value, str) and pattern.fullmatch(value) else [f"{key} must be {what}, got {value!r}"]
 
 
 def url(data: Mapping, key: str) -> list[str]:
-    return _matches(data, key, URL, "an http(s) URL without spaces or quotes")
+    return matches(data, key, URL, "an http(s) URL without spaces or quotes")
 
 
 def hostname(data: Mapping, key: str) -> list[str]:
-    return _matches(data, key, HOSTNAME, "a host name or IP address")
+    return matches(data, key, HOSTNAME, "a host name or IP address")
 
 
 def settings(data: Mapping, names: dict[str, str]) -> list[str]:

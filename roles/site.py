@@ -85,8 +85,7 @@ def serve_the_registry(variant=None) -> bool:
 
 
 def trust_the_registry(plan: Plan, fl: fleet.Fleet) -> None:
-    """On a rig, trust the fleet registry (its CA, or insecure-registries); a registry refused on its own host
-    is only a warning here."""
+    """On a rig, trust the fleet registry; one refused on its own host is only a warning here."""
     reg, problems = fl.registry, list(fl.registry_problems)
     try:
         ca = None if reg is None or reg.insecure else registry.ca_certificate(reg.ca_dir)
