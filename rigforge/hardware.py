@@ -25,10 +25,9 @@ def cards(gpus: list[dict]) -> str:
 def small_override(kv_cache_dtype, gpu_memory_utilization) -> bool:
     """Whether the documented 20 GB-card override is set (fp8_e5m2 KV and at most 0.82 of the memory)."""
     try:
-        fraction = float(gpu_memory_utilization)
+        return kv_cache_dtype == "fp8_e5m2" and float(gpu_memory_utilization) <= 0.82
     except (TypeError, ValueError):
         return False
-    return kv_cache_dtype == "fp8_e5m2" and fraction <= 0.82
 
 
 def vram_problems(gpus: list[dict], variant: str, card_mib: int, dflash: bool, override: bool) -> list[str]:
