@@ -1,18 +1,8 @@
-"""Boot order: rigforge's caps are the last ones written at boot, and status and verify say what ran.
-
-At boot, rigforge-gpu-power.service sets the caps early (before Docker and the vLLM unit), ordered after no other
-cap writer, so it can never close an ordering cycle whatever the rig's other units do. rigforge-gpu-settle.service
-(Type=exec: its start job does not hold up the boot) waits for the boot to finish (`systemctl is-system-running
---wait`), sets back every cap another writer changed, then watches for `gpu_power_settle_window_s` seconds doing the
-same, one journal line per correction. The other writers still run: nothing is disabled.
-
-What ran at this boot is read in one fact (rigforge/facts/nvidia.py BootCaps, parsed here by `parse_boot`): systemd's
-results for both units and for the other writers' units, `journalctl -b`'s "ordering cycle" lines, the settle
-stage's lines, cron's CMD lines and the caps now. `boot_caps` is the verdict (verify's and status's check "caps set
-last at this boot"), `summary` status's sentence. systemd logs an ordering cycle while it builds the boot
-transaction, before journald runs: on a rig, journald picks it up from the kernel log; in a container (the booted
-testbed) it is lost, so a unit of rigforge's that did not run at this boot is a failure on its own.
-Pure: no host, no pyinfra.
+"""Boot order: whether rigforge's caps are the last ones written at this boot, for status and verify
+(docs/operators.md "power caps"). At boot rigforge-gpu-power.service sets the caps early, ordered after no other cap
+writer (so never in an ordering cycle); rigforge-gpu-settle.service, once the boot finished, sets back every cap
+another writer changed and watches for `gpu_power_settle_window_s` seconds. A unit of rigforge's that did not run at
+this boot is a failure on its own (an ordering cycle can be lost from the journal). Pure: no host, no pyinfra.
 """
 
 from __future__ import annotations
@@ -39,9 +29,8 @@ FAILED = re.compile(r"^rigforge: GPU(\d+) power limit .* failed")
 
 
 def parse_boot(lines: list[str]) -> dict:
-    """Output of BootCaps -> {"boot_id", "system": `is-system-running`, "units": {unit: {SHOW key: value}},
-    "cycles": journal lines about ordering cycles, "settle": the settle stage's "rigforge: " lines, "cron": cron's
-    CMD lines, "caps": {GPU index: watts now}}; empty where the rig gave nothing (a chroot: no systemd)."""
+    """Output of BootCaps -> {"boot_id", "system", "units": {unit: {SHOW key: value}}, "cycles", "settle", "cron":
+    their lines, "caps": {GPU index: watts now}}; empty where the rig gave nothing (a chroot: no systemd)."""
     out: dict = {"units": {}, "cycles": [], "settle": [], "cron": [], "caps": {}}
     head: dict = {}  # the key=value lines before the first section (boot_id, system)
     section, keys = None, head  # where key=value lines go: the head, then each unit's dict; None in other sections
@@ -98,14 +87,8 @@ def _unit_problem(name: str, unit: Mapping | None) -> str | None:
     return None
 
 
-def _cron_ran(writer: Mapping, cron: list[str]) -> bool:
-    needle = writer.get("script") or writer.get("command") or ""
-    return bool(needle) and any(needle in line for line in cron)
-
-
 def judge(seen: Mapping, targets: Mapping[int, int], writers: Mapping[str, Mapping]) -> dict:
-    """What ran at this boot against the caps: {"ok", "settling", "problems", "ran": the other writers that ran,
-    "corrections": the settle stage's}."""
+    """What ran at this boot against the caps: {"ok", "settling", "problems", "ran", "corrections"}."""
     units = seen.get("units") or {}
     power, settle = units.get(POWER_UNIT), units.get(SETTLE_UNIT)
     problems = []
@@ -120,11 +103,11 @@ def judge(seen: Mapping, targets: Mapping[int, int], writers: Mapping[str, Mappi
     ran, later = [], []
     for name, writer in writers.items():
         if writer.get("kind") == "cron":
-            if _cron_ran(writer, seen.get("cron") or []):
+            needle = writer.get("script") or writer.get("command")
+            if needle and any(needle in line for line in seen.get("cron") or []):
                 ran.append(f"{name} {_sets(writer)}")
             continue
-        start = started(units.get(name))
-        if start:
+        if start := started(units.get(name)):
             ran.append(f"{name} {_sets(writer)}")
             if settle_end and start > settle_end:
                 later.append(name)
@@ -157,8 +140,7 @@ def _set_last(j: dict) -> str:
 
 
 def boot_caps(seen: Mapping, ctx) -> tuple[str, str]:
-    """The check "caps set last at this boot": ("pass" | "fail", detail), from what ran at this boot (`seen`:
-    BootCaps) for rig context `ctx` (rigforge/drift.py RigContext: its plan's caps and the writers found)."""
+    """The check "caps set last at this boot": ("pass" | "fail", detail) for rig context `ctx` (RigContext)."""
     targets = _targets(seen, ctx)
     j = judge(seen, targets, ctx.cap_units)
     if not j["ok"]:
@@ -168,9 +150,8 @@ def boot_caps(seen: Mapping, ctx) -> tuple[str, str]:
 
 
 def summary(seen: Mapping, ctx) -> str:
-    """status's sentence after "power caps: 230 W": "set last at this boot (after nvidia-power-cap.service set
-    250 W; 1 correction by the settle stage)", or what went wrong, naming a writer seen after the settle window;
-    on a host whose services rigforge does not manage (no systemd), the writers found."""
+    """status's sentence after "power caps: 230 W" (docs/operators.md); where services are not managed (no
+    systemd), the writers found."""
     writers = ctx.cap_units
     if not ctx.manage:
         named = ", ".join(f"{name} ({'/'.join(map(str, w.get('watts') or [])) or '?'} W)"

@@ -1,9 +1,6 @@
-"""Which NVIDIA driver packages a rig gets, as one small table (pure data: no host, no pyinfra).
-
-Keyed by driver source (NVIDIA's CUDA repository or Ubuntu's own archive), distro family, branch scheme
-(580, or >=590) and flavour (open / proprietary kernel modules). Every reader takes its names from here:
-the install (pinning package first), the hold, the unattended-upgrades rules, the reboot check (kernel module
-against the installed driver) and `rigforge verify`. Nobody relies on which package comes first in a list.
+"""Which NVIDIA driver packages a rig gets, by driver source (NVIDIA's CUDA repository or Ubuntu's archive), distro
+family, branch scheme (580, or >=590) and flavour (open / proprietary kernel modules). Pure data; the install, the
+hold, the unattended-upgrades rules, the reboot check and `rigforge verify` all take their names from here.
 
 Where the names come from (vendor instructions):
 - NVIDIA Driver Installation Guide, Debian / Ubuntu: pick the branch with `nvidia-driver-pinning-<branch>`
@@ -57,8 +54,6 @@ FOLLOWS_KERNEL = "linux-modules-nvidia-"
 
 @dataclass(frozen=True)
 class DriverPackages:
-    """The driver packages of one (source, family, branch, flavour)."""
-
     pinning: str | None  # installed before the driver: locks the branch (CUDA repo)
     install: tuple[str, ...]  # what apt installs (after the pinning package)
     version_package: str  # its version is the installed driver version (reboot check, verify)
@@ -82,7 +77,6 @@ class DriverTableError(ValueError):
 def packages_for(data: Mapping, os_id: str) -> DriverPackages:
     """The driver packages for this host (its nvidia_driver_* data); DriverTableError when no such package exists."""
     source, branch, flavor = data["nvidia_driver_source"], data["nvidia_driver_branch"], data["nvidia_driver_flavor"]
-    kernel = data["nvidia_driver_kernel_flavour"]
     fam = "ubuntu" if os_id == "ubuntu" else "debian"
     try:
         branch = int(branch)
@@ -99,7 +93,7 @@ def packages_for(data: Mapping, os_id: str) -> DriverPackages:
             + (f"; use nvidia_driver_source: {' or '.join(have)}" if have else "")
         )
     install, version = row
-    fill = {"branch": branch, "kernel": kernel}
+    fill = {"branch": branch, "kernel": data["nvidia_driver_kernel_flavour"]}
     pinning = PINNING[source]
     return DriverPackages(
         pinning=pinning.format(**fill) if pinning else None,
@@ -174,7 +168,6 @@ def cuda_repo_url(os_release: dict, deb_arch: str) -> str:
 
 
 def cuda_key(os_release: dict) -> tuple[str, str]:
-    """(key file name, fingerprint) of the CUDA repository for the OS."""
     return CUDA_KEYS.get(cuda_distro(os_release), CUDA_KEYS["default"])
 
 

@@ -1,26 +1,9 @@
-"""The desired state: one model of every host of a run, built once on the controller; each host's plan is a view of it.
+"""The desired state: one model of every host of a run, built once on the controller (docs/architecture.md).
 
-    inventory + lock + variant source --build--> Fleet: every rig's Plan, the gateway's backends, the registry's
-    fill list, each host's roles --roles/--> files and operations on the hosts
-
-`build` reads the inventory once: each host's roles (a rig, the gateway, the fleet registry, the monitor), every
-rig's plan exactly as that rig deploys it, and the fleet registry's plan. What other hosts read from a rig's plan
-(its model, port, image, address, API key) never depends on the rig's probe, so the gateway hosts take their
-backends (`rigs`) and the registry host its fill list (`images`) from here and rebuild nothing. Only the rig itself
-completes its plan with what its probe shows (`completed`: the GPU count, the other cap writers).
-
-A problem belongs to the host whose data is wrong: a rig refused is left out of the gateway with its reason
-(`left_out`); a bad registry setting refuses the registry host only, and the rigs go on without it.
-
-Host data is read here only (`host_data`: every role's knobs with its defaults, rigforge/knobs/; `plan_for`: their
-checks, then `build_plan`), for the deploy (roles/site.py `the_fleet`) and every command alike; no role is
-imported. `build_plan` is the only place that turns host data into settings and a variant: a frozen `Plan`, every
-problem coming back at once, each naming the host-data key and what to do. Pure data: no pyinfra, no host (the
-caller passes the GPU count it observed).
-
-A variant is anything with the `ServedVariant` shape. Two adapters implement it: the seed catalog
-(rigforge/catalog.py, the design document's five) and the recipe registry (rigforge/recipes.py, live slugs of
-the pinned recipe repo); no other code asks which kind a variant is.
+`build` reads the inventory once: each host's roles, every rig's plan as it deploys (before its probe; only the rig
+itself completes it with what its probe shows, `completed`), the fleet registry's plan. A problem refuses only the
+host whose data is wrong. `host_data` and `plan_for` are the only reads of host data; `build_plan` the only place
+that turns it into a frozen `Plan`, every problem at once. Pure data: no pyinfra, no host.
 """
 
 from __future__ import annotations
@@ -34,7 +17,7 @@ from typing import Any, Protocol
 from rigforge import obtain, recipes, schema
 from rigforge.catalog import CatalogError, load_catalog
 from rigforge.groups import GATEWAY, MONITOR, REGISTRY, RIG, is_rig
-from rigforge.knobs import docker_engine, gpu_power, images, nvidia_driver, serving, site, sources, weights
+from rigforge.knobs import docker_engine, gpu_power, images, nvidia_driver, serving, site, weights
 from rigforge.knobs import gateway as gateway_knobs
 from rigforge.knobs import monitor as monitor_knobs
 from rigforge.knobs import registry as registry_knobs
@@ -47,7 +30,8 @@ from rigforge.schema import Settings, SettingsError, apply_overrides, power_caps
 
 
 class ServedVariant(Protocol):
-    """What a deploy, status and verify need of a variant, whichever source it comes from."""
+    """What a deploy, status and verify need of a variant: a seed of rigforge/catalog.py or a slug of
+    rigforge/recipes.py; no other code asks which kind it is."""
 
     name: str
     image: str  # the image reference it runs (pinned by the lock when the lock knows its digest)
@@ -93,7 +77,8 @@ class Plan:
     data: Mapping[str, Any]  # validated host-data knobs of every role, defaults applied
     files: Mapping[str, str] = field(repr=False)  # every rendered file: serve dir and units, {name: text}
     lock: Lock | None = None
-    token: str | None = field(default=None, repr=False)  # HF token: host data, else the controller's env
+    # HF token: host data, else the controller's env; for the weights download only: no rendered file holds it
+    token: str | None = field(default=None, repr=False)
     cap_units: tuple[str, ...] = ()  # the rig's other cap writers found at boot (shown; they order nothing)
 
     @property
@@ -112,21 +97,19 @@ class Plan:
         return self.data.get("nvidia_toolkit_version") or (pin.version if pin else None)
 
     @property
-    def pins(self) -> dict:
-        """What rig.json records about the pinned inputs."""
+    def manifest(self) -> dict:
+        """rig.json's content, before the GPUs and the time the serving role adds."""
         return {
+            "variant": self.variant.name,
+            "unit": self.layout.vllm_unit,
+            "port": self.port,
+            "root": self.layout.root,  # a changed root is named (roles/site.py)
+            "models": self.layout.models,
             "image": self.image,
             "git": {pin.name: pin.commit for pin in self.sources},
             "hf": {asset.name: asset.pin.revision for asset in self.assets},
+            **self.variant.manifest_extra,
         }
-
-    @property
-    def manifest(self) -> dict:
-        """rig.json's content, before the GPUs and the time the serving role adds."""
-        v = self.variant
-        where = {"root": self.layout.root, "models": self.layout.models}  # a changed root is named (roles/site.py)
-        return {"variant": v.name, "unit": self.layout.vllm_unit, "port": self.port, **where, **self.pins,
-                **v.manifest_extra}  # fmt: skip
 
 
 def resolve(name: str, lock: Lock, opt_in: bool) -> ServedVariant:
@@ -142,12 +125,8 @@ def resolve(name: str, lock: Lock, opt_in: bool) -> ServedVariant:
 
 
 def variant_problems(entry_variant: str | None, data_variant: Any) -> tuple[str | None, list[str]]:
-    """Which variant this host serves, and problems choosing it.
-
-    deploy/<variant>.py passes `entry_variant`; deploy/site.py passes None and host data decides. When both are
-    set they must agree: a host whose `rigforge_variant` names another variant is refused, never switched
-    silently (run deploy/site.py to follow host data, or change rigforge_variant).
-    """
+    """(the variant this host serves, problems choosing it): the entry point's (deploy/<variant>.py) and host
+    data's must agree when both are set; a host is never switched silently."""
     if data_variant is not None and not isinstance(data_variant, str):
         names = ", ".join(load_catalog().names)
         return None, [f"rigforge_variant must be a variant name, got {data_variant!r}; choose one of: {names}"]
@@ -163,17 +142,6 @@ def variant_problems(entry_variant: str | None, data_variant: Any) -> tuple[str 
     return name, []
 
 
-def cap_index_problems(settings: Settings, count: int) -> list[str]:
-    """Per-GPU overrides that name a GPU this rig does not have."""
-    absent = sorted(index for index, _ in settings.power_limits if index >= count)
-    if not absent:
-        return []
-    return [
-        f"gpu_power_limits names GPU(s) {absent} but this rig has {count} GPU(s) (0..{count - 1}); "
-        "remove those entries from gpu_power_limits."
-    ]
-
-
 def port_problems(port: int, data: Mapping) -> list[str]:
     """The API port may not be the rig's SSH port, nor below 1024 unless serving_allow_privileged_port."""
     ssh = int(data.get("ssh_port") or 22)
@@ -187,11 +155,6 @@ def port_problems(port: int, data: Mapping) -> list[str]:
     return []
 
 
-def token_of(data: Mapping) -> str | None:
-    """The HF token: host data hf_token, else the controller's RIGFORGE_HF_TOKEN / HF_TOKEN."""
-    return data.get("hf_token") or os.environ.get("RIGFORGE_HF_TOKEN") or os.environ.get("HF_TOKEN") or None
-
-
 def build_plan(
     host: str,
     data: Mapping[str, Any],
@@ -202,15 +165,9 @@ def build_plan(
     problems: Sequence[str] = (),
     deployable: bool = True,
 ) -> tuple[Plan | None, list[str]]:
-    """This host's plan, or None and every problem found.
-
-    `data`: the host's knobs with the roles' defaults applied (`host_data`); `entry`: the variant of
-    the entry point (deploy/<variant>.py) or a variant object, None to follow host data's rigforge_variant;
-    `gpus`: the GPU count the rig shows (nvidia-smi, else the PCI bus), None for the variant's; `cap_units`: the
-    rig's other cap writers at boot (facts/nvidia.py PowerCapUnits: shown, they order nothing); `problems`: ones
-    the caller already found (the roles' own knob checks), reported with these; `deployable`: refuse lock entries
-    the variant needs that are not resolved yet (a deploy), else accept them (status, verify, render).
-    """
+    """This host's plan, or None and every problem found (`problems`: the roles' knob checks', reported with these).
+    `entry`: a variant name or object, None to follow host data; `gpus`: the count the rig shows, None for the
+    variant's; `deployable`: refuse lock entries not resolved yet (a deploy), else accept them (status, verify)."""
     problems = list(problems)
     given = None if entry is None or isinstance(entry, str) else entry
     name, found = variant_problems(given.name if given else entry, data.get("rigforge_variant"))
@@ -220,7 +177,6 @@ def build_plan(
         lock = load_lock(data["rigforge_lock"])
     except LockError as exc:
         problems.append(str(exc))
-    token = token_of(data)  # for the weights download only: no rendered file holds it
     try:
         settings = apply_overrides(Settings(), settings_from_host_data(data))
     except SettingsError:
@@ -244,10 +200,14 @@ def build_plan(
     except (SettingsError, RecipeError) as exc:  # a setting valid alone that this variant cannot take
         files = {}
         problems.append(str(exc))
-    problems += cap_index_problems(settings, count) + port_problems(settings.port or variant.port, data)
+    if absent := sorted(index for index, _ in settings.power_limits if index >= count):
+        problems.append(
+            f"gpu_power_limits names GPU(s) {absent} but this rig has {count} GPU(s) (0..{count - 1}); "
+            "remove those entries from gpu_power_limits."
+        )
+    problems += port_problems(settings.port or variant.port, data)
     if problems:
         return None, problems
-    caps = power_caps(count, settings)
     dirs, sizes = dict(variant.asset_dirs), dict(variant.sizes)
     return Plan(
         host=host,
@@ -256,28 +216,17 @@ def build_plan(
         layout=layout,
         sources=tuple(lock.git[name] for name in variant.sources),
         assets=tuple(PlannedAsset(a, dirs[a], lock.hf[a], sizes.get(a, 0)) for a in variant.assets),
-        caps=MappingProxyType(dict(sorted(caps.items()))),
+        caps=MappingProxyType(power_caps(count, settings)),  # every index < count: checked above
         cap_units=tuple(cap_units),
         data=MappingProxyType(dict(data)),
         files=MappingProxyType(files),
         lock=lock,
-        token=token,
+        token=data.get("hf_token") or os.environ.get("RIGFORGE_HF_TOKEN") or os.environ.get("HF_TOKEN") or None,
     ), []
 
 
-# every role's knobs host data may set (checked by every plan), and those only deploy/images_load.py reads
-KNOBS = (
-    nvidia_driver,
-    docker_engine,
-    gpu_power,
-    sources,
-    weights,
-    serving,
-    gateway_knobs,
-    registry_knobs,
-    monitor_knobs,
-)
-LOADS = (images,)
+# every role's knobs host data may set, checked by every plan (knobs/sources.py's rigforge_root is serving's too)
+KNOBS = (nvidia_driver, docker_engine, gpu_power, weights, serving, gateway_knobs, registry_knobs, monitor_knobs)
 
 
 @dataclass(frozen=True)
@@ -293,7 +242,6 @@ class Fleet:
     targets: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
 
     def has(self, name: str, role: str) -> bool:
-        """Whether host `name` has `role` in the fleet (RIG, GATEWAY, REGISTRY, MONITOR)."""
         return role in self.roles.get(name, ())
 
     def is_rig(self, name: str) -> bool:
@@ -308,12 +256,7 @@ class Fleet:
         return {name: problems[0] for name, problems in self.problems.items() if self.plans.get(name) is None}
 
     @property
-    def gateways(self) -> tuple[str, ...]:
-        return tuple(name for name, roles in self.roles.items() if GATEWAY in roles)
-
-    @property
     def monitors(self) -> tuple[str, ...]:
-        """The hosts of the inventory group `monitor`: where the fleet's Prometheus runs."""
         return tuple(name for name, roles in self.roles.items() if MONITOR in roles)
 
     @property
@@ -323,9 +266,8 @@ class Fleet:
         return tuple(sorted(refs))
 
     def completed(self, name: str, gpus: int | None, cap_units: Iterable[str], rebuild: Callable) -> tuple:
-        """(rig `name`'s plan with what its probe shows, or None; its problems): `gpus` (None: not known yet) and
-        `cap_units`. A GPU count other than the plan's rebuilds it (`rebuild(gpus)` -> (plan, problems));
-        otherwise nothing is built or rendered again."""
+        """(rig `name`'s plan with what its probe shows, or None; its problems): rebuilt (`rebuild(gpus)`) only
+        for a GPU count other than the plan's."""
         plan = self.plans.get(name)
         if plan is None:
             return None, list(self.problems.get(name, ()))
@@ -335,10 +277,8 @@ class Fleet:
 
 
 def build(hosts, variant=None, *, gpus: int | None = None, deployable: bool = True, opt_in: bool = False) -> Fleet:
-    """The fleet of `hosts` (a pyinfra inventory, or any hosts with .name, .groups and .data) for `variant`
-    (deploy/<variant>.py's name; None: each host's rigforge_variant; or a variant object): every rig's plan before
-    its probe, the registry's plan, each built once, for the deploy and every command. `gpus`: every rig's (render's
-    --gpus); `deployable`: as plan_for's; `opt_in`: every recipe taken as opted in (status, verify)."""
+    """The fleet of `hosts` (pyinfra's inventory, or hosts with .name, .groups and .data) for `variant` (as
+    plan_for's entry), each plan built once; `opt_in`: every recipe taken as opted in (status, verify)."""
     roles, plans, problems, datas = {}, {}, {}, {}
     for h in hosts:
         mine = {g for g in (GATEWAY, REGISTRY, MONITOR) if g in h.groups} | ({RIG} if is_rig(h) else set())
@@ -370,9 +310,8 @@ def build(hosts, variant=None, *, gpus: int | None = None, deployable: bool = Tr
 def targets(
     plans: Iterable[Plan | None], gateways: Mapping[str, Mapping], monitors: Iterable[str] = ()
 ) -> dict[str, tuple[tuple[str, str], ...]]:
-    """The monitor's scrape targets, by job: each rig at the address the gateway reaches it on (its
-    `gateway_address`, else its inventory name), each gateway host at its bind address, else its name, or
-    127.0.0.1 when it is the monitor host itself (listening on every address)."""
+    """The monitor's scrape targets, by job: each rig at its `gateway_address`, else its name; each gateway at
+    its bind address, else its name, or 127.0.0.1 when it is the monitor host itself."""
     rigs = [(p.host, p.data.get("gateway_address") or p.host, p) for p in plans if p is not None]
     local = set(monitors)
     return {
@@ -390,24 +329,19 @@ def targets(
 
 
 def host_data(data) -> dict:
-    """A host's data (pyinfra's host.data, or any mapping) for every role's knob and the settings' keys, role
-    defaults applied: the only read of host data."""
-    defaults = {key: value for module in (*KNOBS, *LOADS) for key, value in module.DEFAULTS.items()} | site.DEFAULTS
+    """A host's data (host.data or a mapping) for every role's knob and setting, defaults applied."""
+    defaults = {key: value for module in (*KNOBS, images) for key, value in module.DEFAULTS.items()} | site.DEFAULTS
     keys = {*defaults, *schema.HOST_KEYS.values(), *site.RETIRED, "ssh_port"}
     return {key: data.get(key, defaults.get(key)) for key in sorted(keys)}
 
 
 def plan_for(name: str, data, entry=None, gpus: int | None = None, deployable: bool = True, cap_units=()):
-    """(the plan of host `name` from its host data (`data`: host.data or a mapping), or None; every problem): the
-    roles' knob checks and the plan's (`build_plan`). What the deploy, status, verify and render all use;
-    `deployable` False (status, verify, render) accepts lock entries not yet resolved; `cap_units`: the rig's
-    other units that set power caps at boot (the power unit is ordered after them)."""
+    """(host `name`'s plan from its host data (host.data or a mapping), or None; every problem of the roles' knob
+    checks and of `build_plan`): what the deploy, status, verify and render all use."""
     data = host_data(data)
     problems = site.validate(data)
     for module in KNOBS:
-        check = getattr(module, "validate", None)  # a role without knobs to check has none
-        if check:
-            problems += check(data)
+        problems += module.validate(data)
     try:
         return build_plan(name, data, entry, gpus=gpus, cap_units=cap_units, problems=problems, deployable=deployable)
     except (CatalogError, LockError, RecipeError, ValueError, TypeError, KeyError, AttributeError) as exc:

@@ -1,7 +1,6 @@
-"""Can a rig run a variant? Pure checks, no host access: on GPUs as nvidia-smi reports them (dicts from
-rigforge.facts.nvidia.parse_query_gpu), the OS release, free disk, the role switches, and the layout's roots against
-Docker's data-root and the roots an earlier deploy recorded. Shared by the deploy's
-checking operations (roles/operations/checks.py, roles/operations/nvidia.py) and `rigforge verify`.
+"""Can a rig run a variant? Pure checks, no host access: GPUs (nvidia-smi's or the PCI bus's), the OS, free disk,
+the role switches, and the layout's roots against Docker's data-root and an earlier deploy's. Shared by the deploy's
+checks (roles/operations/) and `rigforge verify`.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from rigforge.layout import DAEMON_JSON, DEFAULT_ROOT, HostLayout
 
 SMALL_CARD_MIB = 24000  # below this a card is a "20 GB card"
 SMALL_CARD_FLOOR_MIB = 20000  # below this not even the 20 GB override fits the model
-SMALL_CARD_OVERRIDE = {"serving_kv_cache_dtype": "fp8_e5m2", "serving_gpu_memory_utilization": 0.82}
 
 
 def cards(gpus: list[dict]) -> str:
@@ -27,11 +25,9 @@ def cards(gpus: list[dict]) -> str:
 def small_override(kv_cache_dtype, gpu_memory_utilization) -> bool:
     """Whether the documented 20 GB-card override is set (fp8_e5m2 KV and at most 0.82 of the memory)."""
     try:
-        fraction = float(gpu_memory_utilization)
+        return kv_cache_dtype == "fp8_e5m2" and float(gpu_memory_utilization) <= 0.82
     except (TypeError, ValueError):
         return False
-    want = SMALL_CARD_OVERRIDE
-    return kv_cache_dtype == want["serving_kv_cache_dtype"] and fraction <= want["serving_gpu_memory_utilization"]
 
 
 def vram_problems(gpus: list[dict], variant: str, card_mib: int, dflash: bool, override: bool) -> list[str]:
@@ -111,9 +107,8 @@ class Needs:
 
 
 def driver_cuda(running: dict | None, data: dict) -> tuple[str | None, str]:
-    """(the CUDA version the rig's driver supports once the deploy ran, which driver that is): the running driver's
-    (nvidia-smi's header, else NVIDIA's table) when rigforge keeps it (nvidia_driver_manage false, or already of
-    nvidia_driver_branch), else that of the branch rigforge is about to install (driver_table.CUDA_DRIVERS)."""
+    """(the CUDA version the rig's driver supports once the deploy ran, which driver that is): the running
+    driver's when rigforge keeps it, else that of the branch rigforge is about to install."""
     version, branch = (running or {}).get("version"), data.get("nvidia_driver_branch")
     if version and (data.get("nvidia_driver_manage") is False or version.split(".")[0] == str(branch)):
         return (running or {}).get("cuda") or cuda_for_driver(version), f"the running driver {version}"
@@ -147,10 +142,9 @@ def resolve_caps(indices: list[int], default_w: int, overrides: dict) -> dict[in
 
 def cap_problems(gpus: list[dict], default_w: int, overrides: dict) -> list[str]:
     """Problems with the requested power caps against each card's min..max (empty when fine)."""
-    problems = []
-    indices = [gpu["index"] for gpu in gpus]
-    unknown = sorted({int(index) for index in (overrides or {})} - set(indices))
-    if gpus and unknown:
+    problems, indices = [], [gpu["index"] for gpu in gpus]
+    named = {int(index) for index in overrides or {}}  # the GPUs gpu_power_limits names
+    if gpus and (unknown := sorted(named - set(indices))):
         problems.append(
             f"gpu_power_limits names GPU(s) {unknown} but nvidia-smi shows GPU(s) {indices}; "
             "remove those entries from gpu_power_limits."
@@ -160,7 +154,7 @@ def cap_problems(gpus: list[dict], default_w: int, overrides: dict) -> list[str]
         cap = resolve_caps([gpu["index"]], default_w, overrides)[gpu["index"]]
         low, high = gpu.get("power_min_limit"), gpu.get("power_max_limit")
         if low is not None and high is not None and not low <= cap <= high:
-            key = "gpu_power_limits" if int(gpu["index"]) in {int(i) for i in overrides or {}} else "gpu_power_limit_w"
+            key = "gpu_power_limits" if int(gpu["index"]) in named else "gpu_power_limit_w"
             refused.setdefault((cap, key, low, high), []).append(gpu)
     return problems + [
         f"power cap {cap} W ({key}) is outside {cards(refused_cards)} range {low:g}..{high:g} W; "
@@ -199,13 +193,9 @@ def find_problems(
     pci: list | None = None,
     running: dict | None = None,
 ) -> list[str]:
-    """Every reason this host cannot run `needs.variant` (empty list when it can). With no driver yet (nvidia-smi
-    shows no GPUs) the GPU count and stock VRAM come from the PCI bus (`pci`: (address, device ID) pairs, None when
-    unknown); a card's power range and a modded card's VRAM wait for the driver. The image's CUDA version is checked
-    against the driver's (`running`: rigforge.facts.nvidia.NvidiaRunningDriver, or the branch to install). `data`:
-    the host-data keys the checks read (gpu_power_limit_w, gpu_power_limits, serving_kv_cache_dtype,
-    serving_gpu_memory_utilization, docker_source, nvidia_driver_flavor, nvidia_driver_branch, nvidia_driver_manage).
-    """
+    """Every reason this host cannot run `needs.variant` (empty list when it can). With no driver yet the GPU count
+    and stock VRAM come from the PCI bus (`pci`: (address, device ID) pairs, None when unknown); a card's power
+    range and a modded card's VRAM wait for the driver. `running`: NvidiaRunningDriver, or None."""
     problems = []
     os_key = (os_release.get("id", ""), os_release.get("version_id", ""))
     if os_key not in SUPPORTED_OS:
@@ -234,8 +224,7 @@ def find_problems(
 
 
 def format_problems(host_name: str, problems: list[str], what: str = "preflight failed", changed=()) -> str:
-    """One message naming the host and every problem, then what this run changed on it (`changed`: operation
-    names, from the run's own record), or that nothing was changed."""
+    """One message naming the host, every problem, then what this run changed on it (`changed`) or that nothing was."""
     lines = [f"{what} on {host_name}:"] + [f"  - {problem}" for problem in problems]
     if not changed:
         return "\n".join(lines + ["Nothing was changed on this host."])
@@ -269,8 +258,7 @@ def interconnect(topology: dict | None) -> str:
 
 
 def data_root_of(daemon_json: list[str] | None) -> str:
-    """Docker's data-root from daemon.json's lines: its `data-root`, else Docker's default (an unreadable
-    daemon.json is preflight's refusal: roles/host_state.py)."""
+    """Docker's data-root from daemon.json's lines: its `data-root`, else Docker's default."""
     try:
         configured = json.loads("\n".join(daemon_json or []) or "{}").get("data-root")
     except (ValueError, AttributeError):
@@ -281,8 +269,7 @@ def data_root_of(daemon_json: list[str] | None) -> str:
 
 
 def roots_inside(layout: HostLayout, data_root: str) -> list[str]:
-    """Pure: rigforge_root and the model dir inside Docker's configured data-root (the default one is refused with
-    the host data: rigforge/schema.py)."""
+    """rigforge_root and the model dir inside Docker's configured data-root (its default: rigforge/schema.py)."""
     trees = {data_root: f"Docker's data-root set in {DAEMON_JSON}"}
     out = []
     for key, path in (("rigforge_root", layout.root), ("serving_model_dir", layout.models)):

@@ -1,6 +1,5 @@
-"""The inventory and SSH plumbing of `rigforge status` and `rigforge verify`: open a pyinfra inventory, run a
-read-only function on every rig in parallel (a rig that cannot be reached or cannot sudo is an Unreachable
-result), and read-only commands and HTTP requests made on a rig. Nothing here changes a rig.
+"""The inventory and SSH plumbing of the commands: open a pyinfra inventory, read every host in parallel, read-only
+commands and HTTP requests made on a rig. Nothing here changes a rig.
 """
 
 from __future__ import annotations
@@ -29,8 +28,7 @@ class InventoryError(Exception):
 
 
 def open_inventory(path: str, override: dict | None = None):
-    """A pyinfra State over the inventory file (group_data/ beside it is applied, as pyinfra does); `override`:
-    data every host takes instead of its own (pyinfra's --data)."""
+    """A pyinfra State over the inventory file, group_data/ applied; `override`: pyinfra's --data."""
     if not Path(path).is_file():
         raise InventoryError(f"{path}: no such inventory file (give a pyinfra inventory, e.g. inventories/home.py)")
     # pyinfra_cli patches sockets for gevent on import (that is what makes the SSH sessions parallel): import
@@ -72,9 +70,7 @@ QUICKACK = getattr(socket, "TCP_QUICKACK", None)  # Linux's; a controller elsewh
 
 
 class _QuickAck:
-    """The SSH connection's socket as paramiko's packet reader sees it: each read also asks the kernel to
-    acknowledge what came in at once (TCP_QUICKACK, which Linux drops again after a while, so it is set after
-    every read)."""
+    """The SSH socket as paramiko's packet reader sees it: TCP_QUICKACK again after each read (Linux drops it)."""
 
     def __init__(self, sock):
         self._sock = sock
@@ -90,17 +86,9 @@ class _QuickAck:
 
 
 def no_delay(host) -> None:
-    """Neither end of `host`'s SSH connection waits on the other's delayed ACK (40 ms on Linux, once per stall):
-
-    - TCP_NODELAY: each command is a session, a few small SSH packets, then a wait for the answer; with Nagle's
-      algorithm on (paramiko sets no socket option) the next small packet waited for the rig's delayed ACK.
-    - TCP_QUICKACK after each read: sshd keeps Nagle on for sessions without a terminal, and right after login
-      it sends a notice (its host keys) that the controller has no reason to answer; the controller's ACK of it
-      was delayed, and sshd held the answer to the first session's request until it came: 44 ms on every run's
-      first command, 1 ms with this (docs/probe.md).
-
-    Nothing for a connection that is not TCP (a ProxyCommand) or not open, and no quick ACKs where the controller's
-    system has no TCP_QUICKACK (it is Linux's); idempotent."""
+    """Neither end of `host`'s SSH connection waits on the other's delayed ACK: TCP_NODELAY, and TCP_QUICKACK after
+    each read where the system has it (docs/probe.md "No wait for a delayed ACK"). Nothing for a connection that is
+    not TCP (a ProxyCommand) or not open; idempotent."""
     transport = ssh_transport(host)
     sock = getattr(transport, "sock", None)
     if getattr(sock, "family", None) not in (socket.AF_INET, socket.AF_INET6):
@@ -115,9 +103,8 @@ def no_delay(host) -> None:
 
 
 def quick_connections(hosts=()) -> None:
-    """`no_delay` on every SSH connection of the run, once each: from now on on each one pyinfra opens (a wrapper on
-    the SSH connector's `connect`: the reconnect after `server.reboot` too), and, when the wrapper is installed, on
-    the connections `hosts` have open already (pyinfra's CLI connects before the deploy files run). Idempotent."""
+    """`no_delay` on every SSH connection pyinfra opens from now on (the reconnect after a reboot too) and, when the
+    wrapper is installed, on those `hosts` have open already. Idempotent."""
     from pyinfra.connectors.ssh import SSHConnector
 
     if hasattr(SSHConnector.connect, "__wrapped__"):
@@ -161,8 +148,7 @@ def for_each_host(state, fn) -> dict[str, Any]:
 
 
 def sudo_problem(h) -> str | None:
-    """The one line when sudo on host `h` asks for a password that host data does not give (`_sudo` without
-    `_sudo_password`): naming the SSH user and what is needed. Asked with `sudo -n`, so nothing prompts."""
+    """The one line when sudo on host `h` asks for a password host data does not give; asked with `sudo -n`."""
     from pyinfra.api import QuoteString, StringCommand
 
     sudo, user, password = sudo_of(h)
@@ -182,8 +168,7 @@ def sudo_problem(h) -> str | None:
 
 
 def sudo_of(h) -> tuple[bool, str | None, str | None]:
-    """Host data's sudo for host `h`: (`_sudo`, `_sudo_user`, `_sudo_password`), for the run lock's holder
-    (roles/rig_lock.py), the sudo check and the command check."""
+    """Host data's sudo for host `h`: (`_sudo`, `_sudo_user`, `_sudo_password`)."""
     return bool(h.data.get("_sudo")), h.data.get("_sudo_user"), h.data.get("_sudo_password")
 
 
@@ -238,8 +223,8 @@ def add_arguments(p: argparse.ArgumentParser, shown: str = "a table") -> None:
 
 
 def read_fleet(args, command: str, fn) -> tuple[dict[str, Any], fleet.Fleet] | None:
-    """(fn(host, fleet) for every host of the inventory `args.inventory`, run in parallel; the fleet, built once
-    before: rigforge/fleet.py, every rig's plan), or None (said on stderr) when the inventory cannot be loaded."""
+    """(fn(host, fleet) for every host of `args.inventory`, in parallel; the fleet, built once), or None (said on
+    stderr) when the inventory cannot be loaded."""
     try:
         state = open_inventory(args.inventory)
     except InventoryError as exc:

@@ -1,7 +1,5 @@
-"""The host layout: every path and name rigforge uses on a rig, in one place (docs: DESIGN.md "Host layout").
-
-Pure data. `rigforge.render` takes its host paths from here; the roles get one through the plan
-(`rigforge.fleet.Plan.layout`), so no role spells a path of its own.
+"""The host layout: every path and name rigforge uses on a rig, in one place (pure data). The roles get one through
+the plan (`Plan.layout`), so no role spells a path of its own.
 """
 
 from __future__ import annotations
@@ -126,7 +124,6 @@ class HostLayout:
 
     @staticmethod
     def instance(variant: str) -> str:
-        """The vLLM unit instance that serves `variant`."""
         return f"{VLLM_PREFIX}{variant}.service"
 
     def unit_path(self, unit: str) -> str:

@@ -1,9 +1,7 @@
 """The settings schema: every setting a rig's files depend on, its validator, and the host-data key it comes from,
-plus the small checks the roles' `validate(data) -> problems` use for their own knobs.
-
-Layering (lowest first): the variant's catalog values < group data < host data (pyinfra merges the last two;
-`settings_from_host_data` reads the merged keys) < explicit `--set` overrides. Each check returns a list of problems
-(empty when the value is fine) naming the host-data key, the bad value and what is allowed. Pure: no pyinfra, no host.
+plus the small checks the roles' `validate(data) -> problems` use for their own knobs. Layering (lowest first): the
+variant's values < group data < host data < `--set` overrides. Each check's problems name the key, the bad value
+and what is allowed. Pure: no pyinfra, no host.
 """
 
 from __future__ import annotations
@@ -67,9 +65,6 @@ def _int_in(low: int, high: int, what: str = "an integer"):
         raise ValueError(f"{what} in {low}..{high}")
 
     return check
-
-
-_port = _int_in(1, 65535, "a port number")
 
 
 def _fraction(v: Any) -> float:
@@ -189,10 +184,8 @@ def _count(v: Any) -> int:
 
 def _per_gpu_watts(v: Any) -> tuple[tuple[int, int], ...]:
     if isinstance(v, str):
-        try:
+        with contextlib.suppress(yaml.YAMLError):
             v = yaml.safe_load(v or "{}")
-        except yaml.YAMLError:
-            v = None
     if not isinstance(v, dict):
         raise ValueError("a mapping of GPU index to watts, e.g. {0: 230, 1: 250}")
     try:
@@ -206,7 +199,7 @@ def _per_gpu_watts(v: Any) -> tuple[tuple[int, int], ...]:
 
 # name -> parser; the names are what `rigforge render --set NAME=VALUE` uses; host data uses HOST_KEYS[name].
 SETTINGS = {
-    "port": _port,
+    "port": _int_in(1, 65535, "a port number"),
     "bind_address": _ip,
     "model_dir": _abs_path,
     "gpu_memory_utilization": _fraction,
@@ -285,8 +278,7 @@ def parse_set(items: list[str]) -> dict[str, Any]:
 
 
 def settings_from_host_data(data: Any) -> dict[str, Any]:
-    """The settings' host-data keys (HOST_KEYS: `serving_*`, rigforge_root, power, hf_token) that are set, as raw
-    overrides for apply_overrides (keyed by setting name)."""
+    """The settings' host-data keys (HOST_KEYS) that are set, as raw overrides for apply_overrides."""
     return {
         key: value
         for key, host_key in HOST_KEYS.items()
@@ -326,17 +318,17 @@ def one_of(data: Mapping, key: str, allowed: tuple) -> list[str]:
     return [] if value in allowed else [f"{key}={value!r} is not one of: {', '.join(allowed)}."]
 
 
-def _matches(data: Mapping, key: str, pattern: re.Pattern, what: str) -> list[str]:
+def matches(data: Mapping, key: str, pattern: re.Pattern, what: str) -> list[str]:
     value = data.get(key)
     return [] if isinstance(value, str) and pattern.fullmatch(value) else [f"{key} must be {what}, got {value!r}"]
 
 
 def url(data: Mapping, key: str) -> list[str]:
-    return _matches(data, key, URL, "an http(s) URL without spaces or quotes")
+    return matches(data, key, URL, "an http(s) URL without spaces or quotes")
 
 
 def hostname(data: Mapping, key: str) -> list[str]:
-    return _matches(data, key, HOSTNAME, "a host name or IP address")
+    return matches(data, key, HOSTNAME, "a host name or IP address")
 
 
 def settings(data: Mapping, names: dict[str, str]) -> list[str]:

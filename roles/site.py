@@ -1,17 +1,7 @@
-"""The order of roles for one rig: plan, preflight, repair of an interrupted run, driver, GPU check, container
-runtime (and trust in the fleet registry), power, sources, weights, serving, then the rig's metrics. Before them,
-on the fleet's own hosts: the gateway (group `gateway`), the monitor (group `monitor`) and the fleet registry
-(group `registry`).
-
-`prepare()` builds the host's plan on the controller, once (`plan_for`: every role module's `validate(data)` on
-the host-data keys with the roles' defaults applied, then rigforge/fleet.py's `build_plan`), with the GPU count the
-rig shows and, for gated weights not yet fetched, the token. Every problem comes out in one message naming the
-host and the host-data keys, as the host's first operation, so nothing on it changes; other hosts carry on,
-and no bad value can raise while operations are prepared. The roles then take the plan and read nothing else.
-
-Which variant: `deploy/<variant>.py` deploys that variant; `deploy/site.py` deploys the host's
-`rigforge_variant`. A host whose `rigforge_variant` names another variant than the entry point is refused
-(never switched silently): use deploy/site.py for fleets with a variant per host.
+"""The order of roles for one host: on the fleet's own hosts the gateway, monitor and fleet registry; on a rig its
+plan (built once on the controller: rigforge/fleet.py), preflight, repair of an interrupted run, driver, GPU check,
+container runtime, power, sources, weights, serving, metrics. Every problem of a host refuses it in one message as
+its first operation, so nothing on it changes; other hosts carry on. The roles take the plan and read nothing else.
 """
 
 from __future__ import annotations
@@ -61,8 +51,7 @@ IMAGE_GB = 9  # the vLLM nightly image on disk (HARDWARE.md)
 
 
 def the_fleet(variant=None) -> fleet.Fleet:
-    """This run's fleet (rigforge/fleet.py), built once on the controller at the first host's turn: every rig's plan
-    as it deploys (before its probe), each host's roles, the fleet registry."""
+    """This run's fleet (rigforge/fleet.py), built once on the controller at the first host's turn."""
     memo = ctx_state.get().__dict__.setdefault("_rigforge_fleets", {})
     key = variant if variant is None or isinstance(variant, str) else id(variant)
     if key not in memo:
@@ -79,8 +68,7 @@ def refused(problems: list[str], role: str) -> bool:
 
 
 def serve_the_registry(variant=None) -> bool:
-    """On the fleet registry's host, the registry (roles/registry.py); False when it was refused. Its problems
-    refuse that host only: the rigs go on without it, with a warning (trust_the_registry)."""
+    """On the fleet registry's host, the registry (roles/registry.py); False when it was refused (that host only)."""
     fl = the_fleet(variant)
     if host.name != fl.registry_host:
         return True
@@ -97,8 +85,7 @@ def serve_the_registry(variant=None) -> bool:
 
 
 def trust_the_registry(plan: Plan, fl: fleet.Fleet) -> None:
-    """On a rig, trust the fleet registry (its CA, or insecure-registries); a registry refused on its own host
-    is only a warning here."""
+    """On a rig, trust the fleet registry; one refused on its own host is only a warning here."""
     reg, problems = fl.registry, list(fl.registry_problems)
     try:
         ca = None if reg is None or reg.insecure else registry.ca_certificate(reg.ca_dir)
@@ -111,8 +98,7 @@ def trust_the_registry(plan: Plan, fl: fleet.Fleet) -> None:
 
 
 def gateway_plan(variant=None):
-    """(this gateway host's plan, or None; every problem): in front of every rig of the fleet, each with the plan
-    it deploys in this run. A rig refused is left out, with a warning (its own host is refused in this run)."""
+    """(this gateway host's plan in front of every rig the run deploys, or None; every problem)."""
     fl = the_fleet(variant)
     for rig, problem in fl.left_out().items():
         warn(f"the gateway leaves {rig} out: {problem}")
@@ -152,8 +138,7 @@ def _weights_state(plan: Plan, asset) -> dict:
 
 def prepare(variant=None) -> Plan | None:
     """This host's plan, or None after queueing one operation that refuses the host naming every problem.
-    `variant`: a variant name (deploy/<variant>.py), None (deploy/site.py: host data's rigforge_variant), or a
-    variant object (tests/deploys/)."""
+    `variant`: a name (deploy/<variant>.py), None (deploy/site.py: host data's), or a variant object (tests)."""
     gpus = len(host.get_fact(NvidiaGpus) or []) or len(host.get_fact(NvidiaPciGpus) or []) or None
     fl, cap_units = the_fleet(variant), tuple(host.get_fact(PowerCapUnits))
     rebuild = lambda count: plan_for(host.name, host.data, variant, count, cap_units=cap_units)  # noqa: E731
@@ -182,8 +167,7 @@ def prepare(variant=None) -> Plan | None:
 
 
 def power_warnings(plan: Plan) -> None:
-    """Caps outside what the recipe repo measured (the user's choice: not refused), said once preflight passed so
-    that no warning comes before a refusal; before a driver answers, the cards' own range is still to be checked."""
+    """Caps outside what the recipe repo measured (not refused), said once preflight passed."""
     known = bool(host.get_fact(NvidiaGpus))  # preflight checked the caps against the cards' own range
     kept = "kept as set" if known else "kept as set if the cards' own range allows it (checked once the driver answers)"
     for warning in power.warnings(plan.caps, power.locate_profile(plan.lock), kept):
@@ -191,8 +175,8 @@ def power_warnings(plan: Plan) -> None:
 
 
 def image_problems(plan: Plan, variant=None) -> list[str]:
-    """The refusal when the rig lacks its image and no source has it (rigforge/obtain.py: the fleet registry,
-    upstream), asked from the controller before anything changes; a rig that holds it asks nothing."""
+    """The refusal when the rig lacks its image and no source has it (rigforge/obtain.py), asked from the controller
+    before anything changes."""
     if not plan.data["rigforge_manage_services"] or host.get_fact(DockerImagePresent, image=plan.image):
         return []
     reg = the_fleet(variant).registry
@@ -204,8 +188,7 @@ def image_problems(plan: Plan, variant=None) -> list[str]:
 
 
 def needs(plan: Plan) -> Needs:
-    """What the variant needs of the rig; its disk: the bytes still to land on the model disk (weights not yet
-    stamped, plus the image when it will be pulled)."""
+    """What the variant needs of the rig; its disk: the bytes still to land on the model disk (weights, image)."""
     v = plan.variant
     cuda = plan.lock.image_cuda(plan.image) if plan.lock else None
     disk = sum(asset.bytes for asset in plan.assets if stale_files(asset.pin, _weights_state(plan, asset)))
@@ -215,9 +198,8 @@ def needs(plan: Plan) -> Needs:
 
 
 def hold_the_rig() -> bool:
-    """Take the rig's lock for this run (roles/rig_lock.py: one run per rig; not a change), or refuse the host in
-    one line naming the run that holds it; a rig that is the same machine as another of this run's rigs (machine-id
-    and SSH host key) is refused naming both, each of them."""
+    """Take the rig's lock for this run (roles/rig_lock.py), or refuse the host in one line naming the run that
+    holds it, or the other names of the same machine (machine-id and SSH host key)."""
     sudo = None if rig_lock.over_ssh(host) else sudo_problem(host)  # over SSH the lock finds it, sudo -n
     if sudo:  # before anything else: every later step needs sudo
         refuse_now(f"Refuse {host.name}: sudo asks for a password", f"rigforge refused on {host.name}: {sudo}.")
@@ -299,9 +281,8 @@ def provision(variant_name: str | None = None):
 
 
 def load_saved_images() -> None:
-    """deploy/images_load.py: the images `rigforge images save` kept in host data's rigforge_images_dir, onto this
-    host at their locked digests (roles/images.py). A bad value or an incomplete directory refuses the host in one
-    line, before anything changes."""
+    """deploy/images_load.py: the images saved in host data's rigforge_images_dir onto this host (roles/images.py);
+    a bad value or an incomplete directory refuses the host in one line, before anything changes."""
     data = host_data(host.data)
     problems = rigforge.knobs.images.validate(data)
     try:  # the directory is read only once the keys are valid

@@ -1,8 +1,6 @@
-"""Every role's knobs (host-data keys), its defaults and checks: one module per role of roles/.
-
-Each module's `DEFAULTS` is the commented table (the role's defaults/main.yml); `typed` makes it the role's frozen
-settings, one field per key, so a role reads `knobs.docker_source`, never `plan.data["docker_source"]`.
-Read by the plan builder on the controller (rigforge/fleet.py) and by the roles; no host here.
+"""Every role's knobs (host-data keys), one module per role of roles/ (named after it): `DEFAULTS`, the commented
+table (the role's defaults/main.yml), and `validate(data) -> problems`; `typed` makes a role's frozen settings, so a
+role reads `knobs.docker_source`, never `plan.data["docker_source"]`. No host here.
 """
 
 from __future__ import annotations

@@ -1,5 +1,3 @@
-"""The knobs of roles/docker_engine.py: their defaults (commented, the role's defaults/main.yml) and checks."""
-
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -36,7 +34,6 @@ DOCKER_CE_PACKAGES = ["docker-ce", "docker-ce-cli", "containerd.io", "docker-bui
 
 
 def validate(data: Mapping) -> list[str]:
-    """Problems with this role's host-data keys (defaults applied); each names the key, value and what is allowed."""
     problems = schema.one_of(data, "docker_source", DOCKER_SOURCES)
     versions = data["docker_package_versions"]
     if not isinstance(versions, Mapping) or not set(versions) <= set(DOCKER_CE_PACKAGES):

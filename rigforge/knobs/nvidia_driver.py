@@ -1,5 +1,3 @@
-"""The knobs of roles/nvidia_driver.py: their defaults (commented, the role's defaults/main.yml) and checks."""
-
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -28,7 +26,6 @@ BOOLEAN_KEYS = ("nvidia_driver_manage", "nvidia_allow_reboot", "apt_adopt_source
 
 
 def validate(data: Mapping) -> list[str]:
-    """Problems with this role's host-data keys (defaults applied); each names the key, value and what is allowed."""
     problems = schema.one_of(data, "nvidia_driver_source", driver_table.SOURCES)
     problems += schema.one_of(data, "nvidia_driver_flavor", driver_table.FLAVORS)
     branch = data["nvidia_driver_branch"]

@@ -1,5 +1,3 @@
-"""The knobs of roles/registry.py: their defaults (commented, the role's defaults/main.yml) and checks."""
-
 from __future__ import annotations
 
 from collections.abc import Mapping

@@ -1,5 +1,3 @@
-"""The knobs of roles/weights.py: their defaults (commented, the role's defaults/main.yml) and checks."""
-
 from __future__ import annotations
 
 import re
@@ -23,6 +21,8 @@ Weights = typed("Weights", DEFAULTS)  # the role's settings: one frozen field pe
 
 
 SOURCES = ("hub", "controller")
+RELEASE = re.compile(r"\d+(\.\d+){1,3}")
+NO_SPACES = re.compile(r"\S+")
 
 
 def validate(data: Mapping) -> list[str]:
@@ -30,10 +30,6 @@ def validate(data: Mapping) -> list[str]:
     problems += schema.url(data, "hf_endpoint")
     if data.get("hf_token") not in (None, ""):
         problems += schema.settings(data, {"hf_token": "hf_token"})
-    version = data.get("weights_hf_hub_version")
-    if not (isinstance(version, str) and re.fullmatch(r"\d+(\.\d+){1,3}", version)):
-        problems.append(f"weights_hf_hub_version must be a release such as 2.4.0, got {version!r}")
-    cache = data.get("weights_cache_dir")
-    if not (isinstance(cache, str) and cache and not re.search(r"\s", cache)):
-        problems.append(f"weights_cache_dir must be a directory path on the controller, got {cache!r}")
+    problems += schema.matches(data, "weights_hf_hub_version", RELEASE, "a release such as 2.4.0")
+    problems += schema.matches(data, "weights_cache_dir", NO_SPACES, "a directory path on the controller")
     return problems
