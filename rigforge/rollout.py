@@ -1,24 +1,6 @@
-"""`rigforge rollout INVENTORY --to FILE`: move a fleet to a candidate lock, a canary first, with a speed gate.
-
-    rigforge rollout INVENTORY --to lock-b.yaml --dry     what each rig would change (image, flags, weights, units)
-    rigforge rollout INVENTORY --to lock-b.yaml           canary, bench gate, the others one at a time, promote
-    rigforge rollout INVENTORY --rollback                 the same, back to the lock the last promotion replaced
-
-The candidate (`rigforge lock --recipes REF --out FILE`) is promoted, i.e. copied over the lock the inventory's
-rigs use (host data rigforge_lock; the lock it replaces is kept as `<lock>.previous`), only once every rig runs it;
-until then the lock in use is the old one, so a plain deploy in between puts back what it says.
-
-1. Canary (--canary RIG, else the first rig not held): drained at the gateway, its speed measured on the rig
-   (completion tokens per second of a few chat completions, median), deployed at the candidate and kept drained
-   (`pyinfra INVENTORY deploy/site.py --limit RIG --data rigforge_lock=FILE --data serving_rest=drained`), then
-   `verify`ed and measured again. A failed check or a loss above --max-loss (30%) deploys it back at the lock in
-   use (which rejoins it) and stops: exit 1, naming the loss.
-2. The canary rejoins (a deploy at the candidate), then every other rig follows, one at a time (the deploy drains,
-   switches, gates and rejoins it). A run that fails stops the rollout: exit 1, the lock not promoted.
-3. The candidate is promoted. Exit 0 only then.
-A rig with host data `rollout_hold: true` stays at the lock in use and is named as held (the lock is then promoted
-only with --promote-with-held).
-"""
+"""`rigforge rollout INVENTORY --to FILE | --rollback [--dry]` (docs/rollout.md): move a fleet to a candidate lock,
+a canary first with a speed gate, then the other rigs one at a time; the candidate is promoted over the lock in use
+(kept as `<lock>.previous`) only once every rig runs it, so a plain deploy in between puts back what it says."""
 
 from __future__ import annotations
 
