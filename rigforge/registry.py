@@ -115,7 +115,6 @@ def check_config(text: str, tls: bool) -> list[str]:
 
 
 def subject_alt_name(address: str) -> str:
-    """The certificate's subjectAltName for `address`: an IP address, or a DNS name."""
     try:
         return f"IP:{ipaddress.ip_address(address)}"
     except ValueError:
