@@ -156,9 +156,7 @@ backends=$(stat '$2 == s {{ print $1 }}')
 def drain_script(server: str, timeout: int, socket: str = GATEWAY_ADMIN_SOCKET, state_file: str = GATEWAY_STATE) -> str:
     """Shell, on a gateway host: no new requests for `server`, then wait (at most `timeout` s) until its requests
     in flight and queued are done. Prints `others up N`: how many other rigs of its models are up."""
-    return (
-        _runtime(server, socket, state_file)
-        + f"""
+    body = f"""
 for b in $backends; do cli "set server $b/{server} state drain" >/dev/null; done
 save
 echo "others up $(cli "show stat" | awk -F, -v s={shlex.quote(server)} -v bs=" $(echo $backends) " \
@@ -170,7 +168,7 @@ while busy=$(stat '$2 == s {{ n += $3 + $5 }} END {{ print n + 0 }}') && [ "$bus
 done
 echo "gateway: drained after $waited s"
 """
-    )
+    return _runtime(server, socket, state_file) + body
 
 
 def state_script(
@@ -180,9 +178,7 @@ def state_script(
     `drain`, `maint`, `moved` (ready at another port) or `absent`; nothing when the gateway does not run there.
     (`show servers state`: 2 backend, 4 server, 7 admin state bits (0x01/0x02/0x04/0x20/0x40 maint, 0x08/0x10
     drain), 19 port.)"""
-    return (
-        _runtime(server, socket, state_file)
-        + f"""
+    body = f"""
 cli "show servers state" | awk -v s={shlex.quote(server)} -v b={shlex.quote(backend)} -v p={int(port)} '
   $2 == b && $4 == s {{ seen = 1; a = $7 + 0
     if (a % 2 == 1 || int(a / 2) % 2 == 1 || int(a / 4) % 2 == 1 || int(a / 32) % 2 == 1 || int(a / 64) % 2 == 1)
@@ -192,7 +188,7 @@ cli "show servers state" | awk -v s={shlex.quote(server)} -v b={shlex.quote(back
     else print "ready" }}
   END {{ if (!seen) print "absent" }}'
 """
-    )
+    return _runtime(server, socket, state_file) + body
 
 
 def rejoin_script(
@@ -202,9 +198,7 @@ def rejoin_script(
     """Shell, on a gateway host: `server` back in `backend` (None: wherever it is) at `address`:`port` (a name is
     resolved there), out of the backends of models it no longer serves; then wait (at most `wait` s) until the
     gateway's own health check sees it up."""
-    return (
-        _runtime(server, socket, state_file)
-        + f"""
+    body = f"""
 ip=$(getent ahosts {shlex.quote(address)} | awk '{{ print $1; exit }}')
 [ -n "$ip" ] || {{ echo "gateway: cannot resolve {address}" >&2; exit 1; }}
 for b in $backends; do
@@ -223,4 +217,4 @@ until stat '$2 == s && $18 ~ /^UP/ {{ up = 1 }} END {{ exit !up }}'; do
 done
 echo "gateway: {server} serving at $ip:{int(port)} after $waited s"
 """
-    )
+    return _runtime(server, socket, state_file) + body
