@@ -159,14 +159,6 @@ def on_rig(inventory_path: str, rig: str, lock: Path, fn):
         h.disconnect()
 
 
-def verified(inventory_path: str, rig: str, lock: Path) -> list[str]:
-    """The failed checks of `rigforge verify` on `rig` at `lock` (drained on purpose: the gateway's is not asked)."""
-    from rigforge import verify
-
-    checks, _ = on_rig(inventory_path, rig, lock, verify.check_host)
-    return [f"{c.name}: {c.detail}" for c in checks if c.status == "fail"]
-
-
 def measured(args, rig: str, lock: Path) -> float:
     return on_rig(args.inventory, rig, lock, lambda h, _: tps(h, lock, args.bench_requests))
 
@@ -175,12 +167,15 @@ def measured(args, rig: str, lock: Path) -> float:
 
 
 def canary(args, h, old: Path, new: Path) -> None:
+    from rigforge import verify
+
     deploy(args.inventory, h.name, old, rest="drained")  # out of the gateway: its own speed, not the fleet's load
     before = measured(args, h.name, old)
     say(f"{h.name}: canary baseline {before:.1f} tokens/s at {old.name}")
     try:
         deploy(args.inventory, h.name, new, rest="drained")
-        failed = verified(args.inventory, h.name, new)
+        checks, _ = on_rig(args.inventory, h.name, new, verify.check_host)  # drained on purpose: no gateway check
+        failed = [f"{c.name}: {c.detail}" for c in checks if c.status == "fail"]
     except RolloutError as exc:  # a deploy that failed its gate: switched back like a failed check
         failed = [str(exc)]
     after = measured(args, h.name, new) if not failed else 0.0
