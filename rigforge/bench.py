@@ -1,16 +1,5 @@
-"""`rigforge bench URL`: the recipes' bench protocol against an OpenAI-compatible server.
-
-For each prompt (narrative first, then code): WARMUPS unmeasured runs, then RUNS measured runs,
-streamed, temperature 0.6, top_p 0.95, thinking off. Per run:
-  TTFT       = time from sending the request to the first content or reasoning delta
-  wall_TPS   = completion tokens / wall seconds (request sent -> end of stream)
-  decode_TPS = completion tokens / (wall - TTFT)
-Completion tokens come from the final usage chunk (stream_options.include_usage); a server
-that sends none is counted by deltas (said in the output). Summary per prompt: mean, std
-(sample), CV%, min, max -- printed beside the design document's published figures for the
-variant. With --streams N every run is N concurrent requests: aggregate TPS (all tokens /
-first start -> last end) and per-stream wall TPS, as the dual-turbo figures are given.
-"""
+"""`rigforge bench URL`: the recipes' bench protocol against an OpenAI-compatible server (docs/operators.md says
+what it measures: TTFT, wall and decode TPS per prompt, aggregate TPS with --streams N)."""
 
 from __future__ import annotations
 
@@ -178,12 +167,10 @@ def variants_info() -> dict:
     }
 
 
-def infer_variant(model: str, port: int | None, info: dict) -> str | None:
+def infer_variant(model: str, port: int, info: dict) -> str | None:
     by_model = [n for n, d in info.items() if d["measured"].get("model") == model]
-    if len(by_model) == 1:
-        return by_model[0]
-    by_port = [n for n, d in info.items() if port is not None and d["port"] == port]
-    return by_port[0] if len(by_port) == 1 else None
+    by_port = [n for n, d in info.items() if d["port"] == port]
+    return next((found[0] for found in (by_model, by_port) if len(found) == 1), None)
 
 
 def _num(value):
@@ -194,8 +181,7 @@ def _num(value):
         return None
 
 
-def published(measured: dict, prompt: str, streams: int) -> dict:
-    m = measured
+def published(m: dict, prompt: str, streams: int) -> dict:
     out = {"tps": _num(m.get(f"{prompt}_tps", m.get(f"{prompt}_tps_per_stream"))), "ttft_ms": _num(m.get("ttft_ms"))}
     if streams > 1:
         out["aggregate_tps"] = _num(m.get(f"aggregate_{prompt}_tps_{streams}_streams"))

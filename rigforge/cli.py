@@ -64,8 +64,7 @@ def _render(args: argparse.Namespace) -> int:
         raise SettingsError("render needs VARIANT and --out DIR (variants: `rigforge render --list`)")
 
     data = {HOST_KEYS.get(key, key): value for key, value in parse_set(args.sets).items()}
-    unknown = sorted(set(data) - set(fleet.host_data({})))
-    if unknown:
+    if unknown := sorted(set(data) - set(fleet.host_data({}))):
         raise SettingsError(f"unknown setting {unknown[0]!r}; allowed: {', '.join(sorted(HOST_KEYS.values()))}")
     data |= {"rigforge_recipe_opt_in": args.opt_in}
     one = fleet.build([SimpleNamespace(name="render", groups=(), data=data)], args.variant, gpus=args.gpus,

@@ -1,8 +1,5 @@
 """`rigforge lock --recipes REF`: the lock follows the recipe repo to REF in one command.
 
-    follow(lock, ref, slugs) -> (lock at REF, its repo)   the recipe pin moved, image and hf entries derived
-    diff(old, new, path) -> str                          the lock's change, as `diff -u` shows it
-
 At REF (a tag, branch or commit of the lock's `git.recipes` URL), each engine the lock has an image entry for, or a
 used slug runs, gets the image upstream's launchers run: the engine profile's `install.spec` (the variable its
 `image_env` names is set to it on the rig, rigforge/recipes.py). An entry whose ref moved is unresolved again; one

@@ -1,15 +1,6 @@
-"""The fleet's front door: one HAProxy in front of the rigs (docs/gateway.md).
-
-    the rigs' plans + the gateway host's knobs --build--> GatewayPlan --render--> haproxy.cfg
-
-One backend per served model name, holding the rigs that serve it, each at the address the gateway reaches it
-on (the rig's `gateway_address`, default its inventory name) and its plan's port. A request goes to the backend
-its JSON body's `model` names; HAProxy health-checks every rig on vLLM's own `/health`, so only healthy rigs
-get requests. `GET /v1/models` answers the union of the models whose backend has a healthy rig. The fleet key,
-when set, is checked at the gateway (the config holds only its sha256); the rigs' own key is sent on to them.
-
-Pure data, like rigforge/fleet.py: the caller passes the rigs' plans.
-"""
+"""The fleet's front door (docs/gateway.md): one HAProxy in front of the rigs, one backend per served model name,
+its config built from the rigs' plans and the gateway host's knobs (pure data, like rigforge/fleet.py); and the
+shell that drains and rejoins a rig through HAProxy's runtime API."""
 
 from __future__ import annotations
 

@@ -1,22 +1,6 @@
-"""`rigforge images save DIR` and `rigforge images load DIR INVENTORY`: the locked images in a directory, and from
-there onto a rig, for a single rig with no fleet registry or a move between fleets (issue 22).
-
-    the lock's images (with a digest) --save, over the Distribution API--> DIR, an OCI image layout
-    DIR --load (deploy/images_load.py, roles/images.py)--> the rig's Docker, holding REF@sha256:... as locked
-
-save (on the controller): for each locked image with a digest, its manifest by digest (a multi-platform index
-and every child manifest, byte for byte, so the digest stays the locked one), then every config and layer blob,
-into an OCI image layout: `oci-layout`, `index.json` (one entry per image, annotated with its ref:
-`org.opencontainers.image.ref.name` is the ref, `io.containerd.image.name` its fully qualified name) and
-`blobs/sha256/<hex>`. Each blob streams to `blobs/sha256/.<hex>.part` (resumed with an HTTP range after a cut),
-is checked against its digest's sha256 and its size, and only then renamed into place; what was checked is
-recorded in `.rigforge-verified.json`, so a re-run only compares sizes (no re-hash of gigabytes) and fetches
-nothing for an image the directory already holds. Docker Hub by default (anonymous bearer tokens, as
-`rigforge lock`), or `--registry URL` (the fleet registry `https://host:5000`, with `--ca-cert` its CA).
-
-load: a pyinfra run of deploy/images_load.py with `--data rigforge_images_dir=DIR` (roles/images.py says how the
-rig ends up with the digest; Docker's own `docker load` drops it, moby#22011).
-"""
+"""`rigforge images save DIR` and `rigforge images load DIR INVENTORY` (docs/images.md): the lock's images kept
+in a directory, an OCI image layout, then put onto a rig at their locked digests (deploy/images_load.py,
+roles/images.py), for a single rig with no fleet registry or a move between fleets (issue 22)."""
 
 from __future__ import annotations
 
@@ -31,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rigforge.lock import manifest_url, write_atomically
-from rigforge.obtain import MANIFEST_TYPES, registry_request
+from rigforge.obtain import DOCKER_HUB, INDEX_TYPES, MANIFEST_TYPES, parse, registry_request
 from rigforge.pins import DIGEST, ImagePin, Lock, LockError, default_lock_path, load_lock
 
 LAYOUT_FILE = "oci-layout"
@@ -41,7 +25,6 @@ BLOBS = "blobs/sha256"
 VERIFIED = ".rigforge-verified.json"  # {digest: size} of every blob whose sha256 was checked when it was written
 REF_NAME = "org.opencontainers.image.ref.name"  # the lock's ref, e.g. vllm/vllm-openai:v0.27.1
 IMAGE_NAME = "io.containerd.image.name"  # its fully qualified name, docker.io/vllm/vllm-openai:v0.27.1
-INDEX_TYPES = {"application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json"}
 CHUNK = 1 << 20
 PROGRESS_STEP = 10  # a progress line every this many percent of a blob
 
@@ -63,13 +46,10 @@ class Saved:
 def hub_name(ref: str) -> tuple[str, str] | None:
     """(repository path on Docker Hub, tag) of a ref Docker pulls from Docker Hub (`vllm/vllm-openai:v1` ->
     (`vllm/vllm-openai`, `v1`); `ubuntu` -> (`library/ubuntu`, `latest`)); None for another registry's ref."""
-    name, _, tag = ref.rpartition(":") if ":" in ref.rsplit("/", 1)[-1] else (ref, "", "latest")
-    first = name.split("/", 1)[0]
-    if "/" in name and ("." in first or ":" in first or first == "localhost"):
-        if first not in ("docker.io", "index.docker.io", "registry-1.docker.io"):
-            return None
-        name = name.split("/", 1)[1]
-    return (name if "/" in name else f"library/{name}"), tag
+    r = parse(ref)
+    if r.registry not in (DOCKER_HUB, "index.docker.io", "registry-1.docker.io"):
+        return None
+    return (r.repository if "/" in r.repository else f"library/{r.repository}"), r.tag or "latest"
 
 
 def qualified(ref: str) -> str:
@@ -314,14 +294,12 @@ def save_image(directory: Path, pin: ImagePin, registry: str | None = None, ca_c
 def push_plan(directory: str | os.PathLike, entries: list[Saved]) -> tuple[list[str], dict[str, int]]:
     """(the lines of rigforge/remote/load_images.sh's plan, every file of the layout they need: {digest: size}) for
     loading `entries`: each image's blobs, then its manifests (an index's children before it, so the registry accepts
-    each one), then `pull NAME@DIGEST`. The repository is the Docker Hub path Docker asks a mirror for."""
+    each one), then `pull NAME@DIGEST`. The repository is the Docker Hub path Docker asks a mirror for (`entries`
+    passed check_loadable: Docker Hub images only)."""
     directory = Path(directory)
     lines, pulls, needed = [], [], {}
     for e in entries:
-        hub = hub_name(e.ref)
-        if hub is None:
-            raise ImagesError(f"{e.ref}: only Docker Hub images can be loaded (its registry would record another name)")
-        repo, top = hub[0], _read_json(blob_path(directory, e.digest), {})
+        repo, top = hub_name(e.ref)[0], _read_json(blob_path(directory, e.digest), {})
         images, manifests = [top], []
         for child in _children(top):
             manifest = _read_json(blob_path(directory, child["digest"]), {})

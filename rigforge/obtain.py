@@ -1,13 +1,6 @@
-"""Where a rig gets its locked image (issue 22, docs/registry.md): the rig itself, the fleet registry, upstream.
-
-    image reference --parse--> ImageRef (registry, repository, digest)
-    ImageRef + the fleet registry's plan + the upstream base URL --sources--> [Source] (asked over HTTP, HEAD)
-    [Source] --problem--> one line naming the image and the variant's live successor, when none has it
-
-The fleet registry stands in for Docker Hub through each rig's `registry-mirrors` (Docker asks its mirrors
-before Docker Hub, and records the pulled image under its Docker Hub name, so `ref@sha256:...` resolves):
-it serves images of Docker Hub only. Pure data plus HTTP requests from the controller; no pyinfra host calls.
-"""
+"""Where a rig gets its locked image (issue 22, docs/registry.md): the rig itself, the fleet registry (a Docker Hub
+mirror: Docker images only), upstream; asked over HTTP from the controller, and the one line naming the image and
+the variant's live successor when none has it."""
 
 from __future__ import annotations
 
@@ -19,14 +12,9 @@ from rigforge.registry import RegistryPlan
 
 DOCKER_HUB = "docker.io"
 DOCKER_HUB_API = "https://registry-1.docker.io"  # where Docker itself asks for docker.io images
-MANIFEST_TYPES = ", ".join(
-    [
-        "application/vnd.oci.image.index.v1+json",
-        "application/vnd.docker.distribution.manifest.list.v2+json",
-        "application/vnd.oci.image.manifest.v1+json",
-        "application/vnd.docker.distribution.manifest.v2+json",
-    ]
-)
+INDEX_TYPES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json")
+IMAGE_TYPES = ("application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json")
+MANIFEST_TYPES = ", ".join(INDEX_TYPES + IMAGE_TYPES)
 
 
 def registry_request(method: str, url: str, headers: dict, **kwargs):

@@ -1,14 +1,6 @@
 """The fleet registry (docs/registry.md): a plain CNCF Distribution registry on one host of the inventory, served
-over TLS with a CA that rigforge makes on the controller.
-
-    the inventory's groups --registry_host--> the registry host; its knobs --build--> RegistryPlan
-    RegistryPlan --render_config--> /etc/docker/registry/config.yml (checked by check_config)
-    the controller's CA dir --ca_certificate--> ca.crt, to every rig (/etc/docker/certs.d/<address>:<port>/)
-                            --server_certificate--> the registry host's certificate and key
-
-Pure data, plus the controller's own CA files (the openssl command line, run on the controller); no pyinfra
-host calls.
-"""
+over TLS with a CA that rigforge makes on the controller. Pure data (its plan, its config.yml), plus the
+controller's own CA files (the openssl command line, run on the controller)."""
 
 from __future__ import annotations
 
@@ -123,7 +115,6 @@ def check_config(text: str, tls: bool) -> list[str]:
 
 
 def subject_alt_name(address: str) -> str:
-    """The certificate's subjectAltName for `address`: an IP address, or a DNS name."""
     try:
         return f"IP:{ipaddress.ip_address(address)}"
     except ValueError:

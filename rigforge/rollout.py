@@ -1,24 +1,6 @@
-"""`rigforge rollout INVENTORY --to FILE`: move a fleet to a candidate lock, a canary first, with a speed gate.
-
-    rigforge rollout INVENTORY --to lock-b.yaml --dry     what each rig would change (image, flags, weights, units)
-    rigforge rollout INVENTORY --to lock-b.yaml           canary, bench gate, the others one at a time, promote
-    rigforge rollout INVENTORY --rollback                 the same, back to the lock the last promotion replaced
-
-The candidate (`rigforge lock --recipes REF --out FILE`) is promoted, i.e. copied over the lock the inventory's
-rigs use (host data rigforge_lock; the lock it replaces is kept as `<lock>.previous`), only once every rig runs it;
-until then the lock in use is the old one, so a plain deploy in between puts back what it says.
-
-1. Canary (--canary RIG, else the first rig not held): drained at the gateway, its speed measured on the rig
-   (completion tokens per second of a few chat completions, median), deployed at the candidate and kept drained
-   (`pyinfra INVENTORY deploy/site.py --limit RIG --data rigforge_lock=FILE --data serving_rest=drained`), then
-   `verify`ed and measured again. A failed check or a loss above --max-loss (30%) deploys it back at the lock in
-   use (which rejoins it) and stops: exit 1, naming the loss.
-2. The canary rejoins (a deploy at the candidate), then every other rig follows, one at a time (the deploy drains,
-   switches, gates and rejoins it). A run that fails stops the rollout: exit 1, the lock not promoted.
-3. The candidate is promoted. Exit 0 only then.
-A rig with host data `rollout_hold: true` stays at the lock in use and is named as held (the lock is then promoted
-only with --promote-with-held).
-"""
+"""`rigforge rollout INVENTORY --to FILE | --rollback [--dry]` (docs/rollout.md): move a fleet to a candidate lock,
+a canary first with a speed gate, then the other rigs one at a time; the candidate is promoted over the lock in use
+(kept as `<lock>.previous`) only once every rig runs it, so a plain deploy in between puts back what it says."""
 
 from __future__ import annotations
 
@@ -177,14 +159,6 @@ def on_rig(inventory_path: str, rig: str, lock: Path, fn):
         h.disconnect()
 
 
-def verified(inventory_path: str, rig: str, lock: Path) -> list[str]:
-    """The failed checks of `rigforge verify` on `rig` at `lock` (drained on purpose: the gateway's is not asked)."""
-    from rigforge import verify
-
-    checks, _ = on_rig(inventory_path, rig, lock, verify.check_host)
-    return [f"{c.name}: {c.detail}" for c in checks if c.status == "fail"]
-
-
 def measured(args, rig: str, lock: Path) -> float:
     return on_rig(args.inventory, rig, lock, lambda h, _: tps(h, lock, args.bench_requests))
 
@@ -193,12 +167,15 @@ def measured(args, rig: str, lock: Path) -> float:
 
 
 def canary(args, h, old: Path, new: Path) -> None:
+    from rigforge import verify
+
     deploy(args.inventory, h.name, old, rest="drained")  # out of the gateway: its own speed, not the fleet's load
     before = measured(args, h.name, old)
     say(f"{h.name}: canary baseline {before:.1f} tokens/s at {old.name}")
     try:
         deploy(args.inventory, h.name, new, rest="drained")
-        failed = verified(args.inventory, h.name, new)
+        checks, _ = on_rig(args.inventory, h.name, new, verify.check_host)  # drained on purpose: no gateway check
+        failed = [f"{c.name}: {c.detail}" for c in checks if c.status == "fail"]
     except RolloutError as exc:  # a deploy that failed its gate: switched back like a failed check
         failed = [str(exc)]
     after = measured(args, h.name, new) if not failed else 0.0
