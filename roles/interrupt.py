@@ -1,10 +1,8 @@
 """An interrupted run exits non-zero and says what it cut.
 
-pyinfra's command line answers Ctrl-C with "Exiting upon user request!" and exit code 0, so a script or CI job
-takes an aborted deploy for a success. `install()` (called from the deploy entry, roles/site.py `provision`)
-replaces the SIGINT and SIGTERM handlers for this run: each prints which operation was running on which host and
-exits 130 (SIGINT) or 143 (SIGTERM), as a shell reports a process killed by that signal. Whatever the cut
-operation left half-done, the next run repairs (staged files, resumable downloads, dpkg --configure -a).
+pyinfra answers Ctrl-C with exit code 0, so a script or CI job takes an aborted deploy for a success. `install()`
+(roles/site.py `provision`) makes SIGINT and SIGTERM print which operation was running on which host and exit 130
+or 143, as a shell reports them; the next run repairs what the cut left.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""Preflight: runs first, changes nothing, and stops a host that cannot run its variant.
-
-Checked: supported OS (Ubuntu 22.04/24.04, Debian 12/13); with GPUs visible: GPU count, VRAM per card
-(20 GB cards are told to use the override; DFlash variants are refused there), requested power caps
-within every card's min..max; the image's CUDA version against the driver's (running, or the branch about to be
-installed); free disk at the model dir; Docker's daemon.json is valid JSON; the role switches (docker_source,
-nvidia_driver_flavor). All problems come out as one message naming the host, the key and what to do.
-The refusal is printed while the deploy is prepared, so `pyinfra --dry` shows it and exits 1.
+"""Preflight: runs first, changes nothing, and stops a host that cannot run its variant (OS, GPUs, VRAM, caps,
+CUDA, disk, daemon.json, the role switches) with one message naming the host, the key and what to do. The refusal
+is printed while the deploy is prepared, so `pyinfra --dry` shows it and exits 1.
 """
 
 from __future__ import annotations

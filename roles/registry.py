@@ -1,13 +1,6 @@
 """The fleet registry: Debian's docker-registry (CNCF Distribution 2.8) on the host of the inventory group
-`registry` (opt-in: a fleet without that group has no fleet registry; docs/registry.md).
-
-A plain registry, blobs on disk in /var/lib/docker-registry, not a pull-through proxy (Distribution 2.8's proxy
-mode forgets what it cached after 7 days). Served over TLS by default: the certificate, signed by the fleet's CA
-that rigforge keeps on the controller (rigforge/registry.py), lands with its key (0600, the service's user) in
-/etc/docker/registry/tls once openssl on the host sees that they belong together; config.yml is then staged and
-moved into place, and the registry restarts only when one of them changed. Every rig gets the CA certificate
-where Docker looks for it (/etc/docker/certs.d/<address>:<port>/ca.crt); with `registry_insecure` the registry
-serves plain HTTP and the rigs list it in daemon.json's insecure-registries instead.
+`registry` (opt-in), a plain registry over TLS signed by the fleet's CA, or plain HTTP with `registry_insecure`;
+and on every rig, Docker's trust in it (docs/registry.md).
 """
 
 from __future__ import annotations

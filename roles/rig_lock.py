@@ -1,26 +1,15 @@
 """One rigforge run per rig: a lock on the rig that lives exactly as long as this run's SSH connection.
 
-`send()` opens one more channel on the run's own SSH connection and starts, as root, a holder on the rig:
-`flock -n` on the layout's lock file, the run's owner line (controller, pid, time) written beside it, then
-`cat` reading the channel until it closes. The lock is held while the holder runs, that is while this run's
-connection lives: when the run ends, its connection closes, `cat` ends, the owner line is removed and the lock
-freed. When the controller is killed or the link drops, sshd ends the session and the lock frees itself; the
-owner line then stays behind, and the next run says it found one. When the driver role reboots the rig, the run
-takes the lock again on its new connection (`retake`).
+`send()` starts, as root on one more channel of the run's own connection, a holder: `flock -n` on the layout's lock
+file, the run's owner line (controller, pid, time) beside it, then `cat` until the channel closes. When the run ends
+or its link drops, `cat` ends and the lock frees itself (a killed run's owner line stays: the next run says it found
+one); after a reboot the run takes it again (`retake`). Once it holds the lock the holder runs the batched probe,
+so taking the lock and reading the rig are one round trip (docs/probe.md); `take()` reads the answer. Taking it is
+not an operation, and only the SSH connector has a rig to lock.
 
-Taking the lock is not an operation: it changes nothing pyinfra reports, and the batched probe stays valid. The
-deploy's probe travels with it: once the holder holds the lock it runs the probe and sends its output, so taking
-the lock and reading the rig are one round trip (rigforge/facts/probe.py `lock_request`). `send()` asks and
-`take()` reads the answer: the deploy asks first, builds the fleet while the rig answers, then reads.
-Only the SSH connector has a rig to lock (pyinfra's @local and @fake connectors are left alone).
-
-One machine under two inventory names would otherwise find its own lock held by this very run: `twins()` tells
-a machine by its /etc/machine-id together with the SSH host key its connection presented (a cloned image may
-carry another machine's machine-id, or its host keys: only both together name one machine), and the owner line
-names the inventory name that holds the lock, so a machine without a machine-id is still named, not blamed on
-"another run". The machine-id is read without sudo and only when the run has another rig: a one-rig run's first
-command on the rig is the lock. Sudo that asks for a password is found by the lock itself (`sudo -n`, before
-anything runs as root), and said in the one line `sudo_password_problem()` words.
+One machine under two inventory names would find its own lock held by this very run: `twins()` tells machines
+apart by /etc/machine-id together with the SSH host key (a cloned image may carry either), and the owner line names
+the inventory name holding the lock. Sudo that asks for a password is found by the lock itself (`sudo -n`).
 """
 
 from __future__ import annotations
@@ -58,8 +47,7 @@ def host_key(h) -> str | None:
 
 
 def identity(h) -> tuple[str, str] | None:
-    """(machine-id, SSH host key fingerprint) of host `h`, or None when either is unknown (not over SSH, or no
-    machine-id)."""
+    """(machine-id, SSH host key fingerprint) of host `h`, or None when either is unknown."""
     if h.name not in _IDENTITY:
         key = host_key(h)
         # a plain read (the file is world-readable), not a fact: a fact read would run the rig's batched probe
@@ -71,12 +59,10 @@ def identity(h) -> tuple[str, str] | None:
 
 
 def twins(h, hosts) -> list[str]:
-    """The names among `hosts` (this run's, other than `h`) that reach the same machine as `h`. With no other host
-    there is nothing to read."""
-    if not any(o.name != h.name for o in hosts):
-        return []
-    mine = identity(h)
-    return sorted(o.name for o in hosts if o.name != h.name and mine is not None and identity(o) == mine)
+    """The names among `hosts` (this run's, other than `h`) that reach the same machine as `h`."""
+    others = [o for o in hosts if o.name != h.name]
+    mine = identity(h) if others else None  # with no other host there is nothing to read
+    return sorted(o.name for o in others if mine is not None and identity(o) == mine)
 
 
 def _holder(path: str, owner: str, then=None) -> str:
@@ -99,8 +85,7 @@ def _holder(path: str, owner: str, then=None) -> str:
 
 
 def _lines(channel):
-    """The holder's answer lines, as they come (without paramiko's file objects, which may not be
-    finalized after gevent's hub)."""
+    """The holder's answer lines (not paramiko's file objects, which may not be finalized after gevent's hub)."""
     buffer = b""
     while chunk := channel.recv(65536):
         *lines, buffer = (buffer + chunk).split(b"\n")  # each chunk split once, not once per line
@@ -121,14 +106,14 @@ atexit.register(_release)  # once, at import: closing nothing when nothing was s
 
 
 def over_ssh(host) -> bool:
-    """Whether `host` has an SSH connection: the lock (and its sudo check) lives on one."""
+    """Whether `host` has an SSH connection, which the lock lives on."""
     return getattr(host.connector, "client", None) is not None
 
 
 def send(host, path: str, sudo: bool, then: list | None = None, password: str | None = None) -> None:
     """Ask for `path` on `host` now, on a channel of its own; `take` reads the answer. The rig takes the lock and
     runs `then` while the controller goes on."""
-    if host.name in _HELD or host.name in _SENT or not over_ssh(host):
+    if asked(host) or not over_ssh(host):
         return
     run = f"{socket.gethostname()}, pid {os.getpid()}"
     owner = f"{run} (as {host.name}), since {datetime.now(UTC).isoformat(timespec='seconds')}"
@@ -144,10 +129,8 @@ def send(host, path: str, sudo: bool, then: list | None = None, password: str | 
 
 
 def ask(host) -> None:
-    """Send `host`'s request for the run lock, carrying its batched probe (rigforge/facts/probe.py `lock_request`),
-    unless it was sent: the rig takes the lock and runs the probe while the controller goes on (the deploy
-    files ask before the roles load: `ask_first`). A rig that is the same machine as another of this run's rigs
-    is not asked: the deploy refuses it, naming both (roles/site.py `hold_the_rig`)."""
+    """Send `host`'s request for the run lock, carrying its batched probe, unless it was sent. A rig that is the same
+    machine as another of this run's rigs is not asked: the deploy refuses it (roles/site.py `hold_the_rig`)."""
     if not over_ssh(host) or asked(host):
         return
     if is_rig(host) and twins(host, [h for h in host.inventory.iter_activated_hosts() if is_rig(h)]):
@@ -157,9 +140,8 @@ def ask(host) -> None:
 
 
 def ask_first() -> None:
-    """The deploy files' first step, before they import the roles: this host's lock request goes out with its
-    batched probe (which needs the probe installed), so the rig answers while the controller loads the roles and
-    builds the fleet (~75 ms of imports); roles/site.py `provision` reads the answer."""
+    """The deploy files' first step, before they import the roles: the rig answers this host's lock request while
+    the controller loads the roles and builds the fleet; roles/site.py `provision` reads the answer."""
     probe.install_all()
     ask(ctx_host.get())
 
@@ -184,9 +166,8 @@ def retake(state, host, path: str = RUN_LOCK) -> bool:
 
 def take(host) -> tuple[str | None, str | None]:
     """(problem, note): read the answer to `host`'s request (`send`): the lock held for this run, or who holds it.
-    Idempotent per host. The request's `then` (rigforge/facts/probe.py `lock_request`, the batched probe):
-    once the lock is held, the holder ran it in the same round trip; its output lines, and its exit code as the
-    last one, replace the None. Left None when it did not run."""
+    Idempotent per host. Once the lock is held, the output lines of the request's `then` and its exit code as the
+    last one replace its None (left None when it did not run)."""
     if host.name in _HELD or not over_ssh(host):
         return None, None
     channel, path, run, then, sudo_n = _SENT.pop(host.name)  # sent by `ask` (or `send`) before

@@ -1,10 +1,8 @@
 """Checks that stop one host with one clear message, before anything on it changes.
 
-How a host is stopped: an operation yields `fail_command(message)`, a python callback that logs the
-message and returns False. pyinfra then marks that operation failed, drops the host from the run (its
-later operations never execute) and carries on with the other hosts. Nothing is raised while pyinfra
-prepares operations (an exception there would abort every host), and a `--dry` run, which only prepares,
-prints the problems as warnings instead of failing.
+An operation yields `fail_command(message)`, a callback that logs the message and returns False: pyinfra drops
+that host from the run and carries on with the others. Nothing is raised while operations are prepared (that
+would abort every host).
 """
 
 from __future__ import annotations
@@ -38,9 +36,7 @@ def gpus_fit(needs: Needs, caps: dict[int, int], data: dict):
     + caps: the power unit's caps, ``{gpu index: watts}``
     + data: the host-data keys the GPU checks read (see ``rigforge.hardware.gpu_problems``)
 
-    pyinfra runs an operation's body again when it executes it, and facts are not cached, so the GPUs are read
-    when this runs: after a driver installed (and a reboot taken) earlier in the same run, before Docker, caps,
-    sources, weights or serving. While only preparing a fresh rig (no driver yet) it reports nothing.
+    The GPUs are read when this executes, after a driver installed earlier in the same run.
     """
     gpus = host.get_fact(NvidiaGpus)
     if not gpus and not state.is_executing:
@@ -78,9 +74,8 @@ def changed_by_this_run() -> list[str]:
 
 
 def refuse_now(name: str, message: str) -> None:
-    """Refuse this host while its operations are prepared: print `message` in full now (so `pyinfra --dry`,
-    with or without -y, shows it), count the host as failed (so the run, dry or not, exits 1) and queue the one
-    operation that stops it when the run executes."""
+    """Refuse this host while its operations are prepared: print `message` now (so `pyinfra --dry` shows it),
+    count the host as failed (so the run exits 1) and queue the operation that stops it when the run executes."""
     host.log_styled(message, fg="red", log_func=logger.error)
     state.failed_hosts.add(ctx_host.get())  # the host itself, not pyinfra's context proxy
     refuse(name=name)
@@ -88,5 +83,5 @@ def refuse_now(name: str, message: str) -> None:
 
 @operation(is_idempotent=False)
 def refuse():
-    """Fail this host, without a word (``refuse_now`` printed why): its later operations never run (no arguments)."""
+    """Fail this host, without a word (``refuse_now`` printed why; no arguments)."""
     yield fail_command("")

@@ -1,11 +1,8 @@
 """Operation: one locked Hugging Face asset present and verified in a model dir.
 
-Decided from the WeightsState fact (stamp + stat, no hashing): every locked file is at its final path with
-the stamp's size and mtime and the lock's sha256 -> no-op. Otherwise (or with ``deep``) the shipped
-fetch_weights.py runs on the host: hub mode downloads there (resumable, verified, moved into place, stamped);
-controller mode uploads the controller's verified copies into staging and the script verifies and moves
-them. A disk-space shortfall (missing bytes + 5% vs free) stops the operation before anything is written.
-The HF token travels as a 0600 file that is removed right after the run; it is never on a command line.
+A no-op is decided from the WeightsState fact (stamp + stat, no hashing); otherwise the shipped fetch_weights.py
+runs on the host (hub mode downloads there; controller mode verifies the controller's uploaded copies). The HF
+token travels as a 0600 file removed right after the run, never on a command line.
 """
 
 from __future__ import annotations
@@ -109,17 +106,17 @@ def fetched(
     """
     Make ``dest`` hold exactly ``pin``'s files, verified against the lock's sha256.
 
-    + pin: the locked asset (repo, revision, files with sizes and sha256s)
+    + pin: the locked asset
     + dest: the asset dir on the host
     + staging: where files are downloaded before they move into ``dest``
     + python: the venv's python on the host
     + script: fetch_weights.py on the host
     + work_dir: root-only directory for the manifest and the transient token file
     + endpoint: the Hugging Face endpoint URL (None: the hub's default)
-    + token: HF token (pyinfra HiddenValue or str), uploaded as a 0600 file only while fetching
-    + deep: re-hash every file on the host (a fact: a change only when a file is repaired)
+    + token: HF token (pyinfra HiddenValue or str)
+    + deep: re-hash every file on the host (a change only when a file is repaired)
     + source: ``hub`` (the host downloads) or ``controller`` (fetch once into ``cache_dir``, push)
-    + cache_dir: the controller's weights cache (with ``source="controller"``)
+    + cache_dir: the controller's weights cache
     """
     state = host.get_fact(WeightsState, dest=dest, staging=staging)
     stale = stale_files(pin, state)
@@ -173,7 +170,7 @@ def fetched(
 @operation()
 def venv_package(venv: str, dist: str, version: str):
     """
-    ``dist==version`` installed in the venv at ``venv`` (pip), decided from the venv's ``.dist-info`` directory.
+    ``dist==version`` installed in the venv at ``venv`` (pip).
 
     + venv: the virtualenv's directory
     + dist: the distribution name

@@ -1,9 +1,6 @@
 """Operations that load saved images (`rigforge images save`) into a rig's Docker at their digests (roles/images.py).
 
-The rig-side steps are one script, rigforge/remote/load_images.sh, so that everything it sets up (a temporary
-registry, a registry mirror in daemon.json) is taken down by its trap when a step fails; a run killed outright is
-repaired by the next one (`repaired`). daemon.json's two texts (with the temporary mirror; with the user's own
-mirrors set explicitly) are merged here, by docker_daemon's merge, the user's entries kept.
+The rig-side steps are one script, rigforge/remote/load_images.sh, whose trap takes down what it set up.
 """
 
 from __future__ import annotations
@@ -40,8 +37,7 @@ _human = images._human
 @operation()
 def repaired(script: str, work: str, daemon_json: str):
     """
-    Undo what a load that was killed outright left: daemon.json's temporary mirror, the temporary registry, the
-    work dir (``load_images.sh repair``). No-op when there is no work dir.
+    Undo what a load killed outright left (``load_images.sh repair``): daemon.json, the registry, the work dir.
 
     + script: load_images.sh on the rig
     + work: the load's work dir
@@ -60,7 +56,7 @@ def repaired(script: str, work: str, daemon_json: str):
 def blobs_uploaded(directory: str, saved: list, layout: str, upload_dir: str):
     """
     Upload the blobs of ``saved`` images that the rig's OCI layout lacks (or holds at another size), each checked by
-    sha256 on the rig before it is renamed into place. No-op when Docker already holds every image at its digest.
+    sha256 on the rig before it is renamed into place.
 
     + directory: the saved layout on the controller (`rigforge images save DIR`)
     + saved: the images to load (rigforge.images.Saved)
@@ -111,10 +107,6 @@ def blobs_uploaded(directory: str, saved: list, layout: str, upload_dir: str):
         yield FileUploadCommand(str(Path(directory) / name), f"{layout}/{name}")
 
 
-def free_port(used: list[int]) -> int | None:
-    return next((p for p in PORTS if p not in set(used)), None)
-
-
 @operation()
 def loaded(
     directory: str,
@@ -127,8 +119,8 @@ def loaded(
     upload_dir: str | None = None,
 ):
     """
-    Put the ``saved`` images Docker lacks into it at their digests, through load_images.sh's temporary registry
-    (roles/images.py), then remove the layout on the rig (docker holds the images). No-op when Docker holds them all.
+    Put the ``saved`` images Docker lacks into it at their digests, through load_images.sh's temporary registry,
+    then remove the layout on the rig (docker holds the images).
 
     + directory: the saved layout on the controller
     + saved: the images to load (rigforge.images.Saved)
@@ -143,7 +135,9 @@ def loaded(
     if not todo:
         host.noop(f"docker holds {', '.join(images.pinned(e) for e in saved)}")
         return
-    port = port or free_port(host.get_fact(ListeningPorts))
+    if not port:
+        used = host.get_fact(ListeningPorts)
+        port = next((p for p in PORTS if p not in used), None)
     if port is None:
         yield fail_command(f"{host.name}: no free port in {PORTS.start}-{PORTS.stop - 1} for the temporary registry")
         return
@@ -151,9 +145,7 @@ def loaded(
     lines = host.get_fact(FileContents, path=daemon_json)
     current = None if lines is None else "\n".join(lines)
     try:
-        existing = json.loads(current) if current and current.strip() else {}
-        if not isinstance(existing, dict):
-            raise ValueError("top level is not a JSON object")
+        existing = json.loads(merged_text(current, {}) or current)  # raises as merged_text does
         own = existing.get("registry-mirrors") if isinstance(existing.get("registry-mirrors"), list) else []
         # the temporary mirror first (Docker tries mirrors in order), the user's own after it, kept
         mirrored = merged_text(current, {"registry-mirrors": [url, *(m for m in own if m != url)]}) or current
