@@ -1,9 +1,6 @@
-"""Docker engine with the compose v2 plugin, and the NVIDIA Container Toolkit.
-
-`docker_source: docker` follows docs.docker.com/engine/install/ (the distribution's conflicting packages removed
-only once Docker's were fetched); `distro` installs the distribution's docker.io + compose v2. The toolkit's four
-packages come at one version and held: the lock's `toolkit.version` (1.19.0-1: 1.19.1 broke cuInit in containers,
-NVIDIA/nvidia-container-toolkit#1967). The nvidia runtime is merged into daemon.json, user keys kept.
+"""Docker engine with the compose v2 plugin (Docker's repository per docs.docker.com/engine/install/, or the
+distribution's), and the NVIDIA Container Toolkit at the lock's `toolkit.version`, held (1.19.1 broke cuInit in
+containers, NVIDIA/nvidia-container-toolkit#1967). The nvidia runtime is merged into daemon.json, user keys kept.
 """
 
 from __future__ import annotations

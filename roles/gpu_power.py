@@ -1,8 +1,5 @@
-"""GPU power: persistence mode on and a power cap per GPU, now and at every boot.
-
-At boot rigforge-gpu-power.service (a oneshot rendered from the plan's caps) sets them early; then
-rigforge-gpu-settle.service sets back any cap another writer changed, until `gpu_power_settle_window_s` seconds
-after the end of the boot (rigforge/boot.py).
+"""GPU power: persistence mode on and a power cap per GPU, now and at every boot (rigforge-gpu-power.service,
+then rigforge-gpu-settle.service sets back caps other writers change during the settle window: rigforge/boot.py).
 """
 
 from __future__ import annotations

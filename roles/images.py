@@ -19,7 +19,7 @@ REGISTRY_UNIT = "docker-registry.service"  # Debian's package starts it; only th
 def load(directory: str, saved: list[images.Saved], layout: HostLayout, port: int | None = None,
          registry_host: bool = False):  # fmt: skip
     """Every image of `saved` (from `directory` on the controller) in the rig's Docker at its digest.
-    `registry_host`: the rig also serves the fleet registry (Debian's docker-registry service is left alone)."""
+    `registry_host`: the rig also serves the fleet registry (its docker-registry service is left alone)."""
     work, script = layout.images_work, layout.images_script
     image_ops.repaired(name="Repair what an interrupted image load left (daemon.json, temporary registry)",
                        script=script, work=work, daemon_json=DAEMON_JSON)  # fmt: skip

@@ -1,10 +1,6 @@
-"""NVIDIA driver, from NVIDIA's CUDA apt repository or Ubuntu's own archive, packages chosen from one table.
-
-`nvidia_driver_source: cuda` (default): NVIDIA's CUDA repository (its key's fingerprint checked), the branch locked
-by `nvidia-driver-pinning-<branch>`. `ubuntu`: Ubuntu's prebuilt, signed modules (no DKMS, works with Secure Boot),
-apt-pinned so NVIDIA's repository cannot win. The table (rigforge/driver_table.py) also names what is held and
-compared with the loaded module: the rig reboots only with `nvidia_allow_reboot` (never the controller).
-`nvidia_driver_manage: false` leaves the driver alone and only checks its branch.
+"""NVIDIA driver, from NVIDIA's CUDA apt repository (`nvidia_driver_source: cuda`, its branch locked by
+`nvidia-driver-pinning-<branch>`) or Ubuntu's prebuilt, signed modules (`ubuntu`: no DKMS, works with Secure Boot),
+packages chosen from one table (rigforge/driver_table.py); held, and rebooted into only with `nvidia_allow_reboot`.
 """
 
 from __future__ import annotations

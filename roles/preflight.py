@@ -29,7 +29,6 @@ CHECKED_KEYS = {
 
 def check(needs: Needs, data: Mapping, more: list[str] = ()) -> bool:
     """Refuse this host now, while the deploy is prepared, when it cannot run `needs.variant`; True when it can.
-    Nothing has changed on the host yet (preflight comes first): the facts read now are what the run would see.
     `data`: the plan's validated host data; `more`: problems found on the controller (roles/site.py)."""
     data = {key: data.get(key, default) for key, default in CHECKED_KEYS.items()}
     problems = find_problems(

@@ -1,9 +1,6 @@
-"""Preflight's one pass over the remote sources this run would fetch from, asked from the rig before anything changes.
-
-Asked only where the run would fetch, by the rules the roles use: Docker's and the toolkit's repositories while
-their packages are missing, git remotes not at their commit, Hugging Face repositories not stamped at their
-revision. One curl per source, in one round trip (UrlAnswers). HTTP 404 or 410 refuses the host; a source that
-cannot be asked or answers otherwise is a warning: the step that fetches says more.
+"""Preflight's one pass over the remote sources this run would fetch from (packages missing, checkouts or weights
+not at their pin), one curl each in one round trip from the rig: HTTP 404 or 410 refuses the host, a source that
+cannot be asked or answers otherwise is a warning (the step that fetches says more).
 """
 
 from __future__ import annotations

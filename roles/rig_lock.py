@@ -1,21 +1,17 @@
 """One rigforge run per rig: a lock on the rig that lives exactly as long as this run's SSH connection.
 
-`send()` starts, as root on one more channel of the run's own connection, a holder: `flock -n` on the layout's lock
-file, the run's owner line (controller, pid, time) beside it, then `cat` until the channel closes. When the run ends
-or its link drops, `cat` ends and the lock frees itself (a killed run's owner line stays: the next run says it found
-one); after a reboot the run takes it again (`retake`). Once it holds the lock the holder runs the batched probe,
-so taking the lock and reading the rig are one round trip (docs/probe.md); `take()` reads the answer. Taking it is
-not an operation, and only the SSH connector has a rig to lock.
-
-One machine under two inventory names would find its own lock held by this very run: `twins()` tells machines
-apart by /etc/machine-id together with the SSH host key (a cloned image may carry either), and the owner line names
-the inventory name holding the lock. Sudo that asks for a password is found by the lock itself (`sudo -n`).
+`send()` starts, as root on one more channel of the run's connection, a holder: `flock -n` on the lock file, the
+run's owner line beside it, then `cat` until the channel closes. When the run ends or its link drops, `cat` ends and
+the lock frees itself (a killed run's owner line stays: the next run says it found one). Once it holds the lock the
+holder runs the batched probe: one round trip (docs/probe.md). One machine under two inventory names is told apart
+by `twins()` (machine-id together with the SSH host key) and by the owner line, which names the holding name.
 """
 
 from __future__ import annotations
 
 import atexit
 import base64
+import contextlib
 import hashlib
 import os
 import shlex
@@ -94,10 +90,8 @@ def _lines(channel):
 
 def _release() -> None:
     for channel in [*_HELD.values(), *(sent[0] for sent in _SENT.values())]:
-        try:
+        with contextlib.suppress(Exception):  # a connection already gone took its lock with it
             channel.close()  # the holder's cat ends, the owner line goes, the lock is free
-        except Exception:  # noqa: BLE001 - the connection is already gone: so is the lock
-            pass
     _HELD.clear()
     _SENT.clear()
 
@@ -106,13 +100,12 @@ atexit.register(_release)  # once, at import: closing nothing when nothing was s
 
 
 def over_ssh(host) -> bool:
-    """Whether `host` has an SSH connection, which the lock lives on."""
     return getattr(host.connector, "client", None) is not None
 
 
 def send(host, path: str, sudo: bool, then: list | None = None, password: str | None = None) -> None:
-    """Ask for `path` on `host` now, on a channel of its own; `take` reads the answer. The rig takes the lock and
-    runs `then` while the controller goes on."""
+    """Ask for `path` on `host` now, on a channel of its own, the rig running `then` once it holds it; `take` reads
+    the answer."""
     if asked(host) or not over_ssh(host):
         return
     run = f"{socket.gethostname()}, pid {os.getpid()}"
@@ -147,13 +140,12 @@ def ask_first() -> None:
 
 
 def asked(host) -> bool:
-    """Whether `host`'s lock was asked for in this run (`send`), answered or not."""
     return host.name in _SENT or host.name in _HELD
 
 
 def retake(state, host, path: str = RUN_LOCK) -> bool:
-    """After `host` rebooted (server.reboot, in the driver role): its holder ended with the old connection, so
-    this run takes the lock again on the new one. False (the host fails) when another run took it meanwhile."""
+    """After `host` rebooted, take the lock again on the new connection; False (the host fails) when another run
+    took it meanwhile."""
     if _HELD.pop(host.name, None) is None:  # never held: not over SSH
         return True
     sudo, _, password = sudo_of(host)

@@ -1,9 +1,6 @@
 """Serving: the variant's compose file + .env, the vLLM systemd unit, one enabled instance, the health gate and
-the rig manifest.
-
-Files land atomically once `docker compose config -q` / `systemd-analyze verify` accept them on the rig. The
-service restarts only when its compose, .env or unit changed; a failed health gate rolls back. With
-rigforge_manage_services false (the testbed: no systemd in a chroot) nothing is started, pulled or health-checked.
+the rig manifest. With rigforge_manage_services false (the testbed: no systemd in a chroot) nothing is started,
+pulled or health-checked.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Weights: the lock's Hugging Face assets, downloaded on the rig and verified, under <model dir>/<dest dir>.
-
-A venv (a pinned huggingface_hub) runs the shipped rigforge/remote/fetch_weights.py: resumable downloads, sha256 of
-every file against the lock, atomic move into place, a stamp that re-runs compare with a stat of the files
-(`weights_deep_verify: True` re-hashes). `weights_source: controller` downloads once on the controller and pushes.
+"""Weights: the lock's Hugging Face assets under <model dir>/<dest dir>, fetched and verified by the shipped
+rigforge/remote/fetch_weights.py in a venv (roles/operations/hfweights.py).
 """
 
 from __future__ import annotations

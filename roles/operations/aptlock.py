@@ -41,8 +41,6 @@ def describe(holder: dict, held: str = "is held") -> str:
 
 
 class AptLockHolder(FactBase):
-    """Who holds the apt/dpkg lock now (`parse`'s dict), or None."""
-
     command = f"{HOLDER} || true"
 
     def process(self, output: list[str]) -> dict | None:
@@ -82,8 +80,7 @@ def _wait(state, host, wait: int, first: dict, kwargs: dict):  # pyinfra passes 
 
 @operation(is_idempotent=False)
 def free(wait: int, sudo: dict | None = None):
-    """
-    Wait up to ``wait`` seconds for the apt/dpkg lock another process holds; fail this host, naming the holder,
+    """Wait up to ``wait`` seconds for the apt/dpkg lock another process holds; fail this host, naming the holder,
     when it is still held then.
 
     + wait: seconds to wait (host data ``apt_lock_wait``)

@@ -1,8 +1,5 @@
-"""Checks that stop one host with one clear message, before anything on it changes.
-
-An operation yields `fail_command(message)`, a callback that logs the message and returns False: pyinfra drops
-that host from the run and carries on with the others. Nothing is raised while operations are prepared (that
-would abort every host).
+"""Checks that stop one host with one clear message, before anything on it changes: `fail_command` logs it and
+returns False, so pyinfra drops that host and carries on (raising while operations are prepared would abort all).
 """
 
 from __future__ import annotations
@@ -28,9 +25,7 @@ def fail_command(message: str) -> FunctionCommand:
 
 @operation()
 def gpus_fit(needs: Needs, caps: dict[int, int], data: dict):
-    """
-    Right after the driver role: fail this host unless nvidia-smi's GPUs fit ``needs`` (count, VRAM per card,
-    each card's cap range) and ``caps`` covers exactly the GPUs present.
+    """Fail this host unless nvidia-smi's GPUs fit ``needs`` and ``caps`` covers exactly the GPUs present.
 
     + needs: what the variant needs of a host (``rigforge.hardware.Needs``)
     + caps: the power unit's caps, ``{gpu index: watts}``
@@ -64,7 +59,6 @@ def gpus_fit(needs: Needs, caps: dict[int, int], data: dict):
 
 
 def changed_by_this_run() -> list[str]:
-    """The operations this run has changed the current host with so far, from pyinfra's own record."""
     me, out = ctx_host.get(), []
     for op_hash in state.get_op_order():
         meta = getattr(state.ops[me].get(op_hash), "operation_meta", None)

@@ -47,8 +47,7 @@ def _drain(state, host, gateways, server: str, timeout: int):
 
 
 def states(state, host, gateways: dict[str, bool], server: str, backend: str, port: int) -> dict[str, str]:
-    """{gateway: this rig's state there (rigforge/gateway.py `state_script`)}; a gateway that cannot be read is
-    left out."""
+    """{gateway: this rig's state there (`state_script`)}; a gateway that cannot be read is left out."""
     said = _on_gateways(state, host, gateways, state_script(server, backend, port), "state", quiet=True)
     return {name: word for name, word in said.items() if word in ("ready", "drain", "maint", "moved", "absent")}
 
@@ -75,8 +74,7 @@ def _rejoin(state, host, gateways, server, backend, address, port, wait, gate, m
 
 @operation(is_idempotent=False)
 def drained(gateways: dict[str, bool], server: str, timeout: int):
-    """
-    Take this rig out of every fleet gateway and wait until its requests in flight are done.
+    """Take this rig out of every fleet gateway and wait until its requests in flight are done.
 
     + gateways: ``{inventory name: use sudo}`` of the gateway hosts
     + server: the rig's server name in the gateways' backends
@@ -97,9 +95,8 @@ def rejoined(
     manifest="",
     sudo: bool = False,
 ):
-    """
-    Put this rig back in every fleet gateway at its new port once it passed its health gate, and wherever a
-    gateway finds it out of service (a run cut between the drain and the rejoin).
+    """Put this rig back in every fleet gateway at its new port once it passed its health gate, and wherever a
+    gateway finds it out of service.
 
     + gateways: ``{inventory name: use sudo}`` of the gateway hosts
     + server: the rig's server name in the gateways' backends
@@ -107,8 +104,7 @@ def rejoined(
     + address: where the gateway reaches the rig (resolved on the gateway host)
     + port: the port it serves on now
     + wait: seconds to wait for the gateway's own health check to see it up
-    + gate: the health gate; when it failed, the rig rejoins at the port of the variant it rolled back to (read
-      from ``manifest``) and this operation fails the host
+    + gate: the health gate; when it failed, the rig rejoins where it rolled back to and the host fails
     + manifest: path of the rig's rig.json
     + sudo: whether this rig's own commands run with sudo
     """
@@ -125,8 +121,7 @@ def rejoined(
 
 @operation(is_idempotent=False)
 def held_drained(gateways: dict[str, bool], server: str, backend: str, port: int, timeout: int):
-    """
-    Keep this rig drained at every fleet gateway, on purpose (host data ``serving_rest: drained``).
+    """Keep this rig drained at every fleet gateway, on purpose (host data ``serving_rest: drained``).
 
     + gateways: ``{inventory name: use sudo}`` of the gateway hosts
     + server: the rig's server name in the gateways' backends

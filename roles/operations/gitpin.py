@@ -104,8 +104,7 @@ def checkout_script(
 def checkout(
     source: str, url: str, commit: str, dest: str, sparse: Sequence[str] = (), files: Mapping[str, str] | None = None
 ):
-    """
-    Check out ``commit`` of ``url`` at ``dest`` (detached) and verify the sha256 of every path in ``files``.
+    """Check out ``commit`` of ``url`` at ``dest`` (detached) and verify the sha256 of every path in ``files``.
 
     + source: the source's name, for messages
     + url: the git remote

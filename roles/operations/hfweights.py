@@ -1,8 +1,5 @@
-"""Operation: one locked Hugging Face asset present and verified in a model dir.
-
-A no-op is decided from the WeightsState fact (stamp + stat, no hashing); otherwise the shipped fetch_weights.py
-runs on the host (hub mode downloads there; controller mode verifies the controller's uploaded copies). The HF
-token travels as a 0600 file removed right after the run, never on a command line.
+"""Operation: one locked Hugging Face asset present and verified in a model dir, by the shipped fetch_weights.py;
+a no-op decided from the stamp and a stat (no hashing). The HF token never goes on a command line.
 """
 
 from __future__ import annotations
@@ -73,7 +70,7 @@ def manifest(pin: HfPin, dest: str, staging: str, endpoint: str | None) -> dict:
 
 
 def controller_cache(pin: HfPin, cache_dir: str, endpoint: str | None, token: str | None) -> Path:
-    """Fetch the asset once into the controller's cache (same script, same verification); return its dir."""
+    """Fetch the asset once into the controller's cache (same script); return its dir."""
     dest = Path(cache_dir).expanduser() / pin.repo / pin.revision
     m = manifest(pin, str(dest), str(Path(cache_dir).expanduser() / ".staging" / pin.name), endpoint)
     with _CACHE_LOCK, tempfile.TemporaryDirectory(prefix="rigforge-") as tmp:
@@ -103,8 +100,7 @@ def fetched(
     source: str = "hub",
     cache_dir: str = "~/.cache/rigforge/weights",
 ):
-    """
-    Make ``dest`` hold exactly ``pin``'s files, verified against the lock's sha256.
+    """Make ``dest`` hold exactly ``pin``'s files, verified against the lock's sha256.
 
     + pin: the locked asset
     + dest: the asset dir on the host
@@ -169,8 +165,7 @@ def fetched(
 
 @operation()
 def venv_package(venv: str, dist: str, version: str):
-    """
-    ``dist==version`` installed in the venv at ``venv`` (pip).
+    """``dist==version`` installed in the venv at ``venv`` (pip).
 
     + venv: the virtualenv's directory
     + dist: the distribution name

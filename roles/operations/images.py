@@ -1,7 +1,4 @@
-"""Operations that load saved images (`rigforge images save`) into a rig's Docker at their digests (roles/images.py).
-
-The rig-side steps are one script, rigforge/remote/load_images.sh, whose trap takes down what it set up.
-"""
+"""Operations that load saved images into a rig's Docker at their digests (roles/images.py, docs/images.md)."""
 
 from __future__ import annotations
 
@@ -27,7 +24,7 @@ PORTS = range(5800, 5900)  # the temporary registry takes the first free one
 
 
 def missing(saved: list[images.Saved]) -> list[images.Saved]:
-    """The saved images the rig's Docker does not hold at their digest (read now: at execution, the rig as it is)."""
+    """The saved images the rig's Docker does not hold at their digest (read now)."""
     return [e for e in saved if not host.get_fact(DockerImagePresent, image=images.pinned(e))]
 
 
@@ -36,8 +33,7 @@ _human = images._human
 
 @operation()
 def repaired(script: str, work: str, daemon_json: str):
-    """
-    Undo what a load killed outright left (``load_images.sh repair``): daemon.json, the registry, the work dir.
+    """Undo what a load killed outright left (``load_images.sh repair``): daemon.json, the registry, the work dir.
 
     + script: load_images.sh on the rig
     + work: the load's work dir
@@ -54,9 +50,7 @@ def repaired(script: str, work: str, daemon_json: str):
 
 @operation()
 def blobs_uploaded(directory: str, saved: list, layout: str, upload_dir: str):
-    """
-    Upload the blobs of ``saved`` images that the rig's OCI layout lacks (or holds at another size), each checked by
-    sha256 on the rig before it is renamed into place.
+    """Upload the blobs of ``saved`` images that the rig's OCI layout lacks, each checked by sha256 on the rig.
 
     + directory: the saved layout on the controller (`rigforge images save DIR`)
     + saved: the images to load (rigforge.images.Saved)
@@ -118,9 +112,7 @@ def loaded(
     port: int | None = None,
     upload_dir: str | None = None,
 ):
-    """
-    Put the ``saved`` images Docker lacks into it at their digests, through load_images.sh's temporary registry,
-    then remove the layout on the rig (docker holds the images).
+    """Put the ``saved`` images Docker lacks into it at their digests (load_images.sh), then remove the layout.
 
     + directory: the saved layout on the controller
     + saved: the images to load (rigforge.images.Saved)

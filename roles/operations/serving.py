@@ -17,13 +17,10 @@ from rigforge.obtain import parse
 from roles.operations.shown import ShownCommand, say
 from roles.operations.staged import upload_privately
 
-MANIFEST_VOLATILE = ("provisioned_at",)
-
 
 @operation()
 def sole_instance(unit: str, stop_others: bool, unit_dir: str, template: str, enable: bool = True):
-    """
-    Enable ``unit`` and disable every other enabled instance of the vLLM template unit.
+    """Enable ``unit`` and disable every other enabled instance of the vLLM template unit.
 
     + unit: the instance to keep enabled, e.g. ``name@dual.service``
     + stop_others: also stop the others (``disable --now``)
@@ -42,8 +39,7 @@ def sole_instance(unit: str, stop_others: bool, unit_dir: str, template: str, en
 
 
 def start_reason(unit: str, serve_dir: str, digest: str | None, changed: bool) -> str | None:
-    """Why the vLLM unit must be (re)started now, or None: it serves as declared, or is still starting (waited
-    for by the health gate, never restarted)."""
+    """Why the vLLM unit must be (re)started now, or None (a unit still starting is the health gate's to wait for)."""
     if changed:
         return "its compose file, .env, unit or instance changed"
     state = serving(host.get_fact(ServiceState, unit=unit))
@@ -54,8 +50,7 @@ def start_reason(unit: str, serve_dir: str, digest: str | None, changed: bool) -
 
 @operation()
 def running(unit: str, serve_dir: str, digest: str | None = None, changed=None):
-    """
-    The vLLM unit runs as declared (``start_reason``), its failure record reset first so that the health gate
+    """The vLLM unit runs as declared (``start_reason``), its failure record reset first so that the health gate
     counts only this start's restarts.
 
     + unit: the instance, e.g. ``rigforge-vllm@dual.service``
@@ -76,8 +71,7 @@ def running(unit: str, serve_dir: str, digest: str | None = None, changed=None):
 
 @operation()
 def stopped(unit: str):
-    """
-    The vLLM unit stopped on purpose (host data ``serving_rest: stopped``).
+    """The vLLM unit stopped on purpose (host data ``serving_rest: stopped``).
 
     + unit: the instance, e.g. ``rigforge-vllm@dual.service``
     """
@@ -89,13 +83,12 @@ def stopped(unit: str):
 
 @operation()
 def healthy(url: str, env_file: str, gate: str, plain_gate: str, started=None, changed=None):
-    """
-    The health gate (`health_gate_script`) after this run started the unit, or when the API does not answer now.
-    It rolls back only what this run changed: a unit found stopped or failed and started again is left as it is.
+    """The health gate after this run started the unit, or when the API does not answer now; it rolls back only
+    what this run changed.
 
     + url: the API's base URL on the rig
     + env_file: the variant's .env (its API key, read on the rig)
-    + gate: the gate's shell script with its rollback, used when this run changed the unit's files or instance
+    + gate: the gate's shell script with its rollback, used when this run changed the unit
     + plain_gate: the same without a rollback
     + started: the operation that (re)starts the unit (``running``)
     + changed: as for ``running``
@@ -110,8 +103,7 @@ def healthy(url: str, env_file: str, gate: str, plain_gate: str, started=None, c
 
 @operation()
 def image_present(image: str):
-    """
-    ``docker pull`` the image by its locked digest unless the engine already holds it (needs a running engine).
+    """``docker pull`` the image by its locked digest unless the engine already holds it (needs a running engine).
 
     + image: the pinned image reference, ``repo[:tag]@sha256:...`` (or ``repo:tag`` while the lock has no digest)
     """
@@ -125,24 +117,17 @@ def image_present(image: str):
 
 @operation()
 def manifest(path: str, content: dict, now: str):
-    """
-    Write the rig manifest (rig.json): ``content`` plus the rig's GPUs and their interconnect, and the time;
-    rewritten only when something other than the time differs. Cards do not move while a rig runs: the
-    interconnect (two slow nvidia-smi runs) is read only when the rest differs (a moved card has another PCI bus id).
+    """Write rig.json: ``content``, the rig's GPUs and interconnect, and the time, when something but the time
+    differs. The interconnect (two slow nvidia-smi runs) is read only when the rest differs (cards do not move).
 
     + path: where the manifest goes
     + content: what it records (variant, unit, port, pins...)
     + now: the time to record as ``provisioned_at`` (ISO 8601)
     """
-    gpus = [
-        {
-            k: gpu.get(k)
-            for k in ("index", "uuid", "name", "pci_bus_id", "memory_total", "power_limit", "driver_version")
-        }
-        for gpu in host.get_fact(NvidiaGpus) or []
-    ]
+    keys = ("index", "uuid", "name", "pci_bus_id", "memory_total", "power_limit", "driver_version")
+    gpus = [{k: gpu.get(k) for k in keys} for gpu in host.get_fact(NvidiaGpus) or []]
     current = host.get_fact(JsonFile, path=path) or {}
-    recorded = {k: v for k, v in current.items() if k not in MANIFEST_VOLATILE}
+    recorded = {k: v for k, v in current.items() if k != "provisioned_at"}
     wanted = {**content, "gpus": gpus, "interconnect": recorded.get("interconnect")}
     if "interconnect" not in recorded or recorded != wanted:
         wanted["interconnect"] = host.get_fact(NvidiaTopology)
@@ -159,12 +144,10 @@ def manifest(path: str, content: dict, now: str):
 def health_gate_script(
     url: str, model: str, timeout: int, unit: str, rollback_unit: str | None, serve_dir: str, rollback: bool = True
 ) -> str:
-    """Shell: wait for /v1/models, send one chat completion; on failure roll back and print the log tail.
-
-    A server that exits while starting fails the gate at once (Restart= would keep it "activating" until the
-    timeout). The journal is read with -a and colour codes removed (else journalctl shows "[blob data]").
-    Rollback: to `rollback_unit` when this run switched variants, else to the `*.prev` files staged_files kept.
-    The API key goes to curl on stdin, never on a command line.
+    """Shell: wait for /v1/models, send one chat completion; on failure roll back (to `rollback_unit`, else to the
+    `*.prev` files) and print the log tail. A server that exits while starting fails at once (Restart= would keep
+    it "activating"). The journal's colour codes are removed (else journalctl shows "[blob data]"); the API key
+    goes to curl on stdin, never on a command line.
     """
     q = shlex.quote
     if not rollback:

@@ -42,8 +42,7 @@ SWAPPING = ".swapping"  # in the staging dir while files are being moved into pl
 
 @operation()
 def staged_files(dest: str, files: dict[str, tuple[str, str]], validate: str | None = None, keep_previous: bool = True):
-    """
-    Install ``files`` into ``dest`` as one unit, validated on the host before anything is replaced.
+    """Install ``files`` into ``dest`` as one unit, validated on the host before anything is replaced.
 
     + dest: the directory the files go into
     + files: ``{name: (text, octal mode)}``
