@@ -59,8 +59,7 @@ def find_problems(data: Mapping, os_release: dict, arch: str, running: dict, sou
 
 
 def daemon_json_problem(host_name: str, path: str, lines: list[str] | None) -> str | None:
-    """Pure: the one-line refusal when the daemon.json at `path` (its lines; None: no such file) is not a JSON
-    object that rigforge can merge its keys into."""
+    """Pure: the refusal when the daemon.json at `path` (its `lines`; None: no file) is not a JSON object."""
     try:
         docker_daemon.merged_text(None if lines is None else "\n".join(lines), {})
     except ValueError as error:
@@ -72,8 +71,7 @@ def daemon_json_problem(host_name: str, path: str, lines: list[str] | None) -> s
 
 
 def unpublished(data: Mapping, url: str, packages: driver_table.DriverPackages, published: list[str]) -> str | None:
-    """Pure: the refusal when NVIDIA's repository at `url` (its package names: `published`) lacks a package the
-    driver branch needs."""
+    """Pure: the refusal when NVIDIA's repository at `url` does not publish a package the driver branch needs."""
     wanted = [name.split("=")[0] for name in (packages.pinning, *packages.install) if name]
     missing = [name for name in wanted if name not in published]
     if not missing:

@@ -16,8 +16,7 @@ from rigforge.layout import DAEMON_JSON
 from roles import docker_engine, gpu_power, host_state, nvidia_driver
 from roles.operations.checks import refuse_now
 
-DEFAULTS: dict = {}  # preflight has no knobs of its own; it checks the other roles' keys (defaults below)
-
+# preflight has no knobs of its own: it checks the other roles' keys, with their defaults
 CHECKED_KEYS = {
     **nvidia_driver.DEFAULTS,  # every driver / container-runtime key: roles/host_state.py
     **docker_engine.DEFAULTS,

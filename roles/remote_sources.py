@@ -31,8 +31,7 @@ class Source(NamedTuple):
 
 
 def needed(plan: Plan, weights_state) -> list[Source]:
-    """The sources this run would fetch from (see the module docstring); `weights_state(plan, asset)` reads the
-    weights' stamp as the weights role does."""
+    """The sources this run would fetch from; `weights_state(plan, asset)` reads the weights' stamp."""
     data, knobs = plan.data, DockerEngine.of(plan.data)
     installed = host.get_fact(DebPackages) or {}
     os_release = host.get_fact(OsRelease) or {}

@@ -133,8 +133,7 @@ def ask(host) -> None:
 
 
 def ask_first() -> None:
-    """The deploy files' first step, before they import the roles: the rig answers this host's lock request while
-    the controller loads the roles and builds the fleet; roles/site.py `provision` reads the answer."""
+    """The deploy files' first step: the rig answers the lock request while the controller loads the roles."""
     probe.install_all()
     ask(ctx_host.get())
 

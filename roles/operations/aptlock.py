@@ -48,8 +48,7 @@ class AptLockHolder(FactBase):
 
 
 def wait_script(wait: int) -> str:
-    """Shell: poll every second until the locks are free ("FREE <seconds waited>") or `wait` seconds passed
-    ("HELD <holder line>")."""
+    """Shell: poll every second until the locks are free ("FREE <seconds>") or `wait` seconds passed ("HELD ...")."""
     return (
         f"start=$(date +%s); while :; do h=$({HOLDER}); now=$(date +%s); "
         f'if [ -z "$h" ]; then echo "FREE $((now - start))"; exit 0; fi; '

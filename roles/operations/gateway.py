@@ -17,8 +17,8 @@ from roles.operations.shown import warn
 
 
 def _on_gateways(state, host, gateways: dict[str, bool], script: str, what: str, quiet=False) -> dict[str, str]:
-    """Run `script` on every gateway host; {gateway: its last line}. An unreachable gateway is a warning (it sends
-    this rig nothing then). `quiet`: a read, logged only when it went wrong."""
+    """Run `script` on every gateway host; {gateway: its last line}. An unreachable gateway is a warning; `quiet`:
+    logged only when it went wrong."""
     said = {}
     for name, sudo in gateways.items():
         gw = state.inventory.get_host(name)
