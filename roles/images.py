@@ -9,7 +9,7 @@ from pyinfra.operations import apt, systemd
 
 from rigforge import images
 from rigforge.knobs.images import DEFAULTS
-from rigforge.layout import DAEMON_JSON, HostLayout
+from rigforge.layout import HostLayout
 from roles.operations import images as image_ops
 
 REGISTRY_UNIT = "docker-registry.service"  # Debian's package starts it; only the load's own registry runs
@@ -20,9 +20,8 @@ def load(directory: str, saved: list[images.Saved], layout: HostLayout, port: in
          registry_host: bool = False):  # fmt: skip
     """Every image of `saved` (from `directory` on the controller) in the rig's Docker at its digest.
     `registry_host`: the rig also serves the fleet registry (its docker-registry service is left alone)."""
-    work, script = layout.images_work, layout.images_script
     image_ops.repaired(name="Repair what an interrupted image load left (daemon.json, temporary registry)",
-                       script=script, work=work, daemon_json=DAEMON_JSON)  # fmt: skip
+                       layout=layout)  # fmt: skip
 
     def needed() -> bool:
         return bool(image_ops.missing(saved))
@@ -36,5 +35,4 @@ def load(directory: str, saved: list[images.Saved], layout: HostLayout, port: in
                              directory=directory, saved=saved, layout=layout.images_layout,
                              upload_dir=layout.images_upload)  # fmt: skip
     image_ops.loaded(name="Load the saved images into docker at their digests (a temporary registry on 127.0.0.1)",
-                     directory=directory, saved=saved, script=script, layout=layout.images_layout, work=work,
-                     daemon_json=DAEMON_JSON, port=port, upload_dir=layout.images_upload)  # fmt: skip
+                     directory=directory, saved=saved, layout=layout, port=port)  # fmt: skip
