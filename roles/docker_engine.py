@@ -1,13 +1,6 @@
-"""Docker engine with the compose v2 plugin, and the NVIDIA Container Toolkit.
-
-`docker_source: docker` follows docs.docker.com/engine/install/: Docker's apt repository (deb822, fingerprint
-checked) gives DOCKER_CE_PACKAGES (versions pinnable); the distribution's conflicting packages (DOCKER_CONFLICTS)
-are removed just before, once Docker's were fetched, so an unreachable repository leaves docker.io running.
-`distro` installs the distribution's docker.io + compose v2 (the testbed's path). The toolkit comes from NVIDIA's
-flat repo, its four packages at one version and held: the lock's `toolkit.version` (1.19.0-1: 1.19.1 broke cuInit
-in containers, NVIDIA/nvidia-container-toolkit#1967), or host data `nvidia_toolkit_version`. daemon.json has one
-writer: the nvidia runtime is merged into it as JSON, user keys kept (no nvidia-ctk). Docker restarts only when
-daemon.json changed, and only with `rigforge_manage_services`.
+"""Docker engine with the compose v2 plugin (Docker's repository per docs.docker.com/engine/install/, or the
+distribution's), and the NVIDIA Container Toolkit at the lock's `toolkit.version`, held (1.19.1 broke cuInit in
+containers, NVIDIA/nvidia-container-toolkit#1967). The nvidia runtime is merged into daemon.json, user keys kept.
 """
 
 from __future__ import annotations

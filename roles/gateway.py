@@ -1,9 +1,6 @@
-"""The fleet gateway: Debian's HAProxy in front of the rigs, on the hosts of the inventory group `gateway`.
-
-The config (rigforge/gateway.py renders it from the rigs' plans) lands in /etc/rigforge/gateway, root only (it
-holds the rigs' key), once `haproxy -c` accepts it; a drop-in points the distro's haproxy.service at it and
-leaves /etc/haproxy/haproxy.cfg alone. HAProxy reloads, without dropping connections, when the config changed;
-it restarts once, when the drop-in lands (a reload keeps the config path it started with).
+"""The fleet gateway: Debian's HAProxy in front of the rigs, on the hosts of the inventory group `gateway`
+(docs/gateway.md). Its config lands in /etc/rigforge/gateway (root only: it holds the rigs' key) once `haproxy -c`
+accepts it; a drop-in points the distro's haproxy.service at it and leaves /etc/haproxy/haproxy.cfg alone.
 """
 
 from __future__ import annotations

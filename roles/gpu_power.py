@@ -1,12 +1,5 @@
-"""GPU power: persistence mode on and a power cap per GPU, now and at every boot, written last.
-
-The cap (`gpu_power_limit_w`, per-GPU `gpu_power_limits` overrides) is applied now where a GPU's limit differs,
-and at boot by rigforge-gpu-power.service, a oneshot rendered from the plan's caps (every GPU the rig has), run
-early and ordered after no other cap writer (no ordering cycle, whatever the rig's other units do);
-rigforge-gpu-settle.service then sets back any cap another writer changed, from the end of the boot until
-`gpu_power_settle_window_s` seconds later (rigforge/boot.py), and leaves those writers to run. Values outside
-100..600 W are refused with the other host-data problems before anything changes; a cap outside a card's own
-min..max as soon as the driver answers (preflight on a rig that has one, the GPU check after the driver role).
+"""GPU power: persistence mode on and a power cap per GPU, now and at every boot (rigforge-gpu-power.service,
+then rigforge-gpu-settle.service sets back caps other writers change during the settle window: rigforge/boot.py).
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""Preflight checks of host state owned by the driver and container-runtime roles (run by preflight).
-
-- the driver table has a package for this OS, branch, flavour and source, and NVIDIA's repository publishes it
-  (its index read with curl while the driver is not installed yet; nothing under /etc/apt changes);
-- a running driver that no package owns (NVIDIA's .run installer, a hand build) is not overwritten: refused
-  unless `nvidia_driver_manage: false`, and then its branch must be the one asked for;
-- apt source files that already point at a URI rigforge will write a `.sources` file for (a hand-set-up rig's
-  `docker.list`, `nvidia-container-toolkit.list`, `cuda-*.list`) are refused unless `apt_adopt_sources`;
-- Docker's daemon.json, which the container-runtime role merges the nvidia runtime into, is a JSON object (a
-  comment or a trailing comma is refused here, not after the driver and Docker went on).
+"""Preflight checks of host state owned by the driver and container-runtime roles (run by preflight): the driver
+package exists and is published, no unowned driver is overwritten, no hand-made apt source clashes with rigforge's,
+daemon.json is a JSON object. Nothing on the rig changes.
 """
 
 from __future__ import annotations
@@ -20,7 +13,6 @@ from pyinfra.facts.deb import DebArch
 from pyinfra.facts.files import FileContents
 
 from rigforge import driver_table
-from rigforge.driver_table import branch_problem
 from rigforge.facts.apt import AptSourceFiles, DebInstalledVersion, PublishedPackages
 from rigforge.facts.nvidia import NvidiaRunningDriver, unowned_driver
 from rigforge.facts.system import OsRelease
@@ -53,7 +45,7 @@ def find_problems(data: Mapping, os_release: dict, arch: str, running: dict, sou
                 "installer or a hand build); rigforge will not install packages over it: set "
                 "nvidia_driver_manage: false to keep it, or remove it (nvidia-uninstall) and re-run."
             )
-    elif problem := branch_problem(running, int(data["nvidia_driver_branch"])):
+    elif problem := driver_table.branch_problem(running, int(data["nvidia_driver_branch"])):
         problems.append(problem)
     repos = []
     if manage and data["nvidia_driver_source"] == "cuda":
@@ -67,8 +59,7 @@ def find_problems(data: Mapping, os_release: dict, arch: str, running: dict, sou
 
 
 def daemon_json_problem(host_name: str, path: str, lines: list[str] | None) -> str | None:
-    """Pure: the one-line refusal when the daemon.json at `path` (its lines; None: no such file) is not a JSON
-    object that rigforge can merge its keys into (roles/operations/docker_daemon.py never overwrites it)."""
+    """Pure: the refusal when the daemon.json at `path` (its `lines`; None: no file) is not a JSON object."""
     try:
         docker_daemon.merged_text(None if lines is None else "\n".join(lines), {})
     except ValueError as error:
@@ -80,8 +71,7 @@ def daemon_json_problem(host_name: str, path: str, lines: list[str] | None) -> s
 
 
 def unpublished(data: Mapping, url: str, packages: driver_table.DriverPackages, published: list[str]) -> str | None:
-    """Pure: the refusal when NVIDIA's repository at `url` (its package names: `published`) lacks a package the
-    driver branch asked for needs, naming the branches it does publish."""
+    """Pure: the refusal when NVIDIA's repository at `url` does not publish a package the driver branch needs."""
     wanted = [name.split("=")[0] for name in (packages.pinning, *packages.install) if name]
     missing = [name for name in wanted if name not in published]
     if not missing:
@@ -95,9 +85,8 @@ def unpublished(data: Mapping, url: str, packages: driver_table.DriverPackages, 
 
 
 def branch_published(data: Mapping) -> list[str]:
-    """Before the first change, when the CUDA repository's driver packages are not installed yet: does the
-    repository publish the branch asked for? Read from its index with curl (roles/facts/apt.py
-    PublishedPackages), not through /etc/apt. An index that cannot be read is a warning, never a refusal."""
+    """While the CUDA repository's driver packages are not installed: does the repository publish the branch asked
+    for (its index read with curl, not through /etc/apt)? An unreadable index is a warning, never a refusal."""
     if not data["nvidia_driver_manage"] or data["nvidia_driver_source"] != "cuda":
         return []
     os_release = host.get_fact(OsRelease)
@@ -120,8 +109,7 @@ def branch_published(data: Mapping) -> list[str]:
 
 
 def problems(data: Mapping, daemon_json: str | None = None) -> list[str]:
-    """find_problems with this host's facts (`data`: preflight's, every key of the two roles set); with
-    `daemon_json` (a path), that file's check too."""
+    """find_problems with this host's facts; with `daemon_json` (a path), that file's check too."""
     found = find_problems(
         data,
         host.get_fact(OsRelease),

@@ -1,10 +1,5 @@
-"""An interrupted run exits non-zero and says what it cut.
-
-pyinfra's command line answers Ctrl-C with "Exiting upon user request!" and exit code 0, so a script or CI job
-takes an aborted deploy for a success. `install()` (called from the deploy entry, roles/site.py `provision`)
-replaces the SIGINT and SIGTERM handlers for this run: each prints which operation was running on which host and
-exits 130 (SIGINT) or 143 (SIGTERM), as a shell reports a process killed by that signal. Whatever the cut
-operation left half-done, the next run repairs (staged files, resumable downloads, dpkg --configure -a).
+"""An interrupted run exits 130 (SIGINT) or 143 (SIGTERM), naming the operation it cut: pyinfra's own exit code
+after Ctrl-C is 0, which a script or CI job would take for a success.
 """
 
 from __future__ import annotations
@@ -17,13 +12,8 @@ import sys
 
 def running(state) -> list[str]:
     """'host: operation' for every host executing an operation now (empty while preparing)."""
-    out = []
-    for host in state.inventory if state else ():
-        op_hash = host.executing_op_hash
-        if op_hash:
-            names = ", ".join(sorted(state.get_op_meta(op_hash).names)) or op_hash
-            out.append(f"{host.name}: {names}")
-    return out
+    hashes = [(host.name, host.executing_op_hash) for host in (state.inventory if state else ())]
+    return [f"{name}: {', '.join(sorted(state.get_op_meta(op).names)) or op}" for name, op in hashes if op]
 
 
 def message(signum: int, cut: list[str]) -> str:

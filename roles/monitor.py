@@ -1,10 +1,6 @@
-"""Monitoring (docs/monitoring.md). On a rig (`rig`): Debian's prometheus-node-exporter, and rigforge's GPU textfile
-collector run every 15 s by a systemd timer into the exporter's textfile dir. On the monitor host (`server`):
-Debian's prometheus with a scrape config made from the Fleet's targets and rigforge's alerting rules, checked
-together by promtool before they land, and the retention flags in its /etc/default file.
-
-The collector is rendered from the plan (the declared caps, variant, locked image and rest state written in:
-rigforge.render.render_gpu_metrics); its unit and timer are validated with systemd-analyze verify before they land.
+"""Monitoring (docs/monitoring.md). On a rig (`rig`): Debian's prometheus-node-exporter and rigforge's GPU textfile
+collector, run every 15 s by a systemd timer. On the monitor host (`server`): Debian's prometheus, its scrape config
+made from the Fleet's targets and rigforge's alerting rules checked by promtool before they land, and its retention.
 """
 
 from __future__ import annotations

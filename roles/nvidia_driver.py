@@ -1,15 +1,6 @@
-"""NVIDIA driver, from NVIDIA's CUDA apt repository or Ubuntu's own archive, packages chosen from one table.
-
-`nvidia_driver_source: cuda` (default): NVIDIA's CUDA repository for the OS (deb822, its key's fingerprint
-checked: 8793F200 for debian13, 3bf863cc elsewhere), `nvidia-driver-pinning-<branch>` (locks the branch), then
-the driver packages for the distro, branch and flavour (rigforge/driver_table.py). `ubuntu`: Ubuntu's
-`nvidia-driver-<branch>[-open]` plus the prebuilt, signed `linux-modules-nvidia-<branch>[-open]-<kernel flavour>`
-(no DKMS, works with Secure Boot), apt-pinned so NVIDIA's repository cannot win. The same table names what is
-held, kept out of unattended upgrades, and compared with the loaded kernel module: the rig is rebooted only when
-the installed driver is not the one running, and only with `nvidia_allow_reboot` (never the controller).
-
-`nvidia_driver_manage: false` leaves the driver alone (a driver installed by hand or with NVIDIA's .run
-installer) and only checks that the running driver is of the branch asked for.
+"""NVIDIA driver, from NVIDIA's CUDA apt repository (`nvidia_driver_source: cuda`, its branch locked by
+`nvidia-driver-pinning-<branch>`) or Ubuntu's prebuilt, signed modules (`ubuntu`: no DKMS, works with Secure Boot),
+packages chosen from one table (rigforge/driver_table.py); held, and rebooted into only with `nvidia_allow_reboot`.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""Preflight: runs first, changes nothing, and stops a host that cannot run its variant.
-
-Checked: supported OS (Ubuntu 22.04/24.04, Debian 12/13); with GPUs visible: GPU count, VRAM per card
-(20 GB cards are told to use the override; DFlash variants are refused there), requested power caps
-within every card's min..max; the image's CUDA version against the driver's (running, or the branch about to be
-installed); free disk at the model dir; Docker's daemon.json is valid JSON; the role switches (docker_source,
-nvidia_driver_flavor). All problems come out as one message naming the host, the key and what to do.
-The refusal is printed while the deploy is prepared, so `pyinfra --dry` shows it and exits 1.
+"""Preflight: runs first, changes nothing, and stops a host that cannot run its variant (OS, GPUs, VRAM, caps,
+CUDA, disk, daemon.json, the role switches) with one message naming the host, the key and what to do. The refusal
+is printed while the deploy is prepared, so `pyinfra --dry` shows it and exits 1.
 """
 
 from __future__ import annotations
@@ -21,8 +16,7 @@ from rigforge.layout import DAEMON_JSON
 from roles import docker_engine, gpu_power, host_state, nvidia_driver
 from roles.operations.checks import refuse_now
 
-DEFAULTS: dict = {}  # preflight has no knobs of its own; it checks the other roles' keys (defaults below)
-
+# preflight has no knobs of its own: it checks the other roles' keys, with their defaults
 CHECKED_KEYS = {
     **nvidia_driver.DEFAULTS,  # every driver / container-runtime key: roles/host_state.py
     **docker_engine.DEFAULTS,
@@ -34,7 +28,6 @@ CHECKED_KEYS = {
 
 def check(needs: Needs, data: Mapping, more: list[str] = ()) -> bool:
     """Refuse this host now, while the deploy is prepared, when it cannot run `needs.variant`; True when it can.
-    Nothing has changed on the host yet (preflight comes first): the facts read now are what the run would see.
     `data`: the plan's validated host data; `more`: problems found on the controller (roles/site.py)."""
     data = {key: data.get(key, default) for key, default in CHECKED_KEYS.items()}
     problems = find_problems(

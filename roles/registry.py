@@ -1,13 +1,6 @@
 """The fleet registry: Debian's docker-registry (CNCF Distribution 2.8) on the host of the inventory group
-`registry` (opt-in: a fleet without that group has no fleet registry; docs/registry.md).
-
-A plain registry, blobs on disk in /var/lib/docker-registry, not a pull-through proxy (Distribution 2.8's proxy
-mode forgets what it cached after 7 days). Served over TLS by default: the certificate, signed by the fleet's CA
-that rigforge keeps on the controller (rigforge/registry.py), lands with its key (0600, the service's user) in
-/etc/docker/registry/tls once openssl on the host sees that they belong together; config.yml is then staged and
-moved into place, and the registry restarts only when one of them changed. Every rig gets the CA certificate
-where Docker looks for it (/etc/docker/certs.d/<address>:<port>/ca.crt); with `registry_insecure` the registry
-serves plain HTTP and the rigs list it in daemon.json's insecure-registries instead.
+`registry` (opt-in), a plain registry over TLS signed by the fleet's CA, or plain HTTP with `registry_insecure`;
+and on every rig, Docker's trust in it (docs/registry.md).
 """
 
 from __future__ import annotations
@@ -36,9 +29,8 @@ KEY_CHECK = (
 @deploy("Fleet registry (Distribution)", data_defaults=DEFAULTS)
 def serve(reg: RegistryPlan, tls: tuple[str, str] | None, manage_services: bool, ca: str | None = None,
           images: tuple[str, ...] = ()):  # fmt: skip
-    """On the registry host: the registry, serving `tls` = (certificate, key) PEM, or plain HTTP when None, and
-    holding `images` (the fleet's rigs' locked images, `ref@sha256:...`), copied from upstream by skopeo, which
-    trusts the registry through the fleet CA `ca` in certs.d as Docker does."""
+    """On the registry host: the registry, serving `tls` = (certificate, key) PEM (None: plain HTTP), holding
+    `images` (the rigs' locked images) copied from upstream by skopeo, which trusts the fleet CA `ca` in certs.d."""
     text = registry.render_config(reg)
     problems = registry.check_config(text, tls=not reg.insecure)
     if problems:
@@ -90,10 +82,8 @@ def _ca_in_certs_d(reg: RegistryPlan, ca: str):
 
 @deploy("Trust the fleet registry", data_defaults=DEFAULTS)
 def trust(reg: RegistryPlan, ca: str | None, daemon_json: str, manage_services: bool):
-    """On a rig: the fleet CA's certificate `ca` where Docker looks for this registry's, or, for a plain-HTTP
-    registry (`ca` None), the registry in daemon.json's insecure-registries; and the registry first in
-    daemon.json's registry-mirrors, so Docker asks it for Docker Hub images before Docker Hub (the pulled image
-    keeps its Docker Hub name and digest). Docker reloads the list (SIGHUP: running containers keep running)."""
+    """On a rig: the fleet CA's certificate `ca` where Docker looks for it (`ca` None: the registry in daemon.json's
+    insecure-registries), and the registry first in daemon.json's registry-mirrors, for Docker Hub images."""
     if ca is not None:
         _ca_in_certs_d(reg, ca)
     extend = {"registry-mirrors": [reg.url]} | ({} if ca is not None else {"insecure-registries": [reg.endpoint]})

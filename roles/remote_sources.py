@@ -1,16 +1,6 @@
-"""Preflight's one pass over the remote sources this run needs, asked from the rig before anything changes.
-
-Asked only where the run would fetch, by the rule the install uses (roles/operations/apt_repo.py `missing`):
-Docker's repository while one of Docker's packages is missing or not at its pinned version (its suite's
-InRelease), NVIDIA's container toolkit repository while the toolkit is not at its version (InRelease), each git
-remote whose checkout is not at its pinned commit (the smart-HTTP ref list), each Hugging Face repository whose
-weights are not stamped at their revision (the hub's revision API; a gated one is asked by the token check,
-roles/site.py). NVIDIA's driver repository is read by the branch check (roles/host_state.py), and images by the
-controller (roles/site.py image_problems). A re-run with nothing to fetch asks nothing.
-
-One curl per source, in one round trip (rigforge/facts/system.py UrlAnswers). A definite no (HTTP 404 or 410: the
-suite, repository or revision is not there) refuses the host with what to fix; a source that cannot be asked (no
-name, no route, refused, a timeout) or answers otherwise (401, 5xx) is a warning: the step that fetches says more.
+"""Preflight's one pass over the remote sources this run would fetch from (packages missing, checkouts or weights
+not at their pin), one curl each in one round trip from the rig: HTTP 404 or 410 refuses the host, a source that
+cannot be asked or answers otherwise is a warning (the step that fetches says more).
 """
 
 from __future__ import annotations
@@ -41,8 +31,7 @@ class Source(NamedTuple):
 
 
 def needed(plan: Plan, weights_state) -> list[Source]:
-    """The sources this run would fetch from (see the module docstring); `weights_state(plan, asset)` reads the
-    weights' stamp as the weights role does."""
+    """The sources this run would fetch from; `weights_state(plan, asset)` reads the weights' stamp."""
     data, knobs = plan.data, DockerEngine.of(plan.data)
     installed = host.get_fact(DebPackages) or {}
     os_release = host.get_fact(OsRelease) or {}

@@ -1,32 +1,17 @@
 """One rigforge run per rig: a lock on the rig that lives exactly as long as this run's SSH connection.
 
-`send()` opens one more channel on the run's own SSH connection and starts, as root, a holder on the rig:
-`flock -n` on the layout's lock file, the run's owner line (controller, pid, time) written beside it, then
-`cat` reading the channel until it closes. The lock is held while the holder runs, that is while this run's
-connection lives: when the run ends, its connection closes, `cat` ends, the owner line is removed and the lock
-freed. When the controller is killed or the link drops, sshd ends the session and the lock frees itself; the
-owner line then stays behind, and the next run says it found one. When the driver role reboots the rig, the run
-takes the lock again on its new connection (`retake`).
-
-Taking the lock is not an operation: it changes nothing pyinfra reports, and the batched probe stays valid. The
-deploy's probe travels with it: once the holder holds the lock it runs the probe and sends its output, so taking
-the lock and reading the rig are one round trip (rigforge/facts/probe.py `lock_request`). `send()` asks and
-`take()` reads the answer: the deploy asks first, builds the fleet while the rig answers, then reads.
-Only the SSH connector has a rig to lock (pyinfra's @local and @fake connectors are left alone).
-
-One machine under two inventory names would otherwise find its own lock held by this very run: `twins()` tells
-a machine by its /etc/machine-id together with the SSH host key its connection presented (a cloned image may
-carry another machine's machine-id, or its host keys: only both together name one machine), and the owner line
-names the inventory name that holds the lock, so a machine without a machine-id is still named, not blamed on
-"another run". The machine-id is read without sudo and only when the run has another rig: a one-rig run's first
-command on the rig is the lock. Sudo that asks for a password is found by the lock itself (`sudo -n`, before
-anything runs as root), and said in the one line `sudo_password_problem()` words.
+`send()` starts, as root on one more channel of the run's connection, a holder: `flock -n` on the lock file, the
+run's owner line beside it, then `cat` until the channel closes. When the run ends or its link drops, `cat` ends and
+the lock frees itself (a killed run's owner line stays: the next run says it found one). Once it holds the lock the
+holder runs the batched probe: one round trip (docs/probe.md). One machine under two inventory names is told apart
+by `twins()` (machine-id together with the SSH host key) and by the owner line, which names the holding name.
 """
 
 from __future__ import annotations
 
 import atexit
 import base64
+import contextlib
 import hashlib
 import os
 import shlex
@@ -58,8 +43,7 @@ def host_key(h) -> str | None:
 
 
 def identity(h) -> tuple[str, str] | None:
-    """(machine-id, SSH host key fingerprint) of host `h`, or None when either is unknown (not over SSH, or no
-    machine-id)."""
+    """(machine-id, SSH host key fingerprint) of host `h`, or None when either is unknown."""
     if h.name not in _IDENTITY:
         key = host_key(h)
         # a plain read (the file is world-readable), not a fact: a fact read would run the rig's batched probe
@@ -71,12 +55,10 @@ def identity(h) -> tuple[str, str] | None:
 
 
 def twins(h, hosts) -> list[str]:
-    """The names among `hosts` (this run's, other than `h`) that reach the same machine as `h`. With no other host
-    there is nothing to read."""
-    if not any(o.name != h.name for o in hosts):
-        return []
-    mine = identity(h)
-    return sorted(o.name for o in hosts if o.name != h.name and mine is not None and identity(o) == mine)
+    """The names among `hosts` (this run's, other than `h`) that reach the same machine as `h`."""
+    others = [o for o in hosts if o.name != h.name]
+    mine = identity(h) if others else None  # with no other host there is nothing to read
+    return sorted(o.name for o in others if mine is not None and identity(o) == mine)
 
 
 def _holder(path: str, owner: str, then=None) -> str:
@@ -99,8 +81,7 @@ def _holder(path: str, owner: str, then=None) -> str:
 
 
 def _lines(channel):
-    """The holder's answer lines, as they come (without paramiko's file objects, which may not be
-    finalized after gevent's hub)."""
+    """The holder's answer lines (not paramiko's file objects, which may not be finalized after gevent's hub)."""
     buffer = b""
     while chunk := channel.recv(65536):
         *lines, buffer = (buffer + chunk).split(b"\n")  # each chunk split once, not once per line
@@ -109,10 +90,8 @@ def _lines(channel):
 
 def _release() -> None:
     for channel in [*_HELD.values(), *(sent[0] for sent in _SENT.values())]:
-        try:
+        with contextlib.suppress(Exception):  # a connection already gone took its lock with it
             channel.close()  # the holder's cat ends, the owner line goes, the lock is free
-        except Exception:  # noqa: BLE001 - the connection is already gone: so is the lock
-            pass
     _HELD.clear()
     _SENT.clear()
 
@@ -121,14 +100,13 @@ atexit.register(_release)  # once, at import: closing nothing when nothing was s
 
 
 def over_ssh(host) -> bool:
-    """Whether `host` has an SSH connection: the lock (and its sudo check) lives on one."""
     return getattr(host.connector, "client", None) is not None
 
 
 def send(host, path: str, sudo: bool, then: list | None = None, password: str | None = None) -> None:
-    """Ask for `path` on `host` now, on a channel of its own; `take` reads the answer. The rig takes the lock and
-    runs `then` while the controller goes on."""
-    if host.name in _HELD or host.name in _SENT or not over_ssh(host):
+    """Ask for `path` on `host` now, on a channel of its own, the rig running `then` once it holds it; `take` reads
+    the answer."""
+    if asked(host) or not over_ssh(host):
         return
     run = f"{socket.gethostname()}, pid {os.getpid()}"
     owner = f"{run} (as {host.name}), since {datetime.now(UTC).isoformat(timespec='seconds')}"
@@ -144,10 +122,8 @@ def send(host, path: str, sudo: bool, then: list | None = None, password: str | 
 
 
 def ask(host) -> None:
-    """Send `host`'s request for the run lock, carrying its batched probe (rigforge/facts/probe.py `lock_request`),
-    unless it was sent: the rig takes the lock and runs the probe while the controller goes on (the deploy
-    files ask before the roles load: `ask_first`). A rig that is the same machine as another of this run's rigs
-    is not asked: the deploy refuses it, naming both (roles/site.py `hold_the_rig`)."""
+    """Send `host`'s request for the run lock, carrying its batched probe, unless it was sent. A rig that is the same
+    machine as another of this run's rigs is not asked: the deploy refuses it (roles/site.py `hold_the_rig`)."""
     if not over_ssh(host) or asked(host):
         return
     if is_rig(host) and twins(host, [h for h in host.inventory.iter_activated_hosts() if is_rig(h)]):
@@ -157,21 +133,18 @@ def ask(host) -> None:
 
 
 def ask_first() -> None:
-    """The deploy files' first step, before they import the roles: this host's lock request goes out with its
-    batched probe (which needs the probe installed), so the rig answers while the controller loads the roles and
-    builds the fleet (~75 ms of imports); roles/site.py `provision` reads the answer."""
+    """The deploy files' first step: the rig answers the lock request while the controller loads the roles."""
     probe.install_all()
     ask(ctx_host.get())
 
 
 def asked(host) -> bool:
-    """Whether `host`'s lock was asked for in this run (`send`), answered or not."""
     return host.name in _SENT or host.name in _HELD
 
 
 def retake(state, host, path: str = RUN_LOCK) -> bool:
-    """After `host` rebooted (server.reboot, in the driver role): its holder ended with the old connection, so
-    this run takes the lock again on the new one. False (the host fails) when another run took it meanwhile."""
+    """After `host` rebooted, take the lock again on the new connection; False (the host fails) when another run
+    took it meanwhile."""
     if _HELD.pop(host.name, None) is None:  # never held: not over SSH
         return True
     sudo, _, password = sudo_of(host)
@@ -184,9 +157,8 @@ def retake(state, host, path: str = RUN_LOCK) -> bool:
 
 def take(host) -> tuple[str | None, str | None]:
     """(problem, note): read the answer to `host`'s request (`send`): the lock held for this run, or who holds it.
-    Idempotent per host. The request's `then` (rigforge/facts/probe.py `lock_request`, the batched probe):
-    once the lock is held, the holder ran it in the same round trip; its output lines, and its exit code as the
-    last one, replace the None. Left None when it did not run."""
+    Idempotent per host. Once the lock is held, the output lines of the request's `then` and its exit code as the
+    last one replace its None (left None when it did not run)."""
     if host.name in _HELD or not over_ssh(host):
         return None, None
     channel, path, run, then, sudo_n = _SENT.pop(host.name)  # sent by `ask` (or `send`) before

@@ -1,12 +1,6 @@
 """Serving: the variant's compose file + .env, the vLLM systemd unit, one enabled instance, the health gate and
-the rig manifest.
-
-Files land atomically after `docker compose config -q` / `systemd-analyze verify` accept them on the rig, so a
-compose the engine rejects never replaces a working one. The service restarts only when its compose, .env or
-unit changed; switching variants disables the previous instance, and a failed health gate rolls back to it.
-Without an HF token on the controller (needed only while a gated asset is unstamped) the rig's .env keeps the
-token it has. With rigforge_manage_services false (the testbed: no systemd in a chroot) units are installed,
-verified and enabled, but nothing is started, pulled or health-checked.
+the rig manifest. With rigforge_manage_services false (the testbed: no systemd in a chroot) nothing is started,
+pulled or health-checked.
 """
 
 from __future__ import annotations
@@ -19,6 +13,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 from pyinfra.operations.util import any_changed
 
+from rigforge.facts.system import EnabledInstances
 from rigforge.fleet import Plan
 from rigforge.gateway import backend_name
 from rigforge.knobs.gateway import Gateway
@@ -27,7 +22,6 @@ from rigforge.layout import SERVE_FILES
 from rigforge.render import VLLM_UNIT
 from roles.operations import gateway
 from roles.operations.serving import (
-    enabled_instances,
     health_gate_script,
     healthy,
     image_present,
@@ -67,7 +61,7 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = F
         keep_previous=False,
     )
 
-    enabled = enabled_instances(layout.unit_dir, layout.vllm_template)
+    enabled = host.get_fact(EnabledInstances, unit_dir=layout.unit_dir, template=layout.vllm_template)
     previous = [u for u in enabled if u != unit]
     rest = knobs.serving_rest
     digest = image.rpartition("@")[2] if "@" in image else None

@@ -1,10 +1,4 @@
-"""Sources: git checkouts at the lock's pinned commits under <rigforge_root>/src/<name>.
-
-Each source is fetched shallow and blobless at exactly its pinned SHA, sparse when the lock lists paths,
-checked out detached, and its locked files verified with sha256sum on the rig. A dirty tree is repaired
-(reset + clean, reported in the output). The lock entries come from the plan: an unresolved entry has already
-stopped the host before anything changed (run `rigforge lock` on a networked controller, docs/pins.md).
-"""
+"""Sources: git checkouts at the lock's pinned commits under <rigforge_root>/src/<name> (roles/operations/gitpin.py)."""
 
 from __future__ import annotations
 

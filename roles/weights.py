@@ -1,12 +1,5 @@
-"""Weights: the lock's Hugging Face assets, downloaded on the rig and verified, under <model dir>/<dest dir>.
-
-A venv at <rigforge_root>/venv (python3-venv from apt, a pinned huggingface_hub from PyPI) runs the shipped
-rigforge/remote/fetch_weights.py: resumable downloads into <model dir>/.rigforge-staging/<asset>, sha256 of
-every file against the lock, atomic move into place, a stamp (size, mtime_ns, sha256 per file). Re-runs
-compare the stamp with a stat of the files and do not read them; `weights_deep_verify: True` re-hashes.
-`weights_source: controller` downloads once into the controller's cache and pushes to each rig instead.
-Checked on the controller before anything changes (roles/site.py): the knobs below, unresolved lock entries,
-and a token for gated repos, needed only while one of them is not yet fetched and stamped.
+"""Weights: the lock's Hugging Face assets under <model dir>/<dest dir>, fetched and verified by the shipped
+rigforge/remote/fetch_weights.py in a venv (roles/operations/hfweights.py).
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """apt repositories the modern way (deb822 .sources + a Signed-By keyring in /etc/apt/keyrings, no apt-key),
 plus small package operations: install only what is missing, remove what conflicts, hold only when not held.
-
-A repository key with a pinned fingerprint is checked with `gpg --show-keys` on the rig before it is moved
-into /etc/apt/keyrings: a key with another fingerprint never reaches apt. Before its own `.sources` file is
-written, every other source file pointing at the same URI (one-line `.list` or deb822 `.sources`, e.g. a
-hand-set-up `docker.list`) is moved aside to `<file>.rigforge-bak` (apt ignores that suffix silently), so no
-two files disagree on Signed-By. Preflight refuses instead when `apt_adopt_sources` is false.
+Other source files for a repository's URI are moved aside to `<file>.rigforge-bak` (apt ignores that suffix).
 """
 
 from __future__ import annotations
@@ -27,7 +22,7 @@ from roles.operations.shown import say
 def deb822_source(
     uris: str, suites: str, signed_by: str, components: str = "", architectures: str = "", comment: str = ""
 ) -> str:
-    """Text of a deb822 .sources file. A flat repository has `suites="/"` and no components."""
+    """Text of a deb822 .sources file (a flat repository has `suites="/"` and no components)."""
     optional = {"Components": components, "Architectures": architectures}
     lines = [f"# {comment}"] if comment else []
     lines += ["Types: deb", f"URIs: {uris}", f"Suites: {suites}", *(f"{k}: {v}" for k, v in optional.items() if v)]
@@ -50,7 +45,7 @@ def source_path(repo: str) -> str:
 
 
 def source_problems(files: dict[str, list[str]], uri: str, repo: str, adopt: bool, key: str) -> list[str]:
-    """Preflight problems with source files already pointing at `uri` (rigforge's own `repo` file aside)."""
+    """Preflight problems with source files already pointing at `uri`."""
     problems = []
     for path, only in sorted(same_uri_files(files, uri, source_path(repo)).items()):
         if not only:
@@ -69,9 +64,7 @@ def source_problems(files: dict[str, list[str]], uri: str, repo: str, adopt: boo
 
 @operation()
 def adopt_sources(uris: str, keep: str):
-    """
-    Move every other apt source file whose entries all point at ``uris`` to ``<file>.rigforge-bak``; a file that
-    also holds other repositories fails the operation (never half-edited).
+    """Move every other apt source file whose entries all point at ``uris`` to ``<file>.rigforge-bak``.
 
     + uris: the repository URI
     + keep: the source file rigforge manages for it (not moved)
@@ -89,9 +82,7 @@ def adopt_sources(uris: str, keep: str):
 
 @operation()
 def verified_key(src: str, dest: str, fingerprint: str | None = None, sha256: str | None = None):
-    """
-    Download a repository key to ``dest``; with ``fingerprint``, only a key with that primary fingerprint lands
-    there (checked with gpg on the rig, in a temporary file), anything else fails before apt sees it.
+    """Download a repository key to ``dest``, only when it has ``fingerprint`` (checked with gpg on the rig).
 
     + src: the key's URL
     + dest: the keyring file
@@ -132,8 +123,7 @@ def add_repo(
     key_sha256: str | None = None,
     key_fingerprint: str | None = None,
 ):
-    """Keyring (fingerprint checked) + deb822 source for one repository, other files for the same URI moved
-    aside first; `apt-get update` only when something changed."""
+    """Keyring + deb822 source for one repository; `apt-get update` only when something changed."""
     files.directory(name="Ensure the apt keyring directory", path=APT_KEYRING_DIR, mode="755")
     files.put(
         name="Let apt skip the source files rigforge replaced",
@@ -162,10 +152,9 @@ def add_repo(
 
 @operation()
 def install_missing(packages: list[str], change_held: bool = False):
-    """
-    Install the packages that are not installed yet, refreshing apt lists first; nothing when all present.
+    """Install the packages that are not installed yet (``missing``), refreshing apt lists first.
 
-    + packages: package names; ``name=version`` pins a version (missing when another version is installed)
+    + packages: package names; ``name=version`` pins a version
     + change_held: let apt replace held versions of these packages (``--allow-change-held-packages``)
     """
     to_install = missing(packages, host.get_fact(DebPackages))
@@ -179,8 +168,7 @@ def install_missing(packages: list[str], change_held: bool = False):
 
 
 def missing(packages: list[str], installed: dict | None) -> list[str]:
-    """Pure: the specs of `packages` (``name`` or ``name=version``) that `installed` (DebPackages: name ->
-    versions) lacks, a pinned one also when another version is installed: what install_missing installs."""
+    """Pure: the specs of `packages` that `installed` (DebPackages) lacks, a pinned one also at another version."""
     installed = installed or {}
     out = []
     for spec in packages:
@@ -193,13 +181,11 @@ def missing(packages: list[str], installed: dict | None) -> list[str]:
 
 @operation()
 def hold(packages: list[str], same_version_as: str = "", prefixes: tuple = ()):
-    """
-    ``apt-mark hold`` installed packages, unless already held.
+    """``apt-mark hold`` installed packages, unless already held.
 
     + packages: names to hold when installed
     + same_version_as: an installed package whose upstream version selects the ``prefixes`` packages
-    + prefixes: also hold installed packages named with one of these prefixes at that upstream version (the rest
-      of the driver stack: its libraries must not move without its kernel module)
+    + prefixes: also hold installed packages with these prefixes at that version (the driver's libraries)
     """
     installed = host.get_fact(DebPackages)
     stack = {upstream_version(v) for v in installed.get(same_version_as) or []} if same_version_as else set()
@@ -216,11 +202,8 @@ def hold(packages: list[str], same_version_as: str = "", prefixes: tuple = ()):
 
 
 @operation()
-def remove_installed(packages: list[str], replaced_by: list[str] | None = None):
-    """
-    ``apt-get remove`` the installed ones of ``packages`` (a vendor's "uninstall conflicting packages" step). With
-    ``replaced_by``, only once the replacement's packages were fetched (``apt-get install --download-only``, from
-    sources added before this): when they cannot be, nothing is removed and the host fails saying so.
+def remove_installed(packages: list[str], replaced_by: list[str]):
+    """``apt-get remove`` the installed ones of ``packages``, only once the replacement's packages were fetched.
 
     + packages: package names; those not installed are skipped
     + replaced_by: the packages that replace them, fetched first
@@ -230,12 +213,11 @@ def remove_installed(packages: list[str], replaced_by: list[str] | None = None):
     if not present:
         host.noop(f"none installed: {', '.join(packages)}")
         return
-    if replaced_by:
-        names = " ".join(QUOTE(p) for p in replaced_by)
-        why = QUOTE(f"rigforge: could not fetch {' '.join(replaced_by)}: nothing removed, {', '.join(present)} left "
-                    "installed and running")  # fmt: skip
-        yield say(f"fetching {', '.join(replaced_by)} before removing {', '.join(present)}")
-        apt_get = "DEBIAN_FRONTEND=noninteractive apt-get"
-        fetch = f"{apt_get} update -qq && {apt_get} install -y -qq --download-only {names}"
-        yield f"{{ {fetch}; }} || {{ echo {why} >&2; exit 1; }}"
+    names = " ".join(QUOTE(p) for p in replaced_by)
+    why = QUOTE(f"rigforge: could not fetch {' '.join(replaced_by)}: nothing removed, {', '.join(present)} left "
+                "installed and running")  # fmt: skip
+    yield say(f"fetching {', '.join(replaced_by)} before removing {', '.join(present)}")
+    apt_get = "DEBIAN_FRONTEND=noninteractive apt-get"
+    fetch = f"{apt_get} update -qq && {apt_get} install -y -qq --download-only {names}"
+    yield f"{{ {fetch}; }} || {{ echo {why} >&2; exit 1; }}"
     yield from apt.packages._inner(packages=present, present=False)

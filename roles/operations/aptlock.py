@@ -1,11 +1,6 @@
 """The apt/dpkg lock held by another process (unattended-upgrades, a user's apt): waited for, bounded, before the
-first change of a run.
-
-Who holds it is asked of the kernel (`fcntl(F_GETLK)`, from Perl, which every Debian and Ubuntu system has: apt and
-dpkg lock with fcntl), so the holder's pid is known even where /proc is not mounted (then the command is not
-shown). `free()` runs right after preflight: with the lock free it is a no-op; held, it waits up to
-`apt_lock_wait` seconds (host data) on the rig and then either goes on, saying the lock was released, or refuses
-the host in one line naming the holder: nothing was changed, since this is the run's first operation.
+first change of a run. Its holder is asked of the kernel (`fcntl(F_GETLK)`, from Perl, which every Debian and Ubuntu
+system has), so its pid is known even where /proc is not mounted.
 """
 
 from __future__ import annotations
@@ -41,24 +36,19 @@ def parse(output: list[str] | str) -> dict | None:
 
 
 def describe(holder: dict, held: str = "is held") -> str:
-    """'the apt/dpkg lock /var/lib/dpkg/lock-frontend is held by pid 1234 (apt-get install x)'."""
     who = f"pid {holder['pid']}" + (f" ({holder['command']})" if holder["command"] else "")
     return f"the apt/dpkg lock {holder['lock']} {held} by {who}"
 
 
 class AptLockHolder(FactBase):
-    """Who holds the apt/dpkg lock now (`parse`'s dict), or None."""
-
-    def command(self) -> str:
-        return f"{HOLDER} || true"
+    command = f"{HOLDER} || true"
 
     def process(self, output: list[str]) -> dict | None:
         return parse(output)
 
 
 def wait_script(wait: int) -> str:
-    """Shell: poll every second until the locks are free ("FREE <seconds waited>") or `wait` seconds passed
-    ("HELD <holder line>")."""
+    """Shell: poll every second until the locks are free ("FREE <seconds>") or `wait` seconds passed ("HELD ...")."""
     return (
         f"start=$(date +%s); while :; do h=$({HOLDER}); now=$(date +%s); "
         f'if [ -z "$h" ]; then echo "FREE $((now - start))"; exit 0; fi; '
@@ -89,9 +79,8 @@ def _wait(state, host, wait: int, first: dict, kwargs: dict):  # pyinfra passes 
 
 @operation(is_idempotent=False)
 def free(wait: int, sudo: dict | None = None):
-    """
-    Wait up to ``wait`` seconds for the apt/dpkg lock another process holds; fail this host, naming the holder,
-    when it is still held then. A no-op when the lock is free.
+    """Wait up to ``wait`` seconds for the apt/dpkg lock another process holds; fail this host, naming the holder,
+    when it is still held then.
 
     + wait: seconds to wait (host data ``apt_lock_wait``)
     + sudo: how this rig's commands run (``{"_sudo": True, "_sudo_user": ...}``), for the wait's own command

@@ -1,10 +1,5 @@
-"""Checks that stop one host with one clear message, before anything on it changes.
-
-How a host is stopped: an operation yields `fail_command(message)`, a python callback that logs the
-message and returns False. pyinfra then marks that operation failed, drops the host from the run (its
-later operations never execute) and carries on with the other hosts. Nothing is raised while pyinfra
-prepares operations (an exception there would abort every host), and a `--dry` run, which only prepares,
-prints the problems as warnings instead of failing.
+"""Checks that stop one host with one clear message, before anything on it changes: `fail_command` logs it and
+returns False, so pyinfra drops that host and carries on (raising while operations are prepared would abort all).
 """
 
 from __future__ import annotations
@@ -30,17 +25,13 @@ def fail_command(message: str) -> FunctionCommand:
 
 @operation()
 def gpus_fit(needs: Needs, caps: dict[int, int], data: dict):
-    """
-    Right after the driver role: fail this host unless nvidia-smi's GPUs fit ``needs`` (count, VRAM per card,
-    each card's cap range) and ``caps`` covers exactly the GPUs present.
+    """Fail this host unless nvidia-smi's GPUs fit ``needs`` and ``caps`` covers exactly the GPUs present.
 
     + needs: what the variant needs of a host (``rigforge.hardware.Needs``)
     + caps: the power unit's caps, ``{gpu index: watts}``
     + data: the host-data keys the GPU checks read (see ``rigforge.hardware.gpu_problems``)
 
-    pyinfra runs an operation's body again when it executes it, and facts are not cached, so the GPUs are read
-    when this runs: after a driver installed (and a reboot taken) earlier in the same run, before Docker, caps,
-    sources, weights or serving. While only preparing a fresh rig (no driver yet) it reports nothing.
+    The GPUs are read when this executes, after a driver installed earlier in the same run.
     """
     gpus = host.get_fact(NvidiaGpus)
     if not gpus and not state.is_executing:
@@ -68,7 +59,6 @@ def gpus_fit(needs: Needs, caps: dict[int, int], data: dict):
 
 
 def changed_by_this_run() -> list[str]:
-    """The operations this run has changed the current host with so far, from pyinfra's own record."""
     me, out = ctx_host.get(), []
     for op_hash in state.get_op_order():
         meta = getattr(state.ops[me].get(op_hash), "operation_meta", None)
@@ -78,9 +68,8 @@ def changed_by_this_run() -> list[str]:
 
 
 def refuse_now(name: str, message: str) -> None:
-    """Refuse this host while its operations are prepared: print `message` in full now (so `pyinfra --dry`,
-    with or without -y, shows it), count the host as failed (so the run, dry or not, exits 1) and queue the one
-    operation that stops it when the run executes."""
+    """Refuse this host while its operations are prepared: print `message` now (so `pyinfra --dry` shows it),
+    count the host as failed (so the run exits 1) and queue the operation that stops it when the run executes."""
     host.log_styled(message, fg="red", log_func=logger.error)
     state.failed_hosts.add(ctx_host.get())  # the host itself, not pyinfra's context proxy
     refuse(name=name)
@@ -88,5 +77,5 @@ def refuse_now(name: str, message: str) -> None:
 
 @operation(is_idempotent=False)
 def refuse():
-    """Fail this host, without a word (``refuse_now`` printed why): its later operations never run (no arguments)."""
+    """Fail this host, without a word (``refuse_now`` printed why; no arguments)."""
     yield fail_command("")

@@ -24,10 +24,8 @@ def deep_merge(base: dict, patch: dict) -> dict:
 
 def merged_text(current: str | None, patch: dict, extend: dict | None = None) -> str | None:
     """New daemon.json text, or None when `current` already holds everything in `patch`, and every item of
-    `extend`'s lists in the list at that key (e.g. insecure-registries: the user's own entries are kept).
-
-    Raises ValueError when `current` is not a JSON object (a user's broken file is never overwritten).
-    """
+    `extend`'s lists in the list at that key (the user's own entries kept). ValueError when `current` is not a
+    JSON object (a user's broken file is never overwritten)."""
     existing = json.loads(current) if current and current.strip() else {}
     if not isinstance(existing, dict):
         raise ValueError("top level is not a JSON object")
@@ -42,9 +40,8 @@ def merged_text(current: str | None, patch: dict, extend: dict | None = None) ->
 
 @operation()
 def merge_json(path: str, patch: dict, extend: dict | None = None):
-    """
-    Merge ``patch`` into the JSON file at ``path`` (created if missing, mode 644), written atomically; no-op when equal.
-    A file that is not valid JSON fails the host.
+    """Merge ``patch`` into the JSON file at ``path`` (created if missing, mode 644), written atomically; a file that
+    is not valid JSON fails the host.
 
     + path: the JSON file, e.g. Docker's daemon.json
     + patch: keys to set (nested mappings are merged)

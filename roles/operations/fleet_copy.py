@@ -12,12 +12,9 @@ from roles.operations.shown import ShownCommand, say
 
 @operation()
 def image_in_fleet(image: str, endpoint: str, insecure: bool = False):
-    """
-    Copy ``image`` (``ref@sha256:...``) from upstream into the fleet registry unless it holds that digest
-    already: ``skopeo copy --all --preserve-digests``, so every platform's manifest and the index keep their
-    bytes and the digest the lock names is the one the rigs pull. Layers the registry has are not sent again.
-    Upstream answering no (a purged tag or digest) fails this host: the rigs that lack the image are refused
-    in their preflight.
+    """Copy ``image`` from upstream into the fleet registry unless it holds that digest already, with every
+    platform's manifest and the index byte for byte (``--preserve-digests``): the digest the lock names is the one
+    the rigs pull.
 
     + image: the locked image, ``repo[:tag]@sha256:...`` (a Docker Hub image: rigs reach the copy as a mirror)
     + endpoint: the fleet registry as ``host:port``

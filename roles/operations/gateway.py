@@ -1,7 +1,5 @@
-"""A rig leaves the fleet gateways before its unit restarts and comes back after (docs/gateway.md).
-
-Each runs on the controller when the rig's turn comes: it reaches every gateway host over that host's own
-connection from the inventory and drives HAProxy's runtime API there (rigforge/gateway.py's scripts).
+"""A rig leaves the fleet gateways before its unit restarts and comes back after (docs/gateway.md): run on the
+controller when the rig's turn comes, over each gateway host's own connection (rigforge/gateway.py's scripts).
 """
 
 from __future__ import annotations
@@ -19,8 +17,8 @@ from roles.operations.shown import warn
 
 
 def _on_gateways(state, host, gateways: dict[str, bool], script: str, what: str, quiet=False) -> dict[str, str]:
-    """Run `script` on every gateway host; {gateway: its last line}. A gateway that cannot be reached is a
-    warning: it sends this rig nothing then. `quiet`: a read, logged only when it went wrong."""
+    """Run `script` on every gateway host; {gateway: its last line}. An unreachable gateway is a warning; `quiet`:
+    logged only when it went wrong."""
     said = {}
     for name, sudo in gateways.items():
         gw = state.inventory.get_host(name)
@@ -49,8 +47,7 @@ def _drain(state, host, gateways, server: str, timeout: int):
 
 
 def states(state, host, gateways: dict[str, bool], server: str, backend: str, port: int) -> dict[str, str]:
-    """{gateway: this rig's state there (rigforge/gateway.py `state_script`: ready, drain, maint, moved, absent)}
-    for the gateways where it is behind a running HAProxy; a gateway that cannot be read is left out."""
+    """{gateway: this rig's state there (`state_script`)}; a gateway that cannot be read is left out."""
     said = _on_gateways(state, host, gateways, state_script(server, backend, port), "state", quiet=True)
     return {name: word for name, word in said.items() if word in ("ready", "drain", "maint", "moved", "absent")}
 
@@ -77,11 +74,10 @@ def _rejoin(state, host, gateways, server, backend, address, port, wait, gate, m
 
 @operation(is_idempotent=False)
 def drained(gateways: dict[str, bool], server: str, timeout: int):
-    """
-    Take this rig out of every fleet gateway and wait until its requests in flight are done.
+    """Take this rig out of every fleet gateway and wait until its requests in flight are done.
 
     + gateways: ``{inventory name: use sudo}`` of the gateway hosts
-    + server: the rig's server name in the gateways' backends (its inventory name)
+    + server: the rig's server name in the gateways' backends
     + timeout: seconds to wait for its requests in flight, then restart anyway
     """
     yield FunctionCommand(_drain, (gateways, server, timeout), {})
@@ -99,9 +95,8 @@ def rejoined(
     manifest="",
     sudo: bool = False,
 ):
-    """
-    Put this rig back in every fleet gateway at its new port once it passed its health gate, and wherever a
-    gateway finds it drained, in maintenance or at another port (a run cut between the drain and the rejoin).
+    """Put this rig back in every fleet gateway at its new port once it passed its health gate, and wherever a
+    gateway finds it out of service.
 
     + gateways: ``{inventory name: use sudo}`` of the gateway hosts
     + server: the rig's server name in the gateways' backends
@@ -109,10 +104,9 @@ def rejoined(
     + address: where the gateway reaches the rig (resolved on the gateway host)
     + port: the port it serves on now
     + wait: seconds to wait for the gateway's own health check to see it up
-    + gate: the health gate operation; when it failed (and rolled back), the rig rejoins at the port of the
-      variant it rolled back to (read from ``manifest``, rig.json) and this operation fails the host
+    + gate: the health gate; when it failed, the rig rejoins where it rolled back to and the host fails
     + manifest: path of the rig's rig.json
-    + sudo: whether this rig's own commands run with sudo (asking systemd whether the rolled-back unit runs)
+    + sudo: whether this rig's own commands run with sudo
     """
     if not ctx_state.get().is_executing:
         return  # its state at the gateways is read when the rig's turn comes
@@ -127,9 +121,7 @@ def rejoined(
 
 @operation(is_idempotent=False)
 def held_drained(gateways: dict[str, bool], server: str, backend: str, port: int, timeout: int):
-    """
-    Keep this rig drained at every fleet gateway, on purpose (host data ``serving_rest: drained``): drained
-    where it is not yet, left as it is where it is.
+    """Keep this rig drained at every fleet gateway, on purpose (host data ``serving_rest: drained``).
 
     + gateways: ``{inventory name: use sudo}`` of the gateway hosts
     + server: the rig's server name in the gateways' backends

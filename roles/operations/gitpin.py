@@ -1,11 +1,7 @@
-"""Operation: a git checkout at exactly one pinned commit (shallow, partial, optionally sparse), verified.
+"""Operation: a git checkout at exactly one pinned commit (shallow, blobless, optionally sparse), verified.
 
-State comes from the GitCheckout fact at execution time. No-op when HEAD is the pinned commit, the tree is
-clean, origin and sparse patterns match and the locked files hash right. Otherwise one shell step: init (a
-half-made .git or lock files a killed git left are removed) + remote, `git fetch --depth 1 --filter=blob:none
-origin <sha>` (a full blobless fetch where a server refuses a fetch by SHA), sparse patterns (cone mode off, one
-anchored path per line), a dirty tree repaired (`git reset --hard` + `git clean -ffdx`, reported), `git checkout
---detach <sha>`, every locked file checked with sha256sum. A commit the remote lacks is an error naming the repo.
+No-op when the GitCheckout fact shows HEAD at the commit, a clean tree, the same origin and sparse patterns and
+the locked files hashing right; otherwise one idempotent shell step (`checkout_script`) that also repairs.
 """
 
 from __future__ import annotations
@@ -51,7 +47,8 @@ def bad_files(state, files: Mapping[str, str]) -> list[str]:
 def checkout_script(
     name: str, url: str, commit: str, dest: str, sparse: Sequence[str], files: Mapping[str, str]
 ) -> str:
-    """The shell step that brings `dest` to `commit` (idempotent itself; also repairs a dirty tree)."""
+    """The shell step that brings `dest` to `commit`: a half-made .git or a killed git's lock files removed, a
+    fetch by SHA (all branches where a server refuses that), a dirty tree reset, the locked files checked."""
     q = shlex.quote
     c, who = q(commit), f"{name} ({url})"
     refuse = q(f"rigforge: pinned commit {commit} of {who} is not on the remote; fix the lock (rigforge lock)")
@@ -107,9 +104,7 @@ def checkout_script(
 def checkout(
     source: str, url: str, commit: str, dest: str, sparse: Sequence[str] = (), files: Mapping[str, str] | None = None
 ):
-    """
-    Check out ``commit`` of ``url`` at ``dest`` (detached), sparse to ``sparse`` paths if given, and verify
-    the sha256 of every path in ``files``.
+    """Check out ``commit`` of ``url`` at ``dest`` (detached) and verify the sha256 of every path in ``files``.
 
     + source: the source's name, for messages
     + url: the git remote

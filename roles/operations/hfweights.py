@@ -1,11 +1,5 @@
-"""Operation: one locked Hugging Face asset present and verified in a model dir.
-
-Decided from the WeightsState fact (stamp + stat, no hashing): every locked file is at its final path with
-the stamp's size and mtime and the lock's sha256 -> no-op. Otherwise (or with ``deep``) the shipped
-fetch_weights.py runs on the host: hub mode downloads there (resumable, verified, moved into place, stamped);
-controller mode uploads the controller's verified copies into staging and the script verifies and moves
-them. A disk-space shortfall (missing bytes + 5% vs free) stops the operation before anything is written.
-The HF token travels as a 0600 file that is removed right after the run; it is never on a command line.
+"""Operation: one locked Hugging Face asset present and verified in a model dir, by the shipped fetch_weights.py;
+a no-op decided from the stamp and a stat (no hashing). The HF token never goes on a command line.
 """
 
 from __future__ import annotations
@@ -76,7 +70,7 @@ def manifest(pin: HfPin, dest: str, staging: str, endpoint: str | None) -> dict:
 
 
 def controller_cache(pin: HfPin, cache_dir: str, endpoint: str | None, token: str | None) -> Path:
-    """Fetch the asset once into the controller's cache (same script, same verification); return its dir."""
+    """Fetch the asset once into the controller's cache (same script); return its dir."""
     dest = Path(cache_dir).expanduser() / pin.repo / pin.revision
     m = manifest(pin, str(dest), str(Path(cache_dir).expanduser() / ".staging" / pin.name), endpoint)
     with _CACHE_LOCK, tempfile.TemporaryDirectory(prefix="rigforge-") as tmp:
@@ -106,20 +100,19 @@ def fetched(
     source: str = "hub",
     cache_dir: str = "~/.cache/rigforge/weights",
 ):
-    """
-    Make ``dest`` hold exactly ``pin``'s files, verified against the lock's sha256.
+    """Make ``dest`` hold exactly ``pin``'s files, verified against the lock's sha256.
 
-    + pin: the locked asset (repo, revision, files with sizes and sha256s)
+    + pin: the locked asset
     + dest: the asset dir on the host
     + staging: where files are downloaded before they move into ``dest``
     + python: the venv's python on the host
     + script: fetch_weights.py on the host
     + work_dir: root-only directory for the manifest and the transient token file
     + endpoint: the Hugging Face endpoint URL (None: the hub's default)
-    + token: HF token (pyinfra HiddenValue or str), uploaded as a 0600 file only while fetching
-    + deep: re-hash every file on the host (a fact: a change only when a file is repaired)
+    + token: HF token (pyinfra HiddenValue or str)
+    + deep: re-hash every file on the host (a change only when a file is repaired)
     + source: ``hub`` (the host downloads) or ``controller`` (fetch once into ``cache_dir``, push)
-    + cache_dir: the controller's weights cache (with ``source="controller"``)
+    + cache_dir: the controller's weights cache
     """
     state = host.get_fact(WeightsState, dest=dest, staging=staging)
     stale = stale_files(pin, state)
@@ -172,8 +165,7 @@ def fetched(
 
 @operation()
 def venv_package(venv: str, dist: str, version: str):
-    """
-    ``dist==version`` installed in the venv at ``venv`` (pip), decided from the venv's ``.dist-info`` directory.
+    """``dist==version`` installed in the venv at ``venv`` (pip).
 
     + venv: the virtualenv's directory
     + dist: the distribution name

@@ -1,10 +1,4 @@
-"""Operations that load saved images (`rigforge images save`) into a rig's Docker at their digests (roles/images.py).
-
-The rig-side steps are one script, rigforge/remote/load_images.sh, so that everything it sets up (a temporary
-registry, a registry mirror in daemon.json) is taken down by its trap when a step fails; a run killed outright is
-repaired by the next one (`repaired`). daemon.json's two texts (with the temporary mirror; with the user's own
-mirrors set explicitly) are merged here, by docker_daemon's merge, the user's entries kept.
-"""
+"""Operations that load saved images into a rig's Docker at their digests (roles/images.py, docs/images.md)."""
 
 from __future__ import annotations
 
@@ -20,6 +14,7 @@ from rigforge import images
 from rigforge.facts.docker import DockerImagePresent
 from rigforge.facts.images import ListeningPorts, OciBlobs
 from rigforge.facts.system import FreeDiskBytes
+from rigforge.layout import DAEMON_JSON, HostLayout
 from roles.operations.checks import fail_command
 from roles.operations.docker_daemon import merged_text
 from roles.operations.shown import ShownCommand, say
@@ -30,7 +25,7 @@ PORTS = range(5800, 5900)  # the temporary registry takes the first free one
 
 
 def missing(saved: list[images.Saved]) -> list[images.Saved]:
-    """The saved images the rig's Docker does not hold at their digest (read now: at execution, the rig as it is)."""
+    """The saved images the rig's Docker does not hold at their digest (read now)."""
     return [e for e in saved if not host.get_fact(DockerImagePresent, image=images.pinned(e))]
 
 
@@ -38,29 +33,24 @@ _human = images._human
 
 
 @operation()
-def repaired(script: str, work: str, daemon_json: str):
-    """
-    Undo what a load that was killed outright left: daemon.json's temporary mirror, the temporary registry, the
-    work dir (``load_images.sh repair``). No-op when there is no work dir.
+def repaired(layout: HostLayout):
+    """Undo what a load killed outright left (``load_images.sh repair``): daemon.json, the registry, the work dir.
 
-    + script: load_images.sh on the rig
-    + work: the load's work dir
-    + daemon_json: Docker's daemon.json
+    + layout: the rig's paths (the load's work dir, load_images.sh)
     """
+    work, script = layout.images_work, layout.images_script
     if not host.get_fact(Directory, path=work):
         host.noop(f"no interrupted load in {work}")
         return
     if not host.get_fact(Sha256File, path=script):  # the work dir was left before the script landed
         yield StringCommand("rm", "-rf", QuoteString(work))
         return
-    yield ShownCommand("sh", QuoteString(script), "repair", QuoteString(work), QuoteString(daemon_json))
+    yield ShownCommand("sh", QuoteString(script), "repair", QuoteString(work), QuoteString(DAEMON_JSON))
 
 
 @operation()
 def blobs_uploaded(directory: str, saved: list, layout: str, upload_dir: str):
-    """
-    Upload the blobs of ``saved`` images that the rig's OCI layout lacks (or holds at another size), each checked by
-    sha256 on the rig before it is renamed into place. No-op when Docker already holds every image at its digest.
+    """Upload the blobs of ``saved`` images that the rig's OCI layout lacks, each checked by sha256 on the rig.
 
     + directory: the saved layout on the controller (`rigforge images save DIR`)
     + saved: the images to load (rigforge.images.Saved)
@@ -111,55 +101,38 @@ def blobs_uploaded(directory: str, saved: list, layout: str, upload_dir: str):
         yield FileUploadCommand(str(Path(directory) / name), f"{layout}/{name}")
 
 
-def free_port(used: list[int]) -> int | None:
-    return next((p for p in PORTS if p not in set(used)), None)
-
-
 @operation()
-def loaded(
-    directory: str,
-    saved: list,
-    script: str,
-    layout: str,
-    work: str,
-    daemon_json: str,
-    port: int | None = None,
-    upload_dir: str | None = None,
-):
-    """
-    Put the ``saved`` images Docker lacks into it at their digests, through load_images.sh's temporary registry
-    (roles/images.py), then remove the layout on the rig (docker holds the images). No-op when Docker holds them all.
+def loaded(directory: str, saved: list, layout: HostLayout, port: int | None = None):
+    """Put the ``saved`` images Docker lacks into it at their digests (load_images.sh), then remove the OCI layout
+    and the upload dir that blobs_uploaded filled.
 
     + directory: the saved layout on the controller
     + saved: the images to load (rigforge.images.Saved)
-    + script: where load_images.sh goes on the rig
-    + layout: the OCI layout on the rig (blobs_uploaded filled it)
-    + work: the load's work dir on the rig (removed when it ends)
-    + daemon_json: Docker's daemon.json
+    + layout: the rig's paths (load_images.sh, the OCI layout, the load's work dir, the upload dir)
     + port: the temporary registry's port on 127.0.0.1 (None: the first free one of 5800-5899)
-    + upload_dir: blobs_uploaded's upload dir, removed with the layout once docker holds the images
     """
+    script, oci, work = layout.images_script, layout.images_layout, layout.images_work
     todo = missing(saved)
     if not todo:
         host.noop(f"docker holds {', '.join(images.pinned(e) for e in saved)}")
         return
-    port = port or free_port(host.get_fact(ListeningPorts))
+    if not port:
+        used = host.get_fact(ListeningPorts)
+        port = next((p for p in PORTS if p not in used), None)
     if port is None:
         yield fail_command(f"{host.name}: no free port in {PORTS.start}-{PORTS.stop - 1} for the temporary registry")
         return
     url = f"http://127.0.0.1:{port}"
-    lines = host.get_fact(FileContents, path=daemon_json)
+    lines = host.get_fact(FileContents, path=DAEMON_JSON)
     current = None if lines is None else "\n".join(lines)
     try:
-        existing = json.loads(current) if current and current.strip() else {}
-        if not isinstance(existing, dict):
-            raise ValueError("top level is not a JSON object")
+        existing = json.loads(merged_text(current, {}) or current)  # raises as merged_text does
         own = existing.get("registry-mirrors") if isinstance(existing.get("registry-mirrors"), list) else []
         # the temporary mirror first (Docker tries mirrors in order), the user's own after it, kept
         mirrored = merged_text(current, {"registry-mirrors": [url, *(m for m in own if m != url)]}) or current
         cleared = merged_text(current, {"registry-mirrors": own}) or current
     except ValueError as error:
-        yield fail_command(f"{daemon_json} on {host.name} is not valid JSON ({error}); fix or remove it, then re-run.")
+        yield fail_command(f"{DAEMON_JSON} on {host.name} is not valid JSON ({error}); fix or remove it, then re-run.")
         return
     plan, _ = images.push_plan(directory, todo)
     q = shlex.quote
@@ -169,8 +142,8 @@ def loaded(
     for name, text in (("daemon.json.mirrored", mirrored), ("daemon.json.cleared", cleared), ("plan", "\n".join(plan))):
         yield from upload_privately(text + ("" if text.endswith("\n") else "\n"), f"{work}/{name}")
     yield ShownCommand(
-        "sh", QuoteString(script), "load", QuoteString(work), QuoteString(layout), str(port), QuoteString(daemon_json),
+        "sh", QuoteString(script), "load", QuoteString(work), QuoteString(oci), str(port), QuoteString(DAEMON_JSON),
         QuoteString(f"{work}/plan"),
     )  # fmt: skip
     # docker holds them now: the uploaded copy (as large as the images) goes; a cut upload stays, to resume
-    yield StringCommand("rm", "-rf", QuoteString(layout), *([QuoteString(upload_dir)] if upload_dir else []))
+    yield StringCommand("rm", "-rf", QuoteString(oci), QuoteString(layout.images_upload))

@@ -25,8 +25,7 @@ CONTROLLER_CONNECTORS = ("@local", "@chroot", "@docker", "@podman")
 
 
 def on_controller() -> bool:
-    """True when rebooting this host would reboot the controller: a local/chroot/container connector, or SSH
-    to a loopback address (a testbed rig is a chroot on the controller)."""
+    """True when rebooting this host would reboot the controller (a testbed rig is a chroot on it)."""
     module = type(host.connector).__module__.rsplit(".", 1)[-1]
     address = str(connection("ssh_hostname") or host.name)
     loopback = address in ("localhost", "::1") or address.startswith("127.")
@@ -47,8 +46,7 @@ def persistence_mode():
 
 @operation()
 def power_caps(default_w, overrides: dict | None = None):
-    """
-    ``nvidia-smi -i N -pl W`` only for GPUs whose current limit differs; a cap outside a card's range fails.
+    """``nvidia-smi -i N -pl W`` only for GPUs whose current limit differs; a cap outside a card's range fails.
 
     + default_w: the cap in whole watts for every GPU
     + overrides: ``{gpu index: watts}`` for GPUs capped differently
@@ -85,9 +83,7 @@ def reboot_reason(package_version: str | None, module_version: str | None, smi: 
 
 @operation(is_idempotent=False)
 def reboot_if_needed(package: str, allow_reboot: bool):
-    """
-    Reboot when the installed driver is not the one running; without ``allow_reboot`` fail with what to do.
-    Never reboots a controller-side connection (@local, @chroot, ...): that would reboot the controller.
+    """Reboot when the installed driver is not the one running, never through a controller-side connection.
 
     + package: the driver's apt package, whose installed version is compared with the loaded module
     + allow_reboot: reboot the rig (True) or fail the host with what to do
@@ -117,8 +113,7 @@ def reboot_if_needed(package: str, allow_reboot: bool):
 
 @operation()
 def running_branch(branch: int):
-    """
-    Fail the host unless the running driver is of ``branch`` (the driver itself is not touched).
+    """Fail the host unless the running driver is of ``branch``.
 
     + branch: the driver branch wanted, e.g. ``580``
     """

@@ -1,13 +1,6 @@
-"""Repairs of what an interrupted run leaves behind (a killed controller, a dropped link), run early by roles/site.py.
-
-- Packages: a dpkg killed mid-install leaves packages unpacked or half-configured and apt refusing everything
-  ("E: dpkg was interrupted, you must manually run 'dpkg --configure -a'"). Only when dpkg's own audit or its
-  journal (/var/lib/dpkg/updates) shows that, `dpkg --configure -a` then `apt-get -f install` repair it, and the
-  run says so. A clean rig gets a no-op.
-- Uploads: a file pyinfra was copying through the SSH user's private upload dir (`.env`, token) is removed.
-
-Other half-done states are repaired where they arise: staged files (`staged_files`: leftover staging dir, a
-half-moved compose), weights (`hfweights.fetched`: `*.part` resume, leftover staging and token files).
+"""Repairs of what an interrupted run leaves behind (a killed controller, a dropped link), run early by roles/site.py:
+dpkg killed mid-install, and files left in the SSH user's private upload dir. Other half-done states are repaired
+where they arise (`staged_files`, `hfweights.fetched`).
 """
 
 from __future__ import annotations

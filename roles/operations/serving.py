@@ -17,21 +17,18 @@ from rigforge.obtain import parse
 from roles.operations.shown import ShownCommand, say
 from roles.operations.staged import upload_privately
 
-MANIFEST_VOLATILE = ("provisioned_at",)
-
 
 @operation()
 def sole_instance(unit: str, stop_others: bool, unit_dir: str, template: str, enable: bool = True):
-    """
-    Enable ``unit`` and disable every other enabled instance of the vLLM template unit.
+    """Enable ``unit`` and disable every other enabled instance of the vLLM template unit.
 
     + unit: the instance to keep enabled, e.g. ``name@dual.service``
-    + stop_others: also stop the others (``disable --now``), when services are managed
-    + unit_dir: the systemd unit dir (the layout's ``unit_dir``)
-    + template: the template unit the instances belong to (the layout's ``vllm_template``)
-    + enable: False to disable ``unit`` too (a rig resting stopped: it stays stopped through a reboot)
+    + stop_others: also stop the others (``disable --now``)
+    + unit_dir: the systemd unit dir
+    + template: the template unit the instances belong to
+    + enable: False to disable ``unit`` too (a rig resting stopped stays stopped through a reboot)
     """
-    enabled = enabled_instances(unit_dir, template)
+    enabled = host.get_fact(EnabledInstances, unit_dir=unit_dir, template=template)
     others = [u for u in enabled if u != unit or not enable]
     for other in others:
         yield StringCommand("systemctl", "disable", *(["--now"] if stop_others else []), QuoteString(other))
@@ -42,8 +39,7 @@ def sole_instance(unit: str, stop_others: bool, unit_dir: str, template: str, en
 
 
 def start_reason(unit: str, serve_dir: str, digest: str | None, changed: bool) -> str | None:
-    """Why the vLLM unit must be (re)started now, or None: it serves as declared, or is still starting (waited
-    for by the health gate, never restarted). Read when the operation runs (facts are read at execution)."""
+    """Why the vLLM unit must be (re)started now, or None (a unit still starting is the health gate's to wait for)."""
     if changed:
         return "its compose file, .env, unit or instance changed"
     state = serving(host.get_fact(ServiceState, unit=unit))
@@ -54,11 +50,8 @@ def start_reason(unit: str, serve_dir: str, digest: str | None, changed: bool) -
 
 @operation()
 def running(unit: str, serve_dir: str, digest: str | None = None, changed=None):
-    """
-    The vLLM unit runs as declared: restarted when its files or instance changed in this run, or when its
-    container runs another image than the locked digest; started when it is stopped or failed (its failure
-    record reset first, so the health gate counts only this start's restarts); left alone while it serves, and
-    while it is still starting (the health gate waits for it).
+    """The vLLM unit runs as declared (``start_reason``), its failure record reset first so that the health gate
+    counts only this start's restarts.
 
     + unit: the instance, e.g. ``rigforge-vllm@dual.service``
     + serve_dir: its compose project directory
@@ -78,8 +71,7 @@ def running(unit: str, serve_dir: str, digest: str | None = None, changed=None):
 
 @operation()
 def stopped(unit: str):
-    """
-    The vLLM unit stopped on purpose (host data ``serving_rest: stopped``, e.g. for maintenance).
+    """The vLLM unit stopped on purpose (host data ``serving_rest: stopped``).
 
     + unit: the instance, e.g. ``rigforge-vllm@dual.service``
     """
@@ -91,15 +83,12 @@ def stopped(unit: str):
 
 @operation()
 def healthy(url: str, env_file: str, gate: str, plain_gate: str, started=None, changed=None):
-    """
-    The health gate (`health_gate_script`) after this run started the unit, or when the API does not answer
-    now (a unit still starting is waited for); nothing while the API answers and nothing was started. It rolls
-    back only what this run changed: a unit found stopped or failed and started again is left as it is when it
-    fails the gate (the run fails at once, showing the journal's end).
+    """The health gate after this run started the unit, or when the API does not answer now; it rolls back only
+    what this run changed.
 
     + url: the API's base URL on the rig
     + env_file: the variant's .env (its API key, read on the rig)
-    + gate: the gate's shell script with its rollback, used when this run changed the unit's files or instance
+    + gate: the gate's shell script with its rollback, used when this run changed the unit
     + plain_gate: the same without a rollback
     + started: the operation that (re)starts the unit (``running``)
     + changed: as for ``running``
@@ -114,10 +103,7 @@ def healthy(url: str, env_file: str, gate: str, plain_gate: str, started=None, c
 
 @operation()
 def image_present(image: str):
-    """
-    ``docker pull`` the image by its locked digest unless the engine already holds it (needs a running engine),
-    its progress shown line by line. Docker asks the fleet registry first when the rig lists it in
-    registry-mirrors (roles/registry.py); layers a cut pull left complete are not fetched again.
+    """``docker pull`` the image by its locked digest unless the engine already holds it (needs a running engine).
 
     + image: the pinned image reference, ``repo[:tag]@sha256:...`` (or ``repo:tag`` while the lock has no digest)
     """
@@ -129,33 +115,19 @@ def image_present(image: str):
     yield ShownCommand("docker", "pull", QuoteString(ref.pinned))
 
 
-def enabled_instances(unit_dir: str, template: str) -> list[str]:
-    """Instances of the vLLM template unit enabled at boot, sorted, e.g. ['name@dual.service']."""
-    return host.get_fact(EnabledInstances, unit_dir=unit_dir, template=template)
-
-
 @operation()
 def manifest(path: str, content: dict, now: str):
-    """
-    Write the rig manifest (rig.json): ``content`` plus the rig's GPUs and their interconnect (``nvidia-smi topo
-    -m``, ``topo -p2p r``), and the time. Rewritten only when something other than the time differs, so a
-    converged rig stays unchanged. Cards do not move while a rig runs: the interconnect (two nvidia-smi runs, the
-    slowest part of a re-run's probe) is read only when the rest of the manifest differs (a card in another slot
-    has another PCI bus id), and recorded as then.
+    """Write rig.json: ``content``, the rig's GPUs and interconnect, and the time, when something but the time
+    differs. The interconnect (two slow nvidia-smi runs) is read only when the rest differs (cards do not move).
 
-    + path: where the manifest goes (the layout's ``rig_json``)
+    + path: where the manifest goes
     + content: what it records (variant, unit, port, pins...)
     + now: the time to record as ``provisioned_at`` (ISO 8601)
     """
-    gpus = [
-        {
-            k: gpu.get(k)
-            for k in ("index", "uuid", "name", "pci_bus_id", "memory_total", "power_limit", "driver_version")
-        }
-        for gpu in host.get_fact(NvidiaGpus) or []
-    ]
+    keys = ("index", "uuid", "name", "pci_bus_id", "memory_total", "power_limit", "driver_version")
+    gpus = [{k: gpu.get(k) for k in keys} for gpu in host.get_fact(NvidiaGpus) or []]
     current = host.get_fact(JsonFile, path=path) or {}
-    recorded = {k: v for k, v in current.items() if k not in MANIFEST_VOLATILE}
+    recorded = {k: v for k, v in current.items() if k != "provisioned_at"}
     wanted = {**content, "gpus": gpus, "interconnect": recorded.get("interconnect")}
     if "interconnect" not in recorded or recorded != wanted:
         wanted["interconnect"] = host.get_fact(NvidiaTopology)
@@ -172,16 +144,10 @@ def manifest(path: str, content: dict, now: str):
 def health_gate_script(
     url: str, model: str, timeout: int, unit: str, rollback_unit: str | None, serve_dir: str, rollback: bool = True
 ) -> str:
-    """Shell: wait for /v1/models, send one chat completion; on failure roll back and print the log tail.
-
-    A server that exits while starting fails the gate at once (the unit's Restart= would otherwise keep it
-    "activating" until the timeout). The journal is read with -a and colour codes removed: compose's attached
-    output carries escape codes, which journalctl otherwise shows as "[blob data]".
-
-    Rollback (unless `rollback` is False): back to the previously enabled variant's instance when this run
-    switched variants; otherwise back to this variant's previous compose file and .env (`*.prev`, kept by
-    staged_files). The API key, if any, is read from the root-only .env and handed to curl on stdin, never on a
-    command line.
+    """Shell: wait for /v1/models, send one chat completion; on failure roll back (to `rollback_unit`, else to the
+    `*.prev` files) and print the log tail. A server that exits while starting fails at once (Restart= would keep
+    it "activating"). The journal's colour codes are removed (else journalctl shows "[blob data]"); the API key
+    goes to curl on stdin, never on a command line.
     """
     q = shlex.quote
     if not rollback:

@@ -1,9 +1,4 @@
-"""Long steps seen at pyinfra's default verbosity (no -v needed): downloads, checkouts, package installs.
-
-pyinfra prints a command's output only with -v (or on failure). A `ShownCommand` streams its output, line by line
-with the host's prefix, as it runs; `say` logs one line when the operation executes (not while pyinfra detects
-changes before asking to go ahead). Both run only inside an operation that is changing something.
-"""
+"""Long steps seen at pyinfra's default verbosity (no -v needed): downloads, checkouts, package installs."""
 
 from __future__ import annotations
 

@@ -25,11 +25,8 @@ def connection(key: str):
 
 
 def upload_privately(text: str, dest: str):
-    """Commands that upload `text` to `dest` without it ever sitting in a world-readable file.
-
-    With sudo, pyinfra uploads through a temp file first (then copies it as root): keep that temp file in a
-    0700 directory of the SSH user. Without sudo the file is written in place.
-    """
+    """Commands that upload `text` to `dest` without it ever sitting in a world-readable file (with sudo, pyinfra's
+    temp file goes in a 0700 directory of the SSH user)."""
     if not (host.current_op_global_arguments or {}).get("_sudo"):
         return [FileUploadCommand(io.BytesIO(text.encode()), dest)]
     private = private_upload_dir()
@@ -45,17 +42,12 @@ SWAPPING = ".swapping"  # in the staging dir while files are being moved into pl
 
 @operation()
 def staged_files(dest: str, files: dict[str, tuple[str, str]], validate: str | None = None, keep_previous: bool = True):
-    """
-    Install ``files`` into ``dest`` as one unit, validated on the host before anything is replaced.
+    """Install ``files`` into ``dest`` as one unit, validated on the host before anything is replaced.
 
     + dest: the directory the files go into
     + files: ``{name: (text, octal mode)}``
     + validate: shell command run in the staging dir; the files land only if it exits 0
     + keep_previous: keep the replaced files as ``<name>.prev`` (for rollback)
-
-    No-op when every file already has that content and mode. Otherwise the files are uploaded to `dest/.staging`
-    (0700) and `validate` runs there (e.g. `docker compose config -q`): only if it passes are the current files
-    kept as `.prev` and the new ones renamed into place; if it fails, the staging dir goes and nothing else moves.
 
     An interrupted run is repaired: a leftover staging dir is removed; a move into place that was cut (the
     `.swapping` marker) is finished without overwriting the `.prev` copies, which hold the files from before it.
@@ -101,8 +93,8 @@ def staged_files(dest: str, files: dict[str, tuple[str, str]], validate: str | N
 
 
 def systemd_verify(unit_file: str, instance: str | None = None) -> str:
-    """Validation for `staged_files`: `systemd-analyze verify` on the staged unit (or an instance of a template).
-    It exits 0 on an unknown key and only prints a warning, so any output counts as a failure."""
+    """Validation for `staged_files`: `systemd-analyze verify` on the staged unit (or an instance of a template);
+    any output counts as a failure (it exits 0 on an unknown key)."""
     name = instance or unit_file
     copy = f"cp {shlex.quote(unit_file)} {shlex.quote(name)} && " if instance else ""
     cleanup = f"rm -f {shlex.quote(name)}; " if instance else ""

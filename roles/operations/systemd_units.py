@@ -10,8 +10,7 @@ from rigforge.facts.system import SystemdUnitEnabled
 
 @operation()
 def enabled(unit: str):
-    """
-    ``systemctl enable UNIT`` unless ``systemctl is-enabled`` already says so (pyinfra's systemd.service
+    """``systemctl enable UNIT`` unless ``systemctl is-enabled`` already says so (pyinfra's systemd.service
     asks ``systemctl show``, which a chroot ignores, so it would re-enable on every run).
 
     + unit: the unit's name, e.g. ``name.service``
