@@ -119,8 +119,7 @@ def _variant(name: str, raw: dict, defaults: dict, assets: dict[str, Asset]) -> 
         raise CatalogError(f"{where}: must be a mapping")
     # a variant sets every field of Variant but its name and what the catalog's defaults and assets give it
     known = {f.name for f in fields(Variant)} - {"name", "asset_dirs", "sizes", "gpu_reservation", *DEFAULTS, *DERIVED}
-    unknown = set(raw) - known
-    if unknown:
+    if unknown := set(raw) - known:
         raise CatalogError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
     port = _need(raw, "port", int, where)
     if not 1 <= port <= 65535:

@@ -229,8 +229,7 @@ def resolve(
     """Resolve unresolved (and `refresh`ed) entries: (the new lock, a report line per change). `fleet`: (base URL,
     CA path or False for plain HTTP) resolves an image upstream no longer has from the fleet's copy. With `errors`,
     an entry that cannot be resolved is kept and its problem added there; else the first one raises LockError."""
-    unknown = set(refresh) - set(lock.git) - set(lock.hf) - {"image"} - {f"images.{n}" for n in lock.images}
-    if unknown:
+    if unknown := set(refresh) - set(lock.git) - set(lock.hf) - {"image"} - {f"images.{n}" for n in lock.images}:
         raise LockError(f"--refresh: no git or hf entry {sorted(unknown)} (known: {', '.join([*lock.git, *lock.hf])})")
     report = []
 

@@ -19,8 +19,7 @@ import yaml
 
 from rigforge.layout import HostLayout
 from rigforge.pins import HfPin, ImagePin, LockError
-from rigforge.render import COMPOSE_FILE, units
-from rigforge.schema import HOST_KEYS
+from rigforge.render import COMPOSE_FILE, setting_name, units
 
 RECIPES_ENV = "RIGFORGE_RECIPES"
 GIT_NAME = "recipes"  # the lock's git entry for the recipe repo that provides the slugs
@@ -226,9 +225,7 @@ def parse_repo(root: Path) -> RecipeRepo:
     return RecipeRepo(root=root, recipes=recipes)
 
 
-@cache
-def _load(root: str) -> RecipeRepo:
-    return parse_repo(Path(root))
+_load = cache(parse_repo)  # a checkout is read once per process
 
 
 def cache_dir(commit: str) -> Path:
@@ -252,7 +249,7 @@ def locate(commit: str | None) -> Path:
 
 
 def load_repo(commit: str | None) -> RecipeRepo:
-    return _load(str(locate(commit)))
+    return _load(locate(commit))
 
 
 # --- compose interpolation (compose spec: $VAR, ${VAR}, ${VAR:-d}, ${VAR-d}, ${VAR:?e}, ${VAR?e}, ${VAR:+r},
@@ -341,7 +338,7 @@ def knob_env(r: Recipe, compose: dict, values: dict[str, Any], host_keys: bool =
     knobs = variables(compose)
     given = {key: value for key, value in values.items() if value is not None and value != () and value != ""}
     if missing := [key for key in given if key in NO_KNOB or KNOBS.get(key) not in knobs]:
-        names = [HOST_KEYS[key] if host_keys else f"setting {key!r}" for key in missing]
+        names = [setting_name(key, host_keys) for key in missing]
         holes = ", ".join("${" + KNOBS[key] + "}" if KNOBS.get(key) else f"no knob for {key}" for key in missing)
         one = len(missing) == 1
         raise RecipeError(

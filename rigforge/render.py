@@ -146,21 +146,23 @@ def units(s: Settings, layout: HostLayout, gpu_count: int) -> dict[str, str]:
     return {VLLM_UNIT: vllm, POWER_UNIT: render_power_unit(caps)} | settle_files(caps, s.settle_window_s, layout)
 
 
+def setting_name(name: str, host_data: bool) -> str:
+    """How a refusal names a setting: by its host-data key when it came from host data."""
+    return HOST_KEYS[name] if host_data else f"setting {name!r}"
+
+
 def seed_files(variant, s: Settings, layout: HostLayout, gpu_count: int, host_data: bool = False) -> dict[str, str]:
     """Every file a rig gets for a catalog variant (`Variant.files`), {name: text}. SettingsError for a setting
     valid alone but not for this variant (named as its host-data key when `host_data`)."""
-
-    def key(name: str) -> str:
-        return HOST_KEYS[name] if host_data else f"setting {name!r}"
-
     for name in RECIPE_ONLY:
         if getattr(s, name) is not None:
             raise SettingsError(
-                f"{key(name)} cannot be used with {variant.name}: only recipe-repo slugs (vllm/...) have it"
+                f"{setting_name(name, host_data)} cannot be used with {variant.name}: "
+                "only recipe-repo slugs (vllm/...) have it"
             )
     if s.kv_cache_dtype and variant.uses_dflash:
         raise SettingsError(
-            f"{key('kv_cache_dtype')} cannot be used with {variant.name}: DFlash forces FP16 KV "
+            f"{setting_name('kv_cache_dtype', host_data)} cannot be used with {variant.name}: DFlash forces FP16 KV "
             "(no fp8/TurboQuant path on Ampere); pick dual or dual-turbo for a 20 GB card"
         )
     compose = template(COMPOSE_FILE + ".j2").render(**compose_context(variant, s, layout))
