@@ -526,15 +526,13 @@ def find(slug: str, lock: Any, opt_in: bool) -> LiveVariant:
             f"lock {lock.path}: no image entry for {recipe.image} ({slug}'s engine {recipe.engine}): add "
             f"images.{recipe.engine}: {{ref: {recipe.image}, digest: null}} and run `rigforge lock`"
         )
-    assets = []
-    for w in recipe.weights:
-        name = next((n for n, p in lock.hf.items() if p.repo == w.hf_repo), None)
-        if name is None:
-            raise LockError(
-                f"lock {lock.path}: no hf entry for {w.hf_repo} ({slug}): add hf.{w.local_subdir}: "
-                f"{{repo: {w.hf_repo}, ref: main, revision: null}} and run `rigforge lock`"
-            )
-        assets.append((name, w.local_subdir, int((w.size_gb or 0) * 1e9)))
+    names = {p.repo: n for n, p in reversed(lock.hf.items())}  # the first entry for a repo
+    if w := next((w for w in recipe.weights if w.hf_repo not in names), None):
+        raise LockError(
+            f"lock {lock.path}: no hf entry for {w.hf_repo} ({slug}): add hf.{w.local_subdir}: "
+            f"{{repo: {w.hf_repo}, ref: main, revision: null}} and run `rigforge lock`"
+        )
+    assets = [(names[w.hf_repo], w.local_subdir, int((w.size_gb or 0) * 1e9)) for w in recipe.weights]
     return of(repo, recipe, lock.pinned(recipe.image), assets)
 
 
