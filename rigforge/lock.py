@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rigforge import recipes
+from rigforge import follow, recipes
 from rigforge.driver_table import version_key
 from rigforge.obtain import MANIFEST_TYPES, parse, registry_request
 from rigforge.pins import (
@@ -357,7 +357,6 @@ def _slugs_in(inventory_path: str) -> list[str]:
 
 def follow_recipes(args: argparse.Namespace, path: Path) -> int:
     """`lock --recipes REF`: the lock at REF, resolved, its diff printed; written only when every entry resolved."""
-    from rigforge import follow
     from rigforge.inventory import InventoryError
 
     out = Path(args.out or path)
