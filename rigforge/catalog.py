@@ -1,7 +1,5 @@
 """The seed adapter of the variant protocol (rigforge/fleet.py `ServedVariant`): the design document's five
-variants, from rigforge/data/variants.yaml, loaded into frozen, validated dataclasses.
-
-Nothing here knows about hosts. A bad catalog raises CatalogError naming the variant and the key.
+variants, from rigforge/data/variants.yaml, validated (CatalogError names the variant and the key). No host here.
 """
 
 from __future__ import annotations
@@ -86,10 +84,8 @@ class Variant:
 
     def arg(self, flag: str) -> str | None:
         """Value of a vLLM flag (None if absent or bare)."""
-        for item in self.args:
-            if item[0] == flag:
-                return item[1] if len(item) > 1 else None
-        return None
+        item = next((a for a in self.args if a[0] == flag), (flag,))
+        return item[1] if len(item) > 1 else None
 
 
 @dataclass(frozen=True)
@@ -123,8 +119,7 @@ def _variant(name: str, raw: dict, defaults: dict, assets: dict[str, Asset]) -> 
         raise CatalogError(f"{where}: must be a mapping")
     # a variant sets every field of Variant but its name and what the catalog's defaults and assets give it
     known = {f.name for f in fields(Variant)} - {"name", "asset_dirs", "sizes", "gpu_reservation", *DEFAULTS, *DERIVED}
-    unknown = set(raw) - known
-    if unknown:
+    if unknown := set(raw) - known:
         raise CatalogError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
     port = _need(raw, "port", int, where)
     if not 1 <= port <= 65535:
@@ -153,14 +148,14 @@ def _variant(name: str, raw: dict, defaults: dict, assets: dict[str, Asset]) -> 
         if not a[0].startswith("--"):
             raise CatalogError(f"{where}: arg {a[0]!r} is not a --flag")
         args.append(tuple(a))
-    if dict(a for a in args if len(a) == 2).get("--tensor-parallel-size") != str(gpus):
+    flags = dict(a for a in args if len(a) == 2)
+    if flags.get("--tensor-parallel-size") != str(gpus):
         raise CatalogError(f"{where}: --tensor-parallel-size must equal gpus ({gpus})")
     if not isinstance(raw.get("successor", ""), str):
         raise CatalogError(f"{where}: successor must be a recipe slug (a string), got {raw['successor']!r}")
     entrypoint = raw.get("entrypoint")
     if entrypoint is not None and not all(isinstance(s, str) for s in entrypoint):
         raise CatalogError(f"{where}: entrypoint must be a list of shell lines")
-    flags = dict(a for a in args if len(a) == 2)
     return Variant(
         name=name,
         served_model=flags.get("--served-model-name") or name,

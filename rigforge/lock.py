@@ -1,19 +1,5 @@
-"""`rigforge lock [--check] [--lock PATH] [--refresh NAME ...]`: resolve or check the pins in rigforge.lock.yaml.
-`rigforge lock --recipes REF [--inventory INV] [--add SLUG ...] [--out FILE]`: move the recipe pin to REF
-(rigforge/follow.py), derive image entries from the engine profiles and hf entries for the slugs the inventory
-deploys and --add names, resolve them all and print the lock's diff; written (to FILE: a candidate) only when every
-entry resolved, else each unresolved one is named and the exit is 1.
-
-Without --check (networked controller): git entries get their full commit SHA (`git ls-remote` for a branch or
-tag; a short SHA is expanded in a temporary bare repo after a commits-only fetch), HF entries their revision,
-gated flag and each file's size and sha256 (the hub's LFS sha256, else a download), images their digest from the
-registry and their CUDA version from the config (CUDA_VERSION or a CUDA label; else kept as the lock has it).
-`--refresh NAME` re-resolves resolved entries from their `ref` (a deliberate bump). The lock is rewritten
-atomically. The toolkit pin is never moved: a newer release in NVIDIA's repo index, or an unreadable index, is
-one line saying so (and why it is kept, how to move it). With --check: offline validation, exit 1 listing every
-offending entry (unresolved ones included).
-Endpoints: HF_ENDPOINT (default https://huggingface.co), RIGFORGE_REGISTRY (a registry base URL),
-RIGFORGE_TOOLKIT_REPO (default NVIDIA's amd64 one); HF token: RIGFORGE_HF_TOKEN or HF_TOKEN.
+"""`rigforge lock`: resolve (networked) or `--check` (offline) the pins in rigforge.lock.yaml; `--recipes REF` moves
+the recipe pin (rigforge/follow.py). How each kind of entry is resolved, and the endpoints: docs/pins.md.
 """
 
 from __future__ import annotations
@@ -27,6 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from rigforge import follow, recipes
 from rigforge.driver_table import version_key
 from rigforge.obtain import MANIFEST_TYPES, parse, registry_request
 from rigforge.pins import (
@@ -94,7 +81,6 @@ def resolve_git(pin: GitPin) -> str:
 
 
 def _last_line(e: Exception) -> str:
-    """The last line of a failed git command's stderr (what git says went wrong)."""
     text = (getattr(e, "stderr", None) or str(e)).strip()
     return text.splitlines()[-1] if text else str(e)
 
@@ -138,8 +124,7 @@ def manifest_url(ref: str, registry: str | None = None) -> str:
 
 
 def resolve_image(ref: str, registry: str | None = None, verify=True) -> str:
-    """The registry's digest (sha256:...) for an image `name:tag`, as `docker pull` would get it: from `registry` (a
-    base URL) when given, else Docker Hub unless the name starts with a registry host."""
+    """The digest (sha256:...) `docker pull` would get for `name:tag`, from `registry` (a base URL) when given."""
     import requests
 
     try:
@@ -158,15 +143,13 @@ def resolve_image(ref: str, registry: str | None = None, verify=True) -> str:
 
 
 def fleet_ref(ref: str) -> str:
-    """`ref` as the fleet registry names its copy: a Docker Hub image under its full repository path
-    (`x:tag` -> `library/x:tag`), the way `manifest_url` reads it against any registry."""
+    """`ref` as the fleet registry names its copy (`x:tag` -> `library/x:tag`)."""
     image = parse(ref)
     return f"{image.repository}:{image.tag or 'latest'}"
 
 
 def cuda_of(config: dict) -> str | None:
-    """The CUDA version (major.minor) an image's config blob records: its CUDA_VERSION environment variable (NVIDIA's
-    CUDA base images set it, e.g. CUDA_VERSION=13.0.1) or a label naming the CUDA version; None when absent."""
+    """The CUDA version (major.minor) in an image's config blob: its CUDA_VERSION variable, else a CUDA label."""
     inner = config.get("config") or {}
     env = dict(item.partition("=")[::2] for item in inner.get("Env") or [])
     labels = inner.get("Labels") or {}
@@ -178,8 +161,7 @@ def cuda_of(config: dict) -> str | None:
 
 
 def resolve_image_cuda(ref: str, digest: str, registry: str | None = None, verify=True) -> str | None:
-    """The CUDA version of the image `ref` at `digest`, read from its config blob (for a multi-platform index: the
-    linux/amd64 image's); None when the config records none."""
+    """`cuda_of` the config blob of `ref` at `digest` (for a multi-platform index: the linux/amd64 image's)."""
     import requests
 
     base = manifest_url(ref, registry).rsplit("/manifests/", 1)[0]
@@ -203,8 +185,6 @@ def resolve_image_cuda(ref: str, digest: str, registry: str | None = None, verif
 
 def _live_recipe(dead: str) -> str:
     """A recipe-repo slug rigforge can serve whose image is not `dead` (for the 404 hint)."""
-    from rigforge import recipes
-
     try:
         pin = load_lock(default_lock_path()).git.get(recipes.GIT_NAME)
         commit = pin.commit if pin else None
@@ -220,8 +200,6 @@ def _live_recipe(dead: str) -> str:
 def cache_recipes(pin: GitPin) -> Path | None:
     """Fill the controller cache of the recipe repo at the pinned commit (what `render` reads offline)."""
     import git
-
-    from rigforge import recipes
 
     dest = recipes.cache_dir(pin.commit)
     if (dest / recipes.REGISTRY).is_file():
@@ -248,12 +226,10 @@ def resolve(
     fleet: tuple[str, str | bool] | None = None,
     errors: list[str] | None = None,
 ) -> tuple[Lock, list[str]]:
-    """Resolve unresolved (and `refresh`ed) entries: (the new lock, a report line per change). `fleet`: (its base
-    URL, its CA's path or False for plain HTTP) resolves an image upstream no longer has from the fleet's copy
-    (its digest kept, docs/registry.md). With `errors`, an entry that cannot be resolved is kept and its problem
-    added there (all are tried); else the first one raises LockError."""
-    unknown = set(refresh) - set(lock.git) - set(lock.hf) - {"image"} - {f"images.{n}" for n in lock.images}
-    if unknown:
+    """Resolve unresolved (and `refresh`ed) entries: (the new lock, a report line per change). `fleet`: (base URL,
+    CA path or False for plain HTTP) resolves an image upstream no longer has from the fleet's copy. With `errors`,
+    an entry that cannot be resolved is kept and its problem added there; else the first one raises LockError."""
+    if unknown := set(refresh) - set(lock.git) - set(lock.hf) - {"image"} - {f"images.{n}" for n in lock.images}:
         raise LockError(f"--refresh: no git or hf entry {sorted(unknown)} (known: {', '.join([*lock.git, *lock.hf])})")
     report = []
 
@@ -380,9 +356,7 @@ def _slugs_in(inventory_path: str) -> list[str]:
 
 
 def follow_recipes(args: argparse.Namespace, path: Path) -> int:
-    """`lock --recipes REF`: the lock at REF (rigforge/follow.py), resolved, its diff printed; written (to --out,
-    else the lock) only when every entry resolved."""
-    from rigforge import follow, recipes
+    """`lock --recipes REF`: the lock at REF, resolved, its diff printed; written only when every entry resolved."""
     from rigforge.inventory import InventoryError
 
     out = Path(args.out or path)
@@ -432,15 +406,13 @@ def run(args: argparse.Namespace) -> int:
         new, report = resolve(lock, list(args.refresh), *_endpoints(args))
         if report:
             write_atomically(path, dump_lock(new))
-        from rigforge.recipes import GIT_NAME
-
-        pin = new.git.get(GIT_NAME)
+        pin = new.git.get(recipes.GIT_NAME)
         cached = cache_recipes(pin) if pin and pin.commit else None
     except LockError as e:
         print(f"rigforge lock: {e}", file=sys.stderr)
         return 1
     if cached:
-        report.append(f"git.{GIT_NAME}: cached {pin.commit[:12]} at {cached} (what `rigforge render` reads)")
+        report.append(f"git.{recipes.GIT_NAME}: cached {pin.commit[:12]} at {cached} (what `rigforge render` reads)")
     for line in report or ["nothing to resolve"]:
         print(line)
     if new.toolkit and (news := check_toolkit(new.toolkit, os.environ.get("RIGFORGE_TOOLKIT_REPO"))):
@@ -449,9 +421,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def token_refused(endpoint: str, pin: HfPin, token: str) -> tuple[str | None, str | None]:
-    """(problem, warning) of the HF token for a gated asset, asked of the hub before anything changes on a rig: a
-    HEAD of one locked file at the pinned revision, as the download will ask. A refused token is a problem; a hub
-    the controller cannot reach is only a warning (the rig may reach it). The token is never shown."""
+    """(problem, warning) of the HF token for a gated asset: a HEAD of one locked file at the pinned revision. A
+    refused token is a problem; an unreachable hub only a warning (the rig may reach it). The token is never shown."""
     import requests
 
     if not pin.files:

@@ -1,8 +1,5 @@
-"""The lock file (rigforge.lock.yaml): every external input of a rig, pinned.
-
-`load_lock(path)` reads and validates it into frozen dataclasses; a malformed entry raises `LockError`
-naming the file and the key. `Lock.check()` lists semantic problems (unresolved entries included) for
-`rigforge lock --check`; `Lock.require(...)` is what roles call before touching a host. No host, no network.
+"""The lock file (rigforge.lock.yaml), every external input of a rig pinned, read and validated into frozen
+dataclasses; a malformed entry raises `LockError` naming the file and the key. No host, no network.
 Schema: docs/contracts.md; policy for unresolved entries: docs/pins.md.
 """
 
@@ -142,7 +139,7 @@ class Lock:
         problems = [f"{u}: unresolved, {REFUSE_HINT}" for u in self.unresolved()]
         for n, p in self.git.items():
             for path in p.files:
-                if p.sparse and not _covered(path, p.sparse):
+                if p.sparse and not any(path == s or (s.endswith("/") and path.startswith(s)) for s in p.sparse):
                     problems.append(f"git.{n}: file {path} is outside the sparse paths {list(p.sparse)}")
             for what, prefix in (("short", p.short), ("ref", p.ref if SHORT.match(p.ref) else None)):
                 if p.commit and prefix and not p.commit.startswith(prefix):
@@ -190,10 +187,6 @@ def _entry(pin: Any, keys: tuple[str, ...]) -> dict[str, Any]:
             value = [dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for v in value]
         out[key] = value
     return out
-
-
-def _covered(path: str, sparse: Iterable[str]) -> bool:
-    return any(path == s or (s.endswith("/") and path.startswith(s)) for s in sparse)
 
 
 class _Reader:

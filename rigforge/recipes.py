@@ -1,17 +1,7 @@
 """The recipe repo (club-3090) as a source of variants: its registry slugs, read from a checkout. No host here.
 
-A slug is served verbatim: the rig runs the recipe's own compose file from its pinned checkout of the recipe
-repo, and rigforge adds only what is host-specific, through the compose file's own `${VAR:-default}` knobs
-(.env) or an override file (image, restart policy, compile caches). `effective_compose` computes what
-`docker compose config` resolves for that pair, so `rigforge render` shows it without docker.
-
-Selectable: a vLLM engine installed from a docker image, `tp: 2`, status production or caveats, runnable on
-sm_86. Experimental, incubating, deprecated and preview slugs need an explicit opt-in (upstream's `--force`); a
-slug needing a newer GPU or another engine/topology is refused with its reason. The GPU floor is upstream's
-(scripts/preflight.sh "fallback_sm replaces required_sm as the hard floor"): the registry's fallback_sm when set,
-else its required_sm, and never below the engine's min_sm. The registry's other optional fields (category,
-sampler_profiles, default_arch_allow) are kept as data.
-Where the controller finds the checkout: RIGFORGE_RECIPES, else the cache `rigforge lock` fills.
+What is served, selectable, refused or opt-in, and where the controller finds the checkout: README.md "Live
+recipes". The GPU floor is upstream's (scripts/preflight.sh "fallback_sm replaces required_sm as the hard floor").
 """
 
 from __future__ import annotations
@@ -29,8 +19,7 @@ import yaml
 
 from rigforge.layout import HostLayout
 from rigforge.pins import HfPin, ImagePin, LockError
-from rigforge.render import units
-from rigforge.schema import HOST_KEYS
+from rigforge.render import COMPOSE_FILE, setting_name, units
 
 RECIPES_ENV = "RIGFORGE_RECIPES"
 GIT_NAME = "recipes"  # the lock's git entry for the recipe repo that provides the slugs
@@ -50,7 +39,6 @@ KNOBS = {
     "max_num_seqs": "MAX_NUM_SEQS",
     "spec_n": "SPEC_N",
     "nvlink_mode": "NVLINK_MODE",
-    "hf_token": "HF_TOKEN",
 }
 NO_KNOB = ("extra_args", "api_key")  # settings the recipes have no knob for: refused for a slug
 CACHE_TARGETS = ("torch_compile", "triton")  # recipe-relative cache mounts go to <root>/cache/<name>
@@ -189,7 +177,6 @@ ENTRY_KEYS = {  # the registry entry keys rigforge reads; any other (origin, kv_
 
 
 def _image_env(engine: dict | None) -> str | None:
-    """The engine profile's `image_env` (e.g. VLLM_IMAGE): the variable its composes read the image from."""
     name = (engine or {}).get("image_env")
     return name if isinstance(name, str) and re.fullmatch(r"[A-Z_][A-Z0-9_]*", name) else None
 
@@ -238,9 +225,7 @@ def parse_repo(root: Path) -> RecipeRepo:
     return RecipeRepo(root=root, recipes=recipes)
 
 
-@cache
-def _load(root: str) -> RecipeRepo:
-    return parse_repo(Path(root))
+_load = cache(parse_repo)  # a checkout is read once per process
 
 
 def cache_dir(commit: str) -> Path:
@@ -264,7 +249,7 @@ def locate(commit: str | None) -> Path:
 
 
 def load_repo(commit: str | None) -> RecipeRepo:
-    return _load(str(locate(commit)))
+    return _load(locate(commit))
 
 
 # --- compose interpolation (compose spec: $VAR, ${VAR}, ${VAR:-d}, ${VAR-d}, ${VAR:?e}, ${VAR?e}, ${VAR:+r},
@@ -353,7 +338,7 @@ def knob_env(r: Recipe, compose: dict, values: dict[str, Any], host_keys: bool =
     knobs = variables(compose)
     given = {key: value for key, value in values.items() if value is not None and value != () and value != ""}
     if missing := [key for key in given if key in NO_KNOB or KNOBS.get(key) not in knobs]:
-        names = [HOST_KEYS[key] if host_keys else f"setting {key!r}" for key in missing]
+        names = [setting_name(key, host_keys) for key in missing]
         holes = ", ".join("${" + KNOBS[key] + "}" if KNOBS.get(key) else f"no knob for {key}" for key in missing)
         one = len(missing) == 1
         raise RecipeError(
@@ -380,8 +365,7 @@ def service_name(r: Recipe, compose: dict) -> str:
 
 
 def image_by_env(r: Recipe, compose: dict) -> bool:
-    """Whether the .env sets the image: the engine names an `image_env` the compose file reads (as upstream's
-    launchers set it), so the compose file stays the recipe's own."""
+    """Whether the .env sets the image (the engine's `image_env`, as upstream's launchers set it)."""
     return bool(r.image_env) and r.image_env in variables(compose)
 
 
@@ -402,9 +386,8 @@ def override(r: Recipe, compose: dict, image: str, root: str) -> dict:
 
 
 def effective_compose(r: Recipe, compose: dict, env: dict[str, str], host_override: dict, checkout: str) -> dict:
-    """What `docker compose -f RECIPE -f OVERRIDE config` resolves on the rig with the .env's `env`: interpolation
-    per file, the merge (scalars replaced, volumes merged by target), relative bind sources resolved against the
-    recipe file's directory in the rig's checkout `checkout`."""
+    """What `docker compose -f RECIPE -f OVERRIDE config` resolves with the .env's `env`: scalars replaced, volumes
+    merged by target, relative bind sources resolved against the recipe's directory in the rig's `checkout`."""
     out = interpolated(compose, env)
     base_dir = posixpath.join(checkout, posixpath.dirname(r.compose_path))
     for svc, extra in host_override.get("services", {}).items():
@@ -424,14 +407,11 @@ def effective_compose(r: Recipe, compose: dict, env: dict[str, str], host_overri
 
 
 class _Dumper(yaml.SafeDumper):
-    pass
+    def represent_str(self, s: str):
+        return self.represent_scalar("tag:yaml.org,2002:str", s, style="|" if "\n" in s else None)
 
 
-def _str(dumper: yaml.SafeDumper, s: str):
-    return dumper.represent_scalar("tag:yaml.org,2002:str", s, style="|" if "\n" in s else None)
-
-
-_Dumper.add_representer(str, _str)
+_Dumper.add_representer(str, _Dumper.represent_str)
 
 
 def dump(data: Any) -> str:
@@ -440,10 +420,7 @@ def dump(data: Any) -> str:
 
 # --- the files a rig gets for a slug ---
 
-COMPOSE_FILE = "docker-compose.yml"  # on the rig: includes the recipe's file + the override, with the .env
 OVERRIDE_FILE = "compose.override.yml"
-SECRET_VARS = ("HF_TOKEN",)
-SECRET_MARK = "@@rigforge-secret-HF_TOKEN@@"
 EFFECTIVE_FILE = "effective-compose.yml"  # what `docker compose config` resolves: for reading, not for running
 
 
@@ -454,8 +431,7 @@ _VRAM = re.compile(r"^#\s*Requires-min-vram-gb:\s*(\d+(?:\.\d+)?)\s*$", re.M)
 
 @dataclass(frozen=True)
 class LiveVariant:
-    """The registry adapter of the variant protocol (rigforge/fleet.py `ServedVariant`): a recipe-repo slug in the
-    seed Variant's terms (name, port, gpus, ...)."""
+    """The registry adapter of the variant protocol (rigforge/fleet.py `ServedVariant`): a recipe-repo slug."""
 
     recipe: Recipe
     compose: dict = field(repr=False, hash=False, compare=False)  # the recipe's compose file, parsed
@@ -489,25 +465,22 @@ class LiveVariant:
         return self.served_model if flag == "--served-model-name" else None
 
     def files(self, s: Any, layout: HostLayout, gpu_count: int, host_data: bool = False) -> dict[str, str]:
-        """Every file a rig gets: the serve dir's (compose wrapper, host override, .env), the effective compose
-        (for reading) and the units. Raises RecipeError for a setting the recipe has no knob for (named as its
-        host-data key when `host_data`)."""
+        """Every file a rig gets: the serve dir's, the effective compose (for reading) and the units. RecipeError
+        for a setting the recipe has no knob for (named as its host-data key when `host_data`)."""
         r, compose, image = self.recipe, self.compose, s.image or self.image
         # the settings a slug takes through its compose knobs (None: the recipe's default); never the HF token (the
         # rig fetches the weights)
-        knobs = {key: getattr(s, key) for key in (*KNOBS, *NO_KNOB) if key != "hf_token"}
+        knobs = {key: getattr(s, key) for key in (*KNOBS, *NO_KNOB)}
         env = knob_env(r, compose, knobs | {"model_dir": layout.models, "port": s.port or r.port}, host_data)
         if image_by_env(r, compose):
             env[r.image_env] = image
-        # the effective file refers to the secrets, never holds them
-        secret = {k: SECRET_MARK for k in env if k in SECRET_VARS}
         checkout = layout.src(GIT_NAME)  # the rig's pinned checkout of the recipe repo
         host = override(r, compose, image, layout.root)
         wrapper = {
             "name": f"rigforge-{r.name}",
             "include": [{"path": [f"{checkout}/{r.compose_path}", OVERRIDE_FILE], "env_file": ".env"}],
         }
-        effective = {"name": wrapper["name"], **effective_compose(r, compose, {**env, **secret}, host, checkout)}
+        effective = {"name": wrapper["name"], **effective_compose(r, compose, env, host, checkout)}
         escaped = _walk(effective, lambda t: t.replace("$", "$$"))  # literal $ as $$: itself a valid compose file
         lines = [f"# rigforge: host knobs of {r.slug} ({r.compose_path}); mode 0600, may hold secrets. Do not commit."]
         lines += [f"{k}={v}" for k, v in env.items()]
@@ -523,8 +496,7 @@ class LiveVariant:
             ".env": "\n".join(lines) + "\n",
             EFFECTIVE_FILE: note
             + "# What the rig runs: the recipe's compose file resolved with the .env and the override,\n"
-            "# as `docker compose config` shows it (host paths; $$ is a literal $).\n"
-            + dump(escaped).replace(SECRET_MARK, "${HF_TOKEN}"),
+            "# as `docker compose config` shows it (host paths; $$ is a literal $).\n" + dump(escaped),
             **units(s, layout, gpu_count),
         }
 
@@ -542,9 +514,8 @@ def served_model(compose: dict) -> str | None:
 
 
 def find(slug: str, lock: Any, opt_in: bool) -> LiveVariant:
-    """A recipe-repo slug for a deploy (or status/verify): the recipe from the controller's copy of the locked
-    commit, its image and weights found in the lock (by ref, by repo id); else RecipeError / LockError naming the
-    slug and what to do (refused, opt-in, missing lock entry)."""
+    """A recipe-repo slug at the locked commit, its image and weights found in the lock (by ref, by repo id); else
+    RecipeError / LockError naming the slug and what to do (refused, opt-in, missing lock entry)."""
     pin = lock.git.get(GIT_NAME)
     if pin is None:
         raise LockError(f"lock {lock.path}: no git.{GIT_NAME} entry (the recipe repo) to serve {slug} from")
@@ -555,15 +526,13 @@ def find(slug: str, lock: Any, opt_in: bool) -> LiveVariant:
             f"lock {lock.path}: no image entry for {recipe.image} ({slug}'s engine {recipe.engine}): add "
             f"images.{recipe.engine}: {{ref: {recipe.image}, digest: null}} and run `rigforge lock`"
         )
-    assets = []
-    for w in recipe.weights:
-        name = next((n for n, p in lock.hf.items() if p.repo == w.hf_repo), None)
-        if name is None:
-            raise LockError(
-                f"lock {lock.path}: no hf entry for {w.hf_repo} ({slug}): add hf.{w.local_subdir}: "
-                f"{{repo: {w.hf_repo}, ref: main, revision: null}} and run `rigforge lock`"
-            )
-        assets.append((name, w.local_subdir, int((w.size_gb or 0) * 1e9)))
+    names = {p.repo: n for n, p in reversed(lock.hf.items())}  # the first entry for a repo
+    if w := next((w for w in recipe.weights if w.hf_repo not in names), None):
+        raise LockError(
+            f"lock {lock.path}: no hf entry for {w.hf_repo} ({slug}): add hf.{w.local_subdir}: "
+            f"{{repo: {w.hf_repo}, ref: main, revision: null}} and run `rigforge lock`"
+        )
+    assets = [(names[w.hf_repo], w.local_subdir, int((w.size_gb or 0) * 1e9)) for w in recipe.weights]
     return of(repo, recipe, lock.pinned(recipe.image), assets)
 
 

@@ -1,15 +1,11 @@
 """Rendering: a variant and its settings to the files a rig gets (compose file, .env, the systemd units).
 
-Nothing else: the settings and their validators are in rigforge/schema.py, the variants in their adapters
-(rigforge/catalog.py for the seed five, rigforge/recipes.py for the recipe repo's slugs), whose `files` render
-here. Templates get an explicit, fully computed context and are rendered with StrictUndefined; each template
-is parsed once per process.
+Templates get an explicit, fully computed context and are rendered with StrictUndefined.
 """
 
 from __future__ import annotations
 
 import json
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -79,21 +75,13 @@ def compose_context(variant, s: Settings, layout: HostLayout) -> dict[str, Any]:
     }
 
 
-@cache
-def _env() -> Environment:
-    env = Environment(
-        loader=FileSystemLoader(str(TEMPLATES)),
-        undefined=StrictUndefined,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
-    env.filters["q"] = lambda v: json.dumps(v, ensure_ascii=False)  # JSON scalars are valid YAML
-    return env
+_ENV = Environment(loader=FileSystemLoader(str(TEMPLATES)), undefined=StrictUndefined, keep_trailing_newline=True)
+_ENV.filters["q"] = lambda v: json.dumps(v, ensure_ascii=False)  # JSON scalars are valid YAML
 
 
 def template(name: str):
     """A template of templates/, parsed once per process."""
-    return _env().get_template(name)
+    return _ENV.get_template(name)
 
 
 def env_file_text(s: Settings) -> str:
@@ -112,9 +100,8 @@ def render_power_unit(caps: dict[int, int], nvidia_smi: str = NVIDIA_SMI) -> str
 def settle_files(
     caps: dict[int, int], window_s: int, layout: HostLayout, nvidia_smi: str = NVIDIA_SMI
 ) -> dict[str, str]:
-    """The settle stage: {SETTLE_UNIT: the unit, SETTLE_SCRIPT: the script it runs (installed at
-    `layout.settle_script`)}. Once the boot has finished it sets back every cap another writer changed, then
-    watches for `window_s` seconds (rigforge/boot.py reads what it logs)."""
+    """The settle stage's unit and script: once the boot has finished it sets back every cap another writer
+    changed, then watches for `window_s` seconds (rigforge/boot.py reads what it logs)."""
     caps, script = sorted(caps.items()), layout.settle_script
     unit = template(SETTLE_UNIT + ".j2").render(caps=caps, window=int(window_s), script=script, nvidia_smi=nvidia_smi)
     return {SETTLE_UNIT: unit, SETTLE_SCRIPT: template(SETTLE_SCRIPT + ".j2").render()}
@@ -141,8 +128,7 @@ def render_gpu_metrics(caps: dict[int, int], variant: str, image: str, rest: str
 
 
 def gpu_metrics_units(layout: HostLayout, nvidia_smi: str = NVIDIA_SMI) -> dict[str, str]:
-    """{GPU_METRICS_UNIT: the oneshot that runs the collector, GPU_METRICS_TIMER: its timer, every
-    GPU_METRICS_INTERVAL_S seconds}."""
+    """The oneshot unit that runs the GPU collector and its timer (every GPU_METRICS_INTERVAL_S seconds)."""
     context = dict(
         script=layout.gpu_metrics_script,
         nvidia_smi=nvidia_smi,
@@ -160,23 +146,23 @@ def units(s: Settings, layout: HostLayout, gpu_count: int) -> dict[str, str]:
     return {VLLM_UNIT: vllm, POWER_UNIT: render_power_unit(caps)} | settle_files(caps, s.settle_window_s, layout)
 
 
+def setting_name(name: str, host_data: bool) -> str:
+    """How a refusal names a setting: by its host-data key when it came from host data."""
+    return HOST_KEYS[name] if host_data else f"setting {name!r}"
+
+
 def seed_files(variant, s: Settings, layout: HostLayout, gpu_count: int, host_data: bool = False) -> dict[str, str]:
-    """Every file a rig gets for a catalog variant (rigforge/catalog.py `Variant.files`) with settings `s`, at
-    `layout`'s paths, for `gpu_count` GPUs: the compose file from its template, .env and the units, {name: text}.
-    Raises SettingsError for a setting valid alone but not for this variant (named as its host-data key when
-    `host_data`)."""
-
-    def key(name: str) -> str:
-        return HOST_KEYS[name] if host_data else f"setting {name!r}"
-
+    """Every file a rig gets for a catalog variant (`Variant.files`), {name: text}. SettingsError for a setting
+    valid alone but not for this variant (named as its host-data key when `host_data`)."""
     for name in RECIPE_ONLY:
         if getattr(s, name) is not None:
             raise SettingsError(
-                f"{key(name)} cannot be used with {variant.name}: only recipe-repo slugs (vllm/...) have it"
+                f"{setting_name(name, host_data)} cannot be used with {variant.name}: "
+                "only recipe-repo slugs (vllm/...) have it"
             )
     if s.kv_cache_dtype and variant.uses_dflash:
         raise SettingsError(
-            f"{key('kv_cache_dtype')} cannot be used with {variant.name}: DFlash forces FP16 KV "
+            f"{setting_name('kv_cache_dtype', host_data)} cannot be used with {variant.name}: DFlash forces FP16 KV "
             "(no fp8/TurboQuant path on Ampere); pick dual or dual-turbo for a 20 GB card"
         )
     compose = template(COMPOSE_FILE + ".j2").render(**compose_context(variant, s, layout))
