@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
-import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
 from rigforge import fleet, recipes
 from rigforge.catalog import CatalogError, load_catalog
 from rigforge.layout import SETTLE_SCRIPT
+from rigforge.lock import write_atomically
 from rigforge.pins import LockError, default_lock_path, load_lock
 from rigforge.schema import HOST_KEYS, SettingsError, parse_set
 
@@ -26,16 +25,6 @@ SUBCOMMANDS = {
     "rollout": ("rigforge.rollout", "move a fleet to a candidate lock: preview, canary with a bench gate, rollout"),
     "images": ("rigforge.images", "keep the locked images in a directory, and load them onto a rig at their digests"),
 }
-
-
-def _write_atomically(out: Path, files: dict[str, str]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.")
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o600 if name == ".env" else 0o755 if name == SETTLE_SCRIPT else 0o644)
-        os.replace(tmp, out / name)
 
 
 def _list(catalog) -> None:
@@ -72,7 +61,9 @@ def _render(args: argparse.Namespace) -> int:
     plan = one.plans["render"]
     if plan is None:
         raise SettingsError("; ".join(one.problems["render"]))
-    _write_atomically(args.out, plan.files)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name, text in plan.files.items():
+        write_atomically(args.out / name, text, 0o600 if name == ".env" else 0o755 if name == SETTLE_SCRIPT else 0o644)
     for name in plan.files:
         print(f"wrote {args.out / name}")
     unresolved = [] if "@" in plan.image else [f"image {plan.image} (digest: null)"]

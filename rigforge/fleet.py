@@ -24,7 +24,7 @@ from rigforge.knobs import registry as registry_knobs
 from rigforge.layout import HostLayout
 from rigforge.pins import GitPin, HfPin, Lock, LockError, load_lock
 from rigforge.recipes import RecipeError
-from rigforge.registry import RegistryPlan, registry_host
+from rigforge.registry import RegistryPlan
 from rigforge.registry import build as registry_build
 from rigforge.schema import Settings, SettingsError, apply_overrides, power_caps, settings_from_host_data
 
@@ -287,7 +287,7 @@ def build(hosts, variant=None, *, gpus: int | None = None, deployable: bool = Tr
             plans[h.name], found = plan_for(h.name, datas[h.name], variant, gpus, deployable)
             problems[h.name] = tuple(found)
         roles[h.name] = frozenset(mine)
-    reg_name = registry_host({REGISTRY: [name for name, mine in roles.items() if REGISTRY in mine]})
+    reg_name = next((name for name, mine in roles.items() if REGISTRY in mine), None)  # opt-in: the group's first
     reg_data = host_data(datas[reg_name]) if reg_name else {}
     reg_problems = registry_knobs.validate(reg_data) if reg_name else []
     return Fleet(

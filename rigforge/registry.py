@@ -13,13 +13,11 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-
-from rigforge.groups import REGISTRY
 
 STORAGE = "/var/lib/docker-registry"  # Debian's docker-registry keeps its blobs here (its package owns the dir)
 CONFIG_DIR = "/etc/docker/registry"  # the unit runs `docker-registry serve /etc/docker/registry/config.yml`
@@ -32,12 +30,6 @@ CA_DAYS, SERVER_DAYS, RENEW_DAYS = 3650, 825, 30
 
 class RegistryError(Exception):
     """The controller could not make or read the fleet's CA (one line, for the operator)."""
-
-
-def registry_host(groups: Mapping[str, Sequence[str]]) -> str | None:
-    """The fleet registry host: the first host of the group `registry` (opt-in: a fleet without that group has no
-    registry; the gateway host serves one when it is listed in `registry` too), else none."""
-    return groups[REGISTRY][0] if groups.get(REGISTRY) else None
 
 
 @dataclass(frozen=True)

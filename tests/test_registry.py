@@ -23,9 +23,11 @@ def plan(**data) -> registry.RegistryPlan:
 
 
 def test_the_registry_host_is_the_registry_groups_first_and_only_when_asked_for():
-    assert registry.registry_host({"registry": ["reg", "reg2"], "gateway": ["gw"]}) == "reg"
-    assert registry.registry_host({"registry": [], "gateway": ["gw", "gw2"]}) is None  # a gateway alone: none
-    assert registry.registry_host({}) is None
+    two = Inventory((["rig1", "reg", "reg2", "gw"], {}), registry=(["reg", "reg2"], {}), gateway=(["gw"], {}))
+    assert fleet.build(two).registry_host == "reg"
+    gateways = Inventory((["rig1", "gw", "gw2"], {}), gateway=(["gw", "gw2"], {}))
+    assert fleet.build(gateways).registry_host is None  # a gateway alone: none
+    assert fleet.build(Inventory((["rig1"], {}))).registry_host is None
 
 
 def test_site_finds_the_registry_and_registry_hosts_are_not_rigs():
