@@ -225,7 +225,7 @@ def build_plan(
     ), []
 
 
-# every role's knobs host data may set, checked by every plan (knobs/sources.py's rigforge_root is serving's too)
+# every role's knobs host data may set, checked by every plan
 KNOBS = (nvidia_driver, docker_engine, gpu_power, weights, serving, gateway_knobs, registry_knobs, monitor_knobs)
 
 

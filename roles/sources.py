@@ -6,7 +6,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import apt, files
 
 from rigforge.fleet import Plan
-from rigforge.knobs.sources import DEFAULTS
+from rigforge.knobs.serving import DEFAULTS  # rigforge_root: the checkouts have no knobs of their own
 from roles.operations import gitpin
 
 
