@@ -9,8 +9,7 @@ import json
 from dataclasses import dataclass
 
 from rigforge import schema
-from rigforge.driver_table import FLAVORS, branch_for_cuda, cuda_for_branch, cuda_for_driver, version_key
-from rigforge.knobs.docker_engine import DOCKER_SOURCES
+from rigforge.driver_table import branch_for_cuda, cuda_for_branch, cuda_for_driver, version_key
 from rigforge.layout import DAEMON_JSON, DEFAULT_ROOT, HostLayout
 
 SMALL_CARD_MIB = 24000  # below this a card is a "20 GB card"
@@ -203,12 +202,8 @@ def find_problems(
             f"unsupported OS {os_key[0] or '?'} {os_key[1] or '?'}; supported: Ubuntu 22.04, Ubuntu 24.04, "
             "Debian 12, Debian 13. Install one of those on the rig."
         )
-    problems += schema.one_of(data, "docker_source", DOCKER_SOURCES)
     if data.get("docker_source") == "distro" and os_key == ("debian", "12"):
         problems.append("docker_source='distro' has no compose v2 package on Debian 12; set docker_source: docker.")
-    if data.get("nvidia_allow_reboot", False) not in (True, False):
-        problems.append(f"nvidia_allow_reboot={data.get('nvidia_allow_reboot')!r} must be true or false.")
-    problems += schema.one_of(data, "nvidia_driver_flavor", FLAVORS)
     override = small_override(data.get("serving_kv_cache_dtype"), data.get("serving_gpu_memory_utilization"))
     if not gpus and pci is not None:
         problems += pci_problems(pci, needs, override)

@@ -309,14 +309,8 @@ def test_problem_matrix():
     assert len(dflash) == 1 and "GPU 0, 1 (RTX 4000 Ada) have 20475 MiB" in dflash[0] and "DFlash" in dflash[0]
     (both,) = _problems(data={"gpu_power_limit_w": 90})
     assert "outside GPU 0, 1 (RTX 3090) range 100..350 W" in both
-    (bad_source,) = _problems(data={"docker_source": "snap"})
-    assert "docker_source='snap'" in bad_source and "docker, distro" in bad_source
     (bookworm,) = _problems("debian12", data={"docker_source": "distro"})
     assert "Debian 12" in bookworm and "docker_source: docker" in bookworm
-    (reboot,) = _problems(data={"nvidia_allow_reboot": "yes"})
-    assert "nvidia_allow_reboot='yes' must be true or false" in reboot
-    (flavor,) = _problems(data={"nvidia_driver_flavor": "closed"})
-    assert "open, proprietary" in flavor
     (override_idx,) = _problems(data={"gpu_power_limits": {5: 200}})
     assert "gpu_power_limits names GPU(s) [5]" in override_idx
     (per_gpu,) = _problems(data={"gpu_power_limits": {"1": 380}})
@@ -347,6 +341,18 @@ def test_a_fresh_rigs_cards_are_known_by_their_pci_device_id_before_any_driver()
     (dflash,) = _problems(gpus=[], pci=two("2206"), data=override, dflash=True)
     assert "(DFlash) needs 24 GB cards" in dflash
     assert _problems(gpus=[], pci=two("1b06")) == []  # unknown ID: the driver's answer decides
+
+
+def test_the_plan_refuses_a_bad_role_switch_before_preflight():
+    """docker_source, nvidia_allow_reboot and nvidia_driver_flavor: refused with the plan (their roles' knob checks),
+    so preflight never sees a bad one."""
+    plan_problems = lambda **data: fleet.plan_for("r", {"rigforge_variant": "dual-turbo", **data}, deployable=False)  # noqa: E731
+    (plan, (bad_source,)) = plan_problems(docker_source="snap")
+    assert plan is None and "docker_source='snap'" in bad_source and "docker, distro" in bad_source
+    (plan, (reboot,)) = plan_problems(nvidia_allow_reboot="yes")
+    assert plan is None and "nvidia_allow_reboot='yes' must be true or false" in reboot
+    (plan, (flavor,)) = plan_problems(nvidia_driver_flavor="closed")
+    assert plan is None and "open, proprietary" in flavor
 
 
 def test_message_names_host_and_every_problem():
