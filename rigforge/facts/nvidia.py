@@ -20,25 +20,15 @@ QUERY_FIELDS = tuple(
     "power.max_limit,persistence_mode,driver_version,compute_cap".split(",")
 )
 
-_INT_FIELDS = {"index", "memory.total", "memory.used", "memory.free", "temperature.gpu", "clocks.max.sm"}
-_FLOAT_FIELDS = {
-    "power.limit",
-    "power.default_limit",
-    "power.min_limit",
-    "power.max_limit",
-    "enforced.power.limit",
-    "power.draw",
-}
+_INT_FIELDS = {"index", "memory.total", "memory.used"}
+_FLOAT_FIELDS = {"power.limit", "power.default_limit", "power.min_limit", "power.max_limit"}
 # nvidia-smi's GPU query: NvidiaGpus, NvidiaSmiStatus and BootCaps run it verbatim (`shared`: the batched probe runs
 # it once for all three, rigforge/facts/probe.py `script`)
 SMI_QUERY = f"timeout 60 nvidia-smi --query-gpu={','.join(QUERY_FIELDS)} --format=csv,noheader,nounits"
 _NA = {"[N/A]", "N/A", "[Not Supported]", "Not Supported", "[Unknown Error]", ""}
-_UNIT = re.compile(r"\s*(MiB|W|MHz|%|C)$")
-_HEADER_UNIT = re.compile(r"\s*\[[^\]]*\]$")
 
 
 def _value(field: str, raw: str):
-    raw = _UNIT.sub("", raw.strip())
     if raw in _NA:
         return None
     if field in _INT_FIELDS:
@@ -50,22 +40,15 @@ def _value(field: str, raw: str):
     return raw
 
 
-def parse_query_gpu(lines: list[str] | str, fields: tuple[str, ...] | list[str] = QUERY_FIELDS) -> list[dict]:
-    """`nvidia-smi --query-gpu=<fields> --format=csv[,noheader][,nounits]` output -> one dict per GPU (keys: field
-    names with "." -> "_"; ints for index/MiB, floats for watts, bool for persistence mode, None for "[N/A]"). A
-    header line names the fields; lines that are not GPU rows (error texts) are ignored."""
-    if isinstance(lines, str):
-        lines = lines.splitlines()
-    gpus = []
-    for line in lines:  # a blank line or an error text: not a GPU row (its first cell is no index)
-        cells = [cell.strip() for cell in line.split(",")]
-        if cells[0] == "index" or cells[0].startswith("index "):
-            fields = [_HEADER_UNIT.sub("", cell) for cell in cells]
-            continue
-        if len(cells) != len(fields) or not cells[0].isdigit():
-            continue
-        gpus.append({field.replace(".", "_"): _value(field, cell) for field, cell in zip(fields, cells, strict=True)})
-    return gpus
+def parse_query_gpu(lines: list[str]) -> list[dict]:
+    """SMI_QUERY's output -> one dict per GPU (keys: QUERY_FIELDS with "." -> "_"; ints for index/MiB, floats for
+    watts, bool for persistence mode, None for "[N/A]"). Lines that are not GPU rows (error texts) are ignored."""
+    rows = ([cell.strip() for cell in line.split(",")] for line in lines)
+    return [
+        {field.replace(".", "_"): _value(field, cell) for field, cell in zip(QUERY_FIELDS, cells, strict=True)}
+        for cells in rows
+        if len(cells) == len(QUERY_FIELDS) and cells[0].isdigit()  # a blank line or an error text: no GPU row
+    ]
 
 
 def upstream_version(package_version: str | None) -> str | None:
