@@ -138,22 +138,22 @@ def render(plan: GatewayPlan) -> str:
 # ---- the runtime API, around a rig's restart (roles/operations/gateway.py runs these on every gateway host)
 
 
-def _runtime(server: str, socket: str, state_file: str) -> str:
+def _runtime(server: str) -> str:
     """Shell helpers: `cli CMD` talks to HAProxy's runtime API, `stat AWK` reads `show stat` (CSV: 1 backend,
     2 server, 3 queued, 5 sessions, 18 status) with `s` set to the server; `save` keeps the runtime state (ports,
     drains) for the next reload."""
-    state = shlex.quote(state_file)
+    state, socket = shlex.quote(GATEWAY_STATE), shlex.quote(GATEWAY_ADMIN_SOCKET)
     return f"""
-cli() {{ echo "$1" | socat stdio UNIX-CONNECT:{shlex.quote(socket)}; }}
+cli() {{ echo "$1" | socat stdio UNIX-CONNECT:{socket}; }}
 stat() {{ cli "show stat" | awk -F, -v s={shlex.quote(server)} "$1"; }}
 save() {{ cli "show servers state" > {state}.tmp && mv {state}.tmp {state}; }}
-[ -S {shlex.quote(socket)} ] || {{ echo "gateway: not running here"; exit 0; }}
+[ -S {socket} ] || {{ echo "gateway: not running here"; exit 0; }}
 backends=$(stat '$2 == s {{ print $1 }}')
 [ -n "$backends" ] || {{ echo "gateway: {server} is not behind it"; exit 0; }}
 """
 
 
-def drain_script(server: str, timeout: int, socket: str = GATEWAY_ADMIN_SOCKET, state_file: str = GATEWAY_STATE) -> str:
+def drain_script(server: str, timeout: int) -> str:
     """Shell, on a gateway host: no new requests for `server`, then wait (at most `timeout` s) until its requests
     in flight and queued are done. Prints `others up N`: how many other rigs of its models are up."""
     body = f"""
@@ -168,12 +168,10 @@ while busy=$(stat '$2 == s {{ n += $3 + $5 }} END {{ print n + 0 }}') && [ "$bus
 done
 echo "gateway: drained after $waited s"
 """
-    return _runtime(server, socket, state_file) + body
+    return _runtime(server) + body
 
 
-def state_script(
-    server: str, backend: str, port: int, socket: str = GATEWAY_ADMIN_SOCKET, state_file: str = GATEWAY_STATE
-) -> str:
+def state_script(server: str, backend: str, port: int) -> str:
     """Shell, on a gateway host: one word for `server` in `backend`: `ready` (admin state ready, at `port`),
     `drain`, `maint`, `moved` (ready at another port) or `absent`; nothing when the gateway does not run there.
     (`show servers state`: 2 backend, 4 server, 7 admin state bits (0x01/0x02/0x04/0x20/0x40 maint, 0x08/0x10
@@ -188,13 +186,10 @@ cli "show servers state" | awk -v s={shlex.quote(server)} -v b={shlex.quote(back
     else print "ready" }}
   END {{ if (!seen) print "absent" }}'
 """
-    return _runtime(server, socket, state_file) + body
+    return _runtime(server) + body
 
 
-def rejoin_script(
-    server: str, backend: str | None, address: str, port: int, wait: int = 60,
-    socket: str = GATEWAY_ADMIN_SOCKET, state_file: str = GATEWAY_STATE,
-) -> str:  # fmt: skip
+def rejoin_script(server: str, backend: str | None, address: str, port: int, wait: int = 60) -> str:
     """Shell, on a gateway host: `server` back in `backend` (None: wherever it is) at `address`:`port` (a name is
     resolved there), out of the backends of models it no longer serves; then wait (at most `wait` s) until the
     gateway's own health check sees it up."""
@@ -217,4 +212,4 @@ until stat '$2 == s && $18 ~ /^UP/ {{ up = 1 }} END {{ exit !up }}'; do
 done
 echo "gateway: {server} serving at $ip:{int(port)} after $waited s"
 """
-    return _runtime(server, socket, state_file) + body
+    return _runtime(server) + body

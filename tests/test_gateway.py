@@ -21,6 +21,7 @@ import urllib.request
 from rigforge import drift, gateway, observe, status, verify
 from rigforge.fleet import plan_for
 from rigforge.knobs.gateway import DEFAULTS, validate
+from rigforge.layout import GATEWAY_ADMIN_SOCKET, GATEWAY_STATE
 from rigforge.testbed.openai_stub import Schedule, make_server
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"  # Debian's haproxy (.ci/run installs it)
@@ -186,7 +187,6 @@ def test_drain_waits_for_requests_in_flight_and_rejoin_follows_the_new_port(tmp_
     base = f"http://127.0.0.1:{port}"
     backend = gateway.backend_name("qwen3.6-27b-autoround")
     with running_haproxy(tmp_path, plan) as live:
-        runtime = {"socket": live.admin_socket, "state_file": live.state_file}
         assert wait_for(lambda: len(call(f"{base}/v1/models", key=None)[1].get("data", [])) == 1)
         results: list = []
         clients = [threading.Thread(target=stream, args=(base, results)) for _ in range(4)]
@@ -194,7 +194,7 @@ def test_drain_waits_for_requests_in_flight_and_rejoin_follows_the_new_port(tmp_
             client.start()
         time.sleep(0.3)  # the four 1.5 s streams are in flight, spread over both rigs
         t0 = time.monotonic()
-        out = sh(gateway.drain_script("rig1", timeout=30, **runtime))
+        out = sh(on_live(live, gateway.drain_script("rig1", timeout=30)))
         drained_after = time.monotonic() - t0
         assert "others up 1" in out and "drained after" in out, out
         assert drained_after > 0.5  # it waited for rig1's streams
@@ -210,7 +210,7 @@ def test_drain_waits_for_requests_in_flight_and_rejoin_follows_the_new_port(tmp_
         old.shutdown()  # rig1 restarts on another port, as a variant switch does
         old.server_close()
         new = stub()
-        out = sh(gateway.rejoin_script("rig1", backend, "localhost", new.server_address[1], wait=30, **runtime))
+        out = sh(on_live(live, gateway.rejoin_script("rig1", backend, "localhost", new.server_address[1], wait=30)))
         assert f"serving at 127.0.0.1:{new.server_address[1]}" in out, out
         for _ in range(6):
             stream(base, results, max_tokens=2)
@@ -301,6 +301,11 @@ class DeadEngine(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *args):
         pass
+
+
+def on_live(live, script: str) -> str:
+    """A runtime-API script pointed at the test HAProxy's socket and state file (paths that need no quoting)."""
+    return script.replace(GATEWAY_ADMIN_SOCKET, live.admin_socket).replace(GATEWAY_STATE, live.state_file)
 
 
 def admin(sock: str, command: str) -> str:
