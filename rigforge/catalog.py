@@ -75,10 +75,6 @@ class Variant:
     files = render.seed_files  # the variant protocol's files: rendered (and a setting it cannot take refused) there
 
     @property
-    def env(self) -> dict[str, str]:
-        return dict(self.environment)
-
-    @property
     def figures(self) -> dict[str, Any]:
         return dict(self.measured)
 
@@ -92,12 +88,6 @@ class Variant:
 class Catalog:
     variants: dict[str, Variant]
     assets: dict[str, Asset]
-
-    def variant(self, name: str) -> Variant:
-        try:
-            return self.variants[name]
-        except KeyError:
-            raise CatalogError(f"unknown variant {name!r}; choose one of: {', '.join(self.variants)}") from None
 
     @property
     def names(self) -> list[str]:

@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from rigforge.catalog import CATALOG_PATH, CatalogError, load_catalog, parse_catalog
+from rigforge.fleet import resolve
 
 PRIMARY = ["dual", "dual-turbo", "dual-dflash", "dual-dflash-noviz", "carnice-bf16mtp"]
 
@@ -30,12 +31,12 @@ def test_catalog_has_the_five_variants_of_the_design_document():
     ],
 )
 def test_ports_and_assets(name, port, assets):
-    v = load_catalog().variant(name)
+    v = load_catalog().variants[name]
     assert (v.port, v.assets, v.gpus) == (port, assets, 2)
 
 
 def test_dual_turbo_carries_all_48_genesis_variables():
-    env = load_catalog().variant("dual-turbo").env
+    env = dict(load_catalog().variants["dual-turbo"].environment)
     genesis = [k for k in env if k.startswith("GENESIS_")]
     assert len(genesis) == 48
     assert env["GENESIS_ENABLE_P87"] == "0"  # marlin.py is mounted read-only
@@ -44,13 +45,13 @@ def test_dual_turbo_carries_all_48_genesis_variables():
 
 def test_only_dflash_variants_are_flagged_dflash_and_refuse_20gb_cards():
     c = load_catalog()
-    assert [n for n in c.names if c.variant(n).uses_dflash] == ["dual-dflash", "dual-dflash-noviz"]
-    assert [n for n in c.names if not c.variant(n).fits_20gb_cards] == ["dual-dflash", "dual-dflash-noviz"]
+    assert [n for n in c.names if c.variants[n].uses_dflash] == ["dual-dflash", "dual-dflash-noviz"]
+    assert [n for n in c.names if not c.variants[n].fits_20gb_cards] == ["dual-dflash", "dual-dflash-noviz"]
 
 
 def test_unknown_variant_names_the_choices():
     with pytest.raises(CatalogError, match="unknown variant 'dual-tubro'; choose one of: dual, dual-turbo"):
-        load_catalog().variant("dual-tubro")
+        resolve("dual-tubro", None, opt_in=False)  # a name without "/" is the catalog's: the lock is not read
 
 
 def _broken(raw, mutate):

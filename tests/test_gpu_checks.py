@@ -94,10 +94,10 @@ def test_vram_rules():
 
 def test_verify_checks_vram_against_the_variant():
     cards20 = [{"index": i, "name": "RTX 3080 20GB", "memory_total": 20480} for i in range(2)]
-    check = check_vram(cards20, load_catalog().variant("dual-dflash"), Settings())
+    check = check_vram(cards20, load_catalog().variants["dual-dflash"], Settings())
     assert check.status == "fail" and "needs 24 GB cards" in check.detail
     override = Settings(kv_cache_dtype="fp8_e5m2", gpu_memory_utilization=0.82)
-    assert check_vram(cards20, load_catalog().variant("dual-turbo"), override).status == "pass"
+    assert check_vram(cards20, load_catalog().variants["dual-turbo"], override).status == "pass"
 
 
 def test_a_refusal_after_a_change_lists_what_this_run_changed(caplog):

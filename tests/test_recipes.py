@@ -412,7 +412,7 @@ def test_recipe_only_settings_are_refused_for_seed_variants():
     from rigforge.catalog import load_catalog
 
     with pytest.raises(SettingsError, match="'spec_n' cannot be used with dual"):
-        render_variant(load_catalog().variant("dual"), apply_overrides(Settings(), {"spec_n": 0}))
+        render_variant(load_catalog().variants["dual"], apply_overrides(Settings(), {"spec_n": 0}))
 
 
 def test_serve_dir_runs_the_recipe_file_from_the_rig_checkout(repo):

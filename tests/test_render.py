@@ -38,7 +38,7 @@ HOST_PATHS = {
 
 
 def rendered_service(name, settings=None):
-    files = render_variant(load_catalog().variant(name), settings or Settings())
+    files = render_variant(load_catalog().variants[name], settings or Settings())
     compose = yaml.safe_load(files["docker-compose.yml"])
     ((key, service),) = compose["services"].items()
     return key, service, files
@@ -127,7 +127,7 @@ def test_port_bind_model_dir_and_extra_args():
 
 def test_power_unit_has_one_cap_per_gpu_with_overrides():
     s = apply_overrides(Settings(), {"power_limit_w": "230", "power_limits": "{1: 250}"})
-    files = render_variant(load_catalog().variant("dual"), s)
+    files = render_variant(load_catalog().variants["dual"], s)
     execs = [ln for ln in files["rigforge-gpu-power.service"].splitlines() if ln.startswith("ExecStart=")]
     assert execs == [
         "ExecStart=/usr/bin/nvidia-smi -pm 1",

@@ -36,7 +36,7 @@ def in_tools(root, script):
 def write(root, name, settings):
     d = root / "rigforge-render-check" / name
     d.mkdir(parents=True, exist_ok=True)
-    for fname, text in render_variant(load_catalog().variant(name), settings).items():
+    for fname, text in render_variant(load_catalog().variants[name], settings).items():
         (d / fname).write_text(text)
     return f"/rigforge-render-check/{name}"
 
@@ -47,7 +47,7 @@ def test_docker_compose_config_accepts_and_keeps_every_flag(tools, name):
     d = write(tools, name, s)
     r = in_tools(tools, f"cd {d} && docker compose config --format json")
     assert r.returncode == 0, r.stderr
-    variant = load_catalog().variant(name)
+    variant = load_catalog().variants[name]
     svc = json.loads(r.stdout)["services"][variant.service]
     expected = [x for arg in variant.args for x in arg] + ["--api-key", "k-123"]
     assert svc["command"] == expected  # compose interpolated the key from .env

@@ -43,7 +43,7 @@ OS = {
 
 def make_plan(variant="dual-turbo", settings=None, caps=None, **data) -> Plan:
     """A plan for one role on a fake host (not validated: the role's own behaviour is under test)."""
-    v = load_catalog().variant(variant)
+    v = load_catalog().variants[variant]
     settings = settings or Settings()
     return Plan(
         host="r",

@@ -22,7 +22,7 @@ from rigforge.schema import Settings
 from roles import serving
 from roles.operations.serving import manifest
 
-VARIANT = load_catalog().variant("dual-turbo")
+VARIANT = load_catalog().variants["dual-turbo"]
 UNIT = "rigforge-vllm@dual-turbo.service"
 
 

@@ -20,7 +20,7 @@ names = os.environ.get("RIGFORGE_TEST_SOURCES", ",".join(lock.git))
 items = os.environ.get("RIGFORGE_TEST_ASSETS", ",".join(lock.hf))
 assets = dict((item.split("=", 1) + [item])[:2] for item in items.split(",")) if items else {}
 variant = replace(
-    load_catalog().variant("dual"),
+    load_catalog().variants["dual"],
     name="sources-weights-test",
     sources=tuple(names.split(",")) if names else (),
     assets=tuple(assets),
