@@ -461,9 +461,6 @@ class LiveVariant:
     def manifest_extra(self) -> dict:
         return {"recipe": self.recipe.slug}
 
-    def arg(self, flag: str) -> str | None:
-        return self.served_model if flag == "--served-model-name" else None
-
     def files(self, s: Any, layout: HostLayout, gpu_count: int, host_data: bool = False) -> dict[str, str]:
         """Every file a rig gets: the serve dir's, the effective compose (for reading) and the units. RecipeError
         for a setting the recipe has no knob for (named as its host-data key when `host_data`)."""
