@@ -12,18 +12,10 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from rigforge.knobs.gateway import Gateway
 from rigforge.layout import GATEWAY_ADMIN_SOCKET, GATEWAY_STATE
 from rigforge.render import template
 
-HOLDING_KNOBS = {  # the gateway host's knob -> Holding's field (roles/gateway.py declares and checks them)
-    "gateway_retries": "retries",
-    "gateway_bufsize": "bufsize",
-    "gateway_check_interval_ms": "check_interval_ms",
-    "gateway_check_fall": "fall",
-    "gateway_check_rise": "rise",
-    "gateway_error_limit": "error_limit",
-    "gateway_keepalive_s": "keepalive_s",
-}
 MAX_MODELS = 6  # /v1/models is one answer per set of healthy models: 2**6 rules at most
 NAME = re.compile(r"^[A-Za-z0-9._:/-]+$")  # a served model name the config can hold as it is
 
@@ -44,23 +36,6 @@ class Backend:
 
 
 @dataclass(frozen=True)
-class Holding:
-    """How the gateway holds when a rig dies (docs/gateway.md "When a rig dies"): the role's knobs, as numbers."""
-
-    retries: int = 3  # attempts after the first, each on another rig (redispatch on every retry)
-    bufsize: int = 1048576  # HAProxy's tune.bufsize: a request body bigger than this is neither routed nor retried
-    check_interval_ms: int = 1000  # active /health check period (fastinter is half of it once a check fails)
-    fall: int = 2  # failed checks in a row that mark a rig DOWN
-    rise: int = 2  # passed checks in a row that bring it back UP
-    error_limit: int = 3  # errors in a row seen on live traffic that mark a rig DOWN at once
-    keepalive_s: int = 10  # idle seconds before TCP keepalive probes a rig's connection (a host gone: error)
-
-    @property
-    def fastinter_ms(self) -> int:
-        return max(100, self.check_interval_ms // 2)
-
-
-@dataclass(frozen=True)
 class GatewayPlan:
     host: str
     bind: str  # address:port the fleet's clients use
@@ -68,8 +43,13 @@ class GatewayPlan:
     backends: tuple[Backend, ...]
     admin_socket: str = GATEWAY_ADMIN_SOCKET
     state_file: str = GATEWAY_STATE
-    hold: Holding = Holding()
+    hold: Gateway = Gateway()  # the host's knobs: how it holds when a rig dies (docs/gateway.md "When a rig dies")
     metrics_bind: str | None = None  # address:port of HAProxy's Prometheus exporter (not the API's; None: none)
+
+    @property
+    def fastinter_ms(self) -> int:
+        """The check period once a check fails: half the usual one."""
+        return max(100, self.hold.gateway_check_interval_ms // 2)
 
     @property
     def model_lists(self) -> list[tuple[list[str], list[str], str]]:
@@ -126,9 +106,8 @@ def build(host: str, data: Mapping, rigs: Sequence) -> tuple[GatewayPlan | None,
     bind = f"{data.get('gateway_bind_address') or ''}:{data['gateway_port']}"
     metrics_bind = f"{data.get('gateway_bind_address') or ''}:{data['gateway_metrics_port']}"
     key = data.get("gateway_api_key")
-    hold = Holding(**{f: int(data[k]) for k, f in HOLDING_KNOBS.items() if data.get(k) is not None})
     key_sha = key_hash(key) if key else None
-    return GatewayPlan(host, bind, key_sha, tuple(backends), hold=hold, metrics_bind=metrics_bind), []
+    return GatewayPlan(host, bind, key_sha, tuple(backends), hold=Gateway.of(data), metrics_bind=metrics_bind), []
 
 
 def render(plan: GatewayPlan) -> str:
