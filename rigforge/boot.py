@@ -65,8 +65,8 @@ def started(unit: Mapping | None) -> int:
     return max(_stamp(unit, "InactiveExitTimestampMonotonic"), _stamp(unit, "ExecMainStartTimestampMonotonic"))
 
 
-def _w(watts) -> str:
-    return "?" if watts is None else f"{watts:g}"
+def watts(v) -> str:
+    return "?" if v is None else f"{v:g}"
 
 
 def _sets(writer: Mapping) -> str:
@@ -116,7 +116,7 @@ def judge(seen: Mapping, targets: Mapping[int, int], writers: Mapping[str, Mappi
     if not caps:
         problems.append("nvidia-smi reads no GPU's power limit")
     elif off:
-        what = ", ".join(f"GPU{i} at {_w(have)} W, target {want} W" for i, (have, want) in off.items())
+        what = ", ".join(f"GPU{i} at {watts(have)} W, target {want} W" for i, (have, want) in off.items())
         if settling:
             problems.append(f"{what} (the settle stage is still watching)")
         elif settle_end:

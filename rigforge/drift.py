@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pyinfra.facts.files import Sha256File
 
 from rigforge import boot, obtain, power
+from rigforge.boot import watts
 from rigforge.driver_table import (
     DriverTableError,
     branch_for_cuda,
@@ -162,10 +163,6 @@ def power_view(obs: Observed, ctx: RigContext) -> dict:
 
 def answer(code: int | None) -> str:
     return f"HTTP {code}" if code else "no answer"
-
-
-def watts(v) -> str:
-    return "?" if v is None else f"{v:g}"
 
 
 def driver(obs: Observed, ctx: RigContext) -> Check:

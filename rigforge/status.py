@@ -12,7 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from rigforge import drift, fleet, inventory, observe
-from rigforge.drift import watts
+from rigforge.boot import watts
 from rigforge.driver_table import version_key
 from rigforge.pins import LockError, default_lock_path, load_lock
 
