@@ -26,9 +26,11 @@ _FLOAT_FIELDS = {"power.limit", "power.default_limit", "power.min_limit", "power
 # it once for all three, rigforge/facts/probe.py `script`)
 SMI_QUERY = f"timeout 60 nvidia-smi --query-gpu={','.join(QUERY_FIELDS)} --format=csv,noheader,nounits"
 _NA = {"[N/A]", "N/A", "[Not Supported]", "Not Supported", "[Unknown Error]", ""}
+_UNIT = re.compile(r"\s*(MiB|W|MHz|%|C)$")
 
 
 def _value(field: str, raw: str):
+    raw = _UNIT.sub("", raw)
     if raw in _NA:
         return None
     if field in _INT_FIELDS:
