@@ -12,7 +12,10 @@ from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.api.exceptions import ConnectError
 from pyinfra.context import ctx_state
 
-from rigforge.gateway import drain_script, rejoin_script, state_script
+from rigforge.fleet import Plan
+from rigforge.gateway import backend_name, drain_script, rejoin_script, state_script
+from rigforge.knobs.gateway import Gateway
+from rigforge.knobs.serving import Serving
 from roles.operations.shown import warn
 
 
@@ -72,68 +75,59 @@ def _rejoin(state, host, gateways, server, backend, address, port, wait, gate, m
     return False
 
 
-@operation(is_idempotent=False)
-def drained(gateways: dict[str, bool], server: str, timeout: int):
-    """Take this rig out of every fleet gateway and wait until its requests in flight are done.
+def _timeout(plan: Plan) -> int:
+    return Gateway.of(plan.data).gateway_drain_timeout
 
+
+@operation(is_idempotent=False)
+def drained(plan: Plan, gateways: dict[str, bool]):
+    """Take this rig out of every fleet gateway and wait until its requests in flight are done (up to
+    ``gateway_drain_timeout`` seconds, then it restarts anyway).
+
+    + plan: the rig's plan (its gateway knobs)
     + gateways: ``{inventory name: use sudo}`` of the gateway hosts
-    + server: the rig's server name in the gateways' backends
-    + timeout: seconds to wait for its requests in flight, then restart anyway
     """
-    yield FunctionCommand(_drain, (gateways, server, timeout), {})
+    yield FunctionCommand(_drain, (gateways, host.name, _timeout(plan)), {})
 
 
 @operation(is_idempotent=False)
-def rejoined(
-    gateways: dict[str, bool],
-    server: str,
-    backend: str,
-    address: str,
-    port: int,
-    wait: int,
-    gate=None,
-    manifest="",
-    sudo: bool = False,
-):
+def rejoined(plan: Plan, gateways: dict[str, bool], gate=None, sudo: bool = False):
     """Put this rig back in every fleet gateway at its new port once it passed its health gate, and wherever a
-    gateway finds it out of service.
+    gateway finds it out of service; it waits up to ``serving_health_timeout`` seconds for the gateway's own health
+    check to see it up, and leaves the backends of other models.
 
+    + plan: the rig's plan (its model, port, rig.json, and ``gateway_address``: where the gateway reaches it)
     + gateways: ``{inventory name: use sudo}`` of the gateway hosts
-    + server: the rig's server name in the gateways' backends
-    + backend: the gateway backend of the model it serves now (it leaves the others)
-    + address: where the gateway reaches the rig (resolved on the gateway host)
-    + port: the port it serves on now
-    + wait: seconds to wait for the gateway's own health check to see it up
     + gate: the health gate; when it failed, the rig rejoins where it rolled back to and the host fails
-    + manifest: path of the rig's rig.json
     + sudo: whether this rig's own commands run with sudo
     """
     if not ctx_state.get().is_executing:
         return  # its state at the gateways is read when the rig's turn comes
+    server, backend, port = host.name, backend_name(plan.variant.served_model), plan.port
     if gate is None or not (gate.did_change() or gate.did_error()):
         out = {g: w for g, w in states(ctx_state.get(), host, gateways, server, backend, port).items() if w != "ready"}
         if not out:
             host.noop(f"{server} serves at every gateway")
             return
         host.log(f"{server} is not serving at {', '.join(f'{g} ({w})' for g, w in out.items())}: rejoining")
+    address = Gateway.of(plan.data).gateway_address or server
+    wait, manifest = Serving.of(plan.data).serving_health_timeout, plan.layout.rig_json
     yield FunctionCommand(_rejoin, (gateways, server, backend, address, port, wait, gate, manifest, sudo), {})
 
 
 @operation(is_idempotent=False)
-def held_drained(gateways: dict[str, bool], server: str, backend: str, port: int, timeout: int):
+def held_drained(plan: Plan, gateways: dict[str, bool]):
     """Keep this rig drained at every fleet gateway, on purpose (host data ``serving_rest: drained``).
 
+    + plan: the rig's plan (its model, port and gateway knobs)
     + gateways: ``{inventory name: use sudo}`` of the gateway hosts
-    + server: the rig's server name in the gateways' backends
-    + backend: the gateway backend of the model it serves
-    + port: the port it serves on
-    + timeout: seconds to wait for its requests in flight
     """
     if not ctx_state.get().is_executing:
         return
-    found = states(ctx_state.get(), host, gateways, server, backend, port)
+    server = host.name
+    found = states(ctx_state.get(), host, gateways, server, backend_name(plan.variant.served_model), plan.port)
     todo = {g: sudo for g, sudo in gateways.items() if found.get(g) not in (None, "drain", "maint", "absent")}
     if not todo:
         host.noop(f"{server} rests drained at every gateway (serving_rest: drained)")
         return
-    yield FunctionCommand(_drain, (todo, server, timeout), {})
+    yield FunctionCommand(_drain, (todo, server, _timeout(plan)), {})
