@@ -37,7 +37,7 @@ def find_problems(data: Mapping, os_release: dict, arch: str, running: dict, sou
     manage = data["nvidia_driver_manage"]
     if manage:
         try:
-            nvidia_driver.packages_for(data, os_release.get("id", ""))
+            driver_table.packages_for(data, os_release.get("id", ""))
         except driver_table.DriverTableError as error:
             problems.append(f"{error}.")
         if unowned_driver(running):
@@ -80,7 +80,7 @@ def branch_published(data: Mapping) -> list[str]:
         return []
     os_release = host.get_fact(OsRelease)
     try:
-        packages = nvidia_driver.packages_for(data, os_release.get("id", ""))
+        packages = driver_table.packages_for(data, os_release.get("id", ""))
     except driver_table.DriverTableError:
         return []  # said by find_problems
     if host.get_fact(DebInstalledVersion, package=packages.pinning or packages.version_package):
