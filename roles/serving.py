@@ -77,9 +77,7 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = F
         )
     switched = ops.sole_instance(
         name=f"Enable {unit} as the only vLLM instance" if rest != "stopped" else f"Disable {unit}: resting stopped",
-        layout=layout,
-        stop_others=bool(manage),
-        enable=rest != "stopped",
+        plan=plan,
     )
     if not manage:
         host.noop(f"services not managed on this host: {unit} enabled but not started, no health gate")

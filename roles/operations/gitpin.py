@@ -1,7 +1,5 @@
-"""Operation: a git checkout at exactly one pinned commit (shallow, blobless, optionally sparse), verified.
-
-No-op when the GitCheckout fact shows HEAD at the commit, a clean tree, the same origin and sparse patterns and
-the locked files hashing right; otherwise one idempotent shell step (`checkout_script`) that also repairs.
+"""Operation: a git checkout at exactly one pinned commit (shallow, blobless, optionally sparse), verified; made
+or repaired by one idempotent shell step (`checkout_script`).
 """
 
 from __future__ import annotations

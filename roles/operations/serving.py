@@ -22,14 +22,14 @@ from roles.operations.staged import upload_privately
 
 
 @operation()
-def sole_instance(layout: HostLayout, stop_others: bool, enable: bool = True):
-    """Enable the rig's vLLM unit and disable every other enabled instance of the vLLM template unit.
+def sole_instance(plan: Plan):
+    """Enable the rig's vLLM unit (disable it too with ``serving_rest: stopped``: it stays stopped through a reboot)
+    and disable every other enabled instance of the vLLM template unit, stopping them where services are managed.
 
-    + layout: the rig's paths (the instance to keep enabled, the unit dir, the template unit)
-    + stop_others: also stop the others (``disable --now``)
-    + enable: False to disable the unit too (a rig resting stopped stays stopped through a reboot)
+    + plan: the rig's plan (its unit, unit dir and template unit, its serving knobs)
     """
-    unit = layout.vllm_unit
+    layout, knobs = plan.layout, Serving.of(plan.data)
+    unit, enable, stop_others = layout.vllm_unit, knobs.serving_rest != "stopped", knobs.rigforge_manage_services
     enabled = host.get_fact(EnabledInstances, unit_dir=layout.unit_dir, template=layout.vllm_template)
     others = [u for u in enabled if u != unit or not enable]
     for other in others:
