@@ -53,14 +53,13 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = F
     enabled = host.get_fact(EnabledInstances, unit_dir=layout.unit_dir, template=layout.vllm_template)
     previous = [u for u in enabled if u != unit]
     rest = knobs.serving_rest
-    digest = image.rpartition("@")[2] if "@" in image else None
     if manage:
         ops.image_present(name=f"Pull {image} ahead of the restart", image=image)
         systemd.daemon_reload(name="Reload systemd units", _if=unit_file.did_change)
     changed = any_changed(compose, unit_file)
 
     def restarts() -> bool:  # the switch below stops the previous instance, or the unit (re)starts
-        return bool(previous) or unit not in enabled or changed() or ops.start_reason(layout, digest, False) is not None
+        return bool(previous) or unit not in enabled or changed() or ops.start_reason(plan, False) is not None
 
     if manage and gateways:  # before the switch below stops the previous instance
         gateway.drained(
@@ -85,7 +84,7 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = F
         ops.stopped(name=f"Keep {unit} stopped (serving_rest: stopped)", unit=unit)
     else:
         restart = any_changed(compose, unit_file, switched)
-        started = ops.running(name=f"Run {unit}", layout=layout, digest=digest, changed=restart)
+        started = ops.running(name=f"Run {unit}", plan=plan, changed=restart)
         gate = ops.healthy(
             name=f"Health gate: /v1/models and one chat completion on port {plan.port}",
             plan=plan,

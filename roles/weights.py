@@ -20,12 +20,7 @@ def apply(plan: Plan):
 
     apt.packages(name="Install python3-venv", packages=["python3-venv", "ca-certificates"], no_recommends=True)
     pip.venv(name=f"Python venv {venv}", path=venv, python="python3")
-    hfweights.venv_package(
-        name="Install huggingface_hub into the venv",
-        venv=venv,
-        dist="huggingface_hub",
-        version=knobs.weights_hf_hub_version,
-    )
+    hfweights.hub_client(name="Install huggingface_hub into the venv", layout=layout, knobs=knobs)
     files.directory(name=f"Model directory {layout.models}", path=layout.models, mode="755")
     files.directory(name=f"rigforge lib {lib}", path=lib, mode="755")
     files.put(name="Ship fetch_weights.py", src=str(hfweights.SCRIPT), dest=f"{lib}/fetch_weights.py", mode="755")

@@ -151,13 +151,13 @@ def fetched(asset: PlannedAsset, layout: HostLayout, knobs: Weights, token=None)
 
 
 @operation()
-def venv_package(venv: str, dist: str, version: str):
-    """``dist==version`` installed in the venv at ``venv`` (pip).
+def hub_client(layout: HostLayout, knobs: Weights):
+    """huggingface_hub, which fetch_weights.py uses, installed in the rig's venv (pip) at the pinned version.
 
-    + venv: the virtualenv's directory
-    + dist: the distribution name
-    + version: the exact version wanted
+    + layout: the rig's paths (the venv)
+    + knobs: the weights role's settings (``weights_hf_hub_version``)
     """
+    venv, dist, version = layout.venv, "huggingface_hub", knobs.weights_hf_hub_version
     if host.get_fact(VenvDistVersion, venv=venv, dist=dist) == version:
         host.noop(f"{dist} {version} is installed in {venv}")
         return

@@ -15,7 +15,6 @@ from rigforge.facts.serving import ApiAnswers, ComposeImages, ServiceState, runs
 from rigforge.facts.system import EnabledInstances
 from rigforge.fleet import Plan
 from rigforge.knobs.serving import Serving
-from rigforge.layout import HostLayout
 from rigforge.obtain import parse
 from roles.operations.shown import ShownCommand, say
 from roles.operations.staged import upload_privately
@@ -40,27 +39,28 @@ def sole_instance(plan: Plan):
         host.noop(f"{unit} is the only enabled vLLM instance" if enable else "no vLLM instance is enabled")
 
 
-def start_reason(layout: HostLayout, digest: str | None, changed: bool) -> str | None:
+def start_reason(plan: Plan, changed: bool) -> str | None:
     """Why the vLLM unit must be (re)started now, or None (a unit still starting is the health gate's to wait for)."""
     if changed:
         return "its compose file, .env, unit or instance changed"
+    layout, image = plan.layout, plan.image
     state = serving(host.get_fact(ServiceState, unit=layout.vllm_unit))
+    digest = image.rpartition("@")[2] if "@" in image else None  # None while the lock has none
     if state == "running" and runs_digest(host.get_fact(ComposeImages, serve_dir=layout.serve_dir), digest) is False:
         return "its container runs another image than the locked digest"
     return {"stopped": "it is stopped", "failed": "it failed", "crashing": "it keeps exiting"}.get(state)
 
 
 @operation()
-def running(layout: HostLayout, digest: str | None = None, changed=None):
+def running(plan: Plan, changed=None):
     """The rig's vLLM unit runs as declared (``start_reason``), its failure record reset first so that the health
     gate counts only this start's restarts.
 
-    + layout: the rig's paths (the unit, its compose project directory)
-    + digest: the locked image digest (``sha256:...``), None while the lock has none
+    + plan: the rig's plan (the unit, its compose project directory, the locked image)
     + changed: a callable, true when this run changed its compose file, .env, unit or instance
     """
-    unit = layout.vllm_unit
-    reason = start_reason(layout, digest, bool(changed and host.state.is_executing and changed()))
+    unit = plan.layout.vllm_unit
+    reason = start_reason(plan, bool(changed and host.state.is_executing and changed()))
     if reason is None:
         host.noop(f"{unit} runs as declared")
         return
