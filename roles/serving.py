@@ -29,8 +29,7 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = F
     whether this rig's own commands run with sudo."""
     variant, layout = plan.variant, plan.layout
     knobs, gateways = Serving.of(plan.data), dict(gateways or {})
-    manage = knobs.rigforge_manage_services
-    serve_dir, unit = layout.serve_dir, layout.vllm_unit
+    manage, rest, unit = knobs.rigforge_manage_services, knobs.serving_rest, layout.vllm_unit
     rendered, image = plan.files, plan.image
 
     for cache_dir in ("torch_compile", "triton"):
@@ -38,7 +37,7 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = F
 
     compose = staged_files(
         name=f"Install {variant.name} compose file and .env (validated by docker compose config)",
-        dest=serve_dir,
+        dest=layout.serve_dir,
         files={name: (rendered[name], mode) for name, mode in SERVE_FILES.items() if name in rendered},
         validate="docker compose config -q",
     )
@@ -52,7 +51,6 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = F
 
     enabled = host.get_fact(EnabledInstances, unit_dir=layout.unit_dir, template=layout.vllm_template)
     previous = [u for u in enabled if u != unit]
-    rest = knobs.serving_rest
     if manage:
         ops.image_present(name=f"Pull {image} ahead of the restart", image=image)
         systemd.daemon_reload(name="Reload systemd units", _if=unit_file.did_change)
