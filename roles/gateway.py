@@ -8,25 +8,18 @@ from __future__ import annotations
 from pyinfra.api import deploy
 from pyinfra.operations import apt, systemd
 
-from rigforge import gateway
+from rigforge import gateway, layout
 from rigforge.gateway import GatewayPlan
 from rigforge.knobs.gateway import DEFAULTS
-from rigforge.layout import (
-    GATEWAY_ADMIN_SOCKET,
-    GATEWAY_CFG,
-    GATEWAY_DIR,
-    GATEWAY_DROPIN,
-    GATEWAY_DROPIN_DIR,
-    GATEWAY_STATE,
-    GATEWAY_UNIT,
-)
 from roles.operations.staged import staged_files
 
-SAVE_STATE = f"echo 'show servers state' | socat stdio UNIX-CONNECT:{GATEWAY_ADMIN_SOCKET} > {GATEWAY_STATE}"
+SAVE_STATE = (
+    f"echo 'show servers state' | socat stdio UNIX-CONNECT:{layout.GATEWAY_ADMIN_SOCKET} > {layout.GATEWAY_STATE}"
+)
 DROPIN = f"""# rigforge: haproxy.service runs the fleet gateway's config (roles/gateway.py); a reload keeps the
 # servers' runtime state (drained rigs, the ports they moved to)
 [Service]
-Environment="CONFIG={GATEWAY_DIR}/{GATEWAY_CFG}"
+Environment="CONFIG={layout.GATEWAY_DIR}/{layout.GATEWAY_CFG}"
 RuntimeDirectory=haproxy
 RuntimeDirectoryPreserve=yes
 ExecReload=
@@ -41,29 +34,29 @@ def apply(gw: GatewayPlan, manage_services: bool):
     apt.packages(name="Install HAProxy and socat (Debian's), its runtime API's client", packages=["haproxy", "socat"])
     config = staged_files(
         name=f"Install the gateway config for {len(gw.backends)} model(s) (validated by haproxy -c)",
-        dest=GATEWAY_DIR,
-        files={GATEWAY_CFG: (gateway.render(gw), "600")},
-        validate=f"haproxy -c -q -f {GATEWAY_CFG}",
+        dest=layout.GATEWAY_DIR,
+        files={layout.GATEWAY_CFG: (gateway.render(gw), "600")},
+        validate=f"haproxy -c -q -f {layout.GATEWAY_CFG}",
     )
     dropin = staged_files(
-        name=f"Point {GATEWAY_UNIT} at the gateway config",
-        dest=GATEWAY_DROPIN_DIR,
-        files={GATEWAY_DROPIN: (DROPIN, "644")},
+        name=f"Point {layout.GATEWAY_UNIT} at the gateway config",
+        dest=layout.GATEWAY_DROPIN_DIR,
+        files={layout.GATEWAY_DROPIN: (DROPIN, "644")},
         keep_previous=False,
     )
     systemd.daemon_reload(name="Reload systemd units", _if=dropin.did_change)
     if manage_services:
-        systemd.service(name=f"Run {GATEWAY_UNIT}", service=GATEWAY_UNIT, running=True, enabled=True)
+        systemd.service(name=f"Run {layout.GATEWAY_UNIT}", service=layout.GATEWAY_UNIT, running=True, enabled=True)
         # a reload re-reads the config the running master was started with: a new CONFIG path needs a restart
         systemd.service(
-            name=f"Restart {GATEWAY_UNIT} on rigforge's config",
-            service=GATEWAY_UNIT,
+            name=f"Restart {layout.GATEWAY_UNIT} on rigforge's config",
+            service=layout.GATEWAY_UNIT,
             restarted=True,
             _if=dropin.did_change,
         )
         systemd.service(
-            name=f"Reload {GATEWAY_UNIT} on the new config (connections kept)",
-            service=GATEWAY_UNIT,
+            name=f"Reload {layout.GATEWAY_UNIT} on the new config (connections kept)",
+            service=layout.GATEWAY_UNIT,
             reloaded=True,
             _if=lambda: config.did_change() and not dropin.did_change(),
         )

@@ -18,6 +18,7 @@ from rigforge.facts.nvidia import NvidiaRunningDriver, unowned_driver
 from rigforge.facts.system import OsRelease
 from rigforge.knobs import docker_engine as docker_engine_knobs
 from rigforge.knobs import nvidia_driver as nvidia_driver_knobs
+from rigforge.layout import DAEMON_JSON
 from roles import docker_engine, nvidia_driver
 from roles.operations import apt_repo, docker_daemon
 from roles.operations.shown import warn
@@ -36,7 +37,7 @@ def find_problems(data: Mapping, os_release: dict, arch: str, running: dict, sou
     manage = data["nvidia_driver_manage"]
     if manage:
         try:
-            nvidia_driver.packages_for(data, os_release.get("id", ""))
+            driver_table.packages_for(data, os_release.get("id", ""))
         except driver_table.DriverTableError as error:
             problems.append(f"{error}.")
         if unowned_driver(running):
@@ -56,18 +57,6 @@ def find_problems(data: Mapping, os_release: dict, arch: str, running: dict, sou
     for uri, repo in repos:
         problems += apt_repo.source_problems(sources, uri, repo, data["apt_adopt_sources"], "apt_adopt_sources")
     return problems
-
-
-def daemon_json_problem(host_name: str, path: str, lines: list[str] | None) -> str | None:
-    """Pure: the refusal when the daemon.json at `path` (its `lines`; None: no file) is not a JSON object."""
-    try:
-        docker_daemon.merged_text(None if lines is None else "\n".join(lines), {})
-    except ValueError as error:
-        return (
-            f"{path} on {host_name} is not valid JSON ({error}); rigforge merges the nvidia runtime into it and never "
-            f"overwrites it: fix it (no comments, no trailing commas) or remove it, then re-run."
-        )
-    return None
 
 
 def unpublished(data: Mapping, url: str, packages: driver_table.DriverPackages, published: list[str]) -> str | None:
@@ -91,7 +80,7 @@ def branch_published(data: Mapping) -> list[str]:
         return []
     os_release = host.get_fact(OsRelease)
     try:
-        packages = nvidia_driver.packages_for(data, os_release.get("id", ""))
+        packages = driver_table.packages_for(data, os_release.get("id", ""))
     except driver_table.DriverTableError:
         return []  # said by find_problems
     if host.get_fact(DebInstalledVersion, package=packages.pinning or packages.version_package):
@@ -108,8 +97,8 @@ def branch_published(data: Mapping) -> list[str]:
     return [problem] if problem else []
 
 
-def problems(data: Mapping, daemon_json: str | None = None) -> list[str]:
-    """find_problems with this host's facts; with `daemon_json` (a path), that file's check too."""
+def problems(data: Mapping) -> list[str]:
+    """find_problems with this host's facts, and the refusal when its daemon.json is not a JSON object."""
     found = find_problems(
         data,
         host.get_fact(OsRelease),
@@ -117,5 +106,13 @@ def problems(data: Mapping, daemon_json: str | None = None) -> list[str]:
         host.get_fact(NvidiaRunningDriver),
         host.get_fact(AptSourceFiles),
     )
-    problem = daemon_json and daemon_json_problem(host.name, daemon_json, host.get_fact(FileContents, path=daemon_json))
-    return found + ([problem] if problem else []) + (branch_published(data) if not found else [])
+    lines = host.get_fact(FileContents, path=DAEMON_JSON)
+    try:
+        docker_daemon.merged_text(None if lines is None else "\n".join(lines), {})
+        daemon = []
+    except ValueError as error:
+        daemon = [
+            f"{DAEMON_JSON} on {host.name} is not valid JSON ({error}); rigforge merges the nvidia runtime into it and "
+            "never overwrites it: fix it (no comments, no trailing commas) or remove it, then re-run."
+        ]
+    return found + daemon + (branch_published(data) if not found else [])

@@ -32,7 +32,6 @@ def load(directory: str, saved: list[images.Saved], layout: HostLayout, port: in
         systemd.service(name=f"Keep {REGISTRY_UNIT} stopped and disabled (only the load's own registry runs)",
                         service=REGISTRY_UNIT, running=False, enabled=False, _if=needed)  # fmt: skip
     image_ops.blobs_uploaded(name=f"Upload the saved images' blobs the rig lacks to {layout.images_layout}",
-                             directory=directory, saved=saved, layout=layout.images_layout,
-                             upload_dir=layout.images_upload)  # fmt: skip
+                             directory=directory, saved=saved, layout=layout)  # fmt: skip
     image_ops.loaded(name="Load the saved images into docker at their digests (a temporary registry on 127.0.0.1)",
                      directory=directory, saved=saved, layout=layout, port=port)  # fmt: skip

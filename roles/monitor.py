@@ -18,10 +18,8 @@ from rigforge.render import gpu_metrics_units, render_gpu_metrics
 from roles.operations import systemd_units
 from roles.operations.staged import staged_files, systemd_verify
 
-DEFAULTS: dict = {}  # no knobs of its own yet: the collector's inputs are the plan's
 
-
-@deploy("Rig metrics", data_defaults=DEFAULTS)
+@deploy("Rig metrics")
 def rig(plan: Plan):
     layout = plan.layout
     # dbus: the exporter's systemd collector (the vLLM unit's state) asks systemd over the system bus

@@ -14,7 +14,6 @@ from pyinfra.facts.deb import DebArch
 from pyinfra.operations import files, server
 
 from rigforge import driver_table
-from rigforge.driver_table import packages_for
 from rigforge.facts.system import OsRelease
 from rigforge.fleet import Plan
 from rigforge.knobs.nvidia_driver import DEFAULTS, NvidiaDriver
@@ -70,7 +69,7 @@ def install(plan: Plan):
         return
     os_release = host.get_fact(OsRelease)
     try:
-        packages = packages_for(data, os_release["id"])
+        packages = driver_table.packages_for(data, os_release["id"])
     except driver_table.DriverTableError:
         return  # no such package: preflight has already failed this host, naming what to choose
     source = knobs.nvidia_driver_source

@@ -12,7 +12,6 @@ from pyinfra import host, logger
 from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, NvidiaRunningDriver
 from rigforge.facts.system import FreeDiskBytes, OsRelease, SecureBoot
 from rigforge.hardware import Needs, find_problems, format_problems
-from rigforge.layout import DAEMON_JSON
 from roles import docker_engine, gpu_power, host_state, nvidia_driver
 from roles.operations.checks import refuse_now
 
@@ -40,7 +39,7 @@ def check(needs: Needs, data: Mapping, more: list[str] = ()) -> bool:
         running=host.get_fact(NvidiaRunningDriver),
     )
     # the driver and container-runtime roles' host-state checks, then the controller's
-    problems += host_state.problems(data, DAEMON_JSON) + list(more)
+    problems += host_state.problems(data) + list(more)
     if host.get_fact(SecureBoot) == "enabled":
         host.log_styled(
             "Secure Boot is enabled: DKMS-built NVIDIA modules must be signed with an enrolled MOK key; on Ubuntu, "

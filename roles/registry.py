@@ -66,9 +66,7 @@ def serve(reg: RegistryPlan, tls: tuple[str, str] | None, manage_services: bool,
         if ca is not None:
             _ca_in_certs_d(reg, ca)  # skopeo reads /etc/docker/certs.d too
         for image in images:  # before any rig pulls: the rigs' pulls come later in the run (roles/site.py)
-            fleet_copy.image_in_fleet(
-                name=f"Fill the fleet registry: {image}", image=image, endpoint=reg.endpoint, insecure=reg.insecure
-            )
+            fleet_copy.image_in_fleet(name=f"Fill the fleet registry: {image}", image=image, reg=reg)
 
 
 def _ca_in_certs_d(reg: RegistryPlan, ca: str):

@@ -15,7 +15,6 @@ from rigforge.facts.system import OsRelease, UrlAnswers
 from rigforge.fleet import Plan
 from rigforge.knobs.docker_engine import DockerEngine
 from roles import docker_engine
-from roles.docker_engine import docker_packages, toolkit_packages
 from roles.operations.apt_repo import missing
 from roles.operations.gitpin import is_current
 from roles.operations.hfweights import stale_files
@@ -37,13 +36,13 @@ def needed(plan: Plan, weights_state) -> list[Source]:
     os_release = host.get_fact(OsRelease) or {}
     out = []
     os_id = os_release.get("id", "debian")
-    if knobs.docker_source == "docker" and missing(docker_packages("docker", os_id, knobs.docker_package_versions),
-                                                   installed):  # fmt: skip
+    docker = docker_engine.docker_packages("docker", os_id, knobs.docker_package_versions)
+    if knobs.docker_source == "docker" and missing(docker, installed):
         url = docker_engine.docker_repo_url(data, os_id)
         suite = os_release.get("codename", "")
         fix = f"it has no '{suite}' suite: check docker_repo_url, or use docker_source: distro"
         out.append(Source("Docker's repository", f"{url}/dists/{suite}/InRelease", fix))
-    if missing(toolkit_packages(plan.toolkit_version), installed):
+    if missing(docker_engine.toolkit_packages(plan.toolkit_version), installed):
         url = docker_engine.toolkit_repo_url(data, host.get_fact(DebArch) or "amd64").rstrip("/")
         out.append(Source("NVIDIA's container toolkit repository", f"{url}/InRelease", "check nvidia_toolkit_repo_url"))
     for pin in plan.sources:

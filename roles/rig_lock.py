@@ -33,23 +33,18 @@ _SENT: dict[str, tuple] = {}  # host name -> (channel, path, run, then, sudo -n)
 _IDENTITY: dict[str, tuple[str, str] | None] = {}  # host name -> (machine-id, SSH host key fingerprint)
 
 
-def host_key(h) -> str | None:
-    """The SHA256 fingerprint (as ssh-keygen -l prints it) of the host key `h`'s SSH connection was given."""
-    transport = ssh_transport(h)
-    if transport is None:
-        return None
-    digest = hashlib.sha256(transport.get_remote_server_key().asbytes()).digest()
-    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
-
-
 def identity(h) -> tuple[str, str] | None:
-    """(machine-id, SSH host key fingerprint) of host `h`, or None when either is unknown."""
+    """(machine-id, the SHA256 fingerprint of the host key its SSH connection was given, as ssh-keygen -l prints it)
+    of host `h`, or None when either is unknown."""
     if h.name not in _IDENTITY:
-        key = host_key(h)
-        # a plain read (the file is world-readable), not a fact: a fact read would run the rig's batched probe
-        # before its lock is held, and with sudo before sudo is known to work
-        ok, output = h.run_shell_command(StringCommand("cat", MACHINE_ID)) if key else (False, None)
-        machine = "".join(output.stdout_lines).strip() if ok else ""
+        transport, machine, key = ssh_transport(h), "", ""
+        if transport is not None:
+            digest = hashlib.sha256(transport.get_remote_server_key().asbytes()).digest()
+            key = "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+            # a plain read (the file is world-readable), not a fact: a fact read would run the rig's batched probe
+            # before its lock is held, and with sudo before sudo is known to work
+            ok, output = h.run_shell_command(StringCommand("cat", MACHINE_ID))
+            machine = "".join(output.stdout_lines).strip() if ok else ""
         _IDENTITY[h.name] = (machine, key) if key and machine else None
     return _IDENTITY[h.name]
 

@@ -15,22 +15,11 @@ from pyinfra.operations.util import any_changed
 
 from rigforge.facts.system import EnabledInstances
 from rigforge.fleet import Plan
-from rigforge.gateway import backend_name
-from rigforge.knobs.gateway import Gateway
 from rigforge.knobs.serving import DEFAULTS, Serving
 from rigforge.layout import SERVE_FILES
 from rigforge.render import VLLM_UNIT
 from roles.operations import gateway
-from roles.operations.serving import (
-    health_gate_script,
-    healthy,
-    image_present,
-    manifest,
-    running,
-    sole_instance,
-    start_reason,
-    stopped,
-)
+from roles.operations import serving as ops
 from roles.operations.staged import staged_files, systemd_verify
 
 
@@ -39,9 +28,8 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = F
     """`gateways`: the fleet gateway hosts this rig leaves while its unit restarts ({name: use sudo}); `sudo`:
     whether this rig's own commands run with sudo."""
     variant, layout = plan.variant, plan.layout
-    knobs, gateway_knobs = Serving.of(plan.data), Gateway.of(plan.data)
-    manage = knobs.rigforge_manage_services
-    serve_dir, unit = layout.serve_dir, layout.vllm_unit
+    knobs, gateways = Serving.of(plan.data), dict(gateways or {})
+    manage, rest, unit = knobs.rigforge_manage_services, knobs.serving_rest, layout.vllm_unit
     rendered, image = plan.files, plan.image
 
     for cache_dir in ("torch_compile", "triton"):
@@ -49,7 +37,7 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = F
 
     compose = staged_files(
         name=f"Install {variant.name} compose file and .env (validated by docker compose config)",
-        dest=serve_dir,
+        dest=layout.serve_dir,
         files={name: (rendered[name], mode) for name, mode in SERVE_FILES.items() if name in rendered},
         validate="docker compose config -q",
     )
@@ -63,61 +51,42 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = F
 
     enabled = host.get_fact(EnabledInstances, unit_dir=layout.unit_dir, template=layout.vllm_template)
     previous = [u for u in enabled if u != unit]
-    rest = knobs.serving_rest
-    digest = image.rpartition("@")[2] if "@" in image else None
     if manage:
-        image_present(name=f"Pull {image} ahead of the restart", image=image)
+        ops.image_present(name=f"Pull {image} ahead of the restart", image=image)
         systemd.daemon_reload(name="Reload systemd units", _if=unit_file.did_change)
     changed = any_changed(compose, unit_file)
-    at_gateways = {"gateways": dict(gateways or {}), "server": host.name}  # this rig in the fleet gateways
 
     def restarts() -> bool:  # the switch below stops the previous instance, or the unit (re)starts
-        return (
-            bool(previous)
-            or unit not in enabled
-            or changed()
-            or start_reason(unit, serve_dir, digest, False) is not None
-        )
+        return bool(previous) or unit not in enabled or changed() or ops.start_reason(plan, False) is not None
 
     if manage and gateways:  # before the switch below stops the previous instance
         gateway.drained(
             name=f"Drain {host.name} at the fleet gateway before the restart",
-            **at_gateways,
-            timeout=gateway_knobs.gateway_drain_timeout,
+            plan=plan,
+            gateways=gateways,
             _if=lambda: not rest and restarts(),
         )
     if manage and gateways and rest:  # drained on purpose, before a resting unit stops
         gateway.held_drained(
             name=f"Keep {host.name} drained at the fleet gateway (serving_rest: {rest})",
-            **at_gateways,
-            backend=backend_name(variant.served_model),
-            port=plan.port,
-            timeout=gateway_knobs.gateway_drain_timeout,
+            plan=plan,
+            gateways=gateways,
         )
-    switched = sole_instance(
+    switched = ops.sole_instance(
         name=f"Enable {unit} as the only vLLM instance" if rest != "stopped" else f"Disable {unit}: resting stopped",
-        unit=unit,
-        stop_others=bool(manage),
-        unit_dir=layout.unit_dir,
-        template=layout.vllm_template,
-        enable=rest != "stopped",
+        plan=plan,
     )
     if not manage:
         host.noop(f"services not managed on this host: {unit} enabled but not started, no health gate")
     elif rest == "stopped":
-        stopped(name=f"Keep {unit} stopped (serving_rest: stopped)", unit=unit)
+        ops.stopped(name=f"Keep {unit} stopped (serving_rest: stopped)", unit=unit)
     else:
         restart = any_changed(compose, unit_file, switched)
-        url = f"http://{knobs.serving_health_host}:{plan.port}"
-        wait = knobs.serving_health_timeout
-        gate_of = dict(url=url, model=variant.served_model, timeout=wait, unit=unit, serve_dir=serve_dir)
-        started = running(name=f"Run {unit}", unit=unit, serve_dir=serve_dir, digest=digest, changed=restart)
-        gate = healthy(
+        started = ops.running(name=f"Run {unit}", plan=plan, changed=restart)
+        gate = ops.healthy(
             name=f"Health gate: /v1/models and one chat completion on port {plan.port}",
-            url=url,
-            env_file=f"{serve_dir}/.env",
-            gate=health_gate_script(**gate_of, rollback_unit=previous[0] if previous else None),
-            plain_gate=health_gate_script(**gate_of, rollback_unit=None, rollback=False),
+            plan=plan,
+            rollback_unit=previous[0] if previous else None,
             started=started,
             changed=restart,
             _ignore_errors=bool(gateways),  # the rejoin below brings a rolled-back rig back, then fails the host
@@ -125,17 +94,13 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = F
         if gateways and rest is None:
             gateway.rejoined(
                 name=f"Rejoin the fleet gateway on port {plan.port}",
-                **at_gateways,
-                backend=backend_name(variant.served_model),
-                address=gateway_knobs.gateway_address or host.name,
-                port=plan.port,
-                wait=wait,
+                plan=plan,
+                gateways=gateways,
                 gate=gate,
-                manifest=layout.rig_json,
                 sudo=sudo,
             )
 
-    manifest(
+    ops.manifest(
         name=f"Record {layout.rig_json}",
         path=layout.rig_json,
         content=plan.manifest,

@@ -18,10 +18,6 @@ def apply(plan: Plan):
     for pin in plan.sources:
         gitpin.checkout(
             name=f"Check out {pin.name} at {pin.commit[:12]}" + (" (sparse)" if pin.sparse else ""),
-            source=pin.name,
-            url=pin.url,
-            commit=pin.commit,
+            pin=pin,
             dest=layout.src(pin.name),
-            sparse=list(pin.sparse),
-            files=dict(pin.files),
         )

@@ -20,28 +20,17 @@ def apply(plan: Plan):
 
     apt.packages(name="Install python3-venv", packages=["python3-venv", "ca-certificates"], no_recommends=True)
     pip.venv(name=f"Python venv {venv}", path=venv, python="python3")
-    hfweights.venv_package(
-        name="Install huggingface_hub into the venv",
-        venv=venv,
-        dist="huggingface_hub",
-        version=knobs.weights_hf_hub_version,
-    )
+    hfweights.hub_client(name="Install huggingface_hub into the venv", layout=layout, knobs=knobs)
     files.directory(name=f"Model directory {layout.models}", path=layout.models, mode="755")
     files.directory(name=f"rigforge lib {lib}", path=lib, mode="755")
     files.put(name="Ship fetch_weights.py", src=str(hfweights.SCRIPT), dest=f"{lib}/fetch_weights.py", mode="755")
+    token = HiddenValue(plan.token) if plan.token else None
     for asset in plan.assets:
         pin = asset.pin
         hfweights.fetched(
             name=f"Weights {asset.name} ({pin.repo}@{pin.revision[:12]}) -> {asset.dir}",
-            pin=pin,
-            dest=layout.asset_dir(asset.dir),
-            staging=layout.weights_staging(asset.name),
-            python=f"{venv}/bin/python",
-            script=f"{lib}/fetch_weights.py",
-            work_dir=layout.weights_work,
-            endpoint=knobs.hf_endpoint,
-            token=HiddenValue(plan.token) if plan.token else None,
-            deep=bool(knobs.weights_deep_verify),
-            source=knobs.weights_source,
-            cache_dir=knobs.weights_cache_dir,
+            asset=asset,
+            layout=layout,
+            knobs=knobs,
+            token=token,
         )

@@ -303,12 +303,13 @@ def test_a_rig_without_room_for_the_blobs_and_the_registrys_copy_is_refused_befo
     from pyinfra.context import ctx_host, ctx_state
     from test_roles_host_ops import host_of
 
+    from rigforge.layout import HostLayout
     from roles.operations import images as image_ops
 
     host = host_of(state, "r")
     with ctx_state.use(state), ctx_host.use(host):
         [failure] = [describe(c) for c in image_ops.blobs_uploaded._inner(str(saved_dir), images.index_entries(
-            saved_dir), "/opt/rigforge/images/oci", "/opt/rigforge/images/.upload")]  # fmt: skip
+            saved_dir), HostLayout())]  # fmt: skip
     assert failure.startswith("FAIL: @fake/r: not enough disk space to load 1 image(s) at /opt/rigforge/images/oci")
 
 

@@ -119,6 +119,7 @@ def test_the_fill_copies_once_keeping_the_digest_and_skips_a_held_image():
     from test_roles_host_ops import converge, executed, rig
 
     from rigforge.facts.docker import RegistryHasImage
+    from rigforge.registry import RegistryPlan
     from roles.operations.fleet_copy import image_in_fleet
 
     digest = "sha256:" + "b" * 64
@@ -126,7 +127,7 @@ def test_the_fill_copies_once_keeping_the_digest_and_skips_a_held_image():
 
     @deploy("fill")
     def fill():
-        image_in_fleet(name="fill", image=image, endpoint="127.0.2.1:5000")
+        image_in_fleet(name="fill", image=image, reg=RegistryPlan("gw", "127.0.2.1", 5000, False, Path("/ca")))
 
     state = converge({"gw": rig()}, fill)
     cmds = executed(state, "gw")

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,8 +23,10 @@ from test_lock import stand_ins  # noqa: F401 - the git daemon + HF stand-in fix
 
 from rigforge.facts.gitpin import GitCheckout
 from rigforge.facts.hfweights import FileDigests, WeightsState
-from rigforge.layout import STAMP
-from rigforge.pins import HfFile, HfPin, parse_lock
+from rigforge.fleet import PlannedAsset
+from rigforge.knobs.weights import Weights
+from rigforge.layout import STAMP, HostLayout
+from rigforge.pins import GitPin, HfFile, HfPin, parse_lock
 from roles.operations import gitpin, hfweights
 
 REPO = Path(__file__).resolve().parents[1]
@@ -133,8 +136,10 @@ def test_weights_fact_command_agrees_with_python_stat(tmp_path):
 # --- tier 2: pinned checkout -----------------------------------------------------------------------------
 
 
-CHECKOUT = dict(source="vllm-src", url="git://h/v.git", commit=SHA, dest="/opt/rigforge/src/vllm-src",
-                sparse=["a/b.py"], files={"a/b.py": "b" * 64})  # fmt: skip
+CHECKOUT = dict(
+    pin=GitPin("vllm-src", "git://h/v.git", "main", SHA, sparse=("a/b.py",), files={"a/b.py": "b" * 64}),
+    dest="/opt/rigforge/src/vllm-src",
+)
 
 
 def git_fact(head=SHA, dirty=(), sha="b" * 64, url="git://h/v.git", patterns=("/a/b.py",)):
@@ -233,8 +238,8 @@ PIN = HfPin(
     revision=SHA,
     files=(HfFile("config.json", 10, "c" * 64), HfFile("model.safetensors", 1000, "d" * 64)),
 )
-FETCH = dict(pin=PIN, dest="/m/ar", staging="/m/.st/ar", python="/v/bin/python", script="/l/fetch_weights.py",
-             work_dir="/r/run/weights", endpoint="http://127.0.0.1:1")  # fmt: skip
+KNOBS = Weights.of({"hf_endpoint": "http://127.0.0.1:1"})
+FETCH = dict(asset=PlannedAsset(PIN.name, "ar", PIN), layout=HostLayout(root="/r", model_dir="/m"), knobs=KNOBS)
 
 
 def weights_fact(tampered=(), free=10**9, stamp_revision=SHA, staging=()):
@@ -261,7 +266,7 @@ def test_weights_leftovers_of_an_interrupted_run_are_removed_from_a_stamped_asse
     """Killed after the last file moved into place (parts of old revisions, the staging dir) or before the
     token file was removed: the next run removes them, and only them."""
     parts = weights_fact(staging=["--staging-dir--", "5 model.safetensors.0123456789abcdef.part"])
-    assert commands(parts, hfweights.fetched, **FETCH) == ["rm -rf /m/.st/ar"]
+    assert commands(parts, hfweights.fetched, **FETCH) == ["rm -rf /m/.rigforge-staging/autoround-int4"]
     path = "/r/run/weights/autoround-int4.token"
     stat = f"user=root group=root mode=-rw------- atime=0 mtime=0 ctime=0 size=3 '{path}'"
     token = {**weights_fact(), f"stat -c 'user=%U group=%G mode=%A atime=%X mtime=%Y ctime=%Z size=%s %N' {path}": stat}
@@ -270,12 +275,17 @@ def test_weights_leftovers_of_an_interrupted_run_are_removed_from_a_stamped_asse
 
 def test_weights_fetch_when_a_file_changed_and_the_manifest_lists_the_lock():
     cmds = commands(weights_fact(tampered=["model.safetensors"]), hfweights.fetched, **FETCH)
-    assert cmds[0].startswith("mkdir -p /m/.st/ar /m/ar && install -d -m 0700 /r/run/weights")
+    assert cmds[0].startswith("mkdir -p /m/.rigforge-staging/autoround-int4 /m/ar && install -d -m 0700 /r/run/weights")
     assert cmds[1] == "upload /r/run/weights/autoround-int4.json"
-    assert cmds[2] == "/v/bin/python /l/fetch_weights.py --manifest /r/run/weights/autoround-int4.json"
+    assert cmds[2] == "/r/venv/bin/python /r/lib/fetch_weights.py --manifest /r/run/weights/autoround-int4.json"
     (manifest,) = uploaded_texts(weights_fact(tampered=["config.json"]), hfweights.fetched, **FETCH).values()
     m = json.loads(manifest)
-    assert (m["repo"], m["revision"], m["dest"], m["staging"]) == (PIN.repo, SHA, "/m/ar", "/m/.st/ar")
+    assert (m["repo"], m["revision"], m["dest"], m["staging"]) == (
+        PIN.repo,
+        SHA,
+        "/m/ar",
+        "/m/.rigforge-staging/autoround-int4",
+    )
     assert m["files"] == [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in PIN.files]
 
 
@@ -286,9 +296,10 @@ def test_weights_new_revision_runs_the_script():
 def test_deep_verify_rehashes_on_the_host_and_changes_something_only_to_repair():
     sums = {"config.json": "c" * 64, "model.safetensors": "d" * 64}
     digests = {"sha256sum --": [f"{digest}  {path}" for path, digest in sums.items()]}
-    assert commands({**weights_fact(), **digests}, hfweights.fetched, **FETCH, deep=True) == []
+    deep = FETCH | {"knobs": replace(KNOBS, weights_deep_verify=True)}
+    assert commands({**weights_fact(), **digests}, hfweights.fetched, **deep) == []
     silent = {"sha256sum --": [f"{'c' * 64}  config.json", f"{'e' * 64}  model.safetensors"]}
-    cmds = commands({**weights_fact(), **silent}, hfweights.fetched, **FETCH, deep=True)
+    cmds = commands({**weights_fact(), **silent}, hfweights.fetched, **deep)
     assert cmds[-1].endswith("--deep")
     assert FileDigests().process([f"{'a' * 64}  dir/with space.bin", "sha256sum: x: No such file"]) == {
         "dir/with space.bin": "a" * 64
@@ -324,8 +335,10 @@ def test_weights_disk_preflight_counts_only_missing_bytes():
 def test_weights_controller_source_uploads_into_staging(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     monkeypatch.setattr(hfweights, "controller_cache", lambda pin, *a: cache)
-    cmds = commands(weights_fact(tampered=["config.json"]), hfweights.fetched, **FETCH, source="controller")
-    assert "upload /m/.st/ar/config.json" in cmds and "upload /m/.st/ar/model.safetensors" not in cmds
+    controller = FETCH | {"knobs": replace(KNOBS, weights_source="controller")}
+    cmds = commands(weights_fact(tampered=["config.json"]), hfweights.fetched, **controller)
+    assert "upload /m/.rigforge-staging/autoround-int4/config.json" in cmds
+    assert "upload /m/.rigforge-staging/autoround-int4/model.safetensors" not in cmds
     assert cmds[-1].endswith("--staged-only")
 
 

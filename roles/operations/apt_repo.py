@@ -29,10 +29,6 @@ def deb822_source(
     return "\n".join([*lines, f"Signed-By: {signed_by}"]) + "\n"
 
 
-def keyring_path(name: str) -> str:
-    return f"{APT_KEYRING_DIR}/{name}.asc"
-
-
 BACKUP_SUFFIX = ".rigforge-bak"
 IGNORE_BACKUPS_TEXT = (
     "// managed by rigforge: source files it replaced are kept as *.rigforge-bak; apt skips them silently\n"
@@ -131,16 +127,17 @@ def add_repo(
         dest=APT_IGNORE_BACKUPS_CONF,
         mode="644",
     )
+    keyring = f"{APT_KEYRING_DIR}/{repo}.asc"
     adopted = adopt_sources(name=f"Replace other apt sources for {uris}", uris=uris, keep=source_path(repo))
     key = verified_key(
         name=f"Download the {repo} repository key"
         + (f" (fingerprint {key_fingerprint.replace(' ', '')[-8:]})" if key_fingerprint else ""),
         src=key_url,
-        dest=keyring_path(repo),
+        dest=keyring,
         fingerprint=key_fingerprint,
         sha256=key_sha256,
     )
-    text = deb822_source(uris, suites, keyring_path(repo), components, architectures, "managed by rigforge")
+    text = deb822_source(uris, suites, keyring, components, architectures, "managed by rigforge")
     source = files.put(
         name=f"Add the {repo} apt source (deb822)", src=StringIO(text), dest=source_path(repo), mode="644"
     )

@@ -7,19 +7,20 @@ from pyinfra.api import QuoteString, StringCommand, operation
 
 from rigforge.facts.docker import RegistryHasImage
 from rigforge.obtain import parse
+from rigforge.registry import RegistryPlan
 from roles.operations.shown import ShownCommand, say
 
 
 @operation()
-def image_in_fleet(image: str, endpoint: str, insecure: bool = False):
+def image_in_fleet(image: str, reg: RegistryPlan):
     """Copy ``image`` from upstream into the fleet registry unless it holds that digest already, with every
     platform's manifest and the index byte for byte (``--preserve-digests``): the digest the lock names is the one
     the rigs pull.
 
     + image: the locked image, ``repo[:tag]@sha256:...`` (a Docker Hub image: rigs reach the copy as a mirror)
-    + endpoint: the fleet registry as ``host:port``
-    + insecure: plain HTTP (no certificate check)
+    + reg: the fleet registry (its ``host:port``; plain HTTP, no certificate check, when ``insecure``)
     """
+    endpoint, insecure = reg.endpoint, reg.insecure
     ref = parse(image)
     if not ref.digest:
         host.noop(f"{image} has no locked digest: nothing to copy (`rigforge lock` resolves it)")

@@ -12,7 +12,10 @@ from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.api.exceptions import ConnectError
 from pyinfra.context import ctx_state
 
-from rigforge.gateway import drain_script, rejoin_script, state_script
+from rigforge.fleet import Plan
+from rigforge.gateway import backend_name, drain_script, rejoin_script, state_script
+from rigforge.knobs.gateway import Gateway
+from rigforge.knobs.serving import Serving
 from roles.operations.shown import warn
 
 
@@ -36,8 +39,9 @@ def _on_gateways(state, host, gateways: dict[str, bool], script: str, what: str,
     return said
 
 
-def _drain(state, host, gateways, server: str, timeout: int):
-    for name, said in _on_gateways(state, host, gateways, drain_script(server, timeout), "drain").items():
+def _drain(state, host, gateways, plan: Plan):
+    script = drain_script(host.name, Gateway.of(plan.data).gateway_drain_timeout)
+    for name, said in _on_gateways(state, host, gateways, script, "drain").items():
         if said.startswith("others up 0"):
             warn(
                 f"warning: no other rig serving its model is up at gateway {name}: its requests "
@@ -46,24 +50,29 @@ def _drain(state, host, gateways, server: str, timeout: int):
     return True
 
 
-def states(state, host, gateways: dict[str, bool], server: str, backend: str, port: int) -> dict[str, str]:
+def states(state, host, gateways: dict[str, bool], plan: Plan) -> dict[str, str]:
     """{gateway: this rig's state there (`state_script`)}; a gateway that cannot be read is left out."""
-    said = _on_gateways(state, host, gateways, state_script(server, backend, port), "state", quiet=True)
+    script = state_script(host.name, backend_name(plan.variant.served_model), plan.port)
+    said = _on_gateways(state, host, gateways, script, "state", quiet=True)
     return {name: word for name, word in said.items() if word in ("ready", "drain", "maint", "moved", "absent")}
 
 
-def _rejoin(state, host, gateways, server, backend, address, port, wait, gate, manifest, sudo):
+def _rejoin(state, host, plan: Plan, gateways, gate, sudo):
+    address = Gateway.of(plan.data).gateway_address or host.name
+    wait = Serving.of(plan.data).serving_health_timeout
     if gate is None or not gate.did_error():
-        _on_gateways(state, host, gateways, rejoin_script(server, backend, address, port, wait), "rejoin")
+        script = rejoin_script(host.name, backend_name(plan.variant.served_model), address, plan.port, wait)
+        _on_gateways(state, host, gateways, script, "rejoin")
         return True
-    ok, output = host.run_shell_command(StringCommand(f"cat {shlex.quote(manifest)} 2>/dev/null"))  # world-readable
+    # rig.json is world-readable
+    ok, output = host.run_shell_command(StringCommand(f"cat {shlex.quote(plan.layout.rig_json)} 2>/dev/null"))
     previous = json.loads(output.stdout) if ok and output.stdout.strip() else {}
     if previous.get("unit"):  # rolled back to a unit that runs, or left failing (a unit found failed): out
         active = StringCommand(f"systemctl is-active --quiet {shlex.quote(previous['unit'])}")
         ok, _ = host.run_shell_command(active, _sudo=sudo)  # as the deploy: a login user may have no system bus
         previous = previous if ok else {**previous, "port": None}
     if previous.get("port"):
-        script = rejoin_script(server, None, address, previous["port"], wait)
+        script = rejoin_script(host.name, None, address, previous["port"], wait)
         _on_gateways(state, host, gateways, script, f"rejoin after the rollback to {previous.get('variant')}")
         said = f"the rig rolled back to {previous['variant']}, which rejoined the gateway"
     else:
@@ -73,67 +82,50 @@ def _rejoin(state, host, gateways, server, backend, address, port, wait, gate, m
 
 
 @operation(is_idempotent=False)
-def drained(gateways: dict[str, bool], server: str, timeout: int):
-    """Take this rig out of every fleet gateway and wait until its requests in flight are done.
+def drained(plan: Plan, gateways: dict[str, bool]):
+    """Take this rig out of every fleet gateway and wait until its requests in flight are done (up to
+    ``gateway_drain_timeout`` seconds, then it restarts anyway).
 
+    + plan: the rig's plan (its gateway knobs)
     + gateways: ``{inventory name: use sudo}`` of the gateway hosts
-    + server: the rig's server name in the gateways' backends
-    + timeout: seconds to wait for its requests in flight, then restart anyway
     """
-    yield FunctionCommand(_drain, (gateways, server, timeout), {})
+    yield FunctionCommand(_drain, (gateways, plan), {})
 
 
 @operation(is_idempotent=False)
-def rejoined(
-    gateways: dict[str, bool],
-    server: str,
-    backend: str,
-    address: str,
-    port: int,
-    wait: int,
-    gate=None,
-    manifest="",
-    sudo: bool = False,
-):
+def rejoined(plan: Plan, gateways: dict[str, bool], gate=None, sudo: bool = False):
     """Put this rig back in every fleet gateway at its new port once it passed its health gate, and wherever a
-    gateway finds it out of service.
+    gateway finds it out of service; it waits up to ``serving_health_timeout`` seconds for the gateway's own health
+    check to see it up, and leaves the backends of other models.
 
+    + plan: the rig's plan (its model, port, rig.json, and ``gateway_address``: where the gateway reaches it)
     + gateways: ``{inventory name: use sudo}`` of the gateway hosts
-    + server: the rig's server name in the gateways' backends
-    + backend: the gateway backend of the model it serves now (it leaves the others)
-    + address: where the gateway reaches the rig (resolved on the gateway host)
-    + port: the port it serves on now
-    + wait: seconds to wait for the gateway's own health check to see it up
     + gate: the health gate; when it failed, the rig rejoins where it rolled back to and the host fails
-    + manifest: path of the rig's rig.json
     + sudo: whether this rig's own commands run with sudo
     """
     if not ctx_state.get().is_executing:
         return  # its state at the gateways is read when the rig's turn comes
     if gate is None or not (gate.did_change() or gate.did_error()):
-        out = {g: w for g, w in states(ctx_state.get(), host, gateways, server, backend, port).items() if w != "ready"}
+        out = {g: w for g, w in states(ctx_state.get(), host, gateways, plan).items() if w != "ready"}
         if not out:
-            host.noop(f"{server} serves at every gateway")
+            host.noop(f"{host.name} serves at every gateway")
             return
-        host.log(f"{server} is not serving at {', '.join(f'{g} ({w})' for g, w in out.items())}: rejoining")
-    yield FunctionCommand(_rejoin, (gateways, server, backend, address, port, wait, gate, manifest, sudo), {})
+        host.log(f"{host.name} is not serving at {', '.join(f'{g} ({w})' for g, w in out.items())}: rejoining")
+    yield FunctionCommand(_rejoin, (plan, gateways, gate, sudo), {})
 
 
 @operation(is_idempotent=False)
-def held_drained(gateways: dict[str, bool], server: str, backend: str, port: int, timeout: int):
+def held_drained(plan: Plan, gateways: dict[str, bool]):
     """Keep this rig drained at every fleet gateway, on purpose (host data ``serving_rest: drained``).
 
+    + plan: the rig's plan (its model, port and gateway knobs)
     + gateways: ``{inventory name: use sudo}`` of the gateway hosts
-    + server: the rig's server name in the gateways' backends
-    + backend: the gateway backend of the model it serves
-    + port: the port it serves on
-    + timeout: seconds to wait for its requests in flight
     """
     if not ctx_state.get().is_executing:
         return
-    found = states(ctx_state.get(), host, gateways, server, backend, port)
+    found = states(ctx_state.get(), host, gateways, plan)
     todo = {g: sudo for g, sudo in gateways.items() if found.get(g) not in (None, "drain", "maint", "absent")}
     if not todo:
-        host.noop(f"{server} rests drained at every gateway (serving_rest: drained)")
+        host.noop(f"{host.name} rests drained at every gateway (serving_rest: drained)")
         return
-    yield FunctionCommand(_drain, (todo, server, timeout), {})
+    yield FunctionCommand(_drain, (todo, plan), {})

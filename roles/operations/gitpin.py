@@ -1,7 +1,5 @@
-"""Operation: a git checkout at exactly one pinned commit (shallow, blobless, optionally sparse), verified.
-
-No-op when the GitCheckout fact shows HEAD at the commit, a clean tree, the same origin and sparse patterns and
-the locked files hashing right; otherwise one idempotent shell step (`checkout_script`) that also repairs.
+"""Operation: a git checkout at exactly one pinned commit (shallow, blobless, optionally sparse), verified; made
+or repaired by one idempotent shell step (`checkout_script`).
 """
 
 from __future__ import annotations
@@ -13,6 +11,7 @@ from pyinfra import host
 from pyinfra.api import operation
 
 from rigforge.facts.gitpin import GitCheckout
+from rigforge.pins import GitPin
 from roles.operations.checks import fail_command
 from roles.operations.shown import ShownCommand
 
@@ -101,19 +100,14 @@ def checkout_script(
 
 
 @operation()
-def checkout(
-    source: str, url: str, commit: str, dest: str, sparse: Sequence[str] = (), files: Mapping[str, str] | None = None
-):
-    """Check out ``commit`` of ``url`` at ``dest`` (detached) and verify the sha256 of every path in ``files``.
+def checkout(pin: GitPin, dest: str):
+    """Check out the pin's commit of its URL at ``dest`` (detached, sparse when it says so) and verify the sha256 of
+    every path of its ``files`` (a mismatch fails the host).
 
-    + source: the source's name, for messages
-    + url: the git remote
-    + commit: the full commit SHA to check out
+    + pin: the locked source
     + dest: the checkout directory
-    + sparse: paths of a sparse checkout (empty: the whole tree)
-    + files: ``{path: sha256}`` the checkout must match (a mismatch fails the host)
     """
-    name, files = source, dict(files or {})
+    name, url, commit, sparse, files = pin.name, pin.url, pin.commit, list(pin.sparse), dict(pin.files)
     state = host.get_fact(GitCheckout, path=dest, files=tuple(files))
     if is_current(state, url, commit, sparse):
         bad = bad_files(state, files)

@@ -21,7 +21,9 @@ from pyinfra.facts.files import File
 
 from rigforge.facts.hfweights import FileDigests, VenvDistVersion, WeightsState
 from rigforge.facts.system import FreeDiskBytes
-from rigforge.layout import STAMP
+from rigforge.fleet import PlannedAsset
+from rigforge.knobs.weights import Weights
+from rigforge.layout import STAMP, HostLayout
 from rigforge.pins import HfFile, HfPin
 from roles.operations.checks import fail_command
 from roles.operations.shown import ShownCommand, repairing, say
@@ -87,33 +89,17 @@ def controller_cache(pin: HfPin, cache_dir: str, endpoint: str | None, token: st
 
 
 @operation()
-def fetched(
-    pin: HfPin,
-    dest: str,
-    staging: str,
-    python: str,
-    script: str,
-    work_dir: str,
-    endpoint: str | None = None,
-    token=None,
-    deep: bool = False,
-    source: str = "hub",
-    cache_dir: str = "~/.cache/rigforge/weights",
-):
-    """Make ``dest`` hold exactly ``pin``'s files, verified against the lock's sha256.
+def fetched(asset: PlannedAsset, layout: HostLayout, knobs: Weights, token=None):
+    """Make the asset's dir hold exactly its pin's files, verified against the lock's sha256.
 
-    + pin: the locked asset
-    + dest: the asset dir on the host
-    + staging: where files are downloaded before they move into ``dest``
-    + python: the venv's python on the host
-    + script: fetch_weights.py on the host
-    + work_dir: root-only directory for the manifest and the transient token file
-    + endpoint: the Hugging Face endpoint URL (None: the hub's default)
+    + asset: the locked asset and its dir under the model dir
+    + layout: the rig's paths (the asset and staging dirs, the venv, fetch_weights.py, the root-only work dir)
+    + knobs: the weights role's settings (``hf_endpoint``, ``weights_deep_verify``, ``weights_source``: ``hub``,
+      the host downloads, or ``controller``, fetched once into ``weights_cache_dir`` and pushed)
     + token: HF token (pyinfra HiddenValue or str)
-    + deep: re-hash every file on the host (a change only when a file is repaired)
-    + source: ``hub`` (the host downloads) or ``controller`` (fetch once into ``cache_dir``, push)
-    + cache_dir: the controller's weights cache
     """
+    pin, dest, staging = asset.pin, layout.asset_dir(asset.dir), layout.weights_staging(asset.name)
+    work_dir, endpoint, deep = layout.weights_work, knobs.hf_endpoint, knobs.weights_deep_verify
     state = host.get_fact(WeightsState, dest=dest, staging=staging)
     stale = stale_files(pin, state)
     if deep and not stale:  # the stamp matches: re-hash what is on disk, run the script only to repair
@@ -142,11 +128,12 @@ def fetched(
     man = f"{work_dir}/{pin.name}.json"
     yield StringCommand(f"mkdir -p {q(staging)} {q(dest)} && install -d -m 0700 {q(work_dir)}")
     yield FileUploadCommand(io.StringIO(json.dumps(manifest(pin, dest, staging, endpoint), indent=1)), man)
-    args = [q(python), q(script), "--manifest", q(man)] + (["--deep"] if deep else [])
+    args = [q(f"{layout.venv}/bin/python"), q(f"{layout.lib}/fetch_weights.py"), "--manifest", q(man)]
+    args += ["--deep"] if deep else []
     raw_token = token.unmask() if hasattr(token, "unmask") else token
-    if source == "controller":
+    if knobs.weights_source == "controller":
         try:
-            local = controller_cache(pin, cache_dir, endpoint, raw_token)
+            local = controller_cache(pin, knobs.weights_cache_dir, endpoint, raw_token)
         except OperationError as exc:
             yield fail_command(f"{host.name}: {exc}")
             return
@@ -164,13 +151,13 @@ def fetched(
 
 
 @operation()
-def venv_package(venv: str, dist: str, version: str):
-    """``dist==version`` installed in the venv at ``venv`` (pip).
+def hub_client(layout: HostLayout, knobs: Weights):
+    """huggingface_hub, which fetch_weights.py uses, installed in the rig's venv (pip) at the pinned version.
 
-    + venv: the virtualenv's directory
-    + dist: the distribution name
-    + version: the exact version wanted
+    + layout: the rig's paths (the venv)
+    + knobs: the weights role's settings (``weights_hf_hub_version``)
     """
+    venv, dist, version = layout.venv, "huggingface_hub", knobs.weights_hf_hub_version
     if host.get_fact(VenvDistVersion, venv=venv, dist=dist) == version:
         host.noop(f"{dist} {version} is installed in {venv}")
         return

@@ -49,36 +49,36 @@ def repaired(layout: HostLayout):
 
 
 @operation()
-def blobs_uploaded(directory: str, saved: list, layout: str, upload_dir: str):
+def blobs_uploaded(directory: str, saved: list, layout: HostLayout):
     """Upload the blobs of ``saved`` images that the rig's OCI layout lacks, each checked by sha256 on the rig.
 
     + directory: the saved layout on the controller (`rigforge images save DIR`)
     + saved: the images to load (rigforge.images.Saved)
-    + layout: the OCI layout on the rig
-    + upload_dir: where a sudo user's uploads land first (created 0700, owned by that user)
+    + layout: the rig's paths (the OCI layout; the upload dir a sudo user's uploads land in first, 0700, theirs)
     """
+    oci, upload_dir = layout.images_layout, layout.images_upload
     todo = missing(saved)
     if not todo:
         host.noop(f"docker holds {', '.join(images.pinned(e) for e in saved)}")
         return
     _, needed = images.push_plan(directory, todo)
-    have = host.get_fact(OciBlobs, path=layout)
+    have = host.get_fact(OciBlobs, path=oci)
     upload = {d: size for d, size in needed.items() if have.get(d) != size}
     if not upload:
-        host.noop(f"{layout} holds the {len(needed)} blobs of {len(todo)} image(s)")
+        host.noop(f"{oci} holds the {len(needed)} blobs of {len(todo)} image(s)")
         return
     # the blobs still to come, and the temporary registry's copy of all of them (its storage is beside the layout)
     need = int((sum(upload.values()) + sum(needed.values())) * 1.05)
-    free = host.get_fact(FreeDiskBytes, path=layout)
+    free = host.get_fact(FreeDiskBytes, path=oci)
     if free is not None and need > free:
         yield fail_command(
-            f"{host.name}: not enough disk space to load {len(todo)} image(s) at {layout}: need {_human(need)} (the "
+            f"{host.name}: not enough disk space to load {len(todo)} image(s) at {oci}: need {_human(need)} (the "
             f"blobs to upload and the temporary registry's copy, + 5%), {_human(free)} free; free space or set "
             "rigforge_root elsewhere"
         )
         return
     q = shlex.quote
-    blobs = f"{layout}/{images.BLOBS}"
+    blobs = f"{oci}/{images.BLOBS}"
     user = connection("ssh_user") if (host.current_op_global_arguments or {}).get("_sudo") else None
     yield StringCommand(f"mkdir -p {q(blobs)}")
     if user:
@@ -98,7 +98,7 @@ def blobs_uploaded(directory: str, saved: list, layout: str, upload_dir: str):
             f"chown 0:0 {q(part)} && chmod 644 {q(part)} && mv -f {q(part)} {q(f'{blobs}/{hexdigest}')}"
         )
     for name in (images.LAYOUT_FILE, images.INDEX):
-        yield FileUploadCommand(str(Path(directory) / name), f"{layout}/{name}")
+        yield FileUploadCommand(str(Path(directory) / name), f"{oci}/{name}")
 
 
 @operation()

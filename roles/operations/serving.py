@@ -13,22 +13,23 @@ from rigforge.facts.files import JsonFile
 from rigforge.facts.nvidia import NvidiaGpus, NvidiaTopology
 from rigforge.facts.serving import ApiAnswers, ComposeImages, ServiceState, runs_digest, serving
 from rigforge.facts.system import EnabledInstances
+from rigforge.fleet import Plan
+from rigforge.knobs.serving import Serving
 from rigforge.obtain import parse
 from roles.operations.shown import ShownCommand, say
 from roles.operations.staged import upload_privately
 
 
 @operation()
-def sole_instance(unit: str, stop_others: bool, unit_dir: str, template: str, enable: bool = True):
-    """Enable ``unit`` and disable every other enabled instance of the vLLM template unit.
+def sole_instance(plan: Plan):
+    """Enable the rig's vLLM unit (disable it too with ``serving_rest: stopped``: it stays stopped through a reboot)
+    and disable every other enabled instance of the vLLM template unit, stopping them where services are managed.
 
-    + unit: the instance to keep enabled, e.g. ``name@dual.service``
-    + stop_others: also stop the others (``disable --now``)
-    + unit_dir: the systemd unit dir
-    + template: the template unit the instances belong to
-    + enable: False to disable ``unit`` too (a rig resting stopped stays stopped through a reboot)
+    + plan: the rig's plan (its unit, unit dir and template unit, its serving knobs)
     """
-    enabled = host.get_fact(EnabledInstances, unit_dir=unit_dir, template=template)
+    layout, knobs = plan.layout, Serving.of(plan.data)
+    unit, enable, stop_others = layout.vllm_unit, knobs.serving_rest != "stopped", knobs.rigforge_manage_services
+    enabled = host.get_fact(EnabledInstances, unit_dir=layout.unit_dir, template=layout.vllm_template)
     others = [u for u in enabled if u != unit or not enable]
     for other in others:
         yield StringCommand("systemctl", "disable", *(["--now"] if stop_others else []), QuoteString(other))
@@ -38,27 +39,28 @@ def sole_instance(unit: str, stop_others: bool, unit_dir: str, template: str, en
         host.noop(f"{unit} is the only enabled vLLM instance" if enable else "no vLLM instance is enabled")
 
 
-def start_reason(unit: str, serve_dir: str, digest: str | None, changed: bool) -> str | None:
+def start_reason(plan: Plan, changed: bool) -> str | None:
     """Why the vLLM unit must be (re)started now, or None (a unit still starting is the health gate's to wait for)."""
     if changed:
         return "its compose file, .env, unit or instance changed"
-    state = serving(host.get_fact(ServiceState, unit=unit))
-    if state == "running" and runs_digest(host.get_fact(ComposeImages, serve_dir=serve_dir), digest) is False:
+    layout, image = plan.layout, plan.image
+    state = serving(host.get_fact(ServiceState, unit=layout.vllm_unit))
+    digest = image.rpartition("@")[2] if "@" in image else None  # None while the lock has none
+    if state == "running" and runs_digest(host.get_fact(ComposeImages, serve_dir=layout.serve_dir), digest) is False:
         return "its container runs another image than the locked digest"
     return {"stopped": "it is stopped", "failed": "it failed", "crashing": "it keeps exiting"}.get(state)
 
 
 @operation()
-def running(unit: str, serve_dir: str, digest: str | None = None, changed=None):
-    """The vLLM unit runs as declared (``start_reason``), its failure record reset first so that the health gate
-    counts only this start's restarts.
+def running(plan: Plan, changed=None):
+    """The rig's vLLM unit runs as declared (``start_reason``), its failure record reset first so that the health
+    gate counts only this start's restarts.
 
-    + unit: the instance, e.g. ``rigforge-vllm@dual.service``
-    + serve_dir: its compose project directory
-    + digest: the locked image digest (``sha256:...``), None while the lock has none
+    + plan: the rig's plan (the unit, its compose project directory, the locked image)
     + changed: a callable, true when this run changed its compose file, .env, unit or instance
     """
-    reason = start_reason(unit, serve_dir, digest, bool(changed and host.state.is_executing and changed()))
+    unit = plan.layout.vllm_unit
+    reason = start_reason(plan, bool(changed and host.state.is_executing and changed()))
     if reason is None:
         host.noop(f"{unit} runs as declared")
         return
@@ -82,23 +84,26 @@ def stopped(unit: str):
 
 
 @operation()
-def healthy(url: str, env_file: str, gate: str, plain_gate: str, started=None, changed=None):
-    """The health gate after this run started the unit, or when the API does not answer now; it rolls back only
-    what this run changed.
+def healthy(plan: Plan, rollback_unit: str | None, started=None, changed=None):
+    """The health gate (``health_gate_script``) after this run started the unit, or when the API does not answer
+    now; it rolls back only what this run changed.
 
-    + url: the API's base URL on the rig
-    + env_file: the variant's .env (its API key, read on the rig)
-    + gate: the gate's shell script with its rollback, used when this run changed the unit
-    + plain_gate: the same without a rollback
+    + plan: the rig's plan (its unit, serve dir and its .env's API key, model, port, ``serving_health_*`` knobs)
+    + rollback_unit: the instance to go back to when the gate fails, None: the ``*.prev`` files
     + started: the operation that (re)starts the unit (``running``)
     + changed: as for ``running``
     """
-    executing = host.state.is_executing
+    knobs, layout, executing = Serving.of(plan.data), plan.layout, host.state.is_executing
+    url = f"http://{knobs.serving_health_host}:{plan.port}"
     if not (executing and started is not None and started.did_change()):
-        if host.get_fact(ApiAnswers, url=url, env_file=env_file) == 200:
+        if host.get_fact(ApiAnswers, url=url, env_file=f"{layout.serve_dir}/.env") == 200:
             host.noop(f"{url}/v1/models answers")
             return
-    yield StringCommand(gate if executing and changed and changed() else plain_gate)
+    rollback = bool(executing and changed and changed())
+    model, unit = plan.variant.served_model, layout.vllm_unit
+    yield StringCommand(
+        health_gate_script(url, model, knobs.serving_health_timeout, unit, rollback_unit, layout.serve_dir, rollback)
+    )
 
 
 @operation()

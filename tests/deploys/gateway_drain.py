@@ -4,19 +4,19 @@ role runs around a restart (roles/operations/gateway.py), without a restart (the
     pyinfra -y <inventory with a group gateway> tests/deploys/gateway_drain.py --limit rig1 --data test_port=PORT
 """
 
+from types import SimpleNamespace
+
 from pyinfra import host
 
-from rigforge.gateway import backend_name
+from rigforge.layout import HostLayout
 from roles.operations import gateway
 
 gateways = {h.name: bool(h.data.get("_sudo")) for h in host.inventory.get_group("gateway")}
-gateway.drained(name="Drain at the gateway", gateways=gateways, server=host.name, timeout=30)
-gateway.rejoined(
-    name="Rejoin the gateway",
-    gateways=gateways,
-    server=host.name,
-    backend=backend_name("qwen3.6-27b-autoround"),
-    address="127.0.0.1",
+plan = SimpleNamespace(  # what the operations read of the rig's plan
+    data={"gateway_drain_timeout": 30, "gateway_address": "127.0.0.1", "serving_health_timeout": 30},
+    variant=SimpleNamespace(served_model="qwen3.6-27b-autoround"),
     port=int(host.data.get("test_port")),
-    wait=30,
+    layout=HostLayout(),
 )
+gateway.drained(name="Drain at the gateway", plan=plan, gateways=gateways)
+gateway.rejoined(name="Rejoin the gateway", plan=plan, gateways=gateways)
