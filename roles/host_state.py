@@ -23,7 +23,7 @@ from roles import docker_engine, nvidia_driver
 from roles.operations import apt_repo, docker_daemon
 from roles.operations.shown import warn
 
-# checked by rigforge.hardware.find_problems
+# refused by the plan (rigforge/fleet.py plan_for) before preflight runs: not said twice
 ALREADY_CHECKED = ("docker_source=", "nvidia_driver_flavor=", "nvidia_allow_reboot=")
 
 
