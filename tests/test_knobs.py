@@ -9,8 +9,10 @@ import pytest
 from rigforge.knobs import typed
 from rigforge.knobs.docker_engine import DEFAULTS as DOCKER
 from rigforge.knobs.docker_engine import DockerEngine
+from rigforge.knobs.gateway import Gateway
 from rigforge.knobs.nvidia_driver import DEFAULTS as DRIVER
 from rigforge.knobs.nvidia_driver import NvidiaDriver
+from rigforge.knobs.weights import Weights
 
 
 def test_a_roles_settings_have_one_field_per_knob_typed_by_its_default():
@@ -35,3 +37,8 @@ def test_whole_numbers_given_as_digits_are_ints():
 
     assert Serving.of({"serving_health_timeout": "900"}).serving_health_timeout == 900
     assert Serving.of({}).serving_health_timeout == 600 and Serving.of({}).rigforge_manage_services is True
+
+
+def test_secret_knobs_never_show_in_a_repr():
+    shown = repr(Gateway.of({"gateway_api_key": "fleet-s3cret"})) + repr(Weights.of({"hf_token": "hf_s3cret"}))
+    assert "s3cret" not in shown and "gateway_port=8088" in shown

@@ -10,12 +10,18 @@ from collections.abc import Mapping
 from dataclasses import field, make_dataclass
 from typing import Any
 
+SECRETS = ("api_key", "hf_token")  # knobs whose values never show in a repr (a plan printed, a traceback)
+
 
 def typed(name: str, defaults: Mapping[str, Any]) -> type:
     """A frozen dataclass `name` with one field per key of `defaults`, typed by its default's type (Any for None),
     and `of(data)`: the knobs from host data with the defaults applied (rigforge/fleet.py `host_data`)."""
     fields = [
-        (key, type(value) if value is not None else Any, field(default_factory=lambda v=value: copy.deepcopy(v)))
+        (
+            key,
+            type(value) if value is not None else Any,
+            field(default_factory=lambda v=value: copy.deepcopy(v), repr=not key.endswith(SECRETS)),
+        )
         for key, value in defaults.items()
     ]
     cls = make_dataclass(name, fields, frozen=True)
