@@ -68,9 +68,11 @@ def _holder(path: str, owner: str, then=None) -> str:
         f'  echo "$$ "{shlex.quote(owner)} > {info}; echo LOCKED; {run}cat >/dev/null; rm -f {info}; '
         # held: the owner line starts with the holder's pid on the rig. The holder writes it just after it takes
         # the lock: a holder caught between the two (a busy rig) is waited for, up to 2 s, so that its line is
-        # read, not an empty file, nor the line a killed run left (its pid is gone)
-        f'else n=0; while [ $n -lt 40 ]; do read -r pid who < {info} 2>/dev/null && kill -0 "$pid" 2>/dev/null && '
-        f"break; who=; sleep 0.05; n=$((n + 1)); done; "
+        # read, not an empty file, nor the line a killed run left (its pid is gone). A line with no pid (written by
+        # a rigforge before 588c708) is read as it is
+        f"else n=0; while [ $n -lt 40 ]; do read -r pid who < {info} 2>/dev/null && case $pid in "
+        f'*[!0-9]*) who="$pid $who"; break ;; *) kill -0 "$pid" 2>/dev/null && break ;; esac; '
+        f"who=; sleep 0.05; n=$((n + 1)); done; "
         f'echo "BUSY $who"; fi'
     )
 

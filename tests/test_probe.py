@@ -387,11 +387,16 @@ def test_every_host_method_that_can_change_a_rig_is_covered():
 
 
 @pytest.mark.parametrize(
-    "ours, killed",
-    [(False, False), (True, False), (False, True)],
-    ids=["another run", "this run, its answer not read yet", "another run, after a killed run's line"],
+    "ours, killed, older",
+    [(False, False, False), (True, False, False), (False, True, False), (False, False, True)],
+    ids=[
+        "another run",
+        "this run, its answer not read yet",
+        "another run, after a killed run's line",
+        "another run of an older rigforge (its line has no pid)",
+    ],
 )
-def test_a_busy_lock_names_its_holder_caught_before_it_wrote_its_line(tmp_path, monkeypatch, ours, killed):
+def test_a_busy_lock_names_its_holder_caught_before_it_wrote_its_line(tmp_path, monkeypatch, ours, killed, older):
     """Another holder has the rig's lock but has not written its owner line yet (a busy rig: the two are separate
     steps): the answer waits for the line and names that run, rather than 'another run', nor the run a line left
     by a killed run names. When the holder is this very run under another inventory name, the answer says so,
@@ -410,7 +415,8 @@ def test_a_busy_lock_names_its_holder_caught_before_it_wrote_its_line(tmp_path, 
         gone = subprocess.Popen(["true"])
         gone.wait()
         Path(f"{lock}.owner").write_text(f"{gone.pid} ctl-killed, pid 7 (as rig1), since 2026-12-04T00:00:00+00:00\n")
-    late = f'sleep 0.5; echo "$$ "{shlex.quote(owner)} > {lock}.owner; sleep 30'  # the holder's own line
+    pid = "" if older else '"$$ "'  # the owner line of a rigforge before 588c708 did not start with a pid
+    late = f"sleep 0.5; echo {pid}{shlex.quote(owner)} > {lock}.owner; sleep 30"  # the holder's own line
     other = subprocess.Popen(["flock", str(lock), "sh", "-c", late])
     try:
         while subprocess.run(["flock", "-n", str(lock), "true"]).returncode == 0:  # until the other run holds it
