@@ -29,9 +29,11 @@ def install(state) -> None:
     """Exit 128+signal on SIGINT/SIGTERM, naming the cut operation (idempotent; main thread only)."""
 
     def stop(signum, frame):
-        sys.stderr.write(message(signum, running(state)) + "\n")
-        sys.stderr.flush()
-        os._exit(128 + signum)
+        try:
+            sys.stderr.write(message(signum, running(state)) + "\n")
+            sys.stderr.flush()
+        finally:  # whatever saying it raised (a closed stderr), the run ends with the signal's code
+            os._exit(128 + signum)
 
     # not the main thread (pyinfra's API used from a thread): ValueError, the handlers are left alone
     with contextlib.suppress(ValueError):

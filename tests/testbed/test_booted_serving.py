@@ -229,20 +229,22 @@ def test_a_unit_that_keeps_failing_fails_the_run_fast_with_the_journal_and_stays
     assert at_gateway(tb) == "ready" and api(rig)
 
 
-def cut(tb, variant: str, op: str, signum: int) -> int:
-    """Deploy `variant`, sending `signum` to pyinfra once it starts the operation named `op`; its exit code."""
+def cut(tb, variant: str, op: str, signum: int) -> tuple[int, str]:
+    """Deploy `variant`, sending `signum` to pyinfra once it starts the operation named `op`; its exit code and the
+    end of its output."""
     proc = subprocess.Popen([PYINFRA, "-y", str(tb.inventory), str(REPO / "deploy" / f"{variant}.py")], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
-    sent = False
+    sent, said = False, []
     for line in proc.stdout:
+        said = [*said[-59:], line]
         if not sent and "Starting operation" in line and op in line:
             time.sleep(0.3)
             proc.send_signal(signum)
             sent = True
     rc = proc.wait(timeout=600)
     assert sent, f"never reached {op!r}"
-    return rc
+    return rc, "".join(said)
 
 
 def without_the_image(tb, rig) -> None:
@@ -266,10 +268,10 @@ def test_a_switch_cut_at_any_point_is_put_back_serving_and_rejoined_by_the_next_
         if op.startswith("Pull"):
             without_the_image(tb, rig)
         try:
-            rc = cut(tb, other, op, signum)
+            rc, said = cut(tb, other, op, signum)
         finally:
             tb.upstream_throttle(0)
-        assert rc == 128 + signum, (op, signum, rc)
+        assert rc == 128 + signum, (op, signum, rc, now, said)
         results, stderr, _ = deploy(tb, tmp_path, other)
         assert not errored(results, "rig1"), (op, signum, stderr[-6000:])
         assert wait_api(rig, port, 30), (op, signum)
