@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import field, make_dataclass
 from typing import Any
 
-SECRETS = ("api_key", "hf_token")  # knobs whose values never show in a repr (a plan printed, a traceback)
+from rigforge.schema import SECRETS  # a knob named after one never shows its value in a repr (a plan, a traceback)
 
 
 def typed(name: str, defaults: Mapping[str, Any]) -> type:
