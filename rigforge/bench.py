@@ -1,8 +1,6 @@
 """`rigforge bench URL`: the recipes' bench protocol against an OpenAI-compatible server (docs/operators.md says
 what it measures: TTFT, wall and decode TPS per prompt, aggregate TPS with --streams N)."""
 
-from __future__ import annotations
-
 import argparse
 import json
 import os

@@ -5,8 +5,6 @@ another writer changed and watches for `gpu_power_settle_window_s` seconds. A un
 this boot is a failure on its own (an ordering cycle can be lost from the journal). Pure: no host, no pyinfra.
 """
 
-from __future__ import annotations
-
 import contextlib
 import re
 from collections.abc import Mapping

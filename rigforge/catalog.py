@@ -2,8 +2,6 @@
 variants, from rigforge/data/variants.yaml, validated (CatalogError names the variant and the key). No host here.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass, fields
 from functools import cache
 from pathlib import Path

@@ -1,7 +1,5 @@
 """The `rigforge` command. Each subcommand lives in its own module exposing add_arguments() and run()."""
 
-from __future__ import annotations
-
 import argparse
 import importlib
 import sys

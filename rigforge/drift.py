@@ -3,8 +3,6 @@
 rig or a registry.
 """
 
-from __future__ import annotations
-
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass

@@ -12,8 +12,6 @@ Where the names come from (vendor instructions):
   (https://ubuntu.com/server/docs/nvidia-drivers-installation).
 """
 
-from __future__ import annotations
-
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass

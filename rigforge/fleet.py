@@ -6,8 +6,6 @@ host whose data is wrong. `host_data` and `plan_for` are the only reads of host 
 that turns it into a frozen `Plan`, every problem at once. Pure data: no pyinfra, no host.
 """
 
-from __future__ import annotations
-
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace

@@ -8,8 +8,6 @@ its service). Every weights repo a used slug needs and the lock lacks gets an un
 then resolves them all (rigforge/lock.py `resolve`), prints the diff and writes the lock.
 """
 
-from __future__ import annotations
-
 import dataclasses
 import difflib
 from collections.abc import Iterable

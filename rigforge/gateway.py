@@ -2,8 +2,6 @@
 its config built from the rigs' plans and the gateway host's knobs (pure data, like rigforge/fleet.py); and the
 shell that drains and rejoins a rig through HAProxy's runtime API."""
 
-from __future__ import annotations
-
 import hashlib
 import itertools
 import json

@@ -2,8 +2,6 @@
 imported here, so a deploy file's first step (roles/rig_lock.py `ask_first`) can tell a
 rig before the roles load."""
 
-from __future__ import annotations
-
 RIG = "rig"  # with GATEWAY, REGISTRY and MONITOR: the roles a host can have in the fleet
 GATEWAY = "gateway"  # the inventory group of the fleet's gateway hosts
 REGISTRY = "registry"  # the inventory group of the fleet registry host

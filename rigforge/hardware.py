@@ -3,8 +3,6 @@ the role switches, and the layout's roots against Docker's data-root and an earl
 checks (roles/operations/) and `rigforge verify`.
 """
 
-from __future__ import annotations
-
 import json
 from dataclasses import dataclass
 
@@ -70,7 +68,7 @@ PCI_CARDS: dict[str, tuple[str, int, int | None]] = {
 }
 
 
-def pci_problems(pci: list[tuple[str, str]], needs: Needs, override: bool) -> list[str]:
+def pci_problems(pci: list[tuple[str, str]], needs: "Needs", override: bool) -> list[str]:
     """What the PCI bus alone shows a fresh rig lacks: too few NVIDIA GPUs, or cards whose device ID means too
     little VRAM for the variant even in their largest known build. Unknown IDs wait for the driver."""
     if len(pci) < needs.gpus:

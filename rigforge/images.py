@@ -2,8 +2,6 @@
 in a directory, an OCI image layout, then put onto a rig at their locked digests (deploy/images_load.py,
 roles/images.py), for a single rig with no fleet registry or a move between fleets (issue 22)."""
 
-from __future__ import annotations
-
 import argparse
 import hashlib
 import json

@@ -2,8 +2,6 @@
 the plan (`Plan.layout`), so no role spells a path of its own.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 DEFAULT_ROOT = "/opt/rigforge"  # rigforge_root: models, src, serve, cache, venv live under it

@@ -2,8 +2,6 @@
 the recipe pin (rigforge/follow.py). How each kind of entry is resolved, and the endpoints: docs/pins.md.
 """
 
-from __future__ import annotations
-
 import argparse
 import dataclasses
 import hashlib

@@ -4,8 +4,6 @@
 Pure data, like rigforge/registry.py: the caller passes the targets and the monitor host's knobs.
 """
 
-from __future__ import annotations
-
 import json
 from collections.abc import Mapping
 

@@ -5,8 +5,6 @@ inventory (another variant recorded, another GPU count). The rig is read through
 (rigforge/facts/probe.py `read`); rigforge/drift.py compares what is read here with the plan.
 """
 
-from __future__ import annotations
-
 import csv
 import json
 import shlex

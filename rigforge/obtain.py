@@ -2,8 +2,6 @@
 mirror: Docker images only), upstream; asked over HTTP from the controller, and the one line naming the image and
 the variant's live successor when none has it."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 from pathlib import Path
 

@@ -3,8 +3,6 @@ dataclasses; a malformed entry raises `LockError` naming the file and the key. N
 Schema: docs/contracts.md; policy for unresolved entries: docs/pins.md.
 """
 
-from __future__ import annotations
-
 import dataclasses
 import re
 from collections.abc import Iterable, Mapping

@@ -8,8 +8,6 @@ above the profile's maximum, is a warning naming the source, never a refusal: th
 theirs to choose.
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 from pathlib import Path
 

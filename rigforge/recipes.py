@@ -4,8 +4,6 @@ What is served, selectable, refused or opt-in, and where the controller finds th
 recipes". The GPU floor is upstream's (scripts/preflight.sh "fallback_sm replaces required_sm as the hard floor").
 """
 
-from __future__ import annotations
-
 import contextlib
 import os
 import posixpath

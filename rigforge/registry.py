@@ -2,8 +2,6 @@
 over TLS with a CA that rigforge makes on the controller. Pure data (its plan, its config.yml), plus the
 controller's own CA files (the openssl command line, run on the controller)."""
 
-from __future__ import annotations
-
 import contextlib
 import fcntl
 import ipaddress

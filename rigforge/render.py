@@ -3,8 +3,6 @@
 Templates get an explicit, fully computed context and are rendered with StrictUndefined.
 """
 
-from __future__ import annotations
-
 import json
 from pathlib import Path
 from typing import Any

@@ -2,8 +2,6 @@
 a canary first with a speed gate, then the other rigs one at a time; the candidate is promoted over the lock in use
 (kept as `<lock>.previous`) only once every rig runs it, so a plain deploy in between puts back what it says."""
 
-from __future__ import annotations
-
 import argparse
 import json
 import statistics

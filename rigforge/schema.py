@@ -4,8 +4,6 @@ variant's values < group data < host data < `--set` overrides. Each check's prob
 and what is allowed. Pure: no pyinfra, no host.
 """
 
-from __future__ import annotations
-
 import contextlib
 import ipaddress
 import json

@@ -32,8 +32,6 @@ that CPU grows with the number of rigs: ~60 operations a rig, each paying for al
 `benchmarks/bench_converge.py` measures the effect (benchmarks/RESULTS.md).
 """
 
-from __future__ import annotations
-
 import atexit
 import contextlib
 import functools

@@ -5,8 +5,6 @@ docs/operators.md says where each column and each line under the table comes fro
 Exit: 0 every rig read, 1 some rig could not be read, 2 the inventory could not be loaded.
 """
 
-from __future__ import annotations
-
 import json
 from dataclasses import asdict
 from pathlib import Path

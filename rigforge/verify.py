@@ -6,8 +6,6 @@ Exit: 0 every check passed (skips allowed), 1 a check failed, 2 could not run (i
 rig unreachable while no check failed).
 """
 
-from __future__ import annotations
-
 import json
 from collections.abc import Mapping
 from dataclasses import asdict

@@ -3,8 +3,6 @@ distribution's), and the NVIDIA Container Toolkit at the lock's `toolkit.version
 containers, NVIDIA/nvidia-container-toolkit#1967). The nvidia runtime is merged into daemon.json, user keys kept.
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 
 from pyinfra import host

@@ -3,8 +3,6 @@
 accepts it; a drop-in points the distro's haproxy.service at it and leaves /etc/haproxy/haproxy.cfg alone.
 """
 
-from __future__ import annotations
-
 from pyinfra.api import deploy
 from pyinfra.operations import apt, systemd
 

@@ -2,8 +2,6 @@
 then rigforge-gpu-settle.service sets back caps other writers change during the settle window: rigforge/boot.py).
 """
 
-from __future__ import annotations
-
 from pyinfra.api import deploy
 from pyinfra.operations import systemd
 

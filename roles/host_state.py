@@ -3,8 +3,6 @@ package exists and is published, no unowned driver is overwritten, no hand-made 
 daemon.json is a JSON object. Nothing on the rig changes.
 """
 
-from __future__ import annotations
-
 import re
 from collections.abc import Mapping
 

@@ -2,8 +2,6 @@
 temporary registry on the rig since `docker load` drops the repository digest: docs/images.md.
 """
 
-from __future__ import annotations
-
 from pyinfra.api import deploy
 from pyinfra.operations import apt, systemd
 

@@ -2,8 +2,6 @@
 after Ctrl-C is 0, which a script or CI job would take for a success.
 """
 
-from __future__ import annotations
-
 import contextlib
 import os
 import signal

@@ -3,8 +3,6 @@ collector, run every 15 s by a systemd timer. On the monitor host (`server`): De
 made from the Fleet's targets and rigforge's alerting rules checked by promtool before they land, and its retention.
 """
 
-from __future__ import annotations
-
 from io import StringIO
 
 from pyinfra.api import deploy

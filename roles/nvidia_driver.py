@@ -3,8 +3,6 @@
 packages chosen from one table (rigforge/driver_table.py); held, and rebooted into only with `nvidia_allow_reboot`.
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 from io import StringIO
 

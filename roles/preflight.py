@@ -3,8 +3,6 @@ CUDA, disk, daemon.json, the role switches) with one message naming the host, th
 is printed while the deploy is prepared, so `pyinfra --dry` shows it and exits 1.
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 
 from pyinfra import host, logger

@@ -3,8 +3,6 @@
 and on every rig, Docker's trust in it (docs/registry.md).
 """
 
-from __future__ import annotations
-
 import shlex
 
 from pyinfra.api import deploy

@@ -3,8 +3,6 @@ not at their pin), one curl each in one round trip from the rig: HTTP 404 or 410
 cannot be asked or answers otherwise is a warning (the step that fetches says more).
 """
 
-from __future__ import annotations
-
 from typing import NamedTuple
 
 from pyinfra import host, logger

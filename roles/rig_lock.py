@@ -7,8 +7,6 @@ holder runs the batched probe: one round trip (docs/probe.md). One machine under
 by `twins()` (machine-id together with the SSH host key) and by the owner line, which names the holding name.
 """
 
-from __future__ import annotations
-
 import atexit
 import base64
 import contextlib

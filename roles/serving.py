@@ -3,8 +3,6 @@ the rig manifest. With rigforge_manage_services false (the testbed: no systemd i
 pulled or health-checked.
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 from datetime import UTC, datetime
 

@@ -4,8 +4,6 @@ container runtime, power, sources, weights, serving, metrics. Every problem of a
 its first operation, so nothing on it changes; other hosts carry on. The roles take the plan and read nothing else.
 """
 
-from __future__ import annotations
-
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.context import ctx_host, ctx_state

@@ -1,7 +1,5 @@
 """Sources: git checkouts at the lock's pinned commits under <rigforge_root>/src/<name> (roles/operations/gitpin.py)."""
 
-from __future__ import annotations
-
 from pyinfra.api import deploy
 from pyinfra.operations import apt, files
 

@@ -2,8 +2,6 @@
 rigforge/remote/fetch_weights.py in a venv (roles/operations/hfweights.py).
 """
 
-from __future__ import annotations
-
 from pyinfra.api import deploy
 from pyinfra.api.hiddenvalue import HiddenValue
 from pyinfra.operations import apt, files, pip

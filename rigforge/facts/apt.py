@@ -4,8 +4,6 @@ A second source file for the same URI with another keyring (a hand-set-up rig's 
 `cuda-*.list`) breaks every `apt-get update` ("Conflicting values set for option Signed-By").
 """
 
-from __future__ import annotations
-
 import re
 import shlex
 

@@ -1,7 +1,5 @@
 """Docker facts: what the engine already holds."""
 
-from __future__ import annotations
-
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
 

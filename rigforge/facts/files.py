@@ -1,7 +1,5 @@
 """File facts pyinfra does not have: a JSON file's content, the size of a tree."""
 
-from __future__ import annotations
-
 import json
 
 from pyinfra.api import FactBase, QuoteString, StringCommand

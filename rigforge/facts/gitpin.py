@@ -1,7 +1,5 @@
 """Fact: the state of a pinned git checkout on the host (HEAD, origin, dirtiness, sparse patterns, file hashes)."""
 
-from __future__ import annotations
-
 import shlex
 
 from pyinfra.api import FactBase

@@ -1,7 +1,5 @@
 """Facts for verified weights: the stamp and the stat of every file in a model dir, and a venv's installed version."""
 
-from __future__ import annotations
-
 import shlex
 
 from pyinfra.api import FactBase

@@ -1,7 +1,5 @@
 """Facts for loading saved images (roles/images.py): the blobs an OCI layout on the rig holds, the TCP ports in use."""
 
-from __future__ import annotations
-
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
 

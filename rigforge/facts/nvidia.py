@@ -4,8 +4,6 @@ Parsers are pure functions (tested on real output, tests/fixtures/nvidia-smi/). 
 there" value instead of failing without a working driver, so it reads on a fresh rig and during a mismatch.
 """
 
-from __future__ import annotations
-
 import re
 from functools import partial
 

@@ -12,8 +12,6 @@ importing changes nothing). It relies on pyinfra 3.10's private `facts._get_fact
 (tests/test_probe.py checks them).
 """
 
-from __future__ import annotations
-
 import atexit
 import contextlib
 import functools

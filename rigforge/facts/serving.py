@@ -2,8 +2,6 @@
 containers run (converged by the serving role, checked by rigforge/drift.py).
 """
 
-from __future__ import annotations
-
 import json
 import shlex
 from functools import partial

@@ -2,8 +2,6 @@
 file: preflight decides what a missing value means.
 """
 
-from __future__ import annotations
-
 import re
 import shlex
 from functools import partial

@@ -3,8 +3,6 @@ table (the role's defaults/main.yml), and `validate(data) -> problems`; `typed` 
 role reads `knobs.docker_source`, never `plan.data["docker_source"]`. No host here.
 """
 
-from __future__ import annotations
-
 import copy
 from collections.abc import Mapping
 from dataclasses import field, make_dataclass

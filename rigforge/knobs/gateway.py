@@ -1,7 +1,5 @@
 """The knobs of roles/gateway.py: their defaults (commented, the role's defaults/main.yml) and checks."""
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 
 from rigforge import schema

@@ -1,7 +1,5 @@
 """The knobs of the monitor host (inventory group `monitor`, docs/monitoring.md): defaults (commented) and checks."""
 
-from __future__ import annotations
-
 import re
 from collections.abc import Mapping
 

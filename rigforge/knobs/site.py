@@ -1,7 +1,5 @@
 """The deploy's own knobs (roles/site.py): which variant, which lock; keys earlier releases read."""
 
-from __future__ import annotations
-
 import os
 
 from rigforge import schema

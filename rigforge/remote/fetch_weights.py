@@ -16,8 +16,6 @@ file), and only then moved into place with os.replace. A bad file never sits at 
 Exit codes: 0 ok, 2 bad input, 3 not enough disk space, 4 verification failed, 5 download failed.
 """
 
-from __future__ import annotations
-
 import argparse
 import contextlib
 import hashlib
@@ -71,7 +69,7 @@ class Progress:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, daemon=True)
 
-    def __enter__(self) -> Progress:
+    def __enter__(self) -> "Progress":
         self._thread.start()
         return self
 

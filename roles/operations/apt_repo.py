@@ -3,8 +3,6 @@ plus small package operations: install only what is missing, remove what conflic
 Other source files for a repository's URI are moved aside to `<file>.rigforge-bak` (apt ignores that suffix).
 """
 
-from __future__ import annotations
-
 from io import StringIO
 
 from pyinfra import host

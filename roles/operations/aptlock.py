@@ -3,8 +3,6 @@ first change of a run. Its holder is asked of the kernel (`fcntl(F_GETLK)`, from
 system has), so its pid is known even where /proc is not mounted.
 """
 
-from __future__ import annotations
-
 import re
 import shlex
 

@@ -2,8 +2,6 @@
 returns False, so pyinfra drops that host and carries on (raising while operations are prepared would abort all).
 """
 
-from __future__ import annotations
-
 from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, operation
 from pyinfra.context import ctx_host

@@ -1,7 +1,5 @@
 """The one writer of /etc/docker/daemon.json: merge keys into the existing JSON, keep everything else."""
 
-from __future__ import annotations
-
 import json
 import posixpath
 from io import StringIO

@@ -1,7 +1,5 @@
 """Operation: the fleet registry holds an image at its locked digest, copied from upstream once."""
 
-from __future__ import annotations
-
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 

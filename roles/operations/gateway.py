@@ -2,8 +2,6 @@
 controller when the rig's turn comes, over each gateway host's own connection (rigforge/gateway.py's scripts).
 """
 
-from __future__ import annotations
-
 import json
 import shlex
 

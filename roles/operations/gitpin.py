@@ -2,8 +2,6 @@
 or repaired by one idempotent shell step (`checkout_script`).
 """
 
-from __future__ import annotations
-
 import shlex
 from collections.abc import Mapping, Sequence
 

@@ -2,8 +2,6 @@
 a no-op decided from the stamp and a stat (no hashing). The HF token never goes on a command line.
 """
 
-from __future__ import annotations
-
 import io
 import json
 import os

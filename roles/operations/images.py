@@ -1,7 +1,5 @@
 """Operations that load saved images into a rig's Docker at their digests (roles/images.py, docs/images.md)."""
 
-from __future__ import annotations
-
 import json
 import shlex
 from pathlib import Path

@@ -1,7 +1,5 @@
 """NVIDIA operations: persistence mode, power caps applied only where they differ, reboot when the driver needs it."""
 
-from __future__ import annotations
-
 from pyinfra import host
 from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.operations import server

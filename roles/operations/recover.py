@@ -3,8 +3,6 @@ dpkg killed mid-install, and files left in the SSH user's private upload dir. Ot
 where they arise (`staged_files`, `hfweights.fetched`).
 """
 
-from __future__ import annotations
-
 import shlex
 
 from pyinfra import host

@@ -1,7 +1,5 @@
 """Operations for the serving role: one enabled vLLM instance, the image, the rig manifest, the health gate."""
 
-from __future__ import annotations
-
 import json
 import shlex
 

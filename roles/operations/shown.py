@@ -1,7 +1,5 @@
 """Long steps seen at pyinfra's default verbosity (no -v needed): downloads, checkouts, package installs."""
 
-from __future__ import annotations
-
 from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, StringCommand
 

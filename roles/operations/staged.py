@@ -1,7 +1,5 @@
 """Files installed as one validated unit: staged, checked on the host, then renamed into place."""
 
-from __future__ import annotations
-
 import hashlib
 import io
 import shlex

@@ -1,7 +1,5 @@
 """systemd unit operations that also work where systemd is not running (a chroot on the testbed)."""
 
-from __future__ import annotations
-
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
