@@ -9,16 +9,8 @@ from dataclasses import dataclass
 
 from pyinfra.facts.files import Sha256File
 
-from rigforge import boot, obtain, power
+from rigforge import boot, driver_table, obtain, power
 from rigforge.boot import watts
-from rigforge.driver_table import (
-    DriverTableError,
-    branch_for_cuda,
-    branch_problem,
-    cuda_for_driver,
-    packages_for,
-    version_key,
-)
 from rigforge.facts.apt import DebInstalledVersion
 from rigforge.facts.files import JsonFile
 from rigforge.facts.gitpin import GitCheckout
@@ -171,12 +163,12 @@ def driver(obs: Observed, ctx: RigContext) -> Check:
     name, data = "driver module = package", ctx.data
     if not data["nvidia_driver_manage"]:
         running = obs.get_fact(NvidiaRunningDriver)
-        problem = branch_problem(running, int(data["nvidia_driver_branch"]))
+        problem = driver_table.branch_problem(running, int(data["nvidia_driver_branch"]))
         fine = f"running {(running or {}).get('version')} (nvidia_driver_manage false: not installed by rigforge)"
         return check(name, [problem] if problem else [], fine)
     try:
-        pkg = packages_for(data, obs.get_fact(OsRelease)["id"]).version_package
-    except DriverTableError as error:
+        pkg = driver_table.packages_for(data, obs.get_fact(OsRelease)["id"]).version_package
+    except driver_table.DriverTableError as error:
         return Check(name, FAIL, f"{error} (host data)")
     module, version = obs.get_fact(NvidiaModuleVersion), obs.get_fact(DebInstalledVersion, package=pkg)
     if not version:
@@ -193,7 +185,9 @@ def driver(obs: Observed, ctx: RigContext) -> Check:
 def cuda_versions(obs: Observed, ctx: RigContext) -> dict:
     """{"driver": the CUDA version the running driver supports, "image": the lock's for the image}, None: unknown."""
     running = obs.get_fact(NvidiaRunningDriver) or {}
-    driver = running.get("cuda") or (cuda_for_driver(running["version"]) if running.get("version") else None)
+    driver = running.get("cuda") or (
+        driver_table.cuda_for_driver(running["version"]) if running.get("version") else None
+    )
     image = ctx.plan.image if ctx.plan else (ctx.manifest or {}).get("image")
     return {"driver": driver, "image": ctx.lock.image_cuda(image) if ctx.lock and image else None}
 
@@ -208,8 +202,8 @@ def cuda(obs: Observed, ctx: RigContext) -> Check:
     if not have["image"]:
         why = variant_needed(ctx) if not ctx.plan else "the lock records no `cuda` for the image"
         return Check(name, PASS if ctx.plan else FAIL, f"{seen} ({why})")
-    if version_key(have["driver"]) < version_key(have["image"]):
-        fix = f"set nvidia_driver_branch: {branch_for_cuda(have['image']) or '?'} and re-run the deploy"
+    if driver_table.version_key(have["driver"]) < driver_table.version_key(have["image"]):
+        fix = f"set nvidia_driver_branch: {driver_table.branch_for_cuda(have['image']) or '?'} and re-run the deploy"
         return Check(name, FAIL, f"{seen}: the driver is too old for the image; {fix}, or use an image built for "
                      f"CUDA <= {have['driver']}")  # fmt: skip
     return Check(name, PASS, seen)

@@ -112,10 +112,6 @@ def with_fleet_checks(rows: list[dict], monitors: tuple[str, ...]) -> list[dict]
     return rows
 
 
-def error_row(name: str, error: Exception) -> dict:
-    return {"host": name, "error": str(error)}
-
-
 add_arguments = inventory.add_arguments
 
 
@@ -124,7 +120,7 @@ def run(args) -> int:
     if read is None:
         return 2
     results, fl = read
-    rows = [error_row(n, r) if isinstance(r, Exception) else r for n, r in results.items()]
+    rows = [{"host": n, "error": str(r)} if isinstance(r, Exception) else r for n, r in results.items()]
     rows = with_fleet_checks(rows, fl.monitors)
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -174,15 +170,9 @@ HEADER = ["HOST", "VARIANT", "PINS", "GPUS", "POWER W cap/target", "VRAM MiB use
 
 
 def format_table(rows: list[dict]) -> str:
-    table = [HEADER] + [_cells(r) for r in rows]
-    full = [c for c in table if len(c) == len(HEADER)]
-    widths = [max(map(len, column)) for column in zip(*full, strict=True)]
-    lines = []
-    for cells in table:
-        if len(cells) == len(HEADER):
-            lines.append("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
-        else:
-            lines.append(f"{cells[0].ljust(widths[0])}  {cells[1]}")
+    table = [HEADER] + [_cells(r) for r in rows]  # an error's row, or a host's that is no rig: two cells
+    widths = [max(map(len, column)) for column in zip(*(c for c in table if len(c) == len(HEADER)), strict=True)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=False)).rstrip() for cells in table]
     for r in rows:
         if r.get("gateway"):
             lines.append(gateway_line(r["host"], r["gateway"]))
