@@ -1,8 +1,5 @@
-"""Observed state: a rig (or a gateway host) as read for its plan, on the controller, changing nothing.
-
-The plan is the rig's in the command's Fleet (rigforge/fleet.py), built again only when the rig differs from the
-inventory (another variant recorded, another GPU count). The rig is read through facts in one batched probe
-(rigforge/facts/probe.py `read`); rigforge/drift.py compares what is read here with the plan.
+"""Observed state: a rig (or a gateway or monitor host) as read from the controller, changing nothing: a rig in one
+batched probe (rigforge/facts/probe.py `read`), compared with its plan by rigforge/drift.py.
 """
 
 import csv
@@ -102,11 +99,10 @@ def requests(ctx: RigContext, os_id: str | None) -> list[tuple[type, dict]]:
     """Every fact the checks read for this rig's plan (on an OS `os_id`), for one batched probe."""
     out = [(cls, {}) for cls in (NvidiaGpus, OsRelease, NvidiaModuleVersion, NvidiaRunningDriver, NvidiaTopology)]
     try:  # the driver table's package whose version is the driver's (none: not read)
-        package = packages_for(ctx.data, os_id).version_package if ctx.data["nvidia_driver_manage"] else None
+        if ctx.data["nvidia_driver_manage"]:
+            out.append((DebInstalledVersion, {"package": packages_for(ctx.data, os_id).version_package}))
     except DriverTableError:
-        package = None
-    if package:
-        out.append((DebInstalledVersion, {"package": package}))
+        pass
     out.append((JsonFile, {"path": ctx.layout.daemon_json}))
     if ctx.manage:  # what ran at this boot (rigforge/boot.py)
         out.append((BootCaps, boot_units(ctx)))
@@ -123,8 +119,8 @@ def requests(ctx: RigContext, os_id: str | None) -> list[tuple[type, dict]]:
 
 
 def observe(host, fl: fleet.Fleet) -> tuple[RigContext, Observed]:
-    """The rig's plan (from `fl`) and the rig read for it: its manifest and GPUs first (they choose the variant and
-    the caps), then everything the checks need in one probe."""
+    """The rig's plan (`fl`'s, built again only for another variant recorded or another GPU count) and the rig read
+    for it: its manifest and GPUs first (they choose the variant and the caps), then the rest in one probe."""
     data = fleet.host_data(host.data)
     ctx = RigContext(name=host.name, data=data)
     layout = HostLayout(root=data["rigforge_root"] or HostLayout.root)
@@ -132,9 +128,9 @@ def observe(host, fl: fleet.Fleet) -> tuple[RigContext, Observed]:
     first = Observed(host, reads)
     ctx.cap_units = first.get_fact(PowerCapUnits) or {}
     ctx.manifest = first.get_fact(JsonFile, path=layout.rig_json)
-    wanted = data["rigforge_variant"]
-    recorded = (ctx.manifest or {}).get("recipe") or (ctx.manifest or {}).get("variant")
-    ctx.variant_name = (ctx.manifest or {}).get("variant") or wanted
+    manifest, wanted = ctx.manifest or {}, data["rigforge_variant"]
+    recorded = manifest.get("recipe") or manifest.get("variant")
+    ctx.variant_name = manifest.get("variant") or wanted
     ctx.variant_from = layout.rig_json if recorded else ("host data rigforge_variant" if wanted else "")
     try:
         ctx.lock = load_lock(data["rigforge_lock"])
