@@ -374,8 +374,7 @@ def gateway_check(rig: str, rest: str | None, views: Mapping[str, dict]) -> Chec
 
 
 def fleet_checks(checks: list[Check], rig: str, rest: str | None, gateways: Mapping, monitors: Mapping) -> list[Check]:
-    """A rig's `checks` with "serving at the gateways" after its container's and "scraped" last (`gateway_check`,
-    `monitor_check`: none without a gateway that lists it, or a monitor)."""
+    """A rig's `checks` with "serving at the gateways" after its container's and "scraped" last, where they apply."""
     at = next((i + 1 for i, c in enumerate(checks) if c.name == RUNS_DIGEST), len(checks))
     served, scraped = gateway_check(rig, rest, gateways), monitor_check(rig, rest, monitors)
     return [*checks[:at], *[served] * bool(served), *checks[at:], *[scraped] * bool(scraped)]

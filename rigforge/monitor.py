@@ -1,7 +1,5 @@
-"""The monitor host's Prometheus (docs/monitoring.md): its scrape config, made from the Fleet's targets
+"""The monitor host's Prometheus (docs/monitoring.md), as pure data: its scrape config, made from the Fleet's targets
 (rigforge/fleet.py `Fleet.targets`), never from a list kept by hand, and the flags that size its storage.
-
-Pure data, like rigforge/registry.py: the caller passes the targets and the monitor host's knobs.
 """
 
 import json

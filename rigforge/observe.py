@@ -50,8 +50,7 @@ class Observed:
 
 @dataclass
 class RigContext:
-    """What the controller knows about a rig: its plan (None when host data or the lock cannot give one), its
-    manifest, and the problems building the plan."""
+    """What the controller knows about a rig: its plan (None: host data or the lock give none), manifest, problems."""
 
     name: str
     data: dict  # host data, the roles' defaults applied (rigforge/fleet.py host_data)
@@ -160,9 +159,8 @@ def managed_files(plan: Plan) -> dict[str, str]:
 
 
 def image_origin(obs: Observed, ctx: RigContext, reg) -> dict | None:
-    """Where the rig's locked image comes from (rigforge/obtain.py), asked now from the controller: {"image",
-    "on_rig", "from", "warning"}; `warning` when the rig alone holds it or nothing does. None without a plan or
-    where services are not managed. `reg`: the fleet registry's plan."""
+    """Where the rig's locked image comes from (rigforge/obtain.py `origin`), asked now: {"image", "on_rig", "from",
+    "warning"}; None without a plan or where services are not managed. `reg`: the fleet registry's plan."""
     if not ctx.plan or not ctx.manage:
         return None
     plan = ctx.plan

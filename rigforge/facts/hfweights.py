@@ -67,8 +67,7 @@ class VenvDistVersion(FactBase):
 
 
 class FileDigests(FactBase):
-    """{path: sha256 hex} of each of ``paths`` under ``dest`` that can be read, hashed on the host
-    (``weights_deep_verify``)."""
+    """{path: sha256 hex} of each readable one of ``paths`` under ``dest``, hashed on the host (weights_deep_verify)."""
 
     probe = False  # never part of the batched probe: it reads gigabytes, only when asked to
 
