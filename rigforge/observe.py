@@ -78,15 +78,13 @@ class RigContext:
 
     @property
     def port(self) -> int | None:
-        if self.plan:
-            return self.plan.port
-        return int(self.manifest["port"]) if self.manifest and self.manifest.get("port") else None
+        manifest = self.manifest or {}
+        return self.plan.port if self.plan else int(manifest["port"]) if manifest.get("port") else None
 
     @property
     def unit(self) -> str | None:
-        if self.manifest and self.manifest.get("unit"):
-            return self.manifest["unit"]
-        return self.layout.instance(self.variant_name) if self.variant_name else None
+        manifest = self.manifest or {}
+        return manifest.get("unit") or (self.layout.instance(self.variant_name) if self.variant_name else None)
 
     def manifest_pins(self) -> dict:
         m = self.manifest or {}

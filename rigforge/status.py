@@ -99,7 +99,6 @@ def _read_rig(r: dict) -> bool:
 
 
 def monitor_views(rows: list[dict], monitors: tuple[str, ...]) -> dict[str, dict | None]:
-    """{monitor host: its view, None when its row is an error}."""
     return {r["host"]: None if r.get("error") else r.get("monitor") for r in rows if r["host"] in monitors}
 
 

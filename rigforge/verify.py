@@ -33,7 +33,6 @@ def check_host(host, fl: fleet.Fleet) -> tuple[list[Check], dict]:
 
 
 def monitor_views(results: dict, monitors: tuple[str, ...]) -> dict[str, dict | None]:
-    """{monitor host: its view, None when it could not be read}."""
     return {h: None if isinstance(r, Exception) else r[1].get("monitor") for h, r in results.items() if h in monitors}
 
 
