@@ -142,10 +142,8 @@ def _cells(r: dict) -> list[str]:
     gpus = r["gpus"]
     names = sorted({g["name"] or "?" for g in gpus})
     gpu = f"{len(gpus)}x {'/'.join(n.replace('NVIDIA GeForce ', '') for n in names)}" if gpus else "none"
-    power = " ".join(
-        f"{g['index']}:{watts(g['power_limit_w'])}/{watts(g['target_w'])}{'' if g['cap_ok'] else '!'}" for g in gpus
-    )
-    power = (power + ("  DRIFT" if any(not g["cap_ok"] for g in gpus) else "")) or "-"
+    caps = [f"{g['index']}:{watts(g['power_limit_w'])}/{watts(g['target_w'])}" + "!" * (not g["cap_ok"]) for g in gpus]
+    power = " ".join(caps) + ("  DRIFT" if any(not g["cap_ok"] for g in gpus) else "") or "-"
     vram = " ".join(f"{g['memory_used_mib']}/{g['memory_total_mib']}" for g in gpus) or "-"
     persist = ",".join({True: "on", False: "off"}.get(g["persistence_mode"], "?") for g in gpus) or "-"
     s = r["service"]
