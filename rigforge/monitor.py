@@ -40,10 +40,7 @@ def render_config(targets: Mapping[str, tuple[tuple[str, str], ...]], data: Mapp
 
 def args(data: Mapping) -> str:
     """Prometheus's storage flags for /etc/default/prometheus (ARGS): retention by time and by size."""
-    return (
-        f"--storage.tsdb.retention.time={data['monitor_retention_time']} "
-        f"--storage.tsdb.retention.size={data['monitor_retention_size']}"
-    )
+    return " ".join(f"--storage.tsdb.retention.{by}={data[f'monitor_retention_{by}']}" for by in ("time", "size"))
 
 
 def rules() -> str:
