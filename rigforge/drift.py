@@ -4,7 +4,7 @@ rig or a registry.
 """
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from pyinfra.facts.files import Sha256File
@@ -66,40 +66,37 @@ def rig_drift(obs: Observed, ctx: RigContext) -> list[str]:
     recorded = ctx.manifest_pins()["git"]
     want = {pin.name: recorded.get(pin.name) or pin.commit for pin in ctx.plan.sources}
     stamped = [line for line in weights(obs, ctx.plan) if "stamp revision" not in line]
-    return sources(obs, ctx.plan, want, "provisioned") + stamped + files(obs, ctx.plan)
+    return [*sources(obs, ctx.plan, want, "provisioned"), *stamped, *files(obs, ctx.plan)]
 
 
-def sources(obs: Observed, plan: Plan, want: Mapping[str, str | None], label: str = "lock") -> list[str]:
+def sources(obs: Observed, plan: Plan, want: Mapping[str, str | None], label: str = "lock") -> Iterator[str]:
     """Each checkout clean at `want`'s commit ({source: commit}: the lock's; the manifest's, label "provisioned")."""
-    bad = []
     for name in plan.variant.sources:
         commit, path = want.get(name), plan.layout.src(name)
         state = obs.get_fact(GitCheckout, path=path)
         if state is None:
-            bad.append(f"git {name}: no checkout at {path}")
+            yield f"git {name}: no checkout at {path}"
         elif not commit:
-            bad.append(f"git {name}: no resolved commit to compare with")
+            yield f"git {name}: no resolved commit to compare with"
         elif state["head"] != commit:
-            bad.append(f"git {name}: HEAD {str(state['head'])[:12] or '?'}, {label} {commit[:12]}")
+            yield f"git {name}: HEAD {str(state['head'])[:12] or '?'}, {label} {commit[:12]}"
         elif state["dirty"]:
             n, first = len(state["dirty"]), state["dirty"][0].strip()
-            bad.append(f"git {name}: dirty checkout at {path} ({n} file(s), e.g. {first})")
-    return bad
+            yield f"git {name}: dirty checkout at {path} ({n} file(s), e.g. {first})"
 
 
-def weights(obs: Observed, plan: Plan) -> list[str]:
+def weights(obs: Observed, plan: Plan) -> Iterator[str]:
     """Each asset's stamp is the lock's revision and sha256s, and every file is as stamped (size, mtime)."""
-    bad = []
     for asset in plan.assets:
         pin, where = asset.pin, weights_at(plan, asset)
         state = obs.get_fact(WeightsState, **where)
         stamp = state["stamp"]
         if not stamp:
-            bad.append(f"hf {asset.name}: no stamp in {where['dest']}")
+            yield f"hf {asset.name}: no stamp in {where['dest']}"
             continue
         if stamp.get("revision") != pin.revision:
             have, want = str(stamp.get("revision"))[:12], str(pin.revision)[:12]
-            bad.append(f"hf {asset.name}: stamp revision {have}, lock {want}")
+            yield f"hf {asset.name}: stamp revision {have}, lock {want}"
             continue
         entries, problems = stamp.get("files") or {}, []
         for f in pin.files:
@@ -113,20 +110,17 @@ def weights(obs: Observed, plan: Plan) -> list[str]:
             elif on_disk[1] != entry.get("mtime_ns"):
                 problems.append(f"{f.path} modified since it was verified (mtime differs from the stamp)")
         if problems:
-            bad.append(f"hf {asset.name}: {'; '.join(problems[:3])}{' ...' if len(problems) > 3 else ''}")
-    return bad
+            yield f"hf {asset.name}: {'; '.join(problems[:3])}{' ...' if len(problems) > 3 else ''}"
 
 
-def files(obs: Observed, plan: Plan) -> list[str]:
+def files(obs: Observed, plan: Plan) -> Iterator[str]:
     """Every file rigforge renders whole is on the rig as the plan renders it (by sha256: no secret read or shown)."""
-    bad = []
     for path, text in managed_files(plan).items():
         on_rig = obs.get_fact(Sha256File, path=path)
         if on_rig is None:
-            bad.append(f"{path} is missing")
+            yield f"{path} is missing"
         elif on_rig != hashlib.sha256(text.encode()).hexdigest():
-            bad.append(f"{path} differs from what rigforge renders (edited by hand? re-run the deploy)")
-    return bad
+            yield f"{path} differs from what rigforge renders (edited by hand? re-run the deploy)"
 
 
 def gpus_with_targets(obs: Observed, ctx: RigContext) -> list[dict]:
@@ -285,12 +279,12 @@ def variant_needed(ctx: RigContext) -> str:
 
 def _sources_at_lock(obs: Observed, plan: Plan) -> tuple[list[str], str]:
     fine = ", ".join(f"{p.name}@{str(p.commit)[:12]}" for p in plan.sources) or "no sources for this variant"
-    return sources(obs, plan, {p.name: p.commit for p in plan.sources}), fine
+    return list(sources(obs, plan, {p.name: p.commit for p in plan.sources})), fine
 
 
 def _weights_valid(obs: Observed, plan: Plan) -> tuple[list[str], str]:
     fine = ", ".join(f"{a.name} ({len(a.pin.files)} files @ {str(a.pin.revision)[:12]})" for a in plan.assets)
-    return weights(obs, plan), fine or "no weights for this variant"
+    return list(weights(obs, plan)), fine or "no weights for this variant"
 
 
 def checks(obs: Observed, ctx: RigContext) -> list[Check]:
@@ -305,7 +299,7 @@ def checks(obs: Observed, ctx: RigContext) -> list[Check]:
     for name, find, hint in (
         ("sources at locked SHAs", lambda: _sources_at_lock(obs, plan), " (re-run the deploy: sources role)"),
         ("weights stamp valid", lambda: _weights_valid(obs, plan), " (re-run the deploy: weights role)"),
-        ("files as rendered", lambda: (files(obs, plan), f"{len(managed_files(plan))} files"), ""),
+        ("files as rendered", lambda: (list(files(obs, plan)), f"{len(managed_files(plan))} files"), ""),
     ):
         out.append(Check(name, FAIL, unplanned) if unplanned else check(name, *find(), hint))
     unit = unit_state(obs, ctx)
