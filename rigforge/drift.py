@@ -4,21 +4,13 @@ rig or a registry.
 """
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from pyinfra.facts.files import Sha256File
 
-from rigforge import boot, obtain, power
+from rigforge import boot, driver_table, obtain, power
 from rigforge.boot import watts
-from rigforge.driver_table import (
-    DriverTableError,
-    branch_for_cuda,
-    branch_problem,
-    cuda_for_driver,
-    packages_for,
-    version_key,
-)
 from rigforge.facts.apt import DebInstalledVersion
 from rigforge.facts.files import JsonFile
 from rigforge.facts.gitpin import GitCheckout
@@ -74,40 +66,37 @@ def rig_drift(obs: Observed, ctx: RigContext) -> list[str]:
     recorded = ctx.manifest_pins()["git"]
     want = {pin.name: recorded.get(pin.name) or pin.commit for pin in ctx.plan.sources}
     stamped = [line for line in weights(obs, ctx.plan) if "stamp revision" not in line]
-    return sources(obs, ctx.plan, want, "provisioned") + stamped + files(obs, ctx.plan)
+    return [*sources(obs, ctx.plan, want, "provisioned"), *stamped, *files(obs, ctx.plan)]
 
 
-def sources(obs: Observed, plan: Plan, want: Mapping[str, str | None], label: str = "lock") -> list[str]:
+def sources(obs: Observed, plan: Plan, want: Mapping[str, str | None], label: str = "lock") -> Iterator[str]:
     """Each checkout clean at `want`'s commit ({source: commit}: the lock's; the manifest's, label "provisioned")."""
-    bad = []
     for name in plan.variant.sources:
         commit, path = want.get(name), plan.layout.src(name)
         state = obs.get_fact(GitCheckout, path=path)
         if state is None:
-            bad.append(f"git {name}: no checkout at {path}")
+            yield f"git {name}: no checkout at {path}"
         elif not commit:
-            bad.append(f"git {name}: no resolved commit to compare with")
+            yield f"git {name}: no resolved commit to compare with"
         elif state["head"] != commit:
-            bad.append(f"git {name}: HEAD {str(state['head'])[:12] or '?'}, {label} {commit[:12]}")
+            yield f"git {name}: HEAD {str(state['head'])[:12] or '?'}, {label} {commit[:12]}"
         elif state["dirty"]:
             n, first = len(state["dirty"]), state["dirty"][0].strip()
-            bad.append(f"git {name}: dirty checkout at {path} ({n} file(s), e.g. {first})")
-    return bad
+            yield f"git {name}: dirty checkout at {path} ({n} file(s), e.g. {first})"
 
 
-def weights(obs: Observed, plan: Plan) -> list[str]:
+def weights(obs: Observed, plan: Plan) -> Iterator[str]:
     """Each asset's stamp is the lock's revision and sha256s, and every file is as stamped (size, mtime)."""
-    bad = []
     for asset in plan.assets:
         pin, where = asset.pin, weights_at(plan, asset)
         state = obs.get_fact(WeightsState, **where)
         stamp = state["stamp"]
         if not stamp:
-            bad.append(f"hf {asset.name}: no stamp in {where['dest']}")
+            yield f"hf {asset.name}: no stamp in {where['dest']}"
             continue
         if stamp.get("revision") != pin.revision:
             have, want = str(stamp.get("revision"))[:12], str(pin.revision)[:12]
-            bad.append(f"hf {asset.name}: stamp revision {have}, lock {want}")
+            yield f"hf {asset.name}: stamp revision {have}, lock {want}"
             continue
         entries, problems = stamp.get("files") or {}, []
         for f in pin.files:
@@ -121,20 +110,17 @@ def weights(obs: Observed, plan: Plan) -> list[str]:
             elif on_disk[1] != entry.get("mtime_ns"):
                 problems.append(f"{f.path} modified since it was verified (mtime differs from the stamp)")
         if problems:
-            bad.append(f"hf {asset.name}: {'; '.join(problems[:3])}{' ...' if len(problems) > 3 else ''}")
-    return bad
+            yield f"hf {asset.name}: {'; '.join(problems[:3])}{' ...' if len(problems) > 3 else ''}"
 
 
-def files(obs: Observed, plan: Plan) -> list[str]:
+def files(obs: Observed, plan: Plan) -> Iterator[str]:
     """Every file rigforge renders whole is on the rig as the plan renders it (by sha256: no secret read or shown)."""
-    bad = []
     for path, text in managed_files(plan).items():
         on_rig = obs.get_fact(Sha256File, path=path)
         if on_rig is None:
-            bad.append(f"{path} is missing")
+            yield f"{path} is missing"
         elif on_rig != hashlib.sha256(text.encode()).hexdigest():
-            bad.append(f"{path} differs from what rigforge renders (edited by hand? re-run the deploy)")
-    return bad
+            yield f"{path} differs from what rigforge renders (edited by hand? re-run the deploy)"
 
 
 def gpus_with_targets(obs: Observed, ctx: RigContext) -> list[dict]:
@@ -171,12 +157,12 @@ def driver(obs: Observed, ctx: RigContext) -> Check:
     name, data = "driver module = package", ctx.data
     if not data["nvidia_driver_manage"]:
         running = obs.get_fact(NvidiaRunningDriver)
-        problem = branch_problem(running, int(data["nvidia_driver_branch"]))
+        problem = driver_table.branch_problem(running, int(data["nvidia_driver_branch"]))
         fine = f"running {(running or {}).get('version')} (nvidia_driver_manage false: not installed by rigforge)"
         return check(name, [problem] if problem else [], fine)
     try:
-        pkg = packages_for(data, obs.get_fact(OsRelease)["id"]).version_package
-    except DriverTableError as error:
+        pkg = driver_table.packages_for(data, obs.get_fact(OsRelease)["id"]).version_package
+    except driver_table.DriverTableError as error:
         return Check(name, FAIL, f"{error} (host data)")
     module, version = obs.get_fact(NvidiaModuleVersion), obs.get_fact(DebInstalledVersion, package=pkg)
     if not version:
@@ -193,7 +179,9 @@ def driver(obs: Observed, ctx: RigContext) -> Check:
 def cuda_versions(obs: Observed, ctx: RigContext) -> dict:
     """{"driver": the CUDA version the running driver supports, "image": the lock's for the image}, None: unknown."""
     running = obs.get_fact(NvidiaRunningDriver) or {}
-    driver = running.get("cuda") or (cuda_for_driver(running["version"]) if running.get("version") else None)
+    driver = running.get("cuda") or (
+        driver_table.cuda_for_driver(running["version"]) if running.get("version") else None
+    )
     image = ctx.plan.image if ctx.plan else (ctx.manifest or {}).get("image")
     return {"driver": driver, "image": ctx.lock.image_cuda(image) if ctx.lock and image else None}
 
@@ -208,8 +196,8 @@ def cuda(obs: Observed, ctx: RigContext) -> Check:
     if not have["image"]:
         why = variant_needed(ctx) if not ctx.plan else "the lock records no `cuda` for the image"
         return Check(name, PASS if ctx.plan else FAIL, f"{seen} ({why})")
-    if version_key(have["driver"]) < version_key(have["image"]):
-        fix = f"set nvidia_driver_branch: {branch_for_cuda(have['image']) or '?'} and re-run the deploy"
+    if driver_table.version_key(have["driver"]) < driver_table.version_key(have["image"]):
+        fix = f"set nvidia_driver_branch: {driver_table.branch_for_cuda(have['image']) or '?'} and re-run the deploy"
         return Check(name, FAIL, f"{seen}: the driver is too old for the image; {fix}, or use an image built for "
                      f"CUDA <= {have['driver']}")  # fmt: skip
     return Check(name, PASS, seen)
@@ -291,12 +279,12 @@ def variant_needed(ctx: RigContext) -> str:
 
 def _sources_at_lock(obs: Observed, plan: Plan) -> tuple[list[str], str]:
     fine = ", ".join(f"{p.name}@{str(p.commit)[:12]}" for p in plan.sources) or "no sources for this variant"
-    return sources(obs, plan, {p.name: p.commit for p in plan.sources}), fine
+    return list(sources(obs, plan, {p.name: p.commit for p in plan.sources})), fine
 
 
 def _weights_valid(obs: Observed, plan: Plan) -> tuple[list[str], str]:
     fine = ", ".join(f"{a.name} ({len(a.pin.files)} files @ {str(a.pin.revision)[:12]})" for a in plan.assets)
-    return weights(obs, plan), fine or "no weights for this variant"
+    return list(weights(obs, plan)), fine or "no weights for this variant"
 
 
 def checks(obs: Observed, ctx: RigContext) -> list[Check]:
@@ -311,7 +299,7 @@ def checks(obs: Observed, ctx: RigContext) -> list[Check]:
     for name, find, hint in (
         ("sources at locked SHAs", lambda: _sources_at_lock(obs, plan), " (re-run the deploy: sources role)"),
         ("weights stamp valid", lambda: _weights_valid(obs, plan), " (re-run the deploy: weights role)"),
-        ("files as rendered", lambda: (files(obs, plan), f"{len(managed_files(plan))} files"), ""),
+        ("files as rendered", lambda: (list(files(obs, plan)), f"{len(managed_files(plan))} files"), ""),
     ):
         out.append(Check(name, FAIL, unplanned) if unplanned else check(name, *find(), hint))
     unit = unit_state(obs, ctx)
@@ -380,8 +368,7 @@ def gateway_check(rig: str, rest: str | None, views: Mapping[str, dict]) -> Chec
 
 
 def fleet_checks(checks: list[Check], rig: str, rest: str | None, gateways: Mapping, monitors: Mapping) -> list[Check]:
-    """A rig's `checks` with "serving at the gateways" after its container's and "scraped" last (`gateway_check`,
-    `monitor_check`: none without a gateway that lists it, or a monitor)."""
+    """A rig's `checks` with "serving at the gateways" after its container's and "scraped" last, where they apply."""
     at = next((i + 1 for i, c in enumerate(checks) if c.name == RUNS_DIGEST), len(checks))
     served, scraped = gateway_check(rig, rest, gateways), monitor_check(rig, rest, monitors)
     return [*checks[:at], *[served] * bool(served), *checks[at:], *[scraped] * bool(scraped)]

@@ -1,11 +1,9 @@
-"""`rigforge lock --recipes REF`: the lock follows the recipe repo to REF in one command.
-
-At REF (a tag, branch or commit of the lock's `git.recipes` URL), each engine the lock has an image entry for, or a
-used slug runs, gets the image upstream's launchers run: the engine profile's `install.spec` (the variable its
-`image_env` names is set to it on the rig, rigforge/recipes.py). An entry whose ref moved is unresolved again; one
-that did not keeps its digest. A second image a used slug's compose pulls gets an entry of its own (named after
-its service). Every weights repo a used slug needs and the lock lacks gets an unresolved hf entry. The caller
-then resolves them all (rigforge/lock.py `resolve`), prints the diff and writes the lock.
+"""`rigforge lock --recipes REF`: the lock follows the recipe repo to REF (a tag, branch or commit of its
+`git.recipes` URL) in one command. Each engine the lock has an image entry for, or a used slug runs, gets the image
+the upstream launchers run at REF: its profile's `install.spec` (rigforge/recipes.py); unresolved again when its ref
+moved, else keeping its digest. A second image of a used slug's compose gets an entry named after its service, and
+every weights repo a used slug needs and the lock lacks an unresolved hf entry. The caller resolves them all
+(rigforge/lock.py `resolve`), prints the diff and writes the lock.
 """
 
 import dataclasses

@@ -1,7 +1,5 @@
-"""The monitor host's Prometheus (docs/monitoring.md): its scrape config, made from the Fleet's targets
+"""The monitor host's Prometheus (docs/monitoring.md), as pure data: its scrape config, made from the Fleet's targets
 (rigforge/fleet.py `Fleet.targets`), never from a list kept by hand, and the flags that size its storage.
-
-Pure data, like rigforge/registry.py: the caller passes the targets and the monitor host's knobs.
 """
 
 import json
@@ -42,10 +40,7 @@ def render_config(targets: Mapping[str, tuple[tuple[str, str], ...]], data: Mapp
 
 def args(data: Mapping) -> str:
     """Prometheus's storage flags for /etc/default/prometheus (ARGS): retention by time and by size."""
-    return (
-        f"--storage.tsdb.retention.time={data['monitor_retention_time']} "
-        f"--storage.tsdb.retention.size={data['monitor_retention_size']}"
-    )
+    return " ".join(f"--storage.tsdb.retention.{by}={data[f'monitor_retention_{by}']}" for by in ("time", "size"))
 
 
 def rules() -> str:

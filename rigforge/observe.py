@@ -1,8 +1,5 @@
-"""Observed state: a rig (or a gateway host) as read for its plan, on the controller, changing nothing.
-
-The plan is the rig's in the command's Fleet (rigforge/fleet.py), built again only when the rig differs from the
-inventory (another variant recorded, another GPU count). The rig is read through facts in one batched probe
-(rigforge/facts/probe.py `read`); rigforge/drift.py compares what is read here with the plan.
+"""Observed state: a rig (or a gateway or monitor host) as read from the controller, changing nothing: a rig in one
+batched probe (rigforge/facts/probe.py `read`), compared with its plan by rigforge/drift.py.
 """
 
 import csv
@@ -53,8 +50,7 @@ class Observed:
 
 @dataclass
 class RigContext:
-    """What the controller knows about a rig: its plan (None when host data or the lock cannot give one), its
-    manifest, and the problems building the plan."""
+    """What the controller knows about a rig: its plan (None: host data or the lock give none), manifest, problems."""
 
     name: str
     data: dict  # host data, the roles' defaults applied (rigforge/fleet.py host_data)
@@ -82,15 +78,13 @@ class RigContext:
 
     @property
     def port(self) -> int | None:
-        if self.plan:
-            return self.plan.port
-        return int(self.manifest["port"]) if self.manifest and self.manifest.get("port") else None
+        manifest = self.manifest or {}
+        return self.plan.port if self.plan else int(manifest["port"]) if manifest.get("port") else None
 
     @property
     def unit(self) -> str | None:
-        if self.manifest and self.manifest.get("unit"):
-            return self.manifest["unit"]
-        return self.layout.instance(self.variant_name) if self.variant_name else None
+        manifest = self.manifest or {}
+        return manifest.get("unit") or (self.layout.instance(self.variant_name) if self.variant_name else None)
 
     def manifest_pins(self) -> dict:
         m = self.manifest or {}
@@ -102,11 +96,10 @@ def requests(ctx: RigContext, os_id: str | None) -> list[tuple[type, dict]]:
     """Every fact the checks read for this rig's plan (on an OS `os_id`), for one batched probe."""
     out = [(cls, {}) for cls in (NvidiaGpus, OsRelease, NvidiaModuleVersion, NvidiaRunningDriver, NvidiaTopology)]
     try:  # the driver table's package whose version is the driver's (none: not read)
-        package = packages_for(ctx.data, os_id).version_package if ctx.data["nvidia_driver_manage"] else None
+        if ctx.data["nvidia_driver_manage"]:
+            out.append((DebInstalledVersion, {"package": packages_for(ctx.data, os_id).version_package}))
     except DriverTableError:
-        package = None
-    if package:
-        out.append((DebInstalledVersion, {"package": package}))
+        pass
     out.append((JsonFile, {"path": ctx.layout.daemon_json}))
     if ctx.manage:  # what ran at this boot (rigforge/boot.py)
         out.append((BootCaps, boot_units(ctx)))
@@ -123,8 +116,8 @@ def requests(ctx: RigContext, os_id: str | None) -> list[tuple[type, dict]]:
 
 
 def observe(host, fl: fleet.Fleet) -> tuple[RigContext, Observed]:
-    """The rig's plan (from `fl`) and the rig read for it: its manifest and GPUs first (they choose the variant and
-    the caps), then everything the checks need in one probe."""
+    """The rig's plan (`fl`'s, built again only for another variant recorded or another GPU count) and the rig read
+    for it: its manifest and GPUs first (they choose the variant and the caps), then the rest in one probe."""
     data = fleet.host_data(host.data)
     ctx = RigContext(name=host.name, data=data)
     layout = HostLayout(root=data["rigforge_root"] or HostLayout.root)
@@ -132,9 +125,9 @@ def observe(host, fl: fleet.Fleet) -> tuple[RigContext, Observed]:
     first = Observed(host, reads)
     ctx.cap_units = first.get_fact(PowerCapUnits) or {}
     ctx.manifest = first.get_fact(JsonFile, path=layout.rig_json)
-    wanted = data["rigforge_variant"]
-    recorded = (ctx.manifest or {}).get("recipe") or (ctx.manifest or {}).get("variant")
-    ctx.variant_name = (ctx.manifest or {}).get("variant") or wanted
+    manifest, wanted = ctx.manifest or {}, data["rigforge_variant"]
+    recorded = manifest.get("recipe") or manifest.get("variant")
+    ctx.variant_name = manifest.get("variant") or wanted
     ctx.variant_from = layout.rig_json if recorded else ("host data rigforge_variant" if wanted else "")
     try:
         ctx.lock = load_lock(data["rigforge_lock"])
@@ -164,9 +157,8 @@ def managed_files(plan: Plan) -> dict[str, str]:
 
 
 def image_origin(obs: Observed, ctx: RigContext, reg) -> dict | None:
-    """Where the rig's locked image comes from (rigforge/obtain.py), asked now from the controller: {"image",
-    "on_rig", "from", "warning"}; `warning` when the rig alone holds it or nothing does. None without a plan or
-    where services are not managed. `reg`: the fleet registry's plan."""
+    """Where the rig's locked image comes from (rigforge/obtain.py `origin`), asked now: {"image", "on_rig", "from",
+    "warning"}; None without a plan or where services are not managed. `reg`: the fleet registry's plan."""
     if not ctx.plan or not ctx.manage:
         return None
     plan = ctx.plan

@@ -99,7 +99,6 @@ def _read_rig(r: dict) -> bool:
 
 
 def monitor_views(rows: list[dict], monitors: tuple[str, ...]) -> dict[str, dict | None]:
-    """{monitor host: its view, None when its row is an error}."""
     return {r["host"]: None if r.get("error") else r.get("monitor") for r in rows if r["host"] in monitors}
 
 
@@ -112,10 +111,6 @@ def with_fleet_checks(rows: list[dict], monitors: tuple[str, ...]) -> list[dict]
     return rows
 
 
-def error_row(name: str, error: Exception) -> dict:
-    return {"host": name, "error": str(error)}
-
-
 add_arguments = inventory.add_arguments
 
 
@@ -124,7 +119,7 @@ def run(args) -> int:
     if read is None:
         return 2
     results, fl = read
-    rows = [error_row(n, r) if isinstance(r, Exception) else r for n, r in results.items()]
+    rows = [{"host": n, "error": str(r)} if isinstance(r, Exception) else r for n, r in results.items()]
     rows = with_fleet_checks(rows, fl.monitors)
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -147,10 +142,8 @@ def _cells(r: dict) -> list[str]:
     gpus = r["gpus"]
     names = sorted({g["name"] or "?" for g in gpus})
     gpu = f"{len(gpus)}x {'/'.join(n.replace('NVIDIA GeForce ', '') for n in names)}" if gpus else "none"
-    power = " ".join(
-        f"{g['index']}:{watts(g['power_limit_w'])}/{watts(g['target_w'])}{'' if g['cap_ok'] else '!'}" for g in gpus
-    )
-    power = (power + ("  DRIFT" if any(not g["cap_ok"] for g in gpus) else "")) or "-"
+    caps = [f"{g['index']}:{watts(g['power_limit_w'])}/{watts(g['target_w'])}" + "!" * (not g["cap_ok"]) for g in gpus]
+    power = " ".join(caps) + ("  DRIFT" if any(not g["cap_ok"] for g in gpus) else "") or "-"
     vram = " ".join(f"{g['memory_used_mib']}/{g['memory_total_mib']}" for g in gpus) or "-"
     persist = ",".join({True: "on", False: "off"}.get(g["persistence_mode"], "?") for g in gpus) or "-"
     s = r["service"]
@@ -174,55 +167,37 @@ HEADER = ["HOST", "VARIANT", "PINS", "GPUS", "POWER W cap/target", "VRAM MiB use
 
 
 def format_table(rows: list[dict]) -> str:
-    table = [HEADER] + [_cells(r) for r in rows]
-    full = [c for c in table if len(c) == len(HEADER)]
-    widths = [max(map(len, column)) for column in zip(*full, strict=True)]
-    lines = []
-    for cells in table:
-        if len(cells) == len(HEADER):
-            lines.append("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
-        else:
-            lines.append(f"{cells[0].ljust(widths[0])}  {cells[1]}")
-    for r in rows:
-        if r.get("gateway"):
-            lines.append(gateway_line(r["host"], r["gateway"]))
-        lines += power_lines(r)
-        if i := r.get("image"):
-            held = "on the rig" if i["on_rig"] else "NOT on the rig"
-            warning = "WARNING: " if i["warning"] else ""
-            lines.append(f"{r['host']}: {warning}image {i['image']}: {held}; from {i['from']}")
-        lines += [f"{r['host']}: pin drift: {d}" for d in r.get("pin_drift") or []]
-        if r.get("candidate"):
-            runs = "runs" if r["candidate"]["runs"] else "does not run yet"
-            lines.append(f"{r['host']}: rollout in progress: {runs} the candidate {r['candidate']['lock']}")
-        if r.get("rest") and _read_rig(r):
-            lines.append(f"{r['host']}: resting {r['rest']} on purpose (host data serving_rest): intended, not drift")
-        for c in r.get("checks") or []:
-            if c["name"] == "scraped":  # the monitor's view, not drift
-                lines.append(f"{r['host']}: scraped: {'NO: ' if c['status'] == drift.FAIL else ''}{c['detail']}")
-            elif c["status"] == drift.FAIL and c["name"] != "pins as locked":  # pin drift: listed above
-                lines.append(f"{r['host']}: DRIFT {c['name']}: {c['detail']}")
-        lines += [f"{r['host']}: {p}" for p in r.get("problems") or []]
-    return "\n".join(lines)
+    table = [HEADER] + [_cells(r) for r in rows]  # an error's row, or a host's that is no rig: two cells
+    widths = [max(map(len, column)) for column in zip(*(c for c in table if len(c) == len(HEADER)), strict=True)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=False)).rstrip() for cells in table]
+    return "\n".join(lines + [f"{r['host']}: {note}" for r in rows for note in notes(r)])
 
 
-def power_lines(r: dict) -> list[str]:
-    """'rig1: power caps: 230 W, set last at this boot (...); recipe: ...', its warnings, and the interconnect."""
-    p = r.get("power")
-    if not p:
-        return []
-    caps = "/".join(f"{w:g}" for w in sorted(set(p["caps"].values()))) or "?"
-    order = f", {p['order']}" if p["order"] else ""
-    lines = [f"{r['host']}: power caps: {caps} W{order}; {p['recipe']}"]
-    lines += [f"{r['host']}: WARNING: {w}" for w in p["warnings"]]
-    if p["interconnect_summary"]:
-        lines.append(f"{r['host']}: interconnect: {p['interconnect_summary']}")
-    return lines
-
-
-def gateway_line(host: str, g: dict) -> str:
-    health = "healthy" if g["health"] == 200 else "NOT HEALTHY"
-    rigs = ", ".join(f"{name} {state}" for name, state in sorted(g["rigs"].items())) or "no rig"
-    models = ", ".join(g["models"]) if g["models"] is not None else f"no answer ({g['models_http']})"
-    url = g.get("public") or g["url"]  # where clients reach it
-    return f"{host}: gateway {url} {health} (haproxy {g['unit']}, /health {g['health']}); models: {models}; {rigs}"
+def notes(r: dict) -> list[str]:
+    """The lines under the table for row `r` (each printed after "host: "): its gateway, power caps, image, drift."""
+    out = []
+    if g := r.get("gateway"):
+        health = "healthy" if g["health"] == 200 else "NOT HEALTHY"
+        rigs = ", ".join(f"{name} {state}" for name, state in sorted(g["rigs"].items())) or "no rig"
+        models = ", ".join(g["models"]) if g["models"] is not None else f"no answer ({g['models_http']})"
+        url = g.get("public") or g["url"]  # where clients reach it
+        out.append(f"gateway {url} {health} (haproxy {g['unit']}, /health {g['health']}); models: {models}; {rigs}")
+    if p := r.get("power"):  # 'power caps: 230 W, set last at this boot (...); recipe: ...'
+        caps = "/".join(f"{w:g}" for w in sorted(set(p["caps"].values()))) or "?"
+        out.append(f"power caps: {caps} W{', ' + p['order'] if p['order'] else ''}; {p['recipe']}")
+        out += [f"WARNING: {w}" for w in p["warnings"]]
+        out += [f"interconnect: {p['interconnect_summary']}"] if p["interconnect_summary"] else []
+    if i := r.get("image"):
+        held = "on the rig" if i["on_rig"] else "NOT on the rig"
+        out.append(f"{'WARNING: ' if i['warning'] else ''}image {i['image']}: {held}; from {i['from']}")
+    out += [f"pin drift: {d}" for d in r.get("pin_drift") or []]
+    if c := r.get("candidate"):  # a rollout in progress
+        out.append(f"rollout in progress: {'runs' if c['runs'] else 'does not run yet'} the candidate {c['lock']}")
+    if r.get("rest") and _read_rig(r):
+        out.append(f"resting {r['rest']} on purpose (host data serving_rest): intended, not drift")
+    for c in r.get("checks") or []:
+        if c["name"] == "scraped":  # the monitor's view, not drift
+            out.append(f"scraped: {'NO: ' if c['status'] == drift.FAIL else ''}{c['detail']}")
+        elif c["status"] == drift.FAIL and c["name"] != "pins as locked":  # pin drift: listed above
+            out.append(f"DRIFT {c['name']}: {c['detail']}")
+    return out + list(r.get("problems") or [])

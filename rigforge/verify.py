@@ -15,29 +15,24 @@ from rigforge.drift import FAIL, PASS, SKIP, SKIPPED, Check, RigContext
 
 
 def check_host(host, fl: fleet.Fleet) -> tuple[list[Check], dict]:
-    """(a rig's drift checks and API probes, a gateway's or monitor's checks; what `with_fleet_checks`
-    needs: serving_rest, whether it is a rig, the views read)."""
-    out, seen = [], {"rest": fleet.host_data(host.data)["serving_rest"], "rig": fl.is_rig(host.name)}
+    """(a rig's drift checks and API probes, a gateway's or monitor's checks; its serving_rest, rig or not, views)."""
+    data = fleet.host_data(host.data)
+    out, seen = [], {"rest": data["serving_rest"], "rig": fl.is_rig(host.name)}
     if seen["rig"]:
         ctx, obs = observe.observe(host, fl)
-        out = drift.checks(obs, ctx)
-        out += api_checks(host, ctx, [c for c in out if c.name.startswith("unit ")])
+        out = drift.checks(obs, ctx) + api_checks(host, ctx)
     if fl.has(host.name, fleet.GATEWAY):
-        data = fleet.host_data(host.data)
         seen["gateway"] = observe.observe_gateway(host, data)
         out += gateway_checks(host, data, seen["gateway"])
     if fl.has(host.name, fleet.MONITOR):
         seen["monitor"] = view = observe.observe_monitor(host)
-        if view["targets"] is None:
-            why = drift.answer(view["http"])
-            out.append(Check("prometheus answers", FAIL, f"{view['url']}{monitor.TARGETS_PATH}: {why}"))
-        else:
-            out.append(Check("prometheus answers", PASS, f"{view['url']}: {len(view['targets'])} targets"))
+        up = view["targets"] is not None
+        said = f": {len(view['targets'])} targets" if up else f"{monitor.TARGETS_PATH}: {drift.answer(view['http'])}"
+        out.append(Check("prometheus answers", PASS if up else FAIL, view["url"] + said))
     return out, seen
 
 
 def monitor_views(results: dict, monitors: tuple[str, ...]) -> dict[str, dict | None]:
-    """{monitor host: its view, None when it could not be read}."""
     return {h: None if isinstance(r, Exception) else r[1].get("monitor") for h, r in results.items() if h in monitors}
 
 
@@ -76,7 +71,7 @@ TOOL = {
 }
 
 
-def api_checks(host, ctx: RigContext, unit: list[Check]) -> list[Check]:
+def api_checks(host, ctx: RigContext) -> list[Check]:
     """/v1/models lists the variant's model, a chat completion names Paris, a tool call comes back (asked on the
     rig, as the recipes' verify.sh); skipped where services are not managed, failed without a unit."""
     names = ("/v1/models answers", "chat returns text", "tool call returned")
@@ -84,8 +79,8 @@ def api_checks(host, ctx: RigContext, unit: list[Check]) -> list[Check]:
         return [Check(n, SKIP, SKIPPED) for n in names]
     if ctx.data.get("serving_rest") == "stopped":
         return [Check(n, SKIP, "resting stopped (serving_rest: stopped)") for n in names]
-    if unit[0].status == FAIL and not ctx.unit:
-        return [Check(n, FAIL, unit[0].detail) for n in names]
+    if not ctx.unit:  # as "unit enabled" fails
+        return [Check(n, FAIL, drift.variant_needed(ctx)) for n in names]
     api = inventory.api_models(host, ctx)
     models = api["models"] or []
     model = (ctx.variant.served_model if ctx.variant else None) or (models or [None])[0]
@@ -190,9 +185,8 @@ def gateway_checks(host, data: Mapping, view: dict) -> list[Check]:
         return out + [Check("gateway /v1/models answers", FAIL, f"{view['url']}/v1/models: {why}")]
     out.append(Check("gateway /v1/models answers", PASS, f"{view['url']} lists {', '.join(view['models'])}"))
     for model in view["models"]:
-        body = {"model": model, **GATEWAY_CHAT}
-        code, text = inventory.http_on_rig(host, f"{view['url']}/v1/chat/completions", 120, body,
-                                           data.get("gateway_api_key"))  # fmt: skip
+        code, text = inventory.http_on_rig(host, f"{view['url']}/v1/chat/completions", 120,
+                                           {"model": model, **GATEWAY_CHAT}, data.get("gateway_api_key"))  # fmt: skip
         ok = code == 200 and "paris" in text.lower()
         out.append(Check(f"gateway chat: {model}", PASS if ok else FAIL, f"HTTP {code or 'no answer'}: {text[:80]}"))
     return out

@@ -73,13 +73,13 @@ def test_a_hand_edited_file_is_named_and_no_rendered_file_holds_the_token(monkey
         probe.fact_key(Sha256File, {"path": path}): hashlib.sha256(text.encode()).hexdigest()
         for path, text in observe.managed_files(plan).items()
     }
-    assert drift.files(Recording(as_planned), plan) == []
+    assert list(drift.files(Recording(as_planned), plan)) == []
     edited = {**as_planned, probe.fact_key(Sha256File, {"path": compose}): "0" * 64}
-    assert drift.files(Recording(edited), plan) == [
+    assert list(drift.files(Recording(edited), plan)) == [
         f"{compose} differs from what rigforge renders (edited by hand? re-run the deploy)"
     ]
     missing = {k: v for k, v in as_planned.items() if env not in k}
-    assert drift.files(Recording(missing), plan) == [f"{env} is missing"]
+    assert list(drift.files(Recording(missing), plan)) == [f"{env} is missing"]
 
 
 def test_daemon_json_is_compared_on_the_key_rigforge_owns_only():

@@ -446,7 +446,7 @@ def test_status_and_verify_read_each_rigs_state_and_a_down_rigs_last_check(tmp_p
     checks = verify.gateway_checks(None, {}, view)
     assert (checks[0].name, checks[0].status) == ("gateway rigs up", drift.FAIL)
     assert checks[0].detail.startswith("rig2 out (down ") and "L4CON Connection refused" in checks[0].detail
-    line = status.gateway_line("gw", view)
+    [line] = [f"gw: {n}" for n in status.notes({"host": "gw", "gateway": view})]
     assert "rig1 serving, rig2 out (down " in line and line.endswith("rig3 draining, rig4 out (maint)"), line
     fine = {**view, "rigs": {"rig1": "serving", "rig3": "draining"}}
     assert verify.gateway_checks(None, {}, fine)[0].status == drift.PASS

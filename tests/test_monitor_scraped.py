@@ -145,7 +145,7 @@ def test_status_ends_each_rigs_checks_with_scraped_and_says_where_the_monitor_is
         "monitor: mon1 (http://10.0.0.5:9090): "
     )
     # the monitor host unreachable: its row is an error, every rig's scraped unknown
-    rows = status.with_fleet_checks([rig("rig1"), status.error_row("mon1", OSError("cannot connect"))], ("mon1",))
+    rows = status.with_fleet_checks([rig("rig1"), {"host": "mon1", "error": "cannot connect"}], ("mon1",))
     assert rows[0]["checks"][-1]["status"] == "skip" and "could not be asked" in rows[0]["checks"][-1]["detail"]
     rows = status.with_fleet_checks([rig("rig1")], ())  # no monitor: no check
     assert [c["name"] for c in rows[0]["checks"]] == ["unit active"]

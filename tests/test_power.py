@@ -26,7 +26,7 @@ from rigforge.facts.nvidia import (
 from rigforge.hardware import interconnect
 from rigforge.layout import SETTLE_UNIT, HostLayout
 from rigforge.render import POWER_UNIT, render_power_unit
-from rigforge.status import power_lines
+from rigforge.status import notes
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RECIPES = FIXTURES / "club-3090-4a29ab57"
@@ -200,7 +200,7 @@ def test_status_says_what_ran_at_this_boot_and_the_recipe_range():
             "interconnect_summary": "PCIe (PHB), no NVLink, P2P read: not supported (CNS: chipset not supported)",
         },
     }
-    assert power_lines(row) == [
+    assert [f"rig1: {n}" for n in notes(row)] == [
         "rig1: power caps: 230 W, set last at this boot (after nvidia-power-cap.service set 250 W; 1 correction by "
         "the settle stage); recipe: TP=2 flat 220..330 W (docs/HARDWARE.md); prefill 250, optimal 290, max 350 W "
         "(rtx-3090.yml)",

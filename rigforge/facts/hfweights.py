@@ -32,8 +32,7 @@ class WeightsState(FactBase):
         return {"stamp": None, "files": {}, "staging": {}, "staging_dir": False}
 
     def process(self, output: list[str]):
-        state = self.default()
-        section = "stamp"
+        state, section = self.default(), "stamp"
         for line in output:
             if line == "--staging-dir--":
                 state["staging_dir"] = True
@@ -54,9 +53,8 @@ class VenvDistVersion(FactBase):
     """Version of ``dist`` installed in the venv ``venv``, from its ``.dist-info`` name (no pip: ~1 s), or None."""
 
     def command(self, venv: str, dist: str) -> str:
-        return (
-            f"ls -d {shlex.quote(venv)}/lib/python3*/site-packages/{shlex.quote(dist)}-*.dist-info 2>/dev/null || true"
-        )
+        q = shlex.quote
+        return f"ls -d {q(venv)}/lib/python3*/site-packages/{q(dist)}-*.dist-info 2>/dev/null || true"
 
     def process(self, output: list[str]) -> str | None:
         for line in output:
@@ -67,8 +65,7 @@ class VenvDistVersion(FactBase):
 
 
 class FileDigests(FactBase):
-    """{path: sha256 hex} of each of ``paths`` under ``dest`` that can be read, hashed on the host
-    (``weights_deep_verify``)."""
+    """{path: sha256 hex} of each readable one of ``paths`` under ``dest``, hashed on the host (weights_deep_verify)."""
 
     probe = False  # never part of the batched probe: it reads gigabytes, only when asked to
 

@@ -27,17 +27,12 @@ def parse_service_state(lines: list[str]) -> dict:
 def serving(state: dict | None) -> str:
     """What a unit's state means for serving: "running", "starting" (a start job in progress: wait for it),
     "crashing" (systemd restarts it after it exited), "failed", "stopped" or "unknown" (no systemd)."""
-    state = state or {}
-    active, sub = state.get("active"), state.get("sub")
-    if active == "active" or active == "reloading":
-        return "running"
+    active = (state or {}).get("active")
     if active == "activating":
-        return "crashing" if sub == "auto-restart" else "starting"
-    if active == "failed":
-        return "failed"
-    if active in ("inactive", "deactivating"):
-        return "stopped"
-    return "unknown"
+        return "crashing" if state.get("sub") == "auto-restart" else "starting"
+    if active in ("active", "reloading"):
+        return "running"
+    return "failed" if active == "failed" else "stopped" if active in ("inactive", "deactivating") else "unknown"
 
 
 class ServiceState(FactBase):
