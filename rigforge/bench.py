@@ -96,8 +96,7 @@ def stream_once(session, base: str, model: str, prompt: str, max_tokens: int, ti
     end = time.perf_counter()
     if ttft is None:
         raise BenchError(f"{base}: the stream ended without any content or reasoning delta")
-    tokens, source = (usage_tokens, "usage") if usage_tokens else (deltas, "deltas")
-    return Sample(ttft, end - start, tokens, source, start, end)
+    return Sample(ttft, end - start, usage_tokens or deltas, "usage" if usage_tokens else "deltas", start, end)
 
 
 def stream_many(base, model, prompt, max_tokens, timeout, streams, headers=None) -> list[Sample]:
@@ -134,14 +133,9 @@ def stats(values: list[float]) -> dict:
 
 def summarize(rounds: list[list[Sample]]) -> dict:
     """rounds: one list of concurrent samples per measured run."""
-    flat = [s for r in rounds for s in r]
-    out = {
-        "ttft_ms": stats([s.ttft_s * 1000 for s in flat]),
-        "wall_tps": stats([s.wall_tps for s in flat]),
-        "decode_tps": stats([s.decode_tps for s in flat]),
-        "tokens": stats([float(s.tokens) for s in flat]),
-        "tokens_from": sorted({s.tokens_from for s in flat}),
-    }
+    flat = [s.as_dict(0) for r in rounds for s in r]
+    out = {k: stats([float(d[k]) for d in flat]) for k in ("ttft_ms", "wall_tps", "decode_tps", "tokens")}
+    out["tokens_from"] = sorted({d["tokens_from"] for d in flat})
     if len(rounds[0]) > 1:
         out["aggregate_tps"] = stats([aggregate_tps(r) for r in rounds])
         out["per_stream_wall_tps"] = [statistics.fmean(r[i].wall_tps for r in rounds) for i in range(len(rounds[0]))]
@@ -212,13 +206,6 @@ def _progress(done: int, total: int, label: str) -> None:
     sys.stderr.flush()
 
 
-def _base_url(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise BenchError(f"{url!r} is not an http(s) URL; give the server's base URL, e.g. http://rig1:8011")
-    return url.rstrip("/").removesuffix("/v1")
-
-
 def run(args) -> int:
     try:
         return _run(args)
@@ -238,7 +225,9 @@ def _run(args) -> int:
     for name, least in (("warmups", 0), ("runs", 1), ("streams", 1)):
         if getattr(args, name) < least:
             raise BenchError(f"--{name} must be >= {least}")
-    base = _base_url(args.url)
+    if (parts := urlsplit(args.url)).scheme not in ("http", "https") or not parts.hostname:
+        raise BenchError(f"{args.url!r} is not an http(s) URL; give the server's base URL, e.g. http://rig1:8011")
+    base = args.url.rstrip("/").removesuffix("/v1")
     key = os.environ.get("RIGFORGE_API_KEY")
     headers = {"Authorization": f"Bearer {key}"} if key else None
     try:
@@ -267,17 +256,9 @@ def _run(args) -> int:
 
     prompts = [args.only] if args.only else list(PROMPTS)
     per_prompt = args.warmups + args.runs
-    report = {
-        "url": base,
-        "model": model,
-        "variant": variant,
-        "variant_from": variant_from if variant else None,
-        "warmups": args.warmups,
-        "runs": args.runs,
-        "streams": args.streams,
-        "sampling": {**SAMPLING, "enable_thinking": False},
-        "prompts": {},
-    }
+    report = {"url": base, "model": model, "variant": variant, "variant_from": variant_from if variant else None}
+    report |= {k: getattr(args, k) for k in ("warmups", "runs", "streams")}
+    report |= {"sampling": {**SAMPLING, "enable_thinking": False}, "prompts": {}}
     for k, name in enumerate(prompts):
         text, max_tokens = PROMPTS[name]
         rounds = []

@@ -103,8 +103,7 @@ def build(host: str, data: Mapping, rigs: Sequence) -> tuple[GatewayPlan | None,
         return None, [f"gateway_metrics_port must differ from gateway_port ({data['gateway_port']})"]
     bind = f"{data.get('gateway_bind_address') or ''}:{data['gateway_port']}"
     metrics_bind = f"{data.get('gateway_bind_address') or ''}:{data['gateway_metrics_port']}"
-    key = data.get("gateway_api_key")
-    key_sha = key_hash(key) if key else None
+    key_sha = key_hash(key) if (key := data.get("gateway_api_key")) else None
     return GatewayPlan(host, bind, key_sha, tuple(backends), hold=Gateway.of(data), metrics_bind=metrics_bind), []
 
 
@@ -133,7 +132,7 @@ backends=$(stat '$2 == s {{ print $1 }}')
 def drain_script(server: str, timeout: int) -> str:
     """Shell, on a gateway host: no new requests for `server`, then wait (at most `timeout` s) until its requests
     in flight and queued are done. Prints `others up N`: how many other rigs of its models are up."""
-    body = f"""
+    return f"""{_runtime(server)}
 for b in $backends; do cli "set server $b/{server} state drain" >/dev/null; done
 save
 echo "others up $(cli "show stat" | awk -F, -v s={shlex.quote(server)} -v bs=" $(echo $backends) " \
@@ -145,7 +144,6 @@ while busy=$(stat '$2 == s {{ n += $3 + $5 }} END {{ print n + 0 }}') && [ "$bus
 done
 echo "gateway: drained after $waited s"
 """
-    return _runtime(server) + body
 
 
 def state_script(server: str, backend: str, port: int) -> str:
@@ -153,7 +151,7 @@ def state_script(server: str, backend: str, port: int) -> str:
     `drain`, `maint`, `moved` (ready at another port) or `absent`; nothing when the gateway does not run there.
     (`show servers state`: 2 backend, 4 server, 7 admin state bits (0x01/0x02/0x04/0x20/0x40 maint, 0x08/0x10
     drain), 19 port.)"""
-    body = f"""
+    return f"""{_runtime(server)}
 cli "show servers state" | awk -v s={shlex.quote(server)} -v b={shlex.quote(backend)} -v p={int(port)} '
   $2 == b && $4 == s {{ seen = 1; a = $7 + 0
     if (a % 2 == 1 || int(a / 2) % 2 == 1 || int(a / 4) % 2 == 1 || int(a / 32) % 2 == 1 || int(a / 64) % 2 == 1)
@@ -163,14 +161,13 @@ cli "show servers state" | awk -v s={shlex.quote(server)} -v b={shlex.quote(back
     else print "ready" }}
   END {{ if (!seen) print "absent" }}'
 """
-    return _runtime(server) + body
 
 
 def rejoin_script(server: str, backend: str | None, address: str, port: int, wait: int = 60) -> str:
     """Shell, on a gateway host: `server` back in `backend` (None: wherever it is) at `address`:`port` (a name is
     resolved there), out of the backends of models it no longer serves; then wait (at most `wait` s) until the
     gateway's own health check sees it up."""
-    body = f"""
+    return f"""{_runtime(server)}
 ip=$(getent ahosts {shlex.quote(address)} | awk '{{ print $1; exit }}')
 [ -n "$ip" ] || {{ echo "gateway: cannot resolve {address}" >&2; exit 1; }}
 for b in $backends; do
@@ -189,4 +186,3 @@ until stat '$2 == s && $18 ~ /^UP/ {{ up = 1 }} END {{ exit !up }}'; do
 done
 echo "gateway: {server} serving at $ip:{int(port)} after $waited s"
 """
-    return _runtime(server) + body

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,11 +104,9 @@ def _verified_ok(directory: Path, verified: dict, digest: str, size: int) -> boo
         return False
 
 
-def _descriptors(manifest: dict) -> Iterator[dict]:
+def _descriptors(manifest: dict) -> list[dict]:
     """The blobs an image manifest names (config, then layers)."""
-    if manifest.get("config"):
-        yield manifest["config"]
-    yield from manifest.get("layers") or []
+    return ([manifest["config"]] if manifest.get("config") else []) + list(manifest.get("layers") or [])
 
 
 def _children(manifest: dict) -> list[dict]:
@@ -181,10 +178,6 @@ def _human(n: float) -> str:
     return f"{n:.1f} GB"
 
 
-def _say(line: str) -> None:
-    print(line, flush=True)
-
-
 def _fetch_blob(src: _Source, directory: Path, verified: dict, desc: dict, label: str) -> bool:
     """The blob `desc` in place, verified; False when it already was (nothing fetched)."""
     digest, size = desc["digest"], int(desc["size"])
@@ -216,7 +209,7 @@ def _fetch_blob(src: _Source, directory: Path, verified: dict, desc: dict, label
                 break
             if size and got // step > said and got < size:
                 said = got // step
-                _say(f"  {label} {digest[7:19]}: {_human(got)} of {_human(size)} ({100 * got // size}%)")
+                print(f"  {label} {digest[7:19]}: {_human(got)} of {_human(size)} ({100 * got // size}%)", flush=True)
     actual = f"sha256:{hasher.hexdigest()}"
     if got != size or actual != digest:
         part.unlink(missing_ok=True)
@@ -227,7 +220,7 @@ def _fetch_blob(src: _Source, directory: Path, verified: dict, desc: dict, label
     os.replace(part, final)
     verified[digest] = size
     _write_json(directory / VERIFIED, verified)
-    _say(f"  {label} {digest[7:19]}: {_human(size)} (100%), verified")
+    print(f"  {label} {digest[7:19]}: {_human(size)} (100%), verified", flush=True)
     return True
 
 
@@ -260,11 +253,11 @@ def save_image(directory: Path, pin: ImagePin, registry: str | None = None, ca_c
     if not (directory / LAYOUT_FILE).exists():
         _write_json(directory / LAYOUT_FILE, LAYOUT_VERSION)
     if saved(directory, pin.ref, pin.digest):
-        _say(f"{pin.ref}@{pin.digest}: already saved in {directory}")
+        print(f"{pin.ref}@{pin.digest}: already saved in {directory}", flush=True)
         return 0
     src = _Source(pin.ref, registry, ca_cert)
     verified = _read_json(directory / VERIFIED, {})
-    _say(f"{pin.ref}@{pin.digest}: saving from {src.base.split('/v2/')[0]}")
+    print(f"{pin.ref}@{pin.digest}: saving from {src.base.split('/v2/')[0]}", flush=True)
     top, media_type, top_size = _fetch_manifest(src, directory, verified, pin.digest)
     images = [top, *(_fetch_manifest(src, directory, verified, c["digest"])[0] for c in _children(top))]
     blobs = [b for m in images for b in _descriptors(m)]
@@ -282,7 +275,7 @@ def save_image(directory: Path, pin: ImagePin, registry: str | None = None, ca_c
     index["manifests"] = [*others, entry]
     _write_json(directory / INDEX, index)
     total = sum(int(b["size"]) for b in blobs)
-    _say(f"{pin.ref}@{pin.digest}: saved ({len(blobs)} blobs, {_human(total)}; {fetched} fetched now)")
+    print(f"{pin.ref}@{pin.digest}: saved ({len(blobs)} blobs, {_human(total)}; {fetched} fetched now)", flush=True)
     return fetched
 
 
@@ -339,7 +332,7 @@ def save(directory: Path, lock: Lock, registry: str | None = None, ca_cert: str 
     """Save every locked image with a digest; the number of blobs fetched."""
     pins, unresolved = locked_images(lock)
     for name in unresolved:
-        _say(f"{name}: no digest in the lock, not saved (run `rigforge lock` on a networked controller)")
+        print(f"{name}: no digest in the lock, not saved (run `rigforge lock` on a networked controller)", flush=True)
     if not pins:
         raise ImagesError(f"lock {lock.path}: no image has a digest; nothing to save")
     return sum(save_image(directory, pin, registry, ca_cert) for pin in pins)

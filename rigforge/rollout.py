@@ -36,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 class RolloutError(Exception):
-    pass
+    """The rollout stopped (one line, for the operator)."""
 
 
 class CanaryFailed(RolloutError):
@@ -45,20 +45,6 @@ class CanaryFailed(RolloutError):
 
 def say(text: str) -> None:
     print(f"rollout: {text}", flush=True)
-
-
-def _rigs(state) -> tuple[list, list[str]]:
-    """(the rigs to move, in inventory order; the names of those held by host data rollout_hold)."""
-    rigs = [h for h in state.inventory if fleet.is_rig(h)]
-    held = [h.name for h in rigs if fleet.host_data(h.data)["rollout_hold"]]
-    return [h for h in rigs if h.name not in held], held
-
-
-def lock_in_use(rigs) -> Path:
-    paths = {str(fleet.host_data(h.data)["rigforge_lock"]) for h in rigs}
-    if len(paths) != 1:
-        raise RolloutError(f"the rigs use {len(paths)} locks ({', '.join(sorted(paths))}): give them one lock")
-    return Path(paths.pop())
 
 
 # --- the preview ---------------------------------------------------------------------------------------------
@@ -81,8 +67,7 @@ def flags(files: dict) -> dict[str, str]:
     out, key = {}, None
     for word in cmd:
         if word.startswith("--"):
-            key = word
-            out[key] = ""
+            key, out[word] = word, ""
         elif key:
             out[key] = f"{out[key]} {word}".strip()
     return out
@@ -190,11 +175,13 @@ def canary(args, h, old: Path, new: Path) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        state = inventory.open_inventory(args.inventory)
-        rigs, held = _rigs(state)
-        if not rigs:
+        rigs = [h for h in inventory.open_inventory(args.inventory).inventory if fleet.is_rig(h)]
+        held = [h.name for h in rigs if fleet.host_data(h.data)["rollout_hold"]]
+        if not (rigs := [h for h in rigs if h.name not in held]):
             raise RolloutError("no rig to roll out (every rig is held)")
-        old = lock_in_use(rigs)
+        if len(paths := {str(fleet.host_data(h.data)["rigforge_lock"]) for h in rigs}) != 1:
+            raise RolloutError(f"the rigs use {len(paths)} locks ({', '.join(sorted(paths))}): give them one lock")
+        old = Path(paths.pop())
         new = Path(f"{old}.previous") if args.rollback else args.to
         if new is None or not new.is_file():
             why = f"no {new}: nothing was promoted yet" if args.rollback else "give --to FILE"
