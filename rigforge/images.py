@@ -88,20 +88,17 @@ def _write_json(path: Path, data) -> None:
 def index_entries(directory: Path) -> list[Saved]:
     """The images a layout's index.json names (by the ref annotation), in file order."""
     index = _read_json(Path(directory) / INDEX, {})
-    out = []
-    for entry in index.get("manifests") or [] if isinstance(index, dict) else []:
-        ref = (entry.get("annotations") or {}).get(REF_NAME)
-        if ref and DIGEST.match(str(entry.get("digest", ""))):
-            out.append(Saved(ref, entry["digest"], entry.get("mediaType", ""), int(entry.get("size", 0))))
-    return out
+    return [
+        Saved(ref, e["digest"], e.get("mediaType", ""), int(e.get("size", 0)))
+        for e in (index.get("manifests") or [] if isinstance(index, dict) else [])
+        if (ref := (e.get("annotations") or {}).get(REF_NAME)) and DIGEST.match(str(e.get("digest", "")))
+    ]
 
 
 def _verified_ok(directory: Path, verified: dict, digest: str, size: int) -> bool:
     """The blob is in place with `size` bytes, and its sha256 was checked when it was written."""
-    try:
-        return verified.get(digest) == size and blob_path(directory, digest).stat().st_size == size
-    except OSError:
-        return False
+    path = blob_path(directory, digest)
+    return verified.get(digest) == size and path.exists() and path.stat().st_size == size
 
 
 def _descriptors(manifest: dict) -> list[dict]:
@@ -194,8 +191,7 @@ def _fetch_blob(src: _Source, directory: Path, verified: dict, desc: dict, label
         have = part.stat().st_size
     else:
         part.unlink(missing_ok=True)
-    headers = {"Range": f"bytes={have}-"} if have else {}
-    resp = src.get("blobs", digest, headers, stream=True)
+    resp = src.get("blobs", digest, {"Range": f"bytes={have}-"} if have else {}, stream=True)
     if have and resp.status_code != 206:  # the registry sent it whole: start over
         hasher, have = hashlib.sha256(), 0
     got, step = have, max(size * PROGRESS_STEP // 100, 1)
@@ -262,12 +258,8 @@ def save_image(directory: Path, pin: ImagePin, registry: str | None = None, ca_c
     images = [top, *(_fetch_manifest(src, directory, verified, c["digest"])[0] for c in _children(top))]
     blobs = [b for m in images for b in _descriptors(m)]
     fetched = sum(_fetch_blob(src, directory, verified, b, f"blob {i}/{len(blobs)}") for i, b in enumerate(blobs, 1))
-    entry = {
-        "mediaType": media_type,
-        "digest": pin.digest,
-        "size": top_size,
-        "annotations": {REF_NAME: pin.ref, IMAGE_NAME: qualified(pin.ref)},
-    }
+    entry = {"mediaType": media_type, "digest": pin.digest, "size": top_size}
+    entry["annotations"] = {REF_NAME: pin.ref, IMAGE_NAME: qualified(pin.ref)}
     index = _read_json(directory / INDEX, {})
     if not isinstance(index, dict) or not isinstance(index.get("manifests"), list):
         index = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": []}
@@ -318,14 +310,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="images_command", required=True)
     save = sub.add_parser("save", help="keep the lock's images (those with a digest) in DIR, an OCI image layout")
     save.add_argument("dir", type=Path, help="the directory (created; a re-run fetches only what is missing)")
-    save.add_argument("--lock", type=Path, default=None, help="lock file (default: rigforge.lock.yaml)")
-    save.add_argument("--registry", default=None, metavar="URL",
+    save.add_argument("--lock", type=Path, help="lock file (default: rigforge.lock.yaml)")
+    save.add_argument("--registry", metavar="URL",
                       help="read from this registry (a base URL, https://host:5000), not Docker Hub")  # fmt: skip
-    save.add_argument("--ca-cert", default=None, metavar="PEM", help="the CA certificate that registry's TLS uses")
+    save.add_argument("--ca-cert", metavar="PEM", help="the CA certificate that registry's TLS uses")
     load = sub.add_parser("load", help="put the images saved in DIR on the rigs of INVENTORY, at their digests")
     load.add_argument("dir", type=Path, help="a directory `rigforge images save` wrote")
     load.add_argument("inventory", help="pyinfra inventory (e.g. inventories/home.py)")
-    load.add_argument("--limit", default=None, metavar="HOST", help="only this host (or group)")
+    load.add_argument("--limit", metavar="HOST", help="only this host (or group)")
 
 
 def save(directory: Path, lock: Lock, registry: str | None = None, ca_cert: str | None = None) -> int:
