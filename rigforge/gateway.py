@@ -1,6 +1,5 @@
-"""The fleet's front door (docs/gateway.md): one HAProxy in front of the rigs, one backend per served model name,
-its config built from the rigs' plans and the gateway host's knobs (pure data, like rigforge/fleet.py); and the
-shell that drains and rejoins a rig through HAProxy's runtime API."""
+"""The fleet's front door (docs/gateway.md): one HAProxy before the rigs, a backend per served model name, its config
+built from the rigs' plans and the gateway host's knobs; and the shell that drains and rejoins a rig through it."""
 
 import hashlib
 import itertools
@@ -115,9 +114,8 @@ def render(plan: GatewayPlan) -> str:
 
 
 def _runtime(server: str) -> str:
-    """Shell helpers: `cli CMD` talks to HAProxy's runtime API, `stat AWK` reads `show stat` (CSV: 1 backend,
-    2 server, 3 queued, 5 sessions, 18 status) with `s` set to the server; `save` keeps the runtime state (ports,
-    drains) for the next reload."""
+    """Shell helpers: `cli CMD` (HAProxy's runtime API), `stat AWK` on `show stat` (CSV: 1 backend, 2 server, 3 queued,
+    5 sessions, 18 status; `s`: the server), `save` (the runtime state, ports and drains, for the next reload)."""
     state, socket = shlex.quote(GATEWAY_STATE), shlex.quote(GATEWAY_ADMIN_SOCKET)
     return f"""
 cli() {{ echo "$1" | socat stdio UNIX-CONNECT:{socket}; }}
@@ -164,9 +162,8 @@ cli "show servers state" | awk -v s={shlex.quote(server)} -v b={shlex.quote(back
 
 
 def rejoin_script(server: str, backend: str | None, address: str, port: int, wait: int = 60) -> str:
-    """Shell, on a gateway host: `server` back in `backend` (None: wherever it is) at `address`:`port` (a name is
-    resolved there), out of the backends of models it no longer serves; then wait (at most `wait` s) until the
-    gateway's own health check sees it up."""
+    """Shell, on a gateway host: `server` back in `backend` (None: wherever it is) at `address`:`port`, out of the
+    other backends; then wait (at most `wait` s) until the gateway's own health check sees it up."""
     return f"""{_runtime(server)}
 ip=$(getent ahosts {shlex.quote(address)} | awk '{{ print $1; exit }}')
 [ -n "$ip" ] || {{ echo "gateway: cannot resolve {address}" >&2; exit 1; }}

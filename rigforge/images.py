@@ -1,6 +1,5 @@
-"""`rigforge images save DIR` and `rigforge images load DIR INVENTORY` (docs/images.md): the lock's images kept
-in a directory, an OCI image layout, then put onto a rig at their locked digests (deploy/images_load.py,
-roles/images.py), for a single rig with no fleet registry or a move between fleets (issue 22)."""
+"""`rigforge images save DIR` and `load DIR INVENTORY` (docs/images.md, issue 22): the lock's images kept in an OCI
+image layout, put onto a rig at their locked digests (deploy/images_load.py) where no fleet registry serves it."""
 
 import argparse
 import hashlib
@@ -41,8 +40,7 @@ class Saved:
 
 
 def hub_name(ref: str) -> tuple[str, str] | None:
-    """(repository path on Docker Hub, tag) of a ref Docker pulls from Docker Hub (`vllm/vllm-openai:v1` ->
-    (`vllm/vllm-openai`, `v1`); `ubuntu` -> (`library/ubuntu`, `latest`)); None for another registry's ref."""
+    """(Docker Hub repository path, tag) of a ref Docker pulls from Docker Hub (`ubuntu`: library/ubuntu, latest)."""
     r = parse(ref)
     if r.registry not in (DOCKER_HUB, "index.docker.io", "registry-1.docker.io"):
         return None
@@ -112,9 +110,8 @@ def _children(manifest: dict) -> list[dict]:
 
 
 def saved(directory: str | os.PathLike, ref: str, digest: str) -> bool:
-    """Does `directory` hold the image `ref` at `digest`, complete and verified: named in index.json, its manifest
-    (and, for an index, every child manifest) and every blob in place with the size it names and checked by
-    sha256 when written? Sizes only, no re-hash: what the deploy's preflight asks of a saved copy."""
+    """Does `directory` hold `ref` at `digest` complete: in index.json, each manifest and blob in place at its size
+    and sha256-checked when written (sizes only, no re-hash: what the deploy's preflight asks)?"""
     directory = Path(directory)
     entry = next((e for e in index_entries(directory) if e.ref == ref and e.digest == digest), None)
     if entry is None:
@@ -275,10 +272,9 @@ def save_image(directory: Path, pin: ImagePin, registry: str | None = None, ca_c
 
 
 def push_plan(directory: str | os.PathLike, entries: list[Saved]) -> tuple[list[str], dict[str, int]]:
-    """(the lines of rigforge/remote/load_images.sh's plan, every file of the layout they need: {digest: size}) for
-    loading `entries`: each image's blobs, then its manifests (an index's children before it, so the registry accepts
-    each one), then `pull NAME@DIGEST`. The repository is the Docker Hub path Docker asks a mirror for (`entries`
-    passed check_loadable: Docker Hub images only)."""
+    """(rigforge/remote/load_images.sh's plan, the layout files it needs {digest: size}) for `entries` (Docker Hub
+    images: check_loadable): each image's blobs, its manifests (an index's children first, so the registry accepts
+    each), then `pull NAME@DIGEST`; under the Docker Hub path Docker asks a mirror for."""
     directory = Path(directory)
     lines, pulls, needed = [], [], {}
     for e in entries:

@@ -1,6 +1,5 @@
-"""The fleet registry (docs/registry.md): a plain CNCF Distribution registry on one host of the inventory, served
-over TLS with a CA that rigforge makes on the controller. Pure data (its plan, its config.yml), plus the
-controller's own CA files (the openssl command line, run on the controller)."""
+"""The fleet registry (docs/registry.md): a plain CNCF Distribution registry on one host of the inventory, over TLS
+with a CA rigforge makes on the controller: its plan and config.yml, and the CA files (openssl, on the controller)."""
 
 import contextlib
 import fcntl

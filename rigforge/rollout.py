@@ -1,6 +1,5 @@
-"""`rigforge rollout INVENTORY --to FILE | --rollback [--dry]` (docs/rollout.md): move a fleet to a candidate lock,
-a canary first with a speed gate, then the other rigs one at a time; the candidate is promoted over the lock in use
-(kept as `<lock>.previous`) only once every rig runs it, so a plain deploy in between puts back what it says."""
+"""`rigforge rollout INVENTORY --to FILE | --rollback [--dry]` (docs/rollout.md): a canary with a speed gate, then
+each other rig; the candidate replaces the lock in use (kept as `<lock>.previous`) only once every rig runs it."""
 
 import argparse
 import json
@@ -99,8 +98,7 @@ def show(p: dict) -> str:
 
 
 def tps(h, lock: Path, requests: int) -> float:
-    """Median completion tokens per second of `requests` chat completions asked on the rig itself (curl's own
-    time_total, so SSH adds nothing)."""
+    """Median completion tokens/s of `requests` chat completions asked on the rig itself (curl's time_total: no SSH)."""
     plan = _plan(h, lock)
     url = f"http://{fleet.host_data(h.data)['serving_health_host'] or '127.0.0.1'}:{plan.port}/v1/chat/completions"
     rates = []
