@@ -56,8 +56,7 @@ def _render(args: argparse.Namespace) -> int:
     data |= {"rigforge_recipe_opt_in": args.opt_in}
     one = fleet.build([SimpleNamespace(name="render", groups=(), data=data)], args.variant, gpus=args.gpus,
                       deployable=False)  # fmt: skip
-    plan = one.plans["render"]
-    if plan is None:
+    if (plan := one.plans["render"]) is None:
         raise SettingsError("; ".join(one.problems["render"]))
     args.out.mkdir(parents=True, exist_ok=True)
     for name, text in plan.files.items():

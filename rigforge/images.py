@@ -15,7 +15,6 @@ from rigforge.obtain import DOCKER_HUB, INDEX_TYPES, MANIFEST_TYPES, parse, regi
 from rigforge.pins import DIGEST, ImagePin, Lock, LockError, default_lock_path, load_lock
 
 LAYOUT_FILE = "oci-layout"
-LAYOUT_VERSION = {"imageLayoutVersion": "1.0.0"}
 INDEX = "index.json"
 BLOBS = "blobs/sha256"
 VERIFIED = ".rigforge-verified.json"  # {digest: size} of every blob whose sha256 was checked when it was written
@@ -49,20 +48,18 @@ def hub_name(ref: str) -> tuple[str, str] | None:
 
 def qualified(ref: str) -> str:
     """The fully qualified name of a ref (containerd's `io.containerd.image.name`)."""
-    hub = hub_name(ref)
-    return f"docker.io/{hub[0]}:{hub[1]}" if hub else ref
+    return f"docker.io/{hub[0]}:{hub[1]}" if (hub := hub_name(ref)) else ref
 
 
 def locked_images(lock: Lock) -> tuple[list[ImagePin], list[str]]:
     """(the lock's images with a digest, each (ref, digest) once; the entries without one, by name)."""
-    pins, seen, unresolved = [], set(), []
+    pins, unresolved = {}, []
     for key, pin in (("image", lock.image), *((f"images.{n}", p) for n, p in lock.images.items())):
         if not pin.digest:
             unresolved.append(f"{key} ({pin.ref})")
-        elif (pin.ref, pin.digest) not in seen:
-            seen.add((pin.ref, pin.digest))
-            pins.append(pin)
-    return pins, unresolved
+        else:
+            pins.setdefault((pin.ref, pin.digest), pin)
+    return list(pins.values()), unresolved
 
 
 # --- the layout on disk ----------------------------------------------------------------------------------------
@@ -113,8 +110,7 @@ def saved(directory: str | os.PathLike, ref: str, digest: str) -> bool:
     """Does `directory` hold `ref` at `digest` complete: in index.json, each manifest and blob in place at its size
     and sha256-checked when written (sizes only, no re-hash: what the deploy's preflight asks)?"""
     directory = Path(directory)
-    entry = next((e for e in index_entries(directory) if e.ref == ref and e.digest == digest), None)
-    if entry is None:
+    if (entry := next((e for e in index_entries(directory) if e.ref == ref and e.digest == digest), None)) is None:
         return False
     verified = _read_json(directory / VERIFIED, {})
     todo = [(digest, entry.size, True)]
@@ -244,7 +240,7 @@ def save_image(directory: Path, pin: ImagePin, registry: str | None = None, ca_c
     directory = Path(directory)
     (directory / BLOBS).mkdir(parents=True, exist_ok=True)
     if not (directory / LAYOUT_FILE).exists():
-        _write_json(directory / LAYOUT_FILE, LAYOUT_VERSION)
+        _write_json(directory / LAYOUT_FILE, {"imageLayoutVersion": "1.0.0"})
     if saved(directory, pin.ref, pin.digest):
         print(f"{pin.ref}@{pin.digest}: already saved in {directory}", flush=True)
         return 0

@@ -40,8 +40,7 @@ class RegistryPlan:
     @property
     def endpoint(self) -> str:
         """host:port as Docker names the registry (certs.d's directory, insecure-registries, image references)."""
-        host = f"[{self.address}]" if ":" in self.address else self.address
-        return f"{host}:{self.port}"
+        return f"[{self.address}]:{self.port}" if ":" in self.address else f"{self.address}:{self.port}"
 
     @property
     def url(self) -> str:
@@ -54,13 +53,9 @@ def default_ca_dir() -> Path:
 
 def build(name: str, data: Mapping) -> RegistryPlan:
     """The registry host's plan from its host data (the role's defaults applied, already validated)."""
-    ca_dir = data.get("registry_ca_dir")
+    ca_dir = Path(data["registry_ca_dir"]).expanduser() if data.get("registry_ca_dir") else default_ca_dir()
     return RegistryPlan(
-        host=name,
-        address=data.get("registry_address") or name,
-        port=int(data["registry_port"]),
-        insecure=bool(data["registry_insecure"]),
-        ca_dir=Path(ca_dir).expanduser() if ca_dir else default_ca_dir(),
+        name, data.get("registry_address") or name, int(data["registry_port"]), bool(data["registry_insecure"]), ca_dir
     )
 
 

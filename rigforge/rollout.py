@@ -186,8 +186,7 @@ def run(args: argparse.Namespace) -> int:
             raise RolloutError(f"no candidate lock: {why}")
         if problems := load_lock(new).check():
             raise RolloutError(f"{new}: {'; '.join(problems)} (run `rigforge lock --lock {new}`)")
-        first = next((h for h in rigs if h.name == args.canary), None) if args.canary else rigs[0]
-        if first is None:
+        if (first := next((h for h in rigs if h.name == args.canary), None) if args.canary else rigs[0]) is None:
             raise RolloutError(f"--canary {args.canary}: not a rig of {args.inventory} that is not held")
         print("\n".join([show(preview(h, old, new)) for h in rigs]))  # every preview made before any is shown
         for name in held:
