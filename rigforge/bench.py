@@ -20,6 +20,7 @@ PROMPTS = {
     "code": ("Write a Python implementation of quicksort with comments explaining each step.", 800),
 }
 SAMPLING = {"temperature": 0.6, "top_p": 0.95}
+STREAM = {"stream": True, "stream_options": {"include_usage": True}, "chat_template_kwargs": {"enable_thinking": False}}
 
 
 class BenchError(Exception):
@@ -58,24 +59,13 @@ def _sse_data(resp: requests.Response):
     chunks = iter(lambda: read(65536), b"") if read else resp.iter_content(chunk_size=None)
     buf = b""
     for chunk in chunks:
-        buf += chunk
-        while b"\n" in buf:
-            line, buf = buf.split(b"\n", 1)
-            line = line.strip()
-            if line.startswith(b"data:"):
-                yield line[5:].strip().decode()
+        *lines, buf = (buf + chunk).split(b"\n")
+        yield from (line.strip()[5:].strip().decode() for line in lines if line.strip().startswith(b"data:"))
 
 
 def stream_once(session, base: str, model: str, prompt: str, max_tokens: int, timeout: float, headers=None):
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens,
-        **SAMPLING,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "chat_template_kwargs": {"enable_thinking": False},
-    }
+    messages = [{"role": "user", "content": prompt}]
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens, **SAMPLING, **STREAM}
     ttft, deltas, usage_tokens = None, 0, None
     start = time.perf_counter()
     with session.post(f"{base}/v1/chat/completions", json=body, stream=True, timeout=timeout, headers=headers) as resp:
@@ -90,8 +80,7 @@ def stream_once(session, base: str, model: str, prompt: str, max_tokens: int, ti
             for choice in obj.get("choices") or []:
                 delta = choice.get("delta") or {}
                 if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
-                    if ttft is None:
-                        ttft = time.perf_counter() - start
+                    ttft = time.perf_counter() - start if ttft is None else ttft
                     deltas += 1
     end = time.perf_counter()
     if ttft is None:
