@@ -61,8 +61,7 @@ def _render(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for name, text in plan.files.items():
         write_atomically(args.out / name, text, 0o600 if name == ".env" else 0o755 if name == SETTLE_SCRIPT else 0o644)
-    for name in plan.files:
-        print(f"wrote {args.out / name}")
+    print("\n".join(f"wrote {args.out / name}" for name in plan.files))
     unresolved = [] if "@" in plan.image else [f"image {plan.image} (digest: null)"]
     unresolved += [f"hf.{a.name} {a.pin.repo} (revision: null)" for a in plan.assets if not a.pin.resolved]
     unresolved += [f"git.{p.name} (commit: null)" for p in plan.sources if not p.resolved]

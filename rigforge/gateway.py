@@ -71,12 +71,8 @@ def key_hash(key: str) -> str:
 
 def build(host: str, data: Mapping, rigs: Sequence) -> tuple[GatewayPlan | None, list[str]]:
     """The gateway of `host` (its knobs in `data`) in front of `rigs` (their plans), and every problem."""
-    by_model: dict[str, list] = {}
-    for plan in rigs:
-        by_model.setdefault(plan.variant.served_model, []).append(plan)
-    problems = []
-    if not rigs:
-        problems.append("no rig in the inventory to put behind the gateway (hosts outside the group `gateway`)")
+    by_model = {m: [p for p in rigs if p.variant.served_model == m] for m in {p.variant.served_model for p in rigs}}
+    problems = [] if rigs else ["no rig in the inventory to put behind the gateway (hosts outside the group `gateway`)"]
     if len(by_model) > MAX_MODELS:
         problems.append(f"the rigs serve {len(by_model)} model names; one gateway fronts at most {MAX_MODELS}")
     backends = []
@@ -128,8 +124,7 @@ backends=$(stat '$2 == s {{ print $1 }}')
 
 
 def drain_script(server: str, timeout: int) -> str:
-    """Shell, on a gateway host: no new requests for `server`, then wait (at most `timeout` s) until its requests
-    in flight and queued are done. Prints `others up N`: how many other rigs of its models are up."""
+    """Shell, on a gateway host: drain `server`, wait (at most `timeout` s) for its requests; says `others up N`."""
     return f"""{_runtime(server)}
 for b in $backends; do cli "set server $b/{server} state drain" >/dev/null; done
 save
@@ -145,10 +140,9 @@ echo "gateway: drained after $waited s"
 
 
 def state_script(server: str, backend: str, port: int) -> str:
-    """Shell, on a gateway host: one word for `server` in `backend`: `ready` (admin state ready, at `port`),
-    `drain`, `maint`, `moved` (ready at another port) or `absent`; nothing when the gateway does not run there.
-    (`show servers state`: 2 backend, 4 server, 7 admin state bits (0x01/0x02/0x04/0x20/0x40 maint, 0x08/0x10
-    drain), 19 port.)"""
+    """Shell, on a gateway host: `server` in `backend` is `ready` (at `port`), `drain`, `maint`, `moved` or `absent`;
+    nothing without a gateway there. (`show servers state`: 2 backend, 4 server, 7 admin state bits (0x01/0x02/0x04/
+    0x20/0x40 maint, 0x08/0x10 drain), 19 port.)"""
     return f"""{_runtime(server)}
 cli "show servers state" | awk -v s={shlex.quote(server)} -v b={shlex.quote(backend)} -v p={int(port)} '
   $2 == b && $4 == s {{ seen = 1; a = $7 + 0

@@ -159,8 +159,7 @@ def _server_ok(ca_dir: Path, crt: Path, address: str) -> bool:
 
 
 def server_certificate(ca_dir: Path, address: str) -> tuple[str, str]:
-    """(certificate, key) PEM for the registry at `address`, signed by the fleet CA (made first when missing).
-    Kept in `ca_dir/servers/` and reused while it is valid for `address`, so a second run changes nothing."""
+    """(certificate, key) PEM for the registry at `address`, signed by the fleet CA; reused while valid (idempotent)."""
     ca_certificate(ca_dir)
     with _locked(ca_dir):
         servers = ca_dir / "servers"
