@@ -188,10 +188,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _progress(done: int, total: int, label: str) -> None:
     fill = 30 * done // total
     line = f"[{'#' * fill}{'-' * (30 - fill)}] {done}/{total} {label}"
-    if sys.stderr.isatty():
-        sys.stderr.write(f"\r\x1b[2K{line}" + ("\n" if done == total else ""))
-    else:
-        sys.stderr.write(line + "\n")
+    tty = sys.stderr.isatty()
+    sys.stderr.write(("\r\x1b[2K" if tty else "") + line + ("\n" if done == total or not tty else ""))
     sys.stderr.flush()
 
 

@@ -40,8 +40,7 @@ class Saved:
 
 def hub_name(ref: str) -> tuple[str, str] | None:
     """(Docker Hub repository path, tag) of a ref Docker pulls from Docker Hub (`ubuntu`: library/ubuntu, latest)."""
-    r = parse(ref)
-    if r.registry not in (DOCKER_HUB, "index.docker.io", "registry-1.docker.io"):
+    if (r := parse(ref)).registry not in (DOCKER_HUB, "index.docker.io", "registry-1.docker.io"):
         return None
     return (r.repository if "/" in r.repository else f"library/{r.repository}"), r.tag or "latest"
 

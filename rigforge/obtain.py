@@ -71,11 +71,11 @@ class Source:
     detail: str  # "HTTP 404", "unreachable: ..." ("" when it has it)
 
 
-def ask(base: str, repository: str, reference: str, verify) -> tuple[bool | None, str]:
-    """(does the registry at `base` have the manifest `reference` of `repository`, why not): one HEAD request."""
+def ask(base: str, ref: ImageRef, verify) -> tuple[bool | None, str]:
+    """(does the registry at `base` have `ref`'s manifest (by digest, else tag), why not): one HEAD request."""
     import requests
 
-    url = f"{base.rstrip('/')}/v2/{repository}/manifests/{reference}"
+    url = f"{base.rstrip('/')}/v2/{ref.repository}/manifests/{ref.digest or ref.tag or 'latest'}"
     try:
         resp = registry_request("HEAD", url, {"Accept": MANIFEST_TYPES}, verify=verify)
     except (requests.RequestException, ValueError, KeyError, OSError) as e:
@@ -89,16 +89,12 @@ def sources(image: str, fleet: RegistryPlan | None, upstream: str | None, upstre
     """Every place the rig could pull `image` from, asked now: the fleet registry (Docker Hub images only: Docker uses
     mirrors for nothing else), then upstream (for Docker Hub images `upstream` when set: serving_image_upstream)."""
     ref = parse(image)
-    reference = ref.digest or ref.tag or "latest"
     out = []
     if fleet is not None and ref.on_docker_hub:
         verify = False if fleet.insecure else str(Path(fleet.ca_dir) / "ca.crt")  # the fleet CA (plain HTTP: none)
-        has, why = ask(fleet.url, ref.repository, reference, verify)
-        out.append(Source(f"the fleet registry {fleet.endpoint}", "fleet", has, why))
+        out.append(Source(f"the fleet registry {fleet.endpoint}", "fleet", *ask(fleet.url, ref, verify)))
     base = (upstream or DOCKER_HUB_API) if ref.on_docker_hub else f"https://{ref.registry}"
-    has, why = ask(base, ref.repository, reference, upstream_ca or True)
-    out.append(Source(f"upstream ({ref.registry})", "upstream", has, why))
-    return out
+    return [*out, Source(f"upstream ({ref.registry})", "upstream", *ask(base, ref, upstream_ca or True))]
 
 
 def problem(image: str, found: list[Source], successor: str | None) -> str | None:
