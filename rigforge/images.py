@@ -108,10 +108,9 @@ def _children(manifest: dict) -> list[dict]:
 def saved(directory: str | os.PathLike, ref: str, digest: str) -> bool:
     """Does `directory` hold `ref` at `digest` complete: in index.json, each manifest and blob in place at its size
     and sha256-checked when written (sizes only, no re-hash: what the deploy's preflight asks)?"""
-    directory = Path(directory)
     if (entry := next((e for e in index_entries(directory) if e.ref == ref and e.digest == digest), None)) is None:
         return False
-    verified = _read_json(directory / VERIFIED, {})
+    verified = _read_json(Path(directory) / VERIFIED, {})
     todo = [(digest, entry.size, True)]
     while todo:
         d, size, is_manifest = todo.pop()
@@ -213,25 +212,21 @@ def _fetch_blob(src: _Source, directory: Path, verified: dict, desc: dict, label
 
 
 def _fetch_manifest(src: _Source, directory: Path, verified: dict, digest: str) -> tuple[dict, str, int]:
-    """(the manifest at `digest`, its media type, its size), kept byte for byte as a blob once verified."""
+    """(the manifest at `digest`, its Content-Type ("" when kept), its size), kept byte for byte once verified."""
     path = blob_path(directory, digest)
     if _verified_ok(directory, verified, digest, verified.get(digest)):
-        body = path.read_bytes()
-        manifest = json.loads(body)
-        return manifest, manifest.get("mediaType", ""), len(body)
+        return json.loads(body := path.read_bytes()), "", len(body)
     resp = src.get("manifests", digest)
-    body = resp.content
-    if f"sha256:{hashlib.sha256(body).hexdigest()}" != digest:
+    if f"sha256:{hashlib.sha256(body := resp.content).hexdigest()}" != digest:
         raise ImagesError(f"{src.ref}: manifest {digest}: refused, the registry's bytes hash to another digest")
     try:
         manifest = json.loads(body)
     except ValueError:
         raise ImagesError(f"{src.ref}: manifest {digest} is not JSON") from None
-    media_type = manifest.get("mediaType") or resp.headers.get("Content-Type", "").split(";")[0]
     path.write_bytes(body)
     verified[digest] = len(body)
     _write_json(directory / VERIFIED, verified)
-    return manifest, media_type, len(body)
+    return manifest, resp.headers.get("Content-Type", "").split(";")[0], len(body)
 
 
 def save_image(directory: Path, pin: ImagePin, registry: str | None = None, ca_cert: str | None = None) -> int:
@@ -246,11 +241,11 @@ def save_image(directory: Path, pin: ImagePin, registry: str | None = None, ca_c
     src = _Source(pin.ref, registry, ca_cert)
     verified = _read_json(directory / VERIFIED, {})
     print(f"{pin.ref}@{pin.digest}: saving from {src.base.split('/v2/')[0]}", flush=True)
-    top, media_type, top_size = _fetch_manifest(src, directory, verified, pin.digest)
+    top, content_type, top_size = _fetch_manifest(src, directory, verified, pin.digest)
     images = [top, *(_fetch_manifest(src, directory, verified, c["digest"])[0] for c in _children(top))]
     blobs = [b for m in images for b in _descriptors(m)]
     fetched = sum(_fetch_blob(src, directory, verified, b, f"blob {i}/{len(blobs)}") for i, b in enumerate(blobs, 1))
-    entry = {"mediaType": media_type, "digest": pin.digest, "size": top_size}
+    entry = {"mediaType": top.get("mediaType") or content_type, "digest": pin.digest, "size": top_size}
     entry["annotations"] = {REF_NAME: pin.ref, IMAGE_NAME: qualified(pin.ref)}
     index = _read_json(directory / INDEX, {})
     if not isinstance(index, dict) or not isinstance(index.get("manifests"), list):
@@ -270,7 +265,6 @@ def push_plan(directory: str | os.PathLike, entries: list[Saved]) -> tuple[list[
     """(rigforge/remote/load_images.sh's plan, the layout files it needs {digest: size}) for `entries` (Docker Hub
     images: check_loadable): each image's blobs, its manifests (an index's children first, so the registry accepts
     each), then `pull NAME@DIGEST`; under the Docker Hub path Docker asks a mirror for."""
-    directory = Path(directory)
     lines, pulls, needed = [], [], {}
     for e in entries:
         repo, top = hub_name(e.ref)[0], _read_json(blob_path(directory, e.digest), {})
