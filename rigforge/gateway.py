@@ -86,9 +86,8 @@ def build(host: str, data: Mapping, rigs: Sequence) -> tuple[GatewayPlan | None,
             problems.append(
                 f"the rigs serving {model} require an API key: set gateway_api_key, or the gateway would open them"
             )
-        servers = tuple(
-            Server(p.host, p.data.get("gateway_address") or p.host, p.port) for p in sorted(plans, key=lambda p: p.host)
-        )
+        plans.sort(key=lambda p: p.host)
+        servers = tuple(Server(p.host, p.data.get("gateway_address") or p.host, p.port) for p in plans)
         backends.append(Backend(backend_name(model), model, keys.pop(), servers))
     if len({b.name for b in backends}) < len(backends):
         problems.append(f"served model names {sorted(by_model)} differ only in punctuation; rename one")
