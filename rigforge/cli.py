@@ -97,9 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _patch_for_gevent(argv: list[str]) -> None:
-    """For status and verify, which read rigs over SSH in parallel greenlets (rigforge/inventory.py): before anything
-    imports ssl (the subcommands' modules do, through requests), as gevent's patch of ssl works only then; a late
-    patch makes every HTTPS request from a greenlet recurse without end (both ask registries, rigforge/obtain.py)."""
+    """For status and verify (SSH in greenlets, rigforge/inventory.py): gevent patches ssl before requests imports it;
+    a late patch makes each HTTPS request from a greenlet recurse endlessly (both ask registries: obtain.py)."""
     if argv and argv[0] in ("status", "verify") and "ssl" not in sys.modules:
         from gevent import monkey
 

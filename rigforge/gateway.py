@@ -155,8 +155,7 @@ cli "show servers state" | awk -v s={shlex.quote(server)} -v b={shlex.quote(back
 
 
 def rejoin_script(server: str, backend: str | None, address: str, port: int, wait: int = 60) -> str:
-    """Shell, on a gateway host: `server` back in `backend` (None: wherever it is) at `address`:`port`, out of the
-    other backends; then wait (at most `wait` s) until the gateway's own health check sees it up."""
+    """Shell, on a gateway host: `server` at `address`:`port` in `backend` (None: all) only; waits `wait` s for up."""
     return f"""{_runtime(server)}
 ip=$(getent ahosts {shlex.quote(address)} | awk '{{ print $1; exit }}')
 [ -n "$ip" ] || {{ echo "gateway: cannot resolve {address}" >&2; exit 1; }}

@@ -106,8 +106,7 @@ def _children(manifest: dict) -> list[dict]:
 
 
 def saved(directory: str | os.PathLike, ref: str, digest: str) -> bool:
-    """Does `directory` hold `ref` at `digest` complete: in index.json, each manifest and blob in place at its size
-    and sha256-checked when written (sizes only, no re-hash: what the deploy's preflight asks)?"""
+    """`ref` at `digest` complete in `directory`: indexed, each manifest and blob at its size and hash-checked once?"""
     if (entry := next((e for e in index_entries(directory) if e.ref == ref and e.digest == digest), None)) is None:
         return False
     verified = _read_json(Path(directory) / VERIFIED, {})
@@ -262,9 +261,8 @@ def save_image(directory: Path, pin: ImagePin, registry: str | None = None, ca_c
 
 
 def push_plan(directory: str | os.PathLike, entries: list[Saved]) -> tuple[list[str], dict[str, int]]:
-    """(rigforge/remote/load_images.sh's plan, the layout files it needs {digest: size}) for `entries` (Docker Hub
-    images: check_loadable): each image's blobs, its manifests (an index's children first, so the registry accepts
-    each), then `pull NAME@DIGEST`; under the Docker Hub path Docker asks a mirror for."""
+    """(remote/load_images.sh's plan, the files it needs {digest: size}) for `entries` (Docker Hub images): each one's
+    blobs, manifests (an index's children first, for the registry to accept it), then `pull NAME@DIGEST`."""
     lines, pulls, needed = [], [], {}
     for e in entries:
         repo, top = hub_name(e.ref)[0], _read_json(blob_path(directory, e.digest), {})
