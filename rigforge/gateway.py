@@ -155,7 +155,7 @@ cli "show servers state" | awk -v s={shlex.quote(server)} -v b={shlex.quote(back
 
 
 def rejoin_script(server: str, backend: str | None, address: str, port: int, wait: int = 60) -> str:
-    """Shell, on a gateway host: `server` at `address`:`port` in `backend` (None: all) only; waits `wait` s for up."""
+    """Shell, on a gateway host: `server` at `address`:`port` in `backend` (None: all) only; awaits it up (`wait` s)."""
     return f"""{_runtime(server)}
 ip=$(getent ahosts {shlex.quote(address)} | awk '{{ print $1; exit }}')
 [ -n "$ip" ] || {{ echo "gateway: cannot resolve {address}" >&2; exit 1; }}
