@@ -201,8 +201,7 @@ def run(args) -> int:
         if (parts := urlsplit(args.url)).scheme not in ("http", "https") or not parts.hostname:
             raise BenchError(f"{args.url!r} is not an http(s) URL; give the server's base URL, e.g. http://rig1:8011")
         base = args.url.rstrip("/").removesuffix("/v1")
-        key = os.environ.get("RIGFORGE_API_KEY")
-        headers = {"Authorization": f"Bearer {key}"} if key else None
+        headers = {"Authorization": f"Bearer {key}"} if (key := os.environ.get("RIGFORGE_API_KEY")) else None
         try:
             r = _session().get(f"{base}/v1/models", timeout=10, headers=headers)
             r.raise_for_status()
