@@ -266,11 +266,9 @@ def push_plan(directory: str | os.PathLike, entries: list[Saved]) -> tuple[list[
     lines, pulls, needed = [], [], {}
     for e in entries:
         repo, top = hub_name(e.ref)[0], _read_json(blob_path(directory, e.digest), {})
-        images, manifests = [top], []
-        for child in _children(top):
-            manifest = _read_json(blob_path(directory, child["digest"]), {})
-            images.append(manifest)
-            manifests.append((child["digest"], int(child["size"]), manifest.get("mediaType") or child.get("mediaType")))
+        kids = [(c, _read_json(blob_path(directory, c["digest"]), {})) for c in _children(top)]
+        images = [top, *(m for _, m in kids)]
+        manifests = [(c["digest"], int(c["size"]), m.get("mediaType") or c.get("mediaType")) for c, m in kids]
         manifests.append((e.digest, e.size, top.get("mediaType") or e.media_type))
         blobs = {b["digest"]: int(b["size"]) for m in images for b in _descriptors(m)}
         lines += [f"blob {repo} {d}" for d in blobs]
@@ -318,8 +316,7 @@ ENTRY = Path(__file__).resolve().parents[1] / "deploy" / "images_load.py"
 
 def check_loadable(directory: Path) -> list[Saved]:
     """The images of `directory`, each complete and verified, loadable onto a rig; ImagesError naming what is not."""
-    entries = index_entries(directory)
-    if not entries:
+    if not (entries := index_entries(directory)):
         raise ImagesError(f"{directory}: no saved image (no {INDEX} naming one): run `rigforge images save DIR` first")
     for e in entries:
         if not saved(directory, e.ref, e.digest):
