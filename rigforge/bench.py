@@ -20,6 +20,7 @@ PROMPTS = {
     "code": ("Write a Python implementation of quicksort with comments explaining each step.", 800),
 }
 SAMPLING = {"temperature": 0.6, "top_p": 0.95}
+STREAM = {"stream": True, "stream_options": {"include_usage": True}, "chat_template_kwargs": {"enable_thinking": False}}
 
 
 class BenchError(Exception):
@@ -58,24 +59,13 @@ def _sse_data(resp: requests.Response):
     chunks = iter(lambda: read(65536), b"") if read else resp.iter_content(chunk_size=None)
     buf = b""
     for chunk in chunks:
-        buf += chunk
-        while b"\n" in buf:
-            line, buf = buf.split(b"\n", 1)
-            line = line.strip()
-            if line.startswith(b"data:"):
-                yield line[5:].strip().decode()
+        *lines, buf = (buf + chunk).split(b"\n")
+        yield from (line.strip()[5:].strip().decode() for line in lines if line.strip().startswith(b"data:"))
 
 
 def stream_once(session, base: str, model: str, prompt: str, max_tokens: int, timeout: float, headers=None):
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens,
-        **SAMPLING,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "chat_template_kwargs": {"enable_thinking": False},
-    }
+    messages = [{"role": "user", "content": prompt}]
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens, **SAMPLING, **STREAM}
     ttft, deltas, usage_tokens = None, 0, None
     start = time.perf_counter()
     with session.post(f"{base}/v1/chat/completions", json=body, stream=True, timeout=timeout, headers=headers) as resp:
@@ -90,14 +80,12 @@ def stream_once(session, base: str, model: str, prompt: str, max_tokens: int, ti
             for choice in obj.get("choices") or []:
                 delta = choice.get("delta") or {}
                 if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
-                    if ttft is None:
-                        ttft = time.perf_counter() - start
+                    ttft = time.perf_counter() - start if ttft is None else ttft
                     deltas += 1
     end = time.perf_counter()
     if ttft is None:
         raise BenchError(f"{base}: the stream ended without any content or reasoning delta")
-    tokens, source = (usage_tokens, "usage") if usage_tokens else (deltas, "deltas")
-    return Sample(ttft, end - start, tokens, source, start, end)
+    return Sample(ttft, end - start, usage_tokens or deltas, "usage" if usage_tokens else "deltas", start, end)
 
 
 def stream_many(base, model, prompt, max_tokens, timeout, streams, headers=None) -> list[Sample]:
@@ -134,14 +122,9 @@ def stats(values: list[float]) -> dict:
 
 def summarize(rounds: list[list[Sample]]) -> dict:
     """rounds: one list of concurrent samples per measured run."""
-    flat = [s for r in rounds for s in r]
-    out = {
-        "ttft_ms": stats([s.ttft_s * 1000 for s in flat]),
-        "wall_tps": stats([s.wall_tps for s in flat]),
-        "decode_tps": stats([s.decode_tps for s in flat]),
-        "tokens": stats([float(s.tokens) for s in flat]),
-        "tokens_from": sorted({s.tokens_from for s in flat}),
-    }
+    flat = [s.as_dict(0) for r in rounds for s in r]
+    out = {k: stats([float(d[k]) for d in flat]) for k in ("ttft_ms", "wall_tps", "decode_tps", "tokens")}
+    out["tokens_from"] = sorted({d["tokens_from"] for d in flat})
     if len(rounds[0]) > 1:
         out["aggregate_tps"] = stats([aggregate_tps(r) for r in rounds])
         out["per_stream_wall_tps"] = [statistics.fmean(r[i].wall_tps for r in rounds) for i in range(len(rounds[0]))]
@@ -205,23 +188,68 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _progress(done: int, total: int, label: str) -> None:
     fill = 30 * done // total
     line = f"[{'#' * fill}{'-' * (30 - fill)}] {done}/{total} {label}"
-    if sys.stderr.isatty():
-        sys.stderr.write(f"\r\x1b[2K{line}" + ("\n" if done == total else ""))
-    else:
-        sys.stderr.write(line + "\n")
+    tty = sys.stderr.isatty()
+    sys.stderr.write(("\r\x1b[2K" if tty else "") + line + ("\n" if done == total or not tty else ""))
     sys.stderr.flush()
-
-
-def _base_url(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise BenchError(f"{url!r} is not an http(s) URL; give the server's base URL, e.g. http://rig1:8011")
-    return url.rstrip("/").removesuffix("/v1")
 
 
 def run(args) -> int:
     try:
-        return _run(args)
+        for name, least in (("warmups", 0), ("runs", 1), ("streams", 1)):
+            if getattr(args, name) < least:
+                raise BenchError(f"--{name} must be >= {least}")
+        if (parts := urlsplit(args.url)).scheme not in ("http", "https") or not parts.hostname:
+            raise BenchError(f"{args.url!r} is not an http(s) URL; give the server's base URL, e.g. http://rig1:8011")
+        base = args.url.rstrip("/").removesuffix("/v1")
+        headers = {"Authorization": f"Bearer {key}"} if (key := os.environ.get("RIGFORGE_API_KEY")) else None
+        try:
+            r = _session().get(f"{base}/v1/models", timeout=10, headers=headers)
+            r.raise_for_status()
+            served = [m["id"] for m in r.json().get("data", [])]
+        except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
+            raise BenchError(
+                f"cannot reach {base}/v1/models ({type(exc).__name__}: {exc}); "
+                "check the URL and that the server is up (`rigforge status INVENTORY`)"
+            ) from None
+        except (ValueError, KeyError, TypeError):
+            raise BenchError(f"{base}/v1/models did not answer an OpenAI model list") from None
+        if not (model := args.model or next(iter(served), None)):
+            raise BenchError(f"{base}/v1/models lists no model; pass --model")
+
+        info = variants_info()
+        variant, variant_from = args.variant, "--variant"
+        if variant and variant not in info:
+            raise BenchError(f"unknown variant {variant!r}; known: {', '.join(sorted(info))}")
+        if not variant:
+            port = urlsplit(base).port or (443 if base.startswith("https") else 80)
+            variant, variant_from = infer_variant(model, port, info), f"model {model} + port {port}"
+        measured = info[variant]["measured"] if variant else {}
+
+        prompts = [args.only] if args.only else list(PROMPTS)
+        per_prompt = args.warmups + args.runs
+        report = {"url": base, "model": model, "variant": variant, "variant_from": variant_from if variant else None}
+        report |= {k: getattr(args, k) for k in ("warmups", "runs", "streams")}
+        report |= {"sampling": {**SAMPLING, "enable_thinking": False}, "prompts": {}}
+        for k, name in enumerate(prompts):
+            text, max_tokens = PROMPTS[name]
+            rounds = []
+            for i in range(per_prompt):
+                samples = stream_many(base, model, text, max_tokens, args.timeout, args.streams, headers)
+                warm = i < args.warmups
+                if not warm:
+                    rounds.append(samples)
+                n, of = (i + 1, args.warmups) if warm else (i + 1 - args.warmups, args.runs)
+                tps = statistics.fmean(s.wall_tps for s in samples)
+                label = f"{name} {'warm-up' if warm else 'run'} {n}/{of}  {tps:.1f} tok/s"
+                _progress(k * per_prompt + i + 1, len(prompts) * per_prompt, label)
+            report["prompts"][name] = {
+                "max_tokens": max_tokens,
+                "runs": [[s.as_dict(min(x.start for x in r)) for s in r] for r in rounds],
+                "summary": summarize(rounds),
+                "published": published(measured, name, args.streams),
+            }
+        print(json.dumps(report, indent=2) if args.json else format_report(report))
+        return 0
     except BenchError as exc:
         message = str(exc)
     except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
@@ -232,72 +260,6 @@ def run(args) -> int:
         sys.stderr.write("\n")  # end a half-drawn progress bar before the message
     print(f"rigforge bench: {message}", file=sys.stderr)
     return 2
-
-
-def _run(args) -> int:
-    for name, least in (("warmups", 0), ("runs", 1), ("streams", 1)):
-        if getattr(args, name) < least:
-            raise BenchError(f"--{name} must be >= {least}")
-    base = _base_url(args.url)
-    key = os.environ.get("RIGFORGE_API_KEY")
-    headers = {"Authorization": f"Bearer {key}"} if key else None
-    try:
-        r = _session().get(f"{base}/v1/models", timeout=10, headers=headers)
-        r.raise_for_status()
-        served = [m["id"] for m in r.json().get("data", [])]
-    except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
-        raise BenchError(
-            f"cannot reach {base}/v1/models ({type(exc).__name__}: {exc}); "
-            "check the URL and that the server is up (`rigforge status INVENTORY`)"
-        ) from None
-    except (ValueError, KeyError, TypeError):
-        raise BenchError(f"{base}/v1/models did not answer an OpenAI model list") from None
-    model = args.model or (served[0] if served else None)
-    if not model:
-        raise BenchError(f"{base}/v1/models lists no model; pass --model")
-
-    info = variants_info()
-    variant, variant_from = args.variant, "--variant"
-    if variant and variant not in info:
-        raise BenchError(f"unknown variant {variant!r}; known: {', '.join(sorted(info))}")
-    if not variant:
-        port = urlsplit(base).port or (443 if base.startswith("https") else 80)
-        variant, variant_from = infer_variant(model, port, info), f"model {model} + port {port}"
-    measured = info[variant]["measured"] if variant else {}
-
-    prompts = [args.only] if args.only else list(PROMPTS)
-    per_prompt = args.warmups + args.runs
-    report = {
-        "url": base,
-        "model": model,
-        "variant": variant,
-        "variant_from": variant_from if variant else None,
-        "warmups": args.warmups,
-        "runs": args.runs,
-        "streams": args.streams,
-        "sampling": {**SAMPLING, "enable_thinking": False},
-        "prompts": {},
-    }
-    for k, name in enumerate(prompts):
-        text, max_tokens = PROMPTS[name]
-        rounds = []
-        for i in range(per_prompt):
-            samples = stream_many(base, model, text, max_tokens, args.timeout, args.streams, headers)
-            warm = i < args.warmups
-            if not warm:
-                rounds.append(samples)
-            n, of = (i + 1, args.warmups) if warm else (i + 1 - args.warmups, args.runs)
-            tps = statistics.fmean(s.wall_tps for s in samples)
-            label = f"{name} {'warm-up' if warm else 'run'} {n}/{of}  {tps:.1f} tok/s"
-            _progress(k * per_prompt + i + 1, len(prompts) * per_prompt, label)
-        report["prompts"][name] = {
-            "max_tokens": max_tokens,
-            "runs": [[s.as_dict(min(x.start for x in r)) for s in r] for r in rounds],
-            "summary": summarize(rounds),
-            "published": published(measured, name, args.streams),
-        }
-    print(json.dumps(report, indent=2) if args.json else format_report(report))
-    return 0
 
 
 def _ms(s: dict) -> str:
@@ -329,8 +291,7 @@ def format_report(rep: dict) -> str:
         )
         if "aggregate_tps" in s:
             per = ", ".join(f"{x:.1f}" for x in s["per_stream_wall_tps"])
-            agg = f"{pub['aggregate_tps']:g}" if "aggregate_tps" in pub else "-"
-            each = f"{pub['per_stream_tps']:g}" if "per_stream_tps" in pub else "-"
+            agg, each = (f"{pub[k]:g}" if k in pub else "-" for k in ("aggregate_tps", "per_stream_tps"))
             lines.append(
                 f"{'':<7}aggregate {_tps(s['aggregate_tps'])} over {rep['streams']} streams "
                 f"(published {agg}); per stream {per} (published {each})"

@@ -56,14 +56,12 @@ def _render(args: argparse.Namespace) -> int:
     data |= {"rigforge_recipe_opt_in": args.opt_in}
     one = fleet.build([SimpleNamespace(name="render", groups=(), data=data)], args.variant, gpus=args.gpus,
                       deployable=False)  # fmt: skip
-    plan = one.plans["render"]
-    if plan is None:
+    if (plan := one.plans["render"]) is None:
         raise SettingsError("; ".join(one.problems["render"]))
     args.out.mkdir(parents=True, exist_ok=True)
     for name, text in plan.files.items():
         write_atomically(args.out / name, text, 0o600 if name == ".env" else 0o755 if name == SETTLE_SCRIPT else 0o644)
-    for name in plan.files:
-        print(f"wrote {args.out / name}")
+    print("\n".join(f"wrote {args.out / name}" for name in plan.files))
     unresolved = [] if "@" in plan.image else [f"image {plan.image} (digest: null)"]
     unresolved += [f"hf.{a.name} {a.pin.repo} (revision: null)" for a in plan.assets if not a.pin.resolved]
     unresolved += [f"git.{p.name} (commit: null)" for p in plan.sources if not p.resolved]
@@ -99,9 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _patch_for_gevent(argv: list[str]) -> None:
-    """For status and verify, which read rigs over SSH in parallel greenlets (rigforge/inventory.py): before anything
-    imports ssl (the subcommands' modules do, through requests), as gevent's patch of ssl works only then; a late
-    patch makes every HTTPS request from a greenlet recurse without end (both ask registries, rigforge/obtain.py)."""
+    """For status and verify (SSH in greenlets, rigforge/inventory.py): gevent patches ssl before requests imports it;
+    a late patch makes each HTTPS request from a greenlet recurse endlessly (both ask registries: obtain.py)."""
     if argv and argv[0] in ("status", "verify") and "ssl" not in sys.modules:
         from gevent import monkey
 

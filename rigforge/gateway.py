@@ -1,6 +1,5 @@
-"""The fleet's front door (docs/gateway.md): one HAProxy in front of the rigs, one backend per served model name,
-its config built from the rigs' plans and the gateway host's knobs (pure data, like rigforge/fleet.py); and the
-shell that drains and rejoins a rig through HAProxy's runtime API."""
+"""The fleet's front door (docs/gateway.md): one HAProxy before the rigs, a backend per served model name, its config
+built from the rigs' plans and the gateway host's knobs; and the shell that drains and rejoins a rig through it."""
 
 import hashlib
 import itertools
@@ -72,12 +71,8 @@ def key_hash(key: str) -> str:
 
 def build(host: str, data: Mapping, rigs: Sequence) -> tuple[GatewayPlan | None, list[str]]:
     """The gateway of `host` (its knobs in `data`) in front of `rigs` (their plans), and every problem."""
-    by_model: dict[str, list] = {}
-    for plan in rigs:
-        by_model.setdefault(plan.variant.served_model, []).append(plan)
-    problems = []
-    if not rigs:
-        problems.append("no rig in the inventory to put behind the gateway (hosts outside the group `gateway`)")
+    by_model = {m: [p for p in rigs if p.variant.served_model == m] for m in {p.variant.served_model for p in rigs}}
+    problems = [] if rigs else ["no rig in the inventory to put behind the gateway (hosts outside the group `gateway`)"]
     if len(by_model) > MAX_MODELS:
         problems.append(f"the rigs serve {len(by_model)} model names; one gateway fronts at most {MAX_MODELS}")
     backends = []
@@ -91,9 +86,8 @@ def build(host: str, data: Mapping, rigs: Sequence) -> tuple[GatewayPlan | None,
             problems.append(
                 f"the rigs serving {model} require an API key: set gateway_api_key, or the gateway would open them"
             )
-        servers = tuple(
-            Server(p.host, p.data.get("gateway_address") or p.host, p.port) for p in sorted(plans, key=lambda p: p.host)
-        )
+        plans.sort(key=lambda p: p.host)
+        servers = tuple(Server(p.host, p.data.get("gateway_address") or p.host, p.port) for p in plans)
         backends.append(Backend(backend_name(model), model, keys.pop(), servers))
     if len({b.name for b in backends}) < len(backends):
         problems.append(f"served model names {sorted(by_model)} differ only in punctuation; rename one")
@@ -103,8 +97,7 @@ def build(host: str, data: Mapping, rigs: Sequence) -> tuple[GatewayPlan | None,
         return None, [f"gateway_metrics_port must differ from gateway_port ({data['gateway_port']})"]
     bind = f"{data.get('gateway_bind_address') or ''}:{data['gateway_port']}"
     metrics_bind = f"{data.get('gateway_bind_address') or ''}:{data['gateway_metrics_port']}"
-    key = data.get("gateway_api_key")
-    key_sha = key_hash(key) if key else None
+    key_sha = key_hash(key) if (key := data.get("gateway_api_key")) else None
     return GatewayPlan(host, bind, key_sha, tuple(backends), hold=Gateway.of(data), metrics_bind=metrics_bind), []
 
 
@@ -116,9 +109,8 @@ def render(plan: GatewayPlan) -> str:
 
 
 def _runtime(server: str) -> str:
-    """Shell helpers: `cli CMD` talks to HAProxy's runtime API, `stat AWK` reads `show stat` (CSV: 1 backend,
-    2 server, 3 queued, 5 sessions, 18 status) with `s` set to the server; `save` keeps the runtime state (ports,
-    drains) for the next reload."""
+    """Shell helpers: `cli CMD` (HAProxy's runtime API), `stat AWK` on `show stat` (CSV: 1 backend, 2 server, 3 queued,
+    5 sessions, 18 status; `s`: the server), `save` (the runtime state, ports and drains, for the next reload)."""
     state, socket = shlex.quote(GATEWAY_STATE), shlex.quote(GATEWAY_ADMIN_SOCKET)
     return f"""
 cli() {{ echo "$1" | socat stdio UNIX-CONNECT:{socket}; }}
@@ -131,9 +123,8 @@ backends=$(stat '$2 == s {{ print $1 }}')
 
 
 def drain_script(server: str, timeout: int) -> str:
-    """Shell, on a gateway host: no new requests for `server`, then wait (at most `timeout` s) until its requests
-    in flight and queued are done. Prints `others up N`: how many other rigs of its models are up."""
-    body = f"""
+    """Shell, on a gateway host: drain `server`, wait (at most `timeout` s) for its requests; says `others up N`."""
+    return f"""{_runtime(server)}
 for b in $backends; do cli "set server $b/{server} state drain" >/dev/null; done
 save
 echo "others up $(cli "show stat" | awk -F, -v s={shlex.quote(server)} -v bs=" $(echo $backends) " \
@@ -145,15 +136,13 @@ while busy=$(stat '$2 == s {{ n += $3 + $5 }} END {{ print n + 0 }}') && [ "$bus
 done
 echo "gateway: drained after $waited s"
 """
-    return _runtime(server) + body
 
 
 def state_script(server: str, backend: str, port: int) -> str:
-    """Shell, on a gateway host: one word for `server` in `backend`: `ready` (admin state ready, at `port`),
-    `drain`, `maint`, `moved` (ready at another port) or `absent`; nothing when the gateway does not run there.
-    (`show servers state`: 2 backend, 4 server, 7 admin state bits (0x01/0x02/0x04/0x20/0x40 maint, 0x08/0x10
-    drain), 19 port.)"""
-    body = f"""
+    """Shell, on a gateway host: `server` in `backend` is `ready` (at `port`), `drain`, `maint`, `moved` or `absent`;
+    nothing without a gateway there. (`show servers state`: 2 backend, 4 server, 7 admin state bits (0x01/0x02/0x04/
+    0x20/0x40 maint, 0x08/0x10 drain), 19 port.)"""
+    return f"""{_runtime(server)}
 cli "show servers state" | awk -v s={shlex.quote(server)} -v b={shlex.quote(backend)} -v p={int(port)} '
   $2 == b && $4 == s {{ seen = 1; a = $7 + 0
     if (a % 2 == 1 || int(a / 2) % 2 == 1 || int(a / 4) % 2 == 1 || int(a / 32) % 2 == 1 || int(a / 64) % 2 == 1)
@@ -163,14 +152,11 @@ cli "show servers state" | awk -v s={shlex.quote(server)} -v b={shlex.quote(back
     else print "ready" }}
   END {{ if (!seen) print "absent" }}'
 """
-    return _runtime(server) + body
 
 
 def rejoin_script(server: str, backend: str | None, address: str, port: int, wait: int = 60) -> str:
-    """Shell, on a gateway host: `server` back in `backend` (None: wherever it is) at `address`:`port` (a name is
-    resolved there), out of the backends of models it no longer serves; then wait (at most `wait` s) until the
-    gateway's own health check sees it up."""
-    body = f"""
+    """Shell, on a gateway host: `server` at `address`:`port` in `backend` (None: all) only; awaits it up (`wait` s)."""
+    return f"""{_runtime(server)}
 ip=$(getent ahosts {shlex.quote(address)} | awk '{{ print $1; exit }}')
 [ -n "$ip" ] || {{ echo "gateway: cannot resolve {address}" >&2; exit 1; }}
 for b in $backends; do
@@ -189,4 +175,3 @@ until stat '$2 == s && $18 ~ /^UP/ {{ up = 1 }} END {{ exit !up }}'; do
 done
 echo "gateway: {server} serving at $ip:{int(port)} after $waited s"
 """
-    return _runtime(server) + body

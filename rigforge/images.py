@@ -1,6 +1,5 @@
-"""`rigforge images save DIR` and `rigforge images load DIR INVENTORY` (docs/images.md): the lock's images kept
-in a directory, an OCI image layout, then put onto a rig at their locked digests (deploy/images_load.py,
-roles/images.py), for a single rig with no fleet registry or a move between fleets (issue 22)."""
+"""`rigforge images save DIR` and `load DIR INVENTORY` (docs/images.md, issue 22): the lock's images kept in an OCI
+image layout, put onto a rig at their locked digests (deploy/images_load.py) where no fleet registry serves it."""
 
 import argparse
 import hashlib
@@ -8,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +15,6 @@ from rigforge.obtain import DOCKER_HUB, INDEX_TYPES, MANIFEST_TYPES, parse, regi
 from rigforge.pins import DIGEST, ImagePin, Lock, LockError, default_lock_path, load_lock
 
 LAYOUT_FILE = "oci-layout"
-LAYOUT_VERSION = {"imageLayoutVersion": "1.0.0"}
 INDEX = "index.json"
 BLOBS = "blobs/sha256"
 VERIFIED = ".rigforge-verified.json"  # {digest: size} of every blob whose sha256 was checked when it was written
@@ -42,30 +39,26 @@ class Saved:
 
 
 def hub_name(ref: str) -> tuple[str, str] | None:
-    """(repository path on Docker Hub, tag) of a ref Docker pulls from Docker Hub (`vllm/vllm-openai:v1` ->
-    (`vllm/vllm-openai`, `v1`); `ubuntu` -> (`library/ubuntu`, `latest`)); None for another registry's ref."""
-    r = parse(ref)
-    if r.registry not in (DOCKER_HUB, "index.docker.io", "registry-1.docker.io"):
+    """(Docker Hub repository path, tag) of a ref Docker pulls from Docker Hub (`ubuntu`: library/ubuntu, latest)."""
+    if (r := parse(ref)).registry not in (DOCKER_HUB, "index.docker.io", "registry-1.docker.io"):
         return None
     return (r.repository if "/" in r.repository else f"library/{r.repository}"), r.tag or "latest"
 
 
 def qualified(ref: str) -> str:
     """The fully qualified name of a ref (containerd's `io.containerd.image.name`)."""
-    hub = hub_name(ref)
-    return f"docker.io/{hub[0]}:{hub[1]}" if hub else ref
+    return f"docker.io/{hub[0]}:{hub[1]}" if (hub := hub_name(ref)) else ref
 
 
 def locked_images(lock: Lock) -> tuple[list[ImagePin], list[str]]:
     """(the lock's images with a digest, each (ref, digest) once; the entries without one, by name)."""
-    pins, seen, unresolved = [], set(), []
+    pins, unresolved = {}, []
     for key, pin in (("image", lock.image), *((f"images.{n}", p) for n, p in lock.images.items())):
         if not pin.digest:
             unresolved.append(f"{key} ({pin.ref})")
-        elif (pin.ref, pin.digest) not in seen:
-            seen.add((pin.ref, pin.digest))
-            pins.append(pin)
-    return pins, unresolved
+        else:
+            pins.setdefault((pin.ref, pin.digest), pin)
+    return list(pins.values()), unresolved
 
 
 # --- the layout on disk ----------------------------------------------------------------------------------------
@@ -89,27 +82,22 @@ def _write_json(path: Path, data) -> None:
 def index_entries(directory: Path) -> list[Saved]:
     """The images a layout's index.json names (by the ref annotation), in file order."""
     index = _read_json(Path(directory) / INDEX, {})
-    out = []
-    for entry in index.get("manifests") or [] if isinstance(index, dict) else []:
-        ref = (entry.get("annotations") or {}).get(REF_NAME)
-        if ref and DIGEST.match(str(entry.get("digest", ""))):
-            out.append(Saved(ref, entry["digest"], entry.get("mediaType", ""), int(entry.get("size", 0))))
-    return out
+    return [
+        Saved(ref, e["digest"], e.get("mediaType", ""), int(e.get("size", 0)))
+        for e in (index.get("manifests") or [] if isinstance(index, dict) else [])
+        if (ref := (e.get("annotations") or {}).get(REF_NAME)) and DIGEST.match(str(e.get("digest", "")))
+    ]
 
 
 def _verified_ok(directory: Path, verified: dict, digest: str, size: int) -> bool:
     """The blob is in place with `size` bytes, and its sha256 was checked when it was written."""
-    try:
-        return verified.get(digest) == size and blob_path(directory, digest).stat().st_size == size
-    except OSError:
-        return False
+    path = blob_path(directory, digest)
+    return verified.get(digest) == size and path.exists() and path.stat().st_size == size
 
 
-def _descriptors(manifest: dict) -> Iterator[dict]:
+def _descriptors(manifest: dict) -> list[dict]:
     """The blobs an image manifest names (config, then layers)."""
-    if manifest.get("config"):
-        yield manifest["config"]
-    yield from manifest.get("layers") or []
+    return ([manifest["config"]] if manifest.get("config") else []) + list(manifest.get("layers") or [])
 
 
 def _children(manifest: dict) -> list[dict]:
@@ -118,14 +106,10 @@ def _children(manifest: dict) -> list[dict]:
 
 
 def saved(directory: str | os.PathLike, ref: str, digest: str) -> bool:
-    """Does `directory` hold the image `ref` at `digest`, complete and verified: named in index.json, its manifest
-    (and, for an index, every child manifest) and every blob in place with the size it names and checked by
-    sha256 when written? Sizes only, no re-hash: what the deploy's preflight asks of a saved copy."""
-    directory = Path(directory)
-    entry = next((e for e in index_entries(directory) if e.ref == ref and e.digest == digest), None)
-    if entry is None:
+    """`ref` at `digest` complete in `directory`: indexed, each manifest and blob at its size and hash-checked once?"""
+    if (entry := next((e for e in index_entries(directory) if e.ref == ref and e.digest == digest), None)) is None:
         return False
-    verified = _read_json(directory / VERIFIED, {})
+    verified = _read_json(Path(directory) / VERIFIED, {})
     todo = [(digest, entry.size, True)]
     while todo:
         d, size, is_manifest = todo.pop()
@@ -181,10 +165,6 @@ def _human(n: float) -> str:
     return f"{n:.1f} GB"
 
 
-def _say(line: str) -> None:
-    print(line, flush=True)
-
-
 def _fetch_blob(src: _Source, directory: Path, verified: dict, desc: dict, label: str) -> bool:
     """The blob `desc` in place, verified; False when it already was (nothing fetched)."""
     digest, size = desc["digest"], int(desc["size"])
@@ -201,8 +181,7 @@ def _fetch_blob(src: _Source, directory: Path, verified: dict, desc: dict, label
         have = part.stat().st_size
     else:
         part.unlink(missing_ok=True)
-    headers = {"Range": f"bytes={have}-"} if have else {}
-    resp = src.get("blobs", digest, headers, stream=True)
+    resp = src.get("blobs", digest, {"Range": f"bytes={have}-"} if have else {}, stream=True)
     if have and resp.status_code != 206:  # the registry sent it whole: start over
         hasher, have = hashlib.sha256(), 0
     got, step = have, max(size * PROGRESS_STEP // 100, 1)
@@ -216,7 +195,7 @@ def _fetch_blob(src: _Source, directory: Path, verified: dict, desc: dict, label
                 break
             if size and got // step > said and got < size:
                 said = got // step
-                _say(f"  {label} {digest[7:19]}: {_human(got)} of {_human(size)} ({100 * got // size}%)")
+                print(f"  {label} {digest[7:19]}: {_human(got)} of {_human(size)} ({100 * got // size}%)", flush=True)
     actual = f"sha256:{hasher.hexdigest()}"
     if got != size or actual != digest:
         part.unlink(missing_ok=True)
@@ -227,30 +206,26 @@ def _fetch_blob(src: _Source, directory: Path, verified: dict, desc: dict, label
     os.replace(part, final)
     verified[digest] = size
     _write_json(directory / VERIFIED, verified)
-    _say(f"  {label} {digest[7:19]}: {_human(size)} (100%), verified")
+    print(f"  {label} {digest[7:19]}: {_human(size)} (100%), verified", flush=True)
     return True
 
 
 def _fetch_manifest(src: _Source, directory: Path, verified: dict, digest: str) -> tuple[dict, str, int]:
-    """(the manifest at `digest`, its media type, its size), kept byte for byte as a blob once verified."""
+    """(the manifest at `digest`, its Content-Type ("" when kept), its size), kept byte for byte once verified."""
     path = blob_path(directory, digest)
     if _verified_ok(directory, verified, digest, verified.get(digest)):
-        body = path.read_bytes()
-        manifest = json.loads(body)
-        return manifest, manifest.get("mediaType", ""), len(body)
+        return json.loads(body := path.read_bytes()), "", len(body)
     resp = src.get("manifests", digest)
-    body = resp.content
-    if f"sha256:{hashlib.sha256(body).hexdigest()}" != digest:
+    if f"sha256:{hashlib.sha256(body := resp.content).hexdigest()}" != digest:
         raise ImagesError(f"{src.ref}: manifest {digest}: refused, the registry's bytes hash to another digest")
     try:
         manifest = json.loads(body)
     except ValueError:
         raise ImagesError(f"{src.ref}: manifest {digest} is not JSON") from None
-    media_type = manifest.get("mediaType") or resp.headers.get("Content-Type", "").split(";")[0]
     path.write_bytes(body)
     verified[digest] = len(body)
     _write_json(directory / VERIFIED, verified)
-    return manifest, media_type, len(body)
+    return manifest, resp.headers.get("Content-Type", "").split(";")[0], len(body)
 
 
 def save_image(directory: Path, pin: ImagePin, registry: str | None = None, ca_cert: str | None = None) -> int:
@@ -258,23 +233,19 @@ def save_image(directory: Path, pin: ImagePin, registry: str | None = None, ca_c
     directory = Path(directory)
     (directory / BLOBS).mkdir(parents=True, exist_ok=True)
     if not (directory / LAYOUT_FILE).exists():
-        _write_json(directory / LAYOUT_FILE, LAYOUT_VERSION)
+        _write_json(directory / LAYOUT_FILE, {"imageLayoutVersion": "1.0.0"})
     if saved(directory, pin.ref, pin.digest):
-        _say(f"{pin.ref}@{pin.digest}: already saved in {directory}")
+        print(f"{pin.ref}@{pin.digest}: already saved in {directory}", flush=True)
         return 0
     src = _Source(pin.ref, registry, ca_cert)
     verified = _read_json(directory / VERIFIED, {})
-    _say(f"{pin.ref}@{pin.digest}: saving from {src.base.split('/v2/')[0]}")
-    top, media_type, top_size = _fetch_manifest(src, directory, verified, pin.digest)
+    print(f"{pin.ref}@{pin.digest}: saving from {src.base.split('/v2/')[0]}", flush=True)
+    top, content_type, top_size = _fetch_manifest(src, directory, verified, pin.digest)
     images = [top, *(_fetch_manifest(src, directory, verified, c["digest"])[0] for c in _children(top))]
     blobs = [b for m in images for b in _descriptors(m)]
     fetched = sum(_fetch_blob(src, directory, verified, b, f"blob {i}/{len(blobs)}") for i, b in enumerate(blobs, 1))
-    entry = {
-        "mediaType": media_type,
-        "digest": pin.digest,
-        "size": top_size,
-        "annotations": {REF_NAME: pin.ref, IMAGE_NAME: qualified(pin.ref)},
-    }
+    entry = {"mediaType": top.get("mediaType") or content_type, "digest": pin.digest, "size": top_size}
+    entry["annotations"] = {REF_NAME: pin.ref, IMAGE_NAME: qualified(pin.ref)}
     index = _read_json(directory / INDEX, {})
     if not isinstance(index, dict) or not isinstance(index.get("manifests"), list):
         index = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": []}
@@ -282,7 +253,7 @@ def save_image(directory: Path, pin: ImagePin, registry: str | None = None, ca_c
     index["manifests"] = [*others, entry]
     _write_json(directory / INDEX, index)
     total = sum(int(b["size"]) for b in blobs)
-    _say(f"{pin.ref}@{pin.digest}: saved ({len(blobs)} blobs, {_human(total)}; {fetched} fetched now)")
+    print(f"{pin.ref}@{pin.digest}: saved ({len(blobs)} blobs, {_human(total)}; {fetched} fetched now)", flush=True)
     return fetched
 
 
@@ -290,19 +261,14 @@ def save_image(directory: Path, pin: ImagePin, registry: str | None = None, ca_c
 
 
 def push_plan(directory: str | os.PathLike, entries: list[Saved]) -> tuple[list[str], dict[str, int]]:
-    """(the lines of rigforge/remote/load_images.sh's plan, every file of the layout they need: {digest: size}) for
-    loading `entries`: each image's blobs, then its manifests (an index's children before it, so the registry accepts
-    each one), then `pull NAME@DIGEST`. The repository is the Docker Hub path Docker asks a mirror for (`entries`
-    passed check_loadable: Docker Hub images only)."""
-    directory = Path(directory)
+    """(remote/load_images.sh's plan, the files it needs {digest: size}) for `entries` (Docker Hub images): each one's
+    blobs, manifests (an index's children first, for the registry to accept it), then `pull NAME@DIGEST`."""
     lines, pulls, needed = [], [], {}
     for e in entries:
         repo, top = hub_name(e.ref)[0], _read_json(blob_path(directory, e.digest), {})
-        images, manifests = [top], []
-        for child in _children(top):
-            manifest = _read_json(blob_path(directory, child["digest"]), {})
-            images.append(manifest)
-            manifests.append((child["digest"], int(child["size"]), manifest.get("mediaType") or child.get("mediaType")))
+        kids = [(c, _read_json(blob_path(directory, c["digest"]), {})) for c in _children(top)]
+        images = [top, *(m for _, m in kids)]
+        manifests = [(c["digest"], int(c["size"]), m.get("mediaType") or c.get("mediaType")) for c, m in kids]
         manifests.append((e.digest, e.size, top.get("mediaType") or e.media_type))
         blobs = {b["digest"]: int(b["size"]) for m in images for b in _descriptors(m)}
         lines += [f"blob {repo} {d}" for d in blobs]
@@ -325,21 +291,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="images_command", required=True)
     save = sub.add_parser("save", help="keep the lock's images (those with a digest) in DIR, an OCI image layout")
     save.add_argument("dir", type=Path, help="the directory (created; a re-run fetches only what is missing)")
-    save.add_argument("--lock", type=Path, default=None, help="lock file (default: rigforge.lock.yaml)")
-    save.add_argument("--registry", default=None, metavar="URL",
+    save.add_argument("--lock", type=Path, help="lock file (default: rigforge.lock.yaml)")
+    save.add_argument("--registry", metavar="URL",
                       help="read from this registry (a base URL, https://host:5000), not Docker Hub")  # fmt: skip
-    save.add_argument("--ca-cert", default=None, metavar="PEM", help="the CA certificate that registry's TLS uses")
+    save.add_argument("--ca-cert", metavar="PEM", help="the CA certificate that registry's TLS uses")
     load = sub.add_parser("load", help="put the images saved in DIR on the rigs of INVENTORY, at their digests")
     load.add_argument("dir", type=Path, help="a directory `rigforge images save` wrote")
     load.add_argument("inventory", help="pyinfra inventory (e.g. inventories/home.py)")
-    load.add_argument("--limit", default=None, metavar="HOST", help="only this host (or group)")
+    load.add_argument("--limit", metavar="HOST", help="only this host (or group)")
 
 
 def save(directory: Path, lock: Lock, registry: str | None = None, ca_cert: str | None = None) -> int:
     """Save every locked image with a digest; the number of blobs fetched."""
     pins, unresolved = locked_images(lock)
     for name in unresolved:
-        _say(f"{name}: no digest in the lock, not saved (run `rigforge lock` on a networked controller)")
+        print(f"{name}: no digest in the lock, not saved (run `rigforge lock` on a networked controller)", flush=True)
     if not pins:
         raise ImagesError(f"lock {lock.path}: no image has a digest; nothing to save")
     return sum(save_image(directory, pin, registry, ca_cert) for pin in pins)
@@ -350,8 +316,7 @@ ENTRY = Path(__file__).resolve().parents[1] / "deploy" / "images_load.py"
 
 def check_loadable(directory: Path) -> list[Saved]:
     """The images of `directory`, each complete and verified, loadable onto a rig; ImagesError naming what is not."""
-    entries = index_entries(directory)
-    if not entries:
+    if not (entries := index_entries(directory)):
         raise ImagesError(f"{directory}: no saved image (no {INDEX} naming one): run `rigforge images save DIR` first")
     for e in entries:
         if not saved(directory, e.ref, e.digest):

@@ -1,6 +1,5 @@
-"""Where a rig gets its locked image (issue 22, docs/registry.md): the rig itself, the fleet registry (a Docker Hub
-mirror: Docker images only), upstream; asked over HTTP from the controller, and the one line naming the image and
-the variant's live successor when none has it."""
+"""Where a rig gets its locked image (issue 22, docs/registry.md): the rig, the fleet registry (a Docker Hub mirror),
+upstream; asked over HTTP from the controller, and the one line naming the variant's live successor when none has it."""
 
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,8 +15,7 @@ MANIFEST_TYPES = ", ".join(INDEX_TYPES + IMAGE_TYPES)
 
 
 def registry_request(method: str, url: str, headers: dict, **kwargs):
-    """One Distribution API request; an anonymous bearer token is fetched (into `headers`) when the registry asks
-    for one (its 401 challenge, as Docker Hub does). `kwargs` go to requests (e.g. `stream`, `verify`)."""
+    """One Distribution API request; an anonymous bearer token (kept in `headers`) when a 401 asks (Docker Hub)."""
     import requests
 
     kwargs.setdefault("timeout", 30)
@@ -73,12 +71,11 @@ class Source:
     detail: str  # "HTTP 404", "unreachable: ..." ("" when it has it)
 
 
-def ask(base: str, repository: str, reference: str, verify) -> tuple[bool | None, str]:
-    """(whether the registry at `base` has the manifest `reference` (digest or tag) of `repository`, why not):
-    one HEAD request (an anonymous bearer token first when the registry asks, as Docker Hub does)."""
+def ask(base: str, ref: ImageRef, verify) -> tuple[bool | None, str]:
+    """(does the registry at `base` have `ref`'s manifest (by digest, else tag), why not): one HEAD request."""
     import requests
 
-    url = f"{base.rstrip('/')}/v2/{repository}/manifests/{reference}"
+    url = f"{base.rstrip('/')}/v2/{ref.repository}/manifests/{ref.digest or ref.tag or 'latest'}"
     try:
         resp = registry_request("HEAD", url, {"Accept": MANIFEST_TYPES}, verify=verify)
     except (requests.RequestException, ValueError, KeyError, OSError) as e:
@@ -89,20 +86,15 @@ def ask(base: str, repository: str, reference: str, verify) -> tuple[bool | None
 
 
 def sources(image: str, fleet: RegistryPlan | None, upstream: str | None, upstream_ca: str | None) -> list[Source]:
-    """Every place the rig could pull `image` (ref@digest) from, asked now: the fleet registry (Docker Hub
-    images only: Docker uses its mirrors for nothing else), then upstream: the registry Docker pulls from without
-    a mirror, for Docker Hub images `upstream` when set (host data serving_image_upstream: the testbed's stand-in)."""
+    """Every place the rig could pull `image` from, asked now: the fleet registry (Docker Hub images only: Docker uses
+    mirrors for nothing else), then upstream (for Docker Hub images `upstream` when set: serving_image_upstream)."""
     ref = parse(image)
-    reference = ref.digest or ref.tag or "latest"
     out = []
     if fleet is not None and ref.on_docker_hub:
         verify = False if fleet.insecure else str(Path(fleet.ca_dir) / "ca.crt")  # the fleet CA (plain HTTP: none)
-        has, why = ask(fleet.url, ref.repository, reference, verify)
-        out.append(Source(f"the fleet registry {fleet.endpoint}", "fleet", has, why))
+        out.append(Source(f"the fleet registry {fleet.endpoint}", "fleet", *ask(fleet.url, ref, verify)))
     base = (upstream or DOCKER_HUB_API) if ref.on_docker_hub else f"https://{ref.registry}"
-    has, why = ask(base, ref.repository, reference, upstream_ca or True)
-    out.append(Source(f"upstream ({ref.registry})", "upstream", has, why))
-    return out
+    return [*out, Source(f"upstream ({ref.registry})", "upstream", *ask(base, ref, upstream_ca or True))]
 
 
 def problem(image: str, found: list[Source], successor: str | None) -> str | None:

@@ -1,6 +1,5 @@
-"""The fleet registry (docs/registry.md): a plain CNCF Distribution registry on one host of the inventory, served
-over TLS with a CA that rigforge makes on the controller. Pure data (its plan, its config.yml), plus the
-controller's own CA files (the openssl command line, run on the controller)."""
+"""The fleet registry (docs/registry.md): a plain CNCF Distribution registry on one host of the inventory, over TLS
+with a CA rigforge makes on the controller: its plan and config.yml, and the CA files (openssl, on the controller)."""
 
 import contextlib
 import fcntl
@@ -41,8 +40,7 @@ class RegistryPlan:
     @property
     def endpoint(self) -> str:
         """host:port as Docker names the registry (certs.d's directory, insecure-registries, image references)."""
-        host = f"[{self.address}]" if ":" in self.address else self.address
-        return f"{host}:{self.port}"
+        return f"[{self.address}]:{self.port}" if ":" in self.address else f"{self.address}:{self.port}"
 
     @property
     def url(self) -> str:
@@ -55,13 +53,9 @@ def default_ca_dir() -> Path:
 
 def build(name: str, data: Mapping) -> RegistryPlan:
     """The registry host's plan from its host data (the role's defaults applied, already validated)."""
-    ca_dir = data.get("registry_ca_dir")
+    ca_dir = Path(data["registry_ca_dir"]).expanduser() if data.get("registry_ca_dir") else default_ca_dir()
     return RegistryPlan(
-        host=name,
-        address=data.get("registry_address") or name,
-        port=int(data["registry_port"]),
-        insecure=bool(data["registry_insecure"]),
-        ca_dir=Path(ca_dir).expanduser() if ca_dir else default_ca_dir(),
+        name, data.get("registry_address") or name, int(data["registry_port"]), bool(data["registry_insecure"]), ca_dir
     )
 
 
@@ -165,8 +159,7 @@ def _server_ok(ca_dir: Path, crt: Path, address: str) -> bool:
 
 
 def server_certificate(ca_dir: Path, address: str) -> tuple[str, str]:
-    """(certificate, key) PEM for the registry at `address`, signed by the fleet CA (made first when missing).
-    Kept in `ca_dir/servers/` and reused while it is valid for `address`, so a second run changes nothing."""
+    """(certificate, key) PEM for the registry at `address`, signed by the fleet CA; reused while valid (idempotent)."""
     ca_certificate(ca_dir)
     with _locked(ca_dir):
         servers = ca_dir / "servers"

@@ -1,6 +1,5 @@
-"""`rigforge rollout INVENTORY --to FILE | --rollback [--dry]` (docs/rollout.md): move a fleet to a candidate lock,
-a canary first with a speed gate, then the other rigs one at a time; the candidate is promoted over the lock in use
-(kept as `<lock>.previous`) only once every rig runs it, so a plain deploy in between puts back what it says."""
+"""`rigforge rollout INVENTORY --to FILE | --rollback [--dry]` (docs/rollout.md): a canary with a speed gate, then
+each other rig; the candidate replaces the lock in use (kept as `<lock>.previous`) only once every rig runs it."""
 
 import argparse
 import json
@@ -36,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 class RolloutError(Exception):
-    pass
+    """The rollout stopped (one line, for the operator)."""
 
 
 class CanaryFailed(RolloutError):
@@ -45,20 +44,6 @@ class CanaryFailed(RolloutError):
 
 def say(text: str) -> None:
     print(f"rollout: {text}", flush=True)
-
-
-def _rigs(state) -> tuple[list, list[str]]:
-    """(the rigs to move, in inventory order; the names of those held by host data rollout_hold)."""
-    rigs = [h for h in state.inventory if fleet.is_rig(h)]
-    held = [h.name for h in rigs if fleet.host_data(h.data)["rollout_hold"]]
-    return [h for h in rigs if h.name not in held], held
-
-
-def lock_in_use(rigs) -> Path:
-    paths = {str(fleet.host_data(h.data)["rigforge_lock"]) for h in rigs}
-    if len(paths) != 1:
-        raise RolloutError(f"the rigs use {len(paths)} locks ({', '.join(sorted(paths))}): give them one lock")
-    return Path(paths.pop())
 
 
 # --- the preview ---------------------------------------------------------------------------------------------
@@ -81,8 +66,7 @@ def flags(files: dict) -> dict[str, str]:
     out, key = {}, None
     for word in cmd:
         if word.startswith("--"):
-            key = word
-            out[key] = ""
+            key, out[word] = word, ""
         elif key:
             out[key] = f"{out[key]} {word}".strip()
     return out
@@ -114,8 +98,7 @@ def show(p: dict) -> str:
 
 
 def tps(h, lock: Path, requests: int) -> float:
-    """Median completion tokens per second of `requests` chat completions asked on the rig itself (curl's own
-    time_total, so SSH adds nothing)."""
+    """Median completion tokens/s of `requests` chat completions asked on the rig itself (curl's time_total: no SSH)."""
     plan = _plan(h, lock)
     url = f"http://{fleet.host_data(h.data)['serving_health_host'] or '127.0.0.1'}:{plan.port}/v1/chat/completions"
     rates = []
@@ -190,19 +173,20 @@ def canary(args, h, old: Path, new: Path) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        state = inventory.open_inventory(args.inventory)
-        rigs, held = _rigs(state)
-        if not rigs:
+        rigs = [h for h in inventory.open_inventory(args.inventory).inventory if fleet.is_rig(h)]
+        held = [h.name for h in rigs if fleet.host_data(h.data)["rollout_hold"]]
+        if not (rigs := [h for h in rigs if h.name not in held]):
             raise RolloutError("no rig to roll out (every rig is held)")
-        old = lock_in_use(rigs)
+        if len(paths := {str(fleet.host_data(h.data)["rigforge_lock"]) for h in rigs}) != 1:
+            raise RolloutError(f"the rigs use {len(paths)} locks ({', '.join(sorted(paths))}): give them one lock")
+        old = Path(paths.pop())
         new = Path(f"{old}.previous") if args.rollback else args.to
         if new is None or not new.is_file():
             why = f"no {new}: nothing was promoted yet" if args.rollback else "give --to FILE"
             raise RolloutError(f"no candidate lock: {why}")
         if problems := load_lock(new).check():
             raise RolloutError(f"{new}: {'; '.join(problems)} (run `rigforge lock --lock {new}`)")
-        first = next((h for h in rigs if h.name == args.canary), None) if args.canary else rigs[0]
-        if first is None:
+        if (first := next((h for h in rigs if h.name == args.canary), None) if args.canary else rigs[0]) is None:
             raise RolloutError(f"--canary {args.canary}: not a rig of {args.inventory} that is not held")
         print("\n".join([show(preview(h, old, new)) for h in rigs]))  # every preview made before any is shown
         for name in held:
