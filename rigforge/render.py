@@ -1,7 +1,4 @@
-"""Rendering: a variant and its settings to the files a rig gets (compose file, .env, the systemd units).
-
-Templates get an explicit, fully computed context and are rendered with StrictUndefined.
-"""
+"""Rendering: a variant and its settings to the files a rig gets (compose file, .env, the systemd units)."""
 
 import json
 from pathlib import Path
@@ -82,13 +79,6 @@ def template(name: str):
     return _ENV.get_template(name)
 
 
-def env_file_text(s: Settings) -> str:
-    """The compose file's secrets (mode 0600): the API key, if any. Never the HF token: the weights are on the
-    rig before vLLM starts, so the container has no use for it (it is only with the weights download)."""
-    key = f"RIGFORGE_API_KEY={s.api_key}\n" if s.api_key else ""
-    return "# rigforge: secrets for this variant's compose file (mode 0600). Do not commit.\n" + key
-
-
 def render_power_unit(caps: dict[int, int], nvidia_smi: str = NVIDIA_SMI) -> str:
     """The power unit for `caps`: early at boot, ordered after no other cap writer (it can never close an ordering
     cycle); the settle stage (`settle_files`) makes rigforge's caps the last ones written."""
@@ -164,4 +154,7 @@ def seed_files(variant, s: Settings, layout: HostLayout, gpu_count: int, host_da
             "(no fp8/TurboQuant path on Ampere); pick dual or dual-turbo for a 20 GB card"
         )
     compose = template(COMPOSE_FILE + ".j2").render(**compose_context(variant, s, layout))
-    return {COMPOSE_FILE: compose, ENV_FILE: env_file_text(s), **units(s, layout, gpu_count)}
+    # the .env: the API key, if any; never the HF token (the weights are on the rig before vLLM starts)
+    key = f"RIGFORGE_API_KEY={s.api_key}\n" if s.api_key else ""
+    env = "# rigforge: secrets for this variant's compose file (mode 0600). Do not commit.\n" + key
+    return {COMPOSE_FILE: compose, ENV_FILE: env, **units(s, layout, gpu_count)}
