@@ -253,19 +253,15 @@ _REF = re.compile(r"\$\{?([_a-zA-Z][_a-zA-Z0-9]*)")
 _DOLLAR = re.compile(r"\$(\$|\{|[_a-zA-Z][_a-zA-Z0-9]*)?")  # $$, ${, $NAME or a lone $
 # inside ${...}: NAME, or NAME then a default (:- -), an error (:? ?) or an alternative (:+ +)
 _BRACED = re.compile(r"([_a-zA-Z][_a-zA-Z0-9]*)(?:(:?)([-?+])(.*))?", re.S)
+_NESTING = re.compile(r"\$\$|\$\{|\}")  # a literal $, a nested ${, a closing }
 
 
 def _close(s: str, i: int) -> int:
     depth = 1
-    while i < len(s):
-        if s.startswith(("$$", "${"), i):  # a literal $, or a nested ${
-            depth += s[i + 1] == "{"
-            i += 1
-        elif s[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return i
-        i += 1
+    for m in _NESTING.finditer(s, i):
+        depth += {"$$": 0, "${": 1, "}": -1}[m.group()]
+        if depth == 0:
+            return m.start()
     raise RecipeError(f"unterminated ${{ in {s!r}")
 
 
