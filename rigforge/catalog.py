@@ -33,13 +33,6 @@ class Asset:
 
 
 @dataclass(frozen=True)
-class Mount:
-    host: str  # with a {models}/{cache}/{src} root, resolved by rigforge.render
-    container: str
-    read_only: bool = False
-
-
-@dataclass(frozen=True)
 class Variant:
     name: str
     summary: str
@@ -53,7 +46,7 @@ class Variant:
     assets: tuple[str, ...]
     sources: tuple[str, ...]
     environment: tuple[tuple[str, str], ...]
-    mounts: tuple[Mount, ...]
+    mounts: tuple[tuple[str, str], ...]  # (host with a {models}/{cache}/{src} root, container[:ro])
     args: tuple[tuple[str, ...], ...]  # (flag,) or (flag, value), compose order
     entrypoint: tuple[str, ...] | None
     measured: tuple[tuple[str, Any], ...]
@@ -127,7 +120,7 @@ def _variant(name: str, raw: dict, defaults: dict, assets: dict[str, Asset]) -> 
         ok = isinstance(m, dict) and {"host", "container"} <= set(m)
         check(ok, f"each mount needs host and container, got {m!r}")
         check(m["host"].startswith(MOUNT_ROOTS), f"mount host {m['host']!r} must start with one of {MOUNT_ROOTS}")
-        mounts.append(Mount(m["host"], m["container"], bool(m.get("read_only", False))))
+        mounts.append((m["host"], m["container"] + (":ro" if m.get("read_only") else "")))
     args = []
     for a in _need(raw, "args", list, where):
         ok = isinstance(a, list) and 1 <= len(a) <= 2 and all(isinstance(x, str) for x in a)
