@@ -71,8 +71,7 @@ class Variant:
 
     def arg(self, flag: str) -> str | None:
         """Value of a vLLM flag (None if absent or bare)."""
-        item = next((a for a in self.args if a[0] == flag), (flag,))
-        return item[1] if len(item) > 1 else None
+        return next((a[1] if len(a) > 1 else None for a in self.args if a[0] == flag), None)
 
 
 @dataclass(frozen=True)
@@ -166,12 +165,8 @@ def parse_catalog(data: Any) -> Catalog:
     assets = {}
     for name, a in _need(data, "assets", dict, "catalog").items():
         where = f"asset {name!r}"
-        assets[name] = Asset(
-            name,
-            _need(a, "dir", str, where),
-            float(_need(a, "approx_gb", (int, float), where)),
-            _need(a, "hf_repo", str, where),
-        )
+        folder, gb = _need(a, "dir", str, where), float(_need(a, "approx_gb", (int, float), where))
+        assets[name] = Asset(name, folder, gb, _need(a, "hf_repo", str, where))
     variants = {
         name: _variant(name, raw, defaults, assets) for name, raw in _need(data, "variants", dict, "catalog").items()
     }
