@@ -130,13 +130,14 @@ class RecipeRepo:
         return _yaml(self.root / r.compose_path)
 
 
-def _weights(root: Path, model: str, ids: list[str]) -> tuple[tuple[Weights, ...], str | None]:
+def _weights(root: Path, e: dict) -> tuple[tuple[Weights, ...], str | None]:
+    model = str(e.get("model"))
     path = root / "scripts/lib/profiles/models" / f"{model}.yml"
     if not path.exists():
         return (), f"no model profile models/{model}.yml"
     weights = (_yaml(path) or {}).get("weights") or {}
     out = []
-    for wid in ids:
+    for wid in [e.get("weights_variant"), *(e.get("weights_companions") or [])]:
         w = weights.get(wid)
         if w is None:  # a companion may be a drafter profile
             d = root / "scripts/lib/profiles/drafters" / f"{wid}.yml"
@@ -186,9 +187,7 @@ def parse_repo(root: Path) -> RecipeRepo:
         image_env = str((engine or {}).get("image_env"))
         floor = e.get("fallback_sm") if e.get("fallback_sm") is not None else e.get("required_sm")
         sm = max(_sm(floor), _sm((engine or {}).get("min_sm")))
-        weights, problem = _weights(
-            root, str(e.get("model")), [e.get("weights_variant"), *(e.get("weights_companions") or [])]
-        )
+        weights, problem = _weights(root, e)
         refused = _classify(e, engine, sm) or problem
         if not refused and not (root / str(e.get("compose_path"))).is_file():
             refused = f"compose file {e.get('compose_path')} is not in the checkout"
@@ -353,10 +352,9 @@ def service_name(r: Recipe, compose: dict) -> str:
 
 
 def _host_compose(r: Recipe, compose: dict, env: dict[str, str], image: str, layout: HostLayout) -> tuple[dict, dict]:
-    """(the host override file, the effective compose). The override: the lock's image (unless the .env sets the
-    recipe's `image_env`), no restart policy (the unit owns restarts), host caches. The effective compose: what
-    `docker compose -f RECIPE -f OVERRIDE config` resolves with the .env's `env`: scalars replaced, volumes merged by
-    target, relative bind sources resolved against the recipe's directory in the rig's pinned checkout."""
+    """(the host override file, what `docker compose -f RECIPE -f OVERRIDE config` resolves with the .env's `env`):
+    scalars replaced, volumes merged by target, relative bind sources resolved against the recipe's directory in the
+    rig's pinned checkout."""
     svc = service_name(r, compose)
     host: dict[str, Any] = {"restart": "no"} if r.image_env in env else {"image": image, "restart": "no"}
     for v in compose["services"][svc].get("volumes") or []:

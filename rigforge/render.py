@@ -49,7 +49,6 @@ def compose_context(variant, s: Settings, layout: HostLayout) -> dict[str, Any]:
     port = s.port or variant.port
     published = f"{s.bind_address}:{port}" if s.bind_address else str(port)
     roots = dict(models=layout.models, cache=layout.cache, src=layout.src_root)  # a mount's host path starts with one
-    volumes = [f"{host.format(**roots)}:{container}" for host, container in variant.mounts]
     # bash -c SCRIPT -- ARGS...: the args arrive as "$@". Compose interpolates $VAR in the file,
     # so the script's own shell variables are escaped as $$.
     script = "\n".join(["set -e", *variant.entrypoint]).replace("$", "$$") if variant.entrypoint else None
@@ -63,7 +62,7 @@ def compose_context(variant, s: Settings, layout: HostLayout) -> dict[str, Any]:
         "command": vllm_args(variant, s),
         "ports": [f"{published}:{variant.container_port}"],
         "environment": list(variant.environment),
-        "volumes": volumes,
+        "volumes": [f"{host.format(**roots)}:{container}" for host, container in variant.mounts],
         "shm_size": variant.shm_size,
         "ipc": variant.ipc,
         "gpu_reservation": dict(variant.gpu_reservation),
