@@ -309,14 +309,13 @@ def load_lock(path: str | Path) -> Lock:
         content = Path(path).read_bytes()
     except FileNotFoundError:
         raise LockError(f"lock {path}: file not found (set host data rigforge_lock or pass --lock)") from None
-    lock = _LOADED.get((path, content))
-    if lock is None:
+    if (path, content) not in _LOADED:
         try:
             data = yaml.load(content, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml: ~10x faster
         except yaml.YAMLError as e:
             raise LockError(f"lock {path}: not valid YAML: {e}") from None
-        lock = _LOADED[(path, content)] = parse_lock(data, path)
-    return lock
+        _LOADED[(path, content)] = parse_lock(data, path)
+    return _LOADED[(path, content)]
 
 
 def dump_lock(lock: Lock) -> str:
