@@ -364,10 +364,12 @@ def _host_compose(r: Recipe, compose: dict, env: dict[str, str], image: str, lay
             host.setdefault("volumes", []).append(f"{layout.cache}/{name}:{target}" + (f":{opts}" if opts else ""))
     out = interpolated(compose, env)
     service = out["services"][svc]
-    merged = {_volume(v)[1]: v for v in [*(service.get("volumes") or []), *host.get("volumes", [])]}  # host's win
+    vols = service.get("volumes") or []
+    if "volumes" in host:  # merged by target, the override's winning
+        vols = list({_volume(v)[1]: v for v in [*vols, *host["volumes"]]}.values())
     base_dir = posixpath.join(layout.src(GIT_NAME), posixpath.dirname(r.compose_path))
     service.update(host, volumes=[])
-    for source, target, opts in map(_volume, merged.values()):
+    for source, target, opts in map(_volume, vols):
         if source.startswith("."):
             source = posixpath.normpath(posixpath.join(base_dir, source))
         service["volumes"].append(":".join(x for x in (source, target, opts) if x))
