@@ -33,13 +33,6 @@ class Asset:
 
 
 @dataclass(frozen=True)
-class Mount:
-    host: str  # with a {models}/{cache}/{src} root, resolved by rigforge.render
-    container: str
-    read_only: bool = False
-
-
-@dataclass(frozen=True)
 class Variant:
     name: str
     summary: str
@@ -53,7 +46,7 @@ class Variant:
     assets: tuple[str, ...]
     sources: tuple[str, ...]
     environment: tuple[tuple[str, str], ...]
-    mounts: tuple[Mount, ...]
+    mounts: tuple[tuple[str, str], ...]  # (host with a {models}/{cache}/{src} root, container[:ro])
     args: tuple[tuple[str, ...], ...]  # (flag,) or (flag, value), compose order
     entrypoint: tuple[str, ...] | None
     measured: tuple[tuple[str, Any], ...]
@@ -78,8 +71,7 @@ class Variant:
 
     def arg(self, flag: str) -> str | None:
         """Value of a vLLM flag (None if absent or bare)."""
-        item = next((a for a in self.args if a[0] == flag), (flag,))
-        return item[1] if len(item) > 1 else None
+        return next((a[1] if len(a) > 1 else None for a in self.args if a[0] == flag), None)
 
 
 @dataclass(frozen=True)
@@ -103,47 +95,43 @@ def _need(d: dict, key: str, kind: type | tuple, where: str):
 
 def _variant(name: str, raw: dict, defaults: dict, assets: dict[str, Asset]) -> Variant:
     where = f"variant {name!r}"
-    if not isinstance(raw, dict):
-        raise CatalogError(f"{where}: must be a mapping")
+
+    def check(ok: Any, problem: str) -> None:
+        if not ok:
+            raise CatalogError(f"{where}: {problem}")
+
+    check(isinstance(raw, dict), "must be a mapping")
     # a variant sets every field of Variant but its name and what the catalog's defaults and assets give it
     known = {f.name for f in fields(Variant)} - {"name", "asset_dirs", "sizes", "gpu_reservation", *DEFAULTS, *DERIVED}
-    if unknown := set(raw) - known:
-        raise CatalogError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
+    unknown = set(raw) - known
+    check(not unknown, f"unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
     port = _need(raw, "port", int, where)
-    if not 1 <= port <= 65535:
-        raise CatalogError(f"{where}: port {port} out of range 1..65535")
+    check(1 <= port <= 65535, f"port {port} out of range 1..65535")
     gpus = _need(raw, "gpus", int, where)
-    if gpus < 1:
-        raise CatalogError(f"{where}: gpus must be >= 1")
+    check(gpus >= 1, "gpus must be >= 1")
     for a in _need(raw, "assets", list, where):
-        if a not in assets:
-            raise CatalogError(f"{where}: unknown asset {a!r}; known: {', '.join(assets)}")
+        check(a in assets, f"unknown asset {a!r}; known: {', '.join(assets)}")
     env = _need(raw, "environment", dict, where)
     for k, v in env.items():
-        if not isinstance(v, str):
-            raise CatalogError(f"{where}: environment {k} must be a string, got {v!r}")
+        check(isinstance(v, str), f"environment {k} must be a string, got {v!r}")
     mounts = []
     for m in _need(raw, "mounts", list, where):
-        if not isinstance(m, dict) or not {"host", "container"} <= set(m):
-            raise CatalogError(f"{where}: each mount needs host and container, got {m!r}")
-        if not m["host"].startswith(MOUNT_ROOTS):
-            raise CatalogError(f"{where}: mount host {m['host']!r} must start with one of {MOUNT_ROOTS}")
-        mounts.append(Mount(m["host"], m["container"], bool(m.get("read_only", False))))
+        ok = isinstance(m, dict) and {"host", "container"} <= set(m)
+        check(ok, f"each mount needs host and container, got {m!r}")
+        check(m["host"].startswith(MOUNT_ROOTS), f"mount host {m['host']!r} must start with one of {MOUNT_ROOTS}")
+        mounts.append((m["host"], m["container"] + (":ro" if m.get("read_only") else "")))
     args = []
     for a in _need(raw, "args", list, where):
-        if not (isinstance(a, list) and 1 <= len(a) <= 2 and all(isinstance(x, str) for x in a)):
-            raise CatalogError(f"{where}: each arg is [flag] or [flag, value] of strings, got {a!r}")
-        if not a[0].startswith("--"):
-            raise CatalogError(f"{where}: arg {a[0]!r} is not a --flag")
+        ok = isinstance(a, list) and 1 <= len(a) <= 2 and all(isinstance(x, str) for x in a)
+        check(ok, f"each arg is [flag] or [flag, value] of strings, got {a!r}")
+        check(a[0].startswith("--"), f"arg {a[0]!r} is not a --flag")
         args.append(tuple(a))
     flags = dict(a for a in args if len(a) == 2)
-    if flags.get("--tensor-parallel-size") != str(gpus):
-        raise CatalogError(f"{where}: --tensor-parallel-size must equal gpus ({gpus})")
-    if not isinstance(raw.get("successor", ""), str):
-        raise CatalogError(f"{where}: successor must be a recipe slug (a string), got {raw['successor']!r}")
+    check(flags.get("--tensor-parallel-size") == str(gpus), f"--tensor-parallel-size must equal gpus ({gpus})")
+    successor = raw.get("successor")
+    check(isinstance(raw.get("successor", ""), str), f"successor must be a recipe slug (a string), got {successor!r}")
     entrypoint = raw.get("entrypoint")
-    if entrypoint is not None and not all(isinstance(s, str) for s in entrypoint):
-        raise CatalogError(f"{where}: entrypoint must be a list of shell lines")
+    check(entrypoint is None or all(isinstance(s, str) for s in entrypoint), "entrypoint must be a list of shell lines")
     return Variant(
         name=name,
         served_model=flags.get("--served-model-name") or name,
@@ -162,7 +150,7 @@ def _variant(name: str, raw: dict, defaults: dict, assets: dict[str, Asset]) -> 
         gpu_reservation=tuple(defaults["gpu_reservation"].items()),
         asset_dirs=tuple((a, assets[a].dir) for a in raw["assets"]),
         sizes=tuple((a, int(assets[a].approx_gb * 1e9)) for a in raw["assets"]),
-        successor=raw.get("successor"),
+        successor=successor,
     )
 
 
@@ -177,12 +165,8 @@ def parse_catalog(data: Any) -> Catalog:
     assets = {}
     for name, a in _need(data, "assets", dict, "catalog").items():
         where = f"asset {name!r}"
-        assets[name] = Asset(
-            name,
-            _need(a, "dir", str, where),
-            float(_need(a, "approx_gb", (int, float), where)),
-            _need(a, "hf_repo", str, where),
-        )
+        folder, gb = _need(a, "dir", str, where), float(_need(a, "approx_gb", (int, float), where))
+        assets[name] = Asset(name, folder, gb, _need(a, "hf_repo", str, where))
     variants = {
         name: _variant(name, raw, defaults, assets) for name, raw in _need(data, "variants", dict, "catalog").items()
     }

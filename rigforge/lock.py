@@ -140,12 +140,6 @@ def resolve_image(ref: str, registry: str | None = None, verify=True) -> str:
     return digest
 
 
-def fleet_ref(ref: str) -> str:
-    """`ref` as the fleet registry names its copy (`x:tag` -> `library/x:tag`)."""
-    image = parse(ref)
-    return f"{image.repository}:{image.tag or 'latest'}"
-
-
 def cuda_of(config: dict) -> str | None:
     """The CUDA version (major.minor) in an image's config blob: its CUDA_VERSION variable, else a CUDA label."""
     inner = config.get("config") or {}
@@ -249,7 +243,8 @@ def resolve(
         except LockError as gone:
             if fleet is None or "HTTP 404" not in str(gone):
                 raise
-            ref, (base, verify) = fleet_ref(pin.ref), fleet
+            parsed, (base, verify) = parse(pin.ref), fleet  # the fleet registry names its copy `library/x:tag`
+            ref = f"{parsed.repository}:{parsed.tag or 'latest'}"
             where = f" (from the fleet registry {base}: upstream no longer has this tag)"
             try:
                 digest = resolve_image(ref, base, verify)

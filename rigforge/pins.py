@@ -127,10 +127,8 @@ class Lock:
         out = [] if self.image.digest else ["image (digest: null)"]
         out += [f"images.{n} (digest: null)" for n, p in self.images.items() if not p.digest]
         out += [f"git.{n} (commit: null)" for n, p in self.git.items() if not p.resolved]
-        for n, p in self.hf.items():
-            if not p.resolved:
-                out.append(f"hf.{n} ({'revision: null' if p.revision is None else 'files: []'})")
-        return out
+        hf = {n: "revision: null" if p.revision is None else "files: []" for n, p in self.hf.items() if not p.resolved}
+        return out + [f"hf.{n} ({what})" for n, what in hf.items()]
 
     def check(self) -> list[str]:
         """Every problem an offline check can find: unresolved entries and inconsistent ones."""
@@ -191,10 +189,9 @@ class _Reader:
     """Typed access to one mapping of the lock (with only the `allowed` keys); errors name file and key."""
 
     def __init__(self, path: str, where: str, data: Any, allowed: Iterable[str]):
-        self.path, self.where = path, where
+        self.path, self.where, self.data = path, where, data
         if not isinstance(data, dict):
             self.fail(f"expected a mapping, got {type(data).__name__}")
-        self.data = data
         if extra := set(data) - set(allowed):
             self.fail(f"unknown key(s) {sorted(extra)} (allowed: {sorted(allowed)})")
 
@@ -312,14 +309,13 @@ def load_lock(path: str | Path) -> Lock:
         content = Path(path).read_bytes()
     except FileNotFoundError:
         raise LockError(f"lock {path}: file not found (set host data rigforge_lock or pass --lock)") from None
-    lock = _LOADED.get((path, content))
-    if lock is None:
+    if (path, content) not in _LOADED:
         try:
             data = yaml.load(content, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml: ~10x faster
         except yaml.YAMLError as e:
             raise LockError(f"lock {path}: not valid YAML: {e}") from None
-        lock = _LOADED[(path, content)] = parse_lock(data, path)
-    return lock
+        _LOADED[(path, content)] = parse_lock(data, path)
+    return _LOADED[(path, content)]
 
 
 def dump_lock(lock: Lock) -> str:

@@ -130,13 +130,14 @@ class RecipeRepo:
         return _yaml(self.root / r.compose_path)
 
 
-def _weights(root: Path, model: str, ids: list[str]) -> tuple[tuple[Weights, ...], str | None]:
+def _weights(root: Path, e: dict) -> tuple[tuple[Weights, ...], str | None]:
+    model = str(e.get("model"))
     path = root / "scripts/lib/profiles/models" / f"{model}.yml"
     if not path.exists():
         return (), f"no model profile models/{model}.yml"
     weights = (_yaml(path) or {}).get("weights") or {}
     out = []
-    for wid in ids:
+    for wid in [e.get("weights_variant"), *(e.get("weights_companions") or [])]:
         w = weights.get(wid)
         if w is None:  # a companion may be a drafter profile
             d = root / "scripts/lib/profiles/drafters" / f"{wid}.yml"
@@ -174,11 +175,6 @@ ENTRY_KEYS = {  # the registry entry keys rigforge reads; any other (origin, kv_
 }  # fmt: skip
 
 
-def _image_env(engine: dict | None) -> str | None:
-    name = (engine or {}).get("image_env")
-    return name if isinstance(name, str) and re.fullmatch(r"[A-Z_][A-Z0-9_]*", name) else None
-
-
 def parse_repo(root: Path) -> RecipeRepo:
     root = Path(root)
     registry = _yaml(root / REGISTRY)
@@ -188,11 +184,10 @@ def parse_repo(root: Path) -> RecipeRepo:
     recipes: dict[str, Recipe] = {}
     for slug, e in registry["entries"].items():
         engine = engines.get(str(e.get("engine")))
+        image_env = str((engine or {}).get("image_env"))
         floor = e.get("fallback_sm") if e.get("fallback_sm") is not None else e.get("required_sm")
         sm = max(_sm(floor), _sm((engine or {}).get("min_sm")))
-        weights, problem = _weights(
-            root, str(e.get("model")), [e.get("weights_variant"), *(e.get("weights_companions") or [])]
-        )
+        weights, problem = _weights(root, e)
         refused = _classify(e, engine, sm) or problem
         if not refused and not (root / str(e.get("compose_path"))).is_file():
             refused = f"compose file {e.get('compose_path')} is not in the checkout"
@@ -214,7 +209,7 @@ def parse_repo(root: Path) -> RecipeRepo:
             category=e.get("category"),
             default_arch_allow=tuple(str(a) for a in e.get("default_arch_allow") or ()),
             sampler_profiles=dict(e.get("sampler_profiles") or {}),
-            image_env=_image_env(engine),
+            image_env=image_env if re.fullmatch(r"[A-Z_][A-Z0-9_]*", image_env) else None,
             extra={k: v for k, v in e.items() if k not in ENTRY_KEYS},
         )
     names = [r.name for r in recipes.values()]
@@ -257,19 +252,15 @@ _REF = re.compile(r"\$\{?([_a-zA-Z][_a-zA-Z0-9]*)")
 _DOLLAR = re.compile(r"\$(\$|\{|[_a-zA-Z][_a-zA-Z0-9]*)?")  # $$, ${, $NAME or a lone $
 # inside ${...}: NAME, or NAME then a default (:- -), an error (:? ?) or an alternative (:+ +)
 _BRACED = re.compile(r"([_a-zA-Z][_a-zA-Z0-9]*)(?:(:?)([-?+])(.*))?", re.S)
+_NESTING = re.compile(r"\$\$|\$\{|\}")  # a literal $, a nested ${, a closing }
 
 
 def _close(s: str, i: int) -> int:
     depth = 1
-    while i < len(s):
-        if s.startswith(("$$", "${"), i):  # a literal $, or a nested ${
-            depth += s[i + 1] == "{"
-            i += 1
-        elif s[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return i
-        i += 1
+    for m in _NESTING.finditer(s, i):
+        depth += {"$$": 0, "${": 1, "}": -1}[m.group()]
+        if depth == 0:
+            return m.start()
     raise RecipeError(f"unterminated ${{ in {s!r}")
 
 
@@ -350,9 +341,7 @@ def knob_env(r: Recipe, compose: dict, values: dict[str, Any], host_keys: bool =
 def _volume(v: Any) -> tuple[str, str, str]:
     """(source, target, options) of a short-syntax volume."""
     parts = str(v).split(":")
-    if len(parts) == 1:
-        return "", parts[0], ""
-    return parts[0], parts[1], ":".join(parts[2:])
+    return ("", parts[0], "") if len(parts) == 1 else (parts[0], parts[1], ":".join(parts[2:]))
 
 
 def service_name(r: Recipe, compose: dict) -> str:
@@ -362,46 +351,29 @@ def service_name(r: Recipe, compose: dict) -> str:
     return next(iter(services))
 
 
-def image_by_env(r: Recipe, compose: dict) -> bool:
-    """Whether the .env sets the image (the engine's `image_env`, as upstream's launchers set it)."""
-    return bool(r.image_env) and r.image_env in variables(compose)
-
-
-def override(r: Recipe, compose: dict, image: str, root: str) -> dict:
-    """The host override file: the lock's image (unless the recipe takes it from its `image_env`), no restart
-    policy (the unit owns restarts), host caches."""
+def _host_compose(r: Recipe, compose: dict, env: dict[str, str], image: str, layout: HostLayout) -> tuple[dict, dict]:
+    """(the host override file, what `docker compose -f RECIPE -f OVERRIDE config` resolves with the .env's `env`):
+    scalars replaced, volumes merged by target, relative bind sources resolved against the recipe's directory in the
+    rig's pinned checkout."""
     svc = service_name(r, compose)
-    caches = []
+    host: dict[str, Any] = {"restart": "no"} if r.image_env in env else {"image": image, "restart": "no"}
     for v in compose["services"][svc].get("volumes") or []:
         source, target, opts = _volume(v)
         name, parent = posixpath.basename(source.rstrip("/")), posixpath.basename(posixpath.dirname(source))
         if source.startswith(".") and parent == "cache" and name in CACHE_TARGETS:
-            caches.append(f"{HostLayout(root=root).cache}/{name}:{target}" + (f":{opts}" if opts else ""))
-    data: dict[str, Any] = {"restart": "no"} if image_by_env(r, compose) else {"image": image, "restart": "no"}
-    if caches:
-        data["volumes"] = caches
-    return {"services": {svc: data}}
-
-
-def effective_compose(r: Recipe, compose: dict, env: dict[str, str], host_override: dict, checkout: str) -> dict:
-    """What `docker compose -f RECIPE -f OVERRIDE config` resolves with the .env's `env`: scalars replaced, volumes
-    merged by target, relative bind sources resolved against the recipe's directory in the rig's `checkout`."""
+            host.setdefault("volumes", []).append(f"{layout.cache}/{name}:{target}" + (f":{opts}" if opts else ""))
     out = interpolated(compose, env)
-    base_dir = posixpath.join(checkout, posixpath.dirname(r.compose_path))
-    for svc, extra in host_override.get("services", {}).items():
-        service = out["services"][svc]
-        for key, value in extra.items():
-            if key == "volumes":  # merged by target, the override's winning
-                value = list({_volume(v)[1]: v for v in [*(service.get("volumes") or []), *value]}.values())
-            service[key] = value
-        vols = []
-        for v in service.get("volumes") or []:
-            source, target, opts = _volume(v)
-            if source.startswith("."):
-                source = posixpath.normpath(posixpath.join(base_dir, source))
-            vols.append(":".join(x for x in (source, target, opts) if x))
-        service["volumes"] = vols
-    return out
+    service = out["services"][svc]
+    vols = service.get("volumes") or []
+    if "volumes" in host:  # merged by target, the override's winning
+        vols = list({_volume(v)[1]: v for v in [*vols, *host["volumes"]]}.values())
+    base_dir = posixpath.join(layout.src(GIT_NAME), posixpath.dirname(r.compose_path))
+    service.update(host, volumes=[])
+    for source, target, opts in map(_volume, vols):
+        if source.startswith("."):
+            source = posixpath.normpath(posixpath.join(base_dir, source))
+        service["volumes"].append(":".join(x for x in (source, target, opts) if x))
+    return {"services": {svc: host}}, out
 
 
 class _Dumper(yaml.SafeDumper):
@@ -424,6 +396,7 @@ EFFECTIVE_FILE = "effective-compose.yml"  # what `docker compose config` resolve
 
 # --- a slug as the roles see a variant ---
 
+# the compose header's `# Requires-min-vram-gb: N`, what the recipe's preflight reads
 _VRAM = re.compile(r"^#\s*Requires-min-vram-gb:\s*(\d+(?:\.\d+)?)\s*$", re.M)
 
 
@@ -433,9 +406,12 @@ class LiveVariant:
 
     recipe: Recipe
     compose: dict = field(repr=False, hash=False, compare=False)  # the recipe's compose file, parsed
+    name: str
     image: str  # what runs: the lock's ref@digest (or tag while the digest is unresolved)
+    assets: tuple[str, ...]  # lock hf names
     asset_dirs: tuple[tuple[str, str], ...]  # (lock hf name, dir under the model dir)
     sizes: tuple[tuple[str, int], ...]  # (lock hf name, bytes per the model profile's size_gb): until the lock knows
+    gpus: int
     port: int
     served_model: str
     min_card_mib: int
@@ -444,39 +420,25 @@ class LiveVariant:
     successor: str | None = None  # a live slug is its own way forward
 
     @property
-    def name(self) -> str:
-        return self.recipe.name
-
-    @property
-    def assets(self) -> tuple[str, ...]:
-        return tuple(name for name, _ in self.asset_dirs)
-
-    @property
-    def gpus(self) -> int:
-        return self.recipe.tp
-
-    @property
     def manifest_extra(self) -> dict:
         return {"recipe": self.recipe.slug}
 
     def files(self, s: Any, layout: HostLayout, gpu_count: int, host_data: bool = False) -> dict[str, str]:
-        """Every file a rig gets: the serve dir's, the effective compose (for reading) and the units. RecipeError
-        for a setting the recipe has no knob for (named as its host-data key when `host_data`)."""
+        """Every file a rig gets: the serve dir's, the effective compose (for reading), the units; see knob_env."""
         r, compose, image = self.recipe, self.compose, s.image or self.image
         # the settings a slug takes through its compose knobs (None: the recipe's default); never the HF token (the
         # rig fetches the weights)
         knobs = {key: getattr(s, key) for key in (*KNOBS, *NO_KNOB)}
         env = knob_env(r, compose, knobs | {"model_dir": layout.models, "port": s.port or r.port}, host_data)
-        if image_by_env(r, compose):
+        if r.image_env in variables(compose):  # the engine's `image_env` sets the image, as upstream's launchers do
             env[r.image_env] = image
-        checkout = layout.src(GIT_NAME)  # the rig's pinned checkout of the recipe repo
-        host = override(r, compose, image, layout.root)
+        host, effective = _host_compose(r, compose, env, image, layout)
         wrapper = {
             "name": f"rigforge-{r.name}",
-            "include": [{"path": [f"{checkout}/{r.compose_path}", OVERRIDE_FILE], "env_file": ".env"}],
+            "include": [{"path": [f"{layout.src(GIT_NAME)}/{r.compose_path}", OVERRIDE_FILE], "env_file": ".env"}],
         }
-        effective = {"name": wrapper["name"], **effective_compose(r, compose, env, host, checkout)}
-        escaped = _walk(effective, lambda t: t.replace("$", "$$"))  # literal $ as $$: itself a valid compose file
+        # literal $ as $$: itself a valid compose file
+        escaped = _walk({"name": wrapper["name"], **effective}, lambda t: t.replace("$", "$$"))
         lines = [f"# rigforge: host knobs of {r.slug} ({r.compose_path}); mode 0600, may hold secrets. Do not commit."]
         lines += [f"{k}={v}" for k, v in env.items()]
         note = f"# Rendered by rigforge for {r.slug}. Do not edit: change host data and re-run rigforge.\n"
@@ -494,18 +456,6 @@ class LiveVariant:
             "# as `docker compose config` shows it (host paths; $$ is a literal $).\n" + dump(escaped),
             **units(s, layout, gpu_count),
         }
-
-
-def min_card_mib(compose_text: str) -> int:
-    """The compose header's `# Requires-min-vram-gb: N` (what the recipe's preflight reads) in the seed's MiB terms."""
-    m = _VRAM.search(compose_text)
-    return int(float(m.group(1)) * 1000) if m else 24000
-
-
-def served_model(compose: dict) -> str | None:
-    svc = next(iter((compose.get("services") or {}).values()), {})
-    cmd = [str(c) for c in svc.get("command") or []]
-    return cmd[cmd.index("--served-model-name") + 1] if "--served-model-name" in cmd[:-1] else None
 
 
 def find(slug: str, lock: Any, opt_in: bool) -> LiveVariant:
@@ -550,13 +500,19 @@ def provisional(slug: str, lock: Any, opt_in: bool) -> Any:
 def of(repo: RecipeRepo, recipe: Recipe, image: str, assets: list[tuple[str, str, int]] = ()) -> LiveVariant:
     """`recipe` of `repo` as a variant running `image`; `assets`: (lock name, dir, bytes) of its weights."""
     compose = repo.compose(recipe)
+    cmd = [str(c) for c in next(iter((compose.get("services") or {}).values()), {}).get("command") or []]
+    served = cmd[cmd.index("--served-model-name") + 1] if "--served-model-name" in cmd[:-1] else None
+    vram = _VRAM.search((repo.root / recipe.compose_path).read_text())
     return LiveVariant(
         recipe=recipe,
         compose=compose,
+        name=recipe.name,
         image=image,
+        assets=tuple(n for n, _, _ in assets),
         asset_dirs=tuple((n, d) for n, d, _ in assets),
         sizes=tuple((n, size) for n, _, size in assets),
+        gpus=recipe.tp,
         port=recipe.port,
-        served_model=served_model(compose) or recipe.slug,
-        min_card_mib=min_card_mib((repo.root / recipe.compose_path).read_text()),
+        served_model=served or recipe.slug,
+        min_card_mib=int(float(vram.group(1)) * 1000) if vram else 24000,  # in the seed's MiB terms
     )

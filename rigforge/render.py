@@ -1,7 +1,4 @@
-"""Rendering: a variant and its settings to the files a rig gets (compose file, .env, the systemd units).
-
-Templates get an explicit, fully computed context and are rendered with StrictUndefined.
-"""
+"""Rendering: a variant and its settings to the files a rig gets (compose file, .env, the systemd units)."""
 
 import json
 from pathlib import Path
@@ -52,7 +49,6 @@ def compose_context(variant, s: Settings, layout: HostLayout) -> dict[str, Any]:
     port = s.port or variant.port
     published = f"{s.bind_address}:{port}" if s.bind_address else str(port)
     roots = dict(models=layout.models, cache=layout.cache, src=layout.src_root)  # a mount's host path starts with one
-    volumes = [f"{m.host.format(**roots)}:{m.container}{':ro' if m.read_only else ''}" for m in variant.mounts]
     # bash -c SCRIPT -- ARGS...: the args arrive as "$@". Compose interpolates $VAR in the file,
     # so the script's own shell variables are escaped as $$.
     script = "\n".join(["set -e", *variant.entrypoint]).replace("$", "$$") if variant.entrypoint else None
@@ -66,7 +62,7 @@ def compose_context(variant, s: Settings, layout: HostLayout) -> dict[str, Any]:
         "command": vllm_args(variant, s),
         "ports": [f"{published}:{variant.container_port}"],
         "environment": list(variant.environment),
-        "volumes": volumes,
+        "volumes": [f"{host.format(**roots)}:{container}" for host, container in variant.mounts],
         "shm_size": variant.shm_size,
         "ipc": variant.ipc,
         "gpu_reservation": dict(variant.gpu_reservation),
@@ -80,13 +76,6 @@ _ENV.filters["q"] = lambda v: json.dumps(v, ensure_ascii=False)  # JSON scalars 
 def template(name: str):
     """A template of templates/, parsed once per process."""
     return _ENV.get_template(name)
-
-
-def env_file_text(s: Settings) -> str:
-    """The compose file's secrets (mode 0600): the API key, if any. Never the HF token: the weights are on the
-    rig before vLLM starts, so the container has no use for it (it is only with the weights download)."""
-    key = f"RIGFORGE_API_KEY={s.api_key}\n" if s.api_key else ""
-    return "# rigforge: secrets for this variant's compose file (mode 0600). Do not commit.\n" + key
 
 
 def render_power_unit(caps: dict[int, int], nvidia_smi: str = NVIDIA_SMI) -> str:
@@ -164,4 +153,7 @@ def seed_files(variant, s: Settings, layout: HostLayout, gpu_count: int, host_da
             "(no fp8/TurboQuant path on Ampere); pick dual or dual-turbo for a 20 GB card"
         )
     compose = template(COMPOSE_FILE + ".j2").render(**compose_context(variant, s, layout))
-    return {COMPOSE_FILE: compose, ENV_FILE: env_file_text(s), **units(s, layout, gpu_count)}
+    # the .env: the API key, if any; never the HF token (the weights are on the rig before vLLM starts)
+    key = f"RIGFORGE_API_KEY={s.api_key}\n" if s.api_key else ""
+    env = "# rigforge: secrets for this variant's compose file (mode 0600). Do not commit.\n" + key
+    return {COMPOSE_FILE: compose, ENV_FILE: env, **units(s, layout, gpu_count)}
