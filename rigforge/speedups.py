@@ -1,33 +1,14 @@
-"""Four pieces of pyinfra's per-operation controller work, made cheap without changing what they return; and
-rigforge's own bytecode kept.
+"""Pieces of pyinfra's per-operation controller work made cheap without changing what they return (a no-op
+re-converge is mostly controller CPU, ~60 operations a rig), and rigforge's own bytecode kept.
 
-A no-op re-converge is mostly controller CPU once the rig is read in one probe (rigforge/facts/probe.py), and
-that CPU grows with the number of rigs: ~60 operations a rig, each paying for all of these, on every host.
-
-- Operation order. pyinfra orders operations by the line numbers of the calling stack
-  (`pyinfra.api.util.get_operation_order_from_stack`), through `inspect.stack()` and `getframeinfo()` with their
-  default context of one source line: for every frame of every operation, Python finds the frame's module (a scan
-  of `sys.modules`) and reads its source. Only file names and line numbers are used, so context 0 gives the same
-  order without reading any source. Even then, finding a frame's line walks its code's positions up to the
-  current instruction, ~25 frames an operation; the same call sites recur for every operation and every host,
-  so each (code, instruction, line) is looked up once and remembered: `inspect.getframeinfo(frame, 0)` depends
-  on nothing else. `operation_order` walks the frames itself, with no `inspect.FrameInfo` built for each.
-- Global arguments. `pyinfra.api.arguments.all_global_arguments()` evaluates the type hints of `AllArguments`
-  on every operation and fact read. They are fixed once pyinfra is imported, so they are computed once.
-- Signatures. Preparing an operation checks its arguments against `inspect.signature(func)`, worked out anew for
-  each operation on each host; a function's signature does not change, so it is worked out once per function.
-- Host data. Every operation and fact read looks up each of ~30 global arguments in host data
-  (`pyinfra.api.host.HostData.__getattr__`, ~2 200 lookups a rig), nearly all absent: each lookup walks five
-  data sources (override, host, groups, global, deploy defaults) and raises and catches a KeyError in each source
-  that lacks the key. `host_data_attr` asks each source with `in` instead: the same sources, in the same order,
-  the same copy of the same value, ~2.4x faster. `pop_global_arguments` (pyinfra's, run for every operation)
-  merges the sources once for all ~30 arguments, not reading them once each (the groups' data is merged anew on
-  every read): ~77 us a call to ~11 (70 calls a rig).
-- Bytecode. pyinfra's CLI sets `sys.dont_write_bytecode`, so an editable install (the repository) compiled its
-  ~60 own modules from source on every run (~90 ms of a no-op's start-up). At exit, `keep_bytecode` writes the
-  bytecode of the rigforge and roles modules this run imported from source, as a plain `python` would have: the
-  next run reads it (Python checks each file's source mtime and size, so an edited module compiles again). Not
-  when PYTHONDONTWRITEBYTECODE is set (the user's own choice), nor where the package is not writable.
+- Operation order: `inspect.stack()` read a source line per frame, only file names and line numbers are used;
+  `getframeinfo` (context 0) is remembered per call site.
+- `all_global_arguments()` evaluated `AllArguments`' type hints on every call: computed once.
+- `inspect.signature` of an operation's function: worked out once per function.
+- Host data: `HostData.__getattr__` raised and caught a KeyError per source lacking the key (~2 200 lookups a rig,
+  ~2.4x faster with `in`); `pop_global_arguments` merges the sources once a call (~77 us to ~11).
+- Bytecode: pyinfra's CLI sets `sys.dont_write_bytecode`, so an editable install compiled its ~60 modules on every
+  run (~90 ms); `keep_bytecode` writes it at exit (not with PYTHONDONTWRITEBYTECODE, nor where not writable).
 
 `benchmarks/bench_converge.py` measures the effect (benchmarks/RESULTS.md).
 """
