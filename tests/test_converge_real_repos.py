@@ -43,7 +43,7 @@ def docker_repo(tb) -> list[str]:
 
 
 def sources_by_uri(rig) -> dict[str, list[str]]:
-    files = parse_source_files(rig.run(AptSourceFiles().command()).stdout.splitlines())
+    files = parse_source_files(rig.run(AptSourceFiles.command).stdout.splitlines())
     by_uri: dict[str, list[str]] = {}
     for path, uris in files.items():
         for uri in uris:

@@ -61,7 +61,7 @@ def test_the_running_driver_fact_reads_the_header(tmp_path):
     smi.write_text(f"#!/bin/sh\ncat {H200 / 'nvidia-smi.default.txt'}\n")
     smi.chmod(0o755)
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
-    out = subprocess.run(["sh", "-c", NvidiaRunningDriver().command()], env=env, capture_output=True, text=True)
+    out = subprocess.run(["sh", "-c", NvidiaRunningDriver.command], env=env, capture_output=True, text=True)
     running = parse_running_driver(out.stdout.splitlines())
     assert running["smi_ok"] and running["cuda"] == "13.0"
 

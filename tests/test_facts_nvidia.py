@@ -76,7 +76,7 @@ def test_driver_mismatch_and_no_driver_texts_mean_no_gpus():
 
 def test_nvidia_gpus_fact_queries_the_fields_it_parses():
     fact = NvidiaGpus()
-    command = str(fact.command())
+    command = str(fact.command)
     assert "--query-gpu=" + ",".join(QUERY_FIELDS) in command
     assert "--format=csv,noheader,nounits" in command
     assert command.startswith("if command -v nvidia-smi >/dev/null 2>&1; then")  # missing: [], no warning
@@ -137,7 +137,7 @@ def test_pci_gpu_count():
     assert fact.process(two) == [("0000:01:00.0", "2204"), ("0000:02:00.0", "2206")]
     assert fact.process(["end"]) == []
     assert fact.process(["none"]) is None and fact.process([]) is None
-    out = subprocess.run(["sh", "-c", fact.command()], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(["sh", "-c", fact.command], capture_output=True, text=True, check=True).stdout
     assert fact.process(out.splitlines()) == ([] if Path("/sys/bus/pci/devices").is_dir() else None)  # no GPU here
 
 
@@ -157,6 +157,6 @@ def test_pci_gpus_read_from_a_sysfs_shaped_tree(tmp_path):
         (tmp_path / address).mkdir()
         for name, value in (("vendor", vendor), ("device", device), ("class", cls)):
             (tmp_path / address / name).write_text(value + "\n")
-    command = NvidiaPciGpus().command().replace("/sys/bus/pci/devices", str(tmp_path))
+    command = NvidiaPciGpus.command.replace("/sys/bus/pci/devices", str(tmp_path))
     out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout
     assert NvidiaPciGpus().process(out.splitlines()) == [("0000:01:00.0", "2204"), ("0000:02:00.0", "2204")]

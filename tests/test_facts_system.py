@@ -60,7 +60,7 @@ def test_os_release_debian_and_ubuntu_2204():
 
 
 def test_os_release_command_on_this_machine():
-    facts = OsRelease().process(run(OsRelease().command()))
+    facts = OsRelease().process(run(OsRelease.command))
     assert facts["id"] and facts["version_id"]
 
 
@@ -72,7 +72,7 @@ def test_secure_boot_states():
     assert parse_secure_boot(["noefi"]) == "disabled"
     assert parse_secure_boot(["unknown"]) == "unknown"
     assert parse_secure_boot(["EFI variables are not supported on this system"]) == "unknown"
-    assert SecureBoot().process(run(SecureBoot().command())) in ("enabled", "disabled", "unknown")
+    assert SecureBoot().process(run(SecureBoot.command)) in ("enabled", "disabled", "unknown")
 
 
 def test_free_disk_bytes_matches_statvfs_and_walks_up_to_an_existing_parent(tmp_path):
@@ -105,7 +105,7 @@ def test_held_packages_read_from_a_real_dpkg_database(tmp_path, monkeypatch):
     (tmp_path / "info").mkdir()
     (tmp_path / "updates").mkdir()
     monkeypatch.setenv("DPKG_ADMINDIR", str(tmp_path))
-    assert AptHeldPackages().process(run(AptHeldPackages().command())) == ["libnvidia-compute-580", "nvidia-open"]
+    assert AptHeldPackages().process(run(AptHeldPackages.command)) == ["libnvidia-compute-580", "nvidia-open"]
 
 
 def test_held_packages_and_unit_enabled():

@@ -73,8 +73,7 @@ def parse_source_files(lines: list[str]) -> dict[str, list[str]]:
 
 
 class AptSourceFiles(FactBase):
-    def command(self) -> str:
-        return f'for f in {SOURCE_FILES}; do [ -f "$f" ] || continue; echo "{_MARK}$f"; cat "$f"; echo; done'
+    command = f'for f in {SOURCE_FILES}; do [ -f "$f" ] || continue; echo "{_MARK}$f"; cat "$f"; echo; done'
 
     default = dict
 
@@ -121,11 +120,10 @@ class DpkgInterrupted(FactBase):
     """Why dpkg needs ``--configure -a`` (``"dpkg was interrupted; not fully installed: docker.io"``), from its
     journal dir and ``dpkg --audit`` (both work in that state), or None when its state is clean."""
 
-    def command(self) -> str:
-        return (
-            "if [ -n \"$(ls -A /var/lib/dpkg/updates 2>/dev/null)\" ]; then echo 'journal: dpkg was interrupted'; fi; "
-            "dpkg --audit 2>&1 | grep -E '^ [a-z0-9][a-z0-9+.-]+ ' | head -n 20 | sed 's/^ /audit: /'; true"
-        )
+    command = (
+        "if [ -n \"$(ls -A /var/lib/dpkg/updates 2>/dev/null)\" ]; then echo 'journal: dpkg was interrupted'; fi; "
+        "dpkg --audit 2>&1 | grep -E '^ [a-z0-9][a-z0-9+.-]+ ' | head -n 20 | sed 's/^ /audit: /'; true"
+    )
 
     def process(self, output: list[str]) -> str | None:
         lines = [line.strip() for line in output if line.strip()]
@@ -139,8 +137,7 @@ class DpkgInterrupted(FactBase):
 class DebInstalledVersion(FactBase):
     """The version of an installed Debian package ("580.95.05-1"), or None (not installed, config files only)."""
 
-    def requires_command(self, package: str) -> str:
-        return "dpkg-query"
+    requires_command = "dpkg-query"
 
     def command(self, package: str):
         return f"dpkg-query -W -f '${{db:Status-Status}} ${{Version}}\\n' {shlex.quote(package)} 2>/dev/null || true"

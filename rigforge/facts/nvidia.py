@@ -61,11 +61,10 @@ class NvidiaGpus(FactBase):
 
     shared = (SMI_QUERY,)
 
-    def command(self) -> str:
-        # No nvidia-smi (a rig before its driver) is a normal answer, "no GPUs": not pyinfra's requires_command,
-        # which warns when the command is missing. nvidia-smi exits non-zero without a loaded driver or on a
-        # version mismatch; that means "no GPUs" too. `timeout`: a GPU that fell off the bus can hang nvidia-smi.
-        return f"if command -v nvidia-smi >/dev/null 2>&1; then {SMI_QUERY} 2>&1 || true; fi"
+    # No nvidia-smi (a rig before its driver) is a normal answer, "no GPUs": not pyinfra's requires_command,
+    # which warns when the command is missing. nvidia-smi exits non-zero without a loaded driver or on a
+    # version mismatch; that means "no GPUs" too. `timeout`: a GPU that fell off the bus can hang nvidia-smi.
+    command = f"if command -v nvidia-smi >/dev/null 2>&1; then {SMI_QUERY} 2>&1 || true; fi"
 
     default = list
 
@@ -78,11 +77,10 @@ class NvidiaSmiStatus(FactBase):
 
     shared = (SMI_QUERY,)
 
-    def command(self) -> str:
-        return (
-            "if ! command -v nvidia-smi >/dev/null 2>&1; then echo 'rc=missing'; "
-            f'else out=$({SMI_QUERY} 2>&1); rc=$?; echo "rc=$rc"; printf \'%s\\n\' "$out" | head -n 3; fi'
-        )
+    command = (
+        "if ! command -v nvidia-smi >/dev/null 2>&1; then echo 'rc=missing'; "
+        f'else out=$({SMI_QUERY} 2>&1); rc=$?; echo "rc=$rc"; printf \'%s\\n\' "$out" | head -n 3; fi'
+    )
 
     @staticmethod
     def default() -> dict:
@@ -97,8 +95,7 @@ class NvidiaSmiStatus(FactBase):
 class NvidiaModuleVersion(FactBase):
     """Version of the loaded nvidia kernel module (/sys/module/nvidia/version), None when not loaded."""
 
-    def command(self) -> str:
-        return "cat /sys/module/nvidia/version 2>/dev/null || true"
+    command = "cat /sys/module/nvidia/version 2>/dev/null || true"
 
     def process(self, output: list[str]) -> str | None:
         return "\n".join(output).strip() or None
@@ -109,15 +106,14 @@ class NvidiaPciGpus(FactBase):
     address, device ID)], e.g. [("0000:01:00.0", "2204")] (rigforge/hardware.py PCI_CARDS). None when sysfs shows
     no PCI bus at all (a container or chroot), so "unknown" is not mistaken for no GPU."""
 
-    def command(self) -> str:
-        return (
-            # `read`, a shell builtin, not `cat`: no process per PCI function (a server has dozens to hundreds)
-            "if [ -d /sys/bus/pci/devices ]; then for d in /sys/bus/pci/devices/*; do "
-            'v=; read -r v 2>/dev/null <"$d/vendor"; [ "$v" = 0x10de ] || continue; '
-            'c=; read -r c 2>/dev/null <"$d/class"; case "$c" in 0x0300*|0x0302*) '
-            'i=; read -r i 2>/dev/null <"$d/device"; echo "pci ${d##*/} $i";; esac; done; echo end; '
-            "else echo none; fi"
-        )
+    command = (
+        # `read`, a shell builtin, not `cat`: no process per PCI function (a server has dozens to hundreds)
+        "if [ -d /sys/bus/pci/devices ]; then for d in /sys/bus/pci/devices/*; do "
+        'v=; read -r v 2>/dev/null <"$d/vendor"; [ "$v" = 0x10de ] || continue; '
+        'c=; read -r c 2>/dev/null <"$d/class"; case "$c" in 0x0300*|0x0302*) '
+        'i=; read -r i 2>/dev/null <"$d/device"; echo "pci ${d##*/} $i";; esac; done; echo end; '
+        "else echo none; fi"
+    )
 
     def process(self, output: list[str]) -> list[tuple[str, str]] | None:
         if "end" not in [line.strip() for line in output]:
@@ -162,15 +158,14 @@ class NvidiaRunningDriver(FactBase):
     """The running driver: its version (/proc, else the module's), whether nvidia-smi answers (its header gives
     the driver's CUDA version), and which package owns it (empty: none, e.g. NVIDIA's .run installer)."""
 
-    def command(self) -> str:
-        return (
-            'echo "proc=$(head -n 1 /proc/driver/nvidia/version 2>/dev/null)"; '
-            'echo "module=$(cat /sys/module/nvidia/version 2>/dev/null)"; '
-            'smi=$(command -v nvidia-smi 2>/dev/null); echo "smi=$smi"; '
-            'if [ -n "$smi" ]; then out=$(timeout 60 "$smi" 2>/dev/null) && echo smi_ok=1; '
-            'echo "cuda=$(printf \'%s\\n\' "$out" | grep -m 1 "CUDA Version")"; '
-            'echo "owner=$(dpkg -S "$(readlink -f "$smi")" 2>/dev/null | head -n 1)"; fi'
-        )
+    command = (
+        'echo "proc=$(head -n 1 /proc/driver/nvidia/version 2>/dev/null)"; '
+        'echo "module=$(cat /sys/module/nvidia/version 2>/dev/null)"; '
+        'smi=$(command -v nvidia-smi 2>/dev/null); echo "smi=$smi"; '
+        'if [ -n "$smi" ]; then out=$(timeout 60 "$smi" 2>/dev/null) && echo smi_ok=1; '
+        'echo "cuda=$(printf \'%s\\n\' "$out" | grep -m 1 "CUDA Version")"; '
+        'echo "owner=$(dpkg -S "$(readlink -f "$smi")" 2>/dev/null | head -n 1)"; fi'
+    )
 
     default = staticmethod(partial(parse_running_driver, []))
 
@@ -305,11 +300,10 @@ class NvidiaTopology(FactBase):
     """How the GPUs are connected (`topo -m`) and whether peer reads work (`topo -p2p r`): {"links": {pair: link
     type}, "p2p_read": {pair: status}} (`parse_topo_matrix`), {} without nvidia-smi."""
 
-    def command(self) -> str:
-        return (
-            "if command -v nvidia-smi >/dev/null 2>&1; then echo '--- topo -m'; timeout 60 nvidia-smi topo -m "
-            "2>/dev/null; echo '--- topo -p2p r'; timeout 60 nvidia-smi topo -p2p r 2>/dev/null; fi; true"
-        )
+    command = (
+        "if command -v nvidia-smi >/dev/null 2>&1; then echo '--- topo -m'; timeout 60 nvidia-smi topo -m "
+        "2>/dev/null; echo '--- topo -p2p r'; timeout 60 nvidia-smi topo -p2p r 2>/dev/null; fi; true"
+    )
 
     default = staticmethod(partial(parse_topology, []))
 

@@ -19,8 +19,7 @@ def parse_os_release(lines: list[str]) -> dict:
 class OsRelease(FactBase):
     """ID, VERSION_ID and VERSION_CODENAME from /etc/os-release as {"id", "version_id", "codename"} (missing: "")."""
 
-    def command(self) -> str:
-        return "cat /etc/os-release 2>/dev/null || cat /usr/lib/os-release 2>/dev/null || true"
+    command = "cat /etc/os-release 2>/dev/null || cat /usr/lib/os-release 2>/dev/null || true"
 
     default = staticmethod(partial(parse_os_release, []))
 
@@ -36,17 +35,18 @@ def parse_secure_boot(lines: list[str]) -> str:
     return "unknown"
 
 
+_EFIVAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-e39a1e3a5c0b"
+
+
 class SecureBoot(FactBase):
     """Secure Boot state: "enabled", "disabled" or "unknown" (mokutil, else the EFI variable, else BIOS)."""
 
-    def command(self) -> str:
-        efivar = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-e39a1e3a5c0b"
-        return (
-            "if command -v mokutil >/dev/null 2>&1 && mokutil --sb-state 2>/dev/null; then :; "
-            f"elif [ -r {efivar} ]; then echo efivar=$(od -An -t u1 -j 4 -N 1 {efivar} | tr -d ' '); "
-            "elif [ -d /sys/kernel ] && [ ! -d /sys/firmware/efi ]; then echo noefi; "
-            "else echo unknown; fi"
-        )
+    command = (
+        "if command -v mokutil >/dev/null 2>&1 && mokutil --sb-state 2>/dev/null; then :; "
+        f"elif [ -r {_EFIVAR} ]; then echo efivar=$(od -An -t u1 -j 4 -N 1 {_EFIVAR} | tr -d ' '); "
+        "elif [ -d /sys/kernel ] && [ ! -d /sys/firmware/efi ]; then echo noefi; "
+        "else echo unknown; fi"
+    )
 
     default = staticmethod(partial(parse_secure_boot, []))
 
@@ -78,11 +78,9 @@ class AptHeldPackages(FactBase):
     """Names of packages on hold, sorted, without architecture: `apt-mark showhold`'s answer from dpkg-query (~8 ms
     on a rig; apt-mark loads apt's whole cache first, ~40 ms)."""
 
-    def requires_command(self) -> str:
-        return "dpkg-query"
+    requires_command = "dpkg-query"
 
-    def command(self) -> str:
-        return "dpkg-query -W -f '${db:Status-Want} ${Package}\\n' | awk '$1 == \"hold\" {print $2}'"
+    command = "dpkg-query -W -f '${db:Status-Want} ${Package}\\n' | awk '$1 == \"hold\" {print $2}'"
 
     default = list
 
@@ -93,8 +91,7 @@ class AptHeldPackages(FactBase):
 class SystemdUnitEnabled(FactBase):
     """Whether a unit is enabled (`systemctl is-enabled`, which also works offline in a chroot)."""
 
-    def requires_command(self, unit: str) -> str:
-        return "systemctl"
+    requires_command = "systemctl"
 
     def command(self, unit: str) -> StringCommand:
         return StringCommand("systemctl", "is-enabled", QuoteString(unit), "2>/dev/null || true")
