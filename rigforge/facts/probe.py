@@ -1,13 +1,8 @@
-"""One batched probe per rig instead of one SSH round trip per fact (docs/probe.md: what it batches, when an
-answer is used, where the cache lives).
+"""One batched probe per rig instead of one SSH round trip per fact (docs/probe.md).
 
-Every fact a deploy reads on a host is recorded (fact class + arguments) and saved on the controller at the end of
-the run; the next run's first fact read runs them all in ONE remote command, parsed with each fact's own
-`process()`. The snapshot answers only until the first command, upload or rsync that is not a fact read, so an
-answer from it is exactly what the live read would have returned; anything it cannot answer exactly is read live.
-
-`read(host, requests)` is the batched read on its own. `install_all()` patches pyinfra (the deploy entry calls it,
-importing changes nothing). It relies on pyinfra 3.10's private `facts._get_fact`, `_make_command`,
+The facts a deploy reads on a host are recorded; the next run reads them all in ONE remote command, and answers
+from it only until the first command, upload or rsync that is not a fact read (so exactly what a live read would
+return); the rest is read live. Relies on pyinfra 3.10's private `facts._get_fact`, `_make_command`,
 `_handle_fact_kwargs`, `CONNECTOR_ARGUMENT_KEYS` and `Host.run_shell_command` / `put_file` / `rsync`
 (tests/test_probe.py checks them).
 """
@@ -132,9 +127,8 @@ def _file_path(cls, fact_kwargs: dict) -> str | None:
 
 
 def _files_command(marker: str, paths: dict[str, set]) -> str:
-    """One background job for every batched file fact (`paths`: path -> its kinds, "stat" or hex digits) printing
-    `e PATH` for each that exists (`l PATH`: a symlink to nothing), `s PATH` and its line of one `stat` in pyinfra's
-    File facts' format, and one sha1sum's and one sha256sum's `HEX  PATH` lines."""
+    """One background job for all batched file facts (`paths`: path -> its kinds): `e PATH` (exists), `l PATH` (a
+    symlink to nothing), `s PATH` and its line of pyinfra's `stat` format, and sha1sum's and sha256sum's lines."""
 
     def quoted(kind) -> str:
         return " ".join(shlex.quote(path) for path, kinds in paths.items() if kind is None or kind in kinds)
@@ -149,7 +143,7 @@ def _files_command(marker: str, paths: dict[str, set]) -> str:
     )
 
 
-def _file_answers(block: list[str], batched: dict, answers: dict) -> None:
+def _file_answers(block: list[str], batched: list, answers: dict) -> None:
     """Each batched file fact's answer from the files job's lines (a missing path: the fact's default); a path
     that exists but got no line (a `stat` that failed) is left out: read live."""
     exists, links, stats, hashes = set(), set(), {}, {}
@@ -163,7 +157,7 @@ def _file_answers(block: list[str], batched: dict, answers: dict) -> None:
             digest, _, path = line.partition("  ")
             if len(digest) in _HASHERS and all(c in "0123456789abcdefABCDEF" for c in digest):
                 hashes[(len(digest), path)] = line
-    for key, (fact, path) in batched.items():
+    for key, fact, path in batched:
         kind = FILE_FACTS[type(fact)]
         present = path in exists or (kind == "stat" and path in links)
         out = stats.get(path) if kind == "stat" else hashes.get((kind, path))
@@ -174,12 +168,9 @@ def _file_answers(block: list[str], batched: dict, answers: dict) -> None:
 
 
 def script(requests, marker: str) -> tuple[StringCommand | None, list[tuple[str, FactBase, str | None]]]:
-    """The one remote command that reads `requests` (see `read`), and its sections by number: (key, fact, the
-    path when it is a file fact read in the files job, `_files_command`).
-
-    Each fact's command runs in its own background subshell writing its section (marker, output, marker with the
-    exit code its EXIT trap prints: a command with its own trap or `exec` loses it, read live) to its own file; a
-    sub-command in the facts' `shared` runs once, first, and is replayed (`_r N`) to each (docs/probe.md)."""
+    """The one remote command that reads `requests`, and its sections by number: (key, fact, path if read in the
+    files job). Each fact runs in a background subshell whose EXIT trap prints its exit code (a command with its own
+    trap or `exec` loses it: read live); a `shared` sub-command runs once and is replayed (`_r N`) to each."""
     parts, sections, shared, dependent, paths = [], [], {}, [], {}
     for cls, fact_kwargs in requests:
         key = fact_key(cls, fact_kwargs)
@@ -203,12 +194,11 @@ def script(requests, marker: str) -> tuple[StringCommand | None, list[tuple[str,
         n = len(sections)
         sections.append((key, fact, path))
         body = command if isinstance(command, StringCommand) else StringCommand(command)
-        uses = [text for text in getattr(cls, "shared", ()) if text in body.get_raw_value()]
-        if uses:
-            raw = body.get_raw_value()
-            for text in uses:
-                raw = raw.replace(text, f"_r {shared.setdefault(text, len(shared))}")
-            body = StringCommand(raw)
+        raw = body.get_raw_value()
+        uses = [text for text in getattr(cls, "shared", ()) if text in raw]
+        for text in uses:
+            raw = raw.replace(text, f"_r {shared.setdefault(text, len(shared))}")
+        body = StringCommand(raw) if uses else body
         # one subshell per section: its exit code (an `exit` in the command's included) is printed by its EXIT trap
         section = [f'( trap \'echo "{marker} rc $?"\' EXIT; echo "{marker} {n}";', guard, body, ")"]
         (dependent if uses else parts).append([*section, f'>"$d/{n}" 2>/dev/null </dev/null' + (";" if uses else " &")])
@@ -235,13 +225,11 @@ def parse(lines, sections: list[tuple[str, FactBase, str | None]], marker: str) 
             collected.append(line)
             continue
         tail = line[len(marker) + 1 :]
-        if tail.startswith("rc ") and current == "files":
-            batched = {key: (fact, path) for key, fact, path in sections if path is not None}
-            _file_answers(collected, batched, answers)
-            current = None
-        elif tail.startswith("rc ") and current is not None:
-            key, fact, _ = sections[current]
-            if tail == "rc 0":
+        if tail.startswith("rc "):
+            if current == "files":
+                _file_answers(collected, [section for section in sections if section[2] is not None], answers)
+            elif current is not None and tail == "rc 0":
+                key, fact, _ = sections[current]
                 with contextlib.suppress(*_PROCESS_ERRORS):
                     answers[key] = fact.process(collected) if collected else fact.default()
             current = None
@@ -251,11 +239,8 @@ def parse(lines, sections: list[tuple[str, FactBase, str | None]], marker: str) 
 
 
 def read(host: Host, requests, global_kwargs: dict | None = None) -> dict[str, object]:
-    """Read the facts `requests` (an iterable of (fact class, kwargs)) on `host` in ONE remote command.
-
-    Returns {fact_key(cls, kwargs): processed value} for each fact whose command exited 0 and whose output
-    processed; the others (preconditions, own shell, missing required command, failed) are left out, to read with
-    `host.get_fact`. `global_kwargs`: the connector arguments (default: the host's, as outside an operation)."""
+    """{fact_key: processed value} of the facts `requests` ((class, kwargs) pairs) read on `host` in ONE command,
+    those that exited 0 and processed only; `global_kwargs`: the connector arguments (default: the host's)."""
     marker = f"@@rigforge-probe-{secrets.token_hex(6)}"
     command, sections = script(requests, marker)
     if command is None:
@@ -294,10 +279,9 @@ _UNFOLDED = ("_get_pty", "_stdin", "_timeout", "_sudo_password", "_su_password",
 
 
 def lock_request(host: Host) -> list | None:
-    """This host's probe, run by the rig's lock holder once it holds the lock (roles/rig_lock.py `send`), on the
-    same connection: [command as pyinfra would wrap it, end line, None (the lines printed before the end line,
-    filled in by the lock; `lock_answer` reads them)]. None (probe on its own later) when the probe is off,
-    already asked for, or the connector arguments ask for what the lock's channel does not do (`_UNFOLDED`)."""
+    """This host's probe for the rig's lock holder (roles/rig_lock.py `send`): [command as pyinfra would wrap it,
+    end line, None (for the lock to fill in with the lines before the end line)]. None (probe on its own later)
+    when the probe is off, already asked for, or the connector arguments need what the lock's channel lacks."""
     snap = _of(host)
     if _original_get_fact is None or snap.probed or not snap.valid or host.current_op_global_arguments is not None:
         return None
@@ -331,9 +315,8 @@ def lock_answer(host: Host) -> None:
 
 
 def _get_fact(state, host, cls, args=None, kwargs=None, *rest, **kw):
-    """pyinfra's _get_fact, answered from the host's snapshot when that is exact, without pyinfra's per-read
-    argument handling (the slowest part of a read on the controller); explicit global or positional arguments:
-    pyinfra's own path, live."""
+    """pyinfra's _get_fact, answered from the host's snapshot when exact, skipping pyinfra's (slow) per-read
+    argument handling; explicit global or positional arguments: pyinfra's own path, live."""
     snap = _of(host)
     fact_kwargs = dict(kwargs or {})
     if not args and not any(k.startswith("_") for k in fact_kwargs) and _cacheable(cls):
@@ -378,9 +361,8 @@ def _save() -> None:
 
 
 def install_all() -> None:
-    """Everything rigforge patches in pyinfra for a deploy (roles/site.py `provision` calls it first): the batched
-    probe (idempotent; not when RIGFORGE_PROBE_CACHE=off), rigforge/speedups.py, and no delayed ACKs on the SSH
-    connections (rigforge/inventory.py `quick_connections`)."""
+    """Everything rigforge patches in pyinfra for a deploy (roles/site.py `provision`): the batched probe
+    (idempotent; not with RIGFORGE_PROBE_CACHE=off), rigforge/speedups.py, no delayed ACKs (`quick_connections`)."""
     global _original_get_fact
     if _original_get_fact is None and cache_dir() is not None:
         _original_get_fact = pyinfra_facts._get_fact
