@@ -81,7 +81,7 @@ def test_nvidia_gpus_fact_queries_the_fields_it_parses():
     assert "--format=csv,noheader,nounits" in command
     assert command.startswith("if command -v nvidia-smi >/dev/null 2>&1; then")  # missing: [], no warning
     assert not hasattr(fact, "requires_command") or fact.requires_command() is None
-    assert NvidiaGpus.default() == []
+    assert NvidiaGpus().default() == []
     # The real fixture has extra columns: with our field list those rows do not parse as GPUs.
     assert fact.process(read("query-gpu.csv").splitlines()) == []
     rows = [

@@ -106,7 +106,7 @@ def test_every_kind_of_boot_time_cap_writer_is_found(tmp_path):
 
 def test_a_rig_without_other_cap_writers_finds_none(tmp_path):
     assert cap_units_on(tmp_path, {}) == {}
-    assert PowerCapUnits.default() == {}
+    assert PowerCapUnits().default() == {}
 
 
 def test_the_first_unit_dir_wins_as_in_systemd():

@@ -7,7 +7,9 @@ A second source file for the same URI with another keyring (a hand-set-up rig's 
 import re
 import shlex
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import QuoteString, StringCommand
+
+from rigforge.facts import Fact
 
 SOURCE_FILES = "/etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources"
 _MARK = "==> rigforge-source-file "
@@ -72,10 +74,8 @@ def parse_source_files(lines: list[str]) -> dict[str, list[str]]:
     return {p: (parse_deb822 if p.endswith(".sources") else parse_one_line)("\n".join(b)) for p, b in bodies.items()}
 
 
-class AptSourceFiles(FactBase):
+class AptSourceFiles(Fact):
     command = f'for f in {SOURCE_FILES}; do [ -f "$f" ] || continue; echo "{_MARK}$f"; cat "$f"; echo; done'
-
-    default = dict
 
     process = staticmethod(parse_source_files)
 
@@ -99,7 +99,7 @@ def parse_fingerprints(lines: list[str]) -> list[str]:
     return fprs
 
 
-class KeyFingerprints(FactBase):
+class KeyFingerprints(Fact):
     """Primary-key fingerprints (upper case) of an armored or binary key file (empty when absent or unreadable)."""
 
     def command(self, path: str) -> StringCommand:
@@ -111,12 +111,10 @@ class KeyFingerprints(FactBase):
             "2>/dev/null || true",
         )
 
-    default = list
-
     process = staticmethod(parse_fingerprints)
 
 
-class DpkgInterrupted(FactBase):
+class DpkgInterrupted(Fact):
     """Why dpkg needs ``--configure -a`` (``"dpkg was interrupted; not fully installed: docker.io"``), from its
     journal dir and ``dpkg --audit`` (both work in that state), or None when its state is clean."""
 
@@ -134,7 +132,7 @@ class DpkgInterrupted(FactBase):
         return reason or None
 
 
-class DebInstalledVersion(FactBase):
+class DebInstalledVersion(Fact):
     """The version of an installed Debian package ("580.95.05-1"), or None (not installed, config files only)."""
 
     requires_command = "dpkg-query"
@@ -147,7 +145,7 @@ class DebInstalledVersion(FactBase):
         return words[1] if len(words) > 1 and words[0] == "installed" else None
 
 
-class PublishedPackages(FactBase):
+class PublishedPackages(Fact):
     """The package names a flat apt repository (``Suites: /``) publishes, sorted, read on the rig with curl from its
     ``Packages.gz`` (else ``Packages``): nothing under /etc/apt changes. None when the index cannot be fetched."""
 

@@ -5,11 +5,11 @@ there" value instead of failing without a working driver, so it reads on a fresh
 """
 
 import re
-from functools import partial
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import QuoteString, StringCommand
 
 from rigforge.boot import SHOW, parse_boot
+from rigforge.facts import Fact
 from rigforge.layout import POWER_UNIT, SETTLE_UNIT, UNIT_SEARCH_PATH
 
 # Fields read by NvidiaGpus, in order; keys of each GPU dict are these with "." replaced by "_".
@@ -56,7 +56,7 @@ def upstream_version(package_version: str | None) -> str | None:
     return package_version.split(":", 1)[-1].rsplit("-", 1)[0] if package_version else None
 
 
-class NvidiaGpus(FactBase):
+class NvidiaGpus(Fact):
     """GPUs visible to nvidia-smi, as a list of dicts (see `parse_query_gpu`); [] without a working driver."""
 
     shared = (SMI_QUERY,)
@@ -66,12 +66,10 @@ class NvidiaGpus(FactBase):
     # version mismatch; that means "no GPUs" too. `timeout`: a GPU that fell off the bus can hang nvidia-smi.
     command = f"if command -v nvidia-smi >/dev/null 2>&1; then {SMI_QUERY} 2>&1 || true; fi"
 
-    default = list
-
     process = staticmethod(parse_query_gpu)
 
 
-class NvidiaSmiStatus(FactBase):
+class NvidiaSmiStatus(Fact):
     """Whether nvidia-smi talks to the driver: {"installed": bool, "ok": bool, "message": str}. Asked with the GPU
     query (SMI_QUERY, shared in the probe), which fails with the same NVML message exactly when `nvidia-smi -L` does."""
 
@@ -82,17 +80,13 @@ class NvidiaSmiStatus(FactBase):
         f'else out=$({SMI_QUERY} 2>&1); rc=$?; echo "rc=$rc"; printf \'%s\\n\' "$out" | head -n 3; fi'
     )
 
-    @staticmethod
-    def default() -> dict:
-        return {"installed": False, "ok": False, "message": ""}
-
     def process(self, output: list[str]) -> dict:
         rc = output[0].partition("=")[2] if output else "missing"
         message = " ".join(line.strip() for line in output[1:] if line.strip())
         return {"installed": rc != "missing", "ok": rc == "0", "message": message if rc != "0" else ""}
 
 
-class NvidiaModuleVersion(FactBase):
+class NvidiaModuleVersion(Fact):
     """Version of the loaded nvidia kernel module (/sys/module/nvidia/version), None when not loaded."""
 
     command = "cat /sys/module/nvidia/version 2>/dev/null || true"
@@ -101,7 +95,7 @@ class NvidiaModuleVersion(FactBase):
         return "\n".join(output).strip() or None
 
 
-class NvidiaPciGpus(FactBase):
+class NvidiaPciGpus(Fact):
     """NVIDIA display/3D controllers on the PCI bus, from sysfs (works before any driver is installed): [(PCI
     address, device ID)], e.g. [("0000:01:00.0", "2204")] (rigforge/hardware.py PCI_CARDS). None when sysfs shows
     no PCI bus at all (a container or chroot), so "unknown" is not mistaken for no GPU."""
@@ -154,7 +148,7 @@ def unowned_driver(running: dict) -> bool:
     return bool(running.get("version") and running.get("smi_ok") and not running.get("owner"))
 
 
-class NvidiaRunningDriver(FactBase):
+class NvidiaRunningDriver(Fact):
     """The running driver: its version (/proc, else the module's), whether nvidia-smi answers (its header gives
     the driver's CUDA version), and which package owns it (empty: none, e.g. NVIDIA's .run installer)."""
 
@@ -166,8 +160,6 @@ class NvidiaRunningDriver(FactBase):
         'echo "cuda=$(printf \'%s\\n\' "$out" | grep -m 1 "CUDA Version")"; '
         'echo "owner=$(dpkg -S "$(readlink -f "$smi")" 2>/dev/null | head -n 1)"; fi'
     )
-
-    default = staticmethod(partial(parse_running_driver, []))
 
     process = staticmethod(parse_running_driver)
 
@@ -251,12 +243,10 @@ def parse_cap_units(lines: list[str], unit_dirs=UNIT_DIRS) -> dict:
     return dict(sorted(out.items()))
 
 
-class PowerCapUnits(FactBase):
+class PowerCapUnits(Fact):
     """The rig's other GPU power-cap writers at boot (units, root's ``@reboot`` cron jobs), see `parse_cap_units`."""
 
     command = staticmethod(cap_writers_command)
-
-    default = dict
 
     process = staticmethod(parse_cap_units)
 
@@ -296,7 +286,7 @@ def parse_topology(lines: list[str]) -> dict:
             "p2p_read": parse_topo_matrix(sections.get("topo -p2p r", []))}  # fmt: skip
 
 
-class NvidiaTopology(FactBase):
+class NvidiaTopology(Fact):
     """How the GPUs are connected (`topo -m`) and whether peer reads work (`topo -p2p r`): {"links": {pair: link
     type}, "p2p_read": {pair: status}} (`parse_topo_matrix`), {} without nvidia-smi."""
 
@@ -305,12 +295,10 @@ class NvidiaTopology(FactBase):
         "2>/dev/null; echo '--- topo -p2p r'; timeout 60 nvidia-smi topo -p2p r 2>/dev/null; fi; true"
     )
 
-    default = staticmethod(partial(parse_topology, []))
-
     process = staticmethod(parse_topology)
 
 
-class BootCaps(FactBase):
+class BootCaps(Fact):
     """What ran at this boot about GPU power caps (rigforge/boot.py `parse_boot`): systemd's results for rigforge's
     power and settle units and `units` (space-separated), the journal's ordering cycles, settle and cron lines, and
     each GPU's power limit now. Without systemd (a chroot) the units and journal parts are empty."""
@@ -332,7 +320,5 @@ class BootCaps(FactBase):
             "grep ' CMD ' | tail -n 100; echo '--- caps'; if command -v nvidia-smi >/dev/null 2>&1; then "
             f"{SMI_QUERY} 2>/dev/null | cut -d, {caps}; fi; true",
         )
-
-    default = staticmethod(partial(parse_boot, []))
 
     process = staticmethod(parse_boot)

@@ -4,9 +4,10 @@ file: preflight decides what a missing value means.
 
 import re
 import shlex
-from functools import partial
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import QuoteString, StringCommand
+
+from rigforge.facts import Fact
 
 
 def parse_os_release(lines: list[str]) -> dict:
@@ -16,12 +17,10 @@ def parse_os_release(lines: list[str]) -> dict:
     return {"id": items.get("ID", ""), "version_id": items.get("VERSION_ID", ""), "codename": codename}
 
 
-class OsRelease(FactBase):
+class OsRelease(Fact):
     """ID, VERSION_ID and VERSION_CODENAME from /etc/os-release as {"id", "version_id", "codename"} (missing: "")."""
 
     command = "cat /etc/os-release 2>/dev/null || cat /usr/lib/os-release 2>/dev/null || true"
-
-    default = staticmethod(partial(parse_os_release, []))
 
     process = staticmethod(parse_os_release)
 
@@ -38,7 +37,7 @@ def parse_secure_boot(lines: list[str]) -> str:
 _EFIVAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-e39a1e3a5c0b"
 
 
-class SecureBoot(FactBase):
+class SecureBoot(Fact):
     """Secure Boot state: "enabled", "disabled" or "unknown" (mokutil, else the EFI variable, else BIOS)."""
 
     command = (
@@ -48,12 +47,10 @@ class SecureBoot(FactBase):
         "else echo unknown; fi"
     )
 
-    default = staticmethod(partial(parse_secure_boot, []))
-
     process = staticmethod(parse_secure_boot)
 
 
-class FreeDiskBytes(FactBase):
+class FreeDiskBytes(Fact):
     """Bytes available to unprivileged users on the filesystem holding `path` (or its nearest existing parent)."""
 
     def command(self, path: str) -> StringCommand:
@@ -74,7 +71,7 @@ class FreeDiskBytes(FactBase):
             return None
 
 
-class AptHeldPackages(FactBase):
+class AptHeldPackages(Fact):
     """Names of packages on hold, sorted, without architecture: `apt-mark showhold`'s answer from dpkg-query (~8 ms
     on a rig; apt-mark loads apt's whole cache first, ~40 ms)."""
 
@@ -82,21 +79,17 @@ class AptHeldPackages(FactBase):
 
     command = "dpkg-query -W -f '${db:Status-Want} ${Package}\\n' | awk '$1 == \"hold\" {print $2}'"
 
-    default = list
-
     def process(self, output: list[str]) -> list[str]:
         return sorted({line.strip() for line in output if line.strip()})
 
 
-class SystemdUnitEnabled(FactBase):
+class SystemdUnitEnabled(Fact):
     """Whether a unit is enabled (`systemctl is-enabled`, which also works offline in a chroot)."""
 
     requires_command = "systemctl"
 
     def command(self, unit: str) -> StringCommand:
         return StringCommand("systemctl", "is-enabled", QuoteString(unit), "2>/dev/null || true")
-
-    default = bool
 
     def process(self, output: list[str]) -> bool:
         state = output[0].strip() if output else ""
@@ -108,7 +101,7 @@ def _bre(text: str) -> str:
     return re.sub(r"([.\[\]\\*^$])", r"\\\1", text)
 
 
-class EnabledInstances(FactBase):
+class EnabledInstances(Fact):
     """Instances of ``template`` (``name@.service``) enabled at boot in ``unit_dir``/multi-user.target.wants."""
 
     def command(self, unit_dir: str, template: str) -> StringCommand:
@@ -121,25 +114,21 @@ class EnabledInstances(FactBase):
             "|| true",
         )
 
-    default = list
-
     def process(self, output: list[str]) -> list[str]:
         return sorted({line.strip() for line in output if line.strip()})
 
 
-class LeftoverUploads(FactBase):
+class LeftoverUploads(Fact):
     """Paths left in ``path`` (the SSH user's private upload dir) by an interrupted upload."""
 
     def command(self, path: str) -> str:
         return f"find {shlex.quote(path)} -mindepth 1 -maxdepth 1 2>/dev/null || true"
 
-    default = list
-
     def process(self, output: list[str]) -> list[str]:
         return [line.strip() for line in output if line.strip()]
 
 
-class UrlAnswers(FactBase):
+class UrlAnswers(Fact):
     """What each URL answers to a GET from the rig with curl: ``{url: (http_code, curl_exit)}``, e.g. ``(200, 0)``;
     ``http_code`` 0 when nothing answered (``curl_exit`` says why)."""
 
@@ -158,5 +147,3 @@ class UrlAnswers(FactBase):
             if url:
                 answers[url] = (int(code) if code.isdigit() else 0, int(exit_) if exit_.isdigit() else 0)
         return answers
-
-    default = dict
