@@ -18,8 +18,12 @@ QUERY_FIELDS = tuple(
     "power.max_limit,persistence_mode,driver_version,compute_cap".split(",")
 )
 
-_INT_FIELDS = {"index", "memory.total", "memory.used"}
-_FLOAT_FIELDS = {"power.limit", "power.default_limit", "power.min_limit", "power.max_limit"}
+# each typed field's parser (the others stay text)
+_TYPED = {
+    **dict.fromkeys(("index", "memory.total", "memory.used"), lambda raw: int(float(raw))),
+    **dict.fromkeys(("power.limit", "power.default_limit", "power.min_limit", "power.max_limit"), float),
+    "persistence_mode": lambda raw: {"enabled": True, "disabled": False}.get(raw.lower()),
+}
 # nvidia-smi's GPU query: NvidiaGpus, NvidiaSmiStatus and BootCaps run it verbatim (`shared`: the batched probe runs
 # it once for all three, rigforge/facts/probe.py `script`)
 SMI_QUERY = f"timeout 60 nvidia-smi --query-gpu={','.join(QUERY_FIELDS)} --format=csv,noheader,nounits"
@@ -29,15 +33,7 @@ _UNIT = re.compile(r"\s*(MiB|W|MHz|%|C)$")
 
 def _value(field: str, raw: str):
     raw = _UNIT.sub("", raw)
-    if raw in _NA:
-        return None
-    if field in _INT_FIELDS:
-        return int(float(raw))
-    if field in _FLOAT_FIELDS:
-        return float(raw)
-    if field == "persistence_mode":
-        return {"enabled": True, "disabled": False}.get(raw.lower())
-    return raw
+    return None if raw in _NA else _TYPED.get(field, str)(raw)
 
 
 def parse_query_gpu(lines: list[str]) -> list[dict]:
