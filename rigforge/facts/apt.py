@@ -1,8 +1,6 @@
-"""apt facts: the sources a rig already has (one-line .list and deb822 .sources), and a key file's fingerprints.
-
-A second source file for the same URI with another keyring (a hand-set-up rig's `docker.list`, NVIDIA's
-`cuda-*.list`) breaks every `apt-get update` ("Conflicting values set for option Signed-By").
-"""
+"""apt facts: a rig's sources (one-line .list, deb822 .sources; a second file for a URI with another keyring, e.g.
+a hand-set-up `docker.list` or NVIDIA's `cuda-*.list`, breaks every `apt-get update`: "Conflicting values set for
+option Signed-By"), a key file's fingerprints, dpkg's state."""
 
 import re
 import shlex

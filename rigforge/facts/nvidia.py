@@ -1,8 +1,5 @@
-"""NVIDIA facts: GPUs as nvidia-smi reports them, loaded kernel module vs installed driver package.
-
-Parsers are pure functions (tested on real output, tests/fixtures/nvidia-smi/). Every fact returns its "nothing
-there" value instead of failing without a working driver, so it reads on a fresh rig and during a mismatch.
-"""
+"""NVIDIA facts (parsers tested on real output, tests/fixtures/nvidia-smi/). Each answers "nothing there" rather
+than failing without a working driver, so it reads on a fresh rig and during a mismatch."""
 
 import re
 

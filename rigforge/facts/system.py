@@ -1,6 +1,5 @@
-"""System facts used by the host roles. Each returns a plain value and never fails the host for a missing tool or
-file: preflight decides what a missing value means.
-"""
+"""System facts: each answers a plain value, never failing the host for a missing tool or file (preflight decides
+what a missing value means)."""
 
 import re
 import shlex
