@@ -12,7 +12,6 @@ from rigforge.facts.nvidia import (
     NvidiaGpus,
     NvidiaModuleVersion,
     NvidiaSmiStatus,
-    parse_query_gpu,
     upstream_version,
 )
 
@@ -36,7 +35,7 @@ def query_rows() -> list[str]:
 
 
 def test_query_gpu_noheader_nounits_is_typed():
-    gpus = parse_query_gpu(query_rows())
+    gpus = NvidiaGpus().process(query_rows())
     assert [gpu["index"] for gpu in gpus] == [0, 1]
     first = gpus[0]
     assert first["uuid"] == "GPU-53ff009b-e4c5-51d5-6e89-fcfc88582c2d"
@@ -54,7 +53,7 @@ def test_query_gpu_noheader_nounits_is_typed():
 
 def test_na_values_become_none():
     line = "0, GPU-x, RTX 3090, 00000000:01:00.0, 24576, [N/A], [N/A], N/A, 100.00, 350.00, Disabled, 580, 8.6"
-    (gpu,) = parse_query_gpu([line])
+    (gpu,) = NvidiaGpus().process([line])
     assert gpu["memory_used"] is None and gpu["power_limit"] is None and gpu["power_default_limit"] is None
     assert gpu["power_min_limit"] == 100.0 and gpu["persistence_mode"] is False
     assert gpu["memory_total"] == 24576
@@ -62,16 +61,18 @@ def test_na_values_become_none():
 
 @pytest.mark.parametrize("name", ["query-bad-index.txt", "query-bad-field.txt"])
 def test_error_output_means_no_gpus(name):
-    assert parse_query_gpu(read(name).splitlines()) == []
+    assert NvidiaGpus().process(read(name).splitlines()) == []
 
 
 def test_driver_mismatch_and_no_driver_texts_mean_no_gpus():
     assert (
-        parse_query_gpu(["Failed to initialize NVML: Driver/library version mismatch", "NVML library version: 580.95"])
+        NvidiaGpus().process(
+            ["Failed to initialize NVML: Driver/library version mismatch", "NVML library version: 580.95"]
+        )
         == []
     )
-    assert parse_query_gpu(["NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."]) == []
-    assert parse_query_gpu([]) == []
+    assert NvidiaGpus().process(["NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."]) == []
+    assert NvidiaGpus().process([]) == []
 
 
 def test_nvidia_gpus_fact_queries_the_fields_it_parses():

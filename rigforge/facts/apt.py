@@ -53,24 +53,22 @@ def parse_deb822(text: str) -> list[str]:
     return uris
 
 
-def parse_source_files(lines: list[str]) -> dict[str, list[str]]:
-    """Output of the AptSourceFiles command -> {path: [URI, ...]} (files with no enabled entry are kept, empty)."""
-    bodies: dict[str, list[str]] = {}
-    path = ""
-    for line in lines:
-        if line.startswith(_MARK):
-            path = line[len(_MARK) :].strip()
-            if path:
-                bodies[path] = []
-        elif path:
-            bodies[path].append(line)
-    return {p: (parse_deb822 if p.endswith(".sources") else parse_one_line)("\n".join(b)) for p, b in bodies.items()}
-
-
 class AptSourceFiles(Fact):
+    """{path: [URI, ...]} of the rig's apt source files (files with no enabled entry are kept, empty)."""
+
     command = f'for f in {SOURCE_FILES}; do [ -f "$f" ] || continue; echo "{_MARK}$f"; cat "$f"; echo; done'
 
-    process = staticmethod(parse_source_files)
+    def process(self, lines: list[str]) -> dict[str, list[str]]:
+        files: dict[str, list[str]] = {}
+        path = ""
+        for line in lines:
+            if line.startswith(_MARK):
+                path = line[len(_MARK) :].strip()
+                if path:
+                    files[path] = []
+            elif path:
+                files[path].append(line)
+        return {p: (parse_deb822 if p.endswith(".sources") else parse_one_line)("\n".join(b)) for p, b in files.items()}
 
 
 def same_uri_files(files: dict[str, list[str]], uri: str, keep: str) -> dict[str, bool]:
@@ -78,18 +76,6 @@ def same_uri_files(files: dict[str, list[str]], uri: str, keep: str) -> dict[str
     want = normalize_uri(uri)
     same = {path: [normalize_uri(u) == want for u in uris] for path, uris in files.items() if path != keep}
     return {path: all(flags) for path, flags in same.items() if any(flags)}
-
-
-def parse_fingerprints(lines: list[str]) -> list[str]:
-    fprs, primary = [], False
-    for line in lines:
-        fields = line.split(":")
-        if fields[0] in ("pub", "sub"):
-            primary = fields[0] == "pub"
-        elif fields[0] == "fpr" and primary and len(fields) > 9:
-            fprs.append(fields[9].upper())
-            primary = False
-    return fprs
 
 
 class KeyFingerprints(Fact):
@@ -104,7 +90,16 @@ class KeyFingerprints(Fact):
             "2>/dev/null || true",
         )
 
-    process = staticmethod(parse_fingerprints)
+    def process(self, lines: list[str]) -> list[str]:
+        fprs, primary = [], False
+        for line in lines:
+            fields = line.split(":")
+            if fields[0] in ("pub", "sub"):
+                primary = fields[0] == "pub"
+            elif fields[0] == "fpr" and primary and len(fields) > 9:
+                fprs.append(fields[9].upper())
+                primary = False
+        return fprs
 
 
 class DpkgInterrupted(Fact):

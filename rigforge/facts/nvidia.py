@@ -33,24 +33,14 @@ def _value(field: str, raw: str):
     return None if raw in _NA else _TYPED.get(field, str)(raw)
 
 
-def parse_query_gpu(lines: list[str]) -> list[dict]:
-    """SMI_QUERY's output -> one dict per GPU (keys: QUERY_FIELDS with "." -> "_"; ints for index/MiB, floats for
-    watts, bool for persistence mode, None for "[N/A]"). Lines that are not GPU rows (error texts) are ignored."""
-    rows = ([cell.strip() for cell in line.split(",")] for line in lines)
-    return [
-        {field.replace(".", "_"): _value(field, cell) for field, cell in zip(QUERY_FIELDS, cells, strict=True)}
-        for cells in rows
-        if len(cells) == len(QUERY_FIELDS) and cells[0].isdigit()  # a blank line or an error text: no GPU row
-    ]
-
-
 def upstream_version(package_version: str | None) -> str | None:
     """'1:580.95.05-0ubuntu1' -> '580.95.05' (drop epoch and Debian revision), None stays None."""
     return package_version.split(":", 1)[-1].rsplit("-", 1)[0] if package_version else None
 
 
 class NvidiaGpus(Fact):
-    """GPUs visible to nvidia-smi, as a list of dicts (see `parse_query_gpu`); [] without a working driver."""
+    """GPUs visible to nvidia-smi ([] without a working driver): one dict each (keys: QUERY_FIELDS with "." -> "_";
+    ints for index/MiB, floats for watts, bool for persistence mode, None for "[N/A]"), error texts ignored."""
 
     shared = (SMI_QUERY,)
 
@@ -59,7 +49,13 @@ class NvidiaGpus(Fact):
     # version mismatch; that means "no GPUs" too. `timeout`: a GPU that fell off the bus can hang nvidia-smi.
     command = f"if command -v nvidia-smi >/dev/null 2>&1; then {SMI_QUERY} 2>&1 || true; fi"
 
-    process = staticmethod(parse_query_gpu)
+    def process(self, lines: list[str]) -> list[dict]:
+        rows = ([cell.strip() for cell in line.split(",")] for line in lines)
+        return [
+            {field.replace(".", "_"): _value(field, cell) for field, cell in zip(QUERY_FIELDS, cells, strict=True)}
+            for cells in rows
+            if len(cells) == len(QUERY_FIELDS) and cells[0].isdigit()  # a blank line or an error text: no GPU row
+        ]
 
 
 class NvidiaSmiStatus(Fact):
@@ -122,28 +118,14 @@ def parse_cuda_version(text: str) -> str | None:
 _PROC_VERSION = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)?)")
 
 
-def parse_running_driver(lines: list[str]) -> dict:
-    """Output of NvidiaRunningDriver -> {"version", "smi", "smi_ok", "owner", "cuda"} (None/False when absent)."""
-    items = dict(line.partition("=")[::2] for line in lines if "=" in line)
-    match = _PROC_VERSION.search(items.get("proc", ""))
-    version = match.group(1) if match else (items.get("module", "").strip() or None)
-    return {
-        "version": version,
-        "smi": items.get("smi", "").strip() or None,
-        "smi_ok": items.get("smi_ok", "").strip() == "1",
-        "owner": items.get("owner", "").split(":")[0].strip() or None,
-        "cuda": parse_cuda_version(items.get("cuda", "")),
-    }
-
-
 def unowned_driver(running: dict) -> bool:
     """A driver that answers (nvidia-smi, a version in /proc) but that no package owns (.run installer, hand build)."""
     return bool(running.get("version") and running.get("smi_ok") and not running.get("owner"))
 
 
 class NvidiaRunningDriver(Fact):
-    """The running driver: its version (/proc, else the module's), whether nvidia-smi answers (its header gives
-    the driver's CUDA version), and which package owns it (empty: none, e.g. NVIDIA's .run installer)."""
+    """The running driver: {"version" (/proc, else the module's), "smi" (its path), "smi_ok" (it answers), "cuda"
+    (the driver's CUDA version, from its header), "owner" (the package; None: e.g. NVIDIA's .run installer)}."""
 
     command = (
         'echo "proc=$(head -n 1 /proc/driver/nvidia/version 2>/dev/null)"; '
@@ -154,7 +136,17 @@ class NvidiaRunningDriver(Fact):
         'echo "owner=$(dpkg -S "$(readlink -f "$smi")" 2>/dev/null | head -n 1)"; fi'
     )
 
-    process = staticmethod(parse_running_driver)
+    def process(self, lines: list[str]) -> dict:
+        items = dict(line.partition("=")[::2] for line in lines if "=" in line)
+        match = _PROC_VERSION.search(items.get("proc", ""))
+        version = match.group(1) if match else (items.get("module", "").strip() or None)
+        return {
+            "version": version,
+            "smi": items.get("smi", "").strip() or None,
+            "smi_ok": items.get("smi_ok", "").strip() == "1",
+            "owner": items.get("owner", "").split(":")[0].strip() or None,
+            "cuda": parse_cuda_version(items.get("cuda", "")),
+        }
 
 
 # Units that set power caps at boot besides rigforge's own: the recipe repo's (club-3090

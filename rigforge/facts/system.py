@@ -9,28 +9,16 @@ from pyinfra.api import QuoteString, StringCommand
 from rigforge.facts import Fact
 
 
-def parse_os_release(lines: list[str]) -> dict:
-    pairs = (line.strip().partition("=") for line in lines)
-    items = {key: value.strip().strip("\"'") for key, sep, value in pairs if sep}
-    codename = items.get("VERSION_CODENAME") or items.get("UBUNTU_CODENAME", "")
-    return {"id": items.get("ID", ""), "version_id": items.get("VERSION_ID", ""), "codename": codename}
-
-
 class OsRelease(Fact):
     """ID, VERSION_ID and VERSION_CODENAME from /etc/os-release as {"id", "version_id", "codename"} (missing: "")."""
 
     command = "cat /etc/os-release 2>/dev/null || cat /usr/lib/os-release 2>/dev/null || true"
 
-    process = staticmethod(parse_os_release)
-
-
-def parse_secure_boot(lines: list[str]) -> str:
-    text = " ".join(lines).lower()
-    if "secureboot enabled" in text or text.strip() == "efivar=1":
-        return "enabled"
-    if "secureboot disabled" in text or text.strip() in ("efivar=0", "noefi"):
-        return "disabled"
-    return "unknown"
+    def process(self, lines: list[str]) -> dict:
+        pairs = (line.strip().partition("=") for line in lines)
+        items = {key: value.strip().strip("\"'") for key, sep, value in pairs if sep}
+        codename = items.get("VERSION_CODENAME") or items.get("UBUNTU_CODENAME", "")
+        return {"id": items.get("ID", ""), "version_id": items.get("VERSION_ID", ""), "codename": codename}
 
 
 _EFIVAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-e39a1e3a5c0b"
@@ -46,7 +34,13 @@ class SecureBoot(Fact):
         "else echo unknown; fi"
     )
 
-    process = staticmethod(parse_secure_boot)
+    def process(self, lines: list[str]) -> str:
+        text = " ".join(lines).lower()
+        if "secureboot enabled" in text or text.strip() == "efivar=1":
+            return "enabled"
+        if "secureboot disabled" in text or text.strip() in ("efivar=0", "noefi"):
+            return "disabled"
+        return "unknown"
 
 
 class FreeDiskBytes(Fact):
