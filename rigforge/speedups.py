@@ -52,10 +52,8 @@ def operation_order(state) -> list[int]:
         infos.append(getframeinfo(frame))
         frame = frame.f_back
     infos.reverse()
-    start = 0
-    if state.current_deploy_filename:  # its first frame; else none (pyinfra's loop ends on its own frame)
-        found = (i for i, info in enumerate(infos) if info.filename == state.current_deploy_filename)
-        start = next(found, len(infos))
+    deploy = state.current_deploy_filename  # its first frame; else none (pyinfra's loop ends on its own frame)
+    start = next((i for i, info in enumerate(infos) if info.filename == deploy), len(infos)) if deploy else 0
     lines = [state.current_op_file_number] if pyinfra.is_cli else []
     return lines + [info.lineno for info in infos[start:] if not info.filename.startswith(util.PYINFRA_INSTALL_DIR)]
 
@@ -108,7 +106,7 @@ def _stale(source: str, cached: str) -> bool:
     except OSError:
         return True
     stamp = (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little") + (st.st_size & 0xFFFFFFFF).to_bytes(4, "little")
-    return head[:4] != importlib.util.MAGIC_NUMBER or head[4:8] != bytes(4) or head[8:16] != stamp
+    return head != importlib.util.MAGIC_NUMBER + bytes(4) + stamp  # magic, flags (timestamp-based), mtime, size
 
 
 def keep_bytecode(modules=None) -> list[str]:
@@ -132,14 +130,12 @@ def install() -> None:
     """Idempotent."""
     atexit.unregister(keep_bytecode)
     atexit.register(keep_bytecode)
-    util.get_operation_order_from_stack = operation_order
-    operation = sys.modules["pyinfra.api.operation"]  # (pyinfra.api.operation is the decorator)
-    operation.get_operation_order_from_stack = operation_order  # imported by name
+    operation = sys.modules["pyinfra.api.operation"]  # (pyinfra.api.operation is the decorator; imported by name)
+    util.get_operation_order_from_stack = operation.get_operation_order_from_stack = operation_order
     if not hasattr(operation.signature, "cache_info"):
         operation.signature = functools.cache(inspect.signature)
     host.HostData.__getattr__ = host_data_attr
     for name in _CALLERS:  # each module that imported it by name
         sys.modules[name].pop_global_arguments = pop_global_arguments
     if not hasattr(arguments.all_global_arguments, "cache_info"):
-        cached = functools.cache(lambda: tuple(_ORIGINAL()))
-        arguments.all_global_arguments = facts.all_global_arguments = cached
+        arguments.all_global_arguments = facts.all_global_arguments = functools.cache(lambda: tuple(_ORIGINAL()))
