@@ -16,7 +16,6 @@ import pytest
 from rigforge import fleet, power
 from rigforge.facts.nvidia import (
     CRON_FILES,
-    UNIT_DIRS,
     PowerCapUnits,
     cap_writers_command,
     parse_cap_units,
@@ -24,7 +23,7 @@ from rigforge.facts.nvidia import (
     parse_topology,
 )
 from rigforge.hardware import interconnect
-from rigforge.layout import SETTLE_UNIT, HostLayout
+from rigforge.layout import SETTLE_UNIT, UNIT_SEARCH_PATH, HostLayout
 from rigforge.render import POWER_UNIT, render_power_unit
 from rigforge.status import power_lines
 
@@ -36,7 +35,7 @@ SMI = FIXTURES / "nvidia-smi"
 
 def cap_units_on(tmp_path: Path, files: dict[str, str]) -> dict:
     """Run PowerCapUnits' own command with systemd's unit dirs and the cron files moved under tmp_path."""
-    dirs = [str(tmp_path / d.strip("/")) for d in UNIT_DIRS]
+    dirs = [str(tmp_path / d.strip("/")) for d in UNIT_SEARCH_PATH]
     for d in (*dirs, tmp_path / "etc/cron.d", tmp_path / "var/spool/cron/crontabs", tmp_path / "usr/local/bin"):
         Path(d).mkdir(parents=True, exist_ok=True)
     for path, text in files.items():

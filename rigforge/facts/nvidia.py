@@ -139,9 +139,8 @@ class NvidiaRunningDriver(Fact):
     def process(self, lines: list[str]) -> dict:
         items = dict(line.partition("=")[::2] for line in lines if "=" in line)
         match = _PROC_VERSION.search(items.get("proc", ""))
-        version = match.group(1) if match else (items.get("module", "").strip() or None)
         return {
-            "version": version,
+            "version": match.group(1) if match else (items.get("module", "").strip() or None),
             "smi": items.get("smi", "").strip() or None,
             "smi_ok": items.get("smi_ok", "").strip() == "1",
             "owner": items.get("owner", "").split(":")[0].strip() or None,
@@ -152,14 +151,13 @@ class NvidiaRunningDriver(Fact):
 # Units that set power caps at boot besides rigforge's own: the recipe repo's (club-3090
 # scripts/systemd/nvidia-power-cap.service) and the tuning unit it orders itself after (gpu-tune.service).
 CAP_UNITS = ("nvidia-power-cap.service", "gpu-tune.service")
-UNIT_DIRS = UNIT_SEARCH_PATH  # systemd's precedence (rigforge/layout.py)
 CRON_FILES = ("/var/spool/cron/crontabs/root", "/etc/crontab", "/etc/cron.d/*")  # where root's @reboot jobs are
 _PL = re.compile(r"(?:^|\s)(?:-pl|--power-limit)(?:=|\s+)(\d+(?:\.\d+)?)")
 _SETS_CAP = re.compile(r"nvidia-smi\b[^#]*\s(?:-pl|--power-limit)(?:[\s=]|$)")
 _SHELL_SETS_CAP = r"nvidia-smi[^#]*[[:space:]](-pl|--power-limit)([[:space:]=]|$)"  # _SETS_CAP for grep -E
 
 
-def cap_writers_command(unit_dirs=UNIT_DIRS, cron_files=CRON_FILES) -> str:
+def cap_writers_command(unit_dirs=UNIT_SEARCH_PATH, cron_files=CRON_FILES) -> str:
     """PowerCapUnits' command, over `unit_dirs` and `cron_files` (tests point them at a temporary tree): every
     unit's ExecStart and @reboot cron line that calls nvidia-smi, runs a script that sets caps or belongs to a
     known cap unit (`line=FILE:LINE`), and each such script (`script=PATH`) with its `pl=LINE`s."""
@@ -188,7 +186,7 @@ def _watts(lines) -> list[int]:
     return sorted({round(float(w)) for line in lines if _SETS_CAP.search(line) for w in _PL.findall(line)})
 
 
-def parse_cap_units(lines: list[str], unit_dirs=UNIT_DIRS) -> dict:
+def parse_cap_units(lines: list[str], unit_dirs=UNIT_SEARCH_PATH) -> dict:
     """Output of PowerCapUnits -> {name: writer}, the rig's other boot-time cap writers: units (the first file of
     the name in `unit_dirs`' precedence) known by name (CAP_UNITS) or whose ExecStart calls `nvidia-smi -pl` or
     runs a script that does, and root @reboot cron jobs ("@reboot in FILE") that do either. Each writer: {"kind":
@@ -291,13 +289,12 @@ class BootCaps(Fact):
     shared = (SMI_QUERY,)
 
     def command(self, units: str = "") -> StringCommand:
-        names = [POWER_UNIT, SETTLE_UNIT, *units.split()]
         # each GPU's "index, power.limit": those two columns of the shared GPU query (SMI_QUERY)
         caps = f"-f{QUERY_FIELDS.index('index') + 1},{QUERY_FIELDS.index('power.limit') + 1}"
         return StringCommand(
             'echo "boot_id=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)"; '
             'echo "system=$(systemctl is-system-running 2>/dev/null)"; for u in',
-            *(QuoteString(name) for name in names),
+            *(QuoteString(name) for name in (POWER_UNIT, SETTLE_UNIT, *units.split())),
             f'; do echo "--- unit $u"; systemctl show -p {",".join(SHOW)} -- "$u" 2>/dev/null; done; '
             "echo '--- cycles'; journalctl -b _PID=1 --no-pager -o cat 2>/dev/null | grep -i 'ordering cycle' | "
             f"tail -n 20; echo '--- settle'; journalctl -b -u {SETTLE_UNIT} --no-pager -o cat 2>/dev/null | "

@@ -322,8 +322,7 @@ def _get_fact(state, host, cls, args=None, kwargs=None, *rest, **kw):
     if not args and not any(k.startswith("_") for k in fact_kwargs) and _cacheable(cls):
         # inside an operation: its global arguments, complete; preparing: the host's defaults, computed once
         global_kwargs = host.current_op_global_arguments or _defaults(state, host, snap, cls)
-        key = fact_key(cls, fact_kwargs)
-        if key is not None:
+        if (key := fact_key(cls, fact_kwargs)) is not None:
             if not snap.probed and snap.valid:  # every fact recorded for this host, in one remote command
                 snap.answers = read(host, _recorded(state, host, snap, global_kwargs), global_kwargs)
             if snap.connection == _identity(global_kwargs):
