@@ -56,8 +56,12 @@ class _HostSnapshot:
         self.file = None
         self.connection = None
         self.probes = self.served = 0  # counters (batched remote commands, answers served), for the benchmark
-        self.defaults: dict | None = None  # the host's default global arguments for facts
         self.pending = None  # (sections, marker, then) of the probe sent with the rig's lock, until it is read
+
+    @functools.cached_property
+    def defaults(self) -> dict:
+        """The host's default global arguments for a fact read outside an operation."""
+        return pyinfra_facts._handle_fact_kwargs(self.host.state, self.host, FactBase, None, None)[1]
 
 
 _SNAPSHOTS: dict[int, _HostSnapshot] = {}
@@ -103,13 +107,6 @@ def _probe_file(host: Host, state) -> Path | None:
     return base / f"{hashlib.sha256(json.dumps(ident, default=str).encode()).hexdigest()[:24]}.json"
 
 
-def _defaults(state, host: Host, snap: _HostSnapshot, cls) -> dict:
-    """The host's default global arguments for a fact read outside an operation, computed once per host."""
-    if snap.defaults is None:
-        snap.defaults = pyinfra_facts._handle_fact_kwargs(state, host, cls, None, None)[1]
-    return snap.defaults
-
-
 # pyinfra's file facts whose commands are one `stat` or one hash of a path: the probe runs one `stat` and one
 # sha1sum/sha256sum for all their paths (not one process each); class -> "stat" or the hash's hex digits
 FILE_FACTS = {pyinfra_files.File: "stat", pyinfra_files.Directory: "stat", pyinfra_files.Link: "stat",
@@ -146,21 +143,21 @@ def _files_command(marker: str, paths: dict[str, set]) -> str:
 def _file_answers(block: list[str], batched: list, answers: dict) -> None:
     """Each batched file fact's answer from the files job's lines (a missing path: the fact's default); a path
     that exists but got no line (a `stat` that failed) is left out: read live."""
-    exists, links, stats, hashes = set(), set(), {}, {}
+    exists, links, found = set(), set(), {}  # found: (kind, path) -> its line
     lines = iter(block)
     for line in lines:
         if line.startswith(("e ", "l ")):
             (exists if line[0] == "e" else links).add(line[2:])
         elif line.startswith("s "):
-            stats[line[2:]] = next(lines, None)
+            found[("stat", line[2:])] = next(lines, None)
         else:
             digest, _, path = line.partition("  ")
             if len(digest) in _HASHERS and all(c in "0123456789abcdefABCDEF" for c in digest):
-                hashes[(len(digest), path)] = line
+                found[(len(digest), path)] = line
     for key, fact, path in batched:
         kind = FILE_FACTS[type(fact)]
         present = path in exists or (kind == "stat" and path in links)
-        out = stats.get(path) if kind == "stat" else hashes.get((kind, path))
+        out = found.get((kind, path))
         if present and out is None:
             continue
         with contextlib.suppress(*_PROCESS_ERRORS):
@@ -246,7 +243,7 @@ def read(host: Host, requests, global_kwargs: dict | None = None) -> dict[str, o
     if command is None:
         return {}
     snap = _of(host)
-    global_kwargs = global_kwargs or _defaults(host.state, host, snap, sections[0][1].__class__)
+    global_kwargs = global_kwargs or snap.defaults
     if not host.connected:
         host.connect(reason="to read the rig in one probe", raise_exceptions=True)
     executor_kwargs = {k: v for k, v in global_kwargs.items() if k in pyinfra_facts.CONNECTOR_ARGUMENT_KEYS}
@@ -287,7 +284,7 @@ def lock_request(host: Host) -> list | None:
         return None
     from pyinfra.connectors.util import make_unix_command_for_host
 
-    global_kwargs = _defaults(host.state, host, snap, FactBase)
+    global_kwargs = snap.defaults
     executor_kwargs = {k: v for k, v in global_kwargs.items() if k in pyinfra_facts.CONNECTOR_ARGUMENT_KEYS}
     if any(executor_kwargs.get(k) for k in _UNFOLDED) or host.connector_data.get("prompted_sudo_password"):
         return None
@@ -321,7 +318,7 @@ def _get_fact(state, host, cls, args=None, kwargs=None, *rest, **kw):
     fact_kwargs = dict(kwargs or {})
     if not args and not any(k.startswith("_") for k in fact_kwargs) and _cacheable(cls):
         # inside an operation: its global arguments, complete; preparing: the host's defaults, computed once
-        global_kwargs = host.current_op_global_arguments or _defaults(state, host, snap, cls)
+        global_kwargs = host.current_op_global_arguments or snap.defaults
         if (key := fact_key(cls, fact_kwargs)) is not None:
             if not snap.probed and snap.valid:  # every fact recorded for this host, in one remote command
                 snap.answers = read(host, _recorded(state, host, snap, global_kwargs), global_kwargs)
