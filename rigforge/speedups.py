@@ -9,9 +9,7 @@ re-converge is mostly controller CPU, ~60 operations a rig), and rigforge's own 
   ~2.4x faster with `in`); `pop_global_arguments` merges the sources once a call (~77 us to ~11).
 - Bytecode: pyinfra's CLI sets `sys.dont_write_bytecode`, so an editable install compiled its ~60 modules on every
   run (~90 ms); `keep_bytecode` writes it at exit (not with PYTHONDONTWRITEBYTECODE, nor where not writable).
-
-`benchmarks/bench_converge.py` measures the effect (benchmarks/RESULTS.md).
-"""
+`benchmarks/bench_converge.py` measures the effect (benchmarks/RESULTS.md)."""
 
 import atexit
 import contextlib
@@ -44,9 +42,8 @@ def getframeinfo(frame) -> inspect.Traceback:
 
 
 def operation_order(state) -> list[int]:
-    """`pyinfra.api.util.get_operation_order_from_stack`: the line numbers of the calling stack, outermost first, from
-    the deploy file's first frame on, pyinfra's own frames left out (the CLI's op file number first), each frame's
-    file and line as `getframeinfo` gives them."""
+    """`pyinfra.api.util.get_operation_order_from_stack`: the calling stack's line numbers (`getframeinfo`), outermost
+    first from the deploy file's first frame, pyinfra's own frames left out (the CLI's op file number first)."""
     infos, frame = [], sys._getframe(1)
     while frame is not None:
         infos.append(getframeinfo(frame))
@@ -72,9 +69,8 @@ def pop_global_arguments(state, host, kwargs: dict) -> tuple[dict, list[str]]:
     else the current @deploy's kwargs, else the host's data, else pyinfra's config; and the keys `kwargs` had."""
     config = ctx_config.get() if ctx_config.isset() else state.config
     deploy_kwargs = host.current_deploy_kwargs or {}
-    data = {}
-    for source in reversed(host.data.datas):  # HostData's sources: the first that has a key wins
-        data.update(source() if callable(source) else source)
+    # HostData's sources: the first that has a key wins
+    data = {k: v for source in reversed(host.data.datas) for k, v in (source() if callable(source) else source).items()}
     values, found = {}, []
     for key, type_ in arguments.all_global_arguments():
         meta = arguments.all_argument_meta[key]

@@ -85,9 +85,8 @@ class NvidiaModuleVersion(Fact):
 
 
 class NvidiaPciGpus(Fact):
-    """NVIDIA display/3D controllers on the PCI bus, from sysfs (works before any driver is installed): [(PCI
-    address, device ID)], e.g. [("0000:01:00.0", "2204")] (rigforge/hardware.py PCI_CARDS). None when sysfs shows
-    no PCI bus at all (a container or chroot), so "unknown" is not mistaken for no GPU."""
+    """NVIDIA display/3D controllers on the PCI bus from sysfs (no driver needed): [(PCI address, device ID)], e.g.
+    [("0000:01:00.0", "2204")] (hardware.py PCI_CARDS); None without a PCI bus (a container), not "no GPU"."""
 
     command = (
         # `read`, a shell builtin, not `cat`: no process per PCI function (a server has dozens to hundreds)
@@ -158,9 +157,8 @@ _SHELL_SETS_CAP = r"nvidia-smi[^#]*[[:space:]](-pl|--power-limit)([[:space:]=]|$
 
 
 def cap_writers_command(unit_dirs=UNIT_SEARCH_PATH, cron_files=CRON_FILES) -> str:
-    """PowerCapUnits' command, over `unit_dirs` and `cron_files` (tests point them at a temporary tree): every
-    unit's ExecStart and @reboot cron line that calls nvidia-smi, runs a script that sets caps or belongs to a
-    known cap unit (`line=FILE:LINE`), and each such script (`script=PATH`) with its `pl=LINE`s."""
+    """PowerCapUnits' command over `unit_dirs` and `cron_files`: each ExecStart and @reboot line (`line=FILE:LINE`)
+    that calls nvidia-smi, runs a script that sets caps (`script=PATH`, its `pl=LINE`s) or is a known cap unit's."""
     units = " ".join(f"{d}/*.service" for d in unit_dirs)
     crons = " ".join(cron_files)
     known = "".join(f"printf '%s\\n' '/{name}:'; " for name in CAP_UNITS)
@@ -282,9 +280,9 @@ class NvidiaTopology(Fact):
 
 
 class BootCaps(Fact):
-    """What ran at this boot about GPU power caps (rigforge/boot.py `parse_boot`): systemd's results for rigforge's
-    power and settle units and `units` (space-separated), the journal's ordering cycles, settle and cron lines, and
-    each GPU's power limit now. Without systemd (a chroot) the units and journal parts are empty."""
+    """What ran at this boot about GPU power caps (boot.py `parse_boot`): systemd's results for rigforge's power and
+    settle units and `units`, the journal's ordering cycles, settle and cron lines (both empty without systemd, e.g.
+    a chroot), each GPU's power limit now."""
 
     shared = (SMI_QUERY,)
 
