@@ -5,8 +5,6 @@ option Signed-By"), a key file's fingerprints, dpkg's state."""
 import re
 import shlex
 
-from pyinfra.api import QuoteString, StringCommand
-
 from rigforge.facts import Fact
 
 SOURCE_FILES = "/etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources"
@@ -81,13 +79,11 @@ def same_uri_files(files: dict[str, list[str]], uri: str, keep: str) -> dict[str
 class KeyFingerprints(Fact):
     """Primary-key fingerprints (upper case) of an armored or binary key file (empty when absent or unreadable)."""
 
-    def command(self, path: str) -> StringCommand:
-        return StringCommand(
-            "[ -f",
-            QuoteString(path),
-            "] && command -v gpg >/dev/null 2>&1 && gpg --batch --show-keys --with-colons",
-            QuoteString(path),
-            "2>/dev/null || true",
+    def command(self, path: str) -> str:
+        quoted = shlex.quote(path)
+        return (
+            f"[ -f {quoted} ] && command -v gpg >/dev/null 2>&1 && gpg --batch --show-keys --with-colons {quoted} "
+            "2>/dev/null || true"
         )
 
     def process(self, lines: list[str]) -> list[str]:

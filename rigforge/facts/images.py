@@ -1,6 +1,6 @@
 """Facts for loading saved images (roles/images.py): the blobs an OCI layout on the rig holds, the TCP ports in use."""
 
-from pyinfra.api import QuoteString, StringCommand
+import shlex
 
 from rigforge.facts import Fact
 
@@ -8,11 +8,9 @@ from rigforge.facts import Fact
 class OciBlobs(Fact):
     """``{"sha256:<hex>": size}`` of the OCI image layout's blobs at ``path``, partial uploads left out."""
 
-    def command(self, path: str) -> StringCommand:
-        blobs = f"{path.rstrip('/')}/blobs/sha256"
-        return StringCommand(
-            "find", QuoteString(blobs), "-maxdepth 1 -type f ! -name '.*' -printf '%f %s\\n' 2>/dev/null || true"
-        )
+    def command(self, path: str) -> str:
+        blobs = shlex.quote(f"{path.rstrip('/')}/blobs/sha256")
+        return f"find {blobs} -maxdepth 1 -type f ! -name '.*' -printf '%f %s\\n' 2>/dev/null || true"
 
     def process(self, output: list[str]) -> dict[str, int]:
         lines = (line.strip().partition(" ") for line in output)

@@ -46,15 +46,9 @@ class SecureBoot(Fact):
 class FreeDiskBytes(Fact):
     """Bytes available to unprivileged users on the filesystem holding `path` (or its nearest existing parent)."""
 
-    def command(self, path: str) -> StringCommand:
+    def command(self, path: str) -> str:
         # `stat -f` asks statfs directly, so it works without /proc (chroots) unlike df.
-        return StringCommand(
-            "p=",
-            QuoteString(path),
-            '; while [ ! -e "$p" ]; do p=$(dirname "$p"); done;',
-            "stat -f -c '%a %S' \"$p\"",
-            _separator="",
-        )
+        return f'p={shlex.quote(path)}; while [ ! -e "$p" ]; do p=$(dirname "$p"); done;stat -f -c \'%a %S\' "$p"'
 
     def process(self, output: list[str]) -> int | None:
         try:
@@ -97,18 +91,12 @@ def _bre(text: str) -> str:
 class EnabledInstances(Fact):
     """Instances of ``template`` (``name@.service``) enabled at boot in ``unit_dir``/multi-user.target.wants."""
 
-    def command(self, unit_dir: str, template: str) -> StringCommand:
+    def command(self, unit_dir: str, template: str) -> str:
         prefix, _, suffix = template.partition("@")
-        return StringCommand(
-            "ls",
-            QuoteString(f"{unit_dir}/multi-user.target.wants/"),
-            "2>/dev/null | grep -x --",
-            QuoteString(f"{_bre(prefix)}@..*{_bre(suffix)}"),
-            "|| true",
-        )
+        pattern = shlex.quote(f"{_bre(prefix)}@..*{_bre(suffix)}")
+        return f"ls {shlex.quote(f'{unit_dir}/multi-user.target.wants/')} 2>/dev/null | grep -x -- {pattern} || true"
 
-    def process(self, output: list[str]) -> list[str]:
-        return sorted({line.strip() for line in output if line.strip()})
+    process = AptHeldPackages.process
 
 
 class LeftoverUploads(Fact):
