@@ -17,8 +17,6 @@ from rigforge import fleet, power
 from rigforge.facts.nvidia import (
     CRON_FILES,
     PowerCapUnits,
-    cap_writers_command,
-    parse_cap_units,
     parse_topo_matrix,
     parse_topology,
 )
@@ -41,8 +39,8 @@ def cap_units_on(tmp_path: Path, files: dict[str, str]) -> dict:
     for path, text in files.items():
         (tmp_path / path.strip("/")).write_text(text.replace("@TMP@", str(tmp_path)))
     crons = [str(tmp_path / c.strip("/")) for c in CRON_FILES]
-    out = subprocess.run(["sh", "-c", cap_writers_command(dirs, crons)], capture_output=True, text=True, check=True)
-    return parse_cap_units(out.stdout.splitlines(), dirs)
+    out = subprocess.run(["sh", "-c", PowerCapUnits().command(dirs, crons)], capture_output=True, text=True, check=True)
+    return PowerCapUnits().process(out.stdout.splitlines(), dirs)
 
 
 HOMEMADE = """[Unit]
@@ -114,7 +112,7 @@ def test_the_first_unit_dir_wins_as_in_systemd():
              "line=/lib/systemd/system/a.service:ExecStart=/usr/bin/nvidia-smi -pl 280",
              "line=/etc/systemd/system/b.service:ExecStart=/usr/bin/nvidia-smi -i 0 -pl 250",
              "line=/lib/systemd/system/b.service:ExecStart=/usr/bin/nvidia-smi -pl 280"]  # fmt: skip
-    assert parse_cap_units(lines) == {
+    assert PowerCapUnits().process(lines) == {
         "b.service": {"kind": "unit", "path": "/etc/systemd/system/b.service", "watts": [250], "script": None}
     }
 

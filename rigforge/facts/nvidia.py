@@ -156,80 +156,73 @@ _SETS_CAP = re.compile(r"nvidia-smi\b[^#]*\s(?:-pl|--power-limit)(?:[\s=]|$)")
 _SHELL_SETS_CAP = r"nvidia-smi[^#]*[[:space:]](-pl|--power-limit)([[:space:]=]|$)"  # _SETS_CAP for grep -E
 
 
-def cap_writers_command(unit_dirs=UNIT_SEARCH_PATH, cron_files=CRON_FILES) -> str:
-    """PowerCapUnits' command over `unit_dirs` and `cron_files`: each ExecStart and @reboot line (`line=FILE:LINE`)
-    that calls nvidia-smi, runs a script that sets caps (`script=PATH`, its `pl=LINE`s) or is a known cap unit's."""
-    units = " ".join(f"{d}/*.service" for d in unit_dirs)
-    crons = " ".join(cron_files)
-    known = "".join(f"printf '%s\\n' '/{name}:'; " for name in CAP_UNITS)
-    return (
-        "t=$(mktemp) || exit 0; "
-        f"{{ grep -HE '^[[:space:]]*ExecStart[^=]*=' {units}; grep -HE '^[[:space:]]*@reboot' {crons}; }}"
-        ' 2>/dev/null > "$t"; '
-        # the files those lines name, but unit files, cron files and nvidia-smi itself
-        "hits=$(grep -oE '/[^[:space:]\"'\\'';|&:=()]+' \"$t\" | sort -u | while read -r p; do "
-        'case "$p" in *.service|*/cron.d/*|*/crontabs/*|*/crontab|*/nvidia-smi) continue;; esac; '
-        '[ -f "$p" ] && printf \'%s\\n\' "$p"; done | '
-        f"xargs -r grep -lIE '{_SHELL_SETS_CAP}' 2>/dev/null); "
-        f"{{ printf '%s\\n' nvidia-smi; {known}"
-        "printf '%s\\n' \"$hits\" | grep -v '^$'; } > \"$t.pat\"; "
-        'grep -F -f "$t.pat" "$t" | sed \'s/^/line=/\'; '
-        'for s in $hits; do echo "script=$s"; '
-        f"grep -hE '{_SHELL_SETS_CAP}' \"$s\" | head -n 20 | sed 's/^/pl=/'; done; "
-        'rm -f "$t" "$t.pat"; true'
-    )
-
-
 def _watts(lines) -> list[int]:
     return sorted({round(float(w)) for line in lines if _SETS_CAP.search(line) for w in _PL.findall(line)})
 
 
-def parse_cap_units(lines: list[str], unit_dirs=UNIT_SEARCH_PATH) -> dict:
-    """Output of PowerCapUnits -> {name: writer}, the rig's other boot-time cap writers: units (the first file of
-    the name in `unit_dirs`' precedence) known by name (CAP_UNITS) or whose ExecStart calls `nvidia-smi -pl` or
-    runs a script that does, and root @reboot cron jobs ("@reboot in FILE") that do either. Each writer: {"kind":
-    "unit"|"cron", "path", "watts": the caps it sets written out (else []), "script" (or None), cron: "command"}."""
-    scripts: dict[str, list[str]] = {}
-    entries: list[tuple[str, str]] = []
-    current = None
-    for line in lines:
-        if line.startswith("script="):
-            current = scripts.setdefault(line[7:].strip(), [])
-        elif line.startswith("pl=") and current is not None:
-            current.append(line[3:])
-        elif line.startswith("line="):
-            path, _, text = line[5:].partition(":")
-            entries.append((path, text.strip()))
-    rank = {d.rstrip("/"): i for i, d in enumerate(unit_dirs)}
-    units: dict[str, dict[int, tuple[str, list[str]]]] = {}  # name -> {rank of its dir: (path, ExecStart lines)}
-    out: dict[str, dict] = {}
-    for path, text in entries:
-        folder, _, name = path.rpartition("/")
-        if name.endswith(".service") and folder in rank:
-            if name not in (POWER_UNIT, SETTLE_UNIT):  # rigforge's own
-                units.setdefault(name, {}).setdefault(rank[folder], (path, []))[1].append(text)
-        else:  # a cron file: "@reboot [user] command"
-            via = next((s for s in scripts if s in text), None)
-            if _SETS_CAP.search(text) or via:
-                n = 1 if "/crontabs/" in path else 2  # a user's crontab has no user field
-                parts = text.split(None, n)
-                command = parts[n] if len(parts) > n else ""
-                watts = _watts([text, *scripts.get(via, [])])
-                out[f"@reboot in {path}"] = dict(kind="cron", path=path, watts=watts, script=via, command=command)
-    for name, by_rank in units.items():
-        path, texts = by_rank[min(by_rank)]  # the first dir in systemd's precedence wins
-        via = next((s for s in scripts for t in texts if s in t), None)
-        if name in CAP_UNITS or via or any(_SETS_CAP.search(t) for t in texts):
-            out[name] = {"kind": "unit", "path": path, "watts": _watts([*texts, *scripts.get(via, [])]), "script": via}
-    return dict(sorted(out.items()))
-
-
 class PowerCapUnits(Fact):
-    """The rig's other GPU power-cap writers at boot (units, root's ``@reboot`` cron jobs), see `parse_cap_units`."""
+    """The rig's other boot-time GPU power-cap writers, {name: writer}: units (the first file of the name in
+    `unit_dirs`' precedence) known by name (CAP_UNITS) or whose ExecStart calls `nvidia-smi -pl` or runs a script
+    that does, and root @reboot cron jobs ("@reboot in FILE") that do either. Each writer: {"kind": "unit"|"cron",
+    "path", "watts": the caps it sets written out (else []), "script" (or None), cron: "command"}."""
 
-    command = staticmethod(cap_writers_command)
+    def command(self, unit_dirs=UNIT_SEARCH_PATH, cron_files=CRON_FILES) -> str:
+        """Over `unit_dirs` and `cron_files`: each ExecStart and @reboot line (`line=FILE:LINE`) that calls
+        nvidia-smi, runs a script that sets caps (`script=PATH`, its `pl=LINE`s) or is a known cap unit's."""
+        units = " ".join(f"{d}/*.service" for d in unit_dirs)
+        crons = " ".join(cron_files)
+        known = "".join(f"printf '%s\\n' '/{name}:'; " for name in CAP_UNITS)
+        return (
+            "t=$(mktemp) || exit 0; "
+            f"{{ grep -HE '^[[:space:]]*ExecStart[^=]*=' {units}; grep -HE '^[[:space:]]*@reboot' {crons}; }}"
+            ' 2>/dev/null > "$t"; '
+            # the files those lines name, but unit files, cron files and nvidia-smi itself
+            "hits=$(grep -oE '/[^[:space:]\"'\\'';|&:=()]+' \"$t\" | sort -u | while read -r p; do "
+            'case "$p" in *.service|*/cron.d/*|*/crontabs/*|*/crontab|*/nvidia-smi) continue;; esac; '
+            '[ -f "$p" ] && printf \'%s\\n\' "$p"; done | '
+            f"xargs -r grep -lIE '{_SHELL_SETS_CAP}' 2>/dev/null); "
+            f"{{ printf '%s\\n' nvidia-smi; {known}"
+            "printf '%s\\n' \"$hits\" | grep -v '^$'; } > \"$t.pat\"; "
+            'grep -F -f "$t.pat" "$t" | sed \'s/^/line=/\'; '
+            'for s in $hits; do echo "script=$s"; '
+            f"grep -hE '{_SHELL_SETS_CAP}' \"$s\" | head -n 20 | sed 's/^/pl=/'; done; "
+            'rm -f "$t" "$t.pat"; true'
+        )
 
-    process = staticmethod(parse_cap_units)
+    def process(self, lines: list[str], unit_dirs=UNIT_SEARCH_PATH) -> dict:
+        scripts: dict[str, list[str]] = {}
+        entries: list[tuple[str, str]] = []
+        current = None
+        for line in lines:
+            if line.startswith("script="):
+                current = scripts.setdefault(line[7:].strip(), [])
+            elif line.startswith("pl=") and current is not None:
+                current.append(line[3:])
+            elif line.startswith("line="):
+                path, _, text = line[5:].partition(":")
+                entries.append((path, text.strip()))
+        rank = {d.rstrip("/"): i for i, d in enumerate(unit_dirs)}
+        units: dict[str, dict[int, tuple[str, list[str]]]] = {}  # name -> {rank of its dir: (path, ExecStart lines)}
+        out: dict[str, dict] = {}
+        for path, text in entries:
+            folder, _, name = path.rpartition("/")
+            if name.endswith(".service") and folder in rank:
+                if name not in (POWER_UNIT, SETTLE_UNIT):  # rigforge's own
+                    units.setdefault(name, {}).setdefault(rank[folder], (path, []))[1].append(text)
+            else:  # a cron file: "@reboot [user] command"
+                via = next((s for s in scripts if s in text), None)
+                if _SETS_CAP.search(text) or via:
+                    n = 1 if "/crontabs/" in path else 2  # a user's crontab has no user field
+                    parts = text.split(None, n)
+                    command = parts[n] if len(parts) > n else ""
+                    watts = _watts([text, *scripts.get(via, [])])
+                    out[f"@reboot in {path}"] = dict(kind="cron", path=path, watts=watts, script=via, command=command)
+        for name, by_rank in units.items():
+            path, texts = by_rank[min(by_rank)]  # the first dir in systemd's precedence wins
+            via = next((s for s in scripts for t in texts if s in t), None)
+            if name in CAP_UNITS or via or any(_SETS_CAP.search(t) for t in texts):
+                out[name] = dict(kind="unit", path=path, watts=_watts([*texts, *scripts.get(via, [])]), script=via)
+        return dict(sorted(out.items()))
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the real tool underlines the matrix header
