@@ -110,8 +110,7 @@ _CUDA_VERSION = re.compile(r"CUDA Version\s*:\s*(\d+\.\d+)")
 def parse_cuda_version(text: str) -> str | None:
     """The driver's CUDA version from nvidia-smi's header ("| NVIDIA-SMI ... CUDA Version: 13.0 |"; `-q` and
     `--version` say "CUDA Version : 13.0"), None when absent."""
-    match = _CUDA_VERSION.search(text or "")
-    return match.group(1) if match else None
+    return match.group(1) if (match := _CUDA_VERSION.search(text or "")) else None
 
 
 _PROC_VERSION = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)?)")

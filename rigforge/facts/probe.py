@@ -50,8 +50,7 @@ class _HostSnapshot:
         self.valid = True  # nothing changed on the host yet in this run
         self.reading = False  # a fact read (or the probe) is running: its commands change nothing
         self.requests: dict[str, dict] = {}  # key -> {"fact": "module:Class", "kwargs": {...}}, this run
-        self.file = None
-        self.connection = None
+        self.file = self.connection = None  # the probe's cache file; the connector arguments its answers are for
         self.probes = self.served = 0  # counters (batched remote commands, answers served), for the benchmark
         self.pending = None  # (sections, marker, then) of the probe sent with the rig's lock, until it is read
 
@@ -343,9 +342,7 @@ def _changing(method):
 
 
 def _save() -> None:
-    for snap in list(_SNAPSHOTS.values()):
-        if not snap.file or not snap.requests:
-            continue
+    for snap in [snap for snap in _SNAPSHOTS.values() if snap.file and snap.requests]:
         with contextlib.suppress(OSError):
             snap.file.parent.mkdir(parents=True, exist_ok=True)
             tmp = snap.file.with_suffix(f".{os.getpid()}.tmp")
