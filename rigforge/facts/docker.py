@@ -16,8 +16,7 @@ class DockerImagePresent(Fact):
 
 
 class RegistryHasImage(Fact):
-    """Whether the registry at ``endpoint`` holds ``repository@digest`` (``skopeo inspect --raw``); False also
-    without skopeo."""
+    """Whether the registry at `endpoint` holds `repository@digest` (`skopeo inspect --raw`); False also without it."""
 
     def command(self, endpoint: str, repository: str, digest: str, tls_verify: bool = True) -> StringCommand:
         return StringCommand(

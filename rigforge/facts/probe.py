@@ -137,8 +137,7 @@ def _files_command(marker: str, paths: dict[str, set]) -> str:
 
 
 def _file_answers(block: list[str], batched: list, answers: dict) -> None:
-    """Each batched file fact's answer from the files job's lines (a missing path: the fact's default); a path
-    that exists but got no line (a `stat` that failed) is left out: read live."""
+    """Each batched file fact's answer from the files job's lines (a missing path: its default; no line: read live)."""
     exists, links, found = set(), set(), {}  # found: (kind, path) -> its line
     lines = iter(block)
     for line in lines:
@@ -232,8 +231,7 @@ def parse(lines, sections: list[tuple[str, FactBase, str | None]], marker: str) 
 
 
 def read(host: Host, requests, global_kwargs: dict | None = None) -> dict[str, object]:
-    """{fact_key: processed value} of the facts `requests` ((class, kwargs) pairs) read on `host` in ONE command,
-    those that exited 0 and processed only; `global_kwargs`: the connector arguments (default: the host's)."""
+    """{fact_key: value} of the facts `requests` ((class, kwargs) pairs) that exited 0 and processed, in ONE command."""
     marker = f"@@rigforge-probe-{secrets.token_hex(6)}"
     command, sections = script(requests, marker)
     if command is None:
@@ -351,8 +349,7 @@ def _save() -> None:
 
 
 def install_all() -> None:
-    """Everything rigforge patches in pyinfra for a deploy (roles/site.py `provision`): the batched probe
-    (idempotent; not with RIGFORGE_PROBE_CACHE=off), rigforge/speedups.py, no delayed ACKs (`quick_connections`)."""
+    """What rigforge patches in pyinfra for a deploy (idempotent): the probe (unless off), speedups, no delayed ACKs."""
     global _original_get_fact
     if _original_get_fact is None and cache_dir() is not None:
         _original_get_fact = pyinfra_facts._get_fact

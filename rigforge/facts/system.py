@@ -59,8 +59,7 @@ class FreeDiskBytes(Fact):
 
 
 class AptHeldPackages(Fact):
-    """Names of packages on hold, sorted, without architecture: `apt-mark showhold`'s answer from dpkg-query (~8 ms
-    on a rig; apt-mark loads apt's whole cache first, ~40 ms)."""
+    """Held package names, sorted: `apt-mark showhold`'s answer from dpkg-query (~8 ms; apt-mark's takes ~40 ms)."""
 
     requires_command = "dpkg-query"
 
@@ -79,8 +78,7 @@ class SystemdUnitEnabled(Fact):
         return StringCommand("systemctl", "is-enabled", QuoteString(unit), "2>/dev/null || true")
 
     def process(self, output: list[str]) -> bool:
-        state = output[0].strip() if output else ""
-        return state in ("enabled", "enabled-runtime", "static", "alias")
+        return "".join(output[:1]).strip() in ("enabled", "enabled-runtime", "static", "alias")
 
 
 def _bre(text: str) -> str:
