@@ -3,8 +3,7 @@ re-converge is mostly controller CPU, ~60 operations a rig), and rigforge's own 
 
 - Operation order: `inspect.stack()` read a source line per frame, only file names and line numbers are used;
   `getframeinfo` (context 0) is remembered per call site.
-- `all_global_arguments()` evaluated `AllArguments`' type hints on every call: computed once.
-- `inspect.signature` of an operation's function: worked out once per function.
+- `all_global_arguments()` (type hints evaluated on every call) and operations' `inspect.signature`: computed once.
 - Host data: `HostData.__getattr__` raised and caught a KeyError per source lacking the key (~2 200 lookups a rig,
   ~2.4x faster with `in`); `pop_global_arguments` merges the sources once a call (~77 us to ~11).
 - Bytecode: pyinfra's CLI sets `sys.dont_write_bytecode`, so an editable install compiled its ~60 modules on every

@@ -43,16 +43,18 @@ def cache_dir() -> Path | None:
 
 
 class _HostSnapshot:
+    # reading: a fact read (or the probe) is running, its commands change nothing
+    probed = reading = False
+    valid = True  # nothing changed on the host yet in this run
+    # the probe's cache file; the connector arguments its answers are for; (sections, marker, then) of the probe
+    # sent with the rig's lock, until it is read
+    file = connection = pending = None
+    probes = served = 0  # counters (batched remote commands, answers served), for the benchmark
+
     def __init__(self, host: Host):
         self.host = host
         self.answers: dict[str, object] = {}  # request key -> processed fact value
-        self.probed = False
-        self.valid = True  # nothing changed on the host yet in this run
-        self.reading = False  # a fact read (or the probe) is running: its commands change nothing
         self.requests: dict[str, dict] = {}  # key -> {"fact": "module:Class", "kwargs": {...}}, this run
-        self.file = self.connection = None  # the probe's cache file; the connector arguments its answers are for
-        self.probes = self.served = 0  # counters (batched remote commands, answers served), for the benchmark
-        self.pending = None  # (sections, marker, then) of the probe sent with the rig's lock, until it is read
 
     @functools.cached_property
     def defaults(self) -> dict:
