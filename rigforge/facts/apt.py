@@ -108,12 +108,11 @@ class DpkgInterrupted(Fact):
     )
 
     def process(self, output: list[str]) -> str | None:
-        lines = [line.strip() for line in output if line.strip()]
-        packages = [line.split()[1] for line in lines if line.startswith("audit:") and len(line.split()) > 1]
-        reason = "dpkg was interrupted" if any(line.startswith("journal:") for line in lines) else ""
-        if packages:
-            reason += ("; " if reason else "") + f"not fully installed: {', '.join(sorted(set(packages)))}"
-        return reason or None
+        lines = [line.strip() for line in output]
+        packages = sorted({line.split()[1] for line in lines if line.startswith("audit:") and len(line.split()) > 1})
+        reasons = ["dpkg was interrupted"] if any(line.startswith("journal:") for line in lines) else []
+        reasons += [f"not fully installed: {', '.join(packages)}"] if packages else []
+        return "; ".join(reasons) or None
 
 
 class DebInstalledVersion(Fact):
