@@ -212,8 +212,7 @@ def script(requests, marker: str) -> tuple[StringCommand | None, list[tuple[str,
 
 def parse(lines, sections: list[tuple[str, FactBase, str | None]], marker: str) -> dict[str, object]:
     """{key: processed value} for each section of `script(requests, marker)`'s output that exited 0 and processed."""
-    answers: dict[str, object] = {}
-    current, collected = None, []
+    answers, current, collected = {}, None, []
     for line in lines:
         if not line.startswith(marker):
             collected.append(line)
