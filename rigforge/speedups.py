@@ -105,8 +105,7 @@ def _stale(source: str, cached: str) -> bool:
 
 
 def keep_bytecode(modules=None) -> list[str]:
-    """Write the bytecode of rigforge's own modules (rigforge/, roles/) that is missing or stale, as Python's import
-    would when allowed (see the module doc); the sources written for. `modules`: default sys.modules."""
+    """Write missing or stale bytecode of rigforge's own modules in `modules` (default: sys.modules); their sources."""
     if os.environ.get("PYTHONDONTWRITEBYTECODE"):
         return []
     written = []

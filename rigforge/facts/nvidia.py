@@ -108,8 +108,7 @@ _CUDA_VERSION = re.compile(r"CUDA Version\s*:\s*(\d+\.\d+)")
 
 
 def parse_cuda_version(text: str) -> str | None:
-    """The driver's CUDA version from nvidia-smi's header ("| NVIDIA-SMI ... CUDA Version: 13.0 |"; `-q` and
-    `--version` say "CUDA Version : 13.0"), None when absent."""
+    """The driver's CUDA version in nvidia-smi's header ("CUDA Version: 13.0"; `-q`: "CUDA Version : 13.0") or None."""
     return match.group(1) if (match := _CUDA_VERSION.search(text or "")) else None
 
 

@@ -53,8 +53,8 @@ class _HostSnapshot:
 
     def __init__(self, host: Host):
         self.host = host
-        self.answers: dict[str, object] = {}  # request key -> processed fact value
-        self.requests: dict[str, dict] = {}  # key -> {"fact": "module:Class", "kwargs": {...}}, this run
+        # answers: request key -> processed fact value; requests: key -> {"fact": "module:Class", "kwargs": {...}}
+        self.answers, self.requests = {}, {}
 
     @functools.cached_property
     def defaults(self) -> dict:
@@ -271,9 +271,8 @@ _UNFOLDED = ("_get_pty", "_stdin", "_timeout", "_sudo_password", "_su_password",
 
 
 def lock_request(host: Host) -> list | None:
-    """This host's probe for the rig's lock holder (roles/rig_lock.py `send`): [command as pyinfra would wrap it,
-    end line, None (for the lock to fill in with the lines before the end line)]. None (probe on its own later)
-    when the probe is off, already asked for, or the connector arguments need what the lock's channel lacks."""
+    """This host's probe for the rig's lock holder (roles/rig_lock.py `send`): [command as pyinfra would wrap it, end
+    line, None (the lock fills in the lines before it)]; None: probe later (off, asked, or the lock can't carry it)."""
     snap = _of(host)
     if _original_get_fact is None or snap.probed or not snap.valid or host.current_op_global_arguments is not None:
         return None
@@ -353,8 +352,7 @@ def install_all() -> None:
     """What rigforge patches in pyinfra for a deploy (idempotent): the probe (unless off), speedups, no delayed ACKs."""
     global _original_get_fact
     if _original_get_fact is None and cache_dir() is not None:
-        _original_get_fact = pyinfra_facts._get_fact
-        pyinfra_facts._get_fact = _get_fact
+        _original_get_fact, pyinfra_facts._get_fact = pyinfra_facts._get_fact, _get_fact
         for name in CHANGING:
             setattr(Host, name, _changing(getattr(Host, name)))
         atexit.unregister(_save)  # once, however often installed
