@@ -108,8 +108,7 @@ class LeftoverUploads(Fact):
 
 
 class UrlAnswers(Fact):
-    """What each URL answers to a GET from the rig with curl: ``{url: (http_code, curl_exit)}``, e.g. ``(200, 0)``;
-    ``http_code`` 0 when nothing answered (``curl_exit`` says why)."""
+    """`{url: (http_code, curl_exit)}` of a GET from the rig with curl, e.g. (200, 0); http_code 0: nothing answered."""
 
     def command(self, urls: tuple[str, ...]) -> str:
         asks = [
