@@ -1,36 +1,14 @@
-"""Four pieces of pyinfra's per-operation controller work, made cheap without changing what they return; and
-rigforge's own bytecode kept.
+"""Pieces of pyinfra's per-operation controller work made cheap without changing what they return (a no-op
+re-converge is mostly controller CPU, ~60 operations a rig), and rigforge's own bytecode kept.
 
-A no-op re-converge is mostly controller CPU once the rig is read in one probe (rigforge/facts/probe.py), and
-that CPU grows with the number of rigs: ~60 operations a rig, each paying for all of these, on every host.
-
-- Operation order. pyinfra orders operations by the line numbers of the calling stack
-  (`pyinfra.api.util.get_operation_order_from_stack`), through `inspect.stack()` and `getframeinfo()` with their
-  default context of one source line: for every frame of every operation, Python finds the frame's module (a scan
-  of `sys.modules`) and reads its source. Only file names and line numbers are used, so context 0 gives the same
-  order without reading any source. Even then, finding a frame's line walks its code's positions up to the
-  current instruction, ~25 frames an operation; the same call sites recur for every operation and every host,
-  so each (code, instruction, line) is looked up once and remembered: `inspect.getframeinfo(frame, 0)` depends
-  on nothing else. `operation_order` walks the frames itself, with no `inspect.FrameInfo` built for each.
-- Global arguments. `pyinfra.api.arguments.all_global_arguments()` evaluates the type hints of `AllArguments`
-  on every operation and fact read. They are fixed once pyinfra is imported, so they are computed once.
-- Signatures. Preparing an operation checks its arguments against `inspect.signature(func)`, worked out anew for
-  each operation on each host; a function's signature does not change, so it is worked out once per function.
-- Host data. Every operation and fact read looks up each of ~30 global arguments in host data
-  (`pyinfra.api.host.HostData.__getattr__`, ~2 200 lookups a rig), nearly all absent: each lookup walks five
-  data sources (override, host, groups, global, deploy defaults) and raises and catches a KeyError in each source
-  that lacks the key. `host_data_attr` asks each source with `in` instead: the same sources, in the same order,
-  the same copy of the same value, ~2.4x faster. `pop_global_arguments` (pyinfra's, run for every operation)
-  merges the sources once for all ~30 arguments, not reading them once each (the groups' data is merged anew on
-  every read): ~77 us a call to ~11 (70 calls a rig).
-- Bytecode. pyinfra's CLI sets `sys.dont_write_bytecode`, so an editable install (the repository) compiled its
-  ~60 own modules from source on every run (~90 ms of a no-op's start-up). At exit, `keep_bytecode` writes the
-  bytecode of the rigforge and roles modules this run imported from source, as a plain `python` would have: the
-  next run reads it (Python checks each file's source mtime and size, so an edited module compiles again). Not
-  when PYTHONDONTWRITEBYTECODE is set (the user's own choice), nor where the package is not writable.
-
-`benchmarks/bench_converge.py` measures the effect (benchmarks/RESULTS.md).
-"""
+- Operation order: `inspect.stack()` read a source line per frame, only file names and line numbers are used;
+  `getframeinfo` (context 0) is remembered per call site.
+- `all_global_arguments()` (type hints evaluated on every call) and operations' `inspect.signature`: computed once.
+- Host data: `HostData.__getattr__` raised and caught a KeyError per source lacking the key (~2 200 lookups a rig,
+  ~2.4x faster with `in`); `pop_global_arguments` merges the sources once a call (~77 us to ~11).
+- Bytecode: pyinfra's CLI sets `sys.dont_write_bytecode`, so an editable install compiled its ~60 modules on every
+  run (~90 ms); `keep_bytecode` writes it at exit (not with PYTHONDONTWRITEBYTECODE, nor where not writable).
+`benchmarks/bench_converge.py` measures the effect (benchmarks/RESULTS.md)."""
 
 import atexit
 import contextlib
@@ -63,18 +41,15 @@ def getframeinfo(frame) -> inspect.Traceback:
 
 
 def operation_order(state) -> list[int]:
-    """`pyinfra.api.util.get_operation_order_from_stack`: the line numbers of the calling stack, outermost first, from
-    the deploy file's first frame on, pyinfra's own frames left out (the CLI's op file number first), each frame's
-    file and line as `getframeinfo` gives them."""
+    """`pyinfra.api.util.get_operation_order_from_stack`: the calling stack's line numbers (`getframeinfo`), outermost
+    first from the deploy file's first frame, pyinfra's own frames left out (the CLI's op file number first)."""
     infos, frame = [], sys._getframe(1)
     while frame is not None:
         infos.append(getframeinfo(frame))
         frame = frame.f_back
     infos.reverse()
-    start = 0
-    if state.current_deploy_filename:  # its first frame; else none (pyinfra's loop ends on its own frame)
-        found = (i for i, info in enumerate(infos) if info.filename == state.current_deploy_filename)
-        start = next(found, len(infos))
+    deploy = state.current_deploy_filename  # its first frame; else none (pyinfra's loop ends on its own frame)
+    start = next((i for i, info in enumerate(infos) if info.filename == deploy), len(infos)) if deploy else 0
     lines = [state.current_op_file_number] if pyinfra.is_cli else []
     return lines + [info.lineno for info in infos[start:] if not info.filename.startswith(util.PYINFRA_INSTALL_DIR)]
 
@@ -93,9 +68,8 @@ def pop_global_arguments(state, host, kwargs: dict) -> tuple[dict, list[str]]:
     else the current @deploy's kwargs, else the host's data, else pyinfra's config; and the keys `kwargs` had."""
     config = ctx_config.get() if ctx_config.isset() else state.config
     deploy_kwargs = host.current_deploy_kwargs or {}
-    data = {}
-    for source in reversed(host.data.datas):  # HostData's sources: the first that has a key wins
-        data.update(source() if callable(source) else source)
+    # HostData's sources: the first that has a key wins
+    data = {k: v for source in reversed(host.data.datas) for k, v in (source() if callable(source) else source).items()}
     values, found = {}, []
     for key, type_ in arguments.all_global_arguments():
         meta = arguments.all_argument_meta[key]
@@ -127,12 +101,11 @@ def _stale(source: str, cached: str) -> bool:
     except OSError:
         return True
     stamp = (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little") + (st.st_size & 0xFFFFFFFF).to_bytes(4, "little")
-    return head[:4] != importlib.util.MAGIC_NUMBER or head[4:8] != bytes(4) or head[8:16] != stamp
+    return head != importlib.util.MAGIC_NUMBER + bytes(4) + stamp  # magic, flags (timestamp-based), mtime, size
 
 
 def keep_bytecode(modules=None) -> list[str]:
-    """Write the bytecode of rigforge's own modules (rigforge/, roles/) that is missing or stale, as Python's import
-    would when allowed (see the module doc); the sources written for. `modules`: default sys.modules."""
+    """Write missing or stale bytecode of rigforge's own modules in `modules` (default: sys.modules); their sources."""
     if os.environ.get("PYTHONDONTWRITEBYTECODE"):
         return []
     written = []
@@ -151,14 +124,12 @@ def install() -> None:
     """Idempotent."""
     atexit.unregister(keep_bytecode)
     atexit.register(keep_bytecode)
-    util.get_operation_order_from_stack = operation_order
-    operation = sys.modules["pyinfra.api.operation"]  # (pyinfra.api.operation is the decorator)
-    operation.get_operation_order_from_stack = operation_order  # imported by name
+    operation = sys.modules["pyinfra.api.operation"]  # (pyinfra.api.operation is the decorator; imported by name)
+    util.get_operation_order_from_stack = operation.get_operation_order_from_stack = operation_order
     if not hasattr(operation.signature, "cache_info"):
         operation.signature = functools.cache(inspect.signature)
     host.HostData.__getattr__ = host_data_attr
     for name in _CALLERS:  # each module that imported it by name
         sys.modules[name].pop_global_arguments = pop_global_arguments
     if not hasattr(arguments.all_global_arguments, "cache_info"):
-        cached = functools.cache(lambda: tuple(_ORIGINAL()))
-        arguments.all_global_arguments = facts.all_global_arguments = cached
+        arguments.all_global_arguments = facts.all_global_arguments = functools.cache(lambda: tuple(_ORIGINAL()))

@@ -184,7 +184,7 @@ def test_the_boot_fact_parses_its_sections():
     assert got["units"]["nvidia-power-cap.service"] == {"LoadState": "not-found"}
     assert got["cycles"] == [] and got["settle"] == ["rigforge: caps settled after a 60 s watch (0 correction(s))"]
     assert got["cron"] == ["(root) CMD (/usr/local/bin/cron-cap.sh)"] and got["caps"] == {0: 230.0}
-    assert BootCaps.default() == boot.parse_boot([])
+    assert BootCaps().default() == boot.parse_boot([])
 
 
 def test_a_chroot_answers_nothing_and_that_is_not_a_pass():

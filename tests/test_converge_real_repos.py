@@ -22,7 +22,7 @@ import pytest
 import support
 from test_converge_host import DEPLOY, rig_snapshot
 
-from rigforge.facts.apt import AptSourceFiles, normalize_uri, parse_source_files
+from rigforge.facts.apt import AptSourceFiles, normalize_uri
 
 pytestmark = pytest.mark.testbed
 
@@ -43,7 +43,7 @@ def docker_repo(tb) -> list[str]:
 
 
 def sources_by_uri(rig) -> dict[str, list[str]]:
-    files = parse_source_files(rig.run(AptSourceFiles().command()).stdout.splitlines())
+    files = AptSourceFiles().process(rig.run(AptSourceFiles.command).stdout.splitlines())
     by_uri: dict[str, list[str]] = {}
     for path, uris in files.items():
         for uri in uris:

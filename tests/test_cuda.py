@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from rigforge.driver_table import branch_for_cuda, cuda_for_branch, cuda_for_driver
-from rigforge.facts.nvidia import NvidiaRunningDriver, parse_cuda_version, parse_running_driver
+from rigforge.facts.nvidia import NvidiaRunningDriver, parse_cuda_version
 from rigforge.hardware import Needs, driver_cuda, find_problems, format_problems
 from rigforge.pins import LockError, default_lock_path, dump_lock, load_lock, parse_lock
 
@@ -61,8 +61,8 @@ def test_the_running_driver_fact_reads_the_header(tmp_path):
     smi.write_text(f"#!/bin/sh\ncat {H200 / 'nvidia-smi.default.txt'}\n")
     smi.chmod(0o755)
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
-    out = subprocess.run(["sh", "-c", NvidiaRunningDriver().command()], env=env, capture_output=True, text=True)
-    running = parse_running_driver(out.stdout.splitlines())
+    out = subprocess.run(["sh", "-c", NvidiaRunningDriver.command], env=env, capture_output=True, text=True)
+    running = NvidiaRunningDriver().process(out.stdout.splitlines())
     assert running["smi_ok"] and running["cuda"] == "13.0"
 
 
@@ -79,7 +79,7 @@ def test_an_image_newer_than_the_branch_to_install_is_refused_in_one_line():
 
 
 def test_the_running_driver_counts_when_rigforge_keeps_it():
-    running = parse_running_driver(
+    running = NvidiaRunningDriver().process(
         ["proc=" + (H200 / "proc-version.txt").read_text().splitlines()[0], "smi_ok=1", "cuda=CUDA Version: 13.0"]
     )
     kept = {**DATA, "nvidia_driver_manage": False}

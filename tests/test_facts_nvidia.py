@@ -12,7 +12,6 @@ from rigforge.facts.nvidia import (
     NvidiaGpus,
     NvidiaModuleVersion,
     NvidiaSmiStatus,
-    parse_query_gpu,
     upstream_version,
 )
 
@@ -36,7 +35,7 @@ def query_rows() -> list[str]:
 
 
 def test_query_gpu_noheader_nounits_is_typed():
-    gpus = parse_query_gpu(query_rows())
+    gpus = NvidiaGpus().process(query_rows())
     assert [gpu["index"] for gpu in gpus] == [0, 1]
     first = gpus[0]
     assert first["uuid"] == "GPU-53ff009b-e4c5-51d5-6e89-fcfc88582c2d"
@@ -54,7 +53,7 @@ def test_query_gpu_noheader_nounits_is_typed():
 
 def test_na_values_become_none():
     line = "0, GPU-x, RTX 3090, 00000000:01:00.0, 24576, [N/A], [N/A], N/A, 100.00, 350.00, Disabled, 580, 8.6"
-    (gpu,) = parse_query_gpu([line])
+    (gpu,) = NvidiaGpus().process([line])
     assert gpu["memory_used"] is None and gpu["power_limit"] is None and gpu["power_default_limit"] is None
     assert gpu["power_min_limit"] == 100.0 and gpu["persistence_mode"] is False
     assert gpu["memory_total"] == 24576
@@ -62,26 +61,28 @@ def test_na_values_become_none():
 
 @pytest.mark.parametrize("name", ["query-bad-index.txt", "query-bad-field.txt"])
 def test_error_output_means_no_gpus(name):
-    assert parse_query_gpu(read(name).splitlines()) == []
+    assert NvidiaGpus().process(read(name).splitlines()) == []
 
 
 def test_driver_mismatch_and_no_driver_texts_mean_no_gpus():
     assert (
-        parse_query_gpu(["Failed to initialize NVML: Driver/library version mismatch", "NVML library version: 580.95"])
+        NvidiaGpus().process(
+            ["Failed to initialize NVML: Driver/library version mismatch", "NVML library version: 580.95"]
+        )
         == []
     )
-    assert parse_query_gpu(["NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."]) == []
-    assert parse_query_gpu([]) == []
+    assert NvidiaGpus().process(["NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."]) == []
+    assert NvidiaGpus().process([]) == []
 
 
 def test_nvidia_gpus_fact_queries_the_fields_it_parses():
     fact = NvidiaGpus()
-    command = str(fact.command())
+    command = str(fact.command)
     assert "--query-gpu=" + ",".join(QUERY_FIELDS) in command
     assert "--format=csv,noheader,nounits" in command
     assert command.startswith("if command -v nvidia-smi >/dev/null 2>&1; then")  # missing: [], no warning
     assert not hasattr(fact, "requires_command") or fact.requires_command() is None
-    assert NvidiaGpus.default() == []
+    assert NvidiaGpus().default() == []
     # The real fixture has extra columns: with our field list those rows do not parse as GPUs.
     assert fact.process(read("query-gpu.csv").splitlines()) == []
     rows = [
@@ -137,7 +138,7 @@ def test_pci_gpu_count():
     assert fact.process(two) == [("0000:01:00.0", "2204"), ("0000:02:00.0", "2206")]
     assert fact.process(["end"]) == []
     assert fact.process(["none"]) is None and fact.process([]) is None
-    out = subprocess.run(["sh", "-c", fact.command()], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(["sh", "-c", fact.command], capture_output=True, text=True, check=True).stdout
     assert fact.process(out.splitlines()) == ([] if Path("/sys/bus/pci/devices").is_dir() else None)  # no GPU here
 
 
@@ -157,6 +158,6 @@ def test_pci_gpus_read_from_a_sysfs_shaped_tree(tmp_path):
         (tmp_path / address).mkdir()
         for name, value in (("vendor", vendor), ("device", device), ("class", cls)):
             (tmp_path / address / name).write_text(value + "\n")
-    command = NvidiaPciGpus().command().replace("/sys/bus/pci/devices", str(tmp_path))
+    command = NvidiaPciGpus.command.replace("/sys/bus/pci/devices", str(tmp_path))
     out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout
     assert NvidiaPciGpus().process(out.splitlines()) == [("0000:01:00.0", "2204"), ("0000:02:00.0", "2204")]

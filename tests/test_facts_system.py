@@ -12,8 +12,6 @@ from rigforge.facts.system import (
     OsRelease,
     SecureBoot,
     SystemdUnitEnabled,
-    parse_os_release,
-    parse_secure_boot,
 )
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nvidia-smi" / "h200x2-driver580"
@@ -50,7 +48,7 @@ def run(command) -> list[str]:
 def test_os_release_from_real_ubuntu_2404_capture():
     misc = FIXTURES.joinpath("misc.txt").read_text()
     block = misc.split("+ cat /etc/os-release\n", 1)[1].split("+ echo", 1)[0]
-    assert parse_os_release(block.splitlines()) == {"id": "ubuntu", "version_id": "24.04", "codename": "noble"}
+    assert OsRelease().process(block.splitlines()) == {"id": "ubuntu", "version_id": "24.04", "codename": "noble"}
 
 
 def test_os_release_debian_and_ubuntu_2204():
@@ -60,19 +58,19 @@ def test_os_release_debian_and_ubuntu_2204():
 
 
 def test_os_release_command_on_this_machine():
-    facts = OsRelease().process(run(OsRelease().command()))
+    facts = OsRelease().process(run(OsRelease.command))
     assert facts["id"] and facts["version_id"]
 
 
 def test_secure_boot_states():
-    assert parse_secure_boot(["SecureBoot enabled"]) == "enabled"
-    assert parse_secure_boot(["SecureBoot disabled", "Platform is in Setup Mode"]) == "disabled"
-    assert parse_secure_boot(["efivar=1"]) == "enabled"
-    assert parse_secure_boot(["efivar=0"]) == "disabled"
-    assert parse_secure_boot(["noefi"]) == "disabled"
-    assert parse_secure_boot(["unknown"]) == "unknown"
-    assert parse_secure_boot(["EFI variables are not supported on this system"]) == "unknown"
-    assert SecureBoot().process(run(SecureBoot().command())) in ("enabled", "disabled", "unknown")
+    assert SecureBoot().process(["SecureBoot enabled"]) == "enabled"
+    assert SecureBoot().process(["SecureBoot disabled", "Platform is in Setup Mode"]) == "disabled"
+    assert SecureBoot().process(["efivar=1"]) == "enabled"
+    assert SecureBoot().process(["efivar=0"]) == "disabled"
+    assert SecureBoot().process(["noefi"]) == "disabled"
+    assert SecureBoot().process(["unknown"]) == "unknown"
+    assert SecureBoot().process(["EFI variables are not supported on this system"]) == "unknown"
+    assert SecureBoot().process(run(SecureBoot.command)) in ("enabled", "disabled", "unknown")
 
 
 def test_free_disk_bytes_matches_statvfs_and_walks_up_to_an_existing_parent(tmp_path):
@@ -105,7 +103,7 @@ def test_held_packages_read_from_a_real_dpkg_database(tmp_path, monkeypatch):
     (tmp_path / "info").mkdir()
     (tmp_path / "updates").mkdir()
     monkeypatch.setenv("DPKG_ADMINDIR", str(tmp_path))
-    assert AptHeldPackages().process(run(AptHeldPackages().command())) == ["libnvidia-compute-580", "nvidia-open"]
+    assert AptHeldPackages().process(run(AptHeldPackages.command)) == ["libnvidia-compute-580", "nvidia-open"]
 
 
 def test_held_packages_and_unit_enabled():

@@ -16,15 +16,12 @@ import pytest
 from rigforge import fleet, power
 from rigforge.facts.nvidia import (
     CRON_FILES,
-    UNIT_DIRS,
     PowerCapUnits,
-    cap_writers_command,
-    parse_cap_units,
     parse_topo_matrix,
     parse_topology,
 )
 from rigforge.hardware import interconnect
-from rigforge.layout import SETTLE_UNIT, HostLayout
+from rigforge.layout import SETTLE_UNIT, UNIT_SEARCH_PATH, HostLayout
 from rigforge.render import POWER_UNIT, render_power_unit
 from rigforge.status import notes
 
@@ -36,14 +33,14 @@ SMI = FIXTURES / "nvidia-smi"
 
 def cap_units_on(tmp_path: Path, files: dict[str, str]) -> dict:
     """Run PowerCapUnits' own command with systemd's unit dirs and the cron files moved under tmp_path."""
-    dirs = [str(tmp_path / d.strip("/")) for d in UNIT_DIRS]
+    dirs = [str(tmp_path / d.strip("/")) for d in UNIT_SEARCH_PATH]
     for d in (*dirs, tmp_path / "etc/cron.d", tmp_path / "var/spool/cron/crontabs", tmp_path / "usr/local/bin"):
         Path(d).mkdir(parents=True, exist_ok=True)
     for path, text in files.items():
         (tmp_path / path.strip("/")).write_text(text.replace("@TMP@", str(tmp_path)))
     crons = [str(tmp_path / c.strip("/")) for c in CRON_FILES]
-    out = subprocess.run(["sh", "-c", cap_writers_command(dirs, crons)], capture_output=True, text=True, check=True)
-    return parse_cap_units(out.stdout.splitlines(), dirs)
+    out = subprocess.run(["sh", "-c", PowerCapUnits().command(dirs, crons)], capture_output=True, text=True, check=True)
+    return PowerCapUnits().process(out.stdout.splitlines(), dirs)
 
 
 HOMEMADE = """[Unit]
@@ -106,7 +103,7 @@ def test_every_kind_of_boot_time_cap_writer_is_found(tmp_path):
 
 def test_a_rig_without_other_cap_writers_finds_none(tmp_path):
     assert cap_units_on(tmp_path, {}) == {}
-    assert PowerCapUnits.default() == {}
+    assert PowerCapUnits().default() == {}
 
 
 def test_the_first_unit_dir_wins_as_in_systemd():
@@ -115,7 +112,7 @@ def test_the_first_unit_dir_wins_as_in_systemd():
              "line=/lib/systemd/system/a.service:ExecStart=/usr/bin/nvidia-smi -pl 280",
              "line=/etc/systemd/system/b.service:ExecStart=/usr/bin/nvidia-smi -i 0 -pl 250",
              "line=/lib/systemd/system/b.service:ExecStart=/usr/bin/nvidia-smi -pl 280"]  # fmt: skip
-    assert parse_cap_units(lines) == {
+    assert PowerCapUnits().process(lines) == {
         "b.service": {"kind": "unit", "path": "/etc/systemd/system/b.service", "watts": [250], "script": None}
     }
 

@@ -40,7 +40,7 @@ def test_dpkg_state_fact():
     audit = [f"audit: {line.strip()}" for line in lines if line.startswith(" ")]
     assert fact.process(audit) == "not fully installed: docker.io, nvidia-driver-580-open"
     assert fact.process(["journal: dpkg was interrupted"]) == "dpkg was interrupted"
-    assert "audit: " not in fact.command() or "dpkg --audit" in fact.command()
+    assert "audit: " not in fact.command or "dpkg --audit" in fact.command
 
 
 def test_dpkg_repair_only_when_needed():

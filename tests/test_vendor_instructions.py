@@ -14,8 +14,8 @@ from test_roles_host_ops import converge, executed, op_commands, planned, rig, u
 import rigforge.knobs.docker_engine
 import rigforge.knobs.nvidia_driver
 from rigforge import driver_table
-from rigforge.facts.apt import parse_deb822, parse_fingerprints, parse_one_line, parse_source_files, same_uri_files
-from rigforge.facts.nvidia import parse_running_driver, unowned_driver
+from rigforge.facts.apt import AptSourceFiles, KeyFingerprints, parse_deb822, parse_one_line, same_uri_files
+from rigforge.facts.nvidia import NvidiaRunningDriver, unowned_driver
 from rigforge.pins import default_lock_path, load_lock
 from roles import docker_engine, host_state, nvidia_driver
 from roles.operations import apt_repo
@@ -314,7 +314,7 @@ def test_source_files_are_parsed_in_both_forms():
     assert parse_deb822(DOCKER_SOURCES) == ["https://download.docker.com/linux/ubuntu"]
     assert parse_deb822(DOCKER_SOURCES.replace("Types", "Enabled: no\nTypes")) == []
     assert parse_one_line(TOOLKIT_LIST) == ["https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)"]
-    listing = parse_source_files(
+    listing = AptSourceFiles().process(
         source_listing(
             {
                 "/etc/apt/sources.list.d/docker.list": DOCKER_LIST,
@@ -352,7 +352,7 @@ def test_hand_set_up_sources_are_replaced_and_kept_as_backup():
 
 
 def test_adoption_off_is_refused_in_preflight_naming_each_file():
-    sources = parse_source_files(
+    sources = AptSourceFiles().process(
         source_listing(
             {
                 "/etc/apt/sources.list.d/docker.list": DOCKER_LIST,
@@ -368,7 +368,7 @@ def test_adoption_off_is_refused_in_preflight_naming_each_file():
         "/etc/apt/sources.list.d/docker.list",
     ]
     assert all("apt_adopt_sources: true" in p for p in problems)
-    mixed = parse_source_files(
+    mixed = AptSourceFiles().process(
         source_listing({"/etc/apt/sources.list": DOCKER_LIST + "deb http://archive.ubuntu.com/ubuntu noble main\n"})
     )
     (problem,) = host_state.find_problems({}, ubuntu, "amd64", {}, mixed)
@@ -380,13 +380,13 @@ PROC = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Rel
 
 def test_a_running_driver_no_package_owns_is_refused_unless_left_alone():
     """The issue's 2xH200 host: driver 580.159.04 from the .run installer, no driver package in dpkg."""
-    unowned = parse_running_driver(
+    unowned = NvidiaRunningDriver().process(
         [f"proc={PROC}", "module=580.159.04", "smi=/usr/bin/nvidia-smi", "smi_ok=1", "owner="]
     )
     want = {"version": "580.159.04", "smi": "/usr/bin/nvidia-smi", "smi_ok": True, "owner": None, "cuda": None}
     assert unowned == want
     assert unowned_driver(unowned)
-    owned = parse_running_driver(
+    owned = NvidiaRunningDriver().process(
         [f"proc={PROC}", "smi=/usr/bin/nvidia-smi", "smi_ok=1", "owner=nvidia-utils-580: /usr/bin/nvidia-smi"]
     )
     assert owned["owner"] == "nvidia-utils-580" and not unowned_driver(owned)
@@ -418,7 +418,7 @@ def test_fingerprints_from_gpg_colons():
         "sub:-:4096:1:1111111111111111:1650567432::::::e::::::23:",
         "fpr:::::::::0000000000000000000000001111111111111111:",
     ]
-    assert parse_fingerprints(colons) == ["EB693B3035CD5710E231E123A4B469963BF863CC"]
+    assert KeyFingerprints().process(colons) == ["EB693B3035CD5710E231E123A4B469963BF863CC"]
 
 
 def test_a_key_already_in_place_with_the_right_fingerprint_is_a_no_op():

@@ -1,13 +1,11 @@
-"""apt facts: the sources a rig already has (one-line .list and deb822 .sources), and a key file's fingerprints.
-
-A second source file for the same URI with another keyring (a hand-set-up rig's `docker.list`, NVIDIA's
-`cuda-*.list`) breaks every `apt-get update` ("Conflicting values set for option Signed-By").
-"""
+"""apt facts: a rig's sources (one-line .list, deb822 .sources; a second file for a URI with another keyring, e.g.
+a hand-set-up `docker.list` or NVIDIA's `cuda-*.list`, breaks every `apt-get update`: "Conflicting values set for
+option Signed-By"), a key file's fingerprints, dpkg's state."""
 
 import re
 import shlex
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from rigforge.facts import Fact
 
 SOURCE_FILES = "/etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources"
 _MARK = "==> rigforge-source-file "
@@ -23,19 +21,14 @@ def normalize_uri(uri: str) -> str:
     return f"{scheme.lower()}://{host.lower()}{slash}{path}"
 
 
+# a one-line entry's URI: the first word after `deb`/`deb-src` and its options (`[...]`, up to the first `]`)
+_DEB_LINE = re.compile(r"deb(?:-src)?[ \t]\s*(?:\[[^\]]*\]\s*|(?!\[))(\S+)")
+
+
 def parse_one_line(text: str) -> list[str]:
     """URIs of the enabled `deb`/`deb-src` lines of a one-line .list file."""
-    uris = []
-    for line in text.splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line.startswith(("deb ", "deb-src ", "deb\t", "deb-src\t")):
-            continue
-        rest = line.split(None, 1)[1].strip()
-        if rest.startswith("["):
-            rest = rest.split("]", 1)[1].strip() if "]" in rest else ""
-        if rest:
-            uris.append(rest.split()[0])
-    return uris
+    lines = (line.split("#", 1)[0].strip() for line in text.splitlines())
+    return [match[1] for match in map(_DEB_LINE.match, lines) if match]
 
 
 def parse_deb822(text: str) -> list[str]:
@@ -58,27 +51,21 @@ def parse_deb822(text: str) -> list[str]:
     return uris
 
 
-def parse_source_files(lines: list[str]) -> dict[str, list[str]]:
-    """Output of the AptSourceFiles command -> {path: [URI, ...]} (files with no enabled entry are kept, empty)."""
-    bodies: dict[str, list[str]] = {}
-    path = ""
-    for line in lines:
-        if line.startswith(_MARK):
-            path = line[len(_MARK) :].strip()
-            if path:
-                bodies[path] = []
-        elif path:
-            bodies[path].append(line)
-    return {p: (parse_deb822 if p.endswith(".sources") else parse_one_line)("\n".join(b)) for p, b in bodies.items()}
+class AptSourceFiles(Fact):
+    """{path: [URI, ...]} of the rig's apt source files (files with no enabled entry are kept, empty)."""
 
+    command = f'for f in {SOURCE_FILES}; do [ -f "$f" ] || continue; echo "{_MARK}$f"; cat "$f"; echo; done'
 
-class AptSourceFiles(FactBase):
-    def command(self) -> str:
-        return f'for f in {SOURCE_FILES}; do [ -f "$f" ] || continue; echo "{_MARK}$f"; cat "$f"; echo; done'
-
-    default = dict
-
-    process = staticmethod(parse_source_files)
+    def process(self, lines: list[str]) -> dict[str, list[str]]:
+        files, path = {}, ""
+        for line in lines:
+            if line.startswith(_MARK):
+                path = line[len(_MARK) :].strip()
+                if path:
+                    files[path] = []
+            elif path:
+                files[path].append(line)
+        return {p: (parse_deb822 if p.endswith(".sources") else parse_one_line)("\n".join(b)) for p, b in files.items()}
 
 
 def same_uri_files(files: dict[str, list[str]], uri: str, keep: str) -> dict[str, bool]:
@@ -88,59 +75,49 @@ def same_uri_files(files: dict[str, list[str]], uri: str, keep: str) -> dict[str
     return {path: all(flags) for path, flags in same.items() if any(flags)}
 
 
-def parse_fingerprints(lines: list[str]) -> list[str]:
-    fprs, primary = [], False
-    for line in lines:
-        fields = line.split(":")
-        if fields[0] in ("pub", "sub"):
-            primary = fields[0] == "pub"
-        elif fields[0] == "fpr" and primary and len(fields) > 9:
-            fprs.append(fields[9].upper())
-            primary = False
-    return fprs
-
-
-class KeyFingerprints(FactBase):
+class KeyFingerprints(Fact):
     """Primary-key fingerprints (upper case) of an armored or binary key file (empty when absent or unreadable)."""
 
-    def command(self, path: str) -> StringCommand:
-        return StringCommand(
-            "[ -f",
-            QuoteString(path),
-            "] && command -v gpg >/dev/null 2>&1 && gpg --batch --show-keys --with-colons",
-            QuoteString(path),
-            "2>/dev/null || true",
+    def command(self, path: str) -> str:
+        quoted = shlex.quote(path)
+        return (
+            f"[ -f {quoted} ] && command -v gpg >/dev/null 2>&1 && gpg --batch --show-keys --with-colons {quoted} "
+            "2>/dev/null || true"
         )
 
-    default = list
+    def process(self, lines: list[str]) -> list[str]:
+        fprs, primary = [], False
+        for line in lines:
+            fields = line.split(":")
+            if fields[0] in ("pub", "sub"):
+                primary = fields[0] == "pub"
+            elif fields[0] == "fpr" and primary and len(fields) > 9:
+                fprs.append(fields[9].upper())
+                primary = False
+        return fprs
 
-    process = staticmethod(parse_fingerprints)
 
-
-class DpkgInterrupted(FactBase):
+class DpkgInterrupted(Fact):
     """Why dpkg needs ``--configure -a`` (``"dpkg was interrupted; not fully installed: docker.io"``), from its
     journal dir and ``dpkg --audit`` (both work in that state), or None when its state is clean."""
 
-    def command(self) -> str:
-        return (
-            "if [ -n \"$(ls -A /var/lib/dpkg/updates 2>/dev/null)\" ]; then echo 'journal: dpkg was interrupted'; fi; "
-            "dpkg --audit 2>&1 | grep -E '^ [a-z0-9][a-z0-9+.-]+ ' | head -n 20 | sed 's/^ /audit: /'; true"
-        )
+    command = (
+        "if [ -n \"$(ls -A /var/lib/dpkg/updates 2>/dev/null)\" ]; then echo 'journal: dpkg was interrupted'; fi; "
+        "dpkg --audit 2>&1 | grep -E '^ [a-z0-9][a-z0-9+.-]+ ' | head -n 20 | sed 's/^ /audit: /'; true"
+    )
 
     def process(self, output: list[str]) -> str | None:
-        lines = [line.strip() for line in output if line.strip()]
-        packages = [line.split()[1] for line in lines if line.startswith("audit:") and len(line.split()) > 1]
-        reason = "dpkg was interrupted" if any(line.startswith("journal:") for line in lines) else ""
-        if packages:
-            reason += ("; " if reason else "") + f"not fully installed: {', '.join(sorted(set(packages)))}"
-        return reason or None
+        lines = [line.strip() for line in output]
+        packages = sorted({line.split()[1] for line in lines if line.startswith("audit:") and len(line.split()) > 1})
+        reasons = ["dpkg was interrupted"] if any(line.startswith("journal:") for line in lines) else []
+        reasons += [f"not fully installed: {', '.join(packages)}"] if packages else []
+        return "; ".join(reasons) or None
 
 
-class DebInstalledVersion(FactBase):
+class DebInstalledVersion(Fact):
     """The version of an installed Debian package ("580.95.05-1"), or None (not installed, config files only)."""
 
-    def requires_command(self, package: str) -> str:
-        return "dpkg-query"
+    requires_command = "dpkg-query"
 
     def command(self, package: str):
         return f"dpkg-query -W -f '${{db:Status-Status}} ${{Version}}\\n' {shlex.quote(package)} 2>/dev/null || true"
@@ -150,7 +127,7 @@ class DebInstalledVersion(FactBase):
         return words[1] if len(words) > 1 and words[0] == "installed" else None
 
 
-class PublishedPackages(FactBase):
+class PublishedPackages(Fact):
     """The package names a flat apt repository (``Suites: /``) publishes, sorted, read on the rig with curl from its
     ``Packages.gz`` (else ``Packages``): nothing under /etc/apt changes. None when the index cannot be fetched."""
 

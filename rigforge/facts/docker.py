@@ -1,23 +1,22 @@
 """Docker facts: what the engine already holds."""
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import QuoteString, StringCommand
+
+from rigforge.facts import Fact
 
 
-class DockerImagePresent(FactBase):
+class DockerImagePresent(Fact):
     """Whether the engine holds ``image`` (``docker image inspect``); False also without an engine."""
 
     def command(self, image: str) -> StringCommand:
         return StringCommand("docker", "image", "inspect", QuoteString(image), ">/dev/null 2>&1 && echo yes || echo no")
 
-    default = bool
-
     def process(self, output: list[str]) -> bool:
         return bool(output) and output[0].strip() == "yes"
 
 
-class RegistryHasImage(FactBase):
-    """Whether the registry at ``endpoint`` holds ``repository@digest`` (``skopeo inspect --raw``); False also
-    without skopeo."""
+class RegistryHasImage(Fact):
+    """Whether the registry at `endpoint` holds `repository@digest` (`skopeo inspect --raw`); False also without it."""
 
     def command(self, endpoint: str, repository: str, digest: str, tls_verify: bool = True) -> StringCommand:
         return StringCommand(
@@ -26,7 +25,4 @@ class RegistryHasImage(FactBase):
             ">/dev/null 2>&1 && echo yes || echo no",
         )  # fmt: skip
 
-    default = bool
-
-    def process(self, output: list[str]) -> bool:
-        return bool(output) and output[0].strip() == "yes"
+    process = DockerImagePresent.process

@@ -1,30 +1,26 @@
 """Facts for loading saved images (roles/images.py): the blobs an OCI layout on the rig holds, the TCP ports in use."""
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+import shlex
+
+from rigforge.facts import Fact
 
 
-class OciBlobs(FactBase):
+class OciBlobs(Fact):
     """``{"sha256:<hex>": size}`` of the OCI image layout's blobs at ``path``, partial uploads left out."""
 
-    def command(self, path: str) -> StringCommand:
-        blobs = f"{path.rstrip('/')}/blobs/sha256"
-        return StringCommand(
-            "find", QuoteString(blobs), "-maxdepth 1 -type f ! -name '.*' -printf '%f %s\\n' 2>/dev/null || true"
-        )
-
-    default = dict
+    def command(self, path: str) -> str:
+        blobs = shlex.quote(f"{path.rstrip('/')}/blobs/sha256")
+        return f"find {blobs} -maxdepth 1 -type f ! -name '.*' -printf '%f %s\\n' 2>/dev/null || true"
 
     def process(self, output: list[str]) -> dict[str, int]:
         lines = (line.strip().partition(" ") for line in output)
         return {f"sha256:{name}": int(size) for name, _, size in lines if len(name) == 64 and size.isdigit()}
 
 
-class ListeningPorts(FactBase):
+class ListeningPorts(Fact):
     """The local TCP ports something listens on (IPv4 and IPv6, from /proc/net/tcp{,6}), as a sorted list."""
 
     command = "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null || true"
-
-    default = list
 
     def process(self, output: list[str]) -> list[int]:
         rows = [line.split() for line in output]

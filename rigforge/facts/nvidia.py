@@ -1,15 +1,12 @@
-"""NVIDIA facts: GPUs as nvidia-smi reports them, loaded kernel module vs installed driver package.
-
-Parsers are pure functions (tested on real output, tests/fixtures/nvidia-smi/). Every fact returns its "nothing
-there" value instead of failing without a working driver, so it reads on a fresh rig and during a mismatch.
-"""
+"""NVIDIA facts (parsers tested on real output, tests/fixtures/nvidia-smi/). Each answers "nothing there" rather
+than failing without a working driver, so it reads on a fresh rig and during a mismatch."""
 
 import re
-from functools import partial
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import QuoteString, StringCommand
 
 from rigforge.boot import SHOW, parse_boot
+from rigforge.facts import Fact
 from rigforge.layout import POWER_UNIT, SETTLE_UNIT, UNIT_SEARCH_PATH
 
 # Fields read by NvidiaGpus, in order; keys of each GPU dict are these with "." replaced by "_".
@@ -18,8 +15,12 @@ QUERY_FIELDS = tuple(
     "power.max_limit,persistence_mode,driver_version,compute_cap".split(",")
 )
 
-_INT_FIELDS = {"index", "memory.total", "memory.used"}
-_FLOAT_FIELDS = {"power.limit", "power.default_limit", "power.min_limit", "power.max_limit"}
+# each typed field's parser (the others stay text)
+_TYPED = {
+    **dict.fromkeys(("index", "memory.total", "memory.used"), lambda raw: int(float(raw))),
+    **dict.fromkeys(("power.limit", "power.default_limit", "power.min_limit", "power.max_limit"), float),
+    "persistence_mode": lambda raw: {"enabled": True, "disabled": False}.get(raw.lower()),
+}
 # nvidia-smi's GPU query: NvidiaGpus, NvidiaSmiStatus and BootCaps run it verbatim (`shared`: the batched probe runs
 # it once for all three, rigforge/facts/probe.py `script`)
 SMI_QUERY = f"timeout 60 nvidia-smi --query-gpu={','.join(QUERY_FIELDS)} --format=csv,noheader,nounits"
@@ -29,26 +30,7 @@ _UNIT = re.compile(r"\s*(MiB|W|MHz|%|C)$")
 
 def _value(field: str, raw: str):
     raw = _UNIT.sub("", raw)
-    if raw in _NA:
-        return None
-    if field in _INT_FIELDS:
-        return int(float(raw))
-    if field in _FLOAT_FIELDS:
-        return float(raw)
-    if field == "persistence_mode":
-        return {"enabled": True, "disabled": False}.get(raw.lower())
-    return raw
-
-
-def parse_query_gpu(lines: list[str]) -> list[dict]:
-    """SMI_QUERY's output -> one dict per GPU (keys: QUERY_FIELDS with "." -> "_"; ints for index/MiB, floats for
-    watts, bool for persistence mode, None for "[N/A]"). Lines that are not GPU rows (error texts) are ignored."""
-    rows = ([cell.strip() for cell in line.split(",")] for line in lines)
-    return [
-        {field.replace(".", "_"): _value(field, cell) for field, cell in zip(QUERY_FIELDS, cells, strict=True)}
-        for cells in rows
-        if len(cells) == len(QUERY_FIELDS) and cells[0].isdigit()  # a blank line or an error text: no GPU row
-    ]
+    return None if raw in _NA else _TYPED.get(field, str)(raw)
 
 
 def upstream_version(package_version: str | None) -> str | None:
@@ -56,37 +38,36 @@ def upstream_version(package_version: str | None) -> str | None:
     return package_version.split(":", 1)[-1].rsplit("-", 1)[0] if package_version else None
 
 
-class NvidiaGpus(FactBase):
-    """GPUs visible to nvidia-smi, as a list of dicts (see `parse_query_gpu`); [] without a working driver."""
+class NvidiaGpus(Fact):
+    """GPUs visible to nvidia-smi ([] without a working driver): one dict each (keys: QUERY_FIELDS with "." -> "_";
+    ints for index/MiB, floats for watts, bool for persistence mode, None for "[N/A]"), error texts ignored."""
 
     shared = (SMI_QUERY,)
 
-    def command(self) -> str:
-        # No nvidia-smi (a rig before its driver) is a normal answer, "no GPUs": not pyinfra's requires_command,
-        # which warns when the command is missing. nvidia-smi exits non-zero without a loaded driver or on a
-        # version mismatch; that means "no GPUs" too. `timeout`: a GPU that fell off the bus can hang nvidia-smi.
-        return f"if command -v nvidia-smi >/dev/null 2>&1; then {SMI_QUERY} 2>&1 || true; fi"
+    # No nvidia-smi (a rig before its driver) is a normal answer, "no GPUs": not pyinfra's requires_command,
+    # which warns when the command is missing. nvidia-smi exits non-zero without a loaded driver or on a
+    # version mismatch; that means "no GPUs" too. `timeout`: a GPU that fell off the bus can hang nvidia-smi.
+    command = f"if command -v nvidia-smi >/dev/null 2>&1; then {SMI_QUERY} 2>&1 || true; fi"
 
-    default = list
+    def process(self, lines: list[str]) -> list[dict]:
+        rows = ([cell.strip() for cell in line.split(",")] for line in lines)
+        return [
+            {field.replace(".", "_"): _value(field, cell) for field, cell in zip(QUERY_FIELDS, cells, strict=True)}
+            for cells in rows
+            if len(cells) == len(QUERY_FIELDS) and cells[0].isdigit()  # a blank line or an error text: no GPU row
+        ]
 
-    process = staticmethod(parse_query_gpu)
 
-
-class NvidiaSmiStatus(FactBase):
+class NvidiaSmiStatus(Fact):
     """Whether nvidia-smi talks to the driver: {"installed": bool, "ok": bool, "message": str}. Asked with the GPU
     query (SMI_QUERY, shared in the probe), which fails with the same NVML message exactly when `nvidia-smi -L` does."""
 
     shared = (SMI_QUERY,)
 
-    def command(self) -> str:
-        return (
-            "if ! command -v nvidia-smi >/dev/null 2>&1; then echo 'rc=missing'; "
-            f'else out=$({SMI_QUERY} 2>&1); rc=$?; echo "rc=$rc"; printf \'%s\\n\' "$out" | head -n 3; fi'
-        )
-
-    @staticmethod
-    def default() -> dict:
-        return {"installed": False, "ok": False, "message": ""}
+    command = (
+        "if ! command -v nvidia-smi >/dev/null 2>&1; then echo 'rc=missing'; "
+        f'else out=$({SMI_QUERY} 2>&1); rc=$?; echo "rc=$rc"; printf \'%s\\n\' "$out" | head -n 3; fi'
+    )
 
     def process(self, output: list[str]) -> dict:
         rc = output[0].partition("=")[2] if output else "missing"
@@ -94,30 +75,27 @@ class NvidiaSmiStatus(FactBase):
         return {"installed": rc != "missing", "ok": rc == "0", "message": message if rc != "0" else ""}
 
 
-class NvidiaModuleVersion(FactBase):
+class NvidiaModuleVersion(Fact):
     """Version of the loaded nvidia kernel module (/sys/module/nvidia/version), None when not loaded."""
 
-    def command(self) -> str:
-        return "cat /sys/module/nvidia/version 2>/dev/null || true"
+    command = "cat /sys/module/nvidia/version 2>/dev/null || true"
 
     def process(self, output: list[str]) -> str | None:
         return "\n".join(output).strip() or None
 
 
-class NvidiaPciGpus(FactBase):
-    """NVIDIA display/3D controllers on the PCI bus, from sysfs (works before any driver is installed): [(PCI
-    address, device ID)], e.g. [("0000:01:00.0", "2204")] (rigforge/hardware.py PCI_CARDS). None when sysfs shows
-    no PCI bus at all (a container or chroot), so "unknown" is not mistaken for no GPU."""
+class NvidiaPciGpus(Fact):
+    """NVIDIA display/3D controllers on the PCI bus from sysfs (no driver needed): [(PCI address, device ID)], e.g.
+    [("0000:01:00.0", "2204")] (hardware.py PCI_CARDS); None without a PCI bus (a container), not "no GPU"."""
 
-    def command(self) -> str:
-        return (
-            # `read`, a shell builtin, not `cat`: no process per PCI function (a server has dozens to hundreds)
-            "if [ -d /sys/bus/pci/devices ]; then for d in /sys/bus/pci/devices/*; do "
-            'v=; read -r v 2>/dev/null <"$d/vendor"; [ "$v" = 0x10de ] || continue; '
-            'c=; read -r c 2>/dev/null <"$d/class"; case "$c" in 0x0300*|0x0302*) '
-            'i=; read -r i 2>/dev/null <"$d/device"; echo "pci ${d##*/} $i";; esac; done; echo end; '
-            "else echo none; fi"
-        )
+    command = (
+        # `read`, a shell builtin, not `cat`: no process per PCI function (a server has dozens to hundreds)
+        "if [ -d /sys/bus/pci/devices ]; then for d in /sys/bus/pci/devices/*; do "
+        'v=; read -r v 2>/dev/null <"$d/vendor"; [ "$v" = 0x10de ] || continue; '
+        'c=; read -r c 2>/dev/null <"$d/class"; case "$c" in 0x0300*|0x0302*) '
+        'i=; read -r i 2>/dev/null <"$d/device"; echo "pci ${d##*/} $i";; esac; done; echo end; '
+        "else echo none; fi"
+    )
 
     def process(self, output: list[str]) -> list[tuple[str, str]] | None:
         if "end" not in [line.strip() for line in output]:
@@ -130,27 +108,11 @@ _CUDA_VERSION = re.compile(r"CUDA Version\s*:\s*(\d+\.\d+)")
 
 
 def parse_cuda_version(text: str) -> str | None:
-    """The driver's CUDA version from nvidia-smi's header ("| NVIDIA-SMI ... CUDA Version: 13.0 |"; `-q` and
-    `--version` say "CUDA Version : 13.0"), None when absent."""
-    match = _CUDA_VERSION.search(text or "")
-    return match.group(1) if match else None
+    """The driver's CUDA version in nvidia-smi's header ("CUDA Version: 13.0"; `-q`: "CUDA Version : 13.0") or None."""
+    return match.group(1) if (match := _CUDA_VERSION.search(text or "")) else None
 
 
 _PROC_VERSION = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)?)")
-
-
-def parse_running_driver(lines: list[str]) -> dict:
-    """Output of NvidiaRunningDriver -> {"version", "smi", "smi_ok", "owner", "cuda"} (None/False when absent)."""
-    items = dict(line.partition("=")[::2] for line in lines if "=" in line)
-    match = _PROC_VERSION.search(items.get("proc", ""))
-    version = match.group(1) if match else (items.get("module", "").strip() or None)
-    return {
-        "version": version,
-        "smi": items.get("smi", "").strip() or None,
-        "smi_ok": items.get("smi_ok", "").strip() == "1",
-        "owner": items.get("owner", "").split(":")[0].strip() or None,
-        "cuda": parse_cuda_version(items.get("cuda", "")),
-    }
 
 
 def unowned_driver(running: dict) -> bool:
@@ -158,112 +120,105 @@ def unowned_driver(running: dict) -> bool:
     return bool(running.get("version") and running.get("smi_ok") and not running.get("owner"))
 
 
-class NvidiaRunningDriver(FactBase):
-    """The running driver: its version (/proc, else the module's), whether nvidia-smi answers (its header gives
-    the driver's CUDA version), and which package owns it (empty: none, e.g. NVIDIA's .run installer)."""
+class NvidiaRunningDriver(Fact):
+    """The running driver: {"version" (/proc, else the module's), "smi" (its path), "smi_ok" (it answers), "cuda"
+    (the driver's CUDA version, from its header), "owner" (the package; None: e.g. NVIDIA's .run installer)}."""
 
-    def command(self) -> str:
-        return (
-            'echo "proc=$(head -n 1 /proc/driver/nvidia/version 2>/dev/null)"; '
-            'echo "module=$(cat /sys/module/nvidia/version 2>/dev/null)"; '
-            'smi=$(command -v nvidia-smi 2>/dev/null); echo "smi=$smi"; '
-            'if [ -n "$smi" ]; then out=$(timeout 60 "$smi" 2>/dev/null) && echo smi_ok=1; '
-            'echo "cuda=$(printf \'%s\\n\' "$out" | grep -m 1 "CUDA Version")"; '
-            'echo "owner=$(dpkg -S "$(readlink -f "$smi")" 2>/dev/null | head -n 1)"; fi'
-        )
+    command = (
+        'echo "proc=$(head -n 1 /proc/driver/nvidia/version 2>/dev/null)"; '
+        'echo "module=$(cat /sys/module/nvidia/version 2>/dev/null)"; '
+        'smi=$(command -v nvidia-smi 2>/dev/null); echo "smi=$smi"; '
+        'if [ -n "$smi" ]; then out=$(timeout 60 "$smi" 2>/dev/null) && echo smi_ok=1; '
+        'echo "cuda=$(printf \'%s\\n\' "$out" | grep -m 1 "CUDA Version")"; '
+        'echo "owner=$(dpkg -S "$(readlink -f "$smi")" 2>/dev/null | head -n 1)"; fi'
+    )
 
-    default = staticmethod(partial(parse_running_driver, []))
-
-    process = staticmethod(parse_running_driver)
+    def process(self, lines: list[str]) -> dict:
+        items = dict(line.partition("=")[::2] for line in lines if "=" in line)
+        match = _PROC_VERSION.search(items.get("proc", ""))
+        return {
+            "version": match.group(1) if match else (items.get("module", "").strip() or None),
+            "smi": items.get("smi", "").strip() or None,
+            "smi_ok": items.get("smi_ok", "").strip() == "1",
+            "owner": items.get("owner", "").split(":")[0].strip() or None,
+            "cuda": parse_cuda_version(items.get("cuda", "")),
+        }
 
 
 # Units that set power caps at boot besides rigforge's own: the recipe repo's (club-3090
 # scripts/systemd/nvidia-power-cap.service) and the tuning unit it orders itself after (gpu-tune.service).
 CAP_UNITS = ("nvidia-power-cap.service", "gpu-tune.service")
-UNIT_DIRS = UNIT_SEARCH_PATH  # systemd's precedence (rigforge/layout.py)
 CRON_FILES = ("/var/spool/cron/crontabs/root", "/etc/crontab", "/etc/cron.d/*")  # where root's @reboot jobs are
 _PL = re.compile(r"(?:^|\s)(?:-pl|--power-limit)(?:=|\s+)(\d+(?:\.\d+)?)")
 _SETS_CAP = re.compile(r"nvidia-smi\b[^#]*\s(?:-pl|--power-limit)(?:[\s=]|$)")
 _SHELL_SETS_CAP = r"nvidia-smi[^#]*[[:space:]](-pl|--power-limit)([[:space:]=]|$)"  # _SETS_CAP for grep -E
 
 
-def cap_writers_command(unit_dirs=UNIT_DIRS, cron_files=CRON_FILES) -> str:
-    """PowerCapUnits' command, over `unit_dirs` and `cron_files` (tests point them at a temporary tree): every
-    unit's ExecStart and @reboot cron line that calls nvidia-smi, runs a script that sets caps or belongs to a
-    known cap unit (`line=FILE:LINE`), and each such script (`script=PATH`) with its `pl=LINE`s."""
-    units = " ".join(f"{d}/*.service" for d in unit_dirs)
-    crons = " ".join(cron_files)
-    known = "".join(f"printf '%s\\n' '/{name}:'; " for name in CAP_UNITS)
-    return (
-        "t=$(mktemp) || exit 0; "
-        f"{{ grep -HE '^[[:space:]]*ExecStart[^=]*=' {units}; grep -HE '^[[:space:]]*@reboot' {crons}; }}"
-        ' 2>/dev/null > "$t"; '
-        # the files those lines name, but unit files, cron files and nvidia-smi itself
-        "hits=$(grep -oE '/[^[:space:]\"'\\'';|&:=()]+' \"$t\" | sort -u | while read -r p; do "
-        'case "$p" in *.service|*/cron.d/*|*/crontabs/*|*/crontab|*/nvidia-smi) continue;; esac; '
-        '[ -f "$p" ] && printf \'%s\\n\' "$p"; done | '
-        f"xargs -r grep -lIE '{_SHELL_SETS_CAP}' 2>/dev/null); "
-        f"{{ printf '%s\\n' nvidia-smi; {known}"
-        "printf '%s\\n' \"$hits\" | grep -v '^$'; } > \"$t.pat\"; "
-        'grep -F -f "$t.pat" "$t" | sed \'s/^/line=/\'; '
-        'for s in $hits; do echo "script=$s"; '
-        f"grep -hE '{_SHELL_SETS_CAP}' \"$s\" | head -n 20 | sed 's/^/pl=/'; done; "
-        'rm -f "$t" "$t.pat"; true'
-    )
-
-
 def _watts(lines) -> list[int]:
     return sorted({round(float(w)) for line in lines if _SETS_CAP.search(line) for w in _PL.findall(line)})
 
 
-def parse_cap_units(lines: list[str], unit_dirs=UNIT_DIRS) -> dict:
-    """Output of PowerCapUnits -> {name: writer}, the rig's other boot-time cap writers: units (the first file of
-    the name in `unit_dirs`' precedence) known by name (CAP_UNITS) or whose ExecStart calls `nvidia-smi -pl` or
-    runs a script that does, and root @reboot cron jobs ("@reboot in FILE") that do either. Each writer: {"kind":
-    "unit"|"cron", "path", "watts": the caps it sets written out (else []), "script" (or None), cron: "command"}."""
-    scripts: dict[str, list[str]] = {}
-    entries: list[tuple[str, str]] = []
-    current = None
-    for line in lines:
-        if line.startswith("script="):
-            current = scripts.setdefault(line[7:].strip(), [])
-        elif line.startswith("pl=") and current is not None:
-            current.append(line[3:])
-        elif line.startswith("line="):
-            path, _, text = line[5:].partition(":")
-            entries.append((path, text.strip()))
-    rank = {d.rstrip("/"): i for i, d in enumerate(unit_dirs)}
-    units: dict[str, dict[int, tuple[str, list[str]]]] = {}  # name -> {rank of its dir: (path, ExecStart lines)}
-    out: dict[str, dict] = {}
-    for path, text in entries:
-        folder, _, name = path.rpartition("/")
-        if name.endswith(".service") and folder in rank:
-            if name not in (POWER_UNIT, SETTLE_UNIT):  # rigforge's own
-                units.setdefault(name, {}).setdefault(rank[folder], (path, []))[1].append(text)
-        else:  # a cron file: "@reboot [user] command"
-            via = next((s for s in scripts if s in text), None)
-            if _SETS_CAP.search(text) or via:
-                n = 1 if "/crontabs/" in path else 2  # a user's crontab has no user field
-                parts = text.split(None, n)
-                command = parts[n] if len(parts) > n else ""
-                watts = _watts([text, *scripts.get(via, [])])
-                out[f"@reboot in {path}"] = dict(kind="cron", path=path, watts=watts, script=via, command=command)
-    for name, by_rank in units.items():
-        path, texts = by_rank[min(by_rank)]  # the first dir in systemd's precedence wins
-        via = next((s for s in scripts for t in texts if s in t), None)
-        if name in CAP_UNITS or via or any(_SETS_CAP.search(t) for t in texts):
-            out[name] = {"kind": "unit", "path": path, "watts": _watts([*texts, *scripts.get(via, [])]), "script": via}
-    return dict(sorted(out.items()))
+class PowerCapUnits(Fact):
+    """The rig's other boot-time GPU power-cap writers, {name: writer}: units (the first file of the name in
+    `unit_dirs`' precedence) known by name (CAP_UNITS) or whose ExecStart calls `nvidia-smi -pl` or runs a script
+    that does, and root @reboot cron jobs ("@reboot in FILE") that do either. Each writer: {"kind": "unit"|"cron",
+    "path", "watts": the caps it sets written out (else []), "script" (or None), cron: "command"}."""
 
+    def command(self, unit_dirs=UNIT_SEARCH_PATH, cron_files=CRON_FILES) -> str:
+        """Over `unit_dirs` and `cron_files`: each ExecStart and @reboot line (`line=FILE:LINE`) that calls
+        nvidia-smi, runs a script that sets caps (`script=PATH`, its `pl=LINE`s) or is a known cap unit's."""
+        units = " ".join(f"{d}/*.service" for d in unit_dirs)
+        crons = " ".join(cron_files)
+        known = "".join(f"printf '%s\\n' '/{name}:'; " for name in CAP_UNITS)
+        return (
+            "t=$(mktemp) || exit 0; "
+            f"{{ grep -HE '^[[:space:]]*ExecStart[^=]*=' {units}; grep -HE '^[[:space:]]*@reboot' {crons}; }}"
+            ' 2>/dev/null > "$t"; '
+            # the files those lines name, but unit files, cron files and nvidia-smi itself
+            "hits=$(grep -oE '/[^[:space:]\"'\\'';|&:=()]+' \"$t\" | sort -u | while read -r p; do "
+            'case "$p" in *.service|*/cron.d/*|*/crontabs/*|*/crontab|*/nvidia-smi) continue;; esac; '
+            '[ -f "$p" ] && printf \'%s\\n\' "$p"; done | '
+            f"xargs -r grep -lIE '{_SHELL_SETS_CAP}' 2>/dev/null); "
+            f"{{ printf '%s\\n' nvidia-smi; {known}"
+            "printf '%s\\n' \"$hits\" | grep -v '^$'; } > \"$t.pat\"; "
+            'grep -F -f "$t.pat" "$t" | sed \'s/^/line=/\'; '
+            'for s in $hits; do echo "script=$s"; '
+            f"grep -hE '{_SHELL_SETS_CAP}' \"$s\" | head -n 20 | sed 's/^/pl=/'; done; "
+            'rm -f "$t" "$t.pat"; true'
+        )
 
-class PowerCapUnits(FactBase):
-    """The rig's other GPU power-cap writers at boot (units, root's ``@reboot`` cron jobs), see `parse_cap_units`."""
-
-    command = staticmethod(cap_writers_command)
-
-    default = dict
-
-    process = staticmethod(parse_cap_units)
+    def process(self, lines: list[str], unit_dirs=UNIT_SEARCH_PATH) -> dict:
+        scripts, entries, current = {}, [], None  # {script: its pl= lines}, [(file, line)]
+        for line in lines:
+            if line.startswith("script="):
+                current = scripts.setdefault(line[7:].strip(), [])
+            elif line.startswith("pl=") and current is not None:
+                current.append(line[3:])
+            elif line.startswith("line="):
+                path, _, text = line[5:].partition(":")
+                entries.append((path, text.strip()))
+        rank = {d.rstrip("/"): i for i, d in enumerate(unit_dirs)}
+        units: dict[str, dict[int, tuple[str, list[str]]]] = {}  # name -> {rank of its dir: (path, ExecStart lines)}
+        out: dict[str, dict] = {}
+        for path, text in entries:
+            folder, _, name = path.rpartition("/")
+            if name.endswith(".service") and folder in rank:
+                if name not in (POWER_UNIT, SETTLE_UNIT):  # rigforge's own
+                    units.setdefault(name, {}).setdefault(rank[folder], (path, []))[1].append(text)
+            else:  # a cron file: "@reboot [user] command"
+                via = next((s for s in scripts if s in text), None)
+                if _SETS_CAP.search(text) or via:
+                    n = 1 if "/crontabs/" in path else 2  # a user's crontab has no user field
+                    parts = text.split(None, n)
+                    command = parts[n] if len(parts) > n else ""
+                    watts = _watts([text, *scripts.get(via, [])])
+                    out[f"@reboot in {path}"] = dict(kind="cron", path=path, watts=watts, script=via, command=command)
+        for name, by_rank in units.items():
+            path, texts = by_rank[min(by_rank)]  # the first dir in systemd's precedence wins
+            via = next((s for s in scripts for t in texts if s in t), None)
+            if name in CAP_UNITS or via or any(_SETS_CAP.search(t) for t in texts):
+                out[name] = dict(kind="unit", path=path, watts=_watts([*texts, *scripts.get(via, [])]), script=via)
+        return dict(sorted(out.items()))
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the real tool underlines the matrix header
@@ -273,8 +228,7 @@ _DEVICE = re.compile(r"(GPU|NIC)\d+$")
 def parse_topo_matrix(lines: list[str]) -> dict[str, str]:
     """`nvidia-smi topo -m` or `topo -p2p r` -> {"0-1": "PHB", ...}: the cell of each GPU pair i < j (link
     type: X, PIX, PXB, PHB, NODE, SYS, NV#; P2P status: OK, CNS, GNS, TNS, NS, U). {} for one GPU."""
-    columns: list[str] = []
-    pairs: dict[str, str] = {}
+    columns, pairs = [], {}
     for raw in lines:
         cells = [c.strip() for c in _ANSI.sub("", raw).strip().split("\t")]
         if cells[0].startswith("Legend"):
@@ -290,8 +244,7 @@ def parse_topo_matrix(lines: list[str]) -> dict[str, str]:
 
 
 def parse_topology(lines: list[str]) -> dict:
-    sections: dict[str, list[str]] = {}
-    current = None
+    sections, current = {}, None
     for line in lines:
         if line.startswith("--- "):
             current = sections.setdefault(line[4:].strip(), [])
@@ -301,36 +254,32 @@ def parse_topology(lines: list[str]) -> dict:
             "p2p_read": parse_topo_matrix(sections.get("topo -p2p r", []))}  # fmt: skip
 
 
-class NvidiaTopology(FactBase):
+class NvidiaTopology(Fact):
     """How the GPUs are connected (`topo -m`) and whether peer reads work (`topo -p2p r`): {"links": {pair: link
     type}, "p2p_read": {pair: status}} (`parse_topo_matrix`), {} without nvidia-smi."""
 
-    def command(self) -> str:
-        return (
-            "if command -v nvidia-smi >/dev/null 2>&1; then echo '--- topo -m'; timeout 60 nvidia-smi topo -m "
-            "2>/dev/null; echo '--- topo -p2p r'; timeout 60 nvidia-smi topo -p2p r 2>/dev/null; fi; true"
-        )
-
-    default = staticmethod(partial(parse_topology, []))
+    command = (
+        "if command -v nvidia-smi >/dev/null 2>&1; then echo '--- topo -m'; timeout 60 nvidia-smi topo -m "
+        "2>/dev/null; echo '--- topo -p2p r'; timeout 60 nvidia-smi topo -p2p r 2>/dev/null; fi; true"
+    )
 
     process = staticmethod(parse_topology)
 
 
-class BootCaps(FactBase):
-    """What ran at this boot about GPU power caps (rigforge/boot.py `parse_boot`): systemd's results for rigforge's
-    power and settle units and `units` (space-separated), the journal's ordering cycles, settle and cron lines, and
-    each GPU's power limit now. Without systemd (a chroot) the units and journal parts are empty."""
+class BootCaps(Fact):
+    """What ran at this boot about GPU power caps (boot.py `parse_boot`): systemd's results for rigforge's power and
+    settle units and `units`, the journal's ordering cycles, settle and cron lines (both empty without systemd, e.g.
+    a chroot), each GPU's power limit now."""
 
     shared = (SMI_QUERY,)
 
     def command(self, units: str = "") -> StringCommand:
-        names = [POWER_UNIT, SETTLE_UNIT, *units.split()]
         # each GPU's "index, power.limit": those two columns of the shared GPU query (SMI_QUERY)
         caps = f"-f{QUERY_FIELDS.index('index') + 1},{QUERY_FIELDS.index('power.limit') + 1}"
         return StringCommand(
             'echo "boot_id=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)"; '
             'echo "system=$(systemctl is-system-running 2>/dev/null)"; for u in',
-            *(QuoteString(name) for name in names),
+            *(QuoteString(name) for name in (POWER_UNIT, SETTLE_UNIT, *units.split())),
             f'; do echo "--- unit $u"; systemctl show -p {",".join(SHOW)} -- "$u" 2>/dev/null; done; '
             "echo '--- cycles'; journalctl -b _PID=1 --no-pager -o cat 2>/dev/null | grep -i 'ordering cycle' | "
             f"tail -n 20; echo '--- settle'; journalctl -b -u {SETTLE_UNIT} --no-pager -o cat 2>/dev/null | "
@@ -338,7 +287,5 @@ class BootCaps(FactBase):
             "grep ' CMD ' | tail -n 100; echo '--- caps'; if command -v nvidia-smi >/dev/null 2>&1; then "
             f"{SMI_QUERY} 2>/dev/null | cut -d, {caps}; fi; true",
         )
-
-    default = staticmethod(partial(parse_boot, []))
 
     process = staticmethod(parse_boot)

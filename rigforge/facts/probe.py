@@ -1,16 +1,8 @@
-"""One batched probe per rig instead of one SSH round trip per fact (docs/probe.md: what it batches, when an
-answer is used, where the cache lives).
-
-Every fact a deploy reads on a host is recorded (fact class + arguments) and saved on the controller at the end of
-the run; the next run's first fact read runs them all in ONE remote command, parsed with each fact's own
-`process()`. The snapshot answers only until the first command, upload or rsync that is not a fact read, so an
-answer from it is exactly what the live read would have returned; anything it cannot answer exactly is read live.
-
-`read(host, requests)` is the batched read on its own. `install_all()` patches pyinfra (the deploy entry calls it,
-importing changes nothing). It relies on pyinfra 3.10's private `facts._get_fact`, `_make_command`,
-`_handle_fact_kwargs`, `CONNECTOR_ARGUMENT_KEYS` and `Host.run_shell_command` / `put_file` / `rsync`
-(tests/test_probe.py checks them).
-"""
+"""One batched probe per rig instead of one SSH round trip per fact (docs/probe.md): the facts a deploy reads on a
+host are recorded; the next run reads them all in ONE remote command, and answers from it only until the first
+command, upload or rsync that is not a fact read (exactly what a live read would return). Relies on pyinfra 3.10's
+private `facts._get_fact`, `_make_command`, `_handle_fact_kwargs`, `CONNECTOR_ARGUMENT_KEYS` and
+`Host.run_shell_command` / `put_file` / `rsync` (tests/test_probe.py checks them)."""
 
 import atexit
 import contextlib
@@ -51,18 +43,23 @@ def cache_dir() -> Path | None:
 
 
 class _HostSnapshot:
+    # reading: a fact read (or the probe) is running, its commands change nothing
+    probed = reading = False
+    valid = True  # nothing changed on the host yet in this run
+    # the probe's cache file; the connector arguments its answers are for; (sections, marker, then) of the probe
+    # sent with the rig's lock, until it is read
+    file = connection = pending = None
+    probes = served = 0  # counters (batched remote commands, answers served), for the benchmark
+
     def __init__(self, host: Host):
         self.host = host
-        self.answers: dict[str, object] = {}  # request key -> processed fact value
-        self.probed = False
-        self.valid = True  # nothing changed on the host yet in this run
-        self.reading = False  # a fact read (or the probe) is running: its commands change nothing
-        self.requests: dict[str, dict] = {}  # key -> {"fact": "module:Class", "kwargs": {...}}, this run
-        self.file = None
-        self.connection = None
-        self.probes = self.served = 0  # counters (batched remote commands, answers served), for the benchmark
-        self.defaults: dict | None = None  # the host's default global arguments for facts
-        self.pending = None  # (sections, marker, then) of the probe sent with the rig's lock, until it is read
+        # answers: request key -> processed fact value; requests: key -> {"fact": "module:Class", "kwargs": {...}}
+        self.answers, self.requests = {}, {}
+
+    @functools.cached_property
+    def defaults(self) -> dict:
+        """The host's default global arguments for a fact read outside an operation."""
+        return pyinfra_facts._handle_fact_kwargs(self.host.state, self.host, FactBase, None, None)[1]
 
 
 _SNAPSHOTS: dict[int, _HostSnapshot] = {}
@@ -108,13 +105,6 @@ def _probe_file(host: Host, state) -> Path | None:
     return base / f"{hashlib.sha256(json.dumps(ident, default=str).encode()).hexdigest()[:24]}.json"
 
 
-def _defaults(state, host: Host, snap: _HostSnapshot, cls) -> dict:
-    """The host's default global arguments for a fact read outside an operation, computed once per host."""
-    if snap.defaults is None:
-        snap.defaults = pyinfra_facts._handle_fact_kwargs(state, host, cls, None, None)[1]
-    return snap.defaults
-
-
 # pyinfra's file facts whose commands are one `stat` or one hash of a path: the probe runs one `stat` and one
 # sha1sum/sha256sum for all their paths (not one process each); class -> "stat" or the hash's hex digits
 FILE_FACTS = {pyinfra_files.File: "stat", pyinfra_files.Directory: "stat", pyinfra_files.Link: "stat",
@@ -132,9 +122,8 @@ def _file_path(cls, fact_kwargs: dict) -> str | None:
 
 
 def _files_command(marker: str, paths: dict[str, set]) -> str:
-    """One background job for every batched file fact (`paths`: path -> its kinds, "stat" or hex digits) printing
-    `e PATH` for each that exists (`l PATH`: a symlink to nothing), `s PATH` and its line of one `stat` in pyinfra's
-    File facts' format, and one sha1sum's and one sha256sum's `HEX  PATH` lines."""
+    """One background job for all batched file facts (`paths`: path -> its kinds): `e PATH` (exists), `l PATH` (a
+    symlink to nothing), `s PATH` and its line of pyinfra's `stat` format, and sha1sum's and sha256sum's lines."""
 
     def quoted(kind) -> str:
         return " ".join(shlex.quote(path) for path, kinds in paths.items() if kind is None or kind in kinds)
@@ -149,24 +138,23 @@ def _files_command(marker: str, paths: dict[str, set]) -> str:
     )
 
 
-def _file_answers(block: list[str], batched: dict, answers: dict) -> None:
-    """Each batched file fact's answer from the files job's lines (a missing path: the fact's default); a path
-    that exists but got no line (a `stat` that failed) is left out: read live."""
-    exists, links, stats, hashes = set(), set(), {}, {}
+def _file_answers(block: list[str], batched: list, answers: dict) -> None:
+    """Each batched file fact's answer from the files job's lines (a missing path: its default; no line: read live)."""
+    exists, links, found = set(), set(), {}  # found: (kind, path) -> its line
     lines = iter(block)
     for line in lines:
         if line.startswith(("e ", "l ")):
             (exists if line[0] == "e" else links).add(line[2:])
         elif line.startswith("s "):
-            stats[line[2:]] = next(lines, None)
+            found[("stat", line[2:])] = next(lines, None)
         else:
             digest, _, path = line.partition("  ")
             if len(digest) in _HASHERS and all(c in "0123456789abcdefABCDEF" for c in digest):
-                hashes[(len(digest), path)] = line
-    for key, (fact, path) in batched.items():
+                found[(len(digest), path)] = line
+    for key, fact, path in batched:
         kind = FILE_FACTS[type(fact)]
         present = path in exists or (kind == "stat" and path in links)
-        out = stats.get(path) if kind == "stat" else hashes.get((kind, path))
+        out = found.get((kind, path))
         if present and out is None:
             continue
         with contextlib.suppress(*_PROCESS_ERRORS):
@@ -174,12 +162,9 @@ def _file_answers(block: list[str], batched: dict, answers: dict) -> None:
 
 
 def script(requests, marker: str) -> tuple[StringCommand | None, list[tuple[str, FactBase, str | None]]]:
-    """The one remote command that reads `requests` (see `read`), and its sections by number: (key, fact, the
-    path when it is a file fact read in the files job, `_files_command`).
-
-    Each fact's command runs in its own background subshell writing its section (marker, output, marker with the
-    exit code its EXIT trap prints: a command with its own trap or `exec` loses it, read live) to its own file; a
-    sub-command in the facts' `shared` runs once, first, and is replayed (`_r N`) to each (docs/probe.md)."""
+    """The one remote command that reads `requests`, and its sections by number: (key, fact, path if read in the
+    files job). Each fact runs in a background subshell whose EXIT trap prints its exit code (a command with its own
+    trap or `exec` loses it: read live); a `shared` sub-command runs once and is replayed (`_r N`) to each."""
     parts, sections, shared, dependent, paths = [], [], {}, [], {}
     for cls, fact_kwargs in requests:
         key = fact_key(cls, fact_kwargs)
@@ -203,12 +188,11 @@ def script(requests, marker: str) -> tuple[StringCommand | None, list[tuple[str,
         n = len(sections)
         sections.append((key, fact, path))
         body = command if isinstance(command, StringCommand) else StringCommand(command)
-        uses = [text for text in getattr(cls, "shared", ()) if text in body.get_raw_value()]
-        if uses:
-            raw = body.get_raw_value()
-            for text in uses:
-                raw = raw.replace(text, f"_r {shared.setdefault(text, len(shared))}")
-            body = StringCommand(raw)
+        raw = body.get_raw_value()
+        uses = [text for text in getattr(cls, "shared", ()) if text in raw]
+        for text in uses:
+            raw = raw.replace(text, f"_r {shared.setdefault(text, len(shared))}")
+        body = StringCommand(raw) if uses else body
         # one subshell per section: its exit code (an `exit` in the command's included) is printed by its EXIT trap
         section = [f'( trap \'echo "{marker} rc $?"\' EXIT; echo "{marker} {n}";', guard, body, ")"]
         (dependent if uses else parts).append([*section, f'>"$d/{n}" 2>/dev/null </dev/null' + (";" if uses else " &")])
@@ -228,20 +212,17 @@ def script(requests, marker: str) -> tuple[StringCommand | None, list[tuple[str,
 
 def parse(lines, sections: list[tuple[str, FactBase, str | None]], marker: str) -> dict[str, object]:
     """{key: processed value} for each section of `script(requests, marker)`'s output that exited 0 and processed."""
-    answers: dict[str, object] = {}
-    current, collected = None, []
+    answers, current, collected = {}, None, []
     for line in lines:
         if not line.startswith(marker):
             collected.append(line)
             continue
         tail = line[len(marker) + 1 :]
-        if tail.startswith("rc ") and current == "files":
-            batched = {key: (fact, path) for key, fact, path in sections if path is not None}
-            _file_answers(collected, batched, answers)
-            current = None
-        elif tail.startswith("rc ") and current is not None:
-            key, fact, _ = sections[current]
-            if tail == "rc 0":
+        if tail.startswith("rc "):
+            if current == "files":
+                _file_answers(collected, [section for section in sections if section[2] is not None], answers)
+            elif current is not None and tail == "rc 0":
+                key, fact, _ = sections[current]
                 with contextlib.suppress(*_PROCESS_ERRORS):
                     answers[key] = fact.process(collected) if collected else fact.default()
             current = None
@@ -251,17 +232,13 @@ def parse(lines, sections: list[tuple[str, FactBase, str | None]], marker: str) 
 
 
 def read(host: Host, requests, global_kwargs: dict | None = None) -> dict[str, object]:
-    """Read the facts `requests` (an iterable of (fact class, kwargs)) on `host` in ONE remote command.
-
-    Returns {fact_key(cls, kwargs): processed value} for each fact whose command exited 0 and whose output
-    processed; the others (preconditions, own shell, missing required command, failed) are left out, to read with
-    `host.get_fact`. `global_kwargs`: the connector arguments (default: the host's, as outside an operation)."""
+    """{fact_key: value} of the facts `requests` ((class, kwargs) pairs) that exited 0 and processed, in ONE command."""
     marker = f"@@rigforge-probe-{secrets.token_hex(6)}"
     command, sections = script(requests, marker)
     if command is None:
         return {}
     snap = _of(host)
-    global_kwargs = global_kwargs or _defaults(host.state, host, snap, sections[0][1].__class__)
+    global_kwargs = global_kwargs or snap.defaults
     if not host.connected:
         host.connect(reason="to read the rig in one probe", raise_exceptions=True)
     executor_kwargs = {k: v for k, v in global_kwargs.items() if k in pyinfra_facts.CONNECTOR_ARGUMENT_KEYS}
@@ -294,16 +271,14 @@ _UNFOLDED = ("_get_pty", "_stdin", "_timeout", "_sudo_password", "_su_password",
 
 
 def lock_request(host: Host) -> list | None:
-    """This host's probe, run by the rig's lock holder once it holds the lock (roles/rig_lock.py `send`), on the
-    same connection: [command as pyinfra would wrap it, end line, None (the lines printed before the end line,
-    filled in by the lock; `lock_answer` reads them)]. None (probe on its own later) when the probe is off,
-    already asked for, or the connector arguments ask for what the lock's channel does not do (`_UNFOLDED`)."""
+    """This host's probe for the rig's lock holder (roles/rig_lock.py `send`): [command as pyinfra would wrap it, end
+    line, None (the lock fills in the lines before it)]; None: probe later (off, asked, or the lock can't carry it)."""
     snap = _of(host)
     if _original_get_fact is None or snap.probed or not snap.valid or host.current_op_global_arguments is not None:
         return None
     from pyinfra.connectors.util import make_unix_command_for_host
 
-    global_kwargs = _defaults(host.state, host, snap, FactBase)
+    global_kwargs = snap.defaults
     executor_kwargs = {k: v for k, v in global_kwargs.items() if k in pyinfra_facts.CONNECTOR_ARGUMENT_KEYS}
     if any(executor_kwargs.get(k) for k in _UNFOLDED) or host.connector_data.get("prompted_sudo_password"):
         return None
@@ -331,16 +306,14 @@ def lock_answer(host: Host) -> None:
 
 
 def _get_fact(state, host, cls, args=None, kwargs=None, *rest, **kw):
-    """pyinfra's _get_fact, answered from the host's snapshot when that is exact, without pyinfra's per-read
-    argument handling (the slowest part of a read on the controller); explicit global or positional arguments:
-    pyinfra's own path, live."""
+    """pyinfra's _get_fact, answered from the host's snapshot when exact, skipping pyinfra's (slow) per-read
+    argument handling; explicit global or positional arguments: pyinfra's own path, live."""
     snap = _of(host)
     fact_kwargs = dict(kwargs or {})
     if not args and not any(k.startswith("_") for k in fact_kwargs) and _cacheable(cls):
         # inside an operation: its global arguments, complete; preparing: the host's defaults, computed once
-        global_kwargs = host.current_op_global_arguments or _defaults(state, host, snap, cls)
-        key = fact_key(cls, fact_kwargs)
-        if key is not None:
+        global_kwargs = host.current_op_global_arguments or snap.defaults
+        if (key := fact_key(cls, fact_kwargs)) is not None:
             if not snap.probed and snap.valid:  # every fact recorded for this host, in one remote command
                 snap.answers = read(host, _recorded(state, host, snap, global_kwargs), global_kwargs)
             if snap.connection == _identity(global_kwargs):
@@ -367,9 +340,7 @@ def _changing(method):
 
 
 def _save() -> None:
-    for snap in list(_SNAPSHOTS.values()):
-        if not snap.file or not snap.requests:
-            continue
+    for snap in [snap for snap in _SNAPSHOTS.values() if snap.file and snap.requests]:
         with contextlib.suppress(OSError):
             snap.file.parent.mkdir(parents=True, exist_ok=True)
             tmp = snap.file.with_suffix(f".{os.getpid()}.tmp")
@@ -378,13 +349,10 @@ def _save() -> None:
 
 
 def install_all() -> None:
-    """Everything rigforge patches in pyinfra for a deploy (roles/site.py `provision` calls it first): the batched
-    probe (idempotent; not when RIGFORGE_PROBE_CACHE=off), rigforge/speedups.py, and no delayed ACKs on the SSH
-    connections (rigforge/inventory.py `quick_connections`)."""
+    """What rigforge patches in pyinfra for a deploy (idempotent): the probe (unless off), speedups, no delayed ACKs."""
     global _original_get_fact
     if _original_get_fact is None and cache_dir() is not None:
-        _original_get_fact = pyinfra_facts._get_fact
-        pyinfra_facts._get_fact = _get_fact
+        _original_get_fact, pyinfra_facts._get_fact = pyinfra_facts._get_fact, _get_fact
         for name in CHANGING:
             setattr(Host, name, _changing(getattr(Host, name)))
         atexit.unregister(_save)  # once, however often installed

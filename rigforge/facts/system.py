@@ -1,70 +1,54 @@
-"""System facts used by the host roles. Each returns a plain value and never fails the host for a missing tool or
-file: preflight decides what a missing value means.
-"""
+"""System facts: each answers a plain value, never failing the host for a missing tool or file (preflight decides
+what a missing value means)."""
 
 import re
 import shlex
-from functools import partial
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import QuoteString, StringCommand
 
-
-def parse_os_release(lines: list[str]) -> dict:
-    pairs = (line.strip().partition("=") for line in lines)
-    items = {key: value.strip().strip("\"'") for key, sep, value in pairs if sep}
-    codename = items.get("VERSION_CODENAME") or items.get("UBUNTU_CODENAME", "")
-    return {"id": items.get("ID", ""), "version_id": items.get("VERSION_ID", ""), "codename": codename}
+from rigforge.facts import Fact
 
 
-class OsRelease(FactBase):
+class OsRelease(Fact):
     """ID, VERSION_ID and VERSION_CODENAME from /etc/os-release as {"id", "version_id", "codename"} (missing: "")."""
 
-    def command(self) -> str:
-        return "cat /etc/os-release 2>/dev/null || cat /usr/lib/os-release 2>/dev/null || true"
+    command = "cat /etc/os-release 2>/dev/null || cat /usr/lib/os-release 2>/dev/null || true"
 
-    default = staticmethod(partial(parse_os_release, []))
-
-    process = staticmethod(parse_os_release)
-
-
-def parse_secure_boot(lines: list[str]) -> str:
-    text = " ".join(lines).lower()
-    if "secureboot enabled" in text or text.strip() == "efivar=1":
-        return "enabled"
-    if "secureboot disabled" in text or text.strip() in ("efivar=0", "noefi"):
-        return "disabled"
-    return "unknown"
+    def process(self, lines: list[str]) -> dict:
+        pairs = (line.strip().partition("=") for line in lines)
+        items = {key: value.strip().strip("\"'") for key, sep, value in pairs if sep}
+        codename = items.get("VERSION_CODENAME") or items.get("UBUNTU_CODENAME", "")
+        return {"id": items.get("ID", ""), "version_id": items.get("VERSION_ID", ""), "codename": codename}
 
 
-class SecureBoot(FactBase):
+_EFIVAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-e39a1e3a5c0b"
+
+
+class SecureBoot(Fact):
     """Secure Boot state: "enabled", "disabled" or "unknown" (mokutil, else the EFI variable, else BIOS)."""
 
-    def command(self) -> str:
-        efivar = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-e39a1e3a5c0b"
-        return (
-            "if command -v mokutil >/dev/null 2>&1 && mokutil --sb-state 2>/dev/null; then :; "
-            f"elif [ -r {efivar} ]; then echo efivar=$(od -An -t u1 -j 4 -N 1 {efivar} | tr -d ' '); "
-            "elif [ -d /sys/kernel ] && [ ! -d /sys/firmware/efi ]; then echo noefi; "
-            "else echo unknown; fi"
-        )
+    command = (
+        "if command -v mokutil >/dev/null 2>&1 && mokutil --sb-state 2>/dev/null; then :; "
+        f"elif [ -r {_EFIVAR} ]; then echo efivar=$(od -An -t u1 -j 4 -N 1 {_EFIVAR} | tr -d ' '); "
+        "elif [ -d /sys/kernel ] && [ ! -d /sys/firmware/efi ]; then echo noefi; "
+        "else echo unknown; fi"
+    )
 
-    default = staticmethod(partial(parse_secure_boot, []))
+    def process(self, lines: list[str]) -> str:
+        text = " ".join(lines).lower()
+        if "secureboot enabled" in text or text.strip() == "efivar=1":
+            return "enabled"
+        if "secureboot disabled" in text or text.strip() in ("efivar=0", "noefi"):
+            return "disabled"
+        return "unknown"
 
-    process = staticmethod(parse_secure_boot)
 
-
-class FreeDiskBytes(FactBase):
+class FreeDiskBytes(Fact):
     """Bytes available to unprivileged users on the filesystem holding `path` (or its nearest existing parent)."""
 
-    def command(self, path: str) -> StringCommand:
+    def command(self, path: str) -> str:
         # `stat -f` asks statfs directly, so it works without /proc (chroots) unlike df.
-        return StringCommand(
-            "p=",
-            QuoteString(path),
-            '; while [ ! -e "$p" ]; do p=$(dirname "$p"); done;',
-            "stat -f -c '%a %S' \"$p\"",
-            _separator="",
-        )
+        return f'p={shlex.quote(path)}; while [ ! -e "$p" ]; do p=$(dirname "$p"); done;stat -f -c \'%a %S\' "$p"'
 
     def process(self, output: list[str]) -> int | None:
         try:
@@ -74,36 +58,27 @@ class FreeDiskBytes(FactBase):
             return None
 
 
-class AptHeldPackages(FactBase):
-    """Names of packages on hold, sorted, without architecture: `apt-mark showhold`'s answer from dpkg-query (~8 ms
-    on a rig; apt-mark loads apt's whole cache first, ~40 ms)."""
+class AptHeldPackages(Fact):
+    """Held package names, sorted: `apt-mark showhold`'s answer from dpkg-query (~8 ms; apt-mark's takes ~40 ms)."""
 
-    def requires_command(self) -> str:
-        return "dpkg-query"
+    requires_command = "dpkg-query"
 
-    def command(self) -> str:
-        return "dpkg-query -W -f '${db:Status-Want} ${Package}\\n' | awk '$1 == \"hold\" {print $2}'"
-
-    default = list
+    command = "dpkg-query -W -f '${db:Status-Want} ${Package}\\n' | awk '$1 == \"hold\" {print $2}'"
 
     def process(self, output: list[str]) -> list[str]:
         return sorted({line.strip() for line in output if line.strip()})
 
 
-class SystemdUnitEnabled(FactBase):
+class SystemdUnitEnabled(Fact):
     """Whether a unit is enabled (`systemctl is-enabled`, which also works offline in a chroot)."""
 
-    def requires_command(self, unit: str) -> str:
-        return "systemctl"
+    requires_command = "systemctl"
 
     def command(self, unit: str) -> StringCommand:
         return StringCommand("systemctl", "is-enabled", QuoteString(unit), "2>/dev/null || true")
 
-    default = bool
-
     def process(self, output: list[str]) -> bool:
-        state = output[0].strip() if output else ""
-        return state in ("enabled", "enabled-runtime", "static", "alias")
+        return "".join(output[:1]).strip() in ("enabled", "enabled-runtime", "static", "alias")
 
 
 def _bre(text: str) -> str:
@@ -111,40 +86,29 @@ def _bre(text: str) -> str:
     return re.sub(r"([.\[\]\\*^$])", r"\\\1", text)
 
 
-class EnabledInstances(FactBase):
+class EnabledInstances(Fact):
     """Instances of ``template`` (``name@.service``) enabled at boot in ``unit_dir``/multi-user.target.wants."""
 
-    def command(self, unit_dir: str, template: str) -> StringCommand:
+    def command(self, unit_dir: str, template: str) -> str:
         prefix, _, suffix = template.partition("@")
-        return StringCommand(
-            "ls",
-            QuoteString(f"{unit_dir}/multi-user.target.wants/"),
-            "2>/dev/null | grep -x --",
-            QuoteString(f"{_bre(prefix)}@..*{_bre(suffix)}"),
-            "|| true",
-        )
+        pattern = shlex.quote(f"{_bre(prefix)}@..*{_bre(suffix)}")
+        return f"ls {shlex.quote(f'{unit_dir}/multi-user.target.wants/')} 2>/dev/null | grep -x -- {pattern} || true"
 
-    default = list
-
-    def process(self, output: list[str]) -> list[str]:
-        return sorted({line.strip() for line in output if line.strip()})
+    process = AptHeldPackages.process
 
 
-class LeftoverUploads(FactBase):
+class LeftoverUploads(Fact):
     """Paths left in ``path`` (the SSH user's private upload dir) by an interrupted upload."""
 
     def command(self, path: str) -> str:
         return f"find {shlex.quote(path)} -mindepth 1 -maxdepth 1 2>/dev/null || true"
 
-    default = list
-
     def process(self, output: list[str]) -> list[str]:
         return [line.strip() for line in output if line.strip()]
 
 
-class UrlAnswers(FactBase):
-    """What each URL answers to a GET from the rig with curl: ``{url: (http_code, curl_exit)}``, e.g. ``(200, 0)``;
-    ``http_code`` 0 when nothing answered (``curl_exit`` says why)."""
+class UrlAnswers(Fact):
+    """`{url: (http_code, curl_exit)}` of a GET from the rig with curl, e.g. (200, 0); http_code 0: nothing answered."""
 
     def command(self, urls: tuple[str, ...]) -> str:
         asks = [
@@ -161,5 +125,3 @@ class UrlAnswers(FactBase):
             if url:
                 answers[url] = (int(code) if code.isdigit() else 0, int(exit_) if exit_.isdigit() else 0)
         return answers
-
-    default = dict
