@@ -13,7 +13,7 @@ from test_roles_host_ops import converge, executed, op_commands, planned, rig, u
 
 import rigforge.knobs.docker_engine
 import rigforge.knobs.nvidia_driver
-from rigforge import driver_table
+from rigforge import driver_table, fleet
 from rigforge.facts.apt import parse_deb822, parse_fingerprints, parse_one_line, parse_source_files, same_uri_files
 from rigforge.facts.nvidia import parse_running_driver, unowned_driver
 from rigforge.pins import default_lock_path, load_lock
@@ -160,7 +160,7 @@ def test_ubuntu_source_and_missing_rows_are_refused_in_preflight():
         ("latest", "nvidia_driver_branch"),
         ("nvidia", "nvidia_driver_source"),
     ):
-        problems = host_state.find_problems({key: bad}, debian, "amd64", {}, {})
+        _, problems = fleet.plan_for("r", {"rigforge_variant": "dual-turbo", key: bad}, deployable=False)
         assert len(problems) == 1 and problems[0].startswith(f"{key}={bad!r}"), problems
 
 
