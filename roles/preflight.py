@@ -10,23 +10,13 @@ from pyinfra import host, logger
 from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, NvidiaRunningDriver
 from rigforge.facts.system import FreeDiskBytes, OsRelease, SecureBoot
 from rigforge.hardware import Needs, find_problems, format_problems
-from roles import docker_engine, gpu_power, host_state, nvidia_driver
+from roles import host_state
 from roles.operations.checks import refuse_now
-
-# preflight has no knobs of its own: it checks the other roles' keys, with their defaults
-CHECKED_KEYS = {
-    **nvidia_driver.DEFAULTS,  # every driver / container-runtime key: roles/host_state.py
-    **docker_engine.DEFAULTS,
-    **{key: gpu_power.DEFAULTS[key] for key in ("gpu_power_limit_w", "gpu_power_limits")},
-    "serving_kv_cache_dtype": None,
-    "serving_gpu_memory_utilization": None,
-}
 
 
 def check(needs: Needs, data: Mapping, more: list[str] = ()) -> bool:
     """Refuse this host now, while the deploy is prepared, when it cannot run `needs.variant`; True when it can.
     `data`: the plan's validated host data; `more`: problems found on the controller (roles/site.py)."""
-    data = {key: data.get(key, default) for key, default in CHECKED_KEYS.items()}
     problems = find_problems(
         host.get_fact(OsRelease),
         host.get_fact(NvidiaGpus),
