@@ -69,10 +69,7 @@ def branch_published(data: Mapping) -> list[str]:
     if not data["nvidia_driver_manage"] or data["nvidia_driver_source"] != "cuda":
         return []
     os_release = host.get_fact(OsRelease)
-    try:
-        packages = driver_table.packages_for(data, os_release.get("id", ""))
-    except driver_table.DriverTableError:
-        return []  # said by find_problems
+    packages = driver_table.packages_for(data, os_release.get("id", ""))  # find_problems found no DriverTableError
     if host.get_fact(DebInstalledVersion, package=packages.pinning or packages.version_package):
         return []  # installed: the branch was published, and a no-op asks nothing
     url = nvidia_driver.cuda_repo(data, os_release, host.get_fact(DebArch) or "amd64")[0]
@@ -96,13 +93,12 @@ def problems(data: Mapping) -> list[str]:
         host.get_fact(NvidiaRunningDriver),
         host.get_fact(AptSourceFiles),
     )
-    lines = host.get_fact(FileContents, path=DAEMON_JSON)
+    problems, lines = list(found), host.get_fact(FileContents, path=DAEMON_JSON)
     try:
         docker_daemon.merged_text(None if lines is None else "\n".join(lines), {})
-        daemon = []
     except ValueError as error:
-        daemon = [
+        problems.append(
             f"{DAEMON_JSON} on {host.name} is not valid JSON ({error}); rigforge merges the nvidia runtime into it and "
             "never overwrites it: fix it (no comments, no trailing commas) or remove it, then re-run."
-        ]
-    return found + daemon + (branch_published(data) if not found else [])
+        )
+    return problems + (branch_published(data) if not found else [])
