@@ -106,25 +106,19 @@ def gateway_plan(variant=None):
     return gw, problems + more
 
 
-def front_the_fleet(variant=None) -> bool:
-    """On a host of the group `gateway`, the fleet gateway (roles/gateway.py); False when it was refused."""
-    if GATEWAY not in host.groups:
-        return True
-    gw, problems = gateway_plan(variant)
-    if refused(problems, "the gateway"):
-        return False
-    gateway_role.apply(gw, host_data(host.data)["rigforge_manage_services"])
-    return True
-
-
-def watch_the_fleet(variant=None) -> bool:
-    """On a host of the group `monitor`, Prometheus scraping the fleet (roles/monitor.py); False when refused."""
-    if MONITOR not in host.groups:
-        return True
+def front_and_watch_the_fleet(variant=None) -> bool:
+    """On a host of the group `gateway`, the fleet gateway (roles/gateway.py); of the group `monitor`, Prometheus
+    scraping the fleet (roles/monitor.py); False when one was refused."""
     data = host_data(host.data)
-    if refused(rigforge.knobs.monitor.validate(data), "the monitor"):
-        return False
-    monitor_role.server(dict(the_fleet(variant).targets), data, data["rigforge_manage_services"])
+    if GATEWAY in host.groups:
+        gw, problems = gateway_plan(variant)
+        if refused(problems, "the gateway"):
+            return False
+        gateway_role.apply(gw, data["rigforge_manage_services"])
+    if MONITOR in host.groups:
+        if refused(rigforge.knobs.monitor.validate(data), "the monitor"):
+            return False
+        monitor_role.server(dict(the_fleet(variant).targets), data, data["rigforge_manage_services"])
     return True
 
 
@@ -141,19 +135,18 @@ def prepare(variant=None) -> Plan | None:
     fl, cap_units = the_fleet(variant), tuple(host.get_fact(PowerCapUnits))
     rebuild = lambda count: plan_for(host.name, host.data, variant, count, cap_units=cap_units)  # noqa: E731
     plan, problems = fl.completed(host.name, gpus, cap_units, rebuild)
+    gated = [a.pin for a in plan.assets if a.pin.gated and stale_files(a.pin, _weights_state(plan, a))] if plan else []
     token = []  # the HF token's problems: asked of the hub, or missing for gated weights
-    if plan is not None:
-        gated = [a.pin for a in plan.assets if a.pin.gated and stale_files(a.pin, _weights_state(plan, a))]
-        if gated and not plan.token:
-            token.append(
-                f"{', '.join(p.repo for p in gated)} {'is' if len(gated) == 1 else 'are'} gated, not yet fetched, and "
-                "no HF token is set: set host data hf_token or RIGFORGE_HF_TOKEN / HF_TOKEN on the controller"
-            )
-        for pin in gated if plan.token else ():
-            problem, warning = token_refused(plan.data["hf_endpoint"], pin, plan.token)
-            token += [problem] if problem else []
-            if warning:
-                warn(warning)
+    if gated and not plan.token:
+        token.append(
+            f"{', '.join(p.repo for p in gated)} {'is' if len(gated) == 1 else 'are'} gated, not yet fetched, and no "
+            "HF token is set: set host data hf_token or RIGFORGE_HF_TOKEN / HF_TOKEN on the controller"
+        )
+    for pin in gated if gated and plan.token else ():
+        problem, warning = token_refused(plan.data["hf_endpoint"], pin, plan.token)
+        token += [problem] if problem else []
+        if warning:
+            warn(warning)
     if problems or token:
         # the refusal's name says the host data's problems and the HF token's apart: a token the hub refused is
         # never counted as a problem 'in host data'
@@ -233,7 +226,7 @@ def provision(variant_name: str | None = None):
     interrupt.install(ctx_state.get())  # Ctrl-C / SIGTERM exit non-zero, naming the cut operation
     rig_lock.ask(ctx_host.get())  # unless the deploy file did, before the roles loaded
     the_fleet(variant_name)  # built while the rig takes its lock and runs its probe
-    if not (hold_the_rig() and front_the_fleet(variant_name) and watch_the_fleet(variant_name)):
+    if not (hold_the_rig() and front_and_watch_the_fleet(variant_name)):
         return
     if not serve_the_registry(variant_name) or not is_rig(host):
         return
