@@ -8,8 +8,4 @@ same shape as dual.yml but hermes tool parser + template override
 
 from roles import rig_lock
 
-rig_lock.ask_first()  # the rig takes its lock and reads its facts while the roles load
-
-from roles import site  # noqa: E402
-
-site.provision("carnice-bf16mtp")
+rig_lock.provision("carnice-bf16mtp")  # the rig takes its lock and reads its facts while the roles load

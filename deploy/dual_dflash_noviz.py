@@ -7,8 +7,4 @@ as dual-dflash plus --language-model-only (no MoonViT), 200K
 
 from roles import rig_lock
 
-rig_lock.ask_first()  # the rig takes its lock and reads its facts while the roles load
-
-from roles import site  # noqa: E402
-
-site.provision("dual-dflash-noviz")
+rig_lock.provision("dual-dflash-noviz")  # the rig takes its lock and reads its facts while the roles load

@@ -7,8 +7,4 @@ TP=2, TurboQuant 3-bit KV, MTP n=3, 4 streams, 262K, vision on, Genesis v7.69 + 
 
 from roles import rig_lock
 
-rig_lock.ask_first()  # the rig takes its lock and reads its facts while the roles load
-
-from roles import site  # noqa: E402
-
-site.provision("dual-turbo")
+rig_lock.provision("dual-turbo")  # the rig takes its lock and reads its facts while the roles load

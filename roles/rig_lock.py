@@ -128,9 +128,17 @@ def ask(host) -> None:
 
 
 def ask_first() -> None:
-    """The deploy files' first step: the rig answers the lock request while the controller loads the roles."""
+    """A deploy's first step: the rig answers the lock request while the controller loads the roles."""
     probe.install_all()
     ask(ctx_host.get())
+
+
+def provision(variant: str | None = None) -> None:
+    """A deploy file's one step: `ask_first`, then roles/site.py `provision` (`variant` None: host data's)."""
+    ask_first()
+    from roles import site  # loaded while the rig answers
+
+    site.provision(variant)
 
 
 def asked(host) -> bool:
