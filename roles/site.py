@@ -195,17 +195,14 @@ def hold_the_rig() -> bool:
     if sudo:  # before anything else: every later step needs sudo
         refuse_now(f"Refuse {host.name}: sudo asks for a password", f"rigforge refused on {host.name}: {sudo}.")
         return False
-    if is_rig(host):
-        twins = rig_lock.twins(host, [h for h in host.inventory.iter_activated_hosts() if is_rig(h)])
-        if twins:
-            machine, key = rig_lock.identity(host)
-            names = " and ".join([host.name, *twins])
-            refuse_now(
-                f"Refuse {host.name}: the same machine as {', '.join(twins)}",
-                f"rigforge refused on {host.name}: {names} are one machine (machine-id {machine}, SSH host key "
-                f"{key}): keep one of these names in the inventory; nothing was changed.",
-            )
-            return False
+    if is_rig(host) and (twins := rig_lock.twins(host)):
+        machine, key = rig_lock.identity(host)
+        refuse_now(
+            f"Refuse {host.name}: the same machine as {', '.join(twins)}",
+            f"rigforge refused on {host.name}: {' and '.join([host.name, *twins])} are one machine (machine-id "
+            f"{machine}, SSH host key {key}): keep one of these names in the inventory; nothing was changed.",
+        )
+        return False
     this = ctx_host.get()
     rig_lock.ask(this)  # asked for already by the deploy file (rig_lock.ask_first) or provision, or now
     busy, note = rig_lock.take(this)
