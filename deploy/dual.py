@@ -1,7 +1,5 @@
 """Provision rigs to serve dual. General-purpose default: vision, tools, long context, 2 streams.
 
-TP=2, fp8_e5m2 KV, MTP n=3, 2 streams, 262K, vision on, no Genesis
-
     pyinfra inventories/home.py deploy/dual.py
 """
 

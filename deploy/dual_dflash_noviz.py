@@ -1,7 +1,5 @@
 """Provision rigs to serve dual-dflash-noviz. Peak code TPS, no vision (+15K context).
 
-as dual-dflash plus --language-model-only (no MoonViT), 200K
-
     pyinfra inventories/home.py deploy/dual_dflash_noviz.py
 """
 

@@ -1,7 +1,5 @@
 """Provision rigs to serve dual-turbo. Multi-tenant: 4 concurrent agents at full context.
 
-TP=2, TurboQuant 3-bit KV, MTP n=3, 4 streams, 262K, vision on, Genesis v7.69 + 2 sidecars
-
     pyinfra inventories/home.py deploy/dual_turbo.py
 """
 
