@@ -1,6 +1,6 @@
 """Provision rigs to serve carnice-bf16mtp. Hermes agentic fine-tune (Carnice tool specialization).
 
-    pyinfra inventories/home.py deploy/carnice_bf16mtp.py
+pyinfra inventories/home.py deploy/carnice_bf16mtp.py
 """
 
 from roles import rig_lock

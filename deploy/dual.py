@@ -1,6 +1,6 @@
 """Provision rigs to serve dual. General-purpose default: vision, tools, long context, 2 streams.
 
-    pyinfra inventories/home.py deploy/dual.py
+pyinfra inventories/home.py deploy/dual.py
 """
 
 from roles import rig_lock

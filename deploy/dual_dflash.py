@@ -1,6 +1,6 @@
 """Provision rigs to serve dual-dflash. Peak code TPS with vision.
 
-    pyinfra inventories/home.py deploy/dual_dflash.py
+pyinfra inventories/home.py deploy/dual_dflash.py
 """
 
 from roles import rig_lock

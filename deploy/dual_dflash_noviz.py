@@ -1,6 +1,6 @@
 """Provision rigs to serve dual-dflash-noviz. Peak code TPS, no vision (+15K context).
 
-    pyinfra inventories/home.py deploy/dual_dflash_noviz.py
+pyinfra inventories/home.py deploy/dual_dflash_noviz.py
 """
 
 from roles import rig_lock

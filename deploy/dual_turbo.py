@@ -1,6 +1,6 @@
 """Provision rigs to serve dual-turbo. Multi-tenant: 4 concurrent agents at full context.
 
-    pyinfra inventories/home.py deploy/dual_turbo.py
+pyinfra inventories/home.py deploy/dual_turbo.py
 """
 
 from roles import rig_lock
