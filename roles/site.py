@@ -24,18 +24,7 @@ from rigforge.inventory import sudo_problem
 from rigforge.knobs.site import DEFAULTS
 from rigforge.layout import DAEMON_JSON, HostLayout
 from rigforge.lock import token_refused
-from roles import (
-    docker_engine,
-    gpu_power,
-    interrupt,
-    nvidia_driver,
-    preflight,
-    remote_sources,
-    rig_lock,
-    serving,
-    sources,
-    weights,
-)
+from roles import docker_engine, gpu_power, interrupt, nvidia_driver, preflight, rig_lock, serving, sources, weights
 from roles import gateway as gateway_role
 from roles import images as images_role
 from roles import monitor as monitor_role
@@ -231,7 +220,7 @@ def provision(variant_name: str | None = None):
     if plan is None:
         return
     host_needs = needs(plan)
-    asked = remote_sources.problems(plan, _weights_state)  # the remote sources this run fetches from, once
+    asked = preflight.remote_problems(plan, _weights_state)  # the remote sources this run fetches from, once
     found = image_problems(plan, variant_name)  # then the data roots inside Docker's (the rig's daemon.json)
     found += roots_inside(plan.layout, data_root_of(host.get_fact(FileContents, path=DAEMON_JSON))) + asked
     if not preflight.check(host_needs, plan.data, found):
