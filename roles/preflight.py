@@ -1,12 +1,9 @@
-"""Preflight: runs first, changes nothing, and stops a host that cannot run its variant (OS, GPUs, VRAM, caps,
-CUDA, disk, the role switches; and the host state the driver and container-runtime roles own: the driver package
-exists and is published, no unowned driver is overwritten, no hand-made apt source clashes with rigforge's,
-daemon.json is a JSON object) with one message naming the host, the key and what to do. The refusal is printed
-while the deploy is prepared, so `pyinfra --dry` shows it and exits 1.
-
-Its one pass over the remote sources this run would fetch from (packages missing, checkouts or weights not at their
-pin) is one curl each in one round trip from the rig: HTTP 404 or 410 refuses the host, a source that cannot be
-asked or answers otherwise is a warning (the step that fetches says more).
+"""Preflight: runs first, changes nothing, and stops a host that cannot run its variant with one message naming the
+host, the key and what to do, printed while the deploy is prepared (so `pyinfra --dry` shows it and exits 1): OS,
+GPUs, VRAM, caps, CUDA, disk, the role switches; the host state the driver and container-runtime roles own (the
+driver package exists and is published, no unowned driver is overwritten, no hand-made apt source clashes with
+rigforge's, daemon.json is a JSON object); the remote sources this run fetches from, one curl each in one round trip
+from the rig (HTTP 404 or 410 refuses; one that cannot be asked or answers otherwise is a warning).
 """
 
 import re

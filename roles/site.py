@@ -1,7 +1,6 @@
-"""The order of roles for one host: on the fleet's own hosts the gateway, monitor and fleet registry; on a rig its
-plan (built once on the controller: rigforge/fleet.py), preflight, repair of an interrupted run, driver, GPU check,
-container runtime, power, sources, weights, serving, metrics. Every problem of a host refuses it in one message as
-its first operation, so nothing on it changes; other hosts carry on. The roles take the plan and read nothing else.
+"""The order of roles for one host (`provision`): the fleet's own hosts' roles, then a rig's plan (built once on the
+controller: rigforge/fleet.py) and its roles. Every problem of a host refuses it in one message as its first
+operation, so nothing on it changes; other hosts carry on. The roles take the plan and read nothing else.
 """
 
 from pyinfra import host
