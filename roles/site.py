@@ -213,10 +213,7 @@ def provision(variant_name: str | None = None):
     the_fleet(variant_name)  # built while the rig takes its lock and runs its probe
     if not (hold_the_rig() and front_and_watch_the_fleet(variant_name)):
         return
-    if not serve_the_registry(variant_name) or not is_rig(host):
-        return
-    plan = prepare(variant_name)
-    if plan is None:
+    if not serve_the_registry(variant_name) or not is_rig(host) or (plan := prepare(variant_name)) is None:
         return
     host_needs = needs(plan)
     asked = preflight.remote_problems(plan, _weights_state)  # the remote sources this run fetches from, once
