@@ -98,7 +98,7 @@ def remote_problems(plan: Plan, weights_state) -> list[str]:
     return [refusal for refusal, _ in verdicts if refusal]
 
 
-def host_state_problems(data: Mapping, os_release: dict, arch: str, running: dict, sources: dict) -> list[str]:
+def state_problems(data: Mapping, os_release: dict, arch: str, running: dict, sources: dict) -> list[str]:
     """Pure: every problem of the driver / container-runtime host state (empty when fine); `data`'s keys were
     validated with the plan (rigforge/fleet.py plan_for)."""
     data, problems = {**nvidia_driver.DEFAULTS, **docker_engine.DEFAULTS, **data}, []
@@ -147,7 +147,7 @@ def branch_published(data: Mapping) -> list[str]:
     if not data["nvidia_driver_manage"] or data["nvidia_driver_source"] != "cuda":
         return []
     os_release = host.get_fact(OsRelease)
-    packages = driver_table.packages_for(data, os_release.get("id", ""))  # host_state_problems checked it
+    packages = driver_table.packages_for(data, os_release.get("id", ""))  # state_problems checked it
     if host.get_fact(DebInstalledVersion, package=packages.pinning or packages.version_package):
         return []  # installed: the branch was published, and a no-op asks nothing
     url = nvidia_driver.cuda_repo(data, os_release, host.get_fact(DebArch) or "amd64")[0]
@@ -175,13 +175,8 @@ def check(needs: Needs, data: Mapping, more: list[str] = ()) -> bool:
         running=host.get_fact(NvidiaRunningDriver),
     )
     # the driver and container-runtime roles' host-state checks, then the controller's
-    found = host_state_problems(
-        data,
-        host.get_fact(OsRelease),
-        host.get_fact(DebArch) or "amd64",
-        host.get_fact(NvidiaRunningDriver),
-        host.get_fact(AptSourceFiles),
-    )
+    os_release, arch = host.get_fact(OsRelease), host.get_fact(DebArch) or "amd64"
+    found = state_problems(data, os_release, arch, host.get_fact(NvidiaRunningDriver), host.get_fact(AptSourceFiles))
     problems, lines = problems + found, host.get_fact(FileContents, path=DAEMON_JSON)
     try:
         docker_daemon.merged_text(None if lines is None else "\n".join(lines), {})

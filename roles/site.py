@@ -154,8 +154,7 @@ def power_warnings(plan: Plan) -> None:
 
 
 def image_problems(plan: Plan, variant=None) -> list[str]:
-    """The refusal when the rig lacks its image and no source has it (rigforge/obtain.py), asked from the controller
-    before anything changes."""
+    """The refusal when the rig lacks its image and no source has it (rigforge/obtain.py), asked from the controller."""
     if not plan.data["rigforge_manage_services"] or host.get_fact(DockerImagePresent, image=plan.image):
         return []
     reg = the_fleet(variant).registry
