@@ -263,8 +263,6 @@ def load_saved_images() -> None:
         problems.append(str(error))
     if problems:
         refuse_now(f"Refuse {host.name}: cannot load images", f"rigforge refused {host.name}: {'; '.join(problems)}")
-        return
-    if not hold_the_rig():
-        return
-    layout = HostLayout(root=data["rigforge_root"]) if data["rigforge_root"] else HostLayout()
-    images_role.load(data["rigforge_images_dir"], saved, layout, data["images_port"], REGISTRY in host.groups)
+    elif hold_the_rig():
+        layout = HostLayout(root=data["rigforge_root"]) if data["rigforge_root"] else HostLayout()
+        images_role.load(data["rigforge_images_dir"], saved, layout, data["images_port"], REGISTRY in host.groups)
