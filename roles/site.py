@@ -178,11 +178,8 @@ def needs(plan: Plan) -> Needs:
 def hold_the_rig() -> bool:
     """Take the rig's lock for this run (roles/rig_lock.py), or refuse the host in one line naming the run that
     holds it, or the other names of the same machine (machine-id and SSH host key)."""
-    sudo = None if rig_lock.over_ssh(host) else sudo_problem(host)  # over SSH the lock finds it, sudo -n
-    if sudo:  # before anything else: every later step needs sudo
-        refuse_now(f"Refuse {host.name}: sudo asks for a password", f"rigforge refused on {host.name}: {sudo}.")
-        return False
-    if is_rig(host) and (twins := rig_lock.twins(host)):
+    busy = None if rig_lock.over_ssh(host) else sudo_problem(host)  # over SSH the lock finds it, sudo -n
+    if not busy and is_rig(host) and (twins := rig_lock.twins(host)):
         machine, key = rig_lock.identity(host)
         refuse_now(
             f"Refuse {host.name}: the same machine as {', '.join(twins)}",
@@ -190,12 +187,13 @@ def hold_the_rig() -> bool:
             f"{machine}, SSH host key {key}): keep one of these names in the inventory; nothing was changed.",
         )
         return False
-    this = ctx_host.get()
-    rig_lock.ask(this)  # asked for already by the deploy file (rig_lock.ask_first) or provision, or now
-    busy, note = rig_lock.take(this)
-    probe.lock_answer(this)  # the batched probe came back in the same round trip (rigforge/facts/probe.py)
-    if note:
-        warn(note)
+    if not busy:  # a sudo that asks for a password is refused before anything else: every later step needs sudo
+        this = ctx_host.get()
+        rig_lock.ask(this)  # asked for already by the deploy file (rig_lock.ask_first) or provision, or now
+        busy, note = rig_lock.take(this)
+        probe.lock_answer(this)  # the batched probe came back in the same round trip (rigforge/facts/probe.py)
+        if note:
+            warn(note)
     if busy and busy.startswith("sudo asks "):
         refuse_now(f"Refuse {host.name}: sudo asks for a password", f"rigforge refused on {host.name}: {busy}.")
     elif busy:
