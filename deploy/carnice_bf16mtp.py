@@ -1,15 +1,8 @@
 """Provision rigs to serve carnice-bf16mtp. Hermes agentic fine-tune (Carnice tool specialization).
 
-Carnice-V2-27B (Hermes-style fine-tune) AutoRound INT4 + BF16 MTP overlay;
-same shape as dual.yml but hermes tool parser + template override
-
-    pyinfra inventories/home.py deploy/carnice_bf16mtp.py
+pyinfra inventories/home.py deploy/carnice_bf16mtp.py
 """
 
 from roles import rig_lock
 
-rig_lock.ask_first()  # the rig takes its lock and reads its facts while the roles load
-
-from roles import site  # noqa: E402
-
-site.provision("carnice-bf16mtp")
+rig_lock.provision("carnice-bf16mtp")  # the rig takes its lock and reads its facts while the roles load

@@ -1,14 +1,8 @@
 """Provision rigs to serve dual. General-purpose default: vision, tools, long context, 2 streams.
 
-TP=2, fp8_e5m2 KV, MTP n=3, 2 streams, 262K, vision on, no Genesis
-
-    pyinfra inventories/home.py deploy/dual.py
+pyinfra inventories/home.py deploy/dual.py
 """
 
 from roles import rig_lock
 
-rig_lock.ask_first()  # the rig takes its lock and reads its facts while the roles load
-
-from roles import site  # noqa: E402
-
-site.provision("dual")
+rig_lock.provision("dual")  # the rig takes its lock and reads its facts while the roles load

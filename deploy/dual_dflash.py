@@ -1,14 +1,8 @@
 """Provision rigs to serve dual-dflash. Peak code TPS with vision.
 
-TP=2, DFlash N=5 draft, FP16 (default) KV, bf16 dtype, 1 stream, 185K, vision on, no Genesis
-
-    pyinfra inventories/home.py deploy/dual_dflash.py
+pyinfra inventories/home.py deploy/dual_dflash.py
 """
 
 from roles import rig_lock
 
-rig_lock.ask_first()  # the rig takes its lock and reads its facts while the roles load
-
-from roles import site  # noqa: E402
-
-site.provision("dual-dflash")
+rig_lock.provision("dual-dflash")  # the rig takes its lock and reads its facts while the roles load

@@ -1,14 +1,8 @@
 """Provision rigs to serve dual-dflash-noviz. Peak code TPS, no vision (+15K context).
 
-as dual-dflash plus --language-model-only (no MoonViT), 200K
-
-    pyinfra inventories/home.py deploy/dual_dflash_noviz.py
+pyinfra inventories/home.py deploy/dual_dflash_noviz.py
 """
 
 from roles import rig_lock
 
-rig_lock.ask_first()  # the rig takes its lock and reads its facts while the roles load
-
-from roles import site  # noqa: E402
-
-site.provision("dual-dflash-noviz")
+rig_lock.provision("dual-dflash-noviz")  # the rig takes its lock and reads its facts while the roles load

@@ -1,14 +1,8 @@
 """Provision rigs to serve dual-turbo. Multi-tenant: 4 concurrent agents at full context.
 
-TP=2, TurboQuant 3-bit KV, MTP n=3, 4 streams, 262K, vision on, Genesis v7.69 + 2 sidecars
-
-    pyinfra inventories/home.py deploy/dual_turbo.py
+pyinfra inventories/home.py deploy/dual_turbo.py
 """
 
 from roles import rig_lock
 
-rig_lock.ask_first()  # the rig takes its lock and reads its facts while the roles load
-
-from roles import site  # noqa: E402
-
-site.provision("dual-turbo")
+rig_lock.provision("dual-turbo")  # the rig takes its lock and reads its facts while the roles load

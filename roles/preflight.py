@@ -1,32 +1,170 @@
-"""Preflight: runs first, changes nothing, and stops a host that cannot run its variant (OS, GPUs, VRAM, caps,
-CUDA, disk, daemon.json, the role switches) with one message naming the host, the key and what to do. The refusal
-is printed while the deploy is prepared, so `pyinfra --dry` shows it and exits 1.
+"""Preflight: runs first, changes nothing, and stops a host that cannot run its variant with one message naming the
+host, the key and what to do, printed while the deploy is prepared (so `pyinfra --dry` shows it and exits 1): OS,
+GPUs, VRAM, caps, CUDA, disk, the role switches; the host state the driver and container-runtime roles own (the
+driver package exists and is published, no unowned driver is overwritten, no hand-made apt source clashes with
+rigforge's, daemon.json is a JSON object); the remote sources this run fetches from, one curl each in one round trip
+from the rig (HTTP 404 or 410 refuses; one that cannot be asked or answers otherwise is a warning).
 """
 
+import re
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from pyinfra import host, logger
+from pyinfra.facts.deb import DebArch, DebPackages
+from pyinfra.facts.files import FileContents
 
-from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, NvidiaRunningDriver
-from rigforge.facts.system import FreeDiskBytes, OsRelease, SecureBoot
+from rigforge import driver_table
+from rigforge.facts.apt import AptSourceFiles, DebInstalledVersion, PublishedPackages
+from rigforge.facts.gitpin import GitCheckout
+from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, NvidiaRunningDriver, unowned_driver
+from rigforge.facts.system import FreeDiskBytes, OsRelease, SecureBoot, UrlAnswers
+from rigforge.fleet import Plan
 from rigforge.hardware import Needs, find_problems, format_problems
-from roles import docker_engine, gpu_power, host_state, nvidia_driver
+from rigforge.knobs.docker_engine import DockerEngine
+from rigforge.layout import DAEMON_JSON
+from roles import docker_engine, nvidia_driver
+from roles.operations import apt_repo, docker_daemon
 from roles.operations.checks import refuse_now
+from roles.operations.gitpin import is_current
+from roles.operations.hfweights import stale_files
+from roles.operations.shown import warn
 
-# preflight has no knobs of its own: it checks the other roles' keys, with their defaults
-CHECKED_KEYS = {
-    **nvidia_driver.DEFAULTS,  # every driver / container-runtime key: roles/host_state.py
-    **docker_engine.DEFAULTS,
-    **{key: gpu_power.DEFAULTS[key] for key in ("gpu_power_limit_w", "gpu_power_limits")},
-    "serving_kv_cache_dtype": None,
-    "serving_gpu_memory_utilization": None,
-}
+CURL_EXITS = {6: "no such host name", 7: "connection refused", 28: "timed out", 35: "TLS failed", 60: "TLS: unknown CA"}
+
+
+class Source(NamedTuple):
+    what: str  # "Docker's repository", "git remote vllm-src", ...
+    url: str  # what is asked
+    fix: str  # what to do when it says no
+
+
+def sources_needed(plan: Plan, weights_state) -> list[Source]:
+    """The sources this run would fetch from; `weights_state(plan, asset)` reads the weights' stamp."""
+    data, knobs = plan.data, DockerEngine.of(plan.data)
+    installed = host.get_fact(DebPackages) or {}
+    os_release = host.get_fact(OsRelease) or {}
+    out = []
+    os_id = os_release.get("id", "debian")
+    docker = docker_engine.docker_packages("docker", os_id, knobs.docker_package_versions)
+    if knobs.docker_source == "docker" and apt_repo.missing(docker, installed):
+        url = docker_engine.docker_repo_url(data, os_id)
+        suite = os_release.get("codename", "")
+        fix = f"it has no '{suite}' suite: check docker_repo_url, or use docker_source: distro"
+        out.append(Source("Docker's repository", f"{url}/dists/{suite}/InRelease", fix))
+    if apt_repo.missing(docker_engine.toolkit_packages(plan.toolkit_version), installed):
+        url = docker_engine.toolkit_repo_url(data, host.get_fact(DebArch) or "amd64").rstrip("/")
+        out.append(Source("NVIDIA's container toolkit repository", f"{url}/InRelease", "check nvidia_toolkit_repo_url"))
+    for pin in plan.sources:
+        state = host.get_fact(GitCheckout, path=plan.layout.src(pin.name), files=tuple(dict(pin.files)))
+        if pin.url.startswith(("http://", "https://")) and not is_current(state, pin.url, pin.commit, pin.sparse):
+            out.append(Source(f"git remote {pin.name}", f"{pin.url}/info/refs?service=git-upload-pack",
+                              f"check git.{pin.name}.url in the lock"))  # fmt: skip
+    endpoint = data["hf_endpoint"].rstrip("/")
+    for asset in plan.assets:
+        if not asset.pin.gated and stale_files(asset.pin, weights_state(plan, asset)):  # gated: the token check asks
+            pin = asset.pin
+            url = f"{endpoint}/api/models/{pin.repo}/revision/{pin.revision}"
+            fix = f"check hf.{asset.name} in the lock (repo, revision) and hf_endpoint"
+            out.append(Source(f"Hugging Face repository {pin.repo}", url, fix))
+    return out
+
+
+def verdict(source: Source, code: int, curl_exit: int) -> tuple[str | None, str | None]:
+    """Pure: (the refusal, the warning) for what `source` answered; both None when it answers."""
+    if 200 <= code < 400:
+        return None, None
+    if code in (404, 410):
+        return f"{source.what} says HTTP {code} for {source.url}: {source.fix} (nothing was changed).", None
+    said = f"HTTP {code}" if code else CURL_EXITS.get(curl_exit, f"curl exit {curl_exit}")
+    return None, f"{source.what} could not be asked ({said}: {source.url}); the step that fetches from it will say more"
+
+
+def remote_problems(plan: Plan, weights_state) -> list[str]:
+    """Ask every needed source once, from the rig; warn about those that could not be asked, return the refusals."""
+    sources = sources_needed(plan, weights_state)
+    if not sources:
+        return []
+    answers = host.get_fact(UrlAnswers, urls=tuple(s.url for s in sources))
+    verdicts = [verdict(source, *answers.get(source.url, (0, 0))) for source in sources]
+    for _, warning in verdicts:
+        if warning:
+            warn(f"WARNING: {warning}")
+    fine = verdicts.count((None, None))
+    if fine:  # said at default verbosity, so `--dry` shows what was asked (a re-run with nothing to fetch asks nothing)
+        asked = ", ".join(s.what for s in sources)
+        host.log_styled(f"{host.name}: {fine} of {len(sources)} remote sources this run fetches from answer ({asked})",
+                        log_func=logger.info)  # fmt: skip
+    return [refusal for refusal, _ in verdicts if refusal]
+
+
+def state_problems(data: Mapping, os_release: dict, arch: str, running: dict, sources: dict) -> list[str]:
+    """Pure: every problem of the driver / container-runtime host state (empty when fine); `data`'s keys were
+    validated with the plan (rigforge/fleet.py plan_for)."""
+    data, problems = {**nvidia_driver.DEFAULTS, **docker_engine.DEFAULTS, **data}, []
+    manage = data["nvidia_driver_manage"]
+    if manage:
+        try:
+            driver_table.packages_for(data, os_release.get("id", ""))
+        except driver_table.DriverTableError as error:
+            problems.append(f"{error}.")
+        if unowned_driver(running):
+            problems.append(
+                f"NVIDIA driver {running['version']} is running but no package owns {running['smi']} (NVIDIA's .run "
+                "installer or a hand build); rigforge will not install packages over it: set "
+                "nvidia_driver_manage: false to keep it, or remove it (nvidia-uninstall) and re-run."
+            )
+    elif problem := driver_table.branch_problem(running, int(data["nvidia_driver_branch"])):
+        problems.append(problem)
+    repos = []
+    if manage and data["nvidia_driver_source"] == "cuda":
+        repos.append((nvidia_driver.cuda_repo(data, os_release, arch)[0], nvidia_driver.KEY_NAME))
+    if data["docker_source"] == "docker":
+        repos.append((docker_engine.docker_repo_url(data, os_release.get("id", "")), "rigforge-docker"))
+    repos.append((docker_engine.toolkit_repo_url(data, arch), "rigforge-nvidia-container-toolkit"))
+    for uri, repo in repos:
+        problems += apt_repo.source_problems(sources, uri, repo, data["apt_adopt_sources"], "apt_adopt_sources")
+    return problems
+
+
+def unpublished(data: Mapping, url: str, packages: driver_table.DriverPackages, published: list[str]) -> str | None:
+    """Pure: the refusal when NVIDIA's repository at `url` does not publish a package the driver branch needs."""
+    wanted = [name.split("=")[0] for name in (packages.pinning, *packages.install) if name]
+    missing = [name for name in wanted if name not in published]
+    if not missing:
+        return None
+    branches = sorted({int(m[1]) for n in published if (m := re.fullmatch(r"nvidia-driver-pinning-(\d+)", n))})
+    offer = f"; it publishes driver branches {', '.join(map(str, branches))}" if branches else ""
+    return (
+        f"nvidia_driver_branch {data['nvidia_driver_branch']}: NVIDIA's repository {url} does not publish "
+        f"{', '.join(missing)}{offer}: set nvidia_driver_branch to a published branch (nothing was installed)."
+    )
+
+
+def branch_published(data: Mapping) -> list[str]:
+    """While the CUDA repository's driver packages are not installed: does the repository publish the branch asked
+    for (its index read with curl, not through /etc/apt)? An unreadable index is a warning, never a refusal."""
+    if not data["nvidia_driver_manage"] or data["nvidia_driver_source"] != "cuda":
+        return []
+    os_release = host.get_fact(OsRelease)
+    packages = driver_table.packages_for(data, os_release.get("id", ""))  # state_problems checked it
+    if host.get_fact(DebInstalledVersion, package=packages.pinning or packages.version_package):
+        return []  # installed: the branch was published, and a no-op asks nothing
+    url = nvidia_driver.cuda_repo(data, os_release, host.get_fact(DebArch) or "amd64")[0]
+    published = host.get_fact(PublishedPackages, url=url)
+    if published is None:
+        warn(
+            f"WARNING: could not read NVIDIA's package index at {url} to check that driver branch "
+            f"{data['nvidia_driver_branch']} is published; the install will say so if it is not"
+        )
+        return []
+    problem = unpublished(data, url, packages, published)
+    return [problem] if problem else []
 
 
 def check(needs: Needs, data: Mapping, more: list[str] = ()) -> bool:
     """Refuse this host now, while the deploy is prepared, when it cannot run `needs.variant`; True when it can.
     `data`: the plan's validated host data; `more`: problems found on the controller (roles/site.py)."""
-    data = {key: data.get(key, default) for key, default in CHECKED_KEYS.items()}
     problems = find_problems(
         host.get_fact(OsRelease),
         host.get_fact(NvidiaGpus),
@@ -37,7 +175,17 @@ def check(needs: Needs, data: Mapping, more: list[str] = ()) -> bool:
         running=host.get_fact(NvidiaRunningDriver),
     )
     # the driver and container-runtime roles' host-state checks, then the controller's
-    problems += host_state.problems(data) + list(more)
+    os_release, arch = host.get_fact(OsRelease), host.get_fact(DebArch) or "amd64"
+    found = state_problems(data, os_release, arch, host.get_fact(NvidiaRunningDriver), host.get_fact(AptSourceFiles))
+    problems, lines = problems + found, host.get_fact(FileContents, path=DAEMON_JSON)
+    try:
+        docker_daemon.merged_text(None if lines is None else "\n".join(lines), {})
+    except ValueError as error:
+        problems.append(
+            f"{DAEMON_JSON} on {host.name} is not valid JSON ({error}); rigforge merges the nvidia runtime into it and "
+            "never overwrites it: fix it (no comments, no trailing commas) or remove it, then re-run."
+        )
+    problems += (branch_published(data) if not found else []) + list(more)
     if host.get_fact(SecureBoot) == "enabled":
         host.log_styled(
             "Secure Boot is enabled: DKMS-built NVIDIA modules must be signed with an enrolled MOK key; on Ubuntu, "

@@ -30,8 +30,7 @@ def serve(reg: RegistryPlan, tls: tuple[str, str] | None, manage_services: bool,
     """On the registry host: the registry, serving `tls` = (certificate, key) PEM (None: plain HTTP), holding
     `images` (the rigs' locked images) copied from upstream by skopeo, which trusts the fleet CA `ca` in certs.d."""
     text = registry.render_config(reg)
-    problems = registry.check_config(text, tls=not reg.insecure)
-    if problems:
+    if problems := registry.check_config(text, tls=not reg.insecure):
         refuse_now(f"Refuse {reg.host}: the registry config is not valid", "; ".join(problems))
         return
     apt.packages(name="Install Debian's docker-registry (Distribution), skopeo and openssl",

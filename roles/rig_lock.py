@@ -47,9 +47,9 @@ def identity(h) -> tuple[str, str] | None:
     return _IDENTITY[h.name]
 
 
-def twins(h, hosts) -> list[str]:
-    """The names among `hosts` (this run's, other than `h`) that reach the same machine as `h`."""
-    others = [o for o in hosts if o.name != h.name]
+def twins(h) -> list[str]:
+    """The names of this run's other rigs that reach the same machine as `h`."""
+    others = [o for o in h.inventory.iter_activated_hosts() if is_rig(o) and o.name != h.name]
     mine = identity(h) if others else None  # with no other host there is nothing to read
     return sorted(o.name for o in others if mine is not None and identity(o) == mine)
 
@@ -119,18 +119,24 @@ def send(host, path: str, sudo: bool, then: list | None = None, password: str | 
 def ask(host) -> None:
     """Send `host`'s request for the run lock, carrying its batched probe, unless it was sent. A rig that is the same
     machine as another of this run's rigs is not asked: the deploy refuses it (roles/site.py `hold_the_rig`)."""
-    if not over_ssh(host) or asked(host):
-        return
-    if is_rig(host) and twins(host, [h for h in host.inventory.iter_activated_hosts() if is_rig(h)]):
+    if not over_ssh(host) or asked(host) or (is_rig(host) and twins(host)):
         return
     sudo, _, password = sudo_of(host)
     send(host, RUN_LOCK, sudo, probe.lock_request(host), password)
 
 
 def ask_first() -> None:
-    """The deploy files' first step: the rig answers the lock request while the controller loads the roles."""
+    """A deploy's first step: the rig answers the lock request while the controller loads the roles."""
     probe.install_all()
     ask(ctx_host.get())
+
+
+def provision(variant: str | None = None) -> None:
+    """A deploy file's one step: `ask_first`, then roles/site.py `provision` (`variant` None: host data's)."""
+    ask_first()
+    from roles import site  # loaded while the rig answers
+
+    site.provision(variant)
 
 
 def asked(host) -> bool:

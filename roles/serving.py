@@ -25,24 +25,22 @@ from roles.operations.staged import staged_files, systemd_verify
 def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = False):
     """`gateways`: the fleet gateway hosts this rig leaves while its unit restarts ({name: use sudo}); `sudo`:
     whether this rig's own commands run with sudo."""
-    variant, layout = plan.variant, plan.layout
-    knobs, gateways = Serving.of(plan.data), dict(gateways or {})
+    layout, knobs, gateways = plan.layout, Serving.of(plan.data), dict(gateways or {})
     manage, rest, unit = knobs.rigforge_manage_services, knobs.serving_rest, layout.vllm_unit
-    rendered, image = plan.files, plan.image
 
     for cache_dir in ("torch_compile", "triton"):
         files.directory(name=f"Compile cache {cache_dir}", path=f"{layout.cache}/{cache_dir}", mode="755")
 
     compose = staged_files(
-        name=f"Install {variant.name} compose file and .env (validated by docker compose config)",
+        name=f"Install {plan.variant.name} compose file and .env (validated by docker compose config)",
         dest=layout.serve_dir,
-        files={name: (rendered[name], mode) for name, mode in SERVE_FILES.items() if name in rendered},
+        files={name: (plan.files[name], mode) for name, mode in SERVE_FILES.items() if name in plan.files},
         validate="docker compose config -q",
     )
     unit_file = staged_files(
         name=f"Install {VLLM_UNIT} (validated by systemd-analyze verify)",
         dest=layout.unit_dir,
-        files={VLLM_UNIT: (rendered[VLLM_UNIT], "644")},
+        files={VLLM_UNIT: (plan.files[VLLM_UNIT], "644")},
         validate=systemd_verify(VLLM_UNIT, instance=unit),
         keep_previous=False,
     )
@@ -50,7 +48,7 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = F
     enabled = host.get_fact(EnabledInstances, unit_dir=layout.unit_dir, template=layout.vllm_template)
     previous = [u for u in enabled if u != unit]
     if manage:
-        ops.image_present(name=f"Pull {image} ahead of the restart", image=image)
+        ops.image_present(name=f"Pull {plan.image} ahead of the restart", image=plan.image)
         systemd.daemon_reload(name="Reload systemd units", _if=unit_file.did_change)
     changed = any_changed(compose, unit_file)
 

@@ -1,7 +1,6 @@
-"""The order of roles for one host: on the fleet's own hosts the gateway, monitor and fleet registry; on a rig its
-plan (built once on the controller: rigforge/fleet.py), preflight, repair of an interrupted run, driver, GPU check,
-container runtime, power, sources, weights, serving, metrics. Every problem of a host refuses it in one message as
-its first operation, so nothing on it changes; other hosts carry on. The roles take the plan and read nothing else.
+"""The order of roles for one host (`provision`): the fleet's own hosts' roles, then a rig's plan (built once on the
+controller: rigforge/fleet.py) and its roles. Every problem of a host refuses it in one message as its first
+operation, so nothing on it changes; other hosts carry on. The roles take the plan and read nothing else.
 """
 
 from pyinfra import host
@@ -24,18 +23,7 @@ from rigforge.inventory import sudo_problem
 from rigforge.knobs.site import DEFAULTS
 from rigforge.layout import DAEMON_JSON, HostLayout
 from rigforge.lock import token_refused
-from roles import (
-    docker_engine,
-    gpu_power,
-    interrupt,
-    nvidia_driver,
-    preflight,
-    remote_sources,
-    rig_lock,
-    serving,
-    sources,
-    weights,
-)
+from roles import docker_engine, gpu_power, interrupt, nvidia_driver, preflight, rig_lock, serving, sources, weights
 from roles import gateway as gateway_role
 from roles import images as images_role
 from roles import monitor as monitor_role
@@ -106,25 +94,19 @@ def gateway_plan(variant=None):
     return gw, problems + more
 
 
-def front_the_fleet(variant=None) -> bool:
-    """On a host of the group `gateway`, the fleet gateway (roles/gateway.py); False when it was refused."""
-    if GATEWAY not in host.groups:
-        return True
-    gw, problems = gateway_plan(variant)
-    if refused(problems, "the gateway"):
-        return False
-    gateway_role.apply(gw, host_data(host.data)["rigforge_manage_services"])
-    return True
-
-
-def watch_the_fleet(variant=None) -> bool:
-    """On a host of the group `monitor`, Prometheus scraping the fleet (roles/monitor.py); False when refused."""
-    if MONITOR not in host.groups:
-        return True
+def front_and_watch_the_fleet(variant=None) -> bool:
+    """On a host of the group `gateway`, the fleet gateway (roles/gateway.py); of the group `monitor`, Prometheus
+    scraping the fleet (roles/monitor.py); False when one was refused."""
     data = host_data(host.data)
-    if refused(rigforge.knobs.monitor.validate(data), "the monitor"):
-        return False
-    monitor_role.server(dict(the_fleet(variant).targets), data, data["rigforge_manage_services"])
+    if GATEWAY in host.groups:
+        gw, problems = gateway_plan(variant)
+        if refused(problems, "the gateway"):
+            return False
+        gateway_role.apply(gw, data["rigforge_manage_services"])
+    if MONITOR in host.groups:
+        if refused(rigforge.knobs.monitor.validate(data), "the monitor"):
+            return False
+        monitor_role.server(dict(the_fleet(variant).targets), data, data["rigforge_manage_services"])
     return True
 
 
@@ -141,19 +123,18 @@ def prepare(variant=None) -> Plan | None:
     fl, cap_units = the_fleet(variant), tuple(host.get_fact(PowerCapUnits))
     rebuild = lambda count: plan_for(host.name, host.data, variant, count, cap_units=cap_units)  # noqa: E731
     plan, problems = fl.completed(host.name, gpus, cap_units, rebuild)
+    gated = [a.pin for a in plan.assets if a.pin.gated and stale_files(a.pin, _weights_state(plan, a))] if plan else []
     token = []  # the HF token's problems: asked of the hub, or missing for gated weights
-    if plan is not None:
-        gated = [a.pin for a in plan.assets if a.pin.gated and stale_files(a.pin, _weights_state(plan, a))]
-        if gated and not plan.token:
-            token.append(
-                f"{', '.join(p.repo for p in gated)} {'is' if len(gated) == 1 else 'are'} gated, not yet fetched, and "
-                "no HF token is set: set host data hf_token or RIGFORGE_HF_TOKEN / HF_TOKEN on the controller"
-            )
-        for pin in gated if plan.token else ():
-            problem, warning = token_refused(plan.data["hf_endpoint"], pin, plan.token)
-            token += [problem] if problem else []
-            if warning:
-                warn(warning)
+    if gated and not plan.token:
+        token.append(
+            f"{', '.join(p.repo for p in gated)} {'is' if len(gated) == 1 else 'are'} gated, not yet fetched, and no "
+            "HF token is set: set host data hf_token or RIGFORGE_HF_TOKEN / HF_TOKEN on the controller"
+        )
+    for pin in gated if gated and plan.token else ():
+        problem, warning = token_refused(plan.data["hf_endpoint"], pin, plan.token)
+        token += [problem] if problem else []
+        if warning:
+            warn(warning)
     if problems or token:
         # the refusal's name says the host data's problems and the HF token's apart: a token the hub refused is
         # never counted as a problem 'in host data'
@@ -173,8 +154,7 @@ def power_warnings(plan: Plan) -> None:
 
 
 def image_problems(plan: Plan, variant=None) -> list[str]:
-    """The refusal when the rig lacks its image and no source has it (rigforge/obtain.py), asked from the controller
-    before anything changes."""
+    """The refusal when the rig lacks its image and no source has it (rigforge/obtain.py), asked from the controller."""
     if not plan.data["rigforge_manage_services"] or host.get_fact(DockerImagePresent, image=plan.image):
         return []
     reg = the_fleet(variant).registry
@@ -198,27 +178,22 @@ def needs(plan: Plan) -> Needs:
 def hold_the_rig() -> bool:
     """Take the rig's lock for this run (roles/rig_lock.py), or refuse the host in one line naming the run that
     holds it, or the other names of the same machine (machine-id and SSH host key)."""
-    sudo = None if rig_lock.over_ssh(host) else sudo_problem(host)  # over SSH the lock finds it, sudo -n
-    if sudo:  # before anything else: every later step needs sudo
-        refuse_now(f"Refuse {host.name}: sudo asks for a password", f"rigforge refused on {host.name}: {sudo}.")
+    busy = None if rig_lock.over_ssh(host) else sudo_problem(host)  # over SSH the lock finds it, sudo -n
+    if not busy and is_rig(host) and (twins := rig_lock.twins(host)):
+        machine, key = rig_lock.identity(host)
+        refuse_now(
+            f"Refuse {host.name}: the same machine as {', '.join(twins)}",
+            f"rigforge refused on {host.name}: {' and '.join([host.name, *twins])} are one machine (machine-id "
+            f"{machine}, SSH host key {key}): keep one of these names in the inventory; nothing was changed.",
+        )
         return False
-    if is_rig(host):
-        twins = rig_lock.twins(host, [h for h in host.inventory.iter_activated_hosts() if is_rig(h)])
-        if twins:
-            machine, key = rig_lock.identity(host)
-            names = " and ".join([host.name, *twins])
-            refuse_now(
-                f"Refuse {host.name}: the same machine as {', '.join(twins)}",
-                f"rigforge refused on {host.name}: {names} are one machine (machine-id {machine}, SSH host key "
-                f"{key}): keep one of these names in the inventory; nothing was changed.",
-            )
-            return False
-    this = ctx_host.get()
-    rig_lock.ask(this)  # asked for already by the deploy file (rig_lock.ask_first) or provision, or now
-    busy, note = rig_lock.take(this)
-    probe.lock_answer(this)  # the batched probe came back in the same round trip (rigforge/facts/probe.py)
-    if note:
-        warn(note)
+    if not busy:  # a sudo that asks for a password is refused before anything else: every later step needs sudo
+        this = ctx_host.get()
+        rig_lock.ask(this)  # asked for already by the deploy file (rig_lock.ask_first) or provision, or now
+        busy, note = rig_lock.take(this)
+        probe.lock_answer(this)  # the batched probe came back in the same round trip (rigforge/facts/probe.py)
+        if note:
+            warn(note)
     if busy and busy.startswith("sudo asks "):
         refuse_now(f"Refuse {host.name}: sudo asks for a password", f"rigforge refused on {host.name}: {busy}.")
     elif busy:
@@ -233,15 +208,12 @@ def provision(variant_name: str | None = None):
     interrupt.install(ctx_state.get())  # Ctrl-C / SIGTERM exit non-zero, naming the cut operation
     rig_lock.ask(ctx_host.get())  # unless the deploy file did, before the roles loaded
     the_fleet(variant_name)  # built while the rig takes its lock and runs its probe
-    if not (hold_the_rig() and front_the_fleet(variant_name) and watch_the_fleet(variant_name)):
+    if not (hold_the_rig() and front_and_watch_the_fleet(variant_name)):
         return
-    if not serve_the_registry(variant_name) or not is_rig(host):
-        return
-    plan = prepare(variant_name)
-    if plan is None:
+    if not serve_the_registry(variant_name) or not is_rig(host) or (plan := prepare(variant_name)) is None:
         return
     host_needs = needs(plan)
-    asked = remote_sources.problems(plan, _weights_state)  # the remote sources this run fetches from, once
+    asked = preflight.remote_problems(plan, _weights_state)  # the remote sources this run fetches from, once
     found = image_problems(plan, variant_name)  # then the data roots inside Docker's (the rig's daemon.json)
     found += roots_inside(plan.layout, data_root_of(host.get_fact(FileContents, path=DAEMON_JSON))) + asked
     if not preflight.check(host_needs, plan.data, found):
@@ -289,8 +261,6 @@ def load_saved_images() -> None:
         problems.append(str(error))
     if problems:
         refuse_now(f"Refuse {host.name}: cannot load images", f"rigforge refused {host.name}: {'; '.join(problems)}")
-        return
-    if not hold_the_rig():
-        return
-    layout = HostLayout(root=data["rigforge_root"]) if data["rigforge_root"] else HostLayout()
-    images_role.load(data["rigforge_images_dir"], saved, layout, data["images_port"], REGISTRY in host.groups)
+    elif hold_the_rig():
+        layout = HostLayout(root=data["rigforge_root"]) if data["rigforge_root"] else HostLayout()
+        images_role.load(data["rigforge_images_dir"], saved, layout, data["images_port"], REGISTRY in host.groups)

@@ -24,9 +24,8 @@ def apply(plan: Plan):
     files.put(name="Ship fetch_weights.py", src=str(hfweights.SCRIPT), dest=f"{lib}/fetch_weights.py", mode="755")
     token = HiddenValue(plan.token) if plan.token else None
     for asset in plan.assets:
-        pin = asset.pin
         hfweights.fetched(
-            name=f"Weights {asset.name} ({pin.repo}@{pin.revision[:12]}) -> {asset.dir}",
+            name=f"Weights {asset.name} ({asset.pin.repo}@{asset.pin.revision[:12]}) -> {asset.dir}",
             asset=asset,
             layout=layout,
             knobs=knobs,

@@ -314,8 +314,7 @@ def test_the_deploy_entry_installs_and_importing_changes_nothing(shipped, monkey
     monkeypatch.setattr(site.rig_lock, "ask", lambda h: None)  # no rig to lock here
     monkeypatch.setattr(site, "the_fleet", lambda *args: None)  # no inventory on this bare host
     monkeypatch.setattr(site, "hold_the_rig", lambda: True)
-    monkeypatch.setattr(site, "front_the_fleet", lambda *args: True)  # no inventory groups on this bare host
-    monkeypatch.setattr(site, "watch_the_fleet", lambda *args: True)
+    monkeypatch.setattr(site, "front_and_watch_the_fleet", lambda *args: True)  # no inventory groups on this bare host
     monkeypatch.setattr(site, "serve_the_registry", lambda *args: True)
     monkeypatch.setattr(site, "is_rig", lambda h: True)
     monkeypatch.setattr(site, "prepare", lambda *args, **kwargs: None)  # a refused host: provision returns

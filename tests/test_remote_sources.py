@@ -1,4 +1,4 @@
-"""Preflight's pass over remote sources (roles/remote_sources.py): what an answer means, and the one curl per URL
+"""Preflight's pass over remote sources (roles/preflight.py): what an answer means, and the one curl per URL
 the rig runs (rigforge/facts/system.py UrlAnswers), run here against a local HTTP server and closed ports."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from rigforge.facts.system import UrlAnswers
-from roles.remote_sources import Source, verdict
+from roles.preflight import Source, verdict
 
 DOCKER = Source("Docker's repository", "https://download.docker.com/linux/debian/dists/trixie/InRelease",
                 "it has no 'trixie' suite: check docker_repo_url, or use docker_source: distro")  # fmt: skip

@@ -578,7 +578,7 @@ def test_cap_outside_range_refused_in_gpu_power_too(cap):
 
 def test_an_unpublished_driver_branch_names_the_published_ones():
     from rigforge.driver_table import DriverPackages
-    from roles.host_state import unpublished
+    from roles.preflight import unpublished
 
     packages = DriverPackages("nvidia-driver-pinning-595", ("nvidia-open",), "nvidia-open")
     published = ["cuda-drivers", "nvidia-driver-pinning-580", "nvidia-driver-pinning-590", "nvidia-open"]

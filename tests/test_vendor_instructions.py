@@ -13,11 +13,11 @@ from test_roles_host_ops import converge, executed, op_commands, planned, rig, u
 
 import rigforge.knobs.docker_engine
 import rigforge.knobs.nvidia_driver
-from rigforge import driver_table
+from rigforge import driver_table, fleet
 from rigforge.facts.apt import AptSourceFiles, KeyFingerprints, parse_deb822, parse_one_line, same_uri_files
 from rigforge.facts.nvidia import NvidiaRunningDriver, unowned_driver
 from rigforge.pins import default_lock_path, load_lock
-from roles import docker_engine, host_state, nvidia_driver
+from roles import docker_engine, nvidia_driver, preflight
 from roles.operations import apt_repo
 
 CUDA = "https://developer.download.nvidia.com/compute/cuda/repos"
@@ -152,7 +152,7 @@ def test_ubuntu_archive_source(os, flavor):
 def test_ubuntu_source_and_missing_rows_are_refused_in_preflight():
     data = {"nvidia_driver_source": "ubuntu"}
     debian = {"id": "debian", "version_id": "13"}
-    (problem,) = host_state.find_problems(data, debian, "amd64", {}, {})
+    (problem,) = preflight.state_problems(data, debian, "amd64", {}, {})
     assert "no open driver package for debian from nvidia_driver_source='ubuntu'" in problem
     assert "use nvidia_driver_source: cuda" in problem
     for bad, key in (
@@ -160,7 +160,7 @@ def test_ubuntu_source_and_missing_rows_are_refused_in_preflight():
         ("latest", "nvidia_driver_branch"),
         ("nvidia", "nvidia_driver_source"),
     ):
-        problems = host_state.find_problems({key: bad}, debian, "amd64", {}, {})
+        _, problems = fleet.plan_for("r", {"rigforge_variant": "dual-turbo", key: bad}, deployable=False)
         assert len(problems) == 1 and problems[0].startswith(f"{key}={bad!r}"), problems
 
 
@@ -361,8 +361,8 @@ def test_adoption_off_is_refused_in_preflight_naming_each_file():
         )
     )
     ubuntu = {"id": "ubuntu", "version_id": "24.04", "codename": "noble"}
-    assert host_state.find_problems({}, ubuntu, "amd64", {}, sources) == []  # adopted by default
-    problems = host_state.find_problems({"apt_adopt_sources": False}, ubuntu, "amd64", {}, sources)
+    assert preflight.state_problems({}, ubuntu, "amd64", {}, sources) == []  # adopted by default
+    problems = preflight.state_problems({"apt_adopt_sources": False}, ubuntu, "amd64", {}, sources)
     assert [p.split(" already points at")[0] for p in problems] == [
         "/etc/apt/sources.list.d/cuda-ubuntu2404-x86_64.list",
         "/etc/apt/sources.list.d/docker.list",
@@ -371,7 +371,7 @@ def test_adoption_off_is_refused_in_preflight_naming_each_file():
     mixed = AptSourceFiles().process(
         source_listing({"/etc/apt/sources.list": DOCKER_LIST + "deb http://archive.ubuntu.com/ubuntu noble main\n"})
     )
-    (problem,) = host_state.find_problems({}, ubuntu, "amd64", {}, mixed)
+    (problem,) = preflight.state_problems({}, ubuntu, "amd64", {}, mixed)
     assert problem.startswith("/etc/apt/sources.list points at https://download.docker.com/linux/ubuntu and at other")
 
 
@@ -391,11 +391,11 @@ def test_a_running_driver_no_package_owns_is_refused_unless_left_alone():
     )
     assert owned["owner"] == "nvidia-utils-580" and not unowned_driver(owned)
     ubuntu = {"id": "ubuntu", "version_id": "24.04", "codename": "noble"}
-    (problem,) = host_state.find_problems({}, ubuntu, "amd64", unowned, {})
+    (problem,) = preflight.state_problems({}, ubuntu, "amd64", unowned, {})
     assert problem.startswith("NVIDIA driver 580.159.04 is running but no package owns /usr/bin/nvidia-smi")
     assert "nvidia_driver_manage: false" in problem and "\n" not in problem
-    assert host_state.find_problems({"nvidia_driver_manage": False}, ubuntu, "amd64", unowned, {}) == []
-    (other,) = host_state.find_problems(
+    assert preflight.state_problems({"nvidia_driver_manage": False}, ubuntu, "amd64", unowned, {}) == []
+    (other,) = preflight.state_problems(
         {"nvidia_driver_manage": False, "nvidia_driver_branch": 590}, ubuntu, "amd64", unowned, {}
     )
     assert "running NVIDIA driver is 580.159.04, not branch 590" in other
@@ -471,7 +471,6 @@ def test_no_such_package_stops_the_host_in_preflight_not_the_run():
     from test_roles_host_ops import PREFLIGHT
 
     from rigforge import fleet
-    from roles import preflight
 
     @deploy("site")
     def _site():
