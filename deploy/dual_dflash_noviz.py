@@ -5,4 +5,8 @@ pyinfra inventories/home.py deploy/dual_dflash_noviz.py
 
 from roles import rig_lock
 
-rig_lock.provision("dual-dflash-noviz")  # the rig takes its lock and reads its facts while the roles load
+rig_lock.ask_first()  # the rig takes its lock and reads its facts while the roles load
+
+from roles import site  # noqa: E402
+
+site.provision("dual-dflash-noviz")

@@ -131,14 +131,6 @@ def ask_first() -> None:
     ask(ctx_host.get())
 
 
-def provision(variant: str | None = None) -> None:
-    """A deploy file's one step: `ask_first`, then roles/site.py `provision` (`variant` None: host data's)."""
-    ask_first()
-    from roles import site  # loaded while the rig answers
-
-    site.provision(variant)
-
-
 def asked(host) -> bool:
     return host.name in _SENT or host.name in _HELD
 
