@@ -164,14 +164,12 @@ def install_missing(packages: list[str], change_held: bool = False):
 
 def missing(packages: list[str], installed: dict | None) -> list[str]:
     """Pure: the specs of `packages` that `installed` (DebPackages) lacks, a pinned one also at another version."""
-    installed = installed or {}
-    out = []
-    for spec in packages:
-        name, _, version = spec.partition("=")
-        versions = installed.get(name) or []
-        if not versions or (version and version not in versions):
-            out.append(spec)
-    return out
+
+    def lacks(name: str, _, version: str) -> bool:
+        versions = (installed or {}).get(name) or []
+        return not versions or bool(version) and version not in versions
+
+    return [spec for spec in packages if lacks(*spec.partition("="))]
 
 
 @operation()
@@ -183,7 +181,7 @@ def hold(packages: list[str], same_version_as: str = "", prefixes: tuple = ()):
     + prefixes: also hold installed packages with these prefixes at that version (the driver's libraries)
     """
     installed = host.get_fact(DebPackages)
-    stack = {upstream_version(v) for v in installed.get(same_version_as) or []} if same_version_as else set()
+    stack = {upstream_version(v) for v in installed.get(same_version_as) or []}
     wanted = {
         name
         for name, versions in installed.items()

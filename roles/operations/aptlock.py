@@ -25,12 +25,9 @@ HOLDER = f"perl -e {shlex.quote(GETLK)} {' '.join(LOCKS)} 2>/dev/null"
 
 def parse(output: list[str] | str) -> dict | None:
     """{"lock", "pid", "command"} from HOLDER's output; None when every lock is free."""
-    text = output if isinstance(output, str) else "\n".join(output)
-    first = text.strip().splitlines()[0] if text.strip() else ""
-    match = re.match(r"(\S+) (-?\d+) ?(.*)", first)
-    if not match:
-        return None
-    return {"lock": match.group(1), "pid": int(match.group(2)), "command": " ".join(match.group(3).split())[:80]}
+    text = (output if isinstance(output, str) else "\n".join(output)).strip()
+    m = re.match(r"(?P<lock>\S+) (?P<pid>-?\d+) ?(?P<command>.*)", text)  # the first line
+    return m and {**m.groupdict(), "pid": int(m["pid"]), "command": " ".join(m["command"].split())[:80]}
 
 
 def describe(holder: dict, held: str = "is held") -> str:

@@ -24,16 +24,15 @@ def merged_text(current: str | None, patch: dict, extend: dict | None = None) ->
     """New daemon.json text, or None when `current` already holds everything in `patch`, and every item of
     `extend`'s lists in the list at that key (the user's own entries kept). ValueError when `current` is not a
     JSON object (a user's broken file is never overwritten)."""
-    existing = json.loads(current) if current and current.strip() else {}
+    blank = not (current and current.strip())
+    existing = {} if blank else json.loads(current)
     if not isinstance(existing, dict):
         raise ValueError("top level is not a JSON object")
     merged = deep_merge(existing, patch)
     for key, items in (extend or {}).items():
         have = merged.get(key) if isinstance(merged.get(key), list) else []
         merged[key] = have + [item for item in items if item not in have]
-    if merged == existing and current and current.strip():
-        return None
-    return json.dumps(merged, indent=2) + "\n"
+    return None if merged == existing and not blank else json.dumps(merged, indent=2) + "\n"
 
 
 @operation()

@@ -114,9 +114,8 @@ def loaded(directory: str, saved: list, layout: HostLayout, port: int | None = N
     if not todo:
         host.noop(f"docker holds {', '.join(images.pinned(e) for e in saved)}")
         return
-    if not port:
-        used = host.get_fact(ListeningPorts)
-        port = next((p for p in PORTS if p not in used), None)
+    used = [] if port else host.get_fact(ListeningPorts)
+    port = port or next((p for p in PORTS if p not in used), None)
     if port is None:
         yield fail_command(f"{host.name}: no free port in {PORTS.start}-{PORTS.stop - 1} for the temporary registry")
         return

@@ -55,8 +55,7 @@ def power_caps(default_w, overrides: dict | None = None):
         yield fail_command(f"power caps refused on {host.name}: " + " ".join(problems))
         return
     caps = resolve_caps([gpu["index"] for gpu in gpus], default_w, overrides or {})
-    limits = {gpu["index"]: gpu.get("power_limit") for gpu in gpus}
-    todo = [index for index, watts in limits.items() if watts is None or round(watts) != caps[index]]
+    todo = [g["index"] for g in gpus if g.get("power_limit") is None or round(g["power_limit"]) != caps[g["index"]]]
     if not todo:
         host.noop(f"power caps already set: {caps}")
     for index in todo:

@@ -51,8 +51,7 @@ def start_reason(plan: Plan, changed: bool) -> str | None:
 
 @operation()
 def running(plan: Plan, changed=None):
-    """The rig's vLLM unit runs as declared (``start_reason``), its failure record reset first so that the health
-    gate counts only this start's restarts.
+    """(Re)start the rig's vLLM unit when ``start_reason`` says so, its failures reset (the gate counts restarts).
 
     + plan: the rig's plan (the unit, its compose project directory, the locked image)
     + changed: a callable, true when this run changed its compose file, .env, unit or instance
@@ -83,8 +82,7 @@ def stopped(unit: str):
 
 @operation()
 def healthy(plan: Plan, rollback_unit: str | None, started=None, changed=None):
-    """The health gate (``health_gate_script``) after this run started the unit, or when the API does not answer
-    now; it rolls back only what this run changed.
+    """The health gate (``health_gate_script``) after a (re)start or when the API is silent; undoes this run's changes.
 
     + plan: the rig's plan (its unit, serve dir and its .env's API key, model, port, ``serving_health_*`` knobs)
     + rollback_unit: the instance to go back to when the gate fails, None: the ``*.prev`` files
