@@ -9,7 +9,7 @@ import shlex
 from pyinfra import host, logger, state
 from pyinfra.api import FactBase, FunctionCommand, QuoteString, StringCommand, operation
 
-from roles.operations.shown import warn
+from roles.operations.shown import unchanged, warn
 
 LOCKS = ("/var/lib/dpkg/lock-frontend", "/var/lib/dpkg/lock", "/var/lib/apt/lists/lock", "/var/cache/apt/archives/lock")
 # prints "<lock file> <pid> <command line>" of the first lock held, nothing when all are free
@@ -81,8 +81,7 @@ def free(wait: int, sudo: dict | None = None):
     + sudo: how this rig's commands run (``{"_sudo": True, "_sudo_user": ...}``), for the wait's own command
     """
     holder = host.get_fact(AptLockHolder)
-    if not holder:
-        host.noop("the apt/dpkg lock is free")
+    if unchanged(not holder, "the apt/dpkg lock is free"):
         return
     if not state.is_executing:
         warn(f"{describe(holder)}; the run waits up to {wait} s (apt_lock_wait) for it before its first change")

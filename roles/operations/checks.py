@@ -8,6 +8,7 @@ from pyinfra.context import ctx_host
 
 from rigforge.facts.nvidia import NvidiaGpus
 from rigforge.hardware import Needs, format_problems, gpu_problems
+from roles.operations.shown import unchanged
 
 
 def _fail(state, host, message):  # pyinfra passes (state, host) to callbacks whose arguments use those names
@@ -32,8 +33,7 @@ def gpus_fit(needs: Needs, caps: dict[int, int], data: dict):
     The GPUs are read when this executes, after a driver installed earlier in the same run.
     """
     gpus = host.get_fact(NvidiaGpus)
-    if not gpus and not state.is_executing:
-        host.noop("GPUs are checked when this runs, once the driver answers")
+    if unchanged(not gpus and not state.is_executing, "GPUs are checked when this runs, once the driver answers"):
         return
     problems = gpu_problems(gpus, needs, data)
     if not gpus:

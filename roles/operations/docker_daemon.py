@@ -9,6 +9,7 @@ from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 from pyinfra.facts.files import FileContents
 
 from roles.operations.checks import fail_command
+from roles.operations.shown import unchanged
 
 
 def deep_merge(base: dict, patch: dict) -> dict:
@@ -50,8 +51,7 @@ def merge_json(path: str, patch: dict, extend: dict | None = None):
     except ValueError as error:
         yield fail_command(f"{path} on {host.name} is not valid JSON ({error}); fix or remove it, then re-run.")
         return
-    if text is None:
-        host.noop(f"{path} already has {sorted({*patch, *(extend or {})})}")
+    if unchanged(text is None, f"{path} already has {sorted({*patch, *(extend or {})})}"):
         return
     temp = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.rigforge-new")
     yield StringCommand("mkdir", "-p", QuoteString(posixpath.dirname(path)))

@@ -6,7 +6,7 @@ from pyinfra.api import QuoteString, StringCommand, operation
 from rigforge.facts.docker import RegistryHasImage
 from rigforge.obtain import parse
 from rigforge.registry import RegistryPlan
-from roles.operations.shown import ShownCommand, say
+from roles.operations.shown import ShownCommand, say, unchanged
 
 
 @operation()
@@ -20,12 +20,11 @@ def image_in_fleet(image: str, reg: RegistryPlan):
     """
     endpoint, insecure = reg.endpoint, reg.insecure
     ref = parse(image)
-    if not ref.digest:
-        host.noop(f"{image} has no locked digest: nothing to copy (`rigforge lock` resolves it)")
+    if unchanged(not ref.digest, f"{image} has no locked digest: nothing to copy (`rigforge lock` resolves it)"):
         return
-    if host.get_fact(RegistryHasImage, endpoint=endpoint, repository=ref.repository, digest=ref.digest,
-                     tls_verify=not insecure):  # fmt: skip
-        host.noop(f"the fleet registry {endpoint} holds {ref.pinned}")
+    held = host.get_fact(RegistryHasImage, endpoint=endpoint, repository=ref.repository, digest=ref.digest,
+                         tls_verify=not insecure)  # fmt: skip
+    if unchanged(held, f"the fleet registry {endpoint} holds {ref.pinned}"):
         return
     tag = ref.tag or ref.digest.replace(":", "-")[:40]  # the lock's tag, so `rigforge lock` can find it there
     yield say(f"copying {ref.pinned} from upstream into the fleet registry {endpoint} (once for the fleet)")

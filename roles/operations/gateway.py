@@ -13,7 +13,7 @@ from rigforge.fleet import Plan
 from rigforge.gateway import backend_name, drain_script, rejoin_script, state_script
 from rigforge.knobs.gateway import Gateway
 from rigforge.knobs.serving import Serving
-from roles.operations.shown import warn
+from roles.operations.shown import unchanged, warn
 
 
 def _on_gateways(state, host, gateways: dict[str, bool], script: str, what: str, quiet=False) -> dict[str, str]:
@@ -102,8 +102,7 @@ def rejoined(plan: Plan, gateways: dict[str, bool], gate=None, sudo: bool = Fals
         return  # its state at the gateways is read when the rig's turn comes
     if gate is None or not (gate.did_change() or gate.did_error()):
         out = {g: w for g, w in states(state, host, gateways, plan).items() if w != "ready"}
-        if not out:
-            host.noop(f"{host.name} serves at every gateway")
+        if unchanged(not out, f"{host.name} serves at every gateway"):
             return
         host.log(f"{host.name} is not serving at {', '.join(f'{g} ({w})' for g, w in out.items())}: rejoining")
     yield FunctionCommand(_rejoin, (plan, gateways, gate, sudo), {})
@@ -120,7 +119,6 @@ def held_drained(plan: Plan, gateways: dict[str, bool]):
         return
     found = states(state, host, gateways, plan)
     todo = {g: sudo for g, sudo in gateways.items() if found.get(g) not in (None, "drain", "maint", "absent")}
-    if not todo:
-        host.noop(f"{host.name} rests drained at every gateway (serving_rest: drained)")
+    if unchanged(not todo, f"{host.name} rests drained at every gateway (serving_rest: drained)"):
         return
     yield FunctionCommand(_drain, (todo, plan), {})

@@ -24,7 +24,7 @@ from rigforge.knobs.weights import Weights
 from rigforge.layout import STAMP, HostLayout
 from rigforge.pins import HfFile, HfPin
 from roles.operations.checks import fail_command
-from roles.operations.shown import ShownCommand, repairing, say
+from roles.operations.shown import ShownCommand, repairing, say, unchanged
 from roles.operations.staged import upload_privately
 
 HEADROOM = 1.05
@@ -108,9 +108,8 @@ def fetched(asset: PlannedAsset, layout: HostLayout, knobs: Weights, token=None)
     if not stale:
         left = [staging] if state.get("staging_dir") else []
         left += [token_file] if host.get_fact(File, path=token_file) else []
-        if not left:
-            how = "re-hashed (weights_deep_verify)" if deep else "verified by stamp"
-            host.noop(f"{pin.name}: {len(pin.files)} files {how} ({human(pin.total_size)})")
+        how = "re-hashed (weights_deep_verify)" if deep else "verified by stamp"
+        if unchanged(not left, f"{pin.name}: {len(pin.files)} files {how} ({human(pin.total_size)})"):
             return
         repairing(f"{pin.name}: removing {', '.join(left)} left by an interrupted run")  # parts, a token file
         yield StringCommand(f"rm -rf {' '.join(q(p) for p in left)}")

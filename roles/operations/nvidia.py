@@ -16,6 +16,7 @@ from rigforge.facts.nvidia import (
 from rigforge.hardware import cap_problems, resolve_caps
 from roles import rig_lock
 from roles.operations.checks import fail_command
+from roles.operations.shown import unchanged
 from roles.operations.staged import connection
 
 # Connectors that run on the controller itself: never reboot through them.
@@ -35,8 +36,7 @@ def persistence_mode():
     """``nvidia-smi -i N -pm 1`` for each GPU whose persistence mode is off (no arguments)."""
     gpus = host.get_fact(NvidiaGpus)
     off = [gpu["index"] for gpu in gpus if gpu.get("persistence_mode") is False]
-    if not off:
-        host.noop(f"persistence mode already on for {len(gpus)} GPU(s)")
+    if unchanged(not off, f"persistence mode already on for {len(gpus)} GPU(s)"):
         return
     for index in off:
         yield StringCommand("nvidia-smi", "-i", str(index), "-pm", "1")
@@ -87,8 +87,7 @@ def reboot_if_needed(package: str, allow_reboot: bool):
         host.get_fact(NvidiaModuleVersion),
         host.get_fact(NvidiaSmiStatus),
     )
-    if reason is None:
-        host.noop("the running NVIDIA driver matches the installed one")
+    if unchanged(reason is None, "the running NVIDIA driver matches the installed one"):
         return
     if allow_reboot is not True:
         yield fail_command(

@@ -14,7 +14,7 @@ from rigforge.facts.system import EnabledInstances
 from rigforge.fleet import Plan
 from rigforge.knobs.serving import Serving
 from rigforge.obtain import parse
-from roles.operations.shown import ShownCommand, say
+from roles.operations.shown import ShownCommand, say, unchanged
 from roles.operations.staged import upload_privately
 
 
@@ -58,8 +58,7 @@ def running(plan: Plan, changed=None):
     """
     unit = plan.layout.vllm_unit
     reason = start_reason(plan, bool(changed and host.state.is_executing and changed()))
-    if reason is None:
-        host.noop(f"{unit} runs as declared")
+    if unchanged(reason is None, f"{unit} runs as declared"):
         return
     verb = "start" if reason in ("it is stopped", "it failed") else "restart"
     yield say(f"{unit}: {reason}: {verb}ing it")
@@ -108,8 +107,7 @@ def image_present(image: str):
 
     + image: the pinned image reference, ``repo[:tag]@sha256:...`` (or ``repo:tag`` while the lock has no digest)
     """
-    if host.get_fact(DockerImagePresent, image=image):
-        host.noop(f"{image} already present")
+    if unchanged(host.get_fact(DockerImagePresent, image=image), f"{image} already present"):
         return
     ref = parse(image)
     yield say(f"pulling {ref.pinned}")
@@ -132,8 +130,7 @@ def manifest(path: str, content: dict, now: str):
     wanted = {**content, "gpus": gpus, "interconnect": recorded.get("interconnect")}
     if "interconnect" not in recorded or recorded != wanted:
         wanted["interconnect"] = host.get_fact(NvidiaTopology)
-    if recorded == wanted:
-        host.noop(f"{path} up to date")
+    if unchanged(recorded == wanted, f"{path} up to date"):
         return
     text = json.dumps({**wanted, "provisioned_at": now}, indent=2, sort_keys=True) + "\n"
     yield StringCommand("mkdir", "-p", QuoteString(path.rsplit("/", 1)[0]))
