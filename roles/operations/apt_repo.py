@@ -1,6 +1,5 @@
-"""apt repositories the modern way (deb822 .sources + a Signed-By keyring in /etc/apt/keyrings, no apt-key),
-plus small package operations: install only what is missing, remove what conflicts, hold only when not held.
-Other source files for a repository's URI are moved aside to `<file>.rigforge-bak` (apt ignores that suffix).
+"""apt repositories the modern way (deb822 .sources + a Signed-By keyring, no apt-key; other sources of the URI moved
+to `<file>.rigforge-bak`); package operations: install what is missing, remove what conflicts, hold what is not held.
 """
 
 from io import StringIO
@@ -201,11 +200,10 @@ def remove_installed(packages: list[str], replaced_by: list[str]):
     present = [name for name in packages if name in installed]
     if unchanged(not present, f"none installed: {', '.join(packages)}"):
         return
-    names = " ".join(QUOTE(p) for p in replaced_by)
     why = QUOTE(f"rigforge: could not fetch {' '.join(replaced_by)}: nothing removed, {', '.join(present)} left "
                 "installed and running")  # fmt: skip
     yield say(f"fetching {', '.join(replaced_by)} before removing {', '.join(present)}")
     apt_get = "DEBIAN_FRONTEND=noninteractive apt-get"
-    fetch = f"{apt_get} update -qq && {apt_get} install -y -qq --download-only {names}"
+    fetch = f"{apt_get} update -qq && {apt_get} install -y -qq --download-only {' '.join(map(QUOTE, replaced_by))}"
     yield f"{{ {fetch}; }} || {{ echo {why} >&2; exit 1; }}"
     yield from apt.packages._inner(packages=present, present=False)

@@ -1,6 +1,5 @@
-"""The apt/dpkg lock held by another process (unattended-upgrades, a user's apt): waited for, bounded, before the
-first change of a run. Its holder is asked of the kernel (`fcntl(F_GETLK)`, from Perl, which every Debian and Ubuntu
-system has), so its pid is known even where /proc is not mounted.
+"""The apt/dpkg lock held by another process (unattended-upgrades, a user's apt), waited for before a run's first
+change. The kernel names its holder (`fcntl(F_GETLK)`, from Perl, on every Debian and Ubuntu), even without /proc.
 """
 
 import re
@@ -74,8 +73,7 @@ def _wait(state, host, wait: int, first: dict, kwargs: dict):  # pyinfra passes 
 
 @operation(is_idempotent=False)
 def free(wait: int, sudo: dict | None = None):
-    """Wait up to ``wait`` seconds for the apt/dpkg lock another process holds; fail this host, naming the holder,
-    when it is still held then.
+    """Wait up to ``wait`` s for the apt/dpkg lock another process holds; fail the host, naming the holder, after.
 
     + wait: seconds to wait (host data ``apt_lock_wait``)
     + sudo: how this rig's commands run (``{"_sudo": True, "_sudo_user": ...}``), for the wait's own command

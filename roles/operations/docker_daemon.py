@@ -22,9 +22,8 @@ def deep_merge(base: dict, patch: dict) -> dict:
 
 
 def merged_text(current: str | None, patch: dict, extend: dict | None = None) -> str | None:
-    """New daemon.json text, or None when `current` already holds everything in `patch`, and every item of
-    `extend`'s lists in the list at that key (the user's own entries kept). ValueError when `current` is not a
-    JSON object (a user's broken file is never overwritten)."""
+    """New daemon.json text, None when `current` holds `patch` and every item of `extend`'s lists (theirs kept).
+    ValueError when `current` is not a JSON object (a user's broken file is never overwritten)."""
     blank = not (current and current.strip())
     existing = {} if blank else json.loads(current)
     if not isinstance(existing, dict):
@@ -38,8 +37,7 @@ def merged_text(current: str | None, patch: dict, extend: dict | None = None) ->
 
 @operation()
 def merge_json(path: str, patch: dict, extend: dict | None = None):
-    """Merge ``patch`` into the JSON file at ``path`` (created if missing, mode 644), written atomically; a file that
-    is not valid JSON fails the host.
+    """Merge ``patch`` into the JSON file ``path`` (mode 644, created if missing) atomically; bad JSON fails the host.
 
     + path: the JSON file, e.g. Docker's daemon.json
     + patch: keys to set (nested mappings are merged)

@@ -11,9 +11,8 @@ from roles.operations.shown import ShownCommand, say, unchanged
 
 @operation()
 def image_in_fleet(image: str, reg: RegistryPlan):
-    """Copy ``image`` from upstream into the fleet registry unless it holds that digest already, with every
-    platform's manifest and the index byte for byte (``--preserve-digests``): the digest the lock names is the one
-    the rigs pull.
+    """Copy ``image`` from upstream into the fleet registry unless it holds that digest, every platform's manifest
+    and the index byte for byte (``--preserve-digests``: the rigs pull the digest the lock names).
 
     + image: the locked image, ``repo[:tag]@sha256:...`` (a Docker Hub image: rigs reach the copy as a mirror)
     + reg: the fleet registry (its ``host:port``; plain HTTP, no certificate check, when ``insecure``)

@@ -17,8 +17,7 @@ from roles.operations.shown import unchanged, warn
 
 
 def _on_gateways(state, host, gateways: dict[str, bool], script: str, what: str, quiet=False) -> dict[str, str]:
-    """Run `script` on every gateway host; {gateway: its last line}. An unreachable gateway is a warning; `quiet`:
-    logged only when it went wrong."""
+    """{gateway: the last line `script` printed there}; an unreachable one is a warning; `quiet`: log failures only."""
     said = {}
     for name, sudo in gateways.items():
         gw = state.inventory.get_host(name)
@@ -79,8 +78,7 @@ def _rejoin(state, host, plan: Plan, gateways, gate, sudo):
 
 @operation(is_idempotent=False)
 def drained(plan: Plan, gateways: dict[str, bool]):
-    """Take this rig out of every fleet gateway and wait until its requests in flight are done (up to
-    ``gateway_drain_timeout`` seconds, then it restarts anyway).
+    """Take this rig out of every fleet gateway, waiting up to ``gateway_drain_timeout`` s for its requests in flight.
 
     + plan: the rig's plan (its gateway knobs)
     + gateways: ``{inventory name: use sudo}`` of the gateway hosts

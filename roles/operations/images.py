@@ -37,12 +37,12 @@ def repaired(layout: HostLayout):
     + layout: the rig's paths (the load's work dir, load_images.sh)
     """
     work, script = layout.images_work, layout.images_script
-    if unchanged(not host.get_fact(Directory, path=work), f"no interrupted load in {work}"):
-        return
-    if not host.get_fact(Sha256File, path=script):  # the work dir was left before the script landed
+    if not host.get_fact(Directory, path=work):
+        host.noop(f"no interrupted load in {work}")
+    elif not host.get_fact(Sha256File, path=script):  # the work dir was left before the script landed
         yield StringCommand("rm", "-rf", QuoteString(work))
-        return
-    yield ShownCommand("sh", QuoteString(script), "repair", QuoteString(work), QuoteString(DAEMON_JSON))
+    else:
+        yield ShownCommand("sh", QuoteString(script), "repair", QuoteString(work), QuoteString(DAEMON_JSON))
 
 
 @operation()
@@ -98,8 +98,7 @@ def blobs_uploaded(directory: str, saved: list, layout: HostLayout):
 
 @operation()
 def loaded(directory: str, saved: list, layout: HostLayout, port: int | None = None):
-    """Put the ``saved`` images Docker lacks into it at their digests (load_images.sh), then remove the OCI layout
-    and the upload dir that blobs_uploaded filled.
+    """Load the ``saved`` images Docker lacks at their digests (load_images.sh), then remove what blobs_uploaded sent.
 
     + directory: the saved layout on the controller
     + saved: the images to load (rigforge.images.Saved)

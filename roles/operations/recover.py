@@ -1,6 +1,5 @@
-"""Repairs of what an interrupted run leaves behind (a killed controller, a dropped link), run early by roles/site.py:
-dpkg killed mid-install, and files left in the SSH user's private upload dir. Other half-done states are repaired
-where they arise (`staged_files`, `hfweights.fetched`).
+"""Repairs, run early by roles/site.py, of dpkg killed mid-install and of uploads left in the SSH user's private dir by
+an interrupted run; other half-done states are repaired where they arise (`staged_files`, `hfweights.fetched`).
 """
 
 import shlex
