@@ -36,9 +36,7 @@ def describe(holder: dict, held: str = "is held") -> str:
 
 class AptLockHolder(FactBase):
     command = f"{HOLDER} || true"
-
-    def process(self, output: list[str]) -> dict | None:
-        return parse(output)
+    process = staticmethod(parse)
 
 
 def wait_script(wait: int) -> str:
