@@ -36,13 +36,12 @@ def stale_files(pin: HfPin, state: dict) -> list[HfFile]:
     """Locked files whose stamp entry does not match the lock and the current stat (size, mtime_ns)."""
     stamp = state.get("stamp") or {}
     entries = stamp.get("files", {}) if stamp.get("revision") == pin.revision else {}
-    out = []
-    for f in pin.files:
-        stat, entry = state["files"].get(f.path), entries.get(f.path) or {}
-        fresh = stat is not None and stat[0] == f.size == entry.get("size") and entry.get("mtime_ns") == stat[1]
-        if not (fresh and entry.get("sha256") == f.sha256):
-            out.append(f)
-    return out
+
+    def fresh(f: HfFile, stat, entry: dict) -> bool:
+        same_stat = stat is not None and stat[0] == f.size == entry.get("size") and entry.get("mtime_ns") == stat[1]
+        return same_stat and entry.get("sha256") == f.sha256
+
+    return [f for f in pin.files if not fresh(f, state["files"].get(f.path), entries.get(f.path) or {})]
 
 
 def missing_bytes(files: Sequence[HfFile], state: dict) -> int:
