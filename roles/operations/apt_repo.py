@@ -1,6 +1,4 @@
-"""apt repositories the modern way (deb822 .sources + a Signed-By keyring, no apt-key; other sources of the URI moved
-to `<file>.rigforge-bak`); package operations: install what is missing, remove what conflicts, hold what is not held.
-"""
+"""apt repositories (deb822 + a Signed-By keyring, no apt-key; other sources of the URI moved aside), apt packages."""
 
 from io import StringIO
 

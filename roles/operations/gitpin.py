@@ -1,6 +1,4 @@
-"""Operation: a git checkout at exactly one pinned commit (shallow, blobless, optionally sparse), verified; made
-or repaired by one idempotent shell step (`checkout_script`).
-"""
+"""A checkout at one pinned commit (shallow, blobless, maybe sparse), verified, made or fixed by `checkout_script`."""
 
 import shlex
 from collections.abc import Mapping, Sequence
