@@ -56,8 +56,7 @@ def power_caps(default_w, overrides: dict | None = None):
         return
     caps = resolve_caps([gpu["index"] for gpu in gpus], default_w, overrides or {})
     todo = [g["index"] for g in gpus if g.get("power_limit") is None or round(g["power_limit"]) != caps[g["index"]]]
-    if not todo:
-        host.noop(f"power caps already set: {caps}")
+    unchanged(not todo, f"power caps already set: {caps}")
     for index in todo:
         yield StringCommand("nvidia-smi", "-i", str(index), "-pl", str(caps[index]))
 
