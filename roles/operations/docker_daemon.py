@@ -22,7 +22,7 @@ def deep_merge(base: dict, patch: dict) -> dict:
 
 
 def merged_text(current: str | None, patch: dict, extend: dict | None = None) -> str | None:
-    """New daemon.json text, None when `current` holds `patch` and every item of `extend`'s lists (theirs kept).
+    """New daemon.json text, None when `current` holds `patch` and every item of `extend`'s lists (users' kept).
     ValueError when `current` is not a JSON object (a user's broken file is never overwritten)."""
     blank = not (current and current.strip())
     existing = {} if blank else json.loads(current)
