@@ -125,8 +125,7 @@ def manifest(path: str, content: dict, now: str):
     """
     keys = ("index", "uuid", "name", "pci_bus_id", "memory_total", "power_limit", "driver_version")
     gpus = [{k: gpu.get(k) for k in keys} for gpu in host.get_fact(NvidiaGpus) or []]
-    current = host.get_fact(JsonFile, path=path) or {}
-    recorded = {k: v for k, v in current.items() if k != "provisioned_at"}
+    recorded = {k: v for k, v in (host.get_fact(JsonFile, path=path) or {}).items() if k != "provisioned_at"}
     wanted = {**content, "gpus": gpus, "interconnect": recorded.get("interconnect")}
     if "interconnect" not in recorded or recorded != wanted:
         wanted["interconnect"] = host.get_fact(NvidiaTopology)
