@@ -1,7 +1,4 @@
-"""apt repositories the modern way (deb822 .sources + a Signed-By keyring in /etc/apt/keyrings, no apt-key),
-plus small package operations: install only what is missing, remove what conflicts, hold only when not held.
-Other source files for a repository's URI are moved aside to `<file>.rigforge-bak` (apt ignores that suffix).
-"""
+"""apt repositories (deb822 + a Signed-By keyring, no apt-key; other sources of the URI moved aside), apt packages."""
 
 from io import StringIO
 
@@ -14,7 +11,7 @@ from rigforge.facts.apt import AptSourceFiles, KeyFingerprints, same_uri_files
 from rigforge.facts.nvidia import upstream_version
 from rigforge.facts.system import AptHeldPackages
 from rigforge.layout import APT_IGNORE_BACKUPS_CONF, APT_KEYRING_DIR, APT_SOURCES_DIR
-from roles.operations.shown import say
+from roles.operations.shown import say, unchanged
 
 
 def deb822_source(
@@ -64,8 +61,7 @@ def adopt_sources(uris: str, keep: str):
     + keep: the source file rigforge manages for it (not moved)
     """
     found = same_uri_files(host.get_fact(AptSourceFiles), uris, keep)
-    if not found:
-        host.noop(f"no other source file points at {uris}")
+    if unchanged(not found, f"no other source file points at {uris}"):
         return
     for path, only in sorted(found.items()):
         if not only:  # preflight refuses this; never half-edit a file holding other repositories
@@ -87,8 +83,7 @@ def verified_key(src: str, dest: str, fingerprint: str | None = None, sha256: st
         yield from files.download._inner(src=src, dest=dest, mode="644", sha256sum=sha256)
         return
     fingerprint = fingerprint.replace(" ", "").upper()
-    if fingerprint in host.get_fact(KeyFingerprints, path=dest):
-        host.noop(f"{dest} is the key {fingerprint}")
+    if unchanged(fingerprint in host.get_fact(KeyFingerprints, path=dest), f"{dest} is the key {fingerprint}"):
         return
     check_sum = f'echo "{sha256}  $tmp" | sha256sum -c --quiet - && ' if sha256 else ""
     script = (
@@ -153,8 +148,7 @@ def install_missing(packages: list[str], change_held: bool = False):
     + change_held: let apt replace held versions of these packages (``--allow-change-held-packages``)
     """
     to_install = missing(packages, host.get_fact(DebPackages))
-    if not to_install:
-        host.noop(f"already installed: {', '.join(packages)}")
+    if unchanged(not to_install, f"already installed: {', '.join(packages)}"):
         return
     yield say(f"installing {', '.join(to_install)} (apt)")
     yield "apt-get update"
@@ -164,14 +158,12 @@ def install_missing(packages: list[str], change_held: bool = False):
 
 def missing(packages: list[str], installed: dict | None) -> list[str]:
     """Pure: the specs of `packages` that `installed` (DebPackages) lacks, a pinned one also at another version."""
-    installed = installed or {}
-    out = []
-    for spec in packages:
-        name, _, version = spec.partition("=")
-        versions = installed.get(name) or []
-        if not versions or (version and version not in versions):
-            out.append(spec)
-    return out
+
+    def lacks(name: str, _, version: str) -> bool:
+        versions = (installed or {}).get(name) or []
+        return not versions or bool(version) and version not in versions
+
+    return [spec for spec in packages if lacks(*spec.partition("="))]
 
 
 @operation()
@@ -183,15 +175,14 @@ def hold(packages: list[str], same_version_as: str = "", prefixes: tuple = ()):
     + prefixes: also hold installed packages with these prefixes at that version (the driver's libraries)
     """
     installed = host.get_fact(DebPackages)
-    stack = {upstream_version(v) for v in installed.get(same_version_as) or []} if same_version_as else set()
+    stack = {upstream_version(v) for v in installed.get(same_version_as) or []}
     wanted = {
         name
         for name, versions in installed.items()
         if name in packages or (name.startswith(tuple(prefixes)) and stack & {upstream_version(v) for v in versions})
     }
     to_hold = sorted(wanted - set(host.get_fact(AptHeldPackages)))
-    if not to_hold:
-        host.noop(f"already held: {', '.join(sorted(wanted)) or 'nothing installed to hold'}")
+    if unchanged(not to_hold, f"already held: {', '.join(sorted(wanted)) or 'nothing installed to hold'}"):
         return
     yield StringCommand("apt-mark", "hold", *to_hold)
 
@@ -205,14 +196,12 @@ def remove_installed(packages: list[str], replaced_by: list[str]):
     """
     installed = host.get_fact(DebPackages)
     present = [name for name in packages if name in installed]
-    if not present:
-        host.noop(f"none installed: {', '.join(packages)}")
+    if unchanged(not present, f"none installed: {', '.join(packages)}"):
         return
-    names = " ".join(QUOTE(p) for p in replaced_by)
     why = QUOTE(f"rigforge: could not fetch {' '.join(replaced_by)}: nothing removed, {', '.join(present)} left "
                 "installed and running")  # fmt: skip
     yield say(f"fetching {', '.join(replaced_by)} before removing {', '.join(present)}")
     apt_get = "DEBIAN_FRONTEND=noninteractive apt-get"
-    fetch = f"{apt_get} update -qq && {apt_get} install -y -qq --download-only {names}"
+    fetch = f"{apt_get} update -qq && {apt_get} install -y -qq --download-only {' '.join(map(QUOTE, replaced_by))}"
     yield f"{{ {fetch}; }} || {{ echo {why} >&2; exit 1; }}"
     yield from apt.packages._inner(packages=present, present=False)

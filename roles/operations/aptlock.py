@@ -1,6 +1,5 @@
-"""The apt/dpkg lock held by another process (unattended-upgrades, a user's apt): waited for, bounded, before the
-first change of a run. Its holder is asked of the kernel (`fcntl(F_GETLK)`, from Perl, which every Debian and Ubuntu
-system has), so its pid is known even where /proc is not mounted.
+"""The apt/dpkg lock held by another process (unattended-upgrades, a user's apt), waited for before a run's first
+change. The kernel names its holder (`fcntl(F_GETLK)`, from Perl, on every Debian and Ubuntu), even without /proc.
 """
 
 import re
@@ -9,7 +8,7 @@ import shlex
 from pyinfra import host, logger, state
 from pyinfra.api import FactBase, FunctionCommand, QuoteString, StringCommand, operation
 
-from roles.operations.shown import warn
+from roles.operations.shown import unchanged, warn
 
 LOCKS = ("/var/lib/dpkg/lock-frontend", "/var/lib/dpkg/lock", "/var/lib/apt/lists/lock", "/var/cache/apt/archives/lock")
 # prints "<lock file> <pid> <command line>" of the first lock held, nothing when all are free
@@ -25,12 +24,9 @@ HOLDER = f"perl -e {shlex.quote(GETLK)} {' '.join(LOCKS)} 2>/dev/null"
 
 def parse(output: list[str] | str) -> dict | None:
     """{"lock", "pid", "command"} from HOLDER's output; None when every lock is free."""
-    text = output if isinstance(output, str) else "\n".join(output)
-    first = text.strip().splitlines()[0] if text.strip() else ""
-    match = re.match(r"(\S+) (-?\d+) ?(.*)", first)
-    if not match:
-        return None
-    return {"lock": match.group(1), "pid": int(match.group(2)), "command": " ".join(match.group(3).split())[:80]}
+    text = (output if isinstance(output, str) else "\n".join(output)).strip()
+    m = re.match(r"(?P<lock>\S+) (?P<pid>-?\d+) ?(?P<command>.*)", text)  # the first line
+    return m and {**m.groupdict(), "pid": int(m["pid"]), "command": " ".join(m["command"].split())[:80]}
 
 
 def describe(holder: dict, held: str = "is held") -> str:
@@ -40,9 +36,7 @@ def describe(holder: dict, held: str = "is held") -> str:
 
 class AptLockHolder(FactBase):
     command = f"{HOLDER} || true"
-
-    def process(self, output: list[str]) -> dict | None:
-        return parse(output)
+    process = staticmethod(parse)
 
 
 def wait_script(wait: int) -> str:
@@ -77,15 +71,13 @@ def _wait(state, host, wait: int, first: dict, kwargs: dict):  # pyinfra passes 
 
 @operation(is_idempotent=False)
 def free(wait: int, sudo: dict | None = None):
-    """Wait up to ``wait`` seconds for the apt/dpkg lock another process holds; fail this host, naming the holder,
-    when it is still held then.
+    """Wait up to ``wait`` s for the apt/dpkg lock another process holds; fail the host, naming the holder, after.
 
     + wait: seconds to wait (host data ``apt_lock_wait``)
     + sudo: how this rig's commands run (``{"_sudo": True, "_sudo_user": ...}``), for the wait's own command
     """
     holder = host.get_fact(AptLockHolder)
-    if not holder:
-        host.noop("the apt/dpkg lock is free")
+    if unchanged(not holder, "the apt/dpkg lock is free"):
         return
     if not state.is_executing:
         warn(f"{describe(holder)}; the run waits up to {wait} s (apt_lock_wait) for it before its first change")

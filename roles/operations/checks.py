@@ -8,6 +8,7 @@ from pyinfra.context import ctx_host
 
 from rigforge.facts.nvidia import NvidiaGpus
 from rigforge.hardware import Needs, format_problems, gpu_problems
+from roles.operations.shown import unchanged
 
 
 def _fail(state, host, message):  # pyinfra passes (state, host) to callbacks whose arguments use those names
@@ -23,17 +24,14 @@ def fail_command(message: str) -> FunctionCommand:
 
 @operation()
 def gpus_fit(needs: Needs, caps: dict[int, int], data: dict):
-    """Fail this host unless nvidia-smi's GPUs fit ``needs`` and ``caps`` covers exactly the GPUs present.
+    """Fail this host unless nvidia-smi's GPUs (read when this executes) fit ``needs`` and ``caps`` covers them all.
 
     + needs: what the variant needs of a host (``rigforge.hardware.Needs``)
     + caps: the power unit's caps, ``{gpu index: watts}``
     + data: the host-data keys the GPU checks read (see ``rigforge.hardware.gpu_problems``)
-
-    The GPUs are read when this executes, after a driver installed earlier in the same run.
     """
     gpus = host.get_fact(NvidiaGpus)
-    if not gpus and not state.is_executing:
-        host.noop("GPUs are checked when this runs, once the driver answers")
+    if unchanged(not gpus and not state.is_executing, "GPUs are checked when this runs, once the driver answers"):
         return
     problems = gpu_problems(gpus, needs, data)
     if not gpus:

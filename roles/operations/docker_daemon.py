@@ -9,6 +9,7 @@ from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 from pyinfra.facts.files import FileContents
 
 from roles.operations.checks import fail_command
+from roles.operations.shown import unchanged
 
 
 def deep_merge(base: dict, patch: dict) -> dict:
@@ -21,25 +22,22 @@ def deep_merge(base: dict, patch: dict) -> dict:
 
 
 def merged_text(current: str | None, patch: dict, extend: dict | None = None) -> str | None:
-    """New daemon.json text, or None when `current` already holds everything in `patch`, and every item of
-    `extend`'s lists in the list at that key (the user's own entries kept). ValueError when `current` is not a
-    JSON object (a user's broken file is never overwritten)."""
-    existing = json.loads(current) if current and current.strip() else {}
+    """New daemon.json text, None when `current` holds `patch` and every item of `extend`'s lists (users' kept).
+    ValueError when `current` is not a JSON object (a user's broken file is never overwritten)."""
+    blank = not (current and current.strip())
+    existing = {} if blank else json.loads(current)
     if not isinstance(existing, dict):
         raise ValueError("top level is not a JSON object")
     merged = deep_merge(existing, patch)
     for key, items in (extend or {}).items():
         have = merged.get(key) if isinstance(merged.get(key), list) else []
         merged[key] = have + [item for item in items if item not in have]
-    if merged == existing and current and current.strip():
-        return None
-    return json.dumps(merged, indent=2) + "\n"
+    return None if merged == existing and not blank else json.dumps(merged, indent=2) + "\n"
 
 
 @operation()
 def merge_json(path: str, patch: dict, extend: dict | None = None):
-    """Merge ``patch`` into the JSON file at ``path`` (created if missing, mode 644), written atomically; a file that
-    is not valid JSON fails the host.
+    """Merge ``patch`` into the JSON file ``path`` (mode 644, created if missing) atomically; bad JSON fails the host.
 
     + path: the JSON file, e.g. Docker's daemon.json
     + patch: keys to set (nested mappings are merged)
@@ -51,8 +49,7 @@ def merge_json(path: str, patch: dict, extend: dict | None = None):
     except ValueError as error:
         yield fail_command(f"{path} on {host.name} is not valid JSON ({error}); fix or remove it, then re-run.")
         return
-    if text is None:
-        host.noop(f"{path} already has {sorted({*patch, *(extend or {})})}")
+    if unchanged(text is None, f"{path} already has {sorted({*patch, *(extend or {})})}"):
         return
     temp = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.rigforge-new")
     yield StringCommand("mkdir", "-p", QuoteString(posixpath.dirname(path)))

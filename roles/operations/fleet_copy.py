@@ -6,26 +6,24 @@ from pyinfra.api import QuoteString, StringCommand, operation
 from rigforge.facts.docker import RegistryHasImage
 from rigforge.obtain import parse
 from rigforge.registry import RegistryPlan
-from roles.operations.shown import ShownCommand, say
+from roles.operations.shown import ShownCommand, say, unchanged
 
 
 @operation()
 def image_in_fleet(image: str, reg: RegistryPlan):
-    """Copy ``image`` from upstream into the fleet registry unless it holds that digest already, with every
-    platform's manifest and the index byte for byte (``--preserve-digests``): the digest the lock names is the one
-    the rigs pull.
+    """Copy ``image`` from upstream into the fleet registry unless it holds that digest, every platform's manifest
+    and the index byte for byte (``--preserve-digests``: the rigs pull the digest the lock names).
 
     + image: the locked image, ``repo[:tag]@sha256:...`` (a Docker Hub image: rigs reach the copy as a mirror)
     + reg: the fleet registry (its ``host:port``; plain HTTP, no certificate check, when ``insecure``)
     """
     endpoint, insecure = reg.endpoint, reg.insecure
     ref = parse(image)
-    if not ref.digest:
-        host.noop(f"{image} has no locked digest: nothing to copy (`rigforge lock` resolves it)")
+    if unchanged(not ref.digest, f"{image} has no locked digest: nothing to copy (`rigforge lock` resolves it)"):
         return
-    if host.get_fact(RegistryHasImage, endpoint=endpoint, repository=ref.repository, digest=ref.digest,
-                     tls_verify=not insecure):  # fmt: skip
-        host.noop(f"the fleet registry {endpoint} holds {ref.pinned}")
+    held = host.get_fact(RegistryHasImage, endpoint=endpoint, repository=ref.repository, digest=ref.digest,
+                         tls_verify=not insecure)  # fmt: skip
+    if unchanged(held, f"the fleet registry {endpoint} holds {ref.pinned}"):
         return
     tag = ref.tag or ref.digest.replace(":", "-")[:40]  # the lock's tag, so `rigforge lock` can find it there
     yield say(f"copying {ref.pinned} from upstream into the fleet registry {endpoint} (once for the fleet)")

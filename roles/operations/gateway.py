@@ -5,21 +5,19 @@ controller when the rig's turn comes, over each gateway host's own connection (r
 import json
 import shlex
 
-from pyinfra import host, logger
+from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.api.exceptions import ConnectError
-from pyinfra.context import ctx_state
 
 from rigforge.fleet import Plan
 from rigforge.gateway import backend_name, drain_script, rejoin_script, state_script
 from rigforge.knobs.gateway import Gateway
 from rigforge.knobs.serving import Serving
-from roles.operations.shown import warn
+from roles.operations.shown import unchanged, warn
 
 
 def _on_gateways(state, host, gateways: dict[str, bool], script: str, what: str, quiet=False) -> dict[str, str]:
-    """Run `script` on every gateway host; {gateway: its last line}. An unreachable gateway is a warning; `quiet`:
-    logged only when it went wrong."""
+    """{gateway: the last line `script` printed there}; an unreachable one is a warning; `quiet`: log failures only."""
     said = {}
     for name, sudo in gateways.items():
         gw = state.inventory.get_host(name)
@@ -30,10 +28,9 @@ def _on_gateways(state, host, gateways: dict[str, bool], script: str, what: str,
             said[name] = (output.stdout_lines or output.stderr_lines or [""])[-1] if ok else output.stderr
         except ConnectError as error:
             ok, said[name] = False, f"unreachable ({error})"
-        if quiet and ok:
-            continue
-        colour = "yellow" if not ok or "others up 0" in said[name] else "cyan"
-        host.log_styled(f"{host.name}: {what} at gateway {name}: {said[name]}", fg=colour, log_func=logger.warning)
+        if not (quiet and ok):
+            colour = "yellow" if not ok or "others up 0" in said[name] else "cyan"
+            host.log_styled(f"{host.name}: {what} at gateway {name}: {said[name]}", fg=colour, log_func=logger.warning)
     return said
 
 
@@ -81,8 +78,7 @@ def _rejoin(state, host, plan: Plan, gateways, gate, sudo):
 
 @operation(is_idempotent=False)
 def drained(plan: Plan, gateways: dict[str, bool]):
-    """Take this rig out of every fleet gateway and wait until its requests in flight are done (up to
-    ``gateway_drain_timeout`` seconds, then it restarts anyway).
+    """Take this rig out of every fleet gateway, waiting up to ``gateway_drain_timeout`` s for its requests in flight.
 
     + plan: the rig's plan (its gateway knobs)
     + gateways: ``{inventory name: use sudo}`` of the gateway hosts
@@ -92,21 +88,19 @@ def drained(plan: Plan, gateways: dict[str, bool]):
 
 @operation(is_idempotent=False)
 def rejoined(plan: Plan, gateways: dict[str, bool], gate=None, sudo: bool = False):
-    """Put this rig back in every fleet gateway at its new port once it passed its health gate, and wherever a
-    gateway finds it out of service; it waits up to ``serving_health_timeout`` seconds for the gateway's own health
-    check to see it up, and leaves the backends of other models.
+    """Put this rig back in every fleet gateway at its new port once it passed its health gate, or wherever one finds
+    it out; waits up to ``serving_health_timeout`` s for the gateway's health check, leaves other models' backends.
 
     + plan: the rig's plan (its model, port, rig.json, and ``gateway_address``: where the gateway reaches it)
     + gateways: ``{inventory name: use sudo}`` of the gateway hosts
     + gate: the health gate; when it failed, the rig rejoins where it rolled back to and the host fails
     + sudo: whether this rig's own commands run with sudo
     """
-    if not ctx_state.get().is_executing:
+    if not state.is_executing:
         return  # its state at the gateways is read when the rig's turn comes
     if gate is None or not (gate.did_change() or gate.did_error()):
-        out = {g: w for g, w in states(ctx_state.get(), host, gateways, plan).items() if w != "ready"}
-        if not out:
-            host.noop(f"{host.name} serves at every gateway")
+        out = {g: w for g, w in states(state, host, gateways, plan).items() if w != "ready"}
+        if unchanged(not out, f"{host.name} serves at every gateway"):
             return
         host.log(f"{host.name} is not serving at {', '.join(f'{g} ({w})' for g, w in out.items())}: rejoining")
     yield FunctionCommand(_rejoin, (plan, gateways, gate, sudo), {})
@@ -119,11 +113,10 @@ def held_drained(plan: Plan, gateways: dict[str, bool]):
     + plan: the rig's plan (its model, port and gateway knobs)
     + gateways: ``{inventory name: use sudo}`` of the gateway hosts
     """
-    if not ctx_state.get().is_executing:
+    if not state.is_executing:
         return
-    found = states(ctx_state.get(), host, gateways, plan)
+    found = states(state, host, gateways, plan)
     todo = {g: sudo for g, sudo in gateways.items() if found.get(g) not in (None, "drain", "maint", "absent")}
-    if not todo:
-        host.noop(f"{host.name} rests drained at every gateway (serving_rest: drained)")
+    if unchanged(not todo, f"{host.name} rests drained at every gateway (serving_rest: drained)"):
         return
     yield FunctionCommand(_drain, (todo, plan), {})

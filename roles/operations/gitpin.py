@@ -1,6 +1,4 @@
-"""Operation: a git checkout at exactly one pinned commit (shallow, blobless, optionally sparse), verified; made
-or repaired by one idempotent shell step (`checkout_script`).
-"""
+"""A checkout at one pinned commit (shallow, blobless, maybe sparse), verified, made or fixed by `checkout_script`."""
 
 import shlex
 from collections.abc import Mapping, Sequence
@@ -99,22 +97,19 @@ def checkout_script(
 
 @operation()
 def checkout(pin: GitPin, dest: str):
-    """Check out the pin's commit of its URL at ``dest`` (detached, sparse when it says so) and verify the sha256 of
-    every path of its ``files`` (a mismatch fails the host).
+    """Check out the pin's commit at ``dest`` (detached, sparse when it says so); a wrong sha256 of its files fails.
 
     + pin: the locked source
     + dest: the checkout directory
     """
     name, url, commit, sparse, files = pin.name, pin.url, pin.commit, list(pin.sparse), dict(pin.files)
     state = host.get_fact(GitCheckout, path=dest, files=tuple(files))
-    if is_current(state, url, commit, sparse):
-        bad = bad_files(state, files)
-        if bad:
-            yield fail_command(
-                f"{host.name}: {name}: {bad[0]} at {commit} does not match the lock's sha256 "
-                f"{files[bad[0]]}; the lock's files do not belong to this commit: fix the lock"
-            )
-            return
+    if not is_current(state, url, commit, sparse):
+        yield ShownCommand(checkout_script(name, url, commit, dest, sparse, files))
+    elif bad := bad_files(state, files):
+        yield fail_command(
+            f"{host.name}: {name}: {bad[0]} at {commit} does not match the lock's sha256 "
+            f"{files[bad[0]]}; the lock's files do not belong to this commit: fix the lock"
+        )
+    else:
         host.noop(f"{name} is at {commit[:12]}, clean, files verified")
-        return
-    yield ShownCommand(checkout_script(name, url, commit, dest, sparse, files))

@@ -24,7 +24,7 @@ from rigforge.knobs.weights import Weights
 from rigforge.layout import STAMP, HostLayout
 from rigforge.pins import HfFile, HfPin
 from roles.operations.checks import fail_command
-from roles.operations.shown import ShownCommand, repairing, say
+from roles.operations.shown import ShownCommand, repairing, say, unchanged
 from roles.operations.staged import upload_privately
 
 HEADROOM = 1.05
@@ -36,13 +36,12 @@ def stale_files(pin: HfPin, state: dict) -> list[HfFile]:
     """Locked files whose stamp entry does not match the lock and the current stat (size, mtime_ns)."""
     stamp = state.get("stamp") or {}
     entries = stamp.get("files", {}) if stamp.get("revision") == pin.revision else {}
-    out = []
-    for f in pin.files:
-        stat, entry = state["files"].get(f.path), entries.get(f.path) or {}
-        fresh = stat is not None and stat[0] == f.size == entry.get("size") and entry.get("mtime_ns") == stat[1]
-        if not (fresh and entry.get("sha256") == f.sha256):
-            out.append(f)
-    return out
+
+    def fresh(f: HfFile, stat, entry: dict) -> bool:
+        same_stat = stat is not None and stat[0] == f.size == entry.get("size") and entry.get("mtime_ns") == stat[1]
+        return same_stat and entry.get("sha256") == f.sha256
+
+    return [f for f in pin.files if not fresh(f, state["files"].get(f.path), entries.get(f.path) or {})]
 
 
 def missing_bytes(files: Sequence[HfFile], state: dict) -> int:
@@ -108,9 +107,8 @@ def fetched(asset: PlannedAsset, layout: HostLayout, knobs: Weights, token=None)
     if not stale:
         left = [staging] if state.get("staging_dir") else []
         left += [token_file] if host.get_fact(File, path=token_file) else []
-        if not left:
-            how = "re-hashed (weights_deep_verify)" if deep else "verified by stamp"
-            host.noop(f"{pin.name}: {len(pin.files)} files {how} ({human(pin.total_size)})")
+        how = "re-hashed (weights_deep_verify)" if deep else "verified by stamp"
+        if unchanged(not left, f"{pin.name}: {len(pin.files)} files {how} ({human(pin.total_size)})"):
             return
         repairing(f"{pin.name}: removing {', '.join(left)} left by an interrupted run")  # parts, a token file
         yield StringCommand(f"rm -rf {' '.join(q(p) for p in left)}")

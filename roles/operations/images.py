@@ -15,7 +15,7 @@ from rigforge.facts.system import FreeDiskBytes
 from rigforge.layout import DAEMON_JSON, HostLayout
 from roles.operations.checks import fail_command
 from roles.operations.docker_daemon import merged_text
-from roles.operations.shown import ShownCommand, say
+from roles.operations.shown import ShownCommand, say, unchanged
 from roles.operations.staged import connection, upload_privately
 
 SCRIPT = Path(images.__file__).resolve().parent / "remote" / "load_images.sh"
@@ -39,11 +39,10 @@ def repaired(layout: HostLayout):
     work, script = layout.images_work, layout.images_script
     if not host.get_fact(Directory, path=work):
         host.noop(f"no interrupted load in {work}")
-        return
-    if not host.get_fact(Sha256File, path=script):  # the work dir was left before the script landed
+    elif not host.get_fact(Sha256File, path=script):  # the work dir was left before the script landed
         yield StringCommand("rm", "-rf", QuoteString(work))
-        return
-    yield ShownCommand("sh", QuoteString(script), "repair", QuoteString(work), QuoteString(DAEMON_JSON))
+    else:
+        yield ShownCommand("sh", QuoteString(script), "repair", QuoteString(work), QuoteString(DAEMON_JSON))
 
 
 @operation()
@@ -56,14 +55,12 @@ def blobs_uploaded(directory: str, saved: list, layout: HostLayout):
     """
     oci, upload_dir = layout.images_layout, layout.images_upload
     todo = missing(saved)
-    if not todo:
-        host.noop(f"docker holds {', '.join(images.pinned(e) for e in saved)}")
+    if unchanged(not todo, f"docker holds {', '.join(images.pinned(e) for e in saved)}"):
         return
     _, needed = images.push_plan(directory, todo)
     have = host.get_fact(OciBlobs, path=oci)
     upload = {d: size for d, size in needed.items() if have.get(d) != size}
-    if not upload:
-        host.noop(f"{oci} holds the {len(needed)} blobs of {len(todo)} image(s)")
+    if unchanged(not upload, f"{oci} holds the {len(needed)} blobs of {len(todo)} image(s)"):
         return
     # the blobs still to come, and the temporary registry's copy of all of them (its storage is beside the layout)
     need = int((sum(upload.values()) + sum(needed.values())) * 1.05)
@@ -101,8 +98,7 @@ def blobs_uploaded(directory: str, saved: list, layout: HostLayout):
 
 @operation()
 def loaded(directory: str, saved: list, layout: HostLayout, port: int | None = None):
-    """Put the ``saved`` images Docker lacks into it at their digests (load_images.sh), then remove the OCI layout
-    and the upload dir that blobs_uploaded filled.
+    """Load the ``saved`` images Docker lacks at their digests (load_images.sh), then remove what blobs_uploaded sent.
 
     + directory: the saved layout on the controller
     + saved: the images to load (rigforge.images.Saved)
@@ -111,12 +107,10 @@ def loaded(directory: str, saved: list, layout: HostLayout, port: int | None = N
     """
     script, oci, work = layout.images_script, layout.images_layout, layout.images_work
     todo = missing(saved)
-    if not todo:
-        host.noop(f"docker holds {', '.join(images.pinned(e) for e in saved)}")
+    if unchanged(not todo, f"docker holds {', '.join(images.pinned(e) for e in saved)}"):
         return
-    if not port:
-        used = host.get_fact(ListeningPorts)
-        port = next((p for p in PORTS if p not in used), None)
+    used = [] if port else host.get_fact(ListeningPorts)
+    port = port or next((p for p in PORTS if p not in used), None)
     if port is None:
         yield fail_command(f"{host.name}: no free port in {PORTS.start}-{PORTS.stop - 1} for the temporary registry")
         return

@@ -16,6 +16,7 @@ from rigforge.facts.nvidia import (
 from rigforge.hardware import cap_problems, resolve_caps
 from roles import rig_lock
 from roles.operations.checks import fail_command
+from roles.operations.shown import unchanged
 from roles.operations.staged import connection
 
 # Connectors that run on the controller itself: never reboot through them.
@@ -35,8 +36,7 @@ def persistence_mode():
     """``nvidia-smi -i N -pm 1`` for each GPU whose persistence mode is off (no arguments)."""
     gpus = host.get_fact(NvidiaGpus)
     off = [gpu["index"] for gpu in gpus if gpu.get("persistence_mode") is False]
-    if not off:
-        host.noop(f"persistence mode already on for {len(gpus)} GPU(s)")
+    if unchanged(not off, f"persistence mode already on for {len(gpus)} GPU(s)"):
         return
     for index in off:
         yield StringCommand("nvidia-smi", "-i", str(index), "-pm", "1")
@@ -55,10 +55,8 @@ def power_caps(default_w, overrides: dict | None = None):
         yield fail_command(f"power caps refused on {host.name}: " + " ".join(problems))
         return
     caps = resolve_caps([gpu["index"] for gpu in gpus], default_w, overrides or {})
-    limits = {gpu["index"]: gpu.get("power_limit") for gpu in gpus}
-    todo = [index for index, watts in limits.items() if watts is None or round(watts) != caps[index]]
-    if not todo:
-        host.noop(f"power caps already set: {caps}")
+    todo = [g["index"] for g in gpus if g.get("power_limit") is None or round(g["power_limit"]) != caps[g["index"]]]
+    unchanged(not todo, f"power caps already set: {caps}")
     for index in todo:
         yield StringCommand("nvidia-smi", "-i", str(index), "-pl", str(caps[index]))
 
@@ -88,8 +86,7 @@ def reboot_if_needed(package: str, allow_reboot: bool):
         host.get_fact(NvidiaModuleVersion),
         host.get_fact(NvidiaSmiStatus),
     )
-    if reason is None:
-        host.noop("the running NVIDIA driver matches the installed one")
+    if unchanged(reason is None, "the running NVIDIA driver matches the installed one"):
         return
     if allow_reboot is not True:
         yield fail_command(

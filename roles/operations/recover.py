@@ -1,6 +1,5 @@
-"""Repairs of what an interrupted run leaves behind (a killed controller, a dropped link), run early by roles/site.py:
-dpkg killed mid-install, and files left in the SSH user's private upload dir. Other half-done states are repaired
-where they arise (`staged_files`, `hfweights.fetched`).
+"""Repairs, run early by roles/site.py, of dpkg killed mid-install and of uploads left in the SSH user's private dir by
+an interrupted run; other half-done states are repaired where they arise (`staged_files`, `hfweights.fetched`).
 """
 
 import shlex
@@ -10,7 +9,7 @@ from pyinfra.api import StringCommand, operation
 
 from rigforge.facts.apt import DpkgInterrupted
 from rigforge.facts.system import LeftoverUploads
-from roles.operations.shown import repairing
+from roles.operations.shown import repairing, unchanged
 from roles.operations.staged import private_upload_dir
 
 APT_ENV = "DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=a"
@@ -21,8 +20,7 @@ DPKG_OPTIONS = "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-co
 def packages():
     """``dpkg --configure -a``, ``apt-get -f install`` when an interrupted run left dpkg needing them (no arguments)."""
     reason = host.get_fact(DpkgInterrupted)
-    if not reason:
-        host.noop("dpkg state is clean")
+    if unchanged(not reason, "dpkg state is clean"):
         return
     repairing(
         f"an earlier run was interrupted ({reason}); repairing with `dpkg --configure -a` and `apt-get -f install`"
@@ -36,8 +34,7 @@ def uploads_cleared():
     """Remove what an interrupted upload left in the SSH user's private upload dir, secrets included (no arguments)."""
     path = private_upload_dir()
     left = host.get_fact(LeftoverUploads, path=path)
-    if not left:
-        host.noop("no leftover uploads")
+    if unchanged(not left, "no leftover uploads"):
         return
     repairing(f"removing {len(left)} file(s) an interrupted upload left in {path}")
     yield StringCommand("rm", "-rf", *[shlex.quote(p) for p in left])

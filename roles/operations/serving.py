@@ -14,7 +14,7 @@ from rigforge.facts.system import EnabledInstances
 from rigforge.fleet import Plan
 from rigforge.knobs.serving import Serving
 from rigforge.obtain import parse
-from roles.operations.shown import ShownCommand, say
+from roles.operations.shown import ShownCommand, say, unchanged
 from roles.operations.staged import upload_privately
 
 
@@ -51,16 +51,14 @@ def start_reason(plan: Plan, changed: bool) -> str | None:
 
 @operation()
 def running(plan: Plan, changed=None):
-    """The rig's vLLM unit runs as declared (``start_reason``), its failure record reset first so that the health
-    gate counts only this start's restarts.
+    """(Re)start the rig's vLLM unit when ``start_reason`` says so, its failures reset (the gate counts restarts).
 
     + plan: the rig's plan (the unit, its compose project directory, the locked image)
     + changed: a callable, true when this run changed its compose file, .env, unit or instance
     """
     unit = plan.layout.vllm_unit
     reason = start_reason(plan, bool(changed and host.state.is_executing and changed()))
-    if reason is None:
-        host.noop(f"{unit} runs as declared")
+    if unchanged(reason is None, f"{unit} runs as declared"):
         return
     verb = "start" if reason in ("it is stopped", "it failed") else "restart"
     yield say(f"{unit}: {reason}: {verb}ing it")
@@ -83,8 +81,7 @@ def stopped(unit: str):
 
 @operation()
 def healthy(plan: Plan, rollback_unit: str | None, started=None, changed=None):
-    """The health gate (``health_gate_script``) after this run started the unit, or when the API does not answer
-    now; it rolls back only what this run changed.
+    """The health gate (``health_gate_script``) after a (re)start or when the API is silent; undoes this run's changes.
 
     + plan: the rig's plan (its unit, serve dir and its .env's API key, model, port, ``serving_health_*`` knobs)
     + rollback_unit: the instance to go back to when the gate fails, None: the ``*.prev`` files
@@ -110,8 +107,7 @@ def image_present(image: str):
 
     + image: the pinned image reference, ``repo[:tag]@sha256:...`` (or ``repo:tag`` while the lock has no digest)
     """
-    if host.get_fact(DockerImagePresent, image=image):
-        host.noop(f"{image} already present")
+    if unchanged(host.get_fact(DockerImagePresent, image=image), f"{image} already present"):
         return
     ref = parse(image)
     yield say(f"pulling {ref.pinned}")
@@ -129,13 +125,11 @@ def manifest(path: str, content: dict, now: str):
     """
     keys = ("index", "uuid", "name", "pci_bus_id", "memory_total", "power_limit", "driver_version")
     gpus = [{k: gpu.get(k) for k in keys} for gpu in host.get_fact(NvidiaGpus) or []]
-    current = host.get_fact(JsonFile, path=path) or {}
-    recorded = {k: v for k, v in current.items() if k != "provisioned_at"}
+    recorded = {k: v for k, v in (host.get_fact(JsonFile, path=path) or {}).items() if k != "provisioned_at"}
     wanted = {**content, "gpus": gpus, "interconnect": recorded.get("interconnect")}
     if "interconnect" not in recorded or recorded != wanted:
         wanted["interconnect"] = host.get_fact(NvidiaTopology)
-    if recorded == wanted:
-        host.noop(f"{path} up to date")
+    if unchanged(recorded == wanted, f"{path} up to date"):
         return
     text = json.dumps({**wanted, "provisioned_at": now}, indent=2, sort_keys=True) + "\n"
     yield StringCommand("mkdir", "-p", QuoteString(path.rsplit("/", 1)[0]))

@@ -22,6 +22,13 @@ def say(message: str) -> FunctionCommand:
     return FunctionCommand(_log, (message,), {})
 
 
+def unchanged(condition, message: str) -> bool:
+    """`condition`, telling pyinfra the operation has nothing to do (`host.noop(message)`) when it holds."""
+    if condition:
+        host.noop(message)
+    return bool(condition)
+
+
 def warn(message: str) -> None:
     """Say `message` in yellow on the host's line at any verbosity, also while pyinfra prepares."""
     host.log_styled(f"{host.name}: {message}", fg="yellow", log_func=logger.warning)

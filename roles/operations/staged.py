@@ -9,7 +9,7 @@ from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 from pyinfra.facts.files import Directory, File, Sha256File
 
 from rigforge.layout import STAGING, UPLOAD_PREFIX
-from roles.operations.shown import repairing
+from roles.operations.shown import repairing, unchanged
 
 
 def private_upload_dir() -> str:
@@ -63,8 +63,7 @@ def staged_files(dest: str, files: dict[str, tuple[str, str]], validate: str | N
     leftover = host.get_fact(Directory, path=staging)
     resumed = bool(leftover) and bool(host.get_fact(File, path=f"{staging}/{SWAPPING}"))
     if all(same for _, same in current.values()):
-        if not leftover:
-            host.noop(f"{dest}: {', '.join(files)} up to date")
+        if unchanged(not leftover, f"{dest}: {', '.join(files)} up to date"):
             return
         repairing(f"{dest}: removing the staging dir an interrupted run left behind")
         yield StringCommand("rm", "-rf", QuoteString(staging))

@@ -4,6 +4,7 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
 from rigforge.facts.system import SystemdUnitEnabled
+from roles.operations.shown import unchanged
 
 
 @operation()
@@ -13,7 +14,6 @@ def enabled(unit: str):
 
     + unit: the unit's name, e.g. ``name.service``
     """
-    if host.get_fact(SystemdUnitEnabled, unit=unit):
-        host.noop(f"{unit} is enabled")
+    if unchanged(host.get_fact(SystemdUnitEnabled, unit=unit), f"{unit} is enabled"):
         return
     yield StringCommand("systemctl", "enable", QuoteString(unit))
