@@ -13,15 +13,9 @@ from rigforge.layout import POWER_UNIT, SETTLE_UNIT
 from rigforge.schema import power_caps
 
 SHOW = (  # what `systemctl show` is asked for each unit
-    "LoadState",
-    "ActiveState",
-    "SubState",
-    "Result",
-    "ExecMainStatus",
-    "InactiveExitTimestampMonotonic",
-    "ExecMainStartTimestampMonotonic",
-    "ExecMainExitTimestampMonotonic",
-)
+    "LoadState ActiveState SubState Result ExecMainStatus InactiveExitTimestampMonotonic "
+    "ExecMainStartTimestampMonotonic ExecMainExitTimestampMonotonic"
+).split()
 CORRECTION = re.compile(r"^rigforge: GPU(\d+) power limit (\S+) W after boot \(another writer\); set back to (\d+) W")
 FAILED = re.compile(r"^rigforge: GPU(\d+) power limit .* failed")
 
@@ -67,11 +61,6 @@ def watts(v) -> str:
     return "?" if v is None else f"{v:g}"
 
 
-def _sets(writer: Mapping) -> str:
-    watts = writer.get("watts") or []
-    return f"set {'/'.join(str(w) for w in watts)} W" if watts else "ran"
-
-
 def _unit_problem(name: str, unit: Mapping | None) -> str | None:
     """Why a unit of rigforge's did not do its job at this boot, None when it did (or still does)."""
     if not unit or unit.get("LoadState") in (None, "", "not-found"):
@@ -102,13 +91,12 @@ def judge(seen: Mapping, targets: Mapping[int, int], writers: Mapping[str, Mappi
     for name, writer in writers.items():
         if writer.get("kind") == "cron":
             needle = writer.get("script") or writer.get("command")
-            if needle and any(needle in line for line in seen.get("cron") or []):
-                ran.append(f"{name} {_sets(writer)}")
-            continue
-        if start := started(units.get(name)):
-            ran.append(f"{name} {_sets(writer)}")
-            if settle_end and start > settle_end:
-                later.append(name)
+            start = bool(needle) and any(needle in line for line in seen.get("cron") or [])
+        elif (start := started(units.get(name))) and settle_end and start > settle_end:
+            later.append(name)
+        if start:
+            set_w = "/".join(str(w) for w in writer.get("watts") or [])
+            ran.append(f"{name} set {set_w} W" if set_w else f"{name} ran")
     caps = seen.get("caps") or {}
     off = {i: (caps.get(i), want) for i, want in sorted(targets.items()) if caps.get(i) != want}
     if not caps:

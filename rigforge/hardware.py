@@ -140,7 +140,7 @@ def resolve_caps(indices: list[int], default_w: int, overrides: dict) -> dict[in
 def cap_problems(gpus: list[dict], default_w: int, overrides: dict) -> list[str]:
     """Problems with the requested power caps against each card's min..max (empty when fine)."""
     problems, indices = [], [gpu["index"] for gpu in gpus]
-    named = {int(index) for index in overrides or {}}  # the GPUs gpu_power_limits names
+    caps, named = resolve_caps(indices, default_w, overrides), {int(index) for index in overrides or {}}
     if gpus and (unknown := sorted(named - set(indices))):
         problems.append(
             f"gpu_power_limits names GPU(s) {unknown} but nvidia-smi shows GPU(s) {indices}; "
@@ -148,8 +148,7 @@ def cap_problems(gpus: list[dict], default_w: int, overrides: dict) -> list[str]
         )
     refused: dict[tuple, list] = {}  # one line per (cap, key, range), naming every card it concerns
     for gpu in gpus:
-        cap = resolve_caps([gpu["index"]], default_w, overrides)[gpu["index"]]
-        low, high = gpu.get("power_min_limit"), gpu.get("power_max_limit")
+        cap, low, high = caps[gpu["index"]], gpu.get("power_min_limit"), gpu.get("power_max_limit")
         if low is not None and high is not None and not low <= cap <= high:
             key = "gpu_power_limits" if int(gpu["index"]) in named else "gpu_power_limit_w"
             refused.setdefault((cap, key, low, high), []).append(gpu)
@@ -263,10 +262,9 @@ def data_root_of(daemon_json: list[str] | None) -> str:
 
 def roots_inside(layout: HostLayout, data_root: str) -> list[str]:
     """rigforge_root and the model dir inside Docker's configured data-root (its default: rigforge/schema.py)."""
-    trees = {data_root: f"Docker's data-root set in {DAEMON_JSON}"}
     out = []
     for key, path in (("rigforge_root", layout.root), ("serving_model_dir", layout.models)):
-        tree = schema.managed_tree(path, trees)
+        tree = schema.managed_tree(path, {data_root: f"Docker's data-root set in {DAEMON_JSON}"})
         if tree and not (key == "serving_model_dir" and _inside(path, layout.root)):  # named with the root
             out.append(f"{key} {path} is inside {tree}; choose a directory of its own outside it (e.g. {DEFAULT_ROOT})")
     return out
