@@ -90,14 +90,10 @@ def packages_for(data: Mapping, os_id: str) -> DriverPackages:
             f"no {flavor} driver package for {fam} from nvidia_driver_source={source!r}"
             + (f"; use nvidia_driver_source: {' or '.join(have)}" if have else "")
         )
-    install, version = row
     fill = {"branch": branch, "kernel": data["nvidia_driver_kernel_flavour"]}
-    pinning = PINNING[source]
-    return DriverPackages(
-        pinning=pinning.format(**fill) if pinning else None,
-        install=tuple(name.format(**fill) for name in install),
-        version_package=version.format(**fill),
-    )
+    pinning, (install, version) = PINNING[source], row
+    install = tuple(name.format(**fill) for name in install)
+    return DriverPackages(pinning and pinning.format(**fill), install, version.format(**fill))
 
 
 # The newest CUDA each driver supports: NVIDIA's "CUDA Toolkit and Corresponding Driver Versions" table (CUDA Toolkit

@@ -60,11 +60,8 @@ def warnings(caps: Mapping[int, int], prof: dict | None, kept: str = "kept as se
 
 def recipe_range(prof: dict | None) -> str:
     """The recipe's figures, shown beside the cap."""
-    low, high = MEASURED_W
-    measured = f"TP=2 flat {low}..{high} W ({HARDWARE_DOC})"
+    measured = "recipe: TP=2 flat {}..{} W ({})".format(*MEASURED_W, HARDWARE_DOC)
     if not prof:
-        return f"recipe: {measured}"
-    return (
-        f"recipe: {measured}; prefill {prof['prefill']}, optimal {prof['optimal']}, max {prof['max']} W "
-        f"({PROFILE.rsplit('/', 1)[-1]})"
-    )
+        return measured
+    figures = ", ".join(f"{key} {prof[key]}" for key in ("prefill", "optimal", "max"))
+    return f"{measured}; {figures} W ({Path(PROFILE).name})"

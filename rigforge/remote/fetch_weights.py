@@ -63,9 +63,8 @@ class Progress:
     done / total, percent, current rate; `finish` prints the completion line with the average rate."""
 
     def __init__(self, label: str, total: int, have: int):
-        self.label, self.total, self.have, self.done = label, total, have, have
+        self.label, self.total, self.have, self.done, self.last_done = label, total, have, have, have
         self.t0 = self.last_t = time.monotonic()
-        self.last_done = have
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, daemon=True)
 
@@ -87,10 +86,8 @@ class Progress:
 
     def finish(self) -> None:
         secs = time.monotonic() - self.t0
-        rate = (self.done - self.have) / max(secs, 1e-6)
-        say(
-            f"{self.label}: {human(self.done)} / {human(self.total)} (100%) downloaded in {secs:.1f} s, {human(rate)}/s"
-        )
+        rate = human((self.done - self.have) / max(secs, 1e-6))
+        say(f"{self.label}: {human(self.done)} / {human(self.total)} (100%) downloaded in {secs:.1f} s, {rate}/s")
 
 
 def hash_file(path: str):
@@ -296,9 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     try:
         m = json.loads(Path(a.manifest).read_text()) if a.manifest else json.load(sys.stdin)
-        token = None
-        if a.token_file and os.path.exists(a.token_file):
-            token = Path(a.token_file).read_text().strip() or None
+        has_token = a.token_file and os.path.exists(a.token_file)
+        token = (Path(a.token_file).read_text().strip() or None) if has_token else None
         m.setdefault("name", m.get("repo", "?"))
         return run(m, token, a.deep, a.staged_only)
     except (Fail, OSError, ValueError) as e:
