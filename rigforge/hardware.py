@@ -117,8 +117,7 @@ def driver_cuda(running: dict | None, data: dict) -> tuple[str | None, str]:
 
 def cuda_problems(needs: Needs, running: dict | None, data: dict) -> list[str]:
     """The image needs a newer CUDA than the rig's driver supports (empty when it fits or either is unknown)."""
-    have, driver = driver_cuda(running, data)
-    want = needs.image_cuda
+    want, (have, driver) = needs.image_cuda, driver_cuda(running, data)
     if not want or not have or version_key(have) >= version_key(want)[:2]:
         return []
     branch = branch_for_cuda(want)
