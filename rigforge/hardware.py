@@ -287,13 +287,10 @@ def changed_roots(layout: HostLayout, recorded: dict | None, size_of) -> list[st
             continue  # named with the old root
         if (size := size_of(tree)) is None:
             continue  # gone already
-        inside = [new for new in now if _inside(new, tree)]
-        how = (
-            f"this run's {' and '.join(inside)} {'is' if len(inside) == 1 else 'are'} inside it: remove the "
-            "rest of it by hand"
-            if inside
-            else f"once the rig serves from the new one, remove it with: sudo rm -rf {tree}"
-        )
+        how = f"once the rig serves from the new one, remove it with: sudo rm -rf {tree}"
+        if inside := [new for new in now if _inside(new, tree)]:
+            are = "is" if len(inside) == 1 else "are"
+            how = f"this run's {' and '.join(inside)} {are} inside it: remove the rest of it by hand"
         out.append(
             f"{name} changed: {tree}, the earlier deploy's (recorded in {layout.rig_json}), holds "
             f"{size / 1e9:.1f} GB and is no longer used; rigforge leaves it as it is; {how}"
