@@ -60,7 +60,7 @@ def human(n: float) -> str:
 
 class Progress:
     """While a transfer runs, a line every PROGRESS_EVERY s (even when no byte arrives): asset and file, bytes
-    done / total, percent, current rate; `finish` prints the completion line with the average rate."""
+    done / total, percent, current rate; leaving it with every byte in prints the completion line (average rate)."""
 
     def __init__(self, label: str, total: int, have: int):
         self.label, self.total, self.have, self.done, self.last_done = label, total, have, have, have
@@ -72,9 +72,13 @@ class Progress:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
         self._stop.set()
         self._thread.join()
+        if exc_type is None and self.done >= self.total:
+            secs = time.monotonic() - self.t0
+            rate = human((self.done - self.have) / max(secs, 1e-6))
+            say(f"{self.label}: {human(self.done)} / {human(self.total)} (100%) downloaded in {secs:.1f} s, {rate}/s")
 
     def _beat(self) -> None:
         while not self._stop.wait(PROGRESS_EVERY):
@@ -83,11 +87,6 @@ class Progress:
             self.last_t, self.last_done = now, done
             pct = 100 * done / self.total if self.total else 100
             say(f"{self.label}: {human(done)} / {human(self.total)} ({pct:.0f}%) {human(rate)}/s")
-
-    def finish(self) -> None:
-        secs = time.monotonic() - self.t0
-        rate = human((self.done - self.have) / max(secs, 1e-6))
-        say(f"{self.label}: {human(self.done)} / {human(self.total)} (100%) downloaded in {secs:.1f} s, {rate}/s")
 
 
 def hash_file(path: str):
@@ -198,8 +197,6 @@ def download(m: dict, f: dict, part: str, token: str | None) -> str:
                 raise Interrupted(f"{f['path']}: transfer interrupted at {human(progress.done)}: {e}") from None
             finally:
                 os.fsync(out.fileno())
-            if progress.done >= f["size"]:
-                progress.finish()
     if progress.done < f["size"]:
         raise Interrupted(f"{f['path']}: transfer ended early at {human(progress.done)} of {human(f['size'])}")
     return digest.hexdigest()
