@@ -74,8 +74,7 @@ def _unit_problem(name: str, unit: Mapping | None) -> str | None:
 
 
 def judge(seen: Mapping, ctx) -> tuple[dict[int, int], list[str], str]:
-    """What ran at this boot against the caps of rig context `ctx`: (those caps, the problems, the sentence saying
-    the caps were set last)."""
+    """What ran at this boot against the caps of rig context `ctx`: (those caps, problems, "set last" sentence)."""
     targets = dict(ctx.plan.caps) if ctx.plan else power_caps(len(seen.get("caps") or {}), ctx.settings)
     units = seen.get("units") or {}
     power, settle = units.get(POWER_UNIT), units.get(SETTLE_UNIT)
