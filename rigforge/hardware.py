@@ -203,8 +203,7 @@ def find_problems(
     override = small_override(data.get("serving_kv_cache_dtype"), data.get("serving_gpu_memory_utilization"))
     if not gpus and pci is not None:
         problems += pci_problems(pci, needs, override)
-    problems += gpu_problems(gpus, needs, data)
-    problems += cuda_problems(needs, running, data)
+    problems += gpu_problems(gpus, needs, data) + cuda_problems(needs, running, data)
 
     if free_bytes is not None and free_bytes < needs.disk_bytes:
         problems.append(
@@ -217,10 +216,9 @@ def find_problems(
 def format_problems(host_name: str, problems: list[str], what: str = "preflight failed", changed=()) -> str:
     """One message naming the host, every problem, then what this run changed on it (`changed`) or that nothing was."""
     lines = [f"{what} on {host_name}:"] + [f"  - {problem}" for problem in problems]
-    if not changed:
-        return "\n".join(lines + ["Nothing was changed on this host."])
-    lines += ["This run changed this host before the check (the rest of the deploy did not run):"]
-    return "\n".join(lines + [f"  * {name}" for name in changed])
+    if changed:
+        lines += ["This run changed this host before the check (the rest of the deploy did not run):"]
+    return "\n".join(lines + ([f"  * {name}" for name in changed] or ["Nothing was changed on this host."]))
 
 
 P2P_STATUS = {  # `nvidia-smi topo -p2p` legend
