@@ -160,9 +160,8 @@ def download(m: dict, f: dict, part: str, token: str | None) -> str:
     if meta.commit_hash and meta.commit_hash != m["revision"]:
         raise Fail(5, f"{f['path']}: hub served commit {meta.commit_hash}, lock pins {m['revision']}")
     headers = build_hf_headers(token=token or False)
-    if urllib.parse.urlsplit(meta.location).netloc != urllib.parse.urlsplit(url).netloc:
-        headers.pop("authorization", None)  # presigned CDN URL: keep the token on the hub
-        headers.pop("Authorization", None)
+    if urllib.parse.urlsplit(meta.location).netloc != urllib.parse.urlsplit(url).netloc:  # presigned CDN URL:
+        headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}  # keep the token on the hub
     have = os.path.getsize(part) if os.path.exists(part) else 0
     if have > f["size"]:
         os.unlink(part)
