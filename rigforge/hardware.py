@@ -1,6 +1,5 @@
-"""Can a rig run a variant? Pure checks, no host access: GPUs (nvidia-smi's or the PCI bus's), the OS, free disk,
-the role switches, and the layout's roots against Docker's data-root and an earlier deploy's. Shared by the deploy's
-checks (roles/operations/) and `rigforge verify`.
+"""Can a rig run a variant? Pure checks, no host access (GPUs, OS, free disk, role switches, the layout's roots),
+shared by the deploy's checks (roles/operations/) and `rigforge verify`.
 """
 
 import json
