@@ -104,12 +104,11 @@ def judge(seen: Mapping, ctx) -> tuple[dict[int, int], list[str], str]:
     elif off:
         what = ", ".join(f"GPU{i} at {watts(have)} W, target {want} W" for i, (have, want) in off.items())
         if settling:
-            problems.append(f"{what} (the settle stage is still watching)")
+            what += " (the settle stage is still watching)"
         elif settle_end:
             by = ", ".join(later) if later else "a writer rigforge does not know (not a unit or @reboot job it found)"
-            problems.append(f"{what}: changed after the settle stage's window by {by}")
-        else:
-            problems.append(what)
+            what += f": changed after the settle stage's window by {by}"
+        problems.append(what)
     after = ", ".join(ran) if ran else "no other writer ran"
     n = sum(1 for line in lines if CORRECTION.match(line))
     watching = "; the settle stage is still watching" if settling else ""
