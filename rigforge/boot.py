@@ -13,15 +13,9 @@ from rigforge.layout import POWER_UNIT, SETTLE_UNIT
 from rigforge.schema import power_caps
 
 SHOW = (  # what `systemctl show` is asked for each unit
-    "LoadState",
-    "ActiveState",
-    "SubState",
-    "Result",
-    "ExecMainStatus",
-    "InactiveExitTimestampMonotonic",
-    "ExecMainStartTimestampMonotonic",
-    "ExecMainExitTimestampMonotonic",
-)
+    "LoadState ActiveState SubState Result ExecMainStatus InactiveExitTimestampMonotonic "
+    "ExecMainStartTimestampMonotonic ExecMainExitTimestampMonotonic"
+).split()
 CORRECTION = re.compile(r"^rigforge: GPU(\d+) power limit (\S+) W after boot \(another writer\); set back to (\d+) W")
 FAILED = re.compile(r"^rigforge: GPU(\d+) power limit .* failed")
 
@@ -32,8 +26,7 @@ def parse_boot(lines: list[str]) -> dict:
     out: dict = {"units": {}, "cycles": [], "settle": [], "cron": [], "caps": {}}
     head: dict = {}  # the key=value lines before the first section (boot_id, system)
     section, keys = None, head  # where key=value lines go: the head, then each unit's dict; None in other sections
-    for raw in lines:
-        line = raw.rstrip("\n")
+    for line in (raw.rstrip("\n") for raw in lines):
         if line.startswith("--- "):
             section, _, arg = line[4:].partition(" ")
             keys = out["units"].setdefault(arg.strip(), {}) if section == "unit" else None
@@ -67,11 +60,6 @@ def watts(v) -> str:
     return "?" if v is None else f"{v:g}"
 
 
-def _sets(writer: Mapping) -> str:
-    watts = writer.get("watts") or []
-    return f"set {'/'.join(str(w) for w in watts)} W" if watts else "ran"
-
-
 def _unit_problem(name: str, unit: Mapping | None) -> str | None:
     """Why a unit of rigforge's did not do its job at this boot, None when it did (or still does)."""
     if not unit or unit.get("LoadState") in (None, "", "not-found"):
@@ -85,8 +73,9 @@ def _unit_problem(name: str, unit: Mapping | None) -> str | None:
     return None
 
 
-def judge(seen: Mapping, targets: Mapping[int, int], writers: Mapping[str, Mapping]) -> dict:
-    """What ran at this boot against the caps: {"ok", "settling", "problems", "ran", "corrections"}."""
+def judge(seen: Mapping, ctx) -> tuple[dict[int, int], list[str], str]:
+    """What ran at this boot against the caps of rig context `ctx`: (those caps, problems, "set last" sentence)."""
+    targets = dict(ctx.plan.caps) if ctx.plan else power_caps(len(seen.get("caps") or {}), ctx.settings)
     units = seen.get("units") or {}
     power, settle = units.get(POWER_UNIT), units.get(SETTLE_UNIT)
     problems = []
@@ -99,16 +88,15 @@ def judge(seen: Mapping, targets: Mapping[int, int], writers: Mapping[str, Mappi
     settling = bool(settle) and settle.get("SubState") == "running"
     settle_end = _stamp(settle or {}, "ExecMainExitTimestampMonotonic") if not settling else 0
     ran, later = [], []
-    for name, writer in writers.items():
+    for name, writer in ctx.cap_units.items():
         if writer.get("kind") == "cron":
             needle = writer.get("script") or writer.get("command")
-            if needle and any(needle in line for line in seen.get("cron") or []):
-                ran.append(f"{name} {_sets(writer)}")
-            continue
-        if start := started(units.get(name)):
-            ran.append(f"{name} {_sets(writer)}")
-            if settle_end and start > settle_end:
-                later.append(name)
+            start = bool(needle) and any(needle in line for line in seen.get("cron") or [])
+        elif (start := started(units.get(name))) and settle_end and start > settle_end:
+            later.append(name)
+        if start:
+            set_w = "/".join(str(w) for w in writer.get("watts") or [])
+            ran.append(f"{name} set {set_w} W" if set_w else f"{name} ran")
     caps = seen.get("caps") or {}
     off = {i: (caps.get(i), want) for i, want in sorted(targets.items()) if caps.get(i) != want}
     if not caps:
@@ -116,44 +104,33 @@ def judge(seen: Mapping, targets: Mapping[int, int], writers: Mapping[str, Mappi
     elif off:
         what = ", ".join(f"GPU{i} at {watts(have)} W, target {want} W" for i, (have, want) in off.items())
         if settling:
-            problems.append(f"{what} (the settle stage is still watching)")
+            what += " (the settle stage is still watching)"
         elif settle_end:
             by = ", ".join(later) if later else "a writer rigforge does not know (not a unit or @reboot job it found)"
-            problems.append(f"{what}: changed after the settle stage's window by {by}")
-        else:
-            problems.append(what)
-    corrections = [line for line in lines if CORRECTION.match(line)]
-    return {"ok": not problems, "settling": settling, "problems": problems, "ran": ran, "corrections": corrections}
-
-
-def _targets(seen: Mapping, ctx) -> dict[int, int]:
-    return dict(ctx.plan.caps) if ctx.plan else power_caps(len(seen.get("caps") or {}), ctx.settings)
-
-
-def _set_last(j: dict) -> str:
-    after = ", ".join(j["ran"]) if j["ran"] else "no other writer ran"
-    n = len(j["corrections"])
-    watching = "; the settle stage is still watching" if j["settling"] else ""
-    return f"set last at this boot (after {after}; {n} correction{'' if n == 1 else 's'} by the settle stage{watching})"
+            what += f": changed after the settle stage's window by {by}"
+        problems.append(what)
+    after = ", ".join(ran) if ran else "no other writer ran"
+    n = sum(1 for line in lines if CORRECTION.match(line))
+    watching = "; the settle stage is still watching" if settling else ""
+    last = f"set last at this boot (after {after}; {n} correction{'' if n == 1 else 's'} by the settle stage{watching})"
+    return targets, problems, last
 
 
 def boot_caps(seen: Mapping, ctx) -> tuple[str, str]:
     """The check "caps set last at this boot": ("pass" | "fail", detail) for rig context `ctx` (RigContext)."""
-    targets = _targets(seen, ctx)
-    j = judge(seen, targets, ctx.cap_units)
-    if not j["ok"]:
-        return "fail", "; ".join(j["problems"])
+    targets, problems, last = judge(seen, ctx)
+    if problems:
+        return "fail", "; ".join(problems)
     caps = "/".join(f"{w:g}" for w in sorted(set(targets.values()))) or "?"
-    return "pass", f"{caps} W, {_set_last(j)}"
+    return "pass", f"{caps} W, {last}"
 
 
 def summary(seen: Mapping, ctx) -> str:
     """status's sentence after "power caps: 230 W" (docs/operators.md); where services are not managed (no
     systemd), the writers found."""
-    writers = ctx.cap_units
     if not ctx.manage:
         named = ", ".join(f"{name} ({'/'.join(map(str, w.get('watts') or [])) or '?'} W)"
-                          for name, w in writers.items())  # fmt: skip
+                          for name, w in ctx.cap_units.items())  # fmt: skip
         return f"other cap writers at boot: {named}; what ran not read (services not managed)" if named else ""
-    j = judge(seen, _targets(seen, ctx), writers)
-    return _set_last(j) if j["ok"] else f"NOT set last at this boot: {'; '.join(j['problems'])}"
+    _, problems, last = judge(seen, ctx)
+    return f"NOT set last at this boot: {'; '.join(problems)}" if problems else last

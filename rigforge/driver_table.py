@@ -90,14 +90,10 @@ def packages_for(data: Mapping, os_id: str) -> DriverPackages:
             f"no {flavor} driver package for {fam} from nvidia_driver_source={source!r}"
             + (f"; use nvidia_driver_source: {' or '.join(have)}" if have else "")
         )
-    install, version = row
     fill = {"branch": branch, "kernel": data["nvidia_driver_kernel_flavour"]}
-    pinning = PINNING[source]
-    return DriverPackages(
-        pinning=pinning.format(**fill) if pinning else None,
-        install=tuple(name.format(**fill) for name in install),
-        version_package=version.format(**fill),
-    )
+    pinning, (install, version) = PINNING[source], row
+    install = tuple(name.format(**fill) for name in install)
+    return DriverPackages(pinning and pinning.format(**fill), install, version.format(**fill))
 
 
 # The newest CUDA each driver supports: NVIDIA's "CUDA Toolkit and Corresponding Driver Versions" table (CUDA Toolkit
@@ -171,8 +167,7 @@ def cuda_key(os_release: dict) -> tuple[str, str]:
 
 def branch_problem(running: dict, branch: int) -> str | None:
     """With nvidia_driver_manage false: why the running driver is not acceptable (None when its branch is `branch`)."""
-    version = running.get("version")
-    if not version:
+    if not (version := running.get("version")):
         return (
             f"nvidia_driver_manage is false but no NVIDIA driver is running; install driver branch {branch} "
             "(or set nvidia_driver_manage: true to let rigforge install it)."

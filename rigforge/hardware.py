@@ -1,6 +1,5 @@
-"""Can a rig run a variant? Pure checks, no host access: GPUs (nvidia-smi's or the PCI bus's), the OS, free disk,
-the role switches, and the layout's roots against Docker's data-root and an earlier deploy's. Shared by the deploy's
-checks (roles/operations/) and `rigforge verify`.
+"""Can a rig run a variant? Pure checks, no host access (GPUs, OS, free disk, role switches, the layout's roots),
+shared by the deploy's checks (roles/operations/) and `rigforge verify`.
 """
 
 import json
@@ -117,8 +116,7 @@ def driver_cuda(running: dict | None, data: dict) -> tuple[str | None, str]:
 
 def cuda_problems(needs: Needs, running: dict | None, data: dict) -> list[str]:
     """The image needs a newer CUDA than the rig's driver supports (empty when it fits or either is unknown)."""
-    have, driver = driver_cuda(running, data)
-    want = needs.image_cuda
+    want, (have, driver) = needs.image_cuda, driver_cuda(running, data)
     if not want or not have or version_key(have) >= version_key(want)[:2]:
         return []
     branch = branch_for_cuda(want)
@@ -140,7 +138,7 @@ def resolve_caps(indices: list[int], default_w: int, overrides: dict) -> dict[in
 def cap_problems(gpus: list[dict], default_w: int, overrides: dict) -> list[str]:
     """Problems with the requested power caps against each card's min..max (empty when fine)."""
     problems, indices = [], [gpu["index"] for gpu in gpus]
-    named = {int(index) for index in overrides or {}}  # the GPUs gpu_power_limits names
+    caps, named = resolve_caps(indices, default_w, overrides), {int(index) for index in overrides or {}}
     if gpus and (unknown := sorted(named - set(indices))):
         problems.append(
             f"gpu_power_limits names GPU(s) {unknown} but nvidia-smi shows GPU(s) {indices}; "
@@ -148,8 +146,7 @@ def cap_problems(gpus: list[dict], default_w: int, overrides: dict) -> list[str]
         )
     refused: dict[tuple, list] = {}  # one line per (cap, key, range), naming every card it concerns
     for gpu in gpus:
-        cap = resolve_caps([gpu["index"]], default_w, overrides)[gpu["index"]]
-        low, high = gpu.get("power_min_limit"), gpu.get("power_max_limit")
+        cap, low, high = caps[gpu["index"]], gpu.get("power_min_limit"), gpu.get("power_max_limit")
         if low is not None and high is not None and not low <= cap <= high:
             key = "gpu_power_limits" if int(gpu["index"]) in named else "gpu_power_limit_w"
             refused.setdefault((cap, key, low, high), []).append(gpu)
@@ -205,8 +202,7 @@ def find_problems(
     override = small_override(data.get("serving_kv_cache_dtype"), data.get("serving_gpu_memory_utilization"))
     if not gpus and pci is not None:
         problems += pci_problems(pci, needs, override)
-    problems += gpu_problems(gpus, needs, data)
-    problems += cuda_problems(needs, running, data)
+    problems += gpu_problems(gpus, needs, data) + cuda_problems(needs, running, data)
 
     if free_bytes is not None and free_bytes < needs.disk_bytes:
         problems.append(
@@ -219,10 +215,9 @@ def find_problems(
 def format_problems(host_name: str, problems: list[str], what: str = "preflight failed", changed=()) -> str:
     """One message naming the host, every problem, then what this run changed on it (`changed`) or that nothing was."""
     lines = [f"{what} on {host_name}:"] + [f"  - {problem}" for problem in problems]
-    if not changed:
-        return "\n".join(lines + ["Nothing was changed on this host."])
-    lines += ["This run changed this host before the check (the rest of the deploy did not run):"]
-    return "\n".join(lines + [f"  * {name}" for name in changed])
+    if changed:
+        lines += ["This run changed this host before the check (the rest of the deploy did not run):"]
+    return "\n".join(lines + ([f"  * {name}" for name in changed] or ["Nothing was changed on this host."]))
 
 
 P2P_STATUS = {  # `nvidia-smi topo -p2p` legend
@@ -263,10 +258,9 @@ def data_root_of(daemon_json: list[str] | None) -> str:
 
 def roots_inside(layout: HostLayout, data_root: str) -> list[str]:
     """rigforge_root and the model dir inside Docker's configured data-root (its default: rigforge/schema.py)."""
-    trees = {data_root: f"Docker's data-root set in {DAEMON_JSON}"}
     out = []
     for key, path in (("rigforge_root", layout.root), ("serving_model_dir", layout.models)):
-        tree = schema.managed_tree(path, trees)
+        tree = schema.managed_tree(path, {data_root: f"Docker's data-root set in {DAEMON_JSON}"})
         if tree and not (key == "serving_model_dir" and _inside(path, layout.root)):  # named with the root
             out.append(f"{key} {path} is inside {tree}; choose a directory of its own outside it (e.g. {DEFAULT_ROOT})")
     return out
@@ -290,13 +284,10 @@ def changed_roots(layout: HostLayout, recorded: dict | None, size_of) -> list[st
             continue  # named with the old root
         if (size := size_of(tree)) is None:
             continue  # gone already
-        inside = [new for new in now if _inside(new, tree)]
-        how = (
-            f"this run's {' and '.join(inside)} {'is' if len(inside) == 1 else 'are'} inside it: remove the "
-            "rest of it by hand"
-            if inside
-            else f"once the rig serves from the new one, remove it with: sudo rm -rf {tree}"
-        )
+        how = f"once the rig serves from the new one, remove it with: sudo rm -rf {tree}"
+        if inside := [new for new in now if _inside(new, tree)]:
+            are = "is" if len(inside) == 1 else "are"
+            how = f"this run's {' and '.join(inside)} {are} inside it: remove the rest of it by hand"
         out.append(
             f"{name} changed: {tree}, the earlier deploy's (recorded in {layout.rig_json}), holds "
             f"{size / 1e9:.1f} GB and is no longer used; rigforge leaves it as it is; {how}"

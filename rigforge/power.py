@@ -1,11 +1,9 @@
 """Power caps against what the recipe repo (club-3090) measured (what ran at boot: rigforge/boot.py). Pure data.
 
-Its hardware profile is read as data (`scripts/lib/profiles/hardware/rtx-3090.yml`: power_cap_w_prefill 250,
-power_cap_w_optimal 290, power_cap_w_max 350, driver_pin_recommended.min "580.0"). Its docs/HARDWARE.md ("Dual-card
-TP=2 anchor") says "the TP=2 anchor below is already flat from 220–330W/card on `dual-fast`": prose, so the range
-is written here, citing it (tests/test_power.py checks the sentence is still there). A cap outside 220..330 W, or
-above the profile's maximum, is a warning naming the source, never a refusal: the user's cap (230 W by default) is
-theirs to choose.
+Its hardware profile (PROFILE) is read as data. Its docs/HARDWARE.md ("Dual-card TP=2 anchor") says "the TP=2
+anchor below is already flat from 220–330W/card on `dual-fast`": prose, so the range is written here, citing it
+(tests/test_power.py checks the sentence is still there). A cap outside it, or above the profile's maximum, is a
+warning naming the source, never a refusal: the user's cap (230 W by default) is theirs to choose.
 """
 
 from collections.abc import Mapping
@@ -60,11 +58,8 @@ def warnings(caps: Mapping[int, int], prof: dict | None, kept: str = "kept as se
 
 def recipe_range(prof: dict | None) -> str:
     """The recipe's figures, shown beside the cap."""
-    low, high = MEASURED_W
-    measured = f"TP=2 flat {low}..{high} W ({HARDWARE_DOC})"
+    measured = "recipe: TP=2 flat {}..{} W ({})".format(*MEASURED_W, HARDWARE_DOC)
     if not prof:
-        return f"recipe: {measured}"
-    return (
-        f"recipe: {measured}; prefill {prof['prefill']}, optimal {prof['optimal']}, max {prof['max']} W "
-        f"({PROFILE.rsplit('/', 1)[-1]})"
-    )
+        return measured
+    figures = ", ".join(f"{key} {prof[key]}" for key in ("prefill", "optimal", "max"))
+    return f"{measured}; {figures} W ({Path(PROFILE).name})"

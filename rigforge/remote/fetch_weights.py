@@ -60,12 +60,11 @@ def human(n: float) -> str:
 
 class Progress:
     """While a transfer runs, a line every PROGRESS_EVERY s (even when no byte arrives): asset and file, bytes
-    done / total, percent, current rate; `finish` prints the completion line with the average rate."""
+    done / total, percent, current rate; leaving it with every byte in prints the completion line (average rate)."""
 
     def __init__(self, label: str, total: int, have: int):
-        self.label, self.total, self.have, self.done = label, total, have, have
+        self.label, self.total, self.have, self.done, self.last_done = label, total, have, have, have
         self.t0 = self.last_t = time.monotonic()
-        self.last_done = have
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, daemon=True)
 
@@ -73,9 +72,13 @@ class Progress:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
         self._stop.set()
         self._thread.join()
+        if exc_type is None and self.done >= self.total:
+            secs = time.monotonic() - self.t0
+            rate = human((self.done - self.have) / max(secs, 1e-6))
+            say(f"{self.label}: {human(self.done)} / {human(self.total)} (100%) downloaded in {secs:.1f} s, {rate}/s")
 
     def _beat(self) -> None:
         while not self._stop.wait(PROGRESS_EVERY):
@@ -84,13 +87,6 @@ class Progress:
             self.last_t, self.last_done = now, done
             pct = 100 * done / self.total if self.total else 100
             say(f"{self.label}: {human(done)} / {human(self.total)} ({pct:.0f}%) {human(rate)}/s")
-
-    def finish(self) -> None:
-        secs = time.monotonic() - self.t0
-        rate = (self.done - self.have) / max(secs, 1e-6)
-        say(
-            f"{self.label}: {human(self.done)} / {human(self.total)} (100%) downloaded in {secs:.1f} s, {human(rate)}/s"
-        )
 
 
 def hash_file(path: str):
@@ -164,9 +160,8 @@ def download(m: dict, f: dict, part: str, token: str | None) -> str:
     if meta.commit_hash and meta.commit_hash != m["revision"]:
         raise Fail(5, f"{f['path']}: hub served commit {meta.commit_hash}, lock pins {m['revision']}")
     headers = build_hf_headers(token=token or False)
-    if urllib.parse.urlsplit(meta.location).netloc != urllib.parse.urlsplit(url).netloc:
-        headers.pop("authorization", None)  # presigned CDN URL: keep the token on the hub
-        headers.pop("Authorization", None)
+    if urllib.parse.urlsplit(meta.location).netloc != urllib.parse.urlsplit(url).netloc:  # presigned CDN URL:
+        headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}  # keep the token on the hub
     have = os.path.getsize(part) if os.path.exists(part) else 0
     if have > f["size"]:
         os.unlink(part)
@@ -201,8 +196,6 @@ def download(m: dict, f: dict, part: str, token: str | None) -> str:
                 raise Interrupted(f"{f['path']}: transfer interrupted at {human(progress.done)}: {e}") from None
             finally:
                 os.fsync(out.fileno())
-            if progress.done >= f["size"]:
-                progress.finish()
     if progress.done < f["size"]:
         raise Interrupted(f"{f['path']}: transfer ended early at {human(progress.done)} of {human(f['size'])}")
     return digest.hexdigest()
@@ -296,9 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     try:
         m = json.loads(Path(a.manifest).read_text()) if a.manifest else json.load(sys.stdin)
-        token = None
-        if a.token_file and os.path.exists(a.token_file):
-            token = Path(a.token_file).read_text().strip() or None
+        has_token = a.token_file and os.path.exists(a.token_file)
+        token = (Path(a.token_file).read_text().strip() or None) if has_token else None
         m.setdefault("name", m.get("repo", "?"))
         return run(m, token, a.deep, a.staged_only)
     except (Fail, OSError, ValueError) as e:
