@@ -165,7 +165,8 @@ def parse_catalog(data: Any) -> Catalog:
     assets = {}
     for name, a in _need(data, "assets", dict, "catalog").items():
         where = f"asset {name!r}"
-        folder, gb = _need(a, "dir", str, where), float(_need(a, "approx_gb", (int, float), where))
+        folder = _need(a, "dir", str, where)
+        gb = float(_need(a, "approx_gb", (int, float), where))
         assets[name] = Asset(name, folder, gb, _need(a, "hf_repo", str, where))
     variants = {
         name: _variant(name, raw, defaults, assets) for name, raw in _need(data, "variants", dict, "catalog").items()

@@ -91,7 +91,8 @@ def packages_for(data: Mapping, os_id: str) -> DriverPackages:
             + (f"; use nvidia_driver_source: {' or '.join(have)}" if have else "")
         )
     fill = {"branch": branch, "kernel": data["nvidia_driver_kernel_flavour"]}
-    pinning, (install, version) = PINNING[source], row
+    pinning = PINNING[source]
+    install, version = row
     install = tuple(name.format(**fill) for name in install)
     return DriverPackages(pinning and pinning.format(**fill), install, version.format(**fill))
 

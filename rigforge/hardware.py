@@ -116,7 +116,8 @@ def driver_cuda(running: dict | None, data: dict) -> tuple[str | None, str]:
 
 def cuda_problems(needs: Needs, running: dict | None, data: dict) -> list[str]:
     """The image needs a newer CUDA than the rig's driver supports (empty when it fits or either is unknown)."""
-    want, (have, driver) = needs.image_cuda, driver_cuda(running, data)
+    want = needs.image_cuda
+    have, driver = driver_cuda(running, data)
     if not want or not have or version_key(have) >= version_key(want)[:2]:
         return []
     branch = branch_for_cuda(want)
@@ -138,7 +139,8 @@ def resolve_caps(indices: list[int], default_w: int, overrides: dict) -> dict[in
 def cap_problems(gpus: list[dict], default_w: int, overrides: dict) -> list[str]:
     """Problems with the requested power caps against each card's min..max (empty when fine)."""
     problems, indices = [], [gpu["index"] for gpu in gpus]
-    caps, named = resolve_caps(indices, default_w, overrides), {int(index) for index in overrides or {}}
+    caps = resolve_caps(indices, default_w, overrides)
+    named = {int(index) for index in overrides or {}}
     if gpus and (unknown := sorted(named - set(indices))):
         problems.append(
             f"gpu_power_limits names GPU(s) {unknown} but nvidia-smi shows GPU(s) {indices}; "
@@ -146,7 +148,9 @@ def cap_problems(gpus: list[dict], default_w: int, overrides: dict) -> list[str]
         )
     refused: dict[tuple, list] = {}  # one line per (cap, key, range), naming every card it concerns
     for gpu in gpus:
-        cap, low, high = caps[gpu["index"]], gpu.get("power_min_limit"), gpu.get("power_max_limit")
+        cap = caps[gpu["index"]]
+        low = gpu.get("power_min_limit")
+        high = gpu.get("power_max_limit")
         if low is not None and high is not None and not low <= cap <= high:
             key = "gpu_power_limits" if int(gpu["index"]) in named else "gpu_power_limit_w"
             refused.setdefault((cap, key, low, high), []).append(gpu)

@@ -52,7 +52,8 @@ def qualified(ref: str) -> str:
 
 def locked_images(lock: Lock) -> tuple[list[ImagePin], list[str]]:
     """(the lock's images with a digest, each (ref, digest) once; the entries without one, by name)."""
-    pins, unresolved = {}, []
+    pins = {}
+    unresolved = []
     for key, pin in (("image", lock.image), *((f"images.{n}", p) for n, p in lock.images.items())):
         if not pin.digest:
             unresolved.append(f"{key} ({pin.ref})")

@@ -243,7 +243,8 @@ def resolve(
         except LockError as gone:
             if fleet is None or "HTTP 404" not in str(gone):
                 raise
-            parsed, (base, verify) = parse(pin.ref), fleet  # the fleet registry names its copy `library/x:tag`
+            parsed = parse(pin.ref)
+            base, verify = fleet  # the fleet registry names its copy `library/x:tag`
             ref = f"{parsed.repository}:{parsed.tag or 'latest'}"
             where = f" (from the fleet registry {base}: upstream no longer has this tag)"
             try:

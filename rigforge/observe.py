@@ -125,7 +125,8 @@ def observe(host, fl: fleet.Fleet) -> tuple[RigContext, Observed]:
     first = Observed(host, reads)
     ctx.cap_units = first.get_fact(PowerCapUnits) or {}
     ctx.manifest = first.get_fact(JsonFile, path=layout.rig_json)
-    manifest, wanted = ctx.manifest or {}, data["rigforge_variant"]
+    manifest = ctx.manifest or {}
+    wanted = data["rigforge_variant"]
     recorded = manifest.get("recipe") or manifest.get("variant")
     ctx.variant_name = manifest.get("variant") or wanted
     ctx.variant_from = layout.rig_json if recorded else ("host data rigforge_variant" if wanted else "")

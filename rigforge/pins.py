@@ -189,7 +189,9 @@ class _Reader:
     """Typed access to one mapping of the lock (with only the `allowed` keys); errors name file and key."""
 
     def __init__(self, path: str, where: str, data: Any, allowed: Iterable[str]):
-        self.path, self.where, self.data = path, where, data
+        self.path = path
+        self.where = where
+        self.data = data
         if not isinstance(data, dict):
             self.fail(f"expected a mapping, got {type(data).__name__}")
         if extra := set(data) - set(allowed):

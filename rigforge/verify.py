@@ -17,7 +17,8 @@ from rigforge.drift import FAIL, PASS, SKIP, SKIPPED, Check, RigContext
 def check_host(host, fl: fleet.Fleet) -> tuple[list[Check], dict]:
     """(a rig's drift checks and API probes, a gateway's or monitor's checks; its serving_rest, rig or not, views)."""
     data = fleet.host_data(host.data)
-    out, seen = [], {"rest": data["serving_rest"], "rig": fl.is_rig(host.name)}
+    out = []
+    seen = {"rest": data["serving_rest"], "rig": fl.is_rig(host.name)}
     if seen["rig"]:
         ctx, obs = observe.observe(host, fl)
         out = drift.checks(obs, ctx) + api_checks(host, ctx)

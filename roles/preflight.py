@@ -101,7 +101,8 @@ def remote_problems(plan: Plan, weights_state) -> list[str]:
 def state_problems(data: Mapping, os_release: dict, arch: str, running: dict, sources: dict) -> list[str]:
     """Pure: every problem of the driver / container-runtime host state (empty when fine); `data`'s keys were
     validated with the plan (rigforge/fleet.py plan_for)."""
-    data, problems = {**nvidia_driver.DEFAULTS, **docker_engine.DEFAULTS, **data}, []
+    data = {**nvidia_driver.DEFAULTS, **docker_engine.DEFAULTS, **data}
+    problems = []
     manage = data["nvidia_driver_manage"]
     if manage:
         try:
@@ -175,9 +176,11 @@ def check(needs: Needs, data: Mapping, more: list[str] = ()) -> bool:
         running=host.get_fact(NvidiaRunningDriver),
     )
     # the driver and container-runtime roles' host-state checks, then the controller's
-    os_release, arch = host.get_fact(OsRelease), host.get_fact(DebArch) or "amd64"
+    os_release = host.get_fact(OsRelease)
+    arch = host.get_fact(DebArch) or "amd64"
     found = state_problems(data, os_release, arch, host.get_fact(NvidiaRunningDriver), host.get_fact(AptSourceFiles))
-    problems, lines = problems + found, host.get_fact(FileContents, path=DAEMON_JSON)
+    problems = problems + found
+    lines = host.get_fact(FileContents, path=DAEMON_JSON)
     try:
         docker_daemon.merged_text(None if lines is None else "\n".join(lines), {})
     except ValueError as error:

@@ -25,7 +25,9 @@ from roles.operations.staged import staged_files, systemd_verify
 def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = False):
     """`gateways`: the fleet gateway hosts this rig leaves while its unit restarts ({name: use sudo}); `sudo`:
     whether this rig's own commands run with sudo."""
-    layout, knobs, gateways = plan.layout, Serving.of(plan.data), dict(gateways or {})
+    layout = plan.layout
+    knobs = Serving.of(plan.data)
+    gateways = dict(gateways or {})
     manage, rest, unit = knobs.rigforge_manage_services, knobs.serving_rest, layout.vllm_unit
 
     for cache_dir in ("torch_compile", "triton"):

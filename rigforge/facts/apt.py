@@ -57,7 +57,8 @@ class AptSourceFiles(Fact):
     command = f'for f in {SOURCE_FILES}; do [ -f "$f" ] || continue; echo "{_MARK}$f"; cat "$f"; echo; done'
 
     def process(self, lines: list[str]) -> dict[str, list[str]]:
-        files, path = {}, ""
+        files: dict[str, list[str]] = {}
+        path = ""
         for line in lines:
             if line.startswith(_MARK):
                 path = line[len(_MARK) :].strip()

@@ -32,7 +32,8 @@ class WeightsState(FactBase):
         return {"stamp": None, "files": {}, "staging": {}, "staging_dir": False}
 
     def process(self, output: list[str]):
-        state, section = self.default(), "stamp"
+        state = self.default()
+        section = "stamp"
         for line in output:
             if line == "--staging-dir--":
                 state["staging_dir"] = True

@@ -188,7 +188,9 @@ class PowerCapUnits(Fact):
         )
 
     def process(self, lines: list[str], unit_dirs=UNIT_SEARCH_PATH) -> dict:
-        scripts, entries, current = {}, [], None  # {script: its pl= lines}, [(file, line)]
+        scripts: dict[str, list[str]] = {}
+        entries: list[tuple[str, str]] = []
+        current = None
         for line in lines:
             if line.startswith("script="):
                 current = scripts.setdefault(line[7:].strip(), [])
@@ -228,7 +230,8 @@ _DEVICE = re.compile(r"(GPU|NIC)\d+$")
 def parse_topo_matrix(lines: list[str]) -> dict[str, str]:
     """`nvidia-smi topo -m` or `topo -p2p r` -> {"0-1": "PHB", ...}: the cell of each GPU pair i < j (link
     type: X, PIX, PXB, PHB, NODE, SYS, NV#; P2P status: OK, CNS, GNS, TNS, NS, U). {} for one GPU."""
-    columns, pairs = [], {}
+    columns: list[str] = []
+    pairs: dict[str, str] = {}
     for raw in lines:
         cells = [c.strip() for c in _ANSI.sub("", raw).strip().split("\t")]
         if cells[0].startswith("Legend"):
@@ -244,7 +247,8 @@ def parse_topo_matrix(lines: list[str]) -> dict[str, str]:
 
 
 def parse_topology(lines: list[str]) -> dict:
-    sections, current = {}, None
+    sections: dict[str, list[str]] = {}
+    current = None
     for line in lines:
         if line.startswith("--- "):
             current = sections.setdefault(line[4:].strip(), [])

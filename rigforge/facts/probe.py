@@ -54,7 +54,8 @@ class _HostSnapshot:
     def __init__(self, host: Host):
         self.host = host
         # answers: request key -> processed fact value; requests: key -> {"fact": "module:Class", "kwargs": {...}}
-        self.answers, self.requests = {}, {}
+        self.answers = {}
+        self.requests = {}
 
     @functools.cached_property
     def defaults(self) -> dict:
@@ -140,7 +141,9 @@ def _files_command(marker: str, paths: dict[str, set]) -> str:
 
 def _file_answers(block: list[str], batched: list, answers: dict) -> None:
     """Each batched file fact's answer from the files job's lines (a missing path: its default; no line: read live)."""
-    exists, links, found = set(), set(), {}  # found: (kind, path) -> its line
+    exists = set()
+    links = set()
+    found = {}  # (kind, path) -> its line
     lines = iter(block)
     for line in lines:
         if line.startswith(("e ", "l ")):
@@ -212,7 +215,8 @@ def script(requests, marker: str) -> tuple[StringCommand | None, list[tuple[str,
 
 def parse(lines, sections: list[tuple[str, FactBase, str | None]], marker: str) -> dict[str, object]:
     """{key: processed value} for each section of `script(requests, marker)`'s output that exited 0 and processed."""
-    answers, current, collected = {}, None, []
+    answers: dict[str, object] = {}
+    current, collected = None, []
     for line in lines:
         if not line.startswith(marker):
             collected.append(line)

@@ -63,7 +63,11 @@ class Progress:
     done / total, percent, current rate; leaving it with every byte in prints the completion line (average rate)."""
 
     def __init__(self, label: str, total: int, have: int):
-        self.label, self.total, self.have, self.done, self.last_done = label, total, have, have, have
+        self.label = label
+        self.total = total
+        self.have = have
+        self.done = have
+        self.last_done = have
         self.t0 = self.last_t = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, daemon=True)
