@@ -1,7 +1,5 @@
-"""The settings schema: every setting a rig's files depend on, its validator, and the host-data key it comes from,
-plus the small checks the roles' `validate(data) -> problems` use for their own knobs. Layering (lowest first): the
-variant's values < group data < host data < `--set` overrides. Each check's problems name the key, the bad value
-and what is allowed. Pure: no pyinfra, no host.
+"""The settings schema: every setting a rig's files depend on, its parser and host-data key (layering: the variant's
+values < group data < host data < `--set`), and the checks of the roles' own knobs. Pure: no pyinfra, no host.
 """
 
 import contextlib
@@ -18,6 +16,8 @@ from rigforge.layout import DEFAULT_ROOT, ETC
 
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e5m2", "fp8_e4m3", "turboquant_3bit_nc")
 URL = re.compile(r"^https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~%/+:@=-]*)?$")
+HTTP_URL = re.compile(r"https?://[^ ]*")  # what clients or people are shown: no space in it
+NOT_BLANK = re.compile(r"\s*\S.*", re.S)  # a path on the controller: anything but blank
 HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$|^[0-9a-fA-F:]+$")
 SETTLE_WINDOW_S = 60  # default of host data gpu_power_settle_window_s: how long the settle stage watches after boot
 
@@ -155,10 +155,9 @@ IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
 
 
 def _image(v: Any) -> str:
-    s = str(v) if isinstance(v, str) else ""
-    if not IMAGE.fullmatch(s) or len(s) > 512:
+    if not (isinstance(v, str) and IMAGE.fullmatch(v) and len(v) <= 512):
         raise ValueError("an image reference such as vllm/vllm-openai:TAG[@sha256:DIGEST] (no quotes or spaces)")
-    return s
+    return str(v)
 
 
 def _secret(v: Any) -> str:
@@ -233,11 +232,6 @@ def _problem(name: str, value: Any, shown_as: str) -> list[str]:
     except ValueError as exc:
         return [f"{shown_as} must be {exc}, got {'***' if name in SECRETS else repr(value)}"]
     return []
-
-
-def setting(data: Mapping, key: str, name: str) -> list[str]:
-    """Problems of host-data `key`, a role's own knob parsed as the setting `name`; none when it is not set."""
-    return [] if data.get(key) is None else _problem(name, data[key], key)
 
 
 def apply_overrides(base: Settings, overrides: dict[str, Any]) -> Settings:
@@ -316,19 +310,20 @@ def one_of(data: Mapping, key: str, allowed: tuple) -> list[str]:
     return [] if value in allowed else [f"{key}={value!r} is not one of: {', '.join(allowed)}."]
 
 
-def matches(data: Mapping, key: str, pattern: re.Pattern, what: str) -> list[str]:
+def matches(data: Mapping, key: str, pattern: re.Pattern, what: str, optional: bool = False) -> list[str]:
     value = data.get(key)
-    return [] if isinstance(value, str) and pattern.fullmatch(value) else [f"{key} must be {what}, got {value!r}"]
+    ok = value is None and optional or isinstance(value, str) and pattern.fullmatch(value)
+    return [] if ok else [f"{key} must be {what}, got {value!r}"]
 
 
-def url(data: Mapping, key: str) -> list[str]:
-    return matches(data, key, URL, "an http(s) URL without spaces or quotes")
+def hostname(data: Mapping, key: str, optional: bool = False) -> list[str]:
+    return matches(data, key, HOSTNAME, "a host name or IP address", optional)
 
 
-def hostname(data: Mapping, key: str) -> list[str]:
-    return matches(data, key, HOSTNAME, "a host name or IP address")
+def http_url(data: Mapping, key: str, who: str) -> list[str]:
+    return matches(data, key, HTTP_URL, f"an http(s) URL {who}", optional=True)
 
 
 def settings(data: Mapping, names: dict[str, str]) -> list[str]:
     """Problems of rendering settings ({setting name: host-data key}) set in `data` (None = not set)."""
-    return [problem for name, key in names.items() for problem in setting(data, key, name)]
+    return [p for name, key in names.items() if data.get(key) is not None for p in _problem(name, data[key], key)]

@@ -36,9 +36,8 @@ def validate(data: Mapping) -> list[str]:
     problems += schema.hostname(data, "serving_health_host")
     if data.get("serving_rest") not in REST:
         problems.append(f"serving_rest must be one of {', '.join(map(str, REST))}, got {data.get('serving_rest')!r}")
-    upstream, ca = data.get("serving_image_upstream"), data.get("serving_image_upstream_ca")
+    upstream = data.get("serving_image_upstream")
     if upstream is not None and not (isinstance(upstream, str) and upstream.startswith(("https://", "http://"))):
         problems.append(f"serving_image_upstream must be a registry base URL (https://HOST[:PORT]), got {upstream!r}")
-    if ca is not None and not (isinstance(ca, str) and ca.strip()):
-        problems.append(f"serving_image_upstream_ca must be the path of a PEM file on the controller, got {ca!r}")
-    return problems
+    what = "the path of a PEM file on the controller"
+    return problems + schema.matches(data, "serving_image_upstream_ca", schema.NOT_BLANK, what, optional=True)

@@ -25,7 +25,7 @@ NO_SPACES = re.compile(r"\S+")
 
 def validate(data: Mapping) -> list[str]:
     problems = schema.choice(data, "weights_source", SOURCES) + schema.boolean(data, "weights_deep_verify")
-    problems += schema.url(data, "hf_endpoint")
+    problems += schema.matches(data, "hf_endpoint", schema.URL, "an http(s) URL without spaces or quotes")
     if data.get("hf_token") not in (None, ""):
         problems += schema.settings(data, {"hf_token": "hf_token"})
     problems += schema.matches(data, "weights_hf_hub_version", RELEASE, "a release such as 2.4.0")
