@@ -1,5 +1,3 @@
-"""The knobs of roles/gateway.py: their defaults (commented, the role's defaults/main.yml) and checks."""
-
 from collections.abc import Mapping
 
 from rigforge import schema

@@ -24,13 +24,10 @@ Serving = typed("Serving", DEFAULTS)  # the role's settings: one frozen field pe
 REST = (None, "drained", "stopped")  # serving_rest's values
 
 
-SERVING_SETTINGS = {  # rendering settings this role's host data sets ({setting: host-data key})
-    name: key for name, key in schema.HOST_KEYS.items() if key.startswith("serving_") or key == "rigforge_root"
-}
-
-
 def validate(data: Mapping) -> list[str]:
-    problems = schema.settings(data, SERVING_SETTINGS)
+    # the rendering settings this role's host data sets
+    served = {n: k for n, k in schema.HOST_KEYS.items() if k.startswith("serving_") or k == "rigforge_root"}
+    problems = schema.settings(data, served)
     problems += schema.boolean(data, "rigforge_manage_services") + schema.boolean(data, "serving_allow_privileged_port")
     problems += schema.integer(data, "serving_health_timeout", 10, 86400, " of seconds")
     problems += schema.hostname(data, "serving_health_host")
