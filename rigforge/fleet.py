@@ -1,9 +1,6 @@
-"""The desired state: one model of every host of a run, built once on the controller (docs/architecture.md).
-
-`build` reads the inventory once: each host's roles, every rig's plan as it deploys (before its probe; only the rig
-itself completes it with what its probe shows, `completed`), the fleet registry's plan. A problem refuses only the
-host whose data is wrong. `host_data` and `plan_for` are the only reads of host data; `build_plan` the only place
-that turns it into a frozen `Plan`, every problem at once. Pure data: no pyinfra, no host.
+"""The desired state of every host of a run, built once on the controller (docs/architecture.md). A problem refuses
+only the host whose data is wrong; `host_data` and `plan_for` are the only reads of host data, `build_plan` the only
+maker of a frozen `Plan` (every problem at once). Pure data: no pyinfra, no host.
 """
 
 import os
@@ -28,8 +25,7 @@ from rigforge.schema import Settings, SettingsError, apply_overrides, power_caps
 
 
 class ServedVariant(Protocol):
-    """What a deploy, status and verify need of a variant: a seed of rigforge/catalog.py or a slug of
-    rigforge/recipes.py; no other code asks which kind it is."""
+    """What a deploy, status and verify need of a variant, a catalog seed or a recipe-repo slug alike."""
 
     name: str
     image: str  # the image reference it runs (pinned by the lock when the lock knows its digest)
@@ -89,8 +85,7 @@ class Plan:
 
     @property
     def toolkit_version(self) -> str | None:
-        """The NVIDIA Container Toolkit version installed and held: host data nvidia_toolkit_version, else the lock's
-        `toolkit` pin; None (neither set) installs the latest and holds nothing."""
+        """The toolkit version installed and held: host data's, else the lock's; None: the latest, nothing held."""
         pin = self.lock.toolkit if self.lock else None
         return self.data.get("nvidia_toolkit_version") or (pin.version if pin else None)
 
@@ -123,8 +118,7 @@ def resolve(name: str, lock: Lock, opt_in: bool) -> ServedVariant:
 
 
 def variant_problems(entry_variant: str | None, data_variant: Any) -> tuple[str | None, list[str]]:
-    """(the variant this host serves, problems choosing it): the entry point's (deploy/<variant>.py) and host
-    data's must agree when both are set; a host is never switched silently."""
+    """(this host's variant, problems): the entry point's and host data's must agree; never switched silently."""
     if data_variant is not None and not isinstance(data_variant, str):
         names = ", ".join(load_catalog().names)
         return None, [f"rigforge_variant must be a variant name, got {data_variant!r}; choose one of: {names}"]
@@ -140,19 +134,6 @@ def variant_problems(entry_variant: str | None, data_variant: Any) -> tuple[str 
     return name, []
 
 
-def port_problems(port: int, data: Mapping) -> list[str]:
-    """The API port may not be the rig's SSH port, nor below 1024 unless serving_allow_privileged_port."""
-    ssh = int(data.get("ssh_port") or 22)
-    if port == ssh:
-        return [f"serving_port {port} is this rig's SSH port; choose another, e.g. 8011 (the variants use 8010-8014)"]
-    if port < 1024 and not data.get("serving_allow_privileged_port"):
-        return [
-            f"serving_port {port} is below 1024; choose 1024 or above, e.g. 8011, or set "
-            "serving_allow_privileged_port: true to publish it there"
-        ]
-    return []
-
-
 def build_plan(
     host: str,
     data: Mapping[str, Any],
@@ -163,13 +144,11 @@ def build_plan(
     problems: Sequence[str] = (),
     deployable: bool = True,
 ) -> tuple[Plan | None, list[str]]:
-    """This host's plan, or None and every problem found (`problems`: the roles' knob checks', reported with these).
-    `entry`: a variant name or object, None to follow host data; `gpus`: the count the rig shows, None for the
-    variant's; `deployable`: refuse lock entries not resolved yet (a deploy), else accept them (status, verify)."""
-    problems = list(problems)
+    """(this host's plan, or None; every problem, the knob checks' `problems` first). `entry`: a variant name or object
+    (None: host data's); `gpus`: None for the variant's; `deployable`: refuse unresolved lock entries (a deploy)."""
     given = None if entry is None or isinstance(entry, str) else entry
     name, found = variant_problems(given.name if given else entry, data.get("rigforge_variant"))
-    problems += found
+    problems = [*problems, *found]
     lock = None
     try:
         lock = load_lock(data["rigforge_lock"])
@@ -196,14 +175,22 @@ def build_plan(
     try:
         files = variant.files(settings, layout, count, host_data=True)  # the power unit for these caps among them
     except (SettingsError, RecipeError) as exc:  # a setting valid alone that this variant cannot take
-        files = {}
         problems.append(str(exc))
     if absent := sorted(index for index, _ in settings.power_limits if index >= count):
         problems.append(
             f"gpu_power_limits names GPU(s) {absent} but this rig has {count} GPU(s) (0..{count - 1}); "
             "remove those entries from gpu_power_limits."
         )
-    problems += port_problems(settings.port or variant.port, data)
+    port = settings.port or variant.port  # neither the rig's SSH port nor below 1024 unless allowed
+    if port == int(data.get("ssh_port") or 22):
+        problems.append(
+            f"serving_port {port} is this rig's SSH port; choose another, e.g. 8011 (the variants use 8010-8014)"
+        )
+    elif port < 1024 and not data.get("serving_allow_privileged_port"):
+        problems.append(
+            f"serving_port {port} is below 1024; choose 1024 or above, e.g. 8011, or set "
+            "serving_allow_privileged_port: true to publish it there"
+        )
     if problems:
         return None, problems
     dirs, sizes = dict(variant.asset_dirs), dict(variant.sizes)
@@ -264,8 +251,7 @@ class Fleet:
         return tuple(sorted(refs))
 
     def completed(self, name: str, gpus: int | None, cap_units: Iterable[str], rebuild: Callable) -> tuple:
-        """(rig `name`'s plan with what its probe shows, or None; its problems): rebuilt (`rebuild(gpus)`) only
-        for a GPU count other than the plan's."""
+        """(rig `name`'s plan with what its probe shows, or None; problems): `rebuild(gpus)` for another GPU count."""
         plan = self.plans.get(name)
         if plan is None:
             return None, list(self.problems.get(name, ()))
@@ -275,8 +261,7 @@ class Fleet:
 
 
 def build(hosts, variant=None, *, gpus: int | None = None, deployable: bool = True, opt_in: bool = False) -> Fleet:
-    """The fleet of `hosts` (pyinfra's inventory, or hosts with .name, .groups and .data) for `variant` (as
-    plan_for's entry), each plan built once; `opt_in`: every recipe taken as opted in (status, verify)."""
+    """The fleet of `hosts` (with .name, .groups, .data) for `variant` (plan_for's entry); `opt_in`: every recipe."""
     roles, plans, problems, datas = {}, {}, {}, {}
     for h in hosts:
         mine = {g for g in (GATEWAY, REGISTRY, MONITOR) if g in h.groups} | ({RIG} if is_rig(h) else set())
@@ -308,8 +293,7 @@ def build(hosts, variant=None, *, gpus: int | None = None, deployable: bool = Tr
 def targets(
     plans: Iterable[Plan | None], gateways: Mapping[str, Mapping], monitors: Iterable[str] = ()
 ) -> dict[str, tuple[tuple[str, str], ...]]:
-    """The monitor's scrape targets, by job: each rig at its `gateway_address`, else its name; each gateway at
-    its bind address, else its name, or 127.0.0.1 when it is the monitor host itself."""
+    """The monitor's scrape targets by job: each rig and gateway where the monitor host reaches it."""
     rigs = [(p.host, p.data.get("gateway_address") or p.host, p) for p in plans if p is not None]
     local = set(monitors)
     return {
@@ -334,12 +318,9 @@ def host_data(data) -> dict:
 
 
 def plan_for(name: str, data, entry=None, gpus: int | None = None, deployable: bool = True, cap_units=()):
-    """(host `name`'s plan from its host data (host.data or a mapping), or None; every problem of the roles' knob
-    checks and of `build_plan`): what the deploy, status, verify and render all use."""
+    """(host `name`'s plan, or None; every problem of the knob checks and `build_plan`) from its host data."""
     data = host_data(data)
-    problems = site.validate(data)
-    for module in KNOBS:
-        problems += module.validate(data)
+    problems = [problem for module in (site, *KNOBS) for problem in module.validate(data)]
     try:
         return build_plan(name, data, entry, gpus=gpus, cap_units=cap_units, problems=problems, deployable=deployable)
     except (CatalogError, LockError, RecipeError, ValueError, TypeError, KeyError, AttributeError) as exc:
