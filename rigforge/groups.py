@@ -9,6 +9,5 @@ MONITOR = "monitor"  # the inventory group of the host that runs Prometheus (doc
 
 
 def is_rig(h) -> bool:
-    """Every host is a rig but those only in the groups `gateway`, `registry` or `monitor` (such a host that is
-    also a rig is in `rigs`)."""
+    """Every host is a rig but those only in `gateway`, `registry` or `monitor` (unless also in `rigs`)."""
     return not {GATEWAY, REGISTRY, MONITOR} & set(h.groups) or "rigs" in h.groups

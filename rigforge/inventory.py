@@ -1,6 +1,4 @@
-"""The inventory and SSH plumbing of the commands: open a pyinfra inventory, read every host in parallel, read-only
-commands and HTTP requests made on a rig. Nothing here changes a rig.
-"""
+"""The commands' inventory and SSH plumbing: every host read in parallel, read-only commands and HTTP on a rig."""
 
 from __future__ import annotations
 
@@ -86,9 +84,8 @@ class _QuickAck:
 
 
 def no_delay(host) -> None:
-    """Neither end of `host`'s SSH connection waits on the other's delayed ACK: TCP_NODELAY, and TCP_QUICKACK after
-    each read where the system has it (docs/probe.md "No wait for a delayed ACK"). Nothing for a connection that is
-    not TCP (a ProxyCommand) or not open; idempotent."""
+    """TCP_NODELAY on `host`'s SSH connection, and TCP_QUICKACK after each read where the system has it (docs/probe.md
+    "No wait for a delayed ACK"); nothing for a connection that is not TCP (a ProxyCommand) or not open."""
     transport = ssh_transport(host)
     sock = getattr(transport, "sock", None)
     if getattr(sock, "family", None) not in (socket.AF_INET, socket.AF_INET6):
@@ -103,8 +100,7 @@ def no_delay(host) -> None:
 
 
 def quick_connections(hosts=()) -> None:
-    """`no_delay` on every SSH connection pyinfra opens from now on (the reconnect after a reboot too) and, when the
-    wrapper is installed, on those `hosts` have open already. Idempotent."""
+    """`no_delay` on every SSH connection pyinfra opens from now on and, once, on those `hosts` have open already."""
     from pyinfra.connectors.ssh import SSHConnector
 
     if hasattr(SSHConnector.connect, "__wrapped__"):
@@ -223,8 +219,7 @@ def add_arguments(p: argparse.ArgumentParser, shown: str = "a table") -> None:
 
 
 def read_fleet(args, command: str, fn) -> tuple[dict[str, Any], fleet.Fleet] | None:
-    """(fn(host, fleet) for every host of `args.inventory`, in parallel; the fleet, built once), or None (said on
-    stderr) when the inventory cannot be loaded."""
+    """(fn(host, fleet) for every host of `args.inventory`; the fleet), or None when the inventory does not load."""
     try:
         state = open_inventory(args.inventory)
     except InventoryError as exc:

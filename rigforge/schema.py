@@ -116,8 +116,7 @@ def managed_tree(path: str, trees: dict[str, str] = MANAGED_TREES) -> str | None
 
 
 def _abs_path(v: Any) -> str:
-    """An absolute path that is safe in a shell command, a compose volume and a unit file, below the system's
-    own directories and outside the trees something else manages."""
+    """An absolute path safe in a shell, compose file and unit, below the system's dirs, outside managed trees."""
     s = str(v) if isinstance(v, str) else ""
     if not SAFE_PATH.fullmatch(s) or "/../" in f"{s}/" or "//" in s:
         raise ValueError(

@@ -1,6 +1,5 @@
-"""Every role's knobs (host-data keys), one module per role of roles/ (named after it): `DEFAULTS`, the commented
-table (the role's defaults/main.yml), and `validate(data) -> problems`; `typed` makes a role's frozen settings, so a
-role reads `knobs.docker_source`, never `plan.data["docker_source"]`. No host here.
+"""Every role's knobs (host-data keys), one module per role of roles/: `DEFAULTS`, the commented table, and
+`validate(data) -> problems`; `typed` makes a role's frozen settings (`knobs.docker_source`). No host here.
 """
 
 import copy
@@ -12,8 +11,7 @@ from rigforge.schema import SECRETS  # a knob named after one never shows its va
 
 
 def typed(name: str, defaults: Mapping[str, Any]) -> type:
-    """A frozen dataclass `name` with one field per key of `defaults`, typed by its default's type (Any for None),
-    and `of(data)`: the knobs from host data with the defaults applied (rigforge/fleet.py `host_data`)."""
+    """A frozen dataclass, one field per key of `defaults` typed by its value, and `of(data)`: defaults applied."""
     fields = [
         (
             key,
