@@ -271,6 +271,7 @@ def build(hosts, variant=None, *, gpus: int | None = None, deployable: bool = Tr
             problems[h.name] = tuple(found)
         roles[h.name] = frozenset(mine)
     reg_name = next((name for name, mine in roles.items() if REGISTRY in mine), None)  # opt-in: the group's first
+    gateways = {name: host_data(datas[name]) for name, mine in roles.items() if GATEWAY in mine}
     reg_data = host_data(datas[reg_name]) if reg_name else {}
     reg_problems = registry_knobs.validate(reg_data) if reg_name else []
     return Fleet(
@@ -280,13 +281,7 @@ def build(hosts, variant=None, *, gpus: int | None = None, deployable: bool = Tr
         registry_host=reg_name,
         registry=registry_build(reg_name, reg_data) if reg_name and not reg_problems else None,
         registry_problems=tuple(reg_problems),
-        targets=MappingProxyType(
-            targets(
-                plans.values(),
-                {n: host_data(datas[n]) for n, r in roles.items() if GATEWAY in r},
-                {n for n, r in roles.items() if MONITOR in r},
-            )
-        ),
+        targets=MappingProxyType(targets(plans.values(), gateways, {n for n, r in roles.items() if MONITOR in r})),
     )
 
 

@@ -164,7 +164,6 @@ def sudo_problem(h) -> str | None:
 
 
 def sudo_of(h) -> tuple[bool, str | None, str | None]:
-    """Host data's sudo for host `h`: (`_sudo`, `_sudo_user`, `_sudo_password`)."""
     return bool(h.data.get("_sudo")), h.data.get("_sudo_user"), h.data.get("_sudo_password")
 
 
@@ -191,10 +190,9 @@ def _command_problem(host) -> str | None:
     ok, output = host.run_shell_command(StringCommand("true"), _sudo=sudo, **({"_sudo_user": user} if user else {}))
     if ok:
         return None
-    how = "with sudo " if sudo else ""
     why = " ".join(line.strip() for line in output.stderr_lines[:2]) or "no error output"
     return (
-        f"connected, but cannot run commands {how}({why}); "
+        f"connected, but cannot run commands {'with sudo ' if sudo else ''}({why}); "
         "the SSH user needs passwordless sudo (check _sudo / _sudo_user in host data)"
     )
 

@@ -55,7 +55,6 @@ GATEWAY_STATE = "/var/lib/haproxy/rigforge-servers.state"  # runtime state kept 
 
 
 def _under(base: str, name: str) -> property:
-    """The path `name` under the layout's path `base` (an attribute name: root, images, etc, ...)."""
     return property(lambda self: f"{getattr(self, base)}/{name}")
 
 
