@@ -7,7 +7,7 @@ import ipaddress
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import yaml
@@ -24,29 +24,6 @@ SETTLE_WINDOW_S = 60  # default of host data gpu_power_settle_window_s: how long
 
 class SettingsError(ValueError):
     """A setting has an unknown name or a value of the wrong type or range."""
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Everything a rig's rendered files depend on besides the variant. None = the variant's value."""
-
-    root: str = DEFAULT_ROOT
-    port: int | None = None
-    bind_address: str | None = None
-    model_dir: str | None = None
-    gpu_memory_utilization: float | None = None
-    kv_cache_dtype: str | None = None
-    max_model_len: int | None = None
-    max_num_seqs: int | None = None
-    extra_args: tuple[str, ...] = ()
-    image: str | None = None
-    power_limit_w: int = 230
-    power_limits: tuple[tuple[int, int], ...] = ()
-    settle_window_s: int = SETTLE_WINDOW_S  # rigforge/boot.py: how long the settle stage watches after boot
-    spec_n: int | None = None  # recipe-repo slugs only: the recipe's SPEC_N (0 = drafter off, vllm#50021)
-    nvlink_mode: str | None = None  # recipe-repo slugs only: the recipe's NVLINK_MODE
-    api_key: str | None = field(default=None, repr=False)
-    hf_token: str | None = field(default=None, repr=False)
 
 
 def _int(v: Any) -> int:
@@ -193,26 +170,37 @@ def _per_gpu_watts(v: Any) -> tuple[tuple[int, int], ...]:
         ) from None
 
 
-# name -> parser; the names are what `rigforge render --set NAME=VALUE` uses; host data uses HOST_KEYS[name].
-SETTINGS = {
-    "port": _int_in(1, 65535, "a port number"),
-    "bind_address": _ip,
-    "model_dir": _abs_path,
-    "gpu_memory_utilization": _fraction,
-    "kv_cache_dtype": _choice(*KV_CACHE_DTYPES),
-    "max_model_len": _int_in(1, 1_048_576),
-    "max_num_seqs": _int_in(1, 1024),
-    "extra_args": _args,
-    "spec_n": _count,
-    "nvlink_mode": _choice("auto", "force_on", "force_off", "pcie_p2p"),
-    "image": _image,
-    "root": _abs_path,
-    "power_limit_w": _watts,
-    "power_limits": _per_gpu_watts,
-    "settle_window_s": _int_in(0, 3600, "a whole number of seconds"),
-    "api_key": _secret,
-    "hf_token": _secret,
-}
+def _setting(parse, default: Any = None, **kwargs) -> Any:
+    return field(default=default, metadata={"parse": parse}, **kwargs)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a rig's rendered files depend on besides the variant. None = the variant's value."""
+
+    # each with its parser; the names are what `rigforge render --set NAME=VALUE` uses; host data uses HOST_KEYS[name]
+    port: int | None = _setting(_int_in(1, 65535, "a port number"))
+    bind_address: str | None = _setting(_ip)
+    model_dir: str | None = _setting(_abs_path)
+    gpu_memory_utilization: float | None = _setting(_fraction)
+    kv_cache_dtype: str | None = _setting(_choice(*KV_CACHE_DTYPES))
+    max_model_len: int | None = _setting(_int_in(1, 1_048_576))
+    max_num_seqs: int | None = _setting(_int_in(1, 1024))
+    extra_args: tuple[str, ...] = _setting(_args, ())
+    spec_n: int | None = _setting(_count)  # recipe-repo slugs only: the recipe's SPEC_N (0 = drafter off, vllm#50021)
+    # recipe-repo slugs only: the recipe's NVLINK_MODE
+    nvlink_mode: str | None = _setting(_choice("auto", "force_on", "force_off", "pcie_p2p"))
+    image: str | None = _setting(_image)
+    root: str = _setting(_abs_path, DEFAULT_ROOT)
+    power_limit_w: int = _setting(_watts, 230)
+    power_limits: tuple[tuple[int, int], ...] = _setting(_per_gpu_watts, ())
+    # rigforge/boot.py: how long the settle stage watches after boot
+    settle_window_s: int = _setting(_int_in(0, 3600, "a whole number of seconds"), SETTLE_WINDOW_S)
+    api_key: str | None = _setting(_secret, repr=False)
+    hf_token: str | None = _setting(_secret, repr=False)
+
+
+SETTINGS = {f.name: f.metadata["parse"] for f in fields(Settings)}  # name -> parser
 SECRETS = ("api_key", "hf_token")
 # setting -> the host-data key it comes from
 HOST_KEYS = {
