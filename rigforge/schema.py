@@ -170,15 +170,15 @@ def _per_gpu_watts(v: Any) -> tuple[tuple[int, int], ...]:
         ) from None
 
 
-def _setting(parse, default: Any = None, **kwargs) -> Any:
-    return field(default=default, metadata={"parse": parse}, **kwargs)
+def _setting(parse, default: Any = None, host_key: str | None = None, **kwargs) -> Any:
+    return field(default=default, metadata={"parse": parse, "host_key": host_key}, **kwargs)
 
 
 @dataclass(frozen=True)
 class Settings:
     """Everything a rig's rendered files depend on besides the variant. None = the variant's value."""
 
-    # each with its parser; the names are what `rigforge render --set NAME=VALUE` uses; host data uses HOST_KEYS[name]
+    # each with its parser and host-data key (default serving_NAME); `rigforge render --set NAME=VALUE` names it
     port: int | None = _setting(_int_in(1, 65535, "a port number"))
     bind_address: str | None = _setting(_ip)
     model_dir: str | None = _setting(_abs_path)
@@ -191,26 +191,20 @@ class Settings:
     # recipe-repo slugs only: the recipe's NVLINK_MODE
     nvlink_mode: str | None = _setting(_choice("auto", "force_on", "force_off", "pcie_p2p"))
     image: str | None = _setting(_image)
-    root: str = _setting(_abs_path, DEFAULT_ROOT)
-    power_limit_w: int = _setting(_watts, 230)
-    power_limits: tuple[tuple[int, int], ...] = _setting(_per_gpu_watts, ())
+    root: str = _setting(_abs_path, DEFAULT_ROOT, "rigforge_root")
+    power_limit_w: int = _setting(_watts, 230, "gpu_power_limit_w")
+    power_limits: tuple[tuple[int, int], ...] = _setting(_per_gpu_watts, (), "gpu_power_limits")
     # rigforge/boot.py: how long the settle stage watches after boot
-    settle_window_s: int = _setting(_int_in(0, 3600, "a whole number of seconds"), SETTLE_WINDOW_S)
+    settle_window_s: int = _setting(
+        _int_in(0, 3600, "a whole number of seconds"), SETTLE_WINDOW_S, "gpu_power_settle_window_s"
+    )
     api_key: str | None = _setting(_secret, repr=False)
-    hf_token: str | None = _setting(_secret, repr=False)
+    hf_token: str | None = _setting(_secret, None, "hf_token", repr=False)
 
 
 SETTINGS = {f.name: f.metadata["parse"] for f in fields(Settings)}  # name -> parser
 SECRETS = ("api_key", "hf_token")
-# setting -> the host-data key it comes from
-HOST_KEYS = {
-    **{name: f"serving_{name}" for name in SETTINGS},
-    "root": "rigforge_root",
-    "power_limit_w": "gpu_power_limit_w",
-    "power_limits": "gpu_power_limits",
-    "settle_window_s": "gpu_power_settle_window_s",
-    "hf_token": "hf_token",
-}
+HOST_KEYS = {f.name: f.metadata["host_key"] or f"serving_{f.name}" for f in fields(Settings)}  # setting -> its key
 
 
 def _problem(name: str, value: Any, shown_as: str) -> list[str]:
