@@ -146,7 +146,7 @@ def build_plan(
 ) -> tuple[Plan | None, list[str]]:
     """(this host's plan, or None; every problem, the knob checks' `problems` first). `entry`: a variant name or object
     (None: host data's); `gpus`: None for the variant's; `deployable`: refuse unresolved lock entries (a deploy)."""
-    given = None if entry is None or isinstance(entry, str) else entry
+    given = None if isinstance(entry, str | None) else entry
     name, found = variant_problems(given.name if given else entry, data.get("rigforge_variant"))
     problems = [*problems, *found]
     lock = None
@@ -154,10 +154,6 @@ def build_plan(
         lock = load_lock(data["rigforge_lock"])
     except LockError as exc:
         problems.append(str(exc))
-    try:
-        settings = apply_overrides(Settings(), settings_from_host_data(data))
-    except SettingsError:
-        settings = None  # the roles' knob checks named every bad key already
     if name is None or lock is None:
         return None, problems
     try:  # looked up even when a knob is wrong: one refusal names every problem
@@ -167,8 +163,10 @@ def build_plan(
         lock.require(git=variant.sources, hf=variant.assets, resolved=deployable)
     except (CatalogError, RecipeError, LockError) as exc:
         return None, [*problems, str(exc)]
-    if settings is None:
-        return None, problems
+    try:
+        settings = apply_overrides(Settings(), settings_from_host_data(data))
+    except SettingsError:
+        return None, problems  # the roles' knob checks named every bad key already
     settings = replace(settings, image=settings.image or lock.pinned(variant.image))  # by digest once known
     count = gpus or variant.gpus
     layout = HostLayout(root=settings.root, model_dir=settings.model_dir, variant=variant.name)

@@ -12,19 +12,14 @@ from rigforge.schema import SECRETS  # a knob named after one never shows its va
 
 def typed(name: str, defaults: Mapping[str, Any]) -> type:
     """A frozen dataclass, one field per key of `defaults` typed by its value, and `of(data)`: defaults applied."""
-    fields = [
-        (
-            key,
-            type(value) if value is not None else Any,
-            field(default_factory=lambda v=value: copy.deepcopy(v), repr=not key.endswith(SECRETS)),
-        )
-        for key, value in defaults.items()
-    ]
+    fields = [(key, Any if value is None else type(value), _field(key, value)) for key, value in defaults.items()]
     cls = make_dataclass(name, fields, frozen=True)
-    cls.of = classmethod(
-        lambda c, data: c(**{key: _as(defaults[key], data.get(key, defaults[key])) for key in defaults})
-    )
+    cls.of = classmethod(lambda c, data: c(**{k: _as(v, data.get(k, v)) for k, v in defaults.items()}))
     return cls
+
+
+def _field(key: str, value: Any):
+    return field(default_factory=lambda: copy.deepcopy(value), repr=not key.endswith(SECRETS))
 
 
 def _as(default: Any, value: Any) -> Any:
