@@ -75,13 +75,8 @@ class Plan:
     token: str | None = field(default=None, repr=False)
     cap_units: tuple[str, ...] = ()  # the rig's other cap writers found at boot (shown; they order nothing)
 
-    @property
-    def image(self) -> str:
-        return self.settings.image or self.variant.image
-
-    @property
-    def port(self) -> int:
-        return self.settings.port or self.variant.port
+    image = property(lambda self: self.settings.image or self.variant.image)
+    port = property(lambda self: self.settings.port or self.variant.port)
 
     @property
     def toolkit_version(self) -> str | None:
@@ -238,9 +233,7 @@ class Fleet:
         """{rig: the first problem that refused its plan}: what the gateway and registry hosts warn about."""
         return {name: problems[0] for name, problems in self.problems.items() if self.plans.get(name) is None}
 
-    @property
-    def monitors(self) -> tuple[str, ...]:
-        return tuple(name for name, roles in self.roles.items() if MONITOR in roles)
+    monitors = property(lambda self: tuple(name for name, roles in self.roles.items() if MONITOR in roles))
 
     @property
     def images(self) -> tuple[str, ...]:

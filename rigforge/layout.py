@@ -88,27 +88,18 @@ class HostLayout:
     rig_json = _under("etc", "rig.json")
     settle_script = _under("libexec", SETTLE_SCRIPT)
     gpu_metrics_script = _under("libexec", GPU_METRICS_SCRIPT)
-
-    @property
-    def models(self) -> str:
-        return self.model_dir or f"{self.root}/models"
+    models = property(lambda self: self.model_dir or f"{self.root}/models")
+    serve_dir = property(lambda self: f"{self.serve_root}/{self.variant}")
+    vllm_unit = property(lambda self: self.instance(self.variant))
 
     def src(self, name: str) -> str:
         return f"{self.src_root}/{name}"
-
-    @property
-    def serve_dir(self) -> str:
-        return f"{self.serve_root}/{self.variant}"
 
     def weights_staging(self, asset: str) -> str:
         return f"{self.models}/.rigforge-staging/{asset}"  # downloads land here until verified
 
     def asset_dir(self, dirname: str) -> str:
         return f"{self.models}/{dirname}"
-
-    @property
-    def vllm_unit(self) -> str:
-        return self.instance(self.variant)
 
     @staticmethod
     def instance(variant: str) -> str:
