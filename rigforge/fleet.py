@@ -53,10 +53,7 @@ class PlannedAsset:
     dir: str
     pin: HfPin
     approx_bytes: int = 0  # the variant's estimate, for the disk check while the lock has no sizes
-
-    @property
-    def bytes(self) -> int:
-        return self.pin.total_size or self.approx_bytes
+    bytes = property(lambda self: self.pin.total_size or self.approx_bytes)
 
 
 @dataclass(frozen=True)

@@ -137,10 +137,9 @@ def for_each_host(state, fn) -> dict[str, Any]:
                 host.disconnect()
 
     quick_connections()
-    hosts = list(state.inventory)
-    jobs = [state.pool.spawn(task, host) for host in hosts]
-    gevent.joinall(jobs)
-    return {host.name: job.value for host, job in zip(hosts, jobs, strict=True)}
+    jobs = {host.name: state.pool.spawn(task, host) for host in state.inventory}
+    gevent.joinall(list(jobs.values()))
+    return {name: job.value for name, job in jobs.items()}
 
 
 def sudo_problem(h) -> str | None:

@@ -149,8 +149,7 @@ MAX_GPUS = 16
 
 
 def _count(v: Any) -> int:
-    n = _int(v)
-    if n < 0:
+    if (n := _int(v)) < 0:
         raise ValueError("a non-negative integer")
     return n
 
