@@ -1,6 +1,5 @@
-"""The desired state of every host of a run, built once on the controller (docs/architecture.md). A problem refuses
-only the host whose data is wrong; `host_data` and `plan_for` are the only reads of host data, `build_plan` the only
-maker of a frozen `Plan` (every problem at once). Pure data: no pyinfra, no host.
+"""The desired state of every host of a run, built once on the controller (docs/architecture.md); a problem refuses
+only the host whose data is wrong. `host_data` and `plan_for` are the only reads of host data. No pyinfra, no host.
 """
 
 import os
@@ -47,8 +46,6 @@ class ServedVariant(Protocol):
 
 @dataclass(frozen=True)
 class PlannedAsset:
-    """One Hugging Face asset of the variant: its lock entry and the dir it lands in under the model dir."""
-
     name: str
     dir: str
     pin: HfPin
@@ -279,17 +276,11 @@ def targets(
     """The monitor's scrape targets by job: each rig and gateway where the monitor host reaches it."""
     rigs = [(p.host, p.data.get("gateway_address") or p.host, p) for p in plans if p is not None]
     local = set(monitors)
+    gws = [(n, d.get("gateway_bind_address") or ("127.0.0.1" if n in local else n), d) for n, d in gateways.items()]
     return {
         "node": tuple((name, f"{addr}:{p.data['monitor_node_exporter_port']}") for name, addr, p in rigs),
         "vllm": tuple((name, f"{addr}:{p.port}") for name, addr, p in rigs),
-        "haproxy": tuple(
-            (
-                name,
-                f"{data.get('gateway_bind_address') or ('127.0.0.1' if name in local else name)}:"
-                f"{data['gateway_metrics_port']}",
-            )
-            for name, data in gateways.items()
-        ),
+        "haproxy": tuple((name, f"{addr}:{data['gateway_metrics_port']}") for name, addr, data in gws),
     }
 
 

@@ -1,6 +1,5 @@
-"""The inventory groups that give a host its roles in the fleet, and which hosts are rigs. Nothing else is
-imported here, so a deploy file's first step (roles/rig_lock.py `ask_first`) can tell a
-rig before the roles load."""
+"""The inventory groups that give a host its roles in the fleet, and which hosts are rigs. Imports nothing, so a
+deploy file's first step (roles/rig_lock.py `ask_first`) can tell a rig before the roles load."""
 
 RIG = "rig"  # with GATEWAY, REGISTRY and MONITOR: the roles a host can have in the fleet
 GATEWAY = "gateway"  # the inventory group of the fleet's gateway hosts

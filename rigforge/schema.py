@@ -251,15 +251,10 @@ def parse_set(items: list[str]) -> dict[str, Any]:
 
 def settings_from_host_data(data: Any) -> dict[str, Any]:
     """The settings' host-data keys (HOST_KEYS) that are set, as raw overrides for apply_overrides."""
-    return {
-        key: value
-        for key, host_key in HOST_KEYS.items()
-        if (value := data.get(host_key)) is not None and not (key in SECRETS and value == "")
-    }
+    return {k: v for k, key in HOST_KEYS.items() if (v := data.get(key)) is not None and not (k in SECRETS and v == "")}
 
 
 def power_caps(gpu_count: int, s: Settings) -> dict[int, int]:
-    """Watts per GPU index for `gpu_count` GPUs: the per-GPU overrides win over the one cap."""
     return {i: s.power_limit_w for i in range(gpu_count)} | dict(s.power_limits)
 
 
