@@ -138,12 +138,11 @@ def build_plan(
     given = None if isinstance(entry, str | None) else entry
     name, found = variant_problems(given.name if given else entry, data.get("rigforge_variant"))
     problems = [*problems, *found]
-    lock = None
     try:
         lock = load_lock(data["rigforge_lock"])
     except LockError as exc:
-        problems.append(str(exc))
-    if name is None or lock is None:
+        return None, [*problems, str(exc)]
+    if name is None:
         return None, problems
     try:  # looked up even when a knob is wrong: one refusal names every problem
         if not deployable and not given and "/" in name:  # a slug not locked yet: shown with unresolved pins

@@ -245,8 +245,7 @@ def rig_key(ctx) -> str | None:
 
 def http_on_rig(host, url: str, timeout: int, body: dict | None = None, api_key: str | None = None) -> tuple[int, str]:
     """(HTTP code, 0 when nothing answered; response body) of a request made by curl on the host."""
-    out = sh(host, curl_command(url, api_key, timeout=timeout, body=body))
-    text, _, code = out.rpartition("\n")
+    text, _, code = sh(host, curl_command(url, api_key, timeout=timeout, body=body)).rpartition("\n")
     return (int(code) if code.strip().isdigit() else 0), text
 
 
