@@ -207,6 +207,8 @@ HOST_KEYS = {f.name: f.metadata["host_key"] or f"serving_{f.name}" for f in fiel
 
 
 def _problem(name: str, value: Any, shown_as: str) -> list[str]:
+    if name not in SETTINGS:
+        return [f"unknown setting {name!r}; allowed: {', '.join(SETTINGS)}"]
     try:
         SETTINGS[name](value)
     except ValueError as exc:
@@ -216,13 +218,7 @@ def _problem(name: str, value: Any, shown_as: str) -> list[str]:
 
 def apply_overrides(base: Settings, overrides: dict[str, Any]) -> Settings:
     """Validate and apply overrides {setting: raw}; raise SettingsError naming every bad key and the allowed values."""
-    problems = []
-    for key, value in overrides.items():
-        if key not in SETTINGS:
-            problems.append(f"unknown setting {key!r}; allowed: {', '.join(SETTINGS)}")
-        else:
-            problems += _problem(key, value, f"setting {key!r}")
-    if problems:
+    if problems := [p for key, value in overrides.items() for p in _problem(key, value, f"setting {key!r}")]:
         raise SettingsError("; ".join(problems))
     return replace(base, **{key: SETTINGS[key](raw) for key, raw in overrides.items()})
 
