@@ -117,8 +117,7 @@ def variant_problems(entry_variant: str | None, data_variant: Any) -> tuple[str 
             f"run deploy/site.py to serve {data_variant}, or set rigforge_variant: {entry_variant} "
             "(or remove it) to serve this one."
         ]
-    name = entry_variant or data_variant
-    if not name:
+    if not (name := entry_variant or data_variant):
         return None, [f"rigforge_variant is not set; choose one of: {', '.join(load_catalog().names)}"]
     return name, []
 

@@ -270,15 +270,12 @@ def integer(data: Mapping, key: str, low: int, high: int, unit: str = "") -> lis
     return [f"{key} must be a whole number{unit} in {low}..{high}, got {value!r}"]
 
 
-def choice(data: Mapping, key: str, allowed: tuple) -> list[str]:
-    value = data.get(key)
-    return [] if value in allowed else [f"{key} must be one of: {', '.join(map(str, allowed))}; got {value!r}"]
-
-
-def one_of(data: Mapping, key: str, allowed: tuple) -> list[str]:
-    """The deploy checks' form of `choice` (`key=VALUE is not one of: ...`)."""
-    value = data.get(key)
-    return [] if value in allowed else [f"{key}={value!r} is not one of: {', '.join(allowed)}."]
+def choice(data: Mapping, key: str, allowed: tuple, deploy: bool = False) -> list[str]:
+    """`deploy`: the deploy checks' form (`key=VALUE is not one of: ...`)."""
+    if (value := data.get(key)) in allowed:
+        return []
+    names = ", ".join(map(str, allowed))
+    return [f"{key}={value!r} is not one of: {names}." if deploy else f"{key} must be one of: {names}; got {value!r}"]
 
 
 def matches(data: Mapping, key: str, pattern: re.Pattern, what: str, optional: bool = False) -> list[str]:

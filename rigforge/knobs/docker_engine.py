@@ -27,7 +27,7 @@ DOCKER_CE_PACKAGES = ["docker-ce", "docker-ce-cli", "containerd.io", "docker-bui
 
 
 def validate(data: Mapping) -> list[str]:
-    problems = schema.one_of(data, "docker_source", ("docker", "distro"))
+    problems = schema.choice(data, "docker_source", ("docker", "distro"), deploy=True)
     versions = data["docker_package_versions"]
     if not isinstance(versions, Mapping) or not set(versions) <= set(DOCKER_CE_PACKAGES):
         problems.append(

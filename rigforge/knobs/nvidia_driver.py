@@ -21,8 +21,8 @@ NvidiaDriver = typed("NvidiaDriver", DEFAULTS)  # the role's settings: one froze
 
 
 def validate(data: Mapping) -> list[str]:
-    problems = schema.one_of(data, "nvidia_driver_source", driver_table.SOURCES)
-    problems += schema.one_of(data, "nvidia_driver_flavor", driver_table.FLAVORS)
+    problems = schema.choice(data, "nvidia_driver_source", driver_table.SOURCES, deploy=True)
+    problems += schema.choice(data, "nvidia_driver_flavor", driver_table.FLAVORS, deploy=True)
     branch = data["nvidia_driver_branch"]
     if isinstance(branch, bool) or not str(branch).isdigit() or int(branch) < driver_table.MIN_BRANCH:
         problems.append(f"nvidia_driver_branch={branch!r} must be a branch number, 580 or later (e.g. 580, 590).")
