@@ -247,12 +247,11 @@ def build(hosts, variant=None, *, gpus: int | None = None, deployable: bool = Tr
     """The fleet of `hosts` (with .name, .groups, .data) for `variant` (plan_for's entry); `opt_in`: every recipe."""
     roles, plans, problems, datas = {}, {}, {}, {}
     for h in hosts:
-        mine = {g for g in (GATEWAY, REGISTRY, MONITOR) if g in h.groups} | ({RIG} if is_rig(h) else set())
+        roles[h.name] = mine = frozenset({GATEWAY, REGISTRY, MONITOR} & set(h.groups) | ({RIG} if is_rig(h) else set()))
         datas[h.name] = {**host_data(h.data), "rigforge_recipe_opt_in": True} if opt_in else h.data
         if RIG in mine:
             plans[h.name], found = plan_for(h.name, datas[h.name], variant, gpus, deployable)
             problems[h.name] = tuple(found)
-        roles[h.name] = frozenset(mine)
     reg_name = next((name for name, mine in roles.items() if REGISTRY in mine), None)  # opt-in: the group's first
     gateways = {name: host_data(datas[name]) for name, mine in roles.items() if GATEWAY in mine}
     reg_data = host_data(datas[reg_name]) if reg_name else {}
