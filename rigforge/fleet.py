@@ -230,8 +230,7 @@ class Fleet:
     @property
     def images(self) -> tuple[str, ...]:
         """The locked Docker Hub images (ref@sha256:...) the rigs run: what the fleet registry holds."""
-        refs = {p.image for p in self.rigs() if (ref := obtain.parse(p.image)).digest and ref.on_docker_hub}
-        return tuple(sorted(refs))
+        return tuple(sorted({p.image for p in self.rigs() if (r := obtain.parse(p.image)).digest and r.on_docker_hub}))
 
     def completed(self, name: str, gpus: int | None, cap_units: Iterable[str], rebuild: Callable) -> tuple:
         """(rig `name`'s plan with what its probe shows, or None; problems): `rebuild(gpus)` for another GPU count."""

@@ -24,5 +24,4 @@ def _field(key: str, value: Any):
 
 def _as(default: Any, value: Any) -> Any:
     """A whole number given as digits (pyinfra's `--data KEY=300`, which the checks accept) as the int it is."""
-    whole = isinstance(default, int) and not isinstance(default, bool)
-    return int(value) if whole and isinstance(value, str) and value.isdigit() else value
+    return int(value) if type(default) is int and isinstance(value, str) and value.isdigit() else value
