@@ -137,13 +137,10 @@ def build_plan(
     given = None if isinstance(entry, str | None) else entry
     name, found = variant_problems(given.name if given else entry, data.get("rigforge_variant"))
     problems = [*problems, *found]
-    try:
-        lock = load_lock(data["rigforge_lock"])
-    except LockError as exc:
-        return None, [*problems, str(exc)]
-    if name is None:
-        return None, problems
     try:  # looked up even when a knob is wrong: one refusal names every problem
+        lock = load_lock(data["rigforge_lock"])
+        if name is None:
+            return None, problems
         if not deployable and not given and "/" in name:  # a slug not locked yet: shown with unresolved pins
             lock = recipes.provisional(name, lock, bool(data.get("rigforge_recipe_opt_in")))
         variant = given or resolve(name, lock, bool(data.get("rigforge_recipe_opt_in")))

@@ -232,10 +232,9 @@ def api_models(host, ctx, timeout: int = 5) -> dict:
     """GET /v1/models from the rig itself (curl), as the recipes' health check does."""
     url = f"http://{ctx_host(ctx)}:{ctx.port}/v1/models"
     code, body = http_on_rig(host, url, timeout, api_key=rig_key(ctx))
-    try:
+    models = None
+    with contextlib.suppress(ValueError, AttributeError):
         models = [m.get("id") for m in json.loads(body).get("data", [])]
-    except (ValueError, AttributeError):
-        models = None
     return {"url": url, "http_code": code, "models": models}
 
 
