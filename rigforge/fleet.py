@@ -1,9 +1,5 @@
-"""The desired state: one model of every host of a run, built once on the controller (docs/architecture.md).
-
-`build` reads the inventory once: each host's roles, every rig's plan as it deploys (before its probe; only the rig
-itself completes it with what its probe shows, `completed`), the fleet registry's plan. A problem refuses only the
-host whose data is wrong. `host_data` and `plan_for` are the only reads of host data; `build_plan` the only place
-that turns it into a frozen `Plan`, every problem at once. Pure data: no pyinfra, no host.
+"""The desired state of every host of a run, built once on the controller (docs/architecture.md); a problem refuses
+only the host whose data is wrong. `host_data` and `plan_for` are the only reads of host data. No pyinfra, no host.
 """
 
 import os
@@ -28,8 +24,7 @@ from rigforge.schema import Settings, SettingsError, apply_overrides, power_caps
 
 
 class ServedVariant(Protocol):
-    """What a deploy, status and verify need of a variant: a seed of rigforge/catalog.py or a slug of
-    rigforge/recipes.py; no other code asks which kind it is."""
+    """What a deploy, status and verify need of a variant, a catalog seed or a recipe-repo slug alike."""
 
     name: str
     image: str  # the image reference it runs (pinned by the lock when the lock knows its digest)
@@ -51,16 +46,11 @@ class ServedVariant(Protocol):
 
 @dataclass(frozen=True)
 class PlannedAsset:
-    """One Hugging Face asset of the variant: its lock entry and the dir it lands in under the model dir."""
-
     name: str
     dir: str
     pin: HfPin
     approx_bytes: int = 0  # the variant's estimate, for the disk check while the lock has no sizes
-
-    @property
-    def bytes(self) -> int:
-        return self.pin.total_size or self.approx_bytes
+    bytes = property(lambda self: self.pin.total_size or self.approx_bytes)
 
 
 @dataclass(frozen=True)
@@ -79,18 +69,12 @@ class Plan:
     token: str | None = field(default=None, repr=False)
     cap_units: tuple[str, ...] = ()  # the rig's other cap writers found at boot (shown; they order nothing)
 
-    @property
-    def image(self) -> str:
-        return self.settings.image or self.variant.image
-
-    @property
-    def port(self) -> int:
-        return self.settings.port or self.variant.port
+    image = property(lambda self: self.settings.image or self.variant.image)
+    port = property(lambda self: self.settings.port or self.variant.port)
 
     @property
     def toolkit_version(self) -> str | None:
-        """The NVIDIA Container Toolkit version installed and held: host data nvidia_toolkit_version, else the lock's
-        `toolkit` pin; None (neither set) installs the latest and holds nothing."""
+        """The toolkit version installed and held: host data's, else the lock's; None: the latest, nothing held."""
         pin = self.lock.toolkit if self.lock else None
         return self.data.get("nvidia_toolkit_version") or (pin.version if pin else None)
 
@@ -123,8 +107,7 @@ def resolve(name: str, lock: Lock, opt_in: bool) -> ServedVariant:
 
 
 def variant_problems(entry_variant: str | None, data_variant: Any) -> tuple[str | None, list[str]]:
-    """(the variant this host serves, problems choosing it): the entry point's (deploy/<variant>.py) and host
-    data's must agree when both are set; a host is never switched silently."""
+    """(this host's variant, problems): the entry point's and host data's must agree; never switched silently."""
     if data_variant is not None and not isinstance(data_variant, str):
         names = ", ".join(load_catalog().names)
         return None, [f"rigforge_variant must be a variant name, got {data_variant!r}; choose one of: {names}"]
@@ -134,23 +117,9 @@ def variant_problems(entry_variant: str | None, data_variant: Any) -> tuple[str 
             f"run deploy/site.py to serve {data_variant}, or set rigforge_variant: {entry_variant} "
             "(or remove it) to serve this one."
         ]
-    name = entry_variant or data_variant
-    if not name:
+    if not (name := entry_variant or data_variant):
         return None, [f"rigforge_variant is not set; choose one of: {', '.join(load_catalog().names)}"]
     return name, []
-
-
-def port_problems(port: int, data: Mapping) -> list[str]:
-    """The API port may not be the rig's SSH port, nor below 1024 unless serving_allow_privileged_port."""
-    ssh = int(data.get("ssh_port") or 22)
-    if port == ssh:
-        return [f"serving_port {port} is this rig's SSH port; choose another, e.g. 8011 (the variants use 8010-8014)"]
-    if port < 1024 and not data.get("serving_allow_privileged_port"):
-        return [
-            f"serving_port {port} is below 1024; choose 1024 or above, e.g. 8011, or set "
-            "serving_allow_privileged_port: true to publish it there"
-        ]
-    return []
 
 
 def build_plan(
@@ -163,47 +132,47 @@ def build_plan(
     problems: Sequence[str] = (),
     deployable: bool = True,
 ) -> tuple[Plan | None, list[str]]:
-    """This host's plan, or None and every problem found (`problems`: the roles' knob checks', reported with these).
-    `entry`: a variant name or object, None to follow host data; `gpus`: the count the rig shows, None for the
-    variant's; `deployable`: refuse lock entries not resolved yet (a deploy), else accept them (status, verify)."""
-    problems = list(problems)
-    given = None if entry is None or isinstance(entry, str) else entry
+    """(this host's plan, or None; every problem, the knob checks' `problems` first). `entry`: a variant name or object
+    (None: host data's); `gpus`: None for the variant's; `deployable`: refuse unresolved lock entries (a deploy)."""
+    given = None if isinstance(entry, str | None) else entry
     name, found = variant_problems(given.name if given else entry, data.get("rigforge_variant"))
-    problems += found
-    lock = None
-    try:
-        lock = load_lock(data["rigforge_lock"])
-    except LockError as exc:
-        problems.append(str(exc))
-    try:
-        settings = apply_overrides(Settings(), settings_from_host_data(data))
-    except SettingsError:
-        settings = None  # the roles' knob checks named every bad key already
-    if name is None or lock is None:
-        return None, problems
+    problems = [*problems, *found]
     try:  # looked up even when a knob is wrong: one refusal names every problem
+        lock = load_lock(data["rigforge_lock"])
+        if name is None:
+            return None, problems
         if not deployable and not given and "/" in name:  # a slug not locked yet: shown with unresolved pins
             lock = recipes.provisional(name, lock, bool(data.get("rigforge_recipe_opt_in")))
         variant = given or resolve(name, lock, bool(data.get("rigforge_recipe_opt_in")))
         lock.require(git=variant.sources, hf=variant.assets, resolved=deployable)
     except (CatalogError, RecipeError, LockError) as exc:
         return None, [*problems, str(exc)]
-    if settings is None:
-        return None, problems
+    try:
+        settings = apply_overrides(Settings(), settings_from_host_data(data))
+    except SettingsError:
+        return None, problems  # the roles' knob checks named every bad key already
     settings = replace(settings, image=settings.image or lock.pinned(variant.image))  # by digest once known
     count = gpus or variant.gpus
     layout = HostLayout(root=settings.root, model_dir=settings.model_dir, variant=variant.name)
     try:
         files = variant.files(settings, layout, count, host_data=True)  # the power unit for these caps among them
     except (SettingsError, RecipeError) as exc:  # a setting valid alone that this variant cannot take
-        files = {}
         problems.append(str(exc))
     if absent := sorted(index for index, _ in settings.power_limits if index >= count):
         problems.append(
             f"gpu_power_limits names GPU(s) {absent} but this rig has {count} GPU(s) (0..{count - 1}); "
             "remove those entries from gpu_power_limits."
         )
-    problems += port_problems(settings.port or variant.port, data)
+    port = settings.port or variant.port  # neither the rig's SSH port nor below 1024 unless allowed
+    if port == int(data.get("ssh_port") or 22):
+        problems.append(
+            f"serving_port {port} is this rig's SSH port; choose another, e.g. 8011 (the variants use 8010-8014)"
+        )
+    elif port < 1024 and not data.get("serving_allow_privileged_port"):
+        problems.append(
+            f"serving_port {port} is below 1024; choose 1024 or above, e.g. 8011, or set "
+            "serving_allow_privileged_port: true to publish it there"
+        )
     if problems:
         return None, problems
     dirs, sizes = dict(variant.asset_dirs), dict(variant.sizes)
@@ -253,19 +222,15 @@ class Fleet:
         """{rig: the first problem that refused its plan}: what the gateway and registry hosts warn about."""
         return {name: problems[0] for name, problems in self.problems.items() if self.plans.get(name) is None}
 
-    @property
-    def monitors(self) -> tuple[str, ...]:
-        return tuple(name for name, roles in self.roles.items() if MONITOR in roles)
+    monitors = property(lambda self: tuple(name for name, roles in self.roles.items() if MONITOR in roles))
 
     @property
     def images(self) -> tuple[str, ...]:
         """The locked Docker Hub images (ref@sha256:...) the rigs run: what the fleet registry holds."""
-        refs = {p.image for p in self.rigs() if (ref := obtain.parse(p.image)).digest and ref.on_docker_hub}
-        return tuple(sorted(refs))
+        return tuple(sorted({p.image for p in self.rigs() if (r := obtain.parse(p.image)).digest and r.on_docker_hub}))
 
     def completed(self, name: str, gpus: int | None, cap_units: Iterable[str], rebuild: Callable) -> tuple:
-        """(rig `name`'s plan with what its probe shows, or None; its problems): rebuilt (`rebuild(gpus)`) only
-        for a GPU count other than the plan's."""
+        """(rig `name`'s plan with what its probe shows, or None; problems): `rebuild(gpus)` for another GPU count."""
         plan = self.plans.get(name)
         if plan is None:
             return None, list(self.problems.get(name, ()))
@@ -275,17 +240,16 @@ class Fleet:
 
 
 def build(hosts, variant=None, *, gpus: int | None = None, deployable: bool = True, opt_in: bool = False) -> Fleet:
-    """The fleet of `hosts` (pyinfra's inventory, or hosts with .name, .groups and .data) for `variant` (as
-    plan_for's entry), each plan built once; `opt_in`: every recipe taken as opted in (status, verify)."""
+    """The fleet of `hosts` (with .name, .groups, .data) for `variant` (plan_for's entry); `opt_in`: every recipe."""
     roles, plans, problems, datas = {}, {}, {}, {}
     for h in hosts:
-        mine = {g for g in (GATEWAY, REGISTRY, MONITOR) if g in h.groups} | ({RIG} if is_rig(h) else set())
+        roles[h.name] = mine = frozenset({GATEWAY, REGISTRY, MONITOR} & set(h.groups) | ({RIG} if is_rig(h) else set()))
         datas[h.name] = {**host_data(h.data), "rigforge_recipe_opt_in": True} if opt_in else h.data
         if RIG in mine:
             plans[h.name], found = plan_for(h.name, datas[h.name], variant, gpus, deployable)
             problems[h.name] = tuple(found)
-        roles[h.name] = frozenset(mine)
     reg_name = next((name for name, mine in roles.items() if REGISTRY in mine), None)  # opt-in: the group's first
+    gateways = {name: host_data(datas[name]) for name, mine in roles.items() if GATEWAY in mine}
     reg_data = host_data(datas[reg_name]) if reg_name else {}
     reg_problems = registry_knobs.validate(reg_data) if reg_name else []
     return Fleet(
@@ -295,34 +259,21 @@ def build(hosts, variant=None, *, gpus: int | None = None, deployable: bool = Tr
         registry_host=reg_name,
         registry=registry_build(reg_name, reg_data) if reg_name and not reg_problems else None,
         registry_problems=tuple(reg_problems),
-        targets=MappingProxyType(
-            targets(
-                plans.values(),
-                {n: host_data(datas[n]) for n, r in roles.items() if GATEWAY in r},
-                {n for n, r in roles.items() if MONITOR in r},
-            )
-        ),
+        targets=MappingProxyType(targets(plans.values(), gateways, {n for n, r in roles.items() if MONITOR in r})),
     )
 
 
 def targets(
     plans: Iterable[Plan | None], gateways: Mapping[str, Mapping], monitors: Iterable[str] = ()
 ) -> dict[str, tuple[tuple[str, str], ...]]:
-    """The monitor's scrape targets, by job: each rig at its `gateway_address`, else its name; each gateway at
-    its bind address, else its name, or 127.0.0.1 when it is the monitor host itself."""
+    """The monitor's scrape targets by job: each rig and gateway where the monitor host reaches it."""
     rigs = [(p.host, p.data.get("gateway_address") or p.host, p) for p in plans if p is not None]
     local = set(monitors)
+    gws = [(n, d.get("gateway_bind_address") or ("127.0.0.1" if n in local else n), d) for n, d in gateways.items()]
     return {
         "node": tuple((name, f"{addr}:{p.data['monitor_node_exporter_port']}") for name, addr, p in rigs),
         "vllm": tuple((name, f"{addr}:{p.port}") for name, addr, p in rigs),
-        "haproxy": tuple(
-            (
-                name,
-                f"{data.get('gateway_bind_address') or ('127.0.0.1' if name in local else name)}:"
-                f"{data['gateway_metrics_port']}",
-            )
-            for name, data in gateways.items()
-        ),
+        "haproxy": tuple((name, f"{addr}:{data['gateway_metrics_port']}") for name, addr, data in gws),
     }
 
 
@@ -334,12 +285,9 @@ def host_data(data) -> dict:
 
 
 def plan_for(name: str, data, entry=None, gpus: int | None = None, deployable: bool = True, cap_units=()):
-    """(host `name`'s plan from its host data (host.data or a mapping), or None; every problem of the roles' knob
-    checks and of `build_plan`): what the deploy, status, verify and render all use."""
+    """(host `name`'s plan, or None; every problem of the knob checks and `build_plan`) from its host data."""
     data = host_data(data)
-    problems = site.validate(data)
-    for module in KNOBS:
-        problems += module.validate(data)
+    problems = [problem for module in (site, *KNOBS) for problem in module.validate(data)]
     try:
         return build_plan(name, data, entry, gpus=gpus, cap_units=cap_units, problems=problems, deployable=deployable)
     except (CatalogError, LockError, RecipeError, ValueError, TypeError, KeyError, AttributeError) as exc:

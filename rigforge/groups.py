@@ -1,6 +1,5 @@
-"""The inventory groups that give a host its roles in the fleet, and which hosts are rigs. Nothing else is
-imported here, so a deploy file's first step (roles/rig_lock.py `ask_first`) can tell a
-rig before the roles load."""
+"""The inventory groups that give a host its roles in the fleet, and which hosts are rigs. Imports nothing, so a
+deploy file's first step (roles/rig_lock.py `ask_first`) can tell a rig before the roles load."""
 
 RIG = "rig"  # with GATEWAY, REGISTRY and MONITOR: the roles a host can have in the fleet
 GATEWAY = "gateway"  # the inventory group of the fleet's gateway hosts
@@ -9,6 +8,5 @@ MONITOR = "monitor"  # the inventory group of the host that runs Prometheus (doc
 
 
 def is_rig(h) -> bool:
-    """Every host is a rig but those only in the groups `gateway`, `registry` or `monitor` (such a host that is
-    also a rig is in `rigs`)."""
+    """Every host is a rig but those only in `gateway`, `registry` or `monitor` (unless also in `rigs`)."""
     return not {GATEWAY, REGISTRY, MONITOR} & set(h.groups) or "rigs" in h.groups

@@ -1,6 +1,4 @@
-"""The inventory and SSH plumbing of the commands: open a pyinfra inventory, read every host in parallel, read-only
-commands and HTTP requests made on a rig. Nothing here changes a rig.
-"""
+"""The commands' inventory and SSH plumbing: every host read in parallel, read-only commands and HTTP on a rig."""
 
 from __future__ import annotations
 
@@ -86,9 +84,8 @@ class _QuickAck:
 
 
 def no_delay(host) -> None:
-    """Neither end of `host`'s SSH connection waits on the other's delayed ACK: TCP_NODELAY, and TCP_QUICKACK after
-    each read where the system has it (docs/probe.md "No wait for a delayed ACK"). Nothing for a connection that is
-    not TCP (a ProxyCommand) or not open; idempotent."""
+    """TCP_NODELAY on `host`'s SSH connection, and TCP_QUICKACK after each read where the system has it (docs/probe.md
+    "No wait for a delayed ACK"); nothing for a connection that is not TCP (a ProxyCommand) or not open."""
     transport = ssh_transport(host)
     sock = getattr(transport, "sock", None)
     if getattr(sock, "family", None) not in (socket.AF_INET, socket.AF_INET6):
@@ -103,8 +100,7 @@ def no_delay(host) -> None:
 
 
 def quick_connections(hosts=()) -> None:
-    """`no_delay` on every SSH connection pyinfra opens from now on (the reconnect after a reboot too) and, when the
-    wrapper is installed, on those `hosts` have open already. Idempotent."""
+    """`no_delay` on every SSH connection pyinfra opens from now on and, once, on those `hosts` have open already."""
     from pyinfra.connectors.ssh import SSHConnector
 
     if hasattr(SSHConnector.connect, "__wrapped__"):
@@ -141,10 +137,9 @@ def for_each_host(state, fn) -> dict[str, Any]:
                 host.disconnect()
 
     quick_connections()
-    hosts = list(state.inventory)
-    jobs = [state.pool.spawn(task, host) for host in hosts]
-    gevent.joinall(jobs)
-    return {host.name: job.value for host, job in zip(hosts, jobs, strict=True)}
+    jobs = {host.name: state.pool.spawn(task, host) for host in state.inventory}
+    gevent.joinall(list(jobs.values()))
+    return {name: job.value for name, job in jobs.items()}
 
 
 def sudo_problem(h) -> str | None:
@@ -168,7 +163,6 @@ def sudo_problem(h) -> str | None:
 
 
 def sudo_of(h) -> tuple[bool, str | None, str | None]:
-    """Host data's sudo for host `h`: (`_sudo`, `_sudo_user`, `_sudo_password`)."""
     return bool(h.data.get("_sudo")), h.data.get("_sudo_user"), h.data.get("_sudo_password")
 
 
@@ -195,10 +189,9 @@ def _command_problem(host) -> str | None:
     ok, output = host.run_shell_command(StringCommand("true"), _sudo=sudo, **({"_sudo_user": user} if user else {}))
     if ok:
         return None
-    how = "with sudo " if sudo else ""
     why = " ".join(line.strip() for line in output.stderr_lines[:2]) or "no error output"
     return (
-        f"connected, but cannot run commands {how}({why}); "
+        f"connected, but cannot run commands {'with sudo ' if sudo else ''}({why}); "
         "the SSH user needs passwordless sudo (check _sudo / _sudo_user in host data)"
     )
 
@@ -223,8 +216,7 @@ def add_arguments(p: argparse.ArgumentParser, shown: str = "a table") -> None:
 
 
 def read_fleet(args, command: str, fn) -> tuple[dict[str, Any], fleet.Fleet] | None:
-    """(fn(host, fleet) for every host of `args.inventory`, in parallel; the fleet, built once), or None (said on
-    stderr) when the inventory cannot be loaded."""
+    """(fn(host, fleet) for every host of `args.inventory`; the fleet), or None when the inventory does not load."""
     try:
         state = open_inventory(args.inventory)
     except InventoryError as exc:
@@ -240,10 +232,9 @@ def api_models(host, ctx, timeout: int = 5) -> dict:
     """GET /v1/models from the rig itself (curl), as the recipes' health check does."""
     url = f"http://{ctx_host(ctx)}:{ctx.port}/v1/models"
     code, body = http_on_rig(host, url, timeout, api_key=rig_key(ctx))
-    try:
+    models = None
+    with contextlib.suppress(ValueError, AttributeError):
         models = [m.get("id") for m in json.loads(body).get("data", [])]
-    except (ValueError, AttributeError):
-        models = None
     return {"url": url, "http_code": code, "models": models}
 
 
@@ -253,8 +244,7 @@ def rig_key(ctx) -> str | None:
 
 def http_on_rig(host, url: str, timeout: int, body: dict | None = None, api_key: str | None = None) -> tuple[int, str]:
     """(HTTP code, 0 when nothing answered; response body) of a request made by curl on the host."""
-    out = sh(host, curl_command(url, api_key, timeout=timeout, body=body))
-    text, _, code = out.rpartition("\n")
+    text, _, code = sh(host, curl_command(url, api_key, timeout=timeout, body=body)).rpartition("\n")
     return (int(code) if code.strip().isdigit() else 0), text
 
 

@@ -1,6 +1,4 @@
-"""The host layout: every path and name rigforge uses on a rig, in one place (pure data). The roles get one through
-the plan (`Plan.layout`), so no role spells a path of its own.
-"""
+"""Every path and name rigforge uses on a rig (pure data); the roles get theirs through `Plan.layout`."""
 
 from dataclasses import dataclass
 
@@ -20,19 +18,16 @@ APT_SOURCES_DIR = "/etc/apt/sources.list.d"  # the repositories rigforge adds (r
 APT_IGNORE_BACKUPS_CONF = "/etc/apt/apt.conf.d/50rigforge-ignore-backups"  # apt skips adopted sources' backups
 UPLOAD_PREFIX = "/tmp/.rigforge-upload-"  # + the SSH user: the user's own 0700 dir that sudo uploads pass through
 STAMP = ".rigforge-stamp.json"  # written by rigforge/remote/fetch_weights.py in every asset dir
-WEIGHTS_STAGING = ".rigforge-staging"  # downloads land here, under the model dir, until verified
 SERVE_FILES = {  # what a serve dir holds, when the variant renders it, and each file's mode (.env: secrets)
     "docker-compose.yml": "644",
     "compose.override.yml": "644",  # a recipe slug: the recipe's own compose file runs with this host override
     ".env": "600",
 }
 STAGING = ".staging"  # staged_files' staging dir inside the destination dir
-IMAGES = "images"  # under the root: saved images loaded onto the rig (roles/images.py, `rigforge images load`)
 VLLM_PREFIX = "rigforge-vllm@"  # instances: rigforge-vllm@<variant>.service
 VLLM_TEMPLATE = f"{VLLM_PREFIX}.service"
 POWER_UNIT = "rigforge-gpu-power.service"
 SETTLE_UNIT = "rigforge-gpu-settle.service"  # re-applies the caps once the boot has finished (rigforge/boot.py)
-LIBEXEC = "/usr/local/lib/rigforge"  # rig-side scripts the units run (not under the root: they run at every boot)
 SETTLE_SCRIPT = "rigforge-gpu-settle"  # in LIBEXEC: the settle stage's script
 GPU_METRICS_SCRIPT = "rigforge-gpu-metrics"  # in LIBEXEC: the GPU textfile collector (docs/monitoring.md)
 # Debian's prometheus-node-exporter reads *.prom from here (its README.textfile; the binary's built-in default)
@@ -60,7 +55,6 @@ GATEWAY_STATE = "/var/lib/haproxy/rigforge-servers.state"  # runtime state kept 
 
 
 def _under(base: str, name: str) -> property:
-    """The path `name` under the layout's path `base` (an attribute name: root, images, etc, ...)."""
     return property(lambda self: f"{getattr(self, base)}/{name}")
 
 
@@ -76,7 +70,7 @@ class HostLayout:
     vllm_template = VLLM_TEMPLATE
     power_unit = POWER_UNIT
     settle_unit = SETTLE_UNIT
-    libexec = LIBEXEC
+    libexec = "/usr/local/lib/rigforge"  # rig-side scripts the units run (not under the root: they run at every boot)
     textfile_dir = TEXTFILE_DIR
     gpu_metrics_timer = GPU_METRICS_TIMER
 
@@ -86,7 +80,7 @@ class HostLayout:
     venv = _under("root", "venv")
     lib = _under("root", "lib")
     weights_work = _under("root", "run/weights")  # root-only: weight manifests and the transient token file
-    images = _under("root", IMAGES)  # saved images on their way into Docker (`rigforge images load`)
+    images = _under("root", "images")  # saved images on their way into Docker (roles/images.py, `rigforge images load`)
     images_layout = _under("images", "oci")  # the OCI image layout the saved blobs are uploaded into
     images_upload = _under("images", ".upload")  # a sudo user's uploads (the user's, 0700) until root moves them
     images_work = _under("images", ".work")  # the temporary registry's storage and the load's state
@@ -94,31 +88,18 @@ class HostLayout:
     rig_json = _under("etc", "rig.json")
     settle_script = _under("libexec", SETTLE_SCRIPT)
     gpu_metrics_script = _under("libexec", GPU_METRICS_SCRIPT)
-    gpu_metrics_file = _under("textfile_dir", GPU_METRICS_FILE)
-
-    @property
-    def models(self) -> str:
-        return self.model_dir or f"{self.root}/models"
+    models = property(lambda self: self.model_dir or f"{self.root}/models")
+    serve_dir = property(lambda self: f"{self.serve_root}/{self.variant}")
+    vllm_unit = property(lambda self: self.instance(self.variant))
 
     def src(self, name: str) -> str:
         return f"{self.src_root}/{name}"
 
-    @property
-    def serve_dir(self) -> str:
-        return f"{self.serve_root}/{self.variant}"
-
     def weights_staging(self, asset: str) -> str:
-        return f"{self.models}/{WEIGHTS_STAGING}/{asset}"
+        return f"{self.models}/.rigforge-staging/{asset}"  # downloads land here until verified
 
     def asset_dir(self, dirname: str) -> str:
         return f"{self.models}/{dirname}"
-
-    def stamp(self, dirname: str) -> str:
-        return f"{self.asset_dir(dirname)}/{STAMP}"
-
-    @property
-    def vllm_unit(self) -> str:
-        return self.instance(self.variant)
 
     @staticmethod
     def instance(variant: str) -> str:

@@ -1,7 +1,5 @@
-"""The settings schema: every setting a rig's files depend on, its validator, and the host-data key it comes from,
-plus the small checks the roles' `validate(data) -> problems` use for their own knobs. Layering (lowest first): the
-variant's values < group data < host data < `--set` overrides. Each check's problems name the key, the bad value
-and what is allowed. Pure: no pyinfra, no host.
+"""The settings schema: every setting a rig's files depend on, its parser and host-data key (layering: the variant's
+values < group data < host data < `--set`), and the checks of the roles' own knobs. Pure: no pyinfra, no host.
 """
 
 import contextlib
@@ -9,7 +7,7 @@ import ipaddress
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import yaml
@@ -18,35 +16,14 @@ from rigforge.layout import DEFAULT_ROOT, ETC
 
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e5m2", "fp8_e4m3", "turboquant_3bit_nc")
 URL = re.compile(r"^https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~%/+:@=-]*)?$")
+HTTP_URL = re.compile(r"https?://[^ ]*")  # what clients or people are shown: no space in it
+NOT_BLANK = re.compile(r"\s*\S.*", re.S)  # a path on the controller: anything but blank
 HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$|^[0-9a-fA-F:]+$")
 SETTLE_WINDOW_S = 60  # default of host data gpu_power_settle_window_s: how long the settle stage watches after boot
 
 
 class SettingsError(ValueError):
     """A setting has an unknown name or a value of the wrong type or range."""
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Everything a rig's rendered files depend on besides the variant. None = the variant's value."""
-
-    root: str = DEFAULT_ROOT
-    port: int | None = None
-    bind_address: str | None = None
-    model_dir: str | None = None
-    gpu_memory_utilization: float | None = None
-    kv_cache_dtype: str | None = None
-    max_model_len: int | None = None
-    max_num_seqs: int | None = None
-    extra_args: tuple[str, ...] = ()
-    image: str | None = None
-    power_limit_w: int = 230
-    power_limits: tuple[tuple[int, int], ...] = ()
-    settle_window_s: int = SETTLE_WINDOW_S  # rigforge/boot.py: how long the settle stage watches after boot
-    spec_n: int | None = None  # recipe-repo slugs only: the recipe's SPEC_N (0 = drafter off, vllm#50021)
-    nvlink_mode: str | None = None  # recipe-repo slugs only: the recipe's NVLINK_MODE
-    api_key: str | None = field(default=None, repr=False)
-    hf_token: str | None = field(default=None, repr=False)
 
 
 def _int(v: Any) -> int:
@@ -116,8 +93,7 @@ def managed_tree(path: str, trees: dict[str, str] = MANAGED_TREES) -> str | None
 
 
 def _abs_path(v: Any) -> str:
-    """An absolute path that is safe in a shell command, a compose volume and a unit file, below the system's
-    own directories and outside the trees something else manages."""
+    """An absolute path safe in a shell, compose file and unit, below the system's dirs, outside managed trees."""
     s = str(v) if isinstance(v, str) else ""
     if not SAFE_PATH.fullmatch(s) or "/../" in f"{s}/" or "//" in s:
         raise ValueError(
@@ -155,10 +131,9 @@ IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
 
 
 def _image(v: Any) -> str:
-    s = str(v) if isinstance(v, str) else ""
-    if not IMAGE.fullmatch(s) or len(s) > 512:
+    if not (isinstance(v, str) and IMAGE.fullmatch(v) and len(v) <= 512):
         raise ValueError("an image reference such as vllm/vllm-openai:TAG[@sha256:DIGEST] (no quotes or spaces)")
-    return s
+    return str(v)
 
 
 def _secret(v: Any) -> str:
@@ -174,8 +149,7 @@ MAX_GPUS = 16
 
 
 def _count(v: Any) -> int:
-    n = _int(v)
-    if n < 0:
+    if (n := _int(v)) < 0:
         raise ValueError("a non-negative integer")
     return n
 
@@ -195,39 +169,46 @@ def _per_gpu_watts(v: Any) -> tuple[tuple[int, int], ...]:
         ) from None
 
 
-# name -> parser; the names are what `rigforge render --set NAME=VALUE` uses; host data uses HOST_KEYS[name].
-SETTINGS = {
-    "port": _int_in(1, 65535, "a port number"),
-    "bind_address": _ip,
-    "model_dir": _abs_path,
-    "gpu_memory_utilization": _fraction,
-    "kv_cache_dtype": _choice(*KV_CACHE_DTYPES),
-    "max_model_len": _int_in(1, 1_048_576),
-    "max_num_seqs": _int_in(1, 1024),
-    "extra_args": _args,
-    "spec_n": _count,
-    "nvlink_mode": _choice("auto", "force_on", "force_off", "pcie_p2p"),
-    "image": _image,
-    "root": _abs_path,
-    "power_limit_w": _watts,
-    "power_limits": _per_gpu_watts,
-    "settle_window_s": _int_in(0, 3600, "a whole number of seconds"),
-    "api_key": _secret,
-    "hf_token": _secret,
-}
+def _setting(parse, default: Any = None, host_key: str | None = None, **kwargs) -> Any:
+    return field(default=default, metadata={"parse": parse, "host_key": host_key}, **kwargs)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a rig's rendered files depend on besides the variant. None = the variant's value."""
+
+    # each with its parser and host-data key (default serving_NAME); `rigforge render --set NAME=VALUE` names it
+    port: int | None = _setting(_int_in(1, 65535, "a port number"))
+    bind_address: str | None = _setting(_ip)
+    model_dir: str | None = _setting(_abs_path)
+    gpu_memory_utilization: float | None = _setting(_fraction)
+    kv_cache_dtype: str | None = _setting(_choice(*KV_CACHE_DTYPES))
+    max_model_len: int | None = _setting(_int_in(1, 1_048_576))
+    max_num_seqs: int | None = _setting(_int_in(1, 1024))
+    extra_args: tuple[str, ...] = _setting(_args, ())
+    spec_n: int | None = _setting(_count)  # recipe-repo slugs only: the recipe's SPEC_N (0 = drafter off, vllm#50021)
+    # recipe-repo slugs only: the recipe's NVLINK_MODE
+    nvlink_mode: str | None = _setting(_choice("auto", "force_on", "force_off", "pcie_p2p"))
+    image: str | None = _setting(_image)
+    root: str = _setting(_abs_path, DEFAULT_ROOT, "rigforge_root")
+    power_limit_w: int = _setting(_watts, 230, "gpu_power_limit_w")
+    power_limits: tuple[tuple[int, int], ...] = _setting(_per_gpu_watts, (), "gpu_power_limits")
+    # rigforge/boot.py: how long the settle stage watches after boot
+    settle_window_s: int = _setting(
+        _int_in(0, 3600, "a whole number of seconds"), SETTLE_WINDOW_S, "gpu_power_settle_window_s"
+    )
+    api_key: str | None = _setting(_secret, repr=False)
+    hf_token: str | None = _setting(_secret, None, "hf_token", repr=False)
+
+
+SETTINGS = {f.name: f.metadata["parse"] for f in fields(Settings)}  # name -> parser
 SECRETS = ("api_key", "hf_token")
-# setting -> the host-data key it comes from
-HOST_KEYS = {
-    **{name: f"serving_{name}" for name in SETTINGS},
-    "root": "rigforge_root",
-    "power_limit_w": "gpu_power_limit_w",
-    "power_limits": "gpu_power_limits",
-    "settle_window_s": "gpu_power_settle_window_s",
-    "hf_token": "hf_token",
-}
+HOST_KEYS = {f.name: f.metadata["host_key"] or f"serving_{f.name}" for f in fields(Settings)}  # setting -> its key
 
 
 def _problem(name: str, value: Any, shown_as: str) -> list[str]:
+    if name not in SETTINGS:
+        return [f"unknown setting {name!r}; allowed: {', '.join(SETTINGS)}"]
     try:
         SETTINGS[name](value)
     except ValueError as exc:
@@ -235,20 +216,9 @@ def _problem(name: str, value: Any, shown_as: str) -> list[str]:
     return []
 
 
-def setting(data: Mapping, key: str, name: str) -> list[str]:
-    """Problems of host-data `key`, a role's own knob parsed as the setting `name`; none when it is not set."""
-    return [] if data.get(key) is None else _problem(name, data[key], key)
-
-
 def apply_overrides(base: Settings, overrides: dict[str, Any]) -> Settings:
     """Validate and apply overrides {setting: raw}; raise SettingsError naming every bad key and the allowed values."""
-    problems = []
-    for key, value in overrides.items():
-        if key not in SETTINGS:
-            problems.append(f"unknown setting {key!r}; allowed: {', '.join(SETTINGS)}")
-        else:
-            problems += _problem(key, value, f"setting {key!r}")
-    if problems:
+    if problems := [p for key, value in overrides.items() for p in _problem(key, value, f"setting {key!r}")]:
         raise SettingsError("; ".join(problems))
     return replace(base, **{key: SETTINGS[key](raw) for key, raw in overrides.items()})
 
@@ -277,15 +247,10 @@ def parse_set(items: list[str]) -> dict[str, Any]:
 
 def settings_from_host_data(data: Any) -> dict[str, Any]:
     """The settings' host-data keys (HOST_KEYS) that are set, as raw overrides for apply_overrides."""
-    return {
-        key: value
-        for key, host_key in HOST_KEYS.items()
-        if (value := data.get(host_key)) is not None and not (key in SECRETS and value == "")
-    }
+    return {k: v for k, key in HOST_KEYS.items() if (v := data.get(key)) is not None and not (k in SECRETS and v == "")}
 
 
 def power_caps(gpu_count: int, s: Settings) -> dict[int, int]:
-    """Watts per GPU index for `gpu_count` GPUs: the per-GPU overrides win over the one cap."""
     return {i: s.power_limit_w for i in range(gpu_count)} | dict(s.power_limits)
 
 
@@ -305,30 +270,28 @@ def integer(data: Mapping, key: str, low: int, high: int, unit: str = "") -> lis
     return [f"{key} must be a whole number{unit} in {low}..{high}, got {value!r}"]
 
 
-def choice(data: Mapping, key: str, allowed: tuple) -> list[str]:
+def choice(data: Mapping, key: str, allowed: tuple, deploy: bool = False) -> list[str]:
+    """`deploy`: the deploy checks' form (`key=VALUE is not one of: ...`)."""
+    if (value := data.get(key)) in allowed:
+        return []
+    names = ", ".join(map(str, allowed))
+    return [f"{key}={value!r} is not one of: {names}." if deploy else f"{key} must be one of: {names}; got {value!r}"]
+
+
+def matches(data: Mapping, key: str, pattern: re.Pattern, what: str, optional: bool = False) -> list[str]:
     value = data.get(key)
-    return [] if value in allowed else [f"{key} must be one of: {', '.join(map(str, allowed))}; got {value!r}"]
+    ok = value is None and optional or isinstance(value, str) and pattern.fullmatch(value)
+    return [] if ok else [f"{key} must be {what}, got {value!r}"]
 
 
-def one_of(data: Mapping, key: str, allowed: tuple) -> list[str]:
-    """The deploy checks' form of `choice` (`key=VALUE is not one of: ...`)."""
-    value = data.get(key)
-    return [] if value in allowed else [f"{key}={value!r} is not one of: {', '.join(allowed)}."]
+def hostname(data: Mapping, key: str, optional: bool = False) -> list[str]:
+    return matches(data, key, HOSTNAME, "a host name or IP address", optional)
 
 
-def matches(data: Mapping, key: str, pattern: re.Pattern, what: str) -> list[str]:
-    value = data.get(key)
-    return [] if isinstance(value, str) and pattern.fullmatch(value) else [f"{key} must be {what}, got {value!r}"]
-
-
-def url(data: Mapping, key: str) -> list[str]:
-    return matches(data, key, URL, "an http(s) URL without spaces or quotes")
-
-
-def hostname(data: Mapping, key: str) -> list[str]:
-    return matches(data, key, HOSTNAME, "a host name or IP address")
+def http_url(data: Mapping, key: str, who: str) -> list[str]:
+    return matches(data, key, HTTP_URL, f"an http(s) URL {who}", optional=True)
 
 
 def settings(data: Mapping, names: dict[str, str]) -> list[str]:
     """Problems of rendering settings ({setting name: host-data key}) set in `data` (None = not set)."""
-    return [problem for name, key in names.items() for problem in setting(data, key, name)]
+    return [p for name, key in names.items() if data.get(key) is not None for p in _problem(name, data[key], key)]

@@ -257,7 +257,7 @@ def test_the_stand_ins_cap_writers_racing_at_boot_all_succeed_and_none_is_lost(t
 def test_label_values_are_quoted_and_paths_come_from_the_layout():
     script = render_gpu_metrics({0: 230}, 'a"b\\c', "img\nx", rest="stopped")
     assert 'rigforge_declared_info{variant="a\\"b\\\\c",image="img\\nx",rest="stopped"} 1\n' in script
-    assert f"dir=${{2:-{TEXTFILE_DIR}}}\n" in script and HostLayout().gpu_metrics_file.startswith(TEXTFILE_DIR)
+    assert f"dir=${{2:-{TEXTFILE_DIR}}}\n" in script and HostLayout().textfile_dir == TEXTFILE_DIR
     assert HostLayout().gpu_metrics_script == "/usr/local/lib/rigforge/rigforge-gpu-metrics"
 
 

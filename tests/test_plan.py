@@ -30,7 +30,7 @@ import rigforge.knobs.weights
 from rigforge import fleet
 from rigforge.catalog import CatalogError
 from rigforge.fleet import Plan, resolve, variant_problems
-from rigforge.layout import HostLayout
+from rigforge.layout import STAMP, HostLayout
 from rigforge.pins import default_lock_path, load_lock
 from rigforge.schema import Settings, SettingsError, apply_overrides
 from roles import serving, site, weights
@@ -283,7 +283,7 @@ def test_plan_holds_the_layout_caps_and_pins(tmp_path):
     layout = plan.layout
     assert layout.serve_dir == "/srv/rf/serve/dual-turbo" and layout.src("genesis") == "/srv/rf/src/genesis"
     assert layout.vllm_unit == "rigforge-vllm@dual-turbo.service" and layout.rig_json == "/etc/rigforge/rig.json"
-    assert layout.stamp("d") == "/srv/rf/models/d/.rigforge-stamp.json"
+    assert f"{layout.asset_dir('d')}/{STAMP}" == "/srv/rf/models/d/.rigforge-stamp.json"  # as hfweights spells it
     assert [p.name for p in plan.sources] == ["vllm-src", "genesis", "club-3090"]
     with pytest.raises(AttributeError):
         plan.host = "other"  # frozen

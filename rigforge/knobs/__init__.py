@@ -1,6 +1,5 @@
-"""Every role's knobs (host-data keys), one module per role of roles/ (named after it): `DEFAULTS`, the commented
-table (the role's defaults/main.yml), and `validate(data) -> problems`; `typed` makes a role's frozen settings, so a
-role reads `knobs.docker_source`, never `plan.data["docker_source"]`. No host here.
+"""Every role's knobs (host-data keys), one module per role of roles/: `DEFAULTS`, the commented table, and
+`validate(data) -> problems`; `typed` makes a role's frozen settings (`knobs.docker_source`). No host here.
 """
 
 import copy
@@ -12,24 +11,17 @@ from rigforge.schema import SECRETS  # a knob named after one never shows its va
 
 
 def typed(name: str, defaults: Mapping[str, Any]) -> type:
-    """A frozen dataclass `name` with one field per key of `defaults`, typed by its default's type (Any for None),
-    and `of(data)`: the knobs from host data with the defaults applied (rigforge/fleet.py `host_data`)."""
-    fields = [
-        (
-            key,
-            type(value) if value is not None else Any,
-            field(default_factory=lambda v=value: copy.deepcopy(v), repr=not key.endswith(SECRETS)),
-        )
-        for key, value in defaults.items()
-    ]
+    """A frozen dataclass, one field per key of `defaults` typed by its value, and `of(data)`: defaults applied."""
+    fields = [(key, Any if value is None else type(value), _field(key, value)) for key, value in defaults.items()]
     cls = make_dataclass(name, fields, frozen=True)
-    cls.of = classmethod(
-        lambda c, data: c(**{key: _as(defaults[key], data.get(key, defaults[key])) for key in defaults})
-    )
+    cls.of = classmethod(lambda c, data: c(**{k: _as(v, data.get(k, v)) for k, v in defaults.items()}))
     return cls
+
+
+def _field(key: str, value: Any):
+    return field(default_factory=lambda: copy.deepcopy(value), repr=not key.endswith(SECRETS))
 
 
 def _as(default: Any, value: Any) -> Any:
     """A whole number given as digits (pyinfra's `--data KEY=300`, which the checks accept) as the int it is."""
-    whole = isinstance(default, int) and not isinstance(default, bool)
-    return int(value) if whole and isinstance(value, str) and value.isdigit() else value
+    return int(value) if type(default) is int and isinstance(value, str) and value.isdigit() else value

@@ -4,19 +4,14 @@ from rigforge import schema
 from rigforge.knobs import typed
 from rigforge.pins import TOOLKIT_REPO_URL
 
-# "Verify that you now have the key with the fingerprint 9DC8 5822 9FC7 DD38 854A  E2D8 8D81 803C 0EBF CD88"
-DOCKER_KEY_FINGERPRINT = "9DC858229FC7DD38854AE2D88D81803C0EBFCD88"
-
-
-DOCKER_SOURCES = ("docker", "distro")
-
-
 DEFAULTS = {
     "docker_source": "docker",  # docker (Docker's apt repo) or distro (docker.io + compose v2 from the OS)
     "docker_repo_url": None,  # default https://download.docker.com/linux/<ubuntu|debian>
     "docker_repo_key_url": None,  # default <docker repo url>/gpg
     "docker_repo_key_sha256": None,  # pin the key file's sha256
-    "docker_repo_key_fingerprint": DOCKER_KEY_FINGERPRINT,  # a key with another fingerprint is refused
+    # a key with another fingerprint is refused; Docker's install docs: "Verify that you now have the key with the
+    # fingerprint 9DC8 5822 9FC7 DD38 854A  E2D8 8D81 803C 0EBF CD88"
+    "docker_repo_key_fingerprint": "9DC858229FC7DD38854AE2D88D81803C0EBFCD88",
     "docker_package_versions": {},  # {package: version} pins, e.g. {"docker-ce": "5:28.5.1-1~ubuntu.24.04~noble"}
     "docker_daemon_options": {},  # extra daemon.json keys, merged in beside the nvidia runtime
     "nvidia_toolkit_repo_url": TOOLKIT_REPO_URL,  # NVIDIA's flat repo
@@ -32,7 +27,7 @@ DOCKER_CE_PACKAGES = ["docker-ce", "docker-ce-cli", "containerd.io", "docker-bui
 
 
 def validate(data: Mapping) -> list[str]:
-    problems = schema.one_of(data, "docker_source", DOCKER_SOURCES)
+    problems = schema.choice(data, "docker_source", ("docker", "distro"), deploy=True)
     versions = data["docker_package_versions"]
     if not isinstance(versions, Mapping) or not set(versions) <= set(DOCKER_CE_PACKAGES):
         problems.append(

@@ -1,5 +1,3 @@
-"""The knobs of roles/gateway.py: their defaults (commented, the role's defaults/main.yml) and checks."""
-
 from collections.abc import Mapping
 
 from rigforge import schema
@@ -36,11 +34,6 @@ def validate(data: Mapping) -> list[str]:
     problems += schema.integer(data, "gateway_check_rise", 1, 10)
     problems += schema.integer(data, "gateway_error_limit", 1, 100)
     problems += schema.integer(data, "gateway_keepalive_s", 1, 3600, " of seconds")
-    problems += schema.setting(data, "gateway_bind_address", "bind_address")
-    problems += schema.setting(data, "gateway_api_key", "api_key")
-    url = data.get("gateway_url")
-    if url is not None and not (isinstance(url, str) and url.startswith(("http://", "https://")) and " " not in url):
-        problems.append(f"gateway_url must be an http(s) URL clients reach the gateway at, got {url!r}")
-    if data.get("gateway_address") is not None:
-        problems += schema.hostname(data, "gateway_address")
-    return problems
+    problems += schema.settings(data, {"bind_address": "gateway_bind_address", "api_key": "gateway_api_key"})
+    problems += schema.http_url(data, "gateway_url", "clients reach the gateway at")
+    return problems + schema.hostname(data, "gateway_address", optional=True)

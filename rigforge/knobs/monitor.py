@@ -22,7 +22,4 @@ def validate(data: Mapping) -> list[str]:
     problems += schema.integer(data, "monitor_node_exporter_port", 1, 65535)
     for key, form, example in (("monitor_retention_time", DURATION, "15d"), ("monitor_retention_size", SIZE, "10GB")):
         problems += schema.matches(data, key, form, f"a number with a unit as Prometheus reads it (e.g. {example})")
-    url = data.get("monitor_url")
-    if url is not None and not (isinstance(url, str) and url.startswith(("http://", "https://")) and " " not in url):
-        problems.append(f"monitor_url must be an http(s) URL people reach the monitor at, got {url!r}")
-    return problems
+    return problems + schema.http_url(data, "monitor_url", "people reach the monitor at")

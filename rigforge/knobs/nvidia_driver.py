@@ -20,16 +20,13 @@ DEFAULTS = {
 NvidiaDriver = typed("NvidiaDriver", DEFAULTS)  # the role's settings: one frozen field per knob
 
 
-BOOLEAN_KEYS = ("nvidia_driver_manage", "nvidia_allow_reboot", "apt_adopt_sources")
-
-
 def validate(data: Mapping) -> list[str]:
-    problems = schema.one_of(data, "nvidia_driver_source", driver_table.SOURCES)
-    problems += schema.one_of(data, "nvidia_driver_flavor", driver_table.FLAVORS)
+    problems = schema.choice(data, "nvidia_driver_source", driver_table.SOURCES, deploy=True)
+    problems += schema.choice(data, "nvidia_driver_flavor", driver_table.FLAVORS, deploy=True)
     branch = data["nvidia_driver_branch"]
     if isinstance(branch, bool) or not str(branch).isdigit() or int(branch) < driver_table.MIN_BRANCH:
         problems.append(f"nvidia_driver_branch={branch!r} must be a branch number, 580 or later (e.g. 580, 590).")
-    for key in BOOLEAN_KEYS:
+    for key in ("nvidia_driver_manage", "nvidia_allow_reboot", "apt_adopt_sources"):
         if data[key] not in (True, False):
             problems.append(f"{key}={data[key]!r} must be true or false.")
     problems += schema.integer(data, "apt_lock_wait", 0, 86400, " of seconds")

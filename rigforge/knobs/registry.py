@@ -13,10 +13,5 @@ DEFAULTS = {
 
 def validate(data: Mapping) -> list[str]:
     problems = schema.integer(data, "registry_port", 1, 65535)
-    problems += schema.boolean(data, "registry_insecure")
-    if data.get("registry_address") is not None:
-        problems += schema.hostname(data, "registry_address")
-    ca_dir = data.get("registry_ca_dir")
-    if ca_dir is not None and not (isinstance(ca_dir, str) and ca_dir.strip()):
-        problems.append(f"registry_ca_dir must be a directory on the controller, got {ca_dir!r}")
-    return problems
+    problems += schema.boolean(data, "registry_insecure") + schema.hostname(data, "registry_address", optional=True)
+    return problems + schema.matches(data, "registry_ca_dir", schema.NOT_BLANK, "a directory on the controller", True)

@@ -24,21 +24,17 @@ Serving = typed("Serving", DEFAULTS)  # the role's settings: one frozen field pe
 REST = (None, "drained", "stopped")  # serving_rest's values
 
 
-SERVING_SETTINGS = {  # rendering settings this role's host data sets ({setting: host-data key})
-    name: key for name, key in schema.HOST_KEYS.items() if key.startswith("serving_") or key == "rigforge_root"
-}
-
-
 def validate(data: Mapping) -> list[str]:
-    problems = schema.settings(data, SERVING_SETTINGS)
+    # the rendering settings this role's host data sets
+    served = {n: k for n, k in schema.HOST_KEYS.items() if k.startswith("serving_") or k == "rigforge_root"}
+    problems = schema.settings(data, served)
     problems += schema.boolean(data, "rigforge_manage_services") + schema.boolean(data, "serving_allow_privileged_port")
     problems += schema.integer(data, "serving_health_timeout", 10, 86400, " of seconds")
     problems += schema.hostname(data, "serving_health_host")
     if data.get("serving_rest") not in REST:
         problems.append(f"serving_rest must be one of {', '.join(map(str, REST))}, got {data.get('serving_rest')!r}")
-    upstream, ca = data.get("serving_image_upstream"), data.get("serving_image_upstream_ca")
+    upstream = data.get("serving_image_upstream")
     if upstream is not None and not (isinstance(upstream, str) and upstream.startswith(("https://", "http://"))):
         problems.append(f"serving_image_upstream must be a registry base URL (https://HOST[:PORT]), got {upstream!r}")
-    if ca is not None and not (isinstance(ca, str) and ca.strip()):
-        problems.append(f"serving_image_upstream_ca must be the path of a PEM file on the controller, got {ca!r}")
-    return problems
+    what = "the path of a PEM file on the controller"
+    return problems + schema.matches(data, "serving_image_upstream_ca", schema.NOT_BLANK, what, optional=True)

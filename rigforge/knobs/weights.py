@@ -16,18 +16,15 @@ DEFAULTS = {
     "weights_cache_dir": "~/.cache/rigforge/weights",  # controller cache for weights_source: controller
 }
 Weights = typed("Weights", DEFAULTS)  # the role's settings: one frozen field per knob
-
-
-SOURCES = ("hub", "controller")
 RELEASE = re.compile(r"\d+(\.\d+){1,3}")
-NO_SPACES = re.compile(r"\S+")
 
 
 def validate(data: Mapping) -> list[str]:
-    problems = schema.choice(data, "weights_source", SOURCES) + schema.boolean(data, "weights_deep_verify")
-    problems += schema.url(data, "hf_endpoint")
+    problems = schema.choice(data, "weights_source", ("hub", "controller"))
+    problems += schema.boolean(data, "weights_deep_verify")
+    problems += schema.matches(data, "hf_endpoint", schema.URL, "an http(s) URL without spaces or quotes")
     if data.get("hf_token") not in (None, ""):
         problems += schema.settings(data, {"hf_token": "hf_token"})
     problems += schema.matches(data, "weights_hf_hub_version", RELEASE, "a release such as 2.4.0")
-    problems += schema.matches(data, "weights_cache_dir", NO_SPACES, "a directory path on the controller")
+    problems += schema.matches(data, "weights_cache_dir", re.compile(r"\S+"), "a directory path on the controller")
     return problems
