@@ -121,25 +121,6 @@ def manifest_url(ref: str, registry: str | None = None) -> str:
     return f"{registry}/v2/{name}/manifests/{tag}"
 
 
-def resolve_image(ref: str, registry: str | None = None, verify=True) -> str:
-    """The digest (sha256:...) `docker pull` would get for `name:tag`, from `registry` (a base URL) when given."""
-    import requests
-
-    try:
-        resp = registry_request("HEAD", manifest_url(ref, registry), {"Accept": MANIFEST_TYPES}, verify=verify)
-    except (requests.RequestException, ValueError, KeyError) as e:
-        raise LockError(f"image: cannot reach the registry for {ref}: {e}") from None
-    digest = resp.headers.get("Docker-Content-Digest", "")
-    if resp.status_code == 404:
-        raise LockError(
-            f"image: {ref}: registry answered HTTP 404, it no longer has this tag (purged); "
-            f"move to a recipe with a live image, e.g. {_live_recipe(ref)}"
-        )
-    if resp.status_code != 200 or not DIGEST.match(digest):
-        raise LockError(f"image: {ref}: registry answered HTTP {resp.status_code} without a sha256 digest")
-    return digest
-
-
 def cuda_of(config: dict) -> str | None:
     """The CUDA version (major.minor) in an image's config blob: its CUDA_VERSION variable, else a CUDA label."""
     inner = config.get("config") or {}
@@ -152,25 +133,40 @@ def cuda_of(config: dict) -> str | None:
     return match.group(0) if match else None
 
 
-def resolve_image_cuda(ref: str, digest: str, registry: str | None = None, verify=True) -> str | None:
-    """`cuda_of` the config blob of `ref` at `digest` (for a multi-platform index: the linux/amd64 image's)."""
+def resolve_image(ref: str, registry: str | None = None, verify=True, known=None) -> tuple[str, str | None]:
+    """(the digest `docker pull` would get for `name:tag`, from `registry` (a base URL) when given; `cuda_of` its config
+    blob (for a multi-platform index: the linux/amd64 image's), None when the digest is `known`)."""
     import requests
 
-    base = manifest_url(ref, registry).rsplit("/manifests/", 1)[0]
+    url = manifest_url(ref, registry)
     headers = {"Accept": MANIFEST_TYPES}
 
     def get(path: str) -> dict:
-        resp = registry_request("GET", f"{base}/{path}", headers, verify=verify)
+        resp = registry_request("GET", f"{url.rsplit('/manifests/', 1)[0]}/{path}", headers, verify=verify)
         resp.raise_for_status()
         return resp.json()
 
+    try:
+        resp = registry_request("HEAD", url, headers, verify=verify)
+    except (requests.RequestException, ValueError, KeyError) as e:
+        raise LockError(f"image: cannot reach the registry for {ref}: {e}") from None
+    digest = resp.headers.get("Docker-Content-Digest", "")
+    if resp.status_code == 404:
+        raise LockError(
+            f"image: {ref}: registry answered HTTP 404, it no longer has this tag (purged); "
+            f"move to a recipe with a live image, e.g. {_live_recipe(ref)}"
+        )
+    if resp.status_code != 200 or not DIGEST.match(digest):
+        raise LockError(f"image: {ref}: registry answered HTTP {resp.status_code} without a sha256 digest")
+    if digest == known:
+        return digest, None
     try:
         manifest = get(f"manifests/{digest}")
         if "manifests" in manifest:  # an index: the linux/amd64 image (else the first)
             entries = manifest["manifests"]
             amd64 = [m for m in entries if (m.get("platform") or {}).get("architecture") == "amd64"]
             manifest = get(f"manifests/{(amd64 or entries)[0]['digest']}")
-        return cuda_of(get(f"blobs/{manifest['config']['digest']}"))
+        return digest, cuda_of(get(f"blobs/{manifest['config']['digest']}"))
     except (requests.RequestException, ValueError, KeyError, IndexError, TypeError) as e:
         raise LockError(f"image: {ref}: cannot read its config for the CUDA version: {e}") from None
 
@@ -237,23 +233,22 @@ def resolve(
             return pin
 
     def image(key: str, pin: ImagePin) -> ImagePin:
-        ref, where, base, verify = pin.ref, "", registry, True
+        where = ""
         try:
-            digest = resolve_image(ref, registry)
+            digest, cuda = resolve_image(pin.ref, registry, known=pin.digest)
         except LockError as gone:
             if fleet is None or "HTTP 404" not in str(gone):
                 raise
             parsed = parse(pin.ref)
             base, verify = fleet  # the fleet registry names its copy `library/x:tag`
-            ref = f"{parsed.repository}:{parsed.tag or 'latest'}"
             where = f" (from the fleet registry {base}: upstream no longer has this tag)"
             try:
-                digest = resolve_image(ref, base, verify)
+                digest, cuda = resolve_image(f"{parsed.repository}:{parsed.tag or 'latest'}", base, verify, pin.digest)
             except LockError as e:
                 raise LockError(f"{gone}; the fleet registry {base} has no copy either ({e})") from None
         if digest == pin.digest:
             return pin
-        cuda = resolve_image_cuda(ref, digest, base, verify) or pin.cuda  # none in the config: keep the lock's
+        cuda = cuda or pin.cuda  # none in the config: keep the lock's
         report.append(f"{key}: {pin.ref} -> {digest}" + (f" (CUDA {cuda})" if cuda else "") + where)
         return dataclasses.replace(pin, digest=digest, cuda=cuda)
 
