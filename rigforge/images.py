@@ -91,13 +91,11 @@ def index_entries(directory: Path) -> list[Saved]:
 
 
 def _verified_ok(directory: Path, verified: dict, digest: str, size: int) -> bool:
-    """The blob is in place with `size` bytes, and its sha256 was checked when it was written."""
     path = blob_path(directory, digest)
     return verified.get(digest) == size and path.exists() and path.stat().st_size == size
 
 
 def _descriptors(manifest: dict) -> list[dict]:
-    """The blobs an image manifest names (config, then layers)."""
     return ([manifest["config"]] if manifest.get("config") else []) + list(manifest.get("layers") or [])
 
 

@@ -123,15 +123,12 @@ def origin(on_rig: bool, found: list[Source]) -> tuple[str, bool]:
     """(where the image comes from, as status says it: the fleet, upstream or the rig alone; whether to warn)."""
     have = [s.kind for s in found if s.has]
     unknown = [s.name for s in found if s.has is None]
-    if "fleet" in have:
-        text = "the fleet registry" + (" and upstream" if "upstream" in have else " (gone upstream)")
-    elif "upstream" in have:
-        text = "upstream"
-    elif on_rig:
+    if have:
+        fleet = "the fleet registry" + (" and upstream" if "upstream" in have else " (gone upstream)")
+        return (fleet if "fleet" in have else "upstream") + ("" if on_rig else "; not on the rig yet"), False
+    if on_rig:
         asked = f" (not asked: {', '.join(unknown)})" if unknown else ""
         return f"this rig alone: no other copy exists{asked}; keep one with `rigforge images save DIR`", True
-    elif unknown:
+    if unknown:
         return f"no source known to have it (could not ask: {', '.join(unknown)}); not on the rig", True
-    else:
-        return "nowhere: not on the rig, in no source", True
-    return text + ("" if on_rig else "; not on the rig yet"), False
+    return "nowhere: not on the rig, in no source", True
