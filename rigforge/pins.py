@@ -279,6 +279,12 @@ def _image(path: str, where: str, data: Any) -> ImagePin:
     )
 
 
+def _toolkit(path: str, data: Any) -> ToolkitPin:
+    r = _Reader(path, "toolkit", data, TOOLKIT_KEYS)
+    version = r.get("version", str, pattern=DEB_VERSION, what="a Debian package version such as 1.19.0-1")
+    return ToolkitPin(version=version, note=r.get("note", str, required=False))
+
+
 def parse_lock(data: Any, path: str = "<lock>") -> Lock:
     r = _Reader(path, "top level", data, {"version", "image", "images", "toolkit", "git", "hf"})
     if r.get("version", int) != 1:
@@ -287,11 +293,7 @@ def parse_lock(data: Any, path: str = "<lock>") -> Lock:
     images = {str(n): _image(path, f"images.{n}", d) for n, d in (r.get("images", dict, required=False) or {}).items()}
     git = {str(n): _git(path, str(n), d) for n, d in (r.get("git", dict, required=False) or {}).items()}
     hf = {str(n): _hf(path, str(n), d) for n, d in (r.get("hf", dict, required=False) or {}).items()}
-    toolkit = None
-    if data.get("toolkit") is not None:
-        tr = _Reader(path, "toolkit", data["toolkit"], TOOLKIT_KEYS)
-        version = tr.get("version", str, pattern=DEB_VERSION, what="a Debian package version such as 1.19.0-1")
-        toolkit = ToolkitPin(version=version, note=tr.get("note", str, required=False))
+    toolkit = _toolkit(path, data["toolkit"]) if data.get("toolkit") is not None else None
     return Lock(
         path, image, MappingProxyType(git), MappingProxyType(hf), images=MappingProxyType(images), toolkit=toolkit
     )
