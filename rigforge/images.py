@@ -52,14 +52,11 @@ def qualified(ref: str) -> str:
 
 def locked_images(lock: Lock) -> tuple[list[ImagePin], list[str]]:
     """(the lock's images with a digest, each (ref, digest) once; the entries without one, by name)."""
+    entries = [("image", lock.image), *((f"images.{n}", p) for n, p in lock.images.items())]
     pins = {}
-    unresolved = []
-    for key, pin in (("image", lock.image), *((f"images.{n}", p) for n, p in lock.images.items())):
-        if not pin.digest:
-            unresolved.append(f"{key} ({pin.ref})")
-        else:
-            pins.setdefault((pin.ref, pin.digest), pin)
-    return list(pins.values()), unresolved
+    for pin in (p for _, p in entries if p.digest):
+        pins.setdefault((pin.ref, pin.digest), pin)
+    return list(pins.values()), [f"{key} ({pin.ref})" for key, pin in entries if not pin.digest]
 
 
 # --- the layout on disk ----------------------------------------------------------------------------------------
@@ -139,11 +136,8 @@ class _Source:
         import requests
 
         url = f"{self.base}/{kind}/{digest}"
-        headers = {**self.headers, **(extra or {})}
         try:
-            resp = registry_request("GET", url, headers, verify=self.verify, **kwargs)
-            if "Authorization" in headers:  # the token it fetched serves the next requests too
-                self.headers["Authorization"] = headers["Authorization"]
+            resp = registry_request("GET", url, self.headers, extra, verify=self.verify, **kwargs)
         except (requests.RequestException, ValueError, KeyError) as error:
             raise ImagesError(f"{self.ref}@{digest}: cannot reach {url}: {error}") from None
         if resp.status_code == 404:

@@ -105,9 +105,6 @@ def resolve_hf(pin: HfPin, endpoint: str | None, token: str | None) -> HfPin:
     return dataclasses.replace(pin, revision=info.sha, gated=bool(info.gated), files=tuple(files))
 
 
-CUDA_PREFIX = re.compile(r"^\d+\.\d+")  # "13.0.1" -> "13.0"
-
-
 def manifest_url(ref: str, registry: str | None = None) -> str:
     """The Distribution API manifest URL of an image reference `[host/]name[:tag]`."""
     name, _, tag = ref.rpartition(":") if ":" in ref.rsplit("/", 1)[-1] else (ref, "", "latest")
@@ -128,7 +125,7 @@ def cuda_of(config: dict) -> str | None:
     found = env.get("CUDA_VERSION") or next(
         (v for k, v in labels.items() if k.lower().replace("-", "_").endswith(("cuda_version", "cuda.version"))), None
     )
-    match = CUDA_PREFIX.match(str(found or ""))
+    match = re.match(r"^\d+\.\d+", str(found or ""))  # "13.0.1" -> "13.0"
     return match.group(0) if match else None
 
 

@@ -14,19 +14,19 @@ IMAGE_TYPES = ("application/vnd.oci.image.manifest.v1+json", "application/vnd.do
 MANIFEST_TYPES = ", ".join(INDEX_TYPES + IMAGE_TYPES)
 
 
-def registry_request(method: str, url: str, headers: dict, **kwargs):
-    """One Distribution API request; an anonymous bearer token (kept in `headers`) when a 401 asks (Docker Hub)."""
+def registry_request(method: str, url: str, headers: dict, extra: dict | None = None, **kwargs):
+    """One Distribution API request (+ `extra` headers); the anonymous bearer token a 401 asks for is kept in `headers`."""
     import requests
 
     kwargs.setdefault("timeout", 30)
-    resp = requests.request(method, url, headers=headers, **kwargs)
+    resp = requests.request(method, url, headers=headers | (extra or {}), **kwargs)
     challenge = resp.headers.get("WWW-Authenticate", "")
     if resp.status_code == 401 and challenge.lower().startswith("bearer "):
         resp.close()
         params = requests.utils.parse_dict_header(challenge[7:])
         token = requests.get(params.pop("realm"), params=params, timeout=30).json()
         headers["Authorization"] = f"Bearer {token.get('token') or token.get('access_token')}"
-        resp = requests.request(method, url, headers=headers, **kwargs)
+        resp = requests.request(method, url, headers=headers | (extra or {}), **kwargs)
     return resp
 
 
