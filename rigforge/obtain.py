@@ -15,7 +15,7 @@ MANIFEST_TYPES = ", ".join(INDEX_TYPES + IMAGE_TYPES)
 
 
 def registry_request(method: str, url: str, headers: dict, extra: dict | None = None, **kwargs):
-    """One Distribution API request (+ `extra` headers); the anonymous bearer token a 401 asks for is kept in `headers`."""
+    """One Distribution API request (+ `extra` headers); a bearer token a 401 asks for is kept in `headers`."""
     import requests
 
     kwargs.setdefault("timeout", 30)
