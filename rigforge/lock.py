@@ -410,8 +410,6 @@ def token_refused(endpoint: str, pin: HfPin, token: str) -> tuple[str | None, st
     refused token is a problem; an unreachable hub only a warning (the rig may reach it). The token is never shown."""
     import requests
 
-    if not pin.files:
-        return None, None
     url = f"{endpoint.rstrip('/')}/{pin.repo}/resolve/{pin.revision}/{pin.files[0].path}"
     try:
         answer = requests.head(url, headers={"Authorization": f"Bearer {token}"}, allow_redirects=False, timeout=10)
