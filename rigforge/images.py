@@ -53,9 +53,7 @@ def qualified(ref: str) -> str:
 def locked_images(lock: Lock) -> tuple[list[ImagePin], list[str]]:
     """(the lock's images with a digest, each (ref, digest) once; the entries without one, by name)."""
     entries = [("image", lock.image), *((f"images.{n}", p) for n, p in lock.images.items())]
-    pins = {}
-    for pin in (p for _, p in entries if p.digest):
-        pins.setdefault((pin.ref, pin.digest), pin)
+    pins = {(p.ref, p.digest): p for _, p in entries if p.digest}
     return list(pins.values()), [f"{key} ({pin.ref})" for key, pin in entries if not pin.digest]
 
 
