@@ -52,14 +52,9 @@ def qualified(ref: str) -> str:
 
 def locked_images(lock: Lock) -> tuple[list[ImagePin], list[str]]:
     """(the lock's images with a digest, each (ref, digest) once; the entries without one, by name)."""
-    pins = {}
-    unresolved = []
-    for key, pin in (("image", lock.image), *((f"images.{n}", p) for n, p in lock.images.items())):
-        if not pin.digest:
-            unresolved.append(f"{key} ({pin.ref})")
-        else:
-            pins.setdefault((pin.ref, pin.digest), pin)
-    return list(pins.values()), unresolved
+    entries = [("image", lock.image), *((f"images.{n}", p) for n, p in lock.images.items())]
+    pins = {(p.ref, p.digest): p for _, p in entries if p.digest}
+    return list(pins.values()), [f"{key} ({pin.ref})" for key, pin in entries if not pin.digest]
 
 
 # --- the layout on disk ----------------------------------------------------------------------------------------
@@ -91,13 +86,11 @@ def index_entries(directory: Path) -> list[Saved]:
 
 
 def _verified_ok(directory: Path, verified: dict, digest: str, size: int) -> bool:
-    """The blob is in place with `size` bytes, and its sha256 was checked when it was written."""
     path = blob_path(directory, digest)
     return verified.get(digest) == size and path.exists() and path.stat().st_size == size
 
 
 def _descriptors(manifest: dict) -> list[dict]:
-    """The blobs an image manifest names (config, then layers)."""
     return ([manifest["config"]] if manifest.get("config") else []) + list(manifest.get("layers") or [])
 
 
@@ -141,11 +134,8 @@ class _Source:
         import requests
 
         url = f"{self.base}/{kind}/{digest}"
-        headers = {**self.headers, **(extra or {})}
         try:
-            resp = registry_request("GET", url, headers, verify=self.verify, **kwargs)
-            if "Authorization" in headers:  # the token it fetched serves the next requests too
-                self.headers["Authorization"] = headers["Authorization"]
+            resp = registry_request("GET", url, self.headers, extra, verify=self.verify, **kwargs)
         except (requests.RequestException, ValueError, KeyError) as error:
             raise ImagesError(f"{self.ref}@{digest}: cannot reach {url}: {error}") from None
         if resp.status_code == 404:

@@ -1,6 +1,5 @@
 """`rigforge lock`: resolve (networked) or `--check` (offline) the pins in rigforge.lock.yaml; `--recipes REF` moves
-the recipe pin (rigforge/follow.py). How each kind of entry is resolved, and the endpoints: docs/pins.md.
-"""
+the recipe pin (rigforge/follow.py). How each kind of entry is resolved, and the endpoints: docs/pins.md."""
 
 import argparse
 import dataclasses
@@ -106,9 +105,6 @@ def resolve_hf(pin: HfPin, endpoint: str | None, token: str | None) -> HfPin:
     return dataclasses.replace(pin, revision=info.sha, gated=bool(info.gated), files=tuple(files))
 
 
-CUDA_PREFIX = re.compile(r"^\d+\.\d+")  # "13.0.1" -> "13.0"
-
-
 def manifest_url(ref: str, registry: str | None = None) -> str:
     """The Distribution API manifest URL of an image reference `[host/]name[:tag]`."""
     name, _, tag = ref.rpartition(":") if ":" in ref.rsplit("/", 1)[-1] else (ref, "", "latest")
@@ -121,12 +117,33 @@ def manifest_url(ref: str, registry: str | None = None) -> str:
     return f"{registry}/v2/{name}/manifests/{tag}"
 
 
-def resolve_image(ref: str, registry: str | None = None, verify=True) -> str:
-    """The digest (sha256:...) `docker pull` would get for `name:tag`, from `registry` (a base URL) when given."""
+def cuda_of(config: dict) -> str | None:
+    """The CUDA version (major.minor) in an image's config blob: its CUDA_VERSION variable, else a CUDA label."""
+    inner = config.get("config") or {}
+    env = dict(item.partition("=")[::2] for item in inner.get("Env") or [])
+    labels = inner.get("Labels") or {}
+    found = env.get("CUDA_VERSION") or next(
+        (v for k, v in labels.items() if k.lower().replace("-", "_").endswith(("cuda_version", "cuda.version"))), None
+    )
+    match = re.match(r"^\d+\.\d+", str(found or ""))  # "13.0.1" -> "13.0"
+    return match.group(0) if match else None
+
+
+def resolve_image(ref: str, registry: str | None = None, verify=True, known=None) -> tuple[str, str | None]:
+    """(the digest `docker pull` would get for `name:tag`, from `registry` (a base URL) when given; `cuda_of` its config
+    blob (for a multi-platform index: the linux/amd64 image's), None when the digest is `known`)."""
     import requests
 
+    url = manifest_url(ref, registry)
+    headers = {"Accept": MANIFEST_TYPES}
+
+    def get(path: str) -> dict:
+        resp = registry_request("GET", f"{url.rsplit('/manifests/', 1)[0]}/{path}", headers, verify=verify)
+        resp.raise_for_status()
+        return resp.json()
+
     try:
-        resp = registry_request("HEAD", manifest_url(ref, registry), {"Accept": MANIFEST_TYPES}, verify=verify)
+        resp = registry_request("HEAD", url, headers, verify=verify)
     except (requests.RequestException, ValueError, KeyError) as e:
         raise LockError(f"image: cannot reach the registry for {ref}: {e}") from None
     digest = resp.headers.get("Docker-Content-Digest", "")
@@ -137,40 +154,15 @@ def resolve_image(ref: str, registry: str | None = None, verify=True) -> str:
         )
     if resp.status_code != 200 or not DIGEST.match(digest):
         raise LockError(f"image: {ref}: registry answered HTTP {resp.status_code} without a sha256 digest")
-    return digest
-
-
-def cuda_of(config: dict) -> str | None:
-    """The CUDA version (major.minor) in an image's config blob: its CUDA_VERSION variable, else a CUDA label."""
-    inner = config.get("config") or {}
-    env = dict(item.partition("=")[::2] for item in inner.get("Env") or [])
-    labels = inner.get("Labels") or {}
-    found = env.get("CUDA_VERSION") or next(
-        (v for k, v in labels.items() if k.lower().replace("-", "_").endswith(("cuda_version", "cuda.version"))), None
-    )
-    match = CUDA_PREFIX.match(str(found or ""))
-    return match.group(0) if match else None
-
-
-def resolve_image_cuda(ref: str, digest: str, registry: str | None = None, verify=True) -> str | None:
-    """`cuda_of` the config blob of `ref` at `digest` (for a multi-platform index: the linux/amd64 image's)."""
-    import requests
-
-    base = manifest_url(ref, registry).rsplit("/manifests/", 1)[0]
-    headers = {"Accept": MANIFEST_TYPES}
-
-    def get(path: str) -> dict:
-        resp = registry_request("GET", f"{base}/{path}", headers, verify=verify)
-        resp.raise_for_status()
-        return resp.json()
-
+    if digest == known:
+        return digest, None
     try:
         manifest = get(f"manifests/{digest}")
         if "manifests" in manifest:  # an index: the linux/amd64 image (else the first)
             entries = manifest["manifests"]
             amd64 = [m for m in entries if (m.get("platform") or {}).get("architecture") == "amd64"]
             manifest = get(f"manifests/{(amd64 or entries)[0]['digest']}")
-        return cuda_of(get(f"blobs/{manifest['config']['digest']}"))
+        return digest, cuda_of(get(f"blobs/{manifest['config']['digest']}"))
     except (requests.RequestException, ValueError, KeyError, IndexError, TypeError) as e:
         raise LockError(f"image: {ref}: cannot read its config for the CUDA version: {e}") from None
 
@@ -237,23 +229,22 @@ def resolve(
             return pin
 
     def image(key: str, pin: ImagePin) -> ImagePin:
-        ref, where, base, verify = pin.ref, "", registry, True
+        where = ""
         try:
-            digest = resolve_image(ref, registry)
+            digest, cuda = resolve_image(pin.ref, registry, known=pin.digest)
         except LockError as gone:
             if fleet is None or "HTTP 404" not in str(gone):
                 raise
             parsed = parse(pin.ref)
             base, verify = fleet  # the fleet registry names its copy `library/x:tag`
-            ref = f"{parsed.repository}:{parsed.tag or 'latest'}"
             where = f" (from the fleet registry {base}: upstream no longer has this tag)"
             try:
-                digest = resolve_image(ref, base, verify)
+                digest, cuda = resolve_image(f"{parsed.repository}:{parsed.tag or 'latest'}", base, verify, pin.digest)
             except LockError as e:
                 raise LockError(f"{gone}; the fleet registry {base} has no copy either ({e})") from None
         if digest == pin.digest:
             return pin
-        cuda = resolve_image_cuda(ref, digest, base, verify) or pin.cuda  # none in the config: keep the lock's
+        cuda = cuda or pin.cuda  # none in the config: keep the lock's
         report.append(f"{key}: {pin.ref} -> {digest}" + (f" (CUDA {cuda})" if cuda else "") + where)
         return dataclasses.replace(pin, digest=digest, cuda=cuda)
 
@@ -419,8 +410,6 @@ def token_refused(endpoint: str, pin: HfPin, token: str) -> tuple[str | None, st
     refused token is a problem; an unreachable hub only a warning (the rig may reach it). The token is never shown."""
     import requests
 
-    if not pin.files:
-        return None, None
     url = f"{endpoint.rstrip('/')}/{pin.repo}/resolve/{pin.revision}/{pin.files[0].path}"
     try:
         answer = requests.head(url, headers={"Authorization": f"Bearer {token}"}, allow_redirects=False, timeout=10)

@@ -14,19 +14,19 @@ IMAGE_TYPES = ("application/vnd.oci.image.manifest.v1+json", "application/vnd.do
 MANIFEST_TYPES = ", ".join(INDEX_TYPES + IMAGE_TYPES)
 
 
-def registry_request(method: str, url: str, headers: dict, **kwargs):
-    """One Distribution API request; an anonymous bearer token (kept in `headers`) when a 401 asks (Docker Hub)."""
+def registry_request(method: str, url: str, headers: dict, extra: dict | None = None, **kwargs):
+    """One Distribution API request (+ `extra` headers); a bearer token a 401 asks for is kept in `headers`."""
     import requests
 
     kwargs.setdefault("timeout", 30)
-    resp = requests.request(method, url, headers=headers, **kwargs)
+    resp = requests.request(method, url, headers=headers | (extra or {}), **kwargs)
     challenge = resp.headers.get("WWW-Authenticate", "")
     if resp.status_code == 401 and challenge.lower().startswith("bearer "):
         resp.close()
         params = requests.utils.parse_dict_header(challenge[7:])
         token = requests.get(params.pop("realm"), params=params, timeout=30).json()
         headers["Authorization"] = f"Bearer {token.get('token') or token.get('access_token')}"
-        resp = requests.request(method, url, headers=headers, **kwargs)
+        resp = requests.request(method, url, headers=headers | (extra or {}), **kwargs)
     return resp
 
 
@@ -123,15 +123,12 @@ def origin(on_rig: bool, found: list[Source]) -> tuple[str, bool]:
     """(where the image comes from, as status says it: the fleet, upstream or the rig alone; whether to warn)."""
     have = [s.kind for s in found if s.has]
     unknown = [s.name for s in found if s.has is None]
-    if "fleet" in have:
-        text = "the fleet registry" + (" and upstream" if "upstream" in have else " (gone upstream)")
-    elif "upstream" in have:
-        text = "upstream"
-    elif on_rig:
+    if have:
+        fleet = "the fleet registry" + (" and upstream" if "upstream" in have else " (gone upstream)")
+        return (fleet if "fleet" in have else "upstream") + ("" if on_rig else "; not on the rig yet"), False
+    if on_rig:
         asked = f" (not asked: {', '.join(unknown)})" if unknown else ""
         return f"this rig alone: no other copy exists{asked}; keep one with `rigforge images save DIR`", True
-    elif unknown:
+    if unknown:
         return f"no source known to have it (could not ask: {', '.join(unknown)}); not on the rig", True
-    else:
-        return "nowhere: not on the rig, in no source", True
-    return text + ("" if on_rig else "; not on the rig yet"), False
+    return "nowhere: not on the rig, in no source", True

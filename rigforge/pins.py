@@ -1,7 +1,6 @@
 """The lock file (rigforge.lock.yaml), every external input of a rig pinned, read and validated into frozen
 dataclasses; a malformed entry raises `LockError` naming the file and the key. No host, no network.
-Schema: docs/contracts.md; policy for unresolved entries: docs/pins.md.
-"""
+Schema: docs/contracts.md; policy for unresolved entries: docs/pins.md."""
 
 import dataclasses
 import re
@@ -171,7 +170,6 @@ class Lock:
 
 
 def _entry(pin: Any, keys: tuple[str, ...]) -> dict[str, Any]:
-    """One entry as the file has it: `keys` in file order, `short`, `cuda` and `note` left out when unset."""
     out = {}
     for key in keys:
         value = getattr(pin, key)
@@ -246,7 +244,7 @@ def _git(path: str, name: str, data: Any) -> GitPin:
 
 def _hf(path: str, name: str, data: Any) -> HfPin:
     r = _Reader(path, f"hf.{name}", data, HF_KEYS)
-    files, seen = [], set()
+    files = []
     for i, item in enumerate(r.get("files", list, required=False, default=[])):
         fr = _Reader(path, f"hf.{name}.files[{i}]", item, {"path", "size", "sha256"})
         f = HfFile(
@@ -254,9 +252,8 @@ def _hf(path: str, name: str, data: Any) -> HfPin:
             size=fr.get("size", int),
             sha256=fr.get("sha256", str, pattern=SHA256, what="a 64-hex sha256"),
         )
-        if f.size < 0 or f.path in seen:
+        if f.size < 0 or f.path in {g.path for g in files}:
             fr.fail("negative size" if f.size < 0 else f"duplicate path {f.path}")
-        seen.add(f.path)
         files.append(f)
     return HfPin(
         name=name,

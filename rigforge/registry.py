@@ -109,7 +109,6 @@ def subject_alt_name(address: str) -> str:
 
 
 def _openssl(*args: str, cwd: Path, what: str | None = None) -> subprocess.CompletedProcess:
-    """openssl ARGS in `cwd`; with `what` (what it was to do), RegistryError naming it when it failed."""
     if not shutil.which("openssl"):
         raise RegistryError("the fleet registry's CA needs the openssl command on the controller (apt install openssl)")
     res = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True, timeout=60)
