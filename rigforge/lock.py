@@ -1,5 +1,6 @@
 """`rigforge lock`: resolve (networked) or `--check` (offline) the pins in rigforge.lock.yaml; `--recipes REF` moves
-the recipe pin (rigforge/follow.py). How each kind of entry is resolved, and the endpoints: docs/pins.md."""
+the recipe pin (rigforge/follow.py). How each kind of entry is resolved, and the endpoints: docs/pins.md.
+"""
 
 import argparse
 import dataclasses

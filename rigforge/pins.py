@@ -1,6 +1,7 @@
 """The lock file (rigforge.lock.yaml), every external input of a rig pinned, read and validated into frozen
 dataclasses; a malformed entry raises `LockError` naming the file and the key. No host, no network.
-Schema: docs/contracts.md; policy for unresolved entries: docs/pins.md."""
+Schema: docs/contracts.md; policy for unresolved entries: docs/pins.md.
+"""
 
 import dataclasses
 import re
