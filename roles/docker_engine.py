@@ -1,7 +1,5 @@
-"""Docker engine with the compose v2 plugin (Docker's repository per docs.docker.com/engine/install/, or the
-distribution's), and the NVIDIA Container Toolkit at the lock's `toolkit.version`, held (1.19.1 broke cuInit in
-containers, NVIDIA/nvidia-container-toolkit#1967). The nvidia runtime is merged into daemon.json, user keys kept.
-"""
+"""Docker engine + compose v2 (Docker's repository per docs.docker.com/engine/install/, or the distribution's), and the
+NVIDIA Container Toolkit at the lock's version, held (1.19.1 broke cuInit, NVIDIA/nvidia-container-toolkit#1967)."""
 
 from collections.abc import Mapping
 

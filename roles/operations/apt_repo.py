@@ -160,8 +160,7 @@ def missing(packages: list[str], installed: dict | None) -> list[str]:
     """Pure: the specs of `packages` that `installed` (DebPackages) lacks, a pinned one also at another version."""
 
     def lacks(name: str, _, version: str) -> bool:
-        versions = (installed or {}).get(name) or []
-        return not versions or bool(version) and version not in versions
+        return not (versions := (installed or {}).get(name)) or bool(version) and version not in versions
 
     return [spec for spec in packages if lacks(*spec.partition("="))]
 

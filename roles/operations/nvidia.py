@@ -110,7 +110,5 @@ def running_branch(branch: int):
     + branch: the driver branch wanted, e.g. ``580``
     """
     problem = branch_problem(host.get_fact(NvidiaRunningDriver), branch)
-    if problem:
+    if not unchanged(not problem, f"running driver is branch {branch}"):
         yield fail_command(f"{host.name}: {problem}")
-    else:
-        host.noop(f"running driver is branch {branch}")
