@@ -54,8 +54,7 @@ def docker_packages(source: str, os_id: str, versions: dict | None = None) -> li
     """Packages for `source`; Docker's packages take `name=version` pins from `versions`."""
     if source == "distro":
         return ["docker.io", "docker-compose-v2" if os_id == "ubuntu" else "docker-compose"]
-    versions = versions or {}
-    return [f"{name}={versions[name]}" if versions.get(name) else name for name in DOCKER_CE_PACKAGES]
+    return [f"{name}={versions[name]}" if (versions or {}).get(name) else name for name in DOCKER_CE_PACKAGES]
 
 
 @deploy("Docker engine and NVIDIA Container Toolkit", data_defaults=DEFAULTS)

@@ -6,6 +6,7 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, deploy, operation
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files
+from pyinfra.operations.util import any_changed
 
 from rigforge.facts.apt import AptSourceFiles, KeyFingerprints, same_uri_files
 from rigforge.facts.nvidia import upstream_version
@@ -37,20 +38,16 @@ def source_path(repo: str) -> str:
 
 def source_problems(files: dict[str, list[str]], uri: str, repo: str, adopt: bool, key: str) -> list[str]:
     """Preflight problems with source files already pointing at `uri`."""
-    problems = []
-    for path, only in sorted(same_uri_files(files, uri, source_path(repo)).items()):
-        if not only:
-            problems.append(
-                f"{path} points at {uri} and at other repositories too; move the {uri} entry out of it "
-                f"(rigforge writes {source_path(repo)} for it)."
-            )
-        elif not adopt:
-            problems.append(
-                f"{path} already points at {uri}; rigforge would write {source_path(repo)} with its own key "
-                f"and apt would refuse both. Remove {path}, or set apt_adopt_sources: true to let rigforge "
-                f"replace it (kept as {path}{BACKUP_SUFFIX}). ({key})"
-            )
-    return problems
+    return [
+        f"{path} points at {uri} and at other repositories too; move the {uri} entry out of it "
+        f"(rigforge writes {source_path(repo)} for it)."
+        if not only
+        else f"{path} already points at {uri}; rigforge would write {source_path(repo)} with its own key "
+        f"and apt would refuse both. Remove {path}, or set apt_adopt_sources: true to let rigforge "
+        f"replace it (kept as {path}{BACKUP_SUFFIX}). ({key})"
+        for path, only in sorted(same_uri_files(files, uri, source_path(repo)).items())
+        if not only or not adopt
+    ]
 
 
 @operation()
@@ -134,10 +131,7 @@ def add_repo(
     source = files.put(
         name=f"Add the {repo} apt source (deb822)", src=StringIO(text), dest=source_path(repo), mode="644"
     )
-    apt.update(
-        name=f"Refresh apt lists after adding {repo}",
-        _if=lambda: key.did_change() or source.did_change() or adopted.did_change(),
-    )
+    apt.update(name=f"Refresh apt lists after adding {repo}", _if=any_changed(key, source, adopted))
 
 
 @operation()

@@ -50,8 +50,7 @@ def power_caps(default_w, overrides: dict | None = None):
     + overrides: ``{gpu index: watts}`` for GPUs capped differently
     """
     gpus = host.get_fact(NvidiaGpus)
-    problems = cap_problems(gpus, default_w, overrides or {})  # whole watts: the plan validated them
-    if problems:
+    if problems := cap_problems(gpus, default_w, overrides or {}):  # whole watts: the plan validated them
         yield fail_command(f"power caps refused on {host.name}: " + " ".join(problems))
         return
     caps = resolve_caps([gpu["index"] for gpu in gpus], default_w, overrides or {})
