@@ -2,12 +2,11 @@
 signed modules (no DKMS, works with Secure Boot); held, and rebooted into only with `nvidia_allow_reboot`."""
 
 from collections.abc import Mapping
-from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.deb import DebArch
-from pyinfra.operations import files, server
+from pyinfra.operations import server
 
 from rigforge import driver_table
 from rigforge.facts.system import OsRelease
@@ -29,11 +28,6 @@ def cuda_repo(data: Mapping, os_release: dict, deb_arch: str) -> tuple[str, str,
     key_file, fingerprint = driver_table.cuda_key(os_release)
     key_url = data["nvidia_driver_repo_key_url"] or f"{url}{key_file}"
     return url, key_url, data["nvidia_driver_repo_key_fingerprint"] or fingerprint
-
-
-def _put(name: str, text: str, dest: str):
-    """A root-owned 0644 file holding `text` (the pin, the unattended-upgrades blacklist, the nouveau blacklist)."""
-    return files.put(name=name, src=StringIO(text), dest=dest, mode="644")
 
 
 @deploy("NVIDIA driver", data_defaults=DEFAULTS)
@@ -67,12 +61,12 @@ def install(plan: Plan):
         names = " ".join(["nvidia-*", "libnvidia-*", *packages.install])
         header = "# managed by rigforge: nvidia_driver_source=ubuntu, NVIDIA's CUDA repository must not win\n"
         pin = f'Package: {names}\nPin: origin "developer.download.nvidia.com"\nPin-Priority: -1\n'
-        _put("Pin the NVIDIA driver to Ubuntu's archive", header + pin, UBUNTU_PIN)
+        apt_repo.put_file("Pin the NVIDIA driver to Ubuntu's archive", header + pin, UBUNTU_PIN)
     patterns = "".join(f'    "{pattern}";\n' for pattern in packages.unattended_patterns(source))
     header = "// managed by rigforge: NVIDIA driver packages change only through rigforge (held)\n"
     unattended = f"{header}Unattended-Upgrade::Package-Blacklist {{\n{patterns}}};\n"
-    _put("Keep the NVIDIA driver packages out of unattended upgrades", unattended, UNATTENDED_CONF)
-    blacklist = _put("Blacklist the nouveau driver", NOUVEAU_TEXT, NOUVEAU_CONF)
+    apt_repo.put_file("Keep the NVIDIA driver packages out of unattended upgrades", unattended, UNATTENDED_CONF)
+    blacklist = apt_repo.put_file("Blacklist the nouveau driver", NOUVEAU_TEXT, NOUVEAU_CONF)
     server.shell(
         name="Rebuild the initramfs without nouveau",
         commands=["if command -v update-initramfs >/dev/null 2>&1; then update-initramfs -u; fi"],

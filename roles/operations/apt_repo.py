@@ -98,6 +98,11 @@ def QUOTE(text: str) -> str:  # noqa: N802 - a shell single-quoted word
     return "'" + text.replace("'", "'\\''") + "'"
 
 
+def put_file(name: str, text: str, dest: str):
+    """A root-owned 0644 file holding `text` (apt sources, pins and settings; the nouveau blacklist)."""
+    return files.put(name=name, src=StringIO(text), dest=dest, mode="644")
+
+
 @deploy("Add apt repository")
 def add_repo(
     repo: str,
@@ -111,12 +116,7 @@ def add_repo(
 ):
     """Keyring + deb822 source for one repository; `apt-get update` only when something changed."""
     files.directory(name="Ensure the apt keyring directory", path=APT_KEYRING_DIR, mode="755")
-    files.put(
-        name="Let apt skip the source files rigforge replaced",
-        src=StringIO(IGNORE_BACKUPS_TEXT),
-        dest=APT_IGNORE_BACKUPS_CONF,
-        mode="644",
-    )
+    put_file("Let apt skip the source files rigforge replaced", IGNORE_BACKUPS_TEXT, APT_IGNORE_BACKUPS_CONF)
     keyring = f"{APT_KEYRING_DIR}/{repo}.asc"
     adopted = adopt_sources(name=f"Replace other apt sources for {uris}", uris=uris, keep=source_path(repo))
     key = verified_key(
@@ -128,9 +128,7 @@ def add_repo(
         sha256=key_sha256,
     )
     text = deb822_source(uris, suites, keyring, components, architectures, "managed by rigforge")
-    source = files.put(
-        name=f"Add the {repo} apt source (deb822)", src=StringIO(text), dest=source_path(repo), mode="644"
-    )
+    source = put_file(f"Add the {repo} apt source (deb822)", text, source_path(repo))
     apt.update(name=f"Refresh apt lists after adding {repo}", _if=any_changed(key, source, adopted))
 
 
