@@ -38,8 +38,7 @@ def persistence_mode():
     off = [gpu["index"] for gpu in gpus if gpu.get("persistence_mode") is False]
     if unchanged(not off, f"persistence mode already on for {len(gpus)} GPU(s)"):
         return
-    for index in off:
-        yield StringCommand("nvidia-smi", "-i", str(index), "-pm", "1")
+    yield from (StringCommand("nvidia-smi", "-i", str(index), "-pm", "1") for index in off)
 
 
 @operation()
@@ -56,8 +55,7 @@ def power_caps(default_w, overrides: dict | None = None):
     caps = resolve_caps([gpu["index"] for gpu in gpus], default_w, overrides or {})
     todo = [g["index"] for g in gpus if g.get("power_limit") is None or round(g["power_limit"]) != caps[g["index"]]]
     unchanged(not todo, f"power caps already set: {caps}")
-    for index in todo:
-        yield StringCommand("nvidia-smi", "-i", str(index), "-pl", str(caps[index]))
+    yield from (StringCommand("nvidia-smi", "-i", str(index), "-pl", str(caps[index])) for index in todo)
 
 
 def reboot_reason(package_version: str | None, module_version: str | None, smi: dict) -> str | None:
