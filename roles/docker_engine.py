@@ -1,7 +1,5 @@
-"""Docker engine with the compose v2 plugin (Docker's repository per docs.docker.com/engine/install/, or the
-distribution's), and the NVIDIA Container Toolkit at the lock's `toolkit.version`, held (1.19.1 broke cuInit in
-containers, NVIDIA/nvidia-container-toolkit#1967). The nvidia runtime is merged into daemon.json, user keys kept.
-"""
+"""Docker engine + compose v2 (Docker's repository per docs.docker.com/engine/install/, or the distribution's), and the
+NVIDIA Container Toolkit at the lock's version, held (1.19.1 broke cuInit, NVIDIA/nvidia-container-toolkit#1967)."""
 
 from collections.abc import Mapping
 
@@ -56,8 +54,7 @@ def docker_packages(source: str, os_id: str, versions: dict | None = None) -> li
     """Packages for `source`; Docker's packages take `name=version` pins from `versions`."""
     if source == "distro":
         return ["docker.io", "docker-compose-v2" if os_id == "ubuntu" else "docker-compose"]
-    versions = versions or {}
-    return [f"{name}={versions[name]}" if versions.get(name) else name for name in DOCKER_CE_PACKAGES]
+    return [f"{name}={versions[name]}" if (versions or {}).get(name) else name for name in DOCKER_CE_PACKAGES]
 
 
 @deploy("Docker engine and NVIDIA Container Toolkit", data_defaults=DEFAULTS)

@@ -1,15 +1,12 @@
-"""NVIDIA driver, from NVIDIA's CUDA apt repository (`nvidia_driver_source: cuda`, its branch locked by
-`nvidia-driver-pinning-<branch>`) or Ubuntu's prebuilt, signed modules (`ubuntu`: no DKMS, works with Secure Boot),
-packages chosen from one table (rigforge/driver_table.py); held, and rebooted into only with `nvidia_allow_reboot`.
-"""
+"""NVIDIA driver from NVIDIA's CUDA repository (branch locked by `nvidia-driver-pinning-<branch>`) or Ubuntu's prebuilt,
+signed modules (no DKMS, works with Secure Boot); held, and rebooted into only with `nvidia_allow_reboot`."""
 
 from collections.abc import Mapping
-from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.deb import DebArch
-from pyinfra.operations import files, server
+from pyinfra.operations import server
 
 from rigforge import driver_table
 from rigforge.facts.system import OsRelease
@@ -23,7 +20,6 @@ NOUVEAU_TEXT = """# managed by rigforge: the NVIDIA driver needs nouveau unloade
 blacklist nouveau
 options nouveau modeset=0
 """
-CUDA_ORIGIN = "developer.download.nvidia.com"
 
 
 def cuda_repo(data: Mapping, os_release: dict, deb_arch: str) -> tuple[str, str, str]:
@@ -32,28 +28,6 @@ def cuda_repo(data: Mapping, os_release: dict, deb_arch: str) -> tuple[str, str,
     key_file, fingerprint = driver_table.cuda_key(os_release)
     key_url = data["nvidia_driver_repo_key_url"] or f"{url}{key_file}"
     return url, key_url, data["nvidia_driver_repo_key_fingerprint"] or fingerprint
-
-
-def unattended_text(packages: driver_table.DriverPackages, source: str) -> str:
-    lines = "".join(f'    "{pattern}";\n' for pattern in packages.unattended_patterns(source))
-    return (
-        "// managed by rigforge: NVIDIA driver packages change only through rigforge (held)\n"
-        f"Unattended-Upgrade::Package-Blacklist {{\n{lines}}};\n"
-    )
-
-
-def ubuntu_pin_text(packages: driver_table.DriverPackages) -> str:
-    """apt preferences: the driver packages never come from NVIDIA's repository (Ubuntu's archive wins)."""
-    names = " ".join(["nvidia-*", "libnvidia-*", *packages.install])
-    return (
-        "# managed by rigforge: nvidia_driver_source=ubuntu, NVIDIA's CUDA repository must not win\n"
-        f'Package: {names}\nPin: origin "{CUDA_ORIGIN}"\nPin-Priority: -1\n'
-    )
-
-
-def _put(name: str, text: str, dest: str):
-    """A root-owned 0644 file holding `text` (the pin, the unattended-upgrades blacklist, the nouveau blacklist)."""
-    return files.put(name=name, src=StringIO(text), dest=dest, mode="644")
 
 
 @deploy("NVIDIA driver", data_defaults=DEFAULTS)
@@ -84,10 +58,15 @@ def install(plan: Plan):
             key_sha256=knobs.nvidia_driver_repo_key_sha256,
         )
     else:
-        _put("Pin the NVIDIA driver to Ubuntu's archive", ubuntu_pin_text(packages), UBUNTU_PIN)
-    unattended = unattended_text(packages, source)
-    _put("Keep the NVIDIA driver packages out of unattended upgrades", unattended, UNATTENDED_CONF)
-    blacklist = _put("Blacklist the nouveau driver", NOUVEAU_TEXT, NOUVEAU_CONF)
+        names = " ".join(["nvidia-*", "libnvidia-*", *packages.install])
+        header = "# managed by rigforge: nvidia_driver_source=ubuntu, NVIDIA's CUDA repository must not win\n"
+        pin = f'Package: {names}\nPin: origin "developer.download.nvidia.com"\nPin-Priority: -1\n'
+        apt_repo.put_file("Pin the NVIDIA driver to Ubuntu's archive", header + pin, UBUNTU_PIN)
+    patterns = "".join(f'    "{pattern}";\n' for pattern in packages.unattended_patterns(source))
+    header = "// managed by rigforge: NVIDIA driver packages change only through rigforge (held)\n"
+    unattended = f"{header}Unattended-Upgrade::Package-Blacklist {{\n{patterns}}};\n"
+    apt_repo.put_file("Keep the NVIDIA driver packages out of unattended upgrades", unattended, UNATTENDED_CONF)
+    blacklist = apt_repo.put_file("Blacklist the nouveau driver", NOUVEAU_TEXT, NOUVEAU_CONF)
     server.shell(
         name="Rebuild the initramfs without nouveau",
         commands=["if command -v update-initramfs >/dev/null 2>&1; then update-initramfs -u; fi"],

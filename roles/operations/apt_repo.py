@@ -6,6 +6,7 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, deploy, operation
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files
+from pyinfra.operations.util import any_changed
 
 from rigforge.facts.apt import AptSourceFiles, KeyFingerprints, same_uri_files
 from rigforge.facts.nvidia import upstream_version
@@ -37,20 +38,16 @@ def source_path(repo: str) -> str:
 
 def source_problems(files: dict[str, list[str]], uri: str, repo: str, adopt: bool, key: str) -> list[str]:
     """Preflight problems with source files already pointing at `uri`."""
-    problems = []
-    for path, only in sorted(same_uri_files(files, uri, source_path(repo)).items()):
-        if not only:
-            problems.append(
-                f"{path} points at {uri} and at other repositories too; move the {uri} entry out of it "
-                f"(rigforge writes {source_path(repo)} for it)."
-            )
-        elif not adopt:
-            problems.append(
-                f"{path} already points at {uri}; rigforge would write {source_path(repo)} with its own key "
-                f"and apt would refuse both. Remove {path}, or set apt_adopt_sources: true to let rigforge "
-                f"replace it (kept as {path}{BACKUP_SUFFIX}). ({key})"
-            )
-    return problems
+    return [
+        f"{path} points at {uri} and at other repositories too; move the {uri} entry out of it "
+        f"(rigforge writes {source_path(repo)} for it)."
+        if not only
+        else f"{path} already points at {uri}; rigforge would write {source_path(repo)} with its own key "
+        f"and apt would refuse both. Remove {path}, or set apt_adopt_sources: true to let rigforge "
+        f"replace it (kept as {path}{BACKUP_SUFFIX}). ({key})"
+        for path, only in sorted(same_uri_files(files, uri, source_path(repo)).items())
+        if not only or not adopt
+    ]
 
 
 @operation()
@@ -101,6 +98,11 @@ def QUOTE(text: str) -> str:  # noqa: N802 - a shell single-quoted word
     return "'" + text.replace("'", "'\\''") + "'"
 
 
+def put_file(name: str, text: str, dest: str):
+    """A root-owned 0644 file holding `text` (apt sources, pins and settings; the nouveau blacklist)."""
+    return files.put(name=name, src=StringIO(text), dest=dest, mode="644")
+
+
 @deploy("Add apt repository")
 def add_repo(
     repo: str,
@@ -114,12 +116,7 @@ def add_repo(
 ):
     """Keyring + deb822 source for one repository; `apt-get update` only when something changed."""
     files.directory(name="Ensure the apt keyring directory", path=APT_KEYRING_DIR, mode="755")
-    files.put(
-        name="Let apt skip the source files rigforge replaced",
-        src=StringIO(IGNORE_BACKUPS_TEXT),
-        dest=APT_IGNORE_BACKUPS_CONF,
-        mode="644",
-    )
+    put_file("Let apt skip the source files rigforge replaced", IGNORE_BACKUPS_TEXT, APT_IGNORE_BACKUPS_CONF)
     keyring = f"{APT_KEYRING_DIR}/{repo}.asc"
     adopted = adopt_sources(name=f"Replace other apt sources for {uris}", uris=uris, keep=source_path(repo))
     key = verified_key(
@@ -131,13 +128,8 @@ def add_repo(
         sha256=key_sha256,
     )
     text = deb822_source(uris, suites, keyring, components, architectures, "managed by rigforge")
-    source = files.put(
-        name=f"Add the {repo} apt source (deb822)", src=StringIO(text), dest=source_path(repo), mode="644"
-    )
-    apt.update(
-        name=f"Refresh apt lists after adding {repo}",
-        _if=lambda: key.did_change() or source.did_change() or adopted.did_change(),
-    )
+    source = put_file(f"Add the {repo} apt source (deb822)", text, source_path(repo))
+    apt.update(name=f"Refresh apt lists after adding {repo}", _if=any_changed(key, source, adopted))
 
 
 @operation()
@@ -160,8 +152,7 @@ def missing(packages: list[str], installed: dict | None) -> list[str]:
     """Pure: the specs of `packages` that `installed` (DebPackages) lacks, a pinned one also at another version."""
 
     def lacks(name: str, _, version: str) -> bool:
-        versions = (installed or {}).get(name) or []
-        return not versions or bool(version) and version not in versions
+        return not (versions := (installed or {}).get(name)) or bool(version) and version not in versions
 
     return [spec for spec in packages if lacks(*spec.partition("="))]
 

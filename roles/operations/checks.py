@@ -1,6 +1,5 @@
 """Checks that stop one host with one clear message, before anything on it changes: `fail_command` logs it and
-returns False, so pyinfra drops that host and carries on (raising while operations are prepared would abort all).
-"""
+returns False, so pyinfra drops that host and carries on (raising while operations are prepared would abort all)."""
 
 from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, operation
@@ -44,9 +43,8 @@ def gpus_fit(needs: Needs, caps: dict[int, int], data: dict):
             f"the power unit would cap GPU(s) {sorted(caps)} but nvidia-smi shows GPU(s) {present}; re-run so "
             "the plan counts the GPUs again (and remove gpu_power_limits entries for absent GPUs)."
         )
-    if not problems:
-        vram = sorted({gpu.get("memory_total") for gpu in gpus})
-        host.noop(f"{len(gpus)} GPU(s) with {'/'.join(map(str, vram))} MiB fit {needs.variant}; caps in range")
+    vram = "/".join(map(str, sorted({gpu.get("memory_total") for gpu in gpus})))
+    if unchanged(not problems, f"{len(gpus)} GPU(s) with {vram} MiB fit {needs.variant}; caps in range"):
         return
     message = format_problems(host.name, problems, what="GPU check failed", changed=changed_by_this_run())
     if not state.is_executing:

@@ -25,14 +25,10 @@ def patterns(sparse: Sequence[str]) -> list[str]:
 
 
 def is_current(state, url: str, commit: str, sparse: Sequence[str]) -> bool:
-    return bool(
-        state
-        and state["head"] == commit
-        and not state["dirty"]
-        and state["url"] == url
-        and state["sparse"] == bool(sparse)
-        and (not sparse or state["patterns"] == patterns(sparse))
-    )
+    if not state:
+        return False
+    want = {"head": commit, "dirty": [], "url": url, "sparse": bool(sparse)}
+    return all(state[k] == v for k, v in want.items()) and (not sparse or state["patterns"] == patterns(sparse))
 
 
 def bad_files(state, files: Mapping[str, str]) -> list[str]:

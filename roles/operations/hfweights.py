@@ -1,6 +1,5 @@
 """Operation: one locked Hugging Face asset present and verified in a model dir, by the shipped fetch_weights.py;
-a no-op decided from the stamp and a stat (no hashing). The HF token never goes on a command line.
-"""
+a no-op decided from the stamp and a stat (no hashing). The HF token never goes on a command line."""
 
 import io
 import json
@@ -91,8 +90,7 @@ def fetched(asset: PlannedAsset, layout: HostLayout, knobs: Weights, token=None)
 
     + asset: the locked asset and its dir under the model dir
     + layout: the rig's paths (the asset and staging dirs, the venv, fetch_weights.py, the root-only work dir)
-    + knobs: the weights role's settings (``hf_endpoint``, ``weights_deep_verify``, ``weights_source``: ``hub``,
-      the host downloads, or ``controller``, fetched once into ``weights_cache_dir`` and pushed)
+    + knobs: the weights role's settings (``hf_endpoint``, ``weights_deep_verify``, ``weights_source``, its cache dir)
     + token: HF token (pyinfra HiddenValue or str)
     """
     pin, dest, staging = asset.pin, layout.asset_dir(asset.dir), layout.weights_staging(asset.name)

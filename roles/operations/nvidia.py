@@ -38,8 +38,7 @@ def persistence_mode():
     off = [gpu["index"] for gpu in gpus if gpu.get("persistence_mode") is False]
     if unchanged(not off, f"persistence mode already on for {len(gpus)} GPU(s)"):
         return
-    for index in off:
-        yield StringCommand("nvidia-smi", "-i", str(index), "-pm", "1")
+    yield from (StringCommand("nvidia-smi", "-i", str(index), "-pm", "1") for index in off)
 
 
 @operation()
@@ -50,15 +49,13 @@ def power_caps(default_w, overrides: dict | None = None):
     + overrides: ``{gpu index: watts}`` for GPUs capped differently
     """
     gpus = host.get_fact(NvidiaGpus)
-    problems = cap_problems(gpus, default_w, overrides or {})  # whole watts: the plan validated them
-    if problems:
+    if problems := cap_problems(gpus, default_w, overrides or {}):  # whole watts: the plan validated them
         yield fail_command(f"power caps refused on {host.name}: " + " ".join(problems))
         return
     caps = resolve_caps([gpu["index"] for gpu in gpus], default_w, overrides or {})
     todo = [g["index"] for g in gpus if g.get("power_limit") is None or round(g["power_limit"]) != caps[g["index"]]]
     unchanged(not todo, f"power caps already set: {caps}")
-    for index in todo:
-        yield StringCommand("nvidia-smi", "-i", str(index), "-pl", str(caps[index]))
+    yield from (StringCommand("nvidia-smi", "-i", str(index), "-pl", str(caps[index])) for index in todo)
 
 
 def reboot_reason(package_version: str | None, module_version: str | None, smi: dict) -> str | None:
@@ -110,7 +107,5 @@ def running_branch(branch: int):
     + branch: the driver branch wanted, e.g. ``580``
     """
     problem = branch_problem(host.get_fact(NvidiaRunningDriver), branch)
-    if problem:
+    if not unchanged(not problem, f"running driver is branch {branch}"):
         yield fail_command(f"{host.name}: {problem}")
-    else:
-        host.noop(f"running driver is branch {branch}")

@@ -23,8 +23,7 @@ def connection(key: str):
 
 
 def upload_privately(text: str, dest: str):
-    """Commands that upload `text` to `dest` without it ever sitting in a world-readable file (with sudo, pyinfra's
-    temp file goes in a 0700 directory of the SSH user)."""
+    """Commands uploading `text` to `dest`, never via a world-readable file (with sudo, via the SSH user's 0700 dir)."""
     if not (host.current_op_global_arguments or {}).get("_sudo"):
         return [FileUploadCommand(io.BytesIO(text.encode()), dest)]
     private = private_upload_dir()
@@ -47,8 +46,7 @@ def staged_files(dest: str, files: dict[str, tuple[str, str]], validate: str | N
     + validate: shell command run in the staging dir; the files land only if it exits 0
     + keep_previous: keep the replaced files as ``<name>.prev`` (for rollback)
 
-    An interrupted run is repaired: a leftover staging dir is removed; a move into place that was cut (the
-    `.swapping` marker) is finished without overwriting the `.prev` copies, which hold the files from before it.
+    Repairs a cut run: drops a leftover staging dir; finishes a cut move (`.swapping`), keeping the pre-run `.prev`.
     """
     staging = f"{dest}/{STAGING}"
     current = {}
