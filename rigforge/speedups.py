@@ -8,7 +8,8 @@ re-converge is mostly controller CPU, ~60 operations a rig), and rigforge's own 
   ~2.4x faster with `in`); `pop_global_arguments` merges the sources once a call (~77 us to ~11).
 - Bytecode: pyinfra's CLI sets `sys.dont_write_bytecode`, so an editable install compiled its ~60 modules on every
   run (~90 ms); `keep_bytecode` writes it at exit (not with PYTHONDONTWRITEBYTECODE, nor where not writable).
-`benchmarks/bench_converge.py` measures the effect (benchmarks/RESULTS.md)."""
+`benchmarks/bench_converge.py` measures the effect (benchmarks/RESULTS.md).
+"""
 
 import atexit
 import contextlib

@@ -1,5 +1,6 @@
 """Docker engine + compose v2 (Docker's repository per docs.docker.com/engine/install/, or the distribution's), and the
-NVIDIA Container Toolkit at the lock's version, held (1.19.1 broke cuInit, NVIDIA/nvidia-container-toolkit#1967)."""
+NVIDIA Container Toolkit at the lock's version, held (1.19.1 broke cuInit, NVIDIA/nvidia-container-toolkit#1967).
+"""
 
 from collections.abc import Mapping
 

@@ -1,5 +1,6 @@
 """NVIDIA driver from NVIDIA's CUDA repository (branch locked by `nvidia-driver-pinning-<branch>`) or Ubuntu's prebuilt,
-signed modules (no DKMS, works with Secure Boot); held, and rebooted into only with `nvidia_allow_reboot`."""
+signed modules (no DKMS, works with Secure Boot); held, and rebooted into only with `nvidia_allow_reboot`.
+"""
 
 from collections.abc import Mapping
 

@@ -1,6 +1,7 @@
 """apt facts: a rig's sources (one-line .list, deb822 .sources; a second file for a URI with another keyring, e.g.
 a hand-set-up `docker.list` or NVIDIA's `cuda-*.list`, breaks every `apt-get update`: "Conflicting values set for
-option Signed-By"), a key file's fingerprints, dpkg's state."""
+option Signed-By"), a key file's fingerprints, dpkg's state.
+"""
 
 import re
 import shlex

@@ -1,5 +1,6 @@
 """NVIDIA facts (parsers tested on real output, tests/fixtures/nvidia-smi/). Each answers "nothing there" rather
-than failing without a working driver, so it reads on a fresh rig and during a mismatch."""
+than failing without a working driver, so it reads on a fresh rig and during a mismatch.
+"""
 
 import re
 

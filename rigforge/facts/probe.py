@@ -2,7 +2,8 @@
 host are recorded; the next run reads them all in ONE remote command, and answers from it only until the first
 command, upload or rsync that is not a fact read (exactly what a live read would return). Relies on pyinfra 3.10's
 private `facts._get_fact`, `_make_command`, `_handle_fact_kwargs`, `CONNECTOR_ARGUMENT_KEYS` and
-`Host.run_shell_command` / `put_file` / `rsync` (tests/test_probe.py checks them)."""
+`Host.run_shell_command` / `put_file` / `rsync` (tests/test_probe.py checks them).
+"""
 
 import atexit
 import contextlib

@@ -1,5 +1,6 @@
 """System facts: each answers a plain value, never failing the host for a missing tool or file (preflight decides
-what a missing value means)."""
+what a missing value means).
+"""
 
 import re
 import shlex

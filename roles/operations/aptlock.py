@@ -1,5 +1,6 @@
 """The apt/dpkg lock held by another process (unattended-upgrades, a user's apt), waited for before a run's first
-change. The kernel names its holder (`fcntl(F_GETLK)`, from Perl, on every Debian and Ubuntu), even without /proc."""
+change. The kernel names its holder (`fcntl(F_GETLK)`, from Perl, on every Debian and Ubuntu), even without /proc.
+"""
 
 import re
 import shlex

@@ -1,5 +1,6 @@
 """Checks that stop one host with one clear message, before anything on it changes: `fail_command` logs it and
-returns False, so pyinfra drops that host and carries on (raising while operations are prepared would abort all)."""
+returns False, so pyinfra drops that host and carries on (raising while operations are prepared would abort all).
+"""
 
 from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, operation

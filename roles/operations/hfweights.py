@@ -1,5 +1,6 @@
 """Operation: one locked Hugging Face asset present and verified in a model dir, by the shipped fetch_weights.py;
-a no-op decided from the stamp and a stat (no hashing). The HF token never goes on a command line."""
+a no-op decided from the stamp and a stat (no hashing). The HF token never goes on a command line.
+"""
 
 import io
 import json

@@ -1,5 +1,6 @@
 """Repairs, run early by roles/site.py, of dpkg killed mid-install and of uploads left in the SSH user's private dir by
-an interrupted run; other half-done states are repaired where they arise (`staged_files`, `hfweights.fetched`)."""
+an interrupted run; other half-done states are repaired where they arise (`staged_files`, `hfweights.fetched`).
+"""
 
 import shlex
 
