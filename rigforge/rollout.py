@@ -140,10 +140,6 @@ def on_rig(inventory_path: str, rig: str, lock: Path, fn):
         h.disconnect()
 
 
-def measured(args, rig: str, lock: Path) -> float:
-    return on_rig(args.inventory, rig, lock, lambda h, _: tps(h, lock, args.bench_requests))
-
-
 # --- the rollout ---------------------------------------------------------------------------------------------
 
 
@@ -151,7 +147,7 @@ def canary(args, h, old: Path, new: Path) -> None:
     from rigforge import verify
 
     deploy(args.inventory, h.name, old, rest="drained")  # out of the gateway: its own speed, not the fleet's load
-    before = measured(args, h.name, old)
+    before = on_rig(args.inventory, h.name, old, lambda x, _: tps(x, old, args.bench_requests))
     say(f"{h.name}: canary baseline {before:.1f} tokens/s at {old.name}")
     try:
         deploy(args.inventory, h.name, new, rest="drained")
@@ -159,7 +155,7 @@ def canary(args, h, old: Path, new: Path) -> None:
         failed = [f"{c.name}: {c.detail}" for c in checks if c.status == "fail"]
     except RolloutError as exc:  # a deploy that failed its gate: switched back like a failed check
         failed = [str(exc)]
-    after = measured(args, h.name, new) if not failed else 0.0
+    after = on_rig(args.inventory, h.name, new, lambda x, _: tps(x, new, args.bench_requests)) if not failed else 0.0
     loss = 1 - after / before if before else 0.0
     say(f"{h.name}: canary {after:.1f} tokens/s at {new.name}: {loss:+.0%} against {before:.1f}" if not failed else
         f"{h.name}: canary fails verify: {'; '.join(failed)}")  # fmt: skip
