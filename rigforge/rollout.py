@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import yaml
 
-from rigforge import fleet, inventory
+from rigforge import fleet, inventory, verify
 from rigforge.lock import write_atomically
 from rigforge.pins import LockError, load_lock
 from rigforge.status import ROLLOUT_MARKER
@@ -144,8 +144,6 @@ def on_rig(inventory_path: str, rig: str, lock: Path, fn):
 
 
 def canary(args, h, old: Path, new: Path) -> None:
-    from rigforge import verify
-
     deploy(args.inventory, h.name, old, rest="drained")  # out of the gateway: its own speed, not the fleet's load
     before = on_rig(args.inventory, h.name, old, lambda x, _: tps(x, old, args.bench_requests))
     say(f"{h.name}: canary baseline {before:.1f} tokens/s at {old.name}")
