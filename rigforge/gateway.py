@@ -44,11 +44,6 @@ class GatewayPlan:
     metrics_bind: str | None = None  # address:port of HAProxy's Prometheus exporter (not the API's; None: none)
 
     @property
-    def fastinter_ms(self) -> int:
-        """The check period once a check fails: half the usual one."""
-        return max(100, self.hold.gateway_check_interval_ms // 2)
-
-    @property
     def model_lists(self) -> list[tuple[list[str], list[str], str]]:
         """(backends that must have a healthy rig, backends that must have none, the /v1/models answer)."""
         out = []
