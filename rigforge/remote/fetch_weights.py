@@ -140,8 +140,7 @@ def current(m: dict, f: dict, stamp: dict, deep: bool) -> dict | None:
 
 
 def download(m: dict, f: dict, part: str, token: str | None) -> str:
-    """GET the pinned file into `part`, resuming from its current length with an HTTP Range request;
-    return the sha256 of the whole part file (hashed while it streams: the file is not read twice)."""
+    """GET the pinned file into `part`, resumed from its length (HTTP Range); its sha256, hashed as it streams."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
     from huggingface_hub.utils import build_hf_headers
 
