@@ -78,8 +78,7 @@ def stream_once(session, base: str, model: str, prompt: str, max_tokens: int, ti
             if obj.get("usage"):
                 usage_tokens = obj["usage"].get("completion_tokens", usage_tokens)
             for choice in obj.get("choices") or []:
-                delta = choice.get("delta") or {}
-                if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
+                if any((choice.get("delta") or {}).get(k) for k in ("content", "reasoning_content", "reasoning")):
                     ttft = time.perf_counter() - start if ttft is None else ttft
                     deltas += 1
     end = time.perf_counter()
