@@ -70,15 +70,12 @@ def pop_global_arguments(state, host, kwargs: dict) -> tuple[dict, list[str]]:
     deploy_kwargs = host.current_deploy_kwargs or {}
     # HostData's sources: the first that has a key wins
     data = {k: v for source in reversed(host.data.datas) for k, v in (source() if callable(source) else source).items()}
-    values, found = {}, []
+    found = [key for key, _ in arguments.all_global_arguments() if key in kwargs]
+    values = {}
     for key, type_ in arguments.all_global_arguments():
         meta = arguments.all_argument_meta[key]
         default = copy(data[key]) if key in data else meta.default(config)
-        if key in kwargs:
-            found.append(key)
-            value = kwargs.pop(key)
-        else:
-            value = deploy_kwargs.get(key, default)
+        value = kwargs.pop(key) if key in kwargs else deploy_kwargs.get(key, default)
         if meta.handler:
             value = meta.handler(config, value)
         if value != default:
