@@ -18,6 +18,7 @@ import inspect
 import os
 import py_compile
 import sys
+import traceback
 from copy import copy
 from pathlib import Path
 
@@ -43,11 +44,7 @@ def getframeinfo(frame) -> inspect.Traceback:
 def operation_order(state) -> list[int]:
     """`pyinfra.api.util.get_operation_order_from_stack`: the calling stack's line numbers (`getframeinfo`), outermost
     first from the deploy file's first frame, pyinfra's own frames left out (the CLI's op file number first)."""
-    infos, frame = [], sys._getframe(1)
-    while frame is not None:
-        infos.append(getframeinfo(frame))
-        frame = frame.f_back
-    infos.reverse()
+    infos = [getframeinfo(frame) for frame, _ in traceback.walk_stack(sys._getframe(1))][::-1]
     deploy = state.current_deploy_filename  # its first frame; else none (pyinfra's loop ends on its own frame)
     start = next((i for i, info in enumerate(infos) if info.filename == deploy), len(infos)) if deploy else 0
     lines = [state.current_op_file_number] if pyinfra.is_cli else []
