@@ -207,8 +207,8 @@ def run(args: argparse.Namespace) -> int:
 
 def promote(old: Path, new: Path) -> None:
     """The lock in use becomes `new`'s content; what it held is kept as `<lock>.previous` (for --rollback)."""
-    text, previous = new.read_text(), old.read_text()
-    write_atomically(Path(f"{old}.previous"), previous)
+    text = new.read_text()  # before the write below: with --rollback, `new` is that `.previous`
+    write_atomically(Path(f"{old}.previous"), old.read_text())
     write_atomically(old, text)
     Path(f"{old}{ROLLOUT_MARKER}").unlink(missing_ok=True)
     say(f"promoted {new} to {old} (the previous lock kept as {old}.previous)")
