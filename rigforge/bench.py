@@ -78,8 +78,7 @@ def stream_once(session, base: str, model: str, prompt: str, max_tokens: int, ti
             if obj.get("usage"):
                 usage_tokens = obj["usage"].get("completion_tokens", usage_tokens)
             for choice in obj.get("choices") or []:
-                delta = choice.get("delta") or {}
-                if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
+                if any((choice.get("delta") or {}).get(k) for k in ("content", "reasoning_content", "reasoning")):
                     ttft = time.perf_counter() - start if ttft is None else ttft
                     deltas += 1
     end = time.perf_counter()
@@ -262,10 +261,6 @@ def run(args) -> int:
     return 2
 
 
-def _ms(s: dict) -> str:
-    return f"{s['mean']:.0f} ± {s['std']:.0f}"
-
-
 def _tps(s: dict) -> str:
     return f"{s['mean']:.1f} ± {s['std']:.1f} (CV {s['cv_pct']:.1f}%)"
 
@@ -285,8 +280,9 @@ def format_report(rep: dict) -> str:
         shown = [f"{pub['tps']:g} TPS"] if "tps" in pub else []
         shown += [f"TTFT ~{pub['ttft_ms']:g} ms"] if "ttft_ms" in pub else []
         tokens = f"{s['tokens']['mean']:.0f}" + ("*" if "deltas" in s["tokens_from"] else "")
+        ttft = f"{s['ttft_ms']['mean']:.0f} ± {s['ttft_ms']['std']:.0f}"
         lines.append(
-            f"{name:<7}{tokens:>7}  {_ms(s['ttft_ms']):<11}{_tps(s['wall_tps']):<24}"
+            f"{name:<7}{tokens:>7}  {ttft:<11}{_tps(s['wall_tps']):<24}"
             f"{_tps(s['decode_tps']):<24}{', '.join(shown) or '-'}"
         )
         if "aggregate_tps" in s:

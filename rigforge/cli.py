@@ -90,8 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--opt-in", action="store_true",
                    help="allow a recipe-repo slug whose status is experimental, incubating or deprecated")  # fmt: skip
     for name, (module, help_text) in SUBCOMMANDS.items():
-        mod, sp = importlib.import_module(module), sub.add_parser(name, help=help_text)
-        mod.add_arguments(sp)
+        mod = importlib.import_module(module)
+        mod.add_arguments(sp := sub.add_parser(name, help=help_text))
         sp.set_defaults(run=mod.run)
     return parser
 

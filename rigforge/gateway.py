@@ -44,11 +44,6 @@ class GatewayPlan:
     metrics_bind: str | None = None  # address:port of HAProxy's Prometheus exporter (not the API's; None: none)
 
     @property
-    def fastinter_ms(self) -> int:
-        """The check period once a check fails: half the usual one."""
-        return max(100, self.hold.gateway_check_interval_ms // 2)
-
-    @property
     def model_lists(self) -> list[tuple[list[str], list[str], str]]:
         """(backends that must have a healthy rig, backends that must have none, the /v1/models answer)."""
         out = []
@@ -65,12 +60,9 @@ def backend_name(model: str) -> str:
     return "m_" + re.sub(r"[^A-Za-z0-9]+", "_", model)
 
 
-def key_hash(key: str) -> str:
-    return hashlib.sha256(f"Bearer {key}".encode()).hexdigest().upper()
-
-
 def build(host: str, data: Mapping, rigs: Sequence) -> tuple[GatewayPlan | None, list[str]]:
     """The gateway of `host` (its knobs in `data`) in front of `rigs` (their plans), and every problem."""
+    fleet_key = data.get("gateway_api_key")
     by_model = {m: [p for p in rigs if p.variant.served_model == m] for m in {p.variant.served_model for p in rigs}}
     problems = [] if rigs else ["no rig in the inventory to put behind the gateway (hosts outside the group `gateway`)"]
     if len(by_model) > MAX_MODELS:
@@ -82,7 +74,7 @@ def build(host: str, data: Mapping, rigs: Sequence) -> tuple[GatewayPlan | None,
             problems.append(f"served model name {model!r} has characters the gateway config cannot hold")
         if len(keys) > 1:
             problems.append(f"the rigs serving {model} have different serving_api_key values; give them one key")
-        if None not in keys and not data.get("gateway_api_key"):
+        if None not in keys and not fleet_key:
             problems.append(
                 f"the rigs serving {model} require an API key: set gateway_api_key, or the gateway would open them"
             )
@@ -97,7 +89,7 @@ def build(host: str, data: Mapping, rigs: Sequence) -> tuple[GatewayPlan | None,
         return None, [f"gateway_metrics_port must differ from gateway_port ({data['gateway_port']})"]
     bind = f"{data.get('gateway_bind_address') or ''}:{data['gateway_port']}"
     metrics_bind = f"{data.get('gateway_bind_address') or ''}:{data['gateway_metrics_port']}"
-    key_sha = key_hash(key) if (key := data.get("gateway_api_key")) else None
+    key_sha = hashlib.sha256(f"Bearer {fleet_key}".encode()).hexdigest().upper() if fleet_key else None
     return GatewayPlan(host, bind, key_sha, tuple(backends), hold=Gateway.of(data), metrics_bind=metrics_bind), []
 
 

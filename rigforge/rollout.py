@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import yaml
 
-from rigforge import fleet, inventory
+from rigforge import fleet, inventory, verify
 from rigforge.lock import write_atomically
 from rigforge.pins import LockError, load_lock
 from rigforge.status import ROLLOUT_MARKER
@@ -62,9 +62,8 @@ def flags(files: dict) -> dict[str, str]:
     """{--flag: its value} of the serving command in a plan's compose file (effective one when rendered)."""
     text = files.get("effective-compose.yml") or files.get("docker-compose.yml") or "{}"
     services = (yaml.safe_load(text) or {}).get("services") or {}
-    cmd = [str(c) for c in (next(iter(services.values()), {}) or {}).get("command") or []]
     out, key = {}, None
-    for word in cmd:
+    for word in map(str, (next(iter(services.values()), {}) or {}).get("command") or []):
         if word.startswith("--"):
             key, out[word] = word, ""
         elif key:
@@ -140,18 +139,12 @@ def on_rig(inventory_path: str, rig: str, lock: Path, fn):
         h.disconnect()
 
 
-def measured(args, rig: str, lock: Path) -> float:
-    return on_rig(args.inventory, rig, lock, lambda h, _: tps(h, lock, args.bench_requests))
-
-
 # --- the rollout ---------------------------------------------------------------------------------------------
 
 
 def canary(args, h, old: Path, new: Path) -> None:
-    from rigforge import verify
-
     deploy(args.inventory, h.name, old, rest="drained")  # out of the gateway: its own speed, not the fleet's load
-    before = measured(args, h.name, old)
+    before = on_rig(args.inventory, h.name, old, lambda x, _: tps(x, old, args.bench_requests))
     say(f"{h.name}: canary baseline {before:.1f} tokens/s at {old.name}")
     try:
         deploy(args.inventory, h.name, new, rest="drained")
@@ -159,7 +152,7 @@ def canary(args, h, old: Path, new: Path) -> None:
         failed = [f"{c.name}: {c.detail}" for c in checks if c.status == "fail"]
     except RolloutError as exc:  # a deploy that failed its gate: switched back like a failed check
         failed = [str(exc)]
-    after = measured(args, h.name, new) if not failed else 0.0
+    after = on_rig(args.inventory, h.name, new, lambda x, _: tps(x, new, args.bench_requests)) if not failed else 0.0
     loss = 1 - after / before if before else 0.0
     say(f"{h.name}: canary {after:.1f} tokens/s at {new.name}: {loss:+.0%} against {before:.1f}" if not failed else
         f"{h.name}: canary fails verify: {'; '.join(failed)}")  # fmt: skip
@@ -214,8 +207,8 @@ def run(args: argparse.Namespace) -> int:
 
 def promote(old: Path, new: Path) -> None:
     """The lock in use becomes `new`'s content; what it held is kept as `<lock>.previous` (for --rollback)."""
-    text, previous = new.read_text(), old.read_text()
-    write_atomically(Path(f"{old}.previous"), previous)
+    text = new.read_text()  # before the write below: with --rollback, `new` is that `.previous`
+    write_atomically(Path(f"{old}.previous"), old.read_text())
     write_atomically(old, text)
     Path(f"{old}{ROLLOUT_MARKER}").unlink(missing_ok=True)
     say(f"promoted {new} to {old} (the previous lock kept as {old}.previous)")

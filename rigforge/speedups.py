@@ -19,6 +19,7 @@ import inspect
 import os
 import py_compile
 import sys
+import traceback
 from copy import copy
 from pathlib import Path
 
@@ -44,11 +45,7 @@ def getframeinfo(frame) -> inspect.Traceback:
 def operation_order(state) -> list[int]:
     """`pyinfra.api.util.get_operation_order_from_stack`: the calling stack's line numbers (`getframeinfo`), outermost
     first from the deploy file's first frame, pyinfra's own frames left out (the CLI's op file number first)."""
-    infos, frame = [], sys._getframe(1)
-    while frame is not None:
-        infos.append(getframeinfo(frame))
-        frame = frame.f_back
-    infos.reverse()
+    infos = [getframeinfo(frame) for frame, _ in traceback.walk_stack(sys._getframe(1))][::-1]
     deploy = state.current_deploy_filename  # its first frame; else none (pyinfra's loop ends on its own frame)
     start = next((i for i, info in enumerate(infos) if info.filename == deploy), len(infos)) if deploy else 0
     lines = [state.current_op_file_number] if pyinfra.is_cli else []
@@ -71,15 +68,12 @@ def pop_global_arguments(state, host, kwargs: dict) -> tuple[dict, list[str]]:
     deploy_kwargs = host.current_deploy_kwargs or {}
     # HostData's sources: the first that has a key wins
     data = {k: v for source in reversed(host.data.datas) for k, v in (source() if callable(source) else source).items()}
-    values, found = {}, []
+    found = [key for key, _ in arguments.all_global_arguments() if key in kwargs]
+    values = {}
     for key, type_ in arguments.all_global_arguments():
         meta = arguments.all_argument_meta[key]
         default = copy(data[key]) if key in data else meta.default(config)
-        if key in kwargs:
-            found.append(key)
-            value = kwargs.pop(key)
-        else:
-            value = deploy_kwargs.get(key, default)
+        value = kwargs.pop(key) if key in kwargs else deploy_kwargs.get(key, default)
         if meta.handler:
             value = meta.handler(config, value)
         if value != default:
