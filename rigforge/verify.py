@@ -1,6 +1,5 @@
-"""`rigforge verify INVENTORY`: DeepOps-style health checks for every rig of a pyinfra inventory, one line per check
-per rig (or --json), read in parallel, nothing changed on a rig: rigforge/drift.py's checks, the gateways' and the
-monitor's views, and live API probes from the rig as the recipes' verify.sh. docs/operators.md lists each check.
+"""`rigforge verify INVENTORY`: one line per check per rig, read in parallel (docs/operators.md lists each check):
+rigforge/drift.py's, the gateways' and monitors', and API probes from the rig as the recipes' verify.sh.
 
 Exit: 0 every check passed (skips allowed), 1 a check failed, 2 could not run (inventory unreadable, or a
 rig unreachable while no check failed).
@@ -73,8 +72,7 @@ TOOL = {
 
 
 def api_checks(host, ctx: RigContext) -> list[Check]:
-    """/v1/models lists the variant's model, a chat completion names Paris, a tool call comes back (asked on the
-    rig, as the recipes' verify.sh); skipped where services are not managed, failed without a unit."""
+    """/v1/models lists the model, a chat names Paris, a tool call comes back; skipped unmanaged, failed unitless."""
     names = ("/v1/models answers", "chat returns text", "tool call returned")
     if not ctx.manage:
         return [Check(n, SKIP, SKIPPED) for n in names]
@@ -97,7 +95,7 @@ def api_checks(host, ctx: RigContext) -> list[Check]:
 
 def _ask(host, ctx, url, body) -> tuple[str | None, dict]:
     """(why the completion failed, None when it answered HTTP 200; the reply's message, {} when it has none)."""
-    code, text = inventory.http_on_rig(host, url, 120, body, inventory.rig_key(ctx))
+    code, text = inventory.http_on_rig(host, url, 120, body, ctx.settings.api_key)
     if code != 200:
         return f"HTTP {code or 'no answer'}: {text[:120]}", {}
     try:
@@ -134,8 +132,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    read = inventory.read_fleet(args, "verify", check_host)
-    if read is None:
+    if (read := inventory.read_fleet(args, "verify", check_host)) is None:
         return 2
     results, fl = read
     views = monitor_views(results, fl.monitors)
