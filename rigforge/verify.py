@@ -88,9 +88,19 @@ def api_checks(host, ctx: RigContext) -> list[Check]:
         return [Check(names[0], FAIL, f"{api['url']}: {drift.answer(api['http_code'])}"), *down]
     listed = model in models
     detail = f"{api['url']} lists {', '.join(models) or 'nothing'}" + ("" if listed else f"; expected {model}")
+    out = [Check(names[0], PASS if listed else FAIL, detail)]
     base = f"http://{inventory.ctx_host(ctx)}:{ctx.port}/v1/chat/completions"
-    return [Check(names[0], PASS if listed else FAIL, detail), _chat_check(host, ctx, base, model),
-            _tool_check(host, ctx, base, model)]  # fmt: skip
+    failed, msg = _ask(host, ctx, base, {"model": model, **CHAT})
+    content = (msg.get("content") or "").strip()
+    why = failed or ("" if "paris" in content.lower() else f"reply does not name Paris: {content[:80]!r}")
+    out.append(Check(names[1], FAIL if why else PASS, why or repr(content[:60])))
+    failed, msg = _ask(host, ctx, base, {"model": model, **TOOL})
+    called = [(c.get("function") or {}).get("name") for c in msg.get("tool_calls") or []]
+    if not failed and "get_weather" in called:
+        return [*out, Check(names[2], PASS, f"tool_calls: {', '.join(n for n in called if n)}")]
+    if failed or "<tool_call>" not in (msg.get("content") or ""):
+        return [*out, Check(names[2], FAIL, failed or f"no get_weather tool call in the reply: {str(msg)[:100]}")]
+    return [*out, Check(names[2], FAIL, "the tool call came back as text (tool-call parser not active)")]
 
 
 def _ask(host, ctx, url, body) -> tuple[str | None, dict]:
@@ -102,26 +112,6 @@ def _ask(host, ctx, url, body) -> tuple[str | None, dict]:
         return None, json.loads(text)["choices"][0]["message"] or {}
     except (ValueError, KeyError, IndexError, TypeError):
         return None, {}
-
-
-def _chat_check(host, ctx, url, model) -> Check:
-    failed, msg = _ask(host, ctx, url, {"model": model, **CHAT})
-    content = (msg.get("content") or "").strip()
-    if failed or "paris" not in content.lower():
-        return Check("chat returns text", FAIL, failed or f"reply does not name Paris: {content[:80]!r}")
-    return Check("chat returns text", PASS, f"{content[:60]!r}")
-
-
-def _tool_check(host, ctx, url, model) -> Check:
-    failed, msg = _ask(host, ctx, url, {"model": model, **TOOL})
-    if failed:
-        return Check("tool call returned", FAIL, failed)
-    names = [(c.get("function") or {}).get("name") for c in msg.get("tool_calls") or []]
-    if "get_weather" in names:
-        return Check("tool call returned", PASS, f"tool_calls: {', '.join(n for n in names if n)}")
-    if "<tool_call>" in (msg.get("content") or ""):
-        return Check("tool call returned", FAIL, "the tool call came back as text (tool-call parser not active)")
-    return Check("tool call returned", FAIL, f"no get_weather tool call in the reply: {str(msg)[:100]}")
 
 
 # ---------------------------------------------------------------- the command
