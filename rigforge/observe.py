@@ -103,8 +103,7 @@ def requests(ctx: RigContext, os_id: str | None) -> list[tuple[type, dict]]:
         out.append((BootCaps, boot_units(ctx)))
     if ctx.unit:
         out += [(SystemdUnitEnabled, {"unit": ctx.unit}), (ServiceState, {"unit": ctx.unit})]
-    plan = ctx.plan
-    if plan:
+    if plan := ctx.plan:
         out += [(GitCheckout, {"path": plan.layout.src(name)}) for name in plan.variant.sources]
         out += [(WeightsState, weights_at(plan, asset)) for asset in plan.assets]
         out += [(Sha256File, {"path": path}) for path in managed_files(plan)]
@@ -175,8 +174,7 @@ GATEWAY_STATES = {"UP": "serving", "DRAIN": "draining"}  # HAProxy's server stat
 
 
 def observe_gateway(host, data: Mapping) -> dict:
-    """The gateway on `host` (its knobs in `data`): HAProxy's unit, the gateway's own /health, /v1/models
-    through it, and each rig's state in its backends (HAProxy's `show stat`)."""
+    """The gateway on `host`: HAProxy's unit, its /health, /v1/models through it, each rig's state (`show stat`)."""
     bind = data.get("gateway_bind_address") or "127.0.0.1"
     url = f"http://{'127.0.0.1' if bind == '0.0.0.0' else bind}:{data['gateway_port']}"  # asked on the host
     where = bind if data.get("gateway_bind_address") not in (None, "0.0.0.0") else None

@@ -9,9 +9,8 @@ from rigforge.layout import STAMP
 
 
 class WeightsState(FactBase):
-    """The stamp written by fetch_weights.py and a stat of every file under ``dest`` and ``staging`` (never their
-    contents): ``{"stamp": {...} or None, "files": {relpath: [size, mtime_ns]}, "staging": {relpath: size},
-    "staging_dir": whether it exists}``."""
+    """fetch_weights.py's stamp and a stat of every file under ``dest`` and ``staging`` (never read): ``{"stamp": {...}
+    or None, "files": {relpath: [size, mtime_ns]}, "staging": {relpath: size}, "staging_dir": whether it exists}``."""
 
     def command(self, dest: str, staging: str) -> str:
         d, s = shlex.quote(dest), shlex.quote(staging)
