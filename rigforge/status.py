@@ -1,8 +1,7 @@
 """`rigforge status INVENTORY`: one row per rig, read in parallel and shown against its plan (rigforge/drift.py);
 docs/operators.md says where each column and line comes from.
 
-Exit: 0 every rig read, 1 some rig could not be read, 2 the inventory could not be loaded.
-"""
+Exit: 0 every rig read, 1 some rig could not be read, 2 the inventory could not be loaded."""
 
 import json
 from dataclasses import asdict
