@@ -369,9 +369,8 @@ def fleet_checks(checks: list[Check], rig: str, rest: str | None, gateways: Mapp
 
 
 def monitor_check(rig: str, rest: str | None, views: Mapping[str, dict | None]) -> Check | None:
-    """The check "scraped": every target of the rig (label `rig`) is up at every monitor (`views`: {host: its view,
-    `observe_monitor`, None: not read}); vLLM down while resting stopped is fine. A monitor that cannot be asked
-    or a target not scraped yet makes it unknown (skipped), never up. None when the inventory has no monitor."""
+    """The check "scraped": the rig's targets (label `rig`) up at every monitor (`observe_monitor`'s views, None: not
+    read); vLLM resting stopped excepted; unknown (skip) while one is not asked or not scraped yet; None: no monitor."""
     if not views:
         return None
     problems, unknown, fine = [], [], []

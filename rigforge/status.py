@@ -1,5 +1,4 @@
-"""`rigforge status INVENTORY`: one row per rig, read in parallel and shown against its plan (rigforge/drift.py);
-docs/operators.md says where each column and line comes from.
+"""`rigforge status INVENTORY`: one row per rig, shown against its plan (rigforge/drift.py, docs/operators.md).
 
 Exit: 0 every rig read, 1 some rig could not be read, 2 the inventory could not be loaded."""
 
