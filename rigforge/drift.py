@@ -1,7 +1,5 @@
-"""Drift: the rig's observed state (rigforge/observe.py) against its plan, as checks, each defined here once for
-`rigforge status` and `rigforge verify`. A check reads only the plan and what was observed: nothing here asks a
-rig or a registry.
-"""
+"""The checks of `rigforge status` and `verify`: a rig's observed state (rigforge/observe.py) against its plan, each
+check defined once; nothing here asks a rig or a registry."""
 
 import hashlib
 from collections.abc import Iterator, Mapping
@@ -36,7 +34,6 @@ class Check:
 
 
 def check(name: str, problems: list[str], fine: str, hint: str = "") -> Check:
-    """A check that fails with every problem (and `hint`), or passes saying what was fine."""
     return Check(name, FAIL, "; ".join(problems) + hint) if problems else Check(name, PASS, fine)
 
 
@@ -150,8 +147,7 @@ def answer(code: int | None) -> str:
 
 
 def driver(obs: Observed, ctx: RigContext) -> Check:
-    """The loaded module is the installed driver package (the driver table's, for this OS, branch, flavour and
-    source); with nvidia_driver_manage false, the running driver is of the branch asked for."""
+    """The loaded module is the driver table's package as installed (nvidia_driver_manage false: the branch runs)."""
     from rigforge.facts.nvidia import upstream_version
 
     name, data = "driver module = package", ctx.data
@@ -187,8 +183,7 @@ def cuda_versions(obs: Observed, ctx: RigContext) -> dict:
 
 
 def cuda(obs: Observed, ctx: RigContext) -> Check:
-    """The running driver supports the CUDA version the image is built for (GeForce cards have no forward
-    compatibility: a newer image fails with error 804 once vLLM starts)."""
+    """The running driver supports the image's CUDA (GeForce has no forward compatibility: error 804 in vLLM)."""
     name, have = "CUDA driver >= image", cuda_versions(obs, ctx)
     seen = f"CUDA: driver {have['driver'] or '?'}, image {have['image'] or '?'}"
     if not have["driver"]:
@@ -204,7 +199,6 @@ def cuda(obs: Observed, ctx: RigContext) -> Check:
 
 
 def gpu_checks(obs: Observed, ctx: RigContext) -> list[Check]:
-    """GPUs visible, VRAM fits the variant, power caps hold, persistence mode on."""
     gpus = gpus_with_targets(obs, ctx)
     if not gpus:
         return [Check("GPUs visible", FAIL, "nvidia-smi lists no GPU (driver not installed or not loaded)")] + [
@@ -375,9 +369,8 @@ def fleet_checks(checks: list[Check], rig: str, rest: str | None, gateways: Mapp
 
 
 def monitor_check(rig: str, rest: str | None, views: Mapping[str, dict | None]) -> Check | None:
-    """The check "scraped": every target of the rig (label `rig`) is up at every monitor (`views`: {host: its view,
-    `observe_monitor`, None: not read}); vLLM down while resting stopped is fine. A monitor that cannot be asked
-    or a target not scraped yet makes it unknown (skipped), never up. None when the inventory has no monitor."""
+    """The check "scraped": the rig's targets (label `rig`) up at every monitor (`observe_monitor`'s views, None: not
+    read); vLLM resting stopped excepted; unknown (skip) while one is not asked or not scraped yet; None: no monitor."""
     if not views:
         return None
     problems, unknown, fine = [], [], []

@@ -1,10 +1,7 @@
-"""`rigforge lock --recipes REF`: the lock follows the recipe repo to REF (a tag, branch or commit of its
-`git.recipes` URL) in one command. Each engine the lock has an image entry for, or a used slug runs, gets the image
-the upstream launchers run at REF: its profile's `install.spec` (rigforge/recipes.py); unresolved again when its ref
-moved, else keeping its digest. A second image of a used slug's compose gets an entry named after its service, and
-every weights repo a used slug needs and the lock lacks an unresolved hf entry. The caller resolves them all
-(rigforge/lock.py `resolve`), prints the diff and writes the lock.
-"""
+"""`rigforge lock --recipes REF`: the lock follows the recipe repo to REF (a tag, branch or commit of `git.recipes`).
+Each engine the lock has an image entry for, or a used slug runs, gets the image its profile's `install.spec` runs at
+REF (rigforge/recipes.py), unresolved when its ref moved; a used slug's second compose image and each weights repo it
+needs that the lock lacks get unresolved entries, for rigforge/lock.py `resolve`."""
 
 import dataclasses
 import difflib
@@ -30,8 +27,10 @@ def follow(lock: Lock, ref: str, slugs: Iterable[str], fetch) -> tuple[Lock, rec
         if old is None or old.ref != engines[engine]:
             images[engine] = ImagePin(ref=engines[engine], cuda=old.cuda if old else None)
     for r in used:
-        for service, image in second_images(repo.compose(r)).items():
-            name, _, digest = image.partition("@")
+        for service, svc in list((repo.compose(r).get("services") or {}).items())[1:]:  # after the serving one
+            if not isinstance(svc, dict) or not svc.get("image"):
+                continue
+            name, _, digest = str(svc["image"]).partition("@")
             if images.get(service, ImagePin(ref="")).ref != name:
                 images[service] = ImagePin(ref=name, digest=digest or None)
     hf, known = dict(lock.hf), {p.repo for p in lock.hf.values()}
@@ -39,12 +38,6 @@ def follow(lock: Lock, ref: str, slugs: Iterable[str], fetch) -> tuple[Lock, rec
         hf[w.local_subdir] = HfPin(name=w.local_subdir, repo=w.hf_repo, revision=None)
         known.add(w.hf_repo)
     return dataclasses.replace(lock, git={**lock.git, recipes.GIT_NAME: moved}, images=images, hf=hf), repo
-
-
-def second_images(compose: dict) -> dict[str, str]:
-    """{service: image} of a compose file's services after the first (the serving one), e.g. a kernel image."""
-    services = list((compose.get("services") or {}).items())[1:]
-    return {name: str(svc["image"]) for name, svc in services if isinstance(svc, dict) and svc.get("image")}
 
 
 def diff(old: Lock, new: Lock, path: str) -> str:

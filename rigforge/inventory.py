@@ -231,15 +231,11 @@ def read_fleet(args, command: str, fn) -> tuple[dict[str, Any], fleet.Fleet] | N
 def api_models(host, ctx, timeout: int = 5) -> dict:
     """GET /v1/models from the rig itself (curl), as the recipes' health check does."""
     url = f"http://{ctx_host(ctx)}:{ctx.port}/v1/models"
-    code, body = http_on_rig(host, url, timeout, api_key=rig_key(ctx))
+    code, body = http_on_rig(host, url, timeout, api_key=ctx.settings.api_key)
     models = None
     with contextlib.suppress(ValueError, AttributeError):
         models = [m.get("id") for m in json.loads(body).get("data", [])]
     return {"url": url, "http_code": code, "models": models}
-
-
-def rig_key(ctx) -> str | None:
-    return ctx.settings.api_key if ctx.settings is not None else None
 
 
 def http_on_rig(host, url: str, timeout: int, body: dict | None = None, api_key: str | None = None) -> tuple[int, str]:

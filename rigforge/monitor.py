@@ -1,6 +1,4 @@
-"""The monitor host's Prometheus (docs/monitoring.md), as pure data: its scrape config, made from the Fleet's targets
-(rigforge/fleet.py `Fleet.targets`), never from a list kept by hand, and the flags that size its storage.
-"""
+"""The monitor's Prometheus (docs/monitoring.md) as data: scrape config from `Fleet.targets`, storage flags, pages."""
 
 import json
 from collections.abc import Mapping
@@ -16,8 +14,7 @@ TARGETS_PATH = "/api/v1/targets?state=active"  # Prometheus's HTTP API: the targ
 
 
 def render_config(targets: Mapping[str, tuple[tuple[str, str], ...]], data: Mapping) -> str:
-    """prometheus.yml: one job per kind of target, each target labelled `rig` (or `gateway`) with its host's
-    inventory name; the alerting rules from MONITOR_RULES."""
+    """prometheus.yml: a job per kind of target, each labelled `rig` (or `gateway`): its host; MONITOR_RULES' rules."""
     interval = f"{int(data['monitor_scrape_interval_s'])}s"
     config = {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
@@ -49,8 +46,7 @@ def rules() -> str:
 
 
 def consoles() -> dict[str, dict[str, str]]:
-    """The fleet page and its console library (templates/monitor/consoles, console_libraries), by the directory
-    Debian's Prometheus reads them from: {dir: {name: text}}. Prometheus reads them on every request."""
+    """{dir Debian's Prometheus reads them from: {name: text}} of templates/monitor/consoles, console_libraries."""
     return {
         dest: {p.name: p.read_text() for p in sorted((TEMPLATES / "monitor" / src).iterdir()) if p.is_file()}
         for src, dest in (("consoles", MONITOR_CONSOLES), ("console_libraries", MONITOR_CONSOLE_LIBRARIES))
@@ -58,9 +54,8 @@ def consoles() -> dict[str, dict[str, str]]:
 
 
 def active_targets(code: int, body: str) -> list[dict] | None:
-    """The `activeTargets` of Prometheus's answer to TARGETS_PATH ({"status": "success", "data": {"activeTargets":
-    [{"labels": {"job", "instance", "rig"...}, "health": "up"|"down"|"unknown", "lastError", ...}]}}); None when it
-    did not answer so (`code` 0: nothing answered)."""
+    """The `activeTargets` of Prometheus's answer to TARGETS_PATH ([{"labels": {"job", "rig"...}, "health": "up"|
+    "down"|"unknown", "lastError", ...}]); None when it did not answer so (`code` 0: nothing answered)."""
     try:
         answer = json.loads(body) if code == 200 else None
         return list(answer["data"]["activeTargets"]) if answer["status"] == "success" else None

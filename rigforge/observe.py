@@ -1,6 +1,4 @@
-"""Observed state: a rig (or a gateway or monitor host) as read from the controller, changing nothing: a rig in one
-batched probe (rigforge/facts/probe.py `read`), compared with its plan by rigforge/drift.py.
-"""
+"""A rig (in one batched probe, rigforge/facts/probe.py `read`), a gateway or a monitor host read, changing nothing."""
 
 import csv
 import json
@@ -105,8 +103,7 @@ def requests(ctx: RigContext, os_id: str | None) -> list[tuple[type, dict]]:
         out.append((BootCaps, boot_units(ctx)))
     if ctx.unit:
         out += [(SystemdUnitEnabled, {"unit": ctx.unit}), (ServiceState, {"unit": ctx.unit})]
-    plan = ctx.plan
-    if plan:
+    if plan := ctx.plan:
         out += [(GitCheckout, {"path": plan.layout.src(name)}) for name in plan.variant.sources]
         out += [(WeightsState, weights_at(plan, asset)) for asset in plan.assets]
         out += [(Sha256File, {"path": path}) for path in managed_files(plan)]
@@ -116,8 +113,7 @@ def requests(ctx: RigContext, os_id: str | None) -> list[tuple[type, dict]]:
 
 
 def observe(host, fl: fleet.Fleet) -> tuple[RigContext, Observed]:
-    """The rig's plan (`fl`'s, built again only for another variant recorded or another GPU count) and the rig read
-    for it: its manifest and GPUs first (they choose the variant and the caps), then the rest in one probe."""
+    """The rig's plan (`fl`'s, unless the manifest and GPUs read first say otherwise) and the rig read for it."""
     data = fleet.host_data(host.data)
     ctx = RigContext(name=host.name, data=data)
     layout = HostLayout(root=data["rigforge_root"] or HostLayout.root)
@@ -178,8 +174,7 @@ GATEWAY_STATES = {"UP": "serving", "DRAIN": "draining"}  # HAProxy's server stat
 
 
 def observe_gateway(host, data: Mapping) -> dict:
-    """The gateway on `host` (its knobs in `data`): HAProxy's unit, the gateway's own /health, /v1/models
-    through it, and each rig's state in its backends (HAProxy's `show stat`)."""
+    """The gateway on `host`: HAProxy's unit, its /health, /v1/models through it, each rig's state (`show stat`)."""
     bind = data.get("gateway_bind_address") or "127.0.0.1"
     url = f"http://{'127.0.0.1' if bind == '0.0.0.0' else bind}:{data['gateway_port']}"  # asked on the host
     where = bind if data.get("gateway_bind_address") not in (None, "0.0.0.0") else None
@@ -203,8 +198,7 @@ def observe_gateway(host, data: Mapping) -> dict:
 
 
 def observe_monitor(host) -> dict:
-    """The monitor's Prometheus on `host`, asked on the host itself (curl over the same connection): its `url` (the
-    host's address), the HTTP code of its targets API and the targets it scrapes (None: it did not answer)."""
+    """The monitor's Prometheus, asked on `host`: {"url" (the host's address), "http", "targets" (None: no answer)}."""
     data = getattr(host, "data", {})
     url = data.get("monitor_url") or f"http://{data.get('ssh_hostname') or host.name}:{monitor.PORT}"
     code, body = inventory.http_on_rig(host, f"http://127.0.0.1:{monitor.PORT}{monitor.TARGETS_PATH}", 10)
@@ -212,9 +206,8 @@ def observe_monitor(host) -> dict:
 
 
 def gateway_servers(stat: str) -> dict[str, str]:
-    """Each rig's state at the gateway from HAProxy's `show stat` (CSV, read by its header): serving, draining,
-    out (maint), or out (down N s; last check: L4CON Connection refused), naming the last health check's error.
-    A rig in several backends (it left a model's backend: maint there) shows its state where it serves."""
+    """{rig: serving, draining, out (maint) or out (down N s; last check: L4CON Connection refused)} from HAProxy's
+    `show stat` (CSV, read by its header); a rig in several backends (maint in a model's it left): where it serves."""
     lines = [line for line in stat.splitlines() if line.strip()]
     if not lines or not lines[0].startswith("# "):
         return {}

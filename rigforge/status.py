@@ -1,9 +1,6 @@
-"""`rigforge status INVENTORY`: what each rig of a pyinfra inventory runs, one row per rig, read in parallel with
-pyinfra in one batched probe and shown against its plan (rigforge/drift.py); nothing on a rig is changed.
-docs/operators.md says where each column and each line under the table comes from.
+"""`rigforge status INVENTORY`: one row per rig, shown against its plan (rigforge/drift.py, docs/operators.md).
 
-Exit: 0 every rig read, 1 some rig could not be read, 2 the inventory could not be loaded.
-"""
+Exit: 0 every rig read, 1 some rig could not be read, 2 the inventory could not be loaded."""
 
 import json
 from dataclasses import asdict
@@ -68,8 +65,7 @@ def status_row(host, fl: fleet.Fleet) -> dict:
 
 
 def candidate_of(ctx) -> dict | None:
-    """{"lock": the candidate of a rollout in progress (rigforge/rollout.py's marker), "runs": the rig's manifest
-    records its pins}; None when no rollout is in progress."""
+    """{"lock": a rollout's candidate (rigforge/rollout.py's marker), "runs": the manifest records its pins} or None."""
     marker = Path(f"{ctx.data['rigforge_lock'] or DEFAULT_LOCK}{ROLLOUT_MARKER}")
     try:
         path = json.loads(marker.read_text())["candidate"]
@@ -115,8 +111,7 @@ add_arguments = inventory.add_arguments
 
 
 def run(args) -> int:
-    read = inventory.read_fleet(args, "status", host_row)
-    if read is None:
+    if (read := inventory.read_fleet(args, "status", host_row)) is None:
         return 2
     results, fl = read
     rows = [{"host": n, "error": str(r)} if isinstance(r, Exception) else r for n, r in results.items()]

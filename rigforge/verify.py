@@ -1,10 +1,8 @@
-"""`rigforge verify INVENTORY`: DeepOps-style health checks for every rig of a pyinfra inventory, one line per check
-per rig (or --json), read in parallel, nothing changed on a rig: rigforge/drift.py's checks, the gateways' and the
-monitor's views, and live API probes from the rig as the recipes' verify.sh. docs/operators.md lists each check.
+"""`rigforge verify INVENTORY`: one line per check per rig, read in parallel (docs/operators.md lists each check):
+rigforge/drift.py's, the gateways' and monitors', and API probes from the rig as the recipes' verify.sh.
 
-Exit: 0 every check passed (skips allowed), 1 a check failed, 2 could not run (inventory unreadable, or a
-rig unreachable while no check failed).
-"""
+Exit: 0 every check passed (skips allowed), 1 a check failed, 2 could not run (inventory unreadable, or a rig
+unreachable while no check failed)."""
 
 import json
 from collections.abc import Mapping
@@ -73,8 +71,7 @@ TOOL = {
 
 
 def api_checks(host, ctx: RigContext) -> list[Check]:
-    """/v1/models lists the variant's model, a chat completion names Paris, a tool call comes back (asked on the
-    rig, as the recipes' verify.sh); skipped where services are not managed, failed without a unit."""
+    """/v1/models lists the model, a chat names Paris, a tool call comes back; skipped unmanaged, failed unitless."""
     names = ("/v1/models answers", "chat returns text", "tool call returned")
     if not ctx.manage:
         return [Check(n, SKIP, SKIPPED) for n in names]
@@ -90,40 +87,30 @@ def api_checks(host, ctx: RigContext) -> list[Check]:
         return [Check(names[0], FAIL, f"{api['url']}: {drift.answer(api['http_code'])}"), *down]
     listed = model in models
     detail = f"{api['url']} lists {', '.join(models) or 'nothing'}" + ("" if listed else f"; expected {model}")
+    out = [Check(names[0], PASS if listed else FAIL, detail)]
     base = f"http://{inventory.ctx_host(ctx)}:{ctx.port}/v1/chat/completions"
-    return [Check(names[0], PASS if listed else FAIL, detail), _chat_check(host, ctx, base, model),
-            _tool_check(host, ctx, base, model)]  # fmt: skip
+    failed, msg = _ask(host, ctx, base, {"model": model, **CHAT})
+    content = (msg.get("content") or "").strip()
+    why = failed or ("" if "paris" in content.lower() else f"reply does not name Paris: {content[:80]!r}")
+    out.append(Check(names[1], FAIL if why else PASS, why or repr(content[:60])))
+    failed, msg = _ask(host, ctx, base, {"model": model, **TOOL})
+    called = [(c.get("function") or {}).get("name") for c in msg.get("tool_calls") or []]
+    if not failed and "get_weather" in called:
+        return [*out, Check(names[2], PASS, f"tool_calls: {', '.join(n for n in called if n)}")]
+    if failed or "<tool_call>" not in (msg.get("content") or ""):
+        return [*out, Check(names[2], FAIL, failed or f"no get_weather tool call in the reply: {str(msg)[:100]}")]
+    return [*out, Check(names[2], FAIL, "the tool call came back as text (tool-call parser not active)")]
 
 
 def _ask(host, ctx, url, body) -> tuple[str | None, dict]:
     """(why the completion failed, None when it answered HTTP 200; the reply's message, {} when it has none)."""
-    code, text = inventory.http_on_rig(host, url, 120, body, inventory.rig_key(ctx))
+    code, text = inventory.http_on_rig(host, url, 120, body, ctx.settings.api_key)
     if code != 200:
         return f"HTTP {code or 'no answer'}: {text[:120]}", {}
     try:
         return None, json.loads(text)["choices"][0]["message"] or {}
     except (ValueError, KeyError, IndexError, TypeError):
         return None, {}
-
-
-def _chat_check(host, ctx, url, model) -> Check:
-    failed, msg = _ask(host, ctx, url, {"model": model, **CHAT})
-    content = (msg.get("content") or "").strip()
-    if failed or "paris" not in content.lower():
-        return Check("chat returns text", FAIL, failed or f"reply does not name Paris: {content[:80]!r}")
-    return Check("chat returns text", PASS, f"{content[:60]!r}")
-
-
-def _tool_check(host, ctx, url, model) -> Check:
-    failed, msg = _ask(host, ctx, url, {"model": model, **TOOL})
-    if failed:
-        return Check("tool call returned", FAIL, failed)
-    names = [(c.get("function") or {}).get("name") for c in msg.get("tool_calls") or []]
-    if "get_weather" in names:
-        return Check("tool call returned", PASS, f"tool_calls: {', '.join(n for n in names if n)}")
-    if "<tool_call>" in (msg.get("content") or ""):
-        return Check("tool call returned", FAIL, "the tool call came back as text (tool-call parser not active)")
-    return Check("tool call returned", FAIL, f"no get_weather tool call in the reply: {str(msg)[:100]}")
 
 
 # ---------------------------------------------------------------- the command
@@ -134,8 +121,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    read = inventory.read_fleet(args, "verify", check_host)
-    if read is None:
+    if (read := inventory.read_fleet(args, "verify", check_host)) is None:
         return 2
     results, fl = read
     views = monitor_views(results, fl.monitors)

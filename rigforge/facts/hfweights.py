@@ -8,16 +8,9 @@ from rigforge.facts.files import json_object
 from rigforge.layout import STAMP
 
 
-def _ns(text: str) -> int:
-    """GNU find's %T@ ('1732912345.1234567890') as integer nanoseconds, exactly."""
-    sec, _, frac = text.partition(".")
-    return int(sec) * 1_000_000_000 + int((frac + "000000000")[:9])
-
-
 class WeightsState(FactBase):
-    """The stamp written by fetch_weights.py and a stat of every file under ``dest`` and ``staging`` (never their
-    contents): ``{"stamp": {...} or None, "files": {relpath: [size, mtime_ns]}, "staging": {relpath: size},
-    "staging_dir": whether it exists}``."""
+    """fetch_weights.py's stamp and a stat of every file under ``dest`` and ``staging`` (never read): ``{"stamp": {...}
+    or None, "files": {relpath: [size, mtime_ns]}, "staging": {relpath: size}, "staging_dir": whether it exists}``."""
 
     def command(self, dest: str, staging: str) -> str:
         d, s = shlex.quote(dest), shlex.quote(staging)
@@ -43,7 +36,8 @@ class WeightsState(FactBase):
                 state["stamp"] = json_object(line)
             elif section == "files" and line.strip():
                 size, mtime, path = line.split(" ", 2)
-                state["files"][path] = [int(size), _ns(mtime)]
+                sec, _, frac = mtime.partition(".")  # GNU find's %T@ ('1732912345.1234567890'): nanoseconds, exactly
+                state["files"][path] = [int(size), int(sec) * 1_000_000_000 + int((frac + "000000000")[:9])]
             elif section == "staging" and line.strip():
                 size, path = line.split(" ", 1)
                 state["staging"][path] = int(size)

@@ -1,6 +1,4 @@
-"""What runs on a rig: the vLLM unit's state as systemd keeps it, whether its API answers, and the images its
-containers run (converged by the serving role, checked by rigforge/drift.py).
-"""
+"""What runs on a rig: the vLLM unit's state as systemd keeps it, whether its API answers, its containers' images."""
 
 import json
 import shlex
@@ -66,8 +64,7 @@ class ApiAnswers(FactBase):
 
 
 class ComposeImages(FactBase):
-    """The RepoDigests of each running container's image of the compose project in ``serve_dir``
-    (``[["vllm/vllm-openai@sha256:..."]]``); [] when none runs (or no engine)."""
+    """The RepoDigests of each running container's image of the compose project in ``serve_dir``; [] when none runs."""
 
     def command(self, serve_dir: str) -> str:
         return (
