@@ -1,5 +1,6 @@
 """The checks of `rigforge status` and `verify`: a rig's observed state (rigforge/observe.py) against its plan, each
-check defined once; nothing here asks a rig or a registry."""
+check defined once; nothing here asks a rig or a registry.
+"""
 
 import hashlib
 from collections.abc import Iterator, Mapping

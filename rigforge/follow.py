@@ -1,7 +1,8 @@
 """`rigforge lock --recipes REF`: the lock follows the recipe repo to REF (a tag, branch or commit of `git.recipes`).
 Each engine the lock has an image entry for, or a used slug runs, gets the image its profile's `install.spec` runs at
 REF (rigforge/recipes.py), unresolved when its ref moved; a used slug's second compose image and each weights repo it
-needs that the lock lacks get unresolved entries, for rigforge/lock.py `resolve`."""
+needs that the lock lacks get unresolved entries, for rigforge/lock.py `resolve`.
+"""
 
 import dataclasses
 import difflib

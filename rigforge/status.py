@@ -1,6 +1,7 @@
 """`rigforge status INVENTORY`: one row per rig, shown against its plan (rigforge/drift.py, docs/operators.md).
 
-Exit: 0 every rig read, 1 some rig could not be read, 2 the inventory could not be loaded."""
+Exit: 0 every rig read, 1 some rig could not be read, 2 the inventory could not be loaded.
+"""
 
 import json
 from dataclasses import asdict

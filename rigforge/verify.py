@@ -2,7 +2,8 @@
 rigforge/drift.py's, the gateways' and monitors', and API probes from the rig as the recipes' verify.sh.
 
 Exit: 0 every check passed (skips allowed), 1 a check failed, 2 could not run (inventory unreadable, or a rig
-unreachable while no check failed)."""
+unreachable while no check failed).
+"""
 
 import json
 from collections.abc import Mapping
