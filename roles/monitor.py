@@ -14,7 +14,7 @@ from rigforge.knobs.serving import Serving
 from rigforge.layout import GPU_METRICS_SCRIPT, MONITOR_CONFIG, MONITOR_DEFAULTS, MONITOR_RULES, NODE_EXPORTER_PACKAGE
 from rigforge.render import gpu_metrics_units, render_gpu_metrics
 from roles.operations import systemd_units
-from roles.operations.staged import staged_files, systemd_verify
+from roles.operations.staged import staged_files
 
 
 @deploy("Rig metrics")
@@ -27,23 +27,10 @@ def rig(plan: Plan):
         no_recommends=True,
     )
     collector = render_gpu_metrics(plan.caps, plan.variant.name, plan.image, rest=plan.data.get("serving_rest"))
-    staged_files(
-        name=f"Install {layout.gpu_metrics_script} (the GPU textfile collector)",
-        dest=layout.libexec,
-        files={GPU_METRICS_SCRIPT: (collector, "755")},
-        validate=f"sh -n {GPU_METRICS_SCRIPT}",
-        keep_previous=False,
-    )
     units = gpu_metrics_units(layout)
-    unit = staged_files(
-        name=f"Install {' and '.join(units)} (validated by systemd-analyze verify)",
-        dest=layout.unit_dir,
-        files={name: (text, "644") for name, text in units.items()},
-        validate=" && ".join(f"( {systemd_verify(name)} )" for name in units),
-        keep_previous=False,
+    systemd_units.script_and_units(
+        layout, GPU_METRICS_SCRIPT, collector, "the GPU textfile collector", units, enable=[layout.gpu_metrics_timer]
     )
-    systemd.daemon_reload(name="Reload systemd units", _if=unit.did_change)
-    systemd_units.enabled(name=f"Enable {layout.gpu_metrics_timer} at boot", unit=layout.gpu_metrics_timer)
     if Serving.of(plan.data).rigforge_manage_services:
         # dbus.socket is static (sockets.target wants it at boot): a bus installed just now is started here
         systemd.service(name="Run the system bus (dbus.socket)", service="dbus.socket", running=True)

@@ -2,9 +2,12 @@
 
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.operations import systemd
 
 from rigforge.facts.system import SystemdUnitEnabled
+from rigforge.layout import HostLayout
 from roles.operations.shown import unchanged
+from roles.operations.staged import staged_files, systemd_verify
 
 
 @operation()
@@ -17,3 +20,27 @@ def enabled(unit: str):
     if unchanged(host.get_fact(SystemdUnitEnabled, unit=unit), f"{unit} is enabled"):
         return
     yield StringCommand("systemctl", "enable", QuoteString(unit))
+
+
+def script_and_units(layout: HostLayout, script: str, text: str, what: str, units: dict[str, str], enable):
+    """The operations that install `script` in libexec (checked by sh -n) and `units` {name: text} (checked by
+    systemd-analyze verify), reload systemd when the units changed and enable `enable` at boot; returns the
+    script's and the units' install operations."""
+    shipped = staged_files(
+        name=f"Install {layout.libexec}/{script} ({what})",
+        dest=layout.libexec,
+        files={script: (text, "755")},
+        validate=f"sh -n {script}",
+        keep_previous=False,
+    )
+    installed = staged_files(
+        name=f"Install {' and '.join(units)} (validated by systemd-analyze verify)",
+        dest=layout.unit_dir,
+        files={name: (text, "644") for name, text in units.items()},
+        validate=" && ".join(f"( {systemd_verify(name)} )" for name in units),
+        keep_previous=False,
+    )
+    systemd.daemon_reload(name="Reload systemd units", _if=installed.did_change)
+    for name in enable:
+        enabled(name=f"Enable {name} at boot", unit=name)
+    return shipped, installed
