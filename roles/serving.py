@@ -65,10 +65,11 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = F
             _if=lambda: not rest and restarts(),
         )
     if manage and gateways and rest:  # drained on purpose, before a resting unit stops
-        gateway.held_drained(
+        gateway.drained(
             name=f"Keep {host.name} drained at the fleet gateway (serving_rest: {rest})",
             plan=plan,
             gateways=gateways,
+            held=True,
         )
     switched = ops.sole_instance(
         name=f"Enable {unit} as the only vLLM instance" if rest != "stopped" else f"Disable {unit}: resting stopped",

@@ -77,12 +77,20 @@ def _rejoin(state, host, plan: Plan, gateways, gate, sudo):
 
 
 @operation(is_idempotent=False)
-def drained(plan: Plan, gateways: dict[str, bool]):
+def drained(plan: Plan, gateways: dict[str, bool], held: bool = False):
     """Take this rig out of every fleet gateway, waiting up to ``gateway_drain_timeout`` s for its requests in flight.
 
-    + plan: the rig's plan (its gateway knobs)
+    + plan: the rig's plan (its model, port and gateway knobs)
     + gateways: ``{inventory name: use sudo}`` of the gateway hosts
+    + held: drained on purpose (host data ``serving_rest: drained``): only at the gateways where it is not yet out
     """
+    if held:
+        if not state.is_executing:
+            return
+        found = states(state, host, gateways, plan)
+        gateways = {g: sudo for g, sudo in gateways.items() if found.get(g) not in (None, "drain", "maint", "absent")}
+        if unchanged(not gateways, f"{host.name} rests drained at every gateway (serving_rest: drained)"):
+            return
     yield FunctionCommand(_drain, (gateways, plan), {})
 
 
@@ -104,19 +112,3 @@ def rejoined(plan: Plan, gateways: dict[str, bool], gate=None, sudo: bool = Fals
             return
         host.log(f"{host.name} is not serving at {', '.join(f'{g} ({w})' for g, w in out.items())}: rejoining")
     yield FunctionCommand(_rejoin, (plan, gateways, gate, sudo), {})
-
-
-@operation(is_idempotent=False)
-def held_drained(plan: Plan, gateways: dict[str, bool]):
-    """Keep this rig drained at every fleet gateway, on purpose (host data ``serving_rest: drained``).
-
-    + plan: the rig's plan (its model, port and gateway knobs)
-    + gateways: ``{inventory name: use sudo}`` of the gateway hosts
-    """
-    if not state.is_executing:
-        return
-    found = states(state, host, gateways, plan)
-    todo = {g: sudo for g, sudo in gateways.items() if found.get(g) not in (None, "drain", "maint", "absent")}
-    if unchanged(not todo, f"{host.name} rests drained at every gateway (serving_rest: drained)"):
-        return
-    yield FunctionCommand(_drain, (todo, plan), {})
