@@ -3,7 +3,6 @@ then rigforge-gpu-settle.service sets back caps other writers change during the 
 """
 
 from pyinfra.api import deploy
-from pyinfra.operations import systemd
 
 from rigforge.fleet import Plan
 from rigforge.knobs.gpu_power import DEFAULTS
@@ -27,11 +26,9 @@ def apply(plan: Plan):
         layout, SETTLE_SCRIPT, plan.files[SETTLE_SCRIPT], "the settle stage's script", units, enable=units
     )
     if Serving.of(plan.data).rigforge_manage_services:
-        systemd.service(name=f"Run {layout.power_unit}", service=layout.power_unit, running=True)
-        systemd.service(name=f"Run {layout.settle_unit}", service=layout.settle_unit, running=True)
-        systemd.service(
-            name=f"Restart {layout.settle_unit} (its caps or script changed)",
-            service=layout.settle_unit,
-            restarted=True,
-            _if=lambda: unit.did_change() or script.did_change(),
+        systemd_units.running(layout.power_unit)
+        restart = (
+            f"Restart {layout.settle_unit} (its caps or script changed)",
+            lambda: unit.did_change() or script.did_change(),
         )
+        systemd_units.running(layout.settle_unit, restarted=restart)

@@ -60,18 +60,11 @@ def server(targets, data, manage_services: bool):
         mode="644",
     )
     if manage_services:
-        systemd.service(name="Run prometheus", service="prometheus", running=True, enabled=True)
-        systemd.service(
-            name="Reload prometheus (config or rules changed)",
-            service="prometheus",
-            reloaded=True,
-            _if=staged.did_change,
-        )
-        systemd.service(
-            name="Restart prometheus (its storage flags changed)",
-            service="prometheus",
-            restarted=True,
-            _if=args.did_change,
+        systemd_units.running(
+            "prometheus",
+            at_boot=True,
+            reloaded=("Reload prometheus (config or rules changed)", staged.did_change),
+            restarted=("Restart prometheus (its storage flags changed)", args.did_change),
         )
     for dest, pages in monitor.consoles().items():  # read on every request: no reload
         staged_files(

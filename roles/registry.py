@@ -6,12 +6,12 @@ and on every rig, Docker's trust in it (docs/registry.md).
 import shlex
 
 from pyinfra.api import deploy
-from pyinfra.operations import apt, server, systemd
+from pyinfra.operations import apt, server
 
 from rigforge import registry
 from rigforge.knobs.registry import DEFAULTS
 from rigforge.registry import RegistryPlan
-from roles.operations import docker_daemon, fleet_copy
+from roles.operations import docker_daemon, fleet_copy, systemd_units
 from roles.operations.checks import refuse_now
 from roles.operations.staged import staged_files
 
@@ -53,12 +53,9 @@ def serve(reg: RegistryPlan, tls: tuple[str, str] | None, manage_services: bool,
         validate=f"test -s {shlex.quote(registry.CONFIG)}",
     )
     if manage_services:
-        systemd.service(name=f"Run {UNIT}", service=UNIT, running=True, enabled=True)
-        systemd.service(
-            name=f"Restart {UNIT} on its new config or certificate",
-            service=UNIT,
-            restarted=True,
-            _if=lambda: config.did_change() or bool(certs and certs.did_change()),
+        changed = lambda: config.did_change() or bool(certs and certs.did_change())  # noqa: E731
+        systemd_units.running(
+            UNIT, at_boot=True, restarted=(f"Restart {UNIT} on its new config or certificate", changed)
         )
         if ca is not None:
             _ca_in_certs_d(reg, ca)  # skopeo reads /etc/docker/certs.d too

@@ -12,9 +12,14 @@ class ShownCommand(StringCommand):
         return host.run_shell_command(self, print_output=True, print_input=state.print_input, **connector_arguments)
 
 
+def _log(state, host, message: str) -> bool:
+    host.log(message)
+    return True
+
+
 def say(message: str) -> FunctionCommand:
     """A command that logs `message` on the host's line when it executes."""
-    return FunctionCommand(lambda state, host: host.log(message) or True, (), {})
+    return FunctionCommand(_log, (message,), {})
 
 
 def unchanged(condition, message: str) -> bool:
