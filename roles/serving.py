@@ -22,12 +22,10 @@ from roles.operations.staged import staged_files, systemd_verify
 
 
 @deploy("Serve the variant with vLLM", data_defaults=DEFAULTS)
-def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = False):
-    """`gateways`: the fleet gateway hosts this rig leaves while its unit restarts ({name: use sudo}); `sudo`:
-    whether this rig's own commands run with sudo."""
+def apply(plan: Plan, gateways: Mapping[str, bool] | None = None):
+    """`gateways`: the fleet gateway hosts this rig leaves while its unit restarts ({name: use sudo})."""
     layout = plan.layout
     knobs = Serving.of(plan.data)
-    gateways = dict(gateways or {})
     manage, rest, unit = knobs.rigforge_manage_services, knobs.serving_rest, layout.vllm_unit
 
     for cache_dir in ("torch_compile", "triton"):
@@ -96,7 +94,6 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = F
                 plan=plan,
                 gateways=gateways,
                 gate=gate,
-                sudo=sudo,
             )
 
     ops.manifest(

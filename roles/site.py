@@ -64,10 +64,9 @@ def serve_the_registry(variant=None) -> bool:
         ca = None if problems or reg.insecure else registry.ca_certificate(reg.ca_dir)
     except registry.RegistryError as error:
         problems = [str(error)]
-    if refused(problems, "the fleet registry"):
-        return False
-    registry_role.serve(reg, tls, host_data(host.data)["rigforge_manage_services"], ca, fl.images)
-    return True
+    if not refused(problems, "the fleet registry"):
+        registry_role.serve(reg, tls, host_data(host.data)["rigforge_manage_services"], ca, fl.images)
+    return not problems
 
 
 def trust_the_registry(plan: Plan, fl: fleet.Fleet) -> None:
@@ -245,7 +244,7 @@ def provision(variant_name: str | None = None):
     sources.apply(plan)
     weights.apply(plan)
     gateways = {h.name: bool(h.data.get("_sudo")) for h in host.inventory.get_group(GATEWAY, default=[])}
-    serving.apply(plan, gateways, sudo=bool(host.data.get("_sudo")))
+    serving.apply(plan, gateways)
     # last: the collector's declared facts (variant, image, rest) follow a serving change only once its gate passed
     monitor_role.rig(plan)
 
