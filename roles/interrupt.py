@@ -14,21 +14,17 @@ def running(state) -> list[str]:
     return [f"{name}: {', '.join(sorted(state.get_op_meta(op).names)) or op}" for name, op in hashes if op]
 
 
-def message(signum: int, cut: list[str]) -> str:
-    name = signal.Signals(signum).name
-    where = f"cut during {'; '.join(cut)}" if cut else "cut before any operation ran"
-    return (
-        f"rigforge: interrupted by {name}, {where}. The run did not finish (exit {128 + signum}); "
-        "run the deploy again to finish it: it repairs what the cut left."
-    )
-
-
 def install(state) -> None:
     """Exit 128+signal on SIGINT/SIGTERM, naming the cut operation (idempotent; main thread only)."""
 
     def stop(signum, frame):
         try:
-            sys.stderr.write(message(signum, running(state)) + "\n")
+            cut = running(state)
+            where = f"cut during {'; '.join(cut)}" if cut else "cut before any operation ran"
+            sys.stderr.write(
+                f"rigforge: interrupted by {signal.Signals(signum).name}, {where}. The run did not finish (exit "
+                f"{128 + signum}); run the deploy again to finish it: it repairs what the cut left.\n"
+            )
             sys.stderr.flush()
         finally:  # whatever saying it raised (a closed stderr), the run ends with the signal's code
             os._exit(128 + signum)

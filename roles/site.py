@@ -94,8 +94,7 @@ def gateway_plan(variant=None):
 
 
 def front_and_watch_the_fleet(variant=None) -> bool:
-    """On a host of the group `gateway`, the fleet gateway (roles/gateway.py); of the group `monitor`, Prometheus
-    scraping the fleet (roles/monitor.py); False when one was refused."""
+    """The fleet gateway on a host of the group `gateway`, Prometheus on one of `monitor`; False: one was refused."""
     data = host_data(host.data)
     if GATEWAY in host.groups:
         gw, problems = gateway_plan(variant)
@@ -134,14 +133,13 @@ def prepare(variant=None) -> Plan | None:
         token += [problem] if problem else []
         if warning:
             warn(warning)
-    if problems or token:
-        # the refusal's name says the host data's problems and the HF token's apart: a token the hub refused is
-        # never counted as a problem 'in host data'
-        parts = [f"{len(problems)} problem(s) in host data"] if problems else []
-        name = " and ".join(parts + (["no usable HF token for the gated weights"] if token else []))
-        refuse_now(f"Refuse {host.name}: {name}", format_problems(host.name, problems + token, what="rigforge refused"))
-        return None
-    return plan
+    if not (problems or token):
+        return plan
+    # the refusal's name says the host data's problems and the HF token's apart: a token the hub refused is never
+    # counted as a problem 'in host data'
+    parts = [f"{len(problems)} problem(s) in host data"] if problems else []
+    name = " and ".join(parts + (["no usable HF token for the gated weights"] if token else []))
+    refuse_now(f"Refuse {host.name}: {name}", format_problems(host.name, problems + token, what="rigforge refused"))
 
 
 def power_warnings(plan: Plan) -> None:
@@ -175,8 +173,7 @@ def needs(plan: Plan) -> Needs:
 
 
 def hold_the_rig() -> bool:
-    """Take the rig's lock for this run (roles/rig_lock.py), or refuse the host in one line naming the run that
-    holds it, or the other names of the same machine (machine-id and SSH host key)."""
+    """Take the rig's lock for this run (roles/rig_lock.py), or refuse the host in one line saying why; True: held."""
     busy = None if rig_lock.over_ssh(host) else sudo_problem(host)  # over SSH the lock finds it, sudo -n
     if not busy and is_rig(host) and (twins := rig_lock.twins(host)):
         machine, key = rig_lock.identity(host)
@@ -250,8 +247,7 @@ def provision(variant_name: str | None = None):
 
 
 def load_saved_images() -> None:
-    """deploy/images_load.py: the images saved in host data's rigforge_images_dir onto this host (roles/images.py);
-    a bad value or an incomplete directory refuses the host in one line, before anything changes."""
+    """deploy/images_load.py: host data's rigforge_images_dir onto this host (roles/images.py), or refuse it."""
     data = host_data(host.data)
     problems = rigforge.knobs.images.validate(data)
     try:  # the directory is read only once the keys are valid

@@ -23,9 +23,8 @@ def enabled(unit: str):
 
 
 def script_and_units(layout: HostLayout, script: str, text: str, what: str, units: dict[str, str], enable):
-    """The operations that install `script` in libexec (checked by sh -n) and `units` {name: text} (checked by
-    systemd-analyze verify), reload systemd when the units changed and enable `enable` at boot; returns the
-    script's and the units' install operations."""
+    """`script` in libexec (sh -n) and `units` {name: text} (systemd-analyze verify), systemd reloaded when they
+    changed, `enable` enabled at boot; returns the script's and the units' install operations."""
     shipped = staged_files(
         name=f"Install {layout.libexec}/{script} ({what})",
         dest=layout.libexec,
