@@ -1,6 +1,5 @@
-"""The fleet gateway: Debian's HAProxy in front of the rigs, on the hosts of the inventory group `gateway`
-(docs/gateway.md). Its config lands in /etc/rigforge/gateway (root only: it holds the rigs' key) once `haproxy -c`
-accepts it; a drop-in points the distro's haproxy.service at it and leaves /etc/haproxy/haproxy.cfg alone.
+"""The fleet gateway: Debian's HAProxy in front of the rigs (docs/gateway.md). Its config is root's only (it holds
+the rigs' key); a drop-in points the distro's haproxy.service at it and leaves /etc/haproxy/haproxy.cfg alone.
 """
 
 from pyinfra.api import deploy

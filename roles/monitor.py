@@ -1,6 +1,5 @@
-"""Monitoring (docs/monitoring.md). On a rig (`rig`): Debian's prometheus-node-exporter and rigforge's GPU textfile
-collector, run every 15 s by a systemd timer. On the monitor host (`server`): Debian's prometheus, its scrape config
-made from the Fleet's targets and rigforge's alerting rules checked by promtool before they land, and its retention.
+"""Monitoring (docs/monitoring.md): on a rig (`rig`), Debian's prometheus-node-exporter and rigforge's GPU textfile
+collector (a 15 s systemd timer); on the monitor host (`server`), Debian's prometheus scraping the Fleet's targets.
 """
 
 from io import StringIO

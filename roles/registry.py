@@ -78,12 +78,11 @@ def trust(reg: RegistryPlan, ca: str | None, daemon_json: str, manage_services: 
     insecure-registries), and the registry first in daemon.json's registry-mirrors, for Docker Hub images."""
     if ca is not None:
         _ca_in_certs_d(reg, ca)
-    extend = {"registry-mirrors": [reg.url]} | ({} if ca is not None else {"insecure-registries": [reg.endpoint]})
     daemon = docker_daemon.merge_json(
         name=f"Ask the fleet registry {reg.url} before Docker Hub (daemon.json registry-mirrors)",
         path=daemon_json,
         patch={},
-        extend=extend,
+        extend={"registry-mirrors": [reg.url]} | ({} if ca is not None else {"insecure-registries": [reg.endpoint]}),
     )
     if manage_services:
         server.shell(

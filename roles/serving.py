@@ -1,6 +1,5 @@
-"""Serving: the variant's compose file + .env, the vLLM systemd unit, one enabled instance, the health gate and
-the rig manifest. With rigforge_manage_services false (the testbed: no systemd in a chroot) nothing is started,
-pulled or health-checked.
+"""Serving: the variant's vLLM unit, one enabled instance, its health gate and rig.json. With
+rigforge_manage_services false (the testbed: no systemd in a chroot) nothing is started, pulled or health-checked.
 """
 
 from collections.abc import Mapping

@@ -20,8 +20,7 @@ from roles.operations.staged import upload_privately
 
 @operation()
 def sole_instance(plan: Plan):
-    """Enable the rig's vLLM unit (disable it too with ``serving_rest: stopped``: it stays stopped through a reboot)
-    and disable every other enabled instance of the vLLM template unit, stopping them where services are managed.
+    """Enable the rig's vLLM unit (``serving_rest: stopped``: disable it), disable (and stop where managed) the rest.
 
     + plan: the rig's plan (its unit, unit dir and template unit, its serving knobs)
     """
