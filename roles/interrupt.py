@@ -8,18 +8,13 @@ import signal
 import sys
 
 
-def running(state) -> list[str]:
-    """'host: operation' for every host executing an operation now (empty while preparing)."""
-    hashes = [(host.name, host.executing_op_hash) for host in (state.inventory if state else ())]
-    return [f"{name}: {', '.join(sorted(state.get_op_meta(op).names)) or op}" for name, op in hashes if op]
-
-
 def install(state) -> None:
     """Exit 128+signal on SIGINT/SIGTERM, naming the cut operation (idempotent; main thread only)."""
 
     def stop(signum, frame):
         try:
-            cut = running(state)
+            hashes = [(host.name, host.executing_op_hash) for host in (state.inventory if state else ())]
+            cut = [f"{name}: {', '.join(sorted(state.get_op_meta(op).names)) or op}" for name, op in hashes if op]
             where = f"cut during {'; '.join(cut)}" if cut else "cut before any operation ran"
             sys.stderr.write(
                 f"rigforge: interrupted by {signal.Signals(signum).name}, {where}. The run did not finish (exit "

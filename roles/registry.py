@@ -57,13 +57,14 @@ def serve(reg: RegistryPlan, tls: tuple[str, str] | None, manage_services: bool,
         systemd_units.running(
             UNIT, at_boot=True, restarted=(f"Restart {UNIT} on its new config or certificate", changed)
         )
-        if ca is not None:
-            _ca_in_certs_d(reg, ca)  # skopeo reads /etc/docker/certs.d too
+        _ca_in_certs_d(reg, ca)  # skopeo reads /etc/docker/certs.d too
         for image in images:  # before any rig pulls: the rigs' pulls come later in the run (roles/site.py)
             fleet_copy.image_in_fleet(name=f"Fill the fleet registry: {image}", image=image, reg=reg)
 
 
-def _ca_in_certs_d(reg: RegistryPlan, ca: str):
+def _ca_in_certs_d(reg: RegistryPlan, ca: str | None):
+    if ca is None:
+        return
     staged_files(
         name=f"Trust the fleet registry {reg.endpoint} (the fleet CA in {registry.CERTS_D})",
         dest=f"{registry.CERTS_D}/{reg.endpoint}",
@@ -76,8 +77,7 @@ def _ca_in_certs_d(reg: RegistryPlan, ca: str):
 def trust(reg: RegistryPlan, ca: str | None, daemon_json: str, manage_services: bool):
     """On a rig: the fleet CA's certificate `ca` where Docker looks for it (`ca` None: the registry in daemon.json's
     insecure-registries), and the registry first in daemon.json's registry-mirrors, for Docker Hub images."""
-    if ca is not None:
-        _ca_in_certs_d(reg, ca)
+    _ca_in_certs_d(reg, ca)
     daemon = docker_daemon.merge_json(
         name=f"Ask the fleet registry {reg.url} before Docker Hub (daemon.json registry-mirrors)",
         path=daemon_json,
