@@ -95,9 +95,4 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None):
                 gate=gate,
             )
 
-    ops.manifest(
-        name=f"Record {layout.rig_json}",
-        path=layout.rig_json,
-        content=plan.manifest,
-        now=datetime.now(UTC).isoformat(timespec="seconds"),
-    )
+    ops.manifest(name=f"Record {layout.rig_json}", plan=plan, now=datetime.now(UTC).isoformat(timespec="seconds"))
