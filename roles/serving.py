@@ -89,10 +89,7 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None):
         )
         if gateways and rest is None:
             gateway.rejoined(
-                name=f"Rejoin the fleet gateway on port {plan.port}",
-                plan=plan,
-                gateways=gateways,
-                gate=gate,
+                name=f"Rejoin the fleet gateway on port {plan.port}", plan=plan, gateways=gateways, gate=gate
             )
 
     ops.manifest(name=f"Record {layout.rig_json}", plan=plan, now=datetime.now(UTC).isoformat(timespec="seconds"))

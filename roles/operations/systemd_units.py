@@ -46,8 +46,7 @@ def script_and_units(layout: HostLayout, script: str, text: str, what: str, unit
 
 
 def running(unit: str, at_boot: bool | None = None, **changed):
-    """The operations that run `unit` (enabled too when `at_boot`), then, in order, each of `changed`:
-    ``restarted=`` or ``reloaded=`` (that operation's name, the condition it runs on)."""
+    """Run `unit` (enabled too when `at_boot`), then each of `changed` in order: verb=(operation name, condition)."""
     systemd.service(name=f"Run {unit}", service=unit, running=True, enabled=at_boot)
     for verb, (name, condition) in changed.items():
         systemd.service(name=name, service=unit, _if=condition, **{verb: True})
