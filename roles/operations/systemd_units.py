@@ -1,4 +1,4 @@
-"""systemd unit operations that also work where systemd is not running (a chroot on the testbed)."""
+"""systemd units: an enable that works without a running systemd (the testbed's chroot), the roles' unit sequences."""
 
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
