@@ -1,6 +1,5 @@
-"""The fleet gateway: Debian's HAProxy in front of the rigs, on the hosts of the inventory group `gateway`
-(docs/gateway.md). Its config lands in /etc/rigforge/gateway (root only: it holds the rigs' key) once `haproxy -c`
-accepts it; a drop-in points the distro's haproxy.service at it and leaves /etc/haproxy/haproxy.cfg alone.
+"""The fleet gateway: Debian's HAProxy in front of the rigs (docs/gateway.md). Its config is root's only (it holds
+the rigs' key); a drop-in points the distro's haproxy.service at it and leaves /etc/haproxy/haproxy.cfg alone.
 """
 
 from pyinfra.api import deploy
@@ -9,6 +8,7 @@ from pyinfra.operations import apt, systemd
 from rigforge import gateway, layout
 from rigforge.gateway import GatewayPlan
 from rigforge.knobs.gateway import DEFAULTS
+from roles.operations import systemd_units
 from roles.operations.staged import staged_files
 
 SAVE_STATE = (
@@ -44,17 +44,13 @@ def apply(gw: GatewayPlan, manage_services: bool):
     )
     systemd.daemon_reload(name="Reload systemd units", _if=dropin.did_change)
     if manage_services:
-        systemd.service(name=f"Run {layout.GATEWAY_UNIT}", service=layout.GATEWAY_UNIT, running=True, enabled=True)
         # a reload re-reads the config the running master was started with: a new CONFIG path needs a restart
-        systemd.service(
-            name=f"Restart {layout.GATEWAY_UNIT} on rigforge's config",
-            service=layout.GATEWAY_UNIT,
-            restarted=True,
-            _if=dropin.did_change,
-        )
-        systemd.service(
-            name=f"Reload {layout.GATEWAY_UNIT} on the new config (connections kept)",
-            service=layout.GATEWAY_UNIT,
-            reloaded=True,
-            _if=lambda: config.did_change() and not dropin.did_change(),
+        systemd_units.running(
+            layout.GATEWAY_UNIT,
+            at_boot=True,
+            restarted=(f"Restart {layout.GATEWAY_UNIT} on rigforge's config", dropin.did_change),
+            reloaded=(
+                f"Reload {layout.GATEWAY_UNIT} on the new config (connections kept)",
+                lambda: config.did_change() and not dropin.did_change(),
+            ),
         )

@@ -8,27 +8,18 @@ import signal
 import sys
 
 
-def running(state) -> list[str]:
-    """'host: operation' for every host executing an operation now (empty while preparing)."""
-    hashes = [(host.name, host.executing_op_hash) for host in (state.inventory if state else ())]
-    return [f"{name}: {', '.join(sorted(state.get_op_meta(op).names)) or op}" for name, op in hashes if op]
-
-
-def message(signum: int, cut: list[str]) -> str:
-    name = signal.Signals(signum).name
-    where = f"cut during {'; '.join(cut)}" if cut else "cut before any operation ran"
-    return (
-        f"rigforge: interrupted by {name}, {where}. The run did not finish (exit {128 + signum}); "
-        "run the deploy again to finish it: it repairs what the cut left."
-    )
-
-
 def install(state) -> None:
     """Exit 128+signal on SIGINT/SIGTERM, naming the cut operation (idempotent; main thread only)."""
 
     def stop(signum, frame):
         try:
-            sys.stderr.write(message(signum, running(state)) + "\n")
+            hashes = [(host.name, host.executing_op_hash) for host in (state.inventory if state else ())]
+            cut = [f"{name}: {', '.join(sorted(state.get_op_meta(op).names)) or op}" for name, op in hashes if op]
+            where = f"cut during {'; '.join(cut)}" if cut else "cut before any operation ran"
+            sys.stderr.write(
+                f"rigforge: interrupted by {signal.Signals(signum).name}, {where}. The run did not finish (exit "
+                f"{128 + signum}); run the deploy again to finish it: it repairs what the cut left.\n"
+            )
             sys.stderr.flush()
         finally:  # whatever saying it raised (a closed stderr), the run ends with the signal's code
             os._exit(128 + signum)

@@ -1,6 +1,5 @@
-"""Monitoring (docs/monitoring.md). On a rig (`rig`): Debian's prometheus-node-exporter and rigforge's GPU textfile
-collector, run every 15 s by a systemd timer. On the monitor host (`server`): Debian's prometheus, its scrape config
-made from the Fleet's targets and rigforge's alerting rules checked by promtool before they land, and its retention.
+"""Monitoring (docs/monitoring.md): on a rig (`rig`), Debian's prometheus-node-exporter and rigforge's GPU textfile
+collector (a 15 s systemd timer); on the monitor host (`server`), Debian's prometheus scraping the Fleet's targets.
 """
 
 from io import StringIO
@@ -14,7 +13,7 @@ from rigforge.knobs.serving import Serving
 from rigforge.layout import GPU_METRICS_SCRIPT, MONITOR_CONFIG, MONITOR_DEFAULTS, MONITOR_RULES, NODE_EXPORTER_PACKAGE
 from rigforge.render import gpu_metrics_units, render_gpu_metrics
 from roles.operations import systemd_units
-from roles.operations.staged import staged_files, systemd_verify
+from roles.operations.staged import staged_files
 
 
 @deploy("Rig metrics")
@@ -27,23 +26,10 @@ def rig(plan: Plan):
         no_recommends=True,
     )
     collector = render_gpu_metrics(plan.caps, plan.variant.name, plan.image, rest=plan.data.get("serving_rest"))
-    staged_files(
-        name=f"Install {layout.gpu_metrics_script} (the GPU textfile collector)",
-        dest=layout.libexec,
-        files={GPU_METRICS_SCRIPT: (collector, "755")},
-        validate=f"sh -n {GPU_METRICS_SCRIPT}",
-        keep_previous=False,
-    )
     units = gpu_metrics_units(layout)
-    unit = staged_files(
-        name=f"Install {' and '.join(units)} (validated by systemd-analyze verify)",
-        dest=layout.unit_dir,
-        files={name: (text, "644") for name, text in units.items()},
-        validate=" && ".join(f"( {systemd_verify(name)} )" for name in units),
-        keep_previous=False,
+    systemd_units.script_and_units(
+        layout, GPU_METRICS_SCRIPT, collector, "the GPU textfile collector", units, enable=[layout.gpu_metrics_timer]
     )
-    systemd.daemon_reload(name="Reload systemd units", _if=unit.did_change)
-    systemd_units.enabled(name=f"Enable {layout.gpu_metrics_timer} at boot", unit=layout.gpu_metrics_timer)
     if Serving.of(plan.data).rigforge_manage_services:
         # dbus.socket is static (sockets.target wants it at boot): a bus installed just now is started here
         systemd.service(name="Run the system bus (dbus.socket)", service="dbus.socket", running=True)
@@ -73,18 +59,11 @@ def server(targets, data, manage_services: bool):
         mode="644",
     )
     if manage_services:
-        systemd.service(name="Run prometheus", service="prometheus", running=True, enabled=True)
-        systemd.service(
-            name="Reload prometheus (config or rules changed)",
-            service="prometheus",
-            reloaded=True,
-            _if=staged.did_change,
-        )
-        systemd.service(
-            name="Restart prometheus (its storage flags changed)",
-            service="prometheus",
-            restarted=True,
-            _if=args.did_change,
+        systemd_units.running(
+            "prometheus",
+            at_boot=True,
+            reloaded=("Reload prometheus (config or rules changed)", staged.did_change),
+            restarted=("Restart prometheus (its storage flags changed)", args.did_change),
         )
     for dest, pages in monitor.consoles().items():  # read on every request: no reload
         staged_files(

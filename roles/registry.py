@@ -6,12 +6,12 @@ and on every rig, Docker's trust in it (docs/registry.md).
 import shlex
 
 from pyinfra.api import deploy
-from pyinfra.operations import apt, server, systemd
+from pyinfra.operations import apt, server
 
 from rigforge import registry
 from rigforge.knobs.registry import DEFAULTS
 from rigforge.registry import RegistryPlan
-from roles.operations import docker_daemon, fleet_copy
+from roles.operations import docker_daemon, fleet_copy, systemd_units
 from roles.operations.checks import refuse_now
 from roles.operations.staged import staged_files
 
@@ -53,20 +53,18 @@ def serve(reg: RegistryPlan, tls: tuple[str, str] | None, manage_services: bool,
         validate=f"test -s {shlex.quote(registry.CONFIG)}",
     )
     if manage_services:
-        systemd.service(name=f"Run {UNIT}", service=UNIT, running=True, enabled=True)
-        systemd.service(
-            name=f"Restart {UNIT} on its new config or certificate",
-            service=UNIT,
-            restarted=True,
-            _if=lambda: config.did_change() or bool(certs and certs.did_change()),
+        changed = lambda: config.did_change() or bool(certs and certs.did_change())  # noqa: E731
+        systemd_units.running(
+            UNIT, at_boot=True, restarted=(f"Restart {UNIT} on its new config or certificate", changed)
         )
-        if ca is not None:
-            _ca_in_certs_d(reg, ca)  # skopeo reads /etc/docker/certs.d too
+        _ca_in_certs_d(reg, ca)  # skopeo reads /etc/docker/certs.d too
         for image in images:  # before any rig pulls: the rigs' pulls come later in the run (roles/site.py)
             fleet_copy.image_in_fleet(name=f"Fill the fleet registry: {image}", image=image, reg=reg)
 
 
-def _ca_in_certs_d(reg: RegistryPlan, ca: str):
+def _ca_in_certs_d(reg: RegistryPlan, ca: str | None):
+    if ca is None:
+        return
     staged_files(
         name=f"Trust the fleet registry {reg.endpoint} (the fleet CA in {registry.CERTS_D})",
         dest=f"{registry.CERTS_D}/{reg.endpoint}",
@@ -79,14 +77,12 @@ def _ca_in_certs_d(reg: RegistryPlan, ca: str):
 def trust(reg: RegistryPlan, ca: str | None, daemon_json: str, manage_services: bool):
     """On a rig: the fleet CA's certificate `ca` where Docker looks for it (`ca` None: the registry in daemon.json's
     insecure-registries), and the registry first in daemon.json's registry-mirrors, for Docker Hub images."""
-    if ca is not None:
-        _ca_in_certs_d(reg, ca)
-    extend = {"registry-mirrors": [reg.url]} | ({} if ca is not None else {"insecure-registries": [reg.endpoint]})
+    _ca_in_certs_d(reg, ca)
     daemon = docker_daemon.merge_json(
         name=f"Ask the fleet registry {reg.url} before Docker Hub (daemon.json registry-mirrors)",
         path=daemon_json,
         patch={},
-        extend=extend,
+        extend={"registry-mirrors": [reg.url]} | ({} if ca is not None else {"insecure-registries": [reg.endpoint]}),
     )
     if manage_services:
         server.shell(

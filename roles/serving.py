@@ -1,6 +1,5 @@
-"""Serving: the variant's compose file + .env, the vLLM systemd unit, one enabled instance, the health gate and
-the rig manifest. With rigforge_manage_services false (the testbed: no systemd in a chroot) nothing is started,
-pulled or health-checked.
+"""Serving: the variant's vLLM unit, one enabled instance, its health gate and rig.json. With
+rigforge_manage_services false (the testbed: no systemd in a chroot) nothing is started, pulled or health-checked.
 """
 
 from collections.abc import Mapping
@@ -22,12 +21,10 @@ from roles.operations.staged import staged_files, systemd_verify
 
 
 @deploy("Serve the variant with vLLM", data_defaults=DEFAULTS)
-def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = False):
-    """`gateways`: the fleet gateway hosts this rig leaves while its unit restarts ({name: use sudo}); `sudo`:
-    whether this rig's own commands run with sudo."""
+def apply(plan: Plan, gateways: Mapping[str, bool] | None = None):
+    """`gateways`: the fleet gateway hosts this rig leaves while its unit restarts ({name: use sudo})."""
     layout = plan.layout
     knobs = Serving.of(plan.data)
-    gateways = dict(gateways or {})
     manage, rest, unit = knobs.rigforge_manage_services, knobs.serving_rest, layout.vllm_unit
 
     for cache_dir in ("torch_compile", "triton"):
@@ -65,10 +62,11 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = F
             _if=lambda: not rest and restarts(),
         )
     if manage and gateways and rest:  # drained on purpose, before a resting unit stops
-        gateway.held_drained(
+        gateway.drained(
             name=f"Keep {host.name} drained at the fleet gateway (serving_rest: {rest})",
             plan=plan,
             gateways=gateways,
+            held=True,
         )
     switched = ops.sole_instance(
         name=f"Enable {unit} as the only vLLM instance" if rest != "stopped" else f"Disable {unit}: resting stopped",
@@ -91,16 +89,7 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = F
         )
         if gateways and rest is None:
             gateway.rejoined(
-                name=f"Rejoin the fleet gateway on port {plan.port}",
-                plan=plan,
-                gateways=gateways,
-                gate=gate,
-                sudo=sudo,
+                name=f"Rejoin the fleet gateway on port {plan.port}", plan=plan, gateways=gateways, gate=gate
             )
 
-    ops.manifest(
-        name=f"Record {layout.rig_json}",
-        path=layout.rig_json,
-        content=plan.manifest,
-        now=datetime.now(UTC).isoformat(timespec="seconds"),
-    )
+    ops.manifest(name=f"Record {layout.rig_json}", plan=plan, now=datetime.now(UTC).isoformat(timespec="seconds"))

@@ -64,10 +64,9 @@ def serve_the_registry(variant=None) -> bool:
         ca = None if problems or reg.insecure else registry.ca_certificate(reg.ca_dir)
     except registry.RegistryError as error:
         problems = [str(error)]
-    if refused(problems, "the fleet registry"):
-        return False
-    registry_role.serve(reg, tls, host_data(host.data)["rigforge_manage_services"], ca, fl.images)
-    return True
+    if not refused(problems, "the fleet registry"):
+        registry_role.serve(reg, tls, host_data(host.data)["rigforge_manage_services"], ca, fl.images)
+    return not problems
 
 
 def trust_the_registry(plan: Plan, fl: fleet.Fleet) -> None:
@@ -95,8 +94,7 @@ def gateway_plan(variant=None):
 
 
 def front_and_watch_the_fleet(variant=None) -> bool:
-    """On a host of the group `gateway`, the fleet gateway (roles/gateway.py); of the group `monitor`, Prometheus
-    scraping the fleet (roles/monitor.py); False when one was refused."""
+    """The fleet gateway on a host of the group `gateway`, Prometheus on one of `monitor`; False: one was refused."""
     data = host_data(host.data)
     if GATEWAY in host.groups:
         gw, problems = gateway_plan(variant)
@@ -135,14 +133,13 @@ def prepare(variant=None) -> Plan | None:
         token += [problem] if problem else []
         if warning:
             warn(warning)
-    if problems or token:
-        # the refusal's name says the host data's problems and the HF token's apart: a token the hub refused is
-        # never counted as a problem 'in host data'
-        parts = [f"{len(problems)} problem(s) in host data"] if problems else []
-        name = " and ".join(parts + (["no usable HF token for the gated weights"] if token else []))
-        refuse_now(f"Refuse {host.name}: {name}", format_problems(host.name, problems + token, what="rigforge refused"))
-        return None
-    return plan
+    if not (problems or token):
+        return plan
+    # the refusal's name says the host data's problems and the HF token's apart: a token the hub refused is never
+    # counted as a problem 'in host data'
+    parts = [f"{len(problems)} problem(s) in host data"] if problems else []
+    name = " and ".join(parts + (["no usable HF token for the gated weights"] if token else []))
+    refuse_now(f"Refuse {host.name}: {name}", format_problems(host.name, problems + token, what="rigforge refused"))
 
 
 def power_warnings(plan: Plan) -> None:
@@ -176,8 +173,7 @@ def needs(plan: Plan) -> Needs:
 
 
 def hold_the_rig() -> bool:
-    """Take the rig's lock for this run (roles/rig_lock.py), or refuse the host in one line naming the run that
-    holds it, or the other names of the same machine (machine-id and SSH host key)."""
+    """Take the rig's lock for this run (roles/rig_lock.py), or refuse the host in one line saying why; True: held."""
     busy = None if rig_lock.over_ssh(host) else sudo_problem(host)  # over SSH the lock finds it, sudo -n
     if not busy and is_rig(host) and (twins := rig_lock.twins(host)):
         machine, key = rig_lock.identity(host)
@@ -245,14 +241,13 @@ def provision(variant_name: str | None = None):
     sources.apply(plan)
     weights.apply(plan)
     gateways = {h.name: bool(h.data.get("_sudo")) for h in host.inventory.get_group(GATEWAY, default=[])}
-    serving.apply(plan, gateways, sudo=bool(host.data.get("_sudo")))
+    serving.apply(plan, gateways)
     # last: the collector's declared facts (variant, image, rest) follow a serving change only once its gate passed
     monitor_role.rig(plan)
 
 
 def load_saved_images() -> None:
-    """deploy/images_load.py: the images saved in host data's rigforge_images_dir onto this host (roles/images.py);
-    a bad value or an incomplete directory refuses the host in one line, before anything changes."""
+    """deploy/images_load.py: host data's rigforge_images_dir onto this host (roles/images.py), or refuse it."""
     data = host_data(host.data)
     problems = rigforge.knobs.images.validate(data)
     try:  # the directory is read only once the keys are valid

@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 import re
+from types import SimpleNamespace
 
 from pyinfra.api import FileUploadCommand
 from pyinfra.context import ctx_host, ctx_state
@@ -167,7 +168,8 @@ def test_the_manifest_reads_the_interconnect_only_when_it_is_written():
         state = make_state({"r": data})
         host = host_of(state, "r")
         with ctx_state.use(state), ctx_host.use(host):
-            cmds = list(manifest._inner("/etc/rigforge/rig.json", content, "2026-12-04T00:00:00+00:00"))
+            plan = SimpleNamespace(layout=SimpleNamespace(rig_json="/etc/rigforge/rig.json"), manifest=content)
+            cmds = list(manifest._inner(plan, "2026-12-04T00:00:00+00:00"))
         uploaded = [c.src.getvalue().decode() for c in cmds if isinstance(c, FileUploadCommand)]
         return uploaded, any("topo" in c for c in host.connector.executed_commands)
 

@@ -52,7 +52,7 @@ def states(state, host, gateways: dict[str, bool], plan: Plan) -> dict[str, str]
     return {name: word for name, word in said.items() if word in ("ready", "drain", "maint", "moved", "absent")}
 
 
-def _rejoin(state, host, plan: Plan, gateways, gate, sudo):
+def _rejoin(state, host, plan: Plan, gateways, gate):
     address = Gateway.of(plan.data).gateway_address or host.name
     wait = Serving.of(plan.data).serving_health_timeout
     if gate is None or not gate.did_error():
@@ -64,7 +64,8 @@ def _rejoin(state, host, plan: Plan, gateways, gate, sudo):
     previous = json.loads(output.stdout) if ok and output.stdout.strip() else {}
     if previous.get("unit"):  # rolled back to a unit that runs, or left failing (a unit found failed): out
         active = StringCommand(f"systemctl is-active --quiet {shlex.quote(previous['unit'])}")
-        ok, _ = host.run_shell_command(active, _sudo=sudo)  # as the deploy: a login user may have no system bus
+        # as the deploy: a login user may have no system bus
+        ok, _ = host.run_shell_command(active, _sudo=bool(host.data.get("_sudo")))
         previous = previous if ok else {**previous, "port": None}
     if previous.get("port"):
         script = rejoin_script(host.name, None, address, previous["port"], wait)
@@ -77,24 +78,31 @@ def _rejoin(state, host, plan: Plan, gateways, gate, sudo):
 
 
 @operation(is_idempotent=False)
-def drained(plan: Plan, gateways: dict[str, bool]):
+def drained(plan: Plan, gateways: dict[str, bool], held: bool = False):
     """Take this rig out of every fleet gateway, waiting up to ``gateway_drain_timeout`` s for its requests in flight.
 
-    + plan: the rig's plan (its gateway knobs)
+    + plan: the rig's plan (its model, port and gateway knobs)
     + gateways: ``{inventory name: use sudo}`` of the gateway hosts
+    + held: drained on purpose (host data ``serving_rest: drained``): only at the gateways where it is not yet out
     """
+    if held:
+        if not state.is_executing:
+            return
+        found = states(state, host, gateways, plan)
+        gateways = {g: sudo for g, sudo in gateways.items() if found.get(g) not in (None, "drain", "maint", "absent")}
+        if unchanged(not gateways, f"{host.name} rests drained at every gateway (serving_rest: drained)"):
+            return
     yield FunctionCommand(_drain, (gateways, plan), {})
 
 
 @operation(is_idempotent=False)
-def rejoined(plan: Plan, gateways: dict[str, bool], gate=None, sudo: bool = False):
+def rejoined(plan: Plan, gateways: dict[str, bool], gate=None):
     """Put this rig back in every fleet gateway at its new port once it passed its health gate, or wherever one finds
     it out; waits up to ``serving_health_timeout`` s for the gateway's health check, leaves other models' backends.
 
     + plan: the rig's plan (its model, port, rig.json, and ``gateway_address``: where the gateway reaches it)
     + gateways: ``{inventory name: use sudo}`` of the gateway hosts
     + gate: the health gate; when it failed, the rig rejoins where it rolled back to and the host fails
-    + sudo: whether this rig's own commands run with sudo
     """
     if not state.is_executing:
         return  # its state at the gateways is read when the rig's turn comes
@@ -103,20 +111,4 @@ def rejoined(plan: Plan, gateways: dict[str, bool], gate=None, sudo: bool = Fals
         if unchanged(not out, f"{host.name} serves at every gateway"):
             return
         host.log(f"{host.name} is not serving at {', '.join(f'{g} ({w})' for g, w in out.items())}: rejoining")
-    yield FunctionCommand(_rejoin, (plan, gateways, gate, sudo), {})
-
-
-@operation(is_idempotent=False)
-def held_drained(plan: Plan, gateways: dict[str, bool]):
-    """Keep this rig drained at every fleet gateway, on purpose (host data ``serving_rest: drained``).
-
-    + plan: the rig's plan (its model, port and gateway knobs)
-    + gateways: ``{inventory name: use sudo}`` of the gateway hosts
-    """
-    if not state.is_executing:
-        return
-    found = states(state, host, gateways, plan)
-    todo = {g: sudo for g, sudo in gateways.items() if found.get(g) not in (None, "drain", "maint", "absent")}
-    if unchanged(not todo, f"{host.name} rests drained at every gateway (serving_rest: drained)"):
-        return
-    yield FunctionCommand(_drain, (todo, plan), {})
+    yield FunctionCommand(_rejoin, (plan, gateways, gate), {})

@@ -20,8 +20,7 @@ from roles.operations.staged import upload_privately
 
 @operation()
 def sole_instance(plan: Plan):
-    """Enable the rig's vLLM unit (disable it too with ``serving_rest: stopped``: it stays stopped through a reboot)
-    and disable every other enabled instance of the vLLM template unit, stopping them where services are managed.
+    """Enable the rig's vLLM unit (``serving_rest: stopped``: disable it), disable (and stop where managed) the rest.
 
     + plan: the rig's plan (its unit, unit dir and template unit, its serving knobs)
     """
@@ -115,18 +114,18 @@ def image_present(image: str):
 
 
 @operation()
-def manifest(path: str, content: dict, now: str):
-    """Write rig.json: ``content``, the rig's GPUs and interconnect, and the time, when something but the time
+def manifest(plan: Plan, now: str):
+    """Write rig.json: the plan's manifest, the rig's GPUs and interconnect, and the time, when something but the time
     differs. The interconnect (two slow nvidia-smi runs) is read only when the rest differs (cards do not move).
 
-    + path: where the manifest goes
-    + content: what it records (variant, unit, port, pins...)
+    + plan: the rig's plan (rig.json's path, its manifest: variant, unit, port, pins...)
     + now: the time to record as ``provisioned_at`` (ISO 8601)
     """
+    path = plan.layout.rig_json
     keys = ("index", "uuid", "name", "pci_bus_id", "memory_total", "power_limit", "driver_version")
     gpus = [{k: gpu.get(k) for k in keys} for gpu in host.get_fact(NvidiaGpus) or []]
     recorded = {k: v for k, v in (host.get_fact(JsonFile, path=path) or {}).items() if k != "provisioned_at"}
-    wanted = {**content, "gpus": gpus, "interconnect": recorded.get("interconnect")}
+    wanted = {**plan.manifest, "gpus": gpus, "interconnect": recorded.get("interconnect")}
     if "interconnect" not in recorded or recorded != wanted:
         wanted["interconnect"] = host.get_fact(NvidiaTopology)
     if unchanged(recorded == wanted, f"{path} up to date"):

@@ -1,10 +1,13 @@
-"""systemd unit operations that also work where systemd is not running (a chroot on the testbed)."""
+"""systemd units: an enable that works without a running systemd (the testbed's chroot), the roles' unit sequences."""
 
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.operations import systemd
 
 from rigforge.facts.system import SystemdUnitEnabled
+from rigforge.layout import HostLayout
 from roles.operations.shown import unchanged
+from roles.operations.staged import staged_files, systemd_verify
 
 
 @operation()
@@ -17,3 +20,33 @@ def enabled(unit: str):
     if unchanged(host.get_fact(SystemdUnitEnabled, unit=unit), f"{unit} is enabled"):
         return
     yield StringCommand("systemctl", "enable", QuoteString(unit))
+
+
+def script_and_units(layout: HostLayout, script: str, text: str, what: str, units: dict[str, str], enable):
+    """`script` in libexec (sh -n) and `units` {name: text} (systemd-analyze verify), systemd reloaded when they
+    changed, `enable` enabled at boot; returns the script's and the units' install operations."""
+    shipped = staged_files(
+        name=f"Install {layout.libexec}/{script} ({what})",
+        dest=layout.libexec,
+        files={script: (text, "755")},
+        validate=f"sh -n {script}",
+        keep_previous=False,
+    )
+    installed = staged_files(
+        name=f"Install {' and '.join(units)} (validated by systemd-analyze verify)",
+        dest=layout.unit_dir,
+        files={name: (text, "644") for name, text in units.items()},
+        validate=" && ".join(f"( {systemd_verify(name)} )" for name in units),
+        keep_previous=False,
+    )
+    systemd.daemon_reload(name="Reload systemd units", _if=installed.did_change)
+    for name in enable:
+        enabled(name=f"Enable {name} at boot", unit=name)
+    return shipped, installed
+
+
+def running(unit: str, at_boot: bool | None = None, **changed):
+    """Run `unit` (enabled too when `at_boot`), then each of `changed` in order: verb=(operation name, condition)."""
+    systemd.service(name=f"Run {unit}", service=unit, running=True, enabled=at_boot)
+    for verb, (name, condition) in changed.items():
+        systemd.service(name=name, service=unit, _if=condition, **{verb: True})
