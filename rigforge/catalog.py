@@ -17,6 +17,7 @@ DEFAULTS = ("image", "container_port", "restart", "shm_size", "ipc")  # and gpu_
 DERIVED = ("served_model", "uses_dflash")  # worked out from its args
 MOUNT_ROOTS = ("{models}", "{cache}", "{src}")
 # variant keys checked for their type alone (in this order)
+ASSET_KEYS = dict(dir=str, approx_gb=(int, float), hf_repo=str)
 SCALARS = dict(summary=str, pick_when=str, service=str, container_name=str, min_card_mib=int, fits_20gb_cards=bool)
 
 
@@ -65,9 +66,7 @@ class Variant:
 
     files = render.seed_files  # the variant protocol's files: rendered (and a setting it cannot take refused) there
 
-    @property
-    def figures(self) -> dict[str, Any]:
-        return dict(self.measured)
+    figures = property(lambda self: dict(self.measured))
 
     def arg(self, flag: str) -> str | None:
         """Value of a vLLM flag (None if absent or bare)."""
@@ -79,9 +78,7 @@ class Catalog:
     variants: dict[str, Variant]
     assets: dict[str, Asset]
 
-    @property
-    def names(self) -> list[str]:
-        return list(self.variants)
+    names = property(lambda self: list(self.variants))
 
 
 def _need(d: dict, key: str, kind: type | tuple, where: str):
@@ -162,12 +159,10 @@ def parse_catalog(data: Any) -> Catalog:
     defaults = _need(data, "defaults", dict, "catalog")
     for key in (*DEFAULTS, "gpu_reservation"):
         _need(defaults, key, object, "catalog defaults")
-    assets = {}
-    for name, a in _need(data, "assets", dict, "catalog").items():
-        where = f"asset {name!r}"
-        folder = _need(a, "dir", str, where)
-        gb = float(_need(a, "approx_gb", (int, float), where))
-        assets[name] = Asset(name, folder, gb, _need(a, "hf_repo", str, where))
+    assets = {
+        name: Asset(name, *(_need(a, key, kind, f"asset {name!r}") for key, kind in ASSET_KEYS.items()))
+        for name, a in _need(data, "assets", dict, "catalog").items()
+    }
     variants = {
         name: _variant(name, raw, defaults, assets) for name, raw in _need(data, "variants", dict, "catalog").items()
     }

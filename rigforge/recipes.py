@@ -148,11 +148,6 @@ def _weights(root: Path, e: dict) -> tuple[tuple[Weights, ...], str | None]:
     return tuple(out), None
 
 
-def _engines(root: Path) -> dict[str, dict]:
-    profiles = [(path, _yaml(path) or {}) for path in sorted((root / "scripts/lib/profiles/engines").glob("*.yml"))]
-    return {str(data.get("id") or path.stem): data for path, data in profiles}
-
-
 def _classify(e: dict, engine: dict | None, sm: float) -> str | None:
     if engine is None:
         return f"engine {e.get('engine')!r} has no profile in engines/"
@@ -180,7 +175,8 @@ def parse_repo(root: Path) -> RecipeRepo:
     registry = _yaml(root / REGISTRY)
     if not isinstance(registry, dict) or not isinstance(registry.get("entries"), dict):
         raise RecipeError(f"recipe repo {root}: {REGISTRY} has no 'entries' mapping")
-    engines = _engines(root)
+    profiles = [(path, _yaml(path) or {}) for path in sorted((root / "scripts/lib/profiles/engines").glob("*.yml"))]
+    engines = {str(data.get("id") or path.stem): data for path, data in profiles}
     recipes: dict[str, Recipe] = {}
     for slug, e in registry["entries"].items():
         engine = engines.get(str(e.get("engine")))
@@ -406,22 +402,20 @@ class LiveVariant:
 
     recipe: Recipe
     compose: dict = field(repr=False, hash=False, compare=False)  # the recipe's compose file, parsed
-    name: str
     image: str  # what runs: the lock's ref@digest (or tag while the digest is unresolved)
     assets: tuple[str, ...]  # lock hf names
     asset_dirs: tuple[tuple[str, str], ...]  # (lock hf name, dir under the model dir)
     sizes: tuple[tuple[str, int], ...]  # (lock hf name, bytes per the model profile's size_gb): until the lock knows
-    gpus: int
-    port: int
     served_model: str
     min_card_mib: int
     sources: tuple[str, ...] = (GIT_NAME,)
     uses_dflash: bool = False  # 20 GB cards: the recipe's own knobs (kv dtype, memory) apply
     successor: str | None = None  # a live slug is its own way forward
 
-    @property
-    def manifest_extra(self) -> dict:
-        return {"recipe": self.recipe.slug}
+    name = property(lambda self: self.recipe.name)
+    gpus = property(lambda self: self.recipe.tp)
+    port = property(lambda self: self.recipe.port)
+    manifest_extra = property(lambda self: {"recipe": self.recipe.slug})
 
     def files(self, s: Any, layout: HostLayout, gpu_count: int, host_data: bool = False) -> dict[str, str]:
         """Every file a rig gets: the serve dir's, the effective compose (for reading), the units; see knob_env."""
@@ -506,13 +500,10 @@ def of(repo: RecipeRepo, recipe: Recipe, image: str, assets: list[tuple[str, str
     return LiveVariant(
         recipe=recipe,
         compose=compose,
-        name=recipe.name,
         image=image,
         assets=tuple(n for n, _, _ in assets),
         asset_dirs=tuple((n, d) for n, d, _ in assets),
         sizes=tuple((n, size) for n, _, size in assets),
-        gpus=recipe.tp,
-        port=recipe.port,
         served_model=served or recipe.slug,
         min_card_mib=int(float(vram.group(1)) * 1000) if vram else 24000,  # in the seed's MiB terms
     )
