@@ -57,8 +57,8 @@ class Variant:
     shm_size: str
     ipc: str
     gpu_reservation: tuple[tuple[str, Any], ...]
-    asset_dirs: tuple[tuple[str, str], ...] = ()  # (asset, dir under the model dir)
-    sizes: tuple[tuple[str, int], ...] = ()  # (asset, approximate bytes), until the lock knows the sizes
+    # (asset, dir under the model dir, approximate bytes until the lock knows the sizes)
+    asset_dirs: tuple[tuple[str, str, int], ...] = ()
     successor: str | None = None  # the recipe repo's live slug that took its place (its image may be purged)
     served_model: str = ""  # what /v1/models lists: --served-model-name, else the variant's name
     uses_dflash: bool = False  # a DFlash draft in --speculative-config
@@ -99,9 +99,8 @@ def _variant(name: str, raw: dict, defaults: dict, assets: dict[str, Asset]) -> 
 
     check(isinstance(raw, dict), "must be a mapping")
     # a variant sets every field of Variant but its name and what the catalog's defaults and assets give it
-    known = {f.name for f in fields(Variant)} - {"name", "asset_dirs", "sizes", "gpu_reservation", *DEFAULTS, *DERIVED}
-    unknown = set(raw) - known
-    check(not unknown, f"unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
+    known = {f.name for f in fields(Variant)} - {"name", "asset_dirs", "gpu_reservation", *DEFAULTS, *DERIVED}
+    check(not (unknown := set(raw) - known), f"unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
     port = _need(raw, "port", int, where)
     check(1 <= port <= 65535, f"port {port} out of range 1..65535")
     gpus = _need(raw, "gpus", int, where)
@@ -145,8 +144,7 @@ def _variant(name: str, raw: dict, defaults: dict, assets: dict[str, Asset]) -> 
         measured=tuple(_need(raw, "measured", dict, where).items()),
         **{key: defaults[key] for key in DEFAULTS},
         gpu_reservation=tuple(defaults["gpu_reservation"].items()),
-        asset_dirs=tuple((a, assets[a].dir) for a in raw["assets"]),
-        sizes=tuple((a, int(assets[a].approx_gb * 1e9)) for a in raw["assets"]),
+        asset_dirs=tuple((a, assets[a].dir, int(assets[a].approx_gb * 1e9)) for a in raw["assets"]),
         successor=successor,
     )
 

@@ -34,8 +34,8 @@ class ServedVariant(Protocol):
     uses_dflash: bool  # DFlash: FP16 KV, no 20 GB override
     sources: tuple[str, ...]  # lock git entries it mounts
     assets: tuple[str, ...]  # lock hf entries it loads
-    asset_dirs: tuple[tuple[str, str], ...]  # (asset, dir under the model dir)
-    sizes: tuple[tuple[str, int], ...]  # (asset, approximate bytes) until the lock knows the sizes
+    # (asset, dir under the model dir, approximate bytes until the lock knows the sizes), in the order of `assets`
+    asset_dirs: tuple[tuple[str, str, int], ...]
     served_model: str  # the model name /v1/models lists
     manifest_extra: Mapping[str, Any]  # what rig.json records about the variant's source
     successor: str | None  # the recipe repo's live variant to move to when this one's image is gone everywhere
@@ -175,14 +175,13 @@ def build_plan(
         )
     if problems:
         return None, problems
-    dirs, sizes = dict(variant.asset_dirs), dict(variant.sizes)
     return Plan(
         host=host,
         variant=variant,
         settings=settings,
         layout=layout,
         sources=tuple(lock.git[name] for name in variant.sources),
-        assets=tuple(PlannedAsset(a, dirs[a], lock.hf[a], sizes.get(a, 0)) for a in variant.assets),
+        assets=tuple(PlannedAsset(a, folder, lock.hf[a], size) for a, folder, size in variant.asset_dirs),
         caps=MappingProxyType(power_caps(count, settings)),  # every index < count: checked above
         cap_units=tuple(cap_units),
         data=MappingProxyType(dict(data)),

@@ -403,9 +403,8 @@ class LiveVariant:
     recipe: Recipe
     compose: dict = field(repr=False, hash=False, compare=False)  # the recipe's compose file, parsed
     image: str  # what runs: the lock's ref@digest (or tag while the digest is unresolved)
-    assets: tuple[str, ...]  # lock hf names
-    asset_dirs: tuple[tuple[str, str], ...]  # (lock hf name, dir under the model dir)
-    sizes: tuple[tuple[str, int], ...]  # (lock hf name, bytes per the model profile's size_gb): until the lock knows
+    # (lock hf name, dir under the model dir, bytes per the model profile's size_gb: until the lock knows)
+    asset_dirs: tuple[tuple[str, str, int], ...]
     served_model: str
     min_card_mib: int
     sources: tuple[str, ...] = (GIT_NAME,)
@@ -413,6 +412,7 @@ class LiveVariant:
     successor: str | None = None  # a live slug is its own way forward
 
     name = property(lambda self: self.recipe.name)
+    assets = property(lambda self: tuple(n for n, _, _ in self.asset_dirs))  # lock hf names
     gpus = property(lambda self: self.recipe.tp)
     port = property(lambda self: self.recipe.port)
     manifest_extra = property(lambda self: {"recipe": self.recipe.slug})
@@ -501,9 +501,7 @@ def of(repo: RecipeRepo, recipe: Recipe, image: str, assets: list[tuple[str, str
         recipe=recipe,
         compose=compose,
         image=image,
-        assets=tuple(n for n, _, _ in assets),
-        asset_dirs=tuple((n, d) for n, d, _ in assets),
-        sizes=tuple((n, size) for n, _, size in assets),
+        asset_dirs=tuple(assets),
         served_model=served or recipe.slug,
         min_card_mib=int(float(vram.group(1)) * 1000) if vram else 24000,  # in the seed's MiB terms
     )

@@ -128,18 +128,12 @@ def seed_files(variant, s: Settings, layout: HostLayout, gpu_count: int, host_da
     # so the script's own shell variables are escaped as $$.
     script = "\n".join(["set -e", *variant.entrypoint]).replace("$", "$$") if variant.entrypoint else None
     compose = template(COMPOSE_FILE + ".j2").render(
-        variant=variant.name,
-        service=variant.service,
-        container_name=variant.container_name,
+        v=variant,  # name, service, container_name, restart, environment, shm_size, ipc as they are
         image=s.image or variant.image,
-        restart=variant.restart,
         entrypoint_script=script,
         command=vllm_args(variant, s),
         ports=[f"{published}:{variant.container_port}"],
-        environment=list(variant.environment),
         volumes=[f"{host.format(**roots)}:{container}" for host, container in variant.mounts],
-        shm_size=variant.shm_size,
-        ipc=variant.ipc,
         gpu_reservation=dict(variant.gpu_reservation),
     )
     # the .env: the API key, if any; never the HF token (the weights are on the rig before vLLM starts)
