@@ -3,7 +3,7 @@ only the host whose data is wrong. `host_data` and `plan_for` are the only reads
 """
 
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -263,12 +263,11 @@ def build(hosts, variant=None, *, gpus: int | None = None, deployable: bool = Tr
 
 
 def targets(
-    plans: Iterable[Plan | None], gateways: Mapping[str, Mapping], monitors: Iterable[str] = ()
+    plans: Iterable[Plan | None], gateways: Mapping[str, Mapping], monitors: Collection[str] = ()
 ) -> dict[str, tuple[tuple[str, str], ...]]:
     """The monitor's scrape targets by job: each rig and gateway where the monitor host reaches it."""
     rigs = [(p.host, p.data.get("gateway_address") or p.host, p) for p in plans if p is not None]
-    local = set(monitors)
-    gws = [(n, d.get("gateway_bind_address") or ("127.0.0.1" if n in local else n), d) for n, d in gateways.items()]
+    gws = [(n, d.get("gateway_bind_address") or ("127.0.0.1" if n in monitors else n), d) for n, d in gateways.items()]
     return {
         "node": tuple((name, f"{addr}:{p.data['monitor_node_exporter_port']}") for name, addr, p in rigs),
         "vllm": tuple((name, f"{addr}:{p.port}") for name, addr, p in rigs),

@@ -81,9 +81,7 @@ class Recipe:
         """File-system and unit-instance safe name: vllm/dual -> vllm-dual."""
         return self.slug.replace("/", "-")
 
-    @property
-    def needs_opt_in(self) -> bool:
-        return self.status in OPT_IN
+    needs_opt_in = property(lambda self: self.status in OPT_IN)
 
     @property
     def weights_label(self) -> str:

@@ -110,17 +110,14 @@ def setting_name(name: str, host_data: bool) -> str:
 def seed_files(variant, s: Settings, layout: HostLayout, gpu_count: int, host_data: bool = False) -> dict[str, str]:
     """Every file a rig gets for a catalog variant (`Variant.files`), {name: text}. SettingsError for a setting
     valid alone but not for this variant (named as its host-data key when `host_data`)."""
-    for name in RECIPE_ONLY:
-        if getattr(s, name) is not None:
-            raise SettingsError(
-                f"{setting_name(name, host_data)} cannot be used with {variant.name}: "
-                "only recipe-repo slugs (vllm/...) have it"
-            )
-    if s.kv_cache_dtype and variant.uses_dflash:
-        raise SettingsError(
-            f"{setting_name('kv_cache_dtype', host_data)} cannot be used with {variant.name}: DFlash forces FP16 KV "
-            "(no fp8/TurboQuant path on Ampere); pick dual or dual-turbo for a 20 GB card"
+    why = dict.fromkeys(RECIPE_ONLY, "only recipe-repo slugs (vllm/...) have it")
+    if variant.uses_dflash:
+        why["kv_cache_dtype"] = (
+            "DFlash forces FP16 KV (no fp8/TurboQuant path on Ampere); pick dual or dual-turbo for a 20 GB card"
         )
+    for name, reason in why.items():
+        if getattr(s, name) is not None:
+            raise SettingsError(f"{setting_name(name, host_data)} cannot be used with {variant.name}: {reason}")
     port = s.port or variant.port
     published = f"{s.bind_address}:{port}" if s.bind_address else str(port)
     roots = dict(models=layout.models, cache=layout.cache, src=layout.src_root)  # a mount's host path starts with one
