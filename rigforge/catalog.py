@@ -78,8 +78,6 @@ class Catalog:
     variants: dict[str, Variant]
     assets: dict[str, Asset]
 
-    names = property(lambda self: list(self.variants))
-
 
 def _need(d: dict, key: str, kind: type | tuple, where: str):
     if key not in d:

@@ -96,20 +96,20 @@ class Plan:
 
 def resolve(name: str, lock: Lock, opt_in: bool) -> ServedVariant:
     """The variant called `name`: a seed of the catalog, else a live slug of the locked recipe repo."""
-    catalog = load_catalog()
-    if name in catalog.variants:
-        return catalog.variants[name]
+    seeds = load_catalog().variants
+    if name in seeds:
+        return seeds[name]
     if "/" in name:  # engine/name: the registry's form
         return recipes.find(name, lock, opt_in)
     raise CatalogError(
-        f"unknown variant {name!r}; choose one of: {', '.join(catalog.names)} (or a recipe-repo slug such as vllm/dual)"
+        f"unknown variant {name!r}; choose one of: {', '.join(seeds)} (or a recipe-repo slug such as vllm/dual)"
     )
 
 
 def variant_problems(entry_variant: str | None, data_variant: Any) -> tuple[str | None, list[str]]:
     """(this host's variant, problems): the entry point's and host data's must agree; never switched silently."""
     if data_variant is not None and not isinstance(data_variant, str):
-        names = ", ".join(load_catalog().names)
+        names = ", ".join(load_catalog().variants)
         return None, [f"rigforge_variant must be a variant name, got {data_variant!r}; choose one of: {names}"]
     if entry_variant and data_variant and data_variant != entry_variant:
         return None, [
@@ -118,7 +118,7 @@ def variant_problems(entry_variant: str | None, data_variant: Any) -> tuple[str 
             "(or remove it) to serve this one."
         ]
     if not (name := entry_variant or data_variant):
-        return None, [f"rigforge_variant is not set; choose one of: {', '.join(load_catalog().names)}"]
+        return None, [f"rigforge_variant is not set; choose one of: {', '.join(load_catalog().variants)}"]
     return name, []
 
 

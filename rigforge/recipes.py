@@ -217,8 +217,7 @@ _load = cache(parse_repo)  # a checkout is read once per process
 
 def cache_dir(commit: str) -> Path:
     """The controller cache of the recipe repo at `commit` (filled by `rigforge lock`)."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "rigforge" / "recipes" / commit
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rigforge" / "recipes" / commit
 
 
 def locate(commit: str | None) -> Path:
@@ -346,9 +345,8 @@ def service_name(r: Recipe, compose: dict) -> str:
 
 
 def _host_compose(r: Recipe, compose: dict, env: dict[str, str], image: str, layout: HostLayout) -> tuple[dict, dict]:
-    """(the host override file, what `docker compose -f RECIPE -f OVERRIDE config` resolves with the .env's `env`):
-    scalars replaced, volumes merged by target, relative bind sources resolved against the recipe's directory in the
-    rig's pinned checkout."""
+    """(the host override file, what `docker compose -f RECIPE -f OVERRIDE config` resolves with the .env's `env`:
+    volumes merged by target, relative bind sources resolved in the rig's pinned checkout)."""
     svc = service_name(r, compose)
     host: dict[str, Any] = {"restart": "no"} if r.image_env in env else {"image": image, "restart": "no"}
     for v in compose["services"][svc].get("volumes") or []:
@@ -453,8 +451,7 @@ class LiveVariant:
 def find(slug: str, lock: Any, opt_in: bool) -> LiveVariant:
     """A recipe-repo slug at the locked commit, its image and weights found in the lock (by ref, by repo id); else
     RecipeError / LockError naming the slug and what to do (refused, opt-in, missing lock entry)."""
-    pin = lock.git.get(GIT_NAME)
-    if pin is None:
+    if (pin := lock.git.get(GIT_NAME)) is None:
         raise LockError(f"lock {lock.path}: no git.{GIT_NAME} entry (the recipe repo) to serve {slug} from")
     repo = load_repo(pin.commit)
     recipe = repo.recipe(slug, opt_in=opt_in)
@@ -476,8 +473,7 @@ def find(slug: str, lock: Any, opt_in: bool) -> LiveVariant:
 def provisional(slug: str, lock: Any, opt_in: bool) -> Any:
     """`lock` plus an unresolved entry (named as `find`'s advice names it) for each image and weights repo `slug`
     needs and the lock lacks: what render, status and verify show for a slug not locked yet (a deploy refuses)."""
-    pin = lock.git.get(GIT_NAME)
-    if pin is None:
+    if (pin := lock.git.get(GIT_NAME)) is None:
         return lock
     recipe = load_repo(pin.commit).recipe(slug, opt_in=opt_in)
     images, hf = dict(lock.images), dict(lock.hf)

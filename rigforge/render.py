@@ -70,8 +70,7 @@ def settle_files(
 
 
 def render_gpu_metrics(caps: dict[int, int], variant: str, image: str, rest: str | None = None) -> str:
-    """The GPU textfile collector (installed at `HostLayout.gpu_metrics_script`): the declared caps, variant, image
-    and rest state are rendered in; nvidia-smi, sysfs and the kernel log are read at every run (docs/monitoring.md)."""
+    """The GPU textfile collector (`HostLayout.gpu_metrics_script`, docs/monitoring.md), these labels rendered in."""
     labels = dict(variant=variant, image=image, rest=rest or "")  # quoted as Prometheus's text format quotes them
     return template(GPU_METRICS_SCRIPT + ".j2").render(
         caps=sorted(caps.items()),
@@ -108,8 +107,7 @@ def setting_name(name: str, host_data: bool) -> str:
 
 
 def seed_files(variant, s: Settings, layout: HostLayout, gpu_count: int, host_data: bool = False) -> dict[str, str]:
-    """Every file a rig gets for a catalog variant (`Variant.files`), {name: text}. SettingsError for a setting
-    valid alone but not for this variant (named as its host-data key when `host_data`)."""
+    """`Variant.files`, {name: text}. SettingsError names a setting it cannot take (host-data key if `host_data`)."""
     why = dict.fromkeys(RECIPE_ONLY, "only recipe-repo slugs (vllm/...) have it")
     if variant.uses_dflash:
         why["kv_cache_dtype"] = (
