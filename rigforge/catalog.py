@@ -17,6 +17,7 @@ DEFAULTS = ("image", "container_port", "restart", "shm_size", "ipc")  # and gpu_
 DERIVED = ("served_model", "uses_dflash")  # worked out from its args
 MOUNT_ROOTS = ("{models}", "{cache}", "{src}")
 # variant keys checked for their type alone (in this order)
+ASSET_KEYS = dict(dir=str, approx_gb=(int, float), hf_repo=str)
 SCALARS = dict(summary=str, pick_when=str, service=str, container_name=str, min_card_mib=int, fits_20gb_cards=bool)
 
 
@@ -56,8 +57,8 @@ class Variant:
     shm_size: str
     ipc: str
     gpu_reservation: tuple[tuple[str, Any], ...]
-    asset_dirs: tuple[tuple[str, str], ...] = ()  # (asset, dir under the model dir)
-    sizes: tuple[tuple[str, int], ...] = ()  # (asset, approximate bytes), until the lock knows the sizes
+    # (asset, dir under the model dir, approximate bytes until the lock knows the sizes)
+    asset_dirs: tuple[tuple[str, str, int], ...] = ()
     successor: str | None = None  # the recipe repo's live slug that took its place (its image may be purged)
     served_model: str = ""  # what /v1/models lists: --served-model-name, else the variant's name
     uses_dflash: bool = False  # a DFlash draft in --speculative-config
@@ -65,9 +66,7 @@ class Variant:
 
     files = render.seed_files  # the variant protocol's files: rendered (and a setting it cannot take refused) there
 
-    @property
-    def figures(self) -> dict[str, Any]:
-        return dict(self.measured)
+    figures = property(lambda self: dict(self.measured))
 
     def arg(self, flag: str) -> str | None:
         """Value of a vLLM flag (None if absent or bare)."""
@@ -78,10 +77,6 @@ class Variant:
 class Catalog:
     variants: dict[str, Variant]
     assets: dict[str, Asset]
-
-    @property
-    def names(self) -> list[str]:
-        return list(self.variants)
 
 
 def _need(d: dict, key: str, kind: type | tuple, where: str):
@@ -102,9 +97,8 @@ def _variant(name: str, raw: dict, defaults: dict, assets: dict[str, Asset]) -> 
 
     check(isinstance(raw, dict), "must be a mapping")
     # a variant sets every field of Variant but its name and what the catalog's defaults and assets give it
-    known = {f.name for f in fields(Variant)} - {"name", "asset_dirs", "sizes", "gpu_reservation", *DEFAULTS, *DERIVED}
-    unknown = set(raw) - known
-    check(not unknown, f"unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
+    known = {f.name for f in fields(Variant)} - {"name", "asset_dirs", "gpu_reservation", *DEFAULTS, *DERIVED}
+    check(not (unknown := set(raw) - known), f"unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
     port = _need(raw, "port", int, where)
     check(1 <= port <= 65535, f"port {port} out of range 1..65535")
     gpus = _need(raw, "gpus", int, where)
@@ -148,8 +142,7 @@ def _variant(name: str, raw: dict, defaults: dict, assets: dict[str, Asset]) -> 
         measured=tuple(_need(raw, "measured", dict, where).items()),
         **{key: defaults[key] for key in DEFAULTS},
         gpu_reservation=tuple(defaults["gpu_reservation"].items()),
-        asset_dirs=tuple((a, assets[a].dir) for a in raw["assets"]),
-        sizes=tuple((a, int(assets[a].approx_gb * 1e9)) for a in raw["assets"]),
+        asset_dirs=tuple((a, assets[a].dir, int(assets[a].approx_gb * 1e9)) for a in raw["assets"]),
         successor=successor,
     )
 
@@ -162,12 +155,10 @@ def parse_catalog(data: Any) -> Catalog:
     defaults = _need(data, "defaults", dict, "catalog")
     for key in (*DEFAULTS, "gpu_reservation"):
         _need(defaults, key, object, "catalog defaults")
-    assets = {}
-    for name, a in _need(data, "assets", dict, "catalog").items():
-        where = f"asset {name!r}"
-        folder = _need(a, "dir", str, where)
-        gb = float(_need(a, "approx_gb", (int, float), where))
-        assets[name] = Asset(name, folder, gb, _need(a, "hf_repo", str, where))
+    assets = {
+        name: Asset(name, *(_need(a, key, kind, f"asset {name!r}") for key, kind in ASSET_KEYS.items()))
+        for name, a in _need(data, "assets", dict, "catalog").items()
+    }
     variants = {
         name: _variant(name, raw, defaults, assets) for name, raw in _need(data, "variants", dict, "catalog").items()
     }

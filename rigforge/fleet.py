@@ -3,7 +3,7 @@ only the host whose data is wrong. `host_data` and `plan_for` are the only reads
 """
 
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -34,8 +34,8 @@ class ServedVariant(Protocol):
     uses_dflash: bool  # DFlash: FP16 KV, no 20 GB override
     sources: tuple[str, ...]  # lock git entries it mounts
     assets: tuple[str, ...]  # lock hf entries it loads
-    asset_dirs: tuple[tuple[str, str], ...]  # (asset, dir under the model dir)
-    sizes: tuple[tuple[str, int], ...]  # (asset, approximate bytes) until the lock knows the sizes
+    # (asset, dir under the model dir, approximate bytes until the lock knows the sizes), in the order of `assets`
+    asset_dirs: tuple[tuple[str, str, int], ...]
     served_model: str  # the model name /v1/models lists
     manifest_extra: Mapping[str, Any]  # what rig.json records about the variant's source
     successor: str | None  # the recipe repo's live variant to move to when this one's image is gone everywhere
@@ -96,20 +96,20 @@ class Plan:
 
 def resolve(name: str, lock: Lock, opt_in: bool) -> ServedVariant:
     """The variant called `name`: a seed of the catalog, else a live slug of the locked recipe repo."""
-    catalog = load_catalog()
-    if name in catalog.variants:
-        return catalog.variants[name]
+    seeds = load_catalog().variants
+    if name in seeds:
+        return seeds[name]
     if "/" in name:  # engine/name: the registry's form
         return recipes.find(name, lock, opt_in)
     raise CatalogError(
-        f"unknown variant {name!r}; choose one of: {', '.join(catalog.names)} (or a recipe-repo slug such as vllm/dual)"
+        f"unknown variant {name!r}; choose one of: {', '.join(seeds)} (or a recipe-repo slug such as vllm/dual)"
     )
 
 
 def variant_problems(entry_variant: str | None, data_variant: Any) -> tuple[str | None, list[str]]:
     """(this host's variant, problems): the entry point's and host data's must agree; never switched silently."""
     if data_variant is not None and not isinstance(data_variant, str):
-        names = ", ".join(load_catalog().names)
+        names = ", ".join(load_catalog().variants)
         return None, [f"rigforge_variant must be a variant name, got {data_variant!r}; choose one of: {names}"]
     if entry_variant and data_variant and data_variant != entry_variant:
         return None, [
@@ -118,7 +118,7 @@ def variant_problems(entry_variant: str | None, data_variant: Any) -> tuple[str 
             "(or remove it) to serve this one."
         ]
     if not (name := entry_variant or data_variant):
-        return None, [f"rigforge_variant is not set; choose one of: {', '.join(load_catalog().names)}"]
+        return None, [f"rigforge_variant is not set; choose one of: {', '.join(load_catalog().variants)}"]
     return name, []
 
 
@@ -175,14 +175,13 @@ def build_plan(
         )
     if problems:
         return None, problems
-    dirs, sizes = dict(variant.asset_dirs), dict(variant.sizes)
     return Plan(
         host=host,
         variant=variant,
         settings=settings,
         layout=layout,
         sources=tuple(lock.git[name] for name in variant.sources),
-        assets=tuple(PlannedAsset(a, dirs[a], lock.hf[a], sizes.get(a, 0)) for a in variant.assets),
+        assets=tuple(PlannedAsset(a, folder, lock.hf[a], size) for a, folder, size in variant.asset_dirs),
         caps=MappingProxyType(power_caps(count, settings)),  # every index < count: checked above
         cap_units=tuple(cap_units),
         data=MappingProxyType(dict(data)),
@@ -264,12 +263,11 @@ def build(hosts, variant=None, *, gpus: int | None = None, deployable: bool = Tr
 
 
 def targets(
-    plans: Iterable[Plan | None], gateways: Mapping[str, Mapping], monitors: Iterable[str] = ()
+    plans: Iterable[Plan | None], gateways: Mapping[str, Mapping], monitors: Collection[str] = ()
 ) -> dict[str, tuple[tuple[str, str], ...]]:
     """The monitor's scrape targets by job: each rig and gateway where the monitor host reaches it."""
     rigs = [(p.host, p.data.get("gateway_address") or p.host, p) for p in plans if p is not None]
-    local = set(monitors)
-    gws = [(n, d.get("gateway_bind_address") or ("127.0.0.1" if n in local else n), d) for n, d in gateways.items()]
+    gws = [(n, d.get("gateway_bind_address") or ("127.0.0.1" if n in monitors else n), d) for n, d in gateways.items()]
     return {
         "node": tuple((name, f"{addr}:{p.data['monitor_node_exporter_port']}") for name, addr, p in rigs),
         "vllm": tuple((name, f"{addr}:{p.port}") for name, addr, p in rigs),

@@ -81,9 +81,7 @@ class Recipe:
         """File-system and unit-instance safe name: vllm/dual -> vllm-dual."""
         return self.slug.replace("/", "-")
 
-    @property
-    def needs_opt_in(self) -> bool:
-        return self.status in OPT_IN
+    needs_opt_in = property(lambda self: self.status in OPT_IN)
 
     @property
     def weights_label(self) -> str:
@@ -148,11 +146,6 @@ def _weights(root: Path, e: dict) -> tuple[tuple[Weights, ...], str | None]:
     return tuple(out), None
 
 
-def _engines(root: Path) -> dict[str, dict]:
-    profiles = [(path, _yaml(path) or {}) for path in sorted((root / "scripts/lib/profiles/engines").glob("*.yml"))]
-    return {str(data.get("id") or path.stem): data for path, data in profiles}
-
-
 def _classify(e: dict, engine: dict | None, sm: float) -> str | None:
     if engine is None:
         return f"engine {e.get('engine')!r} has no profile in engines/"
@@ -180,7 +173,8 @@ def parse_repo(root: Path) -> RecipeRepo:
     registry = _yaml(root / REGISTRY)
     if not isinstance(registry, dict) or not isinstance(registry.get("entries"), dict):
         raise RecipeError(f"recipe repo {root}: {REGISTRY} has no 'entries' mapping")
-    engines = _engines(root)
+    profiles = [(path, _yaml(path) or {}) for path in sorted((root / "scripts/lib/profiles/engines").glob("*.yml"))]
+    engines = {str(data.get("id") or path.stem): data for path, data in profiles}
     recipes: dict[str, Recipe] = {}
     for slug, e in registry["entries"].items():
         engine = engines.get(str(e.get("engine")))
@@ -223,8 +217,7 @@ _load = cache(parse_repo)  # a checkout is read once per process
 
 def cache_dir(commit: str) -> Path:
     """The controller cache of the recipe repo at `commit` (filled by `rigforge lock`)."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "rigforge" / "recipes" / commit
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rigforge" / "recipes" / commit
 
 
 def locate(commit: str | None) -> Path:
@@ -352,9 +345,8 @@ def service_name(r: Recipe, compose: dict) -> str:
 
 
 def _host_compose(r: Recipe, compose: dict, env: dict[str, str], image: str, layout: HostLayout) -> tuple[dict, dict]:
-    """(the host override file, what `docker compose -f RECIPE -f OVERRIDE config` resolves with the .env's `env`):
-    scalars replaced, volumes merged by target, relative bind sources resolved against the recipe's directory in the
-    rig's pinned checkout."""
+    """(the host override file, what `docker compose -f RECIPE -f OVERRIDE config` resolves with the .env's `env`:
+    volumes merged by target, relative bind sources resolved in the rig's pinned checkout)."""
     svc = service_name(r, compose)
     host: dict[str, Any] = {"restart": "no"} if r.image_env in env else {"image": image, "restart": "no"}
     for v in compose["services"][svc].get("volumes") or []:
@@ -406,22 +398,20 @@ class LiveVariant:
 
     recipe: Recipe
     compose: dict = field(repr=False, hash=False, compare=False)  # the recipe's compose file, parsed
-    name: str
     image: str  # what runs: the lock's ref@digest (or tag while the digest is unresolved)
-    assets: tuple[str, ...]  # lock hf names
-    asset_dirs: tuple[tuple[str, str], ...]  # (lock hf name, dir under the model dir)
-    sizes: tuple[tuple[str, int], ...]  # (lock hf name, bytes per the model profile's size_gb): until the lock knows
-    gpus: int
-    port: int
+    # (lock hf name, dir under the model dir, bytes per the model profile's size_gb: until the lock knows)
+    asset_dirs: tuple[tuple[str, str, int], ...]
     served_model: str
     min_card_mib: int
     sources: tuple[str, ...] = (GIT_NAME,)
     uses_dflash: bool = False  # 20 GB cards: the recipe's own knobs (kv dtype, memory) apply
     successor: str | None = None  # a live slug is its own way forward
 
-    @property
-    def manifest_extra(self) -> dict:
-        return {"recipe": self.recipe.slug}
+    name = property(lambda self: self.recipe.name)
+    assets = property(lambda self: tuple(n for n, _, _ in self.asset_dirs))  # lock hf names
+    gpus = property(lambda self: self.recipe.tp)
+    port = property(lambda self: self.recipe.port)
+    manifest_extra = property(lambda self: {"recipe": self.recipe.slug})
 
     def files(self, s: Any, layout: HostLayout, gpu_count: int, host_data: bool = False) -> dict[str, str]:
         """Every file a rig gets: the serve dir's, the effective compose (for reading), the units; see knob_env."""
@@ -461,8 +451,7 @@ class LiveVariant:
 def find(slug: str, lock: Any, opt_in: bool) -> LiveVariant:
     """A recipe-repo slug at the locked commit, its image and weights found in the lock (by ref, by repo id); else
     RecipeError / LockError naming the slug and what to do (refused, opt-in, missing lock entry)."""
-    pin = lock.git.get(GIT_NAME)
-    if pin is None:
+    if (pin := lock.git.get(GIT_NAME)) is None:
         raise LockError(f"lock {lock.path}: no git.{GIT_NAME} entry (the recipe repo) to serve {slug} from")
     repo = load_repo(pin.commit)
     recipe = repo.recipe(slug, opt_in=opt_in)
@@ -484,8 +473,7 @@ def find(slug: str, lock: Any, opt_in: bool) -> LiveVariant:
 def provisional(slug: str, lock: Any, opt_in: bool) -> Any:
     """`lock` plus an unresolved entry (named as `find`'s advice names it) for each image and weights repo `slug`
     needs and the lock lacks: what render, status and verify show for a slug not locked yet (a deploy refuses)."""
-    pin = lock.git.get(GIT_NAME)
-    if pin is None:
+    if (pin := lock.git.get(GIT_NAME)) is None:
         return lock
     recipe = load_repo(pin.commit).recipe(slug, opt_in=opt_in)
     images, hf = dict(lock.images), dict(lock.hf)
@@ -506,13 +494,8 @@ def of(repo: RecipeRepo, recipe: Recipe, image: str, assets: list[tuple[str, str
     return LiveVariant(
         recipe=recipe,
         compose=compose,
-        name=recipe.name,
         image=image,
-        assets=tuple(n for n, _, _ in assets),
-        asset_dirs=tuple((n, d) for n, d, _ in assets),
-        sizes=tuple((n, size) for n, _, size in assets),
-        gpus=recipe.tp,
-        port=recipe.port,
+        asset_dirs=tuple(assets),
         served_model=served or recipe.slug,
         min_card_mib=int(float(vram.group(1)) * 1000) if vram else 24000,  # in the seed's MiB terms
     )

@@ -2,7 +2,6 @@
 
 import json
 from pathlib import Path
-from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
@@ -45,30 +44,6 @@ def vllm_args(variant, s: Settings) -> list[str]:
     return out
 
 
-def compose_context(variant, s: Settings, layout: HostLayout) -> dict[str, Any]:
-    port = s.port or variant.port
-    published = f"{s.bind_address}:{port}" if s.bind_address else str(port)
-    roots = dict(models=layout.models, cache=layout.cache, src=layout.src_root)  # a mount's host path starts with one
-    # bash -c SCRIPT -- ARGS...: the args arrive as "$@". Compose interpolates $VAR in the file,
-    # so the script's own shell variables are escaped as $$.
-    script = "\n".join(["set -e", *variant.entrypoint]).replace("$", "$$") if variant.entrypoint else None
-    return {
-        "variant": variant.name,
-        "service": variant.service,
-        "container_name": variant.container_name,
-        "image": s.image or variant.image,
-        "restart": variant.restart,
-        "entrypoint_script": script,
-        "command": vllm_args(variant, s),
-        "ports": [f"{published}:{variant.container_port}"],
-        "environment": list(variant.environment),
-        "volumes": [f"{host.format(**roots)}:{container}" for host, container in variant.mounts],
-        "shm_size": variant.shm_size,
-        "ipc": variant.ipc,
-        "gpu_reservation": dict(variant.gpu_reservation),
-    }
-
-
 _ENV = Environment(loader=FileSystemLoader(str(TEMPLATES)), undefined=StrictUndefined, keep_trailing_newline=True)
 _ENV.filters["q"] = lambda v: json.dumps(v, ensure_ascii=False)  # JSON scalars are valid YAML
 
@@ -94,19 +69,12 @@ def settle_files(
     return {SETTLE_UNIT: unit, SETTLE_SCRIPT: template(SETTLE_SCRIPT + ".j2").render()}
 
 
-def _label_value(value: str) -> str:
-    """A Prometheus label value as the text format quotes it (backslash, double quote, newline escaped)."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
 def render_gpu_metrics(caps: dict[int, int], variant: str, image: str, rest: str | None = None) -> str:
-    """The GPU textfile collector (installed at `HostLayout.gpu_metrics_script`): the declared caps, variant, image
-    and rest state are rendered in; nvidia-smi, sysfs and the kernel log are read at every run (docs/monitoring.md)."""
+    """The GPU textfile collector (`HostLayout.gpu_metrics_script`, docs/monitoring.md), these labels rendered in."""
+    labels = dict(variant=variant, image=image, rest=rest or "")  # quoted as Prometheus's text format quotes them
     return template(GPU_METRICS_SCRIPT + ".j2").render(
         caps=sorted(caps.items()),
-        variant=_label_value(variant),
-        image=_label_value(image),
-        rest=_label_value(rest or ""),
+        **{k: v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") for k, v in labels.items()},
         nvidia_smi=NVIDIA_SMI,
         textfile_dir=TEXTFILE_DIR,
         prom_file=GPU_METRICS_FILE,
@@ -139,20 +107,30 @@ def setting_name(name: str, host_data: bool) -> str:
 
 
 def seed_files(variant, s: Settings, layout: HostLayout, gpu_count: int, host_data: bool = False) -> dict[str, str]:
-    """Every file a rig gets for a catalog variant (`Variant.files`), {name: text}. SettingsError for a setting
-    valid alone but not for this variant (named as its host-data key when `host_data`)."""
-    for name in RECIPE_ONLY:
-        if getattr(s, name) is not None:
-            raise SettingsError(
-                f"{setting_name(name, host_data)} cannot be used with {variant.name}: "
-                "only recipe-repo slugs (vllm/...) have it"
-            )
-    if s.kv_cache_dtype and variant.uses_dflash:
-        raise SettingsError(
-            f"{setting_name('kv_cache_dtype', host_data)} cannot be used with {variant.name}: DFlash forces FP16 KV "
-            "(no fp8/TurboQuant path on Ampere); pick dual or dual-turbo for a 20 GB card"
+    """`Variant.files`, {name: text}. SettingsError names a setting it cannot take (host-data key if `host_data`)."""
+    why = dict.fromkeys(RECIPE_ONLY, "only recipe-repo slugs (vllm/...) have it")
+    if variant.uses_dflash:
+        why["kv_cache_dtype"] = (
+            "DFlash forces FP16 KV (no fp8/TurboQuant path on Ampere); pick dual or dual-turbo for a 20 GB card"
         )
-    compose = template(COMPOSE_FILE + ".j2").render(**compose_context(variant, s, layout))
+    for name, reason in why.items():
+        if getattr(s, name) is not None:
+            raise SettingsError(f"{setting_name(name, host_data)} cannot be used with {variant.name}: {reason}")
+    port = s.port or variant.port
+    published = f"{s.bind_address}:{port}" if s.bind_address else str(port)
+    roots = dict(models=layout.models, cache=layout.cache, src=layout.src_root)  # a mount's host path starts with one
+    # bash -c SCRIPT -- ARGS...: the args arrive as "$@". Compose interpolates $VAR in the file,
+    # so the script's own shell variables are escaped as $$.
+    script = "\n".join(["set -e", *variant.entrypoint]).replace("$", "$$") if variant.entrypoint else None
+    compose = template(COMPOSE_FILE + ".j2").render(
+        v=variant,  # name, service, container_name, restart, environment, shm_size, ipc as they are
+        image=s.image or variant.image,
+        entrypoint_script=script,
+        command=vllm_args(variant, s),
+        ports=[f"{published}:{variant.container_port}"],
+        volumes=[f"{host.format(**roots)}:{container}" for host, container in variant.mounts],
+        gpu_reservation=dict(variant.gpu_reservation),
+    )
     # the .env: the API key, if any; never the HF token (the weights are on the rig before vLLM starts)
     key = f"RIGFORGE_API_KEY={s.api_key}\n" if s.api_key else ""
     env = "# rigforge: secrets for this variant's compose file (mode 0600). Do not commit.\n" + key

@@ -17,7 +17,7 @@ def raw():
 
 
 def test_catalog_has_the_five_variants_of_the_design_document():
-    assert load_catalog().names == PRIMARY
+    assert list(load_catalog().variants) == PRIMARY
 
 
 @pytest.mark.parametrize(
@@ -45,8 +45,8 @@ def test_dual_turbo_carries_all_48_genesis_variables():
 
 def test_only_dflash_variants_are_flagged_dflash_and_refuse_20gb_cards():
     c = load_catalog()
-    assert [n for n in c.names if c.variants[n].uses_dflash] == ["dual-dflash", "dual-dflash-noviz"]
-    assert [n for n in c.names if not c.variants[n].fits_20gb_cards] == ["dual-dflash", "dual-dflash-noviz"]
+    assert [n for n in c.variants if c.variants[n].uses_dflash] == ["dual-dflash", "dual-dflash-noviz"]
+    assert [n for n in c.variants if not c.variants[n].fits_20gb_cards] == ["dual-dflash", "dual-dflash-noviz"]
 
 
 def test_unknown_variant_names_the_choices():

@@ -568,9 +568,7 @@ def test_a_slug_takes_its_image_and_weights_from_the_lock(monkeypatch):
         ("recipes",),
         ("qwen3.6-27b-fp8",),
     )
-    assert dict(v.asset_dirs) == {"qwen3.6-27b-fp8": "qwen3.6-27b-fp8"} and dict(v.sizes) == {
-        "qwen3.6-27b-fp8": 29 * 10**9
-    }
+    assert v.asset_dirs == (("qwen3.6-27b-fp8", "qwen3.6-27b-fp8", 29 * 10**9),)
     assert v.image == "vllm/vllm-openai:v0.27.1" and v.served_model == "qwen3.6-27b"
     assert v.min_card_mib == 24000  # the compose header's Requires-min-vram-gb: 24
     digest = "sha256:" + "e" * 64

@@ -19,7 +19,7 @@ from rigforge.schema import Settings, SettingsError, apply_overrides, parse_set
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REF = yaml.safe_load((FIXTURES / "reference-variants.yaml").read_text())
-VARIANTS = load_catalog().names
+VARIANTS = list(load_catalog().variants)
 SITE = "/usr/local/lib/python3.12/dist-packages"
 MARLIN = "vllm/model_executor/kernels/linear/mixed_precision"
 PATCHES = "/opt/rigforge/src/club-3090/models/qwen3.6-27b/vllm/patches"

@@ -16,7 +16,7 @@ from rigforge.schema import Settings, apply_overrides
 from rigforge.testbed import tools_rootfs
 
 pytestmark = pytest.mark.testbed
-VARIANTS = load_catalog().names
+VARIANTS = list(load_catalog().variants)
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,7 @@ variant = replace(
     name="sources-weights-test",
     sources=tuple(names.split(",")) if names else (),
     assets=tuple(assets),
-    asset_dirs=tuple(assets.items()),
-    sizes=(),
+    asset_dirs=tuple((a, folder, 0) for a, folder in assets.items()),
 )
 plan = site.prepare(variant)
 if plan and names:
