@@ -142,16 +142,15 @@ def unpublished(data: Mapping, url: str, packages: driver_table.DriverPackages, 
     )
 
 
-def branch_published(data: Mapping) -> list[str]:
+def branch_published(data: Mapping, os_release: dict, arch: str) -> list[str]:
     """While the CUDA repository's driver packages are not installed: does the repository publish the branch asked
     for (its index read with curl, not through /etc/apt)? An unreadable index is a warning, never a refusal."""
     if not data["nvidia_driver_manage"] or data["nvidia_driver_source"] != "cuda":
         return []
-    os_release = host.get_fact(OsRelease)
     packages = driver_table.packages_for(data, os_release.get("id", ""))  # state_problems checked it
     if host.get_fact(DebInstalledVersion, package=packages.pinning or packages.version_package):
         return []  # installed: the branch was published, and a no-op asks nothing
-    url = nvidia_driver.cuda_repo(data, os_release, host.get_fact(DebArch) or "amd64")[0]
+    url = nvidia_driver.cuda_repo(data, os_release, arch)[0]
     published = host.get_fact(PublishedPackages, url=url)
     if published is None:
         warn(
@@ -166,8 +165,9 @@ def branch_published(data: Mapping) -> list[str]:
 def check(needs: Needs, data: Mapping, more: list[str] = ()) -> bool:
     """Refuse this host now, while the deploy is prepared, when it cannot run `needs.variant`; True when it can.
     `data`: the plan's validated host data; `more`: problems found on the controller (roles/site.py)."""
+    os_release = host.get_fact(OsRelease)
     problems = find_problems(
-        host.get_fact(OsRelease),
+        os_release,
         host.get_fact(NvidiaGpus),
         host.get_fact(FreeDiskBytes, path=needs.disk_path),
         needs=needs,
@@ -176,10 +176,9 @@ def check(needs: Needs, data: Mapping, more: list[str] = ()) -> bool:
         running=host.get_fact(NvidiaRunningDriver),
     )
     # the driver and container-runtime roles' host-state checks, then the controller's
-    os_release = host.get_fact(OsRelease)
     arch = host.get_fact(DebArch) or "amd64"
     found = state_problems(data, os_release, arch, host.get_fact(NvidiaRunningDriver), host.get_fact(AptSourceFiles))
-    problems = problems + found
+    problems += found
     lines = host.get_fact(FileContents, path=DAEMON_JSON)
     try:
         docker_daemon.merged_text(None if lines is None else "\n".join(lines), {})
@@ -188,7 +187,7 @@ def check(needs: Needs, data: Mapping, more: list[str] = ()) -> bool:
             f"{DAEMON_JSON} on {host.name} is not valid JSON ({error}); rigforge merges the nvidia runtime into it and "
             "never overwrites it: fix it (no comments, no trailing commas) or remove it, then re-run."
         )
-    problems += (branch_published(data) if not found else []) + list(more)
+    problems += (branch_published(data, os_release, arch) if not found else []) + list(more)
     if host.get_fact(SecureBoot) == "enabled":
         host.log_styled(
             "Secure Boot is enabled: DKMS-built NVIDIA modules must be signed with an enrolled MOK key; on Ubuntu, "

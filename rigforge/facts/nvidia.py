@@ -6,7 +6,7 @@ import re
 from pyinfra.api import QuoteString, StringCommand
 
 from rigforge.boot import SHOW, parse_boot
-from rigforge.facts import Fact
+from rigforge.facts import Fact, sections
 from rigforge.layout import POWER_UNIT, SETTLE_UNIT, UNIT_SEARCH_PATH
 
 # Fields read by NvidiaGpus, in order; keys of each GPU dict are these with "." replaced by "_".
@@ -188,17 +188,14 @@ class PowerCapUnits(Fact):
         )
 
     def process(self, lines: list[str], unit_dirs=UNIT_SEARCH_PATH) -> dict:
-        scripts: dict[str, list[str]] = {}
-        entries: list[tuple[str, str]] = []
-        current = None
-        for line in lines:
-            if line.startswith("script="):
-                current = scripts.setdefault(line[7:].strip(), [])
-            elif line.startswith("pl=") and current is not None:
-                current.append(line[3:])
-            elif line.startswith("line="):
-                path, _, text = line[5:].partition(":")
-                entries.append((path, text.strip()))
+        scripts = {
+            name: [line[3:] for line in pls if line.startswith("pl=")]
+            for name, pls in sections(lines, "script=").items()
+        }
+        entries = [
+            (path, text.strip())
+            for path, _, text in (line[5:].partition(":") for line in lines if line.startswith("line="))
+        ]
         rank = {d.rstrip("/"): i for i, d in enumerate(unit_dirs)}
         units: dict[str, dict[int, tuple[str, list[str]]]] = {}  # name -> {rank of its dir: (path, ExecStart lines)}
         out: dict[str, dict] = {}
@@ -247,15 +244,11 @@ def parse_topo_matrix(lines: list[str]) -> dict[str, str]:
 
 
 def parse_topology(lines: list[str]) -> dict:
-    sections: dict[str, list[str]] = {}
-    current = None
-    for line in lines:
-        if line.startswith("--- "):
-            current = sections.setdefault(line[4:].strip(), [])
-        elif current is not None:
-            current.append(line)
-    return {"links": parse_topo_matrix(sections.get("topo -m", [])),
-            "p2p_read": parse_topo_matrix(sections.get("topo -p2p r", []))}  # fmt: skip
+    found = sections(lines, "--- ")
+    return {
+        "links": parse_topo_matrix(found.get("topo -m", [])),
+        "p2p_read": parse_topo_matrix(found.get("topo -p2p r", [])),
+    }
 
 
 class NvidiaTopology(Fact):
