@@ -17,7 +17,7 @@ from pyinfra.facts.files import FileContents
 from rigforge import driver_table
 from rigforge.facts.apt import AptSourceFiles, DebInstalledVersion, PublishedPackages
 from rigforge.facts.gitpin import GitCheckout
-from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, NvidiaRunningDriver, unowned_driver
+from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, NvidiaRunningDriver
 from rigforge.facts.system import FreeDiskBytes, OsRelease, SecureBoot, UrlAnswers
 from rigforge.fleet import Plan
 from rigforge.hardware import Needs, find_problems, format_problems
@@ -109,7 +109,7 @@ def state_problems(data: Mapping, os_release: dict, arch: str, running: dict, so
             driver_table.packages_for(data, os_release.get("id", ""))
         except driver_table.DriverTableError as error:
             problems.append(f"{error}.")
-        if unowned_driver(running):
+        if running.get("version") and running.get("smi_ok") and not running.get("owner"):  # .run installer, hand build
             problems.append(
                 f"NVIDIA driver {running['version']} is running but no package owns {running['smi']} (NVIDIA's .run "
                 "installer or a hand build); rigforge will not install packages over it: set "

@@ -115,11 +115,6 @@ def parse_cuda_version(text: str) -> str | None:
 _PROC_VERSION = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)?)")
 
 
-def unowned_driver(running: dict) -> bool:
-    """A driver that answers (nvidia-smi, a version in /proc) but that no package owns (.run installer, hand build)."""
-    return bool(running.get("version") and running.get("smi_ok") and not running.get("owner"))
-
-
 class NvidiaRunningDriver(Fact):
     """The running driver: {"version" (/proc, else the module's), "smi" (its path), "smi_ok" (it answers), "cuda"
     (the driver's CUDA version, from its header), "owner" (the package; None: e.g. NVIDIA's .run installer)}."""
