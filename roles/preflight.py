@@ -117,15 +117,15 @@ def state_problems(data: Mapping, os_release: dict, arch: str, running: dict, so
             )
     elif problem := driver_table.branch_problem(running, int(data["nvidia_driver_branch"])):
         problems.append(problem)
-    repos = []
+
+    def clashes(uri: str, repo: str) -> list[str]:
+        return apt_repo.source_problems(sources, uri, repo, data["apt_adopt_sources"], "apt_adopt_sources")
+
     if manage and data["nvidia_driver_source"] == "cuda":
-        repos.append((nvidia_driver.cuda_repo(data, os_release, arch)[0], nvidia_driver.KEY_NAME))
+        problems += clashes(nvidia_driver.cuda_repo(data, os_release, arch)[0], nvidia_driver.KEY_NAME)
     if data["docker_source"] == "docker":
-        repos.append((docker_engine.docker_repo_url(data, os_release.get("id", "")), "rigforge-docker"))
-    repos.append((docker_engine.toolkit_repo_url(data, arch), "rigforge-nvidia-container-toolkit"))
-    for uri, repo in repos:
-        problems += apt_repo.source_problems(sources, uri, repo, data["apt_adopt_sources"], "apt_adopt_sources")
-    return problems
+        problems += clashes(docker_engine.docker_repo_url(data, os_release.get("id", "")), "rigforge-docker")
+    return problems + clashes(docker_engine.toolkit_repo_url(data, arch), "rigforge-nvidia-container-toolkit")
 
 
 def unpublished(data: Mapping, url: str, packages: driver_table.DriverPackages, published: list[str]) -> str | None:
