@@ -1,10 +1,7 @@
 """Preflight: runs first, changes nothing, and stops a host that cannot run its variant with one message naming the
-host, the key and what to do, printed while the deploy is prepared (so `pyinfra --dry` shows it and exits 1): OS,
-GPUs, VRAM, caps, CUDA, disk, the role switches; the host state the driver and container-runtime roles own (the
-driver package exists and is published, no unowned driver is overwritten, no hand-made apt source clashes with
-rigforge's, daemon.json is a JSON object); the remote sources this run fetches from, one curl each in one round trip
-from the rig (HTTP 404 or 410 refuses; one that cannot be asked or answers otherwise is a warning).
-"""
+host, the key and what to do, printed while the deploy is prepared (so `pyinfra --dry` shows it and exits 1): the
+hardware, OS and role switches; the host state the driver and container-runtime roles own; the remote sources this
+run fetches from, one curl each in one round trip from the rig (HTTP 404 or 410 refuses, other failures warn)."""
 
 import re
 from collections.abc import Mapping
@@ -99,8 +96,7 @@ def remote_problems(plan: Plan, weights_state) -> list[str]:
 
 
 def state_problems(data: Mapping, os_release: dict, arch: str, running: dict, sources: dict) -> list[str]:
-    """Pure: every problem of the driver / container-runtime host state (empty when fine); `data`'s keys were
-    validated with the plan (rigforge/fleet.py plan_for)."""
+    """Pure: every problem of the driver / container-runtime host state; `data` validated (fleet.py plan_for)."""
     data = {**nvidia_driver.DEFAULTS, **docker_engine.DEFAULTS, **data}
     problems = []
     manage = data["nvidia_driver_manage"]

@@ -32,8 +32,7 @@ _IDENTITY: dict[str, tuple[str, str] | None] = {}  # host name -> (machine-id, S
 
 
 def identity(h) -> tuple[str, str] | None:
-    """(machine-id, the SHA256 fingerprint of the host key its SSH connection was given, as ssh-keygen -l prints it)
-    of host `h`, or None when either is unknown."""
+    """(machine-id, SHA256 fingerprint of its SSH host key as ssh-keygen -l prints it) of `h`; None: either unknown."""
     if h.name not in _IDENTITY:
         transport, machine, key = ssh_transport(h), "", ""
         if transport is not None:
@@ -99,8 +98,7 @@ def over_ssh(host) -> bool:
 
 
 def send(host, path: str, sudo: bool, then: list | None = None, password: str | None = None) -> None:
-    """Ask for `path` on `host` now, on a channel of its own, the rig running `then` once it holds it; `take` reads
-    the answer."""
+    """Ask for `path` on `host` on a channel of its own, the rig running `then` once it holds it (`take` reads it)."""
     if asked(host) or not over_ssh(host):
         return
     run = f"{socket.gethostname()}, pid {os.getpid()}"
@@ -136,8 +134,7 @@ def asked(host) -> bool:
 
 
 def retake(state, host, path: str = RUN_LOCK) -> bool:
-    """After `host` rebooted, take the lock again on the new connection; False (the host fails) when another run
-    took it meanwhile."""
+    """After a reboot, take `host`'s lock again on the new connection; False (the host fails): another run took it."""
     if _HELD.pop(host.name, None) is None:  # never held: not over SSH
         return True
     sudo, _, password = sudo_of(host)

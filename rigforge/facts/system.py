@@ -119,9 +119,5 @@ class UrlAnswers(Fact):
         return "; ".join(asks) or "true"
 
     def process(self, output: list[str]) -> dict:
-        answers = {}
-        for line in output:
-            exit_, code, url = (line.strip().split(" ", 2) + ["", ""])[:3]
-            if url:
-                answers[url] = (int(code) if code.isdigit() else 0, int(exit_) if exit_.isdigit() else 0)
-        return answers
+        rows = ((line.strip().split(" ", 2) + ["", ""])[:3] for line in output)
+        return {url: (int(code) if code.isdigit() else 0, int(e) if e.isdigit() else 0) for e, code, url in rows if url}
