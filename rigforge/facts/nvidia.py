@@ -203,8 +203,7 @@ class PowerCapUnits(Fact):
                 via = next((s for s in scripts if s in text), None)
                 if _SETS_CAP.search(text) or via:
                     n = 1 if "/crontabs/" in path else 2  # a user's crontab has no user field
-                    parts = text.split(None, n)
-                    command = parts[n] if len(parts) > n else ""
+                    command = "".join(text.split(None, n)[n:])  # "" when there is none
                     watts = _watts([text, *scripts.get(via, [])])
                     out[f"@reboot in {path}"] = dict(kind="cron", path=path, watts=watts, script=via, command=command)
         for name, by_rank in units.items():
@@ -247,8 +246,7 @@ def parse_topology(lines: list[str]) -> dict:
 
 
 class NvidiaTopology(Fact):
-    """How the GPUs are connected (`topo -m`) and whether peer reads work (`topo -p2p r`): {"links": {pair: link
-    type}, "p2p_read": {pair: status}} (`parse_topo_matrix`), {} without nvidia-smi."""
+    """GPU links (`topo -m`) and peer reads (`topo -p2p r`): {"links": {pair: type}, "p2p_read": {pair: status}}."""
 
     command = (
         "if command -v nvidia-smi >/dev/null 2>&1; then echo '--- topo -m'; timeout 60 nvidia-smi topo -m "
@@ -260,8 +258,7 @@ class NvidiaTopology(Fact):
 
 class BootCaps(Fact):
     """What ran at this boot about GPU power caps (boot.py `parse_boot`): systemd's results for rigforge's power and
-    settle units and `units`, the journal's ordering cycles, settle and cron lines (both empty without systemd, e.g.
-    a chroot), each GPU's power limit now."""
+    settle units and `units`, the journal's ordering cycles, settle and cron lines, each GPU's power limit now."""
 
     shared = (SMI_QUERY,)
 

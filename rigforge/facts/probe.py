@@ -233,9 +233,9 @@ def read(host: Host, requests, global_kwargs: dict | None = None) -> dict[str, o
     if command is None:
         return {}
     snap = _of(host)
-    global_kwargs = global_kwargs or snap.defaults
     if not host.connected:
         host.connect(reason="to read the rig in one probe", raise_exceptions=True)
+    global_kwargs = global_kwargs or snap.defaults
     executor_kwargs = {k: v for k, v in global_kwargs.items() if k in pyinfra_facts.CONNECTOR_ARGUMENT_KEYS}
     snap.probes += 1
     was_reading, snap.reading = snap.reading, True  # the probe changes nothing on the rig
@@ -273,12 +273,11 @@ def lock_request(host: Host) -> list | None:
         return None
     from pyinfra.connectors.util import make_unix_command_for_host
 
-    global_kwargs = snap.defaults
-    executor_kwargs = {k: v for k, v in global_kwargs.items() if k in pyinfra_facts.CONNECTOR_ARGUMENT_KEYS}
+    executor_kwargs = {k: v for k, v in snap.defaults.items() if k in pyinfra_facts.CONNECTOR_ARGUMENT_KEYS}
     if any(executor_kwargs.get(k) for k in _UNFOLDED) or host.connector_data.get("prompted_sudo_password"):
         return None
     marker = f"@@rigforge-probe-{secrets.token_hex(6)}"
-    command, sections = script(_recorded(host.state, host, snap, global_kwargs), marker)
+    command, sections = script(_recorded(host.state, host, snap, snap.defaults), marker)
     if command is None:
         return None
     wrap = {k: v for k, v in executor_kwargs.items() if k not in ("_success_exit_codes", *_UNFOLDED[:3])}
