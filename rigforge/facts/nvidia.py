@@ -187,14 +187,11 @@ class PowerCapUnits(Fact):
             name: [line[3:] for line in pls if line.startswith("pl=")]
             for name, pls in sections(lines, "script=").items()
         }
-        entries = [
-            (path, text.strip())
-            for path, _, text in (line[5:].partition(":") for line in lines if line.startswith("line="))
-        ]
         rank = {d.rstrip("/"): i for i, d in enumerate(unit_dirs)}
         units: dict[str, dict[int, tuple[str, list[str]]]] = {}  # name -> {rank of its dir: (path, ExecStart lines)}
         out: dict[str, dict] = {}
-        for path, text in entries:
+        for path, _, text in (line[5:].partition(":") for line in lines if line.startswith("line=")):
+            text = text.strip()
             folder, _, name = path.rpartition("/")
             if name.endswith(".service") and folder in rank:
                 if name not in (POWER_UNIT, SETTLE_UNIT):  # rigforge's own
