@@ -178,9 +178,7 @@ def take(host) -> tuple[str | None, str | None]:
                     "of the two names from the inventory"
                 ), None
             return f"{host.name} is being provisioned by {holder}; wait for that run to end, then run again", None
-    said = b""
-    while sudo_n and (chunk := channel.recv_stderr(4096)):
-        said += chunk
+    said = b"".join(iter(lambda: channel.recv_stderr(4096), b"")) if sudo_n else b""
     channel.close()
     if b"password is required" in said:  # sudo -n's refusal: nothing ran as root
         return sudo_password_problem(host, ssh_transport(host).get_username()), None
