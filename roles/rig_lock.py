@@ -105,11 +105,9 @@ def send(host, path: str, sudo: bool, then: list | None = None, password: str | 
     command = f"sh -c {shlex.quote(_holder(path, owner, then))}"
     channel = ssh_transport(host).open_session()
     password = password if sudo else None
+    channel.exec_command(f"sudo -S -p '' {command}" if password else f"sudo -n {command}" if sudo else command)
     if password:  # sudo reads it from the channel's first line; the holder's cat reads the rest
-        channel.exec_command(f"sudo -S -p '' {command}")
         channel.sendall(f"{password}\n".encode())
-    else:
-        channel.exec_command(f"sudo -n {command}" if sudo else command)
     _SENT[host.name] = (channel, path, run, then, sudo and not password)
 
 
