@@ -160,9 +160,8 @@ def take(host) -> tuple[str | None, str | None]:
             if then:
                 output = []
                 for out in lines:
-                    if out == then[1]:
-                        output = output[:-1] if output[-1:] == [""] else output  # the newline echoed before END
-                        then[2] = [*output, next(lines, "").strip()]  # the command's lines, then its exit code
+                    if out == then[1]:  # the command's lines (less the newline echoed before END), its exit code
+                        then[2] = [*output[: -1 if output[-1:] == [""] else None], next(lines, "").strip()]
                         break
                     output.append(out)
             return None, note
