@@ -143,9 +143,8 @@ def retake(state, host, path: str = RUN_LOCK) -> bool:
 
 
 def take(host) -> tuple[str | None, str | None]:
-    """(problem, note): read the answer to `host`'s request (`send`): the lock held for this run, or who holds it.
-    Idempotent per host. Once the lock is held, the output lines of the request's `then` and its exit code as the
-    last one replace its None (left None when it did not run)."""
+    """(problem, note) of `host`'s request (`send`): the lock held for this run, or who holds it; idempotent. Once
+    held, `then`'s None becomes its command's output lines, then its exit code (stays None when it did not run)."""
     if host.name in _HELD or not over_ssh(host):
         return None, None
     channel, path, run, then, sudo_n = _SENT.pop(host.name)  # sent by `ask` (or `send`) before

@@ -160,8 +160,7 @@ class PowerCapUnits(Fact):
     "path", "watts": the caps it sets written out (else []), "script" (or None), cron: "command"}."""
 
     def command(self, unit_dirs=UNIT_SEARCH_PATH, cron_files=CRON_FILES) -> str:
-        """Over `unit_dirs` and `cron_files`: each ExecStart and @reboot line (`line=FILE:LINE`) that calls
-        nvidia-smi, runs a script that sets caps (`script=PATH`, its `pl=LINE`s) or is a known cap unit's."""
+        """`line=FILE:LINE` per ExecStart/@reboot line naming nvidia-smi, a cap unit or a capping `script=PATH`."""
         units = " ".join(f"{d}/*.service" for d in unit_dirs)
         crons = " ".join(cron_files)
         known = "".join(f"printf '%s\\n' '/{name}:'; " for name in CAP_UNITS)
