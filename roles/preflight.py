@@ -38,26 +38,26 @@ class Source(NamedTuple):
 
 def sources_needed(plan: Plan, weights_state) -> list[Source]:
     """The sources this run would fetch from; `weights_state(plan, asset)` reads the weights' stamp."""
-    data, knobs = plan.data, DockerEngine.of(plan.data)
+    knobs = DockerEngine.of(plan.data)
     installed = host.get_fact(DebPackages) or {}
     os_release = host.get_fact(OsRelease) or {}
     out = []
     os_id = os_release.get("id", "debian")
     docker = docker_engine.docker_packages("docker", os_id, knobs.docker_package_versions)
     if knobs.docker_source == "docker" and apt_repo.missing(docker, installed):
-        url = docker_engine.docker_repo_url(data, os_id)
+        url = docker_engine.docker_repo_url(plan.data, os_id)
         suite = os_release.get("codename", "")
         fix = f"it has no '{suite}' suite: check docker_repo_url, or use docker_source: distro"
         out.append(Source("Docker's repository", f"{url}/dists/{suite}/InRelease", fix))
     if apt_repo.missing(docker_engine.toolkit_packages(plan.toolkit_version), installed):
-        url = docker_engine.toolkit_repo_url(data, host.get_fact(DebArch) or "amd64").rstrip("/")
+        url = docker_engine.toolkit_repo_url(plan.data, host.get_fact(DebArch) or "amd64").rstrip("/")
         out.append(Source("NVIDIA's container toolkit repository", f"{url}/InRelease", "check nvidia_toolkit_repo_url"))
     for pin in plan.sources:
         state = host.get_fact(GitCheckout, path=plan.layout.src(pin.name), files=tuple(dict(pin.files)))
         if pin.url.startswith(("http://", "https://")) and not is_current(state, pin.url, pin.commit, pin.sparse):
             out.append(Source(f"git remote {pin.name}", f"{pin.url}/info/refs?service=git-upload-pack",
                               f"check git.{pin.name}.url in the lock"))  # fmt: skip
-    endpoint = data["hf_endpoint"].rstrip("/")
+    endpoint = plan.data["hf_endpoint"].rstrip("/")
     for asset in plan.assets:
         if not asset.pin.gated and stale_files(asset.pin, weights_state(plan, asset)):  # gated: the token check asks
             pin = asset.pin

@@ -33,15 +33,16 @@ _IDENTITY: dict[str, tuple[str, str] | None] = {}  # host name -> (machine-id, S
 def identity(h) -> tuple[str, str] | None:
     """(machine-id, SHA256 fingerprint of its SSH host key as ssh-keygen -l prints it) of `h`; None: either unknown."""
     if h.name not in _IDENTITY:
-        transport, machine, key = ssh_transport(h), "", ""
-        if transport is not None:
+        found = None
+        if (transport := ssh_transport(h)) is not None:
             digest = hashlib.sha256(transport.get_remote_server_key().asbytes()).digest()
             key = "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
             # a plain read (the file is world-readable), not a fact: a fact read would run the rig's batched probe
             # before its lock is held, and with sudo before sudo is known to work
             ok, output = h.run_shell_command(StringCommand("cat", MACHINE_ID))
             machine = "".join(output.stdout_lines).strip() if ok else ""
-        _IDENTITY[h.name] = (machine, key) if key and machine else None
+            found = (machine, key) if machine else None
+        _IDENTITY[h.name] = found
     return _IDENTITY[h.name]
 
 
@@ -53,12 +54,12 @@ def twins(h) -> list[str]:
 
 
 def _holder(path: str, owner: str, then=None) -> str:
-    lock, info = shlex.quote(path), shlex.quote(f"{path}.owner")
+    info = shlex.quote(f"{path}.owner")
     # once it holds the lock, the command `then` asks for (the batched probe): its output, a newline (ends a last
     # line without one), the end line, its exit code
     run = f"( {then[0]} ) </dev/null 2>/dev/null; r=$?; echo; echo {shlex.quote(then[1])}; echo $r; " if then else ""
     return (
-        f"exec 9>>{lock} || exit 1; "
+        f"exec 9>>{shlex.quote(path)} || exit 1; "
         f"if flock -n 9; then "
         f'  [ -s {info} ] && echo "STALE $(sed "s/^[0-9]* //" {info})"; '
         f'  echo "$$ "{shlex.quote(owner)} > {info}; echo LOCKED; {run}cat >/dev/null; rm -f {info}; '
