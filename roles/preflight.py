@@ -139,8 +139,7 @@ def unpublished(data: Mapping, url: str, packages: driver_table.DriverPackages, 
 
 
 def branch_published(data: Mapping, os_release: dict, arch: str) -> list[str]:
-    """While the CUDA repository's driver packages are not installed: does the repository publish the branch asked
-    for (its index read with curl, not through /etc/apt)? An unreadable index is a warning, never a refusal."""
+    """[refusal] when the CUDA repository (its index read with curl) lacks the driver branch; unreadable: a warning."""
     if not data["nvidia_driver_manage"] or data["nvidia_driver_source"] != "cuda":
         return []
     packages = driver_table.packages_for(data, os_release.get("id", ""))  # state_problems checked it

@@ -113,8 +113,7 @@ def send(host, path: str, sudo: bool, then: list | None = None, password: str | 
 
 
 def ask(host) -> None:
-    """Send `host`'s request for the run lock, carrying its batched probe, unless it was sent. A rig that is the same
-    machine as another of this run's rigs is not asked: the deploy refuses it (roles/site.py `hold_the_rig`)."""
+    """Send `host`'s lock request with its batched probe, once; a twin is not asked (roles/site.py `hold_the_rig`)."""
     if not over_ssh(host) or asked(host) or (is_rig(host) and twins(host)):
         return
     sudo, _, password = sudo_of(host)

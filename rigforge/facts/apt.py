@@ -121,8 +121,7 @@ class DebInstalledVersion(Fact):
 
 
 class PublishedPackages(Fact):
-    """The package names a flat apt repository (``Suites: /``) publishes, sorted, read on the rig with curl from its
-    ``Packages.gz`` (else ``Packages``): nothing under /etc/apt changes. None when the index cannot be fetched."""
+    """Sorted package names the flat apt repository at `url` publishes (its Packages[.gz] by curl); None: unreadable."""
 
     def command(self, url: str) -> str:
         base = shlex.quote(url.rstrip("/") + "/")

@@ -235,10 +235,7 @@ def parse_topo_matrix(lines: list[str]) -> dict[str, str]:
 
 def parse_topology(lines: list[str]) -> dict:
     found = sections(lines, "--- ")
-    return {
-        "links": parse_topo_matrix(found.get("topo -m", [])),
-        "p2p_read": parse_topo_matrix(found.get("topo -p2p r", [])),
-    }
+    return {k: parse_topo_matrix(found.get(f"topo {a}", [])) for k, a in (("links", "-m"), ("p2p_read", "-p2p r"))}
 
 
 class NvidiaTopology(Fact):

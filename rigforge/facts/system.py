@@ -1,5 +1,4 @@
-"""System facts: each answers a plain value, never failing the host for a missing tool or file (preflight decides
-what a missing value means)."""
+"""System facts: plain values, never failing the host for a missing tool or file (preflight decides what that means)."""
 
 import re
 import shlex
