@@ -158,8 +158,7 @@ def branch_published(data: Mapping, os_release: dict, arch: str) -> list[str]:
 
 
 def check(needs: Needs, data: Mapping, more: list[str] = ()) -> bool:
-    """Refuse this host now, while the deploy is prepared, when it cannot run `needs.variant`; True when it can.
-    `data`: the plan's validated host data; `more`: problems found on the controller (roles/site.py)."""
+    """True when this host can run `needs.variant`, else refuse it now; `more`: the controller's problems (site.py)."""
     os_release = host.get_fact(OsRelease)
     problems = find_problems(
         os_release,
