@@ -1,10 +1,7 @@
 """Preflight: runs first, changes nothing, and stops a host that cannot run its variant with one message naming the
-host, the key and what to do, printed while the deploy is prepared (so `pyinfra --dry` shows it and exits 1): OS,
-GPUs, VRAM, caps, CUDA, disk, the role switches; the host state the driver and container-runtime roles own (the
-driver package exists and is published, no unowned driver is overwritten, no hand-made apt source clashes with
-rigforge's, daemon.json is a JSON object); the remote sources this run fetches from, one curl each in one round trip
-from the rig (HTTP 404 or 410 refuses; one that cannot be asked or answers otherwise is a warning).
-"""
+host, the key and what to do, printed while the deploy is prepared (so `pyinfra --dry` shows it and exits 1): the
+hardware, OS and role switches; the host state the driver and container-runtime roles own; the remote sources this
+run fetches from, one curl each in one round trip from the rig (HTTP 404 or 410 refuses, other failures warn)."""
 
 import re
 from collections.abc import Mapping
@@ -17,7 +14,7 @@ from pyinfra.facts.files import FileContents
 from rigforge import driver_table
 from rigforge.facts.apt import AptSourceFiles, DebInstalledVersion, PublishedPackages
 from rigforge.facts.gitpin import GitCheckout
-from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, NvidiaRunningDriver, unowned_driver
+from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, NvidiaRunningDriver
 from rigforge.facts.system import FreeDiskBytes, OsRelease, SecureBoot, UrlAnswers
 from rigforge.fleet import Plan
 from rigforge.hardware import Needs, find_problems, format_problems
@@ -41,26 +38,26 @@ class Source(NamedTuple):
 
 def sources_needed(plan: Plan, weights_state) -> list[Source]:
     """The sources this run would fetch from; `weights_state(plan, asset)` reads the weights' stamp."""
-    data, knobs = plan.data, DockerEngine.of(plan.data)
+    knobs = DockerEngine.of(plan.data)
     installed = host.get_fact(DebPackages) or {}
     os_release = host.get_fact(OsRelease) or {}
     out = []
     os_id = os_release.get("id", "debian")
     docker = docker_engine.docker_packages("docker", os_id, knobs.docker_package_versions)
     if knobs.docker_source == "docker" and apt_repo.missing(docker, installed):
-        url = docker_engine.docker_repo_url(data, os_id)
+        url = docker_engine.docker_repo_url(plan.data, os_id)
         suite = os_release.get("codename", "")
         fix = f"it has no '{suite}' suite: check docker_repo_url, or use docker_source: distro"
         out.append(Source("Docker's repository", f"{url}/dists/{suite}/InRelease", fix))
     if apt_repo.missing(docker_engine.toolkit_packages(plan.toolkit_version), installed):
-        url = docker_engine.toolkit_repo_url(data, host.get_fact(DebArch) or "amd64").rstrip("/")
+        url = docker_engine.toolkit_repo_url(plan.data, host.get_fact(DebArch) or "amd64").rstrip("/")
         out.append(Source("NVIDIA's container toolkit repository", f"{url}/InRelease", "check nvidia_toolkit_repo_url"))
     for pin in plan.sources:
         state = host.get_fact(GitCheckout, path=plan.layout.src(pin.name), files=tuple(dict(pin.files)))
         if pin.url.startswith(("http://", "https://")) and not is_current(state, pin.url, pin.commit, pin.sparse):
             out.append(Source(f"git remote {pin.name}", f"{pin.url}/info/refs?service=git-upload-pack",
                               f"check git.{pin.name}.url in the lock"))  # fmt: skip
-    endpoint = data["hf_endpoint"].rstrip("/")
+    endpoint = plan.data["hf_endpoint"].rstrip("/")
     for asset in plan.assets:
         if not asset.pin.gated and stale_files(asset.pin, weights_state(plan, asset)):  # gated: the token check asks
             pin = asset.pin
@@ -99,8 +96,7 @@ def remote_problems(plan: Plan, weights_state) -> list[str]:
 
 
 def state_problems(data: Mapping, os_release: dict, arch: str, running: dict, sources: dict) -> list[str]:
-    """Pure: every problem of the driver / container-runtime host state (empty when fine); `data`'s keys were
-    validated with the plan (rigforge/fleet.py plan_for)."""
+    """Pure: every problem of the driver / container-runtime host state; `data` validated (fleet.py plan_for)."""
     data = {**nvidia_driver.DEFAULTS, **docker_engine.DEFAULTS, **data}
     problems = []
     manage = data["nvidia_driver_manage"]
@@ -109,7 +105,7 @@ def state_problems(data: Mapping, os_release: dict, arch: str, running: dict, so
             driver_table.packages_for(data, os_release.get("id", ""))
         except driver_table.DriverTableError as error:
             problems.append(f"{error}.")
-        if unowned_driver(running):
+        if running.get("version") and running.get("smi_ok") and not running.get("owner"):  # .run installer, hand build
             problems.append(
                 f"NVIDIA driver {running['version']} is running but no package owns {running['smi']} (NVIDIA's .run "
                 "installer or a hand build); rigforge will not install packages over it: set "
@@ -117,15 +113,15 @@ def state_problems(data: Mapping, os_release: dict, arch: str, running: dict, so
             )
     elif problem := driver_table.branch_problem(running, int(data["nvidia_driver_branch"])):
         problems.append(problem)
-    repos = []
+
+    def clashes(uri: str, repo: str) -> list[str]:
+        return apt_repo.source_problems(sources, uri, repo, data["apt_adopt_sources"], "apt_adopt_sources")
+
     if manage and data["nvidia_driver_source"] == "cuda":
-        repos.append((nvidia_driver.cuda_repo(data, os_release, arch)[0], nvidia_driver.KEY_NAME))
+        problems += clashes(nvidia_driver.cuda_repo(data, os_release, arch)[0], nvidia_driver.KEY_NAME)
     if data["docker_source"] == "docker":
-        repos.append((docker_engine.docker_repo_url(data, os_release.get("id", "")), "rigforge-docker"))
-    repos.append((docker_engine.toolkit_repo_url(data, arch), "rigforge-nvidia-container-toolkit"))
-    for uri, repo in repos:
-        problems += apt_repo.source_problems(sources, uri, repo, data["apt_adopt_sources"], "apt_adopt_sources")
-    return problems
+        problems += clashes(docker_engine.docker_repo_url(data, os_release.get("id", "")), "rigforge-docker")
+    return problems + clashes(docker_engine.toolkit_repo_url(data, arch), "rigforge-nvidia-container-toolkit")
 
 
 def unpublished(data: Mapping, url: str, packages: driver_table.DriverPackages, published: list[str]) -> str | None:
@@ -142,16 +138,14 @@ def unpublished(data: Mapping, url: str, packages: driver_table.DriverPackages, 
     )
 
 
-def branch_published(data: Mapping) -> list[str]:
-    """While the CUDA repository's driver packages are not installed: does the repository publish the branch asked
-    for (its index read with curl, not through /etc/apt)? An unreadable index is a warning, never a refusal."""
+def branch_published(data: Mapping, os_release: dict, arch: str) -> list[str]:
+    """[refusal] when the CUDA repository (its index read with curl) lacks the driver branch; unreadable: a warning."""
     if not data["nvidia_driver_manage"] or data["nvidia_driver_source"] != "cuda":
         return []
-    os_release = host.get_fact(OsRelease)
     packages = driver_table.packages_for(data, os_release.get("id", ""))  # state_problems checked it
     if host.get_fact(DebInstalledVersion, package=packages.pinning or packages.version_package):
         return []  # installed: the branch was published, and a no-op asks nothing
-    url = nvidia_driver.cuda_repo(data, os_release, host.get_fact(DebArch) or "amd64")[0]
+    url = nvidia_driver.cuda_repo(data, os_release, arch)[0]
     published = host.get_fact(PublishedPackages, url=url)
     if published is None:
         warn(
@@ -164,10 +158,10 @@ def branch_published(data: Mapping) -> list[str]:
 
 
 def check(needs: Needs, data: Mapping, more: list[str] = ()) -> bool:
-    """Refuse this host now, while the deploy is prepared, when it cannot run `needs.variant`; True when it can.
-    `data`: the plan's validated host data; `more`: problems found on the controller (roles/site.py)."""
+    """True when this host can run `needs.variant`, else refuse it now; `more`: the controller's problems (site.py)."""
+    os_release = host.get_fact(OsRelease)
     problems = find_problems(
-        host.get_fact(OsRelease),
+        os_release,
         host.get_fact(NvidiaGpus),
         host.get_fact(FreeDiskBytes, path=needs.disk_path),
         needs=needs,
@@ -176,10 +170,9 @@ def check(needs: Needs, data: Mapping, more: list[str] = ()) -> bool:
         running=host.get_fact(NvidiaRunningDriver),
     )
     # the driver and container-runtime roles' host-state checks, then the controller's
-    os_release = host.get_fact(OsRelease)
     arch = host.get_fact(DebArch) or "amd64"
     found = state_problems(data, os_release, arch, host.get_fact(NvidiaRunningDriver), host.get_fact(AptSourceFiles))
-    problems = problems + found
+    problems += found
     lines = host.get_fact(FileContents, path=DAEMON_JSON)
     try:
         docker_daemon.merged_text(None if lines is None else "\n".join(lines), {})
@@ -188,7 +181,7 @@ def check(needs: Needs, data: Mapping, more: list[str] = ()) -> bool:
             f"{DAEMON_JSON} on {host.name} is not valid JSON ({error}); rigforge merges the nvidia runtime into it and "
             "never overwrites it: fix it (no comments, no trailing commas) or remove it, then re-run."
         )
-    problems += (branch_published(data) if not found else []) + list(more)
+    problems += (branch_published(data, os_release, arch) if not found else []) + list(more)
     if host.get_fact(SecureBoot) == "enabled":
         host.log_styled(
             "Secure Boot is enabled: DKMS-built NVIDIA modules must be signed with an enrolled MOK key; on Ubuntu, "

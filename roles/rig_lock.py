@@ -4,8 +4,7 @@
 run's owner line beside it, then `cat` until the channel closes. When the run ends or its link drops, `cat` ends and
 the lock frees itself (a killed run's owner line stays: the next run says it found one). Once it holds the lock the
 holder runs the batched probe: one round trip (docs/probe.md). One machine under two inventory names is told apart
-by `twins()` (machine-id together with the SSH host key) and by the owner line, which names the holding name.
-"""
+by `twins()` (machine-id and SSH host key) and by the owner line, which names the holding name."""
 
 import atexit
 import base64
@@ -32,18 +31,18 @@ _IDENTITY: dict[str, tuple[str, str] | None] = {}  # host name -> (machine-id, S
 
 
 def identity(h) -> tuple[str, str] | None:
-    """(machine-id, the SHA256 fingerprint of the host key its SSH connection was given, as ssh-keygen -l prints it)
-    of host `h`, or None when either is unknown."""
+    """(machine-id, SHA256 fingerprint of its SSH host key as ssh-keygen -l prints it) of `h`; None: either unknown."""
     if h.name not in _IDENTITY:
-        transport, machine, key = ssh_transport(h), "", ""
-        if transport is not None:
+        found = None
+        if (transport := ssh_transport(h)) is not None:
             digest = hashlib.sha256(transport.get_remote_server_key().asbytes()).digest()
             key = "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
             # a plain read (the file is world-readable), not a fact: a fact read would run the rig's batched probe
             # before its lock is held, and with sudo before sudo is known to work
             ok, output = h.run_shell_command(StringCommand("cat", MACHINE_ID))
             machine = "".join(output.stdout_lines).strip() if ok else ""
-        _IDENTITY[h.name] = (machine, key) if key and machine else None
+            found = (machine, key) if machine else None
+        _IDENTITY[h.name] = found
     return _IDENTITY[h.name]
 
 
@@ -55,12 +54,12 @@ def twins(h) -> list[str]:
 
 
 def _holder(path: str, owner: str, then=None) -> str:
-    lock, info = shlex.quote(path), shlex.quote(f"{path}.owner")
+    info = shlex.quote(f"{path}.owner")
     # once it holds the lock, the command `then` asks for (the batched probe): its output, a newline (ends a last
     # line without one), the end line, its exit code
     run = f"( {then[0]} ) </dev/null 2>/dev/null; r=$?; echo; echo {shlex.quote(then[1])}; echo $r; " if then else ""
     return (
-        f"exec 9>>{lock} || exit 1; "
+        f"exec 9>>{shlex.quote(path)} || exit 1; "
         f"if flock -n 9; then "
         f'  [ -s {info} ] && echo "STALE $(sed "s/^[0-9]* //" {info})"; '
         f'  echo "$$ "{shlex.quote(owner)} > {info}; echo LOCKED; {run}cat >/dev/null; rm -f {info}; '
@@ -99,8 +98,7 @@ def over_ssh(host) -> bool:
 
 
 def send(host, path: str, sudo: bool, then: list | None = None, password: str | None = None) -> None:
-    """Ask for `path` on `host` now, on a channel of its own, the rig running `then` once it holds it; `take` reads
-    the answer."""
+    """Ask for `path` on `host` on a channel of its own, the rig running `then` once it holds it (`take` reads it)."""
     if asked(host) or not over_ssh(host):
         return
     run = f"{socket.gethostname()}, pid {os.getpid()}"
@@ -108,17 +106,14 @@ def send(host, path: str, sudo: bool, then: list | None = None, password: str | 
     command = f"sh -c {shlex.quote(_holder(path, owner, then))}"
     channel = ssh_transport(host).open_session()
     password = password if sudo else None
+    channel.exec_command(f"sudo -S -p '' {command}" if password else f"sudo -n {command}" if sudo else command)
     if password:  # sudo reads it from the channel's first line; the holder's cat reads the rest
-        channel.exec_command(f"sudo -S -p '' {command}")
         channel.sendall(f"{password}\n".encode())
-    else:
-        channel.exec_command(f"sudo -n {command}" if sudo else command)
     _SENT[host.name] = (channel, path, run, then, sudo and not password)
 
 
 def ask(host) -> None:
-    """Send `host`'s request for the run lock, carrying its batched probe, unless it was sent. A rig that is the same
-    machine as another of this run's rigs is not asked: the deploy refuses it (roles/site.py `hold_the_rig`)."""
+    """Send `host`'s lock request with its batched probe, once; a twin is not asked (roles/site.py `hold_the_rig`)."""
     if not over_ssh(host) or asked(host) or (is_rig(host) and twins(host)):
         return
     sudo, _, password = sudo_of(host)
@@ -136,8 +131,7 @@ def asked(host) -> bool:
 
 
 def retake(state, host, path: str = RUN_LOCK) -> bool:
-    """After `host` rebooted, take the lock again on the new connection; False (the host fails) when another run
-    took it meanwhile."""
+    """After a reboot, take `host`'s lock again on the new connection; False (the host fails): another run took it."""
     if _HELD.pop(host.name, None) is None:  # never held: not over SSH
         return True
     sudo, _, password = sudo_of(host)
@@ -149,9 +143,8 @@ def retake(state, host, path: str = RUN_LOCK) -> bool:
 
 
 def take(host) -> tuple[str | None, str | None]:
-    """(problem, note): read the answer to `host`'s request (`send`): the lock held for this run, or who holds it.
-    Idempotent per host. Once the lock is held, the output lines of the request's `then` and its exit code as the
-    last one replace its None (left None when it did not run)."""
+    """(problem, note) of `host`'s request (`send`): the lock held for this run, or who holds it; idempotent. Once
+    held, `then`'s None becomes its command's output lines, then its exit code (stays None when it did not run)."""
     if host.name in _HELD or not over_ssh(host):
         return None, None
     channel, path, run, then, sudo_n = _SENT.pop(host.name)  # sent by `ask` (or `send`) before
@@ -166,9 +159,8 @@ def take(host) -> tuple[str | None, str | None]:
             if then:
                 output = []
                 for out in lines:
-                    if out == then[1]:
-                        output = output[:-1] if output[-1:] == [""] else output  # the newline echoed before END
-                        then[2] = [*output, next(lines, "").strip()]  # the command's lines, then its exit code
+                    if out == then[1]:  # the command's lines (less the newline echoed before END), its exit code
+                        then[2] = [*output[: -1 if output[-1:] == [""] else None], next(lines, "").strip()]
                         break
                     output.append(out)
             return None, note
@@ -182,9 +174,7 @@ def take(host) -> tuple[str | None, str | None]:
                     "of the two names from the inventory"
                 ), None
             return f"{host.name} is being provisioned by {holder}; wait for that run to end, then run again", None
-    said = b""
-    while sudo_n and (chunk := channel.recv_stderr(4096)):
-        said += chunk
+    said = b"".join(iter(lambda: channel.recv_stderr(4096), b"")) if sudo_n else b""
     channel.close()
     if b"password is required" in said:  # sudo -n's refusal: nothing ran as root
         return sudo_password_problem(host, ssh_transport(host).get_username()), None

@@ -15,7 +15,7 @@ import rigforge.knobs.docker_engine
 import rigforge.knobs.nvidia_driver
 from rigforge import driver_table, fleet
 from rigforge.facts.apt import AptSourceFiles, KeyFingerprints, parse_deb822, parse_one_line, same_uri_files
-from rigforge.facts.nvidia import NvidiaRunningDriver, unowned_driver
+from rigforge.facts.nvidia import NvidiaRunningDriver
 from rigforge.pins import default_lock_path, load_lock
 from roles import docker_engine, nvidia_driver, preflight
 from roles.operations import apt_repo
@@ -385,12 +385,11 @@ def test_a_running_driver_no_package_owns_is_refused_unless_left_alone():
     )
     want = {"version": "580.159.04", "smi": "/usr/bin/nvidia-smi", "smi_ok": True, "owner": None, "cuda": None}
     assert unowned == want
-    assert unowned_driver(unowned)
     owned = NvidiaRunningDriver().process(
         [f"proc={PROC}", "smi=/usr/bin/nvidia-smi", "smi_ok=1", "owner=nvidia-utils-580: /usr/bin/nvidia-smi"]
     )
-    assert owned["owner"] == "nvidia-utils-580" and not unowned_driver(owned)
     ubuntu = {"id": "ubuntu", "version_id": "24.04", "codename": "noble"}
+    assert owned["owner"] == "nvidia-utils-580" and preflight.state_problems({}, ubuntu, "amd64", owned, {}) == []
     (problem,) = preflight.state_problems({}, ubuntu, "amd64", unowned, {})
     assert problem.startswith("NVIDIA driver 580.159.04 is running but no package owns /usr/bin/nvidia-smi")
     assert "nvidia_driver_manage: false" in problem and "\n" not in problem

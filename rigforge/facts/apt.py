@@ -6,7 +6,7 @@ option Signed-By"), a key file's fingerprints, dpkg's state.
 import re
 import shlex
 
-from rigforge.facts import Fact
+from rigforge.facts import Fact, sections
 
 SOURCE_FILES = "/etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources"
 _MARK = "==> rigforge-source-file "
@@ -58,15 +58,7 @@ class AptSourceFiles(Fact):
     command = f'for f in {SOURCE_FILES}; do [ -f "$f" ] || continue; echo "{_MARK}$f"; cat "$f"; echo; done'
 
     def process(self, lines: list[str]) -> dict[str, list[str]]:
-        files: dict[str, list[str]] = {}
-        path = ""
-        for line in lines:
-            if line.startswith(_MARK):
-                path = line[len(_MARK) :].strip()
-                if path:
-                    files[path] = []
-            elif path:
-                files[path].append(line)
+        files = sections(lines, _MARK)
         return {p: (parse_deb822 if p.endswith(".sources") else parse_one_line)("\n".join(b)) for p, b in files.items()}
 
 
@@ -130,8 +122,7 @@ class DebInstalledVersion(Fact):
 
 
 class PublishedPackages(Fact):
-    """The package names a flat apt repository (``Suites: /``) publishes, sorted, read on the rig with curl from its
-    ``Packages.gz`` (else ``Packages``): nothing under /etc/apt changes. None when the index cannot be fetched."""
+    """Sorted package names the flat apt repository at `url` publishes (its Packages[.gz] by curl); None: unreadable."""
 
     def command(self, url: str) -> str:
         base = shlex.quote(url.rstrip("/") + "/")

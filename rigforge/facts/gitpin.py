@@ -25,18 +25,15 @@ class GitCheckout(FactBase):
     def process(self, output: list[str]):
         if not output or output[0].strip() == "absent":
             return None
-        state = {"head": "", "url": "", "sparse": False, "patterns": [], "dirty": [], "files": {}}
-        for line in output:
-            key, _, value = line.partition("=")
-            if key in ("head", "url"):
-                state[key] = value.strip()
-            elif key == "sparse":
-                state["sparse"] = value.strip() == "true"
-            elif key == "pattern" and value.strip():
-                state["patterns"].append(value.strip())
-            elif key == "dirty":
-                state["dirty"].append(value)
-            elif key == "file":
-                digest, _, name = value.partition("  ")
-                state["files"][name.strip()] = digest.strip()
-        return state
+        pairs = [line.partition("=")[::2] for line in output]
+        last = dict(pairs)
+        return {
+            "head": last.get("head", "").strip(),
+            "url": last.get("url", "").strip(),
+            "sparse": last.get("sparse", "").strip() == "true",
+            "patterns": [value.strip() for key, value in pairs if key == "pattern" and value.strip()],
+            "dirty": [value for key, value in pairs if key == "dirty"],
+            "files": {
+                n.strip(): d.strip() for d, _, n in (value.partition("  ") for key, value in pairs if key == "file")
+            },
+        }

@@ -7,7 +7,7 @@ import re
 from pyinfra.api import QuoteString, StringCommand
 
 from rigforge.boot import SHOW, parse_boot
-from rigforge.facts import Fact
+from rigforge.facts import Fact, sections
 from rigforge.layout import POWER_UNIT, SETTLE_UNIT, UNIT_SEARCH_PATH
 
 # Fields read by NvidiaGpus, in order; keys of each GPU dict are these with "." replaced by "_".
@@ -116,11 +116,6 @@ def parse_cuda_version(text: str) -> str | None:
 _PROC_VERSION = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)?)")
 
 
-def unowned_driver(running: dict) -> bool:
-    """A driver that answers (nvidia-smi, a version in /proc) but that no package owns (.run installer, hand build)."""
-    return bool(running.get("version") and running.get("smi_ok") and not running.get("owner"))
-
-
 class NvidiaRunningDriver(Fact):
     """The running driver: {"version" (/proc, else the module's), "smi" (its path), "smi_ok" (it answers), "cuda"
     (the driver's CUDA version, from its header), "owner" (the package; None: e.g. NVIDIA's .run installer)}."""
@@ -166,8 +161,7 @@ class PowerCapUnits(Fact):
     "path", "watts": the caps it sets written out (else []), "script" (or None), cron: "command"}."""
 
     def command(self, unit_dirs=UNIT_SEARCH_PATH, cron_files=CRON_FILES) -> str:
-        """Over `unit_dirs` and `cron_files`: each ExecStart and @reboot line (`line=FILE:LINE`) that calls
-        nvidia-smi, runs a script that sets caps (`script=PATH`, its `pl=LINE`s) or is a known cap unit's."""
+        """`line=FILE:LINE` per ExecStart/@reboot line naming nvidia-smi, a cap unit or a capping `script=PATH`."""
         units = " ".join(f"{d}/*.service" for d in unit_dirs)
         crons = " ".join(cron_files)
         known = "".join(f"printf '%s\\n' '/{name}:'; " for name in CAP_UNITS)
@@ -189,21 +183,15 @@ class PowerCapUnits(Fact):
         )
 
     def process(self, lines: list[str], unit_dirs=UNIT_SEARCH_PATH) -> dict:
-        scripts: dict[str, list[str]] = {}
-        entries: list[tuple[str, str]] = []
-        current = None
-        for line in lines:
-            if line.startswith("script="):
-                current = scripts.setdefault(line[7:].strip(), [])
-            elif line.startswith("pl=") and current is not None:
-                current.append(line[3:])
-            elif line.startswith("line="):
-                path, _, text = line[5:].partition(":")
-                entries.append((path, text.strip()))
+        scripts = {
+            name: [line[3:] for line in pls if line.startswith("pl=")]
+            for name, pls in sections(lines, "script=").items()
+        }
         rank = {d.rstrip("/"): i for i, d in enumerate(unit_dirs)}
         units: dict[str, dict[int, tuple[str, list[str]]]] = {}  # name -> {rank of its dir: (path, ExecStart lines)}
         out: dict[str, dict] = {}
-        for path, text in entries:
+        for path, _, text in (line[5:].partition(":") for line in lines if line.startswith("line=")):
+            text = text.strip()
             folder, _, name = path.rpartition("/")
             if name.endswith(".service") and folder in rank:
                 if name not in (POWER_UNIT, SETTLE_UNIT):  # rigforge's own
@@ -212,8 +200,7 @@ class PowerCapUnits(Fact):
                 via = next((s for s in scripts if s in text), None)
                 if _SETS_CAP.search(text) or via:
                     n = 1 if "/crontabs/" in path else 2  # a user's crontab has no user field
-                    parts = text.split(None, n)
-                    command = parts[n] if len(parts) > n else ""
+                    command = "".join(text.split(None, n)[n:])  # "" when there is none
                     watts = _watts([text, *scripts.get(via, [])])
                     out[f"@reboot in {path}"] = dict(kind="cron", path=path, watts=watts, script=via, command=command)
         for name, by_rank in units.items():
@@ -248,20 +235,12 @@ def parse_topo_matrix(lines: list[str]) -> dict[str, str]:
 
 
 def parse_topology(lines: list[str]) -> dict:
-    sections: dict[str, list[str]] = {}
-    current = None
-    for line in lines:
-        if line.startswith("--- "):
-            current = sections.setdefault(line[4:].strip(), [])
-        elif current is not None:
-            current.append(line)
-    return {"links": parse_topo_matrix(sections.get("topo -m", [])),
-            "p2p_read": parse_topo_matrix(sections.get("topo -p2p r", []))}  # fmt: skip
+    found = sections(lines, "--- ")
+    return {k: parse_topo_matrix(found.get(f"topo {a}", [])) for k, a in (("links", "-m"), ("p2p_read", "-p2p r"))}
 
 
 class NvidiaTopology(Fact):
-    """How the GPUs are connected (`topo -m`) and whether peer reads work (`topo -p2p r`): {"links": {pair: link
-    type}, "p2p_read": {pair: status}} (`parse_topo_matrix`), {} without nvidia-smi."""
+    """GPU links (`topo -m`) and peer reads (`topo -p2p r`): {"links": {pair: type}, "p2p_read": {pair: status}}."""
 
     command = (
         "if command -v nvidia-smi >/dev/null 2>&1; then echo '--- topo -m'; timeout 60 nvidia-smi topo -m "
@@ -273,8 +252,7 @@ class NvidiaTopology(Fact):
 
 class BootCaps(Fact):
     """What ran at this boot about GPU power caps (boot.py `parse_boot`): systemd's results for rigforge's power and
-    settle units and `units`, the journal's ordering cycles, settle and cron lines (both empty without systemd, e.g.
-    a chroot), each GPU's power limit now."""
+    settle units and `units`, the journal's ordering cycles, settle and cron lines, each GPU's power limit now."""
 
     shared = (SMI_QUERY,)
 

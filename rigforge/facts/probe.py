@@ -116,13 +116,6 @@ _HASHERS = {40: "sha1sum", 64: "sha256sum"}
 _PROCESS_ERRORS = (FactProcessError, ValueError, KeyError, IndexError, TypeError)
 
 
-def _file_path(cls, fact_kwargs: dict) -> str | None:
-    """The path of a file fact the probe reads in its one `stat` or hash (None: its own command)."""
-    path = fact_kwargs.get("path") if cls in FILE_FACTS and list(fact_kwargs) == ["path"] else None
-    plain = isinstance(path, str) and path.startswith("/") and not any(c in path for c in "\\\n")
-    return path if plain else None
-
-
 def _files_command(marker: str, paths: dict[str, set]) -> str:
     """One background job for all batched file facts (`paths`: path -> its kinds): `e PATH` (exists), `l PATH` (a
     symlink to nothing), `s PATH` and its line of pyinfra's `stat` format, and sha1sum's and sha256sum's lines."""
@@ -142,13 +135,11 @@ def _files_command(marker: str, paths: dict[str, set]) -> str:
 
 def _file_answers(block: list[str], batched: list, answers: dict) -> None:
     """Each batched file fact's answer from the files job's lines (a missing path: its default; no line: read live)."""
-    exists = set()
-    links = set()
-    found = {}  # (kind, path) -> its line
+    found = {}  # (kind, path) -> its line; ("e" or "l", path): it exists, it is a symlink to nothing
     lines = iter(block)
     for line in lines:
         if line.startswith(("e ", "l ")):
-            (exists if line[0] == "e" else links).add(line[2:])
+            found[(line[0], line[2:])] = line
         elif line.startswith("s "):
             found[("stat", line[2:])] = next(lines, None)
         else:
@@ -157,7 +148,7 @@ def _file_answers(block: list[str], batched: list, answers: dict) -> None:
                 found[(len(digest), path)] = line
     for key, fact, path in batched:
         kind = FILE_FACTS[type(fact)]
-        present = path in exists or (kind == "stat" and path in links)
+        present = ("e", path) in found or (kind == "stat" and ("l", path) in found)
         out = found.get((kind, path))
         if present and out is None:
             continue
@@ -174,8 +165,10 @@ def script(requests, marker: str) -> tuple[StringCommand | None, list[tuple[str,
         key = fact_key(cls, fact_kwargs)
         if key is None or not _cacheable(cls):
             continue
-        fact, path = cls(), _file_path(cls, fact_kwargs)
-        if path is not None:  # the files job reads it: a stat fact's own command is not built
+        fact = cls()
+        path = fact_kwargs.get("path") if cls in FILE_FACTS and list(fact_kwargs) == ["path"] else None
+        if isinstance(path, str) and path.startswith("/") and not any(c in path for c in "\\\n"):
+            # a plain path: the files job reads it (a stat fact's own command is not built)
             if FILE_FACTS[cls] != "stat":
                 fact.command(path)  # a hash fact's process() matches the path its command keeps
             sections.append((key, fact, path))
@@ -190,15 +183,13 @@ def script(requests, marker: str) -> tuple[StringCommand | None, list[tuple[str,
             continue
         guard = f"command -v {requires} >/dev/null 2>&1 || exit 97; " if requires else ""
         n = len(sections)
-        sections.append((key, fact, path))
-        body = command if isinstance(command, StringCommand) else StringCommand(command)
-        raw = body.get_raw_value()
+        sections.append((key, fact, None))
+        raw = command.get_raw_value() if isinstance(command, StringCommand) else command
         uses = [text for text in getattr(cls, "shared", ()) if text in raw]
         for text in uses:
             raw = raw.replace(text, f"_r {shared.setdefault(text, len(shared))}")
-        body = StringCommand(raw) if uses else body
         # one subshell per section: its exit code (an `exit` in the command's included) is printed by its EXIT trap
-        section = [f'( trap \'echo "{marker} rc $?"\' EXIT; echo "{marker} {n}";', guard, body, ")"]
+        section = [f'( trap \'echo "{marker} rc $?"\' EXIT; echo "{marker} {n}";', guard, raw, ")"]
         (dependent if uses else parts).append([*section, f'>"$d/{n}" 2>/dev/null </dev/null' + (";" if uses else " &")])
     if not sections:
         return None, []
@@ -243,9 +234,9 @@ def read(host: Host, requests, global_kwargs: dict | None = None) -> dict[str, o
     if command is None:
         return {}
     snap = _of(host)
-    global_kwargs = global_kwargs or snap.defaults
     if not host.connected:
         host.connect(reason="to read the rig in one probe", raise_exceptions=True)
+    global_kwargs = global_kwargs or snap.defaults
     executor_kwargs = {k: v for k, v in global_kwargs.items() if k in pyinfra_facts.CONNECTOR_ARGUMENT_KEYS}
     snap.probes += 1
     was_reading, snap.reading = snap.reading, True  # the probe changes nothing on the rig
@@ -283,12 +274,11 @@ def lock_request(host: Host) -> list | None:
         return None
     from pyinfra.connectors.util import make_unix_command_for_host
 
-    global_kwargs = snap.defaults
-    executor_kwargs = {k: v for k, v in global_kwargs.items() if k in pyinfra_facts.CONNECTOR_ARGUMENT_KEYS}
+    executor_kwargs = {k: v for k, v in snap.defaults.items() if k in pyinfra_facts.CONNECTOR_ARGUMENT_KEYS}
     if any(executor_kwargs.get(k) for k in _UNFOLDED) or host.connector_data.get("prompted_sudo_password"):
         return None
     marker = f"@@rigforge-probe-{secrets.token_hex(6)}"
-    command, sections = script(_recorded(host.state, host, snap, global_kwargs), marker)
+    command, sections = script(_recorded(host.state, host, snap, snap.defaults), marker)
     if command is None:
         return None
     wrap = {k: v for k, v in executor_kwargs.items() if k not in ("_success_exit_codes", *_UNFOLDED[:3])}

@@ -1,6 +1,4 @@
-"""System facts: each answers a plain value, never failing the host for a missing tool or file (preflight decides
-what a missing value means).
-"""
+"""System facts: plain values, never failing the host for a missing tool or file (preflight decides what that means)."""
 
 import re
 import shlex
@@ -120,9 +118,5 @@ class UrlAnswers(Fact):
         return "; ".join(asks) or "true"
 
     def process(self, output: list[str]) -> dict:
-        answers = {}
-        for line in output:
-            exit_, code, url = (line.strip().split(" ", 2) + ["", ""])[:3]
-            if url:
-                answers[url] = (int(code) if code.isdigit() else 0, int(exit_) if exit_.isdigit() else 0)
-        return answers
+        rows = ((line.strip().split(" ", 2) + ["", ""])[:3] for line in output)
+        return {url: (int(code) if code.isdigit() else 0, int(e) if e.isdigit() else 0) for e, code, url in rows if url}
