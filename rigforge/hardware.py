@@ -2,6 +2,7 @@
 shared by the deploy's checks (roles/operations/) and `rigforge verify`.
 """
 
+import contextlib
 import json
 from dataclasses import dataclass
 
@@ -248,13 +249,10 @@ def interconnect(topology: dict | None) -> str:
 
 def data_root_of(daemon_json: list[str] | None) -> str:
     """Docker's data-root from daemon.json's lines: its `data-root`, else Docker's default."""
-    try:
+    configured = None
+    with contextlib.suppress(ValueError, AttributeError):
         configured = json.loads("\n".join(daemon_json or []) or "{}").get("data-root")
-    except (ValueError, AttributeError):
-        configured = None
-    if not isinstance(configured, str) or not configured.strip("/"):
-        return schema.DOCKER_DATA_ROOT
-    return configured.rstrip("/")
+    return configured.rstrip("/") if isinstance(configured, str) and configured.strip("/") else schema.DOCKER_DATA_ROOT
 
 
 def roots_inside(layout: HostLayout, data_root: str) -> list[str]:

@@ -258,7 +258,7 @@ def power_caps(gpu_count: int, s: Settings) -> dict[int, int]:
 # ---------------------------------------------------------------- checks for the roles' own knobs
 
 
-def _must(key: str, value: Any, what: str, deploy: bool) -> list[str]:
+def _must(key: str, value: Any, what: str, deploy: bool = False) -> list[str]:
     """`deploy`: the deploy checks' form (`key=VALUE must be ...`)."""
     return [f"{key}={value!r} must be {what}." if deploy else f"{key} must be {what}, got {value!r}"]
 
@@ -270,9 +270,7 @@ def boolean(data: Mapping, key: str, deploy: bool = False) -> list[str]:
 def integer(data: Mapping, key: str, low: int, high: int, unit: str = "") -> list[str]:
     value = data.get(key)
     ok = isinstance(value, int) and not isinstance(value, bool) or isinstance(value, str) and value.isdigit()
-    if ok and low <= int(value) <= high:
-        return []
-    return [f"{key} must be a whole number{unit} in {low}..{high}, got {value!r}"]
+    return [] if ok and low <= int(value) <= high else _must(key, value, f"a whole number{unit} in {low}..{high}")
 
 
 def choice(data: Mapping, key: str, allowed: tuple, deploy: bool = False) -> list[str]:
