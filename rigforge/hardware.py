@@ -270,8 +270,7 @@ def _inside(path: str, tree: str) -> bool:
 
 
 def changed_roots(layout: HostLayout, recorded: dict | None, size_of) -> list[str]:
-    """The trees an earlier deploy used (rig.json's `root` and `models`: `recorded`) that `layout` no longer does,
-    each with its size (`size_of(path)`: bytes, None when it is gone) and how to remove it; nothing is removed."""
+    """Warnings for rig.json's `recorded` trees `layout` no longer uses (`size_of(path)`: bytes, None when gone)."""
     recorded = recorded or {}
     now = (layout.root, layout.models)
     out = []
