@@ -1,9 +1,6 @@
-"""Boot order: whether rigforge's caps are the last ones written at this boot, for status and verify
-(docs/operators.md "power caps"). At boot rigforge-gpu-power.service sets the caps early, ordered after no other cap
-writer (so never in an ordering cycle); rigforge-gpu-settle.service, once the boot finished, sets back every cap
-another writer changed and watches for `gpu_power_settle_window_s` seconds. A unit of rigforge's that did not run at
-this boot is a failure on its own (an ordering cycle can be lost from the journal). Pure: no host, no pyinfra.
-"""
+"""Whether rigforge's caps are the last written at this boot (power and settle units: docs/operators.md "power
+caps"), for status and verify. A unit of rigforge's that did not run at this boot fails on its own (an ordering cycle
+can be lost from the journal). Pure: no host, no pyinfra."""
 
 import contextlib
 import re
@@ -126,8 +123,7 @@ def boot_caps(seen: Mapping, ctx) -> tuple[str, str]:
 
 
 def summary(seen: Mapping, ctx) -> str:
-    """status's sentence after "power caps: 230 W" (docs/operators.md); where services are not managed (no
-    systemd), the writers found."""
+    """status's sentence after "power caps: 230 W"; with services not managed (no systemd), the writers found."""
     if not ctx.manage:
         named = ", ".join(f"{name} ({'/'.join(map(str, w.get('watts') or [])) or '?'} W)"
                           for name, w in ctx.cap_units.items())  # fmt: skip

@@ -91,10 +91,9 @@ def packages_for(data: Mapping, os_id: str) -> DriverPackages:
             + (f"; use nvidia_driver_source: {' or '.join(have)}" if have else "")
         )
     fill = {"branch": branch, "kernel": data["nvidia_driver_kernel_flavour"]}
-    pinning = PINNING[source]
     install, version = row
-    install = tuple(name.format(**fill) for name in install)
-    return DriverPackages(pinning and pinning.format(**fill), install, version.format(**fill))
+    pinning = PINNING[source] and PINNING[source].format(**fill)
+    return DriverPackages(pinning, tuple(name.format(**fill) for name in install), version.format(**fill))
 
 
 # The newest CUDA each driver supports: NVIDIA's "CUDA Toolkit and Corresponding Driver Versions" table (CUDA Toolkit
@@ -130,10 +129,9 @@ def cuda_for_driver(version: str) -> str | None:
 def cuda_for_branch(branch) -> str | None:
     """The newest CUDA a driver branch supports (580 -> 13.0); None for a branch newer than the table's newest
     row (the table does not know what it supports yet) or older than its oldest."""
-    branch = int(branch)
-    if branch > version_key(CUDA_DRIVERS[0][1])[0]:
+    if int(branch) > version_key(CUDA_DRIVERS[0][1])[0]:
         return None
-    return next((cuda for cuda, low in CUDA_DRIVERS if branch >= version_key(low)[0]), None)
+    return next((cuda for cuda, low in CUDA_DRIVERS if int(branch) >= version_key(low)[0]), None)
 
 
 def branch_for_cuda(cuda: str) -> int | None:

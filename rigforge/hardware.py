@@ -2,6 +2,7 @@
 shared by the deploy's checks (roles/operations/) and `rigforge verify`.
 """
 
+import contextlib
 import json
 from dataclasses import dataclass
 
@@ -35,18 +36,18 @@ def vram_problems(gpus: list[dict], variant: str, card_mib: int, dflash: bool, o
     seen = f"{cards(short)} {'has' if len(short) == 1 else 'have'} {vram} MiB"
     if vram < SMALL_CARD_FLOOR_MIB:
         return [f"{seen}; every variant needs 24 GB cards ({card_mib} MiB), or 20 GB ones with the override."]
-    if vram < SMALL_CARD_MIB and dflash:
+    if vram >= SMALL_CARD_MIB:
+        return [f"{seen}, less than the {card_mib} MiB {variant} needs."]
+    if dflash:
         return [
             f"{seen}; {variant} (DFlash) needs 24 GB cards and has no 20 GB override; "
             "choose dual or dual-turbo with the 20 GB override."
         ]
-    if vram < SMALL_CARD_MIB and not override:
+    if not override:
         return [
             f"{seen}, less than the {card_mib} MiB {variant} needs; for 20 GB cards set "
             "serving_kv_cache_dtype: fp8_e5m2 and serving_gpu_memory_utilization: 0.82 in host data."
         ]
-    if vram >= SMALL_CARD_MIB:
-        return [f"{seen}, less than the {card_mib} MiB {variant} needs."]
     return []
 
 
@@ -68,8 +69,7 @@ PCI_CARDS: dict[str, tuple[str, int, int | None]] = {
 
 
 def pci_problems(pci: list[tuple[str, str]], needs: "Needs", override: bool) -> list[str]:
-    """What the PCI bus alone shows a fresh rig lacks: too few NVIDIA GPUs, or cards whose device ID means too
-    little VRAM for the variant even in their largest known build. Unknown IDs wait for the driver."""
+    """Too few NVIDIA GPUs, or too little VRAM even in the largest known build; unknown IDs wait for the driver."""
     if len(pci) < needs.gpus:
         return [
             f"variant {needs.variant} needs {needs.gpus} GPUs, the PCI bus shows {len(pci)} NVIDIA GPU(s); {TWO_CARDS}"
@@ -103,8 +103,7 @@ class Needs:
 
 
 def driver_cuda(running: dict | None, data: dict) -> tuple[str | None, str]:
-    """(the CUDA version the rig's driver supports once the deploy ran, which driver that is): the running
-    driver's when rigforge keeps it, else that of the branch rigforge is about to install."""
+    """(CUDA the driver supports once the deploy ran, which driver): the running one if kept, else the branch's."""
     version, branch = (running or {}).get("version"), data.get("nvidia_driver_branch")
     if version and (data.get("nvidia_driver_manage") is False or version.split(".")[0] == str(branch)):
         return (running or {}).get("cuda") or cuda_for_driver(version), f"the running driver {version}"
@@ -138,9 +137,10 @@ def resolve_caps(indices: list[int], default_w: int, overrides: dict) -> dict[in
 
 def cap_problems(gpus: list[dict], default_w: int, overrides: dict) -> list[str]:
     """Problems with the requested power caps against each card's min..max (empty when fine)."""
-    problems, indices = [], [gpu["index"] for gpu in gpus]
+    indices = [gpu["index"] for gpu in gpus]
     caps = resolve_caps(indices, default_w, overrides)
     named = {int(index) for index in overrides or {}}
+    problems = []
     if gpus and (unknown := sorted(named - set(indices))):
         problems.append(
             f"gpu_power_limits names GPU(s) {unknown} but nvidia-smi shows GPU(s) {indices}; "
@@ -148,10 +148,9 @@ def cap_problems(gpus: list[dict], default_w: int, overrides: dict) -> list[str]
         )
     refused: dict[tuple, list] = {}  # one line per (cap, key, range), naming every card it concerns
     for gpu in gpus:
-        cap = caps[gpu["index"]]
         low = gpu.get("power_min_limit")
         high = gpu.get("power_max_limit")
-        if low is not None and high is not None and not low <= cap <= high:
+        if low is not None and high is not None and not low <= (cap := caps[gpu["index"]]) <= high:
             key = "gpu_power_limits" if int(gpu["index"]) in named else "gpu_power_limit_w"
             refused.setdefault((cap, key, low, high), []).append(gpu)
     return problems + [
@@ -191,9 +190,8 @@ def find_problems(
     pci: list | None = None,
     running: dict | None = None,
 ) -> list[str]:
-    """Every reason this host cannot run `needs.variant` (empty list when it can). With no driver yet the GPU count
-    and stock VRAM come from the PCI bus (`pci`: (address, device ID) pairs, None when unknown); a card's power
-    range and a modded card's VRAM wait for the driver. `running`: NvidiaRunningDriver, or None."""
+    """Every reason this host cannot run `needs.variant`. With no driver yet, GPUs come from `pci` ((address, device
+    ID) pairs, None when unknown). `running`: NvidiaRunningDriver, or None."""
     problems = []
     os_key = (os_release.get("id", ""), os_release.get("version_id", ""))
     if os_key not in SUPPORTED_OS:
@@ -251,13 +249,10 @@ def interconnect(topology: dict | None) -> str:
 
 def data_root_of(daemon_json: list[str] | None) -> str:
     """Docker's data-root from daemon.json's lines: its `data-root`, else Docker's default."""
-    try:
+    configured = None
+    with contextlib.suppress(ValueError, AttributeError):
         configured = json.loads("\n".join(daemon_json or []) or "{}").get("data-root")
-    except (ValueError, AttributeError):
-        configured = None
-    if not isinstance(configured, str) or not configured.strip("/"):
-        return schema.DOCKER_DATA_ROOT
-    return configured.rstrip("/")
+    return configured.rstrip("/") if isinstance(configured, str) and configured.strip("/") else schema.DOCKER_DATA_ROOT
 
 
 def roots_inside(layout: HostLayout, data_root: str) -> list[str]:
@@ -275,8 +270,7 @@ def _inside(path: str, tree: str) -> bool:
 
 
 def changed_roots(layout: HostLayout, recorded: dict | None, size_of) -> list[str]:
-    """The trees an earlier deploy used (rig.json's `root` and `models`: `recorded`) that `layout` no longer does,
-    each with its size (`size_of(path)`: bytes, None when it is gone) and how to remove it; nothing is removed."""
+    """Warnings for rig.json's `recorded` trees `layout` no longer uses (`size_of(path)`: bytes, None when gone)."""
     recorded = recorded or {}
     now = (layout.root, layout.models)
     out = []

@@ -1,10 +1,6 @@
-"""Power caps against what the recipe repo (club-3090) measured (what ran at boot: rigforge/boot.py). Pure data.
-
-Its hardware profile (PROFILE) is read as data. Its docs/HARDWARE.md ("Dual-card TP=2 anchor") says "the TP=2
-anchor below is already flat from 220–330W/card on `dual-fast`": prose, so the range is written here, citing it
-(tests/test_power.py checks the sentence is still there). A cap outside it, or above the profile's maximum, is a
-warning naming the source, never a refusal: the user's cap (230 W by default) is theirs to choose.
-"""
+"""Power caps against what the recipe repo (club-3090) measured: its hardware profile (PROFILE) and the range its
+docs/HARDWARE.md gives in prose (MEASURED_W; tests/test_power.py checks the sentence is still there). A cap outside
+them is a warning naming the source, never a refusal: the user's cap is theirs to choose."""
 
 from collections.abc import Mapping
 from pathlib import Path
@@ -37,8 +33,7 @@ def locate_profile(lock) -> dict | None:
 
 
 def warnings(caps: Mapping[int, int], prof: dict | None, kept: str = "kept as set") -> list[str]:
-    """One warning per cap outside what the recipe repo measured, naming the file it comes from, ending with
-    `kept` (what becomes of the cap: a deploy that cannot see the cards' own range yet says so)."""
+    """One warning per cap outside what the recipe repo measured, naming its source and ending with `kept`."""
     low, high = MEASURED_W
     out = []
     for watts in sorted(set(caps.values())):

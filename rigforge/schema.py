@@ -18,6 +18,7 @@ KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e5m2", "fp8_e4m3", "turboquant_3bit_nc")
 URL = re.compile(r"^https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~%/+:@=-]*)?$")
 HTTP_URL = re.compile(r"https?://[^ ]*")  # what clients or people are shown: no space in it
 NOT_BLANK = re.compile(r"\s*\S.*", re.S)  # a path on the controller: anything but blank
+FINGERPRINT = re.compile(r"( *[^ ]){40} *", re.S)  # an OpenPGP key's: 40 hex digits, spaces allowed
 HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$|^[0-9a-fA-F:]+$")
 SETTLE_WINDOW_S = 60  # default of host data gpu_power_settle_window_s: how long the settle stage watches after boot
 
@@ -257,17 +258,19 @@ def power_caps(gpu_count: int, s: Settings) -> dict[int, int]:
 # ---------------------------------------------------------------- checks for the roles' own knobs
 
 
-def boolean(data: Mapping, key: str) -> list[str]:
-    value = data.get(key)
-    return [] if value in (True, False) else [f"{key} must be true or false, got {value!r}"]
+def _must(key: str, value: Any, what: str, deploy: bool = False) -> list[str]:
+    """`deploy`: the deploy checks' form (`key=VALUE must be ...`)."""
+    return [f"{key}={value!r} must be {what}." if deploy else f"{key} must be {what}, got {value!r}"]
+
+
+def boolean(data: Mapping, key: str, deploy: bool = False) -> list[str]:
+    return [] if data.get(key) in (True, False) else _must(key, data.get(key), "true or false", deploy)
 
 
 def integer(data: Mapping, key: str, low: int, high: int, unit: str = "") -> list[str]:
     value = data.get(key)
     ok = isinstance(value, int) and not isinstance(value, bool) or isinstance(value, str) and value.isdigit()
-    if ok and low <= int(value) <= high:
-        return []
-    return [f"{key} must be a whole number{unit} in {low}..{high}, got {value!r}"]
+    return [] if ok and low <= int(value) <= high else _must(key, value, f"a whole number{unit} in {low}..{high}")
 
 
 def choice(data: Mapping, key: str, allowed: tuple, deploy: bool = False) -> list[str]:
@@ -278,10 +281,10 @@ def choice(data: Mapping, key: str, allowed: tuple, deploy: bool = False) -> lis
     return [f"{key}={value!r} is not one of: {names}." if deploy else f"{key} must be one of: {names}; got {value!r}"]
 
 
-def matches(data: Mapping, key: str, pattern: re.Pattern, what: str, optional: bool = False) -> list[str]:
+def matches(data: Mapping, key: str, pattern: re.Pattern, what: str, optional=False, deploy=False) -> list[str]:
     value = data.get(key)
     ok = value is None and optional or isinstance(value, str) and pattern.fullmatch(value)
-    return [] if ok else [f"{key} must be {what}, got {value!r}"]
+    return [] if ok else _must(key, value, what, deploy)
 
 
 def hostname(data: Mapping, key: str, optional: bool = False) -> list[str]:

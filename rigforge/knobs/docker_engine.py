@@ -1,3 +1,4 @@
+import re
 from collections.abc import Mapping
 
 from rigforge import schema
@@ -33,11 +34,9 @@ def validate(data: Mapping) -> list[str]:
         problems.append(
             f"docker_package_versions={versions!r} must map some of {', '.join(DOCKER_CE_PACKAGES)} to versions."
         )
-    version = data["nvidia_toolkit_version"]
-    if version is not None and (not isinstance(version, str) or not version or " " in version):
-        problems.append(f"nvidia_toolkit_version={version!r} must be a package version such as 1.18.0-1, or unset.")
+    version = "a package version such as 1.18.0-1, or unset"
+    problems += schema.matches(data, "nvidia_toolkit_version", re.compile(r"[^ ]+", re.S), version, True, True)
+    fpr = "a 40-hex-digit key fingerprint, or unset"
     for key in ("docker_repo_key_fingerprint", "nvidia_toolkit_repo_key_fingerprint"):
-        fpr = data[key]
-        if fpr is not None and (not isinstance(fpr, str) or len(fpr.replace(" ", "")) != 40):
-            problems.append(f"{key}={fpr!r} must be a 40-hex-digit key fingerprint, or unset.")
+        problems += schema.matches(data, key, schema.FINGERPRINT, fpr, True, True)
     return problems

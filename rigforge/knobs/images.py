@@ -1,4 +1,7 @@
+import re
 from collections.abc import Mapping
+
+from rigforge import schema
 
 DEFAULTS = {
     "rigforge_images_dir": None,  # the controller's directory of saved images (`rigforge images save DIR`)
@@ -7,10 +10,8 @@ DEFAULTS = {
 
 
 def validate(data: Mapping) -> list[str]:
-    problems = []
-    directory = data.get("rigforge_images_dir")
-    if not directory or not isinstance(directory, str):
-        problems.append(f"rigforge_images_dir must be a directory `rigforge images save` wrote, got {directory!r}")
+    saved = "a directory `rigforge images save` wrote"
+    problems = schema.matches(data, "rigforge_images_dir", re.compile(".+", re.S), saved)
     port = data.get("images_port")
     if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535):
         problems.append(f"images_port must be a whole number in 1..65535 or unset, got {port!r}")

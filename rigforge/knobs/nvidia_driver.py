@@ -1,3 +1,4 @@
+import re
 from collections.abc import Mapping
 
 from rigforge import driver_table, schema
@@ -18,6 +19,7 @@ DEFAULTS = {
     "apt_lock_wait": 300,  # seconds to wait, before the first change, for an apt/dpkg lock another process holds
 }
 NvidiaDriver = typed("NvidiaDriver", DEFAULTS)  # the role's settings: one frozen field per knob
+KERNEL_FLAVOUR = re.compile(r"([^\W_]|[-.])+")  # letters, digits (str.isalnum), - and .
 
 
 def validate(data: Mapping) -> list[str]:
@@ -27,13 +29,9 @@ def validate(data: Mapping) -> list[str]:
     if isinstance(branch, bool) or not str(branch).isdigit() or int(branch) < driver_table.MIN_BRANCH:
         problems.append(f"nvidia_driver_branch={branch!r} must be a branch number, 580 or later (e.g. 580, 590).")
     for key in ("nvidia_driver_manage", "nvidia_allow_reboot", "apt_adopt_sources"):
-        if data[key] not in (True, False):
-            problems.append(f"{key}={data[key]!r} must be true or false.")
+        problems += schema.boolean(data, key, deploy=True)
     problems += schema.integer(data, "apt_lock_wait", 0, 86400, " of seconds")
-    fpr = data["nvidia_driver_repo_key_fingerprint"]
-    if fpr is not None and (not isinstance(fpr, str) or len(fpr.replace(" ", "")) != 40):
-        problems.append(f"nvidia_driver_repo_key_fingerprint={fpr!r} must be a 40-hex-digit key fingerprint.")
-    kernel = data["nvidia_driver_kernel_flavour"]
-    if not isinstance(kernel, str) or not kernel or not all(c.isalnum() or c in "-." for c in kernel):
-        problems.append(f"nvidia_driver_kernel_flavour={kernel!r} must be a kernel flavour such as generic.")
-    return problems
+    fpr = "a 40-hex-digit key fingerprint"
+    problems += schema.matches(data, "nvidia_driver_repo_key_fingerprint", schema.FINGERPRINT, fpr, True, True)
+    kernel = "a kernel flavour such as generic"
+    return problems + schema.matches(data, "nvidia_driver_kernel_flavour", KERNEL_FLAVOUR, kernel, deploy=True)

@@ -1,3 +1,4 @@
+import re
 from collections.abc import Mapping
 
 from rigforge import schema
@@ -33,8 +34,7 @@ def validate(data: Mapping) -> list[str]:
     problems += schema.hostname(data, "serving_health_host")
     if data.get("serving_rest") not in REST:
         problems.append(f"serving_rest must be one of {', '.join(map(str, REST))}, got {data.get('serving_rest')!r}")
-    upstream = data.get("serving_image_upstream")
-    if upstream is not None and not (isinstance(upstream, str) and upstream.startswith(("https://", "http://"))):
-        problems.append(f"serving_image_upstream must be a registry base URL (https://HOST[:PORT]), got {upstream!r}")
+    base = "a registry base URL (https://HOST[:PORT])"
+    problems += schema.matches(data, "serving_image_upstream", re.compile("https?://.*", re.S), base, optional=True)
     what = "the path of a PEM file on the controller"
     return problems + schema.matches(data, "serving_image_upstream_ca", schema.NOT_BLANK, what, optional=True)
