@@ -1,6 +1,7 @@
 """Whether rigforge's caps are the last written at this boot (power and settle units: docs/operators.md "power
 caps"), for status and verify. A unit of rigforge's that did not run at this boot fails on its own (an ordering cycle
-can be lost from the journal). Pure: no host, no pyinfra."""
+can be lost from the journal). Pure: no host, no pyinfra.
+"""
 
 import contextlib
 import re

@@ -1,6 +1,7 @@
 """Power caps against what the recipe repo (club-3090) measured: its hardware profile (PROFILE) and the range its
 docs/HARDWARE.md gives in prose (MEASURED_W; tests/test_power.py checks the sentence is still there). A cap outside
-them is a warning naming the source, never a refusal: the user's cap is theirs to choose."""
+them is a warning naming the source, never a refusal: the user's cap is theirs to choose.
+"""
 
 from collections.abc import Mapping
 from pathlib import Path

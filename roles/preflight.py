@@ -1,7 +1,8 @@
 """Preflight: runs first, changes nothing, and stops a host that cannot run its variant with one message naming the
 host, the key and what to do, printed while the deploy is prepared (so `pyinfra --dry` shows it and exits 1): the
 hardware, OS and role switches; the host state the driver and container-runtime roles own; the remote sources this
-run fetches from, one curl each in one round trip from the rig (HTTP 404 or 410 refuses, other failures warn)."""
+run fetches from, one curl each in one round trip from the rig (HTTP 404 or 410 refuses, other failures warn).
+"""
 
 import re
 from collections.abc import Mapping

@@ -4,7 +4,8 @@
 run's owner line beside it, then `cat` until the channel closes. When the run ends or its link drops, `cat` ends and
 the lock frees itself (a killed run's owner line stays: the next run says it found one). Once it holds the lock the
 holder runs the batched probe: one round trip (docs/probe.md). One machine under two inventory names is told apart
-by `twins()` (machine-id and SSH host key) and by the owner line, which names the holding name."""
+by `twins()` (machine-id and SSH host key) and by the owner line, which names the holding name.
+"""
 
 import atexit
 import base64
