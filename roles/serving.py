@@ -21,8 +21,9 @@ from roles.operations.staged import staged_files, systemd_verify
 
 
 @deploy("Serve the variant with vLLM", data_defaults=DEFAULTS)
-def apply(plan: Plan, gateways: Mapping[str, bool] | None = None):
-    """`gateways`: the fleet gateway hosts this rig leaves while its unit restarts ({name: use sudo})."""
+def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = False):
+    """`gateways`: the fleet gateway hosts this rig leaves while its unit restarts ({name: use sudo}); `sudo`:
+    whether this rig's own commands run with sudo."""
     layout = plan.layout
     knobs = Serving.of(plan.data)
     manage, rest, unit = knobs.rigforge_manage_services, knobs.serving_rest, layout.vllm_unit
@@ -89,7 +90,7 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None):
         )
         if gateways and rest is None:
             gateway.rejoined(
-                name=f"Rejoin the fleet gateway on port {plan.port}", plan=plan, gateways=gateways, gate=gate
+                name=f"Rejoin the fleet gateway on port {plan.port}", plan=plan, gateways=gateways, gate=gate, sudo=sudo
             )
 
     ops.manifest(name=f"Record {layout.rig_json}", plan=plan, now=datetime.now(UTC).isoformat(timespec="seconds"))

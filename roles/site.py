@@ -241,7 +241,7 @@ def provision(variant_name: str | None = None):
     sources.apply(plan)
     weights.apply(plan)
     gateways = {h.name: bool(h.data.get("_sudo")) for h in host.inventory.get_group(GATEWAY, default=[])}
-    serving.apply(plan, gateways)
+    serving.apply(plan, gateways, sudo=bool(host.data.get("_sudo")))
     # last: the collector's declared facts (variant, image, rest) follow a serving change only once its gate passed
     monitor_role.rig(plan)
 

@@ -52,7 +52,7 @@ def states(state, host, gateways: dict[str, bool], plan: Plan) -> dict[str, str]
     return {name: word for name, word in said.items() if word in ("ready", "drain", "maint", "moved", "absent")}
 
 
-def _rejoin(state, host, plan: Plan, gateways, gate):
+def _rejoin(state, host, plan: Plan, gateways, gate, sudo):
     address = Gateway.of(plan.data).gateway_address or host.name
     wait = Serving.of(plan.data).serving_health_timeout
     if gate is None or not gate.did_error():
@@ -65,7 +65,7 @@ def _rejoin(state, host, plan: Plan, gateways, gate):
     if previous.get("unit"):  # rolled back to a unit that runs, or left failing (a unit found failed): out
         active = StringCommand(f"systemctl is-active --quiet {shlex.quote(previous['unit'])}")
         # as the deploy: a login user may have no system bus
-        ok, _ = host.run_shell_command(active, _sudo=bool(host.data.get("_sudo")))
+        ok, _ = host.run_shell_command(active, _sudo=sudo)
         previous = previous if ok else {**previous, "port": None}
     if previous.get("port"):
         script = rejoin_script(host.name, None, address, previous["port"], wait)
@@ -96,13 +96,14 @@ def drained(plan: Plan, gateways: dict[str, bool], held: bool = False):
 
 
 @operation(is_idempotent=False)
-def rejoined(plan: Plan, gateways: dict[str, bool], gate=None):
+def rejoined(plan: Plan, gateways: dict[str, bool], gate=None, sudo: bool = False):
     """Put this rig back in every fleet gateway at its new port once it passed its health gate, or wherever one finds
     it out; waits up to ``serving_health_timeout`` s for the gateway's health check, leaves other models' backends.
 
     + plan: the rig's plan (its model, port, rig.json, and ``gateway_address``: where the gateway reaches it)
     + gateways: ``{inventory name: use sudo}`` of the gateway hosts
     + gate: the health gate; when it failed, the rig rejoins where it rolled back to and the host fails
+    + sudo: whether this rig's own commands run with sudo
     """
     if not state.is_executing:
         return  # its state at the gateways is read when the rig's turn comes
@@ -111,4 +112,4 @@ def rejoined(plan: Plan, gateways: dict[str, bool], gate=None):
         if unchanged(not out, f"{host.name} serves at every gateway"):
             return
         host.log(f"{host.name} is not serving at {', '.join(f'{g} ({w})' for g, w in out.items())}: rejoining")
-    yield FunctionCommand(_rejoin, (plan, gateways, gate), {})
+    yield FunctionCommand(_rejoin, (plan, gateways, gate, sudo), {})
