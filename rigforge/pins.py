@@ -1,6 +1,5 @@
-"""The lock file (rigforge.lock.yaml), every external input of a rig pinned, read and validated into frozen
-dataclasses; a malformed entry raises `LockError` naming the file and the key. No host, no network.
-Schema: docs/contracts.md; policy for unresolved entries: docs/pins.md.
+"""The lock file (rigforge.lock.yaml): every external input of a rig pinned, read into frozen dataclasses; a
+malformed entry raises `LockError` naming file and key. Schema: docs/contracts.md; unresolved entries: docs/pins.md.
 """
 
 import dataclasses
@@ -59,9 +58,7 @@ class GitPin:
     short: str | None = None
     note: str | None = None
 
-    @property
-    def resolved(self) -> bool:
-        return self.commit is not None
+    resolved = property(lambda self: self.commit is not None)
 
 
 @dataclass(frozen=True)
@@ -81,13 +78,8 @@ class HfPin:
     ref: str = "main"
     note: str | None = None
 
-    @property
-    def resolved(self) -> bool:
-        return self.revision is not None and bool(self.files)
-
-    @property
-    def total_size(self) -> int:
-        return sum(f.size for f in self.files)
+    resolved = property(lambda self: self.revision is not None and bool(self.files))
+    total_size = property(lambda self: sum(f.size for f in self.files))
 
 
 @dataclass(frozen=True)

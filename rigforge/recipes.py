@@ -1,7 +1,5 @@
-"""The recipe repo (club-3090) as a source of variants: its registry slugs, read from a checkout. No host here.
-
-What is served, selectable, refused or opt-in, and where the controller finds the checkout: README.md "Live
-recipes". The GPU floor is upstream's (scripts/preflight.sh "fallback_sm replaces required_sm as the hard floor").
+"""The recipe repo (club-3090)'s registry slugs as variants; what is served or refused: README.md "Live recipes".
+The GPU floor is upstream's (scripts/preflight.sh "fallback_sm replaces required_sm as the hard floor").
 """
 
 import contextlib
@@ -283,12 +281,10 @@ def _braced(inner: str, env: dict[str, str]) -> str:
     if op is None:
         return value or ""
     unset_or_empty = value is None or (colon == ":" and value == "")
-    if op == "-":
+    if op == "?" and unset_or_empty:
+        raise RecipeError(f"required variable {name} is missing: {interpolate(arg, env)}")
+    if op in "-?":
         return interpolate(arg, env) if unset_or_empty else value
-    if op == "?":
-        if unset_or_empty:
-            raise RecipeError(f"required variable {name} is missing: {interpolate(arg, env)}")
-        return value
     return "" if unset_or_empty else interpolate(arg, env)  # op "+"
 
 
@@ -315,8 +311,7 @@ def interpolated(compose: dict, env: dict[str, str]) -> dict:
 
 
 def knob_env(r: Recipe, compose: dict, values: dict[str, Any], host_keys: bool = False) -> dict[str, str]:
-    """The .env variables for `values` ({setting: value}, None = recipe default). Every setting the recipe has
-    no knob for is refused in one RecipeError, named as a setting, or as its host-data key when `host_keys`."""
+    """The .env for `values` (None: recipe default); one RecipeError names every setting without a knob."""
     knobs = variables(compose)
     given = {key: value for key, value in values.items() if value is not None and value != () and value != ""}
     if missing := [key for key in given if key in NO_KNOB or KNOBS.get(key) not in knobs]:
@@ -345,8 +340,7 @@ def service_name(r: Recipe, compose: dict) -> str:
 
 
 def _host_compose(r: Recipe, compose: dict, env: dict[str, str], image: str, layout: HostLayout) -> tuple[dict, dict]:
-    """(the host override file, what `docker compose -f RECIPE -f OVERRIDE config` resolves with the .env's `env`:
-    volumes merged by target, relative bind sources resolved in the rig's pinned checkout)."""
+    """(host override, what `docker compose -f RECIPE -f OVERRIDE config` resolves with the .env's `env`)."""
     svc = service_name(r, compose)
     host: dict[str, Any] = {"restart": "no"} if r.image_env in env else {"image": image, "restart": "no"}
     for v in compose["services"][svc].get("volumes") or []:
@@ -449,8 +443,7 @@ class LiveVariant:
 
 
 def find(slug: str, lock: Any, opt_in: bool) -> LiveVariant:
-    """A recipe-repo slug at the locked commit, its image and weights found in the lock (by ref, by repo id); else
-    RecipeError / LockError naming the slug and what to do (refused, opt-in, missing lock entry)."""
+    """A slug at the locked commit, image and weights in the lock; else RecipeError / LockError saying what to do."""
     if (pin := lock.git.get(GIT_NAME)) is None:
         raise LockError(f"lock {lock.path}: no git.{GIT_NAME} entry (the recipe repo) to serve {slug} from")
     repo = load_repo(pin.commit)
@@ -471,8 +464,7 @@ def find(slug: str, lock: Any, opt_in: bool) -> LiveVariant:
 
 
 def provisional(slug: str, lock: Any, opt_in: bool) -> Any:
-    """`lock` plus an unresolved entry (named as `find`'s advice names it) for each image and weights repo `slug`
-    needs and the lock lacks: what render, status and verify show for a slug not locked yet (a deploy refuses)."""
+    """`lock` plus an unresolved entry (named as `find` advises) for each image and weights repo `slug` lacks."""
     if (pin := lock.git.get(GIT_NAME)) is None:
         return lock
     recipe = load_repo(pin.commit).recipe(slug, opt_in=opt_in)
