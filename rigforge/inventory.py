@@ -206,8 +206,7 @@ def sh(host, command) -> str:
     from pyinfra.api import StringCommand
     from pyinfra.facts.server import Command
 
-    cmd = command if isinstance(command, StringCommand) else StringCommand(command)
-    return host.get_fact(Command, command=StringCommand("(", cmd, ") 2>/dev/null || true")) or ""
+    return host.get_fact(Command, command=StringCommand("(", command, ") 2>/dev/null || true")) or ""
 
 
 def add_arguments(p: argparse.ArgumentParser, shown: str = "a table") -> None:

@@ -1,8 +1,6 @@
-"""One batched probe per rig instead of one SSH round trip per fact (docs/probe.md): the facts a deploy reads on a
-host are recorded; the next run reads them all in ONE remote command, and answers from it only until the first
-command, upload or rsync that is not a fact read (exactly what a live read would return). Relies on pyinfra 3.10's
-private `facts._get_fact`, `_make_command`, `_handle_fact_kwargs`, `CONNECTOR_ARGUMENT_KEYS` and
-`Host.run_shell_command` / `put_file` / `rsync` (tests/test_probe.py checks them).
+"""One batched probe per rig, not one SSH round trip per fact (docs/probe.md): the facts a deploy reads on a host are
+recorded, the next run reads them in ONE remote command and answers from it until a command, upload or rsync not a fact
+read. Relies on pyinfra 3.10's private `_get_fact` and more (tests/test_probe.py checks them).
 """
 
 import atexit
@@ -301,8 +299,7 @@ def lock_answer(host: Host) -> None:
 
 
 def _get_fact(state, host, cls, args=None, kwargs=None, *rest, **kw):
-    """pyinfra's _get_fact, answered from the host's snapshot when exact, skipping pyinfra's (slow) per-read
-    argument handling; explicit global or positional arguments: pyinfra's own path, live."""
+    """pyinfra's _get_fact, answered from the host's snapshot when exact (explicit global or positional args: live)."""
     snap = _of(host)
     fact_kwargs = dict(kwargs or {})
     if not args and not any(k.startswith("_") for k in fact_kwargs) and _cacheable(cls):
