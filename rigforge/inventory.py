@@ -128,8 +128,7 @@ def for_each_host(state, fn) -> dict[str, Any]:
             return Unreachable(f"cannot connect: {_one_line(exc)}")
         state.activate_host(host)
         try:
-            problem = _command_problem(host)
-            return Unreachable(problem) if problem else fn(host)
+            return Unreachable(problem) if (problem := _command_problem(host)) else fn(host)
         except Exception as exc:
             return Unreachable(f"{type(exc).__name__}: {_one_line(exc)}")
         finally:

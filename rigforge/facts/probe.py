@@ -95,16 +95,6 @@ def _cacheable(cls) -> bool:
     )
 
 
-def _probe_file(host: Host, state) -> Path | None:
-    base = cache_dir()
-    if base is None:
-        return None
-    data = getattr(host.connector, "data", None) or {}
-    deploy = str(getattr(state, "current_deploy_filename", "") or "")
-    ident = [host.name, type(host.connector).__name__, *(data.get(key) for key in CONNECTOR_IDENTITY), deploy]
-    return base / f"{hashlib.sha256(json.dumps(ident, default=str).encode()).hexdigest()[:24]}.json"
-
-
 # pyinfra's file facts whose commands are one `stat` or one hash of a path: the probe runs one `stat` and one
 # sha1sum/sha256sum for all their paths (not one process each); class -> "stat" or the hash's hex digits
 FILE_FACTS = {pyinfra_files.File: "stat", pyinfra_files.Directory: "stat", pyinfra_files.Link: "stat",
@@ -246,9 +236,13 @@ def read(host: Host, requests, global_kwargs: dict | None = None) -> dict[str, o
 
 
 def _recorded(state, host: Host, snap: _HostSnapshot, global_kwargs: dict) -> list:
-    """The facts recorded for this host (and deploy file), as requests; marks the snapshot probed."""
+    """The facts recorded for this host (and deploy file) in its cache file, as requests; marks the snapshot probed."""
     snap.probed = True
-    snap.file = _probe_file(host, state)
+    data = getattr(host.connector, "data", None) or {}
+    deploy = str(getattr(state, "current_deploy_filename", "") or "")
+    ident = [host.name, type(host.connector).__name__, *(data.get(key) for key in CONNECTOR_IDENTITY), deploy]
+    digest = hashlib.sha256(json.dumps(ident, default=str).encode()).hexdigest()[:24]
+    snap.file = base / f"{digest}.json" if (base := cache_dir()) is not None else None
     snap.connection = _identity(global_kwargs)
     recorded, requests = [], []
     with contextlib.suppress(OSError, ValueError):
