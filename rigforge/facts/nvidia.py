@@ -116,8 +116,7 @@ _PROC_VERSION = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)
 
 
 class NvidiaRunningDriver(Fact):
-    """The running driver: {"version" (/proc, else the module's), "smi" (its path), "smi_ok" (it answers), "cuda"
-    (the driver's CUDA version, from its header), "owner" (the package; None: e.g. NVIDIA's .run installer)}."""
+    """The running driver: {"version", "smi" (path), "smi_ok", "cuda" (its CUDA), "owner" (package; None: .run)}."""
 
     command = (
         'echo "proc=$(head -n 1 /proc/driver/nvidia/version 2>/dev/null)"; '
