@@ -128,8 +128,7 @@ def for_each_host(state, fn) -> dict[str, Any]:
             return Unreachable(f"cannot connect: {_one_line(exc)}")
         state.activate_host(host)
         try:
-            problem = _command_problem(host)
-            return Unreachable(problem) if problem else fn(host)
+            return Unreachable(problem) if (problem := _command_problem(host)) else fn(host)
         except Exception as exc:
             return Unreachable(f"{type(exc).__name__}: {_one_line(exc)}")
         finally:
@@ -206,8 +205,7 @@ def sh(host, command) -> str:
     from pyinfra.api import StringCommand
     from pyinfra.facts.server import Command
 
-    cmd = command if isinstance(command, StringCommand) else StringCommand(command)
-    return host.get_fact(Command, command=StringCommand("(", cmd, ") 2>/dev/null || true")) or ""
+    return host.get_fact(Command, command=StringCommand("(", command, ") 2>/dev/null || true")) or ""
 
 
 def add_arguments(p: argparse.ArgumentParser, shown: str = "a table") -> None:

@@ -86,8 +86,7 @@ class NvidiaModuleVersion(Fact):
 
 
 class NvidiaPciGpus(Fact):
-    """NVIDIA display/3D controllers on the PCI bus from sysfs (no driver needed): [(PCI address, device ID)], e.g.
-    [("0000:01:00.0", "2204")] (hardware.py PCI_CARDS); None without a PCI bus (a container), not "no GPU"."""
+    """NVIDIA display/3D controllers in sysfs (no driver needed): [(PCI address, device ID)]; None: no PCI bus."""
 
     command = (
         # `read`, a shell builtin, not `cat`: no process per PCI function (a server has dozens to hundreds)
@@ -117,8 +116,7 @@ _PROC_VERSION = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)
 
 
 class NvidiaRunningDriver(Fact):
-    """The running driver: {"version" (/proc, else the module's), "smi" (its path), "smi_ok" (it answers), "cuda"
-    (the driver's CUDA version, from its header), "owner" (the package; None: e.g. NVIDIA's .run installer)}."""
+    """The running driver: {"version", "smi" (path), "smi_ok", "cuda" (its CUDA), "owner" (package; None: .run)}."""
 
     command = (
         'echo "proc=$(head -n 1 /proc/driver/nvidia/version 2>/dev/null)"; '
@@ -155,10 +153,9 @@ def _watts(lines) -> list[int]:
 
 
 class PowerCapUnits(Fact):
-    """The rig's other boot-time GPU power-cap writers, {name: writer}: units (the first file of the name in
-    `unit_dirs`' precedence) known by name (CAP_UNITS) or whose ExecStart calls `nvidia-smi -pl` or runs a script
-    that does, and root @reboot cron jobs ("@reboot in FILE") that do either. Each writer: {"kind": "unit"|"cron",
-    "path", "watts": the caps it sets written out (else []), "script" (or None), cron: "command"}."""
+    """Other boot-time GPU power-cap writers, {name: writer}: units (first file of the name in `unit_dirs`) in CAP_UNITS
+    or whose ExecStart runs `nvidia-smi -pl` or a script that does; root cron jobs ("@reboot in FILE") likewise.
+    Writer: {"kind": "unit"|"cron", "path", "watts" (caps set, else []), "script" (or None), cron: "command"}."""
 
     def command(self, unit_dirs=UNIT_SEARCH_PATH, cron_files=CRON_FILES) -> str:
         """`line=FILE:LINE` per ExecStart/@reboot line naming nvidia-smi, a cap unit or a capping `script=PATH`."""

@@ -1,8 +1,6 @@
-"""One batched probe per rig instead of one SSH round trip per fact (docs/probe.md): the facts a deploy reads on a
-host are recorded; the next run reads them all in ONE remote command, and answers from it only until the first
-command, upload or rsync that is not a fact read (exactly what a live read would return). Relies on pyinfra 3.10's
-private `facts._get_fact`, `_make_command`, `_handle_fact_kwargs`, `CONNECTOR_ARGUMENT_KEYS` and
-`Host.run_shell_command` / `put_file` / `rsync` (tests/test_probe.py checks them).
+"""One batched probe per rig, not one SSH round trip per fact (docs/probe.md): the facts a deploy reads on a host are
+recorded, the next run reads them in ONE remote command and answers from it until a command, upload or rsync not a fact
+read. Relies on pyinfra 3.10's private `_get_fact` and more (tests/test_probe.py checks them).
 """
 
 import atexit
@@ -95,16 +93,6 @@ def _cacheable(cls) -> bool:
         and not cls().shell_executable
         and cls.check_preconditions is FactBase.check_preconditions
     )
-
-
-def _probe_file(host: Host, state) -> Path | None:
-    base = cache_dir()
-    if base is None:
-        return None
-    data = getattr(host.connector, "data", None) or {}
-    deploy = str(getattr(state, "current_deploy_filename", "") or "")
-    ident = [host.name, type(host.connector).__name__, *(data.get(key) for key in CONNECTOR_IDENTITY), deploy]
-    return base / f"{hashlib.sha256(json.dumps(ident, default=str).encode()).hexdigest()[:24]}.json"
 
 
 # pyinfra's file facts whose commands are one `stat` or one hash of a path: the probe runs one `stat` and one
@@ -248,9 +236,13 @@ def read(host: Host, requests, global_kwargs: dict | None = None) -> dict[str, o
 
 
 def _recorded(state, host: Host, snap: _HostSnapshot, global_kwargs: dict) -> list:
-    """The facts recorded for this host (and deploy file), as requests; marks the snapshot probed."""
+    """The facts recorded for this host (and deploy file) in its cache file, as requests; marks the snapshot probed."""
     snap.probed = True
-    snap.file = _probe_file(host, state)
+    data = getattr(host.connector, "data", None) or {}
+    deploy = str(getattr(state, "current_deploy_filename", "") or "")
+    ident = [host.name, type(host.connector).__name__, *(data.get(key) for key in CONNECTOR_IDENTITY), deploy]
+    digest = hashlib.sha256(json.dumps(ident, default=str).encode()).hexdigest()[:24]
+    snap.file = base / f"{digest}.json" if (base := cache_dir()) is not None else None
     snap.connection = _identity(global_kwargs)
     recorded, requests = [], []
     with contextlib.suppress(OSError, ValueError):
@@ -301,8 +293,7 @@ def lock_answer(host: Host) -> None:
 
 
 def _get_fact(state, host, cls, args=None, kwargs=None, *rest, **kw):
-    """pyinfra's _get_fact, answered from the host's snapshot when exact, skipping pyinfra's (slow) per-read
-    argument handling; explicit global or positional arguments: pyinfra's own path, live."""
+    """pyinfra's _get_fact, answered from the host's snapshot when exact (explicit global or positional args: live)."""
     snap = _of(host)
     fact_kwargs = dict(kwargs or {})
     if not args and not any(k.startswith("_") for k in fact_kwargs) and _cacheable(cls):
