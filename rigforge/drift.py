@@ -370,8 +370,7 @@ def fleet_checks(checks: list[Check], rig: str, rest: str | None, gateways: Mapp
 
 
 def monitor_check(rig: str, rest: str | None, views: Mapping[str, dict | None]) -> Check | None:
-    """The check "scraped": the rig's targets (label `rig`) up at every monitor (`observe_monitor`'s views, None: not
-    read); vLLM resting stopped excepted; unknown (skip) while one is not asked or not scraped yet; None: no monitor."""
+    """The check "scraped": the rig's targets up at every monitor (skip while one is unknown); None: no monitor."""
     if not views:
         return None
     problems, unknown, fine = [], [], []
