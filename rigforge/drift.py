@@ -176,9 +176,7 @@ def driver(obs: Observed, ctx: RigContext) -> Check:
 def cuda_versions(obs: Observed, ctx: RigContext) -> dict:
     """{"driver": the CUDA version the running driver supports, "image": the lock's for the image}, None: unknown."""
     running = obs.get_fact(NvidiaRunningDriver) or {}
-    driver = running.get("cuda") or (
-        driver_table.cuda_for_driver(running["version"]) if running.get("version") else None
-    )
+    driver = running.get("cuda") or driver_table.cuda_for_driver(running.get("version") or "")  # "": None
     image = ctx.plan.image if ctx.plan else (ctx.manifest or {}).get("image")
     return {"driver": driver, "image": ctx.lock.image_cuda(image) if ctx.lock and image else None}
 
@@ -299,11 +297,10 @@ def checks(obs: Observed, ctx: RigContext) -> list[Check]:
         out.append(Check(name, FAIL, unplanned) if unplanned else check(name, *find(), hint))
     unit = unit_state(obs, ctx)
     out.append(pins_check(ctx))
-    if not unit["unit"]:
+    if not (name := unit["unit"]):
         why = variant_needed(ctx)
         active = (FAIL, why) if ctx.manage else (SKIP, SKIPPED)
         return [*out, Check("unit enabled", FAIL, why), Check("unit active", *active), Check(RUNS_DIGEST, *active)]
-    name = unit["unit"]
     if unit["rest"] == "stopped":
         out.append(check("unit enabled", [f"{name} is enabled at boot (run the deploy)"] * bool(unit["enabled"]),
                          f"{name} disabled on purpose (serving_rest: stopped)"))  # fmt: skip
@@ -328,10 +325,9 @@ RUNS_DIGEST = "container runs the locked digest"
 
 def pins_check(ctx: RigContext) -> Check:
     """The pins rig.json records are the lock's for this rig (the plan's image, with its digest)."""
-    pins = pin_drift(ctx)
-    if pins["drift"] is None:
+    if (drifted := pin_drift(ctx)["drift"]) is None:
         return Check("pins as locked", FAIL, "no rig.json or no lock to compare")
-    return check("pins as locked", pins["drift"], "rig.json records the lock's pins", " (re-run the deploy)")
+    return check("pins as locked", drifted, "rig.json records the lock's pins", " (re-run the deploy)")
 
 
 def running_image(obs: Observed, ctx: RigContext) -> Check:

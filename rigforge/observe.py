@@ -4,6 +4,7 @@ import csv
 import json
 import shlex
 from collections.abc import Mapping
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,11 +87,9 @@ class RigContext:
 def requests(ctx: RigContext, os_id: str | None) -> list[tuple[type, dict]]:
     """Every fact the checks read for this rig's plan (on an OS `os_id`), for one batched probe."""
     out = [(cls, {}) for cls in (NvidiaGpus, OsRelease, NvidiaModuleVersion, NvidiaRunningDriver, NvidiaTopology)]
-    try:  # the driver table's package whose version is the driver's (none: not read)
+    with suppress(DriverTableError):  # the driver table's package whose version is the driver's (none: not read)
         if ctx.data["nvidia_driver_manage"]:
             out.append((DebInstalledVersion, {"package": packages_for(ctx.data, os_id).version_package}))
-    except DriverTableError:
-        pass
     out.append((JsonFile, {"path": ctx.layout.daemon_json}))
     if ctx.manage:  # what ran at this boot (rigforge/boot.py)
         out.append((BootCaps, boot_units(ctx)))
