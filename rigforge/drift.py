@@ -88,8 +88,7 @@ def weights(obs: Observed, plan: Plan) -> Iterator[str]:
     for asset in plan.assets:
         pin, where = asset.pin, weights_at(plan, asset)
         state = obs.get_fact(WeightsState, **where)
-        stamp = state["stamp"]
-        if not stamp:
+        if not (stamp := state["stamp"]):
             yield f"hf {asset.name}: no stamp in {where['dest']}"
             continue
         if stamp.get("revision") != pin.revision:
@@ -338,8 +337,7 @@ def running_image(obs: Observed, ctx: RigContext) -> Check:
     if not want.digest:
         return Check(RUNS_DIGEST, FAIL, f"the lock has no digest for {ctx.plan.image} (run `rigforge lock`)")
     images = obs.get_fact(ComposeImages, serve_dir=ctx.plan.layout.serve_dir)
-    runs = runs_digest(images, want.digest)
-    if runs is None:
+    if (runs := runs_digest(images, want.digest)) is None:
         return Check(RUNS_DIGEST, FAIL, f"no container of {ctx.plan.layout.serve_dir} runs (docker compose ps)")
     seen = ", ".join(d for digests in images for d in digests) or "an image with no digest"
     return Check(RUNS_DIGEST, PASS if runs else FAIL, want.pinned if runs else f"runs {seen}, lock {want.pinned}")
