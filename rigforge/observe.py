@@ -147,9 +147,8 @@ def managed_files(plan: Plan) -> dict[str, str]:
 
 def image_origin(obs: Observed, ctx: RigContext, reg) -> dict | None:
     """{"image", "on_rig", "from", "warning"} (obtain.py `origin`); None: no plan or services not managed."""
-    if not ctx.plan or not ctx.manage:
+    if not (plan := ctx.plan) or not ctx.manage:
         return None
-    plan = ctx.plan
     found = obtain.sources(plan.image, reg, plan.data["serving_image_upstream"], plan.data["serving_image_upstream_ca"])
     on_rig = bool(obs.get_fact(DockerImagePresent, image=plan.image))
     text, warning = obtain.origin(on_rig, found)
