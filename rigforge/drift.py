@@ -88,8 +88,7 @@ def weights(obs: Observed, plan: Plan) -> Iterator[str]:
     for asset in plan.assets:
         pin, where = asset.pin, weights_at(plan, asset)
         state = obs.get_fact(WeightsState, **where)
-        stamp = state["stamp"]
-        if not stamp:
+        if not (stamp := state["stamp"]):
             yield f"hf {asset.name}: no stamp in {where['dest']}"
             continue
         if stamp.get("revision") != pin.revision:
@@ -176,9 +175,7 @@ def driver(obs: Observed, ctx: RigContext) -> Check:
 def cuda_versions(obs: Observed, ctx: RigContext) -> dict:
     """{"driver": the CUDA version the running driver supports, "image": the lock's for the image}, None: unknown."""
     running = obs.get_fact(NvidiaRunningDriver) or {}
-    driver = running.get("cuda") or (
-        driver_table.cuda_for_driver(running["version"]) if running.get("version") else None
-    )
+    driver = running.get("cuda") or driver_table.cuda_for_driver(running.get("version") or "")  # "": None
     image = ctx.plan.image if ctx.plan else (ctx.manifest or {}).get("image")
     return {"driver": driver, "image": ctx.lock.image_cuda(image) if ctx.lock and image else None}
 
@@ -299,11 +296,10 @@ def checks(obs: Observed, ctx: RigContext) -> list[Check]:
         out.append(Check(name, FAIL, unplanned) if unplanned else check(name, *find(), hint))
     unit = unit_state(obs, ctx)
     out.append(pins_check(ctx))
-    if not unit["unit"]:
+    if not (name := unit["unit"]):
         why = variant_needed(ctx)
         active = (FAIL, why) if ctx.manage else (SKIP, SKIPPED)
         return [*out, Check("unit enabled", FAIL, why), Check("unit active", *active), Check(RUNS_DIGEST, *active)]
-    name = unit["unit"]
     if unit["rest"] == "stopped":
         out.append(check("unit enabled", [f"{name} is enabled at boot (run the deploy)"] * bool(unit["enabled"]),
                          f"{name} disabled on purpose (serving_rest: stopped)"))  # fmt: skip
@@ -328,10 +324,9 @@ RUNS_DIGEST = "container runs the locked digest"
 
 def pins_check(ctx: RigContext) -> Check:
     """The pins rig.json records are the lock's for this rig (the plan's image, with its digest)."""
-    pins = pin_drift(ctx)
-    if pins["drift"] is None:
+    if (drifted := pin_drift(ctx)["drift"]) is None:
         return Check("pins as locked", FAIL, "no rig.json or no lock to compare")
-    return check("pins as locked", pins["drift"], "rig.json records the lock's pins", " (re-run the deploy)")
+    return check("pins as locked", drifted, "rig.json records the lock's pins", " (re-run the deploy)")
 
 
 def running_image(obs: Observed, ctx: RigContext) -> Check:
@@ -342,8 +337,7 @@ def running_image(obs: Observed, ctx: RigContext) -> Check:
     if not want.digest:
         return Check(RUNS_DIGEST, FAIL, f"the lock has no digest for {ctx.plan.image} (run `rigforge lock`)")
     images = obs.get_fact(ComposeImages, serve_dir=ctx.plan.layout.serve_dir)
-    runs = runs_digest(images, want.digest)
-    if runs is None:
+    if (runs := runs_digest(images, want.digest)) is None:
         return Check(RUNS_DIGEST, FAIL, f"no container of {ctx.plan.layout.serve_dir} runs (docker compose ps)")
     seen = ", ".join(d for digests in images for d in digests) or "an image with no digest"
     return Check(RUNS_DIGEST, PASS if runs else FAIL, want.pinned if runs else f"runs {seen}, lock {want.pinned}")
@@ -370,8 +364,7 @@ def fleet_checks(checks: list[Check], rig: str, rest: str | None, gateways: Mapp
 
 
 def monitor_check(rig: str, rest: str | None, views: Mapping[str, dict | None]) -> Check | None:
-    """The check "scraped": the rig's targets (label `rig`) up at every monitor (`observe_monitor`'s views, None: not
-    read); vLLM resting stopped excepted; unknown (skip) while one is not asked or not scraped yet; None: no monitor."""
+    """The check "scraped": the rig's targets up at every monitor (skip while one is unknown); None: no monitor."""
     if not views:
         return None
     problems, unknown, fine = [], [], []

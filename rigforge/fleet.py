@@ -230,8 +230,7 @@ class Fleet:
 
     def completed(self, name: str, gpus: int | None, cap_units: Iterable[str], rebuild: Callable) -> tuple:
         """(rig `name`'s plan with what its probe shows, or None; problems): `rebuild(gpus)` for another GPU count."""
-        plan = self.plans.get(name)
-        if plan is None:
+        if (plan := self.plans.get(name)) is None:
             return None, list(self.problems.get(name, ()))
         if gpus is None or gpus == len(plan.caps):
             return replace(plan, cap_units=tuple(cap_units)), []
@@ -262,10 +261,8 @@ def build(hosts, variant=None, *, gpus: int | None = None, deployable: bool = Tr
     )
 
 
-def targets(
-    plans: Iterable[Plan | None], gateways: Mapping[str, Mapping], monitors: Collection[str] = ()
-) -> dict[str, tuple[tuple[str, str], ...]]:
-    """The monitor's scrape targets by job: each rig and gateway where the monitor host reaches it."""
+def targets(plans: Iterable[Plan | None], gateways: Mapping[str, Mapping], monitors: Collection[str] = ()) -> dict:
+    """{job: ((host, "address:port"), ...)}: each rig and gateway where the monitor host reaches it."""
     rigs = [(p.host, p.data.get("gateway_address") or p.host, p) for p in plans if p is not None]
     gws = [(n, d.get("gateway_bind_address") or ("127.0.0.1" if n in monitors else n), d) for n, d in gateways.items()]
     return {

@@ -4,6 +4,7 @@ import csv
 import json
 import shlex
 from collections.abc import Mapping
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,20 +12,13 @@ from pyinfra.facts.files import Sha256File
 
 from rigforge import fleet, inventory, monitor, obtain
 from rigforge.driver_table import DriverTableError, packages_for
-from rigforge.facts import probe
+from rigforge.facts import nvidia, probe
 from rigforge.facts.apt import DebInstalledVersion
 from rigforge.facts.docker import DockerImagePresent
 from rigforge.facts.files import JsonFile
 from rigforge.facts.gitpin import GitCheckout
 from rigforge.facts.hfweights import WeightsState
-from rigforge.facts.nvidia import (
-    BootCaps,
-    NvidiaGpus,
-    NvidiaModuleVersion,
-    NvidiaRunningDriver,
-    NvidiaTopology,
-    PowerCapUnits,
-)
+from rigforge.facts.nvidia import BootCaps, NvidiaGpus, NvidiaModuleVersion, NvidiaRunningDriver, NvidiaTopology
 from rigforge.facts.serving import ComposeImages, ServiceState
 from rigforge.facts.system import OsRelease, SystemdUnitEnabled
 from rigforge.fleet import Plan
@@ -93,11 +87,9 @@ class RigContext:
 def requests(ctx: RigContext, os_id: str | None) -> list[tuple[type, dict]]:
     """Every fact the checks read for this rig's plan (on an OS `os_id`), for one batched probe."""
     out = [(cls, {}) for cls in (NvidiaGpus, OsRelease, NvidiaModuleVersion, NvidiaRunningDriver, NvidiaTopology)]
-    try:  # the driver table's package whose version is the driver's (none: not read)
+    with suppress(DriverTableError):  # the driver table's package whose version is the driver's (none: not read)
         if ctx.data["nvidia_driver_manage"]:
             out.append((DebInstalledVersion, {"package": packages_for(ctx.data, os_id).version_package}))
-    except DriverTableError:
-        pass
     out.append((JsonFile, {"path": ctx.layout.daemon_json}))
     if ctx.manage:  # what ran at this boot (rigforge/boot.py)
         out.append((BootCaps, boot_units(ctx)))
@@ -117,9 +109,9 @@ def observe(host, fl: fleet.Fleet) -> tuple[RigContext, Observed]:
     data = fleet.host_data(host.data)
     ctx = RigContext(name=host.name, data=data)
     layout = HostLayout(root=data["rigforge_root"] or HostLayout.root)
-    reads = [(JsonFile, {"path": layout.rig_json}), (NvidiaGpus, {}), (OsRelease, {}), (PowerCapUnits, {})]
+    reads = [(JsonFile, {"path": layout.rig_json}), (NvidiaGpus, {}), (OsRelease, {}), (nvidia.PowerCapUnits, {})]
     first = Observed(host, reads)
-    ctx.cap_units = first.get_fact(PowerCapUnits) or {}
+    ctx.cap_units = first.get_fact(nvidia.PowerCapUnits) or {}
     ctx.manifest = first.get_fact(JsonFile, path=layout.rig_json)
     manifest = ctx.manifest or {}
     wanted = data["rigforge_variant"]
@@ -154,11 +146,9 @@ def managed_files(plan: Plan) -> dict[str, str]:
 
 
 def image_origin(obs: Observed, ctx: RigContext, reg) -> dict | None:
-    """Where the rig's locked image comes from (rigforge/obtain.py `origin`), asked now: {"image", "on_rig", "from",
-    "warning"}; None without a plan or where services are not managed. `reg`: the fleet registry's plan."""
-    if not ctx.plan or not ctx.manage:
+    """{"image", "on_rig", "from", "warning"} (obtain.py `origin`); None: no plan or services not managed."""
+    if not (plan := ctx.plan) or not ctx.manage:
         return None
-    plan = ctx.plan
     found = obtain.sources(plan.image, reg, plan.data["serving_image_upstream"], plan.data["serving_image_upstream_ca"])
     on_rig = bool(obs.get_fact(DockerImagePresent, image=plan.image))
     text, warning = obtain.origin(on_rig, found)
@@ -206,8 +196,7 @@ def observe_monitor(host) -> dict:
 
 
 def gateway_servers(stat: str) -> dict[str, str]:
-    """{rig: serving, draining, out (maint) or out (down N s; last check: L4CON Connection refused)} from HAProxy's
-    `show stat` (CSV, read by its header); a rig in several backends (maint in a model's it left): where it serves."""
+    """{rig: serving, draining or out (why)} from HAProxy's `show stat` CSV; in several backends: where it serves."""
     lines = [line for line in stat.splitlines() if line.strip()]
     if not lines or not lines[0].startswith("# "):
         return {}
