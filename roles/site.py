@@ -1,6 +1,5 @@
-"""The order of roles for one host (`provision`): the fleet's own hosts' roles, then a rig's plan (built once on the
-controller: rigforge/fleet.py) and its roles. Every problem of a host refuses it in one message as its first
-operation, so nothing on it changes; other hosts carry on. The roles take the plan and read nothing else.
+"""The roles of one host in order (`provision`): the fleet's own hosts' roles, then a rig's plan (rigforge/fleet.py) and
+its roles, which read only the plan. Any problem refuses a host in one message, its first operation, so nothing changes.
 """
 
 from pyinfra import host
@@ -115,8 +114,7 @@ def _weights_state(plan: Plan, asset) -> dict:
 
 
 def prepare(variant=None) -> Plan | None:
-    """This host's plan, or None after queueing one operation that refuses the host naming every problem.
-    `variant`: a name (deploy/<variant>.py), None (deploy/site.py: host data's), or a variant object (tests)."""
+    """This host's plan, or None once its refusal naming every problem is queued; `variant`: a name, None, an object."""
     gpus = len(host.get_fact(NvidiaGpus) or []) or len(host.get_fact(NvidiaPciGpus) or []) or None
     fl, cap_units = the_fleet(variant), tuple(host.get_fact(PowerCapUnits))
     rebuild = lambda count: plan_for(host.name, host.data, variant, count, cap_units=cap_units)  # noqa: E731
@@ -240,8 +238,7 @@ def provision(variant_name: str | None = None):
     gpu_power.apply(plan)
     sources.apply(plan)
     weights.apply(plan)
-    gateways = {h.name: bool(h.data.get("_sudo")) for h in host.inventory.get_group(GATEWAY, default=[])}
-    serving.apply(plan, gateways)
+    serving.apply(plan, {h.name: bool(h.data.get("_sudo")) for h in host.inventory.get_group(GATEWAY, default=[])})
     # last: the collector's declared facts (variant, image, rest) follow a serving change only once its gate passed
     monitor_role.rig(plan)
 
