@@ -149,13 +149,11 @@ def health_gate_script(
     elif rollback_unit:
         undo = f"systemctl disable --now {q(unit)}; systemctl enable --now {q(rollback_unit)}"
     else:
+        d = q(serve_dir)
         undo = (
-            f"if [ -f {q(serve_dir)}/docker-compose.yml.prev ]; then "
-            f"mv -f {q(serve_dir)}/docker-compose.yml.prev {q(serve_dir)}/docker-compose.yml; "
-            f"mv -f {q(serve_dir)}/.env.prev {q(serve_dir)}/.env; "
-            f"if [ -f {q(serve_dir)}/compose.override.yml.prev ]; then "  # a recipe slug's host override
-            f"mv -f {q(serve_dir)}/compose.override.yml.prev {q(serve_dir)}/compose.override.yml; fi; "
-            f"systemctl restart {q(unit)}; "
+            f"if [ -f {d}/docker-compose.yml.prev ]; then mv -f {d}/docker-compose.yml.prev {d}/docker-compose.yml; "
+            f"mv -f {d}/.env.prev {d}/.env; if [ -f {d}/compose.override.yml.prev ]; then "  # a recipe slug's override
+            f"mv -f {d}/compose.override.yml.prev {d}/compose.override.yml; fi; systemctl restart {q(unit)}; "
             f"else systemctl disable --now {q(unit)}; fi"
         )
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 8})
