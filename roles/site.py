@@ -88,8 +88,7 @@ def gateway_plan(variant=None):
         warn(f"the gateway leaves {rig} out: {problem}")
     data = host_data(host.data)
     problems = rigforge.knobs.gateway.validate(data) + schema.boolean(data, "rigforge_manage_services")
-    gw, more = gateway.build(host.name, data, fl.rigs()) if not problems else (None, [])
-    return gw, problems + more
+    return (None, problems) if problems else gateway.build(host.name, data, fl.rigs())
 
 
 def front_and_watch_the_fleet(variant=None) -> bool:
