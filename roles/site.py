@@ -1,6 +1,5 @@
-"""The order of roles for one host (`provision`): the fleet's own hosts' roles, then a rig's plan (built once on the
-controller: rigforge/fleet.py) and its roles. Every problem of a host refuses it in one message as its first
-operation, so nothing on it changes; other hosts carry on. The roles take the plan and read nothing else.
+"""The roles of one host in order (`provision`): the fleet's own hosts' roles, then a rig's plan (rigforge/fleet.py) and
+its roles, which read only the plan. Any problem refuses a host in one message, its first operation, so nothing changes.
 """
 
 from pyinfra import host
@@ -89,8 +88,7 @@ def gateway_plan(variant=None):
         warn(f"the gateway leaves {rig} out: {problem}")
     data = host_data(host.data)
     problems = rigforge.knobs.gateway.validate(data) + schema.boolean(data, "rigforge_manage_services")
-    gw, more = gateway.build(host.name, data, fl.rigs()) if not problems else (None, [])
-    return gw, problems + more
+    return (None, problems) if problems else gateway.build(host.name, data, fl.rigs())
 
 
 def front_and_watch_the_fleet(variant=None) -> bool:
@@ -115,8 +113,7 @@ def _weights_state(plan: Plan, asset) -> dict:
 
 
 def prepare(variant=None) -> Plan | None:
-    """This host's plan, or None after queueing one operation that refuses the host naming every problem.
-    `variant`: a name (deploy/<variant>.py), None (deploy/site.py: host data's), or a variant object (tests)."""
+    """This host's plan, or None once its refusal naming every problem is queued; `variant`: a name, None, an object."""
     gpus = len(host.get_fact(NvidiaGpus) or []) or len(host.get_fact(NvidiaPciGpus) or []) or None
     fl, cap_units = the_fleet(variant), tuple(host.get_fact(PowerCapUnits))
     rebuild = lambda count: plan_for(host.name, host.data, variant, count, cap_units=cap_units)  # noqa: E731

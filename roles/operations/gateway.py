@@ -97,8 +97,7 @@ def drained(plan: Plan, gateways: dict[str, bool], held: bool = False):
 
 @operation(is_idempotent=False)
 def rejoined(plan: Plan, gateways: dict[str, bool], gate=None, sudo: bool = False):
-    """Put this rig back in every fleet gateway at its new port once it passed its health gate, or wherever one finds
-    it out; waits up to ``serving_health_timeout`` s for the gateway's health check, leaves other models' backends.
+    """Put this rig back in every gateway after its health gate, or where it is out (waits ``serving_health_timeout`` s)
 
     + plan: the rig's plan (its model, port, rig.json, and ``gateway_address``: where the gateway reaches it)
     + gateways: ``{inventory name: use sudo}`` of the gateway hosts

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Sequence
 from pathlib import Path
 
 from pyinfra import host
@@ -42,15 +41,6 @@ def stale_files(pin: HfPin, state: dict) -> list[HfFile]:
         return same_stat and entry.get("sha256") == f.sha256
 
     return [f for f in pin.files if not fresh(f, state["files"].get(f.path), entries.get(f.path) or {})]
-
-
-def missing_bytes(files: Sequence[HfFile], state: dict) -> int:
-    """Bytes still to be written for `files` (a right-sized file in place may only need hashing)."""
-    return sum(
-        f.size - min(state["staging"].get(f"{f.path}.{f.sha256[:16]}.part", 0), f.size)
-        for f in files
-        if not ((stat := state["files"].get(f.path)) and stat[0] == f.size)
-    )
 
 
 def human(n: float) -> str:
@@ -112,7 +102,12 @@ def fetched(asset: PlannedAsset, layout: HostLayout, knobs: Weights, token=None)
         repairing(f"{pin.name}: removing {', '.join(left)} left by an interrupted run")  # parts, a token file
         yield StringCommand(f"rm -rf {' '.join(q(p) for p in left)}")
         return
-    need = int(missing_bytes(stale, state) * HEADROOM)
+    missing = sum(  # the bytes still to write: a right-sized file in place may only need hashing
+        f.size - min(state["staging"].get(f"{f.path}.{f.sha256[:16]}.part", 0), f.size)
+        for f in stale
+        if not ((stat := state["files"].get(f.path)) and stat[0] == f.size)
+    )
+    need = int(missing * HEADROOM)
     free = host.get_fact(FreeDiskBytes, path=dest)
     if free is not None and need > free:  # unknown (statfs failed): preflight has checked the disk
         yield fail_command(

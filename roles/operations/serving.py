@@ -115,8 +115,7 @@ def image_present(image: str):
 
 @operation()
 def manifest(plan: Plan, now: str):
-    """Write rig.json: the plan's manifest, the rig's GPUs and interconnect, and the time, when something but the time
-    differs. The interconnect (two slow nvidia-smi runs) is read only when the rest differs (cards do not move).
+    """Write rig.json (manifest, GPUs, interconnect, time) if all but the time differs; the slow interconnect only then.
 
     + plan: the rig's plan (rig.json's path, its manifest: variant, unit, port, pins...)
     + now: the time to record as ``provisioned_at`` (ISO 8601)
@@ -140,10 +139,9 @@ def manifest(plan: Plan, now: str):
 def health_gate_script(
     url: str, model: str, timeout: int, unit: str, rollback_unit: str | None, serve_dir: str, rollback: bool = True
 ) -> str:
-    """Shell: wait for /v1/models, send one chat completion; on failure roll back (to `rollback_unit`, else to the
-    `*.prev` files) and print the log tail. A server that exits while starting fails at once (Restart= would keep
-    it "activating"). The journal's colour codes are removed (else journalctl shows "[blob data]"); the API key
-    goes to curl on stdin, never on a command line.
+    """Shell: wait for /v1/models, send one chat completion; on failure roll back (to `rollback_unit`, else the `*.prev`
+    files), print the log tail. A server exiting while starting fails at once (Restart= would keep it "activating");
+    journal colour codes are stripped (else "[blob data]"); the API key goes to curl on stdin, never on a command line.
     """
     q = shlex.quote
     if not rollback:
@@ -151,13 +149,11 @@ def health_gate_script(
     elif rollback_unit:
         undo = f"systemctl disable --now {q(unit)}; systemctl enable --now {q(rollback_unit)}"
     else:
+        d = q(serve_dir)
         undo = (
-            f"if [ -f {q(serve_dir)}/docker-compose.yml.prev ]; then "
-            f"mv -f {q(serve_dir)}/docker-compose.yml.prev {q(serve_dir)}/docker-compose.yml; "
-            f"mv -f {q(serve_dir)}/.env.prev {q(serve_dir)}/.env; "
-            f"if [ -f {q(serve_dir)}/compose.override.yml.prev ]; then "  # a recipe slug's host override
-            f"mv -f {q(serve_dir)}/compose.override.yml.prev {q(serve_dir)}/compose.override.yml; fi; "
-            f"systemctl restart {q(unit)}; "
+            f"if [ -f {d}/docker-compose.yml.prev ]; then mv -f {d}/docker-compose.yml.prev {d}/docker-compose.yml; "
+            f"mv -f {d}/.env.prev {d}/.env; if [ -f {d}/compose.override.yml.prev ]; then "  # a recipe slug's override
+            f"mv -f {d}/compose.override.yml.prev {d}/compose.override.yml; fi; systemctl restart {q(unit)}; "
             f"else systemctl disable --now {q(unit)}; fi"
         )
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 8})
