@@ -190,8 +190,7 @@ def find_problems(
     pci: list | None = None,
     running: dict | None = None,
 ) -> list[str]:
-    """Every reason this host cannot run `needs.variant`. With no driver yet, GPUs come from `pci` ((address, device
-    ID) pairs, None when unknown). `running`: NvidiaRunningDriver, or None."""
+    """Every reason this host cannot run `needs.variant`; `pci`: (address, device ID) pairs, used with no driver yet."""
     problems = []
     os_key = (os_release.get("id", ""), os_release.get("version_id", ""))
     if os_key not in SUPPORTED_OS:
@@ -233,8 +232,7 @@ P2P_STATUS = {  # `nvidia-smi topo -p2p` legend
 
 
 def interconnect(topology: dict | None) -> str:
-    """{"links", "p2p_read"} (rigforge.facts.nvidia.parse_topology) -> 'PCIe (PHB), no NVLink, P2P read: not
-    supported (CNS: chipset not supported)'; '' with fewer than two GPUs or no driver."""
+    """parse_topology's links, e.g. 'PCIe (PHB), no NVLink, P2P read: OK'; '' with fewer than two GPUs or no driver."""
     links = sorted(set(((topology or {}).get("links") or {}).values()))
     if not links:
         return ""
