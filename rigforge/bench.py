@@ -40,14 +40,11 @@ class Sample:
     def wall_tps(self) -> float:
         return self.tokens / self.wall_s
 
-    @property
-    def decode_tps(self) -> float:
-        return self.tokens / (self.wall_s - self.ttft_s)
-
     def as_dict(self, round_start: float) -> dict:
         d = {k: v for k, v in asdict(self).items() if k not in ("start", "end")}
         d["start_offset_ms"] = (self.start - round_start) * 1000  # > 0: sent after the round's first
-        return d | {"ttft_ms": self.ttft_s * 1000, "wall_tps": self.wall_tps, "decode_tps": self.decode_tps}
+        decode_tps = self.tokens / (self.wall_s - self.ttft_s)
+        return d | {"ttft_ms": self.ttft_s * 1000, "wall_tps": self.wall_tps, "decode_tps": decode_tps}
 
 
 # ---------------------------------------------------------------- measuring
@@ -75,8 +72,7 @@ def stream_once(session, base: str, model: str, prompt: str, max_tokens: int, ti
             if data == "[DONE]":
                 break
             obj = json.loads(data)
-            if obj.get("usage"):
-                usage_tokens = obj["usage"].get("completion_tokens", usage_tokens)
+            usage_tokens = (obj.get("usage") or {}).get("completion_tokens", usage_tokens)
             for choice in obj.get("choices") or []:
                 if any((choice.get("delta") or {}).get(k) for k in ("content", "reasoning_content", "reasoning")):
                     ttft = time.perf_counter() - start if ttft is None else ttft
@@ -231,20 +227,19 @@ def run(args) -> int:
         report |= {"sampling": {**SAMPLING, "enable_thinking": False}, "prompts": {}}
         for k, name in enumerate(prompts):
             text, max_tokens = PROMPTS[name]
-            rounds = []
+            rounds = []  # the warm-ups', then the measured runs' samples
             for i in range(per_prompt):
                 samples = stream_many(base, model, text, max_tokens, args.timeout, args.streams, headers)
+                rounds.append(samples)
                 warm = i < args.warmups
-                if not warm:
-                    rounds.append(samples)
                 n, of = (i + 1, args.warmups) if warm else (i + 1 - args.warmups, args.runs)
                 tps = statistics.fmean(s.wall_tps for s in samples)
                 label = f"{name} {'warm-up' if warm else 'run'} {n}/{of}  {tps:.1f} tok/s"
                 _progress(k * per_prompt + i + 1, len(prompts) * per_prompt, label)
             report["prompts"][name] = {
                 "max_tokens": max_tokens,
-                "runs": [[s.as_dict(min(x.start for x in r)) for s in r] for r in rounds],
-                "summary": summarize(rounds),
+                "runs": [[s.as_dict(min(x.start for x in r)) for s in r] for r in rounds[args.warmups :]],
+                "summary": summarize(rounds[args.warmups :]),
                 "published": published(measured, name, args.streams),
             }
         print(json.dumps(report, indent=2) if args.json else format_report(report))

@@ -160,14 +160,14 @@ def cap_problems(gpus: list[dict], default_w: int, overrides: dict) -> list[str]
     ]
 
 
-def gpu_problems(gpus: list[dict], needs: Needs, data: dict) -> list[str]:
-    """What nvidia-smi's GPUs lack for `needs.variant`: count, VRAM per card, each card's power-cap range."""
+def gpu_problems(gpus: list[dict], needs: Needs, data: dict, pci: list | None = None) -> list[str]:
+    """What nvidia-smi's GPUs (else the PCI bus's `pci` pairs) lack for `needs.variant`: count, VRAM, power caps."""
+    override = small_override(data.get("serving_kv_cache_dtype"), data.get("serving_gpu_memory_utilization"))
     if not gpus:
-        return []
+        return [] if pci is None else pci_problems(pci, needs, override)
     problems = []
     if len(gpus) < needs.gpus:
         problems.append(f"variant {needs.variant} needs {needs.gpus} GPUs, nvidia-smi shows {len(gpus)}; {TWO_CARDS}")
-    override = small_override(data.get("serving_kv_cache_dtype"), data.get("serving_gpu_memory_utilization"))
     problems += vram_problems(gpus, needs.variant, needs.card_mib, needs.dflash, override)
     try:
         default_w = int(data.get("gpu_power_limit_w"))
@@ -190,8 +190,7 @@ def find_problems(
     pci: list | None = None,
     running: dict | None = None,
 ) -> list[str]:
-    """Every reason this host cannot run `needs.variant`. With no driver yet, GPUs come from `pci` ((address, device
-    ID) pairs, None when unknown). `running`: NvidiaRunningDriver, or None."""
+    """Every reason this host cannot run `needs.variant` (`pci`: see gpu_problems)."""
     problems = []
     os_key = (os_release.get("id", ""), os_release.get("version_id", ""))
     if os_key not in SUPPORTED_OS:
@@ -201,10 +200,7 @@ def find_problems(
         )
     if data.get("docker_source") == "distro" and os_key == ("debian", "12"):
         problems.append("docker_source='distro' has no compose v2 package on Debian 12; set docker_source: docker.")
-    override = small_override(data.get("serving_kv_cache_dtype"), data.get("serving_gpu_memory_utilization"))
-    if not gpus and pci is not None:
-        problems += pci_problems(pci, needs, override)
-    problems += gpu_problems(gpus, needs, data) + cuda_problems(needs, running, data)
+    problems += gpu_problems(gpus, needs, data, pci) + cuda_problems(needs, running, data)
 
     if free_bytes is not None and free_bytes < needs.disk_bytes:
         problems.append(
@@ -233,8 +229,7 @@ P2P_STATUS = {  # `nvidia-smi topo -p2p` legend
 
 
 def interconnect(topology: dict | None) -> str:
-    """{"links", "p2p_read"} (rigforge.facts.nvidia.parse_topology) -> 'PCIe (PHB), no NVLink, P2P read: not
-    supported (CNS: chipset not supported)'; '' with fewer than two GPUs or no driver."""
+    """parse_topology's links, e.g. 'PCIe (PHB), no NVLink, P2P read: OK'; '' with fewer than two GPUs or no driver."""
     links = sorted(set(((topology or {}).get("links") or {}).values()))
     if not links:
         return ""

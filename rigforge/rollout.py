@@ -198,17 +198,12 @@ def run(args: argparse.Namespace) -> int:
         if held and not args.promote_with_held:
             say(f"every rig but the held {', '.join(held)} runs {new}; not promoted (--promote-with-held)")
             return 1
-        promote(old, new)
+        text = new.read_text()  # before the write below: with --rollback, `new` is that `.previous`
+        write_atomically(Path(f"{old}.previous"), old.read_text())
+        write_atomically(old, text)  # the previous lock is kept as `<lock>.previous` for --rollback
+        marker.unlink(missing_ok=True)
+        say(f"promoted {new} to {old} (the previous lock kept as {old}.previous)")
     except (RolloutError, LockError, inventory.InventoryError) as exc:
         print(f"rigforge rollout: {exc}", file=sys.stderr)
         return 1
     return 0
-
-
-def promote(old: Path, new: Path) -> None:
-    """The lock in use becomes `new`'s content; what it held is kept as `<lock>.previous` (for --rollback)."""
-    text = new.read_text()  # before the write below: with --rollback, `new` is that `.previous`
-    write_atomically(Path(f"{old}.previous"), old.read_text())
-    write_atomically(old, text)
-    Path(f"{old}{ROLLOUT_MARKER}").unlink(missing_ok=True)
-    say(f"promoted {new} to {old} (the previous lock kept as {old}.previous)")
