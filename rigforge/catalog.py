@@ -66,7 +66,9 @@ class Variant:
 
     files = render.seed_files  # the variant protocol's files: rendered (and a setting it cannot take refused) there
 
-    figures = property(lambda self: dict(self.measured))
+    @property
+    def figures(self):
+        return dict(self.measured)
 
     def arg(self, flag: str) -> str | None:
         """Value of a vLLM flag (None if absent or bare)."""

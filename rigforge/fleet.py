@@ -50,7 +50,10 @@ class PlannedAsset:
     dir: str
     pin: HfPin
     approx_bytes: int = 0  # the variant's estimate, for the disk check while the lock has no sizes
-    bytes = property(lambda self: self.pin.total_size or self.approx_bytes)
+
+    @property
+    def bytes(self):
+        return self.pin.total_size or self.approx_bytes
 
 
 @dataclass(frozen=True)
@@ -69,8 +72,13 @@ class Plan:
     token: str | None = field(default=None, repr=False)
     cap_units: tuple[str, ...] = ()  # the rig's other cap writers found at boot (shown; they order nothing)
 
-    image = property(lambda self: self.settings.image or self.variant.image)
-    port = property(lambda self: self.settings.port or self.variant.port)
+    @property
+    def image(self):
+        return self.settings.image or self.variant.image
+
+    @property
+    def port(self):
+        return self.settings.port or self.variant.port
 
     @property
     def toolkit_version(self) -> str | None:
@@ -221,7 +229,9 @@ class Fleet:
         """{rig: the first problem that refused its plan}: what the gateway and registry hosts warn about."""
         return {name: problems[0] for name, problems in self.problems.items() if self.plans.get(name) is None}
 
-    monitors = property(lambda self: tuple(name for name, roles in self.roles.items() if MONITOR in roles))
+    @property
+    def monitors(self):
+        return tuple(name for name, roles in self.roles.items() if MONITOR in roles)
 
     @property
     def images(self) -> tuple[str, ...]:
@@ -261,7 +271,9 @@ def build(hosts, variant=None, *, gpus: int | None = None, deployable: bool = Tr
     )
 
 
-def targets(plans: Iterable[Plan | None], gateways: Mapping[str, Mapping], monitors: Collection[str] = ()) -> dict:
+def targets(
+    plans: Iterable[Plan | None], gateways: Mapping[str, Mapping], monitors: Collection[str] = ()
+) -> dict[str, tuple[tuple[str, str], ...]]:
     """{job: ((host, "address:port"), ...)}: each rig and gateway where the monitor host reaches it."""
     rigs = [(p.host, p.data.get("gateway_address") or p.host, p) for p in plans if p is not None]
     gws = [(n, d.get("gateway_bind_address") or ("127.0.0.1" if n in monitors else n), d) for n, d in gateways.items()]

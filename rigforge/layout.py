@@ -88,9 +88,18 @@ class HostLayout:
     rig_json = _under("etc", "rig.json")
     settle_script = _under("libexec", SETTLE_SCRIPT)
     gpu_metrics_script = _under("libexec", GPU_METRICS_SCRIPT)
-    models = property(lambda self: self.model_dir or f"{self.root}/models")
-    serve_dir = property(lambda self: f"{self.serve_root}/{self.variant}")
-    vllm_unit = property(lambda self: self.instance(self.variant))
+
+    @property
+    def models(self):
+        return self.model_dir or f"{self.root}/models"
+
+    @property
+    def serve_dir(self):
+        return f"{self.serve_root}/{self.variant}"
+
+    @property
+    def vllm_unit(self):
+        return self.instance(self.variant)
 
     def src(self, name: str) -> str:
         return f"{self.src_root}/{name}"

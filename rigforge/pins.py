@@ -58,7 +58,9 @@ class GitPin:
     short: str | None = None
     note: str | None = None
 
-    resolved = property(lambda self: self.commit is not None)
+    @property
+    def resolved(self):
+        return self.commit is not None
 
 
 @dataclass(frozen=True)
@@ -78,8 +80,13 @@ class HfPin:
     ref: str = "main"
     note: str | None = None
 
-    resolved = property(lambda self: self.revision is not None and bool(self.files))
-    total_size = property(lambda self: sum(f.size for f in self.files))
+    @property
+    def resolved(self):
+        return self.revision is not None and bool(self.files)
+
+    @property
+    def total_size(self):
+        return sum(f.size for f in self.files)
 
 
 @dataclass(frozen=True)

@@ -79,7 +79,9 @@ class Recipe:
         """File-system and unit-instance safe name: vllm/dual -> vllm-dual."""
         return self.slug.replace("/", "-")
 
-    needs_opt_in = property(lambda self: self.status in OPT_IN)
+    @property
+    def needs_opt_in(self):
+        return self.status in OPT_IN
 
     @property
     def weights_label(self) -> str:
@@ -401,11 +403,25 @@ class LiveVariant:
     uses_dflash: bool = False  # 20 GB cards: the recipe's own knobs (kv dtype, memory) apply
     successor: str | None = None  # a live slug is its own way forward
 
-    name = property(lambda self: self.recipe.name)
-    assets = property(lambda self: tuple(n for n, _, _ in self.asset_dirs))  # lock hf names
-    gpus = property(lambda self: self.recipe.tp)
-    port = property(lambda self: self.recipe.port)
-    manifest_extra = property(lambda self: {"recipe": self.recipe.slug})
+    @property
+    def name(self):
+        return self.recipe.name
+
+    @property
+    def assets(self):
+        return tuple(n for n, _, _ in self.asset_dirs)  # lock hf names
+
+    @property
+    def gpus(self):
+        return self.recipe.tp
+
+    @property
+    def port(self):
+        return self.recipe.port
+
+    @property
+    def manifest_extra(self):
+        return {"recipe": self.recipe.slug}
 
     def files(self, s: Any, layout: HostLayout, gpu_count: int, host_data: bool = False) -> dict[str, str]:
         """Every file a rig gets: the serve dir's, the effective compose (for reading), the units; see knob_env."""
