@@ -86,8 +86,7 @@ def index_entries(directory: Path) -> list[Saved]:
 
 
 def _verified_ok(directory: Path, verified: dict, digest: str, size: int) -> bool:
-    path = blob_path(directory, digest)
-    return verified.get(digest) == size and path.exists() and path.stat().st_size == size
+    return verified.get(digest) == size and (p := blob_path(directory, digest)).exists() and p.stat().st_size == size
 
 
 def _descriptors(manifest: dict) -> list[dict]:

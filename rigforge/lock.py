@@ -383,8 +383,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         lock = load_lock(path)
         if args.check:
-            problems = lock.check()
-            for p in problems:
+            for p in (problems := lock.check()):
                 print(f"{path}: {p}", file=sys.stderr)
             if not problems:
                 print(f"{path}: ok ({len(lock.git)} git, {len(lock.hf)} hf entries, all resolved)")
@@ -399,8 +398,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if cached:
         report.append(f"git.{recipes.GIT_NAME}: cached {pin.commit[:12]} at {cached} (what `rigforge render` reads)")
-    for line in report or ["nothing to resolve"]:
-        print(line)
+    print(*(report or ["nothing to resolve"]), sep="\n")
     if new.toolkit and (news := check_toolkit(new.toolkit, os.environ.get("RIGFORGE_TOOLKIT_REPO"))):
         print(news)
     return 0
