@@ -131,8 +131,7 @@ def cuda_of(config: dict) -> str | None:
 
 
 def resolve_image(ref: str, registry: str | None = None, verify=True, known=None) -> tuple[str, str | None]:
-    """(the digest `docker pull` would get for `name:tag`, from `registry` (a base URL) when given; `cuda_of` its config
-    blob (for a multi-platform index: the linux/amd64 image's), None when the digest is `known`)."""
+    """(the digest `docker pull` gets for `ref`, from `registry` (a base URL) if given; its CUDA, None if `known`)."""
     import requests
 
     url = manifest_url(ref, registry)
@@ -405,8 +404,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def token_refused(endpoint: str, pin: HfPin, token: str) -> tuple[str | None, str | None]:
-    """(problem, warning) of the HF token for a gated asset: a HEAD of one locked file at the pinned revision. A
-    refused token is a problem; an unreachable hub only a warning (the rig may reach it). The token is never shown."""
+    """(problem, warning) of a gated pin's HF token (never shown): refused, a problem; hub unreachable, a warning."""
     import requests
 
     url = f"{endpoint.rstrip('/')}/{pin.repo}/resolve/{pin.revision}/{pin.files[0].path}"
