@@ -251,7 +251,7 @@ def save_image(directory: Path, pin: ImagePin, registry: str | None = None, ca_c
 
 
 def push_plan(directory: str | os.PathLike, entries: list[Saved]) -> tuple[list[str], dict[str, int]]:
-    """(remote/load_images.sh's plan, the files it needs {digest: size}); an index's children first, else it is refused."""
+    """(load_images.sh's plan, the files it needs {digest: size}); an index's children first, else it is refused."""
     lines, pulls, needed = [], [], {}
     for e in entries:
         repo, top = hub_name(e.ref)[0], _read_json(blob_path(directory, e.digest), {})
