@@ -312,11 +312,10 @@ def _endpoints(args: argparse.Namespace) -> tuple:
     """(HF endpoint, HF token, registry, fleet registry) as `resolve` takes them, from the environment and args."""
     token = os.environ.get("RIGFORGE_HF_TOKEN") or os.environ.get("HF_TOKEN")
     fleet = None
-    if args.fleet_registry:
+    if url := args.fleet_registry:
         from rigforge.registry import default_ca_dir
 
-        ca = args.fleet_ca or str(default_ca_dir() / "ca.crt")
-        fleet = (args.fleet_registry, False if args.fleet_registry.startswith("http://") else ca)
+        fleet = (url, not url.startswith("http://") and (args.fleet_ca or str(default_ca_dir() / "ca.crt")))
     return os.environ.get("HF_ENDPOINT"), token, os.environ.get("RIGFORGE_REGISTRY"), fleet
 
 
