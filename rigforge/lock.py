@@ -87,18 +87,16 @@ def resolve_hf(pin: HfPin, endpoint: str | None, token: str | None) -> HfPin:
     """The pin with revision, gated flag and every file's size and sha256 from the hub."""
     from huggingface_hub import HfApi, hf_hub_download
 
-    api = HfApi(endpoint=endpoint, token=token or False)
+    hub = {"endpoint": endpoint, "token": token or False}
     files = []
     try:  # a gated repo's info is public: its token is asked by the downloads of its small (non-LFS) files
-        info = api.model_info(pin.repo, revision=pin.ref, files_metadata=True)
+        info = HfApi(**hub).model_info(pin.repo, revision=pin.ref, files_metadata=True)
         with tempfile.TemporaryDirectory(prefix="rigforge-lock-") as tmp:
             for s in sorted(info.siblings or [], key=lambda s: s.rfilename):
                 if s.lfs is not None:
                     files.append(HfFile(s.rfilename, int(s.lfs.size), s.lfs.sha256))
                     continue
-                local = hf_hub_download(
-                    pin.repo, s.rfilename, revision=info.sha, local_dir=tmp, endpoint=endpoint, token=token or False
-                )
+                local = hf_hub_download(pin.repo, s.rfilename, revision=info.sha, local_dir=tmp, **hub)
                 data = Path(local).read_bytes()
                 files.append(HfFile(s.rfilename, len(data), hashlib.sha256(data).hexdigest()))
     except Exception as e:  # noqa: BLE001 - report hub errors (gated, missing, network) by entry
