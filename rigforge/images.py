@@ -256,10 +256,9 @@ def push_plan(directory: str | os.PathLike, entries: list[Saved]) -> tuple[list[
     for e in entries:
         repo, top = hub_name(e.ref)[0], _read_json(blob_path(directory, e.digest), {})
         kids = [(c, _read_json(blob_path(directory, c["digest"]), {})) for c in _children(top)]
-        images = [top, *(m for _, m in kids)]
         manifests = [(c["digest"], int(c["size"]), m.get("mediaType") or c.get("mediaType")) for c, m in kids]
         manifests.append((e.digest, e.size, top.get("mediaType") or e.media_type))
-        blobs = {b["digest"]: int(b["size"]) for m in images for b in _descriptors(m)}
+        blobs = {b["digest"]: int(b["size"]) for m in [top, *(k for _, k in kids)] for b in _descriptors(m)}
         lines += [f"blob {repo} {d}" for d in blobs]
         lines += [f"manifest {repo} {d} {media_type}" for d, _, media_type in manifests]
         pulls.append(f"pull {pinned(e)}")

@@ -119,9 +119,8 @@ def manifest_url(ref: str, registry: str | None = None) -> str:
 def cuda_of(config: dict) -> str | None:
     """The CUDA version (major.minor) in an image's config blob: its CUDA_VERSION variable, else a CUDA label."""
     inner = config.get("config") or {}
-    env = dict(item.partition("=")[::2] for item in inner.get("Env") or [])
     labels = inner.get("Labels") or {}
-    found = env.get("CUDA_VERSION") or next(
+    found = dict(item.partition("=")[::2] for item in inner.get("Env") or []).get("CUDA_VERSION") or next(
         (v for k, v in labels.items() if k.lower().replace("-", "_").endswith(("cuda_version", "cuda.version"))), None
     )
     match = re.match(r"^\d+\.\d+", str(found or ""))  # "13.0.1" -> "13.0"
@@ -208,9 +207,8 @@ def resolve(
     fleet: tuple[str, str | bool] | None = None,
     errors: list[str] | None = None,
 ) -> tuple[Lock, list[str]]:
-    """Resolve unresolved (and `refresh`ed) entries: (the new lock, a report line per change). `fleet`: (base URL,
-    CA path or False for plain HTTP) resolves an image upstream no longer has from the fleet's copy. With `errors`,
-    an entry that cannot be resolved is kept and its problem added there; else the first one raises LockError."""
+    """(the lock, its unresolved and `refresh`ed entries resolved; a line per change). `fleet` (base URL, CA path or
+    False: HTTP) serves images upstream lost. With `errors`, failing entries are kept, listed there; else LockError."""
     if unknown := set(refresh) - set(lock.git) - set(lock.hf) - {"image"} - {f"images.{n}" for n in lock.images}:
         raise LockError(f"--refresh: no git or hf entry {sorted(unknown)} (known: {', '.join([*lock.git, *lock.hf])})")
     report = []
