@@ -86,8 +86,7 @@ def index_entries(directory: Path) -> list[Saved]:
 
 
 def _verified_ok(directory: Path, verified: dict, digest: str, size: int) -> bool:
-    path = blob_path(directory, digest)
-    return verified.get(digest) == size and path.exists() and path.stat().st_size == size
+    return verified.get(digest) == size and (p := blob_path(directory, digest)).exists() and p.stat().st_size == size
 
 
 def _descriptors(manifest: dict) -> list[dict]:
@@ -252,16 +251,14 @@ def save_image(directory: Path, pin: ImagePin, registry: str | None = None, ca_c
 
 
 def push_plan(directory: str | os.PathLike, entries: list[Saved]) -> tuple[list[str], dict[str, int]]:
-    """(remote/load_images.sh's plan, the files it needs {digest: size}) for `entries` (Docker Hub images): each one's
-    blobs, manifests (an index's children first, for the registry to accept it), then `pull NAME@DIGEST`."""
+    """(load_images.sh's plan, the files it needs {digest: size}); an index's children first, else it is refused."""
     lines, pulls, needed = [], [], {}
     for e in entries:
         repo, top = hub_name(e.ref)[0], _read_json(blob_path(directory, e.digest), {})
         kids = [(c, _read_json(blob_path(directory, c["digest"]), {})) for c in _children(top)]
-        images = [top, *(m for _, m in kids)]
         manifests = [(c["digest"], int(c["size"]), m.get("mediaType") or c.get("mediaType")) for c, m in kids]
         manifests.append((e.digest, e.size, top.get("mediaType") or e.media_type))
-        blobs = {b["digest"]: int(b["size"]) for m in images for b in _descriptors(m)}
+        blobs = {b["digest"]: int(b["size"]) for m in [top, *(k for _, k in kids)] for b in _descriptors(m)}
         lines += [f"blob {repo} {d}" for d in blobs]
         lines += [f"manifest {repo} {d} {media_type}" for d, _, media_type in manifests]
         pulls.append(f"pull {pinned(e)}")

@@ -87,18 +87,16 @@ def resolve_hf(pin: HfPin, endpoint: str | None, token: str | None) -> HfPin:
     """The pin with revision, gated flag and every file's size and sha256 from the hub."""
     from huggingface_hub import HfApi, hf_hub_download
 
-    api = HfApi(endpoint=endpoint, token=token or False)
+    hub = {"endpoint": endpoint, "token": token or False}
     files = []
     try:  # a gated repo's info is public: its token is asked by the downloads of its small (non-LFS) files
-        info = api.model_info(pin.repo, revision=pin.ref, files_metadata=True)
+        info = HfApi(**hub).model_info(pin.repo, revision=pin.ref, files_metadata=True)
         with tempfile.TemporaryDirectory(prefix="rigforge-lock-") as tmp:
             for s in sorted(info.siblings or [], key=lambda s: s.rfilename):
                 if s.lfs is not None:
                     files.append(HfFile(s.rfilename, int(s.lfs.size), s.lfs.sha256))
                     continue
-                local = hf_hub_download(
-                    pin.repo, s.rfilename, revision=info.sha, local_dir=tmp, endpoint=endpoint, token=token or False
-                )
+                local = hf_hub_download(pin.repo, s.rfilename, revision=info.sha, local_dir=tmp, **hub)
                 data = Path(local).read_bytes()
                 files.append(HfFile(s.rfilename, len(data), hashlib.sha256(data).hexdigest()))
     except Exception as e:  # noqa: BLE001 - report hub errors (gated, missing, network) by entry
@@ -121,9 +119,8 @@ def manifest_url(ref: str, registry: str | None = None) -> str:
 def cuda_of(config: dict) -> str | None:
     """The CUDA version (major.minor) in an image's config blob: its CUDA_VERSION variable, else a CUDA label."""
     inner = config.get("config") or {}
-    env = dict(item.partition("=")[::2] for item in inner.get("Env") or [])
     labels = inner.get("Labels") or {}
-    found = env.get("CUDA_VERSION") or next(
+    found = dict(item.partition("=")[::2] for item in inner.get("Env") or []).get("CUDA_VERSION") or next(
         (v for k, v in labels.items() if k.lower().replace("-", "_").endswith(("cuda_version", "cuda.version"))), None
     )
     match = re.match(r"^\d+\.\d+", str(found or ""))  # "13.0.1" -> "13.0"
@@ -131,8 +128,7 @@ def cuda_of(config: dict) -> str | None:
 
 
 def resolve_image(ref: str, registry: str | None = None, verify=True, known=None) -> tuple[str, str | None]:
-    """(the digest `docker pull` would get for `name:tag`, from `registry` (a base URL) when given; `cuda_of` its config
-    blob (for a multi-platform index: the linux/amd64 image's), None when the digest is `known`)."""
+    """(the digest `docker pull` gets for `ref`, from `registry` (a base URL) if given; its CUDA, None if `known`)."""
     import requests
 
     url = manifest_url(ref, registry)
@@ -211,9 +207,8 @@ def resolve(
     fleet: tuple[str, str | bool] | None = None,
     errors: list[str] | None = None,
 ) -> tuple[Lock, list[str]]:
-    """Resolve unresolved (and `refresh`ed) entries: (the new lock, a report line per change). `fleet`: (base URL,
-    CA path or False for plain HTTP) resolves an image upstream no longer has from the fleet's copy. With `errors`,
-    an entry that cannot be resolved is kept and its problem added there; else the first one raises LockError."""
+    """(the lock, its unresolved and `refresh`ed entries resolved; a line per change). `fleet` (base URL, CA path or
+    False: HTTP) serves images upstream lost. With `errors`, failing entries are kept, listed there; else LockError."""
     if unknown := set(refresh) - set(lock.git) - set(lock.hf) - {"image"} - {f"images.{n}" for n in lock.images}:
         raise LockError(f"--refresh: no git or hf entry {sorted(unknown)} (known: {', '.join([*lock.git, *lock.hf])})")
     report = []
@@ -313,11 +308,10 @@ def _endpoints(args: argparse.Namespace) -> tuple:
     """(HF endpoint, HF token, registry, fleet registry) as `resolve` takes them, from the environment and args."""
     token = os.environ.get("RIGFORGE_HF_TOKEN") or os.environ.get("HF_TOKEN")
     fleet = None
-    if args.fleet_registry:
+    if url := args.fleet_registry:
         from rigforge.registry import default_ca_dir
 
-        ca = args.fleet_ca or str(default_ca_dir() / "ca.crt")
-        fleet = (args.fleet_registry, False if args.fleet_registry.startswith("http://") else ca)
+        fleet = (url, not url.startswith("http://") and (args.fleet_ca or str(default_ca_dir() / "ca.crt")))
     return os.environ.get("HF_ENDPOINT"), token, os.environ.get("RIGFORGE_REGISTRY"), fleet
 
 
@@ -383,8 +377,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         lock = load_lock(path)
         if args.check:
-            problems = lock.check()
-            for p in problems:
+            for p in (problems := lock.check()):
                 print(f"{path}: {p}", file=sys.stderr)
             if not problems:
                 print(f"{path}: ok ({len(lock.git)} git, {len(lock.hf)} hf entries, all resolved)")
@@ -399,16 +392,14 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if cached:
         report.append(f"git.{recipes.GIT_NAME}: cached {pin.commit[:12]} at {cached} (what `rigforge render` reads)")
-    for line in report or ["nothing to resolve"]:
-        print(line)
+    print(*(report or ["nothing to resolve"]), sep="\n")
     if new.toolkit and (news := check_toolkit(new.toolkit, os.environ.get("RIGFORGE_TOOLKIT_REPO"))):
         print(news)
     return 0
 
 
 def token_refused(endpoint: str, pin: HfPin, token: str) -> tuple[str | None, str | None]:
-    """(problem, warning) of the HF token for a gated asset: a HEAD of one locked file at the pinned revision. A
-    refused token is a problem; an unreachable hub only a warning (the rig may reach it). The token is never shown."""
+    """(problem, warning) of a gated pin's HF token (never shown): refused, a problem; hub unreachable, a warning."""
     import requests
 
     url = f"{endpoint.rstrip('/')}/{pin.repo}/resolve/{pin.revision}/{pin.files[0].path}"
