@@ -1,6 +1,4 @@
-"""The apt/dpkg lock held by another process (unattended-upgrades, a user's apt), waited for before a run's first
-change. The kernel names its holder (`fcntl(F_GETLK)`, from Perl, on every Debian and Ubuntu), even without /proc.
-"""
+"""The apt/dpkg lock another process holds, waited for before a run's first change; fcntl(F_GETLK) names the holder."""
 
 import re
 import shlex

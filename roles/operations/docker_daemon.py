@@ -22,8 +22,7 @@ def deep_merge(base: dict, patch: dict) -> dict:
 
 
 def merged_text(current: str | None, patch: dict, extend: dict | None = None) -> str | None:
-    """New daemon.json text, None when `current` holds `patch` and every item of `extend`'s lists (users' kept).
-    ValueError when `current` is not a JSON object (a user's broken file is never overwritten)."""
+    """New text (the user's keys kept), None when `current` already has it; ValueError unless a JSON object."""
     blank = not (current and current.strip())
     existing = {} if blank else json.loads(current)
     if not isinstance(existing, dict):

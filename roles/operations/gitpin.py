@@ -25,10 +25,9 @@ def patterns(sparse: Sequence[str]) -> list[str]:
 
 
 def is_current(state, url: str, commit: str, sparse: Sequence[str]) -> bool:
-    if not state:
-        return False
     want = {"head": commit, "dirty": [], "url": url, "sparse": bool(sparse)}
-    return all(state[k] == v for k, v in want.items()) and (not sparse or state["patterns"] == patterns(sparse))
+    matches = bool(state) and all(state[k] == v for k, v in want.items())
+    return matches and (not sparse or state["patterns"] == patterns(sparse))
 
 
 def bad_files(state, files: Mapping[str, str]) -> list[str]:
@@ -38,8 +37,7 @@ def bad_files(state, files: Mapping[str, str]) -> list[str]:
 def checkout_script(
     name: str, url: str, commit: str, dest: str, sparse: Sequence[str], files: Mapping[str, str]
 ) -> str:
-    """The shell step that brings `dest` to `commit`: a half-made .git or a killed git's lock files removed, a
-    fetch by SHA (all branches where a server refuses that), a dirty tree reset, the locked files checked."""
+    """The shell step that brings `dest` to `commit`, repairing what an interrupted run or a dirty tree left."""
     q = shlex.quote
     c, who = q(commit), f"{name} ({url})"
     refuse = q(f"rigforge: pinned commit {commit} of {who} is not on the remote; fix the lock (rigforge lock)")
