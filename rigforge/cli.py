@@ -25,27 +25,23 @@ SUBCOMMANDS = {
 }
 
 
-def _list(catalog) -> None:
-    print(f"{'VARIANT':<44} {'PORT':>5}  {'STATUS':<12} {'RIGFORGE':<8} WEIGHTS")
-    for v in catalog.variants.values():
-        weights = ", ".join(catalog.assets[a].hf_repo for a in v.assets)
-        print(f"{v.name:<44} {v.port:>5}  {'seed':<12} {'yes':<8} {weights}  ({v.pick_when})")
-    try:
-        pin = load_lock(default_lock_path()).git.get(recipes.GIT_NAME)
-        repo = recipes.load_repo(pin.commit if pin else None)
-    except (recipes.RecipeError, LockError) as exc:
-        print(f"(recipe-repo slugs not listed: {exc})")
-        return
-    rows = [(r, "refused" if r.refused else "opt-in" if r.needs_opt_in else "yes") for r in repo.recipes.values()]
-    for r, how in sorted(rows, key=lambda x: ("yes", "opt-in", "refused").index(x[1])):
-        detail = f"refused: {r.refused}" if r.refused else r.weights_label
-        print(f"{r.slug:<44} {r.port:>5}  {r.status:<12} {how:<8} {detail}")
-
-
 def _render(args: argparse.Namespace) -> int:
     catalog = load_catalog()
     if args.list:
-        _list(catalog)
+        print(f"{'VARIANT':<44} {'PORT':>5}  {'STATUS':<12} {'RIGFORGE':<8} WEIGHTS")
+        for v in catalog.variants.values():
+            weights = ", ".join(catalog.assets[a].hf_repo for a in v.assets)
+            print(f"{v.name:<44} {v.port:>5}  {'seed':<12} {'yes':<8} {weights}  ({v.pick_when})")
+        try:
+            pin = load_lock(default_lock_path()).git.get(recipes.GIT_NAME)
+            repo = recipes.load_repo(pin.commit if pin else None)
+        except (recipes.RecipeError, LockError) as exc:
+            print(f"(recipe-repo slugs not listed: {exc})")
+            return 0
+        rows = [(r, "refused" if r.refused else "opt-in" if r.needs_opt_in else "yes") for r in repo.recipes.values()]
+        for r, how in sorted(rows, key=lambda x: ("yes", "opt-in", "refused").index(x[1])):
+            detail = f"refused: {r.refused}" if r.refused else r.weights_label
+            print(f"{r.slug:<44} {r.port:>5}  {r.status:<12} {how:<8} {detail}")
         return 0
     if not args.variant or not args.out:
         raise SettingsError("render needs VARIANT and --out DIR (variants: `rigforge render --list`)")

@@ -49,8 +49,7 @@ class ImageRef:
 
 
 def parse(image: str) -> ImageRef:
-    """`[host[:port]/]name[:tag][@sha256:...]` as Docker reads it (a first part with '.' or ':', or 'localhost',
-    is a registry host; otherwise Docker Hub, whose one-part names live under library/)."""
+    """`[host[:port]/]name[:tag][@sha256:...]` as Docker does: a first part with '.', ':' or 'localhost' is a host."""
     rest, _, digest = image.partition("@")
     if digest and not DIGEST.match(digest):
         raise ValueError(f"{image!r}: the digest must be sha256:<64 hex>")

@@ -60,8 +60,7 @@ def build(name: str, data: Mapping) -> RegistryPlan:
 
 
 def render_config(plan: RegistryPlan) -> str:
-    """config.yml for Debian's docker-registry (Distribution 2.8): blobs on disk, no proxy section (a plain
-    registry: nothing in it expires), TLS unless insecure. Debian's own config's htpasswd auth is left out."""
+    """config.yml for Debian's docker-registry (Distribution 2.8): plain (no proxy, no auth), TLS unless insecure."""
     config = {
         "version": 0.1,
         "log": {"fields": {"service": "registry"}},
@@ -76,8 +75,7 @@ def render_config(plan: RegistryPlan) -> str:
 
 
 def check_config(text: str, tls: bool) -> list[str]:
-    """Problems with a config.yml. docker-registry has no command that checks a config without serving it, so
-    this is what rigforge can check: it parses as YAML and holds the keys the registry needs to start."""
+    """Problems with a config.yml: YAML holding the keys the registry needs (docker-registry cannot check a config)."""
     try:
         config = yaml.safe_load(text)
     except yaml.YAMLError as error:

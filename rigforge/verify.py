@@ -1,8 +1,7 @@
 """`rigforge verify INVENTORY`: one line per check per rig, read in parallel (docs/operators.md lists each check):
 rigforge/drift.py's, the gateways' and monitors', and API probes from the rig as the recipes' verify.sh.
 
-Exit: 0 every check passed (skips allowed), 1 a check failed, 2 could not run (inventory unreadable, or a rig
-unreachable while no check failed).
+Exit: 0 every check passed (skips allowed), 1 a check failed, 2 inventory unreadable or a rig unreachable (none failed).
 """
 
 import json
