@@ -40,8 +40,7 @@ def vllm_args(variant, s: Settings) -> list[str]:
         out += [flag, str(value)] if value is not None else []
     if s.api_key:
         out += ["--api-key", "${RIGFORGE_API_KEY}"]  # compose interpolates from the 0600 .env
-    out += list(s.extra_args)
-    return out
+    return out + list(s.extra_args)
 
 
 _ENV = Environment(loader=FileSystemLoader(str(TEMPLATES)), undefined=StrictUndefined, keep_trailing_newline=True)
@@ -54,8 +53,7 @@ def template(name: str):
 
 
 def render_power_unit(caps: dict[int, int], nvidia_smi: str = NVIDIA_SMI) -> str:
-    """The power unit for `caps`: early at boot, ordered after no other cap writer (it can never close an ordering
-    cycle); the settle stage (`settle_files`) makes rigforge's caps the last ones written."""
+    """The power unit for `caps`: early at boot, after no other cap writer (it can never close an ordering cycle)."""
     return template(POWER_UNIT + ".j2").render(caps=sorted(caps.items()), nvidia_smi=nvidia_smi)
 
 
