@@ -60,8 +60,7 @@ def render_power_unit(caps: dict[int, int], nvidia_smi: str = NVIDIA_SMI) -> str
 def settle_files(
     caps: dict[int, int], window_s: int, layout: HostLayout, nvidia_smi: str = NVIDIA_SMI
 ) -> dict[str, str]:
-    """The settle stage's unit and script: once the boot has finished it sets back every cap another writer
-    changed, then watches for `window_s` seconds (rigforge/boot.py reads what it logs)."""
+    """The settle stage's unit and script: after boot, sets back caps others changed, then watches `window_s` s."""
     caps, script = sorted(caps.items()), layout.settle_script
     unit = template(SETTLE_UNIT + ".j2").render(caps=caps, window=int(window_s), script=script, nvidia_smi=nvidia_smi)
     return {SETTLE_UNIT: unit, SETTLE_SCRIPT: template(SETTLE_SCRIPT + ".j2").render()}
