@@ -127,8 +127,7 @@ def cuda_for_driver(version: str) -> str | None:
 
 
 def cuda_for_branch(branch) -> str | None:
-    """The newest CUDA a driver branch supports (580 -> 13.0); None for a branch newer than the table's newest
-    row (the table does not know what it supports yet) or older than its oldest."""
+    """The newest CUDA a driver branch supports (580 -> 13.0); None outside the table (newer: not known yet)."""
     if int(branch) > version_key(CUDA_DRIVERS[0][1])[0]:
         return None
     return next((cuda for cuda, low in CUDA_DRIVERS if int(branch) >= version_key(low)[0]), None)

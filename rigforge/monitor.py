@@ -54,8 +54,7 @@ def consoles() -> dict[str, dict[str, str]]:
 
 
 def active_targets(code: int, body: str) -> list[dict] | None:
-    """The `activeTargets` of Prometheus's answer to TARGETS_PATH ([{"labels": {"job", "rig"...}, "health": "up"|
-    "down"|"unknown", "lastError", ...}]); None when it did not answer so (`code` 0: nothing answered)."""
+    """The `activeTargets` (labels, health, lastError) Prometheus answered TARGETS_PATH with, else None."""
     try:
         answer = json.loads(body) if code == 200 else None
         return list(answer["data"]["activeTargets"]) if answer["status"] == "success" else None

@@ -40,8 +40,7 @@ def vllm_args(variant, s: Settings) -> list[str]:
         out += [flag, str(value)] if value is not None else []
     if s.api_key:
         out += ["--api-key", "${RIGFORGE_API_KEY}"]  # compose interpolates from the 0600 .env
-    out += list(s.extra_args)
-    return out
+    return out + list(s.extra_args)
 
 
 _ENV = Environment(loader=FileSystemLoader(str(TEMPLATES)), undefined=StrictUndefined, keep_trailing_newline=True)
@@ -54,16 +53,14 @@ def template(name: str):
 
 
 def render_power_unit(caps: dict[int, int], nvidia_smi: str = NVIDIA_SMI) -> str:
-    """The power unit for `caps`: early at boot, ordered after no other cap writer (it can never close an ordering
-    cycle); the settle stage (`settle_files`) makes rigforge's caps the last ones written."""
+    """The power unit for `caps`: early at boot, after no other cap writer (it can never close an ordering cycle)."""
     return template(POWER_UNIT + ".j2").render(caps=sorted(caps.items()), nvidia_smi=nvidia_smi)
 
 
 def settle_files(
     caps: dict[int, int], window_s: int, layout: HostLayout, nvidia_smi: str = NVIDIA_SMI
 ) -> dict[str, str]:
-    """The settle stage's unit and script: once the boot has finished it sets back every cap another writer
-    changed, then watches for `window_s` seconds (rigforge/boot.py reads what it logs)."""
+    """The settle stage's unit and script: after boot, sets back caps others changed, then watches `window_s` s."""
     caps, script = sorted(caps.items()), layout.settle_script
     unit = template(SETTLE_UNIT + ".j2").render(caps=caps, window=int(window_s), script=script, nvidia_smi=nvidia_smi)
     return {SETTLE_UNIT: unit, SETTLE_SCRIPT: template(SETTLE_SCRIPT + ".j2").render()}
