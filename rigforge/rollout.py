@@ -65,7 +65,8 @@ def flags(files: dict) -> dict[str, str]:
     out, key = {}, None
     for word in map(str, (next(iter(services.values()), {}) or {}).get("command") or []):
         if word.startswith("--"):
-            key, out[word] = word, ""
+            key = word
+            out[word] = ""
         elif key:
             out[key] = f"{out[key]} {word}".strip()
     return out

@@ -338,7 +338,8 @@ def install_all() -> None:
     """What rigforge patches in pyinfra for a deploy (idempotent): the probe (unless off), speedups, no delayed ACKs."""
     global _original_get_fact
     if _original_get_fact is None and cache_dir() is not None:
-        _original_get_fact, pyinfra_facts._get_fact = pyinfra_facts._get_fact, _get_fact
+        _original_get_fact = pyinfra_facts._get_fact
+        pyinfra_facts._get_fact = _get_fact
         for name in CHANGING:
             setattr(Host, name, _changing(getattr(Host, name)))
         atexit.unregister(_save)  # once, however often installed
