@@ -12,7 +12,8 @@ from rigforge import recipes
 
 PROFILE = "scripts/lib/profiles/hardware/rtx-3090.yml"
 HARDWARE_DOC = "docs/HARDWARE.md"
-MEASURED_W = (220, 330)  # HARDWARE.md "Dual-card TP=2 anchor": decode flat from 220 to 330 W per card
+# HARDWARE.md, "Dual-card TP=2 anchor": "the TP=2 anchor below is already flat from 220–330W/card on `dual-fast`"
+MEASURED_W = (220, 330)
 
 
 def profile(root: Path | str | None) -> dict | None:

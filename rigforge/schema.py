@@ -18,7 +18,7 @@ KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e5m2", "fp8_e4m3", "turboquant_3bit_nc")
 URL = re.compile(r"^https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~%/+:@=-]*)?$")
 HTTP_URL = re.compile(r"https?://[^ ]*")  # what clients or people are shown: no space in it
 NOT_BLANK = re.compile(r"\s*\S.*", re.S)  # a path on the controller: anything but blank
-FINGERPRINT = re.compile(r"( *[^ ]){40} *", re.S)  # an OpenPGP key's: 40 hex digits, spaces allowed
+FINGERPRINT = re.compile(r"( *[^ ]){40} *", re.S)  # an OpenPGP key's: 40 characters once spaces are removed
 HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$|^[0-9a-fA-F:]+$")
 SETTLE_WINDOW_S = 60  # default of host data gpu_power_settle_window_s: how long the settle stage watches after boot
 
