@@ -8,9 +8,10 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyinfra.facts.files import Sha256File
+from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.files import File, Sha256File
 
-from rigforge import fleet, inventory, monitor, obtain
+from rigforge import fleet, inventory, monitor, obtain, packages
 from rigforge.driver_table import DriverTableError, packages_for
 from rigforge.facts import nvidia, probe
 from rigforge.facts.apt import DebInstalledVersion
@@ -20,7 +21,7 @@ from rigforge.facts.gitpin import GitCheckout
 from rigforge.facts.hfweights import WeightsState
 from rigforge.facts.nvidia import BootCaps, NvidiaGpus, NvidiaModuleVersion, NvidiaRunningDriver, NvidiaTopology
 from rigforge.facts.serving import ComposeImages, ServiceState
-from rigforge.facts.system import OsRelease, SystemdUnitEnabled
+from rigforge.facts.system import AptHeldPackages, OsRelease, ProvidedFiles, SystemdUnitEnabled
 from rigforge.fleet import Plan
 from rigforge.layout import GATEWAY_ADMIN_SOCKET, SERVE_FILES, SETTLE_SCRIPT, SETTLE_UNIT, HostLayout
 from rigforge.pins import LockError, load_lock
@@ -84,8 +85,9 @@ class RigContext:
         return {"git": pins.get("git") or {}, "hf": pins.get("hf") or {}, "image": pins.get("image")}
 
 
-def requests(ctx: RigContext, os_id: str | None) -> list[tuple[type, dict]]:
-    """Every fact the checks read for this rig's plan (on an OS `os_id`), for one batched probe."""
+def requests(ctx: RigContext, os_release: dict) -> list[tuple[type, dict]]:
+    """Every fact the checks read for this rig's plan (on `os_release`, OsRelease's), for one batched probe."""
+    os_id = os_release.get("id")
     out = [(cls, {}) for cls in (NvidiaGpus, OsRelease, NvidiaModuleVersion, NvidiaRunningDriver, NvidiaTopology)]
     with suppress(DriverTableError):  # the driver table's package whose version is the driver's (none: not read)
         if ctx.data["nvidia_driver_manage"]:
@@ -96,9 +98,13 @@ def requests(ctx: RigContext, os_id: str | None) -> list[tuple[type, dict]]:
     if ctx.unit:
         out += [(SystemdUnitEnabled, {"unit": ctx.unit}), (ServiceState, {"unit": ctx.unit})]
     if plan := ctx.plan:
+        out += [(DebPackages, {}), (AptHeldPackages, {})]
+        for wanted in packages.for_rig(plan.data, os_release, plan.toolkit_version):
+            out += [(ProvidedFiles, {"paths": list(wanted.provides)})] if wanted.provides else []
+        out += [(SystemdUnitEnabled, {"unit": unit}) for unit in plan.layout.boot_units]
         out += [(GitCheckout, {"path": plan.layout.src(name)}) for name in plan.variant.sources]
         out += [(WeightsState, weights_at(plan, asset)) for asset in plan.assets]
-        out += [(Sha256File, {"path": path}) for path in managed_files(plan)]
+        out += [(cls, {"path": path}) for path in managed_files(plan) for cls in (File, Sha256File)]
     if plan and ctx.manage:
         out += [(ComposeImages, {"serve_dir": plan.layout.serve_dir}), (DockerImagePresent, {"image": plan.image})]
     return out
@@ -130,19 +136,20 @@ def observe(host, fl: fleet.Fleet) -> tuple[RigContext, Observed]:
         ctx.plan, ctx.problems = fl.completed(host.name, gpus, ctx.cap_units, rebuild) if same else rebuild(gpus)
     if ctx.plan:
         ctx.layout, ctx.variant_name = ctx.plan.layout, ctx.plan.variant.name
-    return ctx, Observed(host, requests(ctx, first.get_fact(OsRelease)["id"]))
+    return ctx, Observed(host, requests(ctx, first.get_fact(OsRelease)))
 
 
 def weights_at(plan: Plan, asset) -> dict:
     return {"dest": plan.layout.asset_dir(asset.dir), "staging": plan.layout.weights_staging(asset.name)}
 
 
-def managed_files(plan: Plan) -> dict[str, str]:
-    """{path on the rig: the plan's text} of every file rigforge renders whole."""
+def managed_files(plan: Plan) -> dict[str, tuple[str, str]]:
+    """{path on the rig: (the plan's text, its mode in octal digits)} of every file rigforge renders whole."""
     layout, files = plan.layout, plan.files
-    out = {f"{layout.serve_dir}/{name}": files[name] for name in SERVE_FILES if name in files}
-    out |= {layout.unit_path(name): files[name] for name in (VLLM_UNIT, POWER_UNIT, SETTLE_UNIT) if name in files}
-    return out | ({layout.settle_script: files[SETTLE_SCRIPT]} if SETTLE_SCRIPT in files else {})
+    out = {f"{layout.serve_dir}/{name}": (files[name], SERVE_FILES[name]) for name in SERVE_FILES if name in files}
+    units = (VLLM_UNIT, POWER_UNIT, SETTLE_UNIT)
+    out |= {layout.unit_path(name): (files[name], "644") for name in units if name in files}
+    return out | ({layout.settle_script: (files[SETTLE_SCRIPT], "755")} if SETTLE_SCRIPT in files else {})
 
 
 def image_origin(obs: Observed, ctx: RigContext, reg) -> dict | None:

@@ -100,3 +100,20 @@ def node_exporter() -> PackageSet:
     """Debian's node exporter and dbus, which its systemd collector asks."""
     what = f"{NODE_EXPORTER_PACKAGE} (Debian's) and dbus for its systemd collector"
     return PackageSet(what, (NODE_EXPORTER_PACKAGE, "dbus"))
+
+
+PREREQUISITES = PackageSet("apt repository prerequisites", ("ca-certificates", "curl", "gpg"))
+
+
+def for_rig(data: Mapping, os_release: Mapping | None, toolkit_version: str | None) -> list[PackageSet]:
+    """Every package set the deploy installs on a rig with validated knobs `data` (a plan's) and `os_release`
+    (OsRelease), in the roles' order; the driver's only when rigforge manages it and the driver table has it."""
+    os_id, version = (os_release or {}).get("id", ""), (os_release or {}).get("version_id", "")
+    sets = [PREREQUISITES]
+    if data["nvidia_driver_manage"]:
+        try:
+            sets += [s for s in (pinning(data, os_id), driver(data, os_id)) if s]
+        except driver_table.DriverTableError:
+            pass  # preflight refuses such a rig, naming what to choose
+    sets.append(docker(data["docker_source"], os_id, version, data["docker_package_versions"]))
+    return [*sets, toolkit(toolkit_version), node_exporter()]

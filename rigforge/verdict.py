@@ -10,6 +10,7 @@ import json
 from collections.abc import Mapping, Sequence
 
 from rigforge.facts.nvidia import upstream_version
+from rigforge.jsonmerge import merged_text
 from rigforge.packages import PackageSet
 from rigforge.pins import GitPin, HfPin
 
@@ -105,24 +106,26 @@ def missing_packages(packages: PackageSet, installed: Mapping[str, list[str]] | 
     return [spec for spec in packages.specs if lacks(*spec.partition("="))]
 
 
-def unheld_packages(packages: PackageSet, installed: Mapping[str, list[str]] | None, held: Sequence[str]) -> list[str]:
+def unheld_packages(
+    packages: PackageSet, installed: Mapping[str, list[str]] | None, held: Sequence[str] | None
+) -> list[str]:
     """Installed packages the set holds that apt does not hold (AptHeldPackages): its `held` names, and those with
     its `held_prefixes` at `held_with`'s upstream version (the driver's libraries)."""
     installed = installed or {}
     stack = {upstream_version(v) for v in installed.get(packages.held_with) or []} if packages.held_with else set()
-    wanted = {
-        name
-        for name, versions in installed.items()
-        if name in packages.held
-        or packages.held_prefixes
-        and name.startswith(packages.held_prefixes)
-        and stack & {upstream_version(v) for v in versions}
-    }
-    return sorted(wanted - set(held))
+
+    def holds(name: str, versions: list[str]) -> bool:
+        if name in packages.held:
+            return True
+        in_stack = bool(stack & {upstream_version(v) for v in versions})
+        return bool(packages.held_prefixes) and name.startswith(packages.held_prefixes) and in_stack
+
+    wanted = {name for name, versions in installed.items() if holds(name, versions)}
+    return sorted(wanted - set(held or ()))
 
 
 def to_reinstall(
-    packages: PackageSet, installed: Mapping[str, list[str]] | None, provided: Mapping[str, str | None]
+    packages: PackageSet, installed: Mapping[str, list[str]] | None, provided: Mapping[str, str | None] | None
 ) -> dict[str, str]:
     """{package: the file it lost} for each installed package whose file rigforge runs (the set's `provides`) is gone
     (ProvidedFiles: {missing path: the package dpkg says owns it, None: none}): reinstalling it puts the file back.
@@ -130,7 +133,7 @@ def to_reinstall(
     whole set is installed reinstalls the whole set."""
     out = {}
     complete = not missing_packages(packages, installed)
-    for path, owner in provided.items():
+    for path, owner in (provided or {}).items():
         if owner:
             out[owner] = path
         elif owner is None and complete:
@@ -141,8 +144,8 @@ def to_reinstall(
 def packages(
     packages: PackageSet,
     installed: Mapping[str, list[str]] | None,
-    held: Sequence[str],
-    provided: Mapping[str, str | None],
+    held: Sequence[str] | None,
+    provided: Mapping[str, str | None] | None,
 ) -> list[str]:
     """The set against the rig: each package installed (at its pinned version), held where the set holds it, and
     the files rigforge runs present."""
@@ -206,38 +209,11 @@ def persistence(gpus: Sequence[dict]) -> list[str]:
 # ---------------------------------------------------------------- a merged JSON file (daemon.json)
 
 
-def deep_merge(base: dict, patch: dict) -> dict:
-    """A copy of `base` with `patch` merged in: nested dicts merge, other values from `patch` win."""
-    merged = dict(base)
-    for key, value in patch.items():
-        both = isinstance(value, dict) and isinstance(merged.get(key), dict)
-        merged[key] = deep_merge(merged[key], value) if both else value
-    return merged
-
-
-def merged_text(current: str | None, patch: dict, extend: dict | None = None) -> str | None:
-    """New text (the user's keys kept), None when `current` already has it; ValueError unless a JSON object."""
-    blank = not (current and current.strip())
-    existing = {} if blank else json.loads(current)
-    if not isinstance(existing, dict):
-        raise ValueError("top level is not a JSON object")
-    merged = deep_merge(existing, patch)
-    for key, items in (extend or {}).items():
-        have = merged.get(key) if isinstance(merged.get(key), list) else []
-        merged[key] = have + [item for item in items if item not in have]
-    return None if merged == existing and not blank else json.dumps(merged, indent=2) + "\n"
-
-
-def json_keys(path: str, lines: list[str] | None, patch: dict, extend: dict | None = None) -> list[str]:
-    """A JSON file rigforge merges keys into (FileContents): it holds `patch`'s keys and `extend`'s items."""
-    if lines is None:
-        return [f"{path} is missing"]
-    try:
-        merged = merged_text("\n".join(lines), patch, extend)
-    except ValueError as error:
-        return [f"{path} is not valid JSON ({error})"]
-    if merged is None:
-        return []
-    have = json.loads("\n".join(lines)) if any(line.strip() for line in lines) else {}
-    differ = [key for key in {**patch, **(extend or {})} if json.loads(merged).get(key) != have.get(key)]
-    return [f"{path}: {', '.join(sorted(differ))} not as declared"]
+def json_keys(path: str, current: dict | None, patch: dict, extend: dict | None = None) -> list[str]:
+    """A JSON file rigforge merges keys into (`current`: its object as read, None: missing or not an object): it
+    holds `patch`'s keys (nested mappings merged) and `extend`'s list items; the other keys are the user's."""
+    if current is None:
+        return [f"{path} is missing or not a JSON object"]
+    merged = json.loads(merged_text(json.dumps(current), patch, extend) or json.dumps(current))
+    differ = sorted(key for key in {**patch, **(extend or {})} if merged.get(key) != current.get(key))
+    return [f"{path}: {key} is not as declared" for key in differ]

@@ -12,10 +12,8 @@ from pyinfra.operations import systemd
 from rigforge import packages
 from rigforge.facts.system import OsRelease
 from rigforge.fleet import Plan
-from rigforge.knobs.docker_engine import DEFAULTS, DockerEngine
+from rigforge.knobs.docker_engine import DEFAULTS, DockerEngine, daemon_json_patch
 from rigforge.knobs.serving import Serving
-from rigforge.layout import NVIDIA_RUNTIME
-from rigforge.verdict import deep_merge
 from roles.operations import apt_repo, docker_daemon
 
 # Docker's "Uninstall old versions" list (Ubuntu's; Debian's is the same without docker-compose-v2), and Debian's
@@ -89,7 +87,7 @@ def install(plan: Plan):
     daemon = docker_daemon.merge_json(
         name=f"Add the nvidia runtime to {plan.layout.daemon_json}",
         path=plan.layout.daemon_json,
-        patch=deep_merge(knobs.docker_daemon_options or {}, NVIDIA_RUNTIME),
+        patch=daemon_json_patch(data),
     )
     if Serving.of(plan.data).rigforge_manage_services:
         systemd.service(name="Enable and start docker", service="docker.service", running=True, enabled=True)

@@ -19,11 +19,12 @@ from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, NvidiaRunningDriver
 from rigforge.facts.system import FreeDiskBytes, OsRelease, SecureBoot, UrlAnswers
 from rigforge.fleet import Plan
 from rigforge.hardware import Needs, find_problems, format_problems
+from rigforge.jsonmerge import merged_text
 from rigforge.knobs.docker_engine import DockerEngine
 from rigforge.layout import DAEMON_JSON
 from rigforge.verdict import checkout, missing_packages, stale_weights
 from roles import docker_engine, nvidia_driver
-from roles.operations import apt_repo, docker_daemon
+from roles.operations import apt_repo
 from roles.operations.checks import refuse_now
 from roles.operations.shown import warn
 
@@ -176,7 +177,7 @@ def check(needs: Needs, data: Mapping, more: list[str] = ()) -> bool:
     problems += found
     lines = host.get_fact(FileContents, path=DAEMON_JSON)
     try:
-        docker_daemon.merged_text(None if lines is None else "\n".join(lines), {})
+        merged_text(None if lines is None else "\n".join(lines), {})
     except ValueError as error:
         problems.append(
             f"{DAEMON_JSON} on {host.name} is not valid JSON ({error}); rigforge merges the nvidia runtime into it and "

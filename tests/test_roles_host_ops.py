@@ -26,11 +26,12 @@ from support import render_variant
 from rigforge import fleet, hardware, packages
 from rigforge.catalog import load_catalog
 from rigforge.fleet import Plan
+from rigforge.jsonmerge import merged_text
 from rigforge.layout import NVIDIA_RUNTIME, HostLayout
 from rigforge.render import render_power_unit
 from rigforge.schema import Settings
 from roles import docker_engine, gpu_power, nvidia_driver, preflight, serving
-from roles.operations import apt_repo, checks, docker_daemon, nvidia, shown
+from roles.operations import apt_repo, checks, nvidia, shown
 
 OS = {
     "ubuntu2204": 'ID=ubuntu\nVERSION_ID="22.04"\nVERSION_CODENAME=jammy',
@@ -481,21 +482,21 @@ def test_docker_from_dockers_repo_with_pins(os, distro):
 
 def test_daemon_json_merge_keeps_user_keys_and_is_stable():
     user = {"log-driver": "journald", "runtimes": {"runsc": {"path": "/usr/bin/runsc"}}}
-    text = docker_daemon.merged_text(json.dumps(user), NVIDIA_RUNTIME)
+    text = merged_text(json.dumps(user), NVIDIA_RUNTIME)
     merged = json.loads(text)
     assert merged["log-driver"] == "journald"
     assert merged["runtimes"] == {
         "runsc": {"path": "/usr/bin/runsc"},
         "nvidia": {"args": [], "path": "nvidia-container-runtime"},
     }
-    assert docker_daemon.merged_text(text, NVIDIA_RUNTIME) is None  # equal: no write
+    assert merged_text(text, NVIDIA_RUNTIME) is None  # equal: no write
     # Same data, different formatting: still equal.
-    assert docker_daemon.merged_text(json.dumps(merged, separators=(",", ":")), NVIDIA_RUNTIME) is None
-    assert json.loads(docker_daemon.merged_text(None, NVIDIA_RUNTIME)) == NVIDIA_RUNTIME
+    assert merged_text(json.dumps(merged, separators=(",", ":")), NVIDIA_RUNTIME) is None
+    assert json.loads(merged_text(None, NVIDIA_RUNTIME)) == NVIDIA_RUNTIME
     with pytest.raises(ValueError):
-        docker_daemon.merged_text("{not json", NVIDIA_RUNTIME)
+        merged_text("{not json", NVIDIA_RUNTIME)
     with pytest.raises(ValueError):
-        docker_daemon.merged_text("[1]", NVIDIA_RUNTIME)
+        merged_text("[1]", NVIDIA_RUNTIME)
 
 
 def test_daemon_json_operation_writes_atomically_and_restarts_docker_only_on_change():
