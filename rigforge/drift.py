@@ -58,13 +58,14 @@ def pin_drift(ctx: RigContext) -> dict:
 
 
 def rig_drift(obs: Observed, ctx: RigContext) -> list[str]:
-    """The rig against what was provisioned: checkouts at the manifest's commits, weights, rendered files."""
+    """The rig's pins against what was provisioned: checkouts at the manifest's commits, weights as stamped. A file
+    edited by hand is no pin: its own check ("files as rendered") says it."""
     if ctx.plan is None:
         return []
     recorded = ctx.manifest_pins()["git"]
     want = {pin.name: recorded.get(pin.name) or pin.commit for pin in ctx.plan.sources}
     stamped = [line for line in weights(obs, ctx.plan) if "stamp revision" not in line]
-    return [*sources(obs, ctx.plan, want, "provisioned"), *stamped, *files(obs, ctx.plan)]
+    return [*sources(obs, ctx.plan, want, "provisioned"), *stamped]
 
 
 def sources(obs: Observed, plan: Plan, want: Mapping[str, str | None], label: str = "lock") -> Iterator[str]:
