@@ -208,3 +208,18 @@ def test_a_changed_compose_file_is_the_reason_it_names(caplog):
     with caplog.at_level(logging.INFO):
         managed(responses)
     assert f"{UNIT}: its compose file, .env or unit changed: restarting it" in caplog.text
+
+
+def test_a_gateway_knows_the_rest_a_rig_records():
+    """rig1 rests (rig.json records serving_rest: stopped, host data none): out of the gateway on purpose."""
+    view = {"rigs": {"rig1": "out (down 40 s; last check: L4CON)", "rig2": "serving"}}
+    results = {
+        "rig1": ([Check("unit active", "pass", "active")], {"rig": True, "rest": "stopped"}),
+        "gw": ([verify.rigs_up(view, set())], {"rig": False, "rest": None, "gateway": view, "resting": set()}),
+    }
+    assert results["gw"][0][0].status == "fail"  # what the gateway host alone knows: host data sets no rest
+    checked = verify.with_fleet_checks(results, ())
+    up = checked["gw"][0][0]
+    assert (up.name, up.status) == ("gateway rigs up", "pass"), up
+    served = [c for c in checked["rig1"][0] if c.name == "serving at the gateways"]
+    assert served[0].status == "pass" and "resting on purpose (serving_rest: stopped)" in served[0].detail
