@@ -58,13 +58,17 @@ def pin_drift(ctx: RigContext) -> dict:
 
 
 def rig_drift(obs: Observed, ctx: RigContext) -> list[str]:
-    """The rig against what was provisioned: checkouts at the manifest's commits, weights, rendered files."""
+    """The rig's pins against what was provisioned: each checkout's HEAD at the commit the manifest records. A dirty
+    tree or a file edited by hand is no pin: their own checks ("sources at locked SHAs", "files as rendered") say it."""
     if ctx.plan is None:
         return []
-    recorded = ctx.manifest_pins()["git"]
-    want = {pin.name: recorded.get(pin.name) or pin.commit for pin in ctx.plan.sources}
-    stamped = [line for line in weights(obs, ctx.plan) if "stamped at revision" not in line]
-    return [*sources(obs, ctx.plan, want, "provisioned"), *stamped, *files(obs, ctx.plan)]
+    recorded, moved = ctx.manifest_pins()["git"], []
+    for pin in ctx.plan.sources:
+        state = obs.get_fact(GitCheckout, path=ctx.plan.layout.src(pin.name))
+        want = recorded.get(pin.name) or pin.commit
+        if state and want and state["head"] != want:
+            moved.append(f"git {pin.name}: HEAD {state['head'][:12] or '?'}, provisioned {want[:12]}")
+    return moved
 
 
 def sources(obs: Observed, plan: Plan, want: Mapping[str, str | None], label: str = "lock") -> Iterator[str]:

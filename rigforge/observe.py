@@ -23,6 +23,7 @@ from rigforge.facts.nvidia import BootCaps, NvidiaGpus, NvidiaModuleVersion, Nvi
 from rigforge.facts.serving import ComposeImages, ServiceState
 from rigforge.facts.system import AptHeldPackages, OsRelease, ProvidedFiles, SystemdUnitEnabled
 from rigforge.fleet import Plan
+from rigforge.knobs.serving import REST
 from rigforge.layout import GATEWAY_ADMIN_SOCKET, SERVE_FILES, SETTLE_SCRIPT, SETTLE_UNIT, HostLayout
 from rigforge.pins import LockError, load_lock
 from rigforge.render import POWER_UNIT, VLLM_UNIT
@@ -56,6 +57,7 @@ class RigContext:
     manifest: dict | None = None
     problems: list[str] = field(default_factory=list)
     cap_units: dict = field(default_factory=dict)  # the rig's other cap writers at boot (PowerCapUnits)
+    rest_from: str = "host data serving_rest"  # where data["serving_rest"] comes from (rest_record)
 
     @property
     def manage(self) -> bool:
@@ -120,6 +122,7 @@ def observe(host, fl: fleet.Fleet) -> tuple[RigContext, Observed]:
     ctx.cap_units = first.get_fact(nvidia.PowerCapUnits) or {}
     ctx.manifest = first.get_fact(JsonFile, path=layout.rig_json)
     manifest = ctx.manifest or {}
+    rest_record(ctx, layout.rig_json)
     wanted = data["rigforge_variant"]
     recorded = manifest.get("recipe") or manifest.get("variant")
     ctx.variant_name = manifest.get("variant") or wanted
@@ -137,6 +140,15 @@ def observe(host, fl: fleet.Fleet) -> tuple[RigContext, Observed]:
     if ctx.plan:
         ctx.layout, ctx.variant_name = ctx.plan.layout, ctx.plan.variant.name
     return ctx, Observed(host, requests(ctx, first.get_fact(OsRelease)))
+
+
+def rest_record(ctx: RigContext, rig_json: str) -> None:
+    """The rest the rig's manifest records (the last deploy's serving_rest, e.g. given with --data) when host data
+    sets none: the rig rests on purpose; host data's own serving_rest is what is declared, and wins."""
+    recorded = (ctx.manifest or {}).get("serving_rest")
+    if ctx.data["serving_rest"] is None and recorded in REST and recorded is not None:
+        ctx.data = {**ctx.data, "serving_rest": recorded}
+        ctx.rest_from = f"{rig_json} records serving_rest: {recorded}, from the last deploy"
 
 
 def weights_at(plan: Plan, asset) -> dict:

@@ -36,27 +36,31 @@ def sole_instance(plan: Plan):
         host.noop(f"{unit} is the only enabled vLLM instance" if enable else "no vLLM instance is enabled")
 
 
-def start_reason(plan: Plan, changed: bool) -> str | None:
-    """Why the vLLM unit must be (re)started now, or None (a unit still starting is the health gate's to wait for)."""
+def start_reason(plan: Plan, changed: bool, enabled: bool = False) -> str | None:
+    """Why the vLLM unit must be (re)started now, or None (a unit still starting is the health gate's to wait for).
+    `changed`: this run changed its compose file, .env or unit; `enabled`: this run enabled it as the only instance
+    (a switch from another instance, or serving_rest: stopped lifted)."""
     if changed:
-        return "its compose file, .env, unit or instance changed"
+        return "its compose file, .env or unit changed"
     layout, image = plan.layout, plan.image
     state = serving(host.get_fact(ServiceState, unit=layout.vllm_unit))
     digest = image.rpartition("@")[2] if "@" in image else None  # None while the lock has none
     if state == "running" and runs_digest(host.get_fact(ComposeImages, serve_dir=layout.serve_dir), digest) is False:
         return "its container runs another image than the locked digest"
-    return {"stopped": "it is stopped", "failed": "it failed", "crashing": "it keeps exiting"}.get(state)
+    said = {"stopped": "it is stopped", "failed": "it failed", "crashing": "it keeps exiting"}.get(state)
+    return said or ("it was just enabled as the only vLLM instance" if enabled else None)
 
 
 @operation()
-def running(plan: Plan, changed=None):
+def running(plan: Plan, changed=None, enabled=None):
     """(Re)start the rig's vLLM unit when ``start_reason`` says so, its failures reset (the gate counts restarts).
 
     + plan: the rig's plan (the unit, its compose project directory, the locked image)
-    + changed: a callable, true when this run changed its compose file, .env, unit or instance
+    + changed: a callable, true when this run changed its compose file, .env or unit
+    + enabled: a callable, true when this run enabled the unit as the only instance (``sole_instance``)
     """
-    unit = plan.layout.vllm_unit
-    reason = start_reason(plan, bool(changed and host.state.is_executing and changed()))
+    unit, executing = plan.layout.vllm_unit, host.state.is_executing
+    reason = start_reason(plan, bool(changed and executing and changed()), bool(enabled and executing and enabled()))
     if unchanged(reason is None, f"{unit} runs as declared"):
         return
     verb = "start" if reason in ("it is stopped", "it failed") else "restart"
@@ -114,17 +118,21 @@ def image_present(image: str):
 
 
 @operation()
-def manifest(plan: Plan, now: str):
-    """Write rig.json (manifest, GPUs, interconnect, time) if all but the time differs; the slow interconnect only then.
+def manifest(plan: Plan, now: str, rest: str | None = None):
+    """Write rig.json (manifest, GPUs, interconnect, serving_rest, time) if all but the time differs; the slow
+    interconnect only then.
 
     + plan: the rig's plan (rig.json's path, its manifest: variant, unit, port, pins...)
     + now: the time to record as ``provisioned_at`` (ISO 8601)
+    + rest: the ``serving_rest`` this run applied (host data's or ``--data``'s), recorded for status and verify
     """
     path = plan.layout.rig_json
     keys = ("index", "uuid", "name", "pci_bus_id", "memory_total", "power_limit", "driver_version")
     gpus = [{k: gpu.get(k) for k in keys} for gpu in host.get_fact(NvidiaGpus) or []]
     recorded = {k: v for k, v in (host.get_fact(JsonFile, path=path) or {}).items() if k != "provisioned_at"}
     wanted = {**plan.manifest, "gpus": gpus, "interconnect": recorded.get("interconnect")}
+    if rest:
+        wanted["serving_rest"] = rest
     if "interconnect" not in recorded or recorded != wanted:
         wanted["interconnect"] = host.get_fact(NvidiaTopology)
     if unchanged(recorded == wanted, f"{path} up to date"):
