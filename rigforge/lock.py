@@ -79,7 +79,8 @@ def resolve_git(pin: GitPin) -> str:
 
 
 def _last_line(e: Exception) -> str:
-    text = (getattr(e, "stderr", None) or str(e)).strip()
+    """The last line git printed (GitPython quotes its stderr: `  stderr: 'fatal: ...\n'`)."""
+    text = (getattr(e, "stderr", None) or str(e)).strip().removesuffix("'").strip()
     return text.splitlines()[-1] if text else str(e)
 
 
@@ -418,7 +419,13 @@ def run(args: argparse.Namespace) -> int:
             if not problems:
                 print(f"{path}: ok ({len(lock.git)} git, {len(lock.hf)} hf entries, all resolved)")
             return 1 if problems else 0
-        new, report = resolve(lock, list(args.refresh), *_endpoints(args))
+        errors: list[str] = []
+        new, report = resolve(lock, list(args.refresh), *_endpoints(args), errors=errors)
+        if errors:  # each entry named; none written, not even those that resolved
+            for e in errors:
+                print(f"rigforge lock: could not resolve {e}", file=sys.stderr)
+            print(f"rigforge lock: nothing written: {path} is as it was", file=sys.stderr)
+            return 1
         if report:
             write_atomically(path, dump_lock(new))
         pin = new.git.get(recipes.GIT_NAME)

@@ -255,6 +255,28 @@ def test_resolution_failures_name_the_entry_and_leave_the_lock_alone(stand_ins, 
     assert path.read_text() == before
 
 
+def test_lock_offline_names_every_entry_it_could_not_resolve(stand_ins, tmp_path):
+    """No git remote, registry or hub answers: every unresolved entry is named, one line each, not just the first;
+    nothing is written."""
+    data = unresolved_lock(stand_ins)
+    for pin in data["git"].values():
+        pin["url"] = "git://127.0.0.1:9/gone.git"
+    path = tmp_path / "lock.yaml"
+    path.write_text(yaml.safe_dump(data))
+    before = path.read_text()
+    proc = rigforge_lock(
+        "--lock", str(path), endpoint="http://127.0.0.1:9", env={"RIGFORGE_REGISTRY": "http://127.0.0.1:9"}
+    )
+    assert proc.returncode == 1
+    named = [line.split(": ")[1] for line in proc.stderr.splitlines() if ": could not resolve " in line]
+    lock = load_lock(path)
+    entries = ["image", *(f"git.{n}" for n in lock.git), *(f"hf.{n}" for n in lock.hf)]
+    assert named == [f"could not resolve {e}" for e in entries], proc.stderr
+    assert "on git://127.0.0.1:9/gone.git: 127.0.0.1[0: 127.0.0.1]: errno=Connection refused\n" in proc.stderr
+    assert proc.stderr.endswith(f"rigforge lock: nothing written: {path} is as it was\n")
+    assert path.read_text() == before
+
+
 def test_gated_repo_without_token_is_named(stand_ins, tmp_path):
     data = unresolved_lock(stand_ins)
     data["git"] = {}
@@ -343,8 +365,9 @@ def test_a_purged_tag_fails_in_one_line_naming_the_image_and_a_live_recipe(stand
     path.write_text(yaml.safe_dump(data))
     before = path.read_text()
     proc = rigforge_lock("--lock", str(path), token=stand_ins["token"], endpoint=stand_ins["endpoint"])
-    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
-    assert "image: vllm/vllm-openai:nightly-01d4d1ad: registry answered HTTP 404" in proc.stderr
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 2, proc.stderr
+    assert "images.vllm-nightly-mtp: vllm/vllm-openai:nightly-01d4d1ad: registry answered HTTP 404" in proc.stderr
+    assert proc.stderr.endswith(f"rigforge lock: nothing written: {path} is as it was\n")
     assert "rigforge_variant: vllm/dual (vllm/vllm-openai:v0.27.1" in proc.stderr
     assert path.read_text() == before
 
