@@ -147,22 +147,27 @@ def manifest(plan: Plan, now: str, rest: str | None = None):
 def health_gate_script(
     url: str, model: str, timeout: int, unit: str, rollback_unit: str | None, serve_dir: str, rollback: bool = True
 ) -> str:
-    """Shell: wait for /v1/models, send one chat completion; on failure roll back (to `rollback_unit`, else the `*.prev`
-    files), print the log tail. A server exiting while starting fails at once (Restart= would keep it "activating");
-    journal colour codes are stripped (else "[blob data]"); the API key goes to curl on stdin, never on a command line.
+    """Shell: wait for /v1/models, send one chat completion; on failure print the log tail, roll back (to
+    `rollback_unit`, else the `*.prev` files) and say what it rolled back to, or that there was nothing to. A server
+    exiting while starting fails at once (Restart= would keep it "activating"); journal colour codes are stripped
+    (else "[blob data]"); the API key goes to curl on stdin, never on a command line.
     """
     q = shlex.quote
+    said = "echo 'rigforge health gate: {}' >&2"  # what the undo did, named
     if not rollback:
-        undo = f"echo 'rigforge health gate: {unit} left as it is (nothing of it changed in this run)' >&2; exit 1"
+        undo = said.format(f"{unit} left as it is (nothing of it changed in this run)")
     elif rollback_unit:
-        undo = f"systemctl disable --now {q(unit)}; systemctl enable --now {q(rollback_unit)}"
+        back = said.format(f"rolled back to {rollback_unit}, the unit that ran before")
+        undo = f"systemctl disable --now {q(unit)}; systemctl enable --now {q(rollback_unit)}; {back}"
     else:
         d = q(serve_dir)
+        back = said.format(f"rolled back to the compose file and .env {unit} ran before, and restarted it")
+        stop = said.format(f"nothing to roll back to (no earlier files of {unit}): stopped and disabled it")
         undo = (
             f"if [ -f {d}/docker-compose.yml.prev ]; then mv -f {d}/docker-compose.yml.prev {d}/docker-compose.yml; "
             f"mv -f {d}/.env.prev {d}/.env; if [ -f {d}/compose.override.yml.prev ]; then "  # a recipe slug's override
-            f"mv -f {d}/compose.override.yml.prev {d}/compose.override.yml; fi; systemctl restart {q(unit)}; "
-            f"else systemctl disable --now {q(unit)}; fi"
+            f"mv -f {d}/compose.override.yml.prev {d}/compose.override.yml; fi; systemctl restart {q(unit)}; {back}; "
+            f"else systemctl disable --now {q(unit)}; {stop}; fi"
         )
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 8})
     return f"""
@@ -173,7 +178,6 @@ fail() {{
   echo "rigforge health gate: $1" >&2
   journalctl -a -u {q(unit)} -n 40 --no-pager 2>/dev/null | sed 's/\\x1b\\[[0-9;]*[A-Za-z]//g' >&2 || true
   {undo}
-  echo "rigforge health gate: rolled back" >&2
   exit 1
 }}
 until auth | curl -sf --max-time 3 -H @- {q(url)}/v1/models >/dev/null; do
