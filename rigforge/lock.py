@@ -169,7 +169,7 @@ def _live_recipe(dead: str) -> str:
     try:
         pin = load_lock(default_lock_path()).git.get(recipes.GIT_NAME)
         commit = pin.commit if pin else None
-        repo = recipes.load_repo(commit)
+        repo = recipes.load_repo(commit, pin.content if pin else None)
     except (LockError, recipes.RecipeError):
         return "a recipe-repo slug from `rigforge render --list` (rigforge_variant: SLUG)"
     for r in repo.recipes.values():
@@ -248,7 +248,8 @@ def resolve(
         commit = resolve_git(dataclasses.replace(pin, short=None) if name in refresh else pin)
         if commit != pin.commit:
             report.append(f"git.{name}: {pin.ref} -> {commit}")
-        return dataclasses.replace(pin, commit=commit)
+        content = pin.content if commit == pin.commit else None  # another commit's digest would name a wrong tree
+        return dataclasses.replace(pin, commit=commit, content=content)
 
     def revision_of(name: str, pin: HfPin) -> HfPin:
         new = resolve_hf(pin, endpoint, token)

@@ -579,12 +579,15 @@ def _all_rig_ports(shared: Path) -> set[int]:
 
 def _write_lock(tb: Testbed) -> None:
     from rigforge.pins import default_lock_path, load_lock
+    from rigforge.recipes import content_digest
 
     git = {}
     for name, m in tb.services["git"].items():
         pin = m["pin"]
         ref = m["branch"] if name == "vllm-src" else pin[:8] if name in ("club-3090", "recipes") else pin[:7]
         git[name] = {"url": tb.git_url(name), "ref": ref, "commit": pin, "sparse": m["sparse"], "files": m["files"]}
+        if name == "recipes" and recipes_dir():  # commit A is RIGFORGE_RECIPES' tree: its digest names that tree
+            git[name]["content"] = content_digest(recipes_dir())
     hf = {
         key: {
             "repo": m["repo"],
