@@ -39,7 +39,9 @@ KNOBS = {
     "nvlink_mode": "NVLINK_MODE",
 }
 NO_KNOB = ("extra_args", "api_key")  # settings the recipes have no knob for: refused for a slug
-CACHE_TARGETS = ("torch_compile", "triton")  # recipe-relative cache mounts go to <root>/cache/<name>
+# vLLM's compile caches in the container -> their dir under <root>/cache: a bind mount of either comes from there,
+# whatever its source or variable, so the caches stay rigforge's and survive a bump of the recipe checkout
+CACHE_TARGETS = {"/root/.cache/vllm/torch_compile_cache": "torch_compile", "/root/.triton/cache": "triton"}
 
 
 class RecipeError(ValueError):
@@ -432,12 +434,12 @@ def _host_compose(r: Recipe, compose: dict, env: dict[str, str], image: str, lay
     """(host override, what `docker compose -f RECIPE -f OVERRIDE config` resolves with the .env's `env`)."""
     svc = service_name(r, compose)
     host: dict[str, Any] = {"restart": "no"} if r.image_env in env else {"image": image, "restart": "no"}
-    for v in compose["services"][svc].get("volumes") or []:
-        source, target, opts = _volume(v)
-        name, parent = posixpath.basename(source.rstrip("/")), posixpath.basename(posixpath.dirname(source))
-        if source.startswith(".") and parent == "cache" and name in CACHE_TARGETS:
-            host.setdefault("volumes", []).append(f"{layout.cache}/{name}:{target}" + (f":{opts}" if opts else ""))
     out = interpolated(compose, env)
+    for v in out["services"][svc].get("volumes") or []:
+        source, target, opts = _volume(v)
+        bind = "/" in source or source.startswith((".", "~"))  # else a named volume: Docker's, not a directory
+        if bind and (name := CACHE_TARGETS.get(posixpath.normpath(target))):
+            host.setdefault("volumes", []).append(f"{layout.cache}/{name}:{target}" + (f":{opts}" if opts else ""))
     service = out["services"][svc]
     vols = service.get("volumes") or []
     if "volumes" in host:  # merged by target, the override's winning
