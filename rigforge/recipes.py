@@ -219,9 +219,14 @@ def parse_repo(root: Path) -> RecipeRepo:
 _load = cache(parse_repo)  # a checkout is read once per process
 
 
+def cache_root() -> Path:
+    """The controller's cache of recipe-repo commits, one directory each (filled by `rigforge lock`)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rigforge" / "recipes"
+
+
 def cache_dir(commit: str) -> Path:
     """The controller cache of the recipe repo at `commit` (filled by `rigforge lock`)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rigforge" / "recipes" / commit
+    return cache_root() / commit
 
 
 PROFILES = "scripts/lib/profiles"
@@ -258,8 +263,7 @@ def _head(root: Path) -> str | None:
 
 def _cached_commit(digest: str) -> str | None:
     """A commit in the controller cache whose tree has `digest`, if any (to name what a tree without .git holds)."""
-    base = cache_dir("x").parent
-    found = [d for d in sorted(base.glob("*")) if (d / REGISTRY).is_file() and content_digest(d) == digest]
+    found = [d for d in sorted(cache_root().glob("*")) if (d / REGISTRY).is_file() and content_digest(d) == digest]
     return found[0].name if found else None
 
 
