@@ -59,3 +59,16 @@ def test_the_testbed_inventory_takes_rigforges_default_docker_source_unless_aske
     assert data["docker_source"] == "distro" and "docker_repo_url" not in data
     slug = core.Testbed(dir=tmp_path, shared=tmp_path, rigs=[], services=services, variant="vllm/dual")
     assert core.host_data(slug, rig)["rigforge_variant"] == "vllm/dual"
+
+
+def test_testbed_up_takes_the_docker_source_and_the_variant():
+    from rigforge.testbed import cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    default = parser.parse_args(["up"])
+    assert (default.docker_source, default.variant) == ("docker", None)
+    given = parser.parse_args(["up", "--docker-source", "distro", "--variant", "vllm/dual"])
+    assert (given.docker_source, given.variant) == ("distro", "vllm/dual")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["up", "--docker-source", "snap"])
