@@ -172,7 +172,7 @@ def live_recipe(dead: str, lock: Lock) -> str:
         if commit and (recipes.cache_dir(commit) / recipes.REGISTRY).is_file():
             repo = recipes.parse_repo(recipes.cache_dir(commit))
         else:
-            repo = recipes.load_repo(commit)
+            repo = recipes.load_repo(commit, pin.content if pin else None)
     except (LockError, recipes.RecipeError):
         return "move to a recipe with a live image, e.g. a recipe-repo slug from `rigforge render --list`"
     where = f"the recipe repo at {commit[:8]}" if commit else f"the recipe repo in {repo.root}"
@@ -258,7 +258,8 @@ def resolve(
         commit = resolve_git(dataclasses.replace(pin, short=None) if name in refresh else pin)
         if commit != pin.commit:
             report.append(f"git.{name}: {pin.ref} -> {commit}")
-        return dataclasses.replace(pin, commit=commit)
+        content = pin.content if commit == pin.commit else None  # another commit's digest would name a wrong tree
+        return dataclasses.replace(pin, commit=commit, content=content)
 
     def revision_of(name: str, pin: HfPin) -> HfPin:
         new = resolve_hf(pin, endpoint, token)
