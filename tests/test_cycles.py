@@ -1,10 +1,15 @@
 """The check "boot order has no cycle" (rigforge/facts/cycles.py): systemd's lines about ordering cycles turned into
 cycles through rigforge's units, named with their units. No host: the rig's answers are given.
 
-tests/fixtures/cycles/verify-chroot-*.txt are OrderingCycles' real output (systemd 257 on a chroot testbed rig,
-converged with deploy/dual_turbo.py) with /etc/systemd/system/user-thing.service (After=docker.service,
-Before=rigforge-gpu-power.service, WantedBy=multi-user.target) and after it was removed. systemd starts the cycle
-from a different job on each run: two captures, each naming the cycle from another unit.
+tests/fixtures/cycles/ holds OrderingCycles' real output (systemd 257, testbed rigs converged with
+deploy/dual_turbo.py) with /etc/systemd/system/user-thing.service (After=docker.service,
+Before=rigforge-gpu-power.service, WantedBy=multi-user.target) enabled:
+- verify-chroot-*.txt: a chroot rig (no journal for the boot); systemd starts the cycle from a different job on each
+  run: two captures, each naming it from another unit; then no-cycle, with the user's unit removed;
+- booted-after-reboot.txt: a booted rig after `rigforge testbed reboot`: rigforge-gpu-power.service did not start,
+  and the journal has no line about the cycle (logged before journald runs in a container);
+- booted-journal-after-start.txt: the same rig after `systemctl stop` of the cycle's units and `systemctl start
+  multi-user.target`: now pid 1 logs the cycle, and the job it dropped, to the journal.
 """
 
 from pathlib import Path
@@ -18,7 +23,10 @@ from rigforge.facts.cycles import Cycle, OrderingCycles, judge, parse, parse_cyc
 FIXTURES = Path(__file__).parent / "fixtures" / "cycles"
 POWER, SETTLE, VLLM = "rigforge-gpu-power.service", "rigforge-gpu-settle.service", "rigforge-vllm@dual-turbo.service"
 RING = f"ordering cycle: {POWER} -> docker.service -> user-thing.service -> {POWER} (each ordered before the next"
-FIX = "remove the After=/Before= that closes it in /etc/systemd/system/user-thing.service"
+FIX = (
+    "remove the After=/Before= that closes it: /etc/systemd/system/user-thing.service (After=docker.service, "
+    "Before=rigforge-gpu-power.service)"
+)
 
 
 def fixture(name: str) -> dict:
@@ -31,7 +39,7 @@ def test_a_real_capture_names_the_cycle_in_start_order_from_rigforges_unit(name)
     assert found["analyzed"] and found["journal"] is None  # a chroot: no journal for this boot
     (cycle,) = found["verify"]  # in start order: docker before the user's unit before rigforge's caps, before docker
     assert cycle.key() == ("docker.service/start", "user-thing.service/start", f"{POWER}/start")
-    assert "user-thing.service" in found["local"] and "docker.service" not in found["local"]
+    assert ("/etc/systemd/system/user-thing.service", "Before", [POWER]) in found["order"]
     status, detail = judge(found)
     assert status == "fail"
     assert detail == (
@@ -53,7 +61,10 @@ def test_the_two_captures_are_one_cycle_logged_from_two_units():
 
 def test_a_real_capture_without_the_users_unit_passes():
     found = fixture("verify-chroot-no-cycle.txt")
-    assert found["verify"] == [] and found["local"]
+    assert (
+        found["verify"] == []
+        and ("/etc/systemd/system/rigforge-gpu-power.service", "Before", ["docker.service"]) in found["order"]
+    )
     assert judge(found) == (
         "pass",
         "no ordering cycle through rigforge's units (systemd-analyze verify default.target)",
@@ -68,8 +79,15 @@ JOURNAL = [  # systemd 252-257's lines as `journalctl -b _PID=1 -o cat` shows th
 ]
 
 
+USER_ORDER = [
+    "/etc/systemd/system/user-thing.service:After=docker.service",
+    "/etc/systemd/system/user-thing.service:Before=rigforge-gpu-power.service",
+    "/etc/systemd/system/rigforge-gpu-power.service:Before=docker.service",  # rigforge's own: never named
+]
+
+
 def test_the_journal_says_which_job_systemd_dropped_at_this_boot():
-    lines = ["--- verify", *JOURNAL, "--- journal", *JOURNAL, "--- local", "user-thing.service"]
+    lines = ["--- verify", *JOURNAL, "--- journal", *JOURNAL, "--- order", *USER_ORDER]
     status, detail = judge(parse(lines))
     assert status == "fail"
     assert detail == (
@@ -78,7 +96,7 @@ def test_the_journal_says_which_job_systemd_dropped_at_this_boot():
 
 
 def test_a_cycle_the_journal_missed_is_found_by_verify_on_a_booted_rig():
-    status, detail = judge(parse(["--- verify", *JOURNAL, "--- journal", "--- local"]))
+    status, detail = judge(parse(["--- verify", *JOURNAL, "--- journal", "--- order"]))
     assert status == "fail" and "systemd-analyze verify), at boot systemd breaks it" in detail
     assert detail.endswith("closes it in docker.service or user-thing.service (systemctl cat UNIT)")  # none local
     passed = judge(parse(["--- verify", "--- journal"]))
@@ -126,15 +144,38 @@ def test_a_drop_in_on_rigforges_unit_and_the_vllm_instance_are_named():
         f"{VLLM}: Found ordering cycle on late.service/start",
         f"{VLLM}: Found dependency on {VLLM}/start",
         f"{VLLM}: Unable to break cycle starting with {VLLM}/start",
-        "--- local",
-        "late.service",
-        f"{VLLM.replace('dual-turbo', '')}.d",  # rigforge-vllm@.service.d: a drop-in on the template
+        "--- order",
+        "/etc/systemd/system/late.service:After=network-online.target",  # not about the cycle
+        "/etc/systemd/system/rigforge-vllm@.service:After=docker.service",
+        "/etc/systemd/system/rigforge-vllm@.service.d/late.conf:  After=late.service",  # the template's drop-in
+        "/etc/systemd/system/late.service:Before=multi-user.target rigforge-vllm@dual-turbo.service",
     ]
     status, detail = judge(parse(lines))
     assert status == "fail" and detail.startswith(f"ordering cycle: {VLLM} -> late.service -> {VLLM} (")
     assert detail.endswith(
-        "closes it in /etc/systemd/system/late.service, /etc/systemd/system/rigforge-vllm@.service.d"
+        "closes it: /etc/systemd/system/rigforge-vllm@.service.d/late.conf (After=late.service), "
+        "/etc/systemd/system/late.service (Before=rigforge-vllm@dual-turbo.service)"
     )
+
+
+def test_a_booted_rig_whose_journal_missed_the_cycle_at_boot():
+    found = fixture("booted-after-reboot.txt")
+    assert found["journal"] == []  # read, and nothing about the cycle in it
+    status, detail = judge(found)
+    assert status == "fail"
+    assert detail == (
+        f"{RING}; systemd-analyze verify), at boot systemd breaks it by dropping one of these start jobs (which one "
+        f"can change each boot); {FIX}"
+    )
+
+
+def test_a_booted_rig_whose_journal_logged_it_names_the_job_systemd_dropped():
+    found = fixture("booted-journal-after-start.txt")
+    assert [c.dropped for c in found["journal"]] == [f"{POWER}/start"]
+    assert found["verify"][0].dropped == "user-thing.service/start"  # verify's own transaction: not what ran
+    status, detail = judge(found)
+    assert status == "fail"
+    assert detail == f"{RING}; journalctl -b), systemd broke it at this boot by dropping {POWER}/start; {FIX}"
 
 
 def test_no_systemd_analyze_on_the_rig_is_a_skip_not_a_pass():

@@ -74,7 +74,8 @@ def test_a_users_unit_closing_a_cycle_is_named_by_verify_and_status(rig):
         assert code == 1 and checks[NAME]["status"] == "fail", checks
         assert checks[NAME]["detail"] == (
             f"{RING}; systemd-analyze verify), at boot systemd breaks it by dropping one of these start jobs (which "
-            f"one can change each boot); remove the After=/Before= that closes it in {USER_UNIT}"
+            f"one can change each boot); remove the After=/Before= that closes it: {USER_UNIT} (After=docker.service, "
+            f"Before={POWER})"
         )
         assert [n for n, c in checks.items() if c["status"] == "fail"] == [NAME]  # nothing else is wrong
         text = rigforge("verify", str(tb.inventory))

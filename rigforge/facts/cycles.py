@@ -21,7 +21,15 @@ from dataclasses import dataclass
 from pyinfra.api import QuoteString, StringCommand
 
 from rigforge.facts import Fact, sections
-from rigforge.layout import GPU_METRICS_TIMER, GPU_METRICS_UNIT, POWER_UNIT, SETTLE_UNIT, UNIT_DIR, VLLM_PREFIX
+from rigforge.layout import (
+    GPU_METRICS_TIMER,
+    GPU_METRICS_UNIT,
+    POWER_UNIT,
+    SETTLE_UNIT,
+    UNIT_DIR,
+    VLLM_PREFIX,
+    VLLM_TEMPLATE,
+)
 
 JOURNAL = "journalctl -b"  # where a cycle was found: this boot's journal (what systemd did)
 VERIFY = "systemd-analyze verify"  # or the unit files, as the next boot will read them
@@ -100,22 +108,35 @@ def rigforge_cycles(cycles: list[Cycle]) -> list[Cycle]:
     return list(kept.values())
 
 
+def ordering_lines(lines: list[str]) -> list[tuple[str, str, list[str]]]:
+    """`grep -r` lines "PATH:After=a.service b.target" -> [(path, "After" | "Before", the units named)]."""
+    out = []
+    for line in lines:
+        path, _, setting = line.partition(":")
+        key, _, value = setting.strip().partition("=")
+        if key in ("After", "Before") and path:
+            out.append((path, key, value.split()))
+    return out
+
+
 def parse(lines: list[str]) -> dict:
     """OrderingCycles' output -> {"analyzed": systemd-analyze ran, "verify": its cycles, "journal": None (no journal
-    for this boot: a chroot) or its cycles, "local": the names in /etc/systemd/system}; cycles: rigforge's only."""
+    for this boot: a chroot) or its cycles, "order": /etc/systemd/system's After=/Before= lines (`ordering_lines`)};
+    cycles: those holding a unit of rigforge's only."""
     found = sections(lines, "--- ")
     journal = found.get("journal")
     return {
         "analyzed": "verify" in found,
         "verify": rigforge_cycles(parse_cycles(found.get("verify", []))),
         "journal": None if journal is None else rigforge_cycles(parse_cycles(journal)),
-        "local": sorted({line.strip() for line in found.get("local", []) if line.strip()}),
+        "order": ordering_lines(found.get("order", [])),
     }
 
 
 class OrderingCycles(Fact):
     """Ordering cycles holding a unit of rigforge's (`parse`): `systemd-analyze verify` of the boot (default.target)
-    and of `units`, and this boot's journal where systemd runs; also what /etc/systemd/system holds."""
+    and of `units`, and this boot's journal where systemd runs; also the After=/Before= lines in /etc/systemd/system
+    (the admin's units and drop-ins: where a cycle is closed)."""
 
     def command(self, units: str = "") -> StringCommand:
         grep = f"grep -E '{LINES}' | head -n 200"
@@ -126,7 +147,8 @@ class OrderingCycles(Fact):
             *(QuoteString(unit) for unit in units.split()),
             f"2>&1 | {grep}; fi; if journalctl -b -q -n 0 >/dev/null 2>&1; then echo '--- journal'; "
             "{ journalctl -b _PID=1 --no-pager -q -o cat; journalctl -b -k --no-pager -q -o cat; } 2>/dev/null | "
-            f"{grep}; fi; echo '--- local'; ls -1 {UNIT_DIR} 2>/dev/null; true",
+            f"{grep}; fi; echo '--- order'; grep -rHE '^[[:space:]]*(After|Before)=' {UNIT_DIR} 2>/dev/null | "
+            "head -n 1000; true",
         )
 
     process = staticmethod(parse)
@@ -137,15 +159,41 @@ def arguments(unit: str | None) -> dict:
     return {"units": " ".join(u for u in (POWER_UNIT, SETTLE_UNIT, unit) if u)}
 
 
-def _local(unit: str, local: list[str]) -> list[str]:
-    """Where /etc/systemd/system (the admin's) holds `unit`: its file, its template's, their drop-in dirs."""
+def _unit_of(path: str) -> str:
+    """The unit a file in /etc/systemd/system configures: its name, or its drop-in dir's ("x.service.d/y.conf")."""
+    parent, _, name = path.rpartition("/")
+    return parent.rpartition("/")[2].removesuffix(".d") if parent.endswith(".d") else name
+
+
+def _rigforge_file(path: str) -> bool:
+    """A unit file rigforge renders (rigforge-gpu-power.service, rigforge-vllm@.service...), not a drop-in on one."""
+    parent, _, name = path.rpartition("/")
+    return parent == UNIT_DIR and (name == VLLM_TEMPLATE or is_rigforge_unit(name))
+
+
+def _configures(path: str, unit: str) -> bool:
+    """`path` configures `unit`: its file or drop-in, or its template's ("foo@.service" for "foo@x.service")."""
     prefix, at, rest = unit.partition("@")
     template = f"{prefix}@.{rest.rpartition('.')[2]}" if at else unit
-    names = dict.fromkeys((unit, template, f"{unit}.d", f"{template}.d"))
-    return [f"{UNIT_DIR}/{name}" for name in names if name in local]
+    return _unit_of(path) in (unit, template)
 
 
-def describe(cycle: Cycle, local: list[str], where: str) -> str:
+def closing(ring: list[str], order: list[tuple[str, str, list[str]]]) -> dict[str, list[str]]:
+    """{path: ["After=b", ...]}: the admin's After=/Before= lines that make one unit of `ring` (start order) start
+    before the next; rigforge's own unit files aside (their order is rigforge's: "files as rendered" checks them)."""
+    out: dict[str, list[str]] = {}
+    for first, then in zip(ring, ring[1:] + ring[:1], strict=True):
+        for path, key, units in order:
+            if _rigforge_file(path):
+                continue
+            if (key == "Before" and then in units and _configures(path, first)) or (
+                key == "After" and first in units and _configures(path, then)
+            ):
+                out.setdefault(path, []).append(f"{key}={then if key == 'Before' else first}")
+    return out
+
+
+def describe(cycle: Cycle, order: list[tuple[str, str, list[str]]], where: str) -> str:
     """One cycle: its units from a unit of rigforge's in start order, what systemd drops, where to break it."""
     units = cycle.units
     at = units.index(min(u for u in units if is_rigforge_unit(u)))
@@ -157,20 +205,19 @@ def describe(cycle: Cycle, local: list[str], where: str) -> str:
         text += ", systemd could not break it at this boot: a start of one of them failed"
     else:
         text += ", at boot systemd breaks it by dropping one of these start jobs (which one can change each boot)"
-    others = [u for u in ring if not is_rigforge_unit(u)]
-    mine = [path for u in ring if not is_rigforge_unit(u) for path in _local(u, local)]
-    dropins = [path for u in ring if is_rigforge_unit(u) for path in _local(u, local) if path.endswith(".d")]
-    if mine or dropins:
-        return text + f"; remove the After=/Before= that closes it in {', '.join(mine + dropins)}"
-    return text + f"; remove the After=/Before= that closes it in {' or '.join(others)} (systemctl cat UNIT)"
+    if lines := closing(ring, order):
+        said = ", ".join(f"{path} ({', '.join(settings)})" for path, settings in lines.items())
+        return text + f"; remove the After=/Before= that closes it: {said}"
+    others = " or ".join(u for u in ring if not is_rigforge_unit(u))
+    return text + f"; remove the After=/Before= that closes it in {others} (systemctl cat UNIT)"
 
 
 def judge(found: dict) -> tuple[str, str]:
     """The check "boot order has no cycle": ("pass" | "fail" | "skip", detail) from OrderingCycles' answer."""
     journal = found.get("journal")
-    said = {c.key(): describe(c, found["local"], JOURNAL) for c in journal or []}
+    said = {c.key(): describe(c, found["order"], JOURNAL) for c in journal or []}
     for cycle in found["verify"]:
-        said.setdefault(cycle.key(), describe(cycle, found["local"], VERIFY))
+        said.setdefault(cycle.key(), describe(cycle, found["order"], VERIFY))
     if said:
         return "fail", "; ".join(said.values())
     if not found["analyzed"]:
