@@ -87,10 +87,10 @@ def parse_cycles(lines: list[str]) -> list[Cycle]:
             dropped = breaking.group(1)
         elif (deleted := DELETED.search(line)) and logged:
             out.append(_cycle(logged, deleted.group(1)))
-            logged, dropped = [], None
+            logged = []
         elif UNABLE.search(line) and logged:
             out.append(_cycle(logged, unbroken=True))
-            logged, dropped = [], None
+            logged = []
     if logged:
         out.append(_cycle(logged, dropped))
     return out
