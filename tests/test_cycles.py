@@ -181,6 +181,7 @@ def test_a_booted_rig_whose_journal_logged_it_names_the_job_systemd_dropped():
 def test_no_systemd_analyze_on_the_rig_is_a_skip_not_a_pass():
     assert judge(parse([])) == ("skip", "systemd-analyze is not on the rig: the boot order was not read")
     assert judge(OrderingCycles().default())[0] == "skip"
+    assert judge(None)[0] == judge({})[0] == "skip"  # no answer at all
 
 
 def test_the_command_verifies_the_boot_and_rigforges_units_and_reads_the_journal_only_where_it_is():

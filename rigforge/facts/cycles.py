@@ -212,9 +212,11 @@ def describe(cycle: Cycle, order: list[tuple[str, str, list[str]]], where: str) 
     return text + f"; remove the After=/Before= that closes it in {others} (systemctl cat UNIT)"
 
 
-def judge(found: dict) -> tuple[str, str]:
-    """The check "boot order has no cycle": ("pass" | "fail" | "skip", detail) from OrderingCycles' answer."""
-    journal = found.get("journal")
+def judge(found: dict | None) -> tuple[str, str]:
+    """The check "boot order has no cycle": ("pass" | "fail" | "skip", detail) from OrderingCycles' answer (None or
+    {}: not read, as a rig without systemd-analyze)."""
+    found = {**parse([]), **(found or {})}
+    journal = found["journal"]
     said = {c.key(): describe(c, found["order"], JOURNAL) for c in journal or []}
     for cycle in found["verify"]:
         said.setdefault(cycle.key(), describe(cycle, found["order"], VERIFY))
