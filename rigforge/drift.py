@@ -10,6 +10,7 @@ from pyinfra.facts.files import File, Sha256File
 
 from rigforge import boot, driver_table, obtain, packages, power, verdict
 from rigforge.boot import watts
+from rigforge.facts import cycles
 from rigforge.facts.apt import DebInstalledVersion
 from rigforge.facts.files import JsonFile
 from rigforge.facts.gitpin import GitCheckout
@@ -219,6 +220,13 @@ def caps_set_last(obs: Observed, ctx: RigContext) -> Check:
     return Check("caps set last at this boot", *found)
 
 
+def boot_order(obs: Observed, ctx: RigContext) -> Check:
+    """No ordering cycle holds a unit of rigforge's: `systemd-analyze verify` of the boot, and this boot's journal
+    where systemd runs (rigforge/facts/cycles.py); with services not managed too (the units are installed)."""
+    found = obs.get_fact(cycles.OrderingCycles, **cycles.arguments(ctx.unit))
+    return Check("boot order has no cycle", *cycles.judge(found))
+
+
 def vram(gpus: list[dict], v, s: Settings) -> Check:
     """Every card has the VRAM variant `v` needs with settings `s` (20 GB cards: only with the documented override)."""
     name = "VRAM fits variant"
@@ -276,6 +284,7 @@ def checks(obs: Observed, ctx: RigContext) -> list[Check]:
     problems = [missing] if ctx.manifest is None else [] if ctx.variant else [variant_needed(ctx)]
     out.append(check("manifest present", problems, f"variant {ctx.variant_name}"))
     out += [driver(obs, ctx), cuda(obs, ctx), *gpu_checks(obs, ctx), caps_set_last(obs, ctx), runtime(obs, ctx)]
+    out.append(boot_order(obs, ctx))
     plan = ctx.plan
     unplanned = f"lock unreadable: {ctx.lock_error}" if ctx.lock is None else None if plan else variant_needed(ctx)
     for name, find, hint in (

@@ -13,7 +13,7 @@ from pyinfra.facts.files import File, Sha256File
 
 from rigforge import fleet, inventory, monitor, obtain, packages
 from rigforge.driver_table import DriverTableError, packages_for
-from rigforge.facts import nvidia, probe
+from rigforge.facts import cycles, nvidia, probe
 from rigforge.facts.apt import DebInstalledVersion
 from rigforge.facts.docker import DockerImagePresent
 from rigforge.facts.files import JsonFile
@@ -97,6 +97,7 @@ def requests(ctx: RigContext, os_release: dict) -> list[tuple[type, dict]]:
     out.append((JsonFile, {"path": ctx.layout.daemon_json}))
     if ctx.manage:  # what ran at this boot (rigforge/boot.py)
         out.append((BootCaps, boot_units(ctx)))
+    out.append((cycles.OrderingCycles, cycles.arguments(ctx.unit)))  # boot-order cycles: status and verify only
     if ctx.unit:
         out += [(SystemdUnitEnabled, {"unit": ctx.unit}), (ServiceState, {"unit": ctx.unit})]
     if plan := ctx.plan:

@@ -9,7 +9,7 @@ import hashlib
 from pyinfra.facts.files import File, Sha256File
 
 from rigforge import drift, fleet, observe
-from rigforge.facts import probe
+from rigforge.facts import cycles, probe
 from rigforge.facts.files import JsonFile
 from rigforge.facts.serving import ComposeImages, ServiceState
 from rigforge.facts.system import OsRelease, SystemdUnitEnabled
@@ -34,6 +34,7 @@ ANSWERS = {  # what a fresh rig answers, per fact class name
     "NvidiaRunningDriver": None,
     "DebInstalledVersion": None,
     "BootCaps": {},
+    "OrderingCycles": cycles.parse([]),
 }
 
 
