@@ -35,6 +35,8 @@ CHECKS = [
     "sources at locked SHAs",
     "weights stamp valid",
     "files as rendered",
+    "packages as declared",
+    "units enabled at boot",
     "pins as locked",
     "unit enabled",
     "unit active",
@@ -227,7 +229,7 @@ def test_a_hand_edited_file_is_drift_in_status_and_fails_verify(rigs, path):
     finally:
         rig1.run(f"mv -f /tmp/hand-edit.bak {path}", check=True)
     assert code == 0
-    edited = f"{path} differs from what rigforge renders (edited by hand? re-run the deploy)"
+    edited = f"{path} differs from what rigforge renders (edited on the rig? the deploy rewrites it)"
     assert rows["rig1"]["pin_drift"] == [] and rows["rig2"]["pin_drift"] == []
     failed = [c for c in rows["rig1"]["checks"] if c["status"] == "fail"]
     assert [(c["name"], c["detail"]) for c in failed] == [("files as rendered", edited)]
