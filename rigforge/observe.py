@@ -22,7 +22,16 @@ from rigforge.facts.nvidia import BootCaps, NvidiaGpus, NvidiaModuleVersion, Nvi
 from rigforge.facts.serving import ComposeImages, ServiceState
 from rigforge.facts.system import OsRelease, SystemdUnitEnabled
 from rigforge.fleet import Plan
-from rigforge.layout import GATEWAY_ADMIN_SOCKET, SERVE_FILES, SETTLE_SCRIPT, SETTLE_UNIT, HostLayout
+from rigforge.layout import (
+    GATEWAY_ADMIN_SOCKET,
+    HOLD_SCRIPT,
+    HOLD_TIMER,
+    HOLD_UNIT,
+    SERVE_FILES,
+    SETTLE_SCRIPT,
+    SETTLE_UNIT,
+    HostLayout,
+)
 from rigforge.pins import LockError, load_lock
 from rigforge.render import POWER_UNIT, VLLM_UNIT
 from rigforge.schema import Settings
@@ -141,8 +150,10 @@ def managed_files(plan: Plan) -> dict[str, str]:
     """{path on the rig: the plan's text} of every file rigforge renders whole."""
     layout, files = plan.layout, plan.files
     out = {f"{layout.serve_dir}/{name}": files[name] for name in SERVE_FILES if name in files}
-    out |= {layout.unit_path(name): files[name] for name in (VLLM_UNIT, POWER_UNIT, SETTLE_UNIT) if name in files}
-    return out | ({layout.settle_script: files[SETTLE_SCRIPT]} if SETTLE_SCRIPT in files else {})
+    units = (VLLM_UNIT, POWER_UNIT, SETTLE_UNIT, HOLD_UNIT, HOLD_TIMER)
+    out |= {layout.unit_path(name): files[name] for name in units if name in files}
+    scripts = {layout.settle_script: SETTLE_SCRIPT, layout.hold_script: HOLD_SCRIPT}
+    return out | {path: files[name] for path, name in scripts.items() if name in files}
 
 
 def image_origin(obs: Observed, ctx: RigContext, reg) -> dict | None:
