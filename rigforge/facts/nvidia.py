@@ -8,7 +8,7 @@ from pyinfra.api import QuoteString, StringCommand
 
 from rigforge.boot import SHOW, parse_boot
 from rigforge.facts import Fact, sections
-from rigforge.layout import POWER_UNIT, SETTLE_UNIT, UNIT_SEARCH_PATH
+from rigforge.layout import HOLD_TIMER, HOLD_UNIT, POWER_UNIT, SETTLE_UNIT, UNIT_SEARCH_PATH
 
 # Fields read by NvidiaGpus, in order; keys of each GPU dict are these with "." replaced by "_".
 QUERY_FIELDS = tuple(
@@ -249,7 +249,8 @@ class NvidiaTopology(Fact):
 
 class BootCaps(Fact):
     """What ran at this boot about GPU power caps (boot.py `parse_boot`): systemd's results for rigforge's power and
-    settle units and `units`, the journal's ordering cycles, settle and cron lines, each GPU's power limit now."""
+    settle units, the hold's timer and `units`, the journal's ordering cycles, settle, hold and cron lines, each GPU's
+    power limit now."""
 
     shared = (SMI_QUERY,)
 
@@ -259,12 +260,13 @@ class BootCaps(Fact):
         return StringCommand(
             'echo "boot_id=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)"; '
             'echo "system=$(systemctl is-system-running 2>/dev/null)"; for u in',
-            *(QuoteString(name) for name in (POWER_UNIT, SETTLE_UNIT, *units.split())),
+            *(QuoteString(name) for name in (POWER_UNIT, SETTLE_UNIT, HOLD_TIMER, *units.split())),
             f'; do echo "--- unit $u"; systemctl show -p {",".join(SHOW)} -- "$u" 2>/dev/null; done; '
             "echo '--- cycles'; journalctl -b _PID=1 --no-pager -o cat 2>/dev/null | grep -i 'ordering cycle' | "
             f"tail -n 20; echo '--- settle'; journalctl -b -u {SETTLE_UNIT} --no-pager -o cat 2>/dev/null | "
-            "grep '^rigforge: ' | tail -n 100; echo '--- cron'; journalctl -b -t CRON --no-pager -o cat 2>/dev/null | "
-            "grep ' CMD ' | tail -n 100; echo '--- caps'; if command -v nvidia-smi >/dev/null 2>&1; then "
+            f"grep '^rigforge: ' | tail -n 100; echo '--- hold'; journalctl -b -u {HOLD_UNIT} --no-pager -o cat "
+            "2>/dev/null | grep '^rigforge: ' | tail -n 100; echo '--- cron'; journalctl -b -t CRON --no-pager -o cat "
+            "2>/dev/null | grep ' CMD ' | tail -n 100; echo '--- caps'; if command -v nvidia-smi >/dev/null 2>&1; then "
             f"{SMI_QUERY} 2>/dev/null | cut -d, {caps}; fi; true",
         )
 
