@@ -90,6 +90,11 @@ def _hold_problem(timer: Mapping | None) -> str | None:
     return None
 
 
+def label(name: str, writer: Mapping) -> str:
+    """A cap writer named by what it is: a unit with the timer that starts it, a cron job, rc.local, a udev rule."""
+    return f"{name} (started by {writer['timer']})" if writer.get("timer") else name
+
+
 def set_backs(lines: list[str]) -> list[str]:
     """The set-back lines of the settle stage or the hold, each "GPU0 250 W, changed ... by WRITER"."""
     return [f"GPU{m[1]} {m[2]} W, {m[3]}" for line in lines if (m := CORRECTION.match(line))]
@@ -119,10 +124,10 @@ def judge(seen: Mapping, ctx) -> tuple[dict[int, int], list[str], str]:
             needle = writer.get("script") or writer.get("command")
             start = bool(needle) and any(needle in line for line in seen.get("cron") or [])
         elif (start := started(units.get(name))) and settle_end and start > settle_end:
-            later.append(name)
+            later.append(label(name, writer))
         if start:
             set_w = "/".join(str(w) for w in writer.get("watts") or [])
-            ran.append(f"{name} set {set_w} W" if set_w else f"{name} ran")
+            ran.append(f"{label(name, writer)} set {set_w} W" if set_w else f"{label(name, writer)} ran")
     caps = seen.get("caps") or {}
     off = {i: (caps.get(i), want) for i, want in sorted(targets.items()) if caps.get(i) != want}
     if not caps:
@@ -167,8 +172,8 @@ def boot_caps(seen: Mapping, ctx) -> tuple[str, str]:
 def summary(seen: Mapping, ctx) -> str:
     """status's sentence after "power caps: 230 W"; with services not managed (no systemd), the writers found."""
     if not ctx.manage:
-        named = ", ".join(f"{name} ({'/'.join(map(str, w.get('watts') or [])) or '?'} W)"
+        named = ", ".join(f"{label(name, w)} ({'/'.join(map(str, w.get('watts') or [])) or '?'} W)"
                           for name, w in ctx.cap_units.items())  # fmt: skip
-        return f"other cap writers at boot: {named}; what ran not read (services not managed)" if named else ""
+        return f"other cap writers: {named}; what ran not read (services not managed)" if named else ""
     _, problems, last = judge(seen, ctx)
     return f"NOT set last at this boot: {'; '.join(problems)}" if problems else last

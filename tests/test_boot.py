@@ -149,7 +149,7 @@ def test_a_cron_writer_counts_as_ran_only_when_cron_logged_it():
 
 def test_unmanaged_hosts_name_the_writers_found_and_drift_skips_the_check():
     assert boot.summary({}, ctx(manage=False)) == (
-        "other cap writers at boot: nvidia-power-cap.service (250 W), homemade-cap.service (250 W), @reboot in "
+        "other cap writers: nvidia-power-cap.service (250 W), homemade-cap.service (250 W), @reboot in "
         "/etc/cron.d/gpu-cap (250 W); what ran not read (services not managed)"
     )
     assert boot.summary({}, ctx(manage=False, writers={})) == ""
@@ -275,3 +275,13 @@ def test_a_set_back_the_hold_could_not_make_fails():
     failed = CRON_LINE.replace("set back to 230 W", "setting 230 W failed")
     status, detail = boot.boot_caps(seen(hold=[failed]), ctx())
     assert status == "fail" and detail.startswith(f"{HOLD_TIMER}: GPU0 power limit 250 W (changed between 12:03:00")
+
+
+def test_a_unit_started_by_a_timer_is_named_with_its_timer():
+    writers = {"recap.service": {"kind": "unit", "watts": [250], "script": None, "timer": "recap.timer"}}
+    units = seen()["units"] | {"recap.service": unit(start=80_000_000, exit_=80_100_000)}
+    status, detail = boot.boot_caps(seen(units=units, caps={0: 250.0, 1: 230.0}), ctx(writers=writers))
+    assert status == "fail" and "by recap.service (started by recap.timer) (the hold sets it back" in detail
+    assert boot.summary({}, ctx(manage=False, writers=writers)).startswith(
+        "other cap writers: recap.service (started by recap.timer) (250 W)"
+    )
