@@ -110,7 +110,8 @@ def test_a_missing_or_failed_settle_stage_fails():
     missing = units | {SETTLE_UNIT: {"LoadState": "not-found", "ActiveState": "inactive"}}
     assert boot.boot_caps(seen(units=missing), ctx()) == ("fail", f"{SETTLE_UNIT} is not installed (run the deploy)")
     failed = units | {SETTLE_UNIT: unit(active="failed", sub="failed", result="exit-code")}
-    lines = [f"rigforge: GPU1 power limit 250 W (changed at 12:00:09 by the unit x.service, {AT}); setting 230 W failed"]
+    lines = [f"rigforge: GPU1 power limit 250 W (changed at 12:00:09 by the unit x.service, {AT}); setting 230 W "
+             "failed"]  # fmt: skip
     status, detail = boot.boot_caps(seen(units=failed, settle=lines), ctx())
     assert status == "fail" and "failed at this boot (Result=exit-code" in detail
     assert "GPU1 power limit 250 W (changed at 12:00:09 by the unit x.service, started" in detail
@@ -238,8 +239,8 @@ def test_the_settle_stage_is_in_the_plans_files_and_the_drift_check_files_as_ren
 
 
 CRON_LINE = (
-    "rigforge: GPU0 power limit 250 W (changed between 12:03:00 and 12:03:15 by the cron job \"@reboot sleep 40; "
-    "nvidia-smi -pl 250\" in /var/spool/cron/crontabs/root, run by cron at 12:02:20); set back to 230 W"
+    'rigforge: GPU0 power limit 250 W (changed between 12:03:00 and 12:03:15 by the cron job "@reboot sleep 40; '
+    'nvidia-smi -pl 250" in /var/spool/cron/crontabs/root, run by cron at 12:02:20); set back to 230 W'
 )
 
 
@@ -267,7 +268,8 @@ def test_a_hold_timer_not_running_fails_unless_the_hold_is_turned_off():
     assert status == "pass" and "held since" not in detail
     status, detail = boot.boot_caps(seen(units=stopped, caps={0: 250.0, 1: 230.0}), off)
     assert status == "fail" and detail.endswith(
-        "by a writer rigforge did not find (gpu_power_hold is false: nothing sets it back until the next deploy or boot)"
+        "by a writer rigforge did not find (gpu_power_hold is false: nothing sets it back until the next deploy or "
+        "boot)"
     )
 
 

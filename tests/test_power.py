@@ -152,8 +152,13 @@ def test_the_first_unit_dir_wins_as_in_systemd():
              "line=/etc/systemd/system/b.service:ExecStart=/usr/bin/nvidia-smi -i 0 -pl 250",
              "line=/lib/systemd/system/b.service:ExecStart=/usr/bin/nvidia-smi -pl 280"]  # fmt: skip
     assert PowerCapUnits().process(lines) == {
-        "b.service": {"kind": "unit", "path": "/etc/systemd/system/b.service", "watts": [250], "script": None,
-                      "timer": None}
+        "b.service": {
+            "kind": "unit",
+            "path": "/etc/systemd/system/b.service",
+            "watts": [250],
+            "script": None,
+            "timer": None,
+        }
     }
 
 
