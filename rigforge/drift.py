@@ -10,6 +10,7 @@ from pyinfra.facts.files import Sha256File
 
 from rigforge import boot, driver_table, obtain, power
 from rigforge.boot import watts
+from rigforge.facts import nvidia as nvidia_facts
 from rigforge.facts.apt import DebInstalledVersion
 from rigforge.facts.files import JsonFile
 from rigforge.facts.gitpin import GitCheckout
@@ -18,7 +19,7 @@ from rigforge.facts.nvidia import BootCaps, NvidiaGpus, NvidiaModuleVersion, Nvi
 from rigforge.facts.serving import ComposeImages, ServiceState, runs_digest, serving
 from rigforge.facts.system import OsRelease, SystemdUnitEnabled
 from rigforge.fleet import Plan
-from rigforge.hardware import interconnect, small_override, vram_problems
+from rigforge.hardware import interconnect, missing_cards, missing_problem, small_override, vram_problems
 from rigforge.layout import NVIDIA_RUNTIME
 from rigforge.observe import Observed, RigContext, boot_units, managed_files, weights_at
 from rigforge.schema import Settings, power_caps
@@ -209,8 +210,11 @@ def gpu_checks(obs: Observed, ctx: RigContext) -> list[Check]:
     targets = ", ".join(sorted({str(g["target_w"]) for g in gpus}))
     not_persistent = [str(g["index"]) for g in gpus if g.get("persistence_mode") is not True]
     persistence = [f"off on GPU {', '.join(not_persistent)}"] if not_persistent else []
+    visible = [f"{seen}; {ctx.variant_name} needs {need}"] if len(gpus) < need else []
+    if missing := missing_cards(gpus, obs.get_fact(nvidia_facts.NvidiaPciGpus)):  # a card off the bus, by address
+        visible = [missing_problem(missing, len(gpus))]
     return [
-        check("GPUs visible", [f"{seen}; {ctx.variant_name} needs {need}"] if len(gpus) < need else [], seen),
+        check("GPUs visible", visible, seen),
         vram(gpus, ctx.variant, ctx.settings),
         check(
             "power caps hold",

@@ -22,6 +22,7 @@ from rigforge.facts.nvidia import BootCaps, NvidiaGpus, NvidiaModuleVersion, Nvi
 from rigforge.facts.serving import ComposeImages, ServiceState
 from rigforge.facts.system import OsRelease, SystemdUnitEnabled
 from rigforge.fleet import Plan
+from rigforge.hardware import gpu_count
 from rigforge.layout import (
     GATEWAY_ADMIN_SOCKET,
     HOLD_SCRIPT,
@@ -96,6 +97,7 @@ class RigContext:
 def requests(ctx: RigContext, os_id: str | None) -> list[tuple[type, dict]]:
     """Every fact the checks read for this rig's plan (on an OS `os_id`), for one batched probe."""
     out = [(cls, {}) for cls in (NvidiaGpus, OsRelease, NvidiaModuleVersion, NvidiaRunningDriver, NvidiaTopology)]
+    out.append((nvidia.NvidiaPciGpus, {}))  # a card nvidia-smi does not list (drift.gpu_checks)
     with suppress(DriverTableError):  # the driver table's package whose version is the driver's (none: not read)
         if ctx.data["nvidia_driver_manage"]:
             out.append((DebInstalledVersion, {"package": packages_for(ctx.data, os_id).version_package}))
@@ -119,6 +121,7 @@ def observe(host, fl: fleet.Fleet) -> tuple[RigContext, Observed]:
     ctx = RigContext(name=host.name, data=data)
     layout = HostLayout(root=data["rigforge_root"] or HostLayout.root)
     reads = [(JsonFile, {"path": layout.rig_json}), (NvidiaGpus, {}), (OsRelease, {}), (nvidia.PowerCapUnits, {})]
+    reads += [(nvidia.NvidiaPciGpus, {})]  # a card off the bus still counts (hardware.gpu_count)
     first = Observed(host, reads)
     ctx.cap_units = first.get_fact(nvidia.PowerCapUnits) or {}
     ctx.manifest = first.get_fact(JsonFile, path=layout.rig_json)
@@ -132,7 +135,7 @@ def observe(host, fl: fleet.Fleet) -> tuple[RigContext, Observed]:
     except (LockError, OSError) as exc:
         ctx.lock_error = str(exc)
     if (recorded or wanted) and ctx.lock is not None:
-        gpus = len(first.get_fact(NvidiaGpus) or []) or None
+        gpus = gpu_count(first.get_fact(NvidiaGpus), first.get_fact(nvidia.NvidiaPciGpus))
         serve = {**data, "rigforge_variant": recorded or wanted, "rigforge_recipe_opt_in": True}
         rebuild = lambda count: fleet.plan_for(host.name, serve, None, count, False, tuple(ctx.cap_units))  # noqa: E731
         same = not recorded or recorded == wanted  # the variant the fleet built the plan for
