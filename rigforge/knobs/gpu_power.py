@@ -17,4 +17,4 @@ DEFAULTS = {
 
 def validate(data: Mapping) -> list[str]:
     problems = schema.settings(data, {name: key for name, key in schema.HOST_KEYS.items() if key in DEFAULTS})
-    return problems + schema.boolean(data, "gpu_power_hold")
+    return problems + (schema.boolean(data, "gpu_power_hold") if "gpu_power_hold" in data else [])
