@@ -211,6 +211,9 @@ def test_moved_checkout_and_grown_weight_file_fail_their_checks(rigs):
         "/etc/systemd/system/rigforge-gpu-power.service",
         "/etc/systemd/system/rigforge-gpu-settle.service",
         "/usr/local/lib/rigforge/rigforge-gpu-settle",
+        "/etc/systemd/system/rigforge-gpu-hold.service",
+        "/etc/systemd/system/rigforge-gpu-hold.timer",
+        "/usr/local/lib/rigforge/rigforge-gpu-hold",
     ],
 )
 def test_a_hand_edited_file_is_drift_in_status_and_fails_verify(rigs, path):
