@@ -55,7 +55,7 @@ def test_every_alert_has_a_firing_and_a_silent_case():
             cases.setdefault(case["alertname"], set()).add("fires" if case.get("exp_alerts") else "silent")
     alerts = {rule["alert"] for rule in rules()}
     assert alerts == {
-        "RigforgeGpuMissing", "RigforgeCapNotDeclared", "RigforgeVllmUnitDown", "RigforgeGatewayBackendDown",
+        "RigforgeGpuMissing", "RigforgeCapNotDeclared", "RigforgeCapSetBack", "RigforgeVllmUnitDown", "RigforgeGatewayBackendDown",
         "RigforgeKvCacheFull", "RigforgeThroughputDrop", "RigforgeGpuMetricsStale", "RigforgeXidErrors",
         "RigforgeVllmMetricsAbsent",
     }  # fmt: skip
