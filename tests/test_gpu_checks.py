@@ -6,19 +6,26 @@ visible once the driver is in (a fresh rig) is checked then, and fails before an
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+
 import pytest
 from pyinfra.api.deploy import add_deploy
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.operations import run_ops
 from pyinfra.api.state import StateStage
 from pyinfra.operations import server
+from test_gpu_metrics import stand_in_smi
 from test_roles_host_ops import PREFLIGHT, executed, gpu_row, make_state, rig
 
 from rigforge import drift, fleet, observe
 from rigforge.catalog import load_catalog
 from rigforge.drift import vram as check_vram
+from rigforge.facts.nvidia import SMI_QUERY, NvidiaGpus
 from rigforge.hardware import gpu_count, gpu_problems, missing_cards, vram_problems
 from rigforge.schema import Settings
+from rigforge.testbed import RigSpec
 from roles.operations import checks
 
 DATA = {"gpu_power_limit_w": 230, "gpu_power_limits": {}}
@@ -177,3 +184,22 @@ def test_status_and_verify_name_the_card_off_the_bus():
     assert (visible.name, visible.status, visible.detail) == ("GPUs visible", drift.FAIL, OFF_BUS)
     fine = drift.gpu_checks(Answers(NvidiaGpus=one, NvidiaPciGpus=pci[:1]), ctx)[0]
     assert fine.status == drift.FAIL and fine.detail.endswith("; dual needs 2")
+
+
+def test_the_testbeds_stand_in_drops_a_card_off_the_bus_and_the_checks_name_it(tmp_path):
+    """The stand-in nvidia-smi with GPU1 marked off the bus in its state: NVML lists one card (index 0, bus 01),
+    sysfs still lists both (the booted rigs' PCI tree is made from gpus.json), and the check names bus 02."""
+    smi, sim = stand_in_smi(tmp_path)
+    state = sim / "var/lib/rigforge-sim/state.json"
+    state.parent.mkdir(parents=True)
+    state.write_text(json.dumps({"1": {"off_bus": True}}))
+    env = {**os.environ, "RIGFORGE_SIM_ROOT": str(sim)}
+    query = SMI_QUERY.removeprefix("timeout 60 nvidia-smi ").split()
+    out = subprocess.run([str(smi), *query], env=env, capture_output=True, text=True, check=True).stdout
+    gpus = NvidiaGpus().process(out.splitlines())
+    assert [(g["index"], g["pci_bus_id"]) for g in gpus] == [(0, "00000000:01:00.0")]
+    spec = json.loads((sim / "etc/rigforge-sim/gpus.json").read_text())
+    pci = [(g["pci_bus_id"][4:].lower(), RigSpec().pci_device) for g in spec["gpus"]]  # as booted.py lays sysfs out
+    assert gpu_problems(gpus, PREFLIGHT, DATA, pci) == [OFF_BUS]
+    subprocess.run([str(smi), "-i", "0", "-pl", "240"], env=env, capture_output=True, check=True)
+    assert json.loads(state.read_text()) == {"0": {"power_limit": 240.0}, "1": {"off_bus": True}}
