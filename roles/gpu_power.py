@@ -25,7 +25,7 @@ def apply(plan: Plan):
         default_w=settings.power_limit_w,
         overrides=overrides,
     )
-    hold = bool(plan.data["gpu_power_hold"])
+    hold = bool(plan.data.get("gpu_power_hold", DEFAULTS["gpu_power_hold"]))
     held = {name: plan.files[name] for name in (layout.hold_unit, layout.hold_timer)}
     systemd_units.script_and_units(
         layout,
