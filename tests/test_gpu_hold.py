@@ -170,3 +170,16 @@ def test_a_cap_that_cannot_be_set_fails_the_pass_and_is_not_counted(tmp_path):
         "; setting 9999 W failed\n"
     )
     assert rig.counts() == {}
+
+
+def test_a_card_off_the_bus_is_left_to_the_gpu_checks(tmp_path):
+    """A card nvidia-smi cannot reach (the stand-in's "lost", as after Xid 79) is not this pass's to set: the others
+    are held, the pass succeeds, nothing is counted for it ("GPUs visible" names it by its bus address)."""
+    rig = Rig(tmp_path)
+    rig.set_cap(0, 250)
+    state = rig.sim / "var/lib/rigforge-sim/state.json"
+    state.write_text(json.dumps({**json.loads(state.read_text()), "lost": [1]}))
+    r = rig.hold()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [LINE.match(line)[1] for line in r.stdout.splitlines()] == ["0"]
+    assert rig.counts() == {"gpu0": 1}
