@@ -50,7 +50,7 @@ PERTURB = {
     "driver unheld": (f"apt-mark unhold {DRIVER_PACKAGE} >/dev/null", f"{DRIVER_PACKAGE} is not held"),
     "nvidia runtime removed from daemon.json": (
         "python3 -c \"import json; p='/etc/docker/daemon.json'; d=json.load(open(p)); d.pop('runtimes');"
-        ' json.dump(d, open(p, "w"))"',
+        " json.dump(d, open(p, 'w'))\"",
         "runtimes is not as declared",
     ),
     "docker CLI removed": (
