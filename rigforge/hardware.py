@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from rigforge import schema
 from rigforge.driver_table import branch_for_cuda, cuda_for_branch, cuda_for_driver, version_key
 from rigforge.layout import DAEMON_JSON, DEFAULT_ROOT, HostLayout
+from rigforge.packages import distro_docker
 
 SMALL_CARD_MIB = 24000  # below this a card is a "20 GB card"
 SMALL_CARD_FLOOR_MIB = 20000  # below this not even the 20 GB override fits the model
@@ -236,8 +237,12 @@ def find_problems(
             f"unsupported OS {os_key[0] or '?'} {os_key[1] or '?'}; supported: Ubuntu 22.04, Ubuntu 24.04, "
             "Debian 12, Debian 13. Install one of those on the rig."
         )
-    if data.get("docker_source") == "distro" and os_key == ("debian", "12"):
-        problems.append("docker_source='distro' has no compose v2 package on Debian 12; set docker_source: docker.")
+    if data.get("docker_source") == "distro" and os_key in SUPPORTED_OS and not distro_docker(*os_key):
+        name = f"{'Debian' if os_key[0] == 'debian' else 'Ubuntu'} {os_key[1]}"
+        problems.append(
+            f"docker_source='distro' leaves no `docker compose`: {name}'s archive has no compose v2 package; "
+            "set docker_source: docker."
+        )
     problems += gpu_problems(gpus, needs, data, pci) + cuda_problems(needs, running, data)
 
     if free_bytes is not None and free_bytes < needs.disk_bytes:
