@@ -17,7 +17,7 @@ from rigforge.facts.nvidia import (
 from rigforge.hardware import cap_problems, resolve_caps
 from roles import rig_lock
 from roles.operations.checks import fail_command
-from roles.operations.shown import unchanged
+from roles.operations.shown import say, unchanged
 from roles.operations.staged import connection
 
 # Connectors that run on the controller itself: never reboot through them.
@@ -54,8 +54,10 @@ def power_caps(default_w, overrides: dict | None = None):
         yield fail_command(f"power caps refused on {host.name}: " + " ".join(problems))
         return
     caps = resolve_caps([gpu["index"] for gpu in gpus], default_w, overrides or {})
-    if unchanged(not verdict.caps(gpus, caps), f"power caps already set: {caps}"):
+    differ = verdict.caps(gpus, caps)
+    if unchanged(not differ, f"power caps already set: {caps}"):
         return
+    yield say(f"{'; '.join(differ)}: setting the declared caps")
     todo = [g["index"] for g in gpus if verdict.caps([g], caps)]
     yield from (StringCommand("nvidia-smi", "-i", str(index), "-pl", str(caps[index])) for index in todo)
 
