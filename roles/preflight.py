@@ -12,13 +12,14 @@ from pyinfra import host, logger
 from pyinfra.facts.deb import DebArch, DebPackages
 from pyinfra.facts.files import FileContents
 
-from rigforge import driver_table
+from rigforge import driver_table, schema
 from rigforge.facts.apt import AptSourceFiles, DebInstalledVersion, PublishedPackages
+from rigforge.facts.files import TreeSize
 from rigforge.facts.gitpin import GitCheckout
 from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, NvidiaRunningDriver
 from rigforge.facts.system import FreeDiskBytes, OsRelease, SecureBoot, UrlAnswers
 from rigforge.fleet import Plan
-from rigforge.hardware import Needs, find_problems, format_problems
+from rigforge.hardware import Needs, data_root_left, data_root_of, find_problems, format_problems
 from rigforge.knobs.docker_engine import DockerEngine
 from rigforge.layout import DAEMON_JSON
 from roles import docker_engine, nvidia_driver
@@ -159,7 +160,8 @@ def branch_published(data: Mapping, os_release: dict, arch: str) -> list[str]:
 
 
 def check(needs: Needs, data: Mapping, more: list[str] = ()) -> bool:
-    """True when this host can run `needs.variant`, else refuse it now; `more`: the controller's problems (site.py)."""
+    """True when this host can run `needs.variant`, else refuse it now; `more`: the controller's problems (site.py).
+    Once it passed, warns of a Docker data-root this run leaves unused (hardware.data_root_left), deleting nothing."""
     os_release = host.get_fact(OsRelease)
     problems = find_problems(
         os_release,
@@ -193,5 +195,17 @@ def check(needs: Needs, data: Mapping, more: list[str] = ()) -> bool:
     if problems:
         refuse_now(f"Preflight refused {host.name}", format_problems(host.name, problems))
         return False
+    if left := data_root_left(data_root_of(lines), data_root_after(data, lines), _tree_size):
+        warn(f"WARNING: {left}")  # after the refusals: no warning comes before one
     host.noop(f"preflight passed for {needs.variant}")
     return True
+
+
+def data_root_after(data: Mapping, daemon_json: list[str] | None) -> str:
+    """Docker's data-root once this run wrote daemon.json: docker_daemon_options' (validated), else the rig's."""
+    options = data.get("docker_daemon_options") or {}
+    return schema.docker_data_root(options["data-root"]) if "data-root" in options else data_root_of(daemon_json)
+
+
+def _tree_size(path: str) -> int | None:
+    return host.get_fact(TreeSize, path=path)
