@@ -195,9 +195,9 @@ def check(needs: Needs, data: Mapping, more: list[str] = ()) -> bool:
     if problems:
         refuse_now(f"Preflight refused {host.name}", format_problems(host.name, problems))
         return False
+    host.noop(f"preflight passed for {needs.variant}")
     if left := data_root_left(data_root_of(lines), data_root_after(data, lines), _tree_size):
         warn(f"WARNING: {left}")  # after the refusals: no warning comes before one
-    host.noop(f"preflight passed for {needs.variant}")
     return True
 
 
