@@ -254,10 +254,9 @@ STATE_DIRS = "/var/lib/dpkg /var/lib/apt /var/lib/containerd"
 
 
 def rigforge_dirs_in_state_dirs(rig) -> str:
-    return rig.run(
-        f"find {STATE_DIRS} -maxdepth 1 \\( -name models -o -name serve -o -name src -o -name venv \\) 2>/dev/null",
-        True,
-    ).stdout
+    """What rigforge would make inside the state dirs (models/, serve/, src/, venv/): '' when none is there."""
+    names = "-name models -o -name serve -o -name src -o -name venv"
+    return rig.run(f"find {STATE_DIRS} -maxdepth 1 \\( {names} \\) 2>/dev/null").stdout
 
 
 def test_roots_and_data_roots_that_are_not_rigforges_are_refused_with_nothing_changed(rigs, tmp_path):
