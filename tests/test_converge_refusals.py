@@ -296,7 +296,8 @@ def test_a_rigs_data_root_holding_the_root_is_refused_with_an_example_outside_it
 
 def test_a_data_root_move_names_the_old_one_with_its_size_and_deletes_nothing(rigs, tmp_path):
     """`--dry` with docker_daemon_options moving Docker's data-root: the rig's /var/lib/docker (5 MB here) is named
-    with its size once preflight passed, as a warning, not a change; it stays as it was."""
+    with its size once preflight passed, as a warning, not a change; it stays as it was. Once the rig's daemon.json
+    sets the new data-root, `rigforge status` notes the old one the same way."""
     rig = rigs.rig("rig1")
     rig.run("mkdir -p /var/lib/docker && head -c 5000000 /dev/zero > /var/lib/docker/blob", True)
     try:
@@ -321,5 +322,21 @@ def test_a_data_root_move_names_the_old_one_with_its_size_and_deletes_nothing(ri
         assert "refused" not in out and out.count("/var/lib/docker, the one it uses now") == 1
         assert snapshot(rig) == before
         assert rig.run("stat -c %s /var/lib/docker/blob", True).stdout.strip() == "5000000"
+        rig.run("""mkdir -p /etc/docker && echo '{"data-root": "/srv/docker"}' > /etc/docker/daemon.json""", True)
+        status = subprocess.run(
+            [PYINFRA.replace("pyinfra", "rigforge"), "status", str(inv)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            stdin=subprocess.DEVNULL,
+        )
+        assert (
+            "rig1: note: /etc/docker/daemon.json sets Docker's data-root to /srv/docker; /var/lib/docker, an earlier "
+            "one that Docker no longer uses, holds 5.0 MB; rigforge neither copies nor deletes it; once the rig serves "
+            "from /srv/docker, remove it with: sudo rm -rf /var/lib/docker"
+        ) in status.stdout, status.stdout[-4000:] + status.stderr[-4000:]
+        assert "rig2: note:" not in status.stdout  # Docker's default data-root, in use
+        assert rig.run("stat -c %s /var/lib/docker/blob", True).stdout.strip() == "5000000"
     finally:
-        rig.run("rm -rf /var/lib/docker", True)
+        rig.run("rm -rf /var/lib/docker /etc/docker", True)
