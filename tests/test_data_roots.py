@@ -232,3 +232,14 @@ def test_status_shows_the_data_root_left_as_a_note():
     row = {"host": "rig1", "data_root_left": "/etc/docker/daemon.json sets Docker's data-root to /srv/docker; ..."}
     assert notes(row) == ["note: /etc/docker/daemon.json sets Docker's data-root to /srv/docker; ..."]
     assert notes({"host": "rig1", "data_root_left": None}) == []
+
+
+def test_loading_saved_images_refuses_a_root_that_is_not_rigforges():
+    """deploy/images_load.py reads only the images knobs: rigforge_root is checked there too (the images' work dir
+    lies under it)."""
+    from rigforge.knobs import images
+
+    base = {"rigforge_images_dir": "/srv/saved"}
+    assert images.validate(fleet.host_data(base)) == []
+    (problem,) = images.validate(fleet.host_data({**base, "rigforge_root": "/var/lib/dpkg"}))
+    assert problem.startswith("rigforge_root must be a directory of its own outside /var/lib/dpkg, dpkg's package")
