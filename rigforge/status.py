@@ -10,7 +10,8 @@ from pathlib import Path
 from rigforge import drift, fleet, inventory, observe
 from rigforge.boot import watts
 from rigforge.driver_table import version_key
-from rigforge.facts.files import JsonFile, TreeSize
+from rigforge.facts.docker import DataRootLeft
+from rigforge.facts.files import JsonFile
 from rigforge.hardware import data_root_left, data_root_of
 from rigforge.pins import LockError, default_lock_path, load_lock
 
@@ -72,7 +73,7 @@ def data_root_left_on(obs, ctx) -> str | None:
     """The note on Docker's default data-root when the rig's daemon.json moved Docker elsewhere (hardware.py)."""
     daemon = obs.get_fact(JsonFile, path=ctx.layout.daemon_json)
     now = data_root_of([json.dumps(daemon)] if daemon else None)
-    return data_root_left(now, now, lambda path: obs.get_fact(TreeSize, path=path))
+    return data_root_left(now, now, lambda path: obs.get_fact(DataRootLeft, path=path, data_root=now))
 
 
 def candidate_of(ctx) -> dict | None:

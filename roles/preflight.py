@@ -14,7 +14,7 @@ from pyinfra.facts.files import FileContents
 
 from rigforge import driver_table, schema
 from rigforge.facts.apt import AptSourceFiles, DebInstalledVersion, PublishedPackages
-from rigforge.facts.files import TreeSize
+from rigforge.facts.docker import DataRootLeft
 from rigforge.facts.gitpin import GitCheckout
 from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, NvidiaRunningDriver
 from rigforge.facts.system import FreeDiskBytes, OsRelease, SecureBoot, UrlAnswers
@@ -196,16 +196,22 @@ def check(needs: Needs, data: Mapping, more: list[str] = ()) -> bool:
         refuse_now(f"Preflight refused {host.name}", format_problems(host.name, problems))
         return False
     host.noop(f"preflight passed for {needs.variant}")
-    if left := data_root_left(data_root_of(lines), data_root_after(data, lines), _tree_size):
-        warn(f"WARNING: {left}")  # after the refusals: no warning comes before one
+    warn_data_root_left(data, lines)  # after the refusals: no warning comes before one
     return True
+
+
+def warn_data_root_left(data: Mapping, daemon_json: list[str] | None) -> None:
+    """Warn of a Docker data-root this run leaves unused (hardware.data_root_left), with its size; delete nothing."""
+    after = data_root_after(data, daemon_json)
+
+    def size_of(path: str) -> int | None:
+        return host.get_fact(DataRootLeft, path=path, data_root=after)
+
+    if left := data_root_left(data_root_of(daemon_json), after, size_of):
+        warn(f"WARNING: {left}")
 
 
 def data_root_after(data: Mapping, daemon_json: list[str] | None) -> str:
     """Docker's data-root once this run wrote daemon.json: docker_daemon_options' (validated), else the rig's."""
     options = data.get("docker_daemon_options") or {}
     return schema.docker_data_root(options["data-root"]) if "data-root" in options else data_root_of(daemon_json)
-
-
-def _tree_size(path: str) -> int | None:
-    return host.get_fact(TreeSize, path=path)

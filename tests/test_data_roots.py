@@ -243,3 +243,29 @@ def test_loading_saved_images_refuses_a_root_that_is_not_rigforges():
     assert images.validate(fleet.host_data(base)) == []
     (problem,) = images.validate(fleet.host_data({**base, "rigforge_root": "/var/lib/dpkg"}))
     assert problem.startswith("rigforge_root must be a directory of its own outside /var/lib/dpkg, dpkg's package")
+
+
+def test_the_fact_sizes_a_data_root_left_but_not_the_one_in_use_under_another_name(tmp_path):
+    """rigforge/facts/docker.py DataRootLeft, its command run here: the old data-root's bytes; None when it does not
+    exist, is a symlink, or is the data-root in use (the same directory)."""
+    import subprocess
+
+    from rigforge.facts.docker import DataRootLeft
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir()
+    new.mkdir()
+    (old / "blob").write_bytes(b"\0" * 3_000_000)
+    (tmp_path / "link").symlink_to(new)
+    fact = DataRootLeft()
+
+    def size(path, data_root) -> int | None:
+        command = fact.command(str(path), str(data_root)).get_raw_value()
+        done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+        return fact.process(done.stdout.splitlines())
+
+    assert 3_000_000 <= size(old, new) < 3_100_000
+    assert 3_000_000 <= size(old, tmp_path / "not-yet") < 3_100_000  # the new one not made yet
+    assert size(tmp_path / "link", new) is None  # a symlink: nothing of its own to remove
+    assert size(new, new) is None and size(new, tmp_path / "link") is None  # the one in use, under another name
+    assert size(tmp_path / "gone", new) is None
