@@ -166,11 +166,10 @@ def docker_data_root(v: Any) -> str:
 def data_root_overlap(key: str, path: str, data_root: str, where: str) -> str | None:
     """The refusal when the rigforge dir `key` (at `path`) and Docker's data-root (`where`) lie one inside the
     other, else None: Docker's images and rigforge's trees never share one."""
+    example = example_root(data_root)
     if inside(path, data_root):
-        example = example_root(data_root)
         return f"{key} {path} is inside {data_root}, {where}; choose a directory of its own outside it (e.g. {example})"
     if inside(data_root, path):
-        example = example_root(data_root)
         return (
             f"{key} {path} holds {data_root}, {where}; Docker's data-root and rigforge's dir never share a tree: "
             f"choose a {key} that does not hold it (e.g. {example})"
