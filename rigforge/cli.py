@@ -34,7 +34,7 @@ def _render(args: argparse.Namespace) -> int:
             print(f"{v.name:<44} {v.port:>5}  {'seed':<12} {'yes':<8} {weights}  ({v.pick_when})")
         try:
             pin = load_lock(default_lock_path()).git.get(recipes.GIT_NAME)
-            repo = recipes.load_repo(pin.commit if pin else None)
+            repo = recipes.load_repo(pin.commit if pin else None, pin.content if pin else None)
         except (recipes.RecipeError, LockError) as exc:
             print(f"(recipe-repo slugs not listed: {exc})")
             return 0

@@ -2,24 +2,25 @@
 check defined once; nothing here asks a rig or a registry.
 """
 
-import hashlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from pyinfra.facts.files import Sha256File
+from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.files import File, Sha256File
 
-from rigforge import boot, driver_table, obtain, power
+from rigforge import boot, driver_table, obtain, packages, power, verdict
 from rigforge.boot import watts
+from rigforge.facts import cycles
 from rigforge.facts.apt import DebInstalledVersion
 from rigforge.facts.files import JsonFile
 from rigforge.facts.gitpin import GitCheckout
 from rigforge.facts.hfweights import WeightsState
 from rigforge.facts.nvidia import BootCaps, NvidiaGpus, NvidiaModuleVersion, NvidiaRunningDriver, NvidiaTopology
 from rigforge.facts.serving import ComposeImages, ServiceState, runs_digest, serving
-from rigforge.facts.system import OsRelease, SystemdUnitEnabled
+from rigforge.facts.system import AptHeldPackages, OsRelease, ProvidedFiles, SystemdUnitEnabled
 from rigforge.fleet import Plan
 from rigforge.hardware import interconnect, small_override, vram_problems
-from rigforge.layout import NVIDIA_RUNTIME
+from rigforge.knobs.docker_engine import daemon_json_patch
 from rigforge.observe import Observed, RigContext, boot_units, managed_files, weights_at
 from rigforge.schema import Settings, power_caps
 
@@ -58,66 +59,40 @@ def pin_drift(ctx: RigContext) -> dict:
 
 
 def rig_drift(obs: Observed, ctx: RigContext) -> list[str]:
-    """The rig against what was provisioned: checkouts at the manifest's commits, weights, rendered files."""
+    """The rig's pins against what was provisioned: each checkout's HEAD at the commit the manifest records. A dirty
+    tree or a file edited by hand is no pin: their own checks ("sources at locked SHAs", "files as rendered") say it."""
     if ctx.plan is None:
         return []
-    recorded = ctx.manifest_pins()["git"]
-    want = {pin.name: recorded.get(pin.name) or pin.commit for pin in ctx.plan.sources}
-    stamped = [line for line in weights(obs, ctx.plan) if "stamp revision" not in line]
-    return [*sources(obs, ctx.plan, want, "provisioned"), *stamped, *files(obs, ctx.plan)]
+    recorded, moved = ctx.manifest_pins()["git"], []
+    for pin in ctx.plan.sources:
+        state = obs.get_fact(GitCheckout, path=ctx.plan.layout.src(pin.name))
+        want = recorded.get(pin.name) or pin.commit
+        if state and want and state["head"] != want:
+            moved.append(f"git {pin.name}: HEAD {state['head'][:12] or '?'}, provisioned {want[:12]}")
+    return moved
 
 
 def sources(obs: Observed, plan: Plan, want: Mapping[str, str | None], label: str = "lock") -> Iterator[str]:
-    """Each checkout clean at `want`'s commit ({source: commit}: the lock's; the manifest's, label "provisioned")."""
-    for name in plan.variant.sources:
-        commit, path = want.get(name), plan.layout.src(name)
+    """Each checkout as `verdict.checkout` decides, at `want`'s commit ({source: commit}: the lock's; the
+    manifest's, label "provisioned")."""
+    for pin in plan.sources:
+        path = plan.layout.src(pin.name)
         state = obs.get_fact(GitCheckout, path=path)
-        if state is None:
-            yield f"git {name}: no checkout at {path}"
-        elif not commit:
-            yield f"git {name}: no resolved commit to compare with"
-        elif state["head"] != commit:
-            yield f"git {name}: HEAD {str(state['head'])[:12] or '?'}, {label} {commit[:12]}"
-        elif state["dirty"]:
-            n, first = len(state["dirty"]), state["dirty"][0].strip()
-            yield f"git {name}: dirty checkout at {path} ({n} file(s), e.g. {first})"
+        yield from verdict.checkout(pin, path, state, want.get(pin.name), label)
 
 
 def weights(obs: Observed, plan: Plan) -> Iterator[str]:
-    """Each asset's stamp is the lock's revision and sha256s, and every file is as stamped (size, mtime)."""
+    """Each asset as `verdict.weights` decides: its stamp is the lock's, every file as stamped (size, mtime)."""
     for asset in plan.assets:
-        pin, where = asset.pin, weights_at(plan, asset)
-        state = obs.get_fact(WeightsState, **where)
-        if not (stamp := state["stamp"]):
-            yield f"hf {asset.name}: no stamp in {where['dest']}"
-            continue
-        if stamp.get("revision") != pin.revision:
-            have, want = str(stamp.get("revision"))[:12], str(pin.revision)[:12]
-            yield f"hf {asset.name}: stamp revision {have}, lock {want}"
-            continue
-        entries, problems = stamp.get("files") or {}, []
-        for f in pin.files:
-            entry, on_disk = entries.get(f.path), state["files"].get(f.path)
-            if not entry or entry.get("sha256") != f.sha256:
-                problems.append(f"{f.path} not stamped with the lock's sha256")
-            elif on_disk is None:
-                problems.append(f"{f.path} missing")
-            elif on_disk[0] != f.size:
-                problems.append(f"{f.path} is {on_disk[0]} bytes, lock {f.size}")
-            elif on_disk[1] != entry.get("mtime_ns"):
-                problems.append(f"{f.path} modified since it was verified (mtime differs from the stamp)")
-        if problems:
-            yield f"hf {asset.name}: {'; '.join(problems[:3])}{' ...' if len(problems) > 3 else ''}"
+        where = weights_at(plan, asset)
+        yield from verdict.weights(asset.pin, where["dest"], obs.get_fact(WeightsState, **where))
 
 
 def files(obs: Observed, plan: Plan) -> Iterator[str]:
-    """Every file rigforge renders whole is on the rig as the plan renders it (by sha256: no secret read or shown)."""
-    for path, text in managed_files(plan).items():
-        on_rig = obs.get_fact(Sha256File, path=path)
-        if on_rig is None:
-            yield f"{path} is missing"
-        elif on_rig != hashlib.sha256(text.encode()).hexdigest():
-            yield f"{path} differs from what rigforge renders (edited by hand? re-run the deploy)"
+    """Every file rigforge renders whole, as `verdict.rendered_file` decides (by sha256: no secret read or shown)."""
+    for path, (text, mode) in managed_files(plan).items():
+        info, sha256 = obs.get_fact(File, path=path), obs.get_fact(Sha256File, path=path)
+        yield from verdict.rendered_file(path, text, mode, info, sha256)
 
 
 def gpus_with_targets(obs: Observed, ctx: RigContext) -> list[dict]:
@@ -204,28 +179,52 @@ def gpu_checks(obs: Observed, ctx: RigContext) -> list[Check]:
         ]
     need = ctx.variant.gpus if ctx.variant else 0
     seen = f"{len(gpus)} GPU(s): {', '.join(sorted({g.get('name') or '?' for g in gpus}))}"
-    off = [g for g in gpus if g.get("power_limit") != g["target_w"]]
     caps = ", ".join(f"GPU{g['index']} {watts(g.get('power_limit'))} W" for g in gpus)
     targets = ", ".join(sorted({str(g["target_w"]) for g in gpus}))
-    not_persistent = [str(g["index"]) for g in gpus if g.get("persistence_mode") is not True]
-    persistence = [f"off on GPU {', '.join(not_persistent)}"] if not_persistent else []
+    declared = {g["index"]: g["target_w"] for g in gpus}
     return [
         check("GPUs visible", [f"{seen}; {ctx.variant_name} needs {need}"] if len(gpus) < need else [], seen),
         vram(gpus, ctx.variant, ctx.settings),
         check(
             "power caps hold",
-            [f"GPU{g['index']} at {watts(g.get('power_limit'))} W, target {g['target_w']} W" for g in off],
+            verdict.caps(gpus, declared),
             f"{caps} (target {targets} W)",
             " (re-run the deploy or restart rigforge-gpu-power.service)",
         ),
-        check("persistence mode on", persistence, f"on for {len(gpus)} GPU(s)"),
+        check("persistence mode on", verdict.persistence(gpus), f"on for {len(gpus)} GPU(s)"),
     ]
+
+
+def packages_check(obs: Observed, plan: Plan) -> Check:
+    """Every package set the deploy installs, as `verdict.packages` decides: installed, held, its files present."""
+    installed, held = obs.get_fact(DebPackages), obs.get_fact(AptHeldPackages)
+    problems, count = [], 0
+    for wanted in packages.for_rig(plan.data, obs.get_fact(OsRelease), plan.toolkit_version):
+        provided = obs.get_fact(ProvidedFiles, paths=list(wanted.provides)) if wanted.provides else {}
+        problems += verdict.packages(wanted, installed, held, provided)
+        count += len(wanted.specs)
+    fine = f"{count} packages installed, held where declared"
+    return check("packages as declared", problems, fine, " (re-run the deploy)")
+
+
+def boot_units_check(obs: Observed, plan: Plan) -> Check:
+    """The units rigforge enables at boot besides the vLLM instance (`verdict.unit_enabled`)."""
+    units = plan.layout.boot_units
+    problems = [p for unit in units for p in verdict.unit_enabled(unit, obs.get_fact(SystemdUnitEnabled, unit=unit))]
+    return check("units enabled at boot", problems, ", ".join(units), " (re-run the deploy)")
 
 
 def caps_set_last(obs: Observed, ctx: RigContext) -> Check:
     """rigforge's caps were the last written at this boot, without an ordering cycle (rigforge/boot.py)."""
     found = boot.boot_caps(obs.get_fact(BootCaps, **boot_units(ctx)), ctx) if ctx.manage else (SKIP, SKIPPED)
     return Check("caps set last at this boot", *found)
+
+
+def boot_order(obs: Observed, ctx: RigContext) -> Check:
+    """No ordering cycle holds a unit of rigforge's: `systemd-analyze verify` of the boot, and this boot's journal
+    where systemd runs (rigforge/facts/cycles.py); with services not managed too (the units are installed)."""
+    found = obs.get_fact(cycles.OrderingCycles, **cycles.arguments(ctx.unit))
+    return Check("boot order has no cycle", *cycles.judge(found))
 
 
 def vram(gpus: list[dict], v, s: Settings) -> Check:
@@ -241,16 +240,15 @@ def vram(gpus: list[dict], v, s: Settings) -> Check:
 
 
 def runtime(obs: Observed, ctx: RigContext) -> Check:
-    """daemon.json is merged, not rendered: only the key rigforge owns (the nvidia runtime) is compared."""
+    """daemon.json is merged, not rendered: the keys the docker_engine role merges in (the nvidia runtime and
+    docker_daemon_options), as `verdict.json_keys` decides for the deploy too."""
     name, path = "nvidia runtime", ctx.layout.daemon_json
     daemon = obs.get_fact(JsonFile, path=path)
     if daemon is None:
         return Check(name, FAIL, f"no readable {path} (run the deploy: docker_engine role)")
-    runtime = (daemon.get("runtimes") or {}).get("nvidia")
-    if runtime != NVIDIA_RUNTIME["runtimes"]["nvidia"]:
-        return Check(name, FAIL, f"{path} registers {'no' if runtime is None else 'another'} nvidia runtime "
-                     f"({runtime!r}; run the deploy)")  # fmt: skip
-    return Check(name, PASS, f"nvidia -> {runtime.get('path', '?')} in {path}")
+    problems = verdict.json_keys(path, daemon, daemon_json_patch(ctx.data))
+    runtime = (daemon.get("runtimes") or {}).get("nvidia") or {}
+    return check(name, problems, f"nvidia -> {runtime.get('path', '?')} in {path}", " (re-run the deploy)")
 
 
 def unit_state(obs: Observed, ctx: RigContext) -> dict:
@@ -286,6 +284,7 @@ def checks(obs: Observed, ctx: RigContext) -> list[Check]:
     problems = [missing] if ctx.manifest is None else [] if ctx.variant else [variant_needed(ctx)]
     out.append(check("manifest present", problems, f"variant {ctx.variant_name}"))
     out += [driver(obs, ctx), cuda(obs, ctx), *gpu_checks(obs, ctx), caps_set_last(obs, ctx), runtime(obs, ctx)]
+    out.append(boot_order(obs, ctx))
     plan = ctx.plan
     unplanned = f"lock unreadable: {ctx.lock_error}" if ctx.lock is None else None if plan else variant_needed(ctx)
     for name, find, hint in (
@@ -294,6 +293,8 @@ def checks(obs: Observed, ctx: RigContext) -> list[Check]:
         ("files as rendered", lambda: (list(files(obs, plan)), f"{len(managed_files(plan))} files"), ""),
     ):
         out.append(Check(name, FAIL, unplanned) if unplanned else check(name, *find(), hint))
+    if plan:
+        out += [packages_check(obs, plan), boot_units_check(obs, plan)]
     unit = unit_state(obs, ctx)
     out.append(pins_check(ctx))
     if not (name := unit["unit"]):

@@ -1,12 +1,14 @@
 """`rigforge lock --recipes REF`: the lock follows the recipe repo to REF (a tag, branch or commit of `git.recipes`).
 Each engine the lock has an image entry for, or a used slug runs, gets the image its profile's `install.spec` runs at
 REF (rigforge/recipes.py), unresolved when its ref moved; a used slug's second compose image and each weights repo it
-needs that the lock lacks get unresolved entries, for rigforge/lock.py `resolve`.
+needs that the lock lacks get unresolved entries, for rigforge/lock.py `resolve`. The recipe pin records REF's
+content digest, by which a copy of the recipe repo without .git (RIGFORGE_RECIPES) is told apart from other commits.
 """
 
 import dataclasses
 import difflib
 from collections.abc import Iterable
+from pathlib import Path
 
 from rigforge import recipes
 from rigforge.pins import HfPin, ImagePin, Lock, LockError, dump_lock
@@ -18,8 +20,9 @@ def follow(lock: Lock, ref: str, slugs: Iterable[str], fetch) -> tuple[Lock, rec
     pin = lock.git.get(recipes.GIT_NAME)
     if pin is None:
         raise LockError(f"lock {lock.path}: no git.{recipes.GIT_NAME} entry (the recipe repo) to move to {ref}")
-    moved, root = fetch(dataclasses.replace(pin, ref=ref, short=None, commit=None))
+    moved, root = fetch(dataclasses.replace(pin, ref=ref, short=None, commit=None, content=None))
     repo = recipes.parse_repo(root)  # this commit, whatever RIGFORGE_RECIPES names
+    moved = dataclasses.replace(moved, content=recipes.content_digest(Path(root)))  # a copy without .git is told by it
     used = [repo.recipe(slug, opt_in=True) for slug in dict.fromkeys(slugs)]
     engines = {r.engine: r.image for r in repo.recipes.values() if not r.refused and "@" not in r.image}
     images = dict(lock.images)

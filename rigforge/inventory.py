@@ -42,6 +42,9 @@ def open_inventory(path: str, override: dict | None = None):
     from pyinfra_cli.inventory import make_inventory
 
     logging.getLogger("pyinfra").setLevel(logging.CRITICAL)  # errors are reported in our own output
+    # paramiko logs a traceback when a port answers but no SSH does (a rig booting or powered off behind a forwarded
+    # port): for_each_host says it in one line, naming the host
+    logging.getLogger("paramiko").setLevel(logging.CRITICAL + 1)
     state = State(check_for_changes=False)  # set up as the pyinfra CLI does, so group_data files load
     state.cwd = os.getcwd()
     ctx_state.set(state)

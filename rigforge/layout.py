@@ -73,6 +73,7 @@ class HostLayout:
     libexec = "/usr/local/lib/rigforge"  # rig-side scripts the units run (not under the root: they run at every boot)
     textfile_dir = TEXTFILE_DIR
     gpu_metrics_timer = GPU_METRICS_TIMER
+    boot_units = (POWER_UNIT, SETTLE_UNIT, GPU_METRICS_TIMER)  # enabled at boot besides the vLLM instance
 
     src_root = _under("root", "src")
     serve_root = _under("root", "serve")

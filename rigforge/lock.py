@@ -79,7 +79,8 @@ def resolve_git(pin: GitPin) -> str:
 
 
 def _last_line(e: Exception) -> str:
-    text = (getattr(e, "stderr", None) or str(e)).strip()
+    """The last line git printed (GitPython quotes its stderr: `  stderr: 'fatal: ...\n'`)."""
+    text = (getattr(e, "stderr", None) or str(e)).strip().removesuffix("'").strip()
     return text.splitlines()[-1] if text else str(e)
 
 
@@ -145,10 +146,7 @@ def resolve_image(ref: str, registry: str | None = None, verify=True, known=None
         raise LockError(f"image: cannot reach the registry for {ref}: {e}") from None
     digest = resp.headers.get("Docker-Content-Digest", "")
     if resp.status_code == 404:
-        raise LockError(
-            f"image: {ref}: registry answered HTTP 404, it no longer has this tag (purged); "
-            f"move to a recipe with a live image, e.g. {_live_recipe(ref)}"
-        )
+        raise LockError(f"image: {ref}: registry answered HTTP 404, it no longer has this tag (purged)")
     if resp.status_code != 200 or not DIGEST.match(digest):
         raise LockError(f"image: {ref}: registry answered HTTP {resp.status_code} without a sha256 digest")
     if digest == known:
@@ -164,18 +162,27 @@ def resolve_image(ref: str, registry: str | None = None, verify=True, known=None
         raise LockError(f"image: {ref}: cannot read its config for the CUDA version: {e}") from None
 
 
-def _live_recipe(dead: str) -> str:
-    """A recipe-repo slug rigforge can serve whose image is not `dead` (for the 404 hint)."""
+def live_recipe(dead: str, lock: Lock) -> str:
+    """What to do about the purged image `dead` (for the 404 hint): a slug rigforge can serve whose image is not
+    `dead`, from the recipe tree `lock` pins (the controller's cache of its commit, else what `recipes.load_repo`
+    reads for it). Never a slug of another commit's tree, so the advice never moves the lock back."""
+    pin = lock.git.get(recipes.GIT_NAME)
+    commit = pin.commit if pin else None
     try:
-        pin = load_lock(default_lock_path()).git.get(recipes.GIT_NAME)
-        commit = pin.commit if pin else None
-        repo = recipes.load_repo(commit)
+        if commit and (recipes.cache_dir(commit) / recipes.REGISTRY).is_file():
+            repo = recipes.parse_repo(recipes.cache_dir(commit))
+        else:
+            repo = recipes.load_repo(commit, pin.content if pin else None)
     except (LockError, recipes.RecipeError):
-        return "a recipe-repo slug from `rigforge render --list` (rigforge_variant: SLUG)"
+        return "move to a recipe with a live image, e.g. a recipe-repo slug from `rigforge render --list`"
+    where = f"the recipe repo at {commit[:8]}" if commit else f"the recipe repo in {repo.root}"
     for r in repo.recipes.values():
         if not r.refused and not r.needs_opt_in and r.image != dead:
-            return f"rigforge_variant: {r.slug} ({r.image}, recipe repo at {str(commit)[:8]})"
-    return "a recipe-repo slug from `rigforge render --list`"
+            return f"move to a recipe with a live image, e.g. rigforge_variant: {r.slug} ({r.image}, {where})"
+    return (
+        f"no slug of {where} runs another image: move the recipe pin to a later commit whose images the registry "
+        "has (`rigforge lock --recipes REF`)"
+    )
 
 
 def cache_recipes(pin: GitPin) -> Path | None:
@@ -229,15 +236,18 @@ def resolve(
         try:
             digest, cuda = resolve_image(pin.ref, registry, known=pin.digest)
         except LockError as gone:
-            if fleet is None or "HTTP 404" not in str(gone):
+            if "HTTP 404" not in str(gone):
                 raise
+            live = live_recipe(pin.ref, lock)
+            if fleet is None:
+                raise LockError(f"{gone}; {live}") from None
             parsed = parse(pin.ref)
             base, verify = fleet  # the fleet registry names its copy `library/x:tag`
             where = f" (from the fleet registry {base}: upstream no longer has this tag)"
             try:
                 digest, cuda = resolve_image(f"{parsed.repository}:{parsed.tag or 'latest'}", base, verify, pin.digest)
             except LockError as e:
-                raise LockError(f"{gone}; the fleet registry {base} has no copy either ({e})") from None
+                raise LockError(f"{gone}; the fleet registry {base} has no copy either ({e}); {live}") from None
         if digest == pin.digest:
             return pin
         cuda = cuda or pin.cuda  # none in the config: keep the lock's
@@ -248,7 +258,8 @@ def resolve(
         commit = resolve_git(dataclasses.replace(pin, short=None) if name in refresh else pin)
         if commit != pin.commit:
             report.append(f"git.{name}: {pin.ref} -> {commit}")
-        return dataclasses.replace(pin, commit=commit)
+        content = pin.content if commit == pin.commit else None  # another commit's digest would name a wrong tree
+        return dataclasses.replace(pin, commit=commit, content=content)
 
     def revision_of(name: str, pin: HfPin) -> HfPin:
         new = resolve_hf(pin, endpoint, token)
@@ -336,26 +347,46 @@ def _slugs_in(inventory_path: str) -> list[str]:
 
 
 def follow_recipes(args: argparse.Namespace, path: Path) -> int:
-    """`lock --recipes REF`: the lock at REF, resolved, its diff printed; written only when every entry resolved."""
+    """`lock --recipes REF`: the lock at REF, resolved, its diff printed; written only when every entry resolved.
+    When the recipe pin itself cannot be resolved, the entries REF adds are unknown; each entry of the lock as it is
+    that cannot be resolved either is still named."""
     from rigforge.inventory import InventoryError
 
     out = Path(args.out or path)
+    errors: list[str] = []
 
     def fetch(pin: GitPin) -> tuple[GitPin, Path]:
-        pin = dataclasses.replace(pin, commit=resolve_git(pin))
-        return pin, cache_recipes(pin) or recipes.cache_dir(pin.commit)
+        try:
+            pin = dataclasses.replace(pin, commit=resolve_git(pin))
+            return pin, cache_recipes(pin) or recipes.cache_dir(pin.commit)
+        except LockError as e:
+            errors.append(str(e))  # the recipe pin: named with the entries below
+            raise
 
-    errors: list[str] = []
     try:
         lock = load_lock(path)
-        moved, _ = follow.follow(lock, args.recipes, [*used_slugs(args.inventory), *args.add], fetch)
+        try:
+            moved, _ = follow.follow(lock, args.recipes, [*used_slugs(args.inventory), *args.add], fetch)
+        except LockError:
+            if not errors:
+                raise
+            moved = lock
         new, report = resolve(moved, list(args.refresh), *_endpoints(args), errors=errors)
     except (LockError, recipes.RecipeError, InventoryError) as e:
-        errors = [str(e)]
+        print(f"rigforge lock: {e}", file=sys.stderr)
+        print(f"rigforge lock: {nothing_written(out)}", file=sys.stderr)
+        return 1
     if errors:
         for e in errors:
             print(f"rigforge lock: could not resolve {e}", file=sys.stderr)
-        print(f"rigforge lock: nothing written: {out} is as it was", file=sys.stderr)
+        if moved is lock:
+            others = f"; the other entries named are those of {path}" if len(errors) > 1 else ""
+            print(
+                f"rigforge lock: the image and weights entries {args.recipes} needs are not known until "
+                f"git.{recipes.GIT_NAME} resolves{others}",
+                file=sys.stderr,
+            )
+        print(f"rigforge lock: {nothing_written(out)}", file=sys.stderr)
         return 1
     text = follow.diff(lock, new, str(path))
     print(text or f"{path}: already at {args.recipes} ({new.git[recipes.GIT_NAME].commit[:12]}): no change")
@@ -365,6 +396,13 @@ def follow_recipes(args: argparse.Namespace, path: Path) -> int:
         write_atomically(out, dump_lock(new))
         print(f"wrote {out}" + ("" if out == path else f" (the lock in use, {path}, is as it was)"))
     return 0
+
+
+def nothing_written(out: Path) -> str:
+    """What a failed `lock --recipes` left of `out`: as it was when it was there, else still absent."""
+    if out.exists():
+        return f"nothing written: {out} is as it was"
+    return f"nothing written: {out} was not created"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -382,7 +420,13 @@ def run(args: argparse.Namespace) -> int:
             if not problems:
                 print(f"{path}: ok ({len(lock.git)} git, {len(lock.hf)} hf entries, all resolved)")
             return 1 if problems else 0
-        new, report = resolve(lock, list(args.refresh), *_endpoints(args))
+        errors: list[str] = []
+        new, report = resolve(lock, list(args.refresh), *_endpoints(args), errors=errors)
+        if errors:  # each entry named; none written, not even those that resolved
+            for e in errors:
+                print(f"rigforge lock: could not resolve {e}", file=sys.stderr)
+            print(f"rigforge lock: nothing written: {path} is as it was", file=sys.stderr)
+            return 1
         if report:
             write_atomically(path, dump_lock(new))
         pin = new.git.get(recipes.GIT_NAME)

@@ -8,11 +8,12 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyinfra.facts.files import Sha256File
+from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.files import File, Sha256File
 
-from rigforge import fleet, inventory, monitor, obtain
+from rigforge import fleet, inventory, monitor, obtain, packages
 from rigforge.driver_table import DriverTableError, packages_for
-from rigforge.facts import nvidia, probe
+from rigforge.facts import cycles, nvidia, probe
 from rigforge.facts.apt import DebInstalledVersion
 from rigforge.facts.docker import DockerImagePresent
 from rigforge.facts.files import JsonFile
@@ -20,8 +21,9 @@ from rigforge.facts.gitpin import GitCheckout
 from rigforge.facts.hfweights import WeightsState
 from rigforge.facts.nvidia import BootCaps, NvidiaGpus, NvidiaModuleVersion, NvidiaRunningDriver, NvidiaTopology
 from rigforge.facts.serving import ComposeImages, ServiceState
-from rigforge.facts.system import OsRelease, SystemdUnitEnabled
+from rigforge.facts.system import AptHeldPackages, OsRelease, ProvidedFiles, SystemdUnitEnabled
 from rigforge.fleet import Plan
+from rigforge.knobs.serving import REST
 from rigforge.layout import GATEWAY_ADMIN_SOCKET, SERVE_FILES, SETTLE_SCRIPT, SETTLE_UNIT, HostLayout
 from rigforge.pins import LockError, load_lock
 from rigforge.render import POWER_UNIT, VLLM_UNIT
@@ -55,6 +57,7 @@ class RigContext:
     manifest: dict | None = None
     problems: list[str] = field(default_factory=list)
     cap_units: dict = field(default_factory=dict)  # the rig's other cap writers at boot (PowerCapUnits)
+    rest_from: str = "host data serving_rest"  # where data["serving_rest"] comes from (rest_record)
 
     @property
     def manage(self) -> bool:
@@ -84,8 +87,9 @@ class RigContext:
         return {"git": pins.get("git") or {}, "hf": pins.get("hf") or {}, "image": pins.get("image")}
 
 
-def requests(ctx: RigContext, os_id: str | None) -> list[tuple[type, dict]]:
-    """Every fact the checks read for this rig's plan (on an OS `os_id`), for one batched probe."""
+def requests(ctx: RigContext, os_release: dict) -> list[tuple[type, dict]]:
+    """Every fact the checks read for this rig's plan (on `os_release`, OsRelease's), for one batched probe."""
+    os_id = os_release.get("id")
     out = [(cls, {}) for cls in (NvidiaGpus, OsRelease, NvidiaModuleVersion, NvidiaRunningDriver, NvidiaTopology)]
     with suppress(DriverTableError):  # the driver table's package whose version is the driver's (none: not read)
         if ctx.data["nvidia_driver_manage"]:
@@ -93,12 +97,17 @@ def requests(ctx: RigContext, os_id: str | None) -> list[tuple[type, dict]]:
     out.append((JsonFile, {"path": ctx.layout.daemon_json}))
     if ctx.manage:  # what ran at this boot (rigforge/boot.py)
         out.append((BootCaps, boot_units(ctx)))
+    out.append((cycles.OrderingCycles, cycles.arguments(ctx.unit)))  # boot-order cycles: status and verify only
     if ctx.unit:
         out += [(SystemdUnitEnabled, {"unit": ctx.unit}), (ServiceState, {"unit": ctx.unit})]
     if plan := ctx.plan:
+        out += [(DebPackages, {}), (AptHeldPackages, {})]
+        for wanted in packages.for_rig(plan.data, os_release, plan.toolkit_version):
+            out += [(ProvidedFiles, {"paths": list(wanted.provides)})] if wanted.provides else []
+        out += [(SystemdUnitEnabled, {"unit": unit}) for unit in plan.layout.boot_units]
         out += [(GitCheckout, {"path": plan.layout.src(name)}) for name in plan.variant.sources]
         out += [(WeightsState, weights_at(plan, asset)) for asset in plan.assets]
-        out += [(Sha256File, {"path": path}) for path in managed_files(plan)]
+        out += [(cls, {"path": path}) for path in managed_files(plan) for cls in (File, Sha256File)]
     if plan and ctx.manage:
         out += [(ComposeImages, {"serve_dir": plan.layout.serve_dir}), (DockerImagePresent, {"image": plan.image})]
     return out
@@ -114,6 +123,7 @@ def observe(host, fl: fleet.Fleet) -> tuple[RigContext, Observed]:
     ctx.cap_units = first.get_fact(nvidia.PowerCapUnits) or {}
     ctx.manifest = first.get_fact(JsonFile, path=layout.rig_json)
     manifest = ctx.manifest or {}
+    rest_record(ctx, layout.rig_json)
     wanted = data["rigforge_variant"]
     recorded = manifest.get("recipe") or manifest.get("variant")
     ctx.variant_name = manifest.get("variant") or wanted
@@ -130,19 +140,29 @@ def observe(host, fl: fleet.Fleet) -> tuple[RigContext, Observed]:
         ctx.plan, ctx.problems = fl.completed(host.name, gpus, ctx.cap_units, rebuild) if same else rebuild(gpus)
     if ctx.plan:
         ctx.layout, ctx.variant_name = ctx.plan.layout, ctx.plan.variant.name
-    return ctx, Observed(host, requests(ctx, first.get_fact(OsRelease)["id"]))
+    return ctx, Observed(host, requests(ctx, first.get_fact(OsRelease)))
+
+
+def rest_record(ctx: RigContext, rig_json: str) -> None:
+    """The rest the rig's manifest records (the last deploy's serving_rest, e.g. given with --data) when host data
+    sets none: the rig rests on purpose; host data's own serving_rest is what is declared, and wins."""
+    recorded = (ctx.manifest or {}).get("serving_rest")
+    if ctx.data["serving_rest"] is None and recorded in REST and recorded is not None:
+        ctx.data = {**ctx.data, "serving_rest": recorded}
+        ctx.rest_from = f"{rig_json} records serving_rest: {recorded}, from the last deploy"
 
 
 def weights_at(plan: Plan, asset) -> dict:
     return {"dest": plan.layout.asset_dir(asset.dir), "staging": plan.layout.weights_staging(asset.name)}
 
 
-def managed_files(plan: Plan) -> dict[str, str]:
-    """{path on the rig: the plan's text} of every file rigforge renders whole."""
+def managed_files(plan: Plan) -> dict[str, tuple[str, str]]:
+    """{path on the rig: (the plan's text, its mode in octal digits)} of every file rigforge renders whole."""
     layout, files = plan.layout, plan.files
-    out = {f"{layout.serve_dir}/{name}": files[name] for name in SERVE_FILES if name in files}
-    out |= {layout.unit_path(name): files[name] for name in (VLLM_UNIT, POWER_UNIT, SETTLE_UNIT) if name in files}
-    return out | ({layout.settle_script: files[SETTLE_SCRIPT]} if SETTLE_SCRIPT in files else {})
+    out = {f"{layout.serve_dir}/{name}": (files[name], SERVE_FILES[name]) for name in SERVE_FILES if name in files}
+    units = (VLLM_UNIT, POWER_UNIT, SETTLE_UNIT)
+    out |= {layout.unit_path(name): (files[name], "644") for name in units if name in files}
+    return out | ({layout.settle_script: (files[SETTLE_SCRIPT], "755")} if SETTLE_SCRIPT in files else {})
 
 
 def image_origin(obs: Observed, ctx: RigContext, reg) -> dict | None:

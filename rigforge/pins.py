@@ -21,7 +21,7 @@ REFUSE_HINT = "run `rigforge lock` on a networked controller"
 # the keys of each kind of entry, in the file's order
 IMAGE_KEYS = ("ref", "digest", "cuda", "note")
 CUDA = re.compile(r"^\d+\.\d+$")  # an image's CUDA version, major.minor
-GIT_KEYS = ("url", "ref", "short", "commit", "sparse", "files", "note")
+GIT_KEYS = ("url", "ref", "short", "commit", "sparse", "files", "content", "note")
 HF_KEYS = ("repo", "ref", "revision", "gated", "files", "note")
 TOOLKIT_KEYS = ("version", "note")
 # NVIDIA's flat apt repository of the Container Toolkit (its install guide); `{arch}` is the rig's dpkg arch
@@ -57,6 +57,9 @@ class GitPin:
     files: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     short: str | None = None
     note: str | None = None
+    # the recipe repo: `sha256:...` of the files rigforge reads at `commit` (rigforge/recipes.py `content_digest`),
+    # how a copy without .git is told apart from another commit's
+    content: str | None = None
 
     @property
     def resolved(self):
@@ -173,7 +176,7 @@ def _entry(pin: Any, keys: tuple[str, ...]) -> dict[str, Any]:
     out = {}
     for key in keys:
         value = getattr(pin, key)
-        if key in ("short", "note", "cuda") and not value:
+        if key in ("short", "note", "cuda", "content") and not value:
             continue
         if isinstance(value, Mapping):
             value = dict(value)
@@ -239,6 +242,7 @@ def _git(path: str, name: str, data: Any) -> GitPin:
         files=MappingProxyType(dict(files)),
         short=short,
         note=r.get("note", str, required=False),
+        content=r.get("content", str, required=False, pattern=DIGEST, what="'sha256:<64 hex>' or null"),
     )
 
 

@@ -29,7 +29,7 @@ def locate_profile(lock) -> dict | None:
     """`profile` of the controller's recipe repo for `lock` (recipes.locate), None when it has no checkout."""
     pin = lock.git.get(recipes.GIT_NAME) if lock is not None else None
     try:
-        return profile(recipes.locate(pin.commit if pin else None))
+        return profile(recipes.locate(pin.commit if pin else None, pin.content if pin else None))
     except recipes.RecipeError:
         return None
 

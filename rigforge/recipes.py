@@ -3,9 +3,11 @@ The GPU floor is upstream's (scripts/preflight.sh "fallback_sm replaces required
 """
 
 import contextlib
+import hashlib
 import os
 import posixpath
 import re
+import subprocess
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
@@ -37,7 +39,9 @@ KNOBS = {
     "nvlink_mode": "NVLINK_MODE",
 }
 NO_KNOB = ("extra_args", "api_key")  # settings the recipes have no knob for: refused for a slug
-CACHE_TARGETS = ("torch_compile", "triton")  # recipe-relative cache mounts go to <root>/cache/<name>
+# vLLM's compile caches in the container -> their dir under <root>/cache: a bind mount of either comes from there,
+# whatever its source or variable, so the caches stay rigforge's and survive a bump of the recipe checkout
+CACHE_TARGETS = {"/root/.cache/vllm/torch_compile_cache": "torch_compile", "/root/.triton/cache": "triton"}
 
 
 class RecipeError(ValueError):
@@ -215,16 +219,105 @@ def parse_repo(root: Path) -> RecipeRepo:
 _load = cache(parse_repo)  # a checkout is read once per process
 
 
+def cache_root() -> Path:
+    """The controller's cache of recipe-repo commits, one directory each (filled by `rigforge lock`)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rigforge" / "recipes"
+
+
 def cache_dir(commit: str) -> Path:
     """The controller cache of the recipe repo at `commit` (filled by `rigforge lock`)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rigforge" / "recipes" / commit
+    return cache_root() / commit
 
 
-def locate(commit: str | None) -> Path:
-    """Where the controller reads the recipe repo: RIGFORGE_RECIPES, else the lock's cached commit."""
+PROFILES = "scripts/lib/profiles"
+SKIPPED_DIRS = {"_archive", "diagnostics"}  # upstream's retired composes and debugging aids: rigforge reads neither
+
+
+def _read_files(root: Path) -> list[str]:
+    """The files rigforge reads of a recipe-repo tree, relative and sorted: the catalog (every YAML file under
+    scripts/lib/profiles/) and the vLLM recipes (every file under models/*/vllm/, whose composes mount their
+    neighbours), past _archive/ and diagnostics/. The vendored subset (tests/fixtures, PROVENANCE.md) holds all of
+    them verbatim, so it has the digest of the commit it was taken from."""
+    catalog = [p for p in (root / PROFILES).rglob("*") if p.suffix in (".yml", ".yaml")]
+    vllm = [p for p in root.glob("models/*/vllm/**/*") if not SKIPPED_DIRS & set(p.relative_to(root).parts)]
+    return sorted(p.relative_to(root).as_posix() for p in [*catalog, *vllm] if p.is_file())
+
+
+@cache
+def content_digest(root: Path) -> str:
+    """`sha256:...` of the files rigforge reads at `root` (`_read_files`): each path and its content's sha256. What
+    the lock records for the recipe pin (git.recipes `content`), to identify a tree that has no .git."""
+    listing = "".join(f"{hashlib.sha256((root / rel).read_bytes()).hexdigest()}  {rel}\n" for rel in _read_files(root))
+    return "sha256:" + hashlib.sha256(listing.encode()).hexdigest()
+
+
+@cache
+def _head(root: Path) -> str | None:
+    """The commit checked out in the git checkout `root` (None when git cannot tell)."""
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 and re.fullmatch(r"[0-9a-f]{40}", out.stdout.strip()) else None
+
+
+def _cached_commit(digest: str) -> str | None:
+    """A commit in the controller cache whose tree has `digest`, if any (to name what a tree without .git holds)."""
+    found = [d for d in sorted(cache_root().glob("*")) if (d / REGISTRY).is_file() and content_digest(d) == digest]
+    return found[0].name if found else None
+
+
+def _follows(env: str, commit: str, content: str | None) -> None:
+    """Refuse the tree at RIGFORGE_RECIPES=`env` unless it is the recipe repo at the locked `commit`: a git
+    checkout by its HEAD, any other tree by its content (`content_digest`) against the lock's `content`, or the
+    cached checkout of `commit` when the lock records none."""
+    root = Path(env)
+    unset = (
+        f"unset {RECIPES_ENV} (the controller then reads the locked commit from the cache `rigforge lock` fills), "
+        f"or point it at a checkout of {commit[:12]}"
+    )
+    if (root / ".git").exists():
+        head = _head(root)
+        if head is None:
+            raise RecipeError(f"{RECIPES_ENV}={env}: git cannot tell its commit; {unset}")
+        if head != commit:
+            raise RecipeError(
+                f"{RECIPES_ENV}={env} is the recipe repo at {head[:12]}, the lock pins git.{GIT_NAME} at "
+                f"{commit[:12]}: {unset}"
+            )
+        return
+    expected = content
+    if expected is None and (cache_dir(commit) / REGISTRY).is_file():
+        expected = content_digest(cache_dir(commit))
+    if expected is None:
+        raise RecipeError(
+            f"{RECIPES_ENV}={env} has no .git and the lock records no content digest for git.{GIT_NAME} at "
+            f"{commit[:12]}, so rigforge cannot tell which commit it holds: {unset}, or run `rigforge lock` to "
+            "record the digest"
+        )
+    actual = content_digest(root)
+    if actual == expected:
+        return
+    if other := _cached_commit(actual):
+        raise RecipeError(
+            f"{RECIPES_ENV}={env} holds the recipe repo at {other[:12]} (told by its content: it has no .git), the "
+            f"lock pins git.{GIT_NAME} at {commit[:12]}: {unset}"
+        )
+    raise RecipeError(
+        f"{RECIPES_ENV}={env} is not the recipe repo at {commit[:12]}, the commit the lock pins git.{GIT_NAME} at: "
+        f"it has no .git, and the files rigforge reads there (content {actual[:19]}) differ from that commit's "
+        f"({expected[:19]}): {unset}"
+    )
+
+
+def locate(commit: str | None, content: str | None = None) -> Path:
+    """Where the controller reads the recipe repo: RIGFORGE_RECIPES if it holds the locked `commit` (its
+    `content` digest, when the lock records one), else the lock's cached commit."""
     if env := os.environ.get(RECIPES_ENV):
         if not (Path(env) / REGISTRY).is_file():
             raise RecipeError(f"{RECIPES_ENV}={env} is not a checkout of the recipe repo (no {REGISTRY})")
+        if commit:
+            _follows(env, commit, content)
         return Path(env)
     if commit and (cache_dir(commit) / REGISTRY).is_file():
         return cache_dir(commit)
@@ -234,8 +327,8 @@ def locate(commit: str | None) -> Path:
     )
 
 
-def load_repo(commit: str | None) -> RecipeRepo:
-    return _load(locate(commit))
+def load_repo(commit: str | None, content: str | None = None) -> RecipeRepo:
+    return _load(locate(commit, content))
 
 
 # --- compose interpolation (compose spec: $VAR, ${VAR}, ${VAR:-d}, ${VAR-d}, ${VAR:?e}, ${VAR?e}, ${VAR:+r},
@@ -345,12 +438,12 @@ def _host_compose(r: Recipe, compose: dict, env: dict[str, str], image: str, lay
     """(host override, what `docker compose -f RECIPE -f OVERRIDE config` resolves with the .env's `env`)."""
     svc = service_name(r, compose)
     host: dict[str, Any] = {"restart": "no"} if r.image_env in env else {"image": image, "restart": "no"}
-    for v in compose["services"][svc].get("volumes") or []:
-        source, target, opts = _volume(v)
-        name, parent = posixpath.basename(source.rstrip("/")), posixpath.basename(posixpath.dirname(source))
-        if source.startswith(".") and parent == "cache" and name in CACHE_TARGETS:
-            host.setdefault("volumes", []).append(f"{layout.cache}/{name}:{target}" + (f":{opts}" if opts else ""))
     out = interpolated(compose, env)
+    for v in out["services"][svc].get("volumes") or []:
+        source, target, opts = _volume(v)
+        bind = "/" in source or source.startswith((".", "~"))  # else a named volume: Docker's, not a directory
+        if bind and (name := CACHE_TARGETS.get(posixpath.normpath(target))):
+            host.setdefault("volumes", []).append(f"{layout.cache}/{name}:{target}" + (f":{opts}" if opts else ""))
     service = out["services"][svc]
     vols = service.get("volumes") or []
     if "volumes" in host:  # merged by target, the override's winning
@@ -462,7 +555,7 @@ def find(slug: str, lock: Any, opt_in: bool) -> LiveVariant:
     """A slug at the locked commit, image and weights in the lock; else RecipeError / LockError saying what to do."""
     if (pin := lock.git.get(GIT_NAME)) is None:
         raise LockError(f"lock {lock.path}: no git.{GIT_NAME} entry (the recipe repo) to serve {slug} from")
-    repo = load_repo(pin.commit)
+    repo = load_repo(pin.commit, pin.content)
     recipe = repo.recipe(slug, opt_in=opt_in)
     if "@" not in recipe.image and lock.image_pin(recipe.image) is None:
         raise LockError(
@@ -483,7 +576,7 @@ def provisional(slug: str, lock: Any, opt_in: bool) -> Any:
     """`lock` plus an unresolved entry (named as `find` advises) for each image and weights repo `slug` lacks."""
     if (pin := lock.git.get(GIT_NAME)) is None:
         return lock
-    recipe = load_repo(pin.commit).recipe(slug, opt_in=opt_in)
+    recipe = load_repo(pin.commit, pin.content).recipe(slug, opt_in=opt_in)
     images, hf = dict(lock.images), dict(lock.hf)
     if "@" not in recipe.image and lock.image_pin(recipe.image) is None:
         images[recipe.engine] = ImagePin(ref=recipe.image)

@@ -1,5 +1,7 @@
 """`rigforge rollout INVENTORY --to FILE | --rollback [--dry]` (docs/rollout.md): a canary with a speed gate, then
-each other rig; the candidate replaces the lock in use (kept as `<lock>.previous`) only once every rig runs it."""
+each other rig; the candidate replaces the lock in use (kept as `<lock>.previous`) only once every rig runs it. A
+rollback keeps the lock it replaced as `<lock>.rolled-back` instead, so a second one refuses rather than move forward.
+"""
 
 import argparse
 import json
@@ -12,7 +14,7 @@ from types import SimpleNamespace
 
 import yaml
 
-from rigforge import fleet, inventory, verify
+from rigforge import fleet, inventory, recipes, verify
 from rigforge.lock import write_atomically
 from rigforge.pins import LockError, load_lock
 from rigforge.status import ROLLOUT_MARKER
@@ -25,8 +27,9 @@ BENCH_BODY = {"messages": [{"role": "user", "content": "Count to forty."}], "max
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("inventory", metavar="INVENTORY", help="pyinfra inventory file, e.g. inventories/fleet.py")
-    p.add_argument("--to", type=Path, metavar="FILE", help="the candidate lock (`rigforge lock --recipes REF --out`)")
-    p.add_argument("--rollback", action="store_true", help="roll back to the lock the last promotion replaced")
+    to = p.add_mutually_exclusive_group()
+    to.add_argument("--to", type=Path, metavar="FILE", help="the candidate lock (`rigforge lock --recipes REF --out`)")
+    to.add_argument("--rollback", action="store_true", help="roll back to the lock the last promotion replaced")
     p.add_argument("--dry", action="store_true", help="show what each rig would change, change nothing")
     p.add_argument("--canary", metavar="RIG", help="the canary rig (default: the first rig not held)")
     p.add_argument("--max-loss", type=float, default=0.30, help="the canary's allowed TPS loss (default 0.30)")
@@ -44,6 +47,66 @@ class CanaryFailed(RolloutError):
 
 def say(text: str) -> None:
     print(f"rollout: {text}", flush=True)
+
+
+PREVIOUS = ".previous"  # beside the lock in use: what the last promotion (not a rollback) replaced
+ROLLED_BACK = ".rolled-back"  # beside the lock in use: what the last rollback replaced
+
+
+def short_image(image: str) -> str:
+    """An image reference with its digest cut to 12 hex digits, as `docker images` shows it."""
+    name, at, digest = image.partition("@sha256:")
+    return f"{name}{at}{digest[:12]}"
+
+
+def named(lock: Path, images: list[str]) -> str:
+    """`lock` and what the rigs run at it: `lock.yaml (recipes at 4a29ab57d42a, image vllm/...@sha256:7a7a7a7a7a7a)`."""
+    pin = load_lock(lock).git.get(recipes.GIT_NAME)
+    what = [f"recipes at {pin.commit[:12]}"] if pin and pin.commit else []
+    what += [f"image {short_image(i)}" for i in dict.fromkeys(images)]
+    return f"{lock} ({', '.join(what)})" if what else str(lock)
+
+
+def target(old: Path, to: Path | None, rollback: bool) -> Path:
+    """The lock to move the fleet at `old` to: `to`, or with `rollback` the lock the last promotion replaced
+    (`<lock>.previous`). A rollback never moves forward: after one there is no `.previous`, and this refuses."""
+    if not rollback:
+        if to is None:
+            raise RolloutError("no candidate lock: give --to FILE, or --rollback")
+        if not to.is_file():
+            raise RolloutError(f"no candidate lock: {to} is not a file")
+        return to
+    previous, undone = Path(f"{old}{PREVIOUS}"), Path(f"{old}{ROLLED_BACK}")
+    if previous.is_file():
+        return previous
+    if undone.is_file():
+        raise RolloutError(
+            f"nothing to roll back to: the last promotion was a rollback, and --rollback never moves forward; {old} "
+            f"holds what the rolled-back bump had replaced. To run the lock it rolled back from again (forward): "
+            f"`rigforge rollout INVENTORY --to {undone}`"
+        )
+    raise RolloutError(f"nothing to roll back to: no {previous} (no bump was promoted yet)")
+
+
+def promote(old: Path, new: Path, rollback: bool) -> Path:
+    """`new`'s content becomes the lock in use `old`; what `old` held is kept beside it, as `<lock>.previous` (what a
+    --rollback goes to), or after a rollback as `<lock>.rolled-back` with `.previous` removed (it is now in use).
+    Returns where the replaced lock is kept."""
+    text = new.read_text()  # first: with --rollback, `new` is the `.previous` written below
+    previous, undone = Path(f"{old}{PREVIOUS}"), Path(f"{old}{ROLLED_BACK}")
+    kept = undone if rollback else previous
+    write_atomically(kept, old.read_text())
+    write_atomically(old, text)
+    (previous if rollback else undone).unlink(missing_ok=True)
+    return kept
+
+
+def speed_change(before: float, after: float) -> str:
+    """`after` tokens/s against `before`, with its direction: `50% slower than 12.1`, `8% faster than 12.1`."""
+    change = after / before - 1 if before else 0.0
+    if round(change * 100) == 0:
+        return f"the same as {before:.1f}"
+    return f"{abs(change):.0%} {'slower' if change < 0 else 'faster'} than {before:.1f}"
 
 
 # --- the preview ---------------------------------------------------------------------------------------------
@@ -144,25 +207,48 @@ def on_rig(inventory_path: str, rig: str, lock: Path, fn):
 
 
 def canary(args, h, old: Path, new: Path) -> None:
+    """Rig `h` drained, measured at `old`, deployed at `new`, verified and measured again; back at `old` (CanaryFailed,
+    naming the lock, image and recipe commit it is back at) when a check fails or it lost more than `--max-loss`."""
+    back = named(old, [_plan(h, old).image])
     deploy(args.inventory, h.name, old, rest="drained")  # out of the gateway: its own speed, not the fleet's load
     before = on_rig(args.inventory, h.name, old, lambda x, _: tps(x, old, args.bench_requests))
     say(f"{h.name}: canary baseline {before:.1f} tokens/s at {old.name}")
     try:
         deploy(args.inventory, h.name, new, rest="drained")
+    except RolloutError as exc:  # its health gate failed: switched back like a failed check
+        failed = str(exc)  # its first line names the deploy; the rest is the end of its output
+    else:
         checks, _ = on_rig(args.inventory, h.name, new, verify.check_host)  # drained on purpose: no gateway check
-        failed = [f"{c.name}: {c.detail}" for c in checks if c.status == "fail"]
-    except RolloutError as exc:  # a deploy that failed its gate: switched back like a failed check
-        failed = [str(exc)]
-    after = on_rig(args.inventory, h.name, new, lambda x, _: tps(x, new, args.bench_requests)) if not failed else 0.0
-    loss = 1 - after / before if before else 0.0
-    say(f"{h.name}: canary {after:.1f} tokens/s at {new.name}: {loss:+.0%} against {before:.1f}" if not failed else
-        f"{h.name}: canary fails verify: {'; '.join(failed)}")  # fmt: skip
-    if failed or loss > args.max_loss:
+        bad = [f"{c.name}: {c.detail}" for c in checks if c.status == "fail"]
+        failed = f"verify failed ({'; '.join(bad)})" if bad else ""
+    if failed:
+        say(f"{h.name}: canary at {new.name}: {failed.splitlines()[0]}")
+    else:
+        after = on_rig(args.inventory, h.name, new, lambda x, _: tps(x, new, args.bench_requests))
+        loss = 1 - after / before if before else 0.0
+        change = speed_change(before, after)
+        say(f"{h.name}: canary {after:.1f} tokens/s at {new.name}: {change} (allowed: {args.max_loss:.0%} slower)")
+        if loss > args.max_loss:
+            failed = f"measured loss {loss:.0%} > allowed {args.max_loss:.0%} ({before:.1f} -> {after:.1f} tokens/s)"
+    if failed:
+        say(f"{h.name}: canary did not hold: rolling it back to {back}")
         deploy(args.inventory, h.name, old)  # back at the lock in use, and back in the gateway
-        speed = f"measured loss {loss:.0%} > allowed {args.max_loss:.0%} ({before:.1f} -> {after:.1f} tokens/s)"
-        why = f"verify failed ({'; '.join(failed)})" if failed else speed
-        raise CanaryFailed(f"the canary {h.name} did not hold: {why}; it is back at {old}, nothing promoted")
+        why, _, tail = failed.partition("\n")
+        done = f"the canary {h.name} did not hold: {why.rstrip(':')}; it is back at {back}, nothing promoted"
+        raise CanaryFailed(f"{done}\n{tail}" if tail else done)
     deploy(args.inventory, h.name, new)  # rejoins
+
+
+def stopped(failure: str, moved: list[str], new: Path, old: Path, inventory_path: str) -> str:
+    """The rollout stopped at a rig's failed deploy (`failure`: its first line, then the end of its output): who runs
+    the candidate, that the lock in use did not move, and how to put every rig back at it."""
+    why, _, tail = failure.partition("\n")
+    done = (
+        f"{why.rstrip(':')}; the rollout stopped: {', '.join(moved)} run {new}, the lock in use is still {old}. "
+        f"`rigforge status {inventory_path}` shows which rigs run the candidate; a deploy of the inventory "
+        f"(`pyinfra {inventory_path} deploy/site.py`) puts every rig back at {old.name}"
+    )
+    return f"{done}\n{tail}" if tail else done
 
 
 def run(args: argparse.Namespace) -> int:
@@ -174,15 +260,16 @@ def run(args: argparse.Namespace) -> int:
         if len(paths := {str(fleet.host_data(h.data)["rigforge_lock"]) for h in rigs}) != 1:
             raise RolloutError(f"the rigs use {len(paths)} locks ({', '.join(sorted(paths))}): give them one lock")
         old = Path(paths.pop())
-        new = Path(f"{old}.previous") if args.rollback else args.to
-        if new is None or not new.is_file():
-            why = f"no {new}: nothing was promoted yet" if args.rollback else "give --to FILE"
-            raise RolloutError(f"no candidate lock: {why}")
+        new = target(old, args.to, args.rollback)
         if problems := load_lock(new).check():
             raise RolloutError(f"{new}: {'; '.join(problems)} (run `rigforge lock --lock {new}`)")
         if (first := next((h for h in rigs if h.name == args.canary), None) if args.canary else rigs[0]) is None:
             raise RolloutError(f"--canary {args.canary}: not a rig of {args.inventory} that is not held")
-        print("\n".join([show(preview(h, old, new)) for h in rigs]))  # every preview made before any is shown
+        previews = [preview(h, old, new) for h in rigs]  # every preview made before any is shown
+        if args.rollback:
+            was, back = named(old, [p["image"][0] for p in previews]), named(new, [p["image"][1] for p in previews])
+            say(f"rollback: from {was} back to {back}")
+        print("\n".join(show(p) for p in previews))
         for name in held:
             print(f"{name}: held (host data rollout_hold): stays at {old}")
         if args.dry:
@@ -194,16 +281,26 @@ def run(args: argparse.Namespace) -> int:
         except CanaryFailed:
             marker.unlink(missing_ok=True)  # the canary is back: the fleet is at the lock in use
             raise  # any other failure leaves the marker: the canary may run the candidate
+        moved = [first.name]
         for h in (h for h in rigs if h is not first):
-            deploy(args.inventory, h.name, new)  # a failure leaves the marker: the fleet is mixed
+            try:
+                deploy(args.inventory, h.name, new)
+            except RolloutError as exc:  # the marker stays: the fleet is mixed
+                raise RolloutError(stopped(str(exc), moved, new, old, args.inventory)) from None
+            moved.append(h.name)
         if held and not args.promote_with_held:
             say(f"every rig but the held {', '.join(held)} runs {new}; not promoted (--promote-with-held)")
             return 1
-        text = new.read_text()  # before the write below: with --rollback, `new` is that `.previous`
-        write_atomically(Path(f"{old}.previous"), old.read_text())
-        write_atomically(old, text)  # the previous lock is kept as `<lock>.previous` for --rollback
+        kept = promote(old, new, args.rollback)
         marker.unlink(missing_ok=True)
-        say(f"promoted {new} to {old} (the previous lock kept as {old}.previous)")
+        now = named(old, [p["image"][1] for p in previews])
+        if args.rollback:
+            say(
+                f"rolled back: {now} holds again what the last bump replaced; the lock rolled back from is kept as "
+                f"{kept} (a second --rollback refuses; `--to {kept}` moves forward again)"
+            )
+        else:
+            say(f"promoted {new} to {now}; the lock it replaced is kept as {kept} (for --rollback)")
     except (RolloutError, LockError, inventory.InventoryError) as exc:
         print(f"rigforge rollout: {exc}", file=sys.stderr)
         return 1

@@ -31,6 +31,7 @@ def status_row(host, fl: fleet.Fleet) -> dict:
         "variant": ctx.variant_name,
         "variant_from": ctx.variant_from,
         "variant_in_inventory": ctx.data["rigforge_variant"],
+        "recipe": recipe_of(ctx),  # a recipe-repo slug's registry name (vllm/dual), else None
         "provisioned_at": (ctx.manifest or {}).get("provisioned_at"),
         "manifest": ctx.manifest is not None,
         "lock": str(ctx.data["rigforge_lock"] or DEFAULT_LOCK),
@@ -57,6 +58,8 @@ def status_row(host, fl: fleet.Fleet) -> dict:
         "service": drift.unit_state(obs, ctx),
         "checks": [asdict(c) for c in drift.checks(obs, ctx)],  # verify's, without its live chat/tool probes
         "problems": ctx.problems,
+        "rest": ctx.data["serving_rest"],  # host data's, else the rig's own record (rig.json)
+        "rest_from": ctx.rest_from,
         "candidate": candidate_of(ctx),  # a rollout in progress: does this rig run its candidate lock?
         "data_root_left": data_root_left_on(obs, ctx),  # an earlier Docker data-root, unused and left in place
     }
@@ -76,6 +79,12 @@ def data_root_left_on(obs, ctx) -> str | None:
     return data_root_left(now, now, lambda path: obs.get_fact(DataRootLeft, path=path, data_root=now))
 
 
+def recipe_of(ctx) -> str | None:
+    """The slug (vllm/dual) the rig's plan or manifest names, for a variant served from the recipe repo."""
+    extra = ctx.variant.manifest_extra if ctx.variant else {}
+    return extra.get("recipe") or (ctx.manifest or {}).get("recipe")
+
+
 def candidate_of(ctx) -> dict | None:
     """{"lock": a rollout's candidate (rigforge/rollout.py's marker), "runs": the manifest records its pins} or None."""
     marker = Path(f"{ctx.data['rigforge_lock'] or DEFAULT_LOCK}{ROLLOUT_MARKER}")
@@ -92,8 +101,10 @@ def candidate_of(ctx) -> dict | None:
 
 def host_row(host, fl: fleet.Fleet) -> dict:
     """A rig's row; a gateway's or monitor's host carries its view too."""
-    row = status_row(host, fl) if fl.is_rig(host.name) else {"host": host.name, "error": None, "rig": False}
-    row["rest"] = fleet.host_data(host.data)["serving_rest"]
+    if fl.is_rig(host.name):
+        row = status_row(host, fl)
+    else:
+        row = {"host": host.name, "error": None, "rig": False, "rest": fleet.host_data(host.data)["serving_rest"]}
     if fl.has(host.name, fleet.GATEWAY):
         row["gateway"] = observe.observe_gateway(host, fleet.host_data(host.data))
     if fl.has(host.name, fleet.MONITOR):
@@ -141,9 +152,9 @@ def _cells(r: dict) -> list[str]:
     if r.get("rig") is False:
         roles = " and ".join(role for role in ("gateway", "monitor") if r.get(role))
         return [r["host"], f"the fleet {roles or 'host'} (no rig)"]
-    variant = r["variant"] or "-"
-    if r["variant_in_inventory"] and r["variant"] and r["variant_in_inventory"] != r["variant"]:
-        variant += f" (inventory: {r['variant_in_inventory']})"
+    variant, wanted = r["variant"] or "-", r["variant_in_inventory"]
+    if wanted and r["variant"] and wanted not in (r["variant"], r.get("recipe")):  # a slug names its variant too
+        variant += f" (inventory: {wanted})"
     pins = f"DRIFT ({len(r['pin_drift'])})" if r["pin_drift"] else "ok"
     pins = "no rig.json" if not r["manifest"] else "lock unreadable" if r["lock_error"] else pins
     gpus = r["gpus"]
@@ -202,7 +213,8 @@ def notes(r: dict) -> list[str]:
         out.append(f"rollout in progress: {'runs' if c['runs'] else 'does not run yet'} the candidate {c['lock']}")
     out += [f"note: {r['data_root_left']}"] if r.get("data_root_left") else []
     if r.get("rest") and _read_rig(r):
-        out.append(f"resting {r['rest']} on purpose (host data serving_rest): intended, not drift")
+        where = r.get("rest_from") or "host data serving_rest"
+        out.append(f"resting {r['rest']} on purpose ({where}): intended, not drift")
     for c in r.get("checks") or []:
         if c["name"] == "scraped":  # the monitor's view, not drift
             out.append(f"scraped: {'NO: ' if c['status'] == drift.FAIL else ''}{c['detail']}")

@@ -19,9 +19,11 @@ def check_host(host, fl: fleet.Fleet) -> tuple[list[Check], dict]:
     seen = {"rest": data["serving_rest"], "rig": fl.is_rig(host.name)}
     if seen["rig"]:
         ctx, obs = observe.observe(host, fl)
+        seen["rest"] = ctx.data["serving_rest"]  # host data's, else the rig's own record (rig.json)
         out = drift.checks(obs, ctx) + api_checks(host, ctx)
     if fl.has(host.name, fleet.GATEWAY):
         seen["gateway"] = observe.observe_gateway(host, data)
+        seen["resting"] = resting_in(host)
         out += gateway_checks(host, data, seen["gateway"])
     if fl.has(host.name, fleet.MONITOR):
         seen["monitor"] = view = observe.observe_monitor(host)
@@ -36,13 +38,23 @@ def monitor_views(results: dict, monitors: tuple[str, ...]) -> dict[str, dict | 
 
 
 def with_fleet_checks(results: dict, monitors: tuple[str, ...]) -> dict:
-    """{host: (checks, seen) or Exception}: each rig's checks with the gateways' and monitors' (drift.fleet_checks)."""
+    """{host: (checks, seen) or Exception}: each rig's checks with the gateways' and monitors' (drift.fleet_checks);
+    a gateway's "gateway rigs up" knows the rests the rigs' own records give (rig.json)."""
     seen = {h: r[1] for h, r in results.items() if not isinstance(r, Exception)}
     gateways, views = {h: s["gateway"] for h, s in seen.items() if "gateway" in s}, monitor_views(results, monitors)
-    return {
-        h: (drift.fleet_checks(r[0], h, seen[h]["rest"], gateways, views), r[1]) if seen.get(h, {}).get("rig") else r
-        for h, r in results.items()
-    }
+    recorded = {h for h, s in seen.items() if s.get("rig") and s["rest"]}
+    out = {}
+    for h, r in results.items():
+        if isinstance(r, Exception):
+            out[h] = r
+            continue
+        found, s = r
+        if "gateway" in s:
+            found = [rigs_up(s["gateway"], s["resting"] | recorded) if c.name == RIGS_UP else c for c in found]
+        if s["rig"]:
+            found = drift.fleet_checks(found, h, s["rest"], gateways, views)
+        out[h] = (found, s)
+    return out
 
 
 CHAT = {
@@ -144,13 +156,33 @@ def run(args) -> int:
     print(drift.monitor_line(views))
     bad = [f"{h}: {', '.join(names)}" for h, names in failed.items() if names]
     ok = "no check failed on the rigs checked" if unreachable else "all checks passed"
-    summary = f"{len(results)} rig(s): " + (f"FAILED {'; '.join(bad)}" if bad else ok)
+    summary = f"{hosts_counted(results, fl)}: " + (f"FAILED {'; '.join(bad)}" if bad else ok)
     if unreachable:
         summary += f"; could not check {', '.join(unreachable)}"
-    if any(c.status == SKIP for r in checked.values() for c in r):
-        summary += f"; service/API checks {SKIPPED} where noted"
+    summary += "".join(f"; skipped on {', '.join(hosts)}: {why}" for why, hosts in skip_reasons(checked).items())
     print(summary)
     return code
+
+
+def hosts_counted(results: Mapping, fl: fleet.Fleet) -> str:
+    """How many of the hosts are rigs, gateways, registries and monitors: '3 rig(s), 1 gateway and 1 monitor'."""
+    rigs = sum(fl.is_rig(h) for h in results)
+    roles = [(role, sum(fl.has(h, role) for h in results)) for role in (fleet.GATEWAY, fleet.REGISTRY, fleet.MONITOR)]
+    said = [f"{rigs} rig(s)", *(f"{n} {role}{'s' * (n > 1)}" for role, n in roles if n)]
+    return ", ".join(said[:-1]) + " and " + said[-1] if len(said) > 1 else said[0]
+
+
+def skip_reasons(checked: Mapping[str, list[Check]]) -> dict[str, list[str]]:
+    """{why checks were skipped: the hosts}, each skip's own detail ('services not managed on this host')."""
+    out: dict[str, list[str]] = {}
+    for h, found in checked.items():
+        for c in found:
+            if c.status != SKIP:
+                continue
+            why = c.detail.removeprefix("skipped (").removesuffix(")") if c.detail == SKIPPED else c.detail
+            if h not in out.setdefault(why, []):
+                out[why].append(h)
+    return out
 
 
 # ---------------------------------------------------------------- the fleet gateway, asked live
@@ -158,15 +190,27 @@ def run(args) -> int:
 GATEWAY_FINE = ("serving", "draining", "out (maint)")  # maint: taken out on purpose (a model it no longer serves)
 
 
+RIGS_UP = "gateway rigs up"
+
+
+def resting_in(host) -> set[str]:
+    """The hosts of `host`'s inventory whose host data sets serving_rest (out of the gateway on purpose)."""
+    return {h.name for h in getattr(host, "inventory", ()) if h.data.get("serving_rest")}
+
+
+def rigs_up(view: dict, resting: set[str]) -> Check:
+    """Every rig in the gateway serving, but those `resting` on purpose."""
+    bad = {name: state for name, state in view["rigs"].items() if state not in GATEWAY_FINE and name not in resting}
+    states = "; ".join(f"{n} {s}" for n, s in sorted((bad or view["rigs"]).items())) or "no rig"
+    return Check(RIGS_UP, FAIL if bad or not view["rigs"] else PASS, states)
+
+
 GATEWAY_CHAT = {k: v for k, v in CHAT.items() if k != "temperature"}  # at the servers' own temperature
 
 
 def gateway_checks(host, data: Mapping, view: dict) -> list[Check]:
     """A gateway's checks: every rig in it serving, /v1/models answers through it, a chat completion per model."""
-    resting = {h.name for h in getattr(host, "inventory", ()) if h.data.get("serving_rest")}  # out on purpose
-    bad = {name: state for name, state in view["rigs"].items() if state not in GATEWAY_FINE and name not in resting}
-    states = "; ".join(f"{n} {s}" for n, s in sorted((bad or view["rigs"]).items())) or "no rig"
-    out = [Check("gateway rigs up", FAIL if bad or not view["rigs"] else PASS, states)]
+    out = [rigs_up(view, resting_in(host))]
     if view["models_http"] != 200 or not view["models"]:
         why = f"{drift.answer(view['models_http'])}, {view['models']}"
         return out + [Check("gateway /v1/models answers", FAIL, f"{view['url']}/v1/models: {why}")]

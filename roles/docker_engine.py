@@ -9,11 +9,11 @@ from pyinfra.api import deploy
 from pyinfra.facts.deb import DebArch
 from pyinfra.operations import systemd
 
+from rigforge import packages
 from rigforge.facts.system import OsRelease
 from rigforge.fleet import Plan
-from rigforge.knobs.docker_engine import DEFAULTS, DOCKER_CE_PACKAGES, DockerEngine
+from rigforge.knobs.docker_engine import DEFAULTS, DockerEngine, daemon_json_patch
 from rigforge.knobs.serving import Serving
-from rigforge.layout import NVIDIA_RUNTIME
 from roles.operations import apt_repo, docker_daemon
 
 # Docker's "Uninstall old versions" list (Ubuntu's; Debian's is the same without docker-compose-v2), and Debian's
@@ -30,12 +30,6 @@ DOCKER_CONFLICTS = [
     "runc",
     "docker-buildx",
 ]
-TOOLKIT_PACKAGES = [
-    "nvidia-container-toolkit",
-    "nvidia-container-toolkit-base",
-    "libnvidia-container-tools",
-    "libnvidia-container1",
-]
 
 
 def docker_repo_url(data: Mapping, os_id: str) -> str:
@@ -46,23 +40,15 @@ def toolkit_repo_url(data: Mapping, arch: str) -> str:
     return data["nvidia_toolkit_repo_url"].replace("{arch}", arch)
 
 
-def toolkit_packages(version: str | None) -> list[str]:
-    """The toolkit; with a version, all four of its packages pinned to it (NVIDIA's install guide)."""
-    return [f"{name}={version}" for name in TOOLKIT_PACKAGES] if version else [TOOLKIT_PACKAGES[0]]
-
-
-def docker_packages(source: str, os_id: str, versions: dict | None = None) -> list[str]:
-    """Packages for `source`; Docker's packages take `name=version` pins from `versions`."""
-    if source == "distro":
-        return ["docker.io", "docker-compose-v2" if os_id == "ubuntu" else "docker-compose"]
-    return [f"{name}={versions[name]}" if (versions or {}).get(name) else name for name in DOCKER_CE_PACKAGES]
-
-
 @deploy("Docker engine and NVIDIA Container Toolkit", data_defaults=DEFAULTS)
 def install(plan: Plan):
     data, knobs = plan.data, DockerEngine.of(plan.data)
     os_release = host.get_fact(OsRelease)
     arch = host.get_fact(DebArch)
+    docker = packages.docker(
+        knobs.docker_source, os_release["id"], os_release["version_id"], knobs.docker_package_versions
+    )
+    toolkit = packages.toolkit(plan.toolkit_version)
 
     apt_repo.install_missing(name="Install apt repository prerequisites", packages=["ca-certificates", "curl", "gpg"])
     if knobs.docker_source == "docker":
@@ -80,12 +66,9 @@ def install(plan: Plan):
         apt_repo.remove_installed(  # last before the install: only once Docker's packages were fetched
             name="Remove the distribution's conflicting Docker packages",
             packages=DOCKER_CONFLICTS,
-            replaced_by=docker_packages("docker", os_release["id"], knobs.docker_package_versions),
+            replaced_by=list(docker.specs),
         )
-    apt_repo.install_missing(
-        name=f"Install Docker engine and compose v2 ({knobs.docker_source} packages)",
-        packages=docker_packages(knobs.docker_source, os_release["id"], knobs.docker_package_versions),
-    )
+    apt_repo.install_missing(name=f"Install {docker.what}", packages=docker)
     apt_repo.add_repo(
         repo="rigforge-nvidia-container-toolkit",
         uris=toolkit_repo_url(data, arch),
@@ -94,18 +77,17 @@ def install(plan: Plan):
         key_sha256=knobs.nvidia_toolkit_repo_key_sha256,
         key_fingerprint=knobs.nvidia_toolkit_repo_key_fingerprint,
     )
-    version = plan.toolkit_version
     apt_repo.install_missing(
-        name=f"Install the NVIDIA Container Toolkit{f' {version}' if version else ''}",
-        packages=toolkit_packages(version),
+        name=f"Install {toolkit.what}",
+        packages=toolkit,
         change_held=True,  # moving the pinned version replaces packages rigforge itself held
     )
-    if version:
-        apt_repo.hold(name="Hold the NVIDIA Container Toolkit packages", packages=TOOLKIT_PACKAGES)
+    if toolkit.held:
+        apt_repo.hold(name="Hold the NVIDIA Container Toolkit packages", packages=toolkit)
     daemon = docker_daemon.merge_json(
         name=f"Add the nvidia runtime to {plan.layout.daemon_json}",
         path=plan.layout.daemon_json,
-        patch=docker_daemon.deep_merge(knobs.docker_daemon_options or {}, NVIDIA_RUNTIME),
+        patch=daemon_json_patch(data),
     )
     if Serving.of(plan.data).rigforge_manage_services:
         systemd.service(name="Enable and start docker", service="docker.service", running=True, enabled=True)

@@ -10,6 +10,7 @@ from pyinfra.facts.deb import DebArch
 from pyinfra.operations import server
 
 from rigforge import driver_table
+from rigforge import packages as package_sets
 from rigforge.facts.system import OsRelease
 from rigforge.fleet import Plan
 from rigforge.knobs.nvidia_driver import DEFAULTS, NvidiaDriver
@@ -73,20 +74,11 @@ def install(plan: Plan):
         commands=["if command -v update-initramfs >/dev/null 2>&1; then update-initramfs -u; fi"],
         _if=blacklist.did_change,
     )
-    if packages.pinning:
-        apt_repo.install_missing(
-            name=f"Lock the driver branch: install {packages.pinning}", packages=[packages.pinning]
-        )
-    apt_repo.install_missing(
-        name=f"Install NVIDIA {knobs.nvidia_driver_branch} driver packages ({', '.join(packages.install)})",
-        packages=list(packages.install),
-    )
-    apt_repo.hold(
-        name="Hold the NVIDIA driver packages",
-        packages=list(packages.hold),
-        same_version_as=packages.version_package,
-        prefixes=driver_table.UNATTENDED_PREFIXES[source],
-    )
+    if pinning := package_sets.pinning(data, os_release["id"]):
+        apt_repo.install_missing(name=f"Lock the driver branch: install {pinning.specs[0]}", packages=pinning)
+    driver = package_sets.driver(data, os_release["id"])
+    apt_repo.install_missing(name=f"Install {driver.what}", packages=driver)
+    apt_repo.hold(name="Hold the NVIDIA driver packages", packages=driver)
     nvidia.reboot_if_needed(
         name="Reboot if the installed driver is not the running one",
         package=packages.version_package,

@@ -12,7 +12,7 @@ from pyinfra import host, logger
 from pyinfra.facts.deb import DebArch, DebPackages
 from pyinfra.facts.files import FileContents
 
-from rigforge import driver_table, schema
+from rigforge import driver_table, packages, schema
 from rigforge.facts.apt import AptSourceFiles, DebInstalledVersion, PublishedPackages
 from rigforge.facts.docker import DataRootLeft
 from rigforge.facts.gitpin import GitCheckout
@@ -20,13 +20,13 @@ from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, NvidiaRunningDriver
 from rigforge.facts.system import FreeDiskBytes, OsRelease, SecureBoot, UrlAnswers
 from rigforge.fleet import Plan
 from rigforge.hardware import Needs, data_root_left, data_root_of, find_problems, format_problems
+from rigforge.jsonmerge import merged_text
 from rigforge.knobs.docker_engine import DockerEngine
 from rigforge.layout import DAEMON_JSON
+from rigforge.verdict import checkout, missing_packages, stale_weights
 from roles import docker_engine, nvidia_driver
-from roles.operations import apt_repo, docker_daemon
+from roles.operations import apt_repo
 from roles.operations.checks import refuse_now
-from roles.operations.gitpin import is_current
-from roles.operations.hfweights import stale_files
 from roles.operations.shown import warn
 
 CURL_EXITS = {6: "no such host name", 7: "connection refused", 28: "timed out", 35: "TLS failed", 60: "TLS: unknown CA"}
@@ -45,23 +45,24 @@ def sources_needed(plan: Plan, weights_state) -> list[Source]:
     os_release = host.get_fact(OsRelease) or {}
     out = []
     os_id = os_release.get("id", "debian")
-    docker = docker_engine.docker_packages("docker", os_id, knobs.docker_package_versions)
-    if knobs.docker_source == "docker" and apt_repo.missing(docker, installed):
+    docker = packages.docker("docker", os_id, os_release.get("version_id", ""), knobs.docker_package_versions)
+    if knobs.docker_source == "docker" and missing_packages(docker, installed):
         url = docker_engine.docker_repo_url(plan.data, os_id)
         suite = os_release.get("codename", "")
         fix = f"it has no '{suite}' suite: check docker_repo_url, or use docker_source: distro"
         out.append(Source("Docker's repository", f"{url}/dists/{suite}/InRelease", fix))
-    if apt_repo.missing(docker_engine.toolkit_packages(plan.toolkit_version), installed):
+    if missing_packages(packages.toolkit(plan.toolkit_version), installed):
         url = docker_engine.toolkit_repo_url(plan.data, host.get_fact(DebArch) or "amd64").rstrip("/")
         out.append(Source("NVIDIA's container toolkit repository", f"{url}/InRelease", "check nvidia_toolkit_repo_url"))
     for pin in plan.sources:
-        state = host.get_fact(GitCheckout, path=plan.layout.src(pin.name), files=tuple(dict(pin.files)))
-        if pin.url.startswith(("http://", "https://")) and not is_current(state, pin.url, pin.commit, pin.sparse):
+        path = plan.layout.src(pin.name)
+        state = host.get_fact(GitCheckout, path=path, files=tuple(dict(pin.files)))
+        if pin.url.startswith(("http://", "https://")) and checkout(pin, path, state):
             out.append(Source(f"git remote {pin.name}", f"{pin.url}/info/refs?service=git-upload-pack",
                               f"check git.{pin.name}.url in the lock"))  # fmt: skip
     endpoint = plan.data["hf_endpoint"].rstrip("/")
     for asset in plan.assets:
-        if not asset.pin.gated and stale_files(asset.pin, weights_state(plan, asset)):  # gated: the token check asks
+        if not asset.pin.gated and stale_weights(asset.pin, weights_state(plan, asset)):  # gated: the token check asks
             pin = asset.pin
             url = f"{endpoint}/api/models/{pin.repo}/revision/{pin.revision}"
             fix = f"check hf.{asset.name} in the lock (repo, revision) and hf_endpoint"
@@ -178,7 +179,7 @@ def check(needs: Needs, data: Mapping, more: list[str] = ()) -> bool:
     problems += found
     lines = host.get_fact(FileContents, path=DAEMON_JSON)
     try:
-        docker_daemon.merged_text(None if lines is None else "\n".join(lines), {})
+        merged_text(None if lines is None else "\n".join(lines), {})
     except ValueError as error:
         problems.append(
             f"{DAEMON_JSON} on {host.name} is not valid JSON ({error}); rigforge merges the nvidia runtime into it and "

@@ -78,8 +78,10 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = F
     elif rest == "stopped":
         ops.stopped(name=f"Keep {unit} stopped (serving_rest: stopped)", unit=unit)
     else:
-        restart = any_changed(compose, unit_file, switched)
-        started = ops.running(name=f"Run {unit}", plan=plan, changed=restart)
+        restart = any_changed(compose, unit_file, switched)  # the health gate's: what it may roll back
+        started = ops.running(
+            name=f"Run {unit}", plan=plan, changed=any_changed(compose, unit_file), enabled=any_changed(switched)
+        )
         gate = ops.healthy(
             name=f"Health gate: /v1/models and one chat completion on port {plan.port}",
             plan=plan,
@@ -93,4 +95,5 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = F
                 name=f"Rejoin the fleet gateway on port {plan.port}", plan=plan, gateways=gateways, gate=gate, sudo=sudo
             )
 
-    ops.manifest(name=f"Record {layout.rig_json}", plan=plan, now=datetime.now(UTC).isoformat(timespec="seconds"))
+    now = datetime.now(UTC).isoformat(timespec="seconds")
+    ops.manifest(name=f"Record {layout.rig_json}", plan=plan, now=now, rest=rest)

@@ -10,7 +10,7 @@ from pyinfra.facts.files import FileContents
 import rigforge.knobs.gateway
 import rigforge.knobs.images
 import rigforge.knobs.monitor
-from rigforge import fleet, gateway, images, obtain, power, registry, schema
+from rigforge import fleet, gateway, images, obtain, power, registry, schema, verdict
 from rigforge.facts import probe
 from rigforge.facts.docker import DockerImagePresent
 from rigforge.facts.files import JsonFile, TreeSize
@@ -29,7 +29,6 @@ from roles import monitor as monitor_role
 from roles import registry as registry_role
 from roles.operations import aptlock, recover
 from roles.operations.checks import gpus_fit, refuse_now
-from roles.operations.hfweights import stale_files
 from roles.operations.shown import warn
 
 IMAGE_GB = 9  # the vLLM nightly image on disk (HARDWARE.md)
@@ -118,7 +117,8 @@ def prepare(variant=None) -> Plan | None:
     fl, cap_units = the_fleet(variant), tuple(host.get_fact(PowerCapUnits))
     rebuild = lambda count: plan_for(host.name, host.data, variant, count, cap_units=cap_units)  # noqa: E731
     plan, problems = fl.completed(host.name, gpus, cap_units, rebuild)
-    gated = [a.pin for a in plan.assets if a.pin.gated and stale_files(a.pin, _weights_state(plan, a))] if plan else []
+    stale = verdict.stale_weights
+    gated = [a.pin for a in plan.assets if a.pin.gated and stale(a.pin, _weights_state(plan, a))] if plan else []
     token = []  # the HF token's problems: asked of the hub, or missing for gated weights
     if gated and not plan.token:
         token.append(
@@ -163,7 +163,7 @@ def needs(plan: Plan) -> Needs:
     """What the variant needs of the rig; its disk: the bytes still to land on the model disk (weights, image)."""
     v = plan.variant
     cuda = plan.lock.image_cuda(plan.image) if plan.lock else None
-    disk = sum(asset.bytes for asset in plan.assets if stale_files(asset.pin, _weights_state(plan, asset)))
+    disk = sum(asset.bytes for asset in plan.assets if verdict.stale_weights(asset.pin, _weights_state(plan, asset)))
     if plan.data["rigforge_manage_services"] and not host.get_fact(DockerImagePresent, image=plan.image):
         disk += int(IMAGE_GB * 1e9)
     return Needs(v.name, v.gpus, v.min_card_mib, v.uses_dflash, plan.layout.models, disk, plan.image, cuda)

@@ -130,6 +130,7 @@ def testbed_factory(testbed_dir: Path):
         gateway=False,
         registry=False,
         monitor=False,
+        docker_source="distro",  # what the tests were written for; test_testbed_quickstart takes the default
     ):
         # unique per session and call: concurrent pytest sessions may share the testbed dir
         fleet = testbed_dir / "fleets" / f"pytest-{os.getpid()}-{name}"
@@ -150,6 +151,7 @@ def testbed_factory(testbed_dir: Path):
             gateway=gateway,
             fleet_registry=registry,
             monitor=monitor,
+            docker_source=docker_source,
         )
         TESTBED_TIMES.append(f"{name}: {len(tb.rigs)} rig(s) up in {time.monotonic() - t0:.1f}s")
         return tb

@@ -153,7 +153,7 @@ def test_drift_asks_the_probe_for_the_boot_fact_with_the_writers_units():
     plan, _ = fleet.plan_for("rig1", {"rigforge_variant": "dual"}, deployable=False)
     rig = observe.RigContext(name="rig1", data=fleet.host_data({"rigforge_manage_services": True}), plan=plan,
                            layout=plan.layout, variant_name="dual", cap_units=WRITERS)  # fmt: skip
-    asked = {probe.fact_key(c, k) for c, k in observe.requests(rig, "debian")}
+    asked = {probe.fact_key(c, k) for c, k in observe.requests(rig, {"id": "debian", "version_id": "13"})}
     units = {"units": "nvidia-power-cap.service homemade-cap.service"}  # cron jobs have no unit to ask about
     assert probe.fact_key(BootCaps, units) in asked
 
@@ -223,6 +223,6 @@ def test_a_real_capture_of_the_old_after_ordering_fails_although_the_unit_file_p
 def test_the_settle_stage_is_in_the_plans_files_and_the_drift_check_files_as_rendered():
     plan = ctx().plan
     managed = observe.managed_files(plan)
-    assert managed[f"/etc/systemd/system/{SETTLE_UNIT}"] == plan.files[SETTLE_UNIT]
-    assert managed["/usr/local/lib/rigforge/rigforge-gpu-settle"] == plan.files["rigforge-gpu-settle"]
-    assert managed[f"/etc/systemd/system/{POWER_UNIT}"] == plan.files[POWER_UNIT]
+    assert managed[f"/etc/systemd/system/{SETTLE_UNIT}"] == (plan.files[SETTLE_UNIT], "644")
+    assert managed["/usr/local/lib/rigforge/rigforge-gpu-settle"] == (plan.files["rigforge-gpu-settle"], "755")
+    assert managed[f"/etc/systemd/system/{POWER_UNIT}"] == (plan.files[POWER_UNIT], "644")

@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
-from pyinfra.facts.files import Sha256File
+from pyinfra.facts.files import File, Sha256File
 
 from rigforge import drift, fleet, observe
-from rigforge.facts import probe
+from rigforge.facts import cycles, probe
 from rigforge.facts.files import JsonFile
 from rigforge.facts.serving import ComposeImages, ServiceState
 from rigforge.facts.system import OsRelease, SystemdUnitEnabled
@@ -21,6 +21,10 @@ ANSWERS = {  # what a fresh rig answers, per fact class name
     "GitCheckout": None,
     "WeightsState": {"stamp": None, "files": {}},
     "Sha256File": None,
+    "File": None,
+    "DebPackages": {},
+    "AptHeldPackages": [],
+    "ProvidedFiles": {},
     "JsonFile": None,
     "SystemdUnitEnabled": False,
     "ServiceState": {"active": "unknown", "sub": "", "result": "", "restarts": 0, "enabled": ""},
@@ -30,6 +34,7 @@ ANSWERS = {  # what a fresh rig answers, per fact class name
     "NvidiaRunningDriver": None,
     "DebInstalledVersion": None,
     "BootCaps": {},
+    "OrderingCycles": cycles.parse([]),
 }
 
 
@@ -58,7 +63,9 @@ def test_every_fact_the_checks_read_is_in_the_one_probe():
         obs = Recording()
         drift.checks(obs, ctx)
         drift.rig_drift(obs, ctx)
-        asked = {probe.fact_key(cls, kwargs) for cls, kwargs in observe.requests(ctx, "debian")}
+        asked = {
+            probe.fact_key(cls, kwargs) for cls, kwargs in observe.requests(ctx, {"id": "debian", "version_id": "13"})
+        }
         assert obs.read and set(obs.read) <= asked, set(obs.read) - asked
 
 
@@ -69,15 +76,17 @@ def test_a_hand_edited_file_is_named_and_no_rendered_file_holds_the_token(monkey
     assert plan.token and not any(plan.token in text for text in plan.files.values())
     compose = f"{plan.layout.serve_dir}/docker-compose.yml"
     env = f"{plan.layout.serve_dir}/.env"
-    as_planned = {
-        probe.fact_key(Sha256File, {"path": path}): hashlib.sha256(text.encode()).hexdigest()
-        for path, text in observe.managed_files(plan).items()
-    }
+    as_planned = {}
+    for path, (text, mode) in observe.managed_files(plan).items():
+        as_planned[probe.fact_key(Sha256File, {"path": path})] = hashlib.sha256(text.encode()).hexdigest()
+        as_planned[probe.fact_key(File, {"path": path})] = {"mode": int(mode)}
     assert list(drift.files(Recording(as_planned), plan)) == []
     edited = {**as_planned, probe.fact_key(Sha256File, {"path": compose}): "0" * 64}
     assert list(drift.files(Recording(edited), plan)) == [
-        f"{compose} differs from what rigforge renders (edited by hand? re-run the deploy)"
+        f"{compose} differs from what rigforge renders (edited on the rig? the deploy rewrites it)"
     ]
+    readable = {**as_planned, probe.fact_key(File, {"path": env}): {"mode": 644}}
+    assert list(drift.files(Recording(readable), plan)) == [f"{env} has mode 644, rigforge's is 600"]
     missing = {k: v for k, v in as_planned.items() if env not in k}
     assert list(drift.files(Recording(missing), plan)) == [f"{env} is missing"]
 
@@ -90,7 +99,9 @@ def test_daemon_json_is_compared_on_the_key_rigforge_owns_only():
     other = {"runtimes": {"nvidia": {"path": "/usr/local/bin/x"}}}
     assert drift.runtime(Recording({daemon: other}), ctx).status == "fail"
     assert drift.runtime(Recording({daemon: None}), ctx).status == "fail"
-    assert probe.fact_key(OsRelease, {}) in {probe.fact_key(c, k) for c, k in observe.requests(ctx, "debian")}
+    assert probe.fact_key(OsRelease, {}) in {
+        probe.fact_key(c, k) for c, k in observe.requests(ctx, {"id": "debian", "version_id": "13"})
+    }
 
 
 def test_pins_compare_the_rig_with_the_plans_image_so_a_digest_pinned_lock_shows_no_drift():

@@ -94,6 +94,9 @@ def test_gate_rolls_back_when_nothing_answers(fake_systemd, serve_dir):
     assert "systemctl disable --now rigforge-vllm@dual-turbo.service" in calls
     assert "systemctl enable --now rigforge-vllm@dual.service" in calls
     assert any(c.startswith("journalctl -a -u rigforge-vllm@dual-turbo.service") for c in calls)
+    assert r.stderr.endswith(
+        "rigforge health gate: rolled back to rigforge-vllm@dual.service, the unit that ran before\n"
+    ), r.stderr
 
 
 def test_gate_fails_at_once_when_the_server_exited_while_starting(fake_systemd, serve_dir):
@@ -109,7 +112,10 @@ def test_gate_restores_the_previous_files_of_the_same_variant(fake_systemd, serv
     (serve_dir / "docker-compose.yml.prev").write_text("working compose\n")
     (serve_dir / ".env.prev").write_text("HF_TOKEN=old\n")
     r, calls = run_gate(fake_systemd, "http://127.0.0.1:9", serve_dir, timeout=1, rollback=None)
-    assert r.returncode == 1 and "rolled back" in r.stderr
+    assert r.returncode == 1 and r.stderr.endswith(
+        "rigforge health gate: rolled back to the compose file and .env rigforge-vllm@dual-turbo.service ran before, "
+        "and restarted it\n"
+    ), r.stderr
     assert (serve_dir / "docker-compose.yml").read_text() == "working compose\n"
     assert (serve_dir / ".env").read_text() == "HF_TOKEN=old\n"
     assert "systemctl restart rigforge-vllm@dual-turbo.service" in calls
@@ -119,6 +125,10 @@ def test_gate_with_nothing_to_go_back_to_stops_the_new_instance(fake_systemd, se
     r, calls = run_gate(fake_systemd, "http://127.0.0.1:9", serve_dir, timeout=1, rollback=None)
     assert r.returncode == 1
     assert [c for c in calls if "able --now" in c] == ["systemctl disable --now rigforge-vllm@dual-turbo.service"]
+    assert "rolled back" not in r.stderr and r.stderr.endswith(
+        "rigforge health gate: nothing to roll back to (no earlier files of rigforge-vllm@dual-turbo.service): "
+        "stopped and disabled it\n"
+    ), r.stderr
 
 
 def test_gate_restores_a_recipe_slugs_previous_override_too(fake_systemd, serve_dir):

@@ -255,6 +255,28 @@ def test_resolution_failures_name_the_entry_and_leave_the_lock_alone(stand_ins, 
     assert path.read_text() == before
 
 
+def test_lock_offline_names_every_entry_it_could_not_resolve(stand_ins, tmp_path):
+    """No git remote, registry or hub answers: every unresolved entry is named, one line each, not just the first;
+    nothing is written."""
+    data = unresolved_lock(stand_ins)
+    for pin in data["git"].values():
+        pin["url"] = "git://127.0.0.1:9/gone.git"
+    path = tmp_path / "lock.yaml"
+    path.write_text(yaml.safe_dump(data))
+    before = path.read_text()
+    proc = rigforge_lock(
+        "--lock", str(path), endpoint="http://127.0.0.1:9", env={"RIGFORGE_REGISTRY": "http://127.0.0.1:9"}
+    )
+    assert proc.returncode == 1
+    named = [line.split(": ")[1] for line in proc.stderr.splitlines() if ": could not resolve " in line]
+    lock = load_lock(path)
+    entries = ["image", *(f"git.{n}" for n in lock.git), *(f"hf.{n}" for n in lock.hf)]
+    assert named == [f"could not resolve {e}" for e in entries], proc.stderr
+    assert "on git://127.0.0.1:9/gone.git: 127.0.0.1[0: 127.0.0.1]: errno=Connection refused\n" in proc.stderr
+    assert proc.stderr.endswith(f"rigforge lock: nothing written: {path} is as it was\n")
+    assert path.read_text() == before
+
+
 def test_gated_repo_without_token_is_named(stand_ins, tmp_path):
     data = unresolved_lock(stand_ins)
     data["git"] = {}
@@ -343,8 +365,9 @@ def test_a_purged_tag_fails_in_one_line_naming_the_image_and_a_live_recipe(stand
     path.write_text(yaml.safe_dump(data))
     before = path.read_text()
     proc = rigforge_lock("--lock", str(path), token=stand_ins["token"], endpoint=stand_ins["endpoint"])
-    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
-    assert "image: vllm/vllm-openai:nightly-01d4d1ad: registry answered HTTP 404" in proc.stderr
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 2, proc.stderr
+    assert "images.vllm-nightly-mtp: vllm/vllm-openai:nightly-01d4d1ad: registry answered HTTP 404" in proc.stderr
+    assert proc.stderr.endswith(f"rigforge lock: nothing written: {path} is as it was\n")
     assert "rigforge_variant: vllm/dual (vllm/vllm-openai:v0.27.1" in proc.stderr
     assert path.read_text() == before
 
@@ -505,11 +528,93 @@ def test_lock_recipes_offline_names_what_it_could_not_resolve_and_writes_nothing
     assert proc.returncode == 1, proc.stdout
     assert "could not resolve images.vllm-stable: cannot reach the registry for vllm/vllm-openai:v0.31.0" in proc.stderr
     assert "could not resolve hf.qwen3.6-27b-autoround-int4-v2: cannot read" in proc.stderr, proc.stderr
-    assert f"nothing written: {out} is as it was" in proc.stderr
+    assert f"nothing written: {out} was not created" in proc.stderr and "as it was" not in proc.stderr
     assert path.read_text() == before and not out.exists()
     gone = rigforge_lock("--recipes", "nope", "--lock", str(path), env=env)  # a ref the remote lacks
     assert gone.returncode == 1 and "ref 'nope' not found" in gone.stderr, gone.stderr
+    assert f"nothing written: {path} is as it was" in gone.stderr
     assert path.read_text() == before
+
+
+def test_a_failed_lock_recipes_says_as_it_was_only_of_a_file_that_was_there(stand_ins, tmp_path, monkeypatch):
+    """With RIGFORGE_RECIPES pinning the recipe tree (as the README has users export it), `--out FILE` for a FILE
+    that did not exist is said to be not created, and one that did exist is as it was, byte for byte."""
+    from rigforge.testbed.recipe_commits import NEW_SLUG
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = lock_at_a(stand_ins, tmp_path, recipes_remote(tmp_path))
+    env = {
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "RIGFORGE_RECIPES": str(RECIPES_REF),
+        "HF_ENDPOINT": "http://127.0.0.1:9",  # no hub, no registry: the new entries cannot resolve
+        "RIGFORGE_REGISTRY": "http://127.0.0.1:9",
+    }
+    absent, present = tmp_path / "new.yaml", tmp_path / "old-candidate.yaml"
+    present.write_text("an earlier candidate\n")
+    args = ("--recipes", "B", "--add", NEW_SLUG, "--lock", str(path))
+    new = rigforge_lock(*args, "--out", str(absent), env=env)
+    assert new.returncode == 1 and "could not resolve images.vllm-stable" in new.stderr, new.stderr
+    assert f"nothing written: {absent} was not created" in new.stderr and "as it was" not in new.stderr
+    assert not absent.exists()
+    old = rigforge_lock(*args, "--out", str(present), env=env)
+    assert old.returncode == 1 and f"nothing written: {present} is as it was" in old.stderr, old.stderr
+    assert present.read_text() == "an earlier candidate\n"
+
+
+def test_a_purged_image_at_ref_never_advises_the_lock_in_use(stand_ins, tmp_path, monkeypatch):
+    """`lock --recipes B-slow` whose engine image the registry no longer has: the advice names a slug of B-slow's
+    tree, never one of the lock in use (A, v0.27.1) nor of the tree RIGFORGE_RECIPES names (A too)."""
+    from rigforge.testbed.recipe_commits import SLOW_IMAGE
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    tags = recipes_remote(tmp_path)
+    path = lock_at_a(stand_ins, tmp_path, tags)
+    env = {
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "RIGFORGE_RECIPES": str(RECIPES_REF),
+        "RIGFORGE_REGISTRY": os.environ["RIGFORGE_REGISTRY"],  # it answers 404 for SLOW_IMAGE
+    }
+    proc = rigforge_lock("--recipes", "B-slow", "--out", str(tmp_path / "c.yaml"), "--lock", str(path), env=env)
+    assert proc.returncode == 1, proc.stdout
+    assert f"could not resolve images.vllm-stable: {SLOW_IMAGE}: registry answered HTTP 404" in proc.stderr
+    assert (
+        f"no slug of the recipe repo at {tags['B-slow'][:8]} runs another image: move the recipe pin to a later "
+        "commit whose images the registry has"
+    ) in proc.stderr, proc.stderr
+    assert "v0.27.1" not in proc.stderr and tags["A"][:8] not in proc.stderr, proc.stderr
+
+
+def test_lock_recipes_offline_names_every_entry_it_could_not_resolve(stand_ins, tmp_path, monkeypatch):
+    """The recipe remote, the registry and the hub all unreachable: the recipe pin is named, and so is each image
+    digest and weights revision of the lock it could not resolve either; the entries REF would add are said to be
+    unknown, not silently left out."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = lock_at_a(stand_ins, tmp_path, recipes_remote(tmp_path))
+    data = yaml.safe_load(path.read_text())
+    data["git"]["recipes"]["url"] = "git://127.0.0.1:9/recipes.git"  # nothing listens
+    data["images"]["vllm-stable"]["digest"] = None
+    data["hf"]["carnice"] = {"repo": "nobody/carnice", "revision": None, "files": []}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    before, out = path.read_text(), tmp_path / "candidate.yaml"
+    env = {
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "HF_ENDPOINT": "http://127.0.0.1:9",
+        "RIGFORGE_REGISTRY": "http://127.0.0.1:9",
+    }
+    proc = rigforge_lock("--recipes", "B", "--out", str(out), "--lock", str(path), env=env)
+    assert proc.returncode == 1, proc.stdout
+    named = [line.split(": ", 3)[1:3] for line in proc.stderr.splitlines() if "could not resolve" in line]
+    assert named == [
+        ["could not resolve git.recipes", "cannot resolve B on git://127.0.0.1:9/recipes.git"],
+        ["could not resolve images.vllm-stable", "cannot reach the registry for vllm/vllm-openai:v0.27.1"],
+        ["could not resolve hf.carnice", "cannot read nobody/carnice@main"],
+    ], proc.stderr
+    assert (
+        "the image and weights entries B needs are not known until git.recipes resolves; the other entries named are "
+        f"those of {path}"
+    ) in proc.stderr
+    assert f"nothing written: {out} was not created" in proc.stderr
+    assert path.read_text() == before and not out.exists()
 
 
 def test_the_rollout_preview_shows_each_rigs_image_flags_weights_and_restarts(stand_ins, tmp_path, monkeypatch):

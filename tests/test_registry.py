@@ -14,8 +14,8 @@ from pyinfra.api import Inventory
 
 import rigforge.knobs.registry
 from rigforge import fleet, registry
+from rigforge.jsonmerge import merged_text
 from roles import registry as registry_role
-from roles.operations.docker_daemon import merged_text
 
 
 def plan(**data) -> registry.RegistryPlan:

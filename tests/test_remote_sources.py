@@ -55,19 +55,18 @@ def test_the_rigs_curl_tells_an_answer_a_404_a_closed_port_and_no_name_apart(tmp
 
 
 def test_a_source_is_needed_for_exactly_the_packages_the_install_would_fetch():
-    """One rule (apt_repo.missing) for preflight's question and the install: a package not installed, or a pinned
-    one at another version; the toolkit's four packages when a version is pinned, else the toolkit alone."""
-    from roles.docker_engine import TOOLKIT_PACKAGES, docker_packages, toolkit_packages
-    from roles.operations.apt_repo import missing
+    """One rule (verdict.missing_packages) for preflight's question and the install: a package not installed, or a
+    pinned one at another version; the toolkit's four packages when a version is pinned, else the toolkit alone."""
+    from rigforge.packages import TOOLKIT_PACKAGES, docker, toolkit
+    from rigforge.verdict import missing_packages as missing
 
-    docker = {name: ["5:28.5.1-1~debian.13~trixie"] for name in docker_packages("docker", "debian")}
-    assert missing(docker_packages("docker", "debian"), docker) == []
-    assert missing(docker_packages("docker", "debian", {"docker-ce": "5:29.0.0-1~debian.13~trixie"}), docker) == [
+    ce = docker("docker", "debian", "13")
+    installed = {name: ["5:28.5.1-1~debian.13~trixie"] for name in ce.names}
+    assert missing(ce, installed) == []
+    assert missing(docker("docker", "debian", "13", {"docker-ce": "5:29.0.0-1~debian.13~trixie"}), installed) == [
         "docker-ce=5:29.0.0-1~debian.13~trixie"
     ]
-    assert missing(docker_packages("docker", "debian"), {**docker, "containerd.io": []}) == ["containerd.io"]
-    toolkit = {name: ["1.19.0-1"] for name in TOOLKIT_PACKAGES} | {"libnvidia-container1": ["1.18.0-1"]}
-    assert missing(toolkit_packages("1.19.0-1"), toolkit) == ["libnvidia-container1=1.19.0-1"]
-    assert missing(toolkit_packages(None), toolkit) == [] and missing(toolkit_packages(None), None) == [
-        "nvidia-container-toolkit"
-    ]
+    assert missing(ce, {**installed, "containerd.io": []}) == ["containerd.io"]
+    have = {name: ["1.19.0-1"] for name in TOOLKIT_PACKAGES} | {"libnvidia-container1": ["1.18.0-1"]}
+    assert missing(toolkit("1.19.0-1"), have) == ["libnvidia-container1=1.19.0-1"]
+    assert missing(toolkit(None), have) == [] and missing(toolkit(None), None) == ["nvidia-container-toolkit"]

@@ -23,14 +23,15 @@ from pyinfra.context import ctx_host, ctx_state
 from pyinfra.operations import server
 from support import render_variant
 
-from rigforge import fleet, hardware
+from rigforge import fleet, hardware, packages
 from rigforge.catalog import load_catalog
 from rigforge.fleet import Plan
+from rigforge.jsonmerge import merged_text
 from rigforge.layout import NVIDIA_RUNTIME, HostLayout
 from rigforge.render import render_power_unit
 from rigforge.schema import Settings
 from roles import docker_engine, gpu_power, nvidia_driver, preflight, serving
-from roles.operations import apt_repo, checks, docker_daemon, nvidia, shown
+from roles.operations import apt_repo, checks, nvidia, shown
 
 OS = {
     "ubuntu2204": 'ID=ubuntu\nVERSION_ID="22.04"\nVERSION_CODENAME=jammy',
@@ -450,27 +451,28 @@ def test_never_reboots_the_controller():
 
 
 def test_docker_distro_on_ubuntu_and_debian13():
-    assert docker_engine.docker_packages("distro", "ubuntu") == ["docker.io", "docker-compose-v2"]
-    assert docker_engine.docker_packages("distro", "debian") == ["docker.io", "docker-compose"]
+    assert packages.docker("distro", "ubuntu", "22.04").specs == ("docker.io", "docker-compose-v2")
+    # Debian 13's docker.io only recommends docker-cli, which ships /usr/bin/docker
+    assert packages.docker("distro", "debian", "13").specs == ("docker.io", "docker-cli", "docker-compose")
     state = converge({"u": rig("ubuntu2204", docker_source="distro")}, planned(docker_engine.install))
     commands = executed(state, "u")
     assert any(" install " in c and "docker.io" in c and "docker-compose-v2" in c for c in commands)
     assert not any("download.docker.com" in c for c in commands)
     assert any("https://nvidia.github.io/libnvidia-container/gpgkey" in c for c in commands)
     assert any(" install " in c and "nvidia-container-toolkit" in c for c in commands)
-    assert not any("nvidia-ctk" in c for c in commands)
+    assert not any("nvidia-ctk runtime" in c for c in commands)  # daemon.json is merged by rigforge, not by nvidia-ctk
 
 
 @pytest.mark.parametrize("os,distro", [("ubuntu2404", "ubuntu"), ("debian12", "debian")])
 def test_docker_from_dockers_repo_with_pins(os, distro):
     pins = {"docker-ce": "5:28.5.1-1~ubuntu.24.04~noble", "docker-ce-cli": "5:28.5.1-1~ubuntu.24.04~noble"}
-    assert docker_engine.docker_packages("docker", distro, pins) == [
+    assert packages.docker("docker", distro, "", pins).specs == (
         "docker-ce=5:28.5.1-1~ubuntu.24.04~noble",
         "docker-ce-cli=5:28.5.1-1~ubuntu.24.04~noble",
         "containerd.io",
         "docker-buildx-plugin",
         "docker-compose-plugin",
-    ]
+    )
     state = converge({"d": rig(os, docker_package_versions=pins)}, planned(docker_engine.install))
     commands = executed(state, "d")
     assert any(f"https://download.docker.com/linux/{distro}/gpg" in c for c in commands)
@@ -480,21 +482,21 @@ def test_docker_from_dockers_repo_with_pins(os, distro):
 
 def test_daemon_json_merge_keeps_user_keys_and_is_stable():
     user = {"log-driver": "journald", "runtimes": {"runsc": {"path": "/usr/bin/runsc"}}}
-    text = docker_daemon.merged_text(json.dumps(user), NVIDIA_RUNTIME)
+    text = merged_text(json.dumps(user), NVIDIA_RUNTIME)
     merged = json.loads(text)
     assert merged["log-driver"] == "journald"
     assert merged["runtimes"] == {
         "runsc": {"path": "/usr/bin/runsc"},
         "nvidia": {"args": [], "path": "nvidia-container-runtime"},
     }
-    assert docker_daemon.merged_text(text, NVIDIA_RUNTIME) is None  # equal: no write
+    assert merged_text(text, NVIDIA_RUNTIME) is None  # equal: no write
     # Same data, different formatting: still equal.
-    assert docker_daemon.merged_text(json.dumps(merged, separators=(",", ":")), NVIDIA_RUNTIME) is None
-    assert json.loads(docker_daemon.merged_text(None, NVIDIA_RUNTIME)) == NVIDIA_RUNTIME
+    assert merged_text(json.dumps(merged, separators=(",", ":")), NVIDIA_RUNTIME) is None
+    assert json.loads(merged_text(None, NVIDIA_RUNTIME)) == NVIDIA_RUNTIME
     with pytest.raises(ValueError):
-        docker_daemon.merged_text("{not json", NVIDIA_RUNTIME)
+        merged_text("{not json", NVIDIA_RUNTIME)
     with pytest.raises(ValueError):
-        docker_daemon.merged_text("[1]", NVIDIA_RUNTIME)
+        merged_text("[1]", NVIDIA_RUNTIME)
 
 
 def test_daemon_json_operation_writes_atomically_and_restarts_docker_only_on_change():

@@ -31,9 +31,12 @@ CHECKS = [
     "persistence mode on",
     "caps set last at this boot",
     "nvidia runtime",
+    "boot order has no cycle",
     "sources at locked SHAs",
     "weights stamp valid",
     "files as rendered",
+    "packages as declared",
+    "units enabled at boot",
     "pins as locked",
     "unit enabled",
     "unit active",
@@ -148,7 +151,8 @@ def test_verify_passes_with_service_checks_skipped_on_the_testbed(rigs):
     assert f"rig1 SKIP unit active {SKIPPED}" in lines
     assert f"rig1 SKIP container runs the locked digest {SKIPPED}" in lines
     assert "rig1 PASS CUDA driver >= image CUDA: driver 13.0, image 13.0" in lines
-    assert "all checks passed" in text.stdout.splitlines()[-1] and SKIPPED in text.stdout.splitlines()[-1]
+    summary = "2 rig(s): all checks passed; skipped on rig1, rig2: services not managed on this host"
+    assert text.stdout.splitlines()[-1] == summary
 
 
 # ---------------------------------------------------------------- drift
@@ -214,18 +218,25 @@ def test_moved_checkout_and_grown_weight_file_fail_their_checks(rigs):
     ],
 )
 def test_a_hand_edited_file_is_drift_in_status_and_fails_verify(rigs, path):
-    """Files rigforge renders are compared whole with what the plan renders (.env by hash, never shown)."""
+    """Files rigforge renders are compared whole with what the plan renders (.env by hash, never shown). A hand
+    edit is drift of its own ("files as rendered"), not pin drift: the PINS column stays ok."""
     rig1 = rigs.rig("rig1")
     rig1.run(f"cp -p {path} /tmp/hand-edit.bak && echo '# edited by hand' >> {path}", check=True)
     try:
         code, rows = status_json(rigs.inventory)
+        table = rigforge("status", rigs.inventory).stdout
         report_code, report = verify_json(rigs.inventory)
     finally:
         rig1.run(f"mv -f /tmp/hand-edit.bak {path}", check=True)
     assert code == 0
-    edited = f"{path} differs from what rigforge renders (edited by hand? re-run the deploy)"
-    assert rows["rig1"]["pin_drift"] == [edited]
-    assert rows["rig2"]["pin_drift"] == []
+    edited = f"{path} differs from what rigforge renders (edited on the rig? the deploy rewrites it)"
+    assert rows["rig1"]["pin_drift"] == [] and rows["rig2"]["pin_drift"] == []
+    failed = [c for c in rows["rig1"]["checks"] if c["status"] == "fail"]
+    assert [(c["name"], c["detail"]) for c in failed] == [("files as rendered", edited)]
+    rows_shown = [line.split()[:3] for line in table.splitlines()[1:3]]
+    assert rows_shown == [["rig1", "dual-turbo", "ok"], ["rig2", "dual-turbo", "ok"]]
+    assert f"rig1: DRIFT files as rendered: {edited}" in table.splitlines()
+    assert "DRIFT (" not in table and "pin drift" not in table
     assert report_code == 1
     failed = [c for c in report["hosts"]["rig1"]["checks"] if c["status"] == "fail"]
     assert [c["name"] for c in failed] == ["files as rendered"] and path in failed[0]["detail"]
@@ -335,7 +346,9 @@ def test_unprovisioned_rig_fails_verify_and_shows_in_status(testbed_factory):
     assert "not provisioned by rigforge (run the deploy)" in checks["manifest present"]["detail"]
     assert "nvidia-kernel-open-dkms is not installed" in checks["driver module = package"]["detail"]
     assert [n for n, c in checks.items() if c["status"] == "skip"] == SERVICE_CHECKS
-    assert all(c["status"] == "fail" for n, c in checks.items() if n not in SERVICE_CHECKS), checks
+    assert checks["boot order has no cycle"]["status"] == "pass"  # no unit of rigforge's yet: none in a cycle
+    others = [*SERVICE_CHECKS, "boot order has no cycle"]
+    assert all(c["status"] == "fail" for n, c in checks.items() if n not in others), checks
     code, rows = status_json(tb.inventory)
     assert code == 0
     assert (rows["rig1"]["variant"], rows["rig1"]["manifest"], rows["rig1"]["gpus"]) == (None, False, [])
@@ -401,3 +414,40 @@ def test_status_names_the_rigs_that_run_a_rollouts_candidate(tmp_path):
     (tmp_path / f"lock.yaml{ROLLOUT_MARKER}").write_text(f'{{"candidate": "{candidate}"}}')
     assert candidate_of(at_b) == {"lock": str(candidate), "runs": True}
     assert candidate_of(at_a) == {"lock": str(candidate), "runs": False}
+
+
+# ---------------------------------------------------------------- a rest given with --data
+
+
+@pytest.mark.testbed
+def test_a_rest_given_at_deploy_is_read_from_the_rigs_own_record(rigs):
+    """`serving_rest: stopped` given as --data (as `rigforge rollout` keeps a rig): the inventory file does not say
+    it, rig.json does. status and verify read it there: the unit disabled on purpose, not drift."""
+    pyinfra = str(Path(sys.executable).with_name("pyinfra"))
+    deploy = [pyinfra, "-y", str(rigs.inventory), "deploy/dual_turbo.py", "--limit", "rig1"]
+    rested = subprocess.run([*deploy, "--data", "serving_rest=stopped"], cwd=REPO, capture_output=True, text=True)
+    try:
+        assert rested.returncode == 0, rested.stdout[-3000:] + rested.stderr[-3000:]
+        record = json.loads(rigs.rig("rig1").run("cat /etc/rigforge/rig.json", check=True).stdout)
+        assert record["serving_rest"] == "stopped"
+        code, report = verify_json(rigs.inventory)
+        text = rigforge("verify", rigs.inventory).stdout.splitlines()
+        _, rows = status_json(rigs.inventory)
+        table = rigforge("status", rigs.inventory).stdout.splitlines()
+    finally:
+        lifted = subprocess.run(deploy, cwd=REPO, capture_output=True, text=True)
+    assert code == 0, report
+    unit = "rigforge-vllm@dual-turbo.service"
+    enabled = checks_of(report, "rig1")["unit enabled"]
+    assert (enabled["status"], enabled["detail"]) == ("pass", f"{unit} disabled on purpose (serving_rest: stopped)")
+    assert checks_of(report, "rig2")["unit enabled"]["detail"] == f"{unit} enabled"
+    assert text[-1] == "2 rig(s): all checks passed; skipped on rig1, rig2: services not managed on this host"
+    assert rows["rig1"]["rest"] == "stopped" and rows["rig2"]["rest"] is None
+    assert rows["rig1"]["service"]["rest"] == "stopped"
+    assert (
+        "rig1: resting stopped on purpose (/etc/rigforge/rig.json records serving_rest: stopped, from the last "
+        "deploy): intended, not drift"
+    ) in table
+    assert lifted.returncode == 0, lifted.stdout[-3000:] + lifted.stderr[-3000:]  # lifted: served again
+    assert "serving_rest" not in json.loads(rigs.rig("rig1").run("cat /etc/rigforge/rig.json", check=True).stdout)
+    assert checks_of(verify_json(rigs.inventory)[1], "rig1")["unit enabled"]["detail"] == f"{unit} enabled"

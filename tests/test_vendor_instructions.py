@@ -16,6 +16,7 @@ import rigforge.knobs.nvidia_driver
 from rigforge import driver_table, fleet
 from rigforge.facts.apt import AptSourceFiles, KeyFingerprints, parse_deb822, parse_one_line, same_uri_files
 from rigforge.facts.nvidia import NvidiaRunningDriver
+from rigforge.packages import TOOLKIT_PACKAGES, PackageSet, toolkit
 from rigforge.pins import default_lock_path, load_lock
 from roles import docker_engine, nvidia_driver, preflight
 from roles.operations import apt_repo
@@ -95,14 +96,14 @@ def test_cuda_repo_source_key_and_packages(os, flavor, branch):
         execute=False,
     )
     source = "cuda"
-    hold = op_commands(
-        done,
-        "r",
-        apt_repo.hold,
-        packages=[pinning, *install, version_package],
-        same_version_as=version_package,
-        prefixes=driver_table.UNATTENDED_PREFIXES[source],
+    driver = PackageSet(
+        "the driver",
+        tuple(install),
+        (pinning, *install, version_package),
+        held_with=version_package,
+        held_prefixes=tuple(driver_table.UNATTENDED_PREFIXES[source]),
     )
+    hold = op_commands(done, "r", apt_repo.hold, packages=driver)
     expect = sorted({pinning, *install, version_package, "libcuda1", "libnvidia-ml1"})  # not nvidia-settings
     assert hold == [f"apt-mark hold {' '.join(expect)}"]
     unattended = files["/etc/apt/apt.conf.d/51rigforge-nvidia-unattended-upgrades"]
@@ -144,7 +145,7 @@ def test_ubuntu_archive_source(os, flavor):
     installed = [(name, "580.95.05-0ubuntu1"), (modules, "6.8.0-90.91"), ("ca-certificates", "1"), ("curl", "1")]
     done = converge({"u": rig(os, gpus=[], packages=installed, nvidia_driver_source="ubuntu",
                               nvidia_driver_flavor=flavor)}, planned(nvidia_driver.install), execute=False)  # fmt: skip
-    assert op_commands(done, "u", apt_repo.hold, packages=[name]) == [f"apt-mark hold {name}"]
+    assert op_commands(done, "u", apt_repo.hold, packages=PackageSet("", (name,), (name,))) == [f"apt-mark hold {name}"]
     unattended = files["/etc/apt/apt.conf.d/51rigforge-nvidia-unattended-upgrades"]
     assert f'"^{name}$";' in unattended and "linux-modules" not in unattended
 
@@ -234,7 +235,7 @@ def test_toolkit_pins_all_four_packages_together():
         "libnvidia-container-tools=1.18.0-1",
         "libnvidia-container1=1.18.0-1",
     ]
-    assert docker_engine.toolkit_packages(None) == ["nvidia-container-toolkit"]
+    assert toolkit(None).specs == ("nvidia-container-toolkit",) and not toolkit(None).held
 
 
 def toolkit_commands(packages=(), held=(), **data) -> tuple[list[str], list[str]]:
@@ -251,17 +252,17 @@ def test_lock_pins_and_holds_the_toolkit_by_default():
     rig holds them, without any host data."""
     assert load_lock(default_lock_path()).toolkit.version == "1.19.0-1"
     install, _ = toolkit_commands()
-    assert install[-4:] == [f"{name}=1.19.0-1" for name in docker_engine.TOOLKIT_PACKAGES]
+    assert install[-4:] == [f"{name}=1.19.0-1" for name in TOOLKIT_PACKAGES]
     assert "--allow-change-held-packages" in install  # moving the pin replaces what rigforge held itself
-    installed = [(name, "1.19.0-1") for name in docker_engine.TOOLKIT_PACKAGES]
+    installed = [(name, "1.19.0-1") for name in TOOLKIT_PACKAGES]
     install, holds = toolkit_commands(packages=installed)
-    assert install == [] and holds == ["apt-mark hold " + " ".join(sorted(docker_engine.TOOLKIT_PACKAGES))]
-    assert toolkit_commands(packages=installed, held=docker_engine.TOOLKIT_PACKAGES) == ([], [])  # a no-op
+    assert install == [] and holds == ["apt-mark hold " + " ".join(sorted(TOOLKIT_PACKAGES))]
+    assert toolkit_commands(packages=installed, held=TOOLKIT_PACKAGES) == ([], [])  # a no-op
 
 
 def test_host_data_overrides_the_locked_toolkit_version():
     install, _ = toolkit_commands(nvidia_toolkit_version="1.19.1-1")
-    assert install[-4:] == [f"{name}=1.19.1-1" for name in docker_engine.TOOLKIT_PACKAGES]
+    assert install[-4:] == [f"{name}=1.19.1-1" for name in TOOLKIT_PACKAGES]
 
 
 def test_testbed_repo_serves_the_locked_toolkit_and_a_newer_one():

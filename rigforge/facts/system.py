@@ -80,6 +80,23 @@ class SystemdUnitEnabled(Fact):
         return "".join(output[:1]).strip() in ("enabled", "enabled-runtime", "static", "alias")
 
 
+class ProvidedFiles(Fact):
+    """{path: the package dpkg says owns it, or None} for each of ``paths`` missing on the host; present ones are
+    left out, so a rig that has them all answers ``{}`` (`dpkg -S` runs only for a missing path)."""
+
+    def command(self, paths: tuple[str, ...] | list[str]) -> str:
+        checks = (
+            f"[ -e {shlex.quote(p)} ] || echo {shlex.quote(p)}=$(dpkg -S {shlex.quote(p)} 2>/dev/null"
+            " | grep -v '^diversion' | head -1 | cut -d: -f1)"
+            for p in paths
+        )
+        return "; ".join([*checks, "true"])
+
+    def process(self, output: list[str]) -> dict[str, str | None]:
+        pairs = (line.strip().partition("=") for line in output if "=" in line)
+        return {path: owner.split(",")[0].strip() or None for path, _, owner in pairs}
+
+
 def _bre(text: str) -> str:
     """`text` as a literal in a grep basic regular expression."""
     return re.sub(r"([.\[\]\\*^$])", r"\\\1", text)

@@ -2,7 +2,9 @@ import re
 from collections.abc import Mapping
 
 from rigforge import schema
+from rigforge.jsonmerge import deep_merge
 from rigforge.knobs import typed
+from rigforge.layout import NVIDIA_RUNTIME
 from rigforge.pins import TOOLKIT_REPO_URL
 
 DEFAULTS = {
@@ -25,6 +27,11 @@ DockerEngine = typed("DockerEngine", DEFAULTS)  # the role's settings: one froze
 
 
 DOCKER_CE_PACKAGES = ["docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin", "docker-compose-plugin"]
+
+
+def daemon_json_patch(data: Mapping) -> dict:
+    """The keys the docker_engine role merges into daemon.json: docker_daemon_options, then the nvidia runtime."""
+    return deep_merge(data.get("docker_daemon_options") or {}, NVIDIA_RUNTIME)
 
 
 def validate(data: Mapping) -> list[str]:

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from rigforge import recipes
 from rigforge.pins import CUDA
 
 from . import upstream
@@ -45,6 +46,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--image-cuda",
         default=RigSpec.image_cuda,
         help=f"CUDA version the stand-in images carry, in the testbed lock (default {RigSpec.image_cuda})",
+    )
+    p_up.add_argument(
+        "--docker-source",
+        choices=["docker", "distro"],
+        default="docker",
+        help="the rigs' docker_source: docker (rigforge's default, Docker's repository: the testbed's stand-in of "
+        "it) or distro (Debian's docker.io)",
+    )
+    p_up.add_argument(
+        "--variant",
+        metavar="VARIANT",
+        help="every rig's rigforge_variant in the inventory, e.g. vllm/dual (what `rigforge rollout` moves); "
+        "default: none, the deploy file's own",
     )
     p_up.add_argument("--fresh", action="store_true", help="recreate the rigs' root file systems")
     p_up.add_argument(
@@ -149,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
             gateway=args.gateway,
             fleet_registry=args.fleet_registry,
             monitor=args.monitor,
+            docker_source=args.docker_source,
+            variant=args.variant,
         )
         print(f"testbed up: {len(tb.rigs)} rig(s) in {time.monotonic() - t0:.1f}s", file=sys.stderr)
         for rig in tb.rigs:
@@ -158,6 +174,15 @@ def run(args: argparse.Namespace) -> int:
         tags = tb.services["git"].get("recipes", {}).get("tags")
         if tags:  # the recipe repo's commits, to rehearse a bump (rigforge lock --recipes B)
             print("recipe commits: " + " ".join(f"{tag}={sha}" for tag, sha in tags.items()), file=sys.stderr)
+            cached = recipes.cache_dir(tags["A"])
+            print(
+                f"recipe commit A (the lock's) cached for this controller at {cached}: deploys read it there, "
+                "RIGFORGE_RECIPES is no longer needed",
+                file=sys.stderr,
+            )
+        print(f"stand-ins for `rigforge lock` (docs/rollout.md): . {tb.env_file}", file=sys.stderr)
+        for name, (value, what) in tb.stand_in_env.items():
+            print(f"  {name}={value}   ({what})", file=sys.stderr)
         if "upstream" in tb.services:
             print(f"upstream registry: {tb.upstream_url} (registry-1.docker.io in booted hosts)", file=sys.stderr)
             print(f"upstream registry log: {tb.upstream_log}", file=sys.stderr)

@@ -8,10 +8,11 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files
 from pyinfra.operations.util import any_changed
 
+from rigforge import verdict
 from rigforge.facts.apt import AptSourceFiles, KeyFingerprints, same_uri_files
-from rigforge.facts.nvidia import upstream_version
-from rigforge.facts.system import AptHeldPackages
+from rigforge.facts.system import AptHeldPackages, ProvidedFiles
 from rigforge.layout import APT_IGNORE_BACKUPS_CONF, APT_KEYRING_DIR, APT_SOURCES_DIR
+from rigforge.packages import PackageSet
 from roles.operations.shown import say, unchanged
 
 
@@ -133,47 +134,48 @@ def add_repo(
 
 
 @operation()
-def install_missing(packages: list[str], change_held: bool = False):
-    """Install the packages that are not installed yet (``missing``), refreshing apt lists first.
+def install_missing(packages: PackageSet | list[str], change_held: bool = False):
+    """Install what ``rigforge.verdict.packages`` finds missing of a package set, refreshing apt lists first: the
+    packages not installed (or at another pinned version), and a reinstall of those whose file rigforge runs is gone.
 
-    + packages: package names; ``name=version`` pins a version
+    + packages: the set (``rigforge.packages.PackageSet``), or package names; ``name=version`` pins a version
     + change_held: let apt replace held versions of these packages (``--allow-change-held-packages``)
+
+    Example: a Debian 13 rig set up with ``apt-get install --no-install-recommends docker.io`` lacks docker-cli
+    (``/usr/bin/docker``); the distro Docker set installs it.
     """
-    to_install = missing(packages, host.get_fact(DebPackages))
-    if unchanged(not to_install, f"already installed: {', '.join(packages)}"):
+    wanted = packages if isinstance(packages, PackageSet) else PackageSet("", tuple(packages))
+    installed = host.get_fact(DebPackages)
+    provided = host.get_fact(ProvidedFiles, paths=list(wanted.provides)) if wanted.provides else {}
+    to_install = verdict.missing_packages(wanted, installed)
+    pinned = {spec.partition("=")[0]: spec for spec in wanted.specs}
+    to_reinstall = [pinned.get(name, name) for name in verdict.to_reinstall(wanted, installed, provided)]
+    if unchanged(not to_install and not to_reinstall, f"already installed: {', '.join(wanted.specs)}"):
         return
-    yield say(f"installing {', '.join(to_install)} (apt)")
     yield "apt-get update"
-    extra = "--allow-change-held-packages" if change_held else None
-    yield from apt.packages._inner(packages=to_install, allow_downgrades=True, extra_install_args=extra)
-
-
-def missing(packages: list[str], installed: dict | None) -> list[str]:
-    """Pure: the specs of `packages` that `installed` (DebPackages) lacks, a pinned one also at another version."""
-
-    def lacks(name: str, _, version: str) -> bool:
-        return not (versions := (installed or {}).get(name)) or bool(version) and version not in versions
-
-    return [spec for spec in packages if lacks(*spec.partition("="))]
+    held = "--allow-change-held-packages" if change_held else None
+    if to_install:
+        yield say(f"installing {', '.join(to_install)} (apt)")
+        yield from apt.packages._inner(packages=to_install, allow_downgrades=True, extra_install_args=held)
+    if to_reinstall:
+        lost = ", ".join(sorted(provided))
+        yield say(f"reinstalling {', '.join(to_reinstall)} (apt): {lost} missing")
+        names = " ".join(QUOTE(spec) for spec in to_reinstall)
+        yield (
+            "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --reinstall --allow-change-held-packages "
+            f"-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold {names}"
+        )
 
 
 @operation()
-def hold(packages: list[str], same_version_as: str = "", prefixes: tuple = ()):
-    """``apt-mark hold`` installed packages, unless already held.
+def hold(packages: PackageSet):
+    """``apt-mark hold`` the set's installed packages that ``rigforge.verdict.unheld_packages`` finds not held: its
+    ``held`` names, and with ``held_with``, its ``held_prefixes`` packages at that version (the driver's libraries).
 
-    + packages: names to hold when installed
-    + same_version_as: an installed package whose upstream version selects the ``prefixes`` packages
-    + prefixes: also hold installed packages with these prefixes at that version (the driver's libraries)
+    + packages: the set (``rigforge.packages.PackageSet``)
     """
-    installed = host.get_fact(DebPackages)
-    stack = {upstream_version(v) for v in installed.get(same_version_as) or []}
-    wanted = {
-        name
-        for name, versions in installed.items()
-        if name in packages or (name.startswith(tuple(prefixes)) and stack & {upstream_version(v) for v in versions})
-    }
-    to_hold = sorted(wanted - set(host.get_fact(AptHeldPackages)))
-    if unchanged(not to_hold, f"already held: {', '.join(sorted(wanted)) or 'nothing installed to hold'}"):
+    to_hold = verdict.unheld_packages(packages, host.get_fact(DebPackages), host.get_fact(AptHeldPackages))
+    if unchanged(not to_hold, f"already held: {', '.join(packages.held) or 'nothing to hold'}"):
         return
     yield StringCommand("apt-mark", "hold", *to_hold)
 

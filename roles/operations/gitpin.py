@@ -6,10 +6,11 @@ from collections.abc import Mapping, Sequence
 from pyinfra import host
 from pyinfra.api import operation
 
+from rigforge import verdict
 from rigforge.facts.gitpin import GitCheckout
 from rigforge.pins import GitPin
 from roles.operations.checks import fail_command
-from roles.operations.shown import ShownCommand
+from roles.operations.shown import ShownCommand, say
 
 # Shown git output: git's \r progress as lines, only each 10% step and the ", done." summary of each phase.
 SHOWN = (
@@ -17,21 +18,6 @@ SHOWN = (
     "| stdbuf -oL tr '\\r' '\\n' | grep --line-buffered -E ', done\\.|[0-9]0% \\(|^[^%]*$' || true; "
     'rc=$(cat "$rcf"); rm -f "$rcf"; return "$rc"; }'
 )
-
-
-def patterns(sparse: Sequence[str]) -> list[str]:
-    """Non-cone sparse-checkout patterns: each path anchored at the top of the tree."""
-    return ["/" + p.lstrip("/") for p in sparse]
-
-
-def is_current(state, url: str, commit: str, sparse: Sequence[str]) -> bool:
-    want = {"head": commit, "dirty": [], "url": url, "sparse": bool(sparse)}
-    matches = bool(state) and all(state[k] == v for k, v in want.items())
-    return matches and (not sparse or state["patterns"] == patterns(sparse))
-
-
-def bad_files(state, files: Mapping[str, str]) -> list[str]:
-    return [p for p, sha in files.items() if (state or {}).get("files", {}).get(p) != sha]
 
 
 def checkout_script(
@@ -63,7 +49,7 @@ def checkout_script(
         "fi",
     ]
     if sparse:
-        body = "".join(p + "\\n" for p in patterns(sparse))
+        body = "".join(p + "\\n" for p in verdict.sparse_patterns(sparse))
         lines += [
             "git config core.sparseCheckout true",
             "git config core.sparseCheckoutCone false",
@@ -98,9 +84,10 @@ def checkout(pin: GitPin, dest: str):
     """
     name, url, commit, sparse, files = pin.name, pin.url, pin.commit, list(pin.sparse), dict(pin.files)
     state = host.get_fact(GitCheckout, path=dest, files=tuple(files))
-    if not is_current(state, url, commit, sparse):
+    if problems := verdict.checkout(pin, dest, state):
+        yield say("; ".join(problems))
         yield ShownCommand(checkout_script(name, url, commit, dest, sparse, files))
-    elif bad := bad_files(state, files):
+    elif bad := verdict.files_not_locked(state, files):
         yield fail_command(
             f"{host.name}: {name}: {bad[0]} at {commit} does not match the lock's sha256 "
             f"{files[bad[0]]}; the lock's files do not belong to this commit: fix the lock"

@@ -16,12 +16,13 @@ from pyinfra import host
 from pyinfra.api import FileUploadCommand, OperationError, StringCommand, operation
 from pyinfra.facts.files import File
 
+from rigforge import verdict
 from rigforge.facts.hfweights import FileDigests, VenvDistVersion, WeightsState
 from rigforge.facts.system import FreeDiskBytes
 from rigforge.fleet import PlannedAsset
 from rigforge.knobs.weights import Weights
 from rigforge.layout import STAMP, HostLayout
-from rigforge.pins import HfFile, HfPin
+from rigforge.pins import HfPin
 from roles.operations.checks import fail_command
 from roles.operations.shown import ShownCommand, repairing, say, unchanged
 from roles.operations.staged import upload_privately
@@ -29,18 +30,6 @@ from roles.operations.staged import upload_privately
 HEADROOM = 1.05
 SCRIPT = Path(__file__).resolve().parents[2] / "rigforge" / "remote" / "fetch_weights.py"
 _CACHE_LOCK = threading.Lock()
-
-
-def stale_files(pin: HfPin, state: dict) -> list[HfFile]:
-    """Locked files whose stamp entry does not match the lock and the current stat (size, mtime_ns)."""
-    stamp = state.get("stamp") or {}
-    entries = stamp.get("files", {}) if stamp.get("revision") == pin.revision else {}
-
-    def fresh(f: HfFile, stat, entry: dict) -> bool:
-        same_stat = stat is not None and stat[0] == f.size == entry.get("size") and entry.get("mtime_ns") == stat[1]
-        return same_stat and entry.get("sha256") == f.sha256
-
-    return [f for f in pin.files if not fresh(f, state["files"].get(f.path), entries.get(f.path) or {})]
 
 
 def human(n: float) -> str:
@@ -87,7 +76,7 @@ def fetched(asset: PlannedAsset, layout: HostLayout, knobs: Weights, token=None)
     pin, dest, staging = asset.pin, layout.asset_dir(asset.dir), layout.weights_staging(asset.name)
     work_dir, endpoint, deep = layout.weights_work, knobs.hf_endpoint, knobs.weights_deep_verify
     state = host.get_fact(WeightsState, dest=dest, staging=staging)
-    stale = stale_files(pin, state)
+    stale = [f for f in pin.files if f.path in verdict.stale_weights(pin, state)]
     if deep and not stale:  # the stamp matches: re-hash what is on disk, run the script only to repair
         digests = host.get_fact(FileDigests, dest=dest, paths=[f.path for f in pin.files])
         stale = [f for f in pin.files if digests.get(f.path) != f.sha256]

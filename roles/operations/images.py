@@ -12,9 +12,9 @@ from rigforge import images
 from rigforge.facts.docker import DockerImagePresent
 from rigforge.facts.images import ListeningPorts, OciBlobs
 from rigforge.facts.system import FreeDiskBytes
+from rigforge.jsonmerge import merged_text
 from rigforge.layout import DAEMON_JSON, HostLayout
 from roles.operations.checks import fail_command
-from roles.operations.docker_daemon import merged_text
 from roles.operations.shown import ShownCommand, say, unchanged
 from roles.operations.staged import connection, upload_privately
 

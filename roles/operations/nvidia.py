@@ -4,6 +4,7 @@ from pyinfra import host
 from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.operations import server
 
+from rigforge import verdict
 from rigforge.driver_table import branch_problem
 from rigforge.facts.apt import DebInstalledVersion
 from rigforge.facts.nvidia import (
@@ -35,9 +36,9 @@ def on_controller() -> bool:
 def persistence_mode():
     """``nvidia-smi -i N -pm 1`` for each GPU whose persistence mode is off (no arguments)."""
     gpus = host.get_fact(NvidiaGpus)
-    off = [gpu["index"] for gpu in gpus if gpu.get("persistence_mode") is False]
-    if unchanged(not off, f"persistence mode already on for {len(gpus)} GPU(s)"):
+    if unchanged(not verdict.persistence(gpus), f"persistence mode already on for {len(gpus)} GPU(s)"):
         return
+    off = [gpu["index"] for gpu in gpus if gpu.get("persistence_mode") is False]
     yield from (StringCommand("nvidia-smi", "-i", str(index), "-pm", "1") for index in off)
 
 
@@ -53,8 +54,9 @@ def power_caps(default_w, overrides: dict | None = None):
         yield fail_command(f"power caps refused on {host.name}: " + " ".join(problems))
         return
     caps = resolve_caps([gpu["index"] for gpu in gpus], default_w, overrides or {})
-    todo = [g["index"] for g in gpus if g.get("power_limit") is None or round(g["power_limit"]) != caps[g["index"]]]
-    unchanged(not todo, f"power caps already set: {caps}")
+    if unchanged(not verdict.caps(gpus, caps), f"power caps already set: {caps}"):
+        return
+    todo = [g["index"] for g in gpus if verdict.caps([g], caps)]
     yield from (StringCommand("nvidia-smi", "-i", str(index), "-pl", str(caps[index])) for index in todo)
 
 

@@ -36,27 +36,31 @@ def sole_instance(plan: Plan):
         host.noop(f"{unit} is the only enabled vLLM instance" if enable else "no vLLM instance is enabled")
 
 
-def start_reason(plan: Plan, changed: bool) -> str | None:
-    """Why the vLLM unit must be (re)started now, or None (a unit still starting is the health gate's to wait for)."""
+def start_reason(plan: Plan, changed: bool, enabled: bool = False) -> str | None:
+    """Why the vLLM unit must be (re)started now, or None (a unit still starting is the health gate's to wait for).
+    `changed`: this run changed its compose file, .env or unit; `enabled`: this run enabled it as the only instance
+    (a switch from another instance, or serving_rest: stopped lifted)."""
     if changed:
-        return "its compose file, .env, unit or instance changed"
+        return "its compose file, .env or unit changed"
     layout, image = plan.layout, plan.image
     state = serving(host.get_fact(ServiceState, unit=layout.vllm_unit))
     digest = image.rpartition("@")[2] if "@" in image else None  # None while the lock has none
     if state == "running" and runs_digest(host.get_fact(ComposeImages, serve_dir=layout.serve_dir), digest) is False:
         return "its container runs another image than the locked digest"
-    return {"stopped": "it is stopped", "failed": "it failed", "crashing": "it keeps exiting"}.get(state)
+    said = {"stopped": "it is stopped", "failed": "it failed", "crashing": "it keeps exiting"}.get(state)
+    return said or ("it was just enabled as the only vLLM instance" if enabled else None)
 
 
 @operation()
-def running(plan: Plan, changed=None):
+def running(plan: Plan, changed=None, enabled=None):
     """(Re)start the rig's vLLM unit when ``start_reason`` says so, its failures reset (the gate counts restarts).
 
     + plan: the rig's plan (the unit, its compose project directory, the locked image)
-    + changed: a callable, true when this run changed its compose file, .env, unit or instance
+    + changed: a callable, true when this run changed its compose file, .env or unit
+    + enabled: a callable, true when this run enabled the unit as the only instance (``sole_instance``)
     """
-    unit = plan.layout.vllm_unit
-    reason = start_reason(plan, bool(changed and host.state.is_executing and changed()))
+    unit, executing = plan.layout.vllm_unit, host.state.is_executing
+    reason = start_reason(plan, bool(changed and executing and changed()), bool(enabled and executing and enabled()))
     if unchanged(reason is None, f"{unit} runs as declared"):
         return
     verb = "start" if reason in ("it is stopped", "it failed") else "restart"
@@ -114,17 +118,21 @@ def image_present(image: str):
 
 
 @operation()
-def manifest(plan: Plan, now: str):
-    """Write rig.json (manifest, GPUs, interconnect, time) if all but the time differs; the slow interconnect only then.
+def manifest(plan: Plan, now: str, rest: str | None = None):
+    """Write rig.json (manifest, GPUs, interconnect, serving_rest, time) if all but the time differs; the slow
+    interconnect only then.
 
     + plan: the rig's plan (rig.json's path, its manifest: variant, unit, port, pins...)
     + now: the time to record as ``provisioned_at`` (ISO 8601)
+    + rest: the ``serving_rest`` this run applied (host data's or ``--data``'s), recorded for status and verify
     """
     path = plan.layout.rig_json
     keys = ("index", "uuid", "name", "pci_bus_id", "memory_total", "power_limit", "driver_version")
     gpus = [{k: gpu.get(k) for k in keys} for gpu in host.get_fact(NvidiaGpus) or []]
     recorded = {k: v for k, v in (host.get_fact(JsonFile, path=path) or {}).items() if k != "provisioned_at"}
     wanted = {**plan.manifest, "gpus": gpus, "interconnect": recorded.get("interconnect")}
+    if rest:
+        wanted["serving_rest"] = rest
     if "interconnect" not in recorded or recorded != wanted:
         wanted["interconnect"] = host.get_fact(NvidiaTopology)
     if unchanged(recorded == wanted, f"{path} up to date"):
@@ -139,22 +147,27 @@ def manifest(plan: Plan, now: str):
 def health_gate_script(
     url: str, model: str, timeout: int, unit: str, rollback_unit: str | None, serve_dir: str, rollback: bool = True
 ) -> str:
-    """Shell: wait for /v1/models, send one chat completion; on failure roll back (to `rollback_unit`, else the `*.prev`
-    files), print the log tail. A server exiting while starting fails at once (Restart= would keep it "activating");
-    journal colour codes are stripped (else "[blob data]"); the API key goes to curl on stdin, never on a command line.
+    """Shell: wait for /v1/models, send one chat completion; on failure print the log tail, roll back (to
+    `rollback_unit`, else the `*.prev` files) and say what it rolled back to, or that there was nothing to. A server
+    exiting while starting fails at once (Restart= would keep it "activating"); journal colour codes are stripped
+    (else "[blob data]"); the API key goes to curl on stdin, never on a command line.
     """
     q = shlex.quote
+    said = "echo 'rigforge health gate: {}' >&2"  # what the undo did, named
     if not rollback:
-        undo = f"echo 'rigforge health gate: {unit} left as it is (nothing of it changed in this run)' >&2; exit 1"
+        undo = said.format(f"{unit} left as it is (nothing of it changed in this run)")
     elif rollback_unit:
-        undo = f"systemctl disable --now {q(unit)}; systemctl enable --now {q(rollback_unit)}"
+        back = said.format(f"rolled back to {rollback_unit}, the unit that ran before")
+        undo = f"systemctl disable --now {q(unit)}; systemctl enable --now {q(rollback_unit)}; {back}"
     else:
         d = q(serve_dir)
+        back = said.format(f"rolled back to the compose file and .env {unit} ran before, and restarted it")
+        stop = said.format(f"nothing to roll back to (no earlier files of {unit}): stopped and disabled it")
         undo = (
             f"if [ -f {d}/docker-compose.yml.prev ]; then mv -f {d}/docker-compose.yml.prev {d}/docker-compose.yml; "
             f"mv -f {d}/.env.prev {d}/.env; if [ -f {d}/compose.override.yml.prev ]; then "  # a recipe slug's override
-            f"mv -f {d}/compose.override.yml.prev {d}/compose.override.yml; fi; systemctl restart {q(unit)}; "
-            f"else systemctl disable --now {q(unit)}; fi"
+            f"mv -f {d}/compose.override.yml.prev {d}/compose.override.yml; fi; systemctl restart {q(unit)}; {back}; "
+            f"else systemctl disable --now {q(unit)}; {stop}; fi"
         )
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 8})
     return f"""
@@ -165,7 +178,6 @@ fail() {{
   echo "rigforge health gate: $1" >&2
   journalctl -a -u {q(unit)} -n 40 --no-pager 2>/dev/null | sed 's/\\x1b\\[[0-9;]*[A-Za-z]//g' >&2 || true
   {undo}
-  echo "rigforge health gate: rolled back" >&2
   exit 1
 }}
 until auth | curl -sf --max-time 3 -H @- {q(url)}/v1/models >/dev/null; do

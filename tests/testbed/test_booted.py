@@ -101,8 +101,9 @@ def test_dual_turbo_converges_serves_verifies_and_a_second_run_changes_nothing(b
     checks = json.loads(res.stdout)["hosts"]["rig1"]["checks"]
     assert res.returncode == 0 and all(c["status"] == "pass" for c in checks), res.stdout
     # 13 + "VRAM fits variant" + "files as rendered" + "CUDA driver >= image" + "container runs the locked digest"
-    # + "pins as locked" + "caps set last at this boot"
-    assert len(checks) == 19, [c["name"] for c in checks]
+    # + "pins as locked" + "caps set last at this boot" + "boot order has no cycle"
+    # + "packages as declared" + "units enabled at boot"
+    assert len(checks) == 22, [c["name"] for c in checks]
     cuda = next(c for c in checks if c["name"] == "CUDA driver >= image")
     assert "CUDA: driver 13.0, image 13.0" in cuda["detail"], cuda
     running = next(c for c in checks if c["name"] == "container runs the locked digest")
