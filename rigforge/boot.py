@@ -1,27 +1,29 @@
-"""Whether rigforge's caps are the last written at this boot (power and settle units: docs/operators.md "power
-caps"), for status and verify. A unit of rigforge's that did not run at this boot fails on its own (an ordering cycle
-can be lost from the journal). Pure: no host, no pyinfra.
+"""Whether rigforge's caps are the last written at this boot and held since (power and settle units, the cap hold's
+timer: docs/operators.md "power caps"), for status and verify. A unit of rigforge's that did not run at this boot
+fails on its own (an ordering cycle can be lost from the journal). Pure: no host, no pyinfra.
 """
 
 import contextlib
 import re
 from collections.abc import Mapping
 
-from rigforge.layout import POWER_UNIT, SETTLE_UNIT
+from rigforge.layout import HOLD_INTERVAL_S, HOLD_TIMER, POWER_UNIT, SETTLE_UNIT
 from rigforge.schema import power_caps
 
 SHOW = (  # what `systemctl show` is asked for each unit
     "LoadState ActiveState SubState Result ExecMainStatus InactiveExitTimestampMonotonic "
     "ExecMainStartTimestampMonotonic ExecMainExitTimestampMonotonic"
 ).split()
-CORRECTION = re.compile(r"^rigforge: GPU(\d+) power limit (\S+) W after boot \(another writer\); set back to (\d+) W")
-FAILED = re.compile(r"^rigforge: GPU(\d+) power limit .* failed")
+# the cap hold's lines (templates/rigforge-gpu-hold.j2), logged by the settle stage and by the hold's own unit
+CORRECTION = re.compile(r"^rigforge: GPU(\d+) power limit (\S+) W \((changed .*)\); set back to (\d+) W$")
+FAILED = re.compile(r"^rigforge: GPU(\d+) power limit .*; setting \d+ W failed$")
+UNFOUND = "a writer rigforge did not find"
 
 
 def parse_boot(lines: list[str]) -> dict:
-    """Output of BootCaps -> {"boot_id", "system", "units": {unit: {SHOW key: value}}, "cycles", "settle", "cron":
-    their lines, "caps": {GPU index: watts now}}; empty where the rig gave nothing (a chroot: no systemd)."""
-    out: dict = {"units": {}, "cycles": [], "settle": [], "cron": [], "caps": {}}
+    """Output of BootCaps -> {"boot_id", "system", "units": {unit: {SHOW key: value}}, "cycles", "settle", "hold",
+    "cron": their lines, "caps": {GPU index: watts now}}; empty where the rig gave nothing (a chroot: no systemd)."""
+    out: dict = {"units": {}, "cycles": [], "settle": [], "hold": [], "cron": [], "caps": {}}
     head: dict = {}  # the key=value lines before the first section (boot_id, system)
     section, keys = None, head  # where key=value lines go: the head, then each unit's dict; None in other sections
     for line in (raw.rstrip("\n") for raw in lines):
@@ -31,7 +33,7 @@ def parse_boot(lines: list[str]) -> dict:
         elif keys is not None and "=" in line:
             key, _, value = line.partition("=")
             keys[key] = value.strip()
-        elif section in ("cycles", "settle", "cron") and line.strip():
+        elif section in ("cycles", "settle", "hold", "cron") and line.strip():
             out[section].append(line.strip())
         elif section == "caps":
             cells = [c.strip() for c in line.split(",")]
@@ -71,6 +73,33 @@ def _unit_problem(name: str, unit: Mapping | None) -> str | None:
     return None
 
 
+def held(ctx) -> bool:
+    """Whether host data gpu_power_hold keeps the cap hold's timer on (its default: true)."""
+    data = ctx.plan.data if ctx.plan else getattr(ctx, "data", {})
+    return data.get("gpu_power_hold", True) is not False
+
+
+def _hold_problem(timer: Mapping | None) -> str | None:
+    """Why the cap hold's timer is not holding the caps; None when it is, or when the rig did not say."""
+    if not timer:
+        return None  # read by an older BootCaps (or a capture): nothing to judge
+    if timer.get("LoadState") in (None, "", "not-found"):
+        return f"{HOLD_TIMER} is not installed (run the deploy)"
+    if timer.get("ActiveState") != "active":
+        return f"{HOLD_TIMER} is {timer.get('ActiveState', '?')}: caps are not held (re-run the deploy)"
+    return None
+
+
+def label(name: str, writer: Mapping) -> str:
+    """A cap writer named by what it is: a unit with the timer that starts it, a cron job, rc.local, a udev rule."""
+    return f"{name} (started by {writer['timer']})" if writer.get("timer") else name
+
+
+def set_backs(lines: list[str]) -> list[str]:
+    """The set-back lines of the settle stage or the hold, each "GPU0 250 W, changed ... by WRITER"."""
+    return [f"GPU{m[1]} {m[2]} W, {m[3]}" for line in lines if (m := CORRECTION.match(line))]
+
+
 def judge(seen: Mapping, ctx) -> tuple[dict[int, int], list[str], str]:
     """What ran at this boot against the caps of rig context `ctx`: (those caps, problems, "set last" sentence)."""
     targets = dict(ctx.plan.caps) if ctx.plan else power_caps(len(seen.get("caps") or {}), ctx.settings)
@@ -81,8 +110,12 @@ def judge(seen: Mapping, ctx) -> tuple[dict[int, int], list[str], str]:
         more = f" (+{len(cycles) - 1} more)" if len(cycles) > 1 else ""
         problems.append(f"journalctl -b logs an ordering cycle: {cycles[0]!r}{more}")
     problems += [p for p in (_unit_problem(POWER_UNIT, power), _unit_problem(SETTLE_UNIT, settle)) if p]
-    lines = seen.get("settle") or []
+    hold = held(ctx)
+    if hold and (problem := _hold_problem(units.get(HOLD_TIMER))):
+        problems.append(problem)
+    lines, hold_lines = seen.get("settle") or [], seen.get("hold") or []
     problems += [f"{SETTLE_UNIT}: {line.removeprefix('rigforge: ')}" for line in lines if FAILED.match(line)]
+    problems += [f"{HOLD_TIMER}: {line.removeprefix('rigforge: ')}" for line in hold_lines if FAILED.match(line)]
     settling = bool(settle) and settle.get("SubState") == "running"
     settle_end = _stamp(settle or {}, "ExecMainExitTimestampMonotonic") if not settling else 0
     ran, later = [], []
@@ -91,10 +124,10 @@ def judge(seen: Mapping, ctx) -> tuple[dict[int, int], list[str], str]:
             needle = writer.get("script") or writer.get("command")
             start = bool(needle) and any(needle in line for line in seen.get("cron") or [])
         elif (start := started(units.get(name))) and settle_end and start > settle_end:
-            later.append(name)
+            later.append(label(name, writer))
         if start:
             set_w = "/".join(str(w) for w in writer.get("watts") or [])
-            ran.append(f"{name} set {set_w} W" if set_w else f"{name} ran")
+            ran.append(f"{label(name, writer)} set {set_w} W" if set_w else f"{label(name, writer)} ran")
     caps = seen.get("caps") or {}
     off = {i: (caps.get(i), want) for i, want in sorted(targets.items()) if caps.get(i) != want}
     if not caps:
@@ -104,13 +137,26 @@ def judge(seen: Mapping, ctx) -> tuple[dict[int, int], list[str], str]:
         if settling:
             what += " (the settle stage is still watching)"
         elif settle_end:
-            by = ", ".join(later) if later else "a writer rigforge does not know (not a unit or @reboot job it found)"
+            by = ", ".join(later) if later else UNFOUND
             what += f": changed after the settle stage's window by {by}"
+            what += (
+                f" (the hold sets it back within {HOLD_INTERVAL_S} s and names the writer in the journal)"
+                if hold
+                else " (gpu_power_hold is false: nothing sets it back until the next deploy or boot)"
+            )
         problems.append(what)
     after = ", ".join(ran) if ran else "no other writer ran"
-    n = sum(1 for line in lines if CORRECTION.match(line))
+    corrected = set_backs(lines)
+    n = len(corrected)
     watching = "; the settle stage is still watching" if settling else ""
-    last = f"set last at this boot (after {after}; {n} correction{'' if n == 1 else 's'} by the settle stage{watching})"
+    which = f", the last {corrected[-1]}" if corrected else ""
+    corrections = f"{n} correction{'' if n == 1 else 's'} by the settle stage{which}{watching}"
+    last = f"set last at this boot (after {after}; {corrections})"
+    if hold_lines := set_backs(hold_lines):
+        m = len(hold_lines)
+        last += f"; held since: {m} set-back{'' if m == 1 else 's'} by the hold, the last {hold_lines[-1]}"
+    elif hold and not _hold_problem(timer := units.get(HOLD_TIMER)) and timer:
+        last += f"; held since by {HOLD_TIMER} (every {HOLD_INTERVAL_S} s), nothing set back"
     return targets, problems, last
 
 
@@ -126,8 +172,8 @@ def boot_caps(seen: Mapping, ctx) -> tuple[str, str]:
 def summary(seen: Mapping, ctx) -> str:
     """status's sentence after "power caps: 230 W"; with services not managed (no systemd), the writers found."""
     if not ctx.manage:
-        named = ", ".join(f"{name} ({'/'.join(map(str, w.get('watts') or [])) or '?'} W)"
+        named = ", ".join(f"{label(name, w)} ({'/'.join(map(str, w.get('watts') or [])) or '?'} W)"
                           for name, w in ctx.cap_units.items())  # fmt: skip
-        return f"other cap writers at boot: {named}; what ran not read (services not managed)" if named else ""
+        return f"other cap writers: {named}; what ran not read (services not managed)" if named else ""
     _, problems, last = judge(seen, ctx)
     return f"NOT set last at this boot: {'; '.join(problems)}" if problems else last

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from rigforge import fleet, recipes
 from rigforge.catalog import CatalogError, load_catalog
-from rigforge.layout import SETTLE_SCRIPT
+from rigforge.layout import HOLD_SCRIPT, SETTLE_SCRIPT
 from rigforge.lock import write_atomically
 from rigforge.pins import LockError, default_lock_path, load_lock
 from rigforge.schema import HOST_KEYS, SettingsError, parse_set
@@ -56,7 +56,8 @@ def _render(args: argparse.Namespace) -> int:
         raise SettingsError("; ".join(one.problems["render"]))
     args.out.mkdir(parents=True, exist_ok=True)
     for name, text in plan.files.items():
-        write_atomically(args.out / name, text, 0o600 if name == ".env" else 0o755 if name == SETTLE_SCRIPT else 0o644)
+        mode = 0o600 if name == ".env" else 0o755 if name in (SETTLE_SCRIPT, HOLD_SCRIPT) else 0o644
+        write_atomically(args.out / name, text, mode)
     print("\n".join(f"wrote {args.out / name}" for name in plan.files))
     unresolved = [] if "@" in plan.image else [f"image {plan.image} (digest: null)"]
     unresolved += [f"hf.{a.name} {a.pin.repo} (revision: null)" for a in plan.assets if not a.pin.resolved]

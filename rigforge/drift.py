@@ -11,6 +11,7 @@ from pyinfra.facts.files import File, Sha256File
 from rigforge import boot, driver_table, obtain, packages, power, verdict
 from rigforge.boot import watts
 from rigforge.facts import cycles
+from rigforge.facts import nvidia as nvidia_facts
 from rigforge.facts.apt import DebInstalledVersion
 from rigforge.facts.files import JsonFile
 from rigforge.facts.gitpin import GitCheckout
@@ -19,7 +20,7 @@ from rigforge.facts.nvidia import BootCaps, NvidiaGpus, NvidiaModuleVersion, Nvi
 from rigforge.facts.serving import ComposeImages, ServiceState, runs_digest, serving
 from rigforge.facts.system import AptHeldPackages, OsRelease, ProvidedFiles, SystemdUnitEnabled
 from rigforge.fleet import Plan
-from rigforge.hardware import interconnect, small_override, vram_problems
+from rigforge.hardware import interconnect, missing_cards, missing_problem, small_override, vram_problems
 from rigforge.knobs.docker_engine import daemon_json_patch
 from rigforge.observe import Observed, RigContext, boot_units, managed_files, weights_at
 from rigforge.schema import Settings, power_caps
@@ -182,8 +183,11 @@ def gpu_checks(obs: Observed, ctx: RigContext) -> list[Check]:
     caps = ", ".join(f"GPU{g['index']} {watts(g.get('power_limit'))} W" for g in gpus)
     targets = ", ".join(sorted({str(g["target_w"]) for g in gpus}))
     declared = {g["index"]: g["target_w"] for g in gpus}
+    visible = [f"{seen}; {ctx.variant_name} needs {need}"] if len(gpus) < need else []
+    if missing := missing_cards(gpus, obs.get_fact(nvidia_facts.NvidiaPciGpus)):  # a card off the bus, by address
+        visible = [missing_problem(missing, len(gpus))]
     return [
-        check("GPUs visible", [f"{seen}; {ctx.variant_name} needs {need}"] if len(gpus) < need else [], seen),
+        check("GPUs visible", visible, seen),
         vram(gpus, ctx.variant, ctx.settings),
         check(
             "power caps hold",
@@ -209,7 +213,7 @@ def packages_check(obs: Observed, plan: Plan) -> Check:
 
 def boot_units_check(obs: Observed, plan: Plan) -> Check:
     """The units rigforge enables at boot besides the vLLM instance (`verdict.unit_enabled`)."""
-    units = plan.layout.boot_units
+    units = plan.boot_units
     problems = [p for unit in units for p in verdict.unit_enabled(unit, obs.get_fact(SystemdUnitEnabled, unit=unit))]
     return check("units enabled at boot", problems, ", ".join(units), " (re-run the deploy)")
 

@@ -81,6 +81,12 @@ class Plan:
         return self.settings.port or self.variant.port
 
     @property
+    def boot_units(self) -> tuple[str, ...]:
+        """The units the deploy enables at boot besides the vLLM instance (the cap hold's timer with gpu_power_hold)."""
+        hold = (self.layout.hold_timer,) if self.data.get("gpu_power_hold", True) else ()
+        return (*self.layout.enabled_at_boot, *hold)
+
+    @property
     def toolkit_version(self) -> str | None:
         """The toolkit version installed and held: host data's, else the lock's; None: the latest, nothing held."""
         pin = self.lock.toolkit if self.lock else None

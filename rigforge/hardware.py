@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from rigforge import schema
 from rigforge.driver_table import branch_for_cuda, cuda_for_branch, cuda_for_driver, version_key
 from rigforge.layout import DAEMON_JSON, HostLayout
+from rigforge.packages import distro_docker
 
 SMALL_CARD_MIB = 24000  # below this a card is a "20 GB card"
 SMALL_CARD_FLOOR_MIB = 20000  # below this not even the 20 GB override fits the model
@@ -160,13 +161,51 @@ def cap_problems(gpus: list[dict], default_w: int, overrides: dict) -> list[str]
     ]
 
 
+def bus_address(address: str | None) -> str:
+    """A PCI address as sysfs spells it: nvidia-smi's "00000000:02:00.0" -> "0000:02:00.0" (lower case)."""
+    text = (address or "").strip().lower()
+    head, _, function = text.rpartition(":")
+    domain, _, bus = head.rpartition(":")
+    return f"{domain[-4:].rjust(4, '0')}:{bus}:{function}" if domain else text
+
+
+def gpu_count(gpus: list[dict] | None, pci: list | None) -> int | None:
+    """How many GPUs the plan renders the caps for: nvidia-smi's, or the PCI bus's when it shows more (a card off
+    the bus is still the rig's: its files are not re-rendered for one card less); None when neither shows one."""
+    return max(len(gpus or []), len(pci or [])) or None
+
+
+def missing_cards(gpus: list[dict], pci: list | None) -> list[tuple[str, str]]:
+    """NVIDIA GPUs on the PCI bus (address, device ID) that nvidia-smi does not list (none while it lists none)."""
+    listed = {bus_address(gpu.get("pci_bus_id")) for gpu in gpus}
+    return [(address, device) for address, device in pci or [] if gpus and bus_address(address) not in listed]
+
+
+def missing_problem(missing: list[tuple[str, str]], shown: int) -> str:
+    """The sentence for GPUs the PCI bus shows and nvidia-smi does not: which, and what to check."""
+    cards = ", ".join(
+        f"{address} (10de:{device}{', ' + PCI_CARDS[device][0] if device in PCI_CARDS else ''})"
+        for address, device in missing
+    )
+    one = len(missing) == 1
+    return (
+        f"nvidia-smi shows {shown} GPU(s); the PCI bus shows {shown + len(missing)}: the card{'' if one else 's'} at "
+        f"PCI {cards} {'is' if one else 'are'} on the bus but nvidia-smi does not list {'it' if one else 'them'} "
+        f"(fallen off the bus?): check {'its' if one else 'their'} power cables and seating, and the kernel's Xid "
+        "lines (`journalctl -k | grep -i xid`)"
+    )
+
+
 def gpu_problems(gpus: list[dict], needs: Needs, data: dict, pci: list | None = None) -> list[str]:
-    """What nvidia-smi's GPUs (else the PCI bus's `pci` pairs) lack for `needs.variant`: count, VRAM, power caps."""
+    """What nvidia-smi's GPUs (else the PCI bus's `pci` pairs) lack for `needs.variant`: count, VRAM, power caps.
+    A card the PCI bus shows and nvidia-smi does not is named with its bus address (missing_problem)."""
     override = small_override(data.get("serving_kv_cache_dtype"), data.get("serving_gpu_memory_utilization"))
     if not gpus:
         return [] if pci is None else pci_problems(pci, needs, override)
     problems = []
-    if len(gpus) < needs.gpus:
+    if missing := missing_cards(gpus, pci):
+        problems.append(missing_problem(missing, len(gpus)))
+    if len(gpus) < needs.gpus and len(gpus) + len(missing) < needs.gpus:
         problems.append(f"variant {needs.variant} needs {needs.gpus} GPUs, nvidia-smi shows {len(gpus)}; {TWO_CARDS}")
     problems += vram_problems(gpus, needs.variant, needs.card_mib, needs.dflash, override)
     try:
@@ -198,8 +237,12 @@ def find_problems(
             f"unsupported OS {os_key[0] or '?'} {os_key[1] or '?'}; supported: Ubuntu 22.04, Ubuntu 24.04, "
             "Debian 12, Debian 13. Install one of those on the rig."
         )
-    if data.get("docker_source") == "distro" and os_key == ("debian", "12"):
-        problems.append("docker_source='distro' has no compose v2 package on Debian 12; set docker_source: docker.")
+    if data.get("docker_source") == "distro" and os_key in SUPPORTED_OS and not distro_docker(*os_key):
+        name = f"{'Debian' if os_key[0] == 'debian' else 'Ubuntu'} {os_key[1]}"
+        problems.append(
+            f"docker_source='distro' leaves no `docker compose`: {name}'s archive has no compose v2 package; "
+            "set docker_source: docker."
+        )
     problems += gpu_problems(gpus, needs, data, pci) + cuda_problems(needs, running, data)
 
     if free_bytes is not None and free_bytes < needs.disk_bytes:

@@ -29,6 +29,15 @@ VLLM_TEMPLATE = f"{VLLM_PREFIX}.service"
 POWER_UNIT = "rigforge-gpu-power.service"
 SETTLE_UNIT = "rigforge-gpu-settle.service"  # re-applies the caps once the boot has finished (rigforge/boot.py)
 SETTLE_SCRIPT = "rigforge-gpu-settle"  # in LIBEXEC: the settle stage's script
+HOLD_SCRIPT = "rigforge-gpu-hold"  # in LIBEXEC: one pass of the cap hold (the settle stage runs it too)
+HOLD_UNIT = "rigforge-gpu-hold.service"  # runs HOLD_SCRIPT once
+HOLD_TIMER = "rigforge-gpu-hold.timer"  # starts HOLD_UNIT every HOLD_INTERVAL_S (host data gpu_power_hold)
+HOLD_INTERVAL_S = 15
+STATE_DIR = "/var/lib/rigforge"  # rig-side state rigforge's scripts keep across boots
+CAP_SETBACKS = "gpu-cap-setbacks"  # in STATE_DIR: set-backs per GPU, written by HOLD_SCRIPT alone
+CRON_FILES = ("/etc/crontab", "/etc/cron.d/*", "/var/spool/cron/crontabs/*")  # cron's tables (Debian's paths)
+RC_LOCAL = "/etc/rc.local"
+UDEV_RULES_DIRS = ("/etc/udev/rules.d", "/lib/udev/rules.d", "/usr/lib/udev/rules.d")
 GPU_METRICS_SCRIPT = "rigforge-gpu-metrics"  # in LIBEXEC: the GPU textfile collector (docs/monitoring.md)
 # Debian's prometheus-node-exporter reads *.prom from here (its README.textfile; the binary's built-in default)
 TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
@@ -70,10 +79,13 @@ class HostLayout:
     vllm_template = VLLM_TEMPLATE
     power_unit = POWER_UNIT
     settle_unit = SETTLE_UNIT
+    hold_unit = HOLD_UNIT
+    hold_timer = HOLD_TIMER
+    state_dir = STATE_DIR
     libexec = "/usr/local/lib/rigforge"  # rig-side scripts the units run (not under the root: they run at every boot)
     textfile_dir = TEXTFILE_DIR
     gpu_metrics_timer = GPU_METRICS_TIMER
-    boot_units = (POWER_UNIT, SETTLE_UNIT, GPU_METRICS_TIMER)  # enabled at boot besides the vLLM instance
+    enabled_at_boot = (POWER_UNIT, SETTLE_UNIT, GPU_METRICS_TIMER)  # besides the vLLM instance and the cap hold
 
     src_root = _under("root", "src")
     serve_root = _under("root", "serve")
@@ -88,6 +100,8 @@ class HostLayout:
     images_script = _under("images", "load_images.sh")  # runs the temporary registry
     rig_json = _under("etc", "rig.json")
     settle_script = _under("libexec", SETTLE_SCRIPT)
+    hold_script = _under("libexec", HOLD_SCRIPT)
+    cap_setbacks = _under("state_dir", CAP_SETBACKS)
     gpu_metrics_script = _under("libexec", GPU_METRICS_SCRIPT)
 
     @property

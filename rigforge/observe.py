@@ -23,8 +23,18 @@ from rigforge.facts.nvidia import BootCaps, NvidiaGpus, NvidiaModuleVersion, Nvi
 from rigforge.facts.serving import ComposeImages, ServiceState
 from rigforge.facts.system import AptHeldPackages, OsRelease, ProvidedFiles, SystemdUnitEnabled
 from rigforge.fleet import Plan
+from rigforge.hardware import gpu_count
 from rigforge.knobs.serving import REST
-from rigforge.layout import GATEWAY_ADMIN_SOCKET, SERVE_FILES, SETTLE_SCRIPT, SETTLE_UNIT, HostLayout
+from rigforge.layout import (
+    GATEWAY_ADMIN_SOCKET,
+    HOLD_SCRIPT,
+    HOLD_TIMER,
+    HOLD_UNIT,
+    SERVE_FILES,
+    SETTLE_SCRIPT,
+    SETTLE_UNIT,
+    HostLayout,
+)
 from rigforge.pins import LockError, load_lock
 from rigforge.render import POWER_UNIT, VLLM_UNIT
 from rigforge.schema import Settings
@@ -91,6 +101,7 @@ def requests(ctx: RigContext, os_release: dict) -> list[tuple[type, dict]]:
     """Every fact the checks read for this rig's plan (on `os_release`, OsRelease's), for one batched probe."""
     os_id = os_release.get("id")
     out = [(cls, {}) for cls in (NvidiaGpus, OsRelease, NvidiaModuleVersion, NvidiaRunningDriver, NvidiaTopology)]
+    out.append((nvidia.NvidiaPciGpus, {}))  # a card nvidia-smi does not list (drift.gpu_checks)
     with suppress(DriverTableError):  # the driver table's package whose version is the driver's (none: not read)
         if ctx.data["nvidia_driver_manage"]:
             out.append((DebInstalledVersion, {"package": packages_for(ctx.data, os_id).version_package}))
@@ -104,7 +115,7 @@ def requests(ctx: RigContext, os_release: dict) -> list[tuple[type, dict]]:
         out += [(DebPackages, {}), (AptHeldPackages, {})]
         for wanted in packages.for_rig(plan.data, os_release, plan.toolkit_version):
             out += [(ProvidedFiles, {"paths": list(wanted.provides)})] if wanted.provides else []
-        out += [(SystemdUnitEnabled, {"unit": unit}) for unit in plan.layout.boot_units]
+        out += [(SystemdUnitEnabled, {"unit": unit}) for unit in plan.boot_units]
         out += [(GitCheckout, {"path": plan.layout.src(name)}) for name in plan.variant.sources]
         out += [(WeightsState, weights_at(plan, asset)) for asset in plan.assets]
         out += [(cls, {"path": path}) for path in managed_files(plan) for cls in (File, Sha256File)]
@@ -119,6 +130,7 @@ def observe(host, fl: fleet.Fleet) -> tuple[RigContext, Observed]:
     ctx = RigContext(name=host.name, data=data)
     layout = HostLayout(root=data["rigforge_root"] or HostLayout.root)
     reads = [(JsonFile, {"path": layout.rig_json}), (NvidiaGpus, {}), (OsRelease, {}), (nvidia.PowerCapUnits, {})]
+    reads += [(nvidia.NvidiaPciGpus, {})]  # a card off the bus still counts (hardware.gpu_count)
     first = Observed(host, reads)
     ctx.cap_units = first.get_fact(nvidia.PowerCapUnits) or {}
     ctx.manifest = first.get_fact(JsonFile, path=layout.rig_json)
@@ -133,7 +145,7 @@ def observe(host, fl: fleet.Fleet) -> tuple[RigContext, Observed]:
     except (LockError, OSError) as exc:
         ctx.lock_error = str(exc)
     if (recorded or wanted) and ctx.lock is not None:
-        gpus = len(first.get_fact(NvidiaGpus) or []) or None
+        gpus = gpu_count(first.get_fact(NvidiaGpus), first.get_fact(nvidia.NvidiaPciGpus))
         serve = {**data, "rigforge_variant": recorded or wanted, "rigforge_recipe_opt_in": True}
         rebuild = lambda count: fleet.plan_for(host.name, serve, None, count, False, tuple(ctx.cap_units))  # noqa: E731
         same = not recorded or recorded == wanted  # the variant the fleet built the plan for
@@ -160,9 +172,10 @@ def managed_files(plan: Plan) -> dict[str, tuple[str, str]]:
     """{path on the rig: (the plan's text, its mode in octal digits)} of every file rigforge renders whole."""
     layout, files = plan.layout, plan.files
     out = {f"{layout.serve_dir}/{name}": (files[name], SERVE_FILES[name]) for name in SERVE_FILES if name in files}
-    units = (VLLM_UNIT, POWER_UNIT, SETTLE_UNIT)
+    units = (VLLM_UNIT, POWER_UNIT, SETTLE_UNIT, HOLD_UNIT, HOLD_TIMER)
     out |= {layout.unit_path(name): (files[name], "644") for name in units if name in files}
-    return out | ({layout.settle_script: (files[SETTLE_SCRIPT], "755")} if SETTLE_SCRIPT in files else {})
+    scripts = {layout.settle_script: SETTLE_SCRIPT, layout.hold_script: HOLD_SCRIPT}
+    return out | {path: (files[name], "755") for path, name in scripts.items() if name in files}
 
 
 def image_origin(obs: Observed, ctx: RigContext, reg) -> dict | None:

@@ -6,15 +6,22 @@ from pathlib import Path
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from rigforge.layout import (
+    CRON_FILES,
     GPU_METRICS_FILE,
     GPU_METRICS_INTERVAL_S,
     GPU_METRICS_SCRIPT,
     GPU_METRICS_TIMER,
     GPU_METRICS_UNIT,
+    HOLD_INTERVAL_S,
+    HOLD_SCRIPT,
+    HOLD_TIMER,
+    HOLD_UNIT,
     POWER_UNIT,
     SETTLE_SCRIPT,
     SETTLE_UNIT,
     TEXTFILE_DIR,
+    UDEV_RULES_DIRS,
+    UNIT_SEARCH_PATH,
     VLLM_TEMPLATE,
     HostLayout,
 )
@@ -61,12 +68,42 @@ def settle_files(
     caps: dict[int, int], window_s: int, layout: HostLayout, nvidia_smi: str = NVIDIA_SMI
 ) -> dict[str, str]:
     """The settle stage's unit and script: after boot, sets back caps others changed, then watches `window_s` s."""
-    caps, script = sorted(caps.items()), layout.settle_script
-    unit = template(SETTLE_UNIT + ".j2").render(caps=caps, window=int(window_s), script=script, nvidia_smi=nvidia_smi)
-    return {SETTLE_UNIT: unit, SETTLE_SCRIPT: template(SETTLE_SCRIPT + ".j2").render()}
+    context = dict(
+        caps=sorted(caps.items()),
+        window=int(window_s),
+        script=layout.settle_script,
+        hold=layout.hold_script,
+        state=layout.cap_setbacks,
+        nvidia_smi=nvidia_smi,
+    )
+    return {
+        SETTLE_UNIT: template(SETTLE_UNIT + ".j2").render(**context),
+        SETTLE_SCRIPT: template(SETTLE_SCRIPT + ".j2").render(),
+    }
 
 
-def render_gpu_metrics(caps: dict[int, int], variant: str, image: str, rest: str | None = None) -> str:
+def hold_script(unit_dirs=UNIT_SEARCH_PATH, cron_files=CRON_FILES, udev_dirs=UDEV_RULES_DIRS) -> str:
+    """One pass of the cap hold, looking for the writers it names in these places (the rig's own by default)."""
+    context = dict(unit_dirs=unit_dirs, cron_files=cron_files, udev_dirs=udev_dirs, interval_s=HOLD_INTERVAL_S)
+    return template(HOLD_SCRIPT + ".j2").render(**context)
+
+
+def hold_files(caps: dict[int, int], layout: HostLayout, nvidia_smi: str = NVIDIA_SMI) -> dict[str, str]:
+    """The cap hold: its one-pass script (the settle stage runs it too), the unit that runs it and its timer."""
+    context = dict(
+        caps=sorted(caps.items()),
+        script=layout.hold_script,
+        state=layout.cap_setbacks,
+        nvidia_smi=nvidia_smi,
+        interval_s=HOLD_INTERVAL_S,
+    )
+    units = {name: template(name + ".j2").render(**context) for name in (HOLD_UNIT, HOLD_TIMER)}
+    return {HOLD_SCRIPT: hold_script()} | units
+
+
+def render_gpu_metrics(
+    caps: dict[int, int], variant: str, image: str, rest: str | None = None, layout: HostLayout | None = None
+) -> str:
     """The GPU textfile collector (`HostLayout.gpu_metrics_script`, docs/monitoring.md), these labels rendered in."""
     labels = dict(variant=variant, image=image, rest=rest or "")  # quoted as Prometheus's text format quotes them
     return template(GPU_METRICS_SCRIPT + ".j2").render(
@@ -75,6 +112,7 @@ def render_gpu_metrics(caps: dict[int, int], variant: str, image: str, rest: str
         nvidia_smi=NVIDIA_SMI,
         textfile_dir=TEXTFILE_DIR,
         prom_file=GPU_METRICS_FILE,
+        setbacks=(layout or HostLayout()).cap_setbacks,
         timeout_s=30,
     )
 
@@ -92,10 +130,12 @@ def gpu_metrics_units(layout: HostLayout, nvidia_smi: str = NVIDIA_SMI) -> dict[
 
 
 def units(s: Settings, layout: HostLayout, gpu_count: int) -> dict[str, str]:
-    """The units every variant gets: the vLLM template unit, the power unit for `gpu_count` GPUs, the settle stage."""
+    """The units every variant gets: the vLLM template unit, the power unit for `gpu_count` GPUs, the settle stage
+    and the cap hold (rendered whatever gpu_power_hold says: the knob enables or disables its timer)."""
     caps = power_caps(gpu_count, s)
     vllm = template(VLLM_UNIT + ".j2").render(serve_dir=layout.serve_root, docker="/usr/bin/docker")
-    return {VLLM_UNIT: vllm, POWER_UNIT: render_power_unit(caps)} | settle_files(caps, s.settle_window_s, layout)
+    files = {VLLM_UNIT: vllm, POWER_UNIT: render_power_unit(caps)} | settle_files(caps, s.settle_window_s, layout)
+    return files | hold_files(caps, layout)
 
 
 def setting_name(name: str, host_data: bool) -> str:

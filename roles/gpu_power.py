@@ -1,13 +1,17 @@
 """GPU power: persistence mode on and a power cap per GPU, now and at every boot (rigforge-gpu-power.service,
-then rigforge-gpu-settle.service sets back caps other writers change during the settle window: rigforge/boot.py).
+then rigforge-gpu-settle.service sets back caps other writers change during the settle window: rigforge/boot.py),
+and held from then on (rigforge-gpu-hold.timer, host data gpu_power_hold).
 """
 
+from pyinfra import host
 from pyinfra.api import deploy
+from pyinfra.operations import server
 
+from rigforge.facts.system import SystemdUnitEnabled
 from rigforge.fleet import Plan
 from rigforge.knobs.gpu_power import DEFAULTS
 from rigforge.knobs.serving import Serving
-from rigforge.layout import SETTLE_SCRIPT
+from rigforge.layout import HOLD_SCRIPT, SETTLE_SCRIPT
 from roles.operations import nvidia, systemd_units
 
 
@@ -21,10 +25,25 @@ def apply(plan: Plan):
         default_w=settings.power_limit_w,
         overrides=overrides,
     )
+    hold = bool(plan.data.get("gpu_power_hold", DEFAULTS["gpu_power_hold"]))
+    held = {name: plan.files[name] for name in (layout.hold_unit, layout.hold_timer)}
+    systemd_units.script_and_units(
+        layout,
+        HOLD_SCRIPT,
+        plan.files[HOLD_SCRIPT],
+        "the cap hold's pass",
+        held,
+        enable=[layout.hold_timer] if hold else [],
+    )
     units = {name: plan.files[name] for name in (layout.power_unit, layout.settle_unit)}
     script, unit = systemd_units.script_and_units(
         layout, SETTLE_SCRIPT, plan.files[SETTLE_SCRIPT], "the settle stage's script", units, enable=units
     )
+    if not hold and host.get_fact(SystemdUnitEnabled, unit=layout.hold_timer):
+        server.shell(
+            name=f"Stop and disable {layout.hold_timer} (gpu_power_hold: false)",
+            commands=[f"systemctl disable --now {layout.hold_timer}"],
+        )
     if Serving.of(plan.data).rigforge_manage_services:
         systemd_units.running(layout.power_unit)
         restart = (
@@ -32,3 +51,5 @@ def apply(plan: Plan):
             lambda: unit.did_change() or script.did_change(),
         )
         systemd_units.running(layout.settle_unit, restarted=restart)
+        if hold:
+            systemd_units.running(layout.hold_timer)

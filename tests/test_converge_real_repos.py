@@ -119,6 +119,29 @@ def test_second_run_changes_nothing(adopted):
     assert support.changed(second) == [], support.changed(second)
 
 
+@pytest.fixture(scope="module")
+def handmade_distro(testbed_factory):
+    from rigforge.testbed import RigSpec
+
+    return testbed_factory([RigSpec(preset="handmade")], name="handmade-distro")
+
+
+def test_a_handmade_rig_converges_with_the_distro_docker_set_cli_included(handmade_distro):
+    """Debian 13's docker.io only recommends docker-cli (/usr/bin/docker): a rig set up with --no-install-recommends
+    has no `docker`. The distro Docker set installs it, so the compose file's validation (`docker compose config`)
+    finds it; then a second run changes nothing."""
+    rig = handmade_distro.rig("rig1")
+    assert rig.run("test -e /usr/bin/docker").returncode == 1
+    first, err = run(handmade_distro, "docker_source=distro")
+    assert first.get("failed_hosts") == [], err[-6000:]
+    assert any("Install Docker engine and compose v2 (distro packages)" in n for n in support.changed(first))
+    packages = rig.run("dpkg-query -W -f '${Package} ${db:Status-Abbrev}\\n'").stdout
+    assert "docker.io ii" in packages and "docker-cli ii" in packages and "docker-ce ii" not in packages
+    assert rig.run("docker compose version").returncode == 0
+    second, err = run(handmade_distro, "docker_source=distro")
+    assert second.get("failed_hosts") == [] and support.changed(second) == [], err[-4000:]
+
+
 def test_debian_scheme_driver_is_installed_held_and_verified(adopted):
     tb = adopted[0]
     rig = tb.rig("rig1")

@@ -204,7 +204,11 @@ class Answers:
 def test_status_and_verify_ask_for_it_in_their_probe_and_the_check_reads_that_answer():
     data = fleet.host_data({"rigforge_manage_services": False})
     ctx = observe.RigContext(name="rig1", data=data, manifest={"unit": VLLM})
-    asked = [(cls, kwargs) for cls, kwargs in observe.requests(ctx, "debian") if cls is OrderingCycles]
+    asked = [
+        (cls, kwargs)
+        for cls, kwargs in observe.requests(ctx, {"id": "debian", "version_id": "13"})
+        if cls is OrderingCycles
+    ]
     assert asked == [(OrderingCycles, {"units": f"{POWER} {SETTLE} {VLLM}"})]  # services not managed: asked too
     answer = {probe.fact_key(OrderingCycles, asked[0][1]): fixture("verify-chroot-user-first.txt")}
     check = drift.boot_order(Answers(answer), ctx)

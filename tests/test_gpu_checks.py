@@ -6,18 +6,26 @@ visible once the driver is in (a fresh rig) is checked then, and fails before an
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+
 import pytest
 from pyinfra.api.deploy import add_deploy
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.operations import run_ops
 from pyinfra.api.state import StateStage
 from pyinfra.operations import server
+from test_gpu_metrics import stand_in_smi
 from test_roles_host_ops import PREFLIGHT, executed, gpu_row, make_state, rig
 
+from rigforge import drift, fleet, observe
 from rigforge.catalog import load_catalog
 from rigforge.drift import vram as check_vram
-from rigforge.hardware import vram_problems
+from rigforge.facts.nvidia import SMI_QUERY, NvidiaGpus
+from rigforge.hardware import gpu_count, gpu_problems, missing_cards, vram_problems
 from rigforge.schema import Settings
+from rigforge.testbed import RigSpec
 from roles.operations import checks
 
 DATA = {"gpu_power_limit_w": 230, "gpu_power_limits": {}}
@@ -118,3 +126,79 @@ def test_a_refusal_after_a_change_lists_what_this_run_changed(caplog):
     message = caplog.text[caplog.text.index("GPU check failed on @fake/small") :]
     assert "This run changed this host before the check (the rest of the deploy did not run):" in message
     assert "* Install the driver (stand-in)" in message and "Nothing was changed" not in message
+
+
+# ---------------------------------------------------------------- a card off the bus (issue 47)
+
+PCI_TWO = ["pci 0000:01:00.0 0x2204", "pci 0000:02:00.0 0x2204", "end"]  # NvidiaPciGpus' lines: both cards seated
+OFF_BUS = (
+    "nvidia-smi shows 1 GPU(s); the PCI bus shows 2: the card at PCI 0000:02:00.0 (10de:2204, GeForce RTX 3090) is on "
+    "the bus but nvidia-smi does not list it (fallen off the bus?): check its power cables and seating, and the "
+    "kernel's Xid lines (`journalctl -k | grep -i xid`)"
+)
+
+
+def smi_gpu(index: int, bus: str) -> dict:
+    return {"index": index, "pci_bus_id": bus, "name": "NVIDIA GeForce RTX 3090", "memory_total": 24576}
+
+
+def test_a_card_on_the_pci_bus_that_nvidia_smi_does_not_list_is_named_not_asked_for():
+    one = [smi_gpu(0, "00000000:01:00.0")]
+    pci = [("0000:01:00.0", "2204"), ("0000:02:00.0", "2204")]
+    assert missing_cards(one, pci) == [("0000:02:00.0", "2204")]
+    problems = gpu_problems(one, PREFLIGHT, DATA, pci)
+    assert problems == [OFF_BUS]  # not "add a GPU": the rig has two
+    assert missing_cards([smi_gpu(0, "00000000:01:00.0")], pci[:1]) == []
+    assert "add a GPU" in gpu_problems(one, PREFLIGHT, DATA, pci[:1])[0]  # one card, on the bus and listed
+    assert missing_cards([], pci) == []  # no driver yet: the PCI checks' business (pci_problems)
+    assert gpu_count(one, pci) == 2 and gpu_count(one, None) == 1 and gpu_count([], []) is None
+
+
+def test_the_deploys_gpu_check_names_the_card_off_the_bus(caplog):
+    """The plan counted two cards (the PCI bus's count), nvidia-smi lists one: the card is named with its bus address,
+    and neither "add a GPU" nor "re-run so the plan counts the GPUs again" is said."""
+    off = rig(gpus=[gpu_row(0)], extra={"/sys/bus/pci/devices": PCI_TWO})
+    state = run({"r": off, "ok": rig()})
+    assert "@fake/r" in {h.name for h in state.failed_hosts} and "@fake/ok" not in {h.name for h in state.failed_hosts}
+    assert OFF_BUS in caplog.text
+    assert "add a GPU" not in caplog.text and "plan counts the GPUs again" not in caplog.text
+
+
+class Answers:
+    """An Observed stand-in: each fact class's answer."""
+
+    def __init__(self, **answers):
+        self.answers = answers
+
+    def get_fact(self, cls, **kwargs):
+        return self.answers.get(cls.__name__)
+
+
+def test_status_and_verify_name_the_card_off_the_bus():
+    plan, problems = fleet.plan_for("r", {"rigforge_variant": "dual"}, deployable=False, gpus=2)
+    assert not problems
+    ctx = observe.RigContext(name="r", data=fleet.host_data({}), plan=plan, layout=plan.layout, variant_name="dual")
+    one = [smi_gpu(0, "00000000:01:00.0") | {"power_limit": 230.0, "persistence_mode": True}]
+    pci = [("0000:01:00.0", "2204"), ("0000:02:00.0", "2204")]
+    visible = drift.gpu_checks(Answers(NvidiaGpus=one, NvidiaPciGpus=pci), ctx)[0]
+    assert (visible.name, visible.status, visible.detail) == ("GPUs visible", drift.FAIL, OFF_BUS)
+    fine = drift.gpu_checks(Answers(NvidiaGpus=one, NvidiaPciGpus=pci[:1]), ctx)[0]
+    assert fine.status == drift.FAIL and fine.detail.endswith("; dual needs 2")
+
+
+def test_the_testbeds_stand_in_loses_a_card_and_the_checks_name_it_by_its_bus_address(tmp_path):
+    """The stand-in nvidia-smi with GPU1 lost (its state's "lost", as after Xid 79): NVML lists one card (bus 01),
+    sysfs still lists both (the booted rigs' PCI tree is made from gpus.json), and the check names bus 02."""
+    smi, sim = stand_in_smi(tmp_path)
+    state = sim / "var/lib/rigforge-sim/state.json"
+    state.parent.mkdir(parents=True)
+    state.write_text(json.dumps({"lost": [1]}))
+    env = {**os.environ, "RIGFORGE_SIM_ROOT": str(sim)}
+    query = SMI_QUERY.removeprefix("timeout 60 nvidia-smi ").split()
+    run = subprocess.run([str(smi), *query], env=env, capture_output=True, text=True)
+    assert run.returncode == 15  # "GPU has fallen off the bus"; the fact reads the rows it printed all the same
+    gpus = NvidiaGpus().process(run.stdout.splitlines())
+    assert [(g["index"], g["pci_bus_id"]) for g in gpus] == [(0, "00000000:01:00.0")]
+    spec = json.loads((sim / "etc/rigforge-sim/gpus.json").read_text())
+    pci = [(g["pci_bus_id"][4:].lower(), RigSpec().pci_device) for g in spec["gpus"]]  # as booted.py lays sysfs out
+    assert gpu_problems(gpus, PREFLIGHT, DATA, pci) == [OFF_BUS]

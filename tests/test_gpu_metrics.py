@@ -73,8 +73,9 @@ TWO_GPUS = {
 
 
 def run_collector(
-    tmp_path: Path, smi: Path, sysfs: Path, kernel_log: str = "", env: dict | None = None
+    tmp_path: Path, smi: Path, sysfs: Path, kernel_log: str = "", env: dict | None = None, setbacks: Path | None = None
 ) -> subprocess.CompletedProcess:
+    """The collector as a plan renders it; `setbacks`: the cap hold's state file (default: none there)."""
     p, problems = site.plan_for("r", {"gpu_power_limits": {1: 250}}, "dual-turbo", gpus=2, deployable=False)
     assert not problems
     script = tmp_path / "rigforge-gpu-metrics"
@@ -86,7 +87,8 @@ def run_collector(
     out = tmp_path / "textfile"
     out.mkdir(exist_ok=True)
     env = {**os.environ, **(env or {}), "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
-    return subprocess.run(["sh", str(script), str(smi), str(out), str(sysfs)], capture_output=True, text=True,
+    held = str(setbacks or tmp_path / "no-setbacks")
+    return subprocess.run(["sh", str(script), str(smi), str(out), str(sysfs), held], capture_output=True, text=True,
                           env=env, timeout=60)  # fmt: skip
 
 

@@ -21,7 +21,7 @@ from rigforge.facts.nvidia import (
     parse_topology,
 )
 from rigforge.hardware import interconnect
-from rigforge.layout import SETTLE_UNIT, UNIT_SEARCH_PATH, HostLayout
+from rigforge.layout import RC_LOCAL, SETTLE_UNIT, UDEV_RULES_DIRS, UNIT_SEARCH_PATH, HostLayout
 from rigforge.render import POWER_UNIT, render_power_unit
 from rigforge.status import notes
 
@@ -32,14 +32,18 @@ SMI = FIXTURES / "nvidia-smi"
 
 
 def cap_units_on(tmp_path: Path, files: dict[str, str]) -> dict:
-    """Run PowerCapUnits' own command with systemd's unit dirs and the cron files moved under tmp_path."""
+    """Run PowerCapUnits' own command with systemd's unit dirs, the cron files, rc.local and udev's rules dirs moved
+    under tmp_path."""
     dirs = [str(tmp_path / d.strip("/")) for d in UNIT_SEARCH_PATH]
-    for d in (*dirs, tmp_path / "etc/cron.d", tmp_path / "var/spool/cron/crontabs", tmp_path / "usr/local/bin"):
+    rules = [str(tmp_path / d.strip("/")) for d in UDEV_RULES_DIRS]
+    made = (tmp_path / "etc/cron.d", tmp_path / "var/spool/cron/crontabs", tmp_path / "usr/local/bin")
+    for d in (*dirs, *rules, *made):
         Path(d).mkdir(parents=True, exist_ok=True)
     for path, text in files.items():
         (tmp_path / path.strip("/")).write_text(text.replace("@TMP@", str(tmp_path)))
     crons = [str(tmp_path / c.strip("/")) for c in CRON_FILES]
-    out = subprocess.run(["sh", "-c", PowerCapUnits().command(dirs, crons)], capture_output=True, text=True, check=True)
+    command = PowerCapUnits().command(dirs, crons, str(tmp_path / RC_LOCAL.strip("/")), rules)
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
     return PowerCapUnits().process(out.stdout.splitlines(), dirs)
 
 
@@ -87,17 +91,52 @@ def test_every_kind_of_boot_time_cap_writer_is_found(tmp_path):
             "path": f"{tmp_path}/var/spool/cron/crontabs/root", "watts": [240], "script": None,
             "command": "sleep 20; nvidia-smi -pl 240"},
         "cap.service": {"kind": "unit", "path": f"{tmp_path}/usr/lib/systemd/system/cap.service", "watts": [300],
-                        "script": None},
+                        "script": None, "timer": None},
         "gpu-setup.service": {"kind": "unit", "path": f"{tmp_path}/etc/systemd/system/gpu-setup.service",
-                              "watts": [250], "script": script},
+                              "watts": [250], "script": script, "timer": None},
         "gpu-tune.service": {"kind": "unit", "path": f"{tmp_path}/lib/systemd/system/gpu-tune.service", "watts": [],
-                             "script": None},
+                             "script": None, "timer": None},
         "homemade-cap.service": {"kind": "unit", "path": f"{tmp_path}/etc/systemd/system/homemade-cap.service",
-                                 "watts": [250], "script": None},
+                                 "watts": [250], "script": None, "timer": None},
         "nvidia-power-cap.service": {"kind": "unit", "path": f"{tmp_path}/etc/systemd/system/nvidia-power-cap.service",
-                                     "watts": [250], "script": None},
+                                     "watts": [250], "script": None, "timer": None},
         "shell.service": {"kind": "unit", "path": f"{tmp_path}/etc/systemd/system/shell.service", "watts": [250],
-                          "script": script},
+                          "script": script, "timer": None},
+    }  # fmt: skip
+
+
+def test_cron_jobs_of_any_schedule_timers_rc_local_and_udev_rules_are_found(tmp_path):
+    """Issue 47: a writer is named by what it is. A job every 5 minutes in /etc/crontab, a daily one in a user's
+    crontab, a unit started by a timer of its own name and one by a timer's Unit=, /etc/rc.local, a udev rule."""
+    found = cap_units_on(
+        tmp_path,
+        {
+            "/etc/crontab": "SHELL=/bin/sh\n*/5 * * * * root nvidia-smi -i 1 -pl 260\n17 * * * * root run-parts x\n",
+            "/var/spool/cron/crontabs/alice": "30 2 * * * sudo nvidia-smi --power-limit 270\n",
+            "/usr/local/bin/gpu-setup.sh": SCRIPT,
+            "/etc/systemd/system/recap.service": "[Service]\nExecStart=@TMP@/usr/local/bin/gpu-setup.sh\n",
+            "/etc/systemd/system/recap.timer": "[Timer]\nOnCalendar=hourly\n",
+            "/lib/systemd/system/late.service": "[Service]\nExecStart=/usr/bin/nvidia-smi -pl 280\n",
+            "/lib/systemd/system/later.timer": "[Timer]\nOnBootSec=5min\nUnit=late.service\n",
+            "/etc/rc.local": "#!/bin/sh -e\n# nvidia-smi -pl 100 (a comment)\nnvidia-smi -pl 290\nexit 0\n",
+            "/etc/udev/rules.d/90-gpu.rules": 'ACTION=="add", SUBSYSTEM=="pci", RUN+="/usr/bin/nvidia-smi -pl 300"\n',
+            "/lib/udev/rules.d/91-other.rules": 'ACTION=="add", RUN+="/usr/bin/true"\n',
+        },
+    )
+    script = f"{tmp_path}/usr/local/bin/gpu-setup.sh"
+    crontab, user = f"{tmp_path}/etc/crontab", f"{tmp_path}/var/spool/cron/crontabs/alice"
+    rules, rc_local = f"{tmp_path}/etc/udev/rules.d/90-gpu.rules", f"{tmp_path}/etc/rc.local"
+    assert found == {
+        f"*/5 * * * * in {crontab}": {"kind": "cron", "path": crontab, "watts": [260], "script": None,
+                                      "command": "nvidia-smi -i 1 -pl 260"},
+        f"30 2 * * * in {user}": {"kind": "cron", "path": user, "watts": [270], "script": None,
+                                  "command": "sudo nvidia-smi --power-limit 270"},
+        rc_local: {"kind": "rc.local", "path": rc_local, "watts": [290], "script": None},
+        "late.service": {"kind": "unit", "path": f"{tmp_path}/lib/systemd/system/late.service", "watts": [280],
+                         "script": None, "timer": "later.timer"},
+        "recap.service": {"kind": "unit", "path": f"{tmp_path}/etc/systemd/system/recap.service", "watts": [250],
+                          "script": script, "timer": "recap.timer"},
+        f"udev rule in {rules}": {"kind": "udev", "path": rules, "watts": [300], "script": None},
     }  # fmt: skip
 
 
@@ -113,7 +152,13 @@ def test_the_first_unit_dir_wins_as_in_systemd():
              "line=/etc/systemd/system/b.service:ExecStart=/usr/bin/nvidia-smi -i 0 -pl 250",
              "line=/lib/systemd/system/b.service:ExecStart=/usr/bin/nvidia-smi -pl 280"]  # fmt: skip
     assert PowerCapUnits().process(lines) == {
-        "b.service": {"kind": "unit", "path": "/etc/systemd/system/b.service", "watts": [250], "script": None}
+        "b.service": {
+            "kind": "unit",
+            "path": "/etc/systemd/system/b.service",
+            "watts": [250],
+            "script": None,
+            "timer": None,
+        }
     }
 
 
@@ -134,14 +179,16 @@ def test_the_power_unit_is_ordered_after_no_other_writer_whatever_the_rig_has():
         f"After={POWER_UNIT}"
     ]
     assert "Type=exec\n" in settle and "WantedBy=multi-user.target" in settle
-    assert f"ExecStart={HostLayout().settle_script} /usr/bin/nvidia-smi 60 0:230 1:230\n" in settle
+    layout = HostLayout()
+    run = f"{layout.settle_script} {layout.hold_script} /usr/bin/nvidia-smi {layout.cap_setbacks} 60 0:230 1:230"
+    assert f"ExecStart={run}\n" in settle
 
 
 def test_the_settle_window_and_per_gpu_caps_are_rendered_from_host_data():
     p, problems = fleet.plan_for("r", {"gpu_power_settle_window_s": 5, "gpu_power_limits": {1: 250}}, "dual-turbo",
                                 gpus=2, deployable=False)  # fmt: skip
     assert not problems
-    assert " /usr/bin/nvidia-smi 5 0:230 1:250\n" in p.files[SETTLE_UNIT]
+    assert " /usr/bin/nvidia-smi /var/lib/rigforge/gpu-cap-setbacks 5 0:230 1:250\n" in p.files[SETTLE_UNIT]
     _, problems = fleet.plan_for("r", {"gpu_power_settle_window_s": -1}, "dual-turbo", deployable=False)
     assert problems == ["gpu_power_settle_window_s must be a whole number of seconds in 0..3600, got -1"]
 

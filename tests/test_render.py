@@ -189,8 +189,10 @@ def test_cli_render_writes_what_a_rig_gets(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [".env", "docker-compose.yml", "rigforge-gpu-power.service", "rigforge-vllm@.service"]
         + ["rigforge-gpu-settle.service", "rigforge-gpu-settle"]
+        + ["rigforge-gpu-hold.service", "rigforge-gpu-hold.timer", "rigforge-gpu-hold"]
     )
     assert stat.S_IMODE(os.stat(out / "rigforge-gpu-settle").st_mode) == 0o755
+    assert stat.S_IMODE(os.stat(out / "rigforge-gpu-hold").st_mode) == 0o755
     assert stat.S_IMODE(os.stat(out / ".env").st_mode) == 0o600
     assert yaml.safe_load((out / "docker-compose.yml").read_text())["services"]["vllm-qwen36-27b-dual-turbo"][
         "ports"

@@ -87,14 +87,14 @@ def test_systemd_analyze_verify_reports_a_bad_key(tools):
 
 
 def test_the_power_unit_and_the_settle_stage_pass_systemd_analyze_verify_without_ordering_on_other_writers(tools):
-    """Both boot units as a plan renders them (a rig with other cap writers changes nothing in them), with
-    nvidia-smi and the settle script at paths inside the check dir (the tools root has no driver), and the
-    settle script passes `sh -n`."""
+    """Both boot units and the cap hold's unit and timer as a plan renders them (a rig with other cap writers
+    changes nothing in them), with nvidia-smi and the scripts at paths inside the check dir (the tools root has no
+    driver), and the settle and hold scripts pass `sh -n`."""
     from types import SimpleNamespace
 
     from rigforge import fleet
-    from rigforge.layout import POWER_UNIT, SETTLE_SCRIPT, SETTLE_UNIT
-    from rigforge.render import render_power_unit, settle_files
+    from rigforge.layout import HOLD_SCRIPT, HOLD_TIMER, HOLD_UNIT, POWER_UNIT, SETTLE_SCRIPT, SETTLE_UNIT
+    from rigforge.render import hold_files, render_power_unit, settle_files
 
     d = "/rigforge-render-check/boot"
     here = tools / d.lstrip("/")
@@ -105,16 +105,21 @@ def test_the_power_unit_and_the_settle_stage_pass_systemd_analyze_verify_without
     assert plan and not problems, problems
     assert plan.files[POWER_UNIT] == render_power_unit({0: 230, 1: 230})  # no After= on the other writer
     files = {POWER_UNIT: render_power_unit(plan.caps, nvidia_smi=f"{d}/nvidia-smi")}
-    files |= settle_files(plan.caps, 60, SimpleNamespace(settle_script=f"{d}/{SETTLE_SCRIPT}"), f"{d}/nvidia-smi")
+    layout = SimpleNamespace(
+        settle_script=f"{d}/{SETTLE_SCRIPT}", hold_script=f"{d}/{HOLD_SCRIPT}", cap_setbacks=f"{d}/setbacks"
+    )
+    files |= settle_files(plan.caps, 60, layout, f"{d}/nvidia-smi") | hold_files(plan.caps, layout, f"{d}/nvidia-smi")
     for name, text in files.items():
         (here / name).write_text(text)
-    (here / SETTLE_SCRIPT).chmod(0o755)
-    assert plan.files[SETTLE_SCRIPT] == files[SETTLE_SCRIPT]
-    for name in (POWER_UNIT, SETTLE_UNIT):
+    for script in (SETTLE_SCRIPT, HOLD_SCRIPT):
+        (here / script).chmod(0o755)
+        assert plan.files[script] == files[script]
+    for name in (POWER_UNIT, SETTLE_UNIT, HOLD_UNIT, HOLD_TIMER):
         r = in_tools(tools, f"cd {d} && systemd-analyze verify ./{name}")
         assert r.returncode == 0 and r.stdout == "" and r.stderr == "", name + r.stdout + r.stderr
-    r = in_tools(tools, f"cd {d} && sh -n {SETTLE_SCRIPT}")
-    assert r.returncode == 0, r.stderr
+    for script in (SETTLE_SCRIPT, HOLD_SCRIPT):
+        r = in_tools(tools, f"cd {d} && sh -n {script}")
+        assert r.returncode == 0, r.stderr
 
 
 def test_the_gpu_metrics_service_and_timer_pass_systemd_analyze_verify(tools):

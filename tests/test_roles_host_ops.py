@@ -561,6 +561,20 @@ def test_caps_no_op_when_set_and_per_gpu_overrides():
     assert op_commands(state, "e", systemd_units.enabled, unit="rigforge-gpu-power.service") == []
 
 
+def test_the_cap_hold_is_installed_and_enabled_or_stopped_when_turned_off():
+    """gpu_power_hold (default true): the hold's script, unit and timer installed, the timer enabled; false: the
+    files stay (the settle stage runs the pass), the timer is stopped and disabled once, when it is enabled."""
+    commands = executed(converge({"r": rig()}, gpu_power.apply, power_plan()), "r")
+    assert any("systemctl enable rigforge-gpu-hold.timer" in c for c in commands)
+    assert any("rigforge-gpu-hold.timer" in c and "rigforge-gpu-hold.service" in c for c in commands)  # installed
+    off = make_plan(settings=Settings(), gpu_power_hold=False)
+    commands = executed(converge({"r": rig(extra={"is-enabled": "enabled"})}, gpu_power.apply, off), "r")
+    assert "systemctl disable --now rigforge-gpu-hold.timer" in "\n".join(commands)
+    assert not any("systemctl enable rigforge-gpu-hold.timer" in c for c in commands)
+    commands = executed(converge({"r": rig()}, gpu_power.apply, off), "r")  # not enabled: nothing to stop
+    assert not any("disable" in c or "enable rigforge-gpu-hold" in c for c in commands)
+
+
 @pytest.mark.parametrize("cap", [90, 400])
 def test_cap_outside_range_refused_in_gpu_power_too(cap):
     state = make_state({"r": rig(gpus=[gpu_row(0), gpu_row(1, max_w=390.0)])})

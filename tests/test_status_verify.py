@@ -206,6 +206,38 @@ def test_moved_checkout_and_grown_weight_file_fail_their_checks(rigs):
 
 
 @pytest.mark.testbed
+def test_a_card_off_the_bus_is_named_by_its_bus_address_and_no_file_is_called_edited(rigs):
+    """Issue 47: nvidia-smi on rig1 lists 1 of 2 cards (the stand-in's "lost", as after Xid 79), the PCI bus still
+    shows both. status and verify name the card by its bus address with what to check; the power units, rendered
+    for the two cards the PCI bus shows, are not "edited by hand"."""
+    rig1 = rigs.rig("rig1")
+    sim = rig1.rootfs / "var/lib/rigforge-sim/state.json"
+    before = sim.read_text() if sim.exists() else None
+    sim.parent.mkdir(parents=True, exist_ok=True)
+    sim.write_text(json.dumps({**json.loads(before or "{}"), "lost": [1]}))
+    try:
+        code, rows = status_json(rigs.inventory)
+        report_code, report = verify_json(rigs.inventory)
+    finally:
+        if before is None:
+            sim.unlink()
+        else:
+            sim.write_text(before)
+    assert code == 0 and report_code == 1
+    checks = checks_of(report, "rig1")
+    visible = checks["GPUs visible"]
+    assert visible["status"] == "fail", visible
+    assert visible["detail"] == (
+        "nvidia-smi shows 1 GPU(s); the PCI bus shows 2: the card at PCI 0000:02:00.0 (10de:2204, GeForce RTX 3090) "
+        "is on the bus but nvidia-smi does not list it (fallen off the bus?): check its power cables and seating, and "
+        "the kernel's Xid lines (`journalctl -k | grep -i xid`)"
+    )
+    assert checks["files as rendered"]["status"] == "pass", checks["files as rendered"]
+    assert not any("edited by hand" in line for line in rows["rig1"]["pin_drift"] or []), rows["rig1"]["pin_drift"]
+    assert verify_json(rigs.inventory)[0] == 0  # the card back: passes again
+
+
+@pytest.mark.testbed
 @pytest.mark.parametrize(
     "path",
     [
@@ -215,6 +247,9 @@ def test_moved_checkout_and_grown_weight_file_fail_their_checks(rigs):
         "/etc/systemd/system/rigforge-gpu-power.service",
         "/etc/systemd/system/rigforge-gpu-settle.service",
         "/usr/local/lib/rigforge/rigforge-gpu-settle",
+        "/etc/systemd/system/rigforge-gpu-hold.service",
+        "/etc/systemd/system/rigforge-gpu-hold.timer",
+        "/usr/local/lib/rigforge/rigforge-gpu-hold",
     ],
 )
 def test_a_hand_edited_file_is_drift_in_status_and_fails_verify(rigs, path):

@@ -8,7 +8,16 @@ from pyinfra.api import QuoteString, StringCommand
 
 from rigforge.boot import SHOW, parse_boot
 from rigforge.facts import Fact, sections
-from rigforge.layout import POWER_UNIT, SETTLE_UNIT, UNIT_SEARCH_PATH
+from rigforge.layout import (
+    CRON_FILES,
+    HOLD_TIMER,
+    HOLD_UNIT,
+    POWER_UNIT,
+    RC_LOCAL,
+    SETTLE_UNIT,
+    UDEV_RULES_DIRS,
+    UNIT_SEARCH_PATH,
+)
 
 # Fields read by NvidiaGpus, in order; keys of each GPU dict are these with "." replaced by "_".
 QUERY_FIELDS = tuple(
@@ -142,33 +151,55 @@ class NvidiaRunningDriver(Fact):
 # Units that set power caps at boot besides rigforge's own: the recipe repo's (club-3090
 # scripts/systemd/nvidia-power-cap.service) and the tuning unit it orders itself after (gpu-tune.service).
 CAP_UNITS = ("nvidia-power-cap.service", "gpu-tune.service")
-CRON_FILES = ("/var/spool/cron/crontabs/root", "/etc/crontab", "/etc/cron.d/*")  # where root's @reboot jobs are
 _PL = re.compile(r"(?:^|\s)(?:-pl|--power-limit)(?:=|\s+)(\d+(?:\.\d+)?)")
 _SETS_CAP = re.compile(r"nvidia-smi\b[^#]*\s(?:-pl|--power-limit)(?:[\s=]|$)")
 _SHELL_SETS_CAP = r"nvidia-smi[^#]*[[:space:]](-pl|--power-limit)([[:space:]=]|$)"  # _SETS_CAP for grep -E
+_TIMER_UNIT = re.compile(r"^\s*Unit\s*=\s*(\S+)")
 
 
 def _watts(lines) -> list[int]:
     return sorted({round(float(w)) for line in lines if _SETS_CAP.search(line) for w in _PL.findall(line)})
 
 
-class PowerCapUnits(Fact):
-    """Other boot-time GPU power-cap writers, {name: writer}: units (first file of the name in `unit_dirs`) in CAP_UNITS
-    or whose ExecStart runs `nvidia-smi -pl` or a script that does; root cron jobs ("@reboot in FILE") likewise.
-    Writer: {"kind": "unit"|"cron", "path", "watts" (caps set, else []), "script" (or None), cron: "command"}."""
+def cron_entry(path: str, text: str) -> tuple[str, str] | None:
+    """A cron table's line -> (schedule, command): "@reboot" or five fields, the user field skipped outside a user's
+    crontab (/var/spool/cron/crontabs/USER); None for a variable assignment or a line too short to be a job."""
+    fields = text.split()
+    if not fields or "=" in fields[0] and not fields[0].startswith(("@", "*")) and not fields[0][0].isdigit():
+        return None
+    when = 1 if fields[0].startswith("@") else 5
+    user = 0 if "/crontabs/" in path else 1
+    if len(fields) <= when + user:
+        return None
+    command = "".join(text.split(None, when + user)[when + user :])
+    return " ".join(fields[:when]), command
 
-    def command(self, unit_dirs=UNIT_SEARCH_PATH, cron_files=CRON_FILES) -> str:
-        """`line=FILE:LINE` per ExecStart/@reboot line naming nvidia-smi, a cap unit or a capping `script=PATH`."""
+
+class PowerCapUnits(Fact):
+    """Other GPU power-cap writers, {name: writer}: units (first file of the name in `unit_dirs`) in CAP_UNITS or
+    whose ExecStart runs `nvidia-smi -pl` or a script that does, and the timer that starts such a unit; cron jobs of
+    any schedule ("SCHEDULE in FILE"), rc.local and udev rules ("udev rule in FILE") likewise.
+    Writer: {"kind": "unit"|"cron"|"rc.local"|"udev", "path", "watts" (caps set, else []), "script" (or None);
+    a unit: "timer" (or None); cron: "command"}."""
+
+    def command(
+        self, unit_dirs=UNIT_SEARCH_PATH, cron_files=CRON_FILES, rc_local=RC_LOCAL, udev_dirs=UDEV_RULES_DIRS
+    ) -> str:
+        """`line=FILE:LINE` per ExecStart/cron/rc.local/udev RUN line naming nvidia-smi, a cap unit or a capping
+        `script=PATH`; `timer=FILE:LINE` per timer's Unit= line, `timerfile=FILE` per timer."""
         units = " ".join(f"{d}/*.service" for d in unit_dirs)
+        timers = " ".join(f"{d}/*.timer" for d in unit_dirs)
         crons = " ".join(cron_files)
+        rules = " ".join(f"{d}/*.rules" for d in udev_dirs)
         known = "".join(f"printf '%s\\n' '/{name}:'; " for name in CAP_UNITS)
         return (
             "t=$(mktemp) || exit 0; "
-            f"{{ grep -HE '^[[:space:]]*ExecStart[^=]*=' {units}; grep -HE '^[[:space:]]*@reboot' {crons}; }}"
-            ' 2>/dev/null > "$t"; '
-            # the files those lines name, but unit files, cron files and nvidia-smi itself
+            f"{{ grep -HE '^[[:space:]]*ExecStart[^=]*=' {units}; grep -HE '^[[:space:]]*[^#[:space:]]' {crons} "
+            f"{rc_local}; grep -HE 'RUN' {rules}; }} 2>/dev/null > \"$t\"; "
+            # the files those lines name, but unit files, cron files, rules and nvidia-smi itself
             "hits=$(grep -oE '/[^[:space:]\"'\\'';|&:=()]+' \"$t\" | sort -u | while read -r p; do "
-            'case "$p" in *.service|*/cron.d/*|*/crontabs/*|*/crontab|*/nvidia-smi) continue;; esac; '
+            'case "$p" in *.service|*.rules|*/rc.local|*/cron.d/*|*/crontabs/*|*/crontab|*/nvidia-smi) continue;; '
+            "esac; "
             '[ -f "$p" ] && printf \'%s\\n\' "$p"; done | '
             f"xargs -r grep -lIE '{_SHELL_SETS_CAP}' 2>/dev/null); "
             f"{{ printf '%s\\n' nvidia-smi; {known}"
@@ -176,6 +207,8 @@ class PowerCapUnits(Fact):
             'grep -F -f "$t.pat" "$t" | sed \'s/^/line=/\'; '
             'for s in $hits; do echo "script=$s"; '
             f"grep -hE '{_SHELL_SETS_CAP}' \"$s\" | head -n 20 | sed 's/^/pl=/'; done; "
+            f'for f in {timers}; do [ -f "$f" ] && echo "timerfile=$f"; done; '
+            f"grep -HE '^[[:space:]]*Unit[[:space:]]*=' {timers} 2>/dev/null | sed 's/^/timer=/'; "
             'rm -f "$t" "$t.pat"; true'
         )
 
@@ -190,22 +223,42 @@ class PowerCapUnits(Fact):
         for path, _, text in (line[5:].partition(":") for line in lines if line.startswith("line=")):
             text = text.strip()
             folder, _, name = path.rpartition("/")
+            via = next((s for s in scripts if s in text), None)
+            sets_cap = bool(_SETS_CAP.search(text) or via)
+            watts = _watts([text, *scripts.get(via, [])])
             if name.endswith(".service") and folder in rank:
-                if name not in (POWER_UNIT, SETTLE_UNIT):  # rigforge's own
+                if name not in (POWER_UNIT, SETTLE_UNIT, HOLD_UNIT):  # rigforge's own
                     units.setdefault(name, {}).setdefault(rank[folder], (path, []))[1].append(text)
-            else:  # a cron file: "@reboot [user] command"
-                via = next((s for s in scripts if s in text), None)
-                if _SETS_CAP.search(text) or via:
-                    n = 1 if "/crontabs/" in path else 2  # a user's crontab has no user field
-                    command = "".join(text.split(None, n)[n:])  # "" when there is none
-                    watts = _watts([text, *scripts.get(via, [])])
-                    out[f"@reboot in {path}"] = dict(kind="cron", path=path, watts=watts, script=via, command=command)
+            elif not sets_cap:
+                continue
+            elif name == "rc.local":
+                out[path] = dict(kind="rc.local", path=path, watts=watts, script=via)
+            elif name.endswith(".rules"):
+                out[f"udev rule in {path}"] = dict(kind="udev", path=path, watts=watts, script=via)
+            elif entry := cron_entry(path, text):
+                when, command = entry
+                out[f"{when} in {path}"] = dict(kind="cron", path=path, watts=watts, script=via, command=command)
+        started_by = self.timers(lines)
         for name, by_rank in units.items():
             path, texts = by_rank[min(by_rank)]  # the first dir in systemd's precedence wins
             via = next((s for s in scripts for t in texts if s in t), None)
             if name in CAP_UNITS or via or any(_SETS_CAP.search(t) for t in texts):
-                out[name] = dict(kind="unit", path=path, watts=_watts([*texts, *scripts.get(via, [])]), script=via)
+                watts = _watts([*texts, *scripts.get(via, [])])
+                out[name] = dict(kind="unit", path=path, watts=watts, script=via, timer=started_by.get(name))
         return dict(sorted(out.items()))
+
+    @staticmethod
+    def timers(lines: list[str]) -> dict[str, str]:
+        """{unit: the timer that starts it}: a timer's Unit=, else the unit of its own name (systemd's default)."""
+        out = {}
+        for path in (line[10:] for line in lines if line.startswith("timerfile=")):
+            name = path.rpartition("/")[2]
+            out.setdefault(name.removesuffix(".timer") + ".service", name)
+        for path, _, text in (line[6:].partition(":") for line in lines if line.startswith("timer=")):
+            if match := _TIMER_UNIT.match(text):
+                out = {unit: timer for unit, timer in out.items() if timer != path.rpartition("/")[2]}
+                out[match.group(1)] = path.rpartition("/")[2]
+        return out
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the real tool underlines the matrix header
@@ -249,7 +302,8 @@ class NvidiaTopology(Fact):
 
 class BootCaps(Fact):
     """What ran at this boot about GPU power caps (boot.py `parse_boot`): systemd's results for rigforge's power and
-    settle units and `units`, the journal's ordering cycles, settle and cron lines, each GPU's power limit now."""
+    settle units, the hold's timer and `units`, the journal's ordering cycles, settle, hold and cron lines, each GPU's
+    power limit now."""
 
     shared = (SMI_QUERY,)
 
@@ -259,12 +313,13 @@ class BootCaps(Fact):
         return StringCommand(
             'echo "boot_id=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)"; '
             'echo "system=$(systemctl is-system-running 2>/dev/null)"; for u in',
-            *(QuoteString(name) for name in (POWER_UNIT, SETTLE_UNIT, *units.split())),
+            *(QuoteString(name) for name in (POWER_UNIT, SETTLE_UNIT, HOLD_TIMER, *units.split())),
             f'; do echo "--- unit $u"; systemctl show -p {",".join(SHOW)} -- "$u" 2>/dev/null; done; '
             "echo '--- cycles'; journalctl -b _PID=1 --no-pager -o cat 2>/dev/null | grep -i 'ordering cycle' | "
             f"tail -n 20; echo '--- settle'; journalctl -b -u {SETTLE_UNIT} --no-pager -o cat 2>/dev/null | "
-            "grep '^rigforge: ' | tail -n 100; echo '--- cron'; journalctl -b -t CRON --no-pager -o cat 2>/dev/null | "
-            "grep ' CMD ' | tail -n 100; echo '--- caps'; if command -v nvidia-smi >/dev/null 2>&1; then "
+            f"grep '^rigforge: ' | tail -n 100; echo '--- hold'; journalctl -b -u {HOLD_UNIT} --no-pager -o cat "
+            "2>/dev/null | grep '^rigforge: ' | tail -n 100; echo '--- cron'; journalctl -b -t CRON --no-pager -o cat "
+            "2>/dev/null | grep ' CMD ' | tail -n 100; echo '--- caps'; if command -v nvidia-smi >/dev/null 2>&1; then "
             f"{SMI_QUERY} 2>/dev/null | cut -d, {caps}; fi; true",
         )
 

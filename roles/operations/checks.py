@@ -6,8 +6,8 @@ from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, operation
 from pyinfra.context import ctx_host
 
-from rigforge.facts.nvidia import NvidiaGpus
-from rigforge.hardware import Needs, format_problems, gpu_problems
+from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus
+from rigforge.hardware import Needs, format_problems, gpu_count, gpu_problems
 from roles.operations.shown import unchanged
 
 
@@ -33,13 +33,14 @@ def gpus_fit(needs: Needs, caps: dict[int, int], data: dict):
     gpus = host.get_fact(NvidiaGpus)
     if unchanged(not gpus and not state.is_executing, "GPUs are checked when this runs, once the driver answers"):
         return
-    problems = gpu_problems(gpus, needs, data)
+    pci = host.get_fact(NvidiaPciGpus)  # a card on the bus nvidia-smi does not list is named (hardware.py)
+    problems = gpu_problems(gpus, needs, data, pci)
     if not gpus:
         problems.append(
             "nvidia-smi shows no GPU although the driver role finished; check `nvidia-smi` and `dmesg` on the rig."
         )
     present = sorted(int(gpu["index"]) for gpu in gpus)
-    if gpus and present != sorted(caps):
+    if gpus and present != sorted(caps) and len(caps) != gpu_count(gpus, pci):
         problems.append(
             f"the power unit would cap GPU(s) {sorted(caps)} but nvidia-smi shows GPU(s) {present}; re-run so "
             "the plan counts the GPUs again (and remove gpu_power_limits entries for absent GPUs)."

@@ -15,6 +15,7 @@ Marked `booted` and `testbed`; skipped with the reason when this machine cannot 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -187,7 +188,8 @@ def test_four_competing_cap_writers_run_at_boot_and_rigforges_caps_are_the_last(
     res = cli(booted, "status")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "rig1: power caps: 230 W, set last at this boot (after " in res.stdout, res.stdout
-    assert "by the settle stage)" in res.stdout, res.stdout
+    assert re.search(r"\d+ corrections? by the settle stage[,)]", res.stdout), res.stdout
+    assert "; held since by rigforge-gpu-hold.timer (every 15 s)" in res.stdout or "by the hold" in res.stdout
 
     results, stderr = deploy(booted)
     assert not errored(results, "rig1"), stderr[-4000:]

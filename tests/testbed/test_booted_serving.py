@@ -166,7 +166,11 @@ def test_status_and_verify_agree_on_every_check_across_rig_states(tb, tmp_path):
             f"echo 'set server m_qwen3_6_27b_autoround/rig1 state drain' | socat stdio UNIX-CONNECT:{ADMIN}",
             "serving at the gateways",
         ),  # fmt: skip
-        "caps overwritten": ("nvidia-smi -pl 250 >/dev/null", ("power caps hold", "caps set last at this boot")),
+        # the cap hold would set the cap back within 15 s (test_booted_cap_hold): stopped first, so the cap stays off
+        "caps overwritten": (
+            "systemctl stop rigforge-gpu-hold.timer && nvidia-smi -pl 250 >/dev/null",
+            ("power caps hold", "caps set last at this boot"),
+        ),
     }
     for name, (breaks, fails) in states.items():
         settled(rig)
