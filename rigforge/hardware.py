@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from rigforge import schema
 from rigforge.driver_table import branch_for_cuda, cuda_for_branch, cuda_for_driver, version_key
-from rigforge.layout import DAEMON_JSON, DEFAULT_ROOT, HostLayout
+from rigforge.layout import DAEMON_JSON, HostLayout
 from rigforge.packages import distro_docker
 
 SMALL_CARD_MIB = 24000  # below this a card is a "20 GB card"
@@ -293,13 +293,37 @@ def data_root_of(daemon_json: list[str] | None) -> str:
     return configured.rstrip("/") if isinstance(configured, str) and configured.strip("/") else schema.DOCKER_DATA_ROOT
 
 
+def data_root_left(now: str, after: str, size_of) -> str | None:
+    """The warning for a Docker data-root this run leaves unused, None when there is none: `now`, the rig's, when
+    `after` (the one daemon.json sets once this run wrote it) differs; else Docker's default when `after` is not it.
+    `size_of(path)`: its bytes, None when it does not exist. rigforge never deletes it."""
+    moving = after != now
+    old = now if moving else schema.DOCKER_DATA_ROOT if after != schema.DOCKER_DATA_ROOT else None
+    if old is None or (size := size_of(old)) is None:
+        return None
+    if moving:
+        said = f"this run sets Docker's data-root to {after} in {DAEMON_JSON}; {old}, the one it uses now,"
+    else:
+        said = f"{DAEMON_JSON} sets Docker's data-root to {after}; {old}, an earlier one that Docker no longer uses,"
+    how = f"once the rig serves from {after}, remove it with: sudo rm -rf {old}"
+    if _inside(after, old):
+        how = f"{after} is inside it: remove the rest of it by hand"
+    return f"{said} holds {_size(size)}; rigforge neither copies nor deletes it; {how}"
+
+
+def _size(size: int) -> str:
+    return f"{size / 1e9:.1f} GB" if size >= 1e8 else f"{size / 1e6:.1f} MB"
+
+
 def roots_inside(layout: HostLayout, data_root: str) -> list[str]:
-    """rigforge_root and the model dir inside Docker's configured data-root (its default: rigforge/schema.py)."""
+    """rigforge_root and the model dir inside Docker's configured data-root, or holding it (its default:
+    rigforge/schema.py)."""
     out = []
     for key, path in (("rigforge_root", layout.root), ("serving_model_dir", layout.models)):
-        tree = schema.managed_tree(path, {data_root: f"Docker's data-root set in {DAEMON_JSON}"})
-        if tree and not (key == "serving_model_dir" and _inside(path, layout.root)):  # named with the root
-            out.append(f"{key} {path} is inside {tree}; choose a directory of its own outside it (e.g. {DEFAULT_ROOT})")
+        if key == "serving_model_dir" and _inside(path, layout.root):
+            continue  # named with the root
+        if problem := schema.data_root_overlap(key, path, data_root, f"Docker's data-root set in {DAEMON_JSON}"):
+            out.append(problem)
     return out
 
 

@@ -81,7 +81,27 @@ MANAGED_TREES = {
     "/lib/systemd": "systemd's own files",
     "/usr/lib/systemd": "systemd's own files",
     "/var/lib/systemd": "systemd's state",
+    # package managers' state: their databases, lists and caches
+    "/var/lib/dpkg": "dpkg's package database",
+    "/var/lib/apt": "apt's package lists and state",
+    "/var/cache/apt": "apt's package cache (apt-get clean empties it)",
+    "/var/cache/debconf": "debconf's answers",
+    "/var/lib/aptitude": "aptitude's state",
+    "/var/lib/rpm": "rpm's package database",
+    "/var/lib/dnf": "dnf's state",
+    "/var/cache/dnf": "dnf's package cache",
+    "/var/lib/snapd": "snapd's state",
+    "/snap": "snapd's mounted snaps",
+    "/var/snap": "the snaps' own data",
+    "/var/lib/flatpak": "Flatpak's installations",
+    # container runtimes' state: their images, containers and volumes
     DOCKER_DATA_ROOT: "Docker's default data-root",
+    "/var/lib/containerd": "containerd's images and containers",
+    "/var/lib/containers": "Podman's and CRI-O's images and containers",
+    "/var/lib/lxc": "LXC's containers",
+    "/var/lib/lxd": "LXD's containers",
+    "/var/lib/incus": "Incus's containers",
+    "/var/lib/kubelet": "the kubelet's pods and volumes",
 }
 
 
@@ -90,23 +110,71 @@ HOMES = {"/home", "/mnt", "/media", "/opt", "/srv", "/usr/local", "/var/lib"}  #
 
 def managed_tree(path: str, trees: dict[str, str] = MANAGED_TREES) -> str | None:
     """'<tree>, <who>' when `path` is one of `trees` or below one, else None."""
-    return next((f"{tree}, {who}" for tree, who in trees.items() if path == tree or path.startswith(f"{tree}/")), None)
+    return next((f"{tree}, {who}" for tree, who in trees.items() if inside(path, tree)), None)
 
 
-def _abs_path(v: Any) -> str:
-    """An absolute path safe in a shell, compose file and unit, below the system's dirs, outside managed trees."""
+def inside(path: str, tree: str) -> bool:
+    """True when `path` is `tree` or below it."""
+    return path == tree or path.startswith(f"{tree.rstrip('/')}/")
+
+
+ROOT_EXAMPLES = (DEFAULT_ROOT, "/srv/rigforge", "/home/rigforge")  # offered in this order; none is refused alone
+
+
+def example_root(*avoid: str) -> str:
+    """A rigforge dir to offer in a refusal: the first of ROOT_EXAMPLES neither inside nor holding any of `avoid`
+    (only '/' holds them all)."""
+    fits = (root for root in ROOT_EXAMPLES if not any(inside(root, t) or inside(t, root) for t in avoid))
+    return next(fits, "a directory of its own such as /data/rigforge")
+
+
+def _safe_path(v: Any) -> str:
+    """An absolute path safe in a shell, compose file, unit and daemon.json, without its trailing '/'."""
     s = str(v) if isinstance(v, str) else ""
     if not SAFE_PATH.fullmatch(s) or "/../" in f"{s}/" or "//" in s:
         raise ValueError(
             "an absolute path of letters, digits and . _ + @ - / (no spaces, quotes, ':' or shell characters)"
         )
-    path = s.rstrip("/") or "/"
+    return s.rstrip("/") or "/"
+
+
+def _abs_path(v: Any) -> str:
+    """An absolute path safe in a shell, compose file and unit, below the system's dirs, outside managed trees."""
+    path = _safe_path(v)
     if tree := managed_tree(path):
         raise ValueError(f"a directory of its own outside {tree} (e.g. {DEFAULT_ROOT})")
     if path in SYSTEM_DIRS:
         example = f"{path}/rigforge" if path in HOMES else DEFAULT_ROOT
         raise ValueError(f"a directory of its own, not the system directory {path} (e.g. {example})")
     return path
+
+
+def docker_data_root(v: Any) -> str:
+    """A Docker data-root rigforge may write into daemon.json: a safe absolute path, Docker's default or a directory
+    of its own outside the system's dirs and every other tree something else manages."""
+    path = _safe_path(v)
+    others = {tree: who for tree, who in MANAGED_TREES.items() if tree != DOCKER_DATA_ROOT}
+    if path != DOCKER_DATA_ROOT and (tree := managed_tree(path, {DOCKER_DATA_ROOT: MANAGED_TREES[DOCKER_DATA_ROOT]})):
+        raise ValueError(f"{DOCKER_DATA_ROOT} itself or a directory outside it, not below {tree}")
+    if tree := managed_tree(path, others):
+        raise ValueError(f"a directory of its own outside {tree} (e.g. {DOCKER_DATA_ROOT}, Docker's default)")
+    if path in SYSTEM_DIRS:
+        raise ValueError(f"a directory of its own, not the system directory {path} (e.g. {DOCKER_DATA_ROOT})")
+    return path
+
+
+def data_root_overlap(key: str, path: str, data_root: str, where: str) -> str | None:
+    """The refusal when the rigforge dir `key` (at `path`) and Docker's data-root (`where`) lie one inside the
+    other, else None: Docker's images and rigforge's trees never share one."""
+    example = example_root(data_root)
+    if inside(path, data_root):
+        return f"{key} {path} is inside {data_root}, {where}; choose a directory of its own outside it (e.g. {example})"
+    if inside(data_root, path):
+        return (
+            f"{key} {path} holds {data_root}, {where}; Docker's data-root and rigforge's dir never share a tree: "
+            f"choose a {key} that does not hold it (e.g. {example})"
+        )
+    return None
 
 
 def _choice(*allowed: str):

@@ -10,6 +10,9 @@ from pathlib import Path
 from rigforge import drift, fleet, inventory, observe
 from rigforge.boot import watts
 from rigforge.driver_table import version_key
+from rigforge.facts.docker import DataRootLeft
+from rigforge.facts.files import JsonFile
+from rigforge.hardware import data_root_left, data_root_of
 from rigforge.pins import LockError, default_lock_path, load_lock
 
 ROLLOUT_MARKER = ".rollout.json"  # beside the lock in use while `rigforge rollout` runs or stopped midway
@@ -58,6 +61,7 @@ def status_row(host, fl: fleet.Fleet) -> dict:
         "rest": ctx.data["serving_rest"],  # host data's, else the rig's own record (rig.json)
         "rest_from": ctx.rest_from,
         "candidate": candidate_of(ctx),  # a rollout in progress: does this rig run its candidate lock?
+        "data_root_left": data_root_left_on(obs, ctx),  # an earlier Docker data-root, unused and left in place
     }
     if ctx.port is None:
         return row | {"api": {"url": None, "reachable": False, "detail": "no port: variant unknown"}}
@@ -66,6 +70,13 @@ def status_row(host, fl: fleet.Fleet) -> dict:
     unmanaged = "" if ctx.manage else "; services not managed on this host"
     api["detail"] = "" if api["reachable"] else drift.answer(api["http_code"]) + unmanaged
     return row | {"api": api}
+
+
+def data_root_left_on(obs, ctx) -> str | None:
+    """The note on Docker's default data-root when the rig's daemon.json moved Docker elsewhere (hardware.py)."""
+    daemon = obs.get_fact(JsonFile, path=ctx.layout.daemon_json)
+    now = data_root_of([json.dumps(daemon)] if daemon else None)
+    return data_root_left(now, now, lambda path: obs.get_fact(DataRootLeft, path=path, data_root=now))
 
 
 def recipe_of(ctx) -> str | None:
@@ -200,6 +211,7 @@ def notes(r: dict) -> list[str]:
     out += [f"pin drift: {d}" for d in r.get("pin_drift") or []]
     if c := r.get("candidate"):  # a rollout in progress
         out.append(f"rollout in progress: {'runs' if c['runs'] else 'does not run yet'} the candidate {c['lock']}")
+    out += [f"note: {r['data_root_left']}"] if r.get("data_root_left") else []
     if r.get("rest") and _read_rig(r):
         where = r.get("rest_from") or "host data serving_rest"
         out.append(f"resting {r['rest']} on purpose ({where}): intended, not drift")

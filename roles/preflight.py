@@ -12,13 +12,14 @@ from pyinfra import host, logger
 from pyinfra.facts.deb import DebArch, DebPackages
 from pyinfra.facts.files import FileContents
 
-from rigforge import driver_table, packages
+from rigforge import driver_table, packages, schema
 from rigforge.facts.apt import AptSourceFiles, DebInstalledVersion, PublishedPackages
+from rigforge.facts.docker import DataRootLeft
 from rigforge.facts.gitpin import GitCheckout
 from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, NvidiaRunningDriver
 from rigforge.facts.system import FreeDiskBytes, OsRelease, SecureBoot, UrlAnswers
 from rigforge.fleet import Plan
-from rigforge.hardware import Needs, find_problems, format_problems
+from rigforge.hardware import Needs, data_root_left, data_root_of, find_problems, format_problems
 from rigforge.jsonmerge import merged_text
 from rigforge.knobs.docker_engine import DockerEngine
 from rigforge.layout import DAEMON_JSON
@@ -160,7 +161,8 @@ def branch_published(data: Mapping, os_release: dict, arch: str) -> list[str]:
 
 
 def check(needs: Needs, data: Mapping, more: list[str] = ()) -> bool:
-    """True when this host can run `needs.variant`, else refuse it now; `more`: the controller's problems (site.py)."""
+    """True when this host can run `needs.variant`, else refuse it now; `more`: the controller's problems (site.py).
+    Once it passed, warns of a Docker data-root this run leaves unused (hardware.data_root_left), deleting nothing."""
     os_release = host.get_fact(OsRelease)
     problems = find_problems(
         os_release,
@@ -195,4 +197,22 @@ def check(needs: Needs, data: Mapping, more: list[str] = ()) -> bool:
         refuse_now(f"Preflight refused {host.name}", format_problems(host.name, problems))
         return False
     host.noop(f"preflight passed for {needs.variant}")
+    warn_data_root_left(data, lines)  # after the refusals: no warning comes before one
     return True
+
+
+def warn_data_root_left(data: Mapping, daemon_json: list[str] | None) -> None:
+    """Warn of a Docker data-root this run leaves unused (hardware.data_root_left), with its size; delete nothing."""
+    after = data_root_after(data, daemon_json)
+
+    def size_of(path: str) -> int | None:
+        return host.get_fact(DataRootLeft, path=path, data_root=after)
+
+    if left := data_root_left(data_root_of(daemon_json), after, size_of):
+        warn(f"WARNING: {left}")
+
+
+def data_root_after(data: Mapping, daemon_json: list[str] | None) -> str:
+    """Docker's data-root once this run wrote daemon.json: docker_daemon_options' (validated), else the rig's."""
+    options = data.get("docker_daemon_options") or {}
+    return schema.docker_data_root(options["data-root"]) if "data-root" in options else data_root_of(daemon_json)

@@ -14,6 +14,7 @@ of the variant's shows on the PCI bus and is refused before the driver.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -229,3 +230,113 @@ def test_an_image_newer_than_the_drivers_cuda_is_refused_before_anything_changes
                           cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 1 and expect in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-4000:]
     assert snapshot(rig) == fresh
+
+
+NOT_RIGFORGES = [  # (host data, the refusal): state that belongs to a package manager or a container runtime
+    (
+        {"rigforge_root": "/var/lib/dpkg"},
+        "rigforge_root must be a directory of its own outside /var/lib/dpkg, dpkg's "
+        "package database (e.g. /opt/rigforge), got '/var/lib/dpkg'",
+    ),
+    ({"rigforge_root": "/var/lib/apt"}, "outside /var/lib/apt, apt's package lists and state (e.g. /opt/rigforge)"),
+    (
+        {"serving_model_dir": "/var/lib/containerd/models"},
+        "serving_model_dir must be a directory of its own outside "
+        "/var/lib/containerd, containerd's images and containers",
+    ),
+    (
+        {"docker_daemon_options": {"data-root": "/opt/rigforge/docker"}},
+        "docker_daemon_options data-root='/opt/rigforge/docker' is inside rigforge_root /opt/rigforge: Docker's "
+        "data-root and rigforge's dirs never share a tree; choose a data-root apart from it (e.g. /var/lib/docker).",
+    ),
+]
+STATE_DIRS = "/var/lib/dpkg /var/lib/apt /var/lib/containerd"
+
+
+def rigforge_dirs_in_state_dirs(rig) -> str:
+    """What rigforge would make inside the state dirs (models/, serve/, src/, venv/): '' when none is there."""
+    names = "-name models -o -name serve -o -name src -o -name venv"
+    return rig.run(f"find {STATE_DIRS} -maxdepth 1 \\( {names} \\) 2>/dev/null").stdout
+
+
+def test_roots_and_data_roots_that_are_not_rigforges_are_refused_with_nothing_changed(rigs, tmp_path):
+    """dpkg's, apt's and containerd's state dirs, and a Docker data-root inside the root, are refused on a fresh rig
+    by the host-data checks: one message, nothing changed, no rigforge dir made inside them."""
+    rig = rigs.rig("rig1")
+    fresh = snapshot(rig)
+    for data, expect in NOT_RIGFORGES:
+        results, err = deploy(rigs, tmp_path, "rig1", "dual_turbo", data)
+        assert_refused(results, err, "rig1", expect)
+        assert err.count("rigforge refused on rig1:") == 1  # one message
+        assert snapshot(rig) == fresh, f"{data} changed the rig"
+        assert rigforge_dirs_in_state_dirs(rig) == "", data
+
+
+def test_a_rigs_data_root_holding_the_root_is_refused_with_an_example_outside_it(rigs, tmp_path):
+    """The rig's own daemon.json sets data-root /opt: the default root /opt/rigforge is refused in preflight, and the
+    refusal offers a root outside /opt, never /opt/rigforge, the very path it refuses."""
+    rig = rigs.rig("rig1")
+    rig.run("""mkdir -p /etc/docker && echo '{"data-root": "/opt"}' > /etc/docker/daemon.json""", True)
+    try:
+        before = snapshot(rig)
+        results, err = deploy(rigs, tmp_path, "rig1", "dual_turbo", {})
+        assert_refused(
+            results,
+            err,
+            "rig1",
+            "rigforge_root /opt/rigforge is inside /opt, Docker's data-root set in /etc/docker/daemon.json; choose a "
+            "directory of its own outside it (e.g. /srv/rigforge)",
+            "preflight failed on",
+        )
+        assert "e.g. /opt/rigforge" not in err
+        assert snapshot(rig) == before
+    finally:
+        rig.run("rm -rf /etc/docker", True)
+
+
+def test_a_data_root_move_names_the_old_one_with_its_size_and_deletes_nothing(rigs, tmp_path):
+    """`--dry` with docker_daemon_options moving Docker's data-root: the rig's /var/lib/docker (5 MB here) is named
+    with its size once preflight passed, as a warning, not a change; it stays as it was. Once the rig's daemon.json
+    sets the new data-root, `rigforge status` notes the old one the same way."""
+    rig = rigs.rig("rig1")
+    rig.run("mkdir -p /var/lib/docker && head -c 5000000 /dev/zero > /var/lib/docker/blob", True)
+    try:
+        before = snapshot(rig)
+        data = {"docker_daemon_options": {"data-root": "/srv/docker"}}
+        inv = inventory_with(rigs, tmp_path / "move.py", {"rig1": data})
+        proc = subprocess.run(
+            [PYINFRA, "--dry", str(inv), str(REPO / "deploy" / "dual_turbo.py"), "--limit", "rig1"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**os.environ, **NO_TOKEN},
+        )
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, out[-4000:]
+        assert (
+            "rig1: WARNING: this run sets Docker's data-root to /srv/docker in /etc/docker/daemon.json; "
+            "/var/lib/docker, the one it uses now, holds 5.0 MB; rigforge neither copies nor deletes it; once the rig "
+            "serves from /srv/docker, remove it with: sudo rm -rf /var/lib/docker"
+        ) in out, out[-4000:]
+        assert "refused" not in out and out.count("/var/lib/docker, the one it uses now") == 1
+        assert snapshot(rig) == before
+        assert rig.run("stat -c %s /var/lib/docker/blob", True).stdout.strip() == "5000000"
+        rig.run("""mkdir -p /etc/docker && echo '{"data-root": "/srv/docker"}' > /etc/docker/daemon.json""", True)
+        status = subprocess.run(
+            [PYINFRA.replace("pyinfra", "rigforge"), "status", str(inv)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            stdin=subprocess.DEVNULL,
+        )
+        assert (
+            "rig1: note: /etc/docker/daemon.json sets Docker's data-root to /srv/docker; /var/lib/docker, an earlier "
+            "one that Docker no longer uses, holds 5.0 MB; rigforge neither copies nor deletes it; once the rig serves "
+            "from /srv/docker, remove it with: sudo rm -rf /var/lib/docker"
+        ) in status.stdout, status.stdout[-4000:] + status.stderr[-4000:]
+        assert "rig2: note:" not in status.stdout  # Docker's default data-root, in use
+        assert rig.run("stat -c %s /var/lib/docker/blob", True).stdout.strip() == "5000000"
+    finally:
+        rig.run("rm -rf /var/lib/docker /etc/docker", True)

@@ -1,5 +1,7 @@
 """Docker facts: what the engine already holds."""
 
+import shlex
+
 from pyinfra.api import QuoteString, StringCommand
 
 from rigforge.facts import Fact
@@ -26,3 +28,17 @@ class RegistryHasImage(Fact):
         )  # fmt: skip
 
     process = DockerImagePresent.process
+
+
+class DataRootLeft(Fact):
+    """The bytes (``du -sbx``) of the Docker data-root ``path`` Docker no longer uses; None when there is no such
+    directory, or when it is the data-root in use, ``data_root``, under another name (a symlink or bind mount)."""
+
+    def command(self, path: str, data_root: str) -> StringCommand:
+        old, new = shlex.quote(path), shlex.quote(data_root)
+        same = f'[ "$(stat -Lc %d:%i {old})" = "$(stat -Lc %d:%i {new} 2>/dev/null)" ]'
+        return StringCommand(f"if [ -d {old} ] && [ ! -L {old} ] && ! {same}; then du -sbx {old} | cut -f1; fi")
+
+    def process(self, output: list[str]) -> int | None:
+        text = "".join(output).strip()
+        return int(text) if text.isdigit() else None

@@ -46,4 +46,41 @@ def validate(data: Mapping) -> list[str]:
     fpr = "a 40-hex-digit key fingerprint, or unset"
     for key in ("docker_repo_key_fingerprint", "nvidia_toolkit_repo_key_fingerprint"):
         problems += schema.matches(data, key, schema.FINGERPRINT, fpr, True, True)
+    return problems + data_root_problems(data)
+
+
+def data_root_problems(data: Mapping) -> list[str]:
+    """docker_daemon_options' data-root: a directory of its own (schema.docker_data_root), neither inside nor
+    holding rigforge_root or serving_model_dir (those checked themselves by rigforge/schema.py)."""
+    options = data.get("docker_daemon_options")
+    if options is None:
+        return []
+    if not isinstance(options, Mapping):
+        example = "{'log-level': 'warn'}"
+        return [f"docker_daemon_options={options!r} must be a mapping of daemon.json keys, e.g. {example}."]
+    if "data-root" not in options:
+        return []
+    try:
+        data_root = schema.docker_data_root(options["data-root"])
+    except ValueError as error:
+        return [f"docker_daemon_options data-root={options['data-root']!r} must be {error}."]
+    problems = []
+    root = _valid_dir(data.get("rigforge_root"))
+    for key in ("rigforge_root", "serving_model_dir"):
+        path = _valid_dir(data.get(key))
+        if not path or key == "serving_model_dir" and root and schema.inside(path, root):
+            continue  # unset, refused by its own check, or named with the root
+        if how := "holds" if schema.inside(path, data_root) else "is inside" if schema.inside(data_root, path) else "":
+            problems.append(
+                f"docker_daemon_options data-root={data_root!r} {how} {key} {path}: Docker's data-root and rigforge's "
+                f"dirs never share a tree; choose a data-root apart from it (e.g. {schema.DOCKER_DATA_ROOT})."
+            )
     return problems
+
+
+def _valid_dir(value) -> str | None:
+    """The rigforge dir `value` as schema parses it; None when unset or refused (its own check names it)."""
+    try:
+        return schema.SETTINGS["root"](value) if value is not None else None
+    except ValueError:
+        return None
