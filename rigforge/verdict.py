@@ -70,7 +70,7 @@ def stale_weights(pin: HfPin, state: dict) -> dict[str, str]:
         elif on_disk is None:
             why = "missing"
         elif on_disk[0] != f.size:
-            why = f"{on_disk[0]} bytes, lock {f.size}"
+            why = f"is {on_disk[0]} bytes, lock {f.size}"
         elif on_disk[1] != entry.get("mtime_ns"):
             why = "modified since it was verified (mtime differs from the stamp)"
         else:

@@ -50,7 +50,7 @@ def test_first_converge_shows_progress_at_default_verbosity(testbed_factory):
     driver = packages_for(dict(DEFAULTS), "debian")  # the testbed rigs run Debian 13
     assert f"[rig1] installing {driver.pinning} (apt)" in text
     assert f"[rig1] installing {', '.join(driver.install)} (apt)" in text
-    assert "[rig1] installing docker.io, docker-compose (apt)" in text
+    assert "[rig1] installing docker.io, docker-cli, docker-compose (apt)" in text
     assert "[rig1] installing nvidia-container-toolkit=1.19.0-1, nvidia-container-toolkit-base=1.19.0-1," in text
     # checkouts show their progress: what is fetched, git's own progress, the result
     for name in ("genesis", "vllm-src", "club-3090"):
