@@ -20,6 +20,7 @@ from rigforge.facts.nvidia import BootCaps, NvidiaGpus, NvidiaModuleVersion, Nvi
 from rigforge.facts.serving import ComposeImages, ServiceState, runs_digest, serving
 from rigforge.facts.system import AptHeldPackages, OsRelease, ProvidedFiles, SystemdUnitEnabled
 from rigforge.fleet import Plan
+from rigforge.gateway import backend_name as gateway_backend
 from rigforge.hardware import interconnect, missing_cards, missing_problem, small_override, vram_problems
 from rigforge.knobs.docker_engine import daemon_json_patch
 from rigforge.observe import Observed, RigContext, boot_units, managed_files, weights_at
@@ -348,24 +349,55 @@ def running_image(obs: Observed, ctx: RigContext) -> Check:
     return Check(RUNS_DIGEST, PASS if runs else FAIL, want.pinned if runs else f"runs {seen}, lock {want.pinned}")
 
 
-def gateway_check(rig: str, rest: str | None, views: Mapping[str, dict]) -> Check | None:
-    """The rig's server is serving at every gateway that lists it (drained with serving_rest); None: none lists it."""
-    seen = {gw: view["rigs"][rig] for gw, view in views.items() if rig in (view.get("rigs") or {})}
+@dataclass(frozen=True)
+class GatewayPlace:
+    """Where a rig declares itself at the fleet's gateways: its model's backend, at its port."""
+
+    backend: str
+    port: int | None
+
+
+def gateway_place(ctx: RigContext) -> GatewayPlace | None:
+    """The rig's declared place at the gateways (None: no variant, so no model)."""
+    if ctx.variant is None:
+        return None
+    return GatewayPlace(gateway_backend(ctx.variant.served_model), ctx.port)
+
+
+def gateway_check(rig: str, place: GatewayPlace | None, rest: str | None, views: Mapping[str, dict]) -> Check | None:
+    """The rig at every gateway that lists it as it declares: at `place`, serving, or drained with `rest`
+    (`verdict.gateway_server`: the same list the deploy's rejoin and drain act on); None: no gateway lists it."""
+    seen = {gw: view["servers"][rig] for gw, view in views.items() if rig in (view.get("servers") or {})}
     if not seen:
         return None
-    said = ", ".join(f"{state} at {gw}" for gw, state in sorted(seen.items()))
-    if rest:
-        bad = [f"{said}: resting {rest} (serving_rest), re-run the deploy to drain it"] * ("serving" in seen.values())
-        return check("serving at the gateways", bad, f"{said}: resting on purpose (serving_rest: {rest})")
-    bad = [f"{said} (re-run the deploy to rejoin)"] * any(s != "serving" for s in seen.values())
-    return check("serving at the gateways", bad, said)
+    said = ", ".join(f"{views[gw]['rigs'][rig]} at {gw}" for gw in sorted(seen))
+    if place is None:
+        return Check("serving at the gateways", SKIP, f"{said} (no variant: its model and port are unknown)")
+    bad = []
+    for gw, servers in sorted(seen.items()):
+        for problem in verdict.gateway_server(servers, place.backend, place.port, rest):
+            bad.append(f"{problem} at {gw}")
+    if not bad:
+        resting = f": resting on purpose (serving_rest: {rest})" if rest else ""
+        return Check("serving at the gateways", PASS, said + resting)
+    fix = "re-run the deploy to drain it" if rest else "re-run the deploy to rejoin"
+    return Check("serving at the gateways", FAIL, f"{'; '.join(bad)} ({fix})")
 
 
-def fleet_checks(checks: list[Check], rig: str, rest: str | None, gateways: Mapping, monitors: Mapping) -> list[Check]:
+def fleet_checks(
+    checks: list[Check], rig: str, place: GatewayPlace | None, rest: str | None, gateways: Mapping, monitors: Mapping
+) -> list[Check]:
     """A rig's `checks` with "serving at the gateways" after its container's and "scraped" last, where they apply."""
-    at = next((i + 1 for i, c in enumerate(checks) if c.name == RUNS_DIGEST), len(checks))
-    served, scraped = gateway_check(rig, rest, gateways), monitor_check(rig, rest, monitors)
-    return [*checks[:at], *[served] * bool(served), *checks[at:], *[scraped] * bool(scraped)]
+    after_container = next((i + 1 for i, c in enumerate(checks) if c.name == RUNS_DIGEST), len(checks))
+    out = list(checks[:after_container])
+    served = gateway_check(rig, place, rest, gateways)
+    if served is not None:
+        out.append(served)
+    out.extend(checks[after_container:])
+    scraped = monitor_check(rig, rest, monitors)
+    if scraped is not None:
+        out.append(scraped)
+    return out
 
 
 def monitor_check(rig: str, rest: str | None, views: Mapping[str, dict | None]) -> Check | None:

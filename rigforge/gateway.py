@@ -130,19 +130,18 @@ echo "gateway: drained after $waited s"
 """
 
 
-def state_script(server: str, backend: str, port: int) -> str:
-    """Shell, on a gateway host: `server` in `backend` is `ready` (at `port`), `drain`, `maint`, `moved` or `absent`;
-    nothing without a gateway there. (`show servers state`: 2 backend, 4 server, 7 admin state bits (0x01/0x02/0x04/
-    0x20/0x40 maint, 0x08/0x10 drain), 19 port.)"""
-    return f"""{_runtime(server)}
-cli "show servers state" | awk -v s={shlex.quote(server)} -v b={shlex.quote(backend)} -v p={int(port)} '
-  $2 == b && $4 == s {{ seen = 1; a = $7 + 0
-    if (a % 2 == 1 || int(a / 2) % 2 == 1 || int(a / 4) % 2 == 1 || int(a / 32) % 2 == 1 || int(a / 64) % 2 == 1)
-      print "maint"
-    else if (int(a / 8) % 2 == 1 || int(a / 16) % 2 == 1) print "drain"
-    else if ($19 != p) print "moved"
-    else print "ready" }}
-  END {{ if (!seen) print "absent" }}'
+STAT_MARK = "# show stat"  # between the two answers of `read_servers_script`
+
+
+def read_servers_script() -> str:
+    """Shell, on a gateway host: HAProxy's `show servers state` (admin and operational state, port), then a line
+    STAT_MARK, then `show stat` (status since, last check); nothing without a gateway there. Parsed by
+    `observe.gateway_servers`."""
+    socket = shlex.quote(GATEWAY_ADMIN_SOCKET)
+    return f"""[ -S {socket} ] || exit 0
+echo "show servers state" | socat stdio UNIX-CONNECT:{socket}
+echo {shlex.quote(STAT_MARK)}
+echo "show stat" | socat stdio UNIX-CONNECT:{socket}
 """
 
 

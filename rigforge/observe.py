@@ -1,8 +1,6 @@
 """A rig (in one batched probe, rigforge/facts/probe.py `read`), a gateway or a monitor host read, changing nothing."""
 
-import csv
 import json
-import shlex
 from collections.abc import Mapping
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -11,7 +9,7 @@ from typing import Any
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File, Sha256File
 
-from rigforge import fleet, inventory, monitor, obtain, packages
+from rigforge import fleet, gateway, inventory, monitor, obtain, packages, verdict
 from rigforge.driver_table import DriverTableError, packages_for
 from rigforge.facts import cycles, nvidia, probe
 from rigforge.facts.apt import DebInstalledVersion
@@ -26,7 +24,6 @@ from rigforge.fleet import Plan
 from rigforge.hardware import gpu_count
 from rigforge.knobs.serving import REST
 from rigforge.layout import (
-    GATEWAY_ADMIN_SOCKET,
     HOLD_SCRIPT,
     HOLD_TIMER,
     HOLD_UNIT,
@@ -193,9 +190,6 @@ def boot_units(ctx: RigContext) -> dict:
     return {"units": " ".join(n for n, w in ctx.cap_units.items() if w.get("kind", "unit") == "unit")}
 
 
-GATEWAY_STATES = {"UP": "serving", "DRAIN": "draining"}  # HAProxy's server status; any other: out
-
-
 def observe_gateway(host, data: Mapping) -> dict:
     """The gateway on `host`: HAProxy's unit, its /health, /v1/models through it, each rig's state (`show stat`)."""
     bind = data.get("gateway_bind_address") or "127.0.0.1"
@@ -203,7 +197,7 @@ def observe_gateway(host, data: Mapping) -> dict:
     where = bind if data.get("gateway_bind_address") not in (None, "0.0.0.0") else None
     address = where or getattr(host, "data", {}).get("ssh_hostname") or host.name
     public = data.get("gateway_url") or f"http://{address}:{data['gateway_port']}"  # where clients reach it
-    stat = inventory.sh(host, f"echo 'show stat' | socat stdio UNIX-CONNECT:{shlex.quote(GATEWAY_ADMIN_SOCKET)}")
+    servers = gateway_servers(inventory.sh(host, gateway.read_servers_script()))
     code, body = inventory.http_on_rig(host, f"{url}/v1/models", 5, api_key=data.get("gateway_api_key"))
     try:
         models = [m["id"] for m in json.loads(body)["data"]]
@@ -216,7 +210,8 @@ def observe_gateway(host, data: Mapping) -> dict:
         "health": inventory.http_on_rig(host, f"{url}/health", 5)[0],
         "models_http": code,
         "models": models,
-        "rigs": gateway_servers(stat),
+        "servers": servers,  # {rig: {backend: its record}}: what drift.gateway_check decides on
+        "rigs": {rig: rig_at_gateway(by_backend) for rig, by_backend in servers.items()},
     }
 
 
@@ -228,23 +223,55 @@ def observe_monitor(host) -> dict:
     return {"url": url, "http": code, "targets": monitor.active_targets(code, body)}
 
 
-def gateway_servers(stat: str) -> dict[str, str]:
-    """{rig: serving, draining or out (why)} from HAProxy's `show stat` CSV; in several backends: where it serves."""
-    lines = [line for line in stat.splitlines() if line.strip()]
-    if not lines or not lines[0].startswith("# "):
-        return {}
-    rigs: dict[str, str] = {}
-    for row in csv.DictReader(lines[1:], fieldnames=lines[0][2:].split(",")):
-        name, status = row.get("svname") or "", (row.get("status") or "").split(" ")[0]
-        if name in ("FRONTEND", "BACKEND", "") or row.get("pxname") == "no_model":
+ADMIN_MAINT_BITS = 0x01 | 0x02 | 0x04 | 0x20 | 0x40  # HAProxy's SRV_ADMF_*: forced, inherited, from DNS ...
+ADMIN_DRAIN_BITS = 0x08 | 0x10  # SRV_ADMF_FDRAIN, SRV_ADMF_IDRAIN
+OP_STATE_UP = (2, 3)  # SRV_ST_RUNNING, SRV_ST_STOPPING: up (STOPPED 0, STARTING 1: not yet)
+
+
+def _table(lines: list[str], separator: str | None) -> list[dict[str, str]]:
+    """Rows of one of HAProxy's runtime API tables: a `# name name ...` header, then the rows."""
+    header = next((i for i, line in enumerate(lines) if line.startswith("# ")), None)
+    if header is None:
+        return []
+    names = lines[header][2:].split(separator)
+    rows = []
+    for line in lines[header + 1 :]:
+        if line.strip():
+            rows.append(dict(zip(names, line.split(separator), strict=False)))
+    return rows
+
+
+def gateway_servers(answer: str) -> dict[str, dict[str, dict]]:
+    """{rig: {backend: record}} from `gateway.read_servers_script`'s answer. A record: "admin" (ready, drain or maint),
+    "up" (its health checks), "port" (where the gateway sends it), "since_s" and "last_check" (from `show stat`)."""
+    state_text, _, stat_text = answer.partition(gateway.STAT_MARK)
+    stat = {}
+    for row in _table(stat_text.splitlines(), ","):
+        stat[(row.get("pxname"), row.get("svname"))] = row
+    servers: dict[str, dict[str, dict]] = {}
+    for row in _table(state_text.splitlines(), None):
+        backend, name = row.get("be_name"), row.get("srv_name")
+        if not backend or not name or backend == "no_model":
             continue
-        state = GATEWAY_STATES.get(status, f"out ({status.lower()})")
-        if status == "DOWN":
-            code = row.get("check_code") or ""
-            why = row.get("last_chk") or row.get("check_desc") or ""
-            check = " ".join(x for x in (row.get("check_status"), f"HTTP {code}" if code else "", why) if x)
-            since = f" {row['lastchg']} s" if (row.get("lastchg") or "").isdigit() else ""
-            state = f"out (down{since}; last check: {check or 'none yet'})"
-        if name not in rigs or rigs[name] == "out (maint)":
-            rigs[name] = state
-    return rigs
+        admin_bits = int(row.get("srv_admin_state") or 0)
+        admin = "maint" if admin_bits & ADMIN_MAINT_BITS else "drain" if admin_bits & ADMIN_DRAIN_BITS else "ready"
+        shown = stat.get((backend, name), {})
+        code = shown.get("check_code") or ""
+        check = [shown.get("check_status") or "", f"HTTP {code}" if code else "", shown.get("last_chk") or ""]
+        since = shown.get("lastchg") or ""
+        port = row.get("srv_port") or ""
+        servers.setdefault(name, {})[backend] = {
+            "admin": admin,
+            "up": int(row.get("srv_op_state") or 0) in OP_STATE_UP,
+            "port": int(port) if port.isdigit() else None,
+            "since_s": int(since) if since.isdigit() else None,
+            "last_check": " ".join(part for part in check if part),
+        }
+    return servers
+
+
+def rig_at_gateway(by_backend: Mapping[str, Mapping]) -> str:
+    """A rig's state at one gateway, as status shows it: in the backend where it is not in maintenance (a rig is in
+    every backend, taken out of the models it does not serve), else MAINT."""
+    serving = [server for server in by_backend.values() if server["admin"] != "maint"]
+    return verdict.gateway_said(serving[0]) if serving else "MAINT"

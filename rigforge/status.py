@@ -59,6 +59,7 @@ def status_row(host, fl: fleet.Fleet) -> dict:
         "checks": [asdict(c) for c in drift.checks(obs, ctx)],  # verify's, without its live chat/tool probes
         "problems": ctx.problems,
         "rest": ctx.data["serving_rest"],  # host data's, else the rig's own record (rig.json)
+        "gateway_place": place_of(ctx),  # its model's backend and its port at the fleet gateways
         "rest_from": ctx.rest_from,
         "candidate": candidate_of(ctx),  # a rollout in progress: does this rig run its candidate lock?
         "data_root_left": data_root_left_on(obs, ctx),  # an earlier Docker data-root, unused and left in place
@@ -70,6 +71,12 @@ def status_row(host, fl: fleet.Fleet) -> dict:
     unmanaged = "" if ctx.manage else "; services not managed on this host"
     api["detail"] = "" if api["reachable"] else drift.answer(api["http_code"]) + unmanaged
     return row | {"api": api}
+
+
+def place_of(ctx) -> dict | None:
+    """The rig's declared place at the gateways (`drift.gateway_place`) as JSON: {"backend", "port"} or None."""
+    place = drift.gateway_place(ctx)
+    return asdict(place) if place else None
 
 
 def data_root_left_on(obs, ctx) -> str | None:
@@ -125,7 +132,9 @@ def with_fleet_checks(rows: list[dict], monitors: tuple[str, ...]) -> list[dict]
     """Each rig's checks with the gateways' and monitors' (`drift.fleet_checks`, their rows read in the same pass)."""
     gateways, views = {r["host"]: r["gateway"] for r in rows if r.get("gateway")}, monitor_views(rows, monitors)
     for r in filter(_read_rig, rows):
-        checks = drift.fleet_checks([drift.Check(**c) for c in r["checks"]], r["host"], r["rest"], gateways, views)
+        place = drift.GatewayPlace(**r["gateway_place"]) if r.get("gateway_place") else None
+        checks = [drift.Check(**c) for c in r["checks"]]
+        checks = drift.fleet_checks(checks, r["host"], place, r["rest"], gateways, views)
         r["checks"] = [asdict(c) for c in checks]
     return rows
 

@@ -217,3 +217,52 @@ def json_keys(path: str, current: dict | None, patch: dict, extend: dict | None 
     merged = json.loads(merged_text(json.dumps(current), patch, extend) or json.dumps(current))
     differ = sorted(key for key in {**patch, **(extend or {})} if merged.get(key) != current.get(key))
     return [f"{path}: {key} is not as declared" for key in differ]
+
+
+# ---------------------------------------------------------------- a rig's server at a fleet gateway
+
+GATEWAY_WORDS = ("UP", "DOWN", "DRAIN", "MAINT")  # what status, verify and the fleet page call a server's state
+
+
+def gateway_word(server: Mapping) -> str:
+    """A server's state in one gateway backend (`observe.gateway_servers`' record) in one word: MAINT or DRAIN when
+    taken out on purpose (HAProxy's admin state), else UP or DOWN by its health checks."""
+    if server["admin"] == "maint":
+        return "MAINT"
+    if server["admin"] == "drain":
+        return "DRAIN"
+    return "UP" if server["up"] else "DOWN"
+
+
+def gateway_said(server: Mapping) -> str:
+    """The word, and for a DOWN server since when and its last check: 'DOWN (40 s; last check: L4CON ...)'."""
+    word = gateway_word(server)
+    if word != "DOWN":
+        return word
+    since = f"{server['since_s']} s; " if server.get("since_s") is not None else ""
+    return f"DOWN ({since}last check: {server.get('last_check') or 'none yet'})"
+
+
+def gateway_server(
+    servers: Mapping[str, Mapping] | None, backend: str, port: int | None, rest: str | None
+) -> list[str]:
+    """One gateway's servers named after the rig (`{backend: record}`, as `observe.gateway_servers` reads them)
+    against what the rig declares: in its model's `backend`, at its `port`, ready and UP; with `rest` (serving_rest),
+    drained or in maintenance there. The deploy rejoins or drains the rig at that gateway exactly when this is not
+    empty, and status shows it."""
+    here = (servers or {}).get(backend)
+    if here is None:
+        return [f"not in backend {backend} (re-run the deploy on the gateway)"]
+    word = gateway_said(here)
+    if rest:
+        if here["admin"] == "ready":
+            return [f"{word}, declared drained (serving_rest: {rest})"]
+        return []
+    if here["admin"] != "ready":
+        return [f"{word}, declared serving"]
+    problems = []
+    if port is not None and here.get("port") not in (None, port):
+        problems.append(f"sent to port {here['port']}, the rig serves on {port}")
+    if not here["up"]:
+        problems.append(word)
+    return problems

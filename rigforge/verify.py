@@ -20,6 +20,7 @@ def check_host(host, fl: fleet.Fleet) -> tuple[list[Check], dict]:
     if seen["rig"]:
         ctx, obs = observe.observe(host, fl)
         seen["rest"] = ctx.data["serving_rest"]  # host data's, else the rig's own record (rig.json)
+        seen["place"] = drift.gateway_place(ctx)
         out = drift.checks(obs, ctx) + api_checks(host, ctx)
     if fl.has(host.name, fleet.GATEWAY):
         seen["gateway"] = observe.observe_gateway(host, data)
@@ -52,7 +53,7 @@ def with_fleet_checks(results: dict, monitors: tuple[str, ...]) -> dict:
         if "gateway" in s:
             found = [rigs_up(s["gateway"], s["resting"] | recorded) if c.name == RIGS_UP else c for c in found]
         if s["rig"]:
-            found = drift.fleet_checks(found, h, s["rest"], gateways, views)
+            found = drift.fleet_checks(found, h, s.get("place"), s["rest"], gateways, views)
         out[h] = (found, s)
     return out
 
@@ -187,7 +188,7 @@ def skip_reasons(checked: Mapping[str, list[Check]]) -> dict[str, list[str]]:
 
 # ---------------------------------------------------------------- the fleet gateway, asked live
 
-GATEWAY_FINE = ("serving", "draining", "out (maint)")  # maint: taken out on purpose (a model it no longer serves)
+GATEWAY_FINE = ("UP", "DRAIN", "MAINT")  # drained or in maintenance: out on purpose (a model it no longer serves)
 
 
 RIGS_UP = "gateway rigs up"

@@ -141,10 +141,32 @@ def test_what_runs_is_checked_and_a_rig_resting_on_purpose_is_not_drift():
     assert checks["unit active"].status == "fail" and checks["unit enabled"].status == "fail"
 
 
+def server(admin: str = "ready", up: bool = True, port: int = 8000) -> dict:
+    """One server record as observe.gateway_servers reads it."""
+    return {"admin": admin, "up": up, "port": port, "since_s": 40, "last_check": "L4CON Connection refused"}
+
+
 def test_a_rig_at_the_gateways_serves_unless_it_rests_there_on_purpose():
-    views = {"gw": {"rigs": {"rig1": "draining", "rig2": "serving"}}}
-    assert drift.gateway_check("rig2", None, views).status == "pass"
-    assert drift.gateway_check("rig1", None, views).status == "fail"
-    assert drift.gateway_check("rig1", "drained", views).status == "pass"
-    assert drift.gateway_check("rig2", "drained", views).status == "fail"
-    assert drift.gateway_check("rig3", None, views) is None  # behind no gateway: no check
+    """verdict.gateway_server, through drift.gateway_check: UP at its port in its model's backend, or drained."""
+    backend = "qwen"
+    servers = {
+        "rig1": {backend: server(admin="drain"), "other": server(admin="maint")},
+        "rig2": {backend: server()},
+        "rig4": {backend: server(up=False)},
+        "rig5": {backend: server(port=8111)},
+        "rig6": {"other": server()},
+    }
+    views = {"gw": {"servers": servers, "rigs": {r: "said" for r in servers}}}
+    place = drift.GatewayPlace(backend, 8000)
+    assert drift.gateway_check("rig2", place, None, views).status == "pass"
+    assert drift.gateway_check("rig1", place, None, views).status == "fail"
+    assert drift.gateway_check("rig1", place, "drained", views).status == "pass"
+    assert drift.gateway_check("rig2", place, "drained", views).status == "fail"
+    down = drift.gateway_check("rig4", place, None, views)
+    assert down.status == "fail" and "DOWN (40 s; last check: L4CON Connection refused) at gw" in down.detail, down
+    assert drift.gateway_check("rig4", place, "drained", views).status == "fail"  # health down, yet still ready there
+    moved = drift.gateway_check("rig5", place, None, views)
+    assert moved.status == "fail" and "sent to port 8111, the rig serves on 8000" in moved.detail, moved
+    assert "not in backend qwen" in drift.gateway_check("rig6", place, None, views).detail
+    assert drift.gateway_check("rig2", None, None, views).status == "skip"  # no variant: nothing to compare with
+    assert drift.gateway_check("rig3", place, None, views) is None  # behind no gateway: no check

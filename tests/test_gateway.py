@@ -19,7 +19,7 @@ import time
 import urllib.error
 import urllib.request
 
-from rigforge import drift, gateway, observe, status, verify
+from rigforge import drift, gateway, observe, status, verdict, verify
 from rigforge.fleet import plan_for
 from rigforge.knobs.gateway import DEFAULTS, validate
 from rigforge.layout import GATEWAY_ADMIN_SOCKET, GATEWAY_STATE
@@ -424,13 +424,15 @@ def test_a_request_must_fit_the_buffer_to_be_routed_and_retried(tmp_path):
     one.shutdown()
 
 
-def test_status_and_verify_read_each_rigs_state_and_a_down_rigs_last_check(tmp_path):
-    """observe.gateway_servers on a real HAProxy's `show stat`: serving, draining, out (maint), and a down rig with
-    its last check's error; verify's "gateway rigs up" fails naming it, status's line shows every rig."""
+def test_status_verify_and_the_deploy_read_each_rigs_state_and_a_down_rigs_last_check(tmp_path):
+    """observe.gateway_servers on a real HAProxy's `show servers state` and `show stat` (what
+    gateway.read_servers_script prints): UP, DRAIN, MAINT, a moved port, and a DOWN rig with its last check's error;
+    verify's "gateway rigs up" fails naming it, status's line shows every rig in the same words, and
+    verdict.gateway_server (the deploy's rejoin and drain decide with it) lists what differs per rig."""
     one = stub(dt_ms=1, tokens=3)
     up = one.server_address[1]
     plans = [rig("rig1", "dual-turbo", up), rig("rig2", "dual-turbo", free_port()), rig("rig3", "dual", up),
-             rig("rig4", "dual", up)]  # fmt: skip
+             rig("rig4", "dual", up), rig("rig5", "dual", up)]  # fmt: skip
     port = free_port()
     plan, _ = gateway.build("gw", gw_data(gateway_port=port, gateway_bind_address="127.0.0.1"), plans)
     backend = gateway.backend_name("qwen3.6-27b-autoround")
@@ -439,17 +441,30 @@ def test_status_and_verify_read_each_rigs_state_and_a_down_rigs_last_check(tmp_p
         assert wait_for(lambda: server_status(sock, "rig2").startswith("DOWN"))
         admin(sock, f"set server {backend}/rig3 state drain")
         admin(sock, f"set server {backend}/rig4 state maint")
-        rigs = observe.gateway_servers(admin(sock, "show stat"))
+        admin(sock, f"set server {backend}/rig5 addr 127.0.0.1 port {up + 1}")
+        answer = admin(sock, "show servers state") + f"\n{gateway.STAT_MARK}\n" + admin(sock, "show stat")
     one.shutdown()
-    assert rigs["rig1"] == "serving" and rigs["rig3"] == "draining" and rigs["rig4"] == "out (maint)", rigs
-    assert re.fullmatch(r"out \(down \d+ s; last check: L4CON Connection refused\)", rigs["rig2"]), rigs
+    servers = observe.gateway_servers(answer)
+    rigs = {name: observe.rig_at_gateway(by_backend) for name, by_backend in servers.items()}
+    assert rigs["rig1"] == "UP" and rigs["rig3"] == "DRAIN" and rigs["rig4"] == "MAINT", rigs
+    assert re.fullmatch(r"DOWN \(\d+ s; last check: L4CON Connection refused\)", rigs["rig2"]), rigs
+    assert servers["rig1"][backend]["port"] == up and servers["rig5"][backend]["port"] == up + 1
+    assert verdict.gateway_server(servers["rig1"], backend, up, None) == []
+    assert verdict.gateway_server(servers["rig3"], backend, up, None) == ["DRAIN, declared serving"]
+    assert verdict.gateway_server(servers["rig3"], backend, up, "drained") == []
+    assert verdict.gateway_server(servers["rig4"], backend, up, "drained") == []
+    assert (
+        verdict.gateway_server(servers["rig5"], backend, up, None)[0]
+        == f"sent to port {up + 1}, the rig serves on {up}"
+    )
+    assert verdict.gateway_server(servers["rig2"], backend, up, None)[-1].startswith("DOWN (")
     view = {"url": "http://gw:8088", "unit": "active", "health": 200, "models_http": 0, "models": None, "rigs": rigs}
     checks = verify.gateway_checks(None, {}, view)
     assert (checks[0].name, checks[0].status) == ("gateway rigs up", drift.FAIL)
-    assert checks[0].detail.startswith("rig2 out (down ") and "L4CON Connection refused" in checks[0].detail
+    assert checks[0].detail.startswith("rig2 DOWN (") and "L4CON Connection refused" in checks[0].detail
     [line] = [f"gw: {n}" for n in status.notes({"host": "gw", "gateway": view})]
-    assert "rig1 serving, rig2 out (down " in line and line.endswith("rig3 draining, rig4 out (maint)"), line
-    fine = {**view, "rigs": {"rig1": "serving", "rig3": "draining"}}
+    assert "rig1 UP, rig2 DOWN (" in line and line.endswith("rig3 DRAIN, rig4 MAINT, rig5 UP"), line
+    fine = {**view, "rigs": {"rig1": "UP", "rig3": "DRAIN"}}
     assert verify.gateway_checks(None, {}, fine)[0].status == drift.PASS
     assert observe.gateway_servers("") == {}
 

@@ -19,7 +19,7 @@ import pytest
 from test_roles_host_ops import converge, executed, make_plan, rig, uploads
 from test_serving_ops import SHOW, UNIT, converged_responses
 
-from rigforge import fleet, status, verify
+from rigforge import drift, fleet, status, verify
 from rigforge.drift import SKIP, SKIPPED, Check
 from rigforge.observe import RigContext, rest_record
 from roles import serving
@@ -211,10 +211,17 @@ def test_a_changed_compose_file_is_the_reason_it_names(caplog):
 
 
 def test_a_gateway_knows_the_rest_a_rig_records():
-    """rig1 rests (rig.json records serving_rest: stopped, host data none): out of the gateway on purpose."""
-    view = {"rigs": {"rig1": "out (down 40 s; last check: L4CON)", "rig2": "serving"}}
+    """rig1 rests (rig.json records serving_rest: stopped, host data none): out of the gateway on purpose, so the
+    gateway's "rigs up" passes; the rig's own check says it is DOWN but not drained there (the deploy drains it)."""
+    down = {"admin": "ready", "up": False, "port": 8000, "since_s": 40, "last_check": "L4CON"}
+    up = {**down, "up": True}
+    view = {
+        "rigs": {"rig1": "DOWN (40 s; last check: L4CON)", "rig2": "UP"},
+        "servers": {"rig1": {"b": down}, "rig2": {"b": up}},
+    }
+    place = drift.GatewayPlace("b", 8000)
     results = {
-        "rig1": ([Check("unit active", "pass", "active")], {"rig": True, "rest": "stopped"}),
+        "rig1": ([Check("unit active", "pass", "active")], {"rig": True, "rest": "stopped", "place": place}),
         "gw": ([verify.rigs_up(view, set())], {"rig": False, "rest": None, "gateway": view, "resting": set()}),
     }
     assert results["gw"][0][0].status == "fail"  # what the gateway host alone knows: host data sets no rest
@@ -222,4 +229,12 @@ def test_a_gateway_knows_the_rest_a_rig_records():
     up = checked["gw"][0][0]
     assert (up.name, up.status) == ("gateway rigs up", "pass"), up
     served = [c for c in checked["rig1"][0] if c.name == "serving at the gateways"]
-    assert served[0].status == "pass" and "resting on purpose (serving_rest: stopped)" in served[0].detail
+    assert served[0].status == "fail" and "declared drained (serving_rest: stopped)" in served[0].detail, served
+    results["rig1"][1]["place"] = None
+    view["servers"]["rig1"]["b"] = {**down, "admin": "drain"}
+    view["rigs"]["rig1"] = "DRAIN"
+    served = [c for c in verify.with_fleet_checks(results, ())["rig1"][0] if c.name == "serving at the gateways"]
+    assert served[0].status == "skip", served  # no variant: no place to compare with
+    results["rig1"][1]["place"] = place
+    served = [c for c in verify.with_fleet_checks(results, ())["rig1"][0] if c.name == "serving at the gateways"]
+    assert served[0].status == "pass" and "resting on purpose (serving_rest: stopped)" in served[0].detail, served

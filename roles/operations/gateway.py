@@ -9,25 +9,35 @@ from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.api.exceptions import ConnectError
 
+from rigforge import verdict
 from rigforge.fleet import Plan
-from rigforge.gateway import backend_name, drain_script, rejoin_script, state_script
+from rigforge.gateway import backend_name, drain_script, read_servers_script, rejoin_script
 from rigforge.knobs.gateway import Gateway
 from rigforge.knobs.serving import Serving
+from rigforge.observe import gateway_servers
 from roles.operations.shown import unchanged, warn
+
+
+def _run_at(state, host, gateway: str, sudo: bool, script: str, what: str) -> tuple[bool, list[str]]:
+    """(ran, the lines it printed, or why not) of `script` on the gateway host `gateway`, over its own connection."""
+    gw = state.inventory.get_host(gateway)
+    try:
+        if not gw.connected:
+            gw.connect(reason=f"{what} {host.name}", raise_exceptions=True)
+        ok, output = gw.run_shell_command(StringCommand(script), _sudo=sudo)
+    except ConnectError as error:
+        return False, [f"unreachable ({error})"]
+    if not ok:
+        return False, output.stderr_lines or [""]
+    return True, output.stdout_lines or output.stderr_lines or [""]
 
 
 def _on_gateways(state, host, gateways: dict[str, bool], script: str, what: str, quiet=False) -> dict[str, str]:
     """{gateway: the last line `script` printed there}; an unreachable one is a warning; `quiet`: log failures only."""
     said = {}
     for name, sudo in gateways.items():
-        gw = state.inventory.get_host(name)
-        try:
-            if not gw.connected:
-                gw.connect(reason=f"{what} {host.name}", raise_exceptions=True)
-            ok, output = gw.run_shell_command(StringCommand(script), _sudo=sudo)
-            said[name] = (output.stdout_lines or output.stderr_lines or [""])[-1] if ok else output.stderr
-        except ConnectError as error:
-            ok, said[name] = False, f"unreachable ({error})"
+        ok, lines = _run_at(state, host, name, sudo, script, what)
+        said[name] = lines[-1]
         if not (quiet and ok):
             colour = "yellow" if not ok or "others up 0" in said[name] else "cyan"
             host.log_styled(f"{host.name}: {what} at gateway {name}: {said[name]}", fg=colour, log_func=logger.warning)
@@ -45,11 +55,31 @@ def _drain(state, host, gateways, plan: Plan):
     return True
 
 
-def states(state, host, gateways: dict[str, bool], plan: Plan) -> dict[str, str]:
-    """{gateway: this rig's state there (`state_script`)}; a gateway that cannot be read is left out."""
-    script = state_script(host.name, backend_name(plan.variant.served_model), plan.port)
-    said = _on_gateways(state, host, gateways, script, "state", quiet=True)
-    return {name: word for name, word in said.items() if word in ("ready", "drain", "maint", "moved", "absent")}
+def servers_at(state, host, gateways: dict[str, bool]) -> dict[str, dict[str, dict]]:
+    """{gateway: this rig's servers there, `{backend: record}` (`observe.gateway_servers`)}; a gateway that cannot be
+    read, or has no server of this rig, is left out (a warning when it cannot be read)."""
+    found = {}
+    for name, sudo in gateways.items():
+        ok, lines = _run_at(state, host, name, sudo, read_servers_script(), "read")
+        if not ok:
+            host.log_styled(f"{host.name}: read at gateway {name}: {lines[-1]}", fg="yellow", log_func=logger.warning)
+            continue
+        servers = gateway_servers("\n".join(lines)).get(host.name)
+        if servers:
+            found[name] = servers
+    return found
+
+
+def not_as_declared(found: dict[str, dict[str, dict]], plan: Plan, rest: str | None) -> dict[str, list[str]]:
+    """{gateway: what differs} for the gateways where this rig is not as `plan` (and `rest`) declare:
+    `verdict.gateway_server`, the list `rigforge status` shows in "serving at the gateways"."""
+    backend = backend_name(plan.variant.served_model)
+    out = {}
+    for name, servers in found.items():
+        problems = verdict.gateway_server(servers, backend, plan.port, rest)
+        if problems:
+            out[name] = problems
+    return out
 
 
 def _rejoin(state, host, plan: Plan, gateways, gate, sudo):
@@ -88,8 +118,8 @@ def drained(plan: Plan, gateways: dict[str, bool], held: bool = False):
     if held:
         if not state.is_executing:
             return
-        found = states(state, host, gateways, plan)
-        gateways = {g: sudo for g, sudo in gateways.items() if found.get(g) not in (None, "drain", "maint", "absent")}
+        differs = not_as_declared(servers_at(state, host, gateways), plan, rest="drained")
+        gateways = {g: sudo for g, sudo in gateways.items() if g in differs}
         if unchanged(not gateways, f"{host.name} rests drained at every gateway (serving_rest: drained)"):
             return
     yield FunctionCommand(_drain, (gateways, plan), {})
@@ -107,8 +137,9 @@ def rejoined(plan: Plan, gateways: dict[str, bool], gate=None, sudo: bool = Fals
     if not state.is_executing:
         return  # its state at the gateways is read when the rig's turn comes
     if gate is None or not (gate.did_change() or gate.did_error()):
-        out = {g: w for g, w in states(state, host, gateways, plan).items() if w != "ready"}
-        if unchanged(not out, f"{host.name} serves at every gateway"):
+        differs = not_as_declared(servers_at(state, host, gateways), plan, rest=None)
+        if unchanged(not differs, f"{host.name} serves at every gateway"):
             return
-        host.log(f"{host.name} is not serving at {', '.join(f'{g} ({w})' for g, w in out.items())}: rejoining")
+        said = "; ".join(f"{'; '.join(problems)} at {g}" for g, problems in differs.items())
+        host.log(f"{host.name} is not serving as declared: {said}: rejoining")
     yield FunctionCommand(_rejoin, (plan, gateways, gate, sudo), {})

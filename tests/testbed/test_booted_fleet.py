@@ -429,7 +429,7 @@ def test_a_killed_rig_costs_only_the_requests_it_had_down_in_2s_up_in_5s(fleet, 
     testbed_report.append(f"gateway rig death (docker kill -s KILL on rig2): {report}")
     assert dead.returncode == 7, dead  # refused at the gateway host, as on the rig itself
     assert down_at and float(down_at) - killed < 2.0, report
-    assert "rig2 out (down " in line and "last check: " in line, line
+    assert "rig2 DOWN (" in line and "last check: " in line, line
     assert after["failed"] == 0 and after["sent"] > 0, (report, after)
     assert len(lost) <= 8 and all(r[0] < t_kill for r in lost), report  # at most the 8 clients' requests in flight
     assert health and up_at and float(up_at) - health < 5.0, report
