@@ -213,10 +213,12 @@ def packages_check(obs: Observed, plan: Plan) -> Check:
 
 
 def boot_units_check(obs: Observed, plan: Plan) -> Check:
-    """The units rigforge enables at boot besides the vLLM instance (`verdict.unit_enabled`)."""
-    units = plan.boot_units
-    problems = [p for unit in units for p in verdict.unit_enabled(unit, obs.get_fact(SystemdUnitEnabled, unit=unit))]
-    return check("units enabled at boot", problems, ", ".join(units), " (re-run the deploy)")
+    """The units rigforge enables at boot, or keeps disabled, besides the vLLM instance (`verdict.unit_enabled`)."""
+    problems = []
+    for unit, declared in plan.boot_units.items():
+        problems += verdict.unit_enabled(unit, obs.get_fact(SystemdUnitEnabled, unit=unit), declared)
+    said = [unit if declared else f"{unit} disabled" for unit, declared in plan.boot_units.items()]
+    return check("units enabled at boot", problems, ", ".join(said), " (re-run the deploy)")
 
 
 def caps_set_last(obs: Observed, ctx: RigContext) -> Check:

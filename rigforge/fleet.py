@@ -81,10 +81,17 @@ class Plan:
         return self.settings.port or self.variant.port
 
     @property
-    def boot_units(self) -> tuple[str, ...]:
-        """The units the deploy enables at boot besides the vLLM instance (the cap hold's timer with gpu_power_hold)."""
-        hold = (self.layout.hold_timer,) if self.data.get("gpu_power_hold", True) else ()
-        return (*self.layout.enabled_at_boot, *hold)
+    def gpu_power_hold(self) -> bool:
+        """Whether the cap hold's timer runs (host data gpu_power_hold, default on)."""
+        return bool(self.data.get("gpu_power_hold", True))
+
+    @property
+    def boot_units(self) -> dict[str, bool]:
+        """{unit: enabled at boot} for the units the deploy enables, or keeps disabled, besides the vLLM instance:
+        the power and settle units and the metrics timer on, the cap hold's timer as gpu_power_hold says."""
+        declared = {unit: True for unit in self.layout.enabled_at_boot}
+        declared[self.layout.hold_timer] = self.gpu_power_hold
+        return declared
 
     @property
     def toolkit_version(self) -> str | None:

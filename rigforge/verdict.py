@@ -182,9 +182,11 @@ def rendered_file(path: str, text: str, mode: str | None, info: dict | None, sha
     return problems
 
 
-def unit_enabled(unit: str, enabled: bool | None) -> list[str]:
-    """A unit rigforge enables at boot (SystemdUnitEnabled)."""
-    return [] if enabled else [f"{unit} is not enabled at boot"]
+def unit_enabled(unit: str, enabled: bool | None, declared: bool = True) -> list[str]:
+    """A unit rigforge enables at boot, or keeps disabled when not `declared` (SystemdUnitEnabled, as read)."""
+    if declared:
+        return [] if enabled else [f"{unit} is not enabled at boot"]
+    return [f"{unit} is enabled at boot, declared disabled"] if enabled else []
 
 
 # ---------------------------------------------------------------- the GPUs' caps and persistence

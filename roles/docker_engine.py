@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.deb import DebArch
-from pyinfra.operations import systemd
+from pyinfra.operations import server, systemd
 
 from rigforge import packages
 from rigforge.facts.system import OsRelease
@@ -91,6 +91,13 @@ def install(plan: Plan):
     )
     if Serving.of(plan.data).rigforge_manage_services:
         systemd.service(name="Enable and start docker", service="docker.service", running=True, enabled=True)
+        server.shell(
+            # docker.service allows 3 starts a minute (StartLimitBurst=3): runs that move the data-root back and forth
+            # must not find it refusing to start ("start of the service was attempted too often")
+            name="Reset docker.service's start rate counter before its restart",
+            commands=["systemctl reset-failed docker.service"],
+            _if=daemon.did_change,
+        )
         systemd.service(
             name="Restart docker for the new daemon.json",
             service="docker.service",

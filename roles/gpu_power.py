@@ -3,11 +3,8 @@ then rigforge-gpu-settle.service sets back caps other writers change during the 
 and held from then on (rigforge-gpu-hold.timer, host data gpu_power_hold).
 """
 
-from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import server
 
-from rigforge.facts.system import SystemdUnitEnabled
 from rigforge.fleet import Plan
 from rigforge.knobs.gpu_power import DEFAULTS
 from rigforge.knobs.serving import Serving
@@ -25,7 +22,7 @@ def apply(plan: Plan):
         default_w=settings.power_limit_w,
         overrides=overrides,
     )
-    hold = bool(plan.data.get("gpu_power_hold", DEFAULTS["gpu_power_hold"]))
+    hold = plan.gpu_power_hold
     held = {name: plan.files[name] for name in (layout.hold_unit, layout.hold_timer)}
     systemd_units.script_and_units(
         layout,
@@ -39,10 +36,9 @@ def apply(plan: Plan):
     script, unit = systemd_units.script_and_units(
         layout, SETTLE_SCRIPT, plan.files[SETTLE_SCRIPT], "the settle stage's script", units, enable=units
     )
-    if not hold and host.get_fact(SystemdUnitEnabled, unit=layout.hold_timer):
-        server.shell(
-            name=f"Stop and disable {layout.hold_timer} (gpu_power_hold: false)",
-            commands=[f"systemctl disable --now {layout.hold_timer}"],
+    if not hold:
+        systemd_units.disabled(
+            name=f"Stop and disable {layout.hold_timer} (gpu_power_hold: false)", unit=layout.hold_timer
         )
     if Serving.of(plan.data).rigforge_manage_services:
         systemd_units.running(layout.power_unit)

@@ -4,6 +4,7 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.operations import systemd
 
+from rigforge import verdict
 from rigforge.facts.system import SystemdUnitEnabled
 from rigforge.layout import HostLayout
 from roles.operations.shown import unchanged
@@ -17,9 +18,29 @@ def enabled(unit: str):
 
     + unit: the unit's name, e.g. ``name.service``
     """
-    if unchanged(host.get_fact(SystemdUnitEnabled, unit=unit), f"{unit} is enabled"):
+    problems = verdict.unit_enabled(unit, host.get_fact(SystemdUnitEnabled, unit=unit))
+    if unchanged(not problems, f"{unit} is enabled"):
         return
     yield StringCommand("systemctl", "enable", QuoteString(unit))
+
+
+@operation()
+def disabled(unit: str):
+    """``systemctl disable --now UNIT`` when ``systemctl is-enabled`` says it is enabled (`verdict.unit_enabled`,
+    declared disabled: the same answer status gives).
+
+    + unit: the unit's name, e.g. ``name.timer``
+
+    **Example:**
+
+    .. code:: python
+
+        systemd_units.disabled(name="Stop and disable the cap hold", unit="rigforge-gpu-hold.timer")
+    """
+    problems = verdict.unit_enabled(unit, host.get_fact(SystemdUnitEnabled, unit=unit), declared=False)
+    if unchanged(not problems, f"{unit} is disabled"):
+        return
+    yield StringCommand("systemctl", "disable", "--now", QuoteString(unit))
 
 
 def script_and_units(layout: HostLayout, script: str, text: str, what: str, units: dict[str, str], enable):
