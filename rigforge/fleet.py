@@ -3,12 +3,12 @@ only the host whose data is wrong. `host_data` and `plan_for` are the only reads
 """
 
 import os
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from rigforge import obtain, recipes, schema
+from rigforge import obtain, recipes, render, schema
 from rigforge.catalog import CatalogError, load_catalog
 from rigforge.groups import GATEWAY, MONITOR, REGISTRY, RIG, is_rig
 from rigforge.knobs import docker_engine, gpu_power, images, nvidia_driver, serving, site, weights
@@ -179,11 +179,7 @@ def build_plan(
         files = variant.files(settings, layout, count, host_data=True)  # the power unit for these caps among them
     except (SettingsError, RecipeError) as exc:  # a setting valid alone that this variant cannot take
         problems.append(str(exc))
-    if absent := sorted(index for index, _ in settings.power_limits if index >= count):
-        problems.append(
-            f"gpu_power_limits names GPU(s) {absent} but this rig has {count} GPU(s) (0..{count - 1}); "
-            "remove those entries from gpu_power_limits."
-        )
+    problems += overrides_beyond(settings, count)
     port = settings.port or variant.port  # neither the rig's SSH port nor below 1024 unless allowed
     if port == int(data.get("ssh_port") or 22):
         problems.append(
@@ -210,6 +206,31 @@ def build_plan(
         lock=lock,
         token=data.get("hf_token") or os.environ.get("RIGFORGE_HF_TOKEN") or os.environ.get("HF_TOKEN") or None,
     ), []
+
+
+def overrides_beyond(settings: Settings, count: int) -> list[str]:
+    """The refusal when gpu_power_limits names a GPU index the rig does not have (`count` GPUs)."""
+    absent = sorted(index for index, _ in settings.power_limits if index >= count)
+    if not absent:
+        return []
+    return [
+        f"gpu_power_limits names GPU(s) {absent} but this rig has {count} GPU(s) (0..{count - 1}); "
+        "remove those entries from gpu_power_limits."
+    ]
+
+
+def for_cards(plan: Plan, gpus: int | None, cap_units: Iterable[str]) -> tuple[Plan | None, list[str]]:
+    """`plan` for the cards the rig's probe shows: `gpus` GPUs (None: as planned) and the other writers of caps it
+    found (`cap_units`). The cheap pure step after the one build: only the caps and the units rendered from them
+    (render.units: the power unit, the settle stage, the cap hold) follow the count; nothing else is rebuilt."""
+    if gpus is None or gpus == len(plan.caps):
+        return replace(plan, cap_units=tuple(cap_units)), []
+    problems = overrides_beyond(plan.settings, gpus)
+    if problems:
+        return None, problems
+    files = {**plan.files, **render.units(plan.settings, plan.layout, gpus)}
+    caps = MappingProxyType(power_caps(gpus, plan.settings))
+    return replace(plan, caps=caps, files=MappingProxyType(files), cap_units=tuple(cap_units)), []
 
 
 # every role's knobs host data may set, checked by every plan
@@ -251,13 +272,12 @@ class Fleet:
         """The locked Docker Hub images (ref@sha256:...) the rigs run: what the fleet registry holds."""
         return tuple(sorted({p.image for p in self.rigs() if (r := obtain.parse(p.image)).digest and r.on_docker_hub}))
 
-    def completed(self, name: str, gpus: int | None, cap_units: Iterable[str], rebuild: Callable) -> tuple:
-        """(rig `name`'s plan with what its probe shows, or None; problems): `rebuild(gpus)` for another GPU count."""
-        if (plan := self.plans.get(name)) is None:
+    def completed(self, name: str, gpus: int | None, cap_units: Iterable[str]) -> tuple[Plan | None, list[str]]:
+        """(rig `name`'s plan with what its probe shows (`for_cards`), or None; problems); never built again."""
+        plan = self.plans.get(name)
+        if plan is None:
             return None, list(self.problems.get(name, ()))
-        if gpus is None or gpus == len(plan.caps):
-            return replace(plan, cap_units=tuple(cap_units)), []
-        return rebuild(gpus)
+        return for_cards(plan, gpus, cap_units)
 
 
 def build(hosts, variant=None, *, gpus: int | None = None, deployable: bool = True, opt_in: bool = False) -> Fleet:

@@ -144,9 +144,10 @@ def observe(host, fl: fleet.Fleet) -> tuple[RigContext, Observed]:
     if (recorded or wanted) and ctx.lock is not None:
         gpus = gpu_count(first.get_fact(NvidiaGpus), first.get_fact(nvidia.NvidiaPciGpus))
         serve = {**data, "rigforge_variant": recorded or wanted, "rigforge_recipe_opt_in": True}
-        rebuild = lambda count: fleet.plan_for(host.name, serve, None, count, False, tuple(ctx.cap_units))  # noqa: E731
-        same = not recorded or recorded == wanted  # the variant the fleet built the plan for
-        ctx.plan, ctx.problems = fl.completed(host.name, gpus, ctx.cap_units, rebuild) if same else rebuild(gpus)
+        if not recorded or recorded == wanted:  # the variant the fleet built the plan for
+            ctx.plan, ctx.problems = fl.completed(host.name, gpus, ctx.cap_units)
+        else:  # the rig runs another variant than the inventory's: its plan is that variant's
+            ctx.plan, ctx.problems = fleet.plan_for(host.name, serve, None, gpus, False, tuple(ctx.cap_units))
     if ctx.plan:
         ctx.layout, ctx.variant_name = ctx.plan.layout, ctx.plan.variant.name
     return ctx, Observed(host, requests(ctx, first.get_fact(OsRelease)))

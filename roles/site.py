@@ -16,7 +16,7 @@ from rigforge.facts.docker import DockerImagePresent
 from rigforge.facts.files import JsonFile, TreeSize
 from rigforge.facts.hfweights import WeightsState
 from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, PowerCapUnits
-from rigforge.fleet import GATEWAY, MONITOR, REGISTRY, Plan, host_data, is_rig, plan_for
+from rigforge.fleet import GATEWAY, MONITOR, REGISTRY, Plan, host_data, is_rig
 from rigforge.hardware import Needs, changed_roots, data_root_of, format_problems, gpu_count, roots_inside
 from rigforge.inventory import sudo_problem
 from rigforge.knobs.site import DEFAULTS
@@ -114,9 +114,7 @@ def _weights_state(plan: Plan, asset) -> dict:
 def prepare(variant=None) -> Plan | None:
     """This host's plan, or None once its refusal naming every problem is queued; `variant`: a name, None, an object."""
     gpus = gpu_count(host.get_fact(NvidiaGpus), host.get_fact(NvidiaPciGpus))  # a card off the bus still counts
-    fl, cap_units = the_fleet(variant), tuple(host.get_fact(PowerCapUnits))
-    rebuild = lambda count: plan_for(host.name, host.data, variant, count, cap_units=cap_units)  # noqa: E731
-    plan, problems = fl.completed(host.name, gpus, cap_units, rebuild)
+    plan, problems = the_fleet(variant).completed(host.name, gpus, tuple(host.get_fact(PowerCapUnits)))
     stale = verdict.stale_weights
     gated = [a.pin for a in plan.assets if a.pin.gated and stale(a.pin, _weights_state(plan, a))] if plan else []
     token = []  # the HF token's problems: asked of the hub, or missing for gated weights

@@ -450,6 +450,52 @@ def test_a_fleet_builds_each_rigs_plan_once_and_renders_each_file_once_per_host(
     assert all(plans[f"@fake/rig{i}"] for i in (1, 2, 3))
 
 
+def nvidia_smi_rows(count: int) -> list[str]:
+    """`count` RTX 3090s as nvidia-smi's --query-gpu CSV lists them (the fake connector's answer)."""
+    return [
+        f"{i}, GPU-{i:08d}, NVIDIA GeForce RTX 3090, 00000000:0{i + 1}:00.0, 24576, 1, 350.00, 350.00, 100.00, "
+        "350.00, Enabled, 580.95.05, 8.6"
+        for i in range(count)
+    ]
+
+
+def test_a_fleet_with_mixed_gpu_counts_builds_each_rigs_plan_once(tmp_path, monkeypatch):
+    """Issue 48: on 3 @fake rigs showing 2, 1 and 4 GPUs, one run builds each rig's plan once (rigforge/fleet.py
+    `build_plan`); the rigs whose count differs from the variant's get their caps and power units from the cheap
+    pure step `for_cards`, which renders only those units."""
+    from collections import Counter
+
+    import rigforge.fleet as planner
+    import rigforge.render as render
+
+    built, rendered = Counter(), Counter()
+    real_build, real_units = planner.build_plan, render.units
+
+    def counting_build(name, *args, **kwargs):
+        built[name.split("/")[-1]] += 1
+        return real_build(name, *args, **kwargs)
+
+    def counting_units(settings, layout, gpu_count):
+        rendered[gpu_count] += 1
+        return real_units(settings, layout, gpu_count)
+
+    monkeypatch.setattr(planner, "build_plan", counting_build)
+    monkeypatch.setattr(render, "units", counting_units)
+    hosts = {
+        f"rig{i}": {"fake_responses": {"--query-gpu=": nvidia_smi_rows(count)}} for i, count in ((1, 2), (2, 1), (3, 4))
+    }
+    state, ran, plans = run_site(tmp_path, hosts)
+    assert dict(built) == {"rig1": 1, "rig2": 1, "rig3": 1}
+    assert {name: sorted(plan.caps) for name, plan in plans.items()} == {
+        "@fake/rig1": [0, 1],
+        "@fake/rig2": [0],
+        "@fake/rig3": [0, 1, 2, 3],
+    }
+    assert rendered == {2: 3, 1: 1, 4: 1}  # each rig's units at the variant's count, then the two that differ
+    unit = plans["@fake/rig3"].files[render.POWER_UNIT]
+    assert all(f"-i {i} " in unit for i in range(4)), unit
+
+
 def answers(recorded: dict[str, str], gpus: dict[str, int]):
     """An Observed class (rigforge/observe.py) answering as a provisioned rig would, asking no host: its manifest
     records `recorded[host]` (else host data's variant), nvidia-smi lists `gpus[host]` GPUs (else 2)."""
@@ -481,8 +527,8 @@ def answers(recorded: dict[str, str], gpus: dict[str, int]):
 def test_status_and_verify_build_each_rigs_plan_once(tmp_path, monkeypatch, command, capsys):
     """Issue 31: status and verify build the fleet once (rigforge/fleet.py `build`, before the rigs are read in
     parallel) and take each rig's plan from it: on 3 rigs and a gateway host, each rig's plan is built once when
-    the rigs are as the inventory says; a rig whose manifest records another variant, or that shows another GPU
-    count, is built again for what it runs."""
+    the rigs are as the inventory says; a rig whose manifest records another variant is built again for what it
+    runs; one that shows another GPU count is not (fleet.for_cards)."""
     import argparse
     import importlib
     from collections import Counter
@@ -519,7 +565,7 @@ def test_status_and_verify_build_each_rigs_plan_once(tmp_path, monkeypatch, comm
     built.clear()
     monkeypatch.setattr(observe, "Observed", answers({"rig2": "dual"}, {"rig3": 1}))
     run(args)
-    assert dict(built) == {"rig1": 1, "rig2": 2, "rig3": 2}  # rig2 for "dual", rig3 for its one GPU
+    assert dict(built) == {"rig1": 1, "rig2": 2, "rig3": 1}  # rig2 for "dual" (what it runs); rig3's one GPU: for_cards
     if command == "status":
         rows = {r["host"]: r for r in json.loads(capsys.readouterr().out)}
         assert (rows["rig2"]["variant"], len(rows["rig3"]["gpus"]), rows["rig1"]["variant"]) == (
