@@ -22,7 +22,35 @@ REPO = Path(__file__).resolve().parents[1]
 TESTBED_TIMES: list[str] = []  # shown in the terminal summary (set-up times of the testbed)
 
 
+# Debian packages the fast loop runs for real (a gateway config through haproxy, alert rules through promtool, the
+# fleet page through prometheus and headless chromium): {command: package}
+FAST_LOOP_TOOLS = {"haproxy": "haproxy", "promtool": "prometheus", "prometheus": "prometheus", "chromium": "chromium"}
+
+
+def missing_fast_loop_packages() -> list[str]:
+    """The Debian packages of FAST_LOOP_TOOLS whose command is not on this machine."""
+    return sorted({package for command, package in FAST_LOOP_TOOLS.items() if not shutil.which(command)})
+
+
+def install_line(packages: list[str]) -> str:
+    """What to run to get `packages`, and why."""
+    return (
+        f"missing Debian packages the tests run for real: {', '.join(packages)}; their tests fail until you run "
+        f"`sudo apt-get install --no-install-recommends {' '.join(packages)}` (.ci/run installs them)"
+    )
+
+
+def pytest_report_header(config) -> list[str]:
+    """Said first: which of the fast loop's Debian packages are missing, and how to install them."""
+    missing = missing_fast_loop_packages()
+    return [install_line(missing)] if missing else []
+
+
 def pytest_terminal_summary(terminalreporter):
+    missing = missing_fast_loop_packages()
+    if missing:  # said again last, beside the failures it explains
+        terminalreporter.section("missing packages")
+        terminalreporter.write_line(install_line(missing))
     if TESTBED_TIMES:
         terminalreporter.section("testbed set-up times")
         for line in TESTBED_TIMES:
