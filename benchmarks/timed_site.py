@@ -94,4 +94,4 @@ if not any(isinstance(h, _Timer) for h in state.callback_handlers):
 rig_lock.ask_first()  # as deploy/site.py: the lock asked for before roles.site loads
 from roles import site  # noqa: E402
 
-site.provision()
+site.provision_variant()

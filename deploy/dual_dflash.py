@@ -9,4 +9,4 @@ rig_lock.ask_first()  # the rig takes its lock and reads its facts while the rol
 
 from roles import site  # noqa: E402
 
-site.provision("dual-dflash")
+site.provision_variant("dual-dflash")

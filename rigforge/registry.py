@@ -180,3 +180,16 @@ def server_certificate(ca_dir: Path, address: str) -> tuple[str, str]:
                 os.replace(t / "s.key", key)
                 os.replace(t / "s.crt", crt)
         return crt.read_text(), key.read_text()
+
+
+def certificates(reg: RegistryPlan, server: bool = True) -> tuple[tuple[str, str] | None, str | None, list[str]]:
+    """(the registry host's (certificate, key) when `server`, the fleet CA's certificate, problems) for `reg`, made on
+    the controller when missing (`server_certificate`, `ca_certificate`); an insecure registry (plain HTTP) has none.
+    A CA that cannot be made is the one problem, naming why."""
+    if reg.insecure:
+        return None, None, []
+    try:
+        tls = server_certificate(reg.ca_dir, reg.address) if server else None
+        return tls, ca_certificate(reg.ca_dir), []
+    except RegistryError as error:
+        return None, None, [str(error)]

@@ -38,8 +38,8 @@ class Source(NamedTuple):
     fix: str  # what to do when it says no
 
 
-def sources_needed(plan: Plan, weights_state) -> list[Source]:
-    """The sources this run would fetch from; `weights_state(plan, asset)` reads the weights' stamp."""
+def sources_needed(plan: Plan, weights: Mapping[str, dict]) -> list[Source]:
+    """The sources this run would fetch from; `weights`: {asset name: WeightsState}, each asset's stamp as read."""
     knobs = DockerEngine.of(plan.data)
     installed = host.get_fact(DebPackages) or {}
     os_release = host.get_fact(OsRelease) or {}
@@ -62,7 +62,7 @@ def sources_needed(plan: Plan, weights_state) -> list[Source]:
                               f"check git.{pin.name}.url in the lock"))  # fmt: skip
     endpoint = plan.data["hf_endpoint"].rstrip("/")
     for asset in plan.assets:
-        if not asset.pin.gated and stale_weights(asset.pin, weights_state(plan, asset)):  # gated: the token check asks
+        if not asset.pin.gated and stale_weights(asset.pin, weights[asset.name]):  # gated: the token check asks
             pin = asset.pin
             url = f"{endpoint}/api/models/{pin.repo}/revision/{pin.revision}"
             fix = f"check hf.{asset.name} in the lock (repo, revision) and hf_endpoint"
@@ -80,9 +80,9 @@ def verdict(source: Source, code: int, curl_exit: int) -> tuple[str | None, str 
     return None, f"{source.what} could not be asked ({said}: {source.url}); the step that fetches from it will say more"
 
 
-def remote_problems(plan: Plan, weights_state) -> list[str]:
+def remote_problems(plan: Plan, weights: Mapping[str, dict]) -> list[str]:
     """Ask every needed source once, from the rig; warn about those that could not be asked, return the refusals."""
-    sources = sources_needed(plan, weights_state)
+    sources = sources_needed(plan, weights)
     if not sources:
         return []
     answers = host.get_fact(UrlAnswers, urls=tuple(s.url for s in sources))

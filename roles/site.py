@@ -10,14 +10,14 @@ from pyinfra.facts.files import FileContents
 import rigforge.knobs.gateway
 import rigforge.knobs.images
 import rigforge.knobs.monitor
-from rigforge import fleet, gateway, images, obtain, power, registry, schema, verdict
+from rigforge import fleet, gateway, images, obtain, power, refusals, registry, schema
 from rigforge.facts import probe
 from rigforge.facts.docker import DockerImagePresent
 from rigforge.facts.files import JsonFile, TreeSize
 from rigforge.facts.hfweights import WeightsState
 from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, PowerCapUnits
-from rigforge.fleet import GATEWAY, MONITOR, REGISTRY, Plan, host_data, is_rig
-from rigforge.hardware import Needs, changed_roots, data_root_of, format_problems, gpu_count, roots_inside
+from rigforge.fleet import GATEWAY, MONITOR, REGISTRY, Plan, PlannedAsset, host_data, is_rig
+from rigforge.hardware import changed_roots, data_root_of, format_problems, gpu_count, roots_inside
 from rigforge.inventory import sudo_problem
 from rigforge.knobs.site import DEFAULTS
 from rigforge.layout import DAEMON_JSON, HostLayout
@@ -31,11 +31,10 @@ from roles.operations import aptlock, recover
 from roles.operations.checks import gpus_fit, refuse_now
 from roles.operations.shown import warn
 
-IMAGE_GB = 9  # the vLLM nightly image on disk (HARDWARE.md)
 
-
-def the_fleet(variant=None) -> fleet.Fleet:
-    """This run's fleet (rigforge/fleet.py), built once on the controller at the first host's turn."""
+def the_fleet(variant: str | None = None) -> fleet.Fleet:
+    """This run's fleet for `variant` (rigforge/fleet.py; None: each rig's host data names its own), built once on
+    the controller at the first host's turn; a deploy file passes it to `provision`."""
     memo = ctx_state.get().__dict__.setdefault("_rigforge_fleets", {})
     key = variant if variant is None or isinstance(variant, str) else id(variant)
     if key not in memo:
@@ -51,17 +50,14 @@ def refused(problems: list[str], role: str) -> bool:
     return bool(problems)
 
 
-def serve_the_registry(variant=None) -> bool:
+def serve_the_registry(fl: fleet.Fleet) -> bool:
     """On the fleet registry's host, the registry (roles/registry.py); False when it was refused (that host only)."""
-    fl = the_fleet(variant)
     if host.name != fl.registry_host:
         return True
     reg, problems = fl.registry, list(fl.registry_problems)
-    try:
-        tls = None if problems or reg.insecure else registry.server_certificate(reg.ca_dir, reg.address)
-        ca = None if problems or reg.insecure else registry.ca_certificate(reg.ca_dir)
-    except registry.RegistryError as error:
-        problems = [str(error)]
+    tls, ca = None, None
+    if not problems:
+        tls, ca, problems = registry.certificates(reg)
     if not refused(problems, "the fleet registry"):
         registry_role.serve(reg, tls, host_data(host.data)["rigforge_manage_services"], ca, fl.images)
     return not problems
@@ -69,20 +65,18 @@ def serve_the_registry(variant=None) -> bool:
 
 def trust_the_registry(plan: Plan, fl: fleet.Fleet) -> None:
     """On a rig, trust the fleet registry; one refused on its own host is only a warning here."""
-    reg, problems = fl.registry, list(fl.registry_problems)
-    try:
-        ca = None if reg is None or reg.insecure else registry.ca_certificate(reg.ca_dir)
-    except registry.RegistryError as error:
-        reg, problems = None, [str(error)]
+    reg, problems, ca = fl.registry, list(fl.registry_problems), None
+    if reg is not None and not problems:
+        _, ca, problems = registry.certificates(reg, server=False)
+        reg = None if problems else reg
     if problems:
         warn(f"the fleet registry on {fl.registry_host} is left out (that host is refused): {problems[0]}")
     if reg is not None:
         registry_role.trust(reg, ca, plan.layout.daemon_json, plan.data["rigforge_manage_services"])
 
 
-def gateway_plan(variant=None):
+def gateway_plan(fl: fleet.Fleet) -> tuple[gateway.GatewayPlan | None, list[str]]:
     """(this gateway host's plan in front of every rig the run deploys, or None; every problem)."""
-    fl = the_fleet(variant)
     for rig, problem in fl.left_out().items():
         warn(f"the gateway leaves {rig} out: {problem}")
     data = host_data(host.data)
@@ -90,44 +84,54 @@ def gateway_plan(variant=None):
     return (None, problems) if problems else gateway.build(host.name, data, fl.rigs())
 
 
-def front_and_watch_the_fleet(variant=None) -> bool:
+def front_and_watch_the_fleet(fl: fleet.Fleet) -> bool:
     """The fleet gateway on a host of the group `gateway`, Prometheus on one of `monitor`; False: one was refused."""
     data = host_data(host.data)
     if GATEWAY in host.groups:
-        gw, problems = gateway_plan(variant)
+        gw, problems = gateway_plan(fl)
         if refused(problems, "the gateway"):
             return False
         gateway_role.apply(gw, data["rigforge_manage_services"])
     if MONITOR in host.groups:
         if refused(rigforge.knobs.monitor.validate(data), "the monitor"):
             return False
-        monitor_role.server(dict(the_fleet(variant).targets), data, data["rigforge_manage_services"])
+        monitor_role.server(dict(fl.targets), data, data["rigforge_manage_services"])
     return True
 
 
-def _weights_state(plan: Plan, asset) -> dict:
-    return host.get_fact(
-        WeightsState, dest=plan.layout.asset_dir(asset.dir), staging=plan.layout.weights_staging(asset.name)
-    )
+def weights_states(plan: Plan) -> dict[str, dict]:
+    """{asset name: WeightsState}: each of the plan's weights assets as the rig holds it."""
+    layout = plan.layout
+    states = {}
+    for asset in plan.assets:
+        dest, staging = layout.asset_dir(asset.dir), layout.weights_staging(asset.name)
+        states[asset.name] = host.get_fact(WeightsState, dest=dest, staging=staging)
+    return states
 
 
-def prepare(variant=None) -> Plan | None:
-    """This host's plan, or None once its refusal naming every problem is queued; `variant`: a name, None, an object."""
-    gpus = gpu_count(host.get_fact(NvidiaGpus), host.get_fact(NvidiaPciGpus))  # a card off the bus still counts
-    plan, problems = the_fleet(variant).completed(host.name, gpus, tuple(host.get_fact(PowerCapUnits)))
-    stale = verdict.stale_weights
-    gated = [a.pin for a in plan.assets if a.pin.gated and stale(a.pin, _weights_state(plan, a))] if plan else []
-    token = []  # the HF token's problems: asked of the hub, or missing for gated weights
-    if gated and not plan.token:
-        token.append(
-            f"{', '.join(p.repo for p in gated)} {'is' if len(gated) == 1 else 'are'} gated, not yet fetched, and no "
-            "HF token is set: set host data hf_token or RIGFORGE_HF_TOKEN / HF_TOKEN on the controller"
-        )
-    for pin in gated if gated and plan.token else ():
+def token_problems(plan: Plan, fetched: list[PlannedAsset]) -> list[str]:
+    """The HF token's problems for the gated weights this run fetches: missing (refusals.token_missing), or refused
+    by the hub, asked once per gated repo; a hub that cannot be asked is a warning."""
+    gated = refusals.gated(fetched)
+    missing = refusals.token_missing(plan, gated)
+    if missing or not gated:
+        return missing
+    problems = []
+    for pin in gated:
         problem, warning = token_refused(plan.data["hf_endpoint"], pin, plan.token)
-        token += [problem] if problem else []
+        if problem:
+            problems.append(problem)
         if warning:
             warn(warning)
+    return problems
+
+
+def prepare(fl: fleet.Fleet) -> Plan | None:
+    """This host's plan (`fl`'s, for the cards its probe shows), or None once its refusal naming every problem is
+    queued: the host data's, and the HF token's for gated weights still to fetch."""
+    gpus = gpu_count(host.get_fact(NvidiaGpus), host.get_fact(NvidiaPciGpus))  # a card off the bus still counts
+    plan, problems = fl.completed(host.name, gpus, tuple(host.get_fact(PowerCapUnits)))
+    token = token_problems(plan, refusals.to_fetch(plan, weights_states(plan))) if plan else []
     if not (problems or token):
         return plan
     # the refusal's name says the host data's problems and the HF token's apart: a token the hub refused is never
@@ -135,6 +139,7 @@ def prepare(variant=None) -> Plan | None:
     parts = [f"{len(problems)} problem(s) in host data"] if problems else []
     name = " and ".join(parts + (["no usable HF token for the gated weights"] if token else []))
     refuse_now(f"Refuse {host.name}: {name}", format_problems(host.name, problems + token, what="rigforge refused"))
+    return None
 
 
 def power_warnings(plan: Plan) -> None:
@@ -145,26 +150,17 @@ def power_warnings(plan: Plan) -> None:
         warn(f"WARNING: {warning}")
 
 
-def image_problems(plan: Plan, variant=None) -> list[str]:
-    """The refusal when the rig lacks its image and no source has it (rigforge/obtain.py), asked from the controller."""
-    if not plan.data["rigforge_manage_services"] or host.get_fact(DockerImagePresent, image=plan.image):
+def image_problems(plan: Plan, fl: fleet.Fleet, image_present: bool) -> list[str]:
+    """The refusal when the rig lacks its image and no source has it, the sources asked from the controller
+    (rigforge/obtain.py; refusals.image_refusal decides)."""
+    if not refusals.lacks_image(plan, image_present):
         return []
-    reg = the_fleet(variant).registry
-    found = obtain.sources(plan.image, reg, plan.data["serving_image_upstream"], plan.data["serving_image_upstream_ca"])
-    if warning := obtain.unasked(plan.image, found):
+    data = plan.data
+    found = obtain.sources(plan.image, fl.registry, data["serving_image_upstream"], data["serving_image_upstream_ca"])
+    problems, warnings = refusals.image_refusal(plan, found)
+    for warning in warnings:
         warn(f"WARNING: {warning}")
-    problem = obtain.problem(plan.image, found, plan.variant.successor)
-    return [problem] if problem else []
-
-
-def needs(plan: Plan) -> Needs:
-    """What the variant needs of the rig; its disk: the bytes still to land on the model disk (weights, image)."""
-    v = plan.variant
-    cuda = plan.lock.image_cuda(plan.image) if plan.lock else None
-    disk = sum(asset.bytes for asset in plan.assets if verdict.stale_weights(asset.pin, _weights_state(plan, asset)))
-    if plan.data["rigforge_manage_services"] and not host.get_fact(DockerImagePresent, image=plan.image):
-        disk += int(IMAGE_GB * 1e9)
-    return Needs(v.name, v.gpus, v.min_card_mib, v.uses_dflash, plan.layout.models, disk, plan.image, cuda)
+    return problems
 
 
 def hold_the_rig() -> bool:
@@ -193,19 +189,39 @@ def hold_the_rig() -> bool:
     return not busy
 
 
+def start() -> None:
+    """What every run does first on a host, before the fleet is built: the batched probe installed (one per rig,
+    cheaper per-op work: rigforge/facts/probe.py), Ctrl-C / SIGTERM made to exit non-zero naming the cut operation,
+    and the rig's lock asked for (unless the deploy file did, before the roles loaded)."""
+    probe.install_all()
+    interrupt.install(ctx_state.get())
+    rig_lock.ask(ctx_host.get())
+
+
+def provision_variant(variant_name: str | None = None) -> None:
+    """`provision` this run's fleet for `variant_name` (None: each rig's host data names its own): the deploy files'
+    one line. The fleet is built while the rig takes its lock and runs its probe (the deploy file asked for both
+    before the roles loaded: rig_lock.ask_first)."""
+    provision(the_fleet(variant_name))
+
+
 @deploy("rigforge site", data_defaults=DEFAULTS)
-def provision(variant_name: str | None = None):
-    probe.install_all()  # one batched probe per rig, cheaper per-op work (rigforge/facts/probe.py); first
-    interrupt.install(ctx_state.get())  # Ctrl-C / SIGTERM exit non-zero, naming the cut operation
-    rig_lock.ask(ctx_host.get())  # unless the deploy file did, before the roles loaded
-    the_fleet(variant_name)  # built while the rig takes its lock and runs its probe
-    if not (hold_the_rig() and front_and_watch_the_fleet(variant_name)):
+def provision(fl: fleet.Fleet) -> None:
+    """This host's part of the fleet `fl`: its lock, the fleet's own hosts' roles (gateway, monitor, registry), then a
+    rig's preflight and roles in order. Every refusal comes before the first change."""
+    start()
+    if not (hold_the_rig() and front_and_watch_the_fleet(fl)):
         return
-    if not serve_the_registry(variant_name) or not is_rig(host) or (plan := prepare(variant_name)) is None:
+    if not serve_the_registry(fl) or not is_rig(host):
         return
-    host_needs = needs(plan)
-    asked = preflight.remote_problems(plan, _weights_state)  # the remote sources this run fetches from, once
-    found = image_problems(plan, variant_name)  # then the data roots inside Docker's (the rig's daemon.json)
+    plan = prepare(fl)
+    if plan is None:
+        return
+    weights_now = weights_states(plan)
+    image_present = bool(host.get_fact(DockerImagePresent, image=plan.image))
+    host_needs = refusals.needs(plan, refusals.to_fetch(plan, weights_now), image_present)
+    asked = preflight.remote_problems(plan, weights_now)  # the remote sources this run fetches from, once
+    found = image_problems(plan, fl, image_present)  # then the data roots inside Docker's (the rig's daemon.json)
     found += roots_inside(plan.layout, data_root_of(host.get_fact(FileContents, path=DAEMON_JSON))) + asked
     if not preflight.check(host_needs, plan.data, found):
         return
@@ -231,7 +247,7 @@ def provision(variant_name: str | None = None):
         data=dict(plan.data),
     )
     docker_engine.install(plan)
-    trust_the_registry(plan, the_fleet(variant_name))
+    trust_the_registry(plan, fl)
     gpu_power.apply(plan)
     sources.apply(plan)
     weights.apply(plan)

@@ -100,12 +100,13 @@ def run_site(
 
         if before:
             before(host)
-        if not site.serve_the_registry(variant) or not fleet.is_rig(host):
+        fl = site.the_fleet(variant)
+        if not site.serve_the_registry(fl) or not fleet.is_rig(host):
             return
-        plan = site.prepare(variant)
+        plan = site.prepare(fl)
         plans[host.name] = plan
         if plan:
-            site.trust_the_registry(plan, site.the_fleet(variant))
+            site.trust_the_registry(plan, fl)
             site.power_warnings(plan)  # roles/site.py says them once preflight passed
             server.shell(name="Change something", commands=["touch /rigforge-was-here"])
 
@@ -433,7 +434,7 @@ def test_a_fleet_builds_each_rigs_plan_once_and_renders_each_file_once_per_host(
 
     def gateway_too(host):
         if "gateway" in host.groups:
-            gateways.append(site.gateway_plan("dual-turbo"))
+            gateways.append(site.gateway_plan(site.the_fleet("dual-turbo")))
 
     state, ran, plans = run_site(
         tmp_path,

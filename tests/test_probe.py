@@ -320,7 +320,7 @@ def test_the_deploy_entry_installs_and_importing_changes_nothing(shipped, monkey
     monkeypatch.setattr(site, "serve_the_registry", lambda *args: True)
     monkeypatch.setattr(site, "is_rig", lambda h: True)
     monkeypatch.setattr(site, "prepare", lambda *args, **kwargs: None)  # a refused host: provision returns
-    site.provision._inner()
+    site.provision._inner(None)
     assert pyinfra_facts._get_fact is probe._get_fact
     assert all(getattr(Host, name).__wrapped__ for name in probe.CHANGING)
     assert util.get_operation_order_from_stack is speedups.operation_order

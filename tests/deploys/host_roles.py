@@ -14,7 +14,7 @@ from roles import docker_engine, gpu_power, nvidia_driver, preflight, site
 from roles.operations import recover
 from roles.operations.checks import gpus_fit
 
-plan = site.prepare("dual-turbo")
+plan = site.prepare(site.the_fleet("dual-turbo"))
 if plan:
     gpus = int(host.data.get("test_variant_gpus", 2))
     disk = int(host.data.get("test_disk_needed_bytes", 1e6))

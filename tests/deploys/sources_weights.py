@@ -26,7 +26,7 @@ variant = replace(
     assets=tuple(assets),
     asset_dirs=tuple((a, folder, 0) for a, folder in assets.items()),
 )
-plan = site.prepare(variant)
+plan = site.prepare(site.the_fleet(variant))
 if plan and names:
     sources.apply(plan)
 if plan and assets:
