@@ -152,7 +152,9 @@ def driver(obs: Observed, ctx: RigContext) -> Check:
 def cuda_versions(obs: Observed, ctx: RigContext) -> dict:
     """{"driver": the CUDA version the running driver supports, "image": the lock's for the image}, None: unknown."""
     running = obs.get_fact(NvidiaRunningDriver) or {}
-    driver = running.get("cuda") or driver_table.cuda_for_driver(running.get("version") or "")  # "": None
+    driver = running.get("cuda")
+    if driver is None and running.get("version"):  # an older nvidia-smi prints no CUDA version: the driver's table
+        driver = driver_table.cuda_for_driver(running["version"])
     image = ctx.plan.image if ctx.plan else (ctx.manifest or {}).get("image")
     return {"driver": driver, "image": ctx.lock.image_cuda(image) if ctx.lock and image else None}
 

@@ -378,9 +378,9 @@ def _braced(inner: str, env: dict[str, str]) -> str:
     unset_or_empty = value is None or (colon == ":" and value == "")
     if op == "?" and unset_or_empty:
         raise RecipeError(f"required variable {name} is missing: {interpolate(arg, env)}")
-    if op in "-?":
+    if op in ("-", "?"):  # ${VAR-default}, ${VAR:-default}; ${VAR?error} once set: its value
         return interpolate(arg, env) if unset_or_empty else value
-    return "" if unset_or_empty else interpolate(arg, env)  # op "+"
+    return "" if unset_or_empty else interpolate(arg, env)  # op "+": ${VAR+alternative}, ${VAR:+alternative}
 
 
 def _walk(data: Any, fn) -> Any:

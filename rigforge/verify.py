@@ -83,36 +83,66 @@ TOOL = {
 }
 
 
+MODELS_ANSWER, CHAT_TEXT, TOOL_CALL = "/v1/models answers", "chat returns text", "tool call returned"
+API_CHECKS = (MODELS_ANSWER, CHAT_TEXT, TOOL_CALL)
+
+
 def api_checks(host, ctx: RigContext) -> list[Check]:
-    """/v1/models lists the model, a chat names Paris, a tool call comes back; skipped unmanaged, failed unitless."""
-    names = ("/v1/models answers", "chat returns text", "tool call returned")
+    """/v1/models lists the model, a chat names Paris, a tool call comes back (asked on the rig, as the recipes'
+    verify.sh does); all three skipped when services are not managed or the rig rests stopped, failed when the rig
+    has no unit; the chat and the tool call fail unasked when /v1/models does not answer."""
     if not ctx.manage:
-        return [Check(n, SKIP, SKIPPED) for n in names]
+        return [Check(name, SKIP, SKIPPED) for name in API_CHECKS]
     if ctx.data.get("serving_rest") == "stopped":
-        return [Check(n, SKIP, "resting stopped (serving_rest: stopped)") for n in names]
+        return [Check(name, SKIP, "resting stopped (serving_rest: stopped)") for name in API_CHECKS]
     if not ctx.unit:  # as "unit enabled" fails
-        return [Check(n, FAIL, drift.variant_needed(ctx)) for n in names]
+        return [Check(name, FAIL, drift.variant_needed(ctx)) for name in API_CHECKS]
     api = inventory.api_models(host, ctx)
     models = api["models"] or []
     model = (ctx.variant.served_model if ctx.variant else None) or (models or [None])[0]
     if api["http_code"] != 200:
-        down = [Check(n, FAIL, "the API does not answer") for n in names[1:]]
-        return [Check(names[0], FAIL, f"{api['url']}: {drift.answer(api['http_code'])}"), *down]
-    listed = model in models
-    detail = f"{api['url']} lists {', '.join(models) or 'nothing'}" + ("" if listed else f"; expected {model}")
-    out = [Check(names[0], PASS if listed else FAIL, detail)]
-    base = f"http://{inventory.ctx_host(ctx)}:{ctx.port}/v1/chat/completions"
-    failed, msg = _ask(host, ctx, base, {"model": model, **CHAT})
-    content = (msg.get("content") or "").strip()
-    why = failed or ("" if "paris" in content.lower() else f"reply does not name Paris: {content[:80]!r}")
-    out.append(Check(names[1], FAIL if why else PASS, why or repr(content[:60])))
-    failed, msg = _ask(host, ctx, base, {"model": model, **TOOL})
-    called = [(c.get("function") or {}).get("name") for c in msg.get("tool_calls") or []]
+        listed = Check(MODELS_ANSWER, FAIL, f"{api['url']}: {drift.answer(api['http_code'])}")
+        return [
+            listed,
+            Check(CHAT_TEXT, FAIL, "the API does not answer"),
+            Check(TOOL_CALL, FAIL, "the API does not answer"),
+        ]
+    chat_url = f"http://{inventory.ctx_host(ctx)}:{ctx.port}/v1/chat/completions"
+    return [models_check(api, model), chat_check(host, ctx, chat_url, model), tool_check(host, ctx, chat_url, model)]
+
+
+def models_check(api: dict, model: str | None) -> Check:
+    """/v1/models (as inventory.api_models read it) lists `model`, the name the plan serves it under."""
+    models = api["models"] or []
+    detail = f"{api['url']} lists {', '.join(models) or 'nothing'}"
+    if model in models:
+        return Check(MODELS_ANSWER, PASS, detail)
+    return Check(MODELS_ANSWER, FAIL, f"{detail}; expected {model}")
+
+
+def chat_check(host, ctx: RigContext, chat_url: str, model: str | None) -> Check:
+    """A chat completion asking for the capital of France comes back naming Paris."""
+    failed, message = _ask(host, ctx, chat_url, {"model": model, **CHAT})
+    content = (message.get("content") or "").strip()
+    if failed:
+        return Check(CHAT_TEXT, FAIL, failed)
+    if "paris" not in content.lower():
+        return Check(CHAT_TEXT, FAIL, f"reply does not name Paris: {content[:80]!r}")
+    return Check(CHAT_TEXT, PASS, repr(content[:60]))
+
+
+def tool_check(host, ctx: RigContext, chat_url: str, model: str | None) -> Check:
+    """A request offering get_weather comes back with a get_weather tool call; a call left in the text as
+    <tool_call> means the server's tool-call parser is not active."""
+    failed, message = _ask(host, ctx, chat_url, {"model": model, **TOOL})
+    called = [(call.get("function") or {}).get("name") for call in message.get("tool_calls") or []]
     if not failed and "get_weather" in called:
-        return [*out, Check(names[2], PASS, f"tool_calls: {', '.join(n for n in called if n)}")]
-    if failed or "<tool_call>" not in (msg.get("content") or ""):
-        return [*out, Check(names[2], FAIL, failed or f"no get_weather tool call in the reply: {str(msg)[:100]}")]
-    return [*out, Check(names[2], FAIL, "the tool call came back as text (tool-call parser not active)")]
+        return Check(TOOL_CALL, PASS, f"tool_calls: {', '.join(name for name in called if name)}")
+    if failed:
+        return Check(TOOL_CALL, FAIL, failed)
+    if "<tool_call>" not in (message.get("content") or ""):
+        return Check(TOOL_CALL, FAIL, f"no get_weather tool call in the reply: {str(message)[:100]}")
+    return Check(TOOL_CALL, FAIL, "the tool call came back as text (tool-call parser not active)")
 
 
 def _ask(host, ctx, url, body) -> tuple[str | None, dict]:
