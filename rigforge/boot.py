@@ -3,12 +3,18 @@ timer: docs/operators.md "power caps"), for status and verify. A unit of rigforg
 fails on its own (an ordering cycle can be lost from the journal). Pure: no host, no pyinfra.
 """
 
+from __future__ import annotations
+
 import contextlib
 import re
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, TypedDict
 
 from rigforge.layout import HOLD_INTERVAL_S, HOLD_TIMER, POWER_UNIT, SETTLE_UNIT
 from rigforge.schema import power_caps
+
+if TYPE_CHECKING:  # observe.py reads the rig through facts/nvidia.py, which imports this module
+    from rigforge.observe import RigContext
 
 SHOW = (  # what `systemctl show` is asked for each unit
     "LoadState ActiveState SubState Result ExecMainStatus InactiveExitTimestampMonotonic "
@@ -20,7 +26,20 @@ FAILED = re.compile(r"^rigforge: GPU(\d+) power limit .*; setting \d+ W failed$"
 UNFOUND = "a writer rigforge did not find"
 
 
-def parse_boot(lines: list[str]) -> dict:
+class BootSeen(TypedDict):
+    """What BootCaps read of this boot (`parse_boot`)."""
+
+    boot_id: str | None  # /proc/sys/kernel/random/boot_id
+    system: str  # `systemctl is-system-running`
+    units: dict[str, dict[str, str]]  # {unit: {SHOW key: value}}
+    cycles: list[str]  # the journal's ordering cycle lines
+    settle: list[str]  # the settle stage's "rigforge: " lines
+    hold: list[str]  # the cap hold's "rigforge: " lines
+    cron: list[str]  # cron's CMD lines
+    caps: dict[int, float]  # {GPU index: watts now}
+
+
+def parse_boot(lines: list[str]) -> BootSeen:
     """Output of BootCaps -> {"boot_id", "system", "units": {unit: {SHOW key: value}}, "cycles", "settle", "hold",
     "cron": their lines, "caps": {GPU index: watts now}}; empty where the rig gave nothing (a chroot: no systemd)."""
     out: dict = {"units": {}, "cycles": [], "settle": [], "hold": [], "cron": [], "caps": {}}
@@ -56,7 +75,8 @@ def started(unit: Mapping | None) -> int:
     return max(_stamp(unit, "InactiveExitTimestampMonotonic"), _stamp(unit, "ExecMainStartTimestampMonotonic"))
 
 
-def watts(v) -> str:
+def watts(v: float | None) -> str:
+    """Watts as status writes them (230, 232.5), \"?\" when not read."""
     return "?" if v is None else f"{v:g}"
 
 
@@ -73,7 +93,7 @@ def _unit_problem(name: str, unit: Mapping | None) -> str | None:
     return None
 
 
-def held(ctx) -> bool:
+def held(ctx: RigContext) -> bool:
     """Whether host data gpu_power_hold keeps the cap hold's timer on (its default: true)."""
     data = ctx.plan.data if ctx.plan else getattr(ctx, "data", {})
     return data.get("gpu_power_hold", True) is not False
@@ -100,7 +120,7 @@ def set_backs(lines: list[str]) -> list[str]:
     return [f"GPU{m[1]} {m[2]} W, {m[3]}" for line in lines if (m := CORRECTION.match(line))]
 
 
-def judge(seen: Mapping, ctx) -> tuple[dict[int, int], list[str], str]:
+def judge(seen: Mapping, ctx: RigContext) -> tuple[dict[int, int], list[str], str]:
     """What ran at this boot against the caps of rig context `ctx`: (those caps, problems, "set last" sentence)."""
     targets = dict(ctx.plan.caps) if ctx.plan else power_caps(len(seen.get("caps") or {}), ctx.settings)
     units = seen.get("units") or {}
@@ -160,7 +180,7 @@ def judge(seen: Mapping, ctx) -> tuple[dict[int, int], list[str], str]:
     return targets, problems, last
 
 
-def boot_caps(seen: Mapping, ctx) -> tuple[str, str]:
+def boot_caps(seen: Mapping, ctx: RigContext) -> tuple[str, str]:
     """The check "caps set last at this boot": ("pass" | "fail", detail) for rig context `ctx` (RigContext)."""
     targets, problems, last = judge(seen, ctx)
     if problems:
@@ -169,7 +189,7 @@ def boot_caps(seen: Mapping, ctx) -> tuple[str, str]:
     return "pass", f"{caps} W, {last}"
 
 
-def summary(seen: Mapping, ctx) -> str:
+def summary(seen: Mapping, ctx: RigContext) -> str:
     """status's sentence after "power caps: 230 W"; with services not managed (no systemd), the writers found."""
     if not ctx.manage:
         named = ", ".join(f"{label(name, w)} ({'/'.join(map(str, w.get('watts') or [])) or '?'} W)"
