@@ -57,6 +57,17 @@ def adopt_sources(uris: str, keep: str):
 
     + uris: the repository URI
     + keep: the source file rigforge manages for it (not moved)
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations import apt_repo
+        apt_repo.adopt_sources(
+            name="Replace other apt sources for https://download.docker.com/linux/debian",
+            uris="https://download.docker.com/linux/debian",
+            keep="/etc/apt/sources.list.d/rigforge-docker.sources",
+        )
     """
     found = same_uri_files(host.get_fact(AptSourceFiles), uris, keep)
     if unchanged(not found, f"no other source file points at {uris}"):
@@ -76,6 +87,18 @@ def verified_key(src: str, dest: str, fingerprint: str | None = None, sha256: st
     + dest: the keyring file
     + fingerprint: the key's primary fingerprint (spaces ignored); without it the key is downloaded unchecked
     + sha256: the file's sha256, checked too when given
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations import apt_repo
+        apt_repo.verified_key(
+            name="Download the rigforge-docker repository key (fingerprint 0EBFCD88)",
+            src="https://download.docker.com/linux/debian/gpg",
+            dest="/etc/apt/keyrings/rigforge-docker.asc",
+            fingerprint="9DC8 5822 9FC7 DD38 854A  E2D8 8D81 803C 0EBF CD88",
+        )
     """
     if not fingerprint:
         yield from files.download._inner(src=src, dest=dest, mode="644", sha256sum=sha256)
@@ -141,8 +164,26 @@ def install_missing(packages: PackageSet | list[str], change_held: bool = False)
     + packages: the set (``rigforge.packages.PackageSet``), or package names; ``name=version`` pins a version
     + change_held: let apt replace held versions of these packages (``--allow-change-held-packages``)
 
-    Example: a Debian 13 rig set up with ``apt-get install --no-install-recommends docker.io`` lacks docker-cli
+    A Debian 13 rig set up with ``apt-get install --no-install-recommends docker.io`` lacks docker-cli
     (``/usr/bin/docker``); the distro Docker set installs it.
+
+    **Examples:**
+
+    .. code:: python
+
+        from rigforge import packages
+        from roles.operations import apt_repo
+        apt_repo.install_missing(
+            name="Install apt repository prerequisites",
+            packages=["ca-certificates", "curl", "gpg"],
+        )
+
+        # a package set, e.g. the driver's; held versions may move (the toolkit's pinned version)
+        apt_repo.install_missing(
+            name="Install the NVIDIA driver",
+            packages=packages.driver(plan.data, "debian"),
+            change_held=True,
+        )
     """
     wanted = packages if isinstance(packages, PackageSet) else PackageSet("", tuple(packages))
     installed = host.get_fact(DebPackages)
@@ -173,6 +214,17 @@ def hold(packages: PackageSet):
     ``held`` names, and with ``held_with``, its ``held_prefixes`` packages at that version (the driver's libraries).
 
     + packages: the set (``rigforge.packages.PackageSet``)
+
+    **Example:**
+
+    .. code:: python
+
+        from rigforge import packages
+        from roles.operations import apt_repo
+        apt_repo.hold(
+            name="Hold the NVIDIA driver packages",
+            packages=packages.driver(plan.data, "debian"),
+        )
     """
     to_hold = verdict.unheld_packages(packages, host.get_fact(DebPackages), host.get_fact(AptHeldPackages))
     if unchanged(not to_hold, f"already held: {', '.join(packages.held) or 'nothing to hold'}"):
@@ -186,6 +238,17 @@ def remove_installed(packages: list[str], replaced_by: list[str]):
 
     + packages: package names; those not installed are skipped
     + replaced_by: the packages that replace them, fetched first
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations import apt_repo
+        apt_repo.remove_installed(
+            name="Remove the distribution's conflicting Docker packages",
+            packages=["docker.io", "docker-compose", "containerd", "runc"],
+            replaced_by=["docker-ce", "docker-ce-cli", "containerd.io"],
+        )
     """
     installed = host.get_fact(DebPackages)
     present = [name for name in packages if name in installed]

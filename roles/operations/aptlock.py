@@ -73,6 +73,17 @@ def free(wait: int, sudo: dict | None = None):
 
     + wait: seconds to wait (host data ``apt_lock_wait``)
     + sudo: how this rig's commands run (``{"_sudo": True, "_sudo_user": ...}``), for the wait's own command
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations import aptlock
+        aptlock.free(
+            name="Wait for the apt/dpkg lock another process holds (up to 300 s)",
+            wait=300,
+            sudo={"_sudo": True},
+        )
     """
     holder = host.get_fact(AptLockHolder)
     if unchanged(not holder, "the apt/dpkg lock is free"):

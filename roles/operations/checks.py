@@ -29,6 +29,18 @@ def gpus_fit(needs: Needs, caps: dict[int, int], data: dict):
     + needs: what the variant needs of a host (``rigforge.hardware.Needs``)
     + caps: the power unit's caps, ``{gpu index: watts}``
     + data: the host-data keys the GPU checks read (see ``rigforge.hardware.gpu_problems``)
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations.checks import gpus_fit
+        gpus_fit(
+            name="Check the GPUs now that the driver answers (2x 24000 MiB)",
+            needs=needs,  # rigforge.hardware.Needs of the rig's variant
+            caps={0: 230, 1: 230},
+            data=dict(plan.data),
+        )
     """
     gpus = host.get_fact(NvidiaGpus)
     if unchanged(not gpus and not state.is_executing, "GPUs are checked when this runs, once the driver answers"):
@@ -72,5 +84,13 @@ def refuse_now(name: str, message: str) -> None:
 
 @operation(is_idempotent=False)
 def refuse():
-    """Fail this host, without a word (``refuse_now`` printed why; no arguments)."""
+    """Fail this host, without a word (``refuse_now`` printed why; no arguments).
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations import checks
+        checks.refuse(name="Refuse the rig")  # once why was said; refuse_now says it, then refuses
+    """
     yield fail_command("")

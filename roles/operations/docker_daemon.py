@@ -19,6 +19,18 @@ def merge_json(path: str, patch: dict, extend: dict | None = None):
     + path: the JSON file, e.g. Docker's daemon.json
     + patch: keys to set (nested mappings are merged)
     + extend: ``{key: [items]}``: items added to the list at that key when missing, the list's others kept
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations import docker_daemon
+        docker_daemon.merge_json(
+            name="Ask the fleet registry before Docker Hub (daemon.json registry-mirrors)",
+            path="/etc/docker/daemon.json",
+            patch={},
+            extend={"registry-mirrors": ["https://10.0.0.5:5000"]},
+        )
     """
     lines = host.get_fact(FileContents, path=path)
     try:

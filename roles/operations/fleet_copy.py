@@ -16,6 +16,17 @@ def image_in_fleet(image: str, reg: RegistryPlan):
 
     + image: the locked image, ``repo[:tag]@sha256:...`` (a Docker Hub image: rigs reach the copy as a mirror)
     + reg: the fleet registry (its ``host:port``; plain HTTP, no certificate check, when ``insecure``)
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations import fleet_copy
+        fleet_copy.image_in_fleet(
+            name="Fill the fleet registry: vllm/vllm-openai",
+            image=lock.pinned(lock.image.ref),  # repo[:tag]@sha256:...
+            reg=registry_plan,  # rigforge.registry.RegistryPlan
+        )
     """
     ref = parse(image)
     if unchanged(not ref.digest, f"{image} has no locked digest: nothing to copy (`rigforge lock` resolves it)"):

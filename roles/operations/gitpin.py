@@ -81,6 +81,18 @@ def checkout(pin: GitPin, dest: str):
 
     + pin: the locked source
     + dest: the checkout directory
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations import gitpin
+        pin = lock.git["club-3090"]  # a rigforge.pins.GitPin
+        gitpin.checkout(
+            name=f"Check out {pin.name} at {pin.commit[:12]}",
+            pin=pin,
+            dest=f"/opt/rigforge/src/{pin.name}",
+        )
     """
     name, url, commit, sparse, files = pin.name, pin.url, pin.commit, list(pin.sparse), dict(pin.files)
     state = host.get_fact(GitCheckout, path=dest, files=tuple(files))

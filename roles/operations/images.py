@@ -35,6 +35,17 @@ def repaired(layout: HostLayout):
     """Undo what a load killed outright left (``load_images.sh repair``): daemon.json, the registry, the work dir.
 
     + layout: the rig's paths (the load's work dir, load_images.sh)
+
+    **Example:**
+
+    .. code:: python
+
+        from rigforge.layout import HostLayout
+        from roles.operations import images
+        images.repaired(
+            name="Repair what an interrupted image load left (daemon.json, temporary registry)",
+            layout=HostLayout(),
+        )
     """
     work, script = layout.images_work, layout.images_script
     if not host.get_fact(Directory, path=work):
@@ -52,6 +63,21 @@ def blobs_uploaded(directory: str, saved: list, layout: HostLayout):
     + directory: the saved layout on the controller (`rigforge images save DIR`)
     + saved: the images to load (rigforge.images.Saved)
     + layout: the rig's paths (the OCI layout; the upload dir a sudo user's uploads land in first, 0700, theirs)
+
+    **Example:**
+
+    .. code:: python
+
+        from pathlib import Path
+        from rigforge import images as saved_images
+        from rigforge.layout import HostLayout
+        from roles.operations import images
+        images.blobs_uploaded(
+            name="Upload the saved images' blobs the rig lacks",
+            directory="/srv/saved-images",
+            saved=saved_images.check_loadable(Path("/srv/saved-images")),
+            layout=HostLayout(),
+        )
     """
     oci, upload_dir = layout.images_layout, layout.images_upload
     todo = missing(saved)
@@ -104,6 +130,22 @@ def loaded(directory: str, saved: list, layout: HostLayout, port: int | None = N
     + saved: the images to load (rigforge.images.Saved)
     + layout: the rig's paths (load_images.sh, the OCI layout, the load's work dir, the upload dir)
     + port: the temporary registry's port on 127.0.0.1 (None: the first free one of 5800-5899)
+
+    **Example:**
+
+    .. code:: python
+
+        from pathlib import Path
+        from rigforge import images as saved_images
+        from rigforge.layout import HostLayout
+        from roles.operations import images
+        images.loaded(
+            name="Load the saved images into docker at their digests",
+            directory="/srv/saved-images",
+            saved=saved_images.check_loadable(Path("/srv/saved-images")),
+            layout=HostLayout(),
+            port=None,
+        )
     """
     script, oci, work = layout.images_script, layout.images_layout, layout.images_work
     todo = missing(saved)

@@ -34,7 +34,15 @@ def on_controller() -> bool:
 
 @operation()
 def persistence_mode():
-    """``nvidia-smi -i N -pm 1`` for each GPU whose persistence mode is off (no arguments)."""
+    """``nvidia-smi -i N -pm 1`` for each GPU whose persistence mode is off (no arguments).
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations import nvidia
+        nvidia.persistence_mode(name="Turn on GPU persistence mode")
+    """
     gpus = host.get_fact(NvidiaGpus)
     if unchanged(not verdict.persistence(gpus), f"persistence mode already on for {len(gpus)} GPU(s)"):
         return
@@ -48,6 +56,17 @@ def power_caps(default_w, overrides: dict | None = None):
 
     + default_w: the cap in whole watts for every GPU
     + overrides: ``{gpu index: watts}`` for GPUs capped differently
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations import nvidia
+        nvidia.power_caps(
+            name="Cap GPU power at 230 W (overrides: {1: 250})",
+            default_w=230,
+            overrides={1: 250},
+        )
     """
     gpus = host.get_fact(NvidiaGpus)
     if problems := cap_problems(gpus, default_w, overrides or {}):  # whole watts: the plan validated them
@@ -81,6 +100,17 @@ def reboot_if_needed(package: str, allow_reboot: bool):
 
     + package: the driver's apt package, whose installed version is compared with the loaded module
     + allow_reboot: reboot the rig (True) or fail the host with what to do
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations import nvidia
+        nvidia.reboot_if_needed(
+            name="Reboot if the installed driver is not the running one",
+            package="nvidia-kernel-open-dkms",
+            allow_reboot=False,
+        )
     """
     reason = reboot_reason(
         host.get_fact(DebInstalledVersion, package=package),
@@ -109,6 +139,16 @@ def running_branch(branch: int):
     """Fail the host unless the running driver is of ``branch``.
 
     + branch: the driver branch wanted, e.g. ``580``
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations import nvidia
+        nvidia.running_branch(
+            name="Check the running driver is branch 580 (nvidia_driver_manage: false)",
+            branch=580,
+        )
     """
     problem = branch_problem(host.get_fact(NvidiaRunningDriver), branch)
     if not unchanged(not problem, f"running driver is branch {branch}"):

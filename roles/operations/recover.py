@@ -18,7 +18,15 @@ DPKG_OPTIONS = "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-co
 
 @operation()
 def packages():
-    """``dpkg --configure -a``, ``apt-get -f install`` when an interrupted run left dpkg needing them (no arguments)."""
+    """``dpkg --configure -a``, ``apt-get -f install`` when an interrupted run left dpkg needing them (no arguments).
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations import recover
+        recover.packages(name="Repair packages an interrupted run left half-installed (dpkg --configure -a)")
+    """
     reason = host.get_fact(DpkgInterrupted)
     if unchanged(not reason, "dpkg state is clean"):
         return
@@ -31,7 +39,15 @@ def packages():
 
 @operation()
 def uploads_cleared():
-    """Remove what an interrupted upload left in the SSH user's private upload dir, secrets included (no arguments)."""
+    """Remove what an interrupted upload left in the SSH user's private upload dir, secrets included (no arguments).
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations import recover
+        recover.uploads_cleared(name="Remove uploads an interrupted run left in the upload dir")
+    """
     path = private_upload_dir()
     left = host.get_fact(LeftoverUploads, path=path)
     if unchanged(not left, "no leftover uploads"):

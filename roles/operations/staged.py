@@ -47,6 +47,18 @@ def staged_files(dest: str, files: dict[str, tuple[str, str]], validate: str | N
     + keep_previous: keep the replaced files as ``<name>.prev`` (for rollback)
 
     Repairs a cut run: drops a leftover staging dir; finishes a cut move (`.swapping`), keeping the pre-run `.prev`.
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations.staged import staged_files
+        staged_files(
+            name="Install the gateway config (validated by haproxy -c)",
+            dest="/etc/rigforge-gateway",
+            files={"haproxy.cfg": (config_text, "600")},
+            validate="haproxy -c -q -f haproxy.cfg",
+        )
     """
     staging = f"{dest}/{STAGING}"
     current = {}

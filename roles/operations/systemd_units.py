@@ -17,6 +17,16 @@ def enabled(unit: str):
     asks ``systemctl show``, which a chroot ignores, so it would re-enable on every run).
 
     + unit: the unit's name, e.g. ``name.service``
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations import systemd_units
+        systemd_units.enabled(
+            name="Enable rigforge-gpu-power.service at boot",
+            unit="rigforge-gpu-power.service",
+        )
     """
     problems = verdict.unit_enabled(unit, host.get_fact(SystemdUnitEnabled, unit=unit))
     if unchanged(not problems, f"{unit} is enabled"):
@@ -35,6 +45,7 @@ def disabled(unit: str):
 
     .. code:: python
 
+        from roles.operations import systemd_units
         systemd_units.disabled(name="Stop and disable the cap hold", unit="rigforge-gpu-hold.timer")
     """
     problems = verdict.unit_enabled(unit, host.get_fact(SystemdUnitEnabled, unit=unit), declared=False)
