@@ -41,7 +41,7 @@ def toolkit_repo_url(data: Mapping, arch: str) -> str:
 
 
 @deploy("Docker engine and NVIDIA Container Toolkit", data_defaults=DEFAULTS)
-def install(plan: Plan):
+def install(plan: Plan) -> None:
     data, knobs = plan.data, DockerEngine.of(plan.data)
     os_release = host.get_fact(OsRelease)
     arch = host.get_fact(DebArch)

@@ -28,7 +28,7 @@ ExecReload=/bin/kill -USR2 $MAINPID
 
 
 @deploy("Fleet gateway (HAProxy)", data_defaults=DEFAULTS)
-def apply(gw: GatewayPlan, manage_services: bool):
+def apply(gw: GatewayPlan, manage_services: bool) -> None:
     apt.packages(name="Install HAProxy and socat (Debian's), its runtime API's client", packages=["haproxy", "socat"])
     config = staged_files(
         name=f"Install the gateway config for {len(gw.backends)} model(s) (validated by haproxy -c)",

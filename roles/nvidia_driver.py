@@ -33,7 +33,7 @@ def cuda_repo(data: Mapping, os_release: dict, deb_arch: str) -> tuple[str, str,
 
 
 @deploy("NVIDIA driver", data_defaults=DEFAULTS)
-def install(plan: Plan):
+def install(plan: Plan) -> None:
     data, knobs = plan.data, NvidiaDriver.of(plan.data)
     if not knobs.nvidia_driver_manage:
         nvidia.running_branch(

@@ -9,7 +9,7 @@ from roles.operations import gitpin
 
 
 @deploy("Pinned git sources", data_defaults=DEFAULTS)
-def apply(plan: Plan):
+def apply(plan: Plan) -> None:
     layout = plan.layout
     apt.packages(name="Install git", packages=["git", "ca-certificates"], no_recommends=True)
     files.directory(name=f"Sources directory {layout.src_root}", path=layout.src_root, mode="755")

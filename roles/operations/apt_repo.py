@@ -4,6 +4,7 @@ from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, deploy, operation
+from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files
 from pyinfra.operations.util import any_changed
@@ -13,7 +14,7 @@ from rigforge.facts.apt import AptSourceFiles, KeyFingerprints, same_uri_files
 from rigforge.facts.system import AptHeldPackages, ProvidedFiles
 from rigforge.layout import APT_IGNORE_BACKUPS_CONF, APT_KEYRING_DIR, APT_SOURCES_DIR
 from rigforge.packages import PackageSet
-from roles.operations.shown import say, unchanged
+from roles.operations.shown import Commands, say, unchanged
 
 
 def deb822_source(
@@ -34,6 +35,7 @@ IGNORE_BACKUPS_TEXT = (
 
 
 def source_path(repo: str) -> str:
+    """The deb822 .sources file rigforge writes for `repo`."""
     return f"{APT_SOURCES_DIR}/{repo}.sources"
 
 
@@ -52,7 +54,7 @@ def source_problems(files: dict[str, list[str]], uri: str, repo: str, adopt: boo
 
 
 @operation()
-def adopt_sources(uris: str, keep: str):
+def adopt_sources(uris: str, keep: str) -> Commands:
     """Move every other apt source file whose entries all point at ``uris`` to ``<file>.rigforge-bak``.
 
     + uris: the repository URI
@@ -80,7 +82,7 @@ def adopt_sources(uris: str, keep: str):
 
 
 @operation()
-def verified_key(src: str, dest: str, fingerprint: str | None = None, sha256: str | None = None):
+def verified_key(src: str, dest: str, fingerprint: str | None = None, sha256: str | None = None) -> Commands:
     """Download a repository key to ``dest``, only when it has ``fingerprint`` (checked with gpg on the rig).
 
     + src: the key's URL
@@ -122,7 +124,7 @@ def QUOTE(text: str) -> str:  # noqa: N802 - a shell single-quoted word
     return "'" + text.replace("'", "'\\''") + "'"
 
 
-def put_file(name: str, text: str, dest: str):
+def put_file(name: str, text: str, dest: str) -> OperationMeta:
     """A root-owned 0644 file holding `text` (apt sources, pins and settings; the nouveau blacklist)."""
     return files.put(name=name, src=StringIO(text), dest=dest, mode="644")
 
@@ -137,7 +139,7 @@ def add_repo(
     architectures: str = "",
     key_sha256: str | None = None,
     key_fingerprint: str | None = None,
-):
+) -> None:
     """Keyring + deb822 source for one repository; `apt-get update` only when something changed."""
     files.directory(name="Ensure the apt keyring directory", path=APT_KEYRING_DIR, mode="755")
     put_file("Let apt skip the source files rigforge replaced", IGNORE_BACKUPS_TEXT, APT_IGNORE_BACKUPS_CONF)
@@ -157,7 +159,7 @@ def add_repo(
 
 
 @operation()
-def install_missing(packages: PackageSet | list[str], change_held: bool = False):
+def install_missing(packages: PackageSet | list[str], change_held: bool = False) -> Commands:
     """Install what ``rigforge.verdict.packages`` finds missing of a package set, refreshing apt lists first: the
     packages not installed (or at another pinned version), and a reinstall of those whose file rigforge runs is gone.
 
@@ -209,7 +211,7 @@ def install_missing(packages: PackageSet | list[str], change_held: bool = False)
 
 
 @operation()
-def hold(packages: PackageSet):
+def hold(packages: PackageSet) -> Commands:
     """``apt-mark hold`` the set's installed packages that ``rigforge.verdict.unheld_packages`` finds not held: its
     ``held`` names, and with ``held_with``, its ``held_prefixes`` packages at that version (the driver's libraries).
 
@@ -233,7 +235,7 @@ def hold(packages: PackageSet):
 
 
 @operation()
-def remove_installed(packages: list[str], replaced_by: list[str]):
+def remove_installed(packages: list[str], replaced_by: list[str]) -> Commands:
     """``apt-get remove`` the installed ones of ``packages``, only once the replacement's packages were fetched.
 
     + packages: package names; those not installed are skipped

@@ -3,15 +3,17 @@ returns False, so pyinfra drops that host and carries on (raising while operatio
 """
 
 from pyinfra import host, logger, state
-from pyinfra.api import FunctionCommand, operation
+from pyinfra.api import FunctionCommand, Host, State, operation
 from pyinfra.context import ctx_host
 
 from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus
 from rigforge.hardware import Needs, format_problems, gpu_count, gpu_problems
-from roles.operations.shown import unchanged
+from roles.operations.shown import Commands, unchanged
 
 
-def _fail(state, host, message):  # pyinfra passes (state, host) to callbacks whose arguments use those names
+def _fail(
+    state: State, host: Host, message: str
+) -> bool:  # pyinfra passes (state, host) to callbacks whose arguments use those names
     if message:
         host.log_styled(message, fg="red", log_func=logger.error)
     return False
@@ -23,7 +25,7 @@ def fail_command(message: str) -> FunctionCommand:
 
 
 @operation()
-def gpus_fit(needs: Needs, caps: dict[int, int], data: dict):
+def gpus_fit(needs: Needs, caps: dict[int, int], data: dict) -> Commands:
     """Fail this host unless nvidia-smi's GPUs (read when this executes) fit ``needs`` and ``caps`` covers them all.
 
     + needs: what the variant needs of a host (``rigforge.hardware.Needs``)
@@ -67,6 +69,7 @@ def gpus_fit(needs: Needs, caps: dict[int, int], data: dict):
 
 
 def changed_by_this_run() -> list[str]:
+    """The names of this host's operations that ran and changed something so far in this run."""
     me, out = ctx_host.get(), []
     for op_hash in state.get_op_order():
         meta = getattr(state.ops[me].get(op_hash), "operation_meta", None)
@@ -83,7 +86,7 @@ def refuse_now(name: str, message: str) -> None:
 
 
 @operation(is_idempotent=False)
-def refuse():
+def refuse() -> Commands:
     """Fail this host, without a word (``refuse_now`` printed why; no arguments).
 
     **Example:**

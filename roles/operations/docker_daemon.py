@@ -9,11 +9,11 @@ from pyinfra.facts.files import FileContents
 
 from rigforge.jsonmerge import merged_text
 from roles.operations.checks import fail_command
-from roles.operations.shown import unchanged
+from roles.operations.shown import Commands, unchanged
 
 
 @operation()
-def merge_json(path: str, patch: dict, extend: dict | None = None):
+def merge_json(path: str, patch: dict, extend: dict | None = None) -> Commands:
     """Merge ``patch`` into the JSON file ``path`` (mode 644, created if missing) atomically; bad JSON fails the host.
 
     + path: the JSON file, e.g. Docker's daemon.json

@@ -6,11 +6,11 @@ from pyinfra.api import QuoteString, StringCommand, operation
 from rigforge.facts.docker import RegistryHasImage
 from rigforge.obtain import parse
 from rigforge.registry import RegistryPlan
-from roles.operations.shown import ShownCommand, say, unchanged
+from roles.operations.shown import Commands, ShownCommand, say, unchanged
 
 
 @operation()
-def image_in_fleet(image: str, reg: RegistryPlan):
+def image_in_fleet(image: str, reg: RegistryPlan) -> Commands:
     """Copy ``image`` from upstream into the fleet registry unless it holds that digest, every platform's manifest
     and the index byte for byte (``--preserve-digests``: the rigs pull the digest the lock names).
 

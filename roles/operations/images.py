@@ -15,7 +15,7 @@ from rigforge.facts.system import FreeDiskBytes
 from rigforge.jsonmerge import merged_text
 from rigforge.layout import DAEMON_JSON, HostLayout
 from roles.operations.checks import fail_command
-from roles.operations.shown import ShownCommand, say, unchanged
+from roles.operations.shown import Commands, ShownCommand, say, unchanged
 from roles.operations.staged import connection, upload_privately
 
 SCRIPT = Path(images.__file__).resolve().parent / "remote" / "load_images.sh"
@@ -31,7 +31,7 @@ _human = images._human
 
 
 @operation()
-def repaired(layout: HostLayout):
+def repaired(layout: HostLayout) -> Commands:
     """Undo what a load killed outright left (``load_images.sh repair``): daemon.json, the registry, the work dir.
 
     + layout: the rig's paths (the load's work dir, load_images.sh)
@@ -57,7 +57,7 @@ def repaired(layout: HostLayout):
 
 
 @operation()
-def blobs_uploaded(directory: str, saved: list, layout: HostLayout):
+def blobs_uploaded(directory: str, saved: list, layout: HostLayout) -> Commands:
     """Upload the blobs of ``saved`` images that the rig's OCI layout lacks, each checked by sha256 on the rig.
 
     + directory: the saved layout on the controller (`rigforge images save DIR`)
@@ -123,7 +123,7 @@ def blobs_uploaded(directory: str, saved: list, layout: HostLayout):
 
 
 @operation()
-def loaded(directory: str, saved: list, layout: HostLayout, port: int | None = None):
+def loaded(directory: str, saved: list, layout: HostLayout, port: int | None = None) -> Commands:
     """Load the ``saved`` images Docker lacks at their digests (load_images.sh), then remove what blobs_uploaded sent.
 
     + directory: the saved layout on the controller

@@ -9,7 +9,7 @@ from pyinfra.api import StringCommand, operation
 
 from rigforge.facts.apt import DpkgInterrupted
 from rigforge.facts.system import LeftoverUploads
-from roles.operations.shown import repairing, unchanged
+from roles.operations.shown import Commands, repairing, unchanged
 from roles.operations.staged import private_upload_dir
 
 APT_ENV = "DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=a"
@@ -17,7 +17,7 @@ DPKG_OPTIONS = "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-co
 
 
 @operation()
-def packages():
+def packages() -> Commands:
     """``dpkg --configure -a``, ``apt-get -f install`` when an interrupted run left dpkg needing them (no arguments).
 
     **Example:**
@@ -38,7 +38,7 @@ def packages():
 
 
 @operation()
-def uploads_cleared():
+def uploads_cleared() -> Commands:
     """Remove what an interrupted upload left in the SSH user's private upload dir, secrets included (no arguments).
 
     **Example:**

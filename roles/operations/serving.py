@@ -2,9 +2,11 @@
 
 import json
 import shlex
+from collections.abc import Callable
 
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.api.operation import OperationMeta
 
 from rigforge.facts.docker import DockerImagePresent
 from rigforge.facts.files import JsonFile
@@ -14,12 +16,12 @@ from rigforge.facts.system import EnabledInstances
 from rigforge.fleet import Plan
 from rigforge.knobs.serving import Serving
 from rigforge.obtain import parse
-from roles.operations.shown import ShownCommand, say, unchanged
+from roles.operations.shown import Commands, ShownCommand, say, unchanged
 from roles.operations.staged import upload_privately
 
 
 @operation()
-def sole_instance(plan: Plan):
+def sole_instance(plan: Plan) -> Commands:
     """Enable the rig's vLLM unit (``serving_rest: stopped``: disable it), disable (and stop where managed) the rest.
 
     + plan: the rig's plan (its unit, unit dir and template unit, its serving knobs)
@@ -62,7 +64,9 @@ def start_reason(plan: Plan, changed: bool, enabled: bool = False) -> str | None
 
 
 @operation()
-def running(plan: Plan, changed=None, enabled=None):
+def running(
+    plan: Plan, changed: Callable[[], bool] | None = None, enabled: Callable[[], bool] | None = None
+) -> Commands:
     """(Re)start the rig's vLLM unit when ``start_reason`` says so, its failures reset (the gate counts restarts).
 
     + plan: the rig's plan (the unit, its compose project directory, the locked image)
@@ -94,7 +98,7 @@ def running(plan: Plan, changed=None, enabled=None):
 
 
 @operation()
-def stopped(unit: str):
+def stopped(unit: str) -> Commands:
     """The vLLM unit stopped on purpose (host data ``serving_rest: stopped``).
 
     + unit: the instance, e.g. ``rigforge-vllm@dual.service``
@@ -116,7 +120,12 @@ def stopped(unit: str):
 
 
 @operation()
-def healthy(plan: Plan, rollback_unit: str | None, started=None, changed=None):
+def healthy(
+    plan: Plan,
+    rollback_unit: str | None,
+    started: OperationMeta | None = None,
+    changed: Callable[[], bool] | None = None,
+) -> Commands:
     """The health gate (``health_gate_script``) after a (re)start or when the API is silent; undoes this run's changes.
 
     + plan: the rig's plan (its unit, serve dir and its .env's API key, model, port, ``serving_health_*`` knobs)
@@ -152,7 +161,7 @@ def healthy(plan: Plan, rollback_unit: str | None, started=None, changed=None):
 
 
 @operation()
-def image_present(image: str):
+def image_present(image: str) -> Commands:
     """``docker pull`` the image by its locked digest unless the engine already holds it (needs a running engine).
 
     + image: the pinned image reference, ``repo[:tag]@sha256:...`` (or ``repo:tag`` while the lock has no digest)
@@ -175,7 +184,7 @@ def image_present(image: str):
 
 
 @operation()
-def manifest(plan: Plan, now: str, rest: str | None = None):
+def manifest(plan: Plan, now: str, rest: str | None = None) -> Commands:
     """Write rig.json (manifest, GPUs, interconnect, serving_rest, time) if all but the time differs; the slow
     interconnect only then.
 
