@@ -67,7 +67,8 @@ class Variant:
     files = render.seed_files  # the variant protocol's files: rendered (and a setting it cannot take refused) there
 
     @property
-    def figures(self):
+    def figures(self) -> dict[str, Any]:
+        """The design document's measured figures, as a dict (\"narr_tps\": \"~145\", ...)."""
         return dict(self.measured)
 
     def arg(self, flag: str) -> str | None:
@@ -81,7 +82,8 @@ class Catalog:
     assets: dict[str, Asset]
 
 
-def _need(d: dict, key: str, kind: type | tuple, where: str):
+def _need(d: dict, key: str, kind: type | tuple, where: str) -> Any:
+    """`d[key]`, which must be of `kind` (a bool is no int); CatalogError naming `where` otherwise."""
     if key not in d:
         raise CatalogError(f"{where}: missing key {key!r}")
     value = d[key]

@@ -105,15 +105,18 @@ class HostLayout:
     gpu_metrics_script = _under("libexec", GPU_METRICS_SCRIPT)
 
     @property
-    def models(self):
+    def models(self) -> str:
+        """The model dir: host data serving_model_dir, else <root>/models."""
         return self.model_dir or f"{self.root}/models"
 
     @property
-    def serve_dir(self):
+    def serve_dir(self) -> str:
+        """The variant's compose project directory."""
         return f"{self.serve_root}/{self.variant}"
 
     @property
-    def vllm_unit(self):
+    def vllm_unit(self) -> str:
+        """The variant's vLLM instance, rigforge-vllm@VARIANT.service."""
         return self.instance(self.variant)
 
     def src(self, name: str) -> str:

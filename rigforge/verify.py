@@ -4,15 +4,18 @@ rigforge/drift.py's, the gateways' and monitors', and API probes from the rig as
 Exit: 0 every check passed (skips allowed), 1 a check failed, 2 inventory unreadable or a rig unreachable (none failed).
 """
 
+import argparse
 import json
 from collections.abc import Mapping
 from dataclasses import asdict
+
+from pyinfra.api import Host
 
 from rigforge import drift, fleet, inventory, monitor, observe
 from rigforge.drift import FAIL, PASS, SKIP, SKIPPED, Check, RigContext
 
 
-def check_host(host, fl: fleet.Fleet) -> tuple[list[Check], dict]:
+def check_host(host: Host, fl: fleet.Fleet) -> tuple[list[Check], dict]:
     """(a rig's drift checks and API probes, a gateway's or monitor's checks; its serving_rest, rig or not, views)."""
     data = fleet.host_data(host.data)
     out = []
@@ -83,7 +86,7 @@ TOOL = {
 }
 
 
-def api_checks(host, ctx: RigContext) -> list[Check]:
+def api_checks(host: Host, ctx: RigContext) -> list[Check]:
     """/v1/models lists the model, a chat names Paris, a tool call comes back; skipped unmanaged, failed unitless."""
     names = ("/v1/models answers", "chat returns text", "tool call returned")
     if not ctx.manage:
@@ -115,7 +118,7 @@ def api_checks(host, ctx: RigContext) -> list[Check]:
     return [*out, Check(names[2], FAIL, "the tool call came back as text (tool-call parser not active)")]
 
 
-def _ask(host, ctx, url, body) -> tuple[str | None, dict]:
+def _ask(host: Host, ctx: RigContext, url: str, body: dict) -> tuple[str | None, dict]:
     """(why the completion failed, None when it answered HTTP 200; the reply's message, {} when it has none)."""
     code, text = inventory.http_on_rig(host, url, 120, body, ctx.settings.api_key)
     if code != 200:
@@ -129,11 +132,12 @@ def _ask(host, ctx, url, body) -> tuple[str | None, dict]:
 # ---------------------------------------------------------------- the command
 
 
-def add_arguments(p) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """verify's arguments: INVENTORY and --json."""
     inventory.add_arguments(p, shown="one line per check")
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     if (read := inventory.read_fleet(args, "verify", check_host)) is None:
         return 2
     results, fl = read
@@ -194,7 +198,7 @@ GATEWAY_FINE = ("UP", "DRAIN", "MAINT")  # drained or in maintenance: out on pur
 RIGS_UP = "gateway rigs up"
 
 
-def resting_in(host) -> set[str]:
+def resting_in(host: Host) -> set[str]:
     """The hosts of `host`'s inventory whose host data sets serving_rest (out of the gateway on purpose)."""
     return {h.name for h in getattr(host, "inventory", ()) if h.data.get("serving_rest")}
 
@@ -209,7 +213,7 @@ def rigs_up(view: dict, resting: set[str]) -> Check:
 GATEWAY_CHAT = {k: v for k, v in CHAT.items() if k != "temperature"}  # at the servers' own temperature
 
 
-def gateway_checks(host, data: Mapping, view: dict) -> list[Check]:
+def gateway_checks(host: Host, data: Mapping, view: dict) -> list[Check]:
     """A gateway's checks: every rig in it serving, /v1/models answers through it, a chat completion per model."""
     out = [rigs_up(view, resting_in(host))]
     if view["models_http"] != 200 or not view["models"]:
