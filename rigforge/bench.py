@@ -162,6 +162,7 @@ def variants_info() -> dict:
 
 
 def infer_variant(model: str, port: int, info: dict) -> str | None:
+    """The one variant serving `model` (else the one on `port`) in `variants_info()`'s `info`; None: none or several."""
     by_model = [n for n, d in info.items() if d["measured"].get("model") == model]
     by_port = [n for n, d in info.items() if d["port"] == port]
     return next((found[0] for found in (by_model, by_port) if len(found) == 1), None)
@@ -176,6 +177,7 @@ def _num(value: object) -> float | None:
 
 
 def published(m: dict, prompt: str, streams: int) -> dict:
+    """The design document's figures of `prompt` at `streams` streams in `m` (a variant's measured), as numbers."""
     out = {"tps": _num(m.get(f"{prompt}_tps", m.get(f"{prompt}_tps_per_stream"))), "ttft_ms": _num(m.get("ttft_ms"))}
     if streams > 1:
         out["aggregate_tps"] = _num(m.get(f"aggregate_{prompt}_tps_{streams}_streams"))

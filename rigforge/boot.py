@@ -63,6 +63,7 @@ def parse_boot(lines: list[str]) -> BootSeen:
 
 
 def _stamp(unit: Mapping, key: str) -> int:
+    """A unit's timestamp `key` as an int, 0 when missing or not a number."""
     with contextlib.suppress(ValueError):
         return int(unit.get(key) or 0)
     return 0

@@ -152,6 +152,7 @@ def _variant(name: str, raw: dict, defaults: dict, assets: dict[str, Asset]) -> 
 
 
 def parse_catalog(data: Any) -> Catalog:
+    """The Catalog of the catalog file's loaded YAML `data`; CatalogError naming what is missing or mistyped."""
     if not isinstance(data, dict):
         raise CatalogError("catalog: top level must be a mapping")
     if data.get("version") != 1:
@@ -173,6 +174,7 @@ def parse_catalog(data: Any) -> Catalog:
 
 @cache
 def load_catalog(path: Path | str = CATALOG_PATH) -> Catalog:
+    """The catalog file at `path` (`parse_catalog`); CatalogError when unreadable or not YAML."""
     try:
         data = yaml.load(Path(path).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except (OSError, yaml.YAMLError) as exc:

@@ -64,6 +64,7 @@ GATEWAY_STATE = "/var/lib/haproxy/rigforge-servers.state"  # runtime state kept 
 
 
 def _under(base: str, name: str) -> property:
+    """A property: the path `name` in the directory the attribute `base` holds."""
     return property(lambda self: f"{getattr(self, base)}/{name}")
 
 

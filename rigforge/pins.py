@@ -176,6 +176,7 @@ class Lock:
 
 
 def _entry(pin: Any, keys: tuple[str, ...]) -> dict[str, Any]:
+    """A pin's `keys` as the lock file writes them: empty optional keys left out, mappings and tuples as plain data."""
     out = {}
     for key in keys:
         value = getattr(pin, key)
@@ -305,6 +306,7 @@ def _toolkit(path: str, data: Any) -> ToolkitPin:
 
 
 def parse_lock(data: Any, path: str = "<lock>") -> Lock:
+    """The Lock of a lock file's loaded YAML `data`; LockError naming `path` and the key on anything unexpected."""
     r = _Reader(path, "top level", data, {"version", "image", "images", "toolkit", "git", "hf"})
     if r.get("version", int) != 1:
         r.fail(f"unsupported version {data['version']!r} (this rigforge reads version 1)", "version")
@@ -322,6 +324,7 @@ _LOADED: dict[tuple[str, bytes], Lock] = {}  # (path, content) -> its Lock (froz
 
 
 def load_lock(path: str | Path) -> Lock:
+    """The lock file at `path`, parsed once per content; LockError when missing, not YAML or not a valid lock."""
     path = str(path)
     try:
         content = Path(path).read_bytes()
@@ -337,6 +340,7 @@ def load_lock(path: str | Path) -> Lock:
 
 
 def dump_lock(lock: Lock) -> str:
+    """The lock file's text for `lock`: the header comment, then its YAML."""
     return HEADER + yaml.safe_dump(lock.to_data(), sort_keys=False, width=200, default_flow_style=False)
 
 

@@ -281,6 +281,7 @@ HOST_KEYS = {f.name: f.metadata["host_key"] or f"serving_{f.name}" for f in fiel
 
 
 def _problem(name: str, value: Any, shown_as: str) -> list[str]:
+    """[] when `value` parses as setting `name`; else the problem, naming it `shown_as` (a secret's value hidden)."""
     if name not in SETTINGS:
         return [f"unknown setting {name!r}; allowed: {', '.join(SETTINGS)}"]
     try:
@@ -325,6 +326,7 @@ def settings_from_host_data(data: Any) -> dict[str, Any]:
 
 
 def power_caps(gpu_count: int, s: Settings) -> dict[int, int]:
+    """{GPU index: watts} for `gpu_count` GPUs: power_limit_w each, power_limits' per-GPU overrides on top."""
     return {i: s.power_limit_w for i in range(gpu_count)} | dict(s.power_limits)
 
 
@@ -337,10 +339,12 @@ def _must(key: str, value: Any, what: str, deploy: bool = False) -> list[str]:
 
 
 def boolean(data: Mapping, key: str, deploy: bool = False) -> list[str]:
+    """[] when `data[key]` is true or false; else the problem."""
     return [] if data.get(key) in (True, False) else _must(key, data.get(key), "true or false", deploy)
 
 
 def integer(data: Mapping, key: str, low: int, high: int, unit: str = "") -> list[str]:
+    """[] when `data[key]` is a whole number (or its digits) in low..high; else the problem."""
     value = data.get(key)
     ok = isinstance(value, int) and not isinstance(value, bool) or isinstance(value, str) and value.isdigit()
     return [] if ok and low <= int(value) <= high else _must(key, value, f"a whole number{unit} in {low}..{high}")

@@ -24,6 +24,8 @@ DEFAULT_LOCK = default_lock_path()
 
 
 def status_row(host: Host, fl: fleet.Fleet) -> dict:
+    """A rig's row of `rigforge status` (one batched probe): its variant, pins and drift, GPUs and caps, image source,
+    service, checks (verify's, without the live chat/tool probes), gateway place and its API's answer."""
     ctx, obs = observe.observe(host, fl)
     pins = drift.pin_drift(ctx)
     if pins["drift"] is not None:  # what the rig holds now, beside what its manifest records
@@ -128,6 +130,7 @@ def _read_rig(r: dict) -> bool:
 
 
 def monitor_views(rows: list[dict], monitors: tuple[str, ...]) -> dict[str, dict | None]:
+    """{monitor host: what it read of the fleet, None when it could not be read}."""
     return {r["host"]: None if r.get("error") else r.get("monitor") for r in rows if r["host"] in monitors}
 
 

@@ -38,6 +38,7 @@ def check_host(host: Host, fl: fleet.Fleet) -> tuple[list[Check], dict]:
 
 
 def monitor_views(results: dict, monitors: tuple[str, ...]) -> dict[str, dict | None]:
+    """{monitor host: what it read of the fleet, None when it could not be read}."""
     return {h: None if isinstance(r, Exception) else r[1].get("monitor") for h, r in results.items() if h in monitors}
 
 

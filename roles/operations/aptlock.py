@@ -58,7 +58,9 @@ def wait_script(wait: int) -> str:
     )
 
 
-def _wait(state: State, host: Host, wait: int, first: LockHolder, kwargs: dict) -> bool:  # pyinfra passes (state, host)
+def _wait(state: State, host: Host, wait: int, first: LockHolder, kwargs: dict) -> bool:
+    """Wait on the rig up to `wait` s for the lock `first` held to be free: True (warned) once free, else False, the
+    holder named (the host fails). A FunctionCommand's callback: pyinfra passes (state, host)."""
     ok, output = host.run_shell_command(StringCommand("sh", "-c", QuoteString(wait_script(wait))), **kwargs)
     lines = [line.strip() for line in output.stdout_lines if line.strip()]
     last = lines[-1] if lines else ""

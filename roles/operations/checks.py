@@ -11,9 +11,9 @@ from rigforge.hardware import Needs, format_problems, gpu_count, gpu_problems
 from roles.operations.shown import Commands, unchanged
 
 
-def _fail(
-    state: State, host: Host, message: str
-) -> bool:  # pyinfra passes (state, host) to callbacks whose arguments use those names
+def _fail(state: State, host: Host, message: str) -> bool:
+    """Log `message` in red (when there is one) and fail the host (a FunctionCommand's callback: pyinfra passes
+    state and host to callbacks whose arguments use those names)."""
     if message:
         host.log_styled(message, fg="red", log_func=logger.error)
     return False

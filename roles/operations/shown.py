@@ -16,6 +16,7 @@ class ShownCommand(StringCommand):
     """A shell command whose output is printed as it arrives, at any verbosity."""
 
     def execute(self, state: State, host: Host, connector_arguments: ConnectorArguments) -> tuple[bool, CommandOutput]:
+        """Run the command as StringCommand does, its output printed as it arrives."""
         connector_arguments.update(self.connector_arguments)
         return host.run_shell_command(self, print_output=True, print_input=state.print_input, **connector_arguments)
 
