@@ -8,13 +8,13 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from rigforge.layout import HOLD_INTERVAL_S, HOLD_TIMER, POWER_UNIT, SETTLE_UNIT
-from rigforge.schema import power_caps
+from rigforge.schema import Settings, power_caps
 
-if TYPE_CHECKING:  # observe.py reads the rig through facts/nvidia.py, which imports this module
-    from rigforge.observe import RigContext
+if TYPE_CHECKING:
+    from rigforge.fleet import Plan
 
 SHOW = (  # what `systemctl show` is asked for each unit
     "LoadState ActiveState SubState Result ExecMainStatus InactiveExitTimestampMonotonic "
@@ -24,6 +24,23 @@ SHOW = (  # what `systemctl show` is asked for each unit
 CORRECTION = re.compile(r"^rigforge: GPU(\d+) power limit (\S+) W \((changed .*)\); set back to (\d+) W$")
 FAILED = re.compile(r"^rigforge: GPU(\d+) power limit .*; setting \d+ W failed$")
 UNFOUND = "a writer rigforge did not find"
+
+
+class CapsContext(Protocol):
+    """What the caps verdict reads of a rig's context: rigforge/observe.py's RigContext (not imported: observe.py reads
+    the rig through facts/nvidia.py, which imports this module)."""
+
+    @property
+    def plan(self) -> Plan | None: ...
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def cap_units(self) -> dict: ...
+
+    @property
+    def manage(self) -> bool: ...
 
 
 class BootSeen(TypedDict):
@@ -94,7 +111,7 @@ def _unit_problem(name: str, unit: Mapping | None) -> str | None:
     return None
 
 
-def held(ctx: RigContext) -> bool:
+def held(ctx: CapsContext) -> bool:
     """Whether host data gpu_power_hold keeps the cap hold's timer on (its default: true)."""
     data = ctx.plan.data if ctx.plan else getattr(ctx, "data", {})
     return data.get("gpu_power_hold", True) is not False
@@ -121,7 +138,7 @@ def set_backs(lines: list[str]) -> list[str]:
     return [f"GPU{m[1]} {m[2]} W, {m[3]}" for line in lines if (m := CORRECTION.match(line))]
 
 
-def judge(seen: Mapping, ctx: RigContext) -> tuple[dict[int, int], list[str], str]:
+def judge(seen: Mapping, ctx: CapsContext) -> tuple[dict[int, int], list[str], str]:
     """What ran at this boot against the caps of rig context `ctx`: (those caps, problems, "set last" sentence)."""
     targets = dict(ctx.plan.caps) if ctx.plan else power_caps(len(seen.get("caps") or {}), ctx.settings)
     units = seen.get("units") or {}
@@ -181,7 +198,7 @@ def judge(seen: Mapping, ctx: RigContext) -> tuple[dict[int, int], list[str], st
     return targets, problems, last
 
 
-def boot_caps(seen: Mapping, ctx: RigContext) -> tuple[str, str]:
+def boot_caps(seen: Mapping, ctx: CapsContext) -> tuple[str, str]:
     """The check "caps set last at this boot": ("pass" | "fail", detail) for rig context `ctx` (RigContext)."""
     targets, problems, last = judge(seen, ctx)
     if problems:
@@ -190,7 +207,7 @@ def boot_caps(seen: Mapping, ctx: RigContext) -> tuple[str, str]:
     return "pass", f"{caps} W, {last}"
 
 
-def summary(seen: Mapping, ctx: RigContext) -> str:
+def summary(seen: Mapping, ctx: CapsContext) -> str:
     """status's sentence after "power caps: 230 W"; with services not managed (no systemd), the writers found."""
     if not ctx.manage:
         named = ", ".join(f"{label(name, w)} ({'/'.join(map(str, w.get('watts') or [])) or '?'} W)"

@@ -13,7 +13,7 @@ import socket
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # imported where used: a deploy file's first step imports this module before the roles
     from paramiko import Transport
@@ -21,7 +21,21 @@ if TYPE_CHECKING:  # imported where used: a deploy file's first step imports thi
     from pyinfra.connectors.ssh import SSHConnector
 
     from rigforge import fleet
-    from rigforge.observe import RigContext
+    from rigforge.schema import Settings
+
+
+class RigApi(Protocol):
+    """What a request to a rig's API reads of its context: rigforge/observe.py's RigContext (not imported: observe.py
+    reads the rig through facts/probe.py, which imports this module)."""
+
+    @property
+    def data(self) -> dict: ...
+
+    @property
+    def port(self) -> int | None: ...
+
+    @property
+    def settings(self) -> Settings: ...
 
 
 class InventoryError(Exception):
@@ -240,7 +254,7 @@ def read_fleet(
     return for_each_host(state, lambda host: fn(host, fl)), fl
 
 
-def api_models(host: Host, ctx: RigContext, timeout: int = 5) -> dict:
+def api_models(host: Host, ctx: RigApi, timeout: int = 5) -> dict:
     """GET /v1/models from the rig itself (curl), as the recipes' health check does."""
     url = f"http://{ctx_host(ctx)}:{ctx.port}/v1/models"
     code, body = http_on_rig(host, url, timeout, api_key=ctx.settings.api_key)
@@ -258,7 +272,7 @@ def http_on_rig(
     return (int(code) if code.strip().isdigit() else 0), text
 
 
-def ctx_host(ctx: RigContext) -> str:
+def ctx_host(ctx: RigApi) -> str:
     """The address the rig's own API is asked at from the rig (host data serving_health_host, else 127.0.0.1)."""
     return ctx.data["serving_health_host"] or "127.0.0.1"
 
