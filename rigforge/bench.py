@@ -8,6 +8,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from urllib.parse import urlsplit
@@ -50,7 +51,7 @@ class Sample:
 # ---------------------------------------------------------------- measuring
 
 
-def _sse_data(resp: requests.Response):
+def _sse_data(resp: requests.Response) -> Iterator[str]:
     """Yield the `data:` payloads of an SSE stream as soon as their bytes arrive."""
     read = getattr(resp.raw, "read1", None)
     chunks = iter(lambda: read(65536), b"") if read else resp.iter_content(chunk_size=None)
@@ -60,7 +61,16 @@ def _sse_data(resp: requests.Response):
         yield from (line.strip()[5:].strip().decode() for line in lines if line.strip().startswith(b"data:"))
 
 
-def stream_once(session, base: str, model: str, prompt: str, max_tokens: int, timeout: float, headers=None):
+def stream_once(
+    session: requests.Session,
+    base: str,
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    timeout: float,
+    headers: dict[str, str] | None = None,
+) -> Sample:
+    """One streamed chat completion: its time to the first content or reasoning delta, wall time and tokens."""
     messages = [{"role": "user", "content": prompt}]
     body = {"model": model, "messages": messages, "max_tokens": max_tokens, **SAMPLING, **STREAM}
     ttft, deltas, usage_tokens = None, 0, None
@@ -83,7 +93,15 @@ def stream_once(session, base: str, model: str, prompt: str, max_tokens: int, ti
     return Sample(ttft, end - start, usage_tokens or deltas, "usage" if usage_tokens else "deltas", start, end)
 
 
-def stream_many(base, model, prompt, max_tokens, timeout, streams, headers=None) -> list[Sample]:
+def stream_many(
+    base: str,
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    timeout: float,
+    streams: int,
+    headers: dict[str, str] | None = None,
+) -> list[Sample]:
     """`streams` concurrent requests released together; returns their samples in stream order."""
     if streams == 1:  # in this thread: Ctrl-C stops it at once (the pool would wait for the stream to end)
         return [stream_once(_session(), base, model, prompt, max_tokens, timeout, headers)]
@@ -144,12 +162,13 @@ def variants_info() -> dict:
 
 
 def infer_variant(model: str, port: int, info: dict) -> str | None:
+    """The one variant serving `model` (else the one on `port`) in `variants_info()`'s `info`; None: none or several."""
     by_model = [n for n, d in info.items() if d["measured"].get("model") == model]
     by_port = [n for n, d in info.items() if d["port"] == port]
     return next((found[0] for found in (by_model, by_port) if len(found) == 1), None)
 
 
-def _num(value):
+def _num(value: object) -> float | None:
     """'~145' -> 145.0; 69 -> 69.0; anything else -> None."""
     try:
         return float(value.strip().lstrip("~") if isinstance(value, str) else value)
@@ -158,6 +177,7 @@ def _num(value):
 
 
 def published(m: dict, prompt: str, streams: int) -> dict:
+    """The design document's figures of `prompt` at `streams` streams in `m` (a variant's measured), as numbers."""
     out = {"tps": _num(m.get(f"{prompt}_tps", m.get(f"{prompt}_tps_per_stream"))), "ttft_ms": _num(m.get("ttft_ms"))}
     if streams > 1:
         out["aggregate_tps"] = _num(m.get(f"aggregate_{prompt}_tps_{streams}_streams"))
@@ -188,7 +208,7 @@ def _progress(done: int, total: int, label: str) -> None:
     sys.stderr.flush()
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     try:
         for name, least in (("warmups", 0), ("runs", 1), ("streams", 1)):
             if getattr(args, name) < least:

@@ -3,12 +3,18 @@ timer: docs/operators.md "power caps"), for status and verify. A unit of rigforg
 fails on its own (an ordering cycle can be lost from the journal). Pure: no host, no pyinfra.
 """
 
+from __future__ import annotations
+
 import contextlib
 import re
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from rigforge.layout import HOLD_INTERVAL_S, HOLD_TIMER, POWER_UNIT, SETTLE_UNIT
-from rigforge.schema import power_caps
+from rigforge.schema import Settings, power_caps
+
+if TYPE_CHECKING:
+    from rigforge.fleet import Plan
 
 SHOW = (  # what `systemctl show` is asked for each unit
     "LoadState ActiveState SubState Result ExecMainStatus InactiveExitTimestampMonotonic "
@@ -20,7 +26,37 @@ FAILED = re.compile(r"^rigforge: GPU(\d+) power limit .*; setting \d+ W failed$"
 UNFOUND = "a writer rigforge did not find"
 
 
-def parse_boot(lines: list[str]) -> dict:
+class CapsContext(Protocol):
+    """What the caps verdict reads of a rig's context: rigforge/observe.py's RigContext (not imported: observe.py reads
+    the rig through facts/nvidia.py, which imports this module)."""
+
+    @property
+    def plan(self) -> Plan | None: ...
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def cap_units(self) -> dict: ...
+
+    @property
+    def manage(self) -> bool: ...
+
+
+class BootSeen(TypedDict):
+    """What BootCaps read of this boot (`parse_boot`)."""
+
+    boot_id: str | None  # /proc/sys/kernel/random/boot_id
+    system: str  # `systemctl is-system-running`
+    units: dict[str, dict[str, str]]  # {unit: {SHOW key: value}}
+    cycles: list[str]  # the journal's ordering cycle lines
+    settle: list[str]  # the settle stage's "rigforge: " lines
+    hold: list[str]  # the cap hold's "rigforge: " lines
+    cron: list[str]  # cron's CMD lines
+    caps: dict[int, float]  # {GPU index: watts now}
+
+
+def parse_boot(lines: list[str]) -> BootSeen:
     """Output of BootCaps -> {"boot_id", "system", "units": {unit: {SHOW key: value}}, "cycles", "settle", "hold",
     "cron": their lines, "caps": {GPU index: watts now}}; empty where the rig gave nothing (a chroot: no systemd)."""
     out: dict = {"units": {}, "cycles": [], "settle": [], "hold": [], "cron": [], "caps": {}}
@@ -44,6 +80,7 @@ def parse_boot(lines: list[str]) -> dict:
 
 
 def _stamp(unit: Mapping, key: str) -> int:
+    """A unit's timestamp `key` as an int, 0 when missing or not a number."""
     with contextlib.suppress(ValueError):
         return int(unit.get(key) or 0)
     return 0
@@ -56,7 +93,8 @@ def started(unit: Mapping | None) -> int:
     return max(_stamp(unit, "InactiveExitTimestampMonotonic"), _stamp(unit, "ExecMainStartTimestampMonotonic"))
 
 
-def watts(v) -> str:
+def watts(v: float | None) -> str:
+    """Watts as status writes them (230, 232.5), \"?\" when not read."""
     return "?" if v is None else f"{v:g}"
 
 
@@ -73,7 +111,7 @@ def _unit_problem(name: str, unit: Mapping | None) -> str | None:
     return None
 
 
-def held(ctx) -> bool:
+def held(ctx: CapsContext) -> bool:
     """Whether host data gpu_power_hold keeps the cap hold's timer on (its default: true)."""
     data = ctx.plan.data if ctx.plan else getattr(ctx, "data", {})
     return data.get("gpu_power_hold", True) is not False
@@ -100,7 +138,7 @@ def set_backs(lines: list[str]) -> list[str]:
     return [f"GPU{m[1]} {m[2]} W, {m[3]}" for line in lines if (m := CORRECTION.match(line))]
 
 
-def judge(seen: Mapping, ctx) -> tuple[dict[int, int], list[str], str]:
+def judge(seen: Mapping, ctx: CapsContext) -> tuple[dict[int, int], list[str], str]:
     """What ran at this boot against the caps of rig context `ctx`: (those caps, problems, "set last" sentence)."""
     targets = dict(ctx.plan.caps) if ctx.plan else power_caps(len(seen.get("caps") or {}), ctx.settings)
     units = seen.get("units") or {}
@@ -160,7 +198,7 @@ def judge(seen: Mapping, ctx) -> tuple[dict[int, int], list[str], str]:
     return targets, problems, last
 
 
-def boot_caps(seen: Mapping, ctx) -> tuple[str, str]:
+def boot_caps(seen: Mapping, ctx: CapsContext) -> tuple[str, str]:
     """The check "caps set last at this boot": ("pass" | "fail", detail) for rig context `ctx` (RigContext)."""
     targets, problems, last = judge(seen, ctx)
     if problems:
@@ -169,7 +207,7 @@ def boot_caps(seen: Mapping, ctx) -> tuple[str, str]:
     return "pass", f"{caps} W, {last}"
 
 
-def summary(seen: Mapping, ctx) -> str:
+def summary(seen: Mapping, ctx: CapsContext) -> str:
     """status's sentence after "power caps: 230 W"; with services not managed (no systemd), the writers found."""
     if not ctx.manage:
         named = ", ".join(f"{label(name, w)} ({'/'.join(map(str, w.get('watts') or [])) or '?'} W)"

@@ -67,7 +67,8 @@ class Variant:
     files = render.seed_files  # the variant protocol's files: rendered (and a setting it cannot take refused) there
 
     @property
-    def figures(self):
+    def figures(self) -> dict[str, Any]:
+        """The design document's measured figures, as a dict (\"narr_tps\": \"~145\", ...)."""
         return dict(self.measured)
 
     def arg(self, flag: str) -> str | None:
@@ -81,7 +82,8 @@ class Catalog:
     assets: dict[str, Asset]
 
 
-def _need(d: dict, key: str, kind: type | tuple, where: str):
+def _need(d: dict, key: str, kind: type | tuple, where: str) -> Any:
+    """`d[key]`, which must be of `kind` (a bool is no int); CatalogError naming `where` otherwise."""
     if key not in d:
         raise CatalogError(f"{where}: missing key {key!r}")
     value = d[key]
@@ -150,6 +152,7 @@ def _variant(name: str, raw: dict, defaults: dict, assets: dict[str, Asset]) -> 
 
 
 def parse_catalog(data: Any) -> Catalog:
+    """The Catalog of the catalog file's loaded YAML `data`; CatalogError naming what is missing or mistyped."""
     if not isinstance(data, dict):
         raise CatalogError("catalog: top level must be a mapping")
     if data.get("version") != 1:
@@ -171,6 +174,7 @@ def parse_catalog(data: Any) -> Catalog:
 
 @cache
 def load_catalog(path: Path | str = CATALOG_PATH) -> Catalog:
+    """The catalog file at `path` (`parse_catalog`); CatalogError when unreadable or not YAML."""
     try:
         data = yaml.load(Path(path).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except (OSError, yaml.YAMLError) as exc:

@@ -126,7 +126,7 @@ def cuda_for_driver(version: str) -> str | None:
     return next((cuda for cuda, low in CUDA_DRIVERS if version_key(version) >= version_key(low)), None)
 
 
-def cuda_for_branch(branch) -> str | None:
+def cuda_for_branch(branch: int | str) -> str | None:
     """The newest CUDA a driver branch supports (580 -> 13.0); None outside the table (newer: not known yet)."""
     if int(branch) > version_key(CUDA_DRIVERS[0][1])[0]:
         return None

@@ -7,14 +7,16 @@ content digest, by which a copy of the recipe repo without .git (RIGFORGE_RECIPE
 
 import dataclasses
 import difflib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from rigforge import recipes
-from rigforge.pins import HfPin, ImagePin, Lock, LockError, dump_lock
+from rigforge.pins import GitPin, HfPin, ImagePin, Lock, LockError, dump_lock
 
 
-def follow(lock: Lock, ref: str, slugs: Iterable[str], fetch) -> tuple[Lock, recipes.RecipeRepo]:
+def follow(
+    lock: Lock, ref: str, slugs: Iterable[str], fetch: Callable[[GitPin], tuple[GitPin, Path]]
+) -> tuple[Lock, recipes.RecipeRepo]:
     """(`lock` with its recipe pin at `ref` and the entries the used `slugs` need, the repo at `ref`). `fetch(pin)`
     resolves the pin's ref to a commit and returns the directory of that commit's checkout (rigforge/lock.py)."""
     pin = lock.git.get(recipes.GIT_NAME)

@@ -11,11 +11,31 @@ import os
 import shlex
 import socket
 import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # imported where used: a deploy file's first step imports this module before the roles
+    from paramiko import Transport
+    from pyinfra.api import Host, State, StringCommand
+    from pyinfra.connectors.ssh import SSHConnector
+
     from rigforge import fleet
+    from rigforge.schema import Settings
+
+
+class RigApi(Protocol):
+    """What a request to a rig's API reads of its context: rigforge/observe.py's RigContext (not imported: observe.py
+    reads the rig through facts/probe.py, which imports this module)."""
+
+    @property
+    def data(self) -> dict: ...
+
+    @property
+    def port(self) -> int | None: ...
+
+    @property
+    def settings(self) -> Settings: ...
 
 
 class InventoryError(Exception):
@@ -25,7 +45,7 @@ class InventoryError(Exception):
 # ---------------------------------------------------------------- inventory and SSH plumbing
 
 
-def open_inventory(path: str, override: dict | None = None):
+def open_inventory(path: str, override: dict | None = None) -> State:
     """A pyinfra State over the inventory file, group_data/ applied; `override`: pyinfra's --data."""
     if not Path(path).is_file():
         raise InventoryError(f"{path}: no such inventory file (give a pyinfra inventory, e.g. inventories/home.py)")
@@ -61,7 +81,7 @@ def open_inventory(path: str, override: dict | None = None):
     return state
 
 
-def ssh_transport(host):
+def ssh_transport(host: Host) -> Transport | None:
     """`host`'s SSH transport (paramiko), or None: not over SSH (@local, @fake) or not connected."""
     client = getattr(host.connector, "client", None)
     return client.get_transport() if client is not None else None
@@ -73,20 +93,20 @@ QUICKACK = getattr(socket, "TCP_QUICKACK", None)  # Linux's; a controller elsewh
 class _QuickAck:
     """The SSH socket as paramiko's packet reader sees it: TCP_QUICKACK again after each read (Linux drops it)."""
 
-    def __init__(self, sock):
+    def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._sock, name)
 
-    def recv(self, size, *flags):
+    def recv(self, size: int, *flags: int) -> bytes:
         data = self._sock.recv(size, *flags)
         with contextlib.suppress(OSError):
             self._sock.setsockopt(socket.IPPROTO_TCP, QUICKACK, 1)
         return data
 
 
-def no_delay(host) -> None:
+def no_delay(host: Host) -> None:
     """TCP_NODELAY on `host`'s SSH connection, and TCP_QUICKACK after each read where the system has it (docs/probe.md
     "No wait for a delayed ACK"); nothing for a connection that is not TCP (a ProxyCommand) or not open."""
     transport = ssh_transport(host)
@@ -102,7 +122,7 @@ def no_delay(host) -> None:
         packets._Packetizer__socket = _QuickAck(packets._Packetizer__socket)
 
 
-def quick_connections(hosts=()) -> None:
+def quick_connections(hosts: Iterable[Host] = ()) -> None:
     """`no_delay` on every SSH connection pyinfra opens from now on and, once, on those `hosts` have open already."""
     from pyinfra.connectors.ssh import SSHConnector
 
@@ -111,7 +131,7 @@ def quick_connections(hosts=()) -> None:
     original = SSHConnector.connect
 
     @functools.wraps(original)
-    def connect(self, *args, **kwargs):
+    def connect(self: SSHConnector, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         no_delay(self.host)
 
@@ -120,11 +140,11 @@ def quick_connections(hosts=()) -> None:
         no_delay(host)
 
 
-def for_each_host(state, fn) -> dict[str, Any]:
+def for_each_host(state: State, fn: Callable[[Host], Any]) -> dict[str, Any]:
     """Connect to every host and run fn(host) on each in parallel: {host name: result or Exception}."""
     import gevent
 
-    def task(host):
+    def task(host: Host) -> Any:
         try:
             host.connect(show_errors=False, raise_exceptions=True)
         except Exception as exc:
@@ -144,7 +164,7 @@ def for_each_host(state, fn) -> dict[str, Any]:
     return {name: job.value for name, job in jobs.items()}
 
 
-def sudo_problem(h) -> str | None:
+def sudo_problem(h: Host) -> str | None:
     """The one line when sudo on host `h` asks for a password host data does not give; asked with `sudo -n`."""
     from pyinfra.api import QuoteString, StringCommand
 
@@ -164,11 +184,12 @@ def sudo_problem(h) -> str | None:
     return sudo_password_problem(h, lines[0] if lines and lines[0] != "SUDO-PASSWORD" else None)
 
 
-def sudo_of(h) -> tuple[bool, str | None, str | None]:
+def sudo_of(h: Host) -> tuple[bool, str | None, str | None]:
+    """(whether commands run with sudo, as which user, its password) from `h`'s host data."""
     return bool(h.data.get("_sudo")), h.data.get("_sudo_user"), h.data.get("_sudo_password")
 
 
-def sudo_password_problem(h, user: str | None) -> str:
+def sudo_password_problem(h: Host, user: str | None) -> str:
     """The one line for host `h` whose sudo asks SSH user `user` (None: not known) for a password."""
     user = user or h.data.get("ssh_user") or "the SSH user"
     return (
@@ -178,10 +199,10 @@ def sudo_password_problem(h, user: str | None) -> str:
 
 
 class Unreachable(Exception):
-    pass
+    """A host that could not be read (for_each_host's result): its message says why."""
 
 
-def _command_problem(host) -> str | None:
+def _command_problem(host: Host) -> str | None:
     """Why commands cannot run on a connected host (e.g. sudo wants a password); None when they can."""
     from pyinfra.api import StringCommand
 
@@ -199,11 +220,12 @@ def _command_problem(host) -> str | None:
 
 
 def _one_line(exc: BaseException) -> str:
+    """An exception's message on one line (its whitespace collapsed), else its class name."""
     text = str(exc.args[0]) if exc.args else str(exc)
     return " ".join(text.split()) or type(exc).__name__
 
 
-def sh(host, command) -> str:
+def sh(host: Host, command: str | StringCommand) -> str:
     """Output of a read-only command on the host (the host's `_sudo` applies). Never fails: `|| true`."""
     from pyinfra.api import StringCommand
     from pyinfra.facts.server import Command
@@ -212,11 +234,14 @@ def sh(host, command) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser, shown: str = "a table") -> None:
+    """A command's INVENTORY argument and --json (JSON instead of `shown`)."""
     p.add_argument("inventory", metavar="INVENTORY", help="pyinfra inventory file, e.g. inventories/fleet.py")
     p.add_argument("--json", action="store_true", help=f"print JSON instead of {shown}")
 
 
-def read_fleet(args, command: str, fn) -> tuple[dict[str, Any], fleet.Fleet] | None:
+def read_fleet(
+    args: argparse.Namespace, command: str, fn: Callable[[Host, fleet.Fleet], Any]
+) -> tuple[dict[str, Any], fleet.Fleet] | None:
     """(fn(host, fleet) for every host of `args.inventory`; the fleet), or None when the inventory does not load."""
     try:
         state = open_inventory(args.inventory)
@@ -229,7 +254,7 @@ def read_fleet(args, command: str, fn) -> tuple[dict[str, Any], fleet.Fleet] | N
     return for_each_host(state, lambda host: fn(host, fl)), fl
 
 
-def api_models(host, ctx, timeout: int = 5) -> dict:
+def api_models(host: Host, ctx: RigApi, timeout: int = 5) -> dict:
     """GET /v1/models from the rig itself (curl), as the recipes' health check does."""
     url = f"http://{ctx_host(ctx)}:{ctx.port}/v1/models"
     code, body = http_on_rig(host, url, timeout, api_key=ctx.settings.api_key)
@@ -239,17 +264,22 @@ def api_models(host, ctx, timeout: int = 5) -> dict:
     return {"url": url, "http_code": code, "models": models}
 
 
-def http_on_rig(host, url: str, timeout: int, body: dict | None = None, api_key: str | None = None) -> tuple[int, str]:
+def http_on_rig(
+    host: Host, url: str, timeout: int, body: dict | None = None, api_key: str | None = None
+) -> tuple[int, str]:
     """(HTTP code, 0 when nothing answered; response body) of a request made by curl on the host."""
     text, _, code = sh(host, curl_command(url, api_key, timeout=timeout, body=body)).rpartition("\n")
     return (int(code) if code.strip().isdigit() else 0), text
 
 
-def ctx_host(ctx) -> str:
+def ctx_host(ctx: RigApi) -> str:
+    """The address the rig's own API is asked at from the rig (host data serving_health_host, else 127.0.0.1)."""
     return ctx.data["serving_health_host"] or "127.0.0.1"
 
 
-def curl_command(url: str, api_key: str | None, timeout: int, body: dict | None = None, last: str = "http_code"):
+def curl_command(
+    url: str, api_key: str | None, timeout: int, body: dict | None = None, last: str = "http_code"
+) -> StringCommand:
     """curl printing the body, then the HTTP code (or curl's -w variable `last`) on a line of its own; key masked."""
     from pyinfra.api import MaskString, QuoteString, StringCommand
 

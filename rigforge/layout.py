@@ -64,6 +64,7 @@ GATEWAY_STATE = "/var/lib/haproxy/rigforge-servers.state"  # runtime state kept 
 
 
 def _under(base: str, name: str) -> property:
+    """A property: the path `name` in the directory the attribute `base` holds."""
     return property(lambda self: f"{getattr(self, base)}/{name}")
 
 
@@ -105,15 +106,18 @@ class HostLayout:
     gpu_metrics_script = _under("libexec", GPU_METRICS_SCRIPT)
 
     @property
-    def models(self):
+    def models(self) -> str:
+        """The model dir: host data serving_model_dir, else <root>/models."""
         return self.model_dir or f"{self.root}/models"
 
     @property
-    def serve_dir(self):
+    def serve_dir(self) -> str:
+        """The variant's compose project directory."""
         return f"{self.serve_root}/{self.variant}"
 
     @property
-    def vllm_unit(self):
+    def vllm_unit(self) -> str:
+        """The variant's vLLM instance, rigforge-vllm@VARIANT.service."""
         return self.instance(self.variant)
 
     def src(self, name: str) -> str:

@@ -3,9 +3,13 @@ upstream; asked over HTTP from the controller, and the one line naming the varia
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rigforge.pins import DIGEST
 from rigforge.registry import RegistryPlan
+
+if TYPE_CHECKING:  # imported where used: requests is slow to import
+    import requests
 
 DOCKER_HUB = "docker.io"
 DOCKER_HUB_API = "https://registry-1.docker.io"  # where Docker itself asks for docker.io images
@@ -14,7 +18,9 @@ IMAGE_TYPES = ("application/vnd.oci.image.manifest.v1+json", "application/vnd.do
 MANIFEST_TYPES = ", ".join(INDEX_TYPES + IMAGE_TYPES)
 
 
-def registry_request(method: str, url: str, headers: dict, extra: dict | None = None, **kwargs):
+def registry_request(
+    method: str, url: str, headers: dict, extra: dict | None = None, **kwargs: Any
+) -> "requests.Response":
     """One Distribution API request (+ `extra` headers); a bearer token a 401 asks for is kept in `headers`."""
     import requests
 
@@ -70,7 +76,7 @@ class Source:
     detail: str  # "HTTP 404", "unreachable: ..." ("" when it has it)
 
 
-def ask(base: str, ref: ImageRef, verify) -> tuple[bool | None, str]:
+def ask(base: str, ref: ImageRef, verify: bool | str) -> tuple[bool | None, str]:
     """(does the registry at `base` have `ref`'s manifest (by digest, else tag), why not): one HEAD request."""
     import requests
 

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 
@@ -62,7 +62,8 @@ class GitPin:
     content: str | None = None
 
     @property
-    def resolved(self):
+    def resolved(self) -> bool:
+        """Whether the lock names the commit."""
         return self.commit is not None
 
 
@@ -84,11 +85,13 @@ class HfPin:
     note: str | None = None
 
     @property
-    def resolved(self):
+    def resolved(self) -> bool:
+        """Whether the lock names the revision and its files."""
         return self.revision is not None and bool(self.files)
 
     @property
-    def total_size(self):
+    def total_size(self) -> int:
+        """The bytes of the pinned files."""
         return sum(f.size for f in self.files)
 
 
@@ -173,6 +176,7 @@ class Lock:
 
 
 def _entry(pin: Any, keys: tuple[str, ...]) -> dict[str, Any]:
+    """A pin's `keys` as the lock file writes them: empty optional keys left out, mappings and tuples as plain data."""
     out = {}
     for key in keys:
         value = getattr(pin, key)
@@ -189,7 +193,7 @@ def _entry(pin: Any, keys: tuple[str, ...]) -> dict[str, Any]:
 class _Reader:
     """Typed access to one mapping of the lock (with only the `allowed` keys); errors name file and key."""
 
-    def __init__(self, path: str, where: str, data: Any, allowed: Iterable[str]):
+    def __init__(self, path: str, where: str, data: Any, allowed: Iterable[str]) -> None:
         self.path = path
         self.where = where
         self.data = data
@@ -198,11 +202,23 @@ class _Reader:
         if extra := set(data) - set(allowed):
             self.fail(f"unknown key(s) {sorted(extra)} (allowed: {sorted(allowed)})")
 
-    def fail(self, msg: str, key: str | None = None):
+    def fail(self, msg: str, key: str | None = None) -> NoReturn:
+        """Raise LockError naming the lock file and the key."""
         where = f"{self.where}.{key}" if key else self.where
         raise LockError(f"lock {self.path}: {where}: {msg}")
 
-    def get(self, key: str, kind, *, required: bool = True, default=None, pattern=None, what: str = ""):
+    def get(
+        self,
+        key: str,
+        kind: type | tuple[type, ...],
+        *,
+        required: bool = True,
+        default: Any = None,
+        pattern: re.Pattern[str] | None = None,
+        what: str = "",
+    ) -> Any:
+        """`key`'s value, of `kind` (a bool is no int) and matching `pattern`; `default` when absent and not
+        `required` (or null where allowed); LockError naming the key otherwise."""
         if key not in self.data:
             if required:
                 self.fail("missing", key)
@@ -290,6 +306,7 @@ def _toolkit(path: str, data: Any) -> ToolkitPin:
 
 
 def parse_lock(data: Any, path: str = "<lock>") -> Lock:
+    """The Lock of a lock file's loaded YAML `data`; LockError naming `path` and the key on anything unexpected."""
     r = _Reader(path, "top level", data, {"version", "image", "images", "toolkit", "git", "hf"})
     if r.get("version", int) != 1:
         r.fail(f"unsupported version {data['version']!r} (this rigforge reads version 1)", "version")
@@ -307,6 +324,7 @@ _LOADED: dict[tuple[str, bytes], Lock] = {}  # (path, content) -> its Lock (froz
 
 
 def load_lock(path: str | Path) -> Lock:
+    """The lock file at `path`, parsed once per content; LockError when missing, not YAML or not a valid lock."""
     path = str(path)
     try:
         content = Path(path).read_bytes()
@@ -322,6 +340,7 @@ def load_lock(path: str | Path) -> Lock:
 
 
 def dump_lock(lock: Lock) -> str:
+    """The lock file's text for `lock`: the header comment, then its YAML."""
     return HEADER + yaml.safe_dump(lock.to_data(), sort_keys=False, width=200, default_flow_style=False)
 
 

@@ -9,8 +9,10 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
+from typing import TYPE_CHECKING, TypeVar
 
 import yaml
 
@@ -18,6 +20,11 @@ from rigforge import fleet, inventory, recipes, verify
 from rigforge.lock import write_atomically
 from rigforge.pins import LockError, load_lock
 from rigforge.status import ROLLOUT_MARKER
+
+if TYPE_CHECKING:  # pyinfra is imported where used (rigforge/inventory.py)
+    from pyinfra.api import Host
+
+T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parents[1]
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
@@ -112,7 +119,7 @@ def speed_change(before: float, after: float) -> str:
 # --- the preview ---------------------------------------------------------------------------------------------
 
 
-def _plan(h, lock: Path):
+def _plan(h: "Host", lock: Path) -> fleet.Plan:
     """Rig `h`'s plan at `lock`: a one-host Fleet (rigforge/fleet.py), its host data as the deploy reads it."""
     at = SimpleNamespace(name=h.name, groups=h.groups, data={**fleet.host_data(h.data), "rigforge_lock": str(lock)})
     fl = fleet.build([at])
@@ -135,7 +142,7 @@ def flags(files: dict) -> dict[str, str]:
     return out
 
 
-def preview(h, old: Path, new: Path) -> dict:
+def preview(h: "Host", old: Path, new: Path) -> dict:
     """What moving rig `h` from lock `old` to `new` changes: image, compose flags, weights to fetch, units."""
     a, b = _plan(h, old), _plan(h, new)
     fa, fb = flags(a.files), flags(b.files)
@@ -160,7 +167,7 @@ def show(p: dict) -> str:
 # --- measuring and moving one rig --------------------------------------------------------------------------
 
 
-def tps(h, lock: Path, requests: int) -> float:
+def tps(h: "Host", lock: Path, requests: int) -> float:
     """Median completion tokens/s of `requests` chat completions asked on the rig itself (curl's time_total: no SSH)."""
     plan = _plan(h, lock)
     url = f"http://{fleet.host_data(h.data)['serving_health_host'] or '127.0.0.1'}:{plan.port}/v1/chat/completions"
@@ -190,7 +197,7 @@ def deploy(inventory_path: str, rig: str, lock: Path, rest: str | None = None) -
     say(f"{rig}: at {lock.name} in {time.monotonic() - t0:.0f}s")
 
 
-def on_rig(inventory_path: str, rig: str, lock: Path, fn):
+def on_rig(inventory_path: str, rig: str, lock: Path, fn: Callable[["Host", fleet.Fleet], T]) -> T:
     """fn(host, fleet) on `rig` connected over SSH, its host data (and the fleet's) read with `lock` as the lock."""
     state = inventory.open_inventory(inventory_path, override={"rigforge_lock": str(lock)})
     fl = fleet.build(state.inventory, deployable=False, opt_in=True)
@@ -206,7 +213,7 @@ def on_rig(inventory_path: str, rig: str, lock: Path, fn):
 # --- the rollout ---------------------------------------------------------------------------------------------
 
 
-def canary(args, h, old: Path, new: Path) -> None:
+def canary(args: argparse.Namespace, h: "Host", old: Path, new: Path) -> None:
     """Rig `h` drained, measured at `old`, deployed at `new`, verified and measured again; back at `old` (CanaryFailed,
     naming the lock, image and recipe commit it is back at) when a check fails or it lost more than `--max-loss`."""
     back = named(old, [_plan(h, old).image])

@@ -6,7 +6,7 @@ import contextlib
 import ipaddress
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -33,7 +33,9 @@ def _int(v: Any) -> int:
     return int(v)
 
 
-def _int_in(low: int, high: int, what: str = "an integer"):
+def _int_in(low: int, high: int, what: str = "an integer") -> Callable[[Any], int]:
+    """A parser of whole numbers in low..high (ValueError naming `what` and the range otherwise)."""
+
     def check(v: Any) -> int:
         with contextlib.suppress(ValueError):
             if low <= (n := _int(v)) <= high:
@@ -177,7 +179,9 @@ def data_root_overlap(key: str, path: str, data_root: str, where: str) -> str | 
     return None
 
 
-def _choice(*allowed: str):
+def _choice(*allowed: str) -> Callable[[Any], str]:
+    """A parser of one of `allowed` (ValueError listing them otherwise)."""
+
     def check(v: Any) -> str:
         if str(v) not in allowed:
             raise ValueError(f"one of: {', '.join(allowed)}")
@@ -238,7 +242,8 @@ def _per_gpu_watts(v: Any) -> tuple[tuple[int, int], ...]:
         ) from None
 
 
-def _setting(parse, default: Any = None, host_key: str | None = None, **kwargs) -> Any:
+def _setting(parse: Callable[[Any], Any], default: Any = None, host_key: str | None = None, **kwargs: Any) -> Any:
+    """A Settings field: its default, its parser and its host-data key (None: serving_NAME) in the metadata."""
     return field(default=default, metadata={"parse": parse, "host_key": host_key}, **kwargs)
 
 
@@ -276,6 +281,7 @@ HOST_KEYS = {f.name: f.metadata["host_key"] or f"serving_{f.name}" for f in fiel
 
 
 def _problem(name: str, value: Any, shown_as: str) -> list[str]:
+    """[] when `value` parses as setting `name`; else the problem, naming it `shown_as` (a secret's value hidden)."""
     if name not in SETTINGS:
         return [f"unknown setting {name!r}; allowed: {', '.join(SETTINGS)}"]
     try:
@@ -320,6 +326,7 @@ def settings_from_host_data(data: Any) -> dict[str, Any]:
 
 
 def power_caps(gpu_count: int, s: Settings) -> dict[int, int]:
+    """{GPU index: watts} for `gpu_count` GPUs: power_limit_w each, power_limits' per-GPU overrides on top."""
     return {i: s.power_limit_w for i in range(gpu_count)} | dict(s.power_limits)
 
 
@@ -332,10 +339,12 @@ def _must(key: str, value: Any, what: str, deploy: bool = False) -> list[str]:
 
 
 def boolean(data: Mapping, key: str, deploy: bool = False) -> list[str]:
+    """[] when `data[key]` is true or false; else the problem."""
     return [] if data.get(key) in (True, False) else _must(key, data.get(key), "true or false", deploy)
 
 
 def integer(data: Mapping, key: str, low: int, high: int, unit: str = "") -> list[str]:
+    """[] when `data[key]` is a whole number (or its digits) in low..high; else the problem."""
     value = data.get(key)
     ok = isinstance(value, int) and not isinstance(value, bool) or isinstance(value, str) and value.isdigit()
     return [] if ok and low <= int(value) <= high else _must(key, value, f"a whole number{unit} in {low}..{high}")
@@ -349,7 +358,10 @@ def choice(data: Mapping, key: str, allowed: tuple, deploy: bool = False) -> lis
     return [f"{key}={value!r} is not one of: {names}." if deploy else f"{key} must be one of: {names}; got {value!r}"]
 
 
-def matches(data: Mapping, key: str, pattern: re.Pattern, what: str, optional=False, deploy=False) -> list[str]:
+def matches(
+    data: Mapping, key: str, pattern: re.Pattern, what: str, optional: bool = False, deploy: bool = False
+) -> list[str]:
+    """[] when `data[key]` is a string `pattern` matches (or absent when `optional`); else the one problem."""
     value = data.get(key)
     ok = value is None and optional or isinstance(value, str) and pattern.fullmatch(value)
     return [] if ok else _must(key, value, what, deploy)

@@ -20,11 +20,14 @@ import os
 import py_compile
 import sys
 import traceback
+from collections.abc import Mapping
 from copy import copy
 from pathlib import Path
+from types import FrameType, ModuleType
+from typing import Any
 
 import pyinfra
-from pyinfra.api import arguments, facts, host, util
+from pyinfra.api import Host, State, arguments, facts, host, util
 from pyinfra.api.exceptions import ArgumentTypeError
 from pyinfra.context import ctx_config
 
@@ -34,7 +37,7 @@ _SHIPPED_ORDER = util.get_operation_order_from_stack
 _FRAMES: dict = {}  # (code, instruction, line) -> inspect.getframeinfo(frame, 0)
 
 
-def getframeinfo(frame) -> inspect.Traceback:
+def getframeinfo(frame: FrameType) -> inspect.Traceback:
     """`inspect.getframeinfo(frame, 0)`, remembered per call site."""
     key = (frame.f_code, frame.f_lasti, frame.f_lineno)
     if (info := _FRAMES.get(key)) is None:
@@ -42,7 +45,7 @@ def getframeinfo(frame) -> inspect.Traceback:
     return info
 
 
-def operation_order(state) -> list[int]:
+def operation_order(state: State) -> list[int]:
     """`pyinfra.api.util.get_operation_order_from_stack`: the calling stack's line numbers (`getframeinfo`), outermost
     first from the deploy file's first frame, pyinfra's own frames left out (the CLI's op file number first)."""
     infos = [getframeinfo(frame) for frame, _ in traceback.walk_stack(sys._getframe(1))][::-1]
@@ -52,7 +55,7 @@ def operation_order(state) -> list[int]:
     return lines + [info.lineno for info in infos[start:] if not info.filename.startswith(util.PYINFRA_INSTALL_DIR)]
 
 
-def host_data_attr(self, key: str):
+def host_data_attr(self: host.HostData, key: str) -> Any:
     """`HostData.__getattr__`: the value of `key` in the first of the host's data sources that has it, copied."""
     for data in self.datas:
         data = data() if callable(data) else data  # @deploy data defaults are read when asked for
@@ -61,7 +64,7 @@ def host_data_attr(self, key: str):
     raise AttributeError(f"Host `{self.host}` has no data `{key}`")
 
 
-def pop_global_arguments(state, host, kwargs: dict) -> tuple[dict, list[str]]:
+def pop_global_arguments(state: State, host: Host, kwargs: dict) -> tuple[dict, list[str]]:
     """`pyinfra.api.arguments.pop_global_arguments`: each global argument from the operation's `kwargs` (popped),
     else the current @deploy's kwargs, else the host's data, else pyinfra's config; and the keys `kwargs` had."""
     config = ctx_config.get() if ctx_config.isset() else state.config
@@ -99,7 +102,7 @@ def _stale(source: str, cached: str) -> bool:
     return head != importlib.util.MAGIC_NUMBER + bytes(4) + stamp  # magic, flags (timestamp-based), mtime, size
 
 
-def keep_bytecode(modules=None) -> list[str]:
+def keep_bytecode(modules: Mapping[str, ModuleType] | None = None) -> list[str]:
     """Write missing or stale bytecode of rigforge's own modules in `modules` (default: sys.modules); their sources."""
     if os.environ.get("PYTHONDONTWRITEBYTECODE"):
         return []

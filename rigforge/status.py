@@ -3,9 +3,12 @@
 Exit: 0 every rig read, 1 some rig could not be read, 2 the inventory could not be loaded.
 """
 
+import argparse
 import json
 from dataclasses import asdict
 from pathlib import Path
+
+from pyinfra.api import Host
 
 from rigforge import drift, fleet, inventory, observe
 from rigforge.boot import watts
@@ -20,7 +23,9 @@ ROLLOUT_MARKER = ".rollout.json"  # beside the lock in use while `rigforge rollo
 DEFAULT_LOCK = default_lock_path()
 
 
-def status_row(host, fl: fleet.Fleet) -> dict:
+def status_row(host: Host, fl: fleet.Fleet) -> dict:
+    """A rig's row of `rigforge status` (one batched probe): its variant, pins and drift, GPUs and caps, image source,
+    service, checks (verify's, without the live chat/tool probes), gateway place and its API's answer."""
     ctx, obs = observe.observe(host, fl)
     pins = drift.pin_drift(ctx)
     if pins["drift"] is not None:  # what the rig holds now, beside what its manifest records
@@ -73,26 +78,26 @@ def status_row(host, fl: fleet.Fleet) -> dict:
     return row | {"api": api}
 
 
-def place_of(ctx) -> dict | None:
+def place_of(ctx: observe.RigContext) -> dict | None:
     """The rig's declared place at the gateways (`drift.gateway_place`) as JSON: {"backend", "port"} or None."""
     place = drift.gateway_place(ctx)
     return asdict(place) if place else None
 
 
-def data_root_left_on(obs, ctx) -> str | None:
+def data_root_left_on(obs: observe.Observed, ctx: observe.RigContext) -> str | None:
     """The note on Docker's default data-root when the rig's daemon.json moved Docker elsewhere (hardware.py)."""
     daemon = obs.get_fact(JsonFile, path=ctx.layout.daemon_json)
     now = data_root_of([json.dumps(daemon)] if daemon else None)
     return data_root_left(now, now, lambda path: obs.get_fact(DataRootLeft, path=path, data_root=now))
 
 
-def recipe_of(ctx) -> str | None:
+def recipe_of(ctx: observe.RigContext) -> str | None:
     """The slug (vllm/dual) the rig's plan or manifest names, for a variant served from the recipe repo."""
     extra = ctx.variant.manifest_extra if ctx.variant else {}
     return extra.get("recipe") or (ctx.manifest or {}).get("recipe")
 
 
-def candidate_of(ctx) -> dict | None:
+def candidate_of(ctx: observe.RigContext) -> dict | None:
     """{"lock": a rollout's candidate (rigforge/rollout.py's marker), "runs": the manifest records its pins} or None."""
     marker = Path(f"{ctx.data['rigforge_lock'] or DEFAULT_LOCK}{ROLLOUT_MARKER}")
     try:
@@ -106,7 +111,7 @@ def candidate_of(ctx) -> dict | None:
     return {"lock": path, "runs": pins["image"] in images and git}
 
 
-def host_row(host, fl: fleet.Fleet) -> dict:
+def host_row(host: Host, fl: fleet.Fleet) -> dict:
     """A rig's row; a gateway's or monitor's host carries its view too."""
     if fl.is_rig(host.name):
         row = status_row(host, fl)
@@ -125,6 +130,7 @@ def _read_rig(r: dict) -> bool:
 
 
 def monitor_views(rows: list[dict], monitors: tuple[str, ...]) -> dict[str, dict | None]:
+    """{monitor host: what it read of the fleet, None when it could not be read}."""
     return {r["host"]: None if r.get("error") else r.get("monitor") for r in rows if r["host"] in monitors}
 
 
@@ -142,7 +148,7 @@ def with_fleet_checks(rows: list[dict], monitors: tuple[str, ...]) -> list[dict]
 add_arguments = inventory.add_arguments
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     if (read := inventory.read_fleet(args, "status", host_row)) is None:
         return 2
     results, fl = read

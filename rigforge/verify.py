@@ -4,15 +4,18 @@ rigforge/drift.py's, the gateways' and monitors', and API probes from the rig as
 Exit: 0 every check passed (skips allowed), 1 a check failed, 2 inventory unreadable or a rig unreachable (none failed).
 """
 
+import argparse
 import json
 from collections.abc import Mapping
 from dataclasses import asdict
+
+from pyinfra.api import Host
 
 from rigforge import drift, fleet, inventory, monitor, observe
 from rigforge.drift import FAIL, PASS, SKIP, SKIPPED, Check, RigContext
 
 
-def check_host(host, fl: fleet.Fleet) -> tuple[list[Check], dict]:
+def check_host(host: Host, fl: fleet.Fleet) -> tuple[list[Check], dict]:
     """(a rig's drift checks and API probes, a gateway's or monitor's checks; its serving_rest, rig or not, views)."""
     data = fleet.host_data(host.data)
     out = []
@@ -35,6 +38,7 @@ def check_host(host, fl: fleet.Fleet) -> tuple[list[Check], dict]:
 
 
 def monitor_views(results: dict, monitors: tuple[str, ...]) -> dict[str, dict | None]:
+    """{monitor host: what it read of the fleet, None when it could not be read}."""
     return {h: None if isinstance(r, Exception) else r[1].get("monitor") for h, r in results.items() if h in monitors}
 
 
@@ -87,7 +91,7 @@ MODELS_ANSWER, CHAT_TEXT, TOOL_CALL = "/v1/models answers", "chat returns text",
 API_CHECKS = (MODELS_ANSWER, CHAT_TEXT, TOOL_CALL)
 
 
-def api_checks(host, ctx: RigContext) -> list[Check]:
+def api_checks(host: Host, ctx: RigContext) -> list[Check]:
     """/v1/models lists the model, a chat names Paris, a tool call comes back (asked on the rig, as the recipes'
     verify.sh does); all three skipped when services are not managed or the rig rests stopped, failed when the rig
     has no unit; the chat and the tool call fail unasked when /v1/models does not answer."""
@@ -120,7 +124,7 @@ def models_check(api: dict, model: str | None) -> Check:
     return Check(MODELS_ANSWER, FAIL, f"{detail}; expected {model}")
 
 
-def chat_check(host, ctx: RigContext, chat_url: str, model: str | None) -> Check:
+def chat_check(host: Host, ctx: RigContext, chat_url: str, model: str | None) -> Check:
     """A chat completion asking for the capital of France comes back naming Paris."""
     failed, message = _ask(host, ctx, chat_url, {"model": model, **CHAT})
     content = (message.get("content") or "").strip()
@@ -131,7 +135,7 @@ def chat_check(host, ctx: RigContext, chat_url: str, model: str | None) -> Check
     return Check(CHAT_TEXT, PASS, repr(content[:60]))
 
 
-def tool_check(host, ctx: RigContext, chat_url: str, model: str | None) -> Check:
+def tool_check(host: Host, ctx: RigContext, chat_url: str, model: str | None) -> Check:
     """A request offering get_weather comes back with a get_weather tool call; a call left in the text as
     <tool_call> means the server's tool-call parser is not active."""
     failed, message = _ask(host, ctx, chat_url, {"model": model, **TOOL})
@@ -145,7 +149,7 @@ def tool_check(host, ctx: RigContext, chat_url: str, model: str | None) -> Check
     return Check(TOOL_CALL, FAIL, "the tool call came back as text (tool-call parser not active)")
 
 
-def _ask(host, ctx, url, body) -> tuple[str | None, dict]:
+def _ask(host: Host, ctx: RigContext, url: str, body: dict) -> tuple[str | None, dict]:
     """(why the completion failed, None when it answered HTTP 200; the reply's message, {} when it has none)."""
     code, text = inventory.http_on_rig(host, url, 120, body, ctx.settings.api_key)
     if code != 200:
@@ -159,11 +163,12 @@ def _ask(host, ctx, url, body) -> tuple[str | None, dict]:
 # ---------------------------------------------------------------- the command
 
 
-def add_arguments(p) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """verify's arguments: INVENTORY and --json."""
     inventory.add_arguments(p, shown="one line per check")
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     if (read := inventory.read_fleet(args, "verify", check_host)) is None:
         return 2
     results, fl = read
@@ -224,7 +229,7 @@ GATEWAY_FINE = ("UP", "DRAIN", "MAINT")  # drained or in maintenance: out on pur
 RIGS_UP = "gateway rigs up"
 
 
-def resting_in(host) -> set[str]:
+def resting_in(host: Host) -> set[str]:
     """The hosts of `host`'s inventory whose host data sets serving_rest (out of the gateway on purpose)."""
     return {h.name for h in getattr(host, "inventory", ()) if h.data.get("serving_rest")}
 
@@ -239,7 +244,7 @@ def rigs_up(view: dict, resting: set[str]) -> Check:
 GATEWAY_CHAT = {k: v for k, v in CHAT.items() if k != "temperature"}  # at the servers' own temperature
 
 
-def gateway_checks(host, data: Mapping, view: dict) -> list[Check]:
+def gateway_checks(host: Host, data: Mapping, view: dict) -> list[Check]:
     """A gateway's checks: every rig in it serving, /v1/models answers through it, a chat completion per model."""
     out = [rigs_up(view, resting_in(host))]
     if view["models_http"] != 200 or not view["models"]:

@@ -41,7 +41,10 @@ def toolkit_repo_url(data: Mapping, arch: str) -> str:
 
 
 @deploy("Docker engine and NVIDIA Container Toolkit", data_defaults=DEFAULTS)
-def install(plan: Plan):
+def install(plan: Plan) -> None:
+    """Docker (from Docker's repository, its conflicting distro packages removed, or the distribution's) and the
+    NVIDIA Container Toolkit (the lock's version, held), the nvidia runtime in daemon.json; when services are managed,
+    docker.service running and restarted on a new daemon.json."""
     data, knobs = plan.data, DockerEngine.of(plan.data)
     os_release = host.get_fact(OsRelease)
     arch = host.get_fact(DebArch)

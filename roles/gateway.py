@@ -28,7 +28,9 @@ ExecReload=/bin/kill -USR2 $MAINPID
 
 
 @deploy("Fleet gateway (HAProxy)", data_defaults=DEFAULTS)
-def apply(gw: GatewayPlan, manage_services: bool):
+def apply(gw: GatewayPlan, manage_services: bool) -> None:
+    """HAProxy with rigforge's config for the fleet's backends (validated by haproxy -c) and a drop-in pointing its
+    unit at it; when services are managed, restarted on a new drop-in, else reloaded on a new config."""
     apt.packages(name="Install HAProxy and socat (Debian's), its runtime API's client", packages=["haproxy", "socat"])
     config = staged_files(
         name=f"Install the gateway config for {len(gw.backends)} model(s) (validated by haproxy -c)",

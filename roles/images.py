@@ -15,7 +15,7 @@ REGISTRY_UNIT = "docker-registry.service"  # Debian's package starts it; only th
 
 @deploy("Load saved images", data_defaults=DEFAULTS)
 def load(directory: str, saved: list[images.Saved], layout: HostLayout, port: int | None = None,
-         registry_host: bool = False):  # fmt: skip
+         registry_host: bool = False) -> None:  # fmt: skip
     """Every image of `saved` (from `directory` on the controller) in the rig's Docker at its digest.
     `registry_host`: the rig also serves the fleet registry (its docker-registry service is left alone)."""
     image_ops.repaired(name="Repair what an interrupted image load left (daemon.json, temporary registry)",

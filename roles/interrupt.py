@@ -6,12 +6,17 @@ import contextlib
 import os
 import signal
 import sys
+from types import FrameType
+from typing import NoReturn
+
+from pyinfra.api import State
 
 
-def install(state) -> None:
+def install(state: State | None) -> None:
     """Exit 128+signal on SIGINT/SIGTERM, naming the cut operation (idempotent; main thread only)."""
 
-    def stop(signum, frame):
+    def stop(signum: int, frame: FrameType | None) -> NoReturn:
+        """The signal handler: say which operation the signal cut, then exit 128+signum."""
         try:
             hashes = [(host.name, host.executing_op_hash) for host in (state.inventory if state else ())]
             cut = [f"{name}: {', '.join(sorted(state.get_op_meta(op).names)) or op}" for name, op in hashes if op]

@@ -33,7 +33,10 @@ def cuda_repo(data: Mapping, os_release: dict, deb_arch: str) -> tuple[str, str,
 
 
 @deploy("NVIDIA driver", data_defaults=DEFAULTS)
-def install(plan: Plan):
+def install(plan: Plan) -> None:
+    """The driver table's packages for this host (nvidia_driver_source's repository), held and kept out of unattended
+    upgrades, nouveau blacklisted, and a reboot when the running driver is not the installed one; with
+    nvidia_driver_manage: false, only a check of the running branch."""
     data, knobs = plan.data, NvidiaDriver.of(plan.data)
     if not knobs.nvidia_driver_manage:
         nvidia.running_branch(

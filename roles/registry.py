@@ -26,7 +26,7 @@ KEY_CHECK = (
 
 @deploy("Fleet registry (Distribution)", data_defaults=DEFAULTS)
 def serve(reg: RegistryPlan, tls: tuple[str, str] | None, manage_services: bool, ca: str | None = None,
-          images: tuple[str, ...] = ()):  # fmt: skip
+          images: tuple[str, ...] = ()) -> None:  # fmt: skip
     """On the registry host: the registry, serving `tls` = (certificate, key) PEM (None: plain HTTP), holding
     `images` (the rigs' locked images) copied from upstream by skopeo, which trusts the fleet CA `ca` in certs.d."""
     text = registry.render_config(reg)
@@ -62,7 +62,8 @@ def serve(reg: RegistryPlan, tls: tuple[str, str] | None, manage_services: bool,
             fleet_copy.image_in_fleet(name=f"Fill the fleet registry: {image}", image=image, reg=reg)
 
 
-def _ca_in_certs_d(reg: RegistryPlan, ca: str | None):
+def _ca_in_certs_d(reg: RegistryPlan, ca: str | None) -> None:
+    """The fleet CA's certificate `ca` in Docker's certs.d for the registry's endpoint (None: nothing to trust)."""
     if ca is None:
         return
     staged_files(
@@ -74,7 +75,7 @@ def _ca_in_certs_d(reg: RegistryPlan, ca: str | None):
 
 
 @deploy("Trust the fleet registry", data_defaults=DEFAULTS)
-def trust(reg: RegistryPlan, ca: str | None, daemon_json: str, manage_services: bool):
+def trust(reg: RegistryPlan, ca: str | None, daemon_json: str, manage_services: bool) -> None:
     """On a rig: the fleet CA's certificate `ca` where Docker looks for it (`ca` None: the registry in daemon.json's
     insecure-registries), and the registry first in daemon.json's registry-mirrors, for Docker Hub images."""
     _ca_in_certs_d(reg, ca)

@@ -14,10 +14,12 @@ import hashlib
 import os
 import shlex
 import socket
+from collections.abc import Iterator
 from datetime import UTC, datetime
 
+from paramiko import Channel
 from pyinfra import logger
-from pyinfra.api import StringCommand
+from pyinfra.api import Host, State, StringCommand
 from pyinfra.context import ctx_host
 
 from rigforge.facts import probe
@@ -31,7 +33,7 @@ _SENT: dict[str, tuple] = {}  # host name -> (channel, path, run, then, sudo -n)
 _IDENTITY: dict[str, tuple[str, str] | None] = {}  # host name -> (machine-id, SSH host key fingerprint)
 
 
-def identity(h) -> tuple[str, str] | None:
+def identity(h: Host) -> tuple[str, str] | None:
     """(machine-id, SHA256 fingerprint of its SSH host key as ssh-keygen -l prints it) of `h`; None: either unknown."""
     if h.name not in _IDENTITY:
         found = None
@@ -47,14 +49,15 @@ def identity(h) -> tuple[str, str] | None:
     return _IDENTITY[h.name]
 
 
-def twins(h) -> list[str]:
+def twins(h: Host) -> list[str]:
     """The names of this run's other rigs that reach the same machine as `h`."""
     others = [o for o in h.inventory.iter_activated_hosts() if is_rig(o) and o.name != h.name]
     mine = identity(h) if others else None  # with no other host there is nothing to read
     return sorted(o.name for o in others if mine is not None and identity(o) == mine)
 
 
-def _holder(path: str, owner: str, then=None) -> str:
+def _holder(path: str, owner: str, then: list | None = None) -> str:
+    """The holder's shell script (see the module's docstring); `then`: [command, end line, ...] to run once held."""
     info = shlex.quote(f"{path}.owner")
     # once it holds the lock, the command `then` asks for (the batched probe): its output, a newline (ends a last
     # line without one), the end line, its exit code
@@ -75,7 +78,7 @@ def _holder(path: str, owner: str, then=None) -> str:
     )
 
 
-def _lines(channel):
+def _lines(channel: Channel) -> Iterator[str]:
     """The holder's answer lines (not paramiko's file objects, which may not be finalized after gevent's hub)."""
     buffer = b""
     while chunk := channel.recv(65536):
@@ -84,6 +87,7 @@ def _lines(channel):
 
 
 def _release() -> None:
+    """Close every lock channel of this run (at exit): each holder's cat ends and its lock frees itself."""
     for channel in [*_HELD.values(), *(sent[0] for sent in _SENT.values())]:
         with contextlib.suppress(Exception):  # a connection already gone took its lock with it
             channel.close()  # the holder's cat ends, the owner line goes, the lock is free
@@ -94,11 +98,12 @@ def _release() -> None:
 atexit.register(_release)  # once, at import: closing nothing when nothing was sent
 
 
-def over_ssh(host) -> bool:
+def over_ssh(host: Host) -> bool:
+    """Whether `host` is reached over SSH (the lock needs a channel of the run's connection)."""
     return getattr(host.connector, "client", None) is not None
 
 
-def send(host, path: str, sudo: bool, then: list | None = None, password: str | None = None) -> None:
+def send(host: Host, path: str, sudo: bool, then: list | None = None, password: str | None = None) -> None:
     """Ask for `path` on `host` on a channel of its own, the rig running `then` once it holds it (`take` reads it)."""
     if asked(host) or not over_ssh(host):
         return
@@ -113,7 +118,7 @@ def send(host, path: str, sudo: bool, then: list | None = None, password: str | 
     _SENT[host.name] = (channel, path, run, then, sudo and not password)
 
 
-def ask(host) -> None:
+def ask(host: Host) -> None:
     """Send `host`'s lock request with its batched probe, once; a twin is not asked (roles/site.py `hold_the_rig`)."""
     if not over_ssh(host) or asked(host) or (is_rig(host) and twins(host)):
         return
@@ -127,11 +132,12 @@ def ask_first() -> None:
     ask(ctx_host.get())
 
 
-def asked(host) -> bool:
+def asked(host: Host) -> bool:
+    """Whether `host`'s lock request was sent (and not read yet) or its lock is held."""
     return host.name in _SENT or host.name in _HELD
 
 
-def retake(state, host, path: str = RUN_LOCK) -> bool:
+def retake(state: State, host: Host, path: str = RUN_LOCK) -> bool:
     """After a reboot, take `host`'s lock again on the new connection; False (the host fails): another run took it."""
     if _HELD.pop(host.name, None) is None:  # never held: not over SSH
         return True
@@ -143,7 +149,7 @@ def retake(state, host, path: str = RUN_LOCK) -> bool:
     return problem is None
 
 
-def take(host) -> tuple[str | None, str | None]:
+def take(host: Host) -> tuple[str | None, str | None]:
     """(problem, note) of `host`'s request (`send`): the lock held for this run, or who holds it; idempotent. Once
     held, `then`'s None becomes its command's output lines, then its exit code (stays None when it did not run)."""
     if host.name in _HELD or not over_ssh(host):

@@ -9,7 +9,8 @@ from roles.operations import gitpin
 
 
 @deploy("Pinned git sources", data_defaults=DEFAULTS)
-def apply(plan: Plan):
+def apply(plan: Plan) -> None:
+    """git, and each of the plan's pinned sources checked out at its commit under the sources directory."""
     layout = plan.layout
     apt.packages(name="Install git", packages=["git", "ca-certificates"], no_recommends=True)
     files.directory(name=f"Sources directory {layout.src_root}", path=layout.src_root, mode="755")

@@ -52,7 +52,7 @@ def parse_deb822(text: str) -> list[str]:
     return uris
 
 
-class AptSourceFiles(Fact):
+class AptSourceFiles(Fact[dict[str, list[str]]]):
     """{path: [URI, ...]} of the rig's apt source files (files with no enabled entry are kept, empty)."""
 
     command = f'for f in {SOURCE_FILES}; do [ -f "$f" ] || continue; echo "{_MARK}$f"; cat "$f"; echo; done'
@@ -69,7 +69,7 @@ def same_uri_files(files: dict[str, list[str]], uri: str, keep: str) -> dict[str
     return {path: all(flags) for path, flags in same.items() if any(flags)}
 
 
-class KeyFingerprints(Fact):
+class KeyFingerprints(Fact[list[str]]):
     """Primary-key fingerprints (upper case) of an armored or binary key file (empty when absent or unreadable)."""
 
     def command(self, path: str) -> str:
@@ -91,7 +91,7 @@ class KeyFingerprints(Fact):
         return fprs
 
 
-class DpkgInterrupted(Fact):
+class DpkgInterrupted(Fact[str | None]):
     """Why dpkg needs ``--configure -a`` (``"dpkg was interrupted; not fully installed: docker.io"``), from its
     journal dir and ``dpkg --audit`` (both work in that state), or None when its state is clean."""
 
@@ -108,20 +108,20 @@ class DpkgInterrupted(Fact):
         return "; ".join(reasons) or None
 
 
-class DebInstalledVersion(Fact):
+class DebInstalledVersion(Fact[str | None]):
     """The version of an installed Debian package ("580.95.05-1"), or None (not installed, config files only)."""
 
     requires_command = "dpkg-query"
 
-    def command(self, package: str):
+    def command(self, package: str) -> str:
         return f"dpkg-query -W -f '${{db:Status-Status}} ${{Version}}\\n' {shlex.quote(package)} 2>/dev/null || true"
 
-    def process(self, output):
+    def process(self, output: list[str]) -> str | None:
         words = (output[0] if output else "").split()
         return words[1] if len(words) > 1 and words[0] == "installed" else None
 
 
-class PublishedPackages(Fact):
+class PublishedPackages(Fact[list[str] | None]):
     """Sorted package names the flat apt repository at `url` publishes (its Packages[.gz] by curl); None: unreadable."""
 
     def command(self, url: str) -> str:

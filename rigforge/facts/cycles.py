@@ -17,6 +17,7 @@ deleting job X/start"; "Unable to break cycle starting with X/start" when no job
 
 import re
 from dataclasses import dataclass
+from typing import TypedDict
 
 from pyinfra.api import QuoteString, StringCommand
 
@@ -59,6 +60,7 @@ class Cycle:
 
 
 def is_rigforge_unit(unit: str) -> bool:
+    """A unit rigforge installs: a vLLM instance, the power, settle or GPU metrics unit, the metrics timer."""
     return unit.startswith(VLLM_PREFIX) or unit in (POWER_UNIT, SETTLE_UNIT, GPU_METRICS_UNIT, GPU_METRICS_TIMER)
 
 
@@ -119,7 +121,16 @@ def ordering_lines(lines: list[str]) -> list[tuple[str, str, list[str]]]:
     return out
 
 
-def parse(lines: list[str]) -> dict:
+class CyclesFound(TypedDict):
+    """OrderingCycles' answer (`parse`)."""
+
+    analyzed: bool  # systemd-analyze ran
+    verify: list[Cycle]  # its cycles through a unit of rigforge's
+    journal: list[Cycle] | None  # this boot's journal's (None: no journal for this boot, a chroot)
+    order: list[tuple[str, str, list[str]]]  # /etc/systemd/system's After=/Before= lines (`ordering_lines`)
+
+
+def parse(lines: list[str]) -> CyclesFound:
     """OrderingCycles' output -> {"analyzed": systemd-analyze ran, "verify": its cycles, "journal": None (no journal
     for this boot: a chroot) or its cycles, "order": /etc/systemd/system's After=/Before= lines (`ordering_lines`)};
     cycles: those holding a unit of rigforge's only."""
@@ -133,7 +144,7 @@ def parse(lines: list[str]) -> dict:
     }
 
 
-class OrderingCycles(Fact):
+class OrderingCycles(Fact[CyclesFound]):
     """Ordering cycles holding a unit of rigforge's (`parse`): `systemd-analyze verify` of the boot (default.target)
     and of `units`, and this boot's journal where systemd runs; also the After=/Before= lines in /etc/systemd/system
     (the admin's units and drop-ins: where a cycle is closed)."""
@@ -154,7 +165,7 @@ class OrderingCycles(Fact):
     process = staticmethod(parse)
 
 
-def arguments(unit: str | None) -> dict:
+def arguments(unit: str | None) -> dict[str, str]:
     """OrderingCycles' arguments for a rig whose vLLM unit is `unit` (None: not known): rigforge's boot units."""
     return {"units": " ".join(u for u in (POWER_UNIT, SETTLE_UNIT, unit) if u)}
 
@@ -212,7 +223,7 @@ def describe(cycle: Cycle, order: list[tuple[str, str, list[str]]], where: str) 
     return text + f"; remove the After=/Before= that closes it in {others} (systemctl cat UNIT)"
 
 
-def judge(found: dict | None) -> tuple[str, str]:
+def judge(found: CyclesFound | None) -> tuple[str, str]:
     """The check "boot order has no cycle": ("pass" | "fail" | "skip", detail) from OrderingCycles' answer (None or
     {}: not read, as a rig without systemd-analyze)."""
     found = {**parse([]), **(found or {})}

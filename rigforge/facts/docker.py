@@ -7,7 +7,7 @@ from pyinfra.api import QuoteString, StringCommand
 from rigforge.facts import Fact
 
 
-class DockerImagePresent(Fact):
+class DockerImagePresent(Fact[bool]):
     """Whether the engine holds ``image`` (``docker image inspect``); False also without an engine."""
 
     def command(self, image: str) -> StringCommand:
@@ -17,7 +17,7 @@ class DockerImagePresent(Fact):
         return bool(output) and output[0].strip() == "yes"
 
 
-class RegistryHasImage(Fact):
+class RegistryHasImage(Fact[bool]):
     """Whether the registry at `endpoint` holds `repository@digest` (`skopeo inspect --raw`); False also without it."""
 
     def command(self, endpoint: str, repository: str, digest: str, tls_verify: bool = True) -> StringCommand:
@@ -30,7 +30,7 @@ class RegistryHasImage(Fact):
     process = DockerImagePresent.process
 
 
-class DataRootLeft(Fact):
+class DataRootLeft(Fact[int | None]):
     """The bytes (``du -sbx``) of the Docker data-root ``path`` Docker no longer uses; None when there is no such
     directory, or when it is the data-root in use, ``data_root``, under another name (a symlink or bind mount)."""
 

@@ -1,11 +1,23 @@
 """Fact: the state of a pinned git checkout on the host (HEAD, origin, dirtiness, sparse patterns, file hashes)."""
 
 import shlex
+from typing import TypedDict
 
 from pyinfra.api import FactBase
 
 
-class GitCheckout(FactBase):
+class Checkout(TypedDict):
+    """What GitCheckout reads of a checkout."""
+
+    head: str  # HEAD's 40-hex commit, "" before the first checkout
+    url: str  # remote.origin.url
+    sparse: bool  # core.sparseCheckout
+    patterns: list[str]  # .git/info/sparse-checkout's lines
+    dirty: list[str]  # `git status --porcelain --untracked-files=all` lines
+    files: dict[str, str]  # {path: sha256} of the asked `files` found
+
+
+class GitCheckout(FactBase[Checkout | None]):
     """``None`` when ``path`` holds no git checkout, else ``{"head": "<40-hex or ''>", "url": "...", "sparse": bool,
     "patterns": [...], "dirty": [git status --porcelain lines], "files": {path: sha256 of those of `files` found}}``."""
 
@@ -22,7 +34,7 @@ class GitCheckout(FactBase):
             + "true"
         )
 
-    def process(self, output: list[str]):
+    def process(self, output: list[str]) -> Checkout | None:
         if not output or output[0].strip() == "absent":
             return None
         pairs = [line.partition("=")[::2] for line in output]

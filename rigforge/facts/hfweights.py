@@ -8,7 +8,7 @@ from rigforge.facts.files import json_object
 from rigforge.layout import STAMP
 
 
-class WeightsState(FactBase):
+class WeightsState(FactBase[dict]):
     """fetch_weights.py's stamp and a stat of every file under ``dest`` and ``staging`` (never read): ``{"stamp": {...}
     or None, "files": {relpath: [size, mtime_ns]}, "staging": {relpath: size}, "staging_dir": whether it exists}``."""
 
@@ -24,7 +24,7 @@ class WeightsState(FactBase):
     def default() -> dict:
         return {"stamp": None, "files": {}, "staging": {}, "staging_dir": False}
 
-    def process(self, output: list[str]):
+    def process(self, output: list[str]) -> dict:
         state = self.default()
         section = "stamp"
         for line in output:
@@ -44,7 +44,7 @@ class WeightsState(FactBase):
         return state
 
 
-class VenvDistVersion(FactBase):
+class VenvDistVersion(FactBase[str | None]):
     """Version of ``dist`` installed in the venv ``venv``, from its ``.dist-info`` name (no pip: ~1 s), or None."""
 
     def command(self, venv: str, dist: str) -> str:
@@ -59,7 +59,7 @@ class VenvDistVersion(FactBase):
         return None
 
 
-class FileDigests(FactBase):
+class FileDigests(FactBase[dict[str, str]]):
     """{path: sha256 hex} of each readable one of ``paths`` under ``dest``, hashed on the host (weights_deep_verify)."""
 
     probe = False  # never part of the batched probe: it reads gigabytes, only when asked to
@@ -70,6 +70,6 @@ class FileDigests(FactBase):
 
     default = dict
 
-    def process(self, output: list[str]) -> dict:
+    def process(self, output: list[str]) -> dict[str, str]:
         lines = (line.partition("  ") for line in output)
         return {path: digest for digest, _, path in lines if len(digest) == 64 and path}

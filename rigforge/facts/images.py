@@ -5,7 +5,7 @@ import shlex
 from rigforge.facts import Fact
 
 
-class OciBlobs(Fact):
+class OciBlobs(Fact[dict[str, int]]):
     """``{"sha256:<hex>": size}`` of the OCI image layout's blobs at ``path``, partial uploads left out."""
 
     def command(self, path: str) -> str:
@@ -17,7 +17,7 @@ class OciBlobs(Fact):
         return {f"sha256:{name}": int(size) for name, _, size in lines if len(name) == 64 and size.isdigit()}
 
 
-class ListeningPorts(Fact):
+class ListeningPorts(Fact[list[int]]):
     """The local TCP ports something listens on (IPv4 and IPv6, from /proc/net/tcp{,6}), as a sorted list."""
 
     command = "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null || true"

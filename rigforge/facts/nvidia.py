@@ -3,10 +3,11 @@ than failing without a working driver, so it reads on a fresh rig and during a m
 """
 
 import re
+from collections.abc import Iterable, Sequence
 
 from pyinfra.api import QuoteString, StringCommand
 
-from rigforge.boot import SHOW, parse_boot
+from rigforge.boot import SHOW, BootSeen, parse_boot
 from rigforge.facts import Fact, sections
 from rigforge.layout import (
     CRON_FILES,
@@ -38,7 +39,7 @@ _NA = {"[N/A]", "N/A", "[Not Supported]", "Not Supported", "[Unknown Error]", ""
 _UNIT = re.compile(r"\s*(MiB|W|MHz|%|C)$")
 
 
-def _value(field: str, raw: str):
+def _value(field: str, raw: str) -> int | float | bool | str | None:
     raw = _UNIT.sub("", raw)
     return None if raw in _NA else _TYPED.get(field, str)(raw)
 
@@ -48,7 +49,7 @@ def upstream_version(package_version: str | None) -> str | None:
     return package_version.split(":", 1)[-1].rsplit("-", 1)[0] if package_version else None
 
 
-class NvidiaGpus(Fact):
+class NvidiaGpus(Fact[list[dict[str, int | float | bool | str | None]]]):
     """GPUs visible to nvidia-smi ([] without a working driver): one dict each (keys: QUERY_FIELDS with "." -> "_";
     ints for index/MiB, floats for watts, bool for persistence mode, None for "[N/A]"), error texts ignored."""
 
@@ -59,7 +60,7 @@ class NvidiaGpus(Fact):
     # version mismatch; that means "no GPUs" too. `timeout`: a GPU that fell off the bus can hang nvidia-smi.
     command = f"if command -v nvidia-smi >/dev/null 2>&1; then {SMI_QUERY} 2>&1 || true; fi"
 
-    def process(self, lines: list[str]) -> list[dict]:
+    def process(self, lines: list[str]) -> list[dict[str, int | float | bool | str | None]]:
         rows = ([cell.strip() for cell in line.split(",")] for line in lines)
         return [
             {field.replace(".", "_"): _value(field, cell) for field, cell in zip(QUERY_FIELDS, cells, strict=True)}
@@ -68,7 +69,7 @@ class NvidiaGpus(Fact):
         ]
 
 
-class NvidiaSmiStatus(Fact):
+class NvidiaSmiStatus(Fact[dict[str, bool | str]]):
     """Whether nvidia-smi talks to the driver: {"installed": bool, "ok": bool, "message": str}. Asked with the GPU
     query (SMI_QUERY, shared in the probe), which fails with the same NVML message exactly when `nvidia-smi -L` does."""
 
@@ -79,13 +80,13 @@ class NvidiaSmiStatus(Fact):
         f'else out=$({SMI_QUERY} 2>&1); rc=$?; echo "rc=$rc"; printf \'%s\\n\' "$out" | head -n 3; fi'
     )
 
-    def process(self, output: list[str]) -> dict:
+    def process(self, output: list[str]) -> dict[str, bool | str]:
         rc = output[0].partition("=")[2] if output else "missing"
         message = " ".join(line.strip() for line in output[1:] if line.strip())
         return {"installed": rc != "missing", "ok": rc == "0", "message": message if rc != "0" else ""}
 
 
-class NvidiaModuleVersion(Fact):
+class NvidiaModuleVersion(Fact[str | None]):
     """Version of the loaded nvidia kernel module (/sys/module/nvidia/version), None when not loaded."""
 
     command = "cat /sys/module/nvidia/version 2>/dev/null || true"
@@ -94,7 +95,7 @@ class NvidiaModuleVersion(Fact):
         return "\n".join(output).strip() or None
 
 
-class NvidiaPciGpus(Fact):
+class NvidiaPciGpus(Fact[list[tuple[str, str]] | None]):
     """NVIDIA display/3D controllers in sysfs (no driver needed): [(PCI address, device ID)]; None: no PCI bus."""
 
     command = (
@@ -124,7 +125,7 @@ def parse_cuda_version(text: str) -> str | None:
 _PROC_VERSION = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)?)")
 
 
-class NvidiaRunningDriver(Fact):
+class NvidiaRunningDriver(Fact[dict[str, str | bool | None]]):
     """The running driver: {"version", "smi" (path), "smi_ok", "cuda" (its CUDA), "owner" (package; None: .run)}."""
 
     command = (
@@ -136,7 +137,7 @@ class NvidiaRunningDriver(Fact):
         'echo "owner=$(dpkg -S "$(readlink -f "$smi")" 2>/dev/null | head -n 1)"; fi'
     )
 
-    def process(self, lines: list[str]) -> dict:
+    def process(self, lines: list[str]) -> dict[str, str | bool | None]:
         items = dict(line.partition("=")[::2] for line in lines if "=" in line)
         match = _PROC_VERSION.search(items.get("proc", ""))
         return {
@@ -157,7 +158,7 @@ _SHELL_SETS_CAP = r"nvidia-smi[^#]*[[:space:]](-pl|--power-limit)([[:space:]=]|$
 _TIMER_UNIT = re.compile(r"^\s*Unit\s*=\s*(\S+)")
 
 
-def _watts(lines) -> list[int]:
+def _watts(lines: Iterable[str]) -> list[int]:
     return sorted({round(float(w)) for line in lines if _SETS_CAP.search(line) for w in _PL.findall(line)})
 
 
@@ -175,7 +176,7 @@ def cron_entry(path: str, text: str) -> tuple[str, str] | None:
     return " ".join(fields[:when]), command
 
 
-class PowerCapUnits(Fact):
+class PowerCapUnits(Fact[dict[str, dict]]):
     """Other GPU power-cap writers, {name: writer}: units (first file of the name in `unit_dirs`) in CAP_UNITS or
     whose ExecStart runs `nvidia-smi -pl` or a script that does, and the timer that starts such a unit; cron jobs of
     any schedule ("SCHEDULE in FILE"), rc.local and udev rules ("udev rule in FILE") likewise.
@@ -183,7 +184,11 @@ class PowerCapUnits(Fact):
     a unit: "timer" (or None); cron: "command"}."""
 
     def command(
-        self, unit_dirs=UNIT_SEARCH_PATH, cron_files=CRON_FILES, rc_local=RC_LOCAL, udev_dirs=UDEV_RULES_DIRS
+        self,
+        unit_dirs: Sequence[str] = UNIT_SEARCH_PATH,
+        cron_files: Sequence[str] = CRON_FILES,
+        rc_local: str = RC_LOCAL,
+        udev_dirs: Sequence[str] = UDEV_RULES_DIRS,
     ) -> str:
         """`line=FILE:LINE` per ExecStart/cron/rc.local/udev RUN line naming nvidia-smi, a cap unit or a capping
         `script=PATH`; `timer=FILE:LINE` per timer's Unit= line, `timerfile=FILE` per timer."""
@@ -212,7 +217,7 @@ class PowerCapUnits(Fact):
             'rm -f "$t" "$t.pat"; true'
         )
 
-    def process(self, lines: list[str], unit_dirs=UNIT_SEARCH_PATH) -> dict:
+    def process(self, lines: list[str], unit_dirs: Sequence[str] = UNIT_SEARCH_PATH) -> dict[str, dict]:
         scripts = {
             name: [line[3:] for line in pls if line.startswith("pl=")]
             for name, pls in sections(lines, "script=").items()
@@ -284,12 +289,12 @@ def parse_topo_matrix(lines: list[str]) -> dict[str, str]:
     return pairs
 
 
-def parse_topology(lines: list[str]) -> dict:
+def parse_topology(lines: list[str]) -> dict[str, dict[str, str]]:
     found = sections(lines, "--- ")
     return {k: parse_topo_matrix(found.get(f"topo {a}", [])) for k, a in (("links", "-m"), ("p2p_read", "-p2p r"))}
 
 
-class NvidiaTopology(Fact):
+class NvidiaTopology(Fact[dict[str, dict[str, str]]]):
     """GPU links (`topo -m`) and peer reads (`topo -p2p r`): {"links": {pair: type}, "p2p_read": {pair: status}}."""
 
     command = (
@@ -300,7 +305,7 @@ class NvidiaTopology(Fact):
     process = staticmethod(parse_topology)
 
 
-class BootCaps(Fact):
+class BootCaps(Fact[BootSeen]):
     """What ran at this boot about GPU power caps (boot.py `parse_boot`): systemd's results for rigforge's power and
     settle units, the hold's timer and `units`, the journal's ordering cycles, settle, hold and cron lines, each GPU's
     power limit now."""

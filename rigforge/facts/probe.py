@@ -12,7 +12,9 @@ import json
 import os
 import secrets
 import shlex
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any, TypeVar
 
 from pyinfra.api import StringCommand
 from pyinfra.api import facts as pyinfra_facts
@@ -20,6 +22,7 @@ from pyinfra.api.arguments import auth_argument_meta
 from pyinfra.api.exceptions import FactProcessError
 from pyinfra.api.facts import FactBase
 from pyinfra.api.host import Host
+from pyinfra.api.state import State
 from pyinfra.context import ctx_state
 from pyinfra.facts import files as pyinfra_files
 
@@ -32,9 +35,13 @@ IDENTITY_ARGS = (*(k for k in auth_argument_meta if not k.endswith("_password"))
 CHANGING = ("run_shell_command", "put_file", "rsync")
 # The connector's data that names the rig it reaches (never passwords or keys)
 CONNECTOR_IDENTITY = ("ssh_hostname", "ssh_port", "ssh_user")
+# what a probe is asked for: (fact class, its arguments) pairs
+Requests = Iterable[tuple[type[FactBase], dict]]
+R = TypeVar("R")
 
 
 def cache_dir() -> Path | None:
+    """Where probes are recorded: RIGFORGE_PROBE_CACHE, else ~/.cache/rigforge/probes; None: the probe is off."""
     value = os.environ.get("RIGFORGE_PROBE_CACHE", "")
     if value.lower() in ("off", "0", "no", "false"):
         return None
@@ -50,11 +57,11 @@ class _HostSnapshot:
     file = connection = pending = None
     probes = served = 0  # counters (batched remote commands, answers served), for the benchmark
 
-    def __init__(self, host: Host):
+    def __init__(self, host: Host) -> None:
         self.host = host
         # answers: request key -> processed fact value; requests: key -> {"fact": "module:Class", "kwargs": {...}}
-        self.answers = {}
-        self.requests = {}
+        self.answers: dict[str, object] = {}
+        self.requests: dict[str, dict] = {}
 
     @functools.cached_property
     def defaults(self) -> dict:
@@ -67,6 +74,7 @@ _original_get_fact = None
 
 
 def _of(host: Host) -> _HostSnapshot:
+    """The host's snapshot, made at its first use (a new one for a new Host at a reused id)."""
     snap = _SNAPSHOTS.get(id(host))
     if snap is None or snap.host is not host:
         snap = _SNAPSHOTS[id(host)] = _HostSnapshot(host)
@@ -74,10 +82,11 @@ def _of(host: Host) -> _HostSnapshot:
 
 
 def _identity(global_kwargs: dict) -> str:
+    """The connector arguments (IDENTITY_ARGS) that change what a command sees, as one comparable text."""
     return repr([(k, global_kwargs.get(k)) for k in IDENTITY_ARGS])
 
 
-def fact_key(cls, fact_kwargs: dict) -> str | None:
+def fact_key(cls: type[FactBase], fact_kwargs: dict) -> str | None:
     """The key of a fact read in `read()`'s answer (None: arguments that do not serialise, always read live)."""
     try:
         return f"{cls.__module__}:{cls.__qualname__}|" + json.dumps(fact_kwargs, sort_keys=True)
@@ -86,7 +95,8 @@ def fact_key(cls, fact_kwargs: dict) -> str | None:
 
 
 @functools.cache
-def _cacheable(cls) -> bool:
+def _cacheable(cls: type) -> bool:
+    """Whether the probe may answer reads of `cls`: a fact, not opted out, no shell of its own, no preconditions."""
     return (
         issubclass(cls, FactBase)
         and getattr(cls, "probe", True)  # a fact may opt out (rigforge/facts/hfweights.py FileDigests)
@@ -108,7 +118,7 @@ def _files_command(marker: str, paths: dict[str, set]) -> str:
     """One background job for all batched file facts (`paths`: path -> its kinds): `e PATH` (exists), `l PATH` (a
     symlink to nothing), `s PATH` and its line of pyinfra's `stat` format, and sha1sum's and sha256sum's lines."""
 
-    def quoted(kind) -> str:
+    def quoted(kind: str | int | None) -> str:
         return " ".join(shlex.quote(path) for path, kinds in paths.items() if kind is None or kind in kinds)
 
     stat = "s %n\\n" + pyinfra_files.LINUX_STAT_COMMAND.removeprefix("stat -c '").removesuffix("'") + "\\n"
@@ -144,7 +154,7 @@ def _file_answers(block: list[str], batched: list, answers: dict) -> None:
             answers[key] = fact.process([out]) if present else fact.default()
 
 
-def script(requests, marker: str) -> tuple[StringCommand | None, list[tuple[str, FactBase, str | None]]]:
+def script(requests: Requests, marker: str) -> tuple[StringCommand | None, list[tuple[str, FactBase, str | None]]]:
     """The one remote command that reads `requests`, and its sections by number: (key, fact, path if read in the
     files job). Each fact runs in a background subshell whose EXIT trap prints its exit code (a command with its own
     trap or `exec` loses it: read live); a `shared` sub-command runs once and is replayed (`_r N`) to each."""
@@ -193,7 +203,7 @@ def script(requests, marker: str) -> tuple[StringCommand | None, list[tuple[str,
     return StringCommand(*head, *(p for section in parts for p in section), 'wait; cat "$d"/*; rm -rf "$d"'), sections
 
 
-def parse(lines, sections: list[tuple[str, FactBase, str | None]], marker: str) -> dict[str, object]:
+def parse(lines: Iterable[str], sections: list[tuple[str, FactBase, str | None]], marker: str) -> dict[str, object]:
     """{key: processed value} for each section of `script(requests, marker)`'s output that exited 0 and processed."""
     answers: dict[str, object] = {}
     current, collected = None, []
@@ -215,7 +225,7 @@ def parse(lines, sections: list[tuple[str, FactBase, str | None]], marker: str) 
     return answers
 
 
-def read(host: Host, requests, global_kwargs: dict | None = None) -> dict[str, object]:
+def read(host: Host, requests: Requests, global_kwargs: dict | None = None) -> dict[str, object]:
     """{fact_key: value} of the facts `requests` ((class, kwargs) pairs) that exited 0 and processed, in ONE command."""
     marker = f"@@rigforge-probe-{secrets.token_hex(6)}"
     command, sections = script(requests, marker)
@@ -235,7 +245,7 @@ def read(host: Host, requests, global_kwargs: dict | None = None) -> dict[str, o
     return parse(output.stdout_lines, sections, marker) if ok else {}
 
 
-def _recorded(state, host: Host, snap: _HostSnapshot, global_kwargs: dict) -> list:
+def _recorded(state: State, host: Host, snap: _HostSnapshot, global_kwargs: dict) -> list[tuple[type[FactBase], dict]]:
     """The facts recorded for this host (and deploy file) in its cache file, as requests; marks the snapshot probed."""
     snap.probed = True
     data = getattr(host.connector, "data", None) or {}
@@ -292,7 +302,15 @@ def lock_answer(host: Host) -> None:
         snap.answers = parse(lines[:-1], sections, marker)
 
 
-def _get_fact(state, host, cls, args=None, kwargs=None, *rest, **kw):
+def _get_fact(
+    state: State,
+    host: Host,
+    cls: type[FactBase],
+    args: list | None = None,
+    kwargs: dict | None = None,
+    *rest: Any,
+    **kw: Any,
+) -> Any:
     """pyinfra's _get_fact, answered from the host's snapshot when exact (explicit global or positional args: live)."""
     snap = _of(host)
     fact_kwargs = dict(kwargs or {})
@@ -314,8 +332,10 @@ def _get_fact(state, host, cls, args=None, kwargs=None, *rest, **kw):
         snap.reading = False
 
 
-def _changing(method):
-    def wrapper(self, *args, **kwargs):
+def _changing(method: Callable[..., R]) -> Callable[..., R]:
+    """`method` of Host (CHANGING), ending the host's snapshot answers when it runs outside a fact read."""
+
+    def wrapper(self: Host, *args: Any, **kwargs: Any) -> R:
         snap = _SNAPSHOTS.get(id(self))
         if snap is not None and snap.host is self and not snap.reading:
             snap.valid = False  # something on the host may change now: no more snapshot answers
@@ -326,6 +346,7 @@ def _changing(method):
 
 
 def _save() -> None:
+    """Record each host's fact reads in its cache file (at exit), for the next run's probe."""
     for snap in [snap for snap in _SNAPSHOTS.values() if snap.file and snap.requests]:
         with contextlib.suppress(OSError):
             snap.file.parent.mkdir(parents=True, exist_ok=True)

@@ -3,13 +3,24 @@
 import json
 import shlex
 from functools import partial
+from typing import TypedDict
 
 from pyinfra.api import FactBase
 
 SHOWN = ("ActiveState", "SubState", "Result", "NRestarts", "UnitFileState")
 
 
-def parse_service_state(lines: list[str]) -> dict:
+class UnitState(TypedDict):
+    """A systemd unit's state as ServiceState reads it (`systemctl show`)."""
+
+    active: str  # ActiveState ("unknown" when systemd gave none)
+    sub: str  # SubState
+    result: str  # Result
+    restarts: int  # NRestarts
+    enabled: str  # UnitFileState
+
+
+def parse_service_state(lines: list[str]) -> UnitState:
     """`systemctl show` lines -> {"active", "sub", "result", "restarts", "enabled"}; missing: "" (restarts 0)."""
     items = {key: value.strip() for key, sep, value in (line.strip().partition("=") for line in lines) if sep}
     restarts = items.get("NRestarts", "")
@@ -22,7 +33,7 @@ def parse_service_state(lines: list[str]) -> dict:
     }
 
 
-def serving(state: dict | None) -> str:
+def serving(state: UnitState | None) -> str:
     """What a unit's state means for serving: "running", "starting" (a start job in progress: wait for it),
     "crashing" (systemd restarts it after it exited), "failed", "stopped" or "unknown" (no systemd)."""
     active = (state or {}).get("active")
@@ -33,7 +44,7 @@ def serving(state: dict | None) -> str:
     return "failed" if active == "failed" else "stopped" if active in ("inactive", "deactivating") else "unknown"
 
 
-class ServiceState(FactBase):
+class ServiceState(FactBase[UnitState]):
     """A systemd unit's state (`parse_service_state`); ``{"active": "unknown", ...}`` without systemd (a chroot)."""
 
     def command(self, unit: str) -> str:
@@ -44,7 +55,7 @@ class ServiceState(FactBase):
     process = staticmethod(parse_service_state)
 
 
-class ApiAnswers(FactBase):
+class ApiAnswers(FactBase[int]):
     """The HTTP code of ``GET url/v1/models`` asked on the rig (0: no answer), with the API key read from the
     root-only ``env_file`` and handed to curl on stdin, never on a command line."""
 
@@ -63,7 +74,7 @@ class ApiAnswers(FactBase):
         return int(text) if text.isdigit() else 0
 
 
-class ComposeImages(FactBase):
+class ComposeImages(FactBase[list[list[str]]]):
     """The RepoDigests of each running container's image of the compose project in ``serve_dir``; [] when none runs."""
 
     def command(self, serve_dir: str) -> str:

@@ -2,18 +2,27 @@
 
 import re
 import shlex
+from typing import TypedDict
 
 from pyinfra.api import QuoteString, StringCommand
 
 from rigforge.facts import Fact
 
 
-class OsRelease(Fact):
+class OsReleaseInfo(TypedDict):
+    """What OsRelease reads of /etc/os-release ("" where it has no such line)."""
+
+    id: str  # ID, e.g. "debian"
+    version_id: str  # VERSION_ID, e.g. "13"
+    codename: str  # VERSION_CODENAME (else UBUNTU_CODENAME), e.g. "trixie"
+
+
+class OsRelease(Fact[OsReleaseInfo]):
     """ID, VERSION_ID and VERSION_CODENAME from /etc/os-release as {"id", "version_id", "codename"} (missing: "")."""
 
     command = "cat /etc/os-release 2>/dev/null || cat /usr/lib/os-release 2>/dev/null || true"
 
-    def process(self, lines: list[str]) -> dict:
+    def process(self, lines: list[str]) -> OsReleaseInfo:
         pairs = (line.strip().partition("=") for line in lines)
         items = {key: value.strip().strip("\"'") for key, sep, value in pairs if sep}
         codename = items.get("VERSION_CODENAME") or items.get("UBUNTU_CODENAME", "")
@@ -23,7 +32,7 @@ class OsRelease(Fact):
 _EFIVAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-e39a1e3a5c0b"
 
 
-class SecureBoot(Fact):
+class SecureBoot(Fact[str]):
     """Secure Boot state: "enabled", "disabled" or "unknown" (mokutil, else the EFI variable, else BIOS)."""
 
     command = (
@@ -42,7 +51,7 @@ class SecureBoot(Fact):
         return "unknown"
 
 
-class FreeDiskBytes(Fact):
+class FreeDiskBytes(Fact[int | None]):
     """Bytes available to unprivileged users on the filesystem holding `path` (or its nearest existing parent)."""
 
     def command(self, path: str) -> str:
@@ -57,7 +66,7 @@ class FreeDiskBytes(Fact):
             return None
 
 
-class AptHeldPackages(Fact):
+class AptHeldPackages(Fact[list[str]]):
     """Held package names, sorted: `apt-mark showhold`'s answer from dpkg-query (~8 ms; apt-mark's takes ~40 ms)."""
 
     requires_command = "dpkg-query"
@@ -68,7 +77,7 @@ class AptHeldPackages(Fact):
         return sorted({line.strip() for line in output if line.strip()})
 
 
-class SystemdUnitEnabled(Fact):
+class SystemdUnitEnabled(Fact[bool]):
     """Whether a unit is enabled (`systemctl is-enabled`, which also works offline in a chroot)."""
 
     requires_command = "systemctl"
@@ -80,7 +89,7 @@ class SystemdUnitEnabled(Fact):
         return "".join(output[:1]).strip() in ("enabled", "enabled-runtime", "static", "alias")
 
 
-class ProvidedFiles(Fact):
+class ProvidedFiles(Fact[dict[str, str | None]]):
     """{path: the package dpkg says owns it, or None} for each of ``paths`` missing on the host; present ones are
     left out, so a rig that has them all answers ``{}`` (`dpkg -S` runs only for a missing path)."""
 
@@ -102,7 +111,7 @@ def _bre(text: str) -> str:
     return re.sub(r"([.\[\]\\*^$])", r"\\\1", text)
 
 
-class EnabledInstances(Fact):
+class EnabledInstances(Fact[list[str]]):
     """Instances of ``template`` (``name@.service``) enabled at boot in ``unit_dir``/multi-user.target.wants."""
 
     def command(self, unit_dir: str, template: str) -> str:
@@ -113,7 +122,7 @@ class EnabledInstances(Fact):
     process = AptHeldPackages.process
 
 
-class LeftoverUploads(Fact):
+class LeftoverUploads(Fact[list[str]]):
     """Paths left in ``path`` (the SSH user's private upload dir) by an interrupted upload."""
 
     def command(self, path: str) -> str:
@@ -123,7 +132,7 @@ class LeftoverUploads(Fact):
         return [line.strip() for line in output if line.strip()]
 
 
-class UrlAnswers(Fact):
+class UrlAnswers(Fact[dict[str, tuple[int, int]]]):
     """`{url: (http_code, curl_exit)}` of a GET from the rig with curl, e.g. (200, 0); http_code 0: nothing answered."""
 
     def command(self, urls: tuple[str, ...]) -> str:
@@ -134,6 +143,6 @@ class UrlAnswers(Fact):
         ]
         return "; ".join(asks) or "true"
 
-    def process(self, output: list[str]) -> dict:
+    def process(self, output: list[str]) -> dict[str, tuple[int, int]]:
         rows = ((line.strip().split(" ", 2) + ["", ""])[:3] for line in output)
         return {url: (int(code) if code.isdigit() else 0, int(e) if e.isdigit() else 0) for e, code, url in rows if url}

@@ -4,7 +4,7 @@
 
 import copy
 from collections.abc import Mapping
-from dataclasses import field, make_dataclass
+from dataclasses import Field, field, make_dataclass
 from typing import Any
 
 from rigforge.schema import SECRETS  # a knob named after one never shows its value in a repr (a plan, a traceback)
@@ -18,7 +18,8 @@ def typed(name: str, defaults: Mapping[str, Any]) -> type:
     return cls
 
 
-def _field(key: str, value: Any):
+def _field(key: str, value: Any) -> Field:
+    """A knob's field: a fresh copy of its default each time; a secret's value left out of the repr."""
     return field(default_factory=lambda: copy.deepcopy(value), repr=not key.endswith(SECRETS))
 
 

@@ -78,7 +78,7 @@ def data_root_problems(data: Mapping) -> list[str]:
     return problems
 
 
-def _valid_dir(value) -> str | None:
+def _valid_dir(value: object) -> str | None:
     """The rigforge dir `value` as schema parses it; None when unset or refused (its own check names it)."""
     try:
         return schema.SETTINGS["root"](value) if value is not None else None

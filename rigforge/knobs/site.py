@@ -1,6 +1,7 @@
 """The deploy's own knobs (roles/site.py): which variant, which lock; keys earlier releases read."""
 
 import os
+from collections.abc import Mapping
 
 from rigforge import schema
 from rigforge.pins import default_lock_path
@@ -17,7 +18,8 @@ RETIRED = {  # host-data keys earlier releases read: refused rather than silentl
 }
 
 
-def validate(data) -> list[str]:
+def validate(data: Mapping) -> list[str]:
+    """Problems with the site's own keys: the lock's path, the two booleans, a retired key still set."""
     problems = []
     if not isinstance(data.get("rigforge_lock"), str | os.PathLike):
         problems.append(f"rigforge_lock must be the path of a lock file, got {data.get('rigforge_lock')!r}")

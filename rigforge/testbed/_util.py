@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 
 class TestbedError(RuntimeError):
@@ -26,7 +27,7 @@ def log(msg: str) -> None:
     print(f"[testbed] {msg}", file=sys.stderr, flush=True)
 
 
-def sh(cmd: list[str], *, check: bool = True, capture: bool = False, **kw) -> subprocess.CompletedProcess:
+def sh(cmd: list[str], *, check: bool = True, capture: bool = False, **kw: Any) -> subprocess.CompletedProcess:
     """Run a command; on failure raise TestbedError with its output."""
     kw.setdefault("text", True)
     if capture:
@@ -48,7 +49,8 @@ def chroot_env() -> dict[str, str]:
     }
 
 
-def in_chroot(root: Path, script: str, *, capture: bool = False, check: bool = True):
+def in_chroot(root: Path, script: str, *, capture: bool = False, check: bool = True) -> subprocess.CompletedProcess:
+    """`sh -ec script` in the chroot at `root` (a minimal environment: PATH, C.UTF-8, noninteractive apt)."""
     return sh(["chroot", str(root), "/bin/sh", "-ec", script], env=chroot_env(), capture=capture, check=check)
 
 

@@ -130,7 +130,8 @@ def stub_script(name: str, **subst: str) -> str:
     return text
 
 
-def _build_deb(work: Path, out_dir: Path, control: str, files: dict[str, str], postinst: str | None = None):
+def _build_deb(work: Path, out_dir: Path, control: str, files: dict[str, str], postinst: str | None = None) -> None:
+    """A .deb in `out_dir` from `control`, `files` ({path: text}, 0644 under /etc/, else 0755) and `postinst`."""
     name = control.split("\n", 1)[0].split(": ", 1)[1]
     version = control.split("\nVersion: ", 1)[1].split("\n", 1)[0]
     pkg = work / f"{name}_{version}"

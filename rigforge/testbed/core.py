@@ -19,10 +19,12 @@ import shutil
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -73,6 +75,9 @@ from .presets import apply as apply_preset
 from .recipe_commits import B_IMAGE, SLOW_ENV, SLOW_IMAGE
 from .rig import IMAGE_REF, USER, Rig, RigSpec, recipe_images
 from .rootfs import build_tarball, extract, locked, prepare_rig
+
+if TYPE_CHECKING:  # testinfra is imported where used (the tests' helper)
+    import testinfra.host
 
 DEFAULT_DIR = Path("/var/lib/rigforge-testbed")
 SSHD = "/usr/sbin/sshd"
@@ -212,7 +217,7 @@ class Testbed:
                 return rig
         raise KeyError(f"no rig {name!r} in {self.dir}; have {[r.name for r in self.rigs]}")
 
-    def testinfra_host(self, name: str, sudo: bool = True):
+    def testinfra_host(self, name: str, sudo: bool = True) -> testinfra.host.Host:
         """A testinfra host for a rig, over SSH (paramiko backend) as the sudo user."""
         import paramiko
         import testinfra
@@ -314,7 +319,7 @@ class Testbed:
 # --- shared services -------------------------------------------------------------------------------------
 
 
-def _service(run: Path, name: str, root: str, want_port: int, cmd_for_port) -> int:
+def _service(run: Path, name: str, root: str, want_port: int, cmd_for_port: Callable[[int], list[str]]) -> int:
     """Reuse the running service `name` if it serves `root`, else (re)start it; return its port."""
     pidfile, statefile = run / f"{name}.pid", run / f"{name}.json"
     state = json.loads(statefile.read_text()) if statefile.exists() else {}
@@ -865,7 +870,7 @@ def up(
             stop_booted_rig(rig_dir)  # an old booted rig stops first, whatever it is rebuilt as (no-op if chroot)
             plan.append((rig_dir, info.get("port"), spec, True))
 
-        def build(item):
+        def build(item: tuple[Path, int | None, RigSpec, bool | None]) -> Rig:
             rig_dir, port, spec, todo = item
             cls = BootedRig if booted else Rig
             if todo is None:

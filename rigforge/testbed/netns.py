@@ -39,7 +39,7 @@ THROTTLE_RCVBUF = 65536  # receive buffer of a throttled listener's upstream con
 class Throttle:
     """A token bucket whose rate (bytes per second, 0 = none) is re-read from a file while data flows."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str) -> None:
         self.path, self.lock = path, threading.Lock()
         self.rate, self.read_at, self.tokens, self.at = 0, 0.0, 0.0, time.monotonic()
 

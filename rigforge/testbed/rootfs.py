@@ -14,6 +14,7 @@ import shutil
 import time
 import uuid
 from pathlib import Path
+from typing import TextIO
 
 from ._util import TestbedError, ensure_safe_dir, in_chroot, log, sh
 
@@ -68,7 +69,7 @@ def copy_host_network_config(root: Path) -> None:
         (root / "etc/pip.conf").write_text("[global]\ncert = /etc/ssl/rigforge-host-ca.crt\n")
 
 
-def locked(cache: Path, name: str):
+def locked(cache: Path, name: str) -> TextIO:
     """An exclusive lock on a build step of this cache (several processes may start a testbed at once)."""
     lock_f = open(cache / f".{name}.lock", "w")  # noqa: SIM115 - released by closing
     fcntl.flock(lock_f, fcntl.LOCK_EX)

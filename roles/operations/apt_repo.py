@@ -4,6 +4,7 @@ from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, deploy, operation
+from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files
 from pyinfra.operations.util import any_changed
@@ -13,7 +14,7 @@ from rigforge.facts.apt import AptSourceFiles, KeyFingerprints, same_uri_files
 from rigforge.facts.system import AptHeldPackages, ProvidedFiles
 from rigforge.layout import APT_IGNORE_BACKUPS_CONF, APT_KEYRING_DIR, APT_SOURCES_DIR
 from rigforge.packages import PackageSet
-from roles.operations.shown import say, unchanged
+from roles.operations.shown import Commands, say, unchanged
 
 
 def deb822_source(
@@ -34,6 +35,7 @@ IGNORE_BACKUPS_TEXT = (
 
 
 def source_path(repo: str) -> str:
+    """The deb822 .sources file rigforge writes for `repo`."""
     return f"{APT_SOURCES_DIR}/{repo}.sources"
 
 
@@ -52,11 +54,22 @@ def source_problems(files: dict[str, list[str]], uri: str, repo: str, adopt: boo
 
 
 @operation()
-def adopt_sources(uris: str, keep: str):
+def adopt_sources(uris: str, keep: str) -> Commands:
     """Move every other apt source file whose entries all point at ``uris`` to ``<file>.rigforge-bak``.
 
     + uris: the repository URI
     + keep: the source file rigforge manages for it (not moved)
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations import apt_repo
+        apt_repo.adopt_sources(
+            name="Replace other apt sources for https://download.docker.com/linux/debian",
+            uris="https://download.docker.com/linux/debian",
+            keep="/etc/apt/sources.list.d/rigforge-docker.sources",
+        )
     """
     found = same_uri_files(host.get_fact(AptSourceFiles), uris, keep)
     if unchanged(not found, f"no other source file points at {uris}"):
@@ -69,13 +82,25 @@ def adopt_sources(uris: str, keep: str):
 
 
 @operation()
-def verified_key(src: str, dest: str, fingerprint: str | None = None, sha256: str | None = None):
+def verified_key(src: str, dest: str, fingerprint: str | None = None, sha256: str | None = None) -> Commands:
     """Download a repository key to ``dest``, only when it has ``fingerprint`` (checked with gpg on the rig).
 
     + src: the key's URL
     + dest: the keyring file
     + fingerprint: the key's primary fingerprint (spaces ignored); without it the key is downloaded unchecked
     + sha256: the file's sha256, checked too when given
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations import apt_repo
+        apt_repo.verified_key(
+            name="Download the rigforge-docker repository key (fingerprint 0EBFCD88)",
+            src="https://download.docker.com/linux/debian/gpg",
+            dest="/etc/apt/keyrings/rigforge-docker.asc",
+            fingerprint="9DC8 5822 9FC7 DD38 854A  E2D8 8D81 803C 0EBF CD88",
+        )
     """
     if not fingerprint:
         yield from files.download._inner(src=src, dest=dest, mode="644", sha256sum=sha256)
@@ -99,7 +124,7 @@ def QUOTE(text: str) -> str:  # noqa: N802 - a shell single-quoted word
     return "'" + text.replace("'", "'\\''") + "'"
 
 
-def put_file(name: str, text: str, dest: str):
+def put_file(name: str, text: str, dest: str) -> OperationMeta:
     """A root-owned 0644 file holding `text` (apt sources, pins and settings; the nouveau blacklist)."""
     return files.put(name=name, src=StringIO(text), dest=dest, mode="644")
 
@@ -114,7 +139,7 @@ def add_repo(
     architectures: str = "",
     key_sha256: str | None = None,
     key_fingerprint: str | None = None,
-):
+) -> None:
     """Keyring + deb822 source for one repository; `apt-get update` only when something changed."""
     files.directory(name="Ensure the apt keyring directory", path=APT_KEYRING_DIR, mode="755")
     put_file("Let apt skip the source files rigforge replaced", IGNORE_BACKUPS_TEXT, APT_IGNORE_BACKUPS_CONF)
@@ -134,15 +159,33 @@ def add_repo(
 
 
 @operation()
-def install_missing(packages: PackageSet | list[str], change_held: bool = False):
+def install_missing(packages: PackageSet | list[str], change_held: bool = False) -> Commands:
     """Install what ``rigforge.verdict.packages`` finds missing of a package set, refreshing apt lists first: the
     packages not installed (or at another pinned version), and a reinstall of those whose file rigforge runs is gone.
 
     + packages: the set (``rigforge.packages.PackageSet``), or package names; ``name=version`` pins a version
     + change_held: let apt replace held versions of these packages (``--allow-change-held-packages``)
 
-    Example: a Debian 13 rig set up with ``apt-get install --no-install-recommends docker.io`` lacks docker-cli
+    A Debian 13 rig set up with ``apt-get install --no-install-recommends docker.io`` lacks docker-cli
     (``/usr/bin/docker``); the distro Docker set installs it.
+
+    **Examples:**
+
+    .. code:: python
+
+        from rigforge import packages
+        from roles.operations import apt_repo
+        apt_repo.install_missing(
+            name="Install apt repository prerequisites",
+            packages=["ca-certificates", "curl", "gpg"],
+        )
+
+        # a package set, e.g. the driver's; held versions may move (the toolkit's pinned version)
+        apt_repo.install_missing(
+            name="Install the NVIDIA driver",
+            packages=packages.driver(plan.data, "debian"),
+            change_held=True,
+        )
     """
     wanted = packages if isinstance(packages, PackageSet) else PackageSet("", tuple(packages))
     installed = host.get_fact(DebPackages)
@@ -168,11 +211,22 @@ def install_missing(packages: PackageSet | list[str], change_held: bool = False)
 
 
 @operation()
-def hold(packages: PackageSet):
+def hold(packages: PackageSet) -> Commands:
     """``apt-mark hold`` the set's installed packages that ``rigforge.verdict.unheld_packages`` finds not held: its
     ``held`` names, and with ``held_with``, its ``held_prefixes`` packages at that version (the driver's libraries).
 
     + packages: the set (``rigforge.packages.PackageSet``)
+
+    **Example:**
+
+    .. code:: python
+
+        from rigforge import packages
+        from roles.operations import apt_repo
+        apt_repo.hold(
+            name="Hold the NVIDIA driver packages",
+            packages=packages.driver(plan.data, "debian"),
+        )
     """
     to_hold = verdict.unheld_packages(packages, host.get_fact(DebPackages), host.get_fact(AptHeldPackages))
     if unchanged(not to_hold, f"already held: {', '.join(packages.held) or 'nothing to hold'}"):
@@ -181,11 +235,22 @@ def hold(packages: PackageSet):
 
 
 @operation()
-def remove_installed(packages: list[str], replaced_by: list[str]):
+def remove_installed(packages: list[str], replaced_by: list[str]) -> Commands:
     """``apt-get remove`` the installed ones of ``packages``, only once the replacement's packages were fetched.
 
     + packages: package names; those not installed are skipped
     + replaced_by: the packages that replace them, fetched first
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations import apt_repo
+        apt_repo.remove_installed(
+            name="Remove the distribution's conflicting Docker packages",
+            packages=["docker.io", "docker-compose", "containerd", "runc"],
+            replaced_by=["docker-ce", "docker-ce-cli", "containerd.io"],
+        )
     """
     installed = host.get_fact(DebPackages)
     present = [name for name in packages if name in installed]

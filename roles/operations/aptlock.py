@@ -2,11 +2,12 @@
 
 import re
 import shlex
+from typing import TypedDict
 
 from pyinfra import host, logger, state
-from pyinfra.api import FactBase, FunctionCommand, QuoteString, StringCommand, operation
+from pyinfra.api import FactBase, FunctionCommand, Host, QuoteString, State, StringCommand, operation
 
-from roles.operations.shown import unchanged, warn
+from roles.operations.shown import Commands, unchanged, warn
 
 LOCKS = ("/var/lib/dpkg/lock-frontend", "/var/lib/dpkg/lock", "/var/lib/apt/lists/lock", "/var/cache/apt/archives/lock")
 # prints "<lock file> <pid> <command line>" of the first lock held, nothing when all are free
@@ -20,19 +21,30 @@ GETLK = (
 HOLDER = f"perl -e {shlex.quote(GETLK)} {' '.join(LOCKS)} 2>/dev/null"
 
 
-def parse(output: list[str] | str) -> dict | None:
+class LockHolder(TypedDict):
+    """The process holding an apt/dpkg lock (`parse`)."""
+
+    lock: str  # the lock file
+    pid: int  # its holder's pid (fcntl's F_GETLK)
+    command: str  # its holder's command line, at most 80 characters
+
+
+def parse(output: list[str] | str) -> LockHolder | None:
     """{"lock", "pid", "command"} from HOLDER's output; None when every lock is free."""
     text = (output if isinstance(output, str) else "\n".join(output)).strip()
     m = re.match(r"(?P<lock>\S+) (?P<pid>-?\d+) ?(?P<command>.*)", text)  # the first line
     return m and {**m.groupdict(), "pid": int(m["pid"]), "command": " ".join(m["command"].split())[:80]}
 
 
-def describe(holder: dict, held: str = "is held") -> str:
+def describe(holder: LockHolder, held: str = "is held") -> str:
+    """The lock and its holder in words: "the apt/dpkg lock /var/lib/dpkg/lock is held by pid 42 (apt-get ...)"."""
     who = f"pid {holder['pid']}" + (f" ({holder['command']})" if holder["command"] else "")
     return f"the apt/dpkg lock {holder['lock']} {held} by {who}"
 
 
-class AptLockHolder(FactBase):
+class AptLockHolder(FactBase[LockHolder | None]):
+    """The process holding an apt/dpkg lock (`parse`), None when every lock is free."""
+
     command = f"{HOLDER} || true"
     process = staticmethod(parse)
 
@@ -46,7 +58,9 @@ def wait_script(wait: int) -> str:
     )
 
 
-def _wait(state, host, wait: int, first: dict, kwargs: dict):  # pyinfra passes (state, host) to callbacks
+def _wait(state: State, host: Host, wait: int, first: LockHolder, kwargs: dict) -> bool:
+    """Wait on the rig up to `wait` s for the lock `first` held to be free: True (warned) once free, else False, the
+    holder named (the host fails). A FunctionCommand's callback: pyinfra passes (state, host)."""
     ok, output = host.run_shell_command(StringCommand("sh", "-c", QuoteString(wait_script(wait))), **kwargs)
     lines = [line.strip() for line in output.stdout_lines if line.strip()]
     last = lines[-1] if lines else ""
@@ -68,11 +82,22 @@ def _wait(state, host, wait: int, first: dict, kwargs: dict):  # pyinfra passes 
 
 
 @operation(is_idempotent=False)
-def free(wait: int, sudo: dict | None = None):
+def free(wait: int, sudo: dict | None = None) -> Commands:
     """Wait up to ``wait`` s for the apt/dpkg lock another process holds; fail the host, naming the holder, after.
 
     + wait: seconds to wait (host data ``apt_lock_wait``)
     + sudo: how this rig's commands run (``{"_sudo": True, "_sudo_user": ...}``), for the wait's own command
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations import aptlock
+        aptlock.free(
+            name="Wait for the apt/dpkg lock another process holds (up to 300 s)",
+            wait=300,
+            sudo={"_sudo": True},
+        )
     """
     holder = host.get_fact(AptLockHolder)
     if unchanged(not holder, "the apt/dpkg lock is free"):

@@ -3,15 +3,17 @@ returns False, so pyinfra drops that host and carries on (raising while operatio
 """
 
 from pyinfra import host, logger, state
-from pyinfra.api import FunctionCommand, operation
+from pyinfra.api import FunctionCommand, Host, State, operation
 from pyinfra.context import ctx_host
 
 from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus
 from rigforge.hardware import Needs, format_problems, gpu_count, gpu_problems
-from roles.operations.shown import unchanged
+from roles.operations.shown import Commands, unchanged
 
 
-def _fail(state, host, message):  # pyinfra passes (state, host) to callbacks whose arguments use those names
+def _fail(state: State, host: Host, message: str) -> bool:
+    """Log `message` in red (when there is one) and fail the host (a FunctionCommand's callback: pyinfra passes
+    state and host to callbacks whose arguments use those names)."""
     if message:
         host.log_styled(message, fg="red", log_func=logger.error)
     return False
@@ -23,12 +25,24 @@ def fail_command(message: str) -> FunctionCommand:
 
 
 @operation()
-def gpus_fit(needs: Needs, caps: dict[int, int], data: dict):
+def gpus_fit(needs: Needs, caps: dict[int, int], data: dict) -> Commands:
     """Fail this host unless nvidia-smi's GPUs (read when this executes) fit ``needs`` and ``caps`` covers them all.
 
     + needs: what the variant needs of a host (``rigforge.hardware.Needs``)
     + caps: the power unit's caps, ``{gpu index: watts}``
     + data: the host-data keys the GPU checks read (see ``rigforge.hardware.gpu_problems``)
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations.checks import gpus_fit
+        gpus_fit(
+            name="Check the GPUs now that the driver answers (2x 24000 MiB)",
+            needs=needs,  # rigforge.hardware.Needs of the rig's variant
+            caps={0: 230, 1: 230},
+            data=dict(plan.data),
+        )
     """
     gpus = host.get_fact(NvidiaGpus)
     if unchanged(not gpus and not state.is_executing, "GPUs are checked when this runs, once the driver answers"):
@@ -55,6 +69,7 @@ def gpus_fit(needs: Needs, caps: dict[int, int], data: dict):
 
 
 def changed_by_this_run() -> list[str]:
+    """The names of this host's operations that ran and changed something so far in this run."""
     me, out = ctx_host.get(), []
     for op_hash in state.get_op_order():
         meta = getattr(state.ops[me].get(op_hash), "operation_meta", None)
@@ -71,6 +86,14 @@ def refuse_now(name: str, message: str) -> None:
 
 
 @operation(is_idempotent=False)
-def refuse():
-    """Fail this host, without a word (``refuse_now`` printed why; no arguments)."""
+def refuse() -> Commands:
+    """Fail this host, without a word (``refuse_now`` printed why; no arguments).
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations import checks
+        checks.refuse(name="Refuse the rig")  # once why was said; refuse_now says it, then refuses
+    """
     yield fail_command("")

@@ -9,16 +9,28 @@ from pyinfra.facts.files import FileContents
 
 from rigforge.jsonmerge import merged_text
 from roles.operations.checks import fail_command
-from roles.operations.shown import unchanged
+from roles.operations.shown import Commands, unchanged
 
 
 @operation()
-def merge_json(path: str, patch: dict, extend: dict | None = None):
+def merge_json(path: str, patch: dict, extend: dict | None = None) -> Commands:
     """Merge ``patch`` into the JSON file ``path`` (mode 644, created if missing) atomically; bad JSON fails the host.
 
     + path: the JSON file, e.g. Docker's daemon.json
     + patch: keys to set (nested mappings are merged)
     + extend: ``{key: [items]}``: items added to the list at that key when missing, the list's others kept
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations import docker_daemon
+        docker_daemon.merge_json(
+            name="Ask the fleet registry before Docker Hub (daemon.json registry-mirrors)",
+            path="/etc/docker/daemon.json",
+            patch={},
+            extend={"registry-mirrors": ["https://10.0.0.5:5000"]},
+        )
     """
     lines = host.get_fact(FileContents, path=path)
     try:

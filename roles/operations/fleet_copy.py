@@ -6,16 +6,27 @@ from pyinfra.api import QuoteString, StringCommand, operation
 from rigforge.facts.docker import RegistryHasImage
 from rigforge.obtain import parse
 from rigforge.registry import RegistryPlan
-from roles.operations.shown import ShownCommand, say, unchanged
+from roles.operations.shown import Commands, ShownCommand, say, unchanged
 
 
 @operation()
-def image_in_fleet(image: str, reg: RegistryPlan):
+def image_in_fleet(image: str, reg: RegistryPlan) -> Commands:
     """Copy ``image`` from upstream into the fleet registry unless it holds that digest, every platform's manifest
     and the index byte for byte (``--preserve-digests``: the rigs pull the digest the lock names).
 
     + image: the locked image, ``repo[:tag]@sha256:...`` (a Docker Hub image: rigs reach the copy as a mirror)
     + reg: the fleet registry (its ``host:port``; plain HTTP, no certificate check, when ``insecure``)
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations import fleet_copy
+        fleet_copy.image_in_fleet(
+            name="Fill the fleet registry: vllm/vllm-openai",
+            image=lock.pinned(lock.image.ref),  # repo[:tag]@sha256:...
+            reg=registry_plan,  # rigforge.registry.RegistryPlan
+        )
     """
     ref = parse(image)
     if unchanged(not ref.digest, f"{image} has no locked digest: nothing to copy (`rigforge lock` resolves it)"):

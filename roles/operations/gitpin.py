@@ -10,7 +10,7 @@ from rigforge import verdict
 from rigforge.facts.gitpin import GitCheckout
 from rigforge.pins import GitPin
 from roles.operations.checks import fail_command
-from roles.operations.shown import ShownCommand, say
+from roles.operations.shown import Commands, ShownCommand, say
 
 # Shown git output: git's \r progress as lines, only each 10% step and the ", done." summary of each phase.
 SHOWN = (
@@ -76,11 +76,23 @@ def checkout_script(
 
 
 @operation()
-def checkout(pin: GitPin, dest: str):
+def checkout(pin: GitPin, dest: str) -> Commands:
     """Check out the pin's commit at ``dest`` (detached, sparse when it says so); a wrong sha256 of its files fails.
 
     + pin: the locked source
     + dest: the checkout directory
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations import gitpin
+        pin = lock.git["club-3090"]  # a rigforge.pins.GitPin
+        gitpin.checkout(
+            name=f"Check out {pin.name} at {pin.commit[:12]}",
+            pin=pin,
+            dest=f"/opt/rigforge/src/{pin.name}",
+        )
     """
     name, url, commit, sparse, files = pin.name, pin.url, pin.commit, list(pin.sparse), dict(pin.files)
     state = host.get_fact(GitCheckout, path=dest, files=tuple(files))

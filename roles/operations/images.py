@@ -15,7 +15,7 @@ from rigforge.facts.system import FreeDiskBytes
 from rigforge.jsonmerge import merged_text
 from rigforge.layout import DAEMON_JSON, HostLayout
 from roles.operations.checks import fail_command
-from roles.operations.shown import ShownCommand, say, unchanged
+from roles.operations.shown import Commands, ShownCommand, say, unchanged
 from roles.operations.staged import connection, upload_privately
 
 SCRIPT = Path(images.__file__).resolve().parent / "remote" / "load_images.sh"
@@ -31,10 +31,21 @@ _human = images._human
 
 
 @operation()
-def repaired(layout: HostLayout):
+def repaired(layout: HostLayout) -> Commands:
     """Undo what a load killed outright left (``load_images.sh repair``): daemon.json, the registry, the work dir.
 
     + layout: the rig's paths (the load's work dir, load_images.sh)
+
+    **Example:**
+
+    .. code:: python
+
+        from rigforge.layout import HostLayout
+        from roles.operations import images
+        images.repaired(
+            name="Repair what an interrupted image load left (daemon.json, temporary registry)",
+            layout=HostLayout(),
+        )
     """
     work, script = layout.images_work, layout.images_script
     if not host.get_fact(Directory, path=work):
@@ -46,12 +57,27 @@ def repaired(layout: HostLayout):
 
 
 @operation()
-def blobs_uploaded(directory: str, saved: list, layout: HostLayout):
+def blobs_uploaded(directory: str, saved: list, layout: HostLayout) -> Commands:
     """Upload the blobs of ``saved`` images that the rig's OCI layout lacks, each checked by sha256 on the rig.
 
     + directory: the saved layout on the controller (`rigforge images save DIR`)
     + saved: the images to load (rigforge.images.Saved)
     + layout: the rig's paths (the OCI layout; the upload dir a sudo user's uploads land in first, 0700, theirs)
+
+    **Example:**
+
+    .. code:: python
+
+        from pathlib import Path
+        from rigforge import images as saved_images
+        from rigforge.layout import HostLayout
+        from roles.operations import images
+        images.blobs_uploaded(
+            name="Upload the saved images' blobs the rig lacks",
+            directory="/srv/saved-images",
+            saved=saved_images.check_loadable(Path("/srv/saved-images")),
+            layout=HostLayout(),
+        )
     """
     oci, upload_dir = layout.images_layout, layout.images_upload
     todo = missing(saved)
@@ -97,13 +123,29 @@ def blobs_uploaded(directory: str, saved: list, layout: HostLayout):
 
 
 @operation()
-def loaded(directory: str, saved: list, layout: HostLayout, port: int | None = None):
+def loaded(directory: str, saved: list, layout: HostLayout, port: int | None = None) -> Commands:
     """Load the ``saved`` images Docker lacks at their digests (load_images.sh), then remove what blobs_uploaded sent.
 
     + directory: the saved layout on the controller
     + saved: the images to load (rigforge.images.Saved)
     + layout: the rig's paths (load_images.sh, the OCI layout, the load's work dir, the upload dir)
     + port: the temporary registry's port on 127.0.0.1 (None: the first free one of 5800-5899)
+
+    **Example:**
+
+    .. code:: python
+
+        from pathlib import Path
+        from rigforge import images as saved_images
+        from rigforge.layout import HostLayout
+        from roles.operations import images
+        images.loaded(
+            name="Load the saved images into docker at their digests",
+            directory="/srv/saved-images",
+            saved=saved_images.check_loadable(Path("/srv/saved-images")),
+            layout=HostLayout(),
+            port=None,
+        )
     """
     script, oci, work = layout.images_script, layout.images_layout, layout.images_work
     todo = missing(saved)

@@ -1,5 +1,7 @@
 """NVIDIA operations: persistence mode, power caps applied only where they differ, reboot when the driver needs it."""
 
+from collections.abc import Mapping
+
 from pyinfra import host
 from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.operations import server
@@ -17,7 +19,7 @@ from rigforge.facts.nvidia import (
 from rigforge.hardware import cap_problems, resolve_caps
 from roles import rig_lock
 from roles.operations.checks import fail_command
-from roles.operations.shown import say, unchanged
+from roles.operations.shown import Commands, say, unchanged
 from roles.operations.staged import connection
 
 # Connectors that run on the controller itself: never reboot through them.
@@ -33,8 +35,16 @@ def on_controller() -> bool:
 
 
 @operation()
-def persistence_mode():
-    """``nvidia-smi -i N -pm 1`` for each GPU whose persistence mode is off (no arguments)."""
+def persistence_mode() -> Commands:
+    """``nvidia-smi -i N -pm 1`` for each GPU whose persistence mode is off (no arguments).
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations import nvidia
+        nvidia.persistence_mode(name="Turn on GPU persistence mode")
+    """
     gpus = host.get_fact(NvidiaGpus)
     if unchanged(not verdict.persistence(gpus), f"persistence mode already on for {len(gpus)} GPU(s)"):
         return
@@ -43,11 +53,22 @@ def persistence_mode():
 
 
 @operation()
-def power_caps(default_w, overrides: dict | None = None):
+def power_caps(default_w: int, overrides: dict[int, int] | None = None) -> Commands:
     """``nvidia-smi -i N -pl W`` only for GPUs whose current limit differs; a cap outside a card's range fails.
 
     + default_w: the cap in whole watts for every GPU
     + overrides: ``{gpu index: watts}`` for GPUs capped differently
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations import nvidia
+        nvidia.power_caps(
+            name="Cap GPU power at 230 W (overrides: {1: 250})",
+            default_w=230,
+            overrides={1: 250},
+        )
     """
     gpus = host.get_fact(NvidiaGpus)
     if problems := cap_problems(gpus, default_w, overrides or {}):  # whole watts: the plan validated them
@@ -62,7 +83,7 @@ def power_caps(default_w, overrides: dict | None = None):
     yield from (StringCommand("nvidia-smi", "-i", str(index), "-pl", str(caps[index])) for index in todo)
 
 
-def reboot_reason(package_version: str | None, module_version: str | None, smi: dict) -> str | None:
+def reboot_reason(package_version: str | None, module_version: str | None, smi: Mapping[str, object]) -> str | None:
     """Why the driver needs a reboot to take effect, or None (also None when no driver is installed)."""
     installed = upstream_version(package_version)
     if not installed:
@@ -76,11 +97,22 @@ def reboot_reason(package_version: str | None, module_version: str | None, smi: 
 
 
 @operation(is_idempotent=False)
-def reboot_if_needed(package: str, allow_reboot: bool):
+def reboot_if_needed(package: str, allow_reboot: bool) -> Commands:
     """Reboot when the installed driver is not the one running, never through a controller-side connection.
 
     + package: the driver's apt package, whose installed version is compared with the loaded module
     + allow_reboot: reboot the rig (True) or fail the host with what to do
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations import nvidia
+        nvidia.reboot_if_needed(
+            name="Reboot if the installed driver is not the running one",
+            package="nvidia-kernel-open-dkms",
+            allow_reboot=False,
+        )
     """
     reason = reboot_reason(
         host.get_fact(DebInstalledVersion, package=package),
@@ -105,10 +137,20 @@ def reboot_if_needed(package: str, allow_reboot: bool):
 
 
 @operation()
-def running_branch(branch: int):
+def running_branch(branch: int) -> Commands:
     """Fail the host unless the running driver is of ``branch``.
 
     + branch: the driver branch wanted, e.g. ``580``
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations import nvidia
+        nvidia.running_branch(
+            name="Check the running driver is branch 580 (nvidia_driver_manage: false)",
+            branch=580,
+        )
     """
     problem = branch_problem(host.get_fact(NvidiaRunningDriver), branch)
     if not unchanged(not problem, f"running driver is branch {branch}"):

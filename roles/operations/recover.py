@@ -9,7 +9,7 @@ from pyinfra.api import StringCommand, operation
 
 from rigforge.facts.apt import DpkgInterrupted
 from rigforge.facts.system import LeftoverUploads
-from roles.operations.shown import repairing, unchanged
+from roles.operations.shown import Commands, repairing, unchanged
 from roles.operations.staged import private_upload_dir
 
 APT_ENV = "DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=a"
@@ -17,8 +17,16 @@ DPKG_OPTIONS = "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-co
 
 
 @operation()
-def packages():
-    """``dpkg --configure -a``, ``apt-get -f install`` when an interrupted run left dpkg needing them (no arguments)."""
+def packages() -> Commands:
+    """``dpkg --configure -a``, ``apt-get -f install`` when an interrupted run left dpkg needing them (no arguments).
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations import recover
+        recover.packages(name="Repair packages an interrupted run left half-installed (dpkg --configure -a)")
+    """
     reason = host.get_fact(DpkgInterrupted)
     if unchanged(not reason, "dpkg state is clean"):
         return
@@ -30,8 +38,16 @@ def packages():
 
 
 @operation()
-def uploads_cleared():
-    """Remove what an interrupted upload left in the SSH user's private upload dir, secrets included (no arguments)."""
+def uploads_cleared() -> Commands:
+    """Remove what an interrupted upload left in the SSH user's private upload dir, secrets included (no arguments).
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations import recover
+        recover.uploads_cleared(name="Remove uploads an interrupted run left in the upload dir")
+    """
     path = private_upload_dir()
     left = host.get_fact(LeftoverUploads, path=path)
     if unchanged(not left, "no leftover uploads"):

@@ -2,9 +2,11 @@
 
 import json
 import shlex
+from collections.abc import Callable
 
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.api.operation import OperationMeta
 
 from rigforge.facts.docker import DockerImagePresent
 from rigforge.facts.files import JsonFile
@@ -14,15 +16,25 @@ from rigforge.facts.system import EnabledInstances
 from rigforge.fleet import Plan
 from rigforge.knobs.serving import Serving
 from rigforge.obtain import parse
-from roles.operations.shown import ShownCommand, say, unchanged
+from roles.operations.shown import Commands, ShownCommand, say, unchanged
 from roles.operations.staged import upload_privately
 
 
 @operation()
-def sole_instance(plan: Plan):
+def sole_instance(plan: Plan) -> Commands:
     """Enable the rig's vLLM unit (``serving_rest: stopped``: disable it), disable (and stop where managed) the rest.
 
     + plan: the rig's plan (its unit, unit dir and template unit, its serving knobs)
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations import serving
+        switched = serving.sole_instance(
+            name=f"Enable {plan.layout.vllm_unit} as the only vLLM instance",
+            plan=plan,
+        )
     """
     layout, knobs = plan.layout, Serving.of(plan.data)
     unit, enable, stop_others = layout.vllm_unit, knobs.serving_rest != "stopped", knobs.rigforge_manage_services
@@ -52,12 +64,27 @@ def start_reason(plan: Plan, changed: bool, enabled: bool = False) -> str | None
 
 
 @operation()
-def running(plan: Plan, changed=None, enabled=None):
+def running(
+    plan: Plan, changed: Callable[[], bool] | None = None, enabled: Callable[[], bool] | None = None
+) -> Commands:
     """(Re)start the rig's vLLM unit when ``start_reason`` says so, its failures reset (the gate counts restarts).
 
     + plan: the rig's plan (the unit, its compose project directory, the locked image)
     + changed: a callable, true when this run changed its compose file, .env or unit
     + enabled: a callable, true when this run enabled the unit as the only instance (``sole_instance``)
+
+    **Example:**
+
+    .. code:: python
+
+        from pyinfra.operations.util import any_changed
+        from roles.operations import serving
+        started = serving.running(
+            name=f"Run {plan.layout.vllm_unit}",
+            plan=plan,
+            changed=any_changed(compose, unit_file),  # the staged_files operations of its files
+            enabled=any_changed(switched),  # sole_instance's
+        )
     """
     unit, executing = plan.layout.vllm_unit, host.state.is_executing
     reason = start_reason(plan, bool(changed and executing and changed()), bool(enabled and executing and enabled()))
@@ -71,10 +98,20 @@ def running(plan: Plan, changed=None, enabled=None):
 
 
 @operation()
-def stopped(unit: str):
+def stopped(unit: str) -> Commands:
     """The vLLM unit stopped on purpose (host data ``serving_rest: stopped``).
 
     + unit: the instance, e.g. ``rigforge-vllm@dual.service``
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations import serving
+        serving.stopped(
+            name="Keep rigforge-vllm@dual.service stopped (serving_rest: stopped)",
+            unit="rigforge-vllm@dual.service",
+        )
     """
     if serving(host.get_fact(ServiceState, unit=unit)) in ("stopped", "failed", "unknown"):
         host.noop(f"{unit} rests stopped (serving_rest: stopped)")
@@ -83,13 +120,32 @@ def stopped(unit: str):
 
 
 @operation()
-def healthy(plan: Plan, rollback_unit: str | None, started=None, changed=None):
+def healthy(
+    plan: Plan,
+    rollback_unit: str | None,
+    started: OperationMeta | None = None,
+    changed: Callable[[], bool] | None = None,
+) -> Commands:
     """The health gate (``health_gate_script``) after a (re)start or when the API is silent; undoes this run's changes.
 
     + plan: the rig's plan (its unit, serve dir and its .env's API key, model, port, ``serving_health_*`` knobs)
     + rollback_unit: the instance to go back to when the gate fails, None: the ``*.prev`` files
     + started: the operation that (re)starts the unit (``running``)
     + changed: as for ``running``
+
+    **Example:**
+
+    .. code:: python
+
+        from pyinfra.operations.util import any_changed
+        from roles.operations import serving
+        serving.healthy(
+            name=f"Health gate: /v1/models and one chat completion on port {plan.port}",
+            plan=plan,
+            rollback_unit=None,  # roll back to the *.prev files
+            started=started,  # running's
+            changed=any_changed(compose, unit_file, switched),
+        )
     """
     knobs, layout, executing = Serving.of(plan.data), plan.layout, host.state.is_executing
     url = f"http://{knobs.serving_health_host}:{plan.port}"
@@ -105,10 +161,20 @@ def healthy(plan: Plan, rollback_unit: str | None, started=None, changed=None):
 
 
 @operation()
-def image_present(image: str):
+def image_present(image: str) -> Commands:
     """``docker pull`` the image by its locked digest unless the engine already holds it (needs a running engine).
 
     + image: the pinned image reference, ``repo[:tag]@sha256:...`` (or ``repo:tag`` while the lock has no digest)
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations import serving
+        serving.image_present(
+            name=f"Pull {plan.image} ahead of the restart",
+            image=plan.image,  # repo[:tag]@sha256:...
+        )
     """
     if unchanged(host.get_fact(DockerImagePresent, image=image), f"{image} already present"):
         return
@@ -118,13 +184,26 @@ def image_present(image: str):
 
 
 @operation()
-def manifest(plan: Plan, now: str, rest: str | None = None):
+def manifest(plan: Plan, now: str, rest: str | None = None) -> Commands:
     """Write rig.json (manifest, GPUs, interconnect, serving_rest, time) if all but the time differs; the slow
     interconnect only then.
 
     + plan: the rig's plan (rig.json's path, its manifest: variant, unit, port, pins...)
     + now: the time to record as ``provisioned_at`` (ISO 8601)
     + rest: the ``serving_rest`` this run applied (host data's or ``--data``'s), recorded for status and verify
+
+    **Example:**
+
+    .. code:: python
+
+        from datetime import UTC, datetime
+        from roles.operations import serving
+        serving.manifest(
+            name=f"Record {plan.layout.rig_json}",
+            plan=plan,
+            now=datetime.now(UTC).isoformat(timespec="seconds"),
+            rest="running",
+        )
     """
     path = plan.layout.rig_json
     keys = ("index", "uuid", "name", "pci_bus_id", "memory_total", "power_limit", "driver_version")

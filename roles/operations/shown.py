@@ -1,18 +1,28 @@
 """Long steps seen at pyinfra's default verbosity (no -v needed): downloads, checkouts, package installs."""
 
+from collections.abc import Generator
+
 from pyinfra import host, logger, state
-from pyinfra.api import FunctionCommand, StringCommand
+from pyinfra.api import FunctionCommand, Host, State, StringCommand
+from pyinfra.api.arguments import ConnectorArguments
+from pyinfra.api.command import PyinfraCommand
+from pyinfra.connectors.util import CommandOutput
+
+# what an @operation yields: shell text, or one of pyinfra's commands (pyinfra's operations/util: `yield from`)
+Commands = Generator[str | PyinfraCommand, None, None]
 
 
 class ShownCommand(StringCommand):
     """A shell command whose output is printed as it arrives, at any verbosity."""
 
-    def execute(self, state, host, connector_arguments):
+    def execute(self, state: State, host: Host, connector_arguments: ConnectorArguments) -> tuple[bool, CommandOutput]:
+        """Run the command as StringCommand does, its output printed as it arrives."""
         connector_arguments.update(self.connector_arguments)
         return host.run_shell_command(self, print_output=True, print_input=state.print_input, **connector_arguments)
 
 
-def _log(state, host, message: str) -> bool:
+def _log(state: State, host: Host, message: str) -> bool:
+    """Log `message` on the host's line (a FunctionCommand's callback: pyinfra passes state and host)."""
     host.log(message)
     return True
 
@@ -22,7 +32,7 @@ def say(message: str) -> FunctionCommand:
     return FunctionCommand(_log, (message,), {})
 
 
-def unchanged(condition, message: str) -> bool:
+def unchanged(condition: object, message: str) -> bool:
     """`condition`, telling pyinfra the operation has nothing to do (`host.noop(message)`) when it holds."""
     if condition:
         host.noop(message)

@@ -6,10 +6,11 @@ import shlex
 
 from pyinfra import host
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
+from pyinfra.api.command import PyinfraCommand
 from pyinfra.facts.files import Directory, File, Sha256File
 
 from rigforge.layout import STAGING, UPLOAD_PREFIX
-from roles.operations.shown import repairing, unchanged
+from roles.operations.shown import Commands, repairing, unchanged
 
 
 def private_upload_dir() -> str:
@@ -17,12 +18,12 @@ def private_upload_dir() -> str:
     return f"{UPLOAD_PREFIX}{connection('ssh_user') or 'user'}"
 
 
-def connection(key: str):
+def connection(key: str) -> str | int | None:
     """A setting of the host's connection (e.g. ``ssh_user``, ``ssh_hostname``), None where the connector has none."""
     return (getattr(host.connector, "data", None) or {}).get(key)
 
 
-def upload_privately(text: str, dest: str):
+def upload_privately(text: str, dest: str) -> list[PyinfraCommand]:
     """Commands uploading `text` to `dest`, never via a world-readable file (with sudo, via the SSH user's 0700 dir)."""
     if not (host.current_op_global_arguments or {}).get("_sudo"):
         return [FileUploadCommand(io.BytesIO(text.encode()), dest)]
@@ -38,7 +39,9 @@ SWAPPING = ".swapping"  # in the staging dir while files are being moved into pl
 
 
 @operation()
-def staged_files(dest: str, files: dict[str, tuple[str, str]], validate: str | None = None, keep_previous: bool = True):
+def staged_files(
+    dest: str, files: dict[str, tuple[str, str]], validate: str | None = None, keep_previous: bool = True
+) -> Commands:
     """Install ``files`` into ``dest`` as one unit, validated on the host before anything is replaced.
 
     + dest: the directory the files go into
@@ -47,6 +50,18 @@ def staged_files(dest: str, files: dict[str, tuple[str, str]], validate: str | N
     + keep_previous: keep the replaced files as ``<name>.prev`` (for rollback)
 
     Repairs a cut run: drops a leftover staging dir; finishes a cut move (`.swapping`), keeping the pre-run `.prev`.
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations.staged import staged_files
+        staged_files(
+            name="Install the gateway config (validated by haproxy -c)",
+            dest="/etc/rigforge-gateway",
+            files={"haproxy.cfg": (config_text, "600")},
+            validate="haproxy -c -q -f haproxy.cfg",
+        )
     """
     staging = f"{dest}/{STAGING}"
     current = {}
