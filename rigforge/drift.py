@@ -19,7 +19,7 @@ from rigforge.facts.hfweights import WeightsState
 from rigforge.facts.nvidia import BootCaps, NvidiaGpus, NvidiaModuleVersion, NvidiaRunningDriver, NvidiaTopology
 from rigforge.facts.serving import ComposeImages, ServiceState, runs_digest, serving
 from rigforge.facts.system import AptHeldPackages, OsRelease, ProvidedFiles, SystemdUnitEnabled
-from rigforge.fleet import Plan
+from rigforge.fleet import Plan, ServedVariant
 from rigforge.gateway import backend_name as gateway_backend
 from rigforge.hardware import interconnect, missing_cards, missing_problem, small_override, vram_problems
 from rigforge.knobs.docker_engine import daemon_json_patch
@@ -236,7 +236,7 @@ def boot_order(obs: Observed, ctx: RigContext) -> Check:
     return Check("boot order has no cycle", *cycles.judge(found))
 
 
-def vram(gpus: list[dict], v, s: Settings) -> Check:
+def vram(gpus: list[dict], v: ServedVariant, s: Settings) -> Check:
     """Every card has the VRAM variant `v` needs with settings `s` (20 GB cards: only with the documented override)."""
     name = "VRAM fits variant"
     if not gpus or not v:

@@ -23,6 +23,14 @@ from rigforge.registry import build as registry_build
 from rigforge.schema import Settings, SettingsError, apply_overrides, power_caps, settings_from_host_data
 
 
+class InventoryHost(Protocol):
+    """What `build` reads of a host: pyinfra's Host, or any object with its name, groups and data (`.get`)."""
+
+    name: str
+    groups: Sequence[str]
+    data: Any  # pyinfra's HostData, or a mapping
+
+
 class ServedVariant(Protocol):
     """What a deploy, status and verify need of a variant, a catalog seed or a recipe-repo slug alike."""
 
@@ -52,7 +60,7 @@ class PlannedAsset:
     approx_bytes: int = 0  # the variant's estimate, for the disk check while the lock has no sizes
 
     @property
-    def bytes(self):
+    def bytes(self) -> int:
         return self.pin.total_size or self.approx_bytes
 
 
@@ -73,11 +81,11 @@ class Plan:
     cap_units: tuple[str, ...] = ()  # the rig's other cap writers found at boot (shown; they order nothing)
 
     @property
-    def image(self):
+    def image(self) -> str:
         return self.settings.image or self.variant.image
 
     @property
-    def port(self):
+    def port(self) -> int:
         return self.settings.port or self.variant.port
 
     @property
@@ -248,6 +256,17 @@ class Fleet:
     # the monitor's scrape targets: {job: ((host, "address:port"), ...)}: every rig's node exporter and vLLM, every
     # gateway's HAProxy exporter
     targets: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
+    # every host's data with every knob's default applied (`host_data`), and how pyinfra's sudo is set for it
+    settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    sudo: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def data(self, name: str) -> Mapping[str, Any]:
+        """Host `name`'s data, defaults applied: what its fleet roles (gateway, monitor, registry) are set up from."""
+        return self.settings[name]
+
+    def gateway_hosts(self) -> dict[str, bool]:
+        """{gateway host: whether its commands run with sudo}, in inventory order: where a rig drains and rejoins."""
+        return {name: bool(self.sudo[name].get("_sudo")) for name, roles in self.roles.items() if GATEWAY in roles}
 
     def has(self, name: str, role: str) -> bool:
         return role in self.roles.get(name, ())
@@ -264,7 +283,7 @@ class Fleet:
         return {name: problems[0] for name, problems in self.problems.items() if self.plans.get(name) is None}
 
     @property
-    def monitors(self):
+    def monitors(self) -> tuple[str, ...]:
         return tuple(name for name, roles in self.roles.items() if MONITOR in roles)
 
     @property
@@ -280,10 +299,18 @@ class Fleet:
         return for_cards(plan, gpus, cap_units)
 
 
-def build(hosts, variant=None, *, gpus: int | None = None, deployable: bool = True, opt_in: bool = False) -> Fleet:
+def build(
+    hosts: Iterable[InventoryHost],
+    variant: str | ServedVariant | None = None,
+    *,
+    gpus: int | None = None,
+    deployable: bool = True,
+    opt_in: bool = False,
+) -> Fleet:
     """The fleet of `hosts` (with .name, .groups, .data) for `variant` (plan_for's entry); `opt_in`: every recipe."""
-    roles, plans, problems, datas = {}, {}, {}, {}
+    roles, plans, problems, datas, sudo = {}, {}, {}, {}, {}
     for h in hosts:
+        sudo[h.name] = {key: h.data.get(key) for key in SUDO_KEYS if h.data.get(key)}
         roles[h.name] = mine = frozenset({GATEWAY, REGISTRY, MONITOR} & set(h.groups) | ({RIG} if is_rig(h) else set()))
         datas[h.name] = {**host_data(h.data), "rigforge_recipe_opt_in": True} if opt_in else h.data
         if RIG in mine:
@@ -301,6 +328,8 @@ def build(hosts, variant=None, *, gpus: int | None = None, deployable: bool = Tr
         registry=registry_build(reg_name, reg_data) if reg_name and not reg_problems else None,
         registry_problems=tuple(reg_problems),
         targets=MappingProxyType(targets(plans.values(), gateways, {n for n, r in roles.items() if MONITOR in r})),
+        settings=MappingProxyType({name: host_data(data) for name, data in datas.items()}),
+        sudo=MappingProxyType(sudo),
     )
 
 
@@ -317,14 +346,30 @@ def targets(
     }
 
 
-def host_data(data) -> dict:
+SUDO_KEYS = ("_sudo", "_sudo_user")  # pyinfra's connection arguments a host's data may set
+
+
+def data_of(host: InventoryHost) -> dict[str, Any]:
+    """A host's data with every knob's default applied, read for an entry point that builds no fleet
+    (deploy/images_load.py); a fleet's hosts' data is the fleet's (`Fleet.data`)."""
+    return host_data(host.data)
+
+
+def host_data(data: Mapping[str, Any]) -> dict[str, Any]:
     """A host's data (host.data or a mapping) for every role's knob and setting, defaults applied."""
     defaults = {key: value for module in (*KNOBS, images) for key, value in module.DEFAULTS.items()} | site.DEFAULTS
     keys = {*defaults, *schema.HOST_KEYS.values(), *site.RETIRED, "ssh_port"}
     return {key: data.get(key, defaults.get(key)) for key in sorted(keys)}
 
 
-def plan_for(name: str, data, entry=None, gpus: int | None = None, deployable: bool = True, cap_units=()):
+def plan_for(
+    name: str,
+    data: Mapping[str, Any],
+    entry: str | ServedVariant | None = None,
+    gpus: int | None = None,
+    deployable: bool = True,
+    cap_units: Sequence[str] = (),
+) -> tuple[Plan | None, list[str]]:
     """(host `name`'s plan, or None; every problem of the knob checks and `build_plan`) from its host data."""
     data = host_data(data)
     problems = [problem for module in (site, *KNOBS) for problem in module.validate(data)]

@@ -1,11 +1,13 @@
 """A rig (in one batched probe, rigforge/facts/probe.py `read`), a gateway or a monitor host read, changing nothing."""
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
+from pyinfra.api import FactBase
+from pyinfra.api.host import Host
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File, Sha256File
 
@@ -20,7 +22,7 @@ from rigforge.facts.hfweights import WeightsState
 from rigforge.facts.nvidia import BootCaps, NvidiaGpus, NvidiaModuleVersion, NvidiaRunningDriver, NvidiaTopology
 from rigforge.facts.serving import ComposeImages, ServiceState
 from rigforge.facts.system import AptHeldPackages, OsRelease, ProvidedFiles, SystemdUnitEnabled
-from rigforge.fleet import Plan
+from rigforge.fleet import Plan, PlannedAsset, ServedVariant
 from rigforge.hardware import gpu_count
 from rigforge.knobs.serving import REST
 from rigforge.layout import (
@@ -33,6 +35,7 @@ from rigforge.layout import (
     HostLayout,
 )
 from rigforge.pins import LockError, load_lock
+from rigforge.registry import RegistryPlan
 from rigforge.render import POWER_UNIT, VLLM_UNIT
 from rigforge.schema import Settings
 
@@ -40,11 +43,11 @@ from rigforge.schema import Settings
 class Observed:
     """The rig as read for a plan: answers from one batched probe, anything else read live (as host.get_fact)."""
 
-    def __init__(self, host, requests=()):
+    def __init__(self, host: Host, requests: Sequence[tuple[type, dict]] = ()) -> None:
         self.host = host
         self.answers = probe.read(host, list(requests)) if requests else {}
 
-    def get_fact(self, cls, **kwargs):
+    def get_fact(self, cls: type[FactBase], **kwargs: Any) -> Any:  # each fact's own shape (ANN401 is off)
         key = probe.fact_key(cls, kwargs)
         return self.answers[key] if key in self.answers else self.host.get_fact(cls, **kwargs)
 
@@ -71,7 +74,7 @@ class RigContext:
         return bool(self.data["rigforge_manage_services"])
 
     @property
-    def variant(self):
+    def variant(self) -> ServedVariant | None:
         return self.plan.variant if self.plan else None
 
     @property
@@ -121,7 +124,7 @@ def requests(ctx: RigContext, os_release: dict) -> list[tuple[type, dict]]:
     return out
 
 
-def observe(host, fl: fleet.Fleet) -> tuple[RigContext, Observed]:
+def observe(host: Host, fl: fleet.Fleet) -> tuple[RigContext, Observed]:
     """The rig's plan (`fl`'s, unless the manifest and GPUs read first say otherwise) and the rig read for it."""
     data = fleet.host_data(host.data)
     ctx = RigContext(name=host.name, data=data)
@@ -162,7 +165,7 @@ def rest_record(ctx: RigContext, rig_json: str) -> None:
         ctx.rest_from = f"{rig_json} records serving_rest: {recorded}, from the last deploy"
 
 
-def weights_at(plan: Plan, asset) -> dict:
+def weights_at(plan: Plan, asset: PlannedAsset) -> dict[str, str]:
     return {"dest": plan.layout.asset_dir(asset.dir), "staging": plan.layout.weights_staging(asset.name)}
 
 
@@ -176,7 +179,7 @@ def managed_files(plan: Plan) -> dict[str, tuple[str, str]]:
     return out | {path: (files[name], "755") for path, name in scripts.items() if name in files}
 
 
-def image_origin(obs: Observed, ctx: RigContext, reg) -> dict | None:
+def image_origin(obs: Observed, ctx: RigContext, reg: RegistryPlan | None) -> dict | None:
     """{"image", "on_rig", "from", "warning"} (obtain.py `origin`); None: no plan or services not managed."""
     if not (plan := ctx.plan) or not ctx.manage:
         return None
@@ -191,7 +194,7 @@ def boot_units(ctx: RigContext) -> dict:
     return {"units": " ".join(n for n, w in ctx.cap_units.items() if w.get("kind", "unit") == "unit")}
 
 
-def observe_gateway(host, data: Mapping) -> dict:
+def observe_gateway(host: Host, data: Mapping) -> dict:
     """The gateway on `host`: HAProxy's unit, its /health, /v1/models through it, each rig's state (`show stat`)."""
     bind = data.get("gateway_bind_address") or "127.0.0.1"
     url = f"http://{'127.0.0.1' if bind == '0.0.0.0' else bind}:{data['gateway_port']}"  # asked on the host
@@ -216,7 +219,7 @@ def observe_gateway(host, data: Mapping) -> dict:
     }
 
 
-def observe_monitor(host) -> dict:
+def observe_monitor(host: Host) -> dict:
     """The monitor's Prometheus, asked on `host`: {"url" (the host's address), "http", "targets" (None: no answer)}."""
     data = getattr(host, "data", {})
     url = data.get("monitor_url") or f"http://{data.get('ssh_hostname') or host.name}:{monitor.PORT}"

@@ -16,7 +16,7 @@ from rigforge.facts.docker import DockerImagePresent
 from rigforge.facts.files import JsonFile, TreeSize
 from rigforge.facts.hfweights import WeightsState
 from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, PowerCapUnits
-from rigforge.fleet import GATEWAY, MONITOR, REGISTRY, Plan, PlannedAsset, host_data, is_rig
+from rigforge.fleet import GATEWAY, MONITOR, REGISTRY, Plan, PlannedAsset, is_rig
 from rigforge.hardware import changed_roots, data_root_of, format_problems, gpu_count, roots_inside
 from rigforge.inventory import sudo_problem
 from rigforge.knobs.site import DEFAULTS
@@ -59,7 +59,8 @@ def serve_the_registry(fl: fleet.Fleet) -> bool:
     if not problems:
         tls, ca, problems = registry.certificates(reg)
     if not refused(problems, "the fleet registry"):
-        registry_role.serve(reg, tls, host_data(host.data)["rigforge_manage_services"], ca, fl.images)
+        manage = fl.data(host.name)["rigforge_manage_services"]
+        registry_role.serve(reg, tls, manage, ca, fl.images)
     return not problems
 
 
@@ -79,14 +80,14 @@ def gateway_plan(fl: fleet.Fleet) -> tuple[gateway.GatewayPlan | None, list[str]
     """(this gateway host's plan in front of every rig the run deploys, or None; every problem)."""
     for rig, problem in fl.left_out().items():
         warn(f"the gateway leaves {rig} out: {problem}")
-    data = host_data(host.data)
+    data = fl.data(host.name)
     problems = rigforge.knobs.gateway.validate(data) + schema.boolean(data, "rigforge_manage_services")
     return (None, problems) if problems else gateway.build(host.name, data, fl.rigs())
 
 
 def front_and_watch_the_fleet(fl: fleet.Fleet) -> bool:
     """The fleet gateway on a host of the group `gateway`, Prometheus on one of `monitor`; False: one was refused."""
-    data = host_data(host.data)
+    data = fl.data(host.name)
     if GATEWAY in host.groups:
         gw, problems = gateway_plan(fl)
         if refused(problems, "the gateway"):
@@ -235,7 +236,7 @@ def provision(fl: fleet.Fleet) -> None:
             "installed, before anything else; a refusal then lists what this run installed"
         )
     wait = int(plan.data["apt_lock_wait"])
-    sudo = {key: host.data.get(key) for key in ("_sudo", "_sudo_user") if host.data.get(key)}
+    sudo = dict(fl.sudo[host.name])
     aptlock.free(name=f"Wait for the apt/dpkg lock another process holds (up to {wait} s)", wait=wait, sudo=sudo)
     recover.packages(name="Repair packages an interrupted run left half-installed (dpkg --configure -a)")
     recover.uploads_cleared(name="Remove uploads an interrupted run left in the upload dir")
@@ -251,15 +252,15 @@ def provision(fl: fleet.Fleet) -> None:
     gpu_power.apply(plan)
     sources.apply(plan)
     weights.apply(plan)
-    gateways = {h.name: bool(h.data.get("_sudo")) for h in host.inventory.get_group(GATEWAY, default=[])}
-    serving.apply(plan, gateways, sudo=bool(host.data.get("_sudo")))
+    gateways = fl.gateway_hosts()
+    serving.apply(plan, gateways, sudo=bool(sudo.get("_sudo")))
     # last: the collector's declared facts (variant, image, rest) follow a serving change only once its gate passed
     monitor_role.rig(plan)
 
 
 def load_saved_images() -> None:
     """deploy/images_load.py: host data's rigforge_images_dir onto this host (roles/images.py), or refuse it."""
-    data = host_data(host.data)
+    data = fleet.data_of(host)
     problems = rigforge.knobs.images.validate(data)
     try:  # the directory is read only once the keys are valid
         saved = [] if problems else images.check_loadable(data["rigforge_images_dir"])

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from rigforge import fleet
 from rigforge.layout import GPU_METRICS_FILE, TEXTFILE_DIR, HostLayout
 from rigforge.render import render_gpu_metrics
 from rigforge.testbed import RigSpec, aptrepo
-from roles import site
 
 H200 = Path(__file__).parent / "fixtures/nvidia-smi/h200x1-580.159.04-ubuntu2404"
 FIELDS = "index,power.draw,power.limit,temperature.gpu,utilization.gpu,memory.used,pcie.link.gen.current," \
@@ -76,7 +76,7 @@ def run_collector(
     tmp_path: Path, smi: Path, sysfs: Path, kernel_log: str = "", env: dict | None = None, setbacks: Path | None = None
 ) -> subprocess.CompletedProcess:
     """The collector as a plan renders it; `setbacks`: the cap hold's state file (default: none there)."""
-    p, problems = site.plan_for("r", {"gpu_power_limits": {1: 250}}, "dual-turbo", gpus=2, deployable=False)
+    p, problems = fleet.plan_for("r", {"gpu_power_limits": {1: 250}}, "dual-turbo", gpus=2, deployable=False)
     assert not problems
     script = tmp_path / "rigforge-gpu-metrics"
     script.write_text(render_gpu_metrics(p.caps, p.variant.name, p.image, rest=p.data.get("serving_rest")))

@@ -8,6 +8,9 @@ import shlex
 from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.api.exceptions import ConnectError
+from pyinfra.api.host import Host
+from pyinfra.api.operation import OperationMeta
+from pyinfra.api.state import State
 
 from rigforge import verdict
 from rigforge.fleet import Plan
@@ -15,10 +18,10 @@ from rigforge.gateway import backend_name, drain_script, read_servers_script, re
 from rigforge.knobs.gateway import Gateway
 from rigforge.knobs.serving import Serving
 from rigforge.observe import gateway_servers
-from roles.operations.shown import unchanged, warn
+from roles.operations.shown import Commands, unchanged, warn
 
 
-def _run_at(state, host, gateway: str, sudo: bool, script: str, what: str) -> tuple[bool, list[str]]:
+def _run_at(state: State, host: Host, gateway: str, sudo: bool, script: str, what: str) -> tuple[bool, list[str]]:
     """(ran, the lines it printed, or why not) of `script` on the gateway host `gateway`, over its own connection."""
     gw = state.inventory.get_host(gateway)
     try:
@@ -32,7 +35,9 @@ def _run_at(state, host, gateway: str, sudo: bool, script: str, what: str) -> tu
     return True, output.stdout_lines or output.stderr_lines or [""]
 
 
-def _on_gateways(state, host, gateways: dict[str, bool], script: str, what: str, quiet=False) -> dict[str, str]:
+def _on_gateways(
+    state: State, host: Host, gateways: dict[str, bool], script: str, what: str, quiet: bool = False
+) -> dict[str, str]:
     """{gateway: the last line `script` printed there}; an unreachable one is a warning; `quiet`: log failures only."""
     said = {}
     for name, sudo in gateways.items():
@@ -44,7 +49,7 @@ def _on_gateways(state, host, gateways: dict[str, bool], script: str, what: str,
     return said
 
 
-def _drain(state, host, gateways, plan: Plan):
+def _drain(state: State, host: Host, gateways: dict[str, bool], plan: Plan) -> bool:
     script = drain_script(host.name, Gateway.of(plan.data).gateway_drain_timeout)
     for name, said in _on_gateways(state, host, gateways, script, "drain").items():
         if said.startswith("others up 0"):
@@ -55,7 +60,7 @@ def _drain(state, host, gateways, plan: Plan):
     return True
 
 
-def servers_at(state, host, gateways: dict[str, bool]) -> dict[str, dict[str, dict]]:
+def servers_at(state: State, host: Host, gateways: dict[str, bool]) -> dict[str, dict[str, dict]]:
     """{gateway: this rig's servers there, `{backend: record}` (`observe.gateway_servers`)}; a gateway that cannot be
     read, or has no server of this rig, is left out (a warning when it cannot be read)."""
     found = {}
@@ -82,7 +87,9 @@ def not_as_declared(found: dict[str, dict[str, dict]], plan: Plan, rest: str | N
     return out
 
 
-def _rejoin(state, host, plan: Plan, gateways, gate, sudo):
+def _rejoin(
+    state: State, host: Host, plan: Plan, gateways: dict[str, bool], gate: OperationMeta | None, sudo: bool
+) -> bool:
     address = Gateway.of(plan.data).gateway_address or host.name
     wait = Serving.of(plan.data).serving_health_timeout
     if gate is None or not gate.did_error():
@@ -108,7 +115,7 @@ def _rejoin(state, host, plan: Plan, gateways, gate, sudo):
 
 
 @operation(is_idempotent=False)
-def drained(plan: Plan, gateways: dict[str, bool], held: bool = False):
+def drained(plan: Plan, gateways: dict[str, bool], held: bool = False) -> Commands:
     """Take this rig out of every fleet gateway, waiting up to ``gateway_drain_timeout`` s for its requests in flight.
 
     + plan: the rig's plan (its model, port and gateway knobs)
@@ -126,7 +133,7 @@ def drained(plan: Plan, gateways: dict[str, bool], held: bool = False):
 
 
 @operation(is_idempotent=False)
-def rejoined(plan: Plan, gateways: dict[str, bool], gate=None, sudo: bool = False):
+def rejoined(plan: Plan, gateways: dict[str, bool], gate: OperationMeta | None = None, sudo: bool = False) -> Commands:
     """Put this rig back in every gateway after its health gate, or where it is out (waits ``serving_health_timeout`` s)
 
     + plan: the rig's plan (its model, port, rig.json, and ``gateway_address``: where the gateway reaches it)
