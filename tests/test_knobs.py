@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 
 import pytest
 
@@ -12,14 +14,26 @@ from rigforge.knobs.docker_engine import DockerEngine
 from rigforge.knobs.gateway import Gateway
 from rigforge.knobs.nvidia_driver import DEFAULTS as DRIVER
 from rigforge.knobs.nvidia_driver import NvidiaDriver
+from rigforge.knobs.serving import DEFAULTS as SERVING
+from rigforge.knobs.serving import Serving
+from rigforge.knobs.weights import DEFAULTS as WEIGHTS
 from rigforge.knobs.weights import Weights
 
 
-def test_a_roles_settings_have_one_field_per_knob_typed_by_its_default():
-    for cls, defaults in ((DockerEngine, DOCKER), (NvidiaDriver, DRIVER)):
-        fields = {f.name: f.type for f in dataclasses.fields(cls)}
-        assert list(fields) == list(defaults)
-        assert all(fields[k] is type(v) for k, v in defaults.items() if v is not None)
+def runtime_types(hint: object) -> tuple[type, ...]:
+    """The classes a value of type `hint` may be an instance of (`str | None`: str, NoneType; dict[str, str]: dict)."""
+    if isinstance(hint, types.UnionType):
+        return tuple(t for arg in typing.get_args(hint) for t in runtime_types(arg))
+    return (typing.get_origin(hint) or hint,)
+
+
+def test_a_roles_knobs_are_declared_fields_and_each_default_is_of_its_type():
+    """The knobs classes are declared (issue 48: a type checker sees their fields); DEFAULTS is derived from them."""
+    for cls, defaults in ((DockerEngine, DOCKER), (NvidiaDriver, DRIVER), (Weights, WEIGHTS), (Serving, SERVING)):
+        hints = typing.get_type_hints(cls)
+        assert list(hints) == list(defaults) == [f.name for f in dataclasses.fields(cls)], cls
+        for key, value in defaults.items():
+            assert isinstance(value, runtime_types(hints[key])), (cls, key, value, hints[key])
 
 
 def test_of_applies_the_defaults_and_the_settings_are_frozen():
@@ -33,8 +47,6 @@ def test_of_applies_the_defaults_and_the_settings_are_frozen():
 
 
 def test_whole_numbers_given_as_digits_are_ints():
-    from rigforge.knobs.serving import Serving
-
     assert Serving.of({"serving_health_timeout": "900"}).serving_health_timeout == 900
     assert Serving.of({}).serving_health_timeout == 600 and Serving.of({}).rigforge_manage_services is True
 

@@ -1,29 +1,37 @@
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from rigforge import schema
 from rigforge.jsonmerge import deep_merge
-from rigforge.knobs import typed
+from rigforge.knobs import Knobs, defaults_of, knob
 from rigforge.layout import NVIDIA_RUNTIME
 from rigforge.pins import TOOLKIT_REPO_URL
 
-DEFAULTS = {
-    "docker_source": "docker",  # docker (Docker's apt repo) or distro (docker.io + compose v2 from the OS)
-    "docker_repo_url": None,  # default https://download.docker.com/linux/<ubuntu|debian>
-    "docker_repo_key_url": None,  # default <docker repo url>/gpg
-    "docker_repo_key_sha256": None,  # pin the key file's sha256
+
+@dataclass(frozen=True)
+class DockerEngine(Knobs):
+    """Docker, its compose plugin and the NVIDIA Container Toolkit (roles/docker_engine.py)."""
+
+    docker_source: str = "docker"  # docker (Docker's apt repo) or distro (docker.io + compose v2 from the OS)
+    docker_repo_url: str | None = None  # default https://download.docker.com/linux/<ubuntu|debian>
+    docker_repo_key_url: str | None = None  # default <docker repo url>/gpg
+    docker_repo_key_sha256: str | None = None  # pin the key file's sha256
     # a key with another fingerprint is refused; Docker's install docs: "Verify that you now have the key with the
     # fingerprint 9DC8 5822 9FC7 DD38 854A  E2D8 8D81 803C 0EBF CD88"
-    "docker_repo_key_fingerprint": "9DC858229FC7DD38854AE2D88D81803C0EBFCD88",
-    "docker_package_versions": {},  # {package: version} pins, e.g. {"docker-ce": "5:28.5.1-1~ubuntu.24.04~noble"}
-    "docker_daemon_options": {},  # extra daemon.json keys, merged in beside the nvidia runtime
-    "nvidia_toolkit_repo_url": TOOLKIT_REPO_URL,  # NVIDIA's flat repo
-    "nvidia_toolkit_repo_key_url": "https://nvidia.github.io/libnvidia-container/gpgkey",  # armored key
-    "nvidia_toolkit_repo_key_sha256": None,  # pin the key file's sha256
-    "nvidia_toolkit_repo_key_fingerprint": None,  # check the toolkit key's fingerprint (40 hex digits)
-    "nvidia_toolkit_version": None,  # pin and hold the four toolkit packages at this version instead of the lock's
-}
-DockerEngine = typed("DockerEngine", DEFAULTS)  # the role's settings: one frozen field per knob
+    docker_repo_key_fingerprint: str = "9DC858229FC7DD38854AE2D88D81803C0EBFCD88"
+    # {package: version} pins, e.g. {"docker-ce": "5:28.5.1-1~ubuntu.24.04~noble"}
+    docker_package_versions: dict[str, str] = knob({})
+    docker_daemon_options: dict[str, Any] = knob({})  # extra daemon.json keys, merged in beside the nvidia runtime
+    nvidia_toolkit_repo_url: str = TOOLKIT_REPO_URL  # NVIDIA's flat repo
+    nvidia_toolkit_repo_key_url: str = "https://nvidia.github.io/libnvidia-container/gpgkey"  # armored key
+    nvidia_toolkit_repo_key_sha256: str | None = None  # pin the key file's sha256
+    nvidia_toolkit_repo_key_fingerprint: str | None = None  # check the toolkit key's fingerprint (40 hex digits)
+    nvidia_toolkit_version: str | None = None  # pin and hold the four toolkit packages at this version, not the lock's
+
+
+DEFAULTS = defaults_of(DockerEngine)
 
 
 DOCKER_CE_PACKAGES = ["docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin", "docker-compose-plugin"]

@@ -1,24 +1,32 @@
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from rigforge import driver_table, schema
-from rigforge.knobs import typed
+from rigforge.knobs import Knobs, defaults_of
 
-DEFAULTS = {
-    "nvidia_driver_source": "cuda",  # cuda (NVIDIA's CUDA repo) or ubuntu (Ubuntu's archive, prebuilt signed modules)
-    "nvidia_driver_manage": True,  # false: leave an existing driver alone, only check its branch
-    "nvidia_driver_branch": 580,  # driver branch (580 or later)
-    "nvidia_driver_flavor": "open",  # open (open kernel modules) or proprietary
-    "nvidia_driver_kernel_flavour": "generic",  # source ubuntu: linux-modules-nvidia-<branch>-open-<this>
-    "nvidia_driver_repo_url": None,  # flat apt repo (Suites: /); default NVIDIA's CUDA repo for the OS
-    "nvidia_driver_repo_key_url": None,  # armored repo key; default <repo url><8793F200|3bf863cc>.pub
-    "nvidia_driver_repo_key_fingerprint": None,  # default NVIDIA's fingerprint for the OS; a differing key is refused
-    "nvidia_driver_repo_key_sha256": None,  # pin the key file's sha256 too (checked after download)
-    "nvidia_allow_reboot": False,  # reboot the rig when the installed driver is not the running one
-    "apt_adopt_sources": True,  # replace other source files for the same URI (kept as *.rigforge-bak)
-    "apt_lock_wait": 300,  # seconds to wait, before the first change, for an apt/dpkg lock another process holds
-}
-NvidiaDriver = typed("NvidiaDriver", DEFAULTS)  # the role's settings: one frozen field per knob
+
+@dataclass(frozen=True)
+class NvidiaDriver(Knobs):
+    """The NVIDIA driver and the apt state around it (roles/nvidia_driver.py)."""
+
+    # cuda (NVIDIA's CUDA repo) or ubuntu (Ubuntu's archive, prebuilt signed modules)
+    nvidia_driver_source: str = "cuda"
+    nvidia_driver_manage: bool = True  # false: leave an existing driver alone, only check its branch
+    nvidia_driver_branch: int = 580  # driver branch (580 or later)
+    nvidia_driver_flavor: str = "open"  # open (open kernel modules) or proprietary
+    nvidia_driver_kernel_flavour: str = "generic"  # source ubuntu: linux-modules-nvidia-<branch>-open-<this>
+    nvidia_driver_repo_url: str | None = None  # flat apt repo (Suites: /); default NVIDIA's CUDA repo for the OS
+    nvidia_driver_repo_key_url: str | None = None  # armored repo key; default <repo url><8793F200|3bf863cc>.pub
+    # default NVIDIA's fingerprint for the OS; a differing key is refused
+    nvidia_driver_repo_key_fingerprint: str | None = None
+    nvidia_driver_repo_key_sha256: str | None = None  # pin the key file's sha256 too (checked after download)
+    nvidia_allow_reboot: bool = False  # reboot the rig when the installed driver is not the running one
+    apt_adopt_sources: bool = True  # replace other source files for the same URI (kept as *.rigforge-bak)
+    apt_lock_wait: int = 300  # seconds to wait, before the first change, for an apt/dpkg lock another process holds
+
+
+DEFAULTS = defaults_of(NvidiaDriver)
 KERNEL_FLAVOUR = re.compile(r"([^\W_]|[-.])+")  # letters, digits (str.isalnum), - and .
 
 

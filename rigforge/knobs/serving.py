@@ -1,25 +1,31 @@
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from rigforge import schema
-from rigforge.knobs import typed
+from rigforge.knobs import Knobs, defaults_of
 from rigforge.layout import DEFAULT_ROOT
 
-DEFAULTS = {
-    "rigforge_root": DEFAULT_ROOT,  # root of the host layout (models, src, serve, cache)
-    "rigforge_manage_services": True,  # start/restart units, pull the image, health gate (False on the testbed)
-    "serving_health_timeout": 600,  # seconds to wait for /v1/models after a (re)start, as the recipes do
-    "serving_health_host": "127.0.0.1",  # where the health gate reaches the API on the rig
+
+@dataclass(frozen=True)
+class Serving(Knobs):
+    """How the vLLM unit is run and gated (roles/serving.py); the rendering settings are rigforge/schema.py's."""
+
+    rigforge_root: str = DEFAULT_ROOT  # root of the host layout (models, src, serve, cache)
+    rigforge_manage_services: bool = True  # start/restart units, pull the image, health gate (False on the testbed)
+    serving_health_timeout: int = 600  # seconds to wait for /v1/models after a (re)start, as the recipes do
+    serving_health_host: str = "127.0.0.1"  # where the health gate reaches the API on the rig
     # a rig resting on purpose (maintenance): None serves; "drained": serves, but drained at every gateway;
     # "stopped": the vLLM unit stopped and disabled (through reboots), drained at every gateway. The deploy keeps
     # it so; status shows it as intended. Remove the key and re-run to serve again.
-    "serving_rest": None,
-    "serving_allow_privileged_port": False,  # let serving_port be below 1024 (a port root services usually own)
+    serving_rest: str | None = None
+    serving_allow_privileged_port: bool = False  # let serving_port be below 1024 (a port root services usually own)
     # on the controller, asked before a rig that lacks its image pulls it (rigforge/obtain.py):
-    "serving_image_upstream": None,  # base URL standing for Docker Hub (None: https://registry-1.docker.io)
-    "serving_image_upstream_ca": None,  # CA bundle (PEM path) for it (None: the system's CAs)
-}
-Serving = typed("Serving", DEFAULTS)  # the role's settings: one frozen field per knob
+    serving_image_upstream: str | None = None  # base URL standing for Docker Hub (None: https://registry-1.docker.io)
+    serving_image_upstream_ca: str | None = None  # CA bundle (PEM path) for it (None: the system's CAs)
+
+
+DEFAULTS = defaults_of(Serving)
 
 
 REST = (None, "drained", "stopped")  # serving_rest's values

@@ -1,21 +1,28 @@
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from rigforge import schema
-from rigforge.knobs import typed
+from rigforge.knobs import Knobs, defaults_of, knob
 from rigforge.layout import DEFAULT_ROOT
 
-DEFAULTS = {
-    "rigforge_root": DEFAULT_ROOT,  # root of the host layout (venv, lib, models)
-    "serving_model_dir": None,  # model dir on the rig; default <rigforge_root>/models
-    "hf_token": None,  # HF token (secret); default: controller env RIGFORGE_HF_TOKEN or HF_TOKEN
-    "hf_endpoint": "https://huggingface.co",  # HF hub endpoint (testbed: its local stand-in)
-    "weights_source": "hub",  # hub: each rig downloads; controller: fetch once on the controller, push
-    "weights_deep_verify": False,  # re-hash every file on each run instead of trusting the stamp
-    "weights_hf_hub_version": "2.4.0",  # huggingface_hub pinned into the rig's venv
-    "weights_cache_dir": "~/.cache/rigforge/weights",  # controller cache for weights_source: controller
-}
-Weights = typed("Weights", DEFAULTS)  # the role's settings: one frozen field per knob
+
+@dataclass(frozen=True)
+class Weights(Knobs):
+    """The weights download (roles/weights.py)."""
+
+    rigforge_root: str = DEFAULT_ROOT  # root of the host layout (venv, lib, models)
+    serving_model_dir: str | None = None  # model dir on the rig; default <rigforge_root>/models
+    # HF token (secret: left out of a repr); default: the controller's env RIGFORGE_HF_TOKEN or HF_TOKEN
+    hf_token: str | None = knob(None, secret=True)
+    hf_endpoint: str = "https://huggingface.co"  # HF hub endpoint (testbed: its local stand-in)
+    weights_source: str = "hub"  # hub: each rig downloads; controller: fetch once on the controller, push
+    weights_deep_verify: bool = False  # re-hash every file on each run instead of trusting the stamp
+    weights_hf_hub_version: str = "2.4.0"  # huggingface_hub pinned into the rig's venv
+    weights_cache_dir: str = "~/.cache/rigforge/weights"  # controller cache for weights_source: controller
+
+
+DEFAULTS = defaults_of(Weights)
 RELEASE = re.compile(r"\d+(\.\d+){1,3}")
 
 
