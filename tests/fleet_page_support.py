@@ -25,6 +25,8 @@ import urllib.request
 from html.parser import HTMLParser
 from pathlib import Path
 
+from rigforge.gateway import backend_name
+
 REPO = Path(__file__).resolve().parents[1]
 CONSOLES = REPO / "templates/monitor/consoles"
 LIBRARIES = REPO / "templates/monitor/console_libraries"
@@ -32,6 +34,9 @@ PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"  # Debian's pro
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 STEP_S = 15  # the Fleet's scrape interval
 RIGS = {"rig1": True, "rig2": True, "rig3": False}  # the test's rigs; rig3: its vLLM target down all hour
+HIT_RATES = {"rig1": 0.62, "rig2": 0.35, "rig3": 0.5}  # prefix cache hits / queries, where vLLM is up
+RETRIES = {"rig2": 6}  # retries at the gateway over the hour
+BACKEND = backend_name("qwen3.6-27b-autoround")  # the gateway's backend for the rigs' model
 
 
 def chromium_binary() -> str | None:
@@ -41,7 +46,9 @@ def chromium_binary() -> str | None:
 def openmetrics(rigs: dict[str, bool], end: int, minutes: int = 60, gpus: int = 2) -> str:
     """An hour (to `end`, unix seconds) of scrapes for each rig: its node exporter's `up` and GPU series and, where
     `rigs[name]` is true, its vLLM's `up` and metrics (else vLLM's target is down the whole time: `up` 0, no
-    metrics). Deterministic: smooth curves with a phase per rig and GPU."""
+    metrics), and the gateway's HAProxy exporter's series for it (UP and answering where vLLM is up, else DOWN).
+    Where vLLM is up, its prefix cache hits are HIT_RATES[rig] of its queries, and its retries at the gateway
+    RETRIES[rig] over the hour. Deterministic: smooth curves with a phase per rig and GPU."""
     times = [end - minutes * 60 + i * STEP_S for i in range(minutes * 60 // STEP_S + 1)]
     families: dict[str, tuple[str, list[str]]] = {}
 
@@ -61,6 +68,8 @@ def openmetrics(rigs: dict[str, bool], end: int, minutes: int = 60, gpus: int = 
             phase = n * 1.3 + gpu * 0.7
             series("rigforge_gpu_declared_cap_watts", "gauge", labels, lambda i, t: 230)
             series("rigforge_gpu_power_limit_watts", "gauge", labels, lambda i, t: 230)
+            series("rigforge_gpu_present", "gauge", labels, lambda i, t: 1)
+            series("rigforge_gpu_cap_setbacks_total", "counter", labels, lambda i, t: 0)
             series(
                 "rigforge_gpu_power_draw_watts",
                 "gauge",
@@ -70,9 +79,23 @@ def openmetrics(rigs: dict[str, bool], end: int, minutes: int = 60, gpus: int = 
             series(
                 "rigforge_gpu_temperature_celsius", "gauge", labels, lambda i, t, p=phase: 62 + 9 * math.sin(i / 31 + p)
             )
+        server = {"job": "haproxy", "instance": "gw:8405", "gateway": "gw", "proxy": BACKEND, "server": rig}
+        for state in ("UP", "DOWN", "MAINT", "DRAIN", "NOLB"):
+            now = "UP" if vllm_up else "DOWN"
+            series("haproxy_server_status", "gauge", {**server, "state": state}, lambda i, t, v=int(state == now): v)
+        series("haproxy_server_current_queue", "gauge", server, lambda i, t: 0)
+        retries = RETRIES.get(rig, 0) if vllm_up else 0
+        series(
+            "haproxy_server_retry_warnings_total", "counter", server, lambda i, t, r=retries: i * r // (len(times) - 1)
+        )
         if not vllm_up:
             continue
+        answered = {**server, "code": "2xx"}
+        series("haproxy_server_http_responses_total", "counter", answered, lambda i, t, n=n: i * STEP_S * (2 + n))
         load = {"model_name": "Qwen/Qwen3-32B-AWQ", "engine": "0", **vllm}
+        queried = {"vllm:prefix_cache_queries_total": 1.0, "vllm:prefix_cache_hits_total": HIT_RATES[rig]}
+        for name, share in queried.items():
+            series(name, "counter", load, lambda i, t, f=share: round(f * 4000 * i * STEP_S))
 
         def tps(i, n=n):
             return 55 + 25 * math.sin(i / 29 + n) + 6 * math.sin(i / 4.3)
