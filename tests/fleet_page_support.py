@@ -22,6 +22,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Iterator
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -40,6 +41,7 @@ BACKEND = backend_name("qwen3.6-27b-autoround")  # the gateway's backend for the
 
 
 def chromium_binary() -> str | None:
+    """Debian's chromium on PATH, else None."""
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
@@ -113,13 +115,14 @@ def openmetrics(rigs: dict[str, bool], end: int, minutes: int = 60, gpus: int = 
 
 
 def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 @contextlib.contextmanager
-def running_prometheus(work: Path, rigs: dict[str, bool], end: int | None = None):
+def running_prometheus(work: Path, rigs: dict[str, bool], end: int | None = None) -> Iterator[str]:
     """Debian's prometheus on 127.0.0.1:PORT over an hour of backfilled series for `rigs` (see `openmetrics`),
     ending 10 s before now; yields its base URL. Nothing is scraped."""
     end = end or int(time.time()) - 10
@@ -159,7 +162,8 @@ class Page(HTMLParser):
         self.text: tuple | None = None  # text being read: (its end tag, what it is, its key, the parts so far)
         self.feed(dom)
 
-    def handle_starttag(self, tag, attrs):
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        """Where we are (section, figure, legend item) and which text to read next."""
         a = dict(attrs)
         if tag == "body":
             self.body = a
@@ -182,13 +186,15 @@ class Page(HTMLParser):
         elif tag == "td" and "data-gw" in a and self.rig_name is not None:
             self.text = ("td", "gateway", a["data-gw"], [])
 
-    def handle_data(self, data):
+    def handle_data(self, data: str) -> None:
+        """Text of a legend item or of the element being read."""
         if self.item is not None:
             self.item.append(data)
         if self.text is not None:
             self.text[3].append(data)
 
-    def handle_endtag(self, tag):
+    def handle_endtag(self, tag: str) -> None:
+        """Keep what was read when its element ends."""
         if self.text is not None and tag == self.text[0]:
             self.keep_text(self.text[1], self.text[2], " ".join("".join(self.text[3]).split()))
             self.text = None
@@ -204,7 +210,7 @@ class Page(HTMLParser):
         elif tag == "section":
             self.rig = self.rig_name = None
 
-    def keep_text(self, kind: str, key, text: str) -> None:
+    def keep_text(self, kind: str, key: str | tuple[str, str] | None, text: str) -> None:
         """Keep the text of an alert, a rig's heading, a GPU's row or a gateway cell where `Page` says."""
         if kind == "alert":
             self.alerts[-1]["text"] = text
@@ -218,6 +224,7 @@ class Page(HTMLParser):
 
 
 def points(d: str) -> int:
+    """The points of an SVG path's `d` (its M and L commands)."""
     return len(re.findall(r"[ML]\s*-?[\d.]+ -?[\d.]+", d))
 
 
@@ -247,12 +254,14 @@ def chromium(work: Path, *args: str, timeout: int = 90) -> subprocess.CompletedP
 
 
 def dump_dom(work: Path, url: str) -> str:
+    """The page's DOM after its script ran (headless chromium)."""
     run = chromium(work, "--dump-dom", url)
     assert run.returncode == 0 and "<html" in run.stdout, run.stderr[-3000:]
     return run.stdout
 
 
 def screenshot(work: Path, url: str, png: Path, size: str = "1400,1000") -> None:
+    """The page as a PNG of `size` (width,height) after its script ran (headless chromium)."""
     run = chromium(work, f"--screenshot={png}", f"--window-size={size}", url)
     assert run.returncode == 0 and png.is_file(), run.stderr[-3000:]
 
@@ -345,6 +354,7 @@ def serve_textfiles(directory: Path) -> http.server.ThreadingHTTPServer:
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            """/metrics: the files' text; any other path: 404 with the same text."""
             body = "".join(p.read_text() for p in sorted(directory.glob("*.prom"))).encode()
             self.send_response(200 if self.path == "/metrics" else 404)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
@@ -352,8 +362,8 @@ def serve_textfiles(directory: Path) -> http.server.ThreadingHTTPServer:
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, *args) -> None:
-            pass
+        def log_message(self, *args: object) -> None:
+            """Quiet: no line per scrape."""
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -408,6 +418,7 @@ class LiveFleet:
         return self.url
 
     def load(self) -> None:
+        """A chat completion through the gateway every 0.3 s until the fleet closes (answers not checked)."""
         from test_gateway import call
 
         body = {"model": "qwen3.6-27b-autoround", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
@@ -415,6 +426,7 @@ class LiveFleet:
             call(f"{self.gateway_url}/v1/chat/completions", body, key=None)
 
     def ticks(self) -> None:
+        """Every second until the fleet closes, each rig's second (`LiveRig.tick`)."""
         n = 0
         while not self.stopped.wait(1):
             n += 1
@@ -438,7 +450,7 @@ class LiveFleet:
         assert answer["status"] == "success", answer
         return answer["data"]["result"]
 
-    def wait(self, what: str, check, timeout: float = 60) -> None:
+    def wait(self, what: str, check: Callable[[], object], timeout: float = 60) -> None:
         """Poll `check()` every 0.5 s until it is true; fails naming `what` and the alerts firing."""
         deadline = time.monotonic() + timeout
         while not check():
@@ -446,6 +458,7 @@ class LiveFleet:
             time.sleep(0.5)
 
     def close(self) -> None:
+        """Stop the threads, then every rig (the gateway and Prometheus stop with the caller's stack)."""
         self.stopped.set()
         for thread in self.threads:
             thread.join(timeout=30)
@@ -454,7 +467,7 @@ class LiveFleet:
 
 
 @contextlib.contextmanager
-def prometheus(storage_dir: Path, config: Path, extra: tuple[str, ...] = ()):
+def prometheus(storage_dir: Path, config: Path, extra: tuple[str, ...] = ()) -> Iterator[str]:
     """Debian's prometheus on 127.0.0.1:PORT with `config`, its TSDB in storage_dir/data, serving the repo's consoles;
     yields its base URL once ready."""
     port = free_port()
@@ -498,15 +511,24 @@ def prometheus(storage_dir: Path, config: Path, extra: tuple[str, ...] = ()):
 
 
 def main() -> None:
-    """Regenerate docs/fleet-page.png: the page over the test's data (rig3's vLLM down all hour), as root:
-    `.venv/bin/python tests/fleet_page_support.py [OUT.png]`."""
-    import sys
+    """Regenerate docs/fleet-page.png and docs/fleet-page-faults.png, as root: `.venv/bin/python
+    tests/fleet_page_support.py [DIR]`. One live fleet (LiveFleet) with the page's graphs over 5 minutes: healthy
+    after 150 s, then with tests/test_fleet_page_faults.py's three faults, 75 s after they were made."""
     import tempfile
 
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else REPO / "docs/fleet-page.png").resolve()
-    with tempfile.TemporaryDirectory() as tmp, running_prometheus(Path(tmp), RIGS) as url:
-        screenshot(Path(tmp), f"{url}/consoles/rigforge-fleet.html", out)
-    print(out)
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else REPO / "docs").resolve()
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        fleet = LiveFleet(Path(tmp))
+        url = fleet.start(stack) + "/consoles/rigforge-fleet.html?range=300"
+        time.sleep(150)
+        assert not fleet.firing(), fleet.firing()
+        screenshot(Path(tmp), url, out / "fleet-page.png", "1400,1900")
+        fleet.rigs["rig1"].stop_vllm()
+        fleet.rigs["rig2"].lose_gpu(1)
+        fleet.rigs["rig3"].writer = True
+        time.sleep(75)
+        screenshot(Path(tmp), url, out / "fleet-page-faults.png", "1400,1900")
+    print(out / "fleet-page.png", out / "fleet-page-faults.png")
 
 
 if __name__ == "__main__":
