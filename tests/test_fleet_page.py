@@ -97,7 +97,9 @@ def test_the_tables_say_each_rigs_gpus_and_gateway_state_now(page):
         }, page.gpus[rig]
     gateway = page.gateway
     assert [gateway[rig]["state"] for rig in ("rig1", "rig2", "rig3")] == ["UP", "UP", "DOWN"]
-    assert float(gateway["rig1"]["rps"]) == 2.0 and float(gateway["rig2"]["rps"]) == 3.0, gateway
+    # 2 and 3 requests/s in the data; a page loaded later than the data's end sees part of the 2 min window
+    rps = {rig: float(gateway[rig]["rps"]) for rig in ("rig1", "rig2")}
+    assert 1 <= rps["rig1"] <= 2 and rps["rig2"] / rps["rig1"] == pytest.approx(1.5, rel=0.02), rps
     assert gateway["rig3"]["rps"] == "no data"  # no answer counted: not a made-up 0
     assert {gateway[rig]["queue"] for rig in gateway} == {"0"}
     assert [gateway[rig]["retries"] for rig in ("rig1", "rig2", "rig3")] == ["0", str(RETRIES["rig2"]), "0"], gateway
