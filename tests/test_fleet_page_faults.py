@@ -28,7 +28,8 @@ FAULTS = {  # (alert, rig or the gateway's server, gpu): what each injected faul
     ("RigforgeGpuMissing", "rig2", ""),
     ("RigforgeCapSetBack", "rig3", "0"),
 }
-SINCE = re.compile(r", since 20\d\d-\d\d-\d\d \d\d:\d\d:\d\d UTC \(\S+ ago\)$")  # activeAt, and how long ago
+# activeAt, and how long ago
+SINCE = re.compile(r", since 20\d\d-\d\d-\d\d \d\d:\d\d:\d\d UTC \((\d+m )?[\d.]+m?s ago\)$")
 HIT_RATE = re.compile(r"no data|no queries in 5 min|\d+(\.\d+)?%")  # the vLLM stand-in may not export them
 
 
