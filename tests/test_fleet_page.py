@@ -16,8 +16,10 @@ import subprocess
 import pytest
 from fleet_page_support import (
     CONSOLES,
+    HIT_RATES,
     LIBRARIES,
     PROMETHEUS,
+    RETRIES,
     RIGS,
     Page,
     chromium_binary,
@@ -31,13 +33,15 @@ from rigforge.layout import MONITOR_CONSOLE_LIBRARIES, MONITOR_CONSOLES
 from rigforge.render import render_gpu_metrics
 
 GRAPHS = {  # graph -> the series drawn for a rig with 2 GPUs and vLLM up
-    "power": {"GPU 0 draw", "GPU 1 draw", "GPU 0 cap", "GPU 1 cap"},
+    "power": {"GPU 0 draw", "GPU 1 draw", "GPU 0 limit", "GPU 1 limit", "GPU 0 cap", "GPU 1 cap"},
     "temperature": {"GPU 0", "GPU 1"},
     "tps": {"generation", "prompt"},
     "queue": {"running", "waiting"},
     "kv": {"KV cache"},
+    "gateway": {"requests", "retries"},
+    "prefix": {"hit rate"},
 }
-VLLM_GRAPHS = ("tps", "queue", "kv")
+VLLM_GRAPHS = ("tps", "queue", "kv", "prefix")
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +72,8 @@ def test_every_graph_of_a_serving_rig_draws_every_series_over_the_hour(page, rig
             assert d.startswith("M"), (rig, name, series)
         assert set(graph["legend"]) == expected
     assert {graphs["power"]["legend"][f"GPU {g} cap"] for g in (0, 1)} == {"230"}  # the declared cap, as exported
+    assert {graphs["power"]["legend"][f"GPU {g} limit"] for g in (0, 1)} == {"230"}  # the limit in force
+    assert float(graphs["prefix"]["legend"]["hit rate"]) == pytest.approx(100 * HIT_RATES[rig])
     assert all(0 < float(v) <= 100 for v in graphs["kv"]["legend"].values())  # a percentage
 
 
@@ -78,6 +84,26 @@ def test_a_rig_whose_vllm_was_down_draws_its_gpus_and_empty_vllm_graphs(page):
     for name in VLLM_GRAPHS:
         assert graphs[name]["state"] == "empty", name
         assert graphs[name]["paths"] == {} and graphs[name]["legend"] == {}, name
+    assert set(graphs["gateway"]["paths"]) == {"retries"}  # no request answered: DOWN at the gateway all hour
+
+
+def test_the_tables_say_each_rigs_gpus_and_gateway_state_now(page):
+    """Over the hour's data: every GPU listed at 230 W against its 230 W cap, never set back; the gateway's state,
+    requests, queue and retries per rig; the prefix cache hit rate where vLLM serves, "no data" where it does not."""
+    assert page.alerts == []  # no rules loaded: nothing fires
+    for rig in ("rig1", "rig2", "rig3"):
+        assert page.gpus[rig] == {
+            g: ("listed", f"GPU {g} listed 230 W 230 W 0 in the last hour, 0 in all") for g in ("0", "1")
+        }, page.gpus[rig]
+    gateway = page.gateway
+    assert [gateway[rig]["state"] for rig in ("rig1", "rig2", "rig3")] == ["UP", "UP", "DOWN"]
+    # 2 and 3 requests/s in the data; a page loaded later than the data's end sees part of the 2 min window
+    rps = {rig: float(gateway[rig]["rps"]) for rig in ("rig1", "rig2")}
+    assert 1 <= rps["rig1"] <= 2 and rps["rig2"] / rps["rig1"] == pytest.approx(1.5, rel=0.02), rps
+    assert gateway["rig3"]["rps"] == "no data"  # no answer counted: not a made-up 0
+    assert {gateway[rig]["queue"] for rig in gateway} == {"0"}
+    assert [gateway[rig]["retries"] for rig in ("rig1", "rig2", "rig3")] == ["0", str(RETRIES["rig2"]), "0"], gateway
+    assert [gateway[rig]["prefix"] for rig in ("rig1", "rig2", "rig3")] == ["62%", "35%", "no data"], gateway
 
 
 def test_with_no_rig_in_the_data_the_page_says_so(tmp_path):
@@ -113,11 +139,23 @@ def test_the_monitor_role_installs_the_page_and_its_library_where_debians_promet
 
 
 def test_the_page_reads_what_the_collector_writes_and_vllm_names_an_absent_rule_watches():
-    page = (CONSOLES / "rigforge-fleet.html").read_text()
-    exprs = " ".join(re.findall(r'data-expr="([^"]+)"', page))
-    read = set(re.findall(r"\b(rigforge_[a-z_]+|vllm:[a-z_]+)", exprs))
-    gpu, vllm = {n for n in read if n.startswith("rigforge_")}, {n for n in read if n.startswith("vllm:")}
-    assert len(gpu) == 3 and len(vllm) == 5, read  # draw, cap, temperature; tokens (2), requests (2), KV cache
+    """The page's graphs and its library's tables read only GPU names the collector writes; every vLLM name they
+    read is watched by an absent() rule, but the prefix cache's two, which the page shows as "no data" when absent
+    (tests/test_fleet_page_faults.py loads it over a vLLM stand-in that may not export them)."""
+    text = (CONSOLES / "rigforge-fleet.html").read_text() + (LIBRARIES / "rigforge.lib").read_text()
+    read = set(re.findall(r"\b(rigforge_[a-z_]+|vllm:[a-z_]+)", text))
+    gpu = {n for n in read if n.startswith("rigforge_gpu_")}  # not the library's templates (rigforge_gpus, ...)
+    vllm = {n for n in read if n.startswith("vllm:")}
+    assert gpu == {
+        "rigforge_gpu_power_draw_watts",
+        "rigforge_gpu_power_limit_watts",
+        "rigforge_gpu_declared_cap_watts",
+        "rigforge_gpu_temperature_celsius",
+        "rigforge_gpu_present",
+        "rigforge_gpu_cap_setbacks_total",
+    }, gpu
     assert gpu <= set(re.findall(r"rigforge_[a-z_]+", render_gpu_metrics({0: 230}, "v", "i")))
     rules = (CONSOLES.parent / "rigforge-alerts.rules.yml").read_text()
-    assert vllm <= set(re.findall(r"absent\((vllm:[a-z_]+)\)", rules))  # a renamed name fires an alert
+    prefix = {"vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"}
+    assert len(vllm) == 7 and prefix <= vllm, vllm  # tokens (2), requests (2), KV cache, prefix cache (2)
+    assert vllm - prefix <= set(re.findall(r"absent\((vllm:[a-z_]+)\)", rules))  # a renamed name fires an alert

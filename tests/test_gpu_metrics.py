@@ -174,6 +174,7 @@ def test_two_gpus_on_the_bus_and_in_nvidia_smi(tmp_path):
     assert dict(labels)["variant"] == "dual-turbo" and dict(labels)["image"].startswith("vllm/") and one == 1
     assert dict(labels)["rest"] == ""
     assert value(m, "rigforge_gpus_pci") == 2 and value(m, "rigforge_gpus_visible") == 2
+    assert value(m, "rigforge_gpu_present", gpu="0") == 1 == value(m, "rigforge_gpu_present", gpu="1")
     assert value(m, "rigforge_xid_errors_total") == 2 and m["rigforge_xid_errors_total"]["type"] == "counter"
     assert value(m, "rigforge_gpu_collector_success") == 1
     assert before - 1 <= value(m, "rigforge_gpu_collector_last_run_timestamp_seconds") <= time.time() + 1
@@ -195,6 +196,7 @@ def test_nvidia_smi_failing_still_writes_what_is_known(tmp_path):
     assert value(m, "rigforge_xid_errors_total") == 0
     assert value(m, "rigforge_gpu_declared_cap_watts", gpu="1") == 250
     assert m["rigforge_gpu_power_limit_watts"]["samples"] == {}  # nothing observed is made up
+    assert m["rigforge_gpu_present"]["samples"] == {(("gpu", "0"),): 0, (("gpu", "1"),): 0}  # declared, not listed
     assert before - 1 <= value(m, "rigforge_gpu_collector_last_run_timestamp_seconds") <= time.time() + 1
 
 
@@ -207,6 +209,12 @@ def test_one_card_off_the_bus_for_nvidia_smi(tmp_path):
     assert value(m, "rigforge_gpus_pci") == 2 and value(m, "rigforge_gpus_visible") == 1
     assert value(m, "rigforge_gpu_collector_success") == 0
     assert value(m, "rigforge_gpu_power_limit_watts", gpu="0") == 700
+    # the card nvidia-smi no longer lists is named: declared, not present, and none of its values is exported
+    assert m["rigforge_gpu_present"]["samples"] == {(("gpu", "0"),): 1, (("gpu", "1"),): 0}
+    assert value(m, "rigforge_gpu_declared_cap_watts", gpu="1") == 250
+    observed = ("power_draw_watts", "power_limit_watts", "temperature_celsius", "utilization_ratio")
+    observed += ("memory_used_bytes", "pcie_link_gen", "pcie_link_width")
+    assert all(set(m[f"rigforge_gpu_{name}"]["samples"]) == {(("gpu", "0"),)} for name in observed)
 
 
 def stand_in_smi(tmp_path: Path) -> tuple[Path, Path]:
