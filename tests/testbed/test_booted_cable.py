@@ -192,16 +192,20 @@ def test_a_pulled_cable_costs_seconds_and_the_rig_rejoins(fleet, testbed_report)
 def offline(rig, on: bool) -> None:
     """Refuse (or allow again) every stand-in the testbed's relay offers the rig (apt, git, HF, the Debian
     mirror, pip's proxy, the Docker Hub stand-in): new TCP connections to them are reset, in the rig's network
-    namespace (it outlives the rig's reboots). Their addresses are read from the relay's log."""
+    namespace (it outlives the rig's reboots). Their addresses are read from the relays' logs (the fleet
+    registry's relay too, when the fleet has one)."""
     if not on:
         rig.run("iptables -D OUTPUT -j RF-OFFLINE; iptables -F RF-OFFLINE; iptables -X RF-OFFLINE")
         return
-    specs = (rig.dir / "relay.log").read_text().splitlines()[0].split(": ", 1)[1].split()
+    specs = []
+    for name in ("relay.log", "registry-relay.log"):
+        if (rig.dir / name).exists():
+            specs += (rig.dir / name).read_text().splitlines()[0].split(": ", 1)[1].split()
     rules = ["iptables -N RF-OFFLINE", "iptables -I OUTPUT -j RF-OFFLINE"]
     for spec in specs:
-        if spec.startswith(("in:", "at:")):
+        if spec.startswith("in:"):  # the controller reaching into the rig (its sshd, its API): kept
             continue
-        addr, _, port = spec.partition("=")[0].rpartition(":")
+        addr, _, port = spec.removeprefix("at:").partition("=")[0].rpartition(":")
         rules.append(f"iptables -A RF-OFFLINE -p tcp --syn -d {addr or '127.0.0.1'} --dport {port} "
                      "-j REJECT --reject-with tcp-reset")  # fmt: skip
     res = rig.run(" && ".join(rules))
