@@ -260,17 +260,21 @@ def test_holding_settings_are_rendered_from_the_knobs_and_haproxy_accepts_them(t
         "retry-on conn-failure empty-response junk-response response-timeout 502 503",
         "option redispatch 1",
         "option srvtcpka",
-        "srvtcpka-idle 10s",
+        "srvtcpka-idle 1s",
         "option httplog",
         "default-server check inter 1000ms fastinter 500ms downinter 1000ms fall 2 rise 2 observe layer7"
         " error-limit 3 on-error mark-down init-addr last,libc,192.0.2.1",
     ):
         assert directive in lines, directive
+    servers = [line for line in lines if line.startswith("server ")]
+    assert servers and all(line.endswith(" tcp-ut 2s") for line in servers), servers  # per server: 2.6 drops it
     knobs = {"gateway_retries": 2, "gateway_bufsize": 262144, "gateway_check_interval_ms": 500,
-             "gateway_check_fall": 3, "gateway_check_rise": 1, "gateway_error_limit": 5}  # fmt: skip
+             "gateway_check_fall": 3, "gateway_check_rise": 1, "gateway_error_limit": 5,
+             "gateway_keepalive_s": 3, "gateway_tcp_user_timeout_s": 4}  # fmt: skip
     tuned, _ = gateway.build("gw", gw_data(**knobs), rigs)
     lines = [line.split("#")[0].strip() for line in gateway.render(tuned).splitlines()]
-    assert "tune.bufsize 262144" in lines and "retries 2" in lines
+    assert "tune.bufsize 262144" in lines and "retries 2" in lines and "srvtcpka-idle 3s" in lines
+    assert all(line.endswith(" tcp-ut 4s") for line in lines if line.startswith("server "))
     assert any(x.startswith("default-server check inter 500ms fastinter 250ms downinter 500ms fall 3 rise 1 "
                             "observe layer7 error-limit 5 on-error mark-down") for x in lines)  # fmt: skip
     for p in (plan, tuned):

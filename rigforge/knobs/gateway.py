@@ -18,7 +18,8 @@ DEFAULTS = {
     "gateway_check_fall": 2,  # failed checks in a row that mark a rig DOWN (1 s + 2 x 0.5 s: down within 2 s)
     "gateway_check_rise": 2,  # passed checks in a row that bring a rig back UP
     "gateway_error_limit": 3,  # errors in a row on live requests (refused, empty, 5xx) that mark a rig DOWN at once
-    "gateway_keepalive_s": 10,  # idle seconds before TCP keepalive probes a rig whose host may be gone (3 x 1 s)
+    "gateway_keepalive_s": 1,  # idle seconds before TCP keepalive probes a rig whose host may be gone (1 s apart)
+    "gateway_tcp_user_timeout_s": 2,  # seconds a rig may leave data or probes unanswered before its connection ends
 }
 Gateway = typed("Gateway", DEFAULTS)  # the role's settings: one frozen field per knob
 
@@ -34,6 +35,7 @@ def validate(data: Mapping) -> list[str]:
     problems += schema.integer(data, "gateway_check_rise", 1, 10)
     problems += schema.integer(data, "gateway_error_limit", 1, 100)
     problems += schema.integer(data, "gateway_keepalive_s", 1, 3600, " of seconds")
+    problems += schema.integer(data, "gateway_tcp_user_timeout_s", 1, 3600, " of seconds")
     problems += schema.settings(data, {"bind_address": "gateway_bind_address", "api_key": "gateway_api_key"})
     problems += schema.http_url(data, "gateway_url", "clients reach the gateway at")
     return problems + schema.hostname(data, "gateway_address", optional=True)

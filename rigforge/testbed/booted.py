@@ -207,9 +207,26 @@ def join_lan(rig_dir: Path) -> None:
     port = "v" + rig.removeprefix("rigforge-")  # the bridge port of this host (15 characters at most)
     if sh(["ip", "-n", rig, "link", "show", LAN_DEV], check=False, capture=True).returncode != 0:
         sh(["ip", "-n", lan, "link", "add", port, "type", "veth", "peer", "name", LAN_DEV, "netns", rig], capture=True)
-    sh(["ip", "-n", lan, "link", "set", port, "master", "br0", "up"], capture=True)
+    plugged = not (rig_dir / CABLE_OUT).exists()  # a cable pulled (set_cable) stays out across boots
+    sh(["ip", "-n", lan, "link", "set", port, "master", "br0", "up" if plugged else "down"], capture=True)
     sh(["ip", "-n", rig, "addr", "replace", f"{lan_address(rig_dir)}/24", "dev", LAN_DEV], capture=True)
     set_link(rig_dir, up=True)
+
+
+CABLE_OUT = "cable-out"  # in a host's directory while its LAN cable is pulled
+
+
+def set_cable(rig_dir: Path, plugged: bool) -> None:
+    """Pull the host's LAN cable out or plug it back in: its port on the LAN's bridge (the other end of its veth)
+    down or up. Pulled, the host's eth0 loses its carrier and nothing passes either way, whatever the host does
+    with its own link; it stays pulled across the host's reboots until plugged again. The testbed's relay (ssh,
+    the stand-ins) does not cross the LAN: the controller still reaches the host."""
+    lan, port = lan_name(rig_dir.parent.parent), "v" + netns_name(rig_dir).removeprefix("rigforge-")
+    if plugged:
+        (rig_dir / CABLE_OUT).unlink(missing_ok=True)
+    else:
+        (rig_dir / CABLE_OUT).write_text("pulled\n")
+    sh(["ip", "-n", lan, "link", "set", port, "up" if plugged else "down"], capture=True)
 
 
 def set_link(rig_dir: Path, up: bool) -> None:
