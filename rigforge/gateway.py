@@ -50,7 +50,7 @@ class GatewayPlan:
 
     @property
     def affinity(self) -> bool:
-        """True when a conversation's requests go to one rig (docs/gateway.md "Prefix affinity"), False for leastconn."""
+        """True: a conversation's requests go to one rig (docs/gateway.md "Prefix affinity"); False: leastconn."""
         return self.hold.gateway_balance == "affinity"
 
     @property
