@@ -223,6 +223,7 @@ class Schedule:
     lock: threading.Lock = field(default_factory=threading.Lock)
     metrics: Metrics = field(default_factory=Metrics)  # what GET /metrics serves
     kv_blocks: int = KV_BLOCKS  # the prefix cache's budget, in blocks of BLOCK_SIZE tokens
+    name: str | None = None  # sent back as X-Stub-Name on every answer (None: not sent)
     prefix_cache: PrefixCache | None = None  # None: a new one of kv_blocks blocks
 
     def __post_init__(self) -> None:
@@ -250,6 +251,13 @@ class _Handler(BaseHTTPRequestHandler):
     def setup(self):
         super().setup()
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def end_headers(self) -> None:
+        """Every answer names the stand-in that gave it (`X-Stub-Name`) when it has a name: which rig took a request
+        behind a gateway (tests, benchmarks/bench_affinity.py). vLLM sends no such header."""
+        if self.schedule.name:
+            self.send_header("X-Stub-Name", self.schedule.name)
+        super().end_headers()
 
     def _json(self, code: int, obj) -> None:
         body = json.dumps(obj).encode()
@@ -461,10 +469,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--api-key", help="require this key on /v1/*, as vLLM's --api-key does")
     p.add_argument("--max-concurrent", type=int, default=0, help="at most N completions at once (0: no bound)")
     p.add_argument("--kv-blocks", type=int, default=KV_BLOCKS, help=f"prefix cache budget, blocks of {BLOCK_SIZE}")
+    p.add_argument("--name", help="send it back as X-Stub-Name on every answer")
     a = p.parse_args(argv)
     sched = Schedule(
         a.model, a.ttft_ms, a.dt_ms, a.tokens, not a.no_usage, a.reasoning_tokens, a.tokens_per_delta, a.api_key,
-        a.max_concurrent, kv_blocks=a.kv_blocks,
+        a.max_concurrent, kv_blocks=a.kv_blocks, name=a.name,
     )  # fmt: skip
     server = make_server(sched, a.host, a.port)
     print(f"http://{a.host}:{server.server_address[1]}", flush=True)
