@@ -35,7 +35,7 @@ def test_both_policies_render_and_pass_haproxy_check(tmp_path):
     for directive in (
         "balance hash var(txn.conversation)",
         "hash-type consistent sdbm avalanche",
-        "hash-balance-factor 150",
+        "hash-balance-factor 200",
         "http-request set-var(txn.conversation) req.hdr(X-Session-Id) if { req.hdr(X-Session-Id) -m found }",
         "server rig1 127.0.0.1:8011 weight 16",
     ):
@@ -176,8 +176,9 @@ def test_least_connections_scatters_a_conversation(tmp_path):
 
 
 def test_the_load_bound_holds_a_busy_conversation_to_its_share(tmp_path):
-    """Twelve streams of one session at once: the bound (150: no rig above 1.5 times the average in flight) lets
-    its rig take at most 6 of the 12, the rest go on to the other rigs; without it all 12 would go to one."""
+    """Twelve streams of one session at once: the bound (200 by default: no rig above twice the average in flight)
+    lets its rig take at most 8 of the 12 (HAProxy: ceil(12 x 2.00) = 24 slots, 8 a rig), the rest go on to the
+    other rigs; without it all 12 would go to one."""
     servers = {name: make_server(Schedule(ttft_ms=5, dt_ms=40, tokens=20)) for name in RIGS}
     for s in servers.values():
         threading.Thread(target=s.serve_forever, daemon=True).start()
@@ -213,4 +214,4 @@ def test_the_load_bound_holds_a_busy_conversation_to_its_share(tmp_path):
         peaks[name] = peak
         s.shutdown()
         s.server_close()
-    assert max(peaks.values()) <= 6 and sum(1 for p in peaks.values() if p > 0) >= 2, peaks
+    assert max(peaks.values()) <= 8 and sum(1 for p in peaks.values() if p > 0) >= 2, peaks

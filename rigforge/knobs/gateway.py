@@ -22,7 +22,7 @@ DEFAULTS = {
     "gateway_keepalive_s": 10,  # idle seconds before TCP keepalive probes a rig whose host may be gone (3 x 1 s)
     # which rig takes a request (docs/gateway.md "Prefix affinity"), on a gateway host:
     "gateway_balance": "affinity",  # affinity: a conversation stays on one rig (its prefix cached); or leastconn
-    "gateway_hash_balance_factor": 150,  # affinity: no rig takes more than this % of the average load in flight
+    "gateway_hash_balance_factor": 200,  # affinity: no rig takes more than this % of the average load in flight
     "gateway_session_header": "X-Session-Id",  # affinity: a client's conversation id, the key when it is sent
 }
 Gateway = typed("Gateway", DEFAULTS)  # the role's settings: one frozen field per knob
