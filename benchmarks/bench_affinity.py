@@ -37,6 +37,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -93,6 +94,7 @@ def workload(agents: int, conversations: int, seed: int) -> list[Conversation]:
 
 
 def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -101,7 +103,8 @@ def free_port() -> int:
 class Stub:
     """One stand-in rig in its own process, named on its answers (X-Stub-Name)."""
 
-    def __init__(self, name: str, kv_blocks: int, port: int = 0):
+    def __init__(self, name: str, kv_blocks: int, port: int = 0) -> None:
+        """Started on `port` (0: a free one) with a prefix cache of `kv_blocks` blocks; answers once this returns."""
         self.name, self.kv_blocks = name, kv_blocks
         cmd = [sys.executable, "-m", "rigforge.testbed.openai_stub", "--port", str(port), "--name", name,
                "--kv-blocks", str(kv_blocks), "--ttft-ms", "20", "--dt-ms", "2", "--tokens", "16"]  # fmt: skip
@@ -117,6 +120,7 @@ class Stub:
         return float(found["vllm:prefix_cache_queries_total"]), float(found["vllm:prefix_cache_hits_total"])
 
     def stop(self) -> None:
+        """Terminated (its cache gone with it, as a restarted vLLM's)."""
         self.proc.terminate()
         self.proc.wait(timeout=10)
 
@@ -124,7 +128,8 @@ class Stub:
 class Gateway:
     """Debian's HAProxy on the config rigforge renders for a gateway host in front of `stubs`."""
 
-    def __init__(self, stubs: dict[str, Stub], tmp: Path, **knobs):
+    def __init__(self, stubs: dict[str, Stub], tmp: Path, **knobs: object) -> None:
+        """Rendered with the gateway `knobs` (defaults otherwise), started, returned once every rig is UP."""
         rigs = []
         for name, stub in stubs.items():
             plan, problems = plan_for(name, {"rigforge_variant": "dual", "serving_port": stub.port,
@@ -159,7 +164,8 @@ class Gateway:
         rows = [dict(zip(header, line.split(","), strict=False)) for line in lines[1:] if line.startswith("m_")]
         return {row["svname"]: row for row in rows}
 
-    def wait(self, predicate, timeout: float = 20.0) -> None:
+    def wait(self, predicate: Callable[[dict[str, dict]], bool], timeout: float = 20.0) -> None:
+        """Until `predicate(self.stat())` holds; exits the benchmark, saying so, after `timeout` seconds."""
         deadline = time.monotonic() + timeout
         while not predicate(self.stat()):
             if time.monotonic() > deadline:
@@ -185,17 +191,21 @@ class Gateway:
         return self.send(messages, session)
 
     def stop(self) -> None:
+        """HAProxy stopped."""
         self.proc.terminate()
         self.proc.wait(timeout=10)
 
 
-def play(gw: Gateway, jobs: list[list[tuple[int, tuple[dict, ...]]]], clients: int, sessions: bool) -> list:
+def play(
+    gw: Gateway, jobs: list[list[tuple[int, tuple[dict, ...]]]], clients: int, sessions: bool
+) -> list[tuple[int, str]]:
     """`clients` threads, each taking the next job (a conversation's turns, one after the other): [(n, rig)]."""
     queue = collections.deque(jobs)
     lock = threading.Lock()
     taken: list[tuple[int, str]] = []
 
     def client() -> None:
+        """Jobs until none is left."""
         while True:
             with lock:
                 if not queue:
@@ -239,7 +249,7 @@ def share(taken: list[tuple[int, str]]) -> tuple[dict[str, int], float]:
     return dict(sorted(per_rig.items())), max(per_rig.values()) / average
 
 
-def run(policy: str, factor: int, convs: list[Conversation], args, tmp: Path) -> dict:
+def run(policy: str, factor: int, convs: list[Conversation], args: argparse.Namespace, tmp: Path) -> dict:
     """One policy on fresh stand-ins and a fresh gateway: the figures of the module's docstring."""
     stubs = {name: Stub(name, args.kv_blocks) for name in RIGS}
     knobs = {"gateway_balance": policy, "gateway_hash_balance_factor": factor}
@@ -280,7 +290,13 @@ def run(policy: str, factor: int, convs: list[Conversation], args, tmp: Path) ->
     return report
 
 
-def moves(gw: Gateway, stubs: dict[str, Stub], convs: list[Conversation], taken: list, args) -> dict:
+def moves(
+    gw: Gateway,
+    stubs: dict[str, Stub],
+    convs: list[Conversation],
+    taken: list[tuple[int, str]],
+    args: argparse.Namespace,
+) -> dict:
     """Homes, the turns the load bound moved, and what moves when a rig goes down and comes back."""
     session = (lambda n: f"conversation-{n}") if args.session_header else (lambda n: None)
     last = {c.n: c.turns[-1] for c in convs}
@@ -318,6 +334,7 @@ def moves(gw: Gateway, stubs: dict[str, Stub], convs: list[Conversation], taken:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The workload, then each policy's report as a JSON line on stdout."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--agents", type=int, default=6)
     p.add_argument("--conversations", type=int, default=48)

@@ -11,6 +11,9 @@ import subprocess
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 from test_gateway import HAPROXY, admin, free_port, gw_data, rig, running_haproxy, server_status, wait_for
@@ -24,6 +27,7 @@ RIGS = ("rig1", "rig2", "rig3")
 
 
 def lines_of(text: str) -> list[str]:
+    """The config's lines without comments or indentation."""
     return [line.split("#")[0].strip() for line in text.splitlines()]
 
 
@@ -65,7 +69,8 @@ def test_both_policies_render_and_pass_haproxy_check(tmp_path):
 class Fleet:
     """Three stand-in rigs, each naming itself on its answers (X-Stub-Name), behind a real HAProxy."""
 
-    def __init__(self, tmp_path, **knobs):
+    def __init__(self, tmp_path: Path, **knobs: object) -> None:
+        """The stand-ins started and the gateway's plan built with `knobs` (HAProxy is started by the test)."""
         self.servers = {name: self.start(name, 0) for name in RIGS}
         plans = [rig(name, "dual", s.server_address[1]) for name, s in self.servers.items()]
         self.port = free_port()
@@ -75,7 +80,8 @@ class Fleet:
         self.socket = str(tmp_path / "admin.sock")  # where running_haproxy puts it
 
     @staticmethod
-    def start(name: str, port: int):
+    def start(name: str, port: int) -> ThreadingHTTPServer:
+        """A stand-in named `name` serving on `port` (0: a free one)."""
         server = make_server(Schedule(ttft_ms=1, dt_ms=1, tokens=2, name=name), port=port)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         return server
@@ -100,6 +106,7 @@ class Fleet:
             return resp.headers["X-Stub-Name"]
 
     def close(self) -> None:
+        """Every stand-in stopped."""
         for s in self.servers.values():
             s.shutdown()
             s.server_close()
@@ -127,7 +134,8 @@ def play(fleet: Fleet, conversations: dict[int, list[list[dict]]]) -> dict[int, 
 
 
 @pytest.fixture
-def fleet(tmp_path):
+def fleet(tmp_path: Path) -> Iterator[Fleet]:
+    """Three stand-ins and the gateway's plan in front of them (affinity, the default)."""
     f = Fleet(tmp_path)
     yield f
     f.close()
@@ -188,6 +196,7 @@ def test_the_load_bound_holds_a_busy_conversation_to_its_share(tmp_path):
     results: list[int] = []
 
     def stream() -> None:
+        """One stream of the busy session; 200 when it ended with [DONE]."""
         body = {"model": MODEL, "messages": [{"role": "user", "content": "busy"}], "stream": True, "max_tokens": 20}
         headers = {"Content-Type": "application/json", "X-Session-Id": "one-busy-session"}
         req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", json.dumps(body).encode(), headers)

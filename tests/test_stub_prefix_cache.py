@@ -63,6 +63,7 @@ def test_least_recently_used_blocks_are_evicted_beyond_the_budget():
 
 
 def chat(base: str, messages: list[dict]) -> None:
+    """One chat completion of `messages` from the stand-in at `base`; it must answer 200."""
     body = {"model": "qwen3.6-27b-autoround", "messages": messages, "max_tokens": 2}
     req = urllib.request.Request(f"{base}/v1/chat/completions", json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})  # fmt: skip
@@ -71,6 +72,7 @@ def chat(base: str, messages: list[dict]) -> None:
 
 
 def counters(base: str) -> dict[str, float]:
+    """The prefix cache's counters on the stand-in's /metrics, declared as counters: {name: value}."""
     with urllib.request.urlopen(f"{base}/metrics", timeout=10) as resp:
         text = resp.read().decode()
     found = re.findall(r'^(vllm:prefix_cache_\w+)\{model_name="qwen3.6-27b-autoround",engine="0"\} (\S+)$', text, re.M)

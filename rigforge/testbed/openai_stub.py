@@ -106,7 +106,8 @@ class PrefixCache:
     Not modelled: a running request's blocks are not pinned (the stand-in's requests are short), and generated
     tokens are not cached. Counts, as vLLM's counters do: queries += the prompt's tokens, hits += the tokens hit."""
 
-    def __init__(self, blocks: int = KV_BLOCKS, block_size: int = BLOCK_SIZE):
+    def __init__(self, blocks: int = KV_BLOCKS, block_size: int = BLOCK_SIZE) -> None:
+        """Empty, holding at most `blocks` blocks of `block_size` tokens."""
         self.capacity = blocks
         self.block_size = block_size
         self.lru: collections.OrderedDict[bytes, None] = collections.OrderedDict()  # first: evicted next
