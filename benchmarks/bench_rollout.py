@@ -41,17 +41,21 @@ MODEL = "qwen3.6-27b-autoround"
 
 
 class Load:
-    """`clients` threads sending chat completions back to back; every result is (start, seconds, ok, tokens,
+    """`clients` threads sending chat completions back to back, each its own prompt (its own conversation: under
+    the gateway's prefix affinity, the clients spread over the rigs); every result is (start, seconds, ok, tokens,
     why it failed: the HTTP status or the error's name, "" when it did not)."""
 
     def __init__(self, url: str, key: str | None, clients: int, max_tokens: int):
         self.url, self.key, self.max_tokens = f"{url}/v1/chat/completions", key, max_tokens
         self.results: list[tuple[float, float, bool, int, str]] = []
         self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._client, args=(i % 2 == 0,), daemon=True) for i in range(clients)]
+        self.threads = [
+            threading.Thread(target=self._client, args=(i % 2 == 0, i), daemon=True) for i in range(clients)
+        ]
 
-    def _one(self, stream: bool) -> tuple[bool, int, str]:
-        body = {"model": MODEL, "messages": [{"role": "user", "content": "Count."}], "max_tokens": self.max_tokens}
+    def _one(self, stream: bool, client: int = 0) -> tuple[bool, int, str]:
+        messages = [{"role": "user", "content": f"Count. (client {client})"}]
+        body = {"model": MODEL, "messages": messages, "max_tokens": self.max_tokens}
         if stream:
             body |= {"stream": True, "stream_options": {"include_usage": True}}
         headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {self.key}"} if self.key else {})}
@@ -71,10 +75,10 @@ class Load:
         except (ValueError, KeyError):
             return False, 0, "bad body"
 
-    def _client(self, stream: bool) -> None:
+    def _client(self, stream: bool, client: int) -> None:
         while not self.stop.is_set():
             t0 = time.monotonic()
-            ok, tokens, why = self._one(stream)
+            ok, tokens, why = self._one(stream, client)
             self.results.append((t0, time.monotonic() - t0, ok, tokens, why))
 
     def __enter__(self):

@@ -15,6 +15,10 @@ from rigforge.render import template
 
 MAX_MODELS = 6  # /v1/models is one answer per set of healthy models: 2**6 rules at most
 NAME = re.compile(r"^[A-Za-z0-9._:/-]+$")  # a served model name the config can hold as it is
+# Each rig's weight under prefix affinity: HAProxy puts 16 points per unit of weight on its consistent-hash ring.
+# Weight 1 (16 points a rig) sent 600 distinct conversations to 3 rigs as 191/194/215, weight 16 (256 points) as
+# 196/201/203: the finer ring keeps each rig's share of conversations near the average before the load bound acts.
+RING_WEIGHT = 16
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,17 @@ class GatewayPlan:
     state_file: str = GATEWAY_STATE
     hold: Gateway = Gateway()  # the host's knobs: how it holds when a rig dies (docs/gateway.md "When a rig dies")
     metrics_bind: str | None = None  # address:port of HAProxy's Prometheus exporter (not the API's; None: none)
+    ring_weight: int = RING_WEIGHT  # each rig's weight on the consistent-hash ring (prefix affinity only)
+
+    @property
+    def affinity(self) -> bool:
+        """True: a conversation's requests go to one rig (docs/gateway.md "Prefix affinity"); False: leastconn."""
+        return self.hold.gateway_balance == "affinity"
+
+    @property
+    def session_header(self) -> str:
+        """The header a client names its conversation by, the affinity key when it is sent."""
+        return self.hold.gateway_session_header
 
     @property
     def model_lists(self) -> list[tuple[list[str], list[str], str]]:
@@ -94,6 +109,7 @@ def build(host: str, data: Mapping, rigs: Sequence) -> tuple[GatewayPlan | None,
 
 
 def render(plan: GatewayPlan) -> str:
+    """HAProxy's config for `plan` (templates/rigforge-gateway.cfg.j2)."""
     return template("rigforge-gateway.cfg.j2").render(gw=plan)
 
 

@@ -72,7 +72,7 @@ def test_config_passes_haproxy_check(tmp_path):
     cfg.write_text(gateway.render(plan))
     check = subprocess.run([HAPROXY, "-c", "-f", str(cfg)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
-    cfg.write_text(gateway.render(plan).replace("balance leastconn", "balance nonsense"))
+    cfg.write_text(gateway.render(plan).replace("balance hash ", "balance nonsense "))
     assert subprocess.run([HAPROXY, "-c", "-q", "-f", str(cfg)], capture_output=True).returncode != 0
 
 
@@ -343,15 +343,17 @@ def server_status(sock: str, server: str) -> str:
 
 
 def completions(base: str, n: int, clients: int = 8, size: int = 0) -> list[int]:
-    """`clients` plain HTTP clients (no retries), `n` non-streamed completions each: their HTTP statuses."""
+    """`clients` plain HTTP clients (no retries), each with its own prompt (its own conversation under prefix
+    affinity), `n` non-streamed completions each: their HTTP statuses."""
     out: list[int] = []
-    chat = {"messages": [{"role": "user", "content": "x" * size or "hi"}], "model": "qwen3.6-27b-autoround"}
 
-    def client():
+    def client(i: int):
+        chat = {"messages": [{"role": "user", "content": f"client {i}: " + ("x" * size or "hi")}]}  # its own prompt
         for _ in range(n):
-            out.append(call(f"{base}/v1/chat/completions", {**chat, "max_tokens": 3}, key=None)[0])
+            body = {**chat, "model": "qwen3.6-27b-autoround", "max_tokens": 3}
+            out.append(call(f"{base}/v1/chat/completions", body, key=None)[0])
 
-    threads = [threading.Thread(target=client) for _ in range(clients)]
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     for t in threads:
         t.start()
     for t in threads:

@@ -1,3 +1,4 @@
+import re
 from collections.abc import Mapping
 
 from rigforge import schema
@@ -20,11 +21,18 @@ DEFAULTS = {
     "gateway_error_limit": 3,  # errors in a row on live requests (refused, empty, 5xx) that mark a rig DOWN at once
     "gateway_keepalive_s": 1,  # idle seconds before TCP keepalive probes a rig whose host may be gone (1 s apart)
     "gateway_tcp_user_timeout_s": 2,  # seconds a rig may leave data or probes unanswered before its connection ends
+    # which rig takes a request (docs/gateway.md "Prefix affinity"), on a gateway host:
+    "gateway_balance": "affinity",  # affinity: a conversation stays on one rig (its prefix cached); or leastconn
+    "gateway_hash_balance_factor": 200,  # affinity: no rig takes more than this % of the average load in flight
+    "gateway_session_header": "X-Session-Id",  # affinity: a client's conversation id, the key when it is sent
 }
 Gateway = typed("Gateway", DEFAULTS)  # the role's settings: one frozen field per knob
+BALANCES = ("affinity", "leastconn")
+HEADER = re.compile(r"^[A-Za-z0-9-]{1,64}$")  # an HTTP header name the config can hold as it is
 
 
 def validate(data: Mapping) -> list[str]:
+    """Every problem of the gateway knobs in `data` (a host's data, defaults applied), one message each."""
     problems = schema.integer(data, "gateway_port", 1, 65535)
     problems += schema.integer(data, "gateway_metrics_port", 1, 65535)
     problems += schema.integer(data, "gateway_drain_timeout", 0, 86400, " of seconds")
@@ -36,6 +44,9 @@ def validate(data: Mapping) -> list[str]:
     problems += schema.integer(data, "gateway_error_limit", 1, 100)
     problems += schema.integer(data, "gateway_keepalive_s", 1, 3600, " of seconds")
     problems += schema.integer(data, "gateway_tcp_user_timeout_s", 1, 3600, " of seconds")
+    problems += schema.choice(data, "gateway_balance", BALANCES)
+    problems += schema.integer(data, "gateway_hash_balance_factor", 101, 1000, " of percent")
+    problems += schema.matches(data, "gateway_session_header", HEADER, "an HTTP header name (letters, digits, -)")
     problems += schema.settings(data, {"bind_address": "gateway_bind_address", "api_key": "gateway_api_key"})
     problems += schema.http_url(data, "gateway_url", "clients reach the gateway at")
     return problems + schema.hostname(data, "gateway_address", optional=True)

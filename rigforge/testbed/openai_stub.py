@@ -12,6 +12,10 @@ Endpoints: `GET /health` (200, no body, as vLLM's), `GET /v1/models`, `POST /v1/
 recipes' verify expects), `GET /metrics` (the vLLM metrics of VLLM_METRICS, from what the stub really does; no
 API key, as vLLM's --api-key guards /v1 only), `GET /_stub/log`.
 
+Each completion's prompt goes through a prefix cache kept as vLLM's automatic prefix caching keeps it (`PrefixCache`):
+the rendered chat in blocks of 16 tokens, each block's hash chained to its parent's, least recently used blocks
+evicted beyond a KV budget (`--kv-blocks`), hits and queries counted in tokens on /metrics as vLLM counts them.
+
 Run: `python -m rigforge.testbed.openai_stub --port 0 --ttft-ms 100 --dt-ms 10 --tokens 40`
 prints the base URL on the first stdout line, then serves until killed.
 """
@@ -19,7 +23,9 @@ prints the base URL on the first stdout line, then serves until killed.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
+import hashlib
 import json
 import socket
 import sys
@@ -47,10 +53,100 @@ VLLM_METRICS = {
     "vllm:prompt_tokens_total": ("counter", "Number of prefill tokens processed."),
     "vllm:generation_tokens_total": ("counter", "Number of generation tokens processed."),
     "vllm:time_to_first_token_seconds": ("histogram", "Histogram of time to first token in seconds."),
+    # vLLM V1's prefix cache counters, in tokens: queries += the prompt's tokens, hits += the tokens found cached
+    # (KVCacheManager.get_computed_blocks, vllm/v1/core/kv_cache_manager.py). Declared in loggers.py as
+    # Counter(name="vllm:prefix_cache_queries", documentation="Prefix cache queries, in terms of number of queried
+    # tokens.") and "vllm:prefix_cache_hits" ("Prefix cache hits, in terms of number of cached tokens."), labels
+    # model_name and engine as above; listed as Counters in vLLM's docs/design/metrics.md ("v1 Metrics") and on the
+    # Production Metrics page. Exported with `_total`. The prefix cache hit rate is hits / queries.
+    "vllm:prefix_cache_queries_total": ("counter", "Prefix cache queries, in terms of number of queried tokens."),
+    "vllm:prefix_cache_hits_total": ("counter", "Prefix cache hits, in terms of number of cached tokens."),
 }
+NOT_ALERTED = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")  # a cold cache is not a fault
 # vLLM's buckets of vllm:time_to_first_token_seconds (loggers.py)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+
+
+BLOCK_SIZE = 16  # tokens per KV block: vLLM's default block_size on CUDA
+KV_BLOCKS = 8192  # the stand-in's KV budget by default, in blocks (131,072 tokens)
+BYTES_PER_TOKEN = 4  # the stand-in's tokenizer: every 4 bytes of the rendered prompt are one token
+
+
+def render_prompt(req: dict) -> bytes:
+    """The prompt a chat request makes, as a chat template renders it (ChatML, Qwen's): the tools first, then
+    every message as `<|im_start|>ROLE\nCONTENT<|im_end|>\n`, then the assistant's turn opened. A later turn of
+    the same conversation re-sends the earlier messages, so its prompt starts with the earlier prompt."""
+    parts = []
+    if req.get("tools"):
+        parts.append(f"<|im_start|>system\n{json.dumps(req['tools'], sort_keys=True)}<|im_end|>\n")
+    for message in req.get("messages") or []:
+        content = message.get("content")
+        if isinstance(content, list):  # content parts: their text
+            content = "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+        parts.append(f"<|im_start|>{message.get('role', 'user')}\n{content or ''}<|im_end|>\n")
+    parts.append("<|im_start|>assistant\n")
+    return "".join(parts).encode()
+
+
+def tokenize(prompt: bytes) -> list[bytes]:
+    """The stand-in's tokens: `prompt` cut every BYTES_PER_TOKEN bytes (a prefix of the text is a prefix of them)."""
+    return [prompt[i : i + BYTES_PER_TOKEN] for i in range(0, len(prompt), BYTES_PER_TOKEN)]
+
+
+class PrefixCache:
+    """vLLM's automatic prefix caching (vllm/v1/core/kv_cache_manager.py, block_pool.py), modelled on tokens:
+    - a prompt is cut into blocks of `block_size` tokens; only full blocks are cached;
+    - a block's hash covers its parent's hash and its own tokens (a chain): a block hits only after the same prefix;
+    - a lookup walks the prompt's blocks from the first and stops at the first miss; at most (tokens - 1) // block
+      size blocks hit, as vLLM recomputes the last token to get logits even when everything is cached;
+    - then every full block of the prompt is cached; the cache holds at most `blocks` blocks and evicts the least
+      recently used first. A prompt's blocks are released last block first, as vLLM frees them, so its tail goes
+      before its head.
+    Not modelled: a running request's blocks are not pinned (the stand-in's requests are short), and generated
+    tokens are not cached. Counts, as vLLM's counters do: queries += the prompt's tokens, hits += the tokens hit."""
+
+    def __init__(self, blocks: int = KV_BLOCKS, block_size: int = BLOCK_SIZE) -> None:
+        """Empty, holding at most `blocks` blocks of `block_size` tokens."""
+        self.capacity = blocks
+        self.block_size = block_size
+        self.lru: collections.OrderedDict[bytes, None] = collections.OrderedDict()  # first: evicted next
+        self.lock = threading.Lock()
+        self.queries = self.hits = 0
+
+    def block_hashes(self, tokens: list[bytes]) -> list[bytes]:
+        """One hash per full block of `tokens`, each over its parent's hash and the block's tokens."""
+        hashes, parent = [], b""
+        for start in range(0, len(tokens) - self.block_size + 1, self.block_size):
+            digest = hashlib.sha256(parent)
+            for token in tokens[start : start + self.block_size]:
+                digest.update(len(token).to_bytes(1, "big") + token)
+            parent = digest.digest()
+            hashes.append(parent)
+        return hashes
+
+    def query(self, tokens: list[bytes]) -> int:
+        """Look `tokens` up (counted), then cache their full blocks: the number of tokens found cached."""
+        hashes = self.block_hashes(tokens)
+        with self.lock:
+            hit = 0
+            for block in hashes[: max(len(tokens) - 1, 0) // self.block_size]:
+                if block not in self.lru:
+                    break
+                hit += 1
+            for block in reversed(hashes):  # released tail first: the head is the most recently used
+                self.lru[block] = None
+                self.lru.move_to_end(block)
+            while len(self.lru) > self.capacity:
+                self.lru.popitem(last=False)
+            self.queries += len(tokens)
+            self.hits += hit * self.block_size
+        return hit * self.block_size
+
+    def __contains__(self, tokens: list[bytes]) -> bool:
+        """Whether every full block of `tokens` is cached now (a test's view; it touches nothing)."""
+        with self.lock:
+            return all(block in self.lru for block in self.block_hashes(tokens))
 
 
 class Metrics:
@@ -82,7 +178,8 @@ class Metrics:
                 self.ttft[i] += 1
 
     def text(self, s: Schedule) -> str:
-        """The Prometheus text format (0.0.4), every family of VLLM_METRICS in its order."""
+        """The Prometheus text format (0.0.4), every family of VLLM_METRICS in its order; the prefix cache's
+        counters from `s.prefix_cache`."""
         model = s.model.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
         labels = f'model_name="{model}",engine="0"'
         capacity = max(s.max_concurrent, 1) * (PROMPT_TOKENS + s.tokens * s.tokens_per_delta)
@@ -93,6 +190,8 @@ class Metrics:
                 "vllm:kv_cache_usage_perc": min(1.0, self.kv_tokens / capacity),
                 "vllm:prompt_tokens_total": self.prompt_tokens,
                 "vllm:generation_tokens_total": self.generation_tokens,
+                "vllm:prefix_cache_queries_total": s.prefix_cache.queries,
+                "vllm:prefix_cache_hits_total": s.prefix_cache.hits,
             }
             ttft, count, total = list(self.ttft), self.ttft_count, self.ttft_sum
         lines = []
@@ -124,6 +223,14 @@ class Schedule:
     log: list = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     metrics: Metrics = field(default_factory=Metrics)  # what GET /metrics serves
+    kv_blocks: int = KV_BLOCKS  # the prefix cache's budget, in blocks of BLOCK_SIZE tokens
+    name: str | None = None  # sent back as X-Stub-Name on every answer (None: not sent)
+    prefix_cache: PrefixCache | None = None  # None: a new one of kv_blocks blocks
+
+    def __post_init__(self) -> None:
+        """The prefix cache of `kv_blocks` blocks, unless one was given."""
+        if self.prefix_cache is None:
+            self.prefix_cache = PrefixCache(self.kv_blocks)
 
 
 def _sleep_until(deadline_ns: int) -> None:
@@ -145,6 +252,13 @@ class _Handler(BaseHTTPRequestHandler):
     def setup(self):
         super().setup()
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def end_headers(self) -> None:
+        """Every answer names the stand-in that gave it (`X-Stub-Name`) when it has a name: which rig took a request
+        behind a gateway (tests, benchmarks/bench_affinity.py). vLLM sends no such header."""
+        if self.schedule.name:
+            self.send_header("X-Stub-Name", self.schedule.name)
+        super().end_headers()
 
     def _json(self, code: int, obj) -> None:
         body = json.dumps(obj).encode()
@@ -205,6 +319,7 @@ class _Handler(BaseHTTPRequestHandler):
         m = s.metrics
         m.add(waiting=1)
         with self.server.slots:  # a request that waited for a slot is generated from then on
+            s.prefix_cache.query(tokenize(render_prompt(req)))  # scheduled: its prefix looked up, then cached
             m.add(waiting=-1, running=1, prompt_tokens=PROMPT_TOKENS, kv_tokens=PROMPT_TOKENS)
             self.held = PROMPT_TOKENS  # what this request holds of the KV cache model
             self.finished = False
@@ -354,10 +469,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-usage", action="store_true", help="never send the usage chunk")
     p.add_argument("--api-key", help="require this key on /v1/*, as vLLM's --api-key does")
     p.add_argument("--max-concurrent", type=int, default=0, help="at most N completions at once (0: no bound)")
+    p.add_argument("--kv-blocks", type=int, default=KV_BLOCKS, help=f"prefix cache budget, blocks of {BLOCK_SIZE}")
+    p.add_argument("--name", help="send it back as X-Stub-Name on every answer")
     a = p.parse_args(argv)
     sched = Schedule(
         a.model, a.ttft_ms, a.dt_ms, a.tokens, not a.no_usage, a.reasoning_tokens, a.tokens_per_delta, a.api_key,
-        a.max_concurrent,
+        a.max_concurrent, kv_blocks=a.kv_blocks, name=a.name,
     )  # fmt: skip
     server = make_server(sched, a.host, a.port)
     print(f"http://{a.host}:{server.server_address[1]}", flush=True)

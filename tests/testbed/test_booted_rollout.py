@@ -76,7 +76,8 @@ def rigforge(*args: str, env: dict | None = None, timeout: float = 1200) -> subp
 
 class Clients:
     """`n` openai clients (max_retries=0: a failed request is never retried) asking the gateway for chat
-    completions back to back, every other one streamed; each request's (start, ok, why it failed)."""
+    completions back to back, every other one streamed, each its own prompt (its own conversation, so that under
+    the gateway's prefix affinity the clients spread over the rigs); each request's (start, ok, why it failed)."""
 
     def __init__(self, url: str, n: int = 4):
         from openai import OpenAI
@@ -84,10 +85,10 @@ class Clients:
         self.client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
         self.results: list[tuple[float, bool, str]] = []
         self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._run, args=(i % 2 == 0,), daemon=True) for i in range(n)]
+        self.threads = [threading.Thread(target=self._run, args=(i % 2 == 0, i), daemon=True) for i in range(n)]
 
-    def _run(self, stream: bool) -> None:
-        messages = [{"role": "user", "content": "Count."}]
+    def _run(self, stream: bool, client: int) -> None:
+        messages = [{"role": "user", "content": f"Count. (client {client})"}]
         while not self.stop.is_set():
             t0 = time.monotonic()
             try:
