@@ -145,6 +145,8 @@ def power_warnings(plan: Plan) -> None:
     kept = "kept as set" if known else "kept as set if the cards' own range allows it (checked once the driver answers)"
     for warning in power.warnings(plan.caps, power.locate_profile(plan.lock), kept):
         warn(f"WARNING: {warning}")
+    if psu := power.psu_warning(plan.caps, plan.data.get("gpu_psu_watts")):  # the sum over every card
+        warn(f"WARNING: {psu}")
 
 
 def image_problems(plan: Plan, variant=None) -> list[str]:
@@ -166,7 +168,19 @@ def needs(plan: Plan) -> Needs:
     disk = sum(asset.bytes for asset in plan.assets if verdict.stale_weights(asset.pin, _weights_state(plan, asset)))
     if plan.data["rigforge_manage_services"] and not host.get_fact(DockerImagePresent, image=plan.image):
         disk += int(IMAGE_GB * 1e9)
-    return Needs(v.name, v.gpus, v.min_card_mib, v.uses_dflash, plan.layout.models, disk, plan.image, cuda)
+    extra = getattr(getattr(v, "recipe", None), "extra", None) or {}  # a slug's registry keys (seeds have none)
+    return Needs(
+        v.name,
+        v.gpus,
+        v.min_card_mib,
+        v.uses_dflash,
+        plan.layout.models,
+        disk,
+        plan.image,
+        cuda,
+        nvlink=extra.get("requires_nvlink") is True,
+        homogeneous=extra.get("requires_homogeneous_arch") is True,
+    )
 
 
 def hold_the_rig() -> bool:
