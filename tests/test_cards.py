@@ -262,3 +262,14 @@ def test_the_simulated_topology_for_n_cards_reads_as_the_real_one(tmp_path, gpus
     named = dict(pair.split("=") for pair in links.split(",") if pair)
     assert topology["links"] == {pair: named.get(pair, "PHB") for pair in pairs}
     assert topology["p2p_read"] == {pair: "OK" if pair in named else "CNS" for pair in pairs}
+
+
+def test_the_metrics_collector_declares_every_cards_cap():
+    from rigforge.render import render_gpu_metrics
+    from rigforge.schema import power_caps
+
+    script = render_gpu_metrics(power_caps(4, Settings()), "vllm-qwen-27b-multi-fast", IMAGE)
+    for i in range(4):
+        assert f'rigforge_gpu_declared_cap_watts{{gpu="{i}"}} 230\n' in script
+        assert f'$1 == "gpu{i}"' in script  # its set-backs counted too
+    assert 'gpu="4"' not in script
