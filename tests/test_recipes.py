@@ -51,8 +51,12 @@ def effective(files) -> dict:
 # --- selection ---
 
 
-MULTI4 = ("vllm/qwen-27b-multi-fast", "vllm/qwen-27b-multi-max", "vllm/gemma-31b-multi-google-qat-w4a16",
-          "vllm/nemotron-75b-multi-mtp")  # fmt: skip
+MULTI4 = (
+    "vllm/qwen-27b-multi-fast",
+    "vllm/qwen-27b-multi-max",
+    "vllm/gemma-31b-multi-google-qat-w4a16",
+    "vllm/nemotron-75b-multi-mtp",
+)
 
 
 def test_selectable_slugs_are_vllm_docker_production_or_caveats_on_sm86_at_any_tp(repo):

@@ -28,8 +28,9 @@ ENV = {**os.environ, "RIGFORGE_RECIPES": str(REFERENCE)}
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rigforge.cli", *args], capture_output=True, text=True, timeout=300,
-                          env=ENV, cwd=REPO)  # fmt: skip
+    """`rigforge ARGS` on the controller, reading the club-3090 reference."""
+    cmd = [sys.executable, "-m", "rigforge.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV, cwd=REPO)
 
 
 def caps(rig) -> list[str]:
