@@ -21,7 +21,15 @@ from rigforge.facts.serving import ComposeImages, ServiceState, runs_digest, ser
 from rigforge.facts.system import AptHeldPackages, OsRelease, ProvidedFiles, SystemdUnitEnabled
 from rigforge.fleet import Plan, ServedVariant
 from rigforge.gateway import backend_name as gateway_backend
-from rigforge.hardware import interconnect, missing_cards, missing_problem, small_override, vram_problems
+from rigforge.hardware import (
+    interconnect,
+    missing_cards,
+    missing_problem,
+    serving_cards,
+    serving_indices,
+    small_override,
+    vram_problems,
+)
 from rigforge.knobs.docker_engine import daemon_json_patch
 from rigforge.observe import Observed, RigContext, boot_units, managed_files, weights_at
 from rigforge.schema import Settings, power_caps
@@ -187,11 +195,15 @@ def gpu_checks(obs: Observed, ctx: RigContext) -> list[Check]:
     targets = ", ".join(sorted({str(g["target_w"]) for g in gpus}))
     declared = {g["index"]: g["target_w"] for g in gpus}
     visible = [f"{seen}; {ctx.variant_name} needs {need}"] if len(gpus) < need else []
+    if 0 < need < len(gpus):  # a slug over fewer cards than the rig has runs on the first ones (hardware.serving_env)
+        used = serving_indices(need, len(gpus))
+        idle = ", ".join(str(g["index"]) for g in gpus if int(g["index"]) not in used)
+        seen += f"; {ctx.variant_name} runs on GPU {', '.join(map(str, used))}, GPU {idle} idle"
     if missing := missing_cards(gpus, obs.get_fact(nvidia_facts.NvidiaPciGpus)):  # a card off the bus, by address
         visible = [missing_problem(missing, len(gpus))]
     return [
         check("GPUs visible", visible, seen),
-        vram(gpus, ctx.variant, ctx.settings),
+        vram(serving_cards(gpus, need) if need else gpus, ctx.variant, ctx.settings),  # the cards it runs on
         check(
             "power caps hold",
             verdict.caps(gpus, declared),

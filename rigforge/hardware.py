@@ -72,12 +72,11 @@ PCI_CARDS: dict[str, tuple[str, int, int | None]] = {
 def pci_problems(pci: list[tuple[str, str]], needs: "Needs", override: bool) -> list[str]:
     """Too few NVIDIA GPUs, or too little VRAM even in the largest known build; unknown IDs wait for the driver."""
     if len(pci) < needs.gpus:
-        return [
-            f"variant {needs.variant} needs {needs.gpus} GPUs, the PCI bus shows {len(pci)} NVIDIA GPU(s); {TWO_CARDS}"
-        ]
+        seen = f"the PCI bus shows {len(pci)} NVIDIA GPU(s)"
+        return [f"variant {needs.variant} needs {needs.gpus} GPUs, {seen}; {too_few(needs.gpus, len(pci))}"]
     known = [
         {"index": address, "name": f"{name}, PCI ID 10de:{device}", "memory_total": max(stock, modded or 0)}
-        for address, device in pci
+        for address, device in sorted(pci, key=lambda pair: bus_address(pair[0]))[: needs.gpus]  # its cards
         if device in PCI_CARDS
         for name, stock, modded in [PCI_CARDS[device]]
     ]
@@ -86,7 +85,34 @@ def pci_problems(pci: list[tuple[str, str]], needs: "Needs", override: bool) -> 
 
 
 SUPPORTED_OS = {("ubuntu", "22.04"), ("ubuntu", "24.04"), ("debian", "12"), ("debian", "13")}
-TWO_CARDS = "rigforge serves 2-card rigs (every variant runs tensor-parallel over 2 GPUs): add a GPU."
+
+
+def too_few(needed: int, has: int) -> str:
+    """What to do when a rig has `has` GPUs and its variant runs tensor-parallel over `needed`."""
+    more = needed - has
+    return (
+        f"this rig has {has} GPU(s) and the variant runs tensor-parallel over {needed}: add {more} GPU(s), or "
+        f"choose a variant for at most {has} card(s) (a slug's tp in the recipe registry is how many it needs)."
+    )
+
+
+def serving_indices(tp: int, gpu_count: int) -> list[int]:
+    """The GPU indices (nvidia-smi's, PCI bus order) a variant running tensor-parallel over `tp` serves on: the
+    first `tp`; on a rig with more cards the others stay idle (capped, persistence on, not used by vLLM)."""
+    return list(range(min(tp, gpu_count) if gpu_count else tp))
+
+
+def serving_env(tp: int, gpu_count: int) -> dict[str, str]:
+    """The container environment that pins vLLM to `serving_indices` when the rig has more cards than `tp` ({}
+    when it uses every card). CUDA numbers devices fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID, which makes
+    CUDA_VISIBLE_DEVICES's indices nvidia-smi's (the recipes' composes pass CUDA_VISIBLE_DEVICES through, their
+    own GPU mask: `count: all` reservations hand every card to the container)."""
+    if not gpu_count or gpu_count <= tp:
+        return {}
+    return {
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in serving_indices(tp, gpu_count)),
+    }
 
 
 @dataclass(frozen=True)
@@ -101,6 +127,8 @@ class Needs:
     disk_bytes: int  # bytes still to land there
     image: str = ""  # the image it runs
     image_cuda: str | None = None  # the CUDA version that image is built for (the lock's `cuda`), None: unknown
+    nvlink: bool = False  # the recipe's requires_nvlink: every pair of its cards NVLinked
+    homogeneous: bool = False  # the recipe's requires_homogeneous_arch: its cards share one compute capability
 
 
 def driver_cuda(running: dict | None, data: dict) -> tuple[str | None, str]:
@@ -196,8 +224,50 @@ def missing_problem(missing: list[tuple[str, str]], shown: int) -> str:
     )
 
 
-def gpu_problems(gpus: list[dict], needs: Needs, data: dict, pci: list | None = None) -> list[str]:
-    """What nvidia-smi's GPUs (else the PCI bus's `pci` pairs) lack for `needs.variant`: count, VRAM, power caps.
+def serving_cards(gpus: list[dict], tp: int) -> list[dict]:
+    """The cards of nvidia-smi's `gpus` a variant over `tp` runs on (serving_indices); all of them when fewer."""
+    wanted = set(serving_indices(tp, len(gpus)))
+    return [gpu for gpu in gpus if int(gpu.get("index", -1)) in wanted] or list(gpus)
+
+
+def arch_problems(serving: list[dict], needs: Needs) -> list[str]:
+    """The recipe's requires_homogeneous_arch against the serving cards' compute capabilities (empty when met,
+    not required, or one card; the recipe's scripts/preflight.sh refuses mixed ones the same way, club-3090 #762)."""
+    caps = sorted({str(gpu.get("compute_cap")) for gpu in serving if gpu.get("compute_cap")})
+    if not needs.homogeneous or len(caps) < 2:
+        return []
+    each = ", ".join(f"GPU {gpu['index']} sm_{gpu.get('compute_cap')}" for gpu in serving)
+    return [
+        f"variant {needs.variant} requires one GPU architecture across its {len(serving)} cards (the recipe's "
+        f"requires_homogeneous_arch: its arch-gated kernels fail on the lower card), the cards span compute "
+        f"capabilities {', '.join(caps)} ({each}): serve it on cards of one architecture."
+    ]
+
+
+def interconnect_problems(topology: dict | None, needs: Needs, gpu_count: int) -> list[str]:
+    """The recipe's requires_nvlink against `nvidia-smi topo -m` (parse_topology): every pair of the serving cards
+    must be NV# linked. Empty when met, not required, or the topology is unknown (no driver yet: checked again
+    once it answers)."""
+    links = (topology or {}).get("links") or {}
+    if not needs.nvlink or not links:
+        return []
+    serving = serving_indices(needs.gpus, gpu_count)
+    pairs = [f"{a}-{b}" for a in serving for b in serving if a < b]
+    unlinked = [f"GPU {pair} {links.get(pair, '?')}" for pair in pairs if not links.get(pair, "").startswith("NV")]
+    if not unlinked:
+        return []
+    return [
+        f"variant {needs.variant} requires NVLink between its {len(serving)} cards (the recipe's requires_nvlink), "
+        f"`nvidia-smi topo -m` shows {', '.join(unlinked)} (no NVLink): bridge them, or choose a slug that does "
+        "not require it."
+    ]
+
+
+def gpu_problems(
+    gpus: list[dict], needs: Needs, data: dict, pci: list | None = None, topology: dict | None = None
+) -> list[str]:
+    """What nvidia-smi's GPUs (else the PCI bus's `pci` pairs) lack for `needs.variant`: count, the serving
+    cards' VRAM, architecture and links (`topology`: parse_topology's, None: not read), every card's power caps.
     A card the PCI bus shows and nvidia-smi does not is named with its bus address (missing_problem)."""
     override = small_override(data.get("serving_kv_cache_dtype"), data.get("serving_gpu_memory_utilization"))
     if not gpus:
@@ -206,8 +276,13 @@ def gpu_problems(gpus: list[dict], needs: Needs, data: dict, pci: list | None = 
     if missing := missing_cards(gpus, pci):
         problems.append(missing_problem(missing, len(gpus)))
     if len(gpus) < needs.gpus and len(gpus) + len(missing) < needs.gpus:
-        problems.append(f"variant {needs.variant} needs {needs.gpus} GPUs, nvidia-smi shows {len(gpus)}; {TWO_CARDS}")
-    problems += vram_problems(gpus, needs.variant, needs.card_mib, needs.dflash, override)
+        problems.append(
+            f"variant {needs.variant} needs {needs.gpus} GPUs, nvidia-smi shows {len(gpus)}; "
+            f"{too_few(needs.gpus, len(gpus))}"
+        )
+    serving = serving_cards(gpus, needs.gpus)  # the VRAM it needs is on the cards it runs on
+    problems += vram_problems(serving, needs.variant, needs.card_mib, needs.dflash, override)
+    problems += arch_problems(serving, needs) + interconnect_problems(topology, needs, len(gpus))
     try:
         default_w = int(data.get("gpu_power_limit_w"))
         overrides = {int(k): int(v) for k, v in (data.get("gpu_power_limits") or {}).items()}
@@ -228,8 +303,9 @@ def find_problems(
     data: dict,
     pci: list | None = None,
     running: dict | None = None,
+    topology: dict | None = None,
 ) -> list[str]:
-    """Every reason this host cannot run `needs.variant` (`pci`: see gpu_problems)."""
+    """Every reason this host cannot run `needs.variant` (`pci`, `topology`: see gpu_problems)."""
     problems = []
     os_key = (os_release.get("id", ""), os_release.get("version_id", ""))
     if os_key not in SUPPORTED_OS:
@@ -243,7 +319,7 @@ def find_problems(
             f"docker_source='distro' leaves no `docker compose`: {name}'s archive has no compose v2 package; "
             "set docker_source: docker."
         )
-    problems += gpu_problems(gpus, needs, data, pci) + cuda_problems(needs, running, data)
+    problems += gpu_problems(gpus, needs, data, pci, topology) + cuda_problems(needs, running, data)
 
     if free_bytes is not None and free_bytes < needs.disk_bytes:
         problems.append(

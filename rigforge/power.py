@@ -1,6 +1,11 @@
 """Power caps against what the recipe repo (club-3090) measured: its hardware profile (PROFILE) and the range its
 docs/HARDWARE.md gives in prose (MEASURED_W; tests/test_power.py checks the sentence is still there). A cap outside
 them is a warning naming the source, never a refusal: the user's cap is theirs to choose.
+
+Every figure is per card and was measured at TP=2 (on a 4-card rig serving TP=2 on two of its cards: HARDWARE.md
+"Dual-card TP=2 anchor"); the recipe repo publishes no TP=4 or TP=8 sweep. A rig with more cards gets the same cap
+per card, checked against the same per-card range, and the sum over its cards against what host data
+`gpu_psu_watts` says its power supply gives the GPUs (psu_warning).
 """
 
 from collections.abc import Mapping
@@ -51,6 +56,23 @@ def warnings(caps: Mapping[int, int], prof: dict | None, kept: str = "kept as se
                 f"measured TP=2 throughput flat ({HARDWARE_DOC}, Dual-card TP=2 anchor); {kept}"
             )
     return out
+
+
+def psu_warning(caps: Mapping[int, int], psu_watts: int | None) -> str | None:
+    """The warning when the caps of every card (`caps`, {index: W}) add up to more than `psu_watts`, what host data
+    gpu_psu_watts says the power supply gives the GPUs; None when they fit or it is not set."""
+    if not psu_watts or not caps:
+        return None
+    total = sum(caps.values())
+    if total <= int(psu_watts):
+        return None
+    each = " + ".join(f"GPU {i} {w} W" for i, w in sorted(caps.items()))
+    fits = int(psu_watts) // len(caps)
+    return (
+        f"the power caps of this rig's {len(caps)} GPUs add up to {total} W ({each}), more than the {psu_watts} W "
+        f"gpu_psu_watts says the power supply gives the GPUs: under full load the supply can trip or the rig "
+        f"reset; set gpu_power_limit_w to at most {fits} W, or correct gpu_psu_watts (kept as set)"
+    )
 
 
 def recipe_range(prof: dict | None) -> str:

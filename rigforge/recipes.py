@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from rigforge.hardware import serving_env
 from rigforge.layout import HostLayout
 from rigforge.pins import HfPin, ImagePin, LockError
 from rigforge.render import COMPOSE_FILE, setting_name, units
@@ -159,8 +160,8 @@ def _classify(e: dict, engine: dict | None, sm: float) -> str | None:
         return f"engine {engine.get('id')} is {how}, not vLLM from a docker image"
     if sm > RIG_SM:
         return f"needs sm_{sm * 10:.0f} or newer (fallback_sm/required_sm/min_sm {sm:.1f}); an RTX 3090 is sm_86"
-    if e.get("tp") != 2:
-        return f"tp {e.get('tp')}: rigforge serves 2-card rigs (tp 2)"
+    if isinstance(e.get("tp"), bool) or not isinstance(e.get("tp"), int) or e.get("tp") < 1:
+        return f"tp {e.get('tp')!r} is not a card count (the registry's tp: how many GPUs the slug runs on)"
     if e.get("status") not in SELECTABLE + OPT_IN:
         return f"unknown status {e.get('status')!r}"
     return None
@@ -434,10 +435,25 @@ def service_name(r: Recipe, compose: dict) -> str:
     return next(iter(services))
 
 
-def _host_compose(r: Recipe, compose: dict, env: dict[str, str], image: str, layout: HostLayout) -> tuple[dict, dict]:
-    """(host override, what `docker compose -f RECIPE -f OVERRIDE config` resolves with the .env's `env`)."""
+def _with_env(environment: Any, pin: dict[str, str]) -> Any:
+    """A service's `environment` (list or mapping) with `pin`'s variables set, as compose merges an override's."""
+    if not pin:
+        return environment
+    if isinstance(environment, dict):
+        return {**environment, **pin}
+    kept = [item for item in environment or [] if str(item).split("=", 1)[0] not in pin]
+    return kept + [f"{key}={value}" for key, value in pin.items()]
+
+
+def _host_compose(
+    r: Recipe, compose: dict, env: dict[str, str], image: str, layout: HostLayout, pin: dict[str, str]
+) -> tuple[dict, dict]:
+    """(host override, what `docker compose -f RECIPE -f OVERRIDE config` resolves with the .env's `env`); `pin`:
+    the environment that names the cards it serves on (hardware.serving_env, {} when it uses every card)."""
     svc = service_name(r, compose)
     host: dict[str, Any] = {"restart": "no"} if r.image_env in env else {"image": image, "restart": "no"}
+    if pin:
+        host["environment"] = dict(pin)
     out = interpolated(compose, env)
     for v in out["services"][svc].get("volumes") or []:
         source, target, opts = _volume(v)
@@ -449,7 +465,10 @@ def _host_compose(r: Recipe, compose: dict, env: dict[str, str], image: str, lay
     if "volumes" in host:  # merged by target, the override's winning
         vols = list({_volume(v)[1]: v for v in [*vols, *host["volumes"]]}.values())
     base_dir = posixpath.join(layout.src(GIT_NAME), posixpath.dirname(r.compose_path))
+    environment = _with_env(service.get("environment"), pin)
     service.update(host, volumes=[])
+    if pin:
+        service["environment"] = environment
     for source, target, opts in map(_volume, vols):
         if source.startswith("."):
             source = posixpath.normpath(posixpath.join(base_dir, source))
@@ -525,7 +544,8 @@ class LiveVariant:
         env = knob_env(r, compose, knobs | {"model_dir": layout.models, "port": s.port or r.port}, host_data)
         if r.image_env in variables(compose):  # the engine's `image_env` sets the image, as upstream's launchers do
             env[r.image_env] = image
-        host, effective = _host_compose(r, compose, env, image, layout)
+        pin = serving_env(r.tp, gpu_count)  # a rig with more cards than tp: vLLM runs on the first tp
+        host, effective = _host_compose(r, compose, env, image, layout, pin)
         wrapper = {
             "name": f"rigforge-{r.name}",
             "include": [{"path": [f"{layout.src(GIT_NAME)}/{r.compose_path}", OVERRIDE_FILE], "env_file": ".env"}],
@@ -541,7 +561,7 @@ class LiveVariant:
             + dump(wrapper),
             OVERRIDE_FILE: note
             + "# Host-specific only: the lock's image (unless .env sets the recipe's image_env), no restart policy\n"
-            + "# (the unit owns restarts), caches.\n"
+            + "# (the unit owns restarts), caches; on a rig with more cards than the slug's tp, the cards it runs on.\n"
             + dump(host),
             ".env": "\n".join(lines) + "\n",
             EFFECTIVE_FILE: note

@@ -59,6 +59,7 @@ def needs(plan: Plan, fetched: Sequence[PlannedAsset], image_present: bool) -> N
     disk = sum(asset.bytes for asset in fetched)
     if lacks_image(plan, image_present):
         disk += int(IMAGE_GB * 1e9)
+    extra = getattr(getattr(variant, "recipe", None), "extra", None) or {}  # a slug's registry keys (seeds: none)
     return Needs(
         variant.name,
         variant.gpus,
@@ -68,4 +69,6 @@ def needs(plan: Plan, fetched: Sequence[PlannedAsset], image_present: bool) -> N
         disk,
         plan.image,
         cuda,
+        nvlink=extra.get("requires_nvlink") is True,
+        homogeneous=extra.get("requires_homogeneous_arch") is True,
     )

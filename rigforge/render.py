@@ -5,6 +5,7 @@ from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
+from rigforge.hardware import serving_env
 from rigforge.layout import (
     CRON_FILES,
     GPU_METRICS_FILE,
@@ -160,7 +161,9 @@ def seed_files(variant, s: Settings, layout: HostLayout, gpu_count: int, host_da
     # so the script's own shell variables are escaped as $$.
     script = "\n".join(["set -e", *variant.entrypoint]).replace("$", "$$") if variant.entrypoint else None
     compose = template(COMPOSE_FILE + ".j2").render(
-        v=variant,  # name, service, container_name, restart, environment, shm_size, ipc as they are
+        v=variant,  # name, service, container_name, restart, shm_size, ipc as they are
+        # its environment, then the cards it serves on when the rig has more (hardware.serving_env)
+        environment=[*variant.environment, *serving_env(variant.gpus, gpu_count).items()],
         image=s.image or variant.image,
         entrypoint_script=script,
         command=vllm_args(variant, s),

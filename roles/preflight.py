@@ -16,7 +16,7 @@ from rigforge import driver_table, packages, schema
 from rigforge.facts.apt import AptSourceFiles, DebInstalledVersion, PublishedPackages
 from rigforge.facts.docker import DataRootLeft
 from rigforge.facts.gitpin import GitCheckout
-from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, NvidiaRunningDriver
+from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, NvidiaRunningDriver, NvidiaTopology
 from rigforge.facts.system import FreeDiskBytes, OsRelease, SecureBoot, UrlAnswers
 from rigforge.fleet import Plan
 from rigforge.hardware import Needs, data_root_left, data_root_of, find_problems, format_problems
@@ -172,6 +172,7 @@ def check(needs: Needs, data: Mapping, more: list[str] = ()) -> bool:
         data=data,
         pci=host.get_fact(NvidiaPciGpus),
         running=host.get_fact(NvidiaRunningDriver),
+        topology=host.get_fact(NvidiaTopology) if needs.nvlink else None,  # read only for a slug that needs NVLink
     )
     # the driver and container-runtime roles' host-state checks, then the controller's
     arch = host.get_fact(DebArch) or "amd64"

@@ -149,6 +149,9 @@ def power_warnings(plan: Plan) -> None:
     kept = "kept as set" if known else "kept as set if the cards' own range allows it (checked once the driver answers)"
     for warning in power.warnings(plan.caps, power.locate_profile(plan.lock), kept):
         warn(f"WARNING: {warning}")
+    psu = power.psu_warning(plan.caps, plan.data.get("gpu_psu_watts"))  # the sum over every card
+    if psu:
+        warn(f"WARNING: {psu}")
 
 
 def image_problems(plan: Plan, fl: fleet.Fleet, image_present: bool) -> list[str]:

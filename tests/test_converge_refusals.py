@@ -110,7 +110,7 @@ def test_one_gpu_rig_is_refused_by_the_pci_count_before_the_driver(rigs, tmp_pat
     assert_refused(
         results, err, "rig2", "dual-turbo needs 2 GPUs, the PCI bus shows 1 NVIDIA GPU(s)", "preflight failed on"
     )
-    assert "rigforge serves 2-card rigs (every variant runs tensor-parallel over 2 GPUs): add a GPU." in err
+    assert "this rig has 1 GPU(s) and the variant runs tensor-parallel over 2: add 1 GPU(s)" in err
     assert "choose a variant for this GPU count" not in err  # no such variant exists
     assert snapshot(rig) == fresh
 

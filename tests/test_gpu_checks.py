@@ -149,7 +149,7 @@ def test_a_card_on_the_pci_bus_that_nvidia_smi_does_not_list_is_named_not_asked_
     problems = gpu_problems(one, PREFLIGHT, DATA, pci)
     assert problems == [OFF_BUS]  # not "add a GPU": the rig has two
     assert missing_cards([smi_gpu(0, "00000000:01:00.0")], pci[:1]) == []
-    assert "add a GPU" in gpu_problems(one, PREFLIGHT, DATA, pci[:1])[0]  # one card, on the bus and listed
+    assert "add 1 GPU(s)" in gpu_problems(one, PREFLIGHT, DATA, pci[:1])[0]  # one card, on the bus and listed
     assert missing_cards([], pci) == []  # no driver yet: the PCI checks' business (pci_problems)
     assert gpu_count(one, pci) == 2 and gpu_count(one, None) == 1 and gpu_count([], []) is None
 

@@ -51,14 +51,31 @@ def effective(files) -> dict:
 # --- selection ---
 
 
-def test_selectable_slugs_are_vllm_docker_tp2_production_or_caveats_on_sm86(repo):
+MULTI4 = (
+    "vllm/qwen-27b-multi-fast",
+    "vllm/qwen-27b-multi-max",
+    "vllm/gemma-31b-multi-google-qat-w4a16",
+    "vllm/nemotron-75b-multi-mtp",
+)
+
+
+def test_selectable_slugs_are_vllm_docker_production_or_caveats_on_sm86_at_any_tp(repo):
     chosen = selectable(repo)
-    assert {"vllm/dual", "vllm/qwen-27b-dual-fast", "vllm/qwen-27b-dual-max"} <= set(chosen)
+    assert {"vllm/dual", "vllm/qwen-27b-dual-fast", "vllm/qwen-27b-dual-max", "vllm/minimal", *MULTI4} <= set(chosen)
     for slug in chosen:
         r = repo.recipes[slug]
-        assert (r.engine_type, r.install_method, r.tp) == ("vllm", "docker_image", 2)
+        assert (r.engine_type, r.install_method) == ("vllm", "docker_image") and r.tp >= 1
         assert r.status in ("production", "caveats") and r.required_sm <= 8.6
-    assert "vllm/minimal" not in chosen and "llamacpp/tess-dual-mtp" not in chosen  # tp 1 / llama.cpp
+    assert "llamacpp/tess-dual-mtp" not in chosen  # llama.cpp
+    assert {repo.recipes[slug].tp for slug in MULTI4} == {4}
+
+
+def test_a_tp_that_is_not_a_card_count_is_refused():
+    for tp in (0, None, "4", True):
+        refused = recipes._classify(
+            {"tp": tp, "status": "caveats"}, {"type": "vllm", "install": {"method": "docker_image"}}, 8.6
+        )
+        assert refused == f"tp {tp!r} is not a card count (the registry's tp: how many GPUs the slug runs on)"
 
 
 @pytest.mark.parametrize(
@@ -66,7 +83,6 @@ def test_selectable_slugs_are_vllm_docker_tp2_production_or_caveats_on_sm86(repo
     [
         ("vllm/gemma-mtp-tp1", "needs sm_90 or newer (fallback_sm/required_sm/min_sm 9.0); an RTX 3090 is sm_86"),
         ("llamacpp/tess-dual-mtp", "not vLLM from a docker image"),
-        ("vllm/minimal", "tp 1: rigforge serves 2-card rigs"),
     ],
 )
 def test_refused_slugs_say_which_and_why_in_one_line(repo, slug, reason):

@@ -114,3 +114,29 @@ def test_the_recipes_image_env_sets_the_image_for_docker_compose_config(tools):
     serve = write(tools, "serve/image-env", {k: v for k, v in files.items() if k != recipes.EFFECTIVE_FILE})
     svc = next(iter(config(tools, serve)["services"].values()))
     assert svc["image"] == IMAGE
+
+
+def test_a_tp2_slug_on_four_cards_pins_cards_0_and_1_for_docker_compose_config(tools):
+    """The host override's card pin (hardware.serving_env) merges into the recipe's list-form environment as a
+    real `docker compose config` merges it: CUDA_VISIBLE_DEVICES=0,1 and CUDA_DEVICE_ORDER=PCI_BUS_ID, every other
+    entry the recipe's; effective-compose.yml says the same."""
+    repo = parse_repo(REFERENCE)
+    r = repo.recipe("vllm/dual")
+    s = apply_overrides(Settings(), {"root": ROOT, "port": 18082, "bind_address": "127.0.0.1"})
+    files = render_variant(recipes.of(repo, r, IMAGE), s, 4)
+    serve = write(tools, "serve/four-cards", {k: v for k, v in files.items() if k != recipes.EFFECTIVE_FILE})
+    alone = write(
+        tools, "effective/four-cards", {"docker-compose.yml": files[recipes.EFFECTIVE_FILE], ".env": files[".env"]}
+    )
+    rig = config(tools, serve)
+    assert config(tools, alone) == rig
+    svc = next(iter(rig["services"].values()))
+    two_cards = render_variant(recipes.of(repo, r, IMAGE), s, 2)
+    plain = write(tools, "serve/two-cards", {k: v for k, v in two_cards.items() if k != recipes.EFFECTIVE_FILE})
+    two = next(iter(config(tools, plain)["services"].values()))
+    assert svc["environment"] == {
+        **two["environment"],
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "CUDA_VISIBLE_DEVICES": "0,1",
+    }
+    assert two["environment"]["CUDA_VISIBLE_DEVICES"] is None  # on 2 cards the recipe's bare pass-through, no value

@@ -193,7 +193,7 @@ def test_preflight_fails_only_the_bad_host_before_any_change(caplog):
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     (message,) = [m for m in errors if "preflight failed" in m]
     assert "preflight failed on @fake/onegpu" in message
-    assert "needs 2 GPUs, nvidia-smi shows 1" in message and "rigforge serves 2-card rigs" in message
+    assert "needs 2 GPUs, nvidia-smi shows 1" in message and "this rig has 1 GPU(s)" in message
 
 
 @pytest.mark.parametrize("cap,word", [(90, "90 W"), (400, "400 W")])

@@ -12,9 +12,17 @@ DEFAULTS = {
     # cron job, a user's `nvidia-smi -pl`) within 15 s, naming the writer in the journal and counting it in
     # rigforge_gpu_cap_setbacks_total; false: the timer is stopped and disabled (caps set at boot and by the deploy)
     "gpu_power_hold": True,
+    # watts the rig's power supply can give its GPUs (the supply's rating less the rest of the system); the deploy
+    # warns when the caps of every card add up to more (rigforge/power.py psu_warning). null: no check
+    "gpu_psu_watts": None,
 }
+PSU_WATTS = (100, 20000)  # what gpu_psu_watts may say
 
 
 def validate(data: Mapping) -> list[str]:
+    """Problems of the GPU power role's host-data keys (caps, settle window, hold, power supply)."""
     problems = schema.settings(data, {name: key for name, key in schema.HOST_KEYS.items() if key in DEFAULTS})
-    return problems + (schema.boolean(data, "gpu_power_hold") if "gpu_power_hold" in data else [])
+    problems += schema.boolean(data, "gpu_power_hold") if "gpu_power_hold" in data else []
+    if data.get("gpu_psu_watts") is not None:
+        problems += schema.integer(data, "gpu_psu_watts", *PSU_WATTS, " of watts")
+    return problems

@@ -24,7 +24,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     p_up = sub.add_parser("up", help="build or reuse simulated rigs; prints the pyinfra inventory path")
     p_up.add_argument("--rigs", type=int, default=1, help="number of rigs (rig1..rigN, default 1)")
-    p_up.add_argument("--gpus", type=int, default=2, help="simulated GPUs per rig (default 2)")
+    p_up.add_argument("--gpus", type=int, default=2, help="simulated GPUs per rig, chroot or booted (default 2)")
+    p_up.add_argument(
+        "--gpu-links",
+        default="",
+        help="the simulated `nvidia-smi topo -m` cells of GPU pairs, e.g. 0-1=NV4,2-3=NV4 (default: every pair PHB)",
+    )
     p_up.add_argument("--gpu-name", default=RigSpec.gpu_name, help=f"GPU name (default {RigSpec.gpu_name!r})")
     p_up.add_argument("--vram-mib", type=int, default=24576, help="VRAM per GPU in MiB (default 24576)")
     p_up.add_argument(
@@ -110,6 +115,13 @@ def _check(args: argparse.Namespace) -> str | None:
         return f"--rigs must be between 1 and 50, got {args.rigs}"
     if args.gpus < 0 or args.gpus > 16:
         return f"--gpus must be between 0 and 16, got {args.gpus}"
+    pair = r"(\d+)-(\d+)=(NV\d+|PIX|PXB|PHB|NODE|SYS)"
+    if args.gpu_links and not re.fullmatch(rf"{pair}(,{pair})*", args.gpu_links):
+        kinds = "NV#, PIX, PXB, PHB, NODE, SYS"
+        return f"--gpu-links must be pairs such as 0-1=NV4,2-3=NODE ({kinds}), got {args.gpu_links!r}"
+    for a, b in re.findall(r"(\d+)-(\d+)=", args.gpu_links):
+        if not int(a) < int(b) < args.gpus:
+            return f"--gpu-links names GPU pair {a}-{b}; pairs are i-j with i < j < --gpus ({args.gpus})"
     if not re.fullmatch(r"[0-9a-f]{4}", args.pci_device):
         return f"--pci-device must be 4 lower-case hex digits such as 2204, got {args.pci_device!r}"
     if not CUDA.match(args.image_cuda):
@@ -153,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
             preset=args.preset,
             pci_device=args.pci_device,
             image_cuda=args.image_cuda,
+            links=args.gpu_links,
         )
         t0 = time.monotonic()
         tb = up(

@@ -29,6 +29,9 @@ class RigSpec:
     pci_device: str = "2204"  # PCI device ID of every card (10de:2204 = RTX 3090), what sysfs shows before a driver
     preset: str = ""  # "", "handmade" or "unowned": how the rig was set up before rigforge (testbed/presets.py)
     image_cuda: str = "13.0"  # the CUDA version the stand-in images carry (the testbed lock's `cuda`, their env)
+    # the `nvidia-smi topo -m` cell of GPU pairs, "0-1=NV4,2-3=NV4" (text: rig.json keeps the spec as JSON); a pair
+    # not named is PHB (one host bridge)
+    links: str = ""
 
     def gpus_json(self, seed: str) -> dict:
         gpus = []
@@ -47,7 +50,8 @@ class RigSpec:
                     "compute_cap": "8.6",
                 }
             )
-        return {"gpus": gpus}
+        links = dict(pair.split("=", 1) for pair in self.links.split(",") if pair)
+        return {"gpus": gpus, **({"links": links} if links else {})}
 
 
 @dataclass

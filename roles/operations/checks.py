@@ -6,7 +6,7 @@ from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, Host, State, operation
 from pyinfra.context import ctx_host
 
-from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus
+from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, NvidiaTopology
 from rigforge.hardware import Needs, format_problems, gpu_count, gpu_problems
 from roles.operations.shown import Commands, unchanged
 
@@ -48,7 +48,8 @@ def gpus_fit(needs: Needs, caps: dict[int, int], data: dict) -> Commands:
     if unchanged(not gpus and not state.is_executing, "GPUs are checked when this runs, once the driver answers"):
         return
     pci = host.get_fact(NvidiaPciGpus)  # a card on the bus nvidia-smi does not list is named (hardware.py)
-    problems = gpu_problems(gpus, needs, data, pci)
+    topology = host.get_fact(NvidiaTopology) if needs.nvlink else None  # the recipe's requires_nvlink
+    problems = gpu_problems(gpus, needs, data, pci, topology)
     if not gpus:
         problems.append(
             "nvidia-smi shows no GPU although the driver role finished; check `nvidia-smi` and `dmesg` on the rig."
