@@ -299,6 +299,7 @@ def test_check_is_offline_and_lists_offending_entries(tmp_path):
     data = yaml.safe_load((REPO / "rigforge.lock.yaml").read_text())
     data["image"]["digest"] = "sha256:" + "1" * 64
     data["images"]["vllm-stable"]["digest"] = "sha256:" + "4" * 64
+    data["images"]["llama-cpp-local"]["digest"] = "sha256:" + "5" * 64
     data["git"]["vllm-src"]["commit"] = "67f8c2b" + "0" * 33
     for entry in data["hf"].values():
         entry["revision"] = "2" * 40
@@ -577,10 +578,9 @@ def test_a_purged_image_at_ref_never_advises_the_lock_in_use(stand_ins, tmp_path
     proc = rigforge_lock("--recipes", "B-slow", "--out", str(tmp_path / "c.yaml"), "--lock", str(path), env=env)
     assert proc.returncode == 1, proc.stdout
     assert f"could not resolve images.vllm-stable: {SLOW_IMAGE}: registry answered HTTP 404" in proc.stderr
-    assert (
-        f"no slug of the recipe repo at {tags['B-slow'][:8]} runs another image: move the recipe pin to a later "
-        "commit whose images the registry has"
-    ) in proc.stderr, proc.stderr
+    # B-slow's llama.cpp slugs run another image (llama.cpp's, on ghcr.io): the advice names one, of B-slow's tree
+    assert "e.g. rigforge_variant: llamacpp/" in proc.stderr, proc.stderr
+    assert f"the recipe repo at {tags['B-slow'][:8]})" in proc.stderr, proc.stderr
     assert "v0.27.1" not in proc.stderr and tags["A"][:8] not in proc.stderr, proc.stderr
 
 

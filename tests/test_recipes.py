@@ -51,21 +51,21 @@ def effective(files) -> dict:
 # --- selection ---
 
 
-def test_selectable_slugs_are_vllm_docker_tp2_production_or_caveats_on_sm86(repo):
+def test_selectable_slugs_are_vllm_or_llamacpp_docker_tp2_production_or_caveats_on_sm86(repo):
     chosen = selectable(repo)
     assert {"vllm/dual", "vllm/qwen-27b-dual-fast", "vllm/qwen-27b-dual-max"} <= set(chosen)
+    assert {"llamacpp/tess-dual-mtp", "llamacpp/deckard40B-dual-mtp"} <= set(chosen)  # llama.cpp, production
     for slug in chosen:
         r = repo.recipes[slug]
-        assert (r.engine_type, r.install_method, r.tp) == ("vllm", "docker_image", 2)
+        assert r.engine_type in ("vllm", "llama.cpp") and (r.install_method, r.tp) == ("docker_image", 2)
         assert r.status in ("production", "caveats") and r.required_sm <= 8.6
-    assert "vllm/minimal" not in chosen and "llamacpp/tess-dual-mtp" not in chosen  # tp 1 / llama.cpp
+    assert "vllm/minimal" not in chosen  # tp 1
 
 
 @pytest.mark.parametrize(
     "slug, reason",
     [
         ("vllm/gemma-mtp-tp1", "needs sm_90 or newer (fallback_sm/required_sm/min_sm 9.0); an RTX 3090 is sm_86"),
-        ("llamacpp/tess-dual-mtp", "not vLLM from a docker image"),
         ("vllm/minimal", "tp 1: rigforge serves 2-card rigs"),
     ],
 )
@@ -353,7 +353,7 @@ def test_every_selectable_slug_matches_its_upstream_file_with_its_own_defaults(r
         up = recipes.interpolated(upstream, {})["services"][name]
         svc = effective(render(repo, slug))["services"][name]
         assert svc["image"] == IMAGE, slug
-        assert up["image"].startswith("vllm/vllm-openai:"), slug
+        assert up["image"] == r.image, slug  # the engine profile's image, which the lock pins
         for key in ("command", "entrypoint", "ipc", "shm_size", "container_name", "deploy"):
             assert svc.get(key) == up.get(key), (slug, key)
         assert env_map(svc["environment"]) == env_map(up["environment"]), slug
@@ -636,7 +636,8 @@ def test_unknown_entry_keys_are_kept_as_data_and_a_null_keeps_the_compose_files_
 def test_new_statuses_and_engines_are_refused_with_the_reason(newer):
     assert newer.recipes["vllm/dual-preview2"].refused == "unknown status 'preview-2'"
     assert newer.recipes["sglang/qwen-27b-dual"].refused == (
-        "engine sglang-stable is sglang installed by docker_image, not vLLM from a docker image"
+        "engine sglang-stable is sglang installed by docker_image: rigforge serves vLLM and llama.cpp engines "
+        "installed by docker_image"
     )
     with pytest.raises(RecipeError, match="vllm/dual-preview2: refused: unknown status 'preview-2'"):
         newer.recipe("vllm/dual-preview2", opt_in=True)
