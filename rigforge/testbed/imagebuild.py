@@ -4,9 +4,10 @@ The content is the booted tier's stand-in (bash, python3 with its standard libra
 the `vllm serve` and `llama-server` stand-ins from image/, rigforge's OpenAI stub, the one vLLM source line the
 recipes' patch anchors on), taken from the booted rigs' root file system and split into LAYERS so that a pull
 fetches several blobs (and a cut pull has some to resume). Every entry has uid/gid 0, mtime 0 and a sorted place
-in its layer, and gzip writes mtime 0 and no name, so the same root file system gives the same blobs and digests on every
-build. The layers are built once per testbed cache (`build_layers`); each image is then only a config blob
-(its env, entrypoint and a label naming its reference, so no two references share a manifest) and a manifest.
+in its layer, and gzip writes mtime 0 and no name, so the same root file system gives the same blobs and digests
+on every build. The layers are built once per testbed cache (`build_layers`); each image is then only a config
+blob (its env, entrypoint and a label naming its reference, so no two references share a manifest) and a
+manifest.
 """
 
 from __future__ import annotations
