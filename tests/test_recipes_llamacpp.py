@@ -219,3 +219,33 @@ def test_lock_resolves_only_the_included_files_of_a_gguf_repo(monkeypatch):
     missing = HfPin(name="q4", repo="migtissera/Tess-4-27B-GGUF", revision=None, include=("Tess-4-27B-IQ1.gguf",))
     with pytest.raises(LockError, match=r"hf.q4: migtissera/Tess-4-27B-GGUF@1{40} has no Tess-4-27B-IQ1.gguf"):
         lock.resolve_hf(missing, None, None)
+
+
+def test_the_monitor_scrapes_a_llamacpp_server_only_when_its_recipe_enables_metrics(repo):
+    """A llama.cpp rig is no vLLM target (so no vLLM alert counts it); with --metrics it is a `llamacpp` target,
+    labelled serving_engine llama.cpp; the vLLM rig beside it stays a `vllm` target."""
+    from types import SimpleNamespace
+
+    from rigforge import fleet, monitor
+
+    r = repo.recipe(TESS)
+    svc = next(iter(repo.compose(r)["services"].values()))
+    plain = recipes.of(repo, r, IMAGE)
+    metered = recipes.LiveVariant(
+        r, {"services": {"s": {**svc, "command": svc["command"] + " --metrics"}}}, IMAGE, (), "tess-4-27b", 24000
+    )
+
+    def plan(host: str, variant) -> SimpleNamespace:
+        data = {"monitor_node_exporter_port": 9100}
+        return SimpleNamespace(host=host, data=data, port=variant.port, variant=variant)
+
+    dual = recipes.of(repo, repo.recipe("vllm/dual"), "x")
+    targets = fleet.targets([plan("rig1", plain), plan("rig2", dual)], {})
+    assert targets["vllm"] == (("rig2", "rig2:8010"),) and targets["llamacpp"] == ()
+    assert targets["node"] == (("rig1", "rig1:9100"), ("rig2", "rig2:9100"))
+    targets = fleet.targets([plan("rig1", metered), plan("rig2", dual)], {})
+    assert targets["llamacpp"] == (("rig1", "rig1:8115"),)
+    config = yaml.safe_load(monitor.render_config(targets, {"monitor_scrape_interval_s": 15}))
+    jobs = {job["job_name"]: job["static_configs"] for job in config["scrape_configs"]}
+    assert jobs["llamacpp"] == [{"targets": ["rig1:8115"], "labels": {"rig": "rig1", "serving_engine": "llama.cpp"}}]
+    assert jobs["vllm"] == [{"targets": ["rig2:8010"], "labels": {"rig": "rig2", "serving_engine": "vllm"}}]
