@@ -614,8 +614,12 @@ def lock_entry(hf: Any, w: Weights) -> str | None:
 
 def weights_pin(w: Weights) -> HfPin:
     """The unresolved lock entry the weights `w` need, `rigforge lock` resolves it; named by their dir, a '/' in it
-    as '-' (the name is a file name on the rig: its staging dir, its token file)."""
-    return HfPin(name=w.local_subdir.replace("/", "-"), repo=w.hf_repo, revision=None, include=w.files)
+    as '-' (the name is a file name on the rig: its staging dir, its token file), and by their id too when they are
+    some files of their repo and the dir does not name them (two quants of one repo may share a dir)."""
+    name = w.local_subdir.replace("/", "-")
+    if w.files and w.id not in name:
+        name = f"{name}-{w.id}"
+    return HfPin(name=name, repo=w.hf_repo, revision=None, include=w.files)
 
 
 def _files_note(w: Weights) -> str:

@@ -129,6 +129,7 @@ HF_REPOS = {
     "qwen3.6-27b-fp8": ("Qwen/Qwen3.6-27B-FP8", False, 2),  # vllm/qwen-27b-dual-max (recipe repo)
     "qwen3.6-27b-autoround-int4-v2": ("Lorbus/Qwen3.6-27B-int4-AutoRound-v2", False, 3),  # recipe commit B's slug
 }
+SPLIT_IQ2 = "UD-IQ2_XXS/DeepSeek-V4-Flash-0731-UD-IQ2_XXS"
 # lock key -> (repo id, gated, {file: its size in shards}, the files the lock includes): GGUF repos, as the
 # llama.cpp recipes' weights (a quant of a many-quant repo; its external MTP draft); a quant no recipe names is there
 # so that fetching only the included files is proven
@@ -144,6 +145,16 @@ GGUF_REPOS = {
         False,
         {"Qwen3.6-40B-Deckard-MTP-Q6_K.gguf": 3},
         ("Qwen3.6-40B-Deckard-MTP-Q6_K.gguf",),
+    ),
+    # a split GGUF (llama.cpp's -0000N-of-0000M parts) in a quant's folder, beside another quant's parts
+    "deepseek-v4-flash-0731-gguf-unsloth-iq2-xxs": (
+        "unsloth/DeepSeek-V4-Flash-0731-GGUF",
+        False,
+        {
+            **{f"{SPLIT_IQ2}-0000{i}-of-00003.gguf": 1 for i in (1, 2, 3)},
+            "UD-Q8_K_XL/DeepSeek-V4-Flash-0731-UD-Q8_K_XL-00001-of-00005.gguf": 1,
+        },
+        tuple(f"{SPLIT_IQ2}-0000{i}-of-00003.gguf" for i in (1, 2, 3)),
     ),
 }
 UNLOCKED = {"qwen3.6-27b-autoround-int4-v2"}  # served, but not in the testbed lock: `rigforge lock --recipes` adds it
