@@ -115,11 +115,13 @@ def resolve_hf(pin: HfPin, endpoint: str | None, token: str | None) -> HfPin:
 
 
 def manifest_url(ref: str, registry: str | None = None) -> str:
-    """The Distribution API manifest URL of an image reference `[host/]name[:tag]`."""
+    """The Distribution API manifest URL of an image reference `[host/]name[:tag]`: at the registry its host names
+    (ghcr.io/ggml-org/llama.cpp -> https://ghcr.io, repository ggml-org/llama.cpp), Docker Hub without one; at
+    `registry` instead when given (a stand-in for every upstream: the repository without the host)."""
     name, _, tag = ref.rpartition(":") if ":" in ref.rsplit("/", 1)[-1] else (ref, "", "latest")
     first = name.split("/", 1)[0]
-    if registry is None and ("." in first or ":" in first or first == "localhost") and "/" in name:
-        registry, name = f"https://{first}", name.split("/", 1)[1]
+    if ("." in first or ":" in first or first == "localhost") and "/" in name:
+        registry, name = registry or f"https://{first}", name.split("/", 1)[1]
     registry = (registry or "https://registry-1.docker.io").rstrip("/")
     if "/" not in name and registry.endswith("registry-1.docker.io"):
         name = f"library/{name}"

@@ -249,3 +249,20 @@ def test_the_monitor_scrapes_a_llamacpp_server_only_when_its_recipe_enables_metr
     jobs = {job["job_name"]: job["static_configs"] for job in config["scrape_configs"]}
     assert jobs["llamacpp"] == [{"targets": ["rig1:8115"], "labels": {"rig": "rig1", "serving_engine": "llama.cpp"}}]
     assert jobs["vllm"] == [{"targets": ["rig2:8010"], "labels": {"rig": "rig2", "serving_engine": "vllm"}}]
+
+
+def test_a_ghcr_image_is_asked_at_ghcr_or_at_the_registry_standing_for_upstream():
+    from rigforge.lock import manifest_url
+    from rigforge.obtain import parse
+
+    ref = "ghcr.io/ggml-org/llama.cpp:server-cuda-b10236"
+    assert manifest_url(ref) == "https://ghcr.io/v2/ggml-org/llama.cpp/manifests/server-cuda-b10236"
+    assert manifest_url(ref, "http://127.0.0.1:5000") == (
+        "http://127.0.0.1:5000/v2/ggml-org/llama.cpp/manifests/server-cuda-b10236"
+    )
+    assert (
+        manifest_url("vllm/vllm-openai:v0.27.1") == "https://registry-1.docker.io/v2/vllm/vllm-openai/manifests/v0.27.1"
+    )
+    pinned = parse(f"{ref}@sha256:{'ab' * 32}")
+    assert (pinned.registry, pinned.repository, pinned.on_docker_hub) == ("ghcr.io", "ggml-org/llama.cpp", False)
+    assert pinned.pinned == f"ghcr.io/ggml-org/llama.cpp@sha256:{'ab' * 32}"
