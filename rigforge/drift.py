@@ -433,7 +433,7 @@ def monitor_check(rig: str, rest: str | None, views: Mapping[str, dict | None]) 
             job, health = t["labels"].get("job", "?"), t.get("health")
             if health == "up":
                 fine.append(f"{job} up")
-            elif job == "vllm" and rest == "stopped":
+            elif job in ("vllm", "llamacpp") and rest == "stopped":
                 fine.append(f"{job} {health}: resting stopped on purpose (serving_rest)")
             elif health == "down":
                 problems.append(f"{job} down at {mon}: {t.get('lastError') or 'no error given'}")

@@ -336,12 +336,19 @@ def build(
 def targets(
     plans: Iterable[Plan | None], gateways: Mapping[str, Mapping], monitors: Collection[str] = ()
 ) -> dict[str, tuple[tuple[str, str], ...]]:
-    """{job: ((host, "address:port"), ...)}: each rig and gateway where the monitor host reaches it."""
+    """{job: ((host, "address:port"), ...)}: each rig and gateway where the monitor host reaches it. A rig's server
+    is a target of its engine's job: "vllm", or "llamacpp" when its llama.cpp recipe enables llama-server's metrics
+    (--metrics; without it llama-server exports none, and the rig has no serving target)."""
     rigs = [(p.host, p.data.get("gateway_address") or p.host, p) for p in plans if p is not None]
+    engine = {p.host: getattr(p.variant, "engine", "vllm") for _, _, p in rigs}  # a seed variant is vLLM
+    exported = {p.host: getattr(p.variant, "metrics", True) for _, _, p in rigs}
     gws = [(n, d.get("gateway_bind_address") or ("127.0.0.1" if n in monitors else n), d) for n, d in gateways.items()]
     return {
         "node": tuple((name, f"{addr}:{p.data['monitor_node_exporter_port']}") for name, addr, p in rigs),
-        "vllm": tuple((name, f"{addr}:{p.port}") for name, addr, p in rigs),
+        "vllm": tuple((name, f"{addr}:{p.port}") for name, addr, p in rigs if engine[name] == "vllm"),
+        "llamacpp": tuple(
+            (name, f"{addr}:{p.port}") for name, addr, p in rigs if engine[name] == "llama.cpp" and exported[name]
+        ),
         "haproxy": tuple((name, f"{addr}:{data['gateway_metrics_port']}") for name, addr, data in gws),
     }
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from rigforge import recipes
-from rigforge.pins import GitPin, HfPin, ImagePin, Lock, LockError, dump_lock
+from rigforge.pins import GitPin, ImagePin, Lock, LockError, dump_lock
 
 
 def follow(
@@ -39,10 +39,11 @@ def follow(
             name, _, digest = str(svc["image"]).partition("@")
             if images.get(service, ImagePin(ref="")).ref != name:
                 images[service] = ImagePin(ref=name, digest=digest or None)
-    hf, known = dict(lock.hf), {p.repo for p in lock.hf.values()}
-    for w in (w for r in used for w in r.weights if w.hf_repo not in known):
-        hf[w.local_subdir] = HfPin(name=w.local_subdir, repo=w.hf_repo, revision=None)
-        known.add(w.hf_repo)
+    hf = dict(lock.hf)
+    for w in (w for r in used for w in r.weights):
+        if recipes.lock_entry(hf, w) is None:
+            pin = recipes.weights_pin(w)
+            hf[pin.name] = pin
     return dataclasses.replace(lock, git={**lock.git, recipes.GIT_NAME: moved}, images=images, hf=hf), repo
 
 

@@ -85,32 +85,43 @@ def _last_line(e: Exception) -> str:
 
 
 def resolve_hf(pin: HfPin, endpoint: str | None, token: str | None) -> HfPin:
-    """The pin with revision, gated flag and every file's size and sha256 from the hub."""
+    """The pin with revision, gated flag and the size and sha256 of every file (of its `include`d files only, when
+    it lists some: a GGUF quant of a many-quant repo) from the hub; an included file the hub lacks is an error."""
     from huggingface_hub import HfApi, hf_hub_download
 
     hub = {"endpoint": endpoint, "token": token or False}
     files = []
     try:  # a gated repo's info is public: its token is asked by the downloads of its small (non-LFS) files
         info = HfApi(**hub).model_info(pin.repo, revision=pin.ref, files_metadata=True)
+        siblings = sorted(info.siblings or [], key=lambda s: s.rfilename)
+        if pin.include:
+            missing = sorted(set(pin.include) - {s.rfilename for s in siblings})
+            if missing:
+                raise LockError(f"hf.{pin.name}: {pin.repo}@{info.sha} has no {', '.join(missing)}")
+            siblings = [s for s in siblings if s.rfilename in pin.include]
         with tempfile.TemporaryDirectory(prefix="rigforge-lock-") as tmp:
-            for s in sorted(info.siblings or [], key=lambda s: s.rfilename):
+            for s in siblings:
                 if s.lfs is not None:
                     files.append(HfFile(s.rfilename, int(s.lfs.size), s.lfs.sha256))
                     continue
                 local = hf_hub_download(pin.repo, s.rfilename, revision=info.sha, local_dir=tmp, **hub)
                 data = Path(local).read_bytes()
                 files.append(HfFile(s.rfilename, len(data), hashlib.sha256(data).hexdigest()))
+    except LockError:
+        raise
     except Exception as e:  # noqa: BLE001 - report hub errors (gated, missing, network) by entry
         raise LockError(f"hf.{pin.name}: cannot read {pin.repo}@{pin.ref}: {type(e).__name__}: {e}") from None
     return dataclasses.replace(pin, revision=info.sha, gated=bool(info.gated), files=tuple(files))
 
 
 def manifest_url(ref: str, registry: str | None = None) -> str:
-    """The Distribution API manifest URL of an image reference `[host/]name[:tag]`."""
+    """The Distribution API manifest URL of an image reference `[host/]name[:tag]`: at the registry its host names
+    (ghcr.io/ggml-org/llama.cpp -> https://ghcr.io, repository ggml-org/llama.cpp), Docker Hub without one; at
+    `registry` instead when given (a stand-in for every upstream: the repository without the host)."""
     name, _, tag = ref.rpartition(":") if ":" in ref.rsplit("/", 1)[-1] else (ref, "", "latest")
     first = name.split("/", 1)[0]
-    if registry is None and ("." in first or ":" in first or first == "localhost") and "/" in name:
-        registry, name = f"https://{first}", name.split("/", 1)[1]
+    if ("." in first or ":" in first or first == "localhost") and "/" in name:
+        registry, name = registry or f"https://{first}", name.split("/", 1)[1]
     registry = (registry or "https://registry-1.docker.io").rstrip("/")
     if "/" not in name and registry.endswith("registry-1.docker.io"):
         name = f"library/{name}"

@@ -8,13 +8,22 @@ import yaml
 from rigforge.layout import MONITOR_CONSOLE_LIBRARIES, MONITOR_CONSOLES, MONITOR_RULES
 from rigforge.render import TEMPLATES
 
-JOBS = {"node": "/metrics", "vllm": "/metrics", "haproxy": "/metrics"}  # the Fleet's jobs and each one's path
+JOBS = {
+    "node": "/metrics",
+    "vllm": "/metrics",
+    "llamacpp": "/metrics",
+    "haproxy": "/metrics",
+}  # the Fleet's jobs, paths
+# a serving job's targets carry `serving_engine` (the vLLM-only alerts are scoped by it); not `engine`, which vLLM's
+# own metrics carry (its engine core's index) and a target label of that name would rename to exported_engine
+SERVING_ENGINE = {"vllm": "vllm", "llamacpp": "llama.cpp"}
 PORT = 9090  # where Debian's prometheus listens: its --web.listen-address default (":9090"); rigforge sets no other
 TARGETS_PATH = "/api/v1/targets?state=active"  # Prometheus's HTTP API: the targets it scrapes, each with its health
 
 
 def render_config(targets: Mapping[str, tuple[tuple[str, str], ...]], data: Mapping) -> str:
-    """prometheus.yml: a job per kind of target, each labelled `rig` (or `gateway`): its host; MONITOR_RULES' rules."""
+    """prometheus.yml: a job per kind of target, each labelled `rig` (or `gateway`): its host, and a serving job's
+    `serving_engine` (SERVING_ENGINE); MONITOR_RULES' rules."""
     interval = f"{int(data['monitor_scrape_interval_s'])}s"
     config = {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
@@ -24,8 +33,7 @@ def render_config(targets: Mapping[str, tuple[tuple[str, str], ...]], data: Mapp
                 "job_name": job,
                 "metrics_path": JOBS[job],
                 "static_configs": [
-                    {"targets": [address], "labels": {"gateway" if job == "haproxy" else "rig": host}}
-                    for host, address in targets.get(job, ())
+                    {"targets": [address], "labels": target_labels(job, host)} for host, address in targets.get(job, ())
                 ],
             }
             for job in JOBS
@@ -33,6 +41,14 @@ def render_config(targets: Mapping[str, tuple[tuple[str, str], ...]], data: Mapp
     }
     header = "# rigforge: the monitor's Prometheus (roles/monitor.py), made from the fleet; rewritten by every run\n"
     return header + yaml.safe_dump(config, sort_keys=False)
+
+
+def target_labels(job: str, host: str) -> dict[str, str]:
+    """The labels of `host`'s target in `job`: `gateway` or `rig` (its host), and a serving job's engine."""
+    labels = {"gateway" if job == "haproxy" else "rig": host}
+    if job in SERVING_ENGINE:
+        labels["serving_engine"] = SERVING_ENGINE[job]
+    return labels
 
 
 def args(data: Mapping) -> str:

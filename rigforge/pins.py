@@ -22,7 +22,7 @@ REFUSE_HINT = "run `rigforge lock` on a networked controller"
 IMAGE_KEYS = ("ref", "digest", "cuda", "note")
 CUDA = re.compile(r"^\d+\.\d+$")  # an image's CUDA version, major.minor
 GIT_KEYS = ("url", "ref", "short", "commit", "sparse", "files", "content", "note")
-HF_KEYS = ("repo", "ref", "revision", "gated", "files", "note")
+HF_KEYS = ("repo", "ref", "revision", "gated", "include", "files", "note")
 TOOLKIT_KEYS = ("version", "note")
 # NVIDIA's flat apt repository of the Container Toolkit (its install guide); `{arch}` is the rig's dpkg arch
 TOOLKIT_REPO_URL = "https://nvidia.github.io/libnvidia-container/stable/deb/{arch}/"
@@ -83,6 +83,9 @@ class HfPin:
     files: tuple[HfFile, ...] = ()
     ref: str = "main"
     note: str | None = None
+    # the repo's files the asset is (a GGUF quant of a many-quant repo, or its split parts: the recipe's `files`);
+    # () = every file. `rigforge lock` pins only these.
+    include: tuple[str, ...] = ()
 
     @property
     def resolved(self) -> bool:
@@ -180,7 +183,7 @@ def _entry(pin: Any, keys: tuple[str, ...]) -> dict[str, Any]:
     out = {}
     for key in keys:
         value = getattr(pin, key)
-        if key in ("short", "note", "cuda", "content") and not value:
+        if key in ("short", "note", "cuda", "content", "include") and not value:
             continue
         if isinstance(value, Mapping):
             value = dict(value)
@@ -283,6 +286,7 @@ def _hf(path: str, name: str, data: Any) -> HfPin:
         files=tuple(files),
         ref=r.get("ref", str, required=False, default="main"),
         note=r.get("note", str, required=False),
+        include=tuple(_relpath(r, "include", i) for i in r.get("include", list, required=False, default=[])),
     )
 
 

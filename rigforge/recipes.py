@@ -7,6 +7,7 @@ import hashlib
 import os
 import posixpath
 import re
+import shlex
 import subprocess
 from dataclasses import dataclass, field, replace
 from functools import cache
@@ -25,6 +26,12 @@ GIT_NAME = "recipes"  # the lock's git entry for the recipe repo that provides t
 REGISTRY = "scripts/lib/profiles/registry.yaml"
 RIG_SM = 8.6  # RTX 3090 (Ampere)
 SELECTABLE = ("production", "caveats")
+# the engine profile `type`s rigforge serves, each only as install.method docker_image: {type: how it is named}
+SERVED_ENGINES = {"vllm": "vLLM", "llama.cpp": "llama.cpp"}
+SERVED_INSTALL = "docker_image"
+# where each served engine answers "ready" on its own API: vLLM's /v1/models, llama-server's /health (503 "Loading
+# model" while it loads, 200 {"status":"ok"} after: the llama.cpp server README)
+HEALTH_PATHS = {"vllm": "/v1/models", "llama.cpp": "/health"}
 OPT_IN = ("experimental", "incubating", "deprecated", "preview")  # upstream launches them with --force
 # rigforge setting -> the compose variable it sets (a recipe that does not reference it cannot take it), in the
 # .env's order
@@ -55,6 +62,8 @@ class Weights:
     hf_repo: str
     local_subdir: str
     size_gb: float | None  # None when the profile says "variable"
+    files: tuple[str, ...] = ()  # the profile's `files` (a GGUF quant of a many-quant repo, or its split parts): only
+    # these of the repo are fetched; () = every file of the repo (safetensors weights)
 
 
 @dataclass(frozen=True)
@@ -147,17 +156,22 @@ def _weights(root: Path, e: dict) -> tuple[tuple[Weights, ...], str | None]:
             w = _yaml(d) if d.exists() else None
         if not isinstance(w, dict) or not w.get("hf_repo") or not (w.get("local_subdir") or w.get("path")):
             return (), f"weights {wid!r} of {model} have no hf_repo/local_subdir in the model profile"
-        out.append(Weights(wid, w["hf_repo"], w.get("local_subdir") or w["path"], _size(w.get("size_gb"))))
+        listed = tuple(str(f) for f in w.get("files") or () if isinstance(f, str))
+        out.append(Weights(wid, w["hf_repo"], w.get("local_subdir") or w["path"], _size(w.get("size_gb")), listed))
     return tuple(out), None
 
 
 def _classify(e: dict, engine: dict | None, sm: float) -> str | None:
+    """Why rigforge cannot serve the registry entry `e` run by `engine` (its profile) at GPU floor `sm`, or None:
+    an engine without a profile, one rigforge does not serve (named, with the engines it serves), a floor above
+    the RTX 3090's, a card count, an unknown status."""
     if engine is None:
         return f"engine {e.get('engine')!r} has no profile in engines/"
     install = engine.get("install") or {}
-    if engine.get("type") != "vllm" or install.get("method") != "docker_image":
+    if engine.get("type") not in SERVED_ENGINES or install.get("method") != SERVED_INSTALL:
         how = f"{engine.get('type')} installed by {install.get('method')}"
-        return f"engine {engine.get('id')} is {how}, not vLLM from a docker image"
+        served = " and ".join(SERVED_ENGINES.values())
+        return f"engine {engine.get('id')} is {how}: rigforge serves {served} engines installed by {SERVED_INSTALL}"
     if sm > RIG_SM:
         return f"needs sm_{sm * 10:.0f} or newer (fallback_sm/required_sm/min_sm {sm:.1f}); an RTX 3090 is sm_86"
     if isinstance(e.get("tp"), bool) or not isinstance(e.get("tp"), int) or e.get("tp") < 1:
@@ -232,16 +246,20 @@ def cache_dir(commit: str) -> Path:
 
 PROFILES = "scripts/lib/profiles"
 SKIPPED_DIRS = {"_archive", "diagnostics"}  # upstream's retired composes and debugging aids: rigforge reads neither
+# the per-model directories of the engines rigforge serves (models/<model>/<dir>/compose/...), whose composes mount
+# their neighbours: vLLM's, and the llama.cpp builds' (mainline, ik_llama, beellama, club-3090's own)
+ENGINE_DIRS = ("vllm", "llama-cpp", "ik-llama", "beellama", "llamacpp-club3090")
 
 
 def _read_files(root: Path) -> list[str]:
     """The files rigforge reads of a recipe-repo tree, relative and sorted: the catalog (every YAML file under
-    scripts/lib/profiles/) and the vLLM recipes (every file under models/*/vllm/, whose composes mount their
-    neighbours), past _archive/ and diagnostics/. The vendored subset (tests/fixtures, PROVENANCE.md) holds all of
-    them verbatim, so it has the digest of the commit it was taken from."""
+    scripts/lib/profiles/) and the recipes of the engines it serves (every file under models/*/<ENGINE_DIRS>/,
+    whose composes mount their neighbours), past _archive/ and diagnostics/. The vendored subset (tests/fixtures,
+    PROVENANCE.md) holds all of them verbatim, so it has the digest of the commit it was taken from."""
     catalog = [p for p in (root / PROFILES).rglob("*") if p.suffix in (".yml", ".yaml")]
-    vllm = [p for p in root.glob("models/*/vllm/**/*") if not SKIPPED_DIRS & set(p.relative_to(root).parts)]
-    return sorted(p.relative_to(root).as_posix() for p in [*catalog, *vllm] if p.is_file())
+    served = [p for d in ENGINE_DIRS for p in root.glob(f"models/*/{d}/**/*")]
+    served = [p for p in served if not SKIPPED_DIRS & set(p.relative_to(root).parts)]
+    return sorted(p.relative_to(root).as_posix() for p in [*catalog, *served] if p.is_file())
 
 
 @cache
@@ -535,6 +553,22 @@ class LiveVariant:
     def manifest_extra(self):
         return {"recipe": self.recipe.slug}
 
+    @property
+    def engine(self) -> str:
+        """The engine profile's type: "vllm" or "llama.cpp" (SERVED_ENGINES)."""
+        return self.recipe.engine_type
+
+    @property
+    def health_path(self) -> str:
+        """Where the server answers 200 once it serves (vLLM: /v1/models; llama-server: /health, 503 while loading)."""
+        return HEALTH_PATHS[self.engine]
+
+    @property
+    def metrics(self) -> bool:
+        """Whether the server exports Prometheus metrics at /metrics: vLLM always; llama-server only when the
+        recipe's command passes --metrics."""
+        return self.engine == "vllm" or "--metrics" in command_args(self.compose)
+
     def files(self, s: Any, layout: HostLayout, gpu_count: int, host_data: bool = False) -> dict[str, str]:
         """Every file a rig gets: the serve dir's, the effective compose (for reading), the units; see knob_env."""
         r, compose, image = self.recipe, self.compose, s.image or self.image
@@ -582,14 +616,40 @@ def find(slug: str, lock: Any, opt_in: bool) -> LiveVariant:
             f"lock {lock.path}: no image entry for {recipe.image} ({slug}'s engine {recipe.engine}): add "
             f"images.{recipe.engine}: {{ref: {recipe.image}, digest: null}} and run `rigforge lock`"
         )
-    names = {p.repo: n for n, p in reversed(lock.hf.items())}  # the first entry for a repo
-    if w := next((w for w in recipe.weights if w.hf_repo not in names), None):
+    names = {w: lock_entry(lock.hf, w) for w in recipe.weights}
+    if w := next((w for w in recipe.weights if names[w] is None), None):
         raise LockError(
-            f"lock {lock.path}: no hf entry for {w.hf_repo} ({slug}): add hf.{w.local_subdir}: "
-            f"{{repo: {w.hf_repo}, ref: main, revision: null}} and run `rigforge lock`"
+            f"lock {lock.path}: no hf entry for {w.hf_repo}{_files_note(w)} ({slug}): add hf.{weights_pin(w).name}: "
+            f"{{repo: {w.hf_repo}, ref: main, revision: null{_include_yaml(w)}}} and run `rigforge lock`"
         )
-    assets = [(names[w.hf_repo], w.local_subdir, int((w.size_gb or 0) * 1e9)) for w in recipe.weights]
+    assets = [(names[w], w.local_subdir, int((w.size_gb or 0) * 1e9)) for w in recipe.weights]
     return of(repo, recipe, lock.pinned(recipe.image), assets)
+
+
+def lock_entry(hf: Any, w: Weights) -> str | None:
+    """The name of the first lock hf entry (of the mapping `hf`) that pins the weights `w`: its repo, and exactly
+    its `files` as the entry's `include` (none for weights that are the whole repo); None when there is none."""
+    return next((n for n, p in hf.items() if p.repo == w.hf_repo and set(p.include) == set(w.files)), None)
+
+
+def weights_pin(w: Weights) -> HfPin:
+    """The unresolved lock entry the weights `w` need, `rigforge lock` resolves it; named by their dir, a '/' in it
+    as '-' (the name is a file name on the rig: its staging dir, its token file), and by their id too when they are
+    some files of their repo and the dir does not name them (two quants of one repo may share a dir)."""
+    name = w.local_subdir.replace("/", "-")
+    if w.files and w.id not in name:
+        name = f"{name}-{w.id}"
+    return HfPin(name=name, repo=w.hf_repo, revision=None, include=w.files)
+
+
+def _files_note(w: Weights) -> str:
+    """' (files a, b)' for weights that are some files of their repo, '' for a whole repo."""
+    return f" (files {', '.join(w.files)})" if w.files else ""
+
+
+def _include_yaml(w: Weights) -> str:
+    """', include: [a, b]' as the lock entry `find` advises writes it, '' for a whole repo."""
+    return f", include: [{', '.join(w.files)}]" if w.files else ""
 
 
 def provisional(slug: str, lock: Any, opt_in: bool) -> Any:
@@ -601,16 +661,30 @@ def provisional(slug: str, lock: Any, opt_in: bool) -> Any:
     if "@" not in recipe.image and lock.image_pin(recipe.image) is None:
         images[recipe.engine] = ImagePin(ref=recipe.image)
     for w in recipe.weights:
-        if w.hf_repo not in {p.repo for p in hf.values()}:
-            hf[w.local_subdir] = HfPin(name=w.local_subdir, repo=w.hf_repo, revision=None)
+        if lock_entry(hf, w) is None:
+            pin = weights_pin(w)
+            hf[pin.name] = pin
     return lock if (images, hf) == (dict(lock.images), dict(lock.hf)) else replace(lock, images=images, hf=hf)
+
+
+def command_args(compose: dict) -> list[str]:
+    """The serving service's command as arguments, interpolated with the compose file's own defaults (rigforge
+    sets none of the variables a server name or flag comes from): a list as written, or a string (llama.cpp
+    recipes fold theirs, `command: >-`) split as compose splits it (shell words)."""
+    services = compose.get("services") or {}
+    service = next(iter(services.values()), {}) if services else {}
+    command = interpolated({"command": service.get("command") or []}, {})["command"]
+    if isinstance(command, str):
+        return shlex.split(command)
+    return [str(c) for c in command]
 
 
 def of(repo: RecipeRepo, recipe: Recipe, image: str, assets: list[tuple[str, str, int]] = ()) -> LiveVariant:
     """`recipe` of `repo` as a variant running `image`; `assets`: (lock name, dir, bytes) of its weights."""
     compose = repo.compose(recipe)
-    cmd = [str(c) for c in next(iter((compose.get("services") or {}).values()), {}).get("command") or []]
-    served = cmd[cmd.index("--served-model-name") + 1] if "--served-model-name" in cmd[:-1] else None
+    cmd = command_args(compose)
+    names = [cmd[i + 1] for i, arg in enumerate(cmd[:-1]) if arg in ("--served-model-name", "--alias", "-a")]
+    served = names[0] if names else None
     vram = _VRAM.search((repo.root / recipe.compose_path).read_text())
     return LiveVariant(
         recipe=recipe,

@@ -83,7 +83,8 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = F
             name=f"Run {unit}", plan=plan, changed=any_changed(compose, unit_file), enabled=any_changed(switched)
         )
         gate = ops.healthy(
-            name=f"Health gate: /v1/models and one chat completion on port {plan.port}",
+            name=f"Health gate: {getattr(plan.variant, 'health_path', '/v1/models')} and one chat completion on port "
+            f"{plan.port}",
             plan=plan,
             rollback_unit=previous[0] if previous else None,
             started=started,

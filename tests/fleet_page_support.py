@@ -418,11 +418,15 @@ class LiveFleet:
         return self.url
 
     def load(self) -> None:
-        """A chat completion through the gateway every 0.3 s until the fleet closes (answers not checked)."""
+        """A chat completion through the gateway every 0.3 s until the fleet closes (answers not checked), each a new
+        conversation: under prefix affinity (the gateway's default) conversations spread over the rigs."""
         from test_gateway import call
 
-        body = {"model": "qwen3.6-27b-autoround", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+        n = 0
         while not self.stopped.wait(0.3):
+            n += 1
+            messages = [{"role": "user", "content": f"hi, conversation {n}"}]
+            body = {"model": "qwen3.6-27b-autoround", "messages": messages, "max_tokens": 8}
             call(f"{self.gateway_url}/v1/chat/completions", body, key=None)
 
     def ticks(self) -> None:

@@ -140,3 +140,45 @@ def test_gate_restores_a_recipe_slugs_previous_override_too(fake_systemd, serve_
     assert r.returncode == 1 and "rolled back" in r.stderr
     assert (serve_dir / "compose.override.yml").read_text() == "services: {old: {}}\n"
     assert not (serve_dir / "compose.override.yml.prev").exists()
+
+
+def test_gate_waits_for_llama_servers_health_through_loading_model(fake_systemd, serve_dir, tmp_path):
+    """A llama.cpp slug's gate asks llama-server's own /health: 503 "Loading model" for a while, then 200; the gate
+    waits through the 503s (no rollback), then sends its chat completion to the alias."""
+    import os
+    import socket
+    import sys
+
+    from rigforge.testbed import imagebuild
+
+    (tmp_path / "m.gguf").write_bytes(b"GGUF" + b"\0" * 28)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {
+        **os.environ,
+        "RIGFORGE_STANDIN_LIB": str(imagebuild.OPENAI_STUB.parent),
+        "RIGFORGE_STANDIN_LOAD_S": "5",
+    }
+    args = ["-m", str(tmp_path / "m.gguf"), "--alias", "tess-4-27b", "--port", str(port)]
+    proc = subprocess.Popen([sys.executable, str(imagebuild.IMAGE_DIR / "llama-server"), *args], env=env)
+    try:
+        path, calls = fake_systemd
+        (serve_dir / ".env").write_text("HF_TOKEN=\n")
+        script = health_gate_script(
+            f"http://127.0.0.1:{port}", "tess-4-27b", 30, "u.service", "v.service", str(serve_dir), True, "/health"
+        )
+        t0 = time.monotonic()
+        r = subprocess.run(
+            ["bash", "-c", script], capture_output=True, text=True, env={"PATH": f"{path}:/usr/bin:/bin"}
+        )
+        assert r.returncode == 0, r.stderr
+        assert time.monotonic() - t0 >= 4  # it waited through the loading 503s
+        assert "serves tess-4-27b" in r.stdout
+        made = calls.read_text() if calls.exists() else ""
+        assert "disable" not in made  # no rollback
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    failing = health_gate_script("http://127.0.0.1:9", "m", 1, "u.service", None, str(serve_dir), False, "/health")
+    assert "no answer from http://127.0.0.1:9/health within 1 s" in failing

@@ -299,6 +299,7 @@ def test_check_is_offline_and_lists_offending_entries(tmp_path):
     data = yaml.safe_load((REPO / "rigforge.lock.yaml").read_text())
     data["image"]["digest"] = "sha256:" + "1" * 64
     data["images"]["vllm-stable"]["digest"] = "sha256:" + "4" * 64
+    data["images"]["llama-cpp-local"]["digest"] = "sha256:" + "5" * 64
     data["git"]["vllm-src"]["commit"] = "67f8c2b" + "0" * 33
     for entry in data["hf"].values():
         entry["revision"] = "2" * 40

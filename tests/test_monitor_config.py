@@ -39,6 +39,7 @@ def test_the_fleet_holds_the_monitors_targets_and_a_monitor_host_is_not_a_rig():
     assert dict(fl.targets) == {
         "node": (("rig1", "10.77.0.2:9100"), ("rig2", "rig2:9200")),
         "vllm": (("rig1", f"10.77.0.2:{port}"), ("rig2", "rig2:8011")),
+        "llamacpp": (),  # no llama.cpp rig
         "haproxy": (("gw", "127.0.0.1:8405"),),  # the monitor scrapes its own host's HAProxy on its loopback
     }
     # a gateway on another host: at its bind address, else its name

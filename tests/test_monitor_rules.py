@@ -73,7 +73,8 @@ def test_the_rules_read_what_the_collector_writes_and_watch_every_vllm_name_they
     collector = render_gpu_metrics({0: 230}, "v", "i")
     assert names(" ".join(exprs), "rigforge_") <= names(collector, "rigforge_")
     assert names(TESTS.read_text(), "rigforge_") <= names(collector, "rigforge_")
-    watched = {m[1] for e in exprs if (m := re.fullmatch(r"absent\((vllm:[a-z_]+)\)", e))}
+    scoped = r"absent\((vllm:[a-z_]+)\) and on \(\) count\(up\{serving_engine=\"vllm\"\}\) > 0"
+    watched = {m[1] for e in exprs if (m := re.fullmatch(scoped, e))}  # only while the fleet has a vLLM rig
     read = names(" ".join(e for e in exprs if not e.startswith("absent(")), "vllm:")
     assert read <= watched, f"vLLM names the rules read but no absent() rule watches: {read - watched}"
     for rule in rules():

@@ -191,7 +191,8 @@ def test_every_vllm_name_the_alert_rules_read_is_served_and_watched():
         return next((f for f in families if name in {f + s for s in SUFFIXES[VLLM_METRICS[f][0]]}), None)
 
     assert {n: family(n) for n in read if family(n) is None} == {}, "read by the rules, not served by the stand-in"
-    watched = {family(m[1]) for r in rules if (m := re.fullmatch(r"absent\((vllm:[a-z_:]+)\)", r["expr"]))}
+    scoped = r"absent\((vllm:[a-z_:]+)\) and on \(\) count\(up\{serving_engine=\"vllm\"\}\) > 0"  # vLLM rigs only
+    watched = {family(m[1]) for r in rules if (m := re.fullmatch(scoped, r["expr"]))}
     assert watched == families - set(NOT_ALERTED)  # the prefix cache's counters: a cold cache is not a fault
 
 

@@ -66,21 +66,31 @@ def test_repo_lock_loads_with_the_real_pins_and_its_unresolved_entries():
         "z-lab/Qwen3.6-27B-DFlash",
         "wasifb/Carnice_V2_27B_INT4_BF16MTP",
         "Qwen/Qwen3.6-27B-FP8",  # vllm/qwen-27b-dual-max (recipe repo)
+        "migtissera/Tess-4-27B-GGUF",  # llamacpp/tess-dual-mtp: two files of the repo
+        "PiehSoft/Qwen3.6-40B-Deckard-MTP-Q6_K",  # llamacpp/deckard40B-dual-mtp
     }
+    assert lock.hf["tess-4-27b-gguf-migtissera-q4km"].include == (
+        "Tess-4-27B-Q4_K_M.gguf",
+        "mtp-Tess-4-27B-Q4_K_M.gguf",
+    )
+    assert lock.images["llama-cpp-local"].ref == "ghcr.io/ggml-org/llama.cpp:server-cuda-b10236"
     assert lock.git["recipes"].commit == "4a29ab57d42a1d587de1042fa5dfd9535f94a063"
     assert lock.images["vllm-stable"].ref == "vllm/vllm-openai:v0.27.1"
     assert lock.image.ref.startswith("vllm/vllm-openai:nightly-7a1eb8ac") and lock.image.digest is None
     assert lock.unresolved() == [
         "image (digest: null)",
         "images.vllm-stable (digest: null)",
+        "images.llama-cpp-local (digest: null)",
         "git.vllm-src (commit: null)",
         "hf.autoround-int4 (revision: null)",
         "hf.dflash-draft (revision: null)",
         "hf.carnice (revision: null)",
         "hf.qwen3.6-27b-fp8 (revision: null)",
+        "hf.tess-4-27b-gguf-migtissera-q4km (revision: null)",
+        "hf.qwen3.6-40b-deckard-gguf-piehsoft-q6k (revision: null)",
     ]
     # the check lists every unresolved entry, and nothing else is wrong with it
-    assert len(lock.check()) == 7
+    assert len(lock.check()) == 10
 
 
 def test_dump_and_load_round_trip(tmp_path):

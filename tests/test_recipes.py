@@ -57,16 +57,17 @@ MULTI4 = (
     "vllm/gemma-31b-multi-google-qat-w4a16",
     "vllm/nemotron-75b-multi-mtp",
 )
+LLAMACPP = ("llamacpp/tess-dual-mtp", "llamacpp/deckard40B-dual-mtp")  # the production llama.cpp slugs for 2 cards
 
 
-def test_selectable_slugs_are_vllm_docker_production_or_caveats_on_sm86_at_any_tp(repo):
+def test_selectable_slugs_are_vllm_or_llamacpp_docker_production_or_caveats_on_sm86_at_any_tp(repo):
     chosen = selectable(repo)
     assert {"vllm/dual", "vllm/qwen-27b-dual-fast", "vllm/qwen-27b-dual-max", "vllm/minimal", *MULTI4} <= set(chosen)
+    assert set(LLAMACPP) <= set(chosen)
     for slug in chosen:
         r = repo.recipes[slug]
-        assert (r.engine_type, r.install_method) == ("vllm", "docker_image") and r.tp >= 1
+        assert r.engine_type in ("vllm", "llama.cpp") and r.install_method == "docker_image" and r.tp >= 1
         assert r.status in ("production", "caveats") and r.required_sm <= 8.6
-    assert "llamacpp/tess-dual-mtp" not in chosen  # llama.cpp
     assert {repo.recipes[slug].tp for slug in MULTI4} == {4}
 
 
@@ -82,7 +83,6 @@ def test_a_tp_that_is_not_a_card_count_is_refused():
     "slug, reason",
     [
         ("vllm/gemma-mtp-tp1", "needs sm_90 or newer (fallback_sm/required_sm/min_sm 9.0); an RTX 3090 is sm_86"),
-        ("llamacpp/tess-dual-mtp", "not vLLM from a docker image"),
     ],
 )
 def test_refused_slugs_say_which_and_why_in_one_line(repo, slug, reason):
@@ -369,7 +369,7 @@ def test_every_selectable_slug_matches_its_upstream_file_with_its_own_defaults(r
         up = recipes.interpolated(upstream, {})["services"][name]
         svc = effective(render(repo, slug))["services"][name]
         assert svc["image"] == IMAGE, slug
-        assert up["image"].startswith("vllm/vllm-openai:"), slug
+        assert up["image"] == r.image, slug  # the engine profile's image, which the lock pins
         for key in ("command", "entrypoint", "ipc", "shm_size", "container_name", "deploy"):
             assert svc.get(key) == up.get(key), (slug, key)
         assert env_map(svc["environment"]) == env_map(up["environment"]), slug
@@ -652,7 +652,8 @@ def test_unknown_entry_keys_are_kept_as_data_and_a_null_keeps_the_compose_files_
 def test_new_statuses_and_engines_are_refused_with_the_reason(newer):
     assert newer.recipes["vllm/dual-preview2"].refused == "unknown status 'preview-2'"
     assert newer.recipes["sglang/qwen-27b-dual"].refused == (
-        "engine sglang-stable is sglang installed by docker_image, not vLLM from a docker image"
+        "engine sglang-stable is sglang installed by docker_image: rigforge serves vLLM and llama.cpp engines "
+        "installed by docker_image"
     )
     with pytest.raises(RecipeError, match="vllm/dual-preview2: refused: unknown status 'preview-2'"):
         newer.recipe("vllm/dual-preview2", opt_in=True)

@@ -507,3 +507,24 @@ def test_fetch_checks_disk_space_and_token_before_downloading(stand_ins, tmp_pat
     out = fetch(g, token=stand_ins["token"])
     assert out.returncode == 0, out.stderr
     assert stand_ins["token"] not in out.stdout + out.stderr
+
+
+def test_fetch_gets_a_split_ggufs_parts_into_their_folder_verified_and_resumes_a_cut_part(stand_ins, tmp_path):
+    """A split GGUF (-0000N-of-0000M parts in a quant's folder): the lock's included parts only, under their folder,
+    sha256-verified; a part cut mid-transfer resumes with a range request."""
+    key = "deepseek-v4-flash-0731-gguf-unsloth-iq2-xxs"
+    meta = stand_ins["hf"][key]
+    parts = [f for f in manifest(stand_ins, tmp_path, key)["files"] if f["path"] in meta["include"]]
+    assert [f["path"][-20:] for f in parts] == [f"-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    m = manifest(stand_ins, tmp_path, key, files=parts)
+    control(stand_ins, drop_after_bytes=100_000)
+    out = fetch(m)
+    assert out.returncode == 0, out.stderr
+    assert "resuming at" in out.stdout, out.stdout
+    dest = Path(m["dest"])
+    assert sorted(p.name for p in (dest / "UD-IQ2_XXS").iterdir()) == sorted(f["path"].split("/")[1] for f in parts)
+    assert not (dest / "UD-Q8_K_XL").exists()  # the other quant of the repo is not fetched
+    for f in parts:
+        data = (dest / f["path"]).read_bytes()
+        assert data[:4] == b"GGUF" and hashlib.sha256(data).hexdigest() == f["sha256"]
+    assert "verified (stamp)" in fetch(m).stdout

@@ -17,7 +17,7 @@ finds them and only merges daemon.json). The differences from a real rig are tes
   - The testbed's booted hosts (rigs and the gateway host) share a LAN: a bridge in a namespace of the testbed's
     own, a veth per host (join_lan); the rig's rigforge-testbed-link.service takes its end down at power-off.
   - The serving image is pulled, as on a real rig, from the upstream registry stand-in (upstream.py) that
-    plays Docker Hub: /etc/hosts maps registry-1.docker.io to upstream.RIG_ADDRESS, where the relay listens on
+    plays Docker Hub and ghcr.io: /etc/hosts maps both to upstream.RIG_ADDRESS, where the relay listens on
     port 443, and the testbed CA is in the system trust store. It holds a stand-in (imagebuild.py: bash,
     python3 and rigforge's OpenAI stub behind a `vllm serve` stand-in, image/vllm) under the pinned name:tag,
     plus a second tag whose server exits at start (BROKEN_IMAGE). Nothing is pre-loaded into a rig. The stub
@@ -528,8 +528,8 @@ def prepare_rootfs(root: Path, rig_dir: Path, user: str, upstream_ca: Path | Non
         hosts.write_text(hosts.read_text() + f"127.0.0.1\t{MIRROR_HOST}\n")
     if upstream_ca is None:
         return
-    lines = [line for line in hosts.read_text().splitlines() if upstream.HOSTNAME not in line.split()[1:]]
-    hosts.write_text("\n".join([*lines, f"{upstream.RIG_ADDRESS}\t{upstream.HOSTNAME}"]) + "\n")
+    lines = [line for line in hosts.read_text().splitlines() if not set(upstream.HOSTNAMES) & set(line.split()[1:])]
+    hosts.write_text("\n".join([*lines, f"{upstream.RIG_ADDRESS}\t{' '.join(upstream.HOSTNAMES)}"]) + "\n")
     trusted = root / "usr/local/share/ca-certificates" / f"{upstream.CA_NAME}.crt"
     if not trusted.exists() or trusted.read_bytes() != upstream_ca.read_bytes():
         trusted.parent.mkdir(parents=True, exist_ok=True)

@@ -129,6 +129,34 @@ HF_REPOS = {
     "qwen3.6-27b-fp8": ("Qwen/Qwen3.6-27B-FP8", False, 2),  # vllm/qwen-27b-dual-max (recipe repo)
     "qwen3.6-27b-autoround-int4-v2": ("Lorbus/Qwen3.6-27B-int4-AutoRound-v2", False, 3),  # recipe commit B's slug
 }
+SPLIT_IQ2 = "UD-IQ2_XXS/DeepSeek-V4-Flash-0731-UD-IQ2_XXS"
+# lock key -> (repo id, gated, {file: its size in shards}, the files the lock includes): GGUF repos, as the
+# llama.cpp recipes' weights (a quant of a many-quant repo; its external MTP draft); a quant no recipe names is there
+# so that fetching only the included files is proven
+GGUF_REPOS = {
+    "tess-4-27b-gguf-migtissera-q4km": (
+        "migtissera/Tess-4-27B-GGUF",
+        False,
+        {"Tess-4-27B-Q4_K_M.gguf": 2, "mtp-Tess-4-27B-Q4_K_M.gguf": 1, "Tess-4-27B-Q8_0.gguf": 3},
+        ("Tess-4-27B-Q4_K_M.gguf", "mtp-Tess-4-27B-Q4_K_M.gguf"),
+    ),
+    "qwen3.6-40b-deckard-gguf-piehsoft-q6k": (
+        "PiehSoft/Qwen3.6-40B-Deckard-MTP-Q6_K",
+        False,
+        {"Qwen3.6-40B-Deckard-MTP-Q6_K.gguf": 3},
+        ("Qwen3.6-40B-Deckard-MTP-Q6_K.gguf",),
+    ),
+    # a split GGUF (llama.cpp's -0000N-of-0000M parts) in a quant's folder, beside another quant's parts
+    "deepseek-v4-flash-0731-gguf-unsloth-iq2-xxs": (
+        "unsloth/DeepSeek-V4-Flash-0731-GGUF",
+        False,
+        {
+            **{f"{SPLIT_IQ2}-0000{i}-of-00003.gguf": 1 for i in (1, 2, 3)},
+            "UD-Q8_K_XL/DeepSeek-V4-Flash-0731-UD-Q8_K_XL-00001-of-00005.gguf": 1,
+        },
+        tuple(f"{SPLIT_IQ2}-0000{i}-of-00003.gguf" for i in (1, 2, 3)),
+    ),
+}
 UNLOCKED = {"qwen3.6-27b-autoround-int4-v2"}  # served, but not in the testbed lock: `rigforge lock --recipes` adds it
 HF_TOKEN = "hf_rigforgeTestbedToken0123456789abcdef"  # the stand-in's token for gated repos (not a secret)
 SHARD_SIZE = 256 * 1024
@@ -271,6 +299,17 @@ def _safetensors(seed: str, size: int) -> bytes:
     return bytes(out[: 8 + len(header) + n])
 
 
+def _gguf(seed: str, size: int) -> bytes:
+    """A GGUF file of `size` bytes: the magic, version 3, no tensors and no metadata, then deterministic data."""
+    out = bytearray(b"GGUF" + struct.pack("<IQQ", 3, 0, 0))
+    block = hashlib.sha256(seed.encode()).digest()
+    counter = 0
+    while len(out) < size:
+        out += hashlib.sha256(block + counter.to_bytes(8, "little")).digest()
+        counter += 1
+    return bytes(out[:size])
+
+
 def shard_size() -> int:
     """Bytes per safetensors shard: RIGFORGE_TESTBED_SHARD_KIB (default 256 KiB)."""
     return int(os.environ.get("RIGFORGE_TESTBED_SHARD_KIB", SHARD_SIZE // 1024)) * 1024
@@ -284,7 +323,14 @@ def build_hf(dest: Path, shard_size: int = SHARD_SIZE) -> dict:
     if dest.exists():
         shutil.rmtree(dest)
     result = {}
-    for key, (repo_id, gated, shards) in HF_REPOS.items():
+    repos = [(key, repo_id, gated, shards, None) for key, (repo_id, gated, shards) in HF_REPOS.items()]
+    repos += [(key, repo_id, gated, parts, include) for key, (repo_id, gated, parts, include) in GGUF_REPOS.items()]
+    for key, repo_id, gated, shards, include in repos:
+        if include is not None:  # a GGUF repo: its .gguf files (shards: each one's size in shards) and a README
+            files = {name: _gguf(f"{repo_id}/{name}", n * shard_size) for name, n in shards.items()}
+            files["README.md"] = f"# {repo_id} (rigforge testbed stand-in)\n".encode()
+            result[key] = _write_repo(dest, repo_id, gated, files) | {"include": list(include)}
+            continue
         files: dict[str, bytes] = {
             "config.json": json.dumps({"model_type": "qwen3", "testbed": repo_id}, indent=2).encode(),
             "generation_config.json": b'{"do_sample": true, "temperature": 0.6}\n',
@@ -297,21 +343,26 @@ def build_hf(dest: Path, shard_size: int = SHARD_SIZE) -> dict:
             files[name] = _safetensors(f"{repo_id}/{name}", shard_size)
             weight_map[f"layer{i}.w"] = name
         files["model.safetensors.index.json"] = json.dumps({"weight_map": weight_map}, indent=2).encode()
-        entries = []
-        for path, data in sorted(files.items()):
-            target = dest / repo_id / path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
-            sha = hashlib.sha256(data).hexdigest()
-            lfs = path.endswith(".safetensors")
-            oid = _blob_oid(_lfs_pointer(sha, len(data)) if lfs else data)
-            entries.append({"path": path, "size": len(data), "sha256": sha, "git_oid": oid, "lfs": lfs})
-        revision = hashlib.sha1(json.dumps(entries, sort_keys=True).encode()).hexdigest()
-        meta = {"repo": repo_id, "revision": revision, "gated": gated, "token": HF_TOKEN, "files": entries}
-        (dest / repo_id / ".rigforge-meta.json").write_text(json.dumps(meta, indent=1))
-        result[key] = meta
+        result[key] = _write_repo(dest, repo_id, gated, files)
     meta_file.write_text(json.dumps(result, indent=1))
     return result
+
+
+def _write_repo(dest: Path, repo_id: str, gated: bool, files: dict[str, bytes]) -> dict:
+    """Write one HF repo's `files` under `dest/<org>/<name>/` (weights as LFS files) and its meta; return the meta."""
+    entries = []
+    for path, data in sorted(files.items()):
+        target = dest / repo_id / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        sha = hashlib.sha256(data).hexdigest()
+        lfs = path.endswith((".safetensors", ".gguf"))
+        oid = _blob_oid(_lfs_pointer(sha, len(data)) if lfs else data)
+        entries.append({"path": path, "size": len(data), "sha256": sha, "git_oid": oid, "lfs": lfs})
+    revision = hashlib.sha1(json.dumps(entries, sort_keys=True).encode()).hexdigest()
+    meta = {"repo": repo_id, "revision": revision, "gated": gated, "token": HF_TOKEN, "files": entries}
+    (dest / repo_id / ".rigforge-meta.json").write_text(json.dumps(meta, indent=1))
+    return meta
 
 
 def content_key() -> str:

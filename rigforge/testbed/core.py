@@ -616,16 +616,16 @@ def _write_lock(tb: Testbed) -> None:
         git[name] = {"url": tb.git_url(name), "ref": ref, "commit": pin, "sparse": m["sparse"], "files": m["files"]}
         if name == "recipes" and recipes_dir():  # commit A is RIGFORGE_RECIPES' tree: its digest names that tree
             git[name]["content"] = content_digest(recipes_dir())
-    hf = {
-        key: {
-            "repo": m["repo"],
-            "revision": m["revision"],
-            "gated": m["gated"],
-            "files": [{"path": f["path"], "size": f["size"], "sha256": f["sha256"]} for f in m["files"]],
-        }
-        for key, m in tb.services["hf"].items()
-        if key not in UNLOCKED
-    }
+    hf = {}
+    for key, m in tb.services["hf"].items():
+        if key in UNLOCKED:
+            continue
+        include = m.get("include") or []  # a GGUF repo: the lock pins only the recipe's files of it
+        listed = [f for f in m["files"] if not include or f["path"] in include]
+        hf[key] = {"repo": m["repo"], "revision": m["revision"], "gated": m["gated"]}
+        if include:
+            hf[key]["include"] = include
+        hf[key]["files"] = [{"path": f["path"], "size": f["size"], "sha256": f["sha256"]} for f in listed]
     cuda = tb.rigs[0].spec.image_cuda if tb.rigs else RigSpec.image_cuda  # `up --image-cuda`: one per testbed
     booted = any(getattr(rig, "booted", False) for rig in tb.rigs)
     # booted rigs pull from the upstream stand-in: the digests it holds; chroot rigs pull nothing (tags only)

@@ -1,12 +1,13 @@
 """The stand-in serving image as a real registry image: Docker schema2, gzip layers, built deterministically.
 
 The content is the booted tier's stand-in (bash, python3 with its standard library and the libraries they need,
-the `vllm serve` stand-in from image/, rigforge's OpenAI stub, the one vLLM source line the recipes' patch
-anchors on), taken from the booted rigs' root file system and split into LAYERS so that a pull fetches several
-blobs (and a cut pull has some to resume). Every entry has uid/gid 0, mtime 0 and a sorted place in its layer,
-and gzip writes mtime 0 and no name, so the same root file system gives the same blobs and digests on every
-build. The layers are built once per testbed cache (`build_layers`); each image is then only a config blob
-(its env, entrypoint and a label naming its reference, so no two references share a manifest) and a manifest.
+the `vllm serve` and `llama-server` stand-ins from image/, rigforge's OpenAI stub, the one vLLM source line the
+recipes' patch anchors on), taken from the booted rigs' root file system and split into LAYERS so that a pull
+fetches several blobs (and a cut pull has some to resume). Every entry has uid/gid 0, mtime 0 and a sorted place
+in its layer, and gzip writes mtime 0 and no name, so the same root file system gives the same blobs and digests
+on every build. The layers are built once per testbed cache (`build_layers`); each image is then only a config
+blob (its env, entrypoint and a label naming its reference, so no two references share a manifest) and a
+manifest.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ def stand_in_files() -> dict[str, tuple[bytes, int]]:
     return {
         "usr/local/bin/vllm": ((IMAGE_DIR / "vllm").read_bytes(), 0o755),
         "usr/local/bin/pip": ((IMAGE_DIR / "pip").read_bytes(), 0o755),
+        # where llama.cpp's server images hold llama-server (their ENTRYPOINT), which the recipes' wrapper execs
+        "app/llama-server": ((IMAGE_DIR / "llama-server").read_bytes(), 0o755),
         "opt/rigforge-standin/openai_stub.py": (OPENAI_STUB.read_bytes(), 0o644),
         f"{VLLM_TREE}/__init__.py": (b'__version__ = "0+rigforge.standin"\n', 0o644),
         # the class and line the recipes' vendored vllm#48375 patch anchors on (it refuses to boot without them)

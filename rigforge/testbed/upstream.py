@@ -1,15 +1,18 @@
-"""The booted testbed's upstream registry stand-in: a real CNCF Distribution registry playing Docker Hub.
+"""The booted testbed's upstream registry stand-in: a real CNCF Distribution registry playing Docker Hub and ghcr.io.
 
 `testbed up --booted` runs Debian's `docker-registry` (Distribution 2.8) on the controller's 127.0.0.1:PORT,
-serving TLS with a certificate for `registry-1.docker.io` (and IP 127.0.0.1) signed by a throwaway testbed CA
-(made here with `openssl`, in `<testbed dir>/upstream/`), deletes enabled, blobs under `<testbed dir>/upstream/
-storage`. It holds the stand-in serving image (imagebuild.py) under IMAGE_REF, every recipe engine's image and
-BROKEN_IMAGE, pushed with plain registry API calls; the testbed lock pins their manifest digests.
+serving TLS with a certificate for `registry-1.docker.io` and `ghcr.io` (and IP 127.0.0.1) signed by a throwaway
+testbed CA (made here with `openssl`, in `<testbed dir>/upstream/`), deletes enabled, blobs under `<testbed dir>/
+upstream/storage`. It holds the stand-in serving image (imagebuild.py) under IMAGE_REF, every recipe engine's image
+and BROKEN_IMAGE, pushed with plain registry API calls; the testbed lock pins their manifest digests.
 
-Booted hosts reach it as they would reach Docker Hub: their /etc/hosts maps `registry-1.docker.io` to
-RIG_ADDRESS, where the rig's relay (netns.py) listens on port 443 and carries the connection to the controller's
-127.0.0.1:PORT, throttled to the bytes per second in `<testbed dir>/run/upstream-throttle` (0 or absent = full
-speed; re-read while copying); the CA is in each host's system trust store, which dockerd uses for Docker Hub.
+Booted hosts reach it as they would reach Docker Hub or GitHub's registry (where llama.cpp's images are): their
+/etc/hosts maps `registry-1.docker.io` and `ghcr.io` (HOSTNAMES) to RIG_ADDRESS, where the rig's relay (netns.py)
+listens on port 443 and carries the connection to the controller's 127.0.0.1:PORT, throttled to the bytes per
+second in `<testbed dir>/run/upstream-throttle` (0 or absent = full speed; re-read while copying); the CA is in
+each host's system trust store, which dockerd uses for both. A ghcr.io image is held under its repository without
+the host (`ghcr.io/ggml-org/llama.cpp:tag` as `ggml-org/llama.cpp:tag`), the path Docker asks ghcr.io for; Docker
+Hub's names and these have no owner in common.
 
 The registry's access log (one Apache combined-format line per request, from its stdout) is
 `<testbed dir>/run/upstream.log`; its own log (stderr) is `upstream-registry.log` beside it.
@@ -27,6 +30,8 @@ from ._util import TestbedError, log, sh
 from .imagebuild import MANIFEST_TYPE, config_blob, manifest_blob, sha256
 
 HOSTNAME = "registry-1.docker.io"  # where Docker pulls docker.io/... images from
+GHCR = "ghcr.io"  # GitHub's container registry: llama.cpp's server images (the recipes' llama.cpp engines)
+HOSTNAMES = (HOSTNAME, GHCR)  # the registries the stand-in plays: its certificate's names, the hosts' /etc/hosts
 RIG_ADDRESS = "127.0.3.1"  # in every booted host: HOSTNAME's address, the relay's listener on port 443
 CA_NAME = "rigforge-testbed-upstream-ca"
 BLOB_GET = re.compile(
@@ -52,10 +57,13 @@ def files(shared: Path) -> dict[str, Path]:
 
 
 def ensure_tls(shared: Path) -> None:
-    """The testbed CA (EC P-256) and the registry's certificate for HOSTNAME + IP:127.0.0.1, made once."""
+    """The testbed CA (EC P-256) and the registry's certificate for HOSTNAMES + IP:127.0.0.1, made once (again when
+    an earlier testbed's certificate names fewer hosts)."""
     f = files(shared)
     f["dir"].mkdir(mode=0o755, exist_ok=True)
-    if f["ca"].exists() and f["cert"].exists() and f["key"].exists():
+    names = f["dir"] / "server.names"
+    same = names.exists() and names.read_text().split() == list(HOSTNAMES)
+    if f["ca"].exists() and f["cert"].exists() and f["key"].exists() and same:
         return
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     sh(["openssl", "req", "-x509", *ec, "-keyout", str(f["ca_key"]), "-out", str(f["ca"]), "-days", "3650",
@@ -66,7 +74,7 @@ def ensure_tls(shared: Path) -> None:
        capture=True)  # fmt: skip
     ext = f["dir"] / "server.ext"
     ext.write_text(
-        f"subjectAltName=DNS:{HOSTNAME},IP:127.0.0.1\nbasicConstraints=CA:FALSE\n"
+        f"subjectAltName={','.join(f'DNS:{h}' for h in HOSTNAMES)},IP:127.0.0.1\nbasicConstraints=CA:FALSE\n"
         "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
     )
     sh(["openssl", "x509", "-req", "-in", str(csr), "-CA", str(f["ca"]), "-CAkey", str(f["ca_key"]),
@@ -74,6 +82,7 @@ def ensure_tls(shared: Path) -> None:
     for key in (f["ca_key"], f["key"]):
         key.chmod(0o600)
     csr.unlink()
+    names.write_text("\n".join(HOSTNAMES) + "\n")
 
 
 def config(shared: Path, port: int) -> str:
@@ -114,8 +123,9 @@ def command(shared: Path, port: int) -> list[str]:
 
 
 def _split(ref: str) -> tuple[str, str]:
-    """('vllm/vllm-openai', 'tag' or 'sha256:...') of a Docker Hub reference (an optional docker.io/ prefix)."""
-    ref = ref.removeprefix("docker.io/")
+    """('vllm/vllm-openai', 'tag' or 'sha256:...') of a Docker Hub reference (an optional docker.io/ prefix) or of a
+    ghcr.io one (its repository: `ghcr.io/ggml-org/llama.cpp:tag` -> ('ggml-org/llama.cpp', 'tag'))."""
+    ref = ref.removeprefix("docker.io/").removeprefix(f"{GHCR}/")
     if "@" in ref:
         name, _, digest = ref.partition("@")
         return name.rsplit(":", 1)[0] if ":" in name.split("/")[-1] else name, digest

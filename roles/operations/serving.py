@@ -155,8 +155,11 @@ def healthy(
             return
     rollback = bool(executing and changed and changed())
     model, unit = plan.variant.served_model, layout.vllm_unit
+    ready = getattr(plan.variant, "health_path", "/v1/models")  # a recipe slug's engine's own: llama-server's /health
     yield StringCommand(
-        health_gate_script(url, model, knobs.serving_health_timeout, unit, rollback_unit, layout.serve_dir, rollback)
+        health_gate_script(
+            url, model, knobs.serving_health_timeout, unit, rollback_unit, layout.serve_dir, rollback, ready
+        )
     )
 
 
@@ -224,9 +227,17 @@ def manifest(plan: Plan, now: str, rest: str | None = None) -> Commands:
 
 
 def health_gate_script(
-    url: str, model: str, timeout: int, unit: str, rollback_unit: str | None, serve_dir: str, rollback: bool = True
+    url: str,
+    model: str,
+    timeout: int,
+    unit: str,
+    rollback_unit: str | None,
+    serve_dir: str,
+    rollback: bool = True,
+    ready_path: str = "/v1/models",
 ) -> str:
-    """Shell: wait for /v1/models, send one chat completion; on failure print the log tail, roll back (to
+    """Shell: wait until `ready_path` answers 200 (vLLM: /v1/models; llama-server: /health, which answers 503
+    "Loading model" until the model is loaded), send one chat completion; on failure print the log tail, roll back (to
     `rollback_unit`, else the `*.prev` files) and say what it rolled back to, or that there was nothing to. A server
     exiting while starting fails at once (Restart= would keep it "activating"); journal colour codes are stripped
     (else "[blob data]"); the API key goes to curl on stdin, never on a command line.
@@ -259,8 +270,8 @@ fail() {{
   {undo}
   exit 1
 }}
-until auth | curl -sf --max-time 3 -H @- {q(url)}/v1/models >/dev/null; do
-  [ "$(date +%s)" -lt "$deadline" ] || fail "no answer from {url}/v1/models within {int(timeout)} s"
+until auth | curl -sf --max-time 3 -H @- {q(url + ready_path)} >/dev/null; do
+  [ "$(date +%s)" -lt "$deadline" ] || fail "no answer from {url}{ready_path} within {int(timeout)} s"
   systemctl is-failed --quiet {q(unit)} && fail "{unit} failed while starting"
   restarts=$(systemctl show -P NRestarts {q(unit)} 2>/dev/null)
   [ "${{restarts:-0}}" = 0 ] || fail "the server exited while starting ({unit} restarts it)"
