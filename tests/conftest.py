@@ -100,6 +100,9 @@ HEAVY_FIRST = (
     "testbed/test_booted_fleet.py",
     "testbed/test_booted_rollout.py",
     "testbed/test_booted_serving.py",  # with test_booted_serving_docker: one unit of work (SHARED below)
+    "testbed/test_booted_llamacpp.py",
+    "testbed/test_booted_cable.py",
+    "testbed/test_booted_cards.py",
     "testbed/test_booted_boot_order.py",
     "testbed/test_booted.py",
     "test_converge_recover.py",
