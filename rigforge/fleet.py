@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from rigforge import obtain, recipes, render, schema
+from rigforge import obtain, recipes, schema
 from rigforge.catalog import CatalogError, load_catalog
 from rigforge.groups import GATEWAY, MONITOR, REGISTRY, RIG, is_rig
 from rigforge.knobs import docker_engine, gpu_power, images, nvidia_driver, serving, site, weights
@@ -229,14 +229,19 @@ def overrides_beyond(settings: Settings, count: int) -> list[str]:
 
 def for_cards(plan: Plan, gpus: int | None, cap_units: Iterable[str]) -> tuple[Plan | None, list[str]]:
     """`plan` for the cards the rig's probe shows: `gpus` GPUs (None: as planned) and the other writers of caps it
-    found (`cap_units`). The cheap pure step after the one build: only the caps and the units rendered from them
-    (render.units: the power unit, the settle stage, the cap hold) follow the count; nothing else is rebuilt."""
+    found (`cap_units`). The cheap pure step after the one build: the caps follow the count, and so do the files
+    rendered from it (the power unit, the settle stage and the cap hold; on a rig with more cards than the variant's
+    tensor-parallel size, the serve files that pin it to the first ones, hardware.serving_env), re-rendered from the
+    plan's own settings. Nothing else is rebuilt: the lock is not read again, nor the variant resolved."""
     if gpus is None or gpus == len(plan.caps):
         return replace(plan, cap_units=tuple(cap_units)), []
     problems = overrides_beyond(plan.settings, gpus)
     if problems:
         return None, problems
-    files = {**plan.files, **render.units(plan.settings, plan.layout, gpus)}
+    try:
+        files = plan.variant.files(plan.settings, plan.layout, gpus, host_data=True)
+    except (SettingsError, RecipeError) as exc:  # a setting this variant cannot take on this many cards
+        return None, [str(exc)]
     caps = MappingProxyType(power_caps(gpus, plan.settings))
     return replace(plan, caps=caps, files=MappingProxyType(files), cap_units=tuple(cap_units)), []
 

@@ -120,7 +120,7 @@ def test_a_rig_drains_and_rejoins_over_the_gateway_hosts_own_connection(fleet, t
         status = subprocess.run([RIGFORGE, "status", str(inv)], capture_output=True, text=True, timeout=300)
         line = next(li for li in status.stdout.splitlines() if li.startswith("gw: gateway"))
         assert line.startswith(f"gw: gateway http://127.0.0.1:{port} healthy") and line.endswith(
-            "; models: qwen3.6-27b-autoround; rig1 serving"
+            "; models: qwen3.6-27b-autoround; rig1 UP"
         ), status.stdout
         checks = subprocess.run([RIGFORGE, "verify", str(inv)], capture_output=True, text=True, timeout=300)
         gw_checks = [li.split()[:2] + [" ".join(li.split()[2:5])] for li in checks.stdout.splitlines()

@@ -462,8 +462,9 @@ def nvidia_smi_rows(count: int) -> list[str]:
 
 def test_a_fleet_with_mixed_gpu_counts_builds_each_rigs_plan_once(tmp_path, monkeypatch):
     """Issue 48: on 3 @fake rigs showing 2, 1 and 4 GPUs, one run builds each rig's plan once (rigforge/fleet.py
-    `build_plan`); the rigs whose count differs from the variant's get their caps and power units from the cheap
-    pure step `for_cards`, which renders only those units."""
+    `build_plan`); the rigs whose count differs from the variant's get their caps and the files rendered from the
+    count from the cheap pure step `for_cards`: the power units, and on the 4-card rig the serve files that pin the
+    TP=2 variant to cards 0 and 1 (hardware.serving_env)."""
     from collections import Counter
 
     import rigforge.fleet as planner
@@ -495,6 +496,9 @@ def test_a_fleet_with_mixed_gpu_counts_builds_each_rigs_plan_once(tmp_path, monk
     assert rendered == {2: 3, 1: 1, 4: 1}  # each rig's units at the variant's count, then the two that differ
     unit = plans["@fake/rig3"].files[render.POWER_UNIT]
     assert all(f"-i {i} " in unit for i in range(4)), unit
+    pinned = [name for name, text in plans["@fake/rig3"].files.items() if "CUDA_VISIBLE_DEVICES" in text]
+    assert pinned and all("0,1" in plans["@fake/rig3"].files[name] for name in pinned), pinned
+    assert not any("CUDA_VISIBLE_DEVICES" in text for text in plans["@fake/rig1"].files.values())
 
 
 def answers(recorded: dict[str, str], gpus: dict[str, int]):

@@ -215,7 +215,7 @@ def test_the_gateway_fronts_the_fleet(fleet):
     load = bench().Load(fleet.gateway_url, None, 1, 8)
     assert load._one(False)[0] and load._one(True)[0]
     line = gateway_status(fleet)
-    assert line.endswith(f"models: {MODEL}; rig1 serving, rig2 serving, rig3 serving")
+    assert line.endswith(f"models: {MODEL}; rig1 UP, rig2 UP, rig3 UP")
     assert line.startswith(f"gw: gateway {fleet.gateway_url} healthy")  # where clients reach it, not :8088 inside
 
 
@@ -395,9 +395,9 @@ def test_a_rig_whose_new_variant_fails_its_gate_rejoins_and_no_request_fails(fle
     assert b.phase(load.results, t0, t1)["failed"] == 0
     assert served_variants(fleet) == ["dual-turbo"] * 3
     deadline = time.monotonic() + 30
-    while "rig1 serving" not in (line := gateway_status(fleet)) and time.monotonic() < deadline:
+    while "rig1 UP" not in (line := gateway_status(fleet)) and time.monotonic() < deadline:
         time.sleep(2)
-    assert line.endswith("rig1 serving, rig2 serving, rig3 serving"), line
+    assert line.endswith("rig1 UP, rig2 UP, rig3 UP"), line
 
 
 SERVING_PORT = 8011  # dual-turbo's port on a rig

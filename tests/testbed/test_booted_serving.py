@@ -75,11 +75,11 @@ def gateway_agrees(tb, timeout=20) -> None:
 
 
 def steady(detail: str) -> str:
-    """A check's detail without what moves between two reads: how long a server has been down, and HAProxy's
-    last check of a down server (a check in progress, "* L4CON Layer4 connection problem", or its result,
-    "L4CON Connection refused")."""
-    detail = re.sub(r"down \d+ s", "down N s", detail)
-    return re.sub(r"down N s; last check: [^)]*", "down N s; last check: …", detail)
+    """A check's detail without what moves between two reads: how long a server has been in its state, and
+    HAProxy's last check of a down server (a check in progress, "* L4CON Layer4 connection problem", or its
+    result, "L4CON Connection refused"): "DOWN (6 s; last check: L4CON Connection refused)" reads
+    "DOWN (N s; last check: …)"."""
+    return re.sub(r"\((\d+ s; )?last check: [^)]*\)", "(N s; last check: …)", detail)
 
 
 def settled(rig, timeout: float = 120) -> None:

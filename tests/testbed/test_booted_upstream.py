@@ -49,13 +49,13 @@ def rigforge_testbed(*argv: str) -> subprocess.CompletedProcess:
 
 def test_a_rig_pulls_the_locked_digest_from_the_stand_in_as_from_docker_hub(tb, testbed_report):
     from rigforge.testbed.rig import IMAGE_REF
-    from rigforge.testbed.upstream import HOSTNAME, RIG_ADDRESS
+    from rigforge.testbed.upstream import HOSTNAME, HOSTNAMES, RIG_ADDRESS
 
     rig = tb.rig("rig1")
     digest = yaml.safe_load(tb.lock.read_text())["image"]["digest"]
     assert digest == tb.upstream_digests[IMAGE_REF] and digest.startswith("sha256:"), digest
     assert tb.upstream_url.startswith("https://127.0.0.1:") and tb.upstream_ca.exists()
-    assert sh(rig, f"getent hosts {HOSTNAME}").split() == [RIG_ADDRESS, HOSTNAME]
+    assert sh(rig, f"getent hosts {HOSTNAME}").split() == [RIG_ADDRESS, *HOSTNAMES]  # one /etc/hosts line
     assert sh(rig, f"curl -sS -o /dev/null -w '%{{http_code}}' https://{HOSTNAME}/v2/") == "200"  # system roots
     assert sh(rig, "docker image ls -q") == "", "nothing is pre-loaded: the deploy pulls"
 
@@ -80,7 +80,8 @@ def test_the_throttle_slows_a_pull_and_0_turns_it_off(tb, testbed_report):
     sh(rig, f"docker rmi -f {ref} >/dev/null")
     fast = timed_pull(rig, ref)
     sh(rig, f"docker rmi -f {ref} >/dev/null")
-    rate = size // 8  # about 8 s for the whole image
+    rate = size // 16  # about 16 s for the whole image
+    throttled_at_least = 0.7 * size / rate  # what no throttled pull can beat, however idle the machine
     res = rigforge_testbed("upstream-throttle", str(rate), "--dir", str(tb.shared))
     assert res.returncode == 0 and f"upstream throttle: {rate} bytes/s per host" in res.stderr, res.stderr
     try:
@@ -89,9 +90,9 @@ def test_the_throttle_slows_a_pull_and_0_turns_it_off(tb, testbed_report):
         res = rigforge_testbed("upstream-throttle", "0", "--dir", str(tb.shared))
     assert res.returncode == 0 and "upstream throttle: off" in res.stderr, res.stderr
     testbed_report.append(f"upstream: pull {fast:.1f}s, throttled to {rate >> 10} KiB/s {slow:.1f}s")
-    assert slow >= 0.7 * size / rate and slow > fast + 3, (fast, slow, size, rate)
+    assert fast < throttled_at_least <= slow, (fast, slow, size, rate)
     sh(rig, f"docker rmi -f {ref} >/dev/null")
-    assert timed_pull(rig, ref) < slow / 2, "throttle off: full speed again"
+    assert timed_pull(rig, ref) < throttled_at_least, "throttle off: faster than any throttled pull"
 
 
 def test_upstream_delete_makes_tag_and_digest_answer_404(tb):
