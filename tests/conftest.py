@@ -20,6 +20,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 TESTBED_TIMES: list[str] = []  # shown in the terminal summary (set-up times of the testbed)
+# seconds of set-up, call and tear-down, summed per unit of work (`_module`) and per worker: shown in the terminal
+# summary, where the suite's time goes (CI's budget is 50 minutes)
+UNIT_SECONDS: dict[tuple[str, str], float] = {}
 
 
 # Debian packages the fast loop runs for real (a gateway config through haproxy, alert rules through promtool, the
@@ -55,6 +58,25 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("testbed set-up times")
         for line in TESTBED_TIMES:
             terminalreporter.write_line(line)
+    if UNIT_SECONDS:
+        terminalreporter.section("seconds per module (the heaviest), and per worker")
+        by_worker: dict[str, float] = {}
+        for (worker, _), seconds in UNIT_SECONDS.items():
+            by_worker[worker] = by_worker.get(worker, 0.0) + seconds
+        heaviest = sorted(UNIT_SECONDS.items(), key=lambda item: -item[1])[:30]
+        for (worker, module), seconds in heaviest:
+            terminalreporter.write_line(f"{seconds:7.0f}s  {worker}  {module}")
+        terminalreporter.write_line(
+            "  ".join(f"{worker}: {seconds:.0f}s" for worker, seconds in sorted(by_worker.items()))
+        )
+
+
+def pytest_runtest_logreport(report) -> None:
+    """Adds a test phase's duration to its unit of work's (on the controller under xdist: the worker's report)."""
+    node = getattr(report, "node", None)
+    worker = node.gateway.id if node is not None else "main"
+    key = (worker, _module(report.nodeid))
+    UNIT_SECONDS[key] = UNIT_SECONDS.get(key, 0.0) + report.duration
 
 
 @pytest.fixture(scope="session")
