@@ -5,6 +5,7 @@ shared by the deploy's checks (roles/operations/) and `rigforge verify`.
 import contextlib
 import json
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from rigforge import schema
 from rigforge.driver_table import branch_for_cuda, cuda_for_branch, cuda_for_driver, version_key
@@ -203,22 +204,38 @@ def gpu_count(gpus: list[dict] | None, pci: list | None) -> int | None:
     return max(len(gpus or []), len(pci or [])) or None
 
 
-def missing_cards(gpus: list[dict], pci: list | None) -> list[tuple[str, str]]:
-    """NVIDIA GPUs on the PCI bus (address, device ID) that nvidia-smi does not list (none while it lists none)."""
+class MissingCard(NamedTuple):
+    """An NVIDIA card the PCI bus shows and nvidia-smi does not list."""
+
+    gpu: int  # its GPU index in PCI bus order, as nvidia-smi numbered it while it listed every card
+    address: str  # its PCI address, as sysfs spells it ("0000:02:00.0")
+    device: str  # its PCI device ID ("2204": an RTX 3090)
+
+
+def missing_cards(gpus: list[dict], pci: list | None) -> list[MissingCard]:
+    """NVIDIA GPUs on the PCI bus that nvidia-smi does not list (none while it lists none), with the index each has
+    in PCI bus order: the GPU the fleet page shows as missing."""
     listed = {bus_address(gpu.get("pci_bus_id")) for gpu in gpus}
-    return [(address, device) for address, device in pci or [] if gpus and bus_address(address) not in listed]
+    on_the_bus = sorted(pci or [], key=lambda card: bus_address(card[0]))
+    return [
+        MissingCard(gpu, address, device)
+        for gpu, (address, device) in enumerate(on_the_bus)
+        if gpus and bus_address(address) not in listed
+    ]
 
 
-def missing_problem(missing: list[tuple[str, str]], shown: int) -> str:
-    """The sentence for GPUs the PCI bus shows and nvidia-smi does not: which, and what to check."""
+def missing_problem(missing: list[MissingCard], shown: int) -> str:
+    """The sentence for GPUs the PCI bus shows and nvidia-smi does not: which (GPU index and bus address), and what
+    to check."""
     cards = ", ".join(
-        f"{address} (10de:{device}{', ' + PCI_CARDS[device][0] if device in PCI_CARDS else ''})"
-        for address, device in missing
+        f"GPU {card.gpu} (PCI {card.address}, "
+        f"10de:{card.device}{', ' + PCI_CARDS[card.device][0] if card.device in PCI_CARDS else ''})"
+        for card in missing
     )
     one = len(missing) == 1
     return (
-        f"nvidia-smi shows {shown} GPU(s); the PCI bus shows {shown + len(missing)}: the card{'' if one else 's'} at "
-        f"PCI {cards} {'is' if one else 'are'} on the bus but nvidia-smi does not list {'it' if one else 'them'} "
+        f"nvidia-smi shows {shown} GPU(s); the PCI bus shows {shown + len(missing)}: {cards} "
+        f"{'is' if one else 'are'} on the bus but nvidia-smi does not list {'it' if one else 'them'} "
         f"(fallen off the bus?): check {'its' if one else 'their'} power cables and seating, and the kernel's Xid "
         "lines (`journalctl -k | grep -i xid`)"
     )

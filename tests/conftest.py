@@ -123,7 +123,6 @@ HEAVY_FIRST = (
     "testbed/test_booted_rollout.py",
     "testbed/test_booted_serving.py",  # with test_booted_serving_docker: one unit of work (SHARED below)
     "testbed/test_booted_llamacpp.py",
-    "testbed/test_booted_cable.py",
     "testbed/test_booted_cards.py",
     "testbed/test_booted_boot_order.py",
     "testbed/test_booted.py",
@@ -135,7 +134,10 @@ HEAVY_FIRST = (
     "test_converge_visible.py",
     "test_converge_host.py",
 )
-SHARED = {"testbed/test_booted_serving_docker.py": "testbed/test_booted_serving.py"}  # the serving_fleet fixture
+SHARED = {  # modules that share a session fixture: one unit of work, in this order
+    "testbed/test_booted_serving_docker.py": "testbed/test_booted_serving.py",  # serving_fleet
+    "testbed/test_booted_cable.py": "testbed/test_booted_fleet.py",  # booted_fleet
+}
 
 
 def _module(nodeid: str) -> str:
@@ -145,9 +147,15 @@ def _module(nodeid: str) -> str:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Modules heaviest first (a stable sort: each module's own order holds)."""
+    """Modules heaviest first, a module that shares a fixture right after the one it shares it with (a stable
+    sort: each module's own order holds)."""
     rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
-    items.sort(key=lambda item: rank.get(_module(item.nodeid), len(rank)))
+
+    def order(item: pytest.Item) -> tuple[int, bool]:
+        unit = _module(item.nodeid)
+        return rank.get(unit, len(rank)), item.nodeid.split("::", 1)[0].removeprefix("tests/") != unit
+
+    items.sort(key=order)
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -227,6 +235,23 @@ def testbed_factory(testbed_dir: Path):
     others = [*(testbed_dir / "fleets").glob("*/rigs/*"), *(testbed_dir / "rigs").glob("*")]
     if not services_were_running and not others:  # leave them to testbeds still in use
         core.stop_services(testbed_dir)
+
+
+def _can_boot() -> None:
+    """Skips the test when rigs cannot boot here."""
+    missing = [tool for tool in ("systemd-nspawn", "nsenter", "ip") if not shutil.which(tool)]
+    if missing:
+        pytest.skip(f"cannot boot rigs: {', '.join(missing)} not found (apt-get install systemd-container iproute2)")
+
+
+@pytest.fixture(scope="session")
+def booted_fleet(testbed_factory):
+    """3 booted rigs and the gateway host `gw` (HAProxy, the fleet registry, the monitor), shared by
+    test_booted_fleet and then test_booted_cable, which takes the fleet as the other left it and takes it down."""
+    from rigforge.testbed import RigSpec
+
+    _can_boot()
+    return testbed_factory([RigSpec()] * 3, name="fleet", booted=True, gateway=True, registry=True, monitor=True)
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,7 @@ from fleet_page_support import LiveFleet, Page, chromium_binary, dump_dom, point
 FAULTS = {  # (alert, rig or the gateway's server, gpu): what each injected fault must fire
     ("RigforgeVllmUnitDown", "rig1", ""),
     ("RigforgeGatewayBackendDown", "rig1", ""),
-    ("RigforgeGpuMissing", "rig2", ""),
+    ("RigforgeGpuMissing", "rig2", "1"),
     ("RigforgeCapSetBack", "rig3", "0"),
 }
 # activeAt, and how long ago

@@ -132,7 +132,7 @@ def test_a_refusal_after_a_change_lists_what_this_run_changed(caplog):
 
 PCI_TWO = ["pci 0000:01:00.0 0x2204", "pci 0000:02:00.0 0x2204", "end"]  # NvidiaPciGpus' lines: both cards seated
 OFF_BUS = (
-    "nvidia-smi shows 1 GPU(s); the PCI bus shows 2: the card at PCI 0000:02:00.0 (10de:2204, GeForce RTX 3090) is on "
+    "nvidia-smi shows 1 GPU(s); the PCI bus shows 2: GPU 1 (PCI 0000:02:00.0, 10de:2204, GeForce RTX 3090) is on "
     "the bus but nvidia-smi does not list it (fallen off the bus?): check its power cables and seating, and the "
     "kernel's Xid lines (`journalctl -k | grep -i xid`)"
 )
@@ -145,7 +145,7 @@ def smi_gpu(index: int, bus: str) -> dict:
 def test_a_card_on_the_pci_bus_that_nvidia_smi_does_not_list_is_named_not_asked_for():
     one = [smi_gpu(0, "00000000:01:00.0")]
     pci = [("0000:01:00.0", "2204"), ("0000:02:00.0", "2204")]
-    assert missing_cards(one, pci) == [("0000:02:00.0", "2204")]
+    assert missing_cards(one, pci) == [(1, "0000:02:00.0", "2204")]  # GPU 1 in PCI bus order
     problems = gpu_problems(one, PREFLIGHT, DATA, pci)
     assert problems == [OFF_BUS]  # not "add a GPU": the rig has two
     assert missing_cards([smi_gpu(0, "00000000:01:00.0")], pci[:1]) == []

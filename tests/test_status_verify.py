@@ -228,7 +228,7 @@ def test_a_card_off_the_bus_is_named_by_its_bus_address_and_no_file_is_called_ed
     visible = checks["GPUs visible"]
     assert visible["status"] == "fail", visible
     assert visible["detail"] == (
-        "nvidia-smi shows 1 GPU(s); the PCI bus shows 2: the card at PCI 0000:02:00.0 (10de:2204, GeForce RTX 3090) "
+        "nvidia-smi shows 1 GPU(s); the PCI bus shows 2: GPU 1 (PCI 0000:02:00.0, 10de:2204, GeForce RTX 3090) "
         "is on the bus but nvidia-smi does not list it (fallen off the bus?): check its power cables and seating, and "
         "the kernel's Xid lines (`journalctl -k | grep -i xid`)"
     )

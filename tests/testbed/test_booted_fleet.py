@@ -57,12 +57,9 @@ def rigforge(*args: str, env: dict | None = None, timeout: float = 600) -> subpr
 
 
 @pytest.fixture(scope="module")
-def fleet(testbed_factory):
-    from rigforge.testbed import RigSpec
-
-    tb = testbed_factory([RigSpec()] * 3, name="fleet", booted=True, gateway=True, registry=True, monitor=True)
-    yield tb
-    testbed_factory.release(tb)
+def fleet(booted_fleet):
+    """The session's booted fleet (conftest): test_booted_cable takes it on from here."""
+    return booted_fleet
 
 
 def locked(tb) -> str:
@@ -324,11 +321,20 @@ def test_three_faults_fire_their_alerts_show_on_the_fleet_page_and_a_deploy_clea
         assert faults <= firing(fleet)
         page = Page(dump_dom(tmp_path, f"{fleet.prometheus_url}/consoles/rigforge-fleet.html"))
         listed = {(a["alert"], a["rig"], a["gpu"]) for a in page.alerts}
-        assert {(alert, rig, "0" if rig == "rig3" else "") for alert, rig in faults} <= listed, page.alerts
+        gpu_of = {"rig2": "1", "rig3": "0"}  # the card off the bus, the card set back
+        assert {(alert, rig, gpu_of.get(rig, "")) for alert, rig in faults} <= listed, page.alerts
         assert "vllm down" in page.headings["rig1"] and page.gateway["rig1"]["state"] == "DOWN", page.gateway
         assert page.gpus["rig2"]["1"][0] == "MISSING" and page.gpus["rig2"]["0"][0] == "listed", page.gpus["rig2"]
         set_back = re.search(r"(\d+) in the last hour, \d+ in all$", page.gpus["rig3"]["0"][1])
         assert set_back and int(set_back[1]) >= 1, page.gpus["rig3"]
+        # status names the same rig, and the same GPU, for each fault
+        rows = json.loads(rigforge("status", fleet.inventory, "--json").stdout)
+        checks = {row["host"]: {c["name"]: c for c in row.get("checks") or []} for row in rows}
+        assert checks["rig1"]["unit active"]["status"] == "fail", checks["rig1"]["unit active"]
+        assert checks["rig1"]["serving at the gateways"]["detail"].startswith("DOWN"), checks["rig1"]
+        visible = checks["rig2"]["GPUs visible"]
+        assert visible["status"] == "fail" and "GPU 1 (PCI " in visible["detail"], visible
+        assert "GPU0 " in checks["rig3"]["caps set last at this boot"]["detail"], checks["rig3"]
     finally:
         back = f"import json; s = json.load(open('{state}')); s.pop('lost'); json.dump(s, open('{state}', 'w'))"
         rig2.run(f'python3 -c "{back}"', check=True)
