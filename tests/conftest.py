@@ -116,7 +116,7 @@ def testbed_dir() -> Path:
     return mine
 
 
-# Heaviest first, so that on two workers (pytest-xdist: -n 2) the long modules start at once and the short ones fill
+# Heaviest first, so that on three workers (pytest-xdist: -n 3) the long modules start at once and the short ones fill
 # in behind them; a module not named here comes after these, in collection order.
 HEAVY_FIRST = (
     "testbed/test_booted_fleet.py",
