@@ -462,11 +462,13 @@ def test_a_killed_rig_costs_only_the_requests_it_had_down_in_2s_up_in_5s(fleet, 
     assert health and up_at and float(up_at) - health < 5.0, report
 
 
-def test_a_rig_powered_off_costs_only_the_requests_it_had_down_in_2s_and_rejoins(fleet, testbed_report):
+def test_a_rig_powered_off_costs_only_the_requests_it_had_down_in_4s_and_rejoins(fleet, testbed_report):
     """The same load; rig3 powered off (`systemctl poweroff` in it: its services stop, then its LAN link goes
     down). Only requests rig3 had may fail: no more than HAProxy's log shows ending at rig3 after the power-off
     (it serves on for a moment while its services stop), all sent before rig3 is DOWN at the gateway, which is
-    within 2 s; once it is off, the gateway host gets no answer from it at all (a connect times out). Booted
+    within 4 s (a rig that refuses is DOWN within 2 s; one whose link goes first gets checks that time out, as a
+    pulled cable's: 2.8-3.6 s in docs/gateway.md, 2.6 s here on a loaded machine); once it is off, the gateway
+    host gets no answer from it at all (a connect times out). Booted
     again (booted.boot), it is UP within 5 s of its /health answering, and no request fails as it rejoins."""
     from rigforge.testbed import booted
 
@@ -519,7 +521,7 @@ def test_a_rig_powered_off_costs_only_the_requests_it_had_down_in_2s_and_rejoins
               "up_after_health_s": round(float(up_at or 0) - answered, 2), "health_back_after_boot_s":
               round(answered - gone, 1)}  # fmt: skip
     testbed_report.append(f"gateway rig power-off (systemctl poweroff on rig3, booted again): {report}")
-    assert down_at and float(down_at) - off < 2.0, report
+    assert down_at and float(down_at) - off < 4.0, report
     # a host that is gone does not answer: the connect times out (or, once ARP gave up, "No route to host")
     assert "rc=124" in silent or "No route to host" in silent, (silent, link)
     assert after["failed"] == 0 and after["sent"] > 0, (report, after)
