@@ -320,7 +320,7 @@ def test_an_apt_lock_held_past_the_wait_is_refused_naming_the_holder_with_nothin
 
 def test_an_apt_lock_released_during_the_wait_lets_the_run_go_on(rigs, tmp_path):
     rig = rigs.rig("rig2")  # the driver is in (the 400 W case): the rest converges
-    holder = hold_apt_lock(rig, 5)
+    holder = hold_apt_lock(rig, 30)  # past the run's start on a loaded machine (5 s was not), well within its wait
     try:
         inv = inventory_with(rigs, tmp_path / "inv.py", {"rig2": {"apt_lock_wait": 120}})
         results, err = pyinfra_run(inv, REPO / "deploy" / "dual_turbo.py", "--limit", "rig2", env=NO_TOKEN)
