@@ -213,8 +213,8 @@ class MissingCard(NamedTuple):
 
 
 def missing_cards(gpus: list[dict], pci: list | None) -> list[MissingCard]:
-    """NVIDIA GPUs on the PCI bus that nvidia-smi does not list (none while it lists none), with the index each has
-    in PCI bus order: the GPU the fleet page shows as missing."""
+    """NVIDIA GPUs on the PCI bus that nvidia-smi does not list (none while it lists none), each with its index in
+    PCI bus order: the one nvidia-smi gave it while it listed every card."""
     listed = {bus_address(gpu.get("pci_bus_id")) for gpu in gpus}
     on_the_bus = sorted(pci or [], key=lambda card: bus_address(card[0]))
     return [
