@@ -1,7 +1,7 @@
 """A pulled cable costs seconds, and a rig cut off from the network still boots into serving (issue 49), on the
-session's booted fleet (conftest's booted_fleet: 3 rigs and the gateway host, Debian's HAProxy with rigforge's
-config, default check settings), taken on as test_booted_fleet left it and converged to dual-turbo, shared by the
-module's tests in order:
+session's booted fleet (conftest's booted_fleet: 3 rigs, 4 once test_booted_fleet has added its fourth, and the
+gateway host, Debian's HAProxy with rigforge's config, default check settings), taken on as test_booted_fleet left
+it and converged to dual-turbo, shared by the module's tests in order:
 
 - under streaming load (8 clients on keep-alive connections, each its own prompt: the same under least connections
   or prefix affinity), the LAN cable of the rig serving the most streams is pulled (its bridge port down: no
