@@ -2,7 +2,8 @@
 its type, default and a comment (the role's defaults/main.yml), `DEFAULTS` derived from its fields, and
 `validate(data) -> problems`. `Knobs.of(data)` gives a role its settings, defaults applied. No host here.
 
-`typed` builds such a class from a DEFAULTS dict at run time; it stays only for knob modules not yet declared.
+`typed` builds such a class from a DEFAULTS dict at run time; no knob module uses it any more, only
+tests/test_knobs.py does: it goes once that test stops calling it.
 """
 
 import copy

@@ -1,32 +1,41 @@
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from rigforge import schema
-from rigforge.knobs import typed
+from rigforge.knobs import Knobs, defaults_of, knob
 
-DEFAULTS = {
-    "gateway_port": 8088,  # on a gateway host: the fleet's one endpoint
-    "gateway_metrics_port": 8405,  # on a gateway host: HAProxy's Prometheus exporter (/metrics), not the API's port
-    "gateway_bind_address": None,  # on a gateway host: the address it listens on (None: every address)
-    "gateway_url": None,  # on a gateway host: where clients reach it, as status shows it (None: http://HOST:PORT)
-    "gateway_api_key": None,  # on a gateway host: the fleet's key, checked there (the config keeps its sha256)
-    "gateway_address": None,  # on a rig: the address the gateway reaches it on (None: its inventory name)
-    "gateway_drain_timeout": 300,  # on a rig: seconds its requests in flight get to finish before a restart
+
+@dataclass(frozen=True)
+class Gateway(Knobs):
+    """The fleet's gateway (roles/gateway.py, HAProxy): its endpoint on a gateway host, how a rig is reached and
+    drained, what is done when a rig dies, which rig takes a request (docs/gateway.md)."""
+
+    gateway_port: int = 8088  # on a gateway host: the fleet's one endpoint
+    gateway_metrics_port: int = 8405  # on a gateway host: HAProxy's Prometheus exporter (/metrics), not the API's port
+    gateway_bind_address: str | None = None  # on a gateway host: the address it listens on (None: every address)
+    # on a gateway host: where clients reach it, as status shows it (None: http://HOST:PORT)
+    gateway_url: str | None = None
+    # on a gateway host: the fleet's key, checked there (the config keeps its sha256; secret: left out of a repr)
+    gateway_api_key: str | None = knob(None, secret=True)
+    gateway_address: str | None = None  # on a rig: the address the gateway reaches it on (None: its inventory name)
+    gateway_drain_timeout: int = 300  # on a rig: seconds its requests in flight get to finish before a restart
     # when a rig dies (docs/gateway.md "When a rig dies"), on a gateway host:
-    "gateway_retries": 3,  # retries of a request a dead rig refused or answered empty/502/503; each on another rig
-    "gateway_bufsize": 1048576,  # bytes (HAProxy tune.bufsize): a bigger request body is not routed nor retried
-    "gateway_check_interval_ms": 1000,  # /health checked this often on every rig (half of it once one fails)
-    "gateway_check_fall": 2,  # failed checks in a row that mark a rig DOWN (1 s + 2 x 0.5 s: down within 2 s)
-    "gateway_check_rise": 2,  # passed checks in a row that bring a rig back UP
-    "gateway_error_limit": 3,  # errors in a row on live requests (refused, empty, 5xx) that mark a rig DOWN at once
-    "gateway_keepalive_s": 1,  # idle seconds before TCP keepalive probes a rig whose host may be gone (1 s apart)
-    "gateway_tcp_user_timeout_s": 2,  # seconds a rig may leave data or probes unanswered before its connection ends
+    gateway_retries: int = 3  # retries of a request a dead rig refused or answered empty/502/503; each on another rig
+    gateway_bufsize: int = 1048576  # bytes (HAProxy tune.bufsize): a bigger request body is not routed nor retried
+    gateway_check_interval_ms: int = 1000  # /health checked this often on every rig (half of it once one fails)
+    gateway_check_fall: int = 2  # failed checks in a row that mark a rig DOWN (1 s + 2 x 0.5 s: down within 2 s)
+    gateway_check_rise: int = 2  # passed checks in a row that bring a rig back UP
+    gateway_error_limit: int = 3  # errors in a row on live requests (refused, empty, 5xx) that mark a rig DOWN at once
+    gateway_keepalive_s: int = 1  # idle seconds before TCP keepalive probes a rig whose host may be gone (1 s apart)
+    gateway_tcp_user_timeout_s: int = 2  # seconds a rig may leave data or probes unanswered before its connection ends
     # which rig takes a request (docs/gateway.md "Prefix affinity"), on a gateway host:
-    "gateway_balance": "affinity",  # affinity: a conversation stays on one rig (its prefix cached); or leastconn
-    "gateway_hash_balance_factor": 200,  # affinity: no rig takes more than this % of the average load in flight
-    "gateway_session_header": "X-Session-Id",  # affinity: a client's conversation id, the key when it is sent
-}
-Gateway = typed("Gateway", DEFAULTS)  # the role's settings: one frozen field per knob
+    gateway_balance: str = "affinity"  # affinity: a conversation stays on one rig (its prefix cached); or leastconn
+    gateway_hash_balance_factor: int = 200  # affinity: no rig takes more than this % of the average load in flight
+    gateway_session_header: str = "X-Session-Id"  # affinity: a client's conversation id, the key when it is sent
+
+
+DEFAULTS = defaults_of(Gateway)
 BALANCES = ("affinity", "leastconn")
 HEADER = re.compile(r"^[A-Za-z0-9-]{1,64}$")  # an HTTP header name the config can hold as it is
 

@@ -2,17 +2,25 @@
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from rigforge import schema
+from rigforge.knobs import Knobs, defaults_of
 
-DEFAULTS = {
+
+@dataclass(frozen=True)
+class Monitor(Knobs):
+    """The monitor host's Prometheus and the rigs' node exporter it scrapes (roles/monitor.py)."""
+
     # on the monitor: samples older than this are dropped (Prometheus's --storage.tsdb.retention.time)
-    "monitor_retention_time": "15d",
-    "monitor_retention_size": "10GB",  # on the monitor: the disk samples may take (--storage.tsdb.retention.size)
-    "monitor_scrape_interval_s": 15,  # on the monitor: how often every target is scraped
-    "monitor_node_exporter_port": 9100,  # on a rig: where Debian's prometheus-node-exporter listens
-    "monitor_url": None,  # on the monitor: where people reach it, as status shows it (None: http://HOST:9090)
-}
+    monitor_retention_time: str = "15d"
+    monitor_retention_size: str = "10GB"  # on the monitor: the disk samples may take (--storage.tsdb.retention.size)
+    monitor_scrape_interval_s: int = 15  # on the monitor: how often every target is scraped
+    monitor_node_exporter_port: int = 9100  # on a rig: where Debian's prometheus-node-exporter listens
+    monitor_url: str | None = None  # on the monitor: where people reach it, as status shows it (None: http://HOST:9090)
+
+
+DEFAULTS = defaults_of(Monitor)
 DURATION = re.compile(r"^[1-9][0-9]*(ms|s|m|h|d|w|y)$")  # Prometheus's durations, one unit
 SIZE = re.compile(r"^[1-9][0-9]*(B|KB|MB|GB|TB|PB|EB)$")  # Prometheus's byte sizes
 
