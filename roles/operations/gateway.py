@@ -121,6 +121,23 @@ def drained(plan: Plan, gateways: dict[str, bool], held: bool = False) -> Comman
     + plan: the rig's plan (its model, port and gateway knobs)
     + gateways: ``{inventory name: use sudo}`` of the gateway hosts
     + held: drained on purpose (host data ``serving_rest: drained``): only at the gateways where it is not yet out
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations import gateway
+        gateway.drained(
+            name="Drain rig-a.example.lan at the fleet gateway before the restart",
+            plan=plan,
+            gateways={"gw.example.lan": True},  # {inventory name: use sudo}
+        )
+        gateway.drained(
+            name="Keep rig-a.example.lan drained at the fleet gateway (serving_rest: drained)",
+            plan=plan,
+            gateways={"gw.example.lan": True},
+            held=True,
+        )
     """
     if held:
         if not state.is_executing:
@@ -140,6 +157,19 @@ def rejoined(plan: Plan, gateways: dict[str, bool], gate: OperationMeta | None =
     + gateways: ``{inventory name: use sudo}`` of the gateway hosts
     + gate: the health gate; when it failed, the rig rejoins where it rolled back to and the host fails
     + sudo: whether this rig's own commands run with sudo
+
+    **Example:**
+
+    .. code:: python
+
+        from roles.operations import gateway
+        gateway.rejoined(
+            name=f"Rejoin the fleet gateway on port {plan.port}",
+            plan=plan,
+            gateways={"gw.example.lan": True},  # {inventory name: use sudo}
+            gate=gate,  # serving.healthy's
+            sudo=True,
+        )
     """
     if not state.is_executing:
         return  # its state at the gateways is read when the rig's turn comes

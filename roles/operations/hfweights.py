@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import FileUploadCommand, OperationError, StringCommand, operation
+from pyinfra.api.hiddenvalue import HiddenValue
 from pyinfra.facts.files import File
 
 from rigforge import verdict
@@ -24,7 +25,7 @@ from rigforge.knobs.weights import Weights
 from rigforge.layout import STAMP, HostLayout
 from rigforge.pins import HfPin
 from roles.operations.checks import fail_command
-from roles.operations.shown import ShownCommand, repairing, say, unchanged
+from roles.operations.shown import Commands, ShownCommand, repairing, say, unchanged
 from roles.operations.staged import upload_privately
 
 HEADROOM = 1.05
@@ -65,13 +66,31 @@ def controller_cache(pin: HfPin, cache_dir: str, endpoint: str | None, token: st
 
 
 @operation()
-def fetched(asset: PlannedAsset, layout: HostLayout, knobs: Weights, token=None):
+def fetched(
+    asset: PlannedAsset, layout: HostLayout, knobs: Weights, token: HiddenValue | str | None = None
+) -> Commands:
     """Make the asset's dir hold exactly its pin's files, verified against the lock's sha256.
 
     + asset: the locked asset and its dir under the model dir
     + layout: the rig's paths (the asset and staging dirs, the venv, fetch_weights.py, the root-only work dir)
     + knobs: the weights role's settings (``hf_endpoint``, ``weights_deep_verify``, ``weights_source``, its cache dir)
     + token: HF token (pyinfra HiddenValue or str)
+
+    **Example:**
+
+    .. code:: python
+
+        from pyinfra.api.hiddenvalue import HiddenValue
+        from rigforge.knobs.weights import Weights
+        from roles.operations import hfweights
+        for asset in plan.assets:
+            hfweights.fetched(
+                name=f"Weights {asset.name} ({asset.pin.repo}@{asset.pin.revision[:12]}) -> {asset.dir}",
+                asset=asset,  # a PlannedAsset: the locked pin and its dir under the model dir
+                layout=plan.layout,
+                knobs=Weights.of(plan.data),
+                token=HiddenValue(plan.token) if plan.token else None,  # kept out of pyinfra's output
+            )
     """
     pin, dest, staging = asset.pin, layout.asset_dir(asset.dir), layout.weights_staging(asset.name)
     work_dir, endpoint, deep = layout.weights_work, knobs.hf_endpoint, knobs.weights_deep_verify
@@ -130,11 +149,23 @@ def fetched(asset: PlannedAsset, layout: HostLayout, knobs: Weights, token=None)
 
 
 @operation()
-def hub_client(layout: HostLayout, knobs: Weights):
+def hub_client(layout: HostLayout, knobs: Weights) -> Commands:
     """huggingface_hub, which fetch_weights.py uses, installed in the rig's venv (pip) at the pinned version.
 
     + layout: the rig's paths (the venv)
     + knobs: the weights role's settings (``weights_hf_hub_version``)
+
+    **Example:**
+
+    .. code:: python
+
+        from rigforge.knobs.weights import Weights
+        from roles.operations import hfweights
+        hfweights.hub_client(
+            name="Install huggingface_hub into the venv",
+            layout=plan.layout,  # its venv: <rigforge_root>/venv
+            knobs=Weights.of(plan.data),  # weights_hf_hub_version: 2.4.0 unless host data pins another
+        )
     """
     venv, dist, version = layout.venv, "huggingface_hub", knobs.weights_hf_hub_version
     if host.get_fact(VenvDistVersion, venv=venv, dist=dist) == version:
