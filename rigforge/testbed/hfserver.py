@@ -36,7 +36,7 @@ class Handler(BaseHTTPRequestHandler):
     server_version = "rigforge-testbed-hf/1"
     root: Path
 
-    def log_message(self, fmt, *args):  # quiet; /_testbed/log has the record
+    def log_message(self, fmt: str, *args: object) -> None:  # quiet; /_testbed/log has the record
         pass
 
     # --- helpers -------------------------------------------------------------------------------------
@@ -54,7 +54,9 @@ class Handler(BaseHTTPRequestHandler):
             )
             del LOG[:-500]
 
-    def _send(self, status: int, body: bytes = b"", headers: dict | None = None, ctype="application/json"):
+    def _send(
+        self, status: int, body: bytes = b"", headers: dict[str, str] | None = None, ctype: str = "application/json"
+    ) -> None:
         self._record(status)
         self.send_response(status)
         self.send_header("Content-Type", ctype)
@@ -65,13 +67,13 @@ class Handler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(body)
 
-    def _json(self, obj, status=200, headers=None):
+    def _json(self, obj: dict | list, status: int = 200, headers: dict[str, str] | None = None) -> None:
         self._send(status, json.dumps(obj).encode(), headers)
 
-    def _error(self, status: int, code: str, message: str):
+    def _error(self, status: int, code: str, message: str) -> None:
         self._json({"error": message}, status, {"X-Error-Code": code, "X-Error-Message": message})
 
-    def _repo(self, repo_id: str, rev: str | None, gate: bool = True):
+    def _repo(self, repo_id: str, rev: str | None, gate: bool = True) -> dict | None:
         """Return the repo meta, or None after answering with the Hub's error; `gate`: a gated repo asks for its
         token (downloads), else it answers anyone (model info, file lists)."""
         meta_path = self.root / repo_id / META
@@ -95,7 +97,7 @@ class Handler(BaseHTTPRequestHandler):
         return meta
 
     # --- routes --------------------------------------------------------------------------------------
-    def do_POST(self):
+    def do_POST(self) -> None:
         if urlsplit(self.path).path != "/_testbed/control":
             return self._error(404, "EntryNotFound", "not found")
         body = self.rfile.read(int(self.headers.get("Content-Length", "0") or 0))
@@ -104,10 +106,10 @@ class Handler(BaseHTTPRequestHandler):
             state = dict(CONTROL)
         self._json(state)
 
-    def do_HEAD(self):
+    def do_HEAD(self) -> None:
         self.do_GET()
 
-    def do_GET(self):
+    def do_GET(self) -> None:
         path = unquote(urlsplit(self.path).path)
         if path == "/_testbed/log":
             with LOCK:
@@ -120,7 +122,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._resolve("/".join(parts[:2]), parts[3], "/".join(parts[4:]))
         self._error(404, "EntryNotFound", f"no route for {path}")
 
-    def _api(self, rest: str):
+    def _api(self, rest: str) -> None:
         parts = rest.split("/")
         repo_id, tail = "/".join(parts[:2]), parts[2:]
         if not tail or tail[0] == "revision":
@@ -176,7 +178,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._json(entries)
         self._error(404, "EntryNotFound", f"no route for /api/models/{rest}")
 
-    def _resolve(self, repo_id: str, rev: str, filename: str):
+    def _resolve(self, repo_id: str, rev: str, filename: str) -> None:
         meta = self._repo(repo_id, rev)
         if not meta:
             return

@@ -157,7 +157,7 @@ class Metrics:
     of full length (prompt + `tokens` x `tokens_per_delta`), slots = max_concurrent (1 when unbounded); capped at 1.
     So it is 0 when idle and nears 1 when every slot generates the end of a reply."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.lock = threading.Lock()
         self.running = self.waiting = self.kv_tokens = 0
         self.prompt_tokens = self.generation_tokens = 0
@@ -246,10 +246,10 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "rigforge-openai-stub"
     schedule: Schedule  # set on the subclass made by make_server()
 
-    def log_message(self, format, *args):  # noqa: A002 - quiet; tests read /_stub/log instead
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - quiet; tests read /_stub/log instead
         pass
 
-    def setup(self):
+    def setup(self) -> None:
         super().setup()
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
@@ -260,7 +260,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("X-Stub-Name", self.schedule.name)
         super().end_headers()
 
-    def _json(self, code: int, obj) -> None:
+    def _json(self, code: int, obj: dict | list) -> None:
         body = json.dumps(obj).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
@@ -275,7 +275,7 @@ class _Handler(BaseHTTPRequestHandler):
             return True
         return False
 
-    def do_GET(self):  # noqa: N802
+    def do_GET(self) -> None:  # noqa: N802
         s = self.schedule
         if self._unauthorized():
             return
@@ -298,7 +298,7 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._json(404, {"error": {"message": f"no route {self.path}"}})
 
-    def do_POST(self):  # noqa: N802
+    def do_POST(self) -> None:  # noqa: N802
         t_recv = time.monotonic_ns()
         s = self.schedule
         if self._unauthorized():
@@ -339,7 +339,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.held += tokens
         self.schedule.metrics.add(generation_tokens=tokens, kv_tokens=tokens)
 
-    def _answer(self, req, n: int, t_recv: int, t_arrived: int) -> None:
+    def _answer(self, req: dict, n: int, t_recv: int, t_arrived: int) -> None:
         s = self.schedule
         if req.get("tools"):
             s.metrics.observe_ttft((time.monotonic_ns() - t_arrived) / 1e9)
@@ -355,7 +355,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._finish()
             self._json(200, _completion(s.model, {"role": "assistant", "content": text}, len(text.split())))
 
-    def _tool_call(self, req) -> None:
+    def _tool_call(self, req: dict) -> None:
         name = req["tools"][0].get("function", {}).get("name", "tool")
         call = {"id": "call_0", "type": "function", "function": {"name": name, "arguments": '{"city": "Paris"}'}}
         msg = {"role": "assistant", "content": None, "tool_calls": [call]}
@@ -363,12 +363,12 @@ class _Handler(BaseHTTPRequestHandler):
         self._finish()
         self._json(200, _completion(self.schedule.model, msg, 12, finish="tool_calls"))
 
-    def _chunk(self, obj) -> None:
+    def _chunk(self, obj: dict | bytes) -> None:
         data = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
 
-    def _stream(self, req, n: int, t_recv: int, t_arrived: int) -> None:
+    def _stream(self, req: dict, n: int, t_recv: int, t_arrived: int) -> None:
         s = self.schedule
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -428,16 +428,18 @@ class _Server(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, address, handler, max_concurrent: int = 0):
+    def __init__(
+        self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], max_concurrent: int = 0
+    ) -> None:
         super().__init__(address, handler)
         self.slots = threading.BoundedSemaphore(max_concurrent) if max_concurrent else contextlib.nullcontext()
         self.open: set = set()
 
-    def process_request(self, request, client_address):
+    def process_request(self, request: socket.socket, client_address: tuple[str, int]) -> None:
         self.open.add(request)
         super().process_request(request, client_address)
 
-    def shutdown_request(self, request):
+    def shutdown_request(self, request: socket.socket) -> None:
         self.open.discard(request)
         super().shutdown_request(request)
 
@@ -446,7 +448,7 @@ class _Server(ThreadingHTTPServer):
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
 
-    def handle_error(self, request, client_address):
+    def handle_error(self, request: socket.socket, client_address: tuple[str, int]) -> None:
         if not isinstance(sys.exc_info()[1], ConnectionError):  # a client hanging up is not an error
             super().handle_error(request, client_address)
 

@@ -140,7 +140,7 @@ def _split(ref: str) -> tuple[str, str]:
 class Client:
     """Plain registry API calls to the stand-in at `url` (https://127.0.0.1:PORT), trusting only `ca`."""
 
-    def __init__(self, url: str, ca: Path):
+    def __init__(self, url: str, ca: Path) -> None:
         import requests
 
         self.url, self.session = url, requests.Session()
