@@ -4,8 +4,9 @@ shared by the deploy's checks (roles/operations/) and `rigforge verify`.
 
 import contextlib
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from rigforge import schema
 from rigforge.driver_table import branch_for_cuda, cuda_for_branch, cuda_for_driver, version_key
@@ -21,7 +22,7 @@ def cards(gpus: list[dict]) -> str:
     return f"GPU {', '.join(str(gpu['index']) for gpu in gpus)} ({', '.join(names)})"
 
 
-def small_override(kv_cache_dtype, gpu_memory_utilization) -> bool:
+def small_override(kv_cache_dtype: object, gpu_memory_utilization: Any) -> bool:
     """Whether the documented 20 GB-card override is set (fp8_e5m2 KV and at most 0.82 of the memory)."""
     try:
         return kv_cache_dtype == "fp8_e5m2" and float(gpu_memory_utilization) <= 0.82
@@ -346,7 +347,9 @@ def find_problems(
     return problems
 
 
-def format_problems(host_name: str, problems: list[str], what: str = "preflight failed", changed=()) -> str:
+def format_problems(
+    host_name: str, problems: list[str], what: str = "preflight failed", changed: Sequence[str] = ()
+) -> str:
     """One message naming the host, every problem, then what this run changed on it (`changed`) or that nothing was."""
     lines = [f"{what} on {host_name}:"] + [f"  - {problem}" for problem in problems]
     if changed:
@@ -386,7 +389,7 @@ def data_root_of(daemon_json: list[str] | None) -> str:
     return configured.rstrip("/") if isinstance(configured, str) and configured.strip("/") else schema.DOCKER_DATA_ROOT
 
 
-def data_root_left(now: str, after: str, size_of) -> str | None:
+def data_root_left(now: str, after: str, size_of: Callable[[str], int | None]) -> str | None:
     """The warning for a Docker data-root this run leaves unused, None when there is none: `now`, the rig's, when
     `after` (the one daemon.json sets once this run wrote it) differs; else Docker's default when `after` is not it.
     `size_of(path)`: its bytes, None when it does not exist. rigforge never deletes it."""
@@ -424,7 +427,7 @@ def _inside(path: str, tree: str) -> bool:
     return path == tree or path.startswith(f"{tree.rstrip('/')}/")
 
 
-def changed_roots(layout: HostLayout, recorded: dict | None, size_of) -> list[str]:
+def changed_roots(layout: HostLayout, recorded: dict | None, size_of: Callable[[str], int | None]) -> list[str]:
     """Warnings for rig.json's `recorded` trees `layout` no longer uses (`size_of(path)`: bytes, None when gone)."""
     recorded = recorded or {}
     now = (layout.root, layout.models)

@@ -9,10 +9,14 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rigforge.lock import manifest_url, write_atomically
 from rigforge.obtain import DOCKER_HUB, INDEX_TYPES, MANIFEST_TYPES, parse, registry_request
 from rigforge.pins import DIGEST, ImagePin, Lock, LockError, default_lock_path, load_lock
+
+if TYPE_CHECKING:  # imported where used: requests is slow to import
+    import requests
 
 LAYOUT_FILE = "oci-layout"
 INDEX = "index.json"
@@ -64,14 +68,14 @@ def blob_path(directory: Path, digest: str) -> Path:
     return Path(directory) / BLOBS / digest.split(":", 1)[1]
 
 
-def _read_json(path: Path, default):
+def _read_json(path: Path, default: Any) -> Any:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return default
 
 
-def _write_json(path: Path, data) -> None:
+def _write_json(path: Path, data: dict) -> None:
     write_atomically(path, json.dumps(data, indent=2) + "\n")
 
 
@@ -123,13 +127,13 @@ def saved(directory: str | os.PathLike, ref: str, digest: str) -> bool:
 class _Source:
     """One image's repository on a registry, over the Distribution API (anonymous bearer tokens as needed)."""
 
-    def __init__(self, ref: str, registry: str | None, ca_cert: str | None):
+    def __init__(self, ref: str, registry: str | None, ca_cert: str | None) -> None:
         self.ref = ref
         self.base = manifest_url(ref, registry).rsplit("/manifests/", 1)[0]
         self.headers = {"Accept": MANIFEST_TYPES}
         self.verify = ca_cert or True
 
-    def get(self, kind: str, digest: str, extra: dict | None = None, **kwargs):
+    def get(self, kind: str, digest: str, extra: dict | None = None, **kwargs: Any) -> "requests.Response":
         import requests
 
         url = f"{self.base}/{kind}/{digest}"

@@ -9,7 +9,9 @@ import os
 import re
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from rigforge import follow, recipes
 from rigforge.driver_table import version_key
@@ -30,6 +32,8 @@ from rigforge.pins import (
     dump_lock,
     load_lock,
 )
+
+_Pin = TypeVar("_Pin", ImagePin, GitPin, HfPin)  # what `resolve` resolves, each entry to its own kind
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -139,7 +143,9 @@ def cuda_of(config: dict) -> str | None:
     return match.group(0) if match else None
 
 
-def resolve_image(ref: str, registry: str | None = None, verify=True, known=None) -> tuple[str, str | None]:
+def resolve_image(
+    ref: str, registry: str | None = None, verify: str | bool = True, known: str | None = None
+) -> tuple[str, str | None]:
     """(the digest `docker pull` gets for `ref`, from `registry` (a base URL) if given; its CUDA, None if `known`)."""
     import requests
 
@@ -231,7 +237,9 @@ def resolve(
         raise LockError(f"--refresh: no git or hf entry {sorted(unknown)} (known: {', '.join([*lock.git, *lock.hf])})")
     report = []
 
-    def attempt(resolver, label: str, key: str, pin, resolved):
+    def attempt(
+        resolver: Callable[[str, _Pin], _Pin], label: str, key: str, pin: _Pin, resolved: str | bool | None
+    ) -> _Pin:
         if resolved and key not in refresh:
             return pin
         try:

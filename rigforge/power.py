@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from rigforge import recipes
+from rigforge.pins import Lock
 
 PROFILE = "scripts/lib/profiles/hardware/rtx-3090.yml"
 HARDWARE_DOC = "docs/HARDWARE.md"
@@ -30,7 +31,7 @@ def profile(root: Path | str | None) -> dict | None:
     return caps | {"min_driver": (data.get("driver_pin_recommended") or {}).get("min")}
 
 
-def locate_profile(lock) -> dict | None:
+def locate_profile(lock: Lock | None) -> dict | None:
     """`profile` of the controller's recipe repo for `lock` (recipes.locate), None when it has no checkout."""
     pin = lock.git.get(recipes.GIT_NAME) if lock is not None else None
     try:

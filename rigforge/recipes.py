@@ -9,6 +9,7 @@ import posixpath
 import re
 import shlex
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
@@ -94,7 +95,7 @@ class Recipe:
         return self.slug.replace("/", "-")
 
     @property
-    def needs_opt_in(self):
+    def needs_opt_in(self) -> bool:
         return self.status in OPT_IN
 
     @property
@@ -402,7 +403,7 @@ def _braced(inner: str, env: dict[str, str]) -> str:
     return "" if unset_or_empty else interpolate(arg, env)  # op "+": ${VAR+alternative}, ${VAR:+alternative}
 
 
-def _walk(data: Any, fn) -> Any:
+def _walk(data: Any, fn: Callable[[str], Any]) -> Any:
     if isinstance(data, dict):
         return {k: _walk(v, fn) for k, v in data.items()}
     if isinstance(data, list):
@@ -495,7 +496,7 @@ def _host_compose(
 
 
 class _Dumper(yaml.SafeDumper):
-    def represent_str(self, s: str):
+    def represent_str(self, s: str) -> yaml.ScalarNode:
         return self.represent_scalar("tag:yaml.org,2002:str", s, style="|" if "\n" in s else None)
 
 
@@ -534,23 +535,23 @@ class LiveVariant:
     successor: str | None = None  # a live slug is its own way forward
 
     @property
-    def name(self):
+    def name(self) -> str:
         return self.recipe.name
 
     @property
-    def assets(self):
+    def assets(self) -> tuple[str, ...]:
         return tuple(n for n, _, _ in self.asset_dirs)  # lock hf names
 
     @property
-    def gpus(self):
+    def gpus(self) -> int:
         return self.recipe.tp
 
     @property
-    def port(self):
+    def port(self) -> int:
         return self.recipe.port
 
     @property
-    def manifest_extra(self):
+    def manifest_extra(self) -> dict[str, str]:
         return {"recipe": self.recipe.slug}
 
     @property

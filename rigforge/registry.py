@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,7 +119,7 @@ _IN_PROCESS = threading.Lock()  # gevent's, in a pyinfra run (it patches threadi
 
 
 @contextlib.contextmanager
-def _locked(ca_dir: Path):
+def _locked(ca_dir: Path) -> Iterator[Path]:
     """The CA dir (0700), locked: runs on one controller may share it. The flock alone would deadlock a pyinfra
     run: its hosts are greenlets of one process, and one waiting in flock blocks the one that holds it."""
     with _IN_PROCESS:

@@ -1,9 +1,11 @@
 """Rendering: a variant and its settings to the files a rig gets (compose file, .env, the systemd units)."""
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from jinja2 import Environment, FileSystemLoader, StrictUndefined, Template
 
 from rigforge.hardware import serving_env
 from rigforge.layout import (
@@ -28,6 +30,9 @@ from rigforge.layout import (
 )
 from rigforge.schema import HOST_KEYS, Settings, SettingsError, power_caps
 
+if TYPE_CHECKING:  # rigforge.catalog imports this module
+    from rigforge.catalog import Variant
+
 TEMPLATES = (Path(__file__).parent / "data" / "templates").resolve()  # package data: a link to templates/ in a checkout
 COMPOSE_FILE = "docker-compose.yml"
 ENV_FILE = ".env"
@@ -36,7 +41,7 @@ NVIDIA_SMI = "/usr/bin/nvidia-smi"
 RECIPE_ONLY = ("spec_n", "nvlink_mode")  # knobs of the recipe repo's compose files, no seed variant has them
 
 
-def vllm_args(variant, s: Settings) -> list[str]:
+def vllm_args(variant: "Variant", s: Settings) -> list[str]:
     """The variant's vLLM flags in compose order, with overrides replacing values in place."""
     overrides = ("gpu_memory_utilization", "kv_cache_dtype", "max_model_len", "max_num_seqs")  # each a vLLM flag
     replaced = {"--" + name.replace("_", "-"): getattr(s, name) for name in overrides}
@@ -55,7 +60,7 @@ _ENV = Environment(loader=FileSystemLoader(str(TEMPLATES)), undefined=StrictUnde
 _ENV.filters["q"] = lambda v: json.dumps(v, ensure_ascii=False)  # JSON scalars are valid YAML
 
 
-def template(name: str):
+def template(name: str) -> Template:
     """A template of templates/, parsed once per process."""
     return _ENV.get_template(name)
 
@@ -83,7 +88,11 @@ def settle_files(
     }
 
 
-def hold_script(unit_dirs=UNIT_SEARCH_PATH, cron_files=CRON_FILES, udev_dirs=UDEV_RULES_DIRS) -> str:
+def hold_script(
+    unit_dirs: Sequence[str] = UNIT_SEARCH_PATH,
+    cron_files: Sequence[str] = CRON_FILES,
+    udev_dirs: Sequence[str] = UDEV_RULES_DIRS,
+) -> str:
     """One pass of the cap hold, looking for the writers it names in these places (the rig's own by default)."""
     context = dict(unit_dirs=unit_dirs, cron_files=cron_files, udev_dirs=udev_dirs, interval_s=HOLD_INTERVAL_S)
     return template(HOLD_SCRIPT + ".j2").render(**context)
@@ -144,7 +153,9 @@ def setting_name(name: str, host_data: bool) -> str:
     return HOST_KEYS[name] if host_data else f"setting {name!r}"
 
 
-def seed_files(variant, s: Settings, layout: HostLayout, gpu_count: int, host_data: bool = False) -> dict[str, str]:
+def seed_files(
+    variant: "Variant", s: Settings, layout: HostLayout, gpu_count: int, host_data: bool = False
+) -> dict[str, str]:
     """`Variant.files`, {name: text}. SettingsError names a setting it cannot take (host-data key if `host_data`)."""
     why = dict.fromkeys(RECIPE_ONLY, "only recipe-repo slugs (vllm/...) have it")
     if variant.uses_dflash:

@@ -27,6 +27,10 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the type of hashlib's hash objects, named by typeshed only
+    from hashlib import _Hash
 
 HEADROOM = 1.05
 CHUNK = 1 << 20
@@ -39,7 +43,7 @@ class Interrupted(Exception):
 
 
 class Fail(Exception):
-    def __init__(self, code: int, msg: str):
+    def __init__(self, code: int, msg: str) -> None:
         super().__init__(msg)
         self.code = code
 
@@ -59,7 +63,7 @@ class Progress:
     """While a transfer runs, a line every PROGRESS_EVERY s (even when no byte arrives): asset and file, bytes
     done / total, percent, current rate; leaving it with every byte in prints the completion line (average rate)."""
 
-    def __init__(self, label: str, total: int, have: int):
+    def __init__(self, label: str, total: int, have: int) -> None:
         self.label = label
         self.total = total
         self.have = have
@@ -73,7 +77,7 @@ class Progress:
         self._thread.start()
         return self
 
-    def __exit__(self, exc_type, *exc) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
         if exc_type is None and self.done >= self.total:
@@ -90,7 +94,7 @@ class Progress:
             say(f"{self.label}: {human(done)} / {human(self.total)} ({pct:.0f}%) {human(rate)}/s")
 
 
-def hash_file(path: str):
+def hash_file(path: str) -> "_Hash":
     """A sha256 of the file's bytes, read in CHUNKs: .hexdigest() for the hex, .update() to hash more after it."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
