@@ -13,7 +13,7 @@ from roles.operations import nvidia, systemd_units
 
 
 @deploy("GPU power caps", data_defaults=DEFAULTS)
-def apply(plan: Plan):
+def apply(plan: Plan) -> None:
     settings, layout = plan.settings, plan.layout
     overrides = dict(settings.power_limits)
     nvidia.persistence_mode(name="Turn on GPU persistence mode")

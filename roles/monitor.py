@@ -2,7 +2,9 @@
 collector (a 15 s systemd timer); on the monitor host (`server`), Debian's prometheus scraping the Fleet's targets.
 """
 
+from collections.abc import Mapping
 from io import StringIO
+from typing import Any
 
 from pyinfra.api import deploy
 from pyinfra.operations import apt, files, systemd
@@ -17,7 +19,7 @@ from roles.operations.staged import staged_files
 
 
 @deploy("Rig metrics")
-def rig(plan: Plan):
+def rig(plan: Plan) -> None:
     layout = plan.layout
     # dbus: the exporter's systemd collector (the vLLM unit's state) asks systemd over the system bus
     apt.packages(
@@ -40,7 +42,7 @@ def rig(plan: Plan):
 
 
 @deploy("Monitor")
-def server(targets, data, manage_services: bool):
+def server(targets: Mapping[str, tuple[tuple[str, str], ...]], data: Mapping[str, Any], manage_services: bool) -> None:
     """`targets`: the Fleet's (rigforge/fleet.py); `data`: this host's knobs (rigforge/knobs/monitor.py)."""
     apt.packages(name="Install prometheus (Debian's)", packages=["prometheus"], no_recommends=True)
     config_dir, config = MONITOR_CONFIG.rsplit("/", 1)

@@ -21,7 +21,7 @@ from roles.operations.staged import staged_files, systemd_verify
 
 
 @deploy("Serve the variant with vLLM", data_defaults=DEFAULTS)
-def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = False):
+def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = False) -> None:
     """`gateways`: the fleet gateway hosts this rig leaves while its unit restarts ({name: use sudo}); `sudo`:
     whether this rig's own commands run with sudo."""
     layout = plan.layout

@@ -12,7 +12,7 @@ from roles.operations import hfweights
 
 
 @deploy("Verified model weights", data_defaults=DEFAULTS)
-def apply(plan: Plan):
+def apply(plan: Plan) -> None:
     layout, knobs = plan.layout, Weights.of(plan.data)
     venv, lib = layout.venv, layout.lib
 
