@@ -35,6 +35,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -253,7 +254,9 @@ def init_pid(rig_dir: Path) -> int | None:
     return int(children[0]) if children else None
 
 
-def enter(rig_dir: Path, cmd: str, *, check: bool = False, input: bytes | None = None, timeout: float = 600):
+def enter(
+    rig_dir: Path, cmd: str, *, check: bool = False, input: bytes | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess:
     """Run a shell command in the booted rig (all its namespaces, as root)."""
     pid = init_pid(rig_dir)
     if not pid:
@@ -569,7 +572,7 @@ class BootedRig(Rig):
         self.reboot()
 
     @contextlib.contextmanager
-    def forward(self, rig_port: int):
+    def forward(self, rig_port: int) -> Iterator[int]:
         """The rig's 127.0.0.1:`rig_port` on a free controller port while the block runs: yields that port."""
         port = free_port(19000, 19500)
         pidfile = self.dir / f"forward-{rig_port}.pid"
