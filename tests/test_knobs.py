@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import pkgutil
 import types
 import typing
 
 import pytest
 
-from rigforge.knobs import typed
+import rigforge.knobs
+from rigforge.knobs import Knobs, defaults_of, typed
 from rigforge.knobs.docker_engine import DEFAULTS as DOCKER
 from rigforge.knobs.docker_engine import DockerEngine
 from rigforge.knobs.gateway import Gateway
@@ -33,6 +36,21 @@ def test_a_roles_knobs_are_declared_fields_and_each_default_is_of_its_type():
         hints = typing.get_type_hints(cls)
         assert list(hints) == list(defaults) == [f.name for f in dataclasses.fields(cls)], cls
         for key, value in defaults.items():
+            assert isinstance(value, runtime_types(hints[key])), (cls, key, value, hints[key])
+
+
+def test_every_knob_module_declares_its_knobs_class():
+    """Issue 48: no knob module is left a plain DEFAULTS dict; each declares one frozen Knobs class, typed, and its
+    DEFAULTS are that class's fields."""
+    names = [info.name for info in pkgutil.iter_modules(rigforge.knobs.__path__)]
+    assert len(names) >= 10, names
+    for name in names:
+        module = importlib.import_module(f"rigforge.knobs.{name}")
+        (cls,) = [v for v in vars(module).values() if isinstance(v, type) and issubclass(v, Knobs) and v is not Knobs]
+        assert cls.__module__ == module.__name__ and cls.__dataclass_params__.frozen, name
+        assert module.DEFAULTS == defaults_of(cls), name
+        hints = typing.get_type_hints(cls)
+        for key, value in module.DEFAULTS.items():
             assert isinstance(value, runtime_types(hints[key])), (cls, key, value, hints[key])
 
 

@@ -1,12 +1,21 @@
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from rigforge import schema
+from rigforge.knobs import Knobs, defaults_of
 
-DEFAULTS = {
-    "rigforge_images_dir": None,  # the controller's directory of saved images (`rigforge images save DIR`)
-    "images_port": None,  # the temporary registry's port on the rig's 127.0.0.1 (None: the first free of 5800-5899)
-}
+
+@dataclass(frozen=True)
+class Images(Knobs):
+    """Saved images loaded onto a rig (roles/images.py, deploy/images_load.py)."""
+
+    rigforge_images_dir: str | None = None  # the controller's directory of saved images (`rigforge images save DIR`)
+    # the temporary registry's port on the rig's 127.0.0.1 (None: the first free of 5800-5899)
+    images_port: int | None = None
+
+
+DEFAULTS = defaults_of(Images)
 
 
 def validate(data: Mapping) -> list[str]:

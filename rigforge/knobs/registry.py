@@ -1,14 +1,23 @@
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from rigforge import schema
+from rigforge.knobs import Knobs, defaults_of
 
-DEFAULTS = {
-    "registry_port": 5000,  # on the registry host: the port it serves on (every address)
-    "registry_address": None,  # on the registry host: the address rigs reach it at, in its certificate
-    # (None: its inventory name)
-    "registry_insecure": False,  # on the registry host: plain HTTP, listed in the rigs' insecure-registries
-    "registry_ca_dir": None,  # on the registry host: the controller's CA dir (None: ~/.config/rigforge/registry-ca)
-}
+
+@dataclass(frozen=True)
+class Registry(Knobs):
+    """The fleet registry (roles/registry.py, Distribution) on the host of the group `registry`."""
+
+    registry_port: int = 5000  # on the registry host: the port it serves on (every address)
+    # on the registry host: the address rigs reach it at, in its certificate (None: its inventory name)
+    registry_address: str | None = None
+    registry_insecure: bool = False  # on the registry host: plain HTTP, listed in the rigs' insecure-registries
+    # on the registry host: the controller's CA dir (None: ~/.config/rigforge/registry-ca)
+    registry_ca_dir: str | None = None
+
+
+DEFAULTS = defaults_of(Registry)
 
 
 def validate(data: Mapping) -> list[str]:

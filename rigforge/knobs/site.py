@@ -2,16 +2,24 @@
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from rigforge import schema
+from rigforge.knobs import Knobs, defaults_of
 from rigforge.pins import default_lock_path
 
-DEFAULTS = {
-    "rigforge_variant": None,  # variant this host serves (deploy/site.py); deploy/<variant>.py must agree
-    "rigforge_lock": str(default_lock_path()),  # lock file read on the controller
-    "rigforge_recipe_opt_in": False,  # allow a recipe-repo slug whose status is experimental/incubating/deprecated
-    "rollout_hold": False,  # true: `rigforge rollout` leaves this rig at the lock in use (named as held)
-}
+
+@dataclass(frozen=True)
+class Site(Knobs):
+    """The deploy's own knobs (roles/site.py): which variant, which lock, which recipes, a rig held back."""
+
+    rigforge_variant: str | None = None  # variant this host serves (deploy/site.py); deploy/<variant>.py must agree
+    rigforge_lock: str | os.PathLike = str(default_lock_path())  # lock file read on the controller
+    rigforge_recipe_opt_in: bool = False  # allow a recipe-repo slug whose status is experimental/incubating/deprecated
+    rollout_hold: bool = False  # true: `rigforge rollout` leaves this rig at the lock in use (named as held)
+
+
+DEFAULTS = defaults_of(Site)
 RETIRED = {  # host-data keys earlier releases read: refused rather than silently ignored
     "nvidia_driver_packages": "the driver table chooses the packages; set nvidia_driver_source, "
     "nvidia_driver_branch or nvidia_driver_flavor instead",
