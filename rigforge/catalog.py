@@ -1,5 +1,6 @@
 """The seed adapter of the variant protocol (rigforge/fleet.py `ServedVariant`): the design document's five
-variants, from rigforge/data/variants.yaml, validated (CatalogError names the variant and the key). No host here.
+variants, from rigforge/data/variants.yaml, validated (CatalogError names the variant and the key), and their files
+(`seed_files`: the compose file and .env rendered from templates/, with render.py's units). No host here.
 """
 
 from dataclasses import dataclass, fields
@@ -10,12 +11,16 @@ from typing import Any
 
 import yaml
 
-from rigforge import render
+from rigforge.hardware import serving_env
+from rigforge.layout import HostLayout
+from rigforge.render import COMPOSE_FILE, ENV_FILE, setting_name, template, units
+from rigforge.schema import Settings, SettingsError
 
 CATALOG_PATH = Path(__file__).parent / "data" / "variants.yaml"
 DEFAULTS = ("image", "container_port", "restart", "shm_size", "ipc")  # and gpu_reservation: every variant's
 DERIVED = ("served_model", "uses_dflash")  # worked out from its args
 MOUNT_ROOTS = ("{models}", "{cache}", "{src}")
+RECIPE_ONLY = ("spec_n", "nvlink_mode")  # knobs of the recipe repo's compose files, no seed variant has them
 # variant keys checked for their type alone (in this order)
 ASSET_KEYS = dict(dir=str, approx_gb=(int, float), hf_repo=str)
 SCALARS = dict(summary=str, pick_when=str, service=str, container_name=str, min_card_mib=int, fits_20gb_cards=bool)
@@ -64,7 +69,9 @@ class Variant:
     uses_dflash: bool = False  # a DFlash draft in --speculative-config
     manifest_extra = MappingProxyType({})  # what rig.json records besides the plan's pins: nothing for a seed
 
-    files = render.seed_files  # the variant protocol's files: rendered (and a setting it cannot take refused) there
+    def files(self, s: Settings, layout: HostLayout, gpu_count: int, host_data: bool = False) -> dict[str, str]:
+        """The variant protocol's files, {name: text}: `seed_files`."""
+        return seed_files(self, s, layout, gpu_count, host_data)
 
     @property
     def figures(self) -> dict[str, Any]:
@@ -180,3 +187,56 @@ def load_catalog(path: Path | str = CATALOG_PATH) -> Catalog:
     except (OSError, yaml.YAMLError) as exc:
         raise CatalogError(f"catalog {path}: {exc}") from exc
     return parse_catalog(data)
+
+
+# --- the seed variant's files -----------------------------------------------------------------------------
+
+
+def vllm_args(variant: Variant, s: Settings) -> list[str]:
+    """The variant's vLLM flags in compose order, with overrides replacing values in place."""
+    overrides = ("gpu_memory_utilization", "kv_cache_dtype", "max_model_len", "max_num_seqs")  # each a vLLM flag
+    replaced = {"--" + name.replace("_", "-"): getattr(s, name) for name in overrides}
+    out: list[str] = []
+    for flag, *value in variant.args:  # a bare flag has no value to replace
+        new = replaced.pop(flag, None)
+        out += [flag, *([str(new)] if new is not None and value else value[:1])]
+    for flag, value in replaced.items():  # the overrides the variant does not set
+        out += [flag, str(value)] if value is not None else []
+    if s.api_key:
+        out += ["--api-key", "${RIGFORGE_API_KEY}"]  # compose interpolates from the 0600 .env
+    return out + list(s.extra_args)
+
+
+def seed_files(
+    variant: Variant, s: Settings, layout: HostLayout, gpu_count: int, host_data: bool = False
+) -> dict[str, str]:
+    """`Variant.files`, {name: text}. SettingsError names a setting it cannot take (host-data key if `host_data`)."""
+    why = dict.fromkeys(RECIPE_ONLY, "only recipe-repo slugs (vllm/...) have it")
+    if variant.uses_dflash:
+        why["kv_cache_dtype"] = (
+            "DFlash forces FP16 KV (no fp8/TurboQuant path on Ampere); pick dual or dual-turbo for a 20 GB card"
+        )
+    for name, reason in why.items():
+        if getattr(s, name) is not None:
+            raise SettingsError(f"{setting_name(name, host_data)} cannot be used with {variant.name}: {reason}")
+    port = s.port or variant.port
+    published = f"{s.bind_address}:{port}" if s.bind_address else str(port)
+    roots = dict(models=layout.models, cache=layout.cache, src=layout.src_root)  # a mount's host path starts with one
+    # bash -c SCRIPT -- ARGS...: the args arrive as "$@". Compose interpolates $VAR in the file,
+    # so the script's own shell variables are escaped as $$.
+    script = "\n".join(["set -e", *variant.entrypoint]).replace("$", "$$") if variant.entrypoint else None
+    compose = template(COMPOSE_FILE + ".j2").render(
+        v=variant,  # name, service, container_name, restart, shm_size, ipc as they are
+        # its environment, then the cards it serves on when the rig has more (hardware.serving_env)
+        environment=[*variant.environment, *serving_env(variant.gpus, gpu_count).items()],
+        image=s.image or variant.image,
+        entrypoint_script=script,
+        command=vllm_args(variant, s),
+        ports=[f"{published}:{variant.container_port}"],
+        volumes=[f"{host.format(**roots)}:{container}" for host, container in variant.mounts],
+        gpu_reservation=dict(variant.gpu_reservation),
+    )
+    # the .env: the API key, if any; never the HF token (the weights are on the rig before vLLM starts)
+    key = f"RIGFORGE_API_KEY={s.api_key}\n" if s.api_key else ""
+    env = "# rigforge: secrets for this variant's compose file (mode 0600). Do not commit.\n" + key
+    return {COMPOSE_FILE: compose, ENV_FILE: env, **units(s, layout, gpu_count)}

@@ -1,13 +1,13 @@
-"""Rendering: a variant and its settings to the files a rig gets (compose file, .env, the systemd units)."""
+"""Rendering: templates/ parsed once (`template`), and the files every variant gets whatever its adapter: the systemd
+units (vLLM, power, settle, cap hold) and the GPU metrics collector. The adapters (catalog.py, recipes.py) render
+their compose files with these; this module imports neither."""
 
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, Template
 
-from rigforge.hardware import serving_env
 from rigforge.layout import (
     CRON_FILES,
     GPU_METRICS_FILE,
@@ -28,32 +28,13 @@ from rigforge.layout import (
     VLLM_TEMPLATE,
     HostLayout,
 )
-from rigforge.schema import HOST_KEYS, Settings, SettingsError, power_caps
-
-if TYPE_CHECKING:  # rigforge.catalog imports this module
-    from rigforge.catalog import Variant
+from rigforge.schema import HOST_KEYS, Settings, power_caps
 
 TEMPLATES = (Path(__file__).parent / "data" / "templates").resolve()  # package data: a link to templates/ in a checkout
 COMPOSE_FILE = "docker-compose.yml"
 ENV_FILE = ".env"
 VLLM_UNIT = VLLM_TEMPLATE
 NVIDIA_SMI = "/usr/bin/nvidia-smi"
-RECIPE_ONLY = ("spec_n", "nvlink_mode")  # knobs of the recipe repo's compose files, no seed variant has them
-
-
-def vllm_args(variant: "Variant", s: Settings) -> list[str]:
-    """The variant's vLLM flags in compose order, with overrides replacing values in place."""
-    overrides = ("gpu_memory_utilization", "kv_cache_dtype", "max_model_len", "max_num_seqs")  # each a vLLM flag
-    replaced = {"--" + name.replace("_", "-"): getattr(s, name) for name in overrides}
-    out: list[str] = []
-    for flag, *value in variant.args:  # a bare flag has no value to replace
-        new = replaced.pop(flag, None)
-        out += [flag, *([str(new)] if new is not None and value else value[:1])]
-    for flag, value in replaced.items():  # the overrides the variant does not set
-        out += [flag, str(value)] if value is not None else []
-    if s.api_key:
-        out += ["--api-key", "${RIGFORGE_API_KEY}"]  # compose interpolates from the 0600 .env
-    return out + list(s.extra_args)
 
 
 _ENV = Environment(loader=FileSystemLoader(str(TEMPLATES)), undefined=StrictUndefined, keep_trailing_newline=True)
@@ -151,38 +132,3 @@ def units(s: Settings, layout: HostLayout, gpu_count: int) -> dict[str, str]:
 def setting_name(name: str, host_data: bool) -> str:
     """How a refusal names a setting: by its host-data key when it came from host data."""
     return HOST_KEYS[name] if host_data else f"setting {name!r}"
-
-
-def seed_files(
-    variant: "Variant", s: Settings, layout: HostLayout, gpu_count: int, host_data: bool = False
-) -> dict[str, str]:
-    """`Variant.files`, {name: text}. SettingsError names a setting it cannot take (host-data key if `host_data`)."""
-    why = dict.fromkeys(RECIPE_ONLY, "only recipe-repo slugs (vllm/...) have it")
-    if variant.uses_dflash:
-        why["kv_cache_dtype"] = (
-            "DFlash forces FP16 KV (no fp8/TurboQuant path on Ampere); pick dual or dual-turbo for a 20 GB card"
-        )
-    for name, reason in why.items():
-        if getattr(s, name) is not None:
-            raise SettingsError(f"{setting_name(name, host_data)} cannot be used with {variant.name}: {reason}")
-    port = s.port or variant.port
-    published = f"{s.bind_address}:{port}" if s.bind_address else str(port)
-    roots = dict(models=layout.models, cache=layout.cache, src=layout.src_root)  # a mount's host path starts with one
-    # bash -c SCRIPT -- ARGS...: the args arrive as "$@". Compose interpolates $VAR in the file,
-    # so the script's own shell variables are escaped as $$.
-    script = "\n".join(["set -e", *variant.entrypoint]).replace("$", "$$") if variant.entrypoint else None
-    compose = template(COMPOSE_FILE + ".j2").render(
-        v=variant,  # name, service, container_name, restart, shm_size, ipc as they are
-        # its environment, then the cards it serves on when the rig has more (hardware.serving_env)
-        environment=[*variant.environment, *serving_env(variant.gpus, gpu_count).items()],
-        image=s.image or variant.image,
-        entrypoint_script=script,
-        command=vllm_args(variant, s),
-        ports=[f"{published}:{variant.container_port}"],
-        volumes=[f"{host.format(**roots)}:{container}" for host, container in variant.mounts],
-        gpu_reservation=dict(variant.gpu_reservation),
-    )
-    # the .env: the API key, if any; never the HF token (the weights are on the rig before vLLM starts)
-    key = f"RIGFORGE_API_KEY={s.api_key}\n" if s.api_key else ""
-    env = "# rigforge: secrets for this variant's compose file (mode 0600). Do not commit.\n" + key
-    return {COMPOSE_FILE: compose, ENV_FILE: env, **units(s, layout, gpu_count)}
