@@ -27,16 +27,19 @@ from rigforge.testbed import RigSpec, aptrepo
 
 H200 = Path(__file__).parent / "fixtures/nvidia-smi/h200x1-580.159.04-ubuntu2404"
 FIELDS = "index,power.draw,power.limit,temperature.gpu,utilization.gpu,memory.used,pcie.link.gen.current," \
-         "pcie.link.width.current"  # fmt: skip
+         "pcie.link.width.current,pci.bus_id"  # fmt: skip
 QUERY = [f"--query-gpu={FIELDS}", "--format=csv,noheader,nounits"]
 XID = "NVRM: Xid (PCI:0000:01:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 
 
-def fixture_line(index: int, **replace: str) -> str:
-    """The H200's real answer to the collector's fields, as `--format=csv,noheader,nounits` prints it."""
+def fixture_line(index: int, bus: str | None = None, **replace: str) -> str:
+    """The H200's real answer to the collector's fields, as `--format=csv,noheader,nounits` prints it; `bus`: its
+    PCI address as sysfs names it (nvidia-smi prints the domain in 8 digits, upper case)."""
     header = [h.split(" [")[0] for h in (H200 / "monitor-query.csv").read_text().splitlines()[0].split(", ")]
     values = (H200 / "monitor-query-nounits.csv").read_text().splitlines()[0].split(", ")
     row = dict(zip(header, values, strict=True)) | {"index": str(index)} | replace
+    if bus:
+        row["pci.bus_id"] = "0000" + bus.upper()
     return ", ".join(row[f] for f in FIELDS.split(","))
 
 
@@ -138,7 +141,7 @@ def test_the_collector_queries_fields_the_driver_knows():
 def test_two_gpus_on_the_bus_and_in_nvidia_smi(tmp_path):
     busy = {"power.draw": "[N/A]", "power.limit": "250.00", "temperature.gpu": "61", "utilization.gpu": "87",
             "memory.used": "20480", "pcie.link.gen.current": "4", "pcie.link.width.current": "8"}  # fmt: skip
-    answer = fixture_line(0) + "\n" + fixture_line(1, **busy) + "\n"
+    answer = fixture_line(0, "0000:01:00.0") + "\n" + fixture_line(1, "0000:02:00.0", **busy) + "\n"
     old = tmp_path / "textfile" / GPU_METRICS_FILE
     old.parent.mkdir()
     old.write_text("rigforge_stale 1\n")
@@ -202,7 +205,9 @@ def test_nvidia_smi_failing_still_writes_what_is_known(tmp_path):
 
 def test_one_card_off_the_bus_for_nvidia_smi(tmp_path):
     """nvidia-smi lists the GPUs it still reaches, fails for the other: both counts are exported as seen."""
-    answer = fixture_line(0) + "\nUnable to determine the device handle for GPU0000:02:00.0: Unknown Error\n"
+    answer = (
+        fixture_line(0, "0000:01:00.0") + "\nUnable to determine the device handle for GPU0000:02:00.0: Unknown Error\n"
+    )
     r = run_collector(tmp_path, stand_in(tmp_path, answer, rc=15), pci_tree(tmp_path, TWO_GPUS))
     assert r.returncode == 0, r
     m = parse((tmp_path / "textfile" / GPU_METRICS_FILE).read_text())
@@ -215,6 +220,19 @@ def test_one_card_off_the_bus_for_nvidia_smi(tmp_path):
     observed = ("power_draw_watts", "power_limit_watts", "temperature_celsius", "utilization_ratio")
     observed += ("memory_used_bytes", "pcie_link_gen", "pcie_link_width")
     assert all(set(m[f"rigforge_gpu_{name}"]["samples"]) == {(("gpu", "0"),)} for name in observed)
+
+
+def test_a_card_gone_from_nvidia_smi_is_named_by_its_place_on_the_bus_when_nvidia_smi_numbers_the_rest_again(tmp_path):
+    """GPU 0 (0000:01:00.0) gone after a reboot: nvidia-smi lists the other card as its index 0. The collector labels
+    each card by its place in PCI bus order, so GPU 0 is the missing one and GPU 1's values stay GPU 1's (by
+    nvidia-smi's index, the page would call GPU 1 missing and show GPU 1's values as GPU 0's)."""
+    answer = fixture_line(0, "0000:02:00.0", **{"power.limit": "250.00"}) + "\n"
+    r = run_collector(tmp_path, stand_in(tmp_path, answer), pci_tree(tmp_path, TWO_GPUS))
+    assert r.returncode == 0, r
+    m = parse((tmp_path / "textfile" / GPU_METRICS_FILE).read_text())
+    assert m["rigforge_gpu_present"]["samples"] == {(("gpu", "0"),): 0, (("gpu", "1"),): 1}
+    assert m["rigforge_gpu_power_limit_watts"]["samples"] == {(("gpu", "1"),): 250}
+    assert value(m, "rigforge_gpus_pci") == 2 and value(m, "rigforge_gpus_visible") == 1
 
 
 def stand_in_smi(tmp_path: Path) -> tuple[Path, Path]:
