@@ -210,6 +210,17 @@ def test_a_changed_compose_file_is_the_reason_it_names(caplog):
     assert f"{UNIT}: its compose file, .env or unit changed: restarting it" in caplog.text
 
 
+def test_a_unit_that_never_ran_is_started_not_restarted(caplog):
+    """A fresh rig: its compose file was just written and the unit never ran; the run says it starts it."""
+    compose = "/opt/rigforge/serve/dual-turbo/docker-compose.yml"
+    responses = {re.compile(rf"sha256sum {compose}\b"): f"{'0' * 64}  {compose}", **converged_responses()}
+    responses[SHOW] = ["ActiveState=inactive", "SubState=dead", "Result=success", "NRestarts=0"]
+    with caplog.at_level(logging.INFO):
+        cmds = executed(managed(responses), "r")
+    assert f"{UNIT}: its compose file, .env or unit changed: starting it" in caplog.text
+    assert any(re.match(rf"systemctl start {re.escape(UNIT)}( |$)", c) for c in cmds), cmds
+
+
 def test_a_gateway_knows_the_rest_a_rig_records():
     """rig1 rests (rig.json records serving_rest: stopped, host data none): out of the gateway on purpose, so the
     gateway's "rigs up" passes; the rig's own check says it is DOWN but not drained there (the deploy drains it)."""

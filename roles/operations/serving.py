@@ -90,7 +90,8 @@ def running(
     reason = start_reason(plan, bool(changed and executing and changed()), bool(enabled and executing and enabled()))
     if unchanged(reason is None, f"{unit} runs as declared"):
         return
-    verb = "start" if reason in ("it is stopped", "it failed") else "restart"
+    running_now = serving(host.get_fact(ServiceState, unit=unit)) in ("running", "starting", "crashing")
+    verb = "restart" if running_now else "start"  # a fresh rig's first start is a start, whatever the reason
     yield say(f"{unit}: {reason}: {verb}ing it")
     yield StringCommand("systemctl", "reset-failed", QuoteString(unit), "2>/dev/null || true")
     # a start that fails at once (an ExecStartPre) is the health gate's to report, with the journal's end

@@ -82,7 +82,7 @@ def test_tess_converges_beside_vllm_serves_through_the_gateway_and_a_second_run_
     # carry rig2's unit and endpoint; what rig1 runs is read from the rig below
     assert any(" | Run rigforge-vllm@" in op for op in done), done
     assert any(" | Health gate: " in op for op in done), done
-    assert f"{UNIT}: its compose file, .env or unit changed: restarting it" in stderr, stderr[-6000:]
+    assert f"{UNIT}: its compose file, .env or unit changed: starting it" in stderr, stderr[-6000:]
 
     # the lock's llama.cpp image from "ghcr.io" at its digest, run by the rig's systemd
     assert unit(rig1, UNIT) == ("enabled", "active")
