@@ -303,9 +303,7 @@ def test_cache_file_is_named_from_connector_data_not_host_data():
     host = state.inventory.get_host("rig1")
     other = State(Inventory(([("rig1", {"ssh_port": 2222})], {})), Config()).inventory.get_host("rig1")
     assert isinstance(host.connector, SSHConnector)
-    for h in (host, other):
-        probe._recorded(state, h, probe._of(h), {})
-    assert probe._of(host).file != probe._of(other).file
+    assert probe._probe_file(host, state) != probe._probe_file(other, state)
     assert "host.data" not in inspect.getsource(probe)
 
 

@@ -1,6 +1,16 @@
-"""One batched probe per rig, not one SSH round trip per fact (docs/probe.md): the facts a deploy reads on a host are
-recorded, the next run reads them in ONE remote command and answers from it until a command, upload or rsync not a fact
-read. Relies on pyinfra 3.10's private `_get_fact` and more (tests/test_probe.py checks them).
+"""One batched probe per rig instead of one SSH round trip per fact (docs/probe.md: what it batches, when an
+answer is used, where the cache lives).
+
+Every fact a deploy reads on a host is recorded (fact class + arguments) and saved on the controller at the end of
+the run; the next run's first fact read runs them all in ONE remote command (or the rig's lock holder does, once it
+holds the lock: `lock_request`), parsed with each fact's own `process()`. The snapshot answers only until the first
+command, upload or rsync that is not a fact read, so an answer from it is exactly what the live read would have
+returned; anything it cannot answer exactly is read live.
+
+`read(host, requests)` is the batched read on its own. `install_all()` patches pyinfra (the deploy's first step calls
+it; importing changes nothing). It relies on pyinfra 3.10's private `facts._get_fact` (replaced: `get_fact` calls it
+by that name), `_make_command`, `_handle_fact_kwargs`, `CONNECTOR_ARGUMENT_KEYS`, `Host.run_shell_command` /
+`put_file` / `rsync` (wrapped) and `Host.current_op_global_arguments` (tests/test_probe.py checks them).
 """
 
 import atexit
@@ -49,19 +59,20 @@ def cache_dir() -> Path | None:
 
 
 class _HostSnapshot:
-    # reading: a fact read (or the probe) is running, its commands change nothing
-    probed = reading = False
-    valid = True  # nothing changed on the host yet in this run
-    # the probe's cache file; the connector arguments its answers are for; (sections, marker, then) of the probe
-    # sent with the rig's lock, until it is read
-    file = connection = pending = None
-    probes = served = 0  # counters (batched remote commands, answers served), for the benchmark
+    """One host's probe in this run: its answers, the facts read (recorded at exit) and whether answers still hold."""
 
     def __init__(self, host: Host) -> None:
         self.host = host
-        # answers: request key -> processed fact value; requests: key -> {"fact": "module:Class", "kwargs": {...}}
-        self.answers: dict[str, object] = {}
-        self.requests: dict[str, dict] = {}
+        self.answers: dict[str, object] = {}  # request key -> processed fact value
+        self.requests: dict[str, dict] = {}  # key -> {"fact": "module:Class", "kwargs": {...}}, this run's reads
+        self.probed = False  # the recorded facts were asked for (read, or sent with the rig's lock)
+        self.valid = True  # nothing changed on the host yet in this run
+        self.reading = False  # a fact read (or the probe) is running: its commands change nothing
+        self.file: Path | None = None  # the probe's cache file (`_probe_file`; None: the probe is off)
+        self.connection: str | None = None  # the connector arguments its answers are for (`_identity`)
+        self.pending: tuple | None = None  # (sections, marker, then) of the probe sent with the rig's lock, unread
+        self.probes = 0  # batched remote commands, for the benchmark
+        self.served = 0  # answers served from the snapshot, for the benchmark
 
     @functools.cached_property
     def defaults(self) -> dict:
@@ -114,6 +125,14 @@ _HASHERS = {40: "sha1sum", 64: "sha256sum"}
 _PROCESS_ERRORS = (FactProcessError, ValueError, KeyError, IndexError, TypeError)
 
 
+def _file_path(cls: type[FactBase], fact_kwargs: dict) -> str | None:
+    """The path of a file fact the probe reads in its one `stat` or hash (a FILE_FACTS class whose one argument is an
+    absolute path with no backslash or newline); None: the fact runs its own command."""
+    path = fact_kwargs.get("path") if cls in FILE_FACTS and list(fact_kwargs) == ["path"] else None
+    plain = isinstance(path, str) and path.startswith("/") and not any(c in path for c in "\\\n")
+    return path if plain else None
+
+
 def _files_command(marker: str, paths: dict[str, set]) -> str:
     """One background job for all batched file facts (`paths`: path -> its kinds): `e PATH` (exists), `l PATH` (a
     symlink to nothing), `s PATH` and its line of pyinfra's `stat` format, and sha1sum's and sha256sum's lines."""
@@ -133,11 +152,15 @@ def _files_command(marker: str, paths: dict[str, set]) -> str:
 
 def _file_answers(block: list[str], batched: list, answers: dict) -> None:
     """Each batched file fact's answer from the files job's lines (a missing path: its default; no line: read live)."""
-    found = {}  # (kind, path) -> its line; ("e" or "l", path): it exists, it is a symlink to nothing
+    exists: set[str] = set()  # the paths that exist
+    links: set[str] = set()  # the paths that are symlinks to nothing
+    found: dict[tuple[str | int, str], str | None] = {}  # (kind, path) -> its line
     lines = iter(block)
     for line in lines:
-        if line.startswith(("e ", "l ")):
-            found[(line[0], line[2:])] = line
+        if line.startswith("e "):
+            exists.add(line[2:])
+        elif line.startswith("l "):
+            links.add(line[2:])
         elif line.startswith("s "):
             found[("stat", line[2:])] = next(lines, None)
         else:
@@ -146,7 +169,7 @@ def _file_answers(block: list[str], batched: list, answers: dict) -> None:
                 found[(len(digest), path)] = line
     for key, fact, path in batched:
         kind = FILE_FACTS[type(fact)]
-        present = ("e", path) in found or (kind == "stat" and ("l", path) in found)
+        present = path in exists or (kind == "stat" and path in links)
         out = found.get((kind, path))
         if present and out is None:
             continue
@@ -164,9 +187,8 @@ def script(requests: Requests, marker: str) -> tuple[StringCommand | None, list[
         if key is None or not _cacheable(cls):
             continue
         fact = cls()
-        path = fact_kwargs.get("path") if cls in FILE_FACTS and list(fact_kwargs) == ["path"] else None
-        if isinstance(path, str) and path.startswith("/") and not any(c in path for c in "\\\n"):
-            # a plain path: the files job reads it (a stat fact's own command is not built)
+        path = _file_path(cls, fact_kwargs)
+        if path is not None:  # the files job reads it: a stat fact's own command is not built
             if FILE_FACTS[cls] != "stat":
                 fact.command(path)  # a hash fact's process() matches the path its command keeps
             sections.append((key, fact, path))
@@ -226,7 +248,12 @@ def parse(lines: Iterable[str], sections: list[tuple[str, FactBase, str | None]]
 
 
 def read(host: Host, requests: Requests, global_kwargs: dict | None = None) -> dict[str, object]:
-    """{fact_key: value} of the facts `requests` ((class, kwargs) pairs) that exited 0 and processed, in ONE command."""
+    """Read the facts `requests` ((fact class, kwargs) pairs) on `host` in ONE remote command.
+
+    Returns {fact_key(cls, kwargs): processed value} for each fact whose command exited 0 and whose output processed;
+    the others (arguments that are not JSON, preconditions, own shell, opted out, missing required command, failed)
+    are left out, to read with `host.get_fact`. `global_kwargs`: the connector arguments (default: the host's, as
+    outside an operation)."""
     marker = f"@@rigforge-probe-{secrets.token_hex(6)}"
     command, sections = script(requests, marker)
     if command is None:
@@ -245,14 +272,23 @@ def read(host: Host, requests: Requests, global_kwargs: dict | None = None) -> d
     return parse(output.stdout_lines, sections, marker) if ok else {}
 
 
-def _recorded(state: State, host: Host, snap: _HostSnapshot, global_kwargs: dict) -> list[tuple[type[FactBase], dict]]:
-    """The facts recorded for this host (and deploy file) in its cache file, as requests; marks the snapshot probed."""
-    snap.probed = True
+def _probe_file(host: Host, state: State) -> Path | None:
+    """The cache file of `host`'s probe for this run's deploy file, named by a hash of the host's name, its connector
+    and the connector's CONNECTOR_IDENTITY (never host data), and the deploy file; None: the probe is off."""
+    base = cache_dir()
+    if base is None:
+        return None
     data = getattr(host.connector, "data", None) or {}
     deploy = str(getattr(state, "current_deploy_filename", "") or "")
     ident = [host.name, type(host.connector).__name__, *(data.get(key) for key in CONNECTOR_IDENTITY), deploy]
     digest = hashlib.sha256(json.dumps(ident, default=str).encode()).hexdigest()[:24]
-    snap.file = base / f"{digest}.json" if (base := cache_dir()) is not None else None
+    return base / f"{digest}.json"
+
+
+def _recorded(state: State, host: Host, snap: _HostSnapshot, global_kwargs: dict) -> list[tuple[type[FactBase], dict]]:
+    """The facts recorded for this host (and deploy file) in its cache file, as requests; marks the snapshot probed."""
+    snap.probed = True
+    snap.file = _probe_file(host, state)
     snap.connection = _identity(global_kwargs)
     recorded, requests = [], []
     with contextlib.suppress(OSError, ValueError):
@@ -269,8 +305,10 @@ _UNFOLDED = ("_get_pty", "_stdin", "_timeout", "_sudo_password", "_su_password",
 
 
 def lock_request(host: Host) -> list | None:
-    """This host's probe for the rig's lock holder (roles/rig_lock.py `send`): [command as pyinfra would wrap it, end
-    line, None (the lock fills in the lines before it)]; None: probe later (off, asked, or the lock can't carry it)."""
+    """This host's probe, run by the rig's lock holder once it holds the lock (roles/rig_lock.py `send`), on the
+    same connection: [command as pyinfra would wrap it, end line, None (the lines printed before the end line, filled
+    in by the lock; `lock_answer` reads them)]. None (probe on its own later) when the probe is off, already asked
+    for, or the connector arguments ask for what the lock's channel does not do (`_UNFOLDED`)."""
     snap = _of(host)
     if _original_get_fact is None or snap.probed or not snap.valid or host.current_op_global_arguments is not None:
         return None
@@ -311,7 +349,8 @@ def _get_fact(
     *rest: Any,
     **kw: Any,
 ) -> Any:
-    """pyinfra's _get_fact, answered from the host's snapshot when exact (explicit global or positional args: live)."""
+    """pyinfra's _get_fact, answered from the host's snapshot when exact, skipping pyinfra's (slow) per-read argument
+    handling; explicit global or positional arguments: pyinfra's own path, live."""
     snap = _of(host)
     fact_kwargs = dict(kwargs or {})
     if not args and not any(k.startswith("_") for k in fact_kwargs) and _cacheable(cls):
@@ -356,7 +395,12 @@ def _save() -> None:
 
 
 def install_all() -> None:
-    """What rigforge patches in pyinfra for a deploy (idempotent): the probe (unless off), speedups, no delayed ACKs."""
+    """Everything rigforge patches in pyinfra for a deploy (the deploy files' first step, roles/rig_lock.py
+    `ask_first`, and roles/site.py `start` call it), idempotent: the batched probe, rigforge/speedups.py, and no
+    delayed ACKs on the SSH connections (rigforge/inventory.py `quick_connections`).
+
+    With RIGFORGE_PROBE_CACHE=off (`cache_dir`) the probe is not installed: every fact is read live with its own
+    command, as in plain pyinfra, nothing is recorded, and the rig's lock carries no probe; the rest still is."""
     global _original_get_fact
     if _original_get_fact is None and cache_dir() is not None:
         _original_get_fact = pyinfra_facts._get_fact
