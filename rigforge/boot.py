@@ -10,6 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol, TypedDict
 
+from rigforge.knobs.gpu_power import GpuPower
 from rigforge.layout import HOLD_INTERVAL_S, HOLD_TIMER, POWER_UNIT, SETTLE_UNIT
 from rigforge.schema import Settings, power_caps
 
@@ -113,8 +114,8 @@ def _unit_problem(name: str, unit: Mapping | None) -> str | None:
 
 def held(ctx: CapsContext) -> bool:
     """Whether host data gpu_power_hold keeps the cap hold's timer on (its default: true)."""
-    data = ctx.plan.data if ctx.plan else getattr(ctx, "data", {})
-    return data.get("gpu_power_hold", True) is not False
+    knobs = ctx.plan.knobs.gpu_power if ctx.plan else GpuPower.of(getattr(ctx, "data", {}))  # without one: host data
+    return knobs.gpu_power_hold is not False
 
 
 def _hold_problem(timer: Mapping | None) -> str | None:

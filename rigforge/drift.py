@@ -30,7 +30,8 @@ from rigforge.hardware import (
     small_override,
     vram_problems,
 )
-from rigforge.knobs.docker_engine import daemon_json_patch
+from rigforge.knobs.docker_engine import DockerEngine, daemon_json_patch
+from rigforge.knobs.nvidia_driver import NvidiaDriver
 from rigforge.observe import Observed, RigContext, boot_units, managed_files, weights_at
 from rigforge.schema import Settings, power_caps
 
@@ -142,7 +143,7 @@ def driver(obs: Observed, ctx: RigContext) -> Check:
         fine = f"running {(running or {}).get('version')} (nvidia_driver_manage false: not installed by rigforge)"
         return check(name, [problem] if problem else [], fine)
     try:
-        pkg = driver_table.packages_for(data, obs.get_fact(OsRelease)["id"]).version_package
+        pkg = driver_table.packages_for(NvidiaDriver.of(data), obs.get_fact(OsRelease)["id"]).version_package
     except driver_table.DriverTableError as error:
         return Check(name, FAIL, f"{error} (host data)")
     module, version = obs.get_fact(NvidiaModuleVersion), obs.get_fact(DebInstalledVersion, package=pkg)
@@ -218,7 +219,7 @@ def packages_check(obs: Observed, plan: Plan) -> Check:
     """Every package set the deploy installs, as `verdict.packages` decides: installed, held, its files present."""
     installed, held = obs.get_fact(DebPackages), obs.get_fact(AptHeldPackages)
     problems, count = [], 0
-    for wanted in packages.for_rig(plan.data, obs.get_fact(OsRelease), plan.toolkit_version):
+    for wanted in packages.for_rig(plan.knobs, obs.get_fact(OsRelease), plan.toolkit_version):
         provided = obs.get_fact(ProvidedFiles, paths=list(wanted.provides)) if wanted.provides else {}
         problems += verdict.packages(wanted, installed, held, provided)
         count += len(wanted.specs)
@@ -267,7 +268,7 @@ def runtime(obs: Observed, ctx: RigContext) -> Check:
     daemon = obs.get_fact(JsonFile, path=path)
     if daemon is None:
         return Check(name, FAIL, f"no readable {path} (run the deploy: docker_engine role)")
-    problems = verdict.json_keys(path, daemon, daemon_json_patch(ctx.data))
+    problems = verdict.json_keys(path, daemon, daemon_json_patch(DockerEngine.of(ctx.data)))
     runtime = (daemon.get("runtimes") or {}).get("nvidia") or {}
     return check(name, problems, f"nvidia -> {runtime.get('path', '?')} in {path}", " (re-run the deploy)")
 

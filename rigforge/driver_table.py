@@ -13,8 +13,11 @@ Where the names come from (vendor instructions):
 """
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # rigforge.knobs.nvidia_driver imports this module
+    from rigforge.knobs.nvidia_driver import NvidiaDriver
 
 SOURCES = ("cuda", "ubuntu")
 FLAVORS = ("open", "proprietary")
@@ -72,9 +75,9 @@ class DriverTableError(ValueError):
     """No package exists for the combination asked for (the message says what to choose instead)."""
 
 
-def packages_for(data: Mapping, os_id: str) -> DriverPackages:
-    """The driver packages for this host (its nvidia_driver_* data); DriverTableError when no such package exists."""
-    source, branch, flavor = data["nvidia_driver_source"], data["nvidia_driver_branch"], data["nvidia_driver_flavor"]
+def packages_for(knobs: "NvidiaDriver", os_id: str) -> DriverPackages:
+    """The driver packages for this host (its nvidia_driver_* knobs); DriverTableError when no such package exists."""
+    source, branch, flavor = knobs.nvidia_driver_source, knobs.nvidia_driver_branch, knobs.nvidia_driver_flavor
     fam = "ubuntu" if os_id == "ubuntu" else "debian"
     try:
         branch = int(branch)
@@ -90,7 +93,7 @@ def packages_for(data: Mapping, os_id: str) -> DriverPackages:
             f"no {flavor} driver package for {fam} from nvidia_driver_source={source!r}"
             + (f"; use nvidia_driver_source: {' or '.join(have)}" if have else "")
         )
-    fill = {"branch": branch, "kernel": data["nvidia_driver_kernel_flavour"]}
+    fill = {"branch": branch, "kernel": knobs.nvidia_driver_kernel_flavour}
     install, version = row
     pinning = PINNING[source] and PINNING[source].format(**fill)
     return DriverPackages(pinning, tuple(name.format(**fill) for name in install), version.format(**fill))

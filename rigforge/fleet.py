@@ -11,7 +11,7 @@ from typing import Any, Protocol
 from rigforge import obtain, recipes, schema
 from rigforge.catalog import CatalogError, load_catalog
 from rigforge.groups import GATEWAY, MONITOR, REGISTRY, RIG, is_rig
-from rigforge.knobs import docker_engine, gpu_power, images, nvidia_driver, serving, site, weights
+from rigforge.knobs import RoleKnobs, docker_engine, gpu_power, images, nvidia_driver, serving, site, weights
 from rigforge.knobs import gateway as gateway_knobs
 from rigforge.knobs import monitor as monitor_knobs
 from rigforge.knobs import registry as registry_knobs
@@ -74,6 +74,7 @@ class Plan:
     assets: tuple[PlannedAsset, ...]  # lock entries of the weights, in the variant's order
     caps: Mapping[int, int]  # power cap in watts per GPU index, covering the GPUs present
     data: Mapping[str, Any]  # validated host-data knobs of every role, defaults applied
+    knobs: RoleKnobs  # every role's knobs, typed, from the host data the plan was checked against
     files: Mapping[str, str] = field(repr=False)  # every rendered file: serve dir and units, {name: text}
     lock: Lock | None = None
     # HF token: host data, else the controller's env; for the weights download only: no rendered file holds it
@@ -91,7 +92,7 @@ class Plan:
     @property
     def gpu_power_hold(self) -> bool:
         """Whether the cap hold's timer runs (host data gpu_power_hold, default on)."""
-        return bool(self.data.get("gpu_power_hold", True))
+        return bool(self.knobs.gpu_power.gpu_power_hold)
 
     @property
     def boot_units(self) -> dict[str, bool]:
@@ -105,7 +106,7 @@ class Plan:
     def toolkit_version(self) -> str | None:
         """The toolkit version installed and held: host data's, else the lock's; None: the latest, nothing held."""
         pin = self.lock.toolkit if self.lock else None
-        return self.data.get("nvidia_toolkit_version") or (pin.version if pin else None)
+        return self.knobs.docker.nvidia_toolkit_version or (pin.version if pin else None)
 
     @property
     def manifest(self) -> dict:
@@ -210,6 +211,7 @@ def build_plan(
         caps=MappingProxyType(power_caps(count, settings)),  # every index < count: checked above
         cap_units=tuple(cap_units),
         data=MappingProxyType(dict(data)),
+        knobs=RoleKnobs.of(data),
         files=MappingProxyType(files),
         lock=lock,
         token=data.get("hf_token") or os.environ.get("RIGFORGE_HF_TOKEN") or os.environ.get("HF_TOKEN") or None,
@@ -344,12 +346,12 @@ def targets(
     """{job: ((host, "address:port"), ...)}: each rig and gateway where the monitor host reaches it. A rig's server
     is a target of its engine's job: "vllm", or "llamacpp" when its llama.cpp recipe enables llama-server's metrics
     (--metrics; without it llama-server exports none, and the rig has no serving target)."""
-    rigs = [(p.host, p.data.get("gateway_address") or p.host, p) for p in plans if p is not None]
+    rigs = [(p.host, p.knobs.gateway.gateway_address or p.host, p) for p in plans if p is not None]
     engine = {p.host: getattr(p.variant, "engine", "vllm") for _, _, p in rigs}  # a seed variant is vLLM
     exported = {p.host: getattr(p.variant, "metrics", True) for _, _, p in rigs}
     gws = [(n, d.get("gateway_bind_address") or ("127.0.0.1" if n in monitors else n), d) for n, d in gateways.items()]
     return {
-        "node": tuple((name, f"{addr}:{p.data['monitor_node_exporter_port']}") for name, addr, p in rigs),
+        "node": tuple((name, f"{addr}:{p.knobs.monitor.monitor_node_exporter_port}") for name, addr, p in rigs),
         "vllm": tuple((name, f"{addr}:{p.port}") for name, addr, p in rigs if engine[name] == "vllm"),
         "llamacpp": tuple(
             (name, f"{addr}:{p.port}") for name, addr, p in rigs if engine[name] == "llama.cpp" and exported[name]

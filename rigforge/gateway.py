@@ -94,7 +94,7 @@ def build(host: str, data: Mapping, rigs: Sequence) -> tuple[GatewayPlan | None,
                 f"the rigs serving {model} require an API key: set gateway_api_key, or the gateway would open them"
             )
         plans.sort(key=lambda p: p.host)
-        servers = tuple(Server(p.host, p.data.get("gateway_address") or p.host, p.port) for p in plans)
+        servers = tuple(Server(p.host, p.knobs.gateway.gateway_address or p.host, p.port) for p in plans)
         backends.append(Backend(backend_name(model), model, keys.pop(), servers))
     if len({b.name for b in backends}) < len(backends):
         problems.append(f"served model names {sorted(by_model)} differ only in punctuation; rename one")

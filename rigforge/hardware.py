@@ -10,8 +10,12 @@ from typing import Any, NamedTuple
 
 from rigforge import schema
 from rigforge.driver_table import branch_for_cuda, cuda_for_branch, cuda_for_driver, version_key
+from rigforge.knobs import RoleKnobs
+from rigforge.knobs.gpu_power import GpuPower
+from rigforge.knobs.nvidia_driver import NvidiaDriver
 from rigforge.layout import DAEMON_JSON, HostLayout
 from rigforge.packages import distro_docker
+from rigforge.schema import Settings
 
 SMALL_CARD_MIB = 24000  # below this a card is a "20 GB card"
 SMALL_CARD_FLOOR_MIB = 20000  # below this not even the 20 GB override fits the model
@@ -133,10 +137,10 @@ class Needs:
     homogeneous: bool = False  # the recipe's requires_homogeneous_arch: its cards share one compute capability
 
 
-def driver_cuda(running: dict | None, data: dict) -> tuple[str | None, str]:
+def driver_cuda(running: dict | None, driver: NvidiaDriver) -> tuple[str | None, str]:
     """(CUDA the driver supports once the deploy ran, which driver): the running one if kept, else the branch's."""
-    version, branch = (running or {}).get("version"), data.get("nvidia_driver_branch")
-    if version and (data.get("nvidia_driver_manage") is False or version.split(".")[0] == str(branch)):
+    version, branch = (running or {}).get("version"), driver.nvidia_driver_branch
+    if version and (driver.nvidia_driver_manage is False or version.split(".")[0] == str(branch)):
         return (running or {}).get("cuda") or cuda_for_driver(version), f"the running driver {version}"
     try:
         return cuda_for_branch(branch), f"driver branch {int(branch)}"
@@ -144,15 +148,15 @@ def driver_cuda(running: dict | None, data: dict) -> tuple[str | None, str]:
         return None, ""  # a bad branch is refused by the driver role's own check
 
 
-def cuda_problems(needs: Needs, running: dict | None, data: dict) -> list[str]:
+def cuda_problems(needs: Needs, running: dict | None, knobs: NvidiaDriver) -> list[str]:
     """The image needs a newer CUDA than the rig's driver supports (empty when it fits or either is unknown)."""
     want = needs.image_cuda
-    have, driver = driver_cuda(running, data)
+    have, driver = driver_cuda(running, knobs)
     if not want or not have or version_key(have) >= version_key(want)[:2]:
         return []
     branch = branch_for_cuda(want)
     fix = f"set nvidia_driver_branch: {branch} (CUDA {want})" if branch else f"use a driver with CUDA {want}"
-    if branch and data.get("nvidia_driver_manage") is False:
+    if branch and knobs.nvidia_driver_manage is False:
         fix = f"install driver branch {branch} and set nvidia_driver_branch: {branch}"
     return [
         f"image {needs.image or '?'} needs CUDA {want}, {driver} supports CUDA {have} at most (GeForce cards fail "
@@ -282,12 +286,18 @@ def interconnect_problems(topology: dict | None, needs: Needs, gpu_count: int) -
 
 
 def gpu_problems(
-    gpus: list[dict], needs: Needs, data: dict, pci: list | None = None, topology: dict | None = None
+    gpus: list[dict],
+    needs: Needs,
+    power: GpuPower,
+    settings: Settings,
+    pci: list | None = None,
+    topology: dict | None = None,
 ) -> list[str]:
     """What nvidia-smi's GPUs (else the PCI bus's `pci` pairs) lack for `needs.variant`: count, the serving
-    cards' VRAM, architecture and links (`topology`: parse_topology's, None: not read), every card's power caps.
-    A card the PCI bus shows and nvidia-smi does not is named with its bus address (missing_problem)."""
-    override = small_override(data.get("serving_kv_cache_dtype"), data.get("serving_gpu_memory_utilization"))
+    cards' VRAM, architecture and links (`topology`: parse_topology's, None: not read), every card's power caps
+    (`power`'s; `settings` may set the 20 GB-card override). A card the PCI bus shows and nvidia-smi does not is named
+    with its bus address (missing_problem)."""
+    override = small_override(settings.kv_cache_dtype, settings.gpu_memory_utilization)
     if not gpus:
         return [] if pci is None else pci_problems(pci, needs, override)
     problems = []
@@ -302,12 +312,12 @@ def gpu_problems(
     problems += vram_problems(serving, needs.variant, needs.card_mib, needs.dflash, override)
     problems += arch_problems(serving, needs) + interconnect_problems(topology, needs, len(gpus))
     try:
-        default_w = int(data.get("gpu_power_limit_w"))
-        overrides = {int(k): int(v) for k, v in (data.get("gpu_power_limits") or {}).items()}
+        default_w = int(power.gpu_power_limit_w)
+        overrides = {int(k): int(v) for k, v in (power.gpu_power_limits or {}).items()}
     except (TypeError, ValueError, AttributeError):
         return problems + [
             "gpu_power_limit_w must be whole watts and gpu_power_limits a mapping {gpu index: watts}; "
-            f"got {data.get('gpu_power_limit_w')!r} and {data.get('gpu_power_limits')!r}."
+            f"got {power.gpu_power_limit_w!r} and {power.gpu_power_limits!r}."
         ]
     return problems + cap_problems(gpus, default_w, overrides)
 
@@ -318,12 +328,14 @@ def find_problems(
     free_bytes: int | None,
     *,
     needs: Needs,
-    data: dict,
+    knobs: RoleKnobs,
+    settings: Settings,
     pci: list | None = None,
     running: dict | None = None,
     topology: dict | None = None,
 ) -> list[str]:
-    """Every reason this host cannot run `needs.variant` (`pci`, `topology`: see gpu_problems)."""
+    """Every reason this host cannot run `needs.variant` with its `knobs` and `settings` (`pci`, `topology`: see
+    gpu_problems)."""
     problems = []
     os_key = (os_release.get("id", ""), os_release.get("version_id", ""))
     if os_key not in SUPPORTED_OS:
@@ -331,13 +343,14 @@ def find_problems(
             f"unsupported OS {os_key[0] or '?'} {os_key[1] or '?'}; supported: Ubuntu 22.04, Ubuntu 24.04, "
             "Debian 12, Debian 13. Install one of those on the rig."
         )
-    if data.get("docker_source") == "distro" and os_key in SUPPORTED_OS and not distro_docker(*os_key):
+    if knobs.docker.docker_source == "distro" and os_key in SUPPORTED_OS and not distro_docker(*os_key):
         name = f"{'Debian' if os_key[0] == 'debian' else 'Ubuntu'} {os_key[1]}"
         problems.append(
             f"docker_source='distro' leaves no `docker compose`: {name}'s archive has no compose v2 package; "
             "set docker_source: docker."
         )
-    problems += gpu_problems(gpus, needs, data, pci, topology) + cuda_problems(needs, running, data)
+    problems += gpu_problems(gpus, needs, knobs.gpu_power, settings, pci, topology)
+    problems += cuda_problems(needs, running, knobs.driver)
 
     if free_bytes is not None and free_bytes < needs.disk_bytes:
         problems.append(

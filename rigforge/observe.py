@@ -24,6 +24,7 @@ from rigforge.facts.serving import ComposeImages, ServiceState
 from rigforge.facts.system import AptHeldPackages, OsRelease, ProvidedFiles, SystemdUnitEnabled
 from rigforge.fleet import Plan, PlannedAsset, ServedVariant
 from rigforge.hardware import gpu_count
+from rigforge.knobs.nvidia_driver import NvidiaDriver
 from rigforge.knobs.serving import REST
 from rigforge.layout import (
     HOLD_SCRIPT,
@@ -102,9 +103,10 @@ def requests(ctx: RigContext, os_release: dict) -> list[tuple[type, dict]]:
     os_id = os_release.get("id")
     out = [(cls, {}) for cls in (NvidiaGpus, OsRelease, NvidiaModuleVersion, NvidiaRunningDriver, NvidiaTopology)]
     out.append((nvidia.NvidiaPciGpus, {}))  # a card nvidia-smi does not list (drift.gpu_checks)
+    driver = NvidiaDriver.of(ctx.data)  # host data's: this rig may have no plan
     with suppress(DriverTableError):  # the driver table's package whose version is the driver's (none: not read)
-        if ctx.data["nvidia_driver_manage"]:
-            out.append((DebInstalledVersion, {"package": packages_for(ctx.data, os_id).version_package}))
+        if driver.nvidia_driver_manage:
+            out.append((DebInstalledVersion, {"package": packages_for(driver, os_id).version_package}))
     out.append((JsonFile, {"path": ctx.layout.daemon_json}))
     if ctx.manage:  # what ran at this boot (rigforge/boot.py)
         out.append((BootCaps, boot_units(ctx)))
@@ -113,7 +115,7 @@ def requests(ctx: RigContext, os_release: dict) -> list[tuple[type, dict]]:
         out += [(SystemdUnitEnabled, {"unit": ctx.unit}), (ServiceState, {"unit": ctx.unit})]
     if plan := ctx.plan:
         out += [(DebPackages, {}), (AptHeldPackages, {})]
-        for wanted in packages.for_rig(plan.data, os_release, plan.toolkit_version):
+        for wanted in packages.for_rig(plan.knobs, os_release, plan.toolkit_version):
             out += [(ProvidedFiles, {"paths": list(wanted.provides)})] if wanted.provides else []
         out += [(SystemdUnitEnabled, {"unit": unit}) for unit in plan.boot_units]
         out += [(GitCheckout, {"path": plan.layout.src(name)}) for name in plan.variant.sources]
@@ -183,7 +185,8 @@ def image_origin(obs: Observed, ctx: RigContext, reg: RegistryPlan | None) -> di
     """{"image", "on_rig", "from", "warning"} (obtain.py `origin`); None: no plan or services not managed."""
     if not (plan := ctx.plan) or not ctx.manage:
         return None
-    found = obtain.sources(plan.image, reg, plan.data["serving_image_upstream"], plan.data["serving_image_upstream_ca"])
+    knobs = plan.knobs.serving
+    found = obtain.sources(plan.image, reg, knobs.serving_image_upstream, knobs.serving_image_upstream_ca)
     on_rig = bool(obs.get_fact(DockerImagePresent, image=plan.image))
     text, warning = obtain.origin(on_rig, found)
     return {"image": plan.image, "on_rig": on_rig, "from": text, "warning": warning}

@@ -8,7 +8,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from rigforge import driver_table
+from rigforge.knobs import RoleKnobs
 from rigforge.knobs.docker_engine import DOCKER_CE_PACKAGES
+from rigforge.knobs.nvidia_driver import NvidiaDriver
 from rigforge.layout import NODE_EXPORTER_PACKAGE
 
 # The toolkit's four packages, installed and held at one version (NVIDIA's install guide).
@@ -77,22 +79,22 @@ def toolkit(version: str | None) -> PackageSet:
     return PackageSet(what, tuple(f"{n}={version}" for n in TOOLKIT_PACKAGES), TOOLKIT_PACKAGES, provides=provides)
 
 
-def driver(data: Mapping, os_id: str) -> PackageSet:
+def driver(knobs: NvidiaDriver, os_id: str) -> PackageSet:
     """The NVIDIA driver packages of the driver table, held with their libraries; DriverTableError: none exists."""
-    packages = driver_table.packages_for(data, os_id)
+    packages = driver_table.packages_for(knobs, os_id)
     return PackageSet(
-        f"NVIDIA {data['nvidia_driver_branch']} driver packages ({', '.join(packages.install)})",
+        f"NVIDIA {knobs.nvidia_driver_branch} driver packages ({', '.join(packages.install)})",
         tuple(packages.install),
         tuple(packages.hold),
         held_with=packages.version_package,
-        held_prefixes=tuple(driver_table.UNATTENDED_PREFIXES[data["nvidia_driver_source"]]),
+        held_prefixes=tuple(driver_table.UNATTENDED_PREFIXES[knobs.nvidia_driver_source]),
         provides=(NVIDIA_SMI,),
     )
 
 
-def pinning(data: Mapping, os_id: str) -> PackageSet | None:
+def pinning(knobs: NvidiaDriver, os_id: str) -> PackageSet | None:
     """NVIDIA's pinning package that locks the driver branch (None where the driver source has none)."""
-    name = driver_table.packages_for(data, os_id).pinning
+    name = driver_table.packages_for(knobs, os_id).pinning
     return PackageSet(f"the driver branch lock {name}", (name,)) if name else None
 
 
@@ -105,15 +107,15 @@ def node_exporter() -> PackageSet:
 PREREQUISITES = PackageSet("apt repository prerequisites", ("ca-certificates", "curl", "gpg"))
 
 
-def for_rig(data: Mapping, os_release: Mapping | None, toolkit_version: str | None) -> list[PackageSet]:
-    """Every package set the deploy installs on a rig with validated knobs `data` (a plan's) and `os_release`
+def for_rig(knobs: RoleKnobs, os_release: Mapping | None, toolkit_version: str | None) -> list[PackageSet]:
+    """Every package set the deploy installs on a rig with validated `knobs` (a plan's) and `os_release`
     (OsRelease), in the roles' order; the driver's only when rigforge manages it and the driver table has it."""
     os_id, version = (os_release or {}).get("id", ""), (os_release or {}).get("version_id", "")
     sets = [PREREQUISITES]
-    if data["nvidia_driver_manage"]:
+    if knobs.driver.nvidia_driver_manage:
         try:
-            sets += [s for s in (pinning(data, os_id), driver(data, os_id)) if s]
+            sets += [s for s in (pinning(knobs.driver, os_id), driver(knobs.driver, os_id)) if s]
         except driver_table.DriverTableError:
             pass  # preflight refuses such a rig, naming what to choose
-    sets.append(docker(data["docker_source"], os_id, version, data["docker_package_versions"]))
+    sets.append(docker(knobs.docker.docker_source, os_id, version, knobs.docker.docker_package_versions))
     return [*sets, toolkit(toolkit_version), node_exporter()]

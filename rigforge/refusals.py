@@ -40,7 +40,7 @@ def token_missing(plan: Plan, gated_pins: Sequence[HfPin]) -> list[str]:
 
 def lacks_image(plan: Plan, image_present: bool) -> bool:
     """Whether this run pulls the rig's image (services managed, and the image not on the rig)."""
-    return bool(plan.data["rigforge_manage_services"]) and not image_present
+    return bool(plan.knobs.serving.rigforge_manage_services) and not image_present
 
 
 def image_refusal(plan: Plan, found: list[obtain.Source]) -> tuple[list[str], list[str]]:

@@ -2,8 +2,6 @@
 NVIDIA Container Toolkit at the lock's version, held (1.19.1 broke cuInit, NVIDIA/nvidia-container-toolkit#1967).
 """
 
-from collections.abc import Mapping
-
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.deb import DebArch
@@ -13,7 +11,6 @@ from rigforge import packages
 from rigforge.facts.system import OsRelease
 from rigforge.fleet import Plan
 from rigforge.knobs.docker_engine import DEFAULTS, DockerEngine, daemon_json_patch
-from rigforge.knobs.serving import Serving
 from roles.operations import apt_repo, docker_daemon
 
 # Docker's "Uninstall old versions" list (Ubuntu's; Debian's is the same without docker-compose-v2), and Debian's
@@ -32,12 +29,12 @@ DOCKER_CONFLICTS = [
 ]
 
 
-def docker_repo_url(data: Mapping, os_id: str) -> str:
-    return data["docker_repo_url"] or f"https://download.docker.com/linux/{os_id}"
+def docker_repo_url(knobs: DockerEngine, os_id: str) -> str:
+    return knobs.docker_repo_url or f"https://download.docker.com/linux/{os_id}"
 
 
-def toolkit_repo_url(data: Mapping, arch: str) -> str:
-    return data["nvidia_toolkit_repo_url"].replace("{arch}", arch)
+def toolkit_repo_url(knobs: DockerEngine, arch: str) -> str:
+    return knobs.nvidia_toolkit_repo_url.replace("{arch}", arch)
 
 
 @deploy("Docker engine and NVIDIA Container Toolkit", data_defaults=DEFAULTS)
@@ -45,7 +42,7 @@ def install(plan: Plan) -> None:
     """Docker (from Docker's repository, its conflicting distro packages removed, or the distribution's) and the
     NVIDIA Container Toolkit (the lock's version, held), the nvidia runtime in daemon.json; when services are managed,
     docker.service running and restarted on a new daemon.json."""
-    data, knobs = plan.data, DockerEngine.of(plan.data)
+    knobs = plan.knobs.docker
     os_release = host.get_fact(OsRelease)
     arch = host.get_fact(DebArch)
     docker = packages.docker(
@@ -55,7 +52,7 @@ def install(plan: Plan) -> None:
 
     apt_repo.install_missing(name="Install apt repository prerequisites", packages=["ca-certificates", "curl", "gpg"])
     if knobs.docker_source == "docker":
-        docker_url = docker_repo_url(data, os_release["id"])
+        docker_url = docker_repo_url(knobs, os_release["id"])
         apt_repo.add_repo(
             repo="rigforge-docker",
             uris=docker_url,
@@ -74,7 +71,7 @@ def install(plan: Plan) -> None:
     apt_repo.install_missing(name=f"Install {docker.what}", packages=docker)
     apt_repo.add_repo(
         repo="rigforge-nvidia-container-toolkit",
-        uris=toolkit_repo_url(data, arch),
+        uris=toolkit_repo_url(knobs, arch),
         suites="/",
         key_url=knobs.nvidia_toolkit_repo_key_url,
         key_sha256=knobs.nvidia_toolkit_repo_key_sha256,
@@ -90,9 +87,9 @@ def install(plan: Plan) -> None:
     daemon = docker_daemon.merge_json(
         name=f"Add the nvidia runtime to {plan.layout.daemon_json}",
         path=plan.layout.daemon_json,
-        patch=daemon_json_patch(data),
+        patch=daemon_json_patch(knobs),
     )
-    if Serving.of(plan.data).rigforge_manage_services:
+    if plan.knobs.serving.rigforge_manage_services:
         systemd.service(name="Enable and start docker", service="docker.service", running=True, enabled=True)
         server.shell(
             # docker.service allows 3 starts a minute (StartLimitBurst=3): runs that move the data-root back and forth

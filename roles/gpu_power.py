@@ -7,7 +7,6 @@ from pyinfra.api import deploy
 
 from rigforge.fleet import Plan
 from rigforge.knobs.gpu_power import DEFAULTS
-from rigforge.knobs.serving import Serving
 from rigforge.layout import HOLD_SCRIPT, SETTLE_SCRIPT
 from roles.operations import nvidia, systemd_units
 
@@ -40,7 +39,7 @@ def apply(plan: Plan) -> None:
         systemd_units.disabled(
             name=f"Stop and disable {layout.hold_timer} (gpu_power_hold: false)", unit=layout.hold_timer
         )
-    if Serving.of(plan.data).rigforge_manage_services:
+    if plan.knobs.serving.rigforge_manage_services:
         systemd_units.running(layout.power_unit)
         restart = (
             f"Restart {layout.settle_unit} (its caps or script changed)",

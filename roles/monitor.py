@@ -11,7 +11,6 @@ from pyinfra.operations import apt, files, systemd
 
 from rigforge import monitor
 from rigforge.fleet import Plan
-from rigforge.knobs.serving import Serving
 from rigforge.layout import GPU_METRICS_SCRIPT, MONITOR_CONFIG, MONITOR_DEFAULTS, MONITOR_RULES, NODE_EXPORTER_PACKAGE
 from rigforge.render import gpu_metrics_units, render_gpu_metrics
 from roles.operations import systemd_units
@@ -27,12 +26,12 @@ def rig(plan: Plan) -> None:
         packages=[NODE_EXPORTER_PACKAGE, "dbus"],
         no_recommends=True,
     )
-    collector = render_gpu_metrics(plan.caps, plan.variant.name, plan.image, rest=plan.data.get("serving_rest"))
+    collector = render_gpu_metrics(plan.caps, plan.variant.name, plan.image, rest=plan.knobs.serving.serving_rest)
     units = gpu_metrics_units(layout)
     systemd_units.script_and_units(
         layout, GPU_METRICS_SCRIPT, collector, "the GPU textfile collector", units, enable=[layout.gpu_metrics_timer]
     )
-    if Serving.of(plan.data).rigforge_manage_services:
+    if plan.knobs.serving.rigforge_manage_services:
         # dbus.socket is static (sockets.target wants it at boot): a bus installed just now is started here
         systemd.service(name="Run the system bus (dbus.socket)", service="dbus.socket", running=True)
         systemd.service(name=f"Run {NODE_EXPORTER_PACKAGE}", service=NODE_EXPORTER_PACKAGE, running=True)

@@ -2,8 +2,6 @@
 signed modules (no DKMS, works with Secure Boot); held, and rebooted into only with `nvidia_allow_reboot`.
 """
 
-from collections.abc import Mapping
-
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.deb import DebArch
@@ -24,12 +22,12 @@ options nouveau modeset=0
 """
 
 
-def cuda_repo(data: Mapping, os_release: dict, deb_arch: str) -> tuple[str, str, str]:
+def cuda_repo(knobs: NvidiaDriver, os_release: dict, deb_arch: str) -> tuple[str, str, str]:
     """(repo URL, key URL, key fingerprint) of the CUDA repository for this host."""
-    url = data["nvidia_driver_repo_url"] or driver_table.cuda_repo_url(os_release, deb_arch)
+    url = knobs.nvidia_driver_repo_url or driver_table.cuda_repo_url(os_release, deb_arch)
     key_file, fingerprint = driver_table.cuda_key(os_release)
-    key_url = data["nvidia_driver_repo_key_url"] or f"{url}{key_file}"
-    return url, key_url, data["nvidia_driver_repo_key_fingerprint"] or fingerprint
+    key_url = knobs.nvidia_driver_repo_key_url or f"{url}{key_file}"
+    return url, key_url, knobs.nvidia_driver_repo_key_fingerprint or fingerprint
 
 
 @deploy("NVIDIA driver", data_defaults=DEFAULTS)
@@ -37,7 +35,7 @@ def install(plan: Plan) -> None:
     """The driver table's packages for this host (nvidia_driver_source's repository), held and kept out of unattended
     upgrades, nouveau blacklisted, and a reboot when the running driver is not the installed one; with
     nvidia_driver_manage: false, only a check of the running branch."""
-    data, knobs = plan.data, NvidiaDriver.of(plan.data)
+    knobs = plan.knobs.driver
     if not knobs.nvidia_driver_manage:
         nvidia.running_branch(
             name=f"Check the running driver is branch {knobs.nvidia_driver_branch} (nvidia_driver_manage: false)",
@@ -46,14 +44,14 @@ def install(plan: Plan) -> None:
         return
     os_release = host.get_fact(OsRelease)
     try:
-        packages = driver_table.packages_for(data, os_release["id"])
+        packages = driver_table.packages_for(knobs, os_release["id"])
     except driver_table.DriverTableError:
         return  # no such package: preflight has already failed this host, naming what to choose
     source = knobs.nvidia_driver_source
 
     apt_repo.install_missing(name="Install apt repository prerequisites", packages=["ca-certificates", "curl", "gpg"])
     if source == "cuda":
-        url, key_url, fingerprint = cuda_repo(data, os_release, host.get_fact(DebArch))
+        url, key_url, fingerprint = cuda_repo(knobs, os_release, host.get_fact(DebArch))
         apt_repo.add_repo(
             repo=KEY_NAME,
             uris=url,
@@ -77,9 +75,9 @@ def install(plan: Plan) -> None:
         commands=["if command -v update-initramfs >/dev/null 2>&1; then update-initramfs -u; fi"],
         _if=blacklist.did_change,
     )
-    if pinning := package_sets.pinning(data, os_release["id"]):
+    if pinning := package_sets.pinning(knobs, os_release["id"]):
         apt_repo.install_missing(name=f"Lock the driver branch: install {pinning.specs[0]}", packages=pinning)
-    driver = package_sets.driver(data, os_release["id"])
+    driver = package_sets.driver(knobs, os_release["id"])
     apt_repo.install_missing(name=f"Install {driver.what}", packages=driver)
     apt_repo.hold(name="Hold the NVIDIA driver packages", packages=driver)
     nvidia.reboot_if_needed(

@@ -21,8 +21,11 @@ from rigforge.facts.system import FreeDiskBytes, OsRelease, SecureBoot, UrlAnswe
 from rigforge.fleet import Plan
 from rigforge.hardware import Needs, data_root_left, data_root_of, find_problems, format_problems
 from rigforge.jsonmerge import merged_text
+from rigforge.knobs import RoleKnobs
 from rigforge.knobs.docker_engine import DockerEngine
+from rigforge.knobs.nvidia_driver import NvidiaDriver
 from rigforge.layout import DAEMON_JSON
+from rigforge.schema import Settings
 from rigforge.verdict import checkout, missing_packages, stale_weights
 from roles import docker_engine, nvidia_driver
 from roles.operations import apt_repo
@@ -40,19 +43,19 @@ class Source(NamedTuple):
 
 def sources_needed(plan: Plan, weights: Mapping[str, dict]) -> list[Source]:
     """The sources this run would fetch from; `weights`: {asset name: WeightsState}, each asset's stamp as read."""
-    knobs = DockerEngine.of(plan.data)
+    knobs = plan.knobs.docker
     installed = host.get_fact(DebPackages) or {}
     os_release = host.get_fact(OsRelease) or {}
     out = []
     os_id = os_release.get("id", "debian")
     docker = packages.docker("docker", os_id, os_release.get("version_id", ""), knobs.docker_package_versions)
     if knobs.docker_source == "docker" and missing_packages(docker, installed):
-        url = docker_engine.docker_repo_url(plan.data, os_id)
+        url = docker_engine.docker_repo_url(knobs, os_id)
         suite = os_release.get("codename", "")
         fix = f"it has no '{suite}' suite: check docker_repo_url, or use docker_source: distro"
         out.append(Source("Docker's repository", f"{url}/dists/{suite}/InRelease", fix))
     if missing_packages(packages.toolkit(plan.toolkit_version), installed):
-        url = docker_engine.toolkit_repo_url(plan.data, host.get_fact(DebArch) or "amd64").rstrip("/")
+        url = docker_engine.toolkit_repo_url(knobs, host.get_fact(DebArch) or "amd64").rstrip("/")
         out.append(Source("NVIDIA's container toolkit repository", f"{url}/InRelease", "check nvidia_toolkit_repo_url"))
     for pin in plan.sources:
         path = plan.layout.src(pin.name)
@@ -60,7 +63,7 @@ def sources_needed(plan: Plan, weights: Mapping[str, dict]) -> list[Source]:
         if pin.url.startswith(("http://", "https://")) and checkout(pin, path, state):
             out.append(Source(f"git remote {pin.name}", f"{pin.url}/info/refs?service=git-upload-pack",
                               f"check git.{pin.name}.url in the lock"))  # fmt: skip
-    endpoint = plan.data["hf_endpoint"].rstrip("/")
+    endpoint = plan.knobs.weights.hf_endpoint.rstrip("/")
     for asset in plan.assets:
         if not asset.pin.gated and stale_weights(asset.pin, weights[asset.name]):  # gated: the token check asks
             pin = asset.pin
@@ -98,14 +101,14 @@ def remote_problems(plan: Plan, weights: Mapping[str, dict]) -> list[str]:
     return [refusal for refusal, _ in verdicts if refusal]
 
 
-def state_problems(data: Mapping, os_release: dict, arch: str, running: dict, sources: dict) -> list[str]:
-    """Pure: every problem of the driver / container-runtime host state; `data` validated (fleet.py plan_for)."""
-    data = {**nvidia_driver.DEFAULTS, **docker_engine.DEFAULTS, **data}
+def state_problems(knobs: RoleKnobs, os_release: dict, arch: str, running: dict, sources: dict) -> list[str]:
+    """Pure: every problem of the driver / container-runtime host state; `knobs` validated (fleet.py plan_for)."""
+    driver, docker = knobs.driver, knobs.docker
     problems = []
-    manage = data["nvidia_driver_manage"]
+    manage = driver.nvidia_driver_manage
     if manage:
         try:
-            driver_table.packages_for(data, os_release.get("id", ""))
+            driver_table.packages_for(driver, os_release.get("id", ""))
         except driver_table.DriverTableError as error:
             problems.append(f"{error}.")
         if running.get("version") and running.get("smi_ok") and not running.get("owner"):  # .run installer, hand build
@@ -114,20 +117,22 @@ def state_problems(data: Mapping, os_release: dict, arch: str, running: dict, so
                 "installer or a hand build); rigforge will not install packages over it: set "
                 "nvidia_driver_manage: false to keep it, or remove it (nvidia-uninstall) and re-run."
             )
-    elif problem := driver_table.branch_problem(running, int(data["nvidia_driver_branch"])):
+    elif problem := driver_table.branch_problem(running, int(driver.nvidia_driver_branch)):
         problems.append(problem)
 
     def clashes(uri: str, repo: str) -> list[str]:
-        return apt_repo.source_problems(sources, uri, repo, data["apt_adopt_sources"], "apt_adopt_sources")
+        return apt_repo.source_problems(sources, uri, repo, driver.apt_adopt_sources, "apt_adopt_sources")
 
-    if manage and data["nvidia_driver_source"] == "cuda":
-        problems += clashes(nvidia_driver.cuda_repo(data, os_release, arch)[0], nvidia_driver.KEY_NAME)
-    if data["docker_source"] == "docker":
-        problems += clashes(docker_engine.docker_repo_url(data, os_release.get("id", "")), "rigforge-docker")
-    return problems + clashes(docker_engine.toolkit_repo_url(data, arch), "rigforge-nvidia-container-toolkit")
+    if manage and driver.nvidia_driver_source == "cuda":
+        problems += clashes(nvidia_driver.cuda_repo(driver, os_release, arch)[0], nvidia_driver.KEY_NAME)
+    if docker.docker_source == "docker":
+        problems += clashes(docker_engine.docker_repo_url(docker, os_release.get("id", "")), "rigforge-docker")
+    return problems + clashes(docker_engine.toolkit_repo_url(docker, arch), "rigforge-nvidia-container-toolkit")
 
 
-def unpublished(data: Mapping, url: str, packages: driver_table.DriverPackages, published: list[str]) -> str | None:
+def unpublished(
+    driver: NvidiaDriver, url: str, packages: driver_table.DriverPackages, published: list[str]
+) -> str | None:
     """Pure: the refusal when NVIDIA's repository at `url` does not publish a package the driver branch needs."""
     wanted = [name.split("=")[0] for name in (packages.pinning, *packages.install) if name]
     missing = [name for name in wanted if name not in published]
@@ -136,47 +141,49 @@ def unpublished(data: Mapping, url: str, packages: driver_table.DriverPackages, 
     branches = sorted({int(m[1]) for n in published if (m := re.fullmatch(r"nvidia-driver-pinning-(\d+)", n))})
     offer = f"; it publishes driver branches {', '.join(map(str, branches))}" if branches else ""
     return (
-        f"nvidia_driver_branch {data['nvidia_driver_branch']}: NVIDIA's repository {url} does not publish "
+        f"nvidia_driver_branch {driver.nvidia_driver_branch}: NVIDIA's repository {url} does not publish "
         f"{', '.join(missing)}{offer}: set nvidia_driver_branch to a published branch (nothing was installed)."
     )
 
 
-def branch_published(data: Mapping, os_release: dict, arch: str) -> list[str]:
+def branch_published(driver: NvidiaDriver, os_release: dict, arch: str) -> list[str]:
     """[refusal] when the CUDA repository (its index read with curl) lacks the driver branch; unreadable: a warning."""
-    if not data["nvidia_driver_manage"] or data["nvidia_driver_source"] != "cuda":
+    if not driver.nvidia_driver_manage or driver.nvidia_driver_source != "cuda":
         return []
-    packages = driver_table.packages_for(data, os_release.get("id", ""))  # state_problems checked it
+    packages = driver_table.packages_for(driver, os_release.get("id", ""))  # state_problems checked it
     if host.get_fact(DebInstalledVersion, package=packages.pinning or packages.version_package):
         return []  # installed: the branch was published, and a no-op asks nothing
-    url = nvidia_driver.cuda_repo(data, os_release, arch)[0]
+    url = nvidia_driver.cuda_repo(driver, os_release, arch)[0]
     published = host.get_fact(PublishedPackages, url=url)
     if published is None:
         warn(
             f"WARNING: could not read NVIDIA's package index at {url} to check that driver branch "
-            f"{data['nvidia_driver_branch']} is published; the install will say so if it is not"
+            f"{driver.nvidia_driver_branch} is published; the install will say so if it is not"
         )
         return []
-    problem = unpublished(data, url, packages, published)
+    problem = unpublished(driver, url, packages, published)
     return [problem] if problem else []
 
 
-def check(needs: Needs, data: Mapping, more: list[str] = ()) -> bool:
-    """True when this host can run `needs.variant`, else refuse it now; `more`: the controller's problems (site.py).
-    Once it passed, warns of a Docker data-root this run leaves unused (hardware.data_root_left), deleting nothing."""
+def check(needs: Needs, knobs: RoleKnobs, settings: Settings, more: list[str] = ()) -> bool:
+    """True when this host can run `needs.variant` with its `knobs` and `settings` (a plan's), else refuse it now;
+    `more`: the controller's problems (site.py). Once it passed, warns of a Docker data-root this run leaves unused
+    (hardware.data_root_left), deleting nothing."""
     os_release = host.get_fact(OsRelease)
     problems = find_problems(
         os_release,
         host.get_fact(NvidiaGpus),
         host.get_fact(FreeDiskBytes, path=needs.disk_path),
         needs=needs,
-        data=data,
+        knobs=knobs,
+        settings=settings,
         pci=host.get_fact(NvidiaPciGpus),
         running=host.get_fact(NvidiaRunningDriver),
         topology=host.get_fact(NvidiaTopology) if needs.nvlink else None,  # read only for a slug that needs NVLink
     )
     # the driver and container-runtime roles' host-state checks, then the controller's
     arch = host.get_fact(DebArch) or "amd64"
-    found = state_problems(data, os_release, arch, host.get_fact(NvidiaRunningDriver), host.get_fact(AptSourceFiles))
+    found = state_problems(knobs, os_release, arch, host.get_fact(NvidiaRunningDriver), host.get_fact(AptSourceFiles))
     problems += found
     lines = host.get_fact(FileContents, path=DAEMON_JSON)
     try:
@@ -186,7 +193,7 @@ def check(needs: Needs, data: Mapping, more: list[str] = ()) -> bool:
             f"{DAEMON_JSON} on {host.name} is not valid JSON ({error}); rigforge merges the nvidia runtime into it and "
             "never overwrites it: fix it (no comments, no trailing commas) or remove it, then re-run."
         )
-    problems += (branch_published(data, os_release, arch) if not found else []) + list(more)
+    problems += (branch_published(knobs.driver, os_release, arch) if not found else []) + list(more)
     if host.get_fact(SecureBoot) == "enabled":
         host.log_styled(
             "Secure Boot is enabled: DKMS-built NVIDIA modules must be signed with an enrolled MOK key; on Ubuntu, "
@@ -198,13 +205,13 @@ def check(needs: Needs, data: Mapping, more: list[str] = ()) -> bool:
         refuse_now(f"Preflight refused {host.name}", format_problems(host.name, problems))
         return False
     host.noop(f"preflight passed for {needs.variant}")
-    warn_data_root_left(data, lines)  # after the refusals: no warning comes before one
+    warn_data_root_left(knobs.docker, lines)  # after the refusals: no warning comes before one
     return True
 
 
-def warn_data_root_left(data: Mapping, daemon_json: list[str] | None) -> None:
+def warn_data_root_left(docker: DockerEngine, daemon_json: list[str] | None) -> None:
     """Warn of a Docker data-root this run leaves unused (hardware.data_root_left), with its size; delete nothing."""
-    after = data_root_after(data, daemon_json)
+    after = data_root_after(docker, daemon_json)
 
     def size_of(path: str) -> int | None:
         return host.get_fact(DataRootLeft, path=path, data_root=after)
@@ -213,7 +220,7 @@ def warn_data_root_left(data: Mapping, daemon_json: list[str] | None) -> None:
         warn(f"WARNING: {left}")
 
 
-def data_root_after(data: Mapping, daemon_json: list[str] | None) -> str:
+def data_root_after(docker: DockerEngine, daemon_json: list[str] | None) -> str:
     """Docker's data-root once this run wrote daemon.json: docker_daemon_options' (validated), else the rig's."""
-    options = data.get("docker_daemon_options") or {}
+    options = docker.docker_daemon_options or {}
     return schema.docker_data_root(options["data-root"]) if "data-root" in options else data_root_of(daemon_json)

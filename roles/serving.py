@@ -12,7 +12,7 @@ from pyinfra.operations.util import any_changed
 
 from rigforge.facts.system import EnabledInstances
 from rigforge.fleet import Plan
-from rigforge.knobs.serving import DEFAULTS, Serving
+from rigforge.knobs.serving import DEFAULTS
 from rigforge.layout import SERVE_FILES
 from rigforge.render import VLLM_UNIT
 from roles.operations import gateway
@@ -25,7 +25,7 @@ def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = F
     """`gateways`: the fleet gateway hosts this rig leaves while its unit restarts ({name: use sudo}); `sudo`:
     whether this rig's own commands run with sudo."""
     layout = plan.layout
-    knobs = Serving.of(plan.data)
+    knobs = plan.knobs.serving
     manage, rest, unit = knobs.rigforge_manage_services, knobs.serving_rest, layout.vllm_unit
 
     for cache_dir in ("torch_compile", "triton"):

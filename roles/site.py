@@ -73,7 +73,7 @@ def trust_the_registry(plan: Plan, fl: fleet.Fleet) -> None:
     if problems:
         warn(f"the fleet registry on {fl.registry_host} is left out (that host is refused): {problems[0]}")
     if reg is not None:
-        registry_role.trust(reg, ca, plan.layout.daemon_json, plan.data["rigforge_manage_services"])
+        registry_role.trust(reg, ca, plan.layout.daemon_json, plan.knobs.serving.rigforge_manage_services)
 
 
 def gateway_plan(fl: fleet.Fleet) -> tuple[gateway.GatewayPlan | None, list[str]]:
@@ -119,7 +119,7 @@ def token_problems(plan: Plan, fetched: list[PlannedAsset]) -> list[str]:
         return missing
     problems = []
     for pin in gated:
-        problem, warning = token_refused(plan.data["hf_endpoint"], pin, plan.token)
+        problem, warning = token_refused(plan.knobs.weights.hf_endpoint, pin, plan.token)
         if problem:
             problems.append(problem)
         if warning:
@@ -149,7 +149,7 @@ def power_warnings(plan: Plan) -> None:
     kept = "kept as set" if known else "kept as set if the cards' own range allows it (checked once the driver answers)"
     for warning in power.warnings(plan.caps, power.locate_profile(plan.lock), kept):
         warn(f"WARNING: {warning}")
-    psu = power.psu_warning(plan.caps, plan.data.get("gpu_psu_watts"))  # the sum over every card
+    psu = power.psu_warning(plan.caps, plan.knobs.gpu_power.gpu_psu_watts)  # the sum over every card
     if psu:
         warn(f"WARNING: {psu}")
 
@@ -159,8 +159,8 @@ def image_problems(plan: Plan, fl: fleet.Fleet, image_present: bool) -> list[str
     (rigforge/obtain.py; refusals.image_refusal decides)."""
     if not refusals.lacks_image(plan, image_present):
         return []
-    data = plan.data
-    found = obtain.sources(plan.image, fl.registry, data["serving_image_upstream"], data["serving_image_upstream_ca"])
+    knobs = plan.knobs.serving
+    found = obtain.sources(plan.image, fl.registry, knobs.serving_image_upstream, knobs.serving_image_upstream_ca)
     problems, warnings = refusals.image_refusal(plan, found)
     for warning in warnings:
         warn(f"WARNING: {warning}")
@@ -227,7 +227,7 @@ def provision(fl: fleet.Fleet) -> None:
     asked = preflight.remote_problems(plan, weights_now)  # the remote sources this run fetches from, once
     found = image_problems(plan, fl, image_present)  # then the data roots inside Docker's (the rig's daemon.json)
     found += roots_inside(plan.layout, data_root_of(host.get_fact(FileContents, path=DAEMON_JSON))) + asked
-    if not preflight.check(host_needs, plan.data, found):
+    if not preflight.check(host_needs, plan.knobs, plan.settings, found):
         return
     power_warnings(plan)
     recorded = host.get_fact(JsonFile, path=plan.layout.rig_json)
@@ -238,7 +238,7 @@ def provision(fl: fleet.Fleet) -> None:
             "no NVIDIA driver answers yet: the cards' VRAM and power range are checked right after the driver is "
             "installed, before anything else; a refusal then lists what this run installed"
         )
-    wait = int(plan.data["apt_lock_wait"])
+    wait = plan.knobs.driver.apt_lock_wait
     sudo = dict(fl.sudo[host.name])
     aptlock.free(name=f"Wait for the apt/dpkg lock another process holds (up to {wait} s)", wait=wait, sudo=sudo)
     recover.packages(name="Repair packages an interrupted run left half-installed (dpkg --configure -a)")
@@ -248,7 +248,8 @@ def provision(fl: fleet.Fleet) -> None:
         name=f"Check the GPUs now that the driver answers ({plan.variant.gpus}x {plan.variant.min_card_mib} MiB)",
         needs=host_needs,
         caps=dict(plan.caps),
-        data=dict(plan.data),
+        power=plan.knobs.gpu_power,
+        settings=plan.settings,
     )
     docker_engine.install(plan)
     trust_the_registry(plan, fl)

@@ -7,13 +7,13 @@ from pyinfra.api.hiddenvalue import HiddenValue
 from pyinfra.operations import apt, files, pip
 
 from rigforge.fleet import Plan
-from rigforge.knobs.weights import DEFAULTS, Weights
+from rigforge.knobs.weights import DEFAULTS
 from roles.operations import hfweights
 
 
 @deploy("Verified model weights", data_defaults=DEFAULTS)
 def apply(plan: Plan) -> None:
-    layout, knobs = plan.layout, Weights.of(plan.data)
+    layout, knobs = plan.layout, plan.knobs.weights
     venv, lib = layout.venv, layout.lib
 
     apt.packages(name="Install python3-venv", packages=["python3-venv", "ca-certificates"], no_recommends=True)

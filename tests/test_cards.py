@@ -29,6 +29,7 @@ from rigforge.hardware import (
     serving_env,
     serving_indices,
 )
+from rigforge.knobs import RoleKnobs
 from rigforge.knobs import gpu_power as gpu_power_knobs
 from rigforge.recipes import parse_repo
 from rigforge.schema import Settings
@@ -41,6 +42,7 @@ MULTI4 = (
     "vllm/nemotron-75b-multi-mtp",
 )
 DATA = {"gpu_power_limit_w": 230, "gpu_power_limits": {}}
+POWER, SETTINGS = gpu_power_knobs.GpuPower.of(DATA), Settings()  # the caps every card gets; no 20 GB override
 UBUNTU = {"id": "ubuntu", "version_id": "24.04"}
 
 
@@ -100,21 +102,22 @@ def test_the_tp4_slugs_render_flag_for_flag_as_the_recipes_composes(repo):
 
 
 def test_a_two_card_rig_is_refused_a_tp4_slug_naming_both_counts():
-    problems = gpu_problems([card(0), card(1)], needs(4), DATA)
+    problems = gpu_problems([card(0), card(1)], needs(4), POWER, SETTINGS)
     assert problems == [
         "variant vllm-qwen-27b-multi-fast needs 4 GPUs, nvidia-smi shows 2; this rig has 2 GPU(s) and the variant "
         "runs tensor-parallel over 4: add 2 GPU(s), or choose a variant for at most 2 card(s) (a slug's tp in the "
         "recipe registry is how many it needs)."
     ]
-    before_driver = find_problems(UBUNTU, [], None, needs=needs(4), data=DATA, pci=[("0000:01:00.0", "2204")] * 2)
+    knobs, pci = RoleKnobs.of(DATA), [("0000:01:00.0", "2204")] * 2
+    before_driver = find_problems(UBUNTU, [], None, needs=needs(4), knobs=knobs, settings=SETTINGS, pci=pci)
     assert "needs 4 GPUs, the PCI bus shows 2 NVIDIA GPU(s); this rig has 2 GPU(s)" in before_driver[0]
     message = format_problems("rig1", problems)
     assert message.startswith("preflight failed on rig1:") and message.endswith("Nothing was changed on this host.")
 
 
 def test_four_and_eight_cards_fit_their_slugs():
-    assert gpu_problems([card(i) for i in range(4)], needs(4), DATA) == []
-    assert gpu_problems([card(i) for i in range(8)], needs(8), DATA) == []
+    assert gpu_problems([card(i) for i in range(4)], needs(4), POWER, SETTINGS) == []
+    assert gpu_problems([card(i) for i in range(8)], needs(8), POWER, SETTINGS) == []
 
 
 # --- a rig with more cards than the slug's tp: the first tp serve, the others idle ---
@@ -155,8 +158,8 @@ def test_a_seed_variant_on_a_four_card_rig_is_pinned_the_same_way():
 
 def test_vram_is_checked_on_the_cards_a_slug_runs_on():
     small = [card(0), card(1), card(2, mib=12288), card(3, mib=12288)]  # two 3060s beside two 3090s
-    assert gpu_problems(small, needs(2), DATA) == []  # TP=2 runs on GPU 0 and 1
-    assert "GPU 2, 3 (NVIDIA GeForce RTX 3090) have 12288 MiB" in gpu_problems(small, needs(4), DATA)[0]
+    assert gpu_problems(small, needs(2), POWER, SETTINGS) == []  # TP=2 runs on GPU 0 and 1
+    assert "GPU 2, 3 (NVIDIA GeForce RTX 3090) have 12288 MiB" in gpu_problems(small, needs(4), POWER, SETTINGS)[0]
 
 
 # --- the interconnect: requires_nvlink and requires_homogeneous_arch on 4- and 8-card topologies ---
@@ -197,21 +200,22 @@ def test_topo_m_of_eight_nvswitch_gpus():
 def test_nvlink_is_asked_only_when_the_driver_answers():
     assert interconnect_problems(None, needs(4, nvlink=True), 4) == []  # checked again once the driver answers
     topology = {"links": {"0-1": "PHB", "0-2": "PHB", "0-3": "PHB", "1-2": "PHB", "1-3": "PHB", "2-3": "PHB"}}
-    problems = gpu_problems([card(i) for i in range(4)], needs(4, nvlink=True), DATA, topology=topology)
+    problems = gpu_problems([card(i) for i in range(4)], needs(4, nvlink=True), POWER, SETTINGS, topology=topology)
     assert len(problems) == 1 and "requires NVLink between its 4 cards" in problems[0]
 
 
 def test_a_homogeneous_slug_is_refused_mixed_architectures_on_its_cards():
     mixed = [card(0), card(1), card(2), card(3, cap="8.9")]  # a 4090 as the fourth card
-    problems = gpu_problems(mixed, needs(4, homogeneous=True), DATA)
+    problems = gpu_problems(mixed, needs(4, homogeneous=True), POWER, SETTINGS)
     assert problems == [
         "variant vllm-qwen-27b-multi-fast requires one GPU architecture across its 4 cards (the recipe's "
         "requires_homogeneous_arch: its arch-gated kernels fail on the lower card), the cards span compute "
         "capabilities 8.6, 8.9 (GPU 0 sm_8.6, GPU 1 sm_8.6, GPU 2 sm_8.6, GPU 3 sm_8.9): serve it on cards of one "
         "architecture."
     ]
-    assert gpu_problems(mixed, needs(4), DATA) == []  # not required
-    assert gpu_problems(mixed, needs(2, homogeneous=True), DATA) == []  # TP=2 runs on GPU 0 and 1, both sm_8.6
+    assert gpu_problems(mixed, needs(4), POWER, SETTINGS) == []  # not required
+    # TP=2 runs on GPU 0 and 1, both sm_8.6
+    assert gpu_problems(mixed, needs(2, homogeneous=True), POWER, SETTINGS) == []
 
 
 # --- power: every card, and the power supply ---

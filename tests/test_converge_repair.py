@@ -16,7 +16,7 @@ import pytest
 from support import REPO, changed, errored, pyinfra_run
 
 from rigforge.driver_table import packages_for
-from roles.nvidia_driver import DEFAULTS
+from rigforge.knobs.nvidia_driver import NvidiaDriver
 
 pytestmark = pytest.mark.testbed
 DEPLOY = REPO / "deploy" / "dual_turbo.py"
@@ -24,7 +24,7 @@ NOUVEAU = "/etc/modprobe.d/rigforge-blacklist-nouveau.conf"
 WEIGHT = "/opt/rigforge/models/qwen3.6-27b-autoround-int4/model-00002-of-00003.safetensors"
 STAMP = "/opt/rigforge/models/qwen3.6-27b-autoround-int4/.rigforge-stamp.json"
 WANTS = "/etc/systemd/system/multi-user.target.wants/rigforge-gpu-power.service"
-DRIVER = packages_for(dict(DEFAULTS), "debian").install[0]  # held by the driver role (testbed: Debian 13)
+DRIVER = packages_for(NvidiaDriver(), "debian").install[0]  # held by the driver role (testbed: Debian 13)
 
 # kind: (shell change on the rig, operations that must repair it, shell check that must pass afterwards)
 PERTURB = {

@@ -18,7 +18,7 @@ import pytest
 from support import PYINFRA, REPO
 
 from rigforge.driver_table import packages_for
-from roles.nvidia_driver import DEFAULTS
+from rigforge.knobs.nvidia_driver import NvidiaDriver
 
 pytestmark = pytest.mark.testbed
 THROTTLE_BPS = 20 * 1024  # a 256 KiB shard takes about 13 s
@@ -47,7 +47,7 @@ def test_first_converge_shows_progress_at_default_verbosity(testbed_factory):
     # the driver-less rig's GPU fact is a normal answer, not a warning
     assert "will raise an exception in v4" not in text and "command not found" not in text, text[-5000:]
     # package installs say what they install
-    driver = packages_for(dict(DEFAULTS), "debian")  # the testbed rigs run Debian 13
+    driver = packages_for(NvidiaDriver(), "debian")  # the testbed rigs run Debian 13
     assert f"[rig1] installing {driver.pinning} (apt)" in text
     assert f"[rig1] installing {', '.join(driver.install)} (apt)" in text
     assert "[rig1] installing docker.io, docker-cli, docker-compose (apt)" in text

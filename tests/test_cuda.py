@@ -14,7 +14,10 @@ import yaml
 from rigforge.driver_table import branch_for_cuda, cuda_for_branch, cuda_for_driver
 from rigforge.facts.nvidia import NvidiaRunningDriver, parse_cuda_version
 from rigforge.hardware import Needs, driver_cuda, find_problems, format_problems
+from rigforge.knobs import RoleKnobs
+from rigforge.knobs.nvidia_driver import NvidiaDriver
 from rigforge.pins import LockError, default_lock_path, dump_lock, load_lock, parse_lock
+from rigforge.schema import Settings
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nvidia-smi"
 H200 = FIXTURES / "h200x1-580.159.04-ubuntu2404"
@@ -31,6 +34,12 @@ IMAGE = "vllm/vllm-openai:v0.27.1"
 
 def needs(cuda: str | None) -> Needs:
     return Needs("dual", 2, 23000, False, "/opt/rigforge/models", 0, IMAGE, cuda)
+
+
+def preflight(data: dict, cuda: str | None, running: dict | None = None, os_release: dict = UBUNTU) -> list[str]:
+    """find_problems on a rig whose driver shows no card yet, for an image built for `cuda`, with host data `data`."""
+    knobs, settings = RoleKnobs.of(data), Settings()
+    return find_problems(os_release, [], None, needs=needs(cuda), knobs=knobs, settings=settings, running=running)
 
 
 @pytest.mark.parametrize(
@@ -67,15 +76,15 @@ def test_the_running_driver_fact_reads_the_header(tmp_path):
 
 
 def test_an_image_newer_than_the_branch_to_install_is_refused_in_one_line():
-    (problem,) = find_problems(UBUNTU, [], None, needs=needs("13.2"), data=DATA)
+    (problem,) = preflight(DATA, "13.2")
     assert "\n" not in problem
     assert f"image {IMAGE} needs CUDA 13.2, driver branch 580 supports CUDA 13.0 at most" in problem
     assert "set nvidia_driver_branch: 595 (CUDA 13.2), or use an image built for CUDA <= 13.0." in problem
     message = format_problems("rig1", [problem])
     assert message.endswith("Nothing was changed on this host.")
-    assert find_problems(UBUNTU, [], None, needs=needs("13.2"), data={**DATA, "nvidia_driver_branch": 595}) == []
-    assert find_problems(UBUNTU, [], None, needs=needs("13.0"), data=DATA) == []
-    assert find_problems(UBUNTU, [], None, needs=needs(None), data=DATA) == []  # unknown: not refused on a guess
+    assert preflight({**DATA, "nvidia_driver_branch": 595}, "13.2") == []
+    assert preflight(DATA, "13.0") == []
+    assert preflight(DATA, None) == []  # unknown: not refused on a guess
 
 
 def test_the_running_driver_counts_when_rigforge_keeps_it():
@@ -83,13 +92,12 @@ def test_the_running_driver_counts_when_rigforge_keeps_it():
         ["proc=" + (H200 / "proc-version.txt").read_text().splitlines()[0], "smi_ok=1", "cuda=CUDA Version: 13.0"]
     )
     kept = {**DATA, "nvidia_driver_manage": False}
-    assert driver_cuda(running, kept) == ("13.0", "the running driver 580.159.04")
-    (problem,) = find_problems(UBUNTU, [], None, needs=needs("13.2"), data=kept, running=running)
+    assert driver_cuda(running, NvidiaDriver.of(kept)) == ("13.0", "the running driver 580.159.04")
+    (problem,) = preflight(kept, "13.2", running)
     assert "the running driver 580.159.04 supports CUDA 13.0 at most" in problem
     assert "install driver branch 595 and set nvidia_driver_branch: 595" in problem
     # rigforge replaces a 580 driver with branch 595: the branch to install is what counts
-    assert find_problems(UBUNTU, [], None, needs=needs("13.2"), data={**DATA, "nvidia_driver_branch": 595},
-                         running=running) == []  # fmt: skip
+    assert preflight({**DATA, "nvidia_driver_branch": 595}, "13.2", running) == []
 
 
 def test_the_lock_records_each_images_cuda():

@@ -218,12 +218,14 @@ def test_a_data_root_moved_inside_the_old_one_is_not_offered_for_rm():
 
 
 def test_the_deploy_reads_the_data_root_after_this_run_from_the_knob_else_the_rig():
+    from rigforge.knobs.docker_engine import DockerEngine
     from roles.preflight import data_root_after
 
-    rig = ['{"data-root": "/srv/docker"}']
-    assert data_root_after({"docker_daemon_options": {}}, rig) == "/srv/docker"
-    assert data_root_after({"docker_daemon_options": {}}, None) == "/var/lib/docker"
-    assert data_root_after({"docker_daemon_options": {"data-root": "/data/docker/"}}, rig) == "/data/docker"
+    rig, unset = ['{"data-root": "/srv/docker"}'], DockerEngine.of({"docker_daemon_options": {}})
+    moved = DockerEngine.of({"docker_daemon_options": {"data-root": "/data/docker/"}})
+    assert data_root_after(unset, rig) == "/srv/docker"
+    assert data_root_after(unset, None) == "/var/lib/docker"
+    assert data_root_after(moved, rig) == "/data/docker"
 
 
 def test_status_shows_the_data_root_left_as_a_note():

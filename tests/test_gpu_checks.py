@@ -24,11 +24,13 @@ from rigforge.catalog import load_catalog
 from rigforge.drift import vram as check_vram
 from rigforge.facts.nvidia import SMI_QUERY, NvidiaGpus
 from rigforge.hardware import gpu_count, gpu_problems, missing_cards, vram_problems
+from rigforge.knobs.gpu_power import GpuPower
 from rigforge.schema import Settings
 from rigforge.testbed import RigSpec
 from roles.operations import checks
 
 DATA = {"gpu_power_limit_w": 230, "gpu_power_limits": {}}
+POWER, SETTINGS = GpuPower.of(DATA), Settings()  # the caps every card gets; no 20 GB override
 
 
 def run(hosts: dict, caps=None, data=None, gpus_appear_at_execution=None):
@@ -37,7 +39,8 @@ def run(hosts: dict, caps=None, data=None, gpus_appear_at_execution=None):
     state = make_state(hosts)
 
     def deploy():
-        checks.gpus_fit(name="GPU check", needs=PREFLIGHT, caps=caps or {0: 230, 1: 230}, data=data or DATA)
+        cards, power = caps or {0: 230, 1: 230}, GpuPower.of(data or DATA)
+        checks.gpus_fit(name="GPU check", needs=PREFLIGHT, caps=cards, power=power, settings=SETTINGS)
         server.shell(name="Change something", commands=["touch /rigforge-was-here"])
 
     add_deploy(state, deploy)
@@ -115,7 +118,7 @@ def test_a_refusal_after_a_change_lists_what_this_run_changed(caplog):
 
     def deploy():
         server.shell(name="Install the driver (stand-in)", commands=["touch /driver"])
-        checks.gpus_fit(name="GPU check", needs=PREFLIGHT, caps={0: 230, 1: 230}, data=DATA)
+        checks.gpus_fit(name="GPU check", needs=PREFLIGHT, caps={0: 230, 1: 230}, power=POWER, settings=SETTINGS)
 
     add_deploy(state, deploy)
     small = state.inventory.get_host("@fake/small").connector.data["fake_responses"]
@@ -146,10 +149,11 @@ def test_a_card_on_the_pci_bus_that_nvidia_smi_does_not_list_is_named_not_asked_
     one = [smi_gpu(0, "00000000:01:00.0")]
     pci = [("0000:01:00.0", "2204"), ("0000:02:00.0", "2204")]
     assert missing_cards(one, pci) == [(1, "0000:02:00.0", "2204")]  # GPU 1 in PCI bus order
-    problems = gpu_problems(one, PREFLIGHT, DATA, pci)
+    problems = gpu_problems(one, PREFLIGHT, POWER, SETTINGS, pci)
     assert problems == [OFF_BUS]  # not "add a GPU": the rig has two
     assert missing_cards([smi_gpu(0, "00000000:01:00.0")], pci[:1]) == []
-    assert "add 1 GPU(s)" in gpu_problems(one, PREFLIGHT, DATA, pci[:1])[0]  # one card, on the bus and listed
+    # one card, on the bus and listed
+    assert "add 1 GPU(s)" in gpu_problems(one, PREFLIGHT, POWER, SETTINGS, pci[:1])[0]
     assert missing_cards([], pci) == []  # no driver yet: the PCI checks' business (pci_problems)
     assert gpu_count(one, pci) == 2 and gpu_count(one, None) == 1 and gpu_count([], []) is None
 
@@ -201,4 +205,4 @@ def test_the_testbeds_stand_in_loses_a_card_and_the_checks_name_it_by_its_bus_ad
     assert [(g["index"], g["pci_bus_id"]) for g in gpus] == [(0, "00000000:01:00.0")]
     spec = json.loads((sim / "etc/rigforge-sim/gpus.json").read_text())
     pci = [(g["pci_bus_id"][4:].lower(), RigSpec().pci_device) for g in spec["gpus"]]  # as booted.py lays sysfs out
-    assert gpu_problems(gpus, PREFLIGHT, DATA, pci) == [OFF_BUS]
+    assert gpu_problems(gpus, PREFLIGHT, POWER, SETTINGS, pci) == [OFF_BUS]

@@ -227,6 +227,7 @@ def test_the_monitor_scrapes_a_llamacpp_server_only_when_its_recipe_enables_metr
     from types import SimpleNamespace
 
     from rigforge import fleet, monitor
+    from rigforge.knobs import RoleKnobs
 
     r = repo.recipe(TESS)
     svc = next(iter(repo.compose(r)["services"].values()))
@@ -236,8 +237,8 @@ def test_the_monitor_scrapes_a_llamacpp_server_only_when_its_recipe_enables_metr
     )
 
     def plan(host: str, variant) -> SimpleNamespace:
-        data = {"monitor_node_exporter_port": 9100}
-        return SimpleNamespace(host=host, data=data, port=variant.port, variant=variant)
+        knobs = RoleKnobs.of({"monitor_node_exporter_port": 9100})
+        return SimpleNamespace(host=host, knobs=knobs, port=variant.port, variant=variant)
 
     dual = recipes.of(repo, repo.recipe("vllm/dual"), "x")
     targets = fleet.targets([plan("rig1", plain), plan("rig2", dual)], {})

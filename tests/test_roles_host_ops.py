@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import replace
 
 import pytest
@@ -27,6 +28,8 @@ from rigforge import fleet, hardware, packages
 from rigforge.catalog import load_catalog
 from rigforge.fleet import Plan
 from rigforge.jsonmerge import merged_text
+from rigforge.knobs import RoleKnobs
+from rigforge.knobs.nvidia_driver import NvidiaDriver
 from rigforge.layout import NVIDIA_RUNTIME, HostLayout
 from rigforge.render import render_power_unit
 from rigforge.schema import Settings
@@ -55,6 +58,7 @@ def make_plan(variant="dual-turbo", settings=None, caps=None, **data) -> Plan:
         assets=(),
         caps=caps or {i: settings.power_limit_w for i in range(v.gpus)},
         data={**serving.DEFAULTS, **data},
+        knobs=RoleKnobs.of(data),
         files=render_variant(v, settings, len(caps) if caps else None),
     )
 
@@ -167,6 +171,13 @@ PREFLIGHT = hardware.Needs(
 )
 
 
+def checked(data: Mapping) -> tuple[RoleKnobs, Settings]:
+    """What preflight is given for host data `data`, not validated (the checks' own behaviour is under test): every
+    role's knobs, and the settings the GPU checks read (the 20 GB-card override)."""
+    kv_cache, share = data.get("serving_kv_cache_dtype"), data.get("serving_gpu_memory_utilization")
+    return RoleKnobs.of(data), Settings(kv_cache_dtype=kv_cache, gpu_memory_utilization=share)
+
+
 def site(**preflight_args):
     """A deploy shaped like roles/site.py: preflight first, then something that changes the host."""
     from pyinfra.api import deploy
@@ -175,7 +186,7 @@ def site(**preflight_args):
     def _site():
         from pyinfra import host
 
-        preflight.check(replace(PREFLIGHT, **preflight_args), fleet.host_data(host.data))
+        preflight.check(replace(PREFLIGHT, **preflight_args), *checked(fleet.host_data(host.data)))
         server.shell(name="Change something", commands=["touch /rigforge-was-here"])
 
     return _site
@@ -206,7 +217,8 @@ def test_preflight_refuses_caps_outside_the_card_range(cap, word):
         [{"index": 0, "name": "RTX 3090", "memory_total": 24576, "power_min_limit": 100.0, "power_max_limit": 350.0}],
         None,
         needs=replace(PREFLIGHT, gpus=1),
-        data={"gpu_power_limit_w": cap, "docker_source": "docker", "nvidia_driver_flavor": "open"},
+        knobs=RoleKnobs.of({"gpu_power_limit_w": cap, "docker_source": "docker", "nvidia_driver_flavor": "open"}),
+        settings=Settings(),
     )
     assert len(problems) == 1 and word in problems[0] and "range 100..350 W" in problems[0]
     assert "gpu_power_limit_w" in problems[0]
@@ -287,7 +299,8 @@ def _problems(os="ubuntu2404", gpus=None, free=500e9, data=None, pci=None, **var
     )
     base = {"gpu_power_limit_w": 230, "gpu_power_limits": {}, "docker_source": "docker", "nvidia_driver_flavor": "open"}
     needs = replace(PREFLIGHT, **variant)
-    return hardware.find_problems(release, gpus, free, pci=pci, needs=needs, data={**base, **(data or {})})
+    knobs, settings = checked({**base, **(data or {})})
+    return hardware.find_problems(release, gpus, free, pci=pci, needs=needs, knobs=knobs, settings=settings)
 
 
 def card20(i):
@@ -599,13 +612,15 @@ def test_an_unpublished_driver_branch_names_the_published_ones():
 
     packages = DriverPackages("nvidia-driver-pinning-595", ("nvidia-open",), "nvidia-open")
     published = ["cuda-drivers", "nvidia-driver-pinning-580", "nvidia-driver-pinning-590", "nvidia-open"]
-    line = unpublished({"nvidia_driver_branch": 595}, "https://x/repos/debian13/x86_64/", packages, published)
+    branch595 = NvidiaDriver.of({"nvidia_driver_branch": 595})
+    line = unpublished(branch595, "https://x/repos/debian13/x86_64/", packages, published)
     assert line == (
         "nvidia_driver_branch 595: NVIDIA's repository https://x/repos/debian13/x86_64/ does not publish "
         "nvidia-driver-pinning-595; it publishes driver branches 580, 590: set nvidia_driver_branch to a published "
         "branch (nothing was installed)."
     )
-    assert unpublished({"nvidia_driver_branch": 580}, "u", packages, [*published, "nvidia-driver-pinning-595"]) is None
+    branch580 = NvidiaDriver.of({"nvidia_driver_branch": 580})
+    assert unpublished(branch580, "u", packages, [*published, "nvidia-driver-pinning-595"]) is None
 
 
 # --- monitor (rigs) ----------------------------------------------------------------------------------

@@ -147,8 +147,7 @@ def test_a_container_on_another_image_is_restarted():
 def test_a_rig_resting_stopped_is_stopped_and_disabled_and_not_gated():
     data = rig(rigforge_manage_services=True, _sudo=True, ssh_user="me", serving_rest="stopped")
     data["fake_responses"] = {**converged_responses(), **data["fake_responses"]}
-    plan = make_plan("dual-turbo")
-    plan = dataclasses.replace(plan, data={**plan.data, "serving_rest": "stopped"})
+    plan = make_plan("dual-turbo", serving_rest="stopped")
     state = converge({"r": data}, serving.apply, plan)
     cmds = executed(state, "r")
     assert f"systemctl disable --now {UNIT}" in cmds and f"systemctl stop {UNIT}" in cmds

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from test_roles_host_ops import converge, executed, op_commands, planned, rig, uploads
+from test_roles_host_ops import checked, converge, executed, op_commands, planned, rig, uploads
 
 import rigforge.knobs.docker_engine
 import rigforge.knobs.nvidia_driver
 from rigforge import driver_table, fleet
 from rigforge.facts.apt import AptSourceFiles, KeyFingerprints, parse_deb822, parse_one_line, same_uri_files
 from rigforge.facts.nvidia import NvidiaRunningDriver
+from rigforge.knobs import RoleKnobs
 from rigforge.packages import TOOLKIT_PACKAGES, PackageSet, toolkit
 from rigforge.pins import default_lock_path, load_lock
 from roles import docker_engine, nvidia_driver, preflight
@@ -153,7 +154,7 @@ def test_ubuntu_archive_source(os, flavor):
 def test_ubuntu_source_and_missing_rows_are_refused_in_preflight():
     data = {"nvidia_driver_source": "ubuntu"}
     debian = {"id": "debian", "version_id": "13"}
-    (problem,) = preflight.state_problems(data, debian, "amd64", {}, {})
+    (problem,) = preflight.state_problems(RoleKnobs.of(data), debian, "amd64", {}, {})
     assert "no open driver package for debian from nvidia_driver_source='ubuntu'" in problem
     assert "use nvidia_driver_source: cuda" in problem
     for bad, key in (
@@ -362,8 +363,8 @@ def test_adoption_off_is_refused_in_preflight_naming_each_file():
         )
     )
     ubuntu = {"id": "ubuntu", "version_id": "24.04", "codename": "noble"}
-    assert preflight.state_problems({}, ubuntu, "amd64", {}, sources) == []  # adopted by default
-    problems = preflight.state_problems({"apt_adopt_sources": False}, ubuntu, "amd64", {}, sources)
+    assert preflight.state_problems(RoleKnobs.of({}), ubuntu, "amd64", {}, sources) == []  # adopted by default
+    problems = preflight.state_problems(RoleKnobs.of({"apt_adopt_sources": False}), ubuntu, "amd64", {}, sources)
     assert [p.split(" already points at")[0] for p in problems] == [
         "/etc/apt/sources.list.d/cuda-ubuntu2404-x86_64.list",
         "/etc/apt/sources.list.d/docker.list",
@@ -372,7 +373,7 @@ def test_adoption_off_is_refused_in_preflight_naming_each_file():
     mixed = AptSourceFiles().process(
         source_listing({"/etc/apt/sources.list": DOCKER_LIST + "deb http://archive.ubuntu.com/ubuntu noble main\n"})
     )
-    (problem,) = preflight.state_problems({}, ubuntu, "amd64", {}, mixed)
+    (problem,) = preflight.state_problems(RoleKnobs.of({}), ubuntu, "amd64", {}, mixed)
     assert problem.startswith("/etc/apt/sources.list points at https://download.docker.com/linux/ubuntu and at other")
 
 
@@ -389,14 +390,14 @@ def test_a_running_driver_no_package_owns_is_refused_unless_left_alone():
     owned = NvidiaRunningDriver().process(
         [f"proc={PROC}", "smi=/usr/bin/nvidia-smi", "smi_ok=1", "owner=nvidia-utils-580: /usr/bin/nvidia-smi"]
     )
-    ubuntu = {"id": "ubuntu", "version_id": "24.04", "codename": "noble"}
-    assert owned["owner"] == "nvidia-utils-580" and preflight.state_problems({}, ubuntu, "amd64", owned, {}) == []
-    (problem,) = preflight.state_problems({}, ubuntu, "amd64", unowned, {})
+    ubuntu, defaults = {"id": "ubuntu", "version_id": "24.04", "codename": "noble"}, RoleKnobs.of({})
+    assert owned["owner"] == "nvidia-utils-580" and preflight.state_problems(defaults, ubuntu, "amd64", owned, {}) == []
+    (problem,) = preflight.state_problems(defaults, ubuntu, "amd64", unowned, {})
     assert problem.startswith("NVIDIA driver 580.159.04 is running but no package owns /usr/bin/nvidia-smi")
     assert "nvidia_driver_manage: false" in problem and "\n" not in problem
-    assert preflight.state_problems({"nvidia_driver_manage": False}, ubuntu, "amd64", unowned, {}) == []
+    assert preflight.state_problems(RoleKnobs.of({"nvidia_driver_manage": False}), ubuntu, "amd64", unowned, {}) == []
     (other,) = preflight.state_problems(
-        {"nvidia_driver_manage": False, "nvidia_driver_branch": 590}, ubuntu, "amd64", unowned, {}
+        RoleKnobs.of({"nvidia_driver_manage": False, "nvidia_driver_branch": 590}), ubuntu, "amd64", unowned, {}
     )
     assert "running NVIDIA driver is 580.159.04, not branch 590" in other
 
@@ -476,7 +477,7 @@ def test_no_such_package_stops_the_host_in_preflight_not_the_run():
     def _site():
         from pyinfra import host
 
-        preflight.check(replace(PREFLIGHT, disk_bytes=1), fleet.host_data(host.data))
+        preflight.check(replace(PREFLIGHT, disk_bytes=1), *checked(fleet.host_data(host.data)))
         planned(nvidia_driver.install)()
 
     state = converge({"d": rig("debian13", gpus=[], nvidia_driver_source="ubuntu"), "ok": rig(gpus=[])}, _site)

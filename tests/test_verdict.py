@@ -4,10 +4,9 @@ The deploy's operations and status/verify call these same functions, so each cas
 facts are the shapes the fact classes return (their parsers are tested on real output elsewhere).
 """
 
-from test_cuda import DATA, UBUNTU, needs
+from test_cuda import DATA, preflight
 
 from rigforge import packages, verdict
-from rigforge.hardware import find_problems
 from rigforge.packages import PackageSet
 from rigforge.pins import GitPin, HfFile, HfPin
 
@@ -132,9 +131,9 @@ def test_daemon_json_keys_are_the_declared_ones_and_the_users_keys_stay_theirs()
 
 def test_an_os_whose_archive_has_no_compose_v2_is_refused_for_the_distro_source():
     debian12 = {"id": "debian", "version_id": "12"}
-    problems = find_problems(debian12, [], None, needs=needs("13.0"), data={**DATA, "docker_source": "distro"})
+    problems = preflight({**DATA, "docker_source": "distro"}, "13.0", os_release=debian12)
     assert problems == [
         "docker_source='distro' leaves no `docker compose`: Debian 12's archive has no compose v2 package; "
         "set docker_source: docker."
     ]
-    assert find_problems(UBUNTU, [], None, needs=needs("13.0"), data={**DATA, "docker_source": "distro"}) == []
+    assert preflight({**DATA, "docker_source": "distro"}, "13.0") == []

@@ -37,9 +37,9 @@ DEFAULTS = defaults_of(DockerEngine)
 DOCKER_CE_PACKAGES = ["docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin", "docker-compose-plugin"]
 
 
-def daemon_json_patch(data: Mapping) -> dict:
+def daemon_json_patch(knobs: DockerEngine) -> dict:
     """The keys the docker_engine role merges into daemon.json: docker_daemon_options, then the nvidia runtime."""
-    return deep_merge(data.get("docker_daemon_options") or {}, NVIDIA_RUNTIME)
+    return deep_merge(knobs.docker_daemon_options or {}, NVIDIA_RUNTIME)
 
 
 def validate(data: Mapping) -> list[str]:

@@ -183,7 +183,7 @@ def install_missing(packages: PackageSet | list[str], change_held: bool = False)
         # a package set, e.g. the driver's; held versions may move (the toolkit's pinned version)
         apt_repo.install_missing(
             name="Install the NVIDIA driver",
-            packages=packages.driver(plan.data, "debian"),
+            packages=packages.driver(plan.knobs.driver, "debian"),
             change_held=True,
         )
     """
@@ -225,7 +225,7 @@ def hold(packages: PackageSet) -> Commands:
         from roles.operations import apt_repo
         apt_repo.hold(
             name="Hold the NVIDIA driver packages",
-            packages=packages.driver(plan.data, "debian"),
+            packages=packages.driver(plan.knobs.driver, "debian"),
         )
     """
     to_hold = verdict.unheld_packages(packages, host.get_fact(DebPackages), host.get_fact(AptHeldPackages))

@@ -8,6 +8,8 @@ from pyinfra.context import ctx_host
 
 from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, NvidiaTopology
 from rigforge.hardware import Needs, format_problems, gpu_count, gpu_problems
+from rigforge.knobs.gpu_power import GpuPower
+from rigforge.schema import Settings
 from roles.operations.shown import Commands, unchanged
 
 
@@ -25,12 +27,13 @@ def fail_command(message: str) -> FunctionCommand:
 
 
 @operation()
-def gpus_fit(needs: Needs, caps: dict[int, int], data: dict) -> Commands:
+def gpus_fit(needs: Needs, caps: dict[int, int], power: GpuPower, settings: Settings) -> Commands:
     """Fail this host unless nvidia-smi's GPUs (read when this executes) fit ``needs`` and ``caps`` covers them all.
 
     + needs: what the variant needs of a host (``rigforge.hardware.Needs``)
     + caps: the power unit's caps, ``{gpu index: watts}``
-    + data: the host-data keys the GPU checks read (see ``rigforge.hardware.gpu_problems``)
+    + power: the GPU power knobs, the caps each card's range must hold (``rigforge.knobs.gpu_power.GpuPower``)
+    + settings: the rig's settings, whose KV cache dtype and memory share may make a 20 GB card fit
 
     **Example:**
 
@@ -41,7 +44,8 @@ def gpus_fit(needs: Needs, caps: dict[int, int], data: dict) -> Commands:
             name="Check the GPUs now that the driver answers (2x 24000 MiB)",
             needs=needs,  # rigforge.hardware.Needs of the rig's variant
             caps={0: 230, 1: 230},
-            data=dict(plan.data),
+            power=plan.knobs.gpu_power,
+            settings=plan.settings,
         )
     """
     gpus = host.get_fact(NvidiaGpus)
@@ -49,7 +53,7 @@ def gpus_fit(needs: Needs, caps: dict[int, int], data: dict) -> Commands:
         return
     pci = host.get_fact(NvidiaPciGpus)  # a card on the bus nvidia-smi does not list is named (hardware.py)
     topology = host.get_fact(NvidiaTopology) if needs.nvlink else None  # the recipe's requires_nvlink
-    problems = gpu_problems(gpus, needs, data, pci, topology)
+    problems = gpu_problems(gpus, needs, power, settings, pci, topology)
     if not gpus:
         problems.append(
             "nvidia-smi shows no GPU although the driver role finished; check `nvidia-smi` and `dmesg` on the rig."

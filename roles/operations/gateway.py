@@ -15,8 +15,6 @@ from pyinfra.api.state import State
 from rigforge import verdict
 from rigforge.fleet import Plan
 from rigforge.gateway import backend_name, drain_script, read_servers_script, rejoin_script
-from rigforge.knobs.gateway import Gateway
-from rigforge.knobs.serving import Serving
 from rigforge.observe import gateway_servers
 from roles.operations.shown import Commands, unchanged, warn
 
@@ -50,7 +48,7 @@ def _on_gateways(
 
 
 def _drain(state: State, host: Host, gateways: dict[str, bool], plan: Plan) -> bool:
-    script = drain_script(host.name, Gateway.of(plan.data).gateway_drain_timeout)
+    script = drain_script(host.name, plan.knobs.gateway.gateway_drain_timeout)
     for name, said in _on_gateways(state, host, gateways, script, "drain").items():
         if said.startswith("others up 0"):
             warn(
@@ -90,8 +88,8 @@ def not_as_declared(found: dict[str, dict[str, dict]], plan: Plan, rest: str | N
 def _rejoin(
     state: State, host: Host, plan: Plan, gateways: dict[str, bool], gate: OperationMeta | None, sudo: bool
 ) -> bool:
-    address = Gateway.of(plan.data).gateway_address or host.name
-    wait = Serving.of(plan.data).serving_health_timeout
+    address = plan.knobs.gateway.gateway_address or host.name
+    wait = plan.knobs.serving.serving_health_timeout
     if gate is None or not gate.did_error():
         script = rejoin_script(host.name, backend_name(plan.variant.served_model), address, plan.port, wait)
         _on_gateways(state, host, gateways, script, "rejoin")

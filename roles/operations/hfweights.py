@@ -81,14 +81,13 @@ def fetched(
     .. code:: python
 
         from pyinfra.api.hiddenvalue import HiddenValue
-        from rigforge.knobs.weights import Weights
         from roles.operations import hfweights
         for asset in plan.assets:
             hfweights.fetched(
                 name=f"Weights {asset.name} ({asset.pin.repo}@{asset.pin.revision[:12]}) -> {asset.dir}",
                 asset=asset,  # a PlannedAsset: the locked pin and its dir under the model dir
                 layout=plan.layout,
-                knobs=Weights.of(plan.data),
+                knobs=plan.knobs.weights,
                 token=HiddenValue(plan.token) if plan.token else None,  # kept out of pyinfra's output
             )
     """
@@ -159,12 +158,11 @@ def hub_client(layout: HostLayout, knobs: Weights) -> Commands:
 
     .. code:: python
 
-        from rigforge.knobs.weights import Weights
         from roles.operations import hfweights
         hfweights.hub_client(
             name="Install huggingface_hub into the venv",
             layout=plan.layout,  # its venv: <rigforge_root>/venv
-            knobs=Weights.of(plan.data),  # weights_hf_hub_version: 2.4.0 unless host data pins another
+            knobs=plan.knobs.weights,  # weights_hf_hub_version: 2.4.0 unless host data pins another
         )
     """
     venv, dist, version = layout.venv, "huggingface_hub", knobs.weights_hf_hub_version

@@ -14,7 +14,6 @@ from rigforge.facts.nvidia import NvidiaGpus, NvidiaTopology
 from rigforge.facts.serving import ApiAnswers, ComposeImages, ServiceState, runs_digest, serving
 from rigforge.facts.system import EnabledInstances
 from rigforge.fleet import Plan
-from rigforge.knobs.serving import Serving
 from rigforge.obtain import parse
 from roles.operations.shown import Commands, ShownCommand, say, unchanged
 from roles.operations.staged import upload_privately
@@ -36,7 +35,7 @@ def sole_instance(plan: Plan) -> Commands:
             plan=plan,
         )
     """
-    layout, knobs = plan.layout, Serving.of(plan.data)
+    layout, knobs = plan.layout, plan.knobs.serving
     unit, enable, stop_others = layout.vllm_unit, knobs.serving_rest != "stopped", knobs.rigforge_manage_services
     enabled = host.get_fact(EnabledInstances, unit_dir=layout.unit_dir, template=layout.vllm_template)
     others = [u for u in enabled if u != unit or not enable]
@@ -148,7 +147,7 @@ def healthy(
             changed=any_changed(compose, unit_file, switched),
         )
     """
-    knobs, layout, executing = Serving.of(plan.data), plan.layout, host.state.is_executing
+    knobs, layout, executing = plan.knobs.serving, plan.layout, host.state.is_executing
     url = f"http://{knobs.serving_health_host}:{plan.port}"
     if not (executing and started is not None and started.did_change()):
         if host.get_fact(ApiAnswers, url=url, env_file=f"{layout.serve_dir}/.env") == 200:

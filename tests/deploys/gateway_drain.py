@@ -8,12 +8,13 @@ from types import SimpleNamespace
 
 from pyinfra import host
 
+from rigforge.knobs import RoleKnobs
 from rigforge.layout import HostLayout
 from roles.operations import gateway
 
 gateways = {h.name: bool(h.data.get("_sudo")) for h in host.inventory.get_group("gateway")}
 plan = SimpleNamespace(  # what the operations read of the rig's plan
-    data={"gateway_drain_timeout": 30, "gateway_address": "127.0.0.1", "serving_health_timeout": 30},
+    knobs=RoleKnobs.of({"gateway_drain_timeout": 30, "gateway_address": "127.0.0.1", "serving_health_timeout": 30}),
     variant=SimpleNamespace(served_model="qwen3.6-27b-autoround"),
     port=int(host.data.get("test_port")),
     layout=HostLayout(),

@@ -19,12 +19,18 @@ if plan:
     gpus = int(host.data.get("test_variant_gpus", 2))
     disk = int(host.data.get("test_disk_needed_bytes", 1e6))
     needs = Needs("dual-turbo", gpus, 23000, False, plan.layout.models, disk)
-    if not preflight.check(needs, plan.data):
+    if not preflight.check(needs, plan.knobs, plan.settings):
         plan = None  # refused while preparing: nothing else is queued for this host
 if plan:
     recover.packages(name="Repair packages an interrupted run left half-installed (dpkg --configure -a)")
     recover.uploads_cleared(name="Remove uploads an interrupted run left in the upload dir")
     nvidia_driver.install(plan)
-    gpus_fit(name="Check the GPUs now that the driver answers", needs=needs, caps=dict(plan.caps), data=dict(plan.data))
+    gpus_fit(
+        name="Check the GPUs now that the driver answers",
+        needs=needs,
+        caps=dict(plan.caps),
+        power=plan.knobs.gpu_power,
+        settings=plan.settings,
+    )
     docker_engine.install(plan)
     gpu_power.apply(plan)
