@@ -112,9 +112,13 @@ def send(host: Host, path: str, sudo: bool, then: list | None = None, password: 
     command = f"sh -c {shlex.quote(_holder(path, owner, then))}"
     channel = ssh_transport(host).open_session()
     password = password if sudo else None
-    channel.exec_command(f"sudo -S -p '' {command}" if password else f"sudo -n {command}" if sudo else command)
     if password:  # sudo reads it from the channel's first line; the holder's cat reads the rest
+        channel.exec_command(f"sudo -S -p '' {command}")
         channel.sendall(f"{password}\n".encode())
+    elif sudo:  # a sudo that wants a password refuses, on stderr (`take` reads it), instead of asking for one
+        channel.exec_command(f"sudo -n {command}")
+    else:
+        channel.exec_command(command)
     _SENT[host.name] = (channel, path, run, then, sudo and not password)
 
 
@@ -166,8 +170,10 @@ def take(host: Host) -> tuple[str | None, str | None]:
             if then:
                 output = []
                 for out in lines:
-                    if out == then[1]:  # the command's lines (less the newline echoed before END), its exit code
-                        then[2] = [*output[: -1 if output[-1:] == [""] else None], next(lines, "").strip()]
+                    if out == then[1]:  # the end line
+                        if output[-1:] == [""]:
+                            output.pop()  # drop the newline echoed before the end line (the output ended in one)
+                        then[2] = [*output, next(lines, "").strip()]  # the command's lines, then its exit code
                         break
                     output.append(out)
             return None, note
@@ -181,7 +187,13 @@ def take(host: Host) -> tuple[str | None, str | None]:
                     "of the two names from the inventory"
                 ), None
             return f"{host.name} is being provisioned by {holder}; wait for that run to end, then run again", None
-    said = b"".join(iter(lambda: channel.recv_stderr(4096), b"")) if sudo_n else b""
+    said = b""  # what sudo -n said on stderr, read to its end
+    if sudo_n:
+        while True:
+            chunk = channel.recv_stderr(4096)
+            if not chunk:  # the channel's stderr is closed
+                break
+            said += chunk
     channel.close()
     if b"password is required" in said:  # sudo -n's refusal: nothing ran as root
         return sudo_password_problem(host, ssh_transport(host).get_username()), None
