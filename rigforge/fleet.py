@@ -73,8 +73,7 @@ class Plan:
     sources: tuple[GitPin, ...]  # lock entries of the git sources, in the variant's order
     assets: tuple[PlannedAsset, ...]  # lock entries of the weights, in the variant's order
     caps: Mapping[int, int]  # power cap in watts per GPU index, covering the GPUs present
-    data: Mapping[str, Any]  # validated host-data knobs of every role, defaults applied
-    knobs: RoleKnobs  # every role's knobs, typed, from the host data the plan was checked against
+    knobs: RoleKnobs  # every role's knobs, typed, defaults applied, from the host data the plan was checked against
     files: Mapping[str, str] = field(repr=False)  # every rendered file: serve dir and units, {name: text}
     lock: Lock | None = None
     # HF token: host data, else the controller's env; for the weights download only: no rendered file holds it
@@ -210,7 +209,6 @@ def build_plan(
         assets=tuple(PlannedAsset(a, folder, lock.hf[a], size) for a, folder, size in variant.asset_dirs),
         caps=MappingProxyType(power_caps(count, settings)),  # every index < count: checked above
         cap_units=tuple(cap_units),
-        data=MappingProxyType(dict(data)),
         knobs=RoleKnobs.of(data),
         files=MappingProxyType(files),
         lock=lock,

@@ -10,7 +10,7 @@ from pyinfra.operations import server, systemd
 from rigforge import packages
 from rigforge.facts.system import OsRelease
 from rigforge.fleet import Plan
-from rigforge.knobs.docker_engine import DEFAULTS, DockerEngine, daemon_json_patch
+from rigforge.knobs.docker_engine import DockerEngine, daemon_json_patch
 from roles.operations import apt_repo, docker_daemon
 
 # Docker's "Uninstall old versions" list (Ubuntu's; Debian's is the same without docker-compose-v2), and Debian's
@@ -37,7 +37,7 @@ def toolkit_repo_url(knobs: DockerEngine, arch: str) -> str:
     return knobs.nvidia_toolkit_repo_url.replace("{arch}", arch)
 
 
-@deploy("Docker engine and NVIDIA Container Toolkit", data_defaults=DEFAULTS)
+@deploy("Docker engine and NVIDIA Container Toolkit")
 def install(plan: Plan) -> None:
     """Docker (from Docker's repository, its conflicting distro packages removed, or the distribution's) and the
     NVIDIA Container Toolkit (the lock's version, held), the nvidia runtime in daemon.json; when services are managed,

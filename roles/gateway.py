@@ -7,7 +7,6 @@ from pyinfra.operations import apt, systemd
 
 from rigforge import gateway, layout
 from rigforge.gateway import GatewayPlan
-from rigforge.knobs.gateway import DEFAULTS
 from roles.operations import systemd_units
 from roles.operations.staged import staged_files
 
@@ -27,7 +26,7 @@ ExecReload=/bin/kill -USR2 $MAINPID
 """
 
 
-@deploy("Fleet gateway (HAProxy)", data_defaults=DEFAULTS)
+@deploy("Fleet gateway (HAProxy)")
 def apply(gw: GatewayPlan, manage_services: bool) -> None:
     """HAProxy with rigforge's config for the fleet's backends (validated by haproxy -c) and a drop-in pointing its
     unit at it; when services are managed, restarted on a new drop-in, else reloaded on a new config."""

@@ -6,12 +6,11 @@ and held from then on (rigforge-gpu-hold.timer, host data gpu_power_hold).
 from pyinfra.api import deploy
 
 from rigforge.fleet import Plan
-from rigforge.knobs.gpu_power import DEFAULTS
 from rigforge.layout import HOLD_SCRIPT, SETTLE_SCRIPT
 from roles.operations import nvidia, systemd_units
 
 
-@deploy("GPU power caps", data_defaults=DEFAULTS)
+@deploy("GPU power caps")
 def apply(plan: Plan) -> None:
     settings, layout = plan.settings, plan.layout
     overrides = dict(settings.power_limits)

@@ -6,14 +6,13 @@ from pyinfra.api import deploy
 from pyinfra.operations import apt, systemd
 
 from rigforge import images
-from rigforge.knobs.images import DEFAULTS
 from rigforge.layout import HostLayout
 from roles.operations import images as image_ops
 
 REGISTRY_UNIT = "docker-registry.service"  # Debian's package starts it; only the load's own registry runs
 
 
-@deploy("Load saved images", data_defaults=DEFAULTS)
+@deploy("Load saved images")
 def load(directory: str, saved: list[images.Saved], layout: HostLayout, port: int | None = None,
          registry_host: bool = False) -> None:  # fmt: skip
     """Every image of `saved` (from `directory` on the controller) in the rig's Docker at its digest.

@@ -11,7 +11,7 @@ from rigforge import driver_table
 from rigforge import packages as package_sets
 from rigforge.facts.system import OsRelease
 from rigforge.fleet import Plan
-from rigforge.knobs.nvidia_driver import DEFAULTS, NvidiaDriver
+from rigforge.knobs.nvidia_driver import NvidiaDriver
 from rigforge.layout import NOUVEAU_CONF, UBUNTU_PIN, UNATTENDED_CONF
 from roles.operations import apt_repo, nvidia
 
@@ -30,7 +30,7 @@ def cuda_repo(knobs: NvidiaDriver, os_release: dict, deb_arch: str) -> tuple[str
     return url, key_url, knobs.nvidia_driver_repo_key_fingerprint or fingerprint
 
 
-@deploy("NVIDIA driver", data_defaults=DEFAULTS)
+@deploy("NVIDIA driver")
 def install(plan: Plan) -> None:
     """The driver table's packages for this host (nvidia_driver_source's repository), held and kept out of unattended
     upgrades, nouveau blacklisted, and a reboot when the running driver is not the installed one; with

@@ -9,7 +9,6 @@ from pyinfra.api import deploy
 from pyinfra.operations import apt, server
 
 from rigforge import registry
-from rigforge.knobs.registry import DEFAULTS
 from rigforge.registry import RegistryPlan
 from roles.operations import docker_daemon, fleet_copy, systemd_units
 from roles.operations.checks import refuse_now
@@ -24,7 +23,7 @@ KEY_CHECK = (
 )
 
 
-@deploy("Fleet registry (Distribution)", data_defaults=DEFAULTS)
+@deploy("Fleet registry (Distribution)")
 def serve(reg: RegistryPlan, tls: tuple[str, str] | None, manage_services: bool, ca: str | None = None,
           images: tuple[str, ...] = ()) -> None:  # fmt: skip
     """On the registry host: the registry, serving `tls` = (certificate, key) PEM (None: plain HTTP), holding
@@ -74,7 +73,7 @@ def _ca_in_certs_d(reg: RegistryPlan, ca: str | None) -> None:
     )
 
 
-@deploy("Trust the fleet registry", data_defaults=DEFAULTS)
+@deploy("Trust the fleet registry")
 def trust(reg: RegistryPlan, ca: str | None, daemon_json: str, manage_services: bool) -> None:
     """On a rig: the fleet CA's certificate `ca` where Docker looks for it (`ca` None: the registry in daemon.json's
     insecure-registries), and the registry first in daemon.json's registry-mirrors, for Docker Hub images."""

@@ -12,7 +12,6 @@ from pyinfra.operations.util import any_changed
 
 from rigforge.facts.system import EnabledInstances
 from rigforge.fleet import Plan
-from rigforge.knobs.serving import DEFAULTS
 from rigforge.layout import SERVE_FILES
 from rigforge.render import VLLM_UNIT
 from roles.operations import gateway
@@ -20,7 +19,7 @@ from roles.operations import serving as ops
 from roles.operations.staged import staged_files, systemd_verify
 
 
-@deploy("Serve the variant with vLLM", data_defaults=DEFAULTS)
+@deploy("Serve the variant with vLLM")
 def apply(plan: Plan, gateways: Mapping[str, bool] | None = None, sudo: bool = False) -> None:
     """`gateways`: the fleet gateway hosts this rig leaves while its unit restarts ({name: use sudo}); `sudo`:
     whether this rig's own commands run with sudo."""

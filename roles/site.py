@@ -19,7 +19,6 @@ from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, PowerCapUnits
 from rigforge.fleet import GATEWAY, MONITOR, REGISTRY, Plan, PlannedAsset, is_rig
 from rigforge.hardware import changed_roots, data_root_of, format_problems, gpu_count, roots_inside
 from rigforge.inventory import sudo_problem
-from rigforge.knobs.site import DEFAULTS
 from rigforge.layout import DAEMON_JSON, HostLayout
 from rigforge.lock import token_refused
 from roles import docker_engine, gpu_power, interrupt, nvidia_driver, preflight, rig_lock, serving, sources, weights
@@ -209,7 +208,7 @@ def provision_variant(variant_name: str | None = None) -> None:
     provision(the_fleet(variant_name))
 
 
-@deploy("rigforge site", data_defaults=DEFAULTS)
+@deploy("rigforge site")
 def provision(fl: fleet.Fleet) -> None:
     """This host's part of the fleet `fl`: its lock, the fleet's own hosts' roles (gateway, monitor, registry), then a
     rig's preflight and roles in order. Every refusal comes before the first change."""

@@ -4,11 +4,10 @@ from pyinfra.api import deploy
 from pyinfra.operations import apt, files
 
 from rigforge.fleet import Plan
-from rigforge.knobs.serving import DEFAULTS  # rigforge_root: the checkouts have no knobs of their own
 from roles.operations import gitpin
 
 
-@deploy("Pinned git sources", data_defaults=DEFAULTS)
+@deploy("Pinned git sources")
 def apply(plan: Plan) -> None:
     """git, and each of the plan's pinned sources checked out at its commit under the sources directory."""
     layout = plan.layout

@@ -7,11 +7,10 @@ from pyinfra.api.hiddenvalue import HiddenValue
 from pyinfra.operations import apt, files, pip
 
 from rigforge.fleet import Plan
-from rigforge.knobs.weights import DEFAULTS
 from roles.operations import hfweights
 
 
-@deploy("Verified model weights", data_defaults=DEFAULTS)
+@deploy("Verified model weights")
 def apply(plan: Plan) -> None:
     layout, knobs = plan.layout, plan.knobs.weights
     venv, lib = layout.venv, layout.lib

@@ -82,7 +82,7 @@ def run_collector(
     p, problems = fleet.plan_for("r", {"gpu_power_limits": {1: 250}}, "dual-turbo", gpus=2, deployable=False)
     assert not problems
     script = tmp_path / "rigforge-gpu-metrics"
-    script.write_text(render_gpu_metrics(p.caps, p.variant.name, p.image, rest=p.data.get("serving_rest")))
+    script.write_text(render_gpu_metrics(p.caps, p.variant.name, p.image, rest=p.knobs.serving.serving_rest))
     script.chmod(0o755)
     journalctl = tmp_path / "bin/journalctl"  # the kernel log of this boot
     journalctl.write_text(f"#!/bin/sh\n[ \"$*\" = '-k -b -q --no-pager' ] || exit 1\ncat <<'EOF'\n{kernel_log}EOF\n")

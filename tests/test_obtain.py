@@ -13,8 +13,8 @@ from registry_support import Registry, free_port, push_image, running_registry
 
 from rigforge import lock as locking
 from rigforge import obtain, registry
+from rigforge.knobs import registry as registry_knobs
 from rigforge.pins import ImagePin, load_lock
-from roles import registry as registry_role
 
 REF = "vllm/vllm-openai:v0.27.1"
 
@@ -37,7 +37,7 @@ def delete(url: str, repository: str, digest: str) -> None:
 
 def fleet_at(url: str) -> registry.RegistryPlan:
     host, port = url.removeprefix("http://").split(":")
-    return registry.build("gw", {**registry_role.DEFAULTS, "registry_address": host, "registry_port": int(port),
+    return registry.build("gw", {**registry_knobs.DEFAULTS, "registry_address": host, "registry_port": int(port),
                                  "registry_insecure": True})  # fmt: skip
 
 

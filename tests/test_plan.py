@@ -33,7 +33,7 @@ from rigforge.fleet import Plan, resolve, variant_problems
 from rigforge.layout import STAMP, HostLayout
 from rigforge.pins import default_lock_path, load_lock
 from rigforge.schema import Settings, SettingsError, apply_overrides
-from roles import serving, site, weights
+from roles import site
 
 SHA = "a" * 40
 GIT = ("vllm-src", "genesis", "club-3090")
@@ -309,8 +309,8 @@ def test_variant_choice_rules():
 
 def test_role_validators_are_pure_and_name_host_data_keys():
     assert rigforge.knobs.gpu_power.validate({"gpu_power_limit_w": 230, "gpu_power_limits": {}}) == []
-    assert rigforge.knobs.serving.validate(serving.DEFAULTS) == []
-    (problem,) = rigforge.knobs.weights.validate({**weights.DEFAULTS, "hf_token": "has space"})
+    assert rigforge.knobs.serving.validate(rigforge.knobs.serving.DEFAULTS) == []
+    (problem,) = rigforge.knobs.weights.validate({**rigforge.knobs.weights.DEFAULTS, "hf_token": "has space"})
     assert problem.startswith("hf_token must be") and "has space" not in problem  # secrets are not echoed
 
 

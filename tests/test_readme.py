@@ -5,12 +5,11 @@ import re
 from pathlib import Path
 
 from rigforge.catalog import load_catalog
-from rigforge.knobs import monitor
+from rigforge.knobs import docker_engine, gpu_power, monitor, nvidia_driver, serving, site, weights
 from rigforge.schema import HOST_KEYS, SETTINGS
-from roles import docker_engine, gpu_power, nvidia_driver, serving, site, sources, weights
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-ROLES = (docker_engine, gpu_power, monitor, nvidia_driver, serving, site, sources, weights)
+ROLES = (docker_engine, gpu_power, monitor, nvidia_driver, serving, site, weights)  # sources: serving's rigforge_root
 
 
 def documented_keys() -> set[str]:

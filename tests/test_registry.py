@@ -19,7 +19,7 @@ from roles import registry as registry_role
 
 
 def plan(**data) -> registry.RegistryPlan:
-    return registry.build("gw.lan", {**registry_role.DEFAULTS, **data})
+    return registry.build("gw.lan", {**rigforge.knobs.registry.DEFAULTS, **data})
 
 
 def test_the_registry_host_is_the_registry_groups_first_and_only_when_asked_for():
@@ -48,7 +48,7 @@ def test_site_finds_the_registry_and_registry_hosts_are_not_rigs():
 
 
 def test_knobs_are_checked():
-    good = dict(registry_role.DEFAULTS)
+    good = dict(rigforge.knobs.registry.DEFAULTS)
     assert rigforge.knobs.registry.validate(good) == []
     bad = {**good, "registry_insecure": "yes", "registry_address": "a b", "registry_ca_dir": ""}
     assert len(rigforge.knobs.registry.validate(bad)) == 3

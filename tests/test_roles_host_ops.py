@@ -33,7 +33,7 @@ from rigforge.knobs.nvidia_driver import NvidiaDriver
 from rigforge.layout import NVIDIA_RUNTIME, HostLayout
 from rigforge.render import render_power_unit
 from rigforge.schema import Settings
-from roles import docker_engine, gpu_power, nvidia_driver, preflight, serving
+from roles import docker_engine, gpu_power, nvidia_driver, preflight
 from roles.operations import apt_repo, checks, nvidia, shown
 
 OS = {
@@ -57,7 +57,6 @@ def make_plan(variant="dual-turbo", settings=None, caps=None, **data) -> Plan:
         sources=(),
         assets=(),
         caps=caps or {i: settings.power_limit_w for i in range(v.gpus)},
-        data={**serving.DEFAULTS, **data},
         knobs=RoleKnobs.of(data),
         files=render_variant(v, settings, len(caps) if caps else None),
     )

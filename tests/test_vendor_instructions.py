@@ -435,7 +435,7 @@ def test_a_key_already_in_place_with_the_right_fingerprint_is_a_no_op():
 
 
 def test_validate_names_key_value_and_allowed_values():
-    good = {**nvidia_driver.DEFAULTS}
+    good = {**rigforge.knobs.nvidia_driver.DEFAULTS}
     assert rigforge.knobs.nvidia_driver.validate(good) == []
     bad = {
         **good,
@@ -454,7 +454,7 @@ def test_validate_names_key_value_and_allowed_values():
         "apt_adopt_sources=1.5 must be true or false.",
         "nvidia_driver_repo_key_fingerprint='3bf863cc' must be a 40-hex-digit key fingerprint.",
     ]
-    docker = {**docker_engine.DEFAULTS}
+    docker = {**rigforge.knobs.docker_engine.DEFAULTS}
     assert rigforge.knobs.docker_engine.validate(docker) == []
     assert rigforge.knobs.docker_engine.validate(
         {**docker, "docker_source": "snap", "nvidia_toolkit_version": 1.18}
