@@ -426,7 +426,8 @@ def interpolated(compose: dict, env: dict[str, str]) -> dict:
 
 
 def knob_env(r: Recipe, compose: dict, values: dict[str, Any], host_keys: bool = False) -> dict[str, str]:
-    """The .env for `values` (None: recipe default); one RecipeError names every setting without a knob."""
+    """The .env variables for `values` ({setting: value}, None: the recipe's default). Every setting the recipe has
+    no knob for is refused in one RecipeError, named as a setting, or as its host-data key when `host_keys`."""
     knobs = variables(compose)
     given = {key: value for key, value in values.items() if value is not None and value != () and value != ""}
     if missing := [key for key in given if key in NO_KNOB or KNOBS.get(key) not in knobs]:
@@ -464,35 +465,48 @@ def _with_env(environment: Any, pin: dict[str, str]) -> Any:
     return kept + [f"{key}={value}" for key, value in pin.items()]
 
 
-def _host_compose(
+def override(
     r: Recipe, compose: dict, env: dict[str, str], image: str, layout: HostLayout, pin: dict[str, str]
-) -> tuple[dict, dict]:
-    """(host override, what `docker compose -f RECIPE -f OVERRIDE config` resolves with the .env's `env`); `pin`:
-    the environment that names the cards it serves on (hardware.serving_env, {} when it uses every card)."""
+) -> dict:
+    """The host override file: the lock's `image` (unless the .env's `env` sets the recipe's `image_env`), no restart
+    policy (the unit owns restarts), host caches (the rig's cache dir at each cache target the recipe bind-mounts)
+    and `pin`, the environment that names the cards it serves on (hardware.serving_env; {} when it uses every card:
+    then no environment)."""
     svc = service_name(r, compose)
     host: dict[str, Any] = {"restart": "no"} if r.image_env in env else {"image": image, "restart": "no"}
     if pin:
         host["environment"] = dict(pin)
-    out = interpolated(compose, env)
-    for v in out["services"][svc].get("volumes") or []:
+    for v in interpolated(compose, env)["services"][svc].get("volumes") or []:
         source, target, opts = _volume(v)
         bind = "/" in source or source.startswith((".", "~"))  # else a named volume: Docker's, not a directory
-        if bind and (name := CACHE_TARGETS.get(posixpath.normpath(target))):
+        name = CACHE_TARGETS.get(posixpath.normpath(target))
+        if bind and name:
             host.setdefault("volumes", []).append(f"{layout.cache}/{name}:{target}" + (f":{opts}" if opts else ""))
-    service = out["services"][svc]
-    vols = service.get("volumes") or []
-    if "volumes" in host:  # merged by target, the override's winning
-        vols = list({_volume(v)[1]: v for v in [*vols, *host["volumes"]]}.values())
-    base_dir = posixpath.join(layout.src(GIT_NAME), posixpath.dirname(r.compose_path))
-    environment = _with_env(service.get("environment"), pin)
-    service.update(host, volumes=[])
-    if pin:
-        service["environment"] = environment
-    for source, target, opts in map(_volume, vols):
-        if source.startswith("."):
-            source = posixpath.normpath(posixpath.join(base_dir, source))
-        service["volumes"].append(":".join(x for x in (source, target, opts) if x))
-    return {"services": {svc: host}}, out
+    return {"services": {svc: host}}
+
+
+def effective_compose(r: Recipe, compose: dict, env: dict[str, str], host_override: dict, checkout: str) -> dict:
+    """What `docker compose -f RECIPE -f OVERRIDE config` resolves with the .env's `env` and `host_override`: scalars
+    replaced, the environment merged (the override's variables set), volumes merged by target (the override's
+    winning), relative bind sources resolved against the recipe's directory in the rig's pinned `checkout`."""
+    out = interpolated(compose, env)
+    base_dir = posixpath.join(checkout, posixpath.dirname(r.compose_path))
+    for svc, extra in host_override["services"].items():
+        service = out["services"][svc]
+        for key, value in extra.items():
+            if key == "volumes":  # merged by target, the override's winning
+                value = list({_volume(v)[1]: v for v in [*(service.get("volumes") or []), *value]}.values())
+            elif key == "environment":  # the recipe's own, with the override's variables set
+                value = _with_env(service.get("environment"), value)
+            service[key] = value
+        vols = []
+        for v in service.get("volumes") or []:
+            source, target, opts = _volume(v)
+            if source.startswith("."):
+                source = posixpath.normpath(posixpath.join(base_dir, source))
+            vols.append(":".join(x for x in (source, target, opts) if x))
+        service["volumes"] = vols
+    return out
 
 
 class _Dumper(yaml.SafeDumper):
@@ -515,7 +529,6 @@ EFFECTIVE_FILE = "effective-compose.yml"  # what `docker compose config` resolve
 
 # --- a slug as the roles see a variant ---
 
-# the compose header's `# Requires-min-vram-gb: N`, what the recipe's preflight reads
 _VRAM = re.compile(r"^#\s*Requires-min-vram-gb:\s*(\d+(?:\.\d+)?)\s*$", re.M)
 
 
@@ -580,10 +593,12 @@ class LiveVariant:
         if r.image_env in variables(compose):  # the engine's `image_env` sets the image, as upstream's launchers do
             env[r.image_env] = image
         pin = serving_env(r.tp, gpu_count)  # a rig with more cards than tp: vLLM runs on the first tp
-        host, effective = _host_compose(r, compose, env, image, layout, pin)
+        checkout = layout.src(GIT_NAME)  # the rig's pinned checkout of the recipe repo
+        host = override(r, compose, env, image, layout, pin)
+        effective = effective_compose(r, compose, env, host, checkout)
         wrapper = {
             "name": f"rigforge-{r.name}",
-            "include": [{"path": [f"{layout.src(GIT_NAME)}/{r.compose_path}", OVERRIDE_FILE], "env_file": ".env"}],
+            "include": [{"path": [f"{checkout}/{r.compose_path}", OVERRIDE_FILE], "env_file": ".env"}],
         }
         # literal $ as $$: itself a valid compose file
         escaped = _walk({"name": wrapper["name"], **effective}, lambda t: t.replace("$", "$$"))
@@ -607,7 +622,8 @@ class LiveVariant:
 
 
 def find(slug: str, lock: Any, opt_in: bool) -> LiveVariant:
-    """A slug at the locked commit, image and weights in the lock; else RecipeError / LockError saying what to do."""
+    """A recipe-repo slug at the locked commit, its image and weights found in the lock (by ref, by repo id); else
+    RecipeError / LockError naming the slug and what to do (refused, opt-in, missing lock entry)."""
     if (pin := lock.git.get(GIT_NAME)) is None:
         raise LockError(f"lock {lock.path}: no git.{GIT_NAME} entry (the recipe repo) to serve {slug} from")
     repo = load_repo(pin.commit, pin.content)
@@ -654,7 +670,8 @@ def _include_yaml(w: Weights) -> str:
 
 
 def provisional(slug: str, lock: Any, opt_in: bool) -> Any:
-    """`lock` plus an unresolved entry (named as `find` advises) for each image and weights repo `slug` lacks."""
+    """`lock` plus an unresolved entry (named as `find` advises) for each image and weights repo `slug` needs and
+    the lock lacks: what render, status and verify show for a slug not locked yet (a deploy refuses)."""
     if (pin := lock.git.get(GIT_NAME)) is None:
         return lock
     recipe = load_repo(pin.commit, pin.content).recipe(slug, opt_in=opt_in)
@@ -680,18 +697,31 @@ def command_args(compose: dict) -> list[str]:
     return [str(c) for c in command]
 
 
+def served_model(compose: dict) -> str | None:
+    """The model name the server lists (/v1/models): the value of the command's first --served-model-name (vLLM)
+    or --alias / -a (llama-server); None when it names none (the slug is the name then)."""
+    cmd = command_args(compose)
+    for i, arg in enumerate(cmd[:-1]):
+        if arg in ("--served-model-name", "--alias", "-a"):
+            return cmd[i + 1]
+    return None
+
+
+def min_card_mib(compose_text: str) -> int:
+    """The compose header's `# Requires-min-vram-gb: N` (what the recipe's preflight reads) in the seed's MiB terms
+    (N x 1000); 24000 when the header has none."""
+    m = _VRAM.search(compose_text)
+    return int(float(m.group(1)) * 1000) if m else 24000
+
+
 def of(repo: RecipeRepo, recipe: Recipe, image: str, assets: list[tuple[str, str, int]] = ()) -> LiveVariant:
     """`recipe` of `repo` as a variant running `image`; `assets`: (lock name, dir, bytes) of its weights."""
     compose = repo.compose(recipe)
-    cmd = command_args(compose)
-    names = [cmd[i + 1] for i, arg in enumerate(cmd[:-1]) if arg in ("--served-model-name", "--alias", "-a")]
-    served = names[0] if names else None
-    vram = _VRAM.search((repo.root / recipe.compose_path).read_text())
     return LiveVariant(
         recipe=recipe,
         compose=compose,
         image=image,
         asset_dirs=tuple(assets),
-        served_model=served or recipe.slug,
-        min_card_mib=int(float(vram.group(1)) * 1000) if vram else 24000,  # in the seed's MiB terms
+        served_model=served_model(compose) or recipe.slug,
+        min_card_mib=min_card_mib((repo.root / recipe.compose_path).read_text()),
     )

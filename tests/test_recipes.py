@@ -569,6 +569,19 @@ def test_a_plan_names_what_a_variant_cannot_take_by_host_data_key_with_every_oth
 # --- a slug for a deploy: lock entries by image ref and repo id ---
 
 
+def test_served_model_and_min_card_mib_read_the_compose_file():
+    def compose(*command):
+        return {"services": {"svc": {"command": list(command)}}}
+
+    assert recipes.served_model(compose("serve", "--served-model-name", "a", "--served-model-name", "b")) == "a"
+    assert recipes.served_model(compose("--model", "m.gguf", "--alias", "c")) == "c"  # llama-server
+    assert recipes.served_model(compose("--model", "m.gguf", "-a", "d")) == "d"
+    assert recipes.served_model(compose("serve", "--served-model-name")) is None  # no value: none named
+    assert recipes.served_model({"services": {"svc": {}}}) is None
+    assert recipes.min_card_mib("# Requires-min-vram-gb: 22.5\nservices: {}\n") == 22500  # the seed's MiB terms
+    assert recipes.min_card_mib("services: {}\n") == 24000
+
+
 def test_a_slug_takes_its_image_and_weights_from_the_lock(monkeypatch):
     import dataclasses
 
