@@ -207,25 +207,17 @@ def vllm_args(variant: Variant, s: Settings) -> list[str]:
     return out + list(s.extra_args)
 
 
-def seed_files(
-    variant: Variant, s: Settings, layout: HostLayout, gpu_count: int, host_data: bool = False
-) -> dict[str, str]:
-    """`Variant.files`, {name: text}. SettingsError names a setting it cannot take (host-data key if `host_data`)."""
-    why = dict.fromkeys(RECIPE_ONLY, "only recipe-repo slugs (vllm/...) have it")
-    if variant.uses_dflash:
-        why["kv_cache_dtype"] = (
-            "DFlash forces FP16 KV (no fp8/TurboQuant path on Ampere); pick dual or dual-turbo for a 20 GB card"
-        )
-    for name, reason in why.items():
-        if getattr(s, name) is not None:
-            raise SettingsError(f"{setting_name(name, host_data)} cannot be used with {variant.name}: {reason}")
+def compose_context(variant: Variant, s: Settings, layout: HostLayout, gpu_count: int) -> dict[str, Any]:
+    """The compose template's context, each value worked out here (the template only places them): the variant `v`
+    for the fields it takes as they are, the image (the settings' or the variant's), the entrypoint script, the vLLM
+    args, the published port, the environment, the mounts under the rig's roots and the GPU reservation."""
     port = s.port or variant.port
     published = f"{s.bind_address}:{port}" if s.bind_address else str(port)
     roots = dict(models=layout.models, cache=layout.cache, src=layout.src_root)  # a mount's host path starts with one
     # bash -c SCRIPT -- ARGS...: the args arrive as "$@". Compose interpolates $VAR in the file,
     # so the script's own shell variables are escaped as $$.
     script = "\n".join(["set -e", *variant.entrypoint]).replace("$", "$$") if variant.entrypoint else None
-    compose = template(COMPOSE_FILE + ".j2").render(
+    return dict(
         v=variant,  # name, service, container_name, restart, shm_size, ipc as they are
         # its environment, then the cards it serves on when the rig has more (hardware.serving_env)
         environment=[*variant.environment, *serving_env(variant.gpus, gpu_count).items()],
@@ -236,7 +228,27 @@ def seed_files(
         volumes=[f"{host.format(**roots)}:{container}" for host, container in variant.mounts],
         gpu_reservation=dict(variant.gpu_reservation),
     )
-    # the .env: the API key, if any; never the HF token (the weights are on the rig before vLLM starts)
+
+
+def env_file_text(s: Settings) -> str:
+    """The compose file's secrets (mode 0600): the API key, if any. Never the HF token: the weights are on the rig
+    before vLLM starts, so the container has no use for it (only the weights download has it)."""
     key = f"RIGFORGE_API_KEY={s.api_key}\n" if s.api_key else ""
-    env = "# rigforge: secrets for this variant's compose file (mode 0600). Do not commit.\n" + key
-    return {COMPOSE_FILE: compose, ENV_FILE: env, **units(s, layout, gpu_count)}
+    return "# rigforge: secrets for this variant's compose file (mode 0600). Do not commit.\n" + key
+
+
+def seed_files(
+    variant: Variant, s: Settings, layout: HostLayout, gpu_count: int, host_data: bool = False
+) -> dict[str, str]:
+    """Every file a rig gets for a catalog variant (`Variant.files`), {name: text}. SettingsError for a setting
+    valid alone but not for this variant (named as its host-data key when `host_data`)."""
+    why = dict.fromkeys(RECIPE_ONLY, "only recipe-repo slugs (vllm/...) have it")
+    if variant.uses_dflash:
+        why["kv_cache_dtype"] = (
+            "DFlash forces FP16 KV (no fp8/TurboQuant path on Ampere); pick dual or dual-turbo for a 20 GB card"
+        )
+    for name, reason in why.items():
+        if getattr(s, name) is not None:
+            raise SettingsError(f"{setting_name(name, host_data)} cannot be used with {variant.name}: {reason}")
+    compose = template(COMPOSE_FILE + ".j2").render(**compose_context(variant, s, layout, gpu_count))
+    return {COMPOSE_FILE: compose, ENV_FILE: env_file_text(s), **units(s, layout, gpu_count)}

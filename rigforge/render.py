@@ -1,6 +1,9 @@
 """Rendering: templates/ parsed once (`template`), and the files every variant gets whatever its adapter: the systemd
 units (vLLM, power, settle, cap hold) and the GPU metrics collector. The adapters (catalog.py, recipes.py) render
-their compose files with these; this module imports neither."""
+their compose files with these; this module imports neither.
+
+Templates get an explicit, fully computed context and are rendered with StrictUndefined.
+"""
 
 import json
 from collections.abc import Sequence
@@ -92,14 +95,22 @@ def hold_files(caps: dict[int, int], layout: HostLayout, nvidia_smi: str = NVIDI
     return {HOLD_SCRIPT: hold_script()} | units
 
 
+def _label_value(value: str) -> str:
+    """A Prometheus label value as the text format quotes it (backslash, double quote, newline escaped)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def render_gpu_metrics(
     caps: dict[int, int], variant: str, image: str, rest: str | None = None, layout: HostLayout | None = None
 ) -> str:
-    """The GPU textfile collector (`HostLayout.gpu_metrics_script`, docs/monitoring.md), these labels rendered in."""
-    labels = dict(variant=variant, image=image, rest=rest or "")  # quoted as Prometheus's text format quotes them
+    """The GPU textfile collector (installed at `HostLayout.gpu_metrics_script`): the declared caps, variant, image
+    and rest state are rendered in; nvidia-smi, sysfs and the kernel log are read at every run (docs/monitoring.md).
+    `layout`: where its cap set-backs file is (the default layout's when None)."""
     return template(GPU_METRICS_SCRIPT + ".j2").render(
         caps=sorted(caps.items()),
-        **{k: v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") for k, v in labels.items()},
+        variant=_label_value(variant),
+        image=_label_value(image),
+        rest=_label_value(rest or ""),
         nvidia_smi=NVIDIA_SMI,
         textfile_dir=TEXTFILE_DIR,
         prom_file=GPU_METRICS_FILE,

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from support import render_variant
 
-from rigforge.catalog import load_catalog
+from rigforge.catalog import env_file_text, load_catalog
 from rigforge.schema import Settings, SettingsError, apply_overrides, parse_set
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -97,6 +97,12 @@ def test_the_hf_token_is_in_no_rendered_file_and_the_api_key_only_in_env():
     assert "RIGFORGE_API_KEY=sk-secret-123" in files[".env"].splitlines()
     assert svc["command"][-2:] == ["--api-key", "${RIGFORGE_API_KEY}"]
     assert svc["environment"]["HUGGING_FACE_HUB_TOKEN"] == "${HF_TOKEN:-}"
+
+
+def test_the_env_file_holds_only_the_api_key():
+    header = "# rigforge: secrets for this variant's compose file (mode 0600). Do not commit.\n"
+    assert env_file_text(Settings(hf_token="hf_" + "x" * 34)) == header  # no key: the header alone
+    assert env_file_text(Settings(hf_token="hf_" + "x" * 34, api_key="k")) == header + "RIGFORGE_API_KEY=k\n"
 
 
 def test_20gb_override_replaces_values_in_place():
