@@ -6,9 +6,12 @@ Input: a JSON manifest (--manifest FILE, or stdin) with
   {"name", "repo", "revision", "endpoint", "dest", "staging", "stamp", "files": [{"path", "size", "sha256"}]}
 and the token in a root-only file (--token-file), never on the command line.
 
-Per file: a stamped file (size+mtime as <stamp> records, and the lock's sha256) is kept unread (--deep re-hashes);
-else fetched into <staging> with HTTP Range resume, verified against the lock (one re-fetch on a mismatch), and
-only then moved into place: a bad file never sits at its final path.
+Per file: a file at <dest> whose stamp entry matches its size+mtime and the lock's sha256 is kept without
+reading it (--deep re-hashes everything). Anything else is (re)fetched into <staging>/<path>.<sha256[:16]>.part
+with HTTP Range resume (huggingface_hub resolves URL, auth and the pinned commit; bytes already fetched are kept
+across interruptions), verified against the lock's size + sha256 (one re-fetch on a mismatch, then exit 4 naming
+the file), and only then moved into place with os.replace. A bad file never sits at the final path. The stamp
+<stamp> (the layout's stamp file in <dest>) records size, mtime_ns and sha256 per file.
 --staged-only: the files were pushed into <staging>/<path> by the controller: verify and move, no hub access.
 Exit codes: 0 ok, 2 bad input, 3 not enough disk space, 4 verification failed, 5 download failed.
 """
@@ -107,6 +110,18 @@ def stamp_entry(path: str, sha256: str) -> dict:
     """What the stamp records for a verified file: its size and mtime now, and the lock's sha256."""
     st = os.stat(path)
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256}
+
+
+def load_stamp(path: str) -> dict:
+    """The stamp at `path` as write_stamp wrote it ({"version", "repo", "revision", "files"}); {"files": {}} when
+    it is missing, unreadable or not a stamp (a file already in place is then hashed, not trusted)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {"files": {}}
+    if isinstance(data, dict) and isinstance(data.get("files"), dict):
+        return data
+    return {"files": {}}
 
 
 def write_stamp(m: dict, entries: dict) -> None:
@@ -233,33 +248,34 @@ def run(m: dict, token: str | None, deep: bool, staged_only: bool) -> int:
         if not m.get(key):
             raise Fail(2, f"manifest lacks '{key}'")
     os.makedirs(m["dest"], exist_ok=True)
-    old = None
-    with contextlib.suppress(OSError, ValueError):
-        old = json.loads(Path(m["stamp"]).read_text())
-    ok = isinstance(old, dict) and isinstance(old.get("files"), dict) and old.get("revision") == m["revision"]
-    found = [(f, current(m, f, old["files"] if ok else {}, deep)) for f in m["files"]]
+    stamp_data = load_stamp(m["stamp"])
+    stamp = stamp_data["files"] if stamp_data.get("revision") == m["revision"] else {}  # another revision's: none
+    found = [(f, current(m, f, stamp, deep)) for f in m["files"]]
     entries = {f["path"]: entry for f, entry in found if entry}
     missing = [f for f, entry in found if not entry]
     write_stamp(m, entries)
-    if missing:
-        if m.get("gated") and not token and not staged_only:  # a stamped gated asset needs no token
-            raise Fail(2, f"{m['repo']} is gated: set host data hf_token (or RIGFORGE_HF_TOKEN / HF_TOKEN)")
-        if not staged_only:
-            partial = sum(min(os.path.getsize(p), f["size"]) for f in missing if os.path.exists(p := part_path(m, f)))
-            need = int((sum(f["size"] for f in missing) - partial) * HEADROOM)
-            free = shutil.disk_usage(m["dest"]).free  # dest exists: made above
-            if need > free:
-                raise Fail(
-                    3,
-                    f"not enough disk space at {m['dest']}: {len(missing)} files to fetch need {human(need)} "
-                    f"(missing bytes + 5%), {human(free)} free; free space or set weights_model_dir",
-                )
-        say(f"{m['name']}: fetching {len(missing)} of {len(m['files'])} files from {m['repo']}@{m['revision'][:12]}")
-        for f in missing:
-            entries[f["path"]] = fetch_one(m, f, token, staged_only)
-            write_stamp(m, entries)
+    if not missing:
+        tidy_staging(m)
+        say(f"{m['name']}: all {len(entries)} files verified ({'deep' if deep else 'stamp'})")
+        return 0
+    if m.get("gated") and not token and not staged_only:  # a stamped gated asset needs no token
+        raise Fail(2, f"{m['repo']} is gated: set host data hf_token (or RIGFORGE_HF_TOKEN / HF_TOKEN)")
+    if not staged_only:
+        partial = sum(min(os.path.getsize(p), f["size"]) for f in missing if os.path.exists(p := part_path(m, f)))
+        need = int((sum(f["size"] for f in missing) - partial) * HEADROOM)
+        free = shutil.disk_usage(m["dest"]).free  # dest exists: made above
+        if need > free:
+            raise Fail(
+                3,
+                f"not enough disk space at {m['dest']}: {len(missing)} files to fetch need {human(need)} "
+                f"(missing bytes + 5%), {human(free)} free; free space or set weights_model_dir",
+            )
+    say(f"{m['name']}: fetching {len(missing)} of {len(m['files'])} files from {m['repo']}@{m['revision'][:12]}")
+    for f in missing:
+        entries[f["path"]] = fetch_one(m, f, token, staged_only)
+        write_stamp(m, entries)
     tidy_staging(m)
-    say(f"{m['name']}: all {len(entries)} files verified" + ("" if missing else f" ({'deep' if deep else 'stamp'})"))
+    say(f"{m['name']}: all {len(entries)} files verified")
     return 0
 
 
