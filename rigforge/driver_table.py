@@ -14,10 +14,7 @@ Where the names come from (vendor instructions):
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # rigforge.knobs.nvidia_driver imports this module
-    from rigforge.knobs.nvidia_driver import NvidiaDriver
+from typing import Protocol
 
 SOURCES = ("cuda", "ubuntu")
 FLAVORS = ("open", "proprietary")
@@ -75,7 +72,24 @@ class DriverTableError(ValueError):
     """No package exists for the combination asked for (the message says what to choose instead)."""
 
 
-def packages_for(knobs: "NvidiaDriver", os_id: str) -> DriverPackages:
+class DriverChoice(Protocol):
+    """What the table is asked by: a host's nvidia_driver_* knobs (rigforge/knobs/nvidia_driver.py `NvidiaDriver`,
+    which imports this module for its choices: not imported here). Read-only, as a frozen dataclass's fields are."""
+
+    @property
+    def nvidia_driver_source(self) -> str: ...  # cuda or ubuntu
+
+    @property
+    def nvidia_driver_branch(self) -> int: ...  # 580 or later
+
+    @property
+    def nvidia_driver_flavor(self) -> str: ...  # open or proprietary
+
+    @property
+    def nvidia_driver_kernel_flavour(self) -> str: ...  # Ubuntu's linux-modules-nvidia-<branch>-open-<this>
+
+
+def packages_for(knobs: DriverChoice, os_id: str) -> DriverPackages:
     """The driver packages for this host (its nvidia_driver_* knobs); DriverTableError when no such package exists."""
     source, branch, flavor = knobs.nvidia_driver_source, knobs.nvidia_driver_branch, knobs.nvidia_driver_flavor
     fam = "ubuntu" if os_id == "ubuntu" else "debian"

@@ -11,10 +11,11 @@ from typing import Any, Protocol
 from rigforge import obtain, recipes, schema
 from rigforge.catalog import CatalogError, load_catalog
 from rigforge.groups import GATEWAY, MONITOR, REGISTRY, RIG, is_rig
-from rigforge.knobs import RoleKnobs, docker_engine, gpu_power, images, nvidia_driver, serving, site, weights
+from rigforge.knobs import docker_engine, gpu_power, images, nvidia_driver, serving, site, weights
 from rigforge.knobs import gateway as gateway_knobs
 from rigforge.knobs import monitor as monitor_knobs
 from rigforge.knobs import registry as registry_knobs
+from rigforge.knobs.roles import RoleKnobs
 from rigforge.layout import HostLayout
 from rigforge.pins import GitPin, HfPin, Lock, LockError, load_lock
 from rigforge.recipes import RecipeError

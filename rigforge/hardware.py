@@ -10,9 +10,9 @@ from typing import Any, NamedTuple
 
 from rigforge import schema
 from rigforge.driver_table import branch_for_cuda, cuda_for_branch, cuda_for_driver, version_key
-from rigforge.knobs import RoleKnobs
 from rigforge.knobs.gpu_power import GpuPower
 from rigforge.knobs.nvidia_driver import NvidiaDriver
+from rigforge.knobs.roles import RoleKnobs
 from rigforge.layout import DAEMON_JSON, HostLayout
 from rigforge.packages import distro_docker
 from rigforge.schema import Settings

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from rigforge import driver_table
-from rigforge.knobs import RoleKnobs
 from rigforge.knobs.docker_engine import DOCKER_CE_PACKAGES
 from rigforge.knobs.nvidia_driver import NvidiaDriver
+from rigforge.knobs.roles import RoleKnobs
 from rigforge.layout import NODE_EXPORTER_PACKAGE
 
 # The toolkit's four packages, installed and held at one version (NVIDIA's install guide).

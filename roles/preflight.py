@@ -21,9 +21,9 @@ from rigforge.facts.system import FreeDiskBytes, OsRelease, SecureBoot, UrlAnswe
 from rigforge.fleet import Plan
 from rigforge.hardware import Needs, data_root_left, data_root_of, find_problems, format_problems
 from rigforge.jsonmerge import merged_text
-from rigforge.knobs import RoleKnobs
 from rigforge.knobs.docker_engine import DockerEngine
 from rigforge.knobs.nvidia_driver import NvidiaDriver
+from rigforge.knobs.roles import RoleKnobs
 from rigforge.layout import DAEMON_JSON
 from rigforge.schema import Settings
 from rigforge.verdict import checkout, missing_packages, stale_weights

@@ -29,8 +29,8 @@ from rigforge.hardware import (
     serving_env,
     serving_indices,
 )
-from rigforge.knobs import RoleKnobs
 from rigforge.knobs import gpu_power as gpu_power_knobs
+from rigforge.knobs.roles import RoleKnobs
 from rigforge.recipes import parse_repo
 from rigforge.schema import Settings
 

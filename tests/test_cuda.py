@@ -14,8 +14,8 @@ import yaml
 from rigforge.driver_table import branch_for_cuda, cuda_for_branch, cuda_for_driver
 from rigforge.facts.nvidia import NvidiaRunningDriver, parse_cuda_version
 from rigforge.hardware import Needs, driver_cuda, find_problems, format_problems
-from rigforge.knobs import RoleKnobs
 from rigforge.knobs.nvidia_driver import NvidiaDriver
+from rigforge.knobs.roles import RoleKnobs
 from rigforge.pins import LockError, default_lock_path, dump_lock, load_lock, parse_lock
 from rigforge.schema import Settings
 

@@ -467,6 +467,7 @@ def test_a_fleet_with_mixed_gpu_counts_builds_each_rigs_plan_once(tmp_path, monk
     TP=2 variant to cards 0 and 1 (hardware.serving_env)."""
     from collections import Counter
 
+    import rigforge.catalog as catalog
     import rigforge.fleet as planner
     import rigforge.render as render
 
@@ -483,6 +484,7 @@ def test_a_fleet_with_mixed_gpu_counts_builds_each_rigs_plan_once(tmp_path, monk
 
     monkeypatch.setattr(planner, "build_plan", counting_build)
     monkeypatch.setattr(render, "units", counting_units)
+    monkeypatch.setattr(catalog, "units", counting_units)  # the seed adapter's own name for it
     hosts = {
         f"rig{i}": {"fake_responses": {"--query-gpu=": nvidia_smi_rows(count)}} for i, count in ((1, 2), (2, 1), (3, 4))
     }

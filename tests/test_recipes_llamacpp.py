@@ -227,7 +227,7 @@ def test_the_monitor_scrapes_a_llamacpp_server_only_when_its_recipe_enables_metr
     from types import SimpleNamespace
 
     from rigforge import fleet, monitor
-    from rigforge.knobs import RoleKnobs
+    from rigforge.knobs.roles import RoleKnobs
 
     r = repo.recipe(TESS)
     svc = next(iter(repo.compose(r)["services"].values()))

@@ -28,8 +28,8 @@ from rigforge import fleet, hardware, packages
 from rigforge.catalog import load_catalog
 from rigforge.fleet import Plan
 from rigforge.jsonmerge import merged_text
-from rigforge.knobs import RoleKnobs
 from rigforge.knobs.nvidia_driver import NvidiaDriver
+from rigforge.knobs.roles import RoleKnobs
 from rigforge.layout import NVIDIA_RUNTIME, HostLayout
 from rigforge.render import render_power_unit
 from rigforge.schema import Settings

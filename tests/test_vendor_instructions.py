@@ -16,7 +16,7 @@ import rigforge.knobs.nvidia_driver
 from rigforge import driver_table, fleet
 from rigforge.facts.apt import AptSourceFiles, KeyFingerprints, parse_deb822, parse_one_line, same_uri_files
 from rigforge.facts.nvidia import NvidiaRunningDriver
-from rigforge.knobs import RoleKnobs
+from rigforge.knobs.roles import RoleKnobs
 from rigforge.packages import TOOLKIT_PACKAGES, PackageSet, toolkit
 from rigforge.pins import default_lock_path, load_lock
 from roles import docker_engine, nvidia_driver, preflight

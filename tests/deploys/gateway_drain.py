@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from pyinfra import host
 
-from rigforge.knobs import RoleKnobs
+from rigforge.knobs.roles import RoleKnobs
 from rigforge.layout import HostLayout
 from roles.operations import gateway
 
