@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from rigforge.knobs.gpu_power import GpuPower
@@ -139,34 +140,70 @@ def set_backs(lines: list[str]) -> list[str]:
     return [f"GPU{m[1]} {m[2]} W, {m[3]}" for line in lines if (m := CORRECTION.match(line))]
 
 
-def judge(seen: Mapping, ctx: CapsContext) -> tuple[dict[int, int], list[str], str]:
-    """What ran at this boot against the caps of rig context `ctx`: (those caps, problems, "set last" sentence)."""
-    targets = dict(ctx.plan.caps) if ctx.plan else power_caps(len(seen.get("caps") or {}), ctx.settings)
+@dataclass(frozen=True)
+class CapsVerdict:
+    """What `judge` found at this boot against a rig's caps."""
+
+    targets: dict[int, int]  # {GPU index: the cap in W}: the plan's, else the settings' for the GPUs read
+    problems: tuple[str, ...]  # why the caps are not set last (empty when they are)
+    settling: bool  # the settle stage is still watching
+    ran: tuple[str, ...]  # the other cap writers that ran at this boot, each "NAME set 230 W" or "NAME ran"
+    corrections: tuple[str, ...]  # the settle stage's set-backs, each "GPU0 250 W, changed ... by WRITER"
+    hold_set_backs: tuple[str, ...]  # the cap hold's set-backs, in the same form
+    holding: bool  # gpu_power_hold is on and the hold's timer is installed and active
+
+    @property
+    def ok(self) -> bool:
+        """Whether the caps are set last at this boot and held since."""
+        return not self.problems
+
+
+def _targets(seen: Mapping, ctx: CapsContext) -> dict[int, int]:
+    """The caps rig context `ctx` wants, {GPU index: W}: its plan's, else its settings' for the GPUs the rig read."""
+    if ctx.plan:
+        return dict(ctx.plan.caps)
+    return power_caps(len(seen.get("caps") or {}), ctx.settings)
+
+
+def _sets(writer: Mapping) -> str:
+    """What a cap writer did when it ran: "set 230/250 W" with the watts it writes, else "ran"."""
+    set_w = "/".join(str(w) for w in writer.get("watts") or [])
+    return f"set {set_w} W" if set_w else "ran"
+
+
+def judge(seen: Mapping, ctx: CapsContext) -> CapsVerdict:
+    """What ran at this boot against the caps of rig context `ctx` (RigContext)."""
+    targets = _targets(seen, ctx)
     units = seen.get("units") or {}
     power, settle = units.get(POWER_UNIT), units.get(SETTLE_UNIT)
     problems = []
-    if cycles := seen.get("cycles") or []:
+    cycles = seen.get("cycles") or []
+    if cycles:
         more = f" (+{len(cycles) - 1} more)" if len(cycles) > 1 else ""
         problems.append(f"journalctl -b logs an ordering cycle: {cycles[0]!r}{more}")
     problems += [p for p in (_unit_problem(POWER_UNIT, power), _unit_problem(SETTLE_UNIT, settle)) if p]
     hold = held(ctx)
-    if hold and (problem := _hold_problem(units.get(HOLD_TIMER))):
-        problems.append(problem)
+    timer = units.get(HOLD_TIMER)
+    hold_problem = _hold_problem(timer)
+    if hold and hold_problem:
+        problems.append(hold_problem)
     lines, hold_lines = seen.get("settle") or [], seen.get("hold") or []
     problems += [f"{SETTLE_UNIT}: {line.removeprefix('rigforge: ')}" for line in lines if FAILED.match(line)]
     problems += [f"{HOLD_TIMER}: {line.removeprefix('rigforge: ')}" for line in hold_lines if FAILED.match(line)]
     settling = bool(settle) and settle.get("SubState") == "running"
     settle_end = _stamp(settle or {}, "ExecMainExitTimestampMonotonic") if not settling else 0
-    ran, later = [], []
+    ran, later = [], []  # the writers that ran at this boot; those of them that started after the settle stage
     for name, writer in ctx.cap_units.items():
         if writer.get("kind") == "cron":
             needle = writer.get("script") or writer.get("command")
-            start = bool(needle) and any(needle in line for line in seen.get("cron") or [])
-        elif (start := started(units.get(name))) and settle_end and start > settle_end:
-            later.append(label(name, writer))
+            if needle and any(needle in line for line in seen.get("cron") or []):
+                ran.append(f"{label(name, writer)} {_sets(writer)}")
+            continue
+        start = started(units.get(name))
         if start:
-            set_w = "/".join(str(w) for w in writer.get("watts") or [])
-            ran.append(f"{label(name, writer)} set {set_w} W" if set_w else f"{label(name, writer)} ran")
+            ran.append(f"{label(name, writer)} {_sets(writer)}")
+            if settle_end and start > settle_end:
+                later.append(label(name, writer))
     caps = seen.get("caps") or {}
     off = {i: (caps.get(i), want) for i, want in sorted(targets.items()) if caps.get(i) != want}
     if not caps:
@@ -184,28 +221,41 @@ def judge(seen: Mapping, ctx: CapsContext) -> tuple[dict[int, int], list[str], s
                 else " (gpu_power_hold is false: nothing sets it back until the next deploy or boot)"
             )
         problems.append(what)
-    after = ", ".join(ran) if ran else "no other writer ran"
-    corrected = set_backs(lines)
-    n = len(corrected)
-    watching = "; the settle stage is still watching" if settling else ""
-    which = f", the last {corrected[-1]}" if corrected else ""
+    return CapsVerdict(
+        targets=targets,
+        problems=tuple(problems),
+        settling=settling,
+        ran=tuple(ran),
+        corrections=tuple(set_backs(lines)),
+        hold_set_backs=tuple(set_backs(hold_lines)),
+        holding=hold and bool(timer) and hold_problem is None,
+    )
+
+
+def _set_last(j: CapsVerdict) -> str:
+    """The sentence saying the caps were set last at this boot: after which writers, how many set-backs by the settle
+    stage (the last one named), and whether the hold has held them since."""
+    after = ", ".join(j.ran) if j.ran else "no other writer ran"
+    n = len(j.corrections)
+    watching = "; the settle stage is still watching" if j.settling else ""
+    which = f", the last {j.corrections[-1]}" if j.corrections else ""
     corrections = f"{n} correction{'' if n == 1 else 's'} by the settle stage{which}{watching}"
     last = f"set last at this boot (after {after}; {corrections})"
-    if hold_lines := set_backs(hold_lines):
-        m = len(hold_lines)
-        last += f"; held since: {m} set-back{'' if m == 1 else 's'} by the hold, the last {hold_lines[-1]}"
-    elif hold and not _hold_problem(timer := units.get(HOLD_TIMER)) and timer:
+    if j.hold_set_backs:
+        m = len(j.hold_set_backs)
+        last += f"; held since: {m} set-back{'' if m == 1 else 's'} by the hold, the last {j.hold_set_backs[-1]}"
+    elif j.holding:
         last += f"; held since by {HOLD_TIMER} (every {HOLD_INTERVAL_S} s), nothing set back"
-    return targets, problems, last
+    return last
 
 
 def boot_caps(seen: Mapping, ctx: CapsContext) -> tuple[str, str]:
     """The check "caps set last at this boot": ("pass" | "fail", detail) for rig context `ctx` (RigContext)."""
-    targets, problems, last = judge(seen, ctx)
-    if problems:
-        return "fail", "; ".join(problems)
-    caps = "/".join(f"{w:g}" for w in sorted(set(targets.values()))) or "?"
-    return "pass", f"{caps} W, {last}"
+    j = judge(seen, ctx)
+    if not j.ok:
+        return "fail", "; ".join(j.problems)
+    caps = "/".join(f"{w:g}" for w in sorted(set(j.targets.values()))) or "?"
+    return "pass", f"{caps} W, {_set_last(j)}"
 
 
 def summary(seen: Mapping, ctx: CapsContext) -> str:
@@ -214,5 +264,5 @@ def summary(seen: Mapping, ctx: CapsContext) -> str:
         named = ", ".join(f"{label(name, w)} ({'/'.join(map(str, w.get('watts') or [])) or '?'} W)"
                           for name, w in ctx.cap_units.items())  # fmt: skip
         return f"other cap writers: {named}; what ran not read (services not managed)" if named else ""
-    _, problems, last = judge(seen, ctx)
-    return f"NOT set last at this boot: {'; '.join(problems)}" if problems else last
+    j = judge(seen, ctx)
+    return _set_last(j) if j.ok else f"NOT set last at this boot: {'; '.join(j.problems)}"
