@@ -166,30 +166,60 @@ def image_problems(plan: Plan, fl: fleet.Fleet, image_present: bool) -> list[str
     return problems
 
 
-def hold_the_rig() -> bool:
-    """Take the rig's lock for this run (roles/rig_lock.py), or refuse the host in one line saying why; True: held."""
-    busy = None if rig_lock.over_ssh(host) else sudo_problem(host)  # over SSH the lock finds it, sudo -n
-    if not busy and is_rig(host) and (twins := rig_lock.twins(host)):
-        machine, key = rig_lock.identity(host)
-        refuse_now(
-            f"Refuse {host.name}: the same machine as {', '.join(twins)}",
-            f"rigforge refused on {host.name}: {' and '.join([host.name, *twins])} are one machine (machine-id "
-            f"{machine}, SSH host key {key}): keep one of these names in the inventory; nothing was changed.",
-        )
+def refuse_sudo(problem: str) -> None:
+    """Refuse this host in one line: its sudo asks for a password (`problem`, inventory.sudo_password_problem)."""
+    refuse_now(f"Refuse {host.name}: sudo asks for a password", f"rigforge refused on {host.name}: {problem}.")
+
+
+def sudo_refused() -> bool:
+    """Refuse this host when its sudo asks for a password host data does not give (asked with `sudo -n`): before
+    anything else, every later step needs sudo. Over SSH the lock's own request finds it (`hold_the_rig`), so it is
+    not asked here. True: refused."""
+    if rig_lock.over_ssh(host):
         return False
-    if not busy:  # a sudo that asks for a password is refused before anything else: every later step needs sudo
-        this = ctx_host.get()
-        rig_lock.ask(this)  # asked for already by the deploy file (rig_lock.ask_first) or provision, or now
-        busy, note = rig_lock.take(this)
-        probe.lock_answer(this)  # the batched probe came back in the same round trip (rigforge/facts/probe.py)
-        if note:
-            warn(note)
-    if busy and busy.startswith("sudo asks "):
-        refuse_now(f"Refuse {host.name}: sudo asks for a password", f"rigforge refused on {host.name}: {busy}.")
-    elif busy:
+    problem = sudo_problem(host)
+    if problem is None:
+        return False
+    refuse_sudo(problem)
+    return True
+
+
+def twins_refused() -> bool:
+    """Refuse a rig that is the same machine as other names in the inventory (machine-id and SSH host key), naming
+    them; nothing is changed on it. True: refused."""
+    if not is_rig(host):
+        return False
+    twins = rig_lock.twins(host)
+    if not twins:
+        return False
+    machine, key = rig_lock.identity(host)
+    refuse_now(
+        f"Refuse {host.name}: the same machine as {', '.join(twins)}",
+        f"rigforge refused on {host.name}: {' and '.join([host.name, *twins])} are one machine (machine-id "
+        f"{machine}, SSH host key {key}): keep one of these names in the inventory; nothing was changed.",
+    )
+    return True
+
+
+def hold_the_rig() -> bool:
+    """Take the rig's lock for this run (roles/rig_lock.py), or refuse the host in one line saying why: its sudo asks
+    for a password, it is the same machine as other names, or another run holds the lock. True: held."""
+    if sudo_refused() or twins_refused():
+        return False
+    this = ctx_host.get()
+    rig_lock.ask(this)  # asked for already by the deploy file (rig_lock.ask_first) or provision, or now
+    busy, note = rig_lock.take(this)  # None: held; else the lock's answer, naming who holds it
+    probe.lock_answer(this)  # the batched probe came back in the same round trip (rigforge/facts/probe.py)
+    if note:
+        warn(note)
+    if busy is None:
+        return True
+    if busy.startswith("sudo asks "):  # over SSH, the lock's `sudo -n` was refused: nothing ran as root
+        refuse_sudo(busy)
+    else:
         why = "one machine under two names" if " are one machine " in busy else "another run holds it"
         refuse_now(f"Refuse {host.name}: {why}", f"rigforge refused: {busy}; nothing was changed.")
-    return not busy
+    return False
 
 
 def start() -> None:
@@ -271,6 +301,8 @@ def load_saved_images() -> None:
         problems.append(str(error))
     if problems:
         refuse_now(f"Refuse {host.name}: cannot load images", f"rigforge refused {host.name}: {'; '.join(problems)}")
-    elif hold_the_rig():
-        layout = HostLayout(root=data["rigforge_root"]) if data["rigforge_root"] else HostLayout()
-        images_role.load(data["rigforge_images_dir"], saved, layout, data["images_port"], REGISTRY in host.groups)
+        return
+    if not hold_the_rig():
+        return
+    layout = HostLayout(root=data["rigforge_root"]) if data["rigforge_root"] else HostLayout()
+    images_role.load(data["rigforge_images_dir"], saved, layout, data["images_port"], REGISTRY in host.groups)
