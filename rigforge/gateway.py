@@ -78,8 +78,12 @@ def backend_name(model: str) -> str:
 def build(host: str, data: Mapping, rigs: Sequence) -> tuple[GatewayPlan | None, list[str]]:
     """The gateway of `host` (its knobs in `data`) in front of `rigs` (their plans), and every problem."""
     fleet_key = data.get("gateway_api_key")
-    by_model = {m: [p for p in rigs if p.variant.served_model == m] for m in {p.variant.served_model for p in rigs}}
-    problems = [] if rigs else ["no rig in the inventory to put behind the gateway (hosts outside the group `gateway`)"]
+    by_model: dict[str, list] = {}  # served model name -> the plans of the rigs serving it, in the rigs' order
+    for plan in rigs:
+        by_model.setdefault(plan.variant.served_model, []).append(plan)
+    problems = []
+    if not rigs:
+        problems.append("no rig in the inventory to put behind the gateway (hosts outside the group `gateway`)")
     if len(by_model) > MAX_MODELS:
         problems.append(f"the rigs serve {len(by_model)} model names; one gateway fronts at most {MAX_MODELS}")
     backends = []
@@ -131,7 +135,8 @@ backends=$(stat '$2 == s {{ print $1 }}')
 
 
 def drain_script(server: str, timeout: int) -> str:
-    """Shell, on a gateway host: drain `server`, wait (at most `timeout` s) for its requests; says `others up N`."""
+    """Shell, on a gateway host: no new requests for `server`, then wait (at most `timeout` s) until its requests
+    in flight and queued are done. Prints `others up N`: how many other rigs of its models are up."""
     return f"""{_runtime(server)}
 for b in $backends; do cli "set server $b/{server} state drain" >/dev/null; done
 save
@@ -162,7 +167,9 @@ echo "show stat" | socat stdio UNIX-CONNECT:{socket}
 
 
 def rejoin_script(server: str, backend: str | None, address: str, port: int, wait: int = 60) -> str:
-    """Shell, on a gateway host: `server` at `address`:`port` in `backend` (None: all) only; awaits it up (`wait` s)."""
+    """Shell, on a gateway host: `server` back in `backend` (None: wherever it is) at `address`:`port` (a name is
+    resolved there), out of the backends of models it no longer serves; then wait (at most `wait` s) until the
+    gateway's own health check sees it up."""
     return f"""{_runtime(server)}
 ip=$(getent ahosts {shlex.quote(address)} | awk '{{ print $1; exit }}')
 [ -n "$ip" ] || {{ echo "gateway: cannot resolve {address}" >&2; exit 1; }}
