@@ -152,6 +152,20 @@ def variant_problems(entry_variant: str | None, data_variant: Any) -> tuple[str 
     return name, []
 
 
+def port_problems(port: int, data: Mapping[str, Any]) -> list[str]:
+    """The API port may not be the rig's SSH port (host data ssh_port, else 22), nor below 1024 unless host data
+    serving_allow_privileged_port; empty when `port` is fine."""
+    ssh = int(data.get("ssh_port") or 22)
+    if port == ssh:
+        return [f"serving_port {port} is this rig's SSH port; choose another, e.g. 8011 (the variants use 8010-8014)"]
+    if port < 1024 and not data.get("serving_allow_privileged_port"):
+        return [
+            f"serving_port {port} is below 1024; choose 1024 or above, e.g. 8011, or set "
+            "serving_allow_privileged_port: true to publish it there"
+        ]
+    return []
+
+
 def build_plan(
     host: str,
     data: Mapping[str, Any],
@@ -189,16 +203,7 @@ def build_plan(
     except (SettingsError, RecipeError) as exc:  # a setting valid alone that this variant cannot take
         problems.append(str(exc))
     problems += overrides_beyond(settings, count)
-    port = settings.port or variant.port  # neither the rig's SSH port nor below 1024 unless allowed
-    if port == int(data.get("ssh_port") or 22):
-        problems.append(
-            f"serving_port {port} is this rig's SSH port; choose another, e.g. 8011 (the variants use 8010-8014)"
-        )
-    elif port < 1024 and not data.get("serving_allow_privileged_port"):
-        problems.append(
-            f"serving_port {port} is below 1024; choose 1024 or above, e.g. 8011, or set "
-            "serving_allow_privileged_port: true to publish it there"
-        )
+    problems += port_problems(settings.port or variant.port, data)
     if problems:
         return None, problems
     return Plan(
@@ -317,7 +322,10 @@ def build(
     roles, plans, problems, datas, sudo = {}, {}, {}, {}, {}
     for h in hosts:
         sudo[h.name] = {key: h.data.get(key) for key in SUDO_KEYS if h.data.get(key)}
-        roles[h.name] = mine = frozenset({GATEWAY, REGISTRY, MONITOR} & set(h.groups) | ({RIG} if is_rig(h) else set()))
+        mine = {g for g in (GATEWAY, REGISTRY, MONITOR) if g in h.groups}  # the groups it is in
+        if is_rig(h):
+            mine.add(RIG)
+        roles[h.name] = frozenset(mine)
         datas[h.name] = {**host_data(h.data), "rigforge_recipe_opt_in": True} if opt_in else h.data
         if RIG in mine:
             plans[h.name], found = plan_for(h.name, datas[h.name], variant, gpus, deployable)
@@ -342,7 +350,9 @@ def build(
 def targets(
     plans: Iterable[Plan | None], gateways: Mapping[str, Mapping], monitors: Collection[str] = ()
 ) -> dict[str, tuple[tuple[str, str], ...]]:
-    """{job: ((host, "address:port"), ...)}: each rig and gateway where the monitor host reaches it. A rig's server
+    """{job: ((host, "address:port"), ...)}: each rig and gateway where the monitor host reaches it. A rig is scraped
+    at its gateway_address, else its name (node exporter, and its server); a gateway at its gateway_bind_address,
+    else 127.0.0.1 when it is the monitor host itself, else its name (HAProxy's metrics port). A rig's server
     is a target of its engine's job: "vllm", or "llamacpp" when its llama.cpp recipe enables llama-server's metrics
     (--metrics; without it llama-server exports none, and the rig has no serving target)."""
     rigs = [(p.host, p.knobs.gateway.gateway_address or p.host, p) for p in plans if p is not None]
