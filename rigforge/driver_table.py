@@ -109,8 +109,12 @@ def packages_for(knobs: DriverChoice, os_id: str) -> DriverPackages:
         )
     fill = {"branch": branch, "kernel": knobs.nvidia_driver_kernel_flavour}
     install, version = row
-    pinning = PINNING[source] and PINNING[source].format(**fill)
-    return DriverPackages(pinning, tuple(name.format(**fill) for name in install), version.format(**fill))
+    pinning = PINNING[source]  # None: this source has no pinning package
+    return DriverPackages(
+        pinning=pinning.format(**fill) if pinning else None,
+        install=tuple(name.format(**fill) for name in install),
+        version_package=version.format(**fill),
+    )
 
 
 # The newest CUDA each driver supports: NVIDIA's "CUDA Toolkit and Corresponding Driver Versions" table (CUDA Toolkit

@@ -55,7 +55,11 @@ def build(name: str, data: Mapping) -> RegistryPlan:
     """The registry host's plan from its host data (the role's defaults applied, already validated)."""
     ca_dir = Path(data["registry_ca_dir"]).expanduser() if data.get("registry_ca_dir") else default_ca_dir()
     return RegistryPlan(
-        name, data.get("registry_address") or name, int(data["registry_port"]), bool(data["registry_insecure"]), ca_dir
+        host=name,
+        address=data.get("registry_address") or name,
+        port=int(data["registry_port"]),
+        insecure=bool(data["registry_insecure"]),
+        ca_dir=ca_dir,
     )
 
 

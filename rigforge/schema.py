@@ -264,15 +264,15 @@ class Settings:
     # recipe-repo slugs only: the recipe's NVLINK_MODE
     nvlink_mode: str | None = _setting(_choice("auto", "force_on", "force_off", "pcie_p2p"))
     image: str | None = _setting(_image)
-    root: str = _setting(_abs_path, DEFAULT_ROOT, "rigforge_root")
-    power_limit_w: int = _setting(_watts, 230, "gpu_power_limit_w")
-    power_limits: tuple[tuple[int, int], ...] = _setting(_per_gpu_watts, (), "gpu_power_limits")
+    root: str = _setting(_abs_path, default=DEFAULT_ROOT, host_key="rigforge_root")
+    power_limit_w: int = _setting(_watts, default=230, host_key="gpu_power_limit_w")
+    power_limits: tuple[tuple[int, int], ...] = _setting(_per_gpu_watts, default=(), host_key="gpu_power_limits")
     # rigforge/boot.py: how long the settle stage watches after boot
     settle_window_s: int = _setting(
-        _int_in(0, 3600, "a whole number of seconds"), SETTLE_WINDOW_S, "gpu_power_settle_window_s"
+        _int_in(0, 3600, "a whole number of seconds"), default=SETTLE_WINDOW_S, host_key="gpu_power_settle_window_s"
     )
     api_key: str | None = _setting(_secret, repr=False)
-    hf_token: str | None = _setting(_secret, None, "hf_token", repr=False)
+    hf_token: str | None = _setting(_secret, host_key="hf_token", repr=False)
 
 
 SETTINGS = {f.name: f.metadata["parse"] for f in fields(Settings)}  # name -> parser
@@ -368,7 +368,7 @@ def matches(
 
 
 def hostname(data: Mapping, key: str, optional: bool = False) -> list[str]:
-    return matches(data, key, HOSTNAME, "a host name or IP address", optional)
+    return matches(data, key, HOSTNAME, "a host name or IP address", optional=optional)
 
 
 def http_url(data: Mapping, key: str, who: str) -> list[str]:
