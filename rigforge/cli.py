@@ -50,8 +50,9 @@ def _render(args: argparse.Namespace) -> int:
     if unknown := sorted(set(data) - set(fleet.host_data({}))):
         raise SettingsError(f"unknown setting {unknown[0]!r}; allowed: {', '.join(sorted(HOST_KEYS.values()))}")
     data |= {"rigforge_recipe_opt_in": args.opt_in}
-    one = fleet.build([SimpleNamespace(name="render", groups=(), data=data)], args.variant, gpus=args.gpus,
-                      deployable=False)  # fmt: skip
+    one = fleet.build(
+        [SimpleNamespace(name="render", groups=(), data=data)], args.variant, gpus=args.gpus, deployable=False
+    )
     if (plan := one.plans["render"]) is None:
         raise SettingsError("; ".join(one.problems["render"]))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -63,8 +64,10 @@ def _render(args: argparse.Namespace) -> int:
     unresolved += [f"hf.{a.name} {a.pin.repo} (revision: null)" for a in plan.assets if not a.pin.resolved]
     unresolved += [f"git.{p.name} (commit: null)" for p in plan.sources if not p.resolved]
     if unresolved:
-        print(f"unresolved pins (rendered as tags and names; a deploy refuses them until `rigforge lock` resolves "
-              f"them): {', '.join(unresolved)}")  # fmt: skip
+        print(
+            f"unresolved pins (rendered as tags and names; a deploy refuses them until `rigforge lock` resolves "
+            f"them): {', '.join(unresolved)}"
+        )
     return 0
 
 
@@ -79,13 +82,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_render)
     p.add_argument("variant", help="variant name (see `rigforge render --list`)", nargs="?")
     p.add_argument("--out", type=Path, help="directory to write the files into")
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                   help="a setting, by its host-data key or its short name (repeatable), "
-                   "e.g. --set serving_port=8111")  # fmt: skip
+    p.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting, by its host-data key or its short name (repeatable), e.g. --set serving_port=8111",
+    )
     p.add_argument("--gpus", type=int, default=None, help="GPU count for the power unit (default: variant's)")
     p.add_argument("--list", action="store_true", help="list the variants and exit")
-    p.add_argument("--opt-in", action="store_true",
-                   help="allow a recipe-repo slug whose status is experimental, incubating or deprecated")  # fmt: skip
+    p.add_argument(
+        "--opt-in",
+        action="store_true",
+        help="allow a recipe-repo slug whose status is experimental, incubating or deprecated",
+    )
     for name, (module, help_text) in SUBCOMMANDS.items():
         mod = importlib.import_module(module)
         mod.add_arguments(sp := sub.add_parser(name, help=help_text))

@@ -150,11 +150,19 @@ def driver(obs: Observed, ctx: RigContext) -> Check:
     if not version:
         return Check(name, FAIL, f"{pkg} is not installed (run the deploy: nvidia_driver role)")
     if not module:
-        return Check(name, FAIL, f"{pkg} {version} installed but the nvidia module is not loaded: reboot the rig "
-                     "(with Secure Boot on, the module must be signed/enrolled)")  # fmt: skip
+        return Check(
+            name,
+            FAIL,
+            f"{pkg} {version} installed but the nvidia module is not loaded: reboot the rig "
+            "(with Secure Boot on, the module must be signed/enrolled)",
+        )
     if upstream_version(version) != module:
-        return Check(name, FAIL, f"module {module} loaded, package {pkg} {version} installed: driver/library "
-                     "mismatch, reboot the rig to load the installed driver")  # fmt: skip
+        return Check(
+            name,
+            FAIL,
+            f"module {module} loaded, package {pkg} {version} installed: driver/library "
+            "mismatch, reboot the rig to load the installed driver",
+        )
     return Check(name, PASS, f"module {module} = {pkg} {version}")
 
 
@@ -179,8 +187,11 @@ def cuda(obs: Observed, ctx: RigContext) -> Check:
         return Check(name, PASS if ctx.plan else FAIL, f"{seen} ({why})")
     if driver_table.version_key(have["driver"]) < driver_table.version_key(have["image"]):
         fix = f"set nvidia_driver_branch: {driver_table.branch_for_cuda(have['image']) or '?'} and re-run the deploy"
-        return Check(name, FAIL, f"{seen}: the driver is too old for the image; {fix}, or use an image built for "
-                     f"CUDA <= {have['driver']}")  # fmt: skip
+        return Check(
+            name,
+            FAIL,
+            f"{seen}: the driver is too old for the image; {fix}, or use an image built for CUDA <= {have['driver']}",
+        )
     return Check(name, PASS, seen)
 
 
@@ -324,8 +335,13 @@ def checks(obs: Observed, ctx: RigContext) -> list[Check]:
         active = (FAIL, why) if ctx.manage else (SKIP, SKIPPED)
         return [*out, Check("unit enabled", FAIL, why), Check("unit active", *active), Check(RUNS_DIGEST, *active)]
     if unit["rest"] == "stopped":
-        out.append(check("unit enabled", [f"{name} is enabled at boot (run the deploy)"] * bool(unit["enabled"]),
-                         f"{name} disabled on purpose (serving_rest: stopped)"))  # fmt: skip
+        out.append(
+            check(
+                "unit enabled",
+                [f"{name} is enabled at boot (run the deploy)"] * bool(unit["enabled"]),
+                f"{name} disabled on purpose (serving_rest: stopped)",
+            )
+        )
     else:
         enabled = f"{name} {'enabled' if unit['enabled'] else 'not enabled (run the deploy)'}"
         out.append(Check("unit enabled", PASS if unit["enabled"] else FAIL, enabled))
@@ -333,8 +349,11 @@ def checks(obs: Observed, ctx: RigContext) -> list[Check]:
         return [*out, Check("unit active", SKIP, SKIPPED), Check(RUNS_DIGEST, SKIP, SKIPPED)]
     if unit["rest"] == "stopped":
         bad = [f"{name} is {unit['active']} (run the deploy to stop it)"] * (unit["serving"] not in STOPPED)
-        return [*out, check("unit active", bad, f"{name} stopped on purpose (serving_rest: stopped)"),
-                Check(RUNS_DIGEST, SKIP, "resting stopped (serving_rest: stopped)")]  # fmt: skip
+        return [
+            *out,
+            check("unit active", bad, f"{name} stopped on purpose (serving_rest: stopped)"),
+            Check(RUNS_DIGEST, SKIP, "resting stopped (serving_rest: stopped)"),
+        ]
     active = unit["active"] == "active"
     how = f"{unit['active']}, {unit['serving']}" if unit["serving"] != unit["active"] else unit["active"]
     hint = "" if active else f" (journalctl -u {name}; re-run the deploy to start it)"

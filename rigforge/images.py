@@ -284,8 +284,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     save = sub.add_parser("save", help="keep the lock's images (those with a digest) in DIR, an OCI image layout")
     save.add_argument("dir", type=Path, help="the directory (created; a re-run fetches only what is missing)")
     save.add_argument("--lock", type=Path, help="lock file (default: rigforge.lock.yaml)")
-    save.add_argument("--registry", metavar="URL",
-                      help="read from this registry (a base URL, https://host:5000), not Docker Hub")  # fmt: skip
+    save.add_argument(
+        "--registry", metavar="URL", help="read from this registry (a base URL, https://host:5000), not Docker Hub"
+    )
     save.add_argument("--ca-cert", metavar="PEM", help="the CA certificate that registry's TLS uses")
     load = sub.add_parser("load", help="put the images saved in DIR on the rigs of INVENTORY, at their digests")
     load.add_argument("dir", type=Path, help="a directory `rigforge images save` wrote")
@@ -326,8 +327,16 @@ def run(args: argparse.Namespace) -> int:
         check_loadable(args.dir)
         if not ENTRY.is_file():
             raise ImagesError(f"{ENTRY} not found: run `rigforge images load` from a checkout of rigforge")
-        cmd = [sys.executable, "-m", "pyinfra", "-y", args.inventory, str(ENTRY), "--data",
-               f"rigforge_images_dir={Path(args.dir).resolve()}"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "pyinfra",
+            "-y",
+            args.inventory,
+            str(ENTRY),
+            "--data",
+            f"rigforge_images_dir={Path(args.dir).resolve()}",
+        ]
         rc = subprocess.call(cmd + (["--limit", args.limit] if args.limit else []))
         return 128 - rc if rc < 0 else rc  # pyinfra killed by a signal: 128 + its number, as a shell says
     except (ImagesError, LockError) as error:

@@ -39,22 +39,48 @@ _Pin = TypeVar("_Pin", ImagePin, GitPin, HfPin)  # what `resolve` resolves, each
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check", action="store_true", help="validate offline; exit 1 listing problems")
     parser.add_argument("--lock", type=Path, default=None, help="lock file (default: rigforge.lock.yaml)")
-    parser.add_argument("--refresh", nargs="+", default=[], metavar="NAME",
-                        help="re-resolve these entries (git/hf names, 'image', 'images.NAME')")  # fmt: skip
-    parser.add_argument("--fleet-registry", metavar="URL", default=None,
-                        help="the fleet registry (https://HOST:PORT): resolve an image upstream no longer has "
-                        "from its copy there")  # fmt: skip
-    parser.add_argument("--fleet-ca", metavar="PEM", default=None,
-                        help="the fleet CA's certificate (default: ca.crt of the default registry CA dir)")  # fmt: skip
-    parser.add_argument("--recipes", metavar="REF", default=None,
-                        help="move the recipe repo's pin to REF (tag, branch or commit): derive the image and hf "
-                        "entries, resolve them, print the lock's diff")  # fmt: skip
-    parser.add_argument("--inventory", metavar="INVENTORY", default=None,
-                        help="with --recipes: add hf entries for the slugs this pyinfra inventory deploys")  # fmt: skip
-    parser.add_argument("--add", nargs="+", default=[], metavar="SLUG",
-                        help="with --recipes: add entries for these slugs too")  # fmt: skip
-    parser.add_argument("--out", type=Path, default=None, metavar="FILE",
-                        help="write the new lock to FILE (a candidate), leaving the lock in use as it is")  # fmt: skip
+    parser.add_argument(
+        "--refresh",
+        nargs="+",
+        default=[],
+        metavar="NAME",
+        help="re-resolve these entries (git/hf names, 'image', 'images.NAME')",
+    )
+    parser.add_argument(
+        "--fleet-registry",
+        metavar="URL",
+        default=None,
+        help="the fleet registry (https://HOST:PORT): resolve an image upstream no longer has from its copy there",
+    )
+    parser.add_argument(
+        "--fleet-ca",
+        metavar="PEM",
+        default=None,
+        help="the fleet CA's certificate (default: ca.crt of the default registry CA dir)",
+    )
+    parser.add_argument(
+        "--recipes",
+        metavar="REF",
+        default=None,
+        help="move the recipe repo's pin to REF (tag, branch or commit): derive the image and hf "
+        "entries, resolve them, print the lock's diff",
+    )
+    parser.add_argument(
+        "--inventory",
+        metavar="INVENTORY",
+        default=None,
+        help="with --recipes: add hf entries for the slugs this pyinfra inventory deploys",
+    )
+    parser.add_argument(
+        "--add", nargs="+", default=[], metavar="SLUG", help="with --recipes: add entries for these slugs too"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="write the new lock to FILE (a candidate), leaving the lock in use as it is",
+    )
 
 
 def resolve_git(pin: GitPin) -> str:

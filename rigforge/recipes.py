@@ -183,9 +183,20 @@ def _classify(e: dict, engine: dict | None, sm: float) -> str | None:
 
 
 ENTRY_KEYS = {  # the registry entry keys rigforge reads; any other (origin, kv_offload, mem_util, ...) is kept as data
-    "model", "status", "default_port", "tp", "compose_path", "engine", "fallback_sm", "required_sm",
-    "weights_variant", "weights_companions", "category", "default_arch_allow", "sampler_profiles",
-}  # fmt: skip
+    "model",
+    "status",
+    "default_port",
+    "tp",
+    "compose_path",
+    "engine",
+    "fallback_sm",
+    "required_sm",
+    "weights_variant",
+    "weights_companions",
+    "category",
+    "default_arch_allow",
+    "sampler_profiles",
+}
 
 
 def parse_repo(root: Path) -> RecipeRepo:

@@ -139,12 +139,29 @@ def ca_certificate(ca_dir: Path) -> str:
     with _locked(ca_dir):
         if not (ca_dir / "ca.crt").exists():
             with tempfile.TemporaryDirectory(dir=ca_dir) as tmp:
-                _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                         "-keyout", "ca.key", "-out", "ca.crt", "-days", str(CA_DAYS),
-                         "-subj", "/CN=rigforge fleet registry CA",
-                         "-addext", "basicConstraints=critical,CA:TRUE",
-                         "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-                         cwd=Path(tmp), what="make the fleet registry's CA")  # fmt: skip
+                _openssl(
+                    "req",
+                    "-x509",
+                    "-newkey",
+                    "ec",
+                    "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1",
+                    "-nodes",
+                    "-keyout",
+                    "ca.key",
+                    "-out",
+                    "ca.crt",
+                    "-days",
+                    str(CA_DAYS),
+                    "-subj",
+                    "/CN=rigforge fleet registry CA",
+                    "-addext",
+                    "basicConstraints=critical,CA:TRUE",
+                    "-addext",
+                    "keyUsage=critical,keyCertSign,cRLSign",
+                    cwd=Path(tmp),
+                    what="make the fleet registry's CA",
+                )
                 (Path(tmp) / "ca.key").chmod(0o600)
                 os.replace(Path(tmp) / "ca.key", ca_dir / "ca.key")  # the key first: ca.crt present means both are
                 os.replace(Path(tmp) / "ca.crt", ca_dir / "ca.crt")
@@ -173,13 +190,43 @@ def server_certificate(ca_dir: Path, address: str) -> tuple[str, str]:
                     f"subjectAltName={subject_alt_name(address)}\nbasicConstraints=CA:FALSE\n"
                     "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
                 )
-                _openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                         "-keyout", "s.key", "-subj", f"/CN={address}", "-out", "s.csr",
-                         cwd=t, what=f"make a key for the registry at {address}")  # fmt: skip
-                _openssl("x509", "-req", "-in", "s.csr", "-CA", str(ca_dir / "ca.crt"),
-                         "-CAkey", str(ca_dir / "ca.key"), "-set_serial", f"0x{secrets.token_hex(16)}",
-                         "-days", str(SERVER_DAYS), "-extfile", "ext", "-out", "s.crt",
-                         cwd=t, what=f"sign the certificate of the registry at {address}")  # fmt: skip
+                _openssl(
+                    "req",
+                    "-new",
+                    "-newkey",
+                    "ec",
+                    "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1",
+                    "-nodes",
+                    "-keyout",
+                    "s.key",
+                    "-subj",
+                    f"/CN={address}",
+                    "-out",
+                    "s.csr",
+                    cwd=t,
+                    what=f"make a key for the registry at {address}",
+                )
+                _openssl(
+                    "x509",
+                    "-req",
+                    "-in",
+                    "s.csr",
+                    "-CA",
+                    str(ca_dir / "ca.crt"),
+                    "-CAkey",
+                    str(ca_dir / "ca.key"),
+                    "-set_serial",
+                    f"0x{secrets.token_hex(16)}",
+                    "-days",
+                    str(SERVER_DAYS),
+                    "-extfile",
+                    "ext",
+                    "-out",
+                    "s.crt",
+                    cwd=t,
+                    what=f"sign the certificate of the registry at {address}",
+                )
                 (t / "s.key").chmod(0o600)
                 os.replace(t / "s.key", key)
                 os.replace(t / "s.crt", crt)

@@ -64,10 +64,38 @@ SAFE_PATH = re.compile(r"^/[A-Za-z0-9._+@/-]*$")
 
 # The system's own directories: a rigforge dir may live below them (/home/ai/rigforge), never be one of them.
 SYSTEM_DIRS = {
-    "/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/media", "/mnt", "/opt",
-    "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/usr/bin", "/usr/lib", "/usr/local",
-    "/usr/sbin", "/usr/share", "/var", "/var/cache", "/var/lib", "/var/log", "/var/tmp",
-}  # fmt: skip
+    "/",
+    "/bin",
+    "/boot",
+    "/dev",
+    "/etc",
+    "/home",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/media",
+    "/mnt",
+    "/opt",
+    "/proc",
+    "/root",
+    "/run",
+    "/sbin",
+    "/srv",
+    "/sys",
+    "/tmp",
+    "/usr",
+    "/usr/bin",
+    "/usr/lib",
+    "/usr/local",
+    "/usr/sbin",
+    "/usr/share",
+    "/var",
+    "/var/cache",
+    "/var/lib",
+    "/var/log",
+    "/var/tmp",
+}
 DOCKER_DATA_ROOT = "/var/lib/docker"  # Docker's data-root unless daemon.json sets another (checked in preflight)
 # Trees something else manages (a rigforge dir is neither one of them nor anywhere below): tree -> who and why.
 MANAGED_TREES = {

@@ -195,8 +195,18 @@ def _cells(r: dict) -> list[str]:
     return [r["host"], variant, pins, gpu, power, vram, persist, cuda, service, api]
 
 
-HEADER = ["HOST", "VARIANT", "PINS", "GPUS", "POWER W cap/target", "VRAM MiB used/total", "PERSIST",
-          "CUDA driver/image", "SERVICE", "API"]  # fmt: skip
+HEADER = [
+    "HOST",
+    "VARIANT",
+    "PINS",
+    "GPUS",
+    "POWER W cap/target",
+    "VRAM MiB used/total",
+    "PERSIST",
+    "CUDA driver/image",
+    "SERVICE",
+    "API",
+]
 
 
 def format_table(rows: list[dict]) -> str:

@@ -252,8 +252,13 @@ def gateway_checks(host: Host, data: Mapping, view: dict) -> list[Check]:
         return out + [Check("gateway /v1/models answers", FAIL, f"{view['url']}/v1/models: {why}")]
     out.append(Check("gateway /v1/models answers", PASS, f"{view['url']} lists {', '.join(view['models'])}"))
     for model in view["models"]:
-        code, text = inventory.http_on_rig(host, f"{view['url']}/v1/chat/completions", 120,
-                                           {"model": model, **GATEWAY_CHAT}, data.get("gateway_api_key"))  # fmt: skip
+        code, text = inventory.http_on_rig(
+            host,
+            f"{view['url']}/v1/chat/completions",
+            120,
+            {"model": model, **GATEWAY_CHAT},
+            data.get("gateway_api_key"),
+        )
         ok = code == 200 and "paris" in text.lower()
         out.append(Check(f"gateway chat: {model}", PASS if ok else FAIL, f"HTTP {code or 'no answer'}: {text[:80]}"))
     return out

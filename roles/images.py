@@ -13,22 +13,41 @@ REGISTRY_UNIT = "docker-registry.service"  # Debian's package starts it; only th
 
 
 @deploy("Load saved images")
-def load(directory: str, saved: list[images.Saved], layout: HostLayout, port: int | None = None,
-         registry_host: bool = False) -> None:  # fmt: skip
+def load(
+    directory: str, saved: list[images.Saved], layout: HostLayout, port: int | None = None, registry_host: bool = False
+) -> None:
     """Every image of `saved` (from `directory` on the controller) in the rig's Docker at its digest.
     `registry_host`: the rig also serves the fleet registry (its docker-registry service is left alone)."""
-    image_ops.repaired(name="Repair what an interrupted image load left (daemon.json, temporary registry)",
-                       layout=layout)  # fmt: skip
+    image_ops.repaired(
+        name="Repair what an interrupted image load left (daemon.json, temporary registry)", layout=layout
+    )
 
     def needed() -> bool:
         return bool(image_ops.missing(saved))
 
-    apt.packages(name="Install Debian's docker-registry (the load's temporary registry) and curl",
-                 packages=["docker-registry", "curl"], _if=needed)  # fmt: skip
+    apt.packages(
+        name="Install Debian's docker-registry (the load's temporary registry) and curl",
+        packages=["docker-registry", "curl"],
+        _if=needed,
+    )
     if not registry_host:
-        systemd.service(name=f"Keep {REGISTRY_UNIT} stopped and disabled (only the load's own registry runs)",
-                        service=REGISTRY_UNIT, running=False, enabled=False, _if=needed)  # fmt: skip
-    image_ops.blobs_uploaded(name=f"Upload the saved images' blobs the rig lacks to {layout.images_layout}",
-                             directory=directory, saved=saved, layout=layout)  # fmt: skip
-    image_ops.loaded(name="Load the saved images into docker at their digests (a temporary registry on 127.0.0.1)",
-                     directory=directory, saved=saved, layout=layout, port=port)  # fmt: skip
+        systemd.service(
+            name=f"Keep {REGISTRY_UNIT} stopped and disabled (only the load's own registry runs)",
+            service=REGISTRY_UNIT,
+            running=False,
+            enabled=False,
+            _if=needed,
+        )
+    image_ops.blobs_uploaded(
+        name=f"Upload the saved images' blobs the rig lacks to {layout.images_layout}",
+        directory=directory,
+        saved=saved,
+        layout=layout,
+    )
+    image_ops.loaded(
+        name="Load the saved images into docker at their digests (a temporary registry on 127.0.0.1)",
+        directory=directory,
+        saved=saved,
+        layout=layout,
+        port=port,
+    )

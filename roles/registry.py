@@ -24,16 +24,23 @@ KEY_CHECK = (
 
 
 @deploy("Fleet registry (Distribution)")
-def serve(reg: RegistryPlan, tls: tuple[str, str] | None, manage_services: bool, ca: str | None = None,
-          images: tuple[str, ...] = ()) -> None:  # fmt: skip
+def serve(
+    reg: RegistryPlan,
+    tls: tuple[str, str] | None,
+    manage_services: bool,
+    ca: str | None = None,
+    images: tuple[str, ...] = (),
+) -> None:
     """On the registry host: the registry, serving `tls` = (certificate, key) PEM (None: plain HTTP), holding
     `images` (the rigs' locked images) copied from upstream by skopeo, which trusts the fleet CA `ca` in certs.d."""
     text = registry.render_config(reg)
     if problems := registry.check_config(text, tls=not reg.insecure):
         refuse_now(f"Refuse {reg.host}: the registry config is not valid", "; ".join(problems))
         return
-    apt.packages(name="Install Debian's docker-registry (Distribution), skopeo and openssl",
-                 packages=["docker-registry", "skopeo", "openssl"])  # fmt: skip
+    apt.packages(
+        name="Install Debian's docker-registry (Distribution), skopeo and openssl",
+        packages=["docker-registry", "skopeo", "openssl"],
+    )
     certs = None
     if tls:
         certs = staged_files(

@@ -22,10 +22,13 @@ class RegistryHasImage(Fact[bool]):
 
     def command(self, endpoint: str, repository: str, digest: str, tls_verify: bool = True) -> StringCommand:
         return StringCommand(
-            "skopeo", "inspect", "--raw", f"--tls-verify={'true' if tls_verify else 'false'}",
+            "skopeo",
+            "inspect",
+            "--raw",
+            f"--tls-verify={'true' if tls_verify else 'false'}",
             QuoteString(f"docker://{endpoint}/{repository}@{digest}"),
             ">/dev/null 2>&1 && echo yes || echo no",
-        )  # fmt: skip
+        )
 
     process = DockerImagePresent.process
 

@@ -118,8 +118,13 @@ def _cacheable(cls: type) -> bool:
 
 # pyinfra's file facts whose commands are one `stat` or one hash of a path: the probe runs one `stat` and one
 # sha1sum/sha256sum for all their paths (not one process each); class -> "stat" or the hash's hex digits
-FILE_FACTS = {pyinfra_files.File: "stat", pyinfra_files.Directory: "stat", pyinfra_files.Link: "stat",
-              pyinfra_files.Sha1File: 40, pyinfra_files.Sha256File: 64}  # fmt: skip
+FILE_FACTS = {
+    pyinfra_files.File: "stat",
+    pyinfra_files.Directory: "stat",
+    pyinfra_files.Link: "stat",
+    pyinfra_files.Sha1File: 40,
+    pyinfra_files.Sha256File: 64,
+}
 _HASHERS = {40: "sha1sum", 64: "sha256sum"}
 # what a fact's process() raises on output it cannot read: that answer is left out (read live)
 _PROCESS_ERRORS = (FactProcessError, ValueError, KeyError, IndexError, TypeError)
@@ -217,8 +222,10 @@ def script(requests: Requests, marker: str) -> tuple[StringCommand | None, list[
     if shared:
         # a shared sub-command's stdout, stderr and exit code, replayed (dot files: not gathered as sections)
         head.append('_r() { cat "$d/.$1.out"; cat "$d/.$1.err" >&2; read -r _c <"$d/.$1.rc"; return "$_c"; };')
-        runs = [f'( ( {text} ) >"$d/.{i}.out" 2>"$d/.{i}.err" </dev/null; echo $? >"$d/.{i}.rc" ) &'
-                for text, i in shared.items()]  # fmt: skip
+        runs = [
+            f'( ( {text} ) >"$d/.{i}.out" 2>"$d/.{i}.err" </dev/null; echo $? >"$d/.{i}.rc" ) &'
+            for text, i in shared.items()
+        ]
         head += ["{", *runs, "wait;", *(p for section in dependent for p in section), "} &"]
     if paths:
         head.append(_files_command(marker, paths))

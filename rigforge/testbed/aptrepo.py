@@ -53,43 +53,75 @@ DOCKER_CE_VERSION = "5:28.5.1-1~debian.13~trixie"
 # Docker's name: (Debian's packages whose files and maintainer scripts it carries, its version, its relations as in
 # Docker's control files; Depends adds what Debian's build needs beside its libraries: adduser, tini as docker-init)
 DOCKER_REPACKAGES = {
-    "docker-ce": (["docker.io"], DOCKER_CE_VERSION, {
-        "Depends": "containerd.io (>= 1.7.27), docker-ce-cli, iptables, nftables, libc6 (>= 2.34), libsystemd0, "
-                   "adduser, sysvinit-utils (>= 3.05-4~), tini",
-        "Recommends": "apparmor, ca-certificates, docker-ce-rootless-extras, git, pigz, procps, xz-utils",
-        "Conflicts": "docker (<< 1.5~), docker-engine, docker.io",
-        "Replaces": "docker-engine, docker-ce-cli (<< 5:28.0.0)",
-    }),
-    "docker-ce-cli": (["docker-cli"], DOCKER_CE_VERSION, {
-        "Depends": "libc6 (>= 2.34)",
-        "Recommends": "docker-buildx-plugin, docker-compose-plugin",
-        "Conflicts": "docker (<< 1.5~), docker-engine, docker.io",
-        "Replaces": "docker-ce (<< 5:0)",
-        "Breaks": "docker-ce (<< 5:0)",
-    }),
-    "containerd.io": (["containerd", "runc"], "1.7.28-1~debian.13~trixie", {
-        "Depends": "libc6 (>= 2.38), libseccomp2 (>= 2.5.0)",
-        "Provides": "containerd, runc",
-        "Conflicts": "containerd, runc",
-        "Replaces": "containerd, runc",
-    }),
-    "docker-buildx-plugin": (["docker-buildx"], "0.29.1-1~debian.13~trixie", {
-        "Depends": "libc6 (>= 2.34)",
-        "Replaces": "docker-ce-cli",
-        "Enhances": "docker-ce-cli",
-    }),
-    "docker-compose-plugin": (["docker-compose"], "2.40.3-1~debian.13~trixie", {
-        "Depends": "libc6 (>= 2.34)",
-        "Recommends": "docker-buildx-plugin (>= 0.17.0)",
-        "Enhances": "docker-ce-cli",
-        "Conflicts": "docker-compose",
-        "Replaces": "docker-compose",
-        "Breaks": "docker-compose",
-    }),
-}  # fmt: skip
+    "docker-ce": (
+        ["docker.io"],
+        DOCKER_CE_VERSION,
+        {
+            "Depends": "containerd.io (>= 1.7.27), docker-ce-cli, iptables, nftables, libc6 (>= 2.34), libsystemd0, "
+            "adduser, sysvinit-utils (>= 3.05-4~), tini",
+            "Recommends": "apparmor, ca-certificates, docker-ce-rootless-extras, git, pigz, procps, xz-utils",
+            "Conflicts": "docker (<< 1.5~), docker-engine, docker.io",
+            "Replaces": "docker-engine, docker-ce-cli (<< 5:28.0.0)",
+        },
+    ),
+    "docker-ce-cli": (
+        ["docker-cli"],
+        DOCKER_CE_VERSION,
+        {
+            "Depends": "libc6 (>= 2.34)",
+            "Recommends": "docker-buildx-plugin, docker-compose-plugin",
+            "Conflicts": "docker (<< 1.5~), docker-engine, docker.io",
+            "Replaces": "docker-ce (<< 5:0)",
+            "Breaks": "docker-ce (<< 5:0)",
+        },
+    ),
+    "containerd.io": (
+        ["containerd", "runc"],
+        "1.7.28-1~debian.13~trixie",
+        {
+            "Depends": "libc6 (>= 2.38), libseccomp2 (>= 2.5.0)",
+            "Provides": "containerd, runc",
+            "Conflicts": "containerd, runc",
+            "Replaces": "containerd, runc",
+        },
+    ),
+    "docker-buildx-plugin": (
+        ["docker-buildx"],
+        "0.29.1-1~debian.13~trixie",
+        {
+            "Depends": "libc6 (>= 2.34)",
+            "Replaces": "docker-ce-cli",
+            "Enhances": "docker-ce-cli",
+        },
+    ),
+    "docker-compose-plugin": (
+        ["docker-compose"],
+        "2.40.3-1~debian.13~trixie",
+        {
+            "Depends": "libc6 (>= 2.34)",
+            "Recommends": "docker-buildx-plugin (>= 0.17.0)",
+            "Enhances": "docker-ce-cli",
+            "Conflicts": "docker-compose",
+            "Replaces": "docker-compose",
+            "Breaks": "docker-compose",
+        },
+    ),
+}
 # Debian's fields a repackage drops: the relations are Docker's, the source is not Debian's
-DEBIAN_ONLY_FIELDS = {"Source", "Built-Using", "Depends", "Pre-Depends", "Recommends", "Suggests", "Conflicts",
-                      "Replaces", "Breaks", "Provides", "Enhances", "Static-Built-Using"}  # fmt: skip
+DEBIAN_ONLY_FIELDS = {
+    "Source",
+    "Built-Using",
+    "Depends",
+    "Pre-Depends",
+    "Recommends",
+    "Suggests",
+    "Conflicts",
+    "Replaces",
+    "Breaks",
+    "Provides",
+    "Enhances",
+    "Static-Built-Using",
+}
 
 DRIVER_POSTINST = """#!/bin/sh
 # rigforge testbed: simulate the freshly loaded kernel module (in a chroot /sys and /proc are plain dirs; a

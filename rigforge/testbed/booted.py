@@ -600,8 +600,20 @@ def make_rig(rig_dir: Path, port: int, spec: RigSpec, tarball: Path, uid: int, f
     stop(rig_dir)
     for key in ("ssh_host_ed25519_key", "id_ed25519"):
         if not (rig_dir / key).exists():
-            sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"rigforge-testbed-{rig_dir.name}",
-                "-f", str(rig_dir / key)])  # fmt: skip
+            sh(
+                [
+                    "ssh-keygen",
+                    "-q",
+                    "-t",
+                    "ed25519",
+                    "-N",
+                    "",
+                    "-C",
+                    f"rigforge-testbed-{rig_dir.name}",
+                    "-f",
+                    str(rig_dir / key),
+                ]
+            )
     if fresh or not (root / ".rigforge-rig").exists() or info.get("tarball") != tarball.name:
         extract(tarball, root)
         prepare_rig(root, uid, USER)

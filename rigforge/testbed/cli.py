@@ -201,8 +201,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"upstream registry log: {tb.upstream_log}", file=sys.stderr)
         if tb.registry_host:
             where = f"{tb.registry_address}:{REGISTRY_PORT}"
-            print(f"fleet registry: https://{where} on {tb.registry_host.name} (same address here and on every host)",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"fleet registry: https://{where} on {tb.registry_host.name} (same address here and on every host)",
+                file=sys.stderr,
+            )
         if tb.gateway:
             print(f"gateway: {tb.gateway_url}   (ssh -F {tb.ssh_config} {tb.gateway.name})", file=sys.stderr)
         if tb.prometheus_url:

@@ -256,8 +256,11 @@ def _build_recipes(src: Path, work: Path, dest: Path, env: dict) -> dict:
             change(work)
         date = f"2026-08-{22 + day}T12:00:00Z"
         sh(["git", "add", "-A"], cwd=work, env=env)
-        sh(["git", "commit", "-q", "-m", message], cwd=work,
-           env={**env, "GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date})  # fmt: skip
+        sh(
+            ["git", "commit", "-q", "-m", message],
+            cwd=work,
+            env={**env, "GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date},
+        )
         sh(["git", "tag", tag], cwd=work, env=env)
         tags[tag] = sh(["git", "rev-parse", "HEAD"], cwd=work, capture=True, env=env).stdout.strip()
     sh(["git", "branch", "-f", "bump", "B"], cwd=work, env=env)
@@ -271,8 +274,7 @@ def _build_recipes(src: Path, work: Path, dest: Path, env: dict) -> dict:
     for key in ("allowAnySHA1InWant", "allowReachableSHA1InWant", "allowFilter", "allowTipSHA1InWant"):
         sh(["git", "config", f"uploadpack.{key}", "true"], cwd=bare, env=env)
     (bare / "git-daemon-export-ok").touch()
-    return {"commits": [commit], "branch": "master", "pin": commit, "sparse": RECIPES_SPARSE, "files": {},
-            "tags": tags}  # fmt: skip
+    return {"commits": [commit], "branch": "master", "pin": commit, "sparse": RECIPES_SPARSE, "files": {}, "tags": tags}
 
 
 def _blob_oid(data: bytes) -> str:

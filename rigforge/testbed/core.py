@@ -410,8 +410,13 @@ def start_upstream(shared: Path, tarball: Path, cuda: str) -> dict:
     upstream.ensure_tls(shared)
     f = upstream.files(shared)
     identity = hashlib.sha256((upstream.config(shared, 0) + f["cert"].read_text()).encode()).hexdigest()[:12]
-    port = _service(shared / "run", "upstream", f"{f['storage']}#{identity}", PORTS["upstream"],
-                    lambda p: upstream.command(shared, p))  # fmt: skip
+    port = _service(
+        shared / "run",
+        "upstream",
+        f"{f['storage']}#{identity}",
+        PORTS["upstream"],
+        lambda p: upstream.command(shared, p),
+    )
     layers, blobs = upstream.ensure_layers(shared, tarball)
     env = {"CUDA_VERSION": f"{cuda}.0"}
     images = {IMAGE_REF: env, **{ref: env for ref in sorted(set(recipe_images().values()))}}
@@ -762,11 +767,19 @@ def _write_files(tb: Testbed) -> None:
         data |= {"gateway_url": tb.gateway_url} if tb.gateway_url else {}  # published on the controller
         # likewise; a 5 s scrape (15 s by default) so that a test sees an alert's `for:` begin sooner
         data |= {"monitor_url": tb.prometheus_url, "monitor_scrape_interval_s": 5} if tb.prometheus_url else {}
-        lines += ["", f"# the fleet gateway: {tb.gateway_url} on this machine", "gateway = [",
-                  f"    ({tb.gateway.name!r}, {data!r}),", "]"]  # fmt: skip
+        lines += [
+            "",
+            f"# the fleet gateway: {tb.gateway_url} on this machine",
+            "gateway = [",
+            f"    ({tb.gateway.name!r}, {data!r}),",
+            "]",
+        ]
     if tb.monitor_port:
-        lines += ["", f"# the monitor (docs/monitoring.md): Prometheus on gw, {tb.prometheus_url} on this machine",
-                  f"monitor = [{tb.gateway.name!r}]"]  # fmt: skip
+        lines += [
+            "",
+            f"# the monitor (docs/monitoring.md): Prometheus on gw, {tb.prometheus_url} on this machine",
+            f"monitor = [{tb.gateway.name!r}]",
+        ]
     if registry:
         which = "the gateway host serves it too" if registry is tb.gateway else "rig1 serves it too (no gateway host)"
         lines += [

@@ -64,8 +64,30 @@ VLLM_METRICS = {
 }
 NOT_ALERTED = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")  # a cold cache is not a fault
 # vLLM's buckets of vllm:time_to_first_token_seconds (loggers.py)
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-                40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
 
 
 BLOCK_SIZE = 16  # tokens per KV block: vLLM's default block_size on CUDA
@@ -475,9 +497,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", help="send it back as X-Stub-Name on every answer")
     a = p.parse_args(argv)
     sched = Schedule(
-        a.model, a.ttft_ms, a.dt_ms, a.tokens, not a.no_usage, a.reasoning_tokens, a.tokens_per_delta, a.api_key,
-        a.max_concurrent, kv_blocks=a.kv_blocks, name=a.name,
-    )  # fmt: skip
+        a.model,
+        a.ttft_ms,
+        a.dt_ms,
+        a.tokens,
+        not a.no_usage,
+        a.reasoning_tokens,
+        a.tokens_per_delta,
+        a.api_key,
+        a.max_concurrent,
+        kv_blocks=a.kv_blocks,
+        name=a.name,
+    )
     server = make_server(sched, a.host, a.port)
     print(f"http://{a.host}:{server.server_address[1]}", flush=True)
     try:

@@ -81,5 +81,7 @@ def to_slow(tree: Path) -> None:
     _move_engine(tree, B_IMAGE, SLOW_IMAGE)
 
 
-STEPS = (("B", to_b, "bump: vllm-stable to v0.31.0 (image_env), a flag, a new slug"),
-         ("B-slow", to_slow, "bump: vllm-stable to a half-speed image"))  # fmt: skip
+STEPS = (
+    ("B", to_b, "bump: vllm-stable to v0.31.0 (image_env), a flag, a new slug"),
+    ("B-slow", to_slow, "bump: vllm-stable to a half-speed image"),
+)

@@ -66,19 +66,58 @@ def ensure_tls(shared: Path) -> None:
     if f["ca"].exists() and f["cert"].exists() and f["key"].exists() and same:
         return
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    sh(["openssl", "req", "-x509", *ec, "-keyout", str(f["ca_key"]), "-out", str(f["ca"]), "-days", "3650",
-        "-subj", f"/CN={CA_NAME}", "-addext", "basicConstraints=critical,CA:TRUE",
-        "-addext", "keyUsage=critical,keyCertSign,cRLSign"], capture=True)  # fmt: skip
+    sh(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            *ec,
+            "-keyout",
+            str(f["ca_key"]),
+            "-out",
+            str(f["ca"]),
+            "-days",
+            "3650",
+            "-subj",
+            f"/CN={CA_NAME}",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ],
+        capture=True,
+    )
     csr = f["dir"] / "server.csr"
-    sh(["openssl", "req", "-new", *ec, "-keyout", str(f["key"]), "-out", str(csr), "-subj", f"/CN={HOSTNAME}"],
-       capture=True)  # fmt: skip
+    sh(
+        ["openssl", "req", "-new", *ec, "-keyout", str(f["key"]), "-out", str(csr), "-subj", f"/CN={HOSTNAME}"],
+        capture=True,
+    )
     ext = f["dir"] / "server.ext"
     ext.write_text(
         f"subjectAltName={','.join(f'DNS:{h}' for h in HOSTNAMES)},IP:127.0.0.1\nbasicConstraints=CA:FALSE\n"
         "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
     )
-    sh(["openssl", "x509", "-req", "-in", str(csr), "-CA", str(f["ca"]), "-CAkey", str(f["ca_key"]),
-        "-CAcreateserial", "-out", str(f["cert"]), "-days", "825", "-extfile", str(ext)], capture=True)  # fmt: skip
+    sh(
+        [
+            "openssl",
+            "x509",
+            "-req",
+            "-in",
+            str(csr),
+            "-CA",
+            str(f["ca"]),
+            "-CAkey",
+            str(f["ca_key"]),
+            "-CAcreateserial",
+            "-out",
+            str(f["cert"]),
+            "-days",
+            "825",
+            "-extfile",
+            str(ext),
+        ],
+        capture=True,
+    )
     for key in (f["ca_key"], f["key"]):
         key.chmod(0o600)
     csr.unlink()
@@ -228,8 +267,10 @@ def push_images(
         pushed.append(ref)
     if pushed:
         size = sum(layer["size"] for layer in layers) >> 20
-        log(f"upstream stand-in: pushed {', '.join(pushed)} ({len(layers)} layers, {size} MiB) "
-            f"in {time.monotonic() - t0:.1f}s")  # fmt: skip
+        log(
+            f"upstream stand-in: pushed {', '.join(pushed)} ({len(layers)} layers, {size} MiB) "
+            f"in {time.monotonic() - t0:.1f}s"
+        )
     return digests
 
 

@@ -256,8 +256,10 @@ def remove_installed(packages: list[str], replaced_by: list[str]) -> Commands:
     present = [name for name in packages if name in installed]
     if unchanged(not present, f"none installed: {', '.join(packages)}"):
         return
-    why = QUOTE(f"rigforge: could not fetch {' '.join(replaced_by)}: nothing removed, {', '.join(present)} left "
-                "installed and running")  # fmt: skip
+    why = QUOTE(
+        f"rigforge: could not fetch {' '.join(replaced_by)}: nothing removed, {', '.join(present)} left "
+        "installed and running"
+    )
     yield say(f"fetching {', '.join(replaced_by)} before removing {', '.join(present)}")
     apt_get = "DEBIAN_FRONTEND=noninteractive apt-get"
     fetch = f"{apt_get} update -qq && {apt_get} install -y -qq --download-only {' '.join(map(QUOTE, replaced_by))}"

@@ -31,19 +31,33 @@ def image_in_fleet(image: str, reg: RegistryPlan) -> Commands:
     ref = parse(image)
     if unchanged(not ref.digest, f"{image} has no locked digest: nothing to copy (`rigforge lock` resolves it)"):
         return
-    held = host.get_fact(RegistryHasImage, endpoint=reg.endpoint, repository=ref.repository, digest=ref.digest,
-                         tls_verify=not reg.insecure)  # fmt: skip
+    held = host.get_fact(
+        RegistryHasImage,
+        endpoint=reg.endpoint,
+        repository=ref.repository,
+        digest=ref.digest,
+        tls_verify=not reg.insecure,
+    )
     if unchanged(held, f"the fleet registry {reg.endpoint} holds {ref.pinned}"):
         return
     tag = ref.tag or ref.digest.replace(":", "-")[:40]  # the lock's tag, so `rigforge lock` can find it there
     yield say(f"copying {ref.pinned} from upstream into the fleet registry {reg.endpoint} (once for the fleet)")
     yield ShownCommand(
-        "skopeo", "copy", "--all", "--preserve-digests", "--retry-times", "3",
+        "skopeo",
+        "copy",
+        "--all",
+        "--preserve-digests",
+        "--retry-times",
+        "3",
         *(["--dest-tls-verify=false"] if reg.insecure else []),
         QuoteString(f"docker://{ref.registry}/{ref.repository}@{ref.digest}"),
         QuoteString(f"docker://{reg.endpoint}/{ref.repository}:{tag}"),
-    )  # fmt: skip
+    )
     yield StringCommand(
-        "skopeo", "inspect", "--raw", f"--tls-verify={'false' if reg.insecure else 'true'}",
-        QuoteString(f"docker://{reg.endpoint}/{ref.repository}@{ref.digest}"), ">/dev/null",
-    )  # fmt: skip
+        "skopeo",
+        "inspect",
+        "--raw",
+        f"--tls-verify={'false' if reg.insecure else 'true'}",
+        QuoteString(f"docker://{reg.endpoint}/{ref.repository}@{ref.digest}"),
+        ">/dev/null",
+    )

@@ -176,8 +176,14 @@ def loaded(directory: str, saved: list, layout: HostLayout, port: int | None = N
     for name, text in (("daemon.json.mirrored", mirrored), ("daemon.json.cleared", cleared), ("plan", "\n".join(plan))):
         yield from upload_privately(text + ("" if text.endswith("\n") else "\n"), f"{work}/{name}")
     yield ShownCommand(
-        "sh", QuoteString(script), "load", QuoteString(work), QuoteString(oci), str(port), QuoteString(DAEMON_JSON),
+        "sh",
+        QuoteString(script),
+        "load",
+        QuoteString(work),
+        QuoteString(oci),
+        str(port),
+        QuoteString(DAEMON_JSON),
         QuoteString(f"{work}/plan"),
-    )  # fmt: skip
+    )
     # docker holds them now: the uploaded copy (as large as the images) goes; a cut upload stays, to resume
     yield StringCommand("rm", "-rf", QuoteString(oci), QuoteString(layout.images_upload))
