@@ -1,7 +1,9 @@
 """Preflight: runs first, changes nothing, and stops a host that cannot run its variant with one message naming the
 host, the key and what to do, printed while the deploy is prepared (so `pyinfra --dry` shows it and exits 1): the
-hardware, OS and role switches; the host state the driver and container-runtime roles own; the remote sources this
-run fetches from, one curl each in one round trip from the rig (HTTP 404 or 410 refuses, other failures warn).
+hardware, OS and role switches; the host state the driver and container-runtime roles own (the driver package exists
+and is published, no unowned driver is overwritten, no hand-made apt source clashes with rigforge's, daemon.json is a
+JSON object); the remote sources this run fetches from, one curl each in one round trip from the rig (HTTP 404 or 410
+refuses, other failures warn).
 """
 
 import re
@@ -101,8 +103,15 @@ def remote_problems(plan: Plan, weights: Mapping[str, dict]) -> list[str]:
     return [refusal for refusal, _ in verdicts if refusal]
 
 
-def state_problems(knobs: RoleKnobs, os_release: dict, arch: str, running: dict, sources: dict) -> list[str]:
-    """Pure: every problem of the driver / container-runtime host state; `knobs` validated (fleet.py plan_for)."""
+def unowned_driver(running: Mapping) -> bool:
+    """Pure: whether `running` (NvidiaRunningDriver) is a driver that answers (nvidia-smi, a version in /proc) but that
+    no package owns (NVIDIA's .run installer, a hand build)."""
+    return bool(running.get("version") and running.get("smi_ok") and not running.get("owner"))
+
+
+def host_state_problems(knobs: RoleKnobs, os_release: dict, arch: str, running: dict, sources: dict) -> list[str]:
+    """Pure: every problem of the driver / container-runtime host state (empty when fine); `knobs` validated
+    (fleet.py plan_for)."""
     driver, docker = knobs.driver, knobs.docker
     problems = []
     manage = driver.nvidia_driver_manage
@@ -111,7 +120,7 @@ def state_problems(knobs: RoleKnobs, os_release: dict, arch: str, running: dict,
             driver_table.packages_for(driver, os_release.get("id", ""))
         except driver_table.DriverTableError as error:
             problems.append(f"{error}.")
-        if running.get("version") and running.get("smi_ok") and not running.get("owner"):  # .run installer, hand build
+        if unowned_driver(running):
             problems.append(
                 f"NVIDIA driver {running['version']} is running but no package owns {running['smi']} (NVIDIA's .run "
                 "installer or a hand build); rigforge will not install packages over it: set "
@@ -147,10 +156,11 @@ def unpublished(
 
 
 def branch_published(driver: NvidiaDriver, os_release: dict, arch: str) -> list[str]:
-    """[refusal] when the CUDA repository (its index read with curl) lacks the driver branch; unreadable: a warning."""
+    """[refusal] when the CUDA repository (its index read with curl) lacks the driver branch, while the CUDA
+    repository's driver packages are not installed; its index unreadable: a warning."""
     if not driver.nvidia_driver_manage or driver.nvidia_driver_source != "cuda":
         return []
-    packages = driver_table.packages_for(driver, os_release.get("id", ""))  # state_problems checked it
+    packages = driver_table.packages_for(driver, os_release.get("id", ""))  # host_state_problems checked it
     if host.get_fact(DebInstalledVersion, package=packages.pinning or packages.version_package):
         return []  # installed: the branch was published, and a no-op asks nothing
     url = nvidia_driver.cuda_repo(driver, os_release, arch)[0]
@@ -183,7 +193,8 @@ def check(needs: Needs, knobs: RoleKnobs, settings: Settings, more: list[str] = 
     )
     # the driver and container-runtime roles' host-state checks, then the controller's
     arch = host.get_fact(DebArch) or "amd64"
-    found = state_problems(knobs, os_release, arch, host.get_fact(NvidiaRunningDriver), host.get_fact(AptSourceFiles))
+    running, sources = host.get_fact(NvidiaRunningDriver), host.get_fact(AptSourceFiles)
+    found = host_state_problems(knobs, os_release, arch, running, sources)
     problems += found
     lines = host.get_fact(FileContents, path=DAEMON_JSON)
     try:

@@ -154,7 +154,7 @@ def test_ubuntu_archive_source(os, flavor):
 def test_ubuntu_source_and_missing_rows_are_refused_in_preflight():
     data = {"nvidia_driver_source": "ubuntu"}
     debian = {"id": "debian", "version_id": "13"}
-    (problem,) = preflight.state_problems(RoleKnobs.of(data), debian, "amd64", {}, {})
+    (problem,) = preflight.host_state_problems(RoleKnobs.of(data), debian, "amd64", {}, {})
     assert "no open driver package for debian from nvidia_driver_source='ubuntu'" in problem
     assert "use nvidia_driver_source: cuda" in problem
     for bad, key in (
@@ -363,8 +363,8 @@ def test_adoption_off_is_refused_in_preflight_naming_each_file():
         )
     )
     ubuntu = {"id": "ubuntu", "version_id": "24.04", "codename": "noble"}
-    assert preflight.state_problems(RoleKnobs.of({}), ubuntu, "amd64", {}, sources) == []  # adopted by default
-    problems = preflight.state_problems(RoleKnobs.of({"apt_adopt_sources": False}), ubuntu, "amd64", {}, sources)
+    assert preflight.host_state_problems(RoleKnobs.of({}), ubuntu, "amd64", {}, sources) == []  # adopted by default
+    problems = preflight.host_state_problems(RoleKnobs.of({"apt_adopt_sources": False}), ubuntu, "amd64", {}, sources)
     assert [p.split(" already points at")[0] for p in problems] == [
         "/etc/apt/sources.list.d/cuda-ubuntu2404-x86_64.list",
         "/etc/apt/sources.list.d/docker.list",
@@ -373,7 +373,7 @@ def test_adoption_off_is_refused_in_preflight_naming_each_file():
     mixed = AptSourceFiles().process(
         source_listing({"/etc/apt/sources.list": DOCKER_LIST + "deb http://archive.ubuntu.com/ubuntu noble main\n"})
     )
-    (problem,) = preflight.state_problems(RoleKnobs.of({}), ubuntu, "amd64", {}, mixed)
+    (problem,) = preflight.host_state_problems(RoleKnobs.of({}), ubuntu, "amd64", {}, mixed)
     assert problem.startswith("/etc/apt/sources.list points at https://download.docker.com/linux/ubuntu and at other")
 
 
@@ -387,16 +387,20 @@ def test_a_running_driver_no_package_owns_is_refused_unless_left_alone():
     )
     want = {"version": "580.159.04", "smi": "/usr/bin/nvidia-smi", "smi_ok": True, "owner": None, "cuda": None}
     assert unowned == want
+    assert preflight.unowned_driver(unowned)
     owned = NvidiaRunningDriver().process(
         [f"proc={PROC}", "smi=/usr/bin/nvidia-smi", "smi_ok=1", "owner=nvidia-utils-580: /usr/bin/nvidia-smi"]
     )
+    assert not preflight.unowned_driver(owned)
     ubuntu, defaults = {"id": "ubuntu", "version_id": "24.04", "codename": "noble"}, RoleKnobs.of({})
-    assert owned["owner"] == "nvidia-utils-580" and preflight.state_problems(defaults, ubuntu, "amd64", owned, {}) == []
-    (problem,) = preflight.state_problems(defaults, ubuntu, "amd64", unowned, {})
+    assert owned["owner"] == "nvidia-utils-580"
+    assert preflight.host_state_problems(defaults, ubuntu, "amd64", owned, {}) == []
+    (problem,) = preflight.host_state_problems(defaults, ubuntu, "amd64", unowned, {})
     assert problem.startswith("NVIDIA driver 580.159.04 is running but no package owns /usr/bin/nvidia-smi")
     assert "nvidia_driver_manage: false" in problem and "\n" not in problem
-    assert preflight.state_problems(RoleKnobs.of({"nvidia_driver_manage": False}), ubuntu, "amd64", unowned, {}) == []
-    (other,) = preflight.state_problems(
+    left_alone = RoleKnobs.of({"nvidia_driver_manage": False})
+    assert preflight.host_state_problems(left_alone, ubuntu, "amd64", unowned, {}) == []
+    (other,) = preflight.host_state_problems(
         RoleKnobs.of({"nvidia_driver_manage": False, "nvidia_driver_branch": 590}), ubuntu, "amd64", unowned, {}
     )
     assert "running NVIDIA driver is 580.159.04, not branch 590" in other
