@@ -261,8 +261,10 @@ def boot_caps(seen: Mapping, ctx: CapsContext) -> tuple[str, str]:
 def summary(seen: Mapping, ctx: CapsContext) -> str:
     """status's sentence after "power caps: 230 W"; with services not managed (no systemd), the writers found."""
     if not ctx.manage:
-        named = ", ".join(f"{label(name, w)} ({'/'.join(map(str, w.get('watts') or [])) or '?'} W)"
-                          for name, w in ctx.cap_units.items())  # fmt: skip
+        named = ", ".join(
+            f"{label(name, w)} ({'/'.join(map(str, w.get('watts') or [])) or '?'} W)"
+            for name, w in ctx.cap_units.items()
+        )
         return f"other cap writers: {named}; what ran not read (services not managed)" if named else ""
     j = judge(seen, ctx)
     return _set_last(j) if j.ok else f"NOT set last at this boot: {'; '.join(j.problems)}"

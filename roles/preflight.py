@@ -63,8 +63,13 @@ def sources_needed(plan: Plan, weights: Mapping[str, dict]) -> list[Source]:
         path = plan.layout.src(pin.name)
         state = host.get_fact(GitCheckout, path=path, files=tuple(dict(pin.files)))
         if pin.url.startswith(("http://", "https://")) and checkout(pin, path, state):
-            out.append(Source(f"git remote {pin.name}", f"{pin.url}/info/refs?service=git-upload-pack",
-                              f"check git.{pin.name}.url in the lock"))  # fmt: skip
+            out.append(
+                Source(
+                    f"git remote {pin.name}",
+                    f"{pin.url}/info/refs?service=git-upload-pack",
+                    f"check git.{pin.name}.url in the lock",
+                )
+            )
     endpoint = plan.knobs.weights.hf_endpoint.rstrip("/")
     for asset in plan.assets:
         if not asset.pin.gated and stale_weights(asset.pin, weights[asset.name]):  # gated: the token check asks
@@ -98,8 +103,10 @@ def remote_problems(plan: Plan, weights: Mapping[str, dict]) -> list[str]:
     fine = verdicts.count((None, None))
     if fine:  # said at default verbosity, so `--dry` shows what was asked (a re-run with nothing to fetch asks nothing)
         asked = ", ".join(s.what for s in sources)
-        host.log_styled(f"{host.name}: {fine} of {len(sources)} remote sources this run fetches from answer ({asked})",
-                        log_func=logger.info)  # fmt: skip
+        host.log_styled(
+            f"{host.name}: {fine} of {len(sources)} remote sources this run fetches from answer ({asked})",
+            log_func=logger.info,
+        )
     return [refusal for refusal, _ in verdicts if refusal]
 
 

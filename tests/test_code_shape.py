@@ -1,0 +1,36 @@
+"""What the product code keeps to (issue 48), checked rather than claimed: black's layout everywhere (no
+`# fmt: skip`: none was an aligned table), and every function annotated (ruff's ANN rules, with no exemption left
+for a file of rigforge/, roles/ or deploy/)."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PRODUCT = ("rigforge", "roles", "deploy")
+
+
+def product_files() -> list[Path]:
+    return [path for top in PRODUCT for path in sorted((REPO / top).rglob("*.py"))]
+
+
+def test_no_line_of_the_product_code_opts_out_of_the_formatter():
+    skipped = [
+        f"{path.relative_to(REPO)}:{number}"
+        for path in product_files()
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if line.rstrip().endswith("# fmt: skip")
+    ]
+    assert skipped == [], skipped
+
+
+def test_ruff_checks_every_product_file_for_annotations():
+    lint = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["ruff"]["lint"]
+    assert "ANN" in lint["select"], lint["select"]
+    exempt = [
+        pattern
+        for pattern, rules in lint.get("per-file-ignores", {}).items()
+        if "ANN" in rules and pattern.startswith(PRODUCT)
+    ]
+    assert exempt == [], exempt
