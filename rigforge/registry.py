@@ -134,6 +134,10 @@ def _locked(ca_dir: Path) -> Iterator[Path]:
             yield ca_dir
 
 
+# openssl req's arguments for a new key: EC on the P-256 curve, written unencrypted (the file's mode guards it)
+NEW_EC_KEY = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+
+
 def ca_certificate(ca_dir: Path) -> str:
     """The fleet CA's certificate (PEM), made first when `ca_dir` has none. Its key stays in `ca_dir`, 0600."""
     with _locked(ca_dir):
@@ -142,11 +146,7 @@ def ca_certificate(ca_dir: Path) -> str:
                 _openssl(
                     "req",
                     "-x509",
-                    "-newkey",
-                    "ec",
-                    "-pkeyopt",
-                    "ec_paramgen_curve:prime256v1",
-                    "-nodes",
+                    *NEW_EC_KEY,
                     "-keyout",
                     "ca.key",
                     "-out",
@@ -193,11 +193,7 @@ def server_certificate(ca_dir: Path, address: str) -> tuple[str, str]:
                 _openssl(
                     "req",
                     "-new",
-                    "-newkey",
-                    "ec",
-                    "-pkeyopt",
-                    "ec_paramgen_curve:prime256v1",
-                    "-nodes",
+                    *NEW_EC_KEY,
                     "-keyout",
                     "s.key",
                     "-subj",

@@ -54,7 +54,7 @@ from ._util import (
     stop_pidfile,
     wait_listener,
 )
-from .rig import USER, Rig, RigSpec, api_address, api_ports
+from .rig import USER, Rig, RigSpec, api_address, api_ports, make_keys
 from .rootfs import PREFETCH_NO_RECOMMENDS, copy_host_network_config, extract, locked, pack, prepare_rig
 
 BOOTED_PACKAGES = ["openssh-server", "docker.io", "docker-cli", "docker-compose", "iproute2"]
@@ -598,22 +598,7 @@ def make_rig(rig_dir: Path, port: int, spec: RigSpec, tarball: Path, uid: int, f
     info_file = rig_dir / "rig.json"
     info = json.loads(info_file.read_text()) if info_file.exists() else {}
     stop(rig_dir)
-    for key in ("ssh_host_ed25519_key", "id_ed25519"):
-        if not (rig_dir / key).exists():
-            sh(
-                [
-                    "ssh-keygen",
-                    "-q",
-                    "-t",
-                    "ed25519",
-                    "-N",
-                    "",
-                    "-C",
-                    f"rigforge-testbed-{rig_dir.name}",
-                    "-f",
-                    str(rig_dir / key),
-                ]
-            )
+    make_keys(rig_dir)
     if fresh or not (root / ".rigforge-rig").exists() or info.get("tarball") != tarball.name:
         extract(tarball, root)
         prepare_rig(root, uid, USER)

@@ -73,7 +73,7 @@ from .content import HF_TOKEN, UNLOCKED, build_git, build_hf, build_recipes, con
 from .hostpkgs import ensure as ensure_host_packages
 from .presets import apply as apply_preset
 from .recipe_commits import B_IMAGE, SLOW_ENV, SLOW_IMAGE
-from .rig import IMAGE_REF, USER, Rig, RigSpec, recipe_images
+from .rig import IMAGE_REF, USER, Rig, RigSpec, make_keys, recipe_images
 from .rootfs import build_tarball, extract, locked, prepare_rig
 
 if TYPE_CHECKING:  # testinfra is imported where used (the tests' helper)
@@ -543,22 +543,7 @@ def _make_rig(
         (sim / "gpus.json").write_text(json.dumps(spec.gpus_json(str(rig_dir)), indent=1) + "\n")
         _simulate_pci(root, spec.gpus, spec.pci_device)
         (root / "var/lib/rigforge-sim/state.json").unlink(missing_ok=True)
-    for key in ("ssh_host_ed25519_key", "id_ed25519"):
-        if not (rig_dir / key).exists():
-            sh(
-                [
-                    "ssh-keygen",
-                    "-q",
-                    "-t",
-                    "ed25519",
-                    "-N",
-                    "",
-                    "-C",
-                    f"rigforge-testbed-{rig_dir.name}",
-                    "-f",
-                    str(rig_dir / key),
-                ]
-            )
+    make_keys(rig_dir)
     (rig_dir / "authorized_keys").write_text((rig_dir / "id_ed25519.pub").read_text())
     (rig_dir / "authorized_keys").chmod(0o644)
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)

@@ -9,7 +9,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ._util import chroot_env
+from ._util import chroot_env, sh
 from .content import recipes_dir
 
 USER = "rigadmin"
@@ -78,6 +78,15 @@ class Rig:
             text=True,
             check=check,
         )
+
+
+def make_keys(rig_dir: Path) -> None:
+    """The rig's SSH host key and the key the controller logs in with, in `rig_dir`, made once (kept across rebuilds
+    of its root file system, so known_hosts and the inventory stay valid)."""
+    for key in ("ssh_host_ed25519_key", "id_ed25519"):
+        if not (rig_dir / key).exists():
+            comment = f"rigforge-testbed-{rig_dir.name}"
+            sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(rig_dir / key)])
 
 
 def api_address(ssh_port: int) -> str:
