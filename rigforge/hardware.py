@@ -365,9 +365,10 @@ def format_problems(
 ) -> str:
     """One message naming the host, every problem, then what this run changed on it (`changed`) or that nothing was."""
     lines = [f"{what} on {host_name}:"] + [f"  - {problem}" for problem in problems]
-    if changed:
-        lines += ["This run changed this host before the check (the rest of the deploy did not run):"]
-    return "\n".join(lines + ([f"  * {name}" for name in changed] or ["Nothing was changed on this host."]))
+    if not changed:
+        return "\n".join(lines + ["Nothing was changed on this host."])
+    lines += ["This run changed this host before the check (the rest of the deploy did not run):"]
+    return "\n".join(lines + [f"  * {name}" for name in changed])
 
 
 P2P_STATUS = {  # `nvidia-smi topo -p2p` legend

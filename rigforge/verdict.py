@@ -98,12 +98,14 @@ def weights(pin: HfPin, dest: str, state: dict) -> list[str]:
 
 def missing_packages(packages: PackageSet, installed: Mapping[str, list[str]] | None) -> list[str]:
     """The specs of `packages` that `installed` (DebPackages) lacks, a pinned one also when at another version."""
-
-    def lacks(name: str, _equals: str, version: str) -> bool:  # a spec "name=version" partitioned
-        versions = (installed or {}).get(name)
-        return not versions or bool(version) and version not in versions
-
-    return [spec for spec in packages.specs if lacks(*spec.partition("="))]
+    installed = installed or {}
+    missing = []
+    for spec in packages.specs:
+        name, _, version = spec.partition("=")
+        versions = installed.get(name)
+        if not versions or (version and version not in versions):
+            missing.append(spec)
+    return missing
 
 
 def unheld_packages(

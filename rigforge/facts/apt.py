@@ -22,14 +22,20 @@ def normalize_uri(uri: str) -> str:
     return f"{scheme.lower()}://{host.lower()}{slash}{path}"
 
 
-# a one-line entry's URI: the first word after `deb`/`deb-src` and its options (`[...]`, up to the first `]`)
-_DEB_LINE = re.compile(r"deb(?:-src)?[ \t]\s*(?:\[[^\]]*\]\s*|(?!\[))(\S+)")
-
-
 def parse_one_line(text: str) -> list[str]:
-    """URIs of the enabled `deb`/`deb-src` lines of a one-line .list file."""
-    lines = (line.split("#", 1)[0].strip() for line in text.splitlines())
-    return [match[1] for match in map(_DEB_LINE.match, lines) if match]
+    """URIs of the enabled `deb`/`deb-src` lines of a one-line .list file: each line's first word after `deb` or
+    `deb-src` and its options (`[...]`, up to the first `]`); a comment (`#` to the end of the line) is ignored."""
+    uris = []
+    for line in text.splitlines():
+        entry = line.split("#", 1)[0].strip()
+        if not entry.startswith(("deb ", "deb-src ", "deb\t", "deb-src\t")):
+            continue
+        rest = entry.split(None, 1)[1].strip()  # after `deb`/`deb-src`: the options, if any, then the URI
+        if rest.startswith("["):
+            rest = rest.split("]", 1)[1].strip() if "]" in rest else ""
+        if rest:
+            uris.append(rest.split()[0])
+    return uris
 
 
 def parse_deb822(text: str) -> list[str]:

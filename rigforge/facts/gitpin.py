@@ -37,15 +37,20 @@ class GitCheckout(FactBase[Checkout | None]):
     def process(self, output: list[str]) -> Checkout | None:
         if not output or output[0].strip() == "absent":
             return None
-        pairs = [line.partition("=")[::2] for line in output]
-        last = dict(pairs)
-        return {
-            "head": last.get("head", "").strip(),
-            "url": last.get("url", "").strip(),
-            "sparse": last.get("sparse", "").strip() == "true",
-            "patterns": [value.strip() for key, value in pairs if key == "pattern" and value.strip()],
-            "dirty": [value for key, value in pairs if key == "dirty"],
-            "files": {
-                n.strip(): d.strip() for d, _, n in (value.partition("  ") for key, value in pairs if key == "file")
-            },
-        }
+        state: Checkout = {"head": "", "url": "", "sparse": False, "patterns": [], "dirty": [], "files": {}}
+        for line in output:
+            key, _, value = line.partition("=")
+            if key == "head":
+                state["head"] = value.strip()
+            elif key == "url":
+                state["url"] = value.strip()
+            elif key == "sparse":
+                state["sparse"] = value.strip() == "true"
+            elif key == "pattern" and value.strip():
+                state["patterns"].append(value.strip())
+            elif key == "dirty":
+                state["dirty"].append(value)
+            elif key == "file":  # sha256sum's "<digest>  <path>"
+                digest, _, name = value.partition("  ")
+                state["files"][name.strip()] = digest.strip()
+        return state

@@ -40,17 +40,22 @@ def source_path(repo: str) -> str:
 
 
 def source_problems(files: dict[str, list[str]], uri: str, repo: str, adopt: bool, key: str) -> list[str]:
-    """Preflight problems with source files already pointing at `uri`."""
-    return [
-        f"{path} points at {uri} and at other repositories too; move the {uri} entry out of it "
-        f"(rigforge writes {source_path(repo)} for it)."
-        if not only
-        else f"{path} already points at {uri}; rigforge would write {source_path(repo)} with its own key "
-        f"and apt would refuse both. Remove {path}, or set apt_adopt_sources: true to let rigforge "
-        f"replace it (kept as {path}{BACKUP_SUFFIX}). ({key})"
-        for path, only in sorted(same_uri_files(files, uri, source_path(repo)).items())
-        if not only or not adopt
-    ]
+    """Preflight problems with source files already pointing at `uri`: a file that points at other repositories
+    too, and (unless `adopt`) a file that points only at `uri`."""
+    problems = []
+    for path, only in sorted(same_uri_files(files, uri, source_path(repo)).items()):
+        if not only:
+            problems.append(
+                f"{path} points at {uri} and at other repositories too; move the {uri} entry out of it "
+                f"(rigforge writes {source_path(repo)} for it)."
+            )
+        elif not adopt:
+            problems.append(
+                f"{path} already points at {uri}; rigforge would write {source_path(repo)} with its own key "
+                f"and apt would refuse both. Remove {path}, or set apt_adopt_sources: true to let rigforge "
+                f"replace it (kept as {path}{BACKUP_SUFFIX}). ({key})"
+            )
+    return problems
 
 
 @operation()

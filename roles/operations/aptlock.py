@@ -32,8 +32,11 @@ class LockHolder(TypedDict):
 def parse(output: list[str] | str) -> LockHolder | None:
     """{"lock", "pid", "command"} from HOLDER's output; None when every lock is free."""
     text = (output if isinstance(output, str) else "\n".join(output)).strip()
-    m = re.match(r"(?P<lock>\S+) (?P<pid>-?\d+) ?(?P<command>.*)", text)  # the first line
-    return m and {**m.groupdict(), "pid": int(m["pid"]), "command": " ".join(m["command"].split())[:80]}
+    match = re.match(r"(?P<lock>\S+) (?P<pid>-?\d+) ?(?P<command>.*)", text)  # the first line
+    if not match:
+        return None
+    command = " ".join(match["command"].split())[:80]
+    return {"lock": match["lock"], "pid": int(match["pid"]), "command": command}
 
 
 def describe(holder: LockHolder, held: str = "is held") -> str:
