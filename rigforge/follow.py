@@ -1,8 +1,10 @@
 """`rigforge lock --recipes REF`: the lock follows the recipe repo to REF (a tag, branch or commit of `git.recipes`).
 Each engine the lock has an image entry for, or a used slug runs, gets the image its profile's `install.spec` runs at
-REF (rigforge/recipes.py), unresolved when its ref moved; a used slug's second compose image and each weights repo it
-needs that the lock lacks get unresolved entries, for rigforge/lock.py `resolve`. The recipe pin records REF's
-content digest, by which a copy of the recipe repo without .git (RIGFORGE_RECIPES) is told apart from other commits.
+REF (rigforge/recipes.py): unresolved again when its ref moved, else keeping its digest. A used slug's second compose
+image gets an entry named after its service, and each weights repo it needs that the lock lacks an unresolved hf
+entry; the caller resolves them all (rigforge/lock.py `resolve`), prints the diff and writes the lock. The recipe pin
+records REF's content digest, by which a copy of the recipe repo without .git (RIGFORGE_RECIPES) is told apart from
+other commits.
 """
 
 import dataclasses
@@ -33,10 +35,8 @@ def follow(
         if old is None or old.ref != engines[engine]:
             images[engine] = ImagePin(ref=engines[engine], cuda=old.cuda if old else None)
     for r in used:
-        for service, svc in list((repo.compose(r).get("services") or {}).items())[1:]:  # after the serving one
-            if not isinstance(svc, dict) or not svc.get("image"):
-                continue
-            name, _, digest = str(svc["image"]).partition("@")
+        for service, image in second_images(repo.compose(r)).items():
+            name, _, digest = image.partition("@")
             if images.get(service, ImagePin(ref="")).ref != name:
                 images[service] = ImagePin(ref=name, digest=digest or None)
     hf = dict(lock.hf)
@@ -45,6 +45,12 @@ def follow(
             pin = recipes.weights_pin(w)
             hf[pin.name] = pin
     return dataclasses.replace(lock, git={**lock.git, recipes.GIT_NAME: moved}, images=images, hf=hf), repo
+
+
+def second_images(compose: dict) -> dict[str, str]:
+    """{service: image} of a compose file's services after the first (the serving one), e.g. a kernel image."""
+    services = list((compose.get("services") or {}).items())[1:]
+    return {name: str(svc["image"]) for name, svc in services if isinstance(svc, dict) and svc.get("image")}
 
 
 def diff(old: Lock, new: Lock, path: str) -> str:

@@ -20,6 +20,7 @@ NOUVEAU_TEXT = """# managed by rigforge: the NVIDIA driver needs nouveau unloade
 blacklist nouveau
 options nouveau modeset=0
 """
+CUDA_ORIGIN = "developer.download.nvidia.com"  # the origin apt gives NVIDIA's CUDA repository's packages
 
 
 def cuda_repo(knobs: NvidiaDriver, os_release: dict, deb_arch: str) -> tuple[str, str, str]:
@@ -28,6 +29,25 @@ def cuda_repo(knobs: NvidiaDriver, os_release: dict, deb_arch: str) -> tuple[str
     key_file, fingerprint = driver_table.cuda_key(os_release)
     key_url = knobs.nvidia_driver_repo_key_url or f"{url}{key_file}"
     return url, key_url, knobs.nvidia_driver_repo_key_fingerprint or fingerprint
+
+
+def ubuntu_pin_text(packages: driver_table.DriverPackages) -> str:
+    """apt preferences: the driver packages never come from NVIDIA's repository (Ubuntu's archive wins)."""
+    names = " ".join(["nvidia-*", "libnvidia-*", *packages.install])
+    return (
+        "# managed by rigforge: nvidia_driver_source=ubuntu, NVIDIA's CUDA repository must not win\n"
+        f'Package: {names}\nPin: origin "{CUDA_ORIGIN}"\nPin-Priority: -1\n'
+    )
+
+
+def unattended_text(packages: driver_table.DriverPackages, source: str) -> str:
+    """apt.conf: unattended-upgrades leaves the driver packages of `source` alone (they change only through
+    rigforge, held)."""
+    lines = "".join(f'    "{pattern}";\n' for pattern in packages.unattended_patterns(source))
+    return (
+        "// managed by rigforge: NVIDIA driver packages change only through rigforge (held)\n"
+        f"Unattended-Upgrade::Package-Blacklist {{\n{lines}}};\n"
+    )
 
 
 @deploy("NVIDIA driver")
@@ -61,13 +81,8 @@ def install(plan: Plan) -> None:
             key_sha256=knobs.nvidia_driver_repo_key_sha256,
         )
     else:
-        names = " ".join(["nvidia-*", "libnvidia-*", *packages.install])
-        header = "# managed by rigforge: nvidia_driver_source=ubuntu, NVIDIA's CUDA repository must not win\n"
-        pin = f'Package: {names}\nPin: origin "developer.download.nvidia.com"\nPin-Priority: -1\n'
-        apt_repo.put_file("Pin the NVIDIA driver to Ubuntu's archive", header + pin, UBUNTU_PIN)
-    patterns = "".join(f'    "{pattern}";\n' for pattern in packages.unattended_patterns(source))
-    header = "// managed by rigforge: NVIDIA driver packages change only through rigforge (held)\n"
-    unattended = f"{header}Unattended-Upgrade::Package-Blacklist {{\n{patterns}}};\n"
+        apt_repo.put_file("Pin the NVIDIA driver to Ubuntu's archive", ubuntu_pin_text(packages), UBUNTU_PIN)
+    unattended = unattended_text(packages, source)
     apt_repo.put_file("Keep the NVIDIA driver packages out of unattended upgrades", unattended, UNATTENDED_CONF)
     blacklist = apt_repo.put_file("Blacklist the nouveau driver", NOUVEAU_TEXT, NOUVEAU_CONF)
     server.shell(
