@@ -1,6 +1,9 @@
-"""Whether rigforge's caps are the last written at this boot and held since (power and settle units, the cap hold's
-timer: docs/operators.md "power caps"), for status and verify. A unit of rigforge's that did not run at this boot
-fails on its own (an ordering cycle can be lost from the journal). Pure: no host, no pyinfra.
+"""Whether rigforge's caps are the last written at this boot and held since, for status and verify (docs/operators.md
+"power caps"). At boot rigforge-gpu-power.service sets the caps early, ordered after no other cap writer (so never in
+an ordering cycle); rigforge-gpu-settle.service, once the boot has finished, sets back every cap another writer
+changed and watches for `gpu_power_settle_window_s` seconds; with host data gpu_power_hold (the default) the cap
+hold's timer sets back a changed cap every HOLD_INTERVAL_S seconds from boot on. A unit of rigforge's that did not
+run at this boot fails on its own (an ordering cycle can be lost from the journal). Pure: no host, no pyinfra.
 """
 
 from __future__ import annotations

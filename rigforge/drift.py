@@ -196,6 +196,8 @@ def cuda(obs: Observed, ctx: RigContext) -> Check:
 
 
 def gpu_checks(obs: Observed, ctx: RigContext) -> list[Check]:
+    """GPUs visible (as many as the variant needs, none off the PCI bus), VRAM fits the variant (on the cards it runs
+    on), power caps hold (each GPU at its target), persistence mode on; all four fail when nvidia-smi lists no GPU."""
     gpus = gpus_with_targets(obs, ctx)
     if not gpus:
         return [Check("GPUs visible", FAIL, "nvidia-smi lists no GPU (driver not installed or not loaded)")] + [

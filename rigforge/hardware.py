@@ -442,7 +442,9 @@ def _inside(path: str, tree: str) -> bool:
 
 
 def changed_roots(layout: HostLayout, recorded: dict | None, size_of: Callable[[str], int | None]) -> list[str]:
-    """Warnings for rig.json's `recorded` trees `layout` no longer uses (`size_of(path)`: bytes, None when gone)."""
+    """Warnings for the trees an earlier deploy used (rig.json's `root` and `models`: `recorded`) that `layout` no
+    longer uses, each with its size (`size_of(path)`: bytes, None when it is gone) and how to remove it (by hand when
+    this run's trees are inside it); nothing is removed."""
     recorded = recorded or {}
     now = (layout.root, layout.models)
     out = []

@@ -1,4 +1,6 @@
-"""The commands' inventory and SSH plumbing: every host read in parallel, read-only commands and HTTP on a rig."""
+"""The commands' inventory and SSH plumbing: every host read in parallel, read-only commands and HTTP on a rig.
+Nothing here changes a rig.
+"""
 
 from __future__ import annotations
 
@@ -108,7 +110,8 @@ class _QuickAck:
 
 def no_delay(host: Host) -> None:
     """TCP_NODELAY on `host`'s SSH connection, and TCP_QUICKACK after each read where the system has it (docs/probe.md
-    "No wait for a delayed ACK"); nothing for a connection that is not TCP (a ProxyCommand) or not open."""
+    "No wait for a delayed ACK"); nothing for a connection that is not TCP (a ProxyCommand) or not open. Idempotent:
+    a second call sets the same options and wraps the socket only once."""
     transport = ssh_transport(host)
     sock = getattr(transport, "sock", None)
     if getattr(sock, "family", None) not in (socket.AF_INET, socket.AF_INET6):

@@ -1,4 +1,5 @@
-"""`rigforge status INVENTORY`: one row per rig, shown against its plan (rigforge/drift.py, docs/operators.md).
+"""`rigforge status INVENTORY`: one row per rig, every rig read in parallel and shown against its plan
+(rigforge/drift.py, docs/operators.md); nothing on a rig is changed.
 
 Exit: 0 every rig read, 1 some rig could not be read, 2 the inventory could not be loaded.
 """

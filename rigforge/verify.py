@@ -1,5 +1,6 @@
 """`rigforge verify INVENTORY`: one line per check per rig, read in parallel (docs/operators.md lists each check):
-rigforge/drift.py's, the gateways' and monitors', and API probes from the rig as the recipes' verify.sh.
+rigforge/drift.py's, the gateways' and monitors', and API probes from the rig as the recipes' verify.sh; nothing on
+a rig is changed.
 
 Exit: 0 every check passed (skips allowed), 1 a check failed, 2 inventory unreadable or a rig unreachable (none failed).
 """

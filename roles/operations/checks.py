@@ -84,7 +84,9 @@ def changed_by_this_run() -> list[str]:
 
 
 def refuse_now(name: str, message: str) -> None:
-    """Refuse this host while operations are prepared: `message` shown now (also by --dry), the run exits 1."""
+    """Refuse this host while its operations are prepared: print `message` now (so `pyinfra --dry` shows it),
+    count the host as failed (so the run exits 1) and queue the operation that stops it when the run executes
+    (`refuse`, named `name`)."""
     host.log_styled(message, fg="red", log_func=logger.error)
     state.failed_hosts.add(ctx_host.get())  # the host itself, not pyinfra's context proxy
     refuse(name=name)

@@ -114,7 +114,9 @@ def _rejoin(
 
 @operation(is_idempotent=False)
 def drained(plan: Plan, gateways: dict[str, bool], held: bool = False) -> Commands:
-    """Take this rig out of every fleet gateway, waiting up to ``gateway_drain_timeout`` s for its requests in flight.
+    """Take this rig out of every fleet gateway and wait until its requests in flight are done (up to
+    ``gateway_drain_timeout`` s, then it restarts, or rests, anyway); a warning where no other rig of its model is up
+    at a gateway.
 
     + plan: the rig's plan (its model, port and gateway knobs)
     + gateways: ``{inventory name: use sudo}`` of the gateway hosts
