@@ -57,8 +57,12 @@ def _sse_data(resp: requests.Response) -> Iterator[str]:
     chunks = iter(lambda: read(65536), b"") if read else resp.iter_content(chunk_size=None)
     buf = b""
     for chunk in chunks:
-        *lines, buf = (buf + chunk).split(b"\n")
-        yield from (line.strip()[5:].strip().decode() for line in lines if line.strip().startswith(b"data:"))
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            line = line.strip()
+            if line.startswith(b"data:"):
+                yield line[5:].strip().decode()
 
 
 def stream_once(
@@ -85,7 +89,8 @@ def stream_once(
             usage_tokens = (obj.get("usage") or {}).get("completion_tokens", usage_tokens)
             for choice in obj.get("choices") or []:
                 if any((choice.get("delta") or {}).get(k) for k in ("content", "reasoning_content", "reasoning")):
-                    ttft = time.perf_counter() - start if ttft is None else ttft
+                    if ttft is None:
+                        ttft = time.perf_counter() - start
                     deltas += 1
     end = time.perf_counter()
     if ttft is None:
@@ -209,61 +214,10 @@ def _progress(done: int, total: int, label: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """`rigforge bench`: the bench (`_run`), its exit code; a bench that cannot run or whose server fails it mid-run
+    prints why on stderr and exits 2."""
     try:
-        for name, least in (("warmups", 0), ("runs", 1), ("streams", 1)):
-            if getattr(args, name) < least:
-                raise BenchError(f"--{name} must be >= {least}")
-        if (parts := urlsplit(args.url)).scheme not in ("http", "https") or not parts.hostname:
-            raise BenchError(f"{args.url!r} is not an http(s) URL; give the server's base URL, e.g. http://rig1:8011")
-        base = args.url.rstrip("/").removesuffix("/v1")
-        headers = {"Authorization": f"Bearer {key}"} if (key := os.environ.get("RIGFORGE_API_KEY")) else None
-        try:
-            r = _session().get(f"{base}/v1/models", timeout=10, headers=headers)
-            r.raise_for_status()
-            served = [m["id"] for m in r.json().get("data", [])]
-        except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
-            raise BenchError(
-                f"cannot reach {base}/v1/models ({type(exc).__name__}: {exc}); "
-                "check the URL and that the server is up (`rigforge status INVENTORY`)"
-            ) from None
-        except (ValueError, KeyError, TypeError):
-            raise BenchError(f"{base}/v1/models did not answer an OpenAI model list") from None
-        if not (model := args.model or next(iter(served), None)):
-            raise BenchError(f"{base}/v1/models lists no model; pass --model")
-
-        info = variants_info()
-        variant, variant_from = args.variant, "--variant"
-        if variant and variant not in info:
-            raise BenchError(f"unknown variant {variant!r}; known: {', '.join(sorted(info))}")
-        if not variant:
-            port = urlsplit(base).port or (443 if base.startswith("https") else 80)
-            variant, variant_from = infer_variant(model, port, info), f"model {model} + port {port}"
-        measured = info[variant]["measured"] if variant else {}
-
-        prompts = [args.only] if args.only else list(PROMPTS)
-        per_prompt = args.warmups + args.runs
-        report = {"url": base, "model": model, "variant": variant, "variant_from": variant_from if variant else None}
-        report |= {k: getattr(args, k) for k in ("warmups", "runs", "streams")}
-        report |= {"sampling": {**SAMPLING, "enable_thinking": False}, "prompts": {}}
-        for k, name in enumerate(prompts):
-            text, max_tokens = PROMPTS[name]
-            rounds = []  # the warm-ups', then the measured runs' samples
-            for i in range(per_prompt):
-                samples = stream_many(base, model, text, max_tokens, args.timeout, args.streams, headers)
-                rounds.append(samples)
-                warm = i < args.warmups
-                n, of = (i + 1, args.warmups) if warm else (i + 1 - args.warmups, args.runs)
-                tps = statistics.fmean(s.wall_tps for s in samples)
-                label = f"{name} {'warm-up' if warm else 'run'} {n}/{of}  {tps:.1f} tok/s"
-                _progress(k * per_prompt + i + 1, len(prompts) * per_prompt, label)
-            report["prompts"][name] = {
-                "max_tokens": max_tokens,
-                "runs": [[s.as_dict(min(x.start for x in r)) for s in r] for r in rounds[args.warmups :]],
-                "summary": summarize(rounds[args.warmups :]),
-                "published": published(measured, name, args.streams),
-            }
-        print(json.dumps(report, indent=2) if args.json else format_report(report))
-        return 0
+        return _run(args)
     except BenchError as exc:
         message = str(exc)
     except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
@@ -274,6 +228,68 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write("\n")  # end a half-drawn progress bar before the message
     print(f"rigforge bench: {message}", file=sys.stderr)
     return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The bench itself: the arguments checked, the served model and its variant found, each prompt's warm-ups and
+    measured runs, the report printed (a table, or JSON with --json); 0 when it ran, BenchError when it cannot."""
+    for name, least in (("warmups", 0), ("runs", 1), ("streams", 1)):
+        if getattr(args, name) < least:
+            raise BenchError(f"--{name} must be >= {least}")
+    parts = urlsplit(args.url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise BenchError(f"{args.url!r} is not an http(s) URL; give the server's base URL, e.g. http://rig1:8011")
+    base = args.url.rstrip("/").removesuffix("/v1")
+    key = os.environ.get("RIGFORGE_API_KEY")
+    headers = {"Authorization": f"Bearer {key}"} if key else None
+    try:
+        r = _session().get(f"{base}/v1/models", timeout=10, headers=headers)
+        r.raise_for_status()
+        served = [m["id"] for m in r.json().get("data", [])]
+    except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
+        raise BenchError(
+            f"cannot reach {base}/v1/models ({type(exc).__name__}: {exc}); "
+            "check the URL and that the server is up (`rigforge status INVENTORY`)"
+        ) from None
+    except (ValueError, KeyError, TypeError):
+        raise BenchError(f"{base}/v1/models did not answer an OpenAI model list") from None
+    model = args.model or next(iter(served), None)
+    if not model:
+        raise BenchError(f"{base}/v1/models lists no model; pass --model")
+
+    info = variants_info()
+    variant, variant_from = args.variant, "--variant"
+    if variant and variant not in info:
+        raise BenchError(f"unknown variant {variant!r}; known: {', '.join(sorted(info))}")
+    if not variant:
+        port = urlsplit(base).port or (443 if base.startswith("https") else 80)
+        variant, variant_from = infer_variant(model, port, info), f"model {model} + port {port}"
+    measured = info[variant]["measured"] if variant else {}
+
+    prompts = [args.only] if args.only else list(PROMPTS)
+    per_prompt = args.warmups + args.runs
+    report = {"url": base, "model": model, "variant": variant, "variant_from": variant_from if variant else None}
+    report |= {k: getattr(args, k) for k in ("warmups", "runs", "streams")}
+    report |= {"sampling": {**SAMPLING, "enable_thinking": False}, "prompts": {}}
+    for k, name in enumerate(prompts):
+        text, max_tokens = PROMPTS[name]
+        rounds = []  # the warm-ups', then the measured runs' samples
+        for i in range(per_prompt):
+            samples = stream_many(base, model, text, max_tokens, args.timeout, args.streams, headers)
+            rounds.append(samples)
+            warm = i < args.warmups
+            n, of = (i + 1, args.warmups) if warm else (i + 1 - args.warmups, args.runs)
+            tps = statistics.fmean(s.wall_tps for s in samples)
+            label = f"{name} {'warm-up' if warm else 'run'} {n}/{of}  {tps:.1f} tok/s"
+            _progress(k * per_prompt + i + 1, len(prompts) * per_prompt, label)
+        report["prompts"][name] = {
+            "max_tokens": max_tokens,
+            "runs": [[s.as_dict(min(x.start for x in r)) for s in r] for r in rounds[args.warmups :]],
+            "summary": summarize(rounds[args.warmups :]),
+            "published": published(measured, name, args.streams),
+        }
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0
 
 
 def _tps(s: dict) -> str:
@@ -302,7 +318,8 @@ def format_report(rep: dict) -> str:
         )
         if "aggregate_tps" in s:
             per = ", ".join(f"{x:.1f}" for x in s["per_stream_wall_tps"])
-            agg, each = (f"{pub[k]:g}" if k in pub else "-" for k in ("aggregate_tps", "per_stream_tps"))
+            agg = f"{pub['aggregate_tps']:g}" if "aggregate_tps" in pub else "-"
+            each = f"{pub['per_stream_tps']:g}" if "per_stream_tps" in pub else "-"
             lines.append(
                 f"{'':<7}aggregate {_tps(s['aggregate_tps'])} over {rep['streams']} streams "
                 f"(published {agg}); per stream {per} (published {each})"

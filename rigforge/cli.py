@@ -7,7 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from rigforge import fleet, recipes
-from rigforge.catalog import CatalogError, load_catalog
+from rigforge.catalog import Catalog, CatalogError, load_catalog
 from rigforge.layout import HOLD_SCRIPT, SETTLE_SCRIPT
 from rigforge.lock import write_atomically
 from rigforge.pins import LockError, default_lock_path, load_lock
@@ -25,23 +25,30 @@ SUBCOMMANDS = {
 }
 
 
+def _list(catalog: Catalog) -> None:
+    """`rigforge render --list`: the seed variants, then the recipe repo's slugs at the lock's recipe pin (those
+    rigforge runs, then the opt-in ones, then the refused ones, with why); without a readable lock or recipe repo,
+    a line saying why the slugs are not listed."""
+    print(f"{'VARIANT':<44} {'PORT':>5}  {'STATUS':<12} {'RIGFORGE':<8} WEIGHTS")
+    for v in catalog.variants.values():
+        weights = ", ".join(catalog.assets[a].hf_repo for a in v.assets)
+        print(f"{v.name:<44} {v.port:>5}  {'seed':<12} {'yes':<8} {weights}  ({v.pick_when})")
+    try:
+        pin = load_lock(default_lock_path()).git.get(recipes.GIT_NAME)
+        repo = recipes.load_repo(pin.commit if pin else None, pin.content if pin else None)
+    except (recipes.RecipeError, LockError) as exc:
+        print(f"(recipe-repo slugs not listed: {exc})")
+        return
+    rows = [(r, "refused" if r.refused else "opt-in" if r.needs_opt_in else "yes") for r in repo.recipes.values()]
+    for r, how in sorted(rows, key=lambda x: ("yes", "opt-in", "refused").index(x[1])):
+        detail = f"refused: {r.refused}" if r.refused else r.weights_label
+        print(f"{r.slug:<44} {r.port:>5}  {r.status:<12} {how:<8} {detail}")
+
+
 def _render(args: argparse.Namespace) -> int:
     catalog = load_catalog()
     if args.list:
-        print(f"{'VARIANT':<44} {'PORT':>5}  {'STATUS':<12} {'RIGFORGE':<8} WEIGHTS")
-        for v in catalog.variants.values():
-            weights = ", ".join(catalog.assets[a].hf_repo for a in v.assets)
-            print(f"{v.name:<44} {v.port:>5}  {'seed':<12} {'yes':<8} {weights}  ({v.pick_when})")
-        try:
-            pin = load_lock(default_lock_path()).git.get(recipes.GIT_NAME)
-            repo = recipes.load_repo(pin.commit if pin else None, pin.content if pin else None)
-        except (recipes.RecipeError, LockError) as exc:
-            print(f"(recipe-repo slugs not listed: {exc})")
-            return 0
-        rows = [(r, "refused" if r.refused else "opt-in" if r.needs_opt_in else "yes") for r in repo.recipes.values()]
-        for r, how in sorted(rows, key=lambda x: ("yes", "opt-in", "refused").index(x[1])):
-            detail = f"refused: {r.refused}" if r.refused else r.weights_label
-            print(f"{r.slug:<44} {r.port:>5}  {r.status:<12} {how:<8} {detail}")
+        _list(catalog)
         return 0
     if not args.variant or not args.out:
         raise SettingsError("render needs VARIANT and --out DIR (variants: `rigforge render --list`)")

@@ -210,6 +210,12 @@ def on_rig(inventory_path: str, rig: str, lock: Path, fn: Callable[["Host", flee
         h.disconnect()
 
 
+def measured(args: argparse.Namespace, rig: str, lock: Path) -> float:
+    """`rig`'s median tokens/s at `lock`: `tps` of `--bench-requests` chat completions, on the rig connected with
+    `lock` as its lock (`on_rig`)."""
+    return on_rig(args.inventory, rig, lock, lambda h, _: tps(h, lock, args.bench_requests))
+
+
 # --- the rollout ---------------------------------------------------------------------------------------------
 
 
@@ -218,7 +224,7 @@ def canary(args: argparse.Namespace, h: "Host", old: Path, new: Path) -> None:
     naming the lock, image and recipe commit it is back at) when a check fails or it lost more than `--max-loss`."""
     back = named(old, [_plan(h, old).image])
     deploy(args.inventory, h.name, old, rest="drained")  # out of the gateway: its own speed, not the fleet's load
-    before = on_rig(args.inventory, h.name, old, lambda x, _: tps(x, old, args.bench_requests))
+    before = measured(args, h.name, old)
     say(f"{h.name}: canary baseline {before:.1f} tokens/s at {old.name}")
     try:
         deploy(args.inventory, h.name, new, rest="drained")
@@ -231,7 +237,7 @@ def canary(args: argparse.Namespace, h: "Host", old: Path, new: Path) -> None:
     if failed:
         say(f"{h.name}: canary at {new.name}: {failed.splitlines()[0]}")
     else:
-        after = on_rig(args.inventory, h.name, new, lambda x, _: tps(x, new, args.bench_requests))
+        after = measured(args, h.name, new)
         loss = 1 - after / before if before else 0.0
         change = speed_change(before, after)
         say(f"{h.name}: canary {after:.1f} tokens/s at {new.name}: {change} (allowed: {args.max_loss:.0%} slower)")
