@@ -2,12 +2,17 @@
 re-converge is mostly controller CPU, ~60 operations a rig), and rigforge's own bytecode kept.
 
 - Operation order: `inspect.stack()` read a source line per frame, only file names and line numbers are used;
-  `getframeinfo` (context 0) is remembered per call site.
-- `all_global_arguments()` (type hints evaluated on every call) and operations' `inspect.signature`: computed once.
+  `getframeinfo` (context 0) is remembered per call site. The same frames, file names and line numbers: the same
+  order.
+- `all_global_arguments()` (type hints evaluated on every call) and operations' `inspect.signature`: computed once,
+  the same values: the type hints are fixed once pyinfra is imported, and a function's signature does not change.
 - Host data: `HostData.__getattr__` raised and caught a KeyError per source lacking the key (~2 200 lookups a rig,
-  ~2.4x faster with `in`); `pop_global_arguments` merges the sources once a call (~77 us to ~11).
+  ~2.4x faster with `in`); `pop_global_arguments` merges the sources once a call (~77 us to ~11). Both keep the
+  same sources, in the same order, the same copy of the same value.
 - Bytecode: pyinfra's CLI sets `sys.dont_write_bytecode`, so an editable install compiled its ~60 modules on every
-  run (~90 ms); `keep_bytecode` writes it at exit (not with PYTHONDONTWRITEBYTECODE, nor where not writable).
+  run (~90 ms); `keep_bytecode` writes it at exit (not with PYTHONDONTWRITEBYTECODE, nor where not writable), only
+  for rigforge/ and roles/ modules this run imported from source. Python re-checks each file's mtime and size, so
+  an edited module compiles again.
 `benchmarks/bench_converge.py` measures the effect (benchmarks/RESULTS.md).
 """
 
@@ -49,8 +54,10 @@ def operation_order(state: State) -> list[int]:
     """`pyinfra.api.util.get_operation_order_from_stack`: the calling stack's line numbers (`getframeinfo`), outermost
     first from the deploy file's first frame, pyinfra's own frames left out (the CLI's op file number first)."""
     infos = [getframeinfo(frame) for frame, _ in traceback.walk_stack(sys._getframe(1))][::-1]
-    deploy = state.current_deploy_filename  # its first frame; else none (pyinfra's loop ends on its own frame)
-    start = next((i for i, info in enumerate(infos) if info.filename == deploy), len(infos)) if deploy else 0
+    start = 0
+    if state.current_deploy_filename:  # its first frame; else none (pyinfra's loop ends on its own frame)
+        found = (i for i, info in enumerate(infos) if info.filename == state.current_deploy_filename)
+        start = next(found, len(infos))
     lines = [state.current_op_file_number] if pyinfra.is_cli else []
     return lines + [info.lineno for info in infos[start:] if not info.filename.startswith(util.PYINFRA_INSTALL_DIR)]
 
@@ -69,8 +76,9 @@ def pop_global_arguments(state: State, host: Host, kwargs: dict) -> tuple[dict, 
     else the current @deploy's kwargs, else the host's data, else pyinfra's config; and the keys `kwargs` had."""
     config = ctx_config.get() if ctx_config.isset() else state.config
     deploy_kwargs = host.current_deploy_kwargs or {}
-    # HostData's sources: the first that has a key wins
-    data = {k: v for source in reversed(host.data.datas) for k, v in (source() if callable(source) else source).items()}
+    data = {}
+    for source in reversed(host.data.datas):  # HostData's sources: the first that has a key wins
+        data.update(source() if callable(source) else source)
     found = [key for key, _ in arguments.all_global_arguments() if key in kwargs]
     values = {}
     for key, type_ in arguments.all_global_arguments():
