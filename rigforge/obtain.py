@@ -55,7 +55,8 @@ class ImageRef:
 
 
 def parse(image: str) -> ImageRef:
-    """`[host[:port]/]name[:tag][@sha256:...]` as Docker does: a first part with '.', ':' or 'localhost' is a host."""
+    """`[host[:port]/]name[:tag][@sha256:...]` as Docker reads it (a first part with '.' or ':', or 'localhost',
+    is a registry host; otherwise Docker Hub, whose one-part names live under library/)."""
     rest, _, digest = image.partition("@")
     if digest and not DIGEST.match(digest):
         raise ValueError(f"{image!r}: the digest must be sha256:<64 hex>")
@@ -97,9 +98,12 @@ def sources(image: str, fleet: RegistryPlan | None, upstream: str | None, upstre
     out = []
     if fleet is not None and ref.on_docker_hub:
         verify = False if fleet.insecure else str(Path(fleet.ca_dir) / "ca.crt")  # the fleet CA (plain HTTP: none)
-        out.append(Source(f"the fleet registry {fleet.endpoint}", "fleet", *ask(fleet.url, ref, verify)))
+        has, why = ask(fleet.url, ref, verify)
+        out.append(Source(f"the fleet registry {fleet.endpoint}", "fleet", has, why))
     base = (upstream or DOCKER_HUB_API) if ref.on_docker_hub else f"https://{ref.registry}"
-    return [*out, Source(f"upstream ({ref.registry})", "upstream", *ask(base, ref, upstream_ca or True))]
+    has, why = ask(base, ref, upstream_ca or True)
+    out.append(Source(f"upstream ({ref.registry})", "upstream", has, why))
+    return out
 
 
 def problem(image: str, found: list[Source], successor: str | None) -> str | None:
@@ -128,12 +132,15 @@ def origin(on_rig: bool, found: list[Source]) -> tuple[str, bool]:
     """(where the image comes from, as status says it: the fleet, upstream or the rig alone; whether to warn)."""
     have = [s.kind for s in found if s.has]
     unknown = [s.name for s in found if s.has is None]
-    if have:
-        fleet = "the fleet registry" + (" and upstream" if "upstream" in have else " (gone upstream)")
-        return (fleet if "fleet" in have else "upstream") + ("" if on_rig else "; not on the rig yet"), False
-    if on_rig:
+    if "fleet" in have:
+        text = "the fleet registry" + (" and upstream" if "upstream" in have else " (gone upstream)")
+    elif "upstream" in have:
+        text = "upstream"
+    elif on_rig:
         asked = f" (not asked: {', '.join(unknown)})" if unknown else ""
         return f"this rig alone: no other copy exists{asked}; keep one with `rigforge images save DIR`", True
-    if unknown:
+    elif unknown:
         return f"no source known to have it (could not ask: {', '.join(unknown)}); not on the rig", True
-    return "nowhere: not on the rig, in no source", True
+    else:
+        return "nowhere: not on the rig, in no source", True
+    return text + ("" if on_rig else "; not on the rig yet"), False
