@@ -8,6 +8,12 @@ from rigforge.facts.files import json_object
 from rigforge.layout import STAMP
 
 
+def _ns(text: str) -> int:
+    """GNU find's %T@ ('1732912345.1234567890') as integer nanoseconds, exactly."""
+    sec, _, frac = text.partition(".")
+    return int(sec) * 1_000_000_000 + int((frac + "000000000")[:9])
+
+
 class WeightsState(FactBase[dict]):
     """fetch_weights.py's stamp and a stat of every file under ``dest`` and ``staging`` (never read): ``{"stamp": {...}
     or None, "files": {relpath: [size, mtime_ns]}, "staging": {relpath: size}, "staging_dir": whether it exists}``."""
@@ -36,8 +42,7 @@ class WeightsState(FactBase[dict]):
                 state["stamp"] = json_object(line)
             elif section == "files" and line.strip():
                 size, mtime, path = line.split(" ", 2)
-                sec, _, frac = mtime.partition(".")  # GNU find's %T@ ('1732912345.1234567890'): nanoseconds, exactly
-                state["files"][path] = [int(size), int(sec) * 1_000_000_000 + int((frac + "000000000")[:9])]
+                state["files"][path] = [int(size), _ns(mtime)]
             elif section == "staging" and line.strip():
                 size, path = line.split(" ", 1)
                 state["staging"][path] = int(size)

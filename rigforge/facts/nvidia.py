@@ -96,7 +96,9 @@ class NvidiaModuleVersion(Fact[str | None]):
 
 
 class NvidiaPciGpus(Fact[list[tuple[str, str]] | None]):
-    """NVIDIA display/3D controllers in sysfs (no driver needed): [(PCI address, device ID)]; None: no PCI bus."""
+    """NVIDIA display/3D controllers on the PCI bus from sysfs (no driver needed): [(PCI address, device ID)], e.g.
+    [("0000:01:00.0", "2204")] (hardware.py PCI_CARDS); None without a PCI bus (a container), so unknown is not
+    mistaken for "no GPU"."""
 
     command = (
         # `read`, a shell builtin, not `cat`: no process per PCI function (a server has dozens to hundreds)
@@ -119,14 +121,17 @@ _CUDA_VERSION = re.compile(r"CUDA Version\s*:\s*(\d+\.\d+)")
 
 def parse_cuda_version(text: str) -> str | None:
     """The driver's CUDA version in nvidia-smi's header ("CUDA Version: 13.0"; `-q`: "CUDA Version : 13.0") or None."""
-    return match.group(1) if (match := _CUDA_VERSION.search(text or "")) else None
+    match = _CUDA_VERSION.search(text or "")
+    return match.group(1) if match else None
 
 
 _PROC_VERSION = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)?)")
 
 
 class NvidiaRunningDriver(Fact[dict[str, str | bool | None]]):
-    """The running driver: {"version", "smi" (path), "smi_ok", "cuda" (its CUDA), "owner" (package; None: .run)}."""
+    """The running driver: {"version" (/proc, else the module's), "smi" (its path), "smi_ok" (it answers), "cuda"
+    (the driver's CUDA version, from nvidia-smi's header), "owner" (the package; None: e.g. NVIDIA's .run
+    installer)}."""
 
     command = (
         'echo "proc=$(head -n 1 /proc/driver/nvidia/version 2>/dev/null)"; '
@@ -172,7 +177,9 @@ def cron_entry(path: str, text: str) -> tuple[str, str] | None:
     user = 0 if "/crontabs/" in path else 1
     if len(fields) <= when + user:
         return None
-    command = "".join(text.split(None, when + user)[when + user :])
+    n = when + user
+    parts = text.split(None, n)
+    command = parts[n] if len(parts) > n else ""
     return " ".join(fields[:when]), command
 
 
@@ -291,11 +298,15 @@ def parse_topo_matrix(lines: list[str]) -> dict[str, str]:
 
 def parse_topology(lines: list[str]) -> dict[str, dict[str, str]]:
     found = sections(lines, "--- ")
-    return {k: parse_topo_matrix(found.get(f"topo {a}", [])) for k, a in (("links", "-m"), ("p2p_read", "-p2p r"))}
+    return {
+        "links": parse_topo_matrix(found.get("topo -m", [])),
+        "p2p_read": parse_topo_matrix(found.get("topo -p2p r", [])),
+    }
 
 
 class NvidiaTopology(Fact[dict[str, dict[str, str]]]):
-    """GPU links (`topo -m`) and peer reads (`topo -p2p r`): {"links": {pair: type}, "p2p_read": {pair: status}}."""
+    """How the GPUs are connected (`topo -m`) and whether peer reads work (`topo -p2p r`): {"links": {pair: link
+    type}, "p2p_read": {pair: status}} (`parse_topo_matrix`), both empty without nvidia-smi."""
 
     command = (
         "if command -v nvidia-smi >/dev/null 2>&1; then echo '--- topo -m'; timeout 60 nvidia-smi topo -m "
@@ -307,8 +318,8 @@ class NvidiaTopology(Fact[dict[str, dict[str, str]]]):
 
 class BootCaps(Fact[BootSeen]):
     """What ran at this boot about GPU power caps (boot.py `parse_boot`): systemd's results for rigforge's power and
-    settle units, the hold's timer and `units`, the journal's ordering cycles, settle, hold and cron lines, each GPU's
-    power limit now."""
+    settle units, the hold's timer and `units`, the journal's ordering cycles, settle, hold and cron lines (the units'
+    results and the journal's lines empty without systemd, e.g. a chroot), each GPU's power limit now."""
 
     shared = (SMI_QUERY,)
 

@@ -86,7 +86,8 @@ class SystemdUnitEnabled(Fact[bool]):
         return StringCommand("systemctl", "is-enabled", QuoteString(unit), "2>/dev/null || true")
 
     def process(self, output: list[str]) -> bool:
-        return "".join(output[:1]).strip() in ("enabled", "enabled-runtime", "static", "alias")
+        state = output[0].strip() if output else ""
+        return state in ("enabled", "enabled-runtime", "static", "alias")
 
 
 class ProvidedFiles(Fact[dict[str, str | None]]):
@@ -119,7 +120,8 @@ class EnabledInstances(Fact[list[str]]):
         pattern = shlex.quote(f"{_bre(prefix)}@..*{_bre(suffix)}")
         return f"ls {shlex.quote(f'{unit_dir}/multi-user.target.wants/')} 2>/dev/null | grep -x -- {pattern} || true"
 
-    process = AptHeldPackages.process
+    def process(self, output: list[str]) -> list[str]:
+        return sorted({line.strip() for line in output if line.strip()})
 
 
 class LeftoverUploads(Fact[list[str]]):
