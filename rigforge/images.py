@@ -90,7 +90,9 @@ def index_entries(directory: Path) -> list[Saved]:
 
 
 def _verified_ok(directory: Path, verified: dict, digest: str, size: int) -> bool:
-    return verified.get(digest) == size and (p := blob_path(directory, digest)).exists() and p.stat().st_size == size
+    """The blob is in place with `size` bytes, and its sha256 was checked when it was written."""
+    path = blob_path(directory, digest)
+    return verified.get(digest) == size and path.exists() and path.stat().st_size == size
 
 
 def _descriptors(manifest: dict) -> list[dict]:
@@ -208,9 +210,11 @@ def _fetch_manifest(src: _Source, directory: Path, verified: dict, digest: str) 
     """(the manifest at `digest`, its Content-Type ("" when kept), its size), kept byte for byte once verified."""
     path = blob_path(directory, digest)
     if _verified_ok(directory, verified, digest, verified.get(digest)):
-        return json.loads(body := path.read_bytes()), "", len(body)
+        body = path.read_bytes()
+        return json.loads(body), "", len(body)
     resp = src.get("manifests", digest)
-    if f"sha256:{hashlib.sha256(body := resp.content).hexdigest()}" != digest:
+    body = resp.content
+    if f"sha256:{hashlib.sha256(body).hexdigest()}" != digest:
         raise ImagesError(f"{src.ref}: manifest {digest}: refused, the registry's bytes hash to another digest")
     try:
         manifest = json.loads(body)
@@ -255,7 +259,9 @@ def save_image(directory: Path, pin: ImagePin, registry: str | None = None, ca_c
 
 
 def push_plan(directory: str | os.PathLike, entries: list[Saved]) -> tuple[list[str], dict[str, int]]:
-    """(load_images.sh's plan, the files it needs {digest: size}); an index's children first, else it is refused."""
+    """(load_images.sh's plan, the files it needs {digest: size}) for `entries` (Docker Hub images): each image's
+    blobs and its manifests (an index's children first, so the registry accepts each), then `pull NAME@DIGEST` of
+    each image."""
     lines, pulls, needed = [], [], {}
     for e in entries:
         repo, top = hub_name(e.ref)[0], _read_json(blob_path(directory, e.digest), {})
