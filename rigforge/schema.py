@@ -250,7 +250,8 @@ MAX_GPUS = 16
 
 
 def _count(v: Any) -> int:
-    if (n := _int(v)) < 0:
+    n = _int(v)
+    if n < 0:
         raise ValueError("a non-negative integer")
     return n
 
@@ -321,7 +322,10 @@ def _problem(name: str, value: Any, shown_as: str) -> list[str]:
 
 def apply_overrides(base: Settings, overrides: dict[str, Any]) -> Settings:
     """Validate and apply overrides {setting: raw}; raise SettingsError naming every bad key and the allowed values."""
-    if problems := [p for key, value in overrides.items() for p in _problem(key, value, f"setting {key!r}")]:
+    problems: list[str] = []
+    for key, value in overrides.items():
+        problems += _problem(key, value, f"setting {key!r}")
+    if problems:
         raise SettingsError("; ".join(problems))
     return replace(base, **{key: SETTINGS[key](raw) for key, raw in overrides.items()})
 
@@ -350,11 +354,17 @@ def parse_set(items: list[str]) -> dict[str, Any]:
 
 def settings_from_host_data(data: Any) -> dict[str, Any]:
     """The settings' host-data keys (HOST_KEYS) that are set, as raw overrides for apply_overrides."""
-    return {k: v for k, key in HOST_KEYS.items() if (v := data.get(key)) is not None and not (k in SECRETS and v == "")}
+    settings: dict[str, Any] = {}
+    for key, host_key in HOST_KEYS.items():
+        value = data.get(host_key)
+        if value is not None and not (key in SECRETS and value == ""):
+            settings[key] = value
+    return settings
 
 
 def power_caps(gpu_count: int, s: Settings) -> dict[int, int]:
-    """{GPU index: watts} for `gpu_count` GPUs: power_limit_w each, power_limits' per-GPU overrides on top."""
+    """{GPU index: watts} for `gpu_count` GPUs: power_limit_w each, but the per-GPU overrides (power_limits) win
+    over the one cap."""
     return {i: s.power_limit_w for i in range(gpu_count)} | dict(s.power_limits)
 
 
