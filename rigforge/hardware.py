@@ -1,5 +1,6 @@
-"""Can a rig run a variant? Pure checks, no host access (GPUs, OS, free disk, role switches, the layout's roots),
-shared by the deploy's checks (roles/operations/) and `rigforge verify`.
+"""Can a rig run a variant? Pure checks, no host access: GPUs (nvidia-smi's or the PCI bus's), the OS, free disk,
+the role switches, and the layout's roots against Docker's data-root and an earlier deploy's. Shared by the deploy's
+checks (roles/operations/) and `rigforge verify`.
 """
 
 import contextlib
@@ -185,7 +186,10 @@ def cap_problems(gpus: list[dict], default_w: int, overrides: dict) -> list[str]
     for gpu in gpus:
         low = gpu.get("power_min_limit")
         high = gpu.get("power_max_limit")
-        if low is not None and high is not None and not low <= (cap := caps[gpu["index"]]) <= high:
+        if low is None or high is None:  # the card did not say its range: nothing to check against
+            continue
+        cap = caps[gpu["index"]]
+        if not low <= cap <= high:
             key = "gpu_power_limits" if int(gpu["index"]) in named else "gpu_power_limit_w"
             refused.setdefault((cap, key, low, high), []).append(gpu)
     return problems + [
@@ -334,8 +338,9 @@ def find_problems(
     running: dict | None = None,
     topology: dict | None = None,
 ) -> list[str]:
-    """Every reason this host cannot run `needs.variant` with its `knobs` and `settings` (`pci`, `topology`: see
-    gpu_problems)."""
+    """Every reason this host cannot run `needs.variant` with its `knobs` and `settings` (empty list when it can).
+    With no driver yet the GPU count and stock VRAM come from the PCI bus; a card's power range and a modded card's
+    VRAM wait for the driver (`pci`, `topology`: see gpu_problems). `running`: NvidiaRunningDriver, or None."""
     problems = []
     os_key = (os_release.get("id", ""), os_release.get("version_id", ""))
     if os_key not in SUPPORTED_OS:
