@@ -186,7 +186,8 @@ def cuda_key(os_release: dict) -> tuple[str, str]:
 
 def branch_problem(running: dict, branch: int) -> str | None:
     """With nvidia_driver_manage false: why the running driver is not acceptable (None when its branch is `branch`)."""
-    if not (version := running.get("version")):
+    version = running.get("version")
+    if not version:
         return (
             f"nvidia_driver_manage is false but no NVIDIA driver is running; install driver branch {branch} "
             "(or set nvidia_driver_manage: true to let rigforge install it)."
