@@ -27,3 +27,13 @@ def test_operation_docstrings_list_every_argument(path):
         assert listed == names or (not names and "no arguments" in doc), (
             f"{path.name}: {node.name}'s docstring lists {listed}, its arguments are {names}"
         )
+
+
+@pytest.mark.parametrize("path", OPERATIONS, ids=lambda p: p.name)
+def test_every_operation_shows_a_call_as_pyinfras_own_do(path):
+    """Issue 48: each operation's docstring has pyinfra's Example(s) block, a ``.. code:: python`` call of it."""
+    for node in operations(path):
+        doc = ast.get_docstring(node) or ""
+        assert re.search(r"^\*\*Examples?:\*\*$", doc, re.M), f"{path.name}: {node.name} has no **Example:** block"
+        code = doc.split(".. code:: python", 1)[-1] if ".. code:: python" in doc else ""
+        assert f"{node.name}(" in code, f"{path.name}: {node.name}'s example does not call it"
