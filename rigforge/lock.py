@@ -161,8 +161,9 @@ def manifest_url(ref: str, registry: str | None = None) -> str:
 def cuda_of(config: dict) -> str | None:
     """The CUDA version (major.minor) in an image's config blob: its CUDA_VERSION variable, else a CUDA label."""
     inner = config.get("config") or {}
+    env = dict(item.partition("=")[::2] for item in inner.get("Env") or [])
     labels = inner.get("Labels") or {}
-    found = dict(item.partition("=")[::2] for item in inner.get("Env") or []).get("CUDA_VERSION") or next(
+    found = env.get("CUDA_VERSION") or next(
         (v for k, v in labels.items() if k.lower().replace("-", "_").endswith(("cuda_version", "cuda.version"))), None
     )
     match = re.match(r"^\d+\.\d+", str(found or ""))  # "13.0.1" -> "13.0"
@@ -172,7 +173,9 @@ def cuda_of(config: dict) -> str | None:
 def resolve_image(
     ref: str, registry: str | None = None, verify: str | bool = True, known: str | None = None
 ) -> tuple[str, str | None]:
-    """(the digest `docker pull` gets for `ref`, from `registry` (a base URL) if given; its CUDA, None if `known`)."""
+    """(the digest `docker pull` would get for `ref`, from `registry` (a base URL) when given; `cuda_of` its config
+    blob (for a multi-platform index: the linux/amd64 image's, else the first image's), None when the digest is
+    `known`)."""
     import requests
 
     url = manifest_url(ref, registry)
@@ -257,8 +260,10 @@ def resolve(
     fleet: tuple[str, str | bool] | None = None,
     errors: list[str] | None = None,
 ) -> tuple[Lock, list[str]]:
-    """(the lock, its unresolved and `refresh`ed entries resolved; a line per change). `fleet` (base URL, CA path or
-    False: HTTP) serves images upstream lost. With `errors`, failing entries are kept, listed there; else LockError."""
+    """Resolve unresolved (and `refresh`ed) entries: (the new lock, a report line per change). `fleet`: (base URL,
+    CA path or False for plain HTTP) resolves an image upstream no longer has (HTTP 404) from the fleet's copy. With
+    `errors`, an entry that cannot be resolved is kept and its problem added there; else the first one raises
+    LockError."""
     if unknown := set(refresh) - set(lock.git) - set(lock.hf) - {"image"} - {f"images.{n}" for n in lock.images}:
         raise LockError(f"--refresh: no git or hf entry {sorted(unknown)} (known: {', '.join([*lock.git, *lock.hf])})")
     report = []
@@ -364,10 +369,14 @@ def _endpoints(args: argparse.Namespace) -> tuple:
     """(HF endpoint, HF token, registry, fleet registry) as `resolve` takes them, from the environment and args."""
     token = os.environ.get("RIGFORGE_HF_TOKEN") or os.environ.get("HF_TOKEN")
     fleet = None
-    if url := args.fleet_registry:
+    if args.fleet_registry:
         from rigforge.registry import default_ca_dir
 
-        fleet = (url, not url.startswith("http://") and (args.fleet_ca or str(default_ca_dir() / "ca.crt")))
+        url = args.fleet_registry
+        verify: str | bool = False  # plain HTTP: no CA
+        if not url.startswith("http://"):
+            verify = args.fleet_ca or str(default_ca_dir() / "ca.crt")
+        fleet = (url, verify)
     return os.environ.get("HF_ENDPOINT"), token, os.environ.get("RIGFORGE_REGISTRY"), fleet
 
 
@@ -460,7 +469,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         lock = load_lock(path)
         if args.check:
-            for p in (problems := lock.check()):
+            problems = lock.check()
+            for p in problems:
                 print(f"{path}: {p}", file=sys.stderr)
             if not problems:
                 print(f"{path}: ok ({len(lock.git)} git, {len(lock.hf)} hf entries, all resolved)")
@@ -481,14 +491,16 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if cached:
         report.append(f"git.{recipes.GIT_NAME}: cached {pin.commit[:12]} at {cached} (what `rigforge render` reads)")
-    print(*(report or ["nothing to resolve"]), sep="\n")
+    for line in report or ["nothing to resolve"]:
+        print(line)
     if new.toolkit and (news := check_toolkit(new.toolkit, os.environ.get("RIGFORGE_TOOLKIT_REPO"))):
         print(news)
     return 0
 
 
 def token_refused(endpoint: str, pin: HfPin, token: str) -> tuple[str | None, str | None]:
-    """(problem, warning) of a gated pin's HF token (never shown): refused, a problem; hub unreachable, a warning."""
+    """(problem, warning) of the HF token for a gated asset: a HEAD of one locked file at the pinned revision. A
+    refused token is a problem; an unreachable hub only a warning (the rig may reach it). The token is never shown."""
     import requests
 
     url = f"{endpoint.rstrip('/')}/{pin.repo}/resolve/{pin.revision}/{pin.files[0].path}"
