@@ -206,10 +206,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _progress(done: int, total: int, label: str) -> None:
+    """The progress bar on stderr: redrawn in place on a terminal (a newline once done), else one line a step."""
     fill = 30 * done // total
     line = f"[{'#' * fill}{'-' * (30 - fill)}] {done}/{total} {label}"
-    tty = sys.stderr.isatty()
-    sys.stderr.write(("\r\x1b[2K" if tty else "") + line + ("\n" if done == total or not tty else ""))
+    if sys.stderr.isatty():
+        sys.stderr.write(f"\r\x1b[2K{line}" + ("\n" if done == total else ""))
+    else:
+        sys.stderr.write(line + "\n")
     sys.stderr.flush()
 
 
