@@ -132,8 +132,9 @@ def flags(files: dict) -> dict[str, str]:
     """{--flag: its value} of the serving command in a plan's compose file (effective one when rendered)."""
     text = files.get("effective-compose.yml") or files.get("docker-compose.yml") or "{}"
     services = (yaml.safe_load(text) or {}).get("services") or {}
+    cmd = [str(c) for c in (next(iter(services.values()), {}) or {}).get("command") or []]  # the first service's
     out, key = {}, None
-    for word in map(str, (next(iter(services.values()), {}) or {}).get("command") or []):
+    for word in cmd:
         if word.startswith("--"):
             key = word
             out[word] = ""
