@@ -1,5 +1,6 @@
 """The lock file (rigforge.lock.yaml): every external input of a rig pinned, read into frozen dataclasses; a
-malformed entry raises `LockError` naming file and key. Schema: docs/contracts.md; unresolved entries: docs/pins.md.
+malformed entry raises `LockError` naming file and key. No host, no network.
+Schema: docs/contracts.md; unresolved entries: docs/pins.md.
 """
 
 import dataclasses

@@ -595,7 +595,8 @@ class LiveVariant:
         return self.engine == "vllm" or "--metrics" in command_args(self.compose)
 
     def files(self, s: Any, layout: HostLayout, gpu_count: int, host_data: bool = False) -> dict[str, str]:
-        """Every file a rig gets: the serve dir's, the effective compose (for reading), the units; see knob_env."""
+        """Every file a rig gets: the serve dir's, the effective compose (for reading) and the units. RecipeError
+        for a setting the recipe has no knob for (named as its host-data key when `host_data`; knob_env)."""
         r, compose, image = self.recipe, self.compose, s.image or self.image
         # the settings a slug takes through its compose knobs (None: the recipe's default); never the HF token (the
         # rig fetches the weights)
