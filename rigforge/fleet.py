@@ -300,7 +300,12 @@ class Fleet:
     @property
     def images(self) -> tuple[str, ...]:
         """The locked Docker Hub images (ref@sha256:...) the rigs run: what the fleet registry holds."""
-        return tuple(sorted({p.image for p in self.rigs() if (r := obtain.parse(p.image)).digest and r.on_docker_hub}))
+        refs: set[str] = set()
+        for plan in self.rigs():
+            ref = obtain.parse(plan.image)
+            if ref.digest and ref.on_docker_hub:
+                refs.add(plan.image)
+        return tuple(sorted(refs))
 
     def completed(self, name: str, gpus: int | None, cap_units: Iterable[str]) -> tuple[Plan | None, list[str]]:
         """(rig `name`'s plan with what its probe shows (`for_cards`), or None; problems); never built again."""
