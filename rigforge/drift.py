@@ -332,7 +332,8 @@ def checks(obs: Observed, ctx: RigContext) -> list[Check]:
         out += [packages_check(obs, plan), boot_units_check(obs, plan)]
     unit = unit_state(obs, ctx)
     out.append(pins_check(ctx))
-    if not (name := unit["unit"]):
+    name = unit["unit"]
+    if not name:
         why = variant_needed(ctx)
         active = (FAIL, why) if ctx.manage else (SKIP, SKIPPED)
         return [*out, Check("unit enabled", FAIL, why), Check("unit active", *active), Check(RUNS_DIGEST, *active)]
@@ -368,9 +369,10 @@ RUNS_DIGEST = "container runs the locked digest"
 
 def pins_check(ctx: RigContext) -> Check:
     """The pins rig.json records are the lock's for this rig (the plan's image, with its digest)."""
-    if (drifted := pin_drift(ctx)["drift"]) is None:
+    pins = pin_drift(ctx)
+    if pins["drift"] is None:
         return Check("pins as locked", FAIL, "no rig.json or no lock to compare")
-    return check("pins as locked", drifted, "rig.json records the lock's pins", " (re-run the deploy)")
+    return check("pins as locked", pins["drift"], "rig.json records the lock's pins", " (re-run the deploy)")
 
 
 def running_image(obs: Observed, ctx: RigContext) -> Check:
@@ -381,7 +383,8 @@ def running_image(obs: Observed, ctx: RigContext) -> Check:
     if not want.digest:
         return Check(RUNS_DIGEST, FAIL, f"the lock has no digest for {ctx.plan.image} (run `rigforge lock`)")
     images = obs.get_fact(ComposeImages, serve_dir=ctx.plan.layout.serve_dir)
-    if (runs := runs_digest(images, want.digest)) is None:
+    runs = runs_digest(images, want.digest)
+    if runs is None:
         return Check(RUNS_DIGEST, FAIL, f"no container of {ctx.plan.layout.serve_dir} runs (docker compose ps)")
     seen = ", ".join(d for digests in images for d in digests) or "an image with no digest"
     return Check(RUNS_DIGEST, PASS if runs else FAIL, want.pinned if runs else f"runs {seen}, lock {want.pinned}")
