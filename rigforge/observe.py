@@ -183,7 +183,8 @@ def managed_files(plan: Plan) -> dict[str, tuple[str, str]]:
 
 def image_origin(obs: Observed, ctx: RigContext, reg: RegistryPlan | None) -> dict | None:
     """{"image", "on_rig", "from", "warning"} (obtain.py `origin`); None: no plan or services not managed."""
-    if not (plan := ctx.plan) or not ctx.manage:
+    plan = ctx.plan
+    if not plan or not ctx.manage:
         return None
     knobs = plan.knobs.serving
     found = obtain.sources(plan.image, reg, knobs.serving_image_upstream, knobs.serving_image_upstream_ca)
