@@ -339,8 +339,9 @@ def find_problems(
     topology: dict | None = None,
 ) -> list[str]:
     """Every reason this host cannot run `needs.variant` with its `knobs` and `settings` (empty list when it can).
-    With no driver yet the GPU count and stock VRAM come from the PCI bus; a card's power range and a modded card's
-    VRAM wait for the driver (`pci`, `topology`: see gpu_problems). `running`: NvidiaRunningDriver, or None."""
+    With no driver yet the GPU count comes from the PCI bus and each card's VRAM from its device ID (the largest
+    known build); a card's power range and a modded card's VRAM wait for the driver (`pci`, `topology`: see
+    gpu_problems). `running`: NvidiaRunningDriver, or None."""
     problems = []
     os_key = (os_release.get("id", ""), os_release.get("version_id", ""))
     if os_key not in SUPPORTED_OS:
