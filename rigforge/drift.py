@@ -442,7 +442,9 @@ def fleet_checks(
 
 
 def monitor_check(rig: str, rest: str | None, views: Mapping[str, dict | None]) -> Check | None:
-    """The check "scraped": the rig's targets up at every monitor (skip while one is unknown); None: no monitor."""
+    """The check "scraped": the rig's targets (label `rig`) up at every monitor; None: no monitor. vLLM (or
+    llama.cpp) down while resting stopped is fine. A monitor not asked, or a target not scraped yet, is unknown, never
+    up: the check is skipped for it unless something else failed."""
     if not views:
         return None
     problems, unknown, fine = [], [], []

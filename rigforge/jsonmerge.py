@@ -13,7 +13,9 @@ def deep_merge(base: dict, patch: dict) -> dict:
 
 
 def merged_text(current: str | None, patch: dict, extend: dict | None = None) -> str | None:
-    """New text (the user's keys kept), None when `current` already has it; ValueError unless a JSON object."""
+    """New text: `patch` merged into `current` (the user's keys kept), then every item of `extend`'s lists added to
+    the list at that key when it is not there yet. None when `current` already has it all. ValueError unless
+    `current` is a JSON object (or empty): a user's broken file is never overwritten."""
     blank = not (current and current.strip())
     existing = {} if blank else json.loads(current)
     if not isinstance(existing, dict):

@@ -182,7 +182,8 @@ def managed_files(plan: Plan) -> dict[str, tuple[str, str]]:
 
 
 def image_origin(obs: Observed, ctx: RigContext, reg: RegistryPlan | None) -> dict | None:
-    """{"image", "on_rig", "from", "warning"} (obtain.py `origin`); None: no plan or services not managed."""
+    """{"image", "on_rig", "from", "warning"} (obtain.py `origin`), its sources asked now; `reg`: the fleet registry's
+    plan. None: no plan, or services not managed."""
     plan = ctx.plan
     if not plan or not ctx.manage:
         return None

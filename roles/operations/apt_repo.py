@@ -1,4 +1,7 @@
-"""apt repositories (deb822 + a Signed-By keyring, no apt-key; other sources of the URI moved aside), apt packages."""
+"""apt repositories and packages. A repository is a deb822 source with a Signed-By keyring (no apt-key); another
+source file whose entries all point at the same URI is moved to <file>.rigforge-bak, which apt skips silently. Packages:
+install only what is missing, hold only what is not held, and remove what a replacement conflicts with only once the
+replacement was fetched."""
 
 from io import StringIO
 

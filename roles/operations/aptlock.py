@@ -1,4 +1,6 @@
-"""The apt/dpkg lock another process holds, waited for before a run's first change; fcntl(F_GETLK) names the holder."""
+"""The apt/dpkg lock another process holds (unattended-upgrades, a user's apt), waited for before a run's first
+change. fcntl(F_GETLK), asked from Perl (every Debian and Ubuntu has it), names the holder's pid even without /proc;
+its command line is read from /proc when it is mounted."""
 
 import re
 import shlex

@@ -151,7 +151,8 @@ def drained(plan: Plan, gateways: dict[str, bool], held: bool = False) -> Comman
 
 @operation(is_idempotent=False)
 def rejoined(plan: Plan, gateways: dict[str, bool], gate: OperationMeta | None = None, sudo: bool = False) -> Commands:
-    """Put this rig back in every gateway after its health gate, or where it is out (waits ``serving_health_timeout`` s)
+    """Put this rig back in every gateway after its health gate, or where it is out, and out of the backends of models
+    it no longer serves; then wait up to ``serving_health_timeout`` s for each gateway's health check to see it up.
 
     + plan: the rig's plan (its model, port, rig.json, and ``gateway_address``: where the gateway reaches it)
     + gateways: ``{inventory name: use sudo}`` of the gateway hosts

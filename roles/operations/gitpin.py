@@ -1,4 +1,5 @@
-"""A checkout at one pinned commit (shallow, blobless, maybe sparse), verified, made or fixed by `checkout_script`."""
+"""A checkout at one pinned commit (shallow, blobless, maybe sparse), verified, made or repaired by one idempotent
+shell step (`checkout_script`)."""
 
 import shlex
 from collections.abc import Mapping, Sequence
