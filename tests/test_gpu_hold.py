@@ -172,6 +172,32 @@ def test_a_cap_that_cannot_be_set_fails_the_pass_and_is_not_counted(tmp_path):
     assert rig.counts() == {}
 
 
+RACING_SMI = """#!/bin/sh
+# nvidia-smi, then (once, on the first -pl) another writer setting GPU1 to 250 W before anyone reads it back
+"$REAL_SMI" "$@" || exit $?
+case "$*" in *-pl*) [ -f "$FAKE/race" ] && rm "$FAKE/race" && "$REAL_SMI" -i 1 -pl 250 >/dev/null ;; esac
+exit 0
+"""
+
+
+def test_a_writer_setting_its_cap_again_right_after_the_set_back_is_set_back_again_not_failed(tmp_path):
+    """Another writer's `nvidia-smi -pl` landing between the pass's set and its read-back (a cron job's second card,
+    at boot) is not a cap that cannot be set: the pass sets it again, says "set back" once, and succeeds."""
+    rig = Rig(tmp_path)
+    rig.set_cap(0, 230)
+    rig.set_cap(1, 250)
+    racing = tmp_path / "bin/racing-smi"
+    racing.write_text(RACING_SMI)
+    racing.chmod(0o755)
+    (tmp_path / "race").touch()
+    argv = [str(rig.script), str(racing), str(rig.state), "0:230", "1:230"]
+    r = subprocess.run(argv, env={**rig.env, "REAL_SMI": str(rig.smi)}, capture_output=True, text=True, timeout=60)
+    assert not (tmp_path / "race").exists(), "the other writer never ran"
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [LINE.match(line)[1] for line in r.stdout.splitlines()] == ["1"], r.stdout
+    assert rig.caps() == [230.0, 230.0] and rig.counts() == {"gpu1": 1}
+
+
 def test_a_card_off_the_bus_is_left_to_the_gpu_checks(tmp_path):
     """A card nvidia-smi cannot reach (the stand-in's "lost", as after Xid 79) is not this pass's to set: the others
     are held, the pass succeeds, nothing is counted for it ("GPUs visible" names it by its bus address)."""

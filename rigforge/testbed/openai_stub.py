@@ -414,10 +414,8 @@ class _Handler(BaseHTTPRequestHandler):
             usage = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": k, "total_tokens": PROMPT_TOKENS + k}
             self._chunk({**base, "choices": [], "usage": usage})
         t_done = time.monotonic_ns()
-        self._chunk(b"[DONE]")
-        self.wfile.write(b"0\r\n\r\n")
-        self.wfile.flush()
         late = [(t - (t_recv + int((s.ttft_ms + i * s.dt_ms) * 1e6))) / 1e6 for i, t in enumerate(sent)]
+        # logged before [DONE] is written: a client that has read the whole answer finds its record
         with s.lock:
             s.log.append(
                 {
@@ -432,6 +430,9 @@ class _Handler(BaseHTTPRequestHandler):
                     "done_ns": t_done,
                 }
             )
+        self._chunk(b"[DONE]")
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
 
 
 def _completion(model: str, message: dict, tokens: int, finish: str = "stop") -> dict:

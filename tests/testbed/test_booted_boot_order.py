@@ -176,7 +176,8 @@ def test_four_competing_cap_writers_run_at_boot_and_rigforges_caps_are_the_last(
     assert sh(rig, f"systemctl is-active {DUAL}") == "active"
     assert "ordering cycle" not in sh(rig, "journalctl -b --no-pager -o cat")
     for unit in ("rigforge-gpu-power.service", "rigforge-gpu-settle.service"):
-        assert sh(rig, f"systemctl show -p Result --value {unit}") == "success", unit
+        journal = f"journalctl -b -u {unit} --no-pager -o short-monotonic | tail -n 30"
+        assert sh(rig, f"systemctl show -p Result --value {unit}") == "success", (unit, sh(rig, journal))
 
     res = cli(booted, "verify", "--json")
     checks = {c["name"]: c for c in json.loads(res.stdout)["hosts"]["rig1"]["checks"]}
