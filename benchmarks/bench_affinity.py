@@ -1,7 +1,7 @@
 """Benchmark (not a test): prefix affinity against least connections at the fleet gateway, on agent-shaped traffic.
 
 Three vLLM stand-ins (rigforge/testbed/openai_stub.py, each its own process on 127.0.0.1, each keeping vLLM's prefix
-cache within a KV budget) behind Debian's HAProxy, configured by rigforge/gateway.py as a gateway host would be.
+cache within a KV budget) behind Debian's HAProxy, configured by rigforge/model/gateway.py as a gateway host would be.
 The workload: AGENTS agents, each with its own system prompt of 10-20 KB; CONVERSATIONS conversations spread over
 them, each of 3-12 turns; every turn re-sends the whole conversation (system prompt, then every earlier message)
 plus a new message of 0.5-6 KB (a tool result, a file, an instruction), and the answer is appended as the next
@@ -45,8 +45,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from rigforge import gateway  # noqa: E402
-from rigforge.fleet import plan_for  # noqa: E402
-from rigforge.knobs.gateway import DEFAULTS  # noqa: E402
+from rigforge.model.fleet import plan_for  # noqa: E402
+from rigforge.model.knobs.gateway import DEFAULTS  # noqa: E402
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 MODEL = "qwen3.6-27b-autoround"

@@ -158,7 +158,7 @@ def aggregate_tps(samples: list[Sample]) -> float:
 
 def variants_info() -> dict:
     """{variant: {"port": default port, "measured": design-document figures + served "model"}} from the catalog."""
-    from rigforge.catalog import load_catalog
+    from rigforge.model.catalog import load_catalog
 
     return {
         v.name: {"port": v.port, "measured": {**v.figures, "model": v.arg("--served-model-name")}}

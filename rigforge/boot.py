@@ -14,12 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypedDict
 
-from rigforge.knobs.gpu_power import GpuPower
 from rigforge.layout import HOLD_INTERVAL_S, HOLD_TIMER, POWER_UNIT, SETTLE_UNIT
-from rigforge.schema import Settings, power_caps
+from rigforge.model.knobs.gpu_power import GpuPower
+from rigforge.model.schema import Settings, power_caps
 
 if TYPE_CHECKING:
-    from rigforge.fleet import Plan
+    from rigforge.model.fleet import Plan
 
 SHOW = (  # what `systemctl show` is asked for each unit
     "LoadState ActiveState SubState Result ExecMainStatus InactiveExitTimestampMonotonic "

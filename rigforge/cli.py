@@ -6,12 +6,12 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from rigforge import fleet, recipes
-from rigforge.catalog import Catalog, CatalogError, load_catalog
 from rigforge.layout import HOLD_SCRIPT, SETTLE_SCRIPT
 from rigforge.lock import write_atomically
-from rigforge.pins import LockError, default_lock_path, load_lock
-from rigforge.schema import HOST_KEYS, SettingsError, parse_set
+from rigforge.model import fleet, recipes
+from rigforge.model.catalog import Catalog, CatalogError, load_catalog
+from rigforge.model.pins import LockError, default_lock_path, load_lock
+from rigforge.model.schema import HOST_KEYS, SettingsError, parse_set
 
 # subcommand -> (module, help). Modules expose add_arguments(parser) and run(args) -> int.
 SUBCOMMANDS = {

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File, Sha256File
 
-from rigforge import boot, driver_table, obtain, packages, power, verdict
+from rigforge import boot, obtain, verdict
 from rigforge.boot import watts
 from rigforge.facts import cycles
 from rigforge.facts import nvidia as nvidia_facts
@@ -19,9 +19,10 @@ from rigforge.facts.hfweights import WeightsState
 from rigforge.facts.nvidia import BootCaps, NvidiaGpus, NvidiaModuleVersion, NvidiaRunningDriver, NvidiaTopology
 from rigforge.facts.serving import ComposeImages, ServiceState, runs_digest, serving
 from rigforge.facts.system import AptHeldPackages, OsRelease, ProvidedFiles, SystemdUnitEnabled
-from rigforge.fleet import Plan, ServedVariant
-from rigforge.gateway import backend_name as gateway_backend
-from rigforge.hardware import (
+from rigforge.model import driver_table, packages, power
+from rigforge.model.fleet import Plan, ServedVariant
+from rigforge.model.gateway import backend_name as gateway_backend
+from rigforge.model.hardware import (
     interconnect,
     missing_cards,
     missing_problem,
@@ -30,10 +31,10 @@ from rigforge.hardware import (
     small_override,
     vram_problems,
 )
-from rigforge.knobs.docker_engine import DockerEngine, daemon_json_patch
-from rigforge.knobs.nvidia_driver import NvidiaDriver
+from rigforge.model.knobs.docker_engine import DockerEngine, daemon_json_patch
+from rigforge.model.knobs.nvidia_driver import NvidiaDriver
+from rigforge.model.schema import Settings, power_caps
 from rigforge.observe import Observed, RigContext, boot_units, managed_files, weights_at
-from rigforge.schema import Settings, power_caps
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 SKIPPED = "skipped (services not managed on this host)"

@@ -1,7 +1,7 @@
 """`rigforge lock --recipes REF`: the lock follows the recipe repo to REF (a tag, branch or commit of `git.recipes`).
 Each engine the lock has an image entry for, or a used slug runs, gets the image its profile's `install.spec` runs at
-REF (rigforge/recipes.py): unresolved again when its ref moved, else keeping its digest. A used slug's second compose
-image gets an entry named after its service, and each weights repo it needs that the lock lacks an unresolved hf
+REF (rigforge/model/recipes.py): unresolved again when its ref moved, else keeping its digest. A used slug's second
+compose image gets an entry named after its service, and each weights repo it needs that the lock lacks an unresolved hf
 entry; the caller resolves them all (rigforge/lock.py `resolve`), prints the diff and writes the lock. The recipe pin
 records REF's content digest, by which a copy of the recipe repo without .git (RIGFORGE_RECIPES) is told apart from
 other commits.
@@ -12,8 +12,8 @@ import difflib
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from rigforge import recipes
-from rigforge.pins import GitPin, ImagePin, Lock, LockError, dump_lock
+from rigforge.model import recipes
+from rigforge.model.pins import GitPin, ImagePin, Lock, LockError, dump_lock
 
 
 def follow(

@@ -22,8 +22,8 @@ if TYPE_CHECKING:  # imported where used: a deploy file's first step imports thi
     from pyinfra.api import Host, State, StringCommand
     from pyinfra.connectors.ssh import SSHConnector
 
-    from rigforge import fleet
-    from rigforge.schema import Settings
+    from rigforge.model import fleet
+    from rigforge.model.schema import Settings
 
 
 class RigApi(Protocol):
@@ -251,7 +251,7 @@ def read_fleet(
     except InventoryError as exc:
         print(f"rigforge {command}: {exc}", file=sys.stderr)
         return None
-    from rigforge import fleet
+    from rigforge.model import fleet
 
     fl = fleet.build(state.inventory, deployable=False, opt_in=True)
     return for_each_host(state, lambda host: fn(host, fl)), fl

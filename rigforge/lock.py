@@ -13,10 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from rigforge import follow, recipes
-from rigforge.driver_table import version_key
-from rigforge.obtain import MANIFEST_TYPES, parse, registry_request
-from rigforge.pins import (
+from rigforge import follow
+from rigforge.model import recipes
+from rigforge.model.driver_table import version_key
+from rigforge.model.pins import (
     DIGEST,
     SHA40,
     SHORT,
@@ -32,6 +32,7 @@ from rigforge.pins import (
     dump_lock,
     load_lock,
 )
+from rigforge.obtain import MANIFEST_TYPES, parse, registry_request
 
 _Pin = TypeVar("_Pin", ImagePin, GitPin, HfPin)  # what `resolve` resolves, each entry to its own kind
 
@@ -370,7 +371,7 @@ def _endpoints(args: argparse.Namespace) -> tuple:
     token = os.environ.get("RIGFORGE_HF_TOKEN") or os.environ.get("HF_TOKEN")
     fleet = None
     if args.fleet_registry:
-        from rigforge.registry import default_ca_dir
+        from rigforge.model.registry import default_ca_dir
 
         url = args.fleet_registry
         verify: str | bool = False  # plain HTTP: no CA
@@ -392,8 +393,8 @@ def used_slugs(inventory_path: str | None) -> list[str]:
 
 
 def _slugs_in(inventory_path: str) -> list[str]:
-    from rigforge import fleet
     from rigforge.inventory import open_inventory
+    from rigforge.model import fleet
 
     hosts = open_inventory(inventory_path).inventory
     variants = (fleet.host_data(h.data)["rigforge_variant"] for h in hosts if fleet.is_rig(h))

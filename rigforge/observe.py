@@ -11,8 +11,7 @@ from pyinfra.api.host import Host
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File, Sha256File
 
-from rigforge import fleet, gateway, inventory, monitor, obtain, packages, verdict
-from rigforge.driver_table import DriverTableError, packages_for
+from rigforge import inventory, obtain, verdict
 from rigforge.facts import cycles, nvidia, probe
 from rigforge.facts.apt import DebInstalledVersion
 from rigforge.facts.docker import DockerImagePresent
@@ -22,10 +21,6 @@ from rigforge.facts.hfweights import WeightsState
 from rigforge.facts.nvidia import BootCaps, NvidiaGpus, NvidiaModuleVersion, NvidiaRunningDriver, NvidiaTopology
 from rigforge.facts.serving import ComposeImages, ServiceState
 from rigforge.facts.system import AptHeldPackages, OsRelease, ProvidedFiles, SystemdUnitEnabled
-from rigforge.fleet import Plan, PlannedAsset, ServedVariant
-from rigforge.hardware import gpu_count
-from rigforge.knobs.nvidia_driver import NvidiaDriver
-from rigforge.knobs.serving import REST
 from rigforge.layout import (
     HOLD_SCRIPT,
     HOLD_TIMER,
@@ -35,10 +30,16 @@ from rigforge.layout import (
     SETTLE_UNIT,
     HostLayout,
 )
-from rigforge.pins import LockError, load_lock
-from rigforge.registry import RegistryPlan
-from rigforge.render import POWER_UNIT, VLLM_UNIT
-from rigforge.schema import Settings
+from rigforge.model import fleet, gateway, monitor, packages
+from rigforge.model.driver_table import DriverTableError, packages_for
+from rigforge.model.fleet import Plan, PlannedAsset, ServedVariant
+from rigforge.model.hardware import gpu_count
+from rigforge.model.knobs.nvidia_driver import NvidiaDriver
+from rigforge.model.knobs.serving import REST
+from rigforge.model.pins import LockError, load_lock
+from rigforge.model.registry import RegistryPlan
+from rigforge.model.render import POWER_UNIT, VLLM_UNIT
+from rigforge.model.schema import Settings
 
 
 class Observed:
@@ -58,12 +59,12 @@ class RigContext:
     """What the controller knows about a rig: its plan (None: host data or the lock give none), manifest, problems."""
 
     name: str
-    data: dict  # host data, the roles' defaults applied (rigforge/fleet.py host_data)
+    data: dict  # host data, the roles' defaults applied (rigforge/model/fleet.py host_data)
     plan: Plan | None = None
     layout: HostLayout = field(default_factory=HostLayout)
     variant_name: str | None = None
     variant_from: str = ""
-    lock: Any = None  # rigforge.pins.Lock or None
+    lock: Any = None  # rigforge.model.pins.Lock or None
     lock_error: str | None = None
     manifest: dict | None = None
     problems: list[str] = field(default_factory=list)

@@ -5,8 +5,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rigforge.pins import DIGEST
-from rigforge.registry import RegistryPlan
+from rigforge.model.pins import DIGEST
+from rigforge.model.registry import RegistryPlan
 
 if TYPE_CHECKING:  # imported where used: requests is slow to import
     import requests

@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, TypeVar
 
 import yaml
 
-from rigforge import fleet, inventory, recipes, verify
+from rigforge import inventory, verify
 from rigforge.lock import write_atomically
-from rigforge.pins import LockError, load_lock
+from rigforge.model import fleet, recipes
+from rigforge.model.pins import LockError, load_lock
 from rigforge.status import ROLLOUT_MARKER
 
 if TYPE_CHECKING:  # pyinfra is imported where used (rigforge/inventory.py)
@@ -120,7 +121,7 @@ def speed_change(before: float, after: float) -> str:
 
 
 def _plan(h: "Host", lock: Path) -> fleet.Plan:
-    """Rig `h`'s plan at `lock`: a one-host Fleet (rigforge/fleet.py), its host data as the deploy reads it."""
+    """Rig `h`'s plan at `lock`: a one-host Fleet (rigforge/model/fleet.py), its host data as the deploy reads it."""
     at = SimpleNamespace(name=h.name, groups=h.groups, data={**fleet.host_data(h.data), "rigforge_lock": str(lock)})
     fl = fleet.build([at])
     if fl.plans.get(h.name) is None:

@@ -11,13 +11,14 @@ from pathlib import Path
 
 from pyinfra.api import Host
 
-from rigforge import drift, fleet, inventory, observe
+from rigforge import drift, inventory, observe
 from rigforge.boot import watts
-from rigforge.driver_table import version_key
 from rigforge.facts.docker import DataRootLeft
 from rigforge.facts.files import JsonFile
-from rigforge.hardware import data_root_left, data_root_of
-from rigforge.pins import LockError, default_lock_path, load_lock
+from rigforge.model import fleet
+from rigforge.model.driver_table import version_key
+from rigforge.model.hardware import data_root_left, data_root_of
+from rigforge.model.pins import LockError, default_lock_path, load_lock
 
 ROLLOUT_MARKER = ".rollout.json"  # beside the lock in use while `rigforge rollout` runs or stopped midway
 

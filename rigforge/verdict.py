@@ -10,9 +10,9 @@ import json
 from collections.abc import Mapping, Sequence
 
 from rigforge.facts.nvidia import upstream_version
-from rigforge.jsonmerge import merged_text
-from rigforge.packages import PackageSet
-from rigforge.pins import GitPin, HfPin
+from rigforge.model.jsonmerge import merged_text
+from rigforge.model.packages import PackageSet
+from rigforge.model.pins import GitPin, HfPin
 
 # ---------------------------------------------------------------- a git checkout
 

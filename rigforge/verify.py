@@ -12,8 +12,9 @@ from dataclasses import asdict
 
 from pyinfra.api import Host
 
-from rigforge import drift, fleet, inventory, monitor, observe
+from rigforge import drift, inventory, observe
 from rigforge.drift import FAIL, PASS, SKIP, SKIPPED, Check, RigContext
+from rigforge.model import fleet, monitor
 
 
 def check_host(host: Host, fl: fleet.Fleet) -> tuple[list[Check], dict]:

@@ -5,8 +5,9 @@ the rigs' key); a drop-in points the distro's haproxy.service at it and leaves /
 from pyinfra.api import deploy
 from pyinfra.operations import apt, systemd
 
-from rigforge import gateway, layout
-from rigforge.gateway import GatewayPlan
+from rigforge import layout
+from rigforge.model import gateway
+from rigforge.model.gateway import GatewayPlan
 from roles.operations import systemd_units
 from roles.operations.staged import staged_files
 

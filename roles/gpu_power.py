@@ -5,8 +5,8 @@ and held from then on (rigforge-gpu-hold.timer, host data gpu_power_hold).
 
 from pyinfra.api import deploy
 
-from rigforge.fleet import Plan
 from rigforge.layout import HOLD_SCRIPT, SETTLE_SCRIPT
+from rigforge.model.fleet import Plan
 from roles.operations import nvidia, systemd_units
 
 

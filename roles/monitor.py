@@ -9,10 +9,10 @@ from typing import Any
 from pyinfra.api import deploy
 from pyinfra.operations import apt, files, systemd
 
-from rigforge import monitor
-from rigforge.fleet import Plan
 from rigforge.layout import GPU_METRICS_SCRIPT, MONITOR_CONFIG, MONITOR_DEFAULTS, MONITOR_RULES, NODE_EXPORTER_PACKAGE
-from rigforge.render import gpu_metrics_units, render_gpu_metrics
+from rigforge.model import monitor
+from rigforge.model.fleet import Plan
+from rigforge.model.render import gpu_metrics_units, render_gpu_metrics
 from roles.operations import systemd_units
 from roles.operations.staged import staged_files
 
@@ -42,7 +42,7 @@ def rig(plan: Plan) -> None:
 
 @deploy("Monitor")
 def server(targets: Mapping[str, tuple[tuple[str, str], ...]], data: Mapping[str, Any], manage_services: bool) -> None:
-    """`targets`: the Fleet's (rigforge/fleet.py); `data`: this host's knobs (rigforge/knobs/monitor.py)."""
+    """`targets`: the Fleet's (rigforge/model/fleet.py); `data`: this host's knobs (rigforge/model/knobs/monitor.py)."""
     apt.packages(name="Install prometheus (Debian's)", packages=["prometheus"], no_recommends=True)
     config_dir, config = MONITOR_CONFIG.rsplit("/", 1)
     rules = MONITOR_RULES.rsplit("/", 1)[1]

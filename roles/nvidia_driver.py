@@ -7,12 +7,12 @@ from pyinfra.api import deploy
 from pyinfra.facts.deb import DebArch
 from pyinfra.operations import server
 
-from rigforge import driver_table
-from rigforge import packages as package_sets
 from rigforge.facts.system import OsRelease
-from rigforge.fleet import Plan
-from rigforge.knobs.nvidia_driver import NvidiaDriver
 from rigforge.layout import NOUVEAU_CONF, UBUNTU_PIN, UNATTENDED_CONF
+from rigforge.model import driver_table
+from rigforge.model import packages as package_sets
+from rigforge.model.fleet import Plan
+from rigforge.model.knobs.nvidia_driver import NvidiaDriver
 from roles.operations import apt_repo, nvidia
 
 KEY_NAME = "rigforge-nvidia-cuda"

@@ -14,20 +14,20 @@ from pyinfra import host, logger
 from pyinfra.facts.deb import DebArch, DebPackages
 from pyinfra.facts.files import FileContents
 
-from rigforge import driver_table, packages, schema
 from rigforge.facts.apt import AptSourceFiles, DebInstalledVersion, PublishedPackages
 from rigforge.facts.docker import DataRootLeft
 from rigforge.facts.gitpin import GitCheckout
 from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, NvidiaRunningDriver, NvidiaTopology
 from rigforge.facts.system import FreeDiskBytes, OsRelease, SecureBoot, UrlAnswers
-from rigforge.fleet import Plan
-from rigforge.hardware import Needs, data_root_left, data_root_of, find_problems, format_problems
-from rigforge.jsonmerge import merged_text
-from rigforge.knobs.docker_engine import DockerEngine
-from rigforge.knobs.nvidia_driver import NvidiaDriver
-from rigforge.knobs.roles import RoleKnobs
 from rigforge.layout import DAEMON_JSON
-from rigforge.schema import Settings
+from rigforge.model import driver_table, packages, schema
+from rigforge.model.fleet import Plan
+from rigforge.model.hardware import Needs, data_root_left, data_root_of, find_problems, format_problems
+from rigforge.model.jsonmerge import merged_text
+from rigforge.model.knobs.docker_engine import DockerEngine
+from rigforge.model.knobs.nvidia_driver import NvidiaDriver
+from rigforge.model.knobs.roles import RoleKnobs
+from rigforge.model.schema import Settings
 from rigforge.verdict import checkout, missing_packages, stale_weights
 from roles import docker_engine, nvidia_driver
 from roles.operations import apt_repo

@@ -8,8 +8,8 @@ import shlex
 from pyinfra.api import deploy
 from pyinfra.operations import apt, server
 
-from rigforge import registry
-from rigforge.registry import RegistryPlan
+from rigforge.model import registry
+from rigforge.model.registry import RegistryPlan
 from roles.operations import docker_daemon, fleet_copy, systemd_units
 from roles.operations.checks import refuse_now
 from roles.operations.staged import staged_files
@@ -50,7 +50,7 @@ def serve(
             validate=KEY_CHECK,
             keep_previous=False,
         )
-    # rendered and checked on the controller (rigforge/registry.py check_config: YAML, required keys), since
+    # rendered and checked on the controller (rigforge/model/registry.py check_config: YAML, required keys), since
     # docker-registry has no command that checks a config without serving it; staged, then renamed into place
     config = staged_files(
         name=f"Install the registry config ({reg.url}, storage {registry.STORAGE})",

@@ -11,9 +11,9 @@ from pyinfra.operations import files, systemd
 from pyinfra.operations.util import any_changed
 
 from rigforge.facts.system import EnabledInstances
-from rigforge.fleet import Plan
 from rigforge.layout import SERVE_FILES
-from rigforge.render import VLLM_UNIT
+from rigforge.model.fleet import Plan
+from rigforge.model.render import VLLM_UNIT
 from roles.operations import gateway
 from roles.operations import serving as ops
 from roles.operations.staged import staged_files, systemd_verify

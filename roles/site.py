@@ -1,5 +1,6 @@
-"""The roles of one host in order (`provision`): the fleet's own hosts' roles, then a rig's plan (rigforge/fleet.py) and
-its roles, which read only the plan. Any problem refuses a host in one message, its first operation, so nothing changes.
+"""The roles of one host in order (`provision`): the fleet's own hosts' roles, then a rig's plan
+(rigforge/model/fleet.py) and its roles, which read only the plan. Any problem refuses a host in one message, its first
+operation, so nothing changes.
 """
 
 from pyinfra import host
@@ -7,20 +8,21 @@ from pyinfra.api import deploy
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.files import FileContents
 
-import rigforge.knobs.gateway
-import rigforge.knobs.images
-import rigforge.knobs.monitor
-from rigforge import fleet, gateway, images, obtain, power, refusals, registry, schema
+import rigforge.model.knobs.gateway
+import rigforge.model.knobs.images
+import rigforge.model.knobs.monitor
+from rigforge import images, obtain, refusals
 from rigforge.facts import probe
 from rigforge.facts.docker import DockerImagePresent
 from rigforge.facts.files import JsonFile, TreeSize
 from rigforge.facts.hfweights import WeightsState
 from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, PowerCapUnits
-from rigforge.fleet import GATEWAY, MONITOR, REGISTRY, Plan, PlannedAsset, is_rig
-from rigforge.hardware import changed_roots, data_root_of, format_problems, gpu_count, roots_inside
 from rigforge.inventory import sudo_problem
 from rigforge.layout import DAEMON_JSON, HostLayout
 from rigforge.lock import token_refused
+from rigforge.model import fleet, gateway, power, registry, schema
+from rigforge.model.fleet import GATEWAY, MONITOR, REGISTRY, Plan, PlannedAsset, is_rig
+from rigforge.model.hardware import changed_roots, data_root_of, format_problems, gpu_count, roots_inside
 from roles import docker_engine, gpu_power, interrupt, nvidia_driver, preflight, rig_lock, serving, sources, weights
 from roles import gateway as gateway_role
 from roles import images as images_role
@@ -32,7 +34,7 @@ from roles.operations.shown import warn
 
 
 def the_fleet(variant: str | None = None) -> fleet.Fleet:
-    """This run's fleet for `variant` (rigforge/fleet.py; None: each rig's host data names its own), built once on
+    """This run's fleet for `variant` (rigforge/model/fleet.py; None: each rig's host data names its own), built once on
     the controller at the first host's turn; a deploy file passes it to `provision`."""
     memo = ctx_state.get().__dict__.setdefault("_rigforge_fleets", {})
     key = variant if variant is None or isinstance(variant, str) else id(variant)
@@ -80,7 +82,7 @@ def gateway_plan(fl: fleet.Fleet) -> tuple[gateway.GatewayPlan | None, list[str]
     for rig, problem in fl.left_out().items():
         warn(f"the gateway leaves {rig} out: {problem}")
     data = fl.data(host.name)
-    problems = rigforge.knobs.gateway.validate(data) + schema.boolean(data, "rigforge_manage_services")
+    problems = rigforge.model.knobs.gateway.validate(data) + schema.boolean(data, "rigforge_manage_services")
     return (None, problems) if problems else gateway.build(host.name, data, fl.rigs())
 
 
@@ -93,7 +95,7 @@ def front_and_watch_the_fleet(fl: fleet.Fleet) -> bool:
             return False
         gateway_role.apply(gw, data["rigforge_manage_services"])
     if MONITOR in host.groups:
-        if refused(rigforge.knobs.monitor.validate(data), "the monitor"):
+        if refused(rigforge.model.knobs.monitor.validate(data), "the monitor"):
             return False
         monitor_role.server(dict(fl.targets), data, data["rigforge_manage_services"])
     return True
@@ -294,7 +296,7 @@ def provision(fl: fleet.Fleet) -> None:
 def load_saved_images() -> None:
     """deploy/images_load.py: host data's rigforge_images_dir onto this host (roles/images.py), or refuse it."""
     data = fleet.data_of(host)
-    problems = rigforge.knobs.images.validate(data)
+    problems = rigforge.model.knobs.images.validate(data)
     try:  # the directory is read only once the keys are valid
         saved = [] if problems else images.check_loadable(data["rigforge_images_dir"])
     except images.ImagesError as error:

@@ -3,7 +3,7 @@
 from pyinfra.api import deploy
 from pyinfra.operations import apt, files
 
-from rigforge.fleet import Plan
+from rigforge.model.fleet import Plan
 from roles.operations import gitpin
 
 

@@ -6,7 +6,7 @@ from pyinfra.api import deploy
 from pyinfra.api.hiddenvalue import HiddenValue
 from pyinfra.operations import apt, files, pip
 
-from rigforge.fleet import Plan
+from rigforge.model.fleet import Plan
 from roles.operations import hfweights
 
 

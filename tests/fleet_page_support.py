@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from html.parser import HTMLParser
 from pathlib import Path
 
-from rigforge.gateway import backend_name
+from rigforge.model.gateway import backend_name
 
 REPO = Path(__file__).resolve().parents[1]
 CONSOLES = REPO / "templates/monitor/consoles"
@@ -280,7 +280,7 @@ class LiveRig:
         from test_gpu_hold import Rig
         from test_gpu_metrics import TWO_GPUS, pci_tree
 
-        from rigforge.render import render_gpu_metrics
+        from rigforge.model.render import render_gpu_metrics
 
         self.name = name
         self.dir = work / name
@@ -371,9 +371,9 @@ def serve_textfiles(directory: Path) -> http.server.ThreadingHTTPServer:
 
 
 class LiveFleet:
-    """Three live rigs behind the real gateway (Debian's HAProxy, rendered by rigforge/gateway.py), scraped every
-    second by Debian's Prometheus with the config rigforge.monitor renders and the repo's alerting rules with every
-    `for:` set to 0s, serving the repo's console pages. A load thread sends a chat completion through the gateway
+    """Three live rigs behind the real gateway (Debian's HAProxy, rendered by rigforge/model/gateway.py), scraped every
+    second by Debian's Prometheus with the config rigforge.model.monitor renders and the repo's alerting rules with
+    every `for:` set to 0s, serving the repo's console pages. A load thread sends a chat completion through the gateway
     every 0.3 s; a tick thread runs each rig's second (collector, cap writer, hold)."""
 
     def __init__(self, work: Path, names: tuple[str, ...] = ("rig1", "rig2", "rig3")):
@@ -389,7 +389,7 @@ class LiveFleet:
 
         from test_gateway import gw_data, rig, running_haproxy
 
-        from rigforge import gateway, monitor
+        from rigforge.model import gateway, monitor
 
         stack.callback(self.close)
         plans = [rig(name, "dual-turbo", r.vllm_port) for name, r in self.rigs.items()]

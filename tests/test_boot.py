@@ -14,10 +14,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from rigforge import boot, drift, fleet, observe
+from rigforge import boot, drift, observe
 from rigforge.facts import probe
 from rigforge.facts.nvidia import BootCaps
 from rigforge.layout import HOLD_TIMER, POWER_UNIT, SETTLE_UNIT
+from rigforge.model import fleet
 
 FIXTURES = Path(__file__).parent / "fixtures" / "boot"
 WRITERS = {

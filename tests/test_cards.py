@@ -16,10 +16,10 @@ import yaml
 from support import render_variant
 from test_recipes import IMAGE, REFERENCE
 
-from rigforge import power, recipes
-from rigforge.catalog import load_catalog
 from rigforge.facts.nvidia import parse_topo_matrix, parse_topology
-from rigforge.hardware import (
+from rigforge.model import power, recipes
+from rigforge.model.catalog import load_catalog
+from rigforge.model.hardware import (
     Needs,
     find_problems,
     format_problems,
@@ -29,10 +29,10 @@ from rigforge.hardware import (
     serving_env,
     serving_indices,
 )
-from rigforge.knobs import gpu_power as gpu_power_knobs
-from rigforge.knobs.roles import RoleKnobs
-from rigforge.recipes import parse_repo
-from rigforge.schema import Settings
+from rigforge.model.knobs import gpu_power as gpu_power_knobs
+from rigforge.model.knobs.roles import RoleKnobs
+from rigforge.model.recipes import parse_repo
+from rigforge.model.schema import Settings
 
 SMI = Path(__file__).resolve().parent / "fixtures" / "nvidia-smi"
 MULTI4 = (
@@ -269,8 +269,8 @@ def test_the_simulated_topology_for_n_cards_reads_as_the_real_one(tmp_path, gpus
 
 
 def test_the_metrics_collector_declares_every_cards_cap():
-    from rigforge.render import render_gpu_metrics
-    from rigforge.schema import power_caps
+    from rigforge.model.render import render_gpu_metrics
+    from rigforge.model.schema import power_caps
 
     script = render_gpu_metrics(power_caps(4, Settings()), "vllm-qwen-27b-multi-fast", IMAGE)
     for i in range(4):

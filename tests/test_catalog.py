@@ -5,8 +5,8 @@ import copy
 import pytest
 import yaml
 
-from rigforge.catalog import CATALOG_PATH, CatalogError, load_catalog, parse_catalog
-from rigforge.fleet import resolve
+from rigforge.model.catalog import CATALOG_PATH, CatalogError, load_catalog, parse_catalog
+from rigforge.model.fleet import resolve
 
 PRIMARY = ["dual", "dual-turbo", "dual-dflash", "dual-dflash-noviz", "carnice-bf16mtp"]
 

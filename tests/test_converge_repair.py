@@ -15,8 +15,8 @@ from collections import Counter
 import pytest
 from support import REPO, changed, errored, pyinfra_run
 
-from rigforge.driver_table import packages_for
-from rigforge.knobs.nvidia_driver import NvidiaDriver
+from rigforge.model.driver_table import packages_for
+from rigforge.model.knobs.nvidia_driver import NvidiaDriver
 
 pytestmark = pytest.mark.testbed
 DEPLOY = REPO / "deploy" / "dual_turbo.py"

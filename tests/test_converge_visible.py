@@ -17,8 +17,8 @@ import time
 import pytest
 from support import PYINFRA, REPO
 
-from rigforge.driver_table import packages_for
-from rigforge.knobs.nvidia_driver import NvidiaDriver
+from rigforge.model.driver_table import packages_for
+from rigforge.model.knobs.nvidia_driver import NvidiaDriver
 
 pytestmark = pytest.mark.testbed
 THROTTLE_BPS = 20 * 1024  # a 256 KiB shard takes about 13 s

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rigforge.driver_table import branch_for_cuda, cuda_for_branch, cuda_for_driver
 from rigforge.facts.nvidia import NvidiaRunningDriver, parse_cuda_version
-from rigforge.hardware import Needs, driver_cuda, find_problems, format_problems
-from rigforge.knobs.nvidia_driver import NvidiaDriver
-from rigforge.knobs.roles import RoleKnobs
-from rigforge.pins import LockError, default_lock_path, dump_lock, load_lock, parse_lock
-from rigforge.schema import Settings
+from rigforge.model.driver_table import branch_for_cuda, cuda_for_branch, cuda_for_driver
+from rigforge.model.hardware import Needs, driver_cuda, find_problems, format_problems
+from rigforge.model.knobs.nvidia_driver import NvidiaDriver
+from rigforge.model.knobs.roles import RoleKnobs
+from rigforge.model.pins import LockError, default_lock_path, dump_lock, load_lock, parse_lock
+from rigforge.model.schema import Settings
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nvidia-smi"
 H200 = FIXTURES / "h200x1-580.159.04-ubuntu2404"
@@ -125,7 +125,8 @@ class Rig:
 
 
 def test_verify_and_status_show_both_versions():
-    from rigforge import drift, fleet, observe
+    from rigforge import drift, observe
+    from rigforge.model import fleet
 
     plan, problems = fleet.plan_for("rig1", {"rigforge_variant": "dual-turbo"}, deployable=False)
     assert plan, problems

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from rigforge import drift, fleet, observe
+from rigforge import drift, observe
 from rigforge.facts import cycles, probe
 from rigforge.facts.cycles import Cycle, OrderingCycles, judge, parse, parse_cycles
+from rigforge.model import fleet
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cycles"
 POWER, SETTLE, VLLM = "rigforge-gpu-power.service", "rigforge-gpu-settle.service", "rigforge-vllm@dual-turbo.service"

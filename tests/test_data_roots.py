@@ -10,10 +10,10 @@ import re
 
 import pytest
 
-from rigforge import fleet, schema
-from rigforge.hardware import data_root_left, roots_inside
-from rigforge.knobs import docker_engine
 from rigforge.layout import HostLayout
+from rigforge.model import fleet, schema
+from rigforge.model.hardware import data_root_left, roots_inside
+from rigforge.model.knobs import docker_engine
 
 STATE_DIRS = [  # the issue's list: package managers' and container runtimes' state
     "/var/lib/dpkg",
@@ -26,7 +26,8 @@ STATE_DIRS = [  # the issue's list: package managers' and container runtimes' st
 
 
 def knob_problems(data: dict) -> list[str]:
-    """Every role's knob checks over `data`, defaults applied, as the deploy's plan runs them (rigforge/fleet.py)."""
+    """Every role's knob checks over `data`, defaults applied, as the deploy's plan runs them
+    (rigforge/model/fleet.py)."""
     full = fleet.host_data(data)
     return [problem for module in (fleet.site, *fleet.KNOBS) for problem in module.validate(full)]
 
@@ -218,7 +219,7 @@ def test_a_data_root_moved_inside_the_old_one_is_not_offered_for_rm():
 
 
 def test_the_deploy_reads_the_data_root_after_this_run_from_the_knob_else_the_rig():
-    from rigforge.knobs.docker_engine import DockerEngine
+    from rigforge.model.knobs.docker_engine import DockerEngine
     from roles.preflight import data_root_after
 
     rig, unset = ['{"data-root": "/srv/docker"}'], DockerEngine.of({"docker_daemon_options": {}})
@@ -239,7 +240,7 @@ def test_status_shows_the_data_root_left_as_a_note():
 def test_loading_saved_images_refuses_a_root_that_is_not_rigforges():
     """deploy/images_load.py reads only the images knobs: rigforge_root is checked there too (the images' work dir
     lies under it)."""
-    from rigforge.knobs import images
+    from rigforge.model.knobs import images
 
     base = {"rigforge_images_dir": "/srv/saved"}
     assert images.validate(fleet.host_data(base)) == []

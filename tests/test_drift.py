@@ -8,12 +8,13 @@ import hashlib
 
 from pyinfra.facts.files import File, Sha256File
 
-from rigforge import drift, fleet, observe
+from rigforge import drift, observe
 from rigforge.facts import cycles, probe
 from rigforge.facts.files import JsonFile
 from rigforge.facts.serving import ComposeImages, ServiceState
 from rigforge.facts.system import OsRelease, SystemdUnitEnabled
 from rigforge.layout import HostLayout
+from rigforge.model import fleet
 
 ANSWERS = {  # what a fresh rig answers, per fact class name
     "NvidiaGpus": [],

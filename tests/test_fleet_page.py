@@ -28,9 +28,9 @@ from fleet_page_support import (
     running_prometheus,
 )
 
-from rigforge import monitor
 from rigforge.layout import MONITOR_CONSOLE_LIBRARIES, MONITOR_CONSOLES
-from rigforge.render import render_gpu_metrics
+from rigforge.model import monitor
+from rigforge.model.render import render_gpu_metrics
 
 GRAPHS = {  # graph -> the series drawn for a rig with 2 GPUs and vLLM up
     "power": {"GPU 0 draw", "GPU 1 draw", "GPU 0 limit", "GPU 1 limit", "GPU 0 cap", "GPU 1 cap"},
@@ -117,7 +117,7 @@ def test_with_no_rig_in_the_data_the_page_says_so(tmp_path):
 def test_the_monitor_role_installs_the_page_and_its_library_where_debians_prometheus_reads_them():
     from test_roles_host_ops import converge, executed, rig, uploads
 
-    from rigforge.fleet import host_data
+    from rigforge.model.fleet import host_data
     from roles import monitor as role
 
     targets = {"node": (("rig1", "rig1:9100"),), "vllm": (("rig1", "rig1:8010"),), "haproxy": (("gw", "gw:8405"),)}

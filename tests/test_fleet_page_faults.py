@@ -2,8 +2,8 @@
 
 Three rigs (fleet_page_support.LiveFleet): each the testbed's stand-in nvidia-smi with two cards capped at 230 W, the
 GPU collector and the cap hold's pass as rigforge renders them, the vLLM stand-in in a process of its own, behind
-the real gateway (Debian's HAProxy, config from rigforge/gateway.py) under light load, scraped every second by
-Debian's Prometheus with rigforge.monitor's config and the repo's alerting rules (every `for:` 0s, as issue 49
+the real gateway (Debian's HAProxy, config from rigforge/model/gateway.py) under light load, scraped every second by
+Debian's Prometheus with rigforge.model.monitor's config and the repo's alerting rules (every `for:` 0s, as issue 49
 allows in tests). The page is loaded in headless Debian chromium, healthy, then with three faults at once:
 - rig1: its vLLM unit stopped (the stand-in's process ended, the unit inactive for the systemd collector);
 - rig2: GPU1 off the bus for nvidia-smi (the stand-in's "lost", as after Xid 79), the PCI bus still showing it;

@@ -1,4 +1,4 @@
-"""The fleet gateway's config (rigforge/gateway.py): accepted by the real `haproxy -c`, refused on bad input, and
+"""The fleet gateway's config (rigforge/model/gateway.py): accepted by the real `haproxy -c`, refused on bad input, and
 a real HAProxy on 127.0.0.1 in front of stand-in rigs routes by model, answers the healthy union on
 /v1/models, checks the fleet key, sends the rigs' key on, and stops sending to a rig whose /health fails."""
 
@@ -19,10 +19,11 @@ import time
 import urllib.error
 import urllib.request
 
-from rigforge import drift, gateway, observe, status, verdict, verify
-from rigforge.fleet import plan_for
-from rigforge.knobs.gateway import DEFAULTS, validate
+from rigforge import drift, observe, status, verdict, verify
 from rigforge.layout import GATEWAY_ADMIN_SOCKET, GATEWAY_STATE
+from rigforge.model import gateway
+from rigforge.model.fleet import plan_for
+from rigforge.model.knobs.gateway import DEFAULTS, validate
 from rigforge.testbed.openai_stub import Schedule, make_server
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"  # Debian's haproxy (.ci/run installs it)

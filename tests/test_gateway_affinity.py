@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from test_gateway import HAPROXY, admin, free_port, gw_data, rig, running_haproxy, server_status, wait_for
 
-from rigforge import gateway
-from rigforge.knobs.gateway import validate
+from rigforge.model import gateway
+from rigforge.model.knobs.gateway import validate
 from rigforge.testbed.openai_stub import Schedule, make_server
 
 MODEL = "qwen3.6-27b-autoround"

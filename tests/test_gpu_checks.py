@@ -19,13 +19,14 @@ from pyinfra.operations import server
 from test_gpu_metrics import stand_in_smi
 from test_roles_host_ops import PREFLIGHT, executed, gpu_row, make_state, rig
 
-from rigforge import drift, fleet, observe
-from rigforge.catalog import load_catalog
+from rigforge import drift, observe
 from rigforge.drift import vram as check_vram
 from rigforge.facts.nvidia import SMI_QUERY, NvidiaGpus
-from rigforge.hardware import gpu_count, gpu_problems, missing_cards, vram_problems
-from rigforge.knobs.gpu_power import GpuPower
-from rigforge.schema import Settings
+from rigforge.model import fleet
+from rigforge.model.catalog import load_catalog
+from rigforge.model.hardware import gpu_count, gpu_problems, missing_cards, vram_problems
+from rigforge.model.knobs.gpu_power import GpuPower
+from rigforge.model.schema import Settings
 from rigforge.testbed import RigSpec
 from roles.operations import checks
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from test_gpu_metrics import parse, pci_tree, run_collector, stand_in_smi, value
 
 from rigforge.layout import GPU_METRICS_FILE
-from rigforge.render import hold_script
+from rigforge.model.render import hold_script
 
 JOURNALCTL = """#!/bin/sh
 case "$*" in *_COMM=sudo*) cat "$FAKE/sudo.log" 2>/dev/null ;; *"-t CRON"*) cat "$FAKE/cron.log" 2>/dev/null ;; esac

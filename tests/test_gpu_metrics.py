@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from rigforge import fleet
 from rigforge.layout import GPU_METRICS_FILE, TEXTFILE_DIR, HostLayout
-from rigforge.render import render_gpu_metrics
+from rigforge.model import fleet
+from rigforge.model.render import render_gpu_metrics
 from rigforge.testbed import RigSpec, aptrepo
 
 H200 = Path(__file__).parent / "fixtures/nvidia-smi/h200x1-580.159.04-ubuntu2404"
@@ -299,7 +299,7 @@ def test_the_script_is_posix_sh(shell):
 
 def test_the_timer_runs_the_installed_collector_every_15_s_into_the_textfile_dir():
     from rigforge.layout import GPU_METRICS_TIMER, GPU_METRICS_UNIT, HostLayout
-    from rigforge.render import gpu_metrics_units
+    from rigforge.model.render import gpu_metrics_units
 
     layout = HostLayout()
     units = gpu_metrics_units(layout)

@@ -13,7 +13,7 @@ from registry_support import push_image, running_registry
 
 from rigforge import images
 from rigforge.cli import main
-from rigforge.pins import ImagePin, parse_lock
+from rigforge.model.pins import ImagePin, parse_lock
 
 REF = "vllm/vllm-openai:v0.27.1"
 
@@ -152,7 +152,7 @@ def test_a_resumed_blob_download_asks_for_the_rest_only(registry, tmp_path):
 def test_save_from_a_tls_registry_trusting_only_the_given_ca(tmp_path, capsys):
     """A move between fleets: save from a fleet registry over TLS with its CA (rigforge's own, as roles/registry.py
     makes it); without --ca-cert the system's CAs refuse it."""
-    from rigforge import registry as fleet
+    from rigforge.model import registry as fleet
 
     ca_dir = tmp_path / "ca"
     crt, key = fleet.server_certificate(ca_dir, "127.0.0.1")
@@ -386,7 +386,7 @@ def test_the_fleet_registry_host_keeps_its_registry_service(saved_dir):
 
 
 def test_knobs_are_checked():
-    from rigforge.knobs import images as role
+    from rigforge.model.knobs import images as role
 
     assert role.validate({"rigforge_images_dir": "/srv/saved", "images_port": None}) == []
     assert role.validate({"rigforge_images_dir": None, "images_port": 0}) == [

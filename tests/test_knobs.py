@@ -1,4 +1,4 @@
-"""Each role's knobs (rigforge/knobs/): the commented DEFAULTS table becomes the role's frozen, typed settings."""
+"""Each role's knobs (rigforge/model/knobs/): the commented DEFAULTS table becomes the role's frozen, typed settings."""
 
 from __future__ import annotations
 
@@ -10,17 +10,17 @@ import typing
 
 import pytest
 
-import rigforge.knobs
-from rigforge.knobs import Knobs, defaults_of
-from rigforge.knobs.docker_engine import DEFAULTS as DOCKER
-from rigforge.knobs.docker_engine import DockerEngine
-from rigforge.knobs.gateway import Gateway
-from rigforge.knobs.nvidia_driver import DEFAULTS as DRIVER
-from rigforge.knobs.nvidia_driver import NvidiaDriver
-from rigforge.knobs.serving import DEFAULTS as SERVING
-from rigforge.knobs.serving import Serving
-from rigforge.knobs.weights import DEFAULTS as WEIGHTS
-from rigforge.knobs.weights import Weights
+import rigforge.model.knobs
+from rigforge.model.knobs import Knobs, defaults_of
+from rigforge.model.knobs.docker_engine import DEFAULTS as DOCKER
+from rigforge.model.knobs.docker_engine import DockerEngine
+from rigforge.model.knobs.gateway import Gateway
+from rigforge.model.knobs.nvidia_driver import DEFAULTS as DRIVER
+from rigforge.model.knobs.nvidia_driver import NvidiaDriver
+from rigforge.model.knobs.serving import DEFAULTS as SERVING
+from rigforge.model.knobs.serving import Serving
+from rigforge.model.knobs.weights import DEFAULTS as WEIGHTS
+from rigforge.model.knobs.weights import Weights
 
 
 def runtime_types(hint: object) -> tuple[type, ...]:
@@ -42,10 +42,12 @@ def test_a_roles_knobs_are_declared_fields_and_each_default_is_of_its_type():
 def test_every_knob_module_declares_its_knobs_class():
     """Issue 48: no knob module is left a plain DEFAULTS dict; each declares one frozen Knobs class, typed, and its
     DEFAULTS are that class's fields."""
-    names = [info.name for info in pkgutil.iter_modules(rigforge.knobs.__path__) if info.name != "roles"]  # the bundle
+    names = [
+        info.name for info in pkgutil.iter_modules(rigforge.model.knobs.__path__) if info.name != "roles"
+    ]  # the bundle
     assert len(names) >= 10, names
     for name in names:
-        module = importlib.import_module(f"rigforge.knobs.{name}")
+        module = importlib.import_module(f"rigforge.model.knobs.{name}")
         (cls,) = [v for v in vars(module).values() if isinstance(v, type) and issubclass(v, Knobs) and v is not Knobs]
         assert cls.__module__ == module.__name__ and cls.__dataclass_params__.frozen, name
         assert module.DEFAULTS == defaults_of(cls), name

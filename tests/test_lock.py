@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from rigforge.lock import cuda_of, manifest_url
-from rigforge.pins import load_lock
+from rigforge.model.pins import load_lock
 from rigforge.testbed import content
 
 REPO = Path(__file__).resolve().parents[1]
@@ -402,7 +402,7 @@ def test_lock_caches_the_recipe_repo_at_its_commit_for_offline_render(stand_ins,
     assert (cached / "scripts/lib/profiles/registry.yaml").read_bytes() == (
         RECIPES_REF / "scripts/lib/profiles/registry.yaml"
     ).read_bytes()
-    from rigforge import recipes
+    from rigforge.model import recipes
 
     assert recipes.locate(commit) == cached  # without RIGFORGE_RECIPES, render reads this cache
     again = rigforge_lock("--lock", str(path))
@@ -459,7 +459,7 @@ def test_lock_keeps_the_toolkit_pin_and_says_when_a_newer_release_exists(tmp_pat
 
 def test_toolkit_news_only_for_a_newer_release():
     from rigforge.lock import toolkit_news
-    from rigforge.pins import ToolkitPin
+    from rigforge.model.pins import ToolkitPin
 
     assert toolkit_news(ToolkitPin("1.19.1-1"), TOOLKIT_PACKAGES) is None
     assert toolkit_news(ToolkitPin("1.20.0-1"), TOOLKIT_PACKAGES) is None  # 1.20.0~rc.1 is older, and a pre-release
@@ -488,7 +488,7 @@ def lock_at_a(si, tmp_path, tags) -> Path:
 def test_lock_follows_the_recipe_repo_to_a_later_commit_into_a_candidate(stand_ins, tmp_path, monkeypatch):
     """`lock --recipes B --inventory INV --out FILE`: the recipe pin at B, B's engine image resolved to its digest, the
     new slug's weights resolved; the diff printed; the lock in use left as it was."""
-    from rigforge import recipes
+    from rigforge.model import recipes
     from rigforge.testbed.recipe_commits import B_IMAGE, NEW_REPO, NEW_SLUG
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))

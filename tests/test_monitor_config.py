@@ -1,4 +1,4 @@
-"""The monitor's Prometheus config (rigforge/monitor.py): its targets come from the Fleet (every rig's node
+"""The monitor's Prometheus config (rigforge/model/monitor.py): its targets come from the Fleet (every rig's node
 exporter and vLLM, the gateway's HAProxy exporter), and the real `promtool check config` accepts it, with the
 alerting rules it names; the retention knobs are checked."""
 
@@ -11,9 +11,9 @@ import yaml
 from pyinfra.api import Inventory
 from support import REPO
 
-from rigforge import fleet, monitor
-from rigforge.fleet import host_data
-from rigforge.knobs.monitor import validate
+from rigforge.model import fleet, monitor
+from rigforge.model.fleet import host_data
+from rigforge.model.knobs.monitor import validate
 
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"  # Debian's prometheus (.ci/run installs it)
 

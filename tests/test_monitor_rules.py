@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from rigforge.render import render_gpu_metrics
+from rigforge.model.render import render_gpu_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 RULES = REPO / "templates/monitor/rigforge-alerts.rules.yml"

@@ -17,8 +17,9 @@ import time
 import urllib.request
 from dataclasses import asdict
 
-from rigforge import drift, fleet, monitor, observe, status, verify
+from rigforge import drift, observe, status, verify
 from rigforge.drift import Check
+from rigforge.model import fleet, monitor
 from rigforge.testbed.openai_stub import Schedule, make_server
 
 

@@ -12,9 +12,10 @@ import requests
 from registry_support import Registry, free_port, push_image, running_registry
 
 from rigforge import lock as locking
-from rigforge import obtain, registry
-from rigforge.knobs import registry as registry_knobs
-from rigforge.pins import ImagePin, load_lock
+from rigforge import obtain
+from rigforge.model import registry
+from rigforge.model.knobs import registry as registry_knobs
+from rigforge.model.pins import ImagePin, load_lock
 
 REF = "vllm/vllm-openai:v0.27.1"
 
@@ -119,7 +120,7 @@ def test_the_fill_copies_once_keeping_the_digest_and_skips_a_held_image():
     from test_roles_host_ops import converge, executed, rig
 
     from rigforge.facts.docker import RegistryHasImage
-    from rigforge.registry import RegistryPlan
+    from rigforge.model.registry import RegistryPlan
     from roles.operations.fleet_copy import image_in_fleet
 
     digest = "sha256:" + "b" * 64
@@ -159,7 +160,7 @@ def test_status_asks_the_registries_over_https_from_its_parallel_ssh_sessions(tm
         digest = push_image(reg, "vllm/vllm-openai", ref.rsplit(":", 1)[1], layers=1)["digest"]
         monkeypatch.delenv("REQUESTS_CA_BUNDLE")
         lock_path = tmp_path / "lock.yaml"
-        from rigforge.pins import dump_lock
+        from rigforge.model.pins import dump_lock
 
         image = dataclasses.replace(lock.image, digest=digest)
         lock_path.write_text(dump_lock(dataclasses.replace(lock, image=image)))

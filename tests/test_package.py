@@ -37,7 +37,9 @@ def installed(tmp_path_factory) -> Path:
 
 
 def test_installed_package_is_not_the_checkout(installed):
-    where = sh(installed / "bin/python", "-c", "import rigforge.render as r; print(r.__file__, r.TEMPLATES)", cwd="/")
+    where = sh(
+        installed / "bin/python", "-c", "import rigforge.model.render as r; print(r.__file__, r.TEMPLATES)", cwd="/"
+    )
     module, templates = where.stdout.split()
     assert str(REPO) not in module and str(REPO) not in templates, where.stdout
     assert Path(templates, "docker-compose.yml.j2").is_file()

@@ -1,4 +1,4 @@
-"""rigforge.pins: the lock file loads into frozen dataclasses, malformed entries fail naming file and key,
+"""rigforge.model.pins: the lock file loads into frozen dataclasses, malformed entries fail naming file and key,
 check() finds unresolved and inconsistent entries, require() is the deploy-time refusal."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import dataclasses
 import pytest
 import yaml
 
-from rigforge import pins
-from rigforge.pins import LockError, load_lock, parse_lock
+from rigforge.model import pins
+from rigforge.model.pins import LockError, load_lock, parse_lock
 
 GOOD = {
     "version": 1,

@@ -24,15 +24,15 @@ from pyinfra.api.operations import run_ops
 from pyinfra.api.state import StateStage
 from pyinfra.operations import server
 
-import rigforge.knobs.gpu_power
-import rigforge.knobs.serving
-import rigforge.knobs.weights
-from rigforge import fleet
-from rigforge.catalog import CatalogError
-from rigforge.fleet import Plan, resolve, variant_problems
+import rigforge.model.knobs.gpu_power
+import rigforge.model.knobs.serving
+import rigforge.model.knobs.weights
 from rigforge.layout import STAMP, HostLayout
-from rigforge.pins import default_lock_path, load_lock
-from rigforge.schema import Settings, SettingsError, apply_overrides
+from rigforge.model import fleet
+from rigforge.model.catalog import CatalogError
+from rigforge.model.fleet import Plan, resolve, variant_problems
+from rigforge.model.pins import default_lock_path, load_lock
+from rigforge.model.schema import Settings, SettingsError, apply_overrides
 from roles import site
 
 SHA = "a" * 40
@@ -308,9 +308,11 @@ def test_variant_choice_rules():
 
 
 def test_role_validators_are_pure_and_name_host_data_keys():
-    assert rigforge.knobs.gpu_power.validate({"gpu_power_limit_w": 230, "gpu_power_limits": {}}) == []
-    assert rigforge.knobs.serving.validate(rigforge.knobs.serving.DEFAULTS) == []
-    (problem,) = rigforge.knobs.weights.validate({**rigforge.knobs.weights.DEFAULTS, "hf_token": "has space"})
+    assert rigforge.model.knobs.gpu_power.validate({"gpu_power_limit_w": 230, "gpu_power_limits": {}}) == []
+    assert rigforge.model.knobs.serving.validate(rigforge.model.knobs.serving.DEFAULTS) == []
+    (problem,) = rigforge.model.knobs.weights.validate(
+        {**rigforge.model.knobs.weights.DEFAULTS, "hf_token": "has space"}
+    )
     assert problem.startswith("hf_token must be") and "has space" not in problem  # secrets are not echoed
 
 
@@ -347,10 +349,10 @@ def test_a_cap_outside_the_recipes_measured_range_warns_during_the_deploy_and_go
 
 
 def test_roots_inside_the_data_root_the_rigs_daemon_json_sets_are_refused():
-    """Docker's default data-root is refused with the host data (rigforge/schema.py); one that the rig's own
+    """Docker's default data-root is refused with the host data (rigforge/model/schema.py); one that the rig's own
     daemon.json moves elsewhere is refused in preflight, for rigforge_root and the model dir alike."""
-    from rigforge.hardware import data_root_of, roots_inside
     from rigforge.layout import HostLayout
+    from rigforge.model.hardware import data_root_of, roots_inside
 
     assert data_root_of(None) == data_root_of(["{}"]) == data_root_of(["{ broken"]) == "/var/lib/docker"
     assert data_root_of(['{"data-root": "/srv/docker/"}']) == "/srv/docker"
@@ -365,8 +367,8 @@ def test_roots_inside_the_data_root_the_rigs_daemon_json_sets_are_refused():
 
 
 def test_a_changed_root_names_the_old_tree_its_size_and_how_to_remove_it():
-    from rigforge.hardware import changed_roots
     from rigforge.layout import HostLayout
+    from rigforge.model.hardware import changed_roots
 
     sizes = {"/opt/rigforge": 52_600_000_000, "/data/models": 3_000_000_000}
     size_of = sizes.get
@@ -414,8 +416,8 @@ def test_a_fleet_builds_each_rigs_plan_once_and_renders_each_file_once_per_host(
     rig's files once; the fleet hosts build none."""
     from collections import Counter
 
-    import rigforge.fleet as planner
-    import rigforge.render as render
+    import rigforge.model.fleet as planner
+    import rigforge.model.render as render
 
     built, rendered = Counter(), Counter()
     real_build, real_power = planner.build_plan, render.render_power_unit
@@ -461,15 +463,15 @@ def nvidia_smi_rows(count: int) -> list[str]:
 
 
 def test_a_fleet_with_mixed_gpu_counts_builds_each_rigs_plan_once(tmp_path, monkeypatch):
-    """Issue 48: on 3 @fake rigs showing 2, 1 and 4 GPUs, one run builds each rig's plan once (rigforge/fleet.py
+    """Issue 48: on 3 @fake rigs showing 2, 1 and 4 GPUs, one run builds each rig's plan once (rigforge/model/fleet.py
     `build_plan`); the rigs whose count differs from the variant's get their caps and the files rendered from the
     count from the cheap pure step `for_cards`: the power units, and on the 4-card rig the serve files that pin the
     TP=2 variant to cards 0 and 1 (hardware.serving_env)."""
     from collections import Counter
 
-    import rigforge.catalog as catalog
-    import rigforge.fleet as planner
-    import rigforge.render as render
+    import rigforge.model.catalog as catalog
+    import rigforge.model.fleet as planner
+    import rigforge.model.render as render
 
     built, rendered = Counter(), Counter()
     real_build, real_units = planner.build_plan, render.units
@@ -532,7 +534,7 @@ def answers(recorded: dict[str, str], gpus: dict[str, int]):
 
 @pytest.mark.parametrize("command", ["status", "verify"])
 def test_status_and_verify_build_each_rigs_plan_once(tmp_path, monkeypatch, command, capsys):
-    """Issue 31: status and verify build the fleet once (rigforge/fleet.py `build`, before the rigs are read in
+    """Issue 31: status and verify build the fleet once (rigforge/model/fleet.py `build`, before the rigs are read in
     parallel) and take each rig's plan from it: on 3 rigs and a gateway host, each rig's plan is built once when
     the rigs are as the inventory says; a rig whose manifest records another variant is built again for what it
     runs; one that shows another GPU count is not (fleet.for_cards)."""
@@ -541,7 +543,7 @@ def test_status_and_verify_build_each_rigs_plan_once(tmp_path, monkeypatch, comm
     from collections import Counter
     from types import SimpleNamespace
 
-    import rigforge.fleet as planner
+    import rigforge.model.fleet as planner
     from rigforge import inventory, observe
 
     built, real_build = Counter(), planner.build_plan

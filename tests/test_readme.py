@@ -4,9 +4,9 @@ setting is documented, and every documented key exists."""
 import re
 from pathlib import Path
 
-from rigforge.catalog import load_catalog
-from rigforge.knobs import docker_engine, gpu_power, monitor, nvidia_driver, serving, site, weights
-from rigforge.schema import HOST_KEYS, SETTINGS
+from rigforge.model.catalog import load_catalog
+from rigforge.model.knobs import docker_engine, gpu_power, monitor, nvidia_driver, serving, site, weights
+from rigforge.model.schema import HOST_KEYS, SETTINGS
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 ROLES = (docker_engine, gpu_power, monitor, nvidia_driver, serving, site, weights)  # sources: serving's rigforge_root

@@ -18,9 +18,9 @@ import pytest
 import yaml
 from support import render_variant
 
-from rigforge import recipes
-from rigforge.recipes import RecipeError, interpolate, parse_repo
-from rigforge.schema import Settings, SettingsError, apply_overrides
+from rigforge.model import recipes
+from rigforge.model.recipes import RecipeError, interpolate, parse_repo
+from rigforge.model.schema import Settings, SettingsError, apply_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 # the verbatim subset of ../shared/reference/club-3090-4a29ab57 (PROVENANCE.md), vendored so CI always has it
@@ -425,7 +425,7 @@ def test_a_knob_the_recipe_does_not_expose_is_refused(repo, slug, key, value, va
 
 
 def test_recipe_only_settings_are_refused_for_seed_variants():
-    from rigforge.catalog import load_catalog
+    from rigforge.model.catalog import load_catalog
 
     with pytest.raises(SettingsError, match="'spec_n' cannot be used with dual"):
         render_variant(load_catalog().variants["dual"], apply_overrides(Settings(), {"spec_n": 0}))
@@ -513,7 +513,7 @@ def test_every_selectable_slug_renders_without_a_lock_entry_showing_its_unresolv
     """`render` needs no lock entry for a slug's image or weights (issue 33): each selectable slug, opt-in ones
     too, renders with its engine's image by tag, and the pins the lock lacks are named as unresolved."""
     from rigforge.cli import main
-    from rigforge.pins import default_lock_path, load_lock
+    from rigforge.model.pins import default_lock_path, load_lock
 
     monkeypatch.setenv("RIGFORGE_RECIPES", str(REFERENCE))
     lock = load_lock(default_lock_path())
@@ -535,9 +535,9 @@ def test_every_selectable_slug_renders_without_a_lock_entry_showing_its_unresolv
 
 
 def test_a_deploy_still_refuses_a_slug_the_lock_lacks(monkeypatch):
-    from rigforge import fleet
-    from rigforge.fleet import build_plan as build
-    from rigforge.pins import default_lock_path
+    from rigforge.model import fleet
+    from rigforge.model.fleet import build_plan as build
+    from rigforge.model.pins import default_lock_path
 
     monkeypatch.setenv("RIGFORGE_RECIPES", str(REFERENCE))
     data = fleet.host_data({"rigforge_lock": str(default_lock_path())})
@@ -550,8 +550,8 @@ def test_a_deploy_still_refuses_a_slug_the_lock_lacks(monkeypatch):
 def test_a_plan_names_what_a_variant_cannot_take_by_host_data_key_with_every_other_problem(monkeypatch):
     """The variant's setting check and its files are one call (fleet.build_plan); its problem is still named as
     the host-data key, for a slug and a seed alike, and reported with the plan's other problems."""
-    from rigforge import fleet
-    from rigforge.pins import default_lock_path
+    from rigforge.model import fleet
+    from rigforge.model.pins import default_lock_path
 
     monkeypatch.setenv("RIGFORGE_RECIPES", str(REFERENCE))
     base = {"rigforge_lock": str(default_lock_path()), "serving_port": 22}
@@ -585,7 +585,7 @@ def test_served_model_and_min_card_mib_read_the_compose_file():
 def test_a_slug_takes_its_image_and_weights_from_the_lock(monkeypatch):
     import dataclasses
 
-    from rigforge.pins import LockError, default_lock_path, load_lock
+    from rigforge.model.pins import LockError, default_lock_path, load_lock
 
     monkeypatch.setenv("RIGFORGE_RECIPES", str(REFERENCE))
     lock = load_lock(default_lock_path())
@@ -692,7 +692,7 @@ def test_follow_derives_the_engine_image_a_second_image_and_the_weights_from_the
     import dataclasses
 
     from rigforge import follow
-    from rigforge.pins import GitPin, ImagePin, Lock
+    from rigforge.model.pins import GitPin, ImagePin, Lock
     from rigforge.testbed import recipe_commits
 
     tree = tmp_path / "club-3090"

@@ -12,9 +12,9 @@ import pytest
 import yaml
 from support import render_variant
 
-from rigforge import recipes
 from rigforge.layout import HostLayout
-from rigforge.schema import Settings, apply_overrides
+from rigforge.model import recipes
+from rigforge.model.schema import Settings, apply_overrides
 from rigforge.testbed import recipe_commits
 
 REPO = Path(__file__).resolve().parents[1]

@@ -18,9 +18,9 @@ import pytest
 from support import render_variant
 from test_recipes import REFERENCE
 
-from rigforge import recipes
-from rigforge.recipes import parse_repo
-from rigforge.schema import Settings, apply_overrides
+from rigforge.model import recipes
+from rigforge.model.recipes import parse_repo
+from rigforge.model.schema import Settings, apply_overrides
 from rigforge.testbed import tools_rootfs
 
 pytestmark = pytest.mark.testbed

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rigforge import fleet, follow, recipes
-from rigforge.pins import LockError, default_lock_path, dump_lock, load_lock, parse_lock
-from rigforge.recipes import RecipeError
+from rigforge import follow
+from rigforge.model import fleet, recipes
+from rigforge.model.pins import LockError, default_lock_path, dump_lock, load_lock, parse_lock
+from rigforge.model.recipes import RecipeError
 from rigforge.testbed import content, recipe_commits
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,10 +16,10 @@ import yaml
 from support import render_variant
 from test_recipes import REFERENCE
 
-from rigforge import recipes
-from rigforge.pins import HfFile, HfPin, LockError, parse_lock
-from rigforge.recipes import RecipeError, parse_repo
-from rigforge.schema import Settings, apply_overrides
+from rigforge.model import recipes
+from rigforge.model.pins import HfFile, HfPin, LockError, parse_lock
+from rigforge.model.recipes import RecipeError, parse_repo
+from rigforge.model.schema import Settings, apply_overrides
 
 IMAGE = "ghcr.io/ggml-org/llama.cpp:server-cuda-b10236@sha256:" + "ab" * 32
 TESS = "llamacpp/tess-dual-mtp"
@@ -226,8 +226,8 @@ def test_the_monitor_scrapes_a_llamacpp_server_only_when_its_recipe_enables_metr
     labelled serving_engine llama.cpp; the vLLM rig beside it stays a `vllm` target."""
     from types import SimpleNamespace
 
-    from rigforge import fleet, monitor
-    from rigforge.knobs.roles import RoleKnobs
+    from rigforge.model import fleet, monitor
+    from rigforge.model.knobs.roles import RoleKnobs
 
     r = repo.recipe(TESS)
     svc = next(iter(repo.compose(r)["services"].values()))

@@ -1,4 +1,4 @@
-"""The fleet registry's pure parts (rigforge/registry.py, roles/registry.py's knobs): which host serves it, its
+"""The fleet registry's pure parts (rigforge/model/registry.py, roles/registry.py's knobs): which host serves it, its
 config, the fleet CA and the server certificate's names (real openssl, on the controller), insecure-registries."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import pytest
 import yaml
 from pyinfra.api import Inventory
 
-import rigforge.knobs.registry
-from rigforge import fleet, registry
-from rigforge.jsonmerge import merged_text
+import rigforge.model.knobs.registry
+from rigforge.model import fleet, registry
+from rigforge.model.jsonmerge import merged_text
 from roles import registry as registry_role
 
 
 def plan(**data) -> registry.RegistryPlan:
-    return registry.build("gw.lan", {**rigforge.knobs.registry.DEFAULTS, **data})
+    return registry.build("gw.lan", {**rigforge.model.knobs.registry.DEFAULTS, **data})
 
 
 def test_the_registry_host_is_the_registry_groups_first_and_only_when_asked_for():
@@ -48,10 +48,10 @@ def test_site_finds_the_registry_and_registry_hosts_are_not_rigs():
 
 
 def test_knobs_are_checked():
-    good = dict(rigforge.knobs.registry.DEFAULTS)
-    assert rigforge.knobs.registry.validate(good) == []
+    good = dict(rigforge.model.knobs.registry.DEFAULTS)
+    assert rigforge.model.knobs.registry.validate(good) == []
     bad = {**good, "registry_insecure": "yes", "registry_address": "a b", "registry_ca_dir": ""}
-    assert len(rigforge.knobs.registry.validate(bad)) == 3
+    assert len(rigforge.model.knobs.registry.validate(bad)) == 3
 
 
 def test_the_config_is_a_plain_registry_with_tls_by_default():

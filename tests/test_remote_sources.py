@@ -57,7 +57,7 @@ def test_the_rigs_curl_tells_an_answer_a_404_a_closed_port_and_no_name_apart(tmp
 def test_a_source_is_needed_for_exactly_the_packages_the_install_would_fetch():
     """One rule (verdict.missing_packages) for preflight's question and the install: a package not installed, or a
     pinned one at another version; the toolkit's four packages when a version is pinned, else the toolkit alone."""
-    from rigforge.packages import TOOLKIT_PACKAGES, docker, toolkit
+    from rigforge.model.packages import TOOLKIT_PACKAGES, docker, toolkit
     from rigforge.verdict import missing_packages as missing
 
     ce = docker("docker", "debian", "13")

@@ -14,8 +14,8 @@ import pytest
 import yaml
 from support import render_variant
 
-from rigforge.catalog import env_file_text, load_catalog
-from rigforge.schema import Settings, SettingsError, apply_overrides, parse_set
+from rigforge.model.catalog import env_file_text, load_catalog
+from rigforge.model.schema import Settings, SettingsError, apply_overrides, parse_set
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REF = yaml.safe_load((FIXTURES / "reference-variants.yaml").read_text())

@@ -11,8 +11,8 @@ import subprocess
 import pytest
 from support import render_variant
 
-from rigforge.catalog import load_catalog
-from rigforge.schema import Settings, apply_overrides
+from rigforge.model.catalog import load_catalog
+from rigforge.model.schema import Settings, apply_overrides
 from rigforge.testbed import tools_rootfs
 
 pytestmark = pytest.mark.testbed
@@ -92,9 +92,9 @@ def test_the_power_unit_and_the_settle_stage_pass_systemd_analyze_verify_without
     driver), and the settle and hold scripts pass `sh -n`."""
     from types import SimpleNamespace
 
-    from rigforge import fleet
     from rigforge.layout import HOLD_SCRIPT, HOLD_TIMER, HOLD_UNIT, POWER_UNIT, SETTLE_SCRIPT, SETTLE_UNIT
-    from rigforge.render import hold_files, render_power_unit, settle_files
+    from rigforge.model import fleet
+    from rigforge.model.render import hold_files, render_power_unit, settle_files
 
     d = "/rigforge-render-check/boot"
     here = tools / d.lstrip("/")
@@ -128,7 +128,7 @@ def test_the_gpu_metrics_service_and_timer_pass_systemd_analyze_verify(tools):
     from types import SimpleNamespace
 
     from rigforge.layout import GPU_METRICS_SCRIPT, GPU_METRICS_TIMER, GPU_METRICS_UNIT, TEXTFILE_DIR
-    from rigforge.render import gpu_metrics_units, render_gpu_metrics
+    from rigforge.model.render import gpu_metrics_units, render_gpu_metrics
 
     d = "/rigforge-render-check/metrics"
     here = tools / d.lstrip("/")

@@ -24,15 +24,15 @@ from pyinfra.context import ctx_host, ctx_state
 from pyinfra.operations import server
 from support import render_variant
 
-from rigforge import fleet, hardware, packages
-from rigforge.catalog import load_catalog
-from rigforge.fleet import Plan
-from rigforge.jsonmerge import merged_text
-from rigforge.knobs.nvidia_driver import NvidiaDriver
-from rigforge.knobs.roles import RoleKnobs
 from rigforge.layout import NVIDIA_RUNTIME, HostLayout
-from rigforge.render import render_power_unit
-from rigforge.schema import Settings
+from rigforge.model import fleet, hardware, packages
+from rigforge.model.catalog import load_catalog
+from rigforge.model.fleet import Plan
+from rigforge.model.jsonmerge import merged_text
+from rigforge.model.knobs.nvidia_driver import NvidiaDriver
+from rigforge.model.knobs.roles import RoleKnobs
+from rigforge.model.render import render_power_unit
+from rigforge.model.schema import Settings
 from roles import docker_engine, gpu_power, nvidia_driver, preflight
 from roles.operations import apt_repo, checks, nvidia, shown
 
@@ -606,7 +606,7 @@ def test_cap_outside_range_refused_in_gpu_power_too(cap):
 
 
 def test_an_unpublished_driver_branch_names_the_published_ones():
-    from rigforge.driver_table import DriverPackages
+    from rigforge.model.driver_table import DriverPackages
     from roles.preflight import unpublished
 
     packages = DriverPackages("nvidia-driver-pinning-595", ("nvidia-open",), "nvidia-open")
@@ -626,7 +626,7 @@ def test_an_unpublished_driver_branch_names_the_published_ones():
 
 
 def test_monitor_installs_node_exporter_the_collector_and_its_timer():
-    from rigforge.render import gpu_metrics_units, render_gpu_metrics
+    from rigforge.model.render import gpu_metrics_units, render_gpu_metrics
     from roles import monitor
 
     plan = power_plan()
@@ -643,8 +643,8 @@ def test_monitor_installs_node_exporter_the_collector_and_its_timer():
 
 
 def test_the_monitor_host_gets_prometheus_the_fleets_config_and_rules_checked_by_promtool():
-    from rigforge import monitor as monitor_config
-    from rigforge.fleet import host_data
+    from rigforge.model import monitor as monitor_config
+    from rigforge.model.fleet import host_data
     from roles import monitor
 
     targets = {"node": (("rig1", "rig1:9100"),), "vllm": (("rig1", "rig1:8010"),), "haproxy": (("gw", "gw:8405"),)}

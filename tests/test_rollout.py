@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from rigforge import rollout
-from rigforge.pins import load_lock
+from rigforge.model.pins import load_lock
 
 DIGEST_A, DIGEST_B = "sha256:" + "a1" * 32, "sha256:" + "b1" * 32
 COMMIT_A, COMMIT_B = "a" * 40, "b" * 40

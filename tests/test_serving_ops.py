@@ -18,8 +18,8 @@ from pyinfra.context import ctx_host, ctx_state
 from support import render_variant
 from test_roles_host_ops import converge, executed, host_of, make_plan, make_state, rig
 
-from rigforge.catalog import load_catalog
-from rigforge.schema import Settings
+from rigforge.model.catalog import load_catalog
+from rigforge.model.schema import Settings
 from roles import serving
 from roles.operations.serving import manifest
 

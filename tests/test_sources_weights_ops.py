@@ -24,10 +24,10 @@ from test_lock import stand_ins  # noqa: F401 - the git daemon + HF stand-in fix
 from rigforge import verdict
 from rigforge.facts.gitpin import GitCheckout
 from rigforge.facts.hfweights import FileDigests, WeightsState
-from rigforge.fleet import PlannedAsset
-from rigforge.knobs.weights import Weights
 from rigforge.layout import STAMP, HostLayout
-from rigforge.pins import GitPin, HfFile, HfPin, parse_lock
+from rigforge.model.fleet import PlannedAsset
+from rigforge.model.knobs.weights import Weights
+from rigforge.model.pins import GitPin, HfFile, HfPin, parse_lock
 from roles.operations import gitpin, hfweights
 
 REPO = Path(__file__).resolve().parents[1]

@@ -199,7 +199,7 @@ def test_own_bytecode_is_kept_for_the_next_run(monkeypatch, tmp_path):
 
     import pyinfra.api.util as other
 
-    import rigforge.driver_table as own
+    import rigforge.model.driver_table as own
 
     def module(source, cached):
         spec = importlib.util.spec_from_file_location("m", source)

@@ -19,8 +19,9 @@ import pytest
 from test_roles_host_ops import converge, executed, make_plan, rig, uploads
 from test_serving_ops import SHOW, UNIT, converged_responses
 
-from rigforge import drift, fleet, status, verify
+from rigforge import drift, status, verify
 from rigforge.drift import SKIP, SKIPPED, Check
+from rigforge.model import fleet
 from rigforge.observe import RigContext, rest_record
 from roles import serving
 

@@ -1,6 +1,6 @@
 """What the driver and container-runtime roles render, checked against the vendors' published instructions.
 
-The expected names below were written from the vendors' pages (cited per test), not from rigforge/driver_table.py:
+The expected names below were written from the vendors' pages (cited per test), not from rigforge/model/driver_table.py:
 Ubuntu 22.04, Ubuntu 24.04, Debian 12 and Debian 13 x open/proprietary x branch 580/590. The roles run on
 pyinfra's fake connector: the commands and files are what a real rig would get.
 """
@@ -11,14 +11,14 @@ import pytest
 import yaml
 from test_roles_host_ops import checked, converge, executed, op_commands, planned, rig, uploads
 
-import rigforge.knobs.docker_engine
-import rigforge.knobs.nvidia_driver
-from rigforge import driver_table, fleet
+import rigforge.model.knobs.docker_engine
+import rigforge.model.knobs.nvidia_driver
 from rigforge.facts.apt import AptSourceFiles, KeyFingerprints, parse_deb822, parse_one_line, same_uri_files
 from rigforge.facts.nvidia import NvidiaRunningDriver
-from rigforge.knobs.roles import RoleKnobs
-from rigforge.packages import TOOLKIT_PACKAGES, PackageSet, toolkit
-from rigforge.pins import default_lock_path, load_lock
+from rigforge.model import driver_table, fleet
+from rigforge.model.knobs.roles import RoleKnobs
+from rigforge.model.packages import TOOLKIT_PACKAGES, PackageSet, toolkit
+from rigforge.model.pins import default_lock_path, load_lock
 from roles import docker_engine, nvidia_driver, preflight
 from roles.operations import apt_repo
 
@@ -439,8 +439,8 @@ def test_a_key_already_in_place_with_the_right_fingerprint_is_a_no_op():
 
 
 def test_validate_names_key_value_and_allowed_values():
-    good = {**rigforge.knobs.nvidia_driver.DEFAULTS}
-    assert rigforge.knobs.nvidia_driver.validate(good) == []
+    good = {**rigforge.model.knobs.nvidia_driver.DEFAULTS}
+    assert rigforge.model.knobs.nvidia_driver.validate(good) == []
     bad = {
         **good,
         "nvidia_driver_source": "ppa",
@@ -450,7 +450,7 @@ def test_validate_names_key_value_and_allowed_values():
         "apt_adopt_sources": 1.5,
         "nvidia_driver_repo_key_fingerprint": "3bf863cc",
     }
-    assert rigforge.knobs.nvidia_driver.validate(bad) == [
+    assert rigforge.model.knobs.nvidia_driver.validate(bad) == [
         "nvidia_driver_source='ppa' is not one of: cuda, ubuntu.",
         "nvidia_driver_flavor='closed' is not one of: open, proprietary.",
         "nvidia_driver_branch=575 must be a branch number, 580 or later (e.g. 580, 590).",
@@ -458,9 +458,9 @@ def test_validate_names_key_value_and_allowed_values():
         "apt_adopt_sources=1.5 must be true or false.",
         "nvidia_driver_repo_key_fingerprint='3bf863cc' must be a 40-hex-digit key fingerprint.",
     ]
-    docker = {**rigforge.knobs.docker_engine.DEFAULTS}
-    assert rigforge.knobs.docker_engine.validate(docker) == []
-    assert rigforge.knobs.docker_engine.validate(
+    docker = {**rigforge.model.knobs.docker_engine.DEFAULTS}
+    assert rigforge.model.knobs.docker_engine.validate(docker) == []
+    assert rigforge.model.knobs.docker_engine.validate(
         {**docker, "docker_source": "snap", "nvidia_toolkit_version": 1.18}
     ) == [
         "docker_source='snap' is not one of: docker, distro.",
@@ -475,7 +475,7 @@ def test_no_such_package_stops_the_host_in_preflight_not_the_run():
     from pyinfra.api import deploy
     from test_roles_host_ops import PREFLIGHT
 
-    from rigforge import fleet
+    from rigforge.model import fleet
 
     @deploy("site")
     def _site():

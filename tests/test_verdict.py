@@ -6,9 +6,10 @@ facts are the shapes the fact classes return (their parsers are tested on real o
 
 from test_cuda import DATA, preflight
 
-from rigforge import packages, verdict
-from rigforge.packages import PackageSet
-from rigforge.pins import GitPin, HfFile, HfPin
+from rigforge import verdict
+from rigforge.model import packages
+from rigforge.model.packages import PackageSet
+from rigforge.model.pins import GitPin, HfFile, HfPin
 
 SHA = "a" * 40
 PIN = GitPin("genesis", "git://127.0.0.1/genesis.git", "main", SHA, sparse=("vllm/",))

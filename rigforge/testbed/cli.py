@@ -8,8 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from rigforge import recipes
-from rigforge.pins import CUDA
+from rigforge.model import recipes
+from rigforge.model.pins import CUDA
 
 from . import upstream
 from ._util import TestbedError

@@ -596,8 +596,8 @@ def _all_rig_ports(shared: Path) -> set[int]:
 
 
 def _write_lock(tb: Testbed) -> None:
-    from rigforge.pins import default_lock_path, load_lock
-    from rigforge.recipes import content_digest
+    from rigforge.model.pins import default_lock_path, load_lock
+    from rigforge.model.recipes import content_digest
 
     git = {}
     for name, m in tb.services["git"].items():
@@ -691,9 +691,9 @@ def _write_env(tb: Testbed) -> None:
 def _cache_recipes(tb: Testbed) -> Path | None:
     """The controller's cache of the recipe commit the testbed's lock pins (A), as `rigforge lock` fills it: a
     deploy and `rigforge rollout` read it there, so RIGFORGE_RECIPES is needed only by `up`. None without one."""
-    from rigforge import recipes
     from rigforge.lock import cache_recipes
-    from rigforge.pins import LockError, load_lock
+    from rigforge.model import recipes
+    from rigforge.model.pins import LockError, load_lock
 
     pin = load_lock(tb.lock).git.get(recipes.GIT_NAME)
     if pin is None or pin.commit is None:

@@ -98,11 +98,11 @@ def api_address(ssh_port: int) -> str:
 
 def api_ports() -> list[int]:
     """The serving ports a rig may use: every catalog variant's, and every recipe slug's RIGFORGE_RECIPES serves."""
-    from rigforge.catalog import load_catalog
+    from rigforge.model.catalog import load_catalog
 
     ports = {v.port for v in load_catalog().variants.values()}
     if recipes_dir():
-        from rigforge.recipes import parse_repo
+        from rigforge.model.recipes import parse_repo
 
         ports |= {r.port for r in parse_repo(recipes_dir()).recipes.values() if not r.refused}
     return sorted(ports)
@@ -112,7 +112,7 @@ def recipe_images() -> dict[str, str]:
     """{engine: image ref} the recipe slugs of RIGFORGE_RECIPES run, by tag ({} when it is unset)."""
     if not recipes_dir():
         return {}
-    from rigforge.recipes import parse_repo
+    from rigforge.model.recipes import parse_repo
 
     repo = parse_repo(recipes_dir())
     return {r.engine: r.image for r in repo.recipes.values() if not r.refused and "@" not in r.image}

@@ -16,7 +16,7 @@ from rigforge import verdict
 from rigforge.facts.apt import AptSourceFiles, KeyFingerprints, same_uri_files
 from rigforge.facts.system import AptHeldPackages, ProvidedFiles
 from rigforge.layout import APT_IGNORE_BACKUPS_CONF, APT_KEYRING_DIR, APT_SOURCES_DIR
-from rigforge.packages import PackageSet
+from rigforge.model.packages import PackageSet
 from roles.operations.shown import Commands, say, unchanged
 
 
@@ -171,7 +171,7 @@ def install_missing(packages: PackageSet | list[str], change_held: bool = False)
     """Install what ``rigforge.verdict.packages`` finds missing of a package set, refreshing apt lists first: the
     packages not installed (or at another pinned version), and a reinstall of those whose file rigforge runs is gone.
 
-    + packages: the set (``rigforge.packages.PackageSet``), or package names; ``name=version`` pins a version
+    + packages: the set (``rigforge.model.packages.PackageSet``), or package names; ``name=version`` pins a version
     + change_held: let apt replace held versions of these packages (``--allow-change-held-packages``)
 
     A Debian 13 rig set up with ``apt-get install --no-install-recommends docker.io`` lacks docker-cli
@@ -181,7 +181,7 @@ def install_missing(packages: PackageSet | list[str], change_held: bool = False)
 
     .. code:: python
 
-        from rigforge import packages
+        from rigforge.model import packages
         from roles.operations import apt_repo
         apt_repo.install_missing(
             name="Install apt repository prerequisites",
@@ -223,13 +223,13 @@ def hold(packages: PackageSet) -> Commands:
     """``apt-mark hold`` the set's installed packages that ``rigforge.verdict.unheld_packages`` finds not held: its
     ``held`` names, and with ``held_with``, its ``held_prefixes`` packages at that version (the driver's libraries).
 
-    + packages: the set (``rigforge.packages.PackageSet``)
+    + packages: the set (``rigforge.model.packages.PackageSet``)
 
     **Example:**
 
     .. code:: python
 
-        from rigforge import packages
+        from rigforge.model import packages
         from roles.operations import apt_repo
         apt_repo.hold(
             name="Hold the NVIDIA driver packages",

@@ -7,9 +7,9 @@ from pyinfra.api import FunctionCommand, Host, State, operation
 from pyinfra.context import ctx_host
 
 from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, NvidiaTopology
-from rigforge.hardware import Needs, format_problems, gpu_count, gpu_problems
-from rigforge.knobs.gpu_power import GpuPower
-from rigforge.schema import Settings
+from rigforge.model.hardware import Needs, format_problems, gpu_count, gpu_problems
+from rigforge.model.knobs.gpu_power import GpuPower
+from rigforge.model.schema import Settings
 from roles.operations.shown import Commands, unchanged
 
 
@@ -30,9 +30,9 @@ def fail_command(message: str) -> FunctionCommand:
 def gpus_fit(needs: Needs, caps: dict[int, int], power: GpuPower, settings: Settings) -> Commands:
     """Fail this host unless nvidia-smi's GPUs (read when this executes) fit ``needs`` and ``caps`` covers them all.
 
-    + needs: what the variant needs of a host (``rigforge.hardware.Needs``)
+    + needs: what the variant needs of a host (``rigforge.model.hardware.Needs``)
     + caps: the power unit's caps, ``{gpu index: watts}``
-    + power: the GPU power knobs, the caps each card's range must hold (``rigforge.knobs.gpu_power.GpuPower``)
+    + power: the GPU power knobs, the caps each card's range must hold (``rigforge.model.knobs.gpu_power.GpuPower``)
     + settings: the rig's settings, whose KV cache dtype and memory share may make a 20 GB card fit
 
     **Example:**
@@ -42,7 +42,7 @@ def gpus_fit(needs: Needs, caps: dict[int, int], power: GpuPower, settings: Sett
         from roles.operations.checks import gpus_fit
         gpus_fit(
             name="Check the GPUs now that the driver answers (2x 24000 MiB)",
-            needs=needs,  # rigforge.hardware.Needs of the rig's variant
+            needs=needs,  # rigforge.model.hardware.Needs of the rig's variant
             caps={0: 230, 1: 230},
             power=plan.knobs.gpu_power,
             settings=plan.settings,

@@ -7,7 +7,7 @@ from pyinfra import host
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 from pyinfra.facts.files import FileContents
 
-from rigforge.jsonmerge import merged_text
+from rigforge.model.jsonmerge import merged_text
 from roles.operations.checks import fail_command
 from roles.operations.shown import Commands, unchanged
 

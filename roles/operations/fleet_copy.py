@@ -4,8 +4,8 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
 from rigforge.facts.docker import RegistryHasImage
+from rigforge.model.registry import RegistryPlan
 from rigforge.obtain import parse
-from rigforge.registry import RegistryPlan
 from roles.operations.shown import Commands, ShownCommand, say, unchanged
 
 
@@ -25,7 +25,7 @@ def image_in_fleet(image: str, reg: RegistryPlan) -> Commands:
         fleet_copy.image_in_fleet(
             name="Fill the fleet registry: vllm/vllm-openai",
             image=lock.pinned(lock.image.ref),  # repo[:tag]@sha256:...
-            reg=registry_plan,  # rigforge.registry.RegistryPlan
+            reg=registry_plan,  # rigforge.model.registry.RegistryPlan
         )
     """
     ref = parse(image)

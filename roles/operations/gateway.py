@@ -1,5 +1,5 @@
 """A rig leaves the fleet gateways before its unit restarts and comes back after (docs/gateway.md): run on the
-controller when the rig's turn comes, over each gateway host's own connection (rigforge/gateway.py's scripts).
+controller when the rig's turn comes, over each gateway host's own connection (rigforge/model/gateway.py's scripts).
 """
 
 import json
@@ -13,8 +13,8 @@ from pyinfra.api.operation import OperationMeta
 from pyinfra.api.state import State
 
 from rigforge import verdict
-from rigforge.fleet import Plan
-from rigforge.gateway import backend_name, drain_script, read_servers_script, rejoin_script
+from rigforge.model.fleet import Plan
+from rigforge.model.gateway import backend_name, drain_script, read_servers_script, rejoin_script
 from rigforge.observe import gateway_servers
 from roles.operations.shown import Commands, unchanged, warn
 

@@ -9,7 +9,7 @@ from pyinfra.api import operation
 
 from rigforge import verdict
 from rigforge.facts.gitpin import GitCheckout
-from rigforge.pins import GitPin
+from rigforge.model.pins import GitPin
 from roles.operations.checks import fail_command
 from roles.operations.shown import Commands, ShownCommand, say
 
@@ -88,7 +88,7 @@ def checkout(pin: GitPin, dest: str) -> Commands:
     .. code:: python
 
         from roles.operations import gitpin
-        pin = lock.git["club-3090"]  # a rigforge.pins.GitPin
+        pin = lock.git["club-3090"]  # a rigforge.model.pins.GitPin
         gitpin.checkout(
             name=f"Check out {pin.name} at {pin.commit[:12]}",
             pin=pin,

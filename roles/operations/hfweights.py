@@ -20,10 +20,10 @@ from pyinfra.facts.files import File
 from rigforge import verdict
 from rigforge.facts.hfweights import FileDigests, VenvDistVersion, WeightsState
 from rigforge.facts.system import FreeDiskBytes
-from rigforge.fleet import PlannedAsset
-from rigforge.knobs.weights import Weights
 from rigforge.layout import STAMP, HostLayout
-from rigforge.pins import HfPin
+from rigforge.model.fleet import PlannedAsset
+from rigforge.model.knobs.weights import Weights
+from rigforge.model.pins import HfPin
 from roles.operations.checks import fail_command
 from roles.operations.shown import Commands, ShownCommand, repairing, say, unchanged
 from roles.operations.staged import upload_privately

@@ -12,8 +12,8 @@ from rigforge import images
 from rigforge.facts.docker import DockerImagePresent
 from rigforge.facts.images import ListeningPorts, OciBlobs
 from rigforge.facts.system import FreeDiskBytes
-from rigforge.jsonmerge import merged_text
 from rigforge.layout import DAEMON_JSON, HostLayout
+from rigforge.model.jsonmerge import merged_text
 from roles.operations.checks import fail_command
 from roles.operations.shown import Commands, ShownCommand, say, unchanged
 from roles.operations.staged import connection, upload_privately

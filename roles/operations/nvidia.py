@@ -7,7 +7,6 @@ from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.operations import server
 
 from rigforge import verdict
-from rigforge.driver_table import branch_problem
 from rigforge.facts.apt import DebInstalledVersion
 from rigforge.facts.nvidia import (
     NvidiaGpus,
@@ -16,7 +15,8 @@ from rigforge.facts.nvidia import (
     NvidiaSmiStatus,
     upstream_version,
 )
-from rigforge.hardware import cap_problems, resolve_caps
+from rigforge.model.driver_table import branch_problem
+from rigforge.model.hardware import cap_problems, resolve_caps
 from roles import rig_lock
 from roles.operations.checks import fail_command
 from roles.operations.shown import Commands, say, unchanged

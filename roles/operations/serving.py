@@ -13,7 +13,7 @@ from rigforge.facts.files import JsonFile
 from rigforge.facts.nvidia import NvidiaGpus, NvidiaTopology
 from rigforge.facts.serving import ApiAnswers, ComposeImages, ServiceState, runs_digest, serving
 from rigforge.facts.system import EnabledInstances
-from rigforge.fleet import Plan
+from rigforge.model.fleet import Plan
 from rigforge.obtain import parse
 from roles.operations.shown import Commands, ShownCommand, say, unchanged
 from roles.operations.staged import upload_privately

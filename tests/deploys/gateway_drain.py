@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 from pyinfra import host
 
-from rigforge.knobs.roles import RoleKnobs
 from rigforge.layout import HostLayout
+from rigforge.model.knobs.roles import RoleKnobs
 from roles.operations import gateway
 
 gateways = {h.name: bool(h.data.get("_sudo")) for h in host.inventory.get_group("gateway")}

@@ -9,7 +9,7 @@ shape (2 GPUs, 24 GB cards, no DFlash) but the disk need is small so the testbed
 
 from pyinfra import host
 
-from rigforge.hardware import Needs
+from rigforge.model.hardware import Needs
 from roles import docker_engine, gpu_power, nvidia_driver, preflight, site
 from roles.operations import recover
 from roles.operations.checks import gpus_fit

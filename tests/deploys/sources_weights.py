@@ -11,8 +11,8 @@ from dataclasses import replace
 
 from pyinfra import host
 
-from rigforge.catalog import load_catalog
-from rigforge.pins import load_lock
+from rigforge.model.catalog import load_catalog
+from rigforge.model.pins import load_lock
 from roles import site, sources, weights
 
 lock = load_lock(host.data.get("rigforge_lock"))

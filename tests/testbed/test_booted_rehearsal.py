@@ -16,7 +16,7 @@ import subprocess
 import pytest
 from support import REPO, inventory_with
 
-from rigforge.pins import load_lock
+from rigforge.model.pins import load_lock
 from rigforge.testbed import recipe_commits
 
 pytestmark = [pytest.mark.testbed, pytest.mark.booted]

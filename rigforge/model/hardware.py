@@ -9,14 +9,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from rigforge import schema
-from rigforge.driver_table import branch_for_cuda, cuda_for_branch, cuda_for_driver, version_key
-from rigforge.knobs.gpu_power import GpuPower
-from rigforge.knobs.nvidia_driver import NvidiaDriver
-from rigforge.knobs.roles import RoleKnobs
 from rigforge.layout import DAEMON_JSON, HostLayout
-from rigforge.packages import distro_docker
-from rigforge.schema import Settings
+from rigforge.model import schema
+from rigforge.model.driver_table import branch_for_cuda, cuda_for_branch, cuda_for_driver, version_key
+from rigforge.model.knobs.gpu_power import GpuPower
+from rigforge.model.knobs.nvidia_driver import NvidiaDriver
+from rigforge.model.knobs.roles import RoleKnobs
+from rigforge.model.packages import distro_docker
+from rigforge.model.schema import Settings
 
 SMALL_CARD_MIB = 24000  # below this a card is a "20 GB card"
 SMALL_CARD_FLOOR_MIB = 20000  # below this not even the 20 GB override fits the model
@@ -433,7 +433,7 @@ def _size(size: int) -> str:
 
 def roots_inside(layout: HostLayout, data_root: str) -> list[str]:
     """rigforge_root and the model dir inside Docker's configured data-root, or holding it (its default:
-    rigforge/schema.py)."""
+    rigforge/model/schema.py)."""
     out = []
     for key, path in (("rigforge_root", layout.root), ("serving_model_dir", layout.models)):
         if key == "serving_model_dir" and _inside(path, layout.root):

@@ -1,4 +1,4 @@
-"""The seed adapter of the variant protocol (rigforge/fleet.py `ServedVariant`): the design document's five
+"""The seed adapter of the variant protocol (rigforge/model/fleet.py `ServedVariant`): the design document's five
 variants, from rigforge/data/variants.yaml, validated (CatalogError names the variant and the key), and their files
 (`seed_files`: the compose file and .env rendered from templates/, with render.py's units). No host here.
 """
@@ -11,12 +11,12 @@ from typing import Any
 
 import yaml
 
-from rigforge.hardware import serving_env
 from rigforge.layout import HostLayout
-from rigforge.render import COMPOSE_FILE, ENV_FILE, setting_name, template, units
-from rigforge.schema import Settings, SettingsError
+from rigforge.model.hardware import serving_env
+from rigforge.model.render import COMPOSE_FILE, ENV_FILE, setting_name, template, units
+from rigforge.model.schema import Settings, SettingsError
 
-CATALOG_PATH = Path(__file__).parent / "data" / "variants.yaml"
+CATALOG_PATH = Path(__file__).parents[1] / "data" / "variants.yaml"
 DEFAULTS = ("image", "container_port", "restart", "shm_size", "ipc")  # and gpu_reservation: every variant's
 DERIVED = ("served_model", "uses_dflash")  # worked out from its args
 MOUNT_ROOTS = ("{models}", "{cache}", "{src}")

@@ -2,8 +2,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rigforge import schema
-from rigforge.knobs import Knobs, defaults_of
+from rigforge.model import schema
+from rigforge.model.knobs import Knobs, defaults_of
 
 
 @dataclass(frozen=True)

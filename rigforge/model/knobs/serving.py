@@ -2,14 +2,14 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rigforge import schema
-from rigforge.knobs import Knobs, defaults_of
 from rigforge.layout import DEFAULT_ROOT
+from rigforge.model import schema
+from rigforge.model.knobs import Knobs, defaults_of
 
 
 @dataclass(frozen=True)
 class Serving(Knobs):
-    """How the vLLM unit is run and gated (roles/serving.py); the rendering settings are rigforge/schema.py's."""
+    """How the vLLM unit is run and gated (roles/serving.py); the rendering settings are rigforge/model/schema.py's."""
 
     rigforge_root: str = DEFAULT_ROOT  # root of the host layout (models, src, serve, cache)
     rigforge_manage_services: bool = True  # start/restart units, pull the image, health gate (False on the testbed)

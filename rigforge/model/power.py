@@ -13,8 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from rigforge import recipes
-from rigforge.pins import Lock
+from rigforge.model import recipes
+from rigforge.model.pins import Lock
 
 PROFILE = "scripts/lib/profiles/hardware/rtx-3090.yml"
 HARDWARE_DOC = "docs/HARDWARE.md"

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 import yaml
 
 from rigforge.layout import MONITOR_CONSOLE_LIBRARIES, MONITOR_CONSOLES, MONITOR_RULES
-from rigforge.render import TEMPLATES
+from rigforge.model.render import TEMPLATES
 
 JOBS = {
     "node": "/metrics",

@@ -31,9 +31,11 @@ from rigforge.layout import (
     VLLM_TEMPLATE,
     HostLayout,
 )
-from rigforge.schema import HOST_KEYS, Settings, power_caps
+from rigforge.model.schema import HOST_KEYS, Settings, power_caps
 
-TEMPLATES = (Path(__file__).parent / "data" / "templates").resolve()  # package data: a link to templates/ in a checkout
+TEMPLATES = (
+    Path(__file__).parents[1] / "data" / "templates"
+).resolve()  # package data: a link to templates/ in a checkout
 COMPOSE_FILE = "docker-compose.yml"
 ENV_FILE = ".env"
 VLLM_UNIT = VLLM_TEMPLATE

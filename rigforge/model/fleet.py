@@ -8,20 +8,21 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from rigforge import obtain, recipes, schema
-from rigforge.catalog import CatalogError, load_catalog
+from rigforge import obtain
 from rigforge.groups import GATEWAY, MONITOR, REGISTRY, RIG, is_rig
-from rigforge.knobs import docker_engine, gpu_power, images, nvidia_driver, serving, site, weights
-from rigforge.knobs import gateway as gateway_knobs
-from rigforge.knobs import monitor as monitor_knobs
-from rigforge.knobs import registry as registry_knobs
-from rigforge.knobs.roles import RoleKnobs
 from rigforge.layout import HostLayout
-from rigforge.pins import GitPin, HfPin, Lock, LockError, load_lock
-from rigforge.recipes import RecipeError
-from rigforge.registry import RegistryPlan
-from rigforge.registry import build as registry_build
-from rigforge.schema import Settings, SettingsError, apply_overrides, power_caps, settings_from_host_data
+from rigforge.model import recipes, schema
+from rigforge.model.catalog import CatalogError, load_catalog
+from rigforge.model.knobs import docker_engine, gpu_power, images, nvidia_driver, serving, site, weights
+from rigforge.model.knobs import gateway as gateway_knobs
+from rigforge.model.knobs import monitor as monitor_knobs
+from rigforge.model.knobs import registry as registry_knobs
+from rigforge.model.knobs.roles import RoleKnobs
+from rigforge.model.pins import GitPin, HfPin, Lock, LockError, load_lock
+from rigforge.model.recipes import RecipeError
+from rigforge.model.registry import RegistryPlan
+from rigforge.model.registry import build as registry_build
+from rigforge.model.schema import Settings, SettingsError, apply_overrides, power_caps, settings_from_host_data
 
 
 class InventoryHost(Protocol):

@@ -9,9 +9,9 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from rigforge.knobs.gateway import Gateway
 from rigforge.layout import GATEWAY_ADMIN_SOCKET, GATEWAY_STATE
-from rigforge.render import template
+from rigforge.model.knobs.gateway import Gateway
+from rigforge.model.render import template
 
 MAX_MODELS = 6  # /v1/models is one answer per set of healthy models: 2**6 rules at most
 NAME = re.compile(r"^[A-Za-z0-9._:/-]+$")  # a served model name the config can hold as it is

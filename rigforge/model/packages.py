@@ -7,11 +7,11 @@ decides for the deploy, status and verify alike whether a rig has them as declar
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rigforge import driver_table
-from rigforge.knobs.docker_engine import DOCKER_CE_PACKAGES
-from rigforge.knobs.nvidia_driver import NvidiaDriver
-from rigforge.knobs.roles import RoleKnobs
 from rigforge.layout import NODE_EXPORTER_PACKAGE
+from rigforge.model import driver_table
+from rigforge.model.knobs.docker_engine import DOCKER_CE_PACKAGES
+from rigforge.model.knobs.nvidia_driver import NvidiaDriver
+from rigforge.model.knobs.roles import RoleKnobs
 
 # The toolkit's four packages, installed and held at one version (NVIDIA's install guide).
 TOOLKIT_PACKAGES = (

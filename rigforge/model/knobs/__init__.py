@@ -1,8 +1,8 @@
 """Every role's knobs (host-data keys), one module per role of roles/: a frozen dataclass declaring each knob with
 its type, default and a comment (the role's defaults/main.yml), `DEFAULTS` derived from its fields, and
 `validate(data) -> problems`. `Knobs.of(data)` gives a role its settings, defaults applied. `RoleKnobs`
-(rigforge/knobs/roles.py) bundles every role's, typed: what a rig's plan carries (`Plan.knobs`, built once from its
-validated host data). No host here.
+(rigforge/model/knobs/roles.py) bundles every role's, typed: what a rig's plan carries (`Plan.knobs`, built once from
+its validated host data). No host here.
 """
 
 import copy

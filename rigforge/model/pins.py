@@ -58,8 +58,8 @@ class GitPin:
     files: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     short: str | None = None
     note: str | None = None
-    # the recipe repo: `sha256:...` of the files rigforge reads at `commit` (rigforge/recipes.py `content_digest`),
-    # how a copy without .git is told apart from another commit's
+    # the recipe repo: `sha256:...` of the files rigforge reads at `commit` (rigforge/model/recipes.py
+    # `content_digest`), how a copy without .git is told apart from another commit's
     content: str | None = None
 
     @property
@@ -351,4 +351,4 @@ def dump_lock(lock: Lock) -> str:
 
 def default_lock_path() -> Path:
     """rigforge.lock.yaml at the top of a checkout (package data links to it; an installed package ships a copy)."""
-    return (Path(__file__).parent / "data" / "rigforge.lock.yaml").resolve()
+    return (Path(__file__).parents[1] / "data" / "rigforge.lock.yaml").resolve()

@@ -3,11 +3,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rigforge import schema
-from rigforge.jsonmerge import deep_merge
-from rigforge.knobs import Knobs, defaults_of, knob
 from rigforge.layout import NVIDIA_RUNTIME
-from rigforge.pins import TOOLKIT_REPO_URL
+from rigforge.model import schema
+from rigforge.model.jsonmerge import deep_merge
+from rigforge.model.knobs import Knobs, defaults_of, knob
+from rigforge.model.pins import TOOLKIT_REPO_URL
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def validate(data: Mapping) -> list[str]:
 
 def data_root_problems(data: Mapping) -> list[str]:
     """docker_daemon_options' data-root: a directory of its own (schema.docker_data_root), neither inside nor
-    holding rigforge_root or serving_model_dir (those checked themselves by rigforge/schema.py)."""
+    holding rigforge_root or serving_model_dir (those checked themselves by rigforge/model/schema.py)."""
     options = data.get("docker_daemon_options")
     if options is None:
         return []

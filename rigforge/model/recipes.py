@@ -17,10 +17,10 @@ from typing import Any
 
 import yaml
 
-from rigforge.hardware import serving_env
 from rigforge.layout import HostLayout
-from rigforge.pins import HfPin, ImagePin, LockError
-from rigforge.render import COMPOSE_FILE, setting_name, units
+from rigforge.model.hardware import serving_env
+from rigforge.model.pins import HfPin, ImagePin, LockError
+from rigforge.model.render import COMPOSE_FILE, setting_name, units
 
 RECIPES_ENV = "RIGFORGE_RECIPES"
 GIT_NAME = "recipes"  # the lock's git entry for the recipe repo that provides the slugs
@@ -545,7 +545,7 @@ _VRAM = re.compile(r"^#\s*Requires-min-vram-gb:\s*(\d+(?:\.\d+)?)\s*$", re.M)
 
 @dataclass(frozen=True)
 class LiveVariant:
-    """The registry adapter of the variant protocol (rigforge/fleet.py `ServedVariant`): a recipe-repo slug."""
+    """The registry adapter of the variant protocol (rigforge/model/fleet.py `ServedVariant`): a recipe-repo slug."""
 
     recipe: Recipe
     compose: dict = field(repr=False, hash=False, compare=False)  # the recipe's compose file, parsed

@@ -1,8 +1,8 @@
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rigforge import schema
-from rigforge.knobs import Knobs, defaults_of, knob
+from rigforge.model import schema
+from rigforge.model.knobs import Knobs, defaults_of, knob
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class GpuPower(Knobs):
     # rigforge_gpu_cap_setbacks_total; false: the timer is stopped and disabled (caps set at boot and by the deploy)
     gpu_power_hold: bool = True
     # watts the rig's power supply can give its GPUs (the supply's rating less the rest of the system); the deploy
-    # warns when the caps of every card add up to more (rigforge/power.py psu_warning). null: no check
+    # warns when the caps of every card add up to more (rigforge/model/power.py psu_warning). null: no check
     gpu_psu_watts: int | None = None
 
 

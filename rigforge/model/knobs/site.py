@@ -4,9 +4,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rigforge import schema
-from rigforge.knobs import Knobs, defaults_of
-from rigforge.pins import default_lock_path
+from rigforge.model import schema
+from rigforge.model.knobs import Knobs, defaults_of
+from rigforge.model.pins import default_lock_path
 
 
 @dataclass(frozen=True)

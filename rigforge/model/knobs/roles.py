@@ -1,26 +1,26 @@
 """Every role's knobs of one host in one typed bundle (`RoleKnobs`): what a rig's plan carries. Its own module, not
-rigforge/knobs/__init__.py, which each role's module imports (for `Knobs`)."""
+rigforge/model/knobs/__init__.py, which each role's module imports (for `Knobs`)."""
 
 import dataclasses
 from collections.abc import Mapping
 from typing import Any, Self
 
-from rigforge.knobs.docker_engine import DockerEngine
-from rigforge.knobs.gateway import Gateway
-from rigforge.knobs.gpu_power import GpuPower
-from rigforge.knobs.monitor import Monitor
-from rigforge.knobs.nvidia_driver import NvidiaDriver
-from rigforge.knobs.registry import Registry
-from rigforge.knobs.serving import Serving
-from rigforge.knobs.site import Site
-from rigforge.knobs.weights import Weights
+from rigforge.model.knobs.docker_engine import DockerEngine
+from rigforge.model.knobs.gateway import Gateway
+from rigforge.model.knobs.gpu_power import GpuPower
+from rigforge.model.knobs.monitor import Monitor
+from rigforge.model.knobs.nvidia_driver import NvidiaDriver
+from rigforge.model.knobs.registry import Registry
+from rigforge.model.knobs.serving import Serving
+from rigforge.model.knobs.site import Site
+from rigforge.model.knobs.weights import Weights
 
 
 @dataclasses.dataclass(frozen=True)
 class RoleKnobs:
     """Every role's knobs of one host, typed, each at its default unless host data sets it: what a rig's plan carries
-    (`Plan.knobs`), built once from the host data the plan was checked against (rigforge/fleet.py build_plan). A role
-    reads `plan.knobs.serving.rigforge_manage_services`, never a host-data key."""
+    (`Plan.knobs`), built once from the host data the plan was checked against (rigforge/model/fleet.py build_plan). A
+    role reads `plan.knobs.serving.rigforge_manage_services`, never a host-data key."""
 
     site: Site  # the deploy's own (roles/site.py): which variant, which lock
     driver: NvidiaDriver  # the NVIDIA driver and the apt state around it (roles/nvidia_driver.py)

@@ -73,7 +73,7 @@ class DriverTableError(ValueError):
 
 
 class DriverChoice(Protocol):
-    """What the table is asked by: a host's nvidia_driver_* knobs (rigforge/knobs/nvidia_driver.py `NvidiaDriver`,
+    """What the table is asked by: a host's nvidia_driver_* knobs (rigforge/model/knobs/nvidia_driver.py `NvidiaDriver`,
     which imports this module for its choices: not imported here). Read-only, as a frozen dataclass's fields are."""
 
     @property
