@@ -82,7 +82,7 @@ def probe_time(ssh_config: Path, rig: str, recorded: Path) -> tuple[float, float
     import shlex
 
     sys.path.insert(0, str(REPO))
-    from rigforge.facts import probe
+    from rigforge.observe.facts import probe
 
     requests = []
     for item in json.loads(recorded.read_text()):

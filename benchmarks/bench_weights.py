@@ -29,7 +29,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from rigforge.facts.hfweights import WeightsState  # noqa: E402
+from rigforge.observe.facts.hfweights import WeightsState  # noqa: E402
 from rigforge.testbed import DEFAULT_DIR, RigSpec, up  # noqa: E402
 from rigforge.testbed.core import down  # noqa: E402
 

@@ -18,7 +18,7 @@ from pyinfra import state
 from pyinfra.api import facts as pyinfra_facts
 from pyinfra.api.state import BaseStateCallback
 
-from rigforge.facts import probe
+from rigforge.observe.facts import probe
 from roles import rig_lock
 
 OUT = os.environ["RIGFORGE_TIMINGS"]

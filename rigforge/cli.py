@@ -112,8 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _patch_for_gevent(argv: list[str]) -> None:
-    """For status and verify (SSH in greenlets, rigforge/inventory.py): gevent patches ssl before requests imports it;
-    a late patch makes each HTTPS request from a greenlet recurse endlessly (both ask registries: obtain.py)."""
+    """For status and verify (SSH in greenlets, rigforge/observe/inventory.py): gevent patches ssl before requests
+    imports it; a late patch makes each HTTPS request from a greenlet recurse endlessly (both ask registries:
+    obtain.py)."""
     if argv and argv[0] in ("status", "verify") and "ssl" not in sys.modules:
         from gevent import monkey
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from rigforge.lock import manifest_url, write_atomically
 from rigforge.model.pins import DIGEST, ImagePin, Lock, LockError, default_lock_path, load_lock
-from rigforge.obtain import DOCKER_HUB, INDEX_TYPES, MANIFEST_TYPES, parse, registry_request
+from rigforge.observe.obtain import DOCKER_HUB, INDEX_TYPES, MANIFEST_TYPES, parse, registry_request
 
 if TYPE_CHECKING:  # imported where used: requests is slow to import
     import requests

@@ -32,7 +32,7 @@ from rigforge.model.pins import (
     dump_lock,
     load_lock,
 )
-from rigforge.obtain import MANIFEST_TYPES, parse, registry_request
+from rigforge.observe.obtain import MANIFEST_TYPES, parse, registry_request
 
 _Pin = TypeVar("_Pin", ImagePin, GitPin, HfPin)  # what `resolve` resolves, each entry to its own kind
 
@@ -393,8 +393,8 @@ def used_slugs(inventory_path: str | None) -> list[str]:
 
 
 def _slugs_in(inventory_path: str) -> list[str]:
-    from rigforge.inventory import open_inventory
     from rigforge.model import fleet
+    from rigforge.observe.inventory import open_inventory
 
     hosts = open_inventory(inventory_path).inventory
     variants = (fleet.host_data(h.data)["rigforge_variant"] for h in hosts if fleet.is_rig(h))
@@ -405,7 +405,7 @@ def follow_recipes(args: argparse.Namespace, path: Path) -> int:
     """`lock --recipes REF`: the lock at REF, resolved, its diff printed; written only when every entry resolved.
     When the recipe pin itself cannot be resolved, the entries REF adds are unknown; each entry of the lock as it is
     that cannot be resolved either is still named."""
-    from rigforge.inventory import InventoryError
+    from rigforge.observe.inventory import InventoryError
 
     out = Path(args.out or path)
     errors: list[str] = []

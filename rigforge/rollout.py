@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING, TypeVar
 
 import yaml
 
-from rigforge import inventory, verify
+from rigforge import verify
 from rigforge.lock import write_atomically
 from rigforge.model import fleet, recipes
 from rigforge.model.pins import LockError, load_lock
+from rigforge.observe import inventory
 from rigforge.status import ROLLOUT_MARKER
 
-if TYPE_CHECKING:  # pyinfra is imported where used (rigforge/inventory.py)
+if TYPE_CHECKING:  # pyinfra is imported where used (rigforge/observe/inventory.py)
     from pyinfra.api import Host
 
 T = TypeVar("T")

@@ -1,5 +1,5 @@
 """`rigforge status INVENTORY`: one row per rig, every rig read in parallel and shown against its plan
-(rigforge/drift.py, docs/operators.md); nothing on a rig is changed.
+(rigforge/observe/drift.py, docs/operators.md); nothing on a rig is changed.
 
 Exit: 0 every rig read, 1 some rig could not be read, 2 the inventory could not be loaded.
 """
@@ -11,14 +11,14 @@ from pathlib import Path
 
 from pyinfra.api import Host
 
-from rigforge import drift, inventory, observe
-from rigforge.boot import watts
-from rigforge.facts.docker import DataRootLeft
-from rigforge.facts.files import JsonFile
 from rigforge.model import fleet
 from rigforge.model.driver_table import version_key
 from rigforge.model.hardware import data_root_left, data_root_of
 from rigforge.model.pins import LockError, default_lock_path, load_lock
+from rigforge.observe import drift, hosts, inventory
+from rigforge.observe.boot import watts
+from rigforge.observe.facts.docker import DataRootLeft
+from rigforge.observe.facts.files import JsonFile
 
 ROLLOUT_MARKER = ".rollout.json"  # beside the lock in use while `rigforge rollout` runs or stopped midway
 
@@ -28,7 +28,7 @@ DEFAULT_LOCK = default_lock_path()
 def status_row(host: Host, fl: fleet.Fleet) -> dict:
     """A rig's row of `rigforge status` (one batched probe): its variant, pins and drift, GPUs and caps, image source,
     service, checks (verify's, without the live chat/tool probes), gateway place and its API's answer."""
-    ctx, obs = observe.observe(host, fl)
+    ctx, obs = hosts.observe(host, fl)
     pins = drift.pin_drift(ctx)
     if pins["drift"] is not None:  # what the rig holds now, beside what its manifest records
         pins["drift"] += drift.rig_drift(obs, ctx)
@@ -60,7 +60,7 @@ def status_row(host: Host, fl: fleet.Fleet) -> dict:
         ],
         "cuda": drift.cuda_versions(obs, ctx),  # {"driver": "13.0", "image": "13.0"}
         "power": drift.power_view(obs, ctx),
-        "image": observe.image_origin(obs, ctx, fl.registry),  # where the locked image comes from
+        "image": hosts.image_origin(obs, ctx, fl.registry),  # where the locked image comes from
         "services_managed": ctx.manage,
         "service": drift.unit_state(obs, ctx),
         "checks": [asdict(c) for c in drift.checks(obs, ctx)],  # verify's, without its live chat/tool probes
@@ -80,26 +80,26 @@ def status_row(host: Host, fl: fleet.Fleet) -> dict:
     return row | {"api": api}
 
 
-def place_of(ctx: observe.RigContext) -> dict | None:
+def place_of(ctx: hosts.RigContext) -> dict | None:
     """The rig's declared place at the gateways (`drift.gateway_place`) as JSON: {"backend", "port"} or None."""
     place = drift.gateway_place(ctx)
     return asdict(place) if place else None
 
 
-def data_root_left_on(obs: observe.Observed, ctx: observe.RigContext) -> str | None:
+def data_root_left_on(obs: hosts.Observed, ctx: hosts.RigContext) -> str | None:
     """The note on Docker's default data-root when the rig's daemon.json moved Docker elsewhere (hardware.py)."""
     daemon = obs.get_fact(JsonFile, path=ctx.layout.daemon_json)
     now = data_root_of([json.dumps(daemon)] if daemon else None)
     return data_root_left(now, now, lambda path: obs.get_fact(DataRootLeft, path=path, data_root=now))
 
 
-def recipe_of(ctx: observe.RigContext) -> str | None:
+def recipe_of(ctx: hosts.RigContext) -> str | None:
     """The slug (vllm/dual) the rig's plan or manifest names, for a variant served from the recipe repo."""
     extra = ctx.variant.manifest_extra if ctx.variant else {}
     return extra.get("recipe") or (ctx.manifest or {}).get("recipe")
 
 
-def candidate_of(ctx: observe.RigContext) -> dict | None:
+def candidate_of(ctx: hosts.RigContext) -> dict | None:
     """{"lock": a rollout's candidate (rigforge/rollout.py's marker), "runs": the manifest records its pins} or None."""
     marker = Path(f"{ctx.data['rigforge_lock'] or DEFAULT_LOCK}{ROLLOUT_MARKER}")
     try:
@@ -120,9 +120,9 @@ def host_row(host: Host, fl: fleet.Fleet) -> dict:
     else:
         row = {"host": host.name, "error": None, "rig": False, "rest": fleet.host_data(host.data)["serving_rest"]}
     if fl.has(host.name, fleet.GATEWAY):
-        row["gateway"] = observe.observe_gateway(host, fleet.host_data(host.data))
+        row["gateway"] = hosts.observe_gateway(host, fleet.host_data(host.data))
     if fl.has(host.name, fleet.MONITOR):
-        row["monitor"] = observe.observe_monitor(host)
+        row["monitor"] = hosts.observe_monitor(host)
     return row
 
 

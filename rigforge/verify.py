@@ -1,6 +1,6 @@
 """`rigforge verify INVENTORY`: one line per check per rig, read in parallel (docs/operators.md lists each check):
-rigforge/drift.py's, the gateways' and monitors', and API probes from the rig as the recipes' verify.sh; nothing on
-a rig is changed.
+rigforge/observe/drift.py's, the gateways' and monitors', and API probes from the rig as the recipes' verify.sh; nothing
+on a rig is changed.
 
 Exit: 0 every check passed (skips allowed), 1 a check failed, 2 inventory unreadable or a rig unreachable (none failed).
 """
@@ -12,9 +12,9 @@ from dataclasses import asdict
 
 from pyinfra.api import Host
 
-from rigforge import drift, inventory, observe
-from rigforge.drift import FAIL, PASS, SKIP, SKIPPED, Check, RigContext
 from rigforge.model import fleet, monitor
+from rigforge.observe import drift, hosts, inventory
+from rigforge.observe.drift import FAIL, PASS, SKIP, SKIPPED, Check, RigContext
 
 
 def check_host(host: Host, fl: fleet.Fleet) -> tuple[list[Check], dict]:
@@ -23,16 +23,16 @@ def check_host(host: Host, fl: fleet.Fleet) -> tuple[list[Check], dict]:
     out = []
     seen = {"rest": data["serving_rest"], "rig": fl.is_rig(host.name)}
     if seen["rig"]:
-        ctx, obs = observe.observe(host, fl)
+        ctx, obs = hosts.observe(host, fl)
         seen["rest"] = ctx.data["serving_rest"]  # host data's, else the rig's own record (rig.json)
         seen["place"] = drift.gateway_place(ctx)
         out = drift.checks(obs, ctx) + api_checks(host, ctx)
     if fl.has(host.name, fleet.GATEWAY):
-        seen["gateway"] = observe.observe_gateway(host, data)
+        seen["gateway"] = hosts.observe_gateway(host, data)
         seen["resting"] = resting_in(host)
         out += gateway_checks(host, data, seen["gateway"])
     if fl.has(host.name, fleet.MONITOR):
-        seen["monitor"] = view = observe.observe_monitor(host)
+        seen["monitor"] = view = hosts.observe_monitor(host)
         up = view["targets"] is not None
         said = f": {len(view['targets'])} targets" if up else f"{monitor.TARGETS_PATH}: {drift.answer(view['http'])}"
         out.append(Check("prometheus answers", PASS if up else FAIL, view["url"] + said))

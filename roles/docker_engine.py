@@ -7,10 +7,10 @@ from pyinfra.api import deploy
 from pyinfra.facts.deb import DebArch
 from pyinfra.operations import server, systemd
 
-from rigforge.facts.system import OsRelease
 from rigforge.model import packages
 from rigforge.model.fleet import Plan
 from rigforge.model.knobs.docker_engine import DockerEngine, daemon_json_patch
+from rigforge.observe.facts.system import OsRelease
 from roles.operations import apt_repo, docker_daemon
 
 # Docker's "Uninstall old versions" list (Ubuntu's; Debian's is the same without docker-compose-v2), and Debian's

@@ -1,6 +1,6 @@
 """GPU power: persistence mode on and a power cap per GPU, now and at every boot (rigforge-gpu-power.service,
-then rigforge-gpu-settle.service sets back caps other writers change during the settle window: rigforge/boot.py),
-and held from then on (rigforge-gpu-hold.timer, host data gpu_power_hold).
+then rigforge-gpu-settle.service sets back caps other writers change during the settle window:
+rigforge/observe/boot.py), and held from then on (rigforge-gpu-hold.timer, host data gpu_power_hold).
 """
 
 from pyinfra.api import deploy

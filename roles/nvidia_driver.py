@@ -7,12 +7,12 @@ from pyinfra.api import deploy
 from pyinfra.facts.deb import DebArch
 from pyinfra.operations import server
 
-from rigforge.facts.system import OsRelease
 from rigforge.layout import NOUVEAU_CONF, UBUNTU_PIN, UNATTENDED_CONF
 from rigforge.model import driver_table
 from rigforge.model import packages as package_sets
 from rigforge.model.fleet import Plan
 from rigforge.model.knobs.nvidia_driver import NvidiaDriver
+from rigforge.observe.facts.system import OsRelease
 from roles.operations import apt_repo, nvidia
 
 KEY_NAME = "rigforge-nvidia-cuda"

@@ -14,11 +14,6 @@ from pyinfra import host, logger
 from pyinfra.facts.deb import DebArch, DebPackages
 from pyinfra.facts.files import FileContents
 
-from rigforge.facts.apt import AptSourceFiles, DebInstalledVersion, PublishedPackages
-from rigforge.facts.docker import DataRootLeft
-from rigforge.facts.gitpin import GitCheckout
-from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, NvidiaRunningDriver, NvidiaTopology
-from rigforge.facts.system import FreeDiskBytes, OsRelease, SecureBoot, UrlAnswers
 from rigforge.layout import DAEMON_JSON
 from rigforge.model import driver_table, packages, schema
 from rigforge.model.fleet import Plan
@@ -28,7 +23,12 @@ from rigforge.model.knobs.docker_engine import DockerEngine
 from rigforge.model.knobs.nvidia_driver import NvidiaDriver
 from rigforge.model.knobs.roles import RoleKnobs
 from rigforge.model.schema import Settings
-from rigforge.verdict import checkout, missing_packages, stale_weights
+from rigforge.observe.facts.apt import AptSourceFiles, DebInstalledVersion, PublishedPackages
+from rigforge.observe.facts.docker import DataRootLeft
+from rigforge.observe.facts.gitpin import GitCheckout
+from rigforge.observe.facts.nvidia import NvidiaGpus, NvidiaPciGpus, NvidiaRunningDriver, NvidiaTopology
+from rigforge.observe.facts.system import FreeDiskBytes, OsRelease, SecureBoot, UrlAnswers
+from rigforge.observe.verdict import checkout, missing_packages, stale_weights
 from roles import docker_engine, nvidia_driver
 from roles.operations import apt_repo
 from roles.operations.checks import refuse_now

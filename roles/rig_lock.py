@@ -22,10 +22,10 @@ from pyinfra import logger
 from pyinfra.api import Host, State, StringCommand
 from pyinfra.context import ctx_host
 
-from rigforge.facts import probe
 from rigforge.groups import is_rig
-from rigforge.inventory import ssh_transport, sudo_of, sudo_password_problem
 from rigforge.layout import RUN_LOCK
+from rigforge.observe.facts import probe
+from rigforge.observe.inventory import ssh_transport, sudo_of, sudo_password_problem
 
 MACHINE_ID = "/etc/machine-id"
 _HELD: dict[str, object] = {}  # host name -> the open channel whose holder keeps the rig's lock

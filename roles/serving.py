@@ -10,10 +10,10 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 from pyinfra.operations.util import any_changed
 
-from rigforge.facts.system import EnabledInstances
 from rigforge.layout import SERVE_FILES
 from rigforge.model.fleet import Plan
 from rigforge.model.render import VLLM_UNIT
+from rigforge.observe.facts.system import EnabledInstances
 from roles.operations import gateway
 from roles.operations import serving as ops
 from roles.operations.staged import staged_files, systemd_verify

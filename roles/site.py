@@ -11,18 +11,19 @@ from pyinfra.facts.files import FileContents
 import rigforge.model.knobs.gateway
 import rigforge.model.knobs.images
 import rigforge.model.knobs.monitor
-from rigforge import images, obtain, refusals
-from rigforge.facts import probe
-from rigforge.facts.docker import DockerImagePresent
-from rigforge.facts.files import JsonFile, TreeSize
-from rigforge.facts.hfweights import WeightsState
-from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, PowerCapUnits
-from rigforge.inventory import sudo_problem
+from rigforge import images
 from rigforge.layout import DAEMON_JSON, HostLayout
 from rigforge.lock import token_refused
 from rigforge.model import fleet, gateway, power, registry, schema
 from rigforge.model.fleet import GATEWAY, MONITOR, REGISTRY, Plan, PlannedAsset, is_rig
 from rigforge.model.hardware import changed_roots, data_root_of, format_problems, gpu_count, roots_inside
+from rigforge.observe import obtain, refusals
+from rigforge.observe.facts import probe
+from rigforge.observe.facts.docker import DockerImagePresent
+from rigforge.observe.facts.files import JsonFile, TreeSize
+from rigforge.observe.facts.hfweights import WeightsState
+from rigforge.observe.facts.nvidia import NvidiaGpus, NvidiaPciGpus, PowerCapUnits
+from rigforge.observe.inventory import sudo_problem
 from roles import docker_engine, gpu_power, interrupt, nvidia_driver, preflight, rig_lock, serving, sources, weights
 from roles import gateway as gateway_role
 from roles import images as images_role
@@ -157,7 +158,7 @@ def power_warnings(plan: Plan) -> None:
 
 def image_problems(plan: Plan, fl: fleet.Fleet, image_present: bool) -> list[str]:
     """The refusal when the rig lacks its image and no source has it, the sources asked from the controller
-    (rigforge/obtain.py; refusals.image_refusal decides)."""
+    (rigforge/observe/obtain.py; refusals.image_refusal decides)."""
     if not refusals.lacks_image(plan, image_present):
         return []
     knobs = plan.knobs.serving
@@ -211,7 +212,7 @@ def hold_the_rig() -> bool:
     this = ctx_host.get()
     rig_lock.ask(this)  # asked for already by the deploy file (rig_lock.ask_first) or provision, or now
     busy, note = rig_lock.take(this)  # None: held; else the lock's answer, naming who holds it
-    probe.lock_answer(this)  # the batched probe came back in the same round trip (rigforge/facts/probe.py)
+    probe.lock_answer(this)  # the batched probe came back in the same round trip (rigforge/observe/facts/probe.py)
     if note:
         warn(note)
     if busy is None:
@@ -226,8 +227,8 @@ def hold_the_rig() -> bool:
 
 def start() -> None:
     """What every run does first on a host, before the fleet is built: the batched probe installed (one per rig,
-    cheaper per-op work: rigforge/facts/probe.py), Ctrl-C / SIGTERM made to exit non-zero naming the cut operation,
-    and the rig's lock asked for (unless the deploy file did, before the roles loaded)."""
+    cheaper per-op work: rigforge/observe/facts/probe.py), Ctrl-C / SIGTERM made to exit non-zero naming the cut
+    operation, and the rig's lock asked for (unless the deploy file did, before the roles loaded)."""
     probe.install_all()
     interrupt.install(ctx_state.get())
     rig_lock.ask(ctx_host.get())

@@ -1,4 +1,4 @@
-"""Boot order (rigforge/boot.py): what ran at this boot, parsed from BootCaps' output, and the one verdict
+"""Boot order (rigforge/observe/boot.py): what ran at this boot, parsed from BootCaps' output, and the one verdict
 "caps set last at this boot" that status and verify show. No host: the rig's answers are given.
 
 The captured output in tests/fixtures/boot/ is BootCaps' own command run on a booted testbed rig (systemd 257,
@@ -14,11 +14,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from rigforge import boot, drift, observe
-from rigforge.facts import probe
-from rigforge.facts.nvidia import BootCaps
 from rigforge.layout import HOLD_TIMER, POWER_UNIT, SETTLE_UNIT
 from rigforge.model import fleet
+from rigforge.observe import boot, drift, hosts
+from rigforge.observe.facts import probe
+from rigforge.observe.facts.nvidia import BootCaps
 
 FIXTURES = Path(__file__).parent / "fixtures" / "boot"
 WRITERS = {
@@ -155,16 +155,16 @@ def test_unmanaged_hosts_name_the_writers_found_and_drift_skips_the_check():
         "/etc/cron.d/gpu-cap (250 W); what ran not read (services not managed)"
     )
     assert boot.summary({}, ctx(manage=False, writers={})) == ""
-    rig = observe.RigContext(name="rig1", data=fleet.host_data({"rigforge_manage_services": False}))
+    rig = hosts.RigContext(name="rig1", data=fleet.host_data({"rigforge_manage_services": False}))
     check = drift.caps_set_last(None, rig)
     assert (check.name, check.status, check.detail) == ("caps set last at this boot", drift.SKIP, drift.SKIPPED)
 
 
 def test_drift_asks_the_probe_for_the_boot_fact_with_the_writers_units():
     plan, _ = fleet.plan_for("rig1", {"rigforge_variant": "dual"}, deployable=False)
-    rig = observe.RigContext(name="rig1", data=fleet.host_data({"rigforge_manage_services": True}), plan=plan,
+    rig = hosts.RigContext(name="rig1", data=fleet.host_data({"rigforge_manage_services": True}), plan=plan,
                            layout=plan.layout, variant_name="dual", cap_units=WRITERS)  # fmt: skip
-    asked = {probe.fact_key(c, k) for c, k in observe.requests(rig, {"id": "debian", "version_id": "13"})}
+    asked = {probe.fact_key(c, k) for c, k in hosts.requests(rig, {"id": "debian", "version_id": "13"})}
     units = {"units": "nvidia-power-cap.service homemade-cap.service"}  # cron jobs have no unit to ask about
     assert probe.fact_key(BootCaps, units) in asked
 
@@ -233,7 +233,7 @@ def test_a_real_capture_of_the_old_after_ordering_fails_although_the_unit_file_p
 
 def test_the_settle_stage_is_in_the_plans_files_and_the_drift_check_files_as_rendered():
     plan = ctx().plan
-    managed = observe.managed_files(plan)
+    managed = hosts.managed_files(plan)
     assert managed[f"/etc/systemd/system/{SETTLE_UNIT}"] == (plan.files[SETTLE_UNIT], "644")
     assert managed["/usr/local/lib/rigforge/rigforge-gpu-settle"] == (plan.files["rigforge-gpu-settle"], "755")
     assert managed[f"/etc/systemd/system/{POWER_UNIT}"] == (plan.files[POWER_UNIT], "644")

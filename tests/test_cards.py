@@ -16,7 +16,6 @@ import yaml
 from support import render_variant
 from test_recipes import IMAGE, REFERENCE
 
-from rigforge.facts.nvidia import parse_topo_matrix, parse_topology
 from rigforge.model import power, recipes
 from rigforge.model.catalog import load_catalog
 from rigforge.model.hardware import (
@@ -33,6 +32,7 @@ from rigforge.model.knobs import gpu_power as gpu_power_knobs
 from rigforge.model.knobs.roles import RoleKnobs
 from rigforge.model.recipes import parse_repo
 from rigforge.model.schema import Settings
+from rigforge.observe.facts.nvidia import parse_topo_matrix, parse_topology
 
 SMI = Path(__file__).resolve().parent / "fixtures" / "nvidia-smi"
 MULTI4 = (

@@ -4,7 +4,7 @@ A rig converged by deploy/dual_turbo.py (second run: zero changes) is perturbed 
 `rigforge status --json` and `pyinfra --dry` must agree: status shows a failed check whose detail names the
 difference exactly when the dry run would change something. Then one real run repairs it, after which status is
 clean and `pyinfra --dry` changes nothing. Both sides decide through the same function per resource
-(rigforge/verdict.py), so a disagreement here is a resource decided twice.
+(rigforge/observe/verdict.py), so a disagreement here is a resource decided twice.
 
 The testbed's chroot rigs run no systemd (services are not managed): the cases that need a running unit are the
 booted tier's (tests/testbed/).

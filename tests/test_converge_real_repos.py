@@ -22,7 +22,7 @@ import pytest
 import support
 from test_converge_host import DEPLOY, rig_snapshot
 
-from rigforge.facts.apt import AptSourceFiles, normalize_uri
+from rigforge.observe.facts.apt import AptSourceFiles, normalize_uri
 
 pytestmark = pytest.mark.testbed
 

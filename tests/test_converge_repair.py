@@ -3,7 +3,7 @@
 A rig converged by deploy/dual_turbo.py (second run: zero changes) is changed by hand, one kind at a time -- a
 managed file, a package, a hold, a unit, a GPU power cap, a checkout (a local commit; an untracked file), a weight file
 no longer matching its stamp -- and the next run must repair exactly that, with nothing else changed; the run
-after the last repair changes nothing. No-op runs read the rig from one batched probe (rigforge/facts/probe.py):
+after the last repair changes nothing. No-op runs read the rig from one batched probe (rigforge/observe/facts/probe.py):
 each perturbation here is the first change of its run, so it is seen through that snapshot.
 """
 
@@ -98,7 +98,7 @@ def test_drift_is_repaired_in_one_run(rig, kind):
 
 def test_a_no_op_run_reads_the_rig_in_one_round_trip(rig, tmp_path):
     """After a run has recorded the facts a deploy reads, the next no-op run reads them all in one batched probe
-    (rigforge/facts/probe.py): every fact read is served from it, none goes to the rig on its own."""
+    (rigforge/observe/facts/probe.py): every fact read is served from it, none goes to the rig on its own."""
     inventory = tmp_path / "inventory.py"
     inventory.write_text(
         f"exec(open({str(rig.inventory)!r}).read())\n"

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rigforge.facts.nvidia import NvidiaRunningDriver, parse_cuda_version
 from rigforge.model.driver_table import branch_for_cuda, cuda_for_branch, cuda_for_driver
 from rigforge.model.hardware import Needs, driver_cuda, find_problems, format_problems
 from rigforge.model.knobs.nvidia_driver import NvidiaDriver
 from rigforge.model.knobs.roles import RoleKnobs
 from rigforge.model.pins import LockError, default_lock_path, dump_lock, load_lock, parse_lock
 from rigforge.model.schema import Settings
+from rigforge.observe.facts.nvidia import NvidiaRunningDriver, parse_cuda_version
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nvidia-smi"
 H200 = FIXTURES / "h200x1-580.159.04-ubuntu2404"
@@ -125,12 +125,12 @@ class Rig:
 
 
 def test_verify_and_status_show_both_versions():
-    from rigforge import drift, observe
     from rigforge.model import fleet
+    from rigforge.observe import drift, hosts
 
     plan, problems = fleet.plan_for("rig1", {"rigforge_variant": "dual-turbo"}, deployable=False)
     assert plan, problems
-    ctx = observe.RigContext(name="rig1", data=fleet.host_data({}), plan=plan, lock=plan.lock)
+    ctx = hosts.RigContext(name="rig1", data=fleet.host_data({}), plan=plan, lock=plan.lock)
     running = {"version": "580.159.04", "smi": "/usr/bin/nvidia-smi", "smi_ok": True, "owner": None, "cuda": "13.0"}
     assert drift.cuda_versions(Rig(running), ctx) == {"driver": "13.0", "image": "13.0"}
     check = drift.cuda(Rig(running), ctx)

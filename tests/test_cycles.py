@@ -1,5 +1,5 @@
-"""The check "boot order has no cycle" (rigforge/facts/cycles.py): systemd's lines about ordering cycles turned into
-cycles through rigforge's units, named with their units. No host: the rig's answers are given.
+"""The check "boot order has no cycle" (rigforge/observe/facts/cycles.py): systemd's lines about ordering cycles turned
+into cycles through rigforge's units, named with their units. No host: the rig's answers are given.
 
 tests/fixtures/cycles/ holds OrderingCycles' real output (systemd 257, testbed rigs converged with
 deploy/dual_turbo.py) with /etc/systemd/system/user-thing.service (After=docker.service,
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from rigforge import drift, observe
-from rigforge.facts import cycles, probe
-from rigforge.facts.cycles import Cycle, OrderingCycles, judge, parse, parse_cycles
 from rigforge.model import fleet
+from rigforge.observe import drift, hosts
+from rigforge.observe.facts import cycles, probe
+from rigforge.observe.facts.cycles import Cycle, OrderingCycles, judge, parse, parse_cycles
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cycles"
 POWER, SETTLE, VLLM = "rigforge-gpu-power.service", "rigforge-gpu-settle.service", "rigforge-vllm@dual-turbo.service"
@@ -204,10 +204,10 @@ class Answers:
 
 def test_status_and_verify_ask_for_it_in_their_probe_and_the_check_reads_that_answer():
     data = fleet.host_data({"rigforge_manage_services": False})
-    ctx = observe.RigContext(name="rig1", data=data, manifest={"unit": VLLM})
+    ctx = hosts.RigContext(name="rig1", data=data, manifest={"unit": VLLM})
     asked = [
         (cls, kwargs)
-        for cls, kwargs in observe.requests(ctx, {"id": "debian", "version_id": "13"})
+        for cls, kwargs in hosts.requests(ctx, {"id": "debian", "version_id": "13"})
         if cls is OrderingCycles
     ]
     assert asked == [(OrderingCycles, {"units": f"{POWER} {SETTLE} {VLLM}"})]  # services not managed: asked too

@@ -249,11 +249,11 @@ def test_loading_saved_images_refuses_a_root_that_is_not_rigforges():
 
 
 def test_the_fact_sizes_a_data_root_left_but_not_the_one_in_use_under_another_name(tmp_path):
-    """rigforge/facts/docker.py DataRootLeft, its command run here: the old data-root's bytes; None when it does not
-    exist, is a symlink, or is the data-root in use (the same directory)."""
+    """rigforge/observe/facts/docker.py DataRootLeft, its command run here: the old data-root's bytes; None when it does
+    not exist, is a symlink, or is the data-root in use (the same directory)."""
     import subprocess
 
-    from rigforge.facts.docker import DataRootLeft
+    from rigforge.observe.facts.docker import DataRootLeft
 
     old, new = tmp_path / "old", tmp_path / "new"
     old.mkdir()

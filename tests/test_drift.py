@@ -8,13 +8,13 @@ import hashlib
 
 from pyinfra.facts.files import File, Sha256File
 
-from rigforge import drift, observe
-from rigforge.facts import cycles, probe
-from rigforge.facts.files import JsonFile
-from rigforge.facts.serving import ComposeImages, ServiceState
-from rigforge.facts.system import OsRelease, SystemdUnitEnabled
 from rigforge.layout import HostLayout
 from rigforge.model import fleet
+from rigforge.observe import drift, hosts
+from rigforge.observe.facts import cycles, probe
+from rigforge.observe.facts.files import JsonFile
+from rigforge.observe.facts.serving import ComposeImages, ServiceState
+from rigforge.observe.facts.system import OsRelease, SystemdUnitEnabled
 
 ANSWERS = {  # what a fresh rig answers, per fact class name
     "NvidiaGpus": [],
@@ -54,7 +54,7 @@ class Recording:
 def context(manifest=None, **data):
     plan, problems = fleet.plan_for("rig1", {"rigforge_variant": "dual-turbo", **data}, deployable=False)
     assert plan, problems
-    return observe.RigContext(name="rig1", data=fleet.host_data(data), plan=plan, layout=plan.layout,
+    return hosts.RigContext(name="rig1", data=fleet.host_data(data), plan=plan, layout=plan.layout,
                             variant_name="dual-turbo", manifest=manifest)  # fmt: skip
 
 
@@ -65,7 +65,7 @@ def test_every_fact_the_checks_read_is_in_the_one_probe():
         drift.checks(obs, ctx)
         drift.rig_drift(obs, ctx)
         asked = {
-            probe.fact_key(cls, kwargs) for cls, kwargs in observe.requests(ctx, {"id": "debian", "version_id": "13"})
+            probe.fact_key(cls, kwargs) for cls, kwargs in hosts.requests(ctx, {"id": "debian", "version_id": "13"})
         }
         assert obs.read and set(obs.read) <= asked, set(obs.read) - asked
 
@@ -78,7 +78,7 @@ def test_a_hand_edited_file_is_named_and_no_rendered_file_holds_the_token(monkey
     compose = f"{plan.layout.serve_dir}/docker-compose.yml"
     env = f"{plan.layout.serve_dir}/.env"
     as_planned = {}
-    for path, (text, mode) in observe.managed_files(plan).items():
+    for path, (text, mode) in hosts.managed_files(plan).items():
         as_planned[probe.fact_key(Sha256File, {"path": path})] = hashlib.sha256(text.encode()).hexdigest()
         as_planned[probe.fact_key(File, {"path": path})] = {"mode": int(mode)}
     assert list(drift.files(Recording(as_planned), plan)) == []
@@ -101,7 +101,7 @@ def test_daemon_json_is_compared_on_the_key_rigforge_owns_only():
     assert drift.runtime(Recording({daemon: other}), ctx).status == "fail"
     assert drift.runtime(Recording({daemon: None}), ctx).status == "fail"
     assert probe.fact_key(OsRelease, {}) in {
-        probe.fact_key(c, k) for c, k in observe.requests(ctx, {"id": "debian", "version_id": "13"})
+        probe.fact_key(c, k) for c, k in hosts.requests(ctx, {"id": "debian", "version_id": "13"})
     }
 
 
@@ -143,7 +143,7 @@ def test_what_runs_is_checked_and_a_rig_resting_on_purpose_is_not_drift():
 
 
 def server(admin: str = "ready", up: bool = True, port: int = 8000) -> dict:
-    """One server record as observe.gateway_servers reads it."""
+    """One server record as hosts.gateway_servers reads it."""
     return {"admin": admin, "up": up, "port": port, "since_s": 40, "last_check": "L4CON Connection refused"}
 
 

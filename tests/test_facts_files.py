@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import subprocess
 
-from rigforge.facts.docker import DockerImagePresent
-from rigforge.facts.files import JsonFile
-from rigforge.facts.system import EnabledInstances, LeftoverUploads
+from rigforge.observe.facts.docker import DockerImagePresent
+from rigforge.observe.facts.files import JsonFile
+from rigforge.observe.facts.system import EnabledInstances, LeftoverUploads
 
 TEMPLATE = "svc@.service"
 

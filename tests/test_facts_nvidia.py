@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from rigforge.facts.apt import DebInstalledVersion
-from rigforge.facts.nvidia import (
+from rigforge.observe.facts.apt import DebInstalledVersion
+from rigforge.observe.facts.nvidia import (
     QUERY_FIELDS,
     NvidiaGpus,
     NvidiaModuleVersion,
@@ -131,7 +131,7 @@ def test_smi_status():
 def test_pci_gpu_count():
     import subprocess
 
-    from rigforge.facts.nvidia import NvidiaPciGpus
+    from rigforge.observe.facts.nvidia import NvidiaPciGpus
 
     fact = NvidiaPciGpus()
     two = ["pci 0000:01:00.0 0x2204", "pci 0000:02:00.0 0x2206", "end"]
@@ -147,7 +147,7 @@ def test_pci_gpus_read_from_a_sysfs_shaped_tree(tmp_path):
     NVIDIA display controllers count, not their HDMI audio function or other vendors' devices."""
     import subprocess
 
-    from rigforge.facts.nvidia import NvidiaPciGpus
+    from rigforge.observe.facts.nvidia import NvidiaPciGpus
 
     for address, vendor, device, cls in [
         ("0000:00:00.0", "0x8086", "0x1237", "0x060000"),

@@ -1,8 +1,15 @@
-"""Facts of what runs (rigforge/facts/serving.py): parsed from what systemctl, curl and docker print."""
+"""Facts of what runs (rigforge/observe/facts/serving.py): parsed from what systemctl, curl and docker print."""
 
 from __future__ import annotations
 
-from rigforge.facts.serving import ApiAnswers, ComposeImages, ServiceState, parse_service_state, runs_digest, serving
+from rigforge.observe.facts.serving import (
+    ApiAnswers,
+    ComposeImages,
+    ServiceState,
+    parse_service_state,
+    runs_digest,
+    serving,
+)
 
 SHOW_FAILED = ["ActiveState=failed", "SubState=failed", "Result=exit-code", "NRestarts=5", "UnitFileState=enabled"]
 

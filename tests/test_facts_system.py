@@ -6,7 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from rigforge.facts.system import (
+from rigforge.observe.facts.system import (
     AptHeldPackages,
     FreeDiskBytes,
     OsRelease,

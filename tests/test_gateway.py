@@ -19,11 +19,12 @@ import time
 import urllib.error
 import urllib.request
 
-from rigforge import drift, observe, status, verdict, verify
+from rigforge import status, verify
 from rigforge.layout import GATEWAY_ADMIN_SOCKET, GATEWAY_STATE
 from rigforge.model import gateway
 from rigforge.model.fleet import plan_for
 from rigforge.model.knobs.gateway import DEFAULTS, validate
+from rigforge.observe import drift, hosts, verdict
 from rigforge.testbed.openai_stub import Schedule, make_server
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"  # Debian's haproxy (.ci/run installs it)
@@ -432,7 +433,7 @@ def test_a_request_must_fit_the_buffer_to_be_routed_and_retried(tmp_path):
 
 
 def test_status_verify_and_the_deploy_read_each_rigs_state_and_a_down_rigs_last_check(tmp_path):
-    """observe.gateway_servers on a real HAProxy's `show servers state` and `show stat` (what
+    """hosts.gateway_servers on a real HAProxy's `show servers state` and `show stat` (what
     gateway.read_servers_script prints): UP, DRAIN, MAINT, a moved port, and a DOWN rig with its last check's error;
     verify's "gateway rigs up" fails naming it, status's line shows every rig in the same words, and
     verdict.gateway_server (the deploy's rejoin and drain decide with it) lists what differs per rig."""
@@ -451,8 +452,8 @@ def test_status_verify_and_the_deploy_read_each_rigs_state_and_a_down_rigs_last_
         admin(sock, f"set server {backend}/rig5 addr 127.0.0.1 port {up + 1}")
         answer = admin(sock, "show servers state") + f"\n{gateway.STAT_MARK}\n" + admin(sock, "show stat")
     one.shutdown()
-    servers = observe.gateway_servers(answer)
-    rigs = {name: observe.rig_at_gateway(by_backend) for name, by_backend in servers.items()}
+    servers = hosts.gateway_servers(answer)
+    rigs = {name: hosts.rig_at_gateway(by_backend) for name, by_backend in servers.items()}
     assert rigs["rig1"] == "UP" and rigs["rig3"] == "DRAIN" and rigs["rig4"] == "MAINT", rigs
     assert re.fullmatch(r"DOWN \(\d+ s; last check: L4CON Connection refused\)", rigs["rig2"]), rigs
     assert servers["rig1"][backend]["port"] == up and servers["rig5"][backend]["port"] == up + 1
@@ -473,7 +474,7 @@ def test_status_verify_and_the_deploy_read_each_rigs_state_and_a_down_rigs_last_
     assert "rig1 UP, rig2 DOWN (" in line and line.endswith("rig3 DRAIN, rig4 MAINT, rig5 UP"), line
     fine = {**view, "rigs": {"rig1": "UP", "rig3": "DRAIN"}}
     assert verify.gateway_checks(None, {}, fine)[0].status == drift.PASS
-    assert observe.gateway_servers("") == {}
+    assert hosts.gateway_servers("") == {}
 
 
 def test_bench_rollout_rig_death_mode_times_down_and_up_from_show_stat(tmp_path):

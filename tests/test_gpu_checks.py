@@ -19,14 +19,14 @@ from pyinfra.operations import server
 from test_gpu_metrics import stand_in_smi
 from test_roles_host_ops import PREFLIGHT, executed, gpu_row, make_state, rig
 
-from rigforge import drift, observe
-from rigforge.drift import vram as check_vram
-from rigforge.facts.nvidia import SMI_QUERY, NvidiaGpus
 from rigforge.model import fleet
 from rigforge.model.catalog import load_catalog
 from rigforge.model.hardware import gpu_count, gpu_problems, missing_cards, vram_problems
 from rigforge.model.knobs.gpu_power import GpuPower
 from rigforge.model.schema import Settings
+from rigforge.observe import drift, hosts
+from rigforge.observe.drift import vram as check_vram
+from rigforge.observe.facts.nvidia import SMI_QUERY, NvidiaGpus
 from rigforge.testbed import RigSpec
 from roles.operations import checks
 
@@ -182,7 +182,7 @@ class Answers:
 def test_status_and_verify_name_the_card_off_the_bus():
     plan, problems = fleet.plan_for("r", {"rigforge_variant": "dual"}, deployable=False, gpus=2)
     assert not problems
-    ctx = observe.RigContext(name="r", data=fleet.host_data({}), plan=plan, layout=plan.layout, variant_name="dual")
+    ctx = hosts.RigContext(name="r", data=fleet.host_data({}), plan=plan, layout=plan.layout, variant_name="dual")
     one = [smi_gpu(0, "00000000:01:00.0") | {"power_limit": 230.0, "persistence_mode": True}]
     pci = [("0000:01:00.0", "2204"), ("0000:02:00.0", "2204")]
     visible = drift.gpu_checks(Answers(NvidiaGpus=one, NvidiaPciGpus=pci), ctx)[0]

@@ -349,7 +349,7 @@ def test_load_refuses_an_incomplete_directory_or_another_registrys_image(registr
 
 
 def test_the_port_facts_parse_proc_net_tcp():
-    from rigforge.facts.images import ListeningPorts, OciBlobs
+    from rigforge.observe.facts.images import ListeningPorts, OciBlobs
 
     lines = ["  sl  local_address rem_address   st tx_queue", "   0: 0100007F:1388 00000000:0000 0A 0",
              "   1: 0100007F:1389 0100007F:D2F0 01 0"]  # fmt: skip

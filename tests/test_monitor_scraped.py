@@ -17,9 +17,10 @@ import time
 import urllib.request
 from dataclasses import asdict
 
-from rigforge import drift, observe, status, verify
-from rigforge.drift import Check
+from rigforge import status, verify
 from rigforge.model import fleet, monitor
+from rigforge.observe import drift, hosts
+from rigforge.observe.drift import Check
 from rigforge.testbed.openai_stub import Schedule, make_server
 
 
@@ -80,7 +81,7 @@ class Host:
 
 def view(answer=ANSWER, code: int = 200) -> dict:
     host = Host("mon1", {"/api/v1/targets": json.dumps(answer) + f"\n{code}"}, ssh_hostname="10.0.0.5")
-    seen = observe.observe_monitor(host)
+    seen = hosts.observe_monitor(host)
     assert host.asked == [
         "( curl -s -m 10 -w '\\n%{http_code}' 'http://127.0.0.1:9090/api/v1/targets?state=active' ) 2>/dev/null || true"
     ]
@@ -94,7 +95,7 @@ def test_the_monitor_is_asked_on_its_host_and_said_where_it_is():
         drift.monitor_line({"mon1": seen})
         == "monitor: mon1 (http://10.0.0.5:9090): Prometheus answers, 6 targets, 4 up"
     )
-    nothing = observe.observe_monitor(Host("mon1", {}))  # curl found nothing listening: no code
+    nothing = hosts.observe_monitor(Host("mon1", {}))  # curl found nothing listening: no code
     assert nothing == {"url": "http://mon1:9090", "http": 0, "targets": None}
     assert (
         drift.monitor_line({"mon1": nothing})

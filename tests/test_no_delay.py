@@ -1,5 +1,5 @@
-"""TCP_NODELAY and quick ACKs on the SSH connection (rigforge/inventory.py `no_delay`): set on a TCP socket, left
-alone where there is none (a ProxyCommand's pipe, a connector without a client)."""
+"""TCP_NODELAY and quick ACKs on the SSH connection (rigforge/observe/inventory.py `no_delay`): set on a TCP socket,
+left alone where there is none (a ProxyCommand's pipe, a connector without a client)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import paramiko
 import pytest
 from support import FIRST_RIG_CONNECTED, REPO
 
-from rigforge.inventory import no_delay
+from rigforge.observe.inventory import no_delay
 
 
 def _host(sock_or_transport):
@@ -71,9 +71,9 @@ def test_each_read_of_the_ssh_connection_is_acknowledged_at_once():
 
 def test_a_controller_without_quick_acks_still_gets_no_delay(monkeypatch):
     """TCP_QUICKACK is Linux's: where the controller's system has none (macOS), TCP_NODELAY alone, nothing raised."""
-    import rigforge.inventory
+    import rigforge.observe.inventory
 
-    monkeypatch.setattr(rigforge.inventory, "QUICKACK", None)
+    monkeypatch.setattr(rigforge.observe.inventory, "QUICKACK", None)
     with socket.create_server(("127.0.0.1", 0)) as server:
         with socket.create_connection(server.getsockname()) as sock:
             transport = paramiko.Transport(sock)
@@ -86,13 +86,13 @@ RECONNECT = (
     FIRST_RIG_CONNECTED
     + """
 import socket
-from rigforge.inventory import _QuickAck, quick_connections, ssh_transport
+from rigforge.observe.inventory import _QuickAck, quick_connections, ssh_transport
 def quick():
     transport = ssh_transport(host)
     nodelay = transport.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
     return nodelay and isinstance(transport.packetizer._Packetizer__socket, _QuickAck)
 seen = [quick()]  # as pyinfra connected it
-quick_connections([host])  # the deploy's first step (rigforge/facts/probe.py install_all)
+quick_connections([host])  # the deploy's first step (rigforge/observe/facts/probe.py install_all)
 seen.append(quick())
 host.disconnect(); host.connect()  # what server.reboot does once the rig is back: a new connection
 seen.append(quick() and ssh_transport(host).get_remote_server_key() is not None)

@@ -1,4 +1,4 @@
-"""Where a rig gets its locked image (rigforge/obtain.py), against a real CNCF Distribution registry (Debian's
+"""Where a rig gets its locked image (rigforge/observe/obtain.py), against a real CNCF Distribution registry (Debian's
 docker-registry) on 127.0.0.1: the fleet's copy, upstream, neither; the one-line refusal; `rigforge lock`
 resolving a tag upstream lost from the fleet's copy; the fill operation on pyinfra's @fake connector."""
 
@@ -12,10 +12,10 @@ import requests
 from registry_support import Registry, free_port, push_image, running_registry
 
 from rigforge import lock as locking
-from rigforge import obtain
 from rigforge.model import registry
 from rigforge.model.knobs import registry as registry_knobs
 from rigforge.model.pins import ImagePin, load_lock
+from rigforge.observe import obtain
 
 REF = "vllm/vllm-openai:v0.27.1"
 
@@ -119,8 +119,8 @@ def test_the_fill_copies_once_keeping_the_digest_and_skips_a_held_image():
     from pyinfra.api import deploy
     from test_roles_host_ops import converge, executed, rig
 
-    from rigforge.facts.docker import RegistryHasImage
     from rigforge.model.registry import RegistryPlan
+    from rigforge.observe.facts.docker import RegistryHasImage
     from roles.operations.fleet_copy import image_in_fleet
 
     digest = "sha256:" + "b" * 64

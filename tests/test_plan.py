@@ -506,7 +506,7 @@ def test_a_fleet_with_mixed_gpu_counts_builds_each_rigs_plan_once(tmp_path, monk
 
 
 def answers(recorded: dict[str, str], gpus: dict[str, int]):
-    """An Observed class (rigforge/observe.py) answering as a provisioned rig would, asking no host: its manifest
+    """An Observed class (rigforge/observe/hosts.py) answering as a provisioned rig would, asking no host: its manifest
     records `recorded[host]` (else host data's variant), nvidia-smi lists `gpus[host]` GPUs (else 2)."""
     gpu = {"index": 0, "name": "NVIDIA GeForce RTX 3090", "memory_total": 24576, "power_limit": 230}
 
@@ -544,15 +544,15 @@ def test_status_and_verify_build_each_rigs_plan_once(tmp_path, monkeypatch, comm
     from types import SimpleNamespace
 
     import rigforge.model.fleet as planner
-    from rigforge import inventory, observe
+    from rigforge.observe import hosts, inventory
 
     built, real_build = Counter(), planner.build_plan
     monkeypatch.setattr(
         planner, "build_plan", lambda name, *a, **kw: built.update([name]) or real_build(name, *a, **kw)
     )
     rig = {"rigforge_lock": lock_file(tmp_path), "rigforge_variant": "dual-turbo", "rigforge_manage_services": False}
-    hosts = Inventory(([(f"rig{i}", rig) for i in (1, 2, 3)] + ["gw"], {}), gateway=(["gw"], {}))
-    monkeypatch.setattr(inventory, "open_inventory", lambda path: SimpleNamespace(inventory=hosts))
+    fleet_hosts = Inventory(([(f"rig{i}", rig) for i in (1, 2, 3)] + ["gw"], {}), gateway=(["gw"], {}))
+    monkeypatch.setattr(inventory, "open_inventory", lambda path: SimpleNamespace(inventory=fleet_hosts))
     before = []  # the plans built before the rigs are read
 
     def for_each_host(state, fn):
@@ -564,7 +564,7 @@ def test_status_and_verify_build_each_rigs_plan_once(tmp_path, monkeypatch, comm
     run = importlib.import_module(f"rigforge.{command}").run
     args = argparse.Namespace(inventory="fleet.py", json=True)
 
-    monkeypatch.setattr(observe, "Observed", answers({}, {}))
+    monkeypatch.setattr(hosts, "Observed", answers({}, {}))
     assert run(args) in (0, 1)
     assert before == [dict(built)] == [{"rig1": 1, "rig2": 1, "rig3": 1}]  # by the fleet; reading the rigs built none
     out = json.loads(capsys.readouterr().out)
@@ -572,7 +572,7 @@ def test_status_and_verify_build_each_rigs_plan_once(tmp_path, monkeypatch, comm
     assert [r["host"] for r in rows] == ["rig1", "rig2", "rig3", "gw"] and not any(r["error"] for r in rows)
 
     built.clear()
-    monkeypatch.setattr(observe, "Observed", answers({"rig2": "dual"}, {"rig3": 1}))
+    monkeypatch.setattr(hosts, "Observed", answers({"rig2": "dual"}, {"rig3": 1}))
     run(args)
     assert dict(built) == {"rig1": 1, "rig2": 2, "rig3": 1}  # rig2 for "dual" (what it runs); rig3's one GPU: for_cards
     if command == "status":

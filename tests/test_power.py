@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from rigforge.facts.nvidia import (
+from rigforge.layout import RC_LOCAL, SETTLE_UNIT, UDEV_RULES_DIRS, UNIT_SEARCH_PATH, HostLayout
+from rigforge.model import fleet, power
+from rigforge.model.hardware import interconnect
+from rigforge.model.render import POWER_UNIT, render_power_unit
+from rigforge.observe.facts.nvidia import (
     CRON_FILES,
     PowerCapUnits,
     parse_topo_matrix,
     parse_topology,
 )
-from rigforge.layout import RC_LOCAL, SETTLE_UNIT, UDEV_RULES_DIRS, UNIT_SEARCH_PATH, HostLayout
-from rigforge.model import fleet, power
-from rigforge.model.hardware import interconnect
-from rigforge.model.render import POWER_UNIT, render_power_unit
 from rigforge.status import notes
 
 FIXTURES = Path(__file__).parent / "fixtures"

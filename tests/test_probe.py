@@ -1,4 +1,4 @@
-"""Tier 1: the batched probe (rigforge/facts/probe.py) on pyinfra's @local connector, no root, no rigs.
+"""Tier 1: the batched probe (rigforge/observe/facts/probe.py) on pyinfra's @local connector, no root, no rigs.
 
 - After a recording run, the next run reads every fact in ONE command and serves them all: the batched path is
   taken (it fails when the probe is not installed);
@@ -33,7 +33,7 @@ from pyinfra.facts.files import File
 from pyinfra.facts.server import Command
 
 from rigforge import speedups
-from rigforge.facts import probe
+from rigforge.observe.facts import probe
 
 
 @pytest.fixture
@@ -274,7 +274,7 @@ def test_file_facts_are_read_in_one_stat_and_one_hash_each_as_their_own_commands
 def test_a_shared_sub_command_runs_once_and_each_fact_sees_its_output(shipped, monkeypatch, tmp_path):
     """Facts that declare a sub-command in `shared` (nvidia-smi's GPU query) get its output, stderr and exit code
     replayed where their command ran it: the same answers, one run."""
-    from rigforge.facts.nvidia import SMI_QUERY, BootCaps, NvidiaGpus, NvidiaSmiStatus
+    from rigforge.observe.facts.nvidia import SMI_QUERY, BootCaps, NvidiaGpus, NvidiaSmiStatus
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

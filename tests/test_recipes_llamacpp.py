@@ -254,7 +254,7 @@ def test_the_monitor_scrapes_a_llamacpp_server_only_when_its_recipe_enables_metr
 
 def test_a_ghcr_image_is_asked_at_ghcr_or_at_the_registry_standing_for_upstream():
     from rigforge.lock import manifest_url
-    from rigforge.obtain import parse
+    from rigforge.observe.obtain import parse
 
     ref = "ghcr.io/ggml-org/llama.cpp:server-cuda-b10236"
     assert manifest_url(ref) == "https://ghcr.io/v2/ggml-org/llama.cpp/manifests/server-cuda-b10236"

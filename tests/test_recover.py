@@ -10,7 +10,7 @@ import re
 
 from test_sources_weights_ops import commands
 
-from rigforge.facts.apt import DpkgInterrupted
+from rigforge.observe.facts.apt import DpkgInterrupted
 from roles.operations import recover
 from roles.operations.staged import staged_files
 

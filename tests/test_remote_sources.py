@@ -1,5 +1,5 @@
 """Preflight's pass over remote sources (roles/preflight.py): what an answer means, and the one curl per URL
-the rig runs (rigforge/facts/system.py UrlAnswers), run here against a local HTTP server and closed ports."""
+the rig runs (rigforge/observe/facts/system.py UrlAnswers), run here against a local HTTP server and closed ports."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from rigforge.facts.system import UrlAnswers
+from rigforge.observe.facts.system import UrlAnswers
 from roles.preflight import Source, verdict
 
 DOCKER = Source("Docker's repository", "https://download.docker.com/linux/debian/dists/trixie/InRelease",
@@ -58,7 +58,7 @@ def test_a_source_is_needed_for_exactly_the_packages_the_install_would_fetch():
     """One rule (verdict.missing_packages) for preflight's question and the install: a package not installed, or a
     pinned one at another version; the toolkit's four packages when a version is pinned, else the toolkit alone."""
     from rigforge.model.packages import TOOLKIT_PACKAGES, docker, toolkit
-    from rigforge.verdict import missing_packages as missing
+    from rigforge.observe.verdict import missing_packages as missing
 
     ce = docker("docker", "debian", "13")
     installed = {name: ["5:28.5.1-1~debian.13~trixie"] for name in ce.names}

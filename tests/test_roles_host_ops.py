@@ -563,7 +563,7 @@ def test_caps_no_op_when_set_and_per_gpu_overrides():
     )
     assert op_commands(state, "r", nvidia.power_caps, default_w=230, overrides={1: 250}) == []
     assert op_commands(state, "r", nvidia.power_caps, default_w=230, overrides={"1": 260}) == [
-        "SAY: GPU1 at 250 W, declared 260 W: setting the declared caps",  # what differs (rigforge.verdict.caps)
+        "SAY: GPU1 at 250 W, declared 260 W: setting the declared caps",  # what differs (rigforge.observe.verdict.caps)
         "nvidia-smi -i 1 -pl 260",
     ]
     assert op_commands(state, "r", nvidia.persistence_mode) == []

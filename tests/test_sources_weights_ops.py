@@ -21,13 +21,13 @@ from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 from test_lock import stand_ins  # noqa: F401 - the git daemon + HF stand-in fixture
 
-from rigforge import verdict
-from rigforge.facts.gitpin import GitCheckout
-from rigforge.facts.hfweights import FileDigests, WeightsState
 from rigforge.layout import STAMP, HostLayout
 from rigforge.model.fleet import PlannedAsset
 from rigforge.model.knobs.weights import Weights
 from rigforge.model.pins import GitPin, HfFile, HfPin, parse_lock
+from rigforge.observe import verdict
+from rigforge.observe.facts.gitpin import GitCheckout
+from rigforge.observe.facts.hfweights import FileDigests, WeightsState
 from roles.operations import gitpin, hfweights
 
 REPO = Path(__file__).resolve().parents[1]
@@ -168,7 +168,9 @@ def test_checkout_is_a_noop_when_head_matches_and_tree_is_clean():
     ids=["absent", "other-head", "dirty", "other-url", "other-sparse"],
 )
 def test_checkout_runs_one_pinned_step_otherwise(fact):
-    *said, script = commands(fact, gitpin.checkout, **CHECKOUT)  # said: what differs (rigforge.verdict.checkout)
+    *said, script = commands(
+        fact, gitpin.checkout, **CHECKOUT
+    )  # said: what differs (rigforge.observe.verdict.checkout)
     assert len(said) == 1
     assert f"git fetch --progress --depth 1 --filter=blob:none origin {SHA}" in script
     assert "git config core.sparseCheckoutCone false" in script and "printf '/a/b.py\\n'" in script

@@ -19,10 +19,11 @@ import pytest
 from test_roles_host_ops import converge, executed, make_plan, rig, uploads
 from test_serving_ops import SHOW, UNIT, converged_responses
 
-from rigforge import drift, status, verify
-from rigforge.drift import SKIP, SKIPPED, Check
+from rigforge import status, verify
 from rigforge.model import fleet
-from rigforge.observe import RigContext, rest_record
+from rigforge.observe import drift
+from rigforge.observe.drift import SKIP, SKIPPED, Check
+from rigforge.observe.hosts import RigContext, rest_record
 from roles import serving
 
 REPO = Path(__file__).resolve().parents[1]

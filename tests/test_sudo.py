@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
-from rigforge.inventory import sudo_problem
+from rigforge.observe.inventory import sudo_problem
 
 
 class Data:

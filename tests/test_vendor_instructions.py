@@ -13,12 +13,12 @@ from test_roles_host_ops import checked, converge, executed, op_commands, planne
 
 import rigforge.model.knobs.docker_engine
 import rigforge.model.knobs.nvidia_driver
-from rigforge.facts.apt import AptSourceFiles, KeyFingerprints, parse_deb822, parse_one_line, same_uri_files
-from rigforge.facts.nvidia import NvidiaRunningDriver
 from rigforge.model import driver_table, fleet
 from rigforge.model.knobs.roles import RoleKnobs
 from rigforge.model.packages import TOOLKIT_PACKAGES, PackageSet, toolkit
 from rigforge.model.pins import default_lock_path, load_lock
+from rigforge.observe.facts.apt import AptSourceFiles, KeyFingerprints, parse_deb822, parse_one_line, same_uri_files
+from rigforge.observe.facts.nvidia import NvidiaRunningDriver
 from roles import docker_engine, nvidia_driver, preflight
 from roles.operations import apt_repo
 

@@ -1,4 +1,4 @@
-"""Tier 2 (issue 47): one verdict per resource (rigforge/verdict.py), on observed facts as the rig gives them.
+"""Tier 2 (issue 47): one verdict per resource (rigforge/observe/verdict.py), on observed facts as the rig gives them.
 
 The deploy's operations and status/verify call these same functions, so each case here is what both say. The
 facts are the shapes the fact classes return (their parsers are tested on real output elsewhere).
@@ -6,10 +6,10 @@ facts are the shapes the fact classes return (their parsers are tested on real o
 
 from test_cuda import DATA, preflight
 
-from rigforge import verdict
 from rigforge.model import packages
 from rigforge.model.packages import PackageSet
 from rigforge.model.pins import GitPin, HfFile, HfPin
+from rigforge.observe import verdict
 
 SHA = "a" * 40
 PIN = GitPin("genesis", "git://127.0.0.1/genesis.git", "main", SHA, sparse=("vllm/",))

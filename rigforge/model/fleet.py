@@ -8,7 +8,6 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from rigforge import obtain
 from rigforge.groups import GATEWAY, MONITOR, REGISTRY, RIG, is_rig
 from rigforge.layout import HostLayout
 from rigforge.model import recipes, schema
@@ -23,6 +22,7 @@ from rigforge.model.recipes import RecipeError
 from rigforge.model.registry import RegistryPlan
 from rigforge.model.registry import build as registry_build
 from rigforge.model.schema import Settings, SettingsError, apply_overrides, power_caps, settings_from_host_data
+from rigforge.observe import obtain
 
 
 class InventoryHost(Protocol):

@@ -1,6 +1,6 @@
 """The apt package sets the roles install: which packages, which of them are held, which files they must provide.
 
-Pure data per host (its knobs, its OS): the roles install and hold these sets, and `rigforge.verdict.packages`
+Pure data per host (its knobs, its OS): the roles install and hold these sets, and `rigforge.observe.verdict.packages`
 decides for the deploy, status and verify alike whether a rig has them as declared.
 """
 

@@ -296,7 +296,7 @@ class Settings:
     root: str = _setting(_abs_path, default=DEFAULT_ROOT, host_key="rigforge_root")
     power_limit_w: int = _setting(_watts, default=230, host_key="gpu_power_limit_w")
     power_limits: tuple[tuple[int, int], ...] = _setting(_per_gpu_watts, default=(), host_key="gpu_power_limits")
-    # rigforge/boot.py: how long the settle stage watches after boot
+    # rigforge/observe/boot.py: how long the settle stage watches after boot
     settle_window_s: int = _setting(
         _int_in(0, 3600, "a whole number of seconds"), default=SETTLE_WINDOW_S, host_key="gpu_power_settle_window_s"
     )

@@ -12,11 +12,11 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files
 from pyinfra.operations.util import any_changed
 
-from rigforge import verdict
-from rigforge.facts.apt import AptSourceFiles, KeyFingerprints, same_uri_files
-from rigforge.facts.system import AptHeldPackages, ProvidedFiles
 from rigforge.layout import APT_IGNORE_BACKUPS_CONF, APT_KEYRING_DIR, APT_SOURCES_DIR
 from rigforge.model.packages import PackageSet
+from rigforge.observe import verdict
+from rigforge.observe.facts.apt import AptSourceFiles, KeyFingerprints, same_uri_files
+from rigforge.observe.facts.system import AptHeldPackages, ProvidedFiles
 from roles.operations.shown import Commands, say, unchanged
 
 
@@ -168,8 +168,9 @@ def add_repo(
 
 @operation()
 def install_missing(packages: PackageSet | list[str], change_held: bool = False) -> Commands:
-    """Install what ``rigforge.verdict.packages`` finds missing of a package set, refreshing apt lists first: the
-    packages not installed (or at another pinned version), and a reinstall of those whose file rigforge runs is gone.
+    """Install what ``rigforge.observe.verdict.packages`` finds missing of a package set, refreshing apt lists
+    first: the packages not installed (or at another pinned version), and a reinstall of those whose file rigforge runs
+    is gone.
 
     + packages: the set (``rigforge.model.packages.PackageSet``), or package names; ``name=version`` pins a version
     + change_held: let apt replace held versions of these packages (``--allow-change-held-packages``)
@@ -220,8 +221,8 @@ def install_missing(packages: PackageSet | list[str], change_held: bool = False)
 
 @operation()
 def hold(packages: PackageSet) -> Commands:
-    """``apt-mark hold`` the set's installed packages that ``rigforge.verdict.unheld_packages`` finds not held: its
-    ``held`` names, and with ``held_with``, its ``held_prefixes`` packages at that version (the driver's libraries).
+    """``apt-mark hold`` the set's installed packages that ``rigforge.observe.verdict.unheld_packages`` finds not held:
+    its ``held`` names, and with ``held_with``, its ``held_prefixes`` packages at that version (the driver's libraries).
 
     + packages: the set (``rigforge.model.packages.PackageSet``)
 

@@ -6,10 +6,10 @@ from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, Host, State, operation
 from pyinfra.context import ctx_host
 
-from rigforge.facts.nvidia import NvidiaGpus, NvidiaPciGpus, NvidiaTopology
 from rigforge.model.hardware import Needs, format_problems, gpu_count, gpu_problems
 from rigforge.model.knobs.gpu_power import GpuPower
 from rigforge.model.schema import Settings
+from rigforge.observe.facts.nvidia import NvidiaGpus, NvidiaPciGpus, NvidiaTopology
 from roles.operations.shown import Commands, unchanged
 
 

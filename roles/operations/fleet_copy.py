@@ -3,9 +3,9 @@
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
-from rigforge.facts.docker import RegistryHasImage
 from rigforge.model.registry import RegistryPlan
-from rigforge.obtain import parse
+from rigforge.observe.facts.docker import RegistryHasImage
+from rigforge.observe.obtain import parse
 from roles.operations.shown import Commands, ShownCommand, say, unchanged
 
 

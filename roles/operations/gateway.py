@@ -12,10 +12,10 @@ from pyinfra.api.host import Host
 from pyinfra.api.operation import OperationMeta
 from pyinfra.api.state import State
 
-from rigforge import verdict
 from rigforge.model.fleet import Plan
 from rigforge.model.gateway import backend_name, drain_script, read_servers_script, rejoin_script
-from rigforge.observe import gateway_servers
+from rigforge.observe import verdict
+from rigforge.observe.hosts import gateway_servers
 from roles.operations.shown import Commands, unchanged, warn
 
 

@@ -7,9 +7,9 @@ from collections.abc import Mapping, Sequence
 from pyinfra import host
 from pyinfra.api import operation
 
-from rigforge import verdict
-from rigforge.facts.gitpin import GitCheckout
 from rigforge.model.pins import GitPin
+from rigforge.observe import verdict
+from rigforge.observe.facts.gitpin import GitCheckout
 from roles.operations.checks import fail_command
 from roles.operations.shown import Commands, ShownCommand, say
 

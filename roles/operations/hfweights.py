@@ -17,13 +17,13 @@ from pyinfra.api import FileUploadCommand, OperationError, StringCommand, operat
 from pyinfra.api.hiddenvalue import HiddenValue
 from pyinfra.facts.files import File
 
-from rigforge import verdict
-from rigforge.facts.hfweights import FileDigests, VenvDistVersion, WeightsState
-from rigforge.facts.system import FreeDiskBytes
 from rigforge.layout import STAMP, HostLayout
 from rigforge.model.fleet import PlannedAsset
 from rigforge.model.knobs.weights import Weights
 from rigforge.model.pins import HfPin
+from rigforge.observe import verdict
+from rigforge.observe.facts.hfweights import FileDigests, VenvDistVersion, WeightsState
+from rigforge.observe.facts.system import FreeDiskBytes
 from roles.operations.checks import fail_command
 from roles.operations.shown import Commands, ShownCommand, repairing, say, unchanged
 from roles.operations.staged import upload_privately

@@ -9,11 +9,11 @@ from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 from pyinfra.facts.files import Directory, FileContents, Sha256File
 
 from rigforge import images
-from rigforge.facts.docker import DockerImagePresent
-from rigforge.facts.images import ListeningPorts, OciBlobs
-from rigforge.facts.system import FreeDiskBytes
 from rigforge.layout import DAEMON_JSON, HostLayout
 from rigforge.model.jsonmerge import merged_text
+from rigforge.observe.facts.docker import DockerImagePresent
+from rigforge.observe.facts.images import ListeningPorts, OciBlobs
+from rigforge.observe.facts.system import FreeDiskBytes
 from roles.operations.checks import fail_command
 from roles.operations.shown import Commands, ShownCommand, say, unchanged
 from roles.operations.staged import connection, upload_privately

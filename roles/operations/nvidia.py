@@ -6,17 +6,17 @@ from pyinfra import host
 from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.operations import server
 
-from rigforge import verdict
-from rigforge.facts.apt import DebInstalledVersion
-from rigforge.facts.nvidia import (
+from rigforge.model.driver_table import branch_problem
+from rigforge.model.hardware import cap_problems, resolve_caps
+from rigforge.observe import verdict
+from rigforge.observe.facts.apt import DebInstalledVersion
+from rigforge.observe.facts.nvidia import (
     NvidiaGpus,
     NvidiaModuleVersion,
     NvidiaRunningDriver,
     NvidiaSmiStatus,
     upstream_version,
 )
-from rigforge.model.driver_table import branch_problem
-from rigforge.model.hardware import cap_problems, resolve_caps
 from roles import rig_lock
 from roles.operations.checks import fail_command
 from roles.operations.shown import Commands, say, unchanged

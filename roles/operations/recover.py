@@ -7,8 +7,8 @@ import shlex
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
-from rigforge.facts.apt import DpkgInterrupted
-from rigforge.facts.system import LeftoverUploads
+from rigforge.observe.facts.apt import DpkgInterrupted
+from rigforge.observe.facts.system import LeftoverUploads
 from roles.operations.shown import Commands, repairing, unchanged
 from roles.operations.staged import private_upload_dir
 

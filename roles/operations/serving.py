@@ -8,13 +8,13 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.api.operation import OperationMeta
 
-from rigforge.facts.docker import DockerImagePresent
-from rigforge.facts.files import JsonFile
-from rigforge.facts.nvidia import NvidiaGpus, NvidiaTopology
-from rigforge.facts.serving import ApiAnswers, ComposeImages, ServiceState, runs_digest, serving
-from rigforge.facts.system import EnabledInstances
 from rigforge.model.fleet import Plan
-from rigforge.obtain import parse
+from rigforge.observe.facts.docker import DockerImagePresent
+from rigforge.observe.facts.files import JsonFile
+from rigforge.observe.facts.nvidia import NvidiaGpus, NvidiaTopology
+from rigforge.observe.facts.serving import ApiAnswers, ComposeImages, ServiceState, runs_digest, serving
+from rigforge.observe.facts.system import EnabledInstances
+from rigforge.observe.obtain import parse
 from roles.operations.shown import Commands, ShownCommand, say, unchanged
 from roles.operations.staged import upload_privately
 

@@ -7,9 +7,9 @@ from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.api.operation import OperationMeta
 from pyinfra.operations import systemd
 
-from rigforge import verdict
-from rigforge.facts.system import SystemdUnitEnabled
 from rigforge.layout import HostLayout
+from rigforge.observe import verdict
+from rigforge.observe.facts.system import SystemdUnitEnabled
 from roles.operations.shown import Commands, unchanged
 from roles.operations.staged import staged_files, systemd_verify
 

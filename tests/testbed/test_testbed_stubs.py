@@ -154,7 +154,7 @@ def test_plain_table_has_the_real_frame(smi):
 
 
 def test_plain_header_carries_the_branchs_cuda_version_as_the_real_tool(smi, tmp_path):
-    from rigforge.facts.nvidia import parse_cuda_version
+    from rigforge.observe.facts.nvidia import parse_cuda_version
 
     real = (FIX / "plain.txt").read_text().splitlines()
     assert smi().stdout.splitlines()[2] == real[2]  # "| NVIDIA-SMI 580.159.04 ... CUDA Version: 13.0     |"
@@ -200,7 +200,7 @@ def test_nvidia_ctk_merges_daemon_json_keeping_keys(tmp_path):
 def test_topo_matches_the_real_tools_format_for_two_pcie_gpus(smi):
     """`topo -m` and `topo -p2p r` as the real tool prints them (h200x2 misc.txt, h200x1 topo-*.txt: tabs,
     the underlined header, the legend), for a 2x 3090 PCIe rig: PHB, no NVLink, P2P refused (CNS)."""
-    from rigforge.facts.nvidia import parse_topo_matrix
+    from rigforge.observe.facts.nvidia import parse_topo_matrix
 
     real_m = (FIX / "misc.txt").read_text().split("+ echo ---")[0].splitlines()[1:]
     res = smi("topo", "-m")

@@ -20,7 +20,7 @@ class Serving(Knobs):
     # it so; status shows it as intended. Remove the key and re-run to serve again.
     serving_rest: str | None = None
     serving_allow_privileged_port: bool = False  # let serving_port be below 1024 (a port root services usually own)
-    # on the controller, asked before a rig that lacks its image pulls it (rigforge/obtain.py):
+    # on the controller, asked before a rig that lacks its image pulls it (rigforge/observe/obtain.py):
     serving_image_upstream: str | None = None  # base URL standing for Docker Hub (None: https://registry-1.docker.io)
     serving_image_upstream_ca: str | None = None  # CA bundle (PEM path) for it (None: the system's CAs)
 

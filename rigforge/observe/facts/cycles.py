@@ -21,7 +21,6 @@ from typing import TypedDict
 
 from pyinfra.api import QuoteString, StringCommand
 
-from rigforge.facts import Fact, sections
 from rigforge.layout import (
     GPU_METRICS_TIMER,
     GPU_METRICS_UNIT,
@@ -31,6 +30,7 @@ from rigforge.layout import (
     VLLM_PREFIX,
     VLLM_TEMPLATE,
 )
+from rigforge.observe.facts import Fact, sections
 
 JOURNAL = "journalctl -b"  # where a cycle was found: this boot's journal (what systemd did)
 VERIFY = "systemd-analyze verify"  # or the unit files, as the next boot will read them

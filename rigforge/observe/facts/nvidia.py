@@ -7,8 +7,6 @@ from collections.abc import Iterable, Sequence
 
 from pyinfra.api import QuoteString, StringCommand
 
-from rigforge.boot import SHOW, BootSeen, parse_boot
-from rigforge.facts import Fact, sections
 from rigforge.layout import (
     CRON_FILES,
     HOLD_TIMER,
@@ -19,6 +17,8 @@ from rigforge.layout import (
     UDEV_RULES_DIRS,
     UNIT_SEARCH_PATH,
 )
+from rigforge.observe.boot import SHOW, BootSeen, parse_boot
+from rigforge.observe.facts import Fact, sections
 
 # Fields read by NvidiaGpus, in order; keys of each GPU dict are these with "." replaced by "_".
 QUERY_FIELDS = tuple(
@@ -33,7 +33,7 @@ _TYPED = {
     "persistence_mode": lambda raw: {"enabled": True, "disabled": False}.get(raw.lower()),
 }
 # nvidia-smi's GPU query: NvidiaGpus, NvidiaSmiStatus and BootCaps run it verbatim (`shared`: the batched probe runs
-# it once for all three, rigforge/facts/probe.py `script`)
+# it once for all three, rigforge/observe/facts/probe.py `script`)
 SMI_QUERY = f"timeout 60 nvidia-smi --query-gpu={','.join(QUERY_FIELDS)} --format=csv,noheader,nounits"
 _NA = {"[N/A]", "N/A", "[Not Supported]", "Not Supported", "[Unknown Error]", ""}
 _UNIT = re.compile(r"\s*(MiB|W|MHz|%|C)$")

@@ -6,7 +6,7 @@ from typing import TypedDict
 
 from pyinfra.api import QuoteString, StringCommand
 
-from rigforge.facts import Fact
+from rigforge.observe.facts import Fact
 
 
 class OsReleaseInfo(TypedDict):

@@ -2,7 +2,7 @@
 
 import shlex
 
-from rigforge.facts import Fact
+from rigforge.observe.facts import Fact
 
 
 class OciBlobs(Fact[dict[str, int]]):

@@ -1,5 +1,5 @@
-"""The checks of `rigforge status` and `verify`: a rig's observed state (rigforge/observe.py) against its plan, each
-check defined once; nothing here asks a rig or a registry.
+"""The checks of `rigforge status` and `verify`: a rig's observed state (rigforge/observe/hosts.py) against its plan,
+each check defined once; nothing here asks a rig or a registry.
 """
 
 from collections.abc import Iterator, Mapping
@@ -8,17 +8,6 @@ from dataclasses import dataclass
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File, Sha256File
 
-from rigforge import boot, obtain, verdict
-from rigforge.boot import watts
-from rigforge.facts import cycles
-from rigforge.facts import nvidia as nvidia_facts
-from rigforge.facts.apt import DebInstalledVersion
-from rigforge.facts.files import JsonFile
-from rigforge.facts.gitpin import GitCheckout
-from rigforge.facts.hfweights import WeightsState
-from rigforge.facts.nvidia import BootCaps, NvidiaGpus, NvidiaModuleVersion, NvidiaRunningDriver, NvidiaTopology
-from rigforge.facts.serving import ComposeImages, ServiceState, runs_digest, serving
-from rigforge.facts.system import AptHeldPackages, OsRelease, ProvidedFiles, SystemdUnitEnabled
 from rigforge.model import driver_table, packages, power
 from rigforge.model.fleet import Plan, ServedVariant
 from rigforge.model.gateway import backend_name as gateway_backend
@@ -34,7 +23,18 @@ from rigforge.model.hardware import (
 from rigforge.model.knobs.docker_engine import DockerEngine, daemon_json_patch
 from rigforge.model.knobs.nvidia_driver import NvidiaDriver
 from rigforge.model.schema import Settings, power_caps
-from rigforge.observe import Observed, RigContext, boot_units, managed_files, weights_at
+from rigforge.observe import boot, obtain, verdict
+from rigforge.observe.boot import watts
+from rigforge.observe.facts import cycles
+from rigforge.observe.facts import nvidia as nvidia_facts
+from rigforge.observe.facts.apt import DebInstalledVersion
+from rigforge.observe.facts.files import JsonFile
+from rigforge.observe.facts.gitpin import GitCheckout
+from rigforge.observe.facts.hfweights import WeightsState
+from rigforge.observe.facts.nvidia import BootCaps, NvidiaGpus, NvidiaModuleVersion, NvidiaRunningDriver, NvidiaTopology
+from rigforge.observe.facts.serving import ComposeImages, ServiceState, runs_digest, serving
+from rigforge.observe.facts.system import AptHeldPackages, OsRelease, ProvidedFiles, SystemdUnitEnabled
+from rigforge.observe.hosts import Observed, RigContext, boot_units, managed_files, weights_at
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 SKIPPED = "skipped (services not managed on this host)"
@@ -135,7 +135,7 @@ def answer(code: int | None) -> str:
 
 def driver(obs: Observed, ctx: RigContext) -> Check:
     """The loaded module is the driver table's package as installed (nvidia_driver_manage false: the branch runs)."""
-    from rigforge.facts.nvidia import upstream_version
+    from rigforge.observe.facts.nvidia import upstream_version
 
     name, data = "driver module = package", ctx.data
     if not data["nvidia_driver_manage"]:
@@ -251,14 +251,14 @@ def boot_units_check(obs: Observed, plan: Plan) -> Check:
 
 
 def caps_set_last(obs: Observed, ctx: RigContext) -> Check:
-    """rigforge's caps were the last written at this boot, without an ordering cycle (rigforge/boot.py)."""
+    """rigforge's caps were the last written at this boot, without an ordering cycle (rigforge/observe/boot.py)."""
     found = boot.boot_caps(obs.get_fact(BootCaps, **boot_units(ctx)), ctx) if ctx.manage else (SKIP, SKIPPED)
     return Check("caps set last at this boot", *found)
 
 
 def boot_order(obs: Observed, ctx: RigContext) -> Check:
     """No ordering cycle holds a unit of rigforge's: `systemd-analyze verify` of the boot, and this boot's journal
-    where systemd runs (rigforge/facts/cycles.py); with services not managed too (the units are installed)."""
+    where systemd runs (rigforge/observe/facts/cycles.py); with services not managed too (the units are installed)."""
     found = obs.get_fact(cycles.OrderingCycles, **cycles.arguments(ctx.unit))
     return Check("boot order has no cycle", *cycles.judge(found))
 
@@ -288,7 +288,7 @@ def runtime(obs: Observed, ctx: RigContext) -> Check:
 
 
 def unit_state(obs: Observed, ctx: RigContext) -> dict:
-    """The unit's state: enabled, systemd's ActiveState, `serving` (rigforge/facts/serving.py), serving_rest."""
+    """The unit's state: enabled, systemd's ActiveState, `serving` (rigforge/observe/facts/serving.py), serving_rest."""
     unit, rest = ctx.unit, ctx.data.get("serving_rest")
     if not unit:
         return {"unit": None, "enabled": None, "active": None, "serving": None, "rest": rest}

@@ -32,8 +32,8 @@ UNFOUND = "a writer rigforge did not find"
 
 
 class CapsContext(Protocol):
-    """What the caps verdict reads of a rig's context: rigforge/observe.py's RigContext (not imported: observe.py reads
-    the rig through facts/nvidia.py, which imports this module)."""
+    """What the caps verdict reads of a rig's context: rigforge/observe/hosts.py's RigContext (not imported: observe.py
+    reads the rig through facts/nvidia.py, which imports this module)."""
 
     @property
     def plan(self) -> Plan | None: ...

@@ -4,7 +4,7 @@ import shlex
 
 from pyinfra.api import QuoteString, StringCommand
 
-from rigforge.facts import Fact
+from rigforge.observe.facts import Fact
 
 
 class DockerImagePresent(Fact[bool]):

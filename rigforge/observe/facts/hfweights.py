@@ -4,8 +4,8 @@ import shlex
 
 from pyinfra.api import FactBase
 
-from rigforge.facts.files import json_object
 from rigforge.layout import STAMP
+from rigforge.observe.facts.files import json_object
 
 
 def _ns(text: str) -> int:

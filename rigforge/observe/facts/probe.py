@@ -36,7 +36,8 @@ from pyinfra.api.state import State
 from pyinfra.context import ctx_state
 from pyinfra.facts import files as pyinfra_files
 
-from rigforge import inventory, speedups
+from rigforge import speedups
+from rigforge.observe import inventory
 
 # Connector arguments that change what a command sees: a snapshot answer needs the same ones as the probe (how
 # the command is wrapped: sudo, su, doas...; passwords aside, they never change what it sees).
@@ -110,7 +111,7 @@ def _cacheable(cls: type) -> bool:
     """Whether the probe may answer reads of `cls`: a fact, not opted out, no shell of its own, no preconditions."""
     return (
         issubclass(cls, FactBase)
-        and getattr(cls, "probe", True)  # a fact may opt out (rigforge/facts/hfweights.py FileDigests)
+        and getattr(cls, "probe", True)  # a fact may opt out (rigforge/observe/facts/hfweights.py FileDigests)
         and not cls().shell_executable
         and cls.check_preconditions is FactBase.check_preconditions
     )
@@ -404,7 +405,7 @@ def _save() -> None:
 def install_all() -> None:
     """Everything rigforge patches in pyinfra for a deploy (the deploy files' first step, roles/rig_lock.py
     `ask_first`, and roles/site.py `start` call it), idempotent: the batched probe, rigforge/speedups.py, and no
-    delayed ACKs on the SSH connections (rigforge/inventory.py `quick_connections`).
+    delayed ACKs on the SSH connections (rigforge/observe/inventory.py `quick_connections`).
 
     With RIGFORGE_PROBE_CACHE=off (`cache_dir`) the probe is not installed: every fact is read live with its own
     command, as in plain pyinfra, nothing is recorded, and the rig's lock carries no probe; the rest still is."""

@@ -2,17 +2,17 @@
 observed on the rig (facts, as read) and lists what differs; an empty list means "as declared".
 
 The operation that manages a resource changes the rig exactly when its list is not empty, and `rigforge status` and
-`verify` (rigforge/drift.py) show the same list: nothing else decides. Pure: no host, no I/O.
+`verify` (rigforge/observe/drift.py) show the same list: nothing else decides. Pure: no host, no I/O.
 """
 
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
 
-from rigforge.facts.nvidia import upstream_version
 from rigforge.model.jsonmerge import merged_text
 from rigforge.model.packages import PackageSet
 from rigforge.model.pins import GitPin, HfPin
+from rigforge.observe.facts.nvidia import upstream_version
 
 # ---------------------------------------------------------------- a git checkout
 

@@ -6,7 +6,7 @@ option Signed-By"), a key file's fingerprints, dpkg's state.
 import re
 import shlex
 
-from rigforge.facts import Fact, sections
+from rigforge.observe.facts import Fact, sections
 
 SOURCE_FILES = "/etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources"
 _MARK = "==> rigforge-source-file "

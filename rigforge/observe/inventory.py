@@ -27,8 +27,8 @@ if TYPE_CHECKING:  # imported where used: a deploy file's first step imports thi
 
 
 class RigApi(Protocol):
-    """What a request to a rig's API reads of its context: rigforge/observe.py's RigContext (not imported: observe.py
-    reads the rig through facts/probe.py, which imports this module)."""
+    """What a request to a rig's API reads of its context: rigforge/observe/hosts.py's RigContext (not imported:
+    observe.py reads the rig through facts/probe.py, which imports this module)."""
 
     @property
     def data(self) -> dict: ...

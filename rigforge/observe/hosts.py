@@ -1,4 +1,5 @@
-"""A rig (in one batched probe, rigforge/facts/probe.py `read`), a gateway or a monitor host read, changing nothing."""
+"""A rig (in one batched probe, rigforge/observe/facts/probe.py `read`), a gateway or a monitor host read, changing
+nothing."""
 
 import json
 from collections.abc import Mapping, Sequence
@@ -11,16 +12,6 @@ from pyinfra.api.host import Host
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File, Sha256File
 
-from rigforge import inventory, obtain, verdict
-from rigforge.facts import cycles, nvidia, probe
-from rigforge.facts.apt import DebInstalledVersion
-from rigforge.facts.docker import DockerImagePresent
-from rigforge.facts.files import JsonFile
-from rigforge.facts.gitpin import GitCheckout
-from rigforge.facts.hfweights import WeightsState
-from rigforge.facts.nvidia import BootCaps, NvidiaGpus, NvidiaModuleVersion, NvidiaRunningDriver, NvidiaTopology
-from rigforge.facts.serving import ComposeImages, ServiceState
-from rigforge.facts.system import AptHeldPackages, OsRelease, ProvidedFiles, SystemdUnitEnabled
 from rigforge.layout import (
     HOLD_SCRIPT,
     HOLD_TIMER,
@@ -40,6 +31,16 @@ from rigforge.model.pins import LockError, load_lock
 from rigforge.model.registry import RegistryPlan
 from rigforge.model.render import POWER_UNIT, VLLM_UNIT
 from rigforge.model.schema import Settings
+from rigforge.observe import inventory, obtain, verdict
+from rigforge.observe.facts import cycles, nvidia, probe
+from rigforge.observe.facts.apt import DebInstalledVersion
+from rigforge.observe.facts.docker import DockerImagePresent
+from rigforge.observe.facts.files import JsonFile
+from rigforge.observe.facts.gitpin import GitCheckout
+from rigforge.observe.facts.hfweights import WeightsState
+from rigforge.observe.facts.nvidia import BootCaps, NvidiaGpus, NvidiaModuleVersion, NvidiaRunningDriver, NvidiaTopology
+from rigforge.observe.facts.serving import ComposeImages, ServiceState
+from rigforge.observe.facts.system import AptHeldPackages, OsRelease, ProvidedFiles, SystemdUnitEnabled
 
 
 class Observed:
@@ -109,7 +110,7 @@ def requests(ctx: RigContext, os_release: dict) -> list[tuple[type, dict]]:
         if driver.nvidia_driver_manage:
             out.append((DebInstalledVersion, {"package": packages_for(driver, os_id).version_package}))
     out.append((JsonFile, {"path": ctx.layout.daemon_json}))
-    if ctx.manage:  # what ran at this boot (rigforge/boot.py)
+    if ctx.manage:  # what ran at this boot (rigforge/observe/boot.py)
         out.append((BootCaps, boot_units(ctx)))
     out.append((cycles.OrderingCycles, cycles.arguments(ctx.unit)))  # boot-order cycles: status and verify only
     if ctx.unit:

@@ -8,10 +8,10 @@ read on it (roles/site.py reads the facts, asks the network where it must, and o
 
 from collections.abc import Mapping, Sequence
 
-from rigforge import obtain, verdict
 from rigforge.model.fleet import Plan, PlannedAsset
 from rigforge.model.hardware import Needs
 from rigforge.model.pins import HfPin
+from rigforge.observe import obtain, verdict
 
 IMAGE_GB = 9  # the vLLM nightly image on disk (HARDWARE.md)
 
