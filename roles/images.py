@@ -5,7 +5,7 @@ temporary registry on the rig since `docker load` drops the repository digest: d
 from pyinfra.api import deploy
 from pyinfra.operations import apt, systemd
 
-from rigforge import images
+from rigforge.cli import images
 from rigforge.layout import HostLayout
 from roles.operations import images as image_ops
 

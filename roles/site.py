@@ -11,9 +11,9 @@ from pyinfra.facts.files import FileContents
 import rigforge.model.knobs.gateway
 import rigforge.model.knobs.images
 import rigforge.model.knobs.monitor
-from rigforge import images
+from rigforge.cli import images
+from rigforge.cli.lock import token_refused
 from rigforge.layout import DAEMON_JSON, HostLayout
-from rigforge.lock import token_refused
 from rigforge.model import fleet, gateway, power, registry, schema
 from rigforge.model.fleet import GATEWAY, MONITOR, REGISTRY, Plan, PlannedAsset, is_rig
 from rigforge.model.hardware import changed_roots, data_root_of, format_problems, gpu_count, roots_inside

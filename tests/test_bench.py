@@ -31,7 +31,7 @@ import time
 import pytest
 import requests
 
-from rigforge import bench
+from rigforge.cli import bench
 
 T0_MS, DT_MS, N = 80.0, 25.0, 20  # stub schedule: first delta at 80 ms, then one per 25 ms, 20 deltas
 MODEL = "qwen3.6-27b-autoround"

@@ -230,7 +230,7 @@ def test_the_deploy_reads_the_data_root_after_this_run_from_the_knob_else_the_ri
 
 
 def test_status_shows_the_data_root_left_as_a_note():
-    from rigforge.status import notes
+    from rigforge.cli.status import notes
 
     row = {"host": "rig1", "data_root_left": "/etc/docker/daemon.json sets Docker's data-root to /srv/docker; ..."}
     assert notes(row) == ["note: /etc/docker/daemon.json sets Docker's data-root to /srv/docker; ..."]

@@ -19,7 +19,7 @@ import time
 import urllib.error
 import urllib.request
 
-from rigforge import status, verify
+from rigforge.cli import status, verify
 from rigforge.layout import GATEWAY_ADMIN_SOCKET, GATEWAY_STATE
 from rigforge.model import gateway
 from rigforge.model.fleet import plan_for

@@ -11,8 +11,8 @@ import pytest
 import requests
 from registry_support import push_image, running_registry
 
-from rigforge import images
-from rigforge.cli import main
+from rigforge.cli import images
+from rigforge.cli.main import main
 from rigforge.model.pins import ImagePin, parse_lock
 
 REF = "vllm/vllm-openai:v0.27.1"

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rigforge.lock import cuda_of, manifest_url
+from rigforge.cli.lock import cuda_of, manifest_url
 from rigforge.model.pins import load_lock
 from rigforge.testbed import content
 
@@ -458,7 +458,7 @@ def test_lock_keeps_the_toolkit_pin_and_says_when_a_newer_release_exists(tmp_pat
 
 
 def test_toolkit_news_only_for_a_newer_release():
-    from rigforge.lock import toolkit_news
+    from rigforge.cli.lock import toolkit_news
     from rigforge.model.pins import ToolkitPin
 
     assert toolkit_news(ToolkitPin("1.19.1-1"), TOOLKIT_PACKAGES) is None
@@ -622,8 +622,8 @@ def test_the_rollout_preview_shows_each_rigs_image_flags_weights_and_restarts(st
     at B's new slug: what the rollout will change on each."""
     from types import SimpleNamespace
 
-    from rigforge import rollout
-    from rigforge.lock import cache_recipes
+    from rigforge.cli import rollout
+    from rigforge.cli.lock import cache_recipes
     from rigforge.testbed.recipe_commits import B_IMAGE, NEW_SLUG
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))

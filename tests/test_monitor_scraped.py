@@ -17,7 +17,7 @@ import time
 import urllib.request
 from dataclasses import asdict
 
-from rigforge import status, verify
+from rigforge.cli import status, verify
 from rigforge.model import fleet, monitor
 from rigforge.observe import drift, hosts
 from rigforge.observe.drift import Check

@@ -11,7 +11,7 @@ import pytest
 import requests
 from registry_support import Registry, free_port, push_image, running_registry
 
-from rigforge import lock as locking
+from rigforge.cli import lock as locking
 from rigforge.model import registry
 from rigforge.model.knobs import registry as registry_knobs
 from rigforge.model.pins import ImagePin, load_lock
@@ -145,7 +145,7 @@ def test_the_fill_copies_once_keeping_the_digest_and_skips_a_held_image():
 
 def test_status_asks_the_registries_over_https_from_its_parallel_ssh_sessions(tmp_path, monkeypatch):
     """`rigforge status` reads rigs in gevent greenlets; its HTTPS requests to the registries work only because
-    gevent patches ssl before anything imports it (rigforge/cli.py): a late patch made each one recurse."""
+    gevent patches ssl before anything imports it (rigforge/cli/main.py): a late patch made each one recurse."""
     import subprocess
     import sys
 

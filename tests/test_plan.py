@@ -561,7 +561,7 @@ def test_status_and_verify_build_each_rigs_plan_once(tmp_path, monkeypatch, comm
 
     monkeypatch.setattr(inventory, "for_each_host", for_each_host)
     monkeypatch.setattr(inventory, "sh", lambda host, command: "")  # nothing answers on the hosts
-    run = importlib.import_module(f"rigforge.{command}").run
+    run = importlib.import_module(f"rigforge.cli.{command}").run
     args = argparse.Namespace(inventory="fleet.py", json=True)
 
     monkeypatch.setattr(hosts, "Observed", answers({}, {}))

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from rigforge.cli.status import notes
 from rigforge.layout import RC_LOCAL, SETTLE_UNIT, UDEV_RULES_DIRS, UNIT_SEARCH_PATH, HostLayout
 from rigforge.model import fleet, power
 from rigforge.model.hardware import interconnect
@@ -23,7 +24,6 @@ from rigforge.observe.facts.nvidia import (
     parse_topo_matrix,
     parse_topology,
 )
-from rigforge.status import notes
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RECIPES = FIXTURES / "club-3090-4a29ab57"

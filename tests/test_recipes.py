@@ -512,7 +512,7 @@ def test_every_selectable_slug_renders_without_a_lock_entry_showing_its_unresolv
 ):
     """`render` needs no lock entry for a slug's image or weights (issue 33): each selectable slug, opt-in ones
     too, renders with its engine's image by tag, and the pins the lock lacks are named as unresolved."""
-    from rigforge.cli import main
+    from rigforge.cli.main import main
     from rigforge.model.pins import default_lock_path, load_lock
 
     monkeypatch.setenv("RIGFORGE_RECIPES", str(REFERENCE))
@@ -686,12 +686,12 @@ def test_the_image_is_set_the_recipes_way_through_its_image_env(repo, newer):
 
 
 def test_follow_derives_the_engine_image_a_second_image_and_the_weights_from_the_later_commit(tmp_path):
-    """rigforge/follow.py on commit B (with a compose that also pulls a kernel image by digest): the engine's entry
+    """rigforge/cli/follow.py on commit B (with a compose that also pulls a kernel image by digest): the engine's entry
     moves to B's image, unresolved; the second image gets its own entry with its digest; the new slug's weights an
     unresolved hf entry; the recipe pin moves to the fetched commit. Entries nothing uses are left as they were."""
     import dataclasses
 
-    from rigforge import follow
+    from rigforge.cli import follow
     from rigforge.model.pins import GitPin, ImagePin, Lock
     from rigforge.testbed import recipe_commits
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rigforge import follow
+from rigforge.cli import follow
 from rigforge.model import fleet, recipes
 from rigforge.model.pins import LockError, default_lock_path, dump_lock, load_lock, parse_lock
 from rigforge.model.recipes import RecipeError

@@ -193,7 +193,7 @@ def test_lock_resolves_only_the_included_files_of_a_gguf_repo(monkeypatch):
     """`rigforge lock` pins the include's files of a many-quant repo, and refuses one the hub lacks."""
     import huggingface_hub
 
-    from rigforge import lock
+    from rigforge.cli import lock
 
     class Sibling:
         def __init__(self, name: str):
@@ -253,7 +253,7 @@ def test_the_monitor_scrapes_a_llamacpp_server_only_when_its_recipe_enables_metr
 
 
 def test_a_ghcr_image_is_asked_at_ghcr_or_at_the_registry_standing_for_upstream():
-    from rigforge.lock import manifest_url
+    from rigforge.cli.lock import manifest_url
     from rigforge.observe.obtain import parse
 
     ref = "ghcr.io/ggml-org/llama.cpp:server-cuda-b10236"

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from rigforge import rollout
+from rigforge.cli import rollout
 from rigforge.model.pins import load_lock
 
 DIGEST_A, DIGEST_B = "sha256:" + "a1" * 32, "sha256:" + "b1" * 32
@@ -225,7 +225,7 @@ def test_a_rollout_and_its_rollback_say_where_the_fleet_goes(monkeypatch, locks,
 
 
 def test_to_and_rollback_together_are_refused(capsys):
-    from rigforge.cli import build_parser
+    from rigforge.cli.main import build_parser
 
     with pytest.raises(SystemExit) as exited:
         build_parser().parse_args(["rollout", "inv.py", "--to", "x.yaml", "--rollback"])

@@ -438,7 +438,7 @@ def test_status_names_the_rigs_that_run_a_rollouts_candidate(tmp_path):
 
     import yaml
 
-    from rigforge.status import ROLLOUT_MARKER, candidate_of
+    from rigforge.cli.status import ROLLOUT_MARKER, candidate_of
 
     lock, candidate = tmp_path / "lock.yaml", tmp_path / "lock-b.yaml"
     image = {"ref": "vllm/vllm-openai:v0.31.0", "digest": "sha256:" + "b1" * 32}

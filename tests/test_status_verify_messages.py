@@ -19,7 +19,7 @@ import pytest
 from test_roles_host_ops import converge, executed, make_plan, rig, uploads
 from test_serving_ops import SHOW, UNIT, converged_responses
 
-from rigforge import status, verify
+from rigforge.cli import status, verify
 from rigforge.model import fleet
 from rigforge.observe import drift
 from rigforge.observe.drift import SKIP, SKIPPED, Check

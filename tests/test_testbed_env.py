@@ -1,5 +1,5 @@
 """The testbed's env.sh (issue 47): the stand-ins' endpoints that `rigforge lock` needs against the testbed's lock,
-written by `testbed up` and read by a shell, in the variables rigforge/lock.py reads (no rig needed here)."""
+written by `testbed up` and read by a shell, in the variables rigforge/cli/lock.py reads (no rig needed here)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rigforge import lock
+from rigforge.cli import lock
 from rigforge.testbed import core
 
 SERVICES = {"apt_port": 18721, "hf_port": 18722, "git_port": 18723, "git": {}, "hf": {}}

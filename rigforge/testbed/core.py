@@ -135,7 +135,7 @@ class Testbed:
     @property
     def stand_in_env(self) -> dict[str, tuple[str, str]]:
         """{variable: (value, what it is)} that point `rigforge lock` at this testbed's stand-ins instead of the
-        Hugging Face Hub, Docker Hub and NVIDIA's repository (rigforge/lock.py reads each)."""
+        Hugging Face Hub, Docker Hub and NVIDIA's repository (rigforge/cli/lock.py reads each)."""
         env = {
             "HF_ENDPOINT": (self.hf_endpoint, "the Hugging Face Hub's stand-in: weights revisions and file hashes"),
             "RIGFORGE_HF_TOKEN": (self.hf_token, "the token it takes for its gated repos (a fixed test value)"),
@@ -691,7 +691,7 @@ def _write_env(tb: Testbed) -> None:
 def _cache_recipes(tb: Testbed) -> Path | None:
     """The controller's cache of the recipe commit the testbed's lock pins (A), as `rigforge lock` fills it: a
     deploy and `rigforge rollout` read it there, so RIGFORGE_RECIPES is needed only by `up`. None without one."""
-    from rigforge.lock import cache_recipes
+    from rigforge.cli.lock import cache_recipes
     from rigforge.model import recipes
     from rigforge.model.pins import LockError, load_lock
 

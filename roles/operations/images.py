@@ -8,7 +8,7 @@ from pyinfra import host
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 from pyinfra.facts.files import Directory, FileContents, Sha256File
 
-from rigforge import images
+from rigforge.cli import images
 from rigforge.layout import DAEMON_JSON, HostLayout
 from rigforge.model.jsonmerge import merged_text
 from rigforge.observe.facts.docker import DockerImagePresent
@@ -61,7 +61,7 @@ def blobs_uploaded(directory: str, saved: list, layout: HostLayout) -> Commands:
     """Upload the blobs of ``saved`` images that the rig's OCI layout lacks, each checked by sha256 on the rig.
 
     + directory: the saved layout on the controller (`rigforge images save DIR`)
-    + saved: the images to load (rigforge.images.Saved)
+    + saved: the images to load (rigforge.cli.images.Saved)
     + layout: the rig's paths (the OCI layout; the upload dir a sudo user's uploads land in first, 0700, theirs)
 
     **Example:**
@@ -69,7 +69,7 @@ def blobs_uploaded(directory: str, saved: list, layout: HostLayout) -> Commands:
     .. code:: python
 
         from pathlib import Path
-        from rigforge import images as saved_images
+        from rigforge.cli import images as saved_images
         from rigforge.layout import HostLayout
         from roles.operations import images
         images.blobs_uploaded(
@@ -127,7 +127,7 @@ def loaded(directory: str, saved: list, layout: HostLayout, port: int | None = N
     """Load the ``saved`` images Docker lacks at their digests (load_images.sh), then remove what blobs_uploaded sent.
 
     + directory: the saved layout on the controller
-    + saved: the images to load (rigforge.images.Saved)
+    + saved: the images to load (rigforge.cli.images.Saved)
     + layout: the rig's paths (load_images.sh, the OCI layout, the load's work dir, the upload dir)
     + port: the temporary registry's port on 127.0.0.1 (None: the first free one of 5800-5899)
 
@@ -136,7 +136,7 @@ def loaded(directory: str, saved: list, layout: HostLayout, port: int | None = N
     .. code:: python
 
         from pathlib import Path
-        from rigforge import images as saved_images
+        from rigforge.cli import images as saved_images
         from rigforge.layout import HostLayout
         from roles.operations import images
         images.loaded(

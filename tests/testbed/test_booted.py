@@ -231,7 +231,15 @@ def test_bench_measures_the_booted_rigs_server_beside_the_published_figures(boot
     rig = booted.rig("rig1")
     assert rig.api_address.startswith("127.1.")
     res = subprocess.run(
-        [sys.executable, "-m", "rigforge.cli", "bench", f"http://{rig.api_address}:{DUAL_PORT}", "--variant", "dual"]
+        [
+            sys.executable,
+            "-m",
+            "rigforge.cli",
+            "bench",
+            f"http://{rig.api_address}:{DUAL_PORT}",
+            "--variant",
+            "dual",
+        ]
         + ["--warmups", "1", "--runs", "3", "--json"],
         capture_output=True,
         text=True,

@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+from rigforge.cli.lock import write_atomically
 from rigforge.layout import HOLD_SCRIPT, SETTLE_SCRIPT
-from rigforge.lock import write_atomically
 from rigforge.model import fleet, recipes
 from rigforge.model.catalog import Catalog, CatalogError, load_catalog
 from rigforge.model.pins import LockError, default_lock_path, load_lock
@@ -16,12 +16,15 @@ from rigforge.model.schema import HOST_KEYS, SettingsError, parse_set
 # subcommand -> (module, help). Modules expose add_arguments(parser) and run(args) -> int.
 SUBCOMMANDS = {
     "testbed": ("rigforge.testbed.cli", "simulated rigs over real SSH (no GPU needed)"),
-    "lock": ("rigforge.lock", "resolve or check the pins in rigforge.lock.yaml"),
-    "status": ("rigforge.status", "what each rig of an inventory runs"),
-    "verify": ("rigforge.verify", "health checks for each rig of an inventory"),
-    "bench": ("rigforge.bench", "the recipes' TPS benchmark against a running server"),
-    "rollout": ("rigforge.rollout", "move a fleet to a candidate lock: preview, canary with a bench gate, rollout"),
-    "images": ("rigforge.images", "keep the locked images in a directory, and load them onto a rig at their digests"),
+    "lock": ("rigforge.cli.lock", "resolve or check the pins in rigforge.lock.yaml"),
+    "status": ("rigforge.cli.status", "what each rig of an inventory runs"),
+    "verify": ("rigforge.cli.verify", "health checks for each rig of an inventory"),
+    "bench": ("rigforge.cli.bench", "the recipes' TPS benchmark against a running server"),
+    "rollout": ("rigforge.cli.rollout", "move a fleet to a candidate lock: preview, canary with a bench gate, rollout"),
+    "images": (
+        "rigforge.cli.images",
+        "keep the locked images in a directory, and load them onto a rig at their digests",
+    ),
 }
 
 

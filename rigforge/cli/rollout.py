@@ -16,19 +16,19 @@ from typing import TYPE_CHECKING, TypeVar
 
 import yaml
 
-from rigforge import verify
-from rigforge.lock import write_atomically
+from rigforge.cli import verify
+from rigforge.cli.lock import write_atomically
+from rigforge.cli.status import ROLLOUT_MARKER
 from rigforge.model import fleet, recipes
 from rigforge.model.pins import LockError, load_lock
 from rigforge.observe import inventory
-from rigforge.status import ROLLOUT_MARKER
 
 if TYPE_CHECKING:  # pyinfra is imported where used (rigforge/observe/inventory.py)
     from pyinfra.api import Host
 
 T = TypeVar("T")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 DEPLOY = REPO / "deploy" / "site.py"
 BENCH_BODY = {"messages": [{"role": "user", "content": "Count to forty."}], "max_tokens": 40, "stream": False}

@@ -100,7 +100,8 @@ def recipe_of(ctx: hosts.RigContext) -> str | None:
 
 
 def candidate_of(ctx: hosts.RigContext) -> dict | None:
-    """{"lock": a rollout's candidate (rigforge/rollout.py's marker), "runs": the manifest records its pins} or None."""
+    """{"lock": a rollout's candidate (rigforge/cli/rollout.py's marker), "runs": the manifest records its pins} or
+    None."""
     marker = Path(f"{ctx.data['rigforge_lock'] or DEFAULT_LOCK}{ROLLOUT_MARKER}")
     try:
         path = json.loads(marker.read_text())["candidate"]

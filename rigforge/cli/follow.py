@@ -2,8 +2,8 @@
 Each engine the lock has an image entry for, or a used slug runs, gets the image its profile's `install.spec` runs at
 REF (rigforge/model/recipes.py): unresolved again when its ref moved, else keeping its digest. A used slug's second
 compose image gets an entry named after its service, and each weights repo it needs that the lock lacks an unresolved hf
-entry; the caller resolves them all (rigforge/lock.py `resolve`), prints the diff and writes the lock. The recipe pin
-records REF's content digest, by which a copy of the recipe repo without .git (RIGFORGE_RECIPES) is told apart from
+entry; the caller resolves them all (rigforge/cli/lock.py `resolve`), prints the diff and writes the lock. The recipe
+pin records REF's content digest, by which a copy of the recipe repo without .git (RIGFORGE_RECIPES) is told apart from
 other commits.
 """
 
@@ -20,7 +20,7 @@ def follow(
     lock: Lock, ref: str, slugs: Iterable[str], fetch: Callable[[GitPin], tuple[GitPin, Path]]
 ) -> tuple[Lock, recipes.RecipeRepo]:
     """(`lock` with its recipe pin at `ref` and the entries the used `slugs` need, the repo at `ref`). `fetch(pin)`
-    resolves the pin's ref to a commit and returns the directory of that commit's checkout (rigforge/lock.py)."""
+    resolves the pin's ref to a commit and returns the directory of that commit's checkout (rigforge/cli/lock.py)."""
     pin = lock.git.get(recipes.GIT_NAME)
     if pin is None:
         raise LockError(f"lock {lock.path}: no git.{recipes.GIT_NAME} entry (the recipe repo) to move to {ref}")

@@ -1,5 +1,5 @@
 """`rigforge lock`: resolve (networked) or `--check` (offline) the pins in rigforge.lock.yaml; `--recipes REF` moves
-the recipe pin (rigforge/follow.py). How each kind of entry is resolved, and the endpoints: docs/pins.md.
+the recipe pin (rigforge/cli/follow.py). How each kind of entry is resolved, and the endpoints: docs/pins.md.
 """
 
 import argparse
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from rigforge import follow
+from rigforge.cli import follow
 from rigforge.model import recipes
 from rigforge.model.driver_table import version_key
 from rigforge.model.pins import (

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rigforge.lock import manifest_url, write_atomically
+from rigforge.cli.lock import manifest_url, write_atomically
 from rigforge.model.pins import DIGEST, ImagePin, Lock, LockError, default_lock_path, load_lock
 from rigforge.observe.obtain import DOCKER_HUB, INDEX_TYPES, MANIFEST_TYPES, parse, registry_request
 
@@ -310,7 +310,7 @@ def save(directory: Path, lock: Lock, registry: str | None = None, ca_cert: str 
     return sum(save_image(directory, pin, registry, ca_cert) for pin in pins)
 
 
-ENTRY = Path(__file__).resolve().parents[1] / "deploy" / "images_load.py"
+ENTRY = Path(__file__).resolve().parents[2] / "deploy" / "images_load.py"
 
 
 def check_loadable(directory: Path) -> list[Saved]:

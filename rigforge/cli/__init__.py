@@ -1,0 +1,1 @@
+"""The commands: `rigforge` (main.py) and its views: render, lock, status, verify, bench, rollout, images."""
