@@ -44,9 +44,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from rigforge import gateway  # noqa: E402
+from rigforge.model import gateway  # noqa: E402
 from rigforge.model.fleet import plan_for  # noqa: E402
-from rigforge.model.knobs.gateway import DEFAULTS  # noqa: E402
+from rigforge.model.knobs import gateway as gateway_knobs  # noqa: E402
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 MODEL = "qwen3.6-27b-autoround"
@@ -137,9 +137,9 @@ class Gateway:
             assert not problems, problems
             rigs.append(plan)
         self.port = free_port()
-        data = {**DEFAULTS, "gateway_port": self.port, "gateway_bind_address": "127.0.0.1", **knobs}
+        data = {**gateway_knobs.DEFAULTS, "gateway_port": self.port, "gateway_bind_address": "127.0.0.1", **knobs}
         data["gateway_metrics_port"] = free_port()
-        plan, problems = gateway.build("gw", data, rigs)
+        plan, problems = gateway.build("gw", gateway_knobs.Gateway.of(data), rigs)
         assert not problems, problems
         self.plan = replace(plan, admin_socket=str(tmp / "admin.sock"), state_file=str(tmp / "state"))
         cfg = tmp / "haproxy.cfg"
@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.clients} at once, KV budget {args.kv_blocks} blocks ({args.kv_blocks * 16} tokens) a rig, "
           f"seed {args.seed}{', X-Session-Id sent' if args.session_header else ''}", flush=True)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="bench-affinity-") as tmp:
-        runs = [("leastconn", DEFAULTS["gateway_hash_balance_factor"])]
+        runs = [("leastconn", gateway_knobs.DEFAULTS["gateway_hash_balance_factor"])]
         runs += [("affinity", int(f)) for f in args.factors.split(",")]
         for policy, factor in runs:
             print(json.dumps(run(policy, factor, convs, args, Path(tmp))), flush=True)

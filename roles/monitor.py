@@ -4,7 +4,6 @@ collector (a 15 s systemd timer); on the monitor host (`server`), Debian's prome
 
 from collections.abc import Mapping
 from io import StringIO
-from typing import Any
 
 from pyinfra.api import deploy
 from pyinfra.operations import apt, files, systemd
@@ -12,6 +11,7 @@ from pyinfra.operations import apt, files, systemd
 from rigforge.layout import GPU_METRICS_SCRIPT, MONITOR_CONFIG, MONITOR_DEFAULTS, MONITOR_RULES, NODE_EXPORTER_PACKAGE
 from rigforge.model import monitor
 from rigforge.model.fleet import Plan
+from rigforge.model.knobs.monitor import Monitor
 from rigforge.model.render import gpu_metrics_units, render_gpu_metrics
 from roles.operations import systemd_units
 from roles.operations.staged import staged_files
@@ -41,8 +41,8 @@ def rig(plan: Plan) -> None:
 
 
 @deploy("Monitor")
-def server(targets: Mapping[str, tuple[tuple[str, str], ...]], data: Mapping[str, Any], manage_services: bool) -> None:
-    """`targets`: the Fleet's (rigforge/model/fleet.py); `data`: this host's knobs (rigforge/model/knobs/monitor.py)."""
+def server(targets: Mapping[str, tuple[tuple[str, str], ...]], knobs: Monitor, manage_services: bool) -> None:
+    """`targets`: the Fleet's (rigforge/model/fleet.py); `knobs`: this host's (rigforge/model/knobs/monitor.py)."""
     apt.packages(name="Install prometheus (Debian's)", packages=["prometheus"], no_recommends=True)
     config_dir, config = MONITOR_CONFIG.rsplit("/", 1)
     rules = MONITOR_RULES.rsplit("/", 1)[1]
@@ -50,12 +50,12 @@ def server(targets: Mapping[str, tuple[tuple[str, str], ...]], data: Mapping[str
     staged = staged_files(
         name=f"Install {MONITOR_CONFIG} ({count} targets from the fleet) and the alerting rules (checked by promtool)",
         dest=config_dir,
-        files={config: (monitor.render_config(targets, data), "644"), rules: (monitor.rules(), "644")},
+        files={config: (monitor.render_config(targets, knobs), "644"), rules: (monitor.rules(), "644")},
         validate=f"promtool check rules {rules} && promtool check config {config}",
     )
     args = files.put(
-        name=f"Size Prometheus's storage in {MONITOR_DEFAULTS} ({monitor.args(data)})",
-        src=StringIO(f'# rigforge (roles/monitor.py): rewritten by every run\nARGS="{monitor.args(data)}"\n'),
+        name=f"Size Prometheus's storage in {MONITOR_DEFAULTS} ({monitor.args(knobs)})",
+        src=StringIO(f'# rigforge (roles/monitor.py): rewritten by every run\nARGS="{monitor.args(knobs)}"\n'),
         dest=MONITOR_DEFAULTS,
         mode="644",
     )

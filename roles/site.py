@@ -17,6 +17,8 @@ from rigforge.layout import DAEMON_JSON, HostLayout
 from rigforge.model import fleet, gateway, power, registry, schema
 from rigforge.model.fleet import GATEWAY, MONITOR, REGISTRY, Plan, PlannedAsset, is_rig
 from rigforge.model.hardware import changed_roots, data_root_of, format_problems, gpu_count, roots_inside
+from rigforge.model.knobs.images import Images
+from rigforge.model.knobs.serving import Serving
 from rigforge.observe import obtain, refusals
 from rigforge.observe.facts import probe
 from rigforge.observe.facts.docker import DockerImagePresent
@@ -61,7 +63,7 @@ def serve_the_registry(fl: fleet.Fleet) -> bool:
     if not problems:
         tls, ca, problems = registry.certificates(reg)
     if not refused(problems, "the fleet registry"):
-        manage = fl.data(host.name)["rigforge_manage_services"]
+        manage = fl.knobs(host.name).serving.rigforge_manage_services
         registry_role.serve(reg, tls, manage, ca, fl.images)
     return not problems
 
@@ -84,21 +86,21 @@ def gateway_plan(fl: fleet.Fleet) -> tuple[gateway.GatewayPlan | None, list[str]
         warn(f"the gateway leaves {rig} out: {problem}")
     data = fl.data(host.name)
     problems = rigforge.model.knobs.gateway.validate(data) + schema.boolean(data, "rigforge_manage_services")
-    return (None, problems) if problems else gateway.build(host.name, data, fl.rigs())
+    return (None, problems) if problems else gateway.build(host.name, fl.knobs(host.name).gateway, fl.rigs())
 
 
 def front_and_watch_the_fleet(fl: fleet.Fleet) -> bool:
     """The fleet gateway on a host of the group `gateway`, Prometheus on one of `monitor`; False: one was refused."""
-    data = fl.data(host.name)
     if GATEWAY in host.groups:
         gw, problems = gateway_plan(fl)
         if refused(problems, "the gateway"):
             return False
-        gateway_role.apply(gw, data["rigforge_manage_services"])
+        gateway_role.apply(gw, fl.knobs(host.name).serving.rigforge_manage_services)
     if MONITOR in host.groups:
-        if refused(rigforge.model.knobs.monitor.validate(data), "the monitor"):
+        if refused(rigforge.model.knobs.monitor.validate(fl.data(host.name)), "the monitor"):
             return False
-        monitor_role.server(dict(fl.targets), data, data["rigforge_manage_services"])
+        knobs = fl.knobs(host.name)
+        monitor_role.server(dict(fl.targets), knobs.monitor, knobs.serving.rigforge_manage_services)
     return True
 
 
@@ -298,8 +300,9 @@ def load_saved_images() -> None:
     """deploy/images_load.py: host data's rigforge_images_dir onto this host (roles/images.py), or refuse it."""
     data = fleet.data_of(host)
     problems = rigforge.model.knobs.images.validate(data)
+    wanted, root = Images.of(data), Serving.of(data).rigforge_root  # typed once the keys are checked
     try:  # the directory is read only once the keys are valid
-        saved = [] if problems else images.check_loadable(data["rigforge_images_dir"])
+        saved = [] if problems else images.check_loadable(wanted.rigforge_images_dir)
     except images.ImagesError as error:
         problems.append(str(error))
     if problems:
@@ -307,5 +310,5 @@ def load_saved_images() -> None:
         return
     if not hold_the_rig():
         return
-    layout = HostLayout(root=data["rigforge_root"]) if data["rigforge_root"] else HostLayout()
-    images_role.load(data["rigforge_images_dir"], saved, layout, data["images_port"], REGISTRY in host.groups)
+    layout = HostLayout(root=root) if root else HostLayout()
+    images_role.load(wanted.rigforge_images_dir, saved, layout, wanted.images_port, REGISTRY in host.groups)

@@ -387,13 +387,14 @@ class LiveFleet:
         """Start the gateway, Prometheus and the threads; the Prometheus URL. Everything stops with `stack`."""
         import dataclasses
 
-        from test_gateway import gw_data, rig, running_haproxy
+        from test_gateway import gw_knobs, rig, running_haproxy
 
         from rigforge.model import gateway, monitor
+        from rigforge.model.knobs.monitor import Monitor
 
         stack.callback(self.close)
         plans = [rig(name, "dual-turbo", r.vllm_port) for name, r in self.rigs.items()]
-        plan, problems = gateway.build("gw", gw_data(), plans)
+        plan, problems = gateway.build("gw", gw_knobs(), plans)
         assert problems == [], problems
         api, metrics = free_port(), free_port()
         plan = dataclasses.replace(plan, bind=f"127.0.0.1:{api}", metrics_bind=f"127.0.0.1:{metrics}")
@@ -408,7 +409,7 @@ class LiveFleet:
         }
         prom = self.work / "prometheus"
         prom.mkdir()
-        (prom / "prometheus.yml").write_text(monitor.render_config(targets, {"monitor_scrape_interval_s": 1}))
+        (prom / "prometheus.yml").write_text(monitor.render_config(targets, Monitor(monitor_scrape_interval_s=1)))
         (prom / "rigforge-alerts.rules.yml").write_text(re.sub(r"(?m)^(\s+for:) \S+$", r"\1 0s", monitor.rules()))
         self.url = stack.enter_context(prometheus(prom, prom / "prometheus.yml"))
         for target in (self.load, self.ticks):

@@ -118,10 +118,11 @@ def test_the_monitor_role_installs_the_page_and_its_library_where_debians_promet
     from test_roles_host_ops import converge, executed, rig, uploads
 
     from rigforge.model.fleet import host_data
+    from rigforge.model.knobs.monitor import Monitor
     from roles import monitor as role
 
     targets = {"node": (("rig1", "rig1:9100"),), "vllm": (("rig1", "rig1:8010"),), "haproxy": (("gw", "gw:8405"),)}
-    state = converge({"m": rig()}, role.server, targets, host_data({}), False)
+    state = converge({"m": rig()}, role.server, targets, Monitor.of(host_data({})), False)
     files = uploads(state, "m")
     pages = monitor.consoles()
     assert pages == {

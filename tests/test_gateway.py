@@ -23,7 +23,7 @@ from rigforge.cli import status, verify
 from rigforge.layout import GATEWAY_ADMIN_SOCKET, GATEWAY_STATE
 from rigforge.model import gateway
 from rigforge.model.fleet import plan_for
-from rigforge.model.knobs.gateway import DEFAULTS, validate
+from rigforge.model.knobs.gateway import DEFAULTS, Gateway, validate
 from rigforge.observe import drift, hosts, verdict
 from rigforge.testbed.openai_stub import Schedule, make_server
 
@@ -43,6 +43,11 @@ def gw_data(**data) -> dict:
     return {**DEFAULTS, **data}
 
 
+def gw_knobs(**data) -> Gateway:
+    """A gateway host's knobs, typed, as the fleet gives them to gateway.build (`Fleet.knobs`)."""
+    return Gateway.of(gw_data(**data))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -51,20 +56,20 @@ def free_port() -> int:
 
 def test_build_refuses_what_the_gateway_cannot_front():
     keyed = rig("rig1", "dual", 8010, serving_api_key="k1")
-    _, problems = gateway.build("gw", gw_data(), [keyed, rig("rig2", "dual-turbo", 8011, serving_api_key="k2")])
+    _, problems = gateway.build("gw", gw_knobs(), [keyed, rig("rig2", "dual-turbo", 8011, serving_api_key="k2")])
     assert any("different serving_api_key" in p for p in problems)
     assert any("set gateway_api_key" in p for p in problems), problems
-    assert gateway.build("gw", gw_data(), [])[1] == [
+    assert gateway.build("gw", gw_knobs(), [])[1] == [
         "no rig in the inventory to put behind the gateway (hosts outside the group `gateway`)"
     ]
-    plan, problems = gateway.build("gw", gw_data(gateway_api_key="fleet-s3cret"), [keyed])
+    plan, problems = gateway.build("gw", gw_knobs(gateway_api_key="fleet-s3cret"), [keyed])
     assert problems == [] and plan.key_hash == hashlib.sha256(b"Bearer fleet-s3cret").hexdigest().upper()
     assert "fleet-s3cret" not in gateway.render(plan) and "fleet-s3cret" not in repr(plan)
 
 
 def test_config_passes_haproxy_check(tmp_path):
     rigs = [rig("rig1", "dual-turbo", 8011), rig("rig2", "dual", 8010), rig("rig3", "carnice-bf16mtp", 8070)]
-    plan, problems = gateway.build("gw", gw_data(gateway_api_key="fleet-s3cret"), rigs)
+    plan, problems = gateway.build("gw", gw_knobs(gateway_api_key="fleet-s3cret"), rigs)
     assert problems == []
     assert [(b.model, [s.name for s in b.servers]) for b in plan.backends] == [
         ("carnice-bf16mtp", ["rig3"]),
@@ -124,7 +129,7 @@ def test_real_haproxy_routes_by_model_and_follows_health(tmp_path):
     variants = {"rig1": "dual-turbo", "rig2": "dual", "rig3": "carnice-bf16mtp"}
     rigs = [rig(n, variants[n], s.server_address[1], serving_api_key="rigkey") for n, s in stubs.items()]
     port = free_port()
-    plan, problems = gateway.build("gw", gw_data(gateway_port=port, gateway_bind_address="127.0.0.1",
+    plan, problems = gateway.build("gw", gw_knobs(gateway_port=port, gateway_bind_address="127.0.0.1",
                                                  gateway_api_key="fleet-s3cret"), rigs)  # fmt: skip
     assert problems == []
     base = f"http://127.0.0.1:{port}"
@@ -186,7 +191,7 @@ def test_drain_waits_for_requests_in_flight_and_rejoin_follows_the_new_port(tmp_
     old, other = stub(), stub()
     rigs = [rig("rig1", "dual-turbo", old.server_address[1]), rig("rig2", "dual", other.server_address[1])]
     port = free_port()
-    plan, _ = gateway.build("gw", gw_data(gateway_port=port, gateway_bind_address="127.0.0.1"), rigs)
+    plan, _ = gateway.build("gw", gw_knobs(gateway_port=port, gateway_bind_address="127.0.0.1"), rigs)
     base = f"http://127.0.0.1:{port}"
     backend = gateway.backend_name("qwen3.6-27b-autoround")
     with running_haproxy(tmp_path, plan) as live:
@@ -252,7 +257,7 @@ def test_stand_in_server_bounds_its_concurrency_and_ends_requests_in_flight_on_a
 
 def test_holding_settings_are_rendered_from_the_knobs_and_haproxy_accepts_them(tmp_path):
     rigs = [rig("rig1", "dual-turbo", 8011), rig("rig2", "dual", 8010)]
-    plan, problems = gateway.build("gw", gw_data(), rigs)
+    plan, problems = gateway.build("gw", gw_knobs(), rigs)
     assert problems == []
     text = gateway.render(plan)
     lines = [line.split("#")[0].strip() for line in text.splitlines()]
@@ -273,7 +278,7 @@ def test_holding_settings_are_rendered_from_the_knobs_and_haproxy_accepts_them(t
     knobs = {"gateway_retries": 2, "gateway_bufsize": 262144, "gateway_check_interval_ms": 500,
              "gateway_check_fall": 3, "gateway_check_rise": 1, "gateway_error_limit": 5,
              "gateway_keepalive_s": 3, "gateway_tcp_user_timeout_s": 4}  # fmt: skip
-    tuned, _ = gateway.build("gw", gw_data(**knobs), rigs)
+    tuned, _ = gateway.build("gw", gw_knobs(**knobs), rigs)
     lines = [line.split("#")[0].strip() for line in gateway.render(tuned).splitlines()]
     assert "tune.bufsize 262144" in lines and "retries 2" in lines and "srvtcpka-idle 3s" in lines
     assert all(line.endswith(" tcp-ut 4s") for line in lines if line.startswith("server "))
@@ -370,7 +375,7 @@ def test_real_haproxy_a_dead_rig_costs_no_request_sent_after_it_died(tmp_path):
     rigs_up = {name: stub(dt_ms=1, tokens=3) for name in ("rig1", "rig2", "rig3")}
     plans = [rig(n, "dual-turbo", s.server_address[1]) for n, s in rigs_up.items()]
     port = free_port()
-    plan, _ = gateway.build("gw", gw_data(gateway_port=port, gateway_bind_address="127.0.0.1"), plans)
+    plan, _ = gateway.build("gw", gw_knobs(gateway_port=port, gateway_bind_address="127.0.0.1"), plans)
     base = f"http://127.0.0.1:{port}"
     with running_haproxy(tmp_path, plan) as live:
         sock = live.admin_socket
@@ -424,7 +429,7 @@ def test_a_request_must_fit_the_buffer_to_be_routed_and_retried(tmp_path):
     for bufsize, want in ((None, 200), (16384, 404)):
         port = free_port()
         knobs = {"gateway_bufsize": bufsize} if bufsize else {}
-        plan, _ = gateway.build("gw", gw_data(gateway_port=port, gateway_bind_address="127.0.0.1", **knobs), plans)
+        plan, _ = gateway.build("gw", gw_knobs(gateway_port=port, gateway_bind_address="127.0.0.1", **knobs), plans)
         (tmp_path / str(port)).mkdir()
         with running_haproxy(tmp_path / str(port), plan) as live:
             assert wait_for(lambda: server_status(live.admin_socket, "rig1") == "UP")  # noqa: B023
@@ -442,7 +447,7 @@ def test_status_verify_and_the_deploy_read_each_rigs_state_and_a_down_rigs_last_
     plans = [rig("rig1", "dual-turbo", up), rig("rig2", "dual-turbo", free_port()), rig("rig3", "dual", up),
              rig("rig4", "dual", up), rig("rig5", "dual", up)]  # fmt: skip
     port = free_port()
-    plan, _ = gateway.build("gw", gw_data(gateway_port=port, gateway_bind_address="127.0.0.1"), plans)
+    plan, _ = gateway.build("gw", gw_knobs(gateway_port=port, gateway_bind_address="127.0.0.1"), plans)
     backend = gateway.backend_name("qwen3.6-27b-autoround")
     with running_haproxy(tmp_path, plan) as live:
         sock = live.admin_socket
@@ -501,7 +506,7 @@ def test_haproxys_prometheus_exporter_answers_on_its_own_port_only(tmp_path):
     """The exporter frontend passes `haproxy -c`; a real HAProxy serves /metrics there (each rig's server state
     per backend) and not on the API's port; the two ports must differ."""
     rigs = [rig("rig1", "dual-turbo", free_port()), rig("rig2", "dual", free_port())]
-    plan, problems = gateway.build("gw", gw_data(gateway_port=free_port()), rigs)
+    plan, problems = gateway.build("gw", gw_knobs(gateway_port=free_port()), rigs)
     assert problems == [] and plan.metrics_bind == ":8405"
     assert "http-request use-service prometheus-exporter if { path /metrics }" in gateway.render(plan)
     cfg = tmp_path / "check.cfg"
@@ -529,5 +534,5 @@ def test_haproxys_prometheus_exporter_answers_on_its_own_port_only(tmp_path):
                 states = re.findall(series, text)
                 assert len(states) == 1, (s.name, states)  # one state at a time (UP until its checks fail)
         assert scrape(api)[0] != 200  # not on the API's address
-    _, problems = gateway.build("gw", gw_data(gateway_port=8405), rigs)
+    _, problems = gateway.build("gw", gw_knobs(gateway_port=8405), rigs)
     assert problems == ["gateway_metrics_port must differ from gateway_port (8405)"]

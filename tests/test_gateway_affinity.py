@@ -16,10 +16,10 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from test_gateway import HAPROXY, admin, free_port, gw_data, rig, running_haproxy, server_status, wait_for
+from test_gateway import HAPROXY, admin, free_port, gw_data, gw_knobs, rig, running_haproxy, server_status, wait_for
 
 from rigforge.model import gateway
-from rigforge.model.knobs.gateway import validate
+from rigforge.model.knobs.gateway import Gateway, validate
 from rigforge.testbed.openai_stub import Schedule, make_server
 
 MODEL = "qwen3.6-27b-autoround"
@@ -33,7 +33,7 @@ def lines_of(text: str) -> list[str]:
 
 def test_both_policies_render_and_pass_haproxy_check(tmp_path):
     rigs = [rig("rig1", "dual-turbo", 8011), rig("rig2", "dual", 8010)]
-    plan, problems = gateway.build("gw", gw_data(), rigs)
+    plan, problems = gateway.build("gw", gw_knobs(), rigs)
     assert problems == [] and plan.affinity
     lines = lines_of(gateway.render(plan))
     for directive in (
@@ -45,10 +45,10 @@ def test_both_policies_render_and_pass_haproxy_check(tmp_path):
     ):
         assert directive in lines, directive
     assert "balance leastconn" not in lines
-    tuned, _ = gateway.build("gw", gw_data(gateway_hash_balance_factor=125, gateway_session_header="X-Conv"), rigs)
+    tuned, _ = gateway.build("gw", gw_knobs(gateway_hash_balance_factor=125, gateway_session_header="X-Conv"), rigs)
     lines = lines_of(gateway.render(tuned))
     assert "hash-balance-factor 125" in lines and any("req.hdr(X-Conv) -m found" in x for x in lines)
-    least, _ = gateway.build("gw", gw_data(gateway_balance="leastconn"), rigs)
+    least, _ = gateway.build("gw", gw_knobs(gateway_balance="leastconn"), rigs)
     lines = lines_of(gateway.render(least))
     assert "balance leastconn" in lines and "server rig1 127.0.0.1:8011 tcp-ut 2s" in lines
     assert not any(x.startswith(("balance hash", "hash-", "http-request set-var(txn.conversation)")) for x in lines)
@@ -75,7 +75,7 @@ class Fleet:
         plans = [rig(name, "dual", s.server_address[1]) for name, s in self.servers.items()]
         self.port = free_port()
         data = gw_data(gateway_port=self.port, gateway_bind_address="127.0.0.1", **knobs)
-        self.plan, problems = gateway.build("gw", data, plans)
+        self.plan, problems = gateway.build("gw", Gateway.of(data), plans)
         assert problems == []
         self.socket = str(tmp_path / "admin.sock")  # where running_haproxy puts it
 
@@ -191,7 +191,7 @@ def test_the_load_bound_holds_a_busy_conversation_to_its_share(tmp_path):
     for s in servers.values():
         threading.Thread(target=s.serve_forever, daemon=True).start()
     port = free_port()
-    plan, _ = gateway.build("gw", gw_data(gateway_port=port, gateway_bind_address="127.0.0.1"),
+    plan, _ = gateway.build("gw", gw_knobs(gateway_port=port, gateway_bind_address="127.0.0.1"),
                             [rig(n, "dual", s.server_address[1]) for n, s in servers.items()])  # fmt: skip
     results: list[int] = []
 

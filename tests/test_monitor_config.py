@@ -13,7 +13,7 @@ from support import REPO
 
 from rigforge.model import fleet, monitor
 from rigforge.model.fleet import host_data
-from rigforge.model.knobs.monitor import validate
+from rigforge.model.knobs.monitor import Monitor, validate
 
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"  # Debian's prometheus (.ci/run installs it)
 
@@ -50,8 +50,7 @@ def test_the_fleet_holds_the_monitors_targets_and_a_monitor_host_is_not_a_rig():
 
 def test_the_rendered_config_passes_promtool_check_config(tmp_path):
     inv, fl = fleet_of_two()
-    data = host_data(inv.get_host("gw").data)
-    text = monitor.render_config(fl.targets, data)
+    text = monitor.render_config(fl.targets, Monitor.of(host_data(inv.get_host("gw").data)))
     config = yaml.safe_load(text)
     jobs = {c["job_name"]: [(s["labels"], s["targets"]) for s in c["static_configs"]] for c in config["scrape_configs"]}
     assert jobs["node"] == [({"rig": "rig1"}, ["10.77.0.2:9100"]), ({"rig": "rig2"}, ["rig2:9200"])]
@@ -71,7 +70,7 @@ def test_the_rendered_config_passes_promtool_check_config(tmp_path):
 def test_retention_knobs_are_checked_and_become_prometheus_flags():
     data = host_data({})
     assert validate(data) == []
-    assert monitor.args(data) == "--storage.tsdb.retention.time=15d --storage.tsdb.retention.size=10GB"
+    assert monitor.args(Monitor.of(data)) == "--storage.tsdb.retention.time=15d --storage.tsdb.retention.size=10GB"
     bad = validate({**data, "monitor_retention_time": "15 days", "monitor_retention_size": 10})
     assert [p.split(" must")[0] for p in bad] == ["monitor_retention_time", "monitor_retention_size"]
     assert validate({**data, "monitor_url": "http://127.0.0.1:19090"}) == []

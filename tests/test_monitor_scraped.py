@@ -19,6 +19,7 @@ from dataclasses import asdict
 
 from rigforge.cli import status, verify
 from rigforge.model import fleet, monitor
+from rigforge.model.knobs.monitor import Monitor
 from rigforge.observe import drift, hosts
 from rigforge.observe.drift import Check
 from rigforge.testbed.openai_stub import Schedule, make_server
@@ -195,7 +196,7 @@ def test_a_real_prometheus_scraping_the_stand_in_answers_what_scraped_reads(tmp_
     threading.Thread(target=stub.serve_forever, daemon=True).start()
     up, dead, web = f"127.0.0.1:{stub.server_address[1]}", f"127.0.0.1:{free_port()}", free_port()
     targets = {"node": (("rig1", dead), ("rig2", up)), "vllm": (("rig1", up), ("rig2", up)), "haproxy": ()}
-    (tmp_path / "prometheus.yml").write_text(monitor.render_config(targets, {"monitor_scrape_interval_s": 1}))
+    (tmp_path / "prometheus.yml").write_text(monitor.render_config(targets, Monitor(monitor_scrape_interval_s=1)))
     (tmp_path / "rigforge-alerts.rules.yml").write_text(monitor.rules())
     proc = subprocess.Popen(
         [

@@ -17,6 +17,7 @@ from support import render_variant
 from test_recipes import REFERENCE
 
 from rigforge.model import recipes
+from rigforge.model.knobs.monitor import Monitor
 from rigforge.model.pins import HfFile, HfPin, LockError, parse_lock
 from rigforge.model.recipes import RecipeError, parse_repo
 from rigforge.model.schema import Settings, apply_overrides
@@ -246,7 +247,7 @@ def test_the_monitor_scrapes_a_llamacpp_server_only_when_its_recipe_enables_metr
     assert targets["node"] == (("rig1", "rig1:9100"), ("rig2", "rig2:9100"))
     targets = fleet.targets([plan("rig1", metered), plan("rig2", dual)], {})
     assert targets["llamacpp"] == (("rig1", "rig1:8115"),)
-    config = yaml.safe_load(monitor.render_config(targets, {"monitor_scrape_interval_s": 15}))
+    config = yaml.safe_load(monitor.render_config(targets, Monitor(monitor_scrape_interval_s=15)))
     jobs = {job["job_name"]: job["static_configs"] for job in config["scrape_configs"]}
     assert jobs["llamacpp"] == [{"targets": ["rig1:8115"], "labels": {"rig": "rig1", "serving_engine": "llama.cpp"}}]
     assert jobs["vllm"] == [{"targets": ["rig2:8010"], "labels": {"rig": "rig2", "serving_engine": "vllm"}}]

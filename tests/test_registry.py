@@ -188,7 +188,7 @@ def test_hosts_prepared_as_greenlets_share_the_ca_without_deadlock(tmp_path):
     waiting for the CA dir's lock must let the one holding it finish (it once hung in flock)."""
     code = (
         "from gevent import monkey; monkey.patch_all()\n"
-        "import gevent, sys\nfrom pathlib import Path\nfrom rigforge import registry\n"
+        "import gevent, sys\nfrom pathlib import Path\nfrom rigforge.model import registry\n"
         "d = Path(sys.argv[1])\n"
         "jobs = [gevent.spawn(registry.server_certificate, d, f'h{i}.lan') for i in range(3)]\n"
         "jobs += [gevent.spawn(registry.ca_certificate, d) for _ in range(3)]\n"

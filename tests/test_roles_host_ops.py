@@ -645,17 +645,18 @@ def test_monitor_installs_node_exporter_the_collector_and_its_timer():
 def test_the_monitor_host_gets_prometheus_the_fleets_config_and_rules_checked_by_promtool():
     from rigforge.model import monitor as monitor_config
     from rigforge.model.fleet import host_data
+    from rigforge.model.knobs.monitor import Monitor
     from roles import monitor
 
     targets = {"node": (("rig1", "rig1:9100"),), "vllm": (("rig1", "rig1:8010"),), "haproxy": (("gw", "gw:8405"),)}
-    data = host_data({"monitor_retention_time": "30d"})
-    state = converge({"m": rig()}, monitor.server, targets, data, False)
+    knobs = Monitor.of(host_data({"monitor_retention_time": "30d"}))
+    state = converge({"m": rig()}, monitor.server, targets, knobs, False)
     commands = executed(state, "m")
     assert any("apt-get" in c and "install" in c and "prometheus" in c for c in commands)
     assert any(
         "promtool check rules rigforge-alerts.rules.yml && promtool check config prometheus.yml" in c for c in commands
     )
     files = uploads(state, "m")
-    assert files["/etc/prometheus/.staging/prometheus.yml"] == monitor_config.render_config(targets, data).encode()
+    assert files["/etc/prometheus/.staging/prometheus.yml"] == monitor_config.render_config(targets, knobs).encode()
     assert files["/etc/prometheus/.staging/rigforge-alerts.rules.yml"] == monitor_config.rules().encode()
     assert "--storage.tsdb.retention.time=30d --storage.tsdb.retention.size=10GB" in files["/etc/default/prometheus"]

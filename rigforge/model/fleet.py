@@ -273,8 +273,13 @@ class Fleet:
     sudo: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def data(self, name: str) -> Mapping[str, Any]:
-        """Host `name`'s data, defaults applied: what its fleet roles (gateway, monitor, registry) are set up from."""
+        """Host `name`'s data, defaults applied: what its fleet roles' knob checks (gateway, monitor) read."""
         return self.settings[name]
+
+    def knobs(self, name: str) -> RoleKnobs:
+        """Host `name`'s knobs, typed, defaults applied: what a host without a plan (a gateway, monitor or registry
+        host) is set up from, once its role's knob checks passed. A rig's plan carries its own (`Plan.knobs`)."""
+        return RoleKnobs.of(self.settings[name])
 
     def gateway_hosts(self) -> dict[str, bool]:
         """{gateway host: whether its commands run with sudo}, in inventory order: where a rig drains and rejoins."""

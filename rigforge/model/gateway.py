@@ -6,7 +6,7 @@ import itertools
 import json
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rigforge.layout import GATEWAY_ADMIN_SOCKET, GATEWAY_STATE
@@ -75,9 +75,9 @@ def backend_name(model: str) -> str:
     return "m_" + re.sub(r"[^A-Za-z0-9]+", "_", model)
 
 
-def build(host: str, data: Mapping, rigs: Sequence) -> tuple[GatewayPlan | None, list[str]]:
-    """The gateway of `host` (its knobs in `data`) in front of `rigs` (their plans), and every problem."""
-    fleet_key = data.get("gateway_api_key")
+def build(host: str, knobs: Gateway, rigs: Sequence) -> tuple[GatewayPlan | None, list[str]]:
+    """The gateway of `host` (its knobs, checked) in front of `rigs` (their plans), and every problem."""
+    fleet_key = knobs.gateway_api_key
     by_model: dict[str, list] = {}  # served model name -> the plans of the rigs serving it, in the rigs' order
     for plan in rigs:
         by_model.setdefault(plan.variant.served_model, []).append(plan)
@@ -104,12 +104,12 @@ def build(host: str, data: Mapping, rigs: Sequence) -> tuple[GatewayPlan | None,
         problems.append(f"served model names {sorted(by_model)} differ only in punctuation; rename one")
     if problems:
         return None, problems
-    if data["gateway_metrics_port"] == data["gateway_port"]:
-        return None, [f"gateway_metrics_port must differ from gateway_port ({data['gateway_port']})"]
-    bind = f"{data.get('gateway_bind_address') or ''}:{data['gateway_port']}"
-    metrics_bind = f"{data.get('gateway_bind_address') or ''}:{data['gateway_metrics_port']}"
+    if knobs.gateway_metrics_port == knobs.gateway_port:
+        return None, [f"gateway_metrics_port must differ from gateway_port ({knobs.gateway_port})"]
+    bind = f"{knobs.gateway_bind_address or ''}:{knobs.gateway_port}"
+    metrics_bind = f"{knobs.gateway_bind_address or ''}:{knobs.gateway_metrics_port}"
     key_sha = hashlib.sha256(f"Bearer {fleet_key}".encode()).hexdigest().upper() if fleet_key else None
-    return GatewayPlan(host, bind, key_sha, tuple(backends), hold=Gateway.of(data), metrics_bind=metrics_bind), []
+    return GatewayPlan(host, bind, key_sha, tuple(backends), hold=knobs, metrics_bind=metrics_bind), []
 
 
 def render(plan: GatewayPlan) -> str:

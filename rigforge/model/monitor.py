@@ -6,6 +6,7 @@ from collections.abc import Mapping
 import yaml
 
 from rigforge.layout import MONITOR_CONSOLE_LIBRARIES, MONITOR_CONSOLES, MONITOR_RULES
+from rigforge.model.knobs.monitor import Monitor
 from rigforge.model.render import TEMPLATES
 
 JOBS = {
@@ -21,10 +22,10 @@ PORT = 9090  # where Debian's prometheus listens: its --web.listen-address defau
 TARGETS_PATH = "/api/v1/targets?state=active"  # Prometheus's HTTP API: the targets it scrapes, each with its health
 
 
-def render_config(targets: Mapping[str, tuple[tuple[str, str], ...]], data: Mapping) -> str:
+def render_config(targets: Mapping[str, tuple[tuple[str, str], ...]], knobs: Monitor) -> str:
     """prometheus.yml: a job per kind of target, each labelled `rig` (or `gateway`): its host, and a serving job's
     `serving_engine` (SERVING_ENGINE); MONITOR_RULES' rules."""
-    interval = f"{int(data['monitor_scrape_interval_s'])}s"
+    interval = f"{knobs.monitor_scrape_interval_s}s"
     config = {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
         "rule_files": [MONITOR_RULES.rsplit("/", 1)[1]],  # beside the config: promtool checks them staged together
@@ -51,9 +52,10 @@ def target_labels(job: str, host: str) -> dict[str, str]:
     return labels
 
 
-def args(data: Mapping) -> str:
+def args(knobs: Monitor) -> str:
     """Prometheus's storage flags for /etc/default/prometheus (ARGS): retention by time and by size."""
-    return " ".join(f"--storage.tsdb.retention.{by}={data[f'monitor_retention_{by}']}" for by in ("time", "size"))
+    retention = {"time": knobs.monitor_retention_time, "size": knobs.monitor_retention_size}
+    return " ".join(f"--storage.tsdb.retention.{by}={value}" for by, value in retention.items())
 
 
 def rules() -> str:
