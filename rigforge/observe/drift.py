@@ -20,8 +20,7 @@ from rigforge.model.hardware import (
     small_override,
     vram_problems,
 )
-from rigforge.model.knobs.docker_engine import DockerEngine, daemon_json_patch
-from rigforge.model.knobs.nvidia_driver import NvidiaDriver
+from rigforge.model.knobs.docker_engine import daemon_json_patch
 from rigforge.model.schema import Settings, power_caps
 from rigforge.observe import boot, obtain, verdict
 from rigforge.observe.boot import watts
@@ -137,14 +136,14 @@ def driver(obs: Observed, ctx: RigContext) -> Check:
     """The loaded module is the driver table's package as installed (nvidia_driver_manage false: the branch runs)."""
     from rigforge.observe.facts.nvidia import upstream_version
 
-    name, data = "driver module = package", ctx.data
-    if not data["nvidia_driver_manage"]:
+    name, wanted = "driver module = package", ctx.knobs.driver
+    if not wanted.nvidia_driver_manage:
         running = obs.get_fact(NvidiaRunningDriver)
-        problem = driver_table.branch_problem(running, int(data["nvidia_driver_branch"]))
+        problem = driver_table.branch_problem(running, int(wanted.nvidia_driver_branch))
         fine = f"running {(running or {}).get('version')} (nvidia_driver_manage false: not installed by rigforge)"
         return check(name, [problem] if problem else [], fine)
     try:
-        pkg = driver_table.packages_for(NvidiaDriver.of(data), obs.get_fact(OsRelease)["id"]).version_package
+        pkg = driver_table.packages_for(wanted, obs.get_fact(OsRelease)["id"]).version_package
     except driver_table.DriverTableError as error:
         return Check(name, FAIL, f"{error} (host data)")
     module, version = obs.get_fact(NvidiaModuleVersion), obs.get_fact(DebInstalledVersion, package=pkg)
@@ -282,7 +281,7 @@ def runtime(obs: Observed, ctx: RigContext) -> Check:
     daemon = obs.get_fact(JsonFile, path=path)
     if daemon is None:
         return Check(name, FAIL, f"no readable {path} (run the deploy: docker_engine role)")
-    problems = verdict.json_keys(path, daemon, daemon_json_patch(DockerEngine.of(ctx.data)))
+    problems = verdict.json_keys(path, daemon, daemon_json_patch(ctx.knobs.docker))
     runtime = (daemon.get("runtimes") or {}).get("nvidia") or {}
     return check(name, problems, f"nvidia -> {runtime.get('path', '?')} in {path}", " (re-run the deploy)")
 

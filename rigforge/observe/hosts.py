@@ -25,7 +25,7 @@ from rigforge.model import fleet, gateway, monitor, packages
 from rigforge.model.driver_table import DriverTableError, packages_for
 from rigforge.model.fleet import Plan, PlannedAsset, ServedVariant
 from rigforge.model.hardware import gpu_count
-from rigforge.model.knobs.nvidia_driver import NvidiaDriver
+from rigforge.model.knobs.roles import RoleKnobs
 from rigforge.model.knobs.serving import REST
 from rigforge.model.pins import LockError, load_lock
 from rigforge.model.registry import RegistryPlan
@@ -73,8 +73,13 @@ class RigContext:
     rest_from: str = "host data serving_rest"  # where data["serving_rest"] comes from (rest_record)
 
     @property
+    def knobs(self) -> RoleKnobs:
+        """Every role's knobs of this rig, typed: its plan's, else its host data's (a rig with no plan yet)."""
+        return self.plan.knobs if self.plan else RoleKnobs.of(self.data)
+
+    @property
     def manage(self) -> bool:
-        return bool(self.data["rigforge_manage_services"])
+        return self.knobs.serving.rigforge_manage_services
 
     @property
     def variant(self) -> ServedVariant | None:
@@ -105,7 +110,7 @@ def requests(ctx: RigContext, os_release: dict) -> list[tuple[type, dict]]:
     os_id = os_release.get("id")
     out = [(cls, {}) for cls in (NvidiaGpus, OsRelease, NvidiaModuleVersion, NvidiaRunningDriver, NvidiaTopology)]
     out.append((nvidia.NvidiaPciGpus, {}))  # a card nvidia-smi does not list (drift.gpu_checks)
-    driver = NvidiaDriver.of(ctx.data)  # host data's: this rig may have no plan
+    driver = ctx.knobs.driver
     with suppress(DriverTableError):  # the driver table's package whose version is the driver's (none: not read)
         if driver.nvidia_driver_manage:
             out.append((DebInstalledVersion, {"package": packages_for(driver, os_id).version_package}))
