@@ -198,20 +198,7 @@ def check(needs: Needs, knobs: RoleKnobs, settings: Settings, more: list[str] = 
         running=host.get_fact(NvidiaRunningDriver),
         topology=host.get_fact(NvidiaTopology) if needs.nvlink else None,  # read only for a slug that needs NVLink
     )
-    # the driver and container-runtime roles' host-state checks, then the controller's
-    arch = host.get_fact(DebArch) or "amd64"
-    running, sources = host.get_fact(NvidiaRunningDriver), host.get_fact(AptSourceFiles)
-    found = host_state_problems(knobs, os_release, arch, running, sources)
-    problems += found
-    lines = host.get_fact(FileContents, path=DAEMON_JSON)
-    try:
-        merged_text(None if lines is None else "\n".join(lines), {})
-    except ValueError as error:
-        problems.append(
-            f"{DAEMON_JSON} on {host.name} is not valid JSON ({error}); rigforge merges the nvidia runtime into it and "
-            "never overwrites it: fix it (no comments, no trailing commas) or remove it, then re-run."
-        )
-    problems += (branch_published(knobs.driver, os_release, arch) if not found else []) + list(more)
+    problems += host_state(knobs, os_release) + list(more)  # then the controller's
     if host.get_fact(SecureBoot) == "enabled":
         host.log_styled(
             "Secure Boot is enabled: DKMS-built NVIDIA modules must be signed with an enrolled MOK key; on Ubuntu, "
@@ -223,8 +210,30 @@ def check(needs: Needs, knobs: RoleKnobs, settings: Settings, more: list[str] = 
         refuse_now(f"Preflight refused {host.name}", format_problems(host.name, problems))
         return False
     host.noop(f"preflight passed for {needs.variant}")
-    warn_data_root_left(knobs.docker, lines)  # after the refusals: no warning comes before one
+    daemon_json = host.get_fact(FileContents, path=DAEMON_JSON)
+    warn_data_root_left(knobs.docker, daemon_json)  # after the refusals: no warning comes before one
     return True
+
+
+def host_state(knobs: RoleKnobs, os_release: dict) -> list[str]:
+    """The driver and container-runtime roles' host-state checks with this host's facts (`host_state_problems`), the
+    refusal when its daemon.json is not valid JSON, and, when the checks found nothing, whether NVIDIA's repository
+    publishes the driver branch asked for (`branch_published`)."""
+    arch = host.get_fact(DebArch) or "amd64"
+    running, sources = host.get_fact(NvidiaRunningDriver), host.get_fact(AptSourceFiles)
+    problems = host_state_problems(knobs, os_release, arch, running, sources)
+    found_none = not problems
+    daemon_json = host.get_fact(FileContents, path=DAEMON_JSON)
+    try:
+        merged_text(None if daemon_json is None else "\n".join(daemon_json), {})
+    except ValueError as error:
+        problems.append(
+            f"{DAEMON_JSON} on {host.name} is not valid JSON ({error}); rigforge merges the nvidia runtime into it and "
+            "never overwrites it: fix it (no comments, no trailing commas) or remove it, then re-run."
+        )
+    if found_none:
+        problems += branch_published(knobs.driver, os_release, arch)
+    return problems
 
 
 def warn_data_root_left(docker: DockerEngine, daemon_json: list[str] | None) -> None:

@@ -397,9 +397,10 @@ def choice(data: Mapping, key: str, allowed: tuple, deploy: bool = False) -> lis
 
 
 def matches(
-    data: Mapping, key: str, pattern: re.Pattern, what: str, optional: bool = False, deploy: bool = False
+    data: Mapping, key: str, pattern: re.Pattern, what: str, *, optional: bool = False, deploy: bool = False
 ) -> list[str]:
-    """[] when `data[key]` is a string `pattern` matches (or absent when `optional`); else the one problem."""
+    """[] when `data[key]` is a string `pattern` matches (or absent when `optional`); else the one problem, saying it
+    must be `what` (`deploy`: in the deploy checks' form, "key=VALUE must be ...")."""
     value = data.get(key)
     ok = value is None and optional or isinstance(value, str) and pattern.fullmatch(value)
     return [] if ok else _must(key, value, what, deploy)

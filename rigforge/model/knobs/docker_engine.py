@@ -32,6 +32,7 @@ class DockerEngine(Knobs):
 
 
 DEFAULTS = defaults_of(DockerEngine)
+PACKAGE_VERSION = re.compile(r"[^ ]+", re.S)  # a Debian package version: no space in it
 
 
 DOCKER_CE_PACKAGES = ["docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin", "docker-compose-plugin"]
@@ -49,11 +50,18 @@ def validate(data: Mapping) -> list[str]:
         problems.append(
             f"docker_package_versions={versions!r} must map some of {', '.join(DOCKER_CE_PACKAGES)} to versions."
         )
-    version = "a package version such as 1.18.0-1, or unset"
-    problems += schema.matches(data, "nvidia_toolkit_version", re.compile(r"[^ ]+", re.S), version, True, True)
-    fpr = "a 40-hex-digit key fingerprint, or unset"
+    problems += schema.matches(
+        data,
+        "nvidia_toolkit_version",
+        PACKAGE_VERSION,
+        what="a package version such as 1.18.0-1, or unset",
+        optional=True,
+        deploy=True,
+    )
     for key in ("docker_repo_key_fingerprint", "nvidia_toolkit_repo_key_fingerprint"):
-        problems += schema.matches(data, key, schema.FINGERPRINT, fpr, True, True)
+        problems += schema.matches(
+            data, key, schema.FINGERPRINT, what="a 40-hex-digit key fingerprint, or unset", optional=True, deploy=True
+        )
     return problems + data_root_problems(data)
 
 

@@ -19,8 +19,9 @@ DEFAULTS = defaults_of(Images)
 
 
 def validate(data: Mapping) -> list[str]:
-    saved = "a directory `rigforge images save` wrote"
-    problems = schema.matches(data, "rigforge_images_dir", re.compile(".+", re.S), saved)
+    problems = schema.matches(
+        data, "rigforge_images_dir", re.compile(".+", re.S), what="a directory `rigforge images save` wrote"
+    )
     problems += schema.settings(data, {"root": "rigforge_root"})  # the images' work dir lies under it
     port = data.get("images_port")
     if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535):

@@ -39,7 +39,15 @@ def validate(data: Mapping) -> list[str]:
     for key in ("nvidia_driver_manage", "nvidia_allow_reboot", "apt_adopt_sources"):
         problems += schema.boolean(data, key, deploy=True)
     problems += schema.integer(data, "apt_lock_wait", 0, 86400, " of seconds")
-    fpr = "a 40-hex-digit key fingerprint"
-    problems += schema.matches(data, "nvidia_driver_repo_key_fingerprint", schema.FINGERPRINT, fpr, True, True)
-    kernel = "a kernel flavour such as generic"
-    return problems + schema.matches(data, "nvidia_driver_kernel_flavour", KERNEL_FLAVOUR, kernel, deploy=True)
+    problems += schema.matches(
+        data,
+        "nvidia_driver_repo_key_fingerprint",
+        schema.FINGERPRINT,
+        what="a 40-hex-digit key fingerprint",
+        optional=True,
+        deploy=True,
+    )
+    problems += schema.matches(
+        data, "nvidia_driver_kernel_flavour", KERNEL_FLAVOUR, what="a kernel flavour such as generic", deploy=True
+    )
+    return problems

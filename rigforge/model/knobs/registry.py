@@ -23,4 +23,6 @@ DEFAULTS = defaults_of(Registry)
 def validate(data: Mapping) -> list[str]:
     problems = schema.integer(data, "registry_port", 1, 65535)
     problems += schema.boolean(data, "registry_insecure") + schema.hostname(data, "registry_address", optional=True)
-    return problems + schema.matches(data, "registry_ca_dir", schema.NOT_BLANK, "a directory on the controller", True)
+    return problems + schema.matches(
+        data, "registry_ca_dir", schema.NOT_BLANK, "a directory on the controller", optional=True
+    )

@@ -40,7 +40,18 @@ def validate(data: Mapping) -> list[str]:
     problems += schema.hostname(data, "serving_health_host")
     if data.get("serving_rest") not in REST:
         problems.append(f"serving_rest must be one of {', '.join(map(str, REST))}, got {data.get('serving_rest')!r}")
-    base = "a registry base URL (https://HOST[:PORT])"
-    problems += schema.matches(data, "serving_image_upstream", re.compile("https?://.*", re.S), base, optional=True)
-    what = "the path of a PEM file on the controller"
-    return problems + schema.matches(data, "serving_image_upstream_ca", schema.NOT_BLANK, what, optional=True)
+    problems += schema.matches(
+        data,
+        "serving_image_upstream",
+        re.compile("https?://.*", re.S),
+        what="a registry base URL (https://HOST[:PORT])",
+        optional=True,
+    )
+    problems += schema.matches(
+        data,
+        "serving_image_upstream_ca",
+        schema.NOT_BLANK,
+        what="the path of a PEM file on the controller",
+        optional=True,
+    )
+    return problems
