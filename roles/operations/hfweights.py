@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 from pyinfra import host
@@ -20,7 +21,7 @@ from pyinfra.facts.files import File
 from rigforge.layout import STAMP, HostLayout
 from rigforge.model.fleet import PlannedAsset
 from rigforge.model.knobs.weights import Weights
-from rigforge.model.pins import HfPin
+from rigforge.model.pins import HfFile, HfPin
 from rigforge.observe import verdict
 from rigforge.observe.facts.hfweights import FileDigests, VenvDistVersion, WeightsState
 from rigforge.observe.facts.system import FreeDiskBytes
@@ -31,6 +32,19 @@ from roles.operations.staged import upload_privately
 HEADROOM = 1.05
 SCRIPT = Path(__file__).resolve().parents[2] / "rigforge" / "remote" / "fetch_weights.py"
 _CACHE_LOCK = threading.Lock()
+
+
+def missing_bytes(files: Sequence[HfFile], state: dict) -> int:
+    """Bytes still to be written for `files`: each file's size less what its staged part holds; none for a file of
+    the right size in place (it may only need hashing)."""
+    missing = 0
+    for f in files:
+        in_place = state["files"].get(f.path)
+        if in_place and in_place[0] == f.size:
+            continue
+        staged = state["staging"].get(f"{f.path}.{f.sha256[:16]}.part", 0)
+        missing += f.size - min(staged, f.size)
+    return missing
 
 
 def human(n: float) -> str:
@@ -109,12 +123,7 @@ def fetched(
         repairing(f"{pin.name}: removing {', '.join(left)} left by an interrupted run")  # parts, a token file
         yield StringCommand(f"rm -rf {' '.join(q(p) for p in left)}")
         return
-    missing = sum(  # the bytes still to write: a right-sized file in place may only need hashing
-        f.size - min(state["staging"].get(f"{f.path}.{f.sha256[:16]}.part", 0), f.size)
-        for f in stale
-        if not ((stat := state["files"].get(f.path)) and stat[0] == f.size)
-    )
-    need = int(missing * HEADROOM)
+    need = int(missing_bytes(stale, state) * HEADROOM)
     free = host.get_fact(FreeDiskBytes, path=dest)
     if free is not None and need > free:  # unknown (statfs failed): preflight has checked the disk
         yield fail_command(
