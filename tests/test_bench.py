@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import socket
 import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -278,3 +281,67 @@ def test_server_dying_mid_run_exits_2(tmp_path):
     out, err = bench_proc.communicate(timeout=60)
     assert bench_proc.returncode == 2, err
     assert "rigforge bench: " in err and "Traceback" not in err
+
+
+LLAMA_SERVER = Path(bench.__file__).resolve().parents[1] / "testbed" / "image" / "llama-server"
+
+
+@pytest.fixture
+def llama_server(tmp_path):
+    """The testbed image's llama-server stand-in (llama.cpp's API, health and metrics) run here, not in a rig."""
+    procs = []
+
+    def start(load_s: float) -> str:
+        model = tmp_path / "tess-q4_k_m.gguf"
+        model.write_bytes(b"GGUF" + bytes(12))
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = {
+            **os.environ,
+            "RIGFORGE_STANDIN_LIB": str(LLAMA_SERVER.parents[1]),
+            "RIGFORGE_STANDIN_LOAD_S": str(load_s),
+        }
+        argv = [sys.executable, str(LLAMA_SERVER), "-m", str(model), "-a", "tess", "--port", str(port), "--metrics"]
+        p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
+        procs.append(p)
+        assert "then serving on" in p.stdout.readline()  # printed once its socket listens
+        return f"http://127.0.0.1:{port}"
+
+    yield start
+    for p in procs:
+        p.terminate()
+        p.wait(timeout=10)
+
+
+def test_a_llama_server_still_loading_is_named_so_and_exits_2(llama_server, capsys):
+    """Issue 50: llama-server answers 503 "Loading model" on every route while it loads; the bench says so, names the
+    health endpoint to wait for, and exits 2 (not "check the URL")."""
+    url = llama_server(load_s=120)
+    rc, out, err = run_bench(capsys, url, "--warmups", "0", "--runs", "1", "--only", "code")
+    assert rc == 2 and out == ""
+    assert err.strip() == (
+        f"rigforge bench: {url}/v1/models answers HTTP 503 (Loading model): the server is still loading its model; "
+        f"run the bench again once {url}/health answers 200"
+    )
+
+
+def test_bench_on_a_llama_server_counts_the_tokens_its_metrics_count(llama_server, capsys):
+    """Issue 50: once llama-server's /health answers 200, the bench runs on its OpenAI API (the model its alias);
+    the tokens the bench counted are the ones llama-server's own counter (llamacpp:tokens_predicted_total) says it
+    generated."""
+    url = llama_server(load_s=0.5)
+    deadline = time.monotonic() + 30
+    while requests.get(f"{url}/health", timeout=5).status_code != 200:
+        assert time.monotonic() < deadline, "the stand-in never finished loading"
+        time.sleep(0.1)
+    rc, out, err = run_bench(capsys, url, "--warmups", "1", "--runs", "2", "--only", "code", "--json")
+    assert rc == 0, err
+    report = json.loads(out)
+    assert report["model"] == "tess" and report["variant"] is None
+    runs = [streams[0] for streams in report["prompts"]["code"]["runs"]]  # one stream per run
+    assert len(runs) == 2 and all(run["tokens"] > 0 and run["ttft_ms"] > 0 for run in runs), runs
+    metrics = requests.get(f"{url}/metrics", timeout=5).text
+    predicted = re.search(r"^llamacpp:tokens_predicted_total (\S+)$", metrics, re.M)
+    warmup_tokens = runs[0]["tokens"]  # the one warm-up asks what a measured run asks
+    assert float(predicted[1]) == warmup_tokens + sum(run["tokens"] for run in runs), metrics

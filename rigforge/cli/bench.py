@@ -216,6 +216,15 @@ def _progress(done: int, total: int, label: str) -> None:
     sys.stderr.flush()
 
 
+def _error_message(r: requests.Response) -> str:
+    """The message of an OpenAI-style error body ({"error": {"message": ...}}), as llama-server sends "Loading
+    model"; else the HTTP reason."""
+    try:
+        return str(r.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return r.reason or "no reason given"
+
+
 def run(args: argparse.Namespace) -> int:
     """`rigforge bench`: the bench (`_run`), its exit code; a bench that cannot run or whose server fails it mid-run
     prints why on stderr and exits 2."""
@@ -247,6 +256,11 @@ def _run(args: argparse.Namespace) -> int:
     headers = {"Authorization": f"Bearer {key}"} if key else None
     try:
         r = _session().get(f"{base}/v1/models", timeout=10, headers=headers)
+        if r.status_code == 503:
+            raise BenchError(
+                f"{base}/v1/models answers HTTP 503 ({_error_message(r)}): the server is still loading its model; "
+                f"run the bench again once {base}/health answers 200"
+            )
         r.raise_for_status()
         served = [m["id"] for m in r.json().get("data", [])]
     except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
