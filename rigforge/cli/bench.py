@@ -216,13 +216,13 @@ def _progress(done: int, total: int, label: str) -> None:
     sys.stderr.flush()
 
 
-def _error_message(r: requests.Response) -> str:
+def _error_message(r: requests.Response) -> str | None:
     """The message of an OpenAI-style error body ({"error": {"message": ...}}), as llama-server sends "Loading
-    model"; else the HTTP reason."""
+    model" while it loads; None for any other body (a gateway's HTML page, say)."""
     try:
         return str(r.json()["error"]["message"])
     except (ValueError, KeyError, TypeError):
-        return r.reason or "no reason given"
+        return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -256,9 +256,9 @@ def _run(args: argparse.Namespace) -> int:
     headers = {"Authorization": f"Bearer {key}"} if key else None
     try:
         r = _session().get(f"{base}/v1/models", timeout=10, headers=headers)
-        if r.status_code == 503:
+        if r.status_code == 503 and _error_message(r) == "Loading model":  # llama-server, until its model is loaded
             raise BenchError(
-                f"{base}/v1/models answers HTTP 503 ({_error_message(r)}): the server is still loading its model; "
+                f"{base}/v1/models answers HTTP 503 (Loading model): the server is still loading its model; "
                 f"run the bench again once {base}/health answers 200"
             )
         r.raise_for_status()
