@@ -892,14 +892,16 @@ def up(
         tb = Testbed(dir=dir, shared=shared, rigs=rigs, services=services, docker_source=docker_source, variant=variant)
         if gateway:
             tb.gateway, tb.rigs = rigs[-1], rigs[:-1]
-            tb.gateway_port = start_gateway_relay(tb.gateway.dir, PORTS["gateway"])
+            # a testbed brought up again (fresh=False) keeps its gateway's ports: its clients hold its URLs
             info = json.loads((tb.gateway.dir / "rig.json").read_text())
+            tb.gateway_port = start_gateway_relay(tb.gateway.dir, info.get("gateway_port") or PORTS["gateway"])
             info |= {"gateway_port": tb.gateway_port}
+            kept_monitor_port = info.get("monitor_port")
             info.pop("monitor_port", None)
             stop_pidfile(tb.gateway.dir / "prometheus-relay.pid")
             if monitor:
                 tb.monitor_port = start_gateway_relay(
-                    tb.gateway.dir, PORTS["prometheus"], MONITOR_PORT, name="prometheus-relay"
+                    tb.gateway.dir, kept_monitor_port or PORTS["prometheus"], MONITOR_PORT, name="prometheus-relay"
                 )
                 info["monitor_port"] = tb.monitor_port
             (tb.gateway.dir / "rig.json").write_text(json.dumps(info))

@@ -558,6 +558,9 @@ def test_after_upstream_deleted_the_image_a_fresh_rig_converges_from_the_fleet(f
     testbed_report.append(f"fleet: a fourth rig added in {time.monotonic() - t0:.0f}s")
     assert [r.name for r in grown.rigs[:3]] == [r.name for r in fleet.rigs[:3]]
     fleet.rigs[:] = grown.rigs
+    # `up` published the gateway again (on its old ports unless one was taken meanwhile): the later tests and
+    # test_booted_cable reach it where it is now
+    fleet.gateway_port, fleet.monitor_port = grown.gateway_port, grown.monitor_port
     assert fleet.upstream_delete(image.split("@", 1)[0]) == digest
     try:
         fourth_rig_from_the_fleet(fleet, tmp_path, testbed_report, image)
