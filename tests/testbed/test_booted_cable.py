@@ -9,7 +9,9 @@ it and converged to dual-turbo, shared by the module's tests in order:
   connection included; only streams that rig was sending may fail. Plugged back, the rig is UP and takes requests;
 - the last rig is rebooted with its cable out and the testbed's stand-ins (hub, registry, apt, HF, the fleet
   registry) refused to it: within 3 minutes of boot its caps are set and vLLM serves from what it holds; plugged
-  back, it rejoins.
+  back, it rejoins;
+- the same again with a wait for the network on the rig (systemd-networkd-wait-online, its timeout shortened):
+  Docker starts once the wait gives up, vLLM after it, within 3 minutes of boot.
 
 The module takes the fleet down when it ends.
 """
@@ -282,4 +284,64 @@ def test_a_rig_cut_off_from_the_network_boots_into_serving_and_rejoins(fleet, te
     assert t_serving - t_boot <= 180, report
     assert answer == "200", answer
     assert power == "active" and booted_caps == caps, (power, booted_caps, caps)  # set again at boot (tmpfs)
+    assert t_up - t_plug < 10, report
+
+
+WAIT_ONLINE_S = 20  # the rig's wait for the network, shortened in a drop-in as docs/gateway.md advises (default 2 min)
+WAIT_ONLINE = "systemd-networkd-wait-online.service"
+WAIT_ONLINE_DROPIN = f"/etc/systemd/system/{WAIT_ONLINE}.d/rigforge-test.conf"
+
+
+def since_boot_s(rig, unit: str, prop: str) -> float:
+    """Seconds from the rig's boot (systemd's start) to `unit`'s monotonic timestamp `prop`."""
+    stamps = rig.run(f"systemctl show -p UserspaceTimestampMonotonic --value; systemctl show -p {prop} --value {unit}")
+    boot_us, at_us = (int(line) for line in stamps.stdout.split())
+    return (at_us - boot_us) / 1e6
+
+
+def test_a_rig_whose_network_manager_waits_for_a_link_serves_once_the_wait_gives_up(fleet, testbed_report):
+    """What rigforge does not own (docs/gateway.md): Debian's docker.service is ordered after network-online.target.
+    With systemd-networkd and its wait-online service enabled on the rig (the wait shortened to 20 s in a drop-in,
+    its failure ignored so the boot is not marked degraded) and the cable out, the boot waits for the network and
+    only that long: the wait gives up after 20 s, Docker starts after it, vLLM serves after Docker, within 3 minutes
+    of boot, and the rig rejoins the gateway once plugged back."""
+    from rigforge.testbed import booted
+
+    rig = fleet.rigs[-1]
+    wait = f"ExecStart=\\nExecStart=-/usr/lib/systemd/systemd-networkd-wait-online --timeout={WAIT_ONLINE_S}\\n"
+    setup = rig.run(
+        f"mkdir -p {WAIT_ONLINE_DROPIN.rsplit('/', 1)[0]} && printf '[Service]\\n{wait}' > {WAIT_ONLINE_DROPIN} && "
+        f"systemctl enable systemd-networkd.service {WAIT_ONLINE}"
+    )
+    assert setup.returncode == 0, setup.stdout + setup.stderr
+    offline(rig, True)
+    try:
+        booted.set_cable(rig.dir, plugged=False)
+        booted.shutdown(rig.dir)
+        t_boot = time.monotonic()
+        booted.boot(rig.dir, timeout=180)
+        health = f"curl -sf -m 2 -o /dev/null 127.0.0.1:{SERVING_PORT}/health"
+        left = max(1.0, t_boot + 180 - time.monotonic())
+        t_serving = wait_until("vLLM serving once the wait gave up", lambda: rig.run(health).returncode == 0, left, 1)
+        waited = since_boot_s(rig, WAIT_ONLINE, "ExecMainExitTimestampMonotonic")
+        docker = since_boot_s(rig, "docker.service", "ActiveEnterTimestampMonotonic")
+        vllm = since_boot_s(rig, "rigforge-vllm@dual-turbo.service", "ActiveEnterTimestampMonotonic")
+    finally:
+        offline(rig, False)
+        t_plug = time.monotonic()
+        booted.set_cable(rig.dir, plugged=True)
+        rig.run(f"systemctl disable {WAIT_ONLINE} systemd-networkd.service; rm -f {WAIT_ONLINE_DROPIN}")
+    t_up = wait_until(f"{rig.name} UP at the gateway", lambda: servers(fleet)[rig.name]["status"] == "UP", 30)
+    report = {
+        "rig": rig.name,
+        "wait_online_gave_up_after_boot_s": round(waited, 1),
+        "docker_active_after_boot_s": round(docker, 1),
+        "vllm_unit_active_after_boot_s": round(vllm, 1),
+        "serving_after_boot_s": round(t_serving - t_boot, 1),
+        "up_at_gateway_after_plug_s": round(t_up - t_plug, 2),
+    }
+    testbed_report.append(f"offline boot behind a wait for the network ({WAIT_ONLINE_S} s): {report}")
+    assert WAIT_ONLINE_S - 1 <= waited <= WAIT_ONLINE_S + 15, report  # it waited for a link, and gave up
+    assert waited <= docker <= vllm, report  # Docker after the wait, vLLM after Docker
+    assert t_serving - t_boot <= 180, report
     assert t_up - t_plug < 10, report
