@@ -34,3 +34,31 @@ def test_ruff_checks_every_product_file_for_annotations():
         if "ANN" in rules and pattern.startswith(PRODUCT)
     ]
     assert exempt == [], exempt
+
+
+def test_every_path_a_module_names_in_the_checkout_exists():
+    """A module-level Path into the checkout (a template dir, a rig-side script, the deploy entry the images load
+    runs) points at something that is there: moving a module must not leave one pointing into its old place (the
+    folder move left roles/operations/images.py uploading rigforge/cli/remote/load_images.sh)."""
+    import importlib
+    import pkgutil
+
+    import rigforge
+    import roles
+
+    names = [
+        info.name
+        for package in (rigforge, roles)
+        for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}.")
+        if not info.name.startswith("rigforge.testbed") and not info.name.endswith(".__main__")  # that one runs
+    ]
+    checked, missing = 0, []
+    for name in names:
+        module = importlib.import_module(name)
+        for attr, value in vars(module).items():
+            if isinstance(value, Path) and value.is_absolute() and value.is_relative_to(REPO):
+                checked += 1
+                if not value.exists():
+                    missing.append(f"{name}.{attr} = {value}")
+    assert checked >= 6, checked  # the templates, the catalog, the two rig-side scripts, the images entry, the repo
+    assert not missing, missing

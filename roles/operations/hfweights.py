@@ -18,6 +18,7 @@ from pyinfra.api import FileUploadCommand, OperationError, StringCommand, operat
 from pyinfra.api.hiddenvalue import HiddenValue
 from pyinfra.facts.files import File
 
+import rigforge
 from rigforge.layout import STAMP, HostLayout
 from rigforge.model.fleet import PlannedAsset
 from rigforge.model.knobs.weights import Weights
@@ -30,7 +31,7 @@ from roles.operations.shown import Commands, ShownCommand, repairing, say, uncha
 from roles.operations.staged import upload_privately
 
 HEADROOM = 1.05
-SCRIPT = Path(__file__).resolve().parents[2] / "rigforge" / "remote" / "fetch_weights.py"
+SCRIPT = Path(rigforge.__file__).resolve().parent / "remote" / "fetch_weights.py"  # the rig-side script
 _CACHE_LOCK = threading.Lock()
 
 

@@ -8,6 +8,7 @@ from pyinfra import host
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 from pyinfra.facts.files import Directory, FileContents, Sha256File
 
+import rigforge
 from rigforge.cli import images
 from rigforge.layout import DAEMON_JSON, HostLayout
 from rigforge.model.jsonmerge import merged_text
@@ -18,7 +19,7 @@ from roles.operations.checks import fail_command
 from roles.operations.shown import Commands, ShownCommand, say, unchanged
 from roles.operations.staged import connection, upload_privately
 
-SCRIPT = Path(images.__file__).resolve().parent / "remote" / "load_images.sh"
+SCRIPT = Path(rigforge.__file__).resolve().parent / "remote" / "load_images.sh"  # the rig-side script
 PORTS = range(5800, 5900)  # the temporary registry takes the first free one
 
 
