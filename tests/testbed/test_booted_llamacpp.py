@@ -54,7 +54,7 @@ def two_engines(testbed_factory):
     saved = os.environ.get("RIGFORGE_RECIPES")
     os.environ["RIGFORGE_RECIPES"] = str(REFERENCE)  # testbed up builds its recipes remote and images from it
     try:
-        tb = testbed_factory([RigSpec()] * 2, name="booted-llamacpp", booted=True, gateway=True, fleet_registry=True)
+        tb = testbed_factory([RigSpec()] * 2, name="booted-llamacpp", booted=True, gateway=True, registry=True)
         yield tb
         testbed_factory.release(tb)
     finally:
