@@ -164,7 +164,9 @@ def image_problems(plan: Plan, fl: fleet.Fleet, image_present: bool) -> list[str
     if not refusals.lacks_image(plan, image_present):
         return []
     knobs = plan.knobs.serving
-    found = obtain.sources(plan.image, fl.registry, knobs.serving_image_upstream, knobs.serving_image_upstream_ca)
+    found = obtain.sources(
+        plan.locked_image, fl.registry, knobs.serving_image_upstream, knobs.serving_image_upstream_ca
+    )
     problems, warnings = refusals.image_refusal(plan, found)
     for warning in warnings:
         warn(f"WARNING: {warning}")

@@ -88,13 +88,50 @@ def test_only_the_fleet_copy_left(distribution):
     assert [(s.kind, s.has) for s in gone] == [("fleet", False), ("upstream", None)]
     assert obtain.problem("x", gone, None) is None  # upstream could not be asked: not refused, but said
     assert obtain.unasked("x", gone).startswith("could not tell whether any source has image x (the fleet registry")
-    assert obtain.origin(False, found) == ("the fleet registry (gone upstream); not on the rig yet", False)
+    # upstream could not be asked: not said to be gone
+    assert obtain.origin(False, found) == (
+        "the fleet registry (upstream (docker.io) could not be asked); not on the rig yet",
+        False,
+    )
 
 
-def test_a_fleet_does_not_stand_for_other_registries_than_docker_hub(distribution):
-    digest = push(distribution, "a/b", "c")
-    found = obtain.sources(f"ghcr.io/a/b:c@{digest}", fleet_at(distribution), None, None)
-    assert [s.kind for s in found] == ["upstream"]  # Docker asks its mirrors for Docker Hub images only
+def test_another_registrys_image_is_asked_of_the_fleet_under_that_registrys_host(distribution):
+    digest = push(distribution, "a/b", "c")  # Docker Hub's a/b: not the copy of ghcr.io's a/b
+    image = f"ghcr.io/a/b:c@{digest}"
+    fleet = fleet_at(distribution)
+    found = obtain.sources(image, fleet, None, None)
+    assert [(s.kind, s.has) for s in found[:1]] == [("fleet", False)]
+    assert push(distribution, "ghcr.io/a/b", "c") == digest  # where the fill puts ghcr.io's copy
+    found = obtain.sources(image, fleet, None, None)
+    assert [(s.name, s.has) for s in found[:1]] == [(f"the fleet registry {fleet.endpoint}", True)]
+    assert found[1].name == "upstream (ghcr.io)"
+
+
+def test_a_rig_pulls_another_registrys_image_by_the_fleets_copy_and_a_docker_hub_one_by_its_own_name():
+    fleet = registry.build("gw", {**registry_knobs.DEFAULTS, "registry_address": "10.0.0.5"})
+    digest = "sha256:" + "d" * 64
+    ghcr = f"ghcr.io/ggml-org/llama.cpp:server-cuda-b10236@{digest}"
+    assert obtain.pulled_as(ghcr, fleet) == f"10.0.0.5:5000/ghcr.io/ggml-org/llama.cpp:server-cuda-b10236@{digest}"
+    assert obtain.pulled_as(ghcr, None) == ghcr  # no fleet registry: from ghcr.io itself
+    assert obtain.pulled_as(f"{REF}@{digest}", fleet) == f"{REF}@{digest}"  # through the mirror, by its own name
+    assert obtain.pulled_as("ghcr.io/ggml-org/llama.cpp:b1", fleet) == "ghcr.io/ggml-org/llama.cpp:b1"  # no digest
+    assert obtain.fleet_repository(obtain.parse(ghcr)) == "ghcr.io/ggml-org/llama.cpp"
+    assert obtain.fleet_repository(obtain.parse("ubuntu:24.04")) == "library/ubuntu"
+
+
+def test_lock_resolves_a_ghcr_tag_upstream_lost_from_the_fleets_copy(distribution, tmp_path):
+    ref = "ghcr.io/ggml-org/llama.cpp:server-cuda-b10236"
+    with running_registry(tmp_path / "upstream") as upstream:  # empty: upstream lost the tag
+        digest = push(distribution, "ghcr.io/ggml-org/llama.cpp", "server-cuda-b10236")
+        lock = load_lock(locking.default_lock_path())
+        seed = dataclasses.replace(lock.image, digest="sha256:" + "e" * 64)  # resolved: not asked
+        lock = dataclasses.replace(lock, image=seed, images={"llama-cpp-local": ImagePin(ref)}, git={}, hf={})
+        new, report = locking.resolve(lock, [], None, None, upstream.url, fleet=(distribution, False))
+        assert new.images["llama-cpp-local"].digest == digest
+        assert (
+            report[-1].startswith(f"images.llama-cpp-local: {ref} -> {digest}")
+            and "from the fleet registry" in (report[-1])
+        )
 
 
 def test_lock_resolves_a_tag_upstream_lost_from_the_fleets_copy(distribution, tmp_path):
@@ -141,6 +178,32 @@ def test_the_fill_copies_once_keeping_the_digest_and_skips_a_held_image():
     held["fake_responses"] = {fact: ["yes"], **held["fake_responses"]}
     state = converge({"gw": held}, fill)
     assert not any(c.startswith("skopeo copy") for c in executed(state, "gw"))
+
+
+def test_the_fill_holds_another_registrys_image_under_that_registrys_host():
+    from pyinfra.api import deploy
+    from test_roles_host_ops import converge, executed, rig
+
+    from rigforge.model.registry import RegistryPlan
+    from rigforge.observe.facts.docker import RegistryHasImage
+    from roles.operations.fleet_copy import image_in_fleet
+
+    digest = "sha256:" + "c" * 64
+    image = f"ghcr.io/ggml-org/llama.cpp:server-cuda-b10236@{digest}"
+
+    @deploy("fill")
+    def fill():
+        image_in_fleet(name="fill", image=image, reg=RegistryPlan("gw", "127.0.2.1", 5000, False, Path("/ca")))
+
+    cmds = executed(converge({"gw": rig()}, fill), "gw")
+    assert (
+        "skopeo copy --all --preserve-digests --retry-times 3 docker://ghcr.io/ggml-org/llama.cpp@"
+        f"{digest} docker://127.0.2.1:5000/ghcr.io/ggml-org/llama.cpp:server-cuda-b10236"
+    ) in cmds
+    held = rig()
+    fact = RegistryHasImage().command("127.0.2.1:5000", "ghcr.io/ggml-org/llama.cpp", digest).get_raw_value()
+    held["fake_responses"] = {fact: ["yes"], **held["fake_responses"]}
+    assert not any(c.startswith("skopeo copy") for c in executed(converge({"gw": held}, fill), "gw"))
 
 
 def test_status_asks_the_registries_over_https_from_its_parallel_ssh_sessions(tmp_path, monkeypatch):

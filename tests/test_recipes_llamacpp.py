@@ -268,3 +268,30 @@ def test_a_ghcr_image_is_asked_at_ghcr_or_at_the_registry_standing_for_upstream(
     pinned = parse(f"{ref}@sha256:{'ab' * 32}")
     assert (pinned.registry, pinned.repository, pinned.on_docker_hub) == ("ghcr.io", "ggml-org/llama.cpp", False)
     assert pinned.pinned == f"ghcr.io/ggml-org/llama.cpp@sha256:{'ab' * 32}"
+
+
+def test_in_a_fleet_with_a_registry_a_llamacpp_rig_runs_the_fleets_copy_of_its_ghcr_image(repo):
+    """Docker asks mirrors for Docker Hub images only: a rig of a fleet with a registry pulls ghcr.io's image from the
+    fleet's copy, by its digest, and its compose files name that copy; the registry host copies the lock's image."""
+    from types import SimpleNamespace
+
+    from rigforge.model import fleet
+    from rigforge.model.pins import default_lock_path
+
+    variant = recipes.of(repo, repo.recipe(TESS), IMAGE)
+    rig = SimpleNamespace(name="rig", groups=("rigs",), data={"rigforge_lock": str(default_lock_path())})
+    gw = SimpleNamespace(name="gw", groups=("registry",), data={"registry_address": "10.0.0.5"})
+    copy = "10.0.0.5:5000/ghcr.io/ggml-org/llama.cpp:server-cuda-b10236@sha256:" + "ab" * 32
+
+    fl = fleet.build([rig, gw], variant, deployable=False)
+    plan = fl.plans["rig"]
+    assert plan is not None, fl.problems["rig"]
+    assert (plan.image, plan.locked_image) == (copy, IMAGE)
+    override = yaml.safe_load(plan.files[recipes.OVERRIDE_FILE])["services"]
+    assert {s["image"] for s in override.values()} == {copy}
+    assert {s["image"] for s in effective(dict(plan.files))["services"].values()} == {copy}
+    assert fl.images == (IMAGE,)  # what the fill copies from ghcr.io
+
+    alone = fleet.build([rig], variant, deployable=False).plans["rig"]  # no fleet registry: from ghcr.io itself
+    assert (alone.image, alone.locked_image) == (IMAGE, IMAGE)
+    assert {s["image"] for s in effective(dict(alone.files))["services"].values()} == {IMAGE}

@@ -59,6 +59,7 @@ def make_plan(variant="dual-turbo", settings=None, caps=None, **data) -> Plan:
         caps=caps or {i: settings.power_limit_w for i in range(v.gpus)},
         knobs=RoleKnobs.of(data),
         files=render_variant(v, settings, len(caps) if caps else None),
+        locked_image=settings.image or v.image,
     )
 
 

@@ -55,7 +55,7 @@ class Rig:
         monkeypatch.setattr(rollout, "on_rig", self.on_rig)
         monkeypatch.setattr(rollout, "tps", lambda h, lock, n: self.speed[lock.name])
         images = {"lock.yaml": IMAGE_A, "lock-B.yaml": IMAGE_B}
-        monkeypatch.setattr(rollout, "_plan", lambda h, lock: SimpleNamespace(image=images[lock.name]))
+        monkeypatch.setattr(rollout, "_plan", lambda h, lock: SimpleNamespace(locked_image=images[lock.name]))
 
     def deploy(self, inventory_path, rig, lock, rest=None):
         self.deploys.append((lock.name, rest))

@@ -12,6 +12,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
+from urllib.parse import urlsplit
 
 from rigforge.cli import follow
 from rigforge.model import recipes
@@ -32,7 +33,7 @@ from rigforge.model.pins import (
     dump_lock,
     load_lock,
 )
-from rigforge.observe.obtain import MANIFEST_TYPES, parse, registry_request
+from rigforge.observe.obtain import MANIFEST_TYPES, fleet_repository, parse, registry_request
 
 _Pin = TypeVar("_Pin", ImagePin, GitPin, HfPin)  # what `resolve` resolves, each entry to its own kind
 
@@ -293,10 +294,11 @@ def resolve(
             if fleet is None:
                 raise LockError(f"{gone}; {live}") from None
             parsed = parse(pin.ref)
-            base, verify = fleet  # the fleet registry names its copy `library/x:tag`
+            base, verify = fleet  # the fleet registry holds its copy at fleet_repository: `library/x`, `ghcr.io/o/x`
             where = f" (from the fleet registry {base}: upstream no longer has this tag)"
+            copy = f"{urlsplit(base).netloc}/{fleet_repository(parsed)}:{parsed.tag or 'latest'}"  # `base` answers it
             try:
-                digest, cuda = resolve_image(f"{parsed.repository}:{parsed.tag or 'latest'}", base, verify, pin.digest)
+                digest, cuda = resolve_image(copy, base, verify, pin.digest)
             except LockError as e:
                 raise LockError(f"{gone}; the fleet registry {base} has no copy either ({e}); {live}") from None
         if digest == pin.digest:

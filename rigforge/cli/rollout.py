@@ -154,7 +154,8 @@ def preview(h: "Host", old: Path, new: Path) -> dict:
     fetch = {x.name: x.bytes for x in b.assets if (x.pin.repo, x.pin.revision) not in have}
     units = a.layout.vllm_unit, b.layout.vllm_unit
     restarts = list(dict.fromkeys(units)) if a.files != b.files or a.image != b.image or units[0] != units[1] else []
-    return {"rig": h.name, "image": (a.image, b.image), "flags": changed_flags, "fetch": fetch, "restart": restarts}
+    image = a.locked_image, b.locked_image  # the lock's names (a fleet rig runs another registry's by its copy's)
+    return {"rig": h.name, "image": image, "flags": changed_flags, "fetch": fetch, "restart": restarts}
 
 
 def show(p: dict) -> str:
@@ -225,7 +226,7 @@ def measured(args: argparse.Namespace, rig: str, lock: Path) -> float:
 def canary(args: argparse.Namespace, h: "Host", old: Path, new: Path) -> None:
     """Rig `h` drained, measured at `old`, deployed at `new`, verified and measured again; back at `old` (CanaryFailed,
     naming the lock, image and recipe commit it is back at) when a check fails or it lost more than `--max-loss`."""
-    back = named(old, [_plan(h, old).image])
+    back = named(old, [_plan(h, old).locked_image])
     deploy(args.inventory, h.name, old, rest="drained")  # out of the gateway: its own speed, not the fleet's load
     before = measured(args, h.name, old)
     say(f"{h.name}: canary baseline {before:.1f} tokens/s at {old.name}")

@@ -70,13 +70,16 @@ class PlannedAsset:
 class Plan:
     host: str
     variant: ServedVariant
-    settings: Settings  # validated settings, image pinned, token included
+    settings: Settings  # validated settings, image pinned (as the rig pulls it: obtain.pulled_as), token included
     layout: HostLayout  # every path and name on the rig
     sources: tuple[GitPin, ...]  # lock entries of the git sources, in the variant's order
     assets: tuple[PlannedAsset, ...]  # lock entries of the weights, in the variant's order
     caps: Mapping[int, int]  # power cap in watts per GPU index, covering the GPUs present
     knobs: RoleKnobs  # every role's knobs, typed, defaults applied, from the host data the plan was checked against
     files: Mapping[str, str] = field(repr=False)  # every rendered file: serve dir and units, {name: text}
+    # the lock's image, `ref@sha256:...` (host data's serving_image if set): what the fleet registry copies from
+    # upstream and the sources are asked for; `image` is the reference the rig pulls and runs it by
+    locked_image: str
     lock: Lock | None = None
     # HF token: host data, else the controller's env; for the weights download only: no rendered file holds it
     token: str | None = field(default=None, repr=False)
@@ -84,6 +87,8 @@ class Plan:
 
     @property
     def image(self) -> str:
+        """The reference the rig pulls and its compose file runs: the lock's image, or the fleet registry's copy of it
+        for an image of another registry than Docker Hub (obtain.pulled_as)."""
         return self.settings.image or self.variant.image
 
     @property
@@ -176,9 +181,11 @@ def build_plan(
     cap_units: Sequence[str] = (),
     problems: Sequence[str] = (),
     deployable: bool = True,
+    registry: RegistryPlan | None = None,
 ) -> tuple[Plan | None, list[str]]:
     """(this host's plan, or None; every problem, the knob checks' `problems` first). `entry`: a variant name or object
-    (None: host data's); `gpus`: None for the variant's; `deployable`: refuse unresolved lock entries (a deploy)."""
+    (None: host data's); `gpus`: None for the variant's; `deployable`: refuse unresolved lock entries (a deploy);
+    `registry`: the fleet registry the rig pulls another registry's image from (obtain.pulled_as)."""
     given = None if isinstance(entry, str | None) else entry
     name, found = variant_problems(given.name if given else entry, data.get("rigforge_variant"))
     problems = [*problems, *found]
@@ -196,7 +203,8 @@ def build_plan(
         settings = apply_overrides(Settings(), settings_from_host_data(data))
     except SettingsError:
         return None, problems  # the roles' knob checks named every bad key already
-    settings = replace(settings, image=settings.image or lock.pinned(variant.image))  # by digest once known
+    locked_image = settings.image or lock.pinned(variant.image)  # by digest once known
+    settings = replace(settings, image=obtain.pulled_as(locked_image, registry))
     count = gpus or variant.gpus
     layout = HostLayout(root=settings.root, model_dir=settings.model_dir, variant=variant.name)
     try:
@@ -218,6 +226,7 @@ def build_plan(
         cap_units=tuple(cap_units),
         knobs=RoleKnobs.of(data),
         files=MappingProxyType(files),
+        locked_image=locked_image,
         lock=lock,
         token=data.get("hf_token") or os.environ.get("RIGFORGE_HF_TOKEN") or os.environ.get("HF_TOKEN") or None,
     ), []
@@ -305,12 +314,11 @@ class Fleet:
 
     @property
     def images(self) -> tuple[str, ...]:
-        """The locked Docker Hub images (ref@sha256:...) the rigs run: what the fleet registry holds."""
+        """The locked images (ref@sha256:...) the rigs run, of any registry: what the fleet registry holds."""
         refs: set[str] = set()
         for plan in self.rigs():
-            ref = obtain.parse(plan.image)
-            if ref.digest and ref.on_docker_hub:
-                refs.add(plan.image)
+            if obtain.parse(plan.locked_image).digest:
+                refs.add(plan.locked_image)
         return tuple(sorted(refs))
 
     def completed(self, name: str, gpus: int | None, cap_units: Iterable[str]) -> tuple[Plan | None, list[str]]:
@@ -329,7 +337,8 @@ def build(
     deployable: bool = True,
     opt_in: bool = False,
 ) -> Fleet:
-    """The fleet of `hosts` (with .name, .groups, .data) for `variant` (plan_for's entry); `opt_in`: every recipe."""
+    """The fleet of `hosts` (with .name, .groups, .data) for `variant` (plan_for's entry); `opt_in`: every recipe.
+    The registry first: a rig's plan names the fleet registry's copy of an image it pulls from there."""
     roles, plans, problems, datas, sudo = {}, {}, {}, {}, {}
     for h in hosts:
         sudo[h.name] = {key: h.data.get(key) for key in SUDO_KEYS if h.data.get(key)}
@@ -338,19 +347,21 @@ def build(
             mine.add(RIG)
         roles[h.name] = frozenset(mine)
         datas[h.name] = {**host_data(h.data), "rigforge_recipe_opt_in": True} if opt_in else h.data
-        if RIG in mine:
-            plans[h.name], found = plan_for(h.name, datas[h.name], variant, gpus, deployable)
-            problems[h.name] = tuple(found)
     reg_name = next((name for name, mine in roles.items() if REGISTRY in mine), None)  # opt-in: the group's first
-    gateways = {name: host_data(datas[name]) for name, mine in roles.items() if GATEWAY in mine}
     reg_data = host_data(datas[reg_name]) if reg_name else {}
     reg_problems = registry_knobs.validate(reg_data) if reg_name else []
+    reg = registry_build(reg_name, reg_data) if reg_name and not reg_problems else None
+    for name, mine in roles.items():
+        if RIG in mine:
+            plans[name], found = plan_for(name, datas[name], variant, gpus, deployable, registry=reg)
+            problems[name] = tuple(found)
+    gateways = {name: host_data(datas[name]) for name, mine in roles.items() if GATEWAY in mine}
     return Fleet(
         roles=MappingProxyType(roles),
         plans=MappingProxyType(plans),
         problems=MappingProxyType(problems),
         registry_host=reg_name,
-        registry=registry_build(reg_name, reg_data) if reg_name and not reg_problems else None,
+        registry=reg,
         registry_problems=tuple(reg_problems),
         targets=MappingProxyType(targets(plans.values(), gateways, {n for n, r in roles.items() if MONITOR in r})),
         settings=MappingProxyType({name: host_data(data) for name, data in datas.items()}),
@@ -403,11 +414,22 @@ def plan_for(
     gpus: int | None = None,
     deployable: bool = True,
     cap_units: Sequence[str] = (),
+    registry: RegistryPlan | None = None,
 ) -> tuple[Plan | None, list[str]]:
-    """(host `name`'s plan, or None; every problem of the knob checks and `build_plan`) from its host data."""
+    """(host `name`'s plan, or None; every problem of the knob checks and `build_plan`) from its host data;
+    `registry`: the fleet's (`Fleet.registry`), None when it has none."""
     data = host_data(data)
     problems = [problem for module in (site, *KNOBS) for problem in module.validate(data)]
     try:
-        return build_plan(name, data, entry, gpus=gpus, cap_units=cap_units, problems=problems, deployable=deployable)
+        return build_plan(
+            name,
+            data,
+            entry,
+            gpus=gpus,
+            cap_units=cap_units,
+            problems=problems,
+            deployable=deployable,
+            registry=registry,
+        )
     except (CatalogError, LockError, RecipeError, ValueError, TypeError, KeyError, AttributeError) as exc:
         return None, [*problems, f"cannot prepare this host: {type(exc).__name__}: {exc}"]

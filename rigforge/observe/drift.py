@@ -172,7 +172,7 @@ def cuda_versions(obs: Observed, ctx: RigContext) -> dict:
     driver = running.get("cuda")
     if driver is None and running.get("version"):  # an older nvidia-smi prints no CUDA version: the driver's table
         driver = driver_table.cuda_for_driver(running["version"])
-    image = ctx.plan.image if ctx.plan else (ctx.manifest or {}).get("image")
+    image = ctx.plan.locked_image if ctx.plan else (ctx.manifest or {}).get("image")
     return {"driver": driver, "image": ctx.lock.image_cuda(image) if ctx.lock and image else None}
 
 

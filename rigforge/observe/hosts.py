@@ -159,7 +159,9 @@ def observe(host: Host, fl: fleet.Fleet) -> tuple[RigContext, Observed]:
         if not recorded or recorded == wanted:  # the variant the fleet built the plan for
             ctx.plan, ctx.problems = fl.completed(host.name, gpus, ctx.cap_units)
         else:  # the rig runs another variant than the inventory's: its plan is that variant's
-            ctx.plan, ctx.problems = fleet.plan_for(host.name, serve, None, gpus, False, tuple(ctx.cap_units))
+            ctx.plan, ctx.problems = fleet.plan_for(
+                host.name, serve, None, gpus, False, tuple(ctx.cap_units), registry=fl.registry
+            )
     if ctx.plan:
         ctx.layout, ctx.variant_name = ctx.plan.layout, ctx.plan.variant.name
     return ctx, Observed(host, requests(ctx, first.get_fact(OsRelease)))
@@ -195,10 +197,10 @@ def image_origin(obs: Observed, ctx: RigContext, reg: RegistryPlan | None) -> di
     if not plan or not ctx.manage:
         return None
     knobs = plan.knobs.serving
-    found = obtain.sources(plan.image, reg, knobs.serving_image_upstream, knobs.serving_image_upstream_ca)
+    found = obtain.sources(plan.locked_image, reg, knobs.serving_image_upstream, knobs.serving_image_upstream_ca)
     on_rig = bool(obs.get_fact(DockerImagePresent, image=plan.image))
     text, warning = obtain.origin(on_rig, found)
-    return {"image": plan.image, "on_rig": on_rig, "from": text, "warning": warning}
+    return {"image": plan.locked_image, "on_rig": on_rig, "from": text, "warning": warning}
 
 
 def boot_units(ctx: RigContext) -> dict:

@@ -1,7 +1,7 @@
 """Where a rig gets its locked image (issue 22, docs/registry.md): the rig, the fleet registry (a Docker Hub mirror),
 upstream; asked over HTTP from the controller, and the one line naming the variant's live successor when none has it."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -69,6 +69,26 @@ def parse(image: str) -> ImageRef:
     return ImageRef(registry, repository, tag, digest or None)
 
 
+def fleet_repository(ref: ImageRef) -> str:
+    """Where the fleet registry holds `ref`'s image: a Docker Hub image under its own repository (the path Docker asks
+    a mirror for: `vllm/vllm-openai`), any other registry's under that registry's host too
+    (`ghcr.io/ggml-org/llama.cpp`), as pull-through caches name them, so two registries' images never share one."""
+    return ref.repository if ref.on_docker_hub else f"{ref.registry}/{ref.repository}"
+
+
+def pulled_as(image: str, fleet: RegistryPlan | None) -> str:
+    """The reference a rig pulls and runs the locked `image` (`ref@sha256:...`) by. Itself for a Docker Hub image
+    (Docker asks the fleet registry first, as its mirror, and records the image under its Docker Hub name), and with
+    no fleet registry or no digest. Another registry's image (ghcr.io's) is pulled from the fleet registry's copy by
+    its digest, `FLEET/ghcr.io/ggml-org/llama.cpp:tag@sha256:...`: Docker uses mirrors for Docker Hub images only,
+    and records an image under the name it was pulled by, so the compose file names the fleet's copy."""
+    ref = parse(image)
+    if fleet is None or ref.on_docker_hub or not ref.digest:
+        return image
+    tag = f":{ref.tag}" if ref.tag else ""
+    return f"{fleet.endpoint}/{fleet_repository(ref)}{tag}@{ref.digest}"
+
+
 @dataclass(frozen=True)
 class Source:
     name: str  # "the fleet registry 127.0.2.1:5000", "upstream (docker.io)"
@@ -92,13 +112,15 @@ def ask(base: str, ref: ImageRef, verify: bool | str) -> tuple[bool | None, str]
 
 
 def sources(image: str, fleet: RegistryPlan | None, upstream: str | None, upstream_ca: str | None) -> list[Source]:
-    """Every place the rig could pull `image` from, asked now: the fleet registry (Docker Hub images only: Docker uses
-    mirrors for nothing else), then upstream (for Docker Hub images `upstream` when set: serving_image_upstream)."""
+    """Every place the rig's locked `image` (the lock's reference, not `pulled_as`) can come from, asked now: the
+    fleet registry (its copy at `fleet_repository`), then upstream (for Docker Hub images `upstream` when set:
+    serving_image_upstream). A Docker Hub image the fleet lacks is pulled from upstream; any other registry's image
+    comes to the rig through the fleet's copy, which the registry host fills from upstream earlier in the same run."""
     ref = parse(image)
     out = []
-    if fleet is not None and ref.on_docker_hub:
+    if fleet is not None:
         verify = False if fleet.insecure else str(Path(fleet.ca_dir) / "ca.crt")  # the fleet CA (plain HTTP: none)
-        has, why = ask(fleet.url, ref, verify)
+        has, why = ask(fleet.url, replace(ref, repository=fleet_repository(ref)), verify)
         out.append(Source(f"the fleet registry {fleet.endpoint}", "fleet", has, why))
     base = (upstream or DOCKER_HUB_API) if ref.on_docker_hub else f"https://{ref.registry}"
     has, why = ask(base, ref, upstream_ca or True)
@@ -133,7 +155,13 @@ def origin(on_rig: bool, found: list[Source]) -> tuple[str, bool]:
     have = [s.kind for s in found if s.has]
     unknown = [s.name for s in found if s.has is None]
     if "fleet" in have:
-        text = "the fleet registry" + (" and upstream" if "upstream" in have else " (gone upstream)")
+        upstream = next(s for s in found if s.kind == "upstream")  # `sources` always asks it
+        if upstream.has is False:
+            text = "the fleet registry (gone upstream)"
+        elif upstream.has:
+            text = "the fleet registry and upstream"
+        else:
+            text = f"the fleet registry ({upstream.name} could not be asked)"
     elif "upstream" in have:
         text = "upstream"
     elif on_rig:

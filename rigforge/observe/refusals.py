@@ -46,8 +46,8 @@ def lacks_image(plan: Plan, image_present: bool) -> bool:
 def image_refusal(plan: Plan, found: list[obtain.Source]) -> tuple[list[str], list[str]]:
     """(problems, warnings) once the sources were asked for the image (`obtain.sources`): refused when none has it;
     a warning when none is known to have it but some could not be asked."""
-    warning = obtain.unasked(plan.image, found)
-    problem = obtain.problem(plan.image, found, plan.variant.successor)
+    warning = obtain.unasked(plan.locked_image, found)
+    problem = obtain.problem(plan.locked_image, found, plan.variant.successor)
     return ([problem] if problem else []), ([warning] if warning else [])
 
 
@@ -55,7 +55,7 @@ def needs(plan: Plan, fetched: Sequence[PlannedAsset], image_present: bool) -> N
     """What the variant needs of the rig; its disk: the bytes still to land on the model disk (`fetched`: the weights
     this run downloads; the image when the rig lacks it)."""
     variant = plan.variant
-    cuda = plan.lock.image_cuda(plan.image) if plan.lock else None
+    cuda = plan.lock.image_cuda(plan.locked_image) if plan.lock else None
     disk = sum(asset.bytes for asset in fetched)
     if lacks_image(plan, image_present):
         disk += int(IMAGE_GB * 1e9)
@@ -67,7 +67,7 @@ def needs(plan: Plan, fetched: Sequence[PlannedAsset], image_present: bool) -> N
         variant.uses_dflash,
         plan.layout.models,
         disk,
-        plan.image,
+        plan.locked_image,
         cuda,
         nvlink=extra.get("requires_nvlink") is True,
         homogeneous=extra.get("requires_homogeneous_arch") is True,

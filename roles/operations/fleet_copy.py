@@ -5,7 +5,7 @@ from pyinfra.api import QuoteString, StringCommand, operation
 
 from rigforge.model.registry import RegistryPlan
 from rigforge.observe.facts.docker import RegistryHasImage
-from rigforge.observe.obtain import parse
+from rigforge.observe.obtain import fleet_repository, parse
 from roles.operations.shown import Commands, ShownCommand, say, unchanged
 
 
@@ -14,7 +14,9 @@ def image_in_fleet(image: str, reg: RegistryPlan) -> Commands:
     """Copy ``image`` from upstream into the fleet registry unless it holds that digest, every platform's manifest
     and the index byte for byte (``--preserve-digests``: the rigs pull the digest the lock names).
 
-    + image: the locked image, ``repo[:tag]@sha256:...`` (a Docker Hub image: rigs reach the copy as a mirror)
+    + image: the locked image, ``[host/]repo[:tag]@sha256:...``: a Docker Hub image (rigs reach the copy as their
+      mirror) or another registry's, held under that registry's host (``ghcr.io/ggml-org/llama.cpp``: rigs pull the
+      copy by that name, ``obtain.pulled_as``)
     + reg: the fleet registry (its ``host:port``; plain HTTP, no certificate check, when ``insecure``)
 
     **Example:**
@@ -31,10 +33,11 @@ def image_in_fleet(image: str, reg: RegistryPlan) -> Commands:
     ref = parse(image)
     if unchanged(not ref.digest, f"{image} has no locked digest: nothing to copy (`rigforge lock` resolves it)"):
         return
+    repository = fleet_repository(ref)  # where the fleet registry holds it
     held = host.get_fact(
         RegistryHasImage,
         endpoint=reg.endpoint,
-        repository=ref.repository,
+        repository=repository,
         digest=ref.digest,
         tls_verify=not reg.insecure,
     )
@@ -51,13 +54,13 @@ def image_in_fleet(image: str, reg: RegistryPlan) -> Commands:
         "3",
         *(["--dest-tls-verify=false"] if reg.insecure else []),
         QuoteString(f"docker://{ref.registry}/{ref.repository}@{ref.digest}"),
-        QuoteString(f"docker://{reg.endpoint}/{ref.repository}:{tag}"),
+        QuoteString(f"docker://{reg.endpoint}/{repository}:{tag}"),
     )
     yield StringCommand(
         "skopeo",
         "inspect",
         "--raw",
         f"--tls-verify={'false' if reg.insecure else 'true'}",
-        QuoteString(f"docker://{reg.endpoint}/{ref.repository}@{ref.digest}"),
+        QuoteString(f"docker://{reg.endpoint}/{repository}@{ref.digest}"),
         ">/dev/null",
     )

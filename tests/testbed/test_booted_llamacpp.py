@@ -1,9 +1,11 @@
 """A llama.cpp recipe on a booted rig beside a vLLM one, behind the fleet gateway (issue 50): rig1 runs
 `llamacpp/tess-dual-mtp` from the club-3090 reference (RIGFORGE_RECIPES), rig2 `vllm/dual`, and a gateway host
-`gw` fronts both; the smallest fleet that shows the two engines side by side.
+`gw` fronts both and serves the fleet registry; the smallest fleet that shows the two engines side by side.
 
 rig1's image is llama.cpp's (ghcr.io/ggml-org/llama.cpp:server-cuda-b10236: the booted tier's stand-in pushed to
-the upstream stand-in, which plays ghcr.io too), pulled at the digest the testbed lock pins; its weights are the
+the upstream stand-in, which plays ghcr.io too). Docker asks mirrors for Docker Hub images only, so the fleet
+registry holds ghcr.io's image under `ghcr.io/...` and rig1 pulls that copy by the digest the testbed lock pins, as
+status says. Its weights are the
 two GGUF files the recipe names of a repo holding more quants, fetched and verified; the recipe's own compose file
 and drafter wrapper exec /app/llama-server (the stand-in: 503 "Loading model" on /health while it loads), and the
 health gate waits on that /health. Both models answer a chat through the gateway, `rigforge verify` passes its
@@ -27,6 +29,9 @@ from support import REPO, changed, errored, inventory_with, pyinfra_run
 from test_booted import sh, started_at, unit
 from test_recipes import REFERENCE
 
+from rigforge.observe.obtain import MANIFEST_TYPES
+from rigforge.testbed.booted import REGISTRY_PORT
+
 pytestmark = [pytest.mark.testbed, pytest.mark.booted]
 SLUG, UNIT, CONTAINER, PORT, MODEL = (
     "llamacpp/tess-dual-mtp",
@@ -49,7 +54,7 @@ def two_engines(testbed_factory):
     saved = os.environ.get("RIGFORGE_RECIPES")
     os.environ["RIGFORGE_RECIPES"] = str(REFERENCE)  # testbed up builds its recipes remote and images from it
     try:
-        tb = testbed_factory([RigSpec()] * 2, name="booted-llamacpp", booted=True, gateway=True)
+        tb = testbed_factory([RigSpec()] * 2, name="booted-llamacpp", booted=True, gateway=True, registry=True)
         yield tb
         testbed_factory.release(tb)
     finally:
@@ -84,12 +89,15 @@ def test_tess_converges_beside_vllm_serves_through_the_gateway_and_a_second_run_
     assert any(" | Health gate: " in op for op in done), done
     assert f"{UNIT}: its compose file, .env or unit changed: starting it" in stderr, stderr[-6000:]
 
-    # the lock's llama.cpp image from "ghcr.io" at its digest, run by the rig's systemd
+    # the lock's llama.cpp image from "ghcr.io" at its digest, copied into the fleet registry under ghcr.io's host
+    # and pulled from there (the only name Docker records it by), run by the rig's systemd
     assert unit(rig1, UNIT) == ("enabled", "active")
     digest = tb.upstream_digests[IMAGE]
-    assert sh(rig1, f"docker inspect -f '{{{{.Config.Image}}}} {{{{.State.Status}}}}' {CONTAINER}") == (
-        f"{IMAGE}@{digest} running"
-    )
+    copy = f"{tb.registry_address}:{REGISTRY_PORT}/{IMAGE}@{digest}"
+    assert sh(rig1, f"docker inspect -f '{{{{.Config.Image}}}} {{{{.State.Status}}}}' {CONTAINER}") == f"{copy} running"
+    fleet_ca = str(tb.dir / "registry-ca" / "ca.crt")
+    manifest = f"https://{tb.registry_address}:{REGISTRY_PORT}/v2/{IMAGE.split(':')[0]}/manifests/{digest}"
+    assert requests.head(manifest, verify=fleet_ca, headers={"Accept": MANIFEST_TYPES}, timeout=30).ok
     # only the recipe's two GGUF files of the repo's three quants, verified against the lock's sha256
     assert sorted(sh(rig1, f"ls {GGUF_DIR}").split()) == ["Tess-4-27B-Q4_K_M.gguf", "mtp-Tess-4-27B-Q4_K_M.gguf"]
     lock = yaml.safe_load(tb.lock.read_text())
@@ -116,6 +124,12 @@ def test_tess_converges_beside_vllm_serves_through_the_gateway_and_a_second_run_
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     for line in ("tool call returned", "chat returns text"):
         assert sum(line in out for out in proc.stdout.splitlines()) >= 2, proc.stdout
+
+    # status names the fleet's copy as where rig1's image comes from (ghcr.io itself is not reachable from here)
+    status = subprocess.run(
+        [sys.executable, "-m", "rigforge.cli", "status", str(inv)], capture_output=True, text=True, timeout=600
+    ).stdout
+    assert f"rig1: image {IMAGE}@{digest}: on the rig; from the fleet registry" in status, status
 
     before = (started_at(rig1, CONTAINER), started_at(rig2, "vllm-qwen36-27b-dual"))
     t0 = time.monotonic()
