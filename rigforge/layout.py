@@ -1,6 +1,7 @@
 """Every path and name rigforge uses on a rig (pure data); the roles get theirs through `Plan.layout`."""
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 DEFAULT_ROOT = "/opt/rigforge"  # rigforge_root: models, src, serve, cache, venv live under it
 ETC = "/etc/rigforge"  # the rig manifest rig.json
@@ -66,6 +67,14 @@ GATEWAY_STATE = "/var/lib/haproxy/rigforge-servers.state"  # runtime state kept 
 def _under(base: str, name: str) -> property:
     """A property: the path `name` in the directory the attribute `base` holds."""
     return property(lambda self: f"{getattr(self, base)}/{name}")
+
+
+class AssetDir(NamedTuple):
+    """Where a variant's weights land on the rig, and how big they are until the lock knows."""
+
+    asset: str  # the lock's hf entry
+    dir: str  # under the model dir (`HostLayout.asset_dir`)
+    approx_bytes: int  # the variant's estimate, for the disk check while the lock has no file sizes
 
 
 @dataclass(frozen=True)

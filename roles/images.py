@@ -5,8 +5,8 @@ temporary registry on the rig since `docker load` drops the repository digest: d
 from pyinfra.api import deploy
 from pyinfra.operations import apt, systemd
 
-from rigforge.cli import images
 from rigforge.layout import HostLayout
+from rigforge.model import saved_images
 from roles.operations import images as image_ops
 
 REGISTRY_UNIT = "docker-registry.service"  # Debian's package starts it; only the load's own registry runs
@@ -14,7 +14,11 @@ REGISTRY_UNIT = "docker-registry.service"  # Debian's package starts it; only th
 
 @deploy("Load saved images")
 def load(
-    directory: str, saved: list[images.Saved], layout: HostLayout, port: int | None = None, registry_host: bool = False
+    directory: str,
+    saved: list[saved_images.Saved],
+    layout: HostLayout,
+    port: int | None = None,
+    registry_host: bool = False,
 ) -> None:
     """Every image of `saved` (from `directory` on the controller) in the rig's Docker at its digest.
     `registry_host`: the rig also serves the fleet registry (its docker-registry service is left alone)."""

@@ -11,10 +11,8 @@ from pyinfra.facts.files import FileContents
 import rigforge.model.knobs.gateway
 import rigforge.model.knobs.images
 import rigforge.model.knobs.monitor
-from rigforge.cli import images
-from rigforge.cli.lock import token_refused
 from rigforge.layout import DAEMON_JSON, HostLayout
-from rigforge.model import fleet, gateway, power, registry, schema
+from rigforge.model import fleet, gateway, power, registry, saved_images, schema
 from rigforge.model.fleet import GATEWAY, MONITOR, REGISTRY, Plan, PlannedAsset, is_rig
 from rigforge.model.hardware import changed_roots, data_root_of, format_problems, gpu_count, roots_inside
 from rigforge.model.knobs.images import Images
@@ -123,7 +121,7 @@ def token_problems(plan: Plan, fetched: list[PlannedAsset]) -> list[str]:
         return missing
     problems = []
     for pin in gated:
-        problem, warning = token_refused(plan.knobs.weights.hf_endpoint, pin, plan.token)
+        problem, warning = obtain.token_refused(plan.knobs.weights.hf_endpoint, pin, plan.token)
         if problem:
             problems.append(problem)
         if warning:
@@ -304,8 +302,8 @@ def load_saved_images() -> None:
     problems = rigforge.model.knobs.images.validate(data)
     wanted, root = Images.of(data), Serving.of(data).rigforge_root  # typed once the keys are checked
     try:  # the directory is read only once the keys are valid
-        saved = [] if problems else images.check_loadable(wanted.rigforge_images_dir)
-    except images.ImagesError as error:
+        saved = [] if problems else saved_images.check_loadable(wanted.rigforge_images_dir)
+    except saved_images.ImagesError as error:
         problems.append(str(error))
     if problems:
         refuse_now(f"Refuse {host.name}: cannot load images", f"rigforge refused {host.name}: {'; '.join(problems)}")

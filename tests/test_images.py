@@ -13,6 +13,7 @@ from registry_support import push_image, running_registry
 
 from rigforge.cli import images
 from rigforge.cli.main import main
+from rigforge.model import saved_images
 from rigforge.model.pins import ImagePin, parse_lock
 
 REF = "vllm/vllm-openai:v0.27.1"
@@ -38,7 +39,7 @@ def lock_file(tmp_path: Path, **digests) -> Path:
 
 
 def blob_names_hash_to_their_content(directory: Path) -> int:
-    blobs = list((directory / images.BLOBS).iterdir())
+    blobs = list((directory / saved_images.BLOBS).iterdir())
     for blob in blobs:
         assert hashlib.sha256(blob.read_bytes()).hexdigest() == blob.name, blob
     return len(blobs)
@@ -54,11 +55,13 @@ def test_save_writes_an_oci_layout_naming_the_ref_with_the_registrys_digest(regi
     head = requests.head(f"{registry.url}/v2/vllm/vllm-openai/manifests/v0.27.1",
                          headers={"Accept": images.MANIFEST_TYPES}, timeout=5)  # fmt: skip
     assert entry["digest"] == head.headers["Docker-Content-Digest"] == registry.image["digest"]
-    assert entry["annotations"] == {images.REF_NAME: REF, images.IMAGE_NAME: f"docker.io/{REF}"}
-    assert images.blob_path(out, entry["digest"]).read_bytes() == registry.image["manifest"]  # byte for byte
+    assert entry["annotations"] == {saved_images.REF_NAME: REF, saved_images.IMAGE_NAME: f"docker.io/{REF}"}
+    assert saved_images.blob_path(out, entry["digest"]).read_bytes() == registry.image["manifest"]  # byte for byte
     assert blob_names_hash_to_their_content(out) == 5  # manifest, config, 3 layers
-    assert images.saved(out, REF, registry.image["digest"])
-    assert not images.saved(out, REF, "sha256:" + "0" * 64) and not images.saved(out, "other:tag", entry["digest"])
+    assert saved_images.saved(out, REF, registry.image["digest"])
+    assert not saved_images.saved(out, REF, "sha256:" + "0" * 64) and not saved_images.saved(
+        out, "other:tag", entry["digest"]
+    )
     said = capsys.readouterr().out
     assert "saving from http://127.0.0.1:" in said and "(100%), verified" in said
 
@@ -66,17 +69,17 @@ def test_save_writes_an_oci_layout_naming_the_ref_with_the_registrys_digest(regi
 def test_a_multi_platform_index_keeps_the_index_and_its_child_manifests(registry, tmp_path):
     pin = ImagePin("vllm/vllm-openai:nightly-multi", registry.multi["digest"])
     assert images.save_image(tmp_path, pin, registry.url) == 4  # config + 3 layers
-    assert images.blob_path(tmp_path, pin.digest).read_bytes() == registry.multi["manifest"]
+    assert saved_images.blob_path(tmp_path, pin.digest).read_bytes() == registry.multi["manifest"]
     child = json.loads(registry.multi["manifest"])["manifests"][0]["digest"]
-    assert images.blob_path(tmp_path, child).read_bytes() == registry.multi["child"]
-    assert blob_names_hash_to_their_content(tmp_path) == 6 and images.saved(tmp_path, pin.ref, pin.digest)
+    assert saved_images.blob_path(tmp_path, child).read_bytes() == registry.multi["child"]
+    assert blob_names_hash_to_their_content(tmp_path) == 6 and saved_images.saved(tmp_path, pin.ref, pin.digest)
 
 
 def test_an_oci_index_with_an_attestation_is_saved_whole_and_pushed_children_first(registry, tmp_path):
     pin = ImagePin("vllm/vllm-openai:nightly-oci", registry.oci["digest"])
     assert images.save_image(tmp_path, pin, registry.url) == 6  # config + 3 layers, the attestation's 2 blobs
-    assert blob_names_hash_to_their_content(tmp_path) == 9 and images.saved(tmp_path, pin.ref, pin.digest)
-    plan, needed = images.push_plan(tmp_path, images.index_entries(tmp_path))
+    assert blob_names_hash_to_their_content(tmp_path) == 9 and saved_images.saved(tmp_path, pin.ref, pin.digest)
+    plan, needed = saved_images.push_plan(tmp_path, saved_images.index_entries(tmp_path))
     children = [c["digest"] for c in json.loads(registry.oci["manifest"])["manifests"]]
     assert [line.split()[0] for line in plan] == ["blob"] * 6 + ["manifest"] * 3 + ["pull"]
     assert [line.split()[2] for line in plan[6:9]] == [*children, pin.digest]
@@ -98,11 +101,11 @@ def test_a_cut_save_fetches_only_the_missing_blobs(registry, tmp_path):
     images.save_image(tmp_path, pin, registry.url)
     manifest = json.loads(registry.image["manifest"])
     gone = manifest["layers"][1]["digest"]
-    images.blob_path(tmp_path, gone).unlink()
+    saved_images.blob_path(tmp_path, gone).unlink()
     before = registry.requests_for("/blobs/")
-    assert not images.saved(tmp_path, REF, pin.digest)
+    assert not saved_images.saved(tmp_path, REF, pin.digest)
     assert images.save_image(tmp_path, pin, registry.url) == 1
-    assert registry.requests_for("/blobs/") == before + 1 and images.saved(tmp_path, REF, pin.digest)
+    assert registry.requests_for("/blobs/") == before + 1 and saved_images.saved(tmp_path, REF, pin.digest)
 
 
 def test_a_corrupt_blob_is_refused_and_not_renamed_into_place(registry, tmp_path, monkeypatch):
@@ -119,11 +122,13 @@ def test_a_corrupt_blob_is_refused_and_not_renamed_into_place(registry, tmp_path
         return resp
 
     monkeypatch.setattr(images._Source, "get", corrupting)
-    with pytest.raises(images.ImagesError, match=f"{layer['digest']}: refused, got {layer['size']} bytes with sha256:"):
+    with pytest.raises(
+        saved_images.ImagesError, match=f"{layer['digest']}: refused, got {layer['size']} bytes with sha256:"
+    ):
         images.save_image(tmp_path, pin, registry.url)
-    final = images.blob_path(tmp_path, layer["digest"])
+    final = saved_images.blob_path(tmp_path, layer["digest"])
     assert not final.exists() and not final.with_name(f".{final.name}.part").exists()
-    assert not images.saved(tmp_path, REF, pin.digest)
+    assert not saved_images.saved(tmp_path, REF, pin.digest)
 
 
 def test_a_missing_image_is_one_clear_line_and_exit_1(registry, tmp_path, capsys):
@@ -141,7 +146,7 @@ def test_a_resumed_blob_download_asks_for_the_rest_only(registry, tmp_path):
     pin = ImagePin(REF, registry.image["digest"])
     layer = json.loads(registry.image["manifest"])["layers"][2]
     images.save_image(tmp_path, pin, registry.url)
-    final = images.blob_path(tmp_path, layer["digest"])
+    final = saved_images.blob_path(tmp_path, layer["digest"])
     data = final.read_bytes()
     final.unlink()
     final.with_name(f".{final.name}.part").write_bytes(data[: len(data) // 2])  # a cut download
@@ -171,7 +176,7 @@ def test_save_from_a_tls_registry_trusting_only_the_given_ca(tmp_path, capsys):
         assert main(base) == 1
         assert "CERTIFICATE_VERIFY_FAILED" in capsys.readouterr().err
         assert main([*base, "--ca-cert", str(ca_dir / "ca.crt")]) == 0
-    assert images.saved(tmp_path / "out", REF, image["digest"])
+    assert saved_images.saved(tmp_path / "out", REF, image["digest"])
 
 
 class _Verified:
@@ -196,11 +201,11 @@ def test_locked_images_are_those_with_a_digest_each_once():
 
 
 def test_hub_names():
-    assert images.hub_name("vllm/vllm-openai:v1") == ("vllm/vllm-openai", "v1")
-    assert images.hub_name("ubuntu") == ("library/ubuntu", "latest")
-    assert images.hub_name("docker.io/library/ubuntu:24.04") == ("library/ubuntu", "24.04")
-    assert images.hub_name("ghcr.io/o/i:1") is None and images.hub_name("localhost:5000/i:1") is None
-    assert images.qualified("ubuntu:24.04") == "docker.io/library/ubuntu:24.04"
+    assert saved_images.hub_name("vllm/vllm-openai:v1") == ("vllm/vllm-openai", "v1")
+    assert saved_images.hub_name("ubuntu") == ("library/ubuntu", "latest")
+    assert saved_images.hub_name("docker.io/library/ubuntu:24.04") == ("library/ubuntu", "24.04")
+    assert saved_images.hub_name("ghcr.io/o/i:1") is None and saved_images.hub_name("localhost:5000/i:1") is None
+    assert saved_images.qualified("ubuntu:24.04") == "docker.io/library/ubuntu:24.04"
 
 
 # --- the load role on pyinfra's @fake connector ----------------------------------------------------------------
@@ -235,7 +240,9 @@ def run_load(hosts, saved_dir, execute=True):
     from rigforge.layout import HostLayout
     from roles import images as role
 
-    return converge(hosts, role.load, str(saved_dir), images.index_entries(saved_dir), HostLayout(), execute=execute)
+    return converge(
+        hosts, role.load, str(saved_dir), saved_images.index_entries(saved_dir), HostLayout(), execute=execute
+    )
 
 
 def commands_of(state, name="r"):
@@ -308,7 +315,7 @@ def test_a_rig_without_room_for_the_blobs_and_the_registrys_copy_is_refused_befo
 
     host = host_of(state, "r")
     with ctx_state.use(state), ctx_host.use(host):
-        [failure] = [describe(c) for c in image_ops.blobs_uploaded._inner(str(saved_dir), images.index_entries(
+        [failure] = [describe(c) for c in image_ops.blobs_uploaded._inner(str(saved_dir), saved_images.index_entries(
             saved_dir), HostLayout())]  # fmt: skip
     assert failure.startswith("FAIL: @fake/r: not enough disk space to load 1 image(s) at /opt/rigforge/images/oci")
 
@@ -335,16 +342,16 @@ def test_an_interrupted_load_is_repaired_first(saved_dir):
 
 
 def test_load_refuses_an_incomplete_directory_or_another_registrys_image(registry, saved_dir, tmp_path):
-    with pytest.raises(images.ImagesError, match="no saved image"):
-        images.check_loadable(tmp_path)
+    with pytest.raises(saved_images.ImagesError, match="no saved image"):
+        saved_images.check_loadable(tmp_path)
     import shutil
 
     broken = tmp_path / "broken"
     shutil.copytree(saved_dir, broken)
     layer = json.loads(registry.image["manifest"])["layers"][0]["digest"]
-    images.blob_path(broken, layer).unlink()
-    with pytest.raises(images.ImagesError, match="is incomplete: run `rigforge images save` again"):
-        images.check_loadable(broken)
+    saved_images.blob_path(broken, layer).unlink()
+    with pytest.raises(saved_images.ImagesError, match="is incomplete: run `rigforge images save` again"):
+        saved_images.check_loadable(broken)
     assert main(["images", "load", str(broken), "inventory.py"]) == 1
 
 
@@ -363,10 +370,10 @@ def test_only_docker_hub_images_can_be_loaded(saved_dir, tmp_path):
     other = tmp_path / "ghcr"
     shutil.copytree(saved_dir, other)
     index = json.loads((other / "index.json").read_text())
-    index["manifests"][0]["annotations"][images.REF_NAME] = "ghcr.io/owner/image:v1"
+    index["manifests"][0]["annotations"][saved_images.REF_NAME] = "ghcr.io/owner/image:v1"
     (other / "index.json").write_text(json.dumps(index))
-    with pytest.raises(images.ImagesError, match="ghcr.io/owner/image:v1: only Docker Hub images can be loaded"):
-        images.check_loadable(other)
+    with pytest.raises(saved_images.ImagesError, match="ghcr.io/owner/image:v1: only Docker Hub images can be loaded"):
+        saved_images.check_loadable(other)
 
 
 def test_the_fleet_registry_host_keeps_its_registry_service(saved_dir):
@@ -375,7 +382,7 @@ def test_the_fleet_registry_host_keeps_its_registry_service(saved_dir):
     from rigforge.layout import HostLayout
     from roles import images as role
 
-    saved = images.index_entries(saved_dir)
+    saved = saved_images.index_entries(saved_dir)
     for registry_host, stopped in ((False, True), (True, False)):
         data = fake_rig(present=False)
         data["fake_responses"]["systemctl show"] = ["Id=docker-registry.service", "SubState=running"]

@@ -1,5 +1,6 @@
 """`rigforge images save DIR` and `load DIR INVENTORY` (docs/images.md, issue 22): the lock's images kept in an OCI
-image layout, put onto a rig at their locked digests (deploy/images_load.py) where no fleet registry serves it."""
+image layout, put onto a rig at their locked digests (deploy/images_load.py) where no fleet registry serves it. The
+layout itself, as read, is rigforge/model/saved_images.py."""
 
 import argparse
 import hashlib
@@ -7,51 +8,36 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rigforge.cli.lock import manifest_url, write_atomically
 from rigforge.model.pins import DIGEST, ImagePin, Lock, LockError, default_lock_path, load_lock
-from rigforge.observe.obtain import DOCKER_HUB, INDEX_TYPES, MANIFEST_TYPES, parse, registry_request
+from rigforge.model.saved_images import (
+    BLOBS,
+    IMAGE_NAME,
+    INDEX,
+    LAYOUT_FILE,
+    REF_NAME,
+    VERIFIED,
+    ImagesError,
+    blob_path,
+    check_loadable,
+    children,
+    descriptors,
+    human_bytes,
+    qualified,
+    read_json,
+    saved,
+    verified_ok,
+)
+from rigforge.observe.obtain import MANIFEST_TYPES, registry_request
 
 if TYPE_CHECKING:  # imported where used: requests is slow to import
     import requests
 
-LAYOUT_FILE = "oci-layout"
-INDEX = "index.json"
-BLOBS = "blobs/sha256"
-VERIFIED = ".rigforge-verified.json"  # {digest: size} of every blob whose sha256 was checked when it was written
-REF_NAME = "org.opencontainers.image.ref.name"  # the lock's ref, e.g. vllm/vllm-openai:v0.27.1
-IMAGE_NAME = "io.containerd.image.name"  # its fully qualified name, docker.io/vllm/vllm-openai:v0.27.1
 CHUNK = 1 << 20
 PROGRESS_STEP = 10  # a progress line every this many percent of a blob
-
-
-class ImagesError(Exception):
-    """An image could not be saved or loaded (one line, for the operator)."""
-
-
-@dataclass(frozen=True)
-class Saved:
-    """One image of a layout's index.json."""
-
-    ref: str
-    digest: str
-    media_type: str
-    size: int
-
-
-def hub_name(ref: str) -> tuple[str, str] | None:
-    """(Docker Hub repository path, tag) of a ref Docker pulls from Docker Hub (`ubuntu`: library/ubuntu, latest)."""
-    if (r := parse(ref)).registry not in (DOCKER_HUB, "index.docker.io", "registry-1.docker.io"):
-        return None
-    return (r.repository if "/" in r.repository else f"library/{r.repository}"), r.tag or "latest"
-
-
-def qualified(ref: str) -> str:
-    """The fully qualified name of a ref (containerd's `io.containerd.image.name`)."""
-    return f"docker.io/{hub[0]}:{hub[1]}" if (hub := hub_name(ref)) else ref
 
 
 def locked_images(lock: Lock) -> tuple[list[ImagePin], list[str]]:
@@ -61,66 +47,8 @@ def locked_images(lock: Lock) -> tuple[list[ImagePin], list[str]]:
     return list(pins.values()), [f"{key} ({pin.ref})" for key, pin in entries if not pin.digest]
 
 
-# --- the layout on disk ----------------------------------------------------------------------------------------
-
-
-def blob_path(directory: Path, digest: str) -> Path:
-    return Path(directory) / BLOBS / digest.split(":", 1)[1]
-
-
-def _read_json(path: Path, default: Any) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return default
-
-
 def _write_json(path: Path, data: dict) -> None:
     write_atomically(path, json.dumps(data, indent=2) + "\n")
-
-
-def index_entries(directory: Path) -> list[Saved]:
-    """The images a layout's index.json names (by the ref annotation), in file order."""
-    index = _read_json(Path(directory) / INDEX, {})
-    return [
-        Saved(ref, e["digest"], e.get("mediaType", ""), int(e.get("size", 0)))
-        for e in (index.get("manifests") or [] if isinstance(index, dict) else [])
-        if (ref := (e.get("annotations") or {}).get(REF_NAME)) and DIGEST.match(str(e.get("digest", "")))
-    ]
-
-
-def _verified_ok(directory: Path, verified: dict, digest: str, size: int) -> bool:
-    """The blob is in place with `size` bytes, and its sha256 was checked when it was written."""
-    path = blob_path(directory, digest)
-    return verified.get(digest) == size and path.exists() and path.stat().st_size == size
-
-
-def _descriptors(manifest: dict) -> list[dict]:
-    return ([manifest["config"]] if manifest.get("config") else []) + list(manifest.get("layers") or [])
-
-
-def _children(manifest: dict) -> list[dict]:
-    is_index = manifest.get("mediaType") in INDEX_TYPES or ("manifests" in manifest and "layers" not in manifest)
-    return list(manifest.get("manifests") or []) if is_index else []
-
-
-def saved(directory: str | os.PathLike, ref: str, digest: str) -> bool:
-    """`ref` at `digest` complete in `directory`: indexed, each manifest and blob at its size and hash-checked once?"""
-    if (entry := next((e for e in index_entries(directory) if e.ref == ref and e.digest == digest), None)) is None:
-        return False
-    verified = _read_json(Path(directory) / VERIFIED, {})
-    todo = [(digest, entry.size, True)]
-    while todo:
-        d, size, is_manifest = todo.pop()
-        if not _verified_ok(directory, verified, d, size):
-            return False
-        if is_manifest:
-            manifest = _read_json(blob_path(directory, d), None)
-            if not isinstance(manifest, dict):
-                return False
-            todo += [(c["digest"], int(c["size"]), True) for c in _children(manifest)]
-            todo += [(b["digest"], int(b["size"]), False) for b in _descriptors(manifest)]
-    return True
 
 
 # --- save ------------------------------------------------------------------------------------------------------
@@ -153,21 +81,13 @@ class _Source:
         return resp
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB"):
-        if n < 1000:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"
-
-
 def _fetch_blob(src: _Source, directory: Path, verified: dict, desc: dict, label: str) -> bool:
     """The blob `desc` in place, verified; False when it already was (nothing fetched)."""
     digest, size = desc["digest"], int(desc["size"])
     if not DIGEST.match(digest):
         raise ImagesError(f"{src.ref}: {label} has an unsupported digest {digest!r} (sha256 only)")
     final = blob_path(directory, digest)
-    if _verified_ok(directory, verified, digest, size):
+    if verified_ok(directory, verified, digest, size):
         return False
     part = final.with_name(f".{final.name}.part")
     hasher, have = hashlib.sha256(), 0
@@ -191,7 +111,10 @@ def _fetch_blob(src: _Source, directory: Path, verified: dict, desc: dict, label
                 break
             if size and got // step > said and got < size:
                 said = got // step
-                print(f"  {label} {digest[7:19]}: {_human(got)} of {_human(size)} ({100 * got // size}%)", flush=True)
+                print(
+                    f"  {label} {digest[7:19]}: {human_bytes(got)} of {human_bytes(size)} ({100 * got // size}%)",
+                    flush=True,
+                )
     actual = f"sha256:{hasher.hexdigest()}"
     if got != size or actual != digest:
         part.unlink(missing_ok=True)
@@ -202,14 +125,14 @@ def _fetch_blob(src: _Source, directory: Path, verified: dict, desc: dict, label
     os.replace(part, final)
     verified[digest] = size
     _write_json(directory / VERIFIED, verified)
-    print(f"  {label} {digest[7:19]}: {_human(size)} (100%), verified", flush=True)
+    print(f"  {label} {digest[7:19]}: {human_bytes(size)} (100%), verified", flush=True)
     return True
 
 
 def _fetch_manifest(src: _Source, directory: Path, verified: dict, digest: str) -> tuple[dict, str, int]:
     """(the manifest at `digest`, its Content-Type ("" when kept), its size), kept byte for byte once verified."""
     path = blob_path(directory, digest)
-    if _verified_ok(directory, verified, digest, verified.get(digest)):
+    if verified_ok(directory, verified, digest, verified.get(digest)):
         body = path.read_bytes()
         return json.loads(body), "", len(body)
     resp = src.get("manifests", digest)
@@ -236,50 +159,25 @@ def save_image(directory: Path, pin: ImagePin, registry: str | None = None, ca_c
         print(f"{pin.ref}@{pin.digest}: already saved in {directory}", flush=True)
         return 0
     src = _Source(pin.ref, registry, ca_cert)
-    verified = _read_json(directory / VERIFIED, {})
+    verified = read_json(directory / VERIFIED, {})
     print(f"{pin.ref}@{pin.digest}: saving from {src.base.split('/v2/')[0]}", flush=True)
     top, content_type, top_size = _fetch_manifest(src, directory, verified, pin.digest)
-    images = [top, *(_fetch_manifest(src, directory, verified, c["digest"])[0] for c in _children(top))]
-    blobs = [b for m in images for b in _descriptors(m)]
+    images = [top, *(_fetch_manifest(src, directory, verified, c["digest"])[0] for c in children(top))]
+    blobs = [b for m in images for b in descriptors(m)]
     fetched = sum(_fetch_blob(src, directory, verified, b, f"blob {i}/{len(blobs)}") for i, b in enumerate(blobs, 1))
     entry = {"mediaType": top.get("mediaType") or content_type, "digest": pin.digest, "size": top_size}
     entry["annotations"] = {REF_NAME: pin.ref, IMAGE_NAME: qualified(pin.ref)}
-    index = _read_json(directory / INDEX, {})
+    index = read_json(directory / INDEX, {})
     if not isinstance(index, dict) or not isinstance(index.get("manifests"), list):
         index = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": []}
     others = [m for m in index["manifests"] if (m.get("annotations") or {}).get(REF_NAME) != pin.ref]
     index["manifests"] = [*others, entry]
     _write_json(directory / INDEX, index)
     total = sum(int(b["size"]) for b in blobs)
-    print(f"{pin.ref}@{pin.digest}: saved ({len(blobs)} blobs, {_human(total)}; {fetched} fetched now)", flush=True)
+    print(
+        f"{pin.ref}@{pin.digest}: saved ({len(blobs)} blobs, {human_bytes(total)}; {fetched} fetched now)", flush=True
+    )
     return fetched
-
-
-# --- load: what a rig is sent --------------------------------------------------------------------------------
-
-
-def push_plan(directory: str | os.PathLike, entries: list[Saved]) -> tuple[list[str], dict[str, int]]:
-    """(load_images.sh's plan, the files it needs {digest: size}) for `entries` (Docker Hub images): each image's
-    blobs and its manifests (an index's children first, so the registry accepts each), then `pull NAME@DIGEST` of
-    each image."""
-    lines, pulls, needed = [], [], {}
-    for e in entries:
-        repo, top = hub_name(e.ref)[0], _read_json(blob_path(directory, e.digest), {})
-        kids = [(c, _read_json(blob_path(directory, c["digest"]), {})) for c in _children(top)]
-        manifests = [(c["digest"], int(c["size"]), m.get("mediaType") or c.get("mediaType")) for c, m in kids]
-        manifests.append((e.digest, e.size, top.get("mediaType") or e.media_type))
-        blobs = {b["digest"]: int(b["size"]) for m in [top, *(k for _, k in kids)] for b in _descriptors(m)}
-        lines += [f"blob {repo} {d}" for d in blobs]
-        lines += [f"manifest {repo} {d} {media_type}" for d, _, media_type in manifests]
-        pulls.append(f"pull {pinned(e)}")
-        needed |= blobs | {d: size for d, size, _ in manifests}
-    return lines + pulls, needed
-
-
-def pinned(e: Saved) -> str:
-    """`name@sha256:...` of a saved image (what Docker holds after a load, and what `docker image inspect` finds)."""
-    name = e.ref.rsplit(":", 1)[0] if ":" in e.ref.rsplit("/", 1)[-1] else e.ref
-    return f"{name}@{e.digest}"
 
 
 # --- the command -----------------------------------------------------------------------------------------------
@@ -311,18 +209,6 @@ def save(directory: Path, lock: Lock, registry: str | None = None, ca_cert: str 
 
 
 ENTRY = Path(__file__).resolve().parents[2] / "deploy" / "images_load.py"
-
-
-def check_loadable(directory: Path) -> list[Saved]:
-    """The images of `directory`, each complete and verified, loadable onto a rig; ImagesError naming what is not."""
-    if not (entries := index_entries(directory)):
-        raise ImagesError(f"{directory}: no saved image (no {INDEX} naming one): run `rigforge images save DIR` first")
-    for e in entries:
-        if not saved(directory, e.ref, e.digest):
-            raise ImagesError(f"{directory}: {e.ref}@{e.digest} is incomplete: run `rigforge images save` again")
-        if hub_name(e.ref) is None:
-            raise ImagesError(f"{e.ref}: only Docker Hub images can be loaded (its registry would record another name)")
-    return entries
 
 
 def run(args: argparse.Namespace) -> int:

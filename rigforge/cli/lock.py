@@ -499,22 +499,3 @@ def run(args: argparse.Namespace) -> int:
     if new.toolkit and (news := check_toolkit(new.toolkit, os.environ.get("RIGFORGE_TOOLKIT_REPO"))):
         print(news)
     return 0
-
-
-def token_refused(endpoint: str, pin: HfPin, token: str) -> tuple[str | None, str | None]:
-    """(problem, warning) of the HF token for a gated asset: a HEAD of one locked file at the pinned revision. A
-    refused token is a problem; an unreachable hub only a warning (the rig may reach it). The token is never shown."""
-    import requests
-
-    url = f"{endpoint.rstrip('/')}/{pin.repo}/resolve/{pin.revision}/{pin.files[0].path}"
-    try:
-        answer = requests.head(url, headers={"Authorization": f"Bearer {token}"}, allow_redirects=False, timeout=10)
-    except requests.RequestException as exc:
-        return None, f"could not check the HF token with {endpoint} ({type(exc).__name__}); the rig's download tries it"
-    if answer.status_code in (401, 403):
-        return (
-            f"the HF token was refused by {endpoint} for the gated {pin.repo} (HTTP {answer.status_code}): set a "
-            "token that has access to it (host data hf_token or RIGFORGE_HF_TOKEN / HF_TOKEN on the controller)",
-            None,
-        )
-    return None, None

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from rigforge.layout import HostLayout
+from rigforge.layout import AssetDir, HostLayout
 from rigforge.model.hardware import serving_env
 from rigforge.model.render import COMPOSE_FILE, ENV_FILE, setting_name, template, units
 from rigforge.model.schema import Settings, SettingsError
@@ -62,8 +62,7 @@ class Variant:
     shm_size: str
     ipc: str
     gpu_reservation: tuple[tuple[str, Any], ...]
-    # (asset, dir under the model dir, approximate bytes until the lock knows the sizes)
-    asset_dirs: tuple[tuple[str, str, int], ...] = ()
+    asset_dirs: tuple[AssetDir, ...] = ()  # where each of `assets` lands, and its size until the lock knows
     successor: str | None = None  # the recipe repo's live slug that took its place (its image may be purged)
     served_model: str = ""  # what /v1/models lists: --served-model-name, else the variant's name
     uses_dflash: bool = False  # a DFlash draft in --speculative-config
@@ -153,7 +152,7 @@ def _variant(name: str, raw: dict, defaults: dict, assets: dict[str, Asset]) -> 
         measured=tuple(_need(raw, "measured", dict, where).items()),
         **{key: defaults[key] for key in DEFAULTS},
         gpu_reservation=tuple(defaults["gpu_reservation"].items()),
-        asset_dirs=tuple((a, assets[a].dir, int(assets[a].approx_gb * 1e9)) for a in raw["assets"]),
+        asset_dirs=tuple(AssetDir(a, assets[a].dir, int(assets[a].approx_gb * 1e9)) for a in raw["assets"]),
         successor=successor,
     )
 

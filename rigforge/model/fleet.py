@@ -9,7 +9,7 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from rigforge.groups import GATEWAY, MONITOR, REGISTRY, RIG, is_rig
-from rigforge.layout import HostLayout
+from rigforge.layout import AssetDir, HostLayout
 from rigforge.model import recipes, schema
 from rigforge.model.catalog import CatalogError, load_catalog
 from rigforge.model.knobs import docker_engine, gpu_power, images, nvidia_driver, serving, site, weights
@@ -44,8 +44,7 @@ class ServedVariant(Protocol):
     uses_dflash: bool  # DFlash: FP16 KV, no 20 GB override
     sources: tuple[str, ...]  # lock git entries it mounts
     assets: tuple[str, ...]  # lock hf entries it loads
-    # (asset, dir under the model dir, approximate bytes until the lock knows the sizes), in the order of `assets`
-    asset_dirs: tuple[tuple[str, str, int], ...]
+    asset_dirs: tuple[AssetDir, ...]  # where each of `assets` lands, and its size until the lock knows, in order
     served_model: str  # the model name /v1/models lists
     manifest_extra: Mapping[str, Any]  # what rig.json records about the variant's source
     successor: str | None  # the recipe repo's live variant to move to when this one's image is gone everywhere
@@ -221,7 +220,7 @@ def build_plan(
         settings=settings,
         layout=layout,
         sources=tuple(lock.git[name] for name in variant.sources),
-        assets=tuple(PlannedAsset(a, folder, lock.hf[a], size) for a, folder, size in variant.asset_dirs),
+        assets=tuple(PlannedAsset(a.asset, a.dir, lock.hf[a.asset], a.approx_bytes) for a in variant.asset_dirs),
         caps=MappingProxyType(power_caps(count, settings)),  # every index < count: checked above
         cap_units=tuple(cap_units),
         knobs=RoleKnobs.of(data),

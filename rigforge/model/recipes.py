@@ -9,7 +9,7 @@ import posixpath
 import re
 import shlex
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from rigforge.layout import HostLayout
+from rigforge.layout import AssetDir, HostLayout
 from rigforge.model.hardware import serving_env
 from rigforge.model.pins import HfPin, ImagePin, LockError
 from rigforge.model.render import COMPOSE_FILE, setting_name, units
@@ -550,8 +550,7 @@ class LiveVariant:
     recipe: Recipe
     compose: dict = field(repr=False, hash=False, compare=False)  # the recipe's compose file, parsed
     image: str  # what runs: the lock's ref@digest (or tag while the digest is unresolved)
-    # (lock hf name, dir under the model dir, bytes per the model profile's size_gb: until the lock knows)
-    asset_dirs: tuple[tuple[str, str, int], ...]
+    asset_dirs: tuple[AssetDir, ...]  # each weights' lock entry, dir and bytes (the model profile's size_gb)
     served_model: str
     min_card_mib: int
     sources: tuple[str, ...] = (GIT_NAME,)
@@ -564,7 +563,7 @@ class LiveVariant:
 
     @property
     def assets(self) -> tuple[str, ...]:
-        return tuple(n for n, _, _ in self.asset_dirs)  # lock hf names
+        return tuple(a.asset for a in self.asset_dirs)  # lock hf names
 
     @property
     def gpus(self) -> int:
@@ -651,7 +650,7 @@ def find(slug: str, lock: Any, opt_in: bool) -> LiveVariant:
             f"lock {lock.path}: no hf entry for {w.hf_repo}{_files_note(w)} ({slug}): add hf.{weights_pin(w).name}: "
             f"{{repo: {w.hf_repo}, ref: main, revision: null{_include_yaml(w)}}} and run `rigforge lock`"
         )
-    assets = [(names[w], w.local_subdir, int((w.size_gb or 0) * 1e9)) for w in recipe.weights]
+    assets = [AssetDir(names[w], w.local_subdir, int((w.size_gb or 0) * 1e9)) for w in recipe.weights]
     return of(repo, recipe, lock.pinned(recipe.image), assets)
 
 
@@ -726,8 +725,8 @@ def min_card_mib(compose_text: str) -> int:
     return int(float(m.group(1)) * 1000) if m else 24000
 
 
-def of(repo: RecipeRepo, recipe: Recipe, image: str, assets: list[tuple[str, str, int]] = ()) -> LiveVariant:
-    """`recipe` of `repo` as a variant running `image`; `assets`: (lock name, dir, bytes) of its weights."""
+def of(repo: RecipeRepo, recipe: Recipe, image: str, assets: Sequence[AssetDir] = ()) -> LiveVariant:
+    """`recipe` of `repo` as a variant running `image`; `assets`: where its weights land (lock name, dir, bytes)."""
     compose = repo.compose(recipe)
     return LiveVariant(
         recipe=recipe,

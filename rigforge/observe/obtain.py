@@ -1,11 +1,12 @@
-"""Where a rig gets its locked image (issue 22, docs/registry.md): the rig, the fleet registry (a Docker Hub mirror),
-upstream; asked over HTTP from the controller, and the one line naming the variant's live successor when none has it."""
+"""What the controller asks upstream before a change (issue 22, docs/registry.md). Where a rig gets its locked image:
+the rig, the fleet registry, upstream; asked over HTTP, and the one line naming the variant's live successor when
+none has it. And whether the hub lets the HF token read a gated asset (`token_refused`)."""
 
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rigforge.model.pins import DIGEST
+from rigforge.model.pins import DIGEST, HfPin
 from rigforge.model.registry import RegistryPlan
 
 if TYPE_CHECKING:  # imported where used: requests is slow to import
@@ -172,3 +173,22 @@ def origin(on_rig: bool, found: list[Source]) -> tuple[str, bool]:
     else:
         return "nowhere: not on the rig, in no source", True
     return text + ("" if on_rig else "; not on the rig yet"), False
+
+
+def token_refused(endpoint: str, pin: HfPin, token: str) -> tuple[str | None, str | None]:
+    """(problem, warning) of the HF token for a gated asset: a HEAD of one locked file at the pinned revision. A
+    refused token is a problem; an unreachable hub only a warning (the rig may reach it). The token is never shown."""
+    import requests
+
+    url = f"{endpoint.rstrip('/')}/{pin.repo}/resolve/{pin.revision}/{pin.files[0].path}"
+    try:
+        answer = requests.head(url, headers={"Authorization": f"Bearer {token}"}, allow_redirects=False, timeout=10)
+    except requests.RequestException as exc:
+        return None, f"could not check the HF token with {endpoint} ({type(exc).__name__}); the rig's download tries it"
+    if answer.status_code in (401, 403):
+        return (
+            f"the HF token was refused by {endpoint} for the gated {pin.repo} (HTTP {answer.status_code}): set a "
+            "token that has access to it (host data hf_token or RIGFORGE_HF_TOKEN / HF_TOKEN on the controller)",
+            None,
+        )
+    return None, None

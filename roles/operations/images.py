@@ -9,9 +9,10 @@ from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 from pyinfra.facts.files import Directory, FileContents, Sha256File
 
 import rigforge
-from rigforge.cli import images
 from rigforge.layout import DAEMON_JSON, HostLayout
+from rigforge.model import saved_images
 from rigforge.model.jsonmerge import merged_text
+from rigforge.model.saved_images import human_bytes
 from rigforge.observe.facts.docker import DockerImagePresent
 from rigforge.observe.facts.images import ListeningPorts, OciBlobs
 from rigforge.observe.facts.system import FreeDiskBytes
@@ -23,12 +24,9 @@ SCRIPT = Path(rigforge.__file__).resolve().parent / "remote" / "load_images.sh" 
 PORTS = range(5800, 5900)  # the temporary registry takes the first free one
 
 
-def missing(saved: list[images.Saved]) -> list[images.Saved]:
+def missing(saved: list[saved_images.Saved]) -> list[saved_images.Saved]:
     """The saved images the rig's Docker does not hold at their digest (read now)."""
-    return [e for e in saved if not host.get_fact(DockerImagePresent, image=images.pinned(e))]
-
-
-_human = images._human
+    return [e for e in saved if not host.get_fact(DockerImagePresent, image=saved_images.pinned(e))]
 
 
 @operation()
@@ -62,7 +60,7 @@ def blobs_uploaded(directory: str, saved: list, layout: HostLayout) -> Commands:
     """Upload the blobs of ``saved`` images that the rig's OCI layout lacks, each checked by sha256 on the rig.
 
     + directory: the saved layout on the controller (`rigforge images save DIR`)
-    + saved: the images to load (rigforge.cli.images.Saved)
+    + saved: the images to load (rigforge.model.saved_images.Saved)
     + layout: the rig's paths (the OCI layout; the upload dir a sudo user's uploads land in first, 0700, theirs)
 
     **Example:**
@@ -70,7 +68,7 @@ def blobs_uploaded(directory: str, saved: list, layout: HostLayout) -> Commands:
     .. code:: python
 
         from pathlib import Path
-        from rigforge.cli import images as saved_images
+        from rigforge.model import saved_images
         from rigforge.layout import HostLayout
         from roles.operations import images
         images.blobs_uploaded(
@@ -82,9 +80,9 @@ def blobs_uploaded(directory: str, saved: list, layout: HostLayout) -> Commands:
     """
     oci, upload_dir = layout.images_layout, layout.images_upload
     todo = missing(saved)
-    if unchanged(not todo, f"docker holds {', '.join(images.pinned(e) for e in saved)}"):
+    if unchanged(not todo, f"docker holds {', '.join(saved_images.pinned(e) for e in saved)}"):
         return
-    _, needed = images.push_plan(directory, todo)
+    _, needed = saved_images.push_plan(directory, todo)
     have = host.get_fact(OciBlobs, path=oci)
     upload = {d: size for d, size in needed.items() if have.get(d) != size}
     if unchanged(not upload, f"{oci} holds the {len(needed)} blobs of {len(todo)} image(s)"):
@@ -94,13 +92,13 @@ def blobs_uploaded(directory: str, saved: list, layout: HostLayout) -> Commands:
     free = host.get_fact(FreeDiskBytes, path=oci)
     if free is not None and need > free:
         yield fail_command(
-            f"{host.name}: not enough disk space to load {len(todo)} image(s) at {oci}: need {_human(need)} (the "
-            f"blobs to upload and the temporary registry's copy, + 5%), {_human(free)} free; free space or set "
+            f"{host.name}: not enough disk space to load {len(todo)} image(s) at {oci}: need {human_bytes(need)} (the "
+            f"blobs to upload and the temporary registry's copy, + 5%), {human_bytes(free)} free; free space or set "
             "rigforge_root elsewhere"
         )
         return
     q = shlex.quote
-    blobs = f"{oci}/{images.BLOBS}"
+    blobs = f"{oci}/{saved_images.BLOBS}"
     user = connection("ssh_user") if (host.current_op_global_arguments or {}).get("_sudo") else None
     yield StringCommand(f"mkdir -p {q(blobs)}")
     if user:
@@ -110,16 +108,19 @@ def blobs_uploaded(directory: str, saved: list, layout: HostLayout) -> Commands:
         hexdigest = digest.split(":", 1)[1]
         part = f"{upload_dir if user else blobs}/.{hexdigest}.part"
         sent += size
-        yield say(f"blob {i}/{len(upload)} {hexdigest[:12]}: {_human(size)} ({_human(sent)} of {_human(total)})")
+        progress = f"{human_bytes(sent)} of {human_bytes(total)}"
+        yield say(f"blob {i}/{len(upload)} {hexdigest[:12]}: {human_bytes(size)} ({progress})")
         if not user:
             yield StringCommand(f"mkdir -p {q(upload_dir)}")
-        yield FileUploadCommand(str(images.blob_path(directory, digest)), part, **({"_sudo": False} if user else {}))
+        yield FileUploadCommand(
+            str(saved_images.blob_path(directory, digest)), part, **({"_sudo": False} if user else {})
+        )
         yield StringCommand(
             f"echo {q(f'{hexdigest}  {part}')} | sha256sum -c --status || {{ rm -f {q(part)}; "
             f"echo 'rigforge: blob {digest} did not arrive intact; re-run' >&2; exit 1; }}; "
             f"chown 0:0 {q(part)} && chmod 644 {q(part)} && mv -f {q(part)} {q(f'{blobs}/{hexdigest}')}"
         )
-    for name in (images.LAYOUT_FILE, images.INDEX):
+    for name in (saved_images.LAYOUT_FILE, saved_images.INDEX):
         yield FileUploadCommand(str(Path(directory) / name), f"{oci}/{name}")
 
 
@@ -128,7 +129,7 @@ def loaded(directory: str, saved: list, layout: HostLayout, port: int | None = N
     """Load the ``saved`` images Docker lacks at their digests (load_images.sh), then remove what blobs_uploaded sent.
 
     + directory: the saved layout on the controller
-    + saved: the images to load (rigforge.cli.images.Saved)
+    + saved: the images to load (rigforge.model.saved_images.Saved)
     + layout: the rig's paths (load_images.sh, the OCI layout, the load's work dir, the upload dir)
     + port: the temporary registry's port on 127.0.0.1 (None: the first free one of 5800-5899)
 
@@ -137,7 +138,7 @@ def loaded(directory: str, saved: list, layout: HostLayout, port: int | None = N
     .. code:: python
 
         from pathlib import Path
-        from rigforge.cli import images as saved_images
+        from rigforge.model import saved_images
         from rigforge.layout import HostLayout
         from roles.operations import images
         images.loaded(
@@ -150,7 +151,7 @@ def loaded(directory: str, saved: list, layout: HostLayout, port: int | None = N
     """
     script, oci, work = layout.images_script, layout.images_layout, layout.images_work
     todo = missing(saved)
-    if unchanged(not todo, f"docker holds {', '.join(images.pinned(e) for e in saved)}"):
+    if unchanged(not todo, f"docker holds {', '.join(saved_images.pinned(e) for e in saved)}"):
         return
     used = [] if port else host.get_fact(ListeningPorts)
     port = port or next((p for p in PORTS if p not in used), None)
@@ -169,9 +170,9 @@ def loaded(directory: str, saved: list, layout: HostLayout, port: int | None = N
     except ValueError as error:
         yield fail_command(f"{DAEMON_JSON} on {host.name} is not valid JSON ({error}); fix or remove it, then re-run.")
         return
-    plan, _ = images.push_plan(directory, todo)
+    plan, _ = saved_images.push_plan(directory, todo)
     q = shlex.quote
-    yield say(f"loading {', '.join(images.pinned(e) for e in todo)} through a temporary registry on {url}")
+    yield say(f"loading {', '.join(saved_images.pinned(e) for e in todo)} through a temporary registry on {url}")
     yield FileUploadCommand(str(SCRIPT), script)
     yield StringCommand(f"rm -rf {q(work)} && install -d -m 700 {q(work)}")
     for name, text in (("daemon.json.mirrored", mirrored), ("daemon.json.cleared", cleared), ("plan", "\n".join(plan))):

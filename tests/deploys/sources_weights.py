@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from pyinfra import host
 
+from rigforge.layout import AssetDir
 from rigforge.model.catalog import load_catalog
 from rigforge.model.pins import load_lock
 from roles import site, sources, weights
@@ -24,7 +25,7 @@ variant = replace(
     name="sources-weights-test",
     sources=tuple(names.split(",")) if names else (),
     assets=tuple(assets),
-    asset_dirs=tuple((a, folder, 0) for a, folder in assets.items()),
+    asset_dirs=tuple(AssetDir(a, folder, 0) for a, folder in assets.items()),
 )
 plan = site.prepare(site.the_fleet(variant))
 if plan and names:
