@@ -152,7 +152,18 @@ def test_lock_resolves_a_tag_upstream_lost_from_the_fleets_copy(distribution, tm
             locking.resolve(lock, [], None, None, upstream.url, fleet=(distribution, False))
 
 
-def test_the_fill_copies_once_keeping_the_digest_and_skips_a_held_image():
+FILLS = {  # the locked image (its digest appended) -> (where skopeo reads it, where the fleet holds it)
+    REF: ("docker://docker.io/vllm/vllm-openai", "vllm/vllm-openai:v0.27.1"),
+    # another registry's image under that registry's host: rigs pull it by that name (obtain.pulled_as)
+    "ghcr.io/ggml-org/llama.cpp:server-cuda-b10236": (
+        "docker://ghcr.io/ggml-org/llama.cpp",
+        "ghcr.io/ggml-org/llama.cpp:server-cuda-b10236",
+    ),
+}
+
+
+@pytest.mark.parametrize("ref", sorted(FILLS))
+def test_the_fill_copies_once_keeping_the_digest_and_skips_a_held_image(ref):
     from pyinfra.api import deploy
     from test_roles_host_ops import converge, executed, rig
 
@@ -161,47 +172,19 @@ def test_the_fill_copies_once_keeping_the_digest_and_skips_a_held_image():
     from roles.operations.fleet_copy import image_in_fleet
 
     digest = "sha256:" + "b" * 64
-    image = f"{REF}@{digest}"
+    source, copy = FILLS[ref]
 
     @deploy("fill")
     def fill():
-        image_in_fleet(name="fill", image=image, reg=RegistryPlan("gw", "127.0.2.1", 5000, False, Path("/ca")))
-
-    state = converge({"gw": rig()}, fill)
-    cmds = executed(state, "gw")
-    assert (
-        "skopeo copy --all --preserve-digests --retry-times 3 "
-        f"docker://docker.io/vllm/vllm-openai@{digest} docker://127.0.2.1:5000/vllm/vllm-openai:v0.27.1"
-    ) in cmds
-    held = rig()
-    fact = RegistryHasImage().command("127.0.2.1:5000", "vllm/vllm-openai", digest).get_raw_value()
-    held["fake_responses"] = {fact: ["yes"], **held["fake_responses"]}
-    state = converge({"gw": held}, fill)
-    assert not any(c.startswith("skopeo copy") for c in executed(state, "gw"))
-
-
-def test_the_fill_holds_another_registrys_image_under_that_registrys_host():
-    from pyinfra.api import deploy
-    from test_roles_host_ops import converge, executed, rig
-
-    from rigforge.model.registry import RegistryPlan
-    from rigforge.observe.facts.docker import RegistryHasImage
-    from roles.operations.fleet_copy import image_in_fleet
-
-    digest = "sha256:" + "c" * 64
-    image = f"ghcr.io/ggml-org/llama.cpp:server-cuda-b10236@{digest}"
-
-    @deploy("fill")
-    def fill():
-        image_in_fleet(name="fill", image=image, reg=RegistryPlan("gw", "127.0.2.1", 5000, False, Path("/ca")))
+        image_in_fleet(
+            name="fill", image=f"{ref}@{digest}", reg=RegistryPlan("gw", "127.0.2.1", 5000, False, Path("/ca"))
+        )
 
     cmds = executed(converge({"gw": rig()}, fill), "gw")
-    assert (
-        "skopeo copy --all --preserve-digests --retry-times 3 docker://ghcr.io/ggml-org/llama.cpp@"
-        f"{digest} docker://127.0.2.1:5000/ghcr.io/ggml-org/llama.cpp:server-cuda-b10236"
-    ) in cmds
+    expected = f"skopeo copy --all --preserve-digests --retry-times 3 {source}@{digest} docker://127.0.2.1:5000/{copy}"
+    assert expected in cmds
     held = rig()
-    fact = RegistryHasImage().command("127.0.2.1:5000", "ghcr.io/ggml-org/llama.cpp", digest).get_raw_value()
+    fact = RegistryHasImage().command("127.0.2.1:5000", copy.rsplit(":", 1)[0], digest).get_raw_value()
     held["fake_responses"] = {fact: ["yes"], **held["fake_responses"]}
     assert not any(c.startswith("skopeo copy") for c in executed(converge({"gw": held}, fill), "gw"))
 
