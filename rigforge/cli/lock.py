@@ -12,7 +12,6 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
-from urllib.parse import urlsplit
 
 from rigforge.cli import follow
 from rigforge.model import recipes
@@ -146,10 +145,11 @@ def resolve_hf(pin: HfPin, endpoint: str | None, token: str | None) -> HfPin:
     return dataclasses.replace(pin, revision=info.sha, gated=bool(info.gated), files=tuple(files))
 
 
-def manifest_url(ref: str, registry: str | None = None) -> str:
+def manifest_url(ref: str, registry: str | None = None, repository: str | None = None) -> str:
     """The Distribution API manifest URL of an image reference `[host/]name[:tag]`: at the registry its host names
     (ghcr.io/ggml-org/llama.cpp -> https://ghcr.io, repository ggml-org/llama.cpp), Docker Hub without one; at
-    `registry` instead when given (a stand-in for every upstream: the repository without the host)."""
+    `registry` instead when given (a stand-in for every upstream: the repository without the host), or at its
+    `repository` there when given (the fleet registry's copy: obtain.fleet_repository)."""
     name, _, tag = ref.rpartition(":") if ":" in ref.rsplit("/", 1)[-1] else (ref, "", "latest")
     first = name.split("/", 1)[0]
     if ("." in first or ":" in first or first == "localhost") and "/" in name:
@@ -157,7 +157,7 @@ def manifest_url(ref: str, registry: str | None = None) -> str:
     registry = (registry or "https://registry-1.docker.io").rstrip("/")
     if "/" not in name and registry.endswith("registry-1.docker.io"):
         name = f"library/{name}"
-    return f"{registry}/v2/{name}/manifests/{tag}"
+    return f"{registry}/v2/{repository or name}/manifests/{tag}"
 
 
 def cuda_of(config: dict) -> str | None:
@@ -173,14 +173,18 @@ def cuda_of(config: dict) -> str | None:
 
 
 def resolve_image(
-    ref: str, registry: str | None = None, verify: str | bool = True, known: str | None = None
+    ref: str,
+    registry: str | None = None,
+    verify: str | bool = True,
+    known: str | None = None,
+    repository: str | None = None,
 ) -> tuple[str, str | None]:
-    """(the digest `docker pull` would get for `ref`, from `registry` (a base URL) when given; `cuda_of` its config
-    blob (for a multi-platform index: the linux/amd64 image's, else the first image's), None when the digest is
-    `known`)."""
+    """(the digest `docker pull` would get for `ref`, from `registry` (a base URL) when given, at its `repository`
+    there when given (manifest_url); `cuda_of` its config blob (for a multi-platform index: the linux/amd64 image's,
+    else the first image's), None when the digest is `known`)."""
     import requests
 
-    url = manifest_url(ref, registry)
+    url = manifest_url(ref, registry, repository)
     headers = {"Accept": MANIFEST_TYPES}
 
     def get(path: str) -> dict:
@@ -296,9 +300,8 @@ def resolve(
             parsed = parse(pin.ref)
             base, verify = fleet  # the fleet registry holds its copy at fleet_repository: `library/x`, `ghcr.io/o/x`
             where = f" (from the fleet registry {base}: upstream no longer has this tag)"
-            copy = f"{urlsplit(base).netloc}/{fleet_repository(parsed)}:{parsed.tag or 'latest'}"  # `base` answers it
             try:
-                digest, cuda = resolve_image(copy, base, verify, pin.digest)
+                digest, cuda = resolve_image(pin.ref, base, verify, pin.digest, repository=fleet_repository(parsed))
             except LockError as e:
                 raise LockError(f"{gone}; the fleet registry {base} has no copy either ({e}); {live}") from None
         if digest == pin.digest:
