@@ -200,7 +200,7 @@ def image_origin(obs: Observed, ctx: RigContext, reg: RegistryPlan | None) -> di
     found = obtain.sources(plan.locked_image, reg, knobs.serving_image_upstream, knobs.serving_image_upstream_ca)
     on_rig = bool(obs.get_fact(DockerImagePresent, image=plan.image))
     text, warning = obtain.origin(on_rig, found)
-    return {"image": plan.locked_image, "on_rig": on_rig, "from": text, "warning": warning}
+    return {"image": plan.image, "on_rig": on_rig, "from": text, "warning": warning}  # what `on_rig` looked for
 
 
 def boot_units(ctx: RigContext) -> dict:

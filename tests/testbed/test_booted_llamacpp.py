@@ -129,7 +129,7 @@ def test_tess_converges_beside_vllm_serves_through_the_gateway_and_a_second_run_
     status = subprocess.run(
         [sys.executable, "-m", "rigforge.cli", "status", str(inv)], capture_output=True, text=True, timeout=600
     ).stdout
-    assert f"rig1: image {IMAGE}@{digest}: on the rig; from the fleet registry" in status, status
+    assert f"rig1: image {copy}: on the rig; from the fleet registry" in status, status
 
     before = (started_at(rig1, CONTAINER), started_at(rig2, "vllm-qwen36-27b-dual"))
     t0 = time.monotonic()
