@@ -126,6 +126,7 @@ HEAVY_FIRST = (
     "testbed/test_booted_cards.py",
     "testbed/test_booted_boot_order.py",
     "testbed/test_booted.py",
+    "test_converge_agreement.py",  # with the other modules that start from the converged image (SHARED below)
     "test_converge_recover.py",
     "test_converge_checks.py",
     "test_converge_recipes.py",
@@ -137,6 +138,10 @@ HEAVY_FIRST = (
 SHARED = {  # modules that share a session fixture: one unit of work, in this order
     "testbed/test_booted_serving_docker.py": "testbed/test_booted_serving.py",  # serving_fleet
     "testbed/test_booted_cable.py": "testbed/test_booted_fleet.py",  # booted_fleet
+    # converged_image: made once, on the worker that runs these (it is made per worker: its stand-ins' endpoints)
+    "test_converge_repair.py": "test_converge_agreement.py",
+    "test_status_verify.py": "test_converge_agreement.py",
+    "test_cycles_rig.py": "test_converge_agreement.py",
 }
 
 
@@ -192,6 +197,7 @@ def testbed_factory(testbed_dir: Path):
         registry=False,
         monitor=False,
         docker_source="distro",  # what the tests were written for; test_testbed_quickstart takes the default
+        image=None,  # a converged rig's image (the converged_image fixture): each rig starts as a copy of it
     ):
         # unique per session and call: concurrent pytest sessions may share the testbed dir
         fleet = testbed_dir / "fleets" / f"pytest-{os.getpid()}-{name}"
@@ -213,6 +219,7 @@ def testbed_factory(testbed_dir: Path):
             fleet_registry=registry,
             monitor=monitor,
             docker_source=docker_source,
+            image=image,
         )
         TESTBED_TIMES.append(f"{name}: {len(tb.rigs)} rig(s) up in {time.monotonic() - t0:.1f}s")
         return tb
@@ -235,6 +242,20 @@ def testbed_factory(testbed_dir: Path):
     others = [*(testbed_dir / "fleets").glob("*/rigs/*"), *(testbed_dir / "rigs").glob("*")]
     if not services_were_running and not others:  # leave them to testbeds still in use
         core.stop_services(testbed_dir)
+
+
+@pytest.fixture(scope="session")
+def converged_image(testbed_factory, testbed_dir: Path):
+    """One default chroot rig converged with deploy/dual_turbo.py (twice: the second run changed nothing), packed in
+    this worker's testbed dir and kept there under a key of what the converge depends on (rigforge/testbed/
+    converged.py). The modules that test what follows a converge bring their rigs up from it:
+    `testbed_factory(specs, name=..., image=converged_image)`; the converge-from-fresh tests start fresh."""
+    from rigforge.testbed.converged import converged_image as image
+
+    t0 = time.monotonic()
+    made = image(testbed_dir)
+    TESTBED_TIMES.append(f"converged image {made.tarball.name}: ready in {time.monotonic() - t0:.1f}s")
+    return made
 
 
 def _can_boot() -> None:

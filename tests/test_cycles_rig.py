@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import changed, pyinfra_run
 
 pytestmark = pytest.mark.testbed
 REPO = Path(__file__).resolve().parents[1]
@@ -41,20 +42,14 @@ def rigforge(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def rig(testbed_factory):
-    """One testbed rig provisioned as dual-turbo by the real deploy; (testbed, rig)."""
+def rig(testbed_factory, converged_image):
+    """One testbed rig provisioned as dual-turbo by the real deploy (a copy of conftest's converged_image; the run
+    here changes nothing); (testbed, rig)."""
     from rigforge.testbed import RigSpec
 
-    tb = testbed_factory([RigSpec()], name="cycles")
-    pyinfra = str(Path(sys.executable).with_name("pyinfra"))
-    proc = subprocess.run(
-        [pyinfra, "-y", str(tb.inventory), "deploy/dual_turbo.py"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    tb = testbed_factory([RigSpec()], name="cycles", image=converged_image)
+    results, err = pyinfra_run(tb.inventory, REPO / "deploy" / "dual_turbo.py")
+    assert results["failed_hosts"] == [] and changed(results) == [], err[-4000:]
     yield tb, tb.rig("rig1")
     testbed_factory.release(tb)
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support import changed, pyinfra_run
 
 REPO = Path(__file__).resolve().parents[1]
 SKIPPED = "skipped (services not managed on this host)"
@@ -89,16 +90,14 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def rigs(testbed_factory):
-    """Two testbed rigs provisioned as dual-turbo by the real deploy."""
+def rigs(testbed_factory, converged_image):
+    """Two testbed rigs provisioned as dual-turbo by the real deploy (copies of conftest's converged_image; the run
+    here changes nothing on either)."""
     from rigforge.testbed import RigSpec
 
-    tb = testbed_factory([RigSpec(), RigSpec()], name="opsverify")
-    proc = subprocess.run(
-        [str(Path(sys.executable).with_name("pyinfra")), "-y", str(tb.inventory), "deploy/dual_turbo.py"],
-        cwd=REPO, capture_output=True, text=True, timeout=1200,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    tb = testbed_factory([RigSpec(), RigSpec()], name="opsverify", image=converged_image)
+    results, err = pyinfra_run(tb.inventory, REPO / "deploy" / "dual_turbo.py")
+    assert results["failed_hosts"] == [] and changed(results) == [], err[-4000:]
     return tb
 
 

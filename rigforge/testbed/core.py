@@ -73,8 +73,8 @@ from .content import HF_TOKEN, UNLOCKED, build_git, build_hf, build_recipes, con
 from .hostpkgs import ensure as ensure_host_packages
 from .presets import apply as apply_preset
 from .recipe_commits import B_IMAGE, SLOW_ENV, SLOW_IMAGE
-from .rig import IMAGE_REF, USER, Rig, RigSpec, make_keys, recipe_images
-from .rootfs import build_tarball, extract, locked, prepare_rig
+from .rig import IMAGE_REF, USER, Rig, RigImage, RigSpec, make_keys, recipe_images
+from .rootfs import build_tarball, extract, locked, new_machine_id, prepare_rig
 
 if TYPE_CHECKING:  # testinfra is imported where used (the tests' helper)
     import testinfra.host
@@ -524,15 +524,27 @@ Subsystem sftp internal-sftp
 
 
 def _make_rig(
-    rig_dir: Path, port: int | None, spec: RigSpec, tarball: Path, uid: int, fresh: bool, taken: set[int]
+    rig_dir: Path,
+    port: int | None,
+    spec: RigSpec,
+    tarball: Path,
+    uid: int,
+    fresh: bool,
+    taken: set[int],
+    image: RigImage | None = None,
 ) -> Rig:
-    """(Re)build a rig and start its sshd on `port` (its earlier one, or None) if still free, else on the next
-    free port."""
+    """(Re)build a rig, from the base root file system `tarball` or from a converged rig's `image`, and start its
+    sshd on `port` (its earlier one, or None) if still free, else on the next free port."""
     root = rig_dir / "rootfs"
     info_file = rig_dir / "rig.json"
     info = json.loads(info_file.read_text()) if info_file.exists() else {}
     stop_pidfile(rig_dir / "sshd.pid")
-    if fresh or not (root / ".rigforge-rig").exists() or info.get("tarball") != tarball.name:
+    if image and (fresh or info.get("tarball") != image.tarball.name):
+        extract(image.tarball, root)
+        new_machine_id(root)  # a copy is a machine of its own (the deploy refuses two rigs with one machine-id)
+        info = {"spec": asdict(image.spec)}  # its simulated GPUs and their power state are the image's
+        tarball = image.tarball
+    elif fresh or not (root / ".rigforge-rig").exists() or info.get("tarball") != tarball.name:
         extract(tarball, root)
         prepare_rig(root, uid, USER)
         (root / ".rigforge-rig").write_text("ok\n")
@@ -790,6 +802,7 @@ def up(
     monitor: bool = False,
     docker_source: str = "docker",
     variant: str | None = None,
+    image: RigImage | None = None,
 ) -> Testbed:
     """Build or reuse rigs rig1..rigN (one per spec) in `dir`; start the shared services of `shared` (default:
     `dir`). Idempotent: running rigs with the same spec are kept unless `fresh`. `booted`: rigs run their own
@@ -802,6 +815,8 @@ def up(
     Prometheus published on the controller's loopback (Testbed.prometheus_url); it scrapes over the LAN.
     `docker_source`: the rigs' host data docker_source, "docker" (rigforge's default: the testbed's stand-in of
     Docker's repository) or "distro" (Debian's docker.io). `variant`: every rig's rigforge_variant, if given.
+    `image` (chroot rigs only): every rig is a copy of that converged rig (converged.py) instead of a fresh one; each
+    spec must be the image's, and `docker_source` the one it was converged with.
     Writes DIR/env.sh (Testbed.stand_in_env) and caches the lock's recipe commit for the controller."""
     t0 = time.monotonic()
     ensure_host_packages(booted)  # root, and the host packages (installed when missing, on Debian/Ubuntu)
@@ -819,6 +834,11 @@ def up(
         raise TestbedError(f"docker_source must be docker or distro, got {docker_source!r}")
     if len({spec.image_cuda for spec in specs}) > 1:
         raise TestbedError("the rigs of one testbed share its lock: give them one image CUDA version")
+    if image and (booted or any(spec != image.spec for spec in specs) or docker_source != image.docker_source):
+        raise TestbedError(
+            f"a converged image makes chroot rigs like the one it was made from ({image.spec}, docker_source "
+            f"{image.docker_source}); asked for booted={booted}, {specs}, docker_source {docker_source}"
+        )
     if booted and any(spec.preset for spec in specs):
         raise TestbedError("rig presets are for chroot rigs; booted rigs start from the plain root file system")
     for tool in ("systemd-nspawn", "nsenter", "ip") if booted else ():
@@ -881,7 +901,7 @@ def up(
                     port = free_port(port or PORTS["ssh"], (port or PORTS["ssh"]) + 800, taken - {port})
                     taken.add(port)
                 return make_booted_rig(rig_dir, port, spec, tarball, uid, fresh, services)
-            rig = _make_rig(rig_dir, port, spec, tarball, uid, fresh, taken)
+            rig = _make_rig(rig_dir, port, spec, tarball, uid, fresh, taken, image)
             apply_preset(
                 spec.preset, rig.rootfs, Path(services["apt_root"]), f"http://127.0.0.1:{services['apt_port']}"
             )
@@ -955,7 +975,7 @@ def load(dir: Path = DEFAULT_DIR, shared: Path | None = None) -> Testbed:
     return Testbed(dir=dir, shared=shared, rigs=rigs, services=services, fleet_registry=fleet_registry, **gateway)
 
 
-PURGED = ("cache", "run", "upstream", "registry-ca", "fleets")  # what `down --purge` removes besides the rigs
+PURGED = ("cache", "run", "upstream", "registry-ca", "fleets", "images")  # what `down --purge` removes besides the rigs
 
 
 def down(dir: Path = DEFAULT_DIR, purge: bool = False) -> None:

@@ -54,6 +54,16 @@ class RigSpec:
         return {"gpus": gpus, **({"links": links} if links else {})}
 
 
+@dataclass(frozen=True)
+class RigImage:
+    """A converged rig's packed root file system and what it was made as."""
+
+    tarball: Path
+    spec: RigSpec  # the rig it was made from: a rig brought up from the image has this spec
+    docker_source: str  # the host data it was converged with
+    deploy: str  # the deploy file that converged it, relative to the checkout
+
+
 @dataclass
 class Rig:
     name: str

@@ -170,15 +170,20 @@ def tools_rootfs(testbed_dir: Path = Path("/var/lib/rigforge-testbed")) -> Path:
     return root
 
 
+def new_machine_id(root: Path) -> None:
+    """A machine-id of its own for the root file system `root` (systemd's, and D-Bus's copy when it has one)."""
+    (root / "etc/machine-id").write_text(f"{uuid.uuid4().hex}\n")
+    dbus = root / "var/lib/dbus/machine-id"
+    if dbus.is_file() and not dbus.is_symlink():
+        dbus.write_text((root / "etc/machine-id").read_text())
+
+
 def prepare_rig(root: Path, uid: int, user: str) -> None:
     """A rig's root file system made ready to boot as a rig: the host's network config and hostname, a machine-id
     of its own (the cached root file system's is every rig's otherwise), and the SSH user `user` (with `uid`,
     passwordless sudo)."""
     copy_host_network_config(root)
-    (root / "etc/machine-id").write_text(f"{uuid.uuid4().hex}\n")
-    dbus = root / "var/lib/dbus/machine-id"
-    if dbus.is_file() and not dbus.is_symlink():
-        dbus.write_text((root / "etc/machine-id").read_text())
+    new_machine_id(root)
     hostname = os.uname().nodename
     (root / "etc/hosts").write_text(f"127.0.0.1\tlocalhost\n127.0.1.1\t{hostname}\n::1\tlocalhost ip6-localhost\n")
     in_chroot(

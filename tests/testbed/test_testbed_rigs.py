@@ -4,6 +4,7 @@ and HF endpoint. (No systemd runs in the rigs: nothing here starts a service.)""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -367,3 +368,27 @@ def test_ubuntu_scheme_repo_behaves_the_same(testbed_factory):
     assert res.returncode == 0 and res.stdout.count("NVIDIA GeForce RTX 3090") == 2
     res = ssh(tb, "rig1", "apt-cache show nvidia-open nvidia-dkms-open | grep -E '^(Package|Version|Depends):'")
     assert "Package: nvidia-dkms-open\nVersion: 590.48.01-1" in res.stdout, res.stdout
+
+
+@pytest.mark.parametrize(
+    "asked",
+    [
+        {"specs": [RigSpec(gpus=1)]},
+        {"specs": [RigSpec()], "booted": True},
+        {"specs": [RigSpec()], "docker_source": "docker"},
+    ],
+    ids=["another spec", "booted", "another docker source"],
+)
+def test_a_converged_image_makes_only_rigs_like_the_one_it_was_made_from(testbed_dir, tmp_path, asked):
+    """A rig from a converged image is that rig: a rig of another spec, a booted rig or one of another docker_source
+    is refused before a rig directory is made."""
+    from rigforge.testbed.rig import RigImage
+
+    image = RigImage(tmp_path / "converged.tar", RigSpec(), "distro", "deploy/dual_turbo.py")
+    fleet = testbed_dir / "fleets" / f"refused-{tmp_path.name}"
+    try:
+        with pytest.raises(TestbedError, match="a converged image makes chroot rigs like the one it was made from"):
+            up(fleet, shared=testbed_dir, image=image, **asked)
+        assert not (fleet / "rigs").exists()
+    finally:
+        shutil.rmtree(fleet, ignore_errors=True)
