@@ -51,9 +51,11 @@ from rigforge.model.knobs import gateway as gateway_knobs  # noqa: E402
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 MODEL = "qwen3.6-27b-autoround"
 RIGS = ("rig1", "rig2", "rig3")
-WORDS = ("the of and to in is that for it as with was on be by this are from or have an not which at but were all "
-         "function return value config file test error module class import self none true false list dict rig "
-         "gateway prefix cache token block model serve request response stream client agent tool").split()  # fmt: skip
+WORDS = (
+    "the of and to in is that for it as with was on be by this are from or have an not which at but were all "
+    "function return value config file test error module class import self none true false list dict rig "
+    "gateway prefix cache token block model serve request response stream client agent tool"
+).split()
 
 
 @dataclass(frozen=True)
@@ -106,8 +108,23 @@ class Stub:
     def __init__(self, name: str, kv_blocks: int, port: int = 0) -> None:
         """Started on `port` (0: a free one) with a prefix cache of `kv_blocks` blocks; answers once this returns."""
         self.name, self.kv_blocks = name, kv_blocks
-        cmd = [sys.executable, "-m", "rigforge.testbed.openai_stub", "--port", str(port), "--name", name,
-               "--kv-blocks", str(kv_blocks), "--ttft-ms", "20", "--dt-ms", "2", "--tokens", "16"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "rigforge.testbed.openai_stub",
+            "--port",
+            str(port),
+            "--name",
+            name,
+            "--kv-blocks",
+            str(kv_blocks),
+            "--ttft-ms",
+            "20",
+            "--dt-ms",
+            "2",
+            "--tokens",
+            "16",
+        ]
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True)
         self.url = self.proc.stdout.readline().strip()
         self.port = int(self.url.rsplit(":", 1)[1])
@@ -132,8 +149,12 @@ class Gateway:
         """Rendered with the gateway `knobs` (defaults otherwise), started, returned once every rig is UP."""
         rigs = []
         for name, stub in stubs.items():
-            plan, problems = plan_for(name, {"rigforge_variant": "dual", "serving_port": stub.port,
-                                             "gateway_address": "127.0.0.1"}, gpus=2, deployable=False)  # fmt: skip
+            plan, problems = plan_for(
+                name,
+                {"rigforge_variant": "dual", "serving_port": stub.port, "gateway_address": "127.0.0.1"},
+                gpus=2,
+                deployable=False,
+            )
             assert not problems, problems
             rigs.append(plan)
         self.port = free_port()
@@ -144,8 +165,9 @@ class Gateway:
         self.plan = replace(plan, admin_socket=str(tmp / "admin.sock"), state_file=str(tmp / "state"))
         cfg = tmp / "haproxy.cfg"
         cfg.write_text(gateway.render(self.plan))
-        self.proc = subprocess.Popen([HAPROXY, "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [HAPROXY, "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         self.wait(lambda s: all(s.get(r, {}).get("status") == "UP" for r in stubs))
 
     def stat(self) -> dict[str, dict]:
@@ -176,8 +198,9 @@ class Gateway:
         """One chat completion: the rig that answered it ("" when none did)."""
         body = {"messages": list(messages), "model": MODEL, "max_tokens": 16}
         headers = {"Content-Type": "application/json", **({"X-Session-Id": session} if session else {})}
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/chat/completions", json.dumps(body).encode(),
-                                     headers)  # fmt: skip
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/v1/chat/completions", json.dumps(body).encode(), headers
+        )
         try:
             with urllib.request.urlopen(req, timeout=60) as resp:
                 resp.read()
@@ -347,9 +370,12 @@ def main(argv: list[str] | None = None) -> int:
     convs = workload(args.agents, args.conversations, args.seed)
     turns = sum(len(c.turns) for c in convs)
     biggest = max(len(json.dumps(c.turns[-1])) for c in convs)
-    print(f"# {args.agents} agents, {len(convs)} conversations, {turns} turns (largest request {biggest // 1024} KB), "
-          f"{args.clients} at once, KV budget {args.kv_blocks} blocks ({args.kv_blocks * 16} tokens) a rig, "
-          f"seed {args.seed}{', X-Session-Id sent' if args.session_header else ''}", flush=True)  # fmt: skip
+    print(
+        f"# {args.agents} agents, {len(convs)} conversations, {turns} turns (largest request {biggest // 1024} KB), "
+        f"{args.clients} at once, KV budget {args.kv_blocks} blocks ({args.kv_blocks * 16} tokens) a rig, "
+        f"seed {args.seed}{', X-Session-Id sent' if args.session_header else ''}",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory(prefix="bench-affinity-") as tmp:
         runs = [("leastconn", gateway_knobs.DEFAULTS["gateway_hash_balance_factor"])]
         runs += [("affinity", int(f)) for f in args.factors.split(",")]

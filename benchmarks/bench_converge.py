@@ -93,8 +93,12 @@ def probe_time(ssh_config: Path, rig: str, recorded: Path) -> tuple[float, float
         f"s=$(date +%s%N); {{ {command.get_raw_value()}; }} >/dev/null; e=$(date +%s%N); "
         'echo "$(( (e - s) / 1000 ))"; times'
     )
-    out = subprocess.run(["ssh", "-F", str(ssh_config), rig, f"sudo -n sh -c {shlex.quote(timed)}"],
-                         capture_output=True, text=True, check=True).stdout.splitlines()  # fmt: skip
+    out = subprocess.run(
+        ["ssh", "-F", str(ssh_config), rig, f"sudo -n sh -c {shlex.quote(timed)}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
 
     def seconds(text: str) -> float:  # "0m0.120000s"
         minutes, _, rest = text.rstrip("s").partition("m")

@@ -116,8 +116,12 @@ def rollout(inventory: str) -> list[dict]:
     runs = []
     for entry in ("dual", "dual_turbo"):
         t0 = time.monotonic()
-        proc = subprocess.run([PYINFRA, "-y", "--serial", inventory, str(REPO / "deploy" / f"{entry}.py")],
-                              cwd=REPO, capture_output=True, text=True)  # fmt: skip
+        proc = subprocess.run(
+            [PYINFRA, "-y", "--serial", inventory, str(REPO / "deploy" / f"{entry}.py")],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
         runs.append({"deploy": entry, "rc": proc.returncode, "seconds": round(time.monotonic() - t0, 1)})
         if proc.returncode:
             print(proc.stderr[-4000:], file=sys.stderr)
@@ -155,8 +159,13 @@ def rig_death(load: Load, rig: str, kill: str, stat: str, settle: float, wait: f
         time.sleep(0.2)
     time.sleep(settle)
     before, after = phase(load.results, t0, t_kill), phase(load.results, t_kill, time.monotonic())
-    return {"rig": rig, "down_after_s": down and round(down, 2), "up_after_s": up and round(up, 2),
-            "before_kill": before, "after_kill": after}  # fmt: skip
+    return {
+        "rig": rig,
+        "down_after_s": down and round(down, 2),
+        "up_after_s": up and round(up, 2),
+        "before_kill": before,
+        "after_kill": after,
+    }
 
 
 def main() -> int:

@@ -68,8 +68,9 @@ def free_port() -> int:
 def pyinfra(inventory: Path, assets: str) -> float:
     env = {**os.environ, "RIGFORGE_TEST_SOURCES": "", "RIGFORGE_TEST_ASSETS": assets}
     t0 = time.monotonic()
-    proc = subprocess.run([PYINFRA, "-y", "--json", str(inventory), str(DEPLOY)], cwd=REPO, env=env,
-                          capture_output=True, text=True)  # fmt: skip
+    proc = subprocess.run(
+        [PYINFRA, "-y", "--json", str(inventory), str(DEPLOY)], cwd=REPO, env=env, capture_output=True, text=True
+    )
     elapsed = time.monotonic() - t0
     if proc.returncode:
         raise SystemExit(f"pyinfra failed:\n{proc.stderr[-3000:]}")
@@ -78,8 +79,14 @@ def pyinfra(inventory: Path, assets: str) -> float:
 
 def changed_ops(inventory: Path, assets: str) -> list[str]:
     env = {**os.environ, "RIGFORGE_TEST_SOURCES": "", "RIGFORGE_TEST_ASSETS": assets}
-    proc = subprocess.run([PYINFRA, "-y", "--json", str(inventory), str(DEPLOY)], cwd=REPO, env=env,
-                          capture_output=True, text=True, check=True)  # fmt: skip
+    proc = subprocess.run(
+        [PYINFRA, "-y", "--json", str(inventory), str(DEPLOY)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     ops = json.loads(proc.stdout)["results"]["operations"]
     return [op["name"] for op in ops if op["success"]]
 
@@ -97,8 +104,16 @@ def main() -> int:
         print("preparing 64 MiB and 1 GiB stand-in repos ...", flush=True)
         metas = {key: write_repo(work / "hf", repo, sizes) for key, (repo, sizes) in ASSETS.items()}
         port = free_port()
-        server = subprocess.Popen([sys.executable, str(REPO / "rigforge/testbed/hfserver.py"), "--root",
-                                   str(work / "hf"), "--port", str(port)])  # fmt: skip
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                str(REPO / "rigforge/testbed/hfserver.py"),
+                "--root",
+                str(work / "hf"),
+                "--port",
+                str(port),
+            ]
+        )
         endpoint = f"http://127.0.0.1:{port}"
         time.sleep(0.5)
 
@@ -115,7 +130,7 @@ def main() -> int:
                     "files": [{k: f[k] for k in ("path", "size", "sha256")} for f in m["files"]],
                 }
                 for key, m in metas.items()
-            },  # fmt: skip
+            },
         }
         lock_path = work / "bench.lock.yaml"
         lock_path.write_text(yaml.safe_dump(lock))
@@ -148,20 +163,33 @@ def main() -> int:
             for _ in range(20):
                 tb.rig("rig1").run(cmd, check=True)
             t_fact = (time.monotonic() - t0) / 20
-            print(f"{key:10s} {size / MiB:5.0f} MiB: no-op re-run median {statistics.median(noop[key]):5.2f} s "
-                  f"(runs: {', '.join(f'{t:.2f}' for t in noop[key])}) | state fact on the rig {t_fact * 1000:5.1f} ms "
-                  f"| deep verify run {deep[key]:5.2f} s")  # fmt: skip
+            print(
+                f"{key:10s} {size / MiB:5.0f} MiB: no-op re-run median {statistics.median(noop[key]):5.2f} s "
+                f"(runs: {', '.join(f'{t:.2f}' for t in noop[key])}) | state fact on the rig {t_fact * 1000:5.1f} ms "
+                f"| deep verify run {deep[key]:5.2f} s"
+            )
 
         print("\n== 2. download throughput from the local endpoint (1 GiB, 4 files) ==")
         m = metas["bench-1g"]
         dest = work / "dl"
-        manifest = {"name": "bench-1g", "repo": m["repo"], "revision": m["revision"], "endpoint": endpoint,
-                    "dest": str(dest / "fw"), "staging": str(dest / "staging"),
-                    "files": [{k: f[k] for k in ("path", "size", "sha256")} for f in m["files"]]}  # fmt: skip
+        manifest = {
+            "name": "bench-1g",
+            "repo": m["repo"],
+            "revision": m["revision"],
+            "endpoint": endpoint,
+            "dest": str(dest / "fw"),
+            "staging": str(dest / "staging"),
+            "files": [{k: f[k] for k in ("path", "size", "sha256")} for f in m["files"]],
+        }
         total = sum(f["size"] for f in m["files"])
         t0 = time.monotonic()
-        subprocess.run([sys.executable, str(REPO / "rigforge/remote/fetch_weights.py")], input=json.dumps(manifest),
-                       text=True, check=True, capture_output=True)  # fmt: skip
+        subprocess.run(
+            [sys.executable, str(REPO / "rigforge/remote/fetch_weights.py")],
+            input=json.dumps(manifest),
+            text=True,
+            check=True,
+            capture_output=True,
+        )
         t_fw = time.monotonic() - t0
         (dest / "curl").mkdir(parents=True)
         t0 = time.monotonic()
@@ -175,8 +203,10 @@ def main() -> int:
         t_sum = time.monotonic() - t0
         print(f"fetch_weights.py (download + sha256 + move): {t_fw:6.2f} s = {total / MiB / t_fw:7.1f} MiB/s")
         print(f"curl -o (download only):                     {t_curl:6.2f} s = {total / MiB / t_curl:7.1f} MiB/s")
-        print(f"curl -o + sha256sum:                         {t_curl + t_sum:6.2f} s = "
-              f"{total / MiB / (t_curl + t_sum):7.1f} MiB/s")  # fmt: skip
+        print(
+            f"curl -o + sha256sum:                         {t_curl + t_sum:6.2f} s = "
+            f"{total / MiB / (t_curl + t_sum):7.1f} MiB/s"
+        )
     finally:
         if server:
             server.terminate()

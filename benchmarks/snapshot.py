@@ -103,8 +103,12 @@ def dry_runs(out: Path, inventory: Path, env: dict[str, str]) -> None:
     for deploy in sorted((REPO / "deploy").glob("*.py")):
         proc = subprocess.run(
             [PYINFRA, "-y", "--dry", "-vvv", str(inventory), str(deploy)],
-            cwd=REPO, capture_output=True, text=True, env=env, timeout=900,
-        )  # fmt: skip
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=900,
+        )
         (out / f"{deploy.stem}.txt").write_text(f"exit {proc.returncode}\n{masked(proc.stdout + proc.stderr)}")
 
 

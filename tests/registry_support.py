@@ -56,14 +56,19 @@ class Registry:
         location = start.headers["Location"]
         location = location if location.startswith("http") else f"{self.url}{location}"
         sep = "&" if "?" in location else "?"
-        put = requests.put(f"{location}{sep}digest={digest}", data=data, timeout=10,
-                           headers={"Content-Type": "application/octet-stream"})  # fmt: skip
+        put = requests.put(
+            f"{location}{sep}digest={digest}",
+            data=data,
+            timeout=10,
+            headers={"Content-Type": "application/octet-stream"},
+        )
         assert put.status_code == 201, put.text
         return digest
 
     def push_manifest(self, name: str, ref: str, body: bytes, media_type: str) -> str:
-        resp = requests.put(f"{self.url}/v2/{name}/manifests/{ref}", data=body, timeout=10,
-                            headers={"Content-Type": media_type})  # fmt: skip
+        resp = requests.put(
+            f"{self.url}/v2/{name}/manifests/{ref}", data=body, timeout=10, headers={"Content-Type": media_type}
+        )
         assert resp.status_code == 201, resp.text
         return resp.headers["Docker-Content-Digest"]
 
@@ -119,12 +124,14 @@ def layer(files: dict[str, bytes]) -> bytes:
     return gzip.compress(raw.getvalue(), mtime=0)
 
 
-def push_image(reg: Registry, name: str, tag: str, layers: int = 3, index: bool = False, seed: str = "",
-               oci: bool = False) -> dict:  # fmt: skip
+def push_image(
+    reg: Registry, name: str, tag: str, layers: int = 3, index: bool = False, seed: str = "", oci: bool = False
+) -> dict:
     """Push an image of `layers` layers under name:tag (with `index`: a manifest list over it; with `oci` too: an OCI
     index holding it and a build attestation, as `docker buildx` pushes); returns {digest, manifest, blobs}."""
-    manifest_type, config_type, layer_type = (OCI_MANIFEST, OCI_CONFIG, OCI_LAYER) if oci else (
-        DOCKER_MANIFEST, DOCKER_CONFIG, DOCKER_LAYER)  # fmt: skip
+    manifest_type, config_type, layer_type = (
+        (OCI_MANIFEST, OCI_CONFIG, OCI_LAYER) if oci else (DOCKER_MANIFEST, DOCKER_CONFIG, DOCKER_LAYER)
+    )
     blobs = {}
     descs = []
     diff_ids = []
@@ -134,34 +141,64 @@ def push_image(reg: Registry, name: str, tag: str, layers: int = 3, index: bool 
         blobs[d] = tar
         descs.append({"mediaType": layer_type, "size": len(tar), "digest": d})
         diff_ids.append(digest_of(gzip.decompress(tar)))
-    config = json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": diff_ids},
-                         "config": {"Env": ["CUDA_VERSION=13.0.1"], "Cmd": ["/bin/true"]}}).encode()  # fmt: skip
+    config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "rootfs": {"type": "layers", "diff_ids": diff_ids},
+            "config": {"Env": ["CUDA_VERSION=13.0.1"], "Cmd": ["/bin/true"]},
+        }
+    ).encode()
     cd = reg.push_blob(name, config)
     blobs[cd] = config
-    manifest = json.dumps({"schemaVersion": 2, "mediaType": manifest_type,
-                           "config": {"mediaType": config_type, "size": len(config), "digest": cd},
-                           "layers": descs}, indent=3).encode()  # fmt: skip
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": manifest_type,
+            "config": {"mediaType": config_type, "size": len(config), "digest": cd},
+            "layers": descs,
+        },
+        indent=3,
+    ).encode()
     if not index:
         digest = reg.push_manifest(name, tag, manifest, manifest_type)
         return {"digest": digest, "manifest": manifest, "blobs": blobs}
     child = reg.push_manifest(name, digest_of(manifest), manifest, manifest_type)
-    children = [{"mediaType": manifest_type, "size": len(manifest), "digest": child,
-                 "platform": {"architecture": "amd64", "os": "linux"}}]  # fmt: skip
+    children = [
+        {
+            "mediaType": manifest_type,
+            "size": len(manifest),
+            "digest": child,
+            "platform": {"architecture": "amd64", "os": "linux"},
+        }
+    ]
     if oci:  # buildx's provenance attestation: an image manifest for platform unknown/unknown
         statement = json.dumps({"_type": "https://in-toto.io/Statement/v0.1", "subject": [{"digest": child}]}).encode()
         sd = reg.push_blob(name, statement)
         empty = b"{}"
         ed = reg.push_blob(name, empty)
         blobs |= {sd: statement, ed: empty}
-        attestation = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST,
-                                  "config": {"mediaType": OCI_CONFIG, "size": 2, "digest": ed},
-                                  "layers": [{"mediaType": "application/vnd.in-toto+json", "size": len(statement),
-                                              "digest": sd}]}).encode()  # fmt: skip
+        attestation = json.dumps(
+            {
+                "schemaVersion": 2,
+                "mediaType": OCI_MANIFEST,
+                "config": {"mediaType": OCI_CONFIG, "size": 2, "digest": ed},
+                "layers": [{"mediaType": "application/vnd.in-toto+json", "size": len(statement), "digest": sd}],
+            }
+        ).encode()
         ad = reg.push_manifest(name, digest_of(attestation), attestation, OCI_MANIFEST)
-        children.append({"mediaType": OCI_MANIFEST, "size": len(attestation), "digest": ad,
-                         "platform": {"architecture": "unknown", "os": "unknown"},
-                         "annotations": {"vnd.docker.reference.digest": child,
-                                         "vnd.docker.reference.type": "attestation-manifest"}})  # fmt: skip
+        children.append(
+            {
+                "mediaType": OCI_MANIFEST,
+                "size": len(attestation),
+                "digest": ad,
+                "platform": {"architecture": "unknown", "os": "unknown"},
+                "annotations": {
+                    "vnd.docker.reference.digest": child,
+                    "vnd.docker.reference.type": "attestation-manifest",
+                },
+            }
+        )
     top_type = OCI_INDEX if oci else DOCKER_LIST
     top = json.dumps({"schemaVersion": 2, "mediaType": top_type, "manifests": children}).encode()
     digest = reg.push_manifest(name, tag, top, top_type)

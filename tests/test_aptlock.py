@@ -13,8 +13,11 @@ from roles.operations import aptlock
 def test_the_holder_line_is_parsed_and_described():
     line = "/var/lib/dpkg/lock-frontend 4242 /usr/bin/python3 /usr/bin/unattended-upgrade --download-only"
     holder = aptlock.parse([line])
-    assert holder == {"lock": "/var/lib/dpkg/lock-frontend", "pid": 4242,
-                      "command": "/usr/bin/python3 /usr/bin/unattended-upgrade --download-only"}  # fmt: skip
+    assert holder == {
+        "lock": "/var/lib/dpkg/lock-frontend",
+        "pid": 4242,
+        "command": "/usr/bin/python3 /usr/bin/unattended-upgrade --download-only",
+    }
     assert aptlock.describe(holder) == (
         "the apt/dpkg lock /var/lib/dpkg/lock-frontend is held by pid 4242 (/usr/bin/python3 "
         "/usr/bin/unattended-upgrade --download-only)"

@@ -46,10 +46,25 @@ def stub():
 
     def start(*extra: str) -> str:
         p = subprocess.Popen(
-            [sys.executable, "-m", "rigforge.testbed.openai_stub", "--port", "0", "--ttft-ms", str(T0_MS),
-             "--dt-ms", str(DT_MS), "--tokens", str(N), "--model", MODEL, *extra],
-            stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "rigforge.testbed.openai_stub",
+                "--port",
+                "0",
+                "--ttft-ms",
+                str(T0_MS),
+                "--dt-ms",
+                str(DT_MS),
+                "--tokens",
+                str(N),
+                "--model",
+                MODEL,
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         procs.append(p)
         return p.stdout.readline().strip()
 
@@ -176,9 +191,20 @@ def test_ttft_counts_reasoning_deltas(stub, capsys):
 def test_concurrent_streams_report_aggregate_and_per_stream(stub, capsys):
     url = stub()
     rc, out, err = run_bench(
-        capsys, url, "--warmups", "0", "--runs", "2", "--streams", "4", "--only", "code",
-        "--variant", "dual-turbo", "--json",
-    )  # fmt: skip
+        capsys,
+        url,
+        "--warmups",
+        "0",
+        "--runs",
+        "2",
+        "--streams",
+        "4",
+        "--only",
+        "code",
+        "--variant",
+        "dual-turbo",
+        "--json",
+    )
     assert rc == 0, err
     p = json.loads(out)["prompts"]["code"]
     log = stub_log(url)
@@ -258,23 +284,39 @@ def test_runs_as_the_rigforge_command(stub):
     url = stub()
     r = subprocess.run(
         [sys.executable, "-m", "rigforge.cli", "bench", url, "--warmups", "0", "--runs", "1", "--only", "code"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[-1].startswith("code")
 
 
 def test_server_dying_mid_run_exits_2(tmp_path):
     stub = subprocess.Popen(
-        [sys.executable, "-m", "rigforge.testbed.openai_stub", "--port", "0", "--ttft-ms", "50", "--dt-ms", "50",
-         "--tokens", "40"],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "rigforge.testbed.openai_stub",
+            "--port",
+            "0",
+            "--ttft-ms",
+            "50",
+            "--dt-ms",
+            "50",
+            "--tokens",
+            "40",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     url = stub.stdout.readline().strip()
     bench_proc = subprocess.Popen(
         [sys.executable, "-m", "rigforge.cli", "bench", url, "--warmups", "0", "--runs", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(1.0)  # mid-way through the first 2-second stream
     stub.kill()
     stub.wait(timeout=10)

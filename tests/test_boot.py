@@ -22,22 +22,42 @@ from rigforge.observe.facts.nvidia import BootCaps
 
 FIXTURES = Path(__file__).parent / "fixtures" / "boot"
 WRITERS = {
-    "nvidia-power-cap.service": {"kind": "unit", "path": "/etc/systemd/system/nvidia-power-cap.service",
-                                 "watts": [250], "script": None},
-    "homemade-cap.service": {"kind": "unit", "path": "/etc/systemd/system/homemade-cap.service", "watts": [250],
-                             "script": None},
-    "@reboot in /etc/cron.d/gpu-cap": {"kind": "cron", "path": "/etc/cron.d/gpu-cap", "watts": [250],
-                                       "script": "/usr/local/bin/cron-cap.sh", "command": "/usr/local/bin/cron-cap.sh"},
-}  # fmt: skip
+    "nvidia-power-cap.service": {
+        "kind": "unit",
+        "path": "/etc/systemd/system/nvidia-power-cap.service",
+        "watts": [250],
+        "script": None,
+    },
+    "homemade-cap.service": {
+        "kind": "unit",
+        "path": "/etc/systemd/system/homemade-cap.service",
+        "watts": [250],
+        "script": None,
+    },
+    "@reboot in /etc/cron.d/gpu-cap": {
+        "kind": "cron",
+        "path": "/etc/cron.d/gpu-cap",
+        "watts": [250],
+        "script": "/usr/local/bin/cron-cap.sh",
+        "command": "/usr/local/bin/cron-cap.sh",
+    },
+}
 
 
 AT = "started at 12:00:09"
 
 
 def unit(active="active", sub="exited", result="success", start=5_000_000, exit_=5_100_000, load="loaded"):
-    return {"LoadState": load, "ActiveState": active, "SubState": sub, "Result": result, "ExecMainStatus": "0",
-            "InactiveExitTimestampMonotonic": str(start), "ExecMainStartTimestampMonotonic": str(start),
-            "ExecMainExitTimestampMonotonic": str(exit_)}  # fmt: skip
+    return {
+        "LoadState": load,
+        "ActiveState": active,
+        "SubState": sub,
+        "Result": result,
+        "ExecMainStatus": "0",
+        "InactiveExitTimestampMonotonic": str(start),
+        "ExecMainStartTimestampMonotonic": str(start),
+        "ExecMainExitTimestampMonotonic": str(exit_),
+    }
 
 
 def seen(**changes) -> dict:
@@ -68,8 +88,9 @@ def seen(**changes) -> dict:
 def ctx(manage=True, writers=None, **data):
     plan, problems = fleet.plan_for("rig1", {"rigforge_variant": "dual", **data}, deployable=False)
     assert plan, problems
-    return SimpleNamespace(manage=manage, plan=plan, settings=plan.settings,
-                           cap_units=WRITERS if writers is None else writers)  # fmt: skip
+    return SimpleNamespace(
+        manage=manage, plan=plan, settings=plan.settings, cap_units=WRITERS if writers is None else writers
+    )
 
 
 def test_a_clean_boot_passes_naming_every_writer_that_ran_and_the_corrections():
@@ -86,8 +107,10 @@ def test_a_clean_boot_passes_naming_every_writer_that_ran_and_the_corrections():
 def test_without_other_writers_it_says_so():
     quiet = seen(settle=["rigforge: caps settled after a 60 s watch (0 correction(s))"], cron=[])
     status, detail = boot.boot_caps(quiet, ctx(writers={}))
-    assert (status, detail) == ("pass", "230 W, set last at this boot (after no other writer ran; 0 corrections by "
-                                "the settle stage)")  # fmt: skip
+    assert (status, detail) == (
+        "pass",
+        "230 W, set last at this boot (after no other writer ran; 0 corrections by the settle stage)",
+    )
 
 
 def test_an_ordering_cycle_in_the_journal_fails_even_with_the_caps_right():
@@ -111,8 +134,9 @@ def test_a_missing_or_failed_settle_stage_fails():
     missing = units | {SETTLE_UNIT: {"LoadState": "not-found", "ActiveState": "inactive"}}
     assert boot.boot_caps(seen(units=missing), ctx()) == ("fail", f"{SETTLE_UNIT} is not installed (run the deploy)")
     failed = units | {SETTLE_UNIT: unit(active="failed", sub="failed", result="exit-code")}
-    lines = [f"rigforge: GPU1 power limit 250 W (changed at 12:00:09 by the unit x.service, {AT}); setting 230 W "
-             "failed"]  # fmt: skip
+    lines = [
+        f"rigforge: GPU1 power limit 250 W (changed at 12:00:09 by the unit x.service, {AT}); setting 230 W failed"
+    ]
     status, detail = boot.boot_caps(seen(units=failed, settle=lines), ctx())
     assert status == "fail" and "failed at this boot (Result=exit-code" in detail
     assert "GPU1 power limit 250 W (changed at 12:00:09 by the unit x.service, started" in detail
@@ -130,8 +154,12 @@ def test_a_writer_after_the_settle_window_is_named():
 
 def test_a_writer_rigforge_does_not_know_is_said_so():
     status, detail = boot.boot_caps(seen(caps={0: 230.0, 1: 300.0}), ctx())
-    assert status == "fail" and "GPU1 at 300 W, target 230 W: changed after the settle stage's window by a writer " \
-        "rigforge did not find (the hold sets it back" in detail  # fmt: skip
+    assert (
+        status == "fail"
+        and "GPU1 at 300 W, target 230 W: changed after the settle stage's window by a writer "
+        "rigforge did not find (the hold sets it back"
+        in detail
+    )
 
 
 def test_while_the_settle_stage_watches_right_caps_pass_and_wrong_ones_fail():
@@ -162,8 +190,14 @@ def test_unmanaged_hosts_name_the_writers_found_and_drift_skips_the_check():
 
 def test_drift_asks_the_probe_for_the_boot_fact_with_the_writers_units():
     plan, _ = fleet.plan_for("rig1", {"rigforge_variant": "dual"}, deployable=False)
-    rig = hosts.RigContext(name="rig1", data=fleet.host_data({"rigforge_manage_services": True}), plan=plan,
-                           layout=plan.layout, variant_name="dual", cap_units=WRITERS)  # fmt: skip
+    rig = hosts.RigContext(
+        name="rig1",
+        data=fleet.host_data({"rigforge_manage_services": True}),
+        plan=plan,
+        layout=plan.layout,
+        variant_name="dual",
+        cap_units=WRITERS,
+    )
     asked = {probe.fact_key(c, k) for c, k in hosts.requests(rig, {"id": "debian", "version_id": "13"})}
     units = {"units": "nvidia-power-cap.service homemade-cap.service"}  # cron jobs have no unit to ask about
     assert probe.fact_key(BootCaps, units) in asked

@@ -45,8 +45,12 @@ def dry(inv, entry: str, *rigs: str) -> tuple[int, str]:
     limits = [arg for rig in rigs for arg in ("--limit", rig)]
     proc = subprocess.run(
         [PYINFRA, "--dry", str(inv), str(REPO / "deploy" / f"{entry}.py"), *limits],
-        cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, **NO_TOKEN},
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **NO_TOKEN},
+    )
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -77,8 +81,9 @@ def test_an_invalid_daemon_json_is_refused_before_the_first_change(rigs, tmp_pat
     try:
         before = snapshot(rig)
         assert "/etc/docker/daemon.json" in before and "docker.io" not in before
-        line = refused(rigs, tmp_path, "rig1", {}, "/etc/docker/daemon.json on rig1 is not valid JSON (",
-                       "preflight failed on")  # fmt: skip
+        line = refused(
+            rigs, tmp_path, "rig1", {}, "/etc/docker/daemon.json on rig1 is not valid JSON (", "preflight failed on"
+        )
         assert line.endswith("fix it (no comments, no trailing commas) or remove it, then re-run."), line
         assert snapshot(rig) == before
     finally:
@@ -90,8 +95,14 @@ def test_a_driver_branch_the_repository_does_not_publish_is_refused_before_the_f
     preflight, read from the repository's index with curl, naming the published branches; nothing changed."""
     rig = rigs.rig("rig1")
     before = snapshot(rig)
-    line = refused(rigs, tmp_path, "rig1", {"nvidia_driver_branch": 595},
-                   "nvidia_driver_branch 595: NVIDIA's repository", "preflight failed on")  # fmt: skip
+    line = refused(
+        rigs,
+        tmp_path,
+        "rig1",
+        {"nvidia_driver_branch": 595},
+        "nvidia_driver_branch 595: NVIDIA's repository",
+        "preflight failed on",
+    )
     assert "does not publish nvidia-driver-pinning-595; it publishes driver branches 580, 590" in line, line
     assert snapshot(rig) == before
 
@@ -101,8 +112,10 @@ def test_dry_on_a_fresh_rig_names_the_remote_sources_it_asked_and_that_they_answ
     returncode, out = dry(rigs.inventory, "dual_turbo", "rig1")
     assert returncode == 0, out[-4000:]
     (line,) = [line for line in out.splitlines() if "remote sources this run fetches from answer" in line]
-    assert "rig1: 2 of 2 remote sources this run fetches from answer (NVIDIA's container toolkit repository, " \
-           "Hugging Face repository Lorbus/Qwen3.6-27B-int4-AutoRound)" in line, line  # fmt: skip
+    assert (
+        "rig1: 2 of 2 remote sources this run fetches from answer (NVIDIA's container toolkit repository, "
+        "Hugging Face repository Lorbus/Qwen3.6-27B-int4-AutoRound)" in line
+    ), line
 
 
 def test_a_docker_repository_without_this_suite_is_refused_before_the_first_change(rigs, tmp_path):
@@ -122,14 +135,17 @@ def test_a_docker_repository_without_this_suite_is_refused_before_the_first_chan
 
 
 ROOT_CASES = [  # (host data, the refusal): trees something else manages, for the root and the model dir alike
-    ({"rigforge_root": "/var/lib/docker"}, "rigforge_root must be a directory of its own outside /var/lib/docker, "
-     "Docker's default data-root (e.g. /opt/rigforge), got '/var/lib/docker'"),
+    (
+        {"rigforge_root": "/var/lib/docker"},
+        "rigforge_root must be a directory of its own outside /var/lib/docker, "
+        "Docker's default data-root (e.g. /opt/rigforge), got '/var/lib/docker'",
+    ),
     ({"rigforge_root": "/etc/rigforge"}, "outside /etc/rigforge, rigforge's own config dir"),
     ({"rigforge_root": "/etc/systemd"}, "rigforge_root must be a directory of its own outside /etc/systemd"),
     ({"rigforge_root": "/proc/x"}, "outside /proc, the kernel's process file system (e.g. /opt/rigforge)"),
     ({"serving_model_dir": "/tmp/models"}, "serving_model_dir must be a directory of its own outside /tmp"),
     ({"serving_model_dir": "/boot/models"}, "outside /boot, the kernels and boot loader"),
-]  # fmt: skip
+]
 
 
 def test_roots_inside_trees_something_else_manages_are_refused_before_the_first_change(rigs, tmp_path):
@@ -146,10 +162,15 @@ def test_a_root_inside_the_data_root_the_rigs_daemon_json_sets_is_refused(rigs, 
     rig.run("""mkdir -p /etc/docker && echo '{"data-root": "/srv/docker"}' > /etc/docker/daemon.json""", True)
     try:
         before = snapshot(rig)
-        refused(rigs, tmp_path, "rig1", {"rigforge_root": "/srv/docker/rigforge"},
-                "rigforge_root /srv/docker/rigforge is inside /srv/docker, Docker's data-root set in "
-                "/etc/docker/daemon.json; choose a directory of its own outside it (e.g. /opt/rigforge)",
-                "preflight failed on")  # fmt: skip
+        refused(
+            rigs,
+            tmp_path,
+            "rig1",
+            {"rigforge_root": "/srv/docker/rigforge"},
+            "rigforge_root /srv/docker/rigforge is inside /srv/docker, Docker's data-root set in "
+            "/etc/docker/daemon.json; choose a directory of its own outside it (e.g. /opt/rigforge)",
+            "preflight failed on",
+        )
         assert snapshot(rig) == before
     finally:
         rig.run("rm -rf /etc/docker", True)
@@ -160,8 +181,11 @@ def test_a_changed_root_is_named_with_the_old_trees_size(rigs, tmp_path):
     naming the old tree, its size and how to remove it (nothing is removed)."""
     rig = rigs.rig("rig1")
     recorded = """'{"root": "/srv/old-rf", "models": "/srv/old-rf/models"}'"""
-    rig.run("mkdir -p /etc/rigforge /srv/old-rf/models && truncate -s 2500000000 /srv/old-rf/models/w.safetensors"
-            f" && echo {recorded} > /etc/rigforge/rig.json", True)  # fmt: skip
+    rig.run(
+        "mkdir -p /etc/rigforge /srv/old-rf/models && truncate -s 2500000000 /srv/old-rf/models/w.safetensors"
+        f" && echo {recorded} > /etc/rigforge/rig.json",
+        True,
+    )
     try:
         inv = inventory_with(rigs, tmp_path / "inv.py", {"rig1": {}})
         returncode, out = dry(inv, "dual_turbo", "rig1")
@@ -179,8 +203,15 @@ def test_a_refused_hf_token_is_not_called_a_problem_in_host_data(rigs, tmp_path)
     rig = rigs.rig("rig1")
     fresh = snapshot(rig)
     data = {"hf_token": "hf_notTheRightOne"}
-    refused(rigs, tmp_path, "rig1", data, "the HF token was refused by http://127.0.0.1:", "rigforge refused on",
-            entry="dual_dflash")  # fmt: skip
+    refused(
+        rigs,
+        tmp_path,
+        "rig1",
+        data,
+        "the HF token was refused by http://127.0.0.1:",
+        "rigforge refused on",
+        entry="dual_dflash",
+    )
     inv = inventory_with(rigs, tmp_path / "dry.py", {"rig1": data})
     _, out = dry(inv, "dual_dflash", "rig1")
     listed = [line for line in out.splitlines() if "rigforge site |" in line and "Refuse" in line]
@@ -212,8 +243,9 @@ def test_one_machine_under_two_inventory_names_is_refused_naming_both(rigs, tmp_
     fresh = snapshot(rig1)
     inv = tmp_path / "twins.py"
     inv.write_text(f"exec(open({str(rigs.inventory)!r}).read())\nrigs = [*rigs, ('rig1-again', dict(rigs)['rig1'])]\n")
-    results, err = pyinfra_run(inv, REPO / "deploy" / "dual_turbo.py", "--limit", "rig1", "--limit", "rig1-again",
-                               env=NO_TOKEN)  # fmt: skip
+    results, err = pyinfra_run(
+        inv, REPO / "deploy" / "dual_turbo.py", "--limit", "rig1", "--limit", "rig1-again", env=NO_TOKEN
+    )
     assert results.get("failed_hosts") in ("all", ["rig1", "rig1-again"]), err[-3000:]
     lines = sorted(line for line in err.splitlines() if "are one machine" in line)
     assert len(lines) == 2, err[-4000:]
@@ -268,8 +300,14 @@ def test_sudo_that_asks_for_a_password_is_one_line_in_the_deploy_status_and_veri
         assert line.strip() == expect or line.strip().endswith(f"] {expect}"), line
         inv = inventory_with(rigs, tmp_path / "all.py", {})
         for command in ("status", "verify"):
-            proc = subprocess.run([PYINFRA.replace("pyinfra", "rigforge"), command, str(inv)], cwd=REPO,
-                                  capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)  # fmt: skip
+            proc = subprocess.run(
+                [PYINFRA.replace("pyinfra", "rigforge"), command, str(inv)],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=600,
+                stdin=subprocess.DEVNULL,
+            )
             out = proc.stdout + proc.stderr
             assert "Traceback" not in out and "sudo password" not in out, out[-4000:]
             (row,) = [row for row in proc.stdout.splitlines() if row.startswith("rig1 ")]
@@ -287,8 +325,10 @@ def test_sudo_that_asks_for_a_password_is_one_line_in_the_deploy_status_and_veri
 def hold_apt_lock(rig, seconds: float) -> subprocess.Popen:
     """A process that holds the rig's dpkg frontend lock (fcntl, as apt does) for `seconds`, then lets it go."""
     lock = rig.rootfs / "var/lib/dpkg/lock-frontend"
-    code = (f"import fcntl, sys, time; f = open({str(lock)!r}, 'a'); fcntl.lockf(f, fcntl.LOCK_EX); "
-            f"print('held', flush=True); time.sleep({seconds})")  # fmt: skip
+    code = (
+        f"import fcntl, sys, time; f = open({str(lock)!r}, 'a'); fcntl.lockf(f, fcntl.LOCK_EX); "
+        f"print('held', flush=True); time.sleep({seconds})"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "held"
     return proc

@@ -104,14 +104,23 @@ def test_a_rig_drains_and_rejoins_over_the_gateway_hosts_own_connection(fleet, t
     started = rig.run(f"mkdir -p /run/haproxy && haproxy -D -p /run/rigforge-test-haproxy.pid -f {CFG}")
     assert started.returncode == 0, started.stderr
     try:
-        results, err = pyinfra_run(inv, REPO / "tests" / "deploys" / "gateway_drain.py", "--limit", "rig1",
-                                   "--data", f"test_port={stub.server_address[1]}")  # fmt: skip
+        results, err = pyinfra_run(
+            inv,
+            REPO / "tests" / "deploys" / "gateway_drain.py",
+            "--limit",
+            "rig1",
+            "--data",
+            f"test_port={stub.server_address[1]}",
+        )
         assert results["failed_hosts"] == [], err[-3000:]
         assert "drain at gateway gw: gateway: drained after 0 s" in err, err[-3000:]
         assert f"rejoin at gateway gw: gateway: rig1 serving at 127.0.0.1:{stub.server_address[1]}" in err
         body = json.dumps({"model": "qwen3.6-27b-autoround", "messages": [{"role": "user", "content": "hi"}]})
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", body.encode(),
-                                     {"Content-Type": "application/json", "Authorization": "Bearer k"})  # fmt: skip
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            body.encode(),
+            {"Content-Type": "application/json", "Authorization": "Bearer k"},
+        )
         with urllib.request.urlopen(req, timeout=10) as resp:
             assert json.loads(resp.read())["model"] == "qwen3.6-27b-autoround"
         state = rig.run("cat /var/lib/haproxy/rigforge-servers.state").stdout  # what a reload starts from
@@ -123,8 +132,9 @@ def test_a_rig_drains_and_rejoins_over_the_gateway_hosts_own_connection(fleet, t
             "; models: qwen3.6-27b-autoround; rig1 UP"
         ), status.stdout
         checks = subprocess.run([RIGFORGE, "verify", str(inv)], capture_output=True, text=True, timeout=300)
-        gw_checks = [li.split()[:2] + [" ".join(li.split()[2:5])] for li in checks.stdout.splitlines()
-                     if li.startswith("gw ")]  # fmt: skip
+        gw_checks = [
+            li.split()[:2] + [" ".join(li.split()[2:5])] for li in checks.stdout.splitlines() if li.startswith("gw ")
+        ]
         assert [c[:2] for c in gw_checks] == [["gw", "PASS"]] * 3, checks.stdout  # rigs up, models, chat
         assert "gateway chat: qwen3.6-27b-autoround" in checks.stdout
     finally:

@@ -27,8 +27,11 @@ def interrupted(tb, signum: int, trigger, timeout: float = 900) -> tuple[int, st
     log = tempfile.NamedTemporaryFile(prefix="rigforge-int-", suffix=".log", delete=False)
     proc = subprocess.Popen(
         [PYINFRA, "-y", str(tb.inventory), str(DEPLOY)],
-        cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + timeout
     while proc.poll() is None and time.monotonic() < deadline and not trigger(tb.rig("rig1")):
         time.sleep(0.05)

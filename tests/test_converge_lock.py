@@ -40,12 +40,16 @@ def test_a_second_run_stops_in_one_line_while_another_holds_the_rig(testbed_fact
     before = rig.run("dpkg-query -W -f '${Package}\\n' | sort; ls -R /etc/apt /opt 2>/dev/null").stdout
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLDER, str(tb.inventory)],
-        cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "(None, None)"  # the holder has the lock
-        proc = subprocess.run([PYINFRA, "-y", str(tb.inventory), str(DEPLOY)], cwd=REPO, capture_output=True,
-                              text=True, timeout=600)  # fmt: skip
+        proc = subprocess.run(
+            [PYINFRA, "-y", str(tb.inventory), str(DEPLOY)], cwd=REPO, capture_output=True, text=True, timeout=600
+        )
     finally:
         killed = kill_lock_holder_on(rig)
         holder.stdin.close()

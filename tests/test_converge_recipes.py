@@ -31,8 +31,11 @@ def enabled_units(rig) -> list[str]:
 def rigforge_cmd(cmd: str, inventory, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "rigforge.cli", cmd, str(inventory), *extra],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def converge(tb, tmp_path_factory, variant: str):

@@ -142,8 +142,11 @@ def test_dry_run_shows_every_refusal_in_full_and_exits_1(rigs, tmp_path):
     for flags in (["--dry"], ["--dry", "-y"]):
         proc = subprocess.run(
             [PYINFRA, *flags, str(inv), str(REPO / "deploy" / "dual_turbo.py"), "--limit", "rig1", "--limit", "rig2"],
-            cwd=REPO, capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         out = proc.stdout + proc.stderr
         assert proc.returncode == 1, out[-4000:]
         assert "rigforge refused on rig1:" in out and "gpu_power_limit_w must be whole watts in 100..600, got 90" in out
@@ -226,8 +229,13 @@ def test_an_image_newer_than_the_drivers_cuda_is_refused_before_anything_changes
     assert_refused(results, err, "rig1", f"  - {expect}\nNothing was changed on this host.", "preflight failed on")
     assert snapshot(rig) == fresh
     inv = inventory_with(cuda_rig, tmp_path / "dry.py", {"rig1": {}})
-    proc = subprocess.run([PYINFRA, "--dry", str(inv), str(REPO / "deploy" / "dual_turbo.py")],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [PYINFRA, "--dry", str(inv), str(REPO / "deploy" / "dual_turbo.py")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 1 and expect in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-4000:]
     assert snapshot(rig) == fresh
 

@@ -28,9 +28,9 @@ def fleet(testbed_factory, tmp_path_factory):
     from rigforge.testbed import RigSpec
 
     tb = testbed_factory([RigSpec(), RigSpec(), RigSpec()], name="site")
-    inv = inventory_with(tb, tmp_path_factory.mktemp("inv") / "fleet.py", {
-        name: {"rigforge_variant": v} for name, v in VARIANTS.items()
-    })  # fmt: skip
+    inv = inventory_with(
+        tb, tmp_path_factory.mktemp("inv") / "fleet.py", {name: {"rigforge_variant": v} for name, v in VARIANTS.items()}
+    )
     first, err1 = pyinfra_run(inv, REPO / "deploy" / "site.py")
     second, err2 = pyinfra_run(inv, REPO / "deploy" / "site.py")
     return tb, inv, first, err1, second, err2
@@ -135,10 +135,14 @@ def test_unknown_variant_fails_only_that_host_before_any_change(fleet, tmp_path)
     tb, *_ = fleet
     snapshot = "find /etc /opt -xdev -printf '%p %s %m\\n' 2>/dev/null | sort; dpkg-query -W | sort"
     before = tb.rig("rig3").run(snapshot).stdout
-    inv = inventory_with(tb, tmp_path / "bad.py", {
-        "rig2": {"rigforge_variant": "dual"},
-        "rig3": {"rigforge_variant": "dual-tubro"},
-    })  # fmt: skip
+    inv = inventory_with(
+        tb,
+        tmp_path / "bad.py",
+        {
+            "rig2": {"rigforge_variant": "dual"},
+            "rig3": {"rigforge_variant": "dual-tubro"},
+        },
+    )
     results, err = pyinfra_run(inv, REPO / "deploy" / "site.py", "--limit", "rig2", "--limit", "rig3")
     assert results["failed_hosts"] == ["rig3"]
     assert "rigforge refused on rig3:" in err and "unknown variant 'dual-tubro'; choose one of: dual, dual-turbo" in err

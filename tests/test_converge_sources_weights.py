@@ -119,8 +119,12 @@ def test_killed_download_resumes_with_range_request(tb, lock_data):
     env = {**os.environ, "HF_TOKEN": tb.hf_token, "RIGFORGE_TEST_SOURCES": "", "RIGFORGE_TEST_ASSETS": "autoround-int4"}
     proc = subprocess.Popen(
         [PYINFRA, "-y", "--limit", "rig1", str(tb.inventory), str(DEPLOY)],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         part, deadline = None, time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -163,8 +167,11 @@ def test_tampered_file_is_refetched_and_deep_verify_finds_a_silent_one(tb, lock_
     assert sha256_on_rig(tb, final) == f["sha256"]
 
     # same size, mtime put back: invisible to the stat check by design; weights_deep_verify re-hashes
-    sh(tb, f"cp -p {final} /tmp/ref && printf 'YYYY' | dd of={final} bs=1 seek=100 conv=notrunc status=none "
-           f"&& touch -r /tmp/ref {final} && rm /tmp/ref")  # fmt: skip
+    sh(
+        tb,
+        f"cp -p {final} /tmp/ref && printf 'YYYY' | dd of={final} bs=1 seek=100 conv=notrunc status=none "
+        f"&& touch -r /tmp/ref {final} && rm /tmp/ref",
+    )
     results, _ = run(tb, sources="", assets="autoround-int4")
     assert changed(results, "rig1") == []
     assert sha256_on_rig(tb, final) != f["sha256"]

@@ -54,8 +54,14 @@ class Recording:
 def context(manifest=None, **data):
     plan, problems = fleet.plan_for("rig1", {"rigforge_variant": "dual-turbo", **data}, deployable=False)
     assert plan, problems
-    return hosts.RigContext(name="rig1", data=fleet.host_data(data), plan=plan, layout=plan.layout,
-                            variant_name="dual-turbo", manifest=manifest)  # fmt: skip
+    return hosts.RigContext(
+        name="rig1",
+        data=fleet.host_data(data),
+        plan=plan,
+        layout=plan.layout,
+        variant_name="dual-turbo",
+        manifest=manifest,
+    )
 
 
 def test_every_fact_the_checks_read_is_in_the_one_probe():

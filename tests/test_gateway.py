@@ -32,9 +32,11 @@ HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"  # Debian's haproxy (.c
 
 def rig(name: str, variant: str, port: int, **data):
     plan, problems = plan_for(
-        name, {"rigforge_variant": variant, "serving_port": port, "gateway_address": "127.0.0.1", **data}, gpus=2,
+        name,
+        {"rigforge_variant": variant, "serving_port": port, "gateway_address": "127.0.0.1", **data},
+        gpus=2,
         deployable=False,
-    )  # fmt: skip
+    )
     assert not problems, problems
     return plan
 
@@ -129,8 +131,9 @@ def test_real_haproxy_routes_by_model_and_follows_health(tmp_path):
     variants = {"rig1": "dual-turbo", "rig2": "dual", "rig3": "carnice-bf16mtp"}
     rigs = [rig(n, variants[n], s.server_address[1], serving_api_key="rigkey") for n, s in stubs.items()]
     port = free_port()
-    plan, problems = gateway.build("gw", gw_knobs(gateway_port=port, gateway_bind_address="127.0.0.1",
-                                                 gateway_api_key="fleet-s3cret"), rigs)  # fmt: skip
+    plan, problems = gateway.build(
+        "gw", gw_knobs(gateway_port=port, gateway_bind_address="127.0.0.1", gateway_api_key="fleet-s3cret"), rigs
+    )
     assert problems == []
     base = f"http://127.0.0.1:{port}"
     with running_haproxy(tmp_path, plan):
@@ -165,8 +168,9 @@ def stream(base: str, results: list, max_tokens: int = 30) -> None:
     """One streamed chat completion through the gateway; appends (status, ends with [DONE])."""
     body = {"model": "qwen3.6-27b-autoround", "messages": [{"role": "user", "content": "hi"}], "stream": True}
     body["max_tokens"] = max_tokens
-    req = urllib.request.Request(f"{base}/v1/chat/completions", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})  # fmt: skip
+    req = urllib.request.Request(
+        f"{base}/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
     status, complete = 0, False
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:
@@ -275,15 +279,27 @@ def test_holding_settings_are_rendered_from_the_knobs_and_haproxy_accepts_them(t
         assert directive in lines, directive
     servers = [line for line in lines if line.startswith("server ")]
     assert servers and all(line.endswith(" tcp-ut 2s") for line in servers), servers  # per server: 2.6 drops it
-    knobs = {"gateway_retries": 2, "gateway_bufsize": 262144, "gateway_check_interval_ms": 500,
-             "gateway_check_fall": 3, "gateway_check_rise": 1, "gateway_error_limit": 5,
-             "gateway_keepalive_s": 3, "gateway_tcp_user_timeout_s": 4}  # fmt: skip
+    knobs = {
+        "gateway_retries": 2,
+        "gateway_bufsize": 262144,
+        "gateway_check_interval_ms": 500,
+        "gateway_check_fall": 3,
+        "gateway_check_rise": 1,
+        "gateway_error_limit": 5,
+        "gateway_keepalive_s": 3,
+        "gateway_tcp_user_timeout_s": 4,
+    }
     tuned, _ = gateway.build("gw", gw_knobs(**knobs), rigs)
     lines = [line.split("#")[0].strip() for line in gateway.render(tuned).splitlines()]
     assert "tune.bufsize 262144" in lines and "retries 2" in lines and "srvtcpka-idle 3s" in lines
     assert all(line.endswith(" tcp-ut 4s") for line in lines if line.startswith("server "))
-    assert any(x.startswith("default-server check inter 500ms fastinter 250ms downinter 500ms fall 3 rise 1 "
-                            "observe layer7 error-limit 5 on-error mark-down") for x in lines)  # fmt: skip
+    assert any(
+        x.startswith(
+            "default-server check inter 500ms fastinter 250ms downinter 500ms fall 3 rise 1 "
+            "observe layer7 error-limit 5 on-error mark-down"
+        )
+        for x in lines
+    )
     for p in (plan, tuned):
         cfg = tmp_path / "haproxy.cfg"
         cfg.write_text(gateway.render(p))
@@ -444,8 +460,13 @@ def test_status_verify_and_the_deploy_read_each_rigs_state_and_a_down_rigs_last_
     verdict.gateway_server (the deploy's rejoin and drain decide with it) lists what differs per rig."""
     one = stub(dt_ms=1, tokens=3)
     up = one.server_address[1]
-    plans = [rig("rig1", "dual-turbo", up), rig("rig2", "dual-turbo", free_port()), rig("rig3", "dual", up),
-             rig("rig4", "dual", up), rig("rig5", "dual", up)]  # fmt: skip
+    plans = [
+        rig("rig1", "dual-turbo", up),
+        rig("rig2", "dual-turbo", free_port()),
+        rig("rig3", "dual", up),
+        rig("rig4", "dual", up),
+        rig("rig5", "dual", up),
+    ]
     port = free_port()
     plan, _ = gateway.build("gw", gw_knobs(gateway_port=port, gateway_bind_address="127.0.0.1"), plans)
     backend = gateway.backend_name("qwen3.6-27b-autoround")
@@ -493,8 +514,10 @@ def test_bench_rollout_rig_death_mode_times_down_and_up_from_show_stat(tmp_path)
     spec.loader.exec_module(bench)
     states = tmp_path / "states"
     states.write_text("UP\nDOWN\nDOWN\nUP\n")
-    stat = (f"echo '# pxname,svname,status'; echo \"m,rig2,$(head -1 {states})\"; "
-            f"sed -i 1d {states}; [ -s {states} ] || echo UP > {states}")  # fmt: skip
+    stat = (
+        f"echo '# pxname,svname,status'; echo \"m,rig2,$(head -1 {states})\"; "
+        f"sed -i 1d {states}; [ -s {states} ] || echo UP > {states}"
+    )
     load = bench.Load("http://127.0.0.1:9", None, 0, 1)
     report = bench.rig_death(load, "rig2", "true", stat, settle=0, wait=10)
     assert report["down_after_s"] is not None and report["up_after_s"] > report["down_after_s"], report

@@ -57,8 +57,9 @@ def test_both_policies_render_and_pass_haproxy_check(tmp_path):
         cfg.write_text(gateway.render(p))
         check = subprocess.run([HAPROXY, "-c", "-f", str(cfg)], capture_output=True, text=True)
         assert check.returncode == 0, check.stdout + check.stderr
-    bad = validate(gw_data(gateway_balance="roundrobin", gateway_hash_balance_factor=100,
-                           gateway_session_header="X Session"))  # fmt: skip
+    bad = validate(
+        gw_data(gateway_balance="roundrobin", gateway_hash_balance_factor=100, gateway_session_header="X Session")
+    )
     assert [p.split(" must")[0] for p in bad] == [
         "gateway_balance",
         "gateway_hash_balance_factor",
@@ -99,8 +100,9 @@ class Fleet:
         wait_for(self.idle)
         body = {"messages": messages, "model": MODEL, "max_tokens": 2}
         headers = {"Content-Type": "application/json", **({"X-Session-Id": session} if session else {})}
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/chat/completions", json.dumps(body).encode(),
-                                     headers)  # fmt: skip
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/v1/chat/completions", json.dumps(body).encode(), headers
+        )
         with urllib.request.urlopen(req, timeout=10) as resp:
             assert resp.status == 200
             return resp.headers["X-Stub-Name"]
@@ -191,8 +193,11 @@ def test_the_load_bound_holds_a_busy_conversation_to_its_share(tmp_path):
     for s in servers.values():
         threading.Thread(target=s.serve_forever, daemon=True).start()
     port = free_port()
-    plan, _ = gateway.build("gw", gw_knobs(gateway_port=port, gateway_bind_address="127.0.0.1"),
-                            [rig(n, "dual", s.server_address[1]) for n, s in servers.items()])  # fmt: skip
+    plan, _ = gateway.build(
+        "gw",
+        gw_knobs(gateway_port=port, gateway_bind_address="127.0.0.1"),
+        [rig(n, "dual", s.server_address[1]) for n, s in servers.items()],
+    )
     results: list[int] = []
 
     def stream() -> None:

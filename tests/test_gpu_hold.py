@@ -52,8 +52,12 @@ class Rig:
         self.script.write_text(script)
         self.script.chmod(0o755)
         self.state = tmp_path / "state" / "gpu-cap-setbacks"
-        self.env = {**os.environ, "RIGFORGE_SIM_ROOT": str(self.sim), "FAKE": str(tmp_path),
-                    "PATH": f"{tmp_path / 'bin'}:{self.smi.parent}:{os.environ['PATH']}"}  # fmt: skip
+        self.env = {
+            **os.environ,
+            "RIGFORGE_SIM_ROOT": str(self.sim),
+            "FAKE": str(tmp_path),
+            "PATH": f"{tmp_path / 'bin'}:{self.smi.parent}:{os.environ['PATH']}",
+        }
 
     def set_cap(self, gpu: int, watts: int) -> None:
         argv = [str(self.smi), "-i", str(gpu), "-pl", str(watts)]
@@ -90,8 +94,9 @@ def test_changed_caps_are_set_back_counted_and_a_writer_not_found_is_said_so(tmp
     assert again.returncode == 0 and again.stdout == "" and rig.counts() == {"gpu1": 1}  # nothing to set back
 
     # the collector exports the count, 0 for a GPU never set back
-    run_collector(tmp_path, rig.smi, pci_tree(tmp_path, {}), env={"RIGFORGE_SIM_ROOT": str(rig.sim)},
-                  setbacks=rig.state)  # fmt: skip
+    run_collector(
+        tmp_path, rig.smi, pci_tree(tmp_path, {}), env={"RIGFORGE_SIM_ROOT": str(rig.sim)}, setbacks=rig.state
+    )
     m = parse((tmp_path / "textfile" / GPU_METRICS_FILE).read_text())
     assert value(m, "rigforge_gpu_cap_setbacks_total", gpu="1") == 1
     assert value(m, "rigforge_gpu_cap_setbacks_total", gpu="0") == 0
@@ -135,8 +140,10 @@ def test_a_sudoed_nvidia_smi_a_timers_unit_and_a_udev_rule_are_named(tmp_path):
     rig = Rig(tmp_path)
     rig.set_cap(0, 230)
     rig.set_cap(1, 300)
-    journal(tmp_path / "sudo.log", "sudo[99]:    alice : TTY=pts/0 ; PWD=/home/alice ; USER=root ; "
-            "COMMAND=/usr/bin/nvidia-smi -i 1 -pl 300")  # fmt: skip
+    journal(
+        tmp_path / "sudo.log",
+        "sudo[99]:    alice : TTY=pts/0 ; PWD=/home/alice ; USER=root ; COMMAND=/usr/bin/nvidia-smi -i 1 -pl 300",
+    )
     (line,) = rig.hold().stdout.splitlines()
     assert LINE.match(line)[3] == "alice with sudo: /usr/bin/nvidia-smi -i 1 -pl 300", line
     (tmp_path / "sudo.log").unlink()
@@ -163,8 +170,9 @@ def test_a_cap_that_cannot_be_set_fails_the_pass_and_is_not_counted(tmp_path):
     rig = Rig(tmp_path)
     rig.set_cap(0, 230)
     rig.set_cap(1, 250)
-    r = subprocess.run([str(rig.script), str(rig.smi), str(rig.state), "0:230", "1:9999"], env=rig.env,
-                       capture_output=True, text=True)  # fmt: skip
+    r = subprocess.run(
+        [str(rig.script), str(rig.smi), str(rig.state), "0:230", "1:9999"], env=rig.env, capture_output=True, text=True
+    )
     assert r.returncode == 1
     assert r.stdout.startswith("rigforge: GPU1 power limit 250 W (changed ") and r.stdout.endswith(
         "; setting 9999 W failed\n"

@@ -26,8 +26,10 @@ from rigforge.model.render import render_gpu_metrics
 from rigforge.testbed import RigSpec, aptrepo
 
 H200 = Path(__file__).parent / "fixtures/nvidia-smi/h200x1-580.159.04-ubuntu2404"
-FIELDS = "index,power.draw,power.limit,temperature.gpu,utilization.gpu,memory.used,pcie.link.gen.current," \
-         "pcie.link.width.current,pci.bus_id"  # fmt: skip
+FIELDS = (
+    "index,power.draw,power.limit,temperature.gpu,utilization.gpu,memory.used,pcie.link.gen.current,"
+    "pcie.link.width.current,pci.bus_id"
+)
 QUERY = [f"--query-gpu={FIELDS}", "--format=csv,noheader,nounits"]
 XID = "NVRM: Xid (PCI:0000:01:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 
@@ -91,8 +93,9 @@ def run_collector(
     out.mkdir(exist_ok=True)
     env = {**os.environ, **(env or {}), "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
     held = str(setbacks or tmp_path / "no-setbacks")
-    return subprocess.run(["sh", str(script), str(smi), str(out), str(sysfs), held], capture_output=True, text=True,
-                          env=env, timeout=60)  # fmt: skip
+    return subprocess.run(
+        ["sh", str(script), str(smi), str(out), str(sysfs), held], capture_output=True, text=True, env=env, timeout=60
+    )
 
 
 SAMPLE = re.compile(r'([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{((?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*",?)*)\})? (\S+)')
@@ -139,8 +142,15 @@ def test_the_collector_queries_fields_the_driver_knows():
 
 
 def test_two_gpus_on_the_bus_and_in_nvidia_smi(tmp_path):
-    busy = {"power.draw": "[N/A]", "power.limit": "250.00", "temperature.gpu": "61", "utilization.gpu": "87",
-            "memory.used": "20480", "pcie.link.gen.current": "4", "pcie.link.width.current": "8"}  # fmt: skip
+    busy = {
+        "power.draw": "[N/A]",
+        "power.limit": "250.00",
+        "temperature.gpu": "61",
+        "utilization.gpu": "87",
+        "memory.used": "20480",
+        "pcie.link.gen.current": "4",
+        "pcie.link.width.current": "8",
+    }
     answer = fixture_line(0, "0000:01:00.0") + "\n" + fixture_line(1, "0000:02:00.0", **busy) + "\n"
     old = tmp_path / "textfile" / GPU_METRICS_FILE
     old.parent.mkdir()
@@ -273,8 +283,9 @@ def test_the_stand_ins_cap_writers_racing_at_boot_all_succeed_and_none_is_lost(t
     smi, sim = stand_in_smi(tmp_path)
     env = {**os.environ, "RIGFORGE_SIM_ROOT": str(sim)}
     writers = [[str(smi), "-i", str(i % 2), "-pl", str(200 + i)] for i in range(24)] + [[str(smi), "-pm", "1"]]
-    procs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for argv in writers]  # fmt: skip
+    procs = [
+        subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for argv in writers
+    ]
     failed = [(p.args, p.communicate()[0]) for p in procs if p.wait() != 0]
     assert failed == []
     state = json.loads((sim / "var/lib/rigforge-sim/state.json").read_text())

@@ -52,8 +52,9 @@ def test_save_writes_an_oci_layout_naming_the_ref_with_the_registrys_digest(regi
     assert json.loads((out / "oci-layout").read_text()) == {"imageLayoutVersion": "1.0.0"}
     index = json.loads((out / "index.json").read_text())
     [entry] = index["manifests"]
-    head = requests.head(f"{registry.url}/v2/vllm/vllm-openai/manifests/v0.27.1",
-                         headers={"Accept": images.MANIFEST_TYPES}, timeout=5)  # fmt: skip
+    head = requests.head(
+        f"{registry.url}/v2/vllm/vllm-openai/manifests/v0.27.1", headers={"Accept": images.MANIFEST_TYPES}, timeout=5
+    )
     assert entry["digest"] == head.headers["Docker-Content-Digest"] == registry.image["digest"]
     assert entry["annotations"] == {saved_images.REF_NAME: REF, saved_images.IMAGE_NAME: f"docker.io/{REF}"}
     assert saved_images.blob_path(out, entry["digest"]).read_bytes() == registry.image["manifest"]  # byte for byte
@@ -193,9 +194,16 @@ class _Verified:
 
 
 def test_locked_images_are_those_with_a_digest_each_once():
-    lock = parse_lock({"version": 1, "image": {"ref": REF, "digest": "sha256:" + "1" * 64},
-                       "images": {"a": {"ref": REF, "digest": "sha256:" + "1" * 64},
-                                  "b": {"ref": "vllm/vllm-openai:v2", "digest": None}}})  # fmt: skip
+    lock = parse_lock(
+        {
+            "version": 1,
+            "image": {"ref": REF, "digest": "sha256:" + "1" * 64},
+            "images": {
+                "a": {"ref": REF, "digest": "sha256:" + "1" * 64},
+                "b": {"ref": "vllm/vllm-openai:v2", "digest": None},
+            },
+        }
+    )
     pins, unresolved = images.locked_images(lock)
     assert [p.ref for p in pins] == [REF] and unresolved == ["images.b (vllm/vllm-openai:v2)"]
 
@@ -261,8 +269,13 @@ def commands_of(state, name="r"):
                     src = src.decode() if isinstance(src, bytes) else src
                     out.append(("upload", command.dest, src))
                 else:
-                    out.append(("run", str(getattr(command, "args", [""])[0]) if hasattr(command, "function")
-                                else str(command), None))  # fmt: skip
+                    out.append(
+                        (
+                            "run",
+                            str(getattr(command, "args", [""])[0]) if hasattr(command, "function") else str(command),
+                            None,
+                        )
+                    )
     return out
 
 
@@ -277,8 +290,10 @@ def test_load_is_a_no_op_when_docker_holds_the_locked_digest(saved_dir):
 
 def test_load_uploads_only_the_blobs_the_rig_lacks_then_runs_the_script(registry, saved_dir):
     manifest = json.loads(registry.image["manifest"])
-    have = {manifest["layers"][0]["digest"]: manifest["layers"][0]["size"],
-            manifest["layers"][1]["digest"]: 1}  # one in place, one at the wrong size  # fmt: skip
+    have = {
+        manifest["layers"][0]["digest"]: manifest["layers"][0]["size"],
+        manifest["layers"][1]["digest"]: 1,
+    }  # one in place, one at the wrong size
     state = run_load({"r": fake_rig(present=False, blobs=have)}, saved_dir, execute=False)
     commands = commands_of(state)
     sent = [dest for kind, dest, _ in commands if kind == "upload" and dest.endswith(".part")]
@@ -315,8 +330,12 @@ def test_a_rig_without_room_for_the_blobs_and_the_registrys_copy_is_refused_befo
 
     host = host_of(state, "r")
     with ctx_state.use(state), ctx_host.use(host):
-        [failure] = [describe(c) for c in image_ops.blobs_uploaded._inner(str(saved_dir), saved_images.index_entries(
-            saved_dir), HostLayout())]  # fmt: skip
+        [failure] = [
+            describe(c)
+            for c in image_ops.blobs_uploaded._inner(
+                str(saved_dir), saved_images.index_entries(saved_dir), HostLayout()
+            )
+        ]
     assert failure.startswith("FAIL: @fake/r: not enough disk space to load 1 image(s) at /opt/rigforge/images/oci")
 
 
@@ -325,8 +344,10 @@ def test_the_mirror_goes_first_into_the_users_daemon_json_and_their_mirrors_are_
     state = run_load({"r": fake_rig(present=False, daemon=daemon)}, saved_dir, execute=False)
     uploads = {dest: src for kind, dest, src in commands_of(state) if kind == "upload"}
     mirrored = json.loads(uploads["/opt/rigforge/images/.work/daemon.json.mirrored"])
-    assert mirrored == {"storage-driver": "vfs",
-                        "registry-mirrors": ["http://127.0.0.1:5801", "https://mirror.example.lan"]}  # fmt: skip
+    assert mirrored == {
+        "storage-driver": "vfs",
+        "registry-mirrors": ["http://127.0.0.1:5801", "https://mirror.example.lan"],
+    }
     assert json.loads(uploads["/opt/rigforge/images/.work/daemon.json.cleared"]) == daemon
     state = run_load({"r": fake_rig(present=False, daemon={"storage-driver": "vfs"})}, saved_dir, execute=False)
     uploads = {dest: src for kind, dest, src in commands_of(state) if kind == "upload"}
@@ -337,8 +358,9 @@ def test_the_mirror_goes_first_into_the_users_daemon_json_and_their_mirrors_are_
 def test_an_interrupted_load_is_repaired_first(saved_dir):
     state = run_load({"r": fake_rig(present=True, work=True)}, saved_dir, execute=False)
     commands = [c for kind, c, _ in commands_of(state) if kind == "run" and "load_images" in c]
-    assert commands == ["sh /opt/rigforge/images/load_images.sh repair /opt/rigforge/images/.work "
-                        "/etc/docker/daemon.json"]  # fmt: skip
+    assert commands == [
+        "sh /opt/rigforge/images/load_images.sh repair /opt/rigforge/images/.work /etc/docker/daemon.json"
+    ]
 
 
 def test_load_refuses_an_incomplete_directory_or_another_registrys_image(registry, saved_dir, tmp_path):
@@ -358,8 +380,11 @@ def test_load_refuses_an_incomplete_directory_or_another_registrys_image(registr
 def test_the_port_facts_parse_proc_net_tcp():
     from rigforge.observe.facts.images import ListeningPorts, OciBlobs
 
-    lines = ["  sl  local_address rem_address   st tx_queue", "   0: 0100007F:1388 00000000:0000 0A 0",
-             "   1: 0100007F:1389 0100007F:D2F0 01 0"]  # fmt: skip
+    lines = [
+        "  sl  local_address rem_address   st tx_queue",
+        "   0: 0100007F:1388 00000000:0000 0A 0",
+        "   1: 0100007F:1389 0100007F:D2F0 01 0",
+    ]
     assert ListeningPorts().process(lines) == [5000]
     assert OciBlobs().process([f"{'a' * 64} 12", ".part 3", f"{'b' * 64} x"]) == {f"sha256:{'a' * 64}": 12}
 
@@ -386,8 +411,9 @@ def test_the_fleet_registry_host_keeps_its_registry_service(saved_dir):
     for registry_host, stopped in ((False, True), (True, False)):
         data = fake_rig(present=False)
         data["fake_responses"]["systemctl show"] = ["Id=docker-registry.service", "SubState=running"]
-        state = converge({"r": data}, role.load, str(saved_dir), saved, HostLayout(),
-                         registry_host=registry_host, execute=False)  # fmt: skip
+        state = converge(
+            {"r": data}, role.load, str(saved_dir), saved, HostLayout(), registry_host=registry_host, execute=False
+        )
         commands = [c for kind, c, _ in commands_of(state) if kind == "run"]
         assert any("systemctl stop docker-registry.service" in c for c in commands) == stopped, commands
 

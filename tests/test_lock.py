@@ -109,16 +109,32 @@ def stand_ins(tmp_path_factory):
     git_port, hf_port = _free_port(), _free_port()
     procs = [
         subprocess.Popen(
-            ["git", "daemon", "--reuseaddr", f"--base-path={base / 'git'}", "--export-all",
-             "--listen=127.0.0.1", f"--port={git_port}", str(base / "git")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                "git",
+                "daemon",
+                "--reuseaddr",
+                f"--base-path={base / 'git'}",
+                "--export-all",
+                "--listen=127.0.0.1",
+                f"--port={git_port}",
+                str(base / "git"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         ),
         subprocess.Popen(
-            [sys.executable, str(REPO / "rigforge/testbed/hfserver.py"), "--root", str(base / "hf"),
-             "--port", str(hf_port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                sys.executable,
+                str(REPO / "rigforge/testbed/hfserver.py"),
+                "--root",
+                str(base / "hf"),
+                "--port",
+                str(hf_port),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         ),
-    ]  # fmt: skip
+    ]
     registry = ThreadingHTTPServer(("127.0.0.1", 0), Registry)
     threading.Thread(target=registry.serve_forever, daemon=True).start()
     saved = os.environ.get("RIGFORGE_REGISTRY")
@@ -377,8 +393,14 @@ def test_a_purged_tag_fails_in_one_line_naming_the_image_and_a_live_recipe(stand
 def test_lock_caches_the_recipe_repo_at_its_commit_for_offline_render(stand_ins, tmp_path, monkeypatch):
     work = tmp_path / "club-3090"
     shutil.copytree(RECIPES_REF, work, symlinks=True)  # a copy in a temp git repo: the reference stays as is
-    env = {**os.environ, "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
+    env = {
+        **os.environ,
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+    }
     for cmd in (
         ["init", "-q"],
         ["add", "-A"],
@@ -499,8 +521,18 @@ def test_lock_follows_the_recipe_repo_to_a_later_commit_into_a_candidate(stand_i
     env = {"RIGFORGE_REGISTRY": os.environ["RIGFORGE_REGISTRY"], "XDG_CACHE_HOME": str(tmp_path / "cache")}
     inv = tmp_path / "inventory.py"  # the rig deploys B's new slug: its weights get an entry
     inv.write_text(f"rigs = [('rig1', {{'ssh_hostname': '127.0.0.1', 'rigforge_variant': {NEW_SLUG!r}}})]\n")
-    proc = rigforge_lock("--recipes", "B", "--inventory", str(inv), "--out", str(out), "--lock", str(path),
-                         endpoint=stand_ins["endpoint"], env=env)  # fmt: skip
+    proc = rigforge_lock(
+        "--recipes",
+        "B",
+        "--inventory",
+        str(inv),
+        "--out",
+        str(out),
+        "--lock",
+        str(path),
+        endpoint=stand_ins["endpoint"],
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     assert path.read_text() == before and f"(the lock in use, {path}, is as it was)" in proc.stdout
     diff = proc.stdout
@@ -524,8 +556,11 @@ def test_lock_recipes_offline_names_what_it_could_not_resolve_and_writes_nothing
     tags = recipes_remote(tmp_path)
     path = lock_at_a(stand_ins, tmp_path, tags)
     before, out = path.read_text(), tmp_path / "candidate.yaml"
-    env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "HF_ENDPOINT": "http://127.0.0.1:9",
-           "RIGFORGE_REGISTRY": "http://127.0.0.1:9"}  # no registry, no hub  # fmt: skip
+    env = {
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "HF_ENDPOINT": "http://127.0.0.1:9",
+        "RIGFORGE_REGISTRY": "http://127.0.0.1:9",
+    }  # no registry, no hub
     proc = rigforge_lock("--recipes", "B", "--add", NEW_SLUG, "--out", str(out), "--lock", str(path), env=env)
     assert proc.returncode == 1, proc.stdout
     assert "could not resolve images.vllm-stable: cannot reach the registry for vllm/vllm-openai:v0.31.0" in proc.stderr
@@ -631,8 +666,18 @@ def test_the_rollout_preview_shows_each_rigs_image_flags_weights_and_restarts(st
     tags = recipes_remote(tmp_path)
     path, out = lock_at_a(stand_ins, tmp_path, tags), tmp_path / "candidate.yaml"
     env = {"RIGFORGE_REGISTRY": os.environ["RIGFORGE_REGISTRY"], "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    proc = rigforge_lock("--recipes", "B", "--add", NEW_SLUG, "--out", str(out), "--lock", str(path),
-                         endpoint=stand_ins["endpoint"], env=env)  # fmt: skip
+    proc = rigforge_lock(
+        "--recipes",
+        "B",
+        "--add",
+        NEW_SLUG,
+        "--out",
+        str(out),
+        "--lock",
+        str(path),
+        endpoint=stand_ins["endpoint"],
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     cache_recipes(load_lock(path).git["recipes"])  # what `rigforge lock` caches for the lock in use
     rig = SimpleNamespace(name="rig1", groups=(), data={"rigforge_variant": "vllm/dual"})

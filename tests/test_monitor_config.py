@@ -43,8 +43,13 @@ def test_the_fleet_holds_the_monitors_targets_and_a_monitor_host_is_not_a_rig():
         "haproxy": (("gw", "127.0.0.1:8405"),),  # the monitor scrapes its own host's HAProxy on its loopback
     }
     # a gateway on another host: at its bind address, else its name
-    elsewhere = fleet.targets([], {"gw": {"gateway_metrics_port": 8405}, "gw2": {
-        "gateway_metrics_port": 9405, "gateway_bind_address": "10.0.0.9"}})  # fmt: skip
+    elsewhere = fleet.targets(
+        [],
+        {
+            "gw": {"gateway_metrics_port": 8405},
+            "gw2": {"gateway_metrics_port": 9405, "gateway_bind_address": "10.0.0.9"},
+        },
+    )
     assert elsewhere["haproxy"] == (("gw", "gw:8405"), ("gw2", "10.0.0.9:9405"))
 
 

@@ -55,10 +55,17 @@ def test_every_alert_has_a_firing_and_a_silent_case():
             cases.setdefault(case["alertname"], set()).add("fires" if case.get("exp_alerts") else "silent")
     alerts = {rule["alert"] for rule in rules()}
     assert alerts == {
-        "RigforgeGpuMissing", "RigforgeCapNotDeclared", "RigforgeCapSetBack", "RigforgeVllmUnitDown",
-        "RigforgeGatewayBackendDown", "RigforgeKvCacheFull", "RigforgeThroughputDrop", "RigforgeGpuMetricsStale",
-        "RigforgeXidErrors", "RigforgeVllmMetricsAbsent",
-    }  # fmt: skip
+        "RigforgeGpuMissing",
+        "RigforgeCapNotDeclared",
+        "RigforgeCapSetBack",
+        "RigforgeVllmUnitDown",
+        "RigforgeGatewayBackendDown",
+        "RigforgeKvCacheFull",
+        "RigforgeThroughputDrop",
+        "RigforgeGpuMetricsStale",
+        "RigforgeXidErrors",
+        "RigforgeVllmMetricsAbsent",
+    }
     missing = {a: {"fires", "silent"} - cases.get(a, set()) for a in alerts}
     assert not {a: m for a, m in missing.items() if m}, "alerts without a firing or a silent case"
     assert set(cases) <= alerts, "a test names an alert the rules do not have"

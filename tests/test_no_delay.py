@@ -108,7 +108,8 @@ def test_a_connection_pyinfra_opens_again_after_a_reboot_gets_no_delay_too(testb
     from rigforge.testbed import RigSpec
 
     tb = testbed_factory([RigSpec()], name="nodelay")
-    run = subprocess.run([sys.executable, "-c", RECONNECT, str(tb.inventory)], cwd=REPO, capture_output=True,
-                         text=True, timeout=120)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-c", RECONNECT, str(tb.inventory)], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip() == "[False, True, True]", run.stdout + run.stderr[-2000:]

@@ -38,8 +38,10 @@ def delete(url: str, repository: str, digest: str) -> None:
 
 def fleet_at(url: str) -> registry.RegistryPlan:
     host, port = url.removeprefix("http://").split(":")
-    return registry.build("gw", {**registry_knobs.DEFAULTS, "registry_address": host, "registry_port": int(port),
-                                 "registry_insecure": True})  # fmt: skip
+    return registry.build(
+        "gw",
+        {**registry_knobs.DEFAULTS, "registry_address": host, "registry_port": int(port), "registry_insecure": True},
+    )
 
 
 def test_references_are_read_as_docker_reads_them():
@@ -216,11 +218,15 @@ def test_status_asks_the_registries_over_https_from_its_parallel_ssh_sessions(tm
             "rigforge_lock": str(lock_path),
             "serving_image_upstream": reg.url,
             "serving_image_upstream_ca": str(ca_dir / "ca.crt"),
-            "rigforge_root": "/opt/rigforge-absent",
-        }  # fmt: skip  (status only reads; roots under /tmp are refused)
+            "rigforge_root": "/opt/rigforge-absent",  # status only reads; roots under /tmp are refused
+        }
         inventory = tmp_path / "inventory.py"
         inventory.write_text(f"rigs = [('@local', {data!r})]\n")
-        res = subprocess.run([sys.executable, "-m", "rigforge.cli", "status", str(inventory)], capture_output=True,
-                             text=True, timeout=300)  # fmt: skip
+        res = subprocess.run(
+            [sys.executable, "-m", "rigforge.cli", "status", str(inventory)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     assert "Error" not in res.stdout, res.stdout
     assert f"@local: image {ref}@{digest}: NOT on the rig; from upstream; not on the rig yet" in res.stdout, res.stdout

@@ -134,8 +134,13 @@ def test_metrics_follow_what_the_stub_does(stub):
     text, before = stub.scrape()
     promtool_check_metrics(text)
     assert {f: before[f]["type"] for f in before} == {name: kind for name, (kind, _) in VLLM_METRICS.items()}
-    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-                 "vllm:prompt_tokens_total", "vllm:generation_tokens_total"):  # fmt: skip
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+    ):
         assert stub.value(before, name) == 0, name
 
     # one streamed completion generating, a plain one waiting for the single slot behind it
@@ -205,10 +210,26 @@ def test_the_image_entry_serves_metrics_as_the_served_model_name(tmp_path):
         port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": str(REPO / "rigforge/testbed")}  # the image has it in /opt/rigforge-standin
     proc = subprocess.Popen(
-        [sys.executable, str(REPO / "rigforge/testbed/image/vllm"), "serve", "--model", str(tmp_path),
-         "--served-model-name", "rig-model", "--host", "127.0.0.1", "--port", str(port), "--api-key", "k"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(REPO / "rigforge/testbed/image/vllm"),
+            "serve",
+            "--model",
+            str(tmp_path),
+            "--served-model-name",
+            "rig-model",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--api-key",
+            "k",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         assert "serving rig-model" in proc.stdout.readline()
         deadline = time.monotonic() + 15

@@ -325,8 +325,12 @@ def test_render_set_refuses_out_of_range_values():
 
 
 def test_a_rigforge_dir_below_a_system_dir_is_allowed():
-    for data in ({"rigforge_root": "/home/ai/rigforge"}, {"serving_model_dir": "/var/lib/models"},
-                 {"serving_port": 80, "serving_allow_privileged_port": True}, {"serving_port": 2200}):  # fmt: skip
+    for data in (
+        {"rigforge_root": "/home/ai/rigforge"},
+        {"serving_model_dir": "/var/lib/models"},
+        {"serving_port": 80, "serving_allow_privileged_port": True},
+        {"serving_port": 2200},
+    ):
         plan, problems = fleet.plan_for("r", data, "dual-turbo", deployable=False)
         assert plan and not problems, problems
     plan, problems = fleet.plan_for("r", {"serving_port": 2200, "ssh_port": 2200}, "dual-turbo", deployable=False)
@@ -448,8 +452,11 @@ def test_a_fleet_builds_each_rigs_plan_once_and_renders_each_file_once_per_host(
     assert dict(built) == {"rig1": 1, "rig2": 1, "rig3": 1}
     assert rendered["power unit"] == 3
     ((gw, problems),) = gateways
-    assert problems == [] and [s.name for b in gw.backends for s in b.servers] == ["@fake/rig1", "@fake/rig2",
-                                                                                   "@fake/rig3"]  # fmt: skip
+    assert problems == [] and [s.name for b in gw.backends for s in b.servers] == [
+        "@fake/rig1",
+        "@fake/rig2",
+        "@fake/rig3",
+    ]
     assert all(plans[f"@fake/rig{i}"] for i in (1, 2, 3))
 
 

@@ -85,24 +85,63 @@ def test_every_kind_of_boot_time_cap_writer_is_found(tmp_path):
     )
     script = f"{tmp_path}/usr/local/bin/gpu-setup.sh"
     assert found == {
-        f"@reboot in {tmp_path}/etc/cron.d/gpu-cap": {"kind": "cron", "path": f"{tmp_path}/etc/cron.d/gpu-cap",
-            "watts": [250], "script": script, "command": f"{script} >/dev/null"},
-        f"@reboot in {tmp_path}/var/spool/cron/crontabs/root": {"kind": "cron",
-            "path": f"{tmp_path}/var/spool/cron/crontabs/root", "watts": [240], "script": None,
-            "command": "sleep 20; nvidia-smi -pl 240"},
-        "cap.service": {"kind": "unit", "path": f"{tmp_path}/usr/lib/systemd/system/cap.service", "watts": [300],
-                        "script": None, "timer": None},
-        "gpu-setup.service": {"kind": "unit", "path": f"{tmp_path}/etc/systemd/system/gpu-setup.service",
-                              "watts": [250], "script": script, "timer": None},
-        "gpu-tune.service": {"kind": "unit", "path": f"{tmp_path}/lib/systemd/system/gpu-tune.service", "watts": [],
-                             "script": None, "timer": None},
-        "homemade-cap.service": {"kind": "unit", "path": f"{tmp_path}/etc/systemd/system/homemade-cap.service",
-                                 "watts": [250], "script": None, "timer": None},
-        "nvidia-power-cap.service": {"kind": "unit", "path": f"{tmp_path}/etc/systemd/system/nvidia-power-cap.service",
-                                     "watts": [250], "script": None, "timer": None},
-        "shell.service": {"kind": "unit", "path": f"{tmp_path}/etc/systemd/system/shell.service", "watts": [250],
-                          "script": script, "timer": None},
-    }  # fmt: skip
+        f"@reboot in {tmp_path}/etc/cron.d/gpu-cap": {
+            "kind": "cron",
+            "path": f"{tmp_path}/etc/cron.d/gpu-cap",
+            "watts": [250],
+            "script": script,
+            "command": f"{script} >/dev/null",
+        },
+        f"@reboot in {tmp_path}/var/spool/cron/crontabs/root": {
+            "kind": "cron",
+            "path": f"{tmp_path}/var/spool/cron/crontabs/root",
+            "watts": [240],
+            "script": None,
+            "command": "sleep 20; nvidia-smi -pl 240",
+        },
+        "cap.service": {
+            "kind": "unit",
+            "path": f"{tmp_path}/usr/lib/systemd/system/cap.service",
+            "watts": [300],
+            "script": None,
+            "timer": None,
+        },
+        "gpu-setup.service": {
+            "kind": "unit",
+            "path": f"{tmp_path}/etc/systemd/system/gpu-setup.service",
+            "watts": [250],
+            "script": script,
+            "timer": None,
+        },
+        "gpu-tune.service": {
+            "kind": "unit",
+            "path": f"{tmp_path}/lib/systemd/system/gpu-tune.service",
+            "watts": [],
+            "script": None,
+            "timer": None,
+        },
+        "homemade-cap.service": {
+            "kind": "unit",
+            "path": f"{tmp_path}/etc/systemd/system/homemade-cap.service",
+            "watts": [250],
+            "script": None,
+            "timer": None,
+        },
+        "nvidia-power-cap.service": {
+            "kind": "unit",
+            "path": f"{tmp_path}/etc/systemd/system/nvidia-power-cap.service",
+            "watts": [250],
+            "script": None,
+            "timer": None,
+        },
+        "shell.service": {
+            "kind": "unit",
+            "path": f"{tmp_path}/etc/systemd/system/shell.service",
+            "watts": [250],
+            "script": script,
+            "timer": None,
+        },
+    }
 
 
 def test_cron_jobs_of_any_schedule_timers_rc_local_and_udev_rules_are_found(tmp_path):
@@ -127,17 +166,37 @@ def test_cron_jobs_of_any_schedule_timers_rc_local_and_udev_rules_are_found(tmp_
     crontab, user = f"{tmp_path}/etc/crontab", f"{tmp_path}/var/spool/cron/crontabs/alice"
     rules, rc_local = f"{tmp_path}/etc/udev/rules.d/90-gpu.rules", f"{tmp_path}/etc/rc.local"
     assert found == {
-        f"*/5 * * * * in {crontab}": {"kind": "cron", "path": crontab, "watts": [260], "script": None,
-                                      "command": "nvidia-smi -i 1 -pl 260"},
-        f"30 2 * * * in {user}": {"kind": "cron", "path": user, "watts": [270], "script": None,
-                                  "command": "sudo nvidia-smi --power-limit 270"},
+        f"*/5 * * * * in {crontab}": {
+            "kind": "cron",
+            "path": crontab,
+            "watts": [260],
+            "script": None,
+            "command": "nvidia-smi -i 1 -pl 260",
+        },
+        f"30 2 * * * in {user}": {
+            "kind": "cron",
+            "path": user,
+            "watts": [270],
+            "script": None,
+            "command": "sudo nvidia-smi --power-limit 270",
+        },
         rc_local: {"kind": "rc.local", "path": rc_local, "watts": [290], "script": None},
-        "late.service": {"kind": "unit", "path": f"{tmp_path}/lib/systemd/system/late.service", "watts": [280],
-                         "script": None, "timer": "later.timer"},
-        "recap.service": {"kind": "unit", "path": f"{tmp_path}/etc/systemd/system/recap.service", "watts": [250],
-                          "script": script, "timer": "recap.timer"},
+        "late.service": {
+            "kind": "unit",
+            "path": f"{tmp_path}/lib/systemd/system/late.service",
+            "watts": [280],
+            "script": None,
+            "timer": "later.timer",
+        },
+        "recap.service": {
+            "kind": "unit",
+            "path": f"{tmp_path}/etc/systemd/system/recap.service",
+            "watts": [250],
+            "script": script,
+            "timer": "recap.timer",
+        },
         f"udev rule in {rules}": {"kind": "udev", "path": rules, "watts": [300], "script": None},
-    }  # fmt: skip
+    }
 
 
 def test_a_rig_without_other_cap_writers_finds_none(tmp_path):
@@ -147,10 +206,12 @@ def test_a_rig_without_other_cap_writers_finds_none(tmp_path):
 
 def test_the_first_unit_dir_wins_as_in_systemd():
     """Captured lines of the command (a unit overridden in /etc by one that only turns persistence on)."""
-    lines = ["line=/etc/systemd/system/a.service:ExecStart=/usr/bin/nvidia-smi -pm 1",
-             "line=/lib/systemd/system/a.service:ExecStart=/usr/bin/nvidia-smi -pl 280",
-             "line=/etc/systemd/system/b.service:ExecStart=/usr/bin/nvidia-smi -i 0 -pl 250",
-             "line=/lib/systemd/system/b.service:ExecStart=/usr/bin/nvidia-smi -pl 280"]  # fmt: skip
+    lines = [
+        "line=/etc/systemd/system/a.service:ExecStart=/usr/bin/nvidia-smi -pm 1",
+        "line=/lib/systemd/system/a.service:ExecStart=/usr/bin/nvidia-smi -pl 280",
+        "line=/etc/systemd/system/b.service:ExecStart=/usr/bin/nvidia-smi -i 0 -pl 250",
+        "line=/lib/systemd/system/b.service:ExecStart=/usr/bin/nvidia-smi -pl 280",
+    ]
     assert PowerCapUnits().process(lines) == {
         "b.service": {
             "kind": "unit",
@@ -185,8 +246,9 @@ def test_the_power_unit_is_ordered_after_no_other_writer_whatever_the_rig_has():
 
 
 def test_the_settle_window_and_per_gpu_caps_are_rendered_from_host_data():
-    p, problems = fleet.plan_for("r", {"gpu_power_settle_window_s": 5, "gpu_power_limits": {1: 250}}, "dual-turbo",
-                                gpus=2, deployable=False)  # fmt: skip
+    p, problems = fleet.plan_for(
+        "r", {"gpu_power_settle_window_s": 5, "gpu_power_limits": {1: 250}}, "dual-turbo", gpus=2, deployable=False
+    )
     assert not problems
     assert " /usr/bin/nvidia-smi /var/lib/rigforge/gpu-cap-setbacks 5 0:230 1:250\n" in p.files[SETTLE_UNIT]
     _, problems = fleet.plan_for("r", {"gpu_power_settle_window_s": -1}, "dual-turbo", deployable=False)

@@ -472,8 +472,10 @@ def test_after_a_reboot_the_run_takes_the_rigs_lock_again(tmp_path, monkeypatch,
         busy = subprocess.run(["flock", "-n", lock, "true"]).returncode != 0
         assert busy  # held: by this run again, or by the other one
         if meanwhile:
-            assert logged == ["after the reboot: rig1 is being provisioned by ctl2, pid 9 (as rig1); wait for that "
-                              "run to end, then run again"]  # fmt: skip
+            assert logged == [
+                "after the reboot: rig1 is being provisioned by ctl2, pid 9 (as rig1); wait for that "
+                "run to end, then run again"
+            ]
         else:
             assert "rig1" in rig_lock._HELD and logged == []
     finally:

@@ -223,43 +223,111 @@ def test_required_variable_is_an_error():
 # --- the rendered files, flag for flag ---
 
 DUAL_COMMAND = [
-    "--model", "/root/.cache/huggingface/qwen3.6-27b-autoround-int4",
-    "--served-model-name", "qwen3.6-27b", "qwen3.6-27b-autoround",
-    "--quantization", "auto_round", "--dtype", "float16",
-    "--tensor-parallel-size", "2", "--pipeline-parallel-size", "1",
-    "--max-model-len", "262144", "--gpu-memory-utilization", "0.92", "--max-num-seqs", "2",
-    "--max-num-batched-tokens", "8192", "--kv-cache-dtype", "fp8_e4m3", "--trust-remote-code",
-    "--chat-template", "/etc/qwen-froggeric-chat-template.jinja", "--reasoning-parser", "qwen3",
-    "--default-chat-template-kwargs", '{"enable_thinking": false}',
-    "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder",
-    "--enable-prefix-caching", "--enable-chunked-prefill", "--long-prefill-token-threshold", "2048",
+    "--model",
+    "/root/.cache/huggingface/qwen3.6-27b-autoround-int4",
+    "--served-model-name",
+    "qwen3.6-27b",
+    "qwen3.6-27b-autoround",
+    "--quantization",
+    "auto_round",
+    "--dtype",
+    "float16",
+    "--tensor-parallel-size",
+    "2",
+    "--pipeline-parallel-size",
+    "1",
+    "--max-model-len",
+    "262144",
+    "--gpu-memory-utilization",
+    "0.92",
+    "--max-num-seqs",
+    "2",
+    "--max-num-batched-tokens",
+    "8192",
+    "--kv-cache-dtype",
+    "fp8_e4m3",
+    "--trust-remote-code",
+    "--chat-template",
+    "/etc/qwen-froggeric-chat-template.jinja",
+    "--reasoning-parser",
+    "qwen3",
+    "--default-chat-template-kwargs",
+    '{"enable_thinking": false}',
+    "--enable-auto-tool-choice",
+    "--tool-call-parser",
+    "qwen3_coder",
+    "--enable-prefix-caching",
+    "--enable-chunked-prefill",
+    "--long-prefill-token-threshold",
+    "2048",
     "--override-generation-config",
     '{"temperature":0.6,"top_p":0.95,"top_k":20,"min_p":0.0,"repetition_penalty":1.0}',
-    "--host", "0.0.0.0", "--port", "8000",
-]  # fmt: skip
+    "--host",
+    "0.0.0.0",
+    "--port",
+    "8000",
+]
 DUAL_MAX_COMMAND = [
-    "--model", "/root/.cache/huggingface/qwen3.6-27b-fp8",
-    "--served-model-name", "qwen3.6-27b", "qwen3.6-27b-autoround",
-    "--quantization", "fp8", "--dtype", "bfloat16",
-    "--tensor-parallel-size", "2", "--pipeline-parallel-size", "1",
-    "--max-model-len", "262144", "--gpu-memory-utilization", "0.92", "--max-num-seqs", "2",
-    "--max-num-batched-tokens", "8192", "--kv-cache-dtype", "fp8", "--trust-remote-code",
-    "--chat-template", "/etc/qwen-froggeric-chat-template.jinja", "--reasoning-parser", "qwen3",
-    "--default-chat-template-kwargs", '{"enable_thinking": false}',
-    "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder",
-    "--enable-prefix-caching", "--enable-chunked-prefill",
+    "--model",
+    "/root/.cache/huggingface/qwen3.6-27b-fp8",
+    "--served-model-name",
+    "qwen3.6-27b",
+    "qwen3.6-27b-autoround",
+    "--quantization",
+    "fp8",
+    "--dtype",
+    "bfloat16",
+    "--tensor-parallel-size",
+    "2",
+    "--pipeline-parallel-size",
+    "1",
+    "--max-model-len",
+    "262144",
+    "--gpu-memory-utilization",
+    "0.92",
+    "--max-num-seqs",
+    "2",
+    "--max-num-batched-tokens",
+    "8192",
+    "--kv-cache-dtype",
+    "fp8",
+    "--trust-remote-code",
+    "--chat-template",
+    "/etc/qwen-froggeric-chat-template.jinja",
+    "--reasoning-parser",
+    "qwen3",
+    "--default-chat-template-kwargs",
+    '{"enable_thinking": false}',
+    "--enable-auto-tool-choice",
+    "--tool-call-parser",
+    "qwen3_coder",
+    "--enable-prefix-caching",
+    "--enable-chunked-prefill",
     "--override-generation-config",
     '{"temperature":0.6,"top_p":0.95,"top_k":20,"min_p":0.0,"repetition_penalty":1.0}',
-    "--host", "0.0.0.0", "--port", "8000",
-]  # fmt: skip
+    "--host",
+    "0.0.0.0",
+    "--port",
+    "8000",
+]
 COMMON_ENV = {
-    "SPEC_N": "", "SPEC": "", "NVIDIA_VISIBLE_DEVICES": "all", "CUDA_VISIBLE_DEVICES": None,
-    "HUGGING_FACE_HUB_TOKEN": "", "HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "0",
-    "VLLM_WORKER_MULTIPROC_METHOD": "spawn", "NVLINK_MODE": "auto", "VLLM_SKIP_P2P_CHECK": None,
-    "NCCL_CUMEM_ENABLE": "0", "NCCL_P2P_DISABLE": "1", "VLLM_NO_USAGE_STATS": "1",
-    "VLLM_USE_FLASHINFER_SAMPLER": "0", "OMP_NUM_THREADS": "1",
+    "SPEC_N": "",
+    "SPEC": "",
+    "NVIDIA_VISIBLE_DEVICES": "all",
+    "CUDA_VISIBLE_DEVICES": None,
+    "HUGGING_FACE_HUB_TOKEN": "",
+    "HF_HUB_OFFLINE": "0",
+    "TRANSFORMERS_OFFLINE": "0",
+    "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+    "NVLINK_MODE": "auto",
+    "VLLM_SKIP_P2P_CHECK": None,
+    "NCCL_CUMEM_ENABLE": "0",
+    "NCCL_P2P_DISABLE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_USE_FLASHINFER_SAMPLER": "0",
+    "OMP_NUM_THREADS": "1",
     "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,max_split_size_mb:512",
-}  # fmt: skip
+}
 SRC = "/opt/rigforge/src/recipes"
 PATCHES = f"{SRC}/models/qwen3.6-27b/vllm/patches"
 COMMON_VOLUMES = [
@@ -384,21 +452,40 @@ def test_every_selectable_slug_matches_its_upstream_file_with_its_own_defaults(r
 def test_host_settings_map_onto_the_recipe_knobs(repo):
     s = apply_overrides(
         Settings(),
-        {"port": 8111, "bind_address": "127.0.0.1", "model_dir": "/data/models", "max_model_len": 131072,
-         "kv_cache_dtype": "fp8_e5m2", "gpu_memory_utilization": 0.82, "max_num_seqs": 1, "spec_n": 0,
-         "nvlink_mode": "force_off", "hf_token": "hf_" + "s" * 34},
-    )  # fmt: skip
+        {
+            "port": 8111,
+            "bind_address": "127.0.0.1",
+            "model_dir": "/data/models",
+            "max_model_len": 131072,
+            "kv_cache_dtype": "fp8_e5m2",
+            "gpu_memory_utilization": 0.82,
+            "max_num_seqs": 1,
+            "spec_n": 0,
+            "nvlink_mode": "force_off",
+            "hf_token": "hf_" + "s" * 34,
+        },
+    )
     files = render(repo, "vllm/dual", s)
     env = dict(line.split("=", 1) for line in files[".env"].splitlines() if not line.startswith("#"))
     assert env == {
-        "PORT": "8111", "BIND_HOST": "127.0.0.1", "MODEL_DIR": "/data/models", "MAX_MODEL_LEN": "131072",
-        "KV_CACHE_DTYPE": "fp8_e5m2", "GPU_MEMORY_UTILIZATION": "0.82", "MAX_NUM_SEQS": "1", "SPEC_N": "0",
+        "PORT": "8111",
+        "BIND_HOST": "127.0.0.1",
+        "MODEL_DIR": "/data/models",
+        "MAX_MODEL_LEN": "131072",
+        "KV_CACHE_DTYPE": "fp8_e5m2",
+        "GPU_MEMORY_UTILIZATION": "0.82",
+        "MAX_NUM_SEQS": "1",
+        "SPEC_N": "0",
         "NVLINK_MODE": "force_off",
-    }  # fmt: skip
+    }
     svc = next(iter(effective(files)["services"].values()))
     cmd = svc["command"]
-    for flag, value in (("--max-model-len", "131072"), ("--kv-cache-dtype", "fp8_e5m2"),
-                        ("--gpu-memory-utilization", "0.82"), ("--max-num-seqs", "1")):  # fmt: skip
+    for flag, value in (
+        ("--max-model-len", "131072"),
+        ("--kv-cache-dtype", "fp8_e5m2"),
+        ("--gpu-memory-utilization", "0.82"),
+        ("--max-num-seqs", "1"),
+    ):
         assert cmd[cmd.index(flag) + 1] == value
     assert svc["ports"] == ["127.0.0.1:8111:8000"] and svc["volumes"][0] == "/data/models:/root/.cache/huggingface"
     assert {"SPEC_N=0", "NVLINK_MODE=force_off"} <= set(svc["environment"])
@@ -474,8 +561,13 @@ def test_render_list_shows_seeds_first_then_live_slugs_with_port_weights_status(
     r = cli("render", "--list")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()[1:]
-    assert [line.split()[0] for line in lines[:5]] == ["dual", "dual-turbo", "dual-dflash", "dual-dflash-noviz",
-                                                        "carnice-bf16mtp"]  # fmt: skip
+    assert [line.split()[0] for line in lines[:5]] == [
+        "dual",
+        "dual-turbo",
+        "dual-dflash",
+        "dual-dflash-noviz",
+        "carnice-bf16mtp",
+    ]
     dual = next(line for line in lines if line.startswith("vllm/dual "))
     assert dual.split()[:4] == ["vllm/dual", "8010", "caveats", "yes"] and "Lorbus/Qwen3.6-27B-int4-AutoRound" in dual
     dual_max = next(line for line in lines if line.startswith("vllm/qwen-27b-dual-max "))
@@ -488,8 +580,14 @@ def test_render_slug_writes_rig_files_and_the_effective_compose(tmp_path):
     r = cli("render", "vllm/dual", "--out", str(tmp_path), env={"RIGFORGE_HF_TOKEN": "hf_" + "z" * 34})
     assert r.returncode == 0, r.stderr
     names = {p.name for p in tmp_path.iterdir()}
-    assert {"docker-compose.yml", "compose.override.yml", ".env", "effective-compose.yml",
-            "rigforge-vllm@.service", "rigforge-gpu-power.service"} <= names  # fmt: skip
+    assert {
+        "docker-compose.yml",
+        "compose.override.yml",
+        ".env",
+        "effective-compose.yml",
+        "rigforge-vllm@.service",
+        "rigforge-gpu-power.service",
+    } <= names
     assert (tmp_path / ".env").stat().st_mode & 0o777 == 0o600
     assert "hf_" + "z" * 34 not in r.stdout + r.stderr
 

@@ -31,8 +31,12 @@ def test_the_registry_host_is_the_registry_groups_first_and_only_when_asked_for(
 
 
 def test_site_finds_the_registry_and_registry_hosts_are_not_rigs():
-    inv = Inventory((["rig1", "gw", "reg"], {}), rigs=(["rig1"], {}), gateway=(["gw"], {}),
-                    registry=(["reg"], {"registry_port": 5443}))  # fmt: skip
+    inv = Inventory(
+        (["rig1", "gw", "reg"], {}),
+        rigs=(["rig1"], {}),
+        gateway=(["gw"], {}),
+        registry=(["reg"], {"registry_port": 5443}),
+    )
     fl = fleet.build(inv)
     reg, problems = fl.registry, fl.registry_problems
     assert problems == () and (reg.host, reg.endpoint, reg.url) == ("reg", "reg:5443", "https://reg:5443")
@@ -57,8 +61,10 @@ def test_knobs_are_checked():
 def test_the_config_is_a_plain_registry_with_tls_by_default():
     text = registry.render_config(plan())
     config = yaml.safe_load(text)
-    assert config["http"]["tls"] == {"certificate": "/etc/docker/registry/tls/registry.crt",
-                                     "key": "/etc/docker/registry/tls/registry.key"}  # fmt: skip
+    assert config["http"]["tls"] == {
+        "certificate": "/etc/docker/registry/tls/registry.crt",
+        "key": "/etc/docker/registry/tls/registry.key",
+    }
     assert config["storage"]["filesystem"]["rootdirectory"] == "/var/lib/docker-registry"
     assert config["http"]["addr"] == ":5000" and "proxy" not in config and "auth" not in config
     assert registry.check_config(text, tls=True) == []
@@ -123,8 +129,9 @@ def test_a_certificate_from_another_ca_is_replaced(tmp_path):
     registry.ca_certificate(tmp_path / "b")
     (tmp_path / "b" / "servers").mkdir(mode=0o700)
     for suffix in ("crt", "key"):
-        (tmp_path / "b" / "servers" / f"gw.lan.{suffix}").write_text((tmp_path / "a" / "servers" / f"gw.lan.{suffix}")
-                                                                     .read_text())  # fmt: skip
+        (tmp_path / "b" / "servers" / f"gw.lan.{suffix}").write_text(
+            (tmp_path / "a" / "servers" / f"gw.lan.{suffix}").read_text()
+        )
     assert registry.server_certificate(tmp_path / "b", "gw.lan")[0] != crt
 
 
@@ -153,21 +160,38 @@ def test_a_rig_trusts_the_registry_by_its_ca_or_lists_a_plain_http_one():
     assert "systemctl try-reload-or-restart docker.service" in executed(state, "r")
     assert not any("systemctl restart" in c for c in executed(state, "r"))
     mirrored = json.dumps({"registry-mirrors": ["https://10.0.0.5:5000"]}).splitlines()
-    state = converge({"r": rig(extra={"daemon.json": mirrored})}, registry_role.trust, tls, "CA PEM\n",
-                     "/etc/docker/daemon.json", True)  # fmt: skip
+    state = converge(
+        {"r": rig(extra={"daemon.json": mirrored})},
+        registry_role.trust,
+        tls,
+        "CA PEM\n",
+        "/etc/docker/daemon.json",
+        True,
+    )
     assert not any("reload" in c or "daemon.json" in c and "mv" in c for c in executed(state, "r"))
 
     daemon = json.dumps({"storage-driver": "vfs", "insecure-registries": ["mine:5000"]}).splitlines()
     plain = plan(registry_insecure=True)
-    state = converge({"r": rig(extra={"daemon.json": daemon})}, registry_role.trust, plain, None,
-                     "/etc/docker/daemon.json", True, execute=False)  # fmt: skip
+    state = converge(
+        {"r": rig(extra={"daemon.json": daemon})},
+        registry_role.trust,
+        plain,
+        None,
+        "/etc/docker/daemon.json",
+        True,
+        execute=False,
+    )
     written = json.loads(uploads(state, "r")["/etc/docker/.daemon.json.rigforge-new"])
-    assert written == {"storage-driver": "vfs", "insecure-registries": ["mine:5000", "gw.lan:5000"],
-                       "registry-mirrors": ["http://gw.lan:5000"]}  # fmt: skip
+    assert written == {
+        "storage-driver": "vfs",
+        "insecure-registries": ["mine:5000", "gw.lan:5000"],
+        "registry-mirrors": ["http://gw.lan:5000"],
+    }
     listed = json.dumps({"insecure-registries": ["gw.lan:5000"], "registry-mirrors": ["http://gw.lan:5000"]})
     listed = listed.splitlines()
-    state = converge({"r": rig(extra={"daemon.json": listed})}, registry_role.trust, plain, None,
-                     "/etc/docker/daemon.json", True)  # fmt: skip
+    state = converge(
+        {"r": rig(extra={"daemon.json": listed})}, registry_role.trust, plain, None, "/etc/docker/daemon.json", True
+    )
     assert not any("reload" in c or "daemon.json" in c and "mv" in c for c in executed(state, "r"))
 
 

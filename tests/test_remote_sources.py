@@ -12,8 +12,11 @@ import pytest
 from rigforge.observe.facts.system import UrlAnswers
 from roles.preflight import Source, verdict
 
-DOCKER = Source("Docker's repository", "https://download.docker.com/linux/debian/dists/trixie/InRelease",
-                "it has no 'trixie' suite: check docker_repo_url, or use docker_source: distro")  # fmt: skip
+DOCKER = Source(
+    "Docker's repository",
+    "https://download.docker.com/linux/debian/dists/trixie/InRelease",
+    "it has no 'trixie' suite: check docker_repo_url, or use docker_source: distro",
+)
 
 
 @pytest.mark.parametrize("code", [200, 301, 302])
@@ -25,14 +28,23 @@ def test_an_answer_is_neither_refusal_nor_warning(code):
 def test_a_definite_no_refuses_saying_what_to_fix_and_that_nothing_changed(code):
     refusal, warning = verdict(DOCKER, code, 22)
     assert warning is None
-    assert refusal == (f"Docker's repository says HTTP {code} for {DOCKER.url}: it has no 'trixie' suite: check "
-                       "docker_repo_url, or use docker_source: distro (nothing was changed).")  # fmt: skip
+    assert refusal == (
+        f"Docker's repository says HTTP {code} for {DOCKER.url}: it has no 'trixie' suite: check "
+        "docker_repo_url, or use docker_source: distro (nothing was changed)."
+    )
 
 
-@pytest.mark.parametrize(("code", "curl_exit", "said"), [
-    (0, 6, "no such host name"), (0, 7, "connection refused"), (0, 28, "timed out"), (503, 0, "HTTP 503"),
-    (401, 0, "HTTP 401"), (0, 56, "curl exit 56"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("code", "curl_exit", "said"),
+    [
+        (0, 6, "no such host name"),
+        (0, 7, "connection refused"),
+        (0, 28, "timed out"),
+        (503, 0, "HTTP 503"),
+        (401, 0, "HTTP 401"),
+        (0, 56, "curl exit 56"),
+    ],
+)
 def test_a_source_that_cannot_be_asked_is_a_warning(code, curl_exit, said):
     refusal, warning = verdict(DOCKER, code, curl_exit)
     assert refusal is None and warning.startswith(f"Docker's repository could not be asked ({said}: {DOCKER.url})")

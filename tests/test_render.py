@@ -225,9 +225,17 @@ def test_cli_render_bad_input_exits_2_and_writes_nothing(tmp_path, args, message
 def test_cli_render_takes_host_data_keys_and_lists_as_host_data_has_them(tmp_path):
     out = tmp_path / "rendered"
     r = rigforge(
-        "render", "dual-turbo", "--out", str(out), "--set", "serving_port=8111",
-        "--set", 'serving_extra_args=["--enable-log-requests", "--x y"]', "--set", "gpu_power_limit_w=250",
-    )  # fmt: skip
+        "render",
+        "dual-turbo",
+        "--out",
+        str(out),
+        "--set",
+        "serving_port=8111",
+        "--set",
+        'serving_extra_args=["--enable-log-requests", "--x y"]',
+        "--set",
+        "gpu_power_limit_w=250",
+    )
     assert r.returncode == 0, r.stderr
     service = yaml.safe_load((out / "docker-compose.yml").read_text())["services"]["vllm-qwen36-27b-dual-turbo"]
     assert service["ports"] == ["8111:8000"] and service["command"][-2:] == ["--enable-log-requests", "--x y"]

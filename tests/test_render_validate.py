@@ -71,9 +71,10 @@ def test_docker_compose_config_rejects_a_broken_file(tools):
 def test_vllm_unit_passes_systemd_analyze_verify(tools, name):
     d = write(tools, name, apply_overrides(Settings(), {"root": "/srv/rigforge"}))
     r = in_tools(
-        tools, f"cd {d} && cp 'rigforge-vllm@.service' 'rigforge-vllm@{name}.service' && "
-        f"systemd-analyze verify ./rigforge-vllm@{name}.service"
-    )  # fmt: skip
+        tools,
+        f"cd {d} && cp 'rigforge-vllm@.service' 'rigforge-vllm@{name}.service' && "
+        f"systemd-analyze verify ./rigforge-vllm@{name}.service",
+    )
     assert r.returncode == 0 and r.stdout == "" and r.stderr == "", r.stdout + r.stderr
 
 

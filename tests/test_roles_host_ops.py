@@ -250,8 +250,9 @@ def test_an_invalid_daemon_json_is_refused_in_preflight_in_one_line(caplog, text
     valid = rig(extra={"/etc/docker/daemon.json": ['{"log-driver": "json-file"}']})
     for execute in (False, True):
         caplog.clear()
-        state = converge({"bad": rig(extra={"/etc/docker/daemon.json": text}), "none": rig(), "ok": valid},
-                         site(), execute=execute)  # fmt: skip
+        state = converge(
+            {"bad": rig(extra={"/etc/docker/daemon.json": text}), "none": rig(), "ok": valid}, site(), execute=execute
+        )
         assert {h.name for h in state.failed_hosts} == {"@fake/bad"}
         assert not any("touch" in c for c in executed(state, "bad"))
         (message,) = [r.getMessage() for r in caplog.records if "preflight failed" in r.getMessage()]

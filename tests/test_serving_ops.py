@@ -157,8 +157,16 @@ def test_a_rig_resting_stopped_is_stopped_and_disabled_and_not_gated():
 def test_the_manifest_reads_the_interconnect_only_when_it_is_written():
     """rig.json records the GPUs' interconnect (`nvidia-smi topo -m`, `topo -p2p r`): read when the manifest is
     written, not on a re-run that finds it up to date."""
-    topo = ["--- topo -m", "\tGPU0\tGPU1", "GPU0\t X \tPHB", "GPU1\tPHB\t X ", "--- topo -p2p r",
-            "\tGPU0\tGPU1", "GPU0\tX\tCNS", "GPU1\tCNS\tX"]  # fmt: skip
+    topo = [
+        "--- topo -m",
+        "\tGPU0\tGPU1",
+        "GPU0\t X \tPHB",
+        "GPU1\tPHB\t X ",
+        "--- topo -p2p r",
+        "\tGPU0\tGPU1",
+        "GPU0\tX\tCNS",
+        "GPU1\tCNS\tX",
+    ]
     interconnect = {"links": {"0-1": "PHB"}, "p2p_read": {"0-1": "CNS"}}
     content = {"variant": "dual-turbo", "port": 8011}
 

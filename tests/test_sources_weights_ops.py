@@ -106,9 +106,15 @@ def test_git_checkout_fact_parses_state():
 def test_weights_fact_parses_stamp_and_exact_nanoseconds():
     stamp = {"revision": SHA, "files": {"a": {"size": 1, "mtime_ns": 5, "sha256": "c" * 64}}}
     state = WeightsState().process(
-        [json.dumps(stamp), "--files--", "1 1732912345.1234567890 a", "7 1732912345.0000000010 sub/b c", "--staging--",
-         "300 x.safetensors.0123456789abcdef.part"]
-    )  # fmt: skip
+        [
+            json.dumps(stamp),
+            "--files--",
+            "1 1732912345.1234567890 a",
+            "7 1732912345.0000000010 sub/b c",
+            "--staging--",
+            "300 x.safetensors.0123456789abcdef.part",
+        ]
+    )
     assert state["stamp"] == stamp
     assert state["files"] == {"a": [1, 1732912345123456789], "sub/b c": [7, 1732912345000000001]}
     assert state["staging"] == {"x.safetensors.0123456789abcdef.part": 300}
@@ -231,8 +237,11 @@ def test_checkout_script_against_a_real_git_daemon(stand_ins, tmp_path):
 
     # a wrong pinned SHA is an error naming the repo; a wrong file hash names the file
     wrong = "deadbeef" * 5
-    out = subprocess.run(["sh", "-c", gitpin.checkout_script("vllm-src", url, wrong, str(tmp_path / "w"), [], {})],
-                         capture_output=True, text=True)  # fmt: skip
+    out = subprocess.run(
+        ["sh", "-c", gitpin.checkout_script("vllm-src", url, wrong, str(tmp_path / "w"), [], {})],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode != 0 and f"pinned commit {wrong} of vllm-src ({url}) is not on the remote" in out.stderr
     bad = dict(meta["files"], **{meta["sparse"][0]: "0" * 64})
     out = subprocess.run(["sh", "-c", gitpin.checkout_script(*args[:5], bad)], capture_output=True, text=True)
@@ -321,8 +330,9 @@ def test_weights_token_travels_as_a_file_never_in_a_command():
     assert not any(token in c for c in cmds)
     assert "install -m 0600 /dev/null /r/run/weights/autoround-int4.token" in cmds
     assert "upload /r/run/weights/autoround-int4.token" in cmds
-    assert cmds[-1].endswith("--token-file /r/run/weights/autoround-int4.token; rc=$?; "
-                             "rm -f /r/run/weights/autoround-int4.token; exit $rc")  # fmt: skip
+    assert cmds[-1].endswith(
+        "--token-file /r/run/weights/autoround-int4.token; rc=$?; rm -f /r/run/weights/autoround-int4.token; exit $rc"
+    )
     texts = uploaded_texts(weights_fact(tampered=["config.json"]), hfweights.fetched, **FETCH, token=token)
     assert texts["/r/run/weights/autoround-int4.token"] == token.encode()
     assert token not in texts["/r/run/weights/autoround-int4.json"]
@@ -355,8 +365,13 @@ def test_weights_controller_source_uploads_into_staging(tmp_path, monkeypatch):
 
 
 def lock_for_roles(**hf_changes):
-    entry = {"repo": "z-lab/Qwen3.6-27B-DFlash", "revision": SHA, "gated": True,
-             "files": [{"path": "config.json", "size": 1, "sha256": "c" * 64}], **hf_changes}  # fmt: skip
+    entry = {
+        "repo": "z-lab/Qwen3.6-27B-DFlash",
+        "revision": SHA,
+        "gated": True,
+        "files": [{"path": "config.json", "size": 1, "sha256": "c" * 64}],
+        **hf_changes,
+    }
     return parse_lock(
         {
             "version": 1,

@@ -60,8 +60,10 @@ def test_operation_order_is_unchanged_and_reads_no_source(shipped, monkeypatch, 
     import pyinfra
 
     monkeypatch.setattr(pyinfra, "is_cli", cli)
-    states = [SimpleNamespace(current_deploy_filename=name, current_op_file_number=7)
-              for name in (__file__, "/not/on/the/stack.py", None)]  # fmt: skip
+    states = [
+        SimpleNamespace(current_deploy_filename=name, current_op_file_number=7)
+        for name in (__file__, "/not/on/the/stack.py", None)
+    ]
     source_reads = _counting(monkeypatch, inspect, "findsource")  # what context=1 costs for every frame
     orders, reads = [], []
     for installed in (False, True):
@@ -171,8 +173,17 @@ def test_host_data_lookups_are_pyinfras(shipped):
         r.data.listed.append(2)  # a copy: the inventory's list stays as it was
         results.append(values)
     assert results[0] == results[1]
-    assert results[1] == {"o": "override", "h": "host", "g": 2, "gd": "host", "all": 0, "d": "default",
-                          "listed": [1], "set_by_the_run": "set", "missing": "<absent>"}  # fmt: skip
+    assert results[1] == {
+        "o": "override",
+        "h": "host",
+        "g": 2,
+        "gd": "host",
+        "all": 0,
+        "d": "default",
+        "listed": [1],
+        "set_by_the_run": "set",
+        "missing": "<absent>",
+    }
 
 
 def test_frame_infos_are_inspects_and_looked_up_once_per_call_site(shipped, monkeypatch):

@@ -52,8 +52,11 @@ SERVICE_CHECKS = ["caps set last at this boot", *CHECKS[-5:]]
 def rigforge(cmd: str, inventory: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "rigforge.cli", cmd, str(inventory), *extra],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def verify_json(inventory: Path) -> tuple[int, dict]:
@@ -120,8 +123,13 @@ def test_status_one_row_per_rig(rigs):
         ]
         assert all(g["power_limit_w"] == g["target_w"] == 230 and g["cap_ok"] for g in row["gpus"])
         assert all(g["persistence_mode"] is True and g["memory_total_mib"] == 24576 for g in row["gpus"])
-        assert row["service"] == {"unit": "rigforge-vllm@dual-turbo.service", "enabled": True, "active": "unknown",
-                                  "serving": "unknown", "rest": None}  # fmt: skip
+        assert row["service"] == {
+            "unit": "rigforge-vllm@dual-turbo.service",
+            "enabled": True,
+            "active": "unknown",
+            "serving": "unknown",
+            "rest": None,
+        }
         assert row["api"]["reachable"] is False and "services not managed on this host" in row["api"]["detail"]
         assert row["provisioned_at"]
         assert row["cuda"] == {"driver": "13.0", "image": "13.0"}  # the stub's header, the testbed lock's cuda
@@ -332,8 +340,9 @@ def test_api_checks_run_from_the_rig_when_services_are_managed(rigs, tmp_path):
     port = free_port()
     stub = subprocess.Popen(
         [sys.executable, "-m", "rigforge.testbed.openai_stub", "--port", str(port), "--ttft-ms", "1", "--dt-ms", "1"],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert stub.stdout.readline().strip() == f"http://127.0.0.1:{port}"
         hosts = dict(inventory_rigs(rigs.inventory))

@@ -32,8 +32,11 @@ REPO = Path(__file__).resolve().parents[1]
 def rigforge(cmd: str, inventory: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "rigforge.cli", cmd, str(inventory), *extra],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def closed_port() -> int:

@@ -65,8 +65,9 @@ def test_least_recently_used_blocks_are_evicted_beyond_the_budget():
 def chat(base: str, messages: list[dict]) -> None:
     """One chat completion of `messages` from the stand-in at `base`; it must answer 200."""
     body = {"model": "qwen3.6-27b-autoround", "messages": messages, "max_tokens": 2}
-    req = urllib.request.Request(f"{base}/v1/chat/completions", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})  # fmt: skip
+    req = urllib.request.Request(
+        f"{base}/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=10) as resp:
         assert resp.status == 200
 

@@ -144,8 +144,11 @@ def test_ubuntu_archive_source(os, flavor):
     # the prebuilt modules follow the kernel (linux-modules-nvidia-* upgrades with linux-image-generic): not held,
     # not kept out of unattended upgrades; the driver itself is
     installed = [(name, "580.95.05-0ubuntu1"), (modules, "6.8.0-90.91"), ("ca-certificates", "1"), ("curl", "1")]
-    done = converge({"u": rig(os, gpus=[], packages=installed, nvidia_driver_source="ubuntu",
-                              nvidia_driver_flavor=flavor)}, planned(nvidia_driver.install), execute=False)  # fmt: skip
+    done = converge(
+        {"u": rig(os, gpus=[], packages=installed, nvidia_driver_source="ubuntu", nvidia_driver_flavor=flavor)},
+        planned(nvidia_driver.install),
+        execute=False,
+    )
     assert op_commands(done, "u", apt_repo.hold, packages=PackageSet("", (name,), (name,))) == [f"apt-mark hold {name}"]
     unattended = files["/etc/apt/apt.conf.d/51rigforge-nvidia-unattended-upgrades"]
     assert f'"^{name}$";' in unattended and "linux-modules" not in unattended

@@ -175,8 +175,10 @@ def test_power_caps_and_serving_come_back_after_a_reboot_without_a_deploy(booted
     t0 = time.monotonic()
     res = subprocess.run(
         [sys.executable, "-m", "rigforge.cli", "testbed", "reboot", "rig1", "--dir", str(booted.dir)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0 and "testbed reboot: rig1 (booted) in" in res.stderr, res.stdout + res.stderr
     testbed_report.append(f"booted: reboot {time.monotonic() - t0:.1f}s")
     caps = sh(rig, "nvidia-smi --query-gpu=power.limit,persistence_mode --format=csv,noheader,nounits")
@@ -217,8 +219,12 @@ def test_the_recipe_repos_own_cap_unit_runs_and_rigforges_caps_are_set_last(boot
     caps = sh(rig, "nvidia-smi --query-gpu=power.limit --format=csv,noheader,nounits")
     assert caps.splitlines() == ["230.00"] * 2, caps
     assert "ordering cycle" not in sh(rig, "journalctl -b --no-pager -o cat")
-    res = subprocess.run([sys.executable, "-m", "rigforge.cli", "status", str(booted.inventory)],
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-m", "rigforge.cli", "status", str(booted.inventory)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "power caps: 230 W, set last at this boot (after nvidia-power-cap.service set 250 W; " in res.stdout
     assert "interconnect: PCIe (PHB), no NVLink, P2P read: not supported (CNS" in res.stdout, res.stdout

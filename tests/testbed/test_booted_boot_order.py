@@ -96,9 +96,11 @@ def write(rig, path: str, text: str, mode: int = 0o644) -> None:
 
 def install_writers(rig) -> None:
     """The four competing writers, enabled, plus cron (from Debian's mirror: the rig reaches it)."""
-    res = rig.run("DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends cron 2>&1 || "
-                  "{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
-                  "--no-install-recommends cron 2>&1; }")  # fmt: skip
+    res = rig.run(
+        "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends cron 2>&1 || "
+        "{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+        "--no-install-recommends cron 2>&1; }"
+    )
     assert res.returncode == 0, f"cron could not be installed in the rig: {res.stdout}{res.stderr}"
     write(rig, "/usr/local/bin/cap-log", CAP_LOG, 0o755)
     recipe = REPO / "tests/fixtures/club-3090-4a29ab57/scripts/systemd/nvidia-power-cap.service"
@@ -124,8 +126,12 @@ def inventory(booted) -> Path:
 
 
 def cli(booted, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rigforge.cli", *args, str(inventory(booted))],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "rigforge.cli", *args, str(inventory(booted))],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def deploy(booted) -> tuple[dict, str]:
@@ -139,15 +145,21 @@ def test_four_competing_cap_writers_run_at_boot_and_rigforges_caps_are_the_last(
     assert not errored(results, "rig1"), stderr[-6000:]
     found = cli(booted, "status", "--json")
     writers = json.loads(found.stdout)[0]["power"]["other_writers"]
-    assert set(writers) == {"nvidia-power-cap.service", "homemade-cap.service", "gpu-setup.service",
-                            "@reboot in /etc/cron.d/gpu-cap"}, writers  # fmt: skip
+    assert set(writers) == {
+        "nvidia-power-cap.service",
+        "homemade-cap.service",
+        "gpu-setup.service",
+        "@reboot in /etc/cron.d/gpu-cap",
+    }, writers
     assert "After=nvidia-persistenced.service\n" in sh(rig, "cat /etc/systemd/system/rigforge-gpu-power.service")
 
     t0 = time.monotonic()
     res = subprocess.run(
         [sys.executable, "-m", "rigforge.cli", "testbed", "reboot", "rig1", "--dir", str(booted.dir)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     booted_in = time.monotonic() - t0
     # watch the caps until the settle stage is done: when did both cards last become 230 W?
@@ -183,8 +195,12 @@ def test_four_competing_cap_writers_run_at_boot_and_rigforges_caps_are_the_last(
     checks = {c["name"]: c for c in json.loads(res.stdout)["hosts"]["rig1"]["checks"]}
     last = checks["caps set last at this boot"]
     assert last["status"] == "pass", last
-    for writer in ("nvidia-power-cap.service set 250 W", "homemade-cap.service set 250 W",
-                   "gpu-setup.service set 250 W", "@reboot in /etc/cron.d/gpu-cap set 250 W"):  # fmt: skip
+    for writer in (
+        "nvidia-power-cap.service set 250 W",
+        "homemade-cap.service set 250 W",
+        "gpu-setup.service set 250 W",
+        "@reboot in /etc/cron.d/gpu-cap set 250 W",
+    ):
         assert writer in last["detail"], last
     res = cli(booted, "status")
     assert res.returncode == 0, res.stdout + res.stderr

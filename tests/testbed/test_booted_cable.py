@@ -125,8 +125,14 @@ class Streams:
     def _client(self, i: int) -> None:
         """Client `i`: its own prompt (its own prefix: any balance policy spreads the clients over the rigs)."""
         prompt = f"client {i}: count to {self.max_tokens}, one number a line, and say nothing else."
-        body = json.dumps({"model": MODEL, "stream": True, "max_tokens": self.max_tokens,
-                           "messages": [{"role": "user", "content": prompt}]})  # fmt: skip
+        body = json.dumps(
+            {
+                "model": MODEL,
+                "stream": True,
+                "max_tokens": self.max_tokens,
+                "messages": [{"role": "user", "content": prompt}],
+            }
+        )
         conn = None
         while not self.stop.is_set():
             reused = conn is not None
@@ -195,15 +201,22 @@ def test_a_pulled_cable_costs_seconds_and_the_rig_rejoins(fleet, testbed_report)
     failed = [r for r in requests if not r.ok and r.end > 0]
     during = [r for r in requests if t_cut <= r.start < t_down]
     retried = sum(int(out[victim][k]) - int(before[victim][k]) for k in ("wretr", "wredis"))
-    report = {"rig": victim, "streams_it_held": held, "pull_took_s": round(t_pulled - t_cut, 2),
-              "down_after_cut_s": round(t_down - t_cut, 2),
-              "longest_wait_after_cut_s": round(waits[0][0], 2),
-              "longest_wait_of_one_sent_during_detection_s": round(max((w for w, r in waits if r in during),
-                                                                        default=0), 2),
-              "sent_during_detection": len(during), "of_them_on_open_connections": sum(r.reused for r in during),
-              "failed": len(failed), "failures": sorted({r.why for r in failed}),
-              "retried_or_redispatched_from_it": retried, "up_after_plug_s": round(t_up - t_plug, 2),
-              "serving_after_plug_s": round(t_serving - t_plug, 2), "sent": len(requests)}  # fmt: skip
+    report = {
+        "rig": victim,
+        "streams_it_held": held,
+        "pull_took_s": round(t_pulled - t_cut, 2),
+        "down_after_cut_s": round(t_down - t_cut, 2),
+        "longest_wait_after_cut_s": round(waits[0][0], 2),
+        "longest_wait_of_one_sent_during_detection_s": round(max((w for w, r in waits if r in during), default=0), 2),
+        "sent_during_detection": len(during),
+        "of_them_on_open_connections": sum(r.reused for r in during),
+        "failed": len(failed),
+        "failures": sorted({r.why for r in failed}),
+        "retried_or_redispatched_from_it": retried,
+        "up_after_plug_s": round(t_up - t_plug, 2),
+        "serving_after_plug_s": round(t_serving - t_plug, 2),
+        "sent": len(requests),
+    }
     testbed_report.append(f"pulled cable (the LAN port of the rig with most streams, {CABLE_OUT_S:.0f}s): {report}")
     assert held >= 1, report  # the rig taken down was serving when it went
     assert failed or retried, report  # ... and lost or handed over what it had
@@ -232,8 +245,10 @@ def offline(rig, on: bool) -> None:
         if spec.startswith("in:"):  # the controller reaching into the rig (its sshd, its API): kept
             continue
         addr, _, port = spec.removeprefix("at:").partition("=")[0].rpartition(":")
-        rules.append(f"iptables -A RF-OFFLINE -p tcp --syn -d {addr or '127.0.0.1'} --dport {port} "
-                     "-j REJECT --reject-with tcp-reset")  # fmt: skip
+        rules.append(
+            f"iptables -A RF-OFFLINE -p tcp --syn -d {addr or '127.0.0.1'} --dport {port} "
+            "-j REJECT --reject-with tcp-reset"
+        )
     res = rig.run(" && ".join(rules))
     assert res.returncode == 0, res.stdout + res.stderr
 
@@ -258,11 +273,17 @@ def test_a_rig_cut_off_from_the_network_boots_into_serving_and_rejoins(fleet, te
         booted.boot(rig.dir, timeout=180)  # systemd reaches `running`: no unit waits on the network
         t_running = time.monotonic()
         health = f"curl -sf -m 2 -o /dev/null 127.0.0.1:{SERVING_PORT}/health"
-        t_serving = wait_until("vLLM serving with the cable out", lambda: rig.run(health).returncode == 0,
-                               max(1.0, t_boot + 180 - time.monotonic()), every=1)  # fmt: skip
+        t_serving = wait_until(
+            "vLLM serving with the cable out",
+            lambda: rig.run(health).returncode == 0,
+            max(1.0, t_boot + 180 - time.monotonic()),
+            every=1,
+        )
         chat = json.dumps({"model": MODEL, "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]})
-        answer = rig.run(f"curl -s -m 30 -o /dev/null -w '%{{http_code}}' -H 'Content-Type: application/json' "
-                         f"-d '{chat}' 127.0.0.1:{SERVING_PORT}/v1/chat/completions").stdout  # fmt: skip
+        answer = rig.run(
+            f"curl -s -m 30 -o /dev/null -w '%{{http_code}}' -H 'Content-Type: application/json' "
+            f"-d '{chat}' 127.0.0.1:{SERVING_PORT}/v1/chat/completions"
+        ).stdout
         power = rig.run("systemctl is-active rigforge-gpu-power.service").stdout.strip()
         booted_caps = rig.run(CAPS).stdout.split()
         link = rig.run("ip -br link show eth0").stdout  # the rig's own view (its /sys may show the machine's)
@@ -274,10 +295,14 @@ def test_a_rig_cut_off_from_the_network_boots_into_serving_and_rejoins(fleet, te
     t_up = wait_until(f"{rig.name} UP at the gateway", lambda: servers(fleet)[rig.name]["status"] == "UP", 30)
     with Streams(fleet.gateway_url, clients=4, max_tokens=20):
         t_taking = taking_requests(fleet, rig.name, 30)
-    report = {"rig": rig.name, "systemd_running_after_boot_s": round(t_running - t_boot, 1),
-              "serving_after_boot_s": round(t_serving - t_boot, 1), "caps": booted_caps,
-              "up_at_gateway_after_plug_s": round(t_up - t_plug, 2),
-              "taking_requests_after_plug_s": round(t_taking - t_plug, 2)}  # fmt: skip
+    report = {
+        "rig": rig.name,
+        "systemd_running_after_boot_s": round(t_running - t_boot, 1),
+        "serving_after_boot_s": round(t_serving - t_boot, 1),
+        "caps": booted_caps,
+        "up_at_gateway_after_plug_s": round(t_up - t_plug, 2),
+        "taking_requests_after_plug_s": round(t_taking - t_plug, 2),
+    }
     testbed_report.append(f"offline boot (cable out, stand-ins refused): {report}")
     assert "NO-CARRIER" in link, link  # it booted with no carrier: its eth0 up, the other end of the cable not
     assert at_gateway.startswith("DOWN"), at_gateway  # the gateway could not reach it meanwhile

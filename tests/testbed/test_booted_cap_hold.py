@@ -66,9 +66,11 @@ def wait_for(what, predicate, seconds: float):
 
 def test_a_late_cron_job_and_a_users_cap_are_set_back_named_and_counted(booted, testbed_report):
     rig = booted.rig("rig1")
-    res = rig.run("DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends cron 2>&1 || "
-                  "{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
-                  "--no-install-recommends cron 2>&1; }")  # fmt: skip
+    res = rig.run(
+        "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends cron 2>&1 || "
+        "{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+        "--no-install-recommends cron 2>&1; }"
+    )
     assert res.returncode == 0, f"cron could not be installed in the rig: {res.stdout}{res.stderr}"
     sh(rig, f"printf '%s\\n' '{LATE_JOB}' > {CRONTAB} && chmod 600 {CRONTAB} && systemctl enable cron.service 2>&1")
     inventory = inventory_with(booted, booted.dir / "cap-hold.py", {})
@@ -78,8 +80,10 @@ def test_a_late_cron_job_and_a_users_cap_are_set_back_named_and_counted(booted, 
 
     res = subprocess.run(
         [sys.executable, "-m", "rigforge.cli", "testbed", "reboot", "rig1", "--dir", str(booted.dir)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     t0 = time.monotonic()
     # the cron job fires 40 s after boot, after the testbed's 30 s settle window: the hold's timer sets it back
@@ -108,8 +112,12 @@ def test_a_late_cron_job_and_a_users_cap_are_set_back_named_and_counted(booted, 
     assert 'rigforge_gpu_cap_setbacks_total{gpu="1"} 2\n' in prom + "\n"
     testbed_report.append(f"booted cap hold: the late cron job's cap set back {took:.0f} s after the reboot returned")
 
-    res = subprocess.run([sys.executable, "-m", "rigforge.cli", "verify", "--json", str(inventory)],
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-m", "rigforge.cli", "verify", "--json", str(inventory)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     checks = {c["name"]: c for c in json.loads(res.stdout)["hosts"]["rig1"]["checks"]}
     last = checks["caps set last at this boot"]
     assert last["status"] == "pass", last

@@ -74,9 +74,11 @@ def blobs_of(tb, image: str) -> set[str]:
     name, digest = image.split(":", 1)[0], image.split("@", 1)[1]
     accept = "application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json"
     manifest = requests.get(
-        f"{tb.upstream_url}/v2/{name}/manifests/{digest}", headers={"Accept": accept}, verify=str(tb.upstream_ca),
+        f"{tb.upstream_url}/v2/{name}/manifests/{digest}",
+        headers={"Accept": accept},
+        verify=str(tb.upstream_ca),
         timeout=30,
-    ).json()  # fmt: skip
+    ).json()
     return {manifest["config"]["digest"], *(layer["digest"] for layer in manifest["layers"])}
 
 
@@ -122,8 +124,9 @@ def test_a_fill_cut_mid_copy_resumes_with_only_the_missing_layers_and_upstream_i
     fleet.upstream_throttle(1_000_000)  # bytes/s into each host: the copy takes about 15 s
     out = fleet.dir / "cut-run.log"
     with open(out, "w") as sink:
-        run = subprocess.Popen([PYINFRA, "-y", str(fleet.inventory), str(DEPLOY)], cwd=REPO, stdout=sink,
-                               stderr=subprocess.STDOUT)  # fmt: skip
+        run = subprocess.Popen(
+            [PYINFRA, "-y", str(fleet.inventory), str(DEPLOY)], cwd=REPO, stdout=sink, stderr=subprocess.STDOUT
+        )
     try:
         deadline = time.monotonic() + 900
         # cut once the fleet registry holds a blob (a GET upstream has served can still be on its way in)
@@ -226,8 +229,11 @@ def promql(tb, query: str) -> list[dict]:
 def firing(tb) -> set[tuple[str, str]]:
     """(alert, rig or gateway server) of every alert firing now."""
     alerts = requests.get(f"{tb.prometheus_url}/api/v1/alerts", timeout=10).json()["data"]["alerts"]
-    return {(a["labels"]["alertname"], a["labels"].get("rig", a["labels"].get("server", ""))) for a in alerts
-            if a["state"] == "firing"}  # fmt: skip
+    return {
+        (a["labels"]["alertname"], a["labels"].get("rig", a["labels"].get("server", "")))
+        for a in alerts
+        if a["state"] == "firing"
+    }
 
 
 def wait_for(what: str, check, timeout: float):
@@ -248,15 +254,18 @@ def test_the_monitor_scrapes_every_rig_and_the_gateway_over_the_lan(fleet, testb
 
     def all_up():
         targets = requests.get(f"{fleet.prometheus_url}/api/v1/targets", timeout=10).json()["data"]["activeTargets"]
-        health = {(t["labels"]["job"], t["labels"].get("rig", t["labels"].get("gateway"))): t["health"]
-                  for t in targets}  # fmt: skip
+        health = {
+            (t["labels"]["job"], t["labels"].get("rig", t["labels"].get("gateway"))): t["health"] for t in targets
+        }
         want = {(job, rig) for job in ("node", "vllm") for rig in rigs} | {("haproxy", fleet.gateway.name)}
         return set(health) == want and set(health.values()) == {"up"} and health
 
     took = wait_for("every target up", all_up, 120)
     testbed_report.append(f"monitor: {3 * 2 + 1} targets up {took:.0f}s after the converge's checks")
-    caps = {(r["metric"]["rig"], r["metric"]["gpu"]): float(r["value"][1]) for r in
-            promql(fleet, "rigforge_gpu_power_limit_watts")}  # fmt: skip
+    caps = {
+        (r["metric"]["rig"], r["metric"]["gpu"]): float(r["value"][1])
+        for r in promql(fleet, "rigforge_gpu_power_limit_watts")
+    }
     assert caps == {(rig, gpu): 230.0 for rig in rigs for gpu in ("0", "1")}, caps
     assert {r["metric"]["rig"] for r in promql(fleet, "vllm:num_requests_running")} == rigs
     assert {r["metric"]["rig"] for r in promql(fleet, "vllm:kv_cache_usage_perc")} == rigs
@@ -425,10 +434,16 @@ def test_a_killed_rig_costs_only_the_requests_it_had_down_in_2s_up_in_5s(fleet, 
         offset = time.time() - time.monotonic()  # the rigs share this machine's clock
         killed = float(rig2.run("docker kill -s KILL $(docker ps -q) >/dev/null; date +%s.%N").stdout)
         dead = gw.run(f"curl -sS -m 5 -o /dev/null http://{lan_address(rig2.dir)}:{SERVING_PORT}/health")
-        waiter = threading.Thread(target=lambda: back.update(at=rig2.run(
-            "h='curl -sf -m 1 -o /dev/null 127.0.0.1:8011/health'; for i in $(seq 50); do $h || break; sleep 0.1;"
-            " done; for i in $(seq 1200); do $h && break; sleep 0.1; done; "
-            "date +%s.%N").stdout))  # fmt: skip
+        waiter = threading.Thread(
+            target=lambda: back.update(
+                at=rig2.run(
+                    "h='curl -sf -m 1 -o /dev/null 127.0.0.1:8011/health'; "
+                    "for i in $(seq 50); do $h || break; sleep 0.1; done; "
+                    "for i in $(seq 1200); do $h && break; sleep 0.1; done; "
+                    "date +%s.%N"
+                ).stdout
+            )
+        )
         waiter.start()
         down_at = ""
         deadline = time.monotonic() + 30
@@ -448,11 +463,16 @@ def test_a_killed_rig_costs_only_the_requests_it_had_down_in_2s_up_in_5s(fleet, 
     before, after = b.phase(load.results, t_kill - 10, t_kill), b.phase(load.results, t_kill, end)
     lost = [r for r in load.results if not r[2]]
     health = float(back.get("at") or 0)
-    report = {"failed_sent_before_kill": before["failed"], "sent_before": before["sent"], "failed_sent_after":
-              after["failed"], "sent_after": after["sent"], "failures": before["failures"],
-              "down_after_s": round(float(down_at or 0) - killed, 2),
-              "up_after_health_s": round(float(up_at or 0) - health, 2), "health_back_after_kill_s":
-              round(health - killed, 1)}  # fmt: skip
+    report = {
+        "failed_sent_before_kill": before["failed"],
+        "sent_before": before["sent"],
+        "failed_sent_after": after["failed"],
+        "sent_after": after["sent"],
+        "failures": before["failures"],
+        "down_after_s": round(float(down_at or 0) - killed, 2),
+        "up_after_health_s": round(float(up_at or 0) - health, 2),
+        "health_back_after_kill_s": round(health - killed, 1),
+    }
     testbed_report.append(f"gateway rig death (docker kill -s KILL on rig2): {report}")
     assert dead.returncode == 7, dead  # refused at the gateway host, as on the rig itself
     assert down_at and float(down_at) - killed < 2.0, report
@@ -489,8 +509,9 @@ def test_a_rig_powered_off_costs_only_the_requests_it_had_down_in_4s_and_rejoins
             time.sleep(0.5)
         gone = time.time()
         silent = connect(gw, booted.lan_address(rig3.dir), SERVING_PORT)
-        link = subprocess.run(["ip", "-n", booted.netns_name(rig3.dir), "-br", "link", "show", "eth0"],
-                              capture_output=True, text=True).stdout  # fmt: skip
+        link = subprocess.run(
+            ["ip", "-n", booted.netns_name(rig3.dir), "-br", "link", "show", "eth0"], capture_output=True, text=True
+        ).stdout
         booted.boot(rig3.dir)
         deadline = time.monotonic() + 180
         while gw.run(health).returncode != 0 and time.monotonic() < deadline:
@@ -512,14 +533,20 @@ def test_a_rig_powered_off_costs_only_the_requests_it_had_down_in_4s_and_rejoins
     span = f"--since @{int(off)} --until @{int(gone) + 1}"
     ended = f"journalctl -o cat --no-pager -q {span} | grep -c ' fleet [^ ]*/rig3 '"
     had = gw.run(ended)
-    report = {"failed_sent_before_poweroff": before["failed"], "sent_before": before["sent"],
-              "failed_sent_until_down": between["failed"], "sent_until_down": between["sent"],
-              "failed_sent_after_down": after["failed"], "sent_after_down": after["sent"],
-              "failures": {w: [round(r[0] - t_off, 2) for r in lost if r[4] == w] for w in {r[4] for r in lost}},
-              "rig3_requests_ending_after_poweroff": int(had.stdout.strip() or 0),
-              "down_after_s": round(float(down_at or 0) - off, 2), "off_after_s": round(gone - off, 1),
-              "up_after_health_s": round(float(up_at or 0) - answered, 2), "health_back_after_boot_s":
-              round(answered - gone, 1)}  # fmt: skip
+    report = {
+        "failed_sent_before_poweroff": before["failed"],
+        "sent_before": before["sent"],
+        "failed_sent_until_down": between["failed"],
+        "sent_until_down": between["sent"],
+        "failed_sent_after_down": after["failed"],
+        "sent_after_down": after["sent"],
+        "failures": {w: [round(r[0] - t_off, 2) for r in lost if r[4] == w] for w in {r[4] for r in lost}},
+        "rig3_requests_ending_after_poweroff": int(had.stdout.strip() or 0),
+        "down_after_s": round(float(down_at or 0) - off, 2),
+        "off_after_s": round(gone - off, 1),
+        "up_after_health_s": round(float(up_at or 0) - answered, 2),
+        "health_back_after_boot_s": round(answered - gone, 1),
+    }
     testbed_report.append(f"gateway rig power-off (systemctl poweroff on rig3, booted again): {report}")
     assert down_at and float(down_at) - off < 4.0, report
     # a host that is gone does not answer: the connect times out (or, once ARP gave up, "No route to host")
@@ -552,9 +579,19 @@ def test_after_upstream_deleted_the_image_a_fresh_rig_converges_from_the_fleet(f
 
     image = locked(fleet)
     digest = image.split("@", 1)[1]
-    t0 = time.monotonic()  # `up` with one more rig adds a fresh one and keeps the others (before the delete:
-    grown = core.up(fleet.dir, [RigSpec()] * 4, fresh=False, shared=fleet.shared, booted=True, gateway=True,
-                    fleet_registry=True, monitor=True)  # fmt: skip  # `up` pushes the stand-in's images it lacks)
+    # `up` with one more rig adds a fresh one and keeps the others (before the delete: `up` pushes the stand-in's
+    # images it lacks)
+    t0 = time.monotonic()
+    grown = core.up(
+        fleet.dir,
+        [RigSpec()] * 4,
+        fresh=False,
+        shared=fleet.shared,
+        booted=True,
+        gateway=True,
+        fleet_registry=True,
+        monitor=True,
+    )
     testbed_report.append(f"fleet: a fourth rig added in {time.monotonic() - t0:.0f}s")
     assert [r.name for r in grown.rigs[:3]] == [r.name for r in fleet.rigs[:3]]
     fleet.rigs[:] = grown.rigs
@@ -570,15 +607,23 @@ def test_after_upstream_deleted_the_image_a_fresh_rig_converges_from_the_fleet(f
 
 def fourth_rig_from_the_fleet(fleet, tmp_path: Path, testbed_report, image: str) -> None:
     name, digest = image.split(":", 1)[0], image.split("@", 1)[1]
-    assert requests.head(
-        f"{fleet.upstream_url}/v2/{name}/manifests/{digest}", verify=str(fleet.upstream_ca), timeout=30
-    ).status_code == 404  # fmt: skip
+    assert (
+        requests.head(
+            f"{fleet.upstream_url}/v2/{name}/manifests/{digest}", verify=str(fleet.upstream_ca), timeout=30
+        ).status_code
+        == 404
+    )
     rig4 = fleet.rigs[3]
 
     before = rig4.run(SNAPSHOT).stdout
     for extra in ((), ("--dry",)):
-        run = subprocess.run([PYINFRA, "-y", *extra, str(alone(fleet, tmp_path, "rig4")), str(DEPLOY)], cwd=REPO,
-                             capture_output=True, text=True, timeout=600)  # fmt: skip
+        run = subprocess.run(
+            [PYINFRA, "-y", *extra, str(alone(fleet, tmp_path, "rig4")), str(DEPLOY)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         err = run.stdout + run.stderr
         assert run.returncode == 1, err[-3000:]
         assert "preflight failed on rig4:" in err and f"image {image} is in no source" in err, err[-3000:]

@@ -34,11 +34,28 @@ def saved(tmp_path_factory):
         plain = push_image(reg, "busybox", "1.37", seed="booted plain ")
         digests = {REF: index["digest"], "busybox:1.37": plain["digest"]}
         lock = tmp / "lock.yaml"
-        lock.write_text(json.dumps({"version": 1, "image": {"ref": REF, "digest": index["digest"]},
-                                    "images": {"bb": {"ref": "busybox:1.37", "digest": plain["digest"]}}}))  # fmt: skip
+        lock.write_text(
+            json.dumps(
+                {
+                    "version": 1,
+                    "image": {"ref": REF, "digest": index["digest"]},
+                    "images": {"bb": {"ref": "busybox:1.37", "digest": plain["digest"]}},
+                }
+            )
+        )
         out = tmp / "saved"
-        cmd = [sys.executable, "-m", "rigforge.cli", "images", "save", str(out), "--lock", str(lock),
-               "--registry", reg.url]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "rigforge.cli",
+            "images",
+            "save",
+            str(out),
+            "--lock",
+            str(lock),
+            "--registry",
+            reg.url,
+        ]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         assert res.returncode == 0, res.stderr
     return out, digests
@@ -74,6 +91,7 @@ def test_save_then_load_on_a_fresh_rig_with_no_registry_gives_the_locked_digest(
     assert host.run("pgrep -f '[d]ocker-registry serve /opt/rigforge'").returncode == 1  # the temporary one is gone
     assert host.run("ls -A /opt/rigforge/images").stdout.split() == ["load_images.sh"]  # work dir and layout gone
 
-    second, err = pyinfra_run(rig.inventory, REPO / "deploy" / "images_load.py", "--data",
-                              f"rigforge_images_dir={Path(out).resolve()}")  # fmt: skip
+    second, err = pyinfra_run(
+        rig.inventory, REPO / "deploy" / "images_load.py", "--data", f"rigforge_images_dir={Path(out).resolve()}"
+    )
     assert second["failed_hosts"] == [] and changed(second) == [], changed(second)

@@ -79,10 +79,20 @@ def test_vllm_dual_converges_passes_the_gate_serves_and_a_second_run_changes_not
     assert started_at(rig, CONTAINER) == before
 
     # a recipe slug on a digest-pinned lock: status shows no pin drift and status and verify agree on every check
-    status = subprocess.run([sys.executable, "-m", "rigforge.cli", "status", str(inv), "--json"], capture_output=True,
-                            text=True, timeout=300, env={**os.environ, "RIGFORGE_RECIPES": str(REFERENCE)})  # fmt: skip
-    verify = subprocess.run([sys.executable, "-m", "rigforge.cli", "verify", str(inv), "--json"], capture_output=True,
-                            text=True, timeout=300, env={**os.environ, "RIGFORGE_RECIPES": str(REFERENCE)})  # fmt: skip
+    status = subprocess.run(
+        [sys.executable, "-m", "rigforge.cli", "status", str(inv), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "RIGFORGE_RECIPES": str(REFERENCE)},
+    )
+    verify = subprocess.run(
+        [sys.executable, "-m", "rigforge.cli", "verify", str(inv), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "RIGFORGE_RECIPES": str(REFERENCE)},
+    )
     row = json.loads(status.stdout)[0]
     assert row["pin_drift"] == [], row["pin_drift"]
     checks = {c["name"]: c["status"] for c in row["checks"]}
@@ -103,12 +113,30 @@ def test_a_recipe_bump_is_one_lock_command_and_a_slug_of_b_converges_on_bs_image
     tb, rig = booted_recipes, booted_recipes.rig("rig1")
     tags = tb.services["git"]["recipes"]["tags"]
     candidate, before = tmp_path / "lock-b.yaml", tb.lock.read_text()
-    inv = inventory_with(tb, tmp_path / "inventory.py", {"rig1": {"rigforge_variant": NEW_SLUG,
-                                                                   "rigforge_lock": str(candidate)}})  # fmt: skip
-    env = {**os.environ, "RIGFORGE_RECIPES": "", "RIGFORGE_REGISTRY": tb.upstream_url,
-           "REQUESTS_CA_BUNDLE": str(tb.upstream_ca), "HF_ENDPOINT": tb.hf_endpoint}  # fmt: skip
-    cmd = [sys.executable, "-m", "rigforge.cli", "lock", "--lock", str(tb.lock), "--recipes", "B",
-           "--inventory", str(inv), "--out", str(candidate)]  # fmt: skip
+    inv = inventory_with(
+        tb, tmp_path / "inventory.py", {"rig1": {"rigforge_variant": NEW_SLUG, "rigforge_lock": str(candidate)}}
+    )
+    env = {
+        **os.environ,
+        "RIGFORGE_RECIPES": "",
+        "RIGFORGE_REGISTRY": tb.upstream_url,
+        "REQUESTS_CA_BUNDLE": str(tb.upstream_ca),
+        "HF_ENDPOINT": tb.hf_endpoint,
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "rigforge.cli",
+        "lock",
+        "--lock",
+        str(tb.lock),
+        "--recipes",
+        "B",
+        "--inventory",
+        str(inv),
+        "--out",
+        str(candidate),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
     assert res.returncode == 0, res.stderr
     digest = tb.upstream_digests[B_IMAGE]

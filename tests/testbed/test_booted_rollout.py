@@ -55,8 +55,13 @@ def bump_fleet(testbed_factory, tmp_path_factory):
     inv = inventory_with(tb, tmp / "inventory.py", {r.name: {"rigforge_variant": "vllm/dual"} for r in tb.rigs})
     results, stderr = pyinfra_run(inv, REPO / "deploy" / "site.py", env=ENV)
     assert results["failed_hosts"] == [] and results["totals"]["error"] == 0, stderr[-6000:]
-    env = {**os.environ, **ENV, "RIGFORGE_REGISTRY": tb.upstream_url, "REQUESTS_CA_BUNDLE": str(tb.upstream_ca),
-           "HF_ENDPOINT": tb.hf_endpoint}  # fmt: skip
+    env = {
+        **os.environ,
+        **ENV,
+        "RIGFORGE_REGISTRY": tb.upstream_url,
+        "REQUESTS_CA_BUNDLE": str(tb.upstream_ca),
+        "HF_ENDPOINT": tb.hf_endpoint,
+    }
     for tag in ("B", "B-slow"):
         res = rigforge(
             "lock", "--lock", str(tb.lock), "--recipes", tag, "--out", str(tmp / f"lock-{tag}.yaml"), env=env
@@ -70,8 +75,14 @@ ENV = {"RIGFORGE_RECIPES": ""}  # the controller reads the recipe repo at each l
 
 
 def rigforge(*args: str, env: dict | None = None, timeout: float = 1200) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rigforge.cli", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env=env or {**os.environ, **ENV})  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "rigforge.cli", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env or {**os.environ, **ENV},
+    )
 
 
 class Clients:
@@ -95,8 +106,11 @@ class Clients:
                 answer = self.client.chat.completions.create(
                     model="qwen3.6-27b", messages=messages, max_tokens=20, stream=stream
                 )
-                text = "".join((c.choices[0].delta.content or "") for c in answer if c.choices) if stream else (
-                    answer.choices[0].message.content)  # fmt: skip
+                text = (
+                    "".join((c.choices[0].delta.content or "") for c in answer if c.choices)
+                    if stream
+                    else (answer.choices[0].message.content)
+                )
                 self.results.append((t0, bool(text), "" if text else "empty"))
             except Exception as exc:  # any failure is counted, by its kind
                 self.results.append((t0, False, type(exc).__name__))

@@ -57,8 +57,9 @@ def converged(tb, tmp_path, variant="dual", **data):
 
 
 def rigforge(tb, command: str, inventory=None) -> tuple[int, dict | list]:
-    res = subprocess.run([*RIGFORGE, command, str(inventory or tb.inventory), "--json"], capture_output=True,
-                         text=True, timeout=300)  # fmt: skip
+    res = subprocess.run(
+        [*RIGFORGE, command, str(inventory or tb.inventory), "--json"], capture_output=True, text=True, timeout=300
+    )
     return res.returncode, json.loads(res.stdout)
 
 
@@ -165,7 +166,7 @@ def test_status_and_verify_agree_on_every_check_across_rig_states(tb, tmp_path):
         "drained": (
             f"echo 'set server m_qwen3_6_27b_autoround/rig1 state drain' | socat stdio UNIX-CONNECT:{ADMIN}",
             "serving at the gateways",
-        ),  # fmt: skip
+        ),
         # the cap hold would set the cap back within 15 s (test_booted_cap_hold): stopped first, so the cap stays off
         "caps overwritten": (
             "systemctl stop rigforge-gpu-hold.timer && nvidia-smi -pl 250 >/dev/null",
@@ -216,8 +217,11 @@ def test_a_unit_that_keeps_failing_fails_the_run_fast_with_the_journal_and_stays
     """From dual, serving. A drop-in rigforge does not manage makes the unit fail at every start."""
     rig = tb.rig("rig1")
     dropin = f"/etc/systemd/system/{DUAL}.d"
-    sh(rig, f"mkdir -p {dropin} && printf '[Service]\\nExecStartPre=/bin/sh -c \"echo rigforge-test-crash; exit 3\"\\n'"
-            f" > {dropin}/crash.conf && systemctl daemon-reload && systemctl restart {DUAL} || true")  # fmt: skip
+    sh(
+        rig,
+        f"mkdir -p {dropin} && printf '[Service]\\nExecStartPre=/bin/sh -c \"echo rigforge-test-crash; exit 3\"\\n'"
+        f" > {dropin}/crash.conf && systemctl daemon-reload && systemctl restart {DUAL} || true",
+    )
     try:
         results, stderr, took = deploy(tb, tmp_path)
         assert results.get("failed_hosts") == "all" or errored(results, "rig1"), stderr[-4000:]
@@ -236,9 +240,14 @@ def test_a_unit_that_keeps_failing_fails_the_run_fast_with_the_journal_and_stays
 def cut(tb, variant: str, op: str, signum: int) -> tuple[int, str]:
     """Deploy `variant`, sending `signum` to pyinfra once it starts the operation named `op`; its exit code and the
     end of its output."""
-    proc = subprocess.Popen([PYINFRA, "-y", str(tb.inventory), str(REPO / "deploy" / f"{variant}.py")], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    proc = subprocess.Popen(
+        [PYINFRA, "-y", str(tb.inventory), str(REPO / "deploy" / f"{variant}.py")],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     sent, said = False, []
     for line in proc.stdout:
         said = [*said[-59:], line]

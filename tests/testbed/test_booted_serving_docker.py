@@ -67,9 +67,12 @@ def test_docker_repository_unreachable_refuses_and_leaves_docker_io_serving(serv
     tb, rig = served
     before = container(rig)
     inventory = default_source(
-        tb, tmp_path / "unreachable.py", docker_repo_url="http://127.0.0.1:9/docker",
-        docker_repo_key_url=tb.docker_repo_key_url, docker_repo_key_fingerprint=tb.repo_key_fingerprint,
-    )  # fmt: skip
+        tb,
+        tmp_path / "unreachable.py",
+        docker_repo_url="http://127.0.0.1:9/docker",
+        docker_repo_key_url=tb.docker_repo_key_url,
+        docker_repo_key_fingerprint=tb.repo_key_fingerprint,
+    )
     results, stderr = pyinfra_run(inventory, REPO / "deploy" / "dual.py")
     assert results["failed_hosts"] in ("all", ["rig1"]), stderr[-4000:]
     assert "Docker's repository could not be asked (connection refused: http://127.0.0.1:9/docker/" in stderr
@@ -84,9 +87,12 @@ def test_docker_repository_unreachable_refuses_and_leaves_docker_io_serving(serv
 def test_the_default_source_replaces_docker_io_with_docker_ce_and_serves(served, tmp_path, testbed_report):
     tb, rig = served
     inventory = default_source(
-        tb, tmp_path / "docker.py", docker_repo_url=tb.docker_repo_url, docker_repo_key_url=tb.docker_repo_key_url,
+        tb,
+        tmp_path / "docker.py",
+        docker_repo_url=tb.docker_repo_url,
+        docker_repo_key_url=tb.docker_repo_key_url,
         docker_repo_key_fingerprint=tb.repo_key_fingerprint,
-    )  # fmt: skip
+    )
     t0 = time.monotonic()
     results, stderr = pyinfra_run(inventory, REPO / "deploy" / "dual.py")
     assert not errored(results, "rig1"), why(results, stderr)

@@ -27,15 +27,24 @@ apt-get install -y docker-ce docker-ce-cli containerd.io docker-buildx-plugin do
 """
 # Docker's control files, field by field (docker-ce-packaging deb/common/control; containerd-packaging debian/control)
 DOCKER_RELATIONS = {
-    "docker-ce": {"Conflicts": "docker (<< 1.5~), docker-engine, docker.io",
-                  "Replaces": "docker-engine, docker-ce-cli (<< 5:28.0.0)"},
-    "docker-ce-cli": {"Conflicts": "docker (<< 1.5~), docker-engine, docker.io", "Replaces": "docker-ce (<< 5:0)",
-                      "Breaks": "docker-ce (<< 5:0)"},
+    "docker-ce": {
+        "Conflicts": "docker (<< 1.5~), docker-engine, docker.io",
+        "Replaces": "docker-engine, docker-ce-cli (<< 5:28.0.0)",
+    },
+    "docker-ce-cli": {
+        "Conflicts": "docker (<< 1.5~), docker-engine, docker.io",
+        "Replaces": "docker-ce (<< 5:0)",
+        "Breaks": "docker-ce (<< 5:0)",
+    },
     "containerd.io": {"Provides": "containerd, runc", "Conflicts": "containerd, runc", "Replaces": "containerd, runc"},
     "docker-buildx-plugin": {"Replaces": "docker-ce-cli", "Enhances": "docker-ce-cli"},
-    "docker-compose-plugin": {"Conflicts": "docker-compose", "Replaces": "docker-compose",
-                              "Breaks": "docker-compose", "Enhances": "docker-ce-cli"},
-}  # fmt: skip
+    "docker-compose-plugin": {
+        "Conflicts": "docker-compose",
+        "Replaces": "docker-compose",
+        "Breaks": "docker-compose",
+        "Enhances": "docker-ce-cli",
+    },
+}
 
 
 def installed(rig) -> dict[str, str]:

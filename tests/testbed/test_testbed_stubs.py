@@ -161,8 +161,9 @@ def test_plain_header_carries_the_branchs_cuda_version_as_the_real_tool(smi, tmp
     later = tmp_path / "nvidia-smi-590"
     later.write_text(aptrepo.stub_script("nvidia-smi", DRIVER_VERSION=aptrepo.NEXT_DRIVER_VERSION, FLAVOR="open"))
     (smi.root / "sys/module/nvidia/version").write_text(aptrepo.NEXT_DRIVER_VERSION + "\n")
-    out = subprocess.run([sys.executable, str(later)], env={"RIGFORGE_SIM_ROOT": str(smi.root)},
-                         capture_output=True, text=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, str(later)], env={"RIGFORGE_SIM_ROOT": str(smi.root)}, capture_output=True, text=True
+    ).stdout
     assert parse_cuda_version(out) == "13.1"  # branch 590: CUDA 13.1, as NVIDIA's table says
 
 
