@@ -63,7 +63,8 @@ def converged_image(testbed_dir: Path, deploy: Path = CHECKOUT / "deploy" / "dua
 def _make(testbed_dir: Path, deploy: Path, tarball: Path, meta: Path) -> None:
     t0 = time.monotonic()
     spec = RigSpec()
-    fleet = ensure_safe_dir(testbed_dir / "fleets" / f"image-{os.getpid()}")
+    # one name, under the images' lock: a build cut short (a killed session) leaves a fleet the next build replaces
+    fleet = ensure_safe_dir(testbed_dir / "fleets" / "converged-image-build")
     try:
         tb = up(fleet, [spec], fresh=True, shared=testbed_dir, docker_source=DOCKER_SOURCE)
         for run in ("first", "second"):
