@@ -40,31 +40,20 @@ T0_MS, DT_MS, N = 80.0, 25.0, 20  # stub schedule: first delta at 80 ms, then on
 MODEL = "qwen3.6-27b-autoround"
 
 
+def start_stub(ttft_ms: float, dt_ms: float, tokens: int, *extra: str) -> subprocess.Popen:
+    """The OpenAI stub in a process of its own on a free port, answering `tokens` deltas (the first after `ttft_ms`,
+    then one per `dt_ms`); the first line it prints is its URL."""
+    argv = [sys.executable, "-m", "rigforge.testbed.openai_stub", "--port", "0"]
+    schedule = ["--ttft-ms", str(ttft_ms), "--dt-ms", str(dt_ms), "--tokens", str(tokens)]
+    return subprocess.Popen([*argv, *schedule, *extra], stdout=subprocess.PIPE, text=True)
+
+
 @pytest.fixture
 def stub():
     procs = []
 
     def start(*extra: str) -> str:
-        p = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "rigforge.testbed.openai_stub",
-                "--port",
-                "0",
-                "--ttft-ms",
-                str(T0_MS),
-                "--dt-ms",
-                str(DT_MS),
-                "--tokens",
-                str(N),
-                "--model",
-                MODEL,
-                *extra,
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        p = start_stub(T0_MS, DT_MS, N, "--model", MODEL, *extra)
         procs.append(p)
         return p.stdout.readline().strip()
 
@@ -293,23 +282,7 @@ def test_runs_as_the_rigforge_command(stub):
 
 
 def test_server_dying_mid_run_exits_2(tmp_path):
-    stub = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rigforge.testbed.openai_stub",
-            "--port",
-            "0",
-            "--ttft-ms",
-            "50",
-            "--dt-ms",
-            "50",
-            "--tokens",
-            "40",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    stub = start_stub(50, 50, 40)
     url = stub.stdout.readline().strip()
     bench_proc = subprocess.Popen(
         [sys.executable, "-m", "rigforge.cli", "bench", url, "--warmups", "0", "--runs", "1"],

@@ -79,20 +79,18 @@ def test_vllm_dual_converges_passes_the_gate_serves_and_a_second_run_changes_not
     assert started_at(rig, CONTAINER) == before
 
     # a recipe slug on a digest-pinned lock: status shows no pin drift and status and verify agree on every check
-    status = subprocess.run(
-        [sys.executable, "-m", "rigforge.cli", "status", str(inv), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "RIGFORGE_RECIPES": str(REFERENCE)},
-    )
-    verify = subprocess.run(
-        [sys.executable, "-m", "rigforge.cli", "verify", str(inv), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "RIGFORGE_RECIPES": str(REFERENCE)},
-    )
+    def as_json(command: str) -> subprocess.CompletedProcess:
+        """`rigforge COMMAND INVENTORY --json`, reading the recipe slugs from the reference checkout."""
+        return subprocess.run(
+            [sys.executable, "-m", "rigforge.cli", command, str(inv), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "RIGFORGE_RECIPES": str(REFERENCE)},
+        )
+
+    status = as_json("status")
+    verify = as_json("verify")
     row = json.loads(status.stdout)[0]
     assert row["pin_drift"] == [], row["pin_drift"]
     checks = {c["name"]: c["status"] for c in row["checks"]}
